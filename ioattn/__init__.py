@@ -1,0 +1,8 @@
+"""ioattn: exact, IO-aware attention (the FlashAttention family) for PyTorch."""
+from ioattn.api import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
+                        flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
+                        flash_attn_varlen_qkvpacked_func)
+
+__version__ = "0.1.0"
+__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
+           "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func"]

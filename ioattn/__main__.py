@@ -1,0 +1,5 @@
+import sys
+
+from ioattn.cli import main
+
+sys.exit(main())

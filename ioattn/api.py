@@ -1,0 +1,231 @@
+"""flash-attn-compatible public functions: validate -> normalise -> one autograd op.
+
+Every function checks its arguments before anything is launched and raises ``TypeError`` or
+``ValueError`` naming the argument and the shapes it got. Layouts are flash-attn's:
+``(batch, seqlen, nheads, headdim)``, or ``(total_tokens, nheads, headdim)`` with ``cu_seqlens``
+for the varlen functions. The causal mask is aligned to the bottom-right corner when
+``seqlen_q != seqlen_k`` (see ``ioattn.masks`` for the picture).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ioattn.autograd import attention
+from ioattn.masks import alibi_bias, keep_mask, normalize_window
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEADDIM = 256
+
+
+def _check_tensor(name, t, ndim):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if t.dtype not in _DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+
+
+def _contiguous_last(t):
+    # the kernels take any strides except in the head dimension
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _check_qkv(q, k, v, varlen):
+    nd = 3 if varlen else 4
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t, nd)
+    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {shapes}")
+    if not varlen and q.shape[0] != k.shape[0]:
+        raise ValueError(f"q and k must have the same batch size, got {shapes}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same head dim, got {shapes}")
+    d = q.shape[-1]
+    if not 1 <= d <= MAX_HEADDIM:
+        raise ValueError(f"head dim must be between 1 and {MAX_HEADDIM}, got {d} ({shapes})")
+    nheads, nheads_kv = q.shape[-2], k.shape[-2]
+    if nheads_kv == 0 or nheads % nheads_kv != 0:
+        raise ValueError(f"number of query heads ({nheads}) must be a multiple of the number of "
+                         f"key/value heads ({nheads_kv}): {shapes}")
+
+
+def _check_scalars(dropout_p, softmax_scale, softcap, window_size, causal, alibi_slopes, q, batch):
+    if not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+    elif not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale must be a finite number or None, got {softmax_scale!r}")
+    if not isinstance(softcap, (int, float)) or softcap < 0 or not math.isfinite(softcap):
+        raise ValueError(f"softcap must be a finite number >= 0, got {softcap!r}")
+    window = normalize_window(window_size, bool(causal))
+    if alibi_slopes is not None:
+        if not isinstance(alibi_slopes, torch.Tensor):
+            raise TypeError(f"alibi_slopes must be a tensor or None, got {type(alibi_slopes).__name__}")
+        nheads = q.shape[-2]
+        if tuple(alibi_slopes.shape) not in ((nheads,), (batch, nheads)):
+            raise ValueError(f"alibi_slopes must have shape ({nheads},) or ({batch}, {nheads}), "
+                             f"got {tuple(alibi_slopes.shape)}")
+        if alibi_slopes.device != q.device:
+            raise ValueError(f"alibi_slopes must be on {q.device}, got {alibi_slopes.device}")
+        alibi_slopes = alibi_slopes.to(torch.float32).contiguous()
+    return float(dropout_p), float(softmax_scale), float(softcap), window, alibi_slopes
+
+
+def _check_cu_seqlens(name, cu, total, max_seqlen, max_name, device):
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
+    if cu.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32, got {cu.dtype}")
+    if cu.dim() != 1 or cu.numel() < 2:
+        raise ValueError(f"{name} must be 1-D with batch + 1 >= 2 entries, got shape {tuple(cu.shape)}")
+    if cu.device != device:
+        raise ValueError(f"{name} must be on {device}, got {cu.device}")
+    if not isinstance(max_seqlen, int) or max_seqlen < 0:
+        raise ValueError(f"{max_name} must be an int >= 0, got {max_seqlen!r}")
+    # Value checks read the tensor back (a host sync on CUDA); skipped while tracing or capturing.
+    if torch.compiler.is_compiling() or (cu.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return
+    lens = cu[1:] - cu[:-1]
+    first, last, min_len, max_len = torch.stack([cu[0], cu[-1], lens.min(), lens.max()]).tolist()
+    if first != 0 or min_len < 0:
+        raise ValueError(f"{name} must start at 0 and be non-decreasing, got {cu.tolist()}")
+    if last > total:
+        raise ValueError(f"{name} ends at {last} but the packed tensor has only {total} tokens")
+    if max_len > max_seqlen:
+        raise ValueError(f"{max_name}={max_seqlen} is smaller than the longest sequence in {name} ({max_len})")
+
+
+def _attn_probs(q, k, lse, softmax_scale, window, softcap, alibi_slopes, dropout_p, rng_state):
+    """For testing only (materialises batch x heads x seqlen_q x seqlen_k): the probabilities the
+    kernel used, recomputed from its lse, with the entries that dropout removed negated."""
+    from ioattn.reference.philox import dropout_keep_mask
+
+    b, sq, h, d = q.shape
+    sk = k.shape[1]
+    kk = k.float().repeat_interleave(h // k.shape[2], dim=2)
+    s = torch.einsum("bihd,bjhd->bhij", q.float(), kk) * softmax_scale
+    if softcap > 0:
+        s = torch.tanh(s / softcap) * softcap
+    s = s.masked_fill(~keep_mask(sq, sk, window, device=q.device), float("-inf"))
+    if alibi_slopes is not None:
+        s = s + alibi_bias(alibi_slopes, sq, sk)
+    p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+    if dropout_p > 0:
+        keep = dropout_keep_mask(int(rng_state[0]), dropout_p, b, h, sq, sk, device=q.device)
+        p = torch.where(keep, p, -p)
+    return p.to(q.dtype)
+
+
+def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+         causal, window_size, softcap, alibi_slopes, return_attn_probs):
+    varlen = cu_seqlens_q is not None
+    _check_qkv(q, k, v, varlen)
+    if varlen:
+        _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q", q.device)
+        _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k", q.device)
+        if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+            raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got "
+                             f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
+        batch = cu_seqlens_q.numel() - 1
+    else:
+        batch = q.shape[0]
+        max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
+    dropout_p, scale, softcap, window, alibi_slopes = _check_scalars(
+        dropout_p, softmax_scale, softcap, window_size, causal, alibi_slopes, q, batch)
+    q, k, v = _contiguous_last(q), _contiguous_last(k), _contiguous_last(v)
+    out, lse, rng_state = attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    scale, window, softcap, alibi_slopes, dropout_p)
+    if not return_attn_probs:
+        return out
+    if varlen:
+        probs = None  # flash-attn returns None here too; use the batched functions to inspect probabilities
+    else:
+        probs = _attn_probs(q.detach(), k.detach(), lse.detach(), scale, window, softcap, alibi_slopes,
+                            dropout_p, rng_state)
+    return out, lse, probs
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """Exact attention, softmax(q k^T * softmax_scale) v, without materialising the score matrix.
+
+    q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim), nheads a
+    multiple of nheads_k (MQA/GQA). ``window_size=(left, right)`` keeps keys within ``left`` before
+    and ``right`` after the query's (bottom-right aligned) position; -1 is unbounded. ``softcap``
+    applies ``cap * tanh(s / cap)`` to the scaled scores. ``alibi_slopes`` (nheads,) or
+    (batch, nheads) adds ``-slope * |i + seqlen_k - seqlen_q - j|``. ``deterministic`` is accepted
+    for compatibility: the backward pass here is always deterministic.
+
+    Returns ``out`` (batch, seqlen_q, nheads, headdim), or with ``return_attn_probs=True``
+    ``(out, softmax_lse (batch, nheads, seqlen_q) fp32, probs)`` where ``probs`` (testing only) has
+    the entries that dropout removed negated.
+    """
+    return _run(q, k, v, None, None, None, None, dropout_p, softmax_scale, causal, window_size, softcap,
+                alibi_slopes, return_attn_probs)
+
+
+def _unbind_packed(name, t, index_dim, count):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() <= index_dim or t.shape[index_dim] != count:
+        raise ValueError(f"{name} must have size {count} in dimension {index_dim}, got shape {tuple(t.shape)}")
+    return t.unbind(index_dim)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """``qkv`` (batch, seqlen, 3, nheads, headdim); otherwise as ``flash_attn_func``."""
+    q, k, v = _unbind_packed("qkv", qkv, 2, 3)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """``kv`` (batch, seqlen_k, 2, nheads_k, headdim); otherwise as ``flash_attn_func``."""
+    k, v = _unbind_packed("kv", kv, 2, 2)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                           alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """Sequences packed without padding. q: (total_q, nheads, headdim); k, v: (total_k, nheads_k,
+    headdim); ``cu_seqlens_q/k`` int32 (batch + 1,) cumulative lengths starting at 0; ``max_seqlen_q/k``
+    the longest sequence. Masks apply per sequence. Returns ``out`` (total_q, nheads, headdim) or
+    ``(out, softmax_lse (nheads, total_q), None)``."""
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        raise ValueError("cu_seqlens_q and cu_seqlens_k are required for the varlen functions")
+    return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                causal, window_size, softcap, alibi_slopes, return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None,
+                                     causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                                     deterministic=False, return_attn_probs=False):
+    """``qkv`` (total, 3, nheads, headdim); otherwise as ``flash_attn_varlen_func``."""
+    q, k, v = _unbind_packed("qkv", qkv, 1, 3)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                                    softcap=0.0, alibi_slopes=None, deterministic=False,
+                                    return_attn_probs=False):
+    """``kv`` (total_k, 2, nheads_k, headdim); otherwise as ``flash_attn_varlen_func``."""
+    k, v = _unbind_packed("kv", kv, 1, 2)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs)

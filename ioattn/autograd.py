@@ -1,0 +1,80 @@
+"""Autograd and torch.library registration: one forward op and one backward op that every public
+variant (batched, varlen, packed) reshapes into, with fake implementations so that
+``torch.compile(fullgraph=True)`` traces through them."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ioattn import backends
+
+
+@torch.library.custom_op("ioattn::fwd", mutates_args=())
+def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
+            cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
+            softmax_scale: float, window_left: int, window_right: int, softcap: float,
+            alibi_slopes: Optional[torch.Tensor], dropout_p: float
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # The dropout seed is drawn here, inside the op, from torch's CPU generator (no device sync),
+    # and returned so the backward replays exactly the same mask.
+    seed = int(torch.randint(0, 2**62, (1,)).item()) if dropout_p > 0 else 0
+    out, lse = backends.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                softmax_scale, (window_left, window_right), softcap, alibi_slopes,
+                                dropout_p, seed)
+    return out, lse, torch.tensor([seed, 0], dtype=torch.int64)
+
+
+@_fwd_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_left,
+      window_right, softcap, alibi_slopes, dropout_p):
+    if cu_seqlens_q is None:
+        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    else:
+        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    return torch.empty_like(q), lse, torch.empty(2, dtype=torch.int64)
+
+
+@torch.library.custom_op("ioattn::bwd", mutates_args=())
+def _bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+            lse: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
+            max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, window_left: int,
+            window_right: int, softcap: float, alibi_slopes: Optional[torch.Tensor], dropout_p: float,
+            rng_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    seed = int(rng_state[0]) if dropout_p > 0 else 0
+    return backends.backward(dout.contiguous() if dout.stride(-1) != 1 else dout, q, k, v, out, lse,
+                             cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                             (window_left, window_right), softcap, alibi_slopes, dropout_p, seed)
+
+
+@_bwd_op.register_fake
+def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+      window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+_FWD_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "softmax_scale",
+             "window_left", "window_right", "softcap", "alibi_slopes", "dropout_p")
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, *rest = inputs
+    out, lse, rng_state = output
+    ctx.save_for_backward(q, k, v, out, lse, rng_state)
+    ctx.args = rest  # the non-differentiable arguments, in _FWD_ARGS order
+
+
+def _backward(ctx, dout, dlse, drng):
+    q, k, v, out, lse, rng_state = ctx.saved_tensors
+    dq, dk, dv = _bwd_op(dout, q, k, v, out, lse, *ctx.args, rng_state)
+    return (dq, dk, dv) + (None,) * len(_FWD_ARGS)
+
+
+torch.library.register_autograd("ioattn::fwd", _backward, setup_context=_setup_context)
+
+
+def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window,
+              softcap, alibi_slopes, dropout_p):
+    """Validated arguments in, ``(out, lse, rng_state)`` out, differentiable in q, k, v."""
+    return _fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                   window[0], window[1], softcap, alibi_slopes, dropout_p)

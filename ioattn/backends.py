@@ -1,0 +1,203 @@
+"""The two implementations behind every call, with one calling convention.
+
+Layouts: batched ``q (batch, seqlen_q, nheads, d)``, ``k/v (batch, seqlen_k, nheads_kv, d)``, lse
+``(batch, nheads, seqlen_q)``; varlen (``cu_seqlens_q`` given) ``q (total_q, nheads, d)``,
+``k/v (total_k, nheads_kv, d)``, lse ``(nheads, total_q)``. Arguments arrive validated (see
+``ioattn.api``); ``window`` is the normalised (left, right) pair.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ioattn import dispatch
+from ioattn.reference.philox import dropout_threshold
+
+
+class _Problem:
+    """Sequence bookkeeping shared by the launchers: batch/varlen shapes and strides in one place."""
+
+    def __init__(self, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+        self.varlen = cu_seqlens_q is not None
+        if self.varlen:
+            self.batch = cu_seqlens_q.numel() - 1
+            self.seqlen_q, self.seqlen_k = max_seqlen_q, max_seqlen_k
+        else:
+            self.batch, self.seqlen_q = q.shape[0], q.shape[1]
+            self.seqlen_k = k.shape[1]
+        self.nheads, self.headdim = q.shape[-2], q.shape[-1]
+        self.nheads_kv = k.shape[-2]
+
+    def strides(self, t):
+        """(batch, row, head) element strides; batch stride 0 for varlen (rows come from cu_seqlens)."""
+        if self.varlen:
+            return 0, t.stride(0), t.stride(1)
+        return t.stride(0), t.stride(1), t.stride(2)
+
+    def lse_empty(self, q):
+        if self.varlen:
+            return torch.empty(self.nheads, q.shape[0], device=q.device, dtype=torch.float32)
+        return torch.empty(self.batch, self.nheads, self.seqlen_q, device=q.device, dtype=torch.float32)
+
+    def lse_strides(self, lse):
+        return (0, lse.stride(0)) if self.varlen else (lse.stride(0), lse.stride(1))
+
+
+def _scalars(softmax_scale, softcap, dropout_p):
+    """qk_scale folds log2(e) into the softmax scale (kernels use exp2); with softcap the kernels
+    compute cap * tanh(qk * scale / cap), so qk_scale becomes scale / cap."""
+    qk_scale = softmax_scale / softcap if softcap > 0 else softmax_scale * 1.4426950408889634
+    return qk_scale, dropout_threshold(dropout_p), 1.0 / (1.0 - dropout_p)
+
+
+def _alibi_args(alibi_slopes, q):
+    if alibi_slopes is None:
+        return q.new_empty(0, dtype=torch.float32), 0, False
+    stride_ab = alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0
+    return alibi_slopes, stride_ab, True
+
+
+def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                   window, softcap, alibi_slopes, dropout_p, seed):
+    from ioattn.kernels.forward import attn_fwd_kernel
+
+    pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    out = torch.empty_like(q)
+    lse = pb.lse_empty(q)
+    if q.numel() == 0 or pb.seqlen_q == 0:
+        lse.fill_(float("-inf"))
+        return out.zero_(), lse
+    cfg = dispatch.tiles("fwd", pb.headdim, q.device)
+    qk_scale, threshold, dropout_scale = _scalars(softmax_scale, softcap, dropout_p)
+    alibi, stride_ab, has_alibi = _alibi_args(alibi_slopes, q)
+    cu_q = cu_seqlens_q if pb.varlen else q.new_empty(0, dtype=torch.int32)
+    cu_k = cu_seqlens_k if pb.varlen else q.new_empty(0, dtype=torch.int32)
+    grid = (triton_cdiv(pb.seqlen_q, cfg.block_m), pb.batch * pb.nheads)
+    attn_fwd_kernel[grid](
+        q, k, v, out, lse, cu_q, cu_k, alibi,
+        *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(out), *pb.lse_strides(lse), stride_ab,
+        pb.nheads, pb.nheads // pb.nheads_kv, pb.seqlen_q, pb.seqlen_k,
+        qk_scale, float(softcap), window[0], window[1], seed, threshold, dropout_scale,
+        HEAD_DIM=pb.headdim, BLOCK_D=dispatch.block_d(pb.headdim), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        IS_VARLEN=pb.varlen, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi, HAS_DROPOUT=dropout_p > 0,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out, lse
+
+
+def triton_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                    softmax_scale, window, softcap, alibi_slopes, dropout_p, seed):
+    from ioattn.kernels.backward import (attn_bwd_dkdv_kernel, attn_bwd_dq_kernel,
+                                         attn_bwd_preprocess_kernel)
+
+    pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if q.numel() == 0 or k.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    cfg = dispatch.tiles("bwd", pb.headdim, q.device)
+    bd = dispatch.block_d(pb.headdim)
+    qk_scale, threshold, dropout_scale = _scalars(softmax_scale, softcap, dropout_p)
+    alibi, stride_ab, has_alibi = _alibi_args(alibi_slopes, q)
+    cu_q = cu_seqlens_q if pb.varlen else q.new_empty(0, dtype=torch.int32)
+    cu_k = cu_seqlens_k if pb.varlen else q.new_empty(0, dtype=torch.int32)
+    delta = torch.empty_like(lse)
+    attn_bwd_preprocess_kernel[(triton_cdiv(pb.seqlen_q, 64), pb.batch * pb.nheads)](
+        out, dout, delta, cu_q, *pb.strides(out), *pb.strides(dout), *pb.lse_strides(lse),
+        pb.nheads, pb.seqlen_q, HEAD_DIM=pb.headdim, BLOCK_D=bd, BLOCK_M=64, IS_VARLEN=pb.varlen)
+    common = dict(HEAD_DIM=pb.headdim, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                  IS_VARLEN=pb.varlen, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi,
+                  HAS_DROPOUT=dropout_p > 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    scalars = (pb.nheads, pb.nheads // pb.nheads_kv, pb.seqlen_q, pb.seqlen_k, softmax_scale, qk_scale,
+               float(softcap), window[0], window[1], seed, threshold, dropout_scale)
+    attn_bwd_dkdv_kernel[(triton_cdiv(pb.seqlen_k, cfg.block_n), pb.batch * pb.nheads_kv)](
+        q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k, alibi,
+        *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(dout), *pb.strides(dk),
+        *pb.strides(dv), *pb.lse_strides(lse), stride_ab, *scalars, **common)
+    attn_bwd_dq_kernel[(triton_cdiv(pb.seqlen_q, cfg.block_m), pb.batch * pb.nheads)](
+        q, k, v, dout, lse, delta, dq, cu_q, cu_k, alibi,
+        *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(dout), *pb.strides(dq),
+        *pb.lse_strides(lse), stride_ab, *scalars, **common)
+    return dq, dk, dv
+
+
+def triton_cdiv(a, b):
+    return (a + b - 1) // b
+
+
+# ---- CPU path: the tiled reference algorithms, one sequence at a time for varlen ----
+
+def _sequences(q, k, cu_seqlens_q, cu_seqlens_k):
+    """Yield (index, q_slice, k_slice rows) as batched (1, s, h, d) views; one item for batched input."""
+    if cu_seqlens_q is None:
+        yield None, slice(None), slice(None)
+        return
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(cq) - 1):
+        yield b, slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+
+
+def _seq_kwargs(b, softmax_scale, window, softcap, alibi_slopes, dropout_p, seed, nheads,
+                seqlen_q, seqlen_k, batch):
+    slopes = alibi_slopes
+    if alibi_slopes is not None and b is not None and alibi_slopes.dim() == 2:
+        slopes = alibi_slopes[b:b + 1]
+    keep = None
+    if dropout_p > 0:
+        from ioattn.reference.philox import LazyDropoutMask
+        keep = LazyDropoutMask(seed, dropout_p, batch, nheads, seqlen_q, seqlen_k, batch_index=b)
+    return dict(softmax_scale=softmax_scale, window=window, softcap=softcap, alibi_slopes=slopes,
+                dropout_p=dropout_p, dropout_keep=keep, block_m=128, block_n=128)
+
+
+def reference_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                      window, softcap, alibi_slopes, dropout_p, seed):
+    from ioattn.reference.tiled import flash2_forward
+
+    pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if not pb.varlen:
+        kw = _seq_kwargs(None, softmax_scale, window, softcap, alibi_slopes, dropout_p, seed, pb.nheads,
+                         pb.seqlen_q, pb.seqlen_k, pb.batch)
+        out, lse = flash2_forward(q, k, v, **kw)
+        return out, lse.float()
+    out, lse = torch.empty_like(q), pb.lse_empty(q)
+    for b, sq, sk in _sequences(q, k, cu_seqlens_q, cu_seqlens_k):
+        kw = _seq_kwargs(b, softmax_scale, window, softcap, alibi_slopes, dropout_p, seed, pb.nheads,
+                         pb.seqlen_q, pb.seqlen_k, pb.batch)
+        o, l = flash2_forward(q[sq][None], k[sk][None], v[sk][None], **kw)
+        out[sq] = o[0]
+        lse[:, sq] = l[0].float()
+    return out, lse
+
+
+def reference_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                       softmax_scale, window, softcap, alibi_slopes, dropout_p, seed):
+    from ioattn.reference.tiled import flash_backward
+
+    pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if not pb.varlen:
+        kw = _seq_kwargs(None, softmax_scale, window, softcap, alibi_slopes, dropout_p, seed, pb.nheads,
+                         pb.seqlen_q, pb.seqlen_k, pb.batch)
+        return flash_backward(q, k, v, out, dout, lse, **kw)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for b, sq, sk in _sequences(q, k, cu_seqlens_q, cu_seqlens_k):
+        kw = _seq_kwargs(b, softmax_scale, window, softcap, alibi_slopes, dropout_p, seed, pb.nheads,
+                         pb.seqlen_q, pb.seqlen_k, pb.batch)
+        g = flash_backward(q[sq][None], k[sk][None], v[sk][None], out[sq][None], dout[sq][None],
+                           lse[:, sq][None], **kw)
+        dq[sq], dk[sk], dv[sk] = g[0][0], g[1][0], g[2][0]
+    return dq, dk, dv
+
+
+def forward(*args):
+    q = args[0]
+    return (triton_forward if dispatch.use_triton(q.device) else reference_forward)(*args)
+
+
+def backward(*args):
+    q = args[1]
+    return (triton_backward if dispatch.use_triton(q.device) else reference_backward)(*args)
+
+
+def default_scale(headdim: int) -> float:
+    return 1.0 / math.sqrt(headdim)

@@ -1,0 +1,49 @@
+"""Timing rules shared by every sweep: device events, warm-up excluded, median of >= 20 runs,
+input sets rotated so that repeated runs do not measure the L2 cache."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+L2_BYTES = 60 * 2**20  # H200: 60 MB (torch.cuda.get_device_properties reports it; constant for CPU runs)
+
+
+def n_input_sets(bytes_per_set: int) -> int:
+    """Enough distinct input sets that cycling through them streams > 3x the L2 cache."""
+    return max(1, min(8, -(-3 * L2_BYTES // max(bytes_per_set, 1))))
+
+
+def median_ms(fn_per_set, sets, warmup: int = 3, reps: int = 20) -> float:
+    """Median time of ``fn(set)`` over ``reps`` runs, rotating through ``sets``."""
+    cuda = torch.cuda.is_available() and any(
+        isinstance(t, torch.Tensor) and t.is_cuda for s in sets for t in (s if isinstance(s, (tuple, list)) else [s]))
+    for i in range(warmup):
+        fn_per_set(sets[i % len(sets)])
+    times = []
+    if cuda:
+        torch.cuda.synchronize()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for i in range(reps):
+            starts[i].record()
+            fn_per_set(sets[i % len(sets)])
+            ends[i].record()
+        torch.cuda.synchronize()
+        times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    else:
+        for i in range(reps):
+            t0 = time.perf_counter()
+            fn_per_set(sets[i % len(sets)])
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def attention_flops(batch, nheads, seqlen_q, seqlen_k, headdim, causal, mode):
+    """Forward 4*B*H*Sq*Sk*D (halved when causal, as the FlashAttention papers count);
+    backward 2.5x forward; forward+backward 3.5x."""
+    f = 4 * batch * nheads * seqlen_q * seqlen_k * headdim
+    if causal:
+        f //= 2
+    return {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}[mode] * f

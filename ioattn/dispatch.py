@@ -1,0 +1,90 @@
+"""Host policy: which implementation runs a call, and with which tile sizes.
+
+CUDA tensors go to the Triton kernels. CPU tensors go to the tiled pure-PyTorch path
+(``ioattn.reference.tiled``), unless ``TRITON_INTERPRET=1`` is set, in which case they go to the same
+Triton kernels run by Triton's interpreter (how CI tests the kernels without a GPU).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+_forced_backend: str | None = None
+
+
+@contextlib.contextmanager
+def forced_backend(name: str):
+    """Run the calls inside on one implementation: 'triton' or 'reference' (tests, debugging)."""
+    global _forced_backend
+    if name not in ("triton", "reference"):
+        raise ValueError(f"backend must be 'triton' or 'reference', got {name!r}")
+    previous, _forced_backend = _forced_backend, name
+    try:
+        yield
+    finally:
+        _forced_backend = previous
+
+
+def use_triton(device: torch.device) -> bool:
+    if _forced_backend is not None:
+        return _forced_backend == "triton"
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def block_d(headdim: int) -> int:
+    """Head dims are padded to a power of two inside the kernel (masked loads, no copies)."""
+    return max(16, 1 << (headdim - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+# Interpreter: blocks small enough that the test shapes (seqlens ~100-200) cross several tiles,
+# so the block-range and edge-masking logic is exercised.
+INTERPRETER_TILES = TileConfig(block_m=32, block_n=32, num_warps=4, num_stages=1)
+
+# H200 forward tiles by padded head dim, non-causal / causal. Source: the sweep in
+# benchmarks/tune_tiles.py on the device (see benchmarks/NOTES.md for the runs behind each entry).
+_FWD_TILES = {
+    16: TileConfig(128, 64, 4, 3),
+    32: TileConfig(128, 64, 4, 3),
+    64: TileConfig(128, 64, 4, 3),
+    128: TileConfig(128, 64, 8, 3),
+    256: TileConfig(64, 64, 8, 2),
+}
+# Backward: (block_m, block_n) used by both the dK/dV and the dQ pass.
+_BWD_TILES = {
+    16: TileConfig(64, 64, 4, 2),
+    32: TileConfig(64, 64, 4, 2),
+    64: TileConfig(64, 64, 4, 2),
+    128: TileConfig(64, 64, 8, 2),
+    256: TileConfig(32, 64, 8, 1),
+}
+
+_override: dict[str, TileConfig] = {}
+
+
+def set_tile_override(kind: str, config: TileConfig | None) -> None:
+    """For tuning sweeps and tests: force the tiles of ``kind`` ('fwd' or 'bwd')."""
+    if config is None:
+        _override.pop(kind, None)
+    else:
+        _override[kind] = config
+
+
+def tiles(kind: str, headdim: int, device: torch.device) -> TileConfig:
+    if kind in _override:
+        return _override[kind]
+    if device.type != "cuda":
+        return INTERPRETER_TILES
+    table = _FWD_TILES if kind == "fwd" else _BWD_TILES
+    return table[block_d(headdim)]

@@ -1,0 +1,274 @@
+"""FlashAttention-2 backward in Triton, by recomputation from Q, K, V and the saved LSE.
+
+Three launches, no atomics, so the gradients are bit-identical from run to run:
+  1. ``attn_bwd_preprocess_kernel``: D = rowsum(dO * O), one fp32 per query row;
+  2. ``attn_bwd_dkdv_kernel``: one program per (key block, batch * KV head) accumulates dK and dV in
+     registers over every query head of its GQA group and every query block that sees it;
+  3. ``attn_bwd_dq_kernel``: one program per (query block, batch * head) accumulates dQ.
+Reference twin: ``ioattn.reference.tiled.flash_backward``.
+"""
+import triton
+import triton.language as tl
+
+from ioattn.kernels.common import mma, LOG2E, dropout_keep, kv_block_range, q_block_range, tanh, tile_scores
+
+
+@triton.jit
+def attn_bwd_preprocess_kernel(Out, dOut, Delta, cu_seqlens_q,
+                               stride_ob, stride_om, stride_oh, stride_dob, stride_dom, stride_doh,
+                               stride_lb, stride_lh, nheads, seqlen_q_max,
+                               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                               IS_VARLEN: tl.constexpr):
+    m_block = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // nheads
+    h = bh % nheads
+    if IS_VARLEN:
+        q_start = tl.load(cu_seqlens_q + b)
+        seqlen_q = tl.load(cu_seqlens_q + b + 1) - q_start
+    else:
+        q_start = 0
+        seqlen_q = seqlen_q_max
+    if m_block * BLOCK_M >= seqlen_q:
+        return
+    b64 = b.to(tl.int64)
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
+    rows = (q_start + offs_m[:, None]).to(tl.int64)
+    o = tl.load(Out + b64 * stride_ob + h * stride_oh + rows * stride_om + offs_d[None, :], mask=mask, other=0.0)
+    do = tl.load(dOut + b64 * stride_dob + h * stride_doh + rows * stride_dom + offs_d[None, :], mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(Delta + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m, delta, mask=offs_m < seqlen_q)
+
+
+@triton.jit
+def _probs_and_dscores(q, k, v, do, lse_log2, delta, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale,
+                       softcap, window_left, window_right, slope_log2, seed, dropout_threshold,
+                       dropout_scale, drop_row_base, seqlen_k_max, MASKED: tl.constexpr,
+                       HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr):
+    """Recompute one (BLOCK_M, BLOCK_N) tile: the probabilities as applied to V (after dropout) and
+    dS, the gradient with respect to the raw q.k product divided by softmax_scale."""
+    qk = mma(q, tl.trans(k))
+    s = tile_scores(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
+                    window_right, slope_log2, MASKED, HAS_SOFTCAP, HAS_ALIBI)
+    p = tl.math.exp2(s - lse_log2[:, None])
+    dp = mma(do, tl.trans(v))
+    if HAS_DROPOUT:
+        keep = dropout_keep(seed, dropout_threshold, drop_row_base, offs_n, seqlen_k_max)
+        p_used = tl.where(keep, p * dropout_scale, 0.0)
+        dp = tl.where(keep, dp * dropout_scale, 0.0)
+    else:
+        p_used = p
+    ds = p * (dp - delta[:, None])
+    if HAS_SOFTCAP:
+        t = tanh(qk * qk_scale)
+        ds = ds * (1.0 - t * t)
+    return p_used, ds
+
+
+@triton.jit
+def _load_rows(base, offs_m, offs_d, stride_m, seqlen, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
+               EVEN_D: tl.constexpr):
+    ptrs = base + offs_m[:, None].to(tl.int64) * stride_m + offs_d[None, :]
+    if MASKED:
+        return tl.load(ptrs, mask=(offs_m[:, None] < seqlen) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    elif EVEN_D:
+        return tl.load(ptrs)
+    else:
+        return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+
+
+@triton.jit
+def _load_row_stats(lse_base, delta_base, offs_m, seqlen_q, MASKED: tl.constexpr):
+    if MASKED:
+        lse = tl.load(lse_base + offs_m, mask=offs_m < seqlen_q, other=0.0)
+        delta = tl.load(delta_base + offs_m, mask=offs_m < seqlen_q, other=0.0)
+    else:
+        lse = tl.load(lse_base + offs_m)
+        delta = tl.load(delta_base + offs_m)
+    # a row that sees no key has lse = -inf and only -inf scores: use 0 so exp2 gives 0, not NaN
+    return tl.where(lse == float("-inf"), 0.0, lse * LOG2E), delta
+
+
+@triton.jit
+def _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, offs_n,
+                offs_d, m_block_lo, m_block_hi, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
+                window_right, slope_log2, seed, dropout_threshold, dropout_scale, drop_head_base,
+                seqlen_k_max, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr,
+                MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                HAS_DROPOUT: tl.constexpr):
+    for m_block in range(m_block_lo, m_block_hi):
+        offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        q = _load_rows(q_base, offs_m, offs_d, stride_qm, seqlen_q, HEAD_DIM, MASKED, EVEN_D)
+        do = _load_rows(do_base, offs_m, offs_d, stride_dom, seqlen_q, HEAD_DIM, MASKED, EVEN_D)
+        lse_log2, delta = _load_row_stats(lse_base, delta_base, offs_m, seqlen_q, MASKED)
+        p, ds = _probs_and_dscores(q, k, v, do, lse_log2, delta, offs_m, offs_n, seqlen_q, seqlen_k,
+                                   qk_scale, softcap, window_left, window_right, slope_log2, seed,
+                                   dropout_threshold, dropout_scale, drop_head_base + offs_m,
+                                   seqlen_k_max, MASKED, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT)
+        dv = mma(tl.trans(p.to(do.dtype)), do, dv)
+        dk = mma(tl.trans(ds.to(q.dtype)), q, dk)
+    return dk, dv
+
+
+@triton.jit
+def attn_bwd_dkdv_kernel(
+    Q, K, V, dOut, Lse, Delta, dK, dV, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+    stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
+    stride_dob, stride_dom, stride_doh, stride_dkb, stride_dkn, stride_dkh,
+    stride_dvb, stride_dvn, stride_dvh, stride_lb, stride_lh, stride_ab,
+    nheads, qheads_per_kvhead, seqlen_q_max, seqlen_k_max,
+    softmax_scale, qk_scale, softcap, window_left, window_right, seed, dropout_threshold, dropout_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+):
+    n_block = tl.program_id(0)
+    bh = tl.program_id(1)
+    nheads_kv = nheads // qheads_per_kvhead
+    b = bh // nheads_kv
+    h_kv = bh % nheads_kv
+    if IS_VARLEN:
+        q_start = tl.load(cu_seqlens_q + b)
+        seqlen_q = tl.load(cu_seqlens_q + b + 1) - q_start
+        k_start = tl.load(cu_seqlens_k + b)
+        seqlen_k = tl.load(cu_seqlens_k + b + 1) - k_start
+    else:
+        q_start = 0
+        seqlen_q = seqlen_q_max
+        k_start = 0
+        seqlen_k = seqlen_k_max
+    n_start = n_block * BLOCK_N
+    if n_start >= seqlen_k:
+        return
+    b64 = b.to(tl.int64)
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    offs_n = n_start + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    kv_mask = (offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM)
+    rows_k = (k_start + offs_n[:, None]).to(tl.int64)
+    k = tl.load(K + b64 * stride_kb + h_kv * stride_kh + rows_k * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(V + b64 * stride_vb + h_kv * stride_vh + rows_k * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    m_min, m_full_lo, m_full_hi, m_max = q_block_range(
+        n_start, BLOCK_M, BLOCK_N, seqlen_q, seqlen_k, window_left, window_right)
+
+    for g in range(0, qheads_per_kvhead):
+        h = h_kv * qheads_per_kvhead + g
+        q_base = Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h * stride_qh
+        do_base = dOut + b64 * stride_dob + q_start.to(tl.int64) * stride_dom + h * stride_doh
+        lse_base = Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start
+        delta_base = Delta + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start
+        slope_log2 = 0.0
+        if HAS_ALIBI:
+            slope_log2 = tl.load(alibi_slopes + b * stride_ab + h).to(tl.float32) * 1.4426950408889634
+        drop_head_base = (b64 * nheads + h) * seqlen_q_max
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                             offs_n, offs_d, m_min, m_full_lo, seqlen_q, seqlen_k, qk_scale, softcap,
+                             window_left, window_right, slope_log2, seed, dropout_threshold,
+                             dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D,
+                             True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                             offs_n, offs_d, m_full_lo, m_full_hi, seqlen_q, seqlen_k, qk_scale, softcap,
+                             window_left, window_right, slope_log2, seed, dropout_threshold,
+                             dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D,
+                             False, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                             offs_n, offs_d, m_full_hi, m_max, seqlen_q, seqlen_k, qk_scale, softcap,
+                             window_left, window_right, slope_log2, seed, dropout_threshold,
+                             dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D,
+                             True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT)
+
+    dk = dk * softmax_scale
+    tl.store(dK + b64 * stride_dkb + h_kv * stride_dkh + rows_k * stride_dkn + offs_d[None, :],
+             dk.to(dK.dtype.element_ty), mask=kv_mask)
+    tl.store(dV + b64 * stride_dvb + h_kv * stride_dvh + rows_k * stride_dvn + offs_d[None, :],
+             dv.to(dV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+              n_block_lo, n_block_hi, seqlen_q, seqlen_k, qk_scale, softcap, window_left, window_right,
+              slope_log2, seed, dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max,
+              HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
+              MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+              HAS_DROPOUT: tl.constexpr):
+    for n_block in range(n_block_lo, n_block_hi):
+        offs_n = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
+        k = _load_rows(k_base, offs_n, offs_d, stride_kn, seqlen_k, HEAD_DIM, MASKED, EVEN_D)
+        v = _load_rows(v_base, offs_n, offs_d, stride_vn, seqlen_k, HEAD_DIM, MASKED, EVEN_D)
+        _, ds = _probs_and_dscores(q, k, v, do, lse_log2, delta, offs_m, offs_n, seqlen_q, seqlen_k,
+                                   qk_scale, softcap, window_left, window_right, slope_log2, seed,
+                                   dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max,
+                                   MASKED, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT)
+        dq = mma(ds.to(k.dtype), k, dq)
+    return dq
+
+
+@triton.jit
+def attn_bwd_dq_kernel(
+    Q, K, V, dOut, Lse, Delta, dQ, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+    stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
+    stride_dob, stride_dom, stride_doh, stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
+    stride_ab, nheads, qheads_per_kvhead, seqlen_q_max, seqlen_k_max,
+    softmax_scale, qk_scale, softcap, window_left, window_right, seed, dropout_threshold, dropout_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+):
+    m_block = tl.num_programs(0) - 1 - tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // nheads
+    h = bh % nheads
+    h_kv = h // qheads_per_kvhead
+    if IS_VARLEN:
+        q_start = tl.load(cu_seqlens_q + b)
+        seqlen_q = tl.load(cu_seqlens_q + b + 1) - q_start
+        k_start = tl.load(cu_seqlens_k + b)
+        seqlen_k = tl.load(cu_seqlens_k + b + 1) - k_start
+    else:
+        q_start = 0
+        seqlen_q = seqlen_q_max
+        k_start = 0
+        seqlen_k = seqlen_k_max
+    m_start = m_block * BLOCK_M
+    if m_start >= seqlen_q:
+        return
+    b64 = b.to(tl.int64)
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    offs_m = m_start + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = _load_rows(Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h * stride_qh, offs_m, offs_d,
+                   stride_qm, seqlen_q, HEAD_DIM, True, EVEN_D)
+    do = _load_rows(dOut + b64 * stride_dob + q_start.to(tl.int64) * stride_dom + h * stride_doh, offs_m,
+                    offs_d, stride_dom, seqlen_q, HEAD_DIM, True, EVEN_D)
+    lse_log2, delta = _load_row_stats(Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start,
+                                      Delta + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start,
+                                      offs_m, seqlen_q, True)
+    k_base = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + h_kv * stride_kh
+    v_base = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + h_kv * stride_vh
+    slope_log2 = 0.0
+    if HAS_ALIBI:
+        slope_log2 = tl.load(alibi_slopes + b * stride_ab + h).to(tl.float32) * 1.4426950408889634
+    drop_row_base = (b64 * nheads + h) * seqlen_q_max + offs_m
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    n_min, n_full_lo, n_full_hi, n_max = kv_block_range(
+        m_start, BLOCK_M, BLOCK_N, seqlen_q, seqlen_k, window_left, window_right)
+    dq = _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+                   n_min, n_full_lo, seqlen_q, seqlen_k, qk_scale, softcap, window_left, window_right,
+                   slope_log2, seed, dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max,
+                   HEAD_DIM, BLOCK_N, EVEN_D, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT)
+    dq = _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+                   n_full_lo, n_full_hi, seqlen_q, seqlen_k, qk_scale, softcap, window_left, window_right,
+                   slope_log2, seed, dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max,
+                   HEAD_DIM, BLOCK_N, EVEN_D, False, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT)
+    dq = _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+                   n_full_hi, n_max, seqlen_q, seqlen_k, qk_scale, softcap, window_left, window_right,
+                   slope_log2, seed, dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max,
+                   HEAD_DIM, BLOCK_N, EVEN_D, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT)
+    dq = dq * softmax_scale
+    tl.store(dQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqm + h * stride_dqh
+             + offs_m[:, None].to(tl.int64) * stride_dqm + offs_d[None, :],
+             dq.to(dQ.dtype.element_ty), mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM))

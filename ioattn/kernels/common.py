@@ -1,0 +1,109 @@
+"""Triton pieces shared by the forward and backward kernels: the block ranges a tile visits and the
+score pipeline of one tile. Same rules as ``ioattn.masks`` (the host/reference twin); the tests
+hold the two against each other."""
+import triton
+import triton.language as tl
+
+LOG2E: tl.constexpr = 1.4426950408889634
+LN2: tl.constexpr = 0.6931471805599453
+
+
+@triton.jit
+def kv_block_range(m_start, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, seqlen_q, seqlen_k,
+                   window_left, window_right):
+    """Key blocks seen by query rows [m_start, m_start + BLOCK_M):
+    [n_min, n_max) is every block with a visible key; [n_full_lo, n_full_hi) the blocks that no
+    mask cuts (no window edge, no seqlen_k boundary), which the caller runs without masking."""
+    offset = seqlen_k - seqlen_q
+    m_last = tl.minimum(m_start + BLOCK_M, seqlen_q) - 1
+    hi = seqlen_k
+    full_hi = seqlen_k
+    if window_right >= 0:
+        hi = tl.maximum(tl.minimum(seqlen_k, m_last + offset + window_right + 1), 0)
+        full_hi = tl.maximum(tl.minimum(seqlen_k, m_start + offset + window_right + 1), 0)
+    lo = 0
+    full_lo = 0
+    if window_left >= 0:
+        lo = tl.maximum(m_start + offset - window_left, 0)
+        full_lo = tl.maximum(m_start + BLOCK_M - 1 + offset - window_left, 0)
+    n_min = lo // BLOCK_N
+    n_max = tl.maximum(tl.cdiv(hi, BLOCK_N), n_min)
+    n_full_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N), n_min), n_max)
+    n_full_hi = tl.maximum(tl.minimum(full_hi // BLOCK_N, n_max), n_full_lo)
+    return n_min, n_full_lo, n_full_hi, n_max
+
+
+@triton.jit
+def q_block_range(n_start, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, seqlen_q, seqlen_k,
+                  window_left, window_right):
+    """Query blocks that see key columns [n_start, n_start + BLOCK_N): the transpose of
+    ``kv_block_range``, for the dK/dV pass. Same return convention."""
+    offset = seqlen_k - seqlen_q
+    n_last = tl.minimum(n_start + BLOCK_N, seqlen_k) - 1
+    # key j is visible to query i iff j - offset - right <= i <= j - offset + left
+    lo = 0
+    full_lo = 0
+    if window_right >= 0:
+        lo = tl.maximum(n_start - offset - window_right, 0)
+        full_lo = tl.maximum(n_start + BLOCK_N - 1 - offset - window_right, 0)
+    hi = seqlen_q
+    full_hi = seqlen_q
+    if window_left >= 0:
+        hi = tl.maximum(tl.minimum(seqlen_q, n_last - offset + window_left + 1), 0)
+        full_hi = tl.maximum(tl.minimum(seqlen_q, n_start - offset + window_left + 1), 0)
+    # a key block that runs past seqlen_k must be masked for every query block
+    full_lo = tl.where(n_start + BLOCK_N > seqlen_k, seqlen_q + BLOCK_M, full_lo)
+    m_min = lo // BLOCK_M
+    m_max = tl.maximum(tl.cdiv(hi, BLOCK_M), m_min)
+    m_full_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_M), m_min), m_max)
+    m_full_hi = tl.maximum(tl.minimum(full_hi // BLOCK_M, m_max), m_full_lo)
+    return m_min, m_full_lo, m_full_hi, m_max
+
+
+@triton.jit
+def tanh(x):
+    # exp-based so it also runs under the interpreter; saturates to +-1 without NaN
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
+def tile_scores(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale_log2, softcap, window_left,
+                window_right, slope_log2, MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                HAS_ALIBI: tl.constexpr):
+    """Raw q.k tile -> scores in the log2 domain: scale, softcap, mask, ALiBi (ioattn.masks order).
+    ``qk_scale_log2`` is softmax_scale * log2(e); with softcap it is softmax_scale / cap and the
+    cap (times log2 e) is applied after tanh."""
+    if HAS_SOFTCAP:
+        s = (softcap * LOG2E) * tanh(qk * qk_scale_log2)
+    else:
+        s = qk * qk_scale_log2
+    rel = offs_m[:, None] + (seqlen_k - seqlen_q) - offs_n[None, :]  # query position - key
+    if MASKED:
+        keep = (offs_n[None, :] < seqlen_k) & (offs_m[:, None] < seqlen_q)
+        if window_right >= 0:
+            keep = keep & (rel >= -window_right)
+        if window_left >= 0:
+            keep = keep & (rel <= window_left)
+        s = tl.where(keep, s, float("-inf"))
+    if HAS_ALIBI:
+        s = s - slope_log2 * tl.abs(rel).to(tl.float32)
+    return s
+
+
+@triton.jit
+def dropout_keep(seed, threshold, row_base, offs_n, seqlen_k_max):
+    """Counter-based dropout mask: element (b, h, i, j) uses counter
+    ((b * nheads + h) * max_seqlen_q + i) * max_seqlen_k + j (``row_base`` is the int64 row part),
+    kept iff its philox draw >= threshold (= p * 2**32). Twin: ioattn.reference.philox."""
+    counters = row_base[:, None] * seqlen_k_max + offs_n[None, :].to(tl.int64)
+    r = tl.randint(seed, counters)
+    return r.to(tl.int64) >= threshold
+
+
+@triton.jit
+def mma(a, b, acc=None):
+    """tl.dot, exact for float32 inputs (IEEE instead of TF32, so fp32 calls keep fp32 accuracy)."""
+    if a.dtype == tl.float32:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)

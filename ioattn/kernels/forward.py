@@ -1,0 +1,141 @@
+"""FlashAttention-2 forward in Triton: one program per (query block, batch*head); the Q tile stays
+in registers while K/V tiles stream past; online softmax in exp2 form with the normalisation
+deferred to the end; the row log-sum-exp is written for the backward pass.
+
+Reference twin: ``ioattn.reference.tiled.flash2_forward``. Test: ``tests/test_kernels.py``.
+"""
+import triton
+import triton.language as tl
+
+from ioattn.kernels.common import mma, LN2, dropout_keep, kv_block_range, tile_scores
+
+
+@triton.jit
+def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+               n_block_lo, n_block_hi, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
+               window_right, slope_log2, seed, dropout_threshold, drop_row_base, seqlen_k_max,
+               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
+               MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+               HAS_DROPOUT: tl.constexpr):
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for n_block in range(n_block_lo, n_block_hi):
+        offs_n = n_block * BLOCK_N + offs_n0
+        # K is loaded as (d, n) so q @ k needs no transpose; pointers are int64 via the base
+        k_ptrs = k_base + offs_n[None, :].to(tl.int64) * stride_kn + offs_d[:, None]
+        v_ptrs = v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_d[None, :]
+        if MASKED:
+            k = tl.load(k_ptrs, mask=(offs_n[None, :] < seqlen_k) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+        elif EVEN_D:
+            k = tl.load(k_ptrs)
+        else:
+            k = tl.load(k_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+        qk = mma(q, k)
+        s = tile_scores(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
+                        window_right, slope_log2, MASKED, HAS_SOFTCAP, HAS_ALIBI)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if MASKED:
+            # a row that has seen no key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN
+            m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new_safe = m_new
+        p = tl.math.exp2(s - m_new_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_new_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if HAS_DROPOUT:
+            keep = dropout_keep(seed, dropout_threshold, drop_row_base, offs_n, seqlen_k_max)
+            p = tl.where(keep, p, 0.0)
+        if MASKED:
+            v = tl.load(v_ptrs, mask=(offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        elif EVEN_D:
+            v = tl.load(v_ptrs)
+        else:
+            v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        acc = mma(p.to(v.dtype), v, acc)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def attn_fwd_kernel(
+    Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_ob, stride_om, stride_oh,
+    stride_lb, stride_lh, stride_ab,
+    nheads, qheads_per_kvhead, seqlen_q_max, seqlen_k_max,
+    qk_scale, softcap, window_left, window_right, seed, dropout_threshold, dropout_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+):
+    # heavy query blocks (late rows under a causal mask) are scheduled first: better tail balance
+    m_block = tl.num_programs(0) - 1 - tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // nheads
+    h = bh % nheads
+    h_kv = h // qheads_per_kvhead
+    if IS_VARLEN:
+        q_start = tl.load(cu_seqlens_q + b)
+        seqlen_q = tl.load(cu_seqlens_q + b + 1) - q_start
+        k_start = tl.load(cu_seqlens_k + b)
+        seqlen_k = tl.load(cu_seqlens_k + b + 1) - k_start
+    else:
+        q_start = 0
+        seqlen_q = seqlen_q_max
+        k_start = 0
+        seqlen_k = seqlen_k_max
+    m_start = m_block * BLOCK_M
+    if m_start >= seqlen_q:
+        return
+
+    b64 = b.to(tl.int64)
+    q_base = Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h * stride_qh
+    k_base = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + h_kv * stride_kh
+    v_base = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + h_kv * stride_vh
+    o_base = Out + b64 * stride_ob + q_start.to(tl.int64) * stride_om + h * stride_oh
+    lse_base = Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start
+
+    offs_m = m_start + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    q_mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(q_base + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :], mask=q_mask, other=0.0)
+
+    slope_log2 = 0.0
+    if HAS_ALIBI:
+        slope_log2 = tl.load(alibi_slopes + b * stride_ab + h).to(tl.float32) * 1.4426950408889634
+    drop_row_base = (b64 * nheads + h) * seqlen_q_max + offs_m
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    n_min, n_full_lo, n_full_hi, n_max = kv_block_range(
+        m_start, BLOCK_M, BLOCK_N, seqlen_q, seqlen_k, window_left, window_right)
+    # window's left edge (masked), the interior (no mask), the diagonal / seqlen_k edge (masked)
+    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+                               n_min, n_full_lo, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
+                               window_right, slope_log2, seed, dropout_threshold, drop_row_base,
+                               seqlen_k_max, HEAD_DIM, BLOCK_N, EVEN_D, True, HAS_SOFTCAP, HAS_ALIBI,
+                               HAS_DROPOUT)
+    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+                               n_full_lo, n_full_hi, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
+                               window_right, slope_log2, seed, dropout_threshold, drop_row_base,
+                               seqlen_k_max, HEAD_DIM, BLOCK_N, EVEN_D, False, HAS_SOFTCAP, HAS_ALIBI,
+                               HAS_DROPOUT)
+    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+                               n_full_hi, n_max, seqlen_q, seqlen_k, qk_scale,
+                               softcap, window_left, window_right, slope_log2, seed, dropout_threshold,
+                               drop_row_base, seqlen_k_max, HEAD_DIM, BLOCK_N, EVEN_D, True,
+                               HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT)
+
+    # rows that saw no key: l = 0 -> output 0 and lse -inf (never 0/0)
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc * (dropout_scale / l_safe)[:, None]
+    lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
+    row_ok = offs_m < seqlen_q
+    tl.store(lse_base + offs_m, lse, mask=row_ok)
+    tl.store(o_base + offs_m[:, None].to(tl.int64) * stride_om + offs_d[None, :],
+             out.to(Out.dtype.element_ty), mask=q_mask)

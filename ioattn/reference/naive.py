@@ -1,0 +1,48 @@
+"""Standard attention: materialises the full score matrix. The test oracle (run it in float64)
+and the "PyTorch's own error" yardstick (run it in the input dtype)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ioattn.masks import alibi_bias, keep_mask
+
+
+def attention_ref(q, k, v, *, softmax_scale=None, window=(-1, -1), softcap=0.0, alibi_slopes=None,
+                  dropout_p=0.0, dropout_keep=None, upcast=True):
+    """softmax(mask(softcap(q k^T * scale)) + alibi) v, the textbook way.
+
+    q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_kv, headdim[_v]) with
+    nheads a multiple of nheads_kv (GQA: query head h reads KV head h // (nheads // nheads_kv)).
+    ``window`` is the normalised ``(left, right)`` pair (see ``ioattn.masks``; causal = (left, 0)).
+    ``dropout_keep``: optional bool (batch, nheads, seqlen_q, seqlen_k); kept probabilities are
+    scaled by 1 / (1 - dropout_p). ``upcast=True`` computes in float64.
+
+    Returns ``(out, lse)``: out like q (headdim of v), lse float32-or-64 (batch, nheads, seqlen_q),
+    -inf on rows with no visible key (whose output is 0).
+    """
+    dtype = q.dtype
+    if upcast:
+        q, k, v = q.double(), k.double(), v.double()
+    batch, seqlen_q, nheads, d = q.shape
+    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(d)
+    group = nheads // nheads_kv
+    k = k.repeat_interleave(group, dim=2)
+    v = v.repeat_interleave(group, dim=2)
+    scores = torch.einsum("bihd,bjhd->bhij", q, k) * softmax_scale
+    if softcap > 0:
+        scores = torch.tanh(scores / softcap) * softcap
+    keep = keep_mask(seqlen_q, seqlen_k, tuple(window), device=q.device)
+    scores = scores.masked_fill(~keep, float("-inf"))
+    if alibi_slopes is not None:
+        scores = scores + alibi_bias(alibi_slopes.to(scores.dtype), seqlen_q, seqlen_k).to(scores.dtype)
+    lse = torch.logsumexp(scores.float() if not upcast else scores, dim=-1)
+    probs = torch.softmax(scores, dim=-1)
+    probs = torch.nan_to_num(probs, nan=0.0)  # rows with no visible key: 0/0 -> 0
+    if dropout_p > 0.0:
+        probs = probs.masked_fill(~dropout_keep, 0.0) / (1.0 - dropout_p)
+    out = torch.einsum("bhij,bjhd->bihd", probs, v)
+    return out.to(dtype) if not upcast else out, lse

@@ -1,0 +1,69 @@
+"""The compiled Triton kernels on a real GPU, at sizes the interpreter cannot reach (skipped on CPU).
+Run on the device; the log of the last run is committed under benchmarks/results/."""
+import pytest
+import torch
+
+import ioattn
+from ioattn.reference import attention_ref
+
+from conftest import assert_within_torch_error
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def _check(b, sq, sk, h, hkv, d, dtype, causal=False, window=(-1, -1), softcap=0.0, alibi=False, varlen=False):
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, requires_grad=True)
+    slopes = torch.rand(b, h, device="cuda") * 0.3 if alibi else None
+    out = ioattn.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap, alibi_slopes=slopes)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    win = (window[0], 0) if causal else window
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref, _ = attention_ref(*ref_in, window=win, softcap=softcap, alibi_slopes=slopes)
+    ref_grads = torch.autograd.grad(ref, ref_in, dout.double())
+    same_in = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    same, _ = attention_ref(*same_in, window=win, softcap=softcap, alibi_slopes=slopes, upcast=False)
+    same_grads = torch.autograd.grad(same, same_in, dout)
+    assert_within_torch_error("out", out, ref, same)
+    for name, g, r, s in zip(("dq", "dk", "dv"), grads, ref_grads, same_grads):
+        assert_within_torch_error(name, g, r, s)
+
+
+@pytest.mark.parametrize("d", [32, 59, 64, 80, 96, 111, 128, 192, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_headdims(d, causal):
+    _check(2, 777, 777, 4, 2, d, torch.bfloat16, causal=causal)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("sq,sk", [(1, 1000), (1000, 1), (513, 2049), (2049, 513)])
+def test_ragged_causal(dtype, sq, sk):
+    _check(1, sq, sk, 8, 1, 128, dtype, causal=True)
+
+
+@pytest.mark.parametrize("window", [(256, 0), (100, 37), (0, 0)])
+def test_window_softcap_alibi(window):
+    _check(2, 1024, 1024, 4, 4, 64, torch.bfloat16, window=window, softcap=20.0, alibi=True)
+
+
+def test_deterministic_backward():
+    q, k, v = (torch.randn(2, 1024, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    out = ioattn.flash_attn_func(q, k, v, causal=True, deterministic=True)
+    dout = torch.randn_like(out)
+    g1 = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    g2 = torch.autograd.grad(out, (q, k, v), dout)
+    for a, b in zip(g1, g2):
+        assert torch.equal(a, b)
+
+
+def test_large_index_no_overflow():
+    # batch * seqlen * heads * headdim > 2**31: 64-bit offsets must reach the last batch entry
+    b, s, h, d = 2, 65536, 128, 128  # 2.1e9 elements per tensor
+    q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+    k = q[:, :128].clone()
+    v = torch.randn_like(k)
+    out = ioattn.flash_attn_func(q, k, v)
+    ref, _ = attention_ref(q[-1:, -64:], k[-1:], v[-1:])
+    assert (out[-1:, -64:].double() - ref).abs().max().item() < 2e-2
