@@ -16,11 +16,19 @@ from ioattn import dispatch
 from ioattn.bench.timing import attention_flops, median_ms
 from ioattn.reference import attention_ref
 
-FWD_CANDIDATES = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 4),
-                  (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 3), (128, 128, 4, 2), (64, 32, 4, 3)]
-BWD_CANDIDATES = [(64, 64, 4, 2), (64, 64, 8, 2), (32, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2),
-                  (32, 128, 8, 2), (64, 64, 4, 3), (32, 64, 8, 1), (64, 128, 8, 1), (32, 32, 4, 2)]
-
+# (block_m, block_n, num_warps, num_stages) per padded head dim. The first sweep (all dims, the
+# union of these lists) is in benchmarks/results/tune-1; later sweeps narrowed the lists around
+# the winners.
+FWD_CANDIDATES = {
+    64: [(128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 4, 2), (256, 64, 8, 3), (128, 128, 4, 2)],
+    128: [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3)],
+    256: [(64, 64, 4, 3), (64, 64, 4, 2), (64, 64, 8, 2), (64, 32, 4, 4)],
+}
+BWD_CANDIDATES = {
+    64: [(64, 64, 4, 2), (64, 64, 8, 2), (32, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (32, 128, 8, 2)],
+    128: [(64, 64, 8, 2), (64, 64, 4, 2), (32, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (32, 128, 8, 2)],
+    256: [(32, 64, 4, 1), (32, 64, 8, 1), (64, 64, 8, 1), (32, 32, 4, 2), (16, 64, 4, 1)],
+}
 
 def ok_small(d, causal):
     q, k, v = (torch.randn(1, 300, 2, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -41,8 +49,9 @@ def main():
     log = open(os.path.join(args.out, "tune_tiles.jsonl"), "w")
     best = {}
     for kind in args.kinds.split(","):
-        cands = FWD_CANDIDATES if kind == "fwd" else BWD_CANDIDATES
+        table = FWD_CANDIDATES if kind == "fwd" else BWD_CANDIDATES
         for d in map(int, args.headdims.split(",")):
+            cands = table[dispatch.block_d(d)]
             for causal in (False, True):
                 for n in map(int, args.seqlens.split(",")):
                     b, h = 16384 // n, 2048 // d
@@ -78,6 +87,12 @@ def main():
     print("\nbest per (kind, headdim, causal, seqlen):")
     for key, (tf, cfg) in sorted(best.items()):
         print(f"  {key}: {cfg} {tf:.1f} TFLOP/s")
+    # the winners as an IOATTN_TILES value (first causal/seqlen entry per kind and head dim wins)
+    chosen = {}
+    for (kind, d, causal, n), (tf, cfg) in sorted(best.items()):
+        chosen.setdefault((kind, dispatch.block_d(d)), cfg)
+    with open(os.path.join(args.out, "IOATTN_TILES"), "w") as f:
+        f.write(";".join(f"{k}:{d}={','.join(map(str, c))}" for (k, d), c in chosen.items()))
 
 
 if __name__ == "__main__":

@@ -52,14 +52,17 @@ class TileConfig:
 # so the block-range and edge-masking logic is exercised.
 INTERPRETER_TILES = TileConfig(block_m=32, block_n=32, num_warps=4, num_stages=1)
 
-# H200 forward tiles by padded head dim, non-causal / causal. Source: the sweep in
-# benchmarks/tune_tiles.py on the device (see benchmarks/NOTES.md for the runs behind each entry).
+# H200 forward tiles by padded head dim (block_m, block_n, num_warps, num_stages). Source:
+# benchmarks/tune_tiles.py on the device, results in benchmarks/results/tune-*/ (notes in
+# benchmarks/NOTES.md). 64: best of 10 at n=4096 and 16384, causal and not (401 TFLOP/s at 16k);
+# 128: best of 10 (471 / 468 causal at 16k); 256: the only shape of 10 that fits shared memory well
+# (387). 16 and 32 follow 64 (not tuned separately).
 _FWD_TILES = {
     16: TileConfig(128, 64, 4, 3),
     32: TileConfig(128, 64, 4, 3),
     64: TileConfig(128, 64, 4, 3),
     128: TileConfig(128, 64, 8, 3),
-    256: TileConfig(64, 64, 8, 2),
+    256: TileConfig(64, 64, 4, 3),
 }
 # Backward: (block_m, block_n) used by both the dK/dV and the dQ pass.
 _BWD_TILES = {
@@ -81,9 +84,23 @@ def set_tile_override(kind: str, config: TileConfig | None) -> None:
         _override[kind] = config
 
 
+def _env_tiles(kind: str, bd: int) -> TileConfig | None:
+    """``IOATTN_TILES="fwd:64=128,64,4,3;bwd:128=64,64,8,2"``: per-kind, per-padded-head-dim tiles
+    for tuning runs without editing the tables."""
+    for entry in filter(None, os.environ.get("IOATTN_TILES", "").split(";")):
+        key, _, vals = entry.partition("=")
+        k, _, d = key.partition(":")
+        if k.strip() == kind and int(d) == bd:
+            return TileConfig(*(int(x) for x in vals.split(",")))
+    return None
+
+
 def tiles(kind: str, headdim: int, device: torch.device) -> TileConfig:
     if kind in _override:
         return _override[kind]
+    from_env = _env_tiles(kind, block_d(headdim))
+    if from_env is not None:
+        return from_env
     if device.type != "cuda":
         return INTERPRETER_TILES
     table = _FWD_TILES if kind == "fwd" else _BWD_TILES

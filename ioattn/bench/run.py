@@ -5,7 +5,7 @@ import json
 import math
 import platform
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -78,19 +78,23 @@ def _check(fn, q, k, v, causal):
     return (not math.isnan(err)) and err <= 2 * base + 1e-4, err
 
 
-def run_sweep(name, device, dtype_name="bf16", provider_names=None, log=print):
+def run_sweep(name, device, dtype_name="bf16", provider_names=None, log=print, sink=None, headdims=None):
+    """Run one sweep; every record also goes to ``sink`` as soon as it exists (a cut-off run keeps
+    what it measured)."""
     sweeps = GPU_SWEEPS if device == "cuda" else CPU_SWEEPS
     if name not in sweeps:
         log(f"unknown sweep {name!r} for {device}; known: {', '.join(sweeps)}")
         return []
     sw = sweeps[name]
+    if headdims:
+        sw = replace(sw, headdims=tuple(headdims))
     env = environment()
     dtype = DTYPES[dtype_name]
     table = providers(provider_names or sw.providers)
     for pname, (fn, why) in table.items():
         if fn is None:
             log(f"{pname}: skipped ({why})")
-    records = []
+    records = _Records(sink, env)
     for d in sw.headdims:
         for causal in sw.causal:
             checked = {}
@@ -126,9 +130,19 @@ def run_sweep(name, device, dtype_name="bf16", provider_names=None, log=print):
                         if device == "cuda":
                             torch.cuda.empty_cache()
                 del sets
-    for r in records:
-        r.setdefault("env", env)
-    return records
+    return list(records)
+
+
+class _Records(list):
+    def __init__(self, sink, env):
+        super().__init__()
+        self.sink, self.env = sink, env
+
+    def append(self, rec):
+        rec.setdefault("env", self.env)
+        super().append(rec)
+        if self.sink is not None:
+            self.sink(rec)
 
 
 def _time(fn, sets, causal, mode):
@@ -192,6 +206,7 @@ def main(argv=None):
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     ap.add_argument("--providers", default=None, help="comma-separated provider names")
     ap.add_argument("--out", default=None, help="directory for results.jsonl")
+    ap.add_argument("--headdims", default=None, help="comma-separated subset of the sweep's head dims")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
@@ -201,16 +216,26 @@ def main(argv=None):
     if ceil:
         print(f"ceilings: bf16 matmul {ceil['bf16_matmul_tflops']:.0f} TFLOP/s, "
               f"d2d copy {ceil['d2d_copy_gbps']:.0f} GB/s")
-    records = run_sweep(args.sweep, device, args.dtype, names, log=lambda s: print(s, flush=True))
-    for r in records:
-        r["ceilings"] = ceil
+    sink_file = None
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        path = os.path.join(args.out, "results.jsonl")
+        sink_file = open(path, "w")
+
+    def sink(rec):
+        rec["ceilings"] = ceil
+        rec["command"] = "ioattn bench " + " ".join(argv if argv is not None else sys.argv[1:])
+        if sink_file:
+            sink_file.write(json.dumps(rec) + "\n")
+            sink_file.flush()
+
+    records = run_sweep(args.sweep, device, args.dtype, names, log=lambda s: print(s, flush=True), sink=sink,
+                        headdims=[int(x) for x in args.headdims.split(",")] if args.headdims else None)
     peer = next(p for p in (names or (GPU_SWEEPS if device == "cuda" else CPU_SWEEPS)[args.sweep].providers)
                 if not p.startswith("ioattn"))
     print()
     print(format_summary(summary(records, peer=peer), peer=peer))
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        path = os.path.join(args.out, "results.jsonl")
-        write_jsonl(records, path)
+    if sink_file:
+        sink_file.close()
         print(f"\nwrote {len(records)} records to {path}")
     return 0 if all(r.get("ok") for r in records if r["provider"].startswith("ioattn")) else 1

@@ -17,8 +17,7 @@ def n_input_sets(bytes_per_set: int) -> int:
 
 def median_ms(fn_per_set, sets, warmup: int = 3, reps: int = 20) -> float:
     """Median time of ``fn(set)`` over ``reps`` runs, rotating through ``sets``."""
-    cuda = torch.cuda.is_available() and any(
-        isinstance(t, torch.Tensor) and t.is_cuda for s in sets for t in (s if isinstance(s, (tuple, list)) else [s]))
+    cuda = torch.cuda.is_available()
     for i in range(warmup):
         fn_per_set(sets[i % len(sets)])
     times = []

@@ -1,0 +1,75 @@
+"""Compile the Triton kernels for sm_90 without a GPU (Triton's ahead-of-time path), so compile
+errors show up on a development machine instead of costing device time. Also prints each kernel's
+register count, spills and shared memory.
+
+    python benchmarks/compile_check.py [--headdims 64,128] [--quick]
+"""
+import argparse
+import itertools
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from ioattn import dispatch
+from ioattn.kernels.backward import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_bwd_preprocess_kernel
+from ioattn.kernels.forward import attn_fwd_kernel
+
+FLOAT_ARGS = {"qk_scale", "softcap", "softmax_scale", "dropout_scale"}
+I64_ARGS = {"seed", "dropout_threshold"}
+
+
+def signature(fn, dtype):
+    sig = {}
+    for name in fn.arg_names:
+        if name in ("Lse", "Delta", "alibi_slopes"):
+            sig[name] = "*fp32"
+        elif name.startswith("cu_seqlens"):
+            sig[name] = "*i32"
+        elif name[0].isupper() or name[:2] in ("dO", "dK", "dV", "dQ"):
+            sig[name] = "*" + dtype
+        elif name in FLOAT_ARGS:
+            sig[name] = "fp32"
+        elif name in I64_ARGS:
+            sig[name] = "i64"
+        else:
+            sig[name] = "i32"
+    return sig
+
+
+def compile_one(fn, constexprs, num_warps, num_stages, dtype="bf16"):
+    sig = signature(fn, dtype)
+    for k in constexprs:
+        sig[k] = "constexpr"
+    src = ASTSource(fn, sig, constexprs)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=num_warps, num_stages=num_stages))
+    md = k.metadata
+    return k.n_regs if hasattr(k, "n_regs") else None, getattr(md, "shared", None), k
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--headdims", default="16,59,64,128,256")
+    ap.add_argument("--quick", action="store_true", help="only the default feature set")
+    args = ap.parse_args()
+    features = [dict(IS_VARLEN=False, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_DROPOUT=False)]
+    if not args.quick:
+        features += [dict(IS_VARLEN=v, HAS_SOFTCAP=s, HAS_ALIBI=a, HAS_DROPOUT=d)
+                     for v, s, a, d in itertools.product([True], [True], [True], [True])]
+    for d in map(int, args.headdims.split(",")):
+        bd = dispatch.block_d(d)
+        for feat in features:
+            for kind, fns in (("fwd", [attn_fwd_kernel]), ("bwd", [attn_bwd_dkdv_kernel, attn_bwd_dq_kernel])):
+                cfg = dispatch._FWD_TILES[bd] if kind == "fwd" else dispatch._BWD_TILES[bd]
+                for fn in fns:
+                    c = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **feat)
+                    _, shared, k = compile_one(fn, c, cfg.num_warps, cfg.num_stages)
+                    print(f"{fn.__name__:<24} d={d:<3} {cfg} {feat} shared={shared}")
+        _, shared, _ = compile_one(attn_bwd_preprocess_kernel, dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=64,
+                                                                    IS_VARLEN=False), 4, 1)
+    print("all kernels compiled for sm_90")
+
+
+if __name__ == "__main__":
+    main()
