@@ -39,6 +39,13 @@ def signature(fn, dtype):
 
 def compile_one(fn, constexprs, num_warps, num_stages, dtype="bf16"):
     sig = signature(fn, dtype)
+    constexprs = dict(constexprs)
+    if "k_desc" in fn.arg_names:
+        if constexprs.get("USE_TMA"):
+            block = f"[1,{constexprs['BLOCK_N']},1,{constexprs['BLOCK_D']}]"
+            sig["k_desc"] = sig["v_desc"] = f"tensordesc<{dtype}{block}>"
+        else:
+            constexprs.update(k_desc=None, v_desc=None)
     for k in constexprs:
         sig[k] = "constexpr"
     src = ASTSource(fn, sig, constexprs)
@@ -63,9 +70,14 @@ def main():
             for kind, fns in (("fwd", [attn_fwd_kernel]), ("bwd", [attn_bwd_dkdv_kernel, attn_bwd_dq_kernel])):
                 cfg = dispatch._FWD_TILES[bd] if kind == "fwd" else dispatch._BWD_TILES[bd]
                 for fn in fns:
-                    c = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **feat)
-                    _, shared, k = compile_one(fn, c, cfg.num_warps, cfg.num_stages)
-                    print(f"{fn.__name__:<24} d={d:<3} {cfg} {feat} shared={shared}")
+                    for tma in ((False, True) if fn is attn_fwd_kernel and d % 8 == 0 else (False,)):
+                        c = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **feat)
+                        if fn is attn_fwd_kernel:
+                            c["USE_TMA"] = tma
+                        _, shared, k = compile_one(fn, c, cfg.num_warps, cfg.num_stages)
+                        pipelined = k.asm["ttgir"].count("async_")
+                        print(f"{fn.__name__:<24} d={d:<3} {cfg} {feat} tma={tma} shared={shared} "
+                              f"async_ops={pipelined}")
         _, shared, _ = compile_one(attn_bwd_preprocess_kernel, dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=64,
                                                                     IS_VARLEN=False), 4, 1)
     print("all kernels compiled for sm_90")

@@ -73,15 +73,22 @@ def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     alibi, stride_ab, has_alibi = _alibi_args(alibi_slopes, q)
     cu_q = cu_seqlens_q if pb.varlen else q.new_empty(0, dtype=torch.int32)
     cu_k = cu_seqlens_k if pb.varlen else q.new_empty(0, dtype=torch.int32)
+    bd = dispatch.block_d(pb.headdim)
+    use_tma = dispatch.fwd_uses_tma(k, v, pb.varlen)
+    k_desc = v_desc = None
+    if use_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        k_desc, v_desc = (TensorDescriptor(t, list(t.shape), list(t.stride()), [1, cfg.block_n, 1, bd])
+                          for t in (k, v))
     grid = (triton_cdiv(pb.seqlen_q, cfg.block_m), pb.batch * pb.nheads)
     attn_fwd_kernel[grid](
-        q, k, v, out, lse, cu_q, cu_k, alibi,
+        q, k, v, out, lse, cu_q, cu_k, alibi, k_desc, v_desc,
         *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(out), *pb.lse_strides(lse), stride_ab,
         pb.nheads, pb.nheads // pb.nheads_kv, pb.seqlen_q, pb.seqlen_k,
         qk_scale, float(softcap), window[0], window[1], seed, threshold, dropout_scale,
-        HEAD_DIM=pb.headdim, BLOCK_D=dispatch.block_d(pb.headdim), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        HEAD_DIM=pb.headdim, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         IS_VARLEN=pb.varlen, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi, HAS_DROPOUT=dropout_p > 0,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        USE_TMA=use_tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse
 

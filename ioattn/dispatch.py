@@ -35,6 +35,37 @@ def use_triton(device: torch.device) -> bool:
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+_prefer_tma: bool | None = None
+
+# Forward K/V loads through tensor descriptors (TMA on Hopper). Off by default until the device
+# benchmark shows it wins: the pointer kernel is the measured one (benchmarks/NOTES.md).
+FWD_TMA_DEFAULT = False
+
+
+@contextlib.contextmanager
+def prefer_tma(enabled: bool):
+    """Turn the descriptor (TMA) forward on or off for the calls inside (benchmarks, tests)."""
+    global _prefer_tma
+    previous, _prefer_tma = _prefer_tma, enabled
+    try:
+        yield
+    finally:
+        _prefer_tma = previous
+
+
+def fwd_uses_tma(k: torch.Tensor, v: torch.Tensor, varlen: bool) -> bool:
+    """Descriptors need a batched layout (they clip at each sequence's end), 16-byte aligned base
+    and strides, and at least 16 bytes per row; on CUDA, sm_90 or newer."""
+    wanted = FWD_TMA_DEFAULT if _prefer_tma is None else _prefer_tma
+    if not wanted or varlen:
+        return False
+    if k.is_cuda and torch.cuda.get_device_capability(k.device)[0] < 9:
+        return False
+    es = k.element_size()
+    return all(t.data_ptr() % 16 == 0 and all((st * es) % 16 == 0 for st in t.stride()[:-1])
+               and t.shape[-1] * es >= 16 for t in (k, v))
+
+
 def block_d(headdim: int) -> int:
     """Head dims are padded to a power of two inside the kernel (masked loads, no copies)."""
     return max(16, 1 << (headdim - 1).bit_length())
@@ -64,13 +95,15 @@ _FWD_TILES = {
     128: TileConfig(128, 64, 8, 3),
     256: TileConfig(64, 64, 4, 3),
 }
-# Backward: (block_m, block_n) used by both the dK/dV and the dQ pass.
+# Backward tiles, used by both the dK/dV and the dQ pass. Source: benchmarks/results/tune-2
+# (n=16384, bf16): 64 -> (64, 64, 4, 2) 325 TFLOP/s, best of 6; 128 -> (64, 64, 4, 2) 391, against
+# 169 for the 8-warp guess used before; 256 -> (32, 32, 4, 2) 145, best of 5 (still slow).
 _BWD_TILES = {
     16: TileConfig(64, 64, 4, 2),
     32: TileConfig(64, 64, 4, 2),
     64: TileConfig(64, 64, 4, 2),
-    128: TileConfig(64, 64, 8, 2),
-    256: TileConfig(32, 64, 8, 1),
+    128: TileConfig(64, 64, 4, 2),
+    256: TileConfig(32, 32, 4, 2),
 }
 
 _override: dict[str, TileConfig] = {}

@@ -67,3 +67,13 @@ def test_large_index_no_overflow():
     out = ioattn.flash_attn_func(q, k, v)
     ref, _ = attention_ref(q[-1:, -64:], k[-1:], v[-1:])
     assert (out[-1:, -64:].double() - ref).abs().max().item() < 2e-2
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_tma_forward(d, causal):
+    from ioattn import dispatch
+    with dispatch.prefer_tma(True):
+        k = torch.randn(2, 1000, 2, d, device="cuda", dtype=torch.bfloat16)
+        assert dispatch.fwd_uses_tma(k, k, False)
+        _check(2, 777, 1000, 4, 2, d, torch.bfloat16, causal=causal)

@@ -22,11 +22,18 @@ def _ioattn(q, k, v, causal):
     return ioattn.flash_attn_func(q, k, v, causal=causal)
 
 
+def _ioattn_tma(q, k, v, causal):
+    """The forward with K/V through tensor descriptors (TMA), whatever the default is."""
+    from ioattn import dispatch
+    with dispatch.prefer_tma(True):
+        return ioattn.flash_attn_func(q, k, v, causal=causal)
+
+
 def providers(names=None):
     """Name -> (callable or None, reason). Unknown names get a reason, not an exception."""
     from torch.nn.attention import SDPBackend
 
-    table = {"ioattn": (_ioattn, "")}
+    table = {"ioattn": (_ioattn, ""), "ioattn-tma": (_ioattn_tma, "")}
     for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
                           ("sdpa-efficient", SDPBackend.EFFICIENT_ATTENTION), ("sdpa-math", SDPBackend.MATH)):
         table[name] = (_sdpa(backend), "")

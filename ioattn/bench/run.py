@@ -24,7 +24,7 @@ class Sweep:
     modes: tuple = ("fwd", "bwd")
     tokens: int = 16384  # batch * seqlen, as the FlashAttention papers plot it
     hidden: int = 2048   # nheads * headdim
-    providers: tuple = ("ioattn", "sdpa-flash", "sdpa-cudnn")
+    providers: tuple = ("ioattn", "ioattn-tma", "sdpa-flash", "sdpa-cudnn")
 
 
 GPU_SWEEPS = {
@@ -34,7 +34,7 @@ GPU_SWEEPS = {
 # Without a GPU: the CPU path (tiled reference) against PyTorch's CPU attention, small sizes.
 CPU_SWEEPS = {
     "quick": Sweep(headdims=(64,), seqlens=(256, 1024), tokens=1024, hidden=256,
-                   providers=("ioattn", "sdpa-math")),
+                   providers=("ioattn", "sdpa-math")),  # ioattn-tma is the same CPU path here
 }
 
 
@@ -183,7 +183,7 @@ def summary(records, ours="ioattn", peer="sdpa-flash"):
 
 
 def format_summary(rows, peer="sdpa-flash"):
-    out = [f"{'d':>4} {'causal':>6} {'seqlen':>6} {'mode':>4} {'ioattn':>8} {peer:>10} {'best peer':>22} "
+    out = [f"{'d':>4} {'causal':>6} {'seqlen':>6} {'mode':>4} {'ours':>8} {peer:>10} {'best peer':>22} "
            f"{'x ' + peer:>14} {'x best':>7}"]
     for d, c, n, mode, ours, p, bname, b, rp, rb in rows:
         out.append(f"{d:>4} {int(c):>6} {n:>6} {mode:>4} {ours:8.1f} {p:10.1f} {str(bname):>12} {b:9.1f} "
@@ -233,8 +233,9 @@ def main(argv=None):
                         headdims=[int(x) for x in args.headdims.split(",")] if args.headdims else None)
     peer = next(p for p in (names or (GPU_SWEEPS if device == "cuda" else CPU_SWEEPS)[args.sweep].providers)
                 if not p.startswith("ioattn"))
-    print()
-    print(format_summary(summary(records, peer=peer), peer=peer))
+    for ours in dict.fromkeys(r["provider"] for r in records if r["provider"].startswith("ioattn")):
+        print(f"\n{ours}:")
+        print(format_summary(summary(records, ours=ours, peer=peer), peer=peer))
     if sink_file:
         sink_file.close()
         print(f"\nwrote {len(records)} records to {path}")

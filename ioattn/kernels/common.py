@@ -1,11 +1,15 @@
 """Triton pieces shared by the forward and backward kernels: the block ranges a tile visits and the
 score pipeline of one tile. Same rules as ``ioattn.masks`` (the host/reference twin); the tests
 hold the two against each other."""
+import os
+
 import triton
 import triton.language as tl
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
+# Triton decides at decoration time whether kernels are interpreted; read the same switch.
+INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
 
 @triton.jit
@@ -102,8 +106,12 @@ def dropout_keep(seed, threshold, row_base, offs_n, seqlen_k_max):
 
 @triton.jit
 def mma(a, b, acc=None):
-    """tl.dot, exact for float32 inputs (IEEE instead of TF32, so fp32 calls keep fp32 accuracy)."""
+    """tl.dot, exact for float32 inputs (IEEE instead of TF32, so fp32 calls keep fp32 accuracy).
+    Triton 3.6's interpreter multiplies bfloat16 tiles wrongly (garbage of order 1e10), so there the
+    operands are widened to float32 first: the same products, accumulated in fp32 as on the GPU."""
     if a.dtype == tl.float32:
         return tl.dot(a, b, acc, input_precision="ieee")
+    elif INTERPRETED and a.dtype == tl.bfloat16:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
         return tl.dot(a, b, acc)

@@ -11,25 +11,30 @@ from ioattn.kernels.common import mma, LN2, dropout_keep, kv_block_range, tile_s
 
 
 @triton.jit
-def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn, offs_m, offs_d,
                n_block_lo, n_block_hi, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                window_right, slope_log2, seed, dropout_threshold, drop_row_base, seqlen_k_max,
-               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
-               MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+               USE_TMA: tl.constexpr, MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
                HAS_DROPOUT: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
     for n_block in range(n_block_lo, n_block_hi):
         offs_n = n_block * BLOCK_N + offs_n0
-        # K is loaded as (d, n) so q @ k needs no transpose; pointers are int64 via the base
-        k_ptrs = k_base + offs_n[None, :].to(tl.int64) * stride_kn + offs_d[:, None]
-        v_ptrs = v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_d[None, :]
-        if MASKED:
-            k = tl.load(k_ptrs, mask=(offs_n[None, :] < seqlen_k) & (offs_d[:, None] < HEAD_DIM), other=0.0)
-        elif EVEN_D:
-            k = tl.load(k_ptrs)
+        if USE_TMA:
+            # bulk tensor copies (zero-filled past seqlen_k and head_dim), which Triton pipelines
+            # through a multi-stage shared-memory ring; rows past seqlen_k are masked in the scores
+            k = k_desc.load([b, n_block * BLOCK_N, h_kv, 0]).reshape(BLOCK_N, BLOCK_D)
+            qk = mma(q, tl.trans(k))
         else:
-            k = tl.load(k_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
-        qk = mma(q, k)
+            # K is loaded as (d, n) so q @ k needs no transpose; pointers are int64 via the base
+            k_ptrs = k_base + offs_n[None, :].to(tl.int64) * stride_kn + offs_d[:, None]
+            if MASKED:
+                k = tl.load(k_ptrs, mask=(offs_n[None, :] < seqlen_k) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+            elif EVEN_D:
+                k = tl.load(k_ptrs)
+            else:
+                k = tl.load(k_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+            qk = mma(q, k)
         s = tile_scores(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                         window_right, slope_log2, MASKED, HAS_SOFTCAP, HAS_ALIBI)
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -45,12 +50,16 @@ def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, o
         if HAS_DROPOUT:
             keep = dropout_keep(seed, dropout_threshold, drop_row_base, offs_n, seqlen_k_max)
             p = tl.where(keep, p, 0.0)
-        if MASKED:
-            v = tl.load(v_ptrs, mask=(offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-        elif EVEN_D:
-            v = tl.load(v_ptrs)
+        if USE_TMA:
+            v = v_desc.load([b, n_block * BLOCK_N, h_kv, 0]).reshape(BLOCK_N, BLOCK_D)
         else:
-            v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+            v_ptrs = v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_d[None, :]
+            if MASKED:
+                v = tl.load(v_ptrs, mask=(offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+            elif EVEN_D:
+                v = tl.load(v_ptrs)
+            else:
+                v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
         acc = mma(p.to(v.dtype), v, acc)
         m_i = m_new
     return acc, m_i, l_i
@@ -58,7 +67,7 @@ def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, o
 
 @triton.jit
 def attn_fwd_kernel(
-    Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+    Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, k_desc, v_desc,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -68,8 +77,10 @@ def attn_fwd_kernel(
     qk_scale, softcap, window_left, window_right, seed, dropout_threshold, dropout_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, USE_TMA: tl.constexpr,
 ):
+    """``USE_TMA``: K and V arrive through host-built tensor descriptors over their
+    (batch, seqlen_k, nheads_kv, headdim) view (batched inputs with 16-byte aligned strides)."""
     # heavy query blocks (late rows under a causal mask) are scheduled first: better tail balance
     m_block = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
@@ -115,20 +126,20 @@ def attn_fwd_kernel(
     n_min, n_full_lo, n_full_hi, n_max = kv_block_range(
         m_start, BLOCK_M, BLOCK_N, seqlen_q, seqlen_k, window_left, window_right)
     # window's left edge (masked), the interior (no mask), the diagonal / seqlen_k edge (masked)
-    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn, offs_m, offs_d,
                                n_min, n_full_lo, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                                window_right, slope_log2, seed, dropout_threshold, drop_row_base,
-                               seqlen_k_max, HEAD_DIM, BLOCK_N, EVEN_D, True, HAS_SOFTCAP, HAS_ALIBI,
+                               seqlen_k_max, HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, USE_TMA, True, HAS_SOFTCAP, HAS_ALIBI,
                                HAS_DROPOUT)
-    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn, offs_m, offs_d,
                                n_full_lo, n_full_hi, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                                window_right, slope_log2, seed, dropout_threshold, drop_row_base,
-                               seqlen_k_max, HEAD_DIM, BLOCK_N, EVEN_D, False, HAS_SOFTCAP, HAS_ALIBI,
+                               seqlen_k_max, HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, USE_TMA, False, HAS_SOFTCAP, HAS_ALIBI,
                                HAS_DROPOUT)
-    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn, offs_m, offs_d,
                                n_full_hi, n_max, seqlen_q, seqlen_k, qk_scale,
                                softcap, window_left, window_right, slope_log2, seed, dropout_threshold,
-                               drop_row_base, seqlen_k_max, HEAD_DIM, BLOCK_N, EVEN_D, True,
+                               drop_row_base, seqlen_k_max, HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, USE_TMA, True,
                                HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT)
 
     # rows that saw no key: l = 0 -> output 0 and lse -inf (never 0/0)
