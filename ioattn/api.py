@@ -176,8 +176,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
 def _unbind_packed(name, t, index_dim, count):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() <= index_dim or t.shape[index_dim] != count:
-        raise ValueError(f"{name} must have size {count} in dimension {index_dim}, got shape {tuple(t.shape)}")
+    if t.dim() != index_dim + 3 or t.shape[index_dim] != count:
+        raise ValueError(f"{name} must have {index_dim + 3} dimensions with size {count} in dimension {index_dim}, "
+                         f"got shape {tuple(t.shape)}")
     return t.unbind(index_dim)
 
 

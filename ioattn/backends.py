@@ -40,6 +40,19 @@ class _Problem:
             return torch.empty(self.nheads, q.shape[0], device=q.device, dtype=torch.float32)
         return torch.empty(self.batch, self.nheads, self.seqlen_q, device=q.device, dtype=torch.float32)
 
+    def outputs(self, q):
+        """(out, lse) buffers. Packed tensors may hold tokens after cu_seqlens[-1] that no sequence
+        owns: those rows are defined (output 0, lse -inf) rather than left uninitialised."""
+        lse = self.lse_empty(q)
+        if self.varlen:
+            return torch.zeros_like(q), lse.fill_(float("-inf"))
+        return torch.empty_like(q), lse
+
+    def grads(self, q, k, v):
+        """dq, dk, dv buffers; zero for varlen, where tokens outside every sequence get no gradient."""
+        alloc = torch.zeros_like if self.varlen else torch.empty_like
+        return alloc(q), alloc(k), alloc(v)
+
     def lse_strides(self, lse):
         return (0, lse.stride(0)) if self.varlen else (lse.stride(0), lse.stride(1))
 
@@ -63,8 +76,7 @@ def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     from ioattn.kernels.forward import attn_fwd_kernel
 
     pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    out = torch.empty_like(q)
-    lse = pb.lse_empty(q)
+    out, lse = pb.outputs(q)
     if q.numel() == 0 or pb.seqlen_q == 0:
         lse.fill_(float("-inf"))
         return out.zero_(), lse
@@ -80,7 +92,9 @@ def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
         from triton.tools.tensor_descriptor import TensorDescriptor
         k_desc, v_desc = (TensorDescriptor(t, list(t.shape), list(t.stride()), [1, cfg.block_n, 1, bd])
                           for t in (k, v))
-    grid = (triton_cdiv(pb.seqlen_q, cfg.block_m), pb.batch * pb.nheads)
+    # 1-D grid, query blocks fastest (blocks of one head share K/V in L2); CUDA's y and z grid
+    # dimensions stop at 65535, too few for batch * nheads in large varlen batches
+    grid = (triton_cdiv(pb.seqlen_q, cfg.block_m) * pb.batch * pb.nheads,)
     attn_fwd_kernel[grid](
         q, k, v, out, lse, cu_q, cu_k, alibi, k_desc, v_desc,
         *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(out), *pb.lse_strides(lse), stride_ab,
@@ -99,7 +113,7 @@ def triton_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
                                          attn_bwd_preprocess_kernel)
 
     pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dv = pb.grads(q, k, v)
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     cfg = dispatch.tiles("bwd", pb.headdim, q.device)
@@ -109,7 +123,7 @@ def triton_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     cu_q = cu_seqlens_q if pb.varlen else q.new_empty(0, dtype=torch.int32)
     cu_k = cu_seqlens_k if pb.varlen else q.new_empty(0, dtype=torch.int32)
     delta = torch.empty_like(lse)
-    attn_bwd_preprocess_kernel[(triton_cdiv(pb.seqlen_q, 64), pb.batch * pb.nheads)](
+    attn_bwd_preprocess_kernel[(triton_cdiv(pb.seqlen_q, 64) * pb.batch * pb.nheads,)](
         out, dout, delta, cu_q, *pb.strides(out), *pb.strides(dout), *pb.lse_strides(lse),
         pb.nheads, pb.seqlen_q, HEAD_DIM=pb.headdim, BLOCK_D=bd, BLOCK_M=64, IS_VARLEN=pb.varlen)
     common = dict(HEAD_DIM=pb.headdim, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -117,11 +131,11 @@ def triton_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
                   HAS_DROPOUT=dropout_p > 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     scalars = (pb.nheads, pb.nheads // pb.nheads_kv, pb.seqlen_q, pb.seqlen_k, softmax_scale, qk_scale,
                float(softcap), window[0], window[1], seed, threshold, dropout_scale)
-    attn_bwd_dkdv_kernel[(triton_cdiv(pb.seqlen_k, cfg.block_n), pb.batch * pb.nheads_kv)](
+    attn_bwd_dkdv_kernel[(triton_cdiv(pb.seqlen_k, cfg.block_n) * pb.batch * pb.nheads_kv,)](
         q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k, alibi,
         *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(dout), *pb.strides(dk),
         *pb.strides(dv), *pb.lse_strides(lse), stride_ab, *scalars, **common)
-    attn_bwd_dq_kernel[(triton_cdiv(pb.seqlen_q, cfg.block_m), pb.batch * pb.nheads)](
+    attn_bwd_dq_kernel[(triton_cdiv(pb.seqlen_q, cfg.block_m) * pb.batch * pb.nheads,)](
         q, k, v, dout, lse, delta, dq, cu_q, cu_k, alibi,
         *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(dout), *pb.strides(dq),
         *pb.lse_strides(lse), stride_ab, *scalars, **common)
@@ -135,10 +149,7 @@ def triton_cdiv(a, b):
 # ---- CPU path: the tiled reference algorithms, one sequence at a time for varlen ----
 
 def _sequences(q, k, cu_seqlens_q, cu_seqlens_k):
-    """Yield (index, q_slice, k_slice rows) as batched (1, s, h, d) views; one item for batched input."""
-    if cu_seqlens_q is None:
-        yield None, slice(None), slice(None)
-        return
+    """Yield (index, q rows, k rows) of each packed sequence."""
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     for b in range(len(cq) - 1):
         yield b, slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
@@ -165,9 +176,11 @@ def reference_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     if not pb.varlen:
         kw = _seq_kwargs(None, softmax_scale, window, softcap, alibi_slopes, dropout_p, seed, pb.nheads,
                          pb.seqlen_q, pb.seqlen_k, pb.batch)
-        out, lse = flash2_forward(q, k, v, **kw)
+        o, lse = flash2_forward(q, k, v, **kw)
+        out = torch.empty_like(q)  # the strides the fake kernel promises
+        out.copy_(o)
         return out, lse.float()
-    out, lse = torch.empty_like(q), pb.lse_empty(q)
+    out, lse = pb.outputs(q)
     for b, sq, sk in _sequences(q, k, cu_seqlens_q, cu_seqlens_k):
         kw = _seq_kwargs(b, softmax_scale, window, softcap, alibi_slopes, dropout_p, seed, pb.nheads,
                          pb.seqlen_q, pb.seqlen_k, pb.batch)
@@ -185,9 +198,12 @@ def reference_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
     if not pb.varlen:
         kw = _seq_kwargs(None, softmax_scale, window, softcap, alibi_slopes, dropout_p, seed, pb.nheads,
                          pb.seqlen_q, pb.seqlen_k, pb.batch)
-        return flash_backward(q, k, v, out, dout, lse, **kw)
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        grads = flash_backward(q, k, v, out, dout, lse, **kw)
+        return tuple(torch.empty_like(t).copy_(g) for t, g in zip((q, k, v), grads))
+    dq, dk, dv = pb.grads(q, k, v)
     for b, sq, sk in _sequences(q, k, cu_seqlens_q, cu_seqlens_k):
+        if sq.stop == sq.start:
+            continue  # no query rows: no gradient flows to this sequence's keys
         kw = _seq_kwargs(b, softmax_scale, window, softcap, alibi_slopes, dropout_p, seed, pb.nheads,
                          pb.seqlen_q, pb.seqlen_k, pb.batch)
         g = flash_backward(q[sq][None], k[sk][None], v[sk][None], out[sq][None], dout[sq][None],

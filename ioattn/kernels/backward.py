@@ -10,7 +10,7 @@ Reference twin: ``ioattn.reference.tiled.flash_backward``.
 import triton
 import triton.language as tl
 
-from ioattn.kernels.common import mma, LOG2E, dropout_keep, kv_block_range, q_block_range, tanh, tile_scores
+from ioattn.kernels.common import mma, LOG2E, dropout_keep, seq_info, tile_coords, kv_block_range, q_block_range, tanh, tile_scores
 
 
 @triton.jit
@@ -19,16 +19,10 @@ def attn_bwd_preprocess_kernel(Out, dOut, Delta, cu_seqlens_q,
                                stride_lb, stride_lh, nheads, seqlen_q_max,
                                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                                IS_VARLEN: tl.constexpr):
-    m_block = tl.program_id(0)
-    bh = tl.program_id(1)
+    m_block, bh = tile_coords(tl.cdiv(seqlen_q_max, BLOCK_M), False)
     b = bh // nheads
     h = bh % nheads
-    if IS_VARLEN:
-        q_start = tl.load(cu_seqlens_q + b)
-        seqlen_q = tl.load(cu_seqlens_q + b + 1) - q_start
-    else:
-        q_start = 0
-        seqlen_q = seqlen_q_max
+    q_start, seqlen_q, _, _ = seq_info(b, cu_seqlens_q, cu_seqlens_q, seqlen_q_max, seqlen_q_max, IS_VARLEN)
     if m_block * BLOCK_M >= seqlen_q:
         return
     b64 = b.to(tl.int64)
@@ -124,21 +118,12 @@ def attn_bwd_dkdv_kernel(
     IS_VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
 ):
-    n_block = tl.program_id(0)
-    bh = tl.program_id(1)
+    n_block, bh = tile_coords(tl.cdiv(seqlen_k_max, BLOCK_N), False)
     nheads_kv = nheads // qheads_per_kvhead
     b = bh // nheads_kv
     h_kv = bh % nheads_kv
-    if IS_VARLEN:
-        q_start = tl.load(cu_seqlens_q + b)
-        seqlen_q = tl.load(cu_seqlens_q + b + 1) - q_start
-        k_start = tl.load(cu_seqlens_k + b)
-        seqlen_k = tl.load(cu_seqlens_k + b + 1) - k_start
-    else:
-        q_start = 0
-        seqlen_q = seqlen_q_max
-        k_start = 0
-        seqlen_k = seqlen_k_max
+    q_start, seqlen_q, k_start, seqlen_k = seq_info(b, cu_seqlens_q, cu_seqlens_k, seqlen_q_max,
+                                                    seqlen_k_max, IS_VARLEN)
     n_start = n_block * BLOCK_N
     if n_start >= seqlen_k:
         return
@@ -218,21 +203,12 @@ def attn_bwd_dq_kernel(
     IS_VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
 ):
-    m_block = tl.num_programs(0) - 1 - tl.program_id(0)
-    bh = tl.program_id(1)
+    m_block, bh = tile_coords(tl.cdiv(seqlen_q_max, BLOCK_M), True)
     b = bh // nheads
     h = bh % nheads
     h_kv = h // qheads_per_kvhead
-    if IS_VARLEN:
-        q_start = tl.load(cu_seqlens_q + b)
-        seqlen_q = tl.load(cu_seqlens_q + b + 1) - q_start
-        k_start = tl.load(cu_seqlens_k + b)
-        seqlen_k = tl.load(cu_seqlens_k + b + 1) - k_start
-    else:
-        q_start = 0
-        seqlen_q = seqlen_q_max
-        k_start = 0
-        seqlen_k = seqlen_k_max
+    q_start, seqlen_q, k_start, seqlen_k = seq_info(b, cu_seqlens_q, cu_seqlens_k, seqlen_q_max,
+                                                    seqlen_k_max, IS_VARLEN)
     m_start = m_block * BLOCK_M
     if m_start >= seqlen_q:
         return

@@ -1,15 +1,41 @@
 """Triton pieces shared by the forward and backward kernels: the block ranges a tile visits and the
 score pipeline of one tile. Same rules as ``ioattn.masks`` (the host/reference twin); the tests
 hold the two against each other."""
-import os
-
 import triton
 import triton.language as tl
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
-# Triton decides at decoration time whether kernels are interpreted; read the same switch.
-INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+
+@triton.jit
+def tile_coords(num_blocks, REVERSE: tl.constexpr):
+    """(block index, batch * head index) of this program in the 1-D grid, blocks fastest.
+    ``REVERSE`` hands out the last blocks first: under a causal mask they have the most work, so
+    starting them early balances the tail."""
+    pid = tl.program_id(0)
+    block = pid % num_blocks
+    if REVERSE:
+        block = num_blocks - 1 - block
+    return block, pid // num_blocks
+
+
+@triton.jit
+def seq_info(b, cu_seqlens_q, cu_seqlens_k, seqlen_q_max, seqlen_k_max, IS_VARLEN: tl.constexpr):
+    """Row offset and length of sequence ``b`` in Q and in K/V: from ``cu_seqlens`` for packed
+    (varlen) inputs, else the batch's common lengths (rows then start at 0 of each batch entry)."""
+    if IS_VARLEN:
+        q_start = tl.load(cu_seqlens_q + b)
+        seqlen_q = tl.load(cu_seqlens_q + b + 1) - q_start
+        k_start = tl.load(cu_seqlens_k + b)
+        seqlen_k = tl.load(cu_seqlens_k + b + 1) - k_start
+    else:
+        q_start = 0
+        seqlen_q = seqlen_q_max
+        k_start = 0
+        seqlen_k = seqlen_k_max
+    return q_start, seqlen_q, k_start, seqlen_k
 
 
 @triton.jit
@@ -106,12 +132,8 @@ def dropout_keep(seed, threshold, row_base, offs_n, seqlen_k_max):
 
 @triton.jit
 def mma(a, b, acc=None):
-    """tl.dot, exact for float32 inputs (IEEE instead of TF32, so fp32 calls keep fp32 accuracy).
-    Triton 3.6's interpreter multiplies bfloat16 tiles wrongly (garbage of order 1e10), so there the
-    operands are widened to float32 first: the same products, accumulated in fp32 as on the GPU."""
+    """tl.dot, exact for float32 inputs (IEEE instead of TF32, so fp32 calls keep fp32 accuracy)."""
     if a.dtype == tl.float32:
         return tl.dot(a, b, acc, input_precision="ieee")
-    elif INTERPRETED and a.dtype == tl.bfloat16:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
         return tl.dot(a, b, acc)

@@ -7,7 +7,7 @@ Reference twin: ``ioattn.reference.tiled.flash2_forward``. Test: ``tests/test_ke
 import triton
 import triton.language as tl
 
-from ioattn.kernels.common import mma, LN2, dropout_keep, kv_block_range, tile_scores
+from ioattn.kernels.common import mma, LN2, seq_info, tile_coords, dropout_keep, kv_block_range, tile_scores
 
 
 @triton.jit
@@ -81,22 +81,12 @@ def attn_fwd_kernel(
 ):
     """``USE_TMA``: K and V arrive through host-built tensor descriptors over their
     (batch, seqlen_k, nheads_kv, headdim) view (batched inputs with 16-byte aligned strides)."""
-    # heavy query blocks (late rows under a causal mask) are scheduled first: better tail balance
-    m_block = tl.num_programs(0) - 1 - tl.program_id(0)
-    bh = tl.program_id(1)
+    m_block, bh = tile_coords(tl.cdiv(seqlen_q_max, BLOCK_M), True)
     b = bh // nheads
     h = bh % nheads
     h_kv = h // qheads_per_kvhead
-    if IS_VARLEN:
-        q_start = tl.load(cu_seqlens_q + b)
-        seqlen_q = tl.load(cu_seqlens_q + b + 1) - q_start
-        k_start = tl.load(cu_seqlens_k + b)
-        seqlen_k = tl.load(cu_seqlens_k + b + 1) - k_start
-    else:
-        q_start = 0
-        seqlen_q = seqlen_q_max
-        k_start = 0
-        seqlen_k = seqlen_k_max
+    q_start, seqlen_q, k_start, seqlen_k = seq_info(b, cu_seqlens_q, cu_seqlens_k, seqlen_q_max,
+                                                    seqlen_k_max, IS_VARLEN)
     m_start = m_block * BLOCK_M
     if m_start >= seqlen_q:
         return

@@ -214,8 +214,8 @@ def flash_backward(q, k, v, out, dout, lse, *, softmax_scale=None, window=(-1, -
     pb = _problem(q, k, v, softmax_scale, window, softcap, alibi_slopes, dropout_p, dropout_keep,
                   block_m, block_n)
     b, hk, g, sq, _ = pb.q.shape
-    do = dout.to(pb.q.dtype).transpose(1, 2).reshape(b, hk, g, sq, -1)
-    o = out.to(pb.q.dtype).transpose(1, 2).reshape(b, hk, g, sq, -1)
+    do = dout.to(pb.q.dtype).transpose(1, 2).reshape(b, hk, g, sq, dout.shape[-1])
+    o = out.to(pb.q.dtype).transpose(1, 2).reshape(b, hk, g, sq, out.shape[-1])
     delta = (do * o).sum(dim=-1)  # D_i = dO_i . O_i = sum_j P_ij dP_ij, dropout included
     # Empty rows have lse = -inf and scores all -inf; any finite stand-in makes P = 0 there.
     lse = _finite_or_zero(lse.to(pb.q.dtype).reshape(b, hk, g, sq))

@@ -1,0 +1,47 @@
+"""Render the README's performance table from a committed results file (never typed by hand).
+
+    python benchmarks/readme_table.py benchmarks/results/train-2026-11-29/results.jsonl [--write README.md]
+"""
+import argparse
+import json
+import re
+
+START, END = "<!-- perf:start -->", "<!-- perf:end -->"
+
+
+def table(path, ours="ioattn", peer="sdpa-flash", best="sdpa-cudnn"):
+    recs = [json.loads(line) for line in open(path)]
+    by = {}
+    for r in recs:
+        if r.get("tflops") is not None:
+            by.setdefault((r["headdim"], r["causal"], r["seqlen_q"], r["mode"]), {})[r["provider"]] = r["tflops"]
+    device = next((r["device"] for r in recs), "?")
+    lines = [f"bf16, batch x seqlen = 16384 tokens, hidden 2048, {device}, TFLOP/s (forward 4·B·H·N²·D, halved "
+             f"when causal; backward 2.5x). Source: `{path}`, all providers measured in that one run.", "",
+             f"| head dim | causal | seqlen | fwd {ours} | fwd {peer} | x | fwd {best} | bwd {ours} | "
+             f"bwd {peer} | x | bwd {best} |", "|" + "---|" * 11]
+    for d, c, n in sorted({k[:3] for k in by}):
+        f, b = by.get((d, c, n, "fwd"), {}), by.get((d, c, n, "bwd"), {})
+        if ours not in f or ours not in b:
+            continue
+        lines.append(f"| {d} | {'yes' if c else 'no'} | {n} | {f[ours]:.0f} | {f[peer]:.0f} | {f[ours] / f[peer]:.2f} | "
+                     f"{f[best]:.0f} | {b[ours]:.0f} | {b[peer]:.0f} | {b[ours] / b[peer]:.2f} | {b[best]:.0f} |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("results")
+    ap.add_argument("--write", default=None, help="README to update between the perf markers")
+    args = ap.parse_args()
+    t = table(args.results)
+    if not args.write:
+        print(t)
+        return
+    text = open(args.write).read()
+    new = re.sub(re.escape(START) + ".*?" + re.escape(END), START + "\n" + t + "\n" + END, text, flags=re.S)
+    open(args.write, "w").write(new)
+
+
+if __name__ == "__main__":
+    main()
