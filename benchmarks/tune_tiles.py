@@ -44,6 +44,8 @@ def main():
     ap.add_argument("--headdims", default="64,128,256")
     ap.add_argument("--seqlens", default="4096,16384")
     ap.add_argument("--kinds", default="fwd,bwd")
+    ap.add_argument("--candidates", default=None,
+                    help="override the lists: 'bm,bn,warps,stages;...' for every kind and head dim")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     log = open(os.path.join(args.out, "tune_tiles.jsonl"), "w")
@@ -52,6 +54,8 @@ def main():
         table = FWD_CANDIDATES if kind == "fwd" else BWD_CANDIDATES
         for d in map(int, args.headdims.split(",")):
             cands = table[dispatch.block_d(d)]
+            if args.candidates:
+                cands = [tuple(int(x) for x in c.split(",")) for c in args.candidates.split(";")]
             for causal in (False, True):
                 for n in map(int, args.seqlens.split(",")):
                     b, h = 16384 // n, 2048 // d
