@@ -80,7 +80,7 @@ def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     if q.numel() == 0 or pb.seqlen_q == 0:
         lse.fill_(float("-inf"))
         return out.zero_(), lse
-    cfg = dispatch.tiles("fwd", pb.headdim, q.device)
+    cfg = dispatch.tiles("fwd", pb.headdim, q.device, seqlen_q=pb.seqlen_q, masked_right=window[1] >= 0)
     qk_scale, threshold, dropout_scale = _scalars(softmax_scale, softcap, dropout_p)
     alibi, stride_ab, has_alibi = _alibi_args(alibi_slopes, q)
     cu_q = cu_seqlens_q if pb.varlen else q.new_empty(0, dtype=torch.int32)

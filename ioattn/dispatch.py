@@ -128,7 +128,17 @@ def _env_tiles(kind: str, bd: int) -> TileConfig | None:
     return None
 
 
-def tiles(kind: str, headdim: int, device: torch.device) -> TileConfig:
+# Short causal sequences at small head dims: 64-row tiles. With 128 rows a program under a causal
+# mask at N <= 1024 has one to eight key blocks, two of them masked; 64-row tiles halve that and fit
+# more programs per SM. Source: benchmarks/results/tune-3-short (d=64 causal: N=512 171 vs 132
+# TFLOP/s, N=1024 242 vs 209). Non-causal and d=128 keep the table (the 128-row tiles won there).
+_FWD_SHORT_CAUSAL = TileConfig(64, 64, 4, 3)
+SHORT_SEQLEN = 1024
+
+
+def tiles(kind: str, headdim: int, device: torch.device, seqlen_q: int | None = None,
+          masked_right: bool = False) -> TileConfig:
+    """Tiles for a launch. ``masked_right``: a causal (or right-bounded window) mask."""
     if kind in _override:
         return _override[kind]
     from_env = _env_tiles(kind, block_d(headdim))
@@ -136,5 +146,8 @@ def tiles(kind: str, headdim: int, device: torch.device) -> TileConfig:
         return from_env
     if device.type != "cuda":
         return INTERPRETER_TILES
+    if (kind == "fwd" and masked_right and seqlen_q is not None and seqlen_q <= SHORT_SEQLEN
+            and block_d(headdim) <= 64):
+        return _FWD_SHORT_CAUSAL
     table = _FWD_TILES if kind == "fwd" else _BWD_TILES
     return table[block_d(headdim)]

@@ -449,3 +449,17 @@ def test_reference_backward_zero_length_queries():
 def test_qkvpacked_wrong_ndim_names_qkv():
     with pytest.raises(ValueError, match=r"^qkv"):
         flash_attn_qkvpacked_func(torch.randn(2, 8, 3, dtype=FP16))
+
+
+def test_tile_policy_short_causal():
+    """The dispatch table is host policy with measured provenance: pin the rules it states."""
+    import torch as _t
+
+    from ioattn import dispatch
+
+    cuda = _t.device("cuda")
+    assert dispatch.tiles("fwd", 64, cuda, seqlen_q=512, masked_right=True) == dispatch._FWD_SHORT_CAUSAL
+    assert dispatch.tiles("fwd", 64, cuda, seqlen_q=4096, masked_right=True) == dispatch._FWD_TILES[64]
+    assert dispatch.tiles("fwd", 64, cuda, seqlen_q=512, masked_right=False) == dispatch._FWD_TILES[64]
+    assert dispatch.tiles("fwd", 128, cuda, seqlen_q=512, masked_right=True) == dispatch._FWD_TILES[128]
+    assert dispatch.tiles("fwd", 59, _t.device("cpu")) == dispatch.INTERPRETER_TILES
