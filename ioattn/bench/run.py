@@ -1,8 +1,15 @@
-"""``ioattn bench``: sweeps of every provider side by side, correctness first, JSON lines out."""
+"""``ioattn bench``: every provider side by side, correctness first, one JSON line per measurement.
+
+Sweeps: ``train`` (forward, backward, forward+backward on the papers' grid), ``memory`` (peak
+device memory of forward+backward against sequence length), ``quick`` (a short default; on a
+machine without a GPU, the CPU path against PyTorch's CPU attention). ``decode`` belongs to the
+KV-cache work and is not in this version.
+"""
 from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import sys
 from dataclasses import dataclass, replace
@@ -14,6 +21,7 @@ from ioattn.bench.timing import attention_flops, median_ms, n_input_sets
 from ioattn.reference import attention_ref
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+ALL_PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flex", "flash-attn", "flash-attn-cute")
 
 
 @dataclass(frozen=True)
@@ -21,20 +29,26 @@ class Sweep:
     headdims: tuple
     seqlens: tuple
     causal: tuple = (False, True)
-    modes: tuple = ("fwd", "bwd")
+    modes: tuple = ("fwd", "bwd", "fwdbwd")
     tokens: int = 16384  # batch * seqlen, as the FlashAttention papers plot it
     hidden: int = 2048   # nheads * headdim
-    providers: tuple = ("ioattn", "ioattn-tma", "sdpa-flash", "sdpa-cudnn")
+    providers: tuple = ("ioattn", "ioattn-tma") + ALL_PEERS
+    memory: bool = False  # peak memory of forward+backward instead of time
 
 
+PAPER_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 GPU_SWEEPS = {
-    "train": Sweep(headdims=(64, 128, 256), seqlens=(512, 1024, 2048, 4096, 8192, 16384)),
-    "quick": Sweep(headdims=(64, 128), seqlens=(1024, 4096, 16384)),
+    "train": Sweep(headdims=(64, 128, 256), seqlens=PAPER_SEQLENS),
+    "quick": Sweep(headdims=(64, 128), seqlens=(1024, 4096, 16384), modes=("fwd", "bwd"),
+                   providers=("ioattn", "sdpa-flash", "sdpa-cudnn")),
+    # one sequence of 16 heads of dim 128, doubling until standard attention no longer fits
+    "memory": Sweep(headdims=(128,), seqlens=tuple(2**i for i in range(10, 18)), causal=(False,),
+                    modes=("fwdbwd",), tokens=0, providers=("ioattn", "sdpa-math"), memory=True),
 }
 # Without a GPU: the CPU path (tiled reference) against PyTorch's CPU attention, small sizes.
 CPU_SWEEPS = {
-    "quick": Sweep(headdims=(64,), seqlens=(256, 1024), tokens=1024, hidden=256,
-                   providers=("ioattn", "sdpa-math")),  # ioattn-tma is the same CPU path here
+    "quick": Sweep(headdims=(64,), seqlens=(256, 1024), tokens=1024, hidden=256, modes=("fwd", "bwd"),
+                   providers=("ioattn", "sdpa-math")),
 }
 
 
@@ -49,9 +63,19 @@ def environment():
         env["device"] = torch.cuda.get_device_name()
         env["cudnn"] = torch.backends.cudnn.version()
         env["cuda"] = torch.version.cuda
+        env["driver"] = _driver_version()
     else:
         env["device"] = f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
     return env
+
+
+def _driver_version():
+    try:
+        import subprocess
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except Exception:  # noqa: BLE001 - informational only
+        return None
 
 
 def ceilings(device):
@@ -78,59 +102,172 @@ def _check(fn, q, k, v, causal):
     return (not math.isnan(err)) and err <= 2 * base + 1e-4, err
 
 
-def run_sweep(name, device, dtype_name="bf16", provider_names=None, log=print, sink=None, headdims=None):
-    """Run one sweep; every record also goes to ``sink`` as soon as it exists (a cut-off run keeps
-    what it measured)."""
+def _shape(sw, d, n):
+    batch = max(1, sw.tokens // n) if sw.tokens else 1
+    return batch, n, max(1, sw.hidden // d), d
+
+
+class _Progress:
+    """A one-line progress bar on stderr (only when it is a terminal)."""
+
+    def __init__(self, total):
+        self.total, self.done = max(total, 1), 0
+        self.tty = sys.stderr.isatty()
+
+    def step(self, what):
+        self.done += 1
+        if self.tty:
+            filled = int(30 * self.done / self.total)
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} {what:<40}")
+            sys.stderr.flush()
+
+    def close(self):
+        if self.tty:
+            sys.stderr.write("\n")
+
+
+def run_sweep(name, device, dtype_name="bf16", provider_names=None, log=print, sink=None, headdims=None,
+              seqlens=None):
+    """Run one sweep and return its records; every record also goes to ``sink`` as soon as it exists
+    (a run cut off by a time limit keeps what it measured). Problems are logged, never raised."""
     sweeps = GPU_SWEEPS if device == "cuda" else CPU_SWEEPS
     if name not in sweeps:
-        log(f"unknown sweep {name!r} for {device}; known: {', '.join(sweeps)}")
+        extra = " (decode arrives with the KV-cache work)" if name == "decode" else ""
+        log(f"unknown sweep {name!r} on {device}; known here: {', '.join(sweeps)}{extra}")
         return []
     sw = sweeps[name]
     if headdims:
         sw = replace(sw, headdims=tuple(headdims))
-    env = environment()
-    dtype = DTYPES[dtype_name]
+    if seqlens:
+        sw = replace(sw, seqlens=tuple(seqlens))
+    if dtype_name not in DTYPES:
+        log(f"unknown dtype {dtype_name!r}; known: {', '.join(DTYPES)}")
+        return []
+    env = _env_cached()
     table = providers(provider_names or sw.providers)
+    records = _Records(sink, env)
     for pname, (fn, why) in table.items():
         if fn is None:
             log(f"{pname}: skipped ({why})")
-    records = _Records(sink, env)
+            for d in sw.headdims:
+                for causal in sw.causal:
+                    records.append(_base(name, pname, dtype_name, _shape(sw, d, sw.seqlens[0]), causal, env,
+                                         mode=sw.modes[0], ok=False, error=why))
+    runnable = {p: fn for p, (fn, _) in table.items() if fn is not None}
+    bar = _Progress(len(sw.headdims) * len(sw.causal) * len(sw.seqlens) * len(runnable))
     for d in sw.headdims:
         for causal in sw.causal:
             checked = {}
             for n in sw.seqlens:
-                batch, nheads = max(1, sw.tokens // n), max(1, sw.hidden // d)
-                shape = (batch, n, nheads, d)
-                sets = [tuple(torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
-                        for _ in range(n_input_sets(3 * math.prod(shape) * 2))]
-                for pname, (fn, why) in table.items():
-                    base = dict(sweep=name, provider=pname, dtype=dtype_name, batch=batch, nheads=nheads,
-                                nheads_kv=nheads, headdim=d, seqlen_q=n, seqlen_k=n, causal=causal,
-                                paged=False, device=env["device"])
-                    if fn is None:
-                        records.append(dict(base, mode="fwd", ms=None, tflops=None, ok=False, error=why))
-                        continue
+                shape = _shape(sw, d, n)
+                try:
+                    sets = [tuple(torch.randn(shape, device=device, dtype=DTYPES[dtype_name]) for _ in range(3))
+                            for _ in range(1 if sw.memory else n_input_sets(3 * math.prod(shape) * 2))]
+                except torch.OutOfMemoryError:
+                    log(f"d={d} n={n}: inputs do not fit in device memory; stopping this configuration")
+                    break
+                for pname, fn in runnable.items():
+                    bar.step(f"{pname} d={d} n={n} causal={int(causal)}")
+                    base = dict(sweep=name, provider=pname, dtype=dtype_name, shape=shape, causal=causal, env=env)
                     try:
-                        if pname not in checked:  # correctness on the first shape of each configuration
-                            checked[pname] = _check(fn, *sets[0], causal)
-                        ok, err = checked[pname]
-                        for mode in sw.modes:
-                            ms = _time(fn, sets, causal, mode)
-                            tf = attention_flops(batch, nheads, n, n, d, causal, mode) / ms / 1e9
-                            rec = dict(base, mode=mode, ms=ms, tflops=tf if ok else None, ok=ok,
-                                       max_err=err)
-                            if not ok:
-                                rec["error"] = f"failed the correctness check (max err {err:.3g})"
-                            records.append(rec)
-                            log(_line(rec))
+                        if sw.memory:
+                            records.append(_measure_memory(fn, sets[0], causal, base))
+                        else:
+                            if pname not in checked:  # correctness on the first shape of each configuration
+                                checked[pname] = _check(fn, *sets[0], causal)
+                            ok, err = checked[pname]
+                            for mode in sw.modes:
+                                records.append(_measure_time(fn, sets, causal, mode, ok, err, base))
+                        log(_line(records[-1]))
                     except Exception as e:  # noqa: BLE001 - a provider that cannot run a shape is reported
-                        msg = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-                        records.append(dict(base, mode="fwd", ms=None, tflops=None, ok=False, error=msg))
-                        log(f"{pname} d={d} n={n} causal={causal}: cannot run ({msg})")
+                        msg = _short(e)
+                        records.append(_base(name, pname, dtype_name, shape, causal, env, mode=sw.modes[0],
+                                             ok=False, error=msg))
+                        log(f"{pname} d={d} n={n} causal={int(causal)}: cannot run ({msg})")
+                    finally:
                         if device == "cuda":
                             torch.cuda.empty_cache()
                 del sets
+    bar.close()
     return list(records)
+
+
+_ENV = None
+
+
+def _env_cached():
+    global _ENV
+    if _ENV is None:
+        _ENV = environment()
+    return _ENV
+
+
+def _base(sweep, provider, dtype, shape, causal, env, **extra):
+    batch, n, nheads, d = shape
+    rec = dict(sweep=sweep, provider=provider, dtype=dtype, batch=batch, nheads=nheads, nheads_kv=nheads,
+               headdim=d, seqlen_q=n, seqlen_k=n, causal=causal, paged=False, device=env["device"],
+               ms=None, tflops=None)
+    rec.update(extra)
+    return rec
+
+
+def _short(e):
+    text = str(e).splitlines()[0][:200] if str(e) else ""
+    return f"{type(e).__name__}: {text}"
+
+
+def _measure_time(fn, sets, causal, mode, ok, err, base):
+    ms = _time(fn, sets, causal, mode)
+    batch, n, nheads, d = base["shape"]
+    tf = attention_flops(batch, nheads, n, n, d, causal, mode) / ms / 1e9
+    rec = _base(base["sweep"], base["provider"], base["dtype"], base["shape"], causal, base["env"], mode=mode,
+                ms=ms, tflops=tf if ok else None, ok=ok, max_err=err)
+    if not ok:
+        rec["error"] = f"failed the correctness check (max err {err:.3g})"
+    return rec
+
+
+def _measure_memory(fn, qkv, causal, base):
+    """Peak device memory of one forward+backward above the inputs (q, k, v, dout stay allocated)."""
+    q, k, v = (t.detach().requires_grad_() for t in qkv)
+    dout = torch.randn_like(q)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    out = fn(q, k, v, causal)
+    torch.autograd.grad(out, (q, k, v), dout)
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - start) / 2**20
+    return _base(base["sweep"], base["provider"], base["dtype"], base["shape"], causal, base["env"],
+                 mode="fwdbwd", ok=True, peak_mem_mb=peak)
+
+
+def _time(fn, sets, causal, mode):
+    if mode == "fwd":
+        with torch.no_grad():
+            return median_ms(lambda s: fn(*s, causal), sets)
+    if mode == "fwdbwd":
+        def step(s):
+            q, k, v, dout = s
+            torch.autograd.grad(fn(q, k, v, causal), (q, k, v), dout)
+        leaves = [tuple(t.detach().requires_grad_() for t in s) + (torch.randn_like(s[0]),) for s in sets]
+        return median_ms(step, leaves)
+    graded = []
+    for s in sets:
+        q, k, v = (t.detach().requires_grad_() for t in s)
+        out = fn(q, k, v, causal)
+        graded.append((out, torch.randn_like(out), (q, k, v)))
+    return median_ms(lambda g: torch.autograd.grad(g[0], g[2], g[1], retain_graph=True), graded)
+
+
+def _line(r):
+    if r.get("peak_mem_mb") is not None:
+        value = f"{r['peak_mem_mb']:10.1f} MB peak"
+    else:
+        value = f"{r['tflops']:7.1f} TFLOP/s" if r.get("tflops") is not None else "   (failed)    "
+    ms = f"{r['ms']:9.3f} ms" if r.get("ms") is not None else " " * 12
+    return (f"{r['provider']:<15} {r['mode']:<6} d={r['headdim']:<3} n={r['seqlen_q']:<6} "
+            f"causal={int(r['causal'])} {ms} {value}")
 
 
 class _Records(list):
@@ -145,68 +282,20 @@ class _Records(list):
             self.sink(rec)
 
 
-def _time(fn, sets, causal, mode):
-    if mode == "fwd":
-        with torch.no_grad():
-            return median_ms(lambda s: fn(*s, causal), sets)
-    graded = []
-    for s in sets:
-        q, k, v = (t.detach().requires_grad_() for t in s)
-        out = fn(q, k, v, causal)
-        graded.append((out, torch.randn_like(out), (q, k, v)))
-    return median_ms(lambda g: torch.autograd.grad(g[0], g[2], g[1], retain_graph=True), graded)
-
-
-def _line(r):
-    tf = f"{r['tflops']:7.1f} TFLOP/s" if r.get("tflops") is not None else "   (failed)    "
-    return (f"{r['provider']:<15} {r['mode']:<4} d={r['headdim']:<3} n={r['seqlen_q']:<6} "
-            f"causal={int(r['causal'])} {r['ms']:9.3f} ms {tf}")
-
-
-def summary(records, ours="ioattn", peer="sdpa-flash"):
-    """Rows of (headdim, causal, seqlen, mode, ours, peer, best other, ratio to peer, ratio to best)."""
-    by = {}
-    for r in records:
-        if r.get("tflops") is None:
-            continue
-        by.setdefault((r["headdim"], r["causal"], r["seqlen_q"], r["mode"]), {})[r["provider"]] = r["tflops"]
-    rows = []
-    for key in sorted(by):
-        vals = by[key]
-        if ours not in vals:
-            continue
-        others = {p: t for p, t in vals.items() if not p.startswith("ioattn")}
-        best = max(others.items(), key=lambda x: x[1]) if others else (None, float("nan"))
-        p = vals.get(peer, float("nan"))
-        rows.append((*key, vals[ours], p, best[0], best[1], vals[ours] / p, vals[ours] / best[1]))
-    return rows
-
-
-def format_summary(rows, peer="sdpa-flash"):
-    out = [f"{'d':>4} {'causal':>6} {'seqlen':>6} {'mode':>4} {'ours':>8} {peer:>10} {'best peer':>22} "
-           f"{'x ' + peer:>14} {'x best':>7}"]
-    for d, c, n, mode, ours, p, bname, b, rp, rb in rows:
-        out.append(f"{d:>4} {int(c):>6} {n:>6} {mode:>4} {ours:8.1f} {p:10.1f} {str(bname):>12} {b:9.1f} "
-                   f"{rp:14.2f} {rb:7.2f}")
-    return "\n".join(out)
-
-
-def write_jsonl(records, path):
-    with open(path, "w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
-
-
 def main(argv=None):
     import argparse
-    import os
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "report":
+        from ioattn.bench.report import main as report_main
+        return report_main(argv[1:])
     ap = argparse.ArgumentParser(prog="ioattn bench", description="Benchmark ioattn against its peers.")
-    ap.add_argument("sweep", nargs="?", default="quick", help="train | quick")
-    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    ap.add_argument("sweep", nargs="?", default="quick", help="train | memory | quick (or: report RESULTS.jsonl)")
+    ap.add_argument("--dtype", default="bf16", help="bf16 | fp16")
     ap.add_argument("--providers", default=None, help="comma-separated provider names")
-    ap.add_argument("--out", default=None, help="directory for results.jsonl")
     ap.add_argument("--headdims", default=None, help="comma-separated subset of the sweep's head dims")
+    ap.add_argument("--seqlens", default=None, help="comma-separated sequence lengths (longer ones on request)")
+    ap.add_argument("--out", default=None, help="directory for results.jsonl and the plots")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
@@ -216,27 +305,30 @@ def main(argv=None):
     if ceil:
         print(f"ceilings: bf16 matmul {ceil['bf16_matmul_tflops']:.0f} TFLOP/s, "
               f"d2d copy {ceil['d2d_copy_gbps']:.0f} GB/s")
-    sink_file = None
+    sink_file = path = None
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, "results.jsonl")
         sink_file = open(path, "w")
+    command = "ioattn bench " + " ".join(argv)
 
     def sink(rec):
         rec["ceilings"] = ceil
-        rec["command"] = "ioattn bench " + " ".join(argv if argv is not None else sys.argv[1:])
+        rec["command"] = command
         if sink_file:
             sink_file.write(json.dumps(rec) + "\n")
             sink_file.flush()
 
+    ints = lambda s: [int(x) for x in s.split(",")] if s else None  # noqa: E731
     records = run_sweep(args.sweep, device, args.dtype, names, log=lambda s: print(s, flush=True), sink=sink,
-                        headdims=[int(x) for x in args.headdims.split(",")] if args.headdims else None)
-    peer = next(p for p in (names or (GPU_SWEEPS if device == "cuda" else CPU_SWEEPS)[args.sweep].providers)
-                if not p.startswith("ioattn"))
-    for ours in dict.fromkeys(r["provider"] for r in records if r["provider"].startswith("ioattn")):
-        print(f"\n{ours}:")
-        print(format_summary(summary(records, ours=ours, peer=peer), peer=peer))
+                        headdims=ints(args.headdims), seqlens=ints(args.seqlens))
+    from ioattn.bench.report import plot, table
+    print()
+    print(table(records))
     if sink_file:
         sink_file.close()
         print(f"\nwrote {len(records)} records to {path}")
-    return 0 if all(r.get("ok") for r in records if r["provider"].startswith("ioattn")) else 1
+        for p in plot(records, args.out):
+            print(f"wrote {p}")
+    ours = [r for r in records if r["provider"].startswith("ioattn")]
+    return 0 if ours and all(r.get("ok") for r in ours) else 1

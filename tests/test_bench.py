@@ -1,0 +1,227 @@
+"""``ioattn bench``: FLOP counts, the record schema, and the report (tables, plots, command line).
+
+CPU only: the one real sweep is the small CPU "quick" sweep (ioattn's CPU path vs sdpa-math), run
+once per module; everything about the report runs on a hand-made file in tests/data."""
+import json
+import os
+
+import pytest
+
+from ioattn import dispatch
+from ioattn.bench import report
+from ioattn.bench.run import run_sweep
+from ioattn.bench.timing import attention_flops
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "data", "bench_fixture.jsonl")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# ---- FLOP counts ----
+
+@pytest.mark.parametrize("shape, causal, mode, flops", [
+    # 4 * B * H * Sq * Sk * D, written out
+    ((2, 3, 128, 128, 64), False, "fwd", 4 * 2 * 3 * 128 * 128 * 64),
+    ((2, 3, 128, 128, 64), False, "fwd", 25_165_824),
+    ((2, 3, 128, 128, 64), True, "fwd", 12_582_912),      # halved when causal
+    ((2, 3, 128, 128, 64), False, "bwd", 62_914_560),     # 2.5x forward
+    ((2, 3, 128, 128, 64), True, "bwd", 31_457_280),
+    ((2, 3, 128, 128, 64), False, "fwdbwd", 88_080_384),  # 3.5x forward
+    ((1, 32, 1, 4096, 128), False, "fwd", 67_108_864),    # decode-like: Sq != Sk
+    ((8, 16, 2048, 2048, 128), True, "fwdbwd", 481_036_337_152),
+])
+def test_attention_flops(shape, causal, mode, flops):
+    assert attention_flops(*shape, causal, mode) == flops
+
+
+# ---- schema ----
+
+@pytest.fixture(scope="module")
+def cpu_quick():
+    # conftest sets TRITON_INTERPRET=1 for the kernel tests, which would send this CPU sweep through
+    # Triton's interpreter (minutes); `ioattn bench` on a CPU runs the tiled reference path, so do that.
+    lines = []
+    with dispatch.forced_backend("reference"):
+        records = run_sweep("quick", "cpu", headdims=[64], log=lines.append)
+    return records, lines
+
+
+def test_cpu_quick_sweep_records_are_valid(cpu_quick):
+    records, lines = cpu_quick
+    assert records, lines
+    for r in records:
+        assert report.validate(r) == [], r
+    assert {r["provider"] for r in records} == {"ioattn", "sdpa-math"}
+    assert {r["mode"] for r in records} == {"fwd", "bwd"}
+    ours = [r for r in records if r["provider"] == "ioattn"]
+    assert all(r["ok"] and r["tflops"] > 0 for r in ours), [r.get("error") for r in ours]
+    assert lines and all(isinstance(ln, str) for ln in lines)  # progress goes to the log callback
+    # and the report reads them: both providers in the table, one row per (causal, seqlen, mode)
+    text = report.table(records)
+    assert "ioattn" in text and "sdpa-math" in text
+    assert len(report.ratio_rows(records)) == 2 * 2 * 2
+
+
+def _good():
+    with open(FIXTURE) as f:
+        return json.loads(f.readline())
+
+
+@pytest.mark.parametrize("change, expect", [
+    (lambda r: r.pop("seqlen_k"), "missing field 'seqlen_k'"),
+    (lambda r: r.pop("ok"), "missing field 'ok'"),
+    (lambda r: r.update(mode="forward"), "unknown mode 'forward'"),
+    (lambda r: r.update(dtype="float32"), "unknown dtype 'float32'"),
+    (lambda r: r.update(batch="32"), "'batch' is str"),
+    (lambda r: r.update(causal=1), "'causal' is int"),
+    (lambda r: r.update(headdim=True), "'headdim' is bool"),
+    (lambda r: r.update(tflops="fast"), "'tflops' is str"),
+    (lambda r: r.pop("tflops"), "none of tflops, gbps, peak_mem_mb"),
+])
+def test_validate_catches(change, expect):
+    r = _good()
+    assert report.validate(r) == []
+    change(r)
+    problems = report.validate(r)
+    assert any(expect in p for p in problems), problems
+
+
+def test_validate_accepts_nulls_and_other_metrics():
+    r = dict(_good(), ms=None, tflops=None, ok=False, error="could not run")
+    assert report.validate(r) == []
+    r = {k: v for k, v in _good().items() if k != "tflops"}
+    assert report.validate(dict(r, mode="decode", gbps=3100.0)) == []
+    assert report.validate(dict(r, mode="memory", peak_mem_mb=None)) == []
+    assert report.validate([1, 2]) == ["not a JSON object"]
+    assert set(report.REQUIRED_FIELDS) >= {"sweep", "provider", "mode", "dtype", "ms", "ok", "device"}
+
+
+def test_load(tmp_path):
+    recs = report.load(FIXTURE)
+    assert len(recs) == 29 and all(report.validate(r) == [] for r in recs)
+    p = tmp_path / "r.jsonl"
+    p.write_text(json.dumps(recs[0]) + "\n\n   \n" + json.dumps(recs[1]) + "\n")
+    assert report.load(p) == recs[:2]  # blank lines skipped
+    p.write_text(json.dumps(recs[0]) + "\n\n{\"sweep\": \n")
+    with pytest.raises(ValueError, match=r":3: malformed JSON"):
+        report.load(p)
+
+
+# ---- report ----
+
+def test_table_shows_every_provider():
+    text = report.table(report.load(FIXTURE))
+    lines = text.splitlines()
+    header = next(ln for ln in lines if ln.split()[:2] == ["d", "causal"] and "sdpa-flash" in ln)
+    for p in ("ioattn", "sdpa-flash", "sdpa-efficient", "flash-attn", "ioattn / best peer",
+              "ioattn % of bf16 matmul"):
+        assert p in header
+    rows = [ln.split() for ln in lines if ln.split()[:1] == ["64"]]
+    assert len(rows) == 2 * 2 * 2  # causal x seqlen x mode
+    cols = header.split()
+    eff, fa = cols.index("sdpa-efficient"), cols.index("flash-attn")
+    assert all(r[eff] == "fail" and r[fa] == "n/a" for r in rows)  # never silently dropped
+    # the reasons are printed too
+    assert "failed the correctness check" in text and "flash_attn not importable" in text
+    # causal=no, seqlen 1024, fwd: 349.1 vs sdpa-flash 289.7 -> 1.21, 349.1 / 796 -> 44%
+    first = rows[0]
+    assert first[:4] == ["64", "no", "1024", "fwd"]
+    assert "349.1" in first and "1.21" in first and "sdpa-flash" in first and "44%" in first
+    assert "peak MB" in text  # the memory record gets its own section
+    only_bwd = report.table(report.load(FIXTURE), mode="bwd")
+    assert " fwd " not in only_bwd and " bwd " in only_bwd
+
+
+def test_ratio_rows():
+    train = [r for r in report.load(FIXTURE) if r["sweep"] == "train"]
+    rows = report.ratio_rows(train)
+    assert len(rows) == 8
+    d, causal, n, mode, ours, name, best, ratio = rows[0]
+    assert (d, causal, n, mode, name) == (64, False, 1024, "fwd", "sdpa-flash")
+    assert ours == pytest.approx(349.1, abs=0.1) and best == pytest.approx(289.7, abs=0.1)
+    assert ratio == pytest.approx(ours / best)
+    with pytest.raises(ValueError, match="several"):
+        report.ratio_rows(report.load(FIXTURE))  # train + memory mixed
+
+
+def test_plot_writes_pngs(tmp_path):
+    pytest.importorskip("matplotlib")  # the optional [bench] extra
+    paths = report.plot(report.load(FIXTURE), str(tmp_path))
+    assert sorted(os.path.basename(p) for p in paths) == ["memory_bf16.png", "train_bf16_bwd.png",
+                                                          "train_bf16_fwd.png"]
+    for p in paths:
+        with open(p, "rb") as f:
+            data = f.read()
+        assert data[:8] == PNG_MAGIC and len(data) > 5000
+
+
+def test_memory_records_labelled_by_pass(tmp_path):
+    pytest.importorskip("matplotlib")  # the optional [bench] extra
+    # the memory sweep may record the pass it measured ("fwdbwd") as mode: still a memory figure
+    mem = [r for r in report.load(FIXTURE) if r["sweep"] == "memory"][0]
+    recs = [dict(mem, mode="fwdbwd"), dict(mem, mode="fwdbwd", provider="sdpa-math", peak_mem_mb=4096.0)]
+    assert all(report.validate(r) == [] for r in recs)
+    text = report.table(recs)
+    assert "peak MB" in text and "1024" in text and "4096" in text and "0.25 sdpa-math" in text
+    assert [os.path.basename(p) for p in report.plot(recs, str(tmp_path))] == ["memory_bf16.png"]
+
+
+def test_main(tmp_path, capsys):
+    pytest.importorskip("matplotlib")  # the optional [bench] extra
+    assert report.main([FIXTURE, "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "sdpa-efficient" in out and out.count("wrote ") == 3
+    assert len(list(tmp_path.glob("*.png"))) == 3
+
+
+def test_main_bad_input(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(open(FIXTURE).readline() + "not json\n")
+    assert report.main([str(bad), "--out", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1 and ":2:" in captured.err
+    assert report.main([str(tmp_path / "missing.jsonl")]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    # an invalid record is reported with its line and skipped, the rest still goes through
+    recs = report.load(FIXTURE)
+    broken = {k: v for k, v in recs[1].items() if k != "device"}
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("\n".join(json.dumps(r) for r in (recs[0], broken, recs[2])) + "\n")
+    assert report.main([str(mixed), "--out", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("skipped") == 1 and ":2:" in captured.err and "'device'" in captured.err
+    assert "ioattn" in captured.out
+
+
+# ---- run_sweep on bad names ----
+
+def test_unknown_sweep_is_a_line_not_an_exception():
+    lines = []
+    assert run_sweep("no-such-sweep", "cpu", log=lines.append) == []
+    assert len(lines) == 1 and "unknown sweep 'no-such-sweep'" in lines[0]
+
+
+def test_unknown_provider_is_a_line_not_an_exception():
+    lines = []
+    records = run_sweep("quick", "cpu", provider_names=["no-such-provider"], log=lines.append)
+    assert any("no-such-provider" in ln and "unknown provider" in ln for ln in lines), lines
+    # still recorded, as could-not-run, so a report shows it as n/a
+    assert records and all(not r["ok"] and r["tflops"] is None for r in records)
+    assert all(report.validate(r) == [] for r in records)
+    assert "n/a" in report.table(records)
+
+
+def test_readme_table_is_generated_from_committed_results():
+    """The README's performance table is the output of benchmarks/readme_table.py on the results
+    file it names: a hand edit (or a stale table after new results) fails here."""
+    import importlib.util
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("readme_table", root / "benchmarks" / "readme_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    readme = (root / "README.md").read_text()
+    block = readme.split(mod.START, 1)[1].split(mod.END, 1)[0].strip()
+    source = re.search(r"Source: `([^`]+)`", block).group(1)
+    assert block == mod.table(str(root / source)).replace(str(root / source), source)
