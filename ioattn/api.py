@@ -104,11 +104,10 @@ def _check_cu_seqlens(name, cu, total, max_seqlen, max_name, device):
         raise ValueError(f"{max_name}={max_seqlen} is smaller than the longest sequence in {name} ({max_len})")
 
 
-def _attn_probs(q, k, lse, softmax_scale, window, softcap, alibi_slopes, dropout_p, rng_state):
+def _attn_probs(q, k, lse, softmax_scale, window, softcap, alibi_slopes, keep):
     """For testing only (materialises batch x heads x seqlen_q x seqlen_k): the probabilities the
-    kernel used, recomputed from its lse, with the entries that dropout removed negated."""
-    from ioattn.reference.philox import dropout_keep_mask
-
+    kernel used, recomputed from its lse, with the entries that dropout removed (``keep`` False)
+    negated."""
     b, sq, h, d = q.shape
     sk = k.shape[1]
     kk = k.float().repeat_interleave(h // k.shape[2], dim=2)
@@ -119,10 +118,35 @@ def _attn_probs(q, k, lse, softmax_scale, window, softcap, alibi_slopes, dropout
     if alibi_slopes is not None:
         s = s + alibi_bias(alibi_slopes, sq, sk)
     p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
-    if dropout_p > 0:
-        keep = dropout_keep_mask(int(rng_state[0]), dropout_p, b, h, sq, sk, device=q.device)
+    if keep is not None:
         p = torch.where(keep, p, -p)
     return p.to(q.dtype)
+
+
+def _probs_for_return(q, k, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window,
+                      softcap, alibi_slopes, dropout_p, rng_state):
+    """``S_dmask`` as flash-attn returns it: (batch, nheads, seqlen_q, seqlen_k), padded to the longest
+    sequences for varlen calls. The dropout mask uses the kernels' counters (padded numbering)."""
+    from ioattn.reference.philox import dropout_keep_mask
+
+    q, k, lse = q.detach(), k.detach(), lse.detach()
+    if cu_seqlens_q is None:
+        b, sq, h, _ = q.shape
+        keep = (dropout_keep_mask(int(rng_state[0]), dropout_p, b, h, sq, k.shape[1], device=q.device)
+                if dropout_p > 0 else None)
+        return _attn_probs(q, k, lse, scale, window, softcap, alibi_slopes, keep)
+    batch, h = cu_seqlens_q.numel() - 1, q.shape[1]
+    keep = (dropout_keep_mask(int(rng_state[0]), dropout_p, batch, h, max_seqlen_q, max_seqlen_k, device=q.device)
+            if dropout_p > 0 else None)
+    probs = q.new_zeros(batch, h, max_seqlen_q, max_seqlen_k)
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for i in range(batch):
+        sq, sk = cq[i + 1] - cq[i], ck[i + 1] - ck[i]
+        slopes = alibi_slopes[i:i + 1] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
+        probs[i, :, :sq, :sk] = _attn_probs(
+            q[cq[i]:cq[i + 1]][None], k[ck[i]:ck[i + 1]][None], lse[:, cq[i]:cq[i + 1]][None], scale, window,
+            softcap, slopes, None if keep is None else keep[i:i + 1, :, :sq, :sk])[0]
+    return probs
 
 
 def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
@@ -146,11 +170,8 @@ def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropou
                                     scale, window, softcap, alibi_slopes, dropout_p)
     if not return_attn_probs:
         return out
-    if varlen:
-        probs = None  # flash-attn returns None here too; use the batched functions to inspect probabilities
-    else:
-        probs = _attn_probs(q.detach(), k.detach(), lse.detach(), scale, window, softcap, alibi_slopes,
-                            dropout_p, rng_state)
+    probs = _probs_for_return(q, k, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window,
+                              softcap, alibi_slopes, dropout_p, rng_state)
     return out, lse, probs
 
 
@@ -204,7 +225,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """Sequences packed without padding. q: (total_q, nheads, headdim); k, v: (total_k, nheads_k,
     headdim); ``cu_seqlens_q/k`` int32 (batch + 1,) cumulative lengths starting at 0; ``max_seqlen_q/k``
     the longest sequence. Masks apply per sequence. Returns ``out`` (total_q, nheads, headdim) or
-    ``(out, softmax_lse (nheads, total_q), None)``."""
+    ``(out, softmax_lse (nheads, total_q), probs (batch, nheads, max_seqlen_q, max_seqlen_k))``, the
+    probabilities padded with zeros (testing only, small shapes)."""
     if cu_seqlens_q is None or cu_seqlens_k is None:
         raise ValueError("cu_seqlens_q and cu_seqlens_k are required for the varlen functions")
     return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,

@@ -7,8 +7,6 @@ Layouts: batched ``q (batch, seqlen_q, nheads, d)``, ``k/v (batch, seqlen_k, nhe
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ioattn import dispatch
@@ -220,7 +218,3 @@ def forward(*args):
 def backward(*args):
     q = args[1]
     return (triton_backward if dispatch.use_triton(q.device) else reference_backward)(*args)
-
-
-def default_scale(headdim: int) -> float:
-    return 1.0 / math.sqrt(headdim)

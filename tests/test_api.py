@@ -83,7 +83,12 @@ def test_reference_path_varlen(dtype):
         out, lse, probs = flash_attn_varlen_func(qg, kg, vg, cq, ck, max(lens_q), max(lens_k), causal=True,
                                                  softcap=3.0, alibi_slopes=slopes, return_attn_probs=True)
         dq, dk, dv = torch.autograd.grad(out, (qg, kg, vg), dout)
-    assert probs is None and lse.shape == (h, sum(lens_q))
+    assert lse.shape == (h, sum(lens_q)) and probs.shape == (len(lens_q), h, max(lens_q), max(lens_k))
+    for i, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+        sums = probs[i, :, :lq, :lk].float().sum(-1)
+        sees = keep_mask(lq, lk, (-1, 0)).any(-1).float()  # bottom-right causal: early rows may see none
+        assert torch.allclose(sums, sees.expand_as(sums), atol=2e-2)
+        assert (probs[i, :, lq:] == 0).all() and (probs[i, :, :, lk:] == 0).all()
     for i, (lq, lk) in enumerate(zip(lens_q, lens_k)):
         sq, sk = slice(cq[i].item(), cq[i + 1].item()), slice(ck[i].item(), ck[i + 1].item())
         if lq == 0:
@@ -342,7 +347,7 @@ def test_return_conventions_varlen(backend):
         out, lse, probs = r
         assert out.shape == q.shape and out.dtype == BF16
         assert lse.shape == (h, sum(lens)) and lse.dtype == torch.float32 and torch.isfinite(lse).all()
-        assert probs is None
+        assert probs.shape == (len(lens), h, 9, 9) and probs.dtype == BF16
     assert torch.equal(res[0], res_packed[0]) and torch.equal(res[1], res_packed[1])
 
 
@@ -463,3 +468,24 @@ def test_tile_policy_short_causal():
     assert dispatch.tiles("fwd", 64, cuda, seqlen_q=512, masked_right=False) == dispatch._FWD_TILES[64]
     assert dispatch.tiles("fwd", 128, cuda, seqlen_q=512, masked_right=True) == dispatch._FWD_TILES[128]
     assert dispatch.tiles("fwd", 59, _t.device("cpu")) == dispatch.INTERPRETER_TILES
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_varlen_dropout_probs_give_the_mask(backend):
+    """Varlen S_dmask: each sequence's block is padded, and its negated entries are the dropout mask the
+    kernel applied: the output recomputed from that mask matches."""
+    from ioattn.reference import attention_ref
+
+    lens_q, lens_k = [7, 12], [9, 12]
+    h, d, p = 2, 16, 0.25
+    q = torch.randn(sum(lens_q), h, d, dtype=torch.float32)
+    k, v = (torch.randn(sum(lens_k), h, d, dtype=torch.float32) for _ in range(2))
+    cq, ck = _cu(lens_q), _cu(lens_k)
+    with dispatch.forced_backend(backend):
+        out, _, probs = flash_attn_varlen_func(q, k, v, cq, ck, 7 + 5, 12, dropout_p=p, causal=True,
+                                               return_attn_probs=True)
+    for i, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+        keep = probs[i:i + 1, :, :lq, :lk] >= 0
+        ref, _ = attention_ref(q[cq[i]:cq[i + 1]][None], k[ck[i]:ck[i + 1]][None], v[ck[i]:ck[i + 1]][None],
+                               window=(-1, 0), dropout_p=p, dropout_keep=keep)
+        assert (out[cq[i]:cq[i + 1]].double() - ref[0]).abs().max() < 1e-4

@@ -126,7 +126,7 @@ def _status(r):
         return "n/a"
     v = _value(r)
     if v is not None:
-        return f"{v:.0f}" if _metric(r) is MEMORY else f"{v:.1f}"
+        return f"{v:.0f}" if _metric(r) is MEMORY else (f"{v:.1f}" if v >= 10 else f"{v:.3g}")  # CPU figures are small
     return "fail" if _ran(r) else "n/a"
 
 

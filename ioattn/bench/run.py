@@ -264,7 +264,7 @@ def _line(r):
     if r.get("peak_mem_mb") is not None:
         value = f"{r['peak_mem_mb']:10.1f} MB peak"
     else:
-        value = f"{r['tflops']:7.1f} TFLOP/s" if r.get("tflops") is not None else "   (failed)    "
+        value = f"{r['tflops']:7.3g} TFLOP/s" if r.get("tflops") is not None else "   (failed)    "
     ms = f"{r['ms']:9.3f} ms" if r.get("ms") is not None else " " * 12
     return (f"{r['provider']:<15} {r['mode']:<6} d={r['headdim']:<3} n={r['seqlen_q']:<6} "
             f"causal={int(r['causal'])} {ms} {value}")
