@@ -1,0 +1,74 @@
+"""``merge_attention_states``: the exact LSE merge of partial attention results, public.
+
+The building block of split-KV decoding (each program attends to a slice of the cache) and of
+attention spread over several devices (each rank attends to its shard of the keys)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import triton
+
+from ioattn import dispatch
+from ioattn.reference.merge import merge_states_ref
+
+
+def merge_attention_states(outs, lses):
+    """Combine attention results computed over disjoint key sets into attention over their union.
+
+    ``outs``: a sequence of ``S`` tensors ``(..., nheads, headdim)`` (or one stacked tensor
+    ``(S, ..., nheads, headdim)``), each the normalised output over one key set; ``lses``: the
+    matching natural-log log-sum-exps ``(..., nheads)`` (or ``(S, ..., nheads)``), float32. Note the
+    layout: the lse shares the output's leading dimensions, so flash-attn's lse
+    ``(batch, nheads, seqlen_q)`` is passed as ``lse.transpose(1, 2)``.
+
+    Returns ``(out (..., nheads, headdim) in the dtype of outs, lse (..., nheads) float32)``. A key
+    set with lse -inf (no visible key) contributes nothing; rows where every set is empty give
+    output 0 and lse -inf. Differentiable when any input requires grad (then it runs in plain torch
+    ops); otherwise CUDA tensors use a Triton kernel.
+    """
+    outs = _stack("outs", outs)
+    lses = _stack("lses", lses)
+    if outs.dim() < 2 or lses.shape != outs.shape[:-1]:
+        raise ValueError(f"lses must have the shape of outs without its last (head) dimension: outs "
+                         f"{tuple(outs.shape)}, lses {tuple(lses.shape)}")
+    if outs.shape[0] == 0:
+        raise ValueError("merge_attention_states needs at least one partial result, got 0")
+    if not outs.is_floating_point() or not lses.is_floating_point():
+        raise TypeError(f"outs and lses must be floating point, got {outs.dtype} and {lses.dtype}")
+    if outs.device != lses.device:
+        raise ValueError(f"outs and lses must be on one device, got {outs.device} and {lses.device}")
+    if outs.requires_grad or lses.requires_grad or not dispatch.use_triton(outs.device):
+        return merge_states_ref(outs, lses)
+    return _merge_triton(outs, lses)
+
+
+def _stack(name, xs):
+    if isinstance(xs, torch.Tensor):
+        return xs
+    if not isinstance(xs, Sequence) or not all(isinstance(x, torch.Tensor) for x in xs):
+        raise TypeError(f"{name} must be a tensor or a sequence of tensors, got {type(xs).__name__}")
+    shapes = {tuple(x.shape) for x in xs}
+    if len(shapes) > 1:
+        raise ValueError(f"every tensor in {name} must have one shape, got {sorted(shapes)}")
+    return torch.stack(list(xs))
+
+
+def _merge_triton(outs, lses):
+    from ioattn.kernels.combine import merge_states_kernel
+
+    splits, lead, d = outs.shape[0], outs.shape[1:-1], outs.shape[-1]
+    n_rows = lses[0].numel()
+    o = outs.reshape(splits, n_rows, d)
+    if o.stride(-1) != 1:
+        o = o.contiguous()
+    lse_in = lses.reshape(splits, n_rows).float().contiguous()
+    out = torch.empty(n_rows, d, device=outs.device, dtype=outs.dtype)
+    lse = torch.empty(n_rows, device=outs.device, dtype=torch.float32)
+    if n_rows:
+        block_r = 16
+        merge_states_kernel[(triton.cdiv(n_rows, block_r),)](
+            o, lse_in, out, lse, n_rows, splits, o.stride(0), o.stride(1), lse_in.stride(0),
+            HEAD_DIM=d, BLOCK_D=dispatch.block_d(d), BLOCK_S=max(2, 1 << (splits - 1).bit_length()),
+            BLOCK_R=block_r)
+    return out.reshape(*lead, d), lse.reshape(lead)
