@@ -170,8 +170,12 @@ def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropou
                                     scale, window, softcap, alibi_slopes, dropout_p)
     if not return_attn_probs:
         return out
-    probs = _probs_for_return(q, k, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window,
-                              softcap, alibi_slopes, dropout_p, rng_state)
+    # As in flash-attn, the probabilities come back only with dropout: callers that ask for
+    # return_attn_probs to get the lse must not pay for an N x N matrix.
+    probs = None
+    if dropout_p > 0:
+        probs = _probs_for_return(q, k, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+                                  window, softcap, alibi_slopes, dropout_p, rng_state)
     return out, lse, probs
 
 
@@ -187,8 +191,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     for compatibility: the backward pass here is always deterministic.
 
     Returns ``out`` (batch, seqlen_q, nheads, headdim), or with ``return_attn_probs=True``
-    ``(out, softmax_lse (batch, nheads, seqlen_q) fp32, probs)`` where ``probs`` (testing only) has
-    the entries that dropout removed negated.
+    ``(out, softmax_lse (batch, nheads, seqlen_q) fp32, probs)`` where ``probs`` (testing only, small
+    shapes) is the (batch, nheads, seqlen_q, seqlen_k) probability matrix with the entries that
+    dropout removed negated when ``dropout_p > 0``, and None otherwise (as flash-attn).
     """
     return _run(q, k, v, None, None, None, None, dropout_p, softmax_scale, causal, window_size, softcap,
                 alibi_slopes, return_attn_probs)
@@ -225,8 +230,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """Sequences packed without padding. q: (total_q, nheads, headdim); k, v: (total_k, nheads_k,
     headdim); ``cu_seqlens_q/k`` int32 (batch + 1,) cumulative lengths starting at 0; ``max_seqlen_q/k``
     the longest sequence. Masks apply per sequence. Returns ``out`` (total_q, nheads, headdim) or
-    ``(out, softmax_lse (nheads, total_q), probs (batch, nheads, max_seqlen_q, max_seqlen_k))``, the
-    probabilities padded with zeros (testing only, small shapes)."""
+    ``(out, softmax_lse (nheads, total_q), probs)``, ``probs`` padded to (batch, nheads,
+    max_seqlen_q, max_seqlen_k) with dropout and None without (as ``flash_attn_func``)."""
     if cu_seqlens_q is None or cu_seqlens_k is None:
         raise ValueError("cu_seqlens_q and cu_seqlens_k are required for the varlen functions")
     return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
