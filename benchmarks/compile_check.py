@@ -15,6 +15,7 @@ from ioattn import dispatch
 from ioattn.kernels.backward import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_bwd_preprocess_kernel
 from ioattn.kernels.forward import attn_fwd_kernel
 
+H200_SHARED_BYTES = 232448  # the per-block limit Triton reported on the device
 FLOAT_ARGS = {"qk_scale", "softcap", "softmax_scale", "dropout_scale"}
 I64_ARGS = {"seed", "dropout_threshold"}
 
@@ -76,8 +77,12 @@ def main():
                             c["USE_TMA"] = tma
                         _, shared, k = compile_one(fn, c, cfg.num_warps, cfg.num_stages)
                         pipelined = k.asm["ttgir"].count("async_")
+                        # must fit the chip; say when the tile is too small for Hopper's wgmma
+                        # (M < 64 per warpgroup falls back to mma.sync, a slower path)
+                        assert shared <= H200_SHARED_BYTES, f"{fn.__name__} d={d}: {shared} B shared"
+                        mma_kind = "wgmma" if "wgmma" in k.asm["ptx"] else "mma.sync (no wgmma)"
                         print(f"{fn.__name__:<24} d={d:<3} {cfg} {feat} tma={tma} shared={shared} "
-                              f"async_ops={pipelined}")
+                              f"async_ops={pipelined} {mma_kind}")
         _, shared, _ = compile_one(attn_bwd_preprocess_kernel, dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=64,
                                                                     IS_VARLEN=False), 4, 1)
     print("all kernels compiled for sm_90")
