@@ -54,7 +54,7 @@ def decode_split_kernel(
     b = rest // nheads_kv
 
     end = tl.load(SeqEnd + b)
-    lp = 0
+    lp = end * 0  # a tensor either way (it is reassigned under runtime ifs below)
     if HAS_LEFTPAD:
         lp = tl.load(Leftpad + b)
 
