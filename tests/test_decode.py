@@ -1,0 +1,310 @@
+"""flash_attn_with_kvcache (ioattn.decode) and its split-KV kernel against the reference
+``kvcache_attention_ref``: both paths (Triton kernel, under the interpreter without a GPU, and the
+PyTorch fallback), contiguous and paged caches, appends with rotary, masks, and refused calls."""
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import DEVICE, assert_lse_close, assert_within_torch_error
+
+from ioattn import dispatch
+from ioattn.decode import DEFAULT_NUM_SMS, _heuristic_splits, flash_attn_with_kvcache
+from ioattn.reference.decode import kvcache_attention_ref
+
+I32 = torch.int32
+BACKENDS = ["triton", "reference"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    # tiny tensors: intra-op threads only add synchronisation
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _rotary_tables(seqlen_ro, rotary_dim):
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
+    theta = torch.arange(seqlen_ro, dtype=torch.float64)[:, None] * inv_freq[None]
+    return theta.cos().float().to(DEVICE), theta.sin().float().to(DEVICE)
+
+
+def _make_case(dtype=torch.float32, batch=3, nheads_kv=2, group=2, d=32, seqlen_q=1, seqlen_new=1,
+               capacity=96, paged=False, page_size=16, seqlens="mixed", rotary=None, rotary_dim=None,
+               causal=False, window=(-1, -1), softcap=0.0, alibi=None, batch_idx=False, leftpad=False,
+               new_kv=True):
+    """Keyword arguments of one call (caches included) plus nothing else: the caller clones them."""
+    dev = DEVICE
+    nheads = nheads_kv * group
+    g = torch.Generator().manual_seed(1234)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(dtype).to(dev)
+
+    kw = {}
+    if paged:
+        pages_per_seq = -(-capacity // page_size)
+        capacity = pages_per_seq * page_size
+        num_pages = batch * pages_per_seq + 3
+        perm = torch.randperm(num_pages, generator=g)[: batch * pages_per_seq]
+        kw["block_table"] = perm.view(batch, pages_per_seq).to(I32).to(dev)
+        cache_shape = (num_pages, page_size, nheads_kv, d)
+    else:
+        rows = batch + 2 if batch_idx else batch
+        cache_shape = (rows, capacity, nheads_kv, d)
+        if batch_idx:
+            kw["cache_batch_idx"] = torch.randperm(rows, generator=g)[:batch].to(I32).to(dev)
+    kw["k_cache"], kw["v_cache"] = rnd(*cache_shape), rnd(*cache_shape)
+    kw["q"] = rnd(batch, seqlen_q, nheads, d)
+    n_new = seqlen_new if new_kv else 0
+    if new_kv:
+        kw["k"], kw["v"] = rnd(batch, seqlen_new, nheads_kv, d), rnd(batch, seqlen_new, nheads_kv, d)
+    if seqlens == "mixed":  # 0, full, and random lengths in between
+        top = capacity - n_new
+        sl = torch.randint(0, top + 1, (batch,), generator=g)
+        sl[0] = 0
+        if batch > 1:
+            sl[1] = top
+        kw["cache_seqlens"] = sl.to(I32).to(dev)
+    else:
+        kw["cache_seqlens"] = seqlens
+    if leftpad:
+        ends = (torch.as_tensor(kw["cache_seqlens"]).expand(batch) + n_new).cpu()
+        kw["cache_leftpad"] = (torch.rand(batch, generator=g) * (ends + 1).float()).long().clamp(max=ends).to(I32).to(dev)
+    if rotary is not None:
+        kw["rotary_cos"], kw["rotary_sin"] = _rotary_tables(capacity + seqlen_q, rotary_dim or d)
+        kw["rotary_interleaved"] = rotary == "interleaved"
+    if alibi == "heads":
+        kw["alibi_slopes"] = (torch.rand(nheads, generator=g) * 0.5).to(dev)
+    elif alibi == "batch":
+        kw["alibi_slopes"] = (torch.rand(batch, nheads, generator=g) * 0.5).to(dev)
+    kw.update(causal=causal, window_size=window, softcap=softcap)
+    return kw
+
+
+def _clone(kw):
+    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+
+
+def _check(kw, backend, num_splits=0):
+    ref64_kw, ref_t_kw, got_kw = _clone(kw), _clone(kw), _clone(kw)
+    out64, lse64 = kvcache_attention_ref(**ref64_kw)
+    out_t, _ = kvcache_attention_ref(**ref_t_kw, upcast=False)
+    with dispatch.forced_backend(backend):
+        out, lse = flash_attn_with_kvcache(**got_kw, num_splits=num_splits, return_softmax_lse=True)
+    name = f"{backend} splits={num_splits}"
+    assert out.shape == kw["q"].shape and out.dtype == kw["q"].dtype, name
+    # the in-place append wrote exactly what the reference's did
+    assert torch.equal(got_kw["k_cache"], ref64_kw["k_cache"]), f"{name}: k_cache differs after the append"
+    assert torch.equal(got_kw["v_cache"], ref64_kw["v_cache"]), f"{name}: v_cache differs after the append"
+    assert_within_torch_error(f"{name} out", out, out64, out_t)
+    assert_lse_close(f"{name} lse", lse, lse64)
+    # rows that see no key: exactly 0
+    empty = torch.isneginf(lse64).transpose(1, 2)
+    assert (out[empty] == 0).all(), f"{name}: rows with no visible key are not 0"
+
+
+# ---------------------------------------------------------------- splits and layouts
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("num_splits", [0, 1, 2, 3, 64])  # 64 > key chunks: empty splits
+def test_splits(backend, paged, num_splits):
+    _check(_make_case(paged=paged, seqlen_q=1, group=2), backend, num_splits)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("page_size", [16, 32])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_paged_half(backend, page_size, dtype):
+    _check(_make_case(dtype=dtype, paged=True, page_size=page_size, seqlen_q=5, seqlen_new=2, causal=True,
+                      group=4), backend, 3)
+
+
+CASES = {
+    "gqa1_q5": {"group": 1, "seqlen_q": 5, "seqlen_new": 5, "causal": True},
+    "gqa4": {"group": 4, "seqlen_q": 1},
+    "gqa8_q5": {"group": 8, "seqlen_q": 5, "seqlen_new": 3, "causal": True},  # 40 packed rows
+    "gqa8_q9_rowblocks": {"group": 8, "seqlen_q": 9, "seqlen_new": 9, "causal": True, "nheads_kv": 1},  # 72 rows: 2 blocks
+    "gqa8_q9_rowblocks_window": {"group": 8, "seqlen_q": 9, "seqlen_new": 4, "window": (6, 1), "nheads_kv": 1},
+    "rotary_interleaved_causal": {"rotary": "interleaved", "seqlen_q": 3, "seqlen_new": 3, "causal": True},
+    "rotary_neox": {"rotary": "neox", "seqlen_q": 3, "seqlen_new": 2},
+    "rotary_partial_paged": {"rotary": "neox", "rotary_dim": 16, "paged": True, "seqlen_q": 2, "seqlen_new": 2,
+                                 "causal": True},
+    "window": {"window": (20, 2), "seqlen_q": 5, "seqlen_new": 5},
+    "window_causal_paged": {"window": (10, -1), "causal": True, "seqlen_q": 4, "seqlen_new": 1, "paged": True},
+    "softcap": {"softcap": 3.0, "seqlen_q": 2, "seqlen_new": 2, "causal": True},
+    "alibi_heads": {"alibi": "heads", "seqlen_q": 3, "seqlen_new": 1},
+    "alibi_batch_causal_paged": {"alibi": "batch", "causal": True, "seqlen_q": 3, "seqlen_new": 3, "paged": True},
+    "batch_idx": {"batch_idx": True, "seqlen_q": 2, "seqlen_new": 2, "causal": True},
+    "leftpad": {"leftpad": True, "seqlen_q": 3, "seqlen_new": 1, "causal": True, "window": (16, -1)},
+    "leftpad_paged_alibi": {"leftpad": True, "paged": True, "alibi": "heads"},
+    "no_new_kv": {"new_kv": False, "seqlen_q": 2, "causal": True},
+    "int_seqlens_full": {"seqlens": 95, "seqlen_new": 1},
+    "no_new_kv_seqlens_none": {"new_kv": False, "seqlens": None, "capacity": 48},
+    "headdim_40": {"d": 40, "seqlen_q": 2, "causal": True},
+    "bf16_everything": {"dtype": torch.bfloat16, "rotary": "interleaved", "causal": True, "softcap": 5.0,
+                            "alibi": "heads", "paged": True, "page_size": 32, "leftpad": True, "seqlen_q": 3, "seqlen_new": 2},
+    "fp16_batch_idx_window": {"dtype": torch.float16, "batch_idx": True, "window": (8, 8), "seqlen_q": 5,
+                                  "seqlen_new": 2, "group": 2},
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_features(backend, case):
+    _check(_make_case(**CASES[case]), backend, 2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("seqlen_q", [1, 3])
+def test_window_edges_at_chunk_boundaries(backend, seqlen_q):
+    """The window's first visible column at every offset around a 16-column chunk edge."""
+    seqlens = torch.arange(46, 52, dtype=I32, device=DEVICE)
+    kw = _make_case(batch=6, seqlens=seqlens, seqlen_q=seqlen_q, seqlen_new=1, window=(32 - seqlen_q, 0),
+                    capacity=64)
+    _check(kw, backend, 2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_all_empty(backend):
+    """cache_seqlens 0 and no new tokens: nothing to attend to anywhere."""
+    kw = _make_case(new_kv=False, seqlens=0, batch=2)
+    with dispatch.forced_backend(backend):
+        out, lse = flash_attn_with_kvcache(**kw, return_softmax_lse=True)
+    assert (out == 0).all() and torch.isneginf(lse).all()
+
+
+def test_output_without_lse_is_a_tensor():
+    kw = _make_case()
+    out = flash_attn_with_kvcache(**kw)
+    assert isinstance(out, torch.Tensor) and out.shape == kw["q"].shape
+
+
+def test_heuristic_splits():
+    assert _heuristic_splits(DEFAULT_NUM_SMS, 10_000, 64) == 1  # the grid is full already
+    assert _heuristic_splits(8, 10_000, 64) == -(-DEFAULT_NUM_SMS // 8)
+    assert _heuristic_splits(8, 100, 64) == 2  # never more splits than chunks of the longest sequence
+    assert _heuristic_splits(1, 0, 64) == 1
+    assert _heuristic_splits(1, 10 ** 7, 64) == 128  # capped
+
+
+# ---------------------------------------------------------------- refused calls
+
+def _bad(kw, **changes):
+    kw = dict(kw)
+    kw.update(changes)
+    return kw
+
+
+BAD = {
+    "q_3d": (lambda kw: _bad(kw, q=kw["q"][0]), ValueError, "q must have 4 dimensions"),
+    "q_int": (lambda kw: _bad(kw, q=kw["q"].long()), TypeError, "q must be float16"),
+    "dtype_mismatch": (lambda kw: _bad(kw, q=kw["q"].double().half()), TypeError, "share one dtype"),
+    "heads": (lambda kw: _bad(kw, q=kw["q"][:, :, :3]), ValueError, "multiple of the number of key/value heads"),
+    "headdim": (lambda kw: _bad(kw, q=kw["q"][..., :16]), ValueError, "same head dim"),
+    "v_cache_shape": (lambda kw: _bad(kw, v_cache=kw["v_cache"][:, :-16]), ValueError, "same shape"),
+    "k_without_v": (lambda kw: _bad(kw, v=None), ValueError, "k and v must be given together"),
+    "k_shape": (lambda kw: _bad(kw, k=kw["k"][:, :, :1], v=kw["v"][:, :, :1]), ValueError, "k and v must both be"),
+    "k_dtype": (lambda kw: _bad(kw, k=kw["k"].half(), v=kw["v"].half()), TypeError, "k must have q's dtype"),
+    "seqlens_dtype": (lambda kw: _bad(kw, cache_seqlens=kw["cache_seqlens"].long()), TypeError, "cache_seqlens"),
+    "seqlens_shape": (lambda kw: _bad(kw, cache_seqlens=kw["cache_seqlens"][:2]), ValueError, "cache_seqlens"),
+    "seqlens_overflow": (lambda kw: _bad(kw, cache_seqlens=kw["cache_seqlens"] * 0 + 95, k=kw["k"].repeat(1, 2, 1, 1),
+                                         v=kw["v"].repeat(1, 2, 1, 1)), ValueError, "cache capacity"),
+    "seqlens_negative": (lambda kw: _bad(kw, cache_seqlens=kw["cache_seqlens"] * 0 - 1), ValueError, "cache_seqlens"),
+    "seqlens_none_with_k": (lambda kw: _bad(kw, cache_seqlens=None), ValueError, "cache_seqlens is required"),
+    "batch_idx_range": (lambda kw: _bad(kw, cache_batch_idx=torch.tensor([0, 1, 9], dtype=I32, device=DEVICE)),
+                        ValueError, "cache_batch_idx entries"),
+    "batch_idx_dtype": (lambda kw: _bad(kw, cache_batch_idx=torch.tensor([0, 1, 2], device=DEVICE)),
+                        TypeError, "cache_batch_idx"),
+    "leftpad_past_end": (lambda kw: _bad(kw, cache_leftpad=kw["cache_seqlens"] + 2), ValueError, "cache_leftpad"),
+    "rotary_one_sided": (lambda kw: _bad(kw, rotary_sin=None), ValueError,
+                         "rotary_cos and rotary_sin"),
+    "rotary_too_short": (lambda kw: _bad(kw, rotary_cos=torch.ones(10, 16, device=DEVICE),
+                                         rotary_sin=torch.ones(10, 16, device=DEVICE)), ValueError, "rotary_cos/rotary_sin have"),
+    "rotary_too_wide": (lambda kw: _bad(kw, rotary_cos=torch.ones(100, 17, device=DEVICE),
+                                        rotary_sin=torch.ones(100, 17, device=DEVICE)), ValueError, "rotary_dim"),
+    "alibi_shape": (lambda kw: _bad(kw, alibi_slopes=torch.ones(3, device=DEVICE)), ValueError, "alibi_slopes"),
+    "softcap": (lambda kw: _bad(kw, softcap=-1.0), ValueError, "softcap"),
+    "window": (lambda kw: _bad(kw, window_size=(-2, 0)), ValueError, "window_size"),
+    "num_splits": (lambda kw: _bad(kw, num_splits=-1), ValueError, "num_splits"),
+}
+
+BAD_PAGED = {
+    "page_out_of_range": (lambda kw: _bad(kw, block_table=torch.where(kw["block_table"] == kw["block_table"].max(),
+                                                                      kw["k_cache"].shape[0], kw["block_table"])),
+                          ValueError, "block_table entries must lie in"),
+    "page_negative": (lambda kw: _bad(kw, block_table=kw["block_table"] - kw["block_table"].max() - 1), ValueError,
+                      "block_table entries"),
+    "table_dtype": (lambda kw: _bad(kw, block_table=kw["block_table"].long()), TypeError, "block_table"),
+    "table_shape": (lambda kw: _bad(kw, block_table=kw["block_table"][:2]), ValueError, "block_table"),
+    "page_size": (lambda kw: _bad(kw, k_cache=kw["k_cache"][:, :8], v_cache=kw["v_cache"][:, :8]), ValueError,
+                  "multiple of 16"),
+    "table_with_batch_idx": (lambda kw: _bad(kw, cache_batch_idx=torch.zeros(3, dtype=I32, device=DEVICE)),
+                             ValueError, "cache_batch_idx is for the contiguous cache only"),
+    "append_past_pages": (lambda kw: _bad(kw, cache_seqlens=kw["cache_seqlens"] * 0 + 96), ValueError, "cache capacity"),
+}
+
+
+def _assert_refused(make, exc, msg, kw):
+    bad = make(_clone(kw))
+    before = (bad["k_cache"].clone(), bad["v_cache"].clone())
+    with pytest.raises(exc, match=msg):
+        flash_attn_with_kvcache(**bad)
+    assert torch.equal(bad["k_cache"], before[0]) and torch.equal(bad["v_cache"], before[1]), \
+        "a refused call changed the cache"
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_refused_contiguous(case):
+    kw = _make_case(batch=3, rotary="interleaved", batch_idx=case.startswith("batch_idx"))
+    make, exc, msg = BAD[case]
+    _assert_refused(make, exc, msg, kw)
+
+
+@pytest.mark.parametrize("case", list(BAD_PAGED))
+def test_refused_paged(case):
+    kw = _make_case(batch=3, paged=True)
+    make, exc, msg = BAD_PAGED[case]
+    _assert_refused(make, exc, msg, kw)
+
+
+# ---------------------------------------------------------------- GPU compiler (no GPU needed)
+
+_AOT_SCRIPT = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from ioattn import decode
+from ioattn.kernels.decode import decode_split_kernel as fn
+# (dtype, paged, every feature, BLOCK_M, head dim): a few corners, each compile takes seconds
+for dt, paged, feat, block_m, d in (("bf16", False, False, 16, 128), ("bf16", True, True, decode._MAX_BLOCK_M, 256),
+                                    ("fp32", True, True, decode._MAX_BLOCK_M, 59), ("fp16", False, True, 16, 64)):
+    ptr = dict(Q="*" + dt, K="*" + dt, V="*" + dt, Opart="*fp32", Lpart="*fp32", alibi_slopes="*fp32")
+    sig = {n: ptr.get(n, "*i32" if n[0].isupper() else "fp32" if n in ("qk_scale", "softcap") else "i32")
+           for n in fn.arg_names}
+    c = dict(HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=block_m, BLOCK_N=decode._BLOCK_N_CUDA,
+             PAGE_SIZE=64 if paged else 1, PAGED=paged, HAS_BATCH_IDX=feat and not paged, HAS_LEFTPAD=feat,
+             HAS_SOFTCAP=feat, HAS_ALIBI=feat)
+    sig.update({k: "constexpr" for k in c})
+    k = triton.compile(ASTSource(fn, sig, c), target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=decode._NUM_WARPS, num_stages=decode._NUM_STAGES))
+    assert k.metadata.shared <= 232448, (dt, paged, feat, block_m, d, k.metadata.shared)
+print("decode kernel compiled for sm_90")
+"""
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+def test_decode_kernel_compiles_for_sm90():
+    """The interpreter does not run the GPU compiler: compile the kernel for sm_90 ahead of time (in a
+    child process without TRITON_INTERPRET, which replaces @triton.jit functions in this one)."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _AOT_SCRIPT], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "decode kernel compiled for sm_90" in proc.stdout
