@@ -208,3 +208,20 @@ def _interpreter_bf16():
         yield
     finally:
         InterpreterBuilder.create_dot, InterpreterBuilder.cast_impl = original_dot, original_cast
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny-tensor tests: torch's intra-op threads only add synchronisation (10x slower on a loaded
+    2-core machine), so run them on one thread and restore the setting afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def rotary_tables(seqlen_ro, rotary_dim, dtype=torch.float32, device="cpu"):
+    """cos/sin tables (seqlen_ro, rotary_dim / 2) of the usual 10000^(-2j/d) frequencies, and theta."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
+    theta = torch.arange(seqlen_ro, dtype=torch.float64)[:, None] * inv_freq[None]
+    return theta.cos().to(dtype).to(device), theta.sin().to(dtype).to(device), theta

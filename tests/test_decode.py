@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import DEVICE, assert_lse_close, assert_within_torch_error
+from conftest import DEVICE, assert_lse_close, assert_within_torch_error, rotary_tables
 
 from ioattn import dispatch
 from ioattn.decode import DEFAULT_NUM_SMS, _heuristic_splits, flash_attn_with_kvcache
@@ -18,19 +18,12 @@ I32 = torch.int32
 BACKENDS = ["triton", "reference"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # tiny tensors: intra-op threads only add synchronisation
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _rotary_tables(seqlen_ro, rotary_dim):
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
-    theta = torch.arange(seqlen_ro, dtype=torch.float64)[:, None] * inv_freq[None]
-    return theta.cos().float().to(DEVICE), theta.sin().float().to(DEVICE)
+    cos, sin, _ = rotary_tables(seqlen_ro, rotary_dim, device=DEVICE)
+    return cos, sin
 
 
 def _make_case(dtype=torch.float32, batch=3, nheads_kv=2, group=2, d=32, seqlen_q=1, seqlen_new=1,

@@ -4,6 +4,8 @@ import random
 import pytest
 import torch
 
+from conftest import rotary_tables
+
 from ioattn.kvcache import OutOfPagesError, PagePool
 from ioattn.masks import normalize_window
 from ioattn.reference import attention_ref
@@ -18,19 +20,10 @@ F64 = torch.float64
 I32 = torch.int32
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # tiny tensors: intra-op threads only add synchronisation (10x slower on a loaded 2-core box)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _rotary_tables(seqlen_ro, rotary_dim, dtype=torch.float32):
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, dtype=F64) / rotary_dim))
-    theta = torch.arange(seqlen_ro, dtype=F64)[:, None] * inv_freq[None]
-    return theta.cos().to(dtype), theta.sin().to(dtype), theta
+_rotary_tables = rotary_tables
 
 
 def _rotary_complex(x, theta, positions, interleaved):
