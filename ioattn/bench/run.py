@@ -328,7 +328,10 @@ def main(argv=None):
     if sink_file:
         sink_file.close()
         print(f"\nwrote {len(records)} records to {path}")
-        for p in plot(records, args.out):
-            print(f"wrote {p}")
+        try:
+            for p in plot(records, args.out):
+                print(f"wrote {p}")
+        except ImportError:  # matplotlib is the optional [bench] extra; the JSON is what matters
+            print("no plots: matplotlib is not installed (pip install 'ioattn[bench]')")
     ours = [r for r in records if r["provider"].startswith("ioattn")]
     return 0 if ours and all(r.get("ok") for r in ours) else 1
