@@ -163,7 +163,7 @@ def run_sweep(name, device, dtype_name="bf16", provider_names=None, log=print, s
                 try:
                     sets = [tuple(torch.randn(shape, device=device, dtype=DTYPES[dtype_name]) for _ in range(3))
                             for _ in range(1 if sw.memory else n_input_sets(3 * math.prod(shape) * 2))]
-                except torch.OutOfMemoryError:
+                except torch.cuda.OutOfMemoryError:  # (torch.OutOfMemoryError needs torch >= 2.5)
                     log(f"d={d} n={n}: inputs do not fit in device memory; stopping this configuration")
                     break
                 for pname, fn in runnable.items():
