@@ -13,7 +13,8 @@ import math
 import torch
 
 from ioattn.autograd import attention
-from ioattn.masks import alibi_bias, keep_mask, normalize_window
+from ioattn.masks import normalize_window
+from ioattn.reference.naive import scores_ref
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEADDIM = 256
@@ -108,15 +109,7 @@ def _attn_probs(q, k, lse, softmax_scale, window, softcap, alibi_slopes, keep):
     """For testing only (materialises batch x heads x seqlen_q x seqlen_k): the probabilities the
     kernel used, recomputed from its lse, with the entries that dropout removed (``keep`` False)
     negated."""
-    b, sq, h, d = q.shape
-    sk = k.shape[1]
-    kk = k.float().repeat_interleave(h // k.shape[2], dim=2)
-    s = torch.einsum("bihd,bjhd->bhij", q.float(), kk) * softmax_scale
-    if softcap > 0:
-        s = torch.tanh(s / softcap) * softcap
-    s = s.masked_fill(~keep_mask(sq, sk, window, device=q.device), float("-inf"))
-    if alibi_slopes is not None:
-        s = s + alibi_bias(alibi_slopes, sq, sk)
+    s = scores_ref(q.float(), k.float(), softmax_scale, window, softcap, alibi_slopes)
     p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
     if keep is not None:
         p = torch.where(keep, p, -p)

@@ -137,3 +137,28 @@ def mma(a, b, acc=None):
         return tl.dot(a, b, acc, input_precision="ieee")
     else:
         return tl.dot(a, b, acc)
+
+
+@triton.jit
+def softmax_step(s, m_i, l_i, acc, GUARD_EMPTY: tl.constexpr):
+    """One online-softmax step on a tile of log2-domain scores: new running max and sum, the
+    accumulator rescaled, and the tile's unnormalised probabilities (FlashAttention-2: no division
+    until the end). ``GUARD_EMPTY``: rows may have seen no key yet (masked tiles) -- their max stays
+    -inf and 0 is subtracted instead, so exp2 gives 0, not NaN."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    if GUARD_EMPTY:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    p = tl.math.exp2(s - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    return p, m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None]
+
+
+@triton.jit
+def softmax_finish(acc, m_i, l_i, out_scale):
+    """Normalise once at the end; rows that saw no key (l = 0) give output 0 and lse -inf."""
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc * (out_scale / l_safe)[:, None]
+    lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
+    return out, lse

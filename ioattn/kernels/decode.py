@@ -27,7 +27,7 @@ Reference twin: ``ioattn.reference.decode.kvcache_attention_ref``. Test: ``tests
 import triton
 import triton.language as tl
 
-from ioattn.kernels.common import LN2, LOG2E, mma, tile_scores
+from ioattn.kernels.common import LOG2E, mma, softmax_finish, softmax_step, tile_scores
 
 
 @triton.jit
@@ -118,21 +118,12 @@ def decode_split_kernel(
         s = tile_scores(qk, tok, offs_n, seqlen_q, end, qk_scale, softcap, window_left, window_right,
                         slope_log2, True, HAS_SOFTCAP, HAS_ALIBI)
         s = tl.where(kv_ok[None, :], s, float("-inf"))  # leftpad columns (the key end is in tile_scores)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # a row that has seen no key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN
-        m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_new_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_new_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
+        p, m_i, l_i, acc = softmax_step(s, m_i, l_i, acc, True)
         v = tl.load(V + v_head + v_rows[:, None] + offs_d[None, :], mask=kv_ok[:, None] & d_ok[None, :], other=0.0)
         acc = mma(p.to(v.dtype), v, acc)
-        m_i = m_new
 
     # rows (or whole splits) that saw no key: output 0, lse -inf
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    out = acc / l_safe[:, None]
-    lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
+    out, lse = softmax_finish(acc, m_i, l_i, 1.0)
     split64 = split.to(tl.int64)
     tok64 = tok.to(tl.int64)
     hq64 = hq.to(tl.int64)

@@ -7,7 +7,7 @@ Reference twin: ``ioattn.reference.tiled.flash2_forward``. Test: ``tests/test_ke
 import triton
 import triton.language as tl
 
-from ioattn.kernels.common import mma, LN2, seq_info, tile_coords, dropout_keep, kv_block_range, tile_scores
+from ioattn.kernels.common import mma, seq_info, softmax_finish, softmax_step, tile_coords, dropout_keep, kv_block_range, tile_scores
 
 
 @triton.jit
@@ -37,16 +37,7 @@ def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride
             qk = mma(q, k)
         s = tile_scores(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                         window_right, slope_log2, MASKED, HAS_SOFTCAP, HAS_ALIBI)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        if MASKED:
-            # a row that has seen no key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN
-            m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_new_safe = m_new
-        p = tl.math.exp2(s - m_new_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_new_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
+        p, m_i, l_i, acc = softmax_step(s, m_i, l_i, acc, MASKED)
         if HAS_DROPOUT:
             keep = dropout_keep(seed, dropout_threshold, drop_row_base, offs_n, seqlen_k_max)
             p = tl.where(keep, p, 0.0)
@@ -61,7 +52,6 @@ def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride
             else:
                 v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
         acc = mma(p.to(v.dtype), v, acc)
-        m_i = m_new
     return acc, m_i, l_i
 
 
@@ -132,10 +122,7 @@ def attn_fwd_kernel(
                                drop_row_base, seqlen_k_max, HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, USE_TMA, True,
                                HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT)
 
-    # rows that saw no key: l = 0 -> output 0 and lse -inf (never 0/0)
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    out = acc * (dropout_scale / l_safe)[:, None]
-    lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
+    out, lse = softmax_finish(acc, m_i, l_i, dropout_scale)
     row_ok = offs_m < seqlen_q
     tl.store(lse_base + offs_m, lse, mask=row_ok)
     tl.store(o_base + offs_m[:, None].to(tl.int64) * stride_om + offs_d[None, :],

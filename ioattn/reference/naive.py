@@ -9,6 +9,20 @@ import torch
 from ioattn.masks import alibi_bias, keep_mask
 
 
+def scores_ref(q, k, softmax_scale, window=(-1, -1), softcap=0.0, alibi_slopes=None):
+    """The full score matrix (batch, nheads, seqlen_q, seqlen_k) in q's dtype: scale, softcap, mask
+    (-inf), ALiBi -- the pipeline of ``ioattn.masks``, materialised."""
+    seqlen_q, nheads, seqlen_k = q.shape[1], q.shape[2], k.shape[1]
+    k = k.repeat_interleave(nheads // k.shape[2], dim=2)
+    scores = torch.einsum("bihd,bjhd->bhij", q, k) * softmax_scale
+    if softcap > 0:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~keep_mask(seqlen_q, seqlen_k, tuple(window), device=q.device), float("-inf"))
+    if alibi_slopes is not None:
+        scores = scores + alibi_bias(alibi_slopes.to(scores.dtype), seqlen_q, seqlen_k).to(scores.dtype)
+    return scores
+
+
 def attention_ref(q, k, v, *, softmax_scale=None, window=(-1, -1), softcap=0.0, alibi_slopes=None,
                   dropout_p=0.0, dropout_keep=None, upcast=True):
     """softmax(mask(softcap(q k^T * scale)) + alibi) v, the textbook way.
@@ -25,20 +39,12 @@ def attention_ref(q, k, v, *, softmax_scale=None, window=(-1, -1), softcap=0.0, 
     dtype = q.dtype
     if upcast:
         q, k, v = q.double(), k.double(), v.double()
-    batch, seqlen_q, nheads, d = q.shape
-    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
+    nheads, d = q.shape[2], q.shape[3]
+    nheads_kv = k.shape[2]
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
-    group = nheads // nheads_kv
-    k = k.repeat_interleave(group, dim=2)
-    v = v.repeat_interleave(group, dim=2)
-    scores = torch.einsum("bihd,bjhd->bhij", q, k) * softmax_scale
-    if softcap > 0:
-        scores = torch.tanh(scores / softcap) * softcap
-    keep = keep_mask(seqlen_q, seqlen_k, tuple(window), device=q.device)
-    scores = scores.masked_fill(~keep, float("-inf"))
-    if alibi_slopes is not None:
-        scores = scores + alibi_bias(alibi_slopes.to(scores.dtype), seqlen_q, seqlen_k).to(scores.dtype)
+    scores = scores_ref(q, k, softmax_scale, window, softcap, alibi_slopes)
+    v = v.repeat_interleave(nheads // nheads_kv, dim=2)
     lse = torch.logsumexp(scores.float() if not upcast else scores, dim=-1)
     probs = torch.softmax(scores, dim=-1)
     probs = torch.nan_to_num(probs, nan=0.0)  # rows with no visible key: 0/0 -> 0
