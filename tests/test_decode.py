@@ -301,3 +301,11 @@ def test_decode_kernel_compiles_for_sm90():
                           timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "decode kernel compiled for sm_90" in proc.stdout
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_softmax_scale(backend):
+    """A non-default scale reaches the kernel (the default 1/sqrt(d) would fail the oracle check)."""
+    kw = _make_case(seqlen_q=3, seqlen_new=2, causal=True)
+    kw["softmax_scale"] = 0.9
+    _check(kw, backend, 2)
