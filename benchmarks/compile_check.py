@@ -16,15 +16,18 @@ from ioattn.kernels.backward import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, at
 from ioattn.kernels.forward import attn_fwd_kernel
 
 H200_SHARED_BYTES = 232448  # the per-block limit Triton reported on the device
-FLOAT_ARGS = {"qk_scale", "softcap", "softmax_scale", "dropout_scale"}
+FLOAT_ARGS = {"qk_scale", "softcap", "softmax_scale", "dropout_scale", "phi"}
+# pointers whose element type is not the inputs' dtype
+POINTER_TYPES = {"Lse": "*fp32", "Delta": "*fp32", "alibi_slopes": "*fp32", "Opart": "*fp32", "Lpart": "*fp32",
+                 "SeqEnd": "*i32", "Leftpad": "*i32", "BlockTable": "*i32", "CacheBatchIdx": "*i32"}
 I64_ARGS = {"seed", "dropout_threshold"}
 
 
 def signature(fn, dtype):
     sig = {}
     for name in fn.arg_names:
-        if name in ("Lse", "Delta", "alibi_slopes"):
-            sig[name] = "*fp32"
+        if name in POINTER_TYPES:
+            sig[name] = POINTER_TYPES[name]
         elif name.startswith("cu_seqlens"):
             sig[name] = "*i32"
         elif name[0].isupper() or name[:2] in ("dO", "dK", "dV", "dQ"):

@@ -16,7 +16,10 @@ computing in float32.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -41,6 +44,46 @@ _BLOCK_N_INTERPRETER = 16
 _MAX_BLOCK_M = 64
 _NUM_WARPS = 4
 _NUM_STAGES = 2
+# K/V through tensor descriptors (TMA, pipelined by Triton) where the layout allows it. Off until
+# the device sweep decides.
+_USE_TMA_DEFAULT = False
+
+# Unified max (FlashDecoding++): a split keeps phi only if every row max m satisfies
+# phi - below <= m <= phi + above (log2 units). Above: exp2(s - phi) must fit the dtype the
+# probabilities are cast to for P @ V (fp16 tops out at 65504 < 2**16; bf16/fp32 reach 2**127, and
+# 2**64 leaves room for sums over 2**40 keys). Below: the largest probability of the row stays a
+# normal number with room to spare (fp16 normals start at 2**-14).
+PHI_RANGE = {torch.float16: (8.0, 15.0), torch.bfloat16: (64.0, 64.0), torch.float32: (64.0, 64.0)}
+LOG2E = 1.4426950408889634
+
+_plan_override: dict = {}
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """One launch of the split kernel: packed-row tile, key chunk, split count, load path."""
+    block_m: int
+    block_n: int
+    num_splits: int
+    use_tma: bool
+    num_warps: int
+    num_stages: int
+
+
+@contextlib.contextmanager
+def decode_config(**fields):
+    """Force fields of the ``DecodePlan`` (block_n, num_splits, use_tma, num_warps, num_stages)
+    for the calls inside: tuning sweeps and tests."""
+    unknown = set(fields) - {"block_n", "num_splits", "use_tma", "num_warps", "num_stages"}
+    if unknown:
+        raise ValueError(f"decode_config: unknown fields {sorted(unknown)}")
+    previous = dict(_plan_override)
+    _plan_override.update(fields)
+    try:
+        yield
+    finally:
+        _plan_override.clear()
+        _plan_override.update(previous)
 
 
 def _type_name(x):
@@ -58,8 +101,13 @@ def _check_index_tensor(name, t, shape_text, ndim, device):
 
 def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
               cache_leftpad, block_table, softmax_scale, causal, window_size, softcap, alibi_slopes,
-              num_splits):
-    """All checks; returns the normalised call (nothing has been written yet)."""
+              num_splits, check_values=True, unified_max=None):
+    """All checks; returns the normalised call (nothing has been written yet).
+
+    Shapes, dtypes and devices are always checked. With ``check_values`` the index tensors' values
+    are checked too, read back to the host in one transfer; without it (or while a CUDA graph is
+    being captured, when no read-back is possible) they are trusted and the returned max end is
+    None."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -98,11 +146,6 @@ def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, 
         num_pages, page_size = k_cache.shape[0], k_cache.shape[1]
         if page_size == 0 or page_size % 16:
             raise ValueError(f"page size (k_cache.shape[1]) must be a positive multiple of 16, got {page_size}")
-        if block_table.numel():
-            lo, hi = (int(x) for x in torch.stack([block_table.min(), block_table.max()]).tolist())
-            if lo < 0 or hi >= num_pages:
-                raise ValueError(f"block_table entries must lie in [0, {num_pages}) (k_cache has {num_pages} pages), "
-                                 f"got values {lo}..{hi}")
         capacity = block_table.shape[1] * page_size
     else:
         capacity = k_cache.shape[1]
@@ -110,11 +153,6 @@ def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, 
             _check_index_tensor("cache_batch_idx", cache_batch_idx, f"({batch},)", 1, device)
             if cache_batch_idx.shape[0] != batch:
                 raise ValueError(f"cache_batch_idx must have shape ({batch},), got {tuple(cache_batch_idx.shape)}")
-            if batch:
-                lo, hi = (int(x) for x in torch.stack([cache_batch_idx.min(), cache_batch_idx.max()]).tolist())
-                if lo < 0 or hi >= k_cache.shape[0]:
-                    raise ValueError(f"cache_batch_idx entries must lie in [0, {k_cache.shape[0]}) (k_cache rows), "
-                                     f"got values {lo}..{hi}")
         elif k_cache.shape[0] < batch:
             raise ValueError(f"the contiguous cache needs a row per sequence (or cache_batch_idx): batch {batch} "
                              f"> k_cache.shape[0] {k_cache.shape[0]} ({shapes})")
@@ -149,19 +187,11 @@ def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, 
         _check_index_tensor("cache_seqlens", cache_seqlens, f"({batch},)", 1, device)
         if cache_seqlens.shape[0] != batch:
             raise ValueError(f"cache_seqlens must have shape ({batch},), got {tuple(cache_seqlens.shape)}")
-        seqlens = cache_seqlens.tolist()
-    if any(s < 0 or s + seqlen_new > capacity for s in seqlens):
-        raise ValueError(f"cache_seqlens + seqlen_new must lie in [0, {capacity}] (the cache capacity), got "
-                         f"cache_seqlens {seqlens} with seqlen_new {seqlen_new}")
-    ends = [s + seqlen_new for s in seqlens]
+        seqlens = None  # on the device: read below with the other index values
     if cache_leftpad is not None:
         _check_index_tensor("cache_leftpad", cache_leftpad, f"({batch},)", 1, device)
         if cache_leftpad.shape[0] != batch:
             raise ValueError(f"cache_leftpad must have shape ({batch},), got {tuple(cache_leftpad.shape)}")
-        pads = cache_leftpad.tolist()
-        if any(p < 0 or p > e for p, e in zip(pads, ends)):
-            raise ValueError(f"need 0 <= cache_leftpad <= cache_seqlens + seqlen_new, got cache_leftpad {pads}, "
-                             f"cache_seqlens + seqlen_new {ends}")
 
     # scalars
     if softmax_scale is None:
@@ -183,6 +213,9 @@ def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, 
                              f"{tuple(alibi_slopes.shape)}")
         if alibi_slopes.device != device:
             raise ValueError(f"alibi_slopes must be on {device}, got {alibi_slopes.device}")
+    if unified_max is not None and (isinstance(unified_max, bool) or not isinstance(unified_max, (int, float))
+                                    or not math.isfinite(unified_max)):
+        raise ValueError(f"unified_max must be a finite number or None, got {unified_max!r}")
 
     # rotary
     if (rotary_cos is None) != (rotary_sin is None):
@@ -199,6 +232,35 @@ def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, 
         rotary_dim = 2 * rotary_cos.shape[1]
         if not 0 < rotary_dim <= d:
             raise ValueError(f"rotary_dim (2 * rotary_cos.shape[1] = {rotary_dim}) must be in (0, head dim {d}]")
+
+    # index values: one read-back of everything, then the range checks
+    if not check_values or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return float(softmax_scale), float(softcap), window, seqlen_new, None
+    parts = [t for t in (cache_seqlens if seqlens is None else None, cache_leftpad, cache_batch_idx, block_table)
+             if t is not None]
+    values = torch.cat([t.reshape(-1) for t in parts]).tolist() if parts else []
+    if seqlens is None:
+        seqlens, values = values[:batch], values[batch:]
+    if any(s < 0 or s + seqlen_new > capacity for s in seqlens):
+        raise ValueError(f"cache_seqlens + seqlen_new must lie in [0, {capacity}] (the cache capacity), got "
+                         f"cache_seqlens {seqlens} with seqlen_new {seqlen_new}")
+    ends = [s + seqlen_new for s in seqlens]
+    if cache_leftpad is not None:
+        pads, values = values[:batch], values[batch:]
+        if any(p < 0 or p > e for p, e in zip(pads, ends)):
+            raise ValueError(f"need 0 <= cache_leftpad <= cache_seqlens + seqlen_new, got cache_leftpad {pads}, "
+                             f"cache_seqlens + seqlen_new {ends}")
+    if cache_batch_idx is not None:
+        rows, values = values[:batch], values[batch:]
+        if rows and (min(rows) < 0 or max(rows) >= k_cache.shape[0]):
+            raise ValueError(f"cache_batch_idx entries must lie in [0, {k_cache.shape[0]}) (k_cache rows), "
+                             f"got values {min(rows)}..{max(rows)}")
+    if block_table is not None and values:
+        num_pages = k_cache.shape[0]
+        if min(values) < 0 or max(values) >= num_pages:
+            raise ValueError(f"block_table entries must lie in [0, {num_pages}) (k_cache has {num_pages} pages), "
+                             f"got values {min(values)}..{max(values)}")
+    if rotary_cos is not None:
         per_token = window != (-1, -1)
         need = max([s + max(seqlen_new, seqlen_q if per_token else 1) for s in seqlens], default=0)
         if need > rotary_cos.shape[0]:
@@ -218,13 +280,50 @@ def _storage_index(positions, block_table, cache_batch_idx, page_size):
     return rows[:, None].expand_as(positions), positions
 
 
-def _heuristic_splits(programs, max_end, block_n):
-    """Enough splits that the grid about fills ``DEFAULT_NUM_SMS`` SMs, but at least one key chunk
-    per split of the longest sequence, and at most ``MAX_SPLITS``."""
-    if programs >= DEFAULT_NUM_SMS or max_end == 0:
+def _heuristic_splits(programs, max_end, block_n, num_sms=DEFAULT_NUM_SMS):
+    """Enough splits that the grid about fills ``num_sms`` SMs, but at least one key chunk per split
+    of the longest sequence, and at most ``MAX_SPLITS``."""
+    if programs >= num_sms or max_end == 0:
         return 1
     chunks = triton.cdiv(max_end, block_n)
-    return max(1, min(triton.cdiv(DEFAULT_NUM_SMS, programs), chunks, MAX_SPLITS))
+    return max(1, min(triton.cdiv(num_sms, programs), chunks, MAX_SPLITS))
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device):
+    if device.type != "cuda":
+        return DEFAULT_NUM_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _tma_ok(k_cache, v_cache, d):
+    """Descriptors over the cache: sm_90+ (or the interpreter), 16-byte aligned base and strides,
+    d a power of two (the box is the whole head)."""
+    if k_cache.is_cuda and torch.cuda.get_device_capability(k_cache.device)[0] < 9:
+        return False
+    es = k_cache.element_size()
+    return d == dispatch.block_d(d) and all(
+        t.data_ptr() % 16 == 0 and all((st * es) % 16 == 0 for st in t.stride()[:-1]) for t in (k_cache, v_cache))
+
+
+def plan(q, k_cache, v_cache, paged, span, num_splits=0):
+    """The launch for one call: ``span`` is the longest key range any sequence may have (its max end
+    when the values were read, else the cache capacity, so the plan never depends on device values)."""
+    batch, seqlen_q, nheads, d = q.shape
+    nheads_kv = k_cache.shape[2]
+    block_n = _plan_override.get("block_n", _BLOCK_N_CUDA if q.is_cuda else _BLOCK_N_INTERPRETER)
+    if paged:
+        while k_cache.shape[1] % block_n:
+            block_n //= 2
+    rows = (nheads // nheads_kv) * seqlen_q
+    block_m = min(_MAX_BLOCK_M, max(16, triton.next_power_of_2(rows)))
+    programs = batch * nheads_kv * triton.cdiv(rows, block_m)
+    if num_splits == 0:
+        num_splits = _plan_override.get("num_splits") or _heuristic_splits(programs, span, block_n,
+                                                                           _num_sms(q.device))
+    use_tma = _plan_override.get("use_tma", _USE_TMA_DEFAULT) and _tma_ok(k_cache, v_cache, d)
+    return DecodePlan(block_m, block_n, num_splits, use_tma, _plan_override.get("num_warps", _NUM_WARPS),
+                      _plan_override.get("num_stages", _NUM_STAGES))
 
 
 def _attention_torch(q, k_cache, v_cache, ends, block_table, cache_batch_idx, cache_leftpad, scale, window,
@@ -241,53 +340,55 @@ def _attention_torch(q, k_cache, v_cache, ends, block_table, cache_batch_idx, ca
     return torch.cat(outs).to(q.dtype), torch.cat(lses).float()
 
 
-def _attention_triton(q, k_cache, v_cache, ends, max_end, block_table, cache_batch_idx, cache_leftpad, scale,
-                      window, softcap, alibi_slopes, num_splits):
+def _attention_triton(q, k_cache, v_cache, ends, span, block_table, cache_batch_idx, cache_leftpad, scale,
+                      window, softcap, alibi_slopes, num_splits, unified_max):
     from ioattn.kernels.decode import decode_split_kernel
 
     batch, seqlen_q, nheads, d = q.shape
     nheads_kv = k_cache.shape[2]
     group = nheads // nheads_kv
     paged = block_table is not None
-    block_n = _BLOCK_N_CUDA if q.is_cuda else _BLOCK_N_INTERPRETER
+    cfg = plan(q, k_cache, v_cache, paged, span, num_splits)
     page_size = k_cache.shape[1] if paged else 0
-    if paged:
-        while page_size % block_n:
-            block_n //= 2
-    rows = group * seqlen_q
-    block_m = min(_MAX_BLOCK_M, max(16, triton.next_power_of_2(rows)))
-    num_m_blocks = triton.cdiv(rows, block_m)
+    capacity = block_table.shape[1] * page_size if paged else k_cache.shape[1]
+    num_m_blocks = triton.cdiv(group * seqlen_q, cfg.block_m)
     programs = batch * nheads_kv * num_m_blocks
-    if num_splits == 0:
-        num_splits = _heuristic_splits(programs, max_end, block_n)
+    bd = dispatch.block_d(d)
 
-    opart = torch.empty(num_splits, batch, seqlen_q, nheads, d, device=q.device, dtype=torch.float32)
-    lpart = torch.empty(num_splits, batch, seqlen_q, nheads, device=q.device, dtype=torch.float32)
+    opart = torch.empty(cfg.num_splits, batch, seqlen_q, nheads, d, device=q.device, dtype=torch.float32)
+    lpart = torch.empty(cfg.num_splits, batch, seqlen_q, nheads, device=q.device, dtype=torch.float32)
     has_alibi = alibi_slopes is not None
     slopes = alibi_slopes.float().contiguous() if has_alibi else q
     stride_ab = slopes.stride(0) if has_alibi and slopes.dim() == 2 else 0
     qk_scale, _, _ = _scalars(scale, softcap, 0.0)  # log2(e) or 1/cap folded in, as in the forward
+    k_desc = v_desc = None
+    if cfg.use_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        k_desc, v_desc = (TensorDescriptor(t, list(t.shape), list(t.stride()), [1, cfg.block_n, 1, bd])
+                          for t in (k_cache, v_cache))
+    below, above = PHI_RANGE[q.dtype]
     dummy = ends  # any int32 tensor stands in for the absent index tensors (never read)
-    decode_split_kernel[(programs * num_splits,)](
+    decode_split_kernel[(programs * cfg.num_splits,)](
         q, k_cache, v_cache, opart, lpart, ends,
         cache_leftpad.contiguous() if cache_leftpad is not None else dummy,
         block_table.contiguous() if paged else dummy,
         cache_batch_idx.contiguous() if cache_batch_idx is not None else dummy,
-        slopes,
+        slopes, k_desc, v_desc,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_table.shape[1] if paged else 0, stride_ab,
         opart.stride(0), opart.stride(1), opart.stride(2), opart.stride(3),
         lpart.stride(0), lpart.stride(1), lpart.stride(2),
-        nheads_kv, group, seqlen_q, num_m_blocks, num_splits,
-        qk_scale, float(softcap), window[0], window[1],
-        HEAD_DIM=d, BLOCK_D=dispatch.block_d(d), BLOCK_M=block_m, BLOCK_N=block_n,
+        nheads_kv, group, seqlen_q, num_m_blocks, cfg.num_splits, capacity, k_cache.shape[0],
+        qk_scale, float(softcap), window[0], window[1], 0.0 if unified_max is None else unified_max * LOG2E,
+        HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         PAGE_SIZE=max(page_size, 1), PAGED=paged, HAS_BATCH_IDX=cache_batch_idx is not None,
         HAS_LEFTPAD=cache_leftpad is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi,
-        num_warps=_NUM_WARPS, num_stages=_NUM_STAGES,
+        USE_TMA=cfg.use_tma, UNIFIED=unified_max is not None, PHI_BELOW=below, PHI_ABOVE=above,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if num_splits == 1:
+    if cfg.num_splits == 1:
         out, lse = opart[0], lpart[0]
     else:
         out, lse = merge_attention_states(opart, lpart)
@@ -298,7 +399,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False):
+                            return_softmax_lse=False, *, check_values=True, unified_max=None):
     """Attention of ``q`` over a KV cache, after appending ``k``/``v`` to it in place (flash-attn API).
 
     q: (batch, seqlen_q, nheads, d). k_cache/v_cache: (batch_cache, seqlen_cache, nheads_kv, d), or
@@ -312,12 +413,27 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     (batch, nheads)) as in ``flash_attn_func``, bottom-right aligned to each sequence's valid length.
     ``num_splits``: key-range splits of the split-KV kernel (0 = heuristic, 1 = no split).
 
+    Beyond flash-attn's arguments (keyword only):
+
+    * ``check_values`` (default True): check the values of ``cache_seqlens``, ``block_table``,
+      ``cache_batch_idx`` and ``cache_leftpad`` before anything is written, at the cost of one
+      device-to-host read per call. ``False`` trusts them (as flash-attn does) so a decode loop never
+      waits for the device; the kernel still clamps every index to the cache, so bad values give
+      wrong numbers, never reads outside it. Under CUDA graph capture the values are never read
+      (the graph replays with whatever values the tensors hold then).
+    * ``unified_max`` (float or None): FlashDecoding++'s asynchronous softmax. Every split subtracts
+      this fixed score value (after softmax_scale and softcap, natural-log units) instead of a
+      running max; a split whose scores leave the safe range around it is recomputed exactly, so the
+      result is exact either way. Choose it from typical scores of the model (a calibration sample).
+      The CPU path ignores it (it is exact already).
+
     Returns ``out`` (batch, seqlen_q, nheads, d) in q's dtype, and with ``return_softmax_lse`` also
     ``softmax_lse`` (batch, nheads, seqlen_q) float32 (-inf for rows that see no key; their output is 0).
     """
     scale, softcap, window, seqlen_new, max_end = _validate(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-        block_table, softmax_scale, causal, window_size, softcap, alibi_slopes, num_splits)
+        block_table, softmax_scale, causal, window_size, softcap, alibi_slopes, num_splits, check_values,
+        unified_max)
     batch, seqlen_q = q.shape[:2]
     device = q.device
     capacity = block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]
@@ -345,9 +461,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     ends = starts + seqlen_new
     if dispatch.use_triton(device) and batch and seqlen_q:
         q = q if q.stride(-1) == 1 else q.contiguous()
-        out, lse = _attention_triton(q, k_cache, v_cache, ends.to(torch.int32).contiguous(), max_end, block_table,
+        span = capacity if max_end is None else max_end  # the plan never waits for device values
+        out, lse = _attention_triton(q, k_cache, v_cache, ends.to(torch.int32), span, block_table,
                                      cache_batch_idx, cache_leftpad, scale, window, softcap, alibi_slopes,
-                                     num_splits)
+                                     num_splits, unified_max)
     elif batch and seqlen_q:
         out, lse = _attention_torch(q, k_cache, v_cache, ends, block_table, cache_batch_idx, cache_leftpad, scale,
                                     window, softcap, alibi_slopes)

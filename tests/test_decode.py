@@ -11,7 +11,7 @@ import torch
 from conftest import DEVICE, assert_lse_close, assert_within_torch_error, rotary_tables
 
 from ioattn import dispatch
-from ioattn.decode import DEFAULT_NUM_SMS, _heuristic_splits, flash_attn_with_kvcache
+from ioattn.decode import DEFAULT_NUM_SMS, _heuristic_splits, decode_config, flash_attn_with_kvcache
 from ioattn.reference.decode import kvcache_attention_ref
 
 I32 = torch.int32
@@ -92,8 +92,8 @@ def _check(kw, backend, num_splits=0):
     name = f"{backend} splits={num_splits}"
     assert out.shape == kw["q"].shape and out.dtype == kw["q"].dtype, name
     # the in-place append wrote exactly what the reference's did
-    assert torch.equal(got_kw["k_cache"], ref64_kw["k_cache"]), f"{name}: k_cache differs after the append"
-    assert torch.equal(got_kw["v_cache"], ref64_kw["v_cache"]), f"{name}: v_cache differs after the append"
+    for c in ("k_cache", "v_cache"):  # (unused slots may hold NaN on purpose)
+        assert torch.equal(got_kw[c].nan_to_num(7.0), ref64_kw[c].nan_to_num(7.0)), f"{name}: {c} differs after the append"
     assert_within_torch_error(f"{name} out", out, out64, out_t)
     assert_lse_close(f"{name} lse", lse, lse64)
     # rows that see no key: exactly 0
@@ -269,24 +269,23 @@ def test_refused_paged(case):
 # ---------------------------------------------------------------- GPU compiler (no GPU needed)
 
 _AOT_SCRIPT = """
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+import sys
+sys.path.insert(0, "benchmarks")
+from compile_check import compile_one
 from ioattn import decode
 from ioattn.kernels.decode import decode_split_kernel as fn
-# (dtype, paged, every feature, BLOCK_M, head dim): a few corners, each compile takes seconds
-for dt, paged, feat, block_m, d in (("bf16", False, False, 16, 128), ("bf16", True, True, decode._MAX_BLOCK_M, 256),
-                                    ("fp32", True, True, decode._MAX_BLOCK_M, 59), ("fp16", False, True, 16, 64)):
-    ptr = dict(Q="*" + dt, K="*" + dt, V="*" + dt, Opart="*fp32", Lpart="*fp32", alibi_slopes="*fp32")
-    sig = {n: ptr.get(n, "*i32" if n[0].isupper() else "fp32" if n in ("qk_scale", "softcap") else "i32")
-           for n in fn.arg_names}
-    c = dict(HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=block_m, BLOCK_N=decode._BLOCK_N_CUDA,
+# (dtype, paged, every feature, BLOCK_M, head dim, TMA, unified max): a few corners, each compile takes seconds
+for dt, paged, feat, block_m, d, tma, uni in (("bf16", False, False, 16, 128, False, False),
+                                              ("bf16", False, False, 16, 128, True, True),
+                                              ("bf16", True, True, decode._MAX_BLOCK_M, 256, True, False),
+                                              ("fp32", True, True, decode._MAX_BLOCK_M, 59, False, True),
+                                              ("fp16", False, True, 16, 64, False, False)):
+    c = dict(HEAD_DIM=d, BLOCK_D=max(16, 1 << (d - 1).bit_length()), BLOCK_M=block_m, BLOCK_N=decode._BLOCK_N_CUDA,
              PAGE_SIZE=64 if paged else 1, PAGED=paged, HAS_BATCH_IDX=feat and not paged, HAS_LEFTPAD=feat,
-             HAS_SOFTCAP=feat, HAS_ALIBI=feat)
-    sig.update({k: "constexpr" for k in c})
-    k = triton.compile(ASTSource(fn, sig, c), target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=decode._NUM_WARPS, num_stages=decode._NUM_STAGES))
-    assert k.metadata.shared <= 232448, (dt, paged, feat, block_m, d, k.metadata.shared)
+             HAS_SOFTCAP=feat, HAS_ALIBI=feat, USE_TMA=tma, UNIFIED=uni, PHI_BELOW=8.0, PHI_ABOVE=15.0)
+    _, shared, k = compile_one(fn, c, decode._NUM_WARPS, 3 if tma else decode._NUM_STAGES, dtype=dt)
+    assert shared <= 232448, (dt, paged, feat, block_m, d, shared)
+    print(dt, paged, feat, block_m, d, tma, uni, "shared", shared, "async ops", k.asm["ttgir"].count("async_"))
 print("decode kernel compiled for sm_90")
 """
 
@@ -309,3 +308,105 @@ def test_softmax_scale(backend):
     kw = _make_case(seqlen_q=3, seqlen_new=2, causal=True)
     kw["softmax_scale"] = 0.9
     _check(kw, backend, 2)
+
+
+# ---------------------------------------------------------------- load paths, unified max, trusted values
+
+@pytest.mark.parametrize("case", ["gqa4", "bf16_everything", "window_causal_paged", "batch_idx", "leftpad"])
+def test_tma_loads(case):
+    """K/V through tensor descriptors: columns past a sequence's end come from the cache (not
+    zero-filled), so this also checks that they are masked and their V rows zeroed."""
+    kw = _make_case(**CASES[case])
+    kw["k_cache"][..., :] = kw["k_cache"] * 0 + float("nan")  # unused slots hold NaN; the append refills some
+    kw["v_cache"][..., :] = kw["v_cache"] * 0 + float("nan")
+    ref = _make_case(**CASES[case])
+    # the valid columns hold the original data again
+    for name in ("k_cache", "v_cache"):
+        mask = _valid_columns(ref)
+        kw[name][mask] = ref[name][mask]
+    with decode_config(use_tma=True):
+        _check(kw, "triton", 2)
+
+
+def _valid_columns(kw):
+    """Boolean mask over the cache's first two dims: the columns some sequence reads (before the append)."""
+    cache = kw["k_cache"]
+    mask = torch.zeros(cache.shape[:2], dtype=torch.bool, device=cache.device)
+    batch = kw["q"].shape[0]
+    seqlens = kw["cache_seqlens"]
+    seqlens = torch.full((batch,), cache.shape[1] if seqlens is None else seqlens) if not torch.is_tensor(seqlens) \
+        else seqlens
+    for b in range(batch):
+        cols = torch.arange(int(seqlens[b]) + (kw["k"].shape[1] if kw.get("k") is not None else 0))
+        if "block_table" in kw:
+            page_size = cache.shape[1]
+            mask[kw["block_table"][b, cols // page_size].long(), cols % page_size] = True
+        else:
+            row = int(kw["cache_batch_idx"][b]) if "cache_batch_idx" in kw else b
+            mask[row, cols] = True
+    return mask
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("phi", ["typical", "far_below", "far_above"])
+def test_unified_max_matches_exact(dtype, phi):
+    """FlashDecoding++'s unified max: exact whatever phi is. far_below makes exp2(s - phi) overflow and
+    far_above makes it underflow to 0; without the exact recomputation both would fail (inf/NaN, or
+    rows of 0 with lse -inf)."""
+    kw = _make_case(dtype=dtype, group=4, seqlen_q=2, seqlen_new=2, causal=True, capacity=160)
+    # q.k * scale is about N(0, 1) here: the row maxima over ~100 keys sit near 2.5
+    value = {"typical": 2.5, "far_below": -500.0, "far_above": 500.0}[phi]
+    _check_unified(kw, value)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_unified_max_mixed_splits(splits):
+    """Some splits in range and some not: only the others are recomputed; the merge is still exact.
+    One sequence has huge scores (keys scaled up), the others ordinary ones."""
+    kw = _make_case(dtype=torch.bfloat16, batch=3, group=2, seqlen_q=1, seqlen_new=1, capacity=128,
+                    seqlens=torch.tensor([100, 60, 127], dtype=I32, device=DEVICE))
+    kw["k_cache"][0] *= 40  # sequence 0: scores far above phi = 0
+    _check_unified(kw, 0.0, splits)
+
+
+def _check_unified(kw, phi, splits=2):
+    with dispatch.forced_backend("triton"):
+        out_u, lse_u = flash_attn_with_kvcache(**_clone(kw), num_splits=splits, return_softmax_lse=True,
+                                               unified_max=phi)
+    assert not torch.isnan(out_u).any(), "unified max gave NaN"
+    _check(kw, "triton", splits)  # the exact path against the oracle
+    out64, lse64 = kvcache_attention_ref(**_clone(kw))
+    out_t, _ = kvcache_attention_ref(**_clone(kw), upcast=False)
+    assert_within_torch_error("unified out", out_u, out64, out_t)
+    assert_lse_close("unified lse", lse_u, lse64)
+
+
+def test_check_values_false_matches():
+    kw = _make_case(paged=True, seqlen_q=3, seqlen_new=2, causal=True, group=4)
+    a_kw, b_kw = _clone(kw), _clone(kw)
+    with dispatch.forced_backend("triton"):
+        a = flash_attn_with_kvcache(**a_kw, num_splits=2)
+        b = flash_attn_with_kvcache(**b_kw, num_splits=2, check_values=False)
+    assert torch.equal(a, b) and torch.equal(a_kw["k_cache"], b_kw["k_cache"])
+
+
+def test_unchecked_bad_indices_stay_inside_the_cache():
+    """check_values=False trusts the values; the kernel clamps them, so garbage indices read only
+    cache memory (finite output), never past it."""
+    kw = _make_case(paged=True, new_kv=False, seqlen_q=1, group=2)
+    kw["block_table"] = kw["block_table"] * 1000 + 10 ** 6  # every page far outside the pool
+    kw["cache_seqlens"] = kw["cache_seqlens"] * 0 + 10 ** 6  # past the capacity
+    with dispatch.forced_backend("triton"):
+        out = flash_attn_with_kvcache(**kw, num_splits=2, check_values=False)
+    assert torch.isfinite(out).all()
+
+
+def test_unified_max_refused():
+    kw = _make_case()
+    with pytest.raises(ValueError, match="unified_max"):
+        flash_attn_with_kvcache(**kw, unified_max=float("inf"))
+
+
+def test_decode_config_rejects_unknown_fields():
+    with pytest.raises(ValueError, match="unknown fields"), decode_config(block_size=3):
+        pass

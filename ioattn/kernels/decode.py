@@ -18,6 +18,20 @@ handles one (sequence, KV head, block of query rows, split of the key range):
   valid length, flash-attn's rule: leftpad shifts nothing since both ends count from ``end``);
   ``tile_scores`` applies scale, softcap, causal/window, the key end and ALiBi with ``seqlen_k =
   end``; the leftpad boundary is masked here. Every chunk is masked (decode chunks are few).
+* **K/V loads.** Pointer loads, or (``USE_TMA``) bulk tensor copies through host-built descriptors
+  over the cache's (rows or pages, columns, nheads_kv, d) view, which Triton software-pipelines
+  through a multi-stage shared-memory ring: the double-buffered KV stream of a flat (few-row) GEMM.
+  Copies are zero-filled only past the cache's capacity (or page), so columns past a sequence's end
+  are masked in the scores and their V rows zeroed (an unused cache slot may hold NaN).
+* **Unified max (FlashDecoding++).** With ``UNIFIED`` every split subtracts one fixed value ``phi``
+  (log2 units) instead of its running max, so no step rescales the accumulator. The split also
+  tracks its true row max; if any row's max lies outside ``[phi - PHI_BELOW, phi + PHI_ABOVE]``
+  (where exp2 could overflow the probability dtype, or lose precision to underflow) the split runs
+  its chunks again with the exact online softmax. Either way the result is exact.
+* **Untrusted indices.** ``end`` is clamped to the cache capacity, ``leftpad`` to ``[0, end]``,
+  page and row indices to the pool: a call whose index values were not checked on the host (CUDA
+  graphs, ``check_values=False``) can compute garbage from bad values but never reads outside the
+  cache.
 * **Output.** Each split writes its normalised partial output (fp32) and its natural-log lse
   (-inf for a split that saw no key) to scratch ``(num_splits, batch, seqlen_q, nheads, d)`` /
   ``(num_splits, batch, seqlen_q, nheads)``; ``merge_attention_states`` combines the splits.
@@ -31,20 +45,72 @@ from ioattn.kernels.common import LOG2E, mma, softmax_finish, softmax_step, tile
 
 
 @triton.jit
+def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, BlockTable, b64, cache_row, h_kv, lp, end, tok,
+                  seqlen_q, c_start, c_end, num_pages, stride_kb, stride_kn, stride_vb, stride_vn, k_head, v_head,
+                  stride_btb, offs_d, d_ok, qk_scale, softcap, window_left, window_right, slope_log2, phi,
+                  BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
+                  USE_TMA: tl.constexpr, UNIFIED: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                  HAS_ALIBI: tl.constexpr):
+    """Key chunks [c_start, c_end) of one split into (acc, m, l). ``UNIFIED``: probabilities are
+    exp2(s - phi) and ``m_i`` only records the true row max (for the range check)."""
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for c in range(c_start, c_end):
+        col0 = c * BLOCK_N
+        offs_n = col0 + offs_n0
+        kv_ok = (offs_n >= lp) & (offs_n < end)
+        if PAGED:
+            page = tl.load(BlockTable + b64 * stride_btb + col0 // PAGE_SIZE)
+            page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+            row = page
+            col_in = col0 % PAGE_SIZE
+        else:
+            row = cache_row
+            col_in = col0
+        if USE_TMA:
+            k = k_desc.load([row.to(tl.int32), col_in, h_kv, 0]).reshape(BLOCK_N, BLOCK_D)
+            qk = mma(q, tl.trans(k))
+        else:
+            offs_in = (col_in + offs_n0).to(tl.int64)
+            # K as (d, n) so q @ k needs no transpose
+            k = tl.load(K + k_head + row * stride_kb + offs_in[None, :] * stride_kn + offs_d[:, None],
+                        mask=kv_ok[None, :] & d_ok[:, None], other=0.0)
+            qk = mma(q, k)
+        s = tile_scores(qk, tok, offs_n, seqlen_q, end, qk_scale, softcap, window_left, window_right,
+                        slope_log2, True, HAS_SOFTCAP, HAS_ALIBI)
+        s = tl.where(kv_ok[None, :], s, float("-inf"))  # leftpad columns (the key end is in tile_scores)
+        if UNIFIED:
+            m_i = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.math.exp2(s - phi)
+            l_i += tl.sum(p, 1)
+        else:
+            p, m_i, l_i, acc = softmax_step(s, m_i, l_i, acc, True)
+        if USE_TMA:
+            v = v_desc.load([row.to(tl.int32), col_in, h_kv, 0]).reshape(BLOCK_N, BLOCK_D)
+            v = tl.where(kv_ok[:, None], v, 0.0)
+        else:
+            v = tl.load(V + v_head + row * stride_vb + offs_in[:, None] * stride_vn + offs_d[None, :],
+                        mask=kv_ok[:, None] & d_ok[None, :], other=0.0)
+        acc = mma(p.to(v.dtype), v, acc)
+    return acc, m_i, l_i
+
+
+@triton.jit
 def decode_split_kernel(
-    Q, K, V, Opart, Lpart, SeqEnd, Leftpad, BlockTable, CacheBatchIdx, alibi_slopes,
+    Q, K, V, Opart, Lpart, SeqEnd, Leftpad, BlockTable, CacheBatchIdx, alibi_slopes, k_desc, v_desc,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_btb, stride_ab,
     stride_os, stride_ob, stride_om, stride_oh,
     stride_ls, stride_lb, stride_lm,
-    nheads_kv, group, seqlen_q, num_m_blocks, num_splits,
-    qk_scale, softcap, window_left, window_right,
+    nheads_kv, group, seqlen_q, num_m_blocks, num_splits, capacity, num_rows,
+    qk_scale, softcap, window_left, window_right, phi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, USE_TMA: tl.constexpr, UNIFIED: tl.constexpr,
+    PHI_BELOW: tl.constexpr, PHI_ABOVE: tl.constexpr,
 ):
+    """``num_rows``: pages in the pool (paged) or rows of the contiguous cache."""
     pid = tl.program_id(0)
     split = pid % num_splits
     rest = pid // num_splits
@@ -53,10 +119,10 @@ def decode_split_kernel(
     h_kv = rest % nheads_kv
     b = rest // nheads_kv
 
-    end = tl.load(SeqEnd + b)
+    end = tl.minimum(tl.maximum(tl.load(SeqEnd + b), 0), capacity)
     lp = end * 0  # a tensor either way (it is reassigned under runtime ifs below)
     if HAS_LEFTPAD:
-        lp = tl.load(Leftpad + b)
+        lp = tl.minimum(tl.maximum(tl.load(Leftpad + b), 0), end)
 
     # packed rows -> (query token, query head)
     rows = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -92,35 +158,31 @@ def decode_split_kernel(
 
     cache_row = b64
     if HAS_BATCH_IDX:
-        cache_row = tl.load(CacheBatchIdx + b).to(tl.int64)
+        cache_row = tl.minimum(tl.maximum(tl.load(CacheBatchIdx + b), 0), num_rows - 1).to(tl.int64)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    offs_n0 = tl.arange(0, BLOCK_N)
     k_head = h_kv.to(tl.int64) * stride_kh
     v_head = h_kv.to(tl.int64) * stride_vh
-    for c in range(c_start, c_end):
-        col0 = c * BLOCK_N
-        offs_n = col0 + offs_n0
-        if PAGED:
-            page = tl.load(BlockTable + b64 * stride_btb + col0 // PAGE_SIZE).to(tl.int64)
-            in_page = (col0 % PAGE_SIZE + offs_n0).to(tl.int64)
-            k_rows = page * stride_kb + in_page * stride_kn
-            v_rows = page * stride_vb + in_page * stride_vn
+    acc, m_i, l_i = _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, BlockTable, b64, cache_row, h_kv, lp, end,
+                                  tok, seqlen_q, c_start, c_end, num_rows, stride_kb, stride_kn, stride_vb, stride_vn,
+                                  k_head, v_head, stride_btb, offs_d, d_ok, qk_scale, softcap, window_left,
+                                  window_right, slope_log2, phi, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_TMA,
+                                  UNIFIED, HAS_SOFTCAP, HAS_ALIBI)
+    if UNIFIED:
+        # a row max outside phi's safe range (rows with no key are fine): redo this split exactly
+        gap = m_i - phi
+        unsafe = (m_i != float("-inf")) & ((gap > PHI_ABOVE) | (gap < -PHI_BELOW))
+        if tl.max(unsafe.to(tl.int32), 0) > 0:
+            acc, m_i, l_i = _split_chunks(
+                tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32), tl.full([BLOCK_M], float("-inf"), dtype=tl.float32),
+                tl.zeros([BLOCK_M], dtype=tl.float32), q, K, V, k_desc, v_desc, BlockTable, b64, cache_row, h_kv,
+                lp, end, tok, seqlen_q, c_start, c_end, num_rows, stride_kb, stride_kn, stride_vb, stride_vn, k_head,
+                v_head, stride_btb, offs_d, d_ok, qk_scale, softcap, window_left, window_right, slope_log2, phi,
+                BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_TMA, False, HAS_SOFTCAP, HAS_ALIBI)
         else:
-            k_rows = cache_row * stride_kb + offs_n.to(tl.int64) * stride_kn
-            v_rows = cache_row * stride_vb + offs_n.to(tl.int64) * stride_vn
-        kv_ok = (offs_n >= lp) & (offs_n < end)
-        # K as (d, n) so q @ k needs no transpose
-        k = tl.load(K + k_head + k_rows[None, :] + offs_d[:, None], mask=kv_ok[None, :] & d_ok[:, None], other=0.0)
-        qk = mma(q, k)
-        s = tile_scores(qk, tok, offs_n, seqlen_q, end, qk_scale, softcap, window_left, window_right,
-                        slope_log2, True, HAS_SOFTCAP, HAS_ALIBI)
-        s = tl.where(kv_ok[None, :], s, float("-inf"))  # leftpad columns (the key end is in tile_scores)
-        p, m_i, l_i, acc = softmax_step(s, m_i, l_i, acc, True)
-        v = tl.load(V + v_head + v_rows[:, None] + offs_d[None, :], mask=kv_ok[:, None] & d_ok[None, :], other=0.0)
-        acc = mma(p.to(v.dtype), v, acc)
+            m_i = tl.where(m_i == float("-inf"), m_i, phi)  # what was subtracted, for the lse
 
     # rows (or whole splits) that saw no key: output 0, lse -inf
     out, lse = softmax_finish(acc, m_i, l_i, 1.0)

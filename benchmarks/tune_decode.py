@@ -1,0 +1,94 @@
+"""Sweep the split-KV decode kernel's launch choices on the device: load path (pointer / TMA),
+key chunk (BLOCK_N), split count (in waves of programs over the SMs), pipeline stages. Writes one
+JSON line per (case, layout, config) and prints the best config per case; the winners become the
+heuristic in ``ioattn/decode.py`` (``plan``), with this script's output kept beside it.
+
+    python benchmarks/tune_decode.py --out DIR [--quick]
+
+Cases: the decode table of the peers' numbers (32 query heads, 8 KV heads, d=128, bf16, one query
+token). Timing: ``ioattn.bench.timing.median_ms`` (device time, median of 20), values trusted
+(``check_values=False``), every config first checked against the float64 oracle on a small cache.
+"""
+import argparse
+import itertools
+import json
+import math
+import os
+import sys
+
+import torch
+
+from ioattn.bench.timing import median_ms
+from ioattn.decode import decode_config, flash_attn_with_kvcache
+from ioattn.reference.decode import kvcache_attention_ref
+
+CASES = [(1, 4096), (1, 16384), (1, 65536), (1, 131072), (8, 8192), (32, 32768), (64, 4096)]
+HQ, HKV, D, PAGE = 32, 8, 128, 256
+
+
+def make(batch, kvlen, paged, dtype=torch.bfloat16):
+    shape = (batch * kvlen // PAGE, PAGE, HKV, D) if paged else (batch, kvlen, HKV, D)
+    kc = torch.randn(shape, device="cuda", dtype=dtype)
+    vc = torch.randn(shape, device="cuda", dtype=dtype)
+    q = torch.randn(batch, 1, HQ, D, device="cuda", dtype=dtype)
+    kw = dict(cache_seqlens=torch.full((batch,), kvlen, dtype=torch.int32, device="cuda"))
+    if paged:
+        kw["block_table"] = torch.randperm(shape[0], device="cuda").view(batch, -1).to(torch.int32)
+    return q, kc, vc, kw
+
+
+def correct(cfg, paged):
+    q, kc, vc, kw = make(2, 4096, paged)
+    with decode_config(**cfg):
+        out = flash_attn_with_kvcache(q, kc, vc, **kw, check_values=False)
+    ref, _ = kvcache_attention_ref(q, kc, vc, **kw)
+    same, _ = kvcache_attention_ref(q, kc, vc, **kw, upcast=False)
+    err = (out.double() - ref).abs().max().item()
+    base = (same.double() - ref).abs().max().item()
+    return not math.isnan(err) and err <= 2 * base + 1e-4
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    sink = open(os.path.join(args.out, "tune_decode.jsonl"), "w")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    loads = [dict(use_tma=False, num_stages=2), dict(use_tma=True, num_stages=2), dict(use_tma=True, num_stages=3),
+             dict(use_tma=True, num_stages=4)]
+    block_ns = [64] if args.quick else [32, 64, 128]
+    waves = [1, 2, 4] if args.quick else [0.5, 1, 2, 4, 8]
+    best = {}
+    for paged in (False, True):
+        for load, bn in itertools.product(loads, block_ns):
+            cfg = dict(load, block_n=bn, num_warps=4)
+            ok = correct(cfg, paged)
+            for batch, kvlen in CASES:
+                q, kc, vc, kw = make(batch, kvlen, paged)
+                bytes_kv = 2 * kc.numel() * kc.element_size()
+                programs = batch * HKV
+                for w in waves:
+                    splits = max(1, min(math.ceil(w * sms / programs), kvlen // bn))
+                    with decode_config(**cfg, num_splits=splits):
+                        ms = median_ms(lambda s: flash_attn_with_kvcache(q, kc, vc, **kw, check_values=False), [0])
+                    rec = dict(batch=batch, kvlen=kvlen, paged=paged, **cfg, waves=w, num_splits=splits, ok=ok,
+                               us=ms * 1e3, gbps=bytes_kv / ms / 1e6)
+                    sink.write(json.dumps(rec) + "\n")
+                    sink.flush()
+                    key = (batch, kvlen, paged)
+                    if ok and (key not in best or rec["us"] < best[key]["us"]):
+                        best[key] = rec
+                del q, kc, vc, kw
+                torch.cuda.empty_cache()
+            print(f"paged={paged} {cfg} ok={ok}", flush=True)
+    print(f"\n{'batch':>5} {'kvlen':>7} {'paged':>5} {'us':>8} {'GB/s':>7}  best config")
+    for (batch, kvlen, paged), r in sorted(best.items()):
+        print(f"{batch:>5} {kvlen:>7} {paged!s:>5} {r['us']:8.1f} {r['gbps']:7.0f}  tma={r['use_tma']} "
+              f"stages={r['num_stages']} block_n={r['block_n']} waves={r['waves']} splits={r['num_splits']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
