@@ -15,16 +15,31 @@ def n_input_sets(bytes_per_set: int) -> int:
     return max(1, min(8, -(-3 * L2_BYTES // max(bytes_per_set, 1))))
 
 
-def median_ms(fn_per_set, sets, warmup: int = 3, reps: int = 20) -> float:
-    """Median time of ``fn(set)`` over ``reps`` runs, rotating through ``sets``."""
+def median_ms(fn_per_set, sets, warmup: int = 3, reps: int = 20, stats: dict | None = None) -> float:
+    """Median device time of ``fn(set)`` over ``reps`` runs, rotating through ``sets``.
+
+    On CUDA the timed runs are queued behind a busy-wait kernel long enough to cover their host
+    overhead (Python, argument checks, launches), so each event pair brackets the device work of one
+    call, not the host's pace in issuing it; every provider is timed the same way. The host time per
+    call (measured on the warm-up calls) goes to ``stats["host_ms"]`` when ``stats`` is given: it is
+    what an eager caller pays when the device is idle."""
     cuda = torch.cuda.is_available()
-    for i in range(warmup):
+    if cuda:
+        torch.cuda.synchronize()
+    host_ms = 0.0
+    for i in range(max(warmup, 1)):
+        t0 = time.perf_counter()
         fn_per_set(sets[i % len(sets)])
+        host_ms = (time.perf_counter() - t0) * 1e3  # the last warm-up call's (the first may compile)
+    if stats is not None:
+        stats["host_ms"] = host_ms
     times = []
     if cuda:
         torch.cuda.synchronize()
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        # ~1.9 GHz SM clock: cycles per ms. 2x the host time of all reps, capped at 200 ms.
+        torch.cuda._sleep(int(min(200.0, 2 * reps * host_ms + 1.0) * 1.9e6))
         for i in range(reps):
             starts[i].record()
             fn_per_set(sets[i % len(sets)])
