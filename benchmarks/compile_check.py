@@ -19,7 +19,7 @@ H200_SHARED_BYTES = 232448  # the per-block limit Triton reported on the device
 FLOAT_ARGS = {"qk_scale", "softcap", "softmax_scale", "dropout_scale", "phi"}
 # pointers whose element type is not the inputs' dtype
 POINTER_TYPES = {"Lse": "*fp32", "Delta": "*fp32", "alibi_slopes": "*fp32", "Opart": "*fp32", "Lpart": "*fp32",
-                 "SeqEnd": "*i32", "Leftpad": "*i32", "BlockTable": "*i32", "CacheBatchIdx": "*i32"}
+                 "SeqLens": "*i32", "Leftpad": "*i32", "BlockTable": "*i32", "CacheBatchIdx": "*i32"}
 I64_ARGS = {"seed", "dropout_threshold"}
 
 
@@ -63,6 +63,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--headdims", default="16,59,64,128,256")
     ap.add_argument("--quick", action="store_true", help="only the default feature set")
+    ap.add_argument("--exp-mode", type=int, default=0, help="forward EXP_MODE (kernels/common.py exp2_tile)")
+    ap.add_argument("--dump", default=None, help="write the forward's TTGIR and PTX (default features) here")
     args = ap.parse_args()
     features = [dict(IS_VARLEN=False, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_DROPOUT=False)]
     if not args.quick:
@@ -78,8 +80,13 @@ def main():
                         c = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **feat)
                         if fn is attn_fwd_kernel:
                             c["USE_TMA"] = tma
+                            c["EXP_MODE"] = args.exp_mode
                         _, shared, k = compile_one(fn, c, cfg.num_warps, cfg.num_stages)
                         pipelined = k.asm["ttgir"].count("async_")
+                        if args.dump and fn is attn_fwd_kernel and feat is features[0]:
+                            for ext in ("ttgir", "ptx"):
+                                with open(f"{args.dump}/fwd_d{d}_tma{int(tma)}.{ext}", "w") as fh:
+                                    fh.write(k.asm[ext])
                         # must fit the chip; say when the tile is too small for Hopper's wgmma
                         # (M < 64 per warpgroup falls back to mma.sync, a slower path)
                         assert shared <= H200_SHARED_BYTES, f"{fn.__name__} d={d}: {shared} B shared"

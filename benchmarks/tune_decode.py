@@ -59,7 +59,7 @@ def main():
     loads = [dict(use_tma=False, num_stages=2), dict(use_tma=True, num_stages=2), dict(use_tma=True, num_stages=3),
              dict(use_tma=True, num_stages=4)]
     block_ns = [64] if args.quick else [32, 64, 128]
-    waves = [1, 2, 4] if args.quick else [0.5, 1, 2, 4, 8]
+    waves = [1, 2, 4] if args.quick else [1, 2, 4, 8]
     best = {}
     for paged in (False, True):
         for load, bn in itertools.product(loads, block_ns):

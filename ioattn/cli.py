@@ -7,7 +7,8 @@ import sys
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: ioattn bench [quick|train] [--dtype bf16|fp16] [--providers a,b] [--out DIR]")
+        print("usage: ioattn bench [quick|train|memory|decode] [--dtype bf16|fp16] [--providers a,b] "
+              "[--out DIR]")
         return 0
     if argv[0] == "bench":
         from ioattn.bench.run import main as bench_main

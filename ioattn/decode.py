@@ -28,7 +28,7 @@ from ioattn import dispatch
 from ioattn.api import _DTYPES, MAX_HEADDIM
 from ioattn.backends import _scalars
 from ioattn.masks import normalize_window
-from ioattn.merge import merge_attention_states
+from ioattn.merge import _merge_triton
 from ioattn.reference.decode import apply_rotary_ref, gather_kv_ref
 from ioattn.reference.naive import attention_ref
 
@@ -340,8 +340,10 @@ def _attention_torch(q, k_cache, v_cache, ends, block_table, cache_batch_idx, ca
     return torch.cat(outs).to(q.dtype), torch.cat(lses).float()
 
 
-def _attention_triton(q, k_cache, v_cache, ends, span, block_table, cache_batch_idx, cache_leftpad, scale,
-                      window, softcap, alibi_slopes, num_splits, unified_max):
+def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, block_table, cache_batch_idx,
+                      cache_leftpad, scale, window, softcap, alibi_slopes, num_splits, unified_max):
+    """``cache_seqlens``: the int32 tensor, an int, or None (= the capacity); sequence b ends at
+    ``cache_seqlens[b] + seqlen_new``."""
     from ioattn.kernels.decode import decode_split_kernel
 
     batch, seqlen_q, nheads, d = q.shape
@@ -355,8 +357,19 @@ def _attention_triton(q, k_cache, v_cache, ends, span, block_table, cache_batch_
     programs = batch * nheads_kv * num_m_blocks
     bd = dispatch.block_d(d)
 
-    opart = torch.empty(cfg.num_splits, batch, seqlen_q, nheads, d, device=q.device, dtype=torch.float32)
-    lpart = torch.empty(cfg.num_splits, batch, seqlen_q, nheads, device=q.device, dtype=torch.float32)
+    if cfg.num_splits == 1:  # the kernel writes the final output and lse
+        out = torch.empty(batch, seqlen_q, nheads, d, device=q.device, dtype=q.dtype)
+        lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
+        opart, lpart = out[None], lse[None]
+        o_strides = (0, *out.stride()[:3])
+        l_strides = (0, lse.stride(0), lse.stride(2), lse.stride(1))
+    else:
+        opart = torch.empty(cfg.num_splits, batch, seqlen_q, nheads, d, device=q.device, dtype=torch.float32)
+        lpart = torch.empty(cfg.num_splits, batch, seqlen_q, nheads, device=q.device, dtype=torch.float32)
+        o_strides = opart.stride()[:4]
+        l_strides = lpart.stride()
+    has_seqlens = isinstance(cache_seqlens, torch.Tensor)
+    seqlen_base = capacity if cache_seqlens is None else 0 if has_seqlens else int(cache_seqlens)
     has_alibi = alibi_slopes is not None
     slopes = alibi_slopes.float().contiguous() if has_alibi else q
     stride_ab = slopes.stride(0) if has_alibi and slopes.dim() == 2 else 0
@@ -367,9 +380,9 @@ def _attention_triton(q, k_cache, v_cache, ends, span, block_table, cache_batch_
         k_desc, v_desc = (TensorDescriptor(t, list(t.shape), list(t.stride()), [1, cfg.block_n, 1, bd])
                           for t in (k_cache, v_cache))
     below, above = PHI_RANGE[q.dtype]
-    dummy = ends  # any int32 tensor stands in for the absent index tensors (never read)
+    dummy = lpart  # any tensor stands in for the absent index tensors (never read)
     decode_split_kernel[(programs * cfg.num_splits,)](
-        q, k_cache, v_cache, opart, lpart, ends,
+        q, k_cache, v_cache, opart, lpart, cache_seqlens.contiguous() if has_seqlens else dummy,
         cache_leftpad.contiguous() if cache_leftpad is not None else dummy,
         block_table.contiguous() if paged else dummy,
         cache_batch_idx.contiguous() if cache_batch_idx is not None else dummy,
@@ -378,21 +391,18 @@ def _attention_triton(q, k_cache, v_cache, ends, span, block_table, cache_batch_
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_table.shape[1] if paged else 0, stride_ab,
-        opart.stride(0), opart.stride(1), opart.stride(2), opart.stride(3),
-        lpart.stride(0), lpart.stride(1), lpart.stride(2),
-        nheads_kv, group, seqlen_q, num_m_blocks, cfg.num_splits, capacity, k_cache.shape[0],
+        *o_strides, *l_strides, seqlen_base, seqlen_new, nheads_kv, group, seqlen_q, num_m_blocks, cfg.num_splits, capacity, k_cache.shape[0],
         qk_scale, float(softcap), window[0], window[1], 0.0 if unified_max is None else unified_max * LOG2E,
         HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         PAGE_SIZE=max(page_size, 1), PAGED=paged, HAS_BATCH_IDX=cache_batch_idx is not None,
         HAS_LEFTPAD=cache_leftpad is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi,
         USE_TMA=cfg.use_tma, UNIFIED=unified_max is not None, PHI_BELOW=below, PHI_ABOVE=above,
+        HAS_SEQLENS=has_seqlens,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if cfg.num_splits == 1:
-        out, lse = opart[0], lpart[0]
-    else:
-        out, lse = merge_attention_states(opart, lpart)
-    return out.to(q.dtype), lse.transpose(1, 2).contiguous()
+        return out, lse
+    return _merge_triton(opart, lpart, out_dtype=q.dtype, lse_bhm=True)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
@@ -437,37 +447,37 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     batch, seqlen_q = q.shape[:2]
     device = q.device
     capacity = block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]
-    if cache_seqlens is None:
-        starts = torch.full((batch,), capacity, dtype=torch.long, device=device)
-    elif isinstance(cache_seqlens, int):
-        starts = torch.full((batch,), cache_seqlens, dtype=torch.long, device=device)
-    else:
-        starts = cache_seqlens.long()
+
+    def starts():  # int64 (batch,) on the device; built only where needed (each op is a launch)
+        if isinstance(cache_seqlens, torch.Tensor):
+            return cache_seqlens.long()
+        return torch.full((batch,), capacity if cache_seqlens is None else cache_seqlens, dtype=torch.long,
+                          device=device)
 
     if rotary_cos is not None:
         steps = torch.arange(seqlen_q, device=device)
         per_token = window != (-1, -1)  # causal or a window: query i sits at cache_seqlens + i
-        q = apply_rotary_ref(q, rotary_cos, rotary_sin, starts[:, None] + (steps if per_token else 0 * steps),
+        first = starts()[:, None]
+        q = apply_rotary_ref(q, rotary_cos, rotary_sin, first + (steps if per_token else 0 * steps),
                              rotary_interleaved)
         if k is not None:
-            k = apply_rotary_ref(k, rotary_cos, rotary_sin,
-                                 starts[:, None] + torch.arange(seqlen_new, device=device), rotary_interleaved)
+            k = apply_rotary_ref(k, rotary_cos, rotary_sin, first + torch.arange(seqlen_new, device=device),
+                                 rotary_interleaved)
     if k is not None and seqlen_new:
-        positions = starts[:, None] + torch.arange(seqlen_new, device=device)
+        positions = starts()[:, None] + torch.arange(seqlen_new, device=device)
         first, row = _storage_index(positions, block_table, cache_batch_idx, k_cache.shape[1])
         k_cache[first, row] = k
         v_cache[first, row] = v
 
-    ends = starts + seqlen_new
     if dispatch.use_triton(device) and batch and seqlen_q:
         q = q if q.stride(-1) == 1 else q.contiguous()
         span = capacity if max_end is None else max_end  # the plan never waits for device values
-        out, lse = _attention_triton(q, k_cache, v_cache, ends.to(torch.int32), span, block_table,
+        out, lse = _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, block_table,
                                      cache_batch_idx, cache_leftpad, scale, window, softcap, alibi_slopes,
                                      num_splits, unified_max)
     elif batch and seqlen_q:
-        out, lse = _attention_torch(q, k_cache, v_cache, ends, block_table, cache_batch_idx, cache_leftpad, scale,
-                                    window, softcap, alibi_slopes)
+        out, lse = _attention_torch(q, k_cache, v_cache, starts() + seqlen_new, block_table, cache_batch_idx,
+                                    cache_leftpad, scale, window, softcap, alibi_slopes)
     else:
         out = q.new_zeros(q.shape)
         lse = torch.full((batch, q.shape[2], seqlen_q), float("-inf"), device=device)

@@ -66,6 +66,22 @@ def fwd_uses_tma(k: torch.Tensor, v: torch.Tensor, varlen: bool) -> bool:
                and t.shape[-1] * es >= 16 for t in (k, v))
 
 
+# exp2 in the forward's unmasked tiles (kernels/common.py exp2_tile): 0 = special-function unit
+# only, 1 = half the columns on the FMA units, 2 = all on FMA. 16-bit inputs only (the polynomial's
+# 9.5e-5 relative error is below their rounding of P, not float32's). Default 0 until measured
+# (benchmarks/NOTES.md); IOATTN_EXP2 overrides it for sweeps.
+FWD_EXP_MODE = {64: 0, 128: 0, 256: 0}
+
+
+def fwd_exp_mode(dtype: torch.dtype, headdim: int) -> int:
+    if dtype == torch.float32:
+        return 0
+    env = os.environ.get("IOATTN_EXP2")
+    if env is not None:
+        return int(env)
+    return FWD_EXP_MODE.get(block_d(headdim), 0)
+
+
 def block_d(headdim: int) -> int:
     """Head dims are padded to a power of two inside the kernel (masked loads, no copies)."""
     return max(16, 1 << (headdim - 1).bit_length())

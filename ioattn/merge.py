@@ -54,7 +54,9 @@ def _stack(name, xs):
     return torch.stack(list(xs))
 
 
-def _merge_triton(outs, lses):
+def _merge_triton(outs, lses, out_dtype=None, lse_bhm=False):
+    """``out_dtype``: the merged output's dtype (default: that of outs). ``lse_bhm``: outs are
+    (S, batch, seqlen_q, nheads, d) and the lse is returned as (batch, nheads, seqlen_q) (decode)."""
     from ioattn.kernels.combine import merge_states_kernel
 
     splits, lead, d = outs.shape[0], outs.shape[1:-1], outs.shape[-1]
@@ -63,12 +65,15 @@ def _merge_triton(outs, lses):
     if o.stride(-1) != 1:
         o = o.contiguous()
     lse_in = lses.reshape(splits, n_rows).float().contiguous()
-    out = torch.empty(n_rows, d, device=outs.device, dtype=outs.dtype)
+    out = torch.empty(n_rows, d, device=outs.device, dtype=out_dtype or outs.dtype)
     lse = torch.empty(n_rows, device=outs.device, dtype=torch.float32)
+    nheads, seqlen_q = (lead[2], lead[1]) if lse_bhm else (1, 1)
     if n_rows:
         block_r = 16
         merge_states_kernel[(triton.cdiv(n_rows, block_r),)](
-            o, lse_in, out, lse, n_rows, splits, o.stride(0), o.stride(1), lse_in.stride(0),
+            o, lse_in, out, lse, n_rows, splits, o.stride(0), o.stride(1), lse_in.stride(0), nheads, seqlen_q,
             HEAD_DIM=d, BLOCK_D=dispatch.block_d(d), BLOCK_S=max(2, 1 << (splits - 1).bit_length()),
-            BLOCK_R=block_r)
+            BLOCK_R=block_r, LSE_BHM=lse_bhm)
+    if lse_bhm:
+        return out.reshape(*lead, d), lse.reshape(lead[0], nheads, seqlen_q)
     return out.reshape(*lead, d), lse.reshape(lead)

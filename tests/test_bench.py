@@ -1,15 +1,18 @@
 """``ioattn bench``: FLOP counts, the record schema, and the report (tables, plots, command line).
 
-CPU only: the one real sweep is the small CPU "quick" sweep (ioattn's CPU path vs sdpa-math), run
-once per module; everything about the report runs on a hand-made file in tests/data."""
+CPU only: the real sweeps are the small CPU "quick" and "decode" sweeps (ioattn's CPU path vs
+sdpa-math), each run once per module; everything about the report runs on a hand-made file in
+tests/data (and decode records made from it)."""
 import json
 import os
 
 import pytest
+import torch
 
 from ioattn import dispatch
 from ioattn.bench import report
-from ioattn.bench.run import run_sweep
+from ioattn.bench.providers import calibrate_unified_max, decode_providers, paged_copy
+from ioattn.bench.run import decode_bytes, run_sweep
 from ioattn.bench.timing import attention_flops
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "data", "bench_fixture.jsonl")
@@ -208,6 +211,105 @@ def test_unknown_provider_is_a_line_not_an_exception():
     assert records and all(not r["ok"] and r["tflops"] is None for r in records)
     assert all(report.validate(r) == [] for r in records)
     assert "n/a" in report.table(records)
+
+
+# ---- decode ----
+
+@pytest.mark.parametrize("args, nbytes", [
+    ((1, 4096, 8, 128, 2), 2 * 1 * 4096 * 8 * 128 * 2),  # K and V, written out
+    ((1, 4096, 8, 128, 2), 16_777_216),                   # 16 MiB: the issue's batch-1 step
+    ((64, 4096, 8, 128, 2), 1_073_741_824),               # 1 GiB
+    ((2, 1024, 2, 64, 4), 2_097_152),                     # fp32 elements
+])
+def test_decode_bytes(args, nbytes):
+    assert decode_bytes(*args) == nbytes
+
+
+@pytest.fixture(scope="module")
+def cpu_decode():
+    lines = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: intra-op threads only add waiting on a loaded machine
+    try:
+        with dispatch.forced_backend("reference"):  # as cpu_quick: the CLI's CPU path, not the interpreter
+            records = run_sweep("decode", "cpu", log=lines.append)
+    finally:
+        torch.set_num_threads(threads)
+    return records, lines
+
+
+def test_cpu_decode_sweep_records_are_valid(cpu_decode):
+    records, lines = cpu_decode
+    assert records, lines
+    for r in records:
+        assert report.validate(r) == [], r
+        assert r["mode"] == "decode" and r["seqlen_q"] == 1 and r["causal"] is False
+        assert r["paged"] == (r["provider"] == "ioattn-paged")
+    assert {"ioattn", "sdpa-math"} <= {r["provider"] for r in records}
+    for r in records:
+        assert r["ok"] and r["gbps"] > 0 and r["us"] == pytest.approx(1e3 * r["ms"]), r
+        nbytes = decode_bytes(r["batch"], r["seqlen_k"], r["nheads_kv"], r["headdim"], 2)
+        assert r["gbps"] == pytest.approx(nbytes / r["ms"] / 1e6)
+    # one record per (provider, case); the cases differ by batch at one KV length too
+    assert len({(r["provider"], r["batch"], r["seqlen_k"]) for r in records}) == len(records)
+    text = report.table(records)
+    assert "GB/s" in text and "kvlen" in text and "ioattn us" in text
+    rows = [ln.split() for ln in text.splitlines() if ln.split()[-1:] == ["sdpa-math"]]
+    assert len(rows) == len({(r["batch"], r["seqlen_k"]) for r in records})
+
+
+def test_unknown_decode_provider_is_a_line_not_an_exception():
+    lines = []
+    records = run_sweep("decode", "cpu", provider_names=["no-such-provider"], log=lines.append)
+    assert any("no-such-provider" in ln and "unknown decode provider" in ln for ln in lines), lines
+    assert records and all(not r["ok"] and r["gbps"] is None for r in records)
+    assert all(report.validate(r) == [] for r in records)
+    assert "n/a" in report.table(records)
+    table = decode_providers(["no-such-provider", "ioattn"])
+    assert table["no-such-provider"][0] is None and table["ioattn"][0] is not None
+    if not torch.cuda.is_available():
+        assert decode_providers(["ioattn-graph"])["ioattn-graph"] == (None, "needs CUDA (CUDA graph replay)")
+
+
+def test_paged_copy_and_calibration():
+    k, v = torch.randn(2, 300, 2, 16), torch.randn(2, 300, 2, 16)
+    k_pages, v_pages, table = paged_copy(k, v, page_size=128)
+    assert k_pages.shape == (6, 128, 2, 16) and table.shape == (2, 3) and table.dtype == torch.int32
+    assert sorted(table.flatten().tolist()) == list(range(6)) and table.flatten().tolist() != list(range(6))
+    for b in range(2):  # token t of sequence b in page table[b, t // 128], row t % 128
+        got = k_pages[table[b].long()].reshape(-1, 2, 16)[:300]
+        assert torch.equal(got, k[b]) and torch.equal(v_pages[table[b].long()].reshape(-1, 2, 16)[:300], v[b])
+    q = torch.randn(2, 1, 4, 16)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k[:, :64].repeat_interleave(2, dim=2)) / 4.0
+    assert calibrate_unified_max(q, k, keys=64) == pytest.approx(scores.max().item(), rel=1e-5)
+
+
+def _decode_recs():
+    base = {k: v for k, v in _good().items() if k not in ("tflops", "max_err")}
+    recs = []
+    for provider, batch, gbps in (("ioattn", 1, 2000.0), ("sdpa-flash", 1, 1000.0), ("ioattn-graph", 1, 2500.0),
+                                  ("ioattn", 64, 3000.0), ("sdpa-flash", 64, 3200.0)):
+        nbytes = decode_bytes(batch, 4096, 8, 128, 2)
+        ms = nbytes / gbps / 1e6
+        recs.append(dict(base, sweep="decode", mode="decode", provider=provider, batch=batch, nheads=32,
+                         nheads_kv=8, headdim=128, seqlen_q=1, seqlen_k=4096, ms=ms, us=ms * 1e3, gbps=gbps))
+    return recs
+
+
+def test_report_decode_records(tmp_path):
+    recs = _decode_recs()
+    assert all(report.validate(r) == [] for r in recs)
+    text = report.table(recs)
+    assert "== decode sweep, bf16, GB/s" in text and "ioattn % of d2d copy" in text
+    header, *rows = [ln.split() for ln in text.splitlines()[1:]]
+    assert header[:4] == ["d", "batch", "kvlen", "mode"]
+    assert [r[:4] for r in rows] == [["128", "1", "4096", "decode"], ["128", "64", "4096", "decode"]]
+    # batch 1: 2000 vs 1000 GB/s -> 2.00, 2000 / 4262.5 -> 47%; 16 MiB at 2500 GB/s -> 6.7 us replayed
+    assert "2.00" in rows[0] and "47%" in rows[0] and "6.7" in rows[0] and "8.4" in rows[0]
+    assert "0.94" in rows[1] and "-" in rows[1]  # batch 64 has no graph record
+    assert [r[3] for r in report.ratio_rows(recs)] == ["decode", "decode"]
+    pytest.importorskip("matplotlib")  # the optional [bench] extra
+    assert [os.path.basename(p) for p in report.plot(recs, str(tmp_path))] == ["decode_bf16.png"]
 
 
 def test_readme_table_is_generated_from_committed_results():

@@ -282,7 +282,8 @@ for dt, paged, feat, block_m, d, tma, uni in (("bf16", False, False, 16, 128, Fa
                                               ("fp16", False, True, 16, 64, False, False)):
     c = dict(HEAD_DIM=d, BLOCK_D=max(16, 1 << (d - 1).bit_length()), BLOCK_M=block_m, BLOCK_N=decode._BLOCK_N_CUDA,
              PAGE_SIZE=64 if paged else 1, PAGED=paged, HAS_BATCH_IDX=feat and not paged, HAS_LEFTPAD=feat,
-             HAS_SOFTCAP=feat, HAS_ALIBI=feat, USE_TMA=tma, UNIFIED=uni, PHI_BELOW=8.0, PHI_ABOVE=15.0)
+             HAS_SOFTCAP=feat, HAS_ALIBI=feat, USE_TMA=tma, UNIFIED=uni, PHI_BELOW=8.0, PHI_ABOVE=15.0,
+             HAS_SEQLENS=not feat)
     _, shared, k = compile_one(fn, c, decode._NUM_WARPS, 3 if tma else decode._NUM_STAGES, dtype=dt)
     assert shared <= 232448, (dt, paged, feat, block_m, d, shared)
     print(dt, paged, feat, block_m, d, tma, uni, "shared", shared, "async ops", k.asm["ttgir"].count("async_"))

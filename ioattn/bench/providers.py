@@ -4,10 +4,19 @@ Each provider is ``fn(q, k, v, causal) -> out`` on flash-attn's layout (batch, s
 headdim), or ``None`` with the reason it cannot run here (never silently dropped). Names: ours start
 with ``ioattn``; peers are ``sdpa-flash``, ``sdpa-cudnn``, ``sdpa-efficient``, ``sdpa-math``, ``flex``,
 ``flash-attn`` and ``flash-attn-cute``.
+
+Decode providers (``decode_providers``) are set up per input set, outside the timed region:
+``setup(q, k_cache, v_cache, cache_seqlens) -> run`` with q (batch, 1, nheads, d), caches (batch,
+kvlen, nheads_kv, d), ``cache_seqlens`` int32 (batch,) on the device, and ``run() -> out`` (batch, 1,
+nheads, d) the call that is timed. Every sequence fills its cache (cache_seqlens = kvlen), so peers
+without a length argument attend to the whole cache; their setup refuses anything else.
 """
 from __future__ import annotations
 
 import functools
+import inspect
+import re
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -95,3 +104,206 @@ def providers(names=None):
         return table
     known = ", ".join(list(OURS) + list(PEERS))
     return {n: table.get(n, (None, f"unknown provider {n!r}; known: {known}")) for n in names}
+
+
+# ---------------------------------------------------------------- decode (one query token per sequence)
+
+DECODE_OURS = ("ioattn", "ioattn-checked", "ioattn-paged", "ioattn-unified", "ioattn-graph")
+DECODE_PAGE_SIZE = 256
+UNIFIED_CALIBRATION_KEYS = 1024
+
+
+@functools.lru_cache(maxsize=1)
+def _kvcache_params():
+    """The keyword arguments ``ioattn.flash_attn_with_kvcache`` accepts (read once)."""
+    return frozenset(inspect.signature(ioattn.flash_attn_with_kvcache).parameters)
+
+
+def _unchecked():
+    """``check_values=False`` (trust the index tensors, no host read-back) where it is accepted."""
+    return {"check_values": False} if "check_values" in _kvcache_params() else {}
+
+
+def _kvcache_setup(**extra):
+    def setup(q, k_cache, v_cache, cache_seqlens):
+        f, kw = ioattn.flash_attn_with_kvcache, {**extra, **_unchecked()}
+        return lambda: f(q, k_cache, v_cache, cache_seqlens=cache_seqlens, **kw)
+    return setup
+
+
+def _checked_setup(q, k_cache, v_cache, cache_seqlens):
+    f = ioattn.flash_attn_with_kvcache
+    return lambda: f(q, k_cache, v_cache, cache_seqlens=cache_seqlens)
+
+
+def paged_copy(k_cache, v_cache, page_size=DECODE_PAGE_SIZE, seed=0):
+    """The contiguous caches copied into pages (num_pages, page_size, nheads_kv, d), num_pages =
+    batch * ceil(kvlen / page_size), laid out in a random permutation of the pages; returns
+    (k_pages, v_pages, block_table int32 (batch, pages per sequence))."""
+    batch, kvlen, hkv, d = k_cache.shape
+    per_seq = -(-kvlen // page_size)
+    num_pages = batch * per_seq
+    perm = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed)).to(k_cache.device)
+    pages = []
+    for cache in (k_cache, v_cache):
+        if kvlen != per_seq * page_size:  # pad the last page (never read: cache_seqlens bounds it)
+            full = cache.new_zeros(batch, per_seq * page_size, hkv, d)
+            full[:, :kvlen] = cache
+            cache = full
+        chunks = cache.reshape(num_pages, page_size, hkv, d)  # chunk b * per_seq + j: tokens of page j of b
+        pages.append(torch.empty_like(chunks).index_copy_(0, perm, chunks))
+    return pages[0], pages[1], perm.view(batch, per_seq).to(torch.int32)
+
+
+def _paged_setup(q, k_cache, v_cache, cache_seqlens):
+    k_pages, v_pages, block_table = paged_copy(k_cache, v_cache)
+    f, kw = ioattn.flash_attn_with_kvcache, _unchecked()
+    return lambda: f(q, k_pages, v_pages, cache_seqlens=cache_seqlens, block_table=block_table, **kw)
+
+
+def calibrate_unified_max(q, k_cache, softmax_scale=None, keys=UNIFIED_CALIBRATION_KEYS):
+    """phi for the unified max from a calibration sample, as FlashDecoding++ does offline: the largest
+    score q . k^T * scale over every row and the first ``keys`` keys of each sequence."""
+    batch, _, nheads, d = q.shape
+    hkv = k_cache.shape[2]
+    scale = 1.0 / d ** 0.5 if softmax_scale is None else softmax_scale
+    qg = q.float().view(batch, q.shape[1], hkv, nheads // hkv, d)  # query heads grouped by KV head
+    s = torch.einsum("bqgrd,bkgd->bgrqk", qg, k_cache[:, :keys].float())
+    return float(s.max()) * scale
+
+
+def _unified_setup(q, k_cache, v_cache, cache_seqlens):
+    phi = calibrate_unified_max(q, k_cache)
+    return _kvcache_setup(unified_max=phi)(q, k_cache, v_cache, cache_seqlens)
+
+
+def _graph_setup(q, k_cache, v_cache, cache_seqlens):
+    """One unchecked call captured into a CUDA graph; ``run`` replays it."""
+    call = _kvcache_setup()(q, k_cache, v_cache, cache_seqlens)
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm up (compile, autotune, allocate) outside the capture
+            for _ in range(3):
+                call()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = call()
+        torch.cuda.synchronize()
+    except Exception as e:  # reported as this provider's error
+        first = str(e).splitlines()[0][:160] if str(e) else ""
+        raise RuntimeError(f"CUDA graph capture failed: {type(e).__name__}: {first}") from e
+
+    def run():
+        graph.replay()
+        return out
+    return run
+
+
+def _full_caches(k_cache, cache_seqlens, who):
+    """Peers without a length argument attend to the whole cache: refuse partly filled caches (a
+    host read, at setup only)."""
+    if int(cache_seqlens.min()) != k_cache.shape[1]:
+        raise ValueError(f"{who} here needs every cache full (cache_seqlens == {k_cache.shape[1]})")
+
+
+def _sdpa_reasons(caught):
+    """SDPA's warnings about a refused backend as one line: the reasons, without the headers
+    ("... not used because:") and the "(Triggered internally at ...)" source locations."""
+    reasons = []
+    for w in caught:
+        text = " ".join(re.sub(r"\(Triggered internally at [^)]*\)\.?", "", str(w.message)).split())
+        if text and not text.endswith("because:"):
+            reasons.append(text)
+    return "; ".join(reasons)
+
+
+def _sdpa_decode(backend):
+    def setup(q, k_cache, v_cache, cache_seqlens):
+        from torch.nn.attention import sdpa_kernel
+
+        _full_caches(k_cache, cache_seqlens, "sdpa")
+        qt, kt, vt = q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2)  # (B, H, S, D)
+
+        def run():
+            with sdpa_kernel([backend]):
+                out = F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+            return out.transpose(1, 2)
+
+        with warnings.catch_warnings(record=True) as caught:  # a refusing backend says why in warnings
+            warnings.simplefilter("always")
+            try:
+                run()
+            except RuntimeError as e:
+                raise RuntimeError(f"{backend.name} refused: {_sdpa_reasons(caught) or e}") from e
+        return run
+    return setup
+
+
+def _flex_decode():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    compiled = torch.compile(flex_attention, dynamic=False)
+
+    def setup(q, k_cache, v_cache, cache_seqlens):
+        _full_caches(k_cache, cache_seqlens, "flex")
+        qt, kt, vt = q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+        return lambda: compiled(qt, kt, vt, enable_gqa=True).transpose(1, 2)
+    return setup
+
+
+def _import_decode_peer(name):
+    if name == "flash-attn":
+        from flash_attn import flash_attn_with_kvcache as fa
+    else:
+        from flash_attn import cute
+
+        fa = getattr(cute, "flash_attn_with_kvcache", None)
+        if fa is None:
+            try:
+                from flash_attn.cute.interface import flash_attn_with_kvcache as fa
+            except ImportError:
+                return None, "flash_attn.cute has no flash_attn_with_kvcache"
+
+    def setup(q, k_cache, v_cache, cache_seqlens):
+        def run():
+            out = fa(q, k_cache, v_cache, cache_seqlens=cache_seqlens)
+            return out[0] if isinstance(out, tuple) else out
+        return run
+    return setup, ""
+
+
+def decode_providers(names=None):
+    """Name -> (setup or None, reason) for the decode sweep; unknown or unavailable names get a
+    reason, never an exception. ``ioattn``: unchecked index values when the API offers it;
+    ``ioattn-checked``: the default (values checked); ``ioattn-paged``: the same data in pages of
+    256 tokens in a random order; ``ioattn-unified``: with a unified max from a calibration sample;
+    ``ioattn-graph``: the ``ioattn`` call captured once into a CUDA graph and replayed."""
+    from torch.nn.attention import SDPBackend
+
+    table = {"ioattn": (_kvcache_setup(), ""), "ioattn-checked": (_checked_setup, ""),
+             "ioattn-paged": (_paged_setup, "")}
+    table["ioattn-unified"] = ((_unified_setup, "") if "unified_max" in _kvcache_params()
+                               else (None, "needs unified_max support"))
+    table["ioattn-graph"] = ((_graph_setup, "") if torch.cuda.is_available()
+                             else (None, "needs CUDA (CUDA graph replay)"))
+    for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
+                          ("sdpa-efficient", SDPBackend.EFFICIENT_ATTENTION), ("sdpa-math", SDPBackend.MATH)):
+        table[name] = (_sdpa_decode(backend), "")
+    wanted = set(table) | set(PEERS) if names is None else set(names)
+    if "flex" in wanted:
+        try:
+            table["flex"] = (_flex_decode(), "")
+        except Exception as e:  # noqa: BLE001 - an old torch without FlexAttention
+            table["flex"] = (None, f"FlexAttention unavailable: {type(e).__name__}: {e}")
+    for peer in ("flash-attn", "flash-attn-cute"):
+        if peer in wanted:
+            try:
+                table[peer] = _import_decode_peer(peer)
+            except Exception as e:  # noqa: BLE001 - any import failure means "not installed here"
+                table[peer] = (None, f"not importable here ({type(e).__name__})")
+    if names is None:
+        return table
+    known = ", ".join(list(DECODE_OURS) + list(PEERS))
+    return {n: table.get(n, (None, f"unknown decode provider {n!r}; known: {known}")) for n in names}

@@ -20,7 +20,8 @@ REQUIRED_FIELDS = {
 }
 VALUE_FIELDS = ("tflops", "gbps", "peak_mem_mb")  # at least one present; which one depends on mode
 OPTIONAL_FIELDS = {"paged": bool, "error": str, "max_err": (float, int, type(None)), "env": dict,
-                   "ceilings": dict, "command": str, **{v: (float, int, type(None)) for v in VALUE_FIELDS}}
+                   "ceilings": dict, "command": str, "us": (float, int, type(None)),
+                   **{v: (float, int, type(None)) for v in VALUE_FIELDS}}
 MODES = ("fwd", "bwd", "fwdbwd", "decode", "memory")
 DTYPES = ("bf16", "fp16", "fp8")
 # (record field, unit, ceiling key): decode is bandwidth-bound, the memory sweep measures bytes.
@@ -32,7 +33,8 @@ MODE_NAMES = {"fwd": "forward", "bwd": "backward", "fwdbwd": "forward + backward
               "memory": "peak memory"}
 COLOURS = {"ioattn": "#d62728", "ioattn-tma": "#ff7f0e", "sdpa-flash": "#1f77b4", "sdpa-cudnn": "#2ca02c",
            "sdpa-efficient": "#9467bd", "sdpa-math": "#8c564b", "flex": "#e377c2", "flash-attn": "#17becf",
-           "flash-attn-cute": "#bcbd22"}
+           "flash-attn-cute": "#bcbd22", "ioattn-graph": "#8b0000", "ioattn-paged": "#ff9896",
+           "ioattn-checked": "#c49c94", "ioattn-unified": "#f7b6d2"}
 SPARE = ("#7f7f7f", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173")
 
 
@@ -98,14 +100,21 @@ def _value(r):
     return v if r.get("ok") and isinstance(v, (int, float)) and not math.isnan(v) else None
 
 
+def _batch_key(r):
+    # decode cases differ by batch at one KV length; elsewhere the batch follows from the sequence length
+    return r["batch"] if r["mode"] == "decode" else 0
+
+
 def _cells(records):
-    """{(sweep, dtype, headdim, causal, seqlen_q, seqlen_k, mode): {provider: record}}.
+    """{(sweep, dtype, headdim, causal, seqlen_q, seqlen_k, mode, batch): {provider: record}}, batch 0
+    outside decode.
 
     A provider that could not run is recorded once, under "fwd"; if it also has a good record for the
     same cell (a later mode failed), the good one wins, so a figure is never hidden by a failure."""
     cells = {}
     for r in records:
-        key = (r["sweep"], r["dtype"], r["headdim"], r["causal"], r["seqlen_q"], r["seqlen_k"], r["mode"])
+        key = (r["sweep"], r["dtype"], r["headdim"], r["causal"], r["seqlen_q"], r["seqlen_k"], r["mode"],
+               _batch_key(r))
         old = cells.setdefault(key, {}).get(r["provider"])
         if old is None or _rank(r) >= _rank(old):
             cells[key][r["provider"]] = r
@@ -119,6 +128,12 @@ def _rank(r):
 def _ran(r):
     # it produced a number (time or memory) but failed its check, vs it never produced anything
     return r.get("ms") is not None or r.get(_metric(r)[0]) is not None
+
+
+def _us(r):
+    # a step time only beside a valid figure (a failed check shows no number)
+    ok = r is not None and _value(r) is not None and isinstance(r.get("ms"), (int, float))
+    return f"{1e3 * r['ms']:.1f}" if ok else "-"
 
 
 def _status(r):
@@ -140,7 +155,10 @@ def _best_peer(row, ours):
 
 
 def _order(key):
-    # (headdim, causal, seqlen_q, seqlen_k, mode), with modes in pipeline order, not alphabetical
+    # (headdim, causal, seqlen_q, seqlen_k, mode, batch), with modes in pipeline order, not alphabetical;
+    # decode rows by (headdim, batch, KV length)
+    if key[4] == "decode":
+        return (key[0], key[5], key[3])
     return (*key[:4], MODES.index(key[4]) if key[4] in MODES else len(MODES), key[4])
 
 
@@ -149,7 +167,8 @@ def _seqlen_label(sq, sk):
 
 
 def table(records, mode=None, ours="ioattn"):
-    """One section per (sweep, dtype, unit); one row per (headdim, causal, seqlen, mode) in it."""
+    """One section per (sweep, dtype, unit); one row per (headdim, causal, seqlen, mode) in it, or per
+    (headdim, batch, KV length) for decode, with ours' step time in microseconds."""
     cells = {k: v for k, v in _cells(records).items() if mode is None or k[6] == mode}
     sections = {}
     for key, row in cells.items():
@@ -158,14 +177,20 @@ def table(records, mode=None, ours="ioattn"):
     for (sweep, dtype, (_, unit, ceiling)), rows in sorted(sections.items(), key=lambda kv: kv[0][:2]):
         provs = sorted({p for row in rows.values() for p in row}, key=lambda p: (not p.startswith(ours), p))
         devices = sorted({r["device"] for row in rows.values() for r in row.values()})
-        cols = ["d", "causal", "seqlen", "mode"] + provs + [f"{ours} / best peer"]
+        decode = unit == GBPS[1]
+        cols = (["d", "batch", "kvlen", "mode"] if decode else ["d", "causal", "seqlen", "mode"]) + provs
+        # decode: the step time in microseconds of ours (and of its CUDA-graph replay), for the latency targets
+        us_cols = [p for p in (ours, f"{ours}-graph") if p in provs] if decode else []
+        cols += [f"{p} us" for p in us_cols] + [f"{ours} / best peer"]
         show_pct = _ceiling_applies(ceiling, dtype) and any(
             ceiling in (r.get("ceilings") or {}) for row in rows.values() for r in row.values())
         if show_pct:
             cols.append(f"{ours} % of {CEILING_NAMES[ceiling]}")
         lines = []
-        for (d, causal, sq, sk, m), row in sorted(rows.items(), key=lambda kv: _order(kv[0])):
-            line = [str(d), "yes" if causal else "no", _seqlen_label(sq, sk), m] + [_status(row.get(p)) for p in provs]
+        for (d, causal, sq, sk, m, b), row in sorted(rows.items(), key=lambda kv: _order(kv[0])):
+            line = [str(d), str(b), str(sk)] if decode else [str(d), "yes" if causal else "no", _seqlen_label(sq, sk)]
+            line += [m] + [_status(row.get(p)) for p in provs]
+            line += [_us(row.get(p)) for p in us_cols]
             mine = _value(row[ours]) if ours in row else None
             name, best = _best_peer(row, ours)
             line.append(f"{mine / best:.2f} {name}" if mine is not None and best else "-")
@@ -187,12 +212,13 @@ def table(records, mode=None, ours="ioattn"):
 def ratio_rows(records, ours="ioattn"):
     """(headdim, causal, seqlen, mode, ours, best peer name, best peer value, ours / best peer) per
     cell where ``ours`` has a figure; peer fields are None where no peer has one. ``seqlen`` is the
-    key length (the query length too, outside decode). Records must come from one sweep and dtype."""
+    key length (the query length too, outside decode; decode rows come in batch order, then by key
+    length). Records must come from one sweep and dtype."""
     groups = {(r["sweep"], r["dtype"]) for r in records}
     if len(groups) > 1:
         raise ValueError(f"ratio_rows: records span several (sweep, dtype) groups {sorted(groups)}; filter first")
     rows = []
-    for (_, _, d, causal, _, sk, m), row in sorted(_cells(records).items(), key=lambda kv: _order(kv[0][2:])):
+    for (_, _, d, causal, _, sk, m, _), row in sorted(_cells(records).items(), key=lambda kv: _order(kv[0][2:])):
         mine = _value(row[ours]) if ours in row else None
         if mine is None:
             continue
@@ -211,7 +237,8 @@ def _k(n):
 
 
 def plot(records, out_dir, ours="ioattn"):
-    """PNG line plots, one figure per (sweep, dtype, mode), one panel per (headdim, causal)."""
+    """PNG line plots, one figure per (sweep, dtype, mode), one panel per (headdim, causal), or per
+    (headdim, batch) for decode (x: the KV length)."""
     # Figure + Agg canvas directly, not pyplot: no display, no global backend switch for the caller
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -220,19 +247,27 @@ def plot(records, out_dir, ours="ioattn"):
     figs = {}
     for r in records:
         if _value(r) is not None:
+            # decode: one panel per batch (its column), instead of causal / not causal
             figs.setdefault((r["sweep"], r["dtype"], r["mode"]), {}).setdefault(
-                (r["headdim"], r["causal"]), []).append(r)
+                (r["headdim"], r["batch"] if r["mode"] == "decode" else r["causal"]), []).append(r)
     os.makedirs(out_dir, exist_ok=True)
     written = []
     for (sweep, dtype, mode), panels in sorted(figs.items()):
         field, unit, ceiling_key = _metric(next(iter(panels.values()))[0])
         # the papers' grid: one row per head dim, non-causal left and causal right
         dims, flags = sorted({d for d, _ in panels}), sorted({c for _, c in panels})
-        fig = Figure(figsize=(max(7.5, 5.5 * len(flags)), 3.6 * len(dims) + 0.9), layout="constrained")
+        if mode == "decode":  # one panel per (head dim, batch), two to a row
+            ncols = min(2, len(panels))
+            nrows = -(-len(panels) // ncols)
+            slot = {key: i + 1 for i, key in enumerate(sorted(panels))}
+        else:
+            ncols, nrows = len(flags), len(dims)
+            slot = {(d, c): dims.index(d) * len(flags) + flags.index(c) + 1 for d, c in panels}
+        fig = Figure(figsize=(max(7.5, 5.5 * ncols), 3.6 * nrows + 0.9), layout="constrained")
         FigureCanvasAgg(fig)
         handles = {}
         for (d, causal) in sorted(panels):
-            ax = fig.add_subplot(len(dims), len(flags), dims.index(d) * len(flags) + flags.index(causal) + 1)
+            ax = fig.add_subplot(nrows, ncols, slot[(d, causal)])
             recs = panels[(d, causal)]
             provs = sorted({r["provider"] for r in recs}, key=lambda p: (not p.startswith(ours), p))
             for p in provs:
@@ -255,8 +290,11 @@ def plot(records, out_dir, ours="ioattn"):
                 ax.set_yscale("log")
             else:
                 ax.set_ylim(bottom=0)
-            ax.set_title(f"head dim {d}, {'causal' if causal else 'not causal'}")
-            ax.set_xlabel("sequence length" if sweep != "decode" else "key length")
+            if mode == "decode":  # the panel key's second field is the batch here
+                ax.set_title(f"head dim {d}, batch {causal}")
+            else:
+                ax.set_title(f"head dim {d}, {'causal' if causal else 'not causal'}")
+            ax.set_xlabel("KV length" if mode == "decode" else "sequence length")
             ax.set_ylabel(unit)
             ax.grid(True, alpha=0.3)
         devices = ", ".join(sorted({r["device"] for ps in panels.values() for r in ps}))

@@ -2,8 +2,10 @@
 
 Sweeps: ``train`` (forward, backward, forward+backward on the papers' grid), ``memory`` (peak
 device memory of forward+backward against sequence length), ``quick`` (a short default; on a
-machine without a GPU, the CPU path against PyTorch's CPU attention). ``decode`` belongs to the
-KV-cache work and is not in this version.
+machine without a GPU, the CPU path against PyTorch's CPU attention), ``decode`` (one query token
+per sequence over a full KV cache, 32 query heads / 8 KV heads, d 128, on the (batch, KV length)
+cases of ``DECODE_CASES``; GB/s of K and V read; ``ioattn`` also replayed from a CUDA graph as
+``ioattn-graph``; on a machine without a GPU, small sizes against sdpa-math).
 """
 from __future__ import annotations
 
@@ -16,9 +18,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ioattn.bench.providers import providers
+from ioattn.bench.providers import decode_providers, providers
 from ioattn.bench.timing import attention_flops, median_ms, n_input_sets
 from ioattn.reference import attention_ref
+from ioattn.reference.decode import kvcache_attention_ref
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 ALL_PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flex", "flash-attn", "flash-attn-cute")
@@ -50,6 +53,29 @@ CPU_SWEEPS = {
     "quick": Sweep(headdims=(64,), seqlens=(256, 1024), tokens=1024, hidden=256, modes=("fwd", "bwd"),
                    providers=("ioattn", "sdpa-math")),
 }
+
+
+@dataclass(frozen=True)
+class DecodeSweep:
+    """One query token per sequence; every sequence fills its cache (cache_seqlens = capacity = kvlen)."""
+    cases: tuple  # (batch, kvlen) pairs
+    nheads: int = 32
+    nheads_kv: int = 8
+    headdims: tuple = (128,)
+    providers: tuple = ("ioattn", "ioattn-graph", "ioattn-checked", "ioattn-paged", "ioattn-unified") + ALL_PEERS
+
+
+DECODE_CASES = ((1, 4096), (1, 16384), (1, 65536), (1, 131072), (8, 8192), (32, 32768), (64, 4096))
+GPU_DECODE = {"decode": DecodeSweep(cases=DECODE_CASES)}
+CPU_DECODE = {"decode": DecodeSweep(cases=((1, 256), (1, 1024), (2, 256), (2, 1024)), nheads=4, nheads_kv=2,
+                                    headdims=(64,), providers=("ioattn", "ioattn-paged", "sdpa-math"))}
+DECODE_CHECK_BATCH = 2  # the correctness check runs on the first case, cut to at most this batch
+
+
+def decode_bytes(batch, kvlen, nheads_kv, d, itemsize):
+    """Bytes of K and V one decode step reads: 2 * batch * kvlen * nheads_kv * d * itemsize (the
+    query and output, batch * nheads * d each, are left out)."""
+    return 2 * batch * kvlen * nheads_kv * d * itemsize
 
 
 def environment():
@@ -127,14 +153,19 @@ class _Progress:
 
 
 def run_sweep(name, device, dtype_name="bf16", provider_names=None, log=print, sink=None, headdims=None,
-              seqlens=None):
+              seqlens=None, batches=None, kvlens=None):
     """Run one sweep and return its records; every record also goes to ``sink`` as soon as it exists
-    (a run cut off by a time limit keeps what it measured). Problems are logged, never raised."""
+    (a run cut off by a time limit keeps what it measured). Problems are logged, never raised.
+    ``batches``/``kvlens`` are for ``decode`` only (``seqlens`` is read as ``kvlens`` there)."""
+    if name in GPU_DECODE:
+        return run_decode_sweep(name, device, dtype_name, provider_names, log, sink, headdims,
+                                batches, kvlens or seqlens)
     sweeps = GPU_SWEEPS if device == "cuda" else CPU_SWEEPS
     if name not in sweeps:
-        extra = " (decode arrives with the KV-cache work)" if name == "decode" else ""
-        log(f"unknown sweep {name!r} on {device}; known here: {', '.join(sweeps)}{extra}")
+        log(f"unknown sweep {name!r} on {device}; known here: {', '.join([*sweeps, *GPU_DECODE])}")
         return []
+    if batches or kvlens:
+        log("--batches/--kvlens are for the decode sweep; ignored")
     sw = sweeps[name]
     if headdims:
         sw = replace(sw, headdims=tuple(headdims))
@@ -190,6 +221,123 @@ def run_sweep(name, device, dtype_name="bf16", provider_names=None, log=print, s
                 del sets
     bar.close()
     return list(records)
+
+
+def decode_cases(sw, batches=None, kvlens=None):
+    """The sweep's (batch, kvlen) cases; when ``batches`` or ``kvlens`` is given, their cross product
+    instead (batches default to 1, KV lengths to the sweep's own)."""
+    if not batches and not kvlens:
+        return tuple(sw.cases)
+    ks = tuple(kvlens) if kvlens else tuple(sorted({n for _, n in sw.cases}))
+    return tuple((b, n) for b in (tuple(batches) if batches else (1,)) for n in ks)
+
+
+def run_decode_sweep(name, device, dtype_name="bf16", provider_names=None, log=print, sink=None, headdims=None,
+                     batches=None, kvlens=None):
+    """The decode sweep (see ``run_sweep``): per (head dim, case), every provider is set up on each
+    input set outside the timed region, then its ``run()`` is timed with ``median_ms``."""
+    sw = (GPU_DECODE if device == "cuda" else CPU_DECODE)[name]
+    if headdims:
+        sw = replace(sw, headdims=tuple(headdims))
+    if dtype_name not in DTYPES:
+        log(f"unknown dtype {dtype_name!r}; known: {', '.join(DTYPES)}")
+        return []
+    cases = decode_cases(sw, batches, kvlens)
+    if not cases or any(b < 1 or n < 1 for b, n in cases):
+        log(f"decode: batches and KV lengths must be >= 1, got cases {list(cases)}")
+        return []
+    dtype = DTYPES[dtype_name]
+    env = _env_cached()
+    names = list(provider_names or sw.providers)
+    if device == "cuda" and "ioattn" in names and "ioattn-graph" not in names:
+        names.insert(names.index("ioattn") + 1, "ioattn-graph")  # ioattn always comes with its graph replay
+    table = decode_providers(names)
+    records = _Records(sink, env)
+    for pname, (setup, why) in table.items():
+        if setup is None:
+            log(f"{pname}: skipped ({why})")
+            for d in sw.headdims:
+                records.append(_decode_record(name, pname, dtype_name, (*cases[0], sw.nheads, sw.nheads_kv, d), env,
+                                              ok=False, error=why))
+    runnable = {p: setup for p, (setup, _) in table.items() if setup is not None}
+    bar = _Progress(len(sw.headdims) * len(cases) * len(runnable))
+    with torch.no_grad():
+        for d in sw.headdims:
+            checked = {}
+            for batch, kvlen in cases:
+                shape = (batch, kvlen, sw.nheads, sw.nheads_kv, d)
+                try:
+                    n_sets = n_input_sets(decode_bytes(batch, kvlen, sw.nheads_kv, d, dtype.itemsize))
+                    sets = [_decode_inputs(shape, dtype, device) for _ in range(n_sets)]
+                except torch.cuda.OutOfMemoryError:
+                    log(f"d={d} batch={batch} kv={kvlen}: inputs do not fit in device memory; skipping this case")
+                    continue
+                for pname, setup in runnable.items():
+                    bar.step(f"{pname} d={d} batch={batch} kv={kvlen}")
+                    runs = None
+                    try:
+                        if pname not in checked:  # correctness on the first case, at a small batch
+                            checked[pname] = _check_decode(setup, sets[0])
+                        ok, err = checked[pname]
+                        runs = [setup(*s) for s in sets]
+                        ms = median_ms(lambda run: run(), runs)
+                        rec = _decode_record(name, pname, dtype_name, shape, env, ms=ms, ok=ok, max_err=err)
+                        if not ok:
+                            rec["error"] = f"failed the correctness check (max err {err:.3g})"
+                        records.append(rec)
+                        log(_decode_line(rec))
+                    except Exception as e:  # noqa: BLE001 - a provider that cannot run a case is reported
+                        msg = _short(e)
+                        records.append(_decode_record(name, pname, dtype_name, shape, env, ok=False, error=msg))
+                        log(f"{pname} d={d} batch={batch} kv={kvlen}: cannot run ({msg})")
+                    finally:
+                        del runs
+                        if device == "cuda":
+                            torch.cuda.empty_cache()
+                del sets
+    bar.close()
+    return list(records)
+
+
+def _decode_inputs(shape, dtype, device):
+    """(q, k_cache, v_cache, cache_seqlens): normal random values, every cache full."""
+    batch, kvlen, nheads, nheads_kv, d = shape
+    q = torch.randn(batch, 1, nheads, d, device=device, dtype=dtype)
+    k = torch.randn(batch, kvlen, nheads_kv, d, device=device, dtype=dtype)
+    v = torch.randn(batch, kvlen, nheads_kv, d, device=device, dtype=dtype)
+    return q, k, v, torch.full((batch,), kvlen, dtype=torch.int32, device=device)
+
+
+def _check_decode(setup, inputs):
+    """A provider's output vs the float64 oracle, against PyTorch's own same-dtype error (as
+    ``_check``), on the first ``DECODE_CHECK_BATCH`` sequences of ``inputs``."""
+    q, k, v, seqlens = (t[:DECODE_CHECK_BATCH] for t in inputs)
+    ref, _ = kvcache_attention_ref(q, k, v, cache_seqlens=seqlens)
+    same, _ = kvcache_attention_ref(q, k, v, cache_seqlens=seqlens, upcast=False)
+    out = setup(q, k, v, seqlens)()
+    err = (out.double() - ref).abs().max().item()
+    base = (same.double() - ref).abs().max().item()
+    return (not math.isnan(err)) and err <= 2 * base + 1e-4, err
+
+
+def _decode_record(sweep, provider, dtype, shape, env, ms=None, ok=False, max_err=None, error=None):
+    batch, kvlen, nheads, nheads_kv, d = shape
+    gbps = decode_bytes(batch, kvlen, nheads_kv, d, DTYPES[dtype].itemsize) / ms / 1e6 if ms and ok else None
+    rec = {"sweep": sweep, "provider": provider, "dtype": dtype, "batch": batch, "nheads": nheads,
+           "nheads_kv": nheads_kv, "headdim": d, "seqlen_q": 1, "seqlen_k": kvlen, "causal": False,
+           "paged": provider == "ioattn-paged", "device": env["device"], "mode": "decode", "ms": ms,
+           "us": None if ms is None else ms * 1e3, "gbps": gbps, "ok": ok}
+    if max_err is not None:
+        rec["max_err"] = max_err
+    if error:
+        rec["error"] = error
+    return rec
+
+
+def _decode_line(r):
+    value = f"{r['gbps']:8.4g} GB/s" if r.get("gbps") is not None else "   (failed)  "
+    us = f"{r['us']:9.1f} us" if r.get("us") is not None else " " * 12
+    return f"{r['provider']:<15} decode d={r['headdim']:<3} batch={r['batch']:<3} kv={r['seqlen_k']:<7} {us} {value}"
 
 
 _ENV = None
@@ -290,11 +438,16 @@ def main(argv=None):
         from ioattn.bench.report import main as report_main
         return report_main(argv[1:])
     ap = argparse.ArgumentParser(prog="ioattn bench", description="Benchmark ioattn against its peers.")
-    ap.add_argument("sweep", nargs="?", default="quick", help="train | memory | quick (or: report RESULTS.jsonl)")
+    ap.add_argument("sweep", nargs="?", default="quick",
+                    help="train | memory | quick | decode (or: report RESULTS.jsonl)")
     ap.add_argument("--dtype", default="bf16", help="bf16 | fp16")
     ap.add_argument("--providers", default=None, help="comma-separated provider names")
     ap.add_argument("--headdims", default=None, help="comma-separated subset of the sweep's head dims")
-    ap.add_argument("--seqlens", default=None, help="comma-separated sequence lengths (longer ones on request)")
+    ap.add_argument("--seqlens", default=None, help="comma-separated sequence lengths (longer ones on request); "
+                    "for decode, the same as --kvlens")
+    ap.add_argument("--batches", default=None, help="decode: comma-separated batch sizes (with --kvlens: their "
+                    "cross product replaces the case list; default 1)")
+    ap.add_argument("--kvlens", default=None, help="decode: comma-separated KV lengths (default: the sweep's)")
     ap.add_argument("--out", default=None, help="directory for results.jsonl and the plots")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -321,7 +474,8 @@ def main(argv=None):
 
     ints = lambda s: [int(x) for x in s.split(",")] if s else None  # noqa: E731
     records = run_sweep(args.sweep, device, args.dtype, names, log=lambda s: print(s, flush=True), sink=sink,
-                        headdims=ints(args.headdims), seqlens=ints(args.seqlens))
+                        headdims=ints(args.headdims), seqlens=ints(args.seqlens), batches=ints(args.batches),
+                        kvlens=ints(args.kvlens))
     from ioattn.bench.report import plot, table
     print()
     print(table(records))

@@ -5,9 +5,12 @@ import triton.language as tl
 
 
 @triton.jit
-def merge_states_kernel(Outs, Lses, Out, Lse, n_rows, n_splits, stride_os, stride_or, stride_ls,
+def merge_states_kernel(Outs, Lses, Out, Lse, n_rows, n_splits, stride_os, stride_or, stride_ls, nheads, seqlen_q,
                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-                        BLOCK_R: tl.constexpr):
+                        BLOCK_R: tl.constexpr, LSE_BHM: tl.constexpr):
+    """Rows are the flattened leading dims of the outputs. ``LSE_BHM``: the rows are (batch,
+    seqlen_q, nheads) and the merged lse goes out in flash-attn's (batch, nheads, seqlen_q) layout
+    (the decode path), saving a transpose kernel."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     splits = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
@@ -30,4 +33,10 @@ def merge_states_kernel(Outs, Lses, Out, Lse, n_rows, n_splits, stride_os, strid
         acc += ws[:, None] * o.to(tl.float32)
     tl.store(Out + rows64[:, None] * HEAD_DIM + offs_d[None, :], acc.to(Out.dtype.element_ty),
              mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
-    tl.store(Lse + rows64, merged_lse, mask=row_ok)
+    if LSE_BHM:
+        h = rows64 % nheads
+        bm = rows64 // nheads
+        lse_idx = (bm // seqlen_q) * nheads * seqlen_q + h * seqlen_q + bm % seqlen_q
+    else:
+        lse_idx = rows64
+    tl.store(Lse + lse_idx, merged_lse, mask=row_ok)

@@ -34,7 +34,9 @@ handles one (sequence, KV head, block of query rows, split of the key range):
   cache.
 * **Output.** Each split writes its normalised partial output (fp32) and its natural-log lse
   (-inf for a split that saw no key) to scratch ``(num_splits, batch, seqlen_q, nheads, d)`` /
-  ``(num_splits, batch, seqlen_q, nheads)``; ``merge_attention_states`` combines the splits.
+  ``(num_splits, batch, seqlen_q, nheads)``; the merge kernel combines the splits into the output
+  (q's dtype) and the lse in flash-attn's layout. With one split the kernel writes those directly:
+  a decode step is one or two launches.
 
 Reference twin: ``ioattn.reference.decode.kvcache_attention_ref``. Test: ``tests/test_decode.py``.
 """
@@ -96,21 +98,23 @@ def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, BlockTable, b64, cache
 
 @triton.jit
 def decode_split_kernel(
-    Q, K, V, Opart, Lpart, SeqEnd, Leftpad, BlockTable, CacheBatchIdx, alibi_slopes, k_desc, v_desc,
+    Q, K, V, Opart, Lpart, SeqLens, Leftpad, BlockTable, CacheBatchIdx, alibi_slopes, k_desc, v_desc,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_btb, stride_ab,
     stride_os, stride_ob, stride_om, stride_oh,
-    stride_ls, stride_lb, stride_lm,
-    nheads_kv, group, seqlen_q, num_m_blocks, num_splits, capacity, num_rows,
+    stride_ls, stride_lb, stride_lm, stride_lh,
+    seqlen_base, seqlen_new, nheads_kv, group, seqlen_q, num_m_blocks, num_splits, capacity, num_rows,
     qk_scale, softcap, window_left, window_right, phi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, USE_TMA: tl.constexpr, UNIFIED: tl.constexpr,
-    PHI_BELOW: tl.constexpr, PHI_ABOVE: tl.constexpr,
+    PHI_BELOW: tl.constexpr, PHI_ABOVE: tl.constexpr, HAS_SEQLENS: tl.constexpr,
 ):
-    """``num_rows``: pages in the pool (paged) or rows of the contiguous cache."""
+    """``num_rows``: pages in the pool (paged) or rows of the contiguous cache. Sequence b ends at
+    ``SeqLens[b] + seqlen_new`` (``seqlen_base + seqlen_new`` without ``HAS_SEQLENS``). With one
+    split, Opart/Lpart are the final output (q's dtype) and lse (batch, nheads, seqlen_q)."""
     pid = tl.program_id(0)
     split = pid % num_splits
     rest = pid // num_splits
@@ -119,7 +123,11 @@ def decode_split_kernel(
     h_kv = rest % nheads_kv
     b = rest // nheads_kv
 
-    end = tl.minimum(tl.maximum(tl.load(SeqEnd + b), 0), capacity)
+    if HAS_SEQLENS:
+        end = tl.load(SeqLens + b) + seqlen_new
+    else:
+        end = b * 0 + seqlen_base + seqlen_new
+    end = tl.minimum(tl.maximum(end, 0), capacity)
     lp = end * 0  # a tensor either way (it is reassigned under runtime ifs below)
     if HAS_LEFTPAD:
         lp = tl.minimum(tl.maximum(tl.load(Leftpad + b), 0), end)
@@ -191,5 +199,5 @@ def decode_split_kernel(
     hq64 = hq.to(tl.int64)
     o_ptrs = (Opart + split64 * stride_os + b64 * stride_ob + tok64[:, None] * stride_om + hq64[:, None] * stride_oh
               + offs_d[None, :])
-    tl.store(o_ptrs, out, mask=row_ok[:, None] & d_ok[None, :])
-    tl.store(Lpart + split64 * stride_ls + b64 * stride_lb + tok64 * stride_lm + hq64, lse, mask=row_ok)
+    tl.store(o_ptrs, out.to(Opart.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(Lpart + split64 * stride_ls + b64 * stride_lb + tok64 * stride_lm + hq64 * stride_lh, lse, mask=row_ok)
