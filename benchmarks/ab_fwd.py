@@ -1,6 +1,7 @@
 """A/B of forward variants in one process, with SDPA's flash and cuDNN backends timed beside them:
-the exp2 mode of the unmasked tiles (``IOATTN_EXP2``: 0 special-function unit, 1 half on the FMA
-polynomial, 2 all on it) crossed with the K/V load path (pointer / TMA descriptors).
+the K/V load path (pointer / TMA descriptors) crossed with the tiles given in ``--tiles``.
+(At commit e72b253 it also crossed the exp2 mode of FlashAttention-4's polynomial; that variant was
+measured slower everywhere and removed: benchmarks/NOTES.md, section 7.)
 
     python benchmarks/ab_fwd.py --out DIR [--headdims 64,128] [--seqlens 1024,4096,16384]
 
@@ -21,14 +22,14 @@ from ioattn.bench.providers import providers
 from ioattn.bench.run import _check
 from ioattn.bench.timing import attention_flops, median_ms
 
-VARIANTS = [(tma, exp) for tma in (False, True) for exp in (0, 1, 2)]
-
-
-def variant_fn(tma, exp):
+def variant_fn(tma, tiles):
     def run(q, k, v, causal):
-        os.environ["IOATTN_EXP2"] = str(exp)
-        with dispatch.prefer_tma(tma):
-            return ioattn.flash_attn_func(q, k, v, causal=causal)
+        dispatch.set_tile_override("fwd", tiles)
+        try:
+            with dispatch.prefer_tma(tma):
+                return ioattn.flash_attn_func(q, k, v, causal=causal)
+        finally:
+            dispatch.set_tile_override("fwd", None)
     return run
 
 
@@ -37,11 +38,15 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--headdims", default="64,128")
     ap.add_argument("--seqlens", default="1024,4096,16384")
+    ap.add_argument("--tiles", default="default", help="';'-separated block_m,block_n,warps,stages or 'default'")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     sink = open(os.path.join(args.out, "ab_fwd.jsonl"), "w")
     peers = {n: fn for n, (fn, _) in providers(["sdpa-flash", "sdpa-cudnn"]).items() if fn is not None}
-    fns = {f"ioattn-{'tma' if t else 'ptr'}-exp{e}": variant_fn(t, e) for t, e in VARIANTS}
+    tile_sets = [None if t == "default" else dispatch.TileConfig(*map(int, t.split(",")))
+                 for t in args.tiles.split(";")]
+    fns = {f"{'tma' if t else 'ptr'}-{'dflt' if c is None else '.'.join(map(str, (c.block_m, c.block_n, c.num_warps, c.num_stages)))}":
+           variant_fn(t, c) for c in tile_sets for t in (False, True)}
     fns.update(peers)
     rows = []
     for d in map(int, args.headdims.split(",")):
@@ -60,7 +65,6 @@ def main():
                     sink.write(json.dumps(rec) + "\n")
                     sink.flush()
                     rows.append(rec)
-    os.environ.pop("IOATTN_EXP2", None)
     names = list(fns)
     print(f"{'d':>3} {'c':>1} {'N':>6} " + " ".join(f"{n[-12:]:>12}" for n in names) + "   best/flash")
     for d in sorted({r["headdim"] for r in rows}):
@@ -68,7 +72,7 @@ def main():
             for n in sorted({r["seqlen"] for r in rows}):
                 cell = {r["variant"]: r for r in rows if (r["headdim"], r["causal"], r["seqlen"]) == (d, causal, n)}
                 vals = [f"{cell[x]['tflops']:12.0f}" if cell[x]["ok"] else f"{'FAIL':>12}" for x in names]
-                ours = max(r["tflops"] for x, r in cell.items() if x.startswith("ioattn") and r["ok"])
+                ours = max(r["tflops"] for x, r in cell.items() if x[:3] in ("tma", "ptr") and r["ok"])
                 ref = cell.get("sdpa-flash")
                 ratio = f"{ours / ref['tflops']:.2f}" if ref else "-"
                 print(f"{d:>3} {int(causal):>1} {n:>6} " + " ".join(vals) + f"   {ratio}")

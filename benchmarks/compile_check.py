@@ -63,7 +63,6 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--headdims", default="16,59,64,128,256")
     ap.add_argument("--quick", action="store_true", help="only the default feature set")
-    ap.add_argument("--exp-mode", type=int, default=0, help="forward EXP_MODE (kernels/common.py exp2_tile)")
     ap.add_argument("--dump", default=None, help="write the forward's TTGIR and PTX (default features) here")
     args = ap.parse_args()
     features = [dict(IS_VARLEN=False, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_DROPOUT=False)]
@@ -80,7 +79,6 @@ def main():
                         c = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **feat)
                         if fn is attn_fwd_kernel:
                             c["USE_TMA"] = tma
-                            c["EXP_MODE"] = args.exp_mode
                         _, shared, k = compile_one(fn, c, cfg.num_warps, cfg.num_stages)
                         pipelined = k.asm["ttgir"].count("async_")
                         if args.dump and fn is attn_fwd_kernel and feat is features[0]:

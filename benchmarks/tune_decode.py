@@ -56,15 +56,18 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     sink = open(os.path.join(args.out, "tune_decode.jsonl"), "w")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    loads = [dict(use_tma=False, num_stages=2), dict(use_tma=True, num_stages=2), dict(use_tma=True, num_stages=3),
-             dict(use_tma=True, num_stages=4)]
+    loads = [dict(use_tma=False, num_stages=2), dict(use_tma=True, num_stages=2), dict(use_tma=True, num_stages=3)]
     block_ns = [64] if args.quick else [32, 64, 128]
     waves = [1, 2, 4] if args.quick else [1, 2, 4, 8]
     best = {}
     for paged in (False, True):
         for load, bn in itertools.product(loads, block_ns):
             cfg = dict(load, block_n=bn, num_warps=4)
-            ok = correct(cfg, paged)
+            try:
+                ok = correct(cfg, paged)
+            except Exception as e:  # noqa: BLE001 - e.g. a config that needs more shared memory than there is
+                print(f"paged={paged} {cfg}: cannot run ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
+                continue
             for batch, kvlen in CASES:
                 q, kc, vc, kw = make(batch, kvlen, paged)
                 bytes_kv = 2 * kc.numel() * kc.element_size()

@@ -101,8 +101,7 @@ def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
         qk_scale, float(softcap), window[0], window[1], seed, threshold, dropout_scale,
         HEAD_DIM=pb.headdim, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         IS_VARLEN=pb.varlen, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi, HAS_DROPOUT=dropout_p > 0,
-        USE_TMA=use_tma, EXP_MODE=dispatch.fwd_exp_mode(q.dtype, pb.headdim),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        USE_TMA=use_tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse
 

@@ -32,20 +32,25 @@ from ioattn.merge import _merge_triton
 from ioattn.reference.decode import apply_rotary_ref, gather_kv_ref
 from ioattn.reference.naive import attention_ref
 
-# Split heuristic: aim for about one program per SM of an H100/H200 (132 SMs).
-DEFAULT_NUM_SMS = 132
-MAX_SPLITS = 128
-
-# Tiles: untuned (no device sweep yet). BLOCK_N 64 on CUDA; 16 under the interpreter so that the
-# small test caches cross several chunks and splits. Both shrink to divide the page size.
+# Launch policy, from the device sweep `benchmarks/tune_decode.py` (results in
+# benchmarks/results/decode-tune-1; 32 query / 8 KV heads, d=128, bf16, the peers' decode table):
+# - BLOCK_N 128 (pointer loads) was best or within 2 % of best at every case; 16 under the
+#   interpreter so that the small test caches cross several chunks and splits. Shrinks to divide
+#   the page size.
+# - splits: enough programs for SPLIT_WAVES programs per SM (2 beat 1, 4 and 8 at batch 1 with
+#   64k-128k keys: 146 us vs 213 / 202 / 233 at 128k), at least one chunk per split, at most
+#   MAX_SPLITS; none once batch * KV heads fill the SMs.
+# - TMA descriptors (pipelined loads) measured within 1-2 % of pointer loads: off (no host-side
+#   descriptor cost).
 # BLOCK_M is the packed row count (group * seqlen_q) rounded up to a power of two, >= 16, <= 64.
-_BLOCK_N_CUDA = 64
+DEFAULT_NUM_SMS = 132  # H100/H200; the device's own count is used when there is one
+SPLIT_WAVES = 2
+MAX_SPLITS = 256
+_BLOCK_N_CUDA = 128
 _BLOCK_N_INTERPRETER = 16
 _MAX_BLOCK_M = 64
 _NUM_WARPS = 4
 _NUM_STAGES = 2
-# K/V through tensor descriptors (TMA, pipelined by Triton) where the layout allows it. Off until
-# the device sweep decides.
 _USE_TMA_DEFAULT = False
 
 # Unified max (FlashDecoding++): a split keeps phi only if every row max m satisfies
@@ -281,12 +286,13 @@ def _storage_index(positions, block_table, cache_batch_idx, page_size):
 
 
 def _heuristic_splits(programs, max_end, block_n, num_sms=DEFAULT_NUM_SMS):
-    """Enough splits that the grid about fills ``num_sms`` SMs, but at least one key chunk per split
-    of the longest sequence, and at most ``MAX_SPLITS``."""
+    """Enough splits for ``SPLIT_WAVES`` programs per SM, but at least one key chunk per split of the
+    longest sequence, and at most ``MAX_SPLITS``; 1 when the (sequence, KV head) programs alone
+    fill the SMs."""
     if programs >= num_sms or max_end == 0:
         return 1
     chunks = triton.cdiv(max_end, block_n)
-    return max(1, min(triton.cdiv(num_sms, programs), chunks, MAX_SPLITS))
+    return max(1, min(triton.cdiv(SPLIT_WAVES * num_sms, programs), chunks, MAX_SPLITS))
 
 
 @functools.lru_cache(maxsize=8)
@@ -302,7 +308,7 @@ def _tma_ok(k_cache, v_cache, d):
     if k_cache.is_cuda and torch.cuda.get_device_capability(k_cache.device)[0] < 9:
         return False
     es = k_cache.element_size()
-    return d == dispatch.block_d(d) and all(
+    return d == dispatch.block_d(d) and min(k_cache.shape) > 0 and all(
         t.data_ptr() % 16 == 0 and all((st * es) % 16 == 0 for st in t.stride()[:-1]) for t in (k_cache, v_cache))
 
 

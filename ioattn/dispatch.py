@@ -37,9 +37,11 @@ def use_triton(device: torch.device) -> bool:
 
 _prefer_tma: bool | None = None
 
-# Forward K/V loads through tensor descriptors (TMA on Hopper). Off by default until the device
-# benchmark shows it wins: the pointer kernel is the measured one (benchmarks/NOTES.md).
-FWD_TMA_DEFAULT = False
+# Forward K/V loads through tensor descriptors (TMA on Hopper): Triton pipelines these, not the
+# pointer loads. On by default: in one A/B run (benchmarks/results/session-3/ab_fwd.jsonl) it was
+# at or above the pointer kernel at 10 of 12 points (d=128 N=16384: 486 vs 468 TFLOP/s), and the two
+# below were within 1 % (benchmarks/NOTES.md).
+FWD_TMA_DEFAULT = True
 
 
 @contextlib.contextmanager
@@ -55,7 +57,7 @@ def prefer_tma(enabled: bool):
 
 def fwd_uses_tma(k: torch.Tensor, v: torch.Tensor, varlen: bool) -> bool:
     """Descriptors need a batched layout (they clip at each sequence's end), 16-byte aligned base
-    and strides, and at least 16 bytes per row; on CUDA, sm_90 or newer."""
+    and strides, at least 16 bytes per row and no empty dimension; on CUDA, sm_90 or newer."""
     wanted = FWD_TMA_DEFAULT if _prefer_tma is None else _prefer_tma
     if not wanted or varlen:
         return False
@@ -63,23 +65,7 @@ def fwd_uses_tma(k: torch.Tensor, v: torch.Tensor, varlen: bool) -> bool:
         return False
     es = k.element_size()
     return all(t.data_ptr() % 16 == 0 and all((st * es) % 16 == 0 for st in t.stride()[:-1])
-               and t.shape[-1] * es >= 16 for t in (k, v))
-
-
-# exp2 in the forward's unmasked tiles (kernels/common.py exp2_tile): 0 = special-function unit
-# only, 1 = half the columns on the FMA units, 2 = all on FMA. 16-bit inputs only (the polynomial's
-# 9.5e-5 relative error is below their rounding of P, not float32's). Default 0 until measured
-# (benchmarks/NOTES.md); IOATTN_EXP2 overrides it for sweeps.
-FWD_EXP_MODE = {64: 0, 128: 0, 256: 0}
-
-
-def fwd_exp_mode(dtype: torch.dtype, headdim: int) -> int:
-    if dtype == torch.float32:
-        return 0
-    env = os.environ.get("IOATTN_EXP2")
-    if env is not None:
-        return int(env)
-    return FWD_EXP_MODE.get(block_d(headdim), 0)
+               and t.shape[-1] * es >= 16 and min(t.shape) > 0 for t in (k, v))
 
 
 def block_d(headdim: int) -> int:

@@ -69,11 +69,12 @@ def _merge_triton(outs, lses, out_dtype=None, lse_bhm=False):
     lse = torch.empty(n_rows, device=outs.device, dtype=torch.float32)
     nheads, seqlen_q = (lead[2], lead[1]) if lse_bhm else (1, 1)
     if n_rows:
-        block_r = 16
-        merge_states_kernel[(triton.cdiv(n_rows, block_r),)](
+        block_s = max(2, 1 << (splits - 1).bit_length())
+        # the outputs are read at most 64 splits per load: 64 x 256 fp32 is 128 registers a thread at 4 warps
+        merge_states_kernel[(n_rows,)](
             o, lse_in, out, lse, n_rows, splits, o.stride(0), o.stride(1), lse_in.stride(0), nheads, seqlen_q,
-            HEAD_DIM=d, BLOCK_D=dispatch.block_d(d), BLOCK_S=max(2, 1 << (splits - 1).bit_length()),
-            BLOCK_R=block_r, LSE_BHM=lse_bhm)
+            HEAD_DIM=d, BLOCK_D=dispatch.block_d(d), BLOCK_S=block_s, CHUNK_S=min(block_s, 64),
+            LSE_BHM=lse_bhm, num_warps=4)
     if lse_bhm:
         return out.reshape(*lead, d), lse.reshape(lead[0], nheads, seqlen_q)
     return out.reshape(*lead, d), lse.reshape(lead)

@@ -11,7 +11,7 @@ import torch
 from conftest import DEVICE, assert_lse_close, assert_within_torch_error, rotary_tables
 
 from ioattn import dispatch
-from ioattn.decode import DEFAULT_NUM_SMS, _heuristic_splits, decode_config, flash_attn_with_kvcache
+from ioattn.decode import DEFAULT_NUM_SMS, MAX_SPLITS, SPLIT_WAVES, _heuristic_splits, decode_config, flash_attn_with_kvcache
 from ioattn.reference.decode import kvcache_attention_ref
 
 I32 = torch.int32
@@ -180,10 +180,10 @@ def test_output_without_lse_is_a_tensor():
 
 def test_heuristic_splits():
     assert _heuristic_splits(DEFAULT_NUM_SMS, 10_000, 64) == 1  # the grid is full already
-    assert _heuristic_splits(8, 10_000, 64) == -(-DEFAULT_NUM_SMS // 8)
+    assert _heuristic_splits(8, 100_000, 64) == -(-SPLIT_WAVES * DEFAULT_NUM_SMS // 8)  # 2 programs per SM
     assert _heuristic_splits(8, 100, 64) == 2  # never more splits than chunks of the longest sequence
     assert _heuristic_splits(1, 0, 64) == 1
-    assert _heuristic_splits(1, 10 ** 7, 64) == 128  # capped
+    assert _heuristic_splits(1, 10 ** 7, 64) == MAX_SPLITS  # capped
 
 
 # ---------------------------------------------------------------- refused calls

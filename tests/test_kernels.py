@@ -14,8 +14,6 @@ multiplies bf16 bit patterns in tl.dot and truncates fp32 -> bf16 casts; see
 from __future__ import annotations
 
 import pytest
-import triton
-import triton.language as tl
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,7 +22,6 @@ from conftest import DEVICE, assert_lse_close, assert_matches_oracles, attention
 from ioattn import (dispatch, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
                     flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func)
 from ioattn.dispatch import TileConfig
-from ioattn.kernels.common import exp2_fma
 from ioattn.masks import keep_mask
 from ioattn.reference import dropout_keep_mask
 
@@ -687,37 +684,3 @@ def test_property(pb):
     torch.manual_seed(pb["seed"])
     check_case(b=pb["b"], sq=pb["sq"], sk=pb["sk"], h=pb["hk"] * pb["group"], hk=pb["hk"], d=pb["d"],
                dtype=pb["dtype"], causal=pb["causal"], window_size=pb["window"], softcap=pb["softcap"])
-
-
-# ----------------------------------------------------------------------------------------------
-# exp2 on the FMA units (FlashAttention-4's polynomial)
-# ----------------------------------------------------------------------------------------------
-
-@triton.jit
-def _exp2_fma_kernel(X, Y, N: tl.constexpr):
-    offs = tl.arange(0, N)
-    tl.store(Y + offs, exp2_fma(tl.load(X + offs)))
-
-
-def test_exp2_fma_accuracy():
-    """The cubic 2**x against float64 over the softmax's range (x <= 0): relative error <= 1e-4,
-    exact at integers, and the flush at 2**-126."""
-    x = torch.cat([-torch.rand(4000, dtype=torch.float64) * 40, -torch.arange(0, 96, dtype=torch.float64)]).float()
-    x = torch.cat([x, torch.full((4096 - x.numel(),), -300.0)])
-    y = torch.empty_like(x)
-    _exp2_fma_kernel[(1,)](x.to(DEVICE), y_dev := y.to(DEVICE), N=4096)
-    y = y_dev.cpu().double()
-    want = torch.exp2(x.double().clamp(min=-126))
-    rel = ((y - want) / want).abs()
-    assert rel.max() <= 1e-4, rel.max()
-    assert torch.equal(y[4000:4096][x[4000:4096] > -127], want[4000:4096][x[4000:4096] > -127]), "2**n must be exact"
-
-
-@pytest.mark.parametrize("mode", [1, 2])
-@pytest.mark.parametrize("dtype,causal", [(BF16, False), (FP16, True)], ids=["bf16", "fp16-causal"])
-def test_exp_modes(mode, dtype, causal, monkeypatch):
-    """The forward with half (1) or all (2) of the unmasked tiles' exp2 on the FMA polynomial passes the
-    same oracle check (interior tiles exist: 203 keys over 32-column tiles)."""
-    monkeypatch.setenv("IOATTN_EXP2", str(mode))
-    assert dispatch.fwd_exp_mode(dtype, 64) == mode and dispatch.fwd_exp_mode(FP32, 64) == 0
-    check_case(b=2, sq=113, sk=203, h=2, hk=1, d=64, dtype=dtype, causal=causal)

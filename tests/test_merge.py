@@ -21,7 +21,8 @@ def _split_attention(q, k, v, bounds):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("bounds", [(0, 100), (0, 37, 100), (0, 1, 2, 50, 99, 100), (0, 0, 60, 60, 100)])
+@pytest.mark.parametrize("bounds", [(0, 100), (0, 37, 100), (0, 1, 2, 50, 99, 100), (0, 0, 60, 60, 100),
+                                    tuple(range(0, 100, 1)) + (100,)])  # 100 sets: more than one 64-split load
 def test_merge_equals_attention_over_the_union(backend, bounds):
     q = torch.randn(2, 5, 3, 24, dtype=torch.float64)
     k, v = torch.randn(2, 100, 3, 24, dtype=torch.float64), torch.randn(2, 100, 3, 24, dtype=torch.float64)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 import ioattn
 
 PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flex", "flash-attn", "flash-attn-cute")
-OURS = ("ioattn", "ioattn-tma")
+OURS = ("ioattn", "ioattn-ptr")
 
 
 def _sdpa(backend):
@@ -41,10 +41,11 @@ def _ioattn(q, k, v, causal):
     return ioattn.flash_attn_func(q, k, v, causal=causal)
 
 
-def _ioattn_tma(q, k, v, causal):
-    """The forward with K/V through tensor descriptors (TMA), whatever the default is."""
+def _ioattn_ptr(q, k, v, causal):
+    """The forward with K/V through pointer loads instead of tensor descriptors (TMA, the default
+    on Hopper): the A/B of the load path, in every run."""
     from ioattn import dispatch
-    with dispatch.prefer_tma(True):
+    with dispatch.prefer_tma(False):
         return ioattn.flash_attn_func(q, k, v, causal=causal)
 
 
@@ -84,7 +85,7 @@ def providers(names=None):
     """Name -> (callable or None, reason). Unknown names get a reason, not an exception."""
     from torch.nn.attention import SDPBackend
 
-    table = {"ioattn": (_ioattn, ""), "ioattn-tma": (_ioattn_tma, "")}
+    table = {"ioattn": (_ioattn, ""), "ioattn-ptr": (_ioattn_ptr, "")}
     for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
                           ("sdpa-efficient", SDPBackend.EFFICIENT_ATTENTION), ("sdpa-math", SDPBackend.MATH)):
         table[name] = (_sdpa(backend), "")

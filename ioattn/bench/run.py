@@ -35,7 +35,7 @@ class Sweep:
     modes: tuple = ("fwd", "bwd", "fwdbwd")
     tokens: int = 16384  # batch * seqlen, as the FlashAttention papers plot it
     hidden: int = 2048   # nheads * headdim
-    providers: tuple = ("ioattn", "ioattn-tma") + ALL_PEERS
+    providers: tuple = ("ioattn", "ioattn-ptr") + ALL_PEERS
     memory: bool = False  # peak memory of forward+backward instead of time
 
 
@@ -280,8 +280,10 @@ def run_decode_sweep(name, device, dtype_name="bf16", provider_names=None, log=p
                             checked[pname] = _check_decode(setup, sets[0])
                         ok, err = checked[pname]
                         runs = [setup(*s) for s in sets]
-                        ms = median_ms(lambda run: run(), runs)
-                        rec = _decode_record(name, pname, dtype_name, shape, env, ms=ms, ok=ok, max_err=err)
+                        stats = {}
+                        ms = median_ms(lambda run: run(), runs, stats=stats)
+                        rec = _decode_record(name, pname, dtype_name, shape, env, ms=ms, ok=ok, max_err=err,
+                                             host_ms=stats.get("host_ms"))
                         if not ok:
                             rec["error"] = f"failed the correctness check (max err {err:.3g})"
                         records.append(rec)
@@ -320,7 +322,7 @@ def _check_decode(setup, inputs):
     return (not math.isnan(err)) and err <= 2 * base + 1e-4, err
 
 
-def _decode_record(sweep, provider, dtype, shape, env, ms=None, ok=False, max_err=None, error=None):
+def _decode_record(sweep, provider, dtype, shape, env, ms=None, ok=False, max_err=None, error=None, host_ms=None):
     batch, kvlen, nheads, nheads_kv, d = shape
     gbps = decode_bytes(batch, kvlen, nheads_kv, d, DTYPES[dtype].itemsize) / ms / 1e6 if ms and ok else None
     rec = {"sweep": sweep, "provider": provider, "dtype": dtype, "batch": batch, "nheads": nheads,
@@ -329,6 +331,8 @@ def _decode_record(sweep, provider, dtype, shape, env, ms=None, ok=False, max_er
            "us": None if ms is None else ms * 1e3, "gbps": gbps, "ok": ok}
     if max_err is not None:
         rec["max_err"] = max_err
+    if host_ms is not None:
+        rec["host_ms"] = host_ms
     if error:
         rec["error"] = error
     return rec
@@ -365,11 +369,12 @@ def _short(e):
 
 
 def _measure_time(fn, sets, causal, mode, ok, err, base):
-    ms = _time(fn, sets, causal, mode)
+    stats = {}
+    ms = _time(fn, sets, causal, mode, stats)
     batch, n, nheads, d = base["shape"]
     tf = attention_flops(batch, nheads, n, n, d, causal, mode) / ms / 1e9
     rec = _base(base["sweep"], base["provider"], base["dtype"], base["shape"], causal, base["env"], mode=mode,
-                ms=ms, tflops=tf if ok else None, ok=ok, max_err=err)
+                ms=ms, tflops=tf if ok else None, ok=ok, max_err=err, host_ms=stats.get("host_ms"))
     if not ok:
         rec["error"] = f"failed the correctness check (max err {err:.3g})"
     return rec
@@ -390,22 +395,22 @@ def _measure_memory(fn, qkv, causal, base):
                  mode="fwdbwd", ok=True, peak_mem_mb=peak)
 
 
-def _time(fn, sets, causal, mode):
+def _time(fn, sets, causal, mode, stats=None):
     if mode == "fwd":
         with torch.no_grad():
-            return median_ms(lambda s: fn(*s, causal), sets)
+            return median_ms(lambda s: fn(*s, causal), sets, stats=stats)
     if mode == "fwdbwd":
         def step(s):
             q, k, v, dout = s
             torch.autograd.grad(fn(q, k, v, causal), (q, k, v), dout)
         leaves = [tuple(t.detach().requires_grad_() for t in s) + (torch.randn_like(s[0]),) for s in sets]
-        return median_ms(step, leaves)
+        return median_ms(step, leaves, stats=stats)
     graded = []
     for s in sets:
         q, k, v = (t.detach().requires_grad_() for t in s)
         out = fn(q, k, v, causal)
         graded.append((out, torch.randn_like(out), (q, k, v)))
-    return median_ms(lambda g: torch.autograd.grad(g[0], g[2], g[1], retain_graph=True), graded)
+    return median_ms(lambda g: torch.autograd.grad(g[0], g[2], g[1], retain_graph=True), graded, stats=stats)
 
 
 def _line(r):

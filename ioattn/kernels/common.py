@@ -6,12 +6,6 @@ import triton.language as tl
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
-# 2**f on [0, 1) as 1 + f (C1 + f (C2 + f C3)): a least-squares fit of the relative error, reweighted
-# towards its maximum (Lawson), computed for this project; max relative error 9.5e-5, below the
-# rounding of P to bf16 (3.9e-3) or fp16 (4.9e-4) before P @ V. FlashAttention-4 uses a cubic too.
-EXP2_C1 = tl.constexpr(0.69507058)
-EXP2_C2 = tl.constexpr(0.22765098)
-EXP2_C3 = tl.constexpr(0.07714326)
 
 
 
@@ -146,44 +140,17 @@ def mma(a, b, acc=None):
 
 
 @triton.jit
-def exp2_fma(x):
-    """2**x for x <= 0 on the FMA units (FlashAttention-4's trick to relieve the special-function
-    unit): 2**floor(x) goes straight into the exponent bits, 2**frac(x) is the cubic above. Flushes
-    below 2**-126 to 2**-126 (never exactly 0: callers keep -inf scores away)."""
-    x = tl.maximum(x, -126.0)
-    xi = tl.floor(x)
-    f = x - xi
-    p = 1.0 + f * (EXP2_C1 + f * (EXP2_C2 + f * EXP2_C3))
-    bits = p.to(tl.int32, bitcast=True) + (xi.to(tl.int32) << 23)
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def exp2_tile(x, EXP_MODE: tl.constexpr):
-    """exp2 of a (rows, cols) tile. EXP_MODE 0: the special-function unit (MUFU) for every element;
-    1: every other column on the FMA units (the two halves run on different units); 2: all on FMA."""
-    if EXP_MODE == 0:
-        return tl.math.exp2(x)
-    elif EXP_MODE == 1:
-        a, b = tl.split(tl.reshape(x, (x.shape[0], x.shape[1] // 2, 2)))
-        return tl.reshape(tl.join(tl.math.exp2(a), exp2_fma(b)), (x.shape[0], x.shape[1]))
-    else:
-        return exp2_fma(x)
-
-
-@triton.jit
-def softmax_step(s, m_i, l_i, acc, GUARD_EMPTY: tl.constexpr, EXP_MODE: tl.constexpr = 0):
+def softmax_step(s, m_i, l_i, acc, GUARD_EMPTY: tl.constexpr):
     """One online-softmax step on a tile of log2-domain scores: new running max and sum, the
     accumulator rescaled, and the tile's unnormalised probabilities (FlashAttention-2: no division
     until the end). ``GUARD_EMPTY``: rows may have seen no key yet (masked tiles) -- their max stays
-    -inf and 0 is subtracted instead, so exp2 gives 0, not NaN. ``EXP_MODE`` (see ``exp2_tile``) only
-    where the tile has no -inf score (unmasked tiles)."""
+    -inf and 0 is subtracted instead, so exp2 gives 0, not NaN."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
     if GUARD_EMPTY:
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_use = m_new
-    p = exp2_tile(s - m_use[:, None], EXP_MODE)
+    p = tl.math.exp2(s - m_use[:, None])
     alpha = tl.math.exp2(m_i - m_use)
     return p, m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None]
 

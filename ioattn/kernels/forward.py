@@ -16,7 +16,7 @@ def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride
                window_right, slope_log2, seed, dropout_threshold, drop_row_base, seqlen_k_max,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
                USE_TMA: tl.constexpr, MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-               HAS_DROPOUT: tl.constexpr, EXP_MODE: tl.constexpr):
+               HAS_DROPOUT: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
     for n_block in range(n_block_lo, n_block_hi):
         offs_n = n_block * BLOCK_N + offs_n0
@@ -37,7 +37,7 @@ def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride
             qk = mma(q, k)
         s = tile_scores(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                         window_right, slope_log2, MASKED, HAS_SOFTCAP, HAS_ALIBI)
-        p, m_i, l_i, acc = softmax_step(s, m_i, l_i, acc, MASKED, 0 if MASKED else EXP_MODE)
+        p, m_i, l_i, acc = softmax_step(s, m_i, l_i, acc, MASKED)
         if HAS_DROPOUT:
             keep = dropout_keep(seed, dropout_threshold, drop_row_base, offs_n, seqlen_k_max)
             p = tl.where(keep, p, 0.0)
@@ -67,11 +67,10 @@ def attn_fwd_kernel(
     qk_scale, softcap, window_left, window_right, seed, dropout_threshold, dropout_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr, USE_TMA: tl.constexpr, EXP_MODE: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """``USE_TMA``: K and V arrive through host-built tensor descriptors over their
-    (batch, seqlen_k, nheads_kv, headdim) view (batched inputs with 16-byte aligned strides).
-    ``EXP_MODE``: how the unmasked tiles compute exp2 (``common.exp2_tile``)."""
+    (batch, seqlen_k, nheads_kv, headdim) view (batched inputs with 16-byte aligned strides)."""
     m_block, bh = tile_coords(tl.cdiv(seqlen_q_max, BLOCK_M), True)
     b = bh // nheads
     h = bh % nheads
@@ -111,17 +110,17 @@ def attn_fwd_kernel(
                                n_min, n_full_lo, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                                window_right, slope_log2, seed, dropout_threshold, drop_row_base,
                                seqlen_k_max, HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, USE_TMA, True, HAS_SOFTCAP, HAS_ALIBI,
-                               HAS_DROPOUT, EXP_MODE)
+                               HAS_DROPOUT)
     acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn, offs_m, offs_d,
                                n_full_lo, n_full_hi, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                                window_right, slope_log2, seed, dropout_threshold, drop_row_base,
                                seqlen_k_max, HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, USE_TMA, False, HAS_SOFTCAP, HAS_ALIBI,
-                               HAS_DROPOUT, EXP_MODE)
+                               HAS_DROPOUT)
     acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn, offs_m, offs_d,
                                n_full_hi, n_max, seqlen_q, seqlen_k, qk_scale,
                                softcap, window_left, window_right, slope_log2, seed, dropout_threshold,
                                drop_row_base, seqlen_k_max, HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, USE_TMA, True,
-                               HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EXP_MODE)
+                               HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT)
 
     out, lse = softmax_finish(acc, m_i, l_i, dropout_scale)
     row_ok = offs_m < seqlen_q
