@@ -76,6 +76,8 @@ def main():
                 cfg = dispatch._FWD_TILES[bd] if kind == "fwd" else dispatch._BWD_TILES[bd]
                 for fn in fns:
                     for tma in ((False, True) if fn is attn_fwd_kernel and d % 8 == 0 else (False,)):
+                        if fn is attn_fwd_kernel and tma:
+                            cfg = dispatch._FWD_TILES_TMA.get(bd, dispatch._FWD_TILES[bd])
                         c = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **feat)
                         if fn is attn_fwd_kernel:
                             c["USE_TMA"] = tma

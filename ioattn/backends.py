@@ -79,13 +79,14 @@ def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     if q.numel() == 0 or pb.seqlen_q == 0:
         lse.fill_(float("-inf"))
         return out.zero_(), lse
-    cfg = dispatch.tiles("fwd", pb.headdim, q.device, seqlen_q=pb.seqlen_q, masked_right=window[1] >= 0)
+    use_tma = dispatch.fwd_uses_tma(k, v, pb.varlen)
+    cfg = dispatch.tiles("fwd", pb.headdim, q.device, seqlen_q=pb.seqlen_q, masked_right=window[1] >= 0,
+                         tma=use_tma)
     qk_scale, threshold, dropout_scale = _scalars(softmax_scale, softcap, dropout_p)
     alibi, stride_ab, has_alibi = _alibi_args(alibi_slopes, q)
     cu_q = cu_seqlens_q if pb.varlen else q.new_empty(0, dtype=torch.int32)
     cu_k = cu_seqlens_k if pb.varlen else q.new_empty(0, dtype=torch.int32)
     bd = dispatch.block_d(pb.headdim)
-    use_tma = dispatch.fwd_uses_tma(k, v, pb.varlen)
     k_desc = v_desc = None
     if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor

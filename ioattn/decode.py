@@ -33,15 +33,18 @@ from ioattn.reference.decode import apply_rotary_ref, gather_kv_ref
 from ioattn.reference.naive import attention_ref
 
 # Launch policy, from the device sweep `benchmarks/tune_decode.py` (results in
-# benchmarks/results/decode-tune-1; 32 query / 8 KV heads, d=128, bf16, the peers' decode table):
+# benchmarks/results/decode-tune-{1,2}; 32 query / 8 KV heads, d=128, bf16, the peers' decode table):
 # - BLOCK_N 128 (pointer loads) was best or within 2 % of best at every case; 16 under the
 #   interpreter so that the small test caches cross several chunks and splits. Shrinks to divide
 #   the page size.
 # - splits: enough programs for SPLIT_WAVES programs per SM (2 beat 1, 4 and 8 at batch 1 with
 #   64k-128k keys: 146 us vs 213 / 202 / 233 at 128k), at least one chunk per split, at most
 #   MAX_SPLITS; none once batch * KV heads fill the SMs.
-# - TMA descriptors (pipelined loads) measured within 1-2 % of pointer loads: off (no host-side
-#   descriptor cost).
+# - TMA descriptors (pipelined loads) measured within 1-2 % of pointer loads on contiguous caches:
+#   off there (no host-side descriptor cost). Paged caches (pages of 256) without splits read 17 %
+#   slower through pointers than the contiguous cache at batch 64 x 4096 keys (288 vs 246 us);
+#   through TMA 248 us (and at batch 32 x 32768: 971 vs 949 contiguous): on there. With splits,
+#   pointer loads (batch 8 x 8192: 76 vs 101 us through TMA). Source: benchmarks/results/decode-tune-2.
 # BLOCK_M is the packed row count (group * seqlen_q) rounded up to a power of two, >= 16, <= 64.
 DEFAULT_NUM_SMS = 132  # H100/H200; the device's own count is used when there is one
 SPLIT_WAVES = 2
@@ -304,11 +307,12 @@ def _num_sms(device):
 
 def _tma_ok(k_cache, v_cache, d):
     """Descriptors over the cache: sm_90+ (or the interpreter), 16-byte aligned base and strides,
-    d a power of two (the box is the whole head)."""
+    d a power of two up to 128 (the box is the whole head; two stages of 128-key K and V tiles of a
+    larger head do not fit in shared memory)."""
     if k_cache.is_cuda and torch.cuda.get_device_capability(k_cache.device)[0] < 9:
         return False
     es = k_cache.element_size()
-    return d == dispatch.block_d(d) and min(k_cache.shape) > 0 and all(
+    return d == dispatch.block_d(d) and d <= 128 and min(k_cache.shape) > 0 and all(
         t.data_ptr() % 16 == 0 and all((st * es) % 16 == 0 for st in t.stride()[:-1]) for t in (k_cache, v_cache))
 
 
@@ -327,7 +331,9 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     if num_splits == 0:
         num_splits = _plan_override.get("num_splits") or _heuristic_splits(programs, span, block_n,
                                                                            _num_sms(q.device))
-    use_tma = _plan_override.get("use_tma", _USE_TMA_DEFAULT) and _tma_ok(k_cache, v_cache, d)
+    # paged caches without splits: TMA (see the policy notes at the top)
+    tma_default = _USE_TMA_DEFAULT or (paged and num_splits == 1 and q.is_cuda)
+    use_tma = _plan_override.get("use_tma", tma_default) and _tma_ok(k_cache, v_cache, d)
     return DecodePlan(block_m, block_n, num_splits, use_tma, _plan_override.get("num_warps", _NUM_WARPS),
                       _plan_override.get("num_stages", _NUM_STAGES))
 

@@ -138,9 +138,17 @@ _FWD_SHORT_CAUSAL = TileConfig(64, 64, 4, 3)
 SHORT_SEQLEN = 1024
 
 
+# Forward tiles when K/V come through descriptors (TMA), where they differ from the table above.
+# d=64: 64 query rows x 128 keys, 4 warps, 3 stages. Source: benchmarks/results/session-3/ab_fwd-2.jsonl
+# (same run, bf16): non-causal N=4096 434 vs 408 TFLOP/s for (128, 64, 4, 3), N=8192 438 vs 414;
+# causal 348 vs 336 and 383 vs 369. Through pointer loads the same tiles lose (378 vs 402).
+_FWD_TILES_TMA = {64: TileConfig(64, 128, 4, 3)}
+
+
 def tiles(kind: str, headdim: int, device: torch.device, seqlen_q: int | None = None,
-          masked_right: bool = False) -> TileConfig:
-    """Tiles for a launch. ``masked_right``: a causal (or right-bounded window) mask."""
+          masked_right: bool = False, tma: bool = False) -> TileConfig:
+    """Tiles for a launch. ``masked_right``: a causal (or right-bounded window) mask; ``tma``: the
+    forward loads K/V through descriptors."""
     if kind in _override:
         return _override[kind]
     from_env = _env_tiles(kind, block_d(headdim))
@@ -151,5 +159,7 @@ def tiles(kind: str, headdim: int, device: torch.device, seqlen_q: int | None = 
     if (kind == "fwd" and masked_right and seqlen_q is not None and seqlen_q <= SHORT_SEQLEN
             and block_d(headdim) <= 64):
         return _FWD_SHORT_CAUSAL
+    if kind == "fwd" and tma and block_d(headdim) in _FWD_TILES_TMA:
+        return _FWD_TILES_TMA[block_d(headdim)]
     table = _FWD_TILES if kind == "fwd" else _BWD_TILES
     return table[block_d(headdim)]

@@ -280,7 +280,8 @@ for dt, paged, feat, block_m, d, tma, uni in (("bf16", False, False, 16, 128, Fa
                                               ("bf16", True, True, decode._MAX_BLOCK_M, 256, True, False),
                                               ("fp32", True, True, decode._MAX_BLOCK_M, 59, False, True),
                                               ("fp16", False, True, 16, 64, False, False)):
-    c = dict(HEAD_DIM=d, BLOCK_D=max(16, 1 << (d - 1).bit_length()), BLOCK_M=block_m, BLOCK_N=decode._BLOCK_N_CUDA,
+    c = dict(HEAD_DIM=d, BLOCK_D=max(16, 1 << (d - 1).bit_length()), BLOCK_M=block_m,
+             BLOCK_N=decode._BLOCK_N_CUDA if d <= 128 else 64,
              PAGE_SIZE=64 if paged else 1, PAGED=paged, HAS_BATCH_IDX=feat and not paged, HAS_LEFTPAD=feat,
              HAS_SOFTCAP=feat, HAS_ALIBI=feat, USE_TMA=tma, UNIFIED=uni, PHI_BELOW=8.0, PHI_ABOVE=15.0,
              HAS_SEQLENS=not feat)

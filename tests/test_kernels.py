@@ -684,3 +684,11 @@ def test_property(pb):
     torch.manual_seed(pb["seed"])
     check_case(b=pb["b"], sq=pb["sq"], sk=pb["sk"], h=pb["hk"] * pb["group"], hk=pb["hk"], d=pb["d"],
                dtype=pb["dtype"], causal=pb["causal"], window_size=pb["window"], softcap=pb["softcap"])
+
+
+def test_tma_tiles_table():
+    """The descriptor forward takes its own tiles where the device A/B says so (d=64), else the table's."""
+    cuda = torch.device("cuda")  # a device object only: nothing runs
+    assert dispatch.tiles("fwd", 64, cuda, seqlen_q=4096, tma=True) == dispatch._FWD_TILES_TMA[64]
+    assert dispatch.tiles("fwd", 64, cuda, seqlen_q=4096) == dispatch._FWD_TILES[64]
+    assert dispatch.tiles("fwd", 128, cuda, seqlen_q=4096, tma=True) == dispatch._FWD_TILES[128]

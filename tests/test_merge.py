@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import ioattn
+from conftest import DEVICE
 from ioattn import dispatch
 from ioattn.reference import attention_ref
 from ioattn.reference.merge import merge_states_ref
@@ -24,8 +25,9 @@ def _split_attention(q, k, v, bounds):
 @pytest.mark.parametrize("bounds", [(0, 100), (0, 37, 100), (0, 1, 2, 50, 99, 100), (0, 0, 60, 60, 100),
                                     tuple(range(0, 100, 1)) + (100,)])  # 100 sets: more than one 64-split load
 def test_merge_equals_attention_over_the_union(backend, bounds):
-    q = torch.randn(2, 5, 3, 24, dtype=torch.float64)
-    k, v = torch.randn(2, 100, 3, 24, dtype=torch.float64), torch.randn(2, 100, 3, 24, dtype=torch.float64)
+    q = torch.randn(2, 5, 3, 24, dtype=torch.float64, device=DEVICE)
+    k = torch.randn(2, 100, 3, 24, dtype=torch.float64, device=DEVICE)
+    v = torch.randn(2, 100, 3, 24, dtype=torch.float64, device=DEVICE)
     full, full_lse = attention_ref(q, k, v)
     outs, lses = _split_attention(q, k, v, bounds)  # empty slices give lse -inf and out 0
     outs = [o.float() for o in outs]
@@ -40,8 +42,8 @@ def test_merge_equals_attention_over_the_union(backend, bounds):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_merge_of_empty_sets(backend):
     """Rows where every split saw no key: output 0 and lse -inf, never NaN; mixed rows unaffected."""
-    outs = torch.randn(3, 4, 2, 8)
-    lses = torch.randn(3, 4, 2)
+    outs = torch.randn(3, 4, 2, 8, device=DEVICE)
+    lses = torch.randn(3, 4, 2, device=DEVICE)
     lses[:, 0] = float("-inf")   # row 0: every split empty
     lses[1, 1] = float("-inf")   # row 1: one split empty
     with dispatch.forced_backend(backend):
