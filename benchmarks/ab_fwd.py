@@ -39,18 +39,21 @@ def main():
     ap.add_argument("--headdims", default="64,128")
     ap.add_argument("--seqlens", default="1024,4096,16384")
     ap.add_argument("--tiles", default="default", help="';'-separated block_m,block_n,warps,stages or 'default'")
+    ap.add_argument("--loads", default="ptr,tma", help="load paths to cross with the tiles: ptr, tma or both")
+    ap.add_argument("--causal", default="0,1", help="masks: 0 (none), 1 (causal) or both")
+    ap.add_argument("--tag", default="ab_fwd", help="name of the JSON-lines file")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    sink = open(os.path.join(args.out, "ab_fwd.jsonl"), "w")
+    sink = open(os.path.join(args.out, f"{args.tag}.jsonl"), "w")
     peers = {n: fn for n, (fn, _) in providers(["sdpa-flash", "sdpa-cudnn"]).items() if fn is not None}
     tile_sets = [None if t == "default" else dispatch.TileConfig(*map(int, t.split(",")))
                  for t in args.tiles.split(";")]
     fns = {f"{'tma' if t else 'ptr'}-{'dflt' if c is None else '.'.join(map(str, (c.block_m, c.block_n, c.num_warps, c.num_stages)))}":
-           variant_fn(t, c) for c in tile_sets for t in (False, True)}
+           variant_fn(t, c) for c in tile_sets for t in (False, True) if ("tma" if t else "ptr") in args.loads}
     fns.update(peers)
     rows = []
     for d in map(int, args.headdims.split(",")):
-        for causal in (False, True):
+        for causal in [bool(int(c)) for c in args.causal.split(",")]:
             ok = {}
             for n in map(int, args.seqlens.split(",")):
                 shape = (16384 // n, n, 2048 // d, d)
@@ -68,7 +71,7 @@ def main():
     names = list(fns)
     print(f"{'d':>3} {'c':>1} {'N':>6} " + " ".join(f"{n[-12:]:>12}" for n in names) + "   best/flash")
     for d in sorted({r["headdim"] for r in rows}):
-        for causal in (False, True):
+        for causal in sorted({r["causal"] for r in rows}):
             for n in sorted({r["seqlen"] for r in rows}):
                 cell = {r["variant"]: r for r in rows if (r["headdim"], r["causal"], r["seqlen"]) == (d, causal, n)}
                 vals = [f"{cell[x]['tflops']:12.0f}" if cell[x]["ok"] else f"{'FAIL':>12}" for x in names]

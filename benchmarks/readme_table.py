@@ -1,6 +1,9 @@
-"""Render the README's performance table from a committed results file (never typed by hand).
+"""Render the README's performance table from committed results files (never typed by hand).
 
-    python benchmarks/readme_table.py benchmarks/results/train-2026-11-29/results.jsonl [--write README.md]
+    python benchmarks/readme_table.py RESULTS.jsonl [MORE.jsonl ...] [--write README.md]
+
+With several files, each head dim's rows come from the last file that has that head dim, so every
+row's ratios compare providers measured in one run (the caption names the file of each head dim).
 """
 import argparse
 import json
@@ -9,15 +12,24 @@ import re
 START, END = "<!-- perf:start -->", "<!-- perf:end -->"
 
 
-def table(path, ours="ioattn", peer="sdpa-flash", best="sdpa-cudnn"):
-    recs = [json.loads(line) for line in open(path)]
-    by = {}
-    for r in recs:
-        if r.get("tflops") is not None:
-            by.setdefault((r["headdim"], r["causal"], r["seqlen_q"], r["mode"]), {})[r["provider"]] = r["tflops"]
-    device = next((r["device"] for r in recs), "?")
+def table(paths, ours="ioattn", peer="sdpa-flash", best="sdpa-cudnn"):
+    paths = [paths] if isinstance(paths, str) else list(paths)
+    by, source, device = {}, {}, "?"
+    for path in paths:
+        recs = [json.loads(line) for line in open(path)]
+        dims = {r["headdim"] for r in recs if r.get("tflops") is not None}
+        for key in [k for k in by if k[0] in dims]:  # a later file replaces a head dim entirely
+            del by[key]
+        for r in recs:
+            if r.get("tflops") is not None:
+                by.setdefault((r["headdim"], r["causal"], r["seqlen_q"], r["mode"]), {})[r["provider"]] = r["tflops"]
+                device = r["device"]
+        source.update({d: path for d in dims})
+    files = sorted(set(source.values()), key=paths.index)
+    where = "; ".join(f"head dim {', '.join(str(d) for d in sorted(d for d in source if source[d] == f))}: `{f}`"
+                      for f in files)
     lines = [f"bf16, batch x seqlen = 16384 tokens, hidden 2048, {device}, TFLOP/s (forward 4·B·H·N²·D, halved "
-             f"when causal; backward 2.5x). Source: `{path}`, all providers measured in that one run.", "",
+             f"when causal; backward 2.5x). Sources: {where}; each row's providers measured in one run.", "",
              f"| head dim | causal | seqlen | fwd {ours} | fwd {peer} | x | fwd {best} | bwd {ours} | "
              f"bwd {peer} | x | bwd {best} |", "|" + "---|" * 11]
     for d, c, n in sorted({k[:3] for k in by}):
@@ -31,7 +43,7 @@ def table(path, ours="ioattn", peer="sdpa-flash", best="sdpa-cudnn"):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("results")
+    ap.add_argument("results", nargs="+")
     ap.add_argument("--write", default=None, help="README to update between the perf markers")
     args = ap.parse_args()
     t = table(args.results)

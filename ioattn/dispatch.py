@@ -139,10 +139,16 @@ SHORT_SEQLEN = 1024
 
 
 # Forward tiles when K/V come through descriptors (TMA), where they differ from the table above.
-# d=64: 64 query rows x 128 keys, 4 warps, 3 stages. Source: benchmarks/results/session-3/ab_fwd-2.jsonl
-# (same run, bf16): non-causal N=4096 434 vs 408 TFLOP/s for (128, 64, 4, 3), N=8192 438 vs 414;
-# causal 348 vs 336 and 383 vs 369. Through pointer loads the same tiles lose (378 vs 402).
-_FWD_TILES_TMA = {64: TileConfig(64, 128, 4, 3)}
+# Sources (bf16, 16k tokens, SDPA flash in the same process): benchmarks/results/fwd-ab-2/.
+# - d=128: 64 query rows x 64 keys, 4 warps, 3 stages at every length and mask (ab_long, ab_short:
+#   N=512 361 vs 292 TFLOP/s for (128, 64, 8, 3); causal N=4096 465 vs 381; N=16384 505 vs 464,
+#   causal 523 vs 475). With pointer loads the table's (128, 64, 8, 3) stays.
+# - d=64: 64 x 128, 4 warps, 3 stages (ab_tiles: N=4096 434 vs 408, N=8192 438 vs 414); but 64 x 64
+#   for causal masks up to N=4096 (ab_long: N=2048 320 vs 276, N=4096 368 vs 347; at 8192 and
+#   16384 the 64 x 128 tiles win, 400 vs 390 and 427 vs 393). Through pointer loads 64 x 128 loses.
+_FWD_TILES_TMA = {64: TileConfig(64, 128, 4, 3), 128: TileConfig(64, 64, 4, 3)}
+_FWD_TMA_CAUSAL_SHORT = TileConfig(64, 64, 4, 3)
+TMA_CAUSAL_SHORT_SEQLEN = 4096
 
 
 def tiles(kind: str, headdim: int, device: torch.device, seqlen_q: int | None = None,
@@ -156,10 +162,13 @@ def tiles(kind: str, headdim: int, device: torch.device, seqlen_q: int | None = 
         return from_env
     if device.type != "cuda":
         return INTERPRETER_TILES
-    if (kind == "fwd" and masked_right and seqlen_q is not None and seqlen_q <= SHORT_SEQLEN
+    if (kind == "fwd" and not tma and masked_right and seqlen_q is not None and seqlen_q <= SHORT_SEQLEN
             and block_d(headdim) <= 64):
         return _FWD_SHORT_CAUSAL
     if kind == "fwd" and tma and block_d(headdim) in _FWD_TILES_TMA:
+        if (block_d(headdim) <= 64 and masked_right and seqlen_q is not None
+                and seqlen_q <= TMA_CAUSAL_SHORT_SEQLEN):
+            return _FWD_TMA_CAUSAL_SHORT
         return _FWD_TILES_TMA[block_d(headdim)]
     table = _FWD_TILES if kind == "fwd" else _BWD_TILES
     return table[block_d(headdim)]

@@ -687,8 +687,13 @@ def test_property(pb):
 
 
 def test_tma_tiles_table():
-    """The descriptor forward takes its own tiles where the device A/B says so (d=64), else the table's."""
+    """The descriptor forward takes its own tiles where the device A/B says so, else the table's."""
     cuda = torch.device("cuda")  # a device object only: nothing runs
-    assert dispatch.tiles("fwd", 64, cuda, seqlen_q=4096, tma=True) == dispatch._FWD_TILES_TMA[64]
-    assert dispatch.tiles("fwd", 64, cuda, seqlen_q=4096) == dispatch._FWD_TILES[64]
-    assert dispatch.tiles("fwd", 128, cuda, seqlen_q=4096, tma=True) == dispatch._FWD_TILES[128]
+    tiles = dispatch.tiles
+    assert tiles("fwd", 64, cuda, seqlen_q=8192, tma=True) == dispatch._FWD_TILES_TMA[64]
+    assert tiles("fwd", 64, cuda, seqlen_q=8192, masked_right=True, tma=True) == dispatch._FWD_TILES_TMA[64]
+    assert tiles("fwd", 64, cuda, seqlen_q=4096, masked_right=True, tma=True) == dispatch._FWD_TMA_CAUSAL_SHORT
+    assert tiles("fwd", 128, cuda, seqlen_q=512, tma=True) == dispatch._FWD_TILES_TMA[128]
+    assert tiles("fwd", 64, cuda, seqlen_q=4096) == dispatch._FWD_TILES[64]  # pointer loads: the table
+    assert tiles("fwd", 128, cuda, seqlen_q=4096) == dispatch._FWD_TILES[128]
+    assert tiles("fwd", 256, cuda, seqlen_q=4096, tma=True) == dispatch._FWD_TILES[256]
