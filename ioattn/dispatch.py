@@ -38,7 +38,7 @@ def use_triton(device: torch.device) -> bool:
 _prefer_tma: bool | None = None
 
 # Forward K/V loads through tensor descriptors (TMA on Hopper): Triton pipelines these, not the
-# pointer loads. On by default: in one A/B run (benchmarks/results/session-3/ab_fwd.jsonl) it was
+# pointer loads. On by default: in one A/B run (benchmarks/results/fwd-ab-1/ab_fwd.jsonl) it was
 # at or above the pointer kernel at 10 of 12 points (d=128 N=16384: 486 vs 468 TFLOP/s), and the two
 # below were within 1 % (benchmarks/NOTES.md).
 FWD_TMA_DEFAULT = True

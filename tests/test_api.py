@@ -494,3 +494,25 @@ def test_varlen_dropout_probs_give_the_mask(backend):
         ref, _ = attention_ref(q[cq[i]:cq[i + 1]][None], k[ck[i]:ck[i + 1]][None], v[ck[i]:ck[i + 1]][None],
                                window=(-1, 0), dropout_p=p, dropout_keep=keep)
         assert (out[cq[i]:cq[i + 1]].double() - ref[0]).abs().max() < 1e-4
+
+
+def test_explain_dispatch_matches_the_policy():
+    """explain_dispatch reports the backend and the dispatch tables' choice for the call."""
+    import ioattn
+    from ioattn import dispatch
+
+    q = torch.randn(2, 100, 4, 64, dtype=FP16)
+    k = torch.randn(2, 100, 2, 64, dtype=FP16)
+    with dispatch.forced_backend("reference"):
+        plan = ioattn.explain_dispatch(q, k, k, causal=True)
+        assert plan.backend == "reference" and plan.forward is None
+    with dispatch.forced_backend("triton"):
+        plan = ioattn.explain_dispatch(q, k, k, causal=True)
+    assert plan.backend == "triton" and "forced" in plan.reason
+    cfg = dispatch.tiles("fwd", 64, q.device, seqlen_q=100, masked_right=True, tma=True)
+    assert plan.forward["tiles"] == (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)
+    assert plan.forward["kv_loads"] == ("tma" if dispatch.fwd_uses_tma(k, k, False) else "pointer")
+    assert plan.forward["programs"] == -(-100 // cfg.block_m) * 2 * 4
+    assert "backward: " in plan.describe() and plan.backward["atomics"] is False
+    with dispatch.forced_backend("triton"), dispatch.prefer_tma(False):
+        assert ioattn.explain_dispatch(q, k, k).forward["kv_loads"] == "pointer"

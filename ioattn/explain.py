@@ -1,0 +1,55 @@
+"""``explain_dispatch``: which implementation, kernel, tiles and load path a call would use, without
+running it. The same host policy the launchers call (``ioattn.dispatch``), so what it says is what
+runs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ioattn import dispatch
+from ioattn.masks import normalize_window
+
+
+@dataclass(frozen=True)
+class DispatchPlan:
+    backend: str            # "triton" (CUDA, or the interpreter) or "reference" (tiled PyTorch)
+    reason: str
+    forward: dict | None    # kernel, tiles (block_m, block_n, warps, stages), kv_loads, programs
+    backward: dict | None
+
+    def describe(self) -> str:
+        lines = [f"backend: {self.backend} ({self.reason})"]
+        for name, part in (("forward", self.forward), ("backward", self.backward)):
+            if part:
+                lines.append(f"{name}: " + ", ".join(f"{k}={v}" for k, v in part.items()))
+        return "\n".join(lines)
+
+
+def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                     window_size=(-1, -1), cu_seqlens_q: torch.Tensor | None = None,
+                     max_seqlen_q: int | None = None) -> DispatchPlan:
+    """The plan for ``flash_attn_func(q, k, v, causal=..., window_size=...)`` (or the varlen call
+    when ``cu_seqlens_q``/``max_seqlen_q`` are given, with q/k/v packed as (total, nheads, d))."""
+    varlen = cu_seqlens_q is not None
+    if not dispatch.use_triton(q.device):
+        return DispatchPlan("reference", f"{q.device.type} tensors without TRITON_INTERPRET=1: the tiled "
+                            "PyTorch path (ioattn.reference)", None, None)
+    reason = "CUDA tensors" if q.is_cuda else "TRITON_INTERPRET=1"
+    if dispatch._forced_backend == "triton":
+        reason = "forced (dispatch.forced_backend)"
+    window = normalize_window(window_size, bool(causal))
+    seqlen_q = max_seqlen_q if varlen else q.shape[1]
+    batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
+    nheads, d = q.shape[-2], q.shape[-1]
+    tma = dispatch.fwd_uses_tma(k, v, varlen)
+    fwd = dispatch.tiles("fwd", d, q.device, seqlen_q=seqlen_q, masked_right=window[1] >= 0, tma=tma)
+    bwd = dispatch.tiles("bwd", d, q.device)
+    forward = {"kernel": "ioattn.kernels.forward.attn_fwd_kernel",
+               "tiles": (fwd.block_m, fwd.block_n, fwd.num_warps, fwd.num_stages),
+               "kv_loads": "tma" if tma else "pointer", "head_dim_padded": dispatch.block_d(d),
+               "programs": triton.cdiv(seqlen_q, fwd.block_m) * batch * nheads}
+    backward = {"kernels": "attn_bwd_preprocess_kernel, attn_bwd_dkdv_kernel, attn_bwd_dq_kernel",
+                "tiles": (bwd.block_m, bwd.block_n, bwd.num_warps, bwd.num_stages), "atomics": False}
+    return DispatchPlan("triton", reason, forward, backward)
