@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from ioattn import dispatch
+from ioattn import dispatch, hopper
 from ioattn.reference.philox import dropout_threshold
 
 
@@ -75,6 +75,8 @@ def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     from ioattn.kernels.forward import attn_fwd_kernel
 
     pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if hopper.wanted() and hopper.hopper_supports(q, k, v, pb.varlen, window, softcap, alibi_slopes, dropout_p)[0]:
+        return hopper.hopper_forward(q, k, v, softmax_scale, window == (-1, 0))
     out, lse = pb.outputs(q)
     if q.numel() == 0 or pb.seqlen_q == 0:
         lse.fill_(float("-inf"))

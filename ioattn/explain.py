@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from ioattn import dispatch
+from ioattn import dispatch, hopper
 from ioattn.masks import normalize_window
 
 
@@ -41,15 +41,23 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         reason = "forced (dispatch.forced_backend)"
     window = normalize_window(window_size, bool(causal))
     seqlen_q = max_seqlen_q if varlen else q.shape[1]
+    ok, why = hopper.hopper_supports(q, k, v, varlen, window, 0.0, None, 0.0)
+    if hopper.wanted() and ok:
+        bm, bn, stages = hopper.TILES[q.shape[-1]]
+        forward = {"kernel": "ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, experimental)",
+                   "tiles": (bm, bn, 4 * (bm // 64), stages), "kv_loads": "tma (producer warp)",
+                   "head_dim_padded": q.shape[-1]}
+    else:
+        forward = None
     batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
     nheads, d = q.shape[-2], q.shape[-1]
     tma = dispatch.fwd_uses_tma(k, v, varlen)
     fwd = dispatch.tiles("fwd", d, q.device, seqlen_q=seqlen_q, masked_right=window[1] >= 0, tma=tma)
     bwd = dispatch.tiles("bwd", d, q.device)
-    forward = {"kernel": "ioattn.kernels.forward.attn_fwd_kernel",
-               "tiles": (fwd.block_m, fwd.block_n, fwd.num_warps, fwd.num_stages),
-               "kv_loads": "tma" if tma else "pointer", "head_dim_padded": dispatch.block_d(d),
-               "programs": triton.cdiv(seqlen_q, fwd.block_m) * batch * nheads}
+    forward = forward or {"kernel": "ioattn.kernels.forward.attn_fwd_kernel",
+                          "tiles": (fwd.block_m, fwd.block_n, fwd.num_warps, fwd.num_stages),
+                          "kv_loads": "tma" if tma else "pointer", "head_dim_padded": dispatch.block_d(d)}
+    forward["programs"] = triton.cdiv(seqlen_q, forward["tiles"][0]) * batch * nheads
     backward = {"kernels": "attn_bwd_preprocess_kernel, attn_bwd_dkdv_kernel, attn_bwd_dq_kernel",
                 "tiles": (bwd.block_m, bwd.block_n, bwd.num_warps, bwd.num_stages), "atomics": False}
     return DispatchPlan("triton", reason, forward, backward)

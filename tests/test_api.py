@@ -516,3 +516,18 @@ def test_explain_dispatch_matches_the_policy():
     assert "backward: " in plan.describe() and plan.backward["atomics"] is False
     with dispatch.forced_backend("triton"), dispatch.prefer_tma(False):
         assert ioattn.explain_dispatch(q, k, k).forward["kv_loads"] == "pointer"
+
+
+def test_hopper_kernel_is_opt_in_and_refuses_what_it_does_not_cover():
+    """The Gluon Hopper forward is experimental: never chosen by default, and only for the calls it
+    covers; elsewhere (here: a CPU) the portable path runs and the reason is given."""
+    from ioattn import hopper
+
+    q = torch.randn(1, 64, 2, 64, dtype=torch.bfloat16)
+    assert not hopper.wanted()
+    ok, why = hopper.hopper_supports(q, q, q, False, (-1, -1), 0.0, None, 0.0)
+    assert not ok and "sm_90" in why
+    with hopper.prefer_hopper(True):
+        assert hopper.wanted()
+        out = flash_attn_func(q, q, q, causal=True)  # still the CPU path, no error
+    assert out.shape == q.shape and torch.isfinite(out).all()

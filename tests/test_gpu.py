@@ -154,3 +154,27 @@ def test_decode_long_cache(use_tma, paged, splits):
     ref, _ = kvcache_attention_ref(q, **{n: t.clone() for n, t in kw.items()})
     same, _ = kvcache_attention_ref(q, **{n: t.clone() for n, t in kw.items()}, upcast=False)
     assert_within_torch_error("decode out", out, ref, same)
+
+
+# ---------------------------------------------------------------- the Gluon Hopper forward (experimental)
+
+_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1), (3, 129, 64, 2, 2)])
+def test_hopper_forward(d, causal, dtype, shape):
+    """Against the float64 oracle (2x PyTorch's own error), forward and the gradients of the portable
+    backward fed by this forward's output and lse; NaN-poisoned outputs would show."""
+    from ioattn import hopper
+    b, sq, sk, h, hkv = shape
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+    k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype)
+    ok, why = hopper.hopper_supports(q, k, k, False, (-1, 0) if causal else (-1, -1), 0.0, None, 0.0)
+    assert ok, why
+    with hopper.prefer_hopper(True):
+        assert "hopper_fwd_kernel" in ioattn.explain_dispatch(q, k, k, causal=causal).forward["kernel"]
+        _check(b, sq, sk, h, hkv, d, dtype, causal=causal)

@@ -23,3 +23,15 @@ def test_kernels_compile_for_sm90():
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "all kernels compiled for sm_90" in proc.stdout
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+def test_hopper_gluon_kernel_compiles_for_sm90():
+    """The Gluon forward (experimental, opt-in) compiles for every head dim, dtype and mask the dispatch
+    can give it, fits shared memory and uses wgmma, TMA and register reallocation."""
+    pytest.importorskip("triton.experimental.gluon")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_check_hopper.py")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "hopper kernel compiled for sm_90" in proc.stdout
