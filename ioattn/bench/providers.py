@@ -83,28 +83,35 @@ def _import_peer(name):
 
 def providers(names=None):
     """Name -> (callable or None, reason). Unknown names get a reason, not an exception."""
+    table = {"ioattn": (_ioattn, ""), "ioattn-ptr": (_ioattn_ptr, "")}
+    return _with_peers(table, names, _sdpa, _flex, lambda peer: (_import_peer(peer), ""), OURS, "provider")
+
+
+def _with_peers(table, names, make_sdpa, make_flex, import_peer, ours, what):
+    """``table`` (ours) completed with the peers: SDPA per backend, FlexAttention and flash-attn when
+    they can be built here, each else (None, reason); with ``names``, exactly those names, unknown
+    ones with a reason (the train and decode tables share this)."""
     from torch.nn.attention import SDPBackend
 
-    table = {"ioattn": (_ioattn, ""), "ioattn-ptr": (_ioattn_ptr, "")}
     for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
                           ("sdpa-efficient", SDPBackend.EFFICIENT_ATTENTION), ("sdpa-math", SDPBackend.MATH)):
-        table[name] = (_sdpa(backend), "")
+        table[name] = (make_sdpa(backend), "")
     wanted = set(table) | set(PEERS) if names is None else set(names)
     if "flex" in wanted:
         try:
-            table["flex"] = (_flex(), "")
+            table["flex"] = (make_flex(), "")
         except Exception as e:  # noqa: BLE001 - an old torch without FlexAttention
             table["flex"] = (None, f"FlexAttention unavailable: {type(e).__name__}: {e}")
     for peer in ("flash-attn", "flash-attn-cute"):
         if peer in wanted:
             try:
-                table[peer] = (_import_peer(peer), "")
+                table[peer] = import_peer(peer)
             except Exception as e:  # noqa: BLE001 - any import failure means "not installed here"
                 table[peer] = (None, f"not importable here ({type(e).__name__})")
     if names is None:
         return table
-    known = ", ".join(list(OURS) + list(PEERS))
-    return {n: table.get(n, (None, f"unknown provider {n!r}; known: {known}")) for n in names}
+    known = ", ".join(list(ours) + list(PEERS))
+    return {n: table.get(n, (None, f"unknown {what} {n!r}; known: {known}")) for n in names}
 
 
 # ---------------------------------------------------------------- decode (one query token per sequence)
@@ -281,30 +288,11 @@ def decode_providers(names=None):
     ``ioattn-checked``: the default (values checked); ``ioattn-paged``: the same data in pages of
     256 tokens in a random order; ``ioattn-unified``: with a unified max from a calibration sample;
     ``ioattn-graph``: the ``ioattn`` call captured once into a CUDA graph and replayed."""
-    from torch.nn.attention import SDPBackend
-
     table = {"ioattn": (_kvcache_setup(), ""), "ioattn-checked": (_checked_setup, ""),
              "ioattn-paged": (_paged_setup, "")}
     table["ioattn-unified"] = ((_unified_setup, "") if "unified_max" in _kvcache_params()
                                else (None, "needs unified_max support"))
     table["ioattn-graph"] = ((_graph_setup, "") if torch.cuda.is_available()
                              else (None, "needs CUDA (CUDA graph replay)"))
-    for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
-                          ("sdpa-efficient", SDPBackend.EFFICIENT_ATTENTION), ("sdpa-math", SDPBackend.MATH)):
-        table[name] = (_sdpa_decode(backend), "")
-    wanted = set(table) | set(PEERS) if names is None else set(names)
-    if "flex" in wanted:
-        try:
-            table["flex"] = (_flex_decode(), "")
-        except Exception as e:  # noqa: BLE001 - an old torch without FlexAttention
-            table["flex"] = (None, f"FlexAttention unavailable: {type(e).__name__}: {e}")
-    for peer in ("flash-attn", "flash-attn-cute"):
-        if peer in wanted:
-            try:
-                table[peer] = _import_decode_peer(peer)
-            except Exception as e:  # noqa: BLE001 - any import failure means "not installed here"
-                table[peer] = (None, f"not importable here ({type(e).__name__})")
-    if names is None:
-        return table
-    known = ", ".join(list(DECODE_OURS) + list(PEERS))
-    return {n: table.get(n, (None, f"unknown decode provider {n!r}; known: {known}")) for n in names}
+    return _with_peers(table, names, _sdpa_decode, _flex_decode, _import_decode_peer, DECODE_OURS,
+                       "decode provider")

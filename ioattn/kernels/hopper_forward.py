@@ -63,6 +63,17 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
 
 
 @gluon.jit
+def _issue_pv(o, alpha, p, v_smem, v_ready, i, o_layout: gl.constexpr, p_layout: gl.constexpr,
+              STAGES: gl.constexpr):
+    """Rescale the finished accumulator by alpha and issue O += P(i) V(i) asynchronously."""
+    o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    p16 = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+    cur = i % STAGES
+    mbarrier.wait(v_ready.index(cur), (i // STAGES) & 1)
+    return warpgroup_mma(p16, v_smem.index(cur), o, is_async=True)
+
+
+@gluon.jit
 def _consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, Out, Lse,
               q_row0, q_col, m_start, seqlen_q, seqlen_k, n_lo, n_tiles, stride_om, stride_lse_h, lse_base,
               qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -103,11 +114,7 @@ def _consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, 
         # P(i-1) V(i-1) done (S(i+1) may still run): rescale, then issue P(i) V(i)
         o = warpgroup_mma_wait(1, deps=[acc])
         mbarrier.arrive(v_empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)
-        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        p16 = gl.convert_layout(p.to(q_smem.dtype), p_layout)
-        cur = i % STAGES
-        mbarrier.wait(v_ready.index(cur), (i // STAGES) & 1)
-        acc = warpgroup_mma(p16, v_smem.index(cur), o, is_async=True)
+        acc = _issue_pv(o, alpha, p, v_smem, v_ready, i, o_layout, p_layout, STAGES)
         s = warpgroup_mma_wait(1, deps=[s_tok])
         mbarrier.arrive(k_empty.index(nxt), count=1)
 
@@ -116,11 +123,7 @@ def _consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, 
     p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, (n_lo + last) * BLOCK_N, seqlen_q, seqlen_k,
                                        rows_1d, cols_1d, True, IS_CAUSAL)
     o = warpgroup_mma_wait(0, deps=[acc])
-    o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-    p16 = gl.convert_layout(p.to(q_smem.dtype), p_layout)
-    cur = last % STAGES
-    mbarrier.wait(v_ready.index(cur), (last // STAGES) & 1)
-    acc = warpgroup_mma(p16, v_smem.index(cur), o, is_async=True)
+    acc = _issue_pv(o, alpha, p, v_smem, v_ready, last, o_layout, p_layout, STAGES)
     o = warpgroup_mma_wait(0, deps=[acc])
 
     # epilogue: normalise once, rows that saw no key give 0 and lse -inf
