@@ -104,10 +104,15 @@ class _PoisonedTorch(types.ModuleType):
 
 @pytest.fixture
 def poison_alloc(monkeypatch):
-    """Every buffer ``ioattn.backends`` allocates with torch.empty/empty_like starts as NaN."""
+    """Every buffer the launchers allocate with torch.empty/empty_like starts as NaN: the training
+    kernels (``ioattn.backends``), the Hopper forward (``ioattn.hopper``), decoding and the merge."""
     import ioattn.backends
+    import ioattn.decode
+    import ioattn.hopper
+    import ioattn.merge
 
-    monkeypatch.setattr(ioattn.backends, "torch", _PoisonedTorch("torch"))
+    for module in (ioattn.backends, ioattn.hopper, ioattn.decode, ioattn.merge):
+        monkeypatch.setattr(module, "torch", _PoisonedTorch("torch"))
 
 
 @pytest.fixture

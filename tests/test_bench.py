@@ -339,3 +339,18 @@ def _in_root(render, root, paths):
         return render(paths)
     finally:
         os.chdir(here)
+
+
+def test_committed_results_follow_the_schema():
+    """Every committed ``ioattn bench`` results file passes the documented record schema, so the
+    report command can always re-render them."""
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    files = sorted(root.glob("**/results.jsonl"))
+    assert files
+    for path in files:
+        records = report.load(str(path))
+        assert records, path
+        problems = {i: report.validate(r) for i, r in enumerate(records) if report.validate(r)}
+        assert not problems, f"{path}: {dict(list(problems.items())[:3])}"

@@ -18,7 +18,7 @@ I32 = torch.int32
 BACKENDS = ["triton", "reference"]
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "poison_alloc")
 
 
 def _rotary_tables(seqlen_ro, rotary_dim):

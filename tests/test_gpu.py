@@ -166,7 +166,7 @@ _SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1), (3, 129, 64, 2, 2)])
-def test_hopper_forward(d, causal, dtype, shape):
+def test_hopper_forward(d, causal, dtype, shape, poison_alloc):
     """Against the float64 oracle (2x PyTorch's own error), forward and the gradients of the portable
     backward fed by this forward's output and lse; NaN-poisoned outputs would show."""
     from ioattn import hopper
