@@ -8,7 +8,6 @@ Layouts: batched ``q (batch, seqlen_q, nheads, d)``, ``k/v (batch, seqlen_k, nhe
 from __future__ import annotations
 
 import torch
-import triton
 
 from ioattn import dispatch, hopper
 from ioattn.reference.philox import dropout_threshold
@@ -96,7 +95,7 @@ def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
                           for t in (k, v))
     # 1-D grid, query blocks fastest (blocks of one head share K/V in L2); CUDA's y and z grid
     # dimensions stop at 65535, too few for batch * nheads in large varlen batches
-    grid = (triton.cdiv(pb.seqlen_q, cfg.block_m) * pb.batch * pb.nheads,)
+    grid = (dispatch.cdiv(pb.seqlen_q, cfg.block_m) * pb.batch * pb.nheads,)
     attn_fwd_kernel[grid](
         q, k, v, out, lse, cu_q, cu_k, alibi, k_desc, v_desc,
         *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(out), *pb.lse_strides(lse), stride_ab,
@@ -125,7 +124,7 @@ def triton_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     cu_q = cu_seqlens_q if pb.varlen else q.new_empty(0, dtype=torch.int32)
     cu_k = cu_seqlens_k if pb.varlen else q.new_empty(0, dtype=torch.int32)
     delta = torch.empty_like(lse)
-    attn_bwd_preprocess_kernel[(triton.cdiv(pb.seqlen_q, 64) * pb.batch * pb.nheads,)](
+    attn_bwd_preprocess_kernel[(dispatch.cdiv(pb.seqlen_q, 64) * pb.batch * pb.nheads,)](
         out, dout, delta, cu_q, *pb.strides(out), *pb.strides(dout), *pb.lse_strides(lse),
         pb.nheads, pb.seqlen_q, HEAD_DIM=pb.headdim, BLOCK_D=bd, BLOCK_M=64, IS_VARLEN=pb.varlen)
     common = dict(HEAD_DIM=pb.headdim, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -133,11 +132,11 @@ def triton_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
                   HAS_DROPOUT=dropout_p > 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     scalars = (pb.nheads, pb.nheads // pb.nheads_kv, pb.seqlen_q, pb.seqlen_k, softmax_scale, qk_scale,
                float(softcap), window[0], window[1], seed, threshold, dropout_scale)
-    attn_bwd_dkdv_kernel[(triton.cdiv(pb.seqlen_k, cfg.block_n) * pb.batch * pb.nheads_kv,)](
+    attn_bwd_dkdv_kernel[(dispatch.cdiv(pb.seqlen_k, cfg.block_n) * pb.batch * pb.nheads_kv,)](
         q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k, alibi,
         *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(dout), *pb.strides(dk),
         *pb.strides(dv), *pb.lse_strides(lse), stride_ab, *scalars, **common)
-    attn_bwd_dq_kernel[(triton.cdiv(pb.seqlen_q, cfg.block_m) * pb.batch * pb.nheads,)](
+    attn_bwd_dq_kernel[(dispatch.cdiv(pb.seqlen_q, cfg.block_m) * pb.batch * pb.nheads,)](
         q, k, v, dout, lse, delta, dq, cu_q, cu_k, alibi,
         *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(dout), *pb.strides(dq),
         *pb.lse_strides(lse), stride_ab, *scalars, **common)

@@ -22,7 +22,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from ioattn import dispatch
 from ioattn.api import _DTYPES, MAX_HEADDIM
@@ -294,8 +293,8 @@ def _heuristic_splits(programs, max_end, block_n, num_sms=DEFAULT_NUM_SMS):
     fill the SMs."""
     if programs >= num_sms or max_end == 0:
         return 1
-    chunks = triton.cdiv(max_end, block_n)
-    return max(1, min(triton.cdiv(SPLIT_WAVES * num_sms, programs), chunks, MAX_SPLITS))
+    chunks = dispatch.cdiv(max_end, block_n)
+    return max(1, min(dispatch.cdiv(SPLIT_WAVES * num_sms, programs), chunks, MAX_SPLITS))
 
 
 @functools.lru_cache(maxsize=8)
@@ -326,8 +325,8 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
         while k_cache.shape[1] % block_n:
             block_n //= 2
     rows = (nheads // nheads_kv) * seqlen_q
-    block_m = min(_MAX_BLOCK_M, max(16, triton.next_power_of_2(rows)))
-    programs = batch * nheads_kv * triton.cdiv(rows, block_m)
+    block_m = min(_MAX_BLOCK_M, max(16, dispatch.next_power_of_2(rows)))
+    programs = batch * nheads_kv * dispatch.cdiv(rows, block_m)
     if num_splits == 0:
         num_splits = _plan_override.get("num_splits") or _heuristic_splits(programs, span, block_n,
                                                                            _num_sms(q.device))
@@ -365,7 +364,7 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
     cfg = plan(q, k_cache, v_cache, paged, span, num_splits)
     page_size = k_cache.shape[1] if paged else 0
     capacity = block_table.shape[1] * page_size if paged else k_cache.shape[1]
-    num_m_blocks = triton.cdiv(group * seqlen_q, cfg.block_m)
+    num_m_blocks = dispatch.cdiv(group * seqlen_q, cfg.block_m)
     programs = batch * nheads_kv * num_m_blocks
     bd = dispatch.block_d(d)
 

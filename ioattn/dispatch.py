@@ -68,6 +68,16 @@ def fwd_uses_tma(k: torch.Tensor, v: torch.Tensor, varlen: bool) -> bool:
                and t.shape[-1] * es >= 16 and min(t.shape) > 0 for t in (k, v))
 
 
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division for host code (``triton.cdiv`` is a JIT-aware function costing microseconds
+    a call; a decode step on the host made five of them)."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def block_d(headdim: int) -> int:
     """Head dims are padded to a power of two inside the kernel (masked loads, no copies)."""
     return max(16, 1 << (headdim - 1).bit_length())

@@ -9,7 +9,8 @@ import contextlib
 import os
 
 import torch
-import triton
+
+from ioattn import dispatch
 
 _prefer: bool | None = None
 
@@ -71,7 +72,7 @@ def hopper_forward(q, k, v, softmax_scale, causal):
     q_desc = TensorDescriptor.from_tensor(q.view(batch * seqlen_q, nheads * d), [block_m, d], q_layout)
     k_desc = TensorDescriptor.from_tensor(k.view(batch * seqlen_k, nheads_kv * d), [block_n, d], kv_layout)
     v_desc = TensorDescriptor.from_tensor(v.view(batch * seqlen_k, nheads_kv * d), [block_n, d], kv_layout)
-    grid = (triton.cdiv(seqlen_q, block_m) * batch * nheads,)
+    grid = (dispatch.cdiv(seqlen_q, block_m) * batch * nheads,)
     hopper_fwd_kernel[grid](q_desc, k_desc, v_desc, out, lse, seqlen_q, seqlen_k, nheads, nheads // nheads_kv,
                             nheads * d, lse.stride(0), lse.stride(1), softmax_scale * 1.4426950408889634,
                             HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, IS_CAUSAL=bool(causal),

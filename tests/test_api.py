@@ -531,3 +531,10 @@ def test_hopper_kernel_is_opt_in_and_refuses_what_it_does_not_cover():
         assert hopper.wanted()
         out = flash_attn_func(q, q, q, causal=True)  # still the CPU path, no error
     assert out.shape == q.shape and torch.isfinite(out).all()
+
+
+def test_host_integer_helpers():
+    from ioattn import dispatch
+
+    assert [dispatch.cdiv(a, b) for a, b in ((0, 4), (1, 4), (4, 4), (5, 4), (129, 64))] == [0, 1, 1, 2, 3]
+    assert [dispatch.next_power_of_2(n) for n in (0, 1, 2, 3, 4, 5, 16, 17)] == [1, 1, 2, 4, 4, 8, 16, 32]
