@@ -22,11 +22,11 @@ from ioattn.bench.providers import providers
 from ioattn.bench.run import _check
 from ioattn.bench.timing import attention_flops, median_ms
 
-def variant_fn(tma, tiles):
+def variant_fn(tma, tiles, persistent=False):
     def run(q, k, v, causal):
         dispatch.set_tile_override("fwd", tiles)
         try:
-            with dispatch.prefer_tma(tma):
+            with dispatch.prefer_tma(tma), dispatch.prefer_persistent(persistent):
                 return ioattn.flash_attn_func(q, k, v, causal=causal)
         finally:
             dispatch.set_tile_override("fwd", None)
@@ -39,7 +39,8 @@ def main():
     ap.add_argument("--headdims", default="64,128")
     ap.add_argument("--seqlens", default="1024,4096,16384")
     ap.add_argument("--tiles", default="default", help="';'-separated block_m,block_n,warps,stages or 'default'")
-    ap.add_argument("--loads", default="ptr,tma", help="load paths to cross with the tiles: ptr, tma or both")
+    ap.add_argument("--loads", default="ptr,tma",
+                    help="variants to cross with the tiles: ptr, tma, tma-pers (TMA + persistent grid)")
     ap.add_argument("--causal", default="0,1", help="masks: 0 (none), 1 (causal) or both")
     ap.add_argument("--tag", default="ab_fwd", help="name of the JSON-lines file")
     args = ap.parse_args()
@@ -48,8 +49,9 @@ def main():
     peers = {n: fn for n, (fn, _) in providers(["sdpa-flash", "sdpa-cudnn"]).items() if fn is not None}
     tile_sets = [None if t == "default" else dispatch.TileConfig(*map(int, t.split(",")))
                  for t in args.tiles.split(";")]
-    fns = {f"{'tma' if t else 'ptr'}-{'dflt' if c is None else '.'.join(map(str, (c.block_m, c.block_n, c.num_warps, c.num_stages)))}":
-           variant_fn(t, c) for c in tile_sets for t in (False, True) if ("tma" if t else "ptr") in args.loads}
+    loads = {"ptr": (False, False), "tma": (True, False), "tma-pers": (True, True)}
+    fns = {f"{name}-{'dflt' if c is None else '.'.join(map(str, (c.block_m, c.block_n, c.num_warps, c.num_stages)))}":
+           variant_fn(*loads[name], c) for c in tile_sets for name in args.loads.split(",")}
     fns.update(peers)
     rows = []
     for d in map(int, args.headdims.split(",")):
@@ -75,7 +77,7 @@ def main():
             for n in sorted({r["seqlen"] for r in rows}):
                 cell = {r["variant"]: r for r in rows if (r["headdim"], r["causal"], r["seqlen"]) == (d, causal, n)}
                 vals = [f"{cell[x]['tflops']:12.0f}" if cell[x]["ok"] else f"{'FAIL':>12}" for x in names]
-                ours = max(r["tflops"] for x, r in cell.items() if x[:3] in ("tma", "ptr") and r["ok"])
+                ours = max(r["tflops"] for x, r in cell.items() if not x.startswith("sdpa") and r["ok"])
                 ref = cell.get("sdpa-flash")
                 ratio = f"{ours / ref['tflops']:.2f}" if ref else "-"
                 print(f"{d:>3} {int(causal):>1} {n:>6} " + " ".join(vals) + f"   {ratio}")

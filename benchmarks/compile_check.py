@@ -63,6 +63,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--headdims", default="16,59,64,128,256")
     ap.add_argument("--quick", action="store_true", help="only the default feature set")
+    ap.add_argument("--persistent", action="store_true", help="compile the persistent forward")
     ap.add_argument("--dump", default=None, help="write the forward's TTGIR and PTX (default features) here")
     args = ap.parse_args()
     features = [dict(IS_VARLEN=False, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_DROPOUT=False)]
@@ -81,6 +82,7 @@ def main():
                         c = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **feat)
                         if fn is attn_fwd_kernel:
                             c["USE_TMA"] = tma
+                            c["PERSISTENT"] = args.persistent
                         _, shared, k = compile_one(fn, c, cfg.num_warps, cfg.num_stages)
                         pipelined = k.asm["ttgir"].count("async_")
                         if args.dump and fn is attn_fwd_kernel and feat is features[0]:

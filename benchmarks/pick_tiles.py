@@ -10,7 +10,7 @@ rows = [json.loads(line) for line in open(sys.argv[1])]
 flash = {(r["headdim"], r["causal"], r["seqlen"]): r["tflops"] for r in rows if r["variant"] == "sdpa-flash"}
 score = collections.defaultdict(list)
 for r in rows:
-    if r["variant"][:3] in ("tma", "ptr") and r["ok"]:
+    if not r["variant"].startswith("sdpa") and r["ok"]:
         score[(r["headdim"], r["variant"])].append(math.log(r["tflops"] / flash[(r["headdim"], r["causal"], r["seqlen"])]))
 entries = []
 for d in sorted({d for d, _ in score}):
@@ -18,5 +18,5 @@ for d in sorted({d for d, _ in score}):
     gm = math.exp(sum(score[(d, best)]) / len(score[(d, best)]))
     print(f"# d={d}: best {best} (geomean {gm:.3f} x sdpa-flash)", file=sys.stderr)
     if not best.endswith("dflt"):
-        entries.append(f"fwd:{max(16, 1 << (d - 1).bit_length())}=" + best.split("-", 1)[1].replace(".", ","))
+        entries.append(f"fwd:{max(16, 1 << (d - 1).bit_length())}=" + best.rsplit("-", 1)[1].replace(".", ","))
 print(";".join(entries))

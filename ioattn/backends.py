@@ -95,15 +95,17 @@ def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
                           for t in (k, v))
     # 1-D grid, query blocks fastest (blocks of one head share K/V in L2); CUDA's y and z grid
     # dimensions stop at 65535, too few for batch * nheads in large varlen batches
-    grid = (dispatch.cdiv(pb.seqlen_q, cfg.block_m) * pb.batch * pb.nheads,)
+    num_tiles = dispatch.cdiv(pb.seqlen_q, cfg.block_m) * pb.batch * pb.nheads
+    persistent = dispatch.fwd_persistent_programs(q.device, num_tiles)
+    grid = (persistent or num_tiles,)
     attn_fwd_kernel[grid](
         q, k, v, out, lse, cu_q, cu_k, alibi, k_desc, v_desc,
         *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(out), *pb.lse_strides(lse), stride_ab,
-        pb.nheads, pb.nheads // pb.nheads_kv, pb.seqlen_q, pb.seqlen_k,
+        pb.nheads, pb.nheads // pb.nheads_kv, pb.seqlen_q, pb.seqlen_k, num_tiles,
         qk_scale, float(softcap), window[0], window[1], seed, threshold, dropout_scale,
         HEAD_DIM=pb.headdim, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         IS_VARLEN=pb.varlen, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi, HAS_DROPOUT=dropout_p > 0,
-        USE_TMA=use_tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        USE_TMA=use_tma, PERSISTENT=persistent > 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse
 

@@ -68,6 +68,35 @@ def fwd_uses_tma(k: torch.Tensor, v: torch.Tensor, varlen: bool) -> bool:
                and t.shape[-1] * es >= 16 and min(t.shape) > 0 for t in (k, v))
 
 
+# Persistent forward (issue: a fixed set of programs walking the tiles): off until measured; the
+# program count is PERSISTENT_PROGRAMS_PER_SM per SM (untuned). IOATTN_PERSISTENT=1 or
+# prefer_persistent(True) turns it on for sweeps and tests.
+FWD_PERSISTENT_DEFAULT = False
+PERSISTENT_PROGRAMS_PER_SM = 2
+_prefer_persistent: bool | None = None
+
+
+@contextlib.contextmanager
+def prefer_persistent(enabled: bool):
+    global _prefer_persistent
+    previous, _prefer_persistent = _prefer_persistent, enabled
+    try:
+        yield
+    finally:
+        _prefer_persistent = previous
+
+
+def fwd_persistent_programs(device: torch.device, num_tiles: int) -> int:
+    """Programs of the persistent forward for ``num_tiles`` tiles, or 0 for one program per tile."""
+    wanted = _prefer_persistent
+    if wanted is None:
+        wanted = FWD_PERSISTENT_DEFAULT or os.environ.get("IOATTN_PERSISTENT", "0") == "1"
+    if not wanted:
+        return 0
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 3
+    return max(1, min(num_tiles, PERSISTENT_PROGRAMS_PER_SM * sms))
+
+
 def cdiv(a: int, b: int) -> int:
     """Ceiling division for host code (``triton.cdiv`` is a JIT-aware function costing microseconds
     a call; a decode step on the host made five of them)."""

@@ -56,7 +56,10 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     forward = forward or {"kernel": "ioattn.kernels.forward.attn_fwd_kernel",
                           "tiles": (fwd.block_m, fwd.block_n, fwd.num_warps, fwd.num_stages),
                           "kv_loads": "tma" if tma else "pointer", "head_dim_padded": dispatch.block_d(d)}
-    forward["programs"] = dispatch.cdiv(seqlen_q, forward["tiles"][0]) * batch * nheads
+    tiles = dispatch.cdiv(seqlen_q, forward["tiles"][0]) * batch * nheads
+    forward["tiles_count"] = tiles
+    forward["programs"] = (dispatch.fwd_persistent_programs(q.device, tiles) if "hopper" not in forward["kernel"]
+                           else 0) or tiles
     backward = {"kernels": "attn_bwd_preprocess_kernel, attn_bwd_dkdv_kernel, attn_bwd_dq_kernel",
                 "tiles": (bwd.block_m, bwd.block_n, bwd.num_warps, bwd.num_stages), "atomics": False}
     return DispatchPlan("triton", reason, forward, backward)

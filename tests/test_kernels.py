@@ -697,3 +697,31 @@ def test_tma_tiles_table():
     assert tiles("fwd", 64, cuda, seqlen_q=4096) == dispatch._FWD_TILES[64]  # pointer loads: the table
     assert tiles("fwd", 128, cuda, seqlen_q=4096) == dispatch._FWD_TILES[128]
     assert tiles("fwd", 256, cuda, seqlen_q=4096, tma=True) == dispatch._FWD_TILES[256]
+
+
+@pytest.mark.parametrize("case", ["causal-gqa", "varlen-window", "dropout-rows-without-keys"])
+def test_persistent_forward_equals_one_program_per_tile(case):
+    """The persistent forward (a few programs walking every tile) computes exactly what one program
+    per tile does, bit for bit, including tiles past a short sequence's end (varlen) and rows with no key."""
+    from ioattn import flash_attn_varlen_func
+
+    def run():
+        torch.manual_seed(3)
+        if case == "causal-gqa":
+            return flash_attn_func(q, k, v, causal=True)
+        if case == "varlen-window":
+            return flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 150, 150, window_size=(30, 7))
+        return flash_attn_func(q, k, v, dropout_p=0.2, causal=True)
+
+    if case == "varlen-window":
+        q, k, v, _ = _inputs(1, 250, 250, 4, 2, 64, BF16)
+        cu = torch.tensor([0, 40, 190, 250], dtype=torch.int32, device=DEVICE)
+    else:
+        q, k, v, _ = _inputs(2, 150 if case == "causal-gqa" else 90, 70, 4, 2, 32, FP16)
+    with dispatch.prefer_persistent(True):
+        assert dispatch.fwd_persistent_programs(q.device, 10) > 0
+        persistent = run()
+    with dispatch.prefer_persistent(False):
+        assert dispatch.fwd_persistent_programs(q.device, 10) == 0
+        per_tile = run()
+    assert torch.equal(persistent, per_tile)

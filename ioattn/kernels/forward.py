@@ -63,15 +63,50 @@ def attn_fwd_kernel(
     stride_vb, stride_vn, stride_vh,
     stride_ob, stride_om, stride_oh,
     stride_lb, stride_lh, stride_ab,
+    nheads, qheads_per_kvhead, seqlen_q_max, seqlen_k_max, num_tiles,
+    qk_scale, softcap, window_left, window_right, seed, dropout_threshold, dropout_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, USE_TMA: tl.constexpr, PERSISTENT: tl.constexpr,
+):
+    """``USE_TMA``: K and V arrive through host-built tensor descriptors over their
+    (batch, seqlen_k, nheads_kv, headdim) view (batched inputs with 16-byte aligned strides).
+    ``PERSISTENT``: a fixed number of programs walk the ``num_tiles`` (query block, batch * head)
+    tiles in the 1-D grid's order (query blocks fastest, the longest first), instead of one program
+    per tile."""
+    num_m = tl.cdiv(seqlen_q_max, BLOCK_M)
+    if PERSISTENT:
+        for t in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+            _fwd_tile(num_m - 1 - t % num_m, t // num_m, Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+                      k_desc, v_desc, stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb,
+                      stride_vn, stride_vh, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, stride_ab, nheads,
+                      qheads_per_kvhead, seqlen_q_max, seqlen_k_max, qk_scale, softcap, window_left, window_right,
+                      seed, dropout_threshold, dropout_scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IS_VARLEN,
+                      HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA)
+    else:
+        m_block, bh = tile_coords(num_m, True)
+        _fwd_tile(m_block, bh, Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, k_desc, v_desc, stride_qb,
+                  stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh, stride_ob,
+                  stride_om, stride_oh, stride_lb, stride_lh, stride_ab, nheads, qheads_per_kvhead, seqlen_q_max,
+                  seqlen_k_max, qk_scale, softcap, window_left, window_right, seed, dropout_threshold, dropout_scale,
+                  HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IS_VARLEN, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA)
+
+
+@triton.jit
+def _fwd_tile(
+    m_block, bh, Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, k_desc, v_desc,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_ob, stride_om, stride_oh,
+    stride_lb, stride_lh, stride_ab,
     nheads, qheads_per_kvhead, seqlen_q_max, seqlen_k_max,
     qk_scale, softcap, window_left, window_right, seed, dropout_threshold, dropout_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, USE_TMA: tl.constexpr,
 ):
-    """``USE_TMA``: K and V arrive through host-built tensor descriptors over their
-    (batch, seqlen_k, nheads_kv, headdim) view (batched inputs with 16-byte aligned strides)."""
-    m_block, bh = tile_coords(tl.cdiv(seqlen_q_max, BLOCK_M), True)
+    """One (query block, batch * head) tile: the FlashAttention-2 forward of ``BLOCK_M`` query rows."""
     b = bh // nheads
     h = bh % nheads
     h_kv = h // qheads_per_kvhead
