@@ -19,7 +19,7 @@ H200_SHARED_BYTES = 232448  # the per-block limit Triton reported on the device
 FLOAT_ARGS = {"qk_scale", "softcap", "softmax_scale", "dropout_scale", "phi"}
 # pointers whose element type is not the inputs' dtype
 POINTER_TYPES = {"Lse": "*fp32", "Delta": "*fp32", "alibi_slopes": "*fp32", "Opart": "*fp32", "Lpart": "*fp32",
-                 "SeqLens": "*i32", "Leftpad": "*i32", "BlockTable": "*i32", "CacheBatchIdx": "*i32"}
+                 "SeqLens": "*i32", "TileStarts": "*i32", "Leftpad": "*i32", "BlockTable": "*i32", "CacheBatchIdx": "*i32"}
 I64_ARGS = {"seed", "dropout_threshold"}
 
 
@@ -83,6 +83,7 @@ def main():
                         if fn is attn_fwd_kernel:
                             c["USE_TMA"] = tma
                             c["PERSISTENT"] = args.persistent
+                            c["LOG2_BATCH"] = 4 if args.persistent else 0
                         _, shared, k = compile_one(fn, c, cfg.num_warps, cfg.num_stages)
                         pipelined = k.asm["ttgir"].count("async_")
                         if args.dump and fn is attn_fwd_kernel and feat is features[0]:

@@ -98,14 +98,19 @@ def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     num_tiles = dispatch.cdiv(pb.seqlen_q, cfg.block_m) * pb.batch * pb.nheads
     persistent = dispatch.fwd_persistent_programs(q.device, num_tiles)
     grid = (persistent or num_tiles,)
+    tile_starts = cu_q
+    if persistent and pb.varlen:  # the prefix sum of query blocks per sequence, on the device (no sync)
+        blocks = (cu_seqlens_q[1:] - cu_seqlens_q[:-1] + cfg.block_m - 1) // cfg.block_m
+        tile_starts = torch.cat([blocks.new_zeros(1), torch.cumsum(blocks, 0, dtype=torch.int32)])
     attn_fwd_kernel[grid](
-        q, k, v, out, lse, cu_q, cu_k, alibi, k_desc, v_desc,
+        q, k, v, out, lse, cu_q, cu_k, alibi, k_desc, v_desc, tile_starts,
         *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(out), *pb.lse_strides(lse), stride_ab,
-        pb.nheads, pb.nheads // pb.nheads_kv, pb.seqlen_q, pb.seqlen_k, num_tiles,
+        pb.nheads, pb.nheads // pb.nheads_kv, pb.seqlen_q, pb.seqlen_k, num_tiles, pb.batch,
         qk_scale, float(softcap), window[0], window[1], seed, threshold, dropout_scale,
         HEAD_DIM=pb.headdim, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         IS_VARLEN=pb.varlen, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi, HAS_DROPOUT=dropout_p > 0,
-        USE_TMA=use_tma, PERSISTENT=persistent > 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        USE_TMA=use_tma, PERSISTENT=persistent > 0, LOG2_BATCH=max(pb.batch - 1, 0).bit_length() if persistent and pb.varlen else 0,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse
 

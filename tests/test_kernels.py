@@ -725,3 +725,20 @@ def test_persistent_forward_equals_one_program_per_tile(case):
         assert dispatch.fwd_persistent_programs(q.device, 10) == 0
         per_tile = run()
     assert torch.equal(persistent, per_tile)
+
+
+@pytest.mark.parametrize("lengths", [[0, 200, 3, 0, 77, 1], [130], [64, 64, 64, 64, 0]])
+def test_persistent_varlen_walks_only_existing_tiles(lengths):
+    """Varlen persistent forward: tiles come from the prefix sum of each sequence's query blocks
+    (empty sequences included), found by binary search; same result as one program per padded tile."""
+    from ioattn import flash_attn_varlen_func
+
+    total = sum(lengths)
+    q, k, v, _ = _inputs(1, total, total, 4, 2, 32, FP16)
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device=DEVICE)
+    outs = []
+    for persistent in (True, False):
+        with dispatch.prefer_persistent(persistent):
+            outs.append(flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, max(lengths), max(lengths), causal=True))
+    assert torch.equal(outs[0], outs[1])
+    assert not torch.isnan(outs[0]).any()

@@ -57,25 +57,40 @@ def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride
 
 @triton.jit
 def attn_fwd_kernel(
-    Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, k_desc, v_desc,
+    Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, k_desc, v_desc, TileStarts,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_ob, stride_om, stride_oh,
     stride_lb, stride_lh, stride_ab,
-    nheads, qheads_per_kvhead, seqlen_q_max, seqlen_k_max, num_tiles,
+    nheads, qheads_per_kvhead, seqlen_q_max, seqlen_k_max, num_tiles, batch,
     qk_scale, softcap, window_left, window_right, seed, dropout_threshold, dropout_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr, USE_TMA: tl.constexpr, PERSISTENT: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, USE_TMA: tl.constexpr, PERSISTENT: tl.constexpr, LOG2_BATCH: tl.constexpr,
 ):
     """``USE_TMA``: K and V arrive through host-built tensor descriptors over their
     (batch, seqlen_k, nheads_kv, headdim) view (batched inputs with 16-byte aligned strides).
-    ``PERSISTENT``: a fixed number of programs walk the ``num_tiles`` (query block, batch * head)
-    tiles in the 1-D grid's order (query blocks fastest, the longest first), instead of one program
-    per tile."""
+    ``PERSISTENT``: a fixed number of programs walk the tiles instead of one program per tile: the
+    ``num_tiles`` (query block, batch * head) tiles in the 1-D grid's order (query blocks fastest,
+    the longest first); for varlen, only the tiles that exist, from ``TileStarts`` (batch + 1,
+    the prefix sum of each sequence's query-block count; ``LOG2_BATCH`` steps of binary search)."""
     num_m = tl.cdiv(seqlen_q_max, BLOCK_M)
-    if PERSISTENT:
+    if PERSISTENT and IS_VARLEN:
+        seq_blocks = tl.load(TileStarts + batch)
+        for t in range(tl.program_id(0), seq_blocks * nheads, tl.num_programs(0)):
+            h = t // seq_blocks
+            tb = t % seq_blocks
+            b = _last_start_at_or_below(TileStarts, tb, batch, LOG2_BATCH)
+            # the sequence's tiles are TileStarts[b] .. TileStarts[b + 1] - 1; its last query block first
+            m_block = tl.load(TileStarts + b + 1) - 1 - tb
+            _fwd_tile(m_block, b * nheads + h, Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+                      k_desc, v_desc, stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb,
+                      stride_vn, stride_vh, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, stride_ab, nheads,
+                      qheads_per_kvhead, seqlen_q_max, seqlen_k_max, qk_scale, softcap, window_left, window_right,
+                      seed, dropout_threshold, dropout_scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IS_VARLEN,
+                      HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA)
+    elif PERSISTENT:
         for t in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
             _fwd_tile(num_m - 1 - t % num_m, t // num_m, Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
                       k_desc, v_desc, stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb,
@@ -90,6 +105,20 @@ def attn_fwd_kernel(
                   stride_om, stride_oh, stride_lb, stride_lh, stride_ab, nheads, qheads_per_kvhead, seqlen_q_max,
                   seqlen_k_max, qk_scale, softcap, window_left, window_right, seed, dropout_threshold, dropout_scale,
                   HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IS_VARLEN, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA)
+
+
+@triton.jit
+def _last_start_at_or_below(TileStarts, tb, batch, LOG2_BATCH: tl.constexpr):
+    """The sequence b in [0, batch) whose tiles contain tile ``tb``: the last b with
+    TileStarts[b] <= tb (empty sequences share their start with the next one and are skipped)."""
+    lo = tb * 0
+    hi = lo + batch - 1
+    for _ in tl.static_range(LOG2_BATCH):
+        mid = (lo + hi + 1) // 2
+        ok = tl.load(TileStarts + mid) <= tb
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid - 1)
+    return lo
 
 
 @triton.jit
