@@ -109,8 +109,13 @@ def _consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, 
         mbarrier.wait(k_ready.index(nxt), ((i + 1) // STAGES) & 1)
         s_tok = warpgroup_mma(q_smem, k_smem.index(nxt).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         n_start = (n_lo + i) * BLOCK_N
-        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d,
-                                           cols_1d, MASK_ALL, IS_CAUSAL)
+        # under a causal mask only the tiles that reach past the block's first row's diagonal need it
+        if MASK_ALL and n_start + BLOCK_N - 1 > m_start + seqlen_k - seqlen_q:
+            p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d,
+                                               cols_1d, True, IS_CAUSAL)
+        else:
+            p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d,
+                                               cols_1d, False, IS_CAUSAL)
         # P(i-1) V(i-1) done (S(i+1) may still run): rescale, then issue P(i) V(i)
         o = warpgroup_mma_wait(1, deps=[acc])
         mbarrier.arrive(v_empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)
@@ -159,8 +164,9 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nhea
         n_hi = gl.minimum(n_hi, gl.cdiv(gl.maximum(last_row + 1 + seqlen_k - seqlen_q, 0), BLOCK_N))
     n_lo = 0
     n_tiles = n_hi - n_lo
-    # masks: only the last tile needs them unless causal (the diagonal may span two tiles) or the
-    # key end cuts a tile that is not the last
+    # masks: the last tile always (key end, diagonal); under a causal mask also the tiles the
+    # diagonal crosses (checked per tile); no other tile can be cut, since only the last one reaches
+    # the key end
     MASK_ALL: gl.constexpr = IS_CAUSAL
 
     lse_base = b.to(gl.int64) * stride_lse_b + h.to(gl.int64) * stride_lse_h
