@@ -35,7 +35,27 @@ def use_triton(device: torch.device) -> bool:
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-_prefer_tma: bool | None = None
+class Preference:
+    """A switch that is unset (the default policy decides) until a block sets it:
+    ``with dispatch.prefer_tma(True): ...``. ``env`` names an environment variable ("1" = on) read
+    when the switch is unset and the default is off."""
+
+    def __init__(self, default: bool = False, env: str | None = None):
+        self.default, self.env, self.value = default, env, None
+
+    @contextlib.contextmanager
+    def __call__(self, enabled: bool):
+        previous, self.value = self.value, enabled
+        try:
+            yield
+        finally:
+            self.value = previous
+
+    def wanted(self) -> bool:
+        if self.value is not None:
+            return self.value
+        return self.default or (self.env is not None and os.environ.get(self.env, "0") == "1")
+
 
 # Forward K/V loads through tensor descriptors (TMA on Hopper): Triton pipelines these, not the
 # pointer loads. On by default: in one A/B run (benchmarks/results/fwd-ab-1/ab_fwd.jsonl) it was
@@ -44,22 +64,13 @@ _prefer_tma: bool | None = None
 FWD_TMA_DEFAULT = True
 
 
-@contextlib.contextmanager
-def prefer_tma(enabled: bool):
-    """Turn the descriptor (TMA) forward on or off for the calls inside (benchmarks, tests)."""
-    global _prefer_tma
-    previous, _prefer_tma = _prefer_tma, enabled
-    try:
-        yield
-    finally:
-        _prefer_tma = previous
+prefer_tma = Preference(FWD_TMA_DEFAULT)  # the descriptor (TMA) forward on or off inside a block
 
 
 def fwd_uses_tma(k: torch.Tensor, v: torch.Tensor, varlen: bool) -> bool:
     """Descriptors need a batched layout (they clip at each sequence's end), 16-byte aligned base
     and strides, at least 16 bytes per row and no empty dimension; on CUDA, sm_90 or newer."""
-    wanted = FWD_TMA_DEFAULT if _prefer_tma is None else _prefer_tma
-    if not wanted or varlen:
+    if not prefer_tma.wanted() or varlen:
         return False
     if k.is_cuda and torch.cuda.get_device_capability(k.device)[0] < 9:
         return False
@@ -73,25 +84,12 @@ def fwd_uses_tma(k: torch.Tensor, v: torch.Tensor, varlen: bool) -> bool:
 # prefer_persistent(True) turns it on for sweeps and tests.
 FWD_PERSISTENT_DEFAULT = False
 PERSISTENT_PROGRAMS_PER_SM = 2
-_prefer_persistent: bool | None = None
-
-
-@contextlib.contextmanager
-def prefer_persistent(enabled: bool):
-    global _prefer_persistent
-    previous, _prefer_persistent = _prefer_persistent, enabled
-    try:
-        yield
-    finally:
-        _prefer_persistent = previous
+prefer_persistent = Preference(FWD_PERSISTENT_DEFAULT, env="IOATTN_PERSISTENT")
 
 
 def fwd_persistent_programs(device: torch.device, num_tiles: int) -> int:
     """Programs of the persistent forward for ``num_tiles`` tiles, or 0 for one program per tile."""
-    wanted = _prefer_persistent
-    if wanted is None:
-        wanted = FWD_PERSISTENT_DEFAULT or os.environ.get("IOATTN_PERSISTENT", "0") == "1"
-    if not wanted:
+    if not prefer_persistent.wanted():
         return 0
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 3
     return max(1, min(num_tiles, PERSISTENT_PROGRAMS_PER_SM * sms))

@@ -5,32 +5,21 @@ inside ``prefer_hopper(True)`` or with ``IOATTN_HOPPER=1``, and only for the cal
 Triton without it (or with a different Gluon API) still imports the package."""
 from __future__ import annotations
 
-import contextlib
-import os
-
 import torch
 
 from ioattn import dispatch
 
-_prefer: bool | None = None
 
 # Tiles: FlashAttention-3's published shapes for Hopper (128 x 128, two stages), not yet tuned here.
 # (block_m, block_n, stages); warps = 4 per 64 query rows (one warpgroup each) + 1 producer warp.
 TILES = {64: (128, 128, 2), 128: (128, 128, 2)}
 
 
-@contextlib.contextmanager
-def prefer_hopper(enabled: bool):
-    global _prefer
-    previous, _prefer = _prefer, enabled
-    try:
-        yield
-    finally:
-        _prefer = previous
+prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer_hopper(True): ...``
 
 
 def wanted() -> bool:
-    return _prefer if _prefer is not None else os.environ.get("IOATTN_HOPPER", "0") == "1"
+    return prefer_hopper.wanted()
 
 
 def hopper_supports(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:
