@@ -412,3 +412,17 @@ def test_unified_max_refused():
 def test_decode_config_rejects_unknown_fields():
     with pytest.raises(ValueError, match="unknown fields"), decode_config(block_size=3):
         pass
+
+
+def test_unified_max_takes_its_own_path_and_falls_back_exactly():
+    """unified_max is not ignored: with phi in range the arithmetic differs from the running-max path
+    (not bit-identical, same accuracy); with phi out of range every split is recomputed by the exact
+    path, so the result is bit-identical to it."""
+    kw = _make_case(dtype=torch.float32, group=4, seqlen_q=1, seqlen_new=1, capacity=160, seqlens=150)
+    with dispatch.forced_backend("triton"):
+        exact = flash_attn_with_kvcache(**_clone(kw), num_splits=2)
+        in_range = flash_attn_with_kvcache(**_clone(kw), num_splits=2, unified_max=2.5)
+        fallback = flash_attn_with_kvcache(**_clone(kw), num_splits=2, unified_max=-500.0)
+    assert not torch.equal(in_range, exact)
+    assert (in_range - exact).abs().max() < 1e-5
+    assert torch.equal(fallback, exact)
