@@ -38,14 +38,25 @@ def test_attention_flops(shape, causal, mode, flops):
 
 # ---- schema ----
 
+def _cpu_sweep(name, **kwargs):
+    """(records, log lines) of a CPU sweep as the CLI runs it. conftest sets TRITON_INTERPRET=1 for the
+    kernel tests, which would send the sweep through Triton's interpreter (minutes); `ioattn bench` on
+    a CPU runs the tiled reference path, so do that, on one thread (tiny tensors: intra-op threads only
+    add waiting on a loaded machine)."""
+    lines = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with dispatch.forced_backend("reference"):
+            records = run_sweep(name, "cpu", log=lines.append, **kwargs)
+    finally:
+        torch.set_num_threads(threads)
+    return records, lines
+
+
 @pytest.fixture(scope="module")
 def cpu_quick():
-    # conftest sets TRITON_INTERPRET=1 for the kernel tests, which would send this CPU sweep through
-    # Triton's interpreter (minutes); `ioattn bench` on a CPU runs the tiled reference path, so do that.
-    lines = []
-    with dispatch.forced_backend("reference"):
-        records = run_sweep("quick", "cpu", headdims=[64], log=lines.append)
-    return records, lines
+    return _cpu_sweep("quick", headdims=[64])
 
 
 def test_cpu_quick_sweep_records_are_valid(cpu_quick):
@@ -227,15 +238,7 @@ def test_decode_bytes(args, nbytes):
 
 @pytest.fixture(scope="module")
 def cpu_decode():
-    lines = []
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors: intra-op threads only add waiting on a loaded machine
-    try:
-        with dispatch.forced_backend("reference"):  # as cpu_quick: the CLI's CPU path, not the interpreter
-            records = run_sweep("decode", "cpu", log=lines.append)
-    finally:
-        torch.set_num_threads(threads)
-    return records, lines
+    return _cpu_sweep("decode")
 
 
 def test_cpu_decode_sweep_records_are_valid(cpu_decode):
