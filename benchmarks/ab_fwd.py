@@ -17,16 +17,16 @@ import sys
 import torch
 
 import ioattn
-from ioattn import dispatch
+from ioattn import dispatch, hopper
 from ioattn.bench.providers import providers
 from ioattn.bench.run import _check
 from ioattn.bench.timing import attention_flops, median_ms
 
-def variant_fn(tma, tiles, persistent=False):
+def variant_fn(tma, persistent, gluon, tiles):
     def run(q, k, v, causal):
         dispatch.set_tile_override("fwd", tiles)
         try:
-            with dispatch.prefer_tma(tma), dispatch.prefer_persistent(persistent):
+            with dispatch.prefer_tma(tma), dispatch.prefer_persistent(persistent), hopper.prefer_hopper(gluon):
                 return ioattn.flash_attn_func(q, k, v, causal=causal)
         finally:
             dispatch.set_tile_override("fwd", None)
@@ -40,7 +40,8 @@ def main():
     ap.add_argument("--seqlens", default="1024,4096,16384")
     ap.add_argument("--tiles", default="default", help="';'-separated block_m,block_n,warps,stages or 'default'")
     ap.add_argument("--loads", default="ptr,tma",
-                    help="variants to cross with the tiles: ptr, tma, tma-pers (TMA + persistent grid)")
+                    help="variants to cross with the tiles: ptr, tma, tma-pers (TMA + persistent grid), "
+                         "gluon (the Gluon Hopper forward; its own tiles, so only with 'default')")
     ap.add_argument("--causal", default="0,1", help="masks: 0 (none), 1 (causal) or both")
     ap.add_argument("--tag", default="ab_fwd", help="name of the JSON-lines file")
     args = ap.parse_args()
@@ -49,9 +50,11 @@ def main():
     peers = {n: fn for n, (fn, _) in providers(["sdpa-flash", "sdpa-cudnn"]).items() if fn is not None}
     tile_sets = [None if t == "default" else dispatch.TileConfig(*map(int, t.split(",")))
                  for t in args.tiles.split(";")]
-    loads = {"ptr": (False, False), "tma": (True, False), "tma-pers": (True, True)}
+    loads = {"ptr": (False, False, False), "tma": (True, False, False), "tma-pers": (True, True, False),
+             "gluon": (True, False, True)}
     fns = {f"{name}-{'dflt' if c is None else '.'.join(map(str, (c.block_m, c.block_n, c.num_warps, c.num_stages)))}":
-           variant_fn(*loads[name], c) for c in tile_sets for name in args.loads.split(",")}
+           variant_fn(*loads[name], c) for c in tile_sets for name in args.loads.split(",")
+           if not (name == "gluon" and c is not None)}
     fns.update(peers)
     rows = []
     for d in map(int, args.headdims.split(",")):
@@ -61,10 +64,14 @@ def main():
                 shape = (16384 // n, n, 2048 // d, d)
                 q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 for name, fn in fns.items():
-                    if name not in ok:
-                        ok[name] = _check(fn, q, k, v, causal)[0]
-                    with torch.no_grad():
-                        ms = median_ms(lambda s: fn(*s, causal), [(q, k, v)])
+                    try:  # a variant that fails to compile or run is reported and the rest go on
+                        if name not in ok:
+                            ok[name] = _check(fn, q, k, v, causal)[0]
+                        with torch.no_grad():
+                            ms = median_ms(lambda s: fn(*s, causal), [(q, k, v)])
+                    except Exception as e:  # noqa: BLE001
+                        print(f"{name} d={d} causal={causal} N={n}: {type(e).__name__}: {str(e)[:2000]}", flush=True)
+                        ok[name], ms = False, float("inf")
                     tf = attention_flops(shape[0], shape[2], n, n, d, causal, "fwd") / ms / 1e9
                     rec = dict(headdim=d, causal=causal, seqlen=n, variant=name, ok=ok[name], ms=ms, tflops=tf)
                     sink.write(json.dumps(rec) + "\n")
@@ -77,7 +84,7 @@ def main():
             for n in sorted({r["seqlen"] for r in rows}):
                 cell = {r["variant"]: r for r in rows if (r["headdim"], r["causal"], r["seqlen"]) == (d, causal, n)}
                 vals = [f"{cell[x]['tflops']:12.0f}" if cell[x]["ok"] else f"{'FAIL':>12}" for x in names]
-                ours = max(r["tflops"] for x, r in cell.items() if not x.startswith("sdpa") and r["ok"])
+                ours = max([r["tflops"] for x, r in cell.items() if not x.startswith("sdpa") and r["ok"]] or [0.0])
                 ref = cell.get("sdpa-flash")
                 ratio = f"{ours / ref['tflops']:.2f}" if ref else "-"
                 print(f"{d:>3} {int(causal):>1} {n:>6} " + " ".join(vals) + f"   {ratio}")
