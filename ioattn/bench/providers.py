@@ -52,6 +52,10 @@ def _ioattn_ptr(q, k, v, causal):
 def _flex():
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+    import torch._dynamo
+    # dynamic=False compiles once per shape, mask and grad mode: the train grid needs ~40 entries per
+    # head dim, over dynamo's default limit of 8 (past it dynamo would fall back to eager flex).
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 128)
     compiled = torch.compile(flex_attention, dynamic=False)
 
     @functools.lru_cache(maxsize=16)
@@ -252,6 +256,10 @@ def _sdpa_decode(backend):
 def _flex_decode():
     from torch.nn.attention.flex_attention import flex_attention
 
+    import torch._dynamo
+    # dynamic=False compiles once per shape, mask and grad mode: the train grid needs ~40 entries per
+    # head dim, over dynamo's default limit of 8 (past it dynamo would fall back to eager flex).
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 128)
     compiled = torch.compile(flex_attention, dynamic=False)
 
     def setup(q, k_cache, v_cache, cache_seqlens):
