@@ -2,14 +2,9 @@
 # The runs behind the issue-2 figures (H200, bf16, 16k tokens, hidden 2048, SDPA measured in the same
 # run). With today's defaults one command reproduces them all:
 #     python -m ioattn bench train --providers ioattn,sdpa-flash,sdpa-cudnn,sdpa-efficient --out OUT
-# The committed results came from three runs made while the defaults moved (device time ran out before
-# one run with the final defaults), each with the configuration that is now the default:
-#   results/train-2026-11-29-s3/train            the command above (d=64 and 256 rows)
-#   results/train-2026-11-29-s3/train-d128-final IOATTN_TILES="fwd:128=64,64,4,3" (now the d=128 default)
-#                                                ioattn bench train --headdims 128 --providers ioattn,sdpa-flash,sdpa-cudnn
-#   results/train-tiles-check/mid_n4096.jsonl    IOATTN_TILES="fwd:64=64,64,4,3;fwd:128=64,64,4,3" (the
-#                                                d=64 causal N<=4096 default) ioattn bench train
-#                                                --headdims 64,128 --seqlens 4096 --providers ioattn,sdpa-flash,sdpa-cudnn
+# The committed results (results/issue2-2026-11-29-s4/train, with the GPU test log beside them) came
+# from one run of this command inside benchmarks/session_gpu_run5.sh. Since then d <= 64 non-causal
+# N <= 512 uses 64 x 64 tiles (results/issue2-2026-11-29-s4/short-d64).
 # Usage: bash benchmarks/issue2_final.sh OUTDIR
 set -u
 out=${1:?outdir}

@@ -12,7 +12,9 @@ import re
 START, END = "<!-- perf:start -->", "<!-- perf:end -->"
 
 
-def table(paths, ours="ioattn", peer="sdpa-flash", best="sdpa-cudnn"):
+def table(paths, ours="ioattn", peer="sdpa-flash"):
+    """One row per (head dim, mask, seqlen): ours in TFLOP/s, its ratio to ``peer`` and to the best
+    peer of that row (the fastest provider whose name does not start with "ioattn")."""
     paths = [paths] if isinstance(paths, str) else list(paths)
     by, source, device = {}, {}, "?"
     for path in paths:
@@ -29,15 +31,22 @@ def table(paths, ours="ioattn", peer="sdpa-flash", best="sdpa-cudnn"):
     where = "; ".join(f"head dim {', '.join(str(d) for d in sorted(d for d in source if source[d] == f))}: `{f}`"
                       for f in files)
     lines = [f"bf16, batch x seqlen = 16384 tokens, hidden 2048, {device}, TFLOP/s (forward 4·B·H·N²·D, halved "
-             f"when causal; backward 2.5x). Sources: {where}; each row's providers measured in one run.", "",
-             f"| head dim | causal | seqlen | fwd {ours} | fwd {peer} | x | fwd {best} | bwd {ours} | "
-             f"bwd {peer} | x | bwd {best} |", "|" + "---|" * 11]
+             f"when causal; backward 2.5x). Sources: {where}; each row's providers measured in one run. "
+             f"x {peer}: {ours} over {peer}; best peer: the fastest other provider of the row.", "",
+             f"| head dim | causal | seqlen | fwd {ours} | x {peer} | fwd best peer | x best | bwd {ours} | "
+             f"x {peer} | bwd best peer | x best |", "|" + "---|" * 11]
+
+    def cells(row):
+        others = {p: t for p, t in row.items() if not p.startswith("ioattn")}
+        name = max(others, key=others.get)
+        return (f"{row[ours]:.0f} | {row[ours] / row[peer]:.2f} | {others[name]:.0f} ({name}) | "
+                f"{row[ours] / others[name]:.2f}")
+
     for d, c, n in sorted({k[:3] for k in by}):
         f, b = by.get((d, c, n, "fwd"), {}), by.get((d, c, n, "bwd"), {})
-        if ours not in f or ours not in b:
+        if ours not in f or ours not in b or peer not in f or peer not in b:
             continue
-        lines.append(f"| {d} | {'yes' if c else 'no'} | {n} | {f[ours]:.0f} | {f[peer]:.0f} | {f[ours] / f[peer]:.2f} | "
-                     f"{f[best]:.0f} | {b[ours]:.0f} | {b[peer]:.0f} | {b[ours] / b[peer]:.2f} | {b[best]:.0f} |")
+        lines.append(f"| {d} | {'yes' if c else 'no'} | {n} | {cells(f)} | {cells(b)} |")
     return "\n".join(lines)
 
 

@@ -186,6 +186,9 @@ SHORT_SEQLEN = 1024
 _FWD_TILES_TMA = {64: TileConfig(64, 128, 4, 3), 128: TileConfig(64, 64, 4, 3)}
 _FWD_TMA_CAUSAL_SHORT = TileConfig(64, 64, 4, 3)
 TMA_CAUSAL_SHORT_SEQLEN = 4096
+# d <= 64 without a mask: 64 x 64 also wins at N = 512 (298 vs 267 TFLOP/s for 64 x 128, SDPA flash
+# 265; results/issue2-2026-11-29-s4/ab_d64.jsonl) but not at 4096 (416 vs 430).
+TMA_SHORT_SEQLEN = 512
 
 
 def tiles(kind: str, headdim: int, device: torch.device, seqlen_q: int | None = None,
@@ -203,8 +206,8 @@ def tiles(kind: str, headdim: int, device: torch.device, seqlen_q: int | None = 
             and block_d(headdim) <= 64):
         return _FWD_SHORT_CAUSAL
     if kind == "fwd" and tma and block_d(headdim) in _FWD_TILES_TMA:
-        if (block_d(headdim) <= 64 and masked_right and seqlen_q is not None
-                and seqlen_q <= TMA_CAUSAL_SHORT_SEQLEN):
+        if block_d(headdim) <= 64 and seqlen_q is not None and seqlen_q <= (
+                TMA_CAUSAL_SHORT_SEQLEN if masked_right else TMA_SHORT_SEQLEN):
             return _FWD_TMA_CAUSAL_SHORT
         return _FWD_TILES_TMA[block_d(headdim)]
     table = _FWD_TILES if kind == "fwd" else _BWD_TILES

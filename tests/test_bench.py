@@ -224,6 +224,16 @@ def test_unknown_provider_is_a_line_not_an_exception():
     assert "n/a" in report.table(records)
 
 
+def test_hopper_provider_without_hopper_is_a_recorded_refusal():
+    """ioattn-hopper on a machine without an sm_90 GPU: each shape is recorded as could-not-run,
+    with the reason, and the sweep goes on with the other providers."""
+    records, lines = _cpu_sweep("quick", headdims=[64], seqlens=[256], provider_names=["ioattn-hopper", "ioattn"])
+    hop = [r for r in records if r["provider"] == "ioattn-hopper"]
+    assert hop and all(not r["ok"] and r["tflops"] is None and "sm_90" in r["error"] for r in hop), hop
+    assert any(r["provider"] == "ioattn" and r["ok"] for r in records)
+    assert all(report.validate(r) == [] for r in records)
+
+
 # ---- decode ----
 
 @pytest.mark.parametrize("args, nbytes", [

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 import ioattn
 
 PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flex", "flash-attn", "flash-attn-cute")
-OURS = ("ioattn", "ioattn-ptr")
+OURS = ("ioattn", "ioattn-ptr", "ioattn-hopper")
 
 
 def _sdpa(backend):
@@ -49,6 +49,17 @@ def _ioattn_ptr(q, k, v, causal):
         return ioattn.flash_attn_func(q, k, v, causal=causal)
 
 
+def _ioattn_hopper(q, k, v, causal):
+    """The Gluon Hopper forward (opt-in in the library, experimental); the backward it feeds is the
+    portable one. A call it does not cover is refused with the reason (the bench records it)."""
+    from ioattn import hopper
+    ok, why = hopper.hopper_supports(q, k, v, False, (-1, 0) if causal else (-1, -1), 0.0, None, 0.0)
+    if not ok:
+        raise ValueError(f"the Gluon Hopper forward does not cover this call: {why}")
+    with hopper.prefer_hopper(True):
+        return ioattn.flash_attn_func(q, k, v, causal=causal)
+
+
 def _flex():
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -56,6 +67,10 @@ def _flex():
     # dynamic=False compiles once per shape, mask and grad mode: the train grid needs ~40 entries per
     # head dim, over dynamo's default limit of 8 (past it dynamo would fall back to eager flex).
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 128)
+    # The bwd mode times autograd.grad(..., retain_graph=True) over one forward graph, which a
+    # backward compiled with donated buffers refuses.
+    import torch._functorch.config
+    torch._functorch.config.donated_buffer = False
     compiled = torch.compile(flex_attention, dynamic=False)
 
     @functools.lru_cache(maxsize=16)
@@ -87,7 +102,7 @@ def _import_peer(name):
 
 def providers(names=None):
     """Name -> (callable or None, reason). Unknown names get a reason, not an exception."""
-    table = {"ioattn": (_ioattn, ""), "ioattn-ptr": (_ioattn_ptr, "")}
+    table = {"ioattn": (_ioattn, ""), "ioattn-ptr": (_ioattn_ptr, ""), "ioattn-hopper": (_ioattn_hopper, "")}
     return _with_peers(table, names, _sdpa, _flex, lambda peer: (_import_peer(peer), ""), OURS, "provider")
 
 

@@ -32,7 +32,7 @@ THROUGHPUT = ("tflops", "TFLOP/s", "bf16_matmul_tflops")
 CEILING_NAMES = {"bf16_matmul_tflops": "bf16 matmul", "d2d_copy_gbps": "d2d copy"}
 MODE_NAMES = {"fwd": "forward", "bwd": "backward", "fwdbwd": "forward + backward", "decode": "decode",
               "memory": "peak memory"}
-COLOURS = {"ioattn": "#d62728", "ioattn-ptr": "#ff7f0e", "ioattn-tma": "#ff7f0e", "sdpa-flash": "#1f77b4", "sdpa-cudnn": "#2ca02c",
+COLOURS = {"ioattn": "#d62728", "ioattn-ptr": "#ff7f0e", "ioattn-tma": "#ff7f0e", "ioattn-hopper": "#7f7f00", "sdpa-flash": "#1f77b4", "sdpa-cudnn": "#2ca02c",
            "sdpa-efficient": "#9467bd", "sdpa-math": "#8c564b", "flex": "#e377c2", "flash-attn": "#17becf",
            "flash-attn-cute": "#bcbd22", "ioattn-graph": "#8b0000", "ioattn-paged": "#ff9896",
            "ioattn-checked": "#c49c94", "ioattn-unified": "#f7b6d2"}

@@ -35,7 +35,7 @@ class Sweep:
     modes: tuple = ("fwd", "bwd", "fwdbwd")
     tokens: int = 16384  # batch * seqlen, as the FlashAttention papers plot it
     hidden: int = 2048   # nheads * headdim
-    providers: tuple = ("ioattn", "ioattn-ptr") + ALL_PEERS
+    providers: tuple = ("ioattn", "ioattn-ptr", "ioattn-hopper") + ALL_PEERS
     memory: bool = False  # peak memory of forward+backward instead of time
 
 
