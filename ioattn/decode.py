@@ -17,6 +17,7 @@ computing in float32.
 from __future__ import annotations
 
 import contextlib
+import os
 import functools
 import math
 from dataclasses import dataclass
@@ -54,6 +55,10 @@ _MAX_BLOCK_M = 64
 _NUM_WARPS = 4
 _NUM_STAGES = 2
 _USE_TMA_DEFAULT = False
+# Programmatic dependent launch of the merge after the split kernel (Hopper): hides the launch gap
+# between a step's two kernels. Off until a device A/B (`ioattn bench decode`, provider ioattn-pdl)
+# shows it pays; `IOATTN_DECODE_PDL=1` or ``decode_config(pdl=True)`` turns it on.
+_PDL_DEFAULT = False
 
 # Unified max (FlashDecoding++): a split keeps phi only if every row max m satisfies
 # phi - below <= m <= phi + above (log2 units). Above: exp2(s - phi) must fit the dtype the
@@ -75,13 +80,14 @@ class DecodePlan:
     use_tma: bool
     num_warps: int
     num_stages: int
+    pdl: bool = False  # merge launched with programmatic dependent launch (only with splits)
 
 
 @contextlib.contextmanager
 def decode_config(**fields):
-    """Force fields of the ``DecodePlan`` (block_n, num_splits, use_tma, num_warps, num_stages)
-    for the calls inside: tuning sweeps and tests."""
-    unknown = set(fields) - {"block_n", "num_splits", "use_tma", "num_warps", "num_stages"}
+    """Force fields of the ``DecodePlan`` (block_n, num_splits, use_tma, num_warps, num_stages, pdl)
+    for the calls inside: tuning sweeps and tests (``pdl`` is still only used where it can run)."""
+    unknown = set(fields) - {"block_n", "num_splits", "use_tma", "num_warps", "num_stages", "pdl"}
     if unknown:
         raise ValueError(f"decode_config: unknown fields {sorted(unknown)}")
     previous = dict(_plan_override)
@@ -333,8 +339,21 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     # paged caches without splits: TMA (see the policy notes at the top)
     tma_default = _USE_TMA_DEFAULT or (paged and num_splits == 1 and q.is_cuda)
     use_tma = _plan_override.get("use_tma", tma_default) and _tma_ok(k_cache, v_cache, d)
+    pdl_wanted = _plan_override.get("pdl", _PDL_DEFAULT or os.environ.get("IOATTN_DECODE_PDL", "0") == "1")
+    pdl = bool(pdl_wanted) and num_splits > 1 and _pdl_ok(q.device)
     return DecodePlan(block_m, block_n, num_splits, use_tma, _plan_override.get("num_warps", _NUM_WARPS),
-                      _plan_override.get("num_stages", _NUM_STAGES))
+                      _plan_override.get("num_stages", _NUM_STAGES), pdl)
+
+
+def _pdl_ok(device) -> bool:
+    """Programmatic dependent launch: a Hopper-or-newer GPU and a Triton with grid dependency control."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
+        return False
+    try:
+        from triton.language.extra.cuda import gdc_wait  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _attention_torch(q, k_cache, v_cache, ends, block_table, cache_batch_idx, cache_leftpad, scale, window,
@@ -408,12 +427,12 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
         PAGE_SIZE=max(page_size, 1), PAGED=paged, HAS_BATCH_IDX=cache_batch_idx is not None,
         HAS_LEFTPAD=cache_leftpad is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi,
         USE_TMA=cfg.use_tma, UNIFIED=unified_max is not None, PHI_BELOW=below, PHI_ABOVE=above,
-        HAS_SEQLENS=has_seqlens,
+        HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if cfg.num_splits == 1:
         return out, lse
-    return _merge_triton(opart, lpart, out_dtype=q.dtype, lse_bhm=True)
+    return _merge_triton(opart, lpart, out_dtype=q.dtype, lse_bhm=True, pdl=cfg.pdl)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,

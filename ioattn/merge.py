@@ -54,9 +54,11 @@ def _stack(name, xs):
     return torch.stack(list(xs))
 
 
-def _merge_triton(outs, lses, out_dtype=None, lse_bhm=False):
+def _merge_triton(outs, lses, out_dtype=None, lse_bhm=False, pdl=False):
     """``out_dtype``: the merged output's dtype (default: that of outs). ``lse_bhm``: outs are
-    (S, batch, seqlen_q, nheads, d) and the lse is returned as (batch, nheads, seqlen_q) (decode)."""
+    (S, batch, seqlen_q, nheads, d) and the lse is returned as (batch, nheads, seqlen_q) (decode).
+    ``pdl``: launched with programmatic dependent launch right after the kernel that wrote outs and
+    lses, which must have been launched with its USE_PDL (the decode split kernel)."""
     from ioattn.kernels.combine import merge_states_kernel
 
     splits, lead, d = outs.shape[0], outs.shape[1:-1], outs.shape[-1]
@@ -74,7 +76,7 @@ def _merge_triton(outs, lses, out_dtype=None, lse_bhm=False):
         merge_states_kernel[(n_rows,)](
             o, lse_in, out, lse, n_rows, splits, o.stride(0), o.stride(1), lse_in.stride(0), nheads, seqlen_q,
             HEAD_DIM=d, BLOCK_D=dispatch.block_d(d), BLOCK_S=block_s, CHUNK_S=min(block_s, 64),
-            LSE_BHM=lse_bhm, num_warps=4)
+            LSE_BHM=lse_bhm, num_warps=4, **({"USE_PDL": True, "launch_pdl": True} if pdl else {}))
     if lse_bhm:
         return out.reshape(*lead, d), lse.reshape(lead[0], nheads, seqlen_q)
     return out.reshape(*lead, d), lse.reshape(lead)

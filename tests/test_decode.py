@@ -288,6 +288,21 @@ for dt, paged, feat, block_m, d, tma, uni in (("bf16", False, False, 16, 128, Fa
     _, shared, k = compile_one(fn, c, decode._NUM_WARPS, 3 if tma else decode._NUM_STAGES, dtype=dt)
     assert shared <= 232448, (dt, paged, feat, block_m, d, shared)
     print(dt, paged, feat, block_m, d, tma, uni, "shared", shared, "async ops", k.asm["ttgir"].count("async_"))
+# programmatic dependent launch: the split kernel releases the merge grid, the merge waits for it
+c.update(USE_PDL=True)
+_, _, k = compile_one(fn, c, decode._NUM_WARPS, decode._NUM_STAGES, dtype="fp16")
+assert "griddepcontrol.launch_dependents" in k.asm["ptx"]
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from ioattn.kernels.combine import merge_states_kernel as mfn
+sig = {n: "i32" for n in mfn.arg_names}
+sig.update(Outs="*fp32", Lses="*fp32", Out="*bf16", Lse="*fp32")
+mc = dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_S=32, CHUNK_S=32, LSE_BHM=True, USE_PDL=True)
+sig.update({n: "constexpr" for n in mc})
+k = triton.compile(ASTSource(mfn, sig, mc), target=GPUTarget("cuda", 90, 32),
+                   options=dict(num_warps=4, launch_pdl=True))
+assert "griddepcontrol.wait" in k.asm["ptx"] and k.metadata.launch_pdl
 print("decode kernel compiled for sm_90")
 """
 

@@ -99,19 +99,26 @@ def _decode_setup(batch, capacity, hkv=8, group=4, d=128, paged=False, page_size
     return kw, rnd
 
 
+_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.parametrize("pdl", [False, True])
 @pytest.mark.parametrize("paged", [False, True])
-def test_decode_step_cuda_graph(paged):
+def test_decode_step_cuda_graph(paged, pdl):
     """A decode step (append one token, attend over the cache) captured once and replayed for several
     steps with new inputs copied into the static tensors and cache_seqlens advanced in place: each
-    replay equals the eager call on a copy of the cache."""
-    from ioattn.decode import flash_attn_with_kvcache
+    replay equals the eager call on a copy of the cache. ``pdl``: the merge launched by programmatic
+    dependent launch, in the graph and in the eager call."""
+    from ioattn.decode import decode_config, flash_attn_with_kvcache
     batch, capacity, hkv, group, d = 3, 2048, 8, 4, 128
     kw, rnd = _decode_setup(batch, capacity, hkv, group, d, paged=paged)
     q, k, v = rnd(batch, 1, hkv * group, d), rnd(batch, 1, hkv, d), rnd(batch, 1, hkv, d)
 
     def step():
-        return flash_attn_with_kvcache(q, kw["k_cache"], kw["v_cache"], k=k, v=v, cache_seqlens=kw["cache_seqlens"],
-                                       block_table=kw.get("block_table"), causal=True)
+        with decode_config(pdl=pdl):
+            return flash_attn_with_kvcache(q, kw["k_cache"], kw["v_cache"], k=k, v=v,
+                                           cache_seqlens=kw["cache_seqlens"], block_table=kw.get("block_table"),
+                                           causal=True)
 
     eager_kw = {n: t.clone() for n, t in kw.items()}
     side = torch.cuda.Stream()
@@ -129,10 +136,11 @@ def test_decode_step_cuda_graph(paged):
         for t in (q, k, v):
             t.copy_(torch.randn_like(t))
         graph.replay()
-        expect = flash_attn_with_kvcache(q, eager_kw["k_cache"], eager_kw["v_cache"], k=k, v=v,
-                                         cache_seqlens=eager_kw["cache_seqlens"],
-                                         block_table=eager_kw.get("block_table"), causal=True,
-                                         check_values=False)  # the captured call's plan (from the capacity)
+        with decode_config(pdl=pdl):
+            expect = flash_attn_with_kvcache(q, eager_kw["k_cache"], eager_kw["v_cache"], k=k, v=v,
+                                             cache_seqlens=eager_kw["cache_seqlens"],
+                                             block_table=eager_kw.get("block_table"), causal=True,
+                                             check_values=False)  # the captured call's plan (from the capacity)
         torch.cuda.synchronize()
         assert torch.equal(out, expect)
         assert torch.equal(kw["k_cache"], eager_kw["k_cache"]) and torch.equal(kw["v_cache"], eager_kw["v_cache"])
@@ -140,26 +148,32 @@ def test_decode_step_cuda_graph(paged):
         eager_kw["cache_seqlens"] += 1
 
 
+@pytest.mark.parametrize("pdl", [False, True])
 @pytest.mark.parametrize("use_tma", [False, True])
 @pytest.mark.parametrize("paged", [False, True])
 @pytest.mark.parametrize("splits", [1, 7, 0])
-def test_decode_long_cache(use_tma, paged, splits):
-    """Decode at serving sizes against the float64 oracle: long caches, GQA 4, both load paths."""
+def test_decode_long_cache(use_tma, paged, splits, pdl):
+    """Decode at serving sizes against the float64 oracle: long caches, GQA 4, both load paths, the
+    merge launched normally or by programmatic dependent launch (the same arithmetic: bit-identical)."""
+    from ioattn import decode
     from ioattn.decode import decode_config, flash_attn_with_kvcache
     from ioattn.reference.decode import kvcache_attention_ref
     kw, rnd = _decode_setup(2, 16384, paged=paged)
     q = rnd(2, 1, 32, 128)
-    with decode_config(use_tma=use_tma):
+    with decode_config(use_tma=use_tma, pdl=pdl):
         out = flash_attn_with_kvcache(q, **kw, num_splits=splits)
+        cfg = decode.plan(q, kw["k_cache"], kw["v_cache"], paged, kw["k_cache"].shape[1] if not paged else
+                          kw["block_table"].shape[1] * kw["k_cache"].shape[1], splits)
+    assert cfg.pdl == (pdl and cfg.num_splits > 1 and _SM90)
+    if pdl:
+        with decode_config(use_tma=use_tma):
+            assert torch.equal(out, flash_attn_with_kvcache(q, **kw, num_splits=splits))
     ref, _ = kvcache_attention_ref(q, **{n: t.clone() for n, t in kw.items()})
     same, _ = kvcache_attention_ref(q, **{n: t.clone() for n, t in kw.items()}, upcast=False)
     assert_within_torch_error("decode out", out, ref, same)
 
 
 # ---------------------------------------------------------------- the Gluon Hopper forward (experimental)
-
-_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("d", [64, 128])

@@ -1,19 +1,31 @@
 """Merge of split-KV partial results (Flash-Decoding's combine): one program per row, all of the
 row's splits loaded at once (a loop over splits would pay one memory latency per split; a decode
-step has few rows and tens of splits). Reference twin: ``ioattn.reference.merge.merge_states_ref``."""
+step has few rows and tens of splits). Reference twin: ``ioattn.reference.merge.merge_states_ref``.
+
+``USE_PDL`` (Hopper, launched with programmatic dependent launch after the split kernel): the merge
+grid is resident before the split kernel ends and waits in ``gdc_wait`` until its writes are
+visible, so the launch gap between the two kernels of a decode step is hidden."""
 import triton
 import triton.language as tl
+try:
+    from triton.language.extra.cuda import gdc_wait
+except ImportError:  # a Triton without grid dependency control: the host never sets USE_PDL there
+    @triton.jit
+    def gdc_wait():
+        pass
 
 
 @triton.jit
 def merge_states_kernel(Outs, Lses, Out, Lse, n_rows, n_splits, stride_os, stride_or, stride_ls, nheads, seqlen_q,
                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-                        CHUNK_S: tl.constexpr, LSE_BHM: tl.constexpr):
+                        CHUNK_S: tl.constexpr, LSE_BHM: tl.constexpr, USE_PDL: tl.constexpr = False):
     """Rows are the flattened leading dims of the outputs; ``BLOCK_S`` >= n_splits, the outputs are
     read ``CHUNK_S`` splits at a time. ``LSE_BHM``: the rows are (batch, seqlen_q, nheads) and the
     merged lse goes out in flash-attn's (batch, nheads, seqlen_q) layout (the decode path)."""
     row = tl.program_id(0).to(tl.int64)
     splits = tl.arange(0, BLOCK_S)
+    if USE_PDL:
+        gdc_wait()  # the split kernel's partial outputs are complete and visible past this point
     lse = tl.load(Lses + splits.to(tl.int64) * stride_ls + row, mask=splits < n_splits, other=float("-inf"))
     lse_max = tl.max(lse, 0)
     # rows where every split is empty: keep -inf, weigh everything 0 (never -inf - -inf = NaN)

@@ -36,12 +36,20 @@ handles one (sequence, KV head, block of query rows, split of the key range):
   (-inf for a split that saw no key) to scratch ``(num_splits, batch, seqlen_q, nheads, d)`` /
   ``(num_splits, batch, seqlen_q, nheads)``; the merge kernel combines the splits into the output
   (q's dtype) and the lse in flash-attn's layout. With one split the kernel writes those directly:
-  a decode step is one or two launches.
+  a decode step is one or two launches. ``USE_PDL``: each program lets the merge kernel launch
+  (programmatic dependent launch, Hopper) as soon as it starts; the merge waits for this grid's
+  writes itself (``kernels/combine.py``).
 
 Reference twin: ``ioattn.reference.decode.kvcache_attention_ref``. Test: ``tests/test_decode.py``.
 """
 import triton
 import triton.language as tl
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents
+except ImportError:  # a Triton without grid dependency control: the host never sets USE_PDL there
+    @triton.jit
+    def gdc_launch_dependents():
+        pass
 
 from ioattn.kernels.common import LOG2E, mma, softmax_finish, softmax_step, tile_scores
 
@@ -110,11 +118,13 @@ def decode_split_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, USE_TMA: tl.constexpr, UNIFIED: tl.constexpr,
-    PHI_BELOW: tl.constexpr, PHI_ABOVE: tl.constexpr, HAS_SEQLENS: tl.constexpr,
+    PHI_BELOW: tl.constexpr, PHI_ABOVE: tl.constexpr, HAS_SEQLENS: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
     """``num_rows``: pages in the pool (paged) or rows of the contiguous cache. Sequence b ends at
     ``SeqLens[b] + seqlen_new`` (``seqlen_base + seqlen_new`` without ``HAS_SEQLENS``). With one
     split, Opart/Lpart are the final output (q's dtype) and lse (batch, nheads, seqlen_q)."""
+    if USE_PDL:
+        gdc_launch_dependents()  # a hint: the merge grid may launch once every program got here
     pid = tl.program_id(0)
     split = pid % num_splits
     rest = pid // num_splits
