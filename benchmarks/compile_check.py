@@ -2,7 +2,7 @@
 errors show up on a development machine instead of costing device time. Also prints each kernel's
 register count, spills and shared memory.
 
-    python benchmarks/compile_check.py [--headdims 64,128] [--quick]
+    python benchmarks/compile_check.py [--headdims 64,128] [--quick] [--rescale-tau 8]
 """
 import argparse
 import itertools
@@ -64,6 +64,8 @@ def main():
     ap.add_argument("--headdims", default="16,59,64,128,256")
     ap.add_argument("--quick", action="store_true", help="only the default feature set")
     ap.add_argument("--persistent", action="store_true", help="compile the persistent forward")
+    ap.add_argument("--rescale-tau", type=float, default=0.0,
+                    help="the forward's RESCALE_TAU (conditional rescaling threshold; 0 = off)")
     ap.add_argument("--dump", default=None, help="write the forward's TTGIR and PTX (default features) here")
     args = ap.parse_args()
     features = [dict(IS_VARLEN=False, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_DROPOUT=False)]
@@ -84,6 +86,7 @@ def main():
                             c["USE_TMA"] = tma
                             c["PERSISTENT"] = args.persistent
                             c["LOG2_BATCH"] = 4 if args.persistent else 0
+                            c["RESCALE_TAU"] = args.rescale_tau
                         _, shared, k = compile_one(fn, c, cfg.num_warps, cfg.num_stages)
                         pipelined = k.asm["ttgir"].count("async_")
                         if args.dump and fn is attn_fwd_kernel and feat is features[0]:
@@ -94,7 +97,8 @@ def main():
                         # (M < 64 per warpgroup falls back to mma.sync, a slower path)
                         assert shared <= H200_SHARED_BYTES, f"{fn.__name__} d={d}: {shared} B shared"
                         mma_kind = "wgmma" if "wgmma" in k.asm["ptx"] else "mma.sync (no wgmma)"
-                        print(f"{fn.__name__:<24} d={d:<3} {cfg} {feat} tma={tma} shared={shared} "
+                        tau = f" tau={args.rescale_tau:g}" if fn is attn_fwd_kernel and args.rescale_tau else ""
+                        print(f"{fn.__name__:<24} d={d:<3} {cfg} {feat} tma={tma}{tau} shared={shared} "
                               f"async_ops={pipelined} {mma_kind}")
         _, shared, _ = compile_one(attn_bwd_preprocess_kernel, dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=64,
                                                                     IS_VARLEN=False), 4, 1)

@@ -110,7 +110,7 @@ def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
         HEAD_DIM=pb.headdim, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         IS_VARLEN=pb.varlen, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi, HAS_DROPOUT=dropout_p > 0,
         USE_TMA=use_tma, PERSISTENT=persistent > 0, LOG2_BATCH=max(pb.batch - 1, 0).bit_length() if persistent and pb.varlen else 0,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        RESCALE_TAU=dispatch.fwd_rescale_tau(), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse
 

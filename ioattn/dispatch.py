@@ -95,6 +95,50 @@ def fwd_persistent_programs(device: torch.device, num_tiles: int) -> int:
     return max(1, min(num_tiles, PERSISTENT_PROGRAMS_PER_SM * sms))
 
 
+# Forward conditional rescaling (FlashAttention-4): the accumulator is rescaled only when a row max
+# grows by more than this many log2 units in one key tile (kernels/common.softmax_step_lazy; FA4
+# uses 8). UNMEASURED: off (0.0, the kernel as before, bit for bit) until a device A/B says
+# otherwise. ``with rescale_threshold(8.0): ...`` or IOATTN_RESCALE_TAU=8 turn it on.
+FWD_RESCALE_TAU = 0.0
+# p = exp2(s - stale max) reaches 2**tau and is cast to the input dtype for p @ V: 2**16 = 65536 is
+# past fp16's largest finite value (65504), 2**15 fits with room
+RESCALE_TAU_MAX = 15.0
+_rescale_tau: float | None = None
+
+
+def _checked_tau(tau, source: str) -> float:
+    try:
+        value = float(tau)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not (value == 0.0 or 0.0 < value <= RESCALE_TAU_MAX):
+        raise ValueError(f"{source}: the rescale threshold must be 0 (off) or in (0, {RESCALE_TAU_MAX:g}] "
+                         f"log2 units (larger lets fp16 p = 2**tau overflow in p @ V), got {tau!r}")
+    return value
+
+
+@contextlib.contextmanager
+def rescale_threshold(tau: float):
+    """Forward calls inside use conditional rescaling with threshold ``tau`` (0 = off)."""
+    global _rescale_tau
+    previous, _rescale_tau = _rescale_tau, _checked_tau(tau, "dispatch.rescale_threshold")
+    try:
+        yield
+    finally:
+        _rescale_tau = previous
+
+
+def fwd_rescale_tau() -> float:
+    """The forward's ``RESCALE_TAU``: ``rescale_threshold``'s inside its block, else
+    IOATTN_RESCALE_TAU if set, else ``FWD_RESCALE_TAU``."""
+    if _rescale_tau is not None:
+        return _rescale_tau
+    env = os.environ.get("IOATTN_RESCALE_TAU", "").strip()
+    if env:
+        return _checked_tau(env, "IOATTN_RESCALE_TAU")
+    return _checked_tau(FWD_RESCALE_TAU, "dispatch.FWD_RESCALE_TAU")
+
+
 def cdiv(a: int, b: int) -> int:
     """Ceiling division for host code (``triton.cdiv`` is a JIT-aware function costing microseconds
     a call; a decode step on the host made five of them)."""

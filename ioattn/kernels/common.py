@@ -156,6 +156,29 @@ def softmax_step(s, m_i, l_i, acc, GUARD_EMPTY: tl.constexpr):
 
 
 @triton.jit
+def softmax_step_lazy(s, m_i, l_i, acc, TAU: tl.constexpr, GUARD_EMPTY: tl.constexpr):
+    """``softmax_step`` with FlashAttention-4's conditional rescaling: the accumulator rescale
+    (BLOCK_M x D multiplies per key tile) runs only when some row's max grows by more than ``TAU``
+    (log2 units), decided once per tile by a scalar branch. Otherwise the stale max stays the
+    reference: p = exp2(s - m_i) <= 2**TAU (fp16 holds it for TAU <= 15), l_i grows by rowsum(p)
+    and acc is untouched. Exact: acc, l and the lse always share one reference max. Rows still at
+    -inf are measured from the lowest finite float: growth -inf (never NaN) while they see no key,
+    huge at their first key, which forces the rescale."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    grow = m_new - tl.maximum(m_i, -3.4028234663852886e38)
+    if tl.max(grow, 0) > TAU:
+        p, m_i, l_i, acc = softmax_step(s, m_i, l_i, acc, GUARD_EMPTY)
+    else:
+        if GUARD_EMPTY:
+            m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
+        else:
+            m_use = m_i
+        p = tl.math.exp2(s - m_use[:, None])
+        l_i = l_i + tl.sum(p, 1)
+    return p, m_i, l_i, acc
+
+
+@triton.jit
 def softmax_finish(acc, m_i, l_i, out_scale):
     """Normalise once at the end; rows that saw no key (l = 0) give output 0 and lse -inf."""
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)

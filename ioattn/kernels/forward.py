@@ -7,7 +7,7 @@ Reference twin: ``ioattn.reference.tiled.flash2_forward``. Test: ``tests/test_ke
 import triton
 import triton.language as tl
 
-from ioattn.kernels.common import mma, seq_info, softmax_finish, softmax_step, tile_coords, dropout_keep, kv_block_range, tile_scores
+from ioattn.kernels.common import mma, seq_info, softmax_finish, softmax_step, softmax_step_lazy, tile_coords, dropout_keep, kv_block_range, tile_scores
 
 
 @triton.jit
@@ -16,7 +16,7 @@ def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride
                window_right, slope_log2, seed, dropout_threshold, drop_row_base, seqlen_k_max,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
                USE_TMA: tl.constexpr, MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-               HAS_DROPOUT: tl.constexpr):
+               HAS_DROPOUT: tl.constexpr, RESCALE_TAU: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
     for n_block in range(n_block_lo, n_block_hi):
         offs_n = n_block * BLOCK_N + offs_n0
@@ -37,7 +37,10 @@ def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride
             qk = mma(q, k)
         s = tile_scores(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                         window_right, slope_log2, MASKED, HAS_SOFTCAP, HAS_ALIBI)
-        p, m_i, l_i, acc = softmax_step(s, m_i, l_i, acc, MASKED)
+        if RESCALE_TAU > 0:  # FlashAttention-4: rescale acc only when a row max grows by > TAU
+            p, m_i, l_i, acc = softmax_step_lazy(s, m_i, l_i, acc, RESCALE_TAU, MASKED)
+        else:
+            p, m_i, l_i, acc = softmax_step(s, m_i, l_i, acc, MASKED)
         if HAS_DROPOUT:
             keep = dropout_keep(seed, dropout_threshold, drop_row_base, offs_n, seqlen_k_max)
             p = tl.where(keep, p, 0.0)
@@ -68,13 +71,16 @@ def attn_fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, USE_TMA: tl.constexpr, PERSISTENT: tl.constexpr, LOG2_BATCH: tl.constexpr,
+    RESCALE_TAU: tl.constexpr = 0.0,
 ):
     """``USE_TMA``: K and V arrive through host-built tensor descriptors over their
     (batch, seqlen_k, nheads_kv, headdim) view (batched inputs with 16-byte aligned strides).
     ``PERSISTENT``: a fixed number of programs walk the tiles instead of one program per tile: the
     ``num_tiles`` (query block, batch * head) tiles in the 1-D grid's order (query blocks fastest,
     the longest first); for varlen, only the tiles that exist, from ``TileStarts`` (batch + 1,
-    the prefix sum of each sequence's query-block count; ``LOG2_BATCH`` steps of binary search)."""
+    the prefix sum of each sequence's query-block count; ``LOG2_BATCH`` steps of binary search).
+    ``RESCALE_TAU`` > 0: rescale the accumulator only when a row max grows by more than that many
+    log2 units (``common.softmax_step_lazy``); 0 keeps ``softmax_step``'s rescale at every tile."""
     num_m = tl.cdiv(seqlen_q_max, BLOCK_M)
     if PERSISTENT and IS_VARLEN:
         seq_blocks = tl.load(TileStarts + batch)
@@ -89,7 +95,7 @@ def attn_fwd_kernel(
                       stride_vn, stride_vh, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, stride_ab, nheads,
                       qheads_per_kvhead, seqlen_q_max, seqlen_k_max, qk_scale, softcap, window_left, window_right,
                       seed, dropout_threshold, dropout_scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IS_VARLEN,
-                      HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA)
+                      HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA, RESCALE_TAU)
     elif PERSISTENT:
         for t in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
             _fwd_tile(num_m - 1 - t % num_m, t // num_m, Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
@@ -97,14 +103,14 @@ def attn_fwd_kernel(
                       stride_vn, stride_vh, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, stride_ab, nheads,
                       qheads_per_kvhead, seqlen_q_max, seqlen_k_max, qk_scale, softcap, window_left, window_right,
                       seed, dropout_threshold, dropout_scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IS_VARLEN,
-                      HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA)
+                      HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA, RESCALE_TAU)
     else:
         m_block, bh = tile_coords(num_m, True)
         _fwd_tile(m_block, bh, Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, k_desc, v_desc, stride_qb,
                   stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh, stride_ob,
                   stride_om, stride_oh, stride_lb, stride_lh, stride_ab, nheads, qheads_per_kvhead, seqlen_q_max,
                   seqlen_k_max, qk_scale, softcap, window_left, window_right, seed, dropout_threshold, dropout_scale,
-                  HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IS_VARLEN, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA)
+                  HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IS_VARLEN, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA, RESCALE_TAU)
 
 
 @triton.jit
@@ -133,7 +139,7 @@ def _fwd_tile(
     qk_scale, softcap, window_left, window_right, seed, dropout_threshold, dropout_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr, USE_TMA: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, USE_TMA: tl.constexpr, RESCALE_TAU: tl.constexpr,
 ):
     """One (query block, batch * head) tile: the FlashAttention-2 forward of ``BLOCK_M`` query rows."""
     b = bh // nheads
@@ -174,17 +180,17 @@ def _fwd_tile(
                                n_min, n_full_lo, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                                window_right, slope_log2, seed, dropout_threshold, drop_row_base,
                                seqlen_k_max, HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, USE_TMA, True, HAS_SOFTCAP, HAS_ALIBI,
-                               HAS_DROPOUT)
+                               HAS_DROPOUT, RESCALE_TAU)
     acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn, offs_m, offs_d,
                                n_full_lo, n_full_hi, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                                window_right, slope_log2, seed, dropout_threshold, drop_row_base,
                                seqlen_k_max, HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, USE_TMA, False, HAS_SOFTCAP, HAS_ALIBI,
-                               HAS_DROPOUT)
+                               HAS_DROPOUT, RESCALE_TAU)
     acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn, offs_m, offs_d,
                                n_full_hi, n_max, seqlen_q, seqlen_k, qk_scale,
                                softcap, window_left, window_right, slope_log2, seed, dropout_threshold,
                                drop_row_base, seqlen_k_max, HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, USE_TMA, True,
-                               HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT)
+                               HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, RESCALE_TAU)
 
     out, lse = softmax_finish(acc, m_i, l_i, dropout_scale)
     row_ok = offs_m < seqlen_q
