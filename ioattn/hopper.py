@@ -1,18 +1,110 @@
 """Host side of the Gluon Hopper forward (``ioattn.kernels.hopper_forward``). EXPERIMENTAL and opt-in:
-it compiles for sm_90 in CI but has not yet run on a device, so ``flash_attn_func`` uses it only
-inside ``prefer_hopper(True)`` or with ``IOATTN_HOPPER=1``, and only for the calls it covers
-(``hopper_supports``); every other call keeps the portable kernel. Gluon is imported lazily: a
-Triton without it (or with a different Gluon API) still imports the package."""
+``flash_attn_func`` uses it only inside ``prefer_hopper(True)`` or with ``IOATTN_HOPPER=1``, and only
+for the calls it covers (``hopper_supports``); every other call keeps the portable kernel. Gluon is
+imported lazily: a Triton without it (or with a different Gluon API) still imports the package.
+
+Kernel variants (compile-time specialisations of the one kernel), chosen by ``IOATTN_HOPPER_VARIANT``
+or, from Python, ``with hopper.variant("pingpong"): ...`` / ``hopper.set_variant("pingpong")``:
+
+* ``"base"`` (default): today's kernel, two warpgroups in one consumer partition (lockstep).
+* ``"pingpong"``: FA3's inter-warpgroup ping-pong, two consumer warpgroups of 64 rows in separate
+  partitions whose GEMMs alternate (mbarrier-ordered), each softmax overlapping the other's GEMMs.
+* ``"split"``: diagnostic, the ping-pong kernel with the ordering compiled out (two free-running
+  consumer warpgroups), so a device A/B can separate the ordering's effect from the restructuring.
+"""
 from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping
 
 import torch
 
 from ioattn import dispatch
 
+VARIANTS = ("base", "pingpong", "split")
+VARIANT_ENV = "IOATTN_HOPPER_VARIANT"
 
-# Tiles: FlashAttention-3's published shapes for Hopper (128 x 128, two stages), not yet tuned here.
-# (block_m, block_n, stages); warps = 4 per 64 query rows (one warpgroup each) + 1 producer warp.
-TILES = {64: (128, 128, 2), 128: (128, 128, 2)}
+# (block_m, block_n, stages) per variant and head dim. None of these is measured here yet.
+TILE_TABLE = {
+    # FlashAttention-3's published forward shape at d = 128 (128 x 128, two stages; FA3 uses
+    # 128 x 176 non-causal, not a power of two, which Gluon's register layouts need), also at d = 64.
+    # warps = 4 per 64 query rows (one warpgroup each) in one partition + 1 producer warp.
+    "base": {64: (128, 128, 2), 128: (128, 128, 2)},
+    # Ping-pong: 128-row CTA tile = two consumer warpgroups x 64 rows (FA3: kBlockM = 128, two MMA
+    # warpgroups, at d = 128), 128 keys per tile (FA3's causal block_n at d = 128), 2 stages at
+    # d = 128 (FA3's sm90 kStages = 2; 160 KB shared). d = 64: FA3 uses 192 x 128/192 with three MMA
+    # warpgroups (160 registers each); we keep two warpgroups (240 registers, no spills) and spend
+    # the shared memory d = 64 leaves on a third stage instead (112 KB).
+    "pingpong": {64: (128, 128, 3), 128: (128, 128, 2)},
+    # the same tiles as "pingpong", so that the A/B between the two isolates the ordering
+    "split": {64: (128, 128, 3), 128: (128, 128, 2)},
+}
+
+_variant: str | None = None  # set from Python (set_variant / variant); None: the environment decides
+
+
+def _check(name: str) -> str:
+    if name not in VARIANTS:
+        raise ValueError(f"unknown Hopper kernel variant {name!r}; one of {VARIANTS}")
+    return name
+
+
+def active_variant() -> str:
+    """The variant in force: the Python setting if any, else ``IOATTN_HOPPER_VARIANT``, else "base"."""
+    if _variant is not None:
+        return _variant
+    return _check(os.environ.get(VARIANT_ENV, "").strip().lower() or "base")
+
+
+def set_variant(name: str | None) -> None:
+    """Set the variant for the process (None: back to ``IOATTN_HOPPER_VARIANT`` / "base")."""
+    global _variant
+    _variant = None if name is None else _check(name)
+
+
+@contextlib.contextmanager
+def variant(name: str):
+    """``with hopper.variant("pingpong"): ...``: the variant inside the block, restored after."""
+    global _variant
+    previous, _variant = _variant, _check(name)
+    try:
+        yield
+    finally:
+        _variant = previous
+
+
+class _ActiveTiles(Mapping):
+    """``TILES[d]``: (block_m, block_n, stages) of the active variant (a live view, not a copy)."""
+
+    def __getitem__(self, d):
+        return TILE_TABLE[active_variant()][d]
+
+    def __iter__(self):
+        return iter(TILE_TABLE[active_variant()])
+
+    def __len__(self):
+        return len(TILE_TABLE[active_variant()])
+
+    def __repr__(self):
+        return repr(TILE_TABLE[active_variant()])
+
+
+TILES = _ActiveTiles()
+
+
+def kernel_config(d: int, name: str | None = None) -> dict:
+    """Launch configuration of ``hopper_fwd_kernel`` for head dim ``d`` under variant ``name`` (default:
+    the active one): tiles, the Q descriptor's block rows, num_warps and the variant's constexprs.
+    The launcher and benchmarks/compile_check_hopper.py both use it, so they cannot diverge."""
+    name = active_variant() if name is None else _check(name)
+    block_m, block_n, stages = TILE_TABLE[name][d]
+    pingpong = name != "base"
+    return dict(variant=name, block_m=block_m, block_n=block_n, stages=stages,
+                q_rows=block_m // 2 if pingpong else block_m,  # ping-pong: each warpgroup loads its own Q
+                num_warps=4 if pingpong else 4 * (block_m // 64),  # ping-pong: the default partition = warpgroup 0
+                constexprs=dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, PINGPONG=pingpong,
+                                ORDERED=name != "split"))
 
 
 prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer_hopper(True): ...``
@@ -28,6 +120,10 @@ def hopper_supports(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -
         return False, "needs an sm_90 (Hopper) GPU"
     if q.dtype not in (torch.float16, torch.bfloat16):
         return False, "fp16/bf16 only"
+    try:
+        active_variant()
+    except ValueError as e:
+        return False, str(e)
     if q.shape[-1] not in TILES:
         return False, f"head dims {sorted(TILES)} only"
     if varlen or window not in ((-1, -1), (-1, 0)) or softcap > 0 or alibi_slopes is not None or dropout_p > 0:
@@ -54,16 +150,16 @@ def hopper_forward(q, k, v, softmax_scale, causal):
     lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
     if q.numel() == 0 or seqlen_q == 0:
         return out.zero_(), lse.fill_(float("-inf"))
-    block_m, block_n, stages = TILES[d]
+    cfg = kernel_config(d)
+    block_m, block_n, q_rows = cfg["block_m"], cfg["block_n"], cfg["q_rows"]
     dt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    q_layout = gl.NVMMASharedLayout.get_default_for([block_m, d], dt)
+    q_layout = gl.NVMMASharedLayout.get_default_for([q_rows, d], dt)
     kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, d], dt)
-    q_desc = TensorDescriptor.from_tensor(q.view(batch * seqlen_q, nheads * d), [block_m, d], q_layout)
+    q_desc = TensorDescriptor.from_tensor(q.view(batch * seqlen_q, nheads * d), [q_rows, d], q_layout)
     k_desc = TensorDescriptor.from_tensor(k.view(batch * seqlen_k, nheads_kv * d), [block_n, d], kv_layout)
     v_desc = TensorDescriptor.from_tensor(v.view(batch * seqlen_k, nheads_kv * d), [block_n, d], kv_layout)
     grid = (dispatch.cdiv(seqlen_q, block_m) * batch * nheads,)
     hopper_fwd_kernel[grid](q_desc, k_desc, v_desc, out, lse, seqlen_q, seqlen_k, nheads, nheads // nheads_kv,
                             nheads * d, lse.stride(0), lse.stride(1), softmax_scale * 1.4426950408889634,
-                            HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, IS_CAUSAL=bool(causal),
-                            num_warps=4 * (block_m // 64))
+                            IS_CAUSAL=bool(causal), num_warps=cfg["num_warps"], **cfg["constexprs"])
     return out, lse

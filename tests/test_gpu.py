@@ -176,19 +176,26 @@ def test_decode_long_cache(use_tma, paged, splits, pdl):
 # ---------------------------------------------------------------- the Gluon Hopper forward (experimental)
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant", ["base", "pingpong", "split"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1), (3, 129, 64, 2, 2)])
-def test_hopper_forward(d, causal, dtype, shape, poison_alloc):
+# (3, 129, 64): one key tile, and under causal a warpgroup with no visible key; (2, 300, 340, 3, 1):
+# seqlen_k - seqlen_q = 40, so ping-pong's first warpgroup gets a fully masked extra tile (and GQA 3);
+# (1, 64, 1000): the second warpgroup's rows all lie past seqlen_q (computed, not stored)
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1), (3, 129, 64, 2, 2),
+                                   (2, 300, 340, 3, 1), (1, 64, 1000, 2, 2)])
+def test_hopper_forward(variant, d, causal, dtype, shape, poison_alloc):
     """Against the float64 oracle (2x PyTorch's own error), forward and the gradients of the portable
-    backward fed by this forward's output and lse; NaN-poisoned outputs would show."""
+    backward fed by this forward's output and lse; NaN-poisoned outputs would show. Every kernel
+    variant (base, FA3 ping-pong, and ping-pong's structure without the ordering)."""
     from ioattn import hopper
     b, sq, sk, h, hkv = shape
     q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
     k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype)
-    ok, why = hopper.hopper_supports(q, k, k, False, (-1, 0) if causal else (-1, -1), 0.0, None, 0.0)
-    assert ok, why
-    with hopper.prefer_hopper(True):
-        assert "hopper_fwd_kernel" in ioattn.explain_dispatch(q, k, k, causal=causal).forward["kernel"]
-        _check(b, sq, sk, h, hkv, d, dtype, causal=causal)
+    with hopper.variant(variant):
+        ok, why = hopper.hopper_supports(q, k, k, False, (-1, 0) if causal else (-1, -1), 0.0, None, 0.0)
+        assert ok, why
+        with hopper.prefer_hopper(True):
+            assert "hopper_fwd_kernel" in ioattn.explain_dispatch(q, k, k, causal=causal).forward["kernel"]
+            _check(b, sq, sk, h, hkv, d, dtype, causal=causal)
