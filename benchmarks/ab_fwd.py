@@ -22,11 +22,13 @@ from ioattn.bench.providers import providers
 from ioattn.bench.run import _check
 from ioattn.bench.timing import attention_flops, median_ms
 
-def variant_fn(tma, persistent, gluon, tiles):
+def variant_fn(tma, persistent, gluon, tau, tiles):
     def run(q, k, v, causal):
         dispatch.set_tile_override("fwd", tiles)
         try:
-            with dispatch.prefer_tma(tma), dispatch.prefer_persistent(persistent), hopper.prefer_hopper(gluon):
+            with dispatch.prefer_tma(tma), dispatch.prefer_persistent(persistent), \
+                    hopper.prefer_hopper(bool(gluon)), hopper.variant(gluon or "base"), \
+                    dispatch.rescale_threshold(tau):
                 return ioattn.flash_attn_func(q, k, v, causal=causal)
         finally:
             dispatch.set_tile_override("fwd", None)
@@ -40,8 +42,10 @@ def main():
     ap.add_argument("--seqlens", default="1024,4096,16384")
     ap.add_argument("--tiles", default="default", help="';'-separated block_m,block_n,warps,stages or 'default'")
     ap.add_argument("--loads", default="ptr,tma",
-                    help="variants to cross with the tiles: ptr, tma, tma-pers (TMA + persistent grid), "
-                         "gluon (the Gluon Hopper forward; its own tiles, so only with 'default')")
+                    help="variants to cross with the tiles: ptr, tma, tma-pers (TMA + persistent grid), tma-r8 "
+                         "(TMA + conditional rescaling, tau 8), gluon, gluon-pp, gluon-split (the Gluon Hopper "
+                         "forward's base, ping-pong and unordered two-warpgroup variants; their own tiles, "
+                         "so only with 'default')")
     ap.add_argument("--causal", default="0,1", help="masks: 0 (none), 1 (causal) or both")
     ap.add_argument("--tag", default="ab_fwd", help="name of the JSON-lines file")
     args = ap.parse_args()
@@ -50,11 +54,12 @@ def main():
     peers = {n: fn for n, (fn, _) in providers(["sdpa-flash", "sdpa-cudnn"]).items() if fn is not None}
     tile_sets = [None if t == "default" else dispatch.TileConfig(*map(int, t.split(",")))
                  for t in args.tiles.split(";")]
-    loads = {"ptr": (False, False, False), "tma": (True, False, False), "tma-pers": (True, True, False),
-             "gluon": (True, False, True)}
+    loads = {"ptr": (False, False, None, 0.0), "tma": (True, False, None, 0.0), "tma-pers": (True, True, None, 0.0),
+             "tma-r8": (True, False, None, 8.0), "gluon": (True, False, "base", 0.0),
+             "gluon-pp": (True, False, "pingpong", 0.0), "gluon-split": (True, False, "split", 0.0)}
     fns = {f"{name}-{'dflt' if c is None else '.'.join(map(str, (c.block_m, c.block_n, c.num_warps, c.num_stages)))}":
            variant_fn(*loads[name], c) for c in tile_sets for name in args.loads.split(",")
-           if not (name == "gluon" and c is not None)}
+           if not (name.startswith("gluon") and c is not None)}
     fns.update(peers)
     rows = []
     for d in map(int, args.headdims.split(",")):
