@@ -200,6 +200,12 @@ def set_tile_override(kind: str, config: TileConfig | None) -> None:
         _override[kind] = config
 
 
+def tiles_overridden(kind: str, headdim: int) -> bool:
+    """Whether the caller fixed this kind's tiles (``set_tile_override`` or ``IOATTN_TILES``): the
+    portable kernel is then what was asked for."""
+    return kind in _override or _env_tiles(kind, block_d(headdim)) is not None
+
+
 def _env_tiles(kind: str, bd: int) -> TileConfig | None:
     """``IOATTN_TILES="fwd:64=128,64,4,3;bwd:128=64,64,8,2"``: per-kind, per-padded-head-dim tiles
     for tuning runs without editing the tables."""

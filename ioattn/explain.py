@@ -41,9 +41,9 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     window = normalize_window(window_size, bool(causal))
     seqlen_q = max_seqlen_q if varlen else q.shape[1]
     ok, why = hopper.hopper_supports(q, k, v, varlen, window, 0.0, None, 0.0)
-    if hopper.wanted() and ok:
+    if hopper.wanted(q, seqlen_q) and ok:
         bm, bn, stages = hopper.TILES[q.shape[-1]]
-        forward = {"kernel": "ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, experimental)",
+        forward = {"kernel": f"ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, {hopper.active_variant()})",
                    "tiles": (bm, bn, 4 * (bm // 64), stages), "kv_loads": "tma (producer warp)",
                    "head_dim_padded": q.shape[-1]}
     else:

@@ -1,14 +1,19 @@
-"""Host side of the Gluon Hopper forward (``ioattn.kernels.hopper_forward``). EXPERIMENTAL and opt-in:
-``flash_attn_func`` uses it only inside ``prefer_hopper(True)`` or with ``IOATTN_HOPPER=1``, and only
-for the calls it covers (``hopper_supports``); every other call keeps the portable kernel. Gluon is
-imported lazily: a Triton without it (or with a different Gluon API) still imports the package.
+"""Host side of the Gluon Hopper forward (``ioattn.kernels.hopper_forward``).
+
+When ``flash_attn_func`` uses it (``wanted``): by default at head dim 128 from 4096 query rows on, the
+shapes where it was measured ahead of the portable kernel (``AUTO_*`` below); everywhere it covers
+inside ``prefer_hopper(True)`` or with ``IOATTN_HOPPER=1``; never inside ``prefer_hopper(False)``,
+with ``IOATTN_HOPPER=0`` or when the forward's tiles are fixed by the caller. Only for the calls it
+covers (``hopper_supports``); every other call keeps the portable kernel. Gluon is imported lazily:
+a Triton without it (or with a different Gluon API) still imports the package.
 
 Kernel variants (compile-time specialisations of the one kernel), chosen by ``IOATTN_HOPPER_VARIANT``
 or, from Python, ``with hopper.variant("pingpong"): ...`` / ``hopper.set_variant("pingpong")``:
 
-* ``"base"`` (default): today's kernel, two warpgroups in one consumer partition (lockstep).
-* ``"pingpong"``: FA3's inter-warpgroup ping-pong, two consumer warpgroups of 64 rows in separate
+* ``"pingpong"`` (default): FA3's inter-warpgroup ping-pong, two consumer warpgroups of 64 rows in separate
   partitions whose GEMMs alternate (mbarrier-ordered), each softmax overlapping the other's GEMMs.
+* ``"base"``: the first kernel, two warpgroups in one consumer partition (lockstep; ptxas serialises
+  its wgmma, warning C7514).
 * ``"split"``: diagnostic, the ping-pong kernel with the ordering compiled out (two free-running
   consumer warpgroups), so a device A/B can separate the ordering's effect from the restructuring.
 """
@@ -24,6 +29,15 @@ from ioattn import dispatch
 
 VARIANTS = ("base", "pingpong", "split")
 VARIANT_ENV = "IOATTN_HOPPER_VARIANT"
+# H200, bf16, d=128, N=16384 non-causal, one A/B run each (results/gluon-ab-2): pingpong 660 and 599
+# TFLOP/s, split 648, base 507, the portable kernel 487 / 477 (cuDNN 666 / 680)
+DEFAULT_VARIANT = "pingpong"
+# The default policy: where the ping-pong kernel was measured ahead of the portable one
+# (results/gluon-ab-2/ab_gluon3.jsonl, bf16, 16k tokens): d=128 at N = 4096 / 16384, 617 / 599 vs
+# 517 / 477 non-causal and 521 / 566 vs 466 / 515 causal. Not at d=64 (393-412 vs 431-457 non-causal,
+# 327-368 vs 367-436 causal) and not measured below N=4096.
+AUTO_HEADDIMS = (128,)
+AUTO_MIN_SEQLEN = 4096
 
 # (block_m, block_n, stages) per variant and head dim. None of these is measured here yet.
 TILE_TABLE = {
@@ -51,10 +65,11 @@ def _check(name: str) -> str:
 
 
 def active_variant() -> str:
-    """The variant in force: the Python setting if any, else ``IOATTN_HOPPER_VARIANT``, else "base"."""
+    """The variant in force: the Python setting if any, else ``IOATTN_HOPPER_VARIANT``, else
+    ``DEFAULT_VARIANT``."""
     if _variant is not None:
         return _variant
-    return _check(os.environ.get(VARIANT_ENV, "").strip().lower() or "base")
+    return _check(os.environ.get(VARIANT_ENV, "").strip().lower() or DEFAULT_VARIANT)
 
 
 def set_variant(name: str | None) -> None:
@@ -110,8 +125,20 @@ def kernel_config(d: int, name: str | None = None) -> dict:
 prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer_hopper(True): ...``
 
 
-def wanted() -> bool:
-    return prefer_hopper.wanted()
+def wanted(q=None, seqlen_q: int | None = None) -> bool:
+    """Whether the forward of this call should take the Gluon kernel (if ``hopper_supports`` it):
+    ``prefer_hopper``'s value inside its block, else ``IOATTN_HOPPER`` ("1" / "0") if set, else the
+    default policy for q's head dim and ``seqlen_q`` (default: q.shape[1])."""
+    if prefer_hopper.value is not None:
+        return prefer_hopper.value
+    env = os.environ.get("IOATTN_HOPPER", "").strip()
+    if env:
+        return env == "1"
+    if q is None:
+        return False
+    d = q.shape[-1]
+    n = q.shape[1] if seqlen_q is None else seqlen_q
+    return d in AUTO_HEADDIMS and n >= AUTO_MIN_SEQLEN and not dispatch.tiles_overridden("fwd", d)
 
 
 def hopper_supports(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:

@@ -520,17 +520,40 @@ def test_explain_dispatch_matches_the_policy():
         assert ioattn.explain_dispatch(q, k, k).forward["kv_loads"] == "pointer"
 
 
-def test_hopper_kernel_is_opt_in_and_refuses_what_it_does_not_cover():
-    """The Gluon Hopper forward is experimental: never chosen by default, and only for the calls it
+def test_hopper_kernel_policy_and_refusals(monkeypatch):
+    """The Gluon Hopper forward's default policy: head dim 128 from 4096 query rows on (where it was
+    measured ahead), not at other head dims or shorter rows, not when the caller fixed the forward's
+    tiles; prefer_hopper and IOATTN_HOPPER override it both ways. It runs only for the calls it
     covers; elsewhere (here: a CPU) the portable path runs and the reason is given."""
-    from ioattn import hopper
+    from ioattn import dispatch, hopper
+
+    monkeypatch.delenv("IOATTN_HOPPER", raising=False)
+    monkeypatch.delenv("IOATTN_TILES", raising=False)
+    long128 = torch.empty(1, 4096, 2, 128, dtype=torch.bfloat16)
+    assert hopper.wanted(long128)
+    assert not hopper.wanted(torch.empty(1, 4095, 2, 128, dtype=torch.bfloat16))
+    assert not hopper.wanted(torch.empty(1, 8192, 2, 64, dtype=torch.bfloat16))
+    assert hopper.wanted(torch.empty(8192, 2, 128), seqlen_q=8192)  # varlen: the caller's max seqlen
+    assert not hopper.wanted()
+    dispatch.set_tile_override("fwd", dispatch.TileConfig(64, 64, 4, 3))
+    try:
+        assert not hopper.wanted(long128)
+    finally:
+        dispatch.set_tile_override("fwd", None)
+    with hopper.prefer_hopper(False):
+        assert not hopper.wanted(long128)
+    monkeypatch.setenv("IOATTN_HOPPER", "0")
+    assert not hopper.wanted(long128)
+    monkeypatch.setenv("IOATTN_HOPPER", "1")
+    assert hopper.wanted(torch.empty(1, 64, 2, 64))
+    monkeypatch.delenv("IOATTN_HOPPER")
+    assert hopper.active_variant() == hopper.DEFAULT_VARIANT == "pingpong"
 
     q = torch.randn(1, 64, 2, 64, dtype=torch.bfloat16)
-    assert not hopper.wanted()
     ok, why = hopper.hopper_supports(q, q, q, False, (-1, -1), 0.0, None, 0.0)
     assert not ok and "sm_90" in why
     with hopper.prefer_hopper(True):
-        assert hopper.wanted()
+        assert hopper.wanted(q)
         out = flash_attn_func(q, q, q, causal=True)  # still the CPU path, no error
     assert out.shape == q.shape and torch.isfinite(out).all()
 

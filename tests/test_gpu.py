@@ -199,3 +199,14 @@ def test_hopper_forward(variant, d, causal, dtype, shape, poison_alloc):
         with hopper.prefer_hopper(True):
             assert "hopper_fwd_kernel" in ioattn.explain_dispatch(q, k, k, causal=causal).forward["kernel"]
             _check(b, sq, sk, h, hkv, d, dtype, causal=causal)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("causal", [False, True])
+def test_default_dispatch_takes_the_gluon_kernel_where_measured_faster(causal, poison_alloc):
+    """Without any switch, head dim 128 with 4096 query rows goes to the Gluon ping-pong forward (the
+    policy in ioattn.hopper), and the result passes the float64 oracle, gradients included."""
+    q = torch.randn(1, 4096, 2, 128, device="cuda", dtype=torch.bfloat16)
+    plan = ioattn.explain_dispatch(q, q, q, causal=causal)
+    assert "hopper_fwd_kernel" in plan.forward["kernel"] and "pingpong" in plan.forward["kernel"]
+    _check(1, 4096, 4096, 2, 2, 128, torch.bfloat16, causal=causal)

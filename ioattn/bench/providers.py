@@ -42,10 +42,10 @@ def _ioattn(q, k, v, causal):
 
 
 def _ioattn_ptr(q, k, v, causal):
-    """The forward with K/V through pointer loads instead of tensor descriptors (TMA, the default
-    on Hopper): the A/B of the load path, in every run."""
-    from ioattn import dispatch
-    with dispatch.prefer_tma(False):
+    """The portable forward with K/V through pointer loads instead of tensor descriptors (TMA, the
+    default on Hopper) and never the Gluon kernel: the A/B of the load path, in every run."""
+    from ioattn import dispatch, hopper
+    with dispatch.prefer_tma(False), hopper.prefer_hopper(False):
         return ioattn.flash_attn_func(q, k, v, causal=causal)
 
 
