@@ -105,6 +105,23 @@ def _pv_mma(o, p16, v_smem, i, STAGES: gl.constexpr):
 
 
 @gluon.jit
+def _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
+              o_layout: gl.constexpr, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Normalise once and store ``ROWS`` rows of output and lse from row ``m_start``; rows that saw
+    no key give 0 and lse -inf; rows past ``seqlen_q`` are not stored."""
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+    l_safe = gl.where(l_o == 0.0, 1.0, l_o)
+    o = o / l_safe[:, None]
+    lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(gl.where(l_i == 0.0, 1.0, l_i))) * LN2)
+    lse_rows = m_start + rows_1d
+    gl.store(Lse + lse_base + lse_rows, lse, mask=lse_rows < seqlen_q)
+    o_rows = m_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
+    o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    ptrs = Out + (q_row0 - m_start + o_rows).to(gl.int64)[:, None] * stride_om + q_col + o_cols[None, :]
+    gl.store(ptrs, o.to(Out.dtype.element_ty), mask=(o_rows < seqlen_q)[:, None])
+
+
+@gluon.jit
 def _consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, Out, Lse,
               q_row0, q_col, m_start, seqlen_q, seqlen_k, n_lo, n_tiles, stride_om, stride_lse_h, lse_base,
               qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -162,17 +179,8 @@ def _consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, 
     acc = _issue_pv(o, alpha, p, v_smem, v_ready, last, o_layout, p_layout, STAGES)
     o = warpgroup_mma_wait(0, deps=[acc])
 
-    # epilogue: normalise once, rows that saw no key give 0 and lse -inf
-    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-    l_safe = gl.where(l_o == 0.0, 1.0, l_o)
-    o = o / l_safe[:, None]
-    lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(gl.where(l_i == 0.0, 1.0, l_i))) * LN2)
-    lse_rows = m_start + rows_1d
-    gl.store(Lse + lse_base + lse_rows, lse, mask=lse_rows < seqlen_q)
-    o_rows = m_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-    o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    ptrs = Out + (q_row0 - m_start + o_rows).to(gl.int64)[:, None] * stride_om + q_col + o_cols[None, :]
-    gl.store(ptrs, o.to(Out.dtype.element_ty), mask=(o_rows < seqlen_q)[:, None])
+    _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om, o_layout,
+              BLOCK_M, HEAD_DIM)
 
 
 @gluon.jit
@@ -304,17 +312,8 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
     _turn_pass(next_turn, ORDERED)
     o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
 
-    # epilogue (as the base consumer's): normalise once, rows that saw no key give 0 and lse -inf
-    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-    l_safe = gl.where(l_o == 0.0, 1.0, l_o)
-    o = o / l_safe[:, None]
-    lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(gl.where(l_i == 0.0, 1.0, l_i))) * LN2)
-    lse_rows = m_start + rows_1d
-    gl.store(Lse + lse_base + lse_rows, lse, mask=lse_rows < seqlen_q)
-    o_rows = m_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-    o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    ptrs = Out + (q_row0 - m_start + o_rows).to(gl.int64)[:, None] * stride_om + q_col + o_cols[None, :]
-    gl.store(ptrs, o.to(Out.dtype.element_ty), mask=(o_rows < seqlen_q)[:, None])
+    _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om, o_layout,
+              BLOCK_M, HEAD_DIM)
 
 
 @gluon.jit
