@@ -41,7 +41,10 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     window = normalize_window(window_size, bool(causal))
     seqlen_q = max_seqlen_q if varlen else q.shape[1]
     ok, why = hopper.hopper_supports(q, k, v, varlen, window, 0.0, None, 0.0)
-    if hopper.wanted(q, seqlen_q) and ok:
+    wanted, policy = hopper.policy(q, seqlen_q)
+    gluon = (f"taken ({policy})" if wanted and ok else f"not taken ({policy})" if ok
+             else f"not applicable ({why})")
+    if wanted and ok:
         bm, bn, stages = hopper.TILES[q.shape[-1]]
         forward = {"kernel": f"ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, {hopper.active_variant()})",
                    "tiles": (bm, bn, 4 * (bm // 64), stages), "kv_loads": "tma (producer warp)",
@@ -56,6 +59,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     forward = forward or {"kernel": "ioattn.kernels.forward.attn_fwd_kernel",
                           "tiles": (fwd.block_m, fwd.block_n, fwd.num_warps, fwd.num_stages),
                           "kv_loads": "tma" if tma else "pointer", "head_dim_padded": dispatch.block_d(d)}
+    forward["gluon_hopper"] = gluon
     tiles = dispatch.cdiv(seqlen_q, forward["tiles"][0]) * batch * nheads
     forward["tiles_count"] = tiles
     forward["programs"] = (dispatch.fwd_persistent_programs(q.device, tiles) if "hopper" not in forward["kernel"]

@@ -126,19 +126,26 @@ prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer
 
 
 def wanted(q=None, seqlen_q: int | None = None) -> bool:
-    """Whether the forward of this call should take the Gluon kernel (if ``hopper_supports`` it):
-    ``prefer_hopper``'s value inside its block, else ``IOATTN_HOPPER`` ("1" / "0") if set, else the
-    default policy for q's head dim and ``seqlen_q`` (default: q.shape[1])."""
+    """Whether the forward of this call should take the Gluon kernel (if ``hopper_supports`` it)."""
+    return policy(q, seqlen_q)[0]
+
+
+def policy(q=None, seqlen_q: int | None = None) -> tuple[bool, str]:
+    """(wanted, why): ``prefer_hopper``'s value inside its block, else ``IOATTN_HOPPER`` ("1" / "0")
+    if set, else the default policy for q's head dim and ``seqlen_q`` (default: q.shape[1])."""
     if prefer_hopper.value is not None:
-        return prefer_hopper.value
+        return prefer_hopper.value, f"hopper.prefer_hopper({prefer_hopper.value})"
     env = os.environ.get("IOATTN_HOPPER", "").strip()
     if env:
-        return env == "1"
+        return env == "1", f"IOATTN_HOPPER={env}"
     if q is None:
-        return False
+        return False, "no call to judge"
     d = q.shape[-1]
     n = q.shape[1] if seqlen_q is None else seqlen_q
-    return d in AUTO_HEADDIMS and n >= AUTO_MIN_SEQLEN and not dispatch.tiles_overridden("fwd", d)
+    rule = f"default policy: head dim in {AUTO_HEADDIMS} and seqlen_q >= {AUTO_MIN_SEQLEN}"
+    if dispatch.tiles_overridden("fwd", d):
+        return False, "the forward's tiles are fixed (IOATTN_TILES / set_tile_override)"
+    return d in AUTO_HEADDIMS and n >= AUTO_MIN_SEQLEN, f"{rule} (here {d}, {n})"
 
 
 def hopper_supports(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:

@@ -525,6 +525,7 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     measured ahead), not at other head dims or shorter rows, not when the caller fixed the forward's
     tiles; prefer_hopper and IOATTN_HOPPER override it both ways. It runs only for the calls it
     covers; elsewhere (here: a CPU) the portable path runs and the reason is given."""
+    import ioattn
     from ioattn import dispatch, hopper
 
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
@@ -548,6 +549,11 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     assert hopper.wanted(torch.empty(1, 64, 2, 64))
     monkeypatch.delenv("IOATTN_HOPPER")
     assert hopper.active_variant() == hopper.DEFAULT_VARIANT == "pingpong"
+    assert "seqlen_q >= 4096 (here 128, 4095)" in hopper.policy(torch.empty(1, 4095, 2, 128))[1]
+    # the plan says why the Gluon kernel is not taken (here: no sm_90 GPU)
+    with dispatch.forced_backend("triton"):
+        plan = ioattn.explain_dispatch(long128, long128, long128)
+    assert plan.forward["gluon_hopper"].startswith("not applicable (needs an sm_90") and "gluon_hopper=" in plan.describe()
 
     q = torch.randn(1, 64, 2, 64, dtype=torch.bfloat16)
     ok, why = hopper.hopper_supports(q, q, q, False, (-1, -1), 0.0, None, 0.0)
