@@ -2,21 +2,26 @@
 # Next device session, first call (benchmarks/NOTES.md, "Plan for the next device session"):
 # (1) the GPU tests with the Gluon ping-pong forward as the d=128 default and the PDL decode tests;
 # (2) `ioattn bench decode` with ioattn-pdl / ioattn-graph-pdl beside ioattn / ioattn-graph and the peers;
-# (3) the forward A/B: portable TMA, conditional rescaling (tau 8), Gluon ping-pong and split.
+# (3) the forward A/B: portable TMA, conditional rescaling (tau 8), Gluon ping-pong and split;
+# (4) compute-sanitizer memcheck and racecheck on one small call of each kernel family.
 # The train sweep with every provider (issue 3) is its own call: benchmarks/session_gpu_run9.sh.
 # Usage: bash benchmarks/session_gpu_run8.sh OUT
 set -u
 out=${1:?outdir}
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
-timeout 200 python3 -m pytest tests/test_gpu.py tests/test_decode.py tests/test_merge.py -n 6 -q -p no:cacheprovider \
+timeout 150 python3 -m pytest tests/test_gpu.py tests/test_decode.py tests/test_merge.py -n 6 -q -p no:cacheprovider \
     -rfEs > "$out/test_gpu.log" 2>&1
 echo "tests rc=$?"; tail -n 2 "$out/test_gpu.log"
 mkdir -p "$out/decode"
-timeout 200 python3 -m ioattn bench decode --out "$out/decode" > "$out/decode.log" 2>&1
+timeout 150 python3 -m ioattn bench decode --out "$out/decode" > "$out/decode.log" 2>&1
 echo "decode rc=$?"; rm -f "$out"/decode/*.png
-timeout 150 python3 benchmarks/ab_fwd.py --out "$out" --tag ab_fwd --loads tma,tma-r8,gluon-pp,gluon-split \
-    --headdims 64,128 --seqlens 512,1024,2048,4096,16384 > "$out/ab_fwd.log" 2>&1
+timeout 100 python3 benchmarks/ab_fwd.py --out "$out" --tag ab_fwd --loads tma,tma-r8,gluon-pp,gluon-split \
+    --headdims 64,128 --seqlens 512,2048,16384 > "$out/ab_fwd.log" 2>&1
 echo "ab rc=$?"
+for tool in memcheck racecheck; do  # issue 5: the Hopper kernels clean under compute-sanitizer
+    timeout 80 compute-sanitizer --tool $tool python3 benchmarks/sanitize_small.py > "$out/sanitizer_$tool.log" 2>&1
+    echo "sanitizer $tool rc=$?"; tail -n 2 "$out/sanitizer_$tool.log"
+done
 grep -E "FAILED|ERROR" "$out/test_gpu.log" | head -n 6
 grep -E "^ioattn(-pdl|-graph|-graph-pdl)? |^sdpa-cudnn" "$out/decode.log" | tail -n 12
 tail -n 21 "$out/ab_fwd.log"

@@ -1,0 +1,35 @@
+"""One small call of each GPU kernel family, for compute-sanitizer (memcheck, racecheck):
+the Gluon Hopper forward (every variant) and the portable backward it feeds, the portable forward,
+and a split decode step with its merge (normal and programmatic dependent launch).
+
+    compute-sanitizer --tool memcheck  python benchmarks/sanitize_small.py
+    compute-sanitizer --tool racecheck python benchmarks/sanitize_small.py
+"""
+import torch
+
+import ioattn
+from ioattn import decode, hopper
+
+torch.manual_seed(0)
+dev, dt = "cuda", torch.bfloat16
+b, sq, sk, h, hkv = 2, 300, 340, 3, 1
+for d in (64, 128):
+    q = torch.randn(b, sq, h, d, device=dev, dtype=dt, requires_grad=True)
+    k = torch.randn(b, sk, hkv, d, device=dev, dtype=dt, requires_grad=True)
+    v = torch.randn(b, sk, hkv, d, device=dev, dtype=dt, requires_grad=True)
+    for name in hopper.VARIANTS:
+        for causal in (False, True):
+            with hopper.variant(name), hopper.prefer_hopper(True):
+                out = ioattn.flash_attn_func(q, k, v, causal=causal)
+                torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    with hopper.prefer_hopper(False):
+        ioattn.flash_attn_func(q, k, v, causal=True)
+q1 = torch.randn(2, 1, 32, 128, device=dev, dtype=dt)
+kc = torch.randn(2, 4096, 8, 128, device=dev, dtype=dt)
+vc = torch.randn_like(kc)
+lens = torch.tensor([4000, 1234], device=dev, dtype=torch.int32)
+for pdl in (False, True):
+    with decode.decode_config(pdl=pdl, num_splits=7):
+        ioattn.flash_attn_with_kvcache(q1, kc, vc, cache_seqlens=lens)
+torch.cuda.synchronize()
+print("sanitize_small: done")
