@@ -105,13 +105,20 @@ class _PoisonedTorch(types.ModuleType):
 @pytest.fixture
 def poison_alloc(monkeypatch):
     """Every buffer the launchers allocate with torch.empty/empty_like starts as NaN: the training
-    kernels (``ioattn.backends``), the Hopper forward (``ioattn.hopper``), decoding and the merge."""
+    kernels (``ioattn.backends``), the Hopper forward and backward (``ioattn.hopper``,
+    ``ioattn.kernels.hopper_backward``, when this Triton has Gluon), decoding and the merge."""
     import ioattn.backends
     import ioattn.decode
     import ioattn.hopper
     import ioattn.merge
 
-    for module in (ioattn.backends, ioattn.hopper, ioattn.decode, ioattn.merge):
+    modules = [ioattn.backends, ioattn.hopper, ioattn.decode, ioattn.merge]
+    try:
+        import ioattn.kernels.hopper_backward
+        modules.append(ioattn.kernels.hopper_backward)
+    except ImportError:  # a Triton without Gluon
+        pass
+    for module in modules:
         monkeypatch.setattr(module, "torch", _PoisonedTorch("torch"))
 
 

@@ -1,0 +1,326 @@
+"""Hopper (sm_90) backward in Gluon. EXPERIMENTAL, FIRST VERSION: correctness first, compiled for sm_90
+ahead of time (benchmarks/compile_check_hopper_bwd.py), not yet run on a device, not dispatched.
+
+One kernel, ``hopper_bwd_dkdv_kernel``, FlashAttention-2/3's single-kernel backward: one program per
+(key block of ``BLOCK_N`` = 128 rows, batch * KV head). K and V arrive once by TMA into shared
+memory; the program loops over every query head of its GQA group and, per head, over the query
+blocks (``BLOCK_M`` = 64 rows) that can see its keys (causal: from the first block reaching the
+diagonal). Per query block, everything transposed so that the keys are the rows (the wgmma M side):
+
+    S^T  = K Q^T                    wgmma, both operands in shared memory
+    P^T  = exp2(S^T * qk_scale - lse * log2 e)      masked to 0 (key end, query end, causal)
+    dV  += P^T dO                   wgmma, P^T from registers (A operand, DotOperandLayout)
+    dP^T = V dO^T                   wgmma, both in shared memory (in flight together with dV's)
+    dS^T = P^T * (dP^T - D)
+    dK  += dS^T Q                   wgmma, dS^T from registers
+    dQ_b = dS K                     wgmma, dS = (dS^T stored to shared memory, read transposed)
+    dQ_accum[rows] += dQ_b          fp32 atomic adds (relaxed: red.global.add), valid rows only
+
+dK and dV (BLOCK_N x d fp32 each) stay in registers for the whole program and are written once (dK
+times softmax_scale, as the portable kernel does) with masked pointer stores in the input dtype.
+dQ_accum (batch, seqlen_q, nheads, d) fp32 is unscaled: the host multiplies by softmax_scale while
+converting it (as the portable dQ kernel's ``dq * softmax_scale``). D = rowsum(dO * O) comes from
+the host (a torch reduction: fine for a first version; a Gluon preprocess kernel would save a pass).
+
+Q and dO tiles are double-buffered: the TMA loads of iteration t + 1 (the next query block, or the
+first block of the next query head of the group) are issued at the start of iteration t, into the
+slot that iteration t - 1 used, and complete on that slot's mbarrier while iteration t computes. The
+slot is free then: every warp has passed iteration t - 1's thread barrier before dS is stored, which
+comes after that iteration's last wgmma reading Q / dO.
+
+Tiles and warps (launch with num_warps = 8, two warpgroups of 64 key rows each): per thread, dK and
+dV at d = 128 are 128 x 128 / 256 = 64 fp32 registers each, S^T and dP^T (128 x 64) 32 each, the
+bf16 P^T and dS^T 16 each, plus the per-query lse and D: the same per-thread load as FA3's
+hdim-128 backward (kBlockM = 64, kBlockN = 128, two MMA warpgroups at 240 registers). Measured
+(ptxas 12.8 via benchmarks/compile_check_hopper_bwd.py): d = 64 about 200 registers, no spills;
+d = 128 at the 255 cap with a few hundred bytes of spills (KNOWN ISSUE of this first version; the
+order S^T -> P^T -> {dV, dP^T} -> dS^T -> dK keeps at most one fp32 score tile next to dP^T, and lse
+/ D are loaded compactly, which brought it down from ~530 B; the remaining pressure is the hoisted
+per-thread index tiles of the masks and of the dQ atomics). BLOCK_N = 64 with one warpgroup would hold the same per
+thread but read every Q / dO tile (and issue every dQ atomic) twice as often per key; BLOCK_N = 128
+on one warpgroup would need 128 + 128 registers for dK / dV alone and spill. d = 64 halves dK/dV.
+Shared memory at d = 128, bf16: K 32 KB + V 32 KB + Q 2 x 16 KB + dO 2 x 16 KB + dS 16 KB = 144 KB.
+
+GQA: the loop over the group's query heads is inside the program (dK / dV of a KV head sum over
+its query heads in registers, written once, no atomics for them). The alternative, one program per
+query head with fp32 dK / dV accumulated by atomics, would add (group) x 2 x seqlen_k x d fp32
+atomics and a conversion pass, and make dK / dV non-deterministic too.
+
+Masks (the portable backward's conventions): lse is natural-log, (batch, nheads, seqlen_q) fp32; the
+scores use qk_scale = softmax_scale * log2(e) in exp2 form; causal is bottom-right aligned (key j
+visible to query i iff j <= i + seqlen_k - seqlen_q). The 2-D descriptors view Q, dO as (batch *
+seqlen_q, nheads * d) and K, V as (batch * seqlen_k, nheads_kv * d): a tile running past its
+sequence reads the next sequence's rows (or TMA's zero fill past the tensor). Those entries are
+masked: P^T and dS^T are set to 0 for queries >= seqlen_q, keys >= seqlen_k and (causal) keys past
+the diagonal, so the foreign (finite) rows of Q, dO, K meet only zeros in dV, dK and dQ; lse and D of
+rows >= seqlen_q are not loaded (0); a row with lse = -inf (it saw no key: every entry of its column is
+masked) uses 0 instead, so no inf - inf forms (the portable backward's guard), and any inf that an
+unmasked exp2 of a foreign row's score forms is replaced by the 0 of the mask (a select, not a
+product); dQ atomics are masked to rows <
+seqlen_q, dK / dV stores to keys < seqlen_k. A key block that no query sees (causal, seqlen_k >
+seqlen_q) stores zeros. Tiles entirely inside both sequences and below the diagonal skip the mask
+arithmetic (a compile-time specialisation, as the forward does).
+
+NOT in this version: a deterministic mode (the dQ atomics make dQ's summation order vary run to
+run; dK / dV are deterministic), varlen, sliding window, softcap, ALiBi, dropout.
+
+What FA3's structure would add (next steps): warp specialisation (a producer warp for the Q / dO TMA
+loads and the lse / D rows, with a deeper ring, 24 registers; two consumer warpgroups at 240),
+dQ handed through shared memory to a separate warp that issues TMA reduce-add
+(cp.reduce.async.bulk.tensor .add) instead of per-thread atomics, the GEMMs issued asynchronously
+across steps (S^T of block t + 1 while the softmax of t runs), and a deterministic mode (dQ
+accumulation ordered by a semaphore per query block).
+"""
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from ioattn.kernels.hopper_forward import LOG2E
+
+BWD_BLOCK_M = 64    # query rows per step (the wgmma N of S^T / dP^T, the K of dV / dK)
+BWD_BLOCK_N = 128   # key rows per program (two warpgroups of 64)
+BWD_NUM_WARPS = 8
+
+
+@gluon.jit
+def _issue_q_do(q_desc, do_desc, q_smem, do_smem, bar, t, m_lo, n_m, h0, b, seqlen_q,
+                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
+    """TMA loads of step ``t``'s Q and dO tiles (query head h0 + t // n_m, block m_lo + t % n_m) into
+    slot t % 2; both complete on that slot's barrier."""
+    s = t % 2
+    h = h0 + t // n_m
+    row = b * seqlen_q + (m_lo + t % n_m) * BLOCK_M
+    col = h * HEAD_DIM
+    mbarrier.expect(bar.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [row, col], bar.index(s), q_smem.index(s))
+    tma.async_copy_global_to_shared(do_desc, [row, col], bar.index(s), do_smem.index(s))
+
+
+@gluon.jit
+def _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d,
+           MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """P^T of one (BLOCK_N keys x BLOCK_M queries) tile, fp32, masked entries 0."""
+    p = gl.exp2(s * qk_scale - lse_log2[None, :])
+    if MASKED:
+        keys = (n_start + keys_1d)[:, None]
+        queries = (m_start + queries_1d)[None, :]
+        keep = (keys < seqlen_k) & (queries < seqlen_q)
+        if IS_CAUSAL:
+            keep = keep & (keys <= queries + (seqlen_k - seqlen_q))
+        p = gl.where(keep, p, 0.0)  # a select: also drops any inf formed from a masked entry's score
+    return p
+
+
+@gluon.jit
+def hopper_bwd_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, Lse, Delta, DQacc, dK, dV,
+                           seqlen_q, seqlen_k, nheads, group,
+                           stride_lse_b, stride_lse_h, stride_delta_b, stride_delta_h,
+                           softmax_scale, qk_scale,
+                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                           IS_CAUSAL: gl.constexpr):
+    """Grid (cdiv(seqlen_k, BLOCK_N), batch * nheads_kv), num_warps = BLOCK_N // 16 (two warpgroups
+    at BLOCK_N = 128). Descriptors: Q, dO blocks [BLOCK_M, HEAD_DIM]; K, V blocks [BLOCK_N, HEAD_DIM].
+    dK, dV: contiguous (batch, seqlen_k, nheads_kv, HEAD_DIM) in the input dtype; DQacc: contiguous
+    (batch, seqlen_q, nheads, HEAD_DIM) fp32, zeroed, receives the unscaled dS K sums."""
+    num_warps: gl.constexpr = gl.num_warps()
+    gl.static_assert(BLOCK_N == 16 * num_warps, "one 16-row wgmma slice of the key block per warp")
+    gl.static_assert(num_warps % 4 == 0, "whole warpgroups")
+    gl.static_assert(BLOCK_M == 64, "the dQ product's M: one 64-row wgmma tile")
+    dtype: gl.constexpr = q_desc.dtype
+
+    n_block = gl.program_id(0)
+    bh = gl.program_id(1)
+    nheads_kv = nheads // group
+    b = bh // nheads_kv
+    h_kv = bh % nheads_kv
+    n_start = n_block * BLOCK_N
+    off = seqlen_k - seqlen_q  # causal: key j visible to query i iff j <= i + off
+
+    # layouts: keys x queries (S^T, dP^T), keys x d (dK, dV), queries x d (dQ: the two warpgroups
+    # split d)
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, num_warps // 4],
+                                                        instr_shape=[16, HEAD_DIM // (num_warps // 4), 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    keys_1d = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+    queries_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+    rows_1d = gl.arange(0, BLOCK_M, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+
+    # shared memory and barriers
+    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], do_desc.layout)
+    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+    qdo_bar = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(qdo_bar.index(i), count=1)
+    fence_async_shared()
+
+    # the query blocks that see this key block: causal from the first row reaching its first key
+    n_m_total = gl.cdiv(seqlen_q, BLOCK_M)
+    m_lo = 0
+    if IS_CAUSAL:
+        m_lo = gl.minimum(gl.maximum(n_start - off, 0) // BLOCK_M, n_m_total)
+    n_m = n_m_total - m_lo
+    n_iter = group * n_m
+    h0 = h_kv * group
+
+    kv_row = b * seqlen_k + n_start
+    kv_col = h_kv * HEAD_DIM
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [kv_row, kv_col], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [kv_row, kv_col], kv_bar, v_smem)
+    if n_iter > 0:
+        _issue_q_do(q_desc, do_desc, q_smem, do_smem, qdo_bar, 0, m_lo, n_m, h0, b, seqlen_q, HEAD_DIM, BLOCK_M)
+    mbarrier.wait(kv_bar, 0)
+
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
+    dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
+    dq_rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    dq_cols_1d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
+    # tiles needing no mask: the key block inside seqlen_k, the query block inside seqlen_q and
+    # (causal) its first query row at or past the key block's last key
+    keys_inside = n_start + BLOCK_N <= seqlen_k
+
+    for t in range(n_iter):
+        # next step's Q / dO into the other slot (free: see the module docstring)
+        if t + 1 < n_iter:
+            _issue_q_do(q_desc, do_desc, q_smem, do_smem, qdo_bar, t + 1, m_lo, n_m, h0, b, seqlen_q, HEAD_DIM,
+                        BLOCK_M)
+        s_idx = t % 2
+        h = h0 + t // n_m
+        m_start = (m_lo + t % n_m) * BLOCK_M
+        q_cur = q_smem.index(s_idx)
+        do_cur = do_smem.index(s_idx)
+
+        # per-query rows: lse (natural log -> log2; -inf rows -> 0) and D; rows past seqlen_q -> 0.
+        # Loaded compactly (one element per thread: one address register, not 16 per vector) and
+        # spread to the columns of S^T after the products (a layout conversion through shared memory).
+        q_idx = m_start + rows_1d
+        q_ok = q_idx < seqlen_q
+        lse_c = gl.load(Lse + b.to(gl.int64) * stride_lse_b + h.to(gl.int64) * stride_lse_h + q_idx, mask=q_ok,
+                        other=0.0)
+        lse_c = gl.where(lse_c == float("-inf"), 0.0, lse_c * LOG2E)
+        delta_c = gl.load(Delta + b.to(gl.int64) * stride_delta_b + h.to(gl.int64) * stride_delta_h + q_idx,
+                          mask=q_ok, other=0.0)
+
+        mbarrier.wait(qdo_bar.index(s_idx), (t // 2) & 1)
+        # S^T first, P^T from it (fp32 S^T dies), then dV += P^T dO and dP^T = V dO^T in flight
+        # together: at most S^T / P^T, the bf16 P^T and dP^T live next to dK, dV (register budget)
+        s_tok = warpgroup_mma(k_smem, q_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=[s_tok])
+        lse_log2 = gl.convert_layout(lse_c, gl.SliceLayout(0, st_layout))
+        need_mask = (not keys_inside) | (m_start + BLOCK_M > seqlen_q)
+        if IS_CAUSAL:
+            need_mask = need_mask | (n_start + BLOCK_N - 1 > m_start + off)
+        if need_mask:
+            p = _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d, True,
+                       IS_CAUSAL)
+        else:
+            p = _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d, False,
+                       IS_CAUSAL)
+        pa = gl.convert_layout(p.to(dtype), a_layout)
+        dv_tok = warpgroup_mma(pa, do_cur, dv, is_async=True)
+        dp_tok = warpgroup_mma(v_smem, do_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        # the register A operand listed so that it stays alive until its product retires
+        dv, pa = warpgroup_mma_wait(1, deps=[dv_tok, pa])
+        dp = warpgroup_mma_wait(0, deps=[dp_tok])
+        delta = gl.convert_layout(delta_c, gl.SliceLayout(0, st_layout))
+        # dS^T = P^T (dP^T - D): 0 wherever P^T was masked to 0 (dP^T is finite: products of finite rows)
+        ds16 = (p * (dp - delta[None, :])).to(dtype)
+        dsa = gl.convert_layout(ds16, a_layout)
+        dk_tok = warpgroup_mma(dsa, q_cur, dk, is_async=True)
+        dk, dsa = warpgroup_mma_wait(0, deps=[dk_tok, dsa])
+
+        # dS^T to shared memory for dQ = dS K. The first barrier: every warp is past its previous
+        # step's dQ product (the WAR on ds_smem) and past this step's last reads of Q / dO, so the
+        # slot is free for step t + 2, whose loads are issued at the start of step t + 1. The
+        # second: all of dS^T (both warpgroups' halves) written and fenced before either reads it.
+        gl.thread_barrier()
+        ds_smem.store(ds16)
+        fence_async_shared()
+        gl.thread_barrier()
+        dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_zero, use_acc=False)
+
+        # a 64-bit scalar base and 32-bit offsets inside the tile (64 x 64-bit pointers per thread
+        # would cost 64 registers next to dK and dV)
+        dq_base = DQacc + ((b * seqlen_q + m_start).to(gl.int64) * nheads + h) * HEAD_DIM
+        dq_offs = dq_rows_1d[:, None] * (nheads * HEAD_DIM) + dq_cols_1d[None, :]
+        gl.atomic_add(dq_base + dq_offs, dq, mask=(m_start + dq_rows_1d < seqlen_q)[:, None], sem="relaxed")
+
+    for i in gl.static_range(2):
+        mbarrier.invalidate(qdo_bar.index(i))
+    mbarrier.invalidate(kv_bar)
+
+    out_keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+    out_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+    out_base = ((b * seqlen_k + n_start).to(gl.int64) * nheads_kv + h_kv) * HEAD_DIM
+    offs = out_keys[:, None] * (nheads_kv * HEAD_DIM) + out_cols[None, :]
+    key_ok = (n_start + out_keys < seqlen_k)[:, None]
+    gl.store(dV + out_base + offs, dv.to(dV.dtype.element_ty), mask=key_ok)
+    gl.store(dK + out_base + offs, (dk * softmax_scale).to(dK.dtype.element_ty), mask=key_ok)
+
+
+def kernel_config(d: int) -> dict:
+    """Launch configuration of ``hopper_bwd_dkdv_kernel`` at head dim ``d`` (the launcher and
+    benchmarks/compile_check_hopper_bwd.py share it)."""
+    if d not in (64, 128):
+        raise ValueError("the Hopper backward covers head dims 64 and 128")
+    return dict(block_m=BWD_BLOCK_M, block_n=BWD_BLOCK_N, num_warps=BWD_NUM_WARPS,
+                constexprs=dict(HEAD_DIM=d, BLOCK_M=BWD_BLOCK_M, BLOCK_N=BWD_BLOCK_N))
+
+
+def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal):
+    """(dq, dk, dv) for contiguous (batch, seqlen, heads, d) bf16/fp16 q, k, v (GQA allowed), d in
+    (64, 128), causal (bottom-right) or not; ``lse`` natural-log (batch, nheads, seqlen_q) fp32, as
+    both forwards return it. No varlen / window / softcap / ALiBi / dropout. Not deterministic (dQ
+    by fp32 atomics). Not wired into dispatch."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    batch, seqlen_q, nheads, d = q.shape
+    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
+    assert q.dtype in (torch.float16, torch.bfloat16) and k.dtype == q.dtype and v.dtype == q.dtype
+    assert nheads % nheads_kv == 0
+    assert lse.shape == (batch, nheads, seqlen_q) and lse.stride(2) == 1 and lse.dtype == torch.float32
+    cfg = kernel_config(d)
+    q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    if q.numel() == 0 or k.numel() == 0:
+        return torch.zeros_like(q), dk.zero_(), dv.zero_()
+    # D = rowsum(dO * O), (batch, nheads, seqlen_q) fp32 (a torch pass: first version)
+    delta = (dout.float() * out.float()).sum(-1).transpose(1, 2).contiguous()
+    dq_accum = torch.zeros(batch, seqlen_q, nheads, d, device=q.device, dtype=torch.float32)
+
+    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    bm, bn = cfg["block_m"], cfg["block_n"]
+    q_layout = gl.NVMMASharedLayout.get_default_for([bm, d], gdt)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([bn, d], gdt)
+    q_desc = TensorDescriptor.from_tensor(q.view(batch * seqlen_q, nheads * d), [bm, d], q_layout)
+    do_desc = TensorDescriptor.from_tensor(dout.view(batch * seqlen_q, nheads * d), [bm, d], q_layout)
+    k_desc = TensorDescriptor.from_tensor(k.view(batch * seqlen_k, nheads_kv * d), [bn, d], kv_layout)
+    v_desc = TensorDescriptor.from_tensor(v.view(batch * seqlen_k, nheads_kv * d), [bn, d], kv_layout)
+    grid = (triton_cdiv(seqlen_k, bn), batch * nheads_kv)
+    hopper_bwd_dkdv_kernel[grid](q_desc, k_desc, v_desc, do_desc, lse, delta, dq_accum, dk, dv,
+                                 seqlen_q, seqlen_k, nheads, nheads // nheads_kv,
+                                 lse.stride(0), lse.stride(1), delta.stride(0), delta.stride(1),
+                                 float(softmax_scale), float(softmax_scale) * 1.4426950408889634,
+                                 IS_CAUSAL=bool(causal), num_warps=cfg["num_warps"], **cfg["constexprs"])
+    dq = (dq_accum * softmax_scale).to(q.dtype)
+    return dq, dk, dv
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
