@@ -1,0 +1,114 @@
+"""A/B of backward kernels in one process: the portable Triton backward, the experimental Gluon
+Hopper backward (``ioattn.kernels.hopper_backward``, not dispatched yet) and SDPA's flash and cuDNN
+backward passes, each timed alone (the forward outside the timed region).
+
+    python benchmarks/ab_bwd.py --out DIR [--headdims 64,128] [--seqlens 1024,4096,16384]
+
+bf16, 16384 tokens, hidden 2048 (the bench's grid). Every variant's gradients are checked against
+the float64 oracle (2x PyTorch's own same-dtype error, ``conftest.assert_within_torch_error``'s
+criterion) on the first sequence length of each (head dim, mask) before it is timed; timing is
+``ioattn.bench.timing.median_ms`` (device time, median of 20). FLOPs: 2.5x the forward's.
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from ioattn import backends, hopper
+from ioattn.bench.timing import attention_flops, median_ms
+from ioattn.reference import attention_ref
+
+
+def portable(dout, q, k, v, causal):
+    scale = q.shape[-1] ** -0.5
+    window = (-1, 0) if causal else (-1, -1)
+    with hopper.prefer_hopper(False):
+        out, lse = backends.triton_forward(q, k, v, None, None, q.shape[1], k.shape[1], scale, window, 0.0, None,
+                                           0.0, 0)
+    return lambda: backends.triton_backward(dout, q, k, v, out, lse, None, None, q.shape[1], k.shape[1], scale,
+                                            window, 0.0, None, 0.0, 0)
+
+
+def gluon(dout, q, k, v, causal):
+    from ioattn.kernels.hopper_backward import hopper_backward
+    scale = q.shape[-1] ** -0.5
+    out, lse = hopper.hopper_forward(q, k, v, scale, causal)
+    return lambda: hopper_backward(dout, q, k, v, out, lse, scale, causal)
+
+
+def sdpa(backend):
+    def setup(dout, q, k, v, causal):
+        from torch.nn.attention import sdpa_kernel
+        leaves = [t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v)]
+        with sdpa_kernel([backend]):
+            out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+        g = dout.transpose(1, 2)
+        return lambda: [t.transpose(1, 2) for t in torch.autograd.grad(out, leaves, g, retain_graph=True)]
+    return setup
+
+
+def check(grads, dout, q, k, v, causal):
+    window = (-1, 0) if causal else (-1, -1)
+    ref_in = [t.double().requires_grad_() for t in (q, k, v)]
+    ref, _ = attention_ref(*ref_in, window=window)
+    ref_g = torch.autograd.grad(ref, ref_in, dout.double())
+    same_in = [t.clone().requires_grad_() for t in (q, k, v)]
+    same, _ = attention_ref(*same_in, window=window, upcast=False)
+    same_g = torch.autograd.grad(same, same_in, dout)
+    for g, r, s in zip(grads, ref_g, same_g):
+        err, base = (g.double() - r).abs().max().item(), (s.double() - r).abs().max().item()
+        if not (err == err and err <= 2 * base + 1e-4):
+            return False
+    return True
+
+
+def main():
+    from torch.nn.attention import SDPBackend
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--headdims", default="64,128")
+    ap.add_argument("--seqlens", default="1024,4096,16384")
+    ap.add_argument("--causal", default="0,1")
+    ap.add_argument("--tag", default="ab_bwd")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    sink = open(os.path.join(args.out, f"{args.tag}.jsonl"), "w")
+    variants = {"portable": portable, "gluon": gluon, "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
+                "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
+    rows = []
+    for d in map(int, args.headdims.split(",")):
+        for causal in [bool(int(c)) for c in args.causal.split(",")]:
+            ok = {}
+            for n in map(int, args.seqlens.split(",")):
+                shape = (16384 // n, n, 2048 // d, d)
+                q, k, v, dout = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+                for name, setup in variants.items():
+                    try:  # a variant that fails to compile or run is reported and the rest go on
+                        run = setup(dout, q, k, v, causal)
+                        if name not in ok:
+                            ok[name] = check(run(), dout, q, k, v, causal)
+                        ms = median_ms(lambda _: run(), [None])
+                    except Exception as e:  # noqa: BLE001
+                        print(f"{name} d={d} causal={causal} N={n}: {type(e).__name__}: {str(e)[:1500]}", flush=True)
+                        ok[name], ms = False, float("inf")
+                    tf = attention_flops(shape[0], shape[2], n, n, d, causal, "bwd") / ms / 1e9
+                    rec = dict(headdim=d, causal=causal, seqlen=n, variant=name, ok=ok[name], ms=ms, tflops=tf)
+                    sink.write(json.dumps(rec) + "\n")
+                    sink.flush()
+                    rows.append(rec)
+                    torch.cuda.empty_cache()
+    names = list(variants)
+    print(f"{'d':>3} {'c':>1} {'N':>6} " + " ".join(f"{n:>11}" for n in names))
+    for r0 in rows[::len(names)]:
+        cell = {r["variant"]: r for r in rows if (r["headdim"], r["causal"], r["seqlen"]) ==
+                (r0["headdim"], r0["causal"], r0["seqlen"])}
+        print(f"{r0['headdim']:>3} {int(r0['causal']):>1} {r0['seqlen']:>6} " +
+              " ".join(f"{cell[x]['tflops']:11.0f}" if cell[x]["ok"] else f"{'FAIL':>11}" for x in names))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
