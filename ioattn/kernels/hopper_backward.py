@@ -7,12 +7,13 @@ memory; the program loops over every query head of its GQA group and, per head, 
 blocks (``BLOCK_M`` = 64 rows) that can see its keys (causal: from the first block reaching the
 diagonal). Per query block, everything transposed so that the keys are the rows (the wgmma M side):
 
-    S^T  = K Q^T                    wgmma, both operands in shared memory
-    P^T  = exp2(S^T * qk_scale - lse * log2 e)      masked to 0 (key end, query end, causal)
-    dV  += P^T dO                   wgmma, P^T from registers (A operand, DotOperandLayout)
-    dP^T = V dO^T                   wgmma, both in shared memory (in flight together with dV's)
-    dS^T = P^T * (dP^T - D)
-    dK  += dS^T Q                   wgmma, dS^T from registers
+    S^T  = K Q^T                    wgmma, both operands in shared memory  } issued together
+    dP^T = V dO^T                   wgmma, both operands in shared memory  }
+    P^T  = exp2(S^T * qk_scale - lse * log2 e)      masked to 0 (key end, query end, causal), while
+                                                    dP^T is still in flight
+    dS^T = P^T * (dP^T - D)         from the fp32 P^T (as the portable backward)
+    dV  += P^T dO                   wgmma, P^T (bf16/fp16) from registers (A operand)  } in flight
+    dK  += dS^T Q                   wgmma, dS^T from registers                        } together
     dQ_b = dS K                     wgmma, dS = (dS^T stored to shared memory, read transposed)
     dQ_accum[rows] += dQ_b          fp32 atomic adds (relaxed: red.global.add), valid rows only
 
@@ -26,19 +27,28 @@ Q and dO tiles are double-buffered: the TMA loads of iteration t + 1 (the next q
 first block of the next query head of the group) are issued at the start of iteration t, into the
 slot that iteration t - 1 used, and complete on that slot's mbarrier while iteration t computes. The
 slot is free then: every warp has passed iteration t - 1's thread barrier before dS is stored, which
-comes after that iteration's last wgmma reading Q / dO.
+comes after that iteration's last wgmmas reading Q / dO (dV's and dK's, waited for before it).
 
 Tiles and warps (launch with num_warps = 8, two warpgroups of 64 key rows each): per thread, dK and
 dV at d = 128 are 128 x 128 / 256 = 64 fp32 registers each, S^T and dP^T (128 x 64) 32 each, the
-bf16 P^T and dS^T 16 each, plus the per-query lse and D: the same per-thread load as FA3's
-hdim-128 backward (kBlockM = 64, kBlockN = 128, two MMA warpgroups at 240 registers). Measured
-(ptxas 12.8 via benchmarks/compile_check_hopper_bwd.py): d = 64 about 200 registers, no spills;
-d = 128 at the 255 cap with a few hundred bytes of spills (KNOWN ISSUE of this first version; the
-order S^T -> P^T -> {dV, dP^T} -> dS^T -> dK keeps at most one fp32 score tile next to dP^T, and lse
-/ D are loaded compactly, which brought it down from ~530 B; the remaining pressure is the hoisted
-per-thread index tiles of the masks and of the dQ atomics). BLOCK_N = 64 with one warpgroup would hold the same per
-thread but read every Q / dO tile (and issue every dQ atomic) twice as often per key; BLOCK_N = 128
-on one warpgroup would need 128 + 128 registers for dK / dV alone and spill. d = 64 halves dK/dV.
+bf16 P^T and dS^T 16 each, the dQ block (64 x 128 over both warpgroups) 32: the same per-thread load
+as FA3's hdim-128 backward (kBlockM = 64, kBlockN = 128, two MMA warpgroups at 240 registers). The
+order keeps the peak at dK + dV + two fp32 score tiles (P^T, dP^T: 192 at d = 128): dS^T replaces
+dP^T in place, then only the two 16-bit operands live next to dK / dV while their products run, and
+the dQ block (32) only after they retire. lse / D are loaded compactly (one element per thread) and
+spread to S^T's columns through shared memory (read on the fly). The wgmma descriptors of K, V and
+dS (16 + 16 64-bit values at d = 128) are kept from being hoisted out of the loop (see ``z`` in the
+kernel): hoisted, they held 64 registers across the loop and were the main cause of the first
+version's spills. Measured (ptxas 12.8 via benchmarks/compile_check_hopper_bwd.py, bf16 and fp16
+alike): d = 64 205-210 registers (200 before the reordering), no spills; d = 128 255 registers (the
+cap: ptxas uses what it may), no spills (first version: 388 B of spill stores + loads, 404 B
+causal; the reordering alone: 268 / 348 B; the descriptor fix alone: unchanged); wgmma pipelined
+(no C7514). Without warp specialisation the per-thread budget is the 255 cap (FA3 gives its MMA
+warpgroups 240 via setmaxnreg with a 24-register producer), so d = 128 has little headroom: a
+change adding live state in the loop should be re-measured. BLOCK_N = 64 with one warpgroup would
+hold the same per thread but read every Q / dO tile (and issue every dQ atomic) twice as often per
+key; BLOCK_N = 128 on one warpgroup would need 128 + 128 registers for dK / dV alone and spill.
+d = 64 halves dK / dV.
 Shared memory at d = 128, bf16: K 32 KB + V 32 KB + Q 2 x 16 KB + dO 2 x 16 KB + dS 16 KB = 144 KB.
 
 GQA: the loop over the group's query heads is inside the program (dK / dV of a KV head sum over
@@ -153,11 +163,11 @@ def hopper_bwd_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, Lse, Delta, DQacc, d
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
 
     # shared memory and barriers
-    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], v_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], do_desc.layout)
-    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    ds_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, BLOCK_M], ds_layout)
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
     qdo_bar = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
@@ -178,8 +188,8 @@ def hopper_bwd_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, Lse, Delta, DQacc, d
     kv_row = b * seqlen_k + n_start
     kv_col = h_kv * HEAD_DIM
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [kv_row, kv_col], kv_bar, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [kv_row, kv_col], kv_bar, v_smem)
+    tma.async_copy_global_to_shared(k_desc, [kv_row, kv_col], kv_bar, k_smem.index(0))
+    tma.async_copy_global_to_shared(v_desc, [kv_row, kv_col], kv_bar, v_smem.index(0))
     if n_iter > 0:
         _issue_q_do(q_desc, do_desc, q_smem, do_smem, qdo_bar, 0, m_lo, n_m, h0, b, seqlen_q, HEAD_DIM, BLOCK_M)
     mbarrier.wait(kv_bar, 0)
@@ -203,6 +213,14 @@ def hopper_bwd_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, Lse, Delta, DQacc, d
         h = h0 + t // n_m
         m_start = (m_lo + t % n_m) * BLOCK_M
         q_cur = q_smem.index(s_idx)
+        # z == 0 always (t < n_iter) but opaque to LLVM: indexing the single-slot K, V and dS buffers
+        # with it keeps their 16 + 16 wgmma descriptors (64-bit, one per k-step) computed inside the
+        # loop. With a constant index LLVM hoists them (64 registers live across the loop at d = 128,
+        # the spills of the first version); one 32-bit division per step instead.
+        z = t // n_iter
+        k_cur = k_smem.index(z)
+        v_cur = v_smem.index(z)
+        ds_cur = ds_smem.index(z)
         do_cur = do_smem.index(s_idx)
 
         # per-query rows: lse (natural log -> log2; -inf rows -> 0) and D; rows past seqlen_q -> 0.
@@ -217,10 +235,12 @@ def hopper_bwd_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, Lse, Delta, DQacc, d
                           mask=q_ok, other=0.0)
 
         mbarrier.wait(qdo_bar.index(s_idx), (t // 2) & 1)
-        # S^T first, P^T from it (fp32 S^T dies), then dV += P^T dO and dP^T = V dO^T in flight
-        # together: at most S^T / P^T, the bf16 P^T and dP^T live next to dK, dV (register budget)
-        s_tok = warpgroup_mma(k_smem, q_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(0, deps=[s_tok])
+        # S^T and dP^T issued together (both operands in shared memory); P^T from S^T (in place: the
+        # fp32 S^T dies) while dP^T is in flight, then dS^T in place of dP^T. At most two fp32
+        # 128 x 64 tiles (P^T, dP^T) live next to dK, dV (the register budget, see the docstring).
+        s_tok = warpgroup_mma(k_cur, q_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(v_cur, do_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(1, deps=[s_tok])
         lse_log2 = gl.convert_layout(lse_c, gl.SliceLayout(0, st_layout))
         need_mask = (not keys_inside) | (m_start + BLOCK_M > seqlen_q)
         if IS_CAUSAL:
@@ -231,28 +251,29 @@ def hopper_bwd_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, Lse, Delta, DQacc, d
         else:
             p = _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d, False,
                        IS_CAUSAL)
-        pa = gl.convert_layout(p.to(dtype), a_layout)
-        dv_tok = warpgroup_mma(pa, do_cur, dv, is_async=True)
-        dp_tok = warpgroup_mma(v_smem, do_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-        # the register A operand listed so that it stays alive until its product retires
-        dv, pa = warpgroup_mma_wait(1, deps=[dv_tok, pa])
         dp = warpgroup_mma_wait(0, deps=[dp_tok])
         delta = gl.convert_layout(delta_c, gl.SliceLayout(0, st_layout))
-        # dS^T = P^T (dP^T - D): 0 wherever P^T was masked to 0 (dP^T is finite: products of finite rows)
+        # dS^T = P^T (dP^T - D) from the fp32 P^T (as the portable backward): 0 wherever P^T was masked
+        # to 0 (dP^T is finite: products of finite rows)
         ds16 = (p * (dp - delta[None, :])).to(dtype)
+        pa = gl.convert_layout(p.to(dtype), a_layout)
         dsa = gl.convert_layout(ds16, a_layout)
+        dv_tok = warpgroup_mma(pa, do_cur, dv, is_async=True)
         dk_tok = warpgroup_mma(dsa, q_cur, dk, is_async=True)
-        dk, dsa = warpgroup_mma_wait(0, deps=[dk_tok, dsa])
+        # the register A operands listed so that they stay alive until their products retire. Waited
+        # here, before the barrier below: the slot argument (module docstring) needs every warp's last
+        # wgmma reading Q / dO of this step retired before any warp passes that barrier.
+        dv, dk, pa, dsa = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, pa, dsa])
 
         # dS^T to shared memory for dQ = dS K. The first barrier: every warp is past its previous
         # step's dQ product (the WAR on ds_smem) and past this step's last reads of Q / dO, so the
         # slot is free for step t + 2, whose loads are issued at the start of step t + 1. The
         # second: all of dS^T (both warpgroups' halves) written and fenced before either reads it.
         gl.thread_barrier()
-        ds_smem.store(ds16)
+        ds_cur.store(ds16)
         fence_async_shared()
         gl.thread_barrier()
-        dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_zero, use_acc=False)
+        dq = warpgroup_mma(ds_cur.permute((1, 0)), k_cur, dq_zero, use_acc=False)
 
         # a 64-bit scalar base and 32-bit offsets inside the tile (64 x 64-bit pointers per thread
         # would cost 64 registers next to dK and dV)
