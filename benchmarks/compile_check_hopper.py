@@ -16,72 +16,29 @@ instructions are serialized"): the ping-pong variants must compile without it.
     python benchmarks/compile_check_hopper.py [--variants base,pingpong,split] [--no-ptxas] [--quick] [--jobs N]
 """
 import argparse
-import collections
-import concurrent.futures
-import multiprocessing
 import os
-import re
-import subprocess
-import tempfile
+import sys
 import time
 
-import triton
-from triton import knobs
-from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon._runtime import GluonASTSource
 
 from ioattn import hopper
 from ioattn.kernels.hopper_forward import hopper_fwd_kernel as fn
 
-H200_SHARED_BYTES = 232448  # 227 KB: the most one block may opt in to (228 KB per SM)
-SERIALIZED = "C7514"        # ptxas: "wgmma.mma_async instructions are serialized ..."
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gluon_aot import DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxas_report, run_jobs  # noqa: E402
 
 
-def compile_one(variant, d, dt, gdt, causal):
+def compile_one(variant, d, dt, causal):
     cfg = hopper.kernel_config(d, variant)
     bn, q_rows = cfg["block_n"], cfg["q_rows"]
-    q_layout = gl.NVMMASharedLayout.get_default_for([q_rows, d], gdt)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([bn, d], gdt)
+    q_layout = gl.NVMMASharedLayout.get_default_for([q_rows, d], DTYPES[dt])
+    kv_layout = gl.NVMMASharedLayout.get_default_for([bn, d], DTYPES[dt])
     sig = {n: "i32" for n in fn.arg_names}
     sig.update(q_desc=f"tensordesc<{dt}[{q_rows},{d}],{q_layout!r}>",
                k_desc=f"tensordesc<{dt}[{bn},{d}],{kv_layout!r}>",
                v_desc=f"tensordesc<{dt}[{bn},{d}],{kv_layout!r}>", Out=f"*{dt}", Lse="*fp32", qk_scale="fp32")
-    c = dict(cfg["constexprs"], IS_CAUSAL=causal)
-    # every constexpr parameter given (one left out would compile as an i32 argument, not its default)
-    missing = [fn.arg_names[i] for i in fn.constexprs if fn.arg_names[i] not in c]
-    assert not missing, missing
-    sig.update({k: "constexpr" for k in c})
-    k = triton.compile(GluonASTSource(fn, sig, c), target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=cfg["num_warps"]))
-    return cfg, k
-
-
-def ptx_counts(ptx):
-    mb_init = collections.Counter(re.findall(r"mbarrier\.init\.shared(?:::cta)?\.b64\s*\[[^\]]+\],\s*(\d+);", ptx))
-    bars = collections.Counter()
-    for kind, op, bid, n in re.findall(r"\b(bar|barrier)\.(sync|arrive)(?:\.aligned)?\s+(\d+)(?:,\s*(\d+))?;", ptx):
-        bars[f"{'bar' if kind == 'bar' else 'barrier'}.{op} {bid}" + (f"/{n}" if n else "")] += 1
-    return dict(
-        wgmma=ptx.count("wgmma.mma_async"), commit=ptx.count("wgmma.commit_group"),
-        waits=dict(collections.Counter(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+);", ptx))),
-        tma=ptx.count("cp.async.bulk.tensor"),
-        setmaxnreg=collections.Counter(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx)),
-        mb_init=mb_init, mb_arrive=len(re.findall(r"mbarrier\.arrive\.shared::cta\.b64", ptx)),
-        mb_expect=ptx.count("mbarrier.arrive.expect_tx"), mb_wait=ptx.count("mbarrier.try_wait"), bars=bars)
-
-
-def ptxas_report(ptx):
-    """ptxas -v on the PTX: (registers, spill bytes, named barriers used, serialized?)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        src = f"{tmp}/k.ptx"
-        with open(src, "w") as f:
-            f.write(ptx)
-        out = subprocess.run([knobs.nvidia.ptxas.path, "-v", "--gpu-name=sm_90a", src, "-o", f"{tmp}/k.cubin"],
-                             capture_output=True, text=True, check=True).stderr
-    regs = re.search(r"Used (\d+) registers(?:, used (\d+) barriers)?", out)
-    spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", out))
-    return int(regs.group(1)), spills, int(regs.group(2) or 0), SERIALIZED in out
+    return cfg, compile_sm90(fn, sig, dict(cfg["constexprs"], IS_CAUSAL=causal), cfg["num_warps"])
 
 
 def fmt(c):
@@ -96,13 +53,10 @@ def fmt(c):
             f"try_wait={c['mb_wait']}) named[{bars}]")
 
 
-DTYPES = {"bf16": gl.bfloat16, "fp16": gl.float16}
-
-
 def check(job):
     """Compile one (variant, head dim, dtype, causal), assert its structure, return its report line."""
     variant, d, dt, causal, run_ptxas = job
-    cfg, k = compile_one(variant, d, dt, DTYPES[dt], causal)
+    cfg, k = compile_one(variant, d, dt, causal)
     ptx = k.asm["ptx"]
     c = ptx_counts(ptx)
     where = (variant, d, dt, causal)
@@ -116,6 +70,7 @@ def check(job):
     regs = ""
     if run_ptxas:
         nregs, spills, nbars, serialized = ptxas_report(ptx)
+        serialized = bool(serialized)
         regs = (f"regs={nregs} spill={spills}B bars_used={nbars} "
                 f"{'SERIALIZED(C7514)' if serialized else 'wgmma-pipelined'} ")
         if variant != "base":
@@ -135,13 +90,7 @@ def main():
     jobs = [(variant, d, dt, causal, not args.no_ptxas) for variant in args.variants.split(",")
             for d in hopper.TILE_TABLE[variant] for dt in dtypes for causal in (False, True)]
     t0 = time.time()
-    if args.jobs > 1:  # fork: the workers inherit the imports (no GPU, no CUDA context to inherit)
-        with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("fork")) as ex:
-            for line in ex.map(check, jobs):
-                print(line, flush=True)
-    else:
-        for job in jobs:
-            print(check(job), flush=True)
+    run_jobs(check, jobs, args.jobs)
     print(f"hopper kernel compiled for sm_90: {len(jobs)} kernels, variants {args.variants} "
           f"({time.time() - t0:.1f} s)")
 

@@ -11,71 +11,29 @@ spill bytes, and whether ptxas serialised the wgmmas (warning C7514).
     python benchmarks/compile_check_hopper_bwd.py [--quick] [--no-ptxas] [--jobs N]
 """
 import argparse
-import collections
-import concurrent.futures
-import multiprocessing
 import os
-import re
-import subprocess
-import tempfile
+import sys
 import time
 
-import triton
-from triton import knobs
-from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon._runtime import GluonASTSource
 
 from ioattn.kernels.hopper_backward import hopper_bwd_dkdv_kernel as fn, kernel_config
 
-H200_SHARED_BYTES = 232448  # 227 KB: the most one block may opt in to (228 KB per SM)
-SERIALIZED = "C7514"        # ptxas: "wgmma.mma_async instructions are serialized ..."
-DTYPES = {"bf16": gl.bfloat16, "fp16": gl.float16}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gluon_aot import DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxas_report, run_jobs  # noqa: E402
 
 
 def compile_one(d, dt, causal):
     cfg = kernel_config(d)
     bm, bn = cfg["block_m"], cfg["block_n"]
-    gdt = DTYPES[dt]
-    q_layout = gl.NVMMASharedLayout.get_default_for([bm, d], gdt)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([bn, d], gdt)
+    q_layout = gl.NVMMASharedLayout.get_default_for([bm, d], DTYPES[dt])
+    kv_layout = gl.NVMMASharedLayout.get_default_for([bn, d], DTYPES[dt])
     sig = {n: "i32" for n in fn.arg_names}
     sig.update(q_desc=f"tensordesc<{dt}[{bm},{d}],{q_layout!r}>", do_desc=f"tensordesc<{dt}[{bm},{d}],{q_layout!r}>",
                k_desc=f"tensordesc<{dt}[{bn},{d}],{kv_layout!r}>", v_desc=f"tensordesc<{dt}[{bn},{d}],{kv_layout!r}>",
                Lse="*fp32", Delta="*fp32", DQacc="*fp32", dK=f"*{dt}", dV=f"*{dt}", softmax_scale="fp32",
                qk_scale="fp32")
-    c = dict(cfg["constexprs"], IS_CAUSAL=causal)
-    missing = [fn.arg_names[i] for i in fn.constexprs if fn.arg_names[i] not in c]
-    assert not missing, missing
-    sig.update({k: "constexpr" for k in c})
-    k = triton.compile(GluonASTSource(fn, sig, c), target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=cfg["num_warps"]))
-    return cfg, k
-
-
-def ptx_counts(ptx):
-    return dict(
-        wgmma=ptx.count("wgmma.mma_async"), commit=ptx.count("wgmma.commit_group"),
-        waits=dict(collections.Counter(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+);", ptx))),
-        tma=ptx.count("cp.async.bulk.tensor"),
-        mb_init=len(re.findall(r"mbarrier\.init\.", ptx)), mb_expect=ptx.count("mbarrier.arrive.expect_tx"),
-        mb_wait=ptx.count("mbarrier.try_wait"),
-        atomics=dict(collections.Counter(re.findall(r"\b((?:atom|red)(?:\.[a-z0-9_:]+)*\.add(?:\.[a-z0-9]+)*)", ptx))),
-        bar_sync=len(re.findall(r"\bbar(?:rier)?\.sync\b", ptx)), fence_proxy=ptx.count("fence.proxy.async"))
-
-
-def ptxas_report(ptx):
-    """ptxas -v on the PTX: (registers, spill bytes, serialized?, C7514 line or '')."""
-    with tempfile.TemporaryDirectory() as tmp:
-        src = f"{tmp}/k.ptx"
-        with open(src, "w") as f:
-            f.write(ptx)
-        out = subprocess.run([knobs.nvidia.ptxas.path, "-v", "--gpu-name=sm_90a", src, "-o", f"{tmp}/k.cubin"],
-                             capture_output=True, text=True, check=True).stderr
-    regs = re.search(r"Used (\d+) registers", out)
-    spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", out))
-    why = next((line.strip() for line in out.splitlines() if SERIALIZED in line), "")
-    return int(regs.group(1)), spills, bool(why), why
+    return cfg, compile_sm90(fn, sig, dict(cfg["constexprs"], IS_CAUSAL=causal), cfg["num_warps"])
 
 
 def check(job):
@@ -88,7 +46,8 @@ def check(job):
     assert c["wgmma"] and c["tma"] and c["atomics"], (where, c)
     regs = ""
     if run_ptxas:
-        nregs, spills, serialized, why = ptxas_report(ptx)
+        nregs, spills, _, why = ptxas_report(ptx)
+        serialized = bool(why)
         regs = (f"regs={nregs} spill={spills}B {'SERIALIZED(C7514)' if serialized else 'wgmma-pipelined'} ")
         if serialized:
             regs += f"[{why[:160]}] "
@@ -96,8 +55,9 @@ def check(job):
     atoms = " ".join(f"{op}x{n}" for op, n in sorted(c["atomics"].items()))
     return (f"bwd d={d} {dt} causal={causal!s:5s} tiles={cfg['block_m']}x{cfg['block_n']} warps={k.metadata.num_warps} "
             f"shared={k.metadata.shared} {regs}wgmma={c['wgmma']} (commit {c['commit']}, {waits}) tma={c['tma']} "
-            f"mbarrier(init={c['mb_init']} expect_tx={c['mb_expect']} try_wait={c['mb_wait']}) "
-            f"bar.sync={c['bar_sync']} fence.proxy.async={c['fence_proxy']} atomics[{atoms}]")
+            f"mbarrier(init={sum(c['mb_init'].values())} expect_tx={c['mb_expect']} try_wait={c['mb_wait']}) "
+            f"bar.sync={sum(n for b, n in c['bars'].items() if '.sync' in b)} fence.proxy.async={c['fence_proxy']} "
+            f"atomics[{atoms}]")
 
 
 def main():
@@ -111,13 +71,7 @@ def main():
     jobs = [(int(d), dt, causal, not args.no_ptxas) for d in args.headdims.split(",") for dt in dtypes
             for causal in (False, True)]
     t0 = time.time()
-    if args.jobs > 1:
-        with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("fork")) as ex:
-            for line in ex.map(check, jobs):
-                print(line, flush=True)
-    else:
-        for job in jobs:
-            print(check(job), flush=True)
+    run_jobs(check, jobs, args.jobs)
     print(f"hopper backward compiled for sm_90: {len(jobs)} kernels ({time.time() - t0:.1f} s)")
 
 

@@ -1,0 +1,75 @@
+"""Ahead-of-time sm_90 compilation of Gluon kernels without a GPU, and what the compile checks read
+from the result: instruction counts in the PTX and ptxas -v's registers, spills and warnings. Shared
+by benchmarks/compile_check_hopper.py (forward) and compile_check_hopper_bwd.py (backward)."""
+import collections
+import concurrent.futures
+import multiprocessing
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+
+H200_SHARED_BYTES = 232448  # 227 KB: the most one block may opt in to (228 KB per SM)
+SERIALIZED = "C7514"        # ptxas: "wgmma.mma_async instructions are serialized ..."
+DTYPES = {"bf16": gl.bfloat16, "fp16": gl.float16}
+
+
+def compile_sm90(fn, sig, constexprs, num_warps):
+    """``sig``: the non-constexpr arguments' types; every constexpr parameter must be given (one
+    left out would compile as an i32 argument, not as its default)."""
+    missing = [fn.arg_names[i] for i in fn.constexprs if fn.arg_names[i] not in constexprs]
+    assert not missing, missing
+    sig = dict(sig, **{k: "constexpr" for k in constexprs})
+    return triton.compile(GluonASTSource(fn, sig, constexprs), target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=num_warps))
+
+
+def ptx_counts(ptx):
+    """wgmma (commit groups, waits by depth), TMA copies, setmaxnreg (op, value), mbarrier operations
+    (init by arrival count, arrive, expect_tx, try_wait), named barriers ("bar.sync id/threads"),
+    global atomics and async-proxy fences."""
+    bars = collections.Counter()
+    for kind, op, bid, n in re.findall(r"\b(bar|barrier)\.(sync|arrive)(?:\.aligned)?\s+(\d+)(?:,\s*(\d+))?;", ptx):
+        bars[f"{kind}.{op} {bid}" + (f"/{n}" if n else "")] += 1
+    return dict(
+        wgmma=ptx.count("wgmma.mma_async"), commit=ptx.count("wgmma.commit_group"),
+        waits=dict(collections.Counter(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+);", ptx))),
+        tma=ptx.count("cp.async.bulk.tensor"),
+        setmaxnreg=collections.Counter(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx)),
+        mb_init=collections.Counter(re.findall(r"mbarrier\.init\.shared(?:::cta)?\.b64\s*\[[^\]]+\],\s*(\d+);", ptx)),
+        mb_arrive=len(re.findall(r"mbarrier\.arrive\.shared::cta\.b64", ptx)),
+        mb_expect=ptx.count("mbarrier.arrive.expect_tx"), mb_wait=ptx.count("mbarrier.try_wait"), bars=bars,
+        atomics=dict(collections.Counter(re.findall(r"\b((?:atom|red)(?:\.[a-z0-9_:]+)*\.add(?:\.[a-z0-9]+)*)", ptx))),
+        fence_proxy=ptx.count("fence.proxy.async"))
+
+
+def ptxas_report(ptx):
+    """ptxas -v on the PTX: (registers, spill bytes stored and loaded, named barriers used, the C7514
+    warning line or '')."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = f"{tmp}/k.ptx"
+        with open(src, "w") as f:
+            f.write(ptx)
+        out = subprocess.run([knobs.nvidia.ptxas.path, "-v", "--gpu-name=sm_90a", src, "-o", f"{tmp}/k.cubin"],
+                             capture_output=True, text=True, check=True).stderr
+    regs = re.search(r"Used (\d+) registers(?:, used (\d+) barriers)?", out)
+    spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", out))
+    why = next((line.strip() for line in out.splitlines() if SERIALIZED in line), "")
+    return int(regs.group(1)), spills, int(regs.group(2) or 0), why
+
+
+def run_jobs(check, jobs, workers):
+    """Print ``check(job)`` for every job, in order; compiles in ``workers`` forked processes (no GPU,
+    no CUDA context to inherit)."""
+    if workers > 1:
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as ex:
+            for line in ex.map(check, jobs):
+                print(line, flush=True)
+    else:
+        for job in jobs:
+            print(check(job), flush=True)
