@@ -317,6 +317,17 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
 
 
 @gluon.jit
+def _init_ring(k_ready, k_empty, v_ready, v_empty, STAGES: gl.constexpr, RELEASERS: gl.constexpr):
+    """The K/V ring's barriers: a slot is ready after one expect-tx arrive (the producer's TMA), and
+    free again after ``RELEASERS`` arrives (one per consumer that reads it)."""
+    for s in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(s), count=1)
+        mbarrier.init(k_empty.index(s), count=RELEASERS)
+        mbarrier.init(v_ready.index(s), count=1)
+        mbarrier.init(v_empty.index(s), count=RELEASERS)
+
+
+@gluon.jit
 def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om,
                       stride_lse_b, stride_lse_h, qk_scale,
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -382,11 +393,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nhea
         for w in gl.static_range(2):
             mbarrier.init(q_bar.index(w), count=1)
             mbarrier.init(turn.index(w), count=1)
-        for s in gl.static_range(STAGES):
-            mbarrier.init(k_ready.index(s), count=1)
-            mbarrier.init(k_empty.index(s), count=2)
-            mbarrier.init(v_ready.index(s), count=1)
-            mbarrier.init(v_empty.index(s), count=2)
+        _init_ring(k_ready, k_empty, v_ready, v_empty, STAGES, 2)  # both warpgroups release each slot
         fence_async_shared()
         # Register budget (FA3's for two consumer warpgroups + producer): the producer warp is padded
         # to a warpgroup, 384 threads in all; 24 * 128 + 240 * 256 = 64512 <= 65536 registers per SM.
@@ -412,11 +419,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nhea
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
         mbarrier.init(q_bar, count=1)
-        for s in gl.static_range(STAGES):
-            mbarrier.init(k_ready.index(s), count=1)
-            mbarrier.init(k_empty.index(s), count=1)
-            mbarrier.init(v_ready.index(s), count=1)
-            mbarrier.init(v_empty.index(s), count=1)
+        _init_ring(k_ready, k_empty, v_ready, v_empty, STAGES, 1)
         fence_async_shared()
         gl.warp_specialize([
             (_consumer, (q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, Out, Lse, q_row0,
