@@ -19,8 +19,8 @@ echo "hopper bwd tests rc=$?"; tail -n 2 "$out/test_hopper_bwd.log"
 mkdir -p "$out/decode"
 timeout 150 python3 -m ioattn bench decode --out "$out/decode" > "$out/decode.log" 2>&1
 echo "decode rc=$?"; rm -f "$out"/decode/*.png
-timeout 90 python3 benchmarks/ab_fwd.py --out "$out" --tag ab_fwd --loads tma,tma-r8,gluon-pp,gluon-split \
-    --headdims 64,128 --seqlens 512,2048,16384 > "$out/ab_fwd.log" 2>&1
+timeout 110 python3 benchmarks/ab_fwd.py --out "$out" --tag ab_fwd --loads tma,tma-r8,gluon-pp,gluon-split \
+    --headdims 64,128,256 --seqlens 512,2048,16384 > "$out/ab_fwd.log" 2>&1
 echo "ab rc=$?"
 for tool in memcheck racecheck; do  # issue 5: the Hopper kernels clean under compute-sanitizer
     timeout 60 compute-sanitizer --tool $tool python3 benchmarks/sanitize_small.py > "$out/sanitizer_$tool.log" 2>&1

@@ -50,9 +50,11 @@ TILE_TABLE = {
     # d = 128 (FA3's sm90 kStages = 2; 160 KB shared). d = 64: FA3 uses 192 x 128/192 with three MMA
     # warpgroups (160 registers each); we keep two warpgroups (240 registers, no spills) and spend
     # the shared memory d = 64 leaves on a third stage instead (112 KB).
-    "pingpong": {64: (128, 128, 3), 128: (128, 128, 2)},
+    # d = 256: 64 keys per tile (FA3 uses 80), two stages: 197 KB shared, no spills at 240 registers
+    # (O is 128 fp32 registers a thread); compiled only, not yet run -- not in the default policy.
+    "pingpong": {64: (128, 128, 3), 128: (128, 128, 2), 256: (128, 64, 2)},
     # the same tiles as "pingpong", so that the A/B between the two isolates the ordering
-    "split": {64: (128, 128, 3), 128: (128, 128, 2)},
+    "split": {64: (128, 128, 3), 128: (128, 128, 2), 256: (128, 64, 2)},
 }
 
 _variant: str | None = None  # set from Python (set_variant / variant); None: the environment decides
