@@ -549,6 +549,17 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     assert hopper.wanted(torch.empty(1, 64, 2, 64))
     monkeypatch.delenv("IOATTN_HOPPER")
     assert hopper.active_variant() == hopper.DEFAULT_VARIANT == "pingpong"
+    with hopper.variant("split"):
+        assert hopper.active_variant() == "split" and hopper.TILES[128] == hopper.TILE_TABLE["split"][128]
+    monkeypatch.setenv("IOATTN_HOPPER_VARIANT", "base")
+    assert hopper.active_variant() == "base" and 256 not in hopper.TILES
+    with pytest.raises(ValueError, match="unknown Hopper kernel variant 'nope'"):
+        with hopper.variant("nope"):
+            pass
+    monkeypatch.setenv("IOATTN_HOPPER_VARIANT", "nope")
+    with pytest.raises(ValueError, match="unknown Hopper kernel variant 'nope'"):
+        hopper.active_variant()
+    monkeypatch.delenv("IOATTN_HOPPER_VARIANT")
     assert "seqlen_q >= 4096 (here 128, 4095)" in hopper.policy(torch.empty(1, 4095, 2, 128))[1]
     # the plan says why the Gluon kernel is not taken (here: no sm_90 GPU)
     with dispatch.forced_backend("triton"):

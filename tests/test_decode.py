@@ -441,3 +441,25 @@ def test_unified_max_takes_its_own_path_and_falls_back_exactly():
     assert not torch.equal(in_range, exact)
     assert (in_range - exact).abs().max() < 1e-5
     assert torch.equal(fallback, exact)
+
+
+def test_pdl_switches_reach_the_plan(monkeypatch):
+    """Programmatic dependent launch: off by default; IOATTN_DECODE_PDL=1 or decode_config(pdl=True)
+    turn it on where it can run (faked here: this machine has no Hopper GPU), only for split launches
+    (one split has no merge to overlap), and never where it cannot run."""
+    from ioattn import decode
+    q = torch.empty(1, 1, 8, 64)
+    k = torch.empty(1, 4096, 2, 64)
+    monkeypatch.delenv("IOATTN_DECODE_PDL", raising=False)
+    assert not decode._pdl_ok(q.device)
+    with decode_config(pdl=True):
+        assert not decode.plan(q, k, k, False, 4096, num_splits=8).pdl  # no Hopper here
+    monkeypatch.setattr(decode, "_pdl_ok", lambda device: True)
+    assert not decode.plan(q, k, k, False, 4096, num_splits=8).pdl
+    with decode_config(pdl=True):
+        assert decode.plan(q, k, k, False, 4096, num_splits=8).pdl
+        assert not decode.plan(q, k, k, False, 4096, num_splits=1).pdl
+    monkeypatch.setenv("IOATTN_DECODE_PDL", "1")
+    assert decode.plan(q, k, k, False, 4096, num_splits=8).pdl
+    with decode_config(pdl=False):
+        assert not decode.plan(q, k, k, False, 4096, num_splits=8).pdl
