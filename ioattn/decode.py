@@ -17,9 +17,9 @@ computing in float32.
 from __future__ import annotations
 
 import contextlib
-import os
 import functools
 import math
+import os
 from dataclasses import dataclass
 
 import torch
