@@ -1,7 +1,7 @@
 """Host side of the Gluon Hopper forward (``ioattn.kernels.hopper_forward``).
 
-When ``flash_attn_func`` uses it (``wanted``): by default at head dim 128 from 4096 query rows on, the
-shapes where it was measured ahead of the portable kernel (``AUTO_*`` below); everywhere it covers
+When ``flash_attn_func`` uses it (``wanted``): by default at head dims 128 and 256 from the sequence
+lengths where it was measured ahead of the portable kernel (``AUTO_MIN_SEQLEN`` below); everywhere it covers
 inside ``prefer_hopper(True)`` or with ``IOATTN_HOPPER=1``; never inside ``prefer_hopper(False)``,
 with ``IOATTN_HOPPER=0`` or when the forward's tiles are fixed by the caller. Only for the calls it
 covers (``hopper_supports``); every other call keeps the portable kernel. Gluon is imported lazily:
@@ -32,14 +32,20 @@ VARIANT_ENV = "IOATTN_HOPPER_VARIANT"
 # H200, bf16, d=128, N=16384 non-causal, one A/B run each (results/gluon-ab-2): pingpong 660 and 599
 # TFLOP/s, split 648, base 507, the portable kernel 487 / 477 (cuDNN 666 / 680)
 DEFAULT_VARIANT = "pingpong"
-# The default policy: where the ping-pong kernel was measured ahead of the portable one
-# (results/gluon-ab-2/ab_gluon3.jsonl, bf16, 16k tokens): d=128 at N = 4096 / 16384, 617 / 599 vs
-# 517 / 477 non-causal and 521 / 566 vs 466 / 515 causal. Not at d=64 (393-412 vs 431-457 non-causal,
-# 327-368 vs 367-436 causal) and not measured below N=4096.
-AUTO_HEADDIMS = (128,)
-AUTO_MIN_SEQLEN = 4096
+# The default policy: (head dim, causal) -> the shortest seqlen_q where the ping-pong kernel was
+# measured ahead of (or level with) the portable one, in two runs on the H200, bf16, 16k tokens
+# (the train sweep results/train-2026-12-01-all, ioattn-hopper vs ioattn, and the A/B
+# results/gluon-ab-3/ab_fwd.jsonl, gluon-pp vs tma), TFLOP/s:
+# - d=128 non-causal: N=512 363 vs 361 / 364 vs 346, N=1024 484 vs 443, N=2048 561 vs 493 / 568 vs 493;
+#   causal: N=1024 318 vs 328 (behind), N=2048 433 vs 413 / 432 vs 410, N=16384 620 vs 516 (A/B).
+# - d=256 everywhere from N=512: 403 vs 313 / 402 vs 311 non-causal, 250 vs 197 / 251 vs 190 causal,
+#   713 vs 546 at N=16384.
+# - d=64: behind at every length (e.g. 413 vs 456 at N=16384 non-causal): not in the table.
+# Below N=512 nothing was measured: the portable kernel.
+AUTO_MIN_SEQLEN = {(128, False): 512, (128, True): 2048, (256, False): 512, (256, True): 512}
 
-# (block_m, block_n, stages) per variant and head dim. None of these is measured here yet.
+# (block_m, block_n, stages) per variant and head dim, from FA3's published shapes (below); the
+# measured ones are those of the default policy above.
 TILE_TABLE = {
     # FlashAttention-3's published forward shape at d = 128 (128 x 128, two stages; FA3 uses
     # 128 x 176 non-causal, not a power of two, which Gluon's register layouts need), also at d = 64.
@@ -51,7 +57,7 @@ TILE_TABLE = {
     # warpgroups (160 registers each); we keep two warpgroups (240 registers, no spills) and spend
     # the shared memory d = 64 leaves on a third stage instead (112 KB).
     # d = 256: 64 keys per tile (FA3 uses 80), two stages: 197 KB shared, no spills at 240 registers
-    # (O is 128 fp32 registers a thread); compiled only, not yet run -- not in the default policy.
+    # (O is 128 fp32 registers a thread); measured 713 TFLOP/s non-causal, 691 causal at N=16384.
     "pingpong": {64: (128, 128, 3), 128: (128, 128, 2), 256: (128, 64, 2)},
     # the same tiles as "pingpong", so that the A/B between the two isolates the ordering
     "split": {64: (128, 128, 3), 128: (128, 128, 2), 256: (128, 64, 2)},
@@ -127,14 +133,15 @@ def kernel_config(d: int, name: str | None = None) -> dict:
 prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer_hopper(True): ...``
 
 
-def wanted(q=None, seqlen_q: int | None = None) -> bool:
+def wanted(q=None, seqlen_q: int | None = None, causal: bool = False) -> bool:
     """Whether the forward of this call should take the Gluon kernel (if ``hopper_supports`` it)."""
-    return policy(q, seqlen_q)[0]
+    return policy(q, seqlen_q, causal)[0]
 
 
-def policy(q=None, seqlen_q: int | None = None) -> tuple[bool, str]:
+def policy(q=None, seqlen_q: int | None = None, causal: bool = False) -> tuple[bool, str]:
     """(wanted, why): ``prefer_hopper``'s value inside its block, else ``IOATTN_HOPPER`` ("1" / "0")
-    if set, else the default policy for q's head dim and ``seqlen_q`` (default: q.shape[1])."""
+    if set, else the default policy (``AUTO_MIN_SEQLEN``) for q's head dim, the mask and
+    ``seqlen_q`` (default: q.shape[1])."""
     if prefer_hopper.value is not None:
         return prefer_hopper.value, f"hopper.prefer_hopper({prefer_hopper.value})"
     env = os.environ.get("IOATTN_HOPPER", "").strip()
@@ -144,10 +151,13 @@ def policy(q=None, seqlen_q: int | None = None) -> tuple[bool, str]:
         return False, "no call to judge"
     d = q.shape[-1]
     n = q.shape[1] if seqlen_q is None else seqlen_q
-    rule = f"default policy: head dim in {AUTO_HEADDIMS} and seqlen_q >= {AUTO_MIN_SEQLEN}"
     if dispatch.tiles_overridden("fwd", d):
         return False, "the forward's tiles are fixed (IOATTN_TILES / set_tile_override)"
-    return d in AUTO_HEADDIMS and n >= AUTO_MIN_SEQLEN, f"{rule} (here {d}, {n})"
+    mask = "causal" if causal else "non-causal"
+    least = AUTO_MIN_SEQLEN.get((d, bool(causal)))
+    if least is None:
+        return False, f"default policy: head dim {d} {mask} is not in hopper.AUTO_MIN_SEQLEN"
+    return n >= least, f"default policy: head dim {d} {mask} from seqlen_q >= {least} (here {n})"
 
 
 def hopper_supports(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:

@@ -521,18 +521,25 @@ def test_explain_dispatch_matches_the_policy():
 
 
 def test_hopper_kernel_policy_and_refusals(monkeypatch):
-    """The Gluon Hopper forward's default policy: head dim 128 from 4096 query rows on (where it was
-    measured ahead), not at other head dims or shorter rows, not when the caller fixed the forward's
-    tiles; prefer_hopper and IOATTN_HOPPER override it both ways. It runs only for the calls it
-    covers; elsewhere (here: a CPU) the portable path runs and the reason is given."""
+    """The Gluon Hopper forward's default policy (hopper.AUTO_MIN_SEQLEN, from the device runs): head
+    dim 128 from 512 query rows on non-causal and from 2048 causal, head dim 256 from 512, never head
+    dim 64; not when the caller fixed the forward's tiles; prefer_hopper and IOATTN_HOPPER override it
+    both ways. It runs only for the calls it covers; elsewhere (here: a CPU) the portable path runs
+    and the reason is given."""
     import ioattn
     from ioattn import dispatch, hopper
 
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
     monkeypatch.delenv("IOATTN_TILES", raising=False)
     long128 = torch.empty(1, 4096, 2, 128, dtype=torch.bfloat16)
-    assert hopper.wanted(long128)
-    assert not hopper.wanted(torch.empty(1, 4095, 2, 128, dtype=torch.bfloat16))
+    assert hopper.wanted(long128) and hopper.wanted(long128, causal=True)
+    n1024 = torch.empty(1, 1024, 2, 128, dtype=torch.bfloat16)
+    assert hopper.wanted(n1024) and not hopper.wanted(n1024, causal=True)  # causal 1024: measured behind
+    assert hopper.wanted(torch.empty(1, 2048, 2, 128), causal=True)
+    assert not hopper.wanted(torch.empty(1, 511, 2, 128, dtype=torch.bfloat16))
+    for causal in (False, True):
+        assert hopper.wanted(torch.empty(1, 512, 2, 256), causal=causal)
+        assert not hopper.wanted(torch.empty(1, 511, 2, 256), causal=causal)
     assert not hopper.wanted(torch.empty(1, 8192, 2, 64, dtype=torch.bfloat16))
     assert hopper.wanted(torch.empty(8192, 2, 128), seqlen_q=8192)  # varlen: the caller's max seqlen
     assert not hopper.wanted()
@@ -560,7 +567,8 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     with pytest.raises(ValueError, match="unknown Hopper kernel variant 'nope'"):
         hopper.active_variant()
     monkeypatch.delenv("IOATTN_HOPPER_VARIANT")
-    assert "seqlen_q >= 4096 (here 128, 4095)" in hopper.policy(torch.empty(1, 4095, 2, 128))[1]
+    assert "head dim 128 causal from seqlen_q >= 2048 (here 1024)" in hopper.policy(n1024, causal=True)[1]
+    assert "head dim 64 non-causal is not in hopper.AUTO_MIN_SEQLEN" in hopper.policy(torch.empty(1, 9, 2, 64))[1]
     # the plan says why the Gluon kernel is not taken (here: no sm_90 GPU)
     with dispatch.forced_backend("triton"):
         plan = ioattn.explain_dispatch(long128, long128, long128)

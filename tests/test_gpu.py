@@ -165,8 +165,8 @@ def test_decode_long_cache(use_tma, paged, splits, pdl):
         cfg = decode.plan(q, kw["k_cache"], kw["v_cache"], paged, kw["k_cache"].shape[1] if not paged else
                           kw["block_table"].shape[1] * kw["k_cache"].shape[1], splits)
     assert cfg.pdl == (pdl and cfg.num_splits > 1 and _SM90)
-    if pdl:
-        with decode_config(use_tma=use_tma):
+    if pdl:  # bit-identical to the plain launch
+        with decode_config(use_tma=use_tma, pdl=False):
             assert torch.equal(out, flash_attn_with_kvcache(q, **kw, num_splits=splits))
     ref, _ = kvcache_attention_ref(q, **{n: t.clone() for n, t in kw.items()})
     same, _ = kvcache_attention_ref(q, **{n: t.clone() for n, t in kw.items()}, upcast=False)
@@ -204,14 +204,17 @@ def test_hopper_forward(variant, d, causal, dtype, shape, poison_alloc):
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("causal", [False, True])
-def test_default_dispatch_takes_the_gluon_kernel_where_measured_faster(causal, poison_alloc):
-    """Without any switch, head dim 128 with 4096 query rows goes to the Gluon ping-pong forward (the
-    policy in ioattn.hopper), and the result passes the float64 oracle, gradients included."""
-    q = torch.randn(1, 4096, 2, 128, device="cuda", dtype=torch.bfloat16)
+@pytest.mark.parametrize("d, n, causal, gluon", [(128, 4096, False, True), (128, 2048, True, True),
+                                                 (128, 1024, True, False), (256, 512, False, True),
+                                                 (256, 512, True, True), (64, 4096, False, False)])
+def test_default_dispatch_takes_the_gluon_kernel_where_measured_faster(d, n, causal, gluon, poison_alloc):
+    """Without any switch, the forward goes to the Gluon ping-pong kernel exactly where the policy in
+    ioattn.hopper (AUTO_MIN_SEQLEN, from the device runs) says, else to the portable kernel, and the
+    result passes the float64 oracle, gradients included."""
+    q = torch.randn(1, n, 2, d, device="cuda", dtype=torch.bfloat16)
     plan = ioattn.explain_dispatch(q, q, q, causal=causal)
-    assert "hopper_fwd_kernel" in plan.forward["kernel"] and "pingpong" in plan.forward["kernel"]
-    _check(1, 4096, 4096, 2, 2, 128, torch.bfloat16, causal=causal)
+    assert ("hopper_fwd_kernel" in plan.forward["kernel"] and "pingpong" in plan.forward["kernel"]) == gluon
+    _check(1, n, n, 2, 2, d, torch.bfloat16, causal=causal)
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
