@@ -34,9 +34,14 @@ from ioattn.reference.naive import attention_ref
 
 # Launch policy, from the device sweep `benchmarks/tune_decode.py` (results in
 # benchmarks/results/decode-tune-{1,2}; 32 query / 8 KV heads, d=128, bf16, the peers' decode table):
-# - BLOCK_N 128 (pointer loads) was best or within 2 % of best at every case; 16 under the
-#   interpreter so that the small test caches cross several chunks and splits. Shrinks to divide
-#   the page size.
+# - BLOCK_N 128, 2 stages; with splits on a contiguous cache BLOCK_N 64, 3 stages. The focused sweep
+#   `tune_decode.py --focus` (benchmarks/results/decode-tune-3, cuDNN timed on the same tensors) put
+#   64 x 3 stages first of 12 configs x 5 split waves at batch 1 with 4k-128k keys (13.4 / 26.8 /
+#   71.0 / 129.3 us against 13.7 / 27.8 / 72.8 / 130.8 for 128 x 2); `ioattn bench decode` with it
+#   everywhere (benchmarks/results/decode-2026-12-01-bn64) confirmed batch 1 (128.9 us at 128k keys,
+#   cuDNN 128.4) but lost badly without splits (batch 64 x 4096: 282 vs 247 us) and on paged caches
+#   (128k keys: 151.5 vs 139.6), where 128 x 2 stays. 16 under the interpreter so that the small
+#   test caches cross several chunks and splits. Shrinks to divide the page size.
 # - splits: enough programs for SPLIT_WAVES programs per SM (2 beat 1, 4 and 8 at batch 1 with
 #   64k-128k keys: 146 us vs 213 / 202 / 233 at 128k), at least one chunk per split, at most
 #   MAX_SPLITS; none once batch * KV heads fill the SMs.
@@ -50,15 +55,20 @@ DEFAULT_NUM_SMS = 132  # H100/H200; the device's own count is used when there is
 SPLIT_WAVES = 2
 MAX_SPLITS = 256
 _BLOCK_N_CUDA = 128
+_BLOCK_N_SPLIT = 64  # contiguous cache with splits (above)
 _BLOCK_N_INTERPRETER = 16
 _MAX_BLOCK_M = 64
 _NUM_WARPS = 4
 _NUM_STAGES = 2
+_NUM_STAGES_SPLIT = 3  # contiguous cache with splits (above)
 _USE_TMA_DEFAULT = False
 # Programmatic dependent launch of the merge after the split kernel (Hopper): hides the launch gap
-# between a step's two kernels. Off until a device A/B (`ioattn bench decode`, provider ioattn-pdl)
-# shows it pays; `IOATTN_DECODE_PDL=1` or ``decode_config(pdl=True)`` turns it on.
-_PDL_DEFAULT = False
+# between a step's two kernels. On by default: `ioattn bench decode` on the H200
+# (benchmarks/results/session-2026-12-01/decode_results.jsonl, ioattn-pdl vs ioattn) measured
+# 15.9 -> 15.6, 29.0 -> 27.6, 75.4 -> 74.2, 134.4 -> 133.8 us at batch 1 with 4k/16k/64k/128k keys
+# and 75.9 -> 74.7 at batch 8 x 8192 (mean -0.9 us, no case slower); under CUDA-graph replay
+# -0.2..+1.1 us (noise level). `IOATTN_DECODE_PDL=0` or ``decode_config(pdl=False)`` turns it off.
+_PDL_DEFAULT = True
 
 # Unified max (FlashDecoding++): a split keeps phi only if every row max m satisfies
 # phi - below <= m <= phi + above (log2 units). Above: exp2(s - phi) must fit the dtype the
@@ -326,7 +336,10 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     when the values were read, else the cache capacity, so the plan never depends on device values)."""
     batch, seqlen_q, nheads, d = q.shape
     nheads_kv = k_cache.shape[2]
-    block_n = _plan_override.get("block_n", _BLOCK_N_CUDA if q.is_cuda else _BLOCK_N_INTERPRETER)
+    # contiguous cache on the GPU: split launches take the split tiles (the policy notes at the top)
+    split_tiles = q.is_cuda and not paged and "block_n" not in _plan_override
+    block_n = _plan_override.get("block_n", _BLOCK_N_SPLIT if split_tiles else
+                                 _BLOCK_N_CUDA if q.is_cuda else _BLOCK_N_INTERPRETER)
     if paged:
         while k_cache.shape[1] % block_n:
             block_n //= 2
@@ -336,13 +349,17 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     if num_splits == 0:
         num_splits = _plan_override.get("num_splits") or _heuristic_splits(programs, span, block_n,
                                                                            _num_sms(q.device))
+    stages = _NUM_STAGES_SPLIT if split_tiles else _NUM_STAGES
+    if split_tiles and num_splits == 1:  # no split: the wide tile (measured 247 vs 282 us at 64 x 4096)
+        block_n, stages = _BLOCK_N_CUDA, _NUM_STAGES
     # paged caches without splits: TMA (see the policy notes at the top)
     tma_default = _USE_TMA_DEFAULT or (paged and num_splits == 1 and q.is_cuda)
     use_tma = _plan_override.get("use_tma", tma_default) and _tma_ok(k_cache, v_cache, d)
-    pdl_wanted = _plan_override.get("pdl", _PDL_DEFAULT or os.environ.get("IOATTN_DECODE_PDL", "0") == "1")
+    env = os.environ.get("IOATTN_DECODE_PDL", "").strip()
+    pdl_wanted = _plan_override.get("pdl", env == "1" if env else _PDL_DEFAULT)
     pdl = bool(pdl_wanted) and num_splits > 1 and _pdl_ok(q.device)
     return DecodePlan(block_m, block_n, num_splits, use_tma, _plan_override.get("num_warps", _NUM_WARPS),
-                      _plan_override.get("num_stages", _NUM_STAGES), pdl)
+                      _plan_override.get("num_stages", stages), pdl)
 
 
 def _pdl_ok(device) -> bool:

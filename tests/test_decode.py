@@ -444,22 +444,51 @@ def test_unified_max_takes_its_own_path_and_falls_back_exactly():
 
 
 def test_pdl_switches_reach_the_plan(monkeypatch):
-    """Programmatic dependent launch: off by default; IOATTN_DECODE_PDL=1 or decode_config(pdl=True)
-    turn it on where it can run (faked here: this machine has no Hopper GPU), only for split launches
-    (one split has no merge to overlap), and never where it cannot run."""
+    """Programmatic dependent launch: on by default (measured to pay); IOATTN_DECODE_PDL=0 or
+    decode_config(pdl=False) turn it off; only where it can run (faked here: this machine has no
+    Hopper GPU), only for split launches (one split has no merge to overlap)."""
     from ioattn import decode
     q = torch.empty(1, 1, 8, 64)
     k = torch.empty(1, 4096, 2, 64)
     monkeypatch.delenv("IOATTN_DECODE_PDL", raising=False)
     assert not decode._pdl_ok(q.device)
+    assert not decode.plan(q, k, k, False, 4096, num_splits=8).pdl  # no Hopper here
     with decode_config(pdl=True):
-        assert not decode.plan(q, k, k, False, 4096, num_splits=8).pdl  # no Hopper here
+        assert not decode.plan(q, k, k, False, 4096, num_splits=8).pdl
     monkeypatch.setattr(decode, "_pdl_ok", lambda device: True)
+    assert decode.plan(q, k, k, False, 4096, num_splits=8).pdl
+    assert not decode.plan(q, k, k, False, 4096, num_splits=1).pdl
+    with decode_config(pdl=False):
+        assert not decode.plan(q, k, k, False, 4096, num_splits=8).pdl
+    monkeypatch.setenv("IOATTN_DECODE_PDL", "0")
     assert not decode.plan(q, k, k, False, 4096, num_splits=8).pdl
     with decode_config(pdl=True):
         assert decode.plan(q, k, k, False, 4096, num_splits=8).pdl
-        assert not decode.plan(q, k, k, False, 4096, num_splits=1).pdl
     monkeypatch.setenv("IOATTN_DECODE_PDL", "1")
     assert decode.plan(q, k, k, False, 4096, num_splits=8).pdl
     with decode_config(pdl=False):
         assert not decode.plan(q, k, k, False, 4096, num_splits=8).pdl
+
+
+def test_plan_tiles_by_launch_kind(monkeypatch):
+    """The GPU tile policy (from the device sweeps, ioattn/decode.py's notes): split launches on a
+    contiguous cache take 64-key chunks with 3 stages; launches without splits and paged caches keep
+    128-key chunks with 2 stages; an explicit block_n wins. Faked GPU query (this machine has none)."""
+    import types
+
+    from ioattn import decode
+    monkeypatch.setattr(decode, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(decode, "_pdl_ok", lambda device: False)
+
+    def gpu_q(batch):
+        return types.SimpleNamespace(shape=(batch, 1, 32, 128), is_cuda=True, device=torch.device("cpu"))
+    k = torch.empty(1, 1, 8, 128)
+    one = decode.plan(gpu_q(1), k, k, False, 131072)
+    assert (one.block_n, one.num_stages, one.num_splits) == (64, 3, 33)
+    wide = decode.plan(gpu_q(64), k, k, False, 4096)  # 512 programs fill the SMs: no split
+    assert (wide.block_n, wide.num_stages, wide.num_splits) == (128, 2, 1)
+    pages = torch.empty(8, 256, 8, 128)
+    paged = decode.plan(gpu_q(1), pages, pages, True, 131072)
+    assert (paged.block_n, paged.num_stages) == (128, 2) and paged.num_splits > 1
+    with decode_config(block_n=32):
+        assert decode.plan(gpu_q(1), k, k, False, 131072).block_n == 32

@@ -135,8 +135,8 @@ def _with_peers(table, names, make_sdpa, make_flex, import_peer, ours, what):
 
 # ---------------------------------------------------------------- decode (one query token per sequence)
 
-DECODE_OURS = ("ioattn", "ioattn-checked", "ioattn-paged", "ioattn-unified", "ioattn-graph", "ioattn-pdl",
-               "ioattn-graph-pdl")
+DECODE_OURS = ("ioattn", "ioattn-checked", "ioattn-paged", "ioattn-unified", "ioattn-graph", "ioattn-nopdl",
+               "ioattn-graph-nopdl")
 DECODE_PAGE_SIZE = 256
 UNIFIED_CALIBRATION_KEYS = 1024
 
@@ -205,22 +205,22 @@ def _unified_setup(q, k_cache, v_cache, cache_seqlens):
     return _kvcache_setup(unified_max=phi)(q, k_cache, v_cache, cache_seqlens)
 
 
-def _pdl_call(q, k_cache, v_cache, cache_seqlens):
-    """The unchecked call with the merge launched by programmatic dependent launch (Hopper)."""
-    from ioattn.decode import _pdl_ok, decode_config
-    if not _pdl_ok(q.device):
-        raise ValueError("programmatic dependent launch needs an sm_90+ GPU and a Triton with gdc_wait")
+def _nopdl_call(q, k_cache, v_cache, cache_seqlens):
+    """The unchecked call with programmatic dependent launch turned off (the merge kernel launched
+    after the split kernel ends): the A/B against the default, which uses it on Hopper."""
+    from ioattn.decode import decode_config
     call = _kvcache_setup()(q, k_cache, v_cache, cache_seqlens)
 
     def run():
-        with decode_config(pdl=True):
+        with decode_config(pdl=False):
             return call()
     return run
 
 
-def _graph_setup(q, k_cache, v_cache, cache_seqlens, pdl=False):
-    """One unchecked call captured into a CUDA graph; ``run`` replays it."""
-    call = (_pdl_call if pdl else _kvcache_setup())(q, k_cache, v_cache, cache_seqlens)
+def _graph_setup(q, k_cache, v_cache, cache_seqlens, pdl=True):
+    """One unchecked call captured into a CUDA graph; ``run`` replays it (``pdl=False``: captured
+    without programmatic dependent launch)."""
+    call = (_kvcache_setup() if pdl else _nopdl_call)(q, k_cache, v_cache, cache_seqlens)
     try:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -325,17 +325,17 @@ def decode_providers(names=None):
     ``ioattn-checked``: the default (values checked); ``ioattn-paged``: the same data in pages of
     256 tokens in a random order; ``ioattn-unified``: with a unified max from a calibration sample;
     ``ioattn-graph``: the ``ioattn`` call captured once into a CUDA graph and replayed;
-    ``ioattn-pdl`` / ``ioattn-graph-pdl``: the same with the merge kernel launched by programmatic
-    dependent launch (Hopper; an A/B until it is the default)."""
+    ``ioattn-nopdl`` / ``ioattn-graph-nopdl``: the same without programmatic dependent launch of the
+    merge kernel (the default uses it on Hopper; kept as the A/B that justifies it)."""
     table = {"ioattn": (_kvcache_setup(), ""), "ioattn-checked": (_checked_setup, ""),
              "ioattn-paged": (_paged_setup, "")}
     table["ioattn-unified"] = ((_unified_setup, "") if "unified_max" in _kvcache_params()
                                else (None, "needs unified_max support"))
     table["ioattn-graph"] = ((_graph_setup, "") if torch.cuda.is_available()
                              else (None, "needs CUDA (CUDA graph replay)"))
-    table["ioattn-pdl"] = ((_pdl_call, "") if torch.cuda.is_available()
-                           else (None, "needs CUDA (programmatic dependent launch)"))
-    table["ioattn-graph-pdl"] = ((functools.partial(_graph_setup, pdl=True), "") if torch.cuda.is_available()
-                                 else (None, "needs CUDA (programmatic dependent launch)"))
+    table["ioattn-nopdl"] = ((_nopdl_call, "") if torch.cuda.is_available()
+                             else (None, "needs CUDA (the A/B of programmatic dependent launch)"))
+    table["ioattn-graph-nopdl"] = ((functools.partial(_graph_setup, pdl=False), "") if torch.cuda.is_available()
+                                   else (None, "needs CUDA (CUDA graph replay)"))
     return _with_peers(table, names, _sdpa_decode, _flex_decode, _import_decode_peer, DECODE_OURS,
                        "decode provider")

@@ -36,7 +36,8 @@ COLOURS = {"ioattn": "#d62728", "ioattn-ptr": "#ff7f0e", "ioattn-tma": "#ff7f0e"
            "sdpa-efficient": "#9467bd", "sdpa-math": "#8c564b", "flex": "#e377c2", "flash-attn": "#17becf",
            "flash-attn-cute": "#bcbd22", "ioattn-graph": "#8b0000", "ioattn-paged": "#ff9896",
            "ioattn-checked": "#c49c94", "ioattn-unified": "#f7b6d2",
-           "ioattn-pdl": "#e6550d", "ioattn-graph-pdl": "#636363"}
+           "ioattn-pdl": "#e6550d", "ioattn-graph-pdl": "#636363",
+           "ioattn-nopdl": "#e6550d", "ioattn-graph-nopdl": "#636363"}
 SPARE = ("#7f7f7f", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173")
 
 

@@ -62,8 +62,8 @@ class DecodeSweep:
     nheads: int = 32
     nheads_kv: int = 8
     headdims: tuple = (128,)
-    providers: tuple = ("ioattn", "ioattn-graph", "ioattn-checked", "ioattn-paged", "ioattn-unified", "ioattn-pdl",
-                        "ioattn-graph-pdl") + ALL_PEERS
+    providers: tuple = ("ioattn", "ioattn-graph", "ioattn-checked", "ioattn-paged", "ioattn-unified", "ioattn-nopdl",
+                        "ioattn-graph-nopdl") + ALL_PEERS
 
 
 DECODE_CASES = ((1, 4096), (1, 16384), (1, 65536), (1, 131072), (8, 8192), (32, 32768), (64, 4096))
