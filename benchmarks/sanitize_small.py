@@ -1,6 +1,7 @@
 """One small call of each GPU kernel family, for compute-sanitizer (memcheck, racecheck):
-the Gluon Hopper forward (every variant) and the portable backward it feeds, the portable forward,
-and a split decode step with its merge (normal and programmatic dependent launch).
+the Gluon Hopper forward (every variant) and the portable backward it feeds, the experimental Gluon
+backward, the portable forward, and a split decode step with its merge (normal and programmatic
+dependent launch).
 
     compute-sanitizer --tool memcheck  python benchmarks/sanitize_small.py
     compute-sanitizer --tool racecheck python benchmarks/sanitize_small.py
@@ -9,6 +10,7 @@ import torch
 
 import ioattn
 from ioattn import decode, hopper
+from ioattn.kernels.hopper_backward import hopper_backward
 
 torch.manual_seed(0)
 dev, dt = "cuda", torch.bfloat16
@@ -26,6 +28,11 @@ for d in (64, 128, 256):
                 torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
     with hopper.prefer_hopper(False):
         ioattn.flash_attn_func(q, k, v, causal=True)
+    if d in (64, 128):  # the Gluon backward's head dims
+        for causal in (False, True):
+            with hopper.prefer_hopper(True), torch.no_grad():
+                out, lse = ioattn.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)[:2]
+            hopper_backward(torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, d ** -0.5, causal)
 q1 = torch.randn(2, 1, 32, 128, device=dev, dtype=dt)
 kc = torch.randn(2, 4096, 8, 128, device=dev, dtype=dt)
 vc = torch.randn_like(kc)

@@ -3,7 +3,11 @@ key chunk (BLOCK_N), split count (in waves of programs over the SMs), pipeline s
 JSON line per (case, layout, config) and prints the best config per case; the winners become the
 heuristic in ``ioattn/decode.py`` (``plan``), with this script's output kept beside it.
 
-    python benchmarks/tune_decode.py --out DIR [--quick]
+    python benchmarks/tune_decode.py --out DIR [--quick | --focus]
+
+``--focus``: the cases still behind cuDNN (batch 1 with 4k-128k keys, batch 8 x 8192; contiguous
+cache), pointer loads, BLOCK_N 64/128 x warps 4/8 x stages 2/3/4 x finer split waves, with SDPA's
+cuDNN backend timed on each case in the same run (records with ``provider: "sdpa-cudnn"``).
 
 Cases: the decode table of the peers' numbers (32 query heads, 8 KV heads, d=128, bf16, one query
 token). Timing: ``ioattn.bench.timing.median_ms`` (device time, median of 20), values trusted
@@ -52,7 +56,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--focus", action="store_true")
     args = ap.parse_args()
+    if args.focus:
+        return focus(args.out)
     os.makedirs(args.out, exist_ok=True)
     sink = open(os.path.join(args.out, "tune_decode.jsonl"), "w")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -90,6 +97,52 @@ def main():
     for (batch, kvlen, paged), r in sorted(best.items()):
         print(f"{batch:>5} {kvlen:>7} {paged!s:>5} {r['us']:8.1f} {r['gbps']:7.0f}  tma={r['use_tma']} "
               f"stages={r['num_stages']} block_n={r['block_n']} waves={r['waves']} splits={r['num_splits']}")
+    return 0
+
+
+def focus(out):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    os.makedirs(out, exist_ok=True)
+    sink = open(os.path.join(out, "tune_decode_focus.jsonl"), "w")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cases = [(1, 4096), (1, 16384), (1, 65536), (1, 131072), (8, 8192)]
+    configs = [dict(use_tma=False, block_n=bn, num_warps=w, num_stages=st)
+               for bn, w, st in itertools.product((64, 128), (4, 8), (2, 3, 4))]
+    data = {c: make(*c, paged=False) for c in cases}
+    best, cudnn = {}, {}
+    for batch, kvlen in cases:  # the peer first, on the same tensors
+        q, kc, vc, kw = data[(batch, kvlen)]
+        qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)
+
+        def peer(_):
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+        cudnn[(batch, kvlen)] = median_ms(peer, [0]) * 1e3
+        sink.write(json.dumps(dict(provider="sdpa-cudnn", batch=batch, kvlen=kvlen, us=cudnn[(batch, kvlen)])) + "\n")
+    for cfg in configs:
+        try:
+            ok = correct(cfg, False)
+        except Exception as e:  # noqa: BLE001 - a config that does not fit
+            print(f"{cfg}: cannot run ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
+            continue
+        for batch, kvlen in cases:
+            q, kc, vc, kw = data[(batch, kvlen)]
+            bytes_kv = 2 * kc.numel() * kc.element_size()
+            for w in (1, 1.5, 2, 3, 4):
+                splits = max(1, min(math.ceil(w * sms / (batch * HKV)), kvlen // cfg["block_n"]))
+                with decode_config(**cfg, num_splits=splits):
+                    ms = median_ms(lambda s: flash_attn_with_kvcache(q, kc, vc, **kw, check_values=False), [0])
+                rec = dict(provider="ioattn", batch=batch, kvlen=kvlen, **cfg, waves=w, num_splits=splits, ok=ok,
+                           us=ms * 1e3, gbps=bytes_kv / ms / 1e6)
+                sink.write(json.dumps(rec) + "\n")
+                if ok and ((batch, kvlen) not in best or rec["us"] < best[(batch, kvlen)]["us"]):
+                    best[(batch, kvlen)] = rec
+        sink.flush()
+    print(f"\n{'batch':>5} {'kvlen':>7} {'us':>7} {'cudnn':>7} {'ratio':>6}  best config")
+    for key, r in sorted(best.items()):
+        print(f"{key[0]:>5} {key[1]:>7} {r['us']:7.1f} {cudnn[key]:7.1f} {cudnn[key] / r['us']:6.3f}  "
+              f"block_n={r['block_n']} warps={r['num_warps']} stages={r['num_stages']} waves={r['waves']} "
+              f"splits={r['num_splits']}")
     return 0
 
 
