@@ -12,9 +12,10 @@ import re
 START, END = "<!-- perf:start -->", "<!-- perf:end -->"
 
 
-def table(paths, ours="ioattn", peer="sdpa-flash"):
+def table(paths, ours="ioattn", peer="sdpa-flash", extra="ioattn-hopper"):
     """One row per (head dim, mask, seqlen): ours in TFLOP/s, its ratio to ``peer`` and to the best
-    peer of that row (the fastest provider whose name does not start with "ioattn")."""
+    peer of that row (the fastest provider whose name does not start with "ioattn"); when the files
+    have ``extra`` (another of the project's providers), its forward and ratio to the best peer too."""
     paths = [paths] if isinstance(paths, str) else list(paths)
     by, source, device = {}, {}, "?"
     for path in paths:
@@ -28,13 +29,17 @@ def table(paths, ours="ioattn", peer="sdpa-flash"):
                 device = r["device"]
         source.update({d: path for d in dims})
     files = sorted(set(source.values()), key=paths.index)
+    show_extra = any(extra in row for key, row in by.items() if key[3] == "fwd")
     where = "; ".join(f"head dim {', '.join(str(d) for d in sorted(d for d in source if source[d] == f))}: `{f}`"
                       for f in files)
     lines = [f"bf16, batch x seqlen = 16384 tokens, hidden 2048, {device}, TFLOP/s (forward 4·B·H·N²·D, halved "
              f"when causal; backward 2.5x). Sources: {where}; each row's providers measured in one run. "
-             f"x {peer}: {ours} over {peer}; best peer: the fastest other provider of the row.", "",
+             f"x {peer}: {ours} over {peer}; best peer: the fastest other provider of the row."
+             + (f" fwd {extra}: that provider's forward in the same run, over the best peer." if show_extra else ""),
+             "",
              f"| head dim | causal | seqlen | fwd {ours} | x {peer} | fwd best peer | x best | bwd {ours} | "
-             f"x {peer} | bwd best peer | x best |", "|" + "---|" * 11]
+             f"x {peer} | bwd best peer | x best |" + (f" fwd {extra} | x best |" if show_extra else ""),
+             "|" + "---|" * (13 if show_extra else 11)]
 
     def cells(row):
         others = {p: t for p, t in row.items() if not p.startswith("ioattn")}
@@ -46,7 +51,11 @@ def table(paths, ours="ioattn", peer="sdpa-flash"):
         f, b = by.get((d, c, n, "fwd"), {}), by.get((d, c, n, "bwd"), {})
         if ours not in f or ours not in b or peer not in f or peer not in b:
             continue
-        lines.append(f"| {d} | {'yes' if c else 'no'} | {n} | {cells(f)} | {cells(b)} |")
+        line = f"| {d} | {'yes' if c else 'no'} | {n} | {cells(f)} | {cells(b)} |"
+        if show_extra:
+            best = max(t for p, t in f.items() if not p.startswith("ioattn"))
+            line += f" {f[extra]:.0f} | {f[extra] / best:.2f} |" if extra in f else " - | - |"
+        lines.append(line)
     return "\n".join(lines)
 
 

@@ -97,8 +97,9 @@ def fwd_persistent_programs(device: torch.device, num_tiles: int) -> int:
 
 # Forward conditional rescaling (FlashAttention-4): the accumulator is rescaled only when a row max
 # grows by more than this many log2 units in one key tile (kernels/common.softmax_step_lazy; FA4
-# uses 8). UNMEASURED: off (0.0, the kernel as before, bit for bit) until a device A/B says
-# otherwise. ``with rescale_threshold(8.0): ...`` or IOATTN_RESCALE_TAU=8 turn it on.
+# uses 8). Off (0.0, the kernel as before, bit for bit): on the H200 tau = 8 measured 3.5-17 %
+# slower at 17 of 18 points of benchmarks/ab_fwd.py (results/gluon-ab-3, NOTES §21). ``with
+# rescale_threshold(8.0): ...`` or IOATTN_RESCALE_TAU=8 turn it on.
 FWD_RESCALE_TAU = 0.0
 # p = exp2(s - stale max) reaches 2**tau and is cast to the input dtype for p @ V: 2**16 = 65536 is
 # past fp16's largest finite value (65504), 2**15 fits with room
