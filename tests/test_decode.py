@@ -180,7 +180,9 @@ def test_output_without_lse_is_a_tensor():
 
 def test_heuristic_splits():
     assert _heuristic_splits(DEFAULT_NUM_SMS, 10_000, 64) == 1  # the grid is full already
-    assert _heuristic_splits(8, 100_000, 64) == -(-SPLIT_WAVES * DEFAULT_NUM_SMS // 8)  # 2 programs per SM
+    assert _heuristic_splits(8, 100_000, 64) == SPLIT_WAVES * DEFAULT_NUM_SMS // 8  # 2 programs per SM
+    # rounded down: 64 programs x 4 splits = 256 <= 264; 5 splits would put 3 programs on some SMs
+    assert _heuristic_splits(64, 100_000, 64) == 4 and 64 * 4 <= SPLIT_WAVES * DEFAULT_NUM_SMS < 64 * 5
     assert _heuristic_splits(8, 100, 64) == 2  # never more splits than chunks of the longest sequence
     assert _heuristic_splits(1, 0, 64) == 1
     assert _heuristic_splits(1, 10 ** 7, 64) == MAX_SPLITS  # capped
