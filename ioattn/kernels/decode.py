@@ -64,13 +64,18 @@ def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, BlockTable, b64, cache
     """Key chunks [c_start, c_end) of one split into (acc, m, l). ``UNIFIED``: probabilities are
     exp2(s - phi) and ``m_i`` only records the true row max (for the range check)."""
     offs_n0 = tl.arange(0, BLOCK_N)
+    if PAGED:
+        # The page of chunk c is read one chunk ahead: the K/V addresses depend on it, so read in
+        # place it put a block-table round trip before every chunk's loads (NOTES §24).
+        bt_row = BlockTable + b64 * stride_btb
+        next_page = tl.load(bt_row + (c_start * BLOCK_N) // PAGE_SIZE, mask=c_start < c_end, other=0)
     for c in range(c_start, c_end):
         col0 = c * BLOCK_N
         offs_n = col0 + offs_n0
         kv_ok = (offs_n >= lp) & (offs_n < end)
         if PAGED:
-            page = tl.load(BlockTable + b64 * stride_btb + col0 // PAGE_SIZE)
-            page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+            page = tl.minimum(tl.maximum(next_page, 0), num_pages - 1).to(tl.int64)
+            next_page = tl.load(bt_row + ((c + 1) * BLOCK_N) // PAGE_SIZE, mask=c + 1 < c_end, other=0)
             row = page
             col_in = col0 % PAGE_SIZE
         else:
