@@ -1,8 +1,10 @@
 """A/B of backward kernels in one process: the portable Triton backward, the experimental Gluon
-Hopper backward (``ioattn.kernels.hopper_backward``, not dispatched yet) and SDPA's flash and cuDNN
-backward passes, each timed alone (the forward outside the timed region).
+Hopper backward (``ioattn.kernels.hopper_backward``, not dispatched yet: provider "gluon" is its
+base variant, "gluon-ws" the warp-specialised one) and SDPA's flash and cuDNN backward passes, each
+timed alone (the forward outside the timed region).
 
     python benchmarks/ab_bwd.py --out DIR [--headdims 64,128] [--seqlens 1024,4096,16384]
+                                [--providers portable,gluon,gluon-ws,sdpa-flash,sdpa-cudnn]
 
 bf16, 16384 tokens, hidden 2048 (the bench's grid). Every variant's gradients are checked against
 the float64 oracle (2x PyTorch's own same-dtype error, ``conftest.assert_within_torch_error``'s
@@ -32,11 +34,13 @@ def portable(dout, q, k, v, causal):
                                             window, 0.0, None, 0.0, 0)
 
 
-def gluon(dout, q, k, v, causal):
-    from ioattn.kernels.hopper_backward import hopper_backward
-    scale = q.shape[-1] ** -0.5
-    out, lse = hopper.hopper_forward(q, k, v, scale, causal)
-    return lambda: hopper_backward(dout, q, k, v, out, lse, scale, causal)
+def gluon(variant):
+    def setup(dout, q, k, v, causal):
+        from ioattn.kernels.hopper_backward import hopper_backward
+        scale = q.shape[-1] ** -0.5
+        out, lse = hopper.hopper_forward(q, k, v, scale, causal)
+        return lambda: hopper_backward(dout, q, k, v, out, lse, scale, causal, variant=variant)
+    return setup
 
 
 def sdpa(backend):
@@ -73,11 +77,14 @@ def main():
     ap.add_argument("--seqlens", default="1024,4096,16384")
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--tag", default="ab_bwd")
+    ap.add_argument("--providers", default="", help="comma-separated subset of the providers (default: all)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     sink = open(os.path.join(args.out, f"{args.tag}.jsonl"), "w")
-    variants = {"portable": portable, "gluon": gluon, "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
-                "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
+    variants = {"portable": portable, "gluon": gluon("base"), "gluon-ws": gluon("ws"),
+                "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
+    if args.providers:
+        variants = {name: variants[name] for name in args.providers.split(",")}
     rows = []
     for d in map(int, args.headdims.split(",")):
         for causal in [bool(int(c)) for c in args.causal.split(",")]:

@@ -1,14 +1,17 @@
 """Compile the Gluon Hopper backward (``ioattn.kernels.hopper_backward``) for sm_90 without a GPU, at
-the launcher's configuration (``hopper_backward.kernel_config``), for head dims 64 and 128 x bf16 /
-fp16 x causal or not.
+the launcher's configuration (``hopper_backward.kernel_config``), for each variant
+(``hopper_backward.BWD_VARIANTS``: base, ws) x head dims 64 and 128 x bf16 / fp16 x causal or not.
 
 Per kernel it prints shared memory, and counts in the PTX of wgmma (with commit groups and waits),
-TMA loads (cp.async.bulk.tensor), mbarrier operations, and global fp32 atomics / reductions (atom
-or red .global .add, vectorised or not); it asserts shared memory <= 227 KB (an H200 block's opt-in
-maximum) and that wgmma, TMA and the dQ atomics are there. Unless --no-ptxas: ptxas -v registers,
-spill bytes, and whether ptxas serialised the wgmmas (warning C7514).
+TMA loads (cp.async.bulk.tensor), TMA reduce-adds (cp.reduce.async.bulk.tensor), setmaxnreg (with
+the values), mbarrier operations, and global fp32 atomics / reductions (atom or red .global .add,
+vectorised or not); it asserts shared memory <= 227 KB (an H200 block's opt-in maximum) and that
+wgmma and TMA are there, and the dQ path: atomics for "base"; for "ws" a TMA reduce-add and no
+atomics, setmaxnreg inc 240 (consumers) and dec 24 (producer, dQ writer). Unless --no-ptxas: ptxas
+-v registers (the launch budget; the partitions' own are the setmaxnreg values), spill bytes, and
+whether ptxas serialised the wgmmas (warning C7514); for "ws" it asserts no spills and no C7514.
 
-    python benchmarks/compile_check_hopper_bwd.py [--quick] [--no-ptxas] [--jobs N]
+    python benchmarks/compile_check_hopper_bwd.py [--variants base,ws] [--quick] [--no-ptxas] [--jobs N]
 """
 import argparse
 import os
@@ -17,33 +20,46 @@ import time
 
 from triton.experimental.gluon import language as gl
 
-from ioattn.kernels.hopper_backward import hopper_bwd_dkdv_kernel as fn, kernel_config
+from ioattn.kernels.hopper_backward import BWD_VARIANTS, kernel_config, ws_layouts
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gluon_aot import DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxas_report, run_jobs  # noqa: E402
 
 
-def compile_one(d, dt, causal):
-    cfg = kernel_config(d)
+def compile_one(variant, d, dt, causal):
+    cfg = kernel_config(d, variant)
+    fn = cfg["kernel"]
     bm, bn = cfg["block_m"], cfg["block_n"]
     q_layout = gl.NVMMASharedLayout.get_default_for([bm, d], DTYPES[dt])
     kv_layout = gl.NVMMASharedLayout.get_default_for([bn, d], DTYPES[dt])
     sig = {n: "i32" for n in fn.arg_names}
     sig.update(q_desc=f"tensordesc<{dt}[{bm},{d}],{q_layout!r}>", do_desc=f"tensordesc<{dt}[{bm},{d}],{q_layout!r}>",
                k_desc=f"tensordesc<{dt}[{bn},{d}],{kv_layout!r}>", v_desc=f"tensordesc<{dt}[{bn},{d}],{kv_layout!r}>",
-               Lse="*fp32", Delta="*fp32", DQacc="*fp32", dK=f"*{dt}", dV=f"*{dt}", softmax_scale="fp32",
-               qk_scale="fp32")
+               dK=f"*{dt}", dV=f"*{dt}", softmax_scale="fp32", qk_scale="fp32")
+    if variant == "base":
+        sig.update(Lse="*fp32", Delta="*fp32", DQacc="*fp32")
+    else:
+        lay = ws_layouts(d, DTYPES[dt])
+        assert lay["q"] == q_layout and lay["kv"] == kv_layout
+        stat = f"tensordesc<fp32[{bm}],{lay['stat']!r}>"
+        sig.update(lse_desc=stat, delta_desc=stat, dq_desc=f"tensordesc<fp32[{bm},{d}],{lay['dq']!r}>")
     return cfg, compile_sm90(fn, sig, dict(cfg["constexprs"], IS_CAUSAL=causal), cfg["num_warps"])
 
 
 def check(job):
-    d, dt, causal, run_ptxas = job
-    cfg, k = compile_one(d, dt, causal)
+    variant, d, dt, causal, run_ptxas = job
+    cfg, k = compile_one(variant, d, dt, causal)
     ptx = k.asm["ptx"]
     c = ptx_counts(ptx)
-    where = (d, dt, causal)
+    reduces = ptx.count("cp.reduce.async.bulk.tensor")
+    where = (variant, d, dt, causal)
     assert k.metadata.shared <= H200_SHARED_BYTES, (where, k.metadata.shared)
-    assert c["wgmma"] and c["tma"] and c["atomics"], (where, c)
+    assert c["wgmma"] and c["tma"], (where, c)
+    if variant == "base":
+        assert c["atomics"], (where, c)
+    else:  # producer warp + dQ writer: TMA reduce-add for dQ, no atomics, FA3's register split
+        assert reduces and not c["atomics"], (where, reduces, c["atomics"])
+        assert c["setmaxnreg"][("inc", "240")] and c["setmaxnreg"][("dec", "24")], (where, c["setmaxnreg"])
     regs = ""
     if run_ptxas:
         nregs, spills, _, why = ptxas_report(ptx)
@@ -51,28 +67,38 @@ def check(job):
         regs = (f"regs={nregs} spill={spills}B {'SERIALIZED(C7514)' if serialized else 'wgmma-pipelined'} ")
         if serialized:
             regs += f"[{why[:160]}] "
+        if variant != "base":
+            assert not serialized and spills == 0, (where, "ptxas serialised the wgmmas or spilled", spills, why)
     waits = ",".join(f"w{n}x{cnt}" for n, cnt in sorted(c["waits"].items()))
     atoms = " ".join(f"{op}x{n}" for op, n in sorted(c["atomics"].items()))
-    return (f"bwd d={d} {dt} causal={causal!s:5s} tiles={cfg['block_m']}x{cfg['block_n']} warps={k.metadata.num_warps} "
-            f"shared={k.metadata.shared} {regs}wgmma={c['wgmma']} (commit {c['commit']}, {waits}) tma={c['tma']} "
-            f"mbarrier(init={sum(c['mb_init'].values())} expect_tx={c['mb_expect']} try_wait={c['mb_wait']}) "
-            f"bar.sync={sum(n for b, n in c['bars'].items() if '.sync' in b)} fence.proxy.async={c['fence_proxy']} "
-            f"atomics[{atoms}]")
+    nreg = " ".join(f"{op}{v}x{n}" for (op, v), n in sorted(c["setmaxnreg"].items(),
+                                                             key=lambda t: (t[0][0], int(t[0][1]))))
+    return (f"bwd {variant:4s} d={d} {dt} causal={causal!s:5s} tiles={cfg['block_m']}x{cfg['block_n']}x{cfg['stages']} "
+            f"warps={k.metadata.num_warps} shared={k.metadata.shared} {regs}setmaxnreg[{nreg}] "
+            f"wgmma={c['wgmma']} (commit {c['commit']}, {waits}) tma={c['tma']} tma_reduce={reduces} "
+            f"mbarrier(init={sum(c['mb_init'].values())} arrive={c['mb_arrive']} expect_tx={c['mb_expect']} "
+            f"try_wait={c['mb_wait']}) bar.sync={sum(n for b, n in c['bars'].items() if '.sync' in b)} "
+            f"fence.proxy.async={c['fence_proxy']} atomics[{atoms}]")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--variants", default=",".join(BWD_VARIANTS))
     ap.add_argument("--no-ptxas", action="store_true", help="skip the ptxas -v report (registers, spills, C7514)")
     ap.add_argument("--quick", action="store_true", help="bf16 only (fp16 compiles the same code but the dtype)")
     ap.add_argument("--headdims", default="64,128")
+    ap.add_argument("--causal", default="0,1", help="masks to compile: 0 none, 1 causal")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="compiles in parallel")
     args = ap.parse_args()
     dtypes = ("bf16",) if args.quick else ("bf16", "fp16")
-    jobs = [(int(d), dt, causal, not args.no_ptxas) for d in args.headdims.split(",") for dt in dtypes
-            for causal in (False, True)]
+    variants = args.variants.split(",")
+    assert set(variants) <= set(BWD_VARIANTS), variants
+    jobs = [(variant, int(d), dt, bool(int(causal)), not args.no_ptxas) for variant in variants
+            for d in args.headdims.split(",") for dt in dtypes for causal in args.causal.split(",")]
     t0 = time.time()
     run_jobs(check, jobs, args.jobs)
-    print(f"hopper backward compiled for sm_90: {len(jobs)} kernels ({time.time() - t0:.1f} s)")
+    print(f"hopper backward compiled for sm_90: {len(jobs)} kernels, variants {','.join(variants)} "
+          f"({time.time() - t0:.1f} s)")
 
 
 if __name__ == "__main__":

@@ -218,6 +218,7 @@ def test_default_dispatch_takes_the_gluon_kernel_where_measured_faster(d, n, cau
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant", ["base", "ws"])
 @pytest.mark.parametrize("forward", ["gluon", "portable"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
@@ -227,9 +228,10 @@ def test_default_dispatch_takes_the_gluon_kernel_where_measured_faster(d, n, cau
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1), (3, 129, 64, 2, 2),
                                    (2, 300, 340, 3, 1), (1, 64, 1000, 2, 2), (1, 1000, 300, 4, 4),
                                    (2, 4096, 4096, 8, 2)])
-def test_hopper_backward(forward, d, causal, dtype, shape, poison_alloc):
-    """The experimental Gluon backward (not dispatched yet) against the float64 oracle, fed by the
-    Gluon forward's or the portable forward's (out, lse): dq, dk, dv within 2x PyTorch's own error."""
+def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc):
+    """The experimental Gluon backward (not dispatched yet), each variant (base; ws: warp-specialised,
+    dQ by TMA reduce-add), against the float64 oracle, fed by the Gluon forward's or the portable
+    forward's (out, lse): dq, dk, dv within 2x PyTorch's own error."""
     from ioattn import backends, hopper
     from ioattn.kernels.hopper_backward import hopper_backward
     b, sq, sk, h, hkv = shape
@@ -243,7 +245,7 @@ def test_hopper_backward(forward, d, causal, dtype, shape, poison_alloc):
         with hopper.prefer_hopper(False):
             out, lse = backends.triton_forward(q, k, v, None, None, sq, sk, scale, window, 0.0, None, 0.0, 0)
     dout = torch.randn_like(out)
-    grads = hopper_backward(dout, q, k, v, out, lse, scale, causal)
+    grads = hopper_backward(dout, q, k, v, out, lse, scale, causal, variant=variant)
     ref_in = [t.double().requires_grad_() for t in (q, k, v)]
     ref, _ = attention_ref(*ref_in, window=window)
     ref_grads = torch.autograd.grad(ref, ref_in, dout.double())

@@ -1,9 +1,10 @@
 """Ahead-of-time compilation of the Gluon Hopper backward (``ioattn.kernels.hopper_backward``,
 experimental, not dispatched) for sm_90, without a GPU: benchmarks/compile_check_hopper_bwd.py in a
 child process (this test session may run kernels under the interpreter, which replaces jit
-functions; the child runs without TRITON_INTERPRET)."""
+functions; the child runs without TRITON_INTERPRET). About a second per kernel."""
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -12,16 +13,36 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
-def test_hopper_gluon_backward_compiles_for_sm90():
-    """Both head dims and masks (bf16 only: fp16 is the same code but the dtype; the script's default
-    covers both) compile, fit shared memory, and use wgmma, TMA and the dQ fp32 atomics."""
+def _compile_check(*args):
     pytest.importorskip("triton.experimental.gluon")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_check_hopper_bwd.py"), "--quick"],
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_check_hopper_bwd.py"), "--quick", *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "hopper backward compiled for sm_90: 4 kernels" in proc.stdout
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("bwd ")]
-    assert len(lines) == 4, proc.stdout[-2000:]
-    assert all("wgmma=" in line and "atomics[atom" in line for line in lines), proc.stdout[-2000:]
+    return proc.stdout, [line for line in proc.stdout.splitlines() if line.startswith("bwd ")]
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+def test_hopper_gluon_backward_compiles_for_sm90():
+    """Variant base: both head dims and masks (bf16 only: fp16 is the same code but the dtype; the
+    script's default covers both) compile, fit shared memory, and use wgmma, TMA and the dQ fp32
+    atomics."""
+    out, lines = _compile_check("--variants", "base")
+    assert "hopper backward compiled for sm_90: 4 kernels" in out
+    assert len(lines) == 4, out[-2000:]
+    assert all("wgmma=" in line and "atomics[atom" in line for line in lines), out[-2000:]
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+def test_hopper_gluon_backward_ws_compiles_for_sm90():
+    """Variant ws (warp-specialised), one kernel per head dim (causal: it holds every masking path
+    the non-causal kernel has, and more): the script itself asserts the structure (setmaxnreg inc 240
+    / dec 24, TMA loads, the dQ TMA reduce-add and no atomics, no spills, no C7514, shared memory);
+    checked here again from its report line."""
+    out, lines = _compile_check("--variants", "ws", "--causal", "1")
+    assert "hopper backward compiled for sm_90: 2 kernels" in out
+    assert len(lines) == 2 and {re.search(r" d=(\d+) ", line).group(1) for line in lines} == {"64", "128"}, out
+    for line in lines:
+        assert "spill=0B" in line and "wgmma-pipelined" in line, line
+        assert "inc240" in line and "dec24" in line, line
+        assert re.search(r"tma_reduce=[1-9]", line) and "atomics[]" in line, line

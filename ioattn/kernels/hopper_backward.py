@@ -1,6 +1,15 @@
-"""Hopper (sm_90) backward in Gluon. EXPERIMENTAL, FIRST VERSION: correctness first, compiled for sm_90
-ahead of time (benchmarks/compile_check_hopper_bwd.py), not yet run on a device, not dispatched.
+"""Hopper (sm_90) backward in Gluon. EXPERIMENTAL, not dispatched. Two variants (``BWD_VARIANTS``),
+selected by ``hopper_backward(..., variant=...)``, both compiled for sm_90 ahead of time
+(benchmarks/compile_check_hopper_bwd.py):
 
+* ``"base"`` (the default; v1, ``hopper_bwd_dkdv_kernel``): correctness first, no warp
+  specialisation. Run on the device (benchmarks/NOTES.md section 21): correct, slower than the
+  portable Triton backward.
+* ``"ws"`` (v2, ``hopper_bwd_ws_kernel``): FlashAttention-3's backward structure, warp-specialised;
+  compiled, not yet run. Described after the base kernel's description, under "Variant ws".
+
+Variant base
+------------
 One kernel, ``hopper_bwd_dkdv_kernel``, FlashAttention-2/3's single-kernel backward: one program per
 (key block of ``BLOCK_N`` = 128 rows, batch * KV head). K and V arrive once by TMA into shared
 memory; the program loops over every query head of its GQA group and, per head, over the query
@@ -71,27 +80,93 @@ seqlen_q, dK / dV stores to keys < seqlen_k. A key block that no query sees (cau
 seqlen_q) stores zeros. Tiles entirely inside both sequences and below the diagonal skip the mask
 arithmetic (a compile-time specialisation, as the forward does).
 
-NOT in this version: a deterministic mode (the dQ atomics make dQ's summation order vary run to
-run; dK / dV are deterministic), varlen, sliding window, softcap, ALiBi, dropout.
+NOT in either variant: a deterministic mode (dQ's fp32 atomics, or reduce-adds in "ws", make its
+summation order vary run to run; dK / dV are deterministic), varlen, sliding window, softcap, ALiBi,
+dropout.
 
-What FA3's structure would add (next steps): warp specialisation (a producer warp for the Q / dO TMA
-loads and the lse / D rows, with a deeper ring, 24 registers; two consumer warpgroups at 240),
-dQ handed through shared memory to a separate warp that issues TMA reduce-add
-(cp.reduce.async.bulk.tensor .add) instead of per-thread atomics, the GEMMs issued asynchronously
-across steps (S^T of block t + 1 while the softmax of t runs), and a deterministic mode (dQ
-accumulation ordered by a semaphore per query block).
+Variant ws
+----------
+``hopper_bwd_ws_kernel``: the same grid, tiles, math and masks (``_probs`` is shared), FA3's
+backward structure (FlashAttention-3 paper: Section 3.1's producer / consumer warp specialisation,
+and the backward-pass algorithm of its appendix): warp-specialised
+partitions with setmaxnreg register budgets, the loads and the dQ accumulation off the math warps.
+
+* **Producer** (``_ws_producer``, 1 warp, 24 registers): K and V of the key block once (``kv_bar``),
+  then per step (query block x query head of the group) Q with its lse row into a ``STAGES``-deep Q
+  ring and dO with its D row into a dO ring, by TMA; ``q_ready`` / ``do_ready`` complete when the
+  bytes have landed, ``q_empty`` / ``do_empty`` when the consumers are done with the slot (parity
+  waits, the forward producer's scheme). Separate Q and dO rings (FA3's two pipelines): S^T issues as
+  soon as Q has landed, and dO's slot is released before Q's. lse and D come as 1-D TMA tiles from
+  a host copy padded with zeros to whole query blocks per (batch, head), lse already in log2 units
+  with the -inf guard applied (two small torch passes; D was a torch pass already): the consumers
+  no longer issue global loads.
+* **Consumers** (``_ws_consumer``, the default partition: the kernel's 8 warps, two warpgroups of 64
+  key rows in lockstep as in the base kernel; 240 registers, what Triton derives from the workers'
+  24: (65536 - 24 * 128) / 256 rounded down to a multiple of 8, FA3's figure). Per step, all wgmma
+  asynchronous, groups retiring in order: S^T, dP^T issued; P^T (exponentials) while dP^T runs;
+  dV += P^T dO issued right away, so that dS^T is formed, stored to shared memory and fenced while
+  dV runs (FA3's order: the dS work overlaps a GEMM instead of sitting between two); then dQ = dS K
+  and dK += dS^T Q issued together. dV retires -> dO's slot released; dQ retires -> the dQ block
+  goes to shared memory for the writer while dK still runs; dK retires -> Q's slot released. So the
+  only tensor-core gap left per step is at the step boundary (the Q release and the next S^T).
+* **dQ writer** (``_ws_dq_writer``, 1 warp, 24 registers; FA3's separate dQ write): waits for the
+  step's fp32 dQ block in shared memory (``dq_full``), adds it into the fp32 accumulator with one TMA
+  reduce-add (``cp.reduce.async.bulk.tensor .add``: 2 / 4 bulk messages at d = 64 / 128 for the 64 x
+  d tile, instead of 16 / 32 scalar atomics per consumer thread per step), waits until the bulk copy
+  has read the buffer and hands it back (``dq_empty``). One dQ buffer (FA3 has one too): it is
+  handed over a step after the previous one, which the bulk copy has long read by then. Gluon 3.6's
+  ``hopper.tma`` module exports loads, stores and ``store_wait`` but no reduce; its builder does have
+  the op (AsyncTMAReduceOp), wrapped here by ``_tma_reduce_add`` (a few lines in the module's own
+  style). The 2-D view of the accumulator is (batch * seqlen_q, nheads * d): rows of a block past
+  seqlen_q add exact zeros (their dS columns are masked to 0) into the next sequence, rows past the
+  tensor are clipped by TMA.
+* **Synchronisation inside the consumer partition**: ``mbarrier.arrive`` is one thread's, so every
+  release follows a barrier over the partition's 8 warps (both warpgroups' products retired; Triton
+  inserts the same barrier itself, as it orders an arrive after all shared-memory accesses, and one
+  more before the next shared-memory access after it). Of the six barriers per step, three fall
+  while dQ / dK run; the dS barrier while dV runs; two at the step boundary.
+* Registers (ptxas 12.8, compile check): no spills at d = 64 and 128 within the 240 budget, wgmma
+  pipelined (no C7514); ptxas -v reports the launch budget, 168 (65536 / 384 threads: 8 consumer
+  warps + the producer and writer warps padded to a warpgroup). Shared memory at d = 128, bf16: K, V
+  32 KiB each, Q and dO 2 x 16 KiB each, dS 16 KiB, dQ (fp32) 32 KiB, lse / D 1 KiB: 177 KiB (d = 64,
+  3 stages: 114 KiB).
+
+Why a second kernel function, not a constexpr flag on the first: the base kernel is one straight
+body with its loads, math and atomics interleaved; the ws kernel is three partition functions joined
+by ``warp_specialize``. A flag would put two unrelated bodies under one ``if`` at the top of one
+function. Shared: ``_probs`` (the masking and exponentials), the tiles, layouts and the ``z``
+descriptor trick; the base kernel is left as it was measured.
+
+Next steps (neither variant): GEMMs issued across steps (S^T of block t + 1 while step t finishes:
+the base forward's C7514 shows what wgmma in flight across the loop's back edge costs with this
+ptxas), a deterministic mode (dQ accumulation ordered by a semaphore per query block), a Gluon
+preprocess kernel for D (and the padded lse).
 """
 import torch
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
 from ioattn.kernels.hopper_forward import LOG2E
 
-BWD_BLOCK_M = 64    # query rows per step (the wgmma N of S^T / dP^T, the K of dV / dK)
-BWD_BLOCK_N = 128   # key rows per program (two warpgroups of 64)
-BWD_NUM_WARPS = 8
+BWD_VARIANTS = ("base", "ws")
+# Tiles, both variants and head dims (v1's, kept for ws so the A/B compares structure only):
+BWD_BLOCK_M = 64    # query rows per step (the wgmma N of S^T / dP^T, the K of dV / dK): FA3's hdim-128 kBlockM
+BWD_BLOCK_N = 128   # key rows per program (two warpgroups of 64): FA3's hdim-128 kBlockN
+BWD_NUM_WARPS = 8   # the two (consumer) warpgroups: FA3's two MMA warpgroups at hdim 128
+# "ws": Q / dO ring depth per head dim. d = 128: 2, FA3's hdim-128 backward (2 stages of Q and of dO):
+# the load of step t + 2 is issued when step t releases its slot, a whole step (v1: ~4 us) ahead; 177 KiB
+# of shared memory (3 stages would fit, 210 KiB, and cost no occupancy: a device A/B knob). d = 64: 3,
+# from shared-memory arithmetic: a step does half the FLOPs of d = 128, so a third stage keeps about
+# the same time ahead for the loads; 114 KiB. (Shared-memory figures: the compile check's.)
+WS_STAGES = {64: 3, 128: 2}
+# "ws": registers of the producer and dQ-writer warps (setmaxnreg dec): FA3's producer budget, 24.
+# The consumer partition gets (65536 - 24 * 128) / 256 = 244 -> 240 (Triton rounds to a multiple of 8),
+# FA3's 240 for two MMA warpgroups.
+WS_WORKER_REGS = gl.constexpr(24)
 
 
 @gluon.jit
@@ -111,7 +186,8 @@ def _issue_q_do(q_desc, do_desc, q_smem, do_smem, bar, t, m_lo, n_m, h0, b, seql
 @gluon.jit
 def _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d,
            MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    """P^T of one (BLOCK_N keys x BLOCK_M queries) tile, fp32, masked entries 0."""
+    """P^T of one (BLOCK_N keys x BLOCK_M queries) tile, fp32, masked entries 0; ``lse_log2`` one
+    value per query (column), in S^T's column layout."""
     p = gl.exp2(s * qk_scale - lse_log2[None, :])
     if MASKED:
         keys = (n_start + keys_1d)[:, None]
@@ -294,20 +370,282 @@ def hopper_bwd_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, Lse, Delta, DQacc, d
     gl.store(dK + out_base + offs, (dk * softmax_scale).to(dK.dtype.element_ty), mask=key_ok)
 
 
-def kernel_config(d: int) -> dict:
-    """Launch configuration of ``hopper_bwd_dkdv_kernel`` at head dim ``d`` (the launcher and
-    benchmarks/compile_check_hopper_bwd.py share it)."""
+# ---------------------------------------------------------------------------------------------------
+# Variant "ws": warp-specialised (FlashAttention-3's backward structure). See the module docstring.
+# ---------------------------------------------------------------------------------------------------
+
+@builtin
+def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """``cp.reduce.async.bulk.tensor ... .add``: add the shared-memory tile ``src`` into the global
+    tile of ``tensor_desc`` at ``coord``, asynchronously (one bulk-async group; ``tma.store_wait``
+    waits for its reads of ``src``). Triton 3.6's Gluon builder has the op (AsyncTMAReduceOp) but its
+    ``hopper.tma`` module exports no wrapper for it, so this is a four-line one in the module's own
+    style (``tma.async_copy_shared_to_global`` with the reduce kind added). It uses Triton internals
+    (the builder binding, ``_convert_to_ir_values``): a Triton upgrade may move them, and the sm_90
+    compile test would then fail here first."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@gluon.jit
+def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem, lse_smem,
+                 delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0, kv_row, kv_col, m_lo, n_m, n_iter,
+                 seqlen_q, nheads, stat_stride, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    """The 1-warp TMA producer: K and V of the key block once, then per step t (query head
+    h0 + t // n_m, query block m_lo + t % n_m) Q with its lse row into slot t % STAGES of the Q ring
+    (``q_ready``) and dO with its D row into the same slot of the dO ring (``do_ready``), each after
+    the consumers have released that slot's previous tile (``q_empty`` / ``do_empty``)."""
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [kv_row, kv_col], kv_bar, k_smem.index(0))
+    tma.async_copy_global_to_shared(v_desc, [kv_row, kv_col], kv_bar, v_smem.index(0))
+    for t in range(n_iter):
+        s = t % STAGES
+        reuse_phase = ((t // STAGES) & 1) ^ 1  # the consumers' release of this slot's previous tile
+        h = h0 + t // n_m
+        m_start = (m_lo + t % n_m) * BLOCK_M
+        row = b * seqlen_q + m_start
+        col = h * HEAD_DIM
+        stat = (b * nheads + h) * stat_stride + m_start
+        mbarrier.wait(q_empty.index(s), reuse_phase, pred=t >= STAGES)
+        mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [row, col], q_ready.index(s), q_smem.index(s))
+        tma.async_copy_global_to_shared(lse_desc, [stat], q_ready.index(s), lse_smem.index(s))
+        mbarrier.wait(do_empty.index(s), reuse_phase, pred=t >= STAGES)
+        mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [row, col], do_ready.index(s), do_smem.index(s))
+        tma.async_copy_global_to_shared(delta_desc, [stat], do_ready.index(s), delta_smem.index(s))
+
+
+@gluon.jit
+def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, b, h0, m_lo, n_m, n_iter, seqlen_q,
+                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
+    """The 1-warp dQ writer: per step, once the consumers have put the step's dQ block (fp32,
+    unscaled) in ``dq_smem`` (``dq_full``), one TMA reduce-add of it into the dQ accumulator; when
+    the bulk copy has read the tile, the buffer goes back to the consumers (``dq_empty``)."""
+    for t in range(n_iter):
+        h = h0 + t // n_m
+        row = b * seqlen_q + (m_lo + t % n_m) * BLOCK_M
+        mbarrier.wait(dq_full, t & 1)
+        _tma_reduce_add(dq_desc, [row, h * HEAD_DIM], dq_smem)
+        tma.store_wait(0)  # the tile is read (its additions into L2 complete on their own)
+        mbarrier.arrive(dq_empty, count=1)
+
+
+@gluon.jit
+def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
+                 do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
+                 seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
+    lockstep as in the base kernel). The math per step is the base kernel's, in FA3's order (dV
+    issued before dS is formed, dQ before dK: see the module docstring); the loads come from the
+    rings, and dQ goes to ``dq_smem`` for the writer warp instead of into atomics."""
+    num_warps: gl.constexpr = gl.num_warps()
+    dtype: gl.constexpr = k_smem.dtype
+    off = seqlen_k - seqlen_q
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, num_warps // 4],
+                                                        instr_shape=[16, HEAD_DIM // (num_warps // 4), 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
+    keys_1d = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+    queries_1d = gl.arange(0, BLOCK_M, layout=col_layout)
+
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
+    dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
+    keys_inside = n_start + BLOCK_N <= seqlen_k
+    mbarrier.wait(kv_bar, 0)
+
+    for t in range(n_iter):
+        s_idx = t % STAGES
+        phase = (t // STAGES) & 1
+        m_start = (m_lo + t % n_m) * BLOCK_M
+        # z == 0, opaque to LLVM: keeps the K, V and dS wgmma descriptors inside the loop (the base
+        # kernel's comment on ``z``)
+        z = t // n_iter
+        k_cur = k_smem.index(z)
+        v_cur = v_smem.index(z)
+        ds_cur = ds_smem.index(z)
+        q_cur = q_smem.index(s_idx)
+        do_cur = do_smem.index(s_idx)
+
+        # S^T as soon as Q has landed, dP^T once dO has
+        mbarrier.wait(q_ready.index(s_idx), phase)
+        s_tok = warpgroup_mma(k_cur, q_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        mbarrier.wait(do_ready.index(s_idx), phase)
+        dp_tok = warpgroup_mma(v_cur, do_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        # lse (log2, -inf rows already 0, rows past seqlen_q 0: the host's padded copy) read from its
+        # slot straight into S^T's column layout (a broadcast shared-memory read)
+        lse_log2 = lse_smem.index(s_idx).load(col_layout)
+        s = warpgroup_mma_wait(1, deps=[s_tok])
+        need_mask = (not keys_inside) | (m_start + BLOCK_M > seqlen_q)
+        if IS_CAUSAL:
+            need_mask = need_mask | (n_start + BLOCK_N - 1 > m_start + off)
+        if need_mask:
+            p = _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d, True,
+                       IS_CAUSAL)
+        else:
+            p = _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d, False,
+                       IS_CAUSAL)
+        pa = gl.convert_layout(p.to(dtype), a_layout)
+        # dV += P^T dO queued behind dP^T: it runs while dS is formed and stored below
+        dv_tok = warpgroup_mma(pa, do_cur, dv, is_async=True)
+        delta = delta_smem.index(s_idx).load(col_layout)
+        dp = warpgroup_mma_wait(1, deps=[dp_tok])
+        ds16 = (p * (dp - delta[None, :])).to(dtype)
+        dsa = gl.convert_layout(ds16, a_layout)
+        # dS^T to shared memory for dQ = dS K. No barrier needed before the store (WAR on ds_smem):
+        # every warp passed the previous step's last barrier after its dQ product had retired.
+        ds_cur.store(ds16)
+        fence_async_shared()
+        gl.thread_barrier()  # both warpgroups' halves of dS^T written before either product reads them
+        # dQ first, then dK: dQ retires first and is handed to the writer warp while dK runs
+        dq_tok = warpgroup_mma(ds_cur.permute((1, 0)), k_cur, dq_zero, use_acc=False, is_async=True)
+        dk_tok = warpgroup_mma(dsa, q_cur, dk, is_async=True)
+
+        # Releases, each as soon as the wgmma groups (retiring in order: dV, dQ, dK) allow. Each
+        # arrive is one thread's, after a barrier over the partition's 8 warps (both warpgroups'
+        # products retired; Triton would add the barrier anyway: it orders an arrive after all
+        # shared-memory accesses).
+        dv, pa = warpgroup_mma_wait(2, deps=[dv_tok, pa])
+        gl.thread_barrier()
+        mbarrier.arrive(do_empty.index(s_idx), count=1)  # dO and D done with
+        dq = warpgroup_mma_wait(1, deps=[dq_tok])
+        # the dQ block to the writer warp: wait until it has read the previous one (handed over a
+        # whole step ago: normally long done), store, fence for the bulk copy, hand over
+        mbarrier.wait(dq_empty, (t & 1) ^ 1, pred=t > 0)
+        dq_smem.store(dq)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(dq_full, count=1)
+        dk, dsa = warpgroup_mma_wait(0, deps=[dk_tok, dsa])
+        gl.thread_barrier()
+        mbarrier.arrive(q_empty.index(s_idx), count=1)  # Q (and lse) done with
+
+    out_keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+    out_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+    out_base = ((b * seqlen_k + n_start).to(gl.int64) * nheads_kv + h_kv) * HEAD_DIM
+    offs = out_keys[:, None] * (nheads_kv * HEAD_DIM) + out_cols[None, :]
+    key_ok = (n_start + out_keys < seqlen_k)[:, None]
+    gl.store(dV + out_base + offs, dv.to(dV.dtype.element_ty), mask=key_ok)
+    gl.store(dK + out_base + offs, (dk * softmax_scale).to(dK.dtype.element_ty), mask=key_ok)
+
+
+@gluon.jit
+def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dK, dV,
+                         seqlen_q, seqlen_k, nheads, group, stat_stride, softmax_scale, qk_scale,
+                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                         STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers);
+    the producer and dQ-writer warps are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
+    the host's (batch, nheads, stat_stride) fp32 lse * log2(e) (-inf -> 0) and D, zero past
+    seqlen_q, ``stat_stride`` a multiple of BLOCK_M, block [BLOCK_M]. dq_desc: the fp32 accumulator
+    (batch * seqlen_q, nheads * HEAD_DIM), zeroed, block [BLOCK_M, HEAD_DIM]."""
+    num_warps: gl.constexpr = gl.num_warps()
+    gl.static_assert(num_warps == 8, "two consumer warpgroups of 64 key rows")
+    gl.static_assert(BLOCK_N == 128, "two consumer warpgroups of 64 key rows")
+    gl.static_assert(BLOCK_M == 64, "the dQ product's M: one 64-row wgmma tile")
+    gl.static_assert(STAGES >= 2, "a load in flight while a step computes")
+    dtype: gl.constexpr = q_desc.dtype
+
+    n_block = gl.program_id(0)
+    bh = gl.program_id(1)
+    nheads_kv = nheads // group
+    b = bh // nheads_kv
+    h_kv = bh % nheads_kv
+    n_start = n_block * BLOCK_N
+    n_m_total = gl.cdiv(seqlen_q, BLOCK_M)
+    m_lo = 0
+    if IS_CAUSAL:
+        m_lo = gl.minimum(gl.maximum(n_start - (seqlen_k - seqlen_q), 0) // BLOCK_M, n_m_total)
+    n_m = n_m_total - m_lo
+    n_iter = group * n_m
+    h0 = h_kv * group
+
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+    k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], lse_desc.layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], delta_desc.layout)
+    ds_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, BLOCK_M], ds_layout)
+    # one dQ buffer (FA3 has one): handed over once a step, read by the bulk copy long before the next
+    dq_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, HEAD_DIM], dq_desc.layout)
+    bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    dq_full = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+    dq_empty = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+    # every barrier completes on one arrive: a TMA's expect-tx (ready, kv), the consumer partition's
+    # single thread after a barrier over its 8 warps (empty, dq_full), the writer warp (dq_empty)
+    mbarrier.init(kv_bar, count=1)
+    mbarrier.init(dq_full, count=1)
+    mbarrier.init(dq_empty, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=1)
+        mbarrier.init(do_ready.index(i), count=1)
+        mbarrier.init(do_empty.index(i), count=1)
+    fence_async_shared()
+
+    # Registers (FA3's split for two MMA warpgroups): producer and writer warps 24 each (they share
+    # one padded warpgroup: 12 warps, 384 threads), the default (consumer) partition gets the rest,
+    # (65536 - 24 * 128) / 256 -> 240, what setmaxnreg shows in the PTX (the compile check asserts it).
+    gl.warp_specialize([
+        (_ws_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready,
+                        q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m,
+                        n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                        IS_CAUSAL)),
+        (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
+                        lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
+                        b * seqlen_k + n_start, h_kv * HEAD_DIM, m_lo, n_m, n_iter, seqlen_q, nheads, stat_stride,
+                        HEAD_DIM, BLOCK_M, STAGES)),
+        (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, b, h0, m_lo, n_m, n_iter, seqlen_q, HEAD_DIM, BLOCK_M)),
+    ], [1, 1], [WS_WORKER_REGS, WS_WORKER_REGS])
+
+
+def kernel_config(d: int, variant: str = "base") -> dict:
+    """Launch configuration of the backward kernel of ``variant`` (``BWD_VARIANTS``) at head dim ``d``
+    (the launcher and benchmarks/compile_check_hopper_bwd.py share it): ``kernel`` the jit function,
+    ``num_warps`` the kernel's warps (the consumers' for "ws": the producer and writer warps come on
+    top, from ``warp_specialize``), tiles, ``stages`` (Q / dO buffers) and the constexprs."""
     if d not in (64, 128):
         raise ValueError("the Hopper backward covers head dims 64 and 128")
-    return dict(block_m=BWD_BLOCK_M, block_n=BWD_BLOCK_N, num_warps=BWD_NUM_WARPS,
-                constexprs=dict(HEAD_DIM=d, BLOCK_M=BWD_BLOCK_M, BLOCK_N=BWD_BLOCK_N))
+    if variant == "base":
+        return dict(kernel=hopper_bwd_dkdv_kernel, block_m=BWD_BLOCK_M, block_n=BWD_BLOCK_N, num_warps=BWD_NUM_WARPS,
+                    stages=2, constexprs=dict(HEAD_DIM=d, BLOCK_M=BWD_BLOCK_M, BLOCK_N=BWD_BLOCK_N))
+    if variant == "ws":
+        return dict(kernel=hopper_bwd_ws_kernel, block_m=BWD_BLOCK_M, block_n=BWD_BLOCK_N, num_warps=BWD_NUM_WARPS,
+                    stages=WS_STAGES[d], worker_regs=WS_WORKER_REGS.value,
+                    constexprs=dict(HEAD_DIM=d, BLOCK_M=BWD_BLOCK_M, BLOCK_N=BWD_BLOCK_N, STAGES=WS_STAGES[d]))
+    raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
-def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal):
+def ws_layouts(d: int, dtype) -> dict:
+    """Shared-memory layouts of the "ws" kernel's descriptors (Gluon dtype ``dtype``): Q / dO and
+    K / V as the base kernel's, the 1-D lse / D rows unswizzled, the fp32 dQ tile the default for
+    its shape (the launcher and the compile check share them)."""
+    return dict(q=gl.NVMMASharedLayout.get_default_for([BWD_BLOCK_M, d], dtype),
+                kv=gl.NVMMASharedLayout.get_default_for([BWD_BLOCK_N, d], dtype),
+                stat=gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1),
+                dq=gl.NVMMASharedLayout.get_default_for([BWD_BLOCK_M, d], gl.float32))
+
+
+def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="base"):
     """(dq, dk, dv) for contiguous (batch, seqlen, heads, d) bf16/fp16 q, k, v (GQA allowed), d in
     (64, 128), causal (bottom-right) or not; ``lse`` natural-log (batch, nheads, seqlen_q) fp32, as
-    both forwards return it. No varlen / window / softcap / ALiBi / dropout. Not deterministic (dQ
-    by fp32 atomics). Not wired into dispatch."""
+    both forwards return it. ``variant``: one of ``BWD_VARIANTS`` ("base": v1; "ws": warp-specialised),
+    same results up to the order of the fp32 dQ additions. No varlen / window / softcap / ALiBi /
+    dropout. Not deterministic (dQ by fp32 atomics or TMA reduce-adds). Not wired into dispatch."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     batch, seqlen_q, nheads, d = q.shape
@@ -315,30 +653,52 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal):
     assert q.dtype in (torch.float16, torch.bfloat16) and k.dtype == q.dtype and v.dtype == q.dtype
     assert nheads % nheads_kv == 0
     assert lse.shape == (batch, nheads, seqlen_q) and lse.stride(2) == 1 and lse.dtype == torch.float32
-    cfg = kernel_config(d)
+    cfg = kernel_config(d, variant)
     q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     if q.numel() == 0 or k.numel() == 0:
         return torch.zeros_like(q), dk.zero_(), dv.zero_()
     # D = rowsum(dO * O), (batch, nheads, seqlen_q) fp32 (a torch pass: first version)
-    delta = (dout.float() * out.float()).sum(-1).transpose(1, 2).contiguous()
+    delta = (dout.float() * out.float()).sum(-1).transpose(1, 2)
     dq_accum = torch.zeros(batch, seqlen_q, nheads, d, device=q.device, dtype=torch.float32)
 
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     bm, bn = cfg["block_m"], cfg["block_n"]
-    q_layout = gl.NVMMASharedLayout.get_default_for([bm, d], gdt)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([bn, d], gdt)
+    grid = (triton_cdiv(seqlen_k, bn), batch * nheads_kv)
+    if variant == "base":
+        delta = delta.contiguous()
+        q_layout = gl.NVMMASharedLayout.get_default_for([bm, d], gdt)
+        kv_layout = gl.NVMMASharedLayout.get_default_for([bn, d], gdt)
+    else:
+        lay = ws_layouts(d, gdt)
+        q_layout, kv_layout = lay["q"], lay["kv"]
     q_desc = TensorDescriptor.from_tensor(q.view(batch * seqlen_q, nheads * d), [bm, d], q_layout)
     do_desc = TensorDescriptor.from_tensor(dout.view(batch * seqlen_q, nheads * d), [bm, d], q_layout)
     k_desc = TensorDescriptor.from_tensor(k.view(batch * seqlen_k, nheads_kv * d), [bn, d], kv_layout)
     v_desc = TensorDescriptor.from_tensor(v.view(batch * seqlen_k, nheads_kv * d), [bn, d], kv_layout)
-    grid = (triton_cdiv(seqlen_k, bn), batch * nheads_kv)
-    hopper_bwd_dkdv_kernel[grid](q_desc, k_desc, v_desc, do_desc, lse, delta, dq_accum, dk, dv,
-                                 seqlen_q, seqlen_k, nheads, nheads // nheads_kv,
-                                 lse.stride(0), lse.stride(1), delta.stride(0), delta.stride(1),
-                                 float(softmax_scale), float(softmax_scale) * 1.4426950408889634,
-                                 IS_CAUSAL=bool(causal), num_warps=cfg["num_warps"], **cfg["constexprs"])
+    if variant == "base":
+        hopper_bwd_dkdv_kernel[grid](q_desc, k_desc, v_desc, do_desc, lse, delta, dq_accum, dk, dv,
+                                     seqlen_q, seqlen_k, nheads, nheads // nheads_kv,
+                                     lse.stride(0), lse.stride(1), delta.stride(0), delta.stride(1),
+                                     float(softmax_scale), float(softmax_scale) * 1.4426950408889634,
+                                     IS_CAUSAL=bool(causal), num_warps=cfg["num_warps"], **cfg["constexprs"])
+    else:
+        # lse in log2 units (-inf rows, which saw no key, -> 0: the base kernel's guard) and D, each
+        # padded with zeros to a whole number of query blocks per (batch, head), so that every 1-D
+        # TMA row tile stays inside its head and rows past seqlen_q read 0
+        stat_stride = triton_cdiv(seqlen_q, bm) * bm
+        lse2 = torch.zeros(batch, nheads, stat_stride, device=q.device, dtype=torch.float32)
+        lse2[:, :, :seqlen_q] = torch.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
+        delta2 = torch.zeros(batch, nheads, stat_stride, device=q.device, dtype=torch.float32)
+        delta2[:, :, :seqlen_q] = delta
+        lse_desc = TensorDescriptor.from_tensor(lse2.view(-1), [bm], lay["stat"])
+        delta_desc = TensorDescriptor.from_tensor(delta2.view(-1), [bm], lay["stat"])
+        dq_desc = TensorDescriptor.from_tensor(dq_accum.view(batch * seqlen_q, nheads * d), [bm, d], lay["dq"])
+        hopper_bwd_ws_kernel[grid](q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk, dv,
+                                   seqlen_q, seqlen_k, nheads, nheads // nheads_kv, stat_stride,
+                                   float(softmax_scale), float(softmax_scale) * 1.4426950408889634,
+                                   IS_CAUSAL=bool(causal), num_warps=cfg["num_warps"], **cfg["constexprs"])
     dq = (dq_accum * softmax_scale).to(q.dtype)
     return dq, dk, dv
 
