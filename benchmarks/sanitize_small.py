@@ -1,7 +1,7 @@
 """One small call of each GPU kernel family, for compute-sanitizer (memcheck, racecheck):
 the Gluon Hopper forward (every variant) and the portable backward it feeds, the experimental Gluon
-backward, the portable forward, and a split decode step with its merge (normal and programmatic
-dependent launch).
+backward (both variants), the portable forward, and a split decode step with its merge (normal and
+programmatic dependent launch).
 
     compute-sanitizer --tool memcheck  python benchmarks/sanitize_small.py
     compute-sanitizer --tool racecheck python benchmarks/sanitize_small.py
@@ -32,7 +32,9 @@ for d in (64, 128, 256):
         for causal in (False, True):
             with hopper.prefer_hopper(True), torch.no_grad():
                 out, lse = ioattn.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)[:2]
-            hopper_backward(torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, d ** -0.5, causal)
+            for bwd_variant in ("base", "ws"):
+                hopper_backward(torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, d ** -0.5,
+                                causal, variant=bwd_variant)
 q1 = torch.randn(2, 1, 32, 128, device=dev, dtype=dt)
 kc = torch.randn(2, 4096, 8, 128, device=dev, dtype=dt)
 vc = torch.randn_like(kc)
