@@ -1,5 +1,5 @@
 """Compile the Gluon Hopper forward for sm_90 without a GPU (as compile_check.py does for the Triton
-kernels): every variant (``ioattn.hopper.VARIANTS``: base, pingpong, split) x head dim x dtype x mask
+kernels): every variant (``ioattn.hopper.VARIANTS``: base, pingpong, split, wg3) x head dim x dtype x mask
 the dispatch can pick, at ``ioattn.hopper.kernel_config`` (the launcher's own configuration).
 
 Per kernel it prints shared memory, the registers ptxas reports (the launch budget; the partitions'
@@ -7,13 +7,16 @@ own budgets are the setmaxnreg values) and spills, and counts in the PTX of wgmm
 commit/wait groups), TMA (cp.async.bulk.tensor), setmaxnreg (with the values), mbarrier operations
 (init with their arrival counts, arrive, arrive.expect_tx, try_wait) and named barriers (bar.sync /
 bar.arrive per "id/threads"; ``barrier.sync 1`` is the warp-specialisation handshake). The ping-pong
-structure shows as two consumer partitions with their own named barrier (two ids at 128 threads),
-mbarrier.init with count 2 (K/V slots released by both warpgroups) and the turn arrives.
+structure shows as NUM_WG consumer partitions (2; 3 for "wg3") with their own named barrier (NUM_WG
+ids at 128 threads), mbarrier.init with count NUM_WG (K/V slots released by every warpgroup), the
+turn arrives, and setmaxnreg to the consumers' budget (240 for two, 160 for three, and 168 for
+wg3's default partition: Triton's leftover).
 
 It also runs ptxas -v on the PTX (skip with --no-ptxas) and flags C7514 ("wgmma.mma_async
 instructions are serialized"): the ping-pong variants must compile without it.
 
-    python benchmarks/compile_check_hopper.py [--variants base,pingpong,split] [--no-ptxas] [--quick] [--jobs N]
+    python benchmarks/compile_check_hopper.py [--variants base,pingpong,split,wg3] [--no-ptxas] [--quick] [--jobs N]
+        [--masks 0,1] [--headdims 64,128]
 """
 import argparse
 import os
@@ -62,11 +65,21 @@ def check(job):
     where = (variant, d, dt, causal)
     assert k.metadata.shared <= H200_SHARED_BYTES, (where, k.metadata.shared)
     assert c["wgmma"] and c["tma"] and c["setmaxnreg"], (where, c)
-    if variant != "base":  # two consumer partitions, each with its own named barrier
+    if variant != "base":  # NUM_WG consumer partitions, each with its own named barrier
+        num_wg = cfg["constexprs"]["NUM_WG"]
         consumer_bars = {b for b in c["bars"] if b.startswith("bar.sync") and b.endswith("/128")}
-        assert len(consumer_bars) >= 2, (where, c["bars"])
-        assert c["mb_init"].get("2") == 2 * cfg["stages"], (where, c["mb_init"])  # K/V empties: both release
-        assert c["setmaxnreg"][("inc", "240")] and c["setmaxnreg"][("dec", "24")], (where, c["setmaxnreg"])
+        assert len(consumer_bars) >= num_wg, (where, c["bars"])
+        # K/V empties: every warpgroup releases each slot (count NUM_WG, K and V per stage)
+        assert c["mb_init"].get(str(num_wg)) == 2 * cfg["stages"], (where, c["mb_init"])
+        if num_wg == 3:  # and no barrier of count 2 left over from the two-warpgroup layout
+            assert "2" not in c["mb_init"], (where, c["mb_init"])
+        # count 1: a Q barrier and a turn barrier per warpgroup, K and V ready barriers per stage
+        assert c["mb_init"].get("1") == 2 * num_wg + 2 * cfg["stages"], (where, c["mb_init"])
+        # the consumers' budget: (65536 / 128 - 24) / NUM_WG rounded down to 8 (240; 160 for three)
+        regs = (65536 // 128 - 24) // num_wg // 8 * 8
+        assert c["setmaxnreg"][("inc", str(regs))] and c["setmaxnreg"][("dec", "24")], (where, c["setmaxnreg"])
+        if num_wg == 3:  # the default partition gets Triton's leftover: (65536 - 24*128 - 2*160*128) / 128
+            assert c["setmaxnreg"][("dec", "168")], (where, c["setmaxnreg"])
     regs = ""
     if run_ptxas:
         nregs, spills, nbars, serialized = ptxas_report(ptx)
@@ -85,10 +98,14 @@ def main():
     ap.add_argument("--no-ptxas", action="store_true", help="skip the ptxas -v report (registers, spills, C7514)")
     ap.add_argument("--quick", action="store_true", help="bf16 only (fp16 compiles the same code but the dtype)")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="compiles in parallel")
+    ap.add_argument("--masks", default="0,1", help="0 (non-causal), 1 (causal) or both")
+    ap.add_argument("--headdims", default=None, help="comma-separated subset of each variant's head dims")
     args = ap.parse_args()
     dtypes = ("bf16",) if args.quick else ("bf16", "fp16")
+    masks = [bool(int(m)) for m in args.masks.split(",")]
+    dims = None if args.headdims is None else {int(x) for x in args.headdims.split(",")}
     jobs = [(variant, d, dt, causal, not args.no_ptxas) for variant in args.variants.split(",")
-            for d in hopper.TILE_TABLE[variant] for dt in dtypes for causal in (False, True)]
+            for d in hopper.TILE_TABLE[variant] if dims is None or d in dims for dt in dtypes for causal in masks]
     t0 = time.time()
     run_jobs(check, jobs, args.jobs)
     print(f"hopper kernel compiled for sm_90: {len(jobs)} kernels, variants {args.variants} "

@@ -16,6 +16,9 @@ or, from Python, ``with hopper.variant("pingpong"): ...`` / ``hopper.set_variant
   its wgmma, warning C7514).
 * ``"split"``: diagnostic, the ping-pong kernel with the ordering compiled out (two free-running
   consumer warpgroups), so a device A/B can separate the ordering's effect from the restructuring.
+* ``"wg3"``: head dim 64 only, FA3's d = 64 shape: the ping-pong kernel with three consumer warpgroups
+  (a 192-row query tile, 160 registers each) whose GEMMs go round a ring WG0 -> WG1 -> WG2 -> WG0, so
+  that two warpgroups' exponentials overlap the third one's GEMMs. Not yet measured.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ import torch
 
 from ioattn import dispatch
 
-VARIANTS = ("base", "pingpong", "split")
+VARIANTS = ("base", "pingpong", "split", "wg3")
 VARIANT_ENV = "IOATTN_HOPPER_VARIANT"
 # H200, bf16, d=128, N=16384 non-causal, one A/B run each (results/gluon-ab-2): pingpong 660 and 599
 # TFLOP/s, split 648, base 507, the portable kernel 487 / 477 (cuDNN 666 / 680)
@@ -61,6 +64,16 @@ TILE_TABLE = {
     "pingpong": {64: (128, 128, 3), 128: (128, 128, 2), 256: (128, 64, 2)},
     # the same tiles as "pingpong", so that the A/B between the two isolates the ordering
     "split": {64: (128, 128, 3), 128: (128, 128, 2), 256: (128, 64, 2)},
+    # Three consumer warpgroups x 64 rows = a 192-row query tile, 128 keys (FA3 at d = 64: kBlockM =
+    # 192, three MMA warpgroups at 160 registers, 128 keys causal / 192 non-causal; we keep 128, a
+    # power of two for Gluon's layouts). Shared memory, bf16: Q 3 x 64 x 64 x 2 B = 24 KB, K + V
+    # 2 x 128 x 64 x 2 B = 32 KB a stage; 227 KB (232448 B) - 24 KB leaves room for 6 stages (216 KB;
+    # 7 would be 248 KB). We take 4 (152 KB): a slot's last release trails its first use by the
+    # ring's lag (two sections and a softmax), and 4 stages leave three tiles of slack over it; a
+    # power of two keeps the ring index (i % STAGES, i // STAGES) a mask and a shift on these
+    # exp-bound warps, where 6 would cost a multiply-high division per index. Only d = 64: at d = 128
+    # O is 64 fp32 registers a thread, S + O + P = 160 with no room for temporaries at 160.
+    "wg3": {64: (192, 128, 4)},
 }
 
 _variant: str | None = None  # set from Python (set_variant / variant); None: the environment decides
@@ -123,11 +136,15 @@ def kernel_config(d: int, name: str | None = None) -> dict:
     name = active_variant() if name is None else _check(name)
     block_m, block_n, stages = TILE_TABLE[name][d]
     pingpong = name != "base"
+    num_wg = 3 if name == "wg3" else 2  # consumer warpgroups (partitions) of the ping-pong kernel
+    assert not pingpong or block_m == 64 * num_wg, (name, block_m)
     return dict(variant=name, block_m=block_m, block_n=block_n, stages=stages,
-                q_rows=block_m // 2 if pingpong else block_m,  # ping-pong: each warpgroup loads its own Q
+                q_rows=block_m // num_wg if pingpong else block_m,  # ping-pong: each warpgroup loads its own Q
                 num_warps=4 if pingpong else 4 * (block_m // 64),  # ping-pong: the default partition = warpgroup 0
                 constexprs=dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, PINGPONG=pingpong,
-                                ORDERED=name != "split"))
+                                NUM_WG=num_wg, ORDERED=name != "split",
+                                # the register-lean softmax and lse offsets the 160-register consumers need
+                                LEAN=num_wg == 3))
 
 
 prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer_hopper(True): ...``
@@ -198,6 +215,10 @@ def hopper_forward(q, k, v, softmax_scale, causal):
         return out.zero_(), lse.fill_(float("-inf"))
     cfg = kernel_config(d)
     block_m, block_n, q_rows = cfg["block_m"], cfg["block_n"], cfg["q_rows"]
+    if cfg["constexprs"]["LEAN"] and softmax_scale < 0:
+        # the lean softmax scales the row maximum of the raw scores, which needs scale >= 0:
+        # softmax(q k^T c) = softmax((-q) k^T |c|), exactly (a sign flip; a copy of q, rare case)
+        q, softmax_scale = -q, -softmax_scale
     dt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     q_layout = gl.NVMMASharedLayout.get_default_for([q_rows, d], dt)
     kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, d], dt)

@@ -558,6 +558,11 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     assert hopper.active_variant() == hopper.DEFAULT_VARIANT == "pingpong"
     with hopper.variant("split"):
         assert hopper.active_variant() == "split" and hopper.TILES[128] == hopper.TILE_TABLE["split"][128]
+    with hopper.variant("wg3"):  # three 64-row consumer warpgroups: a 192-row tile, head dim 64 only
+        assert list(hopper.TILES) == [64] and hopper.kernel_config(64)["block_m"] == 192
+        cfg = hopper.kernel_config(64)
+        assert (cfg["q_rows"], cfg["num_warps"]) == (64, 4) and cfg["constexprs"]["NUM_WG"] == 3
+    assert hopper.kernel_config(64, "pingpong")["constexprs"]["NUM_WG"] == 2
     monkeypatch.setenv("IOATTN_HOPPER_VARIANT", "base")
     assert hopper.active_variant() == "base" and 256 not in hopper.TILES
     with pytest.raises(ValueError, match="unknown Hopper kernel variant 'nope'"):

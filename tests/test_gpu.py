@@ -176,7 +176,7 @@ def test_decode_long_cache(use_tma, paged, splits, pdl):
 # ---------------------------------------------------------------- the Gluon Hopper forward (experimental)
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant", ["base", "pingpong", "split"])
+@pytest.mark.parametrize("variant", ["base", "pingpong", "split", "wg3"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -201,6 +201,22 @@ def test_hopper_forward(variant, d, causal, dtype, shape, poison_alloc):
         with hopper.prefer_hopper(True):
             assert "hopper_fwd_kernel" in ioattn.explain_dispatch(q, k, k, causal=causal).forward["kernel"]
             _check(b, sq, sk, h, hkv, d, dtype, causal=causal)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant", ["pingpong", "wg3"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_hopper_forward_negative_scale(variant, causal, poison_alloc):
+    """A negative softmax_scale through the Gluon forward (wg3's lean softmax flips q's sign for it)
+    against the float64 oracle with the same scale."""
+    from ioattn import hopper
+    q, k, v = (torch.randn(2, 300, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    with hopper.variant(variant), hopper.prefer_hopper(True):
+        out = ioattn.flash_attn_func(q, k, v, softmax_scale=-0.1, causal=causal)
+    window = (-1, 0) if causal else (-1, -1)
+    ref, _ = attention_ref(q.double(), k.double(), v.double(), softmax_scale=-0.1, window=window)
+    same, _ = attention_ref(q, k, v, softmax_scale=-0.1, window=window, upcast=False)
+    assert_within_torch_error("out", out, ref, same)
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")

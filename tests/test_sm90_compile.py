@@ -28,21 +28,30 @@ def test_kernels_compile_for_sm90():
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 def test_hopper_gluon_kernel_compiles_for_sm90():
     """The Gluon forward (experimental, opt-in), every variant (base; pingpong; split, its diagnostic
-    twin without the ordering), compiles for each of its head dims and both masks (bf16 only: fp16 is the same
-    code but the dtype; the script's default covers both), fits shared memory and uses wgmma, TMA and
-    register reallocation; the two ping-pong variants have two consumer partitions, K/V slots
-    released by both warpgroups, and ptxas neither serialises their wgmmas (C7514) nor spills."""
+    twin without the ordering; wg3, three consumer warpgroups), compiles for each of its head dims and
+    both masks (bf16 only: fp16 is the same code but the dtype; the script's default covers both; wg3
+    at one configuration, causal, to keep CI short), fits shared memory and uses wgmma, TMA and
+    register reallocation; the ping-pong variants have one consumer partition per warpgroup, K/V
+    slots released by every warpgroup, and ptxas neither serialises their wgmmas (C7514) nor spills."""
     pytest.importorskip("triton.experimental.gluon")
     from ioattn import hopper
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_check_hopper.py"), "--quick",
-                           "--variants", ",".join(hopper.VARIANTS)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "hopper kernel compiled for sm_90" in proc.stdout
-    lines = proc.stdout.splitlines()
-    for variant in hopper.VARIANTS:  # one line per head dim and mask
+    main = [v for v in hopper.VARIANTS if v != "wg3"]
+    script = str(ROOT / "benchmarks" / "compile_check_hopper.py")
+    lines = []
+    for args in (["--variants", ",".join(main)], ["--variants", "wg3", "--masks", "1"]):
+        proc = subprocess.run([sys.executable, script, "--quick", *args], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        assert "hopper kernel compiled for sm_90" in proc.stdout
+        lines += proc.stdout.splitlines()
+    for variant in main:  # one line per head dim and mask
         expect = 2 * len(hopper.TILE_TABLE[variant])
-        assert sum(line.startswith(variant + " ") for line in lines) == expect, (variant, proc.stdout[-2000:])
+        assert sum(line.startswith(variant + " ") for line in lines) == expect, (variant, lines[-20:])
     assert all("SERIALIZED" not in line for line in lines if not line.startswith("base "))
+    # wg3 (the script asserts three consumer partitions and K/V slots of count 3): 160 registers for
+    # the two worker consumers, 168 for the default partition, no spill
+    (wg3,) = [line for line in lines if line.startswith("wg3 ")]
+    assert "d=64 bf16 causal=True  tiles=192x128x" in wg3 and "spill=0B" in wg3 and "wgmma-pipelined" in wg3, wg3
+    assert "inc160x2" in wg3 and "dec168x1" in wg3, wg3

@@ -1,8 +1,8 @@
 """Hopper forward in Gluon (FlashAttention-3 structure). EXPERIMENTAL: compiled for sm_90 in CI
 (ahead of time, no GPU), opt-in, never dispatched by default.
 
-One program per (query block, batch * head), warp-specialised partitions; two compile-time variants
-of the consumer side (``PINGPONG``), the producer and the softmax/PV helpers shared:
+One program per (query block, batch * head), warp-specialised partitions; compile-time variants of
+the consumer side (``PINGPONG``, ``NUM_WG``, ``ORDERED``), the producer and the softmax/PV helpers shared:
 
 * **Producer** (1 warp, 24 registers): TMA bulk copies of K and V tiles into a ``STAGES``-deep
   shared-memory ring; ``k_ready``/``v_ready`` barriers complete when a tile's bytes have landed,
@@ -15,7 +15,7 @@ of the consumer side (``PINGPONG``), the producer and the softmax/PV helpers sha
   ptxas (12.8, Triton 3.6) reports C7514 for it and serialises every wgmma (a wait after each
   k-step), because P(j) V(j) stays in flight across the loop's back edge; the ping-pong consumer
   retires both GEMMs inside each step (FA3's order) and compiles without it.
-* **Ping-pong consumers** (``PINGPONG=True``): two consumer warpgroups, 64 query rows each of the
+* **Ping-pong consumers** (``PINGPONG=True``, ``NUM_WG=2``): two consumer warpgroups, 64 query rows each of the
   CTA's 128-row tile, in two partitions of their own (the default one and a 4-warp worker, 240
   registers each), sharing the K/V ring. Each issues its S(j+1) and P(j) V(j) back to back inside a
   critical section ordered against the other warpgroup by two mbarriers (``turn``), then runs the
@@ -23,8 +23,16 @@ of the consumer side (``PINGPONG``), the producer and the softmax/PV helpers sha
   (FA3 Section 3.1, "pingpong scheduling"), on top of each warpgroup's own overlap of softmax(j+1)
   with its P(j) V(j). ``ORDERED=False`` compiles the ordering out (diagnostic "split" variant:
   the same two warpgroups, free-running) so a device A/B can tell the ordering's share.
+* **Three-warpgroup ring** (``PINGPONG=True``, ``NUM_WG=3``: the "wg3" variant, head dim 64 only,
+  FA3's d = 64 shape): the same consumer code in three partitions (the default one and two 4-warp
+  workers at 160 registers; Triton gives the default partition the leftover, 168), 64 query rows
+  each of a 192-row CTA tile, the K/V ring released by all three (empty barriers count 3), their
+  GEMM sections ordered WG0 -> WG1 -> WG2 -> WG0 ... through three turn barriers. At d = 64 a tile's
+  exponentials take longer than its two GEMMs, so with two warpgroups the tensor cores idle while
+  both run softmax; with three, two softmaxes can overlap the third warpgroup's GEMMs. 160
+  registers need the register-lean softmax (``LEAN``, ``_softmax_tile``): without it ptxas spills.
 
-Why 64 rows per warpgroup (a 128-row CTA tile), not a 128-row tile per warpgroup (a 256-row CTA):
+Why 64 rows per warpgroup (a 128-row CTA tile for two), not a 128-row tile per warpgroup (a 256-row CTA):
 FA3 (Section 3.1; its sm90 launch shape at d = 128 is kBlockM = 128 with two MMA warpgroups of 64
 rows) splits one tile between the two warpgroups, and the register budget leaves no choice: 65536
 registers per SM, the producer warpgroup at 24 and two consumers at 240 (24 * 128 + 2 * 240 * 128
@@ -35,6 +43,11 @@ at d = 128, P 64: over 240 before any temporaries) and would spill; the 256-row 
 save K/V shared-memory reads, which are not the bottleneck. Shared memory (228 KB per SM, 227 KB
 per block): Q 2 x 64 x d, K and V STAGES x 128 x d each, bf16: 160 KB at d = 128 with 2 stages
 (FA3's 2; 3 stages, 224 KB, would fit with 2.6 KB to spare), 112 KB at d = 64 with 3 stages.
+Three consumer warpgroups ("wg3") share the same 65536 registers four ways (the producer's
+warpgroup, padded, is the fourth): 160 per consumer thread (arithmetic in the kernel), which holds
+S (64) + O (32 at d = 64) + P (32) = 128 accumulator registers plus the softmax temporaries; at
+d = 128 O alone is 64 (S + O + P = 160 before any temporary): it would spill, so "wg3" is d = 64
+only. Shared memory at d = 64: Q 3 x 8 KB + STAGES x 32 KB of K and V (``ioattn.hopper.TILE_TABLE``).
 
 Inputs: contiguous (batch, seqlen, nheads, d) tensors seen as 2-D (batch * seqlen, nheads * d) by the
 descriptors. A key tile that runs past its sequence reads the next sequence's rows (or the zero fill
@@ -70,19 +83,43 @@ def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty
 
 @gluon.jit
 def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d,
-                  MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    """Scale (log2 domain), mask, online-softmax step: returns (p, alpha, m_new, l_new)."""
-    s = s * qk_scale
-    if MASKED:
-        rows = (m_start + rows_1d)[:, None]
-        cols = (n_start + cols_1d)[None, :]
-        keep = cols < seqlen_k
-        if IS_CAUSAL:
-            keep = keep & (cols <= rows + (seqlen_k - seqlen_q))
-        s = gl.where(keep, s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1))
-    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: exp2 gives 0, not NaN
-    p = gl.exp2(s - m_use[:, None])
+                  MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr, LEAN: gl.constexpr = False):
+    """Scale (log2 domain), mask, online-softmax step: returns (p, alpha, m_new, l_new).
+
+    ``LEAN`` (the three-warpgroup variant's 160-register consumers; the same values up to rounding):
+    * the scale is folded into the exponent, exp2(s * scale - m) (one FFMA an element, FA3's form),
+      the row maximum taken on the raw scores and scaled once (max(s) * scale = max(s * scale) for
+      scale >= 0: the launcher flips the sign of q for a negative softmax_scale);
+    * the masks compare per-register constants: in the wgmma accumulator layout a thread's columns
+      are 8 j + 2 (lane % 4) + {0, 1}, so ``cols & ~6`` folds to a constant per register and
+      ``cols & 6`` to one value per thread, and ``n_start + hi + lo < limit`` is tested as
+      ``hi < limit - n_start - lo``: no per-column registers. The plain form keeps the thread's 32
+      column offsets live across the key loop, which 160 registers cannot afford. The identity
+      hi + lo == cols holds whatever the layout: only the saving depends on it."""
+    if LEAN:
+        if MASKED:
+            hi = cols_1d & ~6
+            lo = cols_1d & 6
+            keep = hi[None, :] < (seqlen_k - n_start - lo)[None, :]
+            if IS_CAUSAL:
+                limit = m_start + rows_1d + (seqlen_k - seqlen_q) - n_start
+                keep = keep & (hi[None, :] <= limit[:, None] - lo[None, :])
+            s = gl.where(keep, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: exp2 gives 0, not NaN
+        p = gl.exp2(s * qk_scale - m_use[:, None])
+    else:
+        s = s * qk_scale
+        if MASKED:
+            rows = (m_start + rows_1d)[:, None]
+            cols = (n_start + cols_1d)[None, :]
+            keep = cols < seqlen_k
+            if IS_CAUSAL:
+                keep = keep & (cols <= rows + (seqlen_k - seqlen_q))
+            s = gl.where(keep, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: exp2 gives 0, not NaN
+        p = gl.exp2(s - m_use[:, None])
     alpha = gl.exp2(m_i - m_use)
     return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
@@ -186,15 +223,35 @@ def _consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, 
 @gluon.jit
 def _turn_wait(my_turn, section, TURN0: gl.constexpr, ORDERED: gl.constexpr):
     """Block until this warpgroup may issue the GEMMs of its ``section``-th critical section (a no-op
-    when not ``ORDERED``: the "split" diagnostic variant, two free-running consumer warpgroups).
+    when not ``ORDERED``: the "split" diagnostic variant, free-running consumer warpgroups).
 
-    ``my_turn`` completes one phase per critical section of the *other* warpgroup (its single
-    arrive, count 1, after issuing). Sections run WG0#0, WG1#0, WG0#1, WG1#1, ...: WG1#k needs
-    completion k of its barrier (parity k & 1, ``TURN0 = 0``); WG0#k, k >= 1, needs completion k - 1
-    (parity (k - 1) & 1 = (k + 1) & 1, ``TURN0 = 1``) and WG0#0 does not wait (predicated off; the
-    parity-1 wait on a fresh barrier would pass at once anyway). No waiter can fall two phases
-    behind (parity aliasing): the other warpgroup cannot complete phase k + 1 before this one has
-    passed section k and arrived on the other's barrier."""
+    The W = ``NUM_WG`` consumer warpgroups (2 or 3) form a ring: ``turn[w]`` (count 1) gets one
+    arrive from warpgroup w - 1 (mod W) at the end of each of that warpgroup's sections, so
+    ``my_turn`` completes one phase per section of the *previous* warpgroup in the ring. Sections run
+    in one global order, WG0#0, WG1#0, ..., WG(W-1)#0, WG0#1, ... (WG w's section k at position
+    k * W + w; for W = 2 the ping-pong WG0#0, WG1#0, WG0#1, WG1#1, ...). Hence:
+    * WG w >= 1, section k: needs WG(w-1)#k, completion k of its barrier (phases 0..k done):
+      parity k & 1, ``TURN0 = 0``.
+    * WG0, section k >= 1: needs WG(W-1)#(k-1), completion k - 1: parity (k - 1) & 1 = (k + 1) & 1,
+      ``TURN0 = 1``. WG0#0 does not wait (predicated off; the parity-1 wait on a fresh barrier would
+      pass at once anyway).
+    Neither formula involves W (only who arrives changes), so the code is the same for 2 and 3.
+
+    No parity aliasing: a wait for completion c on parity c & 1 is right only if, when tested, the
+    barrier has completed c (phase c pending: it blocks) or c + 1 phases (passes), never c - 1 or
+    c + 2 (the parity would match a wrong phase). Lower bound: the waiter passed its section k - 1,
+    which needed completion c - 1, so c phases are done. Upper bound: completion c + 1 is the arrive
+    ending the predecessor's next section, which (through its own turn wait, back round the ring:
+    WG(w-1)#(k+1) needs WG(w-2)#(k+1), ..., WG0#(k+1) needs WG(W-1)#k, ..., WG(w+1)#k needs WG w#k)
+    comes after this waiter's section k has been issued and passed on. With W = 2 the chain is the
+    other warpgroup alone; with W = 3 it runs through the third warpgroup, one more link, the same
+    bound: every turn barrier is at most one phase ahead of its waiter.
+
+    No deadlock from the turns: each wait names a section earlier in the global order (position
+    k * W + w waits for k * W + w - 1), WG0#0 waits for nothing, so by induction every section is
+    issued, given that its K/V waits also depend only on earlier sections (``_pingpong_consumer``).
+    Every completion waited for gets its arrive: each warpgroup runs n + 1 sections (n = the CTA's
+    tile count, the same for all); WG(W-1)'s last arrive on ``turn[0]`` is never waited for."""
     if ORDERED:
         mbarrier.wait(my_turn, (section + TURN0) & 1, pred=(section > 0) | (TURN0 == 0))
 
@@ -202,7 +259,8 @@ def _turn_wait(my_turn, section, TURN0: gl.constexpr, ORDERED: gl.constexpr):
 @gluon.jit
 def _turn_pass(next_turn, ORDERED: gl.constexpr):
     """End of a critical section: the GEMMs are issued (Triton puts a barrier over this partition's
-    four warps before the single-thread arrive, so all four have issued), the other warpgroup's turn."""
+    four warps before the single-thread arrive, so all four have issued), the next warpgroup's turn
+    (``turn[(w + 1) % NUM_WG]``)."""
     if ORDERED:
         mbarrier.arrive(next_turn, count=1)
 
@@ -212,32 +270,38 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                        Out, Lse, q_row0, q_col, m_start, seqlen_q, seqlen_k, n_lo, n_tiles, stride_om, lse_base,
                        qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                        STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr, TURN0: gl.constexpr,
-                       ORDERED: gl.constexpr):
-    """One consumer warpgroup of the ping-pong variant: ``BLOCK_M`` (= 64) query rows of its own, the
-    K/V ring shared with the other consumer warpgroup.
+                       ORDERED: gl.constexpr, LEAN: gl.constexpr):
+    """One consumer warpgroup of the ping-pong (``NUM_WG`` = 2) or three-warpgroup ring (3) variant:
+    ``BLOCK_M`` (= 64) query rows of its own, the K/V ring shared with the other consumer warpgroups.
 
-    Per key tile it issues, inside a critical section ordered against the other warpgroup
+    Per key tile it issues, inside a critical section ordered against the other warpgroups
     (``_turn_wait`` ... arrive on ``next_turn``), S(i+1) = Q K(i+1)^T and O += P(i) V(i), then leaves
-    the section and runs the softmax of S(i+1) while its own P(i) V(i) and the other warpgroup's two
+    the section and runs the softmax of S(i+1) while its own P(i) V(i) and the other warpgroups'
     GEMMs occupy the tensor cores (FA3's inter-warpgroup ping-pong on top of its intra-warpgroup
     overlap). Sections per warpgroup: #0 = S(0); #(i+1) = loop step i (S(i+1), P(i) V(i)), i < n - 1;
-    #n = the last P(n-1) V(n-1): n + 1 each, the same count for both warpgroups, whatever n >= 1.
+    #n = the last P(n-1) V(n-1): n + 1 each, the same count for every warpgroup, whatever n >= 1.
 
-    Invariants (n = ``n_tiles`` >= 1, the same for both warpgroups: the CTA's count):
-    * K(t) is released (one arrive on ``k_empty``, initialised with count 2) right after S(t) is
-      waited for; V(t) (``v_empty``, count 2) right after P(t) V(t) is, for t < n - 1 (the last slot
+    Invariants (n = ``n_tiles`` >= 1, the same for every warpgroup: the CTA's count; W = ``NUM_WG``):
+    * K(t) is released (one arrive on ``k_empty``, initialised with count W) right after S(t) is
+      waited for; V(t) (``v_empty``, count W) right after P(t) V(t) is, for t < n - 1 (the last slot
       is never reloaded). Every slot use therefore gets exactly one arrive per warpgroup.
     * K/V readiness is waited for *before* taking the turn, so no warpgroup holds the turn while it
       waits for memory. No cycle (deadlock-free for STAGES >= 2): section #t needs K(t), V(t-1) and
-      the other warpgroup's section #(t-1) (WG1: #t). The producer loads K(t) once both warpgroups
-      released K(t-S) (step t-S-1) and V(t-1-S) (end of step t-1-S); a warpgroup that has issued
-      section #(t-1) has finished those steps, and finishing a step needs nothing from the other
-      warpgroup (only its own wgmma to retire), so the producer never waits on a later section.
-      Parity waits cannot alias: a slot is refilled only after both releases, a turn barrier
-      completes again only after this warpgroup's own next section.
-    * A key tile may be fully masked for these rows (causal: the other warpgroup's rows reach one
-      tile further): p = 0 and alpha = 1 (or 0 for a row with no key yet), so m, l and O are
-      unchanged; rows that see no key at all end with l = 0 and store 0 and lse = -inf.
+      the previous section in the ring's order (``_turn_wait``). The producer loads in the order K(0),
+      V(0), K(1), ...; it loads K(t) once every warpgroup released K(t-S) (step t-S-1) and V(t-1-S)
+      (end of step t-1-S), whose sections are #(t-S) and earlier. Those sit at global positions
+      <= (t-S) * W + W - 1 < t * W <= t * W + w for S >= 1, i.e. before section #t of *any*
+      warpgroup, and finishing a step after its section needs nothing from the other warpgroups
+      (only its own wgmma to retire): the producer never waits on a later section. Parity waits
+      on the ring cannot alias: a slot is refilled only after all W releases, a turn barrier
+      completes again only after this warpgroup's own next section (``_turn_wait``).
+    * Slack: a slot's last release comes from the last warpgroup in the ring, up to W - 1 sections
+      and a softmax after the first one read it; the ring (``STAGES``) must cover that lag plus the
+      load latency, which is why the three-warpgroup variant gets a deeper one.
+    * A key tile may be fully masked for these rows (causal: a later warpgroup's rows reach one tile
+      further; the CTA's tile count follows the last warpgroup's last row): p = 0 and alpha = 1 (or 0
+      for a row with no key yet), so m, l and O are unchanged; rows that see no key at all end with
+      l = 0 and store 0 and lse = -inf. Rows past ``seqlen_q`` are computed, not stored.
     """
     num_warps: gl.constexpr = gl.num_warps()
     gl.static_assert(num_warps == 4, "a ping-pong consumer is one warpgroup")
@@ -270,7 +334,7 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
     s = warpgroup_mma_wait(0, deps=[s_tok])
     mbarrier.arrive(k_empty.index(0), count=1)
     p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q, seqlen_k, rows_1d,
-                                       cols_1d, True, IS_CAUSAL)
+                                       cols_1d, True, IS_CAUSAL, LEAN)
     p16 = gl.convert_layout(p.to(dtype), p_layout)  # O is still 0: no rescale
 
     for i in range(n_tiles - 1):
@@ -294,10 +358,10 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
             need_mask = need_mask | (n_start + BLOCK_N - 1 > diag)
         if need_mask:
             p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d,
-                                               cols_1d, True, IS_CAUSAL)
+                                               cols_1d, True, IS_CAUSAL, LEAN)
         else:
             p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d,
-                                               cols_1d, False, IS_CAUSAL)
+                                               cols_1d, False, IS_CAUSAL, LEAN)
         # P(i) V(i) done: P(i)'s registers may go (listed so they stay alive until here), V(i)'s slot too
         o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
         mbarrier.arrive(v_empty.index(cur), count=1)
@@ -331,12 +395,16 @@ def _init_ring(k_ready, k_empty, v_ready, v_empty, STAGES: gl.constexpr, RELEASE
 def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om,
                       stride_lse_b, stride_lse_h, qk_scale,
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                      IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr = False, ORDERED: gl.constexpr = True):
+                      IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr = False, NUM_WG: gl.constexpr = 2,
+                      ORDERED: gl.constexpr = True, LEAN: gl.constexpr = False):
     """``PINGPONG=False`` (the default, launched with num_warps = 4 * BLOCK_M // 64): one consumer
-    partition of BLOCK_M // 64 warpgroups in lockstep, Q descriptor block [BLOCK_M, HEAD_DIM].
-    ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 128): two consumer warpgroups of 64
-    rows each in separate partitions (the default one and a worker), ordered by two mbarriers; Q
-    descriptor block [64, HEAD_DIM]. Both: one producer warp, 24 registers."""
+    partition of BLOCK_M // 64 warpgroups in lockstep, Q descriptor block [BLOCK_M, HEAD_DIM]
+    (``NUM_WG`` unused). ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 64 * NUM_WG):
+    ``NUM_WG`` consumer warpgroups (2: "pingpong"/"split"; 3: "wg3") of 64 rows each in separate
+    partitions (the default one and NUM_WG - 1 workers), ordered in a ring by NUM_WG mbarriers; Q
+    descriptor block [64, HEAD_DIM]. All: one producer warp, 24 registers. ``LEAN`` (ping-pong only;
+    "wg3" sets it): the register-lean code its 160-register consumers need: ``_softmax_tile``'s lean
+    form (needs qk_scale >= 0) and 32-bit lse offsets."""
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     pid = gl.program_id(0)
     m_block = pid % num_m
@@ -357,17 +425,29 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nhea
     # the key end
     MASK_ALL: gl.constexpr = IS_CAUSAL
 
-    lse_base = b.to(gl.int64) * stride_lse_b + h.to(gl.int64) * stride_lse_h
+    if LEAN:
+        # 32 bits (one register, not two, held across the key loop): the launcher's lse is a
+        # contiguous (batch, nheads, seqlen_q) fp32 tensor, and 2^31 of its elements would mean a q
+        # of 2^31 x 64 bf16 values (256 GiB) at the head dim 64 "wg3" serves
+        gl.static_assert(PINGPONG, "LEAN is a ping-pong option")
+        lse_base = b * stride_lse_b + h * stride_lse_h
+    else:
+        lse_base = b.to(gl.int64) * stride_lse_b + h.to(gl.int64) * stride_lse_h
     q_row0 = b * seqlen_q + m_start
     q_col = h * HEAD_DIM
     if n_tiles <= 0:  # causal rows that see no key (seqlen_q > seqlen_k): output 0, lse -inf
         zl: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [gl.num_warps(), 1], [1, 0])
-        rows = m_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, zl))
-        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, zl))
-        ptrs = Out + (q_row0 - m_start + rows).to(gl.int64)[:, None] * stride_om + q_col + cols[None, :]
-        gl.store(ptrs, gl.zeros([BLOCK_M, HEAD_DIM], Out.dtype.element_ty, layout=zl), mask=(rows < seqlen_q)[:, None])
-        gl.store(Lse + lse_base + rows, gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, zl)),
-                 mask=rows < seqlen_q)
+        # in chunks of the largest power of two dividing BLOCK_M (gl.arange needs one): the whole
+        # block at 128, three chunks of 64 at 192 ("wg3")
+        Z_ROWS: gl.constexpr = BLOCK_M & -BLOCK_M
+        for c in gl.static_range(BLOCK_M // Z_ROWS):
+            rows = m_start + c * Z_ROWS + gl.arange(0, Z_ROWS, layout=gl.SliceLayout(1, zl))
+            cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, zl))
+            ptrs = Out + (q_row0 - m_start + rows).to(gl.int64)[:, None] * stride_om + q_col + cols[None, :]
+            gl.store(ptrs, gl.zeros([Z_ROWS, HEAD_DIM], Out.dtype.element_ty, layout=zl),
+                     mask=(rows < seqlen_q)[:, None])
+            gl.store(Lse + lse_base + rows, gl.full([Z_ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, zl)),
+                     mask=rows < seqlen_q)
         return
 
     dtype: gl.constexpr = q_desc.dtype
@@ -375,40 +455,52 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nhea
     kv_row0 = b * seqlen_k
     kv_col = (h // group) * HEAD_DIM
     if PINGPONG:
-        # Two consumer warpgroups, 64 query rows each, sharing the K/V ring: every slot use is
-        # released by both (empty barriers count 2). q_bar[w]: warpgroup w's own Q tile landed.
-        # turn[w]: warpgroup w may issue its next GEMM pair (one arrive, by the other warpgroup).
-        gl.static_assert(BLOCK_M == 128, "ping-pong: two consumer warpgroups of 64 rows")
-        WG_ROWS: gl.constexpr = BLOCK_M // 2
+        # NUM_WG consumer warpgroups, 64 query rows each, sharing the K/V ring: every slot use is
+        # released by all of them (empty barriers count NUM_WG). q_bar[w]: warpgroup w's own Q tile
+        # landed. turn[w]: warpgroup w may issue its next GEMM pair (one arrive, by warpgroup w - 1
+        # mod NUM_WG: the ring WG0 -> WG1 (-> WG2) -> WG0 ..., see _turn_wait).
+        gl.static_assert((NUM_WG == 2) | (NUM_WG == 3), "two (ping-pong) or three consumer warpgroups")
+        gl.static_assert(BLOCK_M == 64 * NUM_WG, "one consumer warpgroup per 64 query rows")
+        WG_ROWS: gl.constexpr = BLOCK_M // NUM_WG
         gl.static_assert(q_desc.block_type.shape[0] == WG_ROWS, "ping-pong: Q descriptor block is [64, HEAD_DIM]")
-        q_smem = gl.allocate_shared_memory(dtype, [2, WG_ROWS, HEAD_DIM], q_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [NUM_WG, WG_ROWS, HEAD_DIM], q_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], bar_layout)
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-        turn = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
-        for w in gl.static_range(2):
+        turn = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], bar_layout)
+        for w in gl.static_range(NUM_WG):
             mbarrier.init(q_bar.index(w), count=1)
             mbarrier.init(turn.index(w), count=1)
-        _init_ring(k_ready, k_empty, v_ready, v_empty, STAGES, 2)  # both warpgroups release each slot
+        _init_ring(k_ready, k_empty, v_ready, v_empty, STAGES, NUM_WG)  # every warpgroup releases each slot
         fence_async_shared()
-        # Register budget (FA3's for two consumer warpgroups + producer): the producer warp is padded
-        # to a warpgroup, 384 threads in all; 24 * 128 + 240 * 256 = 64512 <= 65536 registers per SM.
-        gl.warp_specialize([
-            (_pingpong_consumer, (q_desc, q_smem.index(0), q_bar.index(0), k_smem, v_smem, k_ready, k_empty, v_ready,
-                                  v_empty, turn.index(0), turn.index(1), Out, Lse, q_row0, q_col, m_start, seqlen_q,
-                                  seqlen_k, n_lo, n_tiles, stride_om, lse_base, qk_scale, HEAD_DIM, WG_ROWS, BLOCK_N,
-                                  STAGES, IS_CAUSAL, MASK_ALL, 1, ORDERED)),
-            (_pingpong_consumer, (q_desc, q_smem.index(1), q_bar.index(1), k_smem, v_smem, k_ready, k_empty, v_ready,
-                                  v_empty, turn.index(1), turn.index(0), Out, Lse, q_row0 + WG_ROWS, q_col,
-                                  m_start + WG_ROWS, seqlen_q, seqlen_k, n_lo, n_tiles, stride_om, lse_base, qk_scale,
-                                  HEAD_DIM, WG_ROWS, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, 0, ORDERED)),
-            (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col, n_lo,
-                         n_tiles, BLOCK_N, STAGES)),
-        ], [4, 1], [240, 24])
+        # Register budget: 65536 per SM; the producer warp is padded to a warpgroup (Triton), so
+        # NUM_WG + 1 warpgroups of 128 threads; the producer at 24, the consumers share the rest in
+        # multiples of 8: (65536 / 128 - 24) / NUM_WG rounded down to 8.
+        # - NUM_WG = 2 (FA3's figures for two MMA warpgroups): 240; 24 * 128 + 240 * 256 = 64512.
+        # - NUM_WG = 3 (FA3's d = 64: 160): 160; 24 * 128 + 160 * 384 = 64512 <= 65536, while 168
+        #   would need 67584. Triton's allocator (AllocateWarpGroups) hands the 1024 left over to the
+        #   default partition (warpgroup 0): (65536 - 24 * 128 - 2 * 160 * 128) / 128 = 168.
+        PRODUCER_REGS: gl.constexpr = 24
+        CONSUMER_REGS: gl.constexpr = (65536 // 128 - PRODUCER_REGS) // NUM_WG // 8 * 8
+        # Partition w < NUM_WG: consumer warpgroup w (w = 0: the default partition, the kernel's 4
+        # warps), rows [64 w, 64 w + 64) of the block, waiting on turn[w] and passing to turn[w + 1];
+        # the last entry: the producer. (Gluon builds lists only from tuple comprehensions, hence the
+        # index tuple and the conditional.)
+        gl.warp_specialize(
+            [(_pingpong_consumer, (q_desc, q_smem.index(w), q_bar.index(w), k_smem, v_smem, k_ready, k_empty, v_ready,
+                                   v_empty, turn.index(w), turn.index((w + 1) % NUM_WG), Out, Lse,
+                                   q_row0 + w * WG_ROWS, q_col, m_start + w * WG_ROWS, seqlen_q, seqlen_k, n_lo,
+                                   n_tiles, stride_om, lse_base, qk_scale, HEAD_DIM, WG_ROWS, BLOCK_N, STAGES,
+                                   IS_CAUSAL, MASK_ALL, 1 if w == 0 else 0, ORDERED, LEAN))
+             if w < NUM_WG else
+             (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col, n_lo,
+                          n_tiles, BLOCK_N, STAGES))
+             for w in (0, 1, 2, 3)[:NUM_WG + 1]],
+            [4] * (NUM_WG - 1) + [1], [CONSUMER_REGS] * (NUM_WG - 1) + [PRODUCER_REGS])
     else:
         q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
