@@ -200,6 +200,24 @@ def _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d,
 
 
 @gluon.jit
+def _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d, queries_1d,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """``_probs`` with the masks only where this step's tile needs them: keys past seqlen_k (not
+    ``keys_inside``), queries past seqlen_q, or (causal) a tile the diagonal crosses (``off`` =
+    seqlen_k - seqlen_q)."""
+    need_mask = (not keys_inside) | (m_start + BLOCK_M > seqlen_q)
+    if IS_CAUSAL:
+        need_mask = need_mask | (n_start + BLOCK_N - 1 > m_start + off)
+    if need_mask:
+        p = _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d, True,
+                   IS_CAUSAL)
+    else:
+        p = _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d, False,
+                   IS_CAUSAL)
+    return p
+
+
+@gluon.jit
 def hopper_bwd_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, Lse, Delta, DQacc, dK, dV,
                            seqlen_q, seqlen_k, nheads, group,
                            stride_lse_b, stride_lse_h, stride_delta_b, stride_delta_h,
@@ -318,15 +336,8 @@ def hopper_bwd_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, Lse, Delta, DQacc, d
         dp_tok = warpgroup_mma(v_cur, do_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(1, deps=[s_tok])
         lse_log2 = gl.convert_layout(lse_c, gl.SliceLayout(0, st_layout))
-        need_mask = (not keys_inside) | (m_start + BLOCK_M > seqlen_q)
-        if IS_CAUSAL:
-            need_mask = need_mask | (n_start + BLOCK_N - 1 > m_start + off)
-        if need_mask:
-            p = _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d, True,
-                       IS_CAUSAL)
-        else:
-            p = _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d, False,
-                       IS_CAUSAL)
+        p = _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
+                        queries_1d, BLOCK_M, BLOCK_N, IS_CAUSAL)
         dp = warpgroup_mma_wait(0, deps=[dp_tok])
         delta = gl.convert_layout(delta_c, gl.SliceLayout(0, st_layout))
         # dS^T = P^T (dP^T - D) from the fp32 P^T (as the portable backward): 0 wherever P^T was masked
@@ -483,15 +494,8 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         # slot straight into S^T's column layout (a broadcast shared-memory read)
         lse_log2 = lse_smem.index(s_idx).load(col_layout)
         s = warpgroup_mma_wait(1, deps=[s_tok])
-        need_mask = (not keys_inside) | (m_start + BLOCK_M > seqlen_q)
-        if IS_CAUSAL:
-            need_mask = need_mask | (n_start + BLOCK_N - 1 > m_start + off)
-        if need_mask:
-            p = _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d, True,
-                       IS_CAUSAL)
-        else:
-            p = _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d, False,
-                       IS_CAUSAL)
+        p = _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
+                        queries_1d, BLOCK_M, BLOCK_N, IS_CAUSAL)
         pa = gl.convert_layout(p.to(dtype), a_layout)
         # dV += P^T dO queued behind dP^T: it runs while dS is formed and stored below
         dv_tok = warpgroup_mma(pa, do_cur, dv, is_async=True)
