@@ -12,11 +12,15 @@ ids at 128 threads), mbarrier.init with count NUM_WG (K/V slots released by ever
 turn arrives, and setmaxnreg to the consumers' budget (240 for two, 160 for three, and 168 for
 wg3's default partition: Triton's leftover).
 
+``--varlen`` compiles the packed-batch specialisation (``IS_VARLEN=True``: cu_seqlens pointers, per-sequence
+lengths) instead of the fixed-length kernels (``IS_VARLEN=False``, cu_seqlens constexpr None, as the
+launcher passes them); its lines carry ``varlen``.
+
 It also runs ptxas -v on the PTX (skip with --no-ptxas) and flags C7514 ("wgmma.mma_async
 instructions are serialized"): the ping-pong variants must compile without it.
 
     python benchmarks/compile_check_hopper.py [--variants base,pingpong,split,wg3] [--no-ptxas] [--quick] [--jobs N]
-        [--masks 0,1] [--headdims 64,128]
+        [--masks 0,1] [--headdims 64,128] [--varlen]
 """
 import argparse
 import os
@@ -32,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gluon_aot import DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxas_report, run_jobs  # noqa: E402
 
 
-def compile_one(variant, d, dt, causal):
+def compile_one(variant, d, dt, causal, varlen=False):
     cfg = hopper.kernel_config(d, variant)
     bn, q_rows = cfg["block_n"], cfg["q_rows"]
     q_layout = gl.NVMMASharedLayout.get_default_for([q_rows, d], DTYPES[dt])
@@ -41,7 +45,12 @@ def compile_one(variant, d, dt, causal):
     sig.update(q_desc=f"tensordesc<{dt}[{q_rows},{d}],{q_layout!r}>",
                k_desc=f"tensordesc<{dt}[{bn},{d}],{kv_layout!r}>",
                v_desc=f"tensordesc<{dt}[{bn},{d}],{kv_layout!r}>", Out=f"*{dt}", Lse="*fp32", qk_scale="fp32")
-    return cfg, compile_sm90(fn, sig, dict(cfg["constexprs"], IS_CAUSAL=causal), cfg["num_warps"])
+    constexprs = dict(cfg["constexprs"], IS_CAUSAL=causal, IS_VARLEN=varlen)
+    if varlen:
+        sig.update(Cu_q="*i32", Cu_k="*i32")
+    else:  # the launcher passes None for fixed-length calls: constexpr None
+        constexprs.update(Cu_q=None, Cu_k=None)
+    return cfg, compile_sm90(fn, sig, constexprs, cfg["num_warps"])
 
 
 def fmt(c):
@@ -58,11 +67,11 @@ def fmt(c):
 
 def check(job):
     """Compile one (variant, head dim, dtype, causal), assert its structure, return its report line."""
-    variant, d, dt, causal, run_ptxas = job
-    cfg, k = compile_one(variant, d, dt, causal)
+    variant, d, dt, causal, run_ptxas, varlen = job
+    cfg, k = compile_one(variant, d, dt, causal, varlen)
     ptx = k.asm["ptx"]
     c = ptx_counts(ptx)
-    where = (variant, d, dt, causal)
+    where = (variant, d, dt, causal, varlen)
     assert k.metadata.shared <= H200_SHARED_BYTES, (where, k.metadata.shared)
     assert c["wgmma"] and c["tma"] and c["setmaxnreg"], (where, c)
     if variant != "base":  # NUM_WG consumer partitions, each with its own named barrier
@@ -88,7 +97,8 @@ def check(job):
                 f"{'SERIALIZED(C7514)' if serialized else 'wgmma-pipelined'} ")
         if variant != "base":
             assert not serialized and spills == 0, (where, "ptxas serialised the wgmmas or spilled")
-    return (f"{variant:8s} d={d} {dt} causal={causal!s:5s} tiles={cfg['block_m']}x{cfg['block_n']}x{cfg['stages']} "
+    return (f"{variant:8s} d={d} {dt} causal={causal!s:5s} {'varlen ' if varlen else ''}"
+            f"tiles={cfg['block_m']}x{cfg['block_n']}x{cfg['stages']} "
             f"warps={k.metadata.num_warps} shared={k.metadata.shared} {regs}{fmt(c)}")
 
 
@@ -100,15 +110,17 @@ def main():
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="compiles in parallel")
     ap.add_argument("--masks", default="0,1", help="0 (non-causal), 1 (causal) or both")
     ap.add_argument("--headdims", default=None, help="comma-separated subset of each variant's head dims")
+    ap.add_argument("--varlen", action="store_true", help="the packed-batch kernels (IS_VARLEN=True)")
     args = ap.parse_args()
     dtypes = ("bf16",) if args.quick else ("bf16", "fp16")
     masks = [bool(int(m)) for m in args.masks.split(",")]
     dims = None if args.headdims is None else {int(x) for x in args.headdims.split(",")}
-    jobs = [(variant, d, dt, causal, not args.no_ptxas) for variant in args.variants.split(",")
+    jobs = [(variant, d, dt, causal, not args.no_ptxas, args.varlen) for variant in args.variants.split(",")
             for d in hopper.TILE_TABLE[variant] if dims is None or d in dims for dt in dtypes for causal in masks]
     t0 = time.time()
     run_jobs(check, jobs, args.jobs)
-    print(f"hopper kernel compiled for sm_90: {len(jobs)} kernels, variants {args.variants} "
+    print(f"hopper kernel compiled for sm_90: {len(jobs)} {'varlen ' if args.varlen else ''}kernels, "
+          f"variants {args.variants} "
           f"({time.time() - t0:.1f} s)")
 
 

@@ -147,6 +147,12 @@ def kernel_config(d: int, name: str | None = None) -> dict:
                                 LEAN=num_wg == 3))
 
 
+# Variable-length (packed) batches through the Gluon kernel (its IS_VARLEN specialisation): compiled
+# for sm_90 (benchmarks/compile_check_hopper.py --varlen) but not yet run on the device, so off; flip to
+# True after tests/test_gpu.py::test_hopper_forward_varlen passes on the H200. While False, varlen
+# calls keep the portable kernel (hopper_supports refuses them, naming this flag).
+GLUON_VARLEN = False
+
 prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer_hopper(True): ...``
 
 
@@ -181,6 +187,19 @@ def hopper_supports(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -
     """Whether the Gluon forward covers this call, and why not."""
     if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
         return False, "needs an sm_90 (Hopper) GPU"
+    ok, why = call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p)
+    if not ok:
+        return ok, why
+    try:
+        import triton.experimental.gluon  # noqa: F401
+    except ImportError:
+        return False, "this Triton has no Gluon"
+    return True, ""
+
+
+def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:
+    """``hopper_supports``' checks of the call itself (dtype, variant, head dim, features, layout),
+    without the device and the Triton build: pure Python, testable anywhere."""
     if q.dtype not in (torch.float16, torch.bfloat16):
         return False, "fp16/bf16 only"
     try:
@@ -189,29 +208,42 @@ def hopper_supports(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -
         return False, str(e)
     if q.shape[-1] not in TILES:
         return False, f"head dims {sorted(TILES)} only"
-    if varlen or window not in ((-1, -1), (-1, 0)) or softcap > 0 or alibi_slopes is not None or dropout_p > 0:
-        return False, "no varlen, sliding window, softcap, ALiBi or dropout yet"
+    if varlen and not GLUON_VARLEN:
+        return False, ("varlen: the Gluon kernel's IS_VARLEN specialisation has not run on the device yet "
+                       "(hopper.GLUON_VARLEN = False)")
+    if window not in ((-1, -1), (-1, 0)) or softcap > 0 or alibi_slopes is not None or dropout_p > 0:
+        return False, "no sliding window, softcap, ALiBi or dropout yet"
     if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
         return False, "contiguous inputs only (2-D descriptors over (batch * seqlen, nheads * d))"
-    try:
-        import triton.experimental.gluon  # noqa: F401
-    except ImportError:
-        return False, "this Triton has no Gluon"
     return True, ""
 
 
-def hopper_forward(q, k, v, softmax_scale, causal):
-    """(out, lse) as the portable forward returns them; the call must pass ``hopper_supports``."""
+def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                   max_seqlen_k=None):
+    """(out, lse) as the portable forward returns them; the call must pass ``hopper_supports``.
+    Batched: q (batch, seqlen_q, nheads, d), lse (batch, nheads, seqlen_q). Varlen (``cu_seqlens_q``
+    given, with cu_seqlens_k and the max lengths): packed q (total_q, nheads, d), k/v (total_k, ...),
+    lse (nheads, total_q); rows no sequence owns give output 0 and lse -inf, as ``backends._Problem``."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from ioattn.kernels.hopper_forward import hopper_fwd_kernel
 
-    batch, seqlen_q, nheads, d = q.shape
-    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
-    out = torch.empty_like(q)
-    lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
-    if q.numel() == 0 or seqlen_q == 0:
+    varlen = cu_seqlens_q is not None
+    nheads, d = q.shape[-2], q.shape[-1]
+    nheads_kv = k.shape[-2]
+    if varlen:
+        batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k
+        # zeros / -inf first: the kernel writes only rows some sequence owns
+        out = torch.zeros_like(q)
+        lse = torch.full((nheads, q.shape[0]), float("-inf"), device=q.device, dtype=torch.float32)
+        stride_lse_b, stride_lse_h = 0, lse.stride(0)
+    else:
+        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        out = torch.empty_like(q)
+        lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
+        stride_lse_b, stride_lse_h = lse.stride(0), lse.stride(1)
+    if q.numel() == 0 or seqlen_q == 0 or (varlen and (k.numel() == 0 or seqlen_k == 0)):
         return out.zero_(), lse.fill_(float("-inf"))
     cfg = kernel_config(d)
     block_m, block_n, q_rows = cfg["block_m"], cfg["block_n"], cfg["q_rows"]
@@ -222,11 +254,14 @@ def hopper_forward(q, k, v, softmax_scale, causal):
     dt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     q_layout = gl.NVMMASharedLayout.get_default_for([q_rows, d], dt)
     kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, d], dt)
-    q_desc = TensorDescriptor.from_tensor(q.view(batch * seqlen_q, nheads * d), [q_rows, d], q_layout)
-    k_desc = TensorDescriptor.from_tensor(k.view(batch * seqlen_k, nheads_kv * d), [block_n, d], kv_layout)
-    v_desc = TensorDescriptor.from_tensor(v.view(batch * seqlen_k, nheads_kv * d), [block_n, d], kv_layout)
+    # 2-D views (rows, nheads * d): batch * seqlen rows, or the packed total
+    q_desc = TensorDescriptor.from_tensor(q.view(-1, nheads * d), [q_rows, d], q_layout)
+    k_desc = TensorDescriptor.from_tensor(k.view(-1, nheads_kv * d), [block_n, d], kv_layout)
+    v_desc = TensorDescriptor.from_tensor(v.view(-1, nheads_kv * d), [block_n, d], kv_layout)
     grid = (dispatch.cdiv(seqlen_q, block_m) * batch * nheads,)
-    hopper_fwd_kernel[grid](q_desc, k_desc, v_desc, out, lse, seqlen_q, seqlen_k, nheads, nheads // nheads_kv,
-                            nheads * d, lse.stride(0), lse.stride(1), softmax_scale * 1.4426950408889634,
-                            IS_CAUSAL=bool(causal), num_warps=cfg["num_warps"], **cfg["constexprs"])
+    # fixed length: cu_seqlens None (constexpr None, unused under IS_VARLEN=False)
+    hopper_fwd_kernel[grid](q_desc, k_desc, v_desc, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+                            nheads, nheads // nheads_kv, nheads * d, stride_lse_b, stride_lse_h,
+                            softmax_scale * 1.4426950408889634, IS_CAUSAL=bool(causal), IS_VARLEN=varlen,
+                            num_warps=cfg["num_warps"], **cfg["constexprs"])
     return out, lse

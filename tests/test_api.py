@@ -588,6 +588,41 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     assert out.shape == q.shape and torch.isfinite(out).all()
 
 
+def test_hopper_varlen_gated_off_until_run_on_the_device(monkeypatch):
+    """Varlen through the Gluon forward (its IS_VARLEN specialisation) is gated by hopper.GLUON_VARLEN,
+    False until the kernel has run on the device: the call checks refuse varlen naming the flag and
+    accept it with the flag on; the plan reports either; the launcher passes cu_seqlens and the max
+    lengths through to hopper_forward. (On this CPU hopper_supports refuses for sm_90 first, so the
+    device check is replaced by the pure-Python call checks, hopper.call_supported.)"""
+    import ioattn
+    from ioattn import backends, hopper
+
+    q = torch.randn(10, 2, 64, dtype=BF16)  # packed (total, nheads, d)
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)  # one trailing token no sequence owns
+    assert hopper.GLUON_VARLEN is False
+    ok, why = hopper.hopper_supports(q, q, q, True, (-1, 0), 0.0, None, 0.0)
+    assert not ok and "sm_90" in why
+    ok, why = hopper.call_supported(q, q, q, True, (-1, 0), 0.0, None, 0.0)
+    assert not ok and "hopper.GLUON_VARLEN" in why and "varlen" in why
+    assert hopper.call_supported(q[None], q[None], q[None], False, (-1, 0), 0.0, None, 0.0) == (True, "")
+    monkeypatch.setattr(hopper, "hopper_supports", hopper.call_supported)  # as if on an sm_90 GPU
+    with dispatch.forced_backend("triton"), hopper.prefer_hopper(True):
+        plan = ioattn.explain_dispatch(q, q, q, causal=True, cu_seqlens_q=cu, max_seqlen_q=5)
+        assert "GLUON_VARLEN" in plan.forward["gluon_hopper"] and "hopper" not in plan.forward["kernel"]
+        monkeypatch.setattr(hopper, "GLUON_VARLEN", True)
+        assert hopper.call_supported(q, q, q, True, (-1, 0), 0.0, None, 0.0) == (True, "")
+        assert not hopper.call_supported(q, q, q, True, (-1, 0), 1.0, None, 0.0)[0]  # softcap: still refused
+        plan = ioattn.explain_dispatch(q, q, q, causal=True, cu_seqlens_q=cu, max_seqlen_q=5)
+        assert "hopper_fwd_kernel" in plan.forward["kernel"] and plan.forward["gluon_hopper"].startswith("taken")
+        assert plan.forward["tiles_count"] == -(-5 // hopper.TILES[64][0]) * 2 * 2  # cdiv(max_q, bm) * batch * h
+        calls = []
+        monkeypatch.setattr(hopper, "hopper_forward", lambda *a, **kw: calls.append((a, kw)) or ("out", "lse"))
+        assert backends.triton_forward(q, q, q, cu, cu, 5, 5, 0.125, (-1, 0), 0.0, None, 0.0, 0) == ("out", "lse")
+    ((args, kw),) = calls
+    assert args[3:] == (0.125, True) and kw["cu_seqlens_q"] is cu and kw["cu_seqlens_k"] is cu
+    assert kw["max_seqlen_q"] == kw["max_seqlen_k"] == 5
+
+
 def test_host_integer_helpers():
     from ioattn import dispatch
 

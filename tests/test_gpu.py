@@ -6,7 +6,7 @@ import torch
 import ioattn
 from ioattn.reference import attention_ref
 
-from conftest import assert_within_torch_error
+from conftest import assert_lse_close, assert_matches_oracles, assert_within_torch_error, attention_oracles
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -201,6 +201,62 @@ def test_hopper_forward(variant, d, causal, dtype, shape, poison_alloc):
         with hopper.prefer_hopper(True):
             assert "hopper_fwd_kernel" in ioattn.explain_dispatch(q, k, k, causal=causal).forward["kernel"]
             _check(b, sq, sk, h, hkv, d, dtype, causal=causal)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant", ["pingpong", "wg3"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_hopper_forward_varlen(variant, d, causal, dtype, monkeypatch, poison_alloc):
+    """Packed (varlen) batches through the Gluon forward's IS_VARLEN specialisation (switched on here:
+    hopper.GLUON_VARLEN), per sequence against the float64 oracle (2x PyTorch's own error), the lse
+    too, and the gradients of the portable backward fed by this forward's (out, lse). Sequences: length
+    1, shorter than a tile, several tiles, seqlen_q != seqlen_k both ways (causal: 133 rows that see
+    no key), one with no queries, one with no keys; 7 trailing tokens in q and k/v that no sequence
+    owns (output 0, lse -inf, zero gradients)."""
+    from ioattn import hopper
+    if d not in hopper.TILE_TABLE[variant]:
+        pytest.skip(f"the {variant} variant has no head dim {d}")
+    monkeypatch.setattr(hopper, "GLUON_VARLEN", True)
+    lens_q, lens_k, extra, h, hkv = [1, 100, 700, 333, 0, 64, 50], [1, 37, 900, 200, 40, 300, 0], 7, 4, 2
+    cu = lambda lens: torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,  # noqa: E731
+                                   device="cuda")
+    cq, ck, max_q, max_k = cu(lens_q), cu(lens_k), max(lens_q), max(lens_k)
+    q = torch.randn(sum(lens_q) + extra, h, d, device="cuda", dtype=dtype)
+    k, v = (torch.randn(sum(lens_k) + extra, hkv, d, device="cuda", dtype=dtype) for _ in range(2))
+    dout = torch.randn_like(q)
+    window = (-1, 0) if causal else (-1, -1)
+    with hopper.variant(variant), hopper.prefer_hopper(True):
+        ok, why = hopper.hopper_supports(q, k, v, True, window, 0.0, None, 0.0)
+        assert ok, why
+        plan = ioattn.explain_dispatch(q, k, v, causal=causal, cu_seqlens_q=cq, max_seqlen_q=max_q)
+        assert "hopper_fwd_kernel" in plan.forward["kernel"] and variant in plan.forward["kernel"]
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        out, lse, _ = ioattn.flash_attn_varlen_func(qg, kg, vg, cq, ck, max_q, max_k, causal=causal,
+                                                    return_attn_probs=True)
+        dq, dk, dv = torch.autograd.grad(out, (qg, kg, vg), dout)
+        # the API's forward is this kernel's (the forward is deterministic)
+        direct = hopper.hopper_forward(q, k, v, d ** -0.5, causal, cu_seqlens_q=cq, cu_seqlens_k=ck,
+                                       max_seqlen_q=max_q, max_seqlen_k=max_k)
+    assert torch.equal(out.detach(), direct[0]) and torch.equal(lse, direct[1])
+    assert lse.shape == (h, q.shape[0]) and lse.dtype == torch.float32
+    tq, tk = sum(lens_q), sum(lens_k)
+    assert (out[tq:] == 0).all() and torch.isneginf(lse[:, tq:]).all()
+    assert (dq[tq:] == 0).all() and (dk[tk:] == 0).all() and (dv[tk:] == 0).all()
+    cql, ckl = cq.tolist(), ck.tolist()
+    for i, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+        sq, sk = slice(cql[i], cql[i + 1]), slice(ckl[i], ckl[i + 1])
+        if lq == 0:
+            assert (dk[sk] == 0).all() and (dv[sk] == 0).all()
+            continue
+        if lk == 0:
+            assert (out[sq] == 0).all() and torch.isneginf(lse[:, sq]).all() and (dq[sq] == 0).all()
+            continue
+        oracles = attention_oracles(q[sq][None], k[sk][None], v[sk][None], dout[sq][None], window=window)
+        name = f"{variant} varlen seq {i} ({lq}x{lk})"
+        assert_matches_oracles(name, out[sq][None], (dq[sq][None], dk[sk][None], dv[sk][None]), oracles)
+        assert_lse_close(name, lse[:, sq][None], oracles["lse64"].float())
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")

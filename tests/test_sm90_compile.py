@@ -30,7 +30,8 @@ def test_hopper_gluon_kernel_compiles_for_sm90():
     """The Gluon forward (experimental, opt-in), every variant (base; pingpong; split, its diagnostic
     twin without the ordering; wg3, three consumer warpgroups), compiles for each of its head dims and
     both masks (bf16 only: fp16 is the same code but the dtype; the script's default covers both; wg3
-    at one configuration, causal, to keep CI short), fits shared memory and uses wgmma, TMA and
+    at one configuration, causal, to keep CI short; the packed-batch IS_VARLEN kernel at one, pingpong d = 128
+causal), fits shared memory and uses wgmma, TMA and
     register reallocation; the ping-pong variants have one consumer partition per warpgroup, K/V
     slots released by every warpgroup, and ptxas neither serialises their wgmmas (C7514) nor spills."""
     pytest.importorskip("triton.experimental.gluon")
@@ -40,15 +41,21 @@ def test_hopper_gluon_kernel_compiles_for_sm90():
     main = [v for v in hopper.VARIANTS if v != "wg3"]
     script = str(ROOT / "benchmarks" / "compile_check_hopper.py")
     lines = []
-    for args in (["--variants", ",".join(main)], ["--variants", "wg3", "--masks", "1"]):
+    # and one packed-batch (IS_VARLEN) kernel: the default variant at d = 128, causal
+    for args in (["--variants", ",".join(main)], ["--variants", "wg3", "--masks", "1"],
+                 ["--variants", "pingpong", "--headdims", "128", "--masks", "1", "--varlen"]):
         proc = subprocess.run([sys.executable, script, "--quick", *args], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
         assert "hopper kernel compiled for sm_90" in proc.stdout
         lines += proc.stdout.splitlines()
+    (varlen,) = [line for line in lines if " varlen tiles=" in line]
+    fixed = [line for line in lines if " varlen tiles=" not in line]
+    assert varlen.startswith("pingpong d=128 bf16 causal=True  varlen "), varlen
+    assert "spill=0B" in varlen and "wgmma-pipelined" in varlen, varlen
     for variant in main:  # one line per head dim and mask
         expect = 2 * len(hopper.TILE_TABLE[variant])
-        assert sum(line.startswith(variant + " ") for line in lines) == expect, (variant, lines[-20:])
+        assert sum(line.startswith(variant + " ") for line in fixed) == expect, (variant, fixed[-20:])
     assert all("SERIALIZED" not in line for line in lines if not line.startswith("base "))
     # wg3 (the script asserts three consumer partitions and K/V slots of count 3): 160 registers for
     # the two worker consumers, 168 for the default partition, no spill

@@ -50,9 +50,11 @@ d = 128 O alone is 64 (S + O + P = 160 before any temporary): it would spill, so
 only. Shared memory at d = 64: Q 3 x 8 KB + STAGES x 32 KB of K and V (``ioattn.hopper.TILE_TABLE``).
 
 Inputs: contiguous (batch, seqlen, nheads, d) tensors seen as 2-D (batch * seqlen, nheads * d) by the
-descriptors. A key tile that runs past its sequence reads the next sequence's rows (or the zero fill
-at the end of the tensor): those columns are masked to -inf, and their P entries are 0, so the rows
-of V they meet do not matter. Query rows past the sequence are computed and not stored (pointer
+descriptors; with ``IS_VARLEN`` packed (total, nheads, d) tensors seen as (total, nheads * d), each
+sequence's rows found through cu_seqlens. A key tile that runs past its sequence reads the next
+sequence's rows (or the zero fill at the end of the tensor): those columns are masked to -inf, and
+their P entries are 0, so the rows of V they meet do not matter (as long as they are finite: 0 x inf
+is NaN in the P V product). Query rows past the sequence are computed and not stored (pointer
 stores, masked). Causal masks are bottom-right aligned, as in the portable kernel.
 
 Reference twin: ``ioattn.reference.tiled.flash2_forward``. Portable fallback: ``kernels/forward.py``.
@@ -392,11 +394,11 @@ def _init_ring(k_ready, k_empty, v_ready, v_empty, STAGES: gl.constexpr, RELEASE
 
 
 @gluon.jit
-def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om,
+def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, seqlen_k, nheads, group, stride_om,
                       stride_lse_b, stride_lse_h, qk_scale,
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                       IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr = False, NUM_WG: gl.constexpr = 2,
-                      ORDERED: gl.constexpr = True, LEAN: gl.constexpr = False):
+                      ORDERED: gl.constexpr = True, LEAN: gl.constexpr = False, IS_VARLEN: gl.constexpr = False):
     """``PINGPONG=False`` (the default, launched with num_warps = 4 * BLOCK_M // 64): one consumer
     partition of BLOCK_M // 64 warpgroups in lockstep, Q descriptor block [BLOCK_M, HEAD_DIM]
     (``NUM_WG`` unused). ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 64 * NUM_WG):
@@ -404,7 +406,15 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nhea
     partitions (the default one and NUM_WG - 1 workers), ordered in a ring by NUM_WG mbarriers; Q
     descriptor block [64, HEAD_DIM]. All: one producer warp, 24 registers. ``LEAN`` (ping-pong only;
     "wg3" sets it): the register-lean code its 160-register consumers need: ``_softmax_tile``'s lean
-    form (needs qk_scale >= 0) and 32-bit lse offsets."""
+    form (needs qk_scale >= 0) and 32-bit lse offsets.
+
+    ``IS_VARLEN`` (packed sequences; ``Cu_q``/``Cu_k``: int32 cu_seqlens of batch + 1 entries, unused
+    (None) otherwise): ``seqlen_q``/``seqlen_k`` arrive as the maximum lengths (the grid's), and each
+    program reads its sequence's start and length from cu_seqlens; Q/K/V rows are the packed rows
+    from the sequence's start, the lse is (nheads, total_q) (``stride_lse_b`` = 0, the sequence's
+    start added to the offset). Every mask and store below then uses the sequence's own lengths; a
+    program whose query block lies past its sequence's end exits at once (writes nothing: the
+    launcher zeroes out and fills lse with -inf beforehand, for tokens no sequence owns)."""
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     pid = gl.program_id(0)
     m_block = pid % num_m
@@ -414,6 +424,13 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nhea
     b = bh // nheads
     h = bh % nheads
     m_start = m_block * BLOCK_M
+    if IS_VARLEN:
+        start_q = gl.load(Cu_q + b)
+        seqlen_q = gl.load(Cu_q + b + 1) - start_q
+        start_k = gl.load(Cu_k + b)
+        seqlen_k = gl.load(Cu_k + b + 1) - start_k
+        if m_start >= seqlen_q:  # past this sequence's queries (the grid covers the longest): nothing
+            return
     n_hi = gl.cdiv(seqlen_k, BLOCK_N)
     if IS_CAUSAL:
         last_row = gl.minimum(m_start + BLOCK_M, seqlen_q) - 1
@@ -433,7 +450,11 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nhea
         lse_base = b * stride_lse_b + h * stride_lse_h
     else:
         lse_base = b.to(gl.int64) * stride_lse_b + h.to(gl.int64) * stride_lse_h
-    q_row0 = b * seqlen_q + m_start
+    if IS_VARLEN:
+        lse_base += start_q  # lse (nheads, total_q): the sequence's rows from its packed start
+        q_row0 = start_q + m_start
+    else:
+        q_row0 = b * seqlen_q + m_start
     q_col = h * HEAD_DIM
     if n_tiles <= 0:  # causal rows that see no key (seqlen_q > seqlen_k): output 0, lse -inf
         zl: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [gl.num_warps(), 1], [1, 0])
@@ -452,7 +473,10 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nhea
 
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
-    kv_row0 = b * seqlen_k
+    if IS_VARLEN:
+        kv_row0 = start_k
+    else:
+        kv_row0 = b * seqlen_k
     kv_col = (h // group) * HEAD_DIM
     if PINGPONG:
         # NUM_WG consumer warpgroups, 64 query rows each, sharing the K/V ring: every slot use is
