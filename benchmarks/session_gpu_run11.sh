@@ -9,11 +9,11 @@
 set -u
 out=${1:?outdir}
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
-timeout 100 python3 -m pytest tests/test_gpu.py -k "hopper_backward and ws or hopper_forward and wg3 or negative_scale or hopper_forward_varlen" -n 14 -q \
+timeout 100 python3 -m pytest tests/test_gpu.py -k "hopper_backward and ws or hopper_forward and wg3 or negative_scale or hopper_forward_varlen or through_the_api" -n 14 -q \
     -p no:cacheprovider -rfE > "$out/test_gpu_new.log" 2>&1
 echo "new kernels' tests rc=$?"; tail -n 1 "$out/test_gpu_new.log"
 timeout 180 python3 -m pytest tests/test_gpu.py tests/test_decode.py tests/test_merge.py -n 14 -q -p no:cacheprovider \
-    -rfEs -k "not (hopper_backward and ws) and not (hopper_forward and wg3) and not negative_scale and not hopper_forward_varlen" > "$out/test_gpu.log" 2>&1
+    -rfEs -k "not (hopper_backward and ws) and not (hopper_forward and wg3) and not negative_scale and not hopper_forward_varlen and not through_the_api" > "$out/test_gpu.log" 2>&1
 echo "tests rc=$?"; tail -n 1 "$out/test_gpu.log"
 mkdir -p "$out/decode"
 timeout 100 python3 -m ioattn bench decode --out "$out/decode" > "$out/decode.log" 2>&1

@@ -64,6 +64,14 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     forward["tiles_count"] = tiles
     forward["programs"] = (dispatch.fwd_persistent_programs(q.device, tiles) if "hopper" not in forward["kernel"]
                            else 0) or tiles
-    backward = {"kernels": "attn_bwd_preprocess_kernel, attn_bwd_dkdv_kernel, attn_bwd_dq_kernel",
-                "tiles": (bwd.block_m, bwd.block_n, bwd.num_warps, bwd.num_stages), "atomics": False}
+    gluon_bwd, bwd_why = hopper.bwd_plan(q, k, v, varlen, window, 0.0, None, 0.0)
+    if gluon_bwd:
+        from ioattn.kernels import hopper_backward
+        cfg = hopper_backward.kernel_config(d, hopper.BWD_VARIANT)
+        backward = {"kernels": f"ioattn.kernels.hopper_backward (Gluon, {hopper.BWD_VARIANT})",
+                    "tiles": (cfg["block_m"], cfg["block_n"], cfg["num_warps"], cfg["stages"]), "atomics": True}
+    else:
+        backward = {"kernels": "attn_bwd_preprocess_kernel, attn_bwd_dkdv_kernel, attn_bwd_dq_kernel",
+                    "tiles": (bwd.block_m, bwd.block_n, bwd.num_warps, bwd.num_stages), "atomics": False}
+    backward["gluon_hopper"] = f"taken ({bwd_why})" if gluon_bwd else f"not taken ({bwd_why})"
     return DispatchPlan("triton", reason, forward, backward)

@@ -265,3 +265,42 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
                             softmax_scale * 1.4426950408889634, IS_CAUSAL=bool(causal), IS_VARLEN=varlen,
                             num_warps=cfg["num_warps"], **cfg["constexprs"])
     return out, lse
+
+
+# ---- the Gluon backward (ioattn.kernels.hopper_backward): opt-in only ----
+# Neither variant has been measured ahead of the portable backward: v1 ("base") 339 vs 379 TFLOP/s at
+# d=128, N=16384 (results/gluon-bwd-ab-1, NOTES §21); v2 ("ws") has not run yet (NOTES §22). Unlike the
+# portable backward it is not deterministic (dQ by fp32 atomics or bulk reduce-adds).
+prefer_hopper_bwd = dispatch.Preference(False, env="IOATTN_HOPPER_BWD")  # ``with prefer_hopper_bwd(True): ...``
+BWD_VARIANT = "ws"  # the variant the switch selects (ioattn.kernels.hopper_backward.BWD_VARIANTS)
+BWD_HEADDIMS = (64, 128)
+
+
+def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:
+    """Whether the Gluon backward covers this call (the call itself, without the device): pure Python."""
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return False, "fp16/bf16 only"
+    if q.shape[-1] not in BWD_HEADDIMS:
+        return False, f"head dims {BWD_HEADDIMS} only"
+    if varlen or window not in ((-1, -1), (-1, 0)) or softcap > 0 or alibi_slopes is not None or dropout_p > 0:
+        return False, "no varlen, sliding window, softcap, ALiBi or dropout"
+    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+        return False, "contiguous inputs only"
+    return True, ""
+
+
+def bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:
+    """(taken, why) for the backward of this call: only inside ``prefer_hopper_bwd(True)`` or with
+    ``IOATTN_HOPPER_BWD=1``, and only where it applies (an sm_90 GPU, Gluon, ``bwd_call_supported``)."""
+    if not prefer_hopper_bwd.wanted():
+        return False, "opt-in (hopper.prefer_hopper_bwd / IOATTN_HOPPER_BWD=1): not yet measured faster"
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return False, "needs an sm_90 (Hopper) GPU"
+    ok, why = bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p)
+    if not ok:
+        return False, why
+    try:
+        import triton.experimental.gluon  # noqa: F401
+    except ImportError:
+        return False, "this Triton has no Gluon"
+    return True, f"hopper.prefer_hopper_bwd, variant {BWD_VARIANT}"

@@ -623,6 +623,62 @@ def test_hopper_varlen_gated_off_until_run_on_the_device(monkeypatch):
     assert kw["max_seqlen_q"] == kw["max_seqlen_k"] == 5
 
 
+def test_hopper_backward_opt_in_wiring(monkeypatch):
+    """The Gluon backward is opt-in (not yet measured faster than the portable one): off by default
+    with the reason in the plan; prefer_hopper_bwd / IOATTN_HOPPER_BWD=1 ask for it, and it is taken
+    only where it applies (sm_90, fp16/bf16, head dim 64/128, no varlen/window/softcap/ALiBi/dropout);
+    when taken, triton_backward hands the call to hopper_backward with the selected variant."""
+    from ioattn import backends, hopper
+    monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
+    q = torch.randn(1, 70, 2, 64, dtype=torch.bfloat16)
+    none = (False, (-1, -1), 0.0, None, 0.0)
+    taken, why = hopper.bwd_plan(q, q, q, *none)
+    assert not taken and "opt-in" in why
+    with hopper.prefer_hopper_bwd(True):
+        assert hopper.bwd_plan(q, q, q, *none) == (False, "needs an sm_90 (Hopper) GPU")
+    monkeypatch.setenv("IOATTN_HOPPER_BWD", "1")
+    assert "sm_90" in hopper.bwd_plan(q, q, q, *none)[1]
+    assert hopper.bwd_call_supported(q, q, q, *none) == (True, "")
+    assert hopper.bwd_call_supported(q.float(), q, q, *none)[1] == "fp16/bf16 only"
+    q256 = torch.randn(1, 8, 2, 256, dtype=torch.bfloat16)
+    assert "head dims" in hopper.bwd_call_supported(q256, q256, q256, *none)[1]
+    assert not hopper.bwd_call_supported(q, q, q, False, (4, 0), 0.0, None, 0.0)[0]
+    assert not hopper.bwd_call_supported(q, q, q, True, (-1, -1), 0.0, None, 0.0)[0]
+
+    # wiring: a faked sm_90 decision sends the backward to hopper_backward, arguments passed through
+    import ioattn.kernels.hopper_backward as hb
+    seen = {}
+
+    def fake(dout, q_, k_, v_, out, lse, scale, causal, variant):
+        seen.update(scale=scale, causal=causal, variant=variant)
+        return torch.zeros_like(q_), torch.zeros_like(k_), torch.zeros_like(v_)
+    monkeypatch.setattr(hopper, "bwd_plan", lambda *a: (True, "faked"))
+    monkeypatch.setattr(hb, "hopper_backward", fake)
+    lse = torch.zeros(1, 2, 70)
+    grads = backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, 0.125, (-1, 0), 0.0, None, 0.0, 0)
+    assert seen == dict(scale=0.125, causal=True, variant=hopper.BWD_VARIANT) and len(grads) == 3
+
+    # the switch in force when the forward ran governs that forward's backward, wherever it runs
+    # (the backward's value of the switch, seen by the Triton path's decision or the CPU path)
+    states, real_ref = [], backends.reference_backward
+
+    def spy_plan(*args):
+        states.append(hopper.prefer_hopper_bwd.value)
+        return False, "spied"
+
+    def spy_ref(*args):
+        states.append(hopper.prefer_hopper_bwd.value)
+        return real_ref(*args)
+    monkeypatch.setattr(hopper, "bwd_plan", spy_plan)
+    monkeypatch.setattr(backends, "reference_backward", spy_ref)
+    x = torch.randn(1, 20, 2, 16, requires_grad=True)
+    with hopper.prefer_hopper_bwd(True):
+        y = flash_attn_func(x, x, x)
+    y.sum().backward()
+    flash_attn_func(x, x, x).sum().backward()
+    assert states == [True, None] and hopper.prefer_hopper_bwd.value is None
+
+
 def test_host_integer_helpers():
     from ioattn import dispatch
 

@@ -291,6 +291,25 @@ def test_default_dispatch_takes_the_gluon_kernel_where_measured_faster(d, n, cau
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("variant", ["base", "ws"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_hopper_backward_through_the_api(variant, d, causal, monkeypatch, poison_alloc):
+    """The opt-in switch (hopper.prefer_hopper_bwd): flash_attn_func's gradients come from the Gluon
+    backward (the plan says so) and pass the float64 oracle; refused calls keep the portable one."""
+    from ioattn import hopper
+    monkeypatch.setattr(hopper, "BWD_VARIANT", variant)
+    with hopper.prefer_hopper_bwd(True):
+        q = torch.randn(2, 700, 4, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(2, 900, 2, d, device="cuda", dtype=torch.bfloat16)
+        plan = ioattn.explain_dispatch(q, k, k, causal=causal)
+        assert "hopper_backward" in plan.backward["kernels"] and plan.backward["gluon_hopper"].startswith("taken")
+        _check(2, 700, 900, 4, 2, d, torch.bfloat16, causal=causal)
+        wide = torch.randn(1, 64, 2, 256, device="cuda", dtype=torch.bfloat16)
+        assert "attn_bwd_dkdv_kernel" in ioattn.explain_dispatch(wide, wide, wide).backward["kernels"]
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant", ["base", "ws"])
 @pytest.mark.parametrize("forward", ["gluon", "portable"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 import ioattn
 
 PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flex", "flash-attn", "flash-attn-cute")
-OURS = ("ioattn", "ioattn-ptr", "ioattn-hopper")
+OURS = ("ioattn", "ioattn-ptr", "ioattn-hopper", "ioattn-hopper-bwd")
 
 
 def _sdpa(backend):
@@ -57,6 +57,18 @@ def _ioattn_hopper(q, k, v, causal):
     if not ok:
         raise ValueError(f"the Gluon Hopper forward does not cover this call: {why}")
     with hopper.prefer_hopper(True):
+        return ioattn.flash_attn_func(q, k, v, causal=causal)
+
+
+def _ioattn_hopper_bwd(q, k, v, causal):
+    """The default forward with the opt-in Gluon backward (``hopper.prefer_hopper_bwd``, variant
+    ``hopper.BWD_VARIANT``; the switch in force at the forward decides the backward): refused with
+    the reason where that backward does not apply."""
+    from ioattn import hopper
+    with hopper.prefer_hopper_bwd(True):
+        ok, why = hopper.bwd_plan(q, k, v, False, (-1, 0) if causal else (-1, -1), 0.0, None, 0.0)
+        if not ok:
+            raise ValueError(f"the Gluon Hopper backward does not cover this call: {why}")
         return ioattn.flash_attn_func(q, k, v, causal=causal)
 
 
@@ -102,7 +114,8 @@ def _import_peer(name):
 
 def providers(names=None):
     """Name -> (callable or None, reason). Unknown names get a reason, not an exception."""
-    table = {"ioattn": (_ioattn, ""), "ioattn-ptr": (_ioattn_ptr, ""), "ioattn-hopper": (_ioattn_hopper, "")}
+    table = {"ioattn": (_ioattn, ""), "ioattn-ptr": (_ioattn_ptr, ""), "ioattn-hopper": (_ioattn_hopper, ""),
+             "ioattn-hopper-bwd": (_ioattn_hopper_bwd, "")}
     return _with_peers(table, names, _sdpa, _flex, lambda peer: (_import_peer(peer), ""), OURS, "provider")
 
 
