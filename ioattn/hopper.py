@@ -183,18 +183,23 @@ def policy(q=None, seqlen_q: int | None = None, causal: bool = False) -> tuple[b
     return n >= least, f"default policy: head dim {d} {mask} from seqlen_q >= {least} (here {n})"
 
 
-def hopper_supports(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:
-    """Whether the Gluon forward covers this call, and why not."""
+def _device_ok(q) -> tuple[bool, str]:
+    """The Gluon kernels' own requirements: q on an sm_90 GPU and a Triton with Gluon."""
     if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
         return False, "needs an sm_90 (Hopper) GPU"
-    ok, why = call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p)
-    if not ok:
-        return ok, why
     try:
         import triton.experimental.gluon  # noqa: F401
     except ImportError:
         return False, "this Triton has no Gluon"
     return True, ""
+
+
+def hopper_supports(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:
+    """Whether the Gluon forward covers this call, and why not."""
+    ok, why = _device_ok(q)
+    if ok:
+        ok, why = call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p)
+    return ok, why
 
 
 def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:
@@ -294,13 +299,7 @@ def bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple
     ``IOATTN_HOPPER_BWD=1``, and only where it applies (an sm_90 GPU, Gluon, ``bwd_call_supported``)."""
     if not prefer_hopper_bwd.wanted():
         return False, "opt-in (hopper.prefer_hopper_bwd / IOATTN_HOPPER_BWD=1): not yet measured faster"
-    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
-        return False, "needs an sm_90 (Hopper) GPU"
-    ok, why = bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p)
-    if not ok:
-        return False, why
-    try:
-        import triton.experimental.gluon  # noqa: F401
-    except ImportError:
-        return False, "this Triton has no Gluon"
-    return True, f"hopper.prefer_hopper_bwd, variant {BWD_VARIANT}"
+    ok, why = _device_ok(q)
+    if ok:
+        ok, why = bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p)
+    return ok, why if not ok else f"hopper.prefer_hopper_bwd, variant {BWD_VARIANT}"

@@ -200,6 +200,13 @@ def _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d,
 
 
 @gluon.jit
+def _key_block(nheads_kv, BLOCK_N: gl.constexpr):
+    """This program's (batch, KV head, first key) from the grid (key blocks, batch * KV heads)."""
+    bh = gl.program_id(1)
+    return bh // nheads_kv, bh % nheads_kv, gl.program_id(0) * BLOCK_N
+
+
+@gluon.jit
 def _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d, queries_1d,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
     """``_probs`` with the masks only where this step's tile needs them: keys past seqlen_k (not
@@ -234,12 +241,8 @@ def hopper_bwd_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, Lse, Delta, DQacc, d
     gl.static_assert(BLOCK_M == 64, "the dQ product's M: one 64-row wgmma tile")
     dtype: gl.constexpr = q_desc.dtype
 
-    n_block = gl.program_id(0)
-    bh = gl.program_id(1)
     nheads_kv = nheads // group
-    b = bh // nheads_kv
-    h_kv = bh % nheads_kv
-    n_start = n_block * BLOCK_N
+    b, h_kv, n_start = _key_block(nheads_kv, BLOCK_N)
     off = seqlen_k - seqlen_q  # causal: key j visible to query i iff j <= i + off
 
     # layouts: keys x queries (S^T, dP^T), keys x d (dK, dV), queries x d (dQ: the two warpgroups
@@ -557,12 +560,8 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     gl.static_assert(STAGES >= 2, "a load in flight while a step computes")
     dtype: gl.constexpr = q_desc.dtype
 
-    n_block = gl.program_id(0)
-    bh = gl.program_id(1)
     nheads_kv = nheads // group
-    b = bh // nheads_kv
-    h_kv = bh % nheads_kv
-    n_start = n_block * BLOCK_N
+    b, h_kv, n_start = _key_block(nheads_kv, BLOCK_N)
     n_m_total = gl.cdiv(seqlen_q, BLOCK_M)
     m_lo = 0
     if IS_CAUSAL:
