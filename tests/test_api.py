@@ -647,6 +647,11 @@ def test_hopper_backward_opt_in_wiring(monkeypatch):
 
     # wiring: a faked sm_90 decision sends the backward to hopper_backward, arguments passed through
     import ioattn.kernels.hopper_backward as hb
+    assert hopper.BWD_VARIANT in hb.BWD_VARIANTS
+    with pytest.raises(ValueError, match="unknown backward variant 'nope'"):
+        hb.kernel_config(64, "nope")
+    with pytest.raises(ValueError, match="head dims 64 and 128"):
+        hb.kernel_config(256, "ws")
     seen = {}
 
     def fake(dout, q_, k_, v_, out, lse, scale, causal, variant):
