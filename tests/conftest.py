@@ -237,3 +237,26 @@ def rotary_tables(seqlen_ro, rotary_dim, dtype=torch.float32, device="cpu"):
     inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
     theta = torch.arange(seqlen_ro, dtype=torch.float64)[:, None] * inv_freq[None]
     return theta.cos().to(dtype).to(device), theta.sin().to(dtype).to(device), theta
+
+
+def assert_varlen_sequences(name, q, k, v, dout, out, lse, grads, cu_q, cu_k, lse_atol=1e-3, seq_kw=None, **ref_kw):
+    """A packed (varlen) result, one sequence at a time, against the float64 oracle of that sequence
+    (``ref_kw`` for every sequence, ``seq_kw(i)`` for sequence i's own, e.g. its ALiBi slopes): out,
+    lse (nheads, total_q) and (dq, dk, dv). A sequence with no queries leaves dk, dv zero; one with
+    no keys gives out 0, lse -inf and dq 0."""
+    dq, dk, dv = grads
+    cql, ckl = cu_q.tolist(), cu_k.tolist()
+    for i in range(len(cql) - 1):
+        sq, sk = slice(cql[i], cql[i + 1]), slice(ckl[i], ckl[i + 1])
+        lq, lk = cql[i + 1] - cql[i], ckl[i + 1] - ckl[i]
+        if lq == 0:
+            assert (dk[sk] == 0).all() and (dv[sk] == 0).all(), f"{name} seq {i}"
+            continue
+        if lk == 0:
+            assert (out[sq] == 0).all() and torch.isneginf(lse[:, sq]).all() and (dq[sq] == 0).all(), f"{name} seq {i}"
+            continue
+        oracles = attention_oracles(q[sq][None], k[sk][None], v[sk][None], dout[sq][None], **ref_kw,
+                                    **(seq_kw(i) if seq_kw else {}))
+        label = f"{name} seq {i} ({lq}x{lk})"
+        assert_matches_oracles(label, out[sq][None], (dq[sq][None], dk[sk][None], dv[sk][None]), oracles)
+        assert_lse_close(label, lse[:, sq][None], oracles["lse64"].float(), atol=lse_atol)

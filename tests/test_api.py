@@ -7,7 +7,8 @@ import os
 import pytest
 import torch
 
-from conftest import assert_lse_close, assert_matches_oracles, attention_oracles, max_err
+from conftest import (assert_lse_close, assert_matches_oracles, assert_varlen_sequences, attention_oracles,
+                      max_err)
 from ioattn import (dispatch, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
                     flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func)
 from ioattn.masks import keep_mask
@@ -84,19 +85,8 @@ def test_reference_path_varlen(dtype):
                                                  softcap=3.0, alibi_slopes=slopes, return_attn_probs=True)
         dq, dk, dv = torch.autograd.grad(out, (qg, kg, vg), dout)
     assert lse.shape == (h, sum(lens_q)) and probs is None
-    for i, (lq, lk) in enumerate(zip(lens_q, lens_k)):
-        sq, sk = slice(cq[i].item(), cq[i + 1].item()), slice(ck[i].item(), ck[i + 1].item())
-        if lq == 0:
-            assert (dk[sk] == 0).all() and (dv[sk] == 0).all()
-            continue
-        if lk == 0:
-            assert (out[sq] == 0).all() and torch.isneginf(lse[:, sq]).all() and (dq[sq] == 0).all()
-            continue
-        oracles = attention_oracles(q[sq][None], k[sk][None], v[sk][None], dout[sq][None], window=(-1, 0),
-                                    softcap=3.0, alibi_slopes=slopes[i])
-        assert_matches_oracles(f"reference varlen seq {i}", out[sq][None],
-                               (dq[sq][None], dk[sk][None], dv[sk][None]), oracles)
-        assert_lse_close(f"reference varlen seq {i}", lse[:, sq][None], oracles["lse64"].float(), atol=1e-4)
+    assert_varlen_sequences("reference varlen", q, k, v, dout, out, lse, (dq, dk, dv), cq, ck, lse_atol=1e-4,
+                            seq_kw=lambda i: dict(alibi_slopes=slopes[i]), window=(-1, 0), softcap=3.0)
 
 
 def _run_both(fn, seed):
