@@ -199,6 +199,20 @@ def _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d,
     return p
 
 
+@gluon.constexpr_function
+def _acc_layout(num_warps, cols):
+    """wgmma accumulator layout of a (key rows x ``cols``) product: keys split over every warp (S^T,
+    dP^T with ``cols`` = BLOCK_M; dK, dV with ``cols`` = HEAD_DIM)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, cols, 16])
+
+
+@gluon.constexpr_function
+def _dq_layout(num_warps, head_dim):
+    """dQ's accumulator (64 query rows x head_dim): the warpgroups split d."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, num_warps // 4],
+                                     instr_shape=[16, head_dim // (num_warps // 4), 16])
+
+
 @gluon.jit
 def _key_block(nheads_kv, BLOCK_N: gl.constexpr):
     """This program's (batch, KV head, first key) from the grid (key blocks, batch * KV heads)."""
@@ -247,12 +261,9 @@ def hopper_bwd_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, Lse, Delta, DQacc, d
 
     # layouts: keys x queries (S^T, dP^T), keys x d (dK, dV), queries x d (dQ: the two warpgroups
     # split d)
-    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                        instr_shape=[16, BLOCK_M, 16])
-    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                        instr_shape=[16, HEAD_DIM, 16])
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, num_warps // 4],
-                                                        instr_shape=[16, HEAD_DIM // (num_warps // 4), 16])
+    st_layout: gl.constexpr = _acc_layout(num_warps, BLOCK_M)
+    kv_layout: gl.constexpr = _acc_layout(num_warps, HEAD_DIM)
+    dq_layout: gl.constexpr = _dq_layout(num_warps, HEAD_DIM)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     keys_1d = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
     queries_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
@@ -457,12 +468,9 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     num_warps: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = k_smem.dtype
     off = seqlen_k - seqlen_q
-    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                        instr_shape=[16, BLOCK_M, 16])
-    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                        instr_shape=[16, HEAD_DIM, 16])
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, num_warps // 4],
-                                                        instr_shape=[16, HEAD_DIM // (num_warps // 4), 16])
+    st_layout: gl.constexpr = _acc_layout(num_warps, BLOCK_M)
+    kv_layout: gl.constexpr = _acc_layout(num_warps, HEAD_DIM)
+    dq_layout: gl.constexpr = _dq_layout(num_warps, HEAD_DIM)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
     keys_1d = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
