@@ -8,6 +8,10 @@ heuristic in ``ioattn/decode.py`` (``plan``), with this script's output kept bes
 ``--focus``: the cases still behind cuDNN (batch 1 with 4k-128k keys, batch 8 x 8192; contiguous
 cache), pointer loads, BLOCK_N 64/128 x warps 4/8 x stages 2/3/4 x finer split waves, with SDPA's
 cuDNN backend timed on each case in the same run (records with ``provider: "sdpa-cudnn"``).
+``--focus --paged``: the same cases on a paged cache (pages of 256, a random block table), pointer
+and TMA loads, BLOCK_N 64/128 x warps 4/8 x split waves 1/2/3, with the default plan on the
+contiguous cache timed in the same run (records with ``provider: "ioattn-contiguous"``): the
+paged-within-5 % target is against that.
 
 Cases: the decode table of the peers' numbers (32 query heads, 8 KV heads, d=128, bf16, one query
 token). Timing: ``ioattn.bench.timing.median_ms`` (device time, median of 20), values trusted
@@ -57,9 +61,10 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--focus", action="store_true")
+    ap.add_argument("--paged", action="store_true", help="with --focus: the paged cache")
     args = ap.parse_args()
     if args.focus:
-        return focus(args.out)
+        return focus(args.out, args.paged)
     os.makedirs(args.out, exist_ok=True)
     sink = open(os.path.join(args.out, "tune_decode.jsonl"), "w")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -100,18 +105,24 @@ def main():
     return 0
 
 
-def focus(out):
+def focus(out, paged=False):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     os.makedirs(out, exist_ok=True)
-    sink = open(os.path.join(out, "tune_decode_focus.jsonl"), "w")
+    sink = open(os.path.join(out, "tune_decode_focus_paged.jsonl" if paged else "tune_decode_focus.jsonl"), "w")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     cases = [(1, 4096), (1, 16384), (1, 65536), (1, 131072), (8, 8192)]
-    configs = [dict(use_tma=False, block_n=bn, num_warps=w, num_stages=st)
-               for bn, w, st in itertools.product((64, 128), (4, 8), (2, 3, 4))]
-    data = {c: make(*c, paged=False) for c in cases}
+    if paged:
+        configs = [dict(use_tma=tma, block_n=bn, num_warps=w, num_stages=2)
+                   for tma, bn, w in itertools.product((False, True), (64, 128), (4, 8))]
+        waves = (1, 2, 3)
+    else:
+        configs = [dict(use_tma=False, block_n=bn, num_warps=w, num_stages=st)
+                   for bn, w, st in itertools.product((64, 128), (4, 8), (2, 3, 4))]
+        waves = (1, 1.5, 2, 3, 4)
+    data = {c: make(*c, paged=paged) for c in cases}
     best, cudnn = {}, {}
-    for batch, kvlen in cases:  # the peer first, on the same tensors
-        q, kc, vc, kw = data[(batch, kvlen)]
+    for batch, kvlen in cases:  # the peer first (on the contiguous cache: also our default plan)
+        q, kc, vc, kw = make(batch, kvlen, paged=False) if paged else data[(batch, kvlen)]
         qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)
 
         def peer(_):
@@ -119,20 +130,25 @@ def focus(out):
                 return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
         cudnn[(batch, kvlen)] = median_ms(peer, [0]) * 1e3
         sink.write(json.dumps(dict(provider="sdpa-cudnn", batch=batch, kvlen=kvlen, us=cudnn[(batch, kvlen)])) + "\n")
+        if paged:
+            us = median_ms(lambda s: flash_attn_with_kvcache(q, kc, vc, **kw, check_values=False), [0]) * 1e3
+            sink.write(json.dumps(dict(provider="ioattn-contiguous", batch=batch, kvlen=kvlen, us=us)) + "\n")
+            print(f"contiguous default plan {batch} x {kvlen}: {us:.1f} us (cuDNN {cudnn[(batch, kvlen)]:.1f})")
+        del q, kc, vc, kw
     for cfg in configs:
         try:
-            ok = correct(cfg, False)
+            ok = correct(cfg, paged)
         except Exception as e:  # noqa: BLE001 - a config that does not fit
             print(f"{cfg}: cannot run ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
             continue
         for batch, kvlen in cases:
             q, kc, vc, kw = data[(batch, kvlen)]
             bytes_kv = 2 * kc.numel() * kc.element_size()
-            for w in (1, 1.5, 2, 3, 4):
+            for w in waves:
                 splits = max(1, min(math.ceil(w * sms / (batch * HKV)), kvlen // cfg["block_n"]))
                 with decode_config(**cfg, num_splits=splits):
                     ms = median_ms(lambda s: flash_attn_with_kvcache(q, kc, vc, **kw, check_values=False), [0])
-                rec = dict(provider="ioattn", batch=batch, kvlen=kvlen, **cfg, waves=w, num_splits=splits, ok=ok,
+                rec = dict(provider="ioattn-paged" if paged else "ioattn", batch=batch, kvlen=kvlen, **cfg, waves=w, num_splits=splits, ok=ok,
                            us=ms * 1e3, gbps=bytes_kv / ms / 1e6)
                 sink.write(json.dumps(rec) + "\n")
                 if ok and ((batch, kvlen) not in best or rec["us"] < best[(batch, kvlen)]["us"]):

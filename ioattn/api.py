@@ -8,10 +8,12 @@ for the varlen functions. The causal mask is aligned to the bottom-right corner 
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 
+from ioattn import hopper
 from ioattn.autograd import attention
 from ioattn.masks import normalize_window
 from ioattn.reference.naive import scores_ref
@@ -143,7 +145,7 @@ def _probs_for_return(q, k, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
 
 
 def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-         causal, window_size, softcap, alibi_slopes, return_attn_probs):
+         causal, window_size, softcap, alibi_slopes, return_attn_probs, deterministic=False):
     varlen = cu_seqlens_q is not None
     _check_qkv(q, k, v, varlen)
     if varlen:
@@ -159,8 +161,11 @@ def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropou
     dropout_p, scale, softcap, window, alibi_slopes = _check_scalars(
         dropout_p, softmax_scale, softcap, window_size, causal, alibi_slopes, q, batch)
     q, k, v = _contiguous_last(q), _contiguous_last(k), _contiguous_last(v)
-    out, lse, rng_state = attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                    scale, window, softcap, alibi_slopes, dropout_p)
+    # deterministic: the backward must not be the Gluon one (dQ summed in arrival order); the switch
+    # in force at the forward decides the backward of that forward (ioattn.autograd)
+    with hopper.prefer_hopper_bwd(False) if deterministic else contextlib.nullcontext():
+        out, lse, rng_state = attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                        scale, window, softcap, alibi_slopes, dropout_p)
     if not return_attn_probs:
         return out
     # As in flash-attn, the probabilities come back only with dropout: callers that ask for
@@ -180,8 +185,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     multiple of nheads_k (MQA/GQA). ``window_size=(left, right)`` keeps keys within ``left`` before
     and ``right`` after the query's (bottom-right aligned) position; -1 is unbounded. ``softcap``
     applies ``cap * tanh(s / cap)`` to the scaled scores. ``alibi_slopes`` (nheads,) or
-    (batch, nheads) adds ``-slope * |i + seqlen_k - seqlen_q - j|``. ``deterministic`` is accepted
-    for compatibility: the backward pass here is always deterministic.
+    (batch, nheads) adds ``-slope * |i + seqlen_k - seqlen_q - j|``. ``deterministic=True`` makes
+    the backward bitwise reproducible: it keeps the portable backward (one program per query block
+    for dQ, no atomics) where the default would take the faster Gluon one on Hopper.
 
     Returns ``out`` (batch, seqlen_q, nheads, headdim), or with ``return_attn_probs=True``
     ``(out, softmax_lse (batch, nheads, seqlen_q) fp32, probs)`` where ``probs`` (testing only, small
@@ -189,7 +195,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     dropout removed negated when ``dropout_p > 0``, and None otherwise (as flash-attn).
     """
     return _run(q, k, v, None, None, None, None, dropout_p, softmax_scale, causal, window_size, softcap,
-                alibi_slopes, return_attn_probs)
+                alibi_slopes, return_attn_probs, deterministic)
 
 
 def _unbind_packed(name, t, index_dim, count):
@@ -228,7 +234,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if cu_seqlens_q is None or cu_seqlens_k is None:
         raise ValueError("cu_seqlens_q and cu_seqlens_k are required for the varlen functions")
     return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-                causal, window_size, softcap, alibi_slopes, return_attn_probs)
+                causal, window_size, softcap, alibi_slopes, return_attn_probs, deterministic)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None,

@@ -46,7 +46,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
              else f"not applicable ({why})")
     if wanted and ok:
         bm, bn, stages = hopper.TILES[q.shape[-1]]
-        forward = {"kernel": f"ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, {hopper.active_variant()})",
+        forward = {"kernel": f"ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, {hopper.variant_for(q.shape[-1])})",
                    "tiles": (bm, bn, 4 * (bm // 64), stages), "kv_loads": "tma (producer warp)",
                    "head_dim_padded": q.shape[-1]}
     else:

@@ -18,7 +18,11 @@ or, from Python, ``with hopper.variant("pingpong"): ...`` / ``hopper.set_variant
   consumer warpgroups), so a device A/B can separate the ordering's effect from the restructuring.
 * ``"wg3"``: head dim 64 only, FA3's d = 64 shape: the ping-pong kernel with three consumer warpgroups
   (a 192-row query tile, 160 registers each) whose GEMMs go round a ring WG0 -> WG1 -> WG2 -> WG0, so
-  that two warpgroups' exponentials overlap the third one's GEMMs. Not yet measured.
+  that two warpgroups' exponentials overlap the third one's GEMMs. The default at head dim 64
+  (``DEFAULT_VARIANT_BY_HEADDIM``).
+
+Without a variant set, each head dim takes its default (``variant_for``); a variant set by name
+applies to every head dim it has tiles for, and the others are not covered.
 """
 from __future__ import annotations
 
@@ -35,6 +39,11 @@ VARIANT_ENV = "IOATTN_HOPPER_VARIANT"
 # H200, bf16, d=128, N=16384 non-causal, one A/B run each (results/gluon-ab-2): pingpong 660 and 599
 # TFLOP/s, split 648, base 507, the portable kernel 487 / 477 (cuDNN 666 / 680)
 DEFAULT_VARIANT = "pingpong"
+# Head dims whose default is another variant. d=64: wg3, in one A/B run on the H200, bf16, 16k tokens
+# (results/session-2026-12-01-c/ab_fwd.jsonl, TFLOP/s, wg3 / pingpong / the portable kernel / cuDNN):
+# N=16384 511 / 409 / 457 / 463 non-causal, 489 / 351 / 437 / 470 causal; N=2048 435 / 362 / 400 / 467
+# non-causal, 286 / 272 / 320 / 397 causal (where AUTO_MIN_SEQLEN keeps the portable kernel).
+DEFAULT_VARIANT_BY_HEADDIM = {64: "wg3"}
 # The default policy: (head dim, causal) -> the shortest seqlen_q where the ping-pong kernel was
 # measured ahead of (or level with) the portable one, in two runs on the H200, bf16, 16k tokens
 # (the train sweep results/train-2026-12-01-all, ioattn-hopper vs ioattn, and the A/B
@@ -85,16 +94,23 @@ def _check(name: str) -> str:
     return name
 
 
-def active_variant() -> str:
-    """The variant in force: the Python setting if any, else ``IOATTN_HOPPER_VARIANT``, else
-    ``DEFAULT_VARIANT``."""
+def active_variant() -> str | None:
+    """The variant set by name: the Python setting if any, else ``IOATTN_HOPPER_VARIANT``; None when
+    neither is set (each head dim then takes its default, ``variant_for``)."""
     if _variant is not None:
         return _variant
-    return _check(os.environ.get(VARIANT_ENV, "").strip().lower() or DEFAULT_VARIANT)
+    env = os.environ.get(VARIANT_ENV, "").strip().lower()
+    return _check(env) if env else None
+
+
+def variant_for(d: int) -> str:
+    """The variant head dim ``d`` runs: the one set by name, else ``DEFAULT_VARIANT_BY_HEADDIM``'s,
+    else ``DEFAULT_VARIANT``."""
+    return active_variant() or DEFAULT_VARIANT_BY_HEADDIM.get(d, DEFAULT_VARIANT)
 
 
 def set_variant(name: str | None) -> None:
-    """Set the variant for the process (None: back to ``IOATTN_HOPPER_VARIANT`` / "base")."""
+    """Set the variant for the process (None: back to ``IOATTN_HOPPER_VARIANT`` / the defaults)."""
     global _variant
     _variant = None if name is None else _check(name)
 
@@ -111,19 +127,23 @@ def variant(name: str):
 
 
 class _ActiveTiles(Mapping):
-    """``TILES[d]``: (block_m, block_n, stages) of the active variant (a live view, not a copy)."""
+    """``TILES[d]``: (block_m, block_n, stages) of the variant head dim ``d`` runs (``variant_for``);
+    its keys are the head dims covered now (a live view, not a copy)."""
+
+    def _dims(self):
+        return sorted(d for d in {d for t in TILE_TABLE.values() for d in t} if d in TILE_TABLE[variant_for(d)])
 
     def __getitem__(self, d):
-        return TILE_TABLE[active_variant()][d]
+        return TILE_TABLE[variant_for(d)][d]
 
     def __iter__(self):
-        return iter(TILE_TABLE[active_variant()])
+        return iter(self._dims())
 
     def __len__(self):
-        return len(TILE_TABLE[active_variant()])
+        return len(self._dims())
 
     def __repr__(self):
-        return repr(TILE_TABLE[active_variant()])
+        return repr({d: self[d] for d in self._dims()})
 
 
 TILES = _ActiveTiles()
@@ -131,9 +151,9 @@ TILES = _ActiveTiles()
 
 def kernel_config(d: int, name: str | None = None) -> dict:
     """Launch configuration of ``hopper_fwd_kernel`` for head dim ``d`` under variant ``name`` (default:
-    the active one): tiles, the Q descriptor's block rows, num_warps and the variant's constexprs.
+    ``variant_for(d)``): tiles, the Q descriptor's block rows, num_warps and the variant's constexprs.
     The launcher and benchmarks/compile_check_hopper.py both use it, so they cannot diverge."""
-    name = active_variant() if name is None else _check(name)
+    name = variant_for(d) if name is None else _check(name)
     block_m, block_n, stages = TILE_TABLE[name][d]
     pingpong = name != "base"
     num_wg = 3 if name == "wg3" else 2  # consumer warpgroups (partitions) of the ping-pong kernel
@@ -208,11 +228,11 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
     if q.dtype not in (torch.float16, torch.bfloat16):
         return False, "fp16/bf16 only"
     try:
-        active_variant()
+        name = variant_for(q.shape[-1])
     except ValueError as e:
         return False, str(e)
     if q.shape[-1] not in TILES:
-        return False, f"head dims {sorted(TILES)} only"
+        return False, f"head dims {sorted(TILES)} only (variant {name})"
     if varlen and not GLUON_VARLEN:
         return False, ("varlen: the Gluon kernel's IS_VARLEN specialisation has not run on the device yet "
                        "(hopper.GLUON_VARLEN = False)")
@@ -272,13 +292,20 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     return out, lse
 
 
-# ---- the Gluon backward (ioattn.kernels.hopper_backward): opt-in only ----
-# Neither variant has been measured ahead of the portable backward: v1 ("base") 339 vs 379 TFLOP/s at
-# d=128, N=16384 (results/gluon-bwd-ab-1, NOTES §21); v2 ("ws") has not run yet (NOTES §22). Unlike the
-# portable backward it is not deterministic (dQ by fp32 atomics or bulk reduce-adds).
+# ---- the Gluon backward (ioattn.kernels.hopper_backward) ----
+# Variant "ws" (NOTES §22) measured ahead of the portable backward in one A/B run on the H200, bf16,
+# 16k tokens (results/session-2026-12-01-c/ab_bwd.jsonl, TFLOP/s, ws / portable / cuDNN): d=128
+# N=16384 499 / 375 / 534 non-causal, 494 / 387 / 535 causal; N=4096 444 / 386, 354 / 337; d=64
+# N=16384 378 / 329, 365 / 318; N=4096 323 / 322 non-causal, 270 / 301 causal (behind). v1 ("base")
+# was behind everywhere (339 vs 379 at d=128, results/gluon-bwd-ab-1, NOTES §21).
+# Unlike the portable backward it is not deterministic (dQ by bulk reduce-adds in arrival order):
+# ``deterministic=True`` in the API keeps the portable backward for that call.
 prefer_hopper_bwd = dispatch.Preference(False, env="IOATTN_HOPPER_BWD")  # ``with prefer_hopper_bwd(True): ...``
-BWD_VARIANT = "ws"  # the variant the switch selects (ioattn.kernels.hopper_backward.BWD_VARIANTS)
+BWD_VARIANT = "ws"  # the variant the dispatch takes (ioattn.kernels.hopper_backward.BWD_VARIANTS)
 BWD_HEADDIMS = (64, 128)
+# The default policy: (head dim, causal) -> the shortest seqlen_q from which "ws" was measured ahead
+# of the portable backward (the sources above); other rows keep the portable backward.
+BWD_AUTO_MIN_SEQLEN = {(128, False): 4096, (128, True): 4096, (64, False): 16384, (64, True): 16384}
 
 
 def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:
@@ -294,12 +321,30 @@ def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p
     return True, ""
 
 
+def bwd_policy(q, seqlen_q: int | None = None, causal: bool = False) -> tuple[bool, str]:
+    """(wanted, why) for the Gluon backward, as ``policy`` for the forward: ``prefer_hopper_bwd``'s
+    value inside its block, else ``IOATTN_HOPPER_BWD`` ("1" / "0") if set, else
+    ``BWD_AUTO_MIN_SEQLEN`` for q's head dim, the mask and ``seqlen_q`` (default q.shape[1])."""
+    if prefer_hopper_bwd.value is not None:
+        return prefer_hopper_bwd.value, f"hopper.prefer_hopper_bwd({prefer_hopper_bwd.value})"
+    env = os.environ.get("IOATTN_HOPPER_BWD", "").strip()
+    if env:
+        return env == "1", f"IOATTN_HOPPER_BWD={env}"
+    d, n = q.shape[-1], q.shape[1] if seqlen_q is None else seqlen_q
+    mask = "causal" if causal else "non-causal"
+    least = BWD_AUTO_MIN_SEQLEN.get((d, bool(causal)))
+    if least is None:
+        return False, f"default policy: head dim {d} {mask} is not in hopper.BWD_AUTO_MIN_SEQLEN"
+    return n >= least, f"default policy: head dim {d} {mask} from seqlen_q >= {least} (here {n})"
+
+
 def bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:
-    """(taken, why) for the backward of this call: only inside ``prefer_hopper_bwd(True)`` or with
-    ``IOATTN_HOPPER_BWD=1``, and only where it applies (an sm_90 GPU, Gluon, ``bwd_call_supported``)."""
-    if not prefer_hopper_bwd.wanted():
-        return False, "opt-in (hopper.prefer_hopper_bwd / IOATTN_HOPPER_BWD=1): not yet measured faster"
-    ok, why = _device_ok(q)
+    """(taken, why) for the backward of this call: where ``bwd_policy`` wants it and it applies (an
+    sm_90 GPU, Gluon, ``bwd_call_supported``)."""
+    wanted, why = bwd_policy(q, causal=window == (-1, 0))
+    if not wanted:
+        return False, why
+    ok, reason = _device_ok(q)
     if ok:
-        ok, why = bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p)
-    return ok, why if not ok else f"hopper.prefer_hopper_bwd, variant {BWD_VARIANT}"
+        ok, reason = bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p)
+    return (True, f"{why}, variant {BWD_VARIANT}") if ok else (False, reason)

@@ -545,9 +545,14 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     monkeypatch.setenv("IOATTN_HOPPER", "1")
     assert hopper.wanted(torch.empty(1, 64, 2, 64))
     monkeypatch.delenv("IOATTN_HOPPER")
-    assert hopper.active_variant() == hopper.DEFAULT_VARIANT == "pingpong"
+    # no variant named: each head dim its default (wg3 at 64, ping-pong at 128 and 256)
+    assert hopper.active_variant() is None and hopper.DEFAULT_VARIANT == "pingpong"
+    assert [hopper.variant_for(d) for d in (64, 128, 256)] == ["wg3", "pingpong", "pingpong"]
+    assert list(hopper.TILES) == [64, 128, 256] and hopper.TILES[64] == hopper.TILE_TABLE["wg3"][64]
+    assert hopper.kernel_config(64)["constexprs"]["NUM_WG"] == 3
     with hopper.variant("split"):
         assert hopper.active_variant() == "split" and hopper.TILES[128] == hopper.TILE_TABLE["split"][128]
+        assert hopper.variant_for(64) == "split" and hopper.kernel_config(64)["constexprs"]["NUM_WG"] == 2
     with hopper.variant("wg3"):  # three 64-row consumer warpgroups: a 192-row tile, head dim 64 only
         assert list(hopper.TILES) == [64] and hopper.kernel_config(64)["block_m"] == 192
         cfg = hopper.kernel_config(64)
@@ -613,21 +618,34 @@ def test_hopper_varlen_gated_off_until_run_on_the_device(monkeypatch):
     assert kw["max_seqlen_q"] == kw["max_seqlen_k"] == 5
 
 
-def test_hopper_backward_opt_in_wiring(monkeypatch):
-    """The Gluon backward is opt-in (not yet measured faster than the portable one): off by default
-    with the reason in the plan; prefer_hopper_bwd / IOATTN_HOPPER_BWD=1 ask for it, and it is taken
-    only where it applies (sm_90, fp16/bf16, head dim 64/128, no varlen/window/softcap/ALiBi/dropout);
-    when taken, triton_backward hands the call to hopper_backward with the selected variant."""
+def test_hopper_backward_policy_and_wiring(monkeypatch):
+    """The Gluon backward's default policy (hopper.BWD_AUTO_MIN_SEQLEN per head dim and mask, the
+    reason in the plan); prefer_hopper_bwd / IOATTN_HOPPER_BWD override it; it is taken only where
+    it applies (sm_90, fp16/bf16, head dim 64/128, no varlen/window/softcap/ALiBi/dropout); when
+    taken, triton_backward hands the call to hopper_backward with the selected variant;
+    deterministic=True keeps the portable backward."""
     from ioattn import backends, hopper
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
     q = torch.randn(1, 70, 2, 64, dtype=torch.bfloat16)
     none = (False, (-1, -1), 0.0, None, 0.0)
     taken, why = hopper.bwd_plan(q, q, q, *none)
-    assert not taken and "opt-in" in why
+    least = hopper.BWD_AUTO_MIN_SEQLEN[(64, False)]
+    assert not taken and why == f"default policy: head dim 64 non-causal from seqlen_q >= {least} (here 70)"
+    for (d, causal), least in hopper.BWD_AUTO_MIN_SEQLEN.items():
+        assert hopper.bwd_policy(torch.empty(1, least, 2, d), causal=causal)[0]
+        assert not hopper.bwd_policy(torch.empty(1, least - 1, 2, d), causal=causal)[0]
+    assert "not in hopper.BWD_AUTO_MIN_SEQLEN" in hopper.bwd_policy(torch.empty(1, 9000, 2, 256))[1]
+    long = torch.empty(1, 16384, 2, 128, dtype=torch.bfloat16)  # wanted, but no sm_90 here
+    assert hopper.bwd_plan(long, long, long, *none) == (False, "needs an sm_90 (Hopper) GPU")
+    with hopper.prefer_hopper_bwd(False):
+        assert hopper.bwd_policy(long) == (False, "hopper.prefer_hopper_bwd(False)")
     with hopper.prefer_hopper_bwd(True):
         assert hopper.bwd_plan(q, q, q, *none) == (False, "needs an sm_90 (Hopper) GPU")
     monkeypatch.setenv("IOATTN_HOPPER_BWD", "1")
     assert "sm_90" in hopper.bwd_plan(q, q, q, *none)[1]
+    monkeypatch.setenv("IOATTN_HOPPER_BWD", "0")
+    assert hopper.bwd_policy(long) == (False, "IOATTN_HOPPER_BWD=0")
+    monkeypatch.delenv("IOATTN_HOPPER_BWD")
     assert hopper.bwd_call_supported(q, q, q, *none) == (True, "")
     assert hopper.bwd_call_supported(q.float(), q, q, *none)[1] == "fp16/bf16 only"
     q256 = torch.randn(1, 8, 2, 256, dtype=torch.bfloat16)
@@ -671,7 +689,11 @@ def test_hopper_backward_opt_in_wiring(monkeypatch):
         y = flash_attn_func(x, x, x)
     y.sum().backward()
     flash_attn_func(x, x, x).sum().backward()
-    assert states == [True, None] and hopper.prefer_hopper_bwd.value is None
+    # deterministic=True: the switch off for that forward's backward, even inside prefer_hopper_bwd(True)
+    with hopper.prefer_hopper_bwd(True):
+        y = flash_attn_func(x, x, x, deterministic=True)
+    y.sum().backward()
+    assert states == [True, None, False] and hopper.prefer_hopper_bwd.value is None
 
 
 def test_host_integer_helpers():

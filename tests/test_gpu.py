@@ -297,6 +297,30 @@ def test_hopper_backward_through_the_api(variant, d, causal, monkeypatch, poison
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_default_policy_and_deterministic(causal, monkeypatch, poison_alloc):
+    """Without any switch, a long enough head-dim-128 call takes the Gluon backward (variant
+    hopper.BWD_VARIANT, by hopper.BWD_AUTO_MIN_SEQLEN) and passes the float64 oracle;
+    deterministic=True keeps the portable backward, whose gradients are bitwise the same run to run."""
+    from ioattn import hopper
+    monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
+    n = hopper.BWD_AUTO_MIN_SEQLEN[(128, causal)]
+    q = torch.randn(1, n, 4, 128, device="cuda", dtype=torch.bfloat16)
+    plan = ioattn.explain_dispatch(q, q[:, :, :2], q[:, :, :2], causal=causal)
+    assert plan.backward["gluon_hopper"].startswith("taken (default policy") and "hopper_backward" in plan.backward["kernels"]
+    _check(1, n, n, 4, 2, 128, torch.bfloat16, causal=causal)
+    qkv = [torch.randn(1, n, h, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for h in (4, 2, 2)]
+    dout = torch.randn(1, n, 4, 128, device="cuda", dtype=torch.bfloat16)
+    runs = [torch.autograd.grad(ioattn.flash_attn_func(*qkv, causal=causal, deterministic=True), qkv, dout)
+            for _ in range(2)]
+    for a, b in zip(*runs):
+        assert not a.isnan().any() and torch.equal(a, b)
+    fast = torch.autograd.grad(ioattn.flash_attn_func(*qkv, causal=causal), qkv, dout)
+    for a, b in zip(runs[0], fast):  # the two backward kernels agree to bf16 rounding
+        assert (a.float() - b.float()).abs().max() <= 0.05 * b.float().abs().max() + 1e-3
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("variant", ["base", "ws"])
 @pytest.mark.parametrize("forward", ["gluon", "portable"])
 @pytest.mark.parametrize("d", [64, 128])
