@@ -1,5 +1,5 @@
 """A/B of backward kernels in one process: the portable Triton backward, the experimental Gluon
-Hopper backward (``ioattn.kernels.hopper_backward``, not dispatched yet: provider "gluon" is its
+Hopper backward (``ioattn.kernels.hopper_backward``: provider "gluon" is its
 base variant, "gluon-ws" the warp-specialised one) and SDPA's flash and cuDNN backward passes, each
 timed alone (the forward outside the timed region).
 
@@ -30,8 +30,12 @@ def portable(dout, q, k, v, causal):
     with hopper.prefer_hopper(False):
         out, lse = backends.triton_forward(q, k, v, None, None, q.shape[1], k.shape[1], scale, window, 0.0, None,
                                            0.0, 0)
-    return lambda: backends.triton_backward(dout, q, k, v, out, lse, None, None, q.shape[1], k.shape[1], scale,
+
+    def run():
+        with hopper.prefer_hopper_bwd(False):  # the portable kernels, not the dispatch's Gluon backward
+            return backends.triton_backward(dout, q, k, v, out, lse, None, None, q.shape[1], k.shape[1], scale,
                                             window, 0.0, None, 0.0, 0)
+    return run
 
 
 def gluon(variant):

@@ -62,6 +62,13 @@ _NUM_WARPS = 4
 _NUM_STAGES = 2
 _NUM_STAGES_SPLIT = 3  # contiguous cache with splits (above)
 _USE_TMA_DEFAULT = False
+# Paged caches with many splits read through TMA: `tune_decode.py --focus --paged` on the H200
+# (benchmarks/results/session-2026-12-01-d, pages of 256, 128-key chunks, 4 warps, 2 waves of
+# splits) at batch 1 with 4k / 16k / 64k / 128k keys (32-33 splits): 13.0 / 27.4 / 73.8 / 133.5 us
+# through TMA against 13.6 / 29.2 / 75.5 / 136.7 through pointers (contiguous default plan 13.2 /
+# 26.8 / 71.6 / 131.1). At batch 8 x 8192 (5 splits) TMA lost, 98.6 vs 75.3 us (as in decode-tune-2):
+# pointers there. The threshold sits between the two measured split counts.
+_PAGED_TMA_MIN_SPLITS = 16
 # Programmatic dependent launch of the merge after the split kernel (Hopper): hides the launch gap
 # between a step's two kernels. On by default: `ioattn bench decode` on the H200
 # (benchmarks/results/session-2026-12-01/decode_results.jsonl, ioattn-pdl vs ioattn) measured
@@ -356,8 +363,8 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     stages = _NUM_STAGES_SPLIT if split_tiles else _NUM_STAGES
     if split_tiles and num_splits == 1:  # no split: the wide tile (measured 247 vs 282 us at 64 x 4096)
         block_n, stages = _BLOCK_N_CUDA, _NUM_STAGES
-    # paged caches without splits: TMA (see the policy notes at the top)
-    tma_default = _USE_TMA_DEFAULT or (paged and num_splits == 1 and q.is_cuda)
+    # paged caches: TMA without splits, and with at least _PAGED_TMA_MIN_SPLITS splits (policy notes)
+    tma_default = _USE_TMA_DEFAULT or (paged and q.is_cuda and (num_splits == 1 or num_splits >= _PAGED_TMA_MIN_SPLITS))
     use_tma = _plan_override.get("use_tma", tma_default) and _tma_ok(k_cache, v_cache, d)
     env = os.environ.get("IOATTN_DECODE_PDL", "").strip()
     pdl_wanted = _plan_override.get("pdl", env == "1" if env else _PDL_DEFAULT)

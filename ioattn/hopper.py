@@ -52,9 +52,13 @@ DEFAULT_VARIANT_BY_HEADDIM = {64: "wg3"}
 #   causal: N=1024 318 vs 328 (behind), N=2048 433 vs 413 / 432 vs 410, N=16384 620 vs 516 (A/B).
 # - d=256 everywhere from N=512: 403 vs 313 / 402 vs 311 non-causal, 250 vs 197 / 251 vs 190 causal,
 #   713 vs 546 at N=16384.
-# - d=64: behind at every length (e.g. 413 vs 456 at N=16384 non-causal): not in the table.
+# - d=64: the ping-pong variant was behind at every length (413 vs 456 at N=16384 non-causal); wg3
+#   (results/session-2026-12-01-d/train, ioattn-hopper vs ioattn with the Gluon kernels off by
+#   environment): non-causal N=1024 340 vs 347 (behind), N=2048 425 vs 400, 4096 459 vs 417, 16384
+#   510 vs 419; causal N=4096 358 vs 366 (behind), N=8192 443 vs 396, 16384 482 vs 436.
 # Below N=512 nothing was measured: the portable kernel.
-AUTO_MIN_SEQLEN = {(128, False): 512, (128, True): 2048, (256, False): 512, (256, True): 512}
+AUTO_MIN_SEQLEN = {(64, False): 2048, (64, True): 8192, (128, False): 512, (128, True): 2048,
+                   (256, False): 512, (256, True): 512}
 
 # (block_m, block_n, stages) per variant and head dim, from FA3's published shapes (below); the
 # measured ones are those of the default policy above.
@@ -293,11 +297,13 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
 
 
 # ---- the Gluon backward (ioattn.kernels.hopper_backward) ----
-# Variant "ws" (NOTES §22) measured ahead of the portable backward in one A/B run on the H200, bf16,
-# 16k tokens (results/session-2026-12-01-c/ab_bwd.jsonl, TFLOP/s, ws / portable / cuDNN): d=128
-# N=16384 499 / 375 / 534 non-causal, 494 / 387 / 535 causal; N=4096 444 / 386, 354 / 337; d=64
-# N=16384 378 / 329, 365 / 318; N=4096 323 / 322 non-causal, 270 / 301 causal (behind). v1 ("base")
-# was behind everywhere (339 vs 379 at d=128, results/gluon-bwd-ab-1, NOTES §21).
+# Variant "ws" (NOTES §22, §27) against the portable backward, in the train sweep on the H200, bf16,
+# 16k tokens (results/session-2026-12-01-d/train: ioattn-hopper-bwd vs ioattn with the Gluon kernels
+# off by environment, cuDNN in the same run), TFLOP/s: d=128 ahead from N=512 (286 vs 251
+# non-causal, 178 vs 167 causal) to N=16384 (514 vs 379, 517 vs 369; cuDNN 535 / 574); d=64
+# non-causal ahead from N=512 (232 vs 220; N=16384 386 vs 332), causal behind at N=512 / 1024 (148 vs
+# 163, 215 vs 219) and ahead from N=2048 (280 vs 267; N=16384 384 vs 323). v1 ("base") was behind
+# everywhere (339 vs 379 at d=128, results/gluon-bwd-ab-1, NOTES §21).
 # Unlike the portable backward it is not deterministic (dQ by bulk reduce-adds in arrival order):
 # ``deterministic=True`` in the API keeps the portable backward for that call.
 prefer_hopper_bwd = dispatch.Preference(False, env="IOATTN_HOPPER_BWD")  # ``with prefer_hopper_bwd(True): ...``
@@ -305,7 +311,7 @@ BWD_VARIANT = "ws"  # the variant the dispatch takes (ioattn.kernels.hopper_back
 BWD_HEADDIMS = (64, 128)
 # The default policy: (head dim, causal) -> the shortest seqlen_q from which "ws" was measured ahead
 # of the portable backward (the sources above); other rows keep the portable backward.
-BWD_AUTO_MIN_SEQLEN = {(128, False): 4096, (128, True): 4096, (64, False): 16384, (64, True): 16384}
+BWD_AUTO_MIN_SEQLEN = {(128, False): 512, (128, True): 512, (64, False): 512, (64, True): 2048}
 
 
 def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:

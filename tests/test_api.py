@@ -530,7 +530,10 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     for causal in (False, True):
         assert hopper.wanted(torch.empty(1, 512, 2, 256), causal=causal)
         assert not hopper.wanted(torch.empty(1, 511, 2, 256), causal=causal)
-    assert not hopper.wanted(torch.empty(1, 8192, 2, 64, dtype=torch.bfloat16))
+    # d=64 (wg3): non-causal from 2048, causal from 8192
+    assert hopper.wanted(torch.empty(1, 2048, 2, 64)) and not hopper.wanted(torch.empty(1, 2047, 2, 64))
+    assert hopper.wanted(torch.empty(1, 8192, 2, 64), causal=True)
+    assert not hopper.wanted(torch.empty(1, 4096, 2, 64), causal=True)
     assert hopper.wanted(torch.empty(8192, 2, 128), seqlen_q=8192)  # varlen: the caller's max seqlen
     assert not hopper.wanted()
     dispatch.set_tile_override("fwd", dispatch.TileConfig(64, 64, 4, 3))
@@ -568,7 +571,7 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
         hopper.active_variant()
     monkeypatch.delenv("IOATTN_HOPPER_VARIANT")
     assert "head dim 128 causal from seqlen_q >= 2048 (here 1024)" in hopper.policy(n1024, causal=True)[1]
-    assert "head dim 64 non-causal is not in hopper.AUTO_MIN_SEQLEN" in hopper.policy(torch.empty(1, 9, 2, 64))[1]
+    assert "head dim 96 non-causal is not in hopper.AUTO_MIN_SEQLEN" in hopper.policy(torch.empty(1, 9, 2, 96))[1]
     # the plan says why the Gluon kernel is not taken (here: no sm_90 GPU)
     with dispatch.forced_backend("triton"):
         plan = ioattn.explain_dispatch(long128, long128, long128)

@@ -173,6 +173,20 @@ def test_decode_long_cache(use_tma, paged, splits, pdl):
     assert_within_torch_error("decode out", out, ref, same)
 
 
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+def test_decode_paged_load_path_policy():
+    """The plan's load path on a paged cache: TMA without splits and with many splits
+    (decode._PAGED_TMA_MIN_SPLITS), pointer loads between; a contiguous cache keeps pointer loads."""
+    from ioattn import decode
+    for batch, kvlen, tma in ((1, 16384, True), (8, 8192, False), (64, 4096, True)):
+        kw, rnd = _decode_setup(batch, kvlen, paged=True)
+        q = rnd(batch, 1, 32, 128)
+        cfg = decode.plan(q, kw["k_cache"], kw["v_cache"], True, kvlen)
+        assert cfg.use_tma == tma and (cfg.num_splits >= decode._PAGED_TMA_MIN_SPLITS or cfg.num_splits == 1) == tma
+        kw, rnd = _decode_setup(batch, kvlen)
+        assert not decode.plan(q, kw["k_cache"], kw["v_cache"], False, kvlen).use_tma
+
+
 # ---------------------------------------------------------------- the Gluon Hopper forward (experimental)
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
@@ -306,7 +320,8 @@ def test_backward_default_policy_and_deterministic(causal, monkeypatch, poison_a
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
     n = hopper.BWD_AUTO_MIN_SEQLEN[(128, causal)]
     q = torch.randn(1, n, 4, 128, device="cuda", dtype=torch.bfloat16)
-    plan = ioattn.explain_dispatch(q, q[:, :, :2], q[:, :, :2], causal=causal)
+    kv = q[:, :, :2].contiguous()
+    plan = ioattn.explain_dispatch(q, kv, kv, causal=causal)
     assert plan.backward["gluon_hopper"].startswith("taken (default policy") and "hopper_backward" in plan.backward["kernels"]
     _check(1, n, n, 4, 2, 128, torch.bfloat16, causal=causal)
     qkv = [torch.randn(1, n, h, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for h in (4, 2, 2)]
