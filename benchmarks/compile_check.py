@@ -5,6 +5,7 @@ register count, spills and shared memory.
     python benchmarks/compile_check.py [--headdims 64,128] [--quick] [--rescale-tau 8]
 """
 import argparse
+import inspect
 import itertools
 
 import triton
@@ -43,7 +44,9 @@ def signature(fn, dtype):
 
 def compile_one(fn, constexprs, num_warps, num_stages, dtype="bf16"):
     sig = signature(fn, dtype)
-    constexprs = dict(constexprs)
+    # constexpr parameters the caller leaves out take their defaults (not runtime arguments)
+    constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.default is not inspect.Parameter.empty},
+                  **constexprs}
     if "k_desc" in fn.arg_names:
         if constexprs.get("USE_TMA"):
             block = f"[1,{constexprs['BLOCK_N']},1,{constexprs['BLOCK_D']}]"

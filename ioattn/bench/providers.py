@@ -149,7 +149,7 @@ def _with_peers(table, names, make_sdpa, make_flex, import_peer, ours, what):
 # ---------------------------------------------------------------- decode (one query token per sequence)
 
 DECODE_OURS = ("ioattn", "ioattn-checked", "ioattn-paged", "ioattn-unified", "ioattn-graph", "ioattn-nopdl",
-               "ioattn-graph-nopdl")
+               "ioattn-graph-nopdl", "ioattn-tma", "ioattn-prefetch", "ioattn-graph-prefetch")
 DECODE_PAGE_SIZE = 256
 UNIFIED_CALIBRATION_KEYS = 1024
 
@@ -218,22 +218,24 @@ def _unified_setup(q, k_cache, v_cache, cache_seqlens):
     return _kvcache_setup(unified_max=phi)(q, k_cache, v_cache, cache_seqlens)
 
 
-def _nopdl_call(q, k_cache, v_cache, cache_seqlens):
-    """The unchecked call with programmatic dependent launch turned off (the merge kernel launched
-    after the split kernel ends): the A/B against the default, which uses it on Hopper."""
-    from ioattn.decode import decode_config
-    call = _kvcache_setup()(q, k_cache, v_cache, cache_seqlens)
+def _configured(**fields):
+    """Setup of the unchecked call with fields of the decode plan forced (``decode_config``): the A/B
+    providers against the default (``pdl=False``, ``use_tma=True``, ``prefetch=True``)."""
+    def setup(q, k_cache, v_cache, cache_seqlens):
+        from ioattn.decode import decode_config
+        call = _kvcache_setup()(q, k_cache, v_cache, cache_seqlens)
 
-    def run():
-        with decode_config(pdl=False):
-            return call()
-    return run
+        def run():
+            with decode_config(**fields):
+                return call()
+        return run
+    return setup
 
 
-def _graph_setup(q, k_cache, v_cache, cache_seqlens, pdl=True):
-    """One unchecked call captured into a CUDA graph; ``run`` replays it (``pdl=False``: captured
-    without programmatic dependent launch)."""
-    call = (_kvcache_setup() if pdl else _nopdl_call)(q, k_cache, v_cache, cache_seqlens)
+def _graph_setup(q, k_cache, v_cache, cache_seqlens, fields=None):
+    """One unchecked call captured into a CUDA graph; ``run`` replays it (``fields``: captured with
+    those fields of the decode plan forced, as ``_configured``)."""
+    call = (_configured(**fields) if fields else _kvcache_setup())(q, k_cache, v_cache, cache_seqlens)
     try:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -339,16 +341,20 @@ def decode_providers(names=None):
     256 tokens in a random order; ``ioattn-unified``: with a unified max from a calibration sample;
     ``ioattn-graph``: the ``ioattn`` call captured once into a CUDA graph and replayed;
     ``ioattn-nopdl`` / ``ioattn-graph-nopdl``: the same without programmatic dependent launch of the
-    merge kernel (the default uses it on Hopper; kept as the A/B that justifies it)."""
+    merge kernel (the default uses it on Hopper; kept as the A/B that justifies it); ``ioattn-tma``:
+    K/V through tensor descriptors; ``ioattn-prefetch`` / ``ioattn-graph-prefetch``: the next chunk's
+    K/V loaded one chunk ahead (the A/Bs of those plan choices)."""
     table = {"ioattn": (_kvcache_setup(), ""), "ioattn-checked": (_checked_setup, ""),
              "ioattn-paged": (_paged_setup, "")}
     table["ioattn-unified"] = ((_unified_setup, "") if "unified_max" in _kvcache_params()
                                else (None, "needs unified_max support"))
     table["ioattn-graph"] = ((_graph_setup, "") if torch.cuda.is_available()
                              else (None, "needs CUDA (CUDA graph replay)"))
-    table["ioattn-nopdl"] = ((_nopdl_call, "") if torch.cuda.is_available()
-                             else (None, "needs CUDA (the A/B of programmatic dependent launch)"))
-    table["ioattn-graph-nopdl"] = ((functools.partial(_graph_setup, pdl=False), "") if torch.cuda.is_available()
-                                   else (None, "needs CUDA (CUDA graph replay)"))
+    cuda = torch.cuda.is_available()
+    for name, fields in (("nopdl", dict(pdl=False)), ("tma", dict(use_tma=True)), ("prefetch", dict(prefetch=True))):
+        table[f"ioattn-{name}"] = (_configured(**fields), "") if cuda else (None, f"needs CUDA (the A/B of {fields})")
+    for name, fields in (("nopdl", dict(pdl=False)), ("prefetch", dict(prefetch=True))):
+        table[f"ioattn-graph-{name}"] = ((functools.partial(_graph_setup, fields=fields), "") if cuda
+                                         else (None, "needs CUDA (CUDA graph replay)"))
     return _with_peers(table, names, _sdpa_decode, _flex_decode, _import_decode_peer, DECODE_OURS,
                        "decode provider")
