@@ -1,7 +1,7 @@
 """One small call of each GPU kernel family, for compute-sanitizer (memcheck, racecheck):
 the Gluon Hopper forward (every variant) and the portable backward it feeds, the experimental Gluon
 backward (both variants), the portable forward, and a split decode step with its merge (normal and
-programmatic dependent launch).
+programmatic dependent launch; contiguous, and paged through TMA).
 
     compute-sanitizer --tool memcheck  python benchmarks/sanitize_small.py
     compute-sanitizer --tool racecheck python benchmarks/sanitize_small.py
@@ -42,5 +42,10 @@ lens = torch.tensor([4000, 1234], device=dev, dtype=torch.int32)
 for pdl in (False, True):
     with decode.decode_config(pdl=pdl, num_splits=7):
         ioattn.flash_attn_with_kvcache(q1, kc, vc, cache_seqlens=lens)
+# a paged cache (pages of 256, random table) with many splits: the TMA path of decode.plan
+pages = kc.view(32, 256, 8, 128)
+table = torch.randperm(32, device=dev).view(2, 16).to(torch.int32)
+with decode.decode_config(num_splits=20):
+    ioattn.flash_attn_with_kvcache(q1, pages, vc.view(32, 256, 8, 128), cache_seqlens=lens, block_table=table)
 torch.cuda.synchronize()
 print("sanitize_small: done")
