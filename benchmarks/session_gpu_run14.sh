@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Device call C of 2026-12-01 (third session): the decode prefetch (NOTES §30).
+# Device call C of 2026-12-01 (third session): the decode prefetch (NOTES §30; measured slower and removed
+# after this run, so its providers no longer exist).
 # (1) the decode GPU tests (the new prefetch tests run on CUDA there); (2) `ioattn bench decode` with
 # the prefetch and TMA A/B providers beside the default, its CUDA-graph replay, paged and cuDNN.
 # Usage: bash benchmarks/session_gpu_run14.sh OUT

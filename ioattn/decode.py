@@ -76,9 +76,6 @@ _PAGED_TMA_MIN_SPLITS = 16
 # and 75.9 -> 74.7 at batch 8 x 8192 (mean -0.9 us, no case slower); under CUDA-graph replay
 # -0.2..+1.1 us (noise level). `IOATTN_DECODE_PDL=0` or ``decode_config(pdl=False)`` turns it off.
 _PDL_DEFAULT = True
-# The next chunk's K/V loaded one chunk ahead in registers (contiguous cache, pointer loads; the
-# kernel's PREFETCH): not yet measured on the device, so off (``decode_config(prefetch=True)``).
-_PREFETCH_DEFAULT = False
 
 # Unified max (FlashDecoding++): a split keeps phi only if every row max m satisfies
 # phi - below <= m <= phi + above (log2 units). Above: exp2(s - phi) must fit the dtype the
@@ -101,15 +98,13 @@ class DecodePlan:
     num_warps: int
     num_stages: int
     pdl: bool = False  # merge launched with programmatic dependent launch (only with splits)
-    prefetch: bool = False  # contiguous cache, pointer loads: the next chunk's K/V loaded a chunk ahead
 
 
 @contextlib.contextmanager
 def decode_config(**fields):
-    """Force fields of the ``DecodePlan`` (block_n, num_splits, use_tma, num_warps, num_stages, pdl,
-    prefetch) for the calls inside: tuning sweeps and tests (``pdl`` and ``prefetch`` are still only
-    used where they can run)."""
-    unknown = set(fields) - {"block_n", "num_splits", "use_tma", "num_warps", "num_stages", "pdl", "prefetch"}
+    """Force fields of the ``DecodePlan`` (block_n, num_splits, use_tma, num_warps, num_stages, pdl)
+    for the calls inside: tuning sweeps and tests (``pdl`` is still only used where it can run)."""
+    unknown = set(fields) - {"block_n", "num_splits", "use_tma", "num_warps", "num_stages", "pdl"}
     if unknown:
         raise ValueError(f"decode_config: unknown fields {sorted(unknown)}")
     previous = dict(_plan_override)
@@ -374,9 +369,8 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     env = os.environ.get("IOATTN_DECODE_PDL", "").strip()
     pdl_wanted = _plan_override.get("pdl", env == "1" if env else _PDL_DEFAULT)
     pdl = bool(pdl_wanted) and num_splits > 1 and _pdl_ok(q.device)
-    prefetch = bool(_plan_override.get("prefetch", _PREFETCH_DEFAULT)) and not paged and not use_tma
     return DecodePlan(block_m, block_n, num_splits, use_tma, _plan_override.get("num_warps", _NUM_WARPS),
-                      _plan_override.get("num_stages", stages), pdl, prefetch)
+                      _plan_override.get("num_stages", stages), pdl)
 
 
 def _pdl_ok(device) -> bool:
@@ -461,7 +455,7 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
         PAGE_SIZE=max(page_size, 1), PAGED=paged, HAS_BATCH_IDX=cache_batch_idx is not None,
         HAS_LEFTPAD=cache_leftpad is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi,
         USE_TMA=cfg.use_tma, UNIFIED=unified_max is not None, PHI_BELOW=below, PHI_ABOVE=above,
-        HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl, PREFETCH=cfg.prefetch,
+        HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if cfg.num_splits == 1:

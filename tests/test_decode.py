@@ -294,9 +294,6 @@ for dt, paged, feat, block_m, d, tma, uni in (("bf16", False, False, 16, 128, Fa
 c.update(USE_PDL=True)
 _, _, k = compile_one(fn, c, decode._NUM_WARPS, decode._NUM_STAGES, dtype="fp16")
 assert "griddepcontrol.launch_dependents" in k.asm["ptx"]
-# the next chunk's K/V one chunk ahead (contiguous cache, pointer loads)
-c.update(PAGED=False, PAGE_SIZE=1, USE_TMA=False, PREFETCH=True)
-compile_one(fn, c, decode._NUM_WARPS, decode._NUM_STAGES, dtype="fp16")
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -348,25 +345,6 @@ def test_tma_loads(case):
         kw[name][mask] = ref[name][mask]
     with decode_config(use_tma=True):
         _check(kw, "triton", 2)
-
-
-@pytest.mark.parametrize("case", ["gqa4", "gqa8_q9_rowblocks_window", "leftpad", "fp16_batch_idx_window", "softcap"])
-@pytest.mark.parametrize("num_splits", [1, 3, 40])
-def test_prefetch_loads(case, num_splits):
-    """The contiguous pointer path with the next chunk's K/V loaded one chunk ahead (PREFETCH): the
-    same results, with NaN in every unused cache slot (a prefetch past a split's last chunk, or of
-    columns outside the sequence, must not read them), splits from one to more than the chunks."""
-    from ioattn import decode
-    kw = _make_case(**CASES[case])
-    for name in ("k_cache", "v_cache"):
-        valid = kw[name].clone()
-        kw[name][..., :] = float("nan")
-        mask = _valid_columns(kw)
-        kw[name][mask] = valid[mask]
-    with decode_config(prefetch=True):
-        q = kw["q"]
-        assert decode.plan(q, kw["k_cache"], kw["v_cache"], False, kw["k_cache"].shape[1], num_splits).prefetch
-        _check(kw, "triton", num_splits)
 
 
 def _valid_columns(kw):

@@ -149,7 +149,7 @@ def _with_peers(table, names, make_sdpa, make_flex, import_peer, ours, what):
 # ---------------------------------------------------------------- decode (one query token per sequence)
 
 DECODE_OURS = ("ioattn", "ioattn-checked", "ioattn-paged", "ioattn-unified", "ioattn-graph", "ioattn-nopdl",
-               "ioattn-graph-nopdl", "ioattn-tma", "ioattn-prefetch", "ioattn-graph-prefetch")
+               "ioattn-graph-nopdl", "ioattn-tma")
 DECODE_PAGE_SIZE = 256
 UNIFIED_CALIBRATION_KEYS = 1024
 
@@ -220,7 +220,7 @@ def _unified_setup(q, k_cache, v_cache, cache_seqlens):
 
 def _configured(**fields):
     """Setup of the unchecked call with fields of the decode plan forced (``decode_config``): the A/B
-    providers against the default (``pdl=False``, ``use_tma=True``, ``prefetch=True``)."""
+    providers against the default (``pdl=False``, ``use_tma=True``)."""
     def setup(q, k_cache, v_cache, cache_seqlens):
         from ioattn.decode import decode_config
         call = _kvcache_setup()(q, k_cache, v_cache, cache_seqlens)
@@ -342,8 +342,7 @@ def decode_providers(names=None):
     ``ioattn-graph``: the ``ioattn`` call captured once into a CUDA graph and replayed;
     ``ioattn-nopdl`` / ``ioattn-graph-nopdl``: the same without programmatic dependent launch of the
     merge kernel (the default uses it on Hopper; kept as the A/B that justifies it); ``ioattn-tma``:
-    K/V through tensor descriptors; ``ioattn-prefetch`` / ``ioattn-graph-prefetch``: the next chunk's
-    K/V loaded one chunk ahead (the A/Bs of those plan choices)."""
+    K/V through tensor descriptors on the contiguous cache (the A/B of the pointer-load default)."""
     table = {"ioattn": (_kvcache_setup(), ""), "ioattn-checked": (_checked_setup, ""),
              "ioattn-paged": (_paged_setup, "")}
     table["ioattn-unified"] = ((_unified_setup, "") if "unified_max" in _kvcache_params()
@@ -351,9 +350,9 @@ def decode_providers(names=None):
     table["ioattn-graph"] = ((_graph_setup, "") if torch.cuda.is_available()
                              else (None, "needs CUDA (CUDA graph replay)"))
     cuda = torch.cuda.is_available()
-    for name, fields in (("nopdl", dict(pdl=False)), ("tma", dict(use_tma=True)), ("prefetch", dict(prefetch=True))):
+    for name, fields in (("nopdl", dict(pdl=False)), ("tma", dict(use_tma=True))):
         table[f"ioattn-{name}"] = (_configured(**fields), "") if cuda else (None, f"needs CUDA (the A/B of {fields})")
-    for name, fields in (("nopdl", dict(pdl=False)), ("prefetch", dict(prefetch=True))):
+    for name, fields in (("nopdl", dict(pdl=False)),):
         table[f"ioattn-graph-{name}"] = ((functools.partial(_graph_setup, fields=fields), "") if cuda
                                          else (None, "needs CUDA (CUDA graph replay)"))
     return _with_peers(table, names, _sdpa_decode, _flex_decode, _import_decode_peer, DECODE_OURS,

@@ -18,7 +18,7 @@ handles one (sequence, KV head, block of query rows, split of the key range):
   valid length, flash-attn's rule: leftpad shifts nothing since both ends count from ``end``);
   ``tile_scores`` applies scale, softcap, causal/window, the key end and ALiBi with ``seqlen_k =
   end``; the leftpad boundary is masked here. Every chunk is masked (decode chunks are few).
-* **K/V loads.** Pointer loads (with ``PREFETCH``, one chunk ahead in registers), or (``USE_TMA``) bulk tensor copies through host-built descriptors
+* **K/V loads.** Pointer loads, or (``USE_TMA``) bulk tensor copies through host-built descriptors
   over the cache's (rows or pages, columns, nheads_kv, d) view, which Triton software-pipelines
   through a multi-stage shared-memory ring: the double-buffered KV stream of a flat (few-row) GEMM.
   Copies are zero-filled only past the cache's capacity (or page), so columns past a sequence's end
@@ -55,35 +55,15 @@ from ioattn.kernels.common import LOG2E, mma, softmax_finish, softmax_step, tile
 
 
 @triton.jit
-def _kv_pointer_chunk(k_base, v_base, col0, valid, offs_n0, offs_d, d_ok, lp, end, stride_kn, stride_vn):
-    """K as (d, n) and V as (n, d) of the chunk at column ``col0`` of one contiguous cache row, through
-    pointers; nothing is read where ``valid`` is false (the masked values are 0)."""
-    offs_n = col0 + offs_n0
-    ok = (offs_n >= lp) & (offs_n < end) & valid
-    offs64 = offs_n.to(tl.int64)
-    k = tl.load(k_base + offs64[None, :] * stride_kn + offs_d[:, None], mask=ok[None, :] & d_ok[:, None], other=0.0)
-    v = tl.load(v_base + offs64[:, None] * stride_vn + offs_d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
-    return k, v
-
-
-@triton.jit
 def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, BlockTable, b64, cache_row, h_kv, lp, end, tok,
                   seqlen_q, c_start, c_end, num_pages, stride_kb, stride_kn, stride_vb, stride_vn, k_head, v_head,
                   stride_btb, offs_d, d_ok, qk_scale, softcap, window_left, window_right, slope_log2, phi,
                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
                   USE_TMA: tl.constexpr, UNIFIED: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                  HAS_ALIBI: tl.constexpr, PREFETCH: tl.constexpr = False):
+                  HAS_ALIBI: tl.constexpr):
     """Key chunks [c_start, c_end) of one split into (acc, m, l). ``UNIFIED``: probabilities are
-    exp2(s - phi) and ``m_i`` only records the true row max (for the range check). ``PREFETCH``
-    (contiguous cache, pointer loads only): chunk c + 1's K and V are loaded into registers at the top
-    of chunk c, so their memory latency overlaps chunk c's arithmetic (Triton does not pipeline
-    these pointer loads: the sm_90 TTGIR has no asynchronous copies, NOTES §24)."""
+    exp2(s - phi) and ``m_i`` only records the true row max (for the range check)."""
     offs_n0 = tl.arange(0, BLOCK_N)
-    if PREFETCH:
-        k_base = K + k_head + cache_row * stride_kb
-        v_base = V + v_head + cache_row * stride_vb
-        k_nxt, v_nxt = _kv_pointer_chunk(k_base, v_base, c_start * BLOCK_N, c_start < c_end, offs_n0, offs_d, d_ok,
-                                         lp, end, stride_kn, stride_vn)
     if PAGED:
         # The page of chunk c is read one chunk ahead: the K/V addresses depend on it, so read in
         # place it put a block-table round trip before every chunk's loads (NOTES §24).
@@ -104,11 +84,6 @@ def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, BlockTable, b64, cache
         if USE_TMA:
             k = k_desc.load([row.to(tl.int32), col_in, h_kv, 0]).reshape(BLOCK_N, BLOCK_D)
             qk = mma(q, tl.trans(k))
-        elif PREFETCH:
-            k, v_cur = k_nxt, v_nxt
-            k_nxt, v_nxt = _kv_pointer_chunk(k_base, v_base, col0 + BLOCK_N, c + 1 < c_end, offs_n0, offs_d, d_ok,
-                                             lp, end, stride_kn, stride_vn)
-            qk = mma(q, k)
         else:
             offs_in = (col_in + offs_n0).to(tl.int64)
             # K as (d, n) so q @ k needs no transpose
@@ -127,8 +102,6 @@ def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, BlockTable, b64, cache
         if USE_TMA:
             v = v_desc.load([row.to(tl.int32), col_in, h_kv, 0]).reshape(BLOCK_N, BLOCK_D)
             v = tl.where(kv_ok[:, None], v, 0.0)
-        elif PREFETCH:
-            v = v_cur
         else:
             v = tl.load(V + v_head + row * stride_vb + offs_in[:, None] * stride_vn + offs_d[None, :],
                         mask=kv_ok[:, None] & d_ok[None, :], other=0.0)
@@ -151,7 +124,6 @@ def decode_split_kernel(
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, USE_TMA: tl.constexpr, UNIFIED: tl.constexpr,
     PHI_BELOW: tl.constexpr, PHI_ABOVE: tl.constexpr, HAS_SEQLENS: tl.constexpr, USE_PDL: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False,
 ):
     """``num_rows``: pages in the pool (paged) or rows of the contiguous cache. Sequence b ends at
     ``SeqLens[b] + seqlen_new`` (``seqlen_base + seqlen_new`` without ``HAS_SEQLENS``). With one
@@ -220,7 +192,7 @@ def decode_split_kernel(
                                   tok, seqlen_q, c_start, c_end, num_rows, stride_kb, stride_kn, stride_vb, stride_vn,
                                   k_head, v_head, stride_btb, offs_d, d_ok, qk_scale, softcap, window_left,
                                   window_right, slope_log2, phi, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_TMA,
-                                  UNIFIED, HAS_SOFTCAP, HAS_ALIBI, PREFETCH)
+                                  UNIFIED, HAS_SOFTCAP, HAS_ALIBI)
     if UNIFIED:
         # a row max outside phi's safe range (rows with no key are fine): redo this split exactly
         gap = m_i - phi
@@ -231,7 +203,7 @@ def decode_split_kernel(
                 tl.zeros([BLOCK_M], dtype=tl.float32), q, K, V, k_desc, v_desc, BlockTable, b64, cache_row, h_kv,
                 lp, end, tok, seqlen_q, c_start, c_end, num_rows, stride_kb, stride_kn, stride_vb, stride_vn, k_head,
                 v_head, stride_btb, offs_d, d_ok, qk_scale, softcap, window_left, window_right, slope_log2, phi,
-                BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_TMA, False, HAS_SOFTCAP, HAS_ALIBI, PREFETCH)
+                BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_TMA, False, HAS_SOFTCAP, HAS_ALIBI)
         else:
             m_i = tl.where(m_i == float("-inf"), m_i, phi)  # what was subtracted, for the lse
 
