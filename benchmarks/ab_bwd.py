@@ -38,12 +38,13 @@ def portable(dout, q, k, v, causal):
     return run
 
 
-def gluon(variant):
+def gluon(variant, deterministic=False):
     def setup(dout, q, k, v, causal):
         from ioattn.kernels.hopper_backward import hopper_backward
         scale = q.shape[-1] ** -0.5
         out, lse = hopper.hopper_forward(q, k, v, scale, causal)
-        return lambda: hopper_backward(dout, q, k, v, out, lse, scale, causal, variant=variant)
+        return lambda: hopper_backward(dout, q, k, v, out, lse, scale, causal, variant=variant,
+                                       deterministic=deterministic)
     return setup
 
 
@@ -86,6 +87,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     sink = open(os.path.join(args.out, f"{args.tag}.jsonl"), "w")
     variants = {"portable": portable, "gluon": gluon("base"), "gluon-ws": gluon("ws"),
+                "gluon-ws-det": gluon("ws", deterministic=True),
                 "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     if args.providers:
         variants = {name: variants[name] for name in args.providers.split(",")}

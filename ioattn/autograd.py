@@ -62,15 +62,17 @@ def _setup_context(ctx, inputs, output):
     out, lse, rng_state = output
     ctx.save_for_backward(q, k, v, out, lse, rng_state)
     ctx.args = rest  # the non-differentiable arguments, in _FWD_ARGS order
-    # the opt-in Gluon backward switch as it stood when the forward ran (None: unset, the
-    # environment decides), so that ``with hopper.prefer_hopper_bwd(True): out = f(...)`` governs
-    # the backward of that forward wherever the backward later runs
+    # the Gluon backward's switches as they stood when the forward ran (None: unset, the default
+    # policy or the environment decides), so that ``with hopper.prefer_hopper_bwd(True): out =
+    # f(...)`` (or deterministic=True, which sets hopper.bwd_deterministic) governs the backward of
+    # that forward wherever the backward later runs
     ctx.hopper_bwd = hopper.prefer_hopper_bwd.value
+    ctx.deterministic = hopper.bwd_deterministic.value
 
 
 def _backward(ctx, dout, dlse, drng):
     q, k, v, out, lse, rng_state = ctx.saved_tensors
-    with hopper.prefer_hopper_bwd(ctx.hopper_bwd):
+    with hopper.prefer_hopper_bwd(ctx.hopper_bwd), hopper.bwd_deterministic(ctx.deterministic):
         dq, dk, dv = _bwd_op(dout, q, k, v, out, lse, *ctx.args, rng_state)
     return (dq, dk, dv) + (None,) * len(_FWD_ARGS)
 

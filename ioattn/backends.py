@@ -125,7 +125,8 @@ def triton_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if hopper.bwd_plan(q, k, v, pb.varlen, window, softcap, alibi_slopes, dropout_p)[0]:
         from ioattn.kernels.hopper_backward import hopper_backward
-        return hopper_backward(dout, q, k, v, out, lse, softmax_scale, window == (-1, 0), variant=hopper.BWD_VARIANT)
+        return hopper_backward(dout, q, k, v, out, lse, softmax_scale, window == (-1, 0), variant=hopper.BWD_VARIANT,
+                               deterministic=hopper.bwd_deterministic.wanted())
     dq, dk, dv = pb.grads(q, k, v)
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()

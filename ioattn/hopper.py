@@ -304,9 +304,15 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
 # non-causal ahead from N=512 (232 vs 220; N=16384 386 vs 332), causal behind at N=512 / 1024 (148 vs
 # 163, 215 vs 219) and ahead from N=2048 (280 vs 267; N=16384 384 vs 323). v1 ("base") was behind
 # everywhere (339 vs 379 at d=128, results/gluon-bwd-ab-1, NOTES §21).
-# Unlike the portable backward it is not deterministic (dQ by bulk reduce-adds in arrival order):
-# ``deterministic=True`` in the API keeps the portable backward for that call.
+# By default its dQ additions (bulk reduce-adds) land in arrival order, so it is not bitwise
+# reproducible; ``deterministic=True`` in the API sets ``bwd_deterministic`` around the forward, and
+# that forward's backward then runs the kernel's DETERMINISTIC mode (the additions in key-block
+# order) if ``DETERMINISTIC_WS``, else the portable backward (deterministic by construction).
 prefer_hopper_bwd = dispatch.Preference(False, env="IOATTN_HOPPER_BWD")  # ``with prefer_hopper_bwd(True): ...``
+bwd_deterministic = dispatch.Preference(False)  # ``with bwd_deterministic(True): ...`` (the API's deterministic=True)
+# The ordered mode compiles for sm_90 (benchmarks/compile_check_hopper_bwd.py --deterministic) but has
+# not run on the device yet: off until tests/test_gpu.py's determinism tests pass there.
+DETERMINISTIC_WS = False
 BWD_VARIANT = "ws"  # the variant the dispatch takes (ioattn.kernels.hopper_backward.BWD_VARIANTS)
 BWD_HEADDIMS = (64, 128)
 # The default policy: (head dim, causal) -> the shortest seqlen_q from which "ws" was measured ahead
@@ -347,10 +353,14 @@ def bwd_policy(q, seqlen_q: int | None = None, causal: bool = False) -> tuple[bo
 def bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:
     """(taken, why) for the backward of this call: where ``bwd_policy`` wants it and it applies (an
     sm_90 GPU, Gluon, ``bwd_call_supported``)."""
+    if bwd_deterministic.wanted() and not (DETERMINISTIC_WS and BWD_VARIANT == "ws"):
+        return False, ("deterministic=True: the portable backward (the Gluon one's ordered mode is off, "
+                       "hopper.DETERMINISTIC_WS = False)")
     wanted, why = bwd_policy(q, causal=window == (-1, 0))
     if not wanted:
         return False, why
     ok, reason = _device_ok(q)
     if ok:
         ok, reason = bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p)
-    return (True, f"{why}, variant {BWD_VARIANT}") if ok else (False, reason)
+    det = ", deterministic (dQ in key-block order)" if bwd_deterministic.wanted() else ""
+    return (True, f"{why}, variant {BWD_VARIANT}{det}") if ok else (False, reason)

@@ -665,25 +665,28 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
         hb.kernel_config(256, "ws")
     seen = {}
 
-    def fake(dout, q_, k_, v_, out, lse, scale, causal, variant):
-        seen.update(scale=scale, causal=causal, variant=variant)
+    def fake(dout, q_, k_, v_, out, lse, scale, causal, variant, deterministic):
+        seen.update(scale=scale, causal=causal, variant=variant, deterministic=deterministic)
         return torch.zeros_like(q_), torch.zeros_like(k_), torch.zeros_like(v_)
     monkeypatch.setattr(hopper, "bwd_plan", lambda *a: (True, "faked"))
     monkeypatch.setattr(hb, "hopper_backward", fake)
     lse = torch.zeros(1, 2, 70)
     grads = backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, 0.125, (-1, 0), 0.0, None, 0.0, 0)
-    assert seen == dict(scale=0.125, causal=True, variant=hopper.BWD_VARIANT) and len(grads) == 3
+    assert seen == dict(scale=0.125, causal=True, variant=hopper.BWD_VARIANT, deterministic=False) and len(grads) == 3
+    with hopper.bwd_deterministic(True):
+        backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, 0.125, (-1, -1), 0.0, None, 0.0, 0)
+    assert seen["deterministic"] and not seen["causal"]
 
     # the switch in force when the forward ran governs that forward's backward, wherever it runs
     # (the backward's value of the switch, seen by the Triton path's decision or the CPU path)
     states, real_ref = [], backends.reference_backward
 
     def spy_plan(*args):
-        states.append(hopper.prefer_hopper_bwd.value)
+        states.append((hopper.prefer_hopper_bwd.value, hopper.bwd_deterministic.value))
         return False, "spied"
 
     def spy_ref(*args):
-        states.append(hopper.prefer_hopper_bwd.value)
+        states.append((hopper.prefer_hopper_bwd.value, hopper.bwd_deterministic.value))
         return real_ref(*args)
     monkeypatch.setattr(hopper, "bwd_plan", spy_plan)
     monkeypatch.setattr(backends, "reference_backward", spy_ref)
@@ -692,11 +695,20 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
         y = flash_attn_func(x, x, x)
     y.sum().backward()
     flash_attn_func(x, x, x).sum().backward()
-    # deterministic=True: the switch off for that forward's backward, even inside prefer_hopper_bwd(True)
+    # deterministic=True: hopper.bwd_deterministic set for that forward's backward
     with hopper.prefer_hopper_bwd(True):
         y = flash_attn_func(x, x, x, deterministic=True)
     y.sum().backward()
-    assert states == [True, None, False] and hopper.prefer_hopper_bwd.value is None
+    assert states == [(True, None), (None, None), (True, True)] and hopper.prefer_hopper_bwd.value is None
+    assert hopper.bwd_deterministic.value is None
+    monkeypatch.undo()
+    # the plan: deterministic keeps the portable backward while the ordered Gluon mode is off
+    monkeypatch.setenv("IOATTN_HOPPER_BWD", "1")
+    with hopper.bwd_deterministic(True):
+        taken, why = hopper.bwd_plan(q, q, q, *none)
+        assert not taken and "DETERMINISTIC_WS = False" in why
+        monkeypatch.setattr(hopper, "DETERMINISTIC_WS", True)
+        assert hopper.bwd_plan(q, q, q, *none) == (False, "needs an sm_90 (Hopper) GPU")
 
 
 def test_host_integer_helpers():

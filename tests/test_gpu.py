@@ -336,6 +336,57 @@ def test_backward_default_policy_and_deterministic(causal, monkeypatch, poison_a
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (3, 129, 64, 2, 2), (1, 1000, 300, 4, 4),
+                                   (1, 300, 2000, 3, 1), (1, 4096, 4096, 8, 2)])
+def test_hopper_backward_deterministic(d, causal, shape, poison_alloc):
+    """The ws backward's ordered dQ mode (deterministic=True: reduce-adds in key-block order through
+    per-query-block semaphores): three runs bitwise equal, and within 2x PyTorch's error of the
+    float64 oracle. Shapes: many key blocks per query block, rows with no visible key, causal with
+    seqlen_q > seqlen_k (key blocks no query sees), GQA 3."""
+    from ioattn import hopper
+    from ioattn.kernels.hopper_backward import hopper_backward
+    b, sq, sk, h, hkv = shape
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    scale = d ** -0.5
+    out, lse = hopper.hopper_forward(q, k, v, scale, causal)
+    dout = torch.randn_like(out)
+    runs = [hopper_backward(dout, q, k, v, out, lse, scale, causal, variant="ws", deterministic=True)
+            for _ in range(3)]
+    for name, *gs in zip(("dq", "dk", "dv"), *runs):
+        assert not gs[0].isnan().any() and all(torch.equal(gs[0], g) for g in gs[1:]), name
+    window = (-1, 0) if causal else (-1, -1)
+    ref_in = [t.double().requires_grad_() for t in (q, k, v)]
+    ref, _ = attention_ref(*ref_in, window=window)
+    ref_grads = torch.autograd.grad(ref, ref_in, dout.double())
+    same_in = [t.clone().requires_grad_() for t in (q, k, v)]
+    same, _ = attention_ref(*same_in, window=window, upcast=False)
+    same_grads = torch.autograd.grad(same, same_in, dout)
+    for name, g, r, s in zip(("dq", "dk", "dv"), runs[0], ref_grads, same_grads):
+        assert_within_torch_error(name, g, r, s)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+def test_deterministic_through_the_api_with_the_ordered_gluon_mode(monkeypatch, poison_alloc):
+    """With hopper.DETERMINISTIC_WS on, deterministic=True takes the Gluon backward's ordered mode (the
+    plan says so) and two backward passes give bitwise equal gradients."""
+    from ioattn import hopper
+    monkeypatch.setattr(hopper, "DETERMINISTIC_WS", True)
+    monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
+    qkv = [torch.randn(2, 2048, hh, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for hh in (8, 2, 2)]
+    with hopper.bwd_deterministic(True):
+        plan = ioattn.explain_dispatch(*[t.detach() for t in qkv], causal=True)
+    assert "deterministic" in plan.backward["gluon_hopper"] and plan.backward["gluon_hopper"].startswith("taken")
+    dout = torch.randn(2, 2048, 8, 128, device="cuda", dtype=torch.bfloat16)
+    runs = [torch.autograd.grad(ioattn.flash_attn_func(*qkv, causal=True, deterministic=True), qkv, dout)
+            for _ in range(2)]
+    for a, b in zip(*runs):
+        assert not a.isnan().any() and torch.equal(a, b)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("variant", ["base", "ws"])
 @pytest.mark.parametrize("forward", ["gluon", "portable"])
 @pytest.mark.parametrize("d", [64, 128])

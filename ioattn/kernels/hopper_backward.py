@@ -443,17 +443,43 @@ def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, 
 
 
 @gluon.jit
-def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, b, h0, m_lo, n_m, n_iter, seqlen_q,
-                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
+def _bulk_complete_and_release(sem):
+    """Wait until this thread's bulk async copies have completed (their writes performed, not only
+    their shared-memory reads: ``tma.store_wait`` waits for the reads), order them before later
+    generic-proxy accesses, then add 1 to ``sem`` with release semantics. Returns the old value."""
+    gl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\nfence.proxy.async.global;\nmov.u32 $0, 0;", "=r", [],
+                              dtype=gl.int32, is_pure=False, pack=1)
+    return gl.atomic_add(sem, 1, sem="release", scope="gpu")
+
+
+@gluon.jit
+def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, Sem, b, h0, m_lo, n_m, n_iter, seqlen_q, nheads, n_m_total,
+                  n_block, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, DETERMINISTIC: gl.constexpr):
     """The 1-warp dQ writer: per step, once the consumers have put the step's dQ block (fp32,
     unscaled) in ``dq_smem`` (``dq_full``), one TMA reduce-add of it into the dQ accumulator; when
-    the bulk copy has read the tile, the buffer goes back to the consumers (``dq_empty``)."""
+    the bulk copy has read the tile, the buffer goes back to the consumers (``dq_empty``).
+
+    ``DETERMINISTIC``: the reduce-adds into each (batch, head, query block) go in key-block order,
+    FlashAttention-3's semaphore scheme. ``Sem`` holds one zeroed int32 counter per (batch, head,
+    query block); key block j waits until the counter reads j, adds, waits for the add to complete
+    and increments it. The key blocks that reach a query block are always a prefix 0..J of the
+    key blocks (non-causal: all; causal: m_lo grows with j), so "j earlier additions" is exact; a
+    program only waits on lower key blocks of its own (batch, KV head), launched before it (the
+    key block is the grid's fastest dimension), so the wait cannot close a cycle."""
     for t in range(n_iter):
         h = h0 + t // n_m
-        row = b * seqlen_q + (m_lo + t % n_m) * BLOCK_M
+        m = m_lo + t % n_m
+        row = b * seqlen_q + m * BLOCK_M
         mbarrier.wait(dq_full, t & 1)
+        if DETERMINISTIC:
+            sem = Sem + (b * nheads + h) * n_m_total + m
+            while gl.atomic_add(sem, 0, sem="acquire", scope="gpu") != n_block:
+                pass
         _tma_reduce_add(dq_desc, [row, h * HEAD_DIM], dq_smem)
-        tma.store_wait(0)  # the tile is read (its additions into L2 complete on their own)
+        if DETERMINISTIC:
+            _bulk_complete_and_release(sem)
+        else:
+            tma.store_wait(0)  # the tile is read (its additions into L2 complete on their own)
         mbarrier.arrive(dq_empty, count=1)
 
 
@@ -553,15 +579,17 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
 
 
 @gluon.jit
-def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dK, dV,
+def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dK, dV, Sem,
                          seqlen_q, seqlen_k, nheads, group, stat_stride, softmax_scale, qk_scale,
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                         STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+                         STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers);
     the producer and dQ-writer warps are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
     the host's (batch, nheads, stat_stride) fp32 lse * log2(e) (-inf -> 0) and D, zero past
     seqlen_q, ``stat_stride`` a multiple of BLOCK_M, block [BLOCK_M]. dq_desc: the fp32 accumulator
-    (batch * seqlen_q, nheads * HEAD_DIM), zeroed, block [BLOCK_M, HEAD_DIM]."""
+    (batch * seqlen_q, nheads * HEAD_DIM), zeroed, block [BLOCK_M, HEAD_DIM]. Sem: with
+    ``DETERMINISTIC``, (batch, nheads, cdiv(seqlen_q, BLOCK_M)) zeroed int32 counters (``_ws_dq_writer``);
+    unused otherwise."""
     num_warps: gl.constexpr = gl.num_warps()
     gl.static_assert(num_warps == 8, "two consumer warpgroups of 64 key rows")
     gl.static_assert(BLOCK_N == 128, "two consumer warpgroups of 64 key rows")
@@ -621,7 +649,8 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
                         b * seqlen_k + n_start, h_kv * HEAD_DIM, m_lo, n_m, n_iter, seqlen_q, nheads, stat_stride,
                         HEAD_DIM, BLOCK_M, STAGES)),
-        (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, b, h0, m_lo, n_m, n_iter, seqlen_q, HEAD_DIM, BLOCK_M)),
+        (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, b, h0, m_lo, n_m, n_iter, seqlen_q, nheads,
+                         n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, DETERMINISTIC)),
     ], [1, 1], [WS_WORKER_REGS, WS_WORKER_REGS])
 
 
@@ -652,12 +681,13 @@ def ws_layouts(d: int, dtype) -> dict:
                 dq=gl.NVMMASharedLayout.get_default_for([BWD_BLOCK_M, d], gl.float32))
 
 
-def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="base"):
+def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="base", deterministic=False):
     """(dq, dk, dv) for contiguous (batch, seqlen, heads, d) bf16/fp16 q, k, v (GQA allowed), d in
     (64, 128), causal (bottom-right) or not; ``lse`` natural-log (batch, nheads, seqlen_q) fp32, as
     both forwards return it. ``variant``: one of ``BWD_VARIANTS`` ("base": v1; "ws": warp-specialised),
     same results up to the order of the fp32 dQ additions. No varlen / window / softcap / ALiBi /
-    dropout. Not deterministic (dQ by fp32 atomics or TMA reduce-adds). The dispatch takes variant
+    dropout. dQ by fp32 atomics or TMA reduce-adds in arrival order, so not bitwise reproducible,
+    except with ``deterministic=True`` ("ws" only): the additions in key-block order. The dispatch takes variant
     ``ioattn.hopper.BWD_VARIANT`` where ``ioattn.hopper.bwd_plan`` says so."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -690,6 +720,8 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     bn = cfg["block_n"]
     grid = (triton_cdiv(seqlen_k, bn), batch * nheads_kv)
+    if deterministic and variant != "ws":
+        raise ValueError("deterministic=True needs the \"ws\" variant")
     if variant == "base":
         q_layout = gl.NVMMASharedLayout.get_default_for([bm, d], gdt)
         kv_layout = gl.NVMMASharedLayout.get_default_for([bn, d], gdt)
@@ -713,10 +745,14 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
         lse_desc = TensorDescriptor.from_tensor(lse2.view(-1), [bm], lay["stat"])
         delta_desc = TensorDescriptor.from_tensor(delta.view(-1), [bm], lay["stat"])
         dq_desc = TensorDescriptor.from_tensor(dq_accum.view(batch * seqlen_q, nheads * d), [bm, d], lay["dq"])
-        hopper_bwd_ws_kernel[grid](q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk, dv,
+        # one counter per (batch, head, query block) orders the dQ additions (deterministic only)
+        sem = torch.zeros(batch * nheads * triton_cdiv(seqlen_q, bm) if deterministic else 1, device=q.device,
+                          dtype=torch.int32)
+        hopper_bwd_ws_kernel[grid](q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk, dv, sem,
                                    seqlen_q, seqlen_k, nheads, nheads // nheads_kv, stat_stride,
                                    float(softmax_scale), float(softmax_scale) * 1.4426950408889634,
-                                   IS_CAUSAL=bool(causal), num_warps=cfg["num_warps"], **cfg["constexprs"])
+                                   IS_CAUSAL=bool(causal), DETERMINISTIC=bool(deterministic),
+                                   num_warps=cfg["num_warps"], **cfg["constexprs"])
     # one pass: scale and cast into dQ (``(dq_accum * scale).to(dtype)`` made an fp32 copy first)
     dq = torch.mul(dq_accum, softmax_scale, out=torch.empty_like(q))
     return dq, dk, dv

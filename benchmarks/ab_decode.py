@@ -1,0 +1,88 @@
+"""A/B of decode plan choices under `ioattn bench decode`'s conditions (input sets rotated past the
+L2 cache, device time by ``median_ms``, cuDNN timed in the same run), for the cases where the
+default still misses issue 4's bounds: batch 1 x 4096 (split count; eager and CUDA-graph replay)
+and batch 8 x 8192 on a paged cache (key chunk, stages, split count; the contiguous default beside).
+
+    python benchmarks/ab_decode.py --out DIR
+
+Writes DIR/ab_decode.jsonl (one record per case, layout, config, mode) and prints a table. The
+tune script (`tune_decode.py --focus`) times one L2-resident input set; this one does not.
+"""
+import argparse
+import json
+import os
+
+import torch
+
+from ioattn.bench.providers import _graph_setup, _unchecked, decode_providers, paged_copy
+from ioattn.bench.run import _decode_inputs, decode_bytes
+from ioattn.bench.timing import median_ms, n_input_sets
+from ioattn.decode import decode_config, flash_attn_with_kvcache
+
+HQ, HKV, D = 32, 8, 128
+# (batch, kvlen, paged, graph, configs): {} is the default plan
+CASES = [
+    (1, 4096, False, True, [{}, dict(num_splits=16), dict(num_splits=64), dict(block_n=128),
+                            dict(block_n=128, num_splits=16), dict(num_stages=2)]),
+    (8, 8192, True, False, [{}, dict(block_n=64, num_stages=3), dict(block_n=64, num_stages=3, num_splits=7),
+                            dict(num_splits=7), dict(block_n=64, num_stages=2, num_splits=7),
+                            dict(num_warps=8)]),
+    (8, 8192, False, False, [{}]),
+]
+
+
+def eager(q, kc, vc, lens, cfg, table=None):
+    kw = dict(cache_seqlens=lens, **_unchecked())
+    if table is not None:
+        kw["block_table"] = table
+
+    def run():
+        with decode_config(**cfg):
+            return flash_attn_with_kvcache(q, kc, vc, **kw)
+    return run
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    sink = open(os.path.join(args.out, "ab_decode.jsonl"), "w")
+    cudnn_setup = decode_providers(["sdpa-cudnn"])["sdpa-cudnn"][0]
+    rows = []
+    with torch.no_grad():
+        for batch, kvlen, paged, graph, configs in CASES:
+            nbytes = decode_bytes(batch, kvlen, HKV, D, 2)
+            sets = [_decode_inputs((batch, kvlen, HQ, HKV, D), torch.bfloat16, "cuda")
+                    for _ in range(n_input_sets(nbytes))]
+            timed = []
+            if not paged:
+                timed.append(("sdpa-cudnn", "eager", [cudnn_setup(*s) for s in sets]))
+            for cfg in configs:
+                name = ",".join(f"{k}={v}" for k, v in cfg.items()) or "default"
+                if paged:
+                    runs = []
+                    for q, k, v, lens in sets:
+                        kp, vp, table = paged_copy(k, v)
+                        runs.append(eager(q, kp, vp, lens, cfg, table))
+                else:
+                    runs = [eager(*s, cfg) for s in sets]
+                timed.append((name, "eager", runs))
+                if graph:
+                    timed.append((name, "graph", [_graph_setup(*s, fields=cfg or None) for s in sets]))
+            for name, mode, runs in timed:
+                us = median_ms(lambda run: run(), runs) * 1e3
+                rec = dict(batch=batch, kvlen=kvlen, paged=paged, config=name, mode=mode, us=us,
+                           gbps=nbytes / us / 1e3)
+                sink.write(json.dumps(rec) + "\n")
+                sink.flush()
+                rows.append(rec)
+                print(f"{batch:>3} {kvlen:>6} {'paged' if paged else 'contig':>6} {mode:>5} {us:8.1f} us  {name}",
+                      flush=True)
+            del sets, timed
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
