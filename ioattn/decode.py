@@ -40,8 +40,10 @@ from ioattn.reference.naive import attention_ref
 #   71.0 / 129.3 us against 13.7 / 27.8 / 72.8 / 130.8 for 128 x 2); `ioattn bench decode` with it
 #   everywhere (benchmarks/results/decode-2026-12-01-bn64) confirmed batch 1 (128.9 us at 128k keys,
 #   cuDNN 128.4) but lost badly without splits (batch 64 x 4096: 282 vs 247 us) and on paged caches
-#   (128k keys: 151.5 vs 139.6), where 128 x 2 stays. 16 under the interpreter so that the small
-#   test caches cross several chunks and splits. Shrinks to divide the page size.
+#   read through TMA (128k keys: 151.5 vs 139.6), where 128 x 2 stays. Paged caches with pointer loads
+#   (2-15 splits) take 64 x 3 too: batch 8 x 8192 71.4 vs 73.6 us with 128 x 2 (contiguous 70.7;
+#   benchmarks/ab_decode.py, results/session-2026-12-01-h). 16 under the interpreter so that the
+#   small test caches cross several chunks and splits. Shrinks to divide the page size.
 # - splits: enough programs for SPLIT_WAVES programs per SM (2 beat 1, 4 and 8 at batch 1 with
 #   64k-128k keys: 146 us vs 213 / 202 / 233 at 128k), at least one chunk per split, at most
 #   MAX_SPLITS; none once batch * KV heads fill the SMs.
@@ -53,14 +55,19 @@ from ioattn.reference.naive import attention_ref
 # BLOCK_M is the packed row count (group * seqlen_q) rounded up to a power of two, >= 16, <= 64.
 DEFAULT_NUM_SMS = 132  # H100/H200; the device's own count is used when there is one
 SPLIT_WAVES = 2
+# At least this many keys per split on the GPU: `benchmarks/ab_decode.py` (results/session-2026-12-01-h,
+# input sets rotated past L2, 64-key chunks) at batch 1 x 4096: 16 splits of 256 keys 14.2 us eager /
+# 13.9 replayed, against 15.2 / 14.9 for 32 splits of 128 keys (the waves rule alone) and 16.4 / 15.8
+# for 64 of 64 (cuDNN 16.2 in the same run). Longer caches get their count from the waves rule first.
+MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 256
 _BLOCK_N_CUDA = 128
-_BLOCK_N_SPLIT = 64  # contiguous cache with splits (above)
+_BLOCK_N_SPLIT = 64  # split launches with pointer loads (above)
 _BLOCK_N_INTERPRETER = 16
 _MAX_BLOCK_M = 64
 _NUM_WARPS = 4
 _NUM_STAGES = 2
-_NUM_STAGES_SPLIT = 3  # contiguous cache with splits (above)
+_NUM_STAGES_SPLIT = 3  # split launches with pointer loads (above)
 _USE_TMA_DEFAULT = False
 # Paged caches with many splits read through TMA: `tune_decode.py --focus --paged` on the H200
 # (benchmarks/results/session-2026-12-01-d, pages of 256, 128-key chunks, 4 warps, 2 waves of
@@ -310,18 +317,18 @@ def _storage_index(positions, block_table, cache_batch_idx, page_size):
     return rows[:, None].expand_as(positions), positions
 
 
-def _heuristic_splits(programs, max_end, block_n, num_sms=DEFAULT_NUM_SMS):
+def _heuristic_splits(programs, max_end, block_n, num_sms=DEFAULT_NUM_SMS, min_keys=0):
     """As many splits as keep the grid within ``SPLIT_WAVES`` programs per SM (rounded down: a grid
     just past it leaves some SMs one program more than the rest, and the step waits for them), but
-    at least one key chunk per split of the longest sequence, and at most ``MAX_SPLITS``; 1 when
-    the (sequence, KV head) programs alone fill the SMs.
+    at least one key chunk and ``min_keys`` keys per split of the longest sequence, and at most
+    ``MAX_SPLITS``; 1 when the (sequence, KV head) programs alone fill the SMs.
     Rounded down since decode-tune-3: at batch 8 x 8192 (64 programs) 4 splits (256 programs on 132
     SMs) took a median 74.6 us over 12 tile configs, 5 splits (320: 2.4 per SM) 86 us; batch 1 (8
     programs, 264 / 8 = 33) is the same either way."""
     if programs >= num_sms or max_end == 0:
         return 1
-    chunks = dispatch.cdiv(max_end, block_n)
-    return max(1, min(SPLIT_WAVES * num_sms // programs, chunks, MAX_SPLITS))
+    pieces = dispatch.cdiv(max_end, max(block_n, min_keys))
+    return max(1, min(SPLIT_WAVES * num_sms // programs, pieces, MAX_SPLITS))
 
 
 @functools.lru_cache(maxsize=8)
@@ -347,25 +354,27 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     when the values were read, else the cache capacity, so the plan never depends on device values)."""
     batch, seqlen_q, nheads, d = q.shape
     nheads_kv = k_cache.shape[2]
-    # contiguous cache on the GPU: split launches take the split tiles (the policy notes at the top)
-    split_tiles = q.is_cuda and not paged and "block_n" not in _plan_override
+    # on the GPU, split launches take the split tiles (the policy notes at the top)
+    split_tiles = q.is_cuda and "block_n" not in _plan_override
     block_n = _plan_override.get("block_n", _BLOCK_N_SPLIT if split_tiles else
                                  _BLOCK_N_CUDA if q.is_cuda else _BLOCK_N_INTERPRETER)
-    if paged:
-        while k_cache.shape[1] % block_n:
-            block_n //= 2
     rows = (nheads // nheads_kv) * seqlen_q
     block_m = min(_MAX_BLOCK_M, max(16, dispatch.next_power_of_2(rows)))
     programs = batch * nheads_kv * dispatch.cdiv(rows, block_m)
     if num_splits == 0:
-        num_splits = _plan_override.get("num_splits") or _heuristic_splits(programs, span, block_n,
-                                                                           _num_sms(q.device))
+        num_splits = _plan_override.get("num_splits") or _heuristic_splits(
+            programs, span, block_n, _num_sms(q.device), min_keys=MIN_KEYS_PER_SPLIT if q.is_cuda else block_n)
     stages = _NUM_STAGES_SPLIT if split_tiles else _NUM_STAGES
-    if split_tiles and num_splits == 1:  # no split: the wide tile (measured 247 vs 282 us at 64 x 4096)
-        block_n, stages = _BLOCK_N_CUDA, _NUM_STAGES
     # paged caches: TMA without splits, and with at least _PAGED_TMA_MIN_SPLITS splits (policy notes)
     tma_default = _USE_TMA_DEFAULT or (paged and q.is_cuda and (num_splits == 1 or num_splits >= _PAGED_TMA_MIN_SPLITS))
     use_tma = _plan_override.get("use_tma", tma_default) and _tma_ok(k_cache, v_cache, d)
+    # the wide tile without splits (measured 247 vs 282 us at 64 x 4096) and on paged caches read
+    # through TMA (their measured best, NOTES §29)
+    if split_tiles and (num_splits == 1 or (paged and use_tma)):
+        block_n, stages = _BLOCK_N_CUDA, _NUM_STAGES
+    if paged:  # a chunk never crosses a page
+        while k_cache.shape[1] % block_n:
+            block_n //= 2
     env = os.environ.get("IOATTN_DECODE_PDL", "").strip()
     pdl_wanted = _plan_override.get("pdl", env == "1" if env else _PDL_DEFAULT)
     pdl = bool(pdl_wanted) and num_splits > 1 and _pdl_ok(q.device)

@@ -307,12 +307,16 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
 # By default its dQ additions (bulk reduce-adds) land in arrival order, so it is not bitwise
 # reproducible; ``deterministic=True`` in the API sets ``bwd_deterministic`` around the forward, and
 # that forward's backward then runs the kernel's DETERMINISTIC mode (the additions in key-block
-# order) if ``DETERMINISTIC_WS``, else the portable backward (deterministic by construction).
+# order) where ``DETERMINISTIC_WS`` and the mask allow, else the portable backward (deterministic by
+# construction).
 prefer_hopper_bwd = dispatch.Preference(False, env="IOATTN_HOPPER_BWD")  # ``with prefer_hopper_bwd(True): ...``
 bwd_deterministic = dispatch.Preference(False)  # ``with bwd_deterministic(True): ...`` (the API's deterministic=True)
-# The ordered mode compiles for sm_90 (benchmarks/compile_check_hopper_bwd.py --deterministic) but has
-# not run on the device yet: off until tests/test_gpu.py's determinism tests pass there.
-DETERMINISTIC_WS = False
+# The ordered mode: its GPU tests pass (bitwise equal runs, float64 oracle; results/session-2026-12-01-h)
+# and at d=128 it measured (ab_bwd, TFLOP/s, ordered / arrival order / portable) 454 / 510 / 382 at
+# N=4096 and 506 / 520 / 377 at N=16384 non-causal, but 230 / 440 / 337 and 300 / 533 / 373 causal:
+# each key block waits for the previous one at its first (diagonal) query block, so the causal
+# programs start one after another. Non-causal only; causal deterministic calls keep the portable backward.
+DETERMINISTIC_WS = True
 BWD_VARIANT = "ws"  # the variant the dispatch takes (ioattn.kernels.hopper_backward.BWD_VARIANTS)
 BWD_HEADDIMS = (64, 128)
 # The default policy: (head dim, causal) -> the shortest seqlen_q from which "ws" was measured ahead
@@ -353,9 +357,12 @@ def bwd_policy(q, seqlen_q: int | None = None, causal: bool = False) -> tuple[bo
 def bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:
     """(taken, why) for the backward of this call: where ``bwd_policy`` wants it and it applies (an
     sm_90 GPU, Gluon, ``bwd_call_supported``)."""
-    if bwd_deterministic.wanted() and not (DETERMINISTIC_WS and BWD_VARIANT == "ws"):
-        return False, ("deterministic=True: the portable backward (the Gluon one's ordered mode is off, "
-                       "hopper.DETERMINISTIC_WS = False)")
+    if bwd_deterministic.wanted():
+        if not (DETERMINISTIC_WS and BWD_VARIANT == "ws"):
+            return False, ("deterministic=True: the portable backward (the Gluon one's ordered mode is off, "
+                           "hopper.DETERMINISTIC_WS = False)")
+        if window == (-1, 0):
+            return False, "deterministic=True and causal: the portable backward (measured faster than the ordered mode)"
     wanted, why = bwd_policy(q, causal=window == (-1, 0))
     if not wanted:
         return False, why

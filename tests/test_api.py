@@ -705,10 +705,11 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     # the plan: deterministic keeps the portable backward while the ordered Gluon mode is off
     monkeypatch.setenv("IOATTN_HOPPER_BWD", "1")
     with hopper.bwd_deterministic(True):
+        assert hopper.bwd_plan(q, q, q, *none) == (False, "needs an sm_90 (Hopper) GPU")  # the ordered mode
+        assert "causal: the portable backward" in hopper.bwd_plan(q, q, q, False, (-1, 0), 0.0, None, 0.0)[1]
+        monkeypatch.setattr(hopper, "DETERMINISTIC_WS", False)
         taken, why = hopper.bwd_plan(q, q, q, *none)
         assert not taken and "DETERMINISTIC_WS = False" in why
-        monkeypatch.setattr(hopper, "DETERMINISTIC_WS", True)
-        assert hopper.bwd_plan(q, q, q, *none) == (False, "needs an sm_90 (Hopper) GPU")
 
 
 def test_host_integer_helpers():

@@ -186,6 +186,8 @@ def test_heuristic_splits():
     assert _heuristic_splits(8, 100, 64) == 2  # never more splits than chunks of the longest sequence
     assert _heuristic_splits(1, 0, 64) == 1
     assert _heuristic_splits(1, 10 ** 7, 64) == MAX_SPLITS  # capped
+    assert _heuristic_splits(8, 4096, 64, min_keys=256) == 16  # at least min_keys keys per split
+    assert _heuristic_splits(8, 16384, 64, min_keys=256) == SPLIT_WAVES * DEFAULT_NUM_SMS // 8
 
 
 # ---------------------------------------------------------------- refused calls

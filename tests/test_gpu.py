@@ -175,16 +175,21 @@ def test_decode_long_cache(use_tma, paged, splits, pdl):
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 def test_decode_paged_load_path_policy():
-    """The plan's load path on a paged cache: TMA without splits and with many splits
-    (decode._PAGED_TMA_MIN_SPLITS), pointer loads between; a contiguous cache keeps pointer loads."""
+    """The plan's load path and tiles: a paged cache through TMA (128-key chunks, 2 stages) without
+    splits and with many splits (decode._PAGED_TMA_MIN_SPLITS), through pointers with the split
+    tiles (64 keys, 3 stages) between; a contiguous cache through pointers, split tiles when split;
+    at least decode.MIN_KEYS_PER_SPLIT keys per split."""
     from ioattn import decode
-    for batch, kvlen, tma in ((1, 16384, True), (8, 8192, False), (64, 4096, True)):
+    for batch, kvlen, tma, tiles in ((1, 16384, True, (128, 2)), (8, 8192, False, (64, 3)),
+                                     (64, 4096, True, (128, 2)), (1, 4096, True, (128, 2))):
         kw, rnd = _decode_setup(batch, kvlen, paged=True)
         q = rnd(batch, 1, 32, 128)
         cfg = decode.plan(q, kw["k_cache"], kw["v_cache"], True, kvlen)
         assert cfg.use_tma == tma and (cfg.num_splits >= decode._PAGED_TMA_MIN_SPLITS or cfg.num_splits == 1) == tma
+        assert (cfg.block_n, cfg.num_stages) == tiles and kvlen // cfg.num_splits >= decode.MIN_KEYS_PER_SPLIT
         kw, rnd = _decode_setup(batch, kvlen)
-        assert not decode.plan(q, kw["k_cache"], kw["v_cache"], False, kvlen).use_tma
+        cfg = decode.plan(q, kw["k_cache"], kw["v_cache"], False, kvlen)
+        assert not cfg.use_tma and (cfg.block_n, cfg.num_stages) == ((128, 2) if cfg.num_splits == 1 else (64, 3))
 
 
 # ---------------------------------------------------------------- the Gluon Hopper forward (experimental)
@@ -315,7 +320,7 @@ def test_hopper_backward_through_the_api(variant, d, causal, monkeypatch, poison
 def test_backward_default_policy_and_deterministic(causal, monkeypatch, poison_alloc):
     """Without any switch, a long enough head-dim-128 call takes the Gluon backward (variant
     hopper.BWD_VARIANT, by hopper.BWD_AUTO_MIN_SEQLEN) and passes the float64 oracle;
-    deterministic=True keeps the portable backward, whose gradients are bitwise the same run to run."""
+    deterministic=True gives gradients that are bitwise the same run to run (NOTES §32: ordered Gluon mode or portable)."""
     from ioattn import hopper
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
     n = hopper.BWD_AUTO_MIN_SEQLEN[(128, causal)]
@@ -369,18 +374,19 @@ def test_hopper_backward_deterministic(d, causal, shape, poison_alloc):
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-def test_deterministic_through_the_api_with_the_ordered_gluon_mode(monkeypatch, poison_alloc):
-    """With hopper.DETERMINISTIC_WS on, deterministic=True takes the Gluon backward's ordered mode (the
-    plan says so) and two backward passes give bitwise equal gradients."""
+@pytest.mark.parametrize("causal", [False, True])
+def test_deterministic_through_the_api_with_the_ordered_gluon_mode(causal, monkeypatch, poison_alloc):
+    """deterministic=True: non-causal takes the Gluon backward's ordered mode, causal the portable
+    backward (the plan says which); two backward passes give bitwise equal gradients either way."""
     from ioattn import hopper
-    monkeypatch.setattr(hopper, "DETERMINISTIC_WS", True)
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
     qkv = [torch.randn(2, 2048, hh, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for hh in (8, 2, 2)]
     with hopper.bwd_deterministic(True):
-        plan = ioattn.explain_dispatch(*[t.detach() for t in qkv], causal=True)
-    assert "deterministic" in plan.backward["gluon_hopper"] and plan.backward["gluon_hopper"].startswith("taken")
+        plan = ioattn.explain_dispatch(*[t.detach() for t in qkv], causal=causal)
+    assert plan.backward["gluon_hopper"].startswith("not taken" if causal else "taken")
+    assert ("deterministic" in plan.backward["gluon_hopper"]) and ("hopper_backward" in plan.backward["kernels"]) != causal
     dout = torch.randn(2, 2048, 8, 128, device="cuda", dtype=torch.bfloat16)
-    runs = [torch.autograd.grad(ioattn.flash_attn_func(*qkv, causal=True, deterministic=True), qkv, dout)
+    runs = [torch.autograd.grad(ioattn.flash_attn_func(*qkv, causal=causal, deterministic=True), qkv, dout)
             for _ in range(2)]
     for a, b in zip(*runs):
         assert not a.isnan().any() and torch.equal(a, b)
