@@ -59,6 +59,9 @@ SPLIT_WAVES = 2
 # input sets rotated past L2, 64-key chunks) at batch 1 x 4096: 16 splits of 256 keys 14.2 us eager /
 # 13.9 replayed, against 15.2 / 14.9 for 32 splits of 128 keys (the waves rule alone) and 16.4 / 15.8
 # for 64 of 64 (cuDNN 16.2 in the same run). Longer caches get their count from the waves rule first.
+# Contiguous caches only: a paged cache at batch 1 x 4096 read through TMA took 16.1 us with 16
+# splits against 15.4 with 32 (results/session-2026-12-01-i and -f); paged caches keep at least one
+# 128-key chunk per split, their count before this rule.
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 256
 _BLOCK_N_CUDA = 128
@@ -363,7 +366,7 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     programs = batch * nheads_kv * dispatch.cdiv(rows, block_m)
     if num_splits == 0:
         num_splits = _plan_override.get("num_splits") or _heuristic_splits(
-            programs, span, block_n, _num_sms(q.device), min_keys=MIN_KEYS_PER_SPLIT if q.is_cuda else block_n)
+            programs, span, block_n, _num_sms(q.device), min_keys=(_BLOCK_N_CUDA if paged else MIN_KEYS_PER_SPLIT) if q.is_cuda else 0)
     stages = _NUM_STAGES_SPLIT if split_tiles else _NUM_STAGES
     # paged caches: TMA without splits, and with at least _PAGED_TMA_MIN_SPLITS splits (policy notes)
     tma_default = _USE_TMA_DEFAULT or (paged and q.is_cuda and (num_splits == 1 or num_splits >= _PAGED_TMA_MIN_SPLITS))

@@ -177,7 +177,7 @@ def test_decode_long_cache(use_tma, paged, splits, pdl):
 def test_decode_paged_load_path_policy():
     """The plan's load path and tiles: a paged cache through TMA (128-key chunks, 2 stages) without
     splits and with many splits (decode._PAGED_TMA_MIN_SPLITS), through pointers with the split
-    tiles (64 keys, 3 stages) between; a contiguous cache through pointers, split tiles when split;
+    tiles (64 keys, 3 stages) between; a contiguous cache through pointers, split tiles when split,
     at least decode.MIN_KEYS_PER_SPLIT keys per split."""
     from ioattn import decode
     for batch, kvlen, tma, tiles in ((1, 16384, True, (128, 2)), (8, 8192, False, (64, 3)),
@@ -186,10 +186,11 @@ def test_decode_paged_load_path_policy():
         q = rnd(batch, 1, 32, 128)
         cfg = decode.plan(q, kw["k_cache"], kw["v_cache"], True, kvlen)
         assert cfg.use_tma == tma and (cfg.num_splits >= decode._PAGED_TMA_MIN_SPLITS or cfg.num_splits == 1) == tma
-        assert (cfg.block_n, cfg.num_stages) == tiles and kvlen // cfg.num_splits >= decode.MIN_KEYS_PER_SPLIT
+        assert (cfg.block_n, cfg.num_stages) == tiles
         kw, rnd = _decode_setup(batch, kvlen)
         cfg = decode.plan(q, kw["k_cache"], kw["v_cache"], False, kvlen)
         assert not cfg.use_tma and (cfg.block_n, cfg.num_stages) == ((128, 2) if cfg.num_splits == 1 else (64, 3))
+        assert kvlen // cfg.num_splits >= decode.MIN_KEYS_PER_SPLIT
 
 
 # ---------------------------------------------------------------- the Gluon Hopper forward (experimental)
