@@ -663,6 +663,9 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
         hb.kernel_config(64, "nope")
     with pytest.raises(ValueError, match="head dims 64 and 128"):
         hb.kernel_config(256, "ws")
+    x = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="deterministic=True needs variant \"ws\""):  # refused before any launch
+        hb.hopper_backward(x, x, x, x, x, torch.zeros(1, 2, 8), 0.125, False, variant="base", deterministic=True)
     seen = {}
 
     def fake(dout, q_, k_, v_, out, lse, scale, causal, variant, deterministic):

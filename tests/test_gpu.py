@@ -11,6 +11,20 @@ from conftest import assert_varlen_sequences, assert_within_torch_error
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
+def _assert_grads_match_oracle(grads, q, k, v, dout, window):
+    """(dq, dk, dv) of a backward kernel called directly: no NaN, and within 2x PyTorch's own error
+    in q's dtype of the float64 oracle's gradients."""
+    ref_in = [t.double().requires_grad_() for t in (q, k, v)]
+    ref, _ = attention_ref(*ref_in, window=window)
+    ref_grads = torch.autograd.grad(ref, ref_in, dout.double())
+    same_in = [t.clone().requires_grad_() for t in (q, k, v)]
+    same, _ = attention_ref(*same_in, window=window, upcast=False)
+    same_grads = torch.autograd.grad(same, same_in, dout)
+    for name, g, r, s in zip(("dq", "dk", "dv"), grads, ref_grads, same_grads):
+        assert not g.isnan().any(), name
+        assert_within_torch_error(name, g, r, s)
+
+
 def _check(b, sq, sk, h, hkv, d, dtype, causal=False, window=(-1, -1), softcap=0.0, alibi=False, varlen=False):
     q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
     k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, requires_grad=True)
@@ -363,15 +377,7 @@ def test_hopper_backward_deterministic(d, causal, shape, poison_alloc):
             for _ in range(3)]
     for name, *gs in zip(("dq", "dk", "dv"), *runs):
         assert not gs[0].isnan().any() and all(torch.equal(gs[0], g) for g in gs[1:]), name
-    window = (-1, 0) if causal else (-1, -1)
-    ref_in = [t.double().requires_grad_() for t in (q, k, v)]
-    ref, _ = attention_ref(*ref_in, window=window)
-    ref_grads = torch.autograd.grad(ref, ref_in, dout.double())
-    same_in = [t.clone().requires_grad_() for t in (q, k, v)]
-    same, _ = attention_ref(*same_in, window=window, upcast=False)
-    same_grads = torch.autograd.grad(same, same_in, dout)
-    for name, g, r, s in zip(("dq", "dk", "dv"), runs[0], ref_grads, same_grads):
-        assert_within_torch_error(name, g, r, s)
+    _assert_grads_match_oracle(runs[0], q, k, v, dout, (-1, 0) if causal else (-1, -1))
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
@@ -422,12 +428,4 @@ def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc
             out, lse = backends.triton_forward(q, k, v, None, None, sq, sk, scale, window, 0.0, None, 0.0, 0)
     dout = torch.randn_like(out)
     grads = hopper_backward(dout, q, k, v, out, lse, scale, causal, variant=variant)
-    ref_in = [t.double().requires_grad_() for t in (q, k, v)]
-    ref, _ = attention_ref(*ref_in, window=window)
-    ref_grads = torch.autograd.grad(ref, ref_in, dout.double())
-    same_in = [t.clone().requires_grad_() for t in (q, k, v)]
-    same, _ = attention_ref(*same_in, window=window, upcast=False)
-    same_grads = torch.autograd.grad(same, same_in, dout)
-    for name, g, r, s in zip(("dq", "dk", "dv"), grads, ref_grads, same_grads):
-        assert not g.isnan().any(), name
-        assert_within_torch_error(name, g, r, s)
+    _assert_grads_match_oracle(grads, q, k, v, dout, window)

@@ -222,6 +222,21 @@ def _key_block(nheads_kv, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
+def _store_dkdv(dK, dV, dk, dv, b, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, kv_layout: gl.constexpr,
+                HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr):
+    """The key block's dK (times softmax_scale) and dV, fp32 accumulators in ``kv_layout``, stored in
+    the inputs' dtype with masked pointer stores (keys past seqlen_k are not written): both kernels'
+    epilogue."""
+    out_keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+    out_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+    out_base = ((b * seqlen_k + n_start).to(gl.int64) * nheads_kv + h_kv) * HEAD_DIM
+    offs = out_keys[:, None] * (nheads_kv * HEAD_DIM) + out_cols[None, :]
+    key_ok = (n_start + out_keys < seqlen_k)[:, None]
+    gl.store(dV + out_base + offs, dv.to(dV.dtype.element_ty), mask=key_ok)
+    gl.store(dK + out_base + offs, (dk * softmax_scale).to(dK.dtype.element_ty), mask=key_ok)
+
+
+@gluon.jit
 def _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d, queries_1d,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
     """``_probs`` with the masks only where this step's tile needs them: keys past seqlen_k (not
@@ -387,13 +402,7 @@ def hopper_bwd_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, Lse, Delta, DQacc, d
         mbarrier.invalidate(qdo_bar.index(i))
     mbarrier.invalidate(kv_bar)
 
-    out_keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
-    out_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
-    out_base = ((b * seqlen_k + n_start).to(gl.int64) * nheads_kv + h_kv) * HEAD_DIM
-    offs = out_keys[:, None] * (nheads_kv * HEAD_DIM) + out_cols[None, :]
-    key_ok = (n_start + out_keys < seqlen_k)[:, None]
-    gl.store(dV + out_base + offs, dv.to(dV.dtype.element_ty), mask=key_ok)
-    gl.store(dK + out_base + offs, (dk * softmax_scale).to(dK.dtype.element_ty), mask=key_ok)
+    _store_dkdv(dK, dV, dk, dv, b, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, kv_layout, HEAD_DIM, BLOCK_N)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -569,13 +578,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         gl.thread_barrier()
         mbarrier.arrive(q_empty.index(s_idx), count=1)  # Q (and lse) done with
 
-    out_keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
-    out_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
-    out_base = ((b * seqlen_k + n_start).to(gl.int64) * nheads_kv + h_kv) * HEAD_DIM
-    offs = out_keys[:, None] * (nheads_kv * HEAD_DIM) + out_cols[None, :]
-    key_ok = (n_start + out_keys < seqlen_k)[:, None]
-    gl.store(dV + out_base + offs, dv.to(dV.dtype.element_ty), mask=key_ok)
-    gl.store(dK + out_base + offs, (dk * softmax_scale).to(dK.dtype.element_ty), mask=key_ok)
+    _store_dkdv(dK, dV, dk, dv, b, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, kv_layout, HEAD_DIM, BLOCK_N)
 
 
 @gluon.jit
@@ -697,6 +700,8 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
     assert nheads % nheads_kv == 0
     assert lse.shape == (batch, nheads, seqlen_q) and lse.stride(2) == 1 and lse.dtype == torch.float32
     cfg = kernel_config(d, variant)
+    if deterministic and variant != "ws":
+        raise ValueError(f"deterministic=True needs variant \"ws\" (the ordered dQ mode), got {variant!r}")
     q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
@@ -720,8 +725,6 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     bn = cfg["block_n"]
     grid = (triton_cdiv(seqlen_k, bn), batch * nheads_kv)
-    if deterministic and variant != "ws":
-        raise ValueError("deterministic=True needs the \"ws\" variant")
     if variant == "base":
         q_layout = gl.NVMMASharedLayout.get_default_for([bm, d], gdt)
         kv_layout = gl.NVMMASharedLayout.get_default_for([bn, d], gdt)
