@@ -74,9 +74,10 @@ def check(job):
             regs += f"[{why[:160]}] "
         if variant != "base":
             # deterministic: the dQ writer's semaphore loop may spill a few bytes in its 24 registers
-            # (8 B at d=128 with ptxas 12.8: one warp, a handful of instructions per step)
-            assert not serialized and spills <= (8 if det else 0), (where, "ptxas serialised the wgmmas or spilled",
-                                                                    spills, why)
+            # (d=128 with ptxas 12.8: 8 B non-causal, 16 B causal; one warp, a handful of
+            # instructions per step)
+            assert not serialized and spills <= (16 if det else 0), (where, "ptxas serialised the wgmmas or spilled",
+                                                                     spills, why)
     waits = ",".join(f"w{n}x{cnt}" for n, cnt in sorted(c["waits"].items()))
     atoms = " ".join(f"{op}x{n}" for op, n in sorted(c["atomics"].items()))
     nreg = " ".join(f"{op}{v}x{n}" for (op, v), n in sorted(c["setmaxnreg"].items(),

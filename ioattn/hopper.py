@@ -362,7 +362,9 @@ def bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple
             return False, ("deterministic=True: the portable backward (the Gluon one's ordered mode is off, "
                            "hopper.DETERMINISTIC_WS = False)")
         if window == (-1, 0):
-            return False, "deterministic=True and causal: the portable backward (measured faster than the ordered mode)"
+            # the ascending order measured slower than the portable backward; the descending
+            # order that replaced it (NOTES §34) has not run on the device yet
+            return False, "deterministic=True and causal: the portable backward (the ordered mode is not measured faster)"
     wanted, why = bwd_policy(q, causal=window == (-1, 0))
     if not wanted:
         return False, why

@@ -215,10 +215,14 @@ def _dq_layout(num_warps, head_dim):
 
 
 @gluon.jit
-def _key_block(nheads_kv, BLOCK_N: gl.constexpr):
-    """This program's (batch, KV head, first key) from the grid (key blocks, batch * KV heads)."""
+def _key_block(nheads_kv, BLOCK_N: gl.constexpr, REVERSED: gl.constexpr = False):
+    """This program's (batch, KV head, first key) from the grid (key blocks, batch * KV heads);
+    ``REVERSED``: the key blocks in reverse grid order (the last one launched first)."""
     bh = gl.program_id(1)
-    return bh // nheads_kv, bh % nheads_kv, gl.program_id(0) * BLOCK_N
+    n = gl.program_id(0)
+    if REVERSED:
+        n = gl.num_programs(0) - 1 - n
+    return bh // nheads_kv, bh % nheads_kv, n * BLOCK_N
 
 
 @gluon.jit
@@ -462,19 +466,25 @@ def _bulk_complete_and_release(sem):
 
 
 @gluon.jit
-def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, Sem, b, h0, m_lo, n_m, n_iter, seqlen_q, nheads, n_m_total,
-                  n_block, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, DETERMINISTIC: gl.constexpr):
+def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, Sem, b, h0, m_lo, n_m, n_iter, seqlen_q, seqlen_k, nheads,
+                  n_m_total, n_block, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  IS_CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr):
     """The 1-warp dQ writer: per step, once the consumers have put the step's dQ block (fp32,
     unscaled) in ``dq_smem`` (``dq_full``), one TMA reduce-add of it into the dQ accumulator; when
     the bulk copy has read the tile, the buffer goes back to the consumers (``dq_empty``).
 
-    ``DETERMINISTIC``: the reduce-adds into each (batch, head, query block) go in key-block order,
-    FlashAttention-3's semaphore scheme. ``Sem`` holds one zeroed int32 counter per (batch, head,
-    query block); key block j waits until the counter reads j, adds, waits for the add to complete
-    and increments it. The key blocks that reach a query block are always a prefix 0..J of the
-    key blocks (non-causal: all; causal: m_lo grows with j), so "j earlier additions" is exact; a
-    program only waits on lower key blocks of its own (batch, KV head), launched before it (the
-    key block is the grid's fastest dimension), so the wait cannot close a cycle."""
+    ``DETERMINISTIC``: the reduce-adds into each (batch, head, query block) go in a fixed key-block
+    order, FlashAttention-3's semaphore scheme. ``Sem`` holds one zeroed int32 counter per (batch,
+    head, query block); a key block waits until the counter reads its rank in the order, adds, waits
+    for the add to complete and increments it. The key blocks that reach query block i are a prefix
+    0..J_i (non-causal: all; causal: m_lo grows with the key block). Non-causal: ascending order,
+    rank j. Causal: descending, rank J_i - j, so every key block's first (diagonal) query block,
+    where it is the last contributor J_i, needs no wait (in ascending order it waited for every lower
+    key block to get there: the programs ran one after another, NOTES §32; the descending order
+    compiles for sm_90 but has not run on the device yet, NOTES §34); the kernel then
+    launches the key blocks in reverse (``_key_block``). Either way a program waits only on key
+    blocks of its own (batch, KV head) launched before it (the key block is the grid's fastest
+    dimension), so the wait cannot close a cycle, however few programs are resident."""
     for t in range(n_iter):
         h = h0 + t // n_m
         m = m_lo + t % n_m
@@ -482,7 +492,11 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, Sem, b, h0, m_lo, n_m, n_
         mbarrier.wait(dq_full, t & 1)
         if DETERMINISTIC:
             sem = Sem + (b * nheads + h) * n_m_total + m
-            while gl.atomic_add(sem, 0, sem="acquire", scope="gpu") != n_block:
+            rank = n_block
+            if IS_CAUSAL:  # the last key block reaching query block m goes first
+                last = gl.minimum(gl.cdiv(seqlen_k, BLOCK_N) - 1, (m * BLOCK_M + BLOCK_M - 1 + seqlen_k - seqlen_q) // BLOCK_N)
+                rank = last - n_block
+            while gl.atomic_add(sem, 0, sem="acquire", scope="gpu") != rank:
                 pass
         _tma_reduce_add(dq_desc, [row, h * HEAD_DIM], dq_smem)
         if DETERMINISTIC:
@@ -601,7 +615,8 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     dtype: gl.constexpr = q_desc.dtype
 
     nheads_kv = nheads // group
-    b, h_kv, n_start = _key_block(nheads_kv, BLOCK_N)
+    # deterministic + causal: the key blocks launch in reverse, the order their dQ additions take
+    b, h_kv, n_start = _key_block(nheads_kv, BLOCK_N, DETERMINISTIC and IS_CAUSAL)
     n_m_total = gl.cdiv(seqlen_q, BLOCK_M)
     m_lo = 0
     if IS_CAUSAL:
@@ -652,8 +667,8 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
                         b * seqlen_k + n_start, h_kv * HEAD_DIM, m_lo, n_m, n_iter, seqlen_q, nheads, stat_stride,
                         HEAD_DIM, BLOCK_M, STAGES)),
-        (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, b, h0, m_lo, n_m, n_iter, seqlen_q, nheads,
-                         n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, DETERMINISTIC)),
+        (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, b, h0, m_lo, n_m, n_iter, seqlen_q, seqlen_k,
+                         nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, BLOCK_N, IS_CAUSAL, DETERMINISTIC)),
     ], [1, 1], [WS_WORKER_REGS, WS_WORKER_REGS])
 
 
