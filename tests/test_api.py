@@ -561,6 +561,16 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
         cfg = hopper.kernel_config(64)
         assert (cfg["q_rows"], cfg["num_warps"]) == (64, 4) and cfg["constexprs"]["NUM_WG"] == 3
     assert hopper.kernel_config(64, "pingpong")["constexprs"]["NUM_WG"] == 2
+    # persistent: the ping-pong kernel's tiles and warpgroups, the tile loop on; no varlen
+    cfg = hopper.kernel_config(128, "persistent")
+    assert cfg["constexprs"]["PERSISTENT"] and not hopper.kernel_config(128, "pingpong")["constexprs"]["PERSISTENT"]
+    assert hopper.TILE_TABLE["persistent"] == hopper.TILE_TABLE["pingpong"] and cfg["constexprs"]["NUM_WG"] == 2
+    with hopper.variant("persistent"):
+        q16 = torch.empty(64, 2, 128, dtype=torch.bfloat16)
+        monkeypatch.setattr(hopper, "GLUON_VARLEN", True)
+        assert hopper.call_supported(q16, q16, q16, True, (-1, -1), 0.0, None, 0.0) == (
+            False, "varlen: not in the persistent variant")
+        monkeypatch.setattr(hopper, "GLUON_VARLEN", False)
     monkeypatch.setenv("IOATTN_HOPPER_VARIANT", "base")
     assert hopper.active_variant() == "base" and 256 not in hopper.TILES
     with pytest.raises(ValueError, match="unknown Hopper kernel variant 'nope'"):

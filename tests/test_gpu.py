@@ -210,7 +210,7 @@ def test_decode_paged_load_path_policy():
 # ---------------------------------------------------------------- the Gluon Hopper forward (experimental)
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant", ["base", "pingpong", "split", "wg3"])
+@pytest.mark.parametrize("variant", ["base", "pingpong", "split", "wg3", "persistent"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -222,7 +222,8 @@ def test_decode_paged_load_path_policy():
 def test_hopper_forward(variant, d, causal, dtype, shape, poison_alloc):
     """Against the float64 oracle (2x PyTorch's own error), forward and the gradients of the portable
     backward fed by this forward's output and lse; NaN-poisoned outputs would show. Every kernel
-    variant (base, FA3 ping-pong, and ping-pong's structure without the ordering)."""
+    variant (base, FA3 ping-pong, ping-pong's structure without the ordering, three warpgroups, the
+    persistent ping-pong)."""
     from ioattn import hopper
     if d not in hopper.TILE_TABLE[variant]:
         pytest.skip(f"the {variant} variant has no head dim {d}")
@@ -328,6 +329,24 @@ def test_hopper_backward_through_the_api(variant, d, causal, monkeypatch, poison
         _check(2, 700, 900, 4, 2, d, torch.bfloat16, causal=causal)
         wide = torch.randn(1, 64, 2, 256, device="cuda", dtype=torch.bfloat16)
         assert "attn_bwd_dkdv_kernel" in ioattn.explain_dispatch(wide, wide, wide).backward["kernels"]
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+# more tiles than SMs, so every program walks several: 256, 768 tiles; (8, 777, 300, 8, 4): causal
+# tiles whose rows see no key (seqlen_q > seqlen_k) between tiles that do; GQA 2 and 4
+@pytest.mark.parametrize("shape", [(4, 1000, 1000, 8, 4), (3, 2048, 2048, 16, 8), (8, 777, 300, 8, 4)])
+def test_hopper_forward_persistent_tile_loop(d, causal, shape, poison_alloc):
+    """The persistent ping-pong kernel with several tiles per program (the ring's use count, the
+    turn order and the Q prefetch carried across tiles) against the float64 oracle, with the
+    gradients of the backward it feeds."""
+    from ioattn import hopper
+    b, sq, sk, h, hkv = shape
+    tiles = -(-sq // hopper.TILE_TABLE["persistent"][d][0]) * b * h
+    assert tiles > torch.cuda.get_device_properties(0).multi_processor_count
+    with hopper.variant("persistent"), hopper.prefer_hopper(True):
+        _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=causal)
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")

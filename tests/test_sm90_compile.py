@@ -27,13 +27,14 @@ def test_kernels_compile_for_sm90():
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 def test_hopper_gluon_kernel_compiles_for_sm90():
-    """The Gluon forward (experimental, opt-in), every variant (base; pingpong; split, its diagnostic
-    twin without the ordering; wg3, three consumer warpgroups), compiles for each of its head dims and
+    """The Gluon forward, every variant (base; pingpong; split, its diagnostic twin without the
+    ordering; wg3, three consumer warpgroups; persistent, ping-pong with a tile loop), compiles for each of its head dims and
     both masks (bf16 only: fp16 is the same code but the dtype; the script's default covers both; wg3
     at one configuration, causal, to keep CI short; the packed-batch IS_VARLEN kernel at one, pingpong d = 128
 causal), fits shared memory and uses wgmma, TMA and
     register reallocation; the ping-pong variants have one consumer partition per warpgroup, K/V
-    slots released by every warpgroup, and ptxas neither serialises their wgmmas (C7514) nor spills."""
+    slots released by every warpgroup, and ptxas neither serialises their wgmmas (C7514) nor spills
+    (persistent: at most a few per-tile values around its tile loop, the script's bound)."""
     pytest.importorskip("triton.experimental.gluon")
     from ioattn import hopper
 

@@ -1,8 +1,11 @@
-"""Hopper forward in Gluon (FlashAttention-3 structure). EXPERIMENTAL: compiled for sm_90 in CI
-(ahead of time, no GPU), opt-in, never dispatched by default.
+"""Hopper forward in Gluon (FlashAttention-3 structure): the default forward on sm_90 where
+``ioattn.hopper.AUTO_MIN_SEQLEN`` says so; compiled for sm_90 in CI (ahead of time, no GPU), run on
+the device by tests/test_gpu.py.
 
 One program per (query block, batch * head), warp-specialised partitions; compile-time variants of
-the consumer side (``PINGPONG``, ``NUM_WG``, ``ORDERED``), the producer and the softmax/PV helpers shared:
+the consumer side (``PINGPONG``, ``NUM_WG``, ``ORDERED``), the producer and the softmax/PV helpers shared.
+``PERSISTENT`` (ping-pong only): one program per SM walking the tiles instead (see
+``_persistent_consumer``):
 
 * **Producer** (1 warp, 24 registers): TMA bulk copies of K and V tiles into a ``STAGES``-deep
   shared-memory ring; ``k_ready``/``v_ready`` barriers complete when a tile's bytes have landed,
@@ -70,11 +73,14 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 @gluon.jit
 def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col, n_lo,
-              n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    for i in range(n_tiles):
+              n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, g0=0):
+    """K and V tiles n_lo .. n_lo + n_tiles - 1 into the ring; ``g0``: ring uses before this call
+    (a persistent program's running count), which fixes each tile's slot and phase."""
+    for j in range(n_tiles):
+        i = g0 + j
         s = i % STAGES
         reuse_phase = ((i // STAGES) & 1) ^ 1  # the consumers' release of this slot's previous tile
-        row = kv_row0 + (n_lo + i) * BLOCK_N
+        row = kv_row0 + (n_lo + j) * BLOCK_N
         mbarrier.wait(k_empty.index(s), reuse_phase, pred=i >= STAGES)
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [row, kv_col], k_ready.index(s), k_smem.index(s))
@@ -305,23 +311,44 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
       for a row with no key yet), so m, l and O are unchanged; rows that see no key at all end with
       l = 0 and store 0 and lse = -inf. Rows past ``seqlen_q`` are computed, not stored.
     """
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [q_row0, q_col], q_bar, q_smem)
+    mbarrier.wait(q_bar, 0)
+    o, m_i, l_i = _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn, next_turn,
+                               m_start, seqlen_q, seqlen_k, n_lo, n_tiles, qk_scale, 0, 0, HEAD_DIM, BLOCK_M, BLOCK_N,
+                               STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, False)
+    rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _wg_acc_layout(BLOCK_N)))
+    _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
+              _wg_acc_layout(HEAD_DIM), BLOCK_M, HEAD_DIM)
+
+
+@gluon.constexpr_function
+def _wg_acc_layout(cols):
+    """The wgmma accumulator layout of one warpgroup's (64 rows x ``cols``) product: S (``cols`` =
+    BLOCK_N) and O (``cols`` = HEAD_DIM) of a ping-pong consumer."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, cols, 16])
+
+
+@gluon.jit
+def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn, next_turn, m_start, seqlen_q,
+                 seqlen_k, n_lo, n_tiles, qk_scale, g0, sec0, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr,
+                 TURN0: gl.constexpr, ORDERED: gl.constexpr, LEAN: gl.constexpr, RELEASE_LAST: gl.constexpr):
+    """One query tile's key loop for one ping-pong warpgroup (Q already in ``q_smem``): returns the
+    unnormalised (O, m, l). ``g0``: ring uses before this tile, ``sec0``: this warpgroup's critical
+    sections before it (both 0 for a one-tile program; a persistent program's running counts), so
+    slots, phases and turns continue across tiles. ``RELEASE_LAST``: release the last V slot too (a
+    persistent program reloads it; a one-tile program never does)."""
     num_warps: gl.constexpr = gl.num_warps()
     gl.static_assert(num_warps == 4, "a ping-pong consumer is one warpgroup")
     gl.static_assert(STAGES >= 2, "S(i+1) and P(i) V(i) are in flight together")
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
+    s_layout: gl.constexpr = _wg_acc_layout(BLOCK_N)
+    o_layout: gl.constexpr = _wg_acc_layout(HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     rows_1d = gl.arange(0, BLOCK_M, layout=row_layout)
     cols_1d = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     dtype: gl.constexpr = v_smem.dtype
-
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [q_row0, q_col], q_bar, q_smem)
-    mbarrier.wait(q_bar, 0)
-
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
@@ -329,25 +356,25 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
     diag = m_start + seqlen_k - seqlen_q  # the last key column this warpgroup's first row may see
 
     # section #0: S(0); its softmax (always masked: it may be the last tile) runs outside the turn
-    mbarrier.wait(k_ready.index(0), 0)
-    _turn_wait(my_turn, 0, TURN0, ORDERED)
-    s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    mbarrier.wait(k_ready.index(g0 % STAGES), (g0 // STAGES) & 1)
+    _turn_wait(my_turn, sec0, TURN0, ORDERED)
+    s_tok = warpgroup_mma(q_smem, k_smem.index(g0 % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     _turn_pass(next_turn, ORDERED)
     s = warpgroup_mma_wait(0, deps=[s_tok])
-    mbarrier.arrive(k_empty.index(0), count=1)
+    mbarrier.arrive(k_empty.index(g0 % STAGES), count=1)
     p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q, seqlen_k, rows_1d,
                                        cols_1d, True, IS_CAUSAL, LEAN)
     p16 = gl.convert_layout(p.to(dtype), p_layout)  # O is still 0: no rescale
 
     for i in range(n_tiles - 1):
         # section #(i+1): S(i+1) and P(i) V(i), issued back to back, then the turn passes on
-        nxt = (i + 1) % STAGES
-        cur = i % STAGES
-        mbarrier.wait(k_ready.index(nxt), ((i + 1) // STAGES) & 1)
-        mbarrier.wait(v_ready.index(cur), (i // STAGES) & 1)
-        _turn_wait(my_turn, i + 1, TURN0, ORDERED)
+        nxt = (g0 + i + 1) % STAGES
+        cur = (g0 + i) % STAGES
+        mbarrier.wait(k_ready.index(nxt), ((g0 + i + 1) // STAGES) & 1)
+        mbarrier.wait(v_ready.index(cur), ((g0 + i) // STAGES) & 1)
+        _turn_wait(my_turn, sec0 + i + 1, TURN0, ORDERED)
         s_tok = warpgroup_mma(q_smem, k_smem.index(nxt).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        o_tok = _pv_mma(o, p16, v_smem, i, STAGES)
+        o_tok = _pv_mma(o, p16, v_smem, g0 + i, STAGES)
         _turn_pass(next_turn, ORDERED)
         # S(i+1) done (groups retire in order; P(i) V(i) may still run)
         s = warpgroup_mma_wait(1, deps=[s_tok])
@@ -370,16 +397,141 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p16 = gl.convert_layout(p.to(dtype), p_layout)
 
-    # section #n: the last P(n-1) V(n-1) (its slot is never reloaded: no release)
-    last = n_tiles - 1
+    # section #n: the last P(n-1) V(n-1)
+    last = g0 + n_tiles - 1
     mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-    _turn_wait(my_turn, n_tiles, TURN0, ORDERED)
+    _turn_wait(my_turn, sec0 + n_tiles, TURN0, ORDERED)
     o_tok = _pv_mma(o, p16, v_smem, last, STAGES)
     _turn_pass(next_turn, ORDERED)
     o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
+    if RELEASE_LAST:
+        mbarrier.arrive(v_empty.index(last % STAGES), count=1)
+    return o, m_i, l_i
 
-    _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om, o_layout,
-              BLOCK_M, HEAD_DIM)
+
+@gluon.jit
+def _tile_bhm(t, num_m, nheads, IS_CAUSAL: gl.constexpr):
+    """Tile ``t`` of the (batch * heads) x (query blocks) grid -> (b, h, m_block); under a causal mask
+    each head's query blocks in reverse, the longest rows first (a balanced tail)."""
+    m_block = t % num_m
+    if IS_CAUSAL:
+        m_block = num_m - 1 - m_block
+    bh = t // num_m
+    return bh // nheads, bh % nheads, m_block
+
+
+@gluon.jit
+def _kv_tile_count(m_start, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   IS_CAUSAL: gl.constexpr):
+    """Key tiles (from the first) that the query rows [m_start, m_start + BLOCK_M) see: all of
+    them, or under a causal mask up to the last row's diagonal (<= 0: no row sees a key)."""
+    n_hi = gl.cdiv(seqlen_k, BLOCK_N)
+    if IS_CAUSAL:
+        last_row = gl.minimum(m_start + BLOCK_M, seqlen_q) - 1
+        n_hi = gl.minimum(n_hi, gl.cdiv(gl.maximum(last_row + 1 + seqlen_k - seqlen_q, 0), BLOCK_N))
+    return n_hi
+
+
+@gluon.jit
+def _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, stride_om, ROWS: gl.constexpr,
+                       HEAD_DIM: gl.constexpr):
+    """Rows [m_start, m_start + ROWS) that see no key (causal, seqlen_q > seqlen_k): output 0, lse
+    -inf, in chunks of the largest power of two dividing ROWS (gl.arange needs one: the whole block
+    at 128, three chunks of 64 at 192)."""
+    zl: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [gl.num_warps(), 1], [1, 0])
+    Z_ROWS: gl.constexpr = ROWS & -ROWS
+    for c in gl.static_range(ROWS // Z_ROWS):
+        rows = m_start + c * Z_ROWS + gl.arange(0, Z_ROWS, layout=gl.SliceLayout(1, zl))
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, zl))
+        ptrs = Out + (q_row0 - m_start + rows).to(gl.int64)[:, None] * stride_om + q_col + cols[None, :]
+        gl.store(ptrs, gl.zeros([Z_ROWS, HEAD_DIM], Out.dtype.element_ty, layout=zl), mask=(rows < seqlen_q)[:, None])
+        gl.store(Lse + lse_base + rows, gl.full([Z_ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, zl)),
+                 mask=rows < seqlen_q)
+
+
+@gluon.jit
+def _persistent_producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, num_tiles, num_m,
+                         nheads, group, seqlen_q, seqlen_k, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                         BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """``_producer`` over this program's tiles (t = program id, + programs, ...), the ring's use
+    count running on across tiles, so it loads the next tile's K/V while the consumers finish the
+    current one."""
+    g0 = 0
+    for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        b, h, m_block = _tile_bhm(t, num_m, nheads, IS_CAUSAL)
+        n_tiles = gl.maximum(_kv_tile_count(m_block * BLOCK_M, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL), 0)
+        _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, b * seqlen_k,
+                  (h // group) * HEAD_DIM, 0, n_tiles, BLOCK_N, STAGES, g0)
+        g0 += n_tiles
+
+
+@gluon.jit
+def _tile_rows(t, num_m, nheads, seqlen_q, stride_lse_b, stride_lse_h, row_off, HEAD_DIM: gl.constexpr,
+               CTA_M: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """Tile t's rows for a warpgroup ``row_off`` rows into it: (first row, its packed Q/O row, the
+    head's column, the lse offset)."""
+    b, h, m_block = _tile_bhm(t, num_m, nheads, IS_CAUSAL)
+    m_start = m_block * CTA_M + row_off
+    return m_start, b * seqlen_q + m_start, h * HEAD_DIM, b.to(gl.int64) * stride_lse_b + h.to(gl.int64) * stride_lse_h
+
+
+@gluon.jit
+def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn,
+                         next_turn, Out, Lse, num_tiles, num_m, nheads, seqlen_q, seqlen_k, stride_om, stride_lse_b,
+                         stride_lse_h, qk_scale, row_off, HEAD_DIM: gl.constexpr, CTA_M: gl.constexpr,
+                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                         MASK_ALL: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr):
+    """A ping-pong consumer warpgroup of the persistent kernel: rows [row_off, row_off + BLOCK_M) of
+    each of this program's CTA_M-row tiles (t = program id, + programs, ...; the producer walks the
+    same list). Per tile: ``_pp_mainloop`` with the ring's use count (``g0``) and this warpgroup's
+    critical-section count (``sec0``) running on across tiles, so slots, phases and the turn order
+    continue (both warpgroups run the same number of sections per tile: n + 1, 0 for a tile no
+    row of which sees a key); every V slot is released (the next tile reloads it). When a tile's
+    S products have retired, Q's buffer is free: the next tile's Q load is issued there, before this
+    tile's epilogue, so it lands while the epilogue stores (the producer is meanwhile loading the
+    next tile's K and V). ``q_pending``: that load was issued (a tile with no visible key loads no Q;
+    the tile after it then loads its own)."""
+    o_layout: gl.constexpr = _wg_acc_layout(HEAD_DIM)
+    rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _wg_acc_layout(BLOCK_N)))
+    g0 = 0
+    sec0 = 0
+    q_count = 0
+    q_pending = 0
+    nprog = gl.num_programs(0)
+    for t in range(gl.program_id(0), num_tiles, nprog):
+        # only the tile index, its key-tile count and first row stay live across the key loop (the
+        # rest is recomputed from t after it: 240 registers leave no room, ptxas spilled otherwise)
+        b, h, m_block = _tile_bhm(t, num_m, nheads, IS_CAUSAL)
+        n_tiles = _kv_tile_count(m_block * CTA_M, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL)
+        m_start = m_block * CTA_M + row_off
+        if n_tiles > 0:
+            if q_pending == 0:
+                mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(q_desc, [b * seqlen_q + m_start, h * HEAD_DIM], q_bar, q_smem)
+            mbarrier.wait(q_bar, q_count & 1)
+            q_count += 1
+            o, m_i, l_i = _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn, next_turn,
+                                       m_start, seqlen_q, seqlen_k, 0, n_tiles, qk_scale, g0, sec0, HEAD_DIM, BLOCK_M,
+                                       BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, False, True)
+            g0 += n_tiles
+            sec0 += n_tiles + 1
+            q_pending = 0
+            t_next = t + nprog
+            if t_next < num_tiles:
+                b2, h2, m2 = _tile_bhm(t_next, num_m, nheads, IS_CAUSAL)
+                if _kv_tile_count(m2 * CTA_M, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL) > 0:
+                    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(q_desc, [b2 * seqlen_q + m2 * CTA_M + row_off, h2 * HEAD_DIM],
+                                                    q_bar, q_smem)
+                    q_pending = 1
+            m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, nheads, seqlen_q, stride_lse_b, stride_lse_h,
+                                                          row_off, HEAD_DIM, CTA_M, IS_CAUSAL)
+            _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
+                      o_layout, BLOCK_M, HEAD_DIM)
+        else:
+            m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, nheads, seqlen_q, stride_lse_b, stride_lse_h,
+                                                          row_off, HEAD_DIM, CTA_M, IS_CAUSAL)
+            _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, stride_om, BLOCK_M, HEAD_DIM)
 
 
 @gluon.jit
@@ -394,11 +546,60 @@ def _init_ring(k_ready, k_empty, v_ready, v_empty, STAGES: gl.constexpr, RELEASE
 
 
 @gluon.jit
+def _pp_shared(q_desc, k_desc, v_desc, NUM_WG: gl.constexpr, WG_ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+               HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+    """The ping-pong kernels' shared memory: NUM_WG Q tiles (one per consumer warpgroup), the K/V
+    ring, and their barriers, initialised (K/V slots released by every warpgroup)."""
+    dtype: gl.constexpr = q_desc.dtype
+    bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
+    q_smem = gl.allocate_shared_memory(dtype, [NUM_WG, WG_ROWS, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], bar_layout)
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    turn = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], bar_layout)
+    for w in gl.static_range(NUM_WG):
+        mbarrier.init(q_bar.index(w), count=1)
+        mbarrier.init(turn.index(w), count=1)
+    _init_ring(k_ready, k_empty, v_ready, v_empty, STAGES, NUM_WG)  # every warpgroup releases each slot
+    fence_async_shared()
+    return q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn
+
+
+@gluon.jit
+def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om, stride_lse_b,
+                    stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, ORDERED: gl.constexpr):
+    """The persistent ping-pong kernel's body (``hopper_fwd_kernel(PERSISTENT=True)``): the same
+    shared memory and partitions as the one-tile kernel (two consumer warpgroups of 64 rows, the
+    producer warp, 240 / 24 registers), each partition walking this program's tiles."""
+    WG_ROWS: gl.constexpr = BLOCK_M // 2
+    gl.static_assert(q_desc.block_type.shape[0] == WG_ROWS, "ping-pong: Q descriptor block is [64, HEAD_DIM]")
+    q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn = _pp_shared(
+        q_desc, k_desc, v_desc, 2, WG_ROWS, BLOCK_N, HEAD_DIM, STAGES)
+    gl.warp_specialize(
+        [(_persistent_consumer, (q_desc, q_smem.index(w), q_bar.index(w), k_smem, v_smem, k_ready, k_empty, v_ready,
+                                 v_empty, turn.index(w), turn.index((w + 1) % 2), Out, Lse, num_tiles, num_m, nheads,
+                                 seqlen_q, seqlen_k, stride_om, stride_lse_b, stride_lse_h, qk_scale, w * WG_ROWS,
+                                 HEAD_DIM, BLOCK_M, WG_ROWS, BLOCK_N, STAGES, IS_CAUSAL, IS_CAUSAL,
+                                 1 if w == 0 else 0, ORDERED))
+         if w < 2 else
+         (_persistent_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, num_tiles, num_m,
+                                 nheads, group, seqlen_q, seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL))
+         for w in (0, 1, 2)],
+        [4, 1], [240, 32])
+
+
+@gluon.jit
 def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, seqlen_k, nheads, group, stride_om,
                       stride_lse_b, stride_lse_h, qk_scale,
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                       IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr = False, NUM_WG: gl.constexpr = 2,
-                      ORDERED: gl.constexpr = True, LEAN: gl.constexpr = False, IS_VARLEN: gl.constexpr = False):
+                      ORDERED: gl.constexpr = True, LEAN: gl.constexpr = False, IS_VARLEN: gl.constexpr = False,
+                      PERSISTENT: gl.constexpr = False, num_tiles=0):
     """``PINGPONG=False`` (the default, launched with num_warps = 4 * BLOCK_M // 64): one consumer
     partition of BLOCK_M // 64 warpgroups in lockstep, Q descriptor block [BLOCK_M, HEAD_DIM]
     (``NUM_WG`` unused). ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 64 * NUM_WG):
@@ -414,15 +615,20 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
     from the sequence's start, the lse is (nheads, total_q) (``stride_lse_b`` = 0, the sequence's
     start added to the offset). Every mask and store below then uses the sequence's own lengths; a
     program whose query block lies past its sequence's end exits at once (writes nothing: the
-    launcher zeroes out and fills lse with -inf beforehand, for tokens no sequence owns)."""
+    launcher zeroes out and fills lse with -inf beforehand, for tokens no sequence owns).
+
+    ``PERSISTENT`` (ping-pong, two warpgroups, fixed length; ``num_tiles`` = the tiles of the
+    one-program-per-tile grid): launched with at most one program per SM, each walking tiles
+    pid, pid + programs, ... (``_persistent_consumer``, ``_persistent_producer``)."""
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
-    pid = gl.program_id(0)
-    m_block = pid % num_m
-    if IS_CAUSAL:
-        m_block = num_m - 1 - m_block  # the longest rows first: a balanced tail
-    bh = pid // num_m
-    b = bh // nheads
-    h = bh % nheads
+    if PERSISTENT:
+        gl.static_assert(PINGPONG and NUM_WG == 2 and not LEAN and not IS_VARLEN,
+                         "persistent: the two-warpgroup ping-pong kernel, fixed-length batches")
+        _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om, stride_lse_b,
+                        stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
+                        ORDERED)
+        return
+    b, h, m_block = _tile_bhm(gl.program_id(0), num_m, nheads, IS_CAUSAL)
     m_start = m_block * BLOCK_M
     if IS_VARLEN:
         start_q = gl.load(Cu_q + b)
@@ -431,12 +637,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
         seqlen_k = gl.load(Cu_k + b + 1) - start_k
         if m_start >= seqlen_q:  # past this sequence's queries (the grid covers the longest): nothing
             return
-    n_hi = gl.cdiv(seqlen_k, BLOCK_N)
-    if IS_CAUSAL:
-        last_row = gl.minimum(m_start + BLOCK_M, seqlen_q) - 1
-        n_hi = gl.minimum(n_hi, gl.cdiv(gl.maximum(last_row + 1 + seqlen_k - seqlen_q, 0), BLOCK_N))
     n_lo = 0
-    n_tiles = n_hi - n_lo
+    n_tiles = _kv_tile_count(m_start, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
     # masks: the last tile always (key end, diagonal); under a causal mask also the tiles the
     # diagonal crosses (checked per tile); no other tile can be cut, since only the last one reaches
     # the key end
@@ -457,18 +659,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
         q_row0 = b * seqlen_q + m_start
     q_col = h * HEAD_DIM
     if n_tiles <= 0:  # causal rows that see no key (seqlen_q > seqlen_k): output 0, lse -inf
-        zl: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [gl.num_warps(), 1], [1, 0])
-        # in chunks of the largest power of two dividing BLOCK_M (gl.arange needs one): the whole
-        # block at 128, three chunks of 64 at 192 ("wg3")
-        Z_ROWS: gl.constexpr = BLOCK_M & -BLOCK_M
-        for c in gl.static_range(BLOCK_M // Z_ROWS):
-            rows = m_start + c * Z_ROWS + gl.arange(0, Z_ROWS, layout=gl.SliceLayout(1, zl))
-            cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, zl))
-            ptrs = Out + (q_row0 - m_start + rows).to(gl.int64)[:, None] * stride_om + q_col + cols[None, :]
-            gl.store(ptrs, gl.zeros([Z_ROWS, HEAD_DIM], Out.dtype.element_ty, layout=zl),
-                     mask=(rows < seqlen_q)[:, None])
-            gl.store(Lse + lse_base + rows, gl.full([Z_ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, zl)),
-                     mask=rows < seqlen_q)
+        _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, stride_om, BLOCK_M, HEAD_DIM)
         return
 
     dtype: gl.constexpr = q_desc.dtype
@@ -487,20 +678,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
         gl.static_assert(BLOCK_M == 64 * NUM_WG, "one consumer warpgroup per 64 query rows")
         WG_ROWS: gl.constexpr = BLOCK_M // NUM_WG
         gl.static_assert(q_desc.block_type.shape[0] == WG_ROWS, "ping-pong: Q descriptor block is [64, HEAD_DIM]")
-        q_smem = gl.allocate_shared_memory(dtype, [NUM_WG, WG_ROWS, HEAD_DIM], q_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], bar_layout)
-        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-        turn = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], bar_layout)
-        for w in gl.static_range(NUM_WG):
-            mbarrier.init(q_bar.index(w), count=1)
-            mbarrier.init(turn.index(w), count=1)
-        _init_ring(k_ready, k_empty, v_ready, v_empty, STAGES, NUM_WG)  # every warpgroup releases each slot
-        fence_async_shared()
+        q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn = _pp_shared(
+            q_desc, k_desc, v_desc, NUM_WG, WG_ROWS, BLOCK_N, HEAD_DIM, STAGES)
         # Register budget: 65536 per SM; the producer warp is padded to a warpgroup (Triton), so
         # NUM_WG + 1 warpgroups of 128 threads; the producer at 24, the consumers share the rest in
         # multiples of 8: (65536 / 128 - 24) / NUM_WG rounded down to 8.
