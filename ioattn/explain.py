@@ -62,8 +62,8 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     forward["gluon_hopper"] = gluon
     tiles = dispatch.cdiv(seqlen_q, forward["tiles"][0]) * batch * nheads
     forward["tiles_count"] = tiles
-    forward["programs"] = (dispatch.fwd_persistent_programs(q.device, tiles) if "hopper" not in forward["kernel"]
-                           else 0) or tiles
+    forward["programs"] = (hopper.grid_programs(q.device, d, tiles) if "hopper" in forward["kernel"]
+                           else dispatch.fwd_persistent_programs(q.device, tiles) or tiles)
     gluon_bwd, bwd_why = hopper.bwd_plan(q, k, v, varlen, window, 0.0, None, 0.0)
     if gluon_bwd:
         from ioattn.kernels import hopper_backward

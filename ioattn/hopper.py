@@ -254,6 +254,16 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
     return True, ""
 
 
+def grid_programs(device, d: int, num_tiles: int) -> int:
+    """Programs of the Gluon forward's grid for ``num_tiles`` (query block, batch, head) tiles at head
+    dim ``d``: one per tile, or for the persistent variant one per SM at most (each walking tiles
+    pid, pid + programs, ...)."""
+    if variant_for(d) != "persistent":
+        return num_tiles
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+    return max(1, min(num_tiles, sms))
+
+
 def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
                    max_seqlen_k=None):
     """(out, lse) as the portable forward returns them; the call must pass ``hopper_supports``.
@@ -295,9 +305,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     k_desc = TensorDescriptor.from_tensor(k.view(-1, nheads_kv * d), [block_n, d], kv_layout)
     v_desc = TensorDescriptor.from_tensor(v.view(-1, nheads_kv * d), [block_n, d], kv_layout)
     num_tiles = dispatch.cdiv(seqlen_q, block_m) * batch * nheads
-    # persistent: one program per SM at most, each walking tiles pid, pid + programs, ...
-    grid = (min(num_tiles, torch.cuda.get_device_properties(q.device).multi_processor_count)
-            if cfg["constexprs"]["PERSISTENT"] else num_tiles,)
+    grid = (grid_programs(q.device, d, num_tiles),)
     # fixed length: cu_seqlens None (constexpr None, unused under IS_VARLEN=False)
     hopper_fwd_kernel[grid](q_desc, k_desc, v_desc, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                             nheads, nheads // nheads_kv, nheads * d, stride_lse_b, stride_lse_h,

@@ -565,7 +565,10 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     cfg = hopper.kernel_config(128, "persistent")
     assert cfg["constexprs"]["PERSISTENT"] and not hopper.kernel_config(128, "pingpong")["constexprs"]["PERSISTENT"]
     assert hopper.TILE_TABLE["persistent"] == hopper.TILE_TABLE["pingpong"] and cfg["constexprs"]["NUM_WG"] == 2
+    assert hopper.grid_programs(torch.device("cpu"), 128, 1000) == 1000  # the default: one per tile
     with hopper.variant("persistent"):
+        assert hopper.grid_programs(torch.device("cpu"), 128, 1000) == 132  # one per SM (an H100/H200 here)
+        assert hopper.grid_programs(torch.device("cpu"), 128, 7) == 7
         q16 = torch.empty(64, 2, 128, dtype=torch.bfloat16)
         monkeypatch.setattr(hopper, "GLUON_VARLEN", True)
         assert hopper.call_supported(q16, q16, q16, True, (-1, -1), 0.0, None, 0.0) == (
