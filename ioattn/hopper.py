@@ -260,6 +260,7 @@ def grid_programs(device, d: int, num_tiles: int) -> int:
     pid, pid + programs, ...)."""
     if variant_for(d) != "persistent":
         return num_tiles
+    # without a GPU (explain_dispatch on the CPU): an H100 / H200's 132 SMs
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
     return max(1, min(num_tiles, sms))
 
