@@ -45,7 +45,8 @@ def main():
     ap.add_argument("--tiles", default="default", help="';'-separated block_m,block_n,warps,stages or 'default'")
     ap.add_argument("--loads", default="ptr,tma",
                     help="variants to cross with the tiles: ptr, tma, tma-pers (TMA + persistent grid), tma-r8 "
-                         "(TMA + conditional rescaling, tau 8), gluon, gluon-pp, gluon-split, gluon-wg3, gluon-pers (the "
+                         "(TMA + conditional rescaling, tau 8), gluon, gluon-pp, gluon-split, gluon-wg3, gluon-pers "
+                         "(the "
                          "Gluon Hopper forward's base, ping-pong, unordered two-warpgroup, three-warpgroup and "
                          "persistent ping-pong variants; "
                          "their own tiles, so only with 'default'; wg3 has head dim 64 only)")

@@ -45,8 +45,8 @@ def signature(fn, dtype):
 def compile_one(fn, constexprs, num_warps, num_stages, dtype="bf16"):
     sig = signature(fn, dtype)
     # constexpr parameters the caller leaves out take their defaults (not runtime arguments)
-    constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.default is not inspect.Parameter.empty},
-                  **constexprs}
+    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.default is not inspect.Parameter.empty}
+    constexprs = {**defaults, **constexprs}
     if "k_desc" in fn.arg_names:
         if constexprs.get("USE_TMA"):
             block = f"[1,{constexprs['BLOCK_N']},1,{constexprs['BLOCK_D']}]"

@@ -82,7 +82,8 @@ def check(job):
     atoms = " ".join(f"{op}x{n}" for op, n in sorted(c["atomics"].items()))
     nreg = " ".join(f"{op}{v}x{n}" for (op, v), n in sorted(c["setmaxnreg"].items(),
                                                              key=lambda t: (t[0][0], int(t[0][1]))))
-    return (f"bwd {variant + ('-det' if det else ''):6s} d={d} {dt} causal={causal!s:5s} tiles={cfg['block_m']}x{cfg['block_n']}x{cfg['stages']} "
+    name = variant + ("-det" if det else "")
+    return (f"bwd {name:6s} d={d} {dt} causal={causal!s:5s} tiles={cfg['block_m']}x{cfg['block_n']}x{cfg['stages']} "
             f"warps={k.metadata.num_warps} shared={k.metadata.shared} {regs}setmaxnreg[{nreg}] "
             f"wgmma={c['wgmma']} (commit {c['commit']}, {waits}) tma={c['tma']} tma_reduce={reduces} "
             f"mbarrier(init={sum(c['mb_init'].values())} arrive={c['mb_arrive']} expect_tx={c['mb_expect']} "

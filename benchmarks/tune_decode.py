@@ -148,7 +148,8 @@ def focus(out, paged=False):
                 splits = max(1, min(math.ceil(w * sms / (batch * HKV)), kvlen // cfg["block_n"]))
                 with decode_config(**cfg, num_splits=splits):
                     ms = median_ms(lambda s: flash_attn_with_kvcache(q, kc, vc, **kw, check_values=False), [0])
-                rec = dict(provider="ioattn-paged" if paged else "ioattn", batch=batch, kvlen=kvlen, **cfg, waves=w, num_splits=splits, ok=ok,
+                rec = dict(provider="ioattn-paged" if paged else "ioattn", batch=batch, kvlen=kvlen, **cfg, waves=w,
+                           num_splits=splits, ok=ok,
                            us=ms * 1e3, gbps=bytes_kv / ms / 1e6)
                 sink.write(json.dumps(rec) + "\n")
                 if ok and ((batch, kvlen) not in best or rec["us"] < best[(batch, kvlen)]["us"]):

@@ -365,8 +365,9 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     block_m = min(_MAX_BLOCK_M, max(16, dispatch.next_power_of_2(rows)))
     programs = batch * nheads_kv * dispatch.cdiv(rows, block_m)
     if num_splits == 0:
-        num_splits = _plan_override.get("num_splits") or _heuristic_splits(
-            programs, span, block_n, _num_sms(q.device), min_keys=(_BLOCK_N_CUDA if paged else MIN_KEYS_PER_SPLIT) if q.is_cuda else 0)
+        min_keys = (_BLOCK_N_CUDA if paged else MIN_KEYS_PER_SPLIT) if q.is_cuda else 0
+        num_splits = _plan_override.get("num_splits") or _heuristic_splits(programs, span, block_n, _num_sms(q.device),
+                                                                           min_keys=min_keys)
     stages = _NUM_STAGES_SPLIT if split_tiles else _NUM_STAGES
     # paged caches: TMA without splits, and with at least _PAGED_TMA_MIN_SPLITS splits (policy notes)
     tma_default = _USE_TMA_DEFAULT or (paged and q.is_cuda and (num_splits == 1 or num_splits >= _PAGED_TMA_MIN_SPLITS))

@@ -46,7 +46,8 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
              else f"not applicable ({why})")
     if wanted and ok:
         bm, bn, stages = hopper.TILES[q.shape[-1]]
-        forward = {"kernel": f"ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, {hopper.variant_for(q.shape[-1])})",
+        name = hopper.variant_for(q.shape[-1])
+        forward = {"kernel": f"ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, {name})",
                    "tiles": (bm, bn, 4 * (bm // 64), stages), "kv_loads": "tma (producer warp)",
                    "head_dim_padded": q.shape[-1]}
     else:

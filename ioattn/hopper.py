@@ -383,7 +383,8 @@ def bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple
         if window == (-1, 0):
             # the ascending order measured slower than the portable backward; the descending
             # order that replaced it (NOTES §34) has not run on the device yet
-            return False, "deterministic=True and causal: the portable backward (the ordered mode is not measured faster)"
+            return False, ("deterministic=True and causal: the portable backward (the ordered mode is not "
+                           "measured faster)")
     wanted, why = bwd_policy(q, causal=window == (-1, 0))
     if not wanted:
         return False, why

@@ -354,14 +354,16 @@ def test_hopper_forward_persistent_tile_loop(d, causal, shape, poison_alloc):
 def test_backward_default_policy_and_deterministic(causal, monkeypatch, poison_alloc):
     """Without any switch, a long enough head-dim-128 call takes the Gluon backward (variant
     hopper.BWD_VARIANT, by hopper.BWD_AUTO_MIN_SEQLEN) and passes the float64 oracle;
-    deterministic=True gives gradients that are bitwise the same run to run (NOTES §32: ordered Gluon mode or portable)."""
+    deterministic=True gives gradients that are bitwise the same run to run (NOTES §32: the ordered
+    Gluon mode or the portable backward)."""
     from ioattn import hopper
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
     n = hopper.BWD_AUTO_MIN_SEQLEN[(128, causal)]
     q = torch.randn(1, n, 4, 128, device="cuda", dtype=torch.bfloat16)
     kv = q[:, :, :2].contiguous()
     plan = ioattn.explain_dispatch(q, kv, kv, causal=causal)
-    assert plan.backward["gluon_hopper"].startswith("taken (default policy") and "hopper_backward" in plan.backward["kernels"]
+    assert plan.backward["gluon_hopper"].startswith("taken (default policy")
+    assert "hopper_backward" in plan.backward["kernels"]
     _check(1, n, n, 4, 2, 128, torch.bfloat16, causal=causal)
     qkv = [torch.randn(1, n, h, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for h in (4, 2, 2)]
     dout = torch.randn(1, n, 4, 128, device="cuda", dtype=torch.bfloat16)

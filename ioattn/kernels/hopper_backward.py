@@ -494,7 +494,8 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, Sem, b, h0, m_lo, n_m, n_
             sem = Sem + (b * nheads + h) * n_m_total + m
             rank = n_block
             if IS_CAUSAL:  # the last key block reaching query block m goes first
-                last = gl.minimum(gl.cdiv(seqlen_k, BLOCK_N) - 1, (m * BLOCK_M + BLOCK_M - 1 + seqlen_k - seqlen_q) // BLOCK_N)
+                last = gl.minimum(gl.cdiv(seqlen_k, BLOCK_N) - 1,
+                                  (m * BLOCK_M + BLOCK_M - 1 + seqlen_k - seqlen_q) // BLOCK_N)
                 rank = last - n_block
             while gl.atomic_add(sem, 0, sem="acquire", scope="gpu") != rank:
                 pass
