@@ -1,7 +1,8 @@
-"""Host side of the Gluon Hopper forward (``ioattn.kernels.hopper_forward``).
+"""Host side of the Gluon Hopper kernels: the forward (``ioattn.kernels.hopper_forward``) and, at the
+end of this module, the backward (``ioattn.kernels.hopper_backward``: ``bwd_policy``, ``bwd_plan``).
 
-When ``flash_attn_func`` uses it (``wanted``): by default at head dims 128 and 256 from the sequence
-lengths where it was measured ahead of the portable kernel (``AUTO_MIN_SEQLEN`` below); everywhere it covers
+When ``flash_attn_func`` uses the forward (``wanted``): by default at head dims 64, 128 and 256 from the
+sequence lengths where it was measured ahead of the portable kernel (``AUTO_MIN_SEQLEN`` below); everywhere it covers
 inside ``prefer_hopper(True)`` or with ``IOATTN_HOPPER=1``; never inside ``prefer_hopper(False)``,
 with ``IOATTN_HOPPER=0`` or when the forward's tiles are fixed by the caller. Only for the calls it
 covers (``hopper_supports``); every other call keeps the portable kernel. Gluon is imported lazily:
@@ -176,10 +177,11 @@ def kernel_config(d: int, name: str | None = None) -> dict:
                                 LEAN=num_wg == 3, PERSISTENT=name == "persistent"))
 
 
-# Variable-length (packed) batches through the Gluon kernel (its IS_VARLEN specialisation): compiled
-# for sm_90 (benchmarks/compile_check_hopper.py --varlen) but not yet run on the device, so off; flip to
-# True after tests/test_gpu.py::test_hopper_forward_varlen passes on the H200. While False, varlen
-# calls keep the portable kernel (hopper_supports refuses them, naming this flag).
+# Variable-length (packed) batches through the Gluon kernel (its IS_VARLEN specialisation): its GPU
+# tests pass on the H200 (tests/test_gpu.py::test_hopper_forward_varlen, NOTES §27), but a key tile
+# past a sequence's end multiplies the next rows of V by P = 0, so a NaN there (e.g. unowned trailing
+# rows of a packed tensor) would reach the sequence's output: off until those rows are masked (§26).
+# While False, varlen calls keep the portable kernel (hopper_supports refuses them, naming this flag).
 GLUON_VARLEN = False
 
 prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer_hopper(True): ...``
@@ -245,8 +247,8 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
     if varlen and name == "persistent":
         return False, "varlen: not in the persistent variant"
     if varlen and not GLUON_VARLEN:
-        return False, ("varlen: the Gluon kernel's IS_VARLEN specialisation has not run on the device yet "
-                       "(hopper.GLUON_VARLEN = False)")
+        return False, ("varlen: the Gluon kernel's IS_VARLEN specialisation is off until out-of-sequence V "
+                       "rows are masked (hopper.GLUON_VARLEN = False)")
     if window not in ((-1, -1), (-1, 0)) or softcap > 0 or alibi_slopes is not None or dropout_p > 0:
         return False, "no sliding window, softcap, ALiBi or dropout yet"
     if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):

@@ -50,8 +50,9 @@ def _ioattn_ptr(q, k, v, causal):
 
 
 def _ioattn_hopper(q, k, v, causal):
-    """The Gluon Hopper forward (opt-in in the library, experimental); the backward it feeds is the
-    portable one. A call it does not cover is refused with the reason (the bench records it)."""
+    """The Gluon Hopper forward wherever it applies (``hopper.prefer_hopper(True)``; the default takes
+    it only from ``hopper.AUTO_MIN_SEQLEN``'s lengths); the backward as the default dispatch picks
+    it. A call it does not cover is refused with the reason (the bench records it)."""
     from ioattn import hopper
     ok, why = hopper.hopper_supports(q, k, v, False, (-1, 0) if causal else (-1, -1), 0.0, None, 0.0)
     if not ok:
@@ -61,9 +62,10 @@ def _ioattn_hopper(q, k, v, causal):
 
 
 def _ioattn_hopper_bwd(q, k, v, causal):
-    """The default forward with the opt-in Gluon backward (``hopper.prefer_hopper_bwd``, variant
-    ``hopper.BWD_VARIANT``; the switch in force at the forward decides the backward): refused with
-    the reason where that backward does not apply."""
+    """The default forward with the Gluon backward wherever it applies (``hopper.prefer_hopper_bwd``,
+    variant ``hopper.BWD_VARIANT``; the default takes it only from ``hopper.BWD_AUTO_MIN_SEQLEN``'s
+    lengths; the switch in force at the forward decides the backward): refused with the reason where
+    that backward does not apply."""
     from ioattn import hopper
     with hopper.prefer_hopper_bwd(True):
         ok, why = hopper.bwd_plan(q, k, v, False, (-1, 0) if causal else (-1, -1), 0.0, None, 0.0)

@@ -1,12 +1,13 @@
-"""Hopper (sm_90) backward in Gluon. EXPERIMENTAL, not dispatched. Two variants (``BWD_VARIANTS``),
-selected by ``hopper_backward(..., variant=...)``, both compiled for sm_90 ahead of time
-(benchmarks/compile_check_hopper_bwd.py):
+"""Hopper (sm_90) backward in Gluon. Two variants (``BWD_VARIANTS``), selected by
+``hopper_backward(..., variant=...)``, both compiled for sm_90 ahead of time
+(benchmarks/compile_check_hopper_bwd.py) and run on the device by tests/test_gpu.py:
 
-* ``"base"`` (the default; v1, ``hopper_bwd_dkdv_kernel``): correctness first, no warp
-  specialisation. Run on the device (benchmarks/NOTES.md section 21): correct, slower than the
-  portable Triton backward.
+* ``"base"`` (the function's default; v1, ``hopper_bwd_dkdv_kernel``): correctness first, no warp
+  specialisation; slower than the portable Triton backward (benchmarks/NOTES.md section 21).
 * ``"ws"`` (v2, ``hopper_bwd_ws_kernel``): FlashAttention-3's backward structure, warp-specialised;
-  compiled, not yet run. Described after the base kernel's description, under "Variant ws".
+  ahead of the portable backward (NOTES sections 27, 28), the dispatch's backward on sm_90 where
+  ``ioattn.hopper.bwd_plan`` says so. Described after the base kernel, under "Variant ws"; its
+  ordered (deterministic) dQ mode in ``_ws_dq_writer`` (NOTES sections 32, 34).
 
 Variant base
 ------------
@@ -80,9 +81,9 @@ seqlen_q, dK / dV stores to keys < seqlen_k. A key block that no query sees (cau
 seqlen_q) stores zeros. Tiles entirely inside both sequences and below the diagonal skip the mask
 arithmetic (a compile-time specialisation, as the forward does).
 
-NOT in either variant: a deterministic mode (dQ's fp32 atomics, or reduce-adds in "ws", make its
-summation order vary run to run; dK / dV are deterministic), varlen, sliding window, softcap, ALiBi,
-dropout.
+NOT in either variant: varlen, sliding window, softcap, ALiBi, dropout. dQ's fp32 atomics (or
+reduce-adds in "ws") sum in arrival order, so dQ varies run to run at rounding level (dK / dV do
+not), except in the "ws" kernel's ``DETERMINISTIC`` mode.
 
 Variant ws
 ----------
