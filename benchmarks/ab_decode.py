@@ -2,8 +2,12 @@
 L2 cache, device time by ``median_ms``, cuDNN timed in the same run), for the cases where the
 default still misses issue 4's bounds: batch 1 x 4096 (split count; eager and CUDA-graph replay)
 and batch 8 x 8192 on a paged cache (key chunk, stages, split count; the contiguous default beside).
+``--cases rest``: the contiguous cases where eager ioattn was 0.4-1.6 % behind cuDNN in
+results/session-2026-12-01-i (batch 1 x 16k / 128k, 8 x 8192, 64 x 4096): split count, stages, warps.
+``--rounds R`` times every entry R times, interleaved (the spread of one entry between rounds is
+the noise the choice has to beat).
 
-    python benchmarks/ab_decode.py --out DIR
+    python benchmarks/ab_decode.py --out DIR [--cases first|rest] [--rounds R]
 
 Writes DIR/ab_decode.jsonl (one record per case, layout, config, mode) and prints a table. The
 tune script (`tune_decode.py --focus`) times one L2-resident input set; this one does not.
@@ -29,6 +33,17 @@ CASES = [
                             dict(num_warps=8)]),
     (8, 8192, False, False, [{}]),
 ]
+REST = [
+    (1, 16384, False, False, [{}, dict(num_splits=16), dict(num_splits=24), dict(num_stages=4),
+                              dict(num_stages=2)]),
+    (1, 131072, False, False, [{}, dict(num_splits=16), dict(num_splits=24), dict(num_splits=48),
+                               dict(num_stages=4)]),
+    (8, 8192, False, False, [{}, dict(num_splits=2), dict(num_splits=6), dict(num_splits=8),
+                             dict(num_splits=16), dict(num_stages=4)]),
+    (64, 4096, False, False, [{}, dict(num_stages=3), dict(num_warps=8), dict(num_splits=2),
+                              dict(num_splits=2, block_n=128, num_stages=2)]),
+]
+CASE_SETS = {"first": CASES, "rest": REST}
 
 
 def eager(q, kc, vc, lens, cfg, table=None):
@@ -45,13 +60,16 @@ def eager(q, kc, vc, lens, cfg, table=None):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--cases", choices=sorted(CASE_SETS), default="first")
+    ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    sink = open(os.path.join(args.out, "ab_decode.jsonl"), "w")
+    fname = "ab_decode.jsonl" if args.cases == "first" else f"ab_decode_{args.cases}.jsonl"
+    sink = open(os.path.join(args.out, fname), "w")
     cudnn_setup = decode_providers(["sdpa-cudnn"])["sdpa-cudnn"][0]
     rows = []
     with torch.no_grad():
-        for batch, kvlen, paged, graph, configs in CASES:
+        for batch, kvlen, paged, graph, configs in CASE_SETS[args.cases]:
             nbytes = decode_bytes(batch, kvlen, HKV, D, 2)
             sets = [_decode_inputs((batch, kvlen, HQ, HKV, D), torch.bfloat16, "cuda")
                     for _ in range(n_input_sets(nbytes))]
@@ -70,10 +88,10 @@ def main():
                 timed.append((name, "eager", runs))
                 if graph:
                     timed.append((name, "graph", [_graph_setup(*s, fields=cfg or None) for s in sets]))
-            for name, mode, runs in timed:
+            for rnd, (name, mode, runs) in ((r, t) for r in range(args.rounds) for t in timed):
                 us = median_ms(lambda run: run(), runs) * 1e3
                 rec = dict(batch=batch, kvlen=kvlen, paged=paged, config=name, mode=mode, us=us,
-                           gbps=nbytes / us / 1e3)
+                           gbps=nbytes / us / 1e3, round=rnd)
                 sink.write(json.dumps(rec) + "\n")
                 sink.flush()
                 rows.append(rec)
@@ -81,6 +99,13 @@ def main():
                       flush=True)
             del sets, timed
             torch.cuda.empty_cache()
+    if args.rounds > 1:  # median over rounds, per entry
+        print("\nmedian over rounds (min-max):")
+        keys = dict.fromkeys((r["batch"], r["kvlen"], r["paged"], r["config"], r["mode"]) for r in rows)
+        for key in keys:
+            us = sorted(r["us"] for r in rows if (r["batch"], r["kvlen"], r["paged"], r["config"], r["mode"]) == key)
+            print(f"{key[0]:>3} {key[1]:>6} {'paged' if key[2] else 'contig':>6} {key[4]:>5} "
+                  f"{us[len(us) // 2]:8.1f} us ({us[0]:.1f}-{us[-1]:.1f})  {key[3]}")
     return 0
 
 
