@@ -22,7 +22,7 @@ from ioattn.bench.providers import providers
 from ioattn.bench.run import _check
 from ioattn.bench.timing import attention_flops, median_ms
 
-def variant_fn(tma, persistent, gluon, tau, tiles):
+def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False):
     def run(q, k, v, causal):
         if gluon and q.shape[-1] not in hopper.TILE_TABLE[gluon]:  # else the portable kernel would be timed
             raise ValueError(f"the Gluon {gluon} variant has no head dim {q.shape[-1]}")
@@ -30,7 +30,7 @@ def variant_fn(tma, persistent, gluon, tau, tiles):
         try:
             with dispatch.prefer_tma(tma), dispatch.prefer_persistent(persistent), \
                     hopper.prefer_hopper(bool(gluon)), hopper.variant(gluon or "base"), \
-                    dispatch.rescale_threshold(tau):
+                    dispatch.rescale_threshold(tau), hopper.lpt_order(lpt):
                 return ioattn.flash_attn_func(q, k, v, causal=causal)
         finally:
             dispatch.set_tile_override("fwd", None)
@@ -45,7 +45,8 @@ def main():
     ap.add_argument("--tiles", default="default", help="';'-separated block_m,block_n,warps,stages or 'default'")
     ap.add_argument("--loads", default="ptr,tma",
                     help="variants to cross with the tiles: ptr, tma, tma-pers (TMA + persistent grid), tma-r8 "
-                         "(TMA + conditional rescaling, tau 8), gluon, gluon-pp, gluon-split, gluon-wg3, gluon-pers "
+                         "(TMA + conditional rescaling, tau 8), gluon, gluon-pp, gluon-split, gluon-wg3, gluon-pers; "
+                         "a Gluon name + \"-lpt\": the causal grid in LPT order "
                          "(the "
                          "Gluon Hopper forward's base, ping-pong, unordered two-warpgroup, three-warpgroup and "
                          "persistent ping-pong variants; "
@@ -62,8 +63,10 @@ def main():
              "tma-r8": (True, False, None, 8.0), "gluon": (True, False, "base", 0.0),
              "gluon-pp": (True, False, "pingpong", 0.0), "gluon-split": (True, False, "split", 0.0),
              "gluon-wg3": (True, False, "wg3", 0.0), "gluon-pers": (True, False, "persistent", 0.0)}
+    # "-lpt": the causal grid in LPT order (hopper.lpt_order; one-tile Gluon kernels)
     fns = {f"{name}-{'dflt' if c is None else '.'.join(map(str, (c.block_m, c.block_n, c.num_warps, c.num_stages)))}":
-           variant_fn(*loads[name], c) for c in tile_sets for name in args.loads.split(",")
+           variant_fn(*loads[name.removesuffix("-lpt")], c, name.endswith("-lpt"))
+           for c in tile_sets for name in args.loads.split(",")
            if not (name.startswith("gluon") and c is not None)}
     fns.update(peers)
     rows = []

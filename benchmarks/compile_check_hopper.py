@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gluon_aot import DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxas_report, run_jobs  # noqa: E402
 
 
-def compile_one(variant, d, dt, causal, varlen=False):
+def compile_one(variant, d, dt, causal, varlen=False, lpt=False):
     cfg = hopper.kernel_config(d, variant)
     bn, q_rows = cfg["block_n"], cfg["q_rows"]
     q_layout = gl.NVMMASharedLayout.get_default_for([q_rows, d], DTYPES[dt])
@@ -45,7 +45,7 @@ def compile_one(variant, d, dt, causal, varlen=False):
     sig.update(q_desc=f"tensordesc<{dt}[{q_rows},{d}],{q_layout!r}>",
                k_desc=f"tensordesc<{dt}[{bn},{d}],{kv_layout!r}>",
                v_desc=f"tensordesc<{dt}[{bn},{d}],{kv_layout!r}>", Out=f"*{dt}", Lse="*fp32", qk_scale="fp32")
-    constexprs = dict(cfg["constexprs"], IS_CAUSAL=causal, IS_VARLEN=varlen)
+    constexprs = dict(cfg["constexprs"], IS_CAUSAL=causal, IS_VARLEN=varlen, LPT=lpt)
     if varlen:
         sig.update(Cu_q="*i32", Cu_k="*i32")
     else:  # the launcher passes None for fixed-length calls: constexpr None
@@ -67,8 +67,8 @@ def fmt(c):
 
 def check(job):
     """Compile one (variant, head dim, dtype, causal), assert its structure, return its report line."""
-    variant, d, dt, causal, run_ptxas, varlen = job
-    cfg, k = compile_one(variant, d, dt, causal, varlen)
+    variant, d, dt, causal, run_ptxas, varlen, lpt = job
+    cfg, k = compile_one(variant, d, dt, causal, varlen, lpt)
     ptx = k.asm["ptx"]
     c = ptx_counts(ptx)
     where = (variant, d, dt, causal, varlen)
@@ -117,11 +117,12 @@ def main():
     ap.add_argument("--masks", default="0,1", help="0 (non-causal), 1 (causal) or both")
     ap.add_argument("--headdims", default=None, help="comma-separated subset of each variant's head dims")
     ap.add_argument("--varlen", action="store_true", help="the packed-batch kernels (IS_VARLEN=True)")
+    ap.add_argument("--lpt", action="store_true", help="causal one-tile grids in LPT order (LPT=True)")
     args = ap.parse_args()
     dtypes = ("bf16",) if args.quick else ("bf16", "fp16")
     masks = [bool(int(m)) for m in args.masks.split(",")]
     dims = None if args.headdims is None else {int(x) for x in args.headdims.split(",")}
-    jobs = [(variant, d, dt, causal, not args.no_ptxas, args.varlen) for variant in args.variants.split(",")
+    jobs = [(variant, d, dt, causal, not args.no_ptxas, args.varlen, args.lpt) for variant in args.variants.split(",")
             for d in hopper.TILE_TABLE[variant] if dims is None or d in dims for dt in dtypes for causal in masks]
     t0 = time.time()
     run_jobs(check, jobs, args.jobs)

@@ -186,6 +186,12 @@ GLUON_VARLEN = False
 
 prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer_hopper(True): ...``
 
+# Causal one-tile grids in longest-processing-time order over all heads (the kernel's ``LPT``) rather
+# than each head's longest rows first. A model of the hardware's in-order dispatch (tile cost = key
+# tiles + 2) put it 1-6 % shorter at 16k tokens, N = 512 to 4096 (NOTES §36); off until measured
+# (``with hopper.lpt_order(True)``, IOATTN_HOPPER_LPT=1). The persistent variant always uses it.
+lpt_order = dispatch.Preference(False, env="IOATTN_HOPPER_LPT")
+
 
 def wanted(q=None, seqlen_q: int | None = None, causal: bool = False) -> bool:
     """Whether the forward of this call should take the Gluon kernel (if ``hopper_supports`` it)."""
@@ -258,8 +264,8 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
 
 def grid_programs(device, d: int, num_tiles: int) -> int:
     """Programs of the Gluon forward's grid for ``num_tiles`` (query block, batch, head) tiles at head
-    dim ``d``: one per tile, or for the persistent variant one per SM at most (each walking tiles
-    pid, pid + programs, ...)."""
+    dim ``d``: one per tile, or for the persistent variant one per SM at most (each walking its tiles,
+    ``ioattn.kernels.hopper_forward._walk``)."""
     if variant_for(d) != "persistent":
         return num_tiles
     # without a GPU (explain_dispatch on the CPU): an H100 / H200's 132 SMs
@@ -313,7 +319,8 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     hopper_fwd_kernel[grid](q_desc, k_desc, v_desc, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                             nheads, nheads // nheads_kv, nheads * d, stride_lse_b, stride_lse_h,
                             softmax_scale * 1.4426950408889634, IS_CAUSAL=bool(causal), IS_VARLEN=varlen,
-                            num_tiles=num_tiles, num_warps=cfg["num_warps"], **cfg["constexprs"])
+                            LPT=bool(causal) and lpt_order.wanted(), num_tiles=num_tiles,
+                            num_warps=cfg["num_warps"], **cfg["constexprs"])
     return out, lse
 
 
@@ -328,15 +335,16 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
 # By default its dQ additions (bulk reduce-adds) land in arrival order, so it is not bitwise
 # reproducible; ``deterministic=True`` in the API sets ``bwd_deterministic`` around the forward, and
 # that forward's backward then runs the kernel's DETERMINISTIC mode (the additions in key-block
-# order) where ``DETERMINISTIC_WS`` and the mask allow, else the portable backward (deterministic by
-# construction).
+# order) where ``DETERMINISTIC_WS`` allows, else the portable backward (deterministic by construction).
 prefer_hopper_bwd = dispatch.Preference(False, env="IOATTN_HOPPER_BWD")  # ``with prefer_hopper_bwd(True): ...``
 bwd_deterministic = dispatch.Preference(False)  # ``with bwd_deterministic(True): ...`` (the API's deterministic=True)
-# The ordered mode: its GPU tests pass (bitwise equal runs, float64 oracle; results/session-2026-12-01-h)
-# and at d=128 it measured (ab_bwd, TFLOP/s, ordered / arrival order / portable) 454 / 510 / 382 at
-# N=4096 and 506 / 520 / 377 at N=16384 non-causal, but 230 / 440 / 337 and 300 / 533 / 373 causal:
-# each key block waits for the previous one at its first (diagonal) query block, so the causal
-# programs start one after another. Non-causal only; causal deterministic calls keep the portable backward.
+# The ordered mode: its GPU tests pass (bitwise equal runs, float64 oracle; results/session-2026-12-01-h
+# and -j) and at d=128 it measured (ab_bwd, TFLOP/s, ordered / arrival order / portable) 454 / 510 / 382
+# at N=4096 and 506 / 520 / 377 at N=16384 non-causal. Causal, key blocks in ascending order, it was
+# 230 / 440 / 337 and 300 / 533 / 373 (each key block waited for the previous one at its diagonal
+# query block); with the descending order and reversed launch (NOTES §34), 411 / 438 / 336 and
+# 484 / 537 / 372 (results/session-2026-12-01-j/ab_bwd.jsonl): ahead of the portable backward for
+# both masks, so deterministic calls take it wherever the Gluon backward applies.
 DETERMINISTIC_WS = True
 BWD_VARIANT = "ws"  # the variant the dispatch takes (ioattn.kernels.hopper_backward.BWD_VARIANTS)
 BWD_HEADDIMS = (64, 128)
@@ -382,11 +390,6 @@ def bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple
         if not (DETERMINISTIC_WS and BWD_VARIANT == "ws"):
             return False, ("deterministic=True: the portable backward (the Gluon one's ordered mode is off, "
                            "hopper.DETERMINISTIC_WS = False)")
-        if window == (-1, 0):
-            # the ascending order measured slower than the portable backward; the descending
-            # order that replaced it (NOTES §34) has not run on the device yet
-            return False, ("deterministic=True and causal: the portable backward (the ordered mode is not "
-                           "measured faster)")
     wanted, why = bwd_policy(q, causal=window == (-1, 0))
     if not wanted:
         return False, why

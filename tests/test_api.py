@@ -638,8 +638,8 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     """The Gluon backward's default policy (hopper.BWD_AUTO_MIN_SEQLEN per head dim and mask, the
     reason in the plan); prefer_hopper_bwd / IOATTN_HOPPER_BWD override it; it is taken only where
     it applies (sm_90, fp16/bf16, head dim 64/128, no varlen/window/softcap/ALiBi/dropout); when
-    taken, triton_backward hands the call to hopper_backward with the selected variant;
-    deterministic=True keeps the portable backward."""
+    taken, triton_backward hands the call to hopper_backward with the selected variant, and
+    deterministic=True passes its ordered mode on."""
     from ioattn import backends, hopper
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
     q = torch.randn(1, 70, 2, 64, dtype=torch.bfloat16)
@@ -721,8 +721,8 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     # the plan: deterministic keeps the portable backward while the ordered Gluon mode is off
     monkeypatch.setenv("IOATTN_HOPPER_BWD", "1")
     with hopper.bwd_deterministic(True):
-        assert hopper.bwd_plan(q, q, q, *none) == (False, "needs an sm_90 (Hopper) GPU")  # the ordered mode
-        assert "causal: the portable backward" in hopper.bwd_plan(q, q, q, False, (-1, 0), 0.0, None, 0.0)[1]
+        for window in ((-1, -1), (-1, 0)):  # the ordered mode for both masks (only the GPU is missing here)
+            assert hopper.bwd_plan(q, q, q, False, window, 0.0, None, 0.0) == (False, "needs an sm_90 (Hopper) GPU")
         monkeypatch.setattr(hopper, "DETERMINISTIC_WS", False)
         taken, why = hopper.bwd_plan(q, q, q, *none)
         assert not taken and "DETERMINISTIC_WS = False" in why

@@ -350,6 +350,23 @@ def test_hopper_forward_persistent_tile_loop(d, causal, shape, poison_alloc):
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant", ["base", "pingpong", "wg3"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+# several heads and batch elements (the LPT order interleaves them); (3, 500, 300, 6, 2): rows that
+# see no key; (2, 129, 1000, 4, 4): seqlen_q not a multiple of the tile
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 8, 4), (3, 500, 300, 6, 2), (2, 129, 1000, 4, 4)])
+def test_hopper_forward_causal_lpt_order(variant, d, shape, poison_alloc):
+    """The one-tile kernels with the causal grid in LPT order (``hopper.lpt_order``) against the
+    float64 oracle, with the gradients of the backward it feeds."""
+    from ioattn import hopper
+    if d not in hopper.TILE_TABLE[variant]:
+        pytest.skip(f"the {variant} variant has no head dim {d}")
+    b, sq, sk, h, hkv = shape
+    with hopper.variant(variant), hopper.prefer_hopper(True), hopper.lpt_order(True):
+        _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=True)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_default_policy_and_deterministic(causal, monkeypatch, poison_alloc):
     """Without any switch, a long enough head-dim-128 call takes the Gluon backward (variant
@@ -404,15 +421,15 @@ def test_hopper_backward_deterministic(d, causal, shape, poison_alloc):
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic_through_the_api_with_the_ordered_gluon_mode(causal, monkeypatch, poison_alloc):
-    """deterministic=True: non-causal takes the Gluon backward's ordered mode, causal the portable
-    backward (the plan says which); two backward passes give bitwise equal gradients either way."""
+    """deterministic=True takes the Gluon backward's ordered mode, causal (descending key-block order,
+    NOTES §34) or not, and the plan says so; two backward passes give bitwise equal gradients."""
     from ioattn import hopper
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
     qkv = [torch.randn(2, 2048, hh, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for hh in (8, 2, 2)]
     with hopper.bwd_deterministic(True):
         plan = ioattn.explain_dispatch(*[t.detach() for t in qkv], causal=causal)
-    assert plan.backward["gluon_hopper"].startswith("not taken" if causal else "taken")
-    assert ("deterministic" in plan.backward["gluon_hopper"]) and ("hopper_backward" in plan.backward["kernels"]) != causal
+    assert plan.backward["gluon_hopper"].startswith("taken")
+    assert "deterministic" in plan.backward["gluon_hopper"] and "hopper_backward" in plan.backward["kernels"]
     dout = torch.randn(2, 2048, 8, 128, device="cuda", dtype=torch.bfloat16)
     runs = [torch.autograd.grad(ioattn.flash_attn_func(*qkv, causal=causal, deterministic=True), qkv, dout)
             for _ in range(2)]

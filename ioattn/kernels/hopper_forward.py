@@ -410,14 +410,34 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
 
 
 @gluon.jit
-def _tile_bhm(t, num_m, nheads, IS_CAUSAL: gl.constexpr):
-    """Tile ``t`` of the (batch * heads) x (query blocks) grid -> (b, h, m_block); under a causal mask
-    each head's query blocks in reverse, the longest rows first (a balanced tail)."""
-    m_block = t % num_m
-    if IS_CAUSAL:
-        m_block = num_m - 1 - m_block
-    bh = t // num_m
+def _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL: gl.constexpr, LPT: gl.constexpr):
+    """Tile ``t`` of the (batch * heads) x (query blocks) grid -> (b, h, m_block). Non-causal: each
+    head's query blocks in turn. Causal: the longest rows first, either within each head (``LPT``
+    False) or over the whole grid (``LPT`` True: every head's last query block, then every head's
+    second to last, ...; longest-processing-time order, so tiles taken in order finish together)."""
+    if IS_CAUSAL and LPT:
+        num_bh = num_tiles // num_m
+        m_block = num_m - 1 - t // num_bh
+        bh = t % num_bh
+    else:
+        m_block = t % num_m
+        if IS_CAUSAL:
+            m_block = num_m - 1 - m_block
+        bh = t // num_m
     return bh // nheads, bh % nheads, m_block
+
+
+@gluon.jit
+def _walk(k, num_tiles, SNAKE: gl.constexpr):
+    """A persistent program's k-th tile: waves of ``num_programs`` tiles, program p taking the p-th
+    of each wave, or (``SNAKE``) the p-th from the end of every odd wave, so that under the causal
+    LPT order the programs that drew the longest tile of one wave draw the shortest of the next.
+    May be >= num_tiles in the last wave (no tile)."""
+    nprog = gl.num_programs(0)
+    pid = gl.program_id(0)
+    if SNAKE:
+        pid = pid + (k % 2) * (nprog - 1 - 2 * pid)  # odd waves: nprog - 1 - pid
+    return k * nprog + pid
 
 
 @gluon.jit
@@ -457,20 +477,22 @@ def _persistent_producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_rea
     count running on across tiles, so it loads the next tile's K/V while the consumers finish the
     current one."""
     g0 = 0
-    for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        b, h, m_block = _tile_bhm(t, num_m, nheads, IS_CAUSAL)
-        n_tiles = gl.maximum(_kv_tile_count(m_block * BLOCK_M, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL), 0)
-        _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, b * seqlen_k,
-                  (h // group) * HEAD_DIM, 0, n_tiles, BLOCK_N, STAGES, g0)
-        g0 += n_tiles
+    for k in range(0, gl.cdiv(num_tiles, gl.num_programs(0))):
+        t = _walk(k, num_tiles, IS_CAUSAL)
+        if t < num_tiles:
+            b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True)
+            n_tiles = gl.maximum(_kv_tile_count(m_block * BLOCK_M, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL), 0)
+            _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, b * seqlen_k,
+                      (h // group) * HEAD_DIM, 0, n_tiles, BLOCK_N, STAGES, g0)
+            g0 += n_tiles
 
 
 @gluon.jit
-def _tile_rows(t, num_m, nheads, seqlen_q, stride_lse_b, stride_lse_h, row_off, HEAD_DIM: gl.constexpr,
+def _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b, stride_lse_h, row_off, HEAD_DIM: gl.constexpr,
                CTA_M: gl.constexpr, IS_CAUSAL: gl.constexpr):
     """Tile t's rows for a warpgroup ``row_off`` rows into it: (first row, its packed Q/O row, the
     head's column, the lse offset)."""
-    b, h, m_block = _tile_bhm(t, num_m, nheads, IS_CAUSAL)
+    b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True)
     m_start = m_block * CTA_M + row_off
     return m_start, b * seqlen_q + m_start, h * HEAD_DIM, b.to(gl.int64) * stride_lse_b + h.to(gl.int64) * stride_lse_h
 
@@ -482,8 +504,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          MASK_ALL: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr):
     """A ping-pong consumer warpgroup of the persistent kernel: rows [row_off, row_off + BLOCK_M) of
-    each of this program's CTA_M-row tiles (t = program id, + programs, ...; the producer walks the
-    same list). Per tile: ``_pp_mainloop`` with the ring's use count (``g0``) and this warpgroup's
+    each of this program's CTA_M-row tiles (``_walk``; the producer walks the same list). Per tile: ``_pp_mainloop`` with the ring's use count (``g0``) and this warpgroup's
     critical-section count (``sec0``) running on across tiles, so slots, phases and the turn order
     continue (both warpgroups run the same number of sections per tile: n + 1, 0 for a tile no
     row of which sees a key); every V slot is released (the next tile reloads it). When a tile's
@@ -497,41 +518,43 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
     sec0 = 0
     q_count = 0
     q_pending = 0
-    nprog = gl.num_programs(0)
-    for t in range(gl.program_id(0), num_tiles, nprog):
-        # only the tile index, its key-tile count and first row stay live across the key loop (the
-        # rest is recomputed from t after it: 240 registers leave no room, ptxas spilled otherwise)
-        b, h, m_block = _tile_bhm(t, num_m, nheads, IS_CAUSAL)
-        n_tiles = _kv_tile_count(m_block * CTA_M, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL)
-        m_start = m_block * CTA_M + row_off
-        if n_tiles > 0:
-            if q_pending == 0:
-                mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(q_desc, [b * seqlen_q + m_start, h * HEAD_DIM], q_bar, q_smem)
-            mbarrier.wait(q_bar, q_count & 1)
-            q_count += 1
-            o, m_i, l_i = _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn, next_turn,
-                                       m_start, seqlen_q, seqlen_k, 0, n_tiles, qk_scale, g0, sec0, HEAD_DIM, BLOCK_M,
-                                       BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, False, True)
-            g0 += n_tiles
-            sec0 += n_tiles + 1
-            q_pending = 0
-            t_next = t + nprog
-            if t_next < num_tiles:
-                b2, h2, m2 = _tile_bhm(t_next, num_m, nheads, IS_CAUSAL)
-                if _kv_tile_count(m2 * CTA_M, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL) > 0:
+    for k in range(0, gl.cdiv(num_tiles, gl.num_programs(0))):
+        t = _walk(k, num_tiles, IS_CAUSAL)
+        if t < num_tiles:
+            # only the tile index, its key-tile count and first row stay live across the key loop (the
+            # rest is recomputed from t after it: 240 registers leave no room, ptxas spilled otherwise)
+            b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True)
+            n_tiles = _kv_tile_count(m_block * CTA_M, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL)
+            m_start = m_block * CTA_M + row_off
+            if n_tiles > 0:
+                if q_pending == 0:
                     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-                    tma.async_copy_global_to_shared(q_desc, [b2 * seqlen_q + m2 * CTA_M + row_off, h2 * HEAD_DIM],
-                                                    q_bar, q_smem)
-                    q_pending = 1
-            m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, nheads, seqlen_q, stride_lse_b, stride_lse_h,
-                                                          row_off, HEAD_DIM, CTA_M, IS_CAUSAL)
-            _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
-                      o_layout, BLOCK_M, HEAD_DIM)
-        else:
-            m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, nheads, seqlen_q, stride_lse_b, stride_lse_h,
-                                                          row_off, HEAD_DIM, CTA_M, IS_CAUSAL)
-            _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, stride_om, BLOCK_M, HEAD_DIM)
+                    tma.async_copy_global_to_shared(q_desc, [b * seqlen_q + m_start, h * HEAD_DIM], q_bar, q_smem)
+                mbarrier.wait(q_bar, q_count & 1)
+                q_count += 1
+                o, m_i, l_i = _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn,
+                                           next_turn, m_start, seqlen_q, seqlen_k, 0, n_tiles, qk_scale, g0, sec0,
+                                           HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED,
+                                           False, True)
+                g0 += n_tiles
+                sec0 += n_tiles + 1
+                q_pending = 0
+                t_next = _walk(k + 1, num_tiles, IS_CAUSAL)
+                if t_next < num_tiles:
+                    b2, h2, m2 = _tile_bhm(t_next, num_m, num_tiles, nheads, IS_CAUSAL, True)
+                    if _kv_tile_count(m2 * CTA_M, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL) > 0:
+                        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+                        tma.async_copy_global_to_shared(q_desc, [b2 * seqlen_q + m2 * CTA_M + row_off, h2 * HEAD_DIM],
+                                                        q_bar, q_smem)
+                        q_pending = 1
+                m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b,
+                                                              stride_lse_h, row_off, HEAD_DIM, CTA_M, IS_CAUSAL)
+                _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
+                          o_layout, BLOCK_M, HEAD_DIM)
+            else:
+                m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b,
+                                                              stride_lse_h, row_off, HEAD_DIM, CTA_M, IS_CAUSAL)
+                _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, stride_om, BLOCK_M, HEAD_DIM)
 
 
 @gluon.jit
@@ -599,7 +622,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                       IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr = False, NUM_WG: gl.constexpr = 2,
                       ORDERED: gl.constexpr = True, LEAN: gl.constexpr = False, IS_VARLEN: gl.constexpr = False,
-                      PERSISTENT: gl.constexpr = False, num_tiles=0):
+                      PERSISTENT: gl.constexpr = False, LPT: gl.constexpr = False, num_tiles=0):
     """``PINGPONG=False`` (the default, launched with num_warps = 4 * BLOCK_M // 64): one consumer
     partition of BLOCK_M // 64 warpgroups in lockstep, Q descriptor block [BLOCK_M, HEAD_DIM]
     (``NUM_WG`` unused). ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 64 * NUM_WG):
@@ -618,8 +641,12 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
     launcher zeroes out and fills lse with -inf beforehand, for tokens no sequence owns).
 
     ``PERSISTENT`` (ping-pong, two warpgroups, fixed length; ``num_tiles`` = the tiles of the
-    one-program-per-tile grid): launched with at most one program per SM, each walking tiles
-    pid, pid + programs, ... (``_persistent_consumer``, ``_persistent_producer``)."""
+    one-program-per-tile grid): launched with at most one program per SM, each walking its tiles
+    (``_walk``: pid, pid + programs, ...; causal: in the LPT order, odd waves reversed) in
+    ``_persistent_consumer`` and ``_persistent_producer``.
+
+    ``LPT`` (one-tile kernels, causal): the grid in longest-processing-time order over all heads
+    (``_tile_bhm``) instead of each head's longest rows first; the persistent kernel always uses it."""
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     if PERSISTENT:
         gl.static_assert(PINGPONG and NUM_WG == 2 and not LEAN and not IS_VARLEN,
@@ -628,7 +655,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
                         stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
                         ORDERED)
         return
-    b, h, m_block = _tile_bhm(gl.program_id(0), num_m, nheads, IS_CAUSAL)
+    b, h, m_block = _tile_bhm(gl.program_id(0), num_m, gl.num_programs(0), nheads, IS_CAUSAL, LPT)
     m_start = m_block * BLOCK_M
     if IS_VARLEN:
         start_q = gl.load(Cu_q + b)
