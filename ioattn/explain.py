@@ -44,9 +44,10 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     wanted, policy = hopper.policy(q, seqlen_q, causal=window == (-1, 0))
     gluon = (f"taken ({policy})" if wanted and ok else f"not taken ({policy})" if ok
              else f"not applicable ({why})")
+    name = None
     if wanted and ok:
-        bm, bn, stages = hopper.TILES[q.shape[-1]]
-        name = hopper.variant_for(q.shape[-1])
+        name = hopper.variant_for(q.shape[-1], window == (-1, 0), seqlen_q, varlen)
+        bm, bn, stages = hopper.TILE_TABLE[name][q.shape[-1]]
         forward = {"kernel": f"ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, {name})",
                    "tiles": (bm, bn, 4 * (bm // 64), stages), "kv_loads": "tma (producer warp)",
                    "head_dim_padded": q.shape[-1]}
@@ -63,7 +64,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     forward["gluon_hopper"] = gluon
     tiles = dispatch.cdiv(seqlen_q, forward["tiles"][0]) * batch * nheads
     forward["tiles_count"] = tiles
-    forward["programs"] = (hopper.grid_programs(q.device, d, tiles) if "hopper" in forward["kernel"]
+    forward["programs"] = (hopper.grid_programs(q.device, name, tiles) if "hopper" in forward["kernel"]
                            else dispatch.fwd_persistent_programs(q.device, tiles) or tiles)
     gluon_bwd, bwd_why = hopper.bwd_plan(q, k, v, varlen, window, 0.0, None, 0.0)
     if gluon_bwd:

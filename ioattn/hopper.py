@@ -18,15 +18,17 @@ or, from Python, ``with hopper.variant("pingpong"): ...`` / ``hopper.set_variant
 * ``"split"``: diagnostic, the ping-pong kernel with the ordering compiled out (two free-running
   consumer warpgroups), so a device A/B can separate the ordering's effect from the restructuring.
 * ``"persistent"``: the ping-pong kernel with one program per SM walking the tiles (FA3's
-  persistent scheduler), so one tile's epilogue and the next tile's Q/K/V loads overlap. Fixed-length
-  batches only. Compiled for sm_90, not yet run (NOTES §35).
+  persistent scheduler), so one tile's epilogue and the next tile's Q/K/V loads overlap; causal tiles
+  in LPT order. Fixed-length batches only. The default for non-causal calls up to
+  ``PERSISTENT_MAX_SEQLEN`` (NOTES §35, §36).
 * ``"wg3"``: head dim 64 only, FA3's d = 64 shape: the ping-pong kernel with three consumer warpgroups
   (a 192-row query tile, 160 registers each) whose GEMMs go round a ring WG0 -> WG1 -> WG2 -> WG0, so
   that two warpgroups' exponentials overlap the third one's GEMMs. The default at head dim 64
   (``DEFAULT_VARIANT_BY_HEADDIM``).
 
-Without a variant set, each head dim takes its default (``variant_for``); a variant set by name
-applies to every head dim it has tiles for, and the others are not covered.
+Without a variant set, each call takes its default (``variant_for``: by head dim, and the persistent
+variant for short non-causal calls); a variant set by name applies to every head dim it has tiles
+for, and the others are not covered.
 """
 from __future__ import annotations
 
@@ -48,6 +50,14 @@ DEFAULT_VARIANT = "pingpong"
 # N=16384 511 / 409 / 457 / 463 non-causal, 489 / 351 / 437 / 470 causal; N=2048 435 / 362 / 400 / 467
 # non-causal, 286 / 272 / 320 / 397 causal (where AUTO_MIN_SEQLEN keeps the portable kernel).
 DEFAULT_VARIANT_BY_HEADDIM = {64: "wg3"}
+# Non-causal, fixed-length calls up to this seqlen_q take the persistent variant instead. ab_fwd on the
+# H200, bf16, 16k tokens (results/session-2026-12-01-l/ab_fwd.jsonl, TFLOP/s, persistent / ping-pong,
+# non-causal; -j the same within 2 %): d=128 N=512 427 / 365, 1024 527 / 480, 2048 597 / 568, 4096
+# 627 / 620, but 16384 606 / 661; d=256 436 / 402, 551 / 521, 624 / 611, 666 / 664, 16384 647 / 697;
+# d=64 (against wg3 / the portable kernel of the train sweep train-2026-12-01-c-default) 317 / 253 /
+# 296 at 512, 365 / 339 / 346 at 1024, 392 / 433 at 2048. Causal: no length where it led by more
+# than 2 % with the others' margins (d=128 512 228 / 204 vs the portable 229; 2048 409 / 433).
+PERSISTENT_MAX_SEQLEN = {64: 1024, 128: 4096, 256: 4096}
 # The default policy: (head dim, causal) -> the shortest seqlen_q where the ping-pong kernel was
 # measured ahead of (or level with) the portable one, in two runs on the H200, bf16, 16k tokens
 # (the train sweep results/train-2026-12-01-all, ioattn-hopper vs ioattn, and the A/B
@@ -60,8 +70,9 @@ DEFAULT_VARIANT_BY_HEADDIM = {64: "wg3"}
 #   (results/session-2026-12-01-d/train, ioattn-hopper vs ioattn with the Gluon kernels off by
 #   environment): non-causal N=1024 340 vs 347 (behind), N=2048 425 vs 400, 4096 459 vs 417, 16384
 #   510 vs 419; causal N=4096 358 vs 366 (behind), N=8192 443 vs 396, 16384 482 vs 436.
+# - d=64 non-causal from N=512 with the persistent variant up to 1024 (PERSISTENT_MAX_SEQLEN's note).
 # Below N=512 nothing was measured: the portable kernel.
-AUTO_MIN_SEQLEN = {(64, False): 2048, (64, True): 8192, (128, False): 512, (128, True): 2048,
+AUTO_MIN_SEQLEN = {(64, False): 512, (64, True): 8192, (128, False): 512, (128, True): 2048,
                    (256, False): 512, (256, True): 512}
 
 # (block_m, block_n, stages) per variant and head dim, from FA3's published shapes (below); the
@@ -113,10 +124,17 @@ def active_variant() -> str | None:
     return _check(env) if env else None
 
 
-def variant_for(d: int) -> str:
-    """The variant head dim ``d`` runs: the one set by name, else ``DEFAULT_VARIANT_BY_HEADDIM``'s,
-    else ``DEFAULT_VARIANT``."""
-    return active_variant() or DEFAULT_VARIANT_BY_HEADDIM.get(d, DEFAULT_VARIANT)
+def variant_for(d: int, causal: bool = False, seqlen_q: int | None = None, varlen: bool = False) -> str:
+    """The variant a call at head dim ``d`` runs: the one set by name; else, for a fixed-length
+    non-causal call with ``seqlen_q`` <= ``PERSISTENT_MAX_SEQLEN[d]``, "persistent"; else
+    ``DEFAULT_VARIANT_BY_HEADDIM``'s, else ``DEFAULT_VARIANT``. (Without ``seqlen_q``: the head dim's
+    default.)"""
+    named = active_variant()
+    if named:
+        return named
+    if not causal and not varlen and seqlen_q is not None and seqlen_q <= PERSISTENT_MAX_SEQLEN.get(d, 0):
+        return "persistent"
+    return DEFAULT_VARIANT_BY_HEADDIM.get(d, DEFAULT_VARIANT)
 
 
 def set_variant(name: str | None) -> None:
@@ -262,11 +280,11 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
     return True, ""
 
 
-def grid_programs(device, d: int, num_tiles: int) -> int:
-    """Programs of the Gluon forward's grid for ``num_tiles`` (query block, batch, head) tiles at head
-    dim ``d``: one per tile, or for the persistent variant one per SM at most (each walking its tiles,
-    ``ioattn.kernels.hopper_forward._walk``)."""
-    if variant_for(d) != "persistent":
+def grid_programs(device, name: str, num_tiles: int) -> int:
+    """Programs of the Gluon forward's grid for ``num_tiles`` (query block, batch, head) tiles under
+    variant ``name``: one per tile, or for the persistent variant one per SM at most (each walking its
+    tiles, ``ioattn.kernels.hopper_forward._walk``)."""
+    if name != "persistent":
         return num_tiles
     # without a GPU (explain_dispatch on the CPU): an H100 / H200's 132 SMs
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
@@ -300,7 +318,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
         stride_lse_b, stride_lse_h = lse.stride(0), lse.stride(1)
     if q.numel() == 0 or seqlen_q == 0 or (varlen and (k.numel() == 0 or seqlen_k == 0)):
         return out.zero_(), lse.fill_(float("-inf"))
-    cfg = kernel_config(d)
+    cfg = kernel_config(d, variant_for(d, causal, seqlen_q, varlen))
     block_m, block_n, q_rows = cfg["block_m"], cfg["block_n"], cfg["q_rows"]
     if cfg["constexprs"]["LEAN"] and softmax_scale < 0:
         # the lean softmax scales the row maximum of the raw scores, which needs scale >= 0:
@@ -314,7 +332,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     k_desc = TensorDescriptor.from_tensor(k.view(-1, nheads_kv * d), [block_n, d], kv_layout)
     v_desc = TensorDescriptor.from_tensor(v.view(-1, nheads_kv * d), [block_n, d], kv_layout)
     num_tiles = dispatch.cdiv(seqlen_q, block_m) * batch * nheads
-    grid = (grid_programs(q.device, d, num_tiles),)
+    grid = (grid_programs(q.device, cfg["variant"], num_tiles),)
     # fixed length: cu_seqlens None (constexpr None, unused under IS_VARLEN=False)
     hopper_fwd_kernel[grid](q_desc, k_desc, v_desc, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                             nheads, nheads // nheads_kv, nheads * d, stride_lse_b, stride_lse_h,

@@ -530,8 +530,8 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     for causal in (False, True):
         assert hopper.wanted(torch.empty(1, 512, 2, 256), causal=causal)
         assert not hopper.wanted(torch.empty(1, 511, 2, 256), causal=causal)
-    # d=64 (wg3): non-causal from 2048, causal from 8192
-    assert hopper.wanted(torch.empty(1, 2048, 2, 64)) and not hopper.wanted(torch.empty(1, 2047, 2, 64))
+    # d=64: non-causal from 512 (persistent up to 1024, then wg3), causal from 8192 (wg3)
+    assert hopper.wanted(torch.empty(1, 512, 2, 64)) and not hopper.wanted(torch.empty(1, 511, 2, 64))
     assert hopper.wanted(torch.empty(1, 8192, 2, 64), causal=True)
     assert not hopper.wanted(torch.empty(1, 4096, 2, 64), causal=True)
     assert hopper.wanted(torch.empty(8192, 2, 128), seqlen_q=8192)  # varlen: the caller's max seqlen
@@ -565,10 +565,17 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     cfg = hopper.kernel_config(128, "persistent")
     assert cfg["constexprs"]["PERSISTENT"] and not hopper.kernel_config(128, "pingpong")["constexprs"]["PERSISTENT"]
     assert hopper.TILE_TABLE["persistent"] == hopper.TILE_TABLE["pingpong"] and cfg["constexprs"]["NUM_WG"] == 2
-    assert hopper.grid_programs(torch.device("cpu"), 128, 1000) == 1000  # the default: one per tile
+    assert hopper.grid_programs(torch.device("cpu"), "pingpong", 1000) == 1000  # one per tile
+    assert hopper.grid_programs(torch.device("cpu"), "persistent", 1000) == 132  # one per SM (an H100/H200 here)
+    assert hopper.grid_programs(torch.device("cpu"), "persistent", 7) == 7
+    # per call: short non-causal fixed-length calls take the persistent variant (PERSISTENT_MAX_SEQLEN)
+    for d, most in hopper.PERSISTENT_MAX_SEQLEN.items():
+        assert hopper.variant_for(d, False, most) == "persistent"
+        assert hopper.variant_for(d, False, most + 1) == hopper.variant_for(d) != "persistent"
+        assert hopper.variant_for(d, True, most) == hopper.variant_for(d, False, most, varlen=True) == hopper.variant_for(d)
+    with hopper.variant("pingpong"):  # a variant set by name wins
+        assert hopper.variant_for(128, False, 512) == "pingpong"
     with hopper.variant("persistent"):
-        assert hopper.grid_programs(torch.device("cpu"), 128, 1000) == 132  # one per SM (an H100/H200 here)
-        assert hopper.grid_programs(torch.device("cpu"), 128, 7) == 7
         q16 = torch.empty(64, 2, 128, dtype=torch.bfloat16)
         monkeypatch.setattr(hopper, "GLUON_VARLEN", True)
         assert hopper.call_supported(q16, q16, q16, True, (-1, -1), 0.0, None, 0.0) == (
@@ -597,6 +604,29 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
         assert hopper.wanted(q)
         out = flash_attn_func(q, q, q, causal=True)  # still the CPU path, no error
     assert out.shape == q.shape and torch.isfinite(out).all()
+
+
+def test_hopper_persistent_variant_by_call(monkeypatch):
+    """Without a variant named, a short non-causal call takes the persistent variant (one program per
+    SM) and the plan says so; causal, longer or varlen calls take the head dim's default. (The device
+    check is replaced by the pure-Python call checks, as if on an sm_90 GPU.)"""
+    import ioattn
+    from ioattn import hopper
+    monkeypatch.delenv("IOATTN_HOPPER", raising=False)
+    monkeypatch.delenv("IOATTN_HOPPER_VARIANT", raising=False)
+    monkeypatch.setattr(hopper, "hopper_supports", hopper.call_supported)
+    most = hopper.PERSISTENT_MAX_SEQLEN[128]
+    with dispatch.forced_backend("triton"):
+        for n, causal, variant in ((most, False, "persistent"), (most, True, "pingpong"), (most * 2, False, "pingpong")):
+            q = torch.empty(4, n, 16, 128, dtype=BF16)
+            plan = ioattn.explain_dispatch(q, q, q, causal=causal)
+            if causal and n < hopper.AUTO_MIN_SEQLEN[(128, True)]:
+                assert "hopper" not in plan.forward["kernel"]
+                continue
+            assert plan.forward["kernel"].endswith(f"(Gluon, {variant})"), (n, causal, plan.forward["kernel"])
+            tiles = -(-n // 128) * 4 * 16
+            assert plan.forward["tiles_count"] == tiles
+            assert plan.forward["programs"] == (min(tiles, 132) if variant == "persistent" else tiles)
 
 
 def test_hopper_varlen_gated_off_until_run_on_the_device(monkeypatch):
