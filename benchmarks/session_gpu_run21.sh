@@ -19,7 +19,7 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 names = list(dict.fromkeys(r["provider"] for r in rows))
 print("batch  kvlen " + " ".join(f"{n:>18}" for n in names))
-for case in dict.fromkeys((r["batch"], r["kvlen"]) for r in rows):
-    us = {r["provider"]: r["ms"] * 1e3 for r in rows if (r["batch"], r["kvlen"]) == case}
+for case in dict.fromkeys((r["batch"], r["seqlen_k"]) for r in rows):
+    us = {r["provider"]: r["ms"] * 1e3 for r in rows if (r["batch"], r["seqlen_k"]) == case}
     print(f"{case[0]:>5} {case[1]:>6} " + " ".join(f"{us.get(n, float('nan')):>18.1f}" for n in names))
 PY
