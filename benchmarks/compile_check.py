@@ -20,7 +20,7 @@ H200_SHARED_BYTES = 232448  # the per-block limit Triton reported on the device
 FLOAT_ARGS = {"qk_scale", "softcap", "softmax_scale", "dropout_scale", "phi"}
 # pointers whose element type is not the inputs' dtype
 POINTER_TYPES = {"Lse": "*fp32", "Delta": "*fp32", "alibi_slopes": "*fp32", "Opart": "*fp32", "Lpart": "*fp32",
-                 "SeqLens": "*i32", "Counters": "*i32", "TileStarts": "*i32", "Leftpad": "*i32", "BlockTable": "*i32", "CacheBatchIdx": "*i32"}
+                 "SeqLens": "*i32", "TileStarts": "*i32", "Leftpad": "*i32", "BlockTable": "*i32", "CacheBatchIdx": "*i32"}
 I64_ARGS = {"seed", "dropout_threshold"}
 
 

@@ -86,11 +86,6 @@ _PAGED_TMA_MIN_SPLITS = 16
 # and 75.9 -> 74.7 at batch 8 x 8192 (mean -0.9 us, no case slower); under CUDA-graph replay
 # -0.2..+1.1 us (noise level). `IOATTN_DECODE_PDL=0` or ``decode_config(pdl=False)`` turns it off.
 _PDL_DEFAULT = True
-# The merge inside the split kernel (the last split of each (sequence, KV head, row block) merges,
-# counted by an atomic): one launch a step instead of two. Off until measured (NOTES §37);
-# ``decode_config(fused_merge=True)``. Only where a block's lses fit one tile (_FUSED_MAX_LSE).
-_FUSED_MERGE_DEFAULT = False
-_FUSED_MAX_LSE = 4096  # splits (rounded up to a power of two) x rows of a block: 32 fp32 a thread at 4 warps
 
 # Unified max (FlashDecoding++): a split keeps phi only if every row max m satisfies
 # phi - below <= m <= phi + above (log2 units). Above: exp2(s - phi) must fit the dtype the
@@ -113,15 +108,13 @@ class DecodePlan:
     num_warps: int
     num_stages: int
     pdl: bool = False  # merge launched with programmatic dependent launch (only with splits)
-    fused_merge: bool = False  # the last split merges, no merge kernel (only with splits)
 
 
 @contextlib.contextmanager
 def decode_config(**fields):
-    """Force fields of the ``DecodePlan`` (block_n, num_splits, use_tma, num_warps, num_stages, pdl,
-    fused_merge) for the calls inside: tuning sweeps and tests (``pdl`` and ``fused_merge`` are still
-    only used where they can run)."""
-    unknown = set(fields) - {"block_n", "num_splits", "use_tma", "num_warps", "num_stages", "pdl", "fused_merge"}
+    """Force fields of the ``DecodePlan`` (block_n, num_splits, use_tma, num_warps, num_stages, pdl)
+    for the calls inside: tuning sweeps and tests (``pdl`` is still only used where it can run)."""
+    unknown = set(fields) - {"block_n", "num_splits", "use_tma", "num_warps", "num_stages", "pdl"}
     if unknown:
         raise ValueError(f"decode_config: unknown fields {sorted(unknown)}")
     previous = dict(_plan_override)
@@ -388,33 +381,9 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
             block_n //= 2
     env = os.environ.get("IOATTN_DECODE_PDL", "").strip()
     pdl_wanted = _plan_override.get("pdl", env == "1" if env else _PDL_DEFAULT)
-    fused = (bool(_plan_override.get("fused_merge", _FUSED_MERGE_DEFAULT)) and num_splits > 1
-             and dispatch.next_power_of_2(num_splits) * _merge_rows(block_m, rows) <= _FUSED_MAX_LSE)
-    pdl = bool(pdl_wanted) and num_splits > 1 and not fused and _pdl_ok(q.device)
+    pdl = bool(pdl_wanted) and num_splits > 1 and _pdl_ok(q.device)
     return DecodePlan(block_m, block_n, num_splits, use_tma, _plan_override.get("num_warps", _NUM_WARPS),
-                      _plan_override.get("num_stages", stages), pdl, fused)
-
-
-def _merge_rows(block_m, rows):
-    """Rows of a block the fused merge handles at once: the block's packed rows, as a power of two."""
-    return min(block_m, dispatch.next_power_of_2(rows))
-
-
-_merge_counters_cache: dict = {}
-
-
-def _merge_counters(device, n):
-    """The fused merge's int32 counters (at least ``n``), all 0 between launches (each launch sets
-    back what it counted). One buffer per (device, stream): launches on one stream run in order, so
-    they never share a counter in flight; a new, larger buffer replaces a small one (the allocator
-    reuses the old one only after the work queued on this stream)."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream)
-    buf = _merge_counters_cache.get(key)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-        _merge_counters_cache[key] = buf
-    return buf
+                      _plan_override.get("num_stages", stages), pdl)
 
 
 def _pdl_ok(device) -> bool:
@@ -459,9 +428,9 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
     programs = batch * nheads_kv * num_m_blocks
     bd = dispatch.block_d(d)
 
-    out = torch.empty(batch, seqlen_q, nheads, d, device=q.device, dtype=q.dtype)
-    lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
     if cfg.num_splits == 1:  # the kernel writes the final output and lse
+        out = torch.empty(batch, seqlen_q, nheads, d, device=q.device, dtype=q.dtype)
+        lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
         opart, lpart = out[None], lse[None]
         o_strides = (0, *out.stride()[:3])
         l_strides = (0, lse.stride(0), lse.stride(2), lse.stride(1))
@@ -483,12 +452,6 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
                           for t in (k_cache, v_cache))
     below, above = PHI_RANGE[q.dtype]
     dummy = lpart  # any tensor stands in for the absent index tensors (never read)
-    merge = {}
-    if cfg.fused_merge:
-        rows = _merge_rows(cfg.block_m, group * seqlen_q)
-        merge = dict(FUSED_MERGE=True, MERGE_S=dispatch.next_power_of_2(cfg.num_splits), MERGE_ROWS=rows,
-                     MERGE_CHUNK=max(1, 64 // rows))  # a [chunk, rows, d] tile of 64 (split, row) pairs
-    counters = _merge_counters(q.device, programs) if cfg.fused_merge else dummy
     decode_split_kernel[(programs * cfg.num_splits,)](
         q, k_cache, v_cache, opart, lpart, cache_seqlens.contiguous() if has_seqlens else dummy,
         cache_leftpad.contiguous() if cache_leftpad is not None else dummy,
@@ -501,15 +464,14 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
         block_table.shape[1] if paged else 0, stride_ab,
         *o_strides, *l_strides, seqlen_base, seqlen_new, nheads_kv, group, seqlen_q, num_m_blocks, cfg.num_splits, capacity, k_cache.shape[0],
         qk_scale, float(softcap), window[0], window[1], 0.0 if unified_max is None else unified_max * LOG2E,
-        counters, out, lse, out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
         HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         PAGE_SIZE=max(page_size, 1), PAGED=paged, HAS_BATCH_IDX=cache_batch_idx is not None,
         HAS_LEFTPAD=cache_leftpad is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi,
         USE_TMA=cfg.use_tma, UNIFIED=unified_max is not None, PHI_BELOW=below, PHI_ABOVE=above,
-        HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl, **merge,
+        HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if cfg.num_splits == 1 or cfg.fused_merge:
+    if cfg.num_splits == 1:
         return out, lse
     return _merge_triton(opart, lpart, out_dtype=q.dtype, lse_bhm=True, pdl=cfg.pdl)
 

@@ -296,10 +296,6 @@ for dt, paged, feat, block_m, d, tma, uni in (("bf16", False, False, 16, 128, Fa
 c.update(USE_PDL=True)
 _, _, k = compile_one(fn, c, decode._NUM_WARPS, decode._NUM_STAGES, dtype="fp16")
 assert "griddepcontrol.launch_dependents" in k.asm["ptx"]
-# the fused merge: the counter's acquire-release add, the merge's L1-bypassing loads
-c.update(USE_PDL=False, FUSED_MERGE=True, MERGE_S=64, MERGE_ROWS=4, MERGE_CHUNK=16)
-_, _, k = compile_one(fn, c, decode._NUM_WARPS, decode._NUM_STAGES, dtype="bf16")
-assert "atom.global.gpu.acq_rel.add" in k.asm["ptx"] and "ld.global.cg" in k.asm["ptx"]
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -500,52 +496,3 @@ def test_plan_tiles_by_launch_kind(monkeypatch):
     assert (paged.block_n, paged.num_stages) == (128, 2) and paged.num_splits > 1
     with decode_config(block_n=32):
         assert decode.plan(gpu_q(1), k, k, False, 131072).block_n == 32
-
-
-@pytest.mark.parametrize("paged", [False, True])
-@pytest.mark.parametrize("num_splits,case", [(2, {}), (3, {"group": 4, "seqlen_q": 3, "seqlen_new": 3, "causal": True}),
-                                             (64, {}),  # 64 > key chunks: empty splits
-                                             (5, {"group": 8, "seqlen_q": 3, "seqlen_new": 1, "window": (20, 0)}),
-                                             (4, {"group": 2, "seqlen_q": 40, "seqlen_new": 40, "causal": True,
-                                                  "capacity": 128})])
-def test_fused_merge(paged, num_splits, case):
-    """The merge inside the split kernel (the last split of each block merges; no merge kernel)
-    against the float64 reference, as the two-kernel path; its counters are back to 0 after each
-    call, so a second call on the same buffer is right too. Cases: empty splits, GQA 1 to 8, several
-    query tokens (seqlen_q 40 x group 2 = 80 packed rows: two row blocks of 64, each its own counter),
-    windows; rows with no key at all: test_fused_merge_no_keys."""
-    from ioattn import decode
-    kw = _make_case(paged=paged, **case)
-    with decode_config(fused_merge=True):
-        cfg = decode.plan(kw["q"], kw["k_cache"], kw["v_cache"], paged, 96, num_splits)
-        assert cfg.fused_merge and not cfg.pdl
-        rows = kw["q"].shape[1] * kw["q"].shape[2] // kw["k_cache"].shape[2]
-        assert (rows > cfg.block_m) == (case.get("seqlen_q") == 40)
-        for _ in range(2):
-            _check(kw, "triton", num_splits)
-    counters = [b for key, b in decode._merge_counters_cache.items() if key[0] == str(kw["q"].device)]
-    assert counters and all(int(b.abs().sum()) == 0 for b in counters)
-
-
-def test_fused_merge_no_keys():
-    """Every split empty for some rows (a sequence with no key, a window that excludes them all):
-    output 0 and lse -inf from the fused merge, as from the merge kernel."""
-    kw = _make_case(seqlens=torch.tensor([0, 5, 0], dtype=I32, device=DEVICE), new_kv=False, seqlen_q=2,
-                    causal=True)
-    with decode_config(fused_merge=True):
-        _check(kw, "triton", 3)
-
-
-def test_fused_merge_plan():
-    """fused_merge only with splits, never with PDL (no merge kernel to overlap), and only where a
-    block's lses fit one tile (decode._FUSED_MAX_LSE); off by default until measured."""
-    from ioattn import decode
-    q = torch.empty(1, 1, 8, 64)
-    k = torch.empty(1, 4096, 2, 64)
-    assert not decode.plan(q, k, k, False, 4096, num_splits=8).fused_merge
-    with decode_config(fused_merge=True):
-        assert decode.plan(q, k, k, False, 4096, num_splits=8).fused_merge
-        assert not decode.plan(q, k, k, False, 4096, num_splits=1).fused_merge
-        wide = torch.empty(1, 64, 8, 64)  # 256 packed rows: a 64-row block
-        assert decode.plan(wide, k, k, False, 4096, num_splits=64).fused_merge  # 64 x 64 = 4096
-        assert not decode.plan(wide, k, k, False, 4096, num_splits=65).fused_merge  # 128 x 64

@@ -116,25 +116,20 @@ def _decode_setup(batch, capacity, hkv=8, group=4, d=128, paged=False, page_size
 _SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
-# how a split step is merged: a second kernel, the same by programmatic dependent launch, or inside the
-# split kernel (the last split of each block merges)
-MERGES = {"kernel": dict(pdl=False), "pdl": dict(pdl=True), "fused": dict(pdl=False, fused_merge=True)}
-
-
-@pytest.mark.parametrize("merge", list(MERGES))
+@pytest.mark.parametrize("pdl", [False, True])
 @pytest.mark.parametrize("paged", [False, True])
-def test_decode_step_cuda_graph(paged, merge):
+def test_decode_step_cuda_graph(paged, pdl):
     """A decode step (append one token, attend over the cache) captured once and replayed for several
     steps with new inputs copied into the static tensors and cache_seqlens advanced in place: each
-    replay equals the eager call on a copy of the cache. ``merge``: how the splits are merged (``MERGES``),
-    in the graph and in the eager call (fused: the counters are set back to 0 by every replay)."""
+    replay equals the eager call on a copy of the cache. ``pdl``: the merge launched by programmatic
+    dependent launch, in the graph and in the eager call."""
     from ioattn.decode import decode_config, flash_attn_with_kvcache
     batch, capacity, hkv, group, d = 3, 2048, 8, 4, 128
     kw, rnd = _decode_setup(batch, capacity, hkv, group, d, paged=paged)
     q, k, v = rnd(batch, 1, hkv * group, d), rnd(batch, 1, hkv, d), rnd(batch, 1, hkv, d)
 
     def step():
-        with decode_config(**MERGES[merge]):
+        with decode_config(pdl=pdl):
             return flash_attn_with_kvcache(q, kw["k_cache"], kw["v_cache"], k=k, v=v,
                                            cache_seqlens=kw["cache_seqlens"], block_table=kw.get("block_table"),
                                            causal=True)
@@ -155,7 +150,7 @@ def test_decode_step_cuda_graph(paged, merge):
         for t in (q, k, v):
             t.copy_(torch.randn_like(t))
         graph.replay()
-        with decode_config(**MERGES[merge]):
+        with decode_config(pdl=pdl):
             expect = flash_attn_with_kvcache(q, eager_kw["k_cache"], eager_kw["v_cache"], k=k, v=v,
                                              cache_seqlens=eager_kw["cache_seqlens"],
                                              block_table=eager_kw.get("block_table"), causal=True,
@@ -167,54 +162,29 @@ def test_decode_step_cuda_graph(paged, merge):
         eager_kw["cache_seqlens"] += 1
 
 
-@pytest.mark.parametrize("merge", list(MERGES))
+@pytest.mark.parametrize("pdl", [False, True])
 @pytest.mark.parametrize("use_tma", [False, True])
 @pytest.mark.parametrize("paged", [False, True])
 @pytest.mark.parametrize("splits", [1, 7, 0])
-def test_decode_long_cache(use_tma, paged, splits, merge):
-    """Decode at serving sizes against the float64 oracle: long caches, GQA 4, both load paths, each
-    way of merging the splits (``MERGES``; by programmatic dependent launch: bit-identical to the
-    plain launch; fused: the counters are 0 again after the call)."""
+def test_decode_long_cache(use_tma, paged, splits, pdl):
+    """Decode at serving sizes against the float64 oracle: long caches, GQA 4, both load paths, the
+    merge launched normally or by programmatic dependent launch (the same arithmetic: bit-identical)."""
     from ioattn import decode
     from ioattn.decode import decode_config, flash_attn_with_kvcache
     from ioattn.reference.decode import kvcache_attention_ref
     kw, rnd = _decode_setup(2, 16384, paged=paged)
     q = rnd(2, 1, 32, 128)
-    with decode_config(use_tma=use_tma, **MERGES[merge]):
+    with decode_config(use_tma=use_tma, pdl=pdl):
         out = flash_attn_with_kvcache(q, **kw, num_splits=splits)
         cfg = decode.plan(q, kw["k_cache"], kw["v_cache"], paged, kw["k_cache"].shape[1] if not paged else
                           kw["block_table"].shape[1] * kw["k_cache"].shape[1], splits)
-    assert cfg.pdl == (merge == "pdl" and cfg.num_splits > 1 and _SM90)
-    assert cfg.fused_merge == (merge == "fused" and cfg.num_splits > 1)
-    if merge == "pdl":  # bit-identical to the plain launch
+    assert cfg.pdl == (pdl and cfg.num_splits > 1 and _SM90)
+    if pdl:  # bit-identical to the plain launch
         with decode_config(use_tma=use_tma, pdl=False):
             assert torch.equal(out, flash_attn_with_kvcache(q, **kw, num_splits=splits))
-    if cfg.fused_merge:
-        torch.cuda.synchronize()
-        assert all(int(b.abs().sum()) == 0 for b in decode._merge_counters_cache.values())
     ref, _ = kvcache_attention_ref(q, **{n: t.clone() for n, t in kw.items()})
     same, _ = kvcache_attention_ref(q, **{n: t.clone() for n, t in kw.items()}, upcast=False)
     assert_within_torch_error("decode out", out, ref, same)
-
-
-def test_decode_fused_merge_repeated():
-    """The fused merge's ordering (each split's partial stores released by its counter add, the last
-    split's loads acquired by it) under repetition: 200 calls at batch 1 x 16k with 33 splits give
-    bitwise the same output (the merge adds the splits in index order whichever arrives last), and
-    one within PyTorch's error of the float64 oracle; a partial read before it landed would differ."""
-    from ioattn import decode
-    from ioattn.decode import decode_config, flash_attn_with_kvcache
-    from ioattn.reference.decode import kvcache_attention_ref
-    kw, rnd = _decode_setup(1, 16384)
-    q = rnd(1, 1, 32, 128)
-    with decode_config(fused_merge=True):
-        assert decode.plan(q, kw["k_cache"], kw["v_cache"], False, 16384).fused_merge
-        outs = [flash_attn_with_kvcache(q, **kw, check_values=False) for _ in range(200)]
-    for i, o in enumerate(outs):
-        assert torch.equal(o, outs[0]), f"call {i} differs"
-    ref, _ = kvcache_attention_ref(q, **{n: t.clone() for n, t in kw.items()})
-    same, _ = kvcache_attention_ref(q, **{n: t.clone() for n, t in kw.items()}, upcast=False)
-    assert_within_torch_error("decode out", outs[0], ref, same)
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")

@@ -151,7 +151,7 @@ def _with_peers(table, names, make_sdpa, make_flex, import_peer, ours, what):
 # ---------------------------------------------------------------- decode (one query token per sequence)
 
 DECODE_OURS = ("ioattn", "ioattn-checked", "ioattn-paged", "ioattn-unified", "ioattn-graph", "ioattn-nopdl",
-               "ioattn-graph-nopdl", "ioattn-tma", "ioattn-fused", "ioattn-graph-fused")
+               "ioattn-graph-nopdl", "ioattn-tma")
 DECODE_PAGE_SIZE = 256
 UNIFIED_CALIBRATION_KEYS = 1024
 
@@ -344,8 +344,7 @@ def decode_providers(names=None):
     ``ioattn-graph``: the ``ioattn`` call captured once into a CUDA graph and replayed;
     ``ioattn-nopdl`` / ``ioattn-graph-nopdl``: the same without programmatic dependent launch of the
     merge kernel (the default uses it on Hopper; kept as the A/B that justifies it); ``ioattn-tma``:
-    K/V through tensor descriptors on the contiguous cache (the A/B of the pointer-load default);
-    ``ioattn-fused`` / ``ioattn-graph-fused``: the merge inside the split kernel (one launch a step)."""
+    K/V through tensor descriptors on the contiguous cache (the A/B of the pointer-load default)."""
     table = {"ioattn": (_kvcache_setup(), ""), "ioattn-checked": (_checked_setup, ""),
              "ioattn-paged": (_paged_setup, "")}
     table["ioattn-unified"] = ((_unified_setup, "") if "unified_max" in _kvcache_params()
@@ -353,10 +352,9 @@ def decode_providers(names=None):
     table["ioattn-graph"] = ((_graph_setup, "") if torch.cuda.is_available()
                              else (None, "needs CUDA (CUDA graph replay)"))
     cuda = torch.cuda.is_available()
-    fused = dict(fused_merge=True)
-    for name, fields in (("nopdl", dict(pdl=False)), ("tma", dict(use_tma=True)), ("fused", fused)):
+    for name, fields in (("nopdl", dict(pdl=False)), ("tma", dict(use_tma=True))):
         table[f"ioattn-{name}"] = (_configured(**fields), "") if cuda else (None, f"needs CUDA (the A/B of {fields})")
-    for name, fields in (("nopdl", dict(pdl=False)), ("fused", fused)):
+    for name, fields in (("nopdl", dict(pdl=False)),):
         table[f"ioattn-graph-{name}"] = ((functools.partial(_graph_setup, fields=fields), "") if cuda
                                          else (None, "needs CUDA (CUDA graph replay)"))
     return _with_peers(table, names, _sdpa_decode, _flex_decode, _import_decode_peer, DECODE_OURS,

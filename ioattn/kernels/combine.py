@@ -16,18 +16,6 @@ except ImportError:  # a Triton without grid dependency control: the host never 
 
 
 @triton.jit
-def merge_terms(lse):
-    """Along axis 0 (the splits) of natural-log lses ([S] or [S, R]): (max, made 0 where every split
-    is empty, so exp never sees -inf - -inf = NaN; 1 / the sum of exp(lse - max), 1 where it is 0;
-    the merged lse, -inf where every split is empty). A split's weight is exp(lse - max) / sum."""
-    lse_max = tl.max(lse, 0)
-    lse_max_safe = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    total = tl.sum(tl.exp(lse - lse_max_safe), 0)
-    merged_lse = tl.where(total == 0.0, float("-inf"), lse_max_safe + tl.log(tl.where(total == 0.0, 1.0, total)))
-    return lse_max_safe, 1.0 / tl.where(total == 0.0, 1.0, total), merged_lse
-
-
-@triton.jit
 def merge_states_kernel(Outs, Lses, Out, Lse, n_rows, n_splits, stride_os, stride_or, stride_ls, nheads, seqlen_q,
                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
                         CHUNK_S: tl.constexpr, LSE_BHM: tl.constexpr, USE_PDL: tl.constexpr = False):
@@ -39,8 +27,12 @@ def merge_states_kernel(Outs, Lses, Out, Lse, n_rows, n_splits, stride_os, strid
     if USE_PDL:
         gdc_wait()  # the split kernel's partial outputs are complete and visible past this point
     lse = tl.load(Lses + splits.to(tl.int64) * stride_ls + row, mask=splits < n_splits, other=float("-inf"))
-    # rows where every split is empty: keep -inf, weigh everything 0
-    lse_max_safe, inv_total, merged_lse = merge_terms(lse)
+    lse_max = tl.max(lse, 0)
+    # rows where every split is empty: keep -inf, weigh everything 0 (never -inf - -inf = NaN)
+    lse_max_safe = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    total = tl.sum(tl.exp(lse - lse_max_safe), 0)
+    merged_lse = tl.where(total == 0.0, float("-inf"), lse_max_safe + tl.log(tl.where(total == 0.0, 1.0, total)))
+    inv_total = 1.0 / tl.where(total == 0.0, 1.0, total)
 
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM

@@ -38,10 +38,7 @@ handles one (sequence, KV head, block of query rows, split of the key range):
   (q's dtype) and the lse in flash-attn's layout. With one split the kernel writes those directly:
   a decode step is one or two launches. ``USE_PDL``: each program lets the merge kernel launch
   (programmatic dependent launch, Hopper) as soon as it starts; the merge waits for this grid's
-  writes itself (``kernels/combine.py``). ``FUSED_MERGE``: no merge kernel; each program counts
-  itself in (an atomic add on its (sequence, KV head, row block)'s counter, release after its
-  partial stores), and the last split to arrive (acquire) merges the block's splits (``_merge_block``)
-  and sets the counter back to 0 for the next launch on the stream.
+  writes itself (``kernels/combine.py``).
 
 Reference twin: ``ioattn.reference.decode.kvcache_attention_ref``. Test: ``tests/test_decode.py``.
 """
@@ -54,7 +51,6 @@ except ImportError:  # a Triton without grid dependency control: the host never 
     def gdc_launch_dependents():
         pass
 
-from ioattn.kernels.combine import merge_terms
 from ioattn.kernels.common import LOG2E, mma, softmax_finish, softmax_step, tile_scores
 
 
@@ -114,44 +110,6 @@ def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, BlockTable, b64, cache
 
 
 @triton.jit
-def _merge_block(Opart, Lpart, Out, Lse, b64, row0, h_kv, group, seqlen_q, num_splits,
-                 stride_os, stride_ob, stride_om, stride_oh, stride_ls, stride_lb, stride_lm, stride_lh,
-                 stride_fb, stride_fm, stride_fh, stride_flb, stride_flh, stride_flm,
-                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MERGE_S: tl.constexpr, MERGE_CHUNK: tl.constexpr,
-                 MERGE_ROWS: tl.constexpr):
-    """The combine of ``kernels/combine.py`` for the packed rows [row0, row0 + MERGE_ROWS) of one
-    (sequence, KV head): every split's lse at once, then the partial outputs ``MERGE_CHUNK`` splits
-    at a time as [chunk, rows, d] tiles. Loads bypass L1 (``.cg``): the partials were written by
-    other SMs during this launch. Writes the output in Out's dtype and the lse (natural log)."""
-    r = row0 + tl.arange(0, MERGE_ROWS)
-    tok64 = (r // group).to(tl.int64)
-    hq64 = (h_kv * group + r % group).to(tl.int64)
-    r_ok = r // group < seqlen_q
-    l_off = b64 * stride_lb + tok64 * stride_lm + hq64 * stride_lh
-    o_off = b64 * stride_ob + tok64 * stride_om + hq64 * stride_oh
-    s_all = tl.arange(0, MERGE_S)
-    lse = tl.load(Lpart + s_all.to(tl.int64)[:, None] * stride_ls + l_off[None, :],
-                  mask=(s_all < num_splits)[:, None] & r_ok[None, :], other=float("-inf"), cache_modifier=".cg")
-    lse_max, inv_total, merged_lse = merge_terms(lse)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < HEAD_DIM
-    acc = tl.zeros([MERGE_ROWS, BLOCK_D], dtype=tl.float32)
-    for s0 in range(0, num_splits, MERGE_CHUNK):
-        s = s0 + tl.arange(0, MERGE_CHUNK)
-        ok = (s < num_splits)[:, None] & r_ok[None, :]
-        s64 = s.to(tl.int64)
-        lse_c = tl.load(Lpart + s64[:, None] * stride_ls + l_off[None, :], mask=ok, other=float("-inf"),
-                        cache_modifier=".cg")
-        w = tl.exp(lse_c - lse_max[None, :]) * inv_total[None, :]
-        o = tl.load(Opart + s64[:, None, None] * stride_os + o_off[None, :, None] + offs_d[None, None, :],
-                    mask=ok[:, :, None] & d_ok[None, None, :], other=0.0, cache_modifier=".cg")
-        acc += tl.sum(w[:, :, None] * o, 0)
-    tl.store(Out + b64 * stride_fb + tok64[:, None] * stride_fm + hq64[:, None] * stride_fh + offs_d[None, :],
-             acc.to(Out.dtype.element_ty), mask=r_ok[:, None] & d_ok[None, :])
-    tl.store(Lse + b64 * stride_flb + hq64 * stride_flh + tok64 * stride_flm, merged_lse, mask=r_ok)
-
-
-@triton.jit
 def decode_split_kernel(
     Q, K, V, Opart, Lpart, SeqLens, Leftpad, BlockTable, CacheBatchIdx, alibi_slopes, k_desc, v_desc,
     stride_qb, stride_qm, stride_qh,
@@ -162,20 +120,14 @@ def decode_split_kernel(
     stride_ls, stride_lb, stride_lm, stride_lh,
     seqlen_base, seqlen_new, nheads_kv, group, seqlen_q, num_m_blocks, num_splits, capacity, num_rows,
     qk_scale, softcap, window_left, window_right, phi,
-    Counters, Out, Lse, stride_fb, stride_fm, stride_fh, stride_flb, stride_flh, stride_flm,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, USE_TMA: tl.constexpr, UNIFIED: tl.constexpr,
     PHI_BELOW: tl.constexpr, PHI_ABOVE: tl.constexpr, HAS_SEQLENS: tl.constexpr, USE_PDL: tl.constexpr = False,
-    FUSED_MERGE: tl.constexpr = False, MERGE_S: tl.constexpr = 1, MERGE_CHUNK: tl.constexpr = 1,
-    MERGE_ROWS: tl.constexpr = 1,
 ):
     """``num_rows``: pages in the pool (paged) or rows of the contiguous cache. Sequence b ends at
     ``SeqLens[b] + seqlen_new`` (``seqlen_base + seqlen_new`` without ``HAS_SEQLENS``). With one
-    split, Opart/Lpart are the final output (q's dtype) and lse (batch, nheads, seqlen_q).
-    ``FUSED_MERGE`` (splits > 1): ``Counters`` int32, one per (sequence, KV head, row block), all 0
-    at launch and left 0; Out / Lse (strides ``stride_f*`` / ``stride_fl*``) the final output and
-    lse (batch, nheads, seqlen_q); ``MERGE_S`` >= num_splits, ``MERGE_ROWS`` <= BLOCK_M (powers of two)."""
+    split, Opart/Lpart are the final output (q's dtype) and lse (batch, nheads, seqlen_q)."""
     if USE_PDL:
         gdc_launch_dependents()  # a hint: the merge grid may launch once every program got here
     pid = tl.program_id(0)
@@ -264,13 +216,3 @@ def decode_split_kernel(
               + offs_d[None, :])
     tl.store(o_ptrs, out.to(Opart.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     tl.store(Lpart + split64 * stride_ls + b64 * stride_lb + tok64 * stride_lm + hq64 * stride_lh, lse, mask=row_ok)
-    if FUSED_MERGE:
-        tl.debug_barrier()  # every thread's partial stores come before the release below
-        slot = (b * nheads_kv + h_kv) * num_m_blocks + m_block
-        arrived = tl.atomic_add(Counters + slot, 1, sem="acq_rel", scope="gpu")
-        if arrived == num_splits - 1:  # the last split of this block: the others' partials are visible
-            _merge_block(Opart, Lpart, Out, Lse, b64, m_block * BLOCK_M, h_kv, group, seqlen_q, num_splits,
-                         stride_os, stride_ob, stride_om, stride_oh, stride_ls, stride_lb, stride_lm, stride_lh,
-                         stride_fb, stride_fm, stride_fh, stride_flb, stride_flh, stride_flm,
-                         HEAD_DIM, BLOCK_D, MERGE_S, MERGE_CHUNK, MERGE_ROWS)
-            tl.store(Counters + slot, 0)  # for the next launch on this stream
