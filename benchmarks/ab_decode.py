@@ -4,10 +4,11 @@ default still misses issue 4's bounds: batch 1 x 4096 (split count; eager and CU
 and batch 8 x 8192 on a paged cache (key chunk, stages, split count; the contiguous default beside).
 ``--cases rest``: the contiguous cases where eager ioattn was 0.4-1.6 % behind cuDNN in
 results/session-2026-12-01-i (batch 1 x 16k / 128k, 8 x 8192, 64 x 4096): split count, stages, warps.
+``--cases wide``: the cases without splits (batch 64 x 4096, 32 x 32768): key chunk and stages.
 ``--rounds R`` times every entry R times, interleaved (the spread of one entry between rounds is
 the noise the choice has to beat).
 
-    python benchmarks/ab_decode.py --out DIR [--cases first|rest] [--rounds R]
+    python benchmarks/ab_decode.py --out DIR [--cases first|rest|wide] [--rounds R]
 
 Writes DIR/ab_decode.jsonl (one record per case, layout, config, mode) and prints a table. The
 tune script (`tune_decode.py --focus`) times one L2-resident input set; this one does not.
@@ -43,7 +44,14 @@ REST = [
     (64, 4096, False, False, [{}, dict(num_stages=3), dict(num_warps=8), dict(num_splits=2),
                               dict(num_splits=2, block_n=128, num_stages=2)]),
 ]
-CASE_SETS = {"first": CASES, "rest": REST}
+# launches without splits (512 / 256 programs): the chunk and ring depth set how many programs fit an
+# SM (128 keys x 2 stages: 128 KB of K/V ring, one program per SM)
+WIDE = [
+    (64, 4096, False, False, [{}, dict(block_n=64, num_stages=2), dict(block_n=64, num_stages=4),
+                              dict(block_n=32, num_stages=4), dict(block_n=128, num_stages=1)]),
+    (32, 32768, False, False, [{}, dict(block_n=64, num_stages=2), dict(block_n=64, num_stages=4)]),
+]
+CASE_SETS = {"first": CASES, "rest": REST, "wide": WIDE}
 
 
 def eager(q, kc, vc, lens, cfg, table=None):
