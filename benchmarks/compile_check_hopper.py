@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gluon_aot import DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxas_report, run_jobs  # noqa: E402
 
 
-def compile_one(variant, d, dt, causal, varlen=False, lpt=False):
+def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None):
     cfg = hopper.kernel_config(d, variant)
     bn, q_rows = cfg["block_n"], cfg["q_rows"]
     q_layout = gl.NVMMASharedLayout.get_default_for([q_rows, d], DTYPES[dt])
@@ -45,7 +45,10 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False):
     sig.update(q_desc=f"tensordesc<{dt}[{q_rows},{d}],{q_layout!r}>",
                k_desc=f"tensordesc<{dt}[{bn},{d}],{kv_layout!r}>",
                v_desc=f"tensordesc<{dt}[{bn},{d}],{kv_layout!r}>", Out=f"*{dt}", Lse="*fp32", qk_scale="fp32")
-    constexprs = dict(cfg["constexprs"], IS_CAUSAL=causal, IS_VARLEN=varlen, LPT=lpt)
+    # KV_TAIL as the launcher sets it for varlen; fixed length: off unless asked (lengths that are
+    # multiples of the key tile)
+    constexprs = dict(cfg["constexprs"], IS_CAUSAL=causal, IS_VARLEN=varlen, LPT=lpt,
+                      KV_TAIL=varlen if kv_tail is None else kv_tail)
     if varlen:
         sig.update(Cu_q="*i32", Cu_k="*i32")
     else:  # the launcher passes None for fixed-length calls: constexpr None
@@ -65,10 +68,15 @@ def fmt(c):
             f"try_wait={c['mb_wait']}) named[{bars}]")
 
 
+def cfg_tail(varlen, kv_tail):
+    """KV_TAIL as compile_one sets it."""
+    return varlen if kv_tail is None else kv_tail
+
+
 def check(job):
     """Compile one (variant, head dim, dtype, causal), assert its structure, return its report line."""
-    variant, d, dt, causal, run_ptxas, varlen, lpt = job
-    cfg, k = compile_one(variant, d, dt, causal, varlen, lpt)
+    variant, d, dt, causal, run_ptxas, varlen, lpt, kv_tail = job
+    cfg, k = compile_one(variant, d, dt, causal, varlen, lpt, kv_tail)
     ptx = k.asm["ptx"]
     c = ptx_counts(ptx)
     where = (variant, d, dt, causal, varlen)
@@ -82,8 +90,8 @@ def check(job):
         assert c["mb_init"].get(str(num_wg)) == 2 * cfg["stages"], (where, c["mb_init"])
         if num_wg == 3:  # and no barrier of count 2 left over from the two-warpgroup layout
             assert "2" not in c["mb_init"], (where, c["mb_init"])
-        # count 1: a Q barrier and a turn barrier per warpgroup, K and V ready barriers per stage
-        assert c["mb_init"].get("1") == 2 * num_wg + 2 * cfg["stages"], (where, c["mb_init"])
+        # count 1: a Q barrier and a turn barrier per warpgroup, K and V ready barriers per stage, v_tail
+        assert c["mb_init"].get("1") == 2 * num_wg + 2 * cfg["stages"] + 1, (where, c["mb_init"])
         # the consumers' budget: (65536 / 128 - producer) / NUM_WG rounded down to 8 (240; 160 for
         # three); the producer 24, 32 in the persistent kernel (its tile loop; 240 either way)
         producer = 32 if variant == "persistent" else 24
@@ -101,8 +109,12 @@ def check(job):
             # persistent: a few per-tile values spill around the tile loop (80 B at d = 128 / 256
             # non-causal, ptxas 12.8: reloaded in the epilogue and the loop's bookkeeping, none in
             # the key loop's SASS); 0 for the others
-            assert not serialized and spills <= (128 if variant == "persistent" else 0), (
-                where, "ptxas serialised the wgmmas or spilled", spills)
+            # KV_TAIL (varlen, key lengths not a multiple of the tile): with the producer's V-tail
+            # zeroing ptxas spills 72-176 B in the three-warpgroup kernel (16 B in "split" at d=256;
+            # NOTES §38); the others stay at 0 (persistent: its 80-116 B of tile-loop values)
+            tail = cfg_tail(varlen, kv_tail)
+            allowed = 128 if variant == "persistent" else 192 if tail and variant in ("wg3", "split") else 0
+            assert not serialized and spills <= allowed, (where, "ptxas serialised the wgmmas or spilled", spills)
     return (f"{variant:8s} d={d} {dt} causal={causal!s:5s} {'varlen ' if varlen else ''}"
             f"tiles={cfg['block_m']}x{cfg['block_n']}x{cfg['stages']} "
             f"warps={k.metadata.num_warps} shared={k.metadata.shared} {regs}{fmt(c)}")
@@ -118,11 +130,13 @@ def main():
     ap.add_argument("--headdims", default=None, help="comma-separated subset of each variant's head dims")
     ap.add_argument("--varlen", action="store_true", help="the packed-batch kernels (IS_VARLEN=True)")
     ap.add_argument("--lpt", action="store_true", help="causal one-tile grids in LPT order (LPT=True)")
+    ap.add_argument("--kv-tail", action="store_true",
+                    help="fixed-length kernels for key lengths not a multiple of the key tile (KV_TAIL=True)")
     args = ap.parse_args()
     dtypes = ("bf16",) if args.quick else ("bf16", "fp16")
     masks = [bool(int(m)) for m in args.masks.split(",")]
     dims = None if args.headdims is None else {int(x) for x in args.headdims.split(",")}
-    jobs = [(variant, d, dt, causal, not args.no_ptxas, args.varlen, args.lpt) for variant in args.variants.split(",")
+    jobs = [(variant, d, dt, causal, not args.no_ptxas, args.varlen, args.lpt, args.kv_tail or None) for variant in args.variants.split(",")
             for d in hopper.TILE_TABLE[variant] if dims is None or d in dims for dt in dtypes for causal in masks]
     t0 = time.time()
     run_jobs(check, jobs, args.jobs)

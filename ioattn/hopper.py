@@ -338,6 +338,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
                             nheads, nheads // nheads_kv, nheads * d, stride_lse_b, stride_lse_h,
                             softmax_scale * 1.4426950408889634, IS_CAUSAL=bool(causal), IS_VARLEN=varlen,
                             LPT=bool(causal) and lpt_order.wanted(), num_tiles=num_tiles,
+                            KV_TAIL=varlen or seqlen_k % block_n != 0,
                             num_warps=cfg["num_warps"], **cfg["constexprs"])
     return out, lse
 

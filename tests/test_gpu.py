@@ -249,7 +249,7 @@ def test_hopper_forward_varlen(variant, d, causal, dtype, monkeypatch, poison_al
     too, and the gradients of the portable backward fed by this forward's (out, lse). Sequences: length
     1, shorter than a tile, several tiles, seqlen_q != seqlen_k both ways (causal: 133 rows that see
     no key), one with no queries, one with no keys; 7 trailing tokens in q and k/v that no sequence
-    owns (output 0, lse -inf, zero gradients)."""
+    owns (output 0, lse -inf, zero gradients), NaN in k and v."""
     from ioattn import hopper
     if d not in hopper.TILE_TABLE[variant]:
         pytest.skip(f"the {variant} variant has no head dim {d}")
@@ -260,6 +260,9 @@ def test_hopper_forward_varlen(variant, d, causal, dtype, monkeypatch, poison_al
     cq, ck, max_q, max_k = cu(lens_q), cu(lens_k), max(lens_q), max(lens_k)
     q = torch.randn(sum(lens_q) + extra, h, d, device="cuda", dtype=dtype)
     k, v = (torch.randn(sum(lens_k) + extra, hkv, d, device="cuda", dtype=dtype) for _ in range(2))
+    # the unowned trailing rows hold NaN: the last sequence's last key tile reads them (TMA box), and
+    # only the producer's zeroing of those V rows (KV_TAIL) keeps them out of its output
+    k[sum(lens_k):], v[sum(lens_k):] = float("nan"), float("nan")
     dout = torch.randn_like(q)
     window = (-1, 0) if causal else (-1, -1)
     with hopper.variant(variant), hopper.prefer_hopper(True):
@@ -280,6 +283,31 @@ def test_hopper_forward_varlen(variant, d, causal, dtype, monkeypatch, poison_al
     assert (out[tq:] == 0).all() and torch.isneginf(lse[:, tq:]).all()
     assert (dq[tq:] == 0).all() and (dk[tk:] == 0).all() and (dv[tk:] == 0).all()
     assert_varlen_sequences(f"{variant} varlen", q, k, v, dout, out, lse, (dq, dk, dv), cq, ck, window=window)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant", ["base", "pingpong", "split", "wg3", "persistent"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sk", [200, 77, 1000])  # none a multiple of the key tile: a tail in every sequence
+def test_hopper_forward_next_batch_rows_do_not_leak(variant, d, causal, sk):
+    """Batch element 1's V is NaN: element 0's last key tile reads element 1's first rows (the TMA box
+    runs past seqlen_k), and the producer zeroes those V rows before the P V product (KV_TAIL), so
+    element 0's output and lse are finite and bitwise those of element 0 alone (where the box runs
+    past the tensor's end and TMA fills zeros)."""
+    from ioattn import hopper
+    if d not in hopper.TILE_TABLE[variant]:
+        pytest.skip(f"the {variant} variant has no head dim {d}")
+    q = torch.randn(2, 300, 4, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, sk, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    v[1] = float("nan")
+    with hopper.variant(variant):
+        out, lse = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
+        alone, lse_alone = hopper.hopper_forward(q[:1].contiguous(), k[:1].contiguous(), v[:1].contiguous(),
+                                                 d ** -0.5, causal)
+    assert torch.isfinite(out[0]).all() and not torch.isnan(lse[0]).any()
+    assert torch.equal(out[0], alone[0]) and torch.equal(lse[0], lse_alone[0])
+    assert torch.isnan(out[1]).any()  # element 1's own NaN is its own
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")

@@ -73,9 +73,18 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 @gluon.jit
 def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col, n_lo,
-              n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, g0=0):
+              n_tiles, seqlen_k, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KV_TAIL: gl.constexpr, g0=0, tails=0):
     """K and V tiles n_lo .. n_lo + n_tiles - 1 into the ring; ``g0``: ring uses before this call
-    (a persistent program's running count), which fixes each tile's slot and phase."""
+    (a persistent program's running count), which fixes each tile's slot and phase. The V tile the
+    key end falls in (a sequence length not a multiple of BLOCK_N) lands on ``v_tail`` (the extra
+    barrier at ``v_ready[STAGES]``: no extra argument, the three-warpgroup kernel has no registers
+    to spare for one) instead; its
+    rows past the end are zeroed here (``_zero_v_tail``) and only then is the tile released to the
+    consumers, by a plain arrive on its ``v_ready`` (count 1, no bytes pending); compiled only with
+    ``KV_TAIL`` (the host sets it for varlen calls and key lengths not a multiple of BLOCK_N).
+    ``tails``: such tiles before this call (``v_tail``'s phase); returns the count after it."""
+    tails = tails + 0 * n_tiles  # a runtime integer whatever the caller passed (loop-carried)
+    v_tail = v_ready.index(STAGES)
     for j in range(n_tiles):
         i = g0 + j
         s = i % STAGES
@@ -85,8 +94,45 @@ def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [row, kv_col], k_ready.index(s), k_smem.index(s))
         mbarrier.wait(v_empty.index(s), reuse_phase, pred=i >= STAGES)
-        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [row, kv_col], v_ready.index(s), v_smem.index(s))
+        if KV_TAIL and (n_lo + j + 1) * BLOCK_N > seqlen_k:
+            mbarrier.expect(v_tail, v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [row, kv_col], v_tail, v_smem.index(s))
+            mbarrier.wait(v_tail, tails & 1)
+            tails += 1
+            _zero_v_tail(v_smem.index(s), seqlen_k - (n_lo + j) * BLOCK_N, BLOCK_N, v_desc.block_type.shape[1])
+            mbarrier.arrive(v_ready.index(s), count=1)
+        else:
+            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [row, kv_col], v_ready.index(s), v_smem.index(s))
+    return tails
+
+
+@gluon.jit
+def _zero_v_tail(v_tile, valid, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Rows >= ``valid`` of a V tile in shared memory set to 0: keys past the sequence's end, which
+    the TMA box read from the next sequence's (or batch element's) rows. Their probabilities are 0,
+    but 0 x NaN is NaN in the P V product, so a NaN or inf there would reach this sequence's output.
+    By the producer warp (a consumer warpgroup has no registers to spare at the last tile: the
+    three-warpgroup kernel spilled); the rows the end falls in are read, masked and written back.
+    Then a proxy fence (the consumers' wgmma reads through the async
+    proxy; the arrive that follows orders them after it) and a barrier over the warp."""
+    # [8, 64] pieces: 8 rows (the 128-byte swizzle's atom) x 64 columns (one swizzle span; the tile
+    # is stored as HEAD_DIM / 64 such column groups), 16 elements a thread in one warp
+    ROWS: gl.constexpr = 8
+    COLS: gl.constexpr = 64
+    zl: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+    zeros = gl.zeros([ROWS, COLS], v_tile.dtype, layout=zl)
+    for r in gl.static_range(BLOCK_N // ROWS):
+        if (r + 1) * ROWS > valid:
+            rows = r * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, zl))
+            for g in gl.static_range(HEAD_DIM // COLS):
+                piece = v_tile.slice(r * ROWS, ROWS).slice(g * COLS, COLS, dim=1)
+                if r * ROWS >= valid:  # wholly past the end
+                    piece.store(zeros)
+                else:  # the piece the end falls in
+                    piece.store(gl.where((rows < valid)[:, None], piece.load(zl), zeros))
+    fence_async_shared()
+    gl.thread_barrier()
 
 
 @gluon.jit
@@ -470,20 +516,23 @@ def _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, str
 
 
 @gluon.jit
-def _persistent_producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, num_tiles, num_m,
-                         nheads, group, seqlen_q, seqlen_k, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                         BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+def _persistent_producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, num_tiles,
+                         num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                         BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                         KV_TAIL: gl.constexpr):
     """``_producer`` over this program's tiles (t = program id, + programs, ...), the ring's use
     count running on across tiles, so it loads the next tile's K/V while the consumers finish the
     current one."""
     g0 = 0
+    tails = 0
     for k in range(0, gl.cdiv(num_tiles, gl.num_programs(0))):
         t = _walk(k, num_tiles, IS_CAUSAL)
         if t < num_tiles:
             b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True)
             n_tiles = gl.maximum(_kv_tile_count(m_block * BLOCK_M, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL), 0)
-            _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, b * seqlen_k,
-                      (h // group) * HEAD_DIM, 0, n_tiles, BLOCK_N, STAGES, g0)
+            tails = _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+                              b * seqlen_k, (h // group) * HEAD_DIM, 0, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL,
+                              g0, tails)
             g0 += n_tiles
 
 
@@ -504,7 +553,8 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          MASK_ALL: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr):
     """A ping-pong consumer warpgroup of the persistent kernel: rows [row_off, row_off + BLOCK_M) of
-    each of this program's CTA_M-row tiles (``_walk``; the producer walks the same list). Per tile: ``_pp_mainloop`` with the ring's use count (``g0``) and this warpgroup's
+    each of this program's CTA_M-row tiles (``_walk``; the producer walks the same list). Per tile:
+    ``_pp_mainloop`` with the ring's use count (``g0``) and this warpgroup's
     critical-section count (``sec0``) running on across tiles, so slots, phases and the turn order
     continue (both warpgroups run the same number of sections per tile: n + 1, 0 for a tile no
     row of which sees a key); every V slot is released (the next tile reloads it). When a tile's
@@ -560,12 +610,14 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
 @gluon.jit
 def _init_ring(k_ready, k_empty, v_ready, v_empty, STAGES: gl.constexpr, RELEASERS: gl.constexpr):
     """The K/V ring's barriers: a slot is ready after one expect-tx arrive (the producer's TMA), and
-    free again after ``RELEASERS`` arrives (one per consumer that reads it)."""
+    free again after ``RELEASERS`` arrives (one per consumer that reads it); ``v_ready[STAGES]`` is
+    the producer's own ``v_tail`` (count 1)."""
     for s in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(k_empty.index(s), count=RELEASERS)
         mbarrier.init(v_ready.index(s), count=1)
         mbarrier.init(v_empty.index(s), count=RELEASERS)
+    mbarrier.init(v_ready.index(STAGES), count=1)
 
 
 @gluon.jit
@@ -581,7 +633,7 @@ def _pp_shared(q_desc, k_desc, v_desc, NUM_WG: gl.constexpr, WG_ROWS: gl.constex
     q_bar = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], bar_layout)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], bar_layout)  # + v_tail (_producer)
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     turn = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], bar_layout)
     for w in gl.static_range(NUM_WG):
@@ -595,7 +647,8 @@ def _pp_shared(q_desc, k_desc, v_desc, NUM_WG: gl.constexpr, WG_ROWS: gl.constex
 @gluon.jit
 def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om, stride_lse_b,
                     stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, ORDERED: gl.constexpr):
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, ORDERED: gl.constexpr,
+                    KV_TAIL: gl.constexpr):
     """The persistent ping-pong kernel's body (``hopper_fwd_kernel(PERSISTENT=True)``): the same
     shared memory and partitions as the one-tile kernel (two consumer warpgroups of 64 rows, the
     producer warp, 240 / 24 registers), each partition walking this program's tiles."""
@@ -610,8 +663,9 @@ def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads
                                  HEAD_DIM, BLOCK_M, WG_ROWS, BLOCK_N, STAGES, IS_CAUSAL, IS_CAUSAL,
                                  1 if w == 0 else 0, ORDERED))
          if w < 2 else
-         (_persistent_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, num_tiles, num_m,
-                                 nheads, group, seqlen_q, seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL))
+         (_persistent_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+                                 num_tiles, num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                 STAGES, IS_CAUSAL, KV_TAIL))
          for w in (0, 1, 2)],
         [4, 1], [240, 32])
 
@@ -622,7 +676,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                       IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr = False, NUM_WG: gl.constexpr = 2,
                       ORDERED: gl.constexpr = True, LEAN: gl.constexpr = False, IS_VARLEN: gl.constexpr = False,
-                      PERSISTENT: gl.constexpr = False, LPT: gl.constexpr = False, num_tiles=0):
+                      PERSISTENT: gl.constexpr = False, LPT: gl.constexpr = False, KV_TAIL: gl.constexpr = False,
+                      num_tiles=0):
     """``PINGPONG=False`` (the default, launched with num_warps = 4 * BLOCK_M // 64): one consumer
     partition of BLOCK_M // 64 warpgroups in lockstep, Q descriptor block [BLOCK_M, HEAD_DIM]
     (``NUM_WG`` unused). ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 64 * NUM_WG):
@@ -646,14 +701,18 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
     ``_persistent_consumer`` and ``_persistent_producer``.
 
     ``LPT`` (one-tile kernels, causal): the grid in longest-processing-time order over all heads
-    (``_tile_bhm``) instead of each head's longest rows first; the persistent kernel always uses it."""
+    (``_tile_bhm``) instead of each head's longest rows first; the persistent kernel always uses it.
+
+    ``KV_TAIL`` (the launcher sets it when a key tile can reach past a sequence's end: varlen, or
+    seqlen_k not a multiple of BLOCK_N): the producer zeroes the V rows past the end before the
+    consumers read them (``_producer``, ``_zero_v_tail``)."""
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     if PERSISTENT:
         gl.static_assert(PINGPONG and NUM_WG == 2 and not LEAN and not IS_VARLEN,
                          "persistent: the two-warpgroup ping-pong kernel, fixed-length batches")
         _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om, stride_lse_b,
                         stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
-                        ORDERED)
+                        ORDERED, KV_TAIL)
         return
     b, h, m_block = _tile_bhm(gl.program_id(0), num_m, gl.num_programs(0), nheads, IS_CAUSAL, LPT)
     m_start = m_block * BLOCK_M
@@ -727,8 +786,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
                                    n_tiles, stride_om, lse_base, qk_scale, HEAD_DIM, WG_ROWS, BLOCK_N, STAGES,
                                    IS_CAUSAL, MASK_ALL, 1 if w == 0 else 0, ORDERED, LEAN))
              if w < NUM_WG else
-             (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col, n_lo,
-                          n_tiles, BLOCK_N, STAGES))
+             (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
+                          n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL))
              for w in (0, 1, 2, 3)[:NUM_WG + 1]],
             [4] * (NUM_WG - 1) + [1], [CONSUMER_REGS] * (NUM_WG - 1) + [PRODUCER_REGS])
     else:
@@ -738,7 +797,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
         q_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], bar_layout)  # + v_tail (_producer)
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
         mbarrier.init(q_bar, count=1)
         _init_ring(k_ready, k_empty, v_ready, v_empty, STAGES, 1)
@@ -747,6 +806,6 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
             (_consumer, (q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, Out, Lse, q_row0,
                          q_col, m_start, seqlen_q, seqlen_k, n_lo, n_tiles, stride_om, stride_lse_h, lse_base,
                          qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL)),
-            (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col, n_lo,
-                         n_tiles, BLOCK_N, STAGES)),
+            (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
+                         n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL)),
         ], [1], [24])
