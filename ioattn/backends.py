@@ -74,7 +74,7 @@ def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     from ioattn.kernels.forward import attn_fwd_kernel
 
     pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    if (hopper.wanted(q, pb.seqlen_q, causal=window == (-1, 0))
+    if (hopper.wanted(q, pb.seqlen_q, causal=window == (-1, 0), varlen=pb.varlen)
             and hopper.hopper_supports(q, k, v, pb.varlen, window, softcap, alibi_slopes, dropout_p)[0]):
         return hopper.hopper_forward(q, k, v, softmax_scale, window == (-1, 0), cu_seqlens_q=cu_seqlens_q,
                                      cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)

@@ -41,7 +41,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     window = normalize_window(window_size, bool(causal))
     seqlen_q = max_seqlen_q if varlen else q.shape[1]
     ok, why = hopper.hopper_supports(q, k, v, varlen, window, 0.0, None, 0.0)
-    wanted, policy = hopper.policy(q, seqlen_q, causal=window == (-1, 0))
+    wanted, policy = hopper.policy(q, seqlen_q, causal=window == (-1, 0), varlen=varlen)
     gluon = (f"taken ({policy})" if wanted and ok else f"not taken ({policy})" if ok
              else f"not applicable ({why})")
     name = None

@@ -196,11 +196,18 @@ def kernel_config(d: int, name: str | None = None) -> dict:
 
 
 # Variable-length (packed) batches through the Gluon kernel (its IS_VARLEN specialisation): its GPU
-# tests pass on the H200 (tests/test_gpu.py::test_hopper_forward_varlen, NOTES §27), but a key tile
-# past a sequence's end multiplies the next rows of V by P = 0, so a NaN there (e.g. unowned trailing
-# rows of a packed tensor) would reach the sequence's output: off until those rows are masked (§26).
-# While False, varlen calls keep the portable kernel (hopper_supports refuses them, naming this flag).
-GLUON_VARLEN = False
+# tests pass on the H200 with NaN in the rows no sequence owns (results/session-2026-12-01-o: the
+# producer zeroes the V rows past each sequence's end, KV_TAIL, NOTES §38). The switch that gates it
+# (hopper_supports refuses varlen calls, naming it, while False).
+GLUON_VARLEN = True
+# The varlen policy: (head dim, causal) -> the shortest max_seqlen_q where the Gluon varlen forward
+# was measured ahead of the portable one, on ragged batches of ~16k tokens (benchmarks/ab_varlen.py,
+# lengths uniform in [mean/4, 7 mean/4]; max_seqlen 875 / 1522 / 2606 / 5212 for means 512 / 1024 /
+# 2048 / 4096; results/session-2026-12-01-o and -p, Gluon / portable): d=128 non-causal 0.92, 0.94,
+# 1.10, 1.07 (from 2048); causal 0.59, 1.16, 1.09, 1.11 (from 1024); d=256 1.29 / 1.13 at 1522 and
+# 1.31 / 1.23 at 5212 non-causal / causal (from 1024; not measured below 1522); d=64 behind at every
+# mean (0.83-0.97): not listed, the portable kernel.
+VARLEN_AUTO_MIN_SEQLEN = {(128, False): 2048, (128, True): 1024, (256, False): 1024, (256, True): 1024}
 
 prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer_hopper(True): ...``
 
@@ -211,14 +218,15 @@ prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer
 lpt_order = dispatch.Preference(False, env="IOATTN_HOPPER_LPT")
 
 
-def wanted(q=None, seqlen_q: int | None = None, causal: bool = False) -> bool:
+def wanted(q=None, seqlen_q: int | None = None, causal: bool = False, varlen: bool = False) -> bool:
     """Whether the forward of this call should take the Gluon kernel (if ``hopper_supports`` it)."""
-    return policy(q, seqlen_q, causal)[0]
+    return policy(q, seqlen_q, causal, varlen)[0]
 
 
-def policy(q=None, seqlen_q: int | None = None, causal: bool = False) -> tuple[bool, str]:
+def policy(q=None, seqlen_q: int | None = None, causal: bool = False, varlen: bool = False) -> tuple[bool, str]:
     """(wanted, why): ``prefer_hopper``'s value inside its block, else ``IOATTN_HOPPER`` ("1" / "0")
-    if set, else the default policy (``AUTO_MIN_SEQLEN``) for q's head dim, the mask and
+    if set, else the default policy (``AUTO_MIN_SEQLEN``, or for packed batches
+    ``VARLEN_AUTO_MIN_SEQLEN`` with the longest sequence) for q's head dim, the mask and
     ``seqlen_q`` (default: q.shape[1])."""
     if prefer_hopper.value is not None:
         return prefer_hopper.value, f"hopper.prefer_hopper({prefer_hopper.value})"
@@ -231,10 +239,11 @@ def policy(q=None, seqlen_q: int | None = None, causal: bool = False) -> tuple[b
     n = q.shape[1] if seqlen_q is None else seqlen_q
     if dispatch.tiles_overridden("fwd", d):
         return False, "the forward's tiles are fixed (IOATTN_TILES / set_tile_override)"
-    mask = "causal" if causal else "non-causal"
-    least = AUTO_MIN_SEQLEN.get((d, bool(causal)))
+    mask = ("causal" if causal else "non-causal") + (" varlen" if varlen else "")
+    table = "VARLEN_AUTO_MIN_SEQLEN" if varlen else "AUTO_MIN_SEQLEN"
+    least = globals()[table].get((d, bool(causal)))
     if least is None:
-        return False, f"default policy: head dim {d} {mask} is not in hopper.AUTO_MIN_SEQLEN"
+        return False, f"default policy: head dim {d} {mask} is not in hopper.{table}"
     return n >= least, f"default policy: head dim {d} {mask} from seqlen_q >= {least} (here {n})"
 
 
@@ -271,8 +280,8 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
     if varlen and name == "persistent":
         return False, "varlen: not in the persistent variant"
     if varlen and not GLUON_VARLEN:
-        return False, ("varlen: the Gluon kernel's IS_VARLEN specialisation is off until out-of-sequence V "
-                       "rows are masked (hopper.GLUON_VARLEN = False)")
+        return False, ("varlen: the Gluon kernel's IS_VARLEN specialisation is switched off "
+                       "(hopper.GLUON_VARLEN = False)")
     if window not in ((-1, -1), (-1, 0)) or softcap > 0 or alibi_slopes is not None or dropout_p > 0:
         return False, "no sliding window, softcap, ALiBi or dropout yet"
     if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):

@@ -572,7 +572,8 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     for d, most in hopper.PERSISTENT_MAX_SEQLEN.items():
         assert hopper.variant_for(d, False, most) == "persistent"
         assert hopper.variant_for(d, False, most + 1) == hopper.variant_for(d) != "persistent"
-        assert hopper.variant_for(d, True, most) == hopper.variant_for(d, False, most, varlen=True) == hopper.variant_for(d)
+        default = hopper.variant_for(d)
+        assert hopper.variant_for(d, True, most) == hopper.variant_for(d, False, most, varlen=True) == default
     with hopper.variant("pingpong"):  # a variant set by name wins
         assert hopper.variant_for(128, False, 512) == "pingpong"
     with hopper.variant("persistent"):
@@ -617,7 +618,8 @@ def test_hopper_persistent_variant_by_call(monkeypatch):
     monkeypatch.setattr(hopper, "hopper_supports", hopper.call_supported)
     most = hopper.PERSISTENT_MAX_SEQLEN[128]
     with dispatch.forced_backend("triton"):
-        for n, causal, variant in ((most, False, "persistent"), (most, True, "pingpong"), (most * 2, False, "pingpong")):
+        for n, causal, variant in ((most, False, "persistent"), (most, True, "pingpong"),
+                                   (most * 2, False, "pingpong")):
             q = torch.empty(4, n, 16, 128, dtype=BF16)
             plan = ioattn.explain_dispatch(q, q, q, causal=causal)
             if causal and n < hopper.AUTO_MIN_SEQLEN[(128, True)]:
@@ -629,30 +631,46 @@ def test_hopper_persistent_variant_by_call(monkeypatch):
             assert plan.forward["programs"] == (min(tiles, 132) if variant == "persistent" else tiles)
 
 
-def test_hopper_varlen_gated_off_until_run_on_the_device(monkeypatch):
-    """Varlen through the Gluon forward (its IS_VARLEN specialisation) is gated by hopper.GLUON_VARLEN,
-    False until the kernel has run on the device: the call checks refuse varlen naming the flag and
-    accept it with the flag on; the plan reports either; the launcher passes cu_seqlens and the max
-    lengths through to hopper_forward. (On this CPU hopper_supports refuses for sm_90 first, so the
-    device check is replaced by the pure-Python call checks, hopper.call_supported.)"""
+def test_hopper_varlen_switch_and_policy(monkeypatch):
+    """Varlen through the Gluon forward (its IS_VARLEN specialisation): on (hopper.GLUON_VARLEN) and
+    taken by default where its own table says (VARLEN_AUTO_MIN_SEQLEN, by the longest sequence; head
+    dim 64 never); with the switch off, the call checks refuse varlen naming it; the plan reports
+    either; the launcher passes cu_seqlens and the max lengths through to hopper_forward. (On this
+    CPU hopper_supports refuses for sm_90 first, so the device check is replaced by the pure-Python
+    call checks, hopper.call_supported.)"""
     import ioattn
     from ioattn import backends, hopper
-
+    monkeypatch.delenv("IOATTN_HOPPER", raising=False)
     q = torch.randn(10, 2, 64, dtype=BF16)  # packed (total, nheads, d)
     cu = torch.tensor([0, 4, 9], dtype=torch.int32)  # one trailing token no sequence owns
-    assert hopper.GLUON_VARLEN is False
+    assert hopper.GLUON_VARLEN is True
     ok, why = hopper.hopper_supports(q, q, q, True, (-1, 0), 0.0, None, 0.0)
     assert not ok and "sm_90" in why
-    ok, why = hopper.call_supported(q, q, q, True, (-1, 0), 0.0, None, 0.0)
-    assert not ok and "hopper.GLUON_VARLEN" in why and "varlen" in why
-    assert hopper.call_supported(q[None], q[None], q[None], False, (-1, 0), 0.0, None, 0.0) == (True, "")
+    assert hopper.call_supported(q, q, q, True, (-1, 0), 0.0, None, 0.0) == (True, "")
+    assert not hopper.call_supported(q, q, q, True, (-1, 0), 1.0, None, 0.0)[0]  # softcap: refused
+    # the varlen policy: its own table, by the longest sequence
+    for (d, causal), least in hopper.VARLEN_AUTO_MIN_SEQLEN.items():
+        packed = torch.empty(8, 2, d)
+        assert hopper.wanted(packed, least, causal, varlen=True)
+        assert not hopper.wanted(packed, least - 1, causal, varlen=True)
+    assert (64, False) not in hopper.VARLEN_AUTO_MIN_SEQLEN and (64, True) not in hopper.VARLEN_AUTO_MIN_SEQLEN
+    assert "not in hopper.VARLEN_AUTO_MIN_SEQLEN" in hopper.policy(q, 100000, False, varlen=True)[1]
+    assert hopper.wanted(q[None], 100000) and not hopper.wanted(q, 100000, varlen=True)  # d=64: fixed only
     monkeypatch.setattr(hopper, "hopper_supports", hopper.call_supported)  # as if on an sm_90 GPU
+    with dispatch.forced_backend("triton"):
+        plan = ioattn.explain_dispatch(q, q, q, causal=True, cu_seqlens_q=cu, max_seqlen_q=5)
+        assert plan.forward["gluon_hopper"].startswith("not taken (default policy: head dim 64 causal varlen")
+        q128 = torch.randn(10, 2, 128, dtype=BF16)
+        least = hopper.VARLEN_AUTO_MIN_SEQLEN[(128, True)]
+        plan = ioattn.explain_dispatch(q128, q128, q128, causal=True, cu_seqlens_q=cu, max_seqlen_q=least)
+        assert "hopper_fwd_kernel" in plan.forward["kernel"] and plan.forward["gluon_hopper"].startswith("taken")
     with dispatch.forced_backend("triton"), hopper.prefer_hopper(True):
+        monkeypatch.setattr(hopper, "GLUON_VARLEN", False)
+        ok, why = hopper.call_supported(q, q, q, True, (-1, 0), 0.0, None, 0.0)
+        assert not ok and "hopper.GLUON_VARLEN" in why and "varlen" in why
         plan = ioattn.explain_dispatch(q, q, q, causal=True, cu_seqlens_q=cu, max_seqlen_q=5)
         assert "GLUON_VARLEN" in plan.forward["gluon_hopper"] and "hopper" not in plan.forward["kernel"]
         monkeypatch.setattr(hopper, "GLUON_VARLEN", True)
-        assert hopper.call_supported(q, q, q, True, (-1, 0), 0.0, None, 0.0) == (True, "")
-        assert not hopper.call_supported(q, q, q, True, (-1, 0), 1.0, None, 0.0)[0]  # softcap: still refused
         plan = ioattn.explain_dispatch(q, q, q, causal=True, cu_seqlens_q=cu, max_seqlen_q=5)
         assert "hopper_fwd_kernel" in plan.forward["kernel"] and plan.forward["gluon_hopper"].startswith("taken")
         assert plan.forward["tiles_count"] == -(-5 // hopper.TILES[64][0]) * 2 * 2  # cdiv(max_q, bm) * batch * h
