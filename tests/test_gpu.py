@@ -327,16 +327,23 @@ def test_hopper_forward_negative_scale(variant, causal, poison_alloc):
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("d, n, causal, gluon", [(128, 4096, False, True), (128, 2048, True, True),
-                                                 (128, 1024, True, False), (256, 512, False, True),
-                                                 (256, 512, True, True), (64, 4096, False, False)])
-def test_default_dispatch_takes_the_gluon_kernel_where_measured_faster(d, n, causal, gluon, poison_alloc):
-    """Without any switch, the forward goes to the Gluon ping-pong kernel exactly where the policy in
-    ioattn.hopper (AUTO_MIN_SEQLEN, from the device runs) says, else to the portable kernel, and the
-    result passes the float64 oracle, gradients included."""
+# (head dim, seqlen, causal, the variant expected or None for the portable kernel)
+@pytest.mark.parametrize("d, n, causal, variant", [(128, 4096, False, "persistent"), (128, 8192, False, "pingpong"),
+                                                   (128, 2048, True, "pingpong"), (128, 1024, True, None),
+                                                   (256, 512, False, "persistent"), (256, 512, True, "pingpong"),
+                                                   (64, 1024, False, "persistent"), (64, 4096, False, "wg3"),
+                                                   (64, 4096, True, None)])
+def test_default_dispatch_takes_the_gluon_kernel_where_measured_faster(d, n, causal, variant, poison_alloc):
+    """Without any switch, the forward goes to the Gluon kernel exactly where the policy in
+    ioattn.hopper (AUTO_MIN_SEQLEN, PERSISTENT_MAX_SEQLEN, DEFAULT_VARIANT_BY_HEADDIM, from the device
+    runs) says, with the variant it says, else to the portable kernel, and the result passes the
+    float64 oracle, gradients included."""
     q = torch.randn(1, n, 2, d, device="cuda", dtype=torch.bfloat16)
     plan = ioattn.explain_dispatch(q, q, q, causal=causal)
-    assert ("hopper_fwd_kernel" in plan.forward["kernel"] and "pingpong" in plan.forward["kernel"]) == gluon
+    if variant is None:
+        assert "hopper_fwd_kernel" not in plan.forward["kernel"]
+    else:
+        assert plan.forward["kernel"] == f"ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, {variant})"
     _check(1, n, n, 2, 2, d, torch.bfloat16, causal=causal)
 
 
