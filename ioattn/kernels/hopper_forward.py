@@ -76,13 +76,12 @@ def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty
               n_tiles, seqlen_k, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KV_TAIL: gl.constexpr, g0=0, tails=0):
     """K and V tiles n_lo .. n_lo + n_tiles - 1 into the ring; ``g0``: ring uses before this call
     (a persistent program's running count), which fixes each tile's slot and phase. The V tile the
-    key end falls in (a sequence length not a multiple of BLOCK_N) lands on ``v_tail`` (the extra
-    barrier at ``v_ready[STAGES]``: no extra argument, the three-warpgroup kernel has no registers
-    to spare for one) instead; its
-    rows past the end are zeroed here (``_zero_v_tail``) and only then is the tile released to the
-    consumers, by a plain arrive on its ``v_ready`` (count 1, no bytes pending); compiled only with
-    ``KV_TAIL`` (the host sets it for varlen calls and key lengths not a multiple of BLOCK_N).
-    ``tails``: such tiles before this call (``v_tail``'s phase); returns the count after it."""
+    key end falls in (a sequence length not a multiple of BLOCK_N) lands instead on ``v_tail`` (the
+    extra barrier at ``v_ready[STAGES]``), its rows past the end are zeroed here (``_zero_v_tail``),
+    and only then is it released to the consumers, by a plain arrive on its ``v_ready`` (count 1, no
+    bytes pending); compiled only with ``KV_TAIL`` (the host sets it for varlen calls and key lengths
+    not a multiple of BLOCK_N). ``tails``: such tiles before this call (``v_tail``'s phase); returns
+    the count after it."""
     tails = tails + 0 * n_tiles  # a runtime integer whatever the caller passed (loop-carried)
     v_tail = v_ready.index(STAGES)
     for j in range(n_tiles):
@@ -114,8 +113,8 @@ def _zero_v_tail(v_tile, valid, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
     but 0 x NaN is NaN in the P V product, so a NaN or inf there would reach this sequence's output.
     By the producer warp (a consumer warpgroup has no registers to spare at the last tile: the
     three-warpgroup kernel spilled); the rows the end falls in are read, masked and written back.
-    Then a proxy fence (the consumers' wgmma reads through the async
-    proxy; the arrive that follows orders them after it) and a barrier over the warp."""
+    Then a proxy fence (the consumers' wgmma reads through the async proxy; the arrive that follows
+    orders them after it) and a barrier over the warp."""
     # [8, 64] pieces: 8 rows (the 128-byte swizzle's atom) x 64 columns (one swizzle span; the tile
     # is stored as HEAD_DIM / 64 such column groups), 16 elements a thread in one warp
     ROWS: gl.constexpr = 8
