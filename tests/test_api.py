@@ -781,3 +781,50 @@ def test_host_integer_helpers():
 
     assert [dispatch.cdiv(a, b) for a, b in ((0, 4), (1, 4), (4, 4), (5, 4), (129, 64))] == [0, 1, 1, 2, 3]
     assert [dispatch.next_power_of_2(n) for n in (0, 1, 2, 3, 4, 5, 16, 17)] == [1, 1, 2, 4, 4, 8, 16, 32]
+
+
+def test_hopper_forward_launch_constexprs(monkeypatch):
+    """What the Gluon forward's launcher passes to its kernel (a fake stands in for the launch: no GPU
+    here): the variant's constexprs and grid (persistent: one program per SM at most), the causal LPT
+    order only under hopper.lpt_order(True) / IOATTN_HOPPER_LPT=1, and KV_TAIL exactly when a key
+    tile can run past a sequence's end (seqlen_k not a multiple of the key tile, or varlen)."""
+    import ioattn.kernels.hopper_forward as hf
+    from ioattn import hopper
+    launches = []
+
+    class Fake:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((grid, kw))
+    monkeypatch.setattr(hf, "hopper_fwd_kernel", Fake())
+    monkeypatch.delenv("IOATTN_HOPPER_VARIANT", raising=False)
+    monkeypatch.delenv("IOATTN_HOPPER_LPT", raising=False)
+
+    def launch(sq, sk, causal, d=128, varlen=False):
+        launches.clear()
+        q = torch.randn(2, sq, 4, d, dtype=BF16)
+        k = torch.randn(2, sk, 2, d, dtype=BF16)
+        if varlen:
+            cu = torch.tensor([0, sq, 2 * sq], dtype=torch.int32)
+            hopper.hopper_forward(q.view(-1, 4, d), k.view(-1, 2, d), k.view(-1, 2, d), 0.1, causal,
+                                  cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=sq, max_seqlen_k=sq)
+        else:
+            hopper.hopper_forward(q, k, k, 0.1, causal)
+        ((grid, kw),) = launches
+        return grid, kw
+
+    bm = hopper.TILE_TABLE["pingpong"][128][0]
+    bn = hopper.TILE_TABLE["pingpong"][128][1]
+    tiles = -(-8192 // bm) * 2 * 4
+    grid, kw = launch(8192, 8192, True)  # causal, long: ping-pong, one program per tile, no LPT, no tail
+    assert grid == (tiles,) and kw["PINGPONG"] and not kw["PERSISTENT"] and not kw["LPT"] and not kw["KV_TAIL"]
+    assert kw["num_tiles"] == tiles and kw["IS_CAUSAL"]
+    with hopper.lpt_order(True):
+        assert launch(8192, 8192, True)[1]["LPT"]
+        assert not launch(8192, 8192, False)[1]["LPT"]  # causal grids only
+    monkeypatch.setenv("IOATTN_HOPPER_LPT", "1")
+    assert launch(8192, 8192, True)[1]["LPT"]
+    monkeypatch.delenv("IOATTN_HOPPER_LPT")
+    assert launch(8192, 8192 - 1, True)[1]["KV_TAIL"] and not launch(8192, 8192 - bn, True)[1]["KV_TAIL"]
+    assert launch(8192, 8192, True, varlen=True)[1]["KV_TAIL"]  # varlen: always
+    grid, kw = launch(512, 512, False)  # short, non-causal: persistent, one program per SM (132 here)
+    assert kw["PERSISTENT"] and grid == (min(132, -(-512 // bm) * 2 * 4),) and kw["num_tiles"] == 4 * 2 * 4

@@ -519,16 +519,17 @@ def _persistent_producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_rea
                          num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          KV_TAIL: gl.constexpr):
-    """``_producer`` over this program's tiles (t = program id, + programs, ...), the ring's use
-    count running on across tiles, so it loads the next tile's K/V while the consumers finish the
-    current one."""
+    """``_producer`` over this program's tiles (``_walk``: the same walk as ``_persistent_consumer``'s),
+    the ring's use count running on across tiles, so it loads the next tile's K/V while the
+    consumers finish the current one."""
     g0 = 0
     tails = 0
     for k in range(0, gl.cdiv(num_tiles, gl.num_programs(0))):
         t = _walk(k, num_tiles, IS_CAUSAL)
         if t < num_tiles:
             b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True)
-            n_tiles = gl.maximum(_kv_tile_count(m_block * BLOCK_M, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL), 0)
+            n_tiles = gl.maximum(
+                _kv_tile_count(m_block * BLOCK_M, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL), 0)
             tails = _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                               b * seqlen_k, (h // group) * HEAD_DIM, 0, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL,
                               g0, tails)
