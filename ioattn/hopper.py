@@ -213,8 +213,11 @@ prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer
 
 # Causal one-tile grids in longest-processing-time order over all heads (the kernel's ``LPT``) rather
 # than each head's longest rows first. A model of the hardware's in-order dispatch (tile cost = key
-# tiles + 2) put it 1-6 % shorter at 16k tokens, N = 512 to 4096 (NOTES §36); off until measured
-# (``with hopper.lpt_order(True)``, IOATTN_HOPPER_LPT=1). The persistent variant always uses it.
+# tiles + 2, no cache) put it 1-6 % shorter at 16k tokens, N = 512 to 4096; measured (ab_fwd,
+# results/session-2026-12-01-l) slower for the ping-pong kernel at d=128 (596 vs 637 TFLOP/s at
+# N=16384, 380 vs 433 at 2048: the tiles resident together span every head's K/V), mixed elsewhere
+# (NOTES §36): off (``with hopper.lpt_order(True)``, IOATTN_HOPPER_LPT=1). The persistent variant
+# always uses it (its static walk needs it for balance).
 lpt_order = dispatch.Preference(False, env="IOATTN_HOPPER_LPT")
 
 
