@@ -5,10 +5,12 @@ and batch 8 x 8192 on a paged cache (key chunk, stages, split count; the contigu
 ``--cases rest``: the contiguous cases where eager ioattn was 0.4-1.6 % behind cuDNN in
 results/session-2026-12-01-i (batch 1 x 16k / 128k, 8 x 8192, 64 x 4096): split count, stages, warps.
 ``--cases wide``: the cases without splits (batch 64 x 4096, 32 x 32768): key chunk and stages.
+``--cases waves``: batches 60-68 x 4096 (is batch 64's gap the last wave's tail?). ``--cases paged1``:
+paged batch 1 x 4096, pointer loads against TMA, 16 or 32 splits.
 ``--rounds R`` times every entry R times, interleaved (the spread of one entry between rounds is
 the noise the choice has to beat).
 
-    python benchmarks/ab_decode.py --out DIR [--cases first|rest|wide] [--rounds R]
+    python benchmarks/ab_decode.py --out DIR [--cases first|rest|wide|waves|paged1] [--rounds R]
 
 Writes DIR/ab_decode.jsonl (one record per case, layout, config, mode) and prints a table. The
 tune script (`tune_decode.py --focus`) times one L2-resident input set; this one does not.
@@ -19,7 +21,7 @@ import os
 
 import torch
 
-from ioattn.bench.providers import _graph_setup, _unchecked, decode_providers, paged_copy
+from ioattn.bench.providers import _unchecked, decode_providers, paged_copy
 from ioattn.bench.run import _decode_inputs, decode_bytes
 from ioattn.bench.timing import median_ms, n_input_sets
 from ioattn.decode import decode_config, flash_attn_with_kvcache
@@ -51,7 +53,19 @@ WIDE = [
                               dict(block_n=32, num_stages=4), dict(block_n=128, num_stages=1)]),
     (32, 32768, False, False, [{}, dict(block_n=64, num_stages=2), dict(block_n=64, num_stages=4)]),
 ]
-CASE_SETS = {"first": CASES, "rest": REST, "wide": WIDE}
+# batch 64 x 4096 is 512 programs without splits, one per SM: 3.88 waves on 132 SMs. The batches around
+# it (480 to 544 programs) show whether the step time follows the wave count (a tail to balance) or
+# the bytes (nothing to gain by balancing); the 2-programs-per-SM tile beside the default
+WAVES = [(b, 4096, False, False, [{}, dict(block_n=64, num_stages=3)]) for b in (60, 62, 64, 66, 68)]
+# paged batch 1 x 4096 (4-7.5 % over contiguous): the contiguous plan's 16 splits of 256 keys through
+# pointers, against the default 32 TMA splits, and the crossings; the contiguous default beside
+PAGED1 = [
+    (1, 4096, True, True, [{}, dict(use_tma=False, num_splits=16, block_n=64, num_stages=3),
+                           dict(use_tma=False, num_splits=32, block_n=64, num_stages=3),
+                           dict(use_tma=True, num_splits=16), dict(use_tma=True, num_splits=32, block_n=64)]),
+    (1, 4096, False, True, [{}]),
+]
+CASE_SETS = {"first": CASES, "rest": REST, "wide": WIDE, "waves": WAVES, "paged1": PAGED1}
 
 
 def eager(q, kc, vc, lens, cfg, table=None):
@@ -63,6 +77,22 @@ def eager(q, kc, vc, lens, cfg, table=None):
         with decode_config(**cfg):
             return flash_attn_with_kvcache(q, kc, vc, **kw)
     return run
+
+
+def graph_of(run):
+    """``run`` (an eager call) captured into a CUDA graph after three warm-up calls on a side stream;
+    returns the replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    torch.cuda.synchronize()
+    return graph.replay
 
 
 def main():
@@ -94,8 +124,8 @@ def main():
                 else:
                     runs = [eager(*s, cfg) for s in sets]
                 timed.append((name, "eager", runs))
-                if graph:
-                    timed.append((name, "graph", [_graph_setup(*s, fields=cfg or None) for s in sets]))
+                if graph:  # the same calls (paged ones included) captured and replayed
+                    timed.append((name, "graph", [graph_of(run) for run in runs]))
             for rnd, (name, mode, runs) in ((r, t) for r in range(args.rounds) for t in timed):
                 us = median_ms(lambda run: run(), runs) * 1e3
                 rec = dict(batch=batch, kvlen=kvlen, paged=paged, config=name, mode=mode, us=us,

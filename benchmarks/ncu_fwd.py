@@ -1,0 +1,42 @@
+"""One Gluon forward call per variant, for Nsight Compute: warm-up calls first (compile, caches), then
+one profiled call each, in the order given. Under ``ncu --kernel-name regex:hopper_fwd
+--launch-skip W`` (W = warm-up calls x variants) the profiled launches are the last ones.
+
+    ncu ... python benchmarks/ncu_fwd.py --variants persistent,pingpong --seqlen 16384 --headdim 128
+
+bf16, 16384 tokens in all (the bench's grid: batch = 16384 // seqlen), hidden 2048, non-causal
+unless ``--causal``. Prints the number of kernel launches before the profiled ones.
+"""
+import argparse
+
+import torch
+
+import ioattn
+from ioattn import hopper
+
+WARMUP = 2
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variants", default="persistent,pingpong")
+    ap.add_argument("--seqlen", type=int, default=16384)
+    ap.add_argument("--headdim", type=int, default=128)
+    ap.add_argument("--causal", action="store_true")
+    args = ap.parse_args()
+    n, d = args.seqlen, args.headdim
+    batch, heads = max(1, 16384 // n), 2048 // d
+    q, k, v = (torch.randn(batch, n, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    names = args.variants.split(",")
+    for phase in ("warm", "profiled"):
+        for name in names:
+            with hopper.prefer_hopper(True), hopper.variant(name):
+                for _ in range(WARMUP if phase == "warm" else 1):
+                    ioattn.flash_attn_func(q, k, v, causal=args.causal)
+        torch.cuda.synchronize()
+        if phase == "warm":
+            print(f"warm-up launches: {WARMUP * len(names)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
