@@ -6,11 +6,12 @@ and batch 8 x 8192 on a paged cache (key chunk, stages, split count; the contigu
 results/session-2026-12-01-i (batch 1 x 16k / 128k, 8 x 8192, 64 x 4096): split count, stages, warps.
 ``--cases wide``: the cases without splits (batch 64 x 4096, 32 x 32768): key chunk and stages.
 ``--cases waves``: batches 60-68 x 4096 (is batch 64's gap the last wave's tail?). ``--cases paged1``:
-paged batch 1 x 4096, pointer loads against TMA, 16 or 32 splits.
+paged batch 1 x 4096, pointer loads against TMA, 16 or 32 splits. ``--cases lookup``: the paged block-table
+read modes. ``--cases tail``: the tail split on and off, batches 17-100 x 4096.
 ``--rounds R`` times every entry R times, interleaved (the spread of one entry between rounds is
 the noise the choice has to beat).
 
-    python benchmarks/ab_decode.py --out DIR [--cases first|rest|wide|waves|paged1] [--rounds R]
+    python benchmarks/ab_decode.py --out DIR [--cases first|rest|wide|waves|paged1|lookup|tail] [--rounds R]
 
 Writes DIR/ab_decode.jsonl (one record per case, layout, config, mode) and prints a table. The
 tune script (`tune_decode.py --focus`) times one L2-resident input set; this one does not.
@@ -65,7 +66,23 @@ PAGED1 = [
                            dict(use_tma=True, num_splits=16), dict(use_tma=True, num_splits=32, block_n=64)]),
     (1, 4096, False, True, [{}]),
 ]
-CASE_SETS = {"first": CASES, "rest": REST, "wide": WIDE, "waves": WAVES, "paged1": PAGED1}
+# the block-table read (page_lookup 0: one chunk ahead, 1: in place, 2: first page guessed from the
+# span) on the default paged plan and on the two best plans of results/session-2026-12-01-r
+_PTR16 = dict(use_tma=False, num_splits=16, block_n=64, num_stages=3)
+_TMA32 = dict(use_tma=True, num_splits=32, block_n=64)
+LOOKUP = [
+    (1, 4096, True, True, [{}, dict(page_lookup=1), dict(page_lookup=2), _PTR16, dict(_PTR16, page_lookup=1),
+                           dict(_PTR16, page_lookup=2), _TMA32, dict(_TMA32, page_lookup=2)]),
+    (1, 4096, False, True, [{}]),
+    (1, 16384, True, False, [{}, dict(page_lookup=1), dict(page_lookup=2)]),
+    (1, 16384, False, False, [{}]),
+    (8, 8192, True, False, [{}, dict(page_lookup=1), dict(page_lookup=2)]),
+    (8, 8192, False, False, [{}]),
+]
+# the tail split (decode._tail_split) against the launch without it, around the wave boundaries
+TAIL = [(b, 4096, False, False, [{}, dict(tail_split=False)]) for b in (17, 34, 40, 64, 68, 70, 100)]
+CASE_SETS = {"first": CASES, "rest": REST, "wide": WIDE, "waves": WAVES, "paged1": PAGED1, "lookup": LOOKUP,
+             "tail": TAIL}
 
 
 def eager(q, kc, vc, lens, cfg, table=None):

@@ -108,13 +108,20 @@ class DecodePlan:
     num_warps: int
     num_stages: int
     pdl: bool = False  # merge launched with programmatic dependent launch (only with splits)
+    # units (sequence, KV head, row block) taken whole before the split ones; None: all whole when
+    # num_splits == 1, else none (see _tail_split)
+    num_whole: int | None = None
+    page_lookup: int = 0  # paged: the block-table read (decode_split_kernel's PAGE_LOOKUP)
 
 
 @contextlib.contextmanager
 def decode_config(**fields):
-    """Force fields of the ``DecodePlan`` (block_n, num_splits, use_tma, num_warps, num_stages, pdl)
-    for the calls inside: tuning sweeps and tests (``pdl`` is still only used where it can run)."""
-    unknown = set(fields) - {"block_n", "num_splits", "use_tma", "num_warps", "num_stages", "pdl"}
+    """Force fields of the ``DecodePlan`` (block_n, num_splits, use_tma, num_warps, num_stages, pdl,
+    num_whole, page_lookup) for the calls inside: tuning sweeps and tests (``pdl`` is still only
+    used where it can run; ``num_whole`` is rounded down to whole batch elements, and
+    ``tail_split=False`` turns the tail split off)."""
+    unknown = set(fields) - {"block_n", "num_splits", "use_tma", "num_warps", "num_stages", "pdl", "num_whole",
+                             "tail_split", "page_lookup"}
     if unknown:
         raise ValueError(f"decode_config: unknown fields {sorted(unknown)}")
     previous = dict(_plan_override)
@@ -334,6 +341,24 @@ def _heuristic_splits(programs, max_end, block_n, num_sms=DEFAULT_NUM_SMS, min_k
     return max(1, min(SPLIT_WAVES * num_sms // programs, pieces, MAX_SPLITS))
 
 
+def _tail_split(units, units_per_batch, slots, pieces):
+    """(whole units, split count of the rest) for a launch of ``units`` programs without splits on
+    ``slots`` SMs (one program per SM with the wide tile): when the last wave would hold at most half
+    the SMs, the batch elements that make it up are split ``slots // tail`` ways (at most ``pieces``,
+    the key chunks of the longest sequence), so that the step ends on a short wave of pieces instead
+    of a few SMs reading one whole unit each; ``(units, 1)`` otherwise. Source: `ab_decode.py
+    --cases waves` (results/session-2026-12-01-r, H200, 4096 keys, 8 KV heads, d=128): the step
+    grew with the bytes up to batch 66 (528 programs, 4.0 waves: 235 / 240 / 247 / 254 us at batches
+    60 / 62 / 64 / 66, the last wave 64-100 % full) and jumped to 328 us at batch 68 (4.12 waves: 16
+    programs alone in a fifth wave; cuDNN 274)."""
+    waves, rest = divmod(units, slots)
+    if waves == 0 or rest == 0:
+        return units, 1
+    whole = waves * slots // units_per_batch * units_per_batch  # the split units are a batch suffix
+    k = min(slots // (units - whole), pieces, MAX_SPLITS)
+    return (whole, k) if k >= 2 else (units, 1)
+
+
 @functools.lru_cache(maxsize=8)
 def _num_sms(device):
     if device.type != "cuda":
@@ -364,17 +389,26 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     rows = (nheads // nheads_kv) * seqlen_q
     block_m = min(_MAX_BLOCK_M, max(16, dispatch.next_power_of_2(rows)))
     programs = batch * nheads_kv * dispatch.cdiv(rows, block_m)
-    if num_splits == 0:
+    heuristic = num_splits == 0
+    if heuristic:
         min_keys = (_BLOCK_N_CUDA if paged else MIN_KEYS_PER_SPLIT) if q.is_cuda else 0
         num_splits = _plan_override.get("num_splits") or _heuristic_splits(programs, span, block_n, _num_sms(q.device),
                                                                            min_keys=min_keys)
+    per_batch = programs // batch
+    num_whole = None
+    if "num_whole" in _plan_override:  # forced (tests, sweeps): whole batch elements
+        num_whole = min(programs, _plan_override["num_whole"] // per_batch * per_batch)
+    elif heuristic and num_splits == 1 and q.is_cuda and _plan_override.get("tail_split", True):
+        whole, k = _tail_split(programs, per_batch, _num_sms(q.device), dispatch.cdiv(span, _BLOCK_N_CUDA))
+        if k > 1:
+            num_whole, num_splits = whole, k
     stages = _NUM_STAGES_SPLIT if split_tiles else _NUM_STAGES
     # paged caches: TMA without splits, and with at least _PAGED_TMA_MIN_SPLITS splits (policy notes)
     tma_default = _USE_TMA_DEFAULT or (paged and q.is_cuda and (num_splits == 1 or num_splits >= _PAGED_TMA_MIN_SPLITS))
     use_tma = _plan_override.get("use_tma", tma_default) and _tma_ok(k_cache, v_cache, d)
     # the wide tile without splits (measured 247 vs 282 us at 64 x 4096) and on paged caches read
     # through TMA (their measured best, NOTES §29)
-    if split_tiles and (num_splits == 1 or (paged and use_tma)):
+    if split_tiles and (num_splits == 1 or num_whole is not None or (paged and use_tma)):
         block_n, stages = _BLOCK_N_CUDA, _NUM_STAGES
     if paged:  # a chunk never crosses a page
         while k_cache.shape[1] % block_n:
@@ -383,7 +417,8 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     pdl_wanted = _plan_override.get("pdl", env == "1" if env else _PDL_DEFAULT)
     pdl = bool(pdl_wanted) and num_splits > 1 and _pdl_ok(q.device)
     return DecodePlan(block_m, block_n, num_splits, use_tma, _plan_override.get("num_warps", _NUM_WARPS),
-                      _plan_override.get("num_stages", stages), pdl)
+                      _plan_override.get("num_stages", stages), pdl, num_whole,
+                      _plan_override.get("page_lookup", 0) if paged else 0)
 
 
 def _pdl_ok(device) -> bool:
@@ -428,17 +463,18 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
     programs = batch * nheads_kv * num_m_blocks
     bd = dispatch.block_d(d)
 
-    if cfg.num_splits == 1:  # the kernel writes the final output and lse
-        out = torch.empty(batch, seqlen_q, nheads, d, device=q.device, dtype=q.dtype)
-        lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
-        opart, lpart = out[None], lse[None]
-        o_strides = (0, *out.stride()[:3])
-        l_strides = (0, lse.stride(0), lse.stride(2), lse.stride(1))
-    else:
-        opart = torch.empty(cfg.num_splits, batch, seqlen_q, nheads, d, device=q.device, dtype=torch.float32)
-        lpart = torch.empty(cfg.num_splits, batch, seqlen_q, nheads, device=q.device, dtype=torch.float32)
-        o_strides = opart.stride()[:4]
-        l_strides = lpart.stride()
+    # units (sequence, KV head, row block) taken whole write out / lse; the rest, a batch suffix from
+    # b0, are split and merged
+    num_whole = (programs if cfg.num_splits == 1 else 0) if cfg.num_whole is None else cfg.num_whole
+    b0 = num_whole // (nheads_kv * num_m_blocks)
+    split = cfg.num_splits > 1 and b0 < batch
+    out = torch.empty(batch, seqlen_q, nheads, d, device=q.device, dtype=q.dtype)
+    lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
+    if split:
+        opart = torch.empty(cfg.num_splits, batch - b0, seqlen_q, nheads, d, device=q.device, dtype=torch.float32)
+        lpart = torch.empty(cfg.num_splits, batch - b0, seqlen_q, nheads, device=q.device, dtype=torch.float32)
+    else:  # never written
+        opart, lpart = out.new_empty(1, 1, 1, 1, 1, dtype=torch.float32), lse.new_empty(1, 1, 1, 1)
     has_seqlens = isinstance(cache_seqlens, torch.Tensor)
     seqlen_base = capacity if cache_seqlens is None else 0 if has_seqlens else int(cache_seqlens)
     has_alibi = alibi_slopes is not None
@@ -452,8 +488,8 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
                           for t in (k_cache, v_cache))
     below, above = PHI_RANGE[q.dtype]
     dummy = lpart  # any tensor stands in for the absent index tensors (never read)
-    decode_split_kernel[(programs * cfg.num_splits,)](
-        q, k_cache, v_cache, opart, lpart, cache_seqlens.contiguous() if has_seqlens else dummy,
+    decode_split_kernel[(num_whole + (programs - num_whole) * cfg.num_splits,)](
+        q, k_cache, v_cache, out, lse, opart, lpart, cache_seqlens.contiguous() if has_seqlens else dummy,
         cache_leftpad.contiguous() if cache_leftpad is not None else dummy,
         block_table.contiguous() if paged else dummy,
         cache_batch_idx.contiguous() if cache_batch_idx is not None else dummy,
@@ -462,18 +498,19 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_table.shape[1] if paged else 0, stride_ab,
-        *o_strides, *l_strides, seqlen_base, seqlen_new, nheads_kv, group, seqlen_q, num_m_blocks, cfg.num_splits, capacity, k_cache.shape[0],
+        *opart.stride()[:4], *lpart.stride(), seqlen_base, seqlen_new, nheads_kv, group, seqlen_q, num_m_blocks,
+        cfg.num_splits, num_whole, b0, capacity, min(span, capacity), k_cache.shape[0],
         qk_scale, float(softcap), window[0], window[1], 0.0 if unified_max is None else unified_max * LOG2E,
         HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         PAGE_SIZE=max(page_size, 1), PAGED=paged, HAS_BATCH_IDX=cache_batch_idx is not None,
         HAS_LEFTPAD=cache_leftpad is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi,
         USE_TMA=cfg.use_tma, UNIFIED=unified_max is not None, PHI_BELOW=below, PHI_ABOVE=above,
-        HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl,
+        HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl and split, PAGE_LOOKUP=cfg.page_lookup,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if cfg.num_splits == 1:
-        return out, lse
-    return _merge_triton(opart, lpart, out_dtype=q.dtype, lse_bhm=True, pdl=cfg.pdl)
+    if split:
+        _merge_triton(opart, lpart, lse_bhm=True, pdl=cfg.pdl, out=out[b0:], lse=lse[b0:])
+    return out, lse
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,

@@ -54,11 +54,12 @@ def _stack(name, xs):
     return torch.stack(list(xs))
 
 
-def _merge_triton(outs, lses, out_dtype=None, lse_bhm=False, pdl=False):
+def _merge_triton(outs, lses, out_dtype=None, lse_bhm=False, pdl=False, out=None, lse=None):
     """``out_dtype``: the merged output's dtype (default: that of outs). ``lse_bhm``: outs are
     (S, batch, seqlen_q, nheads, d) and the lse is returned as (batch, nheads, seqlen_q) (decode).
     ``pdl``: launched with programmatic dependent launch right after the kernel that wrote outs and
-    lses, which must have been launched with its USE_PDL (the decode split kernel)."""
+    lses, which must have been launched with its USE_PDL (the decode split kernel). ``out`` /
+    ``lse``: contiguous destinations of the merged shapes (else new tensors)."""
     from ioattn.kernels.combine import merge_states_kernel
 
     splits, lead, d = outs.shape[0], outs.shape[1:-1], outs.shape[-1]
@@ -67,9 +68,12 @@ def _merge_triton(outs, lses, out_dtype=None, lse_bhm=False, pdl=False):
     if o.stride(-1) != 1:
         o = o.contiguous()
     lse_in = lses.reshape(splits, n_rows).float().contiguous()
-    out = torch.empty(n_rows, d, device=outs.device, dtype=out_dtype or outs.dtype)
-    lse = torch.empty(n_rows, device=outs.device, dtype=torch.float32)
     nheads, seqlen_q = (lead[2], lead[1]) if lse_bhm else (1, 1)
+    if out is None:
+        out = torch.empty(n_rows, d, device=outs.device, dtype=out_dtype or outs.dtype)
+    if lse is None:
+        lse = torch.empty(n_rows, device=outs.device, dtype=torch.float32)
+    assert out.is_contiguous() and out.numel() == n_rows * d and lse.is_contiguous() and lse.numel() == n_rows
     if n_rows:
         block_s = max(2, 1 << (splits - 1).bit_length())
         # the outputs are read at most 64 splits per load: 64 x 256 fp32 is 128 registers a thread at 4 warps

@@ -110,6 +110,40 @@ def test_splits(backend, paged, num_splits):
     _check(_make_case(paged=paged, seqlen_q=1, group=2), backend, num_splits)
 
 
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("num_whole,num_splits", [(2, 2), (2, 3), (4, 64), (0, 3), (99, 3)])
+def test_tail_split(paged, num_whole, num_splits):
+    """The launch that takes the first units whole (final output written by the kernel) and splits
+    the rest (a batch suffix, merged into the output's tail): 2 units a batch element here, so
+    num_whole 2 / 4 leaves two / one elements split (the mixed lengths put 0 and the full cache in
+    the whole part, random ones in the split part); 64 splits > key chunks (empty splits); 0 splits
+    every unit, 99 none."""
+    with decode_config(num_whole=num_whole, num_splits=num_splits):
+        _check(_make_case(paged=paged, seqlen_q=1, group=2), "triton")
+
+
+@pytest.mark.parametrize("page_lookup", [1, 2])
+@pytest.mark.parametrize("num_splits", [0, 3, 64])
+@pytest.mark.parametrize("extra", ["", "leftpad", "window"])
+def test_page_lookup_modes(page_lookup, num_splits, extra):
+    """The block-table reads other than the default one-chunk-ahead: in place (1), and the first page
+    guessed from the host's span and checked against the split's real first chunk (2; the mixed
+    lengths put the full sequence, where the guess holds, beside ones where it does not; leftpad and
+    windows move the first chunk)."""
+    kw = _make_case(paged=True, seqlen_q=2, seqlen_new=2, group=2, leftpad=extra == "leftpad",
+                    window=(24, 0) if extra == "window" else (-1, -1))
+    with decode_config(page_lookup=page_lookup):
+        _check(kw, "triton", num_splits)
+
+
+def test_tail_split_row_blocks():
+    """Several row blocks a unit (36 query tokens x group 4 = 144 packed rows: 3 blocks of 64), a
+    causal append, a window: the whole / split boundary between batch elements, not row blocks."""
+    kw = _make_case(seqlen_q=36, seqlen_new=36, group=4, causal=True, window=(20, 0), capacity=128)
+    with decode_config(num_whole=6, num_splits=3):
+        _check(kw, "triton")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("page_size", [16, 32])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -496,3 +530,34 @@ def test_plan_tiles_by_launch_kind(monkeypatch):
     assert (paged.block_n, paged.num_stages) == (128, 2) and paged.num_splits > 1
     with decode_config(block_n=32):
         assert decode.plan(gpu_q(1), k, k, False, 131072).block_n == 32
+
+
+def test_plan_tail_split(monkeypatch):
+    """Launches without splits whose last wave would hold at most half the SMs split that wave's batch
+    elements (``decode._tail_split``): 8 units a batch element on 132 SMs, 32 key chunks of 128."""
+    import types
+
+    from ioattn import decode
+    monkeypatch.setattr(decode, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(decode, "_pdl_ok", lambda device: False)
+
+    def gpu_q(batch):
+        return types.SimpleNamespace(shape=(batch, 1, 32, 128), is_cuda=True, device=torch.device("cpu"))
+    k = torch.empty(1, 1, 8, 128)
+
+    def tail(batch, **kw):
+        p = decode.plan(gpu_q(batch), k, k, False, 4096, **kw)
+        return p.num_whole, p.num_splits, p.block_n, p.num_stages
+    assert tail(68) == (528, 8, 128, 2)    # 544 units: 4 waves + 16 units -> 2 elements split 8 ways
+    assert tail(34) == (264, 16, 128, 2)   # 272: 2 waves + 8 -> 16 ways
+    assert tail(40) == (264, 2, 128, 2)    # 320: 2 waves + 56 (42 %) -> 2 ways
+    assert tail(64) == (None, 1, 128, 2)   # 512: the last wave 88 % full: no split
+    assert tail(66) == (None, 1, 128, 2)   # 528: exactly 4 waves
+    assert tail(17) == (128, 16, 128, 2)   # 136: 1 wave + 4, whole elements -> 8 units split 16 ways
+    assert decode._tail_split(136, 8, 132, 4) == (128, 4)    # at most one piece per key chunk
+    assert decode._tail_split(136, 8, 132, 1) == (136, 1)    # one chunk: nothing to split
+    assert tail(68, num_splits=1)[:2] == (None, 1)  # an explicit split count is kept
+    with decode_config(tail_split=False):
+        assert tail(68)[:2] == (None, 1)
+    with decode_config(num_whole=20, num_splits=3):  # forced: rounded down to whole elements
+        assert tail(68)[:2] == (16, 3)

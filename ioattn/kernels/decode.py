@@ -1,7 +1,11 @@
 """Flash-Decoding split-KV attention over a KV cache (contiguous or paged), in Triton.
 
-1-D grid of ``batch * nheads_kv * num_m_blocks * num_splits`` programs (splits fastest). One program
-handles one (sequence, KV head, block of query rows, split of the key range):
+1-D grid over units, a unit being one (sequence, KV head, block of query rows): the first
+``num_whole`` units one program each, then every later unit ``num_splits`` programs (splits fastest),
+each one split of the unit's key range. Usually ``num_whole`` is 0 (every unit split, or
+``num_splits`` = 1) or every unit; the host sets it in between when the units alone would leave the
+last wave of programs a small fraction of the SMs (``ioattn.decode.plan``): then only that tail is
+split, so the step does not end on a few SMs reading one whole unit each.
 
 * **Row packing.** The query rows of *all* the query heads of one KV head's GQA group, for all the
   ``seqlen_q`` query tokens, form one tile: packed row ``r`` is query token ``r // group`` of query
@@ -33,12 +37,12 @@ handles one (sequence, KV head, block of query rows, split of the key range):
   graphs, ``check_values=False``) can compute garbage from bad values but never reads outside the
   cache.
 * **Output.** Each split writes its normalised partial output (fp32) and its natural-log lse
-  (-inf for a split that saw no key) to scratch ``(num_splits, batch, seqlen_q, nheads, d)`` /
-  ``(num_splits, batch, seqlen_q, nheads)``; the merge kernel combines the splits into the output
-  (q's dtype) and the lse in flash-attn's layout. With one split the kernel writes those directly:
-  a decode step is one or two launches. ``USE_PDL``: each program lets the merge kernel launch
-  (programmatic dependent launch, Hopper) as soon as it starts; the merge waits for this grid's
-  writes itself (``kernels/combine.py``).
+  (-inf for a split that saw no key) to scratch ``(num_splits, batch - part_b0, seqlen_q, nheads, d)``
+  / ``(num_splits, batch - part_b0, seqlen_q, nheads)`` (the split units are the batch elements from
+  ``part_b0`` on); the merge kernel combines the splits into the output (q's dtype) and the lse in
+  flash-attn's layout. A whole unit writes those directly: a decode step is one or two launches.
+  ``USE_PDL``: each program lets the merge kernel launch (programmatic dependent launch, Hopper) as
+  soon as it starts; the merge waits for this grid's writes itself (``kernels/combine.py``).
 
 Reference twin: ``ioattn.reference.decode.kvcache_attention_ref``. Test: ``tests/test_decode.py``.
 """
@@ -55,27 +59,29 @@ from ioattn.kernels.common import LOG2E, mma, softmax_finish, softmax_step, tile
 
 
 @triton.jit
-def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, BlockTable, b64, cache_row, h_kv, lp, end, tok,
+def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, bt_row, first_page, cache_row, h_kv, lp, end, tok,
                   seqlen_q, c_start, c_end, num_pages, stride_kb, stride_kn, stride_vb, stride_vn, k_head, v_head,
-                  stride_btb, offs_d, d_ok, qk_scale, softcap, window_left, window_right, slope_log2, phi,
+                  offs_d, d_ok, qk_scale, softcap, window_left, window_right, slope_log2, phi,
                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
                   USE_TMA: tl.constexpr, UNIFIED: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                  HAS_ALIBI: tl.constexpr):
+                  HAS_ALIBI: tl.constexpr, PAGE_LOOKUP: tl.constexpr):
     """Key chunks [c_start, c_end) of one split into (acc, m, l). ``UNIFIED``: probabilities are
-    exp2(s - phi) and ``m_i`` only records the true row max (for the range check)."""
+    exp2(s - phi) and ``m_i`` only records the true row max (for the range check). Paged:
+    ``bt_row`` is the sequence's block-table row, ``first_page`` the page of chunk ``c_start``."""
     offs_n0 = tl.arange(0, BLOCK_N)
-    if PAGED:
-        # The page of chunk c is read one chunk ahead: the K/V addresses depend on it, so read in
-        # place it put a block-table round trip before every chunk's loads (NOTES §24).
-        bt_row = BlockTable + b64 * stride_btb
-        next_page = tl.load(bt_row + (c_start * BLOCK_N) // PAGE_SIZE, mask=c_start < c_end, other=0)
+    next_page = first_page
     for c in range(c_start, c_end):
         col0 = c * BLOCK_N
         offs_n = col0 + offs_n0
         kv_ok = (offs_n >= lp) & (offs_n < end)
         if PAGED:
+            if PAGE_LOOKUP == 1:  # in place (the loop pipeliner may stage the index load itself)
+                next_page = tl.load(bt_row + col0 // PAGE_SIZE)
             page = tl.minimum(tl.maximum(next_page, 0), num_pages - 1).to(tl.int64)
-            next_page = tl.load(bt_row + ((c + 1) * BLOCK_N) // PAGE_SIZE, mask=c + 1 < c_end, other=0)
+            if PAGE_LOOKUP != 1:
+                # The page of chunk c is read one chunk ahead: the K/V addresses depend on it, so
+                # read in place it put a block-table round trip before every chunk's loads (§24).
+                next_page = tl.load(bt_row + ((c + 1) * BLOCK_N) // PAGE_SIZE, mask=c + 1 < c_end, other=0)
             row = page
             col_in = col0 % PAGE_SIZE
         else:
@@ -111,32 +117,47 @@ def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, BlockTable, b64, cache
 
 @triton.jit
 def decode_split_kernel(
-    Q, K, V, Opart, Lpart, SeqLens, Leftpad, BlockTable, CacheBatchIdx, alibi_slopes, k_desc, v_desc,
+    Q, K, V, Out, Lse, Opart, Lpart, SeqLens, Leftpad, BlockTable, CacheBatchIdx, alibi_slopes, k_desc, v_desc,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_btb, stride_ab,
     stride_os, stride_ob, stride_om, stride_oh,
     stride_ls, stride_lb, stride_lm, stride_lh,
-    seqlen_base, seqlen_new, nheads_kv, group, seqlen_q, num_m_blocks, num_splits, capacity, num_rows,
+    seqlen_base, seqlen_new, nheads_kv, group, seqlen_q, num_m_blocks, num_splits, num_whole, part_b0, capacity,
+    span, num_rows,
     qk_scale, softcap, window_left, window_right, phi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, USE_TMA: tl.constexpr, UNIFIED: tl.constexpr,
     PHI_BELOW: tl.constexpr, PHI_ABOVE: tl.constexpr, HAS_SEQLENS: tl.constexpr, USE_PDL: tl.constexpr = False,
+    PAGE_LOOKUP: tl.constexpr = 0,
 ):
     """``num_rows``: pages in the pool (paged) or rows of the contiguous cache. Sequence b ends at
-    ``SeqLens[b] + seqlen_new`` (``seqlen_base + seqlen_new`` without ``HAS_SEQLENS``). With one
-    split, Opart/Lpart are the final output (q's dtype) and lse (batch, nheads, seqlen_q)."""
+    ``SeqLens[b] + seqlen_new`` (``seqlen_base + seqlen_new`` without ``HAS_SEQLENS``).
+    Programs ``pid < num_whole`` take unit ``pid`` whole and write the final output ``Out`` (q's
+    dtype, contiguous (batch, seqlen_q, nheads, d)) and ``Lse`` (contiguous (batch, nheads,
+    seqlen_q)); the units after them are split ``num_splits`` ways, split fastest, into the partials
+    ``Opart`` / ``Lpart`` at batch index ``b - part_b0`` (a unit is a (sequence, KV head, row block))."""
     if USE_PDL:
         gdc_launch_dependents()  # a hint: the merge grid may launch once every program got here
     pid = tl.program_id(0)
-    split = pid % num_splits
-    rest = pid // num_splits
+    tail = pid >= num_whole
+    r = tl.maximum(pid - num_whole, 0)
+    split = tl.where(tail, r % num_splits, 0)
+    nsplit = tl.where(tail, num_splits, 1)
+    rest = tl.where(tail, num_whole + r // num_splits, pid)
     m_block = rest % num_m_blocks
     rest = rest // num_m_blocks
     h_kv = rest % nheads_kv
     b = rest // nheads_kv
+    b64 = b.to(tl.int64)
+    bt_row = BlockTable + b64 * stride_btb
+    if PAGED and PAGE_LOOKUP == 2:
+        # the first page guessed before the sequence's length is known: the split's first chunk if
+        # the sequence spans the host's ``span`` from column 0 (then no round trip waits on the length)
+        cs_guess = split * tl.cdiv(tl.cdiv(span, BLOCK_N), nsplit)
+        page_guess = tl.load(bt_row + (cs_guess * BLOCK_N) // PAGE_SIZE, mask=cs_guess * BLOCK_N < span, other=0)
 
     if HAS_SEQLENS:
         end = tl.load(SeqLens + b) + seqlen_new
@@ -154,7 +175,6 @@ def decode_split_kernel(
     row_ok = tok < seqlen_q
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    b64 = b.to(tl.int64)
     q_ptrs = (Q + b64 * stride_qb + tok[:, None].to(tl.int64) * stride_qm + hq[:, None].to(tl.int64) * stride_qh
               + offs_d[None, :])
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
@@ -175,10 +195,18 @@ def decode_split_kernel(
         hi = tl.minimum(hi, tl.maximum(last_tok + end - seqlen_q + window_right + 1, 0))
     c_lo = lo // BLOCK_N
     c_hi = tl.maximum(tl.cdiv(hi, BLOCK_N), c_lo)
-    per_split = tl.cdiv(c_hi - c_lo, num_splits)
+    per_split = tl.cdiv(c_hi - c_lo, nsplit)
     c_start = c_lo + split * per_split
     c_end = tl.minimum(c_start + per_split, c_hi)
 
+    first_page = c_start * 0
+    if PAGED:
+        if PAGE_LOOKUP == 2:
+            hit = c_start == cs_guess
+            first_page = tl.where(hit, page_guess, tl.load(bt_row + (c_start * BLOCK_N) // PAGE_SIZE,
+                                                           mask=(c_start < c_end) & (hit == 0), other=0))
+        elif PAGE_LOOKUP == 0:
+            first_page = tl.load(bt_row + (c_start * BLOCK_N) // PAGE_SIZE, mask=c_start < c_end, other=0)
     cache_row = b64
     if HAS_BATCH_IDX:
         cache_row = tl.minimum(tl.maximum(tl.load(CacheBatchIdx + b), 0), num_rows - 1).to(tl.int64)
@@ -188,11 +216,11 @@ def decode_split_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     k_head = h_kv.to(tl.int64) * stride_kh
     v_head = h_kv.to(tl.int64) * stride_vh
-    acc, m_i, l_i = _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, BlockTable, b64, cache_row, h_kv, lp, end,
+    acc, m_i, l_i = _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, bt_row, first_page, cache_row, h_kv, lp, end,
                                   tok, seqlen_q, c_start, c_end, num_rows, stride_kb, stride_kn, stride_vb, stride_vn,
-                                  k_head, v_head, stride_btb, offs_d, d_ok, qk_scale, softcap, window_left,
+                                  k_head, v_head, offs_d, d_ok, qk_scale, softcap, window_left,
                                   window_right, slope_log2, phi, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_TMA,
-                                  UNIFIED, HAS_SOFTCAP, HAS_ALIBI)
+                                  UNIFIED, HAS_SOFTCAP, HAS_ALIBI, PAGE_LOOKUP)
     if UNIFIED:
         # a row max outside phi's safe range (rows with no key are fine): redo this split exactly
         gap = m_i - phi
@@ -200,19 +228,28 @@ def decode_split_kernel(
         if tl.max(unsafe.to(tl.int32), 0) > 0:
             acc, m_i, l_i = _split_chunks(
                 tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32), tl.full([BLOCK_M], float("-inf"), dtype=tl.float32),
-                tl.zeros([BLOCK_M], dtype=tl.float32), q, K, V, k_desc, v_desc, BlockTable, b64, cache_row, h_kv,
+                tl.zeros([BLOCK_M], dtype=tl.float32), q, K, V, k_desc, v_desc, bt_row, first_page, cache_row, h_kv,
                 lp, end, tok, seqlen_q, c_start, c_end, num_rows, stride_kb, stride_kn, stride_vb, stride_vn, k_head,
-                v_head, stride_btb, offs_d, d_ok, qk_scale, softcap, window_left, window_right, slope_log2, phi,
-                BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_TMA, False, HAS_SOFTCAP, HAS_ALIBI)
+                v_head, offs_d, d_ok, qk_scale, softcap, window_left, window_right, slope_log2, phi,
+                BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_TMA, False, HAS_SOFTCAP, HAS_ALIBI, PAGE_LOOKUP)
         else:
             m_i = tl.where(m_i == float("-inf"), m_i, phi)  # what was subtracted, for the lse
 
     # rows (or whole splits) that saw no key: output 0, lse -inf
     out, lse = softmax_finish(acc, m_i, l_i, 1.0)
-    split64 = split.to(tl.int64)
     tok64 = tok.to(tl.int64)
     hq64 = hq.to(tl.int64)
-    o_ptrs = (Opart + split64 * stride_os + b64 * stride_ob + tok64[:, None] * stride_om + hq64[:, None] * stride_oh
-              + offs_d[None, :])
-    tl.store(o_ptrs, out.to(Opart.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    tl.store(Lpart + split64 * stride_ls + b64 * stride_lb + tok64 * stride_lm + hq64 * stride_lh, lse, mask=row_ok)
+    if nsplit == 1:  # the final output and lse
+        nheads = nheads_kv * group
+        rows_out = (b64 * seqlen_q + tok64) * nheads + hq64
+        tl.store(Out + rows_out[:, None] * HEAD_DIM + offs_d[None, :], out.to(Out.dtype.element_ty),
+                 mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(Lse + (b64 * nheads + hq64) * seqlen_q + tok64, lse, mask=row_ok)
+    else:
+        split64 = split.to(tl.int64)
+        bp64 = b64 - part_b0
+        o_ptrs = (Opart + split64 * stride_os + bp64 * stride_ob + tok64[:, None] * stride_om
+                  + hq64[:, None] * stride_oh + offs_d[None, :])
+        tl.store(o_ptrs, out, mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(Lpart + split64 * stride_ls + bp64 * stride_lb + tok64 * stride_lm + hq64 * stride_lh, lse,
+                 mask=row_ok)
