@@ -1,6 +1,7 @@
 """Compile the Gluon Hopper backward (``ioattn.kernels.hopper_backward``) for sm_90 without a GPU, at
 the launcher's configuration (``hopper_backward.kernel_config``), for each variant
-(``hopper_backward.BWD_VARIANTS``: base, ws) x head dims 64 and 128 x bf16 / fp16 x causal or not.
+(``hopper_backward.BWD_VARIANTS``: base, ws) x its head dims (``BWD_VARIANT_HEADDIMS``: 64 and 128;
+ws also 256, its column-split form) x bf16 / fp16 x causal or not.
 
 Per kernel it prints shared memory, and counts in the PTX of wgmma (with commit groups and waits),
 TMA loads (cp.async.bulk.tensor), TMA reduce-adds (cp.reduce.async.bulk.tensor), setmaxnreg (with
@@ -8,10 +9,12 @@ the values), mbarrier operations, and global fp32 atomics / reductions (atom or 
 vectorised or not); it asserts shared memory <= 227 KB (an H200 block's opt-in maximum) and that
 wgmma and TMA are there, and the dQ path: atomics for "base"; for "ws" a TMA reduce-add and no
 atomics, setmaxnreg inc 240 (consumers) and dec 24 (producer, dQ writer). Unless --no-ptxas: ptxas
--v registers (the launch budget; the partitions' own are the setmaxnreg values), spill bytes, and
-whether ptxas serialised the wgmmas (warning C7514); for "ws" it asserts no spills and no C7514.
+-v registers (the launch budget; the partitions' budgets are the setmaxnreg values), spill bytes, and
+whether ptxas serialised the wgmmas (warning C7514); for "ws" also the consumers' own use (the highest
+register the SASS names, + 1: ``consumer_regs``), and it asserts no spills and no C7514.
 
-    python benchmarks/compile_check_hopper_bwd.py [--variants base,ws] [--quick] [--no-ptxas] [--jobs N]
+    python benchmarks/compile_check_hopper_bwd.py [--variants base,ws] [--headdims 64,128,256] [--quick]
+                                                  [--no-ptxas] [--jobs N]
 """
 import argparse
 import os
@@ -20,10 +23,11 @@ import time
 
 from triton.experimental.gluon import language as gl
 
-from ioattn.kernels.hopper_backward import BWD_VARIANTS, kernel_config, ws_layouts
+from ioattn.kernels.hopper_backward import BWD_VARIANT_HEADDIMS, BWD_VARIANTS, kernel_config, ws_layouts
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gluon_aot import DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxas_report, run_jobs  # noqa: E402
+from gluon_aot import (DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxas_report, run_jobs,  # noqa: E402
+                       sass_top_register)
 
 
 def compile_one(variant, d, dt, causal, deterministic=False):
@@ -42,7 +46,8 @@ def compile_one(variant, d, dt, causal, deterministic=False):
         lay = ws_layouts(d, DTYPES[dt])
         assert lay["q"] == q_layout and lay["kv"] == kv_layout
         stat = f"tensordesc<fp32[{bm}],{lay['stat']!r}>"
-        sig.update(lse_desc=stat, delta_desc=stat, dq_desc=f"tensordesc<fp32[{bm},{d}],{lay['dq']!r}>", Sem="*i32")
+        sig.update(lse_desc=stat, delta_desc=stat, dq_desc=f"tensordesc<fp32[{bm},{cfg['dq_cols']}],{lay['dq']!r}>",
+                   Sem="*i32")
         cfg["constexprs"] = dict(cfg["constexprs"], DETERMINISTIC=deterministic)
     return cfg, compile_sm90(fn, sig, dict(cfg["constexprs"], IS_CAUSAL=causal), cfg["num_warps"])
 
@@ -70,6 +75,8 @@ def check(job):
         nregs, spills, _, why = ptxas_report(ptx)
         serialized = bool(why)
         regs = (f"regs={nregs} spill={spills}B {'SERIALIZED(C7514)' if serialized else 'wgmma-pipelined'} ")
+        if variant != "base":  # the consumers' own use, under their setmaxnreg budget
+            regs += f"consumer_regs={sass_top_register(k.asm['cubin'])} "
         if serialized:
             regs += f"[{why[:160]}] "
         if variant != "base":
@@ -83,7 +90,9 @@ def check(job):
     nreg = " ".join(f"{op}{v}x{n}" for (op, v), n in sorted(c["setmaxnreg"].items(),
                                                              key=lambda t: (t[0][0], int(t[0][1]))))
     name = variant + ("-det" if det else "")
-    return (f"bwd {name:6s} d={d} {dt} causal={causal!s:5s} tiles={cfg['block_m']}x{cfg['block_n']}x{cfg['stages']} "
+    do_stages = cfg["constexprs"].get("DO_STAGES", cfg["stages"])
+    stages = f"{cfg['stages']}" + (f"/{do_stages}" if do_stages != cfg["stages"] else "")  # Q / dO rings
+    return (f"bwd {name:6s} d={d} {dt} causal={causal!s:5s} tiles={cfg['block_m']}x{cfg['block_n']}x{stages} "
             f"warps={k.metadata.num_warps} shared={k.metadata.shared} {regs}setmaxnreg[{nreg}] "
             f"wgmma={c['wgmma']} (commit {c['commit']}, {waits}) tma={c['tma']} tma_reduce={reduces} "
             f"mbarrier(init={sum(c['mb_init'].values())} arrive={c['mb_arrive']} expect_tx={c['mb_expect']} "
@@ -96,7 +105,7 @@ def main():
     ap.add_argument("--variants", default=",".join(BWD_VARIANTS))
     ap.add_argument("--no-ptxas", action="store_true", help="skip the ptxas -v report (registers, spills, C7514)")
     ap.add_argument("--quick", action="store_true", help="bf16 only (fp16 compiles the same code but the dtype)")
-    ap.add_argument("--headdims", default="64,128")
+    ap.add_argument("--headdims", default="64,128,256", help="each variant compiles those it covers")
     ap.add_argument("--causal", default="0,1", help="masks to compile: 0 none, 1 causal")
     ap.add_argument("--deterministic", action="store_true", help="also the ws kernel's deterministic dQ order")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="compiles in parallel")
@@ -105,7 +114,8 @@ def main():
     variants = args.variants.split(",")
     assert set(variants) <= set(BWD_VARIANTS), variants
     jobs = [(variant, int(d), dt, bool(int(causal)), not args.no_ptxas, det) for variant in variants
-            for d in args.headdims.split(",") for dt in dtypes for causal in args.causal.split(",")
+            for d in args.headdims.split(",") if int(d) in BWD_VARIANT_HEADDIMS[variant]
+            for dt in dtypes for causal in args.causal.split(",")
             for det in ((False, True) if args.deterministic and variant == "ws" else (False,))]
     t0 = time.time()
     run_jobs(check, jobs, args.jobs)

@@ -4,6 +4,7 @@ by benchmarks/compile_check_hopper.py (forward) and compile_check_hopper_bwd.py 
 import collections
 import concurrent.futures
 import multiprocessing
+import os
 import re
 import subprocess
 import tempfile
@@ -61,6 +62,18 @@ def ptxas_report(ptx):
     spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", out))
     why = next((line.strip() for line in out.splitlines() if SERIALIZED in line), "")
     return int(regs.group(1)), spills, int(regs.group(2) or 0), why
+
+
+def sass_top_register(cubin):
+    """The highest general register (Rn) the kernel's SASS names, by nvdisasm (next to ptxas), + 1:
+    in a warp-specialised kernel, where ptxas -v reports the launch budget, the widest partition's
+    use (the workers' setmaxnreg cap is far below it)."""
+    nvdisasm = os.path.join(os.path.dirname(knobs.nvidia.ptxas.path), "nvdisasm")
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(f"{tmp}/k.cubin", "wb") as f:
+            f.write(cubin)
+        sass = subprocess.run([nvdisasm, "-c", f"{tmp}/k.cubin"], capture_output=True, text=True, check=True).stdout
+    return max(int(n) for n in re.findall(r"\bR(\d+)\b", sass)) + 1
 
 
 def run_jobs(check, jobs, workers):

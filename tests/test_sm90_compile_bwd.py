@@ -40,9 +40,26 @@ def test_hopper_gluon_backward_ws_compiles_for_sm90():
     / dec 24, TMA loads, the dQ TMA reduce-add and no atomics, no spills, no C7514, shared memory);
     checked here again from its report line."""
     out, lines = _compile_check("--variants", "ws", "--causal", "1")
-    assert "hopper backward compiled for sm_90: 2 kernels" in out
-    assert len(lines) == 2 and {re.search(r" d=(\d+) ", line).group(1) for line in lines} == {"64", "128"}, out
+    assert "hopper backward compiled for sm_90: 3 kernels" in out
+    assert len(lines) == 3 and {re.search(r" d=(\d+) ", line).group(1) for line in lines} == {"64", "128", "256"}, out
     for line in lines:
         assert "spill=0B" in line and "wgmma-pipelined" in line, line
         assert "inc240" in line and "dec24" in line, line
         assert re.search(r"tma_reduce=[1-9]", line) and "atomics[]" in line, line
+        assert int(re.search(r"consumer_regs=(\d+)", line).group(1)) <= 240, line
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+def test_hopper_gluon_backward_ws_d256_column_split_compiles_for_sm90():
+    """Variant ws at head dim 256 (the column-split form), both masks, with and without the ordered
+    dQ mode: 64-key tiles, two Q stages and one dO stage, no spills, wgmma pipelined, the consumers
+    within their 240 registers, and the dQ block reduce-added in two halves (4 bulk messages each
+    for a 64 x 128 fp32 tile: 8 in the writer's unrolled piece loop)."""
+    out, lines = _compile_check("--variants", "ws", "--headdims", "256", "--deterministic")
+    assert "hopper backward compiled for sm_90: 4 kernels" in out
+    assert len(lines) == 4, out
+    for line in lines:
+        assert " d=256 " in line and "tiles=64x64x2/1 " in line, line
+        assert "spill=0B" in line and "wgmma-pipelined" in line and "inc240" in line, line
+        assert int(re.search(r"consumer_regs=(\d+)", line).group(1)) <= 240, line
+        assert "tma_reduce=8 " in line, line

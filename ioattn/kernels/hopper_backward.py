@@ -7,7 +7,9 @@
 * ``"ws"`` (v2, ``hopper_bwd_ws_kernel``): FlashAttention-3's backward structure, warp-specialised;
   ahead of the portable backward (NOTES sections 27, 28), the dispatch's backward on sm_90 where
   ``ioattn.hopper.bwd_plan`` says so. Described after the base kernel, under "Variant ws"; its
-  ordered (deterministic) dQ mode in ``_ws_dq_writer`` (NOTES sections 32, 34).
+  ordered (deterministic) dQ mode in ``_ws_dq_writer`` (NOTES sections 32, 34). At head dim 256 it
+  compiles to its column-split form (``COL_SPLIT``: "Column split" below; NOTES section 40),
+  compiled for sm_90, not yet run on the device, and not dispatched (``ioattn.hopper.BWD_HEADDIMS``).
 
 Variant base
 ------------
@@ -132,6 +134,60 @@ partitions with setmaxnreg register budgets, the loads and the dQ accumulation o
   32 KiB each, Q and dO 2 x 16 KiB each, dS 16 KiB, dQ (fp32) 32 KiB, lse / D 1 KiB: 177 KiB (d = 64,
   3 stages: 114 KiB).
 
+Column split (variant ws at head dim 256)
+------------------------------------------
+The layout above gives each consumer warpgroup 64 key rows with dK and dV over the whole head dim:
+at d = 256 that is 64 x 256 x 2 fp32 / 128 threads = 256 registers for dK + dV alone. So
+``hopper_bwd_ws_kernel`` with ``COL_SPLIT`` (``kernel_config(256, "ws")``) takes one 64-key block
+per program (``WS_COL_SPLIT_BLOCK_N``; grid cdiv(seqlen_k, 64) x batch * KV heads) and the two
+warpgroups split every product by its columns (``_dq_layout``: warps_per_cta [4, 2]) instead of by
+keys; the consumer partition is ``_ws_consumer_dsplit`` (``_ws_consumers`` picks it), the producer
+and the dQ writer are the ws kernel's with a constexpr each (``DO_STAGES``, ``DQ_COLS``). Warpgroup
+c in {0, 1}, per step (64 queries):
+
+    S^T[:, q_c]  = K Q[q_c]^T          q_c = queries [32c, 32c + 32): wgmma m64n32k16 x 16, the
+    dP^T[:, q_c] = V dO[q_c]^T         whole head dim contracted; both operands in shared memory
+    P^T[:, q_c]  -> shared memory      (16-bit, 8 KiB ``p_smem``), one barrier: both halves there
+    dV[:, d_c]  += P^T dO[:, d_c]      d_c = head-dim columns [128c, 128c + 128): m64n128k16 x 4,
+                                       P^T from shared memory (it contracts over all 64 queries)
+    dS^T[:, q_c] = P^T (dP^T - D)      fp32 P^T from registers -> shared memory (``ds_smem``),
+                                       one barrier
+    dQ_lo[:, c]  = dS K[:, 64c:...]    dQ's columns [0, 128): m64n64k16 x 4 } issued in this order;
+    dK[:, d_c]  += dS^T Q[:, d_c]      m64n128k16 x 4                     } the halves go to the
+    dQ_hi[:, c]  = dS K[:, 128+64c:]   dQ's columns [128, 256)             } writer as they retire
+
+So each warpgroup does half of every product and half of the exponentials and of the dS arithmetic.
+(NOTES section 39 sketched WG0 issuing all of S^T and WG1 all of dP^T, with P^T and dS^T handed
+across by mbarriers. The same tensor work per warpgroup, but one warpgroup would do every
+exponential and the other every dS^T while each waits for the other; and in Gluon the default
+partition is one instruction stream over its 8 warps, so different work per warpgroup would need a
+second 4-warp partition. Splitting the columns keeps both warpgroups in one stream, in lockstep, and
+the two exchanges are ordinary shared-memory stores ordered by the partition's barrier, the
+discipline of the ws consumer.) Shared-memory hazards: P^T's buffer is rewritten only after every
+warp has waited for the previous step's dV and passed the barrier before the dO release; dS^T's
+after the previous step's dK and dQ halves retired and the step's last barrier.
+
+dQ: 64 x 256 fp32 = 64 KiB of staging does not fit next to the rest, so the block goes in two
+column halves through one 32 KiB buffer (``dq_cols`` = 128: the dQ descriptor's block): handover
+u = 2t + j, ``dq_full`` / ``dq_empty`` complete once a half, the writer reduce-adds each half at its
+column offset (4 bulk messages a half). The high half is stored once the writer has read the low
+one, which it had for the whole of dK's product to do. Deterministic mode: the writer waits for its
+turn before the low half and releases after the high half's additions complete.
+
+Shared memory (bf16 / fp16 alike), bytes from the compile: K, V 32 KiB each; Q 2 stages x 32 KiB;
+dO 1 stage x 32 KiB (``WS_STAGES[256]`` = (2, 1): dO is released mid-step, when dV retires, so its
+next tile has the rest of the step and the next S^T to land; Q is read first and released last);
+dQ half 32 KiB; P^T, dS^T 8 KiB each; lse / D rows and barriers: 214252 B (209.2 KiB) of the 227 KiB
+a block may have. Two dO stages would need 241 KiB; two dO stages with dQ in 16 KiB quarters (four
+handovers a step) would fit (225 KiB) and are the next A/B if the dO load shows up in the profile.
+P^T has its own buffer: sharing one allocation with dS^T (two slots) made Triton's barrier analysis
+add one more barrier a step (it cannot tell the slots apart).
+Registers (ptxas 12.8, compile check, causal or not, bf16 or fp16, with or without the ordered
+mode): no spills, wgmma pipelined (no C7514), the consumers name 218 registers (of their 240; d = 128
+names 238): dK + dV 128, S^T and dP^T 16 each, the two dQ halves 32 each (in flight together with
+dK). Per step 9 barriers: 6 of the kernel's own, 3 that Triton adds before each mbarrier wait that
+follows an arrive (as in the ws kernel); 48 wgmma. Not yet run on the device (NOTES section 40).
+
 Why a second kernel function, not a constexpr flag on the first: the base kernel is one straight
 body with its loads, math and atomics interleaved; the ws kernel is three partition functions joined
 by ``warp_specialize``. A flag would put two unrelated bodies under one ``if`` at the top of one
@@ -155,6 +211,8 @@ from ioattn.kernels.backward import attn_bwd_preprocess_kernel
 from ioattn.kernels.hopper_forward import LOG2E
 
 BWD_VARIANTS = ("base", "ws")
+# head dims each variant compiles for ("ws" at 256: its column-split form, see "Column split" above)
+BWD_VARIANT_HEADDIMS = {"base": (64, 128), "ws": (64, 128, 256)}
 # Tiles, both variants and head dims (v1's, kept for ws so the A/B compares structure only):
 BWD_BLOCK_M = 64    # query rows per step (the wgmma N of S^T / dP^T, the K of dV / dK): FA3's hdim-128 kBlockM
 BWD_BLOCK_N = 128   # key rows per program (two warpgroups of 64): FA3's hdim-128 kBlockN
@@ -164,7 +222,15 @@ BWD_NUM_WARPS = 8   # the two (consumer) warpgroups: FA3's two MMA warpgroups at
 # of shared memory (3 stages would fit, 210 KiB, and cost no occupancy: a device A/B knob). d = 64: 3,
 # from shared-memory arithmetic: a step does half the FLOPs of d = 128, so a third stage keeps about
 # the same time ahead for the loads; 114 KiB. (Shared-memory figures: the compile check's.)
-WS_STAGES = {64: 3, 128: 2}
+# d = 256 (the column-split form, COL_SPLIT): Q 2, dO 1. With K, V (32 KiB each at 64 keys), Q and dO
+# tiles of 32 KiB, P^T and dS^T (8 KiB each) and the dQ staging, two dO stages and a half-width dQ buffer
+# (32 KiB) come to 241 KiB, over the 227 KiB a block may have; the dO ring gives a stage (dO is read first
+# by dP^T, which waits behind S^T, and its slot is released once dV retires, mid-step) rather than Q
+# (read by S^T at the step's start, released only when dK retires at its end). (Q / dO stages.)
+WS_STAGES = {64: (3, 3), 128: (2, 2), 256: (2, 1)}
+# "ws" at these head dims: the column-split form (``_ws_consumer_dsplit``), 64 keys a program
+WS_COL_SPLIT_HEADDIMS = (256,)
+WS_COL_SPLIT_BLOCK_N = 64
 # "ws": registers of the producer and dQ-writer warps (setmaxnreg dec): FA3's producer budget, 24.
 # The consumer partition gets (65536 - 24 * 128) / 256 = 244 -> 240 (Triton rounds to a multiple of 8),
 # FA3's 240 for two MMA warpgroups.
@@ -210,7 +276,9 @@ def _acc_layout(num_warps, cols):
 
 @gluon.constexpr_function
 def _dq_layout(num_warps, head_dim):
-    """dQ's accumulator (64 query rows x head_dim): the warpgroups split d."""
+    """Accumulator of a 64-row product whose ``head_dim`` columns the warpgroups split: dQ (64 query
+    rows x d) in both kernels; in the column-split kernel every product (S^T, dP^T: 64 keys x 64
+    queries; dK, dV: 64 keys x d; a dQ half)."""
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, num_warps // 4],
                                      instr_shape=[16, head_dim // (num_warps // 4), 16])
 
@@ -430,17 +498,25 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 @gluon.jit
 def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem, lse_smem,
                  delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0, kv_row, kv_col, m_lo, n_m, n_iter,
-                 seqlen_q, nheads, stat_stride, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+                 seqlen_q, nheads, stat_stride, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                 DO_STAGES: gl.constexpr):
     """The 1-warp TMA producer: K and V of the key block once, then per step t (query head
     h0 + t // n_m, query block m_lo + t % n_m) Q with its lse row into slot t % STAGES of the Q ring
-    (``q_ready``) and dO with its D row into the same slot of the dO ring (``do_ready``), each after
-    the consumers have released that slot's previous tile (``q_empty`` / ``do_empty``)."""
+    (``q_ready``) and dO with its D row into slot t % DO_STAGES of the dO ring (``do_ready``), each
+    after the consumers have released that slot's previous tile (``q_empty`` / ``do_empty``). The
+    rings have the same depth except in the column-split kernel (head dim 256: one dO stage)."""
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [kv_row, kv_col], kv_bar, k_smem.index(0))
     tma.async_copy_global_to_shared(v_desc, [kv_row, kv_col], kv_bar, v_smem.index(0))
     for t in range(n_iter):
         s = t % STAGES
         reuse_phase = ((t // STAGES) & 1) ^ 1  # the consumers' release of this slot's previous tile
+        if DO_STAGES == STAGES:
+            s_do = s
+            reuse_phase_do = reuse_phase
+        else:
+            s_do = t % DO_STAGES
+            reuse_phase_do = ((t // DO_STAGES) & 1) ^ 1
         h = h0 + t // n_m
         m_start = (m_lo + t % n_m) * BLOCK_M
         row = b * seqlen_q + m_start
@@ -450,10 +526,10 @@ def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, 
         mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [row, col], q_ready.index(s), q_smem.index(s))
         tma.async_copy_global_to_shared(lse_desc, [stat], q_ready.index(s), lse_smem.index(s))
-        mbarrier.wait(do_empty.index(s), reuse_phase, pred=t >= STAGES)
-        mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(do_desc, [row, col], do_ready.index(s), do_smem.index(s))
-        tma.async_copy_global_to_shared(delta_desc, [stat], do_ready.index(s), delta_smem.index(s))
+        mbarrier.wait(do_empty.index(s_do), reuse_phase_do, pred=t >= DO_STAGES)
+        mbarrier.expect(do_ready.index(s_do), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [row, col], do_ready.index(s_do), do_smem.index(s_do))
+        tma.async_copy_global_to_shared(delta_desc, [stat], do_ready.index(s_do), delta_smem.index(s_do))
 
 
 @gluon.jit
@@ -469,10 +545,13 @@ def _bulk_complete_and_release(sem):
 @gluon.jit
 def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, Sem, b, h0, m_lo, n_m, n_iter, seqlen_q, seqlen_k, nheads,
                   n_m_total, n_block, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  IS_CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr):
+                  IS_CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_COLS: gl.constexpr):
     """The 1-warp dQ writer: per step, once the consumers have put the step's dQ block (fp32,
     unscaled) in ``dq_smem`` (``dq_full``), one TMA reduce-add of it into the dQ accumulator; when
-    the bulk copy has read the tile, the buffer goes back to the consumers (``dq_empty``).
+    the bulk copy has read the tile, the buffer goes back to the consumers (``dq_empty``). A buffer
+    of ``DQ_COLS`` < HEAD_DIM columns (the column-split kernel's: half of d = 256) takes the block in
+    column pieces, one handover each, in column order (``dq_full`` / ``dq_empty`` complete once a
+    piece).
 
     ``DETERMINISTIC``: the reduce-adds into each (batch, head, query block) go in a fixed key-block
     order, FlashAttention-3's semaphore scheme. ``Sem`` holds one zeroed int32 counter per (batch,
@@ -486,26 +565,28 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, Sem, b, h0, m_lo, n_m, n_
     launches the key blocks in reverse (``_key_block``). Either way a program waits only on key
     blocks of its own (batch, KV head) launched before it (the key block is the grid's fastest
     dimension), so the wait cannot close a cycle, however few programs are resident."""
+    PIECES: gl.constexpr = HEAD_DIM // DQ_COLS  # handovers per step: 1; the column-split kernel's 2 halves
     for t in range(n_iter):
         h = h0 + t // n_m
         m = m_lo + t % n_m
         row = b * seqlen_q + m * BLOCK_M
-        mbarrier.wait(dq_full, t & 1)
-        if DETERMINISTIC:
-            sem = Sem + (b * nheads + h) * n_m_total + m
-            rank = n_block
-            if IS_CAUSAL:  # the last key block reaching query block m goes first
-                last = gl.minimum(gl.cdiv(seqlen_k, BLOCK_N) - 1,
-                                  (m * BLOCK_M + BLOCK_M - 1 + seqlen_k - seqlen_q) // BLOCK_N)
-                rank = last - n_block
-            while gl.atomic_add(sem, 0, sem="acquire", scope="gpu") != rank:
-                pass
-        _tma_reduce_add(dq_desc, [row, h * HEAD_DIM], dq_smem)
-        if DETERMINISTIC:
-            _bulk_complete_and_release(sem)
-        else:
-            tma.store_wait(0)  # the tile is read (its additions into L2 complete on their own)
-        mbarrier.arrive(dq_empty, count=1)
+        for j in gl.static_range(PIECES):  # piece j: columns [j * DQ_COLS, (j + 1) * DQ_COLS) of the block
+            mbarrier.wait(dq_full, (t * PIECES + j) & 1)
+            if DETERMINISTIC and j == 0:  # the order is per query block: wait once, before its first piece
+                sem = Sem + (b * nheads + h) * n_m_total + m
+                rank = n_block
+                if IS_CAUSAL:  # the last key block reaching query block m goes first
+                    last = gl.minimum(gl.cdiv(seqlen_k, BLOCK_N) - 1,
+                                      (m * BLOCK_M + BLOCK_M - 1 + seqlen_k - seqlen_q) // BLOCK_N)
+                    rank = last - n_block
+                while gl.atomic_add(sem, 0, sem="acquire", scope="gpu") != rank:
+                    pass
+            _tma_reduce_add(dq_desc, [row, h * HEAD_DIM + j * DQ_COLS], dq_smem)
+            if DETERMINISTIC and j == PIECES - 1:  # every piece's additions complete, then the next key block
+                _bulk_complete_and_release(sem)
+            else:
+                tma.store_wait(0)  # the tile is read (its additions into L2 complete on their own)
+            mbarrier.arrive(dq_empty, count=1)
 
 
 @gluon.jit
@@ -598,22 +679,153 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
 
 
 @gluon.jit
+def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
+                        q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start,
+                        m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
+                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
+                        IS_CAUSAL: gl.constexpr):
+    """The two consumer warpgroups of the column-split kernel (``COL_SPLIT``, head dim 256; module
+    docstring, "Column split"): one 64-key block, every product split by its columns between the
+    warpgroups (``_dq_layout``), so warpgroup c holds dK and dV columns [c d/2, (c + 1) d/2), and
+    S^T, dP^T, P^T, dS^T for queries [32c, 32c + 32). P^T and dS^T go through shared memory
+    (``p_smem``, ``ds_smem``), where the products that contract over all 64 queries (dV, dK) or keys
+    (dQ) read them whole; dQ in two column halves through a half-width buffer."""
+    num_warps: gl.constexpr = gl.num_warps()
+    dtype: gl.constexpr = k_smem.dtype
+    HALF: gl.constexpr = HEAD_DIM // 2
+    off = seqlen_k - seqlen_q
+    st_layout: gl.constexpr = _dq_layout(num_warps, BLOCK_M)    # S^T, dP^T: warpgroup c its 32 query columns
+    kv_layout: gl.constexpr = _dq_layout(num_warps, HEAD_DIM)   # dK, dV: warpgroup c its d / 2 columns
+    dq_layout: gl.constexpr = _dq_layout(num_warps, HALF)       # one dQ half: warpgroup c its d / 4 columns
+    col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
+    keys_1d = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+    queries_1d = gl.arange(0, BLOCK_M, layout=col_layout)
+
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
+    dq_zero = gl.zeros([BLOCK_M, HALF], gl.float32, layout=dq_layout)
+    keys_inside = n_start + BLOCK_N <= seqlen_k
+    mbarrier.wait(kv_bar, 0)
+
+    for t in range(n_iter):
+        q_idx = t % STAGES
+        do_idx = t % DO_STAGES
+        m_start = (m_lo + t % n_m) * BLOCK_M
+        # z == 0, opaque to LLVM: keeps the K, V, P^T and dS wgmma descriptors inside the loop (the
+        # base kernel's comment on ``z``)
+        z = t // n_iter
+        k_cur = k_smem.index(z)
+        v_cur = v_smem.index(z)
+        p_cur = p_smem.index(z)
+        ds_cur = ds_smem.index(z)
+        q_cur = q_smem.index(q_idx)
+        do_cur = do_smem.index(do_idx)
+
+        # S^T as soon as Q has landed, dP^T once dO has: each warpgroup its 32 query columns, over the
+        # whole head dim
+        mbarrier.wait(q_ready.index(q_idx), (t // STAGES) & 1)
+        s_tok = warpgroup_mma(k_cur, q_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        mbarrier.wait(do_ready.index(do_idx), (t // DO_STAGES) & 1)
+        dp_tok = warpgroup_mma(v_cur, do_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        lse_log2 = lse_smem.index(q_idx).load(col_layout)
+        s = warpgroup_mma_wait(1, deps=[s_tok])
+        p = _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
+                        queries_1d, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        # P^T (16-bit) to shared memory, both halves before dV reads it. No barrier before the store
+        # (WAR on p_smem): the previous step's dV retired in every warp before its dO barrier.
+        p_cur.store(p.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        # dV[:, own columns] += P^T dO, queued behind dP^T: it runs while dS^T is formed and stored
+        dv_tok = warpgroup_mma(p_cur, do_cur, dv, is_async=True)
+        delta = delta_smem.index(do_idx).load(col_layout)
+        dp = warpgroup_mma_wait(1, deps=[dp_tok])
+        # dS^T from the fp32 P^T (registers; WAR on ds_smem: the previous step's readers retired in
+        # every warp before its last barrier)
+        ds_cur.store((p * (dp - delta[None, :])).to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        # dQ's first column half, then dK, then dQ's second half: the first half is handed to the
+        # writer while dK runs, the second while the next step starts
+        dq_lo_tok = warpgroup_mma(ds_cur.permute((1, 0)), k_cur.slice(0, HALF, dim=1), dq_zero, use_acc=False,
+                                  is_async=True)
+        dk_tok = warpgroup_mma(ds_cur, q_cur, dk, is_async=True)
+        dq_hi_tok = warpgroup_mma(ds_cur.permute((1, 0)), k_cur.slice(HALF, HALF, dim=1), dq_zero, use_acc=False,
+                                  is_async=True)
+
+        # Releases as the groups retire (in order: dV, dQ low, dK, dQ high), each arrive one thread's
+        # after a barrier over the partition's 8 warps (the ws consumer's discipline)
+        dv = warpgroup_mma_wait(3, deps=[dv_tok])
+        gl.thread_barrier()
+        mbarrier.arrive(do_empty.index(do_idx), count=1)  # dO and D done with (and P^T)
+        dq = warpgroup_mma_wait(2, deps=[dq_lo_tok])
+        # handover 2t: wait until the writer has read handover 2t - 1 (the previous step's high half)
+        mbarrier.wait(dq_empty, 1, pred=t > 0)
+        dq_smem.store(dq)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(dq_full, count=1)
+        dk = warpgroup_mma_wait(1, deps=[dk_tok])
+        gl.thread_barrier()
+        mbarrier.arrive(q_empty.index(q_idx), count=1)  # Q (and lse) done with
+        dq = warpgroup_mma_wait(0, deps=[dq_hi_tok])
+        # handover 2t + 1: after the writer has read handover 2t (this step's low half)
+        mbarrier.wait(dq_empty, 0)
+        dq_smem.store(dq)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(dq_full, count=1)
+
+    _store_dkdv(dK, dV, dk, dv, b, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, kv_layout, HEAD_DIM, BLOCK_N)
+
+
+@gluon.jit
+def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar, q_ready,
+                  q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m,
+                  n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                  COL_SPLIT: gl.constexpr):
+    """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
+    ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments."""
+    if COL_SPLIT:
+        _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
+                            q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv,
+                            n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M,
+                            BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL)
+    else:
+        _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
+                     do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
+                     seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL)
+
+
+@gluon.jit
 def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dK, dV, Sem,
                          seqlen_q, seqlen_k, nheads, group, stat_stride, softmax_scale, qk_scale,
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                         STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr = False):
+                         STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                         DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers);
     the producer and dQ-writer warps are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
     the host's (batch, nheads, stat_stride) fp32 lse * log2(e) (-inf -> 0) and D, zero past
     seqlen_q, ``stat_stride`` a multiple of BLOCK_M, block [BLOCK_M]. dq_desc: the fp32 accumulator
-    (batch * seqlen_q, nheads * HEAD_DIM), zeroed, block [BLOCK_M, HEAD_DIM]. Sem: with
-    ``DETERMINISTIC``, (batch, nheads, cdiv(seqlen_q, BLOCK_M)) zeroed int32 counters (``_ws_dq_writer``);
-    unused otherwise."""
+    (batch * seqlen_q, nheads * HEAD_DIM), zeroed, block [BLOCK_M, HEAD_DIM] ([BLOCK_M, HEAD_DIM / 2]
+    with ``COL_SPLIT``). Sem: with ``DETERMINISTIC``, (batch, nheads, cdiv(seqlen_q, BLOCK_M)) zeroed
+    int32 counters (``_ws_dq_writer``); unused otherwise. STAGES / DO_STAGES: depth of the Q and dO
+    rings (equal unless ``COL_SPLIT``). ``COL_SPLIT`` (head dim 256): BLOCK_N = 64 and the consumers
+    split the head dim (``_ws_consumer_dsplit``) instead of the keys (``_ws_consumer``)."""
     num_warps: gl.constexpr = gl.num_warps()
-    gl.static_assert(num_warps == 8, "two consumer warpgroups of 64 key rows")
-    gl.static_assert(BLOCK_N == 128, "two consumer warpgroups of 64 key rows")
+    gl.static_assert(num_warps == 8, "two consumer warpgroups")
+    if COL_SPLIT:
+        gl.static_assert(BLOCK_N == 64, "column split: one 64-key block, the warpgroups split the head dim")
+    else:
+        gl.static_assert(BLOCK_N == 128, "two consumer warpgroups of 64 key rows")
+        gl.static_assert(DO_STAGES == STAGES, "one slot index for both rings")
+    # columns of one dQ handover (the dQ descriptor's block): the column split hands dQ over in halves
+    DQ_COLS: gl.constexpr = HEAD_DIM // 2 if COL_SPLIT else HEAD_DIM
     gl.static_assert(BLOCK_M == 64, "the dQ product's M: one 64-row wgmma tile")
     gl.static_assert(STAGES >= 2, "a load in flight while a step computes")
+    gl.static_assert(DO_STAGES >= 1 and DO_STAGES <= STAGES, "dO ring no deeper than Q's")
     dtype: gl.constexpr = q_desc.dtype
 
     nheads_kv = nheads // group
@@ -631,18 +843,19 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [DO_STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], lse_desc.layout)
-    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], delta_desc.layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [DO_STAGES, BLOCK_M], delta_desc.layout)
     ds_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, BLOCK_M], ds_layout)
-    # one dQ buffer (FA3 has one): handed over once a step, read by the bulk copy long before the next
-    dq_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, HEAD_DIM], dq_desc.layout)
+    # one dQ buffer (FA3 has one): handed over once a step (column split: once a half), read by the
+    # bulk copy long before the next handover
+    dq_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, DQ_COLS], dq_desc.layout)
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-    do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-    do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    do_ready = gl.allocate_shared_memory(gl.int64, [DO_STAGES, 1], bar_layout)
+    do_empty = gl.allocate_shared_memory(gl.int64, [DO_STAGES, 1], bar_layout)
     dq_full = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
     dq_empty = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
     # every barrier completes on one arrive: a TMA's expect-tx (ready, kv), the consumer partition's
@@ -653,24 +866,32 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     for i in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=1)
-        mbarrier.init(do_ready.index(i), count=1)
-        mbarrier.init(do_empty.index(i), count=1)
+        if i < DO_STAGES:
+            mbarrier.init(do_ready.index(i), count=1)
+            mbarrier.init(do_empty.index(i), count=1)
     fence_async_shared()
+    if COL_SPLIT:
+        # P^T, which passes between the warpgroups as dS^T does (its own allocation: one shared with dS^T
+        # made Triton order the dS^T store after the dV product's issue with one more barrier a step)
+        p_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, BLOCK_M], ds_layout)
+    else:
+        p_smem = ds_smem  # unused by ``_ws_consumer``
 
     # Registers (FA3's split for two MMA warpgroups): producer and writer warps 24 each (they share
     # one padded warpgroup: 12 warps, 384 threads), the default (consumer) partition gets the rest,
     # (65536 - 24 * 128) / 256 -> 240, what setmaxnreg shows in the PTX (the compile check asserts it).
     gl.warp_specialize([
-        (_ws_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready,
-                        q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m,
-                        n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                        IS_CAUSAL)),
+        (_ws_consumers, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
+                         q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start,
+                         m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT)),
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
                         b * seqlen_k + n_start, h_kv * HEAD_DIM, m_lo, n_m, n_iter, seqlen_q, nheads, stat_stride,
-                        HEAD_DIM, BLOCK_M, STAGES)),
+                        HEAD_DIM, BLOCK_M, STAGES, DO_STAGES)),
         (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, b, h0, m_lo, n_m, n_iter, seqlen_q, seqlen_k,
-                         nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, BLOCK_N, IS_CAUSAL, DETERMINISTIC)),
+                         nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, BLOCK_N, IS_CAUSAL, DETERMINISTIC,
+                         DQ_COLS)),
     ], [1, 1], [WS_WORKER_REGS, WS_WORKER_REGS])
 
 
@@ -678,37 +899,48 @@ def kernel_config(d: int, variant: str = "base") -> dict:
     """Launch configuration of the backward kernel of ``variant`` (``BWD_VARIANTS``) at head dim ``d``
     (the launcher and benchmarks/compile_check_hopper_bwd.py share it): ``kernel`` the jit function,
     ``num_warps`` the kernel's warps (the consumers' for "ws": the producer and writer warps come on
-    top, from ``warp_specialize``), tiles, ``stages`` (Q / dO buffers) and the constexprs."""
-    if d not in (64, 128):
-        raise ValueError("the Hopper backward covers head dims 64 and 128")
+    top, from ``warp_specialize``), tiles, ``stages`` (Q / dO buffers; "ws": the Q ring's, the dO
+    ring's in the constexprs), ``dq_cols`` ("ws": the columns of one dQ handover, the dQ descriptor's
+    block) and the constexprs. "ws" at d = 256 is its column-split form (``COL_SPLIT``)."""
+    if variant in BWD_VARIANTS and d not in BWD_VARIANT_HEADDIMS[variant]:
+        raise ValueError(f"the Hopper backward's {variant} variant covers head dims "
+                         f"{', '.join(map(str, BWD_VARIANT_HEADDIMS[variant]))}, not {d}")
     if variant == "base":
         return dict(kernel=hopper_bwd_dkdv_kernel, block_m=BWD_BLOCK_M, block_n=BWD_BLOCK_N, num_warps=BWD_NUM_WARPS,
                     stages=2, constexprs=dict(HEAD_DIM=d, BLOCK_M=BWD_BLOCK_M, BLOCK_N=BWD_BLOCK_N))
     if variant == "ws":
-        return dict(kernel=hopper_bwd_ws_kernel, block_m=BWD_BLOCK_M, block_n=BWD_BLOCK_N, num_warps=BWD_NUM_WARPS,
-                    stages=WS_STAGES[d], worker_regs=WS_WORKER_REGS.value,
-                    constexprs=dict(HEAD_DIM=d, BLOCK_M=BWD_BLOCK_M, BLOCK_N=BWD_BLOCK_N, STAGES=WS_STAGES[d]))
+        split = d in WS_COL_SPLIT_HEADDIMS
+        block_n = WS_COL_SPLIT_BLOCK_N if split else BWD_BLOCK_N
+        stages, do_stages = WS_STAGES[d]
+        return dict(kernel=hopper_bwd_ws_kernel, block_m=BWD_BLOCK_M, block_n=block_n, num_warps=BWD_NUM_WARPS,
+                    stages=stages, worker_regs=WS_WORKER_REGS.value, dq_cols=d // 2 if split else d,
+                    constexprs=dict(HEAD_DIM=d, BLOCK_M=BWD_BLOCK_M, BLOCK_N=block_n, STAGES=stages,
+                                    DO_STAGES=do_stages, COL_SPLIT=split))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
 def ws_layouts(d: int, dtype) -> dict:
-    """Shared-memory layouts of the "ws" kernel's descriptors (Gluon dtype ``dtype``): Q / dO and
-    K / V as the base kernel's, the 1-D lse / D rows unswizzled, the fp32 dQ tile the default for
-    its shape (the launcher and the compile check share them)."""
-    return dict(q=gl.NVMMASharedLayout.get_default_for([BWD_BLOCK_M, d], dtype),
-                kv=gl.NVMMASharedLayout.get_default_for([BWD_BLOCK_N, d], dtype),
+    """Shared-memory layouts of the "ws" kernel's descriptors (Gluon dtype ``dtype``) at head dim
+    ``d``, for ``kernel_config(d, "ws")``'s blocks: Q / dO and K / V as the base kernel's, the 1-D
+    lse / D rows unswizzled, the fp32 dQ tile (``dq_cols`` wide) the default for its shape (the
+    launcher and the compile check share them)."""
+    cfg = kernel_config(d, "ws")
+    bm, bn = cfg["block_m"], cfg["block_n"]
+    return dict(q=gl.NVMMASharedLayout.get_default_for([bm, d], dtype),
+                kv=gl.NVMMASharedLayout.get_default_for([bn, d], dtype),
                 stat=gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1),
-                dq=gl.NVMMASharedLayout.get_default_for([BWD_BLOCK_M, d], gl.float32))
+                dq=gl.NVMMASharedLayout.get_default_for([bm, cfg["dq_cols"]], gl.float32))
 
 
 def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="base", deterministic=False):
     """(dq, dk, dv) for contiguous (batch, seqlen, heads, d) bf16/fp16 q, k, v (GQA allowed), d in
-    (64, 128), causal (bottom-right) or not; ``lse`` natural-log (batch, nheads, seqlen_q) fp32, as
-    both forwards return it. ``variant``: one of ``BWD_VARIANTS`` ("base": v1; "ws": warp-specialised),
-    same results up to the order of the fp32 dQ additions. No varlen / window / softcap / ALiBi /
-    dropout. dQ by fp32 atomics or TMA reduce-adds in arrival order, so not bitwise reproducible,
-    except with ``deterministic=True`` ("ws" only): the additions in key-block order. The dispatch takes variant
-    ``ioattn.hopper.BWD_VARIANT`` where ``ioattn.hopper.bwd_plan`` says so."""
+    (64, 128) (and 256 with variant "ws": its column-split form), causal (bottom-right) or not;
+    ``lse`` natural-log (batch, nheads, seqlen_q) fp32, as both forwards return it. ``variant``: one
+    of ``BWD_VARIANTS`` ("base": v1; "ws": warp-specialised), same results up to the order of the
+    fp32 dQ additions. No varlen / window / softcap / ALiBi / dropout. dQ by fp32 atomics or TMA
+    reduce-adds in arrival order, so not bitwise reproducible, except with ``deterministic=True``
+    ("ws" only): the additions in key-block order. The dispatch takes variant
+    ``ioattn.hopper.BWD_VARIANT`` where ``ioattn.hopper.bwd_plan`` says so (head dims 64 and 128)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     batch, seqlen_q, nheads, d = q.shape
@@ -764,7 +996,8 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
         lse2[:, :, :seqlen_q] = torch.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
         lse_desc = TensorDescriptor.from_tensor(lse2.view(-1), [bm], lay["stat"])
         delta_desc = TensorDescriptor.from_tensor(delta.view(-1), [bm], lay["stat"])
-        dq_desc = TensorDescriptor.from_tensor(dq_accum.view(batch * seqlen_q, nheads * d), [bm, d], lay["dq"])
+        dq_desc = TensorDescriptor.from_tensor(dq_accum.view(batch * seqlen_q, nheads * d), [bm, cfg["dq_cols"]],
+                                               lay["dq"])
         # one counter per (batch, head, query block) orders the dQ additions (deterministic only)
         sem = torch.zeros(batch * nheads * triton_cdiv(seqlen_q, bm) if deterministic else 1, device=q.device,
                           dtype=torch.int32)
