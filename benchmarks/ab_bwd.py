@@ -1,9 +1,10 @@
 """A/B of backward kernels in one process: the portable Triton backward, the experimental Gluon
 Hopper backward (``ioattn.kernels.hopper_backward``: provider "gluon" is its
-base variant, "gluon-ws" the warp-specialised one) and SDPA's flash and cuDNN backward passes, each
-timed alone (the forward outside the timed region).
+base variant, "gluon-ws" the warp-specialised one, at d=256 its column-split form) and SDPA's flash
+and cuDNN backward passes, each timed alone (the forward outside the timed region). A Gluon provider
+is left out at head dims its variant does not cover (``BWD_VARIANT_HEADDIMS``: base 64 and 128).
 
-    python benchmarks/ab_bwd.py --out DIR [--headdims 64,128] [--seqlens 1024,4096,16384]
+    python benchmarks/ab_bwd.py --out DIR [--headdims 64,128,256] [--seqlens 1024,4096,16384]
                                 [--providers portable,gluon,gluon-ws,sdpa-flash,sdpa-cudnn]
 
 bf16, 16384 tokens, hidden 2048 (the bench's grid). Every variant's gradients are checked against
@@ -45,7 +46,17 @@ def gluon(variant, deterministic=False):
         out, lse = hopper.hopper_forward(q, k, v, scale, causal)
         return lambda: hopper_backward(dout, q, k, v, out, lse, scale, causal, variant=variant,
                                        deterministic=deterministic)
+    setup.variant = variant
     return setup
+
+
+def covers(setup, d):
+    """Whether a provider runs at head dim ``d`` (a Gluon variant only at its head dims)."""
+    variant = getattr(setup, "variant", None)
+    if variant is None:
+        return True
+    from ioattn.kernels.hopper_backward import BWD_VARIANT_HEADDIMS
+    return d in BWD_VARIANT_HEADDIMS[variant]
 
 
 def sdpa(backend):
@@ -99,6 +110,8 @@ def main():
                 shape = (16384 // n, n, 2048 // d, d)
                 q, k, v, dout = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
                 for name, setup in variants.items():
+                    if not covers(setup, d):
+                        continue
                     try:  # a variant that fails to compile or run is reported and the rest go on
                         run = setup(dout, q, k, v, causal)
                         if name not in ok:
@@ -115,11 +128,13 @@ def main():
                     torch.cuda.empty_cache()
     names = list(variants)
     print(f"{'d':>3} {'c':>1} {'N':>6} " + " ".join(f"{n:>11}" for n in names))
-    for r0 in rows[::len(names)]:
-        cell = {r["variant"]: r for r in rows if (r["headdim"], r["causal"], r["seqlen"]) ==
-                (r0["headdim"], r0["causal"], r0["seqlen"])}
+    keys = list(dict.fromkeys((r["headdim"], r["causal"], r["seqlen"]) for r in rows))  # in run order
+    for key in keys:
+        cell = {r["variant"]: r for r in rows if (r["headdim"], r["causal"], r["seqlen"]) == key}
+        r0 = next(iter(cell.values()))
         print(f"{r0['headdim']:>3} {int(r0['causal']):>1} {r0['seqlen']:>6} " +
-              " ".join(f"{cell[x]['tflops']:11.0f}" if cell[x]["ok"] else f"{'FAIL':>11}" for x in names))
+              " ".join(f"{'n/a':>11}" if x not in cell else f"{cell[x]['tflops']:11.0f}" if cell[x]["ok"]
+                       else f"{'FAIL':>11}" for x in names))
     return 0
 
 

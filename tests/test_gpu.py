@@ -367,6 +367,24 @@ def test_hopper_backward_through_the_api(variant, d, causal, monkeypatch, poison
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("causal", [False, True])
+def test_hopper_backward_d256_through_the_api_once_enabled(causal, monkeypatch, poison_alloc):
+    """Head dim 256 is not in the dispatch's BWD_HEADDIMS (the ws kernel's column-split form has no
+    device measurement yet); with it added here, flash_attn_func's gradients come from that kernel
+    (the plan names the ws variant and its 64-key tiles) and pass the float64 oracle."""
+    from ioattn import hopper
+    monkeypatch.setattr(hopper, "BWD_VARIANT", "ws")
+    monkeypatch.setattr(hopper, "BWD_HEADDIMS", (64, 128, 256))
+    with hopper.prefer_hopper_bwd(True):
+        q = torch.randn(2, 700, 4, 256, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(2, 900, 2, 256, device="cuda", dtype=torch.bfloat16)
+        plan = ioattn.explain_dispatch(q, k, k, causal=causal)
+        assert plan.backward["kernels"] == "ioattn.kernels.hopper_backward (Gluon, ws)", plan.backward
+        assert plan.backward["gluon_hopper"].startswith("taken") and plan.backward["tiles"] == (64, 64, 8, 2)
+        _check(2, 700, 900, 4, 2, 256, torch.bfloat16, causal=causal)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 # more tiles than SMs, so every program walks several: 256, 768 tiles; (8, 777, 300, 8, 4): causal
@@ -429,7 +447,7 @@ def test_backward_default_policy_and_deterministic(causal, monkeypatch, poison_a
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (3, 129, 64, 2, 2), (1, 1000, 300, 4, 4),
                                    (1, 300, 2000, 3, 1), (1, 4096, 4096, 8, 2)])
@@ -437,7 +455,8 @@ def test_hopper_backward_deterministic(d, causal, shape, poison_alloc):
     """The ws backward's ordered dQ mode (deterministic=True: reduce-adds in key-block order through
     per-query-block semaphores): three runs bitwise equal, and within 2x PyTorch's error of the
     float64 oracle. Shapes: many key blocks per query block, rows with no visible key, causal with
-    seqlen_q > seqlen_k (key blocks no query sees), GQA 3."""
+    seqlen_q > seqlen_k (key blocks no query sees), GQA 3. d=256: the column-split form (64-key
+    blocks, each query block's dQ added in two halves under one turn of the order)."""
     from ioattn import hopper
     from ioattn.kernels.hopper_backward import hopper_backward
     b, sq, sk, h, hkv = shape
@@ -475,7 +494,7 @@ def test_deterministic_through_the_api_with_the_ordered_gluon_mode(causal, monke
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("variant", ["base", "ws"])
 @pytest.mark.parametrize("forward", ["gluon", "portable"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 # (3, 129, 64): queries with no visible key (lse -inf); (1, 1000, 300): causal with seqlen_q > seqlen_k;
@@ -485,10 +504,13 @@ def test_deterministic_through_the_api_with_the_ordered_gluon_mode(causal, monke
                                    (2, 4096, 4096, 8, 2)])
 def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc):
     """The experimental Gluon backward (not dispatched yet), each variant (base; ws: warp-specialised,
-    dQ by TMA reduce-add), against the float64 oracle, fed by the Gluon forward's or the portable
-    forward's (out, lse): dq, dk, dv within 2x PyTorch's own error."""
+    dQ by TMA reduce-add; at d=256 its column-split form: 64-key programs, the warpgroups splitting
+    the head dim, dQ in two halves), against the float64 oracle, fed by the Gluon forward's or the
+    portable forward's (out, lse): dq, dk, dv within 2x PyTorch's own error."""
     from ioattn import backends, hopper
-    from ioattn.kernels.hopper_backward import hopper_backward
+    from ioattn.kernels.hopper_backward import BWD_VARIANT_HEADDIMS, hopper_backward
+    if d not in BWD_VARIANT_HEADDIMS[variant]:
+        pytest.skip(f"the {variant} backward has no head dim {d}")
     b, sq, sk, h, hkv = shape
     q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
     k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype) for _ in range(2))
