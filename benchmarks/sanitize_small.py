@@ -10,7 +10,7 @@ import torch
 
 import ioattn
 from ioattn import decode, hopper
-from ioattn.kernels.hopper_backward import hopper_backward
+from ioattn.kernels.hopper_backward import BWD_VARIANT_HEADDIMS, hopper_backward
 
 torch.manual_seed(0)
 dev, dt = "cuda", torch.bfloat16
@@ -28,11 +28,11 @@ for d in (64, 128, 256):
                 torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
     with hopper.prefer_hopper(False):
         ioattn.flash_attn_func(q, k, v, causal=True)
-    if d in (64, 128):  # the Gluon backward's head dims
-        for causal in (False, True):
-            with hopper.prefer_hopper(True), torch.no_grad():
-                out, lse = ioattn.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)[:2]
-            for bwd_variant in ("base", "ws"):
+    for causal in (False, True):  # the Gluon backward at each variant's head dims (ws at 256: column split)
+        with hopper.prefer_hopper(True), torch.no_grad():
+            out, lse = ioattn.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)[:2]
+        for bwd_variant in ("base", "ws"):
+            if d in BWD_VARIANT_HEADDIMS[bwd_variant]:
                 hopper_backward(torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, d ** -0.5,
                                 causal, variant=bwd_variant)
 q1 = torch.randn(2, 1, 32, 128, device=dev, dtype=dt)
