@@ -163,9 +163,12 @@ exponential and the other every dS^T while each waits for the other; and in Gluo
 partition is one instruction stream over its 8 warps, so different work per warpgroup would need a
 second 4-warp partition. Splitting the columns keeps both warpgroups in one stream, in lockstep, and
 the two exchanges are ordinary shared-memory stores ordered by the partition's barrier, the
-discipline of the ws consumer.) Shared-memory hazards: P^T's buffer is rewritten only after every
-warp has waited for the previous step's dV and passed the barrier before the dO release; dS^T's
-after the previous step's dK and dQ halves retired and the step's last barrier.
+discipline of the ws consumer. The price: both warpgroups read all of K and V as S^T's / dP^T's A
+operand, 3 KiB of shared memory per m64n32k16, more than an SM's 128 B a clock feeds at the tensor
+peak; NOTES section 40 estimates that phase at up to 2/3 of the peak.) Shared-memory hazards: P^T's
+buffer is rewritten only after every warp has waited for the previous step's dV and passed the
+barrier before the dO release; dS^T's after the previous step's dK and dQ halves retired and the
+step's last barrier.
 
 dQ: 64 x 256 fp32 = 64 KiB of staging does not fit next to the rest, so the block goes in two
 column halves through one 32 KiB buffer (``dq_cols`` = 128: the dQ descriptor's block): handover
