@@ -7,11 +7,12 @@ results/session-2026-12-01-i (batch 1 x 16k / 128k, 8 x 8192, 64 x 4096): split 
 ``--cases wide``: the cases without splits (batch 64 x 4096, 32 x 32768): key chunk and stages.
 ``--cases waves``: batches 60-68 x 4096 (is batch 64's gap the last wave's tail?). ``--cases paged1``:
 paged batch 1 x 4096, pointer loads against TMA, 16 or 32 splits. ``--cases lookup``: the paged block-table
-read modes. ``--cases tail``: the tail split on and off, batches 17-100 x 4096.
+read modes. ``--cases tail``: the tail split on and off, batches 17-100 x 4096. ``--cases near``: batches 17-24 x
+4096 (just over one wave of units), uniform split counts.
 ``--rounds R`` times every entry R times, interleaved (the spread of one entry between rounds is
 the noise the choice has to beat).
 
-    python benchmarks/ab_decode.py --out DIR [--cases first|rest|wide|waves|paged1|lookup|tail] [--rounds R]
+    python benchmarks/ab_decode.py --out DIR [--cases first|rest|wide|waves|paged1|lookup|tail|near] [--rounds R]
 
 Writes DIR/ab_decode.jsonl (one record per case, layout, config, mode) and prints a table. The
 tune script (`tune_decode.py --focus`) times one L2-resident input set; this one does not.
@@ -81,8 +82,13 @@ LOOKUP = [
 ]
 # the tail split (decode._tail_split) against the launch without it, around the wave boundaries
 TAIL = [(b, 4096, False, False, [{}, dict(tail_split=False)]) for b in (17, 34, 40, 64, 68, 70, 100)]
+# just over one wave of units (batch 17-24 x 4096: 136-192 units, no split by the waves rule; batch 17
+# took 105 us against cuDNN's 71 in results/session-2026-12-01-s): uniform splits with either tile
+_WIDE = dict(block_n=128, num_stages=2)
+NEAR = [(b, 4096, False, False, [{}, dict(num_splits=2), dict(num_splits=3), dict(num_splits=2, **_WIDE),
+                                 dict(num_splits=3, **_WIDE), dict(num_splits=4, **_WIDE)]) for b in (17, 20, 24)]
 CASE_SETS = {"first": CASES, "rest": REST, "wide": WIDE, "waves": WAVES, "paged1": PAGED1, "lookup": LOOKUP,
-             "tail": TAIL}
+             "tail": TAIL, "near": NEAR}
 
 
 def eager(q, kc, vc, lens, cfg, table=None):

@@ -63,6 +63,9 @@ SPLIT_WAVES = 2
 # splits against 15.4 with 32 (results/session-2026-12-01-i and -f); paged caches keep at least one
 # 128-key chunk per split, their count before this rule.
 MIN_KEYS_PER_SPLIT = 256
+# The tail split (``_tail_split``) needs this many whole waves before the tail: measured a gain from
+# 2 waves on and a loss with 1 (results/session-2026-12-01-s)
+TAIL_MIN_WAVES = 2
 MAX_SPLITS = 256
 _BLOCK_N_CUDA = 128
 _BLOCK_N_SPLIT = 64  # split launches with pointer loads (above)
@@ -111,17 +114,16 @@ class DecodePlan:
     # units (sequence, KV head, row block) taken whole before the split ones; None: all whole when
     # num_splits == 1, else none (see _tail_split)
     num_whole: int | None = None
-    page_lookup: int = 0  # paged: the block-table read (decode_split_kernel's PAGE_LOOKUP)
 
 
 @contextlib.contextmanager
 def decode_config(**fields):
     """Force fields of the ``DecodePlan`` (block_n, num_splits, use_tma, num_warps, num_stages, pdl,
-    num_whole, page_lookup) for the calls inside: tuning sweeps and tests (``pdl`` is still only
+    num_whole) for the calls inside: tuning sweeps and tests (``pdl`` is still only
     used where it can run; ``num_whole`` is rounded down to whole batch elements, and
     ``tail_split=False`` turns the tail split off)."""
     unknown = set(fields) - {"block_n", "num_splits", "use_tma", "num_warps", "num_stages", "pdl", "num_whole",
-                             "tail_split", "page_lookup"}
+                             "tail_split"}
     if unknown:
         raise ValueError(f"decode_config: unknown fields {sorted(unknown)}")
     previous = dict(_plan_override)
@@ -350,9 +352,12 @@ def _tail_split(units, units_per_batch, slots, pieces):
     --cases waves` (results/session-2026-12-01-r, H200, 4096 keys, 8 KV heads, d=128): the step
     grew with the bytes up to batch 66 (528 programs, 4.0 waves: 235 / 240 / 247 / 254 us at batches
     60 / 62 / 64 / 66, the last wave 64-100 % full) and jumped to 328 us at batch 68 (4.12 waves: 16
-    programs alone in a fifth wave; cuDNN 274)."""
+    programs alone in a fifth wave; cuDNN 274). `ab_decode.py --cases tail` (results/session-2026-12-01-s,
+    on / off, us): batch 34 136 / 205, 40 158 / 215, 68 297 / 323, 70 299 / 332, 100 377 / 440 (cuDNN
+    160, 173, 268, 270, 367); but batch 17 (one wave + 4 units) 110 / 105: not below ``TAIL_MIN_WAVES``
+    whole waves."""
     waves, rest = divmod(units, slots)
-    if waves == 0 or rest == 0:
+    if waves < TAIL_MIN_WAVES or rest == 0:
         return units, 1
     whole = waves * slots // units_per_batch * units_per_batch  # the split units are a batch suffix
     k = min(slots // (units - whole), pieces, MAX_SPLITS)
@@ -410,6 +415,11 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     # through TMA (their measured best, NOTES §29)
     if split_tiles and (num_splits == 1 or num_whole is not None or (paged and use_tma)):
         block_n, stages = _BLOCK_N_CUDA, _NUM_STAGES
+        if paged and use_tma and num_splits > 1 and dispatch.cdiv(span, num_splits) <= _BLOCK_N_CUDA:
+            # a split of one 128-key chunk has no ring to pipeline: two 64-key chunks (batch 1 x 4096,
+            # 32 splits: 15.0 / 14.8 us against 15.7 / 15.2 with 128-key chunks; contiguous 14.8 /
+            # 14.1; ab_decode --cases paged1 / lookup, results/session-2026-12-01-r and -s)
+            block_n = _BLOCK_N_SPLIT
     if paged:  # a chunk never crosses a page
         while k_cache.shape[1] % block_n:
             block_n //= 2
@@ -417,8 +427,7 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     pdl_wanted = _plan_override.get("pdl", env == "1" if env else _PDL_DEFAULT)
     pdl = bool(pdl_wanted) and num_splits > 1 and _pdl_ok(q.device)
     return DecodePlan(block_m, block_n, num_splits, use_tma, _plan_override.get("num_warps", _NUM_WARPS),
-                      _plan_override.get("num_stages", stages), pdl, num_whole,
-                      _plan_override.get("page_lookup", 0) if paged else 0)
+                      _plan_override.get("num_stages", stages), pdl, num_whole)
 
 
 def _pdl_ok(device) -> bool:
@@ -499,13 +508,13 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_table.shape[1] if paged else 0, stride_ab,
         *opart.stride()[:4], *lpart.stride(), seqlen_base, seqlen_new, nheads_kv, group, seqlen_q, num_m_blocks,
-        cfg.num_splits, num_whole, b0, capacity, min(span, capacity), k_cache.shape[0],
+        cfg.num_splits, num_whole, b0, capacity, k_cache.shape[0],
         qk_scale, float(softcap), window[0], window[1], 0.0 if unified_max is None else unified_max * LOG2E,
         HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         PAGE_SIZE=max(page_size, 1), PAGED=paged, HAS_BATCH_IDX=cache_batch_idx is not None,
         HAS_LEFTPAD=cache_leftpad is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi,
         USE_TMA=cfg.use_tma, UNIFIED=unified_max is not None, PHI_BELOW=below, PHI_ABOVE=above,
-        HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl and split, PAGE_LOOKUP=cfg.page_lookup,
+        HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl and split,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if split:

@@ -122,20 +122,6 @@ def test_tail_split(paged, num_whole, num_splits):
         _check(_make_case(paged=paged, seqlen_q=1, group=2), "triton")
 
 
-@pytest.mark.parametrize("page_lookup", [1, 2])
-@pytest.mark.parametrize("num_splits", [0, 3, 64])
-@pytest.mark.parametrize("extra", ["", "leftpad", "window"])
-def test_page_lookup_modes(page_lookup, num_splits, extra):
-    """The block-table reads other than the default one-chunk-ahead: in place (1), and the first page
-    guessed from the host's span and checked against the split's real first chunk (2; the mixed
-    lengths put the full sequence, where the guess holds, beside ones where it does not; leftpad and
-    windows move the first chunk)."""
-    kw = _make_case(paged=True, seqlen_q=2, seqlen_new=2, group=2, leftpad=extra == "leftpad",
-                    window=(24, 0) if extra == "window" else (-1, -1))
-    with decode_config(page_lookup=page_lookup):
-        _check(kw, "triton", num_splits)
-
-
 def test_tail_split_row_blocks():
     """Several row blocks a unit (36 query tokens x group 4 = 144 packed rows: 3 blocks of 64), a
     causal append, a window: the whole / split boundary between batch elements, not row blocks."""
@@ -528,6 +514,8 @@ def test_plan_tiles_by_launch_kind(monkeypatch):
     pages = torch.empty(8, 256, 8, 128)
     paged = decode.plan(gpu_q(1), pages, pages, True, 131072)
     assert (paged.block_n, paged.num_stages) == (128, 2) and paged.num_splits > 1
+    short = decode.plan(gpu_q(1), pages, pages, True, 4096)  # 32 TMA splits of 128 keys: two 64-key chunks
+    assert (short.block_n, short.num_stages, short.num_splits, short.use_tma) == (64, 2, 32, True)
     with decode_config(block_n=32):
         assert decode.plan(gpu_q(1), k, k, False, 131072).block_n == 32
 
@@ -553,9 +541,10 @@ def test_plan_tail_split(monkeypatch):
     assert tail(40) == (264, 2, 128, 2)    # 320: 2 waves + 56 (42 %) -> 2 ways
     assert tail(64) == (None, 1, 128, 2)   # 512: the last wave 88 % full: no split
     assert tail(66) == (None, 1, 128, 2)   # 528: exactly 4 waves
-    assert tail(17) == (128, 16, 128, 2)   # 136: 1 wave + 4, whole elements -> 8 units split 16 ways
-    assert decode._tail_split(136, 8, 132, 4) == (128, 4)    # at most one piece per key chunk
-    assert decode._tail_split(136, 8, 132, 1) == (136, 1)    # one chunk: nothing to split
+    assert tail(100) == (792, 16, 128, 2)  # 800: 6 waves + 8 -> 16 ways
+    assert tail(17)[:2] == (None, 1)       # 136: 1 wave + 4: below TAIL_MIN_WAVES (measured a loss)
+    assert decode._tail_split(272, 8, 132, 4) == (264, 4)    # at most one piece per key chunk
+    assert decode._tail_split(272, 8, 132, 1) == (272, 1)    # one chunk: nothing to split
     assert tail(68, num_splits=1)[:2] == (None, 1)  # an explicit split count is kept
     with decode_config(tail_split=False):
         assert tail(68)[:2] == (None, 1)

@@ -59,29 +59,27 @@ from ioattn.kernels.common import LOG2E, mma, softmax_finish, softmax_step, tile
 
 
 @triton.jit
-def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, bt_row, first_page, cache_row, h_kv, lp, end, tok,
+def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, bt_row, cache_row, h_kv, lp, end, tok,
                   seqlen_q, c_start, c_end, num_pages, stride_kb, stride_kn, stride_vb, stride_vn, k_head, v_head,
                   offs_d, d_ok, qk_scale, softcap, window_left, window_right, slope_log2, phi,
                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
                   USE_TMA: tl.constexpr, UNIFIED: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                  HAS_ALIBI: tl.constexpr, PAGE_LOOKUP: tl.constexpr):
+                  HAS_ALIBI: tl.constexpr):
     """Key chunks [c_start, c_end) of one split into (acc, m, l). ``UNIFIED``: probabilities are
     exp2(s - phi) and ``m_i`` only records the true row max (for the range check). Paged:
-    ``bt_row`` is the sequence's block-table row, ``first_page`` the page of chunk ``c_start``."""
+    ``bt_row`` is the sequence's block-table row."""
     offs_n0 = tl.arange(0, BLOCK_N)
-    next_page = first_page
+    if PAGED:
+        # The page of chunk c is read one chunk ahead: the K/V addresses depend on it, so read in
+        # place it put a block-table round trip before every chunk's loads (NOTES §24, §40).
+        next_page = tl.load(bt_row + (c_start * BLOCK_N) // PAGE_SIZE, mask=c_start < c_end, other=0)
     for c in range(c_start, c_end):
         col0 = c * BLOCK_N
         offs_n = col0 + offs_n0
         kv_ok = (offs_n >= lp) & (offs_n < end)
         if PAGED:
-            if PAGE_LOOKUP == 1:  # in place (the loop pipeliner may stage the index load itself)
-                next_page = tl.load(bt_row + col0 // PAGE_SIZE)
             page = tl.minimum(tl.maximum(next_page, 0), num_pages - 1).to(tl.int64)
-            if PAGE_LOOKUP != 1:
-                # The page of chunk c is read one chunk ahead: the K/V addresses depend on it, so
-                # read in place it put a block-table round trip before every chunk's loads (§24).
-                next_page = tl.load(bt_row + ((c + 1) * BLOCK_N) // PAGE_SIZE, mask=c + 1 < c_end, other=0)
+            next_page = tl.load(bt_row + ((c + 1) * BLOCK_N) // PAGE_SIZE, mask=c + 1 < c_end, other=0)
             row = page
             col_in = col0 % PAGE_SIZE
         else:
@@ -125,13 +123,12 @@ def decode_split_kernel(
     stride_os, stride_ob, stride_om, stride_oh,
     stride_ls, stride_lb, stride_lm, stride_lh,
     seqlen_base, seqlen_new, nheads_kv, group, seqlen_q, num_m_blocks, num_splits, num_whole, part_b0, capacity,
-    span, num_rows,
+    num_rows,
     qk_scale, softcap, window_left, window_right, phi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, USE_TMA: tl.constexpr, UNIFIED: tl.constexpr,
     PHI_BELOW: tl.constexpr, PHI_ABOVE: tl.constexpr, HAS_SEQLENS: tl.constexpr, USE_PDL: tl.constexpr = False,
-    PAGE_LOOKUP: tl.constexpr = 0,
 ):
     """``num_rows``: pages in the pool (paged) or rows of the contiguous cache. Sequence b ends at
     ``SeqLens[b] + seqlen_new`` (``seqlen_base + seqlen_new`` without ``HAS_SEQLENS``).
@@ -153,11 +150,6 @@ def decode_split_kernel(
     b = rest // nheads_kv
     b64 = b.to(tl.int64)
     bt_row = BlockTable + b64 * stride_btb
-    if PAGED and PAGE_LOOKUP == 2:
-        # the first page guessed before the sequence's length is known: the split's first chunk if
-        # the sequence spans the host's ``span`` from column 0 (then no round trip waits on the length)
-        cs_guess = split * tl.cdiv(tl.cdiv(span, BLOCK_N), nsplit)
-        page_guess = tl.load(bt_row + (cs_guess * BLOCK_N) // PAGE_SIZE, mask=cs_guess * BLOCK_N < span, other=0)
 
     if HAS_SEQLENS:
         end = tl.load(SeqLens + b) + seqlen_new
@@ -199,14 +191,6 @@ def decode_split_kernel(
     c_start = c_lo + split * per_split
     c_end = tl.minimum(c_start + per_split, c_hi)
 
-    first_page = c_start * 0
-    if PAGED:
-        if PAGE_LOOKUP == 2:
-            hit = c_start == cs_guess
-            first_page = tl.where(hit, page_guess, tl.load(bt_row + (c_start * BLOCK_N) // PAGE_SIZE,
-                                                           mask=(c_start < c_end) & (hit == 0), other=0))
-        elif PAGE_LOOKUP == 0:
-            first_page = tl.load(bt_row + (c_start * BLOCK_N) // PAGE_SIZE, mask=c_start < c_end, other=0)
     cache_row = b64
     if HAS_BATCH_IDX:
         cache_row = tl.minimum(tl.maximum(tl.load(CacheBatchIdx + b), 0), num_rows - 1).to(tl.int64)
@@ -216,11 +200,11 @@ def decode_split_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     k_head = h_kv.to(tl.int64) * stride_kh
     v_head = h_kv.to(tl.int64) * stride_vh
-    acc, m_i, l_i = _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, bt_row, first_page, cache_row, h_kv, lp, end,
+    acc, m_i, l_i = _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, bt_row, cache_row, h_kv, lp, end,
                                   tok, seqlen_q, c_start, c_end, num_rows, stride_kb, stride_kn, stride_vb, stride_vn,
                                   k_head, v_head, offs_d, d_ok, qk_scale, softcap, window_left,
                                   window_right, slope_log2, phi, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_TMA,
-                                  UNIFIED, HAS_SOFTCAP, HAS_ALIBI, PAGE_LOOKUP)
+                                  UNIFIED, HAS_SOFTCAP, HAS_ALIBI)
     if UNIFIED:
         # a row max outside phi's safe range (rows with no key are fine): redo this split exactly
         gap = m_i - phi
@@ -228,10 +212,10 @@ def decode_split_kernel(
         if tl.max(unsafe.to(tl.int32), 0) > 0:
             acc, m_i, l_i = _split_chunks(
                 tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32), tl.full([BLOCK_M], float("-inf"), dtype=tl.float32),
-                tl.zeros([BLOCK_M], dtype=tl.float32), q, K, V, k_desc, v_desc, bt_row, first_page, cache_row, h_kv,
+                tl.zeros([BLOCK_M], dtype=tl.float32), q, K, V, k_desc, v_desc, bt_row, cache_row, h_kv,
                 lp, end, tok, seqlen_q, c_start, c_end, num_rows, stride_kb, stride_kn, stride_vb, stride_vn, k_head,
                 v_head, offs_d, d_ok, qk_scale, softcap, window_left, window_right, slope_log2, phi,
-                BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_TMA, False, HAS_SOFTCAP, HAS_ALIBI, PAGE_LOOKUP)
+                BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_TMA, False, HAS_SOFTCAP, HAS_ALIBI)
         else:
             m_i = tl.where(m_i == float("-inf"), m_i, phi)  # what was subtracted, for the lse
 
