@@ -64,7 +64,7 @@ SPLIT_WAVES = 2
 # 128-key chunk per split, their count before this rule.
 MIN_KEYS_PER_SPLIT = 256
 # The tail split (``_tail_split``) needs this many whole waves before the tail: measured a gain from
-# 2 waves on and a loss with 1 (results/session-2026-12-01-s)
+# 2 waves on and a loss with 1 (results/session-2026-12-01-s), where splitting every unit in two wins
 TAIL_MIN_WAVES = 2
 MAX_SPLITS = 256
 _BLOCK_N_CUDA = 128
@@ -345,20 +345,25 @@ def _heuristic_splits(programs, max_end, block_n, num_sms=DEFAULT_NUM_SMS, min_k
 
 def _tail_split(units, units_per_batch, slots, pieces):
     """(whole units, split count of the rest) for a launch of ``units`` programs without splits on
-    ``slots`` SMs (one program per SM with the wide tile): when the last wave would hold at most half
-    the SMs, the batch elements that make it up are split ``slots // tail`` ways (at most ``pieces``,
-    the key chunks of the longest sequence), so that the step ends on a short wave of pieces instead
-    of a few SMs reading one whole unit each; ``(units, 1)`` otherwise. Source: `ab_decode.py
-    --cases waves` (results/session-2026-12-01-r, H200, 4096 keys, 8 KV heads, d=128): the step
-    grew with the bytes up to batch 66 (528 programs, 4.0 waves: 235 / 240 / 247 / 254 us at batches
-    60 / 62 / 64 / 66, the last wave 64-100 % full) and jumped to 328 us at batch 68 (4.12 waves: 16
-    programs alone in a fifth wave; cuDNN 274). `ab_decode.py --cases tail` (results/session-2026-12-01-s,
-    on / off, us): batch 34 136 / 205, 40 158 / 215, 68 297 / 323, 70 299 / 332, 100 377 / 440 (cuDNN
-    160, 173, 268, 270, 367); but batch 17 (one wave + 4 units) 110 / 105: not below ``TAIL_MIN_WAVES``
-    whole waves."""
+    ``slots`` SMs, when the last wave would hold at most half the SMs; ``(units, 1)`` otherwise.
+    After ``TAIL_MIN_WAVES`` whole waves or more, the batch elements that make up the last wave are
+    split ``slots // tail`` ways (at most ``pieces``, the key chunks of the longest sequence), so the
+    step ends on a short wave of pieces instead of a few SMs reading one whole unit each; after one
+    wave, every unit is split in two (whole = 0).
+    Sources (H200, 4096 keys, 8 KV heads, d=128, us): `ab_decode.py --cases waves`
+    (results/session-2026-12-01-r): the step grew with the bytes up to batch 66 (528 programs, 4.0
+    waves: 235 / 240 / 247 / 254 at batches 60 / 62 / 64 / 66, the last wave 64-100 % full) and jumped
+    to 328 at batch 68 (4.12 waves; cuDNN 274). `--cases tail` (results/session-2026-12-01-s, tail
+    split on / off): batch 34 136 / 205, 40 158 / 215, 68 297 / 323, 70 299 / 332, 100 377 / 440
+    (cuDNN 160, 173, 268, 270, 367), but batch 17 (one wave + 4 units) 110 / 105. `--cases near`
+    (results/session-2026-12-01-t): every unit split in two with the wide tile, batch 17 / 20 / 24
+    (136-192 units): 78.7 / 89.8 / 102.8 against 102.1 / 107.0 / 109.7 unsplit and 83.5 / 92.5 /
+    102.7 with the split tile (3 or 4 splits slower; cuDNN 72.3 / 84.0 / 103.1)."""
     waves, rest = divmod(units, slots)
-    if waves < TAIL_MIN_WAVES or rest == 0:
+    if waves == 0 or rest == 0 or rest > slots // 2:
         return units, 1
+    if waves < TAIL_MIN_WAVES:
+        return (0, 2) if pieces >= 2 else (units, 1)
     whole = waves * slots // units_per_batch * units_per_batch  # the split units are a batch suffix
     k = min(slots // (units - whole), pieces, MAX_SPLITS)
     return (whole, k) if k >= 2 else (units, 1)

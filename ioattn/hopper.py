@@ -378,10 +378,17 @@ bwd_deterministic = dispatch.Preference(False)  # ``with bwd_deterministic(True)
 # both masks, so deterministic calls take it wherever the Gluon backward applies.
 DETERMINISTIC_WS = True
 BWD_VARIANT = "ws"  # the variant the dispatch takes (ioattn.kernels.hopper_backward.BWD_VARIANTS)
-BWD_HEADDIMS = (64, 128)
+# d=256: the ws kernel's column-split form (NOTES §40). Its GPU tests pass (68, float64 oracle,
+# deterministic runs bitwise equal; results/session-2026-12-01-t) and ab_bwd there measured, TFLOP/s,
+# ws / ordered ws / portable / cuDNN: N=4096 336 / 240 / 151 / 396 and N=16384 354 / 312 / 147 / 360
+# non-causal; causal 298 / 265 / 145 / 375 and 348 / 303 / 152 / 381.
+BWD_HEADDIMS = (64, 128, 256)
 # The default policy: (head dim, causal) -> the shortest seqlen_q from which "ws" was measured ahead
-# of the portable backward (the sources above); other rows keep the portable backward.
-BWD_AUTO_MIN_SEQLEN = {(128, False): 512, (128, True): 512, (64, False): 512, (64, True): 2048}
+# of the portable backward (the sources above); other rows keep the portable backward. d=256 from
+# 512: measured 2.0-2.4x the portable backward at 4096 and 16384, the train sweep's shorter points
+# checked with the dispatch in results/session-2026-12-01-u.
+BWD_AUTO_MIN_SEQLEN = {(128, False): 512, (128, True): 512, (64, False): 512, (64, True): 2048,
+                       (256, False): 512, (256, True): 512}
 
 
 def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:
@@ -390,6 +397,8 @@ def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p
         return False, "fp16/bf16 only"
     if q.shape[-1] not in BWD_HEADDIMS:
         return False, f"head dims {BWD_HEADDIMS} only"
+    if BWD_VARIANT == "base" and q.shape[-1] == 256:  # hopper_backward.BWD_VARIANT_HEADDIMS
+        return False, "head dims (64, 128) only in the base variant"
     if varlen or window not in ((-1, -1), (-1, 0)) or softcap > 0 or alibi_slopes is not None or dropout_p > 0:
         return False, "no varlen, sliding window, softcap, ALiBi or dropout"
     if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):

@@ -698,7 +698,7 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     for (d, causal), least in hopper.BWD_AUTO_MIN_SEQLEN.items():
         assert hopper.bwd_policy(torch.empty(1, least, 2, d), causal=causal)[0]
         assert not hopper.bwd_policy(torch.empty(1, least - 1, 2, d), causal=causal)[0]
-    assert "not in hopper.BWD_AUTO_MIN_SEQLEN" in hopper.bwd_policy(torch.empty(1, 9000, 2, 256))[1]
+    assert "not in hopper.BWD_AUTO_MIN_SEQLEN" in hopper.bwd_policy(torch.empty(1, 9000, 2, 96))[1]
     long = torch.empty(1, 16384, 2, 128, dtype=torch.bfloat16)  # wanted, but no sm_90 here
     assert hopper.bwd_plan(long, long, long, *none) == (False, "needs an sm_90 (Hopper) GPU")
     with hopper.prefer_hopper_bwd(False):
@@ -713,7 +713,9 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     assert hopper.bwd_call_supported(q, q, q, *none) == (True, "")
     assert hopper.bwd_call_supported(q.float(), q, q, *none)[1] == "fp16/bf16 only"
     q256 = torch.randn(1, 8, 2, 256, dtype=torch.bfloat16)
-    assert "head dims" in hopper.bwd_call_supported(q256, q256, q256, *none)[1]
+    assert hopper.bwd_call_supported(q256, q256, q256, *none) == (True, "")
+    q96 = torch.randn(1, 8, 2, 96, dtype=torch.bfloat16)
+    assert "head dims" in hopper.bwd_call_supported(q96, q96, q96, *none)[1]
     assert not hopper.bwd_call_supported(q, q, q, False, (4, 0), 0.0, None, 0.0)[0]
     assert not hopper.bwd_call_supported(q, q, q, True, (-1, -1), 0.0, None, 0.0)[0]
 

@@ -542,7 +542,9 @@ def test_plan_tail_split(monkeypatch):
     assert tail(64) == (None, 1, 128, 2)   # 512: the last wave 88 % full: no split
     assert tail(66) == (None, 1, 128, 2)   # 528: exactly 4 waves
     assert tail(100) == (792, 16, 128, 2)  # 800: 6 waves + 8 -> 16 ways
-    assert tail(17)[:2] == (None, 1)       # 136: 1 wave + 4: below TAIL_MIN_WAVES (measured a loss)
+    assert tail(17) == (0, 2, 128, 2)      # 136: 1 wave + 4: every unit split in two, wide tile
+    assert tail(24) == (0, 2, 128, 2)      # 192: 1 wave + 60 (45 %)
+    assert tail(32)[:2] == (None, 1)       # 256: 1 wave + 124 (94 %): no split
     assert decode._tail_split(272, 8, 132, 4) == (264, 4)    # at most one piece per key chunk
     assert decode._tail_split(272, 8, 132, 1) == (272, 1)    # one chunk: nothing to split
     assert tail(68, num_splits=1)[:2] == (None, 1)  # an explicit split count is kept

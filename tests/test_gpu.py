@@ -362,26 +362,26 @@ def test_hopper_backward_through_the_api(variant, d, causal, monkeypatch, poison
         plan = ioattn.explain_dispatch(q, k, k, causal=causal)
         assert "hopper_backward" in plan.backward["kernels"] and plan.backward["gluon_hopper"].startswith("taken")
         _check(2, 700, 900, 4, 2, d, torch.bfloat16, causal=causal)
-        wide = torch.randn(1, 64, 2, 256, device="cuda", dtype=torch.bfloat16)
-        assert "attn_bwd_dkdv_kernel" in ioattn.explain_dispatch(wide, wide, wide).backward["kernels"]
+        other = torch.randn(1, 64, 2, 96, device="cuda", dtype=torch.bfloat16)  # a head dim it does not cover
+        assert "attn_bwd_dkdv_kernel" in ioattn.explain_dispatch(other, other, other).backward["kernels"]
+        wide = torch.randn(1, 64, 2, 256, device="cuda", dtype=torch.bfloat16)  # ws only (column split)
+        assert ("hopper_backward" in ioattn.explain_dispatch(wide, wide, wide).backward["kernels"]) == (variant == "ws")
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("causal", [False, True])
-def test_hopper_backward_d256_through_the_api_once_enabled(causal, monkeypatch, poison_alloc):
-    """Head dim 256 is not in the dispatch's BWD_HEADDIMS (the ws kernel's column-split form has no
-    device measurement yet); with it added here, flash_attn_func's gradients come from that kernel
-    (the plan names the ws variant and its 64-key tiles) and pass the float64 oracle."""
+def test_hopper_backward_d256_through_the_api(causal, poison_alloc):
+    """Head dim 256 is in the dispatch's BWD_HEADDIMS: by default (the policy, no switch),
+    flash_attn_func's gradients come from the ws kernel's column-split form (the plan names the ws
+    variant and its 64-key tiles) and pass the float64 oracle."""
     from ioattn import hopper
-    monkeypatch.setattr(hopper, "BWD_VARIANT", "ws")
-    monkeypatch.setattr(hopper, "BWD_HEADDIMS", (64, 128, 256))
-    with hopper.prefer_hopper_bwd(True):
-        q = torch.randn(2, 700, 4, 256, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(2, 900, 2, 256, device="cuda", dtype=torch.bfloat16)
-        plan = ioattn.explain_dispatch(q, k, k, causal=causal)
-        assert plan.backward["kernels"] == "ioattn.kernels.hopper_backward (Gluon, ws)", plan.backward
-        assert plan.backward["gluon_hopper"].startswith("taken") and plan.backward["tiles"] == (64, 64, 8, 2)
-        _check(2, 700, 900, 4, 2, 256, torch.bfloat16, causal=causal)
+    assert hopper.BWD_VARIANT == "ws" and 256 in hopper.BWD_HEADDIMS
+    q = torch.randn(2, 700, 4, 256, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 900, 2, 256, device="cuda", dtype=torch.bfloat16)
+    plan = ioattn.explain_dispatch(q, k, k, causal=causal)
+    assert plan.backward["kernels"] == "ioattn.kernels.hopper_backward (Gluon, ws)", plan.backward
+    assert plan.backward["gluon_hopper"].startswith("taken") and plan.backward["tiles"] == (64, 64, 8, 2)
+    _check(2, 700, 900, 4, 2, 256, torch.bfloat16, causal=causal)
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
