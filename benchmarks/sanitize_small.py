@@ -3,31 +3,41 @@ the Gluon Hopper forward (every variant) and the portable backward it feeds, the
 backward (both variants), the portable forward, and a split decode step with its merge (normal and
 programmatic dependent launch; contiguous, and paged through TMA).
 
-    compute-sanitizer --tool memcheck  python benchmarks/sanitize_small.py
-    compute-sanitizer --tool racecheck python benchmarks/sanitize_small.py
+    compute-sanitizer --tool memcheck  python benchmarks/sanitize_small.py [--heads 256] [--no-forward]
+
+``--heads``: the head dims of the attention calls (default 64,128,256); ``--no-forward``: only the
+Gluon backward kernels of those head dims and the decode calls (the forward variants skipped).
+The decode calls include the tail split (whole units, then split ones) and the stream-K partition.
 """
+import argparse
+
 import torch
 
 import ioattn
 from ioattn import decode, hopper
 from ioattn.kernels.hopper_backward import BWD_VARIANT_HEADDIMS, hopper_backward
 
+ap = argparse.ArgumentParser()
+ap.add_argument("--heads", default="64,128,256")
+ap.add_argument("--no-forward", action="store_true")
+args = ap.parse_args()
 torch.manual_seed(0)
 dev, dt = "cuda", torch.bfloat16
 b, sq, sk, h, hkv = 2, 300, 340, 3, 1
-for d in (64, 128, 256):
+for d in map(int, args.heads.split(",")):
     q = torch.randn(b, sq, h, d, device=dev, dtype=dt, requires_grad=True)
     k = torch.randn(b, sk, hkv, d, device=dev, dtype=dt, requires_grad=True)
     v = torch.randn(b, sk, hkv, d, device=dev, dtype=dt, requires_grad=True)
     for name in hopper.VARIANTS:
-        if d not in hopper.TILE_TABLE[name]:
+        if d not in hopper.TILE_TABLE[name] or args.no_forward:
             continue
         for causal in (False, True):
             with hopper.variant(name), hopper.prefer_hopper(True):
                 out = ioattn.flash_attn_func(q, k, v, causal=causal)
                 torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
-    with hopper.prefer_hopper(False):
-        ioattn.flash_attn_func(q, k, v, causal=True)
+    if not args.no_forward:
+        with hopper.prefer_hopper(False):
+            ioattn.flash_attn_func(q, k, v, causal=True)
     for causal in (False, True):  # the Gluon backward at each variant's head dims (ws at 256: column split)
         with hopper.prefer_hopper(True), torch.no_grad():
             out, lse = ioattn.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)[:2]
@@ -47,5 +57,15 @@ pages = kc.view(32, 256, 8, 128)
 table = torch.randperm(32, device=dev).view(2, 16).to(torch.int32)
 with decode.decode_config(num_splits=20):
     ioattn.flash_attn_with_kvcache(q1, pages, vc.view(32, 256, 8, 128), cache_seqlens=lens, block_table=table)
+# a launch without splits whose last batch element is split (tail split), and the stream-K partition
+q3 = torch.randn(3, 1, 32, 128, device=dev, dtype=dt)
+kc3 = torch.randn(3, 1000, 8, 128, device=dev, dtype=dt)
+lens3 = torch.tensor([1000, 17, 999], device=dev, dtype=torch.int32)
+with decode.decode_config(num_whole=16, num_splits=5):
+    ioattn.flash_attn_with_kvcache(q3, kc3, kc3, cache_seqlens=lens3)
+for programs in (5, 40):
+    with decode.decode_config(stream_k=programs):
+        ioattn.flash_attn_with_kvcache(q3, kc3, kc3, cache_seqlens=lens3)
+        ioattn.flash_attn_with_kvcache(q1, pages, vc.view(32, 256, 8, 128), cache_seqlens=lens, block_table=table)
 torch.cuda.synchronize()
 print("sanitize_small: done")
