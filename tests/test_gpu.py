@@ -189,13 +189,14 @@ def test_decode_long_cache(use_tma, paged, splits, pdl):
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 def test_decode_paged_load_path_policy():
-    """The plan's load path and tiles: a paged cache through TMA (128-key chunks, 2 stages) without
-    splits and with many splits (decode._PAGED_TMA_MIN_SPLITS), through pointers with the split
+    """The plan's load path and tiles: a paged cache through TMA (128-key chunks, 2 stages; 64-key
+    chunks where a split holds one 128-key chunk) without splits and with many splits
+    (decode._PAGED_TMA_MIN_SPLITS), through pointers with the split
     tiles (64 keys, 3 stages) between; a contiguous cache through pointers, split tiles when split,
     at least decode.MIN_KEYS_PER_SPLIT keys per split."""
     from ioattn import decode
     for batch, kvlen, tma, tiles in ((1, 16384, True, (128, 2)), (8, 8192, False, (64, 3)),
-                                     (64, 4096, True, (128, 2)), (1, 4096, True, (128, 2))):
+                                     (64, 4096, True, (128, 2)), (1, 4096, True, (64, 2))):
         kw, rnd = _decode_setup(batch, kvlen, paged=True)
         q = rnd(batch, 1, 32, 128)
         cfg = decode.plan(q, kw["k_cache"], kw["v_cache"], True, kvlen)

@@ -147,7 +147,7 @@ def decode_split_kernel(
         total = num_units.to(tl.int64) * sk_chunks
         x0 = pid.to(tl.int64) * total // num_programs
         x1 = (pid.to(tl.int64) + 1) * total // num_programs
-        for u in range(x0 // sk_chunks, tl.cdiv(x1, sk_chunks)):
+        for u in range((x0 // sk_chunks).to(tl.int32), tl.cdiv(x1, sk_chunks).to(tl.int32)):
             first = u * sk_chunks
             j_lo = tl.maximum(x0 - first, 0)
             j_hi = tl.minimum(x1 - first, sk_chunks)
