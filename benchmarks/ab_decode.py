@@ -8,12 +8,12 @@ results/session-2026-12-01-i (batch 1 x 16k / 128k, 8 x 8192, 64 x 4096): split 
 ``--cases waves``: batches 60-68 x 4096 (is batch 64's gap the last wave's tail?). ``--cases paged1``:
 paged batch 1 x 4096, pointer loads against TMA, 16 or 32 splits. ``--cases lookup``: the paged block-table
 read modes. ``--cases tail``: the tail split on and off, batches 17-100 x 4096. ``--cases near``: batches 17-24 x
-4096 (just over one wave of units), uniform split counts. ``--cases streamk``: the stream-K partition
-at 132 / 264 / 396 programs against the default plan.
+4096 (just over one wave of units), uniform split counts. (``--cases streamk`` measured a stream-K
+partition, removed after it lost everywhere: results/session-2026-12-01-v, NOTES §41.)
 ``--rounds R`` times every entry R times, interleaved (the spread of one entry between rounds is
 the noise the choice has to beat).
 
-    python benchmarks/ab_decode.py --out DIR [--cases first|...|streamk] [--rounds R]
+    python benchmarks/ab_decode.py --out DIR [--cases first|rest|wide|waves|paged1|lookup|tail|near] [--rounds R]
 
 Writes DIR/ab_decode.jsonl (one record per case, layout, config, mode) and prints a table. The
 tune script (`tune_decode.py --focus`) times one L2-resident input set; this one does not.
@@ -88,13 +88,8 @@ TAIL = [(b, 4096, False, False, [{}, dict(tail_split=False)]) for b in (17, 34, 
 _WIDE = dict(block_n=128, num_stages=2)
 NEAR = [(b, 4096, False, False, [{}, dict(num_splits=2), dict(num_splits=3), dict(num_splits=2, **_WIDE),
                                  dict(num_splits=3, **_WIDE), dict(num_splits=4, **_WIDE)]) for b in (17, 20, 24)]
-# the stream-K partition (132 / 264 / 396 programs on the H200's 132 SMs) against the default plan
-# (tail / wave splits), where the units fill the SMs, and at two split-regime cases
-_SK = [{}, dict(stream_k=132), dict(stream_k=264), dict(stream_k=396)]
-STREAMK = ([(b, 4096, False, False, _SK) for b in (17, 24, 34, 64, 68, 100)]
-           + [(32, 32768, False, False, _SK), (8, 8192, False, False, _SK), (64, 4096, True, False, _SK[:3])])
 CASE_SETS = {"first": CASES, "rest": REST, "wide": WIDE, "waves": WAVES, "paged1": PAGED1, "lookup": LOOKUP,
-             "tail": TAIL, "near": NEAR, "streamk": STREAMK}
+             "tail": TAIL, "near": NEAR}
 
 
 def eager(q, kc, vc, lens, cfg, table=None):

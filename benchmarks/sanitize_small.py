@@ -7,7 +7,7 @@ programmatic dependent launch; contiguous, and paged through TMA).
 
 ``--heads``: the head dims of the attention calls (default 64,128,256); ``--no-forward``: only the
 Gluon backward kernels of those head dims and the decode calls (the forward variants skipped).
-The decode calls include the tail split (whole units, then split ones) and the stream-K partition.
+The decode calls include the tail split (whole units, then split ones).
 """
 import argparse
 
@@ -57,15 +57,11 @@ pages = kc.view(32, 256, 8, 128)
 table = torch.randperm(32, device=dev).view(2, 16).to(torch.int32)
 with decode.decode_config(num_splits=20):
     ioattn.flash_attn_with_kvcache(q1, pages, vc.view(32, 256, 8, 128), cache_seqlens=lens, block_table=table)
-# a launch without splits whose last batch element is split (tail split), and the stream-K partition
+# a launch without splits whose last batch element is split (tail split)
 q3 = torch.randn(3, 1, 32, 128, device=dev, dtype=dt)
 kc3 = torch.randn(3, 1000, 8, 128, device=dev, dtype=dt)
 lens3 = torch.tensor([1000, 17, 999], device=dev, dtype=torch.int32)
 with decode.decode_config(num_whole=16, num_splits=5):
     ioattn.flash_attn_with_kvcache(q3, kc3, kc3, cache_seqlens=lens3)
-for programs in (5, 40):
-    with decode.decode_config(stream_k=programs):
-        ioattn.flash_attn_with_kvcache(q3, kc3, kc3, cache_seqlens=lens3)
-        ioattn.flash_attn_with_kvcache(q1, pages, vc.view(32, 256, 8, 128), cache_seqlens=lens, block_table=table)
 torch.cuda.synchronize()
 print("sanitize_small: done")

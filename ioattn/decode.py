@@ -66,9 +66,6 @@ MIN_KEYS_PER_SPLIT = 256
 # The tail split (``_tail_split``) needs this many whole waves before the tail: measured a gain from
 # 2 waves on and a loss with 1 (results/session-2026-12-01-s), where splitting every unit in two wins
 TAIL_MIN_WAVES = 2
-# Launches without splits (the units fill the SMs) as a stream-K partition instead: this many programs
-# per SM share every unit's key chunks evenly (units cut between programs are merged); 0 = off
-STREAM_K_PER_SM = 0
 MAX_SPLITS = 256
 _BLOCK_N_CUDA = 128
 _BLOCK_N_SPLIT = 64  # split launches with pointer loads (above)
@@ -117,18 +114,16 @@ class DecodePlan:
     # units (sequence, KV head, row block) taken whole before the split ones; None: all whole when
     # num_splits == 1, else none (see _tail_split)
     num_whole: int | None = None
-    stream_k: int = 0  # > 0: that many programs share the units' key chunks evenly (stream-K)
 
 
 @contextlib.contextmanager
 def decode_config(**fields):
     """Force fields of the ``DecodePlan`` (block_n, num_splits, use_tma, num_warps, num_stages, pdl,
-    num_whole, stream_k) for the calls inside: tuning sweeps and tests (``pdl`` is still only
-    used where it can run; ``num_whole`` is rounded down to whole batch elements,
-    ``tail_split=False`` turns the tail split off, ``stream_k`` is a program count and applies to
-    launches of one row block per unit)."""
+    num_whole) for the calls inside: tuning sweeps and tests (``pdl`` is still only
+    used where it can run; ``num_whole`` is rounded down to whole batch elements, and
+    ``tail_split=False`` turns the tail split off)."""
     unknown = set(fields) - {"block_n", "num_splits", "use_tma", "num_warps", "num_stages", "pdl", "num_whole",
-                             "tail_split", "stream_k"}
+                             "tail_split"}
     if unknown:
         raise ValueError(f"decode_config: unknown fields {sorted(unknown)}")
     previous = dict(_plan_override)
@@ -411,16 +406,9 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
                                                                            min_keys=min_keys)
     per_batch = programs // batch
     num_whole = None
-    stream_k = 0
-    sk_wanted = _plan_override.get("stream_k", 0)
-    if (not sk_wanted and heuristic and num_splits == 1 and q.is_cuda and STREAM_K_PER_SM
-            and "num_whole" not in _plan_override and _plan_override.get("tail_split", True)):
-        sk_wanted = STREAM_K_PER_SM * _num_sms(q.device)
-    if sk_wanted and programs == batch * nheads_kv and span > 0:  # one row block a unit
-        stream_k = min(sk_wanted, programs * dispatch.cdiv(span, _BLOCK_N_CUDA if split_tiles else block_n))
-    elif "num_whole" in _plan_override:  # forced (tests, sweeps): whole batch elements
+    if "num_whole" in _plan_override:  # forced (tests, sweeps): whole batch elements
         num_whole = min(programs, _plan_override["num_whole"] // per_batch * per_batch)
-    elif heuristic and num_splits == 1 and q.is_cuda and _plan_override.get("tail_split", True) and not stream_k:
+    elif heuristic and num_splits == 1 and q.is_cuda and _plan_override.get("tail_split", True):
         whole, k = _tail_split(programs, per_batch, _num_sms(q.device), dispatch.cdiv(span, _BLOCK_N_CUDA))
         if k > 1:
             num_whole, num_splits = whole, k
@@ -430,7 +418,7 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     use_tma = _plan_override.get("use_tma", tma_default) and _tma_ok(k_cache, v_cache, d)
     # the wide tile without splits (measured 247 vs 282 us at 64 x 4096) and on paged caches read
     # through TMA (their measured best, NOTES §29)
-    if split_tiles and (num_splits == 1 or num_whole is not None or stream_k or (paged and use_tma)):
+    if split_tiles and (num_splits == 1 or num_whole is not None or (paged and use_tma)):
         block_n, stages = _BLOCK_N_CUDA, _NUM_STAGES
         if paged and use_tma and num_splits > 1 and dispatch.cdiv(span, num_splits) <= _BLOCK_N_CUDA:
             # a split of one 128-key chunk has no ring to pipeline: two 64-key chunks (batch 1 x 4096,
@@ -442,9 +430,9 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
             block_n //= 2
     env = os.environ.get("IOATTN_DECODE_PDL", "").strip()
     pdl_wanted = _plan_override.get("pdl", env == "1" if env else _PDL_DEFAULT)
-    pdl = bool(pdl_wanted) and (num_splits > 1 or stream_k > 0) and _pdl_ok(q.device)
+    pdl = bool(pdl_wanted) and num_splits > 1 and _pdl_ok(q.device)
     return DecodePlan(block_m, block_n, num_splits, use_tma, _plan_override.get("num_warps", _NUM_WARPS),
-                      _plan_override.get("num_stages", stages), pdl, num_whole, stream_k)
+                      _plan_override.get("num_stages", stages), pdl, num_whole)
 
 
 def _pdl_ok(device) -> bool:
@@ -491,21 +479,14 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
 
     # units (sequence, KV head, row block) taken whole write out / lse; the rest, a batch suffix from
     # b0, are split and merged
-    # stream-K: cfg.stream_k programs share the units' chunks of the plan's span evenly; a unit cut
-    # between programs spans at most cdiv(chunks, the least chunks a program holds) + 1 of them
-    sk_chunks = dispatch.cdiv(min(span, capacity) if cfg.stream_k else capacity, cfg.block_n)
-    sk_total = programs * sk_chunks
-    sk_programs = min(cfg.stream_k, sk_total)  # every program holds at least one chunk
     num_whole = (programs if cfg.num_splits == 1 else 0) if cfg.num_whole is None else cfg.num_whole
-    b0 = 0 if sk_programs else num_whole // (nheads_kv * num_m_blocks)
-    split = cfg.num_splits > 1 and b0 < batch and not sk_programs
-    pieces = dispatch.cdiv(sk_chunks, sk_total // sk_programs) + 1 if sk_programs else cfg.num_splits
-    grid = sk_programs if sk_programs else num_whole + (programs - num_whole) * cfg.num_splits
+    b0 = num_whole // (nheads_kv * num_m_blocks)
+    split = cfg.num_splits > 1 and b0 < batch
     out = torch.empty(batch, seqlen_q, nheads, d, device=q.device, dtype=q.dtype)
     lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
-    if split or sk_programs:
-        opart = torch.empty(pieces, batch - b0, seqlen_q, nheads, d, device=q.device, dtype=torch.float32)
-        lpart = torch.empty(pieces, batch - b0, seqlen_q, nheads, device=q.device, dtype=torch.float32)
+    if split:
+        opart = torch.empty(cfg.num_splits, batch - b0, seqlen_q, nheads, d, device=q.device, dtype=torch.float32)
+        lpart = torch.empty(cfg.num_splits, batch - b0, seqlen_q, nheads, device=q.device, dtype=torch.float32)
     else:  # never written
         opart, lpart = out.new_empty(1, 1, 1, 1, 1, dtype=torch.float32), lse.new_empty(1, 1, 1, 1)
     has_seqlens = isinstance(cache_seqlens, torch.Tensor)
@@ -521,7 +502,7 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
                           for t in (k_cache, v_cache))
     below, above = PHI_RANGE[q.dtype]
     dummy = lpart  # any tensor stands in for the absent index tensors (never read)
-    decode_split_kernel[(grid,)](
+    decode_split_kernel[(num_whole + (programs - num_whole) * cfg.num_splits,)](
         q, k_cache, v_cache, out, lse, opart, lpart, cache_seqlens.contiguous() if has_seqlens else dummy,
         cache_leftpad.contiguous() if cache_leftpad is not None else dummy,
         block_table.contiguous() if paged else dummy,
@@ -532,19 +513,16 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_table.shape[1] if paged else 0, stride_ab,
         *opart.stride()[:4], *lpart.stride(), seqlen_base, seqlen_new, nheads_kv, group, seqlen_q, num_m_blocks,
-        cfg.num_splits, num_whole, b0, capacity, k_cache.shape[0], programs, sk_programs, sk_chunks,
+        cfg.num_splits, num_whole, b0, capacity, k_cache.shape[0],
         qk_scale, float(softcap), window[0], window[1], 0.0 if unified_max is None else unified_max * LOG2E,
         HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         PAGE_SIZE=max(page_size, 1), PAGED=paged, HAS_BATCH_IDX=cache_batch_idx is not None,
         HAS_LEFTPAD=cache_leftpad is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi,
         USE_TMA=cfg.use_tma, UNIFIED=unified_max is not None, PHI_BELOW=below, PHI_ABOVE=above,
-        HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl and (split or sk_programs > 0), STREAM_K=sk_programs > 0,
+        HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl and split,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if sk_programs:
-        _merge_triton(opart, lpart, lse_bhm=True, pdl=cfg.pdl, out=out, lse=lse,
-                      stream_k=(sk_total, sk_programs, sk_chunks, group))
-    elif split:
+    if split:
         _merge_triton(opart, lpart, lse_bhm=True, pdl=cfg.pdl, out=out[b0:], lse=lse[b0:])
     return out, lse
 

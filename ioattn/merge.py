@@ -54,14 +54,12 @@ def _stack(name, xs):
     return torch.stack(list(xs))
 
 
-def _merge_triton(outs, lses, out_dtype=None, lse_bhm=False, pdl=False, out=None, lse=None, stream_k=None):
+def _merge_triton(outs, lses, out_dtype=None, lse_bhm=False, pdl=False, out=None, lse=None):
     """``out_dtype``: the merged output's dtype (default: that of outs). ``lse_bhm``: outs are
     (S, batch, seqlen_q, nheads, d) and the lse is returned as (batch, nheads, seqlen_q) (decode).
     ``pdl``: launched with programmatic dependent launch right after the kernel that wrote outs and
     lses, which must have been launched with its USE_PDL (the decode split kernel). ``out`` /
-    ``lse``: contiguous destinations of the merged shapes (else new tensors). ``stream_k``: (total
-    chunks, programs, chunks a unit, group) of the decode kernel's stream-K partition: rows of units
-    held by one program are left as the decode kernel wrote them (``merge_states_kernel``)."""
+    ``lse``: contiguous destinations of the merged shapes (else new tensors)."""
     from ioattn.kernels.combine import merge_states_kernel
 
     splits, lead, d = outs.shape[0], outs.shape[1:-1], outs.shape[-1]
@@ -79,12 +77,10 @@ def _merge_triton(outs, lses, out_dtype=None, lse_bhm=False, pdl=False, out=None
     if n_rows:
         block_s = max(2, 1 << (splits - 1).bit_length())
         # the outputs are read at most 64 splits per load: 64 x 256 fp32 is 128 registers a thread at 4 warps
-        sk = stream_k or (0, 0, 0, 1)
         merge_states_kernel[(n_rows,)](
-            o, lse_in, out, lse, n_rows, splits, o.stride(0), o.stride(1), lse_in.stride(0), nheads, seqlen_q, *sk,
+            o, lse_in, out, lse, n_rows, splits, o.stride(0), o.stride(1), lse_in.stride(0), nheads, seqlen_q,
             HEAD_DIM=d, BLOCK_D=dispatch.block_d(d), BLOCK_S=block_s, CHUNK_S=min(block_s, 64),
-            LSE_BHM=lse_bhm, STREAM_K=stream_k is not None, num_warps=4,
-            **({"USE_PDL": True, "launch_pdl": True} if pdl else {}))
+            LSE_BHM=lse_bhm, num_warps=4, **({"USE_PDL": True, "launch_pdl": True} if pdl else {}))
     if lse_bhm:
         return out.reshape(*lead, d), lse.reshape(lead[0], nheads, seqlen_q)
     return out.reshape(*lead, d), lse.reshape(lead)

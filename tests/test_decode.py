@@ -316,24 +316,17 @@ for dt, paged, feat, block_m, d, tma, uni in (("bf16", False, False, 16, 128, Fa
 c.update(USE_PDL=True)
 _, _, k = compile_one(fn, c, decode._NUM_WARPS, decode._NUM_STAGES, dtype="fp16")
 assert "griddepcontrol.launch_dependents" in k.asm["ptx"]
-# the stream-K partition (a loop over units around the chunk loop)
-# (num_m_blocks is 1 in every stream-K launch, so the JIT specialises it to a constant: compiled
-# that way, as the device compiles it)
-c.update(STREAM_K=True, num_m_blocks=1)
-_, shared, k = compile_one(fn, c, decode._NUM_WARPS, decode._NUM_STAGES, dtype="bf16")
-print("stream-K shared", shared)
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from ioattn.kernels.combine import merge_states_kernel as mfn
 sig = {n: "i32" for n in mfn.arg_names}
 sig.update(Outs="*fp32", Lses="*fp32", Out="*bf16", Lse="*fp32")
-for sk in (False, True):
-    mc = dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_S=32, CHUNK_S=32, LSE_BHM=True, USE_PDL=True, STREAM_K=sk)
-    sig.update({n: "constexpr" for n in mc})
-    k = triton.compile(ASTSource(mfn, sig, mc), target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=4, launch_pdl=True))
-    assert "griddepcontrol.wait" in k.asm["ptx"] and k.metadata.launch_pdl
+mc = dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_S=32, CHUNK_S=32, LSE_BHM=True, USE_PDL=True)
+sig.update({n: "constexpr" for n in mc})
+k = triton.compile(ASTSource(mfn, sig, mc), target=GPUTarget("cuda", 90, 32),
+                   options=dict(num_warps=4, launch_pdl=True))
+assert "griddepcontrol.wait" in k.asm["ptx"] and k.metadata.launch_pdl
 print("decode kernel compiled for sm_90")
 """
 
@@ -560,20 +553,3 @@ def test_plan_tail_split(monkeypatch):
     with decode_config(num_whole=20, num_splits=3):  # forced: rounded down to whole elements
         assert tail(68)[:2] == (16, 3)
 
-
-@pytest.mark.parametrize("paged", [False, True])
-@pytest.mark.parametrize("programs", [1, 4, 7, 13, 1000])
-def test_stream_k(paged, programs):
-    """The stream-K partition: ``programs`` programs share the units' key chunks evenly, so units
-    are cut between programs anywhere (and one program holds several): whole units written by the
-    decode kernel, cut ones merged by their piece count (1 program: every unit whole; 1000: capped
-    at the chunk count, one chunk each)."""
-    with decode_config(stream_k=programs):
-        _check(_make_case(paged=paged, seqlen_q=1, group=2, batch=4), "triton")
-
-
-def test_stream_k_masks():
-    """Stream-K with a causal append of a few tokens, a window and softcap (one row block a unit)."""
-    kw = _make_case(seqlen_q=3, seqlen_new=3, group=4, causal=True, window=(20, 0), softcap=5.0, capacity=128)
-    with decode_config(stream_k=5):
-        _check(kw, "triton")

@@ -17,27 +17,13 @@ except ImportError:  # a Triton without grid dependency control: the host never 
 
 @triton.jit
 def merge_states_kernel(Outs, Lses, Out, Lse, n_rows, n_splits, stride_os, stride_or, stride_ls, nheads, seqlen_q,
-                        sk_total=0, sk_programs=0, sk_chunks=0, group=1,
-                        HEAD_DIM: tl.constexpr = 128, BLOCK_D: tl.constexpr = 128, BLOCK_S: tl.constexpr = 2,
-                        CHUNK_S: tl.constexpr = 2, LSE_BHM: tl.constexpr = False, USE_PDL: tl.constexpr = False,
-                        STREAM_K: tl.constexpr = False):
+                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+                        CHUNK_S: tl.constexpr, LSE_BHM: tl.constexpr, USE_PDL: tl.constexpr = False):
     """Rows are the flattened leading dims of the outputs; ``BLOCK_S`` >= n_splits, the outputs are
     read ``CHUNK_S`` splits at a time. ``LSE_BHM``: the rows are (batch, seqlen_q, nheads) and the
-    merged lse goes out in flash-attn's (batch, nheads, seqlen_q) layout (the decode path).
-    ``STREAM_K`` (decode, one row block per unit): a row's unit (batch element, KV head) was cut into
-    as many pieces as programs of the decode kernel's stream-K partition held its chunks (``sk_total``
-    chunks over ``sk_programs`` programs, ``sk_chunks`` a unit): one piece means the decode kernel
-    wrote this row's result itself, and the row is left alone."""
+    merged lse goes out in flash-attn's (batch, nheads, seqlen_q) layout (the decode path)."""
     row = tl.program_id(0).to(tl.int64)
     splits = tl.arange(0, BLOCK_S)
-    live = row >= 0  # a true scalar: every row is merged, except whole stream-K units
-    if STREAM_K:
-        unit = (row // (seqlen_q * nheads)) * (nheads // group) + (row % nheads) // group
-        first = unit * sk_chunks
-        p_first = ((first + 1) * sk_programs - 1) // sk_total
-        p_last = ((first + sk_chunks) * sk_programs - 1) // sk_total
-        live = p_last > p_first
-        n_splits = tl.where(live, p_last - p_first + 1, 0)  # nothing to load for a whole unit
     if USE_PDL:
         gdc_wait()  # the split kernel's partial outputs are complete and visible past this point
     lse = tl.load(Lses + splits.to(tl.int64) * stride_ls + row, mask=splits < n_splits, other=float("-inf"))
@@ -59,11 +45,11 @@ def merge_states_kernel(Outs, Lses, Out, Lse, n_rows, n_splits, stride_os, strid
         o = tl.load(Outs + s[:, None].to(tl.int64) * stride_os + row * stride_or + offs_d[None, :],
                     mask=s_ok[:, None] & d_ok[None, :], other=0.0)
         acc += tl.sum(w[:, None] * o.to(tl.float32), 0)
-    tl.store(Out + row * HEAD_DIM + offs_d, acc.to(Out.dtype.element_ty), mask=d_ok & live)
+    tl.store(Out + row * HEAD_DIM + offs_d, acc.to(Out.dtype.element_ty), mask=d_ok)
     if LSE_BHM:
         h = row % nheads
         bm = row // nheads
         lse_idx = (bm // seqlen_q) * nheads * seqlen_q + h * seqlen_q + bm % seqlen_q
     else:
         lse_idx = row
-    tl.store(Lse + lse_idx, merged_lse, mask=live)
+    tl.store(Lse + lse_idx, merged_lse)

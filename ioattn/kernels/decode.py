@@ -123,13 +123,12 @@ def decode_split_kernel(
     stride_os, stride_ob, stride_om, stride_oh,
     stride_ls, stride_lb, stride_lm, stride_lh,
     seqlen_base, seqlen_new, nheads_kv, group, seqlen_q, num_m_blocks, num_splits, num_whole, part_b0, capacity,
-    num_rows, num_units, num_programs, sk_chunks,
+    num_rows,
     qk_scale, softcap, window_left, window_right, phi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, USE_TMA: tl.constexpr, UNIFIED: tl.constexpr,
     PHI_BELOW: tl.constexpr, PHI_ABOVE: tl.constexpr, HAS_SEQLENS: tl.constexpr, USE_PDL: tl.constexpr = False,
-    STREAM_K: tl.constexpr = False,
 ):
     """``num_rows``: pages in the pool (paged) or rows of the contiguous cache. Sequence b ends at
     ``SeqLens[b] + seqlen_new`` (``seqlen_base + seqlen_new`` without ``HAS_SEQLENS``).
@@ -140,59 +139,13 @@ def decode_split_kernel(
     if USE_PDL:
         gdc_launch_dependents()  # a hint: the merge grid may launch once every program got here
     pid = tl.program_id(0)
-    if STREAM_K:
-        # chunks [x0, x1) of the launch's units * sk_chunks, unit-major: whole units write the final
-        # output, a unit shared with neighbours writes the partial of its piece (pid - the first
-        # program that holds the unit's chunk 0)
-        total = num_units.to(tl.int64) * sk_chunks
-        x0 = pid.to(tl.int64) * total // num_programs
-        x1 = (pid.to(tl.int64) + 1) * total // num_programs
-        for u in range((x0 // sk_chunks).to(tl.int32), tl.cdiv(x1, sk_chunks).to(tl.int32)):
-            first = u * sk_chunks
-            j_lo = tl.maximum(x0 - first, 0)
-            j_hi = tl.minimum(x1 - first, sk_chunks)
-            piece = pid - ((first + 1) * num_programs - 1) // total
-            whole = (j_lo == 0) & (j_hi == sk_chunks)
-            _unit(u, 0, 1, j_lo.to(tl.int32), j_hi.to(tl.int32), whole, piece.to(tl.int32),
-                  Q, K, V, Out, Lse, Opart, Lpart, SeqLens, Leftpad, BlockTable, CacheBatchIdx, alibi_slopes,
-                  k_desc, v_desc, stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb,
-                  stride_vn, stride_vh, stride_btb, stride_ab, stride_os, stride_ob, stride_om, stride_oh,
-                  stride_ls, stride_lb, stride_lm, stride_lh, seqlen_base, seqlen_new, nheads_kv, group, seqlen_q,
-                  num_m_blocks, part_b0, capacity, num_rows, qk_scale, softcap, window_left, window_right, phi,
-                  HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX, HAS_LEFTPAD, HAS_SOFTCAP,
-                  HAS_ALIBI, USE_TMA, UNIFIED, PHI_BELOW, PHI_ABOVE, HAS_SEQLENS)
-    else:
-        tail = pid >= num_whole
-        r = tl.maximum(pid - num_whole, 0)
-        split = tl.where(tail, r % num_splits, 0)
-        nsplit = tl.where(tail, num_splits, 1)
-        unit = tl.where(tail, num_whole + r // num_splits, pid)
-        _unit(unit, split, nsplit, 0, sk_chunks, nsplit == 1, split,
-              Q, K, V, Out, Lse, Opart, Lpart, SeqLens, Leftpad, BlockTable, CacheBatchIdx, alibi_slopes,
-              k_desc, v_desc, stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb,
-              stride_vn, stride_vh, stride_btb, stride_ab, stride_os, stride_ob, stride_om, stride_oh,
-              stride_ls, stride_lb, stride_lm, stride_lh, seqlen_base, seqlen_new, nheads_kv, group, seqlen_q,
-              num_m_blocks, part_b0, capacity, num_rows, qk_scale, softcap, window_left, window_right, phi,
-              HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX, HAS_LEFTPAD, HAS_SOFTCAP,
-              HAS_ALIBI, USE_TMA, UNIFIED, PHI_BELOW, PHI_ABOVE, HAS_SEQLENS)
-
-
-@triton.jit
-def _unit(unit, split, nsplit, j_lo, j_hi, final, piece,
-          Q, K, V, Out, Lse, Opart, Lpart, SeqLens, Leftpad, BlockTable, CacheBatchIdx, alibi_slopes,
-          k_desc, v_desc, stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb,
-          stride_vn, stride_vh, stride_btb, stride_ab, stride_os, stride_ob, stride_om, stride_oh,
-          stride_ls, stride_lb, stride_lm, stride_lh, seqlen_base, seqlen_new, nheads_kv, group, seqlen_q,
-          num_m_blocks, part_b0, capacity, num_rows, qk_scale, softcap, window_left, window_right, phi,
-          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-          PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
-          HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, USE_TMA: tl.constexpr, UNIFIED: tl.constexpr,
-          PHI_BELOW: tl.constexpr, PHI_ABOVE: tl.constexpr, HAS_SEQLENS: tl.constexpr):
-    """One unit (sequence, KV head, row block): split ``split`` of ``nsplit`` of its key chunks,
-    within the absolute chunks [j_lo, j_hi); ``final``: write the output and lse, else the partial
-    of ``piece``."""
-    m_block = unit % num_m_blocks
-    rest = unit // num_m_blocks
+    tail = pid >= num_whole
+    r = tl.maximum(pid - num_whole, 0)
+    split = tl.where(tail, r % num_splits, 0)
+    nsplit = tl.where(tail, num_splits, 1)
+    rest = tl.where(tail, num_whole + r // num_splits, pid)
+    m_block = rest % num_m_blocks
+    rest = rest // num_m_blocks
     h_kv = rest % nheads_kv
     b = rest // nheads_kv
     b64 = b.to(tl.int64)
@@ -236,8 +189,7 @@ def _unit(unit, split, nsplit, j_lo, j_hi, final, piece,
     c_hi = tl.maximum(tl.cdiv(hi, BLOCK_N), c_lo)
     per_split = tl.cdiv(c_hi - c_lo, nsplit)
     c_start = c_lo + split * per_split
-    c_end = tl.minimum(tl.minimum(c_start + per_split, c_hi), j_hi)
-    c_start = tl.maximum(c_start, j_lo)
+    c_end = tl.minimum(c_start + per_split, c_hi)
 
     cache_row = b64
     if HAS_BATCH_IDX:
@@ -271,14 +223,14 @@ def _unit(unit, split, nsplit, j_lo, j_hi, final, piece,
     out, lse = softmax_finish(acc, m_i, l_i, 1.0)
     tok64 = tok.to(tl.int64)
     hq64 = hq.to(tl.int64)
-    if final:  # the final output and lse
+    if nsplit == 1:  # the final output and lse
         nheads = nheads_kv * group
         rows_out = (b64 * seqlen_q + tok64) * nheads + hq64
         tl.store(Out + rows_out[:, None] * HEAD_DIM + offs_d[None, :], out.to(Out.dtype.element_ty),
                  mask=row_ok[:, None] & d_ok[None, :])
         tl.store(Lse + (b64 * nheads + hq64) * seqlen_q + tok64, lse, mask=row_ok)
     else:
-        split64 = piece.to(tl.int64)
+        split64 = split.to(tl.int64)
         bp64 = b64 - part_b0
         o_ptrs = (Opart + split64 * stride_os + bp64 * stride_ob + tok64[:, None] * stride_om
                   + hq64[:, None] * stride_oh + offs_d[None, :])
