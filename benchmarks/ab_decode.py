@@ -88,8 +88,12 @@ TAIL = [(b, 4096, False, False, [{}, dict(tail_split=False)]) for b in (17, 34, 
 _WIDE = dict(block_n=128, num_stages=2)
 NEAR = [(b, 4096, False, False, [{}, dict(num_splits=2), dict(num_splits=3), dict(num_splits=2, **_WIDE),
                                  dict(num_splits=3, **_WIDE), dict(num_splits=4, **_WIDE)]) for b in (17, 20, 24)]
+# the wide tile without splits compiles to 186 registers (2 programs per SM) where its split
+# launches take 168 (3 per SM; benchmarks/decode_occupancy.py, results/session-2026-12-01-x): capped
+REGS = [(b, kv, False, False, [{}, dict(max_regs=168), dict(max_regs=160)])
+        for b, kv in ((64, 4096), (32, 32768), (48, 4096), (17, 4096), (68, 4096), (100, 4096))]
 CASE_SETS = {"first": CASES, "rest": REST, "wide": WIDE, "waves": WAVES, "paged1": PAGED1, "lookup": LOOKUP,
-             "tail": TAIL, "near": NEAR}
+             "tail": TAIL, "near": NEAR, "regs": REGS}
 
 
 def eager(q, kc, vc, lens, cfg, table=None):

@@ -114,16 +114,17 @@ class DecodePlan:
     # units (sequence, KV head, row block) taken whole before the split ones; None: all whole when
     # num_splits == 1, else none (see _tail_split)
     num_whole: int | None = None
+    max_regs: int | None = None  # a register cap for the launch (Triton's maxnreg), None: the compiler's choice
 
 
 @contextlib.contextmanager
 def decode_config(**fields):
     """Force fields of the ``DecodePlan`` (block_n, num_splits, use_tma, num_warps, num_stages, pdl,
-    num_whole) for the calls inside: tuning sweeps and tests (``pdl`` is still only
+    num_whole, max_regs) for the calls inside: tuning sweeps and tests (``pdl`` is still only
     used where it can run; ``num_whole`` is rounded down to whole batch elements, and
     ``tail_split=False`` turns the tail split off)."""
     unknown = set(fields) - {"block_n", "num_splits", "use_tma", "num_warps", "num_stages", "pdl", "num_whole",
-                             "tail_split"}
+                             "tail_split", "max_regs"}
     if unknown:
         raise ValueError(f"decode_config: unknown fields {sorted(unknown)}")
     previous = dict(_plan_override)
@@ -432,7 +433,7 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     pdl_wanted = _plan_override.get("pdl", env == "1" if env else _PDL_DEFAULT)
     pdl = bool(pdl_wanted) and num_splits > 1 and _pdl_ok(q.device)
     return DecodePlan(block_m, block_n, num_splits, use_tma, _plan_override.get("num_warps", _NUM_WARPS),
-                      _plan_override.get("num_stages", stages), pdl, num_whole)
+                      _plan_override.get("num_stages", stages), pdl, num_whole, _plan_override.get("max_regs"))
 
 
 def _pdl_ok(device) -> bool:
@@ -520,7 +521,7 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
         HAS_LEFTPAD=cache_leftpad is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi,
         USE_TMA=cfg.use_tma, UNIFIED=unified_max is not None, PHI_BELOW=below, PHI_ABOVE=above,
         HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl and split,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.max_regs} if cfg.max_regs else {}),
     )
     if split:
         _merge_triton(opart, lpart, lse_bhm=True, pdl=cfg.pdl, out=out[b0:], lse=lse[b0:])
