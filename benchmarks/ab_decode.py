@@ -92,8 +92,10 @@ NEAR = [(b, 4096, False, False, [{}, dict(num_splits=2), dict(num_splits=3), dic
 # launches take 168 (3 per SM; benchmarks/decode_occupancy.py, results/session-2026-12-01-x): capped
 REGS = [(b, kv, False, False, [{}, dict(max_regs=168), dict(max_regs=160)])
         for b, kv in ((64, 4096), (32, 32768), (48, 4096), (17, 4096), (68, 4096), (100, 4096))]
+# batches whose units do not fit one wave at 2 programs per SM but fit at 3 (the capped kernel)
+REGS2 = [(b, 4096, False, False, [{}, dict(max_regs=168)]) for b in (36, 42, 45, 49, 56)]
 CASE_SETS = {"first": CASES, "rest": REST, "wide": WIDE, "waves": WAVES, "paged1": PAGED1, "lookup": LOOKUP,
-             "tail": TAIL, "near": NEAR, "regs": REGS}
+             "tail": TAIL, "near": NEAR, "regs": REGS, "regs2": REGS2}
 
 
 def eager(q, kc, vc, lens, cfg, table=None):
