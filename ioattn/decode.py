@@ -66,6 +66,16 @@ MIN_KEYS_PER_SPLIT = 256
 # The tail split (``_tail_split``) needs this many whole waves before the tail: measured a gain from
 # 2 waves on and a loss with 1 (results/session-2026-12-01-s), where splitting every unit in two wins
 TAIL_MIN_WAVES = 2
+# The wide tile without splits compiles to 186 registers a thread (2 programs of 128 threads per SM),
+# its split launches to 168 (3 per SM; benchmarks/decode_occupancy.py, results/session-2026-12-01-x).
+# Where the units need more than 2 but at most 3 programs per SM, a launch that is neither split nor
+# tail-split is capped at WIDE_MAX_REGS (Triton's maxnreg; 3 x 168 x 128 <= 65536), so every unit is
+# resident at once (contiguous caches; paged ones were not measured): `ab_decode.py --cases regs /
+# regs2` (same results), batch 42 / 45 / 48 / 49 x 4096
+# (336-392 units on 132 SMs): 169.4 / 181.3 / 186.5 / 188.6 us against 213.8 / 214.8 / 217.2 / 218.4
+# uncapped (cuDNN 178.9 / 185.3 / 189.9 / 192.2); elsewhere the cap lost (batch 64 292.1 vs 242.0,
+# 32 x 32768 941.9 vs 930.1, and every tail split)
+WIDE_MAX_REGS = 168
 MAX_SPLITS = 256
 _BLOCK_N_CUDA = 128
 _BLOCK_N_SPLIT = 64  # split launches with pointer loads (above)
@@ -419,6 +429,10 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     use_tma = _plan_override.get("use_tma", tma_default) and _tma_ok(k_cache, v_cache, d)
     # the wide tile without splits (measured 247 vs 282 us at 64 x 4096) and on paged caches read
     # through TMA (their measured best, NOTES §29)
+    max_regs = _plan_override.get("max_regs")
+    if (max_regs is None and heuristic and q.is_cuda and not paged and num_splits == 1 and num_whole is None
+            and 2 * _num_sms(q.device) < programs <= 3 * _num_sms(q.device) and "block_n" not in _plan_override):
+        max_regs = WIDE_MAX_REGS
     if split_tiles and (num_splits == 1 or num_whole is not None or (paged and use_tma)):
         block_n, stages = _BLOCK_N_CUDA, _NUM_STAGES
         if paged and use_tma and num_splits > 1 and dispatch.cdiv(span, num_splits) <= _BLOCK_N_CUDA:
@@ -433,7 +447,7 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     pdl_wanted = _plan_override.get("pdl", env == "1" if env else _PDL_DEFAULT)
     pdl = bool(pdl_wanted) and num_splits > 1 and _pdl_ok(q.device)
     return DecodePlan(block_m, block_n, num_splits, use_tma, _plan_override.get("num_warps", _NUM_WARPS),
-                      _plan_override.get("num_stages", stages), pdl, num_whole, _plan_override.get("max_regs"))
+                      _plan_override.get("num_stages", stages), pdl, num_whole, max_regs)
 
 
 def _pdl_ok(device) -> bool:

@@ -550,6 +550,10 @@ def test_plan_tail_split(monkeypatch):
     assert tail(68, num_splits=1)[:2] == (None, 1)  # an explicit split count is kept
     with decode_config(tail_split=False):
         assert tail(68)[:2] == (None, 1)
+    # units needing 3 programs per SM, neither split nor tail-split: registers capped (WIDE_MAX_REGS)
+    assert decode.plan(gpu_q(48), k, k, False, 4096).max_regs == decode.WIDE_MAX_REGS      # 384 units
+    for batch in (40, 64, 32, 17):  # tail split; > 3 per SM; <= 2 per SM; wave split
+        assert decode.plan(gpu_q(batch), k, k, False, 4096).max_regs is None, batch
     with decode_config(num_whole=20, num_splits=3):  # forced: rounded down to whole elements
         assert tail(68)[:2] == (16, 3)
 
