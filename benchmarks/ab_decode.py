@@ -94,8 +94,11 @@ REGS = [(b, kv, False, False, [{}, dict(max_regs=168), dict(max_regs=160)])
         for b, kv in ((64, 4096), (32, 32768), (48, 4096), (17, 4096), (68, 4096), (100, 4096))]
 # batches whose units do not fit one wave at 2 programs per SM but fit at 3 (the capped kernel)
 REGS2 = [(b, 4096, False, False, [{}, dict(max_regs=168)]) for b in (36, 42, 45, 49, 56)]
+# the same cap on paged caches (pages of 256 through TMA without splits; results/session-2026-12-01-y:
+# paged 223.6 / 226.8 us at batch 42 / 48 against contiguous capped 169.5 / 186.7)
+REGS_PAGED = [(b, 4096, True, False, [{}, dict(max_regs=168)]) for b in (42, 48, 64, 68)]
 CASE_SETS = {"first": CASES, "rest": REST, "wide": WIDE, "waves": WAVES, "paged1": PAGED1, "lookup": LOOKUP,
-             "tail": TAIL, "near": NEAR, "regs": REGS, "regs2": REGS2}
+             "tail": TAIL, "near": NEAR, "regs": REGS, "regs2": REGS2, "regs_paged": REGS_PAGED}
 
 
 def eager(q, kc, vc, lens, cfg, table=None):
