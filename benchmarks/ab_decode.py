@@ -97,8 +97,12 @@ REGS2 = [(b, 4096, False, False, [{}, dict(max_regs=168)]) for b in (36, 42, 45,
 # the same cap on paged caches (pages of 256 through TMA without splits; results/session-2026-12-01-y:
 # paged 223.6 / 226.8 us at batch 42 / 48 against contiguous capped 169.5 / 186.7)
 REGS_PAGED = [(b, 4096, True, False, [{}, dict(max_regs=168)]) for b in (42, 48, 64, 68)]
+# paged through pointers at those batches, with and without the cap (the TMA launch above was level
+# with its cap: 224.0 / 225.8 at 42, 226.4 / 228.5 at 48, session-2026-12-01-y)
+PAGED_PTR = [(b, 4096, True, False, [{}, dict(use_tma=False), dict(use_tma=False, max_regs=168)])
+             for b in (42, 48)] + [(48, 4096, False, False, [{}])]
 CASE_SETS = {"first": CASES, "rest": REST, "wide": WIDE, "waves": WAVES, "paged1": PAGED1, "lookup": LOOKUP,
-             "tail": TAIL, "near": NEAR, "regs": REGS, "regs2": REGS2, "regs_paged": REGS_PAGED}
+             "tail": TAIL, "near": NEAR, "regs": REGS, "regs2": REGS2, "regs_paged": REGS_PAGED, "paged_ptr": PAGED_PTR}
 
 
 def eager(q, kc, vc, lens, cfg, table=None):
