@@ -70,9 +70,8 @@ TAIL_MIN_WAVES = 2
 # its split launches to 168 (3 per SM; benchmarks/decode_occupancy.py, results/session-2026-12-01-x).
 # Where the units need more than 2 but at most 3 programs per SM, a launch that is neither split nor
 # tail-split is capped at WIDE_MAX_REGS (Triton's maxnreg; 3 x 168 x 128 <= 65536), so every unit is
-# resident at once (contiguous caches; paged ones were not measured): `ab_decode.py --cases regs /
-# regs2` (same results), batch 42 / 45 / 48 / 49 x 4096
-# (336-392 units on 132 SMs): 169.4 / 181.3 / 186.5 / 188.6 us against 213.8 / 214.8 / 217.2 / 218.4
+# resident at once (contiguous caches; paged ones read through pointers there instead, see plan()):
+# `ab_decode.py --cases regs / regs2` (same results), batch 42 / 45 / 48 / 49 x 4096 (336-392 units on 132 SMs): 169.4 / 181.3 / 186.5 / 188.6 us against 213.8 / 214.8 / 217.2 / 218.4
 # uncapped (cuDNN 178.9 / 185.3 / 189.9 / 192.2); elsewhere the cap lost (batch 64 292.1 vs 242.0,
 # 32 x 32768 941.9 vs 930.1, and every tail split)
 WIDE_MAX_REGS = 168
@@ -424,15 +423,20 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
         if k > 1:
             num_whole, num_splits = whole, k
     stages = _NUM_STAGES_SPLIT if split_tiles else _NUM_STAGES
-    # paged caches: TMA without splits, and with at least _PAGED_TMA_MIN_SPLITS splits (policy notes)
-    tma_default = _USE_TMA_DEFAULT or (paged and q.is_cuda and (num_splits == 1 or num_splits >= _PAGED_TMA_MIN_SPLITS))
+    # a launch without splits whose units need 2-3 programs per SM (WIDE_MAX_REGS's notes)
+    band = (heuristic and q.is_cuda and num_splits == 1 and num_whole is None
+            and 2 * _num_sms(q.device) < programs <= 3 * _num_sms(q.device))
+    # paged caches: TMA without splits, and with at least _PAGED_TMA_MIN_SPLITS splits (policy notes),
+    # except in that band, where pointer loads keep 3 programs per SM: batch 42 / 48 x 4096 168.0 /
+    # 186.8 us against 223.6 / 227.1 through TMA (contiguous 169.5 / 186.9; results/session-2026-12-01-y)
+    tma_default = _USE_TMA_DEFAULT or (paged and q.is_cuda and not band
+                                       and (num_splits == 1 or num_splits >= _PAGED_TMA_MIN_SPLITS))
     use_tma = _plan_override.get("use_tma", tma_default) and _tma_ok(k_cache, v_cache, d)
+    max_regs = _plan_override.get("max_regs")
+    if max_regs is None and band and not paged and "block_n" not in _plan_override:
+        max_regs = WIDE_MAX_REGS
     # the wide tile without splits (measured 247 vs 282 us at 64 x 4096) and on paged caches read
     # through TMA (their measured best, NOTES §29)
-    max_regs = _plan_override.get("max_regs")
-    if (max_regs is None and heuristic and q.is_cuda and not paged and num_splits == 1 and num_whole is None
-            and 2 * _num_sms(q.device) < programs <= 3 * _num_sms(q.device) and "block_n" not in _plan_override):
-        max_regs = WIDE_MAX_REGS
     if split_tiles and (num_splits == 1 or num_whole is not None or (paged and use_tma)):
         block_n, stages = _BLOCK_N_CUDA, _NUM_STAGES
         if paged and use_tma and num_splits > 1 and dispatch.cdiv(span, num_splits) <= _BLOCK_N_CUDA:

@@ -554,6 +554,10 @@ def test_plan_tail_split(monkeypatch):
     assert decode.plan(gpu_q(48), k, k, False, 4096).max_regs == decode.WIDE_MAX_REGS      # 384 units
     for batch in (40, 64, 32, 17):  # tail split; > 3 per SM; <= 2 per SM; wave split
         assert decode.plan(gpu_q(batch), k, k, False, 4096).max_regs is None, batch
+    pages = torch.empty(8, 256, 8, 128)  # paged in that band: pointer loads, no cap; TMA outside it
+    banded = decode.plan(gpu_q(48), pages, pages, True, 4096)
+    assert (banded.use_tma, banded.max_regs, banded.num_splits) == (False, None, 1)
+    assert decode.plan(gpu_q(64), pages, pages, True, 4096).use_tma
     with decode_config(num_whole=20, num_splits=3):  # forced: rounded down to whole elements
         assert tail(68)[:2] == (16, 3)
 
