@@ -15,7 +15,8 @@ START, END = "<!-- perf:start -->", "<!-- perf:end -->"
 def table(paths, ours="ioattn", peer="sdpa-flash", extra="ioattn-hopper"):
     """One row per (head dim, mask, seqlen): ours in TFLOP/s, its ratio to ``peer`` and to the best
     peer of that row (the fastest provider whose name does not start with "ioattn"); when the files
-    have ``extra`` (another of the project's providers), its forward and ratio to the best peer too."""
+    have ``extra`` (another of the project's providers), its forward and ratio to the best peer too. A
+run without ``peer`` shows "-" in its ratio columns."""
     paths = [paths] if isinstance(paths, str) else list(paths)
     by, source, device = {}, {}, "?"
     for path in paths:
@@ -44,12 +45,13 @@ def table(paths, ours="ioattn", peer="sdpa-flash", extra="ioattn-hopper"):
     def cells(row):
         others = {p: t for p, t in row.items() if not p.startswith("ioattn")}
         name = max(others, key=others.get)
-        return (f"{row[ours]:.0f} | {row[ours] / row[peer]:.2f} | {others[name]:.0f} ({name}) | "
+        vs_peer = f"{row[ours] / row[peer]:.2f}" if peer in row else "-"  # a run without that peer
+        return (f"{row[ours]:.0f} | {vs_peer} | {others[name]:.0f} ({name}) | "
                 f"{row[ours] / others[name]:.2f}")
 
     for d, c, n in sorted({k[:3] for k in by}):
         f, b = by.get((d, c, n, "fwd"), {}), by.get((d, c, n, "bwd"), {})
-        if ours not in f or ours not in b or peer not in f or peer not in b:
+        if ours not in f or ours not in b or len(f) < 2 or len(b) < 2:
             continue
         line = f"| {d} | {'yes' if c else 'no'} | {n} | {cells(f)} | {cells(b)} |"
         if show_extra:
