@@ -24,7 +24,7 @@ import os
 
 import torch
 
-from ioattn.bench.providers import _unchecked, decode_providers, paged_copy
+from ioattn.bench.providers import _unchecked, graph_replay, decode_providers, paged_copy
 from ioattn.bench.run import _decode_inputs, decode_bytes
 from ioattn.bench.timing import median_ms, n_input_sets
 from ioattn.decode import decode_config, flash_attn_with_kvcache
@@ -116,22 +116,6 @@ def eager(q, kc, vc, lens, cfg, table=None):
     return run
 
 
-def graph_of(run):
-    """``run`` (an eager call) captured into a CUDA graph after three warm-up calls on a side stream;
-    returns the replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    torch.cuda.synchronize()
-    return graph.replay
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -162,7 +146,7 @@ def main():
                     runs = [eager(*s, cfg) for s in sets]
                 timed.append((name, "eager", runs))
                 if graph:  # the same calls (paged ones included) captured and replayed
-                    timed.append((name, "graph", [graph_of(run) for run in runs]))
+                    timed.append((name, "graph", [graph_replay(run) for run in runs]))
             for rnd, (name, mode, runs) in ((r, t) for r in range(args.rounds) for t in timed):
                 us = median_ms(lambda run: run(), runs) * 1e3
                 rec = dict(batch=batch, kvlen=kvlen, paged=paged, config=name, mode=mode, us=us,

@@ -54,8 +54,8 @@ def _stack(name, xs):
     return torch.stack(list(xs))
 
 
-def _merge_triton(outs, lses, out_dtype=None, lse_bhm=False, pdl=False, out=None, lse=None):
-    """``out_dtype``: the merged output's dtype (default: that of outs). ``lse_bhm``: outs are
+def _merge_triton(outs, lses, lse_bhm=False, pdl=False, out=None, lse=None):
+    """The merged output in the dtype of ``out`` if given, else of outs. ``lse_bhm``: outs are
     (S, batch, seqlen_q, nheads, d) and the lse is returned as (batch, nheads, seqlen_q) (decode).
     ``pdl``: launched with programmatic dependent launch right after the kernel that wrote outs and
     lses, which must have been launched with its USE_PDL (the decode split kernel). ``out`` /
@@ -70,7 +70,7 @@ def _merge_triton(outs, lses, out_dtype=None, lse_bhm=False, pdl=False, out=None
     lse_in = lses.reshape(splits, n_rows).float().contiguous()
     nheads, seqlen_q = (lead[2], lead[1]) if lse_bhm else (1, 1)
     if out is None:
-        out = torch.empty(n_rows, d, device=outs.device, dtype=out_dtype or outs.dtype)
+        out = torch.empty(n_rows, d, device=outs.device, dtype=outs.dtype)
     if lse is None:
         lse = torch.empty(n_rows, device=outs.device, dtype=torch.float32)
     assert out.is_contiguous() and out.numel() == n_rows * d and lse.is_contiguous() and lse.numel() == n_rows

@@ -237,7 +237,12 @@ def _configured(**fields):
 def _graph_setup(q, k_cache, v_cache, cache_seqlens, fields=None):
     """One unchecked call captured into a CUDA graph; ``run`` replays it (``fields``: captured with
     those fields of the decode plan forced, as ``_configured``)."""
-    call = (_configured(**fields) if fields else _kvcache_setup())(q, k_cache, v_cache, cache_seqlens)
+    return graph_replay((_configured(**fields) if fields else _kvcache_setup())(q, k_cache, v_cache, cache_seqlens))
+
+
+def graph_replay(call):
+    """``call`` (a no-argument function) warmed up on a side stream, captured into a CUDA graph;
+    returns the replay (which returns the captured call's output)."""
     try:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
