@@ -42,7 +42,10 @@ def signature(fn, dtype):
     return sig
 
 
-def compile_one(fn, constexprs, num_warps, num_stages, dtype="bf16"):
+def compile_one(fn, constexprs, num_warps, num_stages, dtype="bf16", divisible=()):
+    """``divisible``: argument names given the divisibility-by-16 hint the JIT attaches to aligned
+    pointers and to integers that are multiples of 16 (without it the loads are not pipelined, so
+    shared memory and registers differ from the device's compile)."""
     sig = signature(fn, dtype)
     # constexpr parameters the caller leaves out take their defaults (not runtime arguments)
     defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.default is not inspect.Parameter.empty}
@@ -55,7 +58,8 @@ def compile_one(fn, constexprs, num_warps, num_stages, dtype="bf16"):
             constexprs.update(k_desc=None, v_desc=None)
     for k in constexprs:
         sig[k] = "constexpr"
-    src = ASTSource(fn, sig, constexprs)
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
+    src = ASTSource(fn, sig, constexprs, attrs or None)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                        options=dict(num_warps=num_warps, num_stages=num_stages))
     md = k.metadata

@@ -74,7 +74,8 @@ TAIL_MIN_WAVES = 2
 # `ab_decode.py --cases regs / regs2` (same results), batch 42 / 45 / 48 / 49 x 4096 (336-392 units
 # on 132 SMs): 169.4 / 181.3 / 186.5 / 188.6 us against 213.8 / 214.8 / 217.2 / 218.4 uncapped
 # (cuDNN 178.9 / 185.3 / 189.9 / 192.2); elsewhere the cap lost (batch 64 292.1 vs 242.0, 32 x 32768
-# 941.9 vs 930.1, and every tail split)
+# 941.9 vs 930.1, and every tail split). tests/test_decode.py's sm_90 compile fails if the split launch
+# of the wide tile needs more than 170 registers (2 programs per SM: the wave rules would move).
 WIDE_MAX_REGS = 168
 MAX_SPLITS = 256
 _BLOCK_N_CUDA = 128

@@ -312,6 +312,21 @@ for dt, paged, feat, block_m, d, tma, uni in (("bf16", False, False, 16, 128, Fa
     _, shared, k = compile_one(fn, c, decode._NUM_WARPS, 3 if tma else decode._NUM_STAGES, dtype=dt)
     assert shared <= 232448, (dt, paged, feat, block_m, d, shared)
     print(dt, paged, feat, block_m, d, tma, uni, "shared", shared, "async ops", k.asm["ttgir"].count("async_"))
+# the wide tile in a split launch as the device compiles it (aligned pointers and strides): at most
+# 170 registers, so 3 programs of 128 threads share an SM's 65536 (decode.WIDE_MAX_REGS and the wave
+# rules were measured with 168; NOTES §41); a change that crosses it must be re-measured
+from gluon_aot import ptxas_report
+aligned = [n for n in fn.arg_names if n[0].isupper() and n not in ("HEAD_DIM", "BLOCK_D", "BLOCK_M", "BLOCK_N",
+                                                                    "PAGE_SIZE", "PAGED")] + [
+    n for n in fn.arg_names if n.startswith("stride_") and n[-1] in "bmhnsl"]
+wide = dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_M=16, BLOCK_N=decode._BLOCK_N_CUDA, PAGE_SIZE=1, PAGED=False,
+            HAS_BATCH_IDX=False, HAS_LEFTPAD=False, HAS_SOFTCAP=False, HAS_ALIBI=False, USE_TMA=False, UNIFIED=False,
+            PHI_BELOW=64.0, PHI_ABOVE=64.0, HAS_SEQLENS=True, USE_PDL=True)
+_, shared, k = compile_one(fn, wide, decode._NUM_WARPS, decode._NUM_STAGES, dtype="bf16",
+                           divisible=[n for n in aligned if n not in ("k_desc", "v_desc")])
+regs = ptxas_report(k.asm["ptx"])[0]
+print("wide split launch: registers", regs, "shared", shared)
+assert regs <= 170 and 3 * shared <= 233472, (regs, shared)
 # programmatic dependent launch: the split kernel releases the merge grid, the merge waits for it
 c.update(USE_PDL=True)
 _, _, k = compile_one(fn, c, decode._NUM_WARPS, decode._NUM_STAGES, dtype="fp16")
