@@ -20,7 +20,7 @@ import contextlib
 import functools
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -126,6 +126,7 @@ class DecodePlan:
     # num_splits == 1, else none (see _tail_split)
     num_whole: int | None = None
     max_regs: int | None = None  # a register cap for the launch (Triton's maxnreg), None: the compiler's choice
+    reason: str = field(default="", compare=False)  # why: the rules that chose the fields (explain_decode)
 
 
 @contextlib.contextmanager
@@ -412,18 +413,28 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     block_m = min(_MAX_BLOCK_M, max(16, dispatch.next_power_of_2(rows)))
     programs = batch * nheads_kv * dispatch.cdiv(rows, block_m)
     heuristic = num_splits == 0
+    sms = _num_sms(q.device)
+    why = [f"{programs} units (sequence x KV head x row block of {block_m}) on {sms} SMs"]
     if heuristic:
         min_keys = (_BLOCK_N_CUDA if paged else MIN_KEYS_PER_SPLIT) if q.is_cuda else 0
-        num_splits = _plan_override.get("num_splits") or _heuristic_splits(programs, span, block_n, _num_sms(q.device),
+        num_splits = _plan_override.get("num_splits") or _heuristic_splits(programs, span, block_n, sms,
                                                                            min_keys=min_keys)
+        why.append("split count forced" if "num_splits" in _plan_override else
+                   "they fill the SMs: no split" if num_splits == 1 else
+                   f"{num_splits} splits (the waves rule, at least {max(block_n, min_keys)} keys a split)")
+    else:
+        why.append(f"num_splits={num_splits} from the call")
     per_batch = programs // batch
     num_whole = None
     if "num_whole" in _plan_override:  # forced (tests, sweeps): whole batch elements
         num_whole = min(programs, _plan_override["num_whole"] // per_batch * per_batch)
+        why.append("whole units forced")
     elif heuristic and num_splits == 1 and q.is_cuda and _plan_override.get("tail_split", True):
-        whole, k = _tail_split(programs, per_batch, _num_sms(q.device), dispatch.cdiv(span, _BLOCK_N_CUDA))
+        whole, k = _tail_split(programs, per_batch, sms, dispatch.cdiv(span, _BLOCK_N_CUDA))
         if k > 1:
             num_whole, num_splits = whole, k
+            why.append(f"tail split: {whole} units whole, the last {programs - whole} split {k} ways" if whole else
+                       "one wave and a short one: every unit split in two")
     stages = _NUM_STAGES_SPLIT if split_tiles else _NUM_STAGES
     # a launch without splits whose units need 2-3 programs per SM (WIDE_MAX_REGS's notes)
     band = (heuristic and q.is_cuda and num_splits == 1 and num_whole is None
@@ -437,6 +448,9 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     max_regs = _plan_override.get("max_regs")
     if max_regs is None and band and not paged and "block_n" not in _plan_override:
         max_regs = WIDE_MAX_REGS
+        why.append(f"2-3 programs per SM needed: registers capped at {max_regs}")
+    if band and paged and not use_tma:
+        why.append("2-3 programs per SM needed: pointer loads, not TMA")
     # the wide tile without splits (measured 247 vs 282 us at 64 x 4096) and on paged caches read
     # through TMA (their measured best, NOTES §29)
     if split_tiles and (num_splits == 1 or num_whole is not None or (paged and use_tma)):
@@ -452,8 +466,29 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     env = os.environ.get("IOATTN_DECODE_PDL", "").strip()
     pdl_wanted = _plan_override.get("pdl", env == "1" if env else _PDL_DEFAULT)
     pdl = bool(pdl_wanted) and num_splits > 1 and _pdl_ok(q.device)
+    why.append(f"{block_n}-key chunks, {_plan_override.get('num_stages', stages)} stages, "
+               f"{'TMA' if use_tma else 'pointer'} loads" + (", merge by programmatic dependent launch" if pdl else ""))
     return DecodePlan(block_m, block_n, num_splits, use_tma, _plan_override.get("num_warps", _NUM_WARPS),
-                      _plan_override.get("num_stages", stages), pdl, num_whole, max_regs)
+                      _plan_override.get("num_stages", stages), pdl, num_whole, max_regs, "; ".join(why))
+
+
+def explain_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, num_splits=0):
+    """What ``flash_attn_with_kvcache`` would run for these tensors (nothing is launched): a dict with
+    ``path`` ("triton" or "torch"), the launch ``plan`` (``DecodePlan``'s fields) and ``reason`` (the
+    rules that chose it, in order). ``cache_seqlens``: as in the call, before any append; a tensor's
+    largest value is read back to the host here (the call itself plans by it only when
+    ``check_values`` reads it, else by the capacity)."""
+    paged = block_table is not None
+    capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+    if isinstance(cache_seqlens, torch.Tensor):
+        span = min(int(cache_seqlens.max()), capacity) if cache_seqlens.numel() else 0
+    else:
+        span = capacity if cache_seqlens is None else min(int(cache_seqlens), capacity)
+    if not dispatch.use_triton(q.device):
+        return {"path": "torch", "plan": None, "reason": "no Triton for this device: the PyTorch path"}
+    cfg = plan(q, k_cache, v_cache, paged, span, num_splits)
+    fields = asdict(cfg)
+    return {"path": "triton", "plan": {k: v for k, v in fields.items() if k != "reason"}, "reason": cfg.reason}
 
 
 def _pdl_ok(device) -> bool:

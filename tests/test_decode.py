@@ -576,3 +576,32 @@ def test_plan_tail_split(monkeypatch):
     with decode_config(num_whole=20, num_splits=3):  # forced: rounded down to whole elements
         assert tail(68)[:2] == (16, 3)
 
+
+
+def test_explain_decode(monkeypatch):
+    """``ioattn.explain_decode`` names the path and the plan with the rules that chose it: the split
+    count, the tail split, the register cap (faked GPU queries, as the plan tests), and the PyTorch
+    path where Triton does not run; nothing is launched."""
+    import types
+
+    import ioattn
+    from ioattn import decode
+    monkeypatch.setattr(decode, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(decode, "_pdl_ok", lambda device: False)
+    monkeypatch.setattr(dispatch, "use_triton", lambda device: True)
+
+    def gpu_q(batch):
+        return types.SimpleNamespace(shape=(batch, 1, 32, 128), is_cuda=True, device=torch.device("cpu"))
+    k = torch.empty(1, 4096, 8, 128)
+    one = ioattn.explain_decode(gpu_q(1), k, k)
+    assert one["path"] == "triton" and one["plan"]["num_splits"] == 16
+    assert "8 units" in one["reason"] and "16 splits (the waves rule" in one["reason"]
+    tail = ioattn.explain_decode(gpu_q(68), k, k, cache_seqlens=torch.full((68,), 4096, dtype=I32))
+    assert tail["plan"]["num_whole"] == 528 and "tail split: 528 units whole, the last 16 split 8 ways" in tail["reason"]
+    capped = ioattn.explain_decode(gpu_q(48), k, k, cache_seqlens=4096)
+    assert capped["plan"]["max_regs"] == decode.WIDE_MAX_REGS and "registers capped" in capped["reason"]
+    assert "num_splits=3 from the call" in ioattn.explain_decode(gpu_q(48), k, k, num_splits=3)["reason"]
+    short = ioattn.explain_decode(gpu_q(1), k, k, cache_seqlens=torch.tensor([512], dtype=I32))
+    assert short["plan"]["num_splits"] == 2  # planned by the longest sequence: 512 keys, 256 a split
+    monkeypatch.setattr(dispatch, "use_triton", lambda device: False)
+    assert ioattn.explain_decode(gpu_q(1), k, k)["path"] == "torch"
