@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gluon_aot import DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxas_report, run_jobs  # noqa: E402
 
 
-def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None):
+def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, exp2_fma=0):
     cfg = hopper.kernel_config(d, variant)
     bn, q_rows = cfg["block_n"], cfg["q_rows"]
     q_layout = gl.NVMMASharedLayout.get_default_for([q_rows, d], DTYPES[dt])
@@ -48,7 +48,7 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None):
     # KV_TAIL as the launcher sets it for varlen; fixed length: off unless asked (lengths that are
     # multiples of the key tile)
     constexprs = dict(cfg["constexprs"], IS_CAUSAL=causal, IS_VARLEN=varlen, LPT=lpt,
-                      KV_TAIL=varlen if kv_tail is None else kv_tail)
+                      KV_TAIL=varlen if kv_tail is None else kv_tail, EXP2_FMA=hopper.exp2_fma_cols(exp2_fma, bn))
     if varlen:
         sig.update(Cu_q="*i32", Cu_k="*i32")
     else:  # the launcher passes None for fixed-length calls: constexpr None

@@ -15,7 +15,7 @@ from ioattn.masks import normalize_window
 class DispatchPlan:
     backend: str            # "triton" (CUDA, or the interpreter) or "reference" (tiled PyTorch)
     reason: str
-    forward: dict | None    # kernel, tiles (block_m, block_n, warps, stages), kv_loads, programs
+    forward: dict | None    # kernel, tiles (block_m, block_n, warps, stages), kv_loads, programs; Gluon: exp2_fma
     backward: dict | None
 
     def describe(self) -> str:
@@ -48,9 +48,12 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     if wanted and ok:
         name = hopper.variant_for(q.shape[-1], window == (-1, 0), seqlen_q, varlen)
         bm, bn, stages = hopper.TILE_TABLE[name][q.shape[-1]]
+        share = hopper.exp2_fma_share()
         forward = {"kernel": f"ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, {name})",
                    "tiles": (bm, bn, 4 * (bm // 64), stages), "kv_loads": "tma (producer warp)",
-                   "head_dim_padded": q.shape[-1]}
+                   "head_dim_padded": q.shape[-1],
+                   "exp2_fma": (f"{share:g}% ({hopper.exp2_fma_cols(share, bn)} of {bn} key columns on the FMA units)"
+                                if share else "off (MUFU.EX2 only)")}
     else:
         forward = None
     batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]

@@ -29,6 +29,9 @@ or, from Python, ``with hopper.variant("pingpong"): ...`` / ``hopper.set_variant
 Without a variant set, each call takes its default (``variant_for``: by head dim, and the persistent
 variant for short non-causal calls); a variant set by name applies to every head dim it has tiles
 for, and the others are not covered.
+
+Options of every variant, off by default until measured: ``lpt_order`` (the causal grid in
+longest-processing-time order) and ``exp2_fma`` (a share of the exponentials on the FMA units).
 """
 from __future__ import annotations
 
@@ -220,6 +223,59 @@ prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer
 # always uses it (its static walk needs it for balance).
 lpt_order = dispatch.Preference(False, env="IOATTN_HOPPER_LPT")
 
+# FlashAttention-4's exp2 emulation (the kernel's ``EXP2_FMA``): this percentage of each key tile's
+# columns take their exponentials from a cubic on the FMA units (``hopper_forward._exp2_poly``, max
+# relative error 1.02e-4) instead of MUFU.EX2, so that both units work at once. Off (0, the kernel as
+# before, the same instructions) until measured (NOTES §42: compiled, not yet run; in the portable
+# forward, without the ping-pong's overlap, it measured slower, §8). ``with hopper.exp2_fma(25): ...``
+# or IOATTN_HOPPER_EXP2_FMA=25; a share of the tile's columns halved k times (``_exp2_tile``).
+EXP2_FMA_DEFAULT = 0.0
+EXP2_FMA_SHARES = (0.0, 12.5, 25.0, 50.0, 100.0)
+EXP2_FMA_ENV = "IOATTN_HOPPER_EXP2_FMA"
+_exp2_fma: float | None = None  # set by exp2_fma(...); None: the environment, else the default
+
+
+def _checked_share(percent, source: str) -> float:
+    try:
+        value = float(percent)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if value not in EXP2_FMA_SHARES:
+        raise ValueError(f"{source}: the share of exponentials on the FMA units is a percentage in "
+                         f"{EXP2_FMA_SHARES} (0 = off), got {percent!r}")
+    return value
+
+
+@contextlib.contextmanager
+def exp2_fma(percent: float):
+    """``with hopper.exp2_fma(25): ...``: the Gluon forward computes that percentage of each score
+    tile's exponentials on the FMA units inside the block (0: all on MUFU, the default)."""
+    global _exp2_fma
+    previous, _exp2_fma = _exp2_fma, _checked_share(percent, "hopper.exp2_fma")
+    try:
+        yield
+    finally:
+        _exp2_fma = previous
+
+
+def exp2_fma_share() -> float:
+    """The percentage in force: ``exp2_fma``'s inside its block, else ``IOATTN_HOPPER_EXP2_FMA`` if
+    set, else ``EXP2_FMA_DEFAULT``."""
+    if _exp2_fma is not None:
+        return _exp2_fma
+    env = os.environ.get(EXP2_FMA_ENV, "").strip()
+    if env:
+        return _checked_share(env, EXP2_FMA_ENV)
+    return _checked_share(EXP2_FMA_DEFAULT, "hopper.EXP2_FMA_DEFAULT")
+
+
+def exp2_fma_cols(percent: float, block_n: int) -> int:
+    """The kernel's ``EXP2_FMA``: columns of a ``block_n``-key tile for ``percent`` (the tile's last
+    ones; a power-of-two fraction of it)."""
+    cols = block_n * _checked_share(percent, "exp2_fma_cols") / 100
+    assert cols == int(cols), (percent, block_n)
+    return int(cols)
+
 
 def wanted(q=None, seqlen_q: int | None = None, causal: bool = False, varlen: bool = False) -> bool:
     """Whether the forward of this call should take the Gluon kernel (if ``hopper_supports`` it)."""
@@ -351,6 +407,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
                             softmax_scale * 1.4426950408889634, IS_CAUSAL=bool(causal), IS_VARLEN=varlen,
                             LPT=bool(causal) and lpt_order.wanted(), num_tiles=num_tiles,
                             KV_TAIL=varlen or seqlen_k % block_n != 0,
+                            EXP2_FMA=exp2_fma_cols(exp2_fma_share(), block_n),
                             num_warps=cfg["num_warps"], **cfg["constexprs"])
     return out, lse
 

@@ -798,8 +798,10 @@ def test_host_integer_helpers():
 def test_hopper_forward_launch_constexprs(monkeypatch):
     """What the Gluon forward's launcher passes to its kernel (a fake stands in for the launch: no GPU
     here): the variant's constexprs and grid (persistent: one program per SM at most), the causal LPT
-    order only under hopper.lpt_order(True) / IOATTN_HOPPER_LPT=1, and KV_TAIL exactly when a key
-    tile can run past a sequence's end (seqlen_k not a multiple of the key tile, or varlen)."""
+    order only under hopper.lpt_order(True) / IOATTN_HOPPER_LPT=1, KV_TAIL exactly when a key
+    tile can run past a sequence's end (seqlen_k not a multiple of the key tile, or varlen), and
+    EXP2_FMA (key columns whose exponentials go to the FMA units) 0 unless hopper.exp2_fma(share) /
+    IOATTN_HOPPER_EXP2_FMA ask for a share of the variant's key tile."""
     import ioattn.kernels.hopper_forward as hf
     from ioattn import hopper
     launches = []
@@ -810,6 +812,7 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
     monkeypatch.setattr(hf, "hopper_fwd_kernel", Fake())
     monkeypatch.delenv("IOATTN_HOPPER_VARIANT", raising=False)
     monkeypatch.delenv("IOATTN_HOPPER_LPT", raising=False)
+    monkeypatch.delenv("IOATTN_HOPPER_EXP2_FMA", raising=False)
 
     def launch(sq, sk, causal, d=128, varlen=False):
         launches.clear()
@@ -840,3 +843,53 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
     assert launch(8192, 8192, True, varlen=True)[1]["KV_TAIL"]  # varlen: always
     grid, kw = launch(512, 512, False)  # short, non-causal: persistent, one program per SM (132 here)
     assert kw["PERSISTENT"] and grid == (min(132, -(-512 // bm) * 2 * 4),) and kw["num_tiles"] == 4 * 2 * 4
+    # exp2 on the FMA units: off by default, else the share of the launched variant's key tile
+    assert kw["EXP2_FMA"] == 0 and launch(8192, 8192, True)[1]["EXP2_FMA"] == 0
+    with hopper.exp2_fma(25):
+        assert launch(8192, 8192, True)[1]["EXP2_FMA"] == bn // 4
+        assert launch(512, 512, False)[1]["EXP2_FMA"] == bn // 4  # persistent: the same tile
+        kw = launch(8192, 8192, True, d=64)[1]  # wg3 at d = 64
+        assert kw["NUM_WG"] == 3 and kw["EXP2_FMA"] == hopper.TILE_TABLE["wg3"][64][1] // 4
+        kw = launch(8192, 8192, False, d=256)[1]  # 64-key tiles at d = 256
+        assert kw["EXP2_FMA"] == hopper.TILE_TABLE["pingpong"][256][1] // 4 == 16
+        with hopper.exp2_fma(0):  # the innermost block wins
+            assert launch(8192, 8192, True)[1]["EXP2_FMA"] == 0
+    monkeypatch.setenv("IOATTN_HOPPER_EXP2_FMA", "12.5")
+    assert launch(8192, 8192, True)[1]["EXP2_FMA"] == bn // 8
+    with hopper.exp2_fma(50):  # a block over the environment
+        assert launch(8192, 8192, True)[1]["EXP2_FMA"] == bn // 2
+    monkeypatch.delenv("IOATTN_HOPPER_EXP2_FMA")
+    assert launch(8192, 8192, True)[1]["EXP2_FMA"] == 0
+
+
+def test_hopper_exp2_fma_switch(monkeypatch):
+    """hopper.exp2_fma / IOATTN_HOPPER_EXP2_FMA: off by default, only the shares the kernel can split
+    a key tile into (a power-of-two fraction of its columns), and the plan reports the share and the
+    columns when the Gluon forward is taken. (The device check is replaced by the pure-Python call
+    checks, as if on an sm_90 GPU.)"""
+    import ioattn
+    from ioattn import hopper
+    monkeypatch.delenv("IOATTN_HOPPER_EXP2_FMA", raising=False)
+    assert hopper.EXP2_FMA_DEFAULT == 0 and hopper.exp2_fma_share() == 0
+    for bad in (30, -25, 200, "half"):
+        with pytest.raises(ValueError, match="share of exponentials on the FMA units"):
+            with hopper.exp2_fma(bad):
+                pass
+    monkeypatch.setenv("IOATTN_HOPPER_EXP2_FMA", "33")
+    with pytest.raises(ValueError, match="IOATTN_HOPPER_EXP2_FMA"):
+        hopper.exp2_fma_share()
+    monkeypatch.setenv("IOATTN_HOPPER_EXP2_FMA", "25")
+    assert hopper.exp2_fma_share() == 25
+    monkeypatch.delenv("IOATTN_HOPPER_EXP2_FMA")
+    assert [hopper.exp2_fma_cols(s, 128) for s in hopper.EXP2_FMA_SHARES] == [0, 16, 32, 64, 128]
+    assert [hopper.exp2_fma_cols(s, 64) for s in hopper.EXP2_FMA_SHARES] == [0, 8, 16, 32, 64]
+    monkeypatch.setattr(hopper, "hopper_supports", hopper.call_supported)
+    q = torch.empty(1, 8192, 2, 128, dtype=BF16)
+    with dispatch.forced_backend("triton"), hopper.prefer_hopper(True):
+        assert ioattn.explain_dispatch(q, q, q).forward["exp2_fma"] == "off (MUFU.EX2 only)"
+        with hopper.exp2_fma(50):
+            plan = ioattn.explain_dispatch(q, q, q, causal=True)
+    assert plan.forward["exp2_fma"] == "50% (64 of 128 key columns on the FMA units)"
+    assert "exp2_fma=50% (64 of 128" in plan.describe()
+    with dispatch.forced_backend("triton"), hopper.prefer_hopper(False), hopper.exp2_fma(50):
+        assert "exp2_fma" not in ioattn.explain_dispatch(q, q, q).forward  # the portable kernel: no such option

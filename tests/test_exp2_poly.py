@@ -53,14 +53,16 @@ def test_exp2_poly_special_values():
 
 
 def test_exp2_poly_constants():
-    """The cubic's coefficients are its fit (``fit_exp2_cubic``, to float32 precision) and the
-    rounding constant is 1.5 * 2**23."""
+    """The cubic's coefficients are its fit (``fit_exp2_cubic``, to float32 precision), the rounding
+    constant is 1.5 * 2**23, and the Gluon kernel uses the same values."""
     (c1, c2, c3), err = fit_exp2_cubic()
     assert err < 1.014e-4
     for got, fit in zip((C1, C2, C3), (c1, c2, c3)):
         assert abs(got - fit) < 1e-6
         assert torch.tensor(got, dtype=torch.float32).item() == got  # exactly a float32 value
     assert ROUND == 1.5 * 2 ** 23
+    hf = pytest.importorskip("ioattn.kernels.hopper_forward")
+    assert (hf.EXP2_C1.value, hf.EXP2_C2.value, hf.EXP2_C3.value, hf.EXP2_ROUND.value) == (C1, C2, C3, ROUND)
 
 
 def _kernel_like_forward(q, k, v, causal, fma_cols, block_n=128):

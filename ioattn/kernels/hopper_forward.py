@@ -52,6 +52,13 @@ S (64) + O (32 at d = 64) + P (32) = 128 accumulator registers plus the softmax 
 d = 128 O alone is 64 (S + O + P = 160 before any temporary): it would spill, so "wg3" is d = 64
 only. Shared memory at d = 64: Q 3 x 8 KB + STAGES x 32 KB of K and V (``ioattn.hopper.TILE_TABLE``).
 
+Exponentials on the FMA units (``EXP2_FMA``, every variant; 0, the default, compiles to the same code
+as without it): FlashAttention-4's relief of the MUFU unit, whose 16 exponentials per clock per SM
+cost about as much as the two GEMMs at d = 64. Each score tile's last ``EXP2_FMA`` columns take their exp2 from a cubic
+on the FMA and integer units (``_exp2_poly``), the rest from MUFU.EX2, so that both units work at
+once (``_exp2_tile``); ``ioattn.hopper.exp2_fma`` sets the share. The host's twin of the formula:
+``ioattn.reference.exp2_poly``.
+
 Inputs: contiguous (batch, seqlen, nheads, d) tensors seen as 2-D (batch * seqlen, nheads * d) by the
 descriptors; with ``IS_VARLEN`` packed (total, nheads, d) tensors seen as (total, nheads * d), each
 sequence's rows found through cu_seqlens. A key tile that runs past its sequence reads the next
@@ -134,10 +141,67 @@ def _zero_v_tail(v_tile, valid, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
     gl.thread_barrier()
 
 
+# exp2 on the FMA units (``EXP2_FMA``, FlashAttention-4's relief of the MUFU unit): 2**x = 2**n 2**f
+# with n = round(x), f = x - n in [-1/2, 1/2]. Adding 1.5 * 2**23 rounds x to an integer (the sum's
+# unit in the last place is 1, round-to-nearest), whose low mantissa bits then hold n (two's
+# complement, mod 2**23); 2**f is the cubic 1 + f (C1 + f (C2 + f C3)), a fit of its relative error
+# with the constant term fixed at 1 (so 2**0 is exactly 1), by ``ioattn.reference.exp2_poly``
+# (``fit_exp2_cubic``, which also states the error bound); 2**n is added to the cubic's exponent bits.
+EXP2_ROUND = gl.constexpr(12582912.0)  # 1.5 * 2**23
+EXP2_C1 = gl.constexpr(0.6932829022407532)
+EXP2_C2 = gl.constexpr(0.2422109991312027)
+EXP2_C3 = gl.constexpr(0.05500893294811249)
+
+
+@gluon.jit
+def _exp2_poly(x):
+    """2**x for x <= 1/2 without the MUFU unit. Eight instructions as compiled for sm_90 (FMNMX, three
+    FADD, three FFMA, one LEA: the FP32 pipe takes 128 a clock per SM, the integer/ALU pipe 64)
+    where MUFU.EX2 is one instruction but 16 results a clock per SM. Maximum relative error 1.02e-4
+    for x in [-126, 1/2] (the cubic's; P is then rounded to bf16, 2**-8 = 3.9e-3, or fp16, 2**-11 =
+    4.9e-4, for P V); exactly 2**x at integers, 1 at x = 0. x is clamped at -127 first, where n =
+    -127 and f = 0 give the bits 0: 0.0 for -inf (masked scores) and everything below -127; between
+    -127 and -126 the result is a subnormal below 2**-126 (where MUFU.EX2 flushes to 0)."""
+    x = gl.maximum(x, -127.0)
+    r = x + EXP2_ROUND
+    f = x - (r - EXP2_ROUND)
+    q = 1.0 + f * (EXP2_C1 + f * (EXP2_C2 + f * EXP2_C3))
+    return (q.to(gl.int32, bitcast=True) + (r.to(gl.int32, bitcast=True) << 23)).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _exp2_tile(x, FMA_COLS: gl.constexpr):
+    """exp2 of a [rows, N] tile, its last ``FMA_COLS`` columns by ``_exp2_poly`` on the FMA units and
+    the rest by MUFU.EX2, so that both units work at once (``FMA_COLS`` = 0: ``gl.exp2`` alone).
+    ``FMA_COLS`` must be N / 2**k: the tile is halved by its column index's top bit, k times, the
+    last half of each halving going on, the first to MUFU. In the wgmma
+    accumulator layout a thread holds every 8-column group of its rows, so the column index's bits
+    from 8 up are register bits: a halving (reshape to [rows, 2, N / 2], the size-2 dimension moved
+    last, gl.split) and the join back are register renamings, which the final conversion to the
+    input's layout asserts (``assert_trivial``)."""
+    N: gl.constexpr = x.shape[1]
+    gl.static_assert((FMA_COLS >= 0) & (FMA_COLS <= N), "EXP2_FMA: columns of the key tile")
+    if FMA_COLS == 0:
+        y = gl.exp2(x)
+    elif FMA_COLS == N:
+        y = _exp2_poly(x)
+    else:
+        gl.static_assert(FMA_COLS <= N // 2, "EXP2_FMA: the key tile's columns / 2**k")
+        M: gl.constexpr = x.shape[0]
+        lo, hi = gl.split(x.reshape([M, 2, N // 2]).permute(0, 2, 1))
+        lo = gl.exp2(lo)
+        hi = _exp2_tile(hi, FMA_COLS)
+        y = gl.join(lo, hi).permute(0, 2, 1).reshape([M, N])
+        y = gl.convert_layout(y, x.type.layout, assert_trivial=True)
+    return y
+
+
 @gluon.jit
 def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d,
-                  MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr, LEAN: gl.constexpr = False):
-    """Scale (log2 domain), mask, online-softmax step: returns (p, alpha, m_new, l_new).
+                  MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr, LEAN: gl.constexpr = False,
+                  EXP2_FMA: gl.constexpr = 0):
+    """Scale (log2 domain), mask, online-softmax step: returns (p, alpha, m_new, l_new). ``EXP2_FMA``:
+    p's exponentials of that many of the tile's columns on the FMA units (``_exp2_tile``).
 
     ``LEAN`` (the three-warpgroup variant's 160-register consumers; the same values up to rounding):
     * the scale is folded into the exponent, exp2(s * scale - m) (one FFMA an element, FA3's form),
@@ -160,7 +224,7 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
             s = gl.where(keep, s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: exp2 gives 0, not NaN
-        p = gl.exp2(s * qk_scale - m_use[:, None])
+        x = s * qk_scale - m_use[:, None]
     else:
         s = s * qk_scale
         if MASKED:
@@ -172,7 +236,11 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
             s = gl.where(keep, s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: exp2 gives 0, not NaN
-        p = gl.exp2(s - m_use[:, None])
+        x = s - m_use[:, None]
+    if EXP2_FMA == 0:  # MUFU.EX2 alone, called here and not through _exp2_tile: the default kernel's code
+        p = gl.exp2(x)  # and debug labels stay as they were without the option (ptxas schedules by them)
+    else:
+        p = _exp2_tile(x, EXP2_FMA)
     alpha = gl.exp2(m_i - m_use)
     return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
@@ -215,7 +283,7 @@ def _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, 
 def _consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, Out, Lse,
               q_row0, q_col, m_start, seqlen_q, seqlen_k, n_lo, n_tiles, stride_om, stride_lse_h, lse_base,
               qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr):
+              STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr, EXP2_FMA: gl.constexpr):
     num_warps: gl.constexpr = gl.num_warps()
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -250,10 +318,10 @@ def _consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, 
         # under a causal mask only the tiles that reach past the block's first row's diagonal need it
         if MASK_ALL and n_start + BLOCK_N - 1 > m_start + seqlen_k - seqlen_q:
             p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d,
-                                               cols_1d, True, IS_CAUSAL)
+                                               cols_1d, True, IS_CAUSAL, False, EXP2_FMA)
         else:
             p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d,
-                                               cols_1d, False, IS_CAUSAL)
+                                               cols_1d, False, IS_CAUSAL, False, EXP2_FMA)
         # P(i-1) V(i-1) done (S(i+1) may still run): rescale, then issue P(i) V(i)
         o = warpgroup_mma_wait(1, deps=[acc])
         mbarrier.arrive(v_empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)
@@ -264,7 +332,7 @@ def _consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, 
     # the last tile (it also carries the key-end and diagonal masks)
     last = n_tiles - 1
     p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, (n_lo + last) * BLOCK_N, seqlen_q, seqlen_k,
-                                       rows_1d, cols_1d, True, IS_CAUSAL)
+                                       rows_1d, cols_1d, True, IS_CAUSAL, False, EXP2_FMA)
     o = warpgroup_mma_wait(0, deps=[acc])
     acc = _issue_pv(o, alpha, p, v_smem, v_ready, last, o_layout, p_layout, STAGES)
     o = warpgroup_mma_wait(0, deps=[acc])
@@ -323,7 +391,7 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                        Out, Lse, q_row0, q_col, m_start, seqlen_q, seqlen_k, n_lo, n_tiles, stride_om, lse_base,
                        qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                        STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr, TURN0: gl.constexpr,
-                       ORDERED: gl.constexpr, LEAN: gl.constexpr):
+                       ORDERED: gl.constexpr, LEAN: gl.constexpr, EXP2_FMA: gl.constexpr):
     """One consumer warpgroup of the ping-pong (``NUM_WG`` = 2) or three-warpgroup ring (3) variant:
     ``BLOCK_M`` (= 64) query rows of its own, the K/V ring shared with the other consumer warpgroups.
 
@@ -361,7 +429,7 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
     mbarrier.wait(q_bar, 0)
     o, m_i, l_i = _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn, next_turn,
                                m_start, seqlen_q, seqlen_k, n_lo, n_tiles, qk_scale, 0, 0, HEAD_DIM, BLOCK_M, BLOCK_N,
-                               STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, False)
+                               STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, False, EXP2_FMA)
     rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _wg_acc_layout(BLOCK_N)))
     _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
               _wg_acc_layout(HEAD_DIM), BLOCK_M, HEAD_DIM)
@@ -378,7 +446,8 @@ def _wg_acc_layout(cols):
 def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn, next_turn, m_start, seqlen_q,
                  seqlen_k, n_lo, n_tiles, qk_scale, g0, sec0, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr,
-                 TURN0: gl.constexpr, ORDERED: gl.constexpr, LEAN: gl.constexpr, RELEASE_LAST: gl.constexpr):
+                 TURN0: gl.constexpr, ORDERED: gl.constexpr, LEAN: gl.constexpr, RELEASE_LAST: gl.constexpr,
+                 EXP2_FMA: gl.constexpr):
     """One query tile's key loop for one ping-pong warpgroup (Q already in ``q_smem``): returns the
     unnormalised (O, m, l). ``g0``: ring uses before this tile, ``sec0``: this warpgroup's critical
     sections before it (both 0 for a one-tile program; a persistent program's running counts), so
@@ -408,7 +477,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     s = warpgroup_mma_wait(0, deps=[s_tok])
     mbarrier.arrive(k_empty.index(g0 % STAGES), count=1)
     p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q, seqlen_k, rows_1d,
-                                       cols_1d, True, IS_CAUSAL, LEAN)
+                                       cols_1d, True, IS_CAUSAL, LEAN, EXP2_FMA)
     p16 = gl.convert_layout(p.to(dtype), p_layout)  # O is still 0: no rescale
 
     for i in range(n_tiles - 1):
@@ -432,10 +501,10 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
             need_mask = need_mask | (n_start + BLOCK_N - 1 > diag)
         if need_mask:
             p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d,
-                                               cols_1d, True, IS_CAUSAL, LEAN)
+                                               cols_1d, True, IS_CAUSAL, LEAN, EXP2_FMA)
         else:
             p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d,
-                                               cols_1d, False, IS_CAUSAL, LEAN)
+                                               cols_1d, False, IS_CAUSAL, LEAN, EXP2_FMA)
         # P(i) V(i) done: P(i)'s registers may go (listed so they stay alive until here), V(i)'s slot too
         o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
         mbarrier.arrive(v_empty.index(cur), count=1)
@@ -551,7 +620,8 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                          next_turn, Out, Lse, num_tiles, num_m, nheads, seqlen_q, seqlen_k, stride_om, stride_lse_b,
                          stride_lse_h, qk_scale, row_off, HEAD_DIM: gl.constexpr, CTA_M: gl.constexpr,
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                         MASK_ALL: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr):
+                         MASK_ALL: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr,
+                         EXP2_FMA: gl.constexpr):
     """A ping-pong consumer warpgroup of the persistent kernel: rows [row_off, row_off + BLOCK_M) of
     each of this program's CTA_M-row tiles (``_walk``; the producer walks the same list). Per tile:
     ``_pp_mainloop`` with the ring's use count (``g0``) and this warpgroup's
@@ -585,7 +655,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                 o, m_i, l_i = _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn,
                                            next_turn, m_start, seqlen_q, seqlen_k, 0, n_tiles, qk_scale, g0, sec0,
                                            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED,
-                                           False, True)
+                                           False, True, EXP2_FMA)
                 g0 += n_tiles
                 sec0 += n_tiles + 1
                 q_pending = 0
@@ -648,7 +718,7 @@ def _pp_shared(q_desc, k_desc, v_desc, NUM_WG: gl.constexpr, WG_ROWS: gl.constex
 def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om, stride_lse_b,
                     stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, ORDERED: gl.constexpr,
-                    KV_TAIL: gl.constexpr):
+                    KV_TAIL: gl.constexpr, EXP2_FMA: gl.constexpr):
     """The persistent ping-pong kernel's body (``hopper_fwd_kernel(PERSISTENT=True)``): the same
     shared memory and partitions as the one-tile kernel (two consumer warpgroups of 64 rows, the
     producer warp, 240 / 24 registers), each partition walking this program's tiles."""
@@ -661,7 +731,7 @@ def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads
                                  v_empty, turn.index(w), turn.index((w + 1) % 2), Out, Lse, num_tiles, num_m, nheads,
                                  seqlen_q, seqlen_k, stride_om, stride_lse_b, stride_lse_h, qk_scale, w * WG_ROWS,
                                  HEAD_DIM, BLOCK_M, WG_ROWS, BLOCK_N, STAGES, IS_CAUSAL, IS_CAUSAL,
-                                 1 if w == 0 else 0, ORDERED))
+                                 1 if w == 0 else 0, ORDERED, EXP2_FMA))
          if w < 2 else
          (_persistent_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                  num_tiles, num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N,
@@ -677,7 +747,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
                       IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr = False, NUM_WG: gl.constexpr = 2,
                       ORDERED: gl.constexpr = True, LEAN: gl.constexpr = False, IS_VARLEN: gl.constexpr = False,
                       PERSISTENT: gl.constexpr = False, LPT: gl.constexpr = False, KV_TAIL: gl.constexpr = False,
-                      num_tiles=0):
+                      EXP2_FMA: gl.constexpr = 0, num_tiles=0):
     """``PINGPONG=False`` (the default, launched with num_warps = 4 * BLOCK_M // 64): one consumer
     partition of BLOCK_M // 64 warpgroups in lockstep, Q descriptor block [BLOCK_M, HEAD_DIM]
     (``NUM_WG`` unused). ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 64 * NUM_WG):
@@ -705,14 +775,17 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
 
     ``KV_TAIL`` (the launcher sets it when a key tile can reach past a sequence's end: varlen, or
     seqlen_k not a multiple of BLOCK_N): the producer zeroes the V rows past the end before the
-    consumers read them (``_producer``, ``_zero_v_tail``)."""
+    consumers read them (``_producer``, ``_zero_v_tail``).
+
+    ``EXP2_FMA`` (0: off): the last EXP2_FMA of each key tile's BLOCK_N columns (BLOCK_N / 2**k) take
+    their exponentials from the FMA units instead of MUFU.EX2 (``_softmax_tile``, ``_exp2_tile``)."""
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     if PERSISTENT:
         gl.static_assert(PINGPONG and NUM_WG == 2 and not LEAN and not IS_VARLEN,
                          "persistent: the two-warpgroup ping-pong kernel, fixed-length batches")
         _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om, stride_lse_b,
                         stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
-                        ORDERED, KV_TAIL)
+                        ORDERED, KV_TAIL, EXP2_FMA)
         return
     b, h, m_block = _tile_bhm(gl.program_id(0), num_m, gl.num_programs(0), nheads, IS_CAUSAL, LPT)
     m_start = m_block * BLOCK_M
@@ -784,7 +857,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
                                    v_empty, turn.index(w), turn.index((w + 1) % NUM_WG), Out, Lse,
                                    q_row0 + w * WG_ROWS, q_col, m_start + w * WG_ROWS, seqlen_q, seqlen_k, n_lo,
                                    n_tiles, stride_om, lse_base, qk_scale, HEAD_DIM, WG_ROWS, BLOCK_N, STAGES,
-                                   IS_CAUSAL, MASK_ALL, 1 if w == 0 else 0, ORDERED, LEAN))
+                                   IS_CAUSAL, MASK_ALL, 1 if w == 0 else 0, ORDERED, LEAN, EXP2_FMA))
              if w < NUM_WG else
              (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
                           n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL))
@@ -805,7 +878,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
         gl.warp_specialize([
             (_consumer, (q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, Out, Lse, q_row0,
                          q_col, m_start, seqlen_q, seqlen_k, n_lo, n_tiles, stride_om, stride_lse_h, lse_base,
-                         qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL)),
+                         qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, EXP2_FMA)),
             (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
                          n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL)),
         ], [1], [24])
