@@ -17,10 +17,17 @@ lengths) instead of the fixed-length kernels (``IS_VARLEN=False``, cu_seqlens co
 launcher passes them); its lines carry ``varlen``.
 
 It also runs ptxas -v on the PTX (skip with --no-ptxas) and flags C7514 ("wgmma.mma_async
-instructions are serialized"): the ping-pong variants must compile without it.
+instructions are serialized"): the ping-pong variants must compile without it. ``top_reg``: the
+highest register the SASS names + 1 (the widest partition's use; ptxas -v reports the launch budget);
+MUFU.EX2 and FFMA: those instructions in the SASS.
+
+``--exp2-fma 0,25,50`` compiles each kernel once per share of the exponentials on the FMA units
+(``ioattn.hopper.exp2_fma``, the kernel's ``EXP2_FMA``; 0, the default, is the kernel as launched
+without the option); its lines carry ``exp2_fma=N%``.
+Spills are asserted against the default bounds at 0 only, and reported for the other shares.
 
     python benchmarks/compile_check_hopper.py [--variants base,pingpong,split,wg3] [--no-ptxas] [--quick] [--jobs N]
-        [--masks 0,1] [--headdims 64,128] [--varlen]
+        [--masks 0,1] [--headdims 64,128] [--varlen] [--exp2-fma 0,25,50]
 """
 import argparse
 import os
@@ -33,7 +40,8 @@ from ioattn import hopper
 from ioattn.kernels.hopper_forward import hopper_fwd_kernel as fn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gluon_aot import DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxas_report, run_jobs  # noqa: E402
+from gluon_aot import (DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxas_report, run_jobs,  # noqa: E402
+                       sass_opcodes, sass_text, sass_top_register)
 
 
 def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, exp2_fma=0):
@@ -75,8 +83,8 @@ def cfg_tail(varlen, kv_tail):
 
 def check(job):
     """Compile one (variant, head dim, dtype, causal), assert its structure, return its report line."""
-    variant, d, dt, causal, run_ptxas, varlen, lpt, kv_tail = job
-    cfg, k = compile_one(variant, d, dt, causal, varlen, lpt, kv_tail)
+    variant, d, dt, causal, run_ptxas, varlen, lpt, kv_tail, exp2_fma = job
+    cfg, k = compile_one(variant, d, dt, causal, varlen, lpt, kv_tail, exp2_fma)
     ptx = k.asm["ptx"]
     c = ptx_counts(ptx)
     where = (variant, d, dt, causal, varlen)
@@ -103,8 +111,11 @@ def check(job):
     if run_ptxas:
         nregs, spills, nbars, serialized = ptxas_report(ptx)
         serialized = bool(serialized)
-        regs = (f"regs={nregs} spill={spills}B bars_used={nbars} "
-                f"{'SERIALIZED(C7514)' if serialized else 'wgmma-pipelined'} ")
+        sass = sass_text(k.asm["cubin"])
+        ops = sass_opcodes(sass)
+        regs = (f"regs={nregs} top_reg={sass_top_register(None, sass)} spill={spills}B bars_used={nbars} "
+                f"{'SERIALIZED(C7514)' if serialized else 'wgmma-pipelined'} "
+                f"MUFU.EX2={ops['MUFU.EX2']} FFMA={ops['FFMA']} ")
         if variant != "base":
             # persistent: a few per-tile values spill around the tile loop (80 B at d = 128 / 256
             # non-causal, ptxas 12.8: reloaded in the epilogue and the loop's bookkeeping, none in
@@ -114,7 +125,10 @@ def check(job):
             # NOTES §38); the others stay at 0 (persistent: its 80-116 B of tile-loop values)
             tail = cfg_tail(varlen, kv_tail)
             allowed = 128 if variant == "persistent" else 192 if tail and variant in ("wg3", "split") else 0
-            assert not serialized and spills <= allowed, (where, "ptxas serialised the wgmmas or spilled", spills)
+            assert not serialized, (where, "ptxas serialised the wgmmas")
+            assert exp2_fma or spills <= allowed, (where, "ptxas spilled", spills)
+    if exp2_fma:
+        regs += f"exp2_fma={exp2_fma:g}% "
     return (f"{variant:8s} d={d} {dt} causal={causal!s:5s} {'varlen ' if varlen else ''}"
             f"tiles={cfg['block_m']}x{cfg['block_n']}x{cfg['stages']} "
             f"warps={k.metadata.num_warps} shared={k.metadata.shared} {regs}{fmt(c)}")
@@ -132,12 +146,18 @@ def main():
     ap.add_argument("--lpt", action="store_true", help="causal one-tile grids in LPT order (LPT=True)")
     ap.add_argument("--kv-tail", action="store_true",
                     help="fixed-length kernels for key lengths not a multiple of the key tile (KV_TAIL=True)")
+    ap.add_argument("--exp2-fma", default="0",
+                    help="comma-separated shares (%%) of the exponentials on the FMA units (EXP2_FMA): "
+                         f"{', '.join(f'{x:g}' for x in hopper.EXP2_FMA_SHARES)}")
     args = ap.parse_args()
     dtypes = ("bf16",) if args.quick else ("bf16", "fp16")
     masks = [bool(int(m)) for m in args.masks.split(",")]
     dims = None if args.headdims is None else {int(x) for x in args.headdims.split(",")}
-    jobs = [(variant, d, dt, causal, not args.no_ptxas, args.varlen, args.lpt, args.kv_tail or None) for variant in args.variants.split(",")
-            for d in hopper.TILE_TABLE[variant] if dims is None or d in dims for dt in dtypes for causal in masks]
+    shares = [float(x) for x in args.exp2_fma.split(",")]
+    jobs = [(variant, d, dt, causal, not args.no_ptxas, args.varlen, args.lpt, args.kv_tail or None, share)
+            for variant in args.variants.split(",")
+            for d in hopper.TILE_TABLE[variant] if dims is None or d in dims for dt in dtypes for causal in masks
+            for share in shares]
     t0 = time.time()
     run_jobs(check, jobs, args.jobs)
     print(f"hopper kernel compiled for sm_90: {len(jobs)} {'varlen ' if args.varlen else ''}kernels, "

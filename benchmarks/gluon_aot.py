@@ -64,16 +64,25 @@ def ptxas_report(ptx):
     return int(regs.group(1)), spills, int(regs.group(2) or 0), why
 
 
-def sass_top_register(cubin):
-    """The highest general register (Rn) the kernel's SASS names, by nvdisasm (next to ptxas), + 1:
-    in a warp-specialised kernel, where ptxas -v reports the launch budget, the widest partition's
-    use (the workers' setmaxnreg cap is far below it)."""
+def sass_text(cubin):
+    """The kernel's SASS, by nvdisasm (next to ptxas)."""
     nvdisasm = os.path.join(os.path.dirname(knobs.nvidia.ptxas.path), "nvdisasm")
     with tempfile.TemporaryDirectory() as tmp:
         with open(f"{tmp}/k.cubin", "wb") as f:
             f.write(cubin)
-        sass = subprocess.run([nvdisasm, "-c", f"{tmp}/k.cubin"], capture_output=True, text=True, check=True).stdout
-    return max(int(n) for n in re.findall(r"\bR(\d+)\b", sass)) + 1
+        return subprocess.run([nvdisasm, "-c", f"{tmp}/k.cubin"], capture_output=True, text=True, check=True).stdout
+
+
+def sass_top_register(cubin, sass=None):
+    """The highest general register (Rn) the kernel's SASS names + 1: in a warp-specialised kernel,
+    where ptxas -v reports the launch budget, the widest partition's use (the workers' setmaxnreg cap
+    is far below it). ``sass``: the text, if already disassembled."""
+    return max(int(n) for n in re.findall(r"\bR(\d+)\b", sass or sass_text(cubin))) + 1
+
+
+def sass_opcodes(sass):
+    """SASS instructions by opcode (with its modifiers, e.g. MUFU.EX2), predicated or not."""
+    return collections.Counter(re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass, re.M))
 
 
 def run_jobs(check, jobs, workers):

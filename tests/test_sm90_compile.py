@@ -63,3 +63,34 @@ causal), fits shared memory and uses wgmma, TMA and
     (wg3,) = [line for line in lines if line.startswith("wg3 ")]
     assert "d=64 bf16 causal=True  tiles=192x128x" in wg3 and "spill=0B" in wg3 and "wgmma-pipelined" in wg3, wg3
     assert "inc160x2" in wg3 and "dec168x1" in wg3, wg3
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+def test_hopper_exp2_fma_compiles_for_sm90():
+    """The forward with a quarter of each key tile's exponentials on the FMA units (hopper.exp2_fma(25),
+    the kernel's EXP2_FMA), causal, in the ping-pong kernel at d = 64 and 128 and wg3: the column split
+    compiles as a register renaming (the kernel asserts its layout conversion trivial), ptxas neither
+    spills nor serialises the wgmmas, and against the default build every MUFU.EX2 taken away became
+    the polynomial's three FFMAs (a quarter of the score tiles' exponentials: 16 of 64 per thread at
+    each of the consumers' three softmax call sites)."""
+    pytest.importorskip("triton.experimental.gluon")
+    import re
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_check_hopper.py"), "--quick",
+                           "--variants", "pingpong,wg3", "--headdims", "64,128", "--masks", "1", "--exp2-fma", "0,25"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    lines = [line for line in proc.stdout.splitlines() if " tiles=" in line]
+    assert len(lines) == 6, lines
+    counts = {}
+    for line in lines:
+        key = (line.split()[0], line.split()[1], "exp2_fma=25%" in line)
+        counts[key] = tuple(int(re.search(rf"{op}=(\d+)", line).group(1)) for op in ("MUFU.EX2", "FFMA"))
+        if key[2]:
+            assert "spill=0B" in line and "wgmma-pipelined" in line, line
+    for variant, d in (("pingpong", "d=64"), ("pingpong", "d=128"), ("wg3", "d=64")):
+        (mufu0, ffma0), (mufu, ffma) = counts[(variant, d, False)], counts[(variant, d, True)]
+        num_wg = 3 if variant == "wg3" else 2
+        assert mufu0 - mufu == num_wg * 3 * 16, (variant, d, mufu0, mufu)
+        assert ffma - ffma0 == 3 * (mufu0 - mufu), (variant, d, ffma0, ffma)
