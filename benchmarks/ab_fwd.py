@@ -1,7 +1,8 @@
 """A/B of forward variants in one process, with SDPA's flash and cuDNN backends timed beside them:
 the K/V load path (pointer / TMA descriptors) crossed with the tiles given in ``--tiles``.
-(At commit e72b253 it also crossed the exp2 mode of FlashAttention-4's polynomial; that variant was
-measured slower everywhere and removed: benchmarks/NOTES.md, section 7.)
+(At commit e72b253 it also crossed the exp2 mode of FlashAttention-4's polynomial in the portable
+kernel; that variant was measured slower everywhere and removed: benchmarks/NOTES.md, section 8. The
+Gluon forward's own version is the ``-fmaNN`` suffix below, NOTES section 42.)
 
     python benchmarks/ab_fwd.py --out DIR [--headdims 64,128] [--seqlens 1024,4096,16384]
 
@@ -12,6 +13,7 @@ it is timed; timing is ``ioattn.bench.timing.median_ms`` (device time, median of
 import argparse
 import json
 import os
+import re
 import sys
 
 import torch
@@ -22,7 +24,7 @@ from ioattn.bench.providers import providers
 from ioattn.bench.run import _check
 from ioattn.bench.timing import attention_flops, median_ms
 
-def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False):
+def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False, exp2_fma=0.0):
     def run(q, k, v, causal):
         if gluon and q.shape[-1] not in hopper.TILE_TABLE[gluon]:  # else the portable kernel would be timed
             raise ValueError(f"the Gluon {gluon} variant has no head dim {q.shape[-1]}")
@@ -30,11 +32,26 @@ def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False):
         try:
             with dispatch.prefer_tma(tma), dispatch.prefer_persistent(persistent), \
                     hopper.prefer_hopper(bool(gluon)), hopper.variant(gluon or "base"), \
-                    dispatch.rescale_threshold(tau), hopper.lpt_order(lpt):
+                    dispatch.rescale_threshold(tau), hopper.lpt_order(lpt), hopper.exp2_fma(exp2_fma):
                 return ioattn.flash_attn_func(q, k, v, causal=causal)
         finally:
             dispatch.set_tile_override("fwd", None)
     return run
+
+
+# "-fmaNN": that share of the exponentials on the FMA units (hopper.exp2_fma); 12 stands for 12.5
+FMA_SUFFIX = {"12": 12.5, "25": 25.0, "50": 50.0, "100": 100.0}
+
+
+def parse_load(name, loads):
+    """A --loads name -> (its loads entry, lpt, exp2_fma): a base name, then optionally "-fmaNN" (Gluon
+    only) and "-lpt", in that order (e.g. gluon-pp-fma25, gluon-wg3-fma50-lpt)."""
+    m = re.fullmatch(r"(.+?)(?:-fma(\d+))?(-lpt)?", name)
+    base, fma, lpt = m.group(1), m.group(2), bool(m.group(3))
+    if base not in loads or (fma is not None and (fma not in FMA_SUFFIX or not base.startswith("gluon"))):
+        raise SystemExit(f"unknown --loads name {name!r}: one of {', '.join(loads)}, a Gluon name may take "
+                         f"-fma{{{','.join(FMA_SUFFIX)}}} and -lpt")
+    return loads[base], lpt, FMA_SUFFIX[fma] if fma else 0.0
 
 
 def main():
@@ -46,7 +63,8 @@ def main():
     ap.add_argument("--loads", default="ptr,tma",
                     help="variants to cross with the tiles: ptr, tma, tma-pers (TMA + persistent grid), tma-r8 "
                          "(TMA + conditional rescaling, tau 8), gluon, gluon-pp, gluon-split, gluon-wg3, gluon-pers; "
-                         "a Gluon name + \"-lpt\": the causal grid in LPT order "
+                         "a Gluon name + \"-fma12/-fma25/-fma50/-fma100\": that share (%%; 12 = 12.5) of the "
+                         "exponentials on the FMA units (hopper.exp2_fma); + \"-lpt\": the causal grid in LPT order "
                          "(the "
                          "Gluon Hopper forward's base, ping-pong, unordered two-warpgroup, three-warpgroup and "
                          "persistent ping-pong variants; "
@@ -63,10 +81,12 @@ def main():
              "tma-r8": (True, False, None, 8.0), "gluon": (True, False, "base", 0.0),
              "gluon-pp": (True, False, "pingpong", 0.0), "gluon-split": (True, False, "split", 0.0),
              "gluon-wg3": (True, False, "wg3", 0.0), "gluon-pers": (True, False, "persistent", 0.0)}
-    # "-lpt": the causal grid in LPT order (hopper.lpt_order; one-tile Gluon kernels)
+    # "-fmaNN": exponentials on the FMA units; "-lpt": the causal grid in LPT order (hopper.lpt_order;
+    # one-tile Gluon kernels)
+    parsed = {name: parse_load(name, loads) for name in args.loads.split(",")}
     fns = {f"{name}-{'dflt' if c is None else '.'.join(map(str, (c.block_m, c.block_n, c.num_warps, c.num_stages)))}":
-           variant_fn(*loads[name.removesuffix("-lpt")], c, name.endswith("-lpt"))
-           for c in tile_sets for name in args.loads.split(",")
+           variant_fn(*entry, c, lpt, exp2_fma)
+           for c in tile_sets for name, (entry, lpt, exp2_fma) in parsed.items()
            if not (name.startswith("gluon") and c is not None)}
     fns.update(peers)
     rows = []
