@@ -25,8 +25,10 @@ def _assert_grads_match_oracle(grads, q, k, v, dout, window):
         assert_within_torch_error(name, g, r, s)
 
 
-def _check(b, sq, sk, h, hkv, d, dtype, causal=False, window=(-1, -1), softcap=0.0, alibi=False, varlen=False):
-    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
+def _check(b, sq, sk, h, hkv, d, dtype, causal=False, window=(-1, -1), softcap=0.0, alibi=False, varlen=False,
+           q_scale=1.0):
+    """``q_scale``: q drawn with that standard deviation (larger: peaked rows, scores far apart)."""
+    q = (torch.randn(b, sq, h, d, device="cuda", dtype=dtype) * q_scale).requires_grad_()
     k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, requires_grad=True)
     v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, requires_grad=True)
     slopes = torch.rand(b, h, device="cuda") * 0.3 if alibi else None
@@ -418,6 +420,62 @@ def test_hopper_forward_causal_lpt_order(variant, d, shape, poison_alloc):
     b, sq, sk, h, hkv = shape
     with hopper.variant(variant), hopper.prefer_hopper(True), hopper.lpt_order(True):
         _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=True)
+
+
+# exp2 on the FMA units (hopper.exp2_fma, the kernel's EXP2_FMA): the shares the A/B times (12.5, 25, 50)
+# and all of them (100) in bf16, 50 in fp16 (its finer rounding of P shows the cubic's error sooner)
+_EXP2_FMA_CASES = [(12.5, torch.bfloat16), (25, torch.bfloat16), (50, torch.bfloat16), (50, torch.float16),
+                   (100, torch.bfloat16)]
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant, d", [("pingpong", 128), ("pingpong", 256), ("wg3", 64), ("persistent", 128)])
+@pytest.mark.parametrize("share, dtype", _EXP2_FMA_CASES, ids=[f"fma{s:g}-{str(t)[6:]}" for s, t in _EXP2_FMA_CASES])
+@pytest.mark.parametrize("causal", [False, True])
+# (1, 777, 1500, 2, 1): ragged (neither length a multiple of a tile); (3, 129, 64, 2, 2): one key tile,
+# and under causal rows that see no key (p = exp2(-inf) must be exactly 0 on the FMA columns too)
+@pytest.mark.parametrize("shape", [(1, 777, 1500, 2, 1), (3, 129, 64, 2, 2)])
+def test_hopper_forward_exp2_fma(variant, d, share, dtype, causal, shape, poison_alloc):
+    """The Gluon forward with ``share`` % of every key tile's exponentials on the FMA units against
+    the float64 oracle (2x PyTorch's own error), with the gradients of the backward it feeds; and
+    its lse against the same kernel's without the option: within the cubic's relative error
+    (ioattn.reference.exp2_poly.MAX_REL_ERROR) plus float32 rounding, yet not bitwise equal where
+    the polynomial's columns (each key tile's last ones) hold keys: the option reached the kernel."""
+    from ioattn import hopper
+    from ioattn.reference.exp2_poly import MAX_REL_ERROR
+    b, sq, sk, h, hkv = shape
+    with hopper.variant(variant), hopper.prefer_hopper(True), hopper.exp2_fma(share):
+        plan = ioattn.explain_dispatch(torch.empty(b, sq, h, d, device="cuda", dtype=dtype),
+                                       torch.empty(b, sk, hkv, d, device="cuda", dtype=dtype),
+                                       torch.empty(b, sk, hkv, d, device="cuda", dtype=dtype), causal=causal)
+        assert variant in plan.forward["kernel"] and plan.forward["exp2_fma"].startswith(f"{share:g}% ")
+        _check(b, sq, sk, h, hkv, d, dtype, causal=causal)
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+    k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype) for _ in range(2))
+    with hopper.variant(variant):
+        out0, lse0 = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
+        with hopper.exp2_fma(share):
+            out1, lse1 = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
+    assert torch.equal(lse0.isinf(), lse1.isinf()) and not lse1.isnan().any()  # the same rows see no key
+    seen = lse0.isfinite()
+    assert (lse1[seen] - lse0[seen]).abs().max().item() <= 1.5 * MAX_REL_ERROR + 1e-5
+    if sk >= hopper.TILE_TABLE[variant][d][1]:  # else the key tile's last columns are all past seqlen_k
+        assert not torch.equal(lse0, lse1)
+    assert torch.equal(out1[~seen.transpose(1, 2)], torch.zeros_like(out1[~seen.transpose(1, 2)]))
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant, d", [("pingpong", 128), ("wg3", 64)])
+@pytest.mark.parametrize("share", [50, 100])
+@pytest.mark.parametrize("causal", [False, True])
+def test_hopper_forward_exp2_fma_extreme_scores(variant, d, share, causal, poison_alloc):
+    """Large logits (q with standard deviation 30: score spreads of hundreds of log2 units, so many
+    exponent arguments lie below -127, where the polynomial must give 0, and a row maximum can jump
+    by far more than 127 from one key tile to the next) with exponentials on the FMA units: no NaN,
+    and the float64 oracle's criterion, forward and gradients."""
+    from ioattn import hopper
+    with hopper.variant(variant), hopper.prefer_hopper(True), hopper.exp2_fma(share):
+        _check(2, 1000, 1000, 4, 2, d, torch.bfloat16, causal=causal, q_scale=30.0)
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
