@@ -5,6 +5,7 @@ sdpa-math), each run once per module; everything about the report runs on a hand
 tests/data (and decode records made from it)."""
 import json
 import os
+import statistics
 
 import pytest
 import torch
@@ -12,7 +13,8 @@ import torch
 from ioattn import dispatch
 from ioattn.bench import report
 from ioattn.bench.providers import calibrate_unified_max, decode_providers, paged_copy
-from ioattn.bench.run import decode_bytes, run_sweep
+from ioattn.bench import run as bench_run
+from ioattn.bench.run import DECODE_ROUNDS, decode_bytes, run_sweep
 from ioattn.bench.timing import attention_flops
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "data", "bench_fixture.jsonl")
@@ -263,12 +265,48 @@ def test_cpu_decode_sweep_records_are_valid(cpu_decode):
         assert r["ok"] and r["gbps"] > 0 and r["us"] == pytest.approx(1e3 * r["ms"]), r
         nbytes = decode_bytes(r["batch"], r["seqlen_k"], r["nheads_kv"], r["headdim"], 2)
         assert r["gbps"] == pytest.approx(nbytes / r["ms"] / 1e6)
-    # one record per (provider, case); the cases differ by batch at one KV length too
+    # one record per (provider, case), its time the median of its interleaved rounds
     assert len({(r["provider"], r["batch"], r["seqlen_k"]) for r in records}) == len(records)
+    for r in records:
+        assert len(r["ms_rounds"]) == DECODE_ROUNDS and r["ms"] == statistics.median(r["ms_rounds"]), r
     text = report.table(records)
     assert "GB/s" in text and "kvlen" in text and "ioattn us" in text
     rows = [ln.split() for ln in text.splitlines() if ln.split()[-1:] == ["sdpa-math"]]
     assert len(rows) == len({(r["batch"], r["seqlen_k"]) for r in records})
+
+
+def test_decode_rounds_interleave_providers(monkeypatch):
+    """Every provider is timed once per round, round r starting at provider r; the record holds the
+    median of the rounds; a provider that fails in a round is reported and dropped from later ones."""
+    calls = []
+
+    def setup(name):
+        def make(q, k, v, seqlens):
+            def run():
+                if name == "c" and calls.count("c") == 1:
+                    raise RuntimeError("c broke in round 2")
+                return name
+            return run
+        return make
+
+    def fake_median(fn, sets, stats=None, **_):
+        calls.append(fn(sets[0]))
+        return {"a": 1.0, "b": 2.0, "c": 3.0}[calls[-1]] + 0.1 * len(calls)
+
+    monkeypatch.setattr(bench_run, "decode_providers", lambda names: {n: (setup(n), "") for n in "abc"})
+    monkeypatch.setattr(bench_run, "_check_decode", lambda setup, inputs: (True, 0.0))
+    monkeypatch.setattr(bench_run, "median_ms", fake_median)
+    lines = []
+    records = bench_run.run_decode_sweep("decode", "cpu", provider_names=["a"], log=lines.append,
+                                         batches=[1], kvlens=[64], rounds=3)
+    # rounds a b c | b (c fails) a | (c dropped) a b
+    assert calls == ["a", "b", "c", "b", "a", "a", "b"], calls
+    by = {r["provider"]: r for r in records}
+    assert set(by) == {"a", "b", "c"} and len(records) == 3
+    assert not by["c"]["ok"] and "c broke in round 2" in by["c"]["error"]
+    assert by["a"]["ms_rounds"] == pytest.approx([1.1, 1.5, 1.6]) and by["a"]["ms"] == pytest.approx(1.5)
+    assert by["b"]["ms_rounds"] == pytest.approx([2.2, 2.4, 2.7]) and by["b"]["ms"] == pytest.approx(2.4)
+    assert any("c broke" in ln for ln in lines)
 
 
 def test_unknown_decode_provider_is_a_line_not_an_exception():

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import sys
 from dataclasses import dataclass, replace
 
@@ -71,6 +72,9 @@ GPU_DECODE = {"decode": DecodeSweep(cases=DECODE_CASES)}
 CPU_DECODE = {"decode": DecodeSweep(cases=((1, 256), (1, 1024), (2, 256), (2, 1024)), nheads=4, nheads_kv=2,
                                     headdims=(64,), providers=("ioattn", "ioattn-paged", "sdpa-math"))}
 DECODE_CHECK_BATCH = 2  # the correctness check runs on the first case, cut to at most this batch
+# Interleaved timing rounds per decode case (``run_decode_sweep``; ``--rounds``): three give a median
+# that one outlying round cannot move, at ~3x the timed calls (a case's calls take < 25 ms each round).
+DECODE_ROUNDS = 3
 
 
 def decode_bytes(batch, kvlen, nheads_kv, d, itemsize):
@@ -154,19 +158,19 @@ class _Progress:
 
 
 def run_sweep(name, device, dtype_name="bf16", provider_names=None, log=print, sink=None, headdims=None,
-              seqlens=None, batches=None, kvlens=None):
+              seqlens=None, batches=None, kvlens=None, rounds=None):
     """Run one sweep and return its records; every record also goes to ``sink`` as soon as it exists
     (a run cut off by a time limit keeps what it measured). Problems are logged, never raised.
-    ``batches``/``kvlens`` are for ``decode`` only (``seqlens`` is read as ``kvlens`` there)."""
+    ``batches``/``kvlens``/``rounds`` are for ``decode`` only (``seqlens`` is read as ``kvlens`` there)."""
     if name in GPU_DECODE:
         return run_decode_sweep(name, device, dtype_name, provider_names, log, sink, headdims,
-                                batches, kvlens or seqlens)
+                                batches, kvlens or seqlens, DECODE_ROUNDS if rounds is None else rounds)
     sweeps = GPU_SWEEPS if device == "cuda" else CPU_SWEEPS
     if name not in sweeps:
         log(f"unknown sweep {name!r} on {device}; known here: {', '.join([*sweeps, *GPU_DECODE])}")
         return []
-    if batches or kvlens:
-        log("--batches/--kvlens are for the decode sweep; ignored")
+    if batches or kvlens or rounds is not None:
+        log("--batches/--kvlens/--rounds are for the decode sweep; ignored")
     sw = sweeps[name]
     if headdims:
         sw = replace(sw, headdims=tuple(headdims))
@@ -234,9 +238,14 @@ def decode_cases(sw, batches=None, kvlens=None):
 
 
 def run_decode_sweep(name, device, dtype_name="bf16", provider_names=None, log=print, sink=None, headdims=None,
-                     batches=None, kvlens=None):
+                     batches=None, kvlens=None, rounds=DECODE_ROUNDS):
     """The decode sweep (see ``run_sweep``): per (head dim, case), every provider is set up on each
-    input set outside the timed region, then its ``run()`` is timed with ``median_ms``."""
+    input set outside the timed region, then the providers' ``run()`` are timed with ``median_ms`` in
+    ``rounds`` interleaved rounds (round r starts at provider r, so no provider always runs first or
+    after the same one); a record's time is the median of its rounds' medians, ``ms_rounds`` lists
+    them. Steps of 15-1000 us sit within ~1.5 % of each other from one run to the next on the H200
+    (benchmarks/NOTES.md §41): one timing per provider lets a drift of the machine between two
+    providers' turns decide the order of two kernels at the same speed."""
     sw = (GPU_DECODE if device == "cuda" else CPU_DECODE)[name]
     if headdims:
         sw = replace(sw, headdims=tuple(headdims))
@@ -273,33 +282,51 @@ def run_decode_sweep(name, device, dtype_name="bf16", provider_names=None, log=p
                 except torch.cuda.OutOfMemoryError:
                     log(f"d={d} batch={batch} kv={kvlen}: inputs do not fit in device memory; skipping this case")
                     continue
+                prepared = {}  # provider -> (ok, err, its runs on every input set)
                 for pname, setup in runnable.items():
                     bar.step(f"{pname} d={d} batch={batch} kv={kvlen}")
-                    runs = None
                     try:
                         if pname not in checked:  # correctness on the first case, at a small batch
                             checked[pname] = _check_decode(setup, sets[0])
-                        ok, err = checked[pname]
-                        runs = [setup(*s) for s in sets]
-                        stats = {}
-                        ms = median_ms(lambda run: run(), runs, stats=stats)
-                        rec = _decode_record(name, pname, dtype_name, shape, env, ms=ms, ok=ok, max_err=err,
-                                             host_ms=stats.get("host_ms"))
-                        if not ok:
-                            rec["error"] = f"failed the correctness check (max err {err:.3g})"
-                        records.append(rec)
-                        log(_decode_line(rec))
+                        prepared[pname] = (*checked[pname], [setup(*s) for s in sets])
                     except Exception as e:  # noqa: BLE001 - a provider that cannot run a case is reported
-                        msg = _short(e)
-                        records.append(_decode_record(name, pname, dtype_name, shape, env, ok=False, error=msg))
-                        log(f"{pname} d={d} batch={batch} kv={kvlen}: cannot run ({msg})")
-                    finally:
-                        del runs
-                        if device == "cuda":
-                            torch.cuda.empty_cache()
+                        _decode_failed(records, log, name, pname, dtype_name, shape, env, e)
+                times, host = {p: [] for p in prepared}, {}
+                order = list(prepared)
+                for r in range(max(1, rounds) if order else 0):
+                    for pname in order[r % len(order):] + order[:r % len(order)]:
+                        if pname not in times:
+                            continue
+                        try:
+                            stats = {}
+                            times[pname].append(median_ms(lambda run: run(), prepared[pname][2], stats=stats))
+                            host.setdefault(pname, stats.get("host_ms"))
+                        except Exception as e:  # noqa: BLE001
+                            _decode_failed(records, log, name, pname, dtype_name, shape, env, e)
+                            del times[pname]
+                for pname in order:
+                    if pname not in times:
+                        continue
+                    ok, err, _ = prepared[pname]
+                    rec = _decode_record(name, pname, dtype_name, shape, env, ms=statistics.median(times[pname]),
+                                         ok=ok, max_err=err, host_ms=host.get(pname))
+                    rec["ms_rounds"] = times[pname]
+                    if not ok:
+                        rec["error"] = f"failed the correctness check (max err {err:.3g})"
+                    records.append(rec)
+                    log(_decode_line(rec))
+                del prepared
+                if device == "cuda":
+                    torch.cuda.empty_cache()
                 del sets
     bar.close()
     return list(records)
+
+
+def _decode_failed(records, log, name, pname, dtype_name, shape, env, e):
+    msg = _short(e)
+    records.append(_decode_record(name, pname, dtype_name, shape, env, ok=False, error=msg))
+    log(f"{pname} d={shape[4]} batch={shape[0]} kv={shape[1]}: cannot run ({msg})")
 
 
 def _decode_inputs(shape, dtype, device):
@@ -454,6 +481,8 @@ def main(argv=None):
     ap.add_argument("--batches", default=None, help="decode: comma-separated batch sizes (with --kvlens: their "
                     "cross product replaces the case list; default 1)")
     ap.add_argument("--kvlens", default=None, help="decode: comma-separated KV lengths (default: the sweep's)")
+    ap.add_argument("--rounds", type=int, default=None, help=f"decode: interleaved timing rounds per case, the "
+                    f"median of their medians reported (default {DECODE_ROUNDS})")
     ap.add_argument("--out", default=None, help="directory for results.jsonl and the plots")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -481,7 +510,7 @@ def main(argv=None):
     ints = lambda s: [int(x) for x in s.split(",")] if s else None  # noqa: E731
     records = run_sweep(args.sweep, device, args.dtype, names, log=lambda s: print(s, flush=True), sink=sink,
                         headdims=ints(args.headdims), seqlens=ints(args.seqlens), batches=ints(args.batches),
-                        kvlens=ints(args.kvlens))
+                        kvlens=ints(args.kvlens), rounds=args.rounds)
     from ioattn.bench.report import plot, table
     print()
     print(table(records))
