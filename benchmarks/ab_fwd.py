@@ -8,12 +8,14 @@ Gluon forward's own version is the ``-fmaNN`` suffix below, NOTES section 42.)
 
 bf16, 16384 tokens, hidden 2048 (the bench's grid). Every variant is checked against the float64
 oracle (``ioattn.bench.run._check``) on the first sequence length of each (head dim, mask) before
-it is timed; timing is ``ioattn.bench.timing.median_ms`` (device time, median of 20).
+it is timed; timing is ``ioattn.bench.timing.median_ms`` (device time, median of 20), in ``--rounds``
+interleaved rounds (the median of their medians).
 """
 import argparse
 import json
 import os
 import re
+import statistics
 import sys
 
 import torch
@@ -71,6 +73,7 @@ def main():
                          "their own tiles, so only with 'default'; wg3 has head dim 64 only)")
     ap.add_argument("--causal", default="0,1", help="masks: 0 (none), 1 (causal) or both")
     ap.add_argument("--tag", default="ab_fwd", help="name of the JSON-lines file")
+    ap.add_argument("--rounds", type=int, default=1, help="interleaved timing rounds (median of their medians)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     sink = open(os.path.join(args.out, f"{args.tag}.jsonl"), "w")
@@ -96,17 +99,28 @@ def main():
             for n in map(int, args.seqlens.split(",")):
                 shape = (16384 // n, n, 2048 // d, d)
                 q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-                for name, fn in fns.items():
-                    try:  # a variant that fails to compile or run is reported and the rest go on
-                        if name not in ok:
-                            ok[name] = _check(fn, q, k, v, causal)[0]
-                        with torch.no_grad():
-                            ms = median_ms(lambda s: fn(*s, causal), [(q, k, v)])
-                    except Exception as e:  # noqa: BLE001
-                        print(f"{name} d={d} causal={causal} N={n}: {type(e).__name__}: {str(e)[:2000]}", flush=True)
-                        ok[name], ms = False, float("inf")
+                times, broken = {name: [] for name in fns}, set()
+                order = list(fns)
+                for r in range(args.rounds):  # interleaved: round r starts at variant r
+                    for name in order[r % len(order):] + order[:r % len(order)]:
+                        if name in broken:
+                            continue  # raised in an earlier round: reported once
+                        fn = fns[name]
+                        try:  # a variant that fails to compile or run is reported and the rest go on
+                            if name not in ok:
+                                ok[name] = _check(fn, q, k, v, causal)[0]
+                            with torch.no_grad():
+                                times[name].append(median_ms(lambda s: fn(*s, causal), [(q, k, v)]))
+                        except Exception as e:  # noqa: BLE001
+                            print(f"{name} d={d} causal={causal} N={n}: {type(e).__name__}: {str(e)[:2000]}",
+                                  flush=True)
+                            ok[name] = False
+                            broken.add(name)
+                for name in order:
+                    ms = statistics.median(times[name]) if times[name] else float("inf")
                     tf = attention_flops(shape[0], shape[2], n, n, d, causal, "fwd") / ms / 1e9
-                    rec = dict(headdim=d, causal=causal, seqlen=n, variant=name, ok=ok[name], ms=ms, tflops=tf)
+                    rec = dict(headdim=d, causal=causal, seqlen=n, variant=name, ok=ok.get(name, False), ms=ms,
+                               tflops=tf, ms_rounds=times[name])
                     sink.write(json.dumps(rec) + "\n")
                     sink.flush()
                     rows.append(rec)
