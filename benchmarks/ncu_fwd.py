@@ -13,6 +13,7 @@ import torch
 
 import ioattn
 from ioattn import hopper
+from ioattn.bench.providers import providers
 
 WARMUP = 2
 
@@ -23,19 +24,24 @@ def main():
     ap.add_argument("--seqlen", type=int, default=16384)
     ap.add_argument("--headdim", type=int, default=128)
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--cudnn", action="store_true", help="SDPA's cuDNN forward too, after the variants (profile "
+                    "with a --kernel-name regex that also matches its kernel, e.g. 'hopper_fwd|sdpa|fprop|fmha')")
     args = ap.parse_args()
     n, d = args.seqlen, args.headdim
     batch, heads = max(1, 16384 // n), 2048 // d
     q, k, v = (torch.randn(batch, n, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    names = args.variants.split(",")
+    names = args.variants.split(",") if args.variants else []
+    cudnn = providers(["sdpa-cudnn"])["sdpa-cudnn"][0] if args.cudnn else None
     for phase in ("warm", "profiled"):
         for name in names:
             with hopper.prefer_hopper(True), hopper.variant(name):
                 for _ in range(WARMUP if phase == "warm" else 1):
                     ioattn.flash_attn_func(q, k, v, causal=args.causal)
+        for _ in range((WARMUP if phase == "warm" else 1) if cudnn else 0):
+            cudnn(q, k, v, args.causal)
         torch.cuda.synchronize()
         if phase == "warm":
-            print(f"warm-up launches: {WARMUP * len(names)}", flush=True)
+            print(f"warm-up launches: {WARMUP * (len(names) + bool(cudnn))}", flush=True)
 
 
 if __name__ == "__main__":
