@@ -21,7 +21,7 @@ echo "decode rc=$?"; rm -f "$out"/decode/*.png
 timeout 90 python3 benchmarks/power_probe.py --smi "$out/smi.csv" --out "$out/power.jsonl" > "$out/power.log" 2>&1
 echo "power rc=$?"
 kill $smi 2>/dev/null
-timeout 150 ncu --clock-control none --kernel-name regex:"hopper_fwd|sdpa|fprop|fmha" --launch-count 6 \
+timeout 150 ncu --clock-control none --kernel-name regex:"hopper_fwd|sdpa|fprop|fmha" --launch-count 10 \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section InstructionStats --section MemoryWorkloadAnalysis \
     python3 benchmarks/ncu_fwd.py --variants pingpong --cudnn --seqlen 16384 --headdim 128 > "$out/ncu_fwd.txt" 2>&1
 echo "ncu rc=$?"
