@@ -17,6 +17,7 @@ import os
 import re
 import statistics
 import sys
+import time
 
 import torch
 
@@ -74,6 +75,8 @@ def main():
     ap.add_argument("--causal", default="0,1", help="masks: 0 (none), 1 (causal) or both")
     ap.add_argument("--tag", default="ab_fwd", help="name of the JSON-lines file")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved timing rounds (median of their medians)")
+    ap.add_argument("--rest", type=float, default=0.0, help="idle seconds before each timing: the board's power "
+                    "limiter lowers the SM clock under sustained load (NOTES §43), so every variant starts rested")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     sink = open(os.path.join(args.out, f"{args.tag}.jsonl"), "w")
@@ -109,6 +112,7 @@ def main():
                         try:  # a variant that fails to compile or run is reported and the rest go on
                             if name not in ok:
                                 ok[name] = _check(fn, q, k, v, causal)[0]
+                            time.sleep(args.rest)
                             with torch.no_grad():
                                 times[name].append(median_ms(lambda s: fn(*s, causal), [(q, k, v)]))
                         except Exception as e:  # noqa: BLE001
