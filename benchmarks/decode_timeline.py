@@ -10,6 +10,9 @@ medians over the calls. The question (NOTES §43): at batch 1 x 16k / 64k keys i
 between them) is the difference?
 
     python benchmarks/decode_timeline.py --out OUT.json [--cases 1x16384,1x65536] [--providers ioattn,sdpa-cudnn]
+
+``ioattn-noseqlens``: the ``ioattn`` call without ``cache_seqlens`` (the caches are full), so the split
+kernel does not load the lengths before its key ranges are known.
 """
 import argparse
 import json
@@ -40,7 +43,11 @@ def main():
     ap.add_argument("--providers", default="ioattn,sdpa-cudnn")
     ap.add_argument("--calls", type=int, default=20)
     args = ap.parse_args()
-    table = decode_providers(args.providers.split(","))
+    names = args.providers.split(",")
+    table = decode_providers([n for n in names if n != "ioattn-noseqlens"])
+    if "ioattn-noseqlens" in names:  # the same call without cache_seqlens (every cache full): no length load
+        import ioattn
+        table["ioattn-noseqlens"] = (lambda q, k, v, _: lambda: ioattn.flash_attn_with_kvcache(q, k, v), "")
     results = []
     for case in args.cases.split(","):
         batch, kvlen = map(int, case.split("x"))
