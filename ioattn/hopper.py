@@ -226,8 +226,10 @@ lpt_order = dispatch.Preference(False, env="IOATTN_HOPPER_LPT")
 # FlashAttention-4's exp2 emulation (the kernel's ``EXP2_FMA``): this percentage of each key tile's
 # columns take their exponentials from a cubic on the FMA units (``hopper_forward._exp2_poly``, max
 # relative error 1.02e-4) instead of MUFU.EX2, so that both units work at once. Off (0, the kernel as
-# before, the same instructions) until measured (NOTES §42: compiled, not yet run; in the portable
-# forward, without the ping-pong's overlap, it measured slower, §8). ``with hopper.exp2_fma(25): ...``
+# before, the same instructions): measured slower on the H200 at every share in the kernels where it
+# was meant to pay (NOTES §43, results/session-2026-12-01-za: wg3 d=64 N=16384 513 TFLOP/s at 0 %
+# against 491 / 468 / 421 at 12.5 / 25 / 50 %; ping-pong d=128 619 against 594 / 585 / 528), as in
+# the portable forward (§8). A switch for other chips: ``with hopper.exp2_fma(25): ...``
 # or IOATTN_HOPPER_EXP2_FMA=25; a share of the tile's columns halved k times (``_exp2_tile``).
 EXP2_FMA_DEFAULT = 0.0
 EXP2_FMA_SHARES = (0.0, 12.5, 25.0, 50.0, 100.0)
