@@ -24,7 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from ioattn.bench.providers import decode_providers
 from ioattn.bench.run import _decode_inputs, decode_bytes
-from ioattn.bench.timing import n_input_sets
+from ioattn.bench.timing import median_ms, n_input_sets
 
 
 def kernels_of(prof):
@@ -42,12 +42,25 @@ def main():
     ap.add_argument("--cases", default="1x4096,1x16384,1x65536,8x8192")
     ap.add_argument("--providers", default="ioattn,sdpa-cudnn")
     ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3, help="bench timing (median_ms) rounds per provider, interleaved")
     args = ap.parse_args()
     names = args.providers.split(",")
-    table = decode_providers([n for n in names if n != "ioattn-noseqlens"])
+    table = decode_providers([n for n in names if n not in ("ioattn-noseqlens", "ioattn-pdl-late")])
+    table = {n: table[n] for n in names if n in table}
     if "ioattn-noseqlens" in names:  # the same call without cache_seqlens (every cache full): no length load
         import ioattn
         table["ioattn-noseqlens"] = (lambda q, k, v, _: lambda: ioattn.flash_attn_with_kvcache(q, k, v), "")
+    if "ioattn-pdl-late" in names:  # the merge grid released after the split programs' key loop
+        from ioattn.decode import decode_config
+
+        def late(q, k, v, seqlens, base=decode_providers(["ioattn"])["ioattn"][0]):
+            run = base(q, k, v, seqlens)
+
+            def call():
+                with decode_config(pdl_late=True):
+                    return run()
+            return call
+        table["ioattn-pdl-late"] = (late, "")
     results = []
     for case in args.cases.split(","):
         batch, kvlen = map(int, case.split("x"))
@@ -93,7 +106,22 @@ def main():
             for r in rows:
                 gap = f"{r['gap_before_us']:5.1f}" if r["gap_before_us"] is not None else "    -"
                 print(f"    gap {gap}  dur {r['dur_us']:6.1f}  {r['kernel']}")
-        del sets, runs
+        # the bench's timing of the same calls, providers interleaved in rounds (ioattn bench decode's method)
+        prepared = {n: [setup(*st) for st in sets] for n, (setup, _) in table.items() if setup is not None}
+        order, times = list(prepared), {n: [] for n in prepared}
+        for r in range(args.rounds):
+            for n in order[r % len(order):] + order[:r % len(order)]:
+                times[n].append(median_ms(lambda run: run(), prepared[n]) * 1e3)
+        line = []
+        for n in order if args.rounds > 0 else ():
+            med = statistics.median(times[n])
+            for rec in results:
+                if (rec["provider"], rec["batch"], rec["kvlen"]) == (n, batch, kvlen):
+                    rec.update(bench_us=med, bench_rounds_us=times[n])
+            line.append(f"{n} {med:.1f} ({'/'.join(f'{x:.1f}' for x in times[n])})")
+        if line:
+            print(f"bench timing {batch}x{kvlen}: " + "; ".join(line))
+        del sets, runs, prepared
         torch.cuda.empty_cache()
     json.dump(results, open(args.out, "w"), indent=1)
     return 0

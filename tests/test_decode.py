@@ -330,7 +330,15 @@ assert regs <= 170 and 3 * shared <= 233472, (regs, shared)
 # programmatic dependent launch: the split kernel releases the merge grid, the merge waits for it
 c.update(USE_PDL=True)
 _, _, k = compile_one(fn, c, decode._NUM_WARPS, decode._NUM_STAGES, dtype="fp16")
-assert "griddepcontrol.launch_dependents" in k.asm["ptx"]
+early = k.asm["ptx"]
+c.update(PDL_LATE=True)  # the same hint after the key loop: later in the program than the first key load
+_, _, k = compile_one(fn, c, decode._NUM_WARPS, decode._NUM_STAGES, dtype="fp16")
+late = k.asm["ptx"]
+for ptx in (early, late):
+    assert ptx.count("griddepcontrol.launch_dependents") == 1
+first_load = lambda ptx: min(i for i in (ptx.find("ld.global"), ptx.find("cp.async")) if i >= 0)
+assert early.find("griddepcontrol.launch_dependents") < first_load(early)
+assert late.find("griddepcontrol.launch_dependents") > max(late.rfind("cp.async"), first_load(late))
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -507,6 +515,15 @@ def test_pdl_switches_reach_the_plan(monkeypatch):
     assert decode.plan(q, k, k, False, 4096, num_splits=8).pdl
     with decode_config(pdl=False):
         assert not decode.plan(q, k, k, False, 4096, num_splits=8).pdl
+    # where the split programs release the merge grid: only meaningful with PDL
+    assert decode.plan(q, k, k, False, 4096, num_splits=8).pdl_late == decode._PDL_LATE_DEFAULT
+    with decode_config(pdl_late=True):
+        assert decode.plan(q, k, k, False, 4096, num_splits=8).pdl_late
+        assert not decode.plan(q, k, k, False, 4096, num_splits=1).pdl_late
+        with decode_config(pdl=False):
+            assert not decode.plan(q, k, k, False, 4096, num_splits=8).pdl_late
+    with decode_config(pdl_late=False):
+        assert not decode.plan(q, k, k, False, 4096, num_splits=8).pdl_late
 
 
 def test_plan_tiles_by_launch_kind(monkeypatch):
