@@ -104,10 +104,6 @@ _PDL_DEFAULT = True
 # (True). NOTES §44: the device timeline showed the split kernel 0.2-0.4 us longer with PDL than
 # without (results/session-2026-12-01-zc), which a merge grid resident from the start could cause.
 _PDL_LATE_DEFAULT = False
-# Split boundaries on contiguous caches read through pointers fall on multiples of this many keys
-# instead of whole key chunks, so that rounding leaves no split empty (batch 1 x 64k keys, 64-key
-# chunks, 33 splits: 32 runs of 32 chunks and an empty split before; NOTES §44).
-_SPLIT_KEYS = 16
 
 # Unified max (FlashDecoding++): a split keeps phi only if every row max m satisfies
 # phi - below <= m <= phi + above (log2 units). Above: exp2(s - phi) must fit the dtype the
@@ -131,9 +127,6 @@ class DecodePlan:
     num_stages: int
     pdl: bool = False  # merge launched with programmatic dependent launch (only with splits)
     pdl_late: bool = False  # the split programs let the merge launch after their key loop, not at their start
-    # splits start on multiples of this many keys: block_n where a chunk must stay in one page or TMA
-    # row, else _SPLIT_KEYS (plan() sets it)
-    split_keys: int = 16
     # units (sequence, KV head, row block) taken whole before the split ones; None: all whole when
     # num_splits == 1, else none (see _tail_split)
     num_whole: int | None = None
@@ -144,11 +137,11 @@ class DecodePlan:
 @contextlib.contextmanager
 def decode_config(**fields):
     """Force fields of the ``DecodePlan`` (block_n, num_splits, use_tma, num_warps, num_stages, pdl,
-    pdl_late, split_keys, num_whole, max_regs) for the calls inside: tuning sweeps and tests (``pdl`` is still only
+    pdl_late, num_whole, max_regs) for the calls inside: tuning sweeps and tests (``pdl`` is still only
     used where it can run; ``num_whole`` is rounded down to whole batch elements, and
     ``tail_split=False`` turns the tail split off)."""
     unknown = set(fields) - {"block_n", "num_splits", "use_tma", "num_warps", "num_stages", "pdl", "pdl_late",
-                             "split_keys", "num_whole", "tail_split", "max_regs"}
+                             "num_whole", "tail_split", "max_regs"}
     if unknown:
         raise ValueError(f"decode_config: unknown fields {sorted(unknown)}")
     previous = dict(_plan_override)
@@ -481,10 +474,8 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     why.append(f"{block_n}-key chunks, {_plan_override.get('num_stages', stages)} stages, "
                f"{'TMA' if use_tma else 'pointer'} loads" + (", merge by programmatic dependent launch" if pdl else ""))
     pdl_late = pdl and bool(_plan_override.get("pdl_late", _PDL_LATE_DEFAULT))
-    split_keys = block_n if paged or use_tma else min(block_n, _plan_override.get("split_keys", _SPLIT_KEYS))
     return DecodePlan(block_m, block_n, num_splits, use_tma, _plan_override.get("num_warps", _NUM_WARPS),
-                      _plan_override.get("num_stages", stages), pdl, pdl_late, split_keys, num_whole, max_regs,
-                      "; ".join(why))
+                      _plan_override.get("num_stages", stages), pdl, pdl_late, num_whole, max_regs, "; ".join(why))
 
 
 def explain_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, num_splits=0):
@@ -590,7 +581,7 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
         PAGE_SIZE=max(page_size, 1), PAGED=paged, HAS_BATCH_IDX=cache_batch_idx is not None,
         HAS_LEFTPAD=cache_leftpad is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi,
         USE_TMA=cfg.use_tma, UNIFIED=unified_max is not None, PHI_BELOW=below, PHI_ABOVE=above,
-        HAS_SEQLENS=has_seqlens, SPLIT_KEYS=cfg.split_keys, USE_PDL=cfg.pdl and split, PDL_LATE=cfg.pdl_late,
+        HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl and split, PDL_LATE=cfg.pdl_late,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.max_regs} if cfg.max_regs else {}),
     )
     if split:

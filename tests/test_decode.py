@@ -11,7 +11,6 @@ import torch
 from conftest import DEVICE, assert_lse_close, assert_within_torch_error, rotary_tables
 
 from ioattn import dispatch
-from ioattn import decode
 from ioattn.decode import DEFAULT_NUM_SMS, MAX_SPLITS, SPLIT_WAVES, _heuristic_splits, decode_config, flash_attn_with_kvcache
 from ioattn.reference.decode import kvcache_attention_ref
 
@@ -121,21 +120,6 @@ def test_tail_split(paged, num_whole, num_splits):
     every unit, 99 none."""
     with decode_config(num_whole=num_whole, num_splits=num_splits):
         _check(_make_case(paged=paged, seqlen_q=1, group=2), "triton")
-
-
-@pytest.mark.parametrize("num_splits", [3, 7, 40])
-@pytest.mark.parametrize("extra", [{}, dict(leftpad=True), dict(window=(37, 0), seqlen_q=3, causal=True)])
-def test_split_boundaries_inside_chunks(num_splits, extra):
-    """Contiguous caches split on 16-key boundaries (decode._SPLIT_KEYS) while a chunk is 64 keys
-    wide: a split starts and ends inside a chunk (the rest of the chunk masked off), some splits hold
-    less than a chunk, 40 splits leave some empty; the plan keeps whole chunks on paged caches."""
-    kw = _make_case(seqlen_q=extra.pop("seqlen_q", 1), group=2, capacity=200, **extra)
-    with decode_config(block_n=64):
-        _check(kw, "triton", num_splits)
-        q, kc = kw["q"], kw["k_cache"]
-        assert decode.plan(q, kc, kc, False, 200, num_splits).split_keys == decode._SPLIT_KEYS == 16
-        paged = decode.plan(q, kc, kc, True, 200, num_splits)  # (pages of 200 here: 8-key chunks)
-        assert paged.split_keys == paged.block_n
 
 
 def test_tail_split_row_blocks():
@@ -325,7 +309,6 @@ for dt, paged, feat, block_m, d, tma, uni in (("bf16", False, False, 16, 128, Fa
              PAGE_SIZE=64 if paged else 1, PAGED=paged, HAS_BATCH_IDX=feat and not paged, HAS_LEFTPAD=feat,
              HAS_SOFTCAP=feat, HAS_ALIBI=feat, USE_TMA=tma, UNIFIED=uni, PHI_BELOW=8.0, PHI_ABOVE=15.0,
              HAS_SEQLENS=not feat)
-    c["SPLIT_KEYS"] = c["BLOCK_N"] if paged or tma else 16  # as decode.plan sets it
     _, shared, k = compile_one(fn, c, decode._NUM_WARPS, 3 if tma else decode._NUM_STAGES, dtype=dt)
     assert shared <= 232448, (dt, paged, feat, block_m, d, shared)
     print(dt, paged, feat, block_m, d, tma, uni, "shared", shared, "async ops", k.asm["ttgir"].count("async_"))
@@ -338,7 +321,7 @@ aligned = [n for n in fn.arg_names if n[0].isupper() and n not in ("HEAD_DIM", "
     n for n in fn.arg_names if n.startswith("stride_") and n[-1] in "bmhnsl"]
 wide = dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_M=16, BLOCK_N=decode._BLOCK_N_CUDA, PAGE_SIZE=1, PAGED=False,
             HAS_BATCH_IDX=False, HAS_LEFTPAD=False, HAS_SOFTCAP=False, HAS_ALIBI=False, USE_TMA=False, UNIFIED=False,
-            PHI_BELOW=64.0, PHI_ABOVE=64.0, HAS_SEQLENS=True, SPLIT_KEYS=16, USE_PDL=True)
+            PHI_BELOW=64.0, PHI_ABOVE=64.0, HAS_SEQLENS=True, USE_PDL=True)
 _, shared, k = compile_one(fn, wide, decode._NUM_WARPS, decode._NUM_STAGES, dtype="bf16",
                            divisible=[n for n in aligned if n not in ("k_desc", "v_desc")])
 regs = ptxas_report(k.asm["ptx"])[0]

@@ -61,27 +61,26 @@ from ioattn.kernels.common import LOG2E, mma, softmax_finish, softmax_step, tile
 
 @triton.jit
 def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, bt_row, cache_row, h_kv, lp, end, tok,
-                  seqlen_q, k_start, k_end, num_pages, stride_kb, stride_kn, stride_vb, stride_vn, k_head, v_head,
+                  seqlen_q, c_start, c_end, num_pages, stride_kb, stride_kn, stride_vb, stride_vn, k_head, v_head,
                   offs_d, d_ok, qk_scale, softcap, window_left, window_right, slope_log2, phi,
                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
                   USE_TMA: tl.constexpr, UNIFIED: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                   HAS_ALIBI: tl.constexpr):
-    """Keys [k_start, k_end) of one split, ``BLOCK_N`` at a time, into (acc, m, l); ``k_start`` is
-    a multiple of BLOCK_N where a chunk must stay inside one page (paged) or TMA row, else of the
-    host's split alignment (the last chunk is cut at ``k_end``). ``UNIFIED``: probabilities are
+    """Key chunks [c_start, c_end) of one split into (acc, m, l). ``UNIFIED``: probabilities are
     exp2(s - phi) and ``m_i`` only records the true row max (for the range check). Paged:
     ``bt_row`` is the sequence's block-table row."""
     offs_n0 = tl.arange(0, BLOCK_N)
     if PAGED:
-        # The page of a chunk is read one chunk ahead: the K/V addresses depend on it, so read in
+        # The page of chunk c is read one chunk ahead: the K/V addresses depend on it, so read in
         # place it put a block-table round trip before every chunk's loads (NOTES §24, §40).
-        next_page = tl.load(bt_row + k_start // PAGE_SIZE, mask=k_start < k_end, other=0)
-    for col0 in range(k_start, k_end, BLOCK_N):
+        next_page = tl.load(bt_row + (c_start * BLOCK_N) // PAGE_SIZE, mask=c_start < c_end, other=0)
+    for c in range(c_start, c_end):
+        col0 = c * BLOCK_N
         offs_n = col0 + offs_n0
-        kv_ok = (offs_n >= lp) & (offs_n < end) & (offs_n < k_end)
+        kv_ok = (offs_n >= lp) & (offs_n < end)
         if PAGED:
             page = tl.minimum(tl.maximum(next_page, 0), num_pages - 1).to(tl.int64)
-            next_page = tl.load(bt_row + (col0 + BLOCK_N) // PAGE_SIZE, mask=col0 + BLOCK_N < k_end, other=0)
+            next_page = tl.load(bt_row + ((c + 1) * BLOCK_N) // PAGE_SIZE, mask=c + 1 < c_end, other=0)
             row = page
             col_in = col0 % PAGE_SIZE
         else:
@@ -130,8 +129,8 @@ def decode_split_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, USE_TMA: tl.constexpr, UNIFIED: tl.constexpr,
-    PHI_BELOW: tl.constexpr, PHI_ABOVE: tl.constexpr, HAS_SEQLENS: tl.constexpr, SPLIT_KEYS: tl.constexpr,
-    USE_PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
+    PHI_BELOW: tl.constexpr, PHI_ABOVE: tl.constexpr, HAS_SEQLENS: tl.constexpr, USE_PDL: tl.constexpr = False,
+    PDL_LATE: tl.constexpr = False,
 ):
     """``num_rows``: pages in the pool (paged) or rows of the contiguous cache. Sequence b ends at
     ``SeqLens[b] + seqlen_new`` (``seqlen_base + seqlen_new`` without ``HAS_SEQLENS``).
@@ -188,14 +187,11 @@ def decode_split_kernel(
     if window_right >= 0:
         last_tok = tl.minimum((m_block * BLOCK_M + BLOCK_M - 1) // group, seqlen_q - 1)
         hi = tl.minimum(hi, tl.maximum(last_tok + end - seqlen_q + window_right + 1, 0))
-    # this split's keys: [lo, hi) cut into nsplit runs on SPLIT_KEYS boundaries (BLOCK_N where a chunk
-    # must stay inside a page or TMA row; finer on contiguous pointer loads, so that no split is left
-    # empty by rounding: 1024 64-key chunks over 33 splits gave 32 runs of 32 and one empty one)
-    a_lo = lo // SPLIT_KEYS
-    a_hi = tl.maximum(tl.cdiv(hi, SPLIT_KEYS), a_lo)
-    per_split = tl.cdiv(a_hi - a_lo, nsplit)
-    k_start = (a_lo + split * per_split) * SPLIT_KEYS
-    k_end = tl.minimum(k_start + per_split * SPLIT_KEYS, a_hi * SPLIT_KEYS)
+    c_lo = lo // BLOCK_N
+    c_hi = tl.maximum(tl.cdiv(hi, BLOCK_N), c_lo)
+    per_split = tl.cdiv(c_hi - c_lo, nsplit)
+    c_start = c_lo + split * per_split
+    c_end = tl.minimum(c_start + per_split, c_hi)
 
     cache_row = b64
     if HAS_BATCH_IDX:
@@ -207,7 +203,7 @@ def decode_split_kernel(
     k_head = h_kv.to(tl.int64) * stride_kh
     v_head = h_kv.to(tl.int64) * stride_vh
     acc, m_i, l_i = _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, bt_row, cache_row, h_kv, lp, end,
-                                  tok, seqlen_q, k_start, k_end, num_rows, stride_kb, stride_kn, stride_vb, stride_vn,
+                                  tok, seqlen_q, c_start, c_end, num_rows, stride_kb, stride_kn, stride_vb, stride_vn,
                                   k_head, v_head, offs_d, d_ok, qk_scale, softcap, window_left,
                                   window_right, slope_log2, phi, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_TMA,
                                   UNIFIED, HAS_SOFTCAP, HAS_ALIBI)
@@ -219,7 +215,7 @@ def decode_split_kernel(
             acc, m_i, l_i = _split_chunks(
                 tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32), tl.full([BLOCK_M], float("-inf"), dtype=tl.float32),
                 tl.zeros([BLOCK_M], dtype=tl.float32), q, K, V, k_desc, v_desc, bt_row, cache_row, h_kv,
-                lp, end, tok, seqlen_q, k_start, k_end, num_rows, stride_kb, stride_kn, stride_vb, stride_vn, k_head,
+                lp, end, tok, seqlen_q, c_start, c_end, num_rows, stride_kb, stride_kn, stride_vb, stride_vn, k_head,
                 v_head, offs_d, d_ok, qk_scale, softcap, window_left, window_right, slope_log2, phi,
                 BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_TMA, False, HAS_SOFTCAP, HAS_ALIBI)
         else:
