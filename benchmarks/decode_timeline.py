@@ -12,7 +12,9 @@ between them) is the difference?
     python benchmarks/decode_timeline.py --out OUT.json [--cases 1x16384,1x65536] [--providers ioattn,sdpa-cudnn]
 
 ``ioattn-noseqlens``: the ``ioattn`` call without ``cache_seqlens`` (the caches are full), so the split
-kernel does not load the lengths before its key ranges are known.
+kernel does not load the lengths before its key ranges are known. ``ioattn+FIELD=INT+...``: the
+``ioattn`` call under ``decode_config(FIELD=INT, ...)`` (e.g. ``ioattn+pdl_late=0``,
+``ioattn+num_splits=16``).
 """
 import argparse
 import json
@@ -36,6 +38,20 @@ def kernels_of(prof):
     return sorted(out, key=lambda x: x[1])
 
 
+def _with_config(setup, fields):
+    from ioattn.decode import decode_config
+
+    def configured(q, k, v, seqlens):
+        with decode_config(**fields):
+            run = setup(q, k, v, seqlens)
+
+        def call():
+            with decode_config(**fields):
+                return run()
+        return call
+    return configured
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -45,22 +61,15 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="bench timing (median_ms) rounds per provider, interleaved")
     args = ap.parse_args()
     names = args.providers.split(",")
-    table = decode_providers([n for n in names if n not in ("ioattn-noseqlens", "ioattn-pdl-late")])
-    table = {n: table[n] for n in names if n in table}
+    table = decode_providers([n for n in names if n != "ioattn-noseqlens" and "+" not in n])
     if "ioattn-noseqlens" in names:  # the same call without cache_seqlens (every cache full): no length load
         import ioattn
         table["ioattn-noseqlens"] = (lambda q, k, v, _: lambda: ioattn.flash_attn_with_kvcache(q, k, v), "")
-    if "ioattn-pdl-late" in names:  # the merge grid released after the split programs' key loop
-        from ioattn.decode import decode_config
-
-        def late(q, k, v, seqlens, base=decode_providers(["ioattn"])["ioattn"][0]):
-            run = base(q, k, v, seqlens)
-
-            def call():
-                with decode_config(pdl_late=True):
-                    return run()
-            return call
-        table["ioattn-pdl-late"] = (late, "")
+    for name in (n for n in names if "+" in n):  # "ioattn+field=value+...": the ioattn call under decode_config
+        base, *pairs = name.split("+")
+        fields = {key: int(val) for key, val in (p.split("=") for p in pairs)}
+        table[name] = (_with_config(decode_providers([base])[base][0], fields), "")
+    table = {n: table[n] for n in names if n in table}
     results = []
     for case in args.cases.split(","):
         batch, kvlen = map(int, case.split("x"))

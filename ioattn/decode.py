@@ -100,10 +100,14 @@ _PAGED_TMA_MIN_SPLITS = 16
 # and 75.9 -> 74.7 at batch 8 x 8192 (mean -0.9 us, no case slower); under CUDA-graph replay
 # -0.2..+1.1 us (noise level). `IOATTN_DECODE_PDL=0` or ``decode_config(pdl=False)`` turns it off.
 _PDL_DEFAULT = True
-# Where the split programs let the merge grid launch: at their start (False) or after their key loop
-# (True). NOTES §44: the device timeline showed the split kernel 0.2-0.4 us longer with PDL than
-# without (results/session-2026-12-01-zc), which a merge grid resident from the start could cause.
-_PDL_LATE_DEFAULT = False
+# Where the split programs let the merge grid launch: after their key loop (True) or at their start.
+# `benchmarks/decode_timeline.py` (the bench's timing, 3 interleaved rounds; results/session-2026-12-01-zd
+# and -ze, NOTES §44) at batch 1 x 4k / 16k / 64k / 128k and 8 x 8192: 13.8 / 26.6 / 72.5 / 130.6 / 70.3
+# against 14.9 / 27.0 / 72.7 / 130.8 / 71.6 us released at the start, and 13.8 / 26.5 / 71.3 / 128.3 /
+# 69.2 against 14.6 / 26.9 / 71.1 / 129.0 / 70.2 on a second machine (level at 64k, ahead elsewhere): a
+# merge grid resident from the split kernel's start held SM room the split programs' loads could use
+# (the split kernel ran 0.2-0.4 us longer with PDL than without, -zc).
+_PDL_LATE_DEFAULT = True
 
 # Unified max (FlashDecoding++): a split keeps phi only if every row max m satisfies
 # phi - below <= m <= phi + above (log2 units). Above: exp2(s - phi) must fit the dtype the

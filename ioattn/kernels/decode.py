@@ -41,8 +41,8 @@ split, so the step does not end on a few SMs reading one whole unit each.
   / ``(num_splits, batch - part_b0, seqlen_q, nheads)`` (the split units are the batch elements from
   ``part_b0`` on); the merge kernel combines the splits into the output (q's dtype) and the lse in
   flash-attn's layout. A whole unit writes those directly: a decode step is one or two launches.
-  ``USE_PDL``: each program lets the merge kernel launch (programmatic dependent launch, Hopper) as
-  soon as it starts (``PDL_LATE``: once it has read its keys); the merge waits for this grid's writes
+  ``USE_PDL``: each program lets the merge kernel launch (programmatic dependent launch, Hopper) once
+  it has read its keys (``PDL_LATE``, the default) or as soon as it starts; the merge waits for this grid's writes
   itself (``kernels/combine.py``), so where the hint sits changes timing only.
 
 Reference twin: ``ioattn.reference.decode.kvcache_attention_ref``. Test: ``tests/test_decode.py``.
