@@ -362,7 +362,13 @@ def _heuristic_splits(programs, max_end, block_n, num_sms=DEFAULT_NUM_SMS, min_k
     if programs >= num_sms or max_end == 0:
         return 1
     pieces = dispatch.cdiv(max_end, max(block_n, min_keys))
-    return max(1, min(SPLIT_WAVES * num_sms // programs, pieces, MAX_SPLITS))
+    n = max(1, min(SPLIT_WAVES * num_sms // programs, pieces, MAX_SPLITS))
+    # A count at most 1/8 past a power of two takes the power of two: the merge pads the splits to one
+    # (33 -> 64 rows a load) and the split kernel ran faster with the extra programs gone: batch 1 at
+    # 64k / 128k keys, 32 splits 71.0 / 129.5 us against 72.5 / 131.7 with 33 (merge 2.8 vs 4.0 us,
+    # split kernel 65.6 / 124.3 vs 65.7 / 125.5; results/session-2026-12-01-zg, NOTES §44).
+    p = 1 << (n.bit_length() - 1)
+    return p if 8 * (n - p) <= n else n
 
 
 def _tail_split(units, units_per_batch, slots, pieces):

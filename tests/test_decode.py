@@ -200,14 +200,18 @@ def test_output_without_lse_is_a_tensor():
 
 def test_heuristic_splits():
     assert _heuristic_splits(DEFAULT_NUM_SMS, 10_000, 64) == 1  # the grid is full already
-    assert _heuristic_splits(8, 100_000, 64) == SPLIT_WAVES * DEFAULT_NUM_SMS // 8  # 2 programs per SM
+    # 2 programs per SM (264 / 8 = 33), then 33 is at most 1/8 past 32: 32 (the merge pads to powers of two)
+    assert SPLIT_WAVES * DEFAULT_NUM_SMS // 8 == 33 and _heuristic_splits(8, 100_000, 64) == 32
+    assert _heuristic_splits(24, 100_000, 64) == 11  # 11 is 3/11 past 8: kept
+    assert _heuristic_splits(8, 100_000, 64, num_sms=160) == 40  # 40 is 8/40 = 1/5 past 32: kept
+    assert _heuristic_splits(8, 100_000, 64, num_sms=144) == 32  # 36: 4/36 past 32
     # rounded down: 64 programs x 4 splits = 256 <= 264; 5 splits would put 3 programs on some SMs
     assert _heuristic_splits(64, 100_000, 64) == 4 and 64 * 4 <= SPLIT_WAVES * DEFAULT_NUM_SMS < 64 * 5
     assert _heuristic_splits(8, 100, 64) == 2  # never more splits than chunks of the longest sequence
     assert _heuristic_splits(1, 0, 64) == 1
     assert _heuristic_splits(1, 10 ** 7, 64) == MAX_SPLITS  # capped
     assert _heuristic_splits(8, 4096, 64, min_keys=256) == 16  # at least min_keys keys per split
-    assert _heuristic_splits(8, 16384, 64, min_keys=256) == SPLIT_WAVES * DEFAULT_NUM_SMS // 8
+    assert _heuristic_splits(8, 16384, 64, min_keys=256) == 32
 
 
 # ---------------------------------------------------------------- refused calls
@@ -540,7 +544,7 @@ def test_plan_tiles_by_launch_kind(monkeypatch):
         return types.SimpleNamespace(shape=(batch, 1, 32, 128), is_cuda=True, device=torch.device("cpu"))
     k = torch.empty(1, 1, 8, 128)
     one = decode.plan(gpu_q(1), k, k, False, 131072)
-    assert (one.block_n, one.num_stages, one.num_splits) == (64, 3, 33)
+    assert (one.block_n, one.num_stages, one.num_splits) == (64, 3, 32)  # 264 / 8 = 33, a power of two: 32
     wide = decode.plan(gpu_q(64), k, k, False, 4096)  # 512 programs fill the SMs: no split
     assert (wide.block_n, wide.num_stages, wide.num_splits) == (128, 2, 1)
     pages = torch.empty(8, 256, 8, 128)
