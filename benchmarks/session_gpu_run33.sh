@@ -8,9 +8,7 @@
 set -u
 out=${1:?outdir}
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
-fields=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
-nvidia-smi --query-gpu=$fields --format=csv,noheader > /dev/null 2>&1 || fields=${fields/clocks_event/clocks_throttle}
-nvidia-smi --query-gpu=$fields --format=csv,noheader -lms 100 > "$out/smi.csv" 2>&1 &
+bash benchmarks/smi_log.sh "$out/smi.csv" 100 &
 smi=$!
 timeout 210 python3 -m pytest tests/test_gpu.py -k exp2_fma -n 8 -q -p no:cacheprovider -rfE > "$out/test_gpu.log" 2>&1
 echo "tests rc=$?"; tail -n 1 "$out/test_gpu.log"; grep -E "FAILED|ERROR" "$out/test_gpu.log" | head -n 5

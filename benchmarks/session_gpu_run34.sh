@@ -10,9 +10,7 @@
 set -u
 out=${1:?outdir}
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
-fields=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
-nvidia-smi --query-gpu=$fields --format=csv,noheader > /dev/null 2>&1 || fields=${fields/clocks_event/clocks_throttle}
-nvidia-smi --query-gpu=$fields --format=csv,noheader -lms 50 > "$out/smi.csv" 2>&1 &
+bash benchmarks/smi_log.sh "$out/smi.csv" 50 &
 smi=$!
 mkdir -p "$out/decode"
 timeout 240 python3 -m ioattn bench decode --out "$out/decode" --providers ioattn,ioattn-paged,sdpa-cudnn --rounds 3 \
@@ -25,18 +23,7 @@ timeout 150 ncu --clock-control none --kernel-name regex:"hopper_fwd|sdpa|fprop|
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section InstructionStats --section MemoryWorkloadAnalysis \
     python3 benchmarks/ncu_fwd.py --variants pingpong --cudnn --seqlen 16384 --headdim 128 > "$out/ncu_fwd.txt" 2>&1
 echo "ncu rc=$?"
-python3 - "$out/decode/results.jsonl" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-names = list(dict.fromkeys(r["provider"] for r in rows))
-print("batch  kvlen " + " ".join(f"{n:>14}" for n in names) + "   rounds (ioattn | cudnn)")
-for case in dict.fromkeys((r["batch"], r["seqlen_k"]) for r in rows):
-    cell = {r["provider"]: r for r in rows if (r["batch"], r["seqlen_k"]) == case and r.get("ms")}
-    us = {n: cell[n]["ms"] * 1e3 for n in cell}
-    rr = lambda n: "/".join(f"{x * 1e3:.1f}" for x in cell[n].get("ms_rounds", [])) if n in cell else "-"
-    print(f"{case[0]:>5} {case[1]:>6} " + " ".join(f"{us.get(n, float('nan')):>14.1f}" for n in names)
-          + f"   {rr('ioattn')} | {rr('sdpa-cudnn')}")
-PY
+python3 benchmarks/decode_table.py "$out/decode/results.jsonl"
 tail -n 12 "$out/power.log"
 grep -E "^  [a-z_]+.*\(|Duration|Executed Ipc A|Issue Slots Busy|SM Busy|Memory Throughput|L2 Hit|Executed Instructions  |SM Frequency" \
     "$out/ncu_fwd.txt" | head -n 40

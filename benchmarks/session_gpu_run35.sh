@@ -8,9 +8,7 @@
 set -u
 out=${1:?outdir}
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
-fields=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
-nvidia-smi --query-gpu=$fields --format=csv,noheader > /dev/null 2>&1 || fields=${fields/clocks_event/clocks_throttle}
-nvidia-smi --query-gpu=$fields --format=csv,noheader -lms 50 > "$out/smi.csv" 2>&1 &
+bash benchmarks/smi_log.sh "$out/smi.csv" 50 &
 smi=$!
 timeout 150 python3 benchmarks/decode_timeline.py --out "$out/decode_timeline.json" \
     --providers ioattn,ioattn-graph,sdpa-cudnn > "$out/decode_timeline.log" 2>&1
