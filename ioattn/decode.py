@@ -108,6 +108,11 @@ _PDL_DEFAULT = True
 # merge grid resident from the split kernel's start held SM room the split programs' loads could use
 # (the split kernel ran 0.2-0.4 us longer with PDL than without, -zc).
 _PDL_LATE_DEFAULT = True
+# The split kernel launched by programmatic dependent launch itself (waiting for the stream's previous
+# work first thing), so its launch overlaps that work's end: the device timeline shows 1.2-1.5 us
+# between the previous call's last kernel and the split kernel (results/session-2026-12-01-zh).
+# Off until measured (NOTES §45); IOATTN_DECODE_PDL_WAIT=1/0 or decode_config(pdl_wait=...) set it.
+_PDL_WAIT_DEFAULT = False
 
 # Unified max (FlashDecoding++): a split keeps phi only if every row max m satisfies
 # phi - below <= m <= phi + above (log2 units). Above: exp2(s - phi) must fit the dtype the
@@ -131,6 +136,7 @@ class DecodePlan:
     num_stages: int
     pdl: bool = False  # merge launched with programmatic dependent launch (only with splits)
     pdl_late: bool = False  # the split programs let the merge launch after their key loop, not at their start
+    pdl_wait: bool = False  # the split kernel itself launched by PDL after the stream's previous work
     # units (sequence, KV head, row block) taken whole before the split ones; None: all whole when
     # num_splits == 1, else none (see _tail_split)
     num_whole: int | None = None
@@ -141,11 +147,11 @@ class DecodePlan:
 @contextlib.contextmanager
 def decode_config(**fields):
     """Force fields of the ``DecodePlan`` (block_n, num_splits, use_tma, num_warps, num_stages, pdl,
-    pdl_late, num_whole, max_regs) for the calls inside: tuning sweeps and tests (``pdl`` is still only
-    used where it can run; ``num_whole`` is rounded down to whole batch elements, and
+    pdl_late, pdl_wait, num_whole, max_regs) for the calls inside: tuning sweeps and tests (``pdl`` and
+    ``pdl_wait`` are still only used where they can run; ``num_whole`` is rounded down to whole batch elements, and
     ``tail_split=False`` turns the tail split off)."""
     unknown = set(fields) - {"block_n", "num_splits", "use_tma", "num_warps", "num_stages", "pdl", "pdl_late",
-                             "num_whole", "tail_split", "max_regs"}
+                             "pdl_wait", "num_whole", "tail_split", "max_regs"}
     if unknown:
         raise ValueError(f"decode_config: unknown fields {sorted(unknown)}")
     previous = dict(_plan_override)
@@ -484,8 +490,13 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     why.append(f"{block_n}-key chunks, {_plan_override.get('num_stages', stages)} stages, "
                f"{'TMA' if use_tma else 'pointer'} loads" + (", merge by programmatic dependent launch" if pdl else ""))
     pdl_late = pdl and bool(_plan_override.get("pdl_late", _PDL_LATE_DEFAULT))
+    # the split kernel launched early behind the stream's previous kernel: every launch, split or not
+    env_wait = os.environ.get("IOATTN_DECODE_PDL_WAIT", "").strip()
+    wait_wanted = _plan_override.get("pdl_wait", env_wait == "1" if env_wait else _PDL_WAIT_DEFAULT)
+    pdl_wait = bool(pdl_wanted) and bool(wait_wanted) and _pdl_ok(q.device)
     return DecodePlan(block_m, block_n, num_splits, use_tma, _plan_override.get("num_warps", _NUM_WARPS),
-                      _plan_override.get("num_stages", stages), pdl, pdl_late, num_whole, max_regs, "; ".join(why))
+                      _plan_override.get("num_stages", stages), pdl, pdl_late, pdl_wait, num_whole, max_regs,
+                      "; ".join(why))
 
 
 def explain_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, num_splits=0):
@@ -591,8 +602,9 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
         PAGE_SIZE=max(page_size, 1), PAGED=paged, HAS_BATCH_IDX=cache_batch_idx is not None,
         HAS_LEFTPAD=cache_leftpad is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi,
         USE_TMA=cfg.use_tma, UNIFIED=unified_max is not None, PHI_BELOW=below, PHI_ABOVE=above,
-        HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl and split, PDL_LATE=cfg.pdl_late,
+        HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl and split, PDL_LATE=cfg.pdl_late, PDL_WAIT=cfg.pdl_wait,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.max_regs} if cfg.max_regs else {}),
+        **({"launch_pdl": True} if cfg.pdl_wait else {}),
     )
     if split:
         _merge_triton(opart, lpart, lse_bhm=True, pdl=cfg.pdl, out=out[b0:], lse=lse[b0:])

@@ -335,12 +335,15 @@ assert regs <= 170 and 3 * shared <= 233472, (regs, shared)
 c.update(USE_PDL=True)
 _, _, k = compile_one(fn, c, decode._NUM_WARPS, decode._NUM_STAGES, dtype="fp16")
 early = k.asm["ptx"]
-c.update(PDL_LATE=True)  # the same hint after the key loop: later in the program than the first key load
+first_load = lambda ptx: min(i for i in (ptx.find("ld.global"), ptx.find("cp.async")) if i >= 0)
+c.update(PDL_WAIT=True)  # launched by PDL itself: the wait comes before any load
+_, _, k = compile_one(fn, c, decode._NUM_WARPS, decode._NUM_STAGES, dtype="fp16")
+assert 0 <= k.asm["ptx"].find("griddepcontrol.wait") < first_load(k.asm["ptx"])
+c.update(PDL_WAIT=False, PDL_LATE=True)  # the release after the key loop: later than the first key load
 _, _, k = compile_one(fn, c, decode._NUM_WARPS, decode._NUM_STAGES, dtype="fp16")
 late = k.asm["ptx"]
 for ptx in (early, late):
     assert ptx.count("griddepcontrol.launch_dependents") == 1
-first_load = lambda ptx: min(i for i in (ptx.find("ld.global"), ptx.find("cp.async")) if i >= 0)
 assert early.find("griddepcontrol.launch_dependents") < first_load(early)
 assert late.find("griddepcontrol.launch_dependents") > max(late.rfind("cp.async"), first_load(late))
 import triton
@@ -528,6 +531,18 @@ def test_pdl_switches_reach_the_plan(monkeypatch):
             assert not decode.plan(q, k, k, False, 4096, num_splits=8).pdl_late
     with decode_config(pdl_late=False):
         assert not decode.plan(q, k, k, False, 4096, num_splits=8).pdl_late
+    # the split kernel launched by PDL itself: any launch, split or not, where PDL can run
+    assert decode.plan(q, k, k, False, 4096, num_splits=1).pdl_wait == decode._PDL_WAIT_DEFAULT
+    monkeypatch.setenv("IOATTN_DECODE_PDL_WAIT", "1")
+    assert decode.plan(q, k, k, False, 4096, num_splits=1).pdl_wait
+    with decode_config(pdl_wait=False):
+        assert not decode.plan(q, k, k, False, 4096, num_splits=1).pdl_wait
+    monkeypatch.setenv("IOATTN_DECODE_PDL_WAIT", "0")
+    assert not decode.plan(q, k, k, False, 4096, num_splits=1).pdl_wait
+    with decode_config(pdl_wait=True):
+        assert decode.plan(q, k, k, False, 4096, num_splits=1).pdl_wait
+        with decode_config(pdl=False):
+            assert not decode.plan(q, k, k, False, 4096, num_splits=1).pdl_wait
 
 
 def test_plan_tiles_by_launch_kind(monkeypatch):

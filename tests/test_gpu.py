@@ -118,20 +118,21 @@ def _decode_setup(batch, capacity, hkv=8, group=4, d=128, paged=False, page_size
 _SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
-@pytest.mark.parametrize("pdl", [False, True])
+@pytest.mark.parametrize("pdl", [False, True, "wait"])
 @pytest.mark.parametrize("paged", [False, True])
 def test_decode_step_cuda_graph(paged, pdl):
     """A decode step (append one token, attend over the cache) captured once and replayed for several
     steps with new inputs copied into the static tensors and cache_seqlens advanced in place: each
     replay equals the eager call on a copy of the cache. ``pdl``: the merge launched by programmatic
-    dependent launch, in the graph and in the eager call."""
+    dependent launch, in the graph and in the eager call; "wait": the split kernel too, right behind
+    the append that writes the cache it reads (it must wait for those writes)."""
     from ioattn.decode import decode_config, flash_attn_with_kvcache
     batch, capacity, hkv, group, d = 3, 2048, 8, 4, 128
     kw, rnd = _decode_setup(batch, capacity, hkv, group, d, paged=paged)
     q, k, v = rnd(batch, 1, hkv * group, d), rnd(batch, 1, hkv, d), rnd(batch, 1, hkv, d)
 
     def step():
-        with decode_config(pdl=pdl):
+        with decode_config(pdl=bool(pdl), pdl_wait=pdl == "wait"):
             return flash_attn_with_kvcache(q, kw["k_cache"], kw["v_cache"], k=k, v=v,
                                            cache_seqlens=kw["cache_seqlens"], block_table=kw.get("block_table"),
                                            causal=True)
@@ -152,7 +153,7 @@ def test_decode_step_cuda_graph(paged, pdl):
         for t in (q, k, v):
             t.copy_(torch.randn_like(t))
         graph.replay()
-        with decode_config(pdl=pdl):
+        with decode_config(pdl=bool(pdl), pdl_wait=pdl == "wait"):
             expect = flash_attn_with_kvcache(q, eager_kw["k_cache"], eager_kw["v_cache"], k=k, v=v,
                                              cache_seqlens=eager_kw["cache_seqlens"],
                                              block_table=eager_kw.get("block_table"), causal=True,
@@ -164,7 +165,7 @@ def test_decode_step_cuda_graph(paged, pdl):
         eager_kw["cache_seqlens"] += 1
 
 
-@pytest.mark.parametrize("pdl", [False, True, "late"])
+@pytest.mark.parametrize("pdl", [False, True, "late", "wait"])
 @pytest.mark.parametrize("use_tma", [False, True])
 @pytest.mark.parametrize("paged", [False, True])
 @pytest.mark.parametrize("splits", [1, 7, 0])
@@ -177,12 +178,13 @@ def test_decode_long_cache(use_tma, paged, splits, pdl):
     from ioattn.reference.decode import kvcache_attention_ref
     kw, rnd = _decode_setup(2, 16384, paged=paged)
     q = rnd(2, 1, 32, 128)
-    with decode_config(use_tma=use_tma, pdl=bool(pdl), pdl_late=pdl == "late"):
+    with decode_config(use_tma=use_tma, pdl=bool(pdl), pdl_late=pdl == "late", pdl_wait=pdl == "wait"):
         out = flash_attn_with_kvcache(q, **kw, num_splits=splits)
         cfg = decode.plan(q, kw["k_cache"], kw["v_cache"], paged, kw["k_cache"].shape[1] if not paged else
                           kw["block_table"].shape[1] * kw["k_cache"].shape[1], splits)
     assert cfg.pdl == (bool(pdl) and cfg.num_splits > 1 and _SM90)
     assert cfg.pdl_late == (pdl == "late" and cfg.pdl)
+    assert cfg.pdl_wait == (pdl == "wait" and _SM90)
     if pdl:  # bit-identical to the plain launch
         with decode_config(use_tma=use_tma, pdl=False):
             assert torch.equal(out, flash_attn_with_kvcache(q, **kw, num_splits=splits))

@@ -43,17 +43,23 @@ split, so the step does not end on a few SMs reading one whole unit each.
   flash-attn's layout. A whole unit writes those directly: a decode step is one or two launches.
   ``USE_PDL``: each program lets the merge kernel launch (programmatic dependent launch, Hopper) once
   it has read its keys (``PDL_LATE``, the default) or as soon as it starts; the merge waits for this grid's writes
-  itself (``kernels/combine.py``), so where the hint sits changes timing only.
+  itself (``kernels/combine.py``), so where the hint sits changes timing only. ``PDL_WAIT``: this
+  kernel is itself launched by programmatic dependent launch after whatever the stream ran before it
+  and waits for that work's writes first thing, so its launch overlaps the previous kernel's end.
 
 Reference twin: ``ioattn.reference.decode.kvcache_attention_ref``. Test: ``tests/test_decode.py``.
 """
 import triton
 import triton.language as tl
 try:
-    from triton.language.extra.cuda import gdc_launch_dependents
-except ImportError:  # a Triton without grid dependency control: the host never sets USE_PDL there
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # a Triton without grid dependency control: the host never sets USE_PDL / PDL_WAIT there
     @triton.jit
     def gdc_launch_dependents():
+        pass
+
+    @triton.jit
+    def gdc_wait():
         pass
 
 from ioattn.kernels.common import LOG2E, mma, softmax_finish, softmax_step, tile_scores
@@ -130,7 +136,7 @@ def decode_split_kernel(
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, USE_TMA: tl.constexpr, UNIFIED: tl.constexpr,
     PHI_BELOW: tl.constexpr, PHI_ABOVE: tl.constexpr, HAS_SEQLENS: tl.constexpr, USE_PDL: tl.constexpr = False,
-    PDL_LATE: tl.constexpr = False,
+    PDL_LATE: tl.constexpr = False, PDL_WAIT: tl.constexpr = False,
 ):
     """``num_rows``: pages in the pool (paged) or rows of the contiguous cache. Sequence b ends at
     ``SeqLens[b] + seqlen_new`` (``seqlen_base + seqlen_new`` without ``HAS_SEQLENS``).
@@ -138,6 +144,8 @@ def decode_split_kernel(
     dtype, contiguous (batch, seqlen_q, nheads, d)) and ``Lse`` (contiguous (batch, nheads,
     seqlen_q)); the units after them are split ``num_splits`` ways, split fastest, into the partials
     ``Opart`` / ``Lpart`` at batch index ``b - part_b0`` (a unit is a (sequence, KV head, row block))."""
+    if PDL_WAIT:
+        gdc_wait()  # launched early (programmatic dependent launch): the previous kernel's writes from here on
     if USE_PDL and not PDL_LATE:
         gdc_launch_dependents()  # a hint: the merge grid may launch once every program got here
     pid = tl.program_id(0)
