@@ -109,10 +109,14 @@ _PDL_DEFAULT = True
 # (the split kernel ran 0.2-0.4 us longer with PDL than without, -zc).
 _PDL_LATE_DEFAULT = True
 # The split kernel launched by programmatic dependent launch itself (waiting for the stream's previous
-# work first thing), so its launch overlaps that work's end: the device timeline shows 1.2-1.5 us
-# between the previous call's last kernel and the split kernel (results/session-2026-12-01-zh).
-# Off until measured (NOTES §45); IOATTN_DECODE_PDL_WAIT=1/0 or decode_config(pdl_wait=...) set it.
-_PDL_WAIT_DEFAULT = False
+# work first thing), so its launch overlaps that work's end. `benchmarks/decode_timeline.py`
+# (results/session-2026-12-01-zi, NOTES §45): calls back to back, as in a decode loop, one every 10.7 /
+# 21.9 / 65.2 / 123.9 / 66.2 / 926.0 / 238.9 us at the bench's 7 cases against 12.2 / 23.7 / 67.5 / 125.0 /
+# 67.3 / 927.9 / 240.1 without (the 1.1-1.2 us gap before the split kernel gone); the bench's timing,
+# which records an event before and after each call, level (13.4 / 24.6 / 68.5 / 126.3 / 68.4 / 930.0 /
+# 241.7 against 13.4 / 24.6 / 68.7 / 126.2 / 68.5 / 930.7 / 241.9). On; IOATTN_DECODE_PDL_WAIT=0 or
+# decode_config(pdl_wait=False) turn it off.
+_PDL_WAIT_DEFAULT = True
 
 # Unified max (FlashDecoding++): a split keeps phi only if every row max m satisfies
 # phi - below <= m <= phi + above (log2 units). Above: exp2(s - phi) must fit the dtype the
@@ -494,6 +498,8 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     env_wait = os.environ.get("IOATTN_DECODE_PDL_WAIT", "").strip()
     wait_wanted = _plan_override.get("pdl_wait", env_wait == "1" if env_wait else _PDL_WAIT_DEFAULT)
     pdl_wait = bool(pdl_wanted) and bool(wait_wanted) and _pdl_ok(q.device)
+    if pdl_wait:
+        why.append("the split kernel launched by programmatic dependent launch behind the stream's previous work")
     return DecodePlan(block_m, block_n, num_splits, use_tma, _plan_override.get("num_warps", _NUM_WARPS),
                       _plan_override.get("num_stages", stages), pdl, pdl_late, pdl_wait, num_whole, max_regs,
                       "; ".join(why))
