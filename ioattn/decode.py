@@ -152,8 +152,8 @@ class DecodePlan:
 def decode_config(**fields):
     """Force fields of the ``DecodePlan`` (block_n, num_splits, use_tma, num_warps, num_stages, pdl,
     pdl_late, pdl_wait, num_whole, max_regs) for the calls inside: tuning sweeps and tests (``pdl`` and
-    ``pdl_wait`` are still only used where they can run; ``num_whole`` is rounded down to whole batch elements, and
-    ``tail_split=False`` turns the tail split off)."""
+    ``pdl_wait`` are still only used where they can run; ``num_whole`` is rounded down to whole batch
+    elements, and ``tail_split=False`` turns the tail split off)."""
     unknown = set(fields) - {"block_n", "num_splits", "use_tma", "num_warps", "num_stages", "pdl", "pdl_late",
                              "pdl_wait", "num_whole", "tail_split", "max_regs"}
     if unknown:

@@ -22,8 +22,9 @@ def merge_states_kernel(Outs, Lses, Out, Lse, n_rows, n_splits, stride_os, strid
                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
                         CHUNK_S: tl.constexpr, LSE_BHM: tl.constexpr, USE_PDL: tl.constexpr = False):
     """Rows are the flattened leading dims of the outputs; ``BLOCK_S`` >= n_splits, the outputs are
-    read ``CHUNK_S`` splits at a time (all at once, with the lses, when ``BLOCK_S <= CHUNK_S``). ``LSE_BHM``: the rows are (batch, seqlen_q, nheads) and the
-    merged lse goes out in flash-attn's (batch, nheads, seqlen_q) layout (the decode path)."""
+    read ``CHUNK_S`` splits at a time (all at once, with the lses, when ``BLOCK_S <= CHUNK_S``).
+    ``LSE_BHM``: the rows are (batch, seqlen_q, nheads) and the merged lse goes out in flash-attn's
+    (batch, nheads, seqlen_q) layout (the decode path)."""
     row = tl.program_id(0).to(tl.int64)
     splits = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
