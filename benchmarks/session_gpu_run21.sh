@@ -14,12 +14,4 @@ timeout 200 python3 -m ioattn bench decode --out "$out/decode" \
     --providers ioattn,ioattn-fused,ioattn-graph,ioattn-graph-fused,ioattn-paged,sdpa-cudnn > "$out/decode.log" 2>&1
 echo "decode rc=$?"; rm -f "$out"/decode/*.png
 grep -E "FAILED|ERROR|Timeout" "$out/test_gpu.log" | head -n 8
-python3 - "$out/decode/results.jsonl" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-names = list(dict.fromkeys(r["provider"] for r in rows))
-print("batch  kvlen " + " ".join(f"{n:>18}" for n in names))
-for case in dict.fromkeys((r["batch"], r["seqlen_k"]) for r in rows):
-    us = {r["provider"]: r["ms"] * 1e3 for r in rows if (r["batch"], r["seqlen_k"]) == case}
-    print(f"{case[0]:>5} {case[1]:>6} " + " ".join(f"{us.get(n, float('nan')):>18.1f}" for n in names))
-PY
+python3 benchmarks/decode_table.py "$out/decode/results.jsonl"

@@ -19,14 +19,6 @@ timeout 230 python3 -m ioattn bench train --headdims 256 --providers ioattn,sdpa
 echo "train rc=$?"
 rm -f "$out"/*/*.png
 for d in decode decode_batches; do
-python3 - "$out/$d/results.jsonl" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-names = list(dict.fromkeys(r["provider"] for r in rows))
-print("batch  kvlen " + " ".join(f"{n:>14}" for n in names))
-for case in dict.fromkeys((r["batch"], r["seqlen_k"]) for r in rows):
-    us = {r["provider"]: r["ms"] * 1e3 for r in rows if (r["batch"], r["seqlen_k"]) == case and r.get("ms")}
-    print(f"{case[0]:>5} {case[1]:>6} " + " ".join(f"{us.get(n, float('nan')):>14.1f}" for n in names))
-PY
+python3 benchmarks/decode_table.py "$out/$d/results.jsonl"
 done
 grep -v "^wrote" "$out/train256/train.log" | tail -n 30

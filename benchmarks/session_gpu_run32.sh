@@ -14,12 +14,4 @@ timeout 150 python3 -m ioattn bench decode --out "$out/decode_batches" --batches
     --providers ioattn,ioattn-paged,sdpa-cudnn > "$out/decode_batches/decode.log" 2>&1
 echo "decode rc=$?"; rm -f "$out"/decode_batches/*.png
 grep -E "FAILED|ERROR" "$out/test_gpu.log" | head -n 5
-python3 - "$out/decode_batches/results.jsonl" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-names = list(dict.fromkeys(r["provider"] for r in rows))
-print("batch  kvlen " + " ".join(f"{n:>14}" for n in names))
-for case in dict.fromkeys((r["batch"], r["seqlen_k"]) for r in rows):
-    us = {r["provider"]: r["ms"] * 1e3 for r in rows if (r["batch"], r["seqlen_k"]) == case and r.get("ms")}
-    print(f"{case[0]:>5} {case[1]:>6} " + " ".join(f"{us.get(n, float('nan')):>14.1f}" for n in names))
-PY
+python3 benchmarks/decode_table.py "$out/decode_batches/results.jsonl"
