@@ -210,6 +210,14 @@ def test_main_bad_input(tmp_path, capsys):
 
 # ---- run_sweep on bad names ----
 
+def test_bad_rounds_is_refused_before_anything_runs(tmp_path, capsys):
+    from ioattn.bench.run import main
+    with pytest.raises(SystemExit) as e:
+        main(["decode", "--rounds", "0", "--out", str(tmp_path / "r")])
+    assert e.value.code == 2 and "--rounds must be at least 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
 def test_unknown_sweep_is_a_line_not_an_exception():
     lines = []
     assert run_sweep("no-such-sweep", "cpu", log=lines.append) == []

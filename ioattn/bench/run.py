@@ -485,6 +485,8 @@ def main(argv=None):
                     f"median of their medians reported (default {DECODE_ROUNDS})")
     ap.add_argument("--out", default=None, help="directory for results.jsonl and the plots")
     args = ap.parse_args(argv)
+    if args.rounds is not None and args.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {args.rounds}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         print("No GPU found: these are CPU figures (ioattn's tiled CPU path against PyTorch's CPU attention).")
