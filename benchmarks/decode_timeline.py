@@ -13,7 +13,7 @@ between them) is the difference?
 
 ``ioattn-noseqlens``: the ``ioattn`` call without ``cache_seqlens`` (the caches are full), so the split
 kernel does not load the lengths before its key ranges are known. ``ioattn+FIELD=INT+...``: the
-``ioattn`` call under ``decode_config(FIELD=INT, ...)`` (e.g. ``ioattn+pdl_late=0``,
+``ioattn`` call under ``decode_config(FIELD=INT, ...)`` (e.g. ``ioattn+pdl_wait=0``,
 ``ioattn+num_splits=16``).
 """
 import argparse

@@ -4,6 +4,8 @@
 # launch, early and late release); (2) decode_timeline.py: ioattn / ioattn-pdl-late / cuDNN kernels,
 # gaps and the bench's timing in 3 interleaved rounds at batch 1 x 4k / 16k / 64k / 128k and 8 x 8192;
 # (3) Nsight Compute launch statistics of both libraries' decode kernels at batch 1 x 16k.
+# (The early release and its pdl_late field were removed after run 37: the late release is the
+# kernel's only form now, NOTES §44.)
 # Usage: bash benchmarks/session_gpu_run36.sh OUT        (at most 8 files under OUT)
 set -u
 out=${1:?outdir}

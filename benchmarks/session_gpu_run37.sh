@@ -4,6 +4,8 @@
 # the bench's timing in 3 interleaved rounds: new default / old chunk-aligned splits / each with the
 # merge released after the key loop (PDL_LATE) / cuDNN, at batch 1 x 4k..128k and 8 x 8192.
 # (The split_keys field was removed after this run: it lost at 1 x 64k, NOTES §44.)
+# (The early release and its pdl_late field were removed after run 37: the late release is the
+# kernel's only form now, NOTES §44.)
 # Usage: bash benchmarks/session_gpu_run37.sh OUT        (at most 8 files under OUT)
 set -u
 out=${1:?outdir}

@@ -100,14 +100,13 @@ _PAGED_TMA_MIN_SPLITS = 16
 # and 75.9 -> 74.7 at batch 8 x 8192 (mean -0.9 us, no case slower); under CUDA-graph replay
 # -0.2..+1.1 us (noise level). `IOATTN_DECODE_PDL=0` or ``decode_config(pdl=False)`` turns it off.
 _PDL_DEFAULT = True
-# Where the split programs let the merge grid launch: after their key loop (True) or at their start.
+# The split programs let the merge grid launch after their key loop, not at their start:
 # `benchmarks/decode_timeline.py` (the bench's timing, 3 interleaved rounds; results/session-2026-12-01-zd
 # and -ze, NOTES §44) at batch 1 x 4k / 16k / 64k / 128k and 8 x 8192: 13.8 / 26.6 / 72.5 / 130.6 / 70.3
 # against 14.9 / 27.0 / 72.7 / 130.8 / 71.6 us released at the start, and 13.8 / 26.5 / 71.3 / 128.3 /
 # 69.2 against 14.6 / 26.9 / 71.1 / 129.0 / 70.2 on a second machine (level at 64k, ahead elsewhere): a
 # merge grid resident from the split kernel's start held SM room the split programs' loads could use
 # (the split kernel ran 0.2-0.4 us longer with PDL than without, -zc).
-_PDL_LATE_DEFAULT = True
 # The split kernel launched by programmatic dependent launch itself (waiting for the stream's previous
 # work first thing), so its launch overlaps that work's end. `benchmarks/decode_timeline.py`
 # (results/session-2026-12-01-zi, NOTES §45): calls back to back, as in a decode loop, one every 10.7 /
@@ -139,7 +138,6 @@ class DecodePlan:
     num_warps: int
     num_stages: int
     pdl: bool = False  # merge launched with programmatic dependent launch (only with splits)
-    pdl_late: bool = False  # the split programs let the merge launch after their key loop, not at their start
     pdl_wait: bool = False  # the split kernel itself launched by PDL after the stream's previous work
     # units (sequence, KV head, row block) taken whole before the split ones; None: all whole when
     # num_splits == 1, else none (see _tail_split)
@@ -151,11 +149,11 @@ class DecodePlan:
 @contextlib.contextmanager
 def decode_config(**fields):
     """Force fields of the ``DecodePlan`` (block_n, num_splits, use_tma, num_warps, num_stages, pdl,
-    pdl_late, pdl_wait, num_whole, max_regs) for the calls inside: tuning sweeps and tests (``pdl`` and
+    pdl_wait, num_whole, max_regs) for the calls inside: tuning sweeps and tests (``pdl`` and
     ``pdl_wait`` are still only used where they can run; ``num_whole`` is rounded down to whole batch
     elements, and ``tail_split=False`` turns the tail split off)."""
-    unknown = set(fields) - {"block_n", "num_splits", "use_tma", "num_warps", "num_stages", "pdl", "pdl_late",
-                             "pdl_wait", "num_whole", "tail_split", "max_regs"}
+    unknown = set(fields) - {"block_n", "num_splits", "use_tma", "num_warps", "num_stages", "pdl", "pdl_wait",
+                             "num_whole", "tail_split", "max_regs"}
     if unknown:
         raise ValueError(f"decode_config: unknown fields {sorted(unknown)}")
     previous = dict(_plan_override)
@@ -493,7 +491,6 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     pdl = bool(pdl_wanted) and num_splits > 1 and _pdl_ok(q.device)
     why.append(f"{block_n}-key chunks, {_plan_override.get('num_stages', stages)} stages, "
                f"{'TMA' if use_tma else 'pointer'} loads" + (", merge by programmatic dependent launch" if pdl else ""))
-    pdl_late = pdl and bool(_plan_override.get("pdl_late", _PDL_LATE_DEFAULT))
     # the split kernel launched early behind the stream's previous kernel: every launch, split or not
     env_wait = os.environ.get("IOATTN_DECODE_PDL_WAIT", "").strip()
     wait_wanted = _plan_override.get("pdl_wait", env_wait == "1" if env_wait else _PDL_WAIT_DEFAULT)
@@ -501,7 +498,7 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     if pdl_wait:
         why.append("the split kernel launched by programmatic dependent launch behind the stream's previous work")
     return DecodePlan(block_m, block_n, num_splits, use_tma, _plan_override.get("num_warps", _NUM_WARPS),
-                      _plan_override.get("num_stages", stages), pdl, pdl_late, pdl_wait, num_whole, max_regs,
+                      _plan_override.get("num_stages", stages), pdl, pdl_wait, num_whole, max_regs,
                       "; ".join(why))
 
 
@@ -608,7 +605,7 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
         PAGE_SIZE=max(page_size, 1), PAGED=paged, HAS_BATCH_IDX=cache_batch_idx is not None,
         HAS_LEFTPAD=cache_leftpad is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi,
         USE_TMA=cfg.use_tma, UNIFIED=unified_max is not None, PHI_BELOW=below, PHI_ABOVE=above,
-        HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl and split, PDL_LATE=cfg.pdl_late, PDL_WAIT=cfg.pdl_wait,
+        HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl and split, PDL_WAIT=cfg.pdl_wait,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.max_regs} if cfg.max_regs else {}),
         **({"launch_pdl": True} if cfg.pdl_wait else {}),
     )

@@ -332,20 +332,15 @@ regs = ptxas_report(k.asm["ptx"])[0]
 print("wide split launch: registers", regs, "shared", shared)
 assert regs <= 170 and 3 * shared <= 233472, (regs, shared)
 # programmatic dependent launch: the split kernel releases the merge grid, the merge waits for it
-c.update(USE_PDL=True)
+c.update(USE_PDL=True)  # the split kernel releases the merge grid after its key loop
 _, _, k = compile_one(fn, c, decode._NUM_WARPS, decode._NUM_STAGES, dtype="fp16")
-early = k.asm["ptx"]
+ptx = k.asm["ptx"]
 first_load = lambda ptx: min(i for i in (ptx.find("ld.global"), ptx.find("cp.async")) if i >= 0)
+assert ptx.count("griddepcontrol.launch_dependents") == 1
+assert ptx.find("griddepcontrol.launch_dependents") > max(ptx.rfind("cp.async"), first_load(ptx))
 c.update(PDL_WAIT=True)  # launched by PDL itself: the wait comes before any load
 _, _, k = compile_one(fn, c, decode._NUM_WARPS, decode._NUM_STAGES, dtype="fp16")
 assert 0 <= k.asm["ptx"].find("griddepcontrol.wait") < first_load(k.asm["ptx"])
-c.update(PDL_WAIT=False, PDL_LATE=True)  # the release after the key loop: later than the first key load
-_, _, k = compile_one(fn, c, decode._NUM_WARPS, decode._NUM_STAGES, dtype="fp16")
-late = k.asm["ptx"]
-for ptx in (early, late):
-    assert ptx.count("griddepcontrol.launch_dependents") == 1
-assert early.find("griddepcontrol.launch_dependents") < first_load(early)
-assert late.find("griddepcontrol.launch_dependents") > max(late.rfind("cp.async"), first_load(late))
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -522,15 +517,6 @@ def test_pdl_switches_reach_the_plan(monkeypatch):
     assert decode.plan(q, k, k, False, 4096, num_splits=8).pdl
     with decode_config(pdl=False):
         assert not decode.plan(q, k, k, False, 4096, num_splits=8).pdl
-    # where the split programs release the merge grid: only meaningful with PDL
-    assert decode.plan(q, k, k, False, 4096, num_splits=8).pdl_late == decode._PDL_LATE_DEFAULT
-    with decode_config(pdl_late=True):
-        assert decode.plan(q, k, k, False, 4096, num_splits=8).pdl_late
-        assert not decode.plan(q, k, k, False, 4096, num_splits=1).pdl_late
-        with decode_config(pdl=False):
-            assert not decode.plan(q, k, k, False, 4096, num_splits=8).pdl_late
-    with decode_config(pdl_late=False):
-        assert not decode.plan(q, k, k, False, 4096, num_splits=8).pdl_late
     # the split kernel launched by PDL itself: any launch, split or not, where PDL can run
     assert decode.plan(q, k, k, False, 4096, num_splits=1).pdl_wait == decode._PDL_WAIT_DEFAULT
     monkeypatch.setenv("IOATTN_DECODE_PDL_WAIT", "1")

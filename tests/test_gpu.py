@@ -165,25 +165,24 @@ def test_decode_step_cuda_graph(paged, pdl):
         eager_kw["cache_seqlens"] += 1
 
 
-@pytest.mark.parametrize("pdl", [False, True, "late", "wait"])
+@pytest.mark.parametrize("pdl", [False, True, "wait"])
 @pytest.mark.parametrize("use_tma", [False, True])
 @pytest.mark.parametrize("paged", [False, True])
 @pytest.mark.parametrize("splits", [1, 7, 0])
 def test_decode_long_cache(use_tma, paged, splits, pdl):
     """Decode at serving sizes against the float64 oracle: long caches, GQA 4, both load paths, the
-    merge launched normally or by programmatic dependent launch, released at the split programs'
-    start or after their key loop ("late") (the same arithmetic: bit-identical)."""
+    merge launched normally or by programmatic dependent launch, and ("wait") the split kernel too (the
+    same arithmetic: bit-identical)."""
     from ioattn import decode
     from ioattn.decode import decode_config, flash_attn_with_kvcache
     from ioattn.reference.decode import kvcache_attention_ref
     kw, rnd = _decode_setup(2, 16384, paged=paged)
     q = rnd(2, 1, 32, 128)
-    with decode_config(use_tma=use_tma, pdl=bool(pdl), pdl_late=pdl == "late", pdl_wait=pdl == "wait"):
+    with decode_config(use_tma=use_tma, pdl=bool(pdl), pdl_wait=pdl == "wait"):
         out = flash_attn_with_kvcache(q, **kw, num_splits=splits)
         cfg = decode.plan(q, kw["k_cache"], kw["v_cache"], paged, kw["k_cache"].shape[1] if not paged else
                           kw["block_table"].shape[1] * kw["k_cache"].shape[1], splits)
     assert cfg.pdl == (bool(pdl) and cfg.num_splits > 1 and _SM90)
-    assert cfg.pdl_late == (pdl == "late" and cfg.pdl)
     assert cfg.pdl_wait == (pdl == "wait" and _SM90)
     if pdl:  # bit-identical to the plain launch
         with decode_config(use_tma=use_tma, pdl=False):

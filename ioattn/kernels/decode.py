@@ -42,8 +42,9 @@ split, so the step does not end on a few SMs reading one whole unit each.
   ``part_b0`` on); the merge kernel combines the splits into the output (q's dtype) and the lse in
   flash-attn's layout. A whole unit writes those directly: a decode step is one or two launches.
   ``USE_PDL``: each program lets the merge kernel launch (programmatic dependent launch, Hopper) once
-  it has read its keys (``PDL_LATE``, the default) or as soon as it starts; the merge waits for this grid's writes
-  itself (``kernels/combine.py``), so where the hint sits changes timing only. ``PDL_WAIT``: this
+  it has read its keys (measured ahead of a release at the program's start, NOTES §44); the merge
+  waits for this grid's writes itself (``kernels/combine.py``), so where the hint sits changes timing
+  only. ``PDL_WAIT``: this
   kernel is itself launched by programmatic dependent launch after whatever the stream ran before it
   and waits for that work's writes first thing, so its launch overlaps the previous kernel's end.
 
@@ -136,7 +137,7 @@ def decode_split_kernel(
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, USE_TMA: tl.constexpr, UNIFIED: tl.constexpr,
     PHI_BELOW: tl.constexpr, PHI_ABOVE: tl.constexpr, HAS_SEQLENS: tl.constexpr, USE_PDL: tl.constexpr = False,
-    PDL_LATE: tl.constexpr = False, PDL_WAIT: tl.constexpr = False,
+    PDL_WAIT: tl.constexpr = False,
 ):
     """``num_rows``: pages in the pool (paged) or rows of the contiguous cache. Sequence b ends at
     ``SeqLens[b] + seqlen_new`` (``seqlen_base + seqlen_new`` without ``HAS_SEQLENS``).
@@ -146,8 +147,6 @@ def decode_split_kernel(
     ``Opart`` / ``Lpart`` at batch index ``b - part_b0`` (a unit is a (sequence, KV head, row block))."""
     if PDL_WAIT:
         gdc_wait()  # launched early (programmatic dependent launch): the previous kernel's writes from here on
-    if USE_PDL and not PDL_LATE:
-        gdc_launch_dependents()  # a hint: the merge grid may launch once every program got here
     pid = tl.program_id(0)
     tail = pid >= num_whole
     r = tl.maximum(pid - num_whole, 0)
@@ -229,8 +228,8 @@ def decode_split_kernel(
         else:
             m_i = tl.where(m_i == float("-inf"), m_i, phi)  # what was subtracted, for the lse
 
-    if USE_PDL and PDL_LATE:
-        gdc_launch_dependents()  # the same hint after the key loop: the merge grid cannot take SM room earlier
+    if USE_PDL:
+        gdc_launch_dependents()  # a hint: the merge grid may launch once every program has read its keys
     # rows (or whole splits) that saw no key: output 0, lse -inf
     out, lse = softmax_finish(acc, m_i, l_i, 1.0)
     tok64 = tok.to(tl.int64)
