@@ -78,6 +78,8 @@ def main():
     ap.add_argument("--rest", type=float, default=0.0, help="idle seconds before each timing: the board's power "
                     "limiter lowers the SM clock under sustained load (NOTES §43), so every variant starts rested")
     args = ap.parse_args()
+    if args.rounds < 1 or args.rest < 0:
+        ap.error(f"--rounds must be at least 1 and --rest at least 0, got {args.rounds} and {args.rest}")
     os.makedirs(args.out, exist_ok=True)
     sink = open(os.path.join(args.out, f"{args.tag}.jsonl"), "w")
     peers = {n: fn for n, (fn, _) in providers(["sdpa-flash", "sdpa-cudnn"]).items() if fn is not None}

@@ -423,6 +423,15 @@ def _tma_ok(k_cache, v_cache, d):
         t.data_ptr() % 16 == 0 and all((st * es) % 16 == 0 for st in t.stride()[:-1]) for t in (k_cache, v_cache))
 
 
+def _switch(field, env_name, default):
+    """An on/off plan choice: ``decode_config(field=...)`` first, else the environment variable ("1"
+    on, anything else set off), else the default."""
+    if field in _plan_override:
+        return bool(_plan_override[field])
+    env = os.environ.get(env_name, "").strip()
+    return env == "1" if env else default
+
+
 def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     """The launch for one call: ``span`` is the longest key range any sequence may have (its max end
     when the values were read, else the cache capacity, so the plan never depends on device values)."""
@@ -486,15 +495,12 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     if paged:  # a chunk never crosses a page
         while k_cache.shape[1] % block_n:
             block_n //= 2
-    env = os.environ.get("IOATTN_DECODE_PDL", "").strip()
-    pdl_wanted = _plan_override.get("pdl", env == "1" if env else _PDL_DEFAULT)
+    pdl_wanted = _switch("pdl", "IOATTN_DECODE_PDL", _PDL_DEFAULT)
     pdl = bool(pdl_wanted) and num_splits > 1 and _pdl_ok(q.device)
     why.append(f"{block_n}-key chunks, {_plan_override.get('num_stages', stages)} stages, "
                f"{'TMA' if use_tma else 'pointer'} loads" + (", merge by programmatic dependent launch" if pdl else ""))
     # the split kernel launched early behind the stream's previous kernel: every launch, split or not
-    env_wait = os.environ.get("IOATTN_DECODE_PDL_WAIT", "").strip()
-    wait_wanted = _plan_override.get("pdl_wait", env_wait == "1" if env_wait else _PDL_WAIT_DEFAULT)
-    pdl_wait = bool(pdl_wanted) and bool(wait_wanted) and _pdl_ok(q.device)
+    pdl_wait = pdl_wanted and _switch("pdl_wait", "IOATTN_DECODE_PDL_WAIT", _PDL_WAIT_DEFAULT) and _pdl_ok(q.device)
     if pdl_wait:
         why.append("the split kernel launched by programmatic dependent launch behind the stream's previous work")
     return DecodePlan(block_m, block_n, num_splits, use_tma, _plan_override.get("num_warps", _NUM_WARPS),
