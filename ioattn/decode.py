@@ -27,6 +27,7 @@ import torch
 from ioattn import dispatch
 from ioattn.api import _DTYPES, MAX_HEADDIM
 from ioattn.backends import _scalars
+from ioattn.launcher import launcher_for
 from ioattn.masks import normalize_window
 from ioattn.merge import _merge_triton
 from ioattn.reference.decode import apply_rotary_ref, gather_kv_ref
@@ -619,7 +620,7 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
                           for t in (k_cache, v_cache))
     below, above = PHI_RANGE[q.dtype]
     dummy = lpart  # any tensor stands in for the absent index tensors (never read)
-    decode_split_kernel[(num_whole + (programs - num_whole) * cfg.num_splits,)](
+    launcher_for(decode_split_kernel)((num_whole + (programs - num_whole) * cfg.num_splits,), (
         q, k_cache, v_cache, out, lse, opart, lpart, cache_seqlens.contiguous() if has_seqlens else dummy,
         cache_leftpad.contiguous() if cache_leftpad is not None else dummy,
         block_table.contiguous() if paged else dummy,
@@ -631,15 +632,14 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
         block_table.shape[1] if paged else 0, stride_ab,
         *opart.stride()[:4], *lpart.stride(), seqlen_base, seqlen_new, nheads_kv, group, seqlen_q, num_m_blocks,
         cfg.num_splits, num_whole, b0, capacity, k_cache.shape[0],
-        qk_scale, float(softcap), window[0], window[1], 0.0 if unified_max is None else unified_max * LOG2E,
-        HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        PAGE_SIZE=max(page_size, 1), PAGED=paged, HAS_BATCH_IDX=cache_batch_idx is not None,
-        HAS_LEFTPAD=cache_leftpad is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi,
-        USE_TMA=cfg.use_tma, UNIFIED=unified_max is not None, PHI_BELOW=below, PHI_ABOVE=above,
-        HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl and split, PDL_WAIT=cfg.pdl_wait, L2_AHEAD=cfg.l2_ahead,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.max_regs} if cfg.max_regs else {}),
-        **({"launch_pdl": True} if cfg.pdl_wait else {}),
-    )
+        qk_scale, float(softcap), window[0], window[1], 0.0 if unified_max is None else unified_max * LOG2E),
+        dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+             PAGE_SIZE=max(page_size, 1), PAGED=paged, HAS_BATCH_IDX=cache_batch_idx is not None,
+             HAS_LEFTPAD=cache_leftpad is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi,
+             USE_TMA=cfg.use_tma, UNIFIED=unified_max is not None, PHI_BELOW=below, PHI_ABOVE=above,
+             HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl and split, PDL_WAIT=cfg.pdl_wait, L2_AHEAD=cfg.l2_ahead,
+             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.max_regs} if cfg.max_regs else {}),
+             **({"launch_pdl": True} if cfg.pdl_wait else {})))
     if split:
         _merge_triton(opart, lpart, lse_bhm=True, pdl=cfg.pdl, out=out[b0:], lse=lse[b0:])
     return out, lse

@@ -10,6 +10,7 @@ import torch
 import triton
 
 from ioattn import dispatch
+from ioattn.launcher import launcher_for
 from ioattn.reference.merge import merge_states_ref
 
 
@@ -77,10 +78,11 @@ def _merge_triton(outs, lses, lse_bhm=False, pdl=False, out=None, lse=None):
     if n_rows:
         block_s = max(2, 1 << (splits - 1).bit_length())
         # the outputs are read at most 64 splits per load: 64 x 256 fp32 is 128 registers a thread at 4 warps
-        merge_states_kernel[(n_rows,)](
-            o, lse_in, out, lse, n_rows, splits, o.stride(0), o.stride(1), lse_in.stride(0), nheads, seqlen_q,
-            HEAD_DIM=d, BLOCK_D=dispatch.block_d(d), BLOCK_S=block_s, CHUNK_S=min(block_s, 64),
-            LSE_BHM=lse_bhm, num_warps=4, **({"USE_PDL": True, "launch_pdl": True} if pdl else {}))
+        launcher_for(merge_states_kernel)(
+            (n_rows,), (o, lse_in, out, lse, n_rows, splits, o.stride(0), o.stride(1), lse_in.stride(0), nheads,
+                        seqlen_q),
+            dict(HEAD_DIM=d, BLOCK_D=dispatch.block_d(d), BLOCK_S=block_s, CHUNK_S=min(block_s, 64),
+                 LSE_BHM=lse_bhm, num_warps=4, **({"USE_PDL": True, "launch_pdl": True} if pdl else {})))
     if lse_bhm:
         return out.reshape(*lead, d), lse.reshape(lead[0], nheads, seqlen_q)
     return out.reshape(*lead, d), lse.reshape(lead)
