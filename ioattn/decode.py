@@ -117,10 +117,6 @@ _PDL_DEFAULT = True
 # 241.7 against 13.4 / 24.6 / 68.7 / 126.2 / 68.5 / 930.7 / 241.9). On; IOATTN_DECODE_PDL_WAIT=0 or
 # decode_config(pdl_wait=False) turn it off.
 _PDL_WAIT_DEFAULT = True
-# K/V rows of the chunk L2_AHEAD chunks ahead prefetched into L2 (cp.async.bulk.prefetch.L2, contiguous
-# caches read through pointers): off until measured (NOTES §46). IOATTN_DECODE_L2_AHEAD=N or
-# decode_config(l2_ahead=N) set it.
-_L2_AHEAD_DEFAULT = 0
 
 # Unified max (FlashDecoding++): a split keeps phi only if every row max m satisfies
 # phi - below <= m <= phi + above (log2 units). Above: exp2(s - phi) must fit the dtype the
@@ -148,18 +144,17 @@ class DecodePlan:
     # num_splits == 1, else none (see _tail_split)
     num_whole: int | None = None
     max_regs: int | None = None  # a register cap for the launch (Triton's maxnreg), None: the compiler's choice
-    l2_ahead: int = 0  # chunks ahead whose K/V rows are prefetched into L2 (contiguous cache, pointer loads)
     reason: str = field(default="", compare=False)  # why: the rules that chose the fields (explain_decode)
 
 
 @contextlib.contextmanager
 def decode_config(**fields):
     """Force fields of the ``DecodePlan`` (block_n, num_splits, use_tma, num_warps, num_stages, pdl,
-    pdl_wait, num_whole, max_regs, l2_ahead) for the calls inside: tuning sweeps and tests (``pdl`` and
+    pdl_wait, num_whole, max_regs) for the calls inside: tuning sweeps and tests (``pdl`` and
     ``pdl_wait`` are still only used where they can run; ``num_whole`` is rounded down to whole batch
     elements, and ``tail_split=False`` turns the tail split off)."""
     unknown = set(fields) - {"block_n", "num_splits", "use_tma", "num_warps", "num_stages", "pdl", "pdl_wait",
-                             "num_whole", "tail_split", "max_regs", "l2_ahead"}
+                             "num_whole", "tail_split", "max_regs"}
     if unknown:
         raise ValueError(f"decode_config: unknown fields {sorted(unknown)}")
     previous = dict(_plan_override)
@@ -428,7 +423,7 @@ def _tma_ok(k_cache, v_cache, d):
 
 
 def _aligned16(*tensors):
-    """Base and every stride but the last 16-byte aligned (TMA descriptors, bulk L2 prefetches)."""
+    """Base and every stride but the last 16-byte aligned (TMA descriptors)."""
     return all(t.data_ptr() % 16 == 0 and all((st * t.element_size()) % 16 == 0 for st in t.stride()[:-1])
                for t in tensors)
 
@@ -442,9 +437,27 @@ def _switch(field, env_name, default):
     return env == "1" if env else default
 
 
+_PLANS: dict = {}
+_PLANS_MAX = 256
+
+
 def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     """The launch for one call: ``span`` is the longest key range any sequence may have (its max end
-    when the values were read, else the cache capacity, so the plan never depends on device values)."""
+    when the values were read, else the cache capacity, so the plan never depends on device values).
+    Memoized on everything the rules read (shapes, strides, alignment, device, the forced fields and
+    the environment switches): a decode loop plans once (host time, NOTES §46)."""
+    key = (q.shape, q.device, k_cache.shape, k_cache.stride(), v_cache.stride(), k_cache.element_size(),
+           _aligned16(k_cache, v_cache), paged, span, num_splits, tuple(_plan_override.items()),
+           os.environ.get("IOATTN_DECODE_PDL"), os.environ.get("IOATTN_DECODE_PDL_WAIT"))
+    cfg = _PLANS.get(key)
+    if cfg is None:
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        cfg = _PLANS[key] = _plan(q, k_cache, v_cache, paged, span, num_splits)
+    return cfg
+
+
+def _plan(q, k_cache, v_cache, paged, span, num_splits):
     batch, seqlen_q, nheads, d = q.shape
     nheads_kv = k_cache.shape[2]
     # on the GPU, split launches take the split tiles (the policy notes at the top)
@@ -513,17 +526,8 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     pdl_wait = pdl_wanted and _switch("pdl_wait", "IOATTN_DECODE_PDL_WAIT", _PDL_WAIT_DEFAULT) and _pdl_ok(q.device)
     if pdl_wait:
         why.append("the split kernel launched by programmatic dependent launch behind the stream's previous work")
-    l2_ahead = _plan_override.get("l2_ahead")
-    if l2_ahead is None:
-        env = os.environ.get("IOATTN_DECODE_L2_AHEAD", "").strip()
-        l2_ahead = int(env) if env.isdigit() else _L2_AHEAD_DEFAULT
-    # Hopper's bulk prefetch: pointer loads from a contiguous cache with 16-byte aligned rows
-    l2_ahead = l2_ahead if (l2_ahead > 0 and q.is_cuda and not paged and not use_tma and _sm90(q.device)
-                            and (d * k_cache.element_size()) % 16 == 0 and _aligned16(k_cache, v_cache)) else 0
-    if l2_ahead:
-        why.append(f"K/V rows {l2_ahead} chunk(s) ahead prefetched into L2")
     return DecodePlan(block_m, block_n, num_splits, use_tma, _plan_override.get("num_warps", _NUM_WARPS),
-                      _plan_override.get("num_stages", stages), pdl, pdl_wait, num_whole, max_regs, l2_ahead,
+                      _plan_override.get("num_stages", stages), pdl, pdl_wait, num_whole, max_regs,
                       "; ".join(why))
 
 
@@ -637,7 +641,7 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
              PAGE_SIZE=max(page_size, 1), PAGED=paged, HAS_BATCH_IDX=cache_batch_idx is not None,
              HAS_LEFTPAD=cache_leftpad is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi,
              USE_TMA=cfg.use_tma, UNIFIED=unified_max is not None, PHI_BELOW=below, PHI_ABOVE=above,
-             HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl and split, PDL_WAIT=cfg.pdl_wait, L2_AHEAD=cfg.l2_ahead,
+             HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl and split, PDL_WAIT=cfg.pdl_wait,
              num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.max_regs} if cfg.max_regs else {}),
              **({"launch_pdl": True} if cfg.pdl_wait else {})))
     if split:

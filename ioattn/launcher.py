@@ -70,7 +70,9 @@ class CachedLaunch:
             return self.fn[grid](*args, **constexprs)
         assert len(args) == self._n_runtime, (len(args), self._n_runtime)
         device = triton.runtime.driver.active.get_current_device()
-        key = (device, tuple(map(_arg_key, args)), tuple(sorted(constexprs.items())))
+        # ints (most arguments: sizes and strides) are their own key; a call site passes its
+        # constexprs in one order, so their items need no sorting
+        key = (device, tuple([a if type(a) is int else _arg_key(a) for a in args]), tuple(constexprs.items()))
         entry = self._kernels.get(key)
         if entry is None:
             kernel = self.fn[grid](*args, **constexprs)

@@ -492,6 +492,27 @@ def test_unified_max_takes_its_own_path_and_falls_back_exactly():
     assert torch.equal(fallback, exact)
 
 
+def test_plan_is_memoized_on_what_it_reads(monkeypatch):
+    """A decode loop plans once: the same call gives the same plan object; a forced field, an
+    environment switch, another span or a misaligned cache give a fresh plan."""
+    from ioattn import decode
+    q = torch.empty(2, 1, 8, 64)
+    k = torch.empty(2, 4096, 2, 64)
+    first = decode.plan(q, k, k, False, 4096)
+    assert decode.plan(q, k, k, False, 4096) is first
+    with decode_config(num_splits=3):
+        assert decode.plan(q, k, k, False, 4096).num_splits == 3
+    assert decode.plan(q, k, k, False, 4096) is first
+    assert decode.plan(q, k, k, False, 256) is not first
+    monkeypatch.setenv("IOATTN_DECODE_PDL", "0")
+    assert decode.plan(q, k, k, False, 4096) is not first
+    monkeypatch.delenv("IOATTN_DECODE_PDL")
+    shifted = torch.empty(2 * 4096 * 2 * 64 + 1)[1:].view(2, 4096, 2, 64)  # 4 bytes off: TMA cannot take it
+    with decode_config(use_tma=True):
+        assert decode.plan(q, k, k, False, 4096).use_tma
+        assert not decode.plan(q, shifted, shifted, False, 4096).use_tma
+
+
 def test_pdl_switches_reach_the_plan(monkeypatch):
     """Programmatic dependent launch: on by default (measured to pay); IOATTN_DECODE_PDL=0 or
     decode_config(pdl=False) turn it off; only where it can run (faked here: this machine has no
@@ -505,6 +526,7 @@ def test_pdl_switches_reach_the_plan(monkeypatch):
     with decode_config(pdl=True):
         assert not decode.plan(q, k, k, False, 4096, num_splits=8).pdl
     monkeypatch.setattr(decode, "_pdl_ok", lambda device: True)
+    monkeypatch.setattr(decode, "_PLANS", {})  # plans are memoized; the faked device is new to them
     assert decode.plan(q, k, k, False, 4096, num_splits=8).pdl
     assert not decode.plan(q, k, k, False, 4096, num_splits=1).pdl
     with decode_config(pdl=False):

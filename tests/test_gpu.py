@@ -193,27 +193,6 @@ def test_decode_long_cache(use_tma, paged, splits, pdl):
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("ahead", [1, 2, 4])
-@pytest.mark.parametrize("splits", [1, 7, 0])
-def test_decode_l2_prefetch(splits, ahead):
-    """K/V rows prefetched into L2 ``ahead`` chunks early (contiguous cache, pointer loads) change
-    timing only: bit-identical to the launch without, on ragged lengths; never planned for a paged
-    cache or TMA loads."""
-    from ioattn import decode
-    from ioattn.decode import decode_config, flash_attn_with_kvcache
-    kw, rnd = _decode_setup(3, 8192)
-    q = rnd(3, 1, 32, 128)
-    out = flash_attn_with_kvcache(q, **kw, num_splits=splits)
-    with decode_config(l2_ahead=ahead):
-        assert decode.plan(q, kw["k_cache"], kw["v_cache"], False, 8192, splits).l2_ahead == ahead
-        assert torch.equal(out, flash_attn_with_kvcache(q, **kw, num_splits=splits))
-        with decode_config(use_tma=True):
-            assert decode.plan(q, kw["k_cache"], kw["v_cache"], False, 8192, splits).l2_ahead == 0
-        pk, _ = _decode_setup(3, 8192, paged=True)
-        assert decode.plan(q, pk["k_cache"], pk["v_cache"], True, 8192, splits).l2_ahead == 0
-
-
-@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 def test_decode_paged_load_path_policy():
     """The plan's load path and tiles: a paged cache through TMA (128-key chunks, 2 stages; 64-key
     chunks where a split holds one 128-key chunk) without splits and with many splits

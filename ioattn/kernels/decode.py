@@ -67,27 +67,15 @@ from ioattn.kernels.common import LOG2E, mma, softmax_finish, softmax_step, tile
 
 
 @triton.jit
-def _prefetch_l2(ptrs, ok):
-    """``prefetch.global.L2`` of the line holding each address of ``ptrs`` where ``ok``: no register
-    or shared memory is held, nothing waits for it."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-        "=r,l,r", [ptrs.to(tl.int64, bitcast=True), ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, bt_row, cache_row, h_kv, lp, end, tok,
                   seqlen_q, c_start, c_end, num_pages, stride_kb, stride_kn, stride_vb, stride_vn, k_head, v_head,
                   offs_d, d_ok, qk_scale, softcap, window_left, window_right, slope_log2, phi,
                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
                   USE_TMA: tl.constexpr, UNIFIED: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                  HAS_ALIBI: tl.constexpr, L2_AHEAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  LINES: tl.constexpr, LINE_ELEMS: tl.constexpr):
+                  HAS_ALIBI: tl.constexpr):
     """Key chunks [c_start, c_end) of one split into (acc, m, l). ``UNIFIED``: probabilities are
     exp2(s - phi) and ``m_i`` only records the true row max (for the range check). Paged:
-    ``bt_row`` is the sequence's block-table row. ``L2_AHEAD`` > 0 (contiguous cache, pointer loads):
-    chunk c + L2_AHEAD's K and V rows (``LINES`` lines of ``LINE_ELEMS`` elements cover one row of
-    ``HEAD_DIM``) are prefetched into L2 while chunk c runs."""
+    ``bt_row`` is the sequence's block-table row."""
     offs_n0 = tl.arange(0, BLOCK_N)
     if PAGED:
         # The page of chunk c is read one chunk ahead: the K/V addresses depend on it, so read in
@@ -97,14 +85,6 @@ def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, bt_row, cache_row, h_k
         col0 = c * BLOCK_N
         offs_n = col0 + offs_n0
         kv_ok = (offs_n >= lp) & (offs_n < end)
-        if L2_AHEAD > 0:  # every 128-byte line of the K and V rows of chunk c + L2_AHEAD
-            pf_cols = (c + L2_AHEAD) * BLOCK_N + offs_n0
-            pf_in = (tl.arange(0, LINES) * LINE_ELEMS)[None, :]
-            pf_ok = ((c + L2_AHEAD < c_end) & (pf_cols < end))[:, None] & (pf_in < HEAD_DIM)
-            pf_k = K + k_head + cache_row * stride_kb + pf_cols.to(tl.int64)[:, None] * stride_kn + pf_in
-            _prefetch_l2(pf_k, pf_ok)
-            pf_v = V + v_head + cache_row * stride_vb + pf_cols.to(tl.int64)[:, None] * stride_vn + pf_in
-            _prefetch_l2(pf_v, pf_ok)
         if PAGED:
             page = tl.minimum(tl.maximum(next_page, 0), num_pages - 1).to(tl.int64)
             next_page = tl.load(bt_row + ((c + 1) * BLOCK_N) // PAGE_SIZE, mask=c + 1 < c_end, other=0)
@@ -157,7 +137,7 @@ def decode_split_kernel(
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, USE_TMA: tl.constexpr, UNIFIED: tl.constexpr,
     PHI_BELOW: tl.constexpr, PHI_ABOVE: tl.constexpr, HAS_SEQLENS: tl.constexpr, USE_PDL: tl.constexpr = False,
-    PDL_WAIT: tl.constexpr = False, L2_AHEAD: tl.constexpr = 0,
+    PDL_WAIT: tl.constexpr = False,
 ):
     """``num_rows``: pages in the pool (paged) or rows of the contiguous cache. Sequence b ends at
     ``SeqLens[b] + seqlen_new`` (``seqlen_base + seqlen_new`` without ``HAS_SEQLENS``).
@@ -227,15 +207,13 @@ def decode_split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    LINE_ELEMS: tl.constexpr = 1024 // K.dtype.element_ty.primitive_bitwidth  # a 128-byte line
-    LINES: tl.constexpr = triton.next_power_of_2((HEAD_DIM + LINE_ELEMS - 1) // LINE_ELEMS)
     k_head = h_kv.to(tl.int64) * stride_kh
     v_head = h_kv.to(tl.int64) * stride_vh
     acc, m_i, l_i = _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, bt_row, cache_row, h_kv, lp, end,
                                   tok, seqlen_q, c_start, c_end, num_rows, stride_kb, stride_kn, stride_vb, stride_vn,
                                   k_head, v_head, offs_d, d_ok, qk_scale, softcap, window_left,
                                   window_right, slope_log2, phi, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_TMA,
-                                  UNIFIED, HAS_SOFTCAP, HAS_ALIBI, L2_AHEAD, HEAD_DIM, LINES, LINE_ELEMS)
+                                  UNIFIED, HAS_SOFTCAP, HAS_ALIBI)
     if UNIFIED:
         # a row max outside phi's safe range (rows with no key are fine): redo this split exactly
         gap = m_i - phi
@@ -246,7 +224,7 @@ def decode_split_kernel(
                 tl.zeros([BLOCK_M], dtype=tl.float32), q, K, V, k_desc, v_desc, bt_row, cache_row, h_kv,
                 lp, end, tok, seqlen_q, c_start, c_end, num_rows, stride_kb, stride_kn, stride_vb, stride_vn, k_head,
                 v_head, offs_d, d_ok, qk_scale, softcap, window_left, window_right, slope_log2, phi,
-                BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_TMA, False, HAS_SOFTCAP, HAS_ALIBI, L2_AHEAD, HEAD_DIM, LINES, LINE_ELEMS)
+                BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_TMA, False, HAS_SOFTCAP, HAS_ALIBI)
         else:
             m_i = tl.where(m_i == float("-inf"), m_i, phi)  # what was subtracted, for the lse
 
