@@ -27,7 +27,7 @@ from ioattn.bench.providers import providers
 from ioattn.bench.run import _check
 from ioattn.bench.timing import attention_flops, median_ms
 
-def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False, exp2_fma=0.0):
+def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False, exp2_fma=0.0, lean=False):
     def run(q, k, v, causal):
         if gluon and q.shape[-1] not in hopper.TILE_TABLE[gluon]:  # else the portable kernel would be timed
             raise ValueError(f"the Gluon {gluon} variant has no head dim {q.shape[-1]}")
@@ -35,7 +35,8 @@ def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False, exp2_fma=0.0):
         try:
             with dispatch.prefer_tma(tma), dispatch.prefer_persistent(persistent), \
                     hopper.prefer_hopper(bool(gluon)), hopper.variant(gluon or "base"), \
-                    dispatch.rescale_threshold(tau), hopper.lpt_order(lpt), hopper.exp2_fma(exp2_fma):
+                    dispatch.rescale_threshold(tau), hopper.lpt_order(lpt), hopper.exp2_fma(exp2_fma), \
+                    hopper.lean_softmax(lean):
                 return ioattn.flash_attn_func(q, k, v, causal=causal)
         finally:
             dispatch.set_tile_override("fwd", None)
@@ -65,7 +66,8 @@ def main():
     ap.add_argument("--tiles", default="default", help="';'-separated block_m,block_n,warps,stages or 'default'")
     ap.add_argument("--loads", default="ptr,tma",
                     help="variants to cross with the tiles: ptr, tma, tma-pers (TMA + persistent grid), tma-r8 "
-                         "(TMA + conditional rescaling, tau 8), gluon, gluon-pp, gluon-split, gluon-wg3, gluon-pers; "
+                         "(TMA + conditional rescaling, tau 8), gluon, gluon-pp, gluon-split, gluon-wg3, gluon-pers, "
+                         "gluon-pp-lean / gluon-pers-lean / gluon-split-lean (hopper.lean_softmax); "
                          "a Gluon name + \"-fma12/-fma25/-fma50/-fma100\": that share (%%; 12 = 12.5) of the "
                          "exponentials on the FMA units (hopper.exp2_fma); + \"-lpt\": the causal grid in LPT order "
                          "(the "
@@ -89,11 +91,13 @@ def main():
              "tma-r8": (True, False, None, 8.0), "gluon": (True, False, "base", 0.0),
              "gluon-pp": (True, False, "pingpong", 0.0), "gluon-split": (True, False, "split", 0.0),
              "gluon-wg3": (True, False, "wg3", 0.0), "gluon-pers": (True, False, "persistent", 0.0)}
+    # the two-warpgroup variants with the lean softmax (hopper.lean_softmax)
+    loads.update({f"{n}-lean": (*loads[n], True) for n in ("gluon-pp", "gluon-split")})
     # "-fmaNN": exponentials on the FMA units; "-lpt": the causal grid in LPT order (hopper.lpt_order;
     # one-tile Gluon kernels)
     parsed = {name: parse_load(name, loads) for name in args.loads.split(",")}
     fns = {f"{name}-{'dflt' if c is None else '.'.join(map(str, (c.block_m, c.block_n, c.num_warps, c.num_stages)))}":
-           variant_fn(*entry, c, lpt, exp2_fma)
+           variant_fn(*entry[:4], c, lpt, exp2_fma, *entry[4:])
            for c in tile_sets for name, (entry, lpt, exp2_fma) in parsed.items()
            if not (name.startswith("gluon") and c is not None)}
     fns.update(peers)

@@ -195,7 +195,9 @@ def kernel_config(d: int, name: str | None = None) -> dict:
                 constexprs=dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, PINGPONG=pingpong,
                                 NUM_WG=num_wg, ORDERED=name != "split",
                                 # the register-lean softmax and lse offsets the 160-register consumers need
-                                LEAN=num_wg == 3, PERSISTENT=name == "persistent"))
+                                # (and, by choice, the two-warpgroup variants': lean_softmax below)
+                                LEAN=num_wg == 3 or (name in ("pingpong", "split") and lean_softmax.wanted()),
+                                PERSISTENT=name == "persistent"))
 
 
 # Variable-length (packed) batches through the Gluon kernel (its IS_VARLEN specialisation): its GPU
@@ -222,6 +224,12 @@ prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer
 # (NOTES §36): off (``with hopper.lpt_order(True)``, IOATTN_HOPPER_LPT=1). The persistent variant
 # always uses it (its static walk needs it for balance).
 lpt_order = dispatch.Preference(False, env="IOATTN_HOPPER_LPT")
+
+# The one-tile two-warpgroup variants (ping-pong, split) with the three-warpgroup variant's lean
+# softmax (the scale folded into one multiply-add per score, the row max on raw scores: about one
+# instruction less per exponential, NOTES §43's count). Off until measured (NOTES §47);
+# ``with hopper.lean_softmax(True)`` or IOATTN_HOPPER_LEAN=1.
+lean_softmax = dispatch.Preference(False, env="IOATTN_HOPPER_LEAN")
 
 # FlashAttention-4's exp2 emulation (the kernel's ``EXP2_FMA``): this percentage of each key tile's
 # columns take their exponentials from a cubic on the FMA units (``hopper_forward._exp2_poly``, max
