@@ -67,7 +67,7 @@ def main():
     ap.add_argument("--loads", default="ptr,tma",
                     help="variants to cross with the tiles: ptr, tma, tma-pers (TMA + persistent grid), tma-r8 "
                          "(TMA + conditional rescaling, tau 8), gluon, gluon-pp, gluon-split, gluon-wg3, gluon-pers, "
-                         "gluon-pp-lean / gluon-pers-lean / gluon-split-lean (hopper.lean_softmax); "
+                         "gluon-pp-lean / -nolean, gluon-split-..., gluon-pers-... (hopper.lean_softmax forced); "
                          "a Gluon name + \"-fma12/-fma25/-fma50/-fma100\": that share (%%; 12 = 12.5) of the "
                          "exponentials on the FMA units (hopper.exp2_fma); + \"-lpt\": the causal grid in LPT order "
                          "(the "
@@ -91,8 +91,9 @@ def main():
              "tma-r8": (True, False, None, 8.0), "gluon": (True, False, "base", 0.0),
              "gluon-pp": (True, False, "pingpong", 0.0), "gluon-split": (True, False, "split", 0.0),
              "gluon-wg3": (True, False, "wg3", 0.0), "gluon-pers": (True, False, "persistent", 0.0)}
-    # the two-warpgroup variants with the lean softmax (hopper.lean_softmax)
-    loads.update({f"{n}-lean": (*loads[n], True) for n in ("gluon-pp", "gluon-split")})
+    # the two-warpgroup variants with and without the lean softmax (hopper.lean_softmax, on by default)
+    loads.update({f"{n}-{s}": (*loads[n], s == "lean") for n in ("gluon-pp", "gluon-split", "gluon-pers")
+                  for s in ("lean", "nolean")})
     # "-fmaNN": exponentials on the FMA units; "-lpt": the causal grid in LPT order (hopper.lpt_order;
     # one-tile Gluon kernels)
     parsed = {name: parse_load(name, loads) for name in args.loads.split(",")}

@@ -196,7 +196,7 @@ def kernel_config(d: int, name: str | None = None) -> dict:
                                 NUM_WG=num_wg, ORDERED=name != "split",
                                 # the register-lean softmax and lse offsets the 160-register consumers need
                                 # (and, by choice, the two-warpgroup variants': lean_softmax below)
-                                LEAN=num_wg == 3 or (name in ("pingpong", "split") and lean_softmax.wanted()),
+                                LEAN=num_wg == 3 or (pingpong and lean_softmax.wanted()),
                                 PERSISTENT=name == "persistent"))
 
 
@@ -225,11 +225,14 @@ prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer
 # always uses it (its static walk needs it for balance).
 lpt_order = dispatch.Preference(False, env="IOATTN_HOPPER_LPT")
 
-# The one-tile two-warpgroup variants (ping-pong, split) with the three-warpgroup variant's lean
+# The two-warpgroup variants (ping-pong, split, persistent) with the three-warpgroup variant's lean
 # softmax (the scale folded into one multiply-add per score, the row max on raw scores: about one
-# instruction less per exponential, NOTES §43's count). Off until measured (NOTES §47);
-# ``with hopper.lean_softmax(True)`` or IOATTN_HOPPER_LEAN=1.
-lean_softmax = dispatch.Preference(False, env="IOATTN_HOPPER_LEAN")
+# instruction less per exponential, NOTES §43's count). On: ab_fwd on the H200, bf16, 16k tokens,
+# 3 interleaved rounds with rest (results/session-2026-12-01-zl, NOTES §47), ping-pong with / without,
+# TFLOP/s: d=128 N=4096 653 / 623, 16384 703 / 665; causal 547 / 520, 675 / 639; d=256 685 / 668,
+# 733 / 714; causal 560 / 549, 717 / 706 (+1.6 to +5.7 %, every point). ``with
+# hopper.lean_softmax(False)`` turns it off.
+lean_softmax = dispatch.Preference(True)
 
 # FlashAttention-4's exp2 emulation (the kernel's ``EXP2_FMA``): this percentage of each key tile's
 # columns take their exponentials from a cubic on the FMA units (``hopper_forward._exp2_poly``, max

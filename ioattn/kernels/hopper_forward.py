@@ -621,7 +621,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                          stride_lse_h, qk_scale, row_off, HEAD_DIM: gl.constexpr, CTA_M: gl.constexpr,
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          MASK_ALL: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr,
-                         EXP2_FMA: gl.constexpr):
+                         EXP2_FMA: gl.constexpr, LEAN: gl.constexpr):
     """A ping-pong consumer warpgroup of the persistent kernel: rows [row_off, row_off + BLOCK_M) of
     each of this program's CTA_M-row tiles (``_walk``; the producer walks the same list). Per tile:
     ``_pp_mainloop`` with the ring's use count (``g0``) and this warpgroup's
@@ -655,7 +655,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                 o, m_i, l_i = _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn,
                                            next_turn, m_start, seqlen_q, seqlen_k, 0, n_tiles, qk_scale, g0, sec0,
                                            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED,
-                                           False, True, EXP2_FMA)
+                                           LEAN, True, EXP2_FMA)
                 g0 += n_tiles
                 sec0 += n_tiles + 1
                 q_pending = 0
@@ -718,7 +718,7 @@ def _pp_shared(q_desc, k_desc, v_desc, NUM_WG: gl.constexpr, WG_ROWS: gl.constex
 def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om, stride_lse_b,
                     stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, ORDERED: gl.constexpr,
-                    KV_TAIL: gl.constexpr, EXP2_FMA: gl.constexpr):
+                    KV_TAIL: gl.constexpr, EXP2_FMA: gl.constexpr, LEAN: gl.constexpr):
     """The persistent ping-pong kernel's body (``hopper_fwd_kernel(PERSISTENT=True)``): the same
     shared memory and partitions as the one-tile kernel (two consumer warpgroups of 64 rows, the
     producer warp, 240 / 24 registers), each partition walking this program's tiles."""
@@ -731,7 +731,7 @@ def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads
                                  v_empty, turn.index(w), turn.index((w + 1) % 2), Out, Lse, num_tiles, num_m, nheads,
                                  seqlen_q, seqlen_k, stride_om, stride_lse_b, stride_lse_h, qk_scale, w * WG_ROWS,
                                  HEAD_DIM, BLOCK_M, WG_ROWS, BLOCK_N, STAGES, IS_CAUSAL, IS_CAUSAL,
-                                 1 if w == 0 else 0, ORDERED, EXP2_FMA))
+                                 1 if w == 0 else 0, ORDERED, EXP2_FMA, LEAN))
          if w < 2 else
          (_persistent_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                  num_tiles, num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N,
@@ -753,9 +753,10 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
     (``NUM_WG`` unused). ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 64 * NUM_WG):
     ``NUM_WG`` consumer warpgroups (2: "pingpong"/"split"; 3: "wg3") of 64 rows each in separate
     partitions (the default one and NUM_WG - 1 workers), ordered in a ring by NUM_WG mbarriers; Q
-    descriptor block [64, HEAD_DIM]. All: one producer warp, 24 registers. ``LEAN`` (ping-pong only;
-    "wg3" sets it): the register-lean code its 160-register consumers need: ``_softmax_tile``'s lean
-    form (needs qk_scale >= 0) and 32-bit lse offsets.
+    descriptor block [64, HEAD_DIM]. All: one producer warp, 24 registers. ``LEAN`` (ping-pong only):
+    ``_softmax_tile``'s lean form (needs qk_scale >= 0) and 32-bit lse offsets (one-tile programs):
+    the register-lean code "wg3"'s 160-register consumers need, and about one instruction less per
+    exponential, which made the two-warpgroup variants 3-6 % faster (NOTES §47; the host's default).
 
     ``IS_VARLEN`` (packed sequences; ``Cu_q``/``Cu_k``: int32 cu_seqlens of batch + 1 entries, unused
     (None) otherwise): ``seqlen_q``/``seqlen_k`` arrive as the maximum lengths (the grid's), and each
@@ -781,11 +782,11 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
     their exponentials from the FMA units instead of MUFU.EX2 (``_softmax_tile``, ``_exp2_tile``)."""
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     if PERSISTENT:
-        gl.static_assert(PINGPONG and NUM_WG == 2 and not LEAN and not IS_VARLEN,
+        gl.static_assert(PINGPONG and NUM_WG == 2 and not IS_VARLEN,
                          "persistent: the two-warpgroup ping-pong kernel, fixed-length batches")
         _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om, stride_lse_b,
                         stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
-                        ORDERED, KV_TAIL, EXP2_FMA)
+                        ORDERED, KV_TAIL, EXP2_FMA, LEAN)
         return
     b, h, m_block = _tile_bhm(gl.program_id(0), num_m, gl.num_programs(0), nheads, IS_CAUSAL, LPT)
     m_start = m_block * BLOCK_M
