@@ -8,11 +8,11 @@
 set -u
 out=${1:?outdir}
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
-timeout 120 python3 -m pytest tests/test_gpu.py -n 8 -q -p no:cacheprovider -rfE \
+timeout 100 python3 -m pytest tests/test_gpu.py -n 8 -q -p no:cacheprovider -rfE \
     -k "hopper_forward_persistent or negative_scale or default_dispatch or next_batch or test_hopper_forward_varlen" \
     > "$out/test_gpu.log" 2>&1
 echo "tests rc=$?"; tail -n 1 "$out/test_gpu.log"; grep -E "FAILED|ERROR" "$out/test_gpu.log" | head -n 5
-timeout 120 python3 benchmarks/ab_fwd.py --out "$out" --tag ab_pers --headdims 64,128,256 --seqlens 1024,4096 \
+timeout 100 python3 benchmarks/ab_fwd.py --out "$out" --tag ab_pers --headdims 64,128,256 --seqlens 1024,4096 \
     --causal 0 --loads gluon-pers-lean,gluon-pers-nolean,gluon-pp-lean --rounds 2 --rest 0.2 > "$out/ab_pers.log" 2>&1
 echo "ab rc=$?"; tail -n 8 "$out/ab_pers.log"
 mkdir -p "$out/train"
