@@ -565,6 +565,14 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     cfg = hopper.kernel_config(128, "persistent")
     assert cfg["constexprs"]["PERSISTENT"] and not hopper.kernel_config(128, "pingpong")["constexprs"]["PERSISTENT"]
     assert hopper.TILE_TABLE["persistent"] == hopper.TILE_TABLE["pingpong"] and cfg["constexprs"]["NUM_WG"] == 2
+    # the lean softmax: every ping-pong variant by default (measured faster), off by choice except wg3
+    # (its 160-register consumers need it); never the base kernel
+    lean = {v: hopper.kernel_config(128 if v != "wg3" else 64, v)["constexprs"]["LEAN"] for v in hopper.VARIANTS}
+    assert lean == {"base": False, "pingpong": True, "split": True, "wg3": True, "persistent": True}
+    with hopper.lean_softmax(False):
+        assert not hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"]
+        assert not hopper.kernel_config(256, "persistent")["constexprs"]["LEAN"]
+        assert hopper.kernel_config(64, "wg3")["constexprs"]["LEAN"]
     assert hopper.grid_programs(torch.device("cpu"), "pingpong", 1000) == 1000  # one per tile
     assert hopper.grid_programs(torch.device("cpu"), "persistent", 1000) == 132  # one per SM (an H100/H200 here)
     assert hopper.grid_programs(torch.device("cpu"), "persistent", 7) == 7
