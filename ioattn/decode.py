@@ -21,6 +21,7 @@ import functools
 import math
 import os
 from dataclasses import asdict, dataclass, field
+from typing import Optional
 
 import torch
 
@@ -684,6 +685,25 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     Returns ``out`` (batch, seqlen_q, nheads, d) in q's dtype, and with ``return_softmax_lse`` also
     ``softmax_lse`` (batch, nheads, seqlen_q) float32 (-inf for rows that see no key; their output is 0).
     """
+    if torch.compiler.is_compiling() and isinstance(window_size, (tuple, list)):
+        # one opaque op in the traced graph (the value checks, the append and the launches inside)
+        seqlens_t = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
+        out, lse = torch.ops.ioattn.kvcache(
+            q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens_t,
+            None if seqlens_t is not None else cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+            softmax_scale, bool(causal), int(window_size[0]), int(window_size[1]), float(softcap),
+            bool(rotary_interleaved), alibi_slopes, num_splits, bool(check_values), unified_max)
+    else:
+        out, lse = _kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                            cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+                            rotary_interleaved, alibi_slopes, num_splits, check_values, unified_max)
+    return (out, lse) if return_softmax_lse else out
+
+
+def _kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
+             check_values, unified_max):
+    """``flash_attn_with_kvcache``'s work: checks, append, attention; returns (out, lse)."""
     scale, softcap, window, seqlen_new, max_end = _validate(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
         block_table, softmax_scale, causal, window_size, softcap, alibi_slopes, num_splits, check_values,
@@ -725,4 +745,35 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     else:
         out = q.new_zeros(q.shape)
         lse = torch.full((batch, q.shape[2], seqlen_q), float("-inf"), device=device)
-    return (out, lse) if return_softmax_lse else out
+    return out, lse
+
+
+@torch.library.custom_op("ioattn::kvcache", mutates_args=("k_cache", "v_cache"))
+def _kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Optional[torch.Tensor],
+                v: Optional[torch.Tensor], rotary_cos: Optional[torch.Tensor], rotary_sin: Optional[torch.Tensor],
+                cache_seqlens: Optional[torch.Tensor], cache_seqlens_int: Optional[int],
+                cache_batch_idx: Optional[torch.Tensor], cache_leftpad: Optional[torch.Tensor],
+                block_table: Optional[torch.Tensor], softmax_scale: Optional[float], causal: bool, window_left: int,
+                window_right: int, softcap: float, rotary_interleaved: bool, alibi_slopes: Optional[torch.Tensor],
+                num_splits: int, check_values: bool, unified_max: Optional[float]
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``flash_attn_with_kvcache`` as one op for ``torch.compile`` (the caches mutated in place);
+    ``cache_seqlens`` as a tensor or, in ``cache_seqlens_int``, an int (both None: every cache full)."""
+    seqlens = cache_seqlens if cache_seqlens is not None else cache_seqlens_int
+    return _kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, cache_batch_idx, cache_leftpad,
+                    block_table, softmax_scale, causal, (window_left, window_right), softcap, rotary_interleaved,
+                    alibi_slopes, num_splits, check_values, unified_max)
+
+
+@_kvcache_op.register_fake
+def _(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlens_int, cache_batch_idx,
+      cache_leftpad, block_table, softmax_scale, causal, window_left, window_right, softcap, rotary_interleaved,
+      alibi_slopes, num_splits, check_values, unified_max):
+    # shapes, dtypes and devices are checked while tracing (a bad call fails there); values at run time
+    _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+              cache_seqlens if cache_seqlens is not None else cache_seqlens_int, cache_batch_idx, cache_leftpad,
+              block_table, softmax_scale, causal, (window_left, window_right), softcap, alibi_slopes, num_splits,
+              check_values=False, unified_max=unified_max)
+    batch, seqlen_q, nheads, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+

@@ -649,3 +649,44 @@ def test_explain_decode(monkeypatch):
     assert short["plan"]["num_splits"] == 2  # planned by the longest sequence: 512 keys, 256 a split
     monkeypatch.setattr(dispatch, "use_triton", lambda device: False)
     assert ioattn.explain_decode(gpu_q(1), k, k)["path"] == "torch"
+
+
+# ---------------------------------------------------------------- torch.compile
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_decode_step_under_torch_compile(backend, paged):
+    """A decode step (rotary, append, attention) compiled with fullgraph=True: one custom op in the
+    graph that mutates the caches; outputs, lse and both caches equal the eager call's, over two
+    steps (the second reusing the compiled graph with the lengths advanced)."""
+    kw = _make_case(batch=3, paged=paged, rotary="interleaved", causal=True, seqlens="mixed")
+    kw["cache_seqlens"] = kw["cache_seqlens"].clamp(max=kw["k_cache"].shape[1] * (
+        kw["block_table"].shape[1] if paged else 1) - 2)  # room for two appends
+    eager_kw, comp_kw = _clone(kw), _clone(kw)
+
+    def step(**a):
+        return flash_attn_with_kvcache(**a, return_softmax_lse=True, check_values=False)
+    compiled = torch.compile(step, fullgraph=True, backend="eager" if DEVICE == "cpu" else "inductor")
+    torch._dynamo.reset()
+    with dispatch.forced_backend(backend):
+        for _ in range(2):
+            out_e, lse_e = step(**eager_kw)
+            out_c, lse_c = compiled(**comp_kw)
+            assert torch.equal(out_c, out_e) and torch.equal(lse_c, lse_e)
+            assert torch.equal(comp_kw["k_cache"], eager_kw["k_cache"])
+            assert torch.equal(comp_kw["v_cache"], eager_kw["v_cache"])
+            for a in (eager_kw, comp_kw):
+                a["cache_seqlens"] += 1
+
+
+def test_decode_refused_under_torch_compile():
+    """Shapes are checked while tracing: a cache whose head dim disagrees with q fails there, with
+    the eager call's message, and the cache is untouched."""
+    kw = _make_case(batch=2)
+    bad = _clone(kw)
+    bad["k_cache"], bad["v_cache"] = bad["k_cache"][..., :16], bad["v_cache"][..., :16]
+    before = bad["k_cache"].clone()
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="same head dim"):
+        torch.compile(lambda **a: flash_attn_with_kvcache(**a), fullgraph=True, backend="eager")(**bad)
+    assert torch.equal(bad["k_cache"], before)
