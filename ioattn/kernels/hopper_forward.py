@@ -756,7 +756,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
     descriptor block [64, HEAD_DIM]. All: one producer warp, 24 registers. ``LEAN`` (ping-pong only):
     ``_softmax_tile``'s lean form (needs qk_scale >= 0) and 32-bit lse offsets (one-tile programs):
     the register-lean code "wg3"'s 160-register consumers need, and about one instruction less per
-    exponential, which made the two-warpgroup variants 3-6 % faster (NOTES §47; the host's default).
+    exponential, which made the two-warpgroup variants 2-6 % faster (NOTES §47; the host's default).
 
     ``IS_VARLEN`` (packed sequences; ``Cu_q``/``Cu_k``: int32 cu_seqlens of batch + 1 entries, unused
     (None) otherwise): ``seqlen_q``/``seqlen_k`` arrive as the maximum lengths (the grid's), and each
