@@ -1,15 +1,20 @@
-"""One Gluon backward call per head dim, for Nsight Compute: warm-up calls first, then one profiled
-call each, in the order given. Under ``ncu --kernel-name regex:hopper_bwd --launch-skip W`` (W =
-warm-up calls x head dims) the profiled launches are the last ones.
+"""One backward call per head dim (ours, and with ``--cudnn`` SDPA's cuDNN backward after it), for
+Nsight Compute: warm-up calls first, then the profiled calls, each inside an NVTX range named after
+it (``ioattn-d128``, ``cudnn-d128``), so that every kernel of a backward (preprocess, main, dQ
+conversion) is profiled and attributed:
 
-    ncu ... python benchmarks/ncu_bwd.py --headdims 128,256 --seqlen 16384 [--causal]
+    ncu --nvtx --nvtx-include "ioattn-d128/" --nvtx-include "cudnn-d128/" ... \
+        python benchmarks/ncu_bwd.py --headdims 128 --seqlen 16384 --cudnn
 
-bf16, 16384 tokens in all (batch = 16384 // seqlen), hidden 2048, the ws variant (the dispatch's),
-its inputs from the Gluon forward. Prints the number of backward launches before the profiled ones.
+bf16, 16384 tokens in all (batch = 16384 // seqlen), hidden 2048; ours is the dispatch's Gluon
+backward variant (``hopper.BWD_VARIANT``), its inputs from the Gluon forward; cuDNN's runs through
+``torch.autograd.grad`` of SDPA's cuDNN forward (the forward outside the range).
 """
 import argparse
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ioattn
 from ioattn import hopper
@@ -23,6 +28,7 @@ def main():
     ap.add_argument("--headdims", default="128,256")
     ap.add_argument("--seqlen", type=int, default=16384)
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--cudnn", action="store_true", help="SDPA's cuDNN backward too, after ours")
     args = ap.parse_args()
     n = args.seqlen
     calls = []
@@ -32,16 +38,25 @@ def main():
         with hopper.prefer_hopper(True), torch.no_grad():
             out, lse = ioattn.flash_attn_func(q, k, v, causal=args.causal, return_attn_probs=True)[:2]
         dout = torch.randn_like(out)
-        calls.append(lambda q=q, k=k, v=v, out=out, lse=lse, dout=dout, d=d: hopper_backward(
-            dout, q, k, v, out, lse, d ** -0.5, args.causal, variant=hopper.BWD_VARIANT))
-    for call in calls:
+        calls.append((f"ioattn-d{d}", lambda q=q, k=k, v=v, out=out, lse=lse, dout=dout, d=d: hopper_backward(
+            dout, q, k, v, out, lse, d ** -0.5, args.causal, variant=hopper.BWD_VARIANT)))
+        if args.cudnn:
+            qt, kt, vt = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                ot = F.scaled_dot_product_attention(qt, kt, vt, is_causal=args.causal)
+            dot = dout.transpose(1, 2)
+            calls.append((f"cudnn-d{d}", lambda ot=ot, qt=qt, kt=kt, vt=vt, dot=dot: torch.autograd.grad(
+                ot, (qt, kt, vt), dot, retain_graph=True)))
+    for _, call in calls:
         for _ in range(WARMUP):
             call()
     torch.cuda.synchronize()
-    print(f"warm-up backward launches: {WARMUP * len(calls)}", flush=True)
-    for call in calls:
+    for name, call in calls:
+        torch.cuda.nvtx.range_push(name)
         call()
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+    print("profiled ranges: " + ", ".join(name for name, _ in calls), flush=True)
 
 
 if __name__ == "__main__":
