@@ -5,7 +5,11 @@ and cuDNN backward passes, each timed alone (the forward outside the timed regio
 is left out at head dims its variant does not cover (``BWD_VARIANT_HEADDIMS``: base 64 and 128).
 
     python benchmarks/ab_bwd.py --out DIR [--headdims 64,128,256] [--seqlens 1024,4096,16384]
-                                [--providers portable,gluon,gluon-ws,sdpa-flash,sdpa-cudnn]
+                                [--providers portable,gluon,gluon-ws,sdpa-flash,sdpa-cudnn] [--rounds R]
+
+A provider "gluon-ws+NAME=0|1,..." is the ws kernel with those ``hopper_backward.WS_OPTIONS`` (the
+list then separated by ";"). ``--rounds R``: every provider timed R times, interleaved; the table
+gives each one's median round.
 
 bf16, 16384 tokens, hidden 2048 (the bench's grid). Every variant's gradients are checked against
 the float64 oracle (2x PyTorch's own same-dtype error, ``conftest.assert_within_torch_error``'s
@@ -39,15 +43,34 @@ def portable(dout, q, k, v, causal):
     return run
 
 
-def gluon(variant, deterministic=False):
+def gluon(variant, deterministic=False, options=None):
+    """``options``: ``hopper_backward.WS_OPTIONS`` entries set for this provider's calls only."""
     def setup(dout, q, k, v, causal):
-        from ioattn.kernels.hopper_backward import hopper_backward
+        from ioattn.kernels import hopper_backward as hb
         scale = q.shape[-1] ** -0.5
         out, lse = hopper.hopper_forward(q, k, v, scale, causal)
-        return lambda: hopper_backward(dout, q, k, v, out, lse, scale, causal, variant=variant,
-                                       deterministic=deterministic)
+
+        def run():
+            saved = dict(hb.WS_OPTIONS)
+            hb.WS_OPTIONS.update(options or {})
+            try:
+                return hb.hopper_backward(dout, q, k, v, out, lse, scale, causal, variant=variant,
+                                          deterministic=deterministic)
+            finally:
+                hb.WS_OPTIONS.clear()
+                hb.WS_OPTIONS.update(saved)
+        return run
     setup.variant = variant
     return setup
+
+
+def with_options(name):
+    """"gluon-ws+STATS_EARLY=0,DQ_LATE=1" -> the ws provider with those WS_OPTIONS (ints as bools)."""
+    opts = {}
+    for item in name.split("+", 1)[1].split(","):
+        key, val = item.split("=")
+        opts[key] = bool(int(val))
+    return gluon("ws", options=opts)
 
 
 def covers(setup, d):
@@ -93,6 +116,7 @@ def main():
     ap.add_argument("--seqlens", default="1024,4096,16384")
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--tag", default="ab_bwd")
+    ap.add_argument("--rounds", type=int, default=1, help="time the providers R times each, interleaved")
     ap.add_argument("--providers", default="", help="comma-separated subset of the providers (default: all)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -100,8 +124,10 @@ def main():
     variants = {"portable": portable, "gluon": gluon("base"), "gluon-ws": gluon("ws"),
                 "gluon-ws-det": gluon("ws", deterministic=True),
                 "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
-    if args.providers:
-        variants = {name: variants[name] for name in args.providers.split(",")}
+    if args.providers:  # ";"-separated when a name carries options ("gluon-ws+A=1,B=0")
+        sep = ";" if ";" in args.providers or "+" in args.providers else ","
+        variants = {name: variants[name] if name in variants else with_options(name)
+                    for name in args.providers.split(sep)}
     rows = []
     for d in map(int, args.headdims.split(",")):
         for causal in [bool(int(c)) for c in args.causal.split(",")]:
@@ -109,32 +135,43 @@ def main():
             for n in map(int, args.seqlens.split(",")):
                 shape = (16384 // n, n, 2048 // d, d)
                 q, k, v, dout = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+                runs = {}
                 for name, setup in variants.items():
                     if not covers(setup, d):
                         continue
                     try:  # a variant that fails to compile or run is reported and the rest go on
-                        run = setup(dout, q, k, v, causal)
+                        runs[name] = setup(dout, q, k, v, causal)
                         if name not in ok:
-                            ok[name] = check(run(), dout, q, k, v, causal)
-                        ms = median_ms(lambda _: run(), [None])
+                            ok[name] = check(runs[name](), dout, q, k, v, causal)
                     except Exception as e:  # noqa: BLE001
                         print(f"{name} d={d} causal={causal} N={n}: {type(e).__name__}: {str(e)[:1500]}", flush=True)
-                        ok[name], ms = False, float("inf")
-                    tf = attention_flops(shape[0], shape[2], n, n, d, causal, "bwd") / ms / 1e9
-                    rec = dict(headdim=d, causal=causal, seqlen=n, variant=name, ok=ok[name], ms=ms, tflops=tf)
-                    sink.write(json.dumps(rec) + "\n")
-                    sink.flush()
-                    rows.append(rec)
-                    torch.cuda.empty_cache()
+                        ok[name], runs[name] = False, None
+                for rnd in range(args.rounds):
+                    for name, run in runs.items():
+                        ms = median_ms(lambda _: run(), [None]) if run is not None and ok[name] else float("inf")
+                        tf = attention_flops(shape[0], shape[2], n, n, d, causal, "bwd") / ms / 1e9
+                        rec = dict(headdim=d, causal=causal, seqlen=n, variant=name, ok=ok[name], ms=ms, tflops=tf,
+                                   round=rnd)
+                        sink.write(json.dumps(rec) + "\n")
+                        sink.flush()
+                        rows.append(rec)
+                del runs
+                torch.cuda.empty_cache()
     names = list(variants)
-    print(f"{'d':>3} {'c':>1} {'N':>6} " + " ".join(f"{n:>11}" for n in names))
+    width = {n: max(11, len(n)) for n in names}
+    print(f"{'d':>3} {'c':>1} {'N':>6} " + " ".join(f"{n:>{width[n]}}" for n in names))
     keys = list(dict.fromkeys((r["headdim"], r["causal"], r["seqlen"]) for r in rows))  # in run order
-    for key in keys:
-        cell = {r["variant"]: r for r in rows if (r["headdim"], r["causal"], r["seqlen"]) == key}
+    for key in keys:  # the median round of each provider
+        cell = {}
+        for name in names:
+            mine = sorted((r for r in rows if (r["headdim"], r["causal"], r["seqlen"]) == key and r["variant"] == name),
+                          key=lambda r: r["tflops"])
+            if mine:
+                cell[name] = mine[len(mine) // 2]
         r0 = next(iter(cell.values()))
         print(f"{r0['headdim']:>3} {int(r0['causal']):>1} {r0['seqlen']:>6} " +
-              " ".join(f"{'n/a':>11}" if x not in cell else f"{cell[x]['tflops']:11.0f}" if cell[x]["ok"]
-                       else f"{'FAIL':>11}" for x in names))
+              " ".join(f"{'n/a':>{width[x]}}" if x not in cell else f"{cell[x]['tflops']:{width[x]}.0f}"
+                       if cell[x]["ok"] else f"{'FAIL':>{width[x]}}" for x in names))
     return 0
 
 

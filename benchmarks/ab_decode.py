@@ -10,7 +10,6 @@ paged batch 1 x 4096, pointer loads against TMA, 16 or 32 splits. ``--cases look
 read modes. ``--cases tail``: the tail split on and off, batches 17-100 x 4096. ``--cases near``: batches 17-24 x
 4096 (just over one wave of units), uniform split counts. (``--cases streamk`` measured a stream-K
 partition, removed after it lost everywhere: results/session-2026-12-01-v, NOTES §41.)
-``--cases evict``: the L2 eviction policy of the pointer K/V loads at four contiguous cases.
 ``--rounds R`` times every entry R times, interleaved (the spread of one entry between rounds is
 the noise the choice has to beat).
 
@@ -102,11 +101,7 @@ REGS_PAGED = [(b, 4096, True, False, [{}, dict(max_regs=168)]) for b in (42, 48,
 # with its cap: 224.0 / 225.8 at 42, 226.4 / 228.5 at 48, session-2026-12-01-y)
 PAGED_PTR = [(b, 4096, True, False, [{}, dict(use_tma=False), dict(use_tma=False, max_regs=168)])
              for b in (42, 48)] + [(48, 4096, False, False, [{}])]
-# the L2 eviction policy of the pointer K/V loads (each byte is read once: evict_first should leave L2 to
-# the outputs and the next step's inputs; evict_last as the control)
-EVICT = [(b, kv, False, False, [{}, dict(kv_evict="evict_first"), dict(kv_evict="evict_last")])
-         for b, kv in ((64, 4096), (32, 32768), (8, 8192), (1, 131072))]
-CASE_SETS = {"first": CASES, "evict": EVICT, "rest": REST, "wide": WIDE, "waves": WAVES, "paged1": PAGED1, "lookup": LOOKUP,
+CASE_SETS = {"first": CASES, "rest": REST, "wide": WIDE, "waves": WAVES, "paged1": PAGED1, "lookup": LOOKUP,
              "tail": TAIL, "near": NEAR, "regs": REGS, "regs2": REGS2, "regs_paged": REGS_PAGED, "paged_ptr": PAGED_PTR}
 
 

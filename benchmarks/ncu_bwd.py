@@ -6,6 +6,10 @@ conversion) is profiled and attributed:
     ncu --nvtx --nvtx-include "ioattn-d128/" --nvtx-include "cudnn-d128/" ... \
         python benchmarks/ncu_bwd.py --headdims 128 --seqlen 16384 --cudnn
 
+SDPA's backward runs on autograd's device thread, outside an NVTX range pushed here; ``--cudnn-only``
+runs only cuDNN's forward and backward, without warm-up, for a profile of every kernel (the
+backward's are named ``*bprop*`` or so).
+
 bf16, 16384 tokens in all (batch = 16384 // seqlen), hidden 2048; ours is the dispatch's Gluon
 backward variant (``hopper.BWD_VARIANT``), its inputs from the Gluon forward; cuDNN's runs through
 ``torch.autograd.grad`` of SDPA's cuDNN forward (the forward outside the range).
@@ -29,7 +33,10 @@ def main():
     ap.add_argument("--seqlen", type=int, default=16384)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--cudnn", action="store_true", help="SDPA's cuDNN backward too, after ours")
+    ap.add_argument("--cudnn-only", action="store_true", help="only cuDNN's forward + backward, no warm-up")
     args = ap.parse_args()
+    if args.cudnn_only:
+        return cudnn_only(args)
     n = args.seqlen
     calls = []
     for d in map(int, args.headdims.split(",")):
@@ -57,6 +64,19 @@ def main():
         torch.cuda.synchronize()
         torch.cuda.nvtx.range_pop()
     print("profiled ranges: " + ", ".join(name for name, _ in calls), flush=True)
+
+
+def cudnn_only(args):
+    n = args.seqlen
+    for d in map(int, args.headdims.split(",")):
+        batch, heads = max(1, 16384 // n), 2048 // d
+        q, k, v = (torch.randn(batch, heads, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
+        out.backward(torch.randn_like(out))
+        torch.cuda.synchronize()
+        print(f"cudnn d={d}: forward and backward done", flush=True)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 # Device call A of 2026-12-01 (eighth session): NOTES §50.
 # (1) GPU tests of decode (its torch.compile test first ran on the CPU only), merge, launcher;
 # (2) compute-sanitizer memcheck on the forward with the lean softmax and the backward (d=128, 256);
-# (3) decode: the L2 eviction policy of the K/V loads, 3 interleaved rounds, cuDNN in the same run;
+# (3) decode: the L2 eviction policy of the K/V loads, 3 interleaved rounds, cuDNN in the same run
+#     (the case set and the plan field were removed after this run: no effect, NOTES §50);
 # (4) Nsight Compute on the backward, d=128 N=16384: ours (every kernel of the call) against cuDNN's.
 # Usage: bash benchmarks/session_gpu_run48.sh OUT        (at most 8 files under OUT)
 set -u

@@ -145,18 +145,17 @@ class DecodePlan:
     # num_splits == 1, else none (see _tail_split)
     num_whole: int | None = None
     max_regs: int | None = None  # a register cap for the launch (Triton's maxnreg), None: the compiler's choice
-    kv_evict: str = ""  # the L2 eviction policy of pointer K/V loads ("", "evict_first", "evict_last")
     reason: str = field(default="", compare=False)  # why: the rules that chose the fields (explain_decode)
 
 
 @contextlib.contextmanager
 def decode_config(**fields):
     """Force fields of the ``DecodePlan`` (block_n, num_splits, use_tma, num_warps, num_stages, pdl,
-    pdl_wait, num_whole, max_regs, kv_evict) for the calls inside: tuning sweeps and tests (``pdl`` and
+    pdl_wait, num_whole, max_regs) for the calls inside: tuning sweeps and tests (``pdl`` and
     ``pdl_wait`` are still only used where they can run; ``num_whole`` is rounded down to whole batch
     elements, and ``tail_split=False`` turns the tail split off)."""
     unknown = set(fields) - {"block_n", "num_splits", "use_tma", "num_warps", "num_stages", "pdl", "pdl_wait",
-                             "num_whole", "tail_split", "max_regs", "kv_evict"}
+                             "num_whole", "tail_split", "max_regs"}
     if unknown:
         raise ValueError(f"decode_config: unknown fields {sorted(unknown)}")
     previous = dict(_plan_override)
@@ -530,7 +529,7 @@ def _plan(q, k_cache, v_cache, paged, span, num_splits):
         why.append("the split kernel launched by programmatic dependent launch behind the stream's previous work")
     return DecodePlan(block_m, block_n, num_splits, use_tma, _plan_override.get("num_warps", _NUM_WARPS),
                       _plan_override.get("num_stages", stages), pdl, pdl_wait, num_whole, max_regs,
-                      _plan_override.get("kv_evict", ""), "; ".join(why))
+                      "; ".join(why))
 
 
 def explain_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, num_splits=0):
@@ -643,7 +642,7 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
              PAGE_SIZE=max(page_size, 1), PAGED=paged, HAS_BATCH_IDX=cache_batch_idx is not None,
              HAS_LEFTPAD=cache_leftpad is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi,
              USE_TMA=cfg.use_tma, UNIFIED=unified_max is not None, PHI_BELOW=below, PHI_ABOVE=above,
-             HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl and split, PDL_WAIT=cfg.pdl_wait, KV_EVICT=cfg.kv_evict,
+             HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl and split, PDL_WAIT=cfg.pdl_wait,
              num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.max_regs} if cfg.max_regs else {}),
              **({"launch_pdl": True} if cfg.pdl_wait else {})))
     if split:

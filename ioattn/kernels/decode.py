@@ -72,7 +72,7 @@ def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, bt_row, cache_row, h_k
                   offs_d, d_ok, qk_scale, softcap, window_left, window_right, slope_log2, phi,
                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
                   USE_TMA: tl.constexpr, UNIFIED: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                  HAS_ALIBI: tl.constexpr, KV_EVICT: tl.constexpr = ""):
+                  HAS_ALIBI: tl.constexpr):
     """Key chunks [c_start, c_end) of one split into (acc, m, l). ``UNIFIED``: probabilities are
     exp2(s - phi) and ``m_i`` only records the true row max (for the range check). Paged:
     ``bt_row`` is the sequence's block-table row."""
@@ -100,7 +100,7 @@ def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, bt_row, cache_row, h_k
             offs_in = (col_in + offs_n0).to(tl.int64)
             # K as (d, n) so q @ k needs no transpose
             k = tl.load(K + k_head + row * stride_kb + offs_in[None, :] * stride_kn + offs_d[:, None],
-                        mask=kv_ok[None, :] & d_ok[:, None], other=0.0, eviction_policy=KV_EVICT)
+                        mask=kv_ok[None, :] & d_ok[:, None], other=0.0)
             qk = mma(q, k)
         s = tile_scores(qk, tok, offs_n, seqlen_q, end, qk_scale, softcap, window_left, window_right,
                         slope_log2, True, HAS_SOFTCAP, HAS_ALIBI)
@@ -116,7 +116,7 @@ def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, bt_row, cache_row, h_k
             v = tl.where(kv_ok[:, None], v, 0.0)
         else:
             v = tl.load(V + v_head + row * stride_vb + offs_in[:, None] * stride_vn + offs_d[None, :],
-                        mask=kv_ok[:, None] & d_ok[None, :], other=0.0, eviction_policy=KV_EVICT)
+                        mask=kv_ok[:, None] & d_ok[None, :], other=0.0)
         acc = mma(p.to(v.dtype), v, acc)
     return acc, m_i, l_i
 
@@ -137,7 +137,7 @@ def decode_split_kernel(
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, USE_TMA: tl.constexpr, UNIFIED: tl.constexpr,
     PHI_BELOW: tl.constexpr, PHI_ABOVE: tl.constexpr, HAS_SEQLENS: tl.constexpr, USE_PDL: tl.constexpr = False,
-    PDL_WAIT: tl.constexpr = False, KV_EVICT: tl.constexpr = "",
+    PDL_WAIT: tl.constexpr = False,
 ):
     """``num_rows``: pages in the pool (paged) or rows of the contiguous cache. Sequence b ends at
     ``SeqLens[b] + seqlen_new`` (``seqlen_base + seqlen_new`` without ``HAS_SEQLENS``).
@@ -213,7 +213,7 @@ def decode_split_kernel(
                                   tok, seqlen_q, c_start, c_end, num_rows, stride_kb, stride_kn, stride_vb, stride_vn,
                                   k_head, v_head, offs_d, d_ok, qk_scale, softcap, window_left,
                                   window_right, slope_log2, phi, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_TMA,
-                                  UNIFIED, HAS_SOFTCAP, HAS_ALIBI, KV_EVICT)
+                                  UNIFIED, HAS_SOFTCAP, HAS_ALIBI)
     if UNIFIED:
         # a row max outside phi's safe range (rows with no key are fine): redo this split exactly
         gap = m_i - phi
@@ -224,7 +224,7 @@ def decode_split_kernel(
                 tl.zeros([BLOCK_M], dtype=tl.float32), q, K, V, k_desc, v_desc, bt_row, cache_row, h_kv,
                 lp, end, tok, seqlen_q, c_start, c_end, num_rows, stride_kb, stride_kn, stride_vb, stride_vn, k_head,
                 v_head, offs_d, d_ok, qk_scale, softcap, window_left, window_right, slope_log2, phi,
-                BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_TMA, False, HAS_SOFTCAP, HAS_ALIBI, KV_EVICT)
+                BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_TMA, False, HAS_SOFTCAP, HAS_ALIBI)
         else:
             m_i = tl.where(m_i == float("-inf"), m_i, phi)  # what was subtracted, for the lse
 
