@@ -7,9 +7,9 @@ is left out at head dims its variant does not cover (``BWD_VARIANT_HEADDIMS``: b
     python benchmarks/ab_bwd.py --out DIR [--headdims 64,128,256] [--seqlens 1024,4096,16384]
                                 [--providers portable,gluon,gluon-ws,sdpa-flash,sdpa-cudnn] [--rounds R]
 
-A provider "gluon-ws+NAME=0|1,..." is the ws kernel with those ``hopper_backward.WS_OPTIONS`` (the
-list then separated by ";"). ``--rounds R``: every provider timed R times, interleaved; the table
-gives each one's median round.
+``--rounds R``: every provider timed R times, interleaved; the table gives each one's median round.
+(Providers "gluon-ws+NAME=0|1" timed compile-time options of the ws kernel until they were removed,
+NOTES §50.)
 
 bf16, 16384 tokens, hidden 2048 (the bench's grid). Every variant's gradients are checked against
 the float64 oracle (2x PyTorch's own same-dtype error, ``conftest.assert_within_torch_error``'s
@@ -43,34 +43,15 @@ def portable(dout, q, k, v, causal):
     return run
 
 
-def gluon(variant, deterministic=False, options=None):
-    """``options``: ``hopper_backward.WS_OPTIONS`` entries set for this provider's calls only."""
+def gluon(variant, deterministic=False):
     def setup(dout, q, k, v, causal):
-        from ioattn.kernels import hopper_backward as hb
+        from ioattn.kernels.hopper_backward import hopper_backward
         scale = q.shape[-1] ** -0.5
         out, lse = hopper.hopper_forward(q, k, v, scale, causal)
-
-        def run():
-            saved = dict(hb.WS_OPTIONS)
-            hb.WS_OPTIONS.update(options or {})
-            try:
-                return hb.hopper_backward(dout, q, k, v, out, lse, scale, causal, variant=variant,
-                                          deterministic=deterministic)
-            finally:
-                hb.WS_OPTIONS.clear()
-                hb.WS_OPTIONS.update(saved)
-        return run
+        return lambda: hopper_backward(dout, q, k, v, out, lse, scale, causal, variant=variant,
+                                       deterministic=deterministic)
     setup.variant = variant
     return setup
-
-
-def with_options(name):
-    """"gluon-ws+STATS_EARLY=0,DQ_LATE=1" -> the ws provider with those WS_OPTIONS (ints as bools)."""
-    opts = {}
-    for item in name.split("+", 1)[1].split(","):
-        key, val = item.split("=")
-        opts[key] = bool(int(val))
-    return gluon("ws", options=opts)
 
 
 def covers(setup, d):
@@ -124,10 +105,8 @@ def main():
     variants = {"portable": portable, "gluon": gluon("base"), "gluon-ws": gluon("ws"),
                 "gluon-ws-det": gluon("ws", deterministic=True),
                 "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
-    if args.providers:  # ";"-separated when a name carries options ("gluon-ws+A=1,B=0")
-        sep = ";" if ";" in args.providers or "+" in args.providers else ","
-        variants = {name: variants[name] if name in variants else with_options(name)
-                    for name in args.providers.split(sep)}
+    if args.providers:
+        variants = {name: variants[name] for name in args.providers.split(",")}
     rows = []
     for d in map(int, args.headdims.split(",")):
         for causal in [bool(int(c)) for c in args.causal.split(",")]:

@@ -3,7 +3,8 @@
 # (1) GPU tests of the backward (STATS_EARLY on by default now);
 # (2) ab_bwd: the ws kernel with lse / D read early or late and the dQ hand-off in its step or the
 #     next, cuDNN in the same run, 3 interleaved rounds (each provider's gradients checked against the
-#     float64 oracle at N=1024 first); d=64 old / new default only.
+#     float64 oracle at N=1024 first); d=64 old / new default only. (Both options were removed after this
+#     run, NOTES §50: the providers "gluon-ws+..." no longer exist.)
 # Usage: bash benchmarks/session_gpu_run50.sh OUT        (at most 8 files under OUT)
 set -u
 out=${1:?outdir}

@@ -238,12 +238,6 @@ WS_COL_SPLIT_BLOCK_N = 64
 # The consumer partition gets (65536 - 24 * 128) / 256 = 244 -> 240 (Triton rounds to a multiple of 8),
 # FA3's 240 for two MMA warpgroups.
 WS_WORKER_REGS = gl.constexpr(24)
-# "ws" (the key-split consumers, d = 64 / 128): compile-time choices of the step's order, measured
-# against each other on the device (benchmarks/ab_bwd.py "gluon-ws+NAME=0|1"; NOTES §50).
-# STATS_EARLY: lse and D read from shared memory before S^T / dP^T are issued (else after them).
-# DQ_LATE: step t's dQ block handed to the writer in step t + 1, after its S^T is issued (else in
-# step t, while dK runs).
-WS_OPTIONS = {"STATS_EARLY": True, "DQ_LATE": False}
 
 
 @gluon.jit
@@ -599,30 +593,14 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, Sem, b, h0, m_lo, n_m, n_
 
 
 @gluon.jit
-def _hand_dq(dq, dq_smem, dq_full, dq_empty, i):
-    """dQ block number ``i`` of this program to the writer warp: wait until it has read block i - 1,
-    store, fence for the bulk copy, hand over (one thread, after a barrier over the 8 warps)."""
-    mbarrier.wait(dq_empty, (i & 1) ^ 1, pred=i > 0)
-    dq_smem.store(dq)
-    fence_async_shared()
-    gl.thread_barrier()
-    mbarrier.arrive(dq_full, count=1)
-
-
-@gluon.jit
 def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                  do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
                  seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                 STATS_EARLY: gl.constexpr = True, DQ_LATE: gl.constexpr = False):
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
     lockstep as in the base kernel). The math per step is the base kernel's, in FA3's order (dV
     issued before dS is formed, dQ before dK: see the module docstring); the loads come from the
-    rings, and dQ goes to ``dq_smem`` for the writer warp instead of into atomics.
-    ``STATS_EARLY``: lse and D are read before S^T / dP^T are issued; read after them, the loads
-    queued behind the step's wgmmas and the exponentials waited for them (ncu source counters, NOTES
-    §50). ``DQ_LATE``: the dQ block is handed over in the next step, once its S^T is issued, so the
-    hand-off (stores, fence, barrier) no longer sits between dK and the next S^T."""
+    rings, and dQ goes to ``dq_smem`` for the writer warp instead of into atomics."""
     num_warps: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = k_smem.dtype
     off = seqlen_k - seqlen_q
@@ -638,7 +616,6 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
     st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
     dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
-    dq = dq_zero  # DQ_LATE: the previous step's block, handed over in the next step
     keys_inside = n_start + BLOCK_N <= seqlen_k
     mbarrier.wait(kv_bar, 0)
 
@@ -655,32 +632,21 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         q_cur = q_smem.index(s_idx)
         do_cur = do_smem.index(s_idx)
 
-        # S^T as soon as Q has landed, dP^T once dO has. lse (log2, -inf rows already 0, rows past
-        # seqlen_q 0: the host's padded copy) and D are read from their slots straight into S^T's
-        # column layout (broadcast shared-memory reads)
+        # S^T as soon as Q has landed, dP^T once dO has
         mbarrier.wait(q_ready.index(s_idx), phase)
-        if STATS_EARLY:
-            lse_log2 = lse_smem.index(s_idx).load(col_layout)
         s_tok = warpgroup_mma(k_cur, q_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-        if DQ_LATE:
-            # while S^T runs (after dP^T's issue instead, with its accumulator in flight too, the
-            # consumers' 240 registers spilled 688-720 B at d = 128)
-            if t > 0:
-                _hand_dq(dq, dq_smem, dq_full, dq_empty, t - 1)
         mbarrier.wait(do_ready.index(s_idx), phase)
-        if STATS_EARLY:
-            delta = delta_smem.index(s_idx).load(col_layout)
         dp_tok = warpgroup_mma(v_cur, do_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-        if not STATS_EARLY:
-            lse_log2 = lse_smem.index(s_idx).load(col_layout)
+        # lse (log2, -inf rows already 0, rows past seqlen_q 0: the host's padded copy) read from its
+        # slot straight into S^T's column layout (a broadcast shared-memory read)
+        lse_log2 = lse_smem.index(s_idx).load(col_layout)
         s = warpgroup_mma_wait(1, deps=[s_tok])
         p = _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
                         queries_1d, BLOCK_M, BLOCK_N, IS_CAUSAL)
         pa = gl.convert_layout(p.to(dtype), a_layout)
         # dV += P^T dO queued behind dP^T: it runs while dS is formed and stored below
         dv_tok = warpgroup_mma(pa, do_cur, dv, is_async=True)
-        if not STATS_EARLY:
-            delta = delta_smem.index(s_idx).load(col_layout)
+        delta = delta_smem.index(s_idx).load(col_layout)
         dp = warpgroup_mma_wait(1, deps=[dp_tok])
         ds16 = (p * (dp - delta[None, :])).to(dtype)
         dsa = gl.convert_layout(ds16, a_layout)
@@ -701,16 +667,16 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         gl.thread_barrier()
         mbarrier.arrive(do_empty.index(s_idx), count=1)  # dO and D done with
         dq = warpgroup_mma_wait(1, deps=[dq_tok])
-        if not DQ_LATE:
-            # the dQ block to the writer warp (it read the previous one a whole step ago: normally
-            # long done)
-            _hand_dq(dq, dq_smem, dq_full, dq_empty, t)
+        # the dQ block to the writer warp: wait until it has read the previous one (handed over a
+        # whole step ago: normally long done), store, fence for the bulk copy, hand over
+        mbarrier.wait(dq_empty, (t & 1) ^ 1, pred=t > 0)
+        dq_smem.store(dq)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(dq_full, count=1)
         dk, dsa = warpgroup_mma_wait(0, deps=[dk_tok, dsa])
         gl.thread_barrier()
         mbarrier.arrive(q_empty.index(s_idx), count=1)  # Q (and lse) done with
-    if DQ_LATE:
-        if n_iter > 0:
-            _hand_dq(dq, dq_smem, dq_full, dq_empty, n_iter - 1)
 
     _store_dkdv(dK, dV, dk, dv, b, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, kv_layout, HEAD_DIM, BLOCK_N)
 
@@ -822,10 +788,9 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m,
                   n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                  COL_SPLIT: gl.constexpr, STATS_EARLY: gl.constexpr, DQ_LATE: gl.constexpr):
+                  COL_SPLIT: gl.constexpr):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
-    ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments
-    (``STATS_EARLY`` / ``DQ_LATE``: ``_ws_consumer``'s step order, ``WS_OPTIONS``)."""
+    ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments."""
     if COL_SPLIT:
         _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                             q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv,
@@ -834,8 +799,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
     else:
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                      do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
-                     seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
-                     STATS_EARLY, DQ_LATE)
+                     seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL)
 
 
 @gluon.jit
@@ -843,8 +807,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          seqlen_q, seqlen_k, nheads, group, stat_stride, softmax_scale, qk_scale,
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                         DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False,
-                         STATS_EARLY: gl.constexpr = True, DQ_LATE: gl.constexpr = False):
+                         DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers);
     the producer and dQ-writer warps are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
     the host's (batch, nheads, stat_stride) fp32 lse * log2(e) (-inf -> 0) and D, zero past
@@ -924,7 +887,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         (_ws_consumers, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                          q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start,
                          m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT, STATS_EARLY, DQ_LATE)),
+                         STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT)),
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
                         b * seqlen_k + n_start, h_kv * HEAD_DIM, m_lo, n_m, n_iter, seqlen_q, nheads, stat_stride,
@@ -955,7 +918,7 @@ def kernel_config(d: int, variant: str = "base") -> dict:
         return dict(kernel=hopper_bwd_ws_kernel, block_m=BWD_BLOCK_M, block_n=block_n, num_warps=BWD_NUM_WARPS,
                     stages=stages, worker_regs=WS_WORKER_REGS.value, dq_cols=d // 2 if split else d,
                     constexprs=dict(HEAD_DIM=d, BLOCK_M=BWD_BLOCK_M, BLOCK_N=block_n, STAGES=stages,
-                                    DO_STAGES=do_stages, COL_SPLIT=split, **WS_OPTIONS))
+                                    DO_STAGES=do_stages, COL_SPLIT=split))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
