@@ -47,7 +47,7 @@ def compile_one(variant, d, dt, causal, deterministic=False):
         assert lay["q"] == q_layout and lay["kv"] == kv_layout
         stat = f"tensordesc<fp32[{bm}],{lay['stat']!r}>"
         sig.update(lse_desc=stat, delta_desc=stat, dq_desc=f"tensordesc<fp32[{bm},{cfg['dq_cols']}],{lay['dq']!r}>",
-                   Sem="*i32")
+                   Sem="*i32", DQacc="*fp32")
         cfg["constexprs"] = dict(cfg["constexprs"], DETERMINISTIC=deterministic)
     return cfg, compile_sm90(fn, sig, dict(cfg["constexprs"], IS_CAUSAL=causal), cfg["num_warps"])
 
