@@ -47,10 +47,8 @@ def compile_one(variant, d, dt, causal, deterministic=False):
         assert lay["q"] == q_layout and lay["kv"] == kv_layout
         stat = f"tensordesc<fp32[{bm}],{lay['stat']!r}>"
         sig.update(lse_desc=stat, delta_desc=stat, dq_desc=f"tensordesc<fp32[{bm},{cfg['dq_cols']}],{lay['dq']!r}>",
-                   Sem="*i32", DQacc="*fp32")
+                   Sem="*i32")
         cfg["constexprs"] = dict(cfg["constexprs"], DETERMINISTIC=deterministic)
-        if deterministic:  # the ordered mode keeps the writer warp (hopper_backward does the same)
-            cfg["constexprs"]["DQ_DIRECT"] = False
     return cfg, compile_sm90(fn, sig, dict(cfg["constexprs"], IS_CAUSAL=causal), cfg["num_warps"])
 
 
@@ -65,10 +63,6 @@ def check(job):
     assert c["wgmma"] and c["tma"], (where, c)
     if variant == "base":
         assert c["atomics"], (where, c)
-    elif cfg["constexprs"].get("DQ_DIRECT") and not det:  # dQ by the consumers' vector reductions
-        scalar = {op: n for op, n in c["atomics"].items() if "f32" in op and op != "red.global.add.v2.f32"}
-        assert c["atomics"].get("red.global.add.v2.f32") and not reduces and not scalar, (where, reduces, c["atomics"])
-        assert c["setmaxnreg"][("inc", "240")] and c["setmaxnreg"][("dec", "24")], (where, c["setmaxnreg"])
     else:  # producer warp + dQ writer: TMA reduce-add for dQ, no atomics, FA3's register split
         # (deterministic: only the semaphore's 32-bit integer atomics, acquire and release)
         float_atoms = {op: n for op, n in c["atomics"].items() if "f32" in op}

@@ -2,6 +2,7 @@
 # Device call D of 2026-12-01 (eighth session): NOTES §51, dQ added by the consumers' vector reductions.
 # (1) GPU tests of the ws backward with WS_DQ_DIRECT (ragged shapes: the masked branch);
 # (2) ab_bwd: ws against ws-direct, cuDNN in the same run, 3 interleaved rounds, d=128 and d=64.
+#     (WS_DQ_DIRECT, its test variant and the provider were removed after this run: slower, NOTES §51.)
 # Usage: bash benchmarks/session_gpu_run51.sh OUT        (at most 8 files under OUT)
 set -u
 out=${1:?outdir}

@@ -238,11 +238,6 @@ WS_COL_SPLIT_BLOCK_N = 64
 # The consumer partition gets (65536 - 24 * 128) / 256 = 244 -> 240 (Triton rounds to a multiple of 8),
 # FA3's 240 for two MMA warpgroups.
 WS_WORKER_REGS = gl.constexpr(24)
-# "ws", key-split form (d = 64 / 128), unordered dQ: the consumers add each dQ block into the fp32
-# accumulator with relaxed atomics from their registers (``DQ_DIRECT``) instead of staging it in
-# shared memory for the writer warp's bulk reduce-add. An A/B switch (NOTES §50: the step's shared-
-# memory traffic, ~370 KB, of which the dQ staging is 64 KB); off until measured.
-WS_DQ_DIRECT = False
 
 
 @gluon.jit
@@ -551,36 +546,6 @@ def _bulk_complete_and_release(sem):
 
 
 @gluon.jit
-def _red_add_v2(base, offs, vals, keep, MASKED: gl.constexpr):
-    """``base[offs] += vals`` (where ``keep``, if ``MASKED``): fp32 relaxed reductions, two adjacent
-    columns of the wgmma accumulator layout per ``red.global.add.v2.f32`` (sm_90), addressed from a
-    64-bit scalar ``base`` (int64) and 32-bit element offsets, so no tensor of 64-bit pointers is
-    built."""
-    base_t = gl.full(offs.shape, 0, gl.int64, offs.type.layout) + base
-    if MASKED:
-        return gl.inline_asm_elementwise(
-            """{
-            .reg .pred p;
-            .reg .b64 a;
-            setp.ne.s32 p, $6, 0;
-            mad.wide.s32 a, $4, 4, $8;
-            @p red.global.add.v2.f32 [a], {$2, $3};
-            mov.b32 $0, 0;
-            mov.b32 $1, 0;
-            }""", "=r,=r,f,f,r,r,r,r,l,l", [vals, offs, keep.to(gl.int32), base_t], dtype=gl.int32, is_pure=False,
-            pack=2)
-    else:
-        return gl.inline_asm_elementwise(
-            """{
-            .reg .b64 a;
-            mad.wide.s32 a, $4, 4, $6;
-            red.global.add.v2.f32 [a], {$2, $3};
-            mov.b32 $0, 0;
-            mov.b32 $1, 0;
-            }""", "=r,=r,f,f,r,r,l,l", [vals, offs, base_t], dtype=gl.int32, is_pure=False, pack=2)
-
-
-@gluon.jit
 def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, Sem, b, h0, m_lo, n_m, n_iter, seqlen_q, seqlen_k, nheads,
                   n_m_total, n_block, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_COLS: gl.constexpr):
@@ -631,8 +596,7 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, Sem, b, h0, m_lo, n_m, n_
 def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                  do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
                  seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DQacc=None, nheads=0,
-                 DQ_DIRECT: gl.constexpr = False):
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
     lockstep as in the base kernel). The math per step is the base kernel's, in FA3's order (dV
     issued before dS is formed, dQ before dK: see the module docstring); the loads come from the
@@ -647,8 +611,6 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
     keys_1d = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
     queries_1d = gl.arange(0, BLOCK_M, layout=col_layout)
-    dq_rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-    dq_cols_1d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
 
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
@@ -705,26 +667,13 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         gl.thread_barrier()
         mbarrier.arrive(do_empty.index(s_idx), count=1)  # dO and D done with
         dq = warpgroup_mma_wait(1, deps=[dq_tok])
-        if DQ_DIRECT:
-            # fp32 reductions straight from the registers (no shared-memory staging, fence or writer);
-            # a 64-bit scalar base and 32-bit offsets, as the base kernel
-            h = h_kv * (nheads // nheads_kv) + t // n_m
-            dq_base = (DQacc + ((b * seqlen_q + m_start).to(gl.int64) * nheads + h) * HEAD_DIM).to(gl.int64)
-            # (+ z: recomputed each step, not hoisted out of the loop as 32 live registers)
-            dq_offs = (dq_rows_1d + z)[:, None] * (nheads * HEAD_DIM) + dq_cols_1d[None, :]
-            if m_start + BLOCK_M <= seqlen_q:
-                _red_add_v2(dq_base, dq_offs, dq, dq_offs, False)
-            else:
-                keep = (m_start + dq_rows_1d < seqlen_q)[:, None] & (dq_cols_1d < HEAD_DIM)[None, :]
-                _red_add_v2(dq_base, dq_offs, dq, keep, True)
-        else:
-            # the dQ block to the writer warp: wait until it has read the previous one (handed over a
-            # whole step ago: normally long done), store, fence for the bulk copy, hand over
-            mbarrier.wait(dq_empty, (t & 1) ^ 1, pred=t > 0)
-            dq_smem.store(dq)
-            fence_async_shared()
-            gl.thread_barrier()
-            mbarrier.arrive(dq_full, count=1)
+        # the dQ block to the writer warp: wait until it has read the previous one (handed over a
+        # whole step ago: normally long done), store, fence for the bulk copy, hand over
+        mbarrier.wait(dq_empty, (t & 1) ^ 1, pred=t > 0)
+        dq_smem.store(dq)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(dq_full, count=1)
         dk, dsa = warpgroup_mma_wait(0, deps=[dk_tok, dsa])
         gl.thread_barrier()
         mbarrier.arrive(q_empty.index(s_idx), count=1)  # Q (and lse) done with
@@ -839,10 +788,9 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m,
                   n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                  COL_SPLIT: gl.constexpr, DQacc, nheads, DQ_DIRECT: gl.constexpr):
+                  COL_SPLIT: gl.constexpr):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
-    ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments
-    (``DQ_DIRECT``: ``_ws_consumer``'s dQ by atomics into ``DQacc``)."""
+    ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments."""
     if COL_SPLIT:
         _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                             q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv,
@@ -851,17 +799,15 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
     else:
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                      do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
-                     seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
-                     DQacc, nheads, DQ_DIRECT)
+                     seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL)
 
 
 @gluon.jit
-def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dK, dV, Sem, DQacc,
+def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dK, dV, Sem,
                          seqlen_q, seqlen_k, nheads, group, stat_stride, softmax_scale, qk_scale,
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                         DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False,
-                         DQ_DIRECT: gl.constexpr = False):
+                         DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers);
     the producer and dQ-writer warps are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
     the host's (batch, nheads, stat_stride) fp32 lse * log2(e) (-inf -> 0) and D, zero past
@@ -934,10 +880,6 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     else:
         p_smem = ds_smem  # unused by ``_ws_consumer``
 
-    writer_iters = n_iter
-    if DQ_DIRECT:  # the consumers add dQ themselves: the writer warp has nothing to do
-        gl.static_assert(not DETERMINISTIC and not COL_SPLIT, "DQ_DIRECT: the key-split, unordered dQ only")
-        writer_iters = 0
     # Registers (FA3's split for two MMA warpgroups): producer and writer warps 24 each (they share
     # one padded warpgroup: 12 warps, 384 threads), the default (consumer) partition gets the rest,
     # (65536 - 24 * 128) / 256 -> 240, what setmaxnreg shows in the PTX (the compile check asserts it).
@@ -945,12 +887,12 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         (_ws_consumers, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                          q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start,
                          m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT, DQacc, nheads, DQ_DIRECT)),
+                         STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT)),
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
                         b * seqlen_k + n_start, h_kv * HEAD_DIM, m_lo, n_m, n_iter, seqlen_q, nheads, stat_stride,
                         HEAD_DIM, BLOCK_M, STAGES, DO_STAGES)),
-        (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, b, h0, m_lo, n_m, writer_iters, seqlen_q, seqlen_k,
+        (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, b, h0, m_lo, n_m, n_iter, seqlen_q, seqlen_k,
                          nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, BLOCK_N, IS_CAUSAL, DETERMINISTIC,
                          DQ_COLS)),
     ], [1, 1], [WS_WORKER_REGS, WS_WORKER_REGS])
@@ -976,7 +918,7 @@ def kernel_config(d: int, variant: str = "base") -> dict:
         return dict(kernel=hopper_bwd_ws_kernel, block_m=BWD_BLOCK_M, block_n=block_n, num_warps=BWD_NUM_WARPS,
                     stages=stages, worker_regs=WS_WORKER_REGS.value, dq_cols=d // 2 if split else d,
                     constexprs=dict(HEAD_DIM=d, BLOCK_M=BWD_BLOCK_M, BLOCK_N=block_n, STAGES=stages,
-                                    DO_STAGES=do_stages, COL_SPLIT=split, DQ_DIRECT=WS_DQ_DIRECT and not split))
+                                    DO_STAGES=do_stages, COL_SPLIT=split))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
@@ -1062,13 +1004,11 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
         # one counter per (batch, head, query block) orders the dQ additions (deterministic only)
         sem = torch.zeros(batch * nheads * triton_cdiv(seqlen_q, bm) if deterministic else 1, device=q.device,
                           dtype=torch.int32)
-        constexprs = dict(cfg["constexprs"])
-        constexprs["DQ_DIRECT"] = constexprs["DQ_DIRECT"] and not deterministic  # the ordered mode needs the writer
         hopper_bwd_ws_kernel[grid](q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk, dv, sem,
-                                   dq_accum, seqlen_q, seqlen_k, nheads, nheads // nheads_kv, stat_stride,
+                                   seqlen_q, seqlen_k, nheads, nheads // nheads_kv, stat_stride,
                                    float(softmax_scale), float(softmax_scale) * 1.4426950408889634,
                                    IS_CAUSAL=bool(causal), DETERMINISTIC=bool(deterministic),
-                                   num_warps=cfg["num_warps"], **constexprs)
+                                   num_warps=cfg["num_warps"], **cfg["constexprs"])
     # one pass: scale and cast into dQ (``(dq_accum * scale).to(dtype)`` made an fp32 copy first)
     dq = torch.mul(dq_accum, softmax_scale, out=torch.empty_like(q))
     return dq, dk, dv
