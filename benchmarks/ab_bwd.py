@@ -43,22 +43,13 @@ def portable(dout, q, k, v, causal):
     return run
 
 
-def gluon(variant, deterministic=False, counters=None):
-    """``counters``: ``hopper_backward.WS_COUNTERS`` for this provider's calls (None: as set)."""
+def gluon(variant, deterministic=False):
     def setup(dout, q, k, v, causal):
-        from ioattn.kernels import hopper_backward as hb
+        from ioattn.kernels.hopper_backward import hopper_backward
         scale = q.shape[-1] ** -0.5
         out, lse = hopper.hopper_forward(q, k, v, scale, causal)
-
-        def run():
-            saved = hb.WS_COUNTERS
-            hb.WS_COUNTERS = saved if counters is None else counters
-            try:
-                return hb.hopper_backward(dout, q, k, v, out, lse, scale, causal, variant=variant,
-                                          deterministic=deterministic)
-            finally:
-                hb.WS_COUNTERS = saved
-        return run
+        return lambda: hopper_backward(dout, q, k, v, out, lse, scale, causal, variant=variant,
+                                       deterministic=deterministic)
     setup.variant = variant
     return setup
 
@@ -111,8 +102,7 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     sink = open(os.path.join(args.out, f"{args.tag}.jsonl"), "w")
-    variants = {"portable": portable, "gluon": gluon("base"), "gluon-ws": gluon("ws", counters=False),
-                "gluon-ws-counters": gluon("ws", counters=True),
+    variants = {"portable": portable, "gluon": gluon("base"), "gluon-ws": gluon("ws"),
                 "gluon-ws-det": gluon("ws", deterministic=True),
                 "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     if args.providers:

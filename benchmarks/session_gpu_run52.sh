@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Device call E of 2026-12-01 (eighth session): NOTES §52, the ws backward's loop indices by counters.
 # (1) GPU tests of the ws backward with WS_COUNTERS (GQA: the counter's wrap; causal: m_lo > 0);
-# (2) ab_bwd: ws against ws-counters, cuDNN in the same run, 3 interleaved rounds, d=128.
+# (2) ab_bwd: ws against ws-counters, cuDNN in the same run, 3 interleaved rounds, d=128 (d=64 by hand
+#     after it, results/session-2026-12-01-zu). The switch was then made the code (NOTES §52).
 # Usage: bash benchmarks/session_gpu_run52.sh OUT        (at most 8 files under OUT)
 set -u
 out=${1:?outdir}

@@ -238,10 +238,6 @@ WS_COL_SPLIT_BLOCK_N = 64
 # The consumer partition gets (65536 - 24 * 128) / 256 = 244 -> 240 (Triton rounds to a multiple of 8),
 # FA3's 240 for two MMA warpgroups.
 WS_WORKER_REGS = gl.constexpr(24)
-# "ws" key-split consumers: the step's query block stepped by a counter and the opaque zero from an asm
-# move (``COUNTERS``) instead of t % n_m and t // n_iter, two integer divisions on the path from dK's
-# retirement to the next S^T (NOTES §52). An A/B switch until measured.
-WS_COUNTERS = False
 
 
 @gluon.jit
@@ -607,8 +603,7 @@ def _opaque_zero():
 def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                  do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
                  seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                 COUNTERS: gl.constexpr = False):
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
     lockstep as in the base kernel). The math per step is the base kernel's, in FA3's order (dV
     issued before dS is formed, dQ before dK: see the module docstring); the loads come from the
@@ -631,20 +626,18 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     keys_inside = n_start + BLOCK_N <= seqlen_k
     mbarrier.wait(kv_bar, 0)
 
-    m_blk = m_lo  # COUNTERS: the query block, stepped instead of divided out of t
+    # The step's query block is stepped by a counter (wrapping at each query head of the group) and
+    # the in-loop zero comes from an asm move: ``t % n_m`` and ``t // n_iter`` were two integer
+    # divisions a step on the path from dK's retirement to the next S^T, where the tensor cores
+    # idle (+1 to +4 % at d = 64 / 128, NOTES §52)
+    m_blk = m_lo
     for t in range(n_iter):
         s_idx = t % STAGES
         phase = (t // STAGES) & 1
-        if COUNTERS:
-            m_start = m_blk * BLOCK_M
-            # z == 0, opaque to LLVM (an asm move): keeps the K, V and dS wgmma descriptors inside the
-            # loop (the base kernel's comment on ``z``) without a division a step
-            z = _opaque_zero()
-        else:
-            m_start = (m_lo + t % n_m) * BLOCK_M
-            # z == 0, opaque to LLVM: keeps the K, V and dS wgmma descriptors inside the loop (the base
-            # kernel's comment on ``z``)
-            z = t // n_iter
+        m_start = m_blk * BLOCK_M
+        # z == 0, opaque to LLVM: keeps the K, V and dS wgmma descriptors inside the loop (the base
+        # kernel's comment on ``z``)
+        z = _opaque_zero()
         k_cur = k_smem.index(z)
         v_cur = v_smem.index(z)
         ds_cur = ds_smem.index(z)
@@ -810,7 +803,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m,
                   n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                  COL_SPLIT: gl.constexpr, COUNTERS: gl.constexpr):
+                  COL_SPLIT: gl.constexpr):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments."""
     if COL_SPLIT:
@@ -821,8 +814,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
     else:
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                      do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
-                     seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
-                     COUNTERS)
+                     seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL)
 
 
 @gluon.jit
@@ -830,8 +822,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          seqlen_q, seqlen_k, nheads, group, stat_stride, softmax_scale, qk_scale,
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                         DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False,
-                         COUNTERS: gl.constexpr = False):
+                         DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers);
     the producer and dQ-writer warps are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
     the host's (batch, nheads, stat_stride) fp32 lse * log2(e) (-inf -> 0) and D, zero past
@@ -911,7 +902,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         (_ws_consumers, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                          q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start,
                          m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT, COUNTERS)),
+                         STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT)),
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
                         b * seqlen_k + n_start, h_kv * HEAD_DIM, m_lo, n_m, n_iter, seqlen_q, nheads, stat_stride,
@@ -942,7 +933,7 @@ def kernel_config(d: int, variant: str = "base") -> dict:
         return dict(kernel=hopper_bwd_ws_kernel, block_m=BWD_BLOCK_M, block_n=block_n, num_warps=BWD_NUM_WARPS,
                     stages=stages, worker_regs=WS_WORKER_REGS.value, dq_cols=d // 2 if split else d,
                     constexprs=dict(HEAD_DIM=d, BLOCK_M=BWD_BLOCK_M, BLOCK_N=block_n, STAGES=stages,
-                                    DO_STAGES=do_stages, COL_SPLIT=split, COUNTERS=WS_COUNTERS))
+                                    DO_STAGES=do_stages, COL_SPLIT=split))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
