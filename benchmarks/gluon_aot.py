@@ -80,6 +80,17 @@ def sass_top_register(cubin, sass=None):
     return max(int(n) for n in re.findall(r"\bR(\d+)\b", sass or sass_text(cubin))) + 1
 
 
+def spills_between_mmas(sass):
+    """Local-memory spill instructions (STL / LDL) between the kernel's first and last wgmma (HGMMA)
+    in the SASS listing: in a warp-specialised kernel, the consumers' main loop. Spills before or
+    after it (a value saved across the loop) cost once a program."""
+    lines = sass.splitlines()
+    mma = [i for i, line in enumerate(lines) if "HGMMA" in line]
+    if not mma:
+        return 0
+    return sum(1 for line in lines[mma[0]:mma[-1] + 1] if re.search(r"\b(STL|LDL)\b", line))
+
+
 def sass_opcodes(sass):
     """SASS instructions by opcode (with its modifiers, e.g. MUFU.EX2), predicated or not."""
     return collections.Counter(re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass, re.M))
