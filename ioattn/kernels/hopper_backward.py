@@ -629,7 +629,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     # The step's query block is stepped by a counter (wrapping at each query head of the group) and
     # the in-loop zero comes from an asm move: ``t % n_m`` and ``t // n_iter`` were two integer
     # divisions a step on the path from dK's retirement to the next S^T, where the tensor cores
-    # idle (+1 to +4 % at d = 64 / 128, NOTES §52)
+    # idle (+1 to +5 % at d = 64 / 128, NOTES §52)
     m_blk = m_lo
     for t in range(n_iter):
         s_idx = t % STAGES
