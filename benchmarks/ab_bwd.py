@@ -9,7 +9,7 @@ is left out at head dims its variant does not cover (``BWD_VARIANT_HEADDIMS``: b
 
 ``--rounds R``: every provider timed R times, interleaved; the table gives each one's median round.
 (Providers "gluon-ws+NAME=0|1" timed compile-time options of the ws kernel until they were removed,
-NOTES §50.) "gluon-ws-counters": the ws kernel with ``WS_D256_COUNTERS`` (d = 256 only differs).
+NOTES §50.)
 
 bf16, 16384 tokens, hidden 2048 (the bench's grid). Every variant's gradients are checked against
 the float64 oracle (2x PyTorch's own same-dtype error, ``conftest.assert_within_torch_error``'s
@@ -43,22 +43,13 @@ def portable(dout, q, k, v, causal):
     return run
 
 
-def gluon(variant, deterministic=False, d256_counters=None):
-    """``d256_counters``: ``hopper_backward.WS_D256_COUNTERS`` for this provider's calls (None: as set)."""
+def gluon(variant, deterministic=False):
     def setup(dout, q, k, v, causal):
-        from ioattn.kernels import hopper_backward as hb
+        from ioattn.kernels.hopper_backward import hopper_backward
         scale = q.shape[-1] ** -0.5
         out, lse = hopper.hopper_forward(q, k, v, scale, causal)
-
-        def run():
-            saved = hb.WS_D256_COUNTERS
-            hb.WS_D256_COUNTERS = saved if d256_counters is None else d256_counters
-            try:
-                return hb.hopper_backward(dout, q, k, v, out, lse, scale, causal, variant=variant,
-                                          deterministic=deterministic)
-            finally:
-                hb.WS_D256_COUNTERS = saved
-        return run
+        return lambda: hopper_backward(dout, q, k, v, out, lse, scale, causal, variant=variant,
+                                       deterministic=deterministic)
     setup.variant = variant
     return setup
 
@@ -111,8 +102,7 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     sink = open(os.path.join(args.out, f"{args.tag}.jsonl"), "w")
-    variants = {"portable": portable, "gluon": gluon("base"), "gluon-ws": gluon("ws", d256_counters=False),
-                "gluon-ws-counters": gluon("ws", d256_counters=True),
+    variants = {"portable": portable, "gluon": gluon("base"), "gluon-ws": gluon("ws"),
                 "gluon-ws-det": gluon("ws", deterministic=True),
                 "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     if args.providers:

@@ -238,10 +238,6 @@ WS_COL_SPLIT_BLOCK_N = 64
 # The consumer partition gets (65536 - 24 * 128) / 256 = 244 -> 240 (Triton rounds to a multiple of 8),
 # FA3's 240 for two MMA warpgroups.
 WS_WORKER_REGS = gl.constexpr(24)
-# "ws" at d = 256 (the column-split consumers): the query block by a counter and the in-loop zero from
-# an asm move instead of two integer divisions a step, as the key-split consumers since NOTES §52
-# (``COUNTERS``). An A/B switch, off: compiled, not yet run on the device (NOTES §53).
-WS_D256_COUNTERS = False
 
 
 @gluon.jit
@@ -705,7 +701,7 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
                         q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start,
                         m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
-                        IS_CAUSAL: gl.constexpr, COUNTERS: gl.constexpr = False):
+                        IS_CAUSAL: gl.constexpr):
     """The two consumer warpgroups of the column-split kernel (``COL_SPLIT``, head dim 256; module
     docstring, "Column split"): one 64-key block, every product split by its columns between the
     warpgroups (``_dq_layout``), so warpgroup c holds dK and dV columns [c d/2, (c + 1) d/2), and
@@ -730,18 +726,14 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
     keys_inside = n_start + BLOCK_N <= seqlen_k
     mbarrier.wait(kv_bar, 0)
 
-    m_blk = m_lo  # COUNTERS: the key-split consumer's counter (NOTES §52, §53)
+    # the query block by a counter and the in-loop zero from an asm move, as the key-split consumer
+    # (measured here +0 to +4 % over two divisions a step, NOTES §53)
+    m_blk = m_lo
     for t in range(n_iter):
         q_idx = t % STAGES
         do_idx = t % DO_STAGES
-        if COUNTERS:
-            m_start = m_blk * BLOCK_M
-            z = _opaque_zero()
-        else:
-            m_start = (m_lo + t % n_m) * BLOCK_M
-            # z == 0, opaque to LLVM: keeps the K, V, P^T and dS wgmma descriptors inside the loop (the
-            # base kernel's comment on ``z``)
-            z = t // n_iter
+        m_start = m_blk * BLOCK_M
+        z = _opaque_zero()
         k_cur = k_smem.index(z)
         v_cur = v_smem.index(z)
         p_cur = p_smem.index(z)
@@ -815,15 +807,14 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m,
                   n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                  COL_SPLIT: gl.constexpr, COUNTERS: gl.constexpr):
+                  COL_SPLIT: gl.constexpr):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
-    ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``; ``COUNTERS``: its
-    query block by a counter, ``WS_D256_COUNTERS``), on the same arguments."""
+    ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments."""
     if COL_SPLIT:
         _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                             q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv,
                             n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M,
-                            BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COUNTERS)
+                            BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL)
     else:
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                      do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
@@ -835,8 +826,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          seqlen_q, seqlen_k, nheads, group, stat_stride, softmax_scale, qk_scale,
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                         DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False,
-                         COUNTERS: gl.constexpr = False):
+                         DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers);
     the producer and dQ-writer warps are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
     the host's (batch, nheads, stat_stride) fp32 lse * log2(e) (-inf -> 0) and D, zero past
@@ -916,7 +906,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         (_ws_consumers, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                          q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start,
                          m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT, COUNTERS)),
+                         STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT)),
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
                         b * seqlen_k + n_start, h_kv * HEAD_DIM, m_lo, n_m, n_iter, seqlen_q, nheads, stat_stride,
@@ -947,7 +937,7 @@ def kernel_config(d: int, variant: str = "base") -> dict:
         return dict(kernel=hopper_bwd_ws_kernel, block_m=BWD_BLOCK_M, block_n=block_n, num_warps=BWD_NUM_WARPS,
                     stages=stages, worker_regs=WS_WORKER_REGS.value, dq_cols=d // 2 if split else d,
                     constexprs=dict(HEAD_DIM=d, BLOCK_M=BWD_BLOCK_M, BLOCK_N=block_n, STAGES=stages,
-                                    DO_STAGES=do_stages, COL_SPLIT=split, COUNTERS=split and WS_D256_COUNTERS))
+                                    DO_STAGES=do_stages, COL_SPLIT=split))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
