@@ -9,8 +9,8 @@ is left out at head dims its variant does not cover (``BWD_VARIANT_HEADDIMS``: b
 
 ``--rounds R``: every provider timed R times, interleaved; the table gives each one's median round.
 (Providers "gluon-ws+NAME=0|1" timed compile-time options of the ws kernel until they were removed,
-NOTES §50.) "gluon-ws-stagger": the ws kernel with ``WS_STAGGER``; "gluon-ws-dq128": with the fp32 dQ
-staging tile at the 128 B swizzle (before NOTES §54).
+NOTES §50.) "gluon-ws-dq128": the ws kernel with the fp32 dQ staging tile at the 128 B
+swizzle (before NOTES §54; "gluon-ws-stagger" timed the staggered walk until it was removed).
 
 bf16, 16384 tokens, hidden 2048 (the bench's grid). Every variant's gradients are checked against
 the float64 oracle (2x PyTorch's own same-dtype error, ``conftest.assert_within_torch_error``'s
@@ -46,7 +46,7 @@ def portable(dout, q, k, v, causal):
 
 def gluon(variant, deterministic=False, **overrides):
     """``overrides``: module attributes of ``hopper_backward`` (A/B switches) set for this provider's
-    calls only, e.g. ``WS_STAGGER=True``."""
+    calls only, e.g. ``WS_DQ_SWIZZLE={...}``."""
     def setup(dout, q, k, v, causal):
         from ioattn.kernels import hopper_backward as hb
         scale = q.shape[-1] ** -0.5
@@ -116,7 +116,6 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     sink = open(os.path.join(args.out, f"{args.tag}.jsonl"), "w")
     variants = {"portable": portable, "gluon": gluon("base"), "gluon-ws": gluon("ws"),
-                "gluon-ws-stagger": gluon("ws", WS_STAGGER=True),
                 "gluon-ws-dq128": gluon("ws", WS_DQ_SWIZZLE={64: 128, 128: 128, 256: 128}),
                 "gluon-ws-det": gluon("ws", deterministic=True),
                 "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}

@@ -239,14 +239,9 @@ WS_COL_SPLIT_BLOCK_N = 64
 # default for the shape) rows r and r ^ 1 of a half-warp land on the same banks (2 wavefronts where 1
 # would do: ~9 % of the backward's shared wavefronts at d=128, NOTES §54's profile); with 32 B, four rows
 # fill one 128 B line and the stores are conflict-free, at 8 columns a bulk reduce message instead of
-# 32 (16 messages a d=128 block). d=256 keeps 128 B: its writer warp (24 registers) spills 32 B issuing
-# 2 x 16 messages a step.
+# 32 (16 messages a d=128 block). Measured +1 to +3 % at d=64, -1 to +3 % at d=128 (NOTES §54). d=256
+# keeps 128 B: its writer warp (24 registers) spills 32 B issuing 2 x 16 messages a step.
 WS_DQ_SWIZZLE = {64: 32, 128: 32, 256: 128}
-# "ws": each program starts its walk over the query blocks at a different one (query block m_lo +
-# (t + rot) % n_m at step t, rot = key block mod n_m) instead of all at m_lo, so the programs of a head
-# reduce-add into different dQ blocks at a time rather than all into the same one. An A/B switch, off:
-# NOTES §54. The deterministic mode keeps rot = 0 (its order is per query block, in key-block order).
-WS_STAGGER = False
 # "ws": registers of the producer and dQ-writer warps (setmaxnreg dec): FA3's producer budget, 24.
 # The consumer partition gets (65536 - 24 * 128) / 256 = 244 -> 240 (Triton rounds to a multiple of 8),
 # FA3's 240 for two MMA warpgroups.
@@ -513,11 +508,11 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 @gluon.jit
 def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem, lse_smem,
-                 delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0, kv_row, kv_col, m_lo, n_m, rot,
-                 n_iter, seqlen_q, nheads, stat_stride, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                 STAGES: gl.constexpr, DO_STAGES: gl.constexpr):
+                 delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0, kv_row, kv_col, m_lo, n_m, n_iter,
+                 seqlen_q, nheads, stat_stride, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                 DO_STAGES: gl.constexpr):
     """The 1-warp TMA producer: K and V of the key block once, then per step t (query head
-    h0 + t // n_m, query block m_lo + (t + rot) % n_m) Q with its lse row into slot t % STAGES of the Q ring
+    h0 + t // n_m, query block m_lo + t % n_m) Q with its lse row into slot t % STAGES of the Q ring
     (``q_ready``) and dO with its D row into slot t % DO_STAGES of the dO ring (``do_ready``), each
     after the consumers have released that slot's previous tile (``q_empty`` / ``do_empty``). The
     rings have the same depth except in the column-split kernel (head dim 256: one dO stage)."""
@@ -534,7 +529,7 @@ def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, 
             s_do = t % DO_STAGES
             reuse_phase_do = ((t // DO_STAGES) & 1) ^ 1
         h = h0 + t // n_m
-        m_start = (m_lo + (t + rot) % n_m) * BLOCK_M
+        m_start = (m_lo + t % n_m) * BLOCK_M
         row = b * seqlen_q + m_start
         col = h * HEAD_DIM
         stat = (b * nheads + h) * stat_stride + m_start
@@ -559,7 +554,7 @@ def _bulk_complete_and_release(sem):
 
 
 @gluon.jit
-def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, Sem, b, h0, m_lo, n_m, rot, n_iter, seqlen_q, seqlen_k, nheads,
+def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, Sem, b, h0, m_lo, n_m, n_iter, seqlen_q, seqlen_k, nheads,
                   n_m_total, n_block, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_COLS: gl.constexpr):
     """The 1-warp dQ writer: per step, once the consumers have put the step's dQ block (fp32,
@@ -584,7 +579,7 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, Sem, b, h0, m_lo, n_m, ro
     PIECES: gl.constexpr = HEAD_DIM // DQ_COLS  # handovers per step: 1; the column-split kernel's 2 halves
     for t in range(n_iter):
         h = h0 + t // n_m
-        m = m_lo + (t + rot) % n_m
+        m = m_lo + t % n_m
         row = b * seqlen_q + m * BLOCK_M
         for j in gl.static_range(PIECES):  # piece j: columns [j * DQ_COLS, (j + 1) * DQ_COLS) of the block
             mbarrier.wait(dq_full, (t * PIECES + j) & 1)
@@ -614,8 +609,8 @@ def _opaque_zero():
 
 @gluon.jit
 def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
-                 do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, rot,
-                 n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                 do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
+                 seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
     lockstep as in the base kernel). The math per step is the base kernel's, in FA3's order (dV
@@ -643,7 +638,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     # the in-loop zero comes from an asm move: ``t % n_m`` and ``t // n_iter`` were two integer
     # divisions a step on the path from dK's retirement to the next S^T, where the tensor cores
     # idle (+1 to +5 % at d = 64 / 128, NOTES §52)
-    m_blk = m_lo + rot  # the walk's first query block (WS_STAGGER)
+    m_blk = m_lo
     for t in range(n_iter):
         s_idx = t % STAGES
         phase = (t // STAGES) & 1
@@ -712,7 +707,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
 @gluon.jit
 def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                         q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start,
-                        m_lo, n_m, rot, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
+                        m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
                         IS_CAUSAL: gl.constexpr):
     """The two consumer warpgroups of the column-split kernel (``COL_SPLIT``, head dim 256; module
@@ -741,7 +736,7 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
 
     # the query block by a counter and the in-loop zero from an asm move, as the key-split consumer
     # (measured here +0 to +4 % over two divisions a step, NOTES §53)
-    m_blk = m_lo + rot  # the walk's first query block (WS_STAGGER)
+    m_blk = m_lo
     for t in range(n_iter):
         q_idx = t % STAGES
         do_idx = t % DO_STAGES
@@ -818,7 +813,7 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
 @gluon.jit
 def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar, q_ready,
                   q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m,
-                  rot, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                  n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                   COL_SPLIT: gl.constexpr):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
@@ -826,11 +821,11 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
     if COL_SPLIT:
         _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                             q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv,
-                            n_start, m_lo, n_m, rot, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M,
+                            n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M,
                             BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL)
     else:
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
-                     do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, rot, n_iter,
+                     do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
                      seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL)
 
 
@@ -839,8 +834,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          seqlen_q, seqlen_k, nheads, group, stat_stride, softmax_scale, qk_scale,
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                         DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False,
-                         STAGGER: gl.constexpr = False):
+                         DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers);
     the producer and dQ-writer warps are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
     the host's (batch, nheads, stat_stride) fp32 lse * log2(e) (-inf -> 0) and D, zero past
@@ -849,8 +843,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     with ``COL_SPLIT``). Sem: with ``DETERMINISTIC``, (batch, nheads, cdiv(seqlen_q, BLOCK_M)) zeroed
     int32 counters (``_ws_dq_writer``); unused otherwise. STAGES / DO_STAGES: depth of the Q and dO
     rings (equal unless ``COL_SPLIT``). ``COL_SPLIT`` (head dim 256): BLOCK_N = 64 and the consumers
-    split the head dim (``_ws_consumer_dsplit``) instead of the keys (``_ws_consumer``). ``STAGGER``:
-    the walk over the query blocks starts at a different one in each key block (``WS_STAGGER``)."""
+    split the head dim (``_ws_consumer_dsplit``) instead of the keys (``_ws_consumer``)."""
     num_warps: gl.constexpr = gl.num_warps()
     gl.static_assert(num_warps == 8, "two consumer warpgroups")
     if COL_SPLIT:
@@ -875,9 +868,6 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     n_m = n_m_total - m_lo
     n_iter = group * n_m
     h0 = h_kv * group
-    rot = 0  # the first query block of the walk, relative to m_lo (``WS_STAGGER``)
-    if STAGGER and not DETERMINISTIC:
-        rot = (n_start // BLOCK_N) % gl.maximum(n_m, 1)
 
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
     k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -923,14 +913,13 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     gl.warp_specialize([
         (_ws_consumers, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                          q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start,
-                         m_lo, n_m, rot, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M,
-                         BLOCK_N,
+                         m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
                          STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT)),
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
-                        b * seqlen_k + n_start, h_kv * HEAD_DIM, m_lo, n_m, rot, n_iter, seqlen_q, nheads, stat_stride,
+                        b * seqlen_k + n_start, h_kv * HEAD_DIM, m_lo, n_m, n_iter, seqlen_q, nheads, stat_stride,
                         HEAD_DIM, BLOCK_M, STAGES, DO_STAGES)),
-        (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, b, h0, m_lo, n_m, rot, n_iter, seqlen_q, seqlen_k,
+        (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, b, h0, m_lo, n_m, n_iter, seqlen_q, seqlen_k,
                          nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, BLOCK_N, IS_CAUSAL, DETERMINISTIC,
                          DQ_COLS)),
     ], [1, 1], [WS_WORKER_REGS, WS_WORKER_REGS])
@@ -956,7 +945,7 @@ def kernel_config(d: int, variant: str = "base") -> dict:
         return dict(kernel=hopper_bwd_ws_kernel, block_m=BWD_BLOCK_M, block_n=block_n, num_warps=BWD_NUM_WARPS,
                     stages=stages, worker_regs=WS_WORKER_REGS.value, dq_cols=d // 2 if split else d,
                     constexprs=dict(HEAD_DIM=d, BLOCK_M=BWD_BLOCK_M, BLOCK_N=block_n, STAGES=stages,
-                                    DO_STAGES=do_stages, COL_SPLIT=split, STAGGER=WS_STAGGER))
+                                    DO_STAGES=do_stages, COL_SPLIT=split))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
