@@ -242,6 +242,10 @@ WS_COL_SPLIT_BLOCK_N = 64
 # 32 (16 messages a d=128 block). Measured +1 to +3 % at d=64, -1 to +3 % at d=128 (NOTES §54). d=256
 # keeps 128 B: its writer warp (24 registers) spills 32 B issuing 2 x 16 messages a step.
 WS_DQ_SWIZZLE = {64: 32, 128: 32, 256: 128}
+# "ws": query rows a step by head dim (the key-split form; the column split needs 64). An A/B switch:
+# 128 at d = 64 doubles a step's products (S^T / dP^T 64 keys x 128 queries a warpgroup) against the
+# same per-step costs (barriers, hand-offs, waits), at d = 128's register count (NOTES §55).
+WS_BLOCK_M = {64: 64, 128: 64, 256: 64}
 # "ws": registers of the producer and dQ-writer warps (setmaxnreg dec): FA3's producer budget, 24.
 # The consumer partition gets (65536 - 24 * 128) / 256 = 244 -> 240 (Triton rounds to a multiple of 8),
 # FA3's 240 for two MMA warpgroups.
@@ -292,6 +296,15 @@ def _dq_layout(num_warps, head_dim):
     queries; dK, dV: 64 keys x d; a dQ half)."""
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, num_warps // 4],
                                      instr_shape=[16, head_dim // (num_warps // 4), 16])
+
+
+@gluon.constexpr_function
+def _dq_acc_layout(num_warps, block_m, head_dim):
+    """The key-split consumers' dQ accumulator (``block_m`` query rows x ``head_dim``): at 64 rows the
+    warpgroups split the columns (``_dq_layout``), at 128 the rows (``_acc_layout``)."""
+    if block_m == 64:
+        return _dq_layout(num_warps, head_dim)
+    return _acc_layout(num_warps, head_dim)
 
 
 @gluon.jit
@@ -618,10 +631,13 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     rings, and dQ goes to ``dq_smem`` for the writer warp instead of into atomics."""
     num_warps: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = k_smem.dtype
+    # D subtracted inside dP^T's product (its accumulator starts at -D) at 128 query rows a step, where
+    # D in S^T's column layout is 32 registers a thread, live across P^T's formation otherwise
+    D_IN_ACC: gl.constexpr = BLOCK_M == 128
     off = seqlen_k - seqlen_q
     st_layout: gl.constexpr = _acc_layout(num_warps, BLOCK_M)
     kv_layout: gl.constexpr = _acc_layout(num_warps, HEAD_DIM)
-    dq_layout: gl.constexpr = _dq_layout(num_warps, HEAD_DIM)
+    dq_layout: gl.constexpr = _dq_acc_layout(num_warps, BLOCK_M, HEAD_DIM)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
     keys_1d = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
@@ -656,7 +672,13 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         mbarrier.wait(q_ready.index(s_idx), phase)
         s_tok = warpgroup_mma(k_cur, q_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
         mbarrier.wait(do_ready.index(s_idx), phase)
-        dp_tok = warpgroup_mma(v_cur, do_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        if D_IN_ACC:
+            # dP^T - D from the product itself: the accumulator starts at -D (one value a query column),
+            # so D's registers die before P^T's are formed (``D_IN_ACC``)
+            delta = delta_smem.index(s_idx).load(col_layout)
+            dp_tok = warpgroup_mma(v_cur, do_cur.permute((1, 0)), st_zero - delta[None, :], is_async=True)
+        else:
+            dp_tok = warpgroup_mma(v_cur, do_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
         # lse (log2, -inf rows already 0, rows past seqlen_q 0: the host's padded copy) read from its
         # slot straight into S^T's column layout (a broadcast shared-memory read)
         lse_log2 = lse_smem.index(s_idx).load(col_layout)
@@ -666,9 +688,13 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         pa = gl.convert_layout(p.to(dtype), a_layout)
         # dV += P^T dO queued behind dP^T: it runs while dS is formed and stored below
         dv_tok = warpgroup_mma(pa, do_cur, dv, is_async=True)
-        delta = delta_smem.index(s_idx).load(col_layout)
-        dp = warpgroup_mma_wait(1, deps=[dp_tok])
-        ds16 = (p * (dp - delta[None, :])).to(dtype)
+        if D_IN_ACC:
+            dp = warpgroup_mma_wait(1, deps=[dp_tok])
+            ds16 = (p * dp).to(dtype)
+        else:
+            delta = delta_smem.index(s_idx).load(col_layout)
+            dp = warpgroup_mma_wait(1, deps=[dp_tok])
+            ds16 = (p * (dp - delta[None, :])).to(dtype)
         dsa = gl.convert_layout(ds16, a_layout)
         # dS^T to shared memory for dQ = dS K. No barrier needed before the store (WAR on ds_smem):
         # every warp passed the previous step's last barrier after its dQ product had retired.
@@ -853,7 +879,10 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         gl.static_assert(DO_STAGES == STAGES, "one slot index for both rings")
     # columns of one dQ handover (the dQ descriptor's block): the column split hands dQ over in halves
     DQ_COLS: gl.constexpr = HEAD_DIM // 2 if COL_SPLIT else HEAD_DIM
-    gl.static_assert(BLOCK_M == 64, "the dQ product's M: one 64-row wgmma tile")
+    if COL_SPLIT:
+        gl.static_assert(BLOCK_M == 64, "the dQ halves' M: one 64-row wgmma tile")
+    else:
+        gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128, "dQ: one 64-row tile, or a 64-row tile a warpgroup")
     gl.static_assert(STAGES >= 2, "a load in flight while a step computes")
     gl.static_assert(DO_STAGES >= 1 and DO_STAGES <= STAGES, "dO ring no deeper than Q's")
     dtype: gl.constexpr = q_desc.dtype
@@ -942,9 +971,10 @@ def kernel_config(d: int, variant: str = "base") -> dict:
         split = d in WS_COL_SPLIT_HEADDIMS
         block_n = WS_COL_SPLIT_BLOCK_N if split else BWD_BLOCK_N
         stages, do_stages = WS_STAGES[d]
-        return dict(kernel=hopper_bwd_ws_kernel, block_m=BWD_BLOCK_M, block_n=block_n, num_warps=BWD_NUM_WARPS,
+        block_m = WS_BLOCK_M[d]
+        return dict(kernel=hopper_bwd_ws_kernel, block_m=block_m, block_n=block_n, num_warps=BWD_NUM_WARPS,
                     stages=stages, worker_regs=WS_WORKER_REGS.value, dq_cols=d // 2 if split else d,
-                    constexprs=dict(HEAD_DIM=d, BLOCK_M=BWD_BLOCK_M, BLOCK_N=block_n, STAGES=stages,
+                    constexprs=dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                                     DO_STAGES=do_stages, COL_SPLIT=split))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
