@@ -11,7 +11,8 @@ is left out at head dims its variant does not cover (``BWD_VARIANT_HEADDIMS``: b
 (Providers "gluon-ws+NAME=0|1" timed compile-time options of the ws kernel until they were removed,
 NOTES §50.) "gluon-ws-dq128": the ws kernel with the fp32 dQ staging tile at the 128 B
 swizzle (before NOTES §54; "gluon-ws-stagger" timed the staggered walk until it was removed);
-"gluon-ws-m128": 128 query rows a step at d = 64 (``WS_BLOCK_M``, NOTES §55).
+"gluon-ws-m64": 64 query rows a step at d = 64 (``WS_BLOCK_M``; 128 since NOTES §55);
+"gluon-ws-coal": dK / dV stored as whole rows (``WS_COALESCED_STORE``, NOTES §56).
 
 bf16, 16384 tokens, hidden 2048 (the bench's grid). Every variant's gradients are checked against
 the float64 oracle (2x PyTorch's own same-dtype error, ``conftest.assert_within_torch_error``'s
@@ -118,7 +119,8 @@ def main():
     sink = open(os.path.join(args.out, f"{args.tag}.jsonl"), "w")
     variants = {"portable": portable, "gluon": gluon("base"), "gluon-ws": gluon("ws"),
                 "gluon-ws-dq128": gluon("ws", WS_DQ_SWIZZLE={64: 128, 128: 128, 256: 128}),
-                "gluon-ws-m128": gluon("ws", WS_BLOCK_M={64: 128, 128: 64, 256: 64}),
+                "gluon-ws-m64": gluon("ws", WS_BLOCK_M={64: 64, 128: 64, 256: 64}),
+                "gluon-ws-coal": gluon("ws", WS_COALESCED_STORE=True),
                 "gluon-ws-det": gluon("ws", deterministic=True),
                 "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     if args.providers:

@@ -737,13 +737,16 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     with pytest.raises(ValueError, match="ws variant covers head dims 64, 128, 256, not 96"):
         hb.kernel_config(96, "ws")
     # d=256: the ws kernel's column-split form (64 keys a program, one dO stage, dQ in two halves);
-    # 64 and 128 compile as before (keys split between the warpgroups, equal rings, whole dQ blocks)
+    # 64 and 128: keys split between the warpgroups, equal rings, whole dQ blocks; d=64 takes 128 query
+    # rows a step (NOTES §55)
     wide = hb.kernel_config(256, "ws")
     assert wide["kernel"] is hb.hopper_bwd_ws_kernel and (wide["block_n"], wide["dq_cols"]) == (64, 128)
-    assert wide["constexprs"] == dict(HEAD_DIM=256, BLOCK_M=64, BLOCK_N=64, STAGES=2, DO_STAGES=1, COL_SPLIT=True)
-    for d, stages in ((64, 3), (128, 2)):
-        assert hb.kernel_config(d, "ws")["constexprs"] == dict(HEAD_DIM=d, BLOCK_M=64, BLOCK_N=128, STAGES=stages,
-                                                               DO_STAGES=stages, COL_SPLIT=False)
+    assert wide["constexprs"] == dict(HEAD_DIM=256, BLOCK_M=64, BLOCK_N=64, STAGES=2, DO_STAGES=1, COL_SPLIT=True,
+                                      COALESCED_STORE=False)
+    for d, block_m, stages in ((64, 128, 3), (128, 64, 2)):
+        assert hb.kernel_config(d, "ws")["constexprs"] == dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=128,
+                                                               STAGES=stages, DO_STAGES=stages, COL_SPLIT=False,
+                                                               COALESCED_STORE=hb.WS_COALESCED_STORE)
     x = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="deterministic=True needs variant \"ws\""):  # refused before any launch
         hb.hopper_backward(x, x, x, x, x, torch.zeros(1, 2, 8), 0.125, False, variant="base", deterministic=True)

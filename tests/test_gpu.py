@@ -519,14 +519,14 @@ def test_hopper_backward_deterministic(d, causal, shape, block_m, poison_alloc, 
     per-query-block semaphores): three runs bitwise equal, and within 2x PyTorch's error of the
     float64 oracle. Shapes: many key blocks per query block, rows with no visible key, causal with
     seqlen_q > seqlen_k (key blocks no query sees), GQA 3. d=256: the column-split form (64-key
-    blocks, each query block's dQ added in two halves under one turn of the order). block_m 128:
-    d=64 with 128 query rows a step (``WS_BLOCK_M``, NOTES §55)."""
+    blocks, each query block's dQ added in two halves under one turn of the order). block_m: d=64 at
+    its default 128 query rows a step and at 64 (``WS_BLOCK_M``, NOTES §55)."""
     from ioattn import hopper
     from ioattn.kernels import hopper_backward as hb
     from ioattn.kernels.hopper_backward import hopper_backward
     if block_m != hb.WS_BLOCK_M[d]:
         if d != 64:
-            pytest.skip("128 query rows a step: d=64 only")
+            pytest.skip("one row count a step but at d=64")
         monkeypatch.setitem(hb.WS_BLOCK_M, d, block_m)
     b, sq, sk, h, hkv = shape
     q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
@@ -561,7 +561,7 @@ def test_deterministic_through_the_api_with_the_ordered_gluon_mode(causal, monke
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant", ["base", "ws", "ws-m128"])
+@pytest.mark.parametrize("variant", ["base", "ws", "ws-coal"])
 @pytest.mark.parametrize("forward", ["gluon", "portable"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
@@ -574,15 +574,15 @@ def test_deterministic_through_the_api_with_the_ordered_gluon_mode(causal, monke
 def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc, monkeypatch):
     """The experimental Gluon backward (not dispatched yet), each variant (base; ws: warp-specialised,
     dQ by TMA reduce-add; at d=256 its column-split form: 64-key programs, the warpgroups splitting
-    the head dim, dQ in two halves; ws-m128: ws with 128 query rows a step at d=64, ``WS_BLOCK_M``),
-    against the float64 oracle, fed by the Gluon forward's or the portable forward's (out, lse): dq,
-    dk, dv within 2x PyTorch's own error."""
+    the head dim, dQ in two halves; at d=64 128 query rows a step; ws-coal: ws with
+    ``WS_COALESCED_STORE``, dK / dV written as whole rows), against the float64 oracle, fed by the
+    Gluon forward's or the portable forward's (out, lse): dq, dk, dv within 2x PyTorch's own error."""
     from ioattn import backends, hopper
     from ioattn.kernels import hopper_backward as hb
-    if variant == "ws-m128":
-        if d != 64:
-            pytest.skip("128 query rows a step: d=64 only")
-        monkeypatch.setitem(hb.WS_BLOCK_M, 64, 128)
+    if variant == "ws-coal":
+        if d == 256:
+            pytest.skip("the column-split form keeps the accumulator-layout stores")
+        monkeypatch.setattr(hb, "WS_COALESCED_STORE", True)
         variant = "ws"
     from ioattn.kernels.hopper_backward import BWD_VARIANT_HEADDIMS, hopper_backward
     if d not in BWD_VARIANT_HEADDIMS[variant]:

@@ -242,10 +242,14 @@ WS_COL_SPLIT_BLOCK_N = 64
 # 32 (16 messages a d=128 block). Measured +1 to +3 % at d=64, -1 to +3 % at d=128 (NOTES §54). d=256
 # keeps 128 B: its writer warp (24 registers) spills 32 B issuing 2 x 16 messages a step.
 WS_DQ_SWIZZLE = {64: 32, 128: 32, 256: 128}
-# "ws": query rows a step by head dim (the key-split form; the column split needs 64). An A/B switch:
-# 128 at d = 64 doubles a step's products (S^T / dP^T 64 keys x 128 queries a warpgroup) against the
-# same per-step costs (barriers, hand-offs, waits), at d = 128's register count (NOTES §55).
-WS_BLOCK_M = {64: 64, 128: 64, 256: 64}
+# "ws": query rows a step by head dim (the key-split form; the column split needs 64). 128 at d = 64
+# doubles a step's products (S^T / dP^T 64 keys x 128 queries a warpgroup) against the same per-step
+# costs (barriers, hand-offs, waits), at d = 128's register count with D in dP^T's accumulator:
+# measured +7 to +20 % over 64 (NOTES §55). d = 128 at 128 rows would need 64 more registers a thread.
+WS_BLOCK_M = {64: 128, 128: 64, 256: 64}
+# "ws" (key-split form): dK / dV converted to whole-row 16-byte stores before the epilogue's writes
+# (``_store_dkdv``'s ``COALESCED``). An A/B switch, off: NOTES §56.
+WS_COALESCED_STORE = False
 # "ws": registers of the producer and dQ-writer warps (setmaxnreg dec): FA3's producer budget, 24.
 # The consumer partition gets (65536 - 24 * 128) / 256 = 244 -> 240 (Triton rounds to a multiple of 8),
 # FA3's 240 for two MMA warpgroups.
@@ -320,17 +324,39 @@ def _key_block(nheads_kv, BLOCK_N: gl.constexpr, REVERSED: gl.constexpr = False)
 
 @gluon.jit
 def _store_dkdv(dK, dV, dk, dv, b, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, kv_layout: gl.constexpr,
-                HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr):
+                HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, COALESCED: gl.constexpr = False):
     """The key block's dK (times softmax_scale) and dV, fp32 accumulators in ``kv_layout``, stored in
     the inputs' dtype with masked pointer stores (keys past seqlen_k are not written): both kernels'
-    epilogue."""
-    out_keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
-    out_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+    epilogue. ``COALESCED``: converted first (through shared memory) to rows of 16-byte pieces, one a
+    thread, so a warp writes whole rows (the accumulator layout writes 4 B a thread, half of each
+    32 B sector a message)."""
+    if COALESCED:
+        num_warps: gl.constexpr = gl.num_warps()
+        row_threads: gl.constexpr = HEAD_DIM // 8
+        st_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // row_threads, row_threads], [num_warps, 1], [1, 0])
+        _store_rows(dV, dv.to(dV.dtype.element_ty), b, h_kv, nheads_kv, n_start, seqlen_k, st_layout, HEAD_DIM,
+                    BLOCK_N)
+        _store_rows(dK, (dk * softmax_scale).to(dK.dtype.element_ty), b, h_kv, nheads_kv, n_start, seqlen_k,
+                    st_layout, HEAD_DIM, BLOCK_N)
+    else:
+        _store_rows(dV, dv.to(dV.dtype.element_ty), b, h_kv, nheads_kv, n_start, seqlen_k, kv_layout, HEAD_DIM,
+                    BLOCK_N)
+        _store_rows(dK, (dk * softmax_scale).to(dK.dtype.element_ty), b, h_kv, nheads_kv, n_start, seqlen_k,
+                    kv_layout, HEAD_DIM, BLOCK_N)
+
+
+@gluon.jit
+def _store_rows(ptr, x, b, h_kv, nheads_kv, n_start, seqlen_k, layout: gl.constexpr, HEAD_DIM: gl.constexpr,
+                BLOCK_N: gl.constexpr):
+    """One (BLOCK_N keys x HEAD_DIM) tile ``x`` into (batch, seqlen_k, nheads_kv, HEAD_DIM) at this key
+    block, in ``layout``, keys past seqlen_k masked."""
+    x = gl.convert_layout(x, layout)
+    out_keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+    out_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
     out_base = ((b * seqlen_k + n_start).to(gl.int64) * nheads_kv + h_kv) * HEAD_DIM
     offs = out_keys[:, None] * (nheads_kv * HEAD_DIM) + out_cols[None, :]
     key_ok = (n_start + out_keys < seqlen_k)[:, None]
-    gl.store(dV + out_base + offs, dv.to(dV.dtype.element_ty), mask=key_ok)
-    gl.store(dK + out_base + offs, (dk * softmax_scale).to(dK.dtype.element_ty), mask=key_ok)
+    gl.store(ptr + out_base + offs, x, mask=key_ok)
 
 
 @gluon.jit
@@ -624,7 +650,8 @@ def _opaque_zero():
 def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                  do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
                  seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                 COALESCED_STORE: gl.constexpr = False):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
     lockstep as in the base kernel). The math per step is the base kernel's, in FA3's order (dV
     issued before dS is formed, dQ before dK: see the module docstring); the loads come from the
@@ -727,7 +754,8 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         if m_blk == m_lo + n_m:  # the next query head of the group
             m_blk = m_lo
 
-    _store_dkdv(dK, dV, dk, dv, b, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, kv_layout, HEAD_DIM, BLOCK_N)
+    _store_dkdv(dK, dV, dk, dv, b, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, kv_layout, HEAD_DIM, BLOCK_N,
+                COALESCED_STORE)
 
 
 @gluon.jit
@@ -841,7 +869,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m,
                   n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                  COL_SPLIT: gl.constexpr):
+                  COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments."""
     if COL_SPLIT:
@@ -852,7 +880,8 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
     else:
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                      do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
-                     seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL)
+                     seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
+                     COALESCED_STORE)
 
 
 @gluon.jit
@@ -860,7 +889,8 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          seqlen_q, seqlen_k, nheads, group, stat_stride, softmax_scale, qk_scale,
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                         DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False):
+                         DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False,
+                         COALESCED_STORE: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers);
     the producer and dQ-writer warps are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
     the host's (batch, nheads, stat_stride) fp32 lse * log2(e) (-inf -> 0) and D, zero past
@@ -943,7 +973,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         (_ws_consumers, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                          q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start,
                          m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT)),
+                         STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT, COALESCED_STORE)),
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
                         b * seqlen_k + n_start, h_kv * HEAD_DIM, m_lo, n_m, n_iter, seqlen_q, nheads, stat_stride,
@@ -975,7 +1005,8 @@ def kernel_config(d: int, variant: str = "base") -> dict:
         return dict(kernel=hopper_bwd_ws_kernel, block_m=block_m, block_n=block_n, num_warps=BWD_NUM_WARPS,
                     stages=stages, worker_regs=WS_WORKER_REGS.value, dq_cols=d // 2 if split else d,
                     constexprs=dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
-                                    DO_STAGES=do_stages, COL_SPLIT=split))
+                                    DO_STAGES=do_stages, COL_SPLIT=split,
+                                    COALESCED_STORE=WS_COALESCED_STORE and not split))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
