@@ -12,7 +12,8 @@ is left out at head dims its variant does not cover (``BWD_VARIANT_HEADDIMS``: b
 NOTES §50.) "gluon-ws-dq128": the ws kernel with the fp32 dQ staging tile at the 128 B
 swizzle (before NOTES §54; "gluon-ws-stagger" timed the staggered walk until it was removed);
 "gluon-ws-m64": 64 query rows a step at d = 64 (``WS_BLOCK_M``; 128 since NOTES §55);
-"gluon-ws-coal": dK / dV stored as whole rows (``WS_COALESCED_STORE``, NOTES §56).
+"gluon-ws-accstore": dK / dV stored from the accumulator layout (``WS_COALESCED_STORE`` off; on since
+NOTES §56).
 
 bf16, 16384 tokens, hidden 2048 (the bench's grid). Every variant's gradients are checked against
 the float64 oracle (2x PyTorch's own same-dtype error, ``conftest.assert_within_torch_error``'s
@@ -120,7 +121,7 @@ def main():
     variants = {"portable": portable, "gluon": gluon("base"), "gluon-ws": gluon("ws"),
                 "gluon-ws-dq128": gluon("ws", WS_DQ_SWIZZLE={64: 128, 128: 128, 256: 128}),
                 "gluon-ws-m64": gluon("ws", WS_BLOCK_M={64: 64, 128: 64, 256: 64}),
-                "gluon-ws-coal": gluon("ws", WS_COALESCED_STORE=True),
+                "gluon-ws-accstore": gluon("ws", WS_COALESCED_STORE=False),
                 "gluon-ws-det": gluon("ws", deterministic=True),
                 "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     if args.providers:

@@ -746,7 +746,7 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     for d, block_m, stages in ((64, 128, 3), (128, 64, 2)):
         assert hb.kernel_config(d, "ws")["constexprs"] == dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=128,
                                                                STAGES=stages, DO_STAGES=stages, COL_SPLIT=False,
-                                                               COALESCED_STORE=hb.WS_COALESCED_STORE)
+                                                               COALESCED_STORE=True)
     x = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="deterministic=True needs variant \"ws\""):  # refused before any launch
         hb.hopper_backward(x, x, x, x, x, torch.zeros(1, 2, 8), 0.125, False, variant="base", deterministic=True)

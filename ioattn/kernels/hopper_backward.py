@@ -131,8 +131,17 @@ partitions with setmaxnreg register budgets, the loads and the dQ accumulation o
 * Registers (ptxas 12.8, compile check): no spills at d = 64 and 128 within the 240 budget, wgmma
   pipelined (no C7514); ptxas -v reports the launch budget, 168 (65536 / 384 threads: 8 consumer
   warps + the producer and writer warps padded to a warpgroup). Shared memory at d = 128, bf16: K, V
-  32 KiB each, Q and dO 2 x 16 KiB each, dS 16 KiB, dQ (fp32) 32 KiB, lse / D 1 KiB: 177 KiB (d = 64,
-  3 stages: 114 KiB).
+  32 KiB each, Q and dO 2 x 16 KiB each, dS 16 KiB, dQ (fp32) 32 KiB, lse / D 1 KiB: 177 KiB, plus
+  the epilogue's 32 KiB (below).
+* **d = 64: 128 query rows a step** (``WS_BLOCK_M``; NOTES §55): each warpgroup's S^T / dP^T is 64
+  keys x 128 queries, the dQ block 128 x 64 with the warpgroups splitting its rows
+  (``_dq_acc_layout``), so a step has d = 128's products against the same per-step costs. D in S^T's
+  column layout would then be 32 registers live across P^T's formation: dP^T's accumulator starts
+  at -D instead (``D_IN_ACC``), and the consumers fit in 232 registers. 3 stages: 195 KiB.
+* **Layouts of the staged tiles**: the fp32 dQ tile is swizzled at 32 B (``WS_DQ_SWIZZLE``), where
+  the consumers' 8-byte stores from the accumulator layout hit no bank twice (128 B: two ways); dK
+  and dV are converted to whole-row 16-byte pieces before the epilogue's stores
+  (``WS_COALESCED_STORE``, through Triton's shared scratch), full 32 B sectors instead of halves.
 
 Column split (variant ws at head dim 256)
 ------------------------------------------
@@ -248,8 +257,10 @@ WS_DQ_SWIZZLE = {64: 32, 128: 32, 256: 128}
 # measured +7 to +20 % over 64 (NOTES §55). d = 128 at 128 rows would need 64 more registers a thread.
 WS_BLOCK_M = {64: 128, 128: 64, 256: 64}
 # "ws" (key-split form): dK / dV converted to whole-row 16-byte stores before the epilogue's writes
-# (``_store_dkdv``'s ``COALESCED``). An A/B switch, off: NOTES §56.
-WS_COALESCED_STORE = False
+# (``_store_dkdv``'s ``COALESCED``; the accumulator layout writes half of each 32 B sector a store).
+# Measured +5 to +9 % at N=1024, +1 to +3 % at 4096, level at 16384 (NOTES §56). The column-split form
+# (d = 256) has no shared memory left for the conversion's 64 KB.
+WS_COALESCED_STORE = True
 # "ws": registers of the producer and dQ-writer warps (setmaxnreg dec): FA3's producer budget, 24.
 # The consumer partition gets (65536 - 24 * 128) / 256 = 244 -> 240 (Triton rounds to a multiple of 8),
 # FA3's 240 for two MMA warpgroups.
