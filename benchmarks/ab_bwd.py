@@ -139,8 +139,10 @@ def main():
                         continue
                     try:  # a variant that fails to compile or run is reported and the rest go on
                         runs[name] = setup(dout, q, k, v, causal)
-                        if name not in ok:
-                            ok[name] = check(runs[name](), dout, q, k, v, causal)
+                        if name not in ok:  # the oracle at the first length; above 4096 on one head
+                            # (float64 scores of every head at 16384 need > 100 GB)
+                            part = [t[:, :, :1].contiguous() if n > 4096 else t for t in (dout, q, k, v)]
+                            ok[name] = check(setup(*part, causal)(), *part, causal)
                     except Exception as e:  # noqa: BLE001
                         print(f"{name} d={d} causal={causal} N={n}: {type(e).__name__}: {str(e)[:1500]}", flush=True)
                         ok[name], runs[name] = False, None
