@@ -44,7 +44,7 @@ from gluon_aot import (DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxa
                        sass_opcodes, sass_text, sass_top_register)
 
 
-def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, exp2_fma=0):
+def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, exp2_fma=0, row_stores=False):
     cfg = hopper.kernel_config(d, variant)
     bn, q_rows = cfg["block_n"], cfg["q_rows"]
     q_layout = gl.NVMMASharedLayout.get_default_for([q_rows, d], DTYPES[dt])
@@ -56,12 +56,15 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
     # KV_TAIL as the launcher sets it for varlen; fixed length: off unless asked (lengths that are
     # multiples of the key tile)
     constexprs = dict(cfg["constexprs"], IS_CAUSAL=causal, IS_VARLEN=varlen, LPT=lpt,
-                      KV_TAIL=varlen if kv_tail is None else kv_tail, EXP2_FMA=hopper.exp2_fma_cols(exp2_fma, bn))
+                      KV_TAIL=varlen if kv_tail is None else kv_tail, EXP2_FMA=hopper.exp2_fma_cols(exp2_fma, bn),
+                      ROW_STORES=row_stores and d in hopper.ROW_STORE_HEADDIMS)
     if varlen:
         sig.update(Cu_q="*i32", Cu_k="*i32")
     else:  # the launcher passes None for fixed-length calls: constexpr None
         constexprs.update(Cu_q=None, Cu_k=None)
-    return cfg, compile_sm90(fn, sig, constexprs, cfg["num_warps"])
+    # the output pointer and its row stride (nheads * d) divisible by 16 as at run time, so the
+    # epilogue's vector stores show in the SASS
+    return cfg, compile_sm90(fn, sig, constexprs, cfg["num_warps"], aligned=("Out", "stride_om"))
 
 
 def fmt(c):
@@ -81,10 +84,15 @@ def cfg_tail(varlen, kv_tail):
     return varlen if kv_tail is None else kv_tail
 
 
+def cfg_row_stores(row_stores, d):
+    """Whether the kernel compiles ``ROW_STORES`` (``--row-stores``: the head dims that take it)."""
+    return row_stores and d in hopper.ROW_STORE_HEADDIMS
+
+
 def check(job):
     """Compile one (variant, head dim, dtype, causal), assert its structure, return its report line."""
-    variant, d, dt, causal, run_ptxas, varlen, lpt, kv_tail, exp2_fma = job
-    cfg, k = compile_one(variant, d, dt, causal, varlen, lpt, kv_tail, exp2_fma)
+    variant, d, dt, causal, run_ptxas, varlen, lpt, kv_tail, exp2_fma, row_stores = job
+    cfg, k = compile_one(variant, d, dt, causal, varlen, lpt, kv_tail, exp2_fma, row_stores)
     ptx = k.asm["ptx"]
     c = ptx_counts(ptx)
     where = (variant, d, dt, causal, varlen)
@@ -115,7 +123,8 @@ def check(job):
         ops = sass_opcodes(sass)
         regs = (f"regs={nregs} top_reg={sass_top_register(None, sass)} spill={spills}B bars_used={nbars} "
                 f"{'SERIALIZED(C7514)' if serialized else 'wgmma-pipelined'} "
-                f"MUFU.EX2={ops['MUFU.EX2']} FFMA={ops['FFMA']} ")
+                f"MUFU.EX2={ops['MUFU.EX2']} FFMA={ops['FFMA']} "
+                f"out_stores[{','.join(f'{op}x{n}' for op, n in sorted(ops.items()) if op.startswith('STG'))}] ")
         if variant != "base":
             # persistent: a few per-tile values spill around the tile loop (80 B at d = 128 / 256
             # non-causal, ptxas 12.8: reloaded in the epilogue and the loop's bookkeeping, none in
@@ -129,6 +138,8 @@ def check(job):
             assert exp2_fma or spills <= allowed, (where, "ptxas spilled", spills)
     if exp2_fma:
         regs += f"exp2_fma={exp2_fma:g}% "
+    if cfg_row_stores(row_stores, d):
+        regs += "row_stores "
     return (f"{variant:8s} d={d} {dt} causal={causal!s:5s} {'varlen ' if varlen else ''}"
             f"tiles={cfg['block_m']}x{cfg['block_n']}x{cfg['stages']} "
             f"warps={k.metadata.num_warps} shared={k.metadata.shared} {regs}{fmt(c)}")
@@ -146,6 +157,8 @@ def main():
     ap.add_argument("--lpt", action="store_true", help="causal one-tile grids in LPT order (LPT=True)")
     ap.add_argument("--kv-tail", action="store_true",
                     help="fixed-length kernels for key lengths not a multiple of the key tile (KV_TAIL=True)")
+    ap.add_argument("--row-stores", action="store_true",
+                    help="the output stored as whole rows (ROW_STORES, hopper.out_row_stores) where it applies")
     ap.add_argument("--exp2-fma", default="0",
                     help="comma-separated shares (%%) of the exponentials on the FMA units (EXP2_FMA): "
                          f"{', '.join(f'{x:g}' for x in hopper.EXP2_FMA_SHARES)}")
@@ -154,7 +167,8 @@ def main():
     masks = [bool(int(m)) for m in args.masks.split(",")]
     dims = None if args.headdims is None else {int(x) for x in args.headdims.split(",")}
     shares = [float(x) for x in args.exp2_fma.split(",")]
-    jobs = [(variant, d, dt, causal, not args.no_ptxas, args.varlen, args.lpt, args.kv_tail or None, share)
+    jobs = [(variant, d, dt, causal, not args.no_ptxas, args.varlen, args.lpt, args.kv_tail or None, share,
+             args.row_stores)
             for variant in args.variants.split(",")
             for d in hopper.TILE_TABLE[variant] if dims is None or d in dims for dt in dtypes for causal in masks
             for share in shares]

@@ -20,13 +20,17 @@ SERIALIZED = "C7514"        # ptxas: "wgmma.mma_async instructions are serialize
 DTYPES = {"bf16": gl.bfloat16, "fp16": gl.float16}
 
 
-def compile_sm90(fn, sig, constexprs, num_warps):
+def compile_sm90(fn, sig, constexprs, num_warps, aligned=()):
     """``sig``: the non-constexpr arguments' types; every constexpr parameter must be given (one
-    left out would compile as an i32 argument, not as its default)."""
+    left out would compile as an i32 argument, not as its default). ``aligned``: arguments compiled
+    as divisible by 16 (pointers: 16-byte aligned), as Triton specialises them at run time for
+    aligned tensors and integers that are multiples of 16 (vector loads and stores show in the SASS
+    only then)."""
     missing = [fn.arg_names[i] for i in fn.constexprs if fn.arg_names[i] not in constexprs]
     assert not missing, missing
     sig = dict(sig, **{k: "constexpr" for k in constexprs})
-    return triton.compile(GluonASTSource(fn, sig, constexprs), target=GPUTarget("cuda", 90, 32),
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    return triton.compile(GluonASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
                           options=dict(num_warps=num_warps))
 
 

@@ -234,6 +234,15 @@ lpt_order = dispatch.Preference(False, env="IOATTN_HOPPER_LPT")
 # hopper.lean_softmax(False)`` turns it off.
 lean_softmax = dispatch.Preference(True)
 
+# The output tile converted to whole-row 16-byte pieces before the epilogue's stores (the kernel's
+# ``ROW_STORES``), instead of 4 bytes a thread from the wgmma accumulator layout, which writes half of
+# each 32 B sector a store. The backward's dK / dV took the same change at +5 to +9 % at N=1024 (NOTES
+# §56); here it is an A/B switch, off (``with hopper.out_row_stores(True)``), until measured (NOTES §57).
+# Head dims where the conversion's scratch (64 rows x d x 2 B a consumer warpgroup) fits next to the
+# rings: d = 256 (197 KB of shared memory already) would need 64 KB more.
+out_row_stores = dispatch.Preference(False)
+ROW_STORE_HEADDIMS = (64, 128)
+
 # FlashAttention-4's exp2 emulation (the kernel's ``EXP2_FMA``): this percentage of each key tile's
 # columns take their exponentials from a cubic on the FMA units (``hopper_forward._exp2_poly``, max
 # relative error 1.02e-4) instead of MUFU.EX2, so that both units work at once. Off (0, the kernel as
@@ -421,6 +430,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
                             LPT=bool(causal) and lpt_order.wanted(), num_tiles=num_tiles,
                             KV_TAIL=varlen or seqlen_k % block_n != 0,
                             EXP2_FMA=exp2_fma_cols(exp2_fma_share(), block_n),
+                            ROW_STORES=out_row_stores.wanted() and d in ROW_STORE_HEADDIMS,
                             num_warps=cfg["num_warps"], **cfg["constexprs"])
     return out, lse
 

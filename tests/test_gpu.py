@@ -245,6 +245,26 @@ def test_hopper_forward(variant, d, causal, dtype, shape, poison_alloc):
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant", ["base", "pingpong", "split", "wg3", "persistent"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (3, 129, 64, 2, 2), (2, 300, 340, 3, 1), (1, 64, 1000, 2, 2)])
+def test_hopper_forward_row_stores(variant, d, causal, shape, poison_alloc):
+    """``hopper.out_row_stores``: the output converted to whole-row 16-byte stores (the kernel's
+    ``ROW_STORES``), every variant, against the float64 oracle as ``test_hopper_forward``; the shapes
+    with rows past seqlen_q (masked stores) and warpgroups with no visible key."""
+    from ioattn import hopper
+    if d not in hopper.TILE_TABLE[variant]:
+        pytest.skip(f"the {variant} variant has no head dim {d}")
+    b, sq, sk, h, hkv = shape
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16)
+    with hopper.variant(variant), hopper.out_row_stores(True), hopper.prefer_hopper(True):
+        assert "hopper_fwd_kernel" in ioattn.explain_dispatch(q, k, k, causal=causal).forward["kernel"]
+        _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=causal)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("variant", ["pingpong", "wg3"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])

@@ -264,26 +264,43 @@ def _pv_mma(o, p16, v_smem, i, STAGES: gl.constexpr):
 
 @gluon.jit
 def _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
-              o_layout: gl.constexpr, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
+              o_layout: gl.constexpr, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, ROW_STORES: gl.constexpr = False):
     """Normalise once and store ``ROWS`` rows of output and lse from row ``m_start``; rows that saw
-    no key give 0 and lse -inf; rows past ``seqlen_q`` are not stored."""
+    no key give 0 and lse -inf; rows past ``seqlen_q`` are not stored. ``ROW_STORES``: the output
+    converted first (through shared memory) to 16 bytes a thread in whole rows."""
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
     l_safe = gl.where(l_o == 0.0, 1.0, l_o)
     o = o / l_safe[:, None]
     lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(gl.where(l_i == 0.0, 1.0, l_i))) * LN2)
     lse_rows = m_start + rows_1d
     gl.store(Lse + lse_base + lse_rows, lse, mask=lse_rows < seqlen_q)
-    o_rows = m_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
-    o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    o16 = o.to(Out.dtype.element_ty)
+    if ROW_STORES:
+        row_threads: gl.constexpr = HEAD_DIM // 8
+        st_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // row_threads, row_threads], [gl.num_warps(), 1],
+                                                   [1, 0])
+        _store_tile(Out, gl.convert_layout(o16, st_layout), m_start, q_row0, q_col, seqlen_q, stride_om, st_layout,
+                    ROWS, HEAD_DIM)
+    else:
+        _store_tile(Out, o16, m_start, q_row0, q_col, seqlen_q, stride_om, o_layout, ROWS, HEAD_DIM)
+
+
+@gluon.jit
+def _store_tile(Out, o16, m_start, q_row0, q_col, seqlen_q, stride_om, layout: gl.constexpr, ROWS: gl.constexpr,
+                HEAD_DIM: gl.constexpr):
+    """``ROWS`` rows of output (``o16``, in ``layout``) from row ``m_start``, rows past seqlen_q masked."""
+    o_rows = m_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
     ptrs = Out + (q_row0 - m_start + o_rows).to(gl.int64)[:, None] * stride_om + q_col + o_cols[None, :]
-    gl.store(ptrs, o.to(Out.dtype.element_ty), mask=(o_rows < seqlen_q)[:, None])
+    gl.store(ptrs, o16, mask=(o_rows < seqlen_q)[:, None])
 
 
 @gluon.jit
 def _consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, Out, Lse,
               q_row0, q_col, m_start, seqlen_q, seqlen_k, n_lo, n_tiles, stride_om, stride_lse_h, lse_base,
               qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr, EXP2_FMA: gl.constexpr):
+              STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr, EXP2_FMA: gl.constexpr,
+              ROW_STORES: gl.constexpr):
     num_warps: gl.constexpr = gl.num_warps()
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -338,7 +355,7 @@ def _consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, 
     o = warpgroup_mma_wait(0, deps=[acc])
 
     _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om, o_layout,
-              BLOCK_M, HEAD_DIM)
+              BLOCK_M, HEAD_DIM, ROW_STORES)
 
 
 @gluon.jit
@@ -391,7 +408,8 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                        Out, Lse, q_row0, q_col, m_start, seqlen_q, seqlen_k, n_lo, n_tiles, stride_om, lse_base,
                        qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                        STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr, TURN0: gl.constexpr,
-                       ORDERED: gl.constexpr, LEAN: gl.constexpr, EXP2_FMA: gl.constexpr):
+                       ORDERED: gl.constexpr, LEAN: gl.constexpr, EXP2_FMA: gl.constexpr,
+                       ROW_STORES: gl.constexpr):
     """One consumer warpgroup of the ping-pong (``NUM_WG`` = 2) or three-warpgroup ring (3) variant:
     ``BLOCK_M`` (= 64) query rows of its own, the K/V ring shared with the other consumer warpgroups.
 
@@ -432,7 +450,7 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                                STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, False, EXP2_FMA)
     rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _wg_acc_layout(BLOCK_N)))
     _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
-              _wg_acc_layout(HEAD_DIM), BLOCK_M, HEAD_DIM)
+              _wg_acc_layout(HEAD_DIM), BLOCK_M, HEAD_DIM, ROW_STORES)
 
 
 @gluon.constexpr_function
@@ -621,7 +639,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                          stride_lse_h, qk_scale, row_off, HEAD_DIM: gl.constexpr, CTA_M: gl.constexpr,
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          MASK_ALL: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr,
-                         EXP2_FMA: gl.constexpr, LEAN: gl.constexpr):
+                         EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr):
     """A ping-pong consumer warpgroup of the persistent kernel: rows [row_off, row_off + BLOCK_M) of
     each of this program's CTA_M-row tiles (``_walk``; the producer walks the same list). Per tile:
     ``_pp_mainloop`` with the ring's use count (``g0``) and this warpgroup's
@@ -670,7 +688,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                 m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b,
                                                               stride_lse_h, row_off, HEAD_DIM, CTA_M, IS_CAUSAL)
                 _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
-                          o_layout, BLOCK_M, HEAD_DIM)
+                          o_layout, BLOCK_M, HEAD_DIM, ROW_STORES)
             else:
                 m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b,
                                                               stride_lse_h, row_off, HEAD_DIM, CTA_M, IS_CAUSAL)
@@ -718,7 +736,7 @@ def _pp_shared(q_desc, k_desc, v_desc, NUM_WG: gl.constexpr, WG_ROWS: gl.constex
 def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om, stride_lse_b,
                     stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, ORDERED: gl.constexpr,
-                    KV_TAIL: gl.constexpr, EXP2_FMA: gl.constexpr, LEAN: gl.constexpr):
+                    KV_TAIL: gl.constexpr, EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr):
     """The persistent ping-pong kernel's body (``hopper_fwd_kernel(PERSISTENT=True)``): the same
     shared memory and partitions as the one-tile kernel (two consumer warpgroups of 64 rows, the
     producer warp, 240 / 24 registers), each partition walking this program's tiles."""
@@ -731,7 +749,7 @@ def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads
                                  v_empty, turn.index(w), turn.index((w + 1) % 2), Out, Lse, num_tiles, num_m, nheads,
                                  seqlen_q, seqlen_k, stride_om, stride_lse_b, stride_lse_h, qk_scale, w * WG_ROWS,
                                  HEAD_DIM, BLOCK_M, WG_ROWS, BLOCK_N, STAGES, IS_CAUSAL, IS_CAUSAL,
-                                 1 if w == 0 else 0, ORDERED, EXP2_FMA, LEAN))
+                                 1 if w == 0 else 0, ORDERED, EXP2_FMA, LEAN, ROW_STORES))
          if w < 2 else
          (_persistent_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                  num_tiles, num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N,
@@ -747,7 +765,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
                       IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr = False, NUM_WG: gl.constexpr = 2,
                       ORDERED: gl.constexpr = True, LEAN: gl.constexpr = False, IS_VARLEN: gl.constexpr = False,
                       PERSISTENT: gl.constexpr = False, LPT: gl.constexpr = False, KV_TAIL: gl.constexpr = False,
-                      EXP2_FMA: gl.constexpr = 0, num_tiles=0):
+                      EXP2_FMA: gl.constexpr = 0, ROW_STORES: gl.constexpr = False, num_tiles=0):
     """``PINGPONG=False`` (the default, launched with num_warps = 4 * BLOCK_M // 64): one consumer
     partition of BLOCK_M // 64 warpgroups in lockstep, Q descriptor block [BLOCK_M, HEAD_DIM]
     (``NUM_WG`` unused). ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 64 * NUM_WG):
@@ -779,14 +797,17 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
     consumers read them (``_producer``, ``_zero_v_tail``).
 
     ``EXP2_FMA`` (0: off): the last EXP2_FMA of each key tile's BLOCK_N columns (BLOCK_N / 2**k) take
-    their exponentials from the FMA units instead of MUFU.EX2 (``_softmax_tile``, ``_exp2_tile``)."""
+    their exponentials from the FMA units instead of MUFU.EX2 (``_softmax_tile``, ``_exp2_tile``).
+
+    ``ROW_STORES``: the output tile converted to whole-row 16-byte pieces before its stores
+    (``_epilogue``; ``hopper.out_row_stores``)."""
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     if PERSISTENT:
         gl.static_assert(PINGPONG and NUM_WG == 2 and not IS_VARLEN,
                          "persistent: the two-warpgroup ping-pong kernel, fixed-length batches")
         _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om, stride_lse_b,
                         stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
-                        ORDERED, KV_TAIL, EXP2_FMA, LEAN)
+                        ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES)
         return
     b, h, m_block = _tile_bhm(gl.program_id(0), num_m, gl.num_programs(0), nheads, IS_CAUSAL, LPT)
     m_start = m_block * BLOCK_M
@@ -858,7 +879,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
                                    v_empty, turn.index(w), turn.index((w + 1) % NUM_WG), Out, Lse,
                                    q_row0 + w * WG_ROWS, q_col, m_start + w * WG_ROWS, seqlen_q, seqlen_k, n_lo,
                                    n_tiles, stride_om, lse_base, qk_scale, HEAD_DIM, WG_ROWS, BLOCK_N, STAGES,
-                                   IS_CAUSAL, MASK_ALL, 1 if w == 0 else 0, ORDERED, LEAN, EXP2_FMA))
+                                   IS_CAUSAL, MASK_ALL, 1 if w == 0 else 0, ORDERED, LEAN, EXP2_FMA, ROW_STORES))
              if w < NUM_WG else
              (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
                           n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL))
@@ -879,7 +900,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
         gl.warp_specialize([
             (_consumer, (q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, Out, Lse, q_row0,
                          q_col, m_start, seqlen_q, seqlen_k, n_lo, n_tiles, stride_om, stride_lse_h, lse_base,
-                         qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, EXP2_FMA)),
+                         qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, EXP2_FMA, ROW_STORES)),
             (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
                          n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL)),
         ], [1], [24])
