@@ -581,7 +581,7 @@ def test_deterministic_through_the_api_with_the_ordered_gluon_mode(causal, monke
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant", ["base", "ws"])
+@pytest.mark.parametrize("variant", ["base", "ws", "ws-rows256"])
 @pytest.mark.parametrize("forward", ["gluon", "portable"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
@@ -591,13 +591,20 @@ def test_deterministic_through_the_api_with_the_ordered_gluon_mode(causal, monke
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1), (3, 129, 64, 2, 2),
                                    (2, 300, 340, 3, 1), (1, 64, 1000, 2, 2), (1, 1000, 300, 4, 4),
                                    (2, 4096, 4096, 8, 2)])
-def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc):
+def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc, monkeypatch):
     """The experimental Gluon backward (not dispatched yet), each variant (base; ws: warp-specialised,
     dQ by TMA reduce-add; at d=256 its column-split form: 64-key programs, the warpgroups splitting
     the head dim, dQ in two halves; at d=64 / 128 dK and dV written as whole rows, at d=64 128 query
-    rows a step), against the float64 oracle, fed by the Gluon forward's or the portable forward's
-    (out, lse): dq, dk, dv within 2x PyTorch's own error."""
+    rows a step; ws-rows256: d=256 with ``WS_D256_ROW_STORES``, dK / dV staged through the Q ring and
+    written as whole rows), against the float64 oracle, fed by the Gluon forward's or the portable
+    forward's (out, lse): dq, dk, dv within 2x PyTorch's own error."""
     from ioattn import backends, hopper
+    from ioattn.kernels import hopper_backward as hb
+    if variant == "ws-rows256":
+        if d != 256:
+            pytest.skip("the column-split form's staged stores: d=256 only")
+        monkeypatch.setattr(hb, "WS_D256_ROW_STORES", True)
+        variant = "ws"
     from ioattn.kernels.hopper_backward import BWD_VARIANT_HEADDIMS, hopper_backward
     if d not in BWD_VARIANT_HEADDIMS[variant]:
         pytest.skip(f"the {variant} backward has no head dim {d}")

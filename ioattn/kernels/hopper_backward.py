@@ -259,8 +259,11 @@ WS_BLOCK_M = {64: 128, 128: 64, 256: 64}
 # "ws" (key-split form): dK / dV converted to whole-row 16-byte stores before the epilogue's writes
 # (``_store_dkdv``'s ``COALESCED``; the accumulator layout writes half of each 32 B sector a store).
 # Measured +5 to +9 % at N=1024, +1 to +3 % at 4096, level at 16384 (NOTES §56). The column-split form
-# (d = 256) has no shared memory left for the conversion's 64 KB.
+# (d = 256) has no shared memory left for the conversion's 64 KB: it stages them through its free Q
+# ring instead (``_store_dkdv_staged``) with ``WS_D256_ROW_STORES``, an A/B switch, off: compiled, not
+# yet run (NOTES §58).
 WS_COALESCED_STORE = True
+WS_D256_ROW_STORES = False
 # "ws": registers of the producer and dQ-writer warps (setmaxnreg dec): FA3's producer budget, 24.
 # The consumer partition gets (65536 - 24 * 128) / 256 = 244 -> 240 (Triton rounds to a multiple of 8),
 # FA3's 240 for two MMA warpgroups.
@@ -774,7 +777,7 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
                         q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start,
                         m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
-                        IS_CAUSAL: gl.constexpr):
+                        IS_CAUSAL: gl.constexpr, STAGED_STORE: gl.constexpr = False):
     """The two consumer warpgroups of the column-split kernel (``COL_SPLIT``, head dim 256; module
     docstring, "Column split"): one 64-key block, every product split by its columns between the
     warpgroups (``_dq_layout``), so warpgroup c holds dK and dV columns [c d/2, (c + 1) d/2), and
@@ -872,7 +875,34 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
         if m_blk == m_lo + n_m:  # the next query head of the group
             m_blk = m_lo
 
-    _store_dkdv(dK, dV, dk, dv, b, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, kv_layout, HEAD_DIM, BLOCK_N)
+    if STAGED_STORE:
+        _store_dkdv_staged(dK, dV, dk, dv, q_smem, b, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, HEAD_DIM,
+                           BLOCK_N)
+    else:
+        _store_dkdv(dK, dV, dk, dv, b, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, kv_layout, HEAD_DIM,
+                    BLOCK_N)
+
+
+@gluon.jit
+def _store_dkdv_staged(dK, dV, dk, dv, q_smem, b, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale,
+                       HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr):
+    """``_store_dkdv`` in whole rows of 16-byte pieces, staged through the Q ring (free once the last
+    step's dK product, its last reader, has retired in both warpgroups: the column-split kernel has no
+    shared memory left for a conversion's scratch). dK into slot 0, dV into slot 1 (each a BLOCK_N x
+    HEAD_DIM tile in the Q layout), read back row-wise and stored with the keys past seqlen_k masked."""
+    gl.static_assert(q_smem.shape[0] >= 2, "two Q slots: dK and dV")
+    gl.static_assert(q_smem.shape[1] == BLOCK_N, "a Q slot holds one key block's tile")
+    num_warps: gl.constexpr = gl.num_warps()
+    row_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (HEAD_DIM // 8), HEAD_DIM // 8], [num_warps, 1],
+                                                [1, 0])
+    gl.thread_barrier()  # every warp's last dK product (which reads Q) retired before the slots are overwritten
+    q_smem.index(0).store((dk * softmax_scale).to(dK.dtype.element_ty))
+    q_smem.index(1).store(dv.to(dV.dtype.element_ty))
+    gl.thread_barrier()
+    _store_rows(dK, q_smem.index(0).load(row_layout), b, h_kv, nheads_kv, n_start, seqlen_k, row_layout, HEAD_DIM,
+                BLOCK_N)
+    _store_rows(dV, q_smem.index(1).load(row_layout), b, h_kv, nheads_kv, n_start, seqlen_k, row_layout, HEAD_DIM,
+                BLOCK_N)
 
 
 @gluon.jit
@@ -887,7 +917,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
         _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                             q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv,
                             n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M,
-                            BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL)
+                            BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COALESCED_STORE)
     else:
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                      do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
@@ -1017,7 +1047,7 @@ def kernel_config(d: int, variant: str = "base") -> dict:
                     stages=stages, worker_regs=WS_WORKER_REGS.value, dq_cols=d // 2 if split else d,
                     constexprs=dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                                     DO_STAGES=do_stages, COL_SPLIT=split,
-                                    COALESCED_STORE=WS_COALESCED_STORE and not split))
+                                    COALESCED_STORE=WS_D256_ROW_STORES if split else WS_COALESCED_STORE))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
