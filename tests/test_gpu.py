@@ -546,7 +546,7 @@ def test_hopper_backward_deterministic(d, causal, shape, block_m, poison_alloc, 
     from ioattn.kernels.hopper_backward import hopper_backward
     if block_m != hb.WS_BLOCK_M[d]:
         if d != 64:
-            pytest.skip("one row count a step but at d=64")
+            pytest.skip("a second row count a step at d=64 only")
         monkeypatch.setitem(hb.WS_BLOCK_M, d, block_m)
     b, sq, sk, h, hkv = shape
     q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
