@@ -248,7 +248,8 @@ def test_hopper_forward(variant, d, causal, dtype, shape, poison_alloc):
 @pytest.mark.parametrize("variant", ["base", "pingpong", "split", "wg3", "persistent"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (3, 129, 64, 2, 2), (2, 300, 340, 3, 1), (1, 64, 1000, 2, 2)])
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (3, 129, 64, 2, 2), (2, 300, 340, 3, 1),
+                                   (1, 64, 1000, 2, 2)])
 def test_hopper_forward_row_stores(variant, d, causal, shape, poison_alloc):
     """``hopper.out_row_stores``: the output converted to whole-row 16-byte stores (the kernel's
     ``ROW_STORES``), every variant, against the float64 oracle as ``test_hopper_forward``; the shapes
@@ -600,12 +601,12 @@ def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc
     forward's (out, lse): dq, dk, dv within 2x PyTorch's own error."""
     from ioattn import backends, hopper
     from ioattn.kernels import hopper_backward as hb
+    from ioattn.kernels.hopper_backward import BWD_VARIANT_HEADDIMS, hopper_backward
     if variant == "ws-rows256":
         if d != 256:
             pytest.skip("the column-split form's staged stores: d=256 only")
         monkeypatch.setattr(hb, "WS_D256_ROW_STORES", True)
         variant = "ws"
-    from ioattn.kernels.hopper_backward import BWD_VARIANT_HEADDIMS, hopper_backward
     if d not in BWD_VARIANT_HEADDIMS[variant]:
         pytest.skip(f"the {variant} backward has no head dim {d}")
     b, sq, sk, h, hkv = shape
