@@ -44,7 +44,7 @@ from gluon_aot import (DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxa
                        sass_opcodes, sass_text, sass_top_register)
 
 
-def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, exp2_fma=0, row_stores=False):
+def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, exp2_fma=0, row_stores=True):
     cfg = hopper.kernel_config(d, variant)
     bn, q_rows = cfg["block_n"], cfg["q_rows"]
     q_layout = gl.NVMMASharedLayout.get_default_for([q_rows, d], DTYPES[dt])
@@ -57,7 +57,7 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
     # multiples of the key tile)
     constexprs = dict(cfg["constexprs"], IS_CAUSAL=causal, IS_VARLEN=varlen, LPT=lpt,
                       KV_TAIL=varlen if kv_tail is None else kv_tail, EXP2_FMA=hopper.exp2_fma_cols(exp2_fma, bn),
-                      ROW_STORES=row_stores and d in hopper.ROW_STORE_HEADDIMS)
+                      ROW_STORES=cfg_row_stores(row_stores, variant, d))
     if varlen:
         sig.update(Cu_q="*i32", Cu_k="*i32")
     else:  # the launcher passes None for fixed-length calls: constexpr None
@@ -84,9 +84,10 @@ def cfg_tail(varlen, kv_tail):
     return varlen if kv_tail is None else kv_tail
 
 
-def cfg_row_stores(row_stores, d):
-    """Whether the kernel compiles ``ROW_STORES`` (``--row-stores``: the head dims that take it)."""
-    return row_stores and d in hopper.ROW_STORE_HEADDIMS
+def cfg_row_stores(row_stores, variant, d):
+    """Whether the kernel compiles ``ROW_STORES``: as the launcher does (``hopper.ROW_STORE_HEADDIMS``),
+    unless ``--no-row-stores``."""
+    return row_stores and d in hopper.ROW_STORE_HEADDIMS.get(variant, ())
 
 
 def check(job):
@@ -138,7 +139,7 @@ def check(job):
             assert exp2_fma or spills <= allowed, (where, "ptxas spilled", spills)
     if exp2_fma:
         regs += f"exp2_fma={exp2_fma:g}% "
-    if cfg_row_stores(row_stores, d):
+    if cfg_row_stores(row_stores, variant, d):
         regs += "row_stores "
     return (f"{variant:8s} d={d} {dt} causal={causal!s:5s} {'varlen ' if varlen else ''}"
             f"tiles={cfg['block_m']}x{cfg['block_n']}x{cfg['stages']} "
@@ -157,8 +158,9 @@ def main():
     ap.add_argument("--lpt", action="store_true", help="causal one-tile grids in LPT order (LPT=True)")
     ap.add_argument("--kv-tail", action="store_true",
                     help="fixed-length kernels for key lengths not a multiple of the key tile (KV_TAIL=True)")
-    ap.add_argument("--row-stores", action="store_true",
-                    help="the output stored as whole rows (ROW_STORES, hopper.out_row_stores) where it applies")
+    ap.add_argument("--no-row-stores", action="store_true",
+                    help="the output stored from the accumulator layout (ROW_STORES off, hopper.out_row_stores) "
+                         "where the launcher stores whole rows")
     ap.add_argument("--exp2-fma", default="0",
                     help="comma-separated shares (%%) of the exponentials on the FMA units (EXP2_FMA): "
                          f"{', '.join(f'{x:g}' for x in hopper.EXP2_FMA_SHARES)}")
@@ -168,7 +170,7 @@ def main():
     dims = None if args.headdims is None else {int(x) for x in args.headdims.split(",")}
     shares = [float(x) for x in args.exp2_fma.split(",")]
     jobs = [(variant, d, dt, causal, not args.no_ptxas, args.varlen, args.lpt, args.kv_tail or None, share,
-             args.row_stores)
+             not args.no_row_stores)
             for variant in args.variants.split(",")
             for d in hopper.TILE_TABLE[variant] if dims is None or d in dims for dt in dtypes for causal in masks
             for share in shares]

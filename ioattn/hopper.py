@@ -73,9 +73,12 @@ PERSISTENT_MAX_SEQLEN = {64: 1024, 128: 4096, 256: 4096}
 #   (results/session-2026-12-01-d/train, ioattn-hopper vs ioattn with the Gluon kernels off by
 #   environment): non-causal N=1024 340 vs 347 (behind), N=2048 425 vs 400, 4096 459 vs 417, 16384
 #   510 vs 419; causal N=4096 358 vs 366 (behind), N=8192 443 vs 396, 16384 482 vs 436.
+# - d=128 causal from N=1024 since the output's whole-row stores (out_row_stores; ab_fwd,
+#   results/session-2026-12-02-g, gluon-pp-lean-rows vs tma): N=1024 358 vs 328, N=512 232 vs 230 (level
+#   in one run of two rounds: the portable kernel kept there).
 # - d=64 non-causal from N=512 with the persistent variant up to 1024 (PERSISTENT_MAX_SEQLEN's note).
 # Below N=512 nothing was measured: the portable kernel.
-AUTO_MIN_SEQLEN = {(64, False): 512, (64, True): 8192, (128, False): 512, (128, True): 2048,
+AUTO_MIN_SEQLEN = {(64, False): 512, (64, True): 8192, (128, False): 512, (128, True): 1024,
                    (256, False): 512, (256, True): 512}
 
 # (block_m, block_n, stages) per variant and head dim, from FA3's published shapes (below); the
@@ -236,12 +239,26 @@ lean_softmax = dispatch.Preference(True)
 
 # The output tile converted to whole-row 16-byte pieces before the epilogue's stores (the kernel's
 # ``ROW_STORES``), instead of 4 bytes a thread from the wgmma accumulator layout, which writes half of
-# each 32 B sector a store. The backward's dK / dV took the same change at +5 to +9 % at N=1024 (NOTES
-# §56); here it is an A/B switch, off (``with hopper.out_row_stores(True)``), until measured (NOTES §57).
-# Head dims where the conversion's scratch (64 rows x d x 2 B a consumer warpgroup) fits next to the
-# rings: d = 256 (197 KB of shared memory already) would need 64 KB more.
-out_row_stores = dispatch.Preference(False)
-ROW_STORE_HEADDIMS = (64, 128)
+# each 32 B sector a store (the backward's dK / dV took the same change, NOTES §56). On: ab_fwd on the
+# H200, bf16, 16k tokens, 2 interleaved rounds (results/session-2026-12-02-g, NOTES §57), without /
+# with, TFLOP/s: d=128 ping-pong N=512 373 / 410, 1024 495 / 530, 2048 587 / 611, 16384 679 / 690;
+# causal 217 / 232, 335 / 358, 451 / 480, 664 / 684; persistent 434 / 483, 540 / 580, 611 / 638,
+# 657 / 684; d=64 wg3 252 / 273, 337 / 350, 433 / 447, 517 / 528, causal level (107 / 108 at 512,
+# 497 / 501 at 16384). d=64 persistent: level non-causal (322 / 322, 379 / 383), slower causal
+# (256 / 241 at 1024, 335 / 323 at 2048): left out there. ``with hopper.out_row_stores(False)``
+# turns it off everywhere.
+out_row_stores = dispatch.Preference(True)
+# variant -> the head dims that take it: those where the conversion's scratch (64 rows x d x 2 B a
+# consumer warpgroup) fits next to the rings (d = 256, at 197 KB of shared memory already, would need
+# 64 KB more) and it was not measured slower. base, split and ping-pong at d=64 were not measured:
+# they follow their measured relatives.
+ROW_STORE_HEADDIMS = {"base": (64, 128), "pingpong": (64, 128), "split": (64, 128), "wg3": (64,),
+                      "persistent": (128,)}
+
+
+def row_stores(d: int, name: str) -> bool:
+    """Whether the forward for head dim ``d`` under variant ``name`` stores its output as whole rows."""
+    return out_row_stores.wanted() and d in ROW_STORE_HEADDIMS.get(name, ())
 
 # FlashAttention-4's exp2 emulation (the kernel's ``EXP2_FMA``): this percentage of each key tile's
 # columns take their exponentials from a cubic on the FMA units (``hopper_forward._exp2_poly``, max
@@ -430,7 +447,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
                             LPT=bool(causal) and lpt_order.wanted(), num_tiles=num_tiles,
                             KV_TAIL=varlen or seqlen_k % block_n != 0,
                             EXP2_FMA=exp2_fma_cols(exp2_fma_share(), block_n),
-                            ROW_STORES=out_row_stores.wanted() and d in ROW_STORE_HEADDIMS,
+                            ROW_STORES=row_stores(d, cfg["variant"]),
                             num_warps=cfg["num_warps"], **cfg["constexprs"])
     return out, lse
 

@@ -250,17 +250,20 @@ def test_hopper_forward(variant, d, causal, dtype, shape, poison_alloc):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (3, 129, 64, 2, 2), (2, 300, 340, 3, 1),
                                    (1, 64, 1000, 2, 2)])
-def test_hopper_forward_row_stores(variant, d, causal, shape, poison_alloc):
-    """``hopper.out_row_stores``: the output converted to whole-row 16-byte stores (the kernel's
-    ``ROW_STORES``), every variant, against the float64 oracle as ``test_hopper_forward``; the shapes
-    with rows past seqlen_q (masked stores) and warpgroups with no visible key."""
+def test_hopper_forward_accumulator_stores(variant, d, causal, shape, poison_alloc):
+    """``hopper.out_row_stores(False)``: the output stored from the wgmma accumulator layout instead of
+    as whole rows (the default at d = 64 / 128, ``hopper.ROW_STORE_HEADDIMS``, which
+    ``test_hopper_forward`` covers), every variant, against the float64 oracle as
+    ``test_hopper_forward``; the shapes with rows past seqlen_q (masked stores) and warpgroups with no
+    visible key."""
     from ioattn import hopper
     if d not in hopper.TILE_TABLE[variant]:
         pytest.skip(f"the {variant} variant has no head dim {d}")
     b, sq, sk, h, hkv = shape
     q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16)
-    with hopper.variant(variant), hopper.out_row_stores(True), hopper.prefer_hopper(True):
+    with hopper.variant(variant), hopper.out_row_stores(False), hopper.prefer_hopper(True):
+        assert not hopper.row_stores(d, variant)
         assert "hopper_fwd_kernel" in ioattn.explain_dispatch(q, k, k, causal=causal).forward["kernel"]
         _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=causal)
 
@@ -356,7 +359,7 @@ def test_hopper_forward_negative_scale(variant, causal, poison_alloc):
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 # (head dim, seqlen, causal, the variant expected or None for the portable kernel)
 @pytest.mark.parametrize("d, n, causal, variant", [(128, 4096, False, "persistent"), (128, 8192, False, "pingpong"),
-                                                   (128, 2048, True, "pingpong"), (128, 1024, True, None),
+                                                   (128, 1024, True, "pingpong"), (128, 512, True, None),
                                                    (256, 512, False, "persistent"), (256, 512, True, "pingpong"),
                                                    (64, 1024, False, "persistent"), (64, 4096, False, "wg3"),
                                                    (64, 4096, True, None)])
@@ -582,7 +585,7 @@ def test_deterministic_through_the_api_with_the_ordered_gluon_mode(causal, monke
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant", ["base", "ws", "ws-rows256"])
+@pytest.mark.parametrize("variant", ["base", "ws"])
 @pytest.mark.parametrize("forward", ["gluon", "portable"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
@@ -592,21 +595,14 @@ def test_deterministic_through_the_api_with_the_ordered_gluon_mode(causal, monke
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1), (3, 129, 64, 2, 2),
                                    (2, 300, 340, 3, 1), (1, 64, 1000, 2, 2), (1, 1000, 300, 4, 4),
                                    (2, 4096, 4096, 8, 2)])
-def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc, monkeypatch):
+def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc):
     """The experimental Gluon backward (not dispatched yet), each variant (base; ws: warp-specialised,
     dQ by TMA reduce-add; at d=256 its column-split form: 64-key programs, the warpgroups splitting
-    the head dim, dQ in two halves; at d=64 / 128 dK and dV written as whole rows, at d=64 128 query
-    rows a step; ws-rows256: d=256 with ``WS_D256_ROW_STORES``, dK / dV staged through the Q ring and
-    written as whole rows), against the float64 oracle, fed by the Gluon forward's or the portable
-    forward's (out, lse): dq, dk, dv within 2x PyTorch's own error."""
+    the head dim, dQ in two halves, dK / dV staged through the Q ring; at d=64 128 query rows a step;
+    dK and dV written as whole rows), against the float64 oracle, fed by the Gluon forward's or the
+    portable forward's (out, lse): dq, dk, dv within 2x PyTorch's own error."""
     from ioattn import backends, hopper
-    from ioattn.kernels import hopper_backward as hb
     from ioattn.kernels.hopper_backward import BWD_VARIANT_HEADDIMS, hopper_backward
-    if variant == "ws-rows256":
-        if d != 256:
-            pytest.skip("the column-split form's staged stores: d=256 only")
-        monkeypatch.setattr(hb, "WS_D256_ROW_STORES", True)
-        variant = "ws"
     if d not in BWD_VARIANT_HEADDIMS[variant]:
         pytest.skip(f"the {variant} backward has no head dim {d}")
     b, sq, sk, h, hkv = shape

@@ -194,9 +194,12 @@ a block may have. Two dO stages would need 241 KiB; two dO stages with dQ in 16 
 handovers a step) would fit (225 KiB) and are the next A/B if the dO load shows up in the profile.
 P^T has its own buffer: sharing one allocation with dS^T (two slots) made Triton's barrier analysis
 add one more barrier a step (it cannot tell the slots apart).
+dK / dV leave through the Q ring, free once the last step's dK product has read it
+(``_store_dkdv_staged``): each warpgroup writes its columns of dK (scaled) and dV into the two slots,
+one barrier, then reads back and stores whole rows, 16 bytes a thread (NOTES §58).
 Registers (ptxas 12.8, compile check, causal or not, bf16 or fp16, with or without the ordered
-mode): no spills, wgmma pipelined (no C7514), the consumers name 218 registers (of their 240; d = 128
-names 238): dK + dV 128, S^T and dP^T 16 each, the two dQ halves 32 each (in flight together with
+mode): no spills, wgmma pipelined (no C7514), the consumers name 215-217 registers (of their 240;
+218 before the staged stores; d = 128 names 238): dK + dV 128, S^T and dP^T 16 each, the two dQ halves 32 each (in flight together with
 dK). Per step 9 barriers: 6 of the kernel's own, 3 that Triton adds before each mbarrier wait that
 follows an arrive (as in the ws kernel); 48 wgmma. Not yet run on the device (NOTES section 40).
 
@@ -256,14 +259,14 @@ WS_DQ_SWIZZLE = {64: 32, 128: 32, 256: 128}
 # costs (barriers, hand-offs, waits), at d = 128's register count with D in dP^T's accumulator:
 # measured +7 to +20 % over 64 (NOTES §55). d = 128 at 128 rows would need 64 more registers a thread.
 WS_BLOCK_M = {64: 128, 128: 64, 256: 64}
-# "ws" (key-split form): dK / dV converted to whole-row 16-byte stores before the epilogue's writes
-# (``_store_dkdv``'s ``COALESCED``; the accumulator layout writes half of each 32 B sector a store).
-# Measured +5 to +9 % at N=1024, +1 to +3 % at 4096, level at 16384 (NOTES §56). The column-split form
-# (d = 256) has no shared memory left for the conversion's 64 KB: it stages them through its free Q
-# ring instead (``_store_dkdv_staged``) with ``WS_D256_ROW_STORES``, an A/B switch, off: compiled, not
-# yet run (NOTES §58).
+# "ws": dK / dV written as whole-row 16-byte stores (the accumulator layout writes half of each 32 B
+# sector a store). The key-split form (d = 64 / 128) converts them in registers through shared memory
+# (``_store_dkdv``'s ``COALESCED``): measured +5 to +9 % at N=1024, +1 to +3 % at 4096, level at 16384
+# (NOTES §56). The column-split form (d = 256) has no shared memory left for the conversion's 64 KB:
+# it stages them through its Q ring, free after the loop (``_store_dkdv_staged``): measured +4 to +7 %
+# at N=1024, +3 to +4 % at 4096, +1 to +2 % at 16384 (NOTES §58, results/session-2026-12-02-g).
+# False: the accumulator-layout stores (ab_bwd's "gluon-ws-accstore").
 WS_COALESCED_STORE = True
-WS_D256_ROW_STORES = False
 # "ws": registers of the producer and dQ-writer warps (setmaxnreg dec): FA3's producer budget, 24.
 # The consumer partition gets (65536 - 24 * 128) / 256 = 244 -> 240 (Triton rounds to a multiple of 8),
 # FA3's 240 for two MMA warpgroups.
@@ -1047,7 +1050,7 @@ def kernel_config(d: int, variant: str = "base") -> dict:
                     stages=stages, worker_regs=WS_WORKER_REGS.value, dq_cols=d // 2 if split else d,
                     constexprs=dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                                     DO_STAGES=do_stages, COL_SPLIT=split,
-                                    COALESCED_STORE=WS_D256_ROW_STORES if split else WS_COALESCED_STORE))
+                                    COALESCED_STORE=WS_COALESCED_STORE))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
