@@ -8,7 +8,7 @@ set -u
 out=${1:?outdir}
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 secs="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis --section InstructionStats --section LaunchStats"
-timeout 200 ncu --clock-control none --nvtx --nvtx-include "ioattn-d256/" --kernel-name regex:hopper_bwd $secs \
+timeout 170 ncu --clock-control none --nvtx --nvtx-include "ioattn-d256/" --kernel-name regex:hopper_bwd $secs \
     --section SourceCounters -f -o "$out/bwd256" python3 benchmarks/ncu_bwd.py --headdims 256 --seqlen 4096 \
     > "$out/ncu_bwd256.log" 2>&1
 echo "ncu ours rc=$?"
@@ -16,7 +16,7 @@ ncu -i "$out/bwd256.ncu-rep" --page details > "$out/ncu_bwd256_details.txt" 2>&1
 ncu -i "$out/bwd256.ncu-rep" --page source --csv --print-source sass > "$out/ncu_bwd256_source.csv" 2>&1
 echo "export rc=$? $(wc -c < "$out/ncu_bwd256_source.csv") bytes"; gzip -f "$out/ncu_bwd256_source.csv"
 rm -f "$out/bwd256.ncu-rep"
-timeout 200 ncu --clock-control none $secs --section Occupancy \
+timeout 90 ncu --clock-control none $secs --section Occupancy \
     python3 benchmarks/ncu_bwd.py --headdims 256 --seqlen 4096 --cudnn-only > "$out/ncu_cudnn256.txt" 2>&1
 echo "ncu cudnn rc=$?"
 grep -E "Duration|Tensor|L1/TEX Cache|L2 Cache Throughput|Warp Cycles Per Issued" "$out/ncu_bwd256_details.txt" | cut -c1-120
