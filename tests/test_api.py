@@ -749,11 +749,11 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     wide = hb.kernel_config(256, "ws")
     assert wide["kernel"] is hb.hopper_bwd_ws_kernel and (wide["block_n"], wide["dq_cols"]) == (64, 128)
     assert wide["constexprs"] == dict(HEAD_DIM=256, BLOCK_M=64, BLOCK_N=64, STAGES=2, DO_STAGES=1, COL_SPLIT=True,
-                                      COALESCED_STORE=True)
+                                      COALESCED_STORE=True, DQ_HI_VIA_Q=hb.WS_DQ_HI_VIA_Q)
     for d, block_m, stages in ((64, 128, 3), (128, 64, 2)):
         assert hb.kernel_config(d, "ws")["constexprs"] == dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=128,
                                                                STAGES=stages, DO_STAGES=stages, COL_SPLIT=False,
-                                                               COALESCED_STORE=True)
+                                                               COALESCED_STORE=True, DQ_HI_VIA_Q=False)
     x = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="deterministic=True needs variant \"ws\""):  # refused before any launch
         hb.hopper_backward(x, x, x, x, x, torch.zeros(1, 2, 8), 0.125, False, variant="base", deterministic=True)

@@ -267,6 +267,13 @@ WS_BLOCK_M = {64: 128, 128: 64, 256: 64}
 # at N=1024, +3 to +4 % at 4096, +1 to +2 % at 16384 (NOTES §58, results/session-2026-12-02-g).
 # False: the accumulator-layout stores (ab_bwd's "gluon-ws-accstore").
 WS_COALESCED_STORE = True
+# "ws" column-split form (d = 256): dQ's high half staged in the step's own Q slot instead of the one dQ
+# buffer (``DQ_HI_VIA_Q``). dK, the slot's last reader, has retired by then; the writer releases the
+# slot to the producer once its bulk copy has read it. With one buffer the consumers wait, after
+# the step's last product, for the writer to have read the low half: 13.6 % of all stall samples at
+# one instruction in the Nsight Compute profile (d = 256, N = 4096, results/session-2026-12-02-i; NOTES
+# §59), the tensor pipe idle meanwhile. An A/B switch, off until measured.
+WS_DQ_HI_VIA_Q = False
 # "ws": registers of the producer and dQ-writer warps (setmaxnreg dec): FA3's producer budget, 24.
 # The consumer partition gets (65536 - 24 * 128) / 256 = 244 -> 240 (Triton rounds to a multiple of 8),
 # FA3's 240 for two MMA warpgroups.
@@ -610,15 +617,18 @@ def _bulk_complete_and_release(sem):
 
 
 @gluon.jit
-def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, Sem, b, h0, m_lo, n_m, n_iter, seqlen_q, seqlen_k, nheads,
-                  n_m_total, n_block, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  IS_CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_COLS: gl.constexpr):
+def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, Sem, b, h0, m_lo, n_m, n_iter, seqlen_q,
+                  seqlen_k, nheads, n_m_total, n_block, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_COLS: gl.constexpr,
+                  STAGES: gl.constexpr, DQ_HI_VIA_Q: gl.constexpr = False):
     """The 1-warp dQ writer: per step, once the consumers have put the step's dQ block (fp32,
     unscaled) in ``dq_smem`` (``dq_full``), one TMA reduce-add of it into the dQ accumulator; when
     the bulk copy has read the tile, the buffer goes back to the consumers (``dq_empty``). A buffer
     of ``DQ_COLS`` < HEAD_DIM columns (the column-split kernel's: half of d = 256) takes the block in
     column pieces, one handover each, in column order (``dq_full`` / ``dq_empty`` complete once a
-    piece).
+    piece). ``DQ_HI_VIA_Q`` (column split): the second piece is read from step t's Q slot (t % STAGES
+    of ``q_smem``, as fp32 in the dQ buffer's layout) and the slot released to the producer
+    (``q_empty``) instead of ``dq_empty``, which then completes once a step.
 
     ``DETERMINISTIC``: the reduce-adds into each (batch, head, query block) go in a fixed key-block
     order, FlashAttention-3's semaphore scheme. ``Sem`` holds one zeroed int32 counter per (batch,
@@ -648,12 +658,19 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, Sem, b, h0, m_lo, n_m, n_
                     rank = last - n_block
                 while gl.atomic_add(sem, 0, sem="acquire", scope="gpu") != rank:
                     pass
-            _tma_reduce_add(dq_desc, [row, h * HEAD_DIM + j * DQ_COLS], dq_smem)
+            if DQ_HI_VIA_Q and j == 1:
+                _tma_reduce_add(dq_desc, [row, h * HEAD_DIM + j * DQ_COLS],
+                                q_smem.index(t % STAGES)._reinterpret(gl.float32, [BLOCK_M, DQ_COLS], dq_smem.layout))
+            else:
+                _tma_reduce_add(dq_desc, [row, h * HEAD_DIM + j * DQ_COLS], dq_smem)
             if DETERMINISTIC and j == PIECES - 1:  # every piece's additions complete, then the next key block
                 _bulk_complete_and_release(sem)
             else:
                 tma.store_wait(0)  # the tile is read (its additions into L2 complete on their own)
-            mbarrier.arrive(dq_empty, count=1)
+            if DQ_HI_VIA_Q and j == 1:
+                mbarrier.arrive(q_empty.index(t % STAGES), count=1)  # Q (and lse) slot back to the producer
+            else:
+                mbarrier.arrive(dq_empty, count=1)
 
 
 @gluon.jit
@@ -780,13 +797,15 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
                         q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start,
                         m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
-                        IS_CAUSAL: gl.constexpr, STAGED_STORE: gl.constexpr = False):
+                        IS_CAUSAL: gl.constexpr, STAGED_STORE: gl.constexpr = False,
+                        DQ_HI_VIA_Q: gl.constexpr = False):
     """The two consumer warpgroups of the column-split kernel (``COL_SPLIT``, head dim 256; module
     docstring, "Column split"): one 64-key block, every product split by its columns between the
     warpgroups (``_dq_layout``), so warpgroup c holds dK and dV columns [c d/2, (c + 1) d/2), and
     S^T, dP^T, P^T, dS^T for queries [32c, 32c + 32). P^T and dS^T go through shared memory
     (``p_smem``, ``ds_smem``), where the products that contract over all 64 queries (dV, dK) or keys
-    (dQ) read them whole; dQ in two column halves through a half-width buffer."""
+    (dQ) read them whole; dQ in two column halves through a half-width buffer (``DQ_HI_VIA_Q``: the
+    high half through the step's Q slot instead, released by the writer)."""
     num_warps: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = k_smem.dtype
     HALF: gl.constexpr = HEAD_DIM // 2
@@ -858,19 +877,26 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
         gl.thread_barrier()
         mbarrier.arrive(do_empty.index(do_idx), count=1)  # dO and D done with (and P^T)
         dq = warpgroup_mma_wait(2, deps=[dq_lo_tok])
-        # handover 2t: wait until the writer has read handover 2t - 1 (the previous step's high half)
-        mbarrier.wait(dq_empty, 1, pred=t > 0)
+        if DQ_HI_VIA_Q:  # the buffer's handover t: after the writer has read handover t - 1 (a low half)
+            mbarrier.wait(dq_empty, (t + 1) & 1, pred=t > 0)
+        else:  # handover 2t: wait until the writer has read handover 2t - 1 (the previous step's high half)
+            mbarrier.wait(dq_empty, 1, pred=t > 0)
         dq_smem.store(dq)
         fence_async_shared()
         gl.thread_barrier()
         mbarrier.arrive(dq_full, count=1)
         dk = warpgroup_mma_wait(1, deps=[dk_tok])
         gl.thread_barrier()
-        mbarrier.arrive(q_empty.index(q_idx), count=1)  # Q (and lse) done with
+        if not DQ_HI_VIA_Q:
+            mbarrier.arrive(q_empty.index(q_idx), count=1)  # Q (and lse) done with
         dq = warpgroup_mma_wait(0, deps=[dq_hi_tok])
-        # handover 2t + 1: after the writer has read handover 2t (this step's low half)
-        mbarrier.wait(dq_empty, 0)
-        dq_smem.store(dq)
+        if DQ_HI_VIA_Q:
+            # the high half into this step's Q slot: dK, its last reader, retired in every warp before the
+            # barrier above; the writer releases the slot once its bulk copy has read the half
+            q_cur._reinterpret(gl.float32, [BLOCK_M, HALF], dq_smem.layout).store(dq)
+        else:  # handover 2t + 1: after the writer has read handover 2t (this step's low half)
+            mbarrier.wait(dq_empty, 0)
+            dq_smem.store(dq)
         fence_async_shared()
         gl.thread_barrier()
         mbarrier.arrive(dq_full, count=1)
@@ -878,6 +904,13 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
         if m_blk == m_lo + n_m:  # the next query head of the group
             m_blk = m_lo
 
+    if DQ_HI_VIA_Q:
+        # the writer's reads of the last high halves in the Q ring done before the slots are rewritten:
+        # slot i's last release (steps t < n_iter with t % STAGES == i; a parity wait is exact here, the
+        # slot's release before that one preceded its last load)
+        for i in gl.static_range(STAGES):
+            uses = (n_iter - i + STAGES - 1) // STAGES
+            mbarrier.wait(q_empty.index(i), (uses + 1) & 1, pred=uses > 0)
     if STAGED_STORE:
         _store_dkdv_staged(dK, dV, dk, dv, q_smem, b, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, HEAD_DIM,
                            BLOCK_N)
@@ -913,14 +946,14 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m,
                   n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                  COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr):
+                  COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr, DQ_HI_VIA_Q: gl.constexpr = False):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments."""
     if COL_SPLIT:
         _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                             q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv,
                             n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M,
-                            BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COALESCED_STORE)
+                            BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COALESCED_STORE, DQ_HI_VIA_Q)
     else:
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                      do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
@@ -934,7 +967,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False,
-                         COALESCED_STORE: gl.constexpr = False):
+                         COALESCED_STORE: gl.constexpr = False, DQ_HI_VIA_Q: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers);
     the producer and dQ-writer warps are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
     the host's (batch, nheads, stat_stride) fp32 lse * log2(e) (-inf -> 0) and D, zero past
@@ -943,7 +976,8 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     with ``COL_SPLIT``). Sem: with ``DETERMINISTIC``, (batch, nheads, cdiv(seqlen_q, BLOCK_M)) zeroed
     int32 counters (``_ws_dq_writer``); unused otherwise. STAGES / DO_STAGES: depth of the Q and dO
     rings (equal unless ``COL_SPLIT``). ``COL_SPLIT`` (head dim 256): BLOCK_N = 64 and the consumers
-    split the head dim (``_ws_consumer_dsplit``) instead of the keys (``_ws_consumer``)."""
+    split the head dim (``_ws_consumer_dsplit``) instead of the keys (``_ws_consumer``).
+    ``DQ_HI_VIA_Q`` (with ``COL_SPLIT``): dQ's high half staged in the step's Q slot (``WS_DQ_HI_VIA_Q``)."""
     num_warps: gl.constexpr = gl.num_warps()
     gl.static_assert(num_warps == 8, "two consumer warpgroups")
     if COL_SPLIT:
@@ -958,6 +992,10 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     else:
         gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128, "dQ: one 64-row tile, or a 64-row tile a warpgroup")
     gl.static_assert(STAGES >= 2, "a load in flight while a step computes")
+    if DQ_HI_VIA_Q:
+        gl.static_assert(COL_SPLIT, "dQ's high half through the Q ring: the column split's second piece")
+        gl.static_assert(HEAD_DIM * q_desc.dtype.primitive_bitwidth == DQ_COLS * 32,
+                         "a Q slot holds one fp32 dQ half")
     gl.static_assert(DO_STAGES >= 1 and DO_STAGES <= STAGES, "dO ring no deeper than Q's")
     dtype: gl.constexpr = q_desc.dtype
 
@@ -1017,14 +1055,14 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         (_ws_consumers, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                          q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start,
                          m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT, COALESCED_STORE)),
+                         STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT, COALESCED_STORE, DQ_HI_VIA_Q)),
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
                         b * seqlen_k + n_start, h_kv * HEAD_DIM, m_lo, n_m, n_iter, seqlen_q, nheads, stat_stride,
                         HEAD_DIM, BLOCK_M, STAGES, DO_STAGES)),
-        (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, b, h0, m_lo, n_m, n_iter, seqlen_q, seqlen_k,
-                         nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, BLOCK_N, IS_CAUSAL, DETERMINISTIC,
-                         DQ_COLS)),
+        (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, Sem, b, h0, m_lo, n_m, n_iter,
+                         seqlen_q, seqlen_k, nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         IS_CAUSAL, DETERMINISTIC, DQ_COLS, STAGES, DQ_HI_VIA_Q)),
     ], [1, 1], [WS_WORKER_REGS, WS_WORKER_REGS])
 
 
@@ -1050,7 +1088,7 @@ def kernel_config(d: int, variant: str = "base") -> dict:
                     stages=stages, worker_regs=WS_WORKER_REGS.value, dq_cols=d // 2 if split else d,
                     constexprs=dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                                     DO_STAGES=do_stages, COL_SPLIT=split,
-                                    COALESCED_STORE=WS_COALESCED_STORE))
+                                    COALESCED_STORE=WS_COALESCED_STORE, DQ_HI_VIA_Q=split and WS_DQ_HI_VIA_Q))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
