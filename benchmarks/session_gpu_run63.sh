@@ -14,7 +14,7 @@ echo "tests dqhi rc=$?"; tail -n 1 "$out/test_gpu_dqhi.log"; grep -E "FAILED|ERR
 timeout 100 python3 benchmarks/ab_bwd.py --out "$out" --tag ab_bwd_dqhi --headdims 256 --seqlens 1024,4096,16384 \
     --rounds 3 --providers gluon-ws,gluon-ws-dqhi,sdpa-cudnn > "$out/ab_bwd_dqhi.log" 2>&1
 echo "ab dqhi rc=$?"; grep -A7 "^  d c" "$out/ab_bwd_dqhi.log"
-timeout 300 python3 -m pytest tests/test_gpu.py -n 16 -v -p no:cacheprovider -rfE \
+timeout 250 python3 -m pytest tests/test_gpu.py -n 16 -v -p no:cacheprovider -rfE \
     -k "hopper_forward and not accumulator_stores or default_dispatch or d256_through_the_api" \
     > "$out/test_gpu_fwd.log" 2>&1
 echo "tests fwd rc=$?"; grep -cE " PASSED " "$out/test_gpu_fwd.log"; grep -cE " SKIPPED " "$out/test_gpu_fwd.log"
