@@ -617,7 +617,7 @@ def _bulk_complete_and_release(sem):
 
 
 @gluon.jit
-def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, Sem, b, h0, m_lo, n_m, n_iter, seqlen_q,
+def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_full, Sem, b, h0, m_lo, n_m, n_iter, seqlen_q,
                   seqlen_k, nheads, n_m_total, n_block, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_COLS: gl.constexpr,
                   STAGES: gl.constexpr, DQ_HI_VIA_Q: gl.constexpr = False):
@@ -648,7 +648,13 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, Sem, b, 
         m = m_lo + t % n_m
         row = b * seqlen_q + m * BLOCK_M
         for j in gl.static_range(PIECES):  # piece j: columns [j * DQ_COLS, (j + 1) * DQ_COLS) of the block
-            mbarrier.wait(dq_full, (t * PIECES + j) & 1)
+            if DQ_HI_VIA_Q:  # the low half on dq_full, the high half on its own barrier, once a step each
+                if j == 0:
+                    mbarrier.wait(dq_full, t & 1)
+                else:
+                    mbarrier.wait(dq_hi_full, t & 1)
+            else:
+                mbarrier.wait(dq_full, (t * PIECES + j) & 1)
             if DETERMINISTIC and j == 0:  # the order is per query block: wait once, before its first piece
                 sem = Sem + (b * nheads + h) * n_m_total + m
                 rank = n_block
@@ -663,13 +669,21 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, Sem, b, 
                                 q_smem.index(t % STAGES)._reinterpret(gl.float32, [BLOCK_M, DQ_COLS], dq_smem.layout))
             else:
                 _tma_reduce_add(dq_desc, [row, h * HEAD_DIM + j * DQ_COLS], dq_smem)
-            if DETERMINISTIC and j == PIECES - 1:  # every piece's additions complete, then the next key block
-                _bulk_complete_and_release(sem)
+            if DQ_HI_VIA_Q:
+                # both halves read, then both buffers back: the low half's release (the consumers' next
+                # store) follows this wait for the high half, so neither barrier gets two phases ahead
+                if j == 1:
+                    if DETERMINISTIC:
+                        _bulk_complete_and_release(sem)
+                    else:
+                        tma.store_wait(0)
+                    mbarrier.arrive(dq_empty, count=1)
+                    mbarrier.arrive(q_empty.index(t % STAGES), count=1)  # Q (and lse) slot back to the producer
             else:
-                tma.store_wait(0)  # the tile is read (its additions into L2 complete on their own)
-            if DQ_HI_VIA_Q and j == 1:
-                mbarrier.arrive(q_empty.index(t % STAGES), count=1)  # Q (and lse) slot back to the producer
-            else:
+                if DETERMINISTIC and j == PIECES - 1:  # every piece's additions complete, then the next key block
+                    _bulk_complete_and_release(sem)
+                else:
+                    tma.store_wait(0)  # the tile is read (its additions into L2 complete on their own)
                 mbarrier.arrive(dq_empty, count=1)
 
 
@@ -794,7 +808,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
 
 @gluon.jit
 def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
-                        q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start,
+                        q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv, nheads_kv, n_start,
                         m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
                         IS_CAUSAL: gl.constexpr, STAGED_STORE: gl.constexpr = False,
@@ -894,12 +908,15 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
             # the high half into this step's Q slot: dK, its last reader, retired in every warp before the
             # barrier above; the writer releases the slot once its bulk copy has read the half
             q_cur._reinterpret(gl.float32, [BLOCK_M, HALF], dq_smem.layout).store(dq)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(dq_hi_full, count=1)
         else:  # handover 2t + 1: after the writer has read handover 2t (this step's low half)
             mbarrier.wait(dq_empty, 0)
             dq_smem.store(dq)
-        fence_async_shared()
-        gl.thread_barrier()
-        mbarrier.arrive(dq_full, count=1)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(dq_full, count=1)
         m_blk += 1
         if m_blk == m_lo + n_m:  # the next query head of the group
             m_blk = m_lo
@@ -943,7 +960,7 @@ def _store_dkdv_staged(dK, dV, dk, dv, q_smem, b, h_kv, nheads_kv, n_start, seql
 
 @gluon.jit
 def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar, q_ready,
-                  q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m,
+                  q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m,
                   n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                   COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr, DQ_HI_VIA_Q: gl.constexpr = False):
@@ -951,8 +968,8 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments."""
     if COL_SPLIT:
         _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
-                            q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv,
-                            n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M,
+                            q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv,
+                            nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M,
                             BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COALESCED_STORE, DQ_HI_VIA_Q)
     else:
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
@@ -1034,6 +1051,11 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     mbarrier.init(kv_bar, count=1)
     mbarrier.init(dq_full, count=1)
     mbarrier.init(dq_empty, count=1)
+    if DQ_HI_VIA_Q:  # the high half's handover (dq_full: the low half's)
+        dq_hi_full = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+        mbarrier.init(dq_hi_full, count=1)
+    else:
+        dq_hi_full = dq_full  # unused
     for i in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=1)
@@ -1053,14 +1075,14 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     # (65536 - 24 * 128) / 256 -> 240, what setmaxnreg shows in the PTX (the compile check asserts it).
     gl.warp_specialize([
         (_ws_consumers, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
-                         q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start,
-                         m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv,
+                         nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
                          STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT, COALESCED_STORE, DQ_HI_VIA_Q)),
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
                         b * seqlen_k + n_start, h_kv * HEAD_DIM, m_lo, n_m, n_iter, seqlen_q, nheads, stat_stride,
                         HEAD_DIM, BLOCK_M, STAGES, DO_STAGES)),
-        (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, Sem, b, h0, m_lo, n_m, n_iter,
+        (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_full, Sem, b, h0, m_lo, n_m, n_iter,
                          seqlen_q, seqlen_k, nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, BLOCK_N,
                          IS_CAUSAL, DETERMINISTIC, DQ_COLS, STAGES, DQ_HI_VIA_Q)),
     ], [1, 1], [WS_WORKER_REGS, WS_WORKER_REGS])
