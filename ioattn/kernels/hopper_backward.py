@@ -183,7 +183,9 @@ dQ: 64 x 256 fp32 = 64 KiB of staging does not fit next to the rest, so the bloc
 column halves through one 32 KiB buffer (``dq_cols`` = 128: the dQ descriptor's block): handover
 u = 2t + j, ``dq_full`` / ``dq_empty`` complete once a half, the writer reduce-adds each half at its
 column offset (4 bulk messages a half). The high half is stored once the writer has read the low
-one, which it had for the whole of dK's product to do. Deterministic mode: the writer waits for its
+one, which it had for the whole of dK's product to do; measured, that wait is the consumers'
+largest stall (NOTES §59), and ``WS_DQ_HI_VIA_Q`` (an A/B switch) stages the high half in the
+step's own Q slot instead, announced on its own barrier, the writer releasing the slot. Deterministic mode: the writer waits for its
 turn before the low half and releases after the high half's additions complete.
 
 Shared memory (bf16 / fp16 alike), bytes from the compile: K, V 32 KiB each; Q 2 stages x 32 KiB;
