@@ -44,7 +44,8 @@ from gluon_aot import (DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxa
                        sass_opcodes, sass_text, sass_top_register)
 
 
-def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, exp2_fma=0, row_stores=True):
+def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, exp2_fma=0, row_stores=True,
+                grouped_walk=False):
     cfg = hopper.kernel_config(d, variant)
     bn, q_rows = cfg["block_n"], cfg["q_rows"]
     q_layout = gl.NVMMASharedLayout.get_default_for([q_rows, d], DTYPES[dt])
@@ -57,7 +58,8 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
     # multiples of the key tile)
     constexprs = dict(cfg["constexprs"], IS_CAUSAL=causal, IS_VARLEN=varlen, LPT=lpt,
                       KV_TAIL=varlen if kv_tail is None else kv_tail, EXP2_FMA=hopper.exp2_fma_cols(exp2_fma, bn),
-                      ROW_STORES=cfg_row_stores(row_stores, variant, d))
+                      ROW_STORES=cfg_row_stores(row_stores, variant, d),
+                      WALK_GROUPED=grouped_walk and causal and variant == "persistent")
     if varlen:
         sig.update(Cu_q="*i32", Cu_k="*i32")
     else:  # the launcher passes None for fixed-length calls: constexpr None
@@ -92,8 +94,8 @@ def cfg_row_stores(row_stores, variant, d):
 
 def check(job):
     """Compile one (variant, head dim, dtype, causal), assert its structure, return its report line."""
-    variant, d, dt, causal, run_ptxas, varlen, lpt, kv_tail, exp2_fma, row_stores = job
-    cfg, k = compile_one(variant, d, dt, causal, varlen, lpt, kv_tail, exp2_fma, row_stores)
+    variant, d, dt, causal, run_ptxas, varlen, lpt, kv_tail, exp2_fma, row_stores, grouped = job
+    cfg, k = compile_one(variant, d, dt, causal, varlen, lpt, kv_tail, exp2_fma, row_stores, grouped)
     ptx = k.asm["ptx"]
     c = ptx_counts(ptx)
     where = (variant, d, dt, causal, varlen)
@@ -141,6 +143,8 @@ def check(job):
         regs += f"exp2_fma={exp2_fma:g}% "
     if cfg_row_stores(row_stores, variant, d):
         regs += "row_stores "
+    if grouped and causal and variant == "persistent":
+        regs += "grouped_walk "
     return (f"{variant:8s} d={d} {dt} causal={causal!s:5s} {'varlen ' if varlen else ''}"
             f"tiles={cfg['block_m']}x{cfg['block_n']}x{cfg['stages']} "
             f"warps={k.metadata.num_warps} shared={k.metadata.shared} {regs}{fmt(c)}")
@@ -161,6 +165,9 @@ def main():
     ap.add_argument("--no-row-stores", action="store_true",
                     help="the output stored from the accumulator layout (ROW_STORES off, hopper.out_row_stores) "
                          "where the launcher stores whole rows")
+    ap.add_argument("--grouped-walk", action="store_true",
+                    help="the persistent variant's causal walk grouped by heads (WALK_GROUPED, "
+                         "hopper.persistent_grouped_walk)")
     ap.add_argument("--exp2-fma", default="0",
                     help="comma-separated shares (%%) of the exponentials on the FMA units (EXP2_FMA): "
                          f"{', '.join(f'{x:g}' for x in hopper.EXP2_FMA_SHARES)}")
@@ -170,7 +177,7 @@ def main():
     dims = None if args.headdims is None else {int(x) for x in args.headdims.split(",")}
     shares = [float(x) for x in args.exp2_fma.split(",")]
     jobs = [(variant, d, dt, causal, not args.no_ptxas, args.varlen, args.lpt, args.kv_tail or None, share,
-             not args.no_row_stores)
+             not args.no_row_stores, args.grouped_walk)
             for variant in args.variants.split(",")
             for d in hopper.TILE_TABLE[variant] if dims is None or d in dims for dt in dtypes for causal in masks
             for share in shares]

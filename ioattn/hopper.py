@@ -228,6 +228,13 @@ prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer
 # always uses it (its static walk needs it for balance).
 lpt_order = dispatch.Preference(False, env="IOATTN_HOPPER_LPT")
 
+# The persistent variant's causal walk in LPT order within groups of cdiv(programs, query blocks)
+# heads instead of over the whole grid (the kernel's ``WALK_GROUPED``): the tiles of one wave then
+# share their heads' K / V in L2. Nsight Compute at d=128 N=512 causal (NOTES §59's note): the
+# whole-grid walk hit L2 at 15 % (ping-pong 44 %) and read 2.96 TB/s from DRAM. An A/B switch, off
+# until measured (NOTES §60); the persistent variant is not the default for causal calls.
+persistent_grouped_walk = dispatch.Preference(False)
+
 # The two-warpgroup variants (ping-pong, split, persistent) with the three-warpgroup variant's lean
 # softmax (the scale folded into one multiply-add per score, the row max on raw scores: about one
 # instruction less per exponential, NOTES §43's count). On: ab_fwd on the H200, bf16, 16k tokens,
@@ -448,6 +455,8 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
                             KV_TAIL=varlen or seqlen_k % block_n != 0,
                             EXP2_FMA=exp2_fma_cols(exp2_fma_share(), block_n),
                             ROW_STORES=row_stores(d, cfg["variant"]),
+                            WALK_GROUPED=bool(causal) and cfg["variant"] == "persistent"
+                            and persistent_grouped_walk.wanted(),
                             num_warps=cfg["num_warps"], **cfg["constexprs"])
     return out, lse
 

@@ -420,15 +420,21 @@ def test_hopper_backward_d256_through_the_api(causal, poison_alloc):
 # more tiles than SMs, so every program walks several: 256, 768 tiles; (8, 777, 300, 8, 4): causal
 # tiles whose rows see no key (seqlen_q > seqlen_k) between tiles that do; GQA 2 and 4
 @pytest.mark.parametrize("shape", [(4, 1000, 1000, 8, 4), (3, 2048, 2048, 16, 8), (8, 777, 300, 8, 4)])
-def test_hopper_forward_persistent_tile_loop(d, causal, shape, poison_alloc):
+@pytest.mark.parametrize("walk", ["lpt", "grouped"])
+def test_hopper_forward_persistent_tile_loop(d, causal, shape, walk, poison_alloc):
     """The persistent ping-pong kernel with several tiles per program (the ring's use count, the
     turn order and the Q prefetch carried across tiles) against the float64 oracle, with the
-    gradients of the backward it feeds."""
+    gradients of the backward it feeds. walk "grouped": the causal walk in LPT order within groups
+    of heads (``hopper.persistent_grouped_walk``; the shapes' head counts leave a smaller last
+    group: 32 = 17 + 15, 48 = 5 x 9 + 3, 64 = 3 x 19 + 7 (batch, head) rows)."""
     from ioattn import hopper
+    if walk == "grouped" and not causal:
+        pytest.skip("the grouped walk orders causal tiles only")
     b, sq, sk, h, hkv = shape
     tiles = -(-sq // hopper.TILE_TABLE["persistent"][d][0]) * b * h
     assert tiles > torch.cuda.get_device_properties(0).multi_processor_count
-    with hopper.variant("persistent"), hopper.prefer_hopper(True):
+    with hopper.variant("persistent"), hopper.prefer_hopper(True), \
+            hopper.persistent_grouped_walk(walk == "grouped"):
         _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=causal)
 
 

@@ -122,3 +122,19 @@ def test_hopper_row_stores_compile_for_sm90():
         else:
             assert "row_stores" in line and "spill=0B" in line and "wgmma-pipelined" in line, line
             assert wide is not None and int(wide.group(1)) == 2 * d // 16, line  # two consumer warpgroups
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+def test_hopper_grouped_walk_compiles_for_sm90():
+    """The persistent variant's causal walk grouped by heads (hopper.persistent_grouped_walk, the
+    kernel's WALK_GROUPED) at every head dim: the script's own assertions (wgmma pipelined, spills
+    within the persistent kernel's allowance around its tile loop, shared memory within the H200's)
+    hold, and the build is the grouped one."""
+    pytest.importorskip("triton.experimental.gluon")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_check_hopper.py"), "--quick",
+                           "--variants", "persistent", "--masks", "1", "--grouped-walk"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    lines = [line for line in proc.stdout.splitlines() if " tiles=" in line]
+    assert len(lines) == 3 and all("grouped_walk" in line and "wgmma-pipelined" in line for line in lines), lines
