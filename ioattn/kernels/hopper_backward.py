@@ -185,8 +185,9 @@ u = 2t + j, ``dq_full`` / ``dq_empty`` complete once a half, the writer reduce-a
 column offset (4 bulk messages a half). The high half is stored once the writer has read the low
 one, which it had for the whole of dK's product to do; measured, that wait is the consumers'
 largest stall (NOTES §59), and ``WS_DQ_HI_VIA_Q`` (an A/B switch) stages the high half in the
-step's own Q slot instead, announced on its own barrier, the writer releasing the slot. Deterministic mode: the writer waits for its
-turn before the low half and releases after the high half's additions complete.
+step's own Q slot instead, announced on its own barrier, the writer releasing the slot.
+Deterministic mode: the writer waits for its turn before the low half and releases after the high
+half's additions complete.
 
 Shared memory (bf16 / fp16 alike), bytes from the compile: K, V 32 KiB each; Q 2 stages x 32 KiB;
 dO 1 stage x 32 KiB (``WS_STAGES[256]`` = (2, 1): dO is released mid-step, when dV retires, so its
@@ -201,9 +202,10 @@ dK / dV leave through the Q ring, free once the last step's dK product has read 
 one barrier, then reads back and stores whole rows, 16 bytes a thread (NOTES §58).
 Registers (ptxas 12.8, compile check, causal or not, bf16 or fp16, with or without the ordered
 mode): no spills, wgmma pipelined (no C7514), the consumers name 215-217 registers (of their 240;
-218 before the staged stores; d = 128 names 238): dK + dV 128, S^T and dP^T 16 each, the two dQ halves 32 each (in flight together with
-dK). Per step 9 barriers: 6 of the kernel's own, 3 that Triton adds before each mbarrier wait that
-follows an arrive (as in the ws kernel); 48 wgmma. Not yet run on the device (NOTES section 40).
+218 before the staged stores; d = 128 names 238): dK + dV 128, S^T and dP^T 16 each, the two dQ
+halves 32 each (in flight together with dK). Per step 9 barriers: 6 of the kernel's own, 3 that
+Triton adds before each mbarrier wait that follows an arrive (as in the ws kernel); 48 wgmma
+(NOTES section 40; measured on the device from the sections after it).
 
 Why a second kernel function, not a constexpr flag on the first: the base kernel is one straight
 body with its loads, math and atomics interleaved; the ws kernel is three partition functions joined
@@ -619,8 +621,8 @@ def _bulk_complete_and_release(sem):
 
 
 @gluon.jit
-def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_full, Sem, b, h0, m_lo, n_m, n_iter, seqlen_q,
-                  seqlen_k, nheads, n_m_total, n_block, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_full, Sem, b, h0, m_lo, n_m, n_iter,
+                  seqlen_q, seqlen_k, nheads, n_m_total, n_block, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_COLS: gl.constexpr,
                   STAGES: gl.constexpr, DQ_HI_VIA_Q: gl.constexpr = False):
     """The 1-warp dQ writer: per step, once the consumers have put the step's dQ block (fp32,
@@ -628,9 +630,12 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
     the bulk copy has read the tile, the buffer goes back to the consumers (``dq_empty``). A buffer
     of ``DQ_COLS`` < HEAD_DIM columns (the column-split kernel's: half of d = 256) takes the block in
     column pieces, one handover each, in column order (``dq_full`` / ``dq_empty`` complete once a
-    piece). ``DQ_HI_VIA_Q`` (column split): the second piece is read from step t's Q slot (t % STAGES
-    of ``q_smem``, as fp32 in the dQ buffer's layout) and the slot released to the producer
-    (``q_empty``) instead of ``dq_empty``, which then completes once a step.
+    piece). ``DQ_HI_VIA_Q`` (column split): the second piece is announced on ``dq_hi_full`` and read
+    from step t's Q slot (t % STAGES of ``q_smem``, as fp32 in the dQ buffer's layout); once both
+    pieces are read the writer releases the buffer (``dq_empty``, once a step) and the slot to the
+    producer (``q_empty``), so the consumers' next low half follows its wait for this high half and
+    neither full barrier can complete twice before its wait (a parity wait tells only adjacent
+    phases apart: announcing both halves on ``dq_full`` hung, NOTES §59).
 
     ``DETERMINISTIC``: the reduce-adds into each (batch, head, query block) go in a fixed key-block
     order, FlashAttention-3's semaphore scheme. ``Sem`` holds one zeroed int32 counter per (batch,
@@ -810,8 +815,8 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
 
 @gluon.jit
 def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
-                        q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv, nheads_kv, n_start,
-                        m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
+                        q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv, nheads_kv,
+                        n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
                         IS_CAUSAL: gl.constexpr, STAGED_STORE: gl.constexpr = False,
                         DQ_HI_VIA_Q: gl.constexpr = False):
@@ -962,17 +967,18 @@ def _store_dkdv_staged(dK, dV, dk, dv, q_smem, b, h_kv, nheads_kv, n_start, seql
 
 @gluon.jit
 def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar, q_ready,
-                  q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m,
-                  n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                  COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr, DQ_HI_VIA_Q: gl.constexpr = False):
+                  q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv, nheads_kv, n_start, m_lo,
+                  n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
+                  IS_CAUSAL: gl.constexpr, COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr,
+                  DQ_HI_VIA_Q: gl.constexpr = False):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments."""
     if COL_SPLIT:
         _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                             q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv,
-                            nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M,
-                            BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COALESCED_STORE, DQ_HI_VIA_Q)
+                            nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale,
+                            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COALESCED_STORE, DQ_HI_VIA_Q)
     else:
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                      do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
@@ -1078,14 +1084,14 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     gl.warp_specialize([
         (_ws_consumers, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                          q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv,
-                         nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT, COALESCED_STORE, DQ_HI_VIA_Q)),
+                         nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM,
+                         BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT, COALESCED_STORE, DQ_HI_VIA_Q)),
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
                         b * seqlen_k + n_start, h_kv * HEAD_DIM, m_lo, n_m, n_iter, seqlen_q, nheads, stat_stride,
                         HEAD_DIM, BLOCK_M, STAGES, DO_STAGES)),
-        (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_full, Sem, b, h0, m_lo, n_m, n_iter,
-                         seqlen_q, seqlen_k, nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, BLOCK_N,
+        (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_full, Sem, b, h0, m_lo, n_m,
+                         n_iter, seqlen_q, seqlen_k, nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, BLOCK_N,
                          IS_CAUSAL, DETERMINISTIC, DQ_COLS, STAGES, DQ_HI_VIA_Q)),
     ], [1, 1], [WS_WORKER_REGS, WS_WORKER_REGS])
 
