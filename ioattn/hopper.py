@@ -261,11 +261,24 @@ out_row_stores = dispatch.Preference(True)
 # they follow their measured relatives.
 ROW_STORE_HEADDIMS = {"base": (64, 128), "pingpong": (64, 128), "split": (64, 128), "wg3": (64,),
                       "persistent": (128,)}
+# d = 256 (no room for the scratch) in the one-tile ping-pong kernels: the output staged instead in
+# the consumer warpgroup's own Q buffer (64 x 256 x 2 B, the output tile's size), dead once its last S
+# product has retired; the persistent kernel has the next tile's Q loading there by then. The
+# backward's d = 256 took the same route through its Q ring, +2 to +7.5 % (NOTES §58). An A/B switch,
+# off until measured (NOTES §61).
+out_row_stores_via_q = dispatch.Preference(False)
+ROW_STORE_VIA_Q_HEADDIMS = {"pingpong": (256,), "split": (256,)}
 
 
-def row_stores(d: int, name: str) -> bool:
-    """Whether the forward for head dim ``d`` under variant ``name`` stores its output as whole rows."""
-    return out_row_stores.wanted() and d in ROW_STORE_HEADDIMS.get(name, ())
+def row_stores(d: int, name: str) -> int:
+    """How the forward for head dim ``d`` under variant ``name`` stores its output (the kernel's
+    ``ROW_STORES``): 0 from the accumulator layout, 1 as whole rows through Triton's layout
+    conversion, 2 as whole rows staged in the warpgroup's Q buffer."""
+    if not out_row_stores.wanted():
+        return 0
+    if d in ROW_STORE_HEADDIMS.get(name, ()):
+        return 1
+    return 2 if out_row_stores_via_q.wanted() and d in ROW_STORE_VIA_Q_HEADDIMS.get(name, ()) else 0
 
 # FlashAttention-4's exp2 emulation (the kernel's ``EXP2_FMA``): this percentage of each key tile's
 # columns take their exponentials from a cubic on the FMA units (``hopper_forward._exp2_poly``, max

@@ -580,6 +580,12 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
                                                            ("persistent", 256)], rows
     with hopper.out_row_stores(False):
         assert not any(hopper.row_stores(d, v) for v, d in rows)
+    # d = 256 staged in the Q buffer (mode 2) by choice, in the one-tile ping-pong kernels only
+    with hopper.out_row_stores_via_q(True):
+        assert [key for key, on in rows.items() if hopper.row_stores(key[1], key[0]) == 2] == [("pingpong", 256),
+                                                                                            ("split", 256)]
+        with hopper.out_row_stores(False):
+            assert hopper.row_stores(256, "pingpong") == 0
     assert hopper.grid_programs(torch.device("cpu"), "pingpong", 1000) == 1000  # one per tile
     assert hopper.grid_programs(torch.device("cpu"), "persistent", 1000) == 132  # one per SM (an H100/H200 here)
     assert hopper.grid_programs(torch.device("cpu"), "persistent", 7) == 7

@@ -269,6 +269,26 @@ def test_hopper_forward_accumulator_stores(variant, d, causal, shape, poison_all
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant", ["pingpong", "split"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (3, 129, 64, 2, 2), (2, 300, 340, 3, 1),
+                                   (1, 64, 1000, 2, 2)])
+def test_hopper_forward_row_stores_via_q(variant, causal, dtype, shape, poison_alloc):
+    """``hopper.out_row_stores_via_q``: d=256's output staged in each consumer warpgroup's Q buffer
+    and stored as whole rows (the kernel's ``ROW_STORES`` 2), against the float64 oracle as
+    ``test_hopper_forward``; rows past seqlen_q (masked stores), warpgroups with no visible key."""
+    from ioattn import hopper
+    b, sq, sk, h, hkv = shape
+    q = torch.randn(b, sq, h, 256, device="cuda", dtype=dtype)
+    k = torch.randn(b, sk, hkv, 256, device="cuda", dtype=dtype)
+    with hopper.variant(variant), hopper.out_row_stores_via_q(True), hopper.prefer_hopper(True):
+        assert hopper.row_stores(256, variant) == 2
+        assert "hopper_fwd_kernel" in ioattn.explain_dispatch(q, k, k, causal=causal).forward["kernel"]
+        _check(b, sq, sk, h, hkv, 256, dtype, causal=causal)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("variant", ["pingpong", "wg3"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])

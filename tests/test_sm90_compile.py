@@ -138,3 +138,27 @@ def test_hopper_grouped_walk_compiles_for_sm90():
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     lines = [line for line in proc.stdout.splitlines() if " tiles=" in line]
     assert len(lines) == 3 and all("grouped_walk" in line and "wgmma-pipelined" in line for line in lines), lines
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+def test_hopper_row_stores_via_q_compile_for_sm90():
+    """d = 256's output staged in each consumer warpgroup's Q buffer (hopper.out_row_stores_via_q, the
+    kernel's ROW_STORES 2), ping-pong, both masks: 16-byte stores, 256 / 16 a thread for each of the
+    two warpgroups, no spill, the shared memory of the build without it (the Q buffers are reused)."""
+    pytest.importorskip("triton.experimental.gluon")
+    import re
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    runs = {}
+    for flag in ([], ["--row-stores-via-q"]):
+        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_check_hopper.py"), "--quick",
+                               "--variants", "pingpong", "--headdims", "256", *flag],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        runs[bool(flag)] = [line for line in proc.stdout.splitlines() if " tiles=" in line]
+    for plain, staged in zip(runs[False], runs[True]):
+        assert "row_stores" not in plain and re.search(r"STG\.E\.128x", plain) is None, plain
+        assert "row_stores_via_q" in staged and "spill=0B" in staged and "wgmma-pipelined" in staged, staged
+        assert int(re.search(r"STG\.E\.128x(\d+)", staged).group(1)) == 2 * 256 // 16, staged
+        shared = [int(re.search(r"shared=(\d+)", line).group(1)) for line in (plain, staged)]
+        assert shared[0] == shared[1], shared

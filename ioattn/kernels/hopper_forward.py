@@ -264,10 +264,13 @@ def _pv_mma(o, p16, v_smem, i, STAGES: gl.constexpr):
 
 @gluon.jit
 def _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
-              o_layout: gl.constexpr, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, ROW_STORES: gl.constexpr = False):
+              o_layout: gl.constexpr, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, ROW_STORES: gl.constexpr = 0,
+              stage=None):
     """Normalise once and store ``ROWS`` rows of output and lse from row ``m_start``; rows that saw
     no key give 0 and lse -inf; rows past ``seqlen_q`` are not stored. ``ROW_STORES``: the output
-    converted first (through shared memory) to 16 bytes a thread in whole rows."""
+    stored as whole rows, 16 bytes a thread, converted first through shared memory: 1, Triton's
+    layout conversion (its own scratch); 2, written to ``stage`` (a dead [ROWS, HEAD_DIM] buffer of
+    the output's dtype: the warpgroup's Q, whose last reader has retired) and read back by rows."""
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
     l_safe = gl.where(l_o == 0.0, 1.0, l_o)
     o = o / l_safe[:, None]
@@ -276,11 +279,17 @@ def _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, 
     gl.store(Lse + lse_base + lse_rows, lse, mask=lse_rows < seqlen_q)
     o16 = o.to(Out.dtype.element_ty)
     if ROW_STORES:
-        row_threads: gl.constexpr = HEAD_DIM // 8
+        row_threads: gl.constexpr = HEAD_DIM // 8  # <= 32: HEAD_DIM <= 256
         st_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // row_threads, row_threads], [gl.num_warps(), 1],
                                                    [1, 0])
-        _store_tile(Out, gl.convert_layout(o16, st_layout), m_start, q_row0, q_col, seqlen_q, stride_om, st_layout,
-                    ROWS, HEAD_DIM)
+        if ROW_STORES == 2:
+            gl.static_assert(stage.shape[0] == ROWS and stage.shape[1] == HEAD_DIM, "a ROWS x HEAD_DIM buffer")
+            stage.store(o16)
+            gl.thread_barrier()  # this warpgroup's rows, written in the accumulator layout, read back by rows
+            o16 = stage.load(st_layout)
+        else:
+            o16 = gl.convert_layout(o16, st_layout)
+        _store_tile(Out, o16, m_start, q_row0, q_col, seqlen_q, stride_om, st_layout, ROWS, HEAD_DIM)
     else:
         _store_tile(Out, o16, m_start, q_row0, q_col, seqlen_q, stride_om, o_layout, ROWS, HEAD_DIM)
 
@@ -449,8 +458,9 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                                m_start, seqlen_q, seqlen_k, n_lo, n_tiles, qk_scale, 0, 0, HEAD_DIM, BLOCK_M, BLOCK_N,
                                STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, False, EXP2_FMA)
     rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _wg_acc_layout(BLOCK_N)))
+    # ROW_STORES 2: staged in this warpgroup's Q buffer (its S products all retired in the key loop)
     _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
-              _wg_acc_layout(HEAD_DIM), BLOCK_M, HEAD_DIM, ROW_STORES)
+              _wg_acc_layout(HEAD_DIM), BLOCK_M, HEAD_DIM, ROW_STORES, q_smem)
 
 
 @gluon.constexpr_function
@@ -818,7 +828,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
     their exponentials from the FMA units instead of MUFU.EX2 (``_softmax_tile``, ``_exp2_tile``).
 
     ``ROW_STORES``: the output tile converted to whole-row 16-byte pieces before its stores
-    (``_epilogue``; ``hopper.out_row_stores``).
+    (``_epilogue``; ``hopper.row_stores``): 1 by Triton's layout conversion, 2 through the
+    warpgroup's dead Q buffer (the one-tile ping-pong kernels at d = 256).
 
     ``WALK_GROUPED`` (persistent, causal): the LPT order within groups of heads (``_tile_bhm``'s
     ``GROUPED``; ``hopper.persistent_grouped_walk``)."""
