@@ -9,10 +9,10 @@
 set -u
 out=${1:?outdir}
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
-timeout 150 python3 -m pytest tests/test_gpu.py -k "persistent_tile_loop" -n 16 -v -p no:cacheprovider -rfE \
+timeout 120 python3 -m pytest tests/test_gpu.py -k "persistent_tile_loop" -n 16 -v -p no:cacheprovider -rfE \
     > "$out/test_gpu_walk.log" 2>&1
 echo "tests rc=$?"; tail -n 1 "$out/test_gpu_walk.log"; grep -E " FAILED | ERROR " "$out/test_gpu_walk.log" | head -n 5
-for d in 128 64 256; do
+for d in 128 64 256; do  # at most 120 + 3 x 150 s
     timeout 150 python3 benchmarks/ab_fwd.py --out "$out" --tag ab_walk$d --headdims $d --causal 1 \
         --seqlens 512,1024,2048,4096,16384 --loads tma,gluon-pp-lean,gluon-pers-lean,gluon-pers-lean-grp \
         --rounds 2 --rest 0.1 > "$out/ab_walk$d.log" 2>&1
