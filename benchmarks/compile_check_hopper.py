@@ -45,7 +45,7 @@ from gluon_aot import (DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxa
 
 
 def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, exp2_fma=0, row_stores=True,
-                grouped_walk=False, via_q=False):
+                grouped_walk=False, via_q=False, fewer_masks=False):
     cfg = hopper.kernel_config(d, variant)
     bn, q_rows = cfg["block_n"], cfg["q_rows"]
     q_layout = gl.NVMMASharedLayout.get_default_for([q_rows, d], DTYPES[dt])
@@ -59,7 +59,8 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
     constexprs = dict(cfg["constexprs"], IS_CAUSAL=causal, IS_VARLEN=varlen, LPT=lpt,
                       KV_TAIL=varlen if kv_tail is None else kv_tail, EXP2_FMA=hopper.exp2_fma_cols(exp2_fma, bn),
                       ROW_STORES=cfg_row_stores(row_stores, variant, d, via_q),
-                      WALK_GROUPED=grouped_walk and causal and variant == "persistent")
+                      WALK_GROUPED=grouped_walk and causal and variant == "persistent",
+                      FEWER_MASKS=fewer_masks and cfg["constexprs"]["PINGPONG"] and cfg["constexprs"]["NUM_WG"] == 2)
     if varlen:
         sig.update(Cu_q="*i32", Cu_k="*i32")
     else:  # the launcher passes None for fixed-length calls: constexpr None
@@ -95,8 +96,8 @@ def cfg_row_stores(row_stores, variant, d, via_q=False):
 
 def check(job):
     """Compile one (variant, head dim, dtype, causal), assert its structure, return its report line."""
-    variant, d, dt, causal, run_ptxas, varlen, lpt, kv_tail, exp2_fma, row_stores, grouped, via_q = job
-    cfg, k = compile_one(variant, d, dt, causal, varlen, lpt, kv_tail, exp2_fma, row_stores, grouped, via_q)
+    variant, d, dt, causal, run_ptxas, varlen, lpt, kv_tail, exp2_fma, row_stores, grouped, via_q, fewer = job
+    cfg, k = compile_one(variant, d, dt, causal, varlen, lpt, kv_tail, exp2_fma, row_stores, grouped, via_q, fewer)
     ptx = k.asm["ptx"]
     c = ptx_counts(ptx)
     where = (variant, d, dt, causal, varlen)
@@ -147,6 +148,8 @@ def check(job):
         regs += "row_stores " if mode == 1 else "row_stores_via_q "
     if grouped and causal and variant == "persistent":
         regs += "grouped_walk "
+    if fewer and variant not in ("base", "wg3"):
+        regs += "fewer_masks "
     return (f"{variant:8s} d={d} {dt} causal={causal!s:5s} {'varlen ' if varlen else ''}"
             f"tiles={cfg['block_m']}x{cfg['block_n']}x{cfg['stages']} "
             f"warps={k.metadata.num_warps} shared={k.metadata.shared} {regs}{fmt(c)}")
@@ -170,6 +173,9 @@ def main():
     ap.add_argument("--row-stores-via-q", action="store_true",
                     help="d = 256's output staged in the Q buffer as whole rows (ROW_STORES 2, "
                          "hopper.out_row_stores_via_q) where it applies")
+    ap.add_argument("--fewer-masks", action="store_true",
+                    help="the ping-pong kernels' first key tile masked only where needed, causal masks without "
+                         "the key-end test (FEWER_MASKS, hopper.fewer_masks)")
     ap.add_argument("--grouped-walk", action="store_true",
                     help="the persistent variant's causal walk grouped by heads (WALK_GROUPED, "
                          "hopper.persistent_grouped_walk)")
@@ -182,7 +188,7 @@ def main():
     dims = None if args.headdims is None else {int(x) for x in args.headdims.split(",")}
     shares = [float(x) for x in args.exp2_fma.split(",")]
     jobs = [(variant, d, dt, causal, not args.no_ptxas, args.varlen, args.lpt, args.kv_tail or None, share,
-             not args.no_row_stores, args.grouped_walk, args.row_stores_via_q)
+             not args.no_row_stores, args.grouped_walk, args.row_stores_via_q, args.fewer_masks)
             for variant in args.variants.split(",")
             for d in hopper.TILE_TABLE[variant] if dims is None or d in dims for dt in dtypes for causal in masks
             for share in shares]

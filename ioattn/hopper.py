@@ -235,6 +235,15 @@ lpt_order = dispatch.Preference(False, env="IOATTN_HOPPER_LPT")
 # until measured (NOTES §60); the persistent variant is not the default for causal calls.
 persistent_grouped_walk = dispatch.Preference(False)
 
+# Fewer masked key tiles in the ping-pong kernels (the kernel's ``FEWER_MASKS``): the first key tile
+# takes the masked softmax only when the loop's own rule asks for it (the last tile, or one the
+# diagonal crosses) instead of always, and causal masks drop the key-end test, which the diagonal
+# implies for every stored row. The masked softmax is 523 SASS instructions a tile against 284
+# (ping-pong, d=128, causal, compile check); at N=512 causal 7 of a block's 10 tile steps take it
+# today, 4 would. The two-warpgroup variants only: in wg3's 160-register consumers the second copy
+# of the first tile's softmax made ptxas spill 172 B. An A/B switch, off until measured (NOTES §62).
+fewer_masks = dispatch.Preference(False)
+
 # The two-warpgroup variants (ping-pong, split, persistent) with the three-warpgroup variant's lean
 # softmax (the scale folded into one multiply-add per score, the row max on raw scores: about one
 # instruction less per exponential, NOTES §43's count). On: ab_fwd on the H200, bf16, 16k tokens,
@@ -470,6 +479,8 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
                             ROW_STORES=row_stores(d, cfg["variant"]),
                             WALK_GROUPED=bool(causal) and cfg["variant"] == "persistent"
                             and persistent_grouped_walk.wanted(),
+                            FEWER_MASKS=cfg["constexprs"]["PINGPONG"] and cfg["constexprs"]["NUM_WG"] == 2
+                            and fewer_masks.wanted(),
                             num_warps=cfg["num_warps"], **cfg["constexprs"])
     return out, lse
 

@@ -269,6 +269,27 @@ def test_hopper_forward_accumulator_stores(variant, d, causal, shape, poison_all
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant", ["pingpong", "split", "persistent"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+# one key tile (the first is the last), ragged ends, rows with no visible key (seqlen_q > seqlen_k),
+# key tiles no row sees, GQA; (3, 2048, 2048, 16, 8): several tiles a persistent program
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (3, 129, 64, 2, 2), (2, 300, 340, 3, 1),
+                                   (1, 64, 1000, 2, 2), (1, 1000, 300, 4, 4), (3, 2048, 2048, 16, 8)])
+def test_hopper_forward_fewer_masks(variant, d, causal, shape, poison_alloc):
+    """``hopper.fewer_masks``: the ping-pong kernels' first key tile masked only where the loop's rule
+    asks for it, causal masks without the key-end test (the kernel's ``FEWER_MASKS``), against the
+    float64 oracle as ``test_hopper_forward``, gradients included."""
+    from ioattn import hopper
+    b, sq, sk, h, hkv = shape
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16)
+    with hopper.variant(variant), hopper.fewer_masks(True), hopper.prefer_hopper(True):
+        assert "hopper_fwd_kernel" in ioattn.explain_dispatch(q, k, k, causal=causal).forward["kernel"]
+        _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=causal)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("variant", ["pingpong", "split"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -162,3 +162,20 @@ def test_hopper_row_stores_via_q_compile_for_sm90():
         assert int(re.search(r"STG\.E\.128x(\d+)", staged).group(1)) == 2 * 256 // 16, staged
         shared = [int(re.search(r"shared=(\d+)", line).group(1)) for line in (plain, staged)]
         assert shared[0] == shared[1], shared
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+def test_hopper_fewer_masks_compile_for_sm90():
+    """Fewer masked key tiles (hopper.fewer_masks, the kernel's FEWER_MASKS) in the ping-pong kernel,
+    causal, every head dim: the build is the one asked for, wgmma pipelined, no spill (the first key
+    tile's softmax is compiled twice, masked and not)."""
+    pytest.importorskip("triton.experimental.gluon")
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_check_hopper.py"), "--quick",
+                           "--variants", "pingpong", "--masks", "1", "--fewer-masks"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    lines = [line for line in proc.stdout.splitlines() if " tiles=" in line]
+    assert len(lines) == 3 and all("fewer_masks" in line and "spill=0B" in line and "wgmma-pipelined" in line
+                                   for line in lines), lines

@@ -199,9 +199,13 @@ def _exp2_tile(x, FMA_COLS: gl.constexpr):
 @gluon.jit
 def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d,
                   MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr, LEAN: gl.constexpr = False,
-                  EXP2_FMA: gl.constexpr = 0):
+                  EXP2_FMA: gl.constexpr = 0, KEY_END: gl.constexpr = True):
     """Scale (log2 domain), mask, online-softmax step: returns (p, alpha, m_new, l_new). ``EXP2_FMA``:
     p's exponentials of that many of the tile's columns on the FMA units (``_exp2_tile``).
+    ``KEY_END`` False (causal only): no key-end test. A row r < seqlen_q sees keys up to
+    r + seqlen_k - seqlen_q <= seqlen_k - 1, so the diagonal test implies it for every row that is
+    stored; rows past seqlen_q (computed, never stored) may then see keys past the end, which only
+    reach their own row's max, sum and output.
 
     ``LEAN`` (the three-warpgroup variant's 160-register consumers; the same values up to rounding):
     * the scale is folded into the exponent, exp2(s * scale - m) (one FFMA an element, FA3's form),
@@ -213,14 +217,18 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
       ``hi < limit - n_start - lo``: no per-column registers. The plain form keeps the thread's 32
       column offsets live across the key loop, which 160 registers cannot afford. The identity
       hi + lo == cols holds whatever the layout: only the saving depends on it."""
+    gl.static_assert(KEY_END or IS_CAUSAL, "without the diagonal test the key end is the only mask")
     if LEAN:
         if MASKED:
             hi = cols_1d & ~6
             lo = cols_1d & 6
-            keep = hi[None, :] < (seqlen_k - n_start - lo)[None, :]
             if IS_CAUSAL:
                 limit = m_start + rows_1d + (seqlen_k - seqlen_q) - n_start
-                keep = keep & (hi[None, :] <= limit[:, None] - lo[None, :])
+                keep = hi[None, :] <= limit[:, None] - lo[None, :]
+                if KEY_END:
+                    keep = keep & (hi[None, :] < (seqlen_k - n_start - lo)[None, :])
+            else:
+                keep = hi[None, :] < (seqlen_k - n_start - lo)[None, :]
             s = gl.where(keep, s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: exp2 gives 0, not NaN
@@ -230,9 +238,12 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
         if MASKED:
             rows = (m_start + rows_1d)[:, None]
             cols = (n_start + cols_1d)[None, :]
-            keep = cols < seqlen_k
             if IS_CAUSAL:
-                keep = keep & (cols <= rows + (seqlen_k - seqlen_q))
+                keep = cols <= rows + (seqlen_k - seqlen_q)
+                if KEY_END:
+                    keep = keep & (cols < seqlen_k)
+            else:
+                keep = cols < seqlen_k
             s = gl.where(keep, s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: exp2 gives 0, not NaN
@@ -418,7 +429,7 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                        qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                        STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr, TURN0: gl.constexpr,
                        ORDERED: gl.constexpr, LEAN: gl.constexpr, EXP2_FMA: gl.constexpr,
-                       ROW_STORES: gl.constexpr):
+                       ROW_STORES: gl.constexpr, FEWER_MASKS: gl.constexpr = False):
     """One consumer warpgroup of the ping-pong (``NUM_WG`` = 2) or three-warpgroup ring (3) variant:
     ``BLOCK_M`` (= 64) query rows of its own, the K/V ring shared with the other consumer warpgroups.
 
@@ -456,7 +467,7 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
     mbarrier.wait(q_bar, 0)
     o, m_i, l_i = _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn, next_turn,
                                m_start, seqlen_q, seqlen_k, n_lo, n_tiles, qk_scale, 0, 0, HEAD_DIM, BLOCK_M, BLOCK_N,
-                               STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, False, EXP2_FMA)
+                               STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, False, EXP2_FMA, FEWER_MASKS)
     rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _wg_acc_layout(BLOCK_N)))
     # ROW_STORES 2: staged in this warpgroup's Q buffer (its S products all retired in the key loop)
     _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
@@ -475,12 +486,15 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
                  seqlen_k, n_lo, n_tiles, qk_scale, g0, sec0, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr,
                  TURN0: gl.constexpr, ORDERED: gl.constexpr, LEAN: gl.constexpr, RELEASE_LAST: gl.constexpr,
-                 EXP2_FMA: gl.constexpr):
+                 EXP2_FMA: gl.constexpr, FEWER_MASKS: gl.constexpr = False):
     """One query tile's key loop for one ping-pong warpgroup (Q already in ``q_smem``): returns the
     unnormalised (O, m, l). ``g0``: ring uses before this tile, ``sec0``: this warpgroup's critical
     sections before it (both 0 for a one-tile program; a persistent program's running counts), so
     slots, phases and turns continue across tiles. ``RELEASE_LAST``: release the last V slot too (a
-    persistent program reloads it; a one-tile program never does)."""
+    persistent program reloads it; a one-tile program never does). ``FEWER_MASKS``: the first key
+    tile masked only when the loop's rule says so for it (the last tile, or one the diagonal
+    crosses) instead of always, and causal masks without the key-end test (``_softmax_tile``'s
+    ``KEY_END``)."""
     num_warps: gl.constexpr = gl.num_warps()
     gl.static_assert(num_warps == 4, "a ping-pong consumer is one warpgroup")
     gl.static_assert(STAGES >= 2, "S(i+1) and P(i) V(i) are in flight together")
@@ -504,8 +518,20 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     _turn_pass(next_turn, ORDERED)
     s = warpgroup_mma_wait(0, deps=[s_tok])
     mbarrier.arrive(k_empty.index(g0 % STAGES), count=1)
-    p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q, seqlen_k, rows_1d,
-                                       cols_1d, True, IS_CAUSAL, LEAN, EXP2_FMA)
+    KEY_END: gl.constexpr = not (FEWER_MASKS and IS_CAUSAL)
+    if FEWER_MASKS:
+        need_mask = n_tiles == 1
+        if MASK_ALL:
+            need_mask = need_mask | (n_lo * BLOCK_N + BLOCK_N - 1 > diag)
+        if need_mask:
+            p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q, seqlen_k,
+                                               rows_1d, cols_1d, True, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END)
+        else:
+            p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q, seqlen_k,
+                                               rows_1d, cols_1d, False, IS_CAUSAL, LEAN, EXP2_FMA)
+    else:
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q, seqlen_k,
+                                           rows_1d, cols_1d, True, IS_CAUSAL, LEAN, EXP2_FMA)
     p16 = gl.convert_layout(p.to(dtype), p_layout)  # O is still 0: no rescale
 
     for i in range(n_tiles - 1):
@@ -529,7 +555,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
             need_mask = need_mask | (n_start + BLOCK_N - 1 > diag)
         if need_mask:
             p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d,
-                                               cols_1d, True, IS_CAUSAL, LEAN, EXP2_FMA)
+                                               cols_1d, True, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END)
         else:
             p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d,
                                                cols_1d, False, IS_CAUSAL, LEAN, EXP2_FMA)
@@ -663,7 +689,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          MASK_ALL: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr,
                          EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
-                         GROUPED: gl.constexpr = False):
+                         GROUPED: gl.constexpr = False, FEWER_MASKS: gl.constexpr = False):
     """A ping-pong consumer warpgroup of the persistent kernel: rows [row_off, row_off + BLOCK_M) of
     each of this program's CTA_M-row tiles (``_walk``; the producer walks the same list). Per tile:
     ``_pp_mainloop`` with the ring's use count (``g0``) and this warpgroup's
@@ -697,7 +723,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                 o, m_i, l_i = _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn,
                                            next_turn, m_start, seqlen_q, seqlen_k, 0, n_tiles, qk_scale, g0, sec0,
                                            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED,
-                                           LEAN, True, EXP2_FMA)
+                                           LEAN, True, EXP2_FMA, FEWER_MASKS)
                 g0 += n_tiles
                 sec0 += n_tiles + 1
                 q_pending = 0
@@ -763,7 +789,7 @@ def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads
                     stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, ORDERED: gl.constexpr,
                     KV_TAIL: gl.constexpr, EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
-                    GROUPED: gl.constexpr = False):
+                    GROUPED: gl.constexpr = False, FEWER_MASKS: gl.constexpr = False):
     """The persistent ping-pong kernel's body (``hopper_fwd_kernel(PERSISTENT=True)``): the same
     shared memory and partitions as the one-tile kernel (two consumer warpgroups of 64 rows, the
     producer warp, 240 / 24 registers), each partition walking this program's tiles."""
@@ -776,7 +802,7 @@ def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads
                                  v_empty, turn.index(w), turn.index((w + 1) % 2), Out, Lse, num_tiles, num_m, nheads,
                                  seqlen_q, seqlen_k, stride_om, stride_lse_b, stride_lse_h, qk_scale, w * WG_ROWS,
                                  HEAD_DIM, BLOCK_M, WG_ROWS, BLOCK_N, STAGES, IS_CAUSAL, IS_CAUSAL,
-                                 1 if w == 0 else 0, ORDERED, EXP2_FMA, LEAN, ROW_STORES, GROUPED))
+                                 1 if w == 0 else 0, ORDERED, EXP2_FMA, LEAN, ROW_STORES, GROUPED, FEWER_MASKS))
          if w < 2 else
          (_persistent_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                  num_tiles, num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N,
@@ -793,7 +819,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
                       ORDERED: gl.constexpr = True, LEAN: gl.constexpr = False, IS_VARLEN: gl.constexpr = False,
                       PERSISTENT: gl.constexpr = False, LPT: gl.constexpr = False, KV_TAIL: gl.constexpr = False,
                       EXP2_FMA: gl.constexpr = 0, ROW_STORES: gl.constexpr = False,
-                      WALK_GROUPED: gl.constexpr = False, num_tiles=0):
+                      WALK_GROUPED: gl.constexpr = False, FEWER_MASKS: gl.constexpr = False, num_tiles=0):
     """``PINGPONG=False`` (the default, launched with num_warps = 4 * BLOCK_M // 64): one consumer
     partition of BLOCK_M // 64 warpgroups in lockstep, Q descriptor block [BLOCK_M, HEAD_DIM]
     (``NUM_WG`` unused). ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 64 * NUM_WG):
@@ -832,14 +858,17 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
     warpgroup's dead Q buffer (the one-tile ping-pong kernels at d = 256).
 
     ``WALK_GROUPED`` (persistent, causal): the LPT order within groups of heads (``_tile_bhm``'s
-    ``GROUPED``; ``hopper.persistent_grouped_walk``)."""
+    ``GROUPED``; ``hopper.persistent_grouped_walk``).
+
+    ``FEWER_MASKS`` (ping-pong kernels): the first key tile masked only where needed and causal masks
+    without the key-end test (``_pp_mainloop``; ``hopper.fewer_masks``)."""
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     if PERSISTENT:
         gl.static_assert(PINGPONG and NUM_WG == 2 and not IS_VARLEN,
                          "persistent: the two-warpgroup ping-pong kernel, fixed-length batches")
         _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om, stride_lse_b,
                         stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
-                        ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES, WALK_GROUPED)
+                        ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES, WALK_GROUPED, FEWER_MASKS)
         return
     b, h, m_block = _tile_bhm(gl.program_id(0), num_m, gl.num_programs(0), nheads, IS_CAUSAL, LPT)
     m_start = m_block * BLOCK_M
@@ -911,7 +940,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
                                    v_empty, turn.index(w), turn.index((w + 1) % NUM_WG), Out, Lse,
                                    q_row0 + w * WG_ROWS, q_col, m_start + w * WG_ROWS, seqlen_q, seqlen_k, n_lo,
                                    n_tiles, stride_om, lse_base, qk_scale, HEAD_DIM, WG_ROWS, BLOCK_N, STAGES,
-                                   IS_CAUSAL, MASK_ALL, 1 if w == 0 else 0, ORDERED, LEAN, EXP2_FMA, ROW_STORES))
+                                   IS_CAUSAL, MASK_ALL, 1 if w == 0 else 0, ORDERED, LEAN, EXP2_FMA, ROW_STORES,
+                                   FEWER_MASKS))
              if w < NUM_WG else
              (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
                           n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL))
