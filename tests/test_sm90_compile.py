@@ -15,6 +15,16 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+def _hopper_check(*args):
+    """The report lines (one a kernel) of benchmarks/compile_check_hopper.py --quick ``args``, run in a
+    child process without the interpreter; the script's own assertions must pass."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_check_hopper.py"), "--quick", *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return [line for line in proc.stdout.splitlines() if " tiles=" in line]
+
+
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 def test_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -76,12 +86,7 @@ def test_hopper_exp2_fma_compiles_for_sm90():
     pytest.importorskip("triton.experimental.gluon")
     import re
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_check_hopper.py"), "--quick",
-                           "--variants", "pingpong,wg3", "--headdims", "64,128", "--masks", "1", "--exp2-fma", "0,25"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    lines = [line for line in proc.stdout.splitlines() if " tiles=" in line]
+    lines = _hopper_check("--variants", "pingpong,wg3", "--headdims", "64,128", "--masks", "1", "--exp2-fma", "0,25")
     assert len(lines) == 6, lines
     counts = {}
     for line in lines:
@@ -107,12 +112,7 @@ def test_hopper_row_stores_compile_for_sm90():
     pytest.importorskip("triton.experimental.gluon")
     import re
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_check_hopper.py"), "--quick",
-                           "--variants", "pingpong,persistent", "--masks", "0"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    lines = [line for line in proc.stdout.splitlines() if " tiles=" in line]
+    lines = _hopper_check("--variants", "pingpong,persistent", "--masks", "0")
     assert len(lines) == 6, lines
     for line in lines:
         variant, d = line.split()[0], int(re.search(r" d=(\d+)", line).group(1))
@@ -131,12 +131,7 @@ def test_hopper_grouped_walk_compiles_for_sm90():
     within the persistent kernel's allowance around its tile loop, shared memory within the H200's)
     hold, and the build is the grouped one."""
     pytest.importorskip("triton.experimental.gluon")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_check_hopper.py"), "--quick",
-                           "--variants", "persistent", "--masks", "1", "--grouped-walk"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    lines = [line for line in proc.stdout.splitlines() if " tiles=" in line]
+    lines = _hopper_check("--variants", "persistent", "--masks", "1", "--grouped-walk")
     assert len(lines) == 3 and all("grouped_walk" in line and "wgmma-pipelined" in line for line in lines), lines
 
 
@@ -148,14 +143,8 @@ def test_hopper_row_stores_via_q_compile_for_sm90():
     pytest.importorskip("triton.experimental.gluon")
     import re
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    runs = {}
-    for flag in ([], ["--row-stores-via-q"]):
-        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_check_hopper.py"), "--quick",
-                               "--variants", "pingpong", "--headdims", "256", *flag],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-        runs[bool(flag)] = [line for line in proc.stdout.splitlines() if " tiles=" in line]
+    runs = {bool(flag): _hopper_check("--variants", "pingpong", "--headdims", "256", *flag)
+            for flag in ([], ["--row-stores-via-q"])}
     for plain, staged in zip(runs[False], runs[True]):
         assert "row_stores" not in plain and re.search(r"STG\.E\.128x", plain) is None, plain
         assert "row_stores_via_q" in staged and "spill=0B" in staged and "wgmma-pipelined" in staged, staged
@@ -171,11 +160,6 @@ def test_hopper_fewer_masks_compile_for_sm90():
     tile's softmax is compiled twice, masked and not)."""
     pytest.importorskip("triton.experimental.gluon")
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_check_hopper.py"), "--quick",
-                           "--variants", "pingpong", "--masks", "1", "--fewer-masks"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    lines = [line for line in proc.stdout.splitlines() if " tiles=" in line]
+    lines = _hopper_check("--variants", "pingpong", "--masks", "1", "--fewer-masks")
     assert len(lines) == 3 and all("fewer_masks" in line and "spill=0B" in line and "wgmma-pipelined" in line
                                    for line in lines), lines
