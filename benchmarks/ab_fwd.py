@@ -27,8 +27,7 @@ from ioattn.bench.providers import providers
 from ioattn.bench.run import _check
 from ioattn.bench.timing import attention_flops, median_ms
 
-def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False, exp2_fma=0.0, lean=False, acc_stores=False,
-               grouped=False, via_q=False, fewer=False):
+def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False, exp2_fma=0.0, lean=False, acc_stores=False):
     def run(q, k, v, causal):
         if gluon and q.shape[-1] not in hopper.TILE_TABLE[gluon]:  # else the portable kernel would be timed
             raise ValueError(f"the Gluon {gluon} variant has no head dim {q.shape[-1]}")
@@ -37,9 +36,7 @@ def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False, exp2_fma=0.0, lean
             with dispatch.prefer_tma(tma), dispatch.prefer_persistent(persistent), \
                     hopper.prefer_hopper(bool(gluon)), hopper.variant(gluon or "base"), \
                     dispatch.rescale_threshold(tau), hopper.lpt_order(lpt), hopper.exp2_fma(exp2_fma), \
-                    hopper.lean_softmax(lean), hopper.out_row_stores(not acc_stores), \
-                    hopper.persistent_grouped_walk(grouped), hopper.out_row_stores_via_q(via_q), \
-                    hopper.fewer_masks(fewer):
+                    hopper.lean_softmax(lean), hopper.out_row_stores(not acc_stores):
                 return ioattn.flash_attn_func(q, k, v, causal=causal)
         finally:
             dispatch.set_tile_override("fwd", None)
@@ -51,21 +48,17 @@ FMA_SUFFIX = {"12": 12.5, "25": 25.0, "50": 50.0, "100": 100.0}
 
 
 def parse_load(name, loads):
-    """A --loads name -> (its loads entry, lpt, exp2_fma, acc_stores, grouped, via_q, fewer): a base name,
-    then optionally "-fmaNN" (Gluon only), "-accstore" (Gluon only: the output stored from the
-    accumulator layout, hopper.out_row_stores off; until NOTES §57 "-rows" named the opposite) or
-    "-viaq" (d = 256's output staged in the Q buffer, hopper.out_row_stores_via_q), "-lpt", "-grp"
-    (the persistent variant's causal walk grouped by heads, hopper.persistent_grouped_walk) and "-fm"
-    (fewer masked key tiles, hopper.fewer_masks), in that order (e.g. gluon-pp-fma25,
-    gluon-wg3-fma50-lpt, gluon-pers-lean-accstore, gluon-pp-lean-viaq, gluon-pers-lean-grp-fm)."""
-    m = re.fullmatch(r"(.+?)(?:-fma(\d+))?(-accstore|-viaq)?(-lpt)?(-grp)?(-fm)?", name)
-    base, fma, lpt, grp, fm = m.group(1), m.group(2), bool(m.group(4)), bool(m.group(5)), bool(m.group(6))
-    acc, viaq = m.group(3) == "-accstore", m.group(3) == "-viaq"
+    """A --loads name -> (its loads entry, lpt, exp2_fma, acc_stores): a base name, then optionally
+    "-fmaNN" (Gluon only), "-accstore" (Gluon only: the output stored from the accumulator layout,
+    hopper.out_row_stores off; until NOTES §57 "-rows" named the opposite) and "-lpt", in that order
+    (e.g. gluon-pp-fma25, gluon-wg3-fma50-lpt, gluon-pers-lean-accstore)."""
+    m = re.fullmatch(r"(.+?)(?:-fma(\d+))?(-accstore)?(-lpt)?", name)
+    base, fma, acc, lpt = m.group(1), m.group(2), bool(m.group(3)), bool(m.group(4))
     if base not in loads or (fma is not None and (fma not in FMA_SUFFIX or not base.startswith("gluon"))) \
-            or ((acc or viaq or grp or fm) and not base.startswith("gluon")):
+            or (acc and not base.startswith("gluon")):
         raise SystemExit(f"unknown --loads name {name!r}: one of {', '.join(loads)}, a Gluon name may take "
-                         f"-fma{{{','.join(FMA_SUFFIX)}}}, -accstore or -viaq, -lpt, -grp and -fm")
-    return loads[base], lpt, FMA_SUFFIX[fma] if fma else 0.0, acc, grp, viaq, fm
+                         f"-fma{{{','.join(FMA_SUFFIX)}}}, -accstore and -lpt")
+    return loads[base], lpt, FMA_SUFFIX[fma] if fma else 0.0, acc
 
 
 def main():
@@ -80,11 +73,7 @@ def main():
                          "gluon-pp-lean / -nolean, gluon-split-..., gluon-pers-... (hopper.lean_softmax forced); "
                          "a Gluon name + \"-fma12/-fma25/-fma50/-fma100\": that share (%%; 12 = 12.5) of the "
                          "exponentials on the FMA units (hopper.exp2_fma); + \"-accstore\": the output stored from "
-                         "the accumulator layout (hopper.out_row_stores off), or \"-viaq\": d = 256's output staged in "
-                         "the Q buffer (hopper.out_row_stores_via_q); + \"-fm\" (last): fewer masked key tiles "
-                         "(hopper.fewer_masks); + \"-grp\" (before -fm): the persistent "
-                         "variant's causal walk grouped by heads (hopper.persistent_grouped_walk); + \"-lpt\": the "
-                         "causal grid in LPT order "
+                         "the accumulator layout (hopper.out_row_stores off); + \"-lpt\": the causal grid in LPT order "
                          "(the "
                          "Gluon Hopper forward's base, ping-pong, unordered two-warpgroup, three-warpgroup and "
                          "persistent ping-pong variants; "
@@ -113,9 +102,8 @@ def main():
     # one-tile Gluon kernels)
     parsed = {name: parse_load(name, loads) for name in args.loads.split(",")}
     fns = {f"{name}-{'dflt' if c is None else '.'.join(map(str, (c.block_m, c.block_n, c.num_warps, c.num_stages)))}":
-           variant_fn(*entry[:4], c, lpt, exp2_fma, *entry[4:5], acc_stores=acc, grouped=grp, via_q=viaq,
-                      fewer=fm)
-           for c in tile_sets for name, (entry, lpt, exp2_fma, acc, grp, viaq, fm) in parsed.items()
+           variant_fn(*entry[:4], c, lpt, exp2_fma, *entry[4:5], acc_stores=acc)
+           for c in tile_sets for name, (entry, lpt, exp2_fma, acc) in parsed.items()
            if not (name.startswith("gluon") and c is not None)}
     fns.update(peers)
     rows = []

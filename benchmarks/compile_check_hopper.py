@@ -44,8 +44,7 @@ from gluon_aot import (DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxa
                        sass_opcodes, sass_text, sass_top_register)
 
 
-def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, exp2_fma=0, row_stores=True,
-                grouped_walk=False, via_q=False, fewer_masks=False):
+def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, exp2_fma=0, row_stores=True):
     cfg = hopper.kernel_config(d, variant)
     bn, q_rows = cfg["block_n"], cfg["q_rows"]
     q_layout = gl.NVMMASharedLayout.get_default_for([q_rows, d], DTYPES[dt])
@@ -58,9 +57,7 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
     # multiples of the key tile)
     constexprs = dict(cfg["constexprs"], IS_CAUSAL=causal, IS_VARLEN=varlen, LPT=lpt,
                       KV_TAIL=varlen if kv_tail is None else kv_tail, EXP2_FMA=hopper.exp2_fma_cols(exp2_fma, bn),
-                      ROW_STORES=cfg_row_stores(row_stores, variant, d, via_q),
-                      WALK_GROUPED=grouped_walk and causal and variant == "persistent",
-                      FEWER_MASKS=fewer_masks and cfg["constexprs"]["PINGPONG"] and cfg["constexprs"]["NUM_WG"] == 2)
+                      ROW_STORES=cfg_row_stores(row_stores, variant, d))
     if varlen:
         sig.update(Cu_q="*i32", Cu_k="*i32")
     else:  # the launcher passes None for fixed-length calls: constexpr None
@@ -87,17 +84,17 @@ def cfg_tail(varlen, kv_tail):
     return varlen if kv_tail is None else kv_tail
 
 
-def cfg_row_stores(row_stores, variant, d, via_q=False):
+def cfg_row_stores(row_stores, variant, d):
     """The kernel's ``ROW_STORES`` as the launcher sets it (``hopper.row_stores``), under
-    ``--no-row-stores`` / ``--row-stores-via-q``."""
-    with hopper.out_row_stores(row_stores), hopper.out_row_stores_via_q(via_q):
+    ``--no-row-stores``."""
+    with hopper.out_row_stores(row_stores):
         return hopper.row_stores(d, variant)
 
 
 def check(job):
     """Compile one (variant, head dim, dtype, causal), assert its structure, return its report line."""
-    variant, d, dt, causal, run_ptxas, varlen, lpt, kv_tail, exp2_fma, row_stores, grouped, via_q, fewer = job
-    cfg, k = compile_one(variant, d, dt, causal, varlen, lpt, kv_tail, exp2_fma, row_stores, grouped, via_q, fewer)
+    variant, d, dt, causal, run_ptxas, varlen, lpt, kv_tail, exp2_fma, row_stores = job
+    cfg, k = compile_one(variant, d, dt, causal, varlen, lpt, kv_tail, exp2_fma, row_stores)
     ptx = k.asm["ptx"]
     c = ptx_counts(ptx)
     where = (variant, d, dt, causal, varlen)
@@ -143,12 +140,10 @@ def check(job):
             assert exp2_fma or spills <= allowed, (where, "ptxas spilled", spills)
     if exp2_fma:
         regs += f"exp2_fma={exp2_fma:g}% "
-    mode = cfg_row_stores(row_stores, variant, d, via_q)
+    mode = cfg_row_stores(row_stores, variant, d)
     if mode:
         regs += "row_stores " if mode == 1 else "row_stores_via_q "
-    if grouped and causal and variant == "persistent":
-        regs += "grouped_walk "
-    if fewer and variant not in ("base", "wg3"):
+    if cfg["constexprs"]["FEWER_MASKS"]:
         regs += "fewer_masks "
     return (f"{variant:8s} d={d} {dt} causal={causal!s:5s} {'varlen ' if varlen else ''}"
             f"tiles={cfg['block_m']}x{cfg['block_n']}x{cfg['stages']} "
@@ -170,15 +165,6 @@ def main():
     ap.add_argument("--no-row-stores", action="store_true",
                     help="the output stored from the accumulator layout (ROW_STORES off, hopper.out_row_stores) "
                          "where the launcher stores whole rows")
-    ap.add_argument("--row-stores-via-q", action="store_true",
-                    help="d = 256's output staged in the Q buffer as whole rows (ROW_STORES 2, "
-                         "hopper.out_row_stores_via_q) where it applies")
-    ap.add_argument("--fewer-masks", action="store_true",
-                    help="the ping-pong kernels' first key tile masked only where needed, causal masks without "
-                         "the key-end test (FEWER_MASKS, hopper.fewer_masks)")
-    ap.add_argument("--grouped-walk", action="store_true",
-                    help="the persistent variant's causal walk grouped by heads (WALK_GROUPED, "
-                         "hopper.persistent_grouped_walk)")
     ap.add_argument("--exp2-fma", default="0",
                     help="comma-separated shares (%%) of the exponentials on the FMA units (EXP2_FMA): "
                          f"{', '.join(f'{x:g}' for x in hopper.EXP2_FMA_SHARES)}")
@@ -188,7 +174,7 @@ def main():
     dims = None if args.headdims is None else {int(x) for x in args.headdims.split(",")}
     shares = [float(x) for x in args.exp2_fma.split(",")]
     jobs = [(variant, d, dt, causal, not args.no_ptxas, args.varlen, args.lpt, args.kv_tail or None, share,
-             not args.no_row_stores, args.grouped_walk, args.row_stores_via_q, args.fewer_masks)
+             not args.no_row_stores)
             for variant in args.variants.split(",")
             for d in hopper.TILE_TABLE[variant] if dims is None or d in dims for dt in dtypes for causal in masks
             for share in shares]

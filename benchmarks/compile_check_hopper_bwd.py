@@ -15,7 +15,7 @@ register the SASS names, + 1: ``consumer_regs``) and the spill instructions insi
 (``loop_spills``); it asserts no C7514, no spill inside that loop and at most 24 B outside it.
 
     python benchmarks/compile_check_hopper_bwd.py [--variants base,ws] [--headdims 64,128,256] [--quick]
-                                                  [--no-ptxas] [--jobs N] [--deterministic] [--dq-hi-via-q]
+                                                  [--no-ptxas] [--jobs N] [--deterministic]
 """
 import argparse
 import os
@@ -117,11 +117,7 @@ def main():
     ap.add_argument("--causal", default="0,1", help="masks to compile: 0 none, 1 causal")
     ap.add_argument("--deterministic", action="store_true", help="also the ws kernel's deterministic dQ order")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="compiles in parallel")
-    ap.add_argument("--dq-hi-via-q", action="store_true",
-                    help="the column-split form with dQ's high half through the Q ring (WS_DQ_HI_VIA_Q on)")
     args = ap.parse_args()
-    if args.dq_hi_via_q:  # before the forked compiles, which read it in kernel_config
-        hopper_backward.WS_DQ_HI_VIA_Q = True
     dtypes = ("bf16",) if args.quick else ("bf16", "fp16")
     variants = args.variants.split(",")
     assert set(variants) <= set(BWD_VARIANTS), variants

@@ -75,10 +75,11 @@ PERSISTENT_MAX_SEQLEN = {64: 1024, 128: 4096, 256: 4096}
 #   510 vs 419; causal N=4096 358 vs 366 (behind), N=8192 443 vs 396, 16384 482 vs 436.
 # - d=128 causal from N=1024 since the output's whole-row stores (out_row_stores; ab_fwd,
 #   results/session-2026-12-02-g, gluon-pp-lean-rows vs tma): N=1024 358 vs 328, N=512 232 vs 230 (level
-#   in one run of two rounds: the portable kernel kept there).
+#   in one run of two rounds: the portable kernel kept there); from N=512 since fewer masked key tiles
+#   (FEWER_MASKS; results/session-2026-12-02-l, gluon-pp-lean with them vs tma): 249 vs 229.
 # - d=64 non-causal from N=512 with the persistent variant up to 1024 (PERSISTENT_MAX_SEQLEN's note).
 # Below N=512 nothing was measured: the portable kernel.
-AUTO_MIN_SEQLEN = {(64, False): 512, (64, True): 8192, (128, False): 512, (128, True): 1024,
+AUTO_MIN_SEQLEN = {(64, False): 512, (64, True): 8192, (128, False): 512, (128, True): 512,
                    (256, False): 512, (256, True): 512}
 
 # (block_m, block_n, stages) per variant and head dim, from FA3's published shapes (below); the
@@ -200,7 +201,21 @@ def kernel_config(d: int, name: str | None = None) -> dict:
                                 # the register-lean softmax and lse offsets the 160-register consumers need
                                 # (and, by choice, the two-warpgroup variants': lean_softmax below)
                                 LEAN=num_wg == 3 or (pingpong and lean_softmax.wanted()),
-                                PERSISTENT=name == "persistent"))
+                                PERSISTENT=name == "persistent",
+                                FEWER_MASKS=pingpong and num_wg == FEWER_MASKS_NUM_WG))
+
+
+# Fewer masked key tiles in the ping-pong kernels (the kernel's ``FEWER_MASKS``): the first key tile
+# takes the masked softmax only when the loop's own rule asks for it (the last tile, or one the
+# diagonal crosses) instead of always, and causal masks drop the key-end test, which the diagonal
+# implies for every stored row. The masked softmax is 523 SASS instructions a tile against 284
+# (ping-pong, d=128, causal, compile check). Measured (ab_fwd on the H200, bf16, 16k tokens, 2
+# interleaved rounds, results/session-2026-12-02-l, NOTES §62), d=128 without / with, TFLOP/s:
+# ping-pong causal N=512 231 / 249, 1024 359 / 376, 2048 484 / 495, 16384 693 / 695; non-causal
+# 406 / 410 ... 690 / 695; persistent causal 241 / 244, 331 / 348, 432 / 446, 671 / 674. The
+# two-warpgroup variants only (this number of consumer warpgroups): in wg3's 160-register consumers
+# the second copy of the first tile's softmax made ptxas spill 172 B.
+FEWER_MASKS_NUM_WG = 2
 
 
 # Variable-length (packed) batches through the Gluon kernel (its IS_VARLEN specialisation): its GPU
@@ -227,22 +242,6 @@ prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer
 # (NOTES §36): off (``with hopper.lpt_order(True)``, IOATTN_HOPPER_LPT=1). The persistent variant
 # always uses it (its static walk needs it for balance).
 lpt_order = dispatch.Preference(False, env="IOATTN_HOPPER_LPT")
-
-# The persistent variant's causal walk in LPT order within groups of cdiv(programs, query blocks)
-# heads instead of over the whole grid (the kernel's ``WALK_GROUPED``): the tiles of one wave then
-# share their heads' K / V in L2. Nsight Compute at d=128 N=512 causal (NOTES §59's note): the
-# whole-grid walk hit L2 at 15 % (ping-pong 44 %) and read 2.96 TB/s from DRAM. An A/B switch, off
-# until measured (NOTES §60); the persistent variant is not the default for causal calls.
-persistent_grouped_walk = dispatch.Preference(False)
-
-# Fewer masked key tiles in the ping-pong kernels (the kernel's ``FEWER_MASKS``): the first key tile
-# takes the masked softmax only when the loop's own rule asks for it (the last tile, or one the
-# diagonal crosses) instead of always, and causal masks drop the key-end test, which the diagonal
-# implies for every stored row. The masked softmax is 523 SASS instructions a tile against 284
-# (ping-pong, d=128, causal, compile check); at N=512 causal 7 of a block's 10 tile steps take it
-# today, 4 would. The two-warpgroup variants only: in wg3's 160-register consumers the second copy
-# of the first tile's softmax made ptxas spill 172 B. An A/B switch, off until measured (NOTES §62).
-fewer_masks = dispatch.Preference(False)
 
 # The two-warpgroup variants (ping-pong, split, persistent) with the three-warpgroup variant's lean
 # softmax (the scale folded into one multiply-add per score, the row max on raw scores: about one
@@ -272,10 +271,10 @@ ROW_STORE_HEADDIMS = {"base": (64, 128), "pingpong": (64, 128), "split": (64, 12
                       "persistent": (128,)}
 # d = 256 (no room for the scratch) in the one-tile ping-pong kernels: the output staged instead in
 # the consumer warpgroup's own Q buffer (64 x 256 x 2 B, the output tile's size), dead once its last S
-# product has retired; the persistent kernel has the next tile's Q loading there by then. The
-# backward's d = 256 took the same route through its Q ring, +2 to +7.5 % (NOTES §58). An A/B switch,
-# off until measured (NOTES §61).
-out_row_stores_via_q = dispatch.Preference(False)
+# product has retired; the persistent kernel has the next tile's Q loading there by then. Measured
+# (ab_fwd on the H200, bf16, 16k tokens, 2 interleaved rounds, results/session-2026-12-02-n, NOTES
+# §61), ping-pong without / with, TFLOP/s: N=512 405 / 477, 1024 528 / 587, 2048 622 / 660, 16384
+# 721 / 725; causal 252 / 293, 368 / 411, 475 / 510, 711 / 719.
 ROW_STORE_VIA_Q_HEADDIMS = {"pingpong": (256,), "split": (256,)}
 
 
@@ -287,7 +286,7 @@ def row_stores(d: int, name: str) -> int:
         return 0
     if d in ROW_STORE_HEADDIMS.get(name, ()):
         return 1
-    return 2 if out_row_stores_via_q.wanted() and d in ROW_STORE_VIA_Q_HEADDIMS.get(name, ()) else 0
+    return 2 if d in ROW_STORE_VIA_Q_HEADDIMS.get(name, ()) else 0
 
 # FlashAttention-4's exp2 emulation (the kernel's ``EXP2_FMA``): this percentage of each key tile's
 # columns take their exponentials from a cubic on the FMA units (``hopper_forward._exp2_poly``, max
@@ -477,10 +476,6 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
                             KV_TAIL=varlen or seqlen_k % block_n != 0,
                             EXP2_FMA=exp2_fma_cols(exp2_fma_share(), block_n),
                             ROW_STORES=row_stores(d, cfg["variant"]),
-                            WALK_GROUPED=bool(causal) and cfg["variant"] == "persistent"
-                            and persistent_grouped_walk.wanted(),
-                            FEWER_MASKS=cfg["constexprs"]["PINGPONG"] and cfg["constexprs"]["NUM_WG"] == 2
-                            and fewer_masks.wanted(),
                             num_warps=cfg["num_warps"], **cfg["constexprs"])
     return out, lse
 

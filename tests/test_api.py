@@ -512,8 +512,7 @@ def test_explain_dispatch_matches_the_policy():
 
 def test_hopper_kernel_policy_and_refusals(monkeypatch):
     """The Gluon Hopper forward's default policy (hopper.AUTO_MIN_SEQLEN, from the device runs): head
-    dim 128 from 512 query rows on non-causal and from 2048 causal, head dim 256 from 512, never head
-    dim 64; not when the caller fixed the forward's tiles; prefer_hopper and IOATTN_HOPPER override it
+    dim 128 and 256 from 512 query rows, both masks, head dim 64 from 512 non-causal and 8192 causal; not when the caller fixed the forward's tiles; prefer_hopper and IOATTN_HOPPER override it
     both ways. It runs only for the calls it covers; elsewhere (here: a CPU) the portable path runs
     and the reason is given."""
     import ioattn
@@ -524,9 +523,9 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     long128 = torch.empty(1, 4096, 2, 128, dtype=torch.bfloat16)
     assert hopper.wanted(long128) and hopper.wanted(long128, causal=True)
     n512 = torch.empty(1, 512, 2, 128, dtype=torch.bfloat16)
-    assert hopper.wanted(n512) and not hopper.wanted(n512, causal=True)  # causal 512: measured level
-    assert hopper.wanted(torch.empty(1, 1024, 2, 128), causal=True)
-    assert not hopper.wanted(torch.empty(1, 511, 2, 128, dtype=torch.bfloat16))
+    assert hopper.wanted(n512) and hopper.wanted(n512, causal=True)  # causal 512: since FEWER_MASKS
+    for causal in (False, True):
+        assert not hopper.wanted(torch.empty(1, 511, 2, 128, dtype=torch.bfloat16), causal=causal)
     for causal in (False, True):
         assert hopper.wanted(torch.empty(1, 512, 2, 256), causal=causal)
         assert not hopper.wanted(torch.empty(1, 511, 2, 256), causal=causal)
@@ -573,19 +572,18 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
         assert not hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"]
         assert not hopper.kernel_config(256, "persistent")["constexprs"]["LEAN"]
         assert hopper.kernel_config(64, "wg3")["constexprs"]["LEAN"]
-    # the output stored as whole rows at d = 64 / 128 (measured faster), not at d = 256 (no shared memory
-    # for it) nor in the persistent variant at d = 64 (measured slower); off everywhere by choice
+    # the output stored as whole rows at d = 64 / 128 through Triton's conversion (mode 1), at d = 256
+    # staged in the Q buffer (mode 2) in the one-tile ping-pong kernels; not in the persistent variant at
+    # d = 64 (measured slower) nor 256 (its next tile's Q is in that buffer); off everywhere by choice
     rows = {(v, d): hopper.row_stores(d, v) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]}
-    assert [key for key, on in rows.items() if not on] == [("pingpong", 256), ("split", 256), ("persistent", 64),
-                                                           ("persistent", 256)], rows
+    assert [key for key, mode in rows.items() if not mode] == [("persistent", 64), ("persistent", 256)], rows
+    assert [key for key, mode in rows.items() if mode == 2] == [("pingpong", 256), ("split", 256)], rows
     with hopper.out_row_stores(False):
         assert not any(hopper.row_stores(d, v) for v, d in rows)
-    # d = 256 staged in the Q buffer (mode 2) by choice, in the one-tile ping-pong kernels only
-    with hopper.out_row_stores_via_q(True):
-        assert [key for key, on in rows.items() if hopper.row_stores(key[1], key[0]) == 2] == [("pingpong", 256),
-                                                                                            ("split", 256)]
-        with hopper.out_row_stores(False):
-            assert hopper.row_stores(256, "pingpong") == 0
+    # fewer masked key tiles in the two-warpgroup ping-pong kernels (wg3's consumers spilled with it)
+    fewer = {v: hopper.kernel_config(128 if v != "wg3" else 64, v)["constexprs"]["FEWER_MASKS"]
+             for v in hopper.VARIANTS}
+    assert fewer == {"base": False, "pingpong": True, "split": True, "wg3": False, "persistent": True}
     assert hopper.grid_programs(torch.device("cpu"), "pingpong", 1000) == 1000  # one per tile
     assert hopper.grid_programs(torch.device("cpu"), "persistent", 1000) == 132  # one per SM (an H100/H200 here)
     assert hopper.grid_programs(torch.device("cpu"), "persistent", 7) == 7
@@ -612,7 +610,8 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     with pytest.raises(ValueError, match="unknown Hopper kernel variant 'nope'"):
         hopper.active_variant()
     monkeypatch.delenv("IOATTN_HOPPER_VARIANT")
-    assert "head dim 128 causal from seqlen_q >= 1024 (here 512)" in hopper.policy(n512, causal=True)[1]
+    n500 = torch.empty(1, 500, 2, 128, dtype=torch.bfloat16)
+    assert "head dim 128 causal from seqlen_q >= 512 (here 500)" in hopper.policy(n500, causal=True)[1]
     assert "head dim 96 non-causal is not in hopper.AUTO_MIN_SEQLEN" in hopper.policy(torch.empty(1, 9, 2, 96))[1]
     # the plan says why the Gluon kernel is not taken (here: no sm_90 GPU)
     with dispatch.forced_backend("triton"):
@@ -749,17 +748,18 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
         hb.kernel_config(256, "base")
     with pytest.raises(ValueError, match="ws variant covers head dims 64, 128, 256, not 96"):
         hb.kernel_config(96, "ws")
-    # d=256: the ws kernel's column-split form (64 keys a program, one dO stage, dQ in two halves);
+    # d=256: the ws kernel's column-split form (64 keys a program, one dO stage, dQ in two halves, the
+    # high one through the Q ring);
     # 64 and 128: keys split between the warpgroups, equal rings, whole dQ blocks; d=64 takes 128 query
     # rows a step (NOTES §55)
     wide = hb.kernel_config(256, "ws")
     assert wide["kernel"] is hb.hopper_bwd_ws_kernel and (wide["block_n"], wide["dq_cols"]) == (64, 128)
     assert wide["constexprs"] == dict(HEAD_DIM=256, BLOCK_M=64, BLOCK_N=64, STAGES=2, DO_STAGES=1, COL_SPLIT=True,
-                                      COALESCED_STORE=True, DQ_HI_VIA_Q=hb.WS_DQ_HI_VIA_Q)
+                                      COALESCED_STORE=True)
     for d, block_m, stages in ((64, 128, 3), (128, 64, 2)):
         assert hb.kernel_config(d, "ws")["constexprs"] == dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=128,
                                                                STAGES=stages, DO_STAGES=stages, COL_SPLIT=False,
-                                                               COALESCED_STORE=True, DQ_HI_VIA_Q=False)
+                                                               COALESCED_STORE=True)
     x = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="deterministic=True needs variant \"ws\""):  # refused before any launch
         hb.hopper_backward(x, x, x, x, x, torch.zeros(1, 2, 8), 0.125, False, variant="base", deterministic=True)

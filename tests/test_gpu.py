@@ -246,14 +246,14 @@ def test_hopper_forward(variant, d, causal, dtype, shape, poison_alloc):
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("variant", ["base", "pingpong", "split", "wg3", "persistent"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (3, 129, 64, 2, 2), (2, 300, 340, 3, 1),
                                    (1, 64, 1000, 2, 2)])
 def test_hopper_forward_accumulator_stores(variant, d, causal, shape, poison_alloc):
     """``hopper.out_row_stores(False)``: the output stored from the wgmma accumulator layout instead of
-    as whole rows (the default at d = 64 / 128, ``hopper.ROW_STORE_HEADDIMS``, which
-    ``test_hopper_forward`` covers), every variant, against the float64 oracle as
+    as whole rows (the default but in the persistent variant at d = 64 / 256, ``hopper.row_stores``,
+    which ``test_hopper_forward`` covers), every variant, against the float64 oracle as
     ``test_hopper_forward``; the shapes with rows past seqlen_q (masked stores) and warpgroups with no
     visible key."""
     from ioattn import hopper
@@ -273,18 +273,21 @@ def test_hopper_forward_accumulator_stores(variant, d, causal, shape, poison_all
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 # one key tile (the first is the last), ragged ends, rows with no visible key (seqlen_q > seqlen_k),
-# key tiles no row sees, GQA; (3, 2048, 2048, 16, 8): several tiles a persistent program
+# key tiles no row sees, GQA; (1, 2048, 2048, 16, 8): several tiles a persistent program (one batch:
+# 16 workers' float64 references at 3 x 16 heads ran out of device memory)
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (3, 129, 64, 2, 2), (2, 300, 340, 3, 1),
-                                   (1, 64, 1000, 2, 2), (1, 1000, 300, 4, 4), (3, 2048, 2048, 16, 8)])
+                                   (1, 64, 1000, 2, 2), (1, 1000, 300, 4, 4), (1, 2048, 2048, 16, 8)])
 def test_hopper_forward_fewer_masks(variant, d, causal, shape, poison_alloc):
-    """``hopper.fewer_masks``: the ping-pong kernels' first key tile masked only where the loop's rule
-    asks for it, causal masks without the key-end test (the kernel's ``FEWER_MASKS``), against the
+    """The two-warpgroup ping-pong kernels' fewer masked key tiles (the kernel's ``FEWER_MASKS``,
+    ``hopper.FEWER_MASKS_NUM_WG``): the first key tile masked only where the loop's rule asks for it,
+    causal masks without the key-end test, at the shapes where those rules matter, against the
     float64 oracle as ``test_hopper_forward``, gradients included."""
     from ioattn import hopper
     b, sq, sk, h, hkv = shape
     q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16)
-    with hopper.variant(variant), hopper.fewer_masks(True), hopper.prefer_hopper(True):
+    with hopper.variant(variant), hopper.prefer_hopper(True):
+        assert hopper.kernel_config(d, variant)["constexprs"]["FEWER_MASKS"]
         assert "hopper_fwd_kernel" in ioattn.explain_dispatch(q, k, k, causal=causal).forward["kernel"]
         _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=causal)
 
@@ -296,14 +299,15 @@ def test_hopper_forward_fewer_masks(variant, d, causal, shape, poison_alloc):
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (3, 129, 64, 2, 2), (2, 300, 340, 3, 1),
                                    (1, 64, 1000, 2, 2)])
 def test_hopper_forward_row_stores_via_q(variant, causal, dtype, shape, poison_alloc):
-    """``hopper.out_row_stores_via_q``: d=256's output staged in each consumer warpgroup's Q buffer
-    and stored as whole rows (the kernel's ``ROW_STORES`` 2), against the float64 oracle as
-    ``test_hopper_forward``; rows past seqlen_q (masked stores), warpgroups with no visible key."""
+    """d=256's output staged in each consumer warpgroup's Q buffer and stored as whole rows (the
+    kernel's ``ROW_STORES`` 2, the one-tile ping-pong kernels' default, ``hopper.row_stores``), both
+    dtypes, against the float64 oracle as ``test_hopper_forward``; rows past seqlen_q (masked
+    stores), warpgroups with no visible key."""
     from ioattn import hopper
     b, sq, sk, h, hkv = shape
     q = torch.randn(b, sq, h, 256, device="cuda", dtype=dtype)
     k = torch.randn(b, sk, hkv, 256, device="cuda", dtype=dtype)
-    with hopper.variant(variant), hopper.out_row_stores_via_q(True), hopper.prefer_hopper(True):
+    with hopper.variant(variant), hopper.prefer_hopper(True):
         assert hopper.row_stores(256, variant) == 2
         assert "hopper_fwd_kernel" in ioattn.explain_dispatch(q, k, k, causal=causal).forward["kernel"]
         _check(b, sq, sk, h, hkv, 256, dtype, causal=causal)
@@ -400,7 +404,7 @@ def test_hopper_forward_negative_scale(variant, causal, poison_alloc):
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 # (head dim, seqlen, causal, the variant expected or None for the portable kernel)
 @pytest.mark.parametrize("d, n, causal, variant", [(128, 4096, False, "persistent"), (128, 8192, False, "pingpong"),
-                                                   (128, 1024, True, "pingpong"), (128, 512, True, None),
+                                                   (128, 512, True, "pingpong"), (128, 500, True, None),
                                                    (256, 512, False, "persistent"), (256, 512, True, "pingpong"),
                                                    (64, 1024, False, "persistent"), (64, 4096, False, "wg3"),
                                                    (64, 4096, True, None)])
@@ -461,21 +465,15 @@ def test_hopper_backward_d256_through_the_api(causal, poison_alloc):
 # more tiles than SMs, so every program walks several: 256, 768 tiles; (8, 777, 300, 8, 4): causal
 # tiles whose rows see no key (seqlen_q > seqlen_k) between tiles that do; GQA 2 and 4
 @pytest.mark.parametrize("shape", [(4, 1000, 1000, 8, 4), (3, 2048, 2048, 16, 8), (8, 777, 300, 8, 4)])
-@pytest.mark.parametrize("walk", ["lpt", "grouped"])
-def test_hopper_forward_persistent_tile_loop(d, causal, shape, walk, poison_alloc):
+def test_hopper_forward_persistent_tile_loop(d, causal, shape, poison_alloc):
     """The persistent ping-pong kernel with several tiles per program (the ring's use count, the
     turn order and the Q prefetch carried across tiles) against the float64 oracle, with the
-    gradients of the backward it feeds. walk "grouped": the causal walk in LPT order within groups
-    of heads (``hopper.persistent_grouped_walk``; the shapes' head counts leave a smaller last
-    group: 32 = 17 + 15, 48 = 5 x 9 + 3, 64 = 3 x 19 + 7 (batch, head) rows)."""
+    gradients of the backward it feeds."""
     from ioattn import hopper
-    if walk == "grouped" and not causal:
-        pytest.skip("the grouped walk orders causal tiles only")
     b, sq, sk, h, hkv = shape
     tiles = -(-sq // hopper.TILE_TABLE["persistent"][d][0]) * b * h
     assert tiles > torch.cuda.get_device_properties(0).multi_processor_count
-    with hopper.variant("persistent"), hopper.prefer_hopper(True), \
-            hopper.persistent_grouped_walk(walk == "grouped"):
+    with hopper.variant("persistent"), hopper.prefer_hopper(True):
         _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=causal)
 
 
@@ -585,15 +583,14 @@ def test_backward_default_policy_and_deterministic(causal, monkeypatch, poison_a
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (3, 129, 64, 2, 2), (1, 1000, 300, 4, 4),
                                    (1, 300, 2000, 3, 1), (1, 4096, 4096, 8, 2)])
 @pytest.mark.parametrize("block_m", [64, 128])
-@pytest.mark.parametrize("dq_hi", ["buffer", "dqhi"])
-def test_hopper_backward_deterministic(d, causal, shape, block_m, dq_hi, poison_alloc, monkeypatch):
+def test_hopper_backward_deterministic(d, causal, shape, block_m, poison_alloc, monkeypatch):
     """The ws backward's ordered dQ mode (deterministic=True: reduce-adds in key-block order through
     per-query-block semaphores): three runs bitwise equal, and within 2x PyTorch's error of the
     float64 oracle. Shapes: many key blocks per query block, rows with no visible key, causal with
     seqlen_q > seqlen_k (key blocks no query sees), GQA 3. d=256: the column-split form (64-key
-    blocks, each query block's dQ added in two halves under one turn of the order). block_m: d=64 at
-    its default 128 query rows a step and at 64 (``WS_BLOCK_M``, NOTES §55). dq_hi "dqhi": d=256 with
-    dQ's high half staged in the step's Q slot (``WS_DQ_HI_VIA_Q``, NOTES §59)."""
+    blocks, each query block's dQ added in two halves under one turn of the order, the high one from
+    the step's Q slot). block_m: d=64 at its default 128 query rows a step and at 64 (``WS_BLOCK_M``,
+    NOTES §55)."""
     from ioattn import hopper
     from ioattn.kernels import hopper_backward as hb
     from ioattn.kernels.hopper_backward import hopper_backward
@@ -601,10 +598,6 @@ def test_hopper_backward_deterministic(d, causal, shape, block_m, dq_hi, poison_
         if d != 64:
             pytest.skip("a second row count a step at d=64 only")
         monkeypatch.setitem(hb.WS_BLOCK_M, d, block_m)
-    if dq_hi == "dqhi":
-        if d != 256:
-            pytest.skip("dQ's high half through the Q ring: the column-split form, d=256")
-        monkeypatch.setattr(hb, "WS_DQ_HI_VIA_Q", True)
     b, sq, sk, h, hkv = shape
     q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -638,7 +631,7 @@ def test_deterministic_through_the_api_with_the_ordered_gluon_mode(causal, monke
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant", ["base", "ws", "ws-dqhi"])
+@pytest.mark.parametrize("variant", ["base", "ws"])
 @pytest.mark.parametrize("forward", ["gluon", "portable"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
@@ -648,20 +641,13 @@ def test_deterministic_through_the_api_with_the_ordered_gluon_mode(causal, monke
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1), (3, 129, 64, 2, 2),
                                    (2, 300, 340, 3, 1), (1, 64, 1000, 2, 2), (1, 1000, 300, 4, 4),
                                    (2, 4096, 4096, 8, 2)])
-def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc, monkeypatch):
+def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc):
     """The experimental Gluon backward (not dispatched yet), each variant (base; ws: warp-specialised,
     dQ by TMA reduce-add; at d=256 its column-split form: 64-key programs, the warpgroups splitting
-    the head dim, dQ in two halves, dK / dV staged through the Q ring; at d=64 128 query rows a step;
-    dK and dV written as whole rows; ws-dqhi: d=256 with dQ's high half staged in the step's Q slot,
-    ``WS_DQ_HI_VIA_Q``), against the float64 oracle, fed by the Gluon forward's or the portable
+    the head dim, dQ in two halves, the high one and dK / dV staged through the Q ring; at d=64 128
+    query rows a step; dK and dV written as whole rows), against the float64 oracle, fed by the Gluon forward's or the portable
     forward's (out, lse): dq, dk, dv within 2x PyTorch's own error."""
     from ioattn import backends, hopper
-    from ioattn.kernels import hopper_backward as hb
-    if variant == "ws-dqhi":
-        if d != 256:
-            pytest.skip("dQ's high half through the Q ring: the column-split form, d=256")
-        monkeypatch.setattr(hb, "WS_DQ_HI_VIA_Q", True)
-        variant = "ws"
     from ioattn.kernels.hopper_backward import BWD_VARIANT_HEADDIMS, hopper_backward
     if d not in BWD_VARIANT_HEADDIMS[variant]:
         pytest.skip(f"the {variant} backward has no head dim {d}")

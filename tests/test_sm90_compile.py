@@ -82,7 +82,8 @@ def test_hopper_exp2_fma_compiles_for_sm90():
     compiles as a register renaming (the kernel asserts its layout conversion trivial), ptxas neither
     spills nor serialises the wgmmas, and against the default build every MUFU.EX2 taken away became
     the polynomial's three FFMAs (a quarter of the score tiles' exponentials: 16 of 64 per thread at
-    each of the consumers' three softmax call sites)."""
+    each of a consumer's softmax call sites: three, and four in the two-warpgroup kernels, whose first
+    key tile has a masked and an unmasked form, FEWER_MASKS)."""
     pytest.importorskip("triton.experimental.gluon")
     import re
 
@@ -97,18 +98,20 @@ def test_hopper_exp2_fma_compiles_for_sm90():
     for variant, d in (("pingpong", "d=64"), ("pingpong", "d=128"), ("wg3", "d=64")):
         (mufu0, ffma0), (mufu, ffma) = counts[(variant, d, False)], counts[(variant, d, True)]
         num_wg = 3 if variant == "wg3" else 2
-        assert mufu0 - mufu == num_wg * 3 * 16, (variant, d, mufu0, mufu)
+        sites = 3 if variant == "wg3" else 4
+        assert mufu0 - mufu == num_wg * sites * 16, (variant, d, mufu0, mufu)
         assert ffma - ffma0 == 3 * (mufu0 - mufu), (variant, d, ffma0, ffma)
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 def test_hopper_row_stores_compile_for_sm90():
-    """The forward's output stored as whole rows (hopper.ROW_STORE_HEADDIMS, the kernel's ROW_STORES),
-    as the launcher compiles it, non-causal, ping-pong and persistent at every head dim: with the output
+    """The forward's output stored as whole rows (hopper.row_stores, the kernel's ROW_STORES), as the
+    launcher compiles it, non-causal, ping-pong and persistent at every head dim: with the output
     pointer and row stride aligned as at run time, each consumer warpgroup's 64 x d tile goes out as
     16-byte stores (64 x d x 2 B / 16 B / 128 threads a warpgroup: d / 16 a thread) with no spill,
-    shared memory within the H200's; d = 256 (no room for the scratch) and the persistent variant at
-    d = 64 (measured slower with it) compile without it."""
+    shared memory within the H200's; at d = 256 (ping-pong) staged in the Q buffers, so with the
+    shared memory of the build without it (--no-row-stores); the persistent variant at d = 64
+    (measured slower with it) and 256 (its next tile's Q is in that buffer) compile without it."""
     pytest.importorskip("triton.experimental.gluon")
     import re
 
@@ -117,49 +120,26 @@ def test_hopper_row_stores_compile_for_sm90():
     for line in lines:
         variant, d = line.split()[0], int(re.search(r" d=(\d+)", line).group(1))
         wide = re.search(r"STG\.E\.128x(\d+)", line)
-        if d == 256 or (variant, d) == ("persistent", 64):
+        if variant == "persistent" and d in (64, 256):
             assert "row_stores" not in line and wide is None, line
         else:
+            assert ("row_stores_via_q" in line) == (d == 256), line
             assert "row_stores" in line and "spill=0B" in line and "wgmma-pipelined" in line, line
             assert wide is not None and int(wide.group(1)) == 2 * d // 16, line  # two consumer warpgroups
-
-
-@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
-def test_hopper_grouped_walk_compiles_for_sm90():
-    """The persistent variant's causal walk grouped by heads (hopper.persistent_grouped_walk, the
-    kernel's WALK_GROUPED) at every head dim: the script's own assertions (wgmma pipelined, spills
-    within the persistent kernel's allowance around its tile loop, shared memory within the H200's)
-    hold, and the build is the grouped one."""
-    pytest.importorskip("triton.experimental.gluon")
-    lines = _hopper_check("--variants", "persistent", "--masks", "1", "--grouped-walk")
-    assert len(lines) == 3 and all("grouped_walk" in line and "wgmma-pipelined" in line for line in lines), lines
-
-
-@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
-def test_hopper_row_stores_via_q_compile_for_sm90():
-    """d = 256's output staged in each consumer warpgroup's Q buffer (hopper.out_row_stores_via_q, the
-    kernel's ROW_STORES 2), ping-pong, both masks: 16-byte stores, 256 / 16 a thread for each of the
-    two warpgroups, no spill, the shared memory of the build without it (the Q buffers are reused)."""
-    pytest.importorskip("triton.experimental.gluon")
-    import re
-
-    runs = {bool(flag): _hopper_check("--variants", "pingpong", "--headdims", "256", *flag)
-            for flag in ([], ["--row-stores-via-q"])}
-    for plain, staged in zip(runs[False], runs[True]):
-        assert "row_stores" not in plain and re.search(r"STG\.E\.128x", plain) is None, plain
-        assert "row_stores_via_q" in staged and "spill=0B" in staged and "wgmma-pipelined" in staged, staged
-        assert int(re.search(r"STG\.E\.128x(\d+)", staged).group(1)) == 2 * 256 // 16, staged
-        shared = [int(re.search(r"shared=(\d+)", line).group(1)) for line in (plain, staged)]
-        assert shared[0] == shared[1], shared
+    plain = _hopper_check("--variants", "pingpong", "--masks", "0", "--headdims", "256", "--no-row-stores")
+    assert len(plain) == 1 and "row_stores" not in plain[0] and re.search(r"STG\.E\.128x", plain[0]) is None, plain
+    staged = [line for line in lines if line.startswith("pingpong") and " d=256" in line]
+    shared = [int(re.search(r"shared=(\d+)", line).group(1)) for line in plain + staged]
+    assert shared[0] == shared[1], shared
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 def test_hopper_fewer_masks_compile_for_sm90():
-    """Fewer masked key tiles (hopper.fewer_masks, the kernel's FEWER_MASKS) in the ping-pong kernel,
-    causal, every head dim: the build is the one asked for, wgmma pipelined, no spill (the first key
-    tile's softmax is compiled twice, masked and not)."""
+    """Fewer masked key tiles (the kernel's FEWER_MASKS, hopper.FEWER_MASKS_NUM_WG) in the ping-pong
+    kernel as launched, causal, every head dim: the build has it, wgmma pipelined, no spill (the first
+    key tile's softmax is compiled twice, masked and not)."""
     pytest.importorskip("triton.experimental.gluon")
 
-    lines = _hopper_check("--variants", "pingpong", "--masks", "1", "--fewer-masks")
+    lines = _hopper_check("--variants", "pingpong", "--masks", "1")
     assert len(lines) == 3 and all("fewer_masks" in line and "spill=0B" in line and "wgmma-pipelined" in line
                                    for line in lines), lines

@@ -180,12 +180,14 @@ barrier before the dO release; dS^T's after the previous step's dK and dQ halves
 step's last barrier.
 
 dQ: 64 x 256 fp32 = 64 KiB of staging does not fit next to the rest, so the block goes in two
-column halves through one 32 KiB buffer (``dq_cols`` = 128: the dQ descriptor's block): handover
-u = 2t + j, ``dq_full`` / ``dq_empty`` complete once a half, the writer reduce-adds each half at its
-column offset (4 bulk messages a half). The high half is stored once the writer has read the low
-one, which it had for the whole of dK's product to do; measured, that wait is the consumers'
-largest stall (NOTES §59), and ``WS_DQ_HI_VIA_Q`` (an A/B switch) stages the high half in the
-step's own Q slot instead, announced on its own barrier, the writer releasing the slot.
+column halves (``dq_cols`` = 128: the dQ descriptor's block), the writer reduce-adding each at its
+column offset (4 bulk messages a half): the low half through the one 32 KiB dQ buffer (``dq_full``),
+the high half through the step's own Q slot (64 x 256 x 2 B, exactly one fp32 half; dK, its last
+reader, has retired by then), announced on its own barrier (``dq_hi_full``). Once it has read both,
+the writer releases the buffer (``dq_empty``) and the slot (``q_empty``), once a step each. With both
+halves through the one buffer, the consumers' wait for the writer to have read the low half was
+13.6 % of their stall samples (Nsight Compute, N = 4096); through the Q slot the kernel ran 12 to 24 %
+faster (N = 1024 to 16384, both masks; NOTES §59, results/session-2026-12-02-k).
 Deterministic mode: the writer waits for its turn before the low half and releases after the high
 half's additions complete.
 
@@ -271,13 +273,6 @@ WS_BLOCK_M = {64: 128, 128: 64, 256: 64}
 # at N=1024, +3 to +4 % at 4096, +1 to +2 % at 16384 (NOTES §58, results/session-2026-12-02-g).
 # False: the accumulator-layout stores (ab_bwd's "gluon-ws-accstore").
 WS_COALESCED_STORE = True
-# "ws" column-split form (d = 256): dQ's high half staged in the step's own Q slot instead of the one dQ
-# buffer (``DQ_HI_VIA_Q``). dK, the slot's last reader, has retired by then; the writer releases the
-# slot to the producer once its bulk copy has read it. With one buffer the consumers wait, after
-# the step's last product, for the writer to have read the low half: 13.6 % of all stall samples at
-# one instruction in the Nsight Compute profile (d = 256, N = 4096, results/session-2026-12-02-i; NOTES
-# §59), the tensor pipe idle meanwhile. An A/B switch, off until measured.
-WS_DQ_HI_VIA_Q = False
 # "ws": registers of the producer and dQ-writer warps (setmaxnreg dec): FA3's producer budget, 24.
 # The consumer partition gets (65536 - 24 * 128) / 256 = 244 -> 240 (Triton rounds to a multiple of 8),
 # FA3's 240 for two MMA warpgroups.
@@ -624,15 +619,14 @@ def _bulk_complete_and_release(sem):
 def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_full, Sem, b, h0, m_lo, n_m, n_iter,
                   seqlen_q, seqlen_k, nheads, n_m_total, n_block, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_COLS: gl.constexpr,
-                  STAGES: gl.constexpr, DQ_HI_VIA_Q: gl.constexpr = False):
+                  STAGES: gl.constexpr):
     """The 1-warp dQ writer: per step, once the consumers have put the step's dQ block (fp32,
     unscaled) in ``dq_smem`` (``dq_full``), one TMA reduce-add of it into the dQ accumulator; when
     the bulk copy has read the tile, the buffer goes back to the consumers (``dq_empty``). A buffer
     of ``DQ_COLS`` < HEAD_DIM columns (the column-split kernel's: half of d = 256) takes the block in
-    column pieces, one handover each, in column order (``dq_full`` / ``dq_empty`` complete once a
-    piece). ``DQ_HI_VIA_Q`` (column split): the second piece is announced on ``dq_hi_full`` and read
-    from step t's Q slot (t % STAGES of ``q_smem``, as fp32 in the dQ buffer's layout); once both
-    pieces are read the writer releases the buffer (``dq_empty``, once a step) and the slot to the
+    column halves: the low one in ``dq_smem`` (``dq_full``), the high one announced on ``dq_hi_full``
+    and read from step t's Q slot (t % STAGES of ``q_smem``, as fp32 in the dQ buffer's layout); once
+    both are read the writer releases the buffer (``dq_empty``, once a step) and the slot to the
     producer (``q_empty``), so the consumers' next low half follows its wait for this high half and
     neither full barrier can complete twice before its wait (a parity wait tells only adjacent
     phases apart: announcing both halves on ``dq_full`` hung, NOTES §59).
@@ -649,19 +643,16 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
     launches the key blocks in reverse (``_key_block``). Either way a program waits only on key
     blocks of its own (batch, KV head) launched before it (the key block is the grid's fastest
     dimension), so the wait cannot close a cycle, however few programs are resident."""
-    PIECES: gl.constexpr = HEAD_DIM // DQ_COLS  # handovers per step: 1; the column-split kernel's 2 halves
+    PIECES: gl.constexpr = HEAD_DIM // DQ_COLS  # 1; the column-split kernel's 2 halves
     for t in range(n_iter):
         h = h0 + t // n_m
         m = m_lo + t % n_m
         row = b * seqlen_q + m * BLOCK_M
         for j in gl.static_range(PIECES):  # piece j: columns [j * DQ_COLS, (j + 1) * DQ_COLS) of the block
-            if DQ_HI_VIA_Q:  # the low half on dq_full, the high half on its own barrier, once a step each
-                if j == 0:
-                    mbarrier.wait(dq_full, t & 1)
-                else:
-                    mbarrier.wait(dq_hi_full, t & 1)
+            if j == 0:  # the dQ buffer; the column split's high half on its own barrier, in the Q slot
+                mbarrier.wait(dq_full, t & 1)
             else:
-                mbarrier.wait(dq_full, (t * PIECES + j) & 1)
+                mbarrier.wait(dq_hi_full, t & 1)
             if DETERMINISTIC and j == 0:  # the order is per query block: wait once, before its first piece
                 sem = Sem + (b * nheads + h) * n_m_total + m
                 rank = n_block
@@ -671,27 +662,20 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
                     rank = last - n_block
                 while gl.atomic_add(sem, 0, sem="acquire", scope="gpu") != rank:
                     pass
-            if DQ_HI_VIA_Q and j == 1:
+            if j == 0:
+                _tma_reduce_add(dq_desc, [row, h * HEAD_DIM], dq_smem)
+            else:
                 _tma_reduce_add(dq_desc, [row, h * HEAD_DIM + j * DQ_COLS],
                                 q_smem.index(t % STAGES)._reinterpret(gl.float32, [BLOCK_M, DQ_COLS], dq_smem.layout))
-            else:
-                _tma_reduce_add(dq_desc, [row, h * HEAD_DIM + j * DQ_COLS], dq_smem)
-            if DQ_HI_VIA_Q:
-                # both halves read, then both buffers back: the low half's release (the consumers' next
-                # store) follows this wait for the high half, so neither barrier gets two phases ahead
-                if j == 1:
-                    if DETERMINISTIC:
-                        _bulk_complete_and_release(sem)
-                    else:
-                        tma.store_wait(0)
-                    mbarrier.arrive(dq_empty, count=1)
-                    mbarrier.arrive(q_empty.index(t % STAGES), count=1)  # Q (and lse) slot back to the producer
-            else:
-                if DETERMINISTIC and j == PIECES - 1:  # every piece's additions complete, then the next key block
-                    _bulk_complete_and_release(sem)
-                else:
-                    tma.store_wait(0)  # the tile is read (its additions into L2 complete on their own)
-                mbarrier.arrive(dq_empty, count=1)
+        # every piece read, then the buffers back: the low half's release (the consumers' next store)
+        # follows the wait for the high half, so neither full barrier gets two phases ahead
+        if DETERMINISTIC:  # every piece's additions complete, then the next key block
+            _bulk_complete_and_release(sem)
+        else:
+            tma.store_wait(0)  # the pieces are read (their additions into L2 complete on their own)
+        mbarrier.arrive(dq_empty, count=1)
+        if PIECES == 2:
+            mbarrier.arrive(q_empty.index(t % STAGES), count=1)  # Q (and lse) slot back to the producer
 
 
 @gluon.jit
@@ -818,15 +802,14 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
                         q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv, nheads_kv,
                         n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
-                        IS_CAUSAL: gl.constexpr, STAGED_STORE: gl.constexpr = False,
-                        DQ_HI_VIA_Q: gl.constexpr = False):
+                        IS_CAUSAL: gl.constexpr, STAGED_STORE: gl.constexpr = False):
     """The two consumer warpgroups of the column-split kernel (``COL_SPLIT``, head dim 256; module
     docstring, "Column split"): one 64-key block, every product split by its columns between the
     warpgroups (``_dq_layout``), so warpgroup c holds dK and dV columns [c d/2, (c + 1) d/2), and
     S^T, dP^T, P^T, dS^T for queries [32c, 32c + 32). P^T and dS^T go through shared memory
     (``p_smem``, ``ds_smem``), where the products that contract over all 64 queries (dV, dK) or keys
-    (dQ) read them whole; dQ in two column halves through a half-width buffer (``DQ_HI_VIA_Q``: the
-    high half through the step's Q slot instead, released by the writer)."""
+    (dQ) read them whole; dQ in two column halves, the low one through the half-width dQ buffer, the
+    high one through the step's Q slot (released by the writer)."""
     num_warps: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = k_smem.dtype
     HALF: gl.constexpr = HEAD_DIM // 2
@@ -898,43 +881,31 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
         gl.thread_barrier()
         mbarrier.arrive(do_empty.index(do_idx), count=1)  # dO and D done with (and P^T)
         dq = warpgroup_mma_wait(2, deps=[dq_lo_tok])
-        if DQ_HI_VIA_Q:  # the buffer's handover t: after the writer has read handover t - 1 (a low half)
-            mbarrier.wait(dq_empty, (t + 1) & 1, pred=t > 0)
-        else:  # handover 2t: wait until the writer has read handover 2t - 1 (the previous step's high half)
-            mbarrier.wait(dq_empty, 1, pred=t > 0)
+        # the buffer's handover t: after the writer has read both halves of step t - 1
+        mbarrier.wait(dq_empty, (t + 1) & 1, pred=t > 0)
         dq_smem.store(dq)
         fence_async_shared()
         gl.thread_barrier()
         mbarrier.arrive(dq_full, count=1)
         dk = warpgroup_mma_wait(1, deps=[dk_tok])
         gl.thread_barrier()
-        if not DQ_HI_VIA_Q:
-            mbarrier.arrive(q_empty.index(q_idx), count=1)  # Q (and lse) done with
         dq = warpgroup_mma_wait(0, deps=[dq_hi_tok])
-        if DQ_HI_VIA_Q:
-            # the high half into this step's Q slot: dK, its last reader, retired in every warp before the
-            # barrier above; the writer releases the slot once its bulk copy has read the half
-            q_cur._reinterpret(gl.float32, [BLOCK_M, HALF], dq_smem.layout).store(dq)
-            fence_async_shared()
-            gl.thread_barrier()
-            mbarrier.arrive(dq_hi_full, count=1)
-        else:  # handover 2t + 1: after the writer has read handover 2t (this step's low half)
-            mbarrier.wait(dq_empty, 0)
-            dq_smem.store(dq)
-            fence_async_shared()
-            gl.thread_barrier()
-            mbarrier.arrive(dq_full, count=1)
+        # the high half into this step's Q slot: dK, its last reader, retired in every warp before the
+        # barrier above; the writer releases the slot once its bulk copy has read the half
+        q_cur._reinterpret(gl.float32, [BLOCK_M, HALF], dq_smem.layout).store(dq)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(dq_hi_full, count=1)
         m_blk += 1
         if m_blk == m_lo + n_m:  # the next query head of the group
             m_blk = m_lo
 
-    if DQ_HI_VIA_Q:
-        # the writer's reads of the last high halves in the Q ring done before the slots are rewritten:
-        # slot i's last release (steps t < n_iter with t % STAGES == i; a parity wait is exact here, the
-        # slot's release before that one preceded its last load)
-        for i in gl.static_range(STAGES):
-            uses = (n_iter - i + STAGES - 1) // STAGES
-            mbarrier.wait(q_empty.index(i), (uses + 1) & 1, pred=uses > 0)
+    # the writer's reads of the last high halves in the Q ring done before the slots are rewritten:
+    # slot i's last release (steps t < n_iter with t % STAGES == i; a parity wait is exact here, the
+    # slot's release before that one preceded its last load)
+    for i in gl.static_range(STAGES):
+        uses = (n_iter - i + STAGES - 1) // STAGES
+        mbarrier.wait(q_empty.index(i), (uses + 1) & 1, pred=uses > 0)
     if STAGED_STORE:
         _store_dkdv_staged(dK, dV, dk, dv, q_smem, b, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, HEAD_DIM,
                            BLOCK_N)
@@ -970,15 +941,14 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv, nheads_kv, n_start, m_lo,
                   n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
-                  IS_CAUSAL: gl.constexpr, COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr,
-                  DQ_HI_VIA_Q: gl.constexpr = False):
+                  IS_CAUSAL: gl.constexpr, COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments."""
     if COL_SPLIT:
         _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                             q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv,
                             nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale,
-                            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COALESCED_STORE, DQ_HI_VIA_Q)
+                            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COALESCED_STORE)
     else:
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                      do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
@@ -992,7 +962,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False,
-                         COALESCED_STORE: gl.constexpr = False, DQ_HI_VIA_Q: gl.constexpr = False):
+                         COALESCED_STORE: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers);
     the producer and dQ-writer warps are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
     the host's (batch, nheads, stat_stride) fp32 lse * log2(e) (-inf -> 0) and D, zero past
@@ -1001,8 +971,8 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     with ``COL_SPLIT``). Sem: with ``DETERMINISTIC``, (batch, nheads, cdiv(seqlen_q, BLOCK_M)) zeroed
     int32 counters (``_ws_dq_writer``); unused otherwise. STAGES / DO_STAGES: depth of the Q and dO
     rings (equal unless ``COL_SPLIT``). ``COL_SPLIT`` (head dim 256): BLOCK_N = 64 and the consumers
-    split the head dim (``_ws_consumer_dsplit``) instead of the keys (``_ws_consumer``).
-    ``DQ_HI_VIA_Q`` (with ``COL_SPLIT``): dQ's high half staged in the step's Q slot (``WS_DQ_HI_VIA_Q``)."""
+    split the head dim (``_ws_consumer_dsplit``) instead of the keys (``_ws_consumer``), dQ's high
+    half staged in the step's Q slot."""
     num_warps: gl.constexpr = gl.num_warps()
     gl.static_assert(num_warps == 8, "two consumer warpgroups")
     if COL_SPLIT:
@@ -1017,8 +987,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     else:
         gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128, "dQ: one 64-row tile, or a 64-row tile a warpgroup")
     gl.static_assert(STAGES >= 2, "a load in flight while a step computes")
-    if DQ_HI_VIA_Q:
-        gl.static_assert(COL_SPLIT, "dQ's high half through the Q ring: the column split's second piece")
+    if COL_SPLIT:
         gl.static_assert(HEAD_DIM * q_desc.dtype.primitive_bitwidth == DQ_COLS * 32,
                          "a Q slot holds one fp32 dQ half")
     gl.static_assert(DO_STAGES >= 1 and DO_STAGES <= STAGES, "dO ring no deeper than Q's")
@@ -1059,7 +1028,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     mbarrier.init(kv_bar, count=1)
     mbarrier.init(dq_full, count=1)
     mbarrier.init(dq_empty, count=1)
-    if DQ_HI_VIA_Q:  # the high half's handover (dq_full: the low half's)
+    if COL_SPLIT:  # the high half's handover (dq_full: the low half's)
         dq_hi_full = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
         mbarrier.init(dq_hi_full, count=1)
     else:
@@ -1085,14 +1054,14 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         (_ws_consumers, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                          q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv,
                          nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM,
-                         BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT, COALESCED_STORE, DQ_HI_VIA_Q)),
+                         BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT, COALESCED_STORE)),
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
                         b * seqlen_k + n_start, h_kv * HEAD_DIM, m_lo, n_m, n_iter, seqlen_q, nheads, stat_stride,
                         HEAD_DIM, BLOCK_M, STAGES, DO_STAGES)),
         (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_full, Sem, b, h0, m_lo, n_m,
                          n_iter, seqlen_q, seqlen_k, nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         IS_CAUSAL, DETERMINISTIC, DQ_COLS, STAGES, DQ_HI_VIA_Q)),
+                         IS_CAUSAL, DETERMINISTIC, DQ_COLS, STAGES)),
     ], [1, 1], [WS_WORKER_REGS, WS_WORKER_REGS])
 
 
@@ -1118,7 +1087,7 @@ def kernel_config(d: int, variant: str = "base") -> dict:
                     stages=stages, worker_regs=WS_WORKER_REGS.value, dq_cols=d // 2 if split else d,
                     constexprs=dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                                     DO_STAGES=do_stages, COL_SPLIT=split,
-                                    COALESCED_STORE=WS_COALESCED_STORE, DQ_HI_VIA_Q=split and WS_DQ_HI_VIA_Q))
+                                    COALESCED_STORE=WS_COALESCED_STORE))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 

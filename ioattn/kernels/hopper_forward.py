@@ -578,28 +578,17 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
 
 
 @gluon.jit
-def _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL: gl.constexpr, LPT: gl.constexpr,
-              GROUPED: gl.constexpr = False):
+def _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL: gl.constexpr, LPT: gl.constexpr):
     """Tile ``t`` of the (batch * heads) x (query blocks) grid -> (b, h, m_block). Non-causal: each
     head's query blocks in turn. Causal: the longest rows first, either within each head (``LPT``
     False) or over the whole grid (``LPT`` True: every head's last query block, then every head's
     second to last, ...; longest-processing-time order, so tiles taken in order finish together).
-    ``GROUPED`` (with ``LPT``): that order within groups of G = cdiv(programs, num_m) (batch, head)
-    rows, one group after another, so that the tiles running together (a wave of the persistent
-    kernel: about one group) share their heads' K / V in L2; the whole-grid order puts a head's
-    query blocks num_bh tiles apart."""
+    The same order within groups of cdiv(programs, num_m) heads, so that a wave's tiles share their
+    heads' K / V in L2, was measured slower past N = 512 (NOTES §60)."""
     if IS_CAUSAL and LPT:
         num_bh = num_tiles // num_m
-        if GROUPED:
-            g_rows = gl.cdiv(gl.num_programs(0), num_m)
-            g = t // (g_rows * num_m)
-            r = t - g * (g_rows * num_m)
-            g_bh = gl.minimum(g_rows, num_bh - g * g_rows)  # the last group may be smaller
-            m_block = num_m - 1 - r // g_bh
-            bh = g * g_rows + r % g_bh
-        else:
-            m_block = num_m - 1 - t // num_bh
-            bh = t % num_bh
+        m_block = num_m - 1 - t // num_bh
+        bh = t % num_bh
     else:
         m_block = t % num_m
         if IS_CAUSAL:
@@ -654,7 +643,7 @@ def _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, str
 def _persistent_producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, num_tiles,
                          num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                         KV_TAIL: gl.constexpr, GROUPED: gl.constexpr = False):
+                         KV_TAIL: gl.constexpr):
     """``_producer`` over this program's tiles (``_walk``: the same walk as ``_persistent_consumer``'s),
     the ring's use count running on across tiles, so it loads the next tile's K/V while the
     consumers finish the current one."""
@@ -663,7 +652,7 @@ def _persistent_producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_rea
     for k in range(0, gl.cdiv(num_tiles, gl.num_programs(0))):
         t = _walk(k, num_tiles, IS_CAUSAL)
         if t < num_tiles:
-            b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, GROUPED)
+            b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True)
             n_tiles = gl.maximum(
                 _kv_tile_count(m_block * BLOCK_M, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL), 0)
             tails = _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
@@ -674,10 +663,10 @@ def _persistent_producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_rea
 
 @gluon.jit
 def _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b, stride_lse_h, row_off, HEAD_DIM: gl.constexpr,
-               CTA_M: gl.constexpr, IS_CAUSAL: gl.constexpr, GROUPED: gl.constexpr = False):
+               CTA_M: gl.constexpr, IS_CAUSAL: gl.constexpr):
     """Tile t's rows for a warpgroup ``row_off`` rows into it: (first row, its packed Q/O row, the
     head's column, the lse offset)."""
-    b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, GROUPED)
+    b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True)
     m_start = m_block * CTA_M + row_off
     return m_start, b * seqlen_q + m_start, h * HEAD_DIM, b.to(gl.int64) * stride_lse_b + h.to(gl.int64) * stride_lse_h
 
@@ -689,7 +678,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          MASK_ALL: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr,
                          EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
-                         GROUPED: gl.constexpr = False, FEWER_MASKS: gl.constexpr = False):
+                         FEWER_MASKS: gl.constexpr = False):
     """A ping-pong consumer warpgroup of the persistent kernel: rows [row_off, row_off + BLOCK_M) of
     each of this program's CTA_M-row tiles (``_walk``; the producer walks the same list). Per tile:
     ``_pp_mainloop`` with the ring's use count (``g0``) and this warpgroup's
@@ -711,7 +700,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
         if t < num_tiles:
             # only the tile index, its key-tile count and first row stay live across the key loop (the
             # rest is recomputed from t after it: 240 registers leave no room, ptxas spilled otherwise)
-            b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, GROUPED)
+            b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True)
             n_tiles = _kv_tile_count(m_block * CTA_M, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL)
             m_start = m_block * CTA_M + row_off
             if n_tiles > 0:
@@ -729,21 +718,19 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                 q_pending = 0
                 t_next = _walk(k + 1, num_tiles, IS_CAUSAL)
                 if t_next < num_tiles:
-                    b2, h2, m2 = _tile_bhm(t_next, num_m, num_tiles, nheads, IS_CAUSAL, True, GROUPED)
+                    b2, h2, m2 = _tile_bhm(t_next, num_m, num_tiles, nheads, IS_CAUSAL, True)
                     if _kv_tile_count(m2 * CTA_M, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL) > 0:
                         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
                         tma.async_copy_global_to_shared(q_desc, [b2 * seqlen_q + m2 * CTA_M + row_off, h2 * HEAD_DIM],
                                                         q_bar, q_smem)
                         q_pending = 1
                 m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b,
-                                                              stride_lse_h, row_off, HEAD_DIM, CTA_M, IS_CAUSAL,
-                                                              GROUPED)
+                                                              stride_lse_h, row_off, HEAD_DIM, CTA_M, IS_CAUSAL)
                 _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
                           o_layout, BLOCK_M, HEAD_DIM, ROW_STORES)
             else:
                 m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b,
-                                                              stride_lse_h, row_off, HEAD_DIM, CTA_M, IS_CAUSAL,
-                                                              GROUPED)
+                                                              stride_lse_h, row_off, HEAD_DIM, CTA_M, IS_CAUSAL)
                 _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, stride_om, BLOCK_M, HEAD_DIM)
 
 
@@ -789,7 +776,7 @@ def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads
                     stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, ORDERED: gl.constexpr,
                     KV_TAIL: gl.constexpr, EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
-                    GROUPED: gl.constexpr = False, FEWER_MASKS: gl.constexpr = False):
+                    FEWER_MASKS: gl.constexpr = False):
     """The persistent ping-pong kernel's body (``hopper_fwd_kernel(PERSISTENT=True)``): the same
     shared memory and partitions as the one-tile kernel (two consumer warpgroups of 64 rows, the
     producer warp, 240 / 24 registers), each partition walking this program's tiles."""
@@ -802,11 +789,11 @@ def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads
                                  v_empty, turn.index(w), turn.index((w + 1) % 2), Out, Lse, num_tiles, num_m, nheads,
                                  seqlen_q, seqlen_k, stride_om, stride_lse_b, stride_lse_h, qk_scale, w * WG_ROWS,
                                  HEAD_DIM, BLOCK_M, WG_ROWS, BLOCK_N, STAGES, IS_CAUSAL, IS_CAUSAL,
-                                 1 if w == 0 else 0, ORDERED, EXP2_FMA, LEAN, ROW_STORES, GROUPED, FEWER_MASKS))
+                                 1 if w == 0 else 0, ORDERED, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS))
          if w < 2 else
          (_persistent_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                  num_tiles, num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                 STAGES, IS_CAUSAL, KV_TAIL, GROUPED))
+                                 STAGES, IS_CAUSAL, KV_TAIL))
          for w in (0, 1, 2)],
         [4, 1], [240, 32])
 
@@ -819,7 +806,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
                       ORDERED: gl.constexpr = True, LEAN: gl.constexpr = False, IS_VARLEN: gl.constexpr = False,
                       PERSISTENT: gl.constexpr = False, LPT: gl.constexpr = False, KV_TAIL: gl.constexpr = False,
                       EXP2_FMA: gl.constexpr = 0, ROW_STORES: gl.constexpr = False,
-                      WALK_GROUPED: gl.constexpr = False, FEWER_MASKS: gl.constexpr = False, num_tiles=0):
+                      FEWER_MASKS: gl.constexpr = False, num_tiles=0):
     """``PINGPONG=False`` (the default, launched with num_warps = 4 * BLOCK_M // 64): one consumer
     partition of BLOCK_M // 64 warpgroups in lockstep, Q descriptor block [BLOCK_M, HEAD_DIM]
     (``NUM_WG`` unused). ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 64 * NUM_WG):
@@ -857,18 +844,15 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
     (``_epilogue``; ``hopper.row_stores``): 1 by Triton's layout conversion, 2 through the
     warpgroup's dead Q buffer (the one-tile ping-pong kernels at d = 256).
 
-    ``WALK_GROUPED`` (persistent, causal): the LPT order within groups of heads (``_tile_bhm``'s
-    ``GROUPED``; ``hopper.persistent_grouped_walk``).
-
-    ``FEWER_MASKS`` (ping-pong kernels): the first key tile masked only where needed and causal masks
-    without the key-end test (``_pp_mainloop``; ``hopper.fewer_masks``)."""
+    ``FEWER_MASKS`` (two-warpgroup ping-pong kernels): the first key tile masked only where needed and
+    causal masks without the key-end test (``_pp_mainloop``; ``hopper.FEWER_MASKS_NUM_WG``)."""
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     if PERSISTENT:
         gl.static_assert(PINGPONG and NUM_WG == 2 and not IS_VARLEN,
                          "persistent: the two-warpgroup ping-pong kernel, fixed-length batches")
         _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om, stride_lse_b,
                         stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
-                        ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES, WALK_GROUPED, FEWER_MASKS)
+                        ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS)
         return
     b, h, m_block = _tile_bhm(gl.program_id(0), num_m, gl.num_programs(0), nheads, IS_CAUSAL, LPT)
     m_start = m_block * BLOCK_M
