@@ -19,8 +19,8 @@ or, from Python, ``with hopper.variant("pingpong"): ...`` / ``hopper.set_variant
   consumer warpgroups), so a device A/B can separate the ordering's effect from the restructuring.
 * ``"persistent"``: the ping-pong kernel with one program per SM walking the tiles (FA3's
   persistent scheduler), so one tile's epilogue and the next tile's Q/K/V loads overlap; causal tiles
-  in LPT order. Fixed-length batches only. The default for non-causal calls up to
-  ``PERSISTENT_MAX_SEQLEN`` (NOTES §35, §36).
+  in LPT order. Fixed-length batches only. The default for short calls up to
+  ``PERSISTENT_MAX_SEQLEN`` (by head dim and mask; NOTES §35, §36, §64).
 * ``"wg3"``: head dim 64 only, FA3's d = 64 shape: the ping-pong kernel with three consumer warpgroups
   (a 192-row query tile, 160 registers each) whose GEMMs go round a ring WG0 -> WG1 -> WG2 -> WG0, so
   that two warpgroups' exponentials overlap the third one's GEMMs. The default at head dim 64
@@ -60,7 +60,15 @@ DEFAULT_VARIANT_BY_HEADDIM = {64: "wg3"}
 # d=64 (against wg3 / the portable kernel of the train sweep train-2026-12-01-c-default) 317 / 253 /
 # 296 at 512, 365 / 339 / 346 at 1024, 392 / 433 at 2048. Causal: no length where it led by more
 # than 2 % with the others' margins (d=128 512 228 / 204 vs the portable 229; 2048 409 / 433).
-PERSISTENT_MAX_SEQLEN = {64: 1024, 128: 4096, 256: 4096}
+# Re-measured after NOTES §61 / §62 (results/session-2026-12-02-q, persistent / ping-pong / wg3 /
+# the portable kernel, cuDNN last): d=256 non-causal the ping-pong kernel now leads at every length
+# (440 / 478 at 512, 636 / 664 at 2048, 682 / 706 at 4096): dropped; d=128 non-causal 643 / 618 at
+# 2048, 673 / 669 at 4096, 687 / 694 at 8192: kept; d=64 non-causal 384 / 341 / 349 at 1024, 421 /
+# 392 / 445 at 2048: kept; d=64 causal (the portable kernel the default below 8192 until then): 279 /
+# 244 / 168 / 255 (340) at 1024, 350 / 322 / 289 / 320 (395) at 2048, 402 / 379 / 384 / 366 (434) at
+# 4096, 441 / 418 / 461 / 395 (456) at 8192: persistent from 1024 to 4096.
+# (head dim, causal) -> the longest seqlen_q a fixed-length call runs persistent.
+PERSISTENT_MAX_SEQLEN = {(64, False): 1024, (64, True): 4096, (128, False): 4096}
 # The default policy: (head dim, causal) -> the shortest seqlen_q where the ping-pong kernel was
 # measured ahead of (or level with) the portable one, in two runs on the H200, bf16, 16k tokens
 # (the train sweep results/train-2026-12-01-all, ioattn-hopper vs ioattn, and the A/B
@@ -77,9 +85,11 @@ PERSISTENT_MAX_SEQLEN = {64: 1024, 128: 4096, 256: 4096}
 #   results/session-2026-12-02-g, gluon-pp-lean-rows vs tma): N=1024 358 vs 328, N=512 232 vs 230 (level
 #   in one run of two rounds: the portable kernel kept there); from N=512 since fewer masked key tiles
 #   (FEWER_MASKS; results/session-2026-12-02-l, gluon-pp-lean with them vs tma): 249 vs 229.
-# - d=64 non-causal from N=512 with the persistent variant up to 1024 (PERSISTENT_MAX_SEQLEN's note).
+# - d=64 non-causal from N=512 with the persistent variant up to 1024 (PERSISTENT_MAX_SEQLEN's note),
+#   causal from N=1024 with it up to 4096 (the same note; at N=512, before §62, 155 vs the portable 180
+#   in results/session-2026-12-02-m: kept there).
 # Below N=512 nothing was measured: the portable kernel.
-AUTO_MIN_SEQLEN = {(64, False): 512, (64, True): 8192, (128, False): 512, (128, True): 512,
+AUTO_MIN_SEQLEN = {(64, False): 512, (64, True): 1024, (128, False): 512, (128, True): 512,
                    (256, False): 512, (256, True): 512}
 
 # (block_m, block_n, stages) per variant and head dim, from FA3's published shapes (below); the
@@ -133,13 +143,13 @@ def active_variant() -> str | None:
 
 def variant_for(d: int, causal: bool = False, seqlen_q: int | None = None, varlen: bool = False) -> str:
     """The variant a call at head dim ``d`` runs: the one set by name; else, for a fixed-length
-    non-causal call with ``seqlen_q`` <= ``PERSISTENT_MAX_SEQLEN[d]``, "persistent"; else
+    call with ``seqlen_q`` <= ``PERSISTENT_MAX_SEQLEN[(d, causal)]``, "persistent"; else
     ``DEFAULT_VARIANT_BY_HEADDIM``'s, else ``DEFAULT_VARIANT``. (Without ``seqlen_q``: the head dim's
     default.)"""
     named = active_variant()
     if named:
         return named
-    if not causal and not varlen and seqlen_q is not None and seqlen_q <= PERSISTENT_MAX_SEQLEN.get(d, 0):
+    if not varlen and seqlen_q is not None and seqlen_q <= PERSISTENT_MAX_SEQLEN.get((d, bool(causal)), 0):
         return "persistent"
     return DEFAULT_VARIANT_BY_HEADDIM.get(d, DEFAULT_VARIANT)
 

@@ -512,7 +512,7 @@ def test_explain_dispatch_matches_the_policy():
 
 def test_hopper_kernel_policy_and_refusals(monkeypatch):
     """The Gluon Hopper forward's default policy (hopper.AUTO_MIN_SEQLEN, from the device runs): head
-    dim 128 and 256 from 512 query rows, both masks, head dim 64 from 512 non-causal and 8192 causal; not when the caller fixed the forward's tiles; prefer_hopper and IOATTN_HOPPER override it
+    dim 128 and 256 from 512 query rows, both masks, head dim 64 from 512 non-causal and 1024 causal; not when the caller fixed the forward's tiles; prefer_hopper and IOATTN_HOPPER override it
     both ways. It runs only for the calls it covers; elsewhere (here: a CPU) the portable path runs
     and the reason is given."""
     import ioattn
@@ -529,10 +529,10 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     for causal in (False, True):
         assert hopper.wanted(torch.empty(1, 512, 2, 256), causal=causal)
         assert not hopper.wanted(torch.empty(1, 511, 2, 256), causal=causal)
-    # d=64: non-causal from 512 (persistent up to 1024, then wg3), causal from 8192 (wg3)
+    # d=64: non-causal from 512 (persistent up to 1024, then wg3), causal from 1024 (persistent up to 4096)
     assert hopper.wanted(torch.empty(1, 512, 2, 64)) and not hopper.wanted(torch.empty(1, 511, 2, 64))
-    assert hopper.wanted(torch.empty(1, 8192, 2, 64), causal=True)
-    assert not hopper.wanted(torch.empty(1, 4096, 2, 64), causal=True)
+    assert hopper.wanted(torch.empty(1, 1024, 2, 64), causal=True)
+    assert not hopper.wanted(torch.empty(1, 1023, 2, 64), causal=True)
     assert hopper.wanted(torch.empty(8192, 2, 128), seqlen_q=8192)  # varlen: the caller's max seqlen
     assert not hopper.wanted()
     dispatch.set_tile_override("fwd", dispatch.TileConfig(64, 64, 4, 3))
@@ -587,12 +587,15 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     assert hopper.grid_programs(torch.device("cpu"), "pingpong", 1000) == 1000  # one per tile
     assert hopper.grid_programs(torch.device("cpu"), "persistent", 1000) == 132  # one per SM (an H100/H200 here)
     assert hopper.grid_programs(torch.device("cpu"), "persistent", 7) == 7
-    # per call: short non-causal fixed-length calls take the persistent variant (PERSISTENT_MAX_SEQLEN)
-    for d, most in hopper.PERSISTENT_MAX_SEQLEN.items():
-        assert hopper.variant_for(d, False, most) == "persistent"
-        assert hopper.variant_for(d, False, most + 1) == hopper.variant_for(d) != "persistent"
+    # per call: short fixed-length calls take the persistent variant (PERSISTENT_MAX_SEQLEN, by head dim and
+    # mask: non-causal at d = 64 / 128, causal at d = 64, never at d = 256)
+    assert set(hopper.PERSISTENT_MAX_SEQLEN) == {(64, False), (64, True), (128, False)}
+    for (d, causal), most in hopper.PERSISTENT_MAX_SEQLEN.items():
+        assert hopper.variant_for(d, causal, most) == "persistent"
+        assert hopper.variant_for(d, causal, most + 1) == hopper.variant_for(d) != "persistent"
         default = hopper.variant_for(d)
-        assert hopper.variant_for(d, True, most) == hopper.variant_for(d, False, most, varlen=True) == default
+        assert hopper.variant_for(d, causal, most, varlen=True) == default
+    assert hopper.variant_for(128, True, 512) == hopper.variant_for(256, False, 512) == "pingpong"
     with hopper.variant("pingpong"):  # a variant set by name wins
         assert hopper.variant_for(128, False, 512) == "pingpong"
     with hopper.variant("persistent"):
@@ -636,7 +639,7 @@ def test_hopper_persistent_variant_by_call(monkeypatch):
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
     monkeypatch.delenv("IOATTN_HOPPER_VARIANT", raising=False)
     monkeypatch.setattr(hopper, "hopper_supports", hopper.call_supported)
-    most = hopper.PERSISTENT_MAX_SEQLEN[128]
+    most = hopper.PERSISTENT_MAX_SEQLEN[(128, False)]
     with dispatch.forced_backend("triton"):
         for n, causal, variant in ((most, False, "persistent"), (most, True, "pingpong"),
                                    (most * 2, False, "pingpong")):
