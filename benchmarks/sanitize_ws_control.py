@@ -11,7 +11,17 @@ than the CTA), which a tool that reads barrier 0 as the whole-CTA ``__syncthread
 against the worker warps' handshake on barrier 1. If racecheck flags the handshake with it and not
 without it, the forward's report is that effect.
 
+The plain control and the one with ``--local-barrier`` were measured (NOTES §27: 0 and 1 hazards)
+while the forward reports 24-30 (48 with this session's defaults, all on the scaffolding: the
+kernel's ``def`` line, ``warp_specialize``, an early ``return``, ``if PINGPONG:``). Two more of the
+forward's structural traits, each a flag, so that one racecheck run per combination tells which
+one the tool's reports follow: ``--early-return`` (odd programs return before ``warp_specialize``,
+as the forward's programs with no query rows do) and ``--fwd-partitions`` (the forward's partition
+shape: a 4-warp worker warpgroup and a 1-warp worker beside the default warpgroup, 240 / 32
+registers, instead of one 1-warp worker at 24).
+
     compute-sanitizer --tool racecheck python benchmarks/sanitize_ws_control.py [--local-barrier]
+        [--early-return] [--fwd-partitions]
 """
 import sys
 
@@ -37,21 +47,44 @@ def _worker_part(aux_ptr, BLOCK: gl.constexpr):
 
 
 @gluon.jit
-def ws_control_kernel(out_ptr, aux_ptr, BLOCK: gl.constexpr, LOCAL_BARRIER: gl.constexpr = False):
-    gl.warp_specialize([(_default_part, (out_ptr, BLOCK, LOCAL_BARRIER)), (_worker_part, (aux_ptr, BLOCK))],
-                       [1], [24])
+def _worker_wg_part(out_ptr, BLOCK: gl.constexpr, LOCAL_BARRIER: gl.constexpr):
+    """A 4-warp worker (the forward's second consumer warpgroup): the default partition's stores,
+    offset by one block row of programs."""
+    _default_part(out_ptr + gl.num_programs(0) * BLOCK, BLOCK, LOCAL_BARRIER)
+
+
+@gluon.jit
+def ws_control_kernel(out_ptr, aux_ptr, BLOCK: gl.constexpr, LOCAL_BARRIER: gl.constexpr = False,
+                      EARLY_RETURN: gl.constexpr = False, FWD_PARTITIONS: gl.constexpr = False):
+    if EARLY_RETURN:
+        if gl.program_id(0) % 2 == 1:  # these programs write nothing (the host checks it)
+            return
+    if FWD_PARTITIONS:
+        gl.warp_specialize([(_default_part, (out_ptr, BLOCK, LOCAL_BARRIER)),
+                            (_worker_wg_part, (out_ptr, BLOCK, LOCAL_BARRIER)), (_worker_part, (aux_ptr, BLOCK))],
+                           [4, 1], [240, 32])
+    else:
+        gl.warp_specialize([(_default_part, (out_ptr, BLOCK, LOCAL_BARRIER)), (_worker_part, (aux_ptr, BLOCK))],
+                           [1], [24])
 
 
 def main():
     block, programs = 128, 4
-    out = torch.full((programs * block,), -1, dtype=torch.int32, device="cuda")
-    aux = torch.full_like(out, -1)
+    early, fwd = "--early-return" in sys.argv, "--fwd-partitions" in sys.argv
+    out = torch.full((2 * programs * block,), -1, dtype=torch.int32, device="cuda")  # fwd: two row blocks
+    aux = torch.full((programs * block,), -1, dtype=torch.int32, device="cuda")
     ws_control_kernel[(programs,)](out, aux, BLOCK=block, LOCAL_BARRIER="--local-barrier" in sys.argv,
-                                   num_warps=4)
+                                   EARLY_RETURN=early, FWD_PARTITIONS=fwd, num_warps=4)
     torch.cuda.synchronize()
     ar = torch.arange(block, dtype=torch.int32, device="cuda").repeat(programs)
-    assert torch.equal(out, ar + 1) and torch.equal(aux, ar + 2), "control kernel wrote wrong values"
-    print("sanitize_ws_control: done")
+    # the programs that ran (with --early-return the odd ones returned at once): their values, else the poison
+    ran = torch.tensor([not (early and p % 2) for p in range(programs)], device="cuda").repeat_interleave(block)
+    poison = torch.full_like(ar, -1)
+    assert torch.equal(aux, torch.where(ran, ar + 2, poison)), "control kernel: worker warp"
+    assert torch.equal(out[:programs * block], torch.where(ran, ar + 1, poison)), "control kernel: default partition"
+    assert torch.equal(out[programs * block:], torch.where(ran, ar + 1, poison) if fwd else poison), \
+        "control kernel: worker warpgroup"
+    print("sanitize_ws_control: done", " ".join(a for a in sys.argv[1:]))
 
 
 if __name__ == "__main__":
