@@ -27,8 +27,8 @@ or, from Python, ``with hopper.variant("pingpong"): ...`` / ``hopper.set_variant
   (``DEFAULT_VARIANT_BY_HEADDIM``).
 
 Without a variant set, each call takes its default (``variant_for``: by head dim, and the persistent
-variant for short calls, PERSISTENT_MAX_SEQLEN); a variant set by name applies to every head dim it has tiles
-for, and the others are not covered.
+variant for short calls, ``PERSISTENT_MAX_SEQLEN``); a variant set by name applies to every head dim
+it has tiles for, and the others are not covered.
 
 Options of every variant, off by default until measured: ``lpt_order`` (the causal grid in
 longest-processing-time order) and ``exp2_fma`` (a share of the exponentials on the FMA units).
