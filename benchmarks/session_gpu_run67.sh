@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Second device call of the eleventh session (2026-12-02): NOTES §62's fewer masked key tiles
-# (session_gpu_run66.sh: its GPU tests and its d = 128 A/B), then compute-sanitizer memcheck on
+# (its GPU tests and its d = 128 A/B, as prepared for it in the tenth session), then compute-sanitizer memcheck on
 # sanitize_small.py with a longer limit (run63's 110 s ran out before the first report).
 # Usage: bash benchmarks/session_gpu_run67.sh OUT        (at most 8 files under OUT)
 set -u
