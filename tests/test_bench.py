@@ -413,3 +413,36 @@ def test_committed_results_follow_the_schema():
         assert records, path
         problems = {i: report.validate(r) for i, r in enumerate(records) if report.validate(r)}
         assert not problems, f"{path}: {dict(list(problems.items())[:3])}"
+
+
+def test_train_rounds_interleave_providers(monkeypatch):
+    """The timed sweeps as the decode one: every provider timed once per round in every mode, round r
+    starting at provider r; each record the median of its rounds; a provider that fails in a round
+    is reported once and dropped from later ones."""
+    calls = []
+
+    def fake_time(fn, sets, causal, mode, stats=None):
+        name = fn()
+        calls.append((name, mode, causal))
+        if name == "c" and calls.count(("c", "fwd", causal)) == 2:  # round 2, its first mode
+            raise RuntimeError("c broke in round 2")
+        return {"a": 1.0, "b": 2.0, "c": 3.0}[name] + 0.1 * sum(c[2] == causal for c in calls)
+
+    monkeypatch.setattr(bench_run, "providers", lambda names: {n: ((lambda n=n: n), "") for n in "abc"})
+    monkeypatch.setattr(bench_run, "_check", lambda fn, q, k, v, causal: (True, 0.0))
+    monkeypatch.setattr(bench_run, "_time", fake_time)
+    lines = []
+    records = run_sweep("quick", "cpu", provider_names=["a"], log=lines.append, headdims=[64], seqlens=[16],
+                        rounds=3)
+    ours = [r for r in records if r["causal"] is False]
+    # per causal value: rounds a b c | b (c fails) a | (c dropped) a b, each provider fwd then bwd
+    names = [c[0] for c in calls if c[2] is False]
+    assert names == ["a", "a", "b", "b", "c", "c", "b", "b", "c", "a", "a", "a", "a", "b", "b"], names
+    by = {(r["provider"], r["mode"]): r for r in ours}
+    assert set(by) == {("a", "fwd"), ("a", "bwd"), ("b", "fwd"), ("b", "bwd"), ("c", "fwd")}, sorted(by)
+    assert not by[("c", "fwd")]["ok"] and "c broke in round 2" in by[("c", "fwd")]["error"]
+    assert by[("a", "fwd")]["ms_rounds"] == pytest.approx([1.1, 2.0, 2.2])
+    assert by[("a", "fwd")]["ms"] == pytest.approx(2.0)
+    assert by[("b", "bwd")]["ms_rounds"] == pytest.approx([2.4, 2.8, 3.5])
+    assert by[("b", "bwd")]["tflops"] > 0 and by[("b", "bwd")]["ok"]
+    assert sum("c broke" in ln for ln in lines) == 2  # once per causal value

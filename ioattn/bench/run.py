@@ -75,6 +75,11 @@ DECODE_CHECK_BATCH = 2  # the correctness check runs on the first case, cut to a
 # Interleaved timing rounds per decode case (``run_decode_sweep``; ``--rounds``): three give a median
 # that one outlying round cannot move, at ~3x the timed calls (a case's calls take < 25 ms each round).
 DECODE_ROUNDS = 3
+# The same for the timed training sweeps (``_time_rounds``): with one timing per provider in a fixed
+# order, ioattn always ran first at a point, right after the previous point's cuDNN forward+backward,
+# and cuDNN right after SDPA flash's: under the H200's power cap the clock a timing starts at follows
+# what ran before it (benchmarks/NOTES.md §43, §65), so the order favoured one provider.
+TIME_ROUNDS = 3
 
 
 def decode_bytes(batch, kvlen, nheads_kv, d, itemsize):
@@ -161,7 +166,9 @@ def run_sweep(name, device, dtype_name="bf16", provider_names=None, log=print, s
               seqlens=None, batches=None, kvlens=None, rounds=None):
     """Run one sweep and return its records; every record also goes to ``sink`` as soon as it exists
     (a run cut off by a time limit keeps what it measured). Problems are logged, never raised.
-    ``batches``/``kvlens``/``rounds`` are for ``decode`` only (``seqlens`` is read as ``kvlens`` there)."""
+    ``batches``/``kvlens`` are for ``decode`` only (``seqlens`` is read as ``kvlens`` there);
+    ``rounds``: interleaved timing rounds per point (``_time_rounds``; default ``TIME_ROUNDS`` on a
+    GPU, one on the CPU), the decode sweep's ``DECODE_ROUNDS``."""
     if name in GPU_DECODE:
         return run_decode_sweep(name, device, dtype_name, provider_names, log, sink, headdims,
                                 batches, kvlens or seqlens, DECODE_ROUNDS if rounds is None else rounds)
@@ -169,8 +176,10 @@ def run_sweep(name, device, dtype_name="bf16", provider_names=None, log=print, s
     if name not in sweeps:
         log(f"unknown sweep {name!r} on {device}; known here: {', '.join([*sweeps, *GPU_DECODE])}")
         return []
-    if batches or kvlens or rounds is not None:
-        log("--batches/--kvlens/--rounds are for the decode sweep; ignored")
+    if batches or kvlens:
+        log("--batches/--kvlens are for the decode sweep; ignored")
+    if rounds is None:
+        rounds = TIME_ROUNDS if device == "cuda" else 1
     sw = sweeps[name]
     if headdims:
         sw = replace(sw, headdims=tuple(headdims))
@@ -202,27 +211,28 @@ def run_sweep(name, device, dtype_name="bf16", provider_names=None, log=print, s
                 except torch.cuda.OutOfMemoryError:  # (torch.OutOfMemoryError needs torch >= 2.5)
                     log(f"d={d} n={n}: inputs do not fit in device memory; stopping this configuration")
                     break
+                timed = {}  # provider -> its correctness result; timed below in interleaved rounds
                 for pname, fn in runnable.items():
                     bar.step(f"{pname} d={d} n={n} causal={int(causal)}")
                     base = dict(sweep=name, provider=pname, dtype=dtype_name, shape=shape, causal=causal, env=env)
                     try:
                         if sw.memory:
                             records.append(_measure_memory(fn, sets[0], causal, base))
+                            log(_line(records[-1]))
                         else:
                             if pname not in checked:  # correctness on the first shape of each configuration
                                 checked[pname] = _check(fn, *sets[0], causal)
-                            ok, err = checked[pname]
-                            for mode in sw.modes:
-                                records.append(_measure_time(fn, sets, causal, mode, ok, err, base))
-                        log(_line(records[-1]))
+                            timed[pname] = checked[pname]
                     except Exception as e:  # noqa: BLE001 - a provider that cannot run a shape is reported
-                        msg = _short(e)
-                        records.append(_base(name, pname, dtype_name, shape, causal, env, mode=sw.modes[0],
-                                             ok=False, error=msg))
-                        log(f"{pname} d={d} n={n} causal={int(causal)}: cannot run ({msg})")
+                        _train_failed(records, log, name, pname, dtype_name, shape, causal, env, sw.modes[0], e)
                     finally:
                         if device == "cuda":
                             torch.cuda.empty_cache()
+                if timed:
+                    _time_rounds(runnable, timed, sets, causal, sw.modes, rounds, records, log,
+                                 dict(sweep=name, dtype=dtype_name, shape=shape, causal=causal, env=env))
+                    if device == "cuda":
+                        torch.cuda.empty_cache()
                 del sets
     bar.close()
     return list(records)
@@ -396,16 +406,48 @@ def _short(e):
     return f"{type(e).__name__}: {text}"
 
 
-def _measure_time(fn, sets, causal, mode, ok, err, base):
-    stats = {}
-    ms = _time(fn, sets, causal, mode, stats)
-    batch, n, nheads, d = base["shape"]
-    tf = attention_flops(batch, nheads, n, n, d, causal, mode) / ms / 1e9
-    rec = _base(base["sweep"], base["provider"], base["dtype"], base["shape"], causal, base["env"], mode=mode,
-                ms=ms, tflops=tf if ok else None, ok=ok, max_err=err, host_ms=stats.get("host_ms"))
-    if not ok:
-        rec["error"] = f"failed the correctness check (max err {err:.3g})"
-    return rec
+def _time_rounds(runnable, checked, sets, causal, modes, rounds, records, log, base):
+    """Time every provider in ``checked`` (name -> (ok, err)) at one point, every mode, in ``rounds``
+    interleaved rounds: round r starts at provider r, so no provider always runs first or after the
+    same one (the decode sweep's scheme). A record's time is the median of its rounds' medians
+    (``ms_rounds`` lists them). A provider that fails in some round is reported once and dropped."""
+    order = list(checked)
+    times = {p: {m: [] for m in modes} for p in order}
+    host = {}
+    for r in range(max(1, rounds)):
+        for pname in order[r % len(order):] + order[:r % len(order)]:
+            if pname not in times:
+                continue
+            try:
+                for mode in modes:
+                    stats = {}
+                    times[pname][mode].append(_time(runnable[pname], sets, causal, mode, stats))
+                    host.setdefault((pname, mode), stats.get("host_ms"))
+            except Exception as e:  # noqa: BLE001 - a provider that cannot run a shape is reported
+                _train_failed(records, log, base["sweep"], pname, base["dtype"], base["shape"], causal, base["env"],
+                              modes[0], e)
+                del times[pname]
+    for pname in order:
+        if pname not in times:
+            continue
+        ok, err = checked[pname]
+        batch, n, nheads, d = base["shape"]
+        for mode in modes:
+            ms = statistics.median(times[pname][mode])
+            tf = attention_flops(batch, nheads, n, n, d, causal, mode) / ms / 1e9
+            rec = _base(base["sweep"], pname, base["dtype"], base["shape"], causal, base["env"], mode=mode,
+                        ms=ms, tflops=tf if ok else None, ok=ok, max_err=err, host_ms=host.get((pname, mode)))
+            rec["ms_rounds"] = times[pname][mode]
+            if not ok:
+                rec["error"] = f"failed the correctness check (max err {err:.3g})"
+            records.append(rec)
+            log(_line(rec))
+
+
+def _train_failed(records, log, name, pname, dtype_name, shape, causal, env, mode, e):
+    msg = _short(e)
+    records.append(_base(name, pname, dtype_name, shape, causal, env, mode=mode, ok=False, error=msg))
+    log(f"{pname} d={shape[3]} n={shape[1]} causal={int(causal)}: cannot run ({msg})")
 
 
 def _measure_memory(fn, qkv, causal, base):
@@ -481,8 +523,9 @@ def main(argv=None):
     ap.add_argument("--batches", default=None, help="decode: comma-separated batch sizes (with --kvlens: their "
                     "cross product replaces the case list; default 1)")
     ap.add_argument("--kvlens", default=None, help="decode: comma-separated KV lengths (default: the sweep's)")
-    ap.add_argument("--rounds", type=int, default=None, help=f"decode: interleaved timing rounds per case, the "
-                    f"median of their medians reported (default {DECODE_ROUNDS})")
+    ap.add_argument("--rounds", type=int, default=None, help=f"interleaved timing rounds per point, the median of "
+                    f"their medians reported (default {DECODE_ROUNDS} for decode, {TIME_ROUNDS} for the other "
+                    f"timed sweeps on a GPU, 1 on the CPU)")
     ap.add_argument("--out", default=None, help="directory for results.jsonl and the plots")
     args = ap.parse_args(argv)
     if args.rounds is not None and args.rounds < 1:
