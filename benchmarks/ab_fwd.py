@@ -27,7 +27,8 @@ from ioattn.bench.providers import providers
 from ioattn.bench.run import _check
 from ioattn.bench.timing import attention_flops, median_ms
 
-def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False, exp2_fma=0.0, lean=False, acc_stores=False):
+def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False, exp2_fma=0.0, lean=False, acc_stores=False,
+               q_prefetch=False, paired=False):
     def run(q, k, v, causal):
         if gluon and q.shape[-1] not in hopper.TILE_TABLE[gluon]:  # else the portable kernel would be timed
             raise ValueError(f"the Gluon {gluon} variant has no head dim {q.shape[-1]}")
@@ -36,7 +37,8 @@ def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False, exp2_fma=0.0, lean
             with dispatch.prefer_tma(tma), dispatch.prefer_persistent(persistent), \
                     hopper.prefer_hopper(bool(gluon)), hopper.variant(gluon or "base"), \
                     dispatch.rescale_threshold(tau), hopper.lpt_order(lpt), hopper.exp2_fma(exp2_fma), \
-                    hopper.lean_softmax(lean), hopper.out_row_stores(not acc_stores):
+                    hopper.lean_softmax(lean), hopper.out_row_stores(not acc_stores), \
+                    hopper.persistent_q_prefetch(q_prefetch), hopper.paired_walk(paired):
                 return ioattn.flash_attn_func(q, k, v, causal=causal)
         finally:
             dispatch.set_tile_override("fwd", None)
@@ -48,17 +50,20 @@ FMA_SUFFIX = {"12": 12.5, "25": 25.0, "50": 50.0, "100": 100.0}
 
 
 def parse_load(name, loads):
-    """A --loads name -> (its loads entry, lpt, exp2_fma, acc_stores): a base name, then optionally
-    "-fmaNN" (Gluon only), "-accstore" (Gluon only: the output stored from the accumulator layout,
-    hopper.out_row_stores off; until NOTES §57 "-rows" named the opposite) and "-lpt", in that order
-    (e.g. gluon-pp-fma25, gluon-wg3-fma50-lpt, gluon-pers-lean-accstore)."""
-    m = re.fullmatch(r"(.+?)(?:-fma(\d+))?(-accstore)?(-lpt)?", name)
-    base, fma, acc, lpt = m.group(1), m.group(2), bool(m.group(3)), bool(m.group(4))
+    """A --loads name -> (its loads entry, lpt, exp2_fma, acc_stores, q_prefetch, paired): a base name,
+    then optionally "-fmaNN" (Gluon only), "-accstore" (Gluon only: the output stored from the
+    accumulator layout, hopper.out_row_stores off; until NOTES §57 "-rows" named the opposite), "-q2"
+    and "-pair" (the persistent kernel's two Q buffers a warpgroup, hopper.persistent_q_prefetch, and
+    causal walk by pairs, hopper.paired_walk) and "-lpt", in that order (e.g. gluon-pp-fma25,
+    gluon-wg3-fma50-lpt, gluon-pers-lean-accstore, gluon-pers-lean-q2-pair)."""
+    m = re.fullmatch(r"(.+?)(?:-fma(\d+))?(-accstore)?(-q2)?(-pair)?(-lpt)?", name)
+    base, fma, acc, q2, pair, lpt = (m.group(1), m.group(2), bool(m.group(3)), bool(m.group(4)), bool(m.group(5)),
+                                     bool(m.group(6)))
     if base not in loads or (fma is not None and (fma not in FMA_SUFFIX or not base.startswith("gluon"))) \
-            or (acc and not base.startswith("gluon")):
+            or (acc and not base.startswith("gluon")) or ((q2 or pair) and not base.startswith("gluon-pers")):
         raise SystemExit(f"unknown --loads name {name!r}: one of {', '.join(loads)}, a Gluon name may take "
-                         f"-fma{{{','.join(FMA_SUFFIX)}}}, -accstore and -lpt")
-    return loads[base], lpt, FMA_SUFFIX[fma] if fma else 0.0, acc
+                         f"-fma{{{','.join(FMA_SUFFIX)}}}, -accstore and -lpt, a persistent one -q2 and -pair")
+    return loads[base], lpt, FMA_SUFFIX[fma] if fma else 0.0, acc, q2, pair
 
 
 def main():
@@ -73,7 +78,8 @@ def main():
                          "gluon-pp-lean / -nolean, gluon-split-..., gluon-pers-... (hopper.lean_softmax forced); "
                          "a Gluon name + \"-fma12/-fma25/-fma50/-fma100\": that share (%%; 12 = 12.5) of the "
                          "exponentials on the FMA units (hopper.exp2_fma); + \"-accstore\": the output stored from "
-                         "the accumulator layout (hopper.out_row_stores off); + \"-lpt\": the causal grid in LPT order "
+                         "the accumulator layout (hopper.out_row_stores off); + \"-q2\" / \"-pair\" (persistent): "
+                         "two Q buffers a warpgroup / the causal walk by pairs; + \"-lpt\": the causal grid in LPT order "
                          "(the "
                          "Gluon Hopper forward's base, ping-pong, unordered two-warpgroup, three-warpgroup and "
                          "persistent ping-pong variants; "
@@ -102,8 +108,8 @@ def main():
     # one-tile Gluon kernels)
     parsed = {name: parse_load(name, loads) for name in args.loads.split(",")}
     fns = {f"{name}-{'dflt' if c is None else '.'.join(map(str, (c.block_m, c.block_n, c.num_warps, c.num_stages)))}":
-           variant_fn(*entry[:4], c, lpt, exp2_fma, *entry[4:5], acc_stores=acc)
-           for c in tile_sets for name, (entry, lpt, exp2_fma, acc) in parsed.items()
+           variant_fn(*entry[:4], c, lpt, exp2_fma, *entry[4:5], acc_stores=acc, q_prefetch=q2, paired=pair)
+           for c in tile_sets for name, (entry, lpt, exp2_fma, acc, q2, pair) in parsed.items()
            if not (name.startswith("gluon") and c is not None)}
     fns.update(peers)
     rows = []

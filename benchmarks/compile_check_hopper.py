@@ -44,7 +44,8 @@ from gluon_aot import (DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxa
                        sass_opcodes, sass_text, sass_top_register)
 
 
-def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, exp2_fma=0, row_stores=True):
+def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, exp2_fma=0, row_stores=True,
+                q_prefetch=False, paired=False):
     cfg = hopper.kernel_config(d, variant)
     bn, q_rows = cfg["block_n"], cfg["q_rows"]
     q_layout = gl.NVMMASharedLayout.get_default_for([q_rows, d], DTYPES[dt])
@@ -57,7 +58,8 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
     # multiples of the key tile)
     constexprs = dict(cfg["constexprs"], IS_CAUSAL=causal, IS_VARLEN=varlen, LPT=lpt,
                       KV_TAIL=varlen if kv_tail is None else kv_tail, EXP2_FMA=hopper.exp2_fma_cols(exp2_fma, bn),
-                      ROW_STORES=cfg_row_stores(row_stores, variant, d))
+                      ROW_STORES=cfg_row_stores(row_stores, variant, d),
+                      **cfg_persistent(q_prefetch, paired, variant, d, causal))
     if varlen:
         sig.update(Cu_q="*i32", Cu_k="*i32")
     else:  # the launcher passes None for fixed-length calls: constexpr None
@@ -91,10 +93,18 @@ def cfg_row_stores(row_stores, variant, d):
         return hopper.row_stores(d, variant)
 
 
+def cfg_persistent(q_prefetch, paired, variant, d, causal):
+    """The kernel's ``Q_BUFS`` / ``PAIRED`` as the launcher sets them (``hopper.persistent_options``,
+    an even number of query blocks) under ``--q-prefetch`` / ``--paired``."""
+    with hopper.persistent_q_prefetch(q_prefetch), hopper.paired_walk(paired):
+        return hopper.persistent_options(d, variant, causal, 2)
+
+
 def check(job):
     """Compile one (variant, head dim, dtype, causal), assert its structure, return its report line."""
-    variant, d, dt, causal, run_ptxas, varlen, lpt, kv_tail, exp2_fma, row_stores = job
-    cfg, k = compile_one(variant, d, dt, causal, varlen, lpt, kv_tail, exp2_fma, row_stores)
+    variant, d, dt, causal, run_ptxas, varlen, lpt, kv_tail, exp2_fma, row_stores, q_prefetch, paired = job
+    cfg, k = compile_one(variant, d, dt, causal, varlen, lpt, kv_tail, exp2_fma, row_stores, q_prefetch, paired)
+    opts = cfg_persistent(q_prefetch, paired, variant, d, causal)
     ptx = k.asm["ptx"]
     c = ptx_counts(ptx)
     where = (variant, d, dt, causal, varlen)
@@ -108,8 +118,9 @@ def check(job):
         assert c["mb_init"].get(str(num_wg)) == 2 * cfg["stages"], (where, c["mb_init"])
         if num_wg == 3:  # and no barrier of count 2 left over from the two-warpgroup layout
             assert "2" not in c["mb_init"], (where, c["mb_init"])
-        # count 1: a Q barrier and a turn barrier per warpgroup, K and V ready barriers per stage, v_tail
-        assert c["mb_init"].get("1") == 2 * num_wg + 2 * cfg["stages"] + 1, (where, c["mb_init"])
+        # count 1: Q_BUFS Q barriers and a turn barrier per warpgroup, K and V ready barriers per stage,
+        # v_tail
+        assert c["mb_init"].get("1") == (opts["Q_BUFS"] + 1) * num_wg + 2 * cfg["stages"] + 1, (where, c["mb_init"])
         # the consumers' budget: (65536 / 128 - producer) / NUM_WG rounded down to 8 (240; 160 for
         # three); the producer 24, 32 in the persistent kernel (its tile loop; 240 either way)
         producer = 32 if variant == "persistent" else 24
@@ -145,6 +156,10 @@ def check(job):
         regs += "row_stores " if mode == 1 else "row_stores_via_q "
     if cfg["constexprs"]["FEWER_MASKS"]:
         regs += "fewer_masks "
+    if opts["Q_BUFS"] == 2:
+        regs += "q_prefetch "
+    if opts["PAIRED"]:
+        regs += "paired "
     return (f"{variant:8s} d={d} {dt} causal={causal!s:5s} {'varlen ' if varlen else ''}"
             f"tiles={cfg['block_m']}x{cfg['block_n']}x{cfg['stages']} "
             f"warps={k.metadata.num_warps} shared={k.metadata.shared} {regs}{fmt(c)}")
@@ -165,6 +180,10 @@ def main():
     ap.add_argument("--no-row-stores", action="store_true",
                     help="the output stored from the accumulator layout (ROW_STORES off, hopper.out_row_stores) "
                          "where the launcher stores whole rows")
+    ap.add_argument("--q-prefetch", action="store_true",
+                    help="persistent: two Q buffers per consumer warpgroup (Q_BUFS=2, hopper.persistent_q_prefetch)")
+    ap.add_argument("--paired", action="store_true",
+                    help="persistent, causal: the walk by pairs of query blocks (PAIRED, hopper.paired_walk)")
     ap.add_argument("--exp2-fma", default="0",
                     help="comma-separated shares (%%) of the exponentials on the FMA units (EXP2_FMA): "
                          f"{', '.join(f'{x:g}' for x in hopper.EXP2_FMA_SHARES)}")
@@ -174,7 +193,7 @@ def main():
     dims = None if args.headdims is None else {int(x) for x in args.headdims.split(",")}
     shares = [float(x) for x in args.exp2_fma.split(",")]
     jobs = [(variant, d, dt, causal, not args.no_ptxas, args.varlen, args.lpt, args.kv_tail or None, share,
-             not args.no_row_stores)
+             not args.no_row_stores, args.q_prefetch, args.paired)
             for variant in args.variants.split(",")
             for d in hopper.TILE_TABLE[variant] if dims is None or d in dims for dt in dtypes for causal in masks
             for share in shares]

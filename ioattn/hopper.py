@@ -287,6 +287,32 @@ ROW_STORE_HEADDIMS = {"base": (64, 128), "pingpong": (64, 128), "split": (64, 12
 # 721 / 725; causal 252 / 293, 368 / 411, 475 / 510, 711 / 719.
 ROW_STORE_VIA_Q_HEADDIMS = {"pingpong": (256,), "split": (256,)}
 
+# The persistent kernel with two Q buffers per consumer warpgroup (the kernel's ``Q_BUFS``): the next
+# tile's Q is loaded as soon as this tile's has landed, a whole tile ahead, instead of after this
+# tile's key loop, where its DRAM latency had only the epilogue to hide behind (NOTES §66). Room for
+# the second buffers (64 x d x 2 B a warpgroup) at d = 64 / 128 (115 / 176 KB of shared memory
+# before, 131 / 208 KB after); d = 256 would need 64 KB more. Off until measured:
+# ``with hopper.persistent_q_prefetch(True): ...``.
+persistent_q_prefetch = dispatch.Preference(False)
+PERSISTENT_Q2_HEADDIMS = (64, 128)
+
+# The persistent kernel's causal walk by pairs of query blocks of equal total length, head by head
+# (the kernel's ``PAIRED``; ``hopper_forward._tile_bhm``), instead of the longest-processing-time order
+# over the whole grid: every program's work is the same (pairs of num_m + 1 key tiles), and a wave
+# of programs covers consecutive heads, so a head's query blocks read its K / V together (the whole-
+# grid order spreads them a grid's width apart: L2 hit rate 15 % against the one-tile kernel's 44 %,
+# NOTES §59; the grouped LPT walk of §60 kept the locality but lost the balance). For an even number
+# of query blocks. Off until measured: ``with hopper.paired_walk(True): ...``.
+paired_walk = dispatch.Preference(False)
+
+
+def persistent_options(d: int, name: str, causal: bool, num_m: int) -> dict:
+    """The persistent kernel's ``Q_BUFS`` and ``PAIRED`` for head dim ``d``, the mask and ``num_m``
+    query blocks per sequence (both at their one-buffer / LPT values for the other variants)."""
+    persistent = name == "persistent"
+    return dict(Q_BUFS=2 if persistent and persistent_q_prefetch.wanted() and d in PERSISTENT_Q2_HEADDIMS else 1,
+                PAIRED=persistent and bool(causal) and paired_walk.wanted() and num_m % 2 == 0)
+
 
 def row_stores(d: int, name: str) -> int:
     """How the forward for head dim ``d`` under variant ``name`` stores its output (the kernel's
@@ -486,6 +512,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
                             KV_TAIL=varlen or seqlen_k % block_n != 0,
                             EXP2_FMA=exp2_fma_cols(exp2_fma_share(), block_n),
                             ROW_STORES=row_stores(d, cfg["variant"]),
+                            **persistent_options(d, cfg["variant"], causal, dispatch.cdiv(seqlen_q, block_m)),
                             num_warps=cfg["num_warps"], **cfg["constexprs"])
     return out, lse
 

@@ -921,3 +921,17 @@ def test_hopper_exp2_fma_switch(monkeypatch):
     assert "exp2_fma=50% (64 of 128" in plan.describe()
     with dispatch.forced_backend("triton"), hopper.prefer_hopper(False), hopper.exp2_fma(50):
         assert "exp2_fma" not in ioattn.explain_dispatch(q, q, q).forward  # the portable kernel: no such option
+
+
+def test_persistent_kernel_options_follow_their_switches():
+    """hopper.persistent_options: the persistent kernel's two Q buffers only where they fit (d = 64 /
+    128) and when asked; the paired walk only for causal calls with an even number of query blocks;
+    every other variant one buffer, no pairs."""
+    from ioattn import hopper
+
+    assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=False)
+    with hopper.persistent_q_prefetch(True), hopper.paired_walk(True):
+        assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=2, PAIRED=True)
+        assert hopper.persistent_options(64, "persistent", False, 4) == dict(Q_BUFS=2, PAIRED=False)
+        assert hopper.persistent_options(256, "persistent", True, 3) == dict(Q_BUFS=1, PAIRED=False)
+        assert hopper.persistent_options(128, "pingpong", True, 4) == dict(Q_BUFS=1, PAIRED=False)

@@ -578,14 +578,24 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
 
 
 @gluon.jit
-def _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL: gl.constexpr, LPT: gl.constexpr):
+def _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL: gl.constexpr, LPT: gl.constexpr, PAIRED: gl.constexpr = False):
     """Tile ``t`` of the (batch * heads) x (query blocks) grid -> (b, h, m_block). Non-causal: each
     head's query blocks in turn. Causal: the longest rows first, either within each head (``LPT``
     False) or over the whole grid (``LPT`` True: every head's last query block, then every head's
     second to last, ...; longest-processing-time order, so tiles taken in order finish together).
     The same order within groups of cdiv(programs, num_m) heads, so that a wave's tiles share their
-    heads' K / V in L2, was measured slower past N = 512 (NOTES §60)."""
-    if IS_CAUSAL and LPT:
+    heads' K / V in L2, was measured slower past N = 512 (NOTES §60).
+    ``PAIRED`` (causal, an even ``num_m``; the persistent walk's alternative to LPT): tiles in pairs
+    of equal total length, head by head: pair q = t // 2 is the head's (q mod num_m / 2)-th from
+    each end, i.e. query blocks num_m - 1 - i (t even) and i (t odd), num_m + 1 key tiles together
+    on the diagonal (NOTES §66)."""
+    if PAIRED:
+        half = num_m // 2
+        q = t // 2
+        i = q % half
+        bh = q // half
+        m_block = i + (1 - t % 2) * (num_m - 1 - 2 * i)
+    elif IS_CAUSAL and LPT:
         num_bh = num_tiles // num_m
         m_block = num_m - 1 - t // num_bh
         bh = t % num_bh
@@ -598,16 +608,28 @@ def _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL: gl.constexpr, LPT: gl.cons
 
 
 @gluon.jit
-def _walk(k, num_tiles, SNAKE: gl.constexpr):
+def _walk(k, num_tiles, SNAKE: gl.constexpr, PAIRED: gl.constexpr = False):
     """A persistent program's k-th tile: waves of ``num_programs`` tiles, program p taking the p-th
     of each wave, or (``SNAKE``) the p-th from the end of every odd wave, so that under the causal
     LPT order the programs that drew the longest tile of one wave draw the shortest of the next.
-    May be >= num_tiles in the last wave (no tile)."""
+    ``PAIRED`` (``_tile_bhm``'s paired order): waves of ``num_programs`` pairs, program p taking the
+    p-th pair of each, its two tiles in turn (k even: the long one). May be >= num_tiles in the last
+    wave (no tile); ``_walk_steps`` gives the walk's length."""
     nprog = gl.num_programs(0)
     pid = gl.program_id(0)
+    if PAIRED:
+        return 2 * ((k // 2) * nprog + pid) + k % 2
     if SNAKE:
         pid = pid + (k % 2) * (nprog - 1 - 2 * pid)  # odd waves: nprog - 1 - pid
     return k * nprog + pid
+
+
+@gluon.jit
+def _walk_steps(num_tiles, PAIRED: gl.constexpr):
+    """Steps of a persistent program's walk (``_walk``): waves of programs tiles, or of programs pairs."""
+    if PAIRED:
+        return 2 * gl.cdiv(num_tiles // 2, gl.num_programs(0))
+    return gl.cdiv(num_tiles, gl.num_programs(0))
 
 
 @gluon.jit
@@ -643,16 +665,16 @@ def _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, str
 def _persistent_producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, num_tiles,
                          num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                         KV_TAIL: gl.constexpr):
+                         KV_TAIL: gl.constexpr, PAIRED: gl.constexpr = False):
     """``_producer`` over this program's tiles (``_walk``: the same walk as ``_persistent_consumer``'s),
     the ring's use count running on across tiles, so it loads the next tile's K/V while the
     consumers finish the current one."""
     g0 = 0
     tails = 0
-    for k in range(0, gl.cdiv(num_tiles, gl.num_programs(0))):
-        t = _walk(k, num_tiles, IS_CAUSAL)
+    for k in range(0, _walk_steps(num_tiles, PAIRED)):
+        t = _walk(k, num_tiles, IS_CAUSAL, PAIRED)
         if t < num_tiles:
-            b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True)
+            b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED)
             n_tiles = gl.maximum(
                 _kv_tile_count(m_block * BLOCK_M, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL), 0)
             tails = _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
@@ -663,12 +685,33 @@ def _persistent_producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_rea
 
 @gluon.jit
 def _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b, stride_lse_h, row_off, HEAD_DIM: gl.constexpr,
-               CTA_M: gl.constexpr, IS_CAUSAL: gl.constexpr):
+               CTA_M: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr = False):
     """Tile t's rows for a warpgroup ``row_off`` rows into it: (first row, its packed Q/O row, the
     head's column, the lse offset)."""
-    b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True)
+    b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED)
     m_start = m_block * CTA_M + row_off
     return m_start, b * seqlen_q + m_start, h * HEAD_DIM, b.to(gl.int64) * stride_lse_b + h.to(gl.int64) * stride_lse_h
+
+
+@gluon.jit
+def _load_q(q_desc, q_smem, q_bar, j, t, num_m, num_tiles, nheads, seqlen_q, row_off, HEAD_DIM: gl.constexpr,
+            CTA_M: gl.constexpr, Q0: gl.constexpr, Q_BUFS: gl.constexpr, IS_CAUSAL: gl.constexpr,
+            PAIRED: gl.constexpr):
+    """This warpgroup's j-th Q load (tile ``t``'s rows) into its buffer j mod ``Q_BUFS`` (``Q0`` + that
+    in the kernel's array)."""
+    b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED)
+    buf = Q0 + j % Q_BUFS
+    mbarrier.expect(q_bar.index(buf), q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [b * seqlen_q + m_block * CTA_M + row_off, h * HEAD_DIM],
+                                    q_bar.index(buf), q_smem.index(buf))
+
+
+@gluon.jit
+def _sees_keys(t, num_m, num_tiles, nheads, seqlen_q, seqlen_k, CTA_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+    """Tile ``t`` exists and some row of it sees a key (so its Q is loaded)."""
+    b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED)
+    return (t < num_tiles) & (_kv_tile_count(m_block * CTA_M, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL) > 0)
 
 
 @gluon.jit
@@ -678,59 +721,74 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          MASK_ALL: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr,
                          EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
-                         FEWER_MASKS: gl.constexpr = False):
+                         FEWER_MASKS: gl.constexpr = False, Q0: gl.constexpr = 0, Q_BUFS: gl.constexpr = 1,
+                         PAIRED: gl.constexpr = False):
     """A ping-pong consumer warpgroup of the persistent kernel: rows [row_off, row_off + BLOCK_M) of
     each of this program's CTA_M-row tiles (``_walk``; the producer walks the same list). Per tile:
     ``_pp_mainloop`` with the ring's use count (``g0``) and this warpgroup's
     critical-section count (``sec0``) running on across tiles, so slots, phases and the turn order
     continue (both warpgroups run the same number of sections per tile: n + 1, 0 for a tile no
-    row of which sees a key); every V slot is released (the next tile reloads it). When a tile's
-    S products have retired, Q's buffer is free: the next tile's Q load is issued there, before this
-    tile's epilogue, so it lands while the epilogue stores (the producer is meanwhile loading the
-    next tile's K and V). ``q_pending``: that load was issued (a tile with no visible key loads no Q;
-    the tile after it then loads its own)."""
+    row of which sees a key); every V slot is released (the next tile reloads it).
+
+    Q (``q_smem``: the kernel's Q buffers of [BLOCK_M, HEAD_DIM], one barrier each in ``q_bar``; this
+    warpgroup's are ``Q0`` ... ``Q0`` + ``Q_BUFS`` - 1, its j-th load going to Q0 + j mod Q_BUFS): the next tile's Q is loaded ahead of its
+    turn. One buffer: when this tile's S products have all retired (after its key loop), before its
+    epilogue, so it lands while the epilogue stores. Two (``Q_BUFS`` = 2, NOTES §66): as soon as
+    this tile's own Q has landed, into the other buffer (whose last reader, the previous tile's S
+    products, has retired), so it has this whole tile to land. ``q_issued`` / ``q_used``: loads
+    issued / waited for; a tile with no visible key loads no Q, and a tile whose Q was not loaded
+    ahead (the first, or one after such a tile) loads its own."""
     o_layout: gl.constexpr = _wg_acc_layout(HEAD_DIM)
     rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _wg_acc_layout(BLOCK_N)))
     g0 = 0
     sec0 = 0
-    q_count = 0
-    q_pending = 0
-    for k in range(0, gl.cdiv(num_tiles, gl.num_programs(0))):
-        t = _walk(k, num_tiles, IS_CAUSAL)
+    q_used = 0
+    q_issued = 0
+    for k in range(0, _walk_steps(num_tiles, PAIRED)):
+        t = _walk(k, num_tiles, IS_CAUSAL, PAIRED)
         if t < num_tiles:
             # only the tile index, its key-tile count and first row stay live across the key loop (the
             # rest is recomputed from t after it: 240 registers leave no room, ptxas spilled otherwise)
-            b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True)
+            b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED)
             n_tiles = _kv_tile_count(m_block * CTA_M, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL)
             m_start = m_block * CTA_M + row_off
             if n_tiles > 0:
-                if q_pending == 0:
-                    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-                    tma.async_copy_global_to_shared(q_desc, [b * seqlen_q + m_start, h * HEAD_DIM], q_bar, q_smem)
-                mbarrier.wait(q_bar, q_count & 1)
-                q_count += 1
-                o, m_i, l_i = _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn,
-                                           next_turn, m_start, seqlen_q, seqlen_k, 0, n_tiles, qk_scale, g0, sec0,
-                                           HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED,
-                                           LEAN, True, EXP2_FMA, FEWER_MASKS)
+                if q_issued == q_used:
+                    _load_q(q_desc, q_smem, q_bar, q_issued, t, num_m, num_tiles, nheads, seqlen_q, row_off,
+                            HEAD_DIM, CTA_M, Q0, Q_BUFS, IS_CAUSAL, PAIRED)
+                    q_issued += 1
+                buf = Q0 + q_used % Q_BUFS
+                mbarrier.wait(q_bar.index(buf), (q_used // Q_BUFS) & 1)
+                q_used += 1
+                if Q_BUFS == 2:
+                    t_next = _walk(k + 1, num_tiles, IS_CAUSAL, PAIRED)
+                    if _sees_keys(t_next, num_m, num_tiles, nheads, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL,
+                                  PAIRED):
+                        _load_q(q_desc, q_smem, q_bar, q_issued, t_next, num_m, num_tiles, nheads, seqlen_q,
+                                row_off, HEAD_DIM, CTA_M, Q0, Q_BUFS, IS_CAUSAL, PAIRED)
+                        q_issued += 1
+                o, m_i, l_i = _pp_mainloop(q_smem.index(buf), k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+                                           my_turn, next_turn, m_start, seqlen_q, seqlen_k, 0, n_tiles, qk_scale, g0,
+                                           sec0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, TURN0,
+                                           ORDERED, LEAN, True, EXP2_FMA, FEWER_MASKS)
                 g0 += n_tiles
                 sec0 += n_tiles + 1
-                q_pending = 0
-                t_next = _walk(k + 1, num_tiles, IS_CAUSAL)
-                if t_next < num_tiles:
-                    b2, h2, m2 = _tile_bhm(t_next, num_m, num_tiles, nheads, IS_CAUSAL, True)
-                    if _kv_tile_count(m2 * CTA_M, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL) > 0:
-                        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-                        tma.async_copy_global_to_shared(q_desc, [b2 * seqlen_q + m2 * CTA_M + row_off, h2 * HEAD_DIM],
-                                                        q_bar, q_smem)
-                        q_pending = 1
+                if Q_BUFS == 1:
+                    t_next = _walk(k + 1, num_tiles, IS_CAUSAL, PAIRED)
+                    if _sees_keys(t_next, num_m, num_tiles, nheads, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL,
+                                  PAIRED):
+                        _load_q(q_desc, q_smem, q_bar, q_issued, t_next, num_m, num_tiles, nheads, seqlen_q,
+                                row_off, HEAD_DIM, CTA_M, Q0, Q_BUFS, IS_CAUSAL, PAIRED)
+                        q_issued += 1
                 m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b,
-                                                              stride_lse_h, row_off, HEAD_DIM, CTA_M, IS_CAUSAL)
+                                                              stride_lse_h, row_off, HEAD_DIM, CTA_M, IS_CAUSAL,
+                                                              PAIRED)
                 _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
                           o_layout, BLOCK_M, HEAD_DIM, ROW_STORES)
             else:
                 m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b,
-                                                              stride_lse_h, row_off, HEAD_DIM, CTA_M, IS_CAUSAL)
+                                                              stride_lse_h, row_off, HEAD_DIM, CTA_M, IS_CAUSAL,
+                                                              PAIRED)
                 _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, stride_om, BLOCK_M, HEAD_DIM)
 
 
@@ -749,22 +807,23 @@ def _init_ring(k_ready, k_empty, v_ready, v_empty, STAGES: gl.constexpr, RELEASE
 
 @gluon.jit
 def _pp_shared(q_desc, k_desc, v_desc, NUM_WG: gl.constexpr, WG_ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
-               HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
-    """The ping-pong kernels' shared memory: NUM_WG Q tiles (one per consumer warpgroup), the K/V
-    ring, and their barriers, initialised (K/V slots released by every warpgroup)."""
+               HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr = 1):
+    """The ping-pong kernels' shared memory: NUM_WG x ``Q_BUFS`` Q tiles (warpgroup w's at w * Q_BUFS
+    ...), the K/V ring, and their barriers, initialised (K/V slots released by every warpgroup)."""
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
-    q_smem = gl.allocate_shared_memory(dtype, [NUM_WG, WG_ROWS, HEAD_DIM], q_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [NUM_WG * Q_BUFS, WG_ROWS, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], bar_layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [NUM_WG * Q_BUFS, 1], bar_layout)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], bar_layout)  # + v_tail (_producer)
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     turn = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], bar_layout)
-    for w in gl.static_range(NUM_WG):
+    for w in gl.static_range(NUM_WG * Q_BUFS):
         mbarrier.init(q_bar.index(w), count=1)
+    for w in gl.static_range(NUM_WG):
         mbarrier.init(turn.index(w), count=1)
     _init_ring(k_ready, k_empty, v_ready, v_empty, STAGES, NUM_WG)  # every warpgroup releases each slot
     fence_async_shared()
@@ -776,24 +835,27 @@ def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads
                     stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, ORDERED: gl.constexpr,
                     KV_TAIL: gl.constexpr, EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
-                    FEWER_MASKS: gl.constexpr = False):
+                    FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False):
     """The persistent ping-pong kernel's body (``hopper_fwd_kernel(PERSISTENT=True)``): the same
     shared memory and partitions as the one-tile kernel (two consumer warpgroups of 64 rows, the
-    producer warp, 240 / 24 registers), each partition walking this program's tiles."""
+    producer warp, 240 / 24 registers), each partition walking this program's tiles; ``Q_BUFS`` Q
+    buffers per consumer warpgroup (``_persistent_consumer``)."""
     WG_ROWS: gl.constexpr = BLOCK_M // 2
     gl.static_assert(q_desc.block_type.shape[0] == WG_ROWS, "ping-pong: Q descriptor block is [64, HEAD_DIM]")
+    gl.static_assert((Q_BUFS == 1) | (Q_BUFS == 2), "one or two Q buffers per consumer warpgroup")
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn = _pp_shared(
-        q_desc, k_desc, v_desc, 2, WG_ROWS, BLOCK_N, HEAD_DIM, STAGES)
+        q_desc, k_desc, v_desc, 2, WG_ROWS, BLOCK_N, HEAD_DIM, STAGES, Q_BUFS)
     gl.warp_specialize(
-        [(_persistent_consumer, (q_desc, q_smem.index(w), q_bar.index(w), k_smem, v_smem, k_ready, k_empty, v_ready,
+        [(_persistent_consumer, (q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready,
                                  v_empty, turn.index(w), turn.index((w + 1) % 2), Out, Lse, num_tiles, num_m, nheads,
                                  seqlen_q, seqlen_k, stride_om, stride_lse_b, stride_lse_h, qk_scale, w * WG_ROWS,
                                  HEAD_DIM, BLOCK_M, WG_ROWS, BLOCK_N, STAGES, IS_CAUSAL, IS_CAUSAL,
-                                 1 if w == 0 else 0, ORDERED, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS))
+                                 1 if w == 0 else 0, ORDERED, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, w * Q_BUFS,
+                                 Q_BUFS, PAIRED))
          if w < 2 else
          (_persistent_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                  num_tiles, num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                 STAGES, IS_CAUSAL, KV_TAIL))
+                                 STAGES, IS_CAUSAL, KV_TAIL, PAIRED))
          for w in (0, 1, 2)],
         [4, 1], [240, 32])
 
@@ -806,7 +868,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
                       ORDERED: gl.constexpr = True, LEAN: gl.constexpr = False, IS_VARLEN: gl.constexpr = False,
                       PERSISTENT: gl.constexpr = False, LPT: gl.constexpr = False, KV_TAIL: gl.constexpr = False,
                       EXP2_FMA: gl.constexpr = 0, ROW_STORES: gl.constexpr = False,
-                      FEWER_MASKS: gl.constexpr = False, num_tiles=0):
+                      FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False,
+                      num_tiles=0):
     """``PINGPONG=False`` (the default, launched with num_warps = 4 * BLOCK_M // 64): one consumer
     partition of BLOCK_M // 64 warpgroups in lockstep, Q descriptor block [BLOCK_M, HEAD_DIM]
     (``NUM_WG`` unused). ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 64 * NUM_WG):
@@ -845,14 +908,20 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
     warpgroup's dead Q buffer (the one-tile ping-pong kernels at d = 256).
 
     ``FEWER_MASKS`` (two-warpgroup ping-pong kernels): the first key tile masked only where needed and
-    causal masks without the key-end test (``_pp_mainloop``; ``hopper.FEWER_MASKS_NUM_WG``)."""
+    causal masks without the key-end test (``_pp_mainloop``; ``hopper.FEWER_MASKS_NUM_WG``).
+
+    ``Q_BUFS`` (persistent only): Q buffers per consumer warpgroup, 2 to load the next tile's Q a
+    whole tile ahead (``_persistent_consumer``; ``hopper.persistent_q_buffers``). ``PAIRED``
+    (persistent, causal, an even number of query blocks): the walk by pairs of equal length instead
+    of the LPT order (``_tile_bhm``, ``_walk``; ``hopper.paired_walk``)."""
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     if PERSISTENT:
         gl.static_assert(PINGPONG and NUM_WG == 2 and not IS_VARLEN,
                          "persistent: the two-warpgroup ping-pong kernel, fixed-length batches")
+        gl.static_assert(IS_CAUSAL or not PAIRED, "the paired walk is a causal order")
         _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om, stride_lse_b,
                         stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
-                        ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS)
+                        ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, Q_BUFS, PAIRED)
         return
     b, h, m_block = _tile_bhm(gl.program_id(0), num_m, gl.num_programs(0), nheads, IS_CAUSAL, LPT)
     m_start = m_block * BLOCK_M
