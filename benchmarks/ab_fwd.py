@@ -28,7 +28,7 @@ from ioattn.bench.run import _check
 from ioattn.bench.timing import attention_flops, median_ms
 
 def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False, exp2_fma=0.0, lean=False, acc_stores=False,
-               q_prefetch=False, paired=False):
+               q_prefetch=None, paired=None):
     def run(q, k, v, causal):
         if gluon and q.shape[-1] not in hopper.TILE_TABLE[gluon]:  # else the portable kernel would be timed
             raise ValueError(f"the Gluon {gluon} variant has no head dim {q.shape[-1]}")
@@ -53,16 +53,20 @@ def parse_load(name, loads):
     """A --loads name -> (its loads entry, lpt, exp2_fma, acc_stores, q_prefetch, paired): a base name,
     then optionally "-fmaNN" (Gluon only), "-accstore" (Gluon only: the output stored from the
     accumulator layout, hopper.out_row_stores off; until NOTES §57 "-rows" named the opposite), "-q2"
-    and "-pair" (the persistent kernel's two Q buffers a warpgroup, hopper.persistent_q_prefetch, and
-    causal walk by pairs, hopper.paired_walk) and "-lpt", in that order (e.g. gluon-pp-fma25,
-    gluon-wg3-fma50-lpt, gluon-pers-lean-accstore, gluon-pers-lean-q2-pair)."""
-    m = re.fullmatch(r"(.+?)(?:-fma(\d+))?(-accstore)?(-q2)?(-pair)?(-lpt)?", name)
-    base, fma, acc, q2, pair, lpt = (m.group(1), m.group(2), bool(m.group(3)), bool(m.group(4)), bool(m.group(5)),
-                                     bool(m.group(6)))
+    or "-noq2" and "-pair" or "-nopair" (the persistent kernel's two Q buffers a warpgroup,
+    hopper.persistent_q_prefetch, and causal walk by pairs, hopper.paired_walk, forced on or off;
+    without them, the launcher's default) and "-lpt", in that order (e.g. gluon-pp-fma25,
+    gluon-wg3-fma50-lpt, gluon-pers-lean-accstore, gluon-pers-lean-q2-nopair)."""
+    m = re.fullmatch(r"(.+?)(?:-fma(\d+))?(-accstore)?(-(?:no)?q2)?(-(?:no)?pair)?(-lpt)?", name)
+    base, fma, acc, lpt = m.group(1), m.group(2), bool(m.group(3)), bool(m.group(6))
+    # None: the launcher's default; True / False: forced ("-q2" / "-noq2", "-pair" / "-nopair")
+    q2, pair = ((None if g is None else not g.startswith("-no")) for g in (m.group(4), m.group(5)))
     if base not in loads or (fma is not None and (fma not in FMA_SUFFIX or not base.startswith("gluon"))) \
-            or (acc and not base.startswith("gluon")) or ((q2 or pair) and not base.startswith("gluon-pers")):
+            or (acc and not base.startswith("gluon")) \
+            or ((q2 is not None or pair is not None) and not base.startswith("gluon-pers")):
         raise SystemExit(f"unknown --loads name {name!r}: one of {', '.join(loads)}, a Gluon name may take "
-                         f"-fma{{{','.join(FMA_SUFFIX)}}}, -accstore and -lpt, a persistent one -q2 and -pair")
+                         f"-fma{{{','.join(FMA_SUFFIX)}}}, -accstore and -lpt, a persistent one -q2 / -noq2 and "
+                         f"-pair / -nopair")
     return loads[base], lpt, FMA_SUFFIX[fma] if fma else 0.0, acc, q2, pair
 
 
@@ -79,7 +83,8 @@ def main():
                          "a Gluon name + \"-fma12/-fma25/-fma50/-fma100\": that share (%%; 12 = 12.5) of the "
                          "exponentials on the FMA units (hopper.exp2_fma); + \"-accstore\": the output stored from "
                          "the accumulator layout (hopper.out_row_stores off); + \"-q2\" / \"-pair\" (persistent): "
-                         "two Q buffers a warpgroup / the causal walk by pairs; + \"-lpt\": the causal grid in LPT order "
+                         "two Q buffers a warpgroup / the causal walk by pairs, forced on (\"-noq2\" / "
+                         "\"-nopair\": off); + \"-lpt\": the causal grid in LPT order "
                          "(the "
                          "Gluon Hopper forward's base, ping-pong, unordered two-warpgroup, three-warpgroup and "
                          "persistent ping-pong variants; "

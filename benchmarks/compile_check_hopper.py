@@ -45,7 +45,7 @@ from gluon_aot import (DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxa
 
 
 def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, exp2_fma=0, row_stores=True,
-                q_prefetch=False, paired=False):
+                q_prefetch=None, paired=None):
     cfg = hopper.kernel_config(d, variant)
     bn, q_rows = cfg["block_n"], cfg["q_rows"]
     q_layout = gl.NVMMASharedLayout.get_default_for([q_rows, d], DTYPES[dt])
@@ -95,7 +95,7 @@ def cfg_row_stores(row_stores, variant, d):
 
 def cfg_persistent(q_prefetch, paired, variant, d, causal):
     """The kernel's ``Q_BUFS`` / ``PAIRED`` as the launcher sets them (``hopper.persistent_options``,
-    an even number of query blocks) under ``--q-prefetch`` / ``--paired``."""
+    an even number of query blocks): its defaults, or forced on by ``--q-prefetch`` / ``--paired``."""
     with hopper.persistent_q_prefetch(q_prefetch), hopper.paired_walk(paired):
         return hopper.persistent_options(d, variant, causal, 2)
 
@@ -181,9 +181,11 @@ def main():
                     help="the output stored from the accumulator layout (ROW_STORES off, hopper.out_row_stores) "
                          "where the launcher stores whole rows")
     ap.add_argument("--q-prefetch", action="store_true",
-                    help="persistent: two Q buffers per consumer warpgroup (Q_BUFS=2, hopper.persistent_q_prefetch)")
+                    help="persistent: two Q buffers per consumer warpgroup wherever they fit (Q_BUFS=2, "
+                         "hopper.persistent_q_prefetch forced on; default: the launcher's table)")
     ap.add_argument("--paired", action="store_true",
-                    help="persistent, causal: the walk by pairs of query blocks (PAIRED, hopper.paired_walk)")
+                    help="persistent, causal: the walk by pairs of query blocks at every head dim (PAIRED, "
+                         "hopper.paired_walk forced on; default: the launcher's table)")
     ap.add_argument("--exp2-fma", default="0",
                     help="comma-separated shares (%%) of the exponentials on the FMA units (EXP2_FMA): "
                          f"{', '.join(f'{x:g}' for x in hopper.EXP2_FMA_SHARES)}")
@@ -193,7 +195,7 @@ def main():
     dims = None if args.headdims is None else {int(x) for x in args.headdims.split(",")}
     shares = [float(x) for x in args.exp2_fma.split(",")]
     jobs = [(variant, d, dt, causal, not args.no_ptxas, args.varlen, args.lpt, args.kv_tail or None, share,
-             not args.no_row_stores, args.q_prefetch, args.paired)
+             not args.no_row_stores, args.q_prefetch or None, args.paired or None)
             for variant in args.variants.split(",")
             for d in hopper.TILE_TABLE[variant] if dims is None or d in dims for dt in dtypes for causal in masks
             for share in shares]

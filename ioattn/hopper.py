@@ -66,9 +66,12 @@ DEFAULT_VARIANT_BY_HEADDIM = {64: "wg3"}
 # 2048, 673 / 669 at 4096, 687 / 694 at 8192: kept; d=64 non-causal 384 / 341 / 349 at 1024, 421 /
 # 392 / 445 at 2048: kept; d=64 causal (the portable kernel the default below 8192 until then): 279 /
 # 244 / 168 / 255 (340) at 1024, 350 / 322 / 289 / 320 (395) at 2048, 402 / 379 / 384 / 366 (434) at
-# 4096, 441 / 418 / 461 / 395 (456) at 8192: persistent from 1024 to 4096.
+# 4096, 441 / 418 / 461 / 395 (456) at 8192: persistent from 1024 to 4096. d=128 causal with the
+# paired walk and two Q buffers (results/session-2026-12-02-t, NOTES §66; persistent / ping-pong,
+# cuDNN): 254 / 251 (345) at 512, 410 / 376 (443) at 1024, 537 / 494 (520) at 2048, 622 / 582 (580) at
+# 4096: persistent to 4096 (longer not measured yet).
 # (head dim, causal) -> the longest seqlen_q a fixed-length call runs persistent.
-PERSISTENT_MAX_SEQLEN = {(64, False): 1024, (64, True): 4096, (128, False): 4096}
+PERSISTENT_MAX_SEQLEN = {(64, False): 1024, (64, True): 4096, (128, False): 4096, (128, True): 4096}
 # The default policy: (head dim, causal) -> the shortest seqlen_q where the ping-pong kernel was
 # measured ahead of (or level with) the portable one, in two runs on the H200, bf16, 16k tokens
 # (the train sweep results/train-2026-12-01-all, ioattn-hopper vs ioattn, and the A/B
@@ -87,9 +90,10 @@ PERSISTENT_MAX_SEQLEN = {(64, False): 1024, (64, True): 4096, (128, False): 4096
 #   (FEWER_MASKS; results/session-2026-12-02-l, gluon-pp-lean with them vs tma): 249 vs 229.
 # - d=64 non-causal from N=512 with the persistent variant up to 1024 (PERSISTENT_MAX_SEQLEN's note),
 #   causal from N=1024 with it up to 4096 (the same note; at N=512, before §62, 155 vs the portable 180
-#   in results/session-2026-12-02-m: kept there).
+#   in results/session-2026-12-02-m: kept there), and from N=512 since §62 (results/session-2026-12-02-t,
+#   NOTES §66: 199 vs the portable 182).
 # Below N=512 nothing was measured: the portable kernel.
-AUTO_MIN_SEQLEN = {(64, False): 512, (64, True): 1024, (128, False): 512, (128, True): 512,
+AUTO_MIN_SEQLEN = {(64, False): 512, (64, True): 512, (128, False): 512, (128, True): 512,
                    (256, False): 512, (256, True): 512}
 
 # (block_m, block_n, stages) per variant and head dim, from FA3's published shapes (below); the
@@ -289,12 +293,17 @@ ROW_STORE_VIA_Q_HEADDIMS = {"pingpong": (256,), "split": (256,)}
 
 # The persistent kernel with two Q buffers per consumer warpgroup (the kernel's ``Q_BUFS``): the next
 # tile's Q is loaded as soon as this tile's has landed, a whole tile ahead, instead of after this
-# tile's key loop, where its DRAM latency had only the epilogue to hide behind (NOTES §66). Room for
-# the second buffers (64 x d x 2 B a warpgroup) at d = 64 / 128 (115 / 176 KB of shared memory
-# before, 131 / 208 KB after); d = 256 would need 64 KB more. Off until measured:
-# ``with hopper.persistent_q_prefetch(True): ...``.
+# tile's key loop (NOTES §66). Room for the second buffers (64 x d x 2 B a warpgroup) at d = 64 / 128
+# (115 / 176 KB of shared memory before, 131 / 208 KB after); d = 256 would need 64 KB more. Measured
+# (ab_fwd on the H200, bf16, 16k tokens, 2 interleaved rounds, results/session-2026-12-02-t), one / two
+# buffers, TFLOP/s: d=128 non-causal N=512 484 / 497, 1024 587 / 587, 2048 646 / 648, 4096 677 / 681;
+# causal (paired walk) 251 / 254, 392 / 410, 536 / 537, 624 / 622; d=64 non-causal 322 / 328, 383 /
+# 384, 422 / 418, causal 199 / 206, 281 / 281, 350 / 347: a small gain at d = 128 (never below -0.5 %),
+# level at d = 64. The default at d = 128; ``with hopper.persistent_q_prefetch(True / False)`` forces
+# it wherever it fits.
 persistent_q_prefetch = dispatch.Preference(False)
-PERSISTENT_Q2_HEADDIMS = (64, 128)
+PERSISTENT_Q2_FITS = (64, 128)
+PERSISTENT_Q2_HEADDIMS = (128,)
 
 # The persistent kernel's causal walk by pairs of query blocks of equal total length, head by head
 # (the kernel's ``PAIRED``; ``hopper_forward._tile_bhm``), instead of the longest-processing-time order
@@ -302,16 +311,27 @@ PERSISTENT_Q2_HEADDIMS = (64, 128)
 # of programs covers consecutive heads, so a head's query blocks read its K / V together (the whole-
 # grid order spreads them a grid's width apart: L2 hit rate 15 % against the one-tile kernel's 44 %,
 # NOTES §59; the grouped LPT walk of §60 kept the locality but lost the balance). For an even number
-# of query blocks. Off until measured: ``with hopper.paired_walk(True): ...``.
+# of query blocks. Measured (results/session-2026-12-02-t, NOTES §66), persistent causal, LPT / paired
+# (one-tile ping-pong, cuDNN), TFLOP/s: d=128 N=512 245 / 251 (251, 345), 1024 339 / 392 (376, 443),
+# 2048 435 / 536 (494, 520), 4096 563 / 624 (582, 580); d=64 (two Q buffers both) 206 / 169 at 512,
+# 281 / 284, 347 / 361, 399 / 409. The default at d = 128; ``with hopper.paired_walk(True / False)``
+# forces it.
 paired_walk = dispatch.Preference(False)
+PAIRED_HEADDIMS = (128,)
+
+
+def _switch(pref: dispatch.Preference, default: bool) -> bool:
+    """A preference's value when a block has set it, else ``default`` (the table's)."""
+    return default if pref.value is None else bool(pref.value)
 
 
 def persistent_options(d: int, name: str, causal: bool, num_m: int) -> dict:
     """The persistent kernel's ``Q_BUFS`` and ``PAIRED`` for head dim ``d``, the mask and ``num_m``
     query blocks per sequence (both at their one-buffer / LPT values for the other variants)."""
     persistent = name == "persistent"
-    return dict(Q_BUFS=2 if persistent and persistent_q_prefetch.wanted() and d in PERSISTENT_Q2_HEADDIMS else 1,
-                PAIRED=persistent and bool(causal) and paired_walk.wanted() and num_m % 2 == 0)
+    q2 = _switch(persistent_q_prefetch, d in PERSISTENT_Q2_HEADDIMS) and d in PERSISTENT_Q2_FITS
+    paired = _switch(paired_walk, d in PAIRED_HEADDIMS) and bool(causal) and num_m % 2 == 0
+    return dict(Q_BUFS=2 if persistent and q2 else 1, PAIRED=persistent and paired)
 
 
 def row_stores(d: int, name: str) -> int:

@@ -589,14 +589,14 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     assert hopper.grid_programs(torch.device("cpu"), "persistent", 1000) == 132  # one per SM (an H100/H200 here)
     assert hopper.grid_programs(torch.device("cpu"), "persistent", 7) == 7
     # per call: short fixed-length calls take the persistent variant (PERSISTENT_MAX_SEQLEN, by head dim and
-    # mask: non-causal at d = 64 / 128, causal at d = 64, never at d = 256)
-    assert set(hopper.PERSISTENT_MAX_SEQLEN) == {(64, False), (64, True), (128, False)}
+    # mask: at d = 64 / 128, never at d = 256)
+    assert set(hopper.PERSISTENT_MAX_SEQLEN) == {(64, False), (64, True), (128, False), (128, True)}
     for (d, causal), most in hopper.PERSISTENT_MAX_SEQLEN.items():
         assert hopper.variant_for(d, causal, most) == "persistent"
         assert hopper.variant_for(d, causal, most + 1) == hopper.variant_for(d) != "persistent"
         default = hopper.variant_for(d)
         assert hopper.variant_for(d, causal, most, varlen=True) == default
-    assert hopper.variant_for(128, True, 512) == hopper.variant_for(256, False, 512) == "pingpong"
+    assert hopper.variant_for(128, True, 8192) == hopper.variant_for(256, False, 512) == "pingpong"
     with hopper.variant("pingpong"):  # a variant set by name wins
         assert hopper.variant_for(128, False, 512) == "pingpong"
     with hopper.variant("persistent"):
@@ -632,18 +632,18 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
 
 
 def test_hopper_persistent_variant_by_call(monkeypatch):
-    """Without a variant named, a short non-causal call takes the persistent variant (one program per
-    SM) and the plan says so; causal, longer or varlen calls take the head dim's default. (The device
-    check is replaced by the pure-Python call checks, as if on an sm_90 GPU.)"""
+    """Without a variant named, a short call takes the persistent variant (one program per SM) and the
+    plan says so, with its walk and Q buffers; longer or varlen calls take the head dim's default.
+    (The device check is replaced by the pure-Python call checks, as if on an sm_90 GPU.)"""
     import ioattn
     from ioattn import hopper
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
     monkeypatch.delenv("IOATTN_HOPPER_VARIANT", raising=False)
     monkeypatch.setattr(hopper, "hopper_supports", hopper.call_supported)
-    most = hopper.PERSISTENT_MAX_SEQLEN[(128, False)]
+    most, most_causal = hopper.PERSISTENT_MAX_SEQLEN[(128, False)], hopper.PERSISTENT_MAX_SEQLEN[(128, True)]
     with dispatch.forced_backend("triton"):
-        for n, causal, variant in ((most, False, "persistent"), (most, True, "pingpong"),
-                                   (most * 2, False, "pingpong")):
+        for n, causal, variant in ((most, False, "persistent"), (most_causal, True, "persistent"),
+                                   (most_causal * 2, True, "pingpong"), (most * 2, False, "pingpong")):
             q = torch.empty(4, n, 16, 128, dtype=BF16)
             plan = ioattn.explain_dispatch(q, q, q, causal=causal)
             if causal and n < hopper.AUTO_MIN_SEQLEN[(128, True)]:
@@ -653,6 +653,11 @@ def test_hopper_persistent_variant_by_call(monkeypatch):
             tiles = -(-n // 128) * 4 * 16
             assert plan.forward["tiles_count"] == tiles
             assert plan.forward["programs"] == (min(tiles, 132) if variant == "persistent" else tiles)
+            if variant == "persistent":  # at d = 128 by default: two Q buffers, causal calls walked in pairs
+                assert plan.forward["q_buffers"] == 2, plan.forward
+                assert plan.forward["walk"] == ("pairs of query blocks, head by head" if causal else "head by head")
+            else:
+                assert "walk" not in plan.forward and "q_buffers" not in plan.forward
 
 
 def test_hopper_varlen_switch_and_policy(monkeypatch):
@@ -925,11 +930,18 @@ def test_hopper_exp2_fma_switch(monkeypatch):
 
 def test_persistent_kernel_options_follow_their_switches():
     """hopper.persistent_options: the persistent kernel's two Q buffers only where they fit (d = 64 /
-    128) and when asked; the paired walk only for causal calls with an even number of query blocks;
-    every other variant one buffer, no pairs."""
+    128), by default where measured (d = 128) or when forced; the paired walk only for causal calls
+    with an even number of query blocks, by default at d = 128; every other variant one buffer, no
+    pairs."""
     from ioattn import hopper
 
-    assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=False)
+    # the defaults (the measured tables): both at d = 128, neither at d = 64 / 256
+    assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=2, PAIRED=True)
+    assert hopper.persistent_options(128, "persistent", True, 5) == dict(Q_BUFS=2, PAIRED=False)
+    assert hopper.persistent_options(64, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=False)
+    assert hopper.persistent_options(256, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=False)
+    with hopper.persistent_q_prefetch(False), hopper.paired_walk(False):
+        assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=False)
     with hopper.persistent_q_prefetch(True), hopper.paired_walk(True):
         assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=2, PAIRED=True)
         assert hopper.persistent_options(64, "persistent", False, 4) == dict(Q_BUFS=2, PAIRED=False)

@@ -404,11 +404,12 @@ def test_hopper_forward_negative_scale(variant, causal, poison_alloc):
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 # (head dim, seqlen, causal, the variant expected or None for the portable kernel)
 @pytest.mark.parametrize("d, n, causal, variant", [(128, 4096, False, "persistent"), (128, 8192, False, "pingpong"),
-                                                   (128, 512, True, "pingpong"), (128, 500, True, None),
+                                                   (128, 512, True, "persistent"), (128, 500, True, None),
+                                                   (128, 8192, True, "pingpong"),
                                                    (256, 512, False, "pingpong"), (256, 512, True, "pingpong"),
                                                    (64, 1024, False, "persistent"), (64, 4096, False, "wg3"),
                                                    (64, 4096, True, "persistent"), (64, 8192, True, "wg3"),
-                                                   (64, 512, True, None)])
+                                                   (64, 512, True, "persistent"), (64, 256, True, None)])
 def test_default_dispatch_takes_the_gluon_kernel_where_measured_faster(d, n, causal, variant, poison_alloc):
     """Without any switch, the forward goes to the Gluon kernel exactly where the policy in
     ioattn.hopper (AUTO_MIN_SEQLEN, PERSISTENT_MAX_SEQLEN, DEFAULT_VARIANT_BY_HEADDIM, from the device

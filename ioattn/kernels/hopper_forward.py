@@ -731,9 +731,9 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
     row of which sees a key); every V slot is released (the next tile reloads it).
 
     Q (``q_smem``: the kernel's Q buffers of [BLOCK_M, HEAD_DIM], one barrier each in ``q_bar``; this
-    warpgroup's are ``Q0`` ... ``Q0`` + ``Q_BUFS`` - 1, its j-th load going to Q0 + j mod Q_BUFS): the next tile's Q is loaded ahead of its
-    turn. One buffer: when this tile's S products have all retired (after its key loop), before its
-    epilogue, so it lands while the epilogue stores. Two (``Q_BUFS`` = 2, NOTES §66): as soon as
+    warpgroup's are ``Q0`` ... ``Q0`` + ``Q_BUFS`` - 1, its j-th load going to Q0 + j mod Q_BUFS): the
+    next tile's Q is loaded ahead of its turn. One buffer: when this tile's S products have all
+    retired (after its key loop), before its epilogue, so it lands while the epilogue stores. Two (``Q_BUFS`` = 2, NOTES §66): as soon as
     this tile's own Q has landed, into the other buffer (whose last reader, the previous tile's S
     products, has retired), so it has this whole tile to land. ``q_issued`` / ``q_used``: loads
     issued / waited for; a tile with no visible key loads no Q, and a tile whose Q was not loaded
