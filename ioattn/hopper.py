@@ -69,9 +69,15 @@ DEFAULT_VARIANT_BY_HEADDIM = {64: "wg3"}
 # 4096, 441 / 418 / 461 / 395 (456) at 8192: persistent from 1024 to 4096. d=128 causal with the
 # paired walk and two Q buffers (results/session-2026-12-02-t, NOTES §66; persistent / ping-pong,
 # cuDNN): 254 / 251 (345) at 512, 410 / 376 (443) at 1024, 537 / 494 (520) at 2048, 622 / 582 (580) at
-# 4096: persistent to 4096 (longer not measured yet).
-# (head dim, causal) -> the longest seqlen_q a fixed-length call runs persistent.
-PERSISTENT_MAX_SEQLEN = {(64, False): 1024, (64, True): 4096, (128, False): 4096, (128, True): 4096}
+# 4096; results/session-2026-12-02-u: 662 / 638 (615) at 8192, 680 / 700 (637) at 16384: persistent to
+# 8192. d=256 causal with the paired walk (one Q buffer there; -u), persistent / ping-pong (cuDNN): 273
+# / 297 (353) at 512, 416 / 413 (465) at 1024, 541 / 512 (550) at 2048, 627 / 587 (604) at 4096:
+# persistent from 2048 to 4096 (longer not measured).
+# (head dim, causal) -> the longest seqlen_q a fixed-length call runs persistent, and where listed the
+# shortest.
+PERSISTENT_MAX_SEQLEN = {(64, False): 1024, (64, True): 4096, (128, False): 4096, (128, True): 8192,
+                         (256, True): 4096}
+PERSISTENT_MIN_SEQLEN = {(256, True): 2048}
 # The default policy: (head dim, causal) -> the shortest seqlen_q where the ping-pong kernel was
 # measured ahead of (or level with) the portable one, in two runs on the H200, bf16, 16k tokens
 # (the train sweep results/train-2026-12-01-all, ioattn-hopper vs ioattn, and the A/B
@@ -147,13 +153,15 @@ def active_variant() -> str | None:
 
 def variant_for(d: int, causal: bool = False, seqlen_q: int | None = None, varlen: bool = False) -> str:
     """The variant a call at head dim ``d`` runs: the one set by name; else, for a fixed-length
-    call with ``seqlen_q`` <= ``PERSISTENT_MAX_SEQLEN[(d, causal)]``, "persistent"; else
-    ``DEFAULT_VARIANT_BY_HEADDIM``'s, else ``DEFAULT_VARIANT``. (Without ``seqlen_q``: the head dim's
-    default.)"""
+    call with ``PERSISTENT_MIN_SEQLEN[(d, causal)]`` (0 if absent) <= ``seqlen_q`` <=
+    ``PERSISTENT_MAX_SEQLEN[(d, causal)]``, "persistent"; else ``DEFAULT_VARIANT_BY_HEADDIM``'s, else
+    ``DEFAULT_VARIANT``. (Without ``seqlen_q``: the head dim's default.)"""
     named = active_variant()
     if named:
         return named
-    if not varlen and seqlen_q is not None and seqlen_q <= PERSISTENT_MAX_SEQLEN.get((d, bool(causal)), 0):
+    key = (d, bool(causal))
+    if not varlen and seqlen_q is not None and \
+            PERSISTENT_MIN_SEQLEN.get(key, 0) <= seqlen_q <= PERSISTENT_MAX_SEQLEN.get(key, 0):
         return "persistent"
     return DEFAULT_VARIANT_BY_HEADDIM.get(d, DEFAULT_VARIANT)
 
@@ -291,6 +299,10 @@ ROW_STORE_HEADDIMS = {"base": (64, 128), "pingpong": (64, 128), "split": (64, 12
 # 721 / 725; causal 252 / 293, 368 / 411, 475 / 510, 711 / 719.
 ROW_STORE_VIA_Q_HEADDIMS = {"pingpong": (256,), "split": (256,)}
 
+# A/B switch, until measured (NOTES §68): the epilogue's normalisation as one division an element (the
+# kernel's ROW_STORES bit 4) instead of one reciprocal a row and a multiply an element.
+epilogue_division = dispatch.Preference(False)
+
 # The persistent kernel with two Q buffers per consumer warpgroup (the kernel's ``Q_BUFS``): the next
 # tile's Q is loaded as soon as this tile's has landed, a whole tile ahead, instead of after this
 # tile's key loop (NOTES §66). Room for the second buffers (64 x d x 2 B a warpgroup) at d = 64 / 128
@@ -314,10 +326,11 @@ PERSISTENT_Q2_HEADDIMS = (128,)
 # of query blocks. Measured (results/session-2026-12-02-t, NOTES §66), persistent causal, LPT / paired
 # (one-tile ping-pong, cuDNN), TFLOP/s: d=128 N=512 245 / 251 (251, 345), 1024 339 / 392 (376, 443),
 # 2048 435 / 536 (494, 520), 4096 563 / 624 (582, 580); d=64 (two Q buffers both) 206 / 169 at 512,
-# 281 / 284, 347 / 361, 399 / 409. The default at d = 128; ``with hopper.paired_walk(True / False)``
+# 281 / 284, 347 / 361, 399 / 409. The default at d = 128 and 256 (where the persistent kernel runs
+# causal calls only with it: PERSISTENT_MIN_SEQLEN's note); ``with hopper.paired_walk(True / False)``
 # forces it.
 paired_walk = dispatch.Preference(False)
-PAIRED_HEADDIMS = (128,)
+PAIRED_HEADDIMS = (128, 256)
 
 
 def _switch(pref: dispatch.Preference, default: bool) -> bool:
@@ -531,7 +544,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
                             LPT=bool(causal) and lpt_order.wanted(), num_tiles=num_tiles,
                             KV_TAIL=varlen or seqlen_k % block_n != 0,
                             EXP2_FMA=exp2_fma_cols(exp2_fma_share(), block_n),
-                            ROW_STORES=row_stores(d, cfg["variant"]),
+                            ROW_STORES=row_stores(d, cfg["variant"]) | (4 if epilogue_division.wanted() else 0),
                             **persistent_options(d, cfg["variant"], causal, dispatch.cdiv(seqlen_q, block_m)),
                             num_warps=cfg["num_warps"], **cfg["constexprs"])
     return out, lse

@@ -512,8 +512,7 @@ def test_explain_dispatch_matches_the_policy():
 
 def test_hopper_kernel_policy_and_refusals(monkeypatch):
     """The Gluon Hopper forward's default policy (hopper.AUTO_MIN_SEQLEN, from the device runs): head
-    dims 128 and 256 from 512 query rows, both masks, head dim 64 from 512 non-causal and 1024
-    causal; not when the caller fixed the forward's tiles; prefer_hopper and IOATTN_HOPPER override
+    dims 128 and 256 from 512 query rows, both masks, head dim 64 from 512 (both masks); not when the caller fixed the forward's tiles; prefer_hopper and IOATTN_HOPPER override
     it both ways. It runs only for the calls it covers; elsewhere (here: a CPU) the portable path runs
     and the reason is given."""
     import ioattn
@@ -530,10 +529,10 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     for causal in (False, True):
         assert hopper.wanted(torch.empty(1, 512, 2, 256), causal=causal)
         assert not hopper.wanted(torch.empty(1, 511, 2, 256), causal=causal)
-    # d=64: non-causal from 512 (persistent up to 1024, then wg3), causal from 1024 (persistent up to 4096)
+    # d=64: non-causal from 512 (persistent up to 1024, then wg3), causal from 512 (persistent up to 4096)
     assert hopper.wanted(torch.empty(1, 512, 2, 64)) and not hopper.wanted(torch.empty(1, 511, 2, 64))
-    assert hopper.wanted(torch.empty(1, 1024, 2, 64), causal=True)
-    assert not hopper.wanted(torch.empty(1, 1023, 2, 64), causal=True)
+    assert hopper.wanted(torch.empty(1, 512, 2, 64), causal=True)
+    assert not hopper.wanted(torch.empty(1, 511, 2, 64), causal=True)
     assert hopper.wanted(torch.empty(8192, 2, 128), seqlen_q=8192)  # varlen: the caller's max seqlen
     assert not hopper.wanted()
     dispatch.set_tile_override("fwd", dispatch.TileConfig(64, 64, 4, 3))
@@ -589,14 +588,19 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     assert hopper.grid_programs(torch.device("cpu"), "persistent", 1000) == 132  # one per SM (an H100/H200 here)
     assert hopper.grid_programs(torch.device("cpu"), "persistent", 7) == 7
     # per call: short fixed-length calls take the persistent variant (PERSISTENT_MAX_SEQLEN, by head dim and
-    # mask: at d = 64 / 128, never at d = 256)
-    assert set(hopper.PERSISTENT_MAX_SEQLEN) == {(64, False), (64, True), (128, False), (128, True)}
+    # mask: at d = 64 / 128, and d = 256 causal from PERSISTENT_MIN_SEQLEN)
+    assert set(hopper.PERSISTENT_MAX_SEQLEN) == {(64, False), (64, True), (128, False), (128, True), (256, True)}
+    assert set(hopper.PERSISTENT_MIN_SEQLEN) == {(256, True)}
     for (d, causal), most in hopper.PERSISTENT_MAX_SEQLEN.items():
         assert hopper.variant_for(d, causal, most) == "persistent"
         assert hopper.variant_for(d, causal, most + 1) == hopper.variant_for(d) != "persistent"
         default = hopper.variant_for(d)
         assert hopper.variant_for(d, causal, most, varlen=True) == default
-    assert hopper.variant_for(128, True, 8192) == hopper.variant_for(256, False, 512) == "pingpong"
+        least = hopper.PERSISTENT_MIN_SEQLEN.get((d, causal))
+        if least:
+            assert hopper.variant_for(d, causal, least) == "persistent"
+            assert hopper.variant_for(d, causal, least - 1) == default
+    assert hopper.variant_for(128, True, 16384) == hopper.variant_for(256, False, 512) == "pingpong"
     with hopper.variant("pingpong"):  # a variant set by name wins
         assert hopper.variant_for(128, False, 512) == "pingpong"
     with hopper.variant("persistent"):
@@ -862,37 +866,42 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
 
     bm = hopper.TILE_TABLE["pingpong"][128][0]
     bn = hopper.TILE_TABLE["pingpong"][128][1]
-    tiles = -(-8192 // bm) * 2 * 4
-    grid, kw = launch(8192, 8192, True)  # causal, long: ping-pong, one program per tile, no LPT, no tail
+    tiles = -(-16384 // bm) * 2 * 4
+    grid, kw = launch(16384, 16384, True)  # causal, long: ping-pong, one program per tile, no LPT, no tail
     assert grid == (tiles,) and kw["PINGPONG"] and not kw["PERSISTENT"] and not kw["LPT"] and not kw["KV_TAIL"]
     assert kw["num_tiles"] == tiles and kw["IS_CAUSAL"]
     with hopper.lpt_order(True):
-        assert launch(8192, 8192, True)[1]["LPT"]
-        assert not launch(8192, 8192, False)[1]["LPT"]  # causal grids only
+        assert launch(16384, 16384, True)[1]["LPT"]
+        assert not launch(16384, 16384, False)[1]["LPT"]  # causal grids only
     monkeypatch.setenv("IOATTN_HOPPER_LPT", "1")
-    assert launch(8192, 8192, True)[1]["LPT"]
+    assert launch(16384, 16384, True)[1]["LPT"]
     monkeypatch.delenv("IOATTN_HOPPER_LPT")
-    assert launch(8192, 8192 - 1, True)[1]["KV_TAIL"] and not launch(8192, 8192 - bn, True)[1]["KV_TAIL"]
-    assert launch(8192, 8192, True, varlen=True)[1]["KV_TAIL"]  # varlen: always
+    assert launch(16384, 16384 - 1, True)[1]["KV_TAIL"] and not launch(16384, 16384 - bn, True)[1]["KV_TAIL"]
+    assert launch(16384, 16384, True, varlen=True)[1]["KV_TAIL"]  # varlen: always
     grid, kw = launch(512, 512, False)  # short, non-causal: persistent, one program per SM (132 here)
     assert kw["PERSISTENT"] and grid == (min(132, -(-512 // bm) * 2 * 4),) and kw["num_tiles"] == 4 * 2 * 4
+    assert kw["Q_BUFS"] == 2 and not kw["PAIRED"]  # two Q buffers at d = 128; pairs are a causal walk
+    kw = launch(512, 512, True)[1]  # short causal: persistent, walked in pairs (4 query blocks)
+    assert kw["PERSISTENT"] and kw["Q_BUFS"] == 2 and kw["PAIRED"]
+    assert not launch(640, 640, True)[1]["PAIRED"]  # 5 query blocks: the LPT walk
+    assert launch(16384, 16384, True)[1]["Q_BUFS"] == 1  # the one-tile kernel: its own Q buffer
     # exp2 on the FMA units: off by default, else the share of the launched variant's key tile
-    assert kw["EXP2_FMA"] == 0 and launch(8192, 8192, True)[1]["EXP2_FMA"] == 0
+    assert kw["EXP2_FMA"] == 0 and launch(16384, 16384, True)[1]["EXP2_FMA"] == 0
     with hopper.exp2_fma(25):
-        assert launch(8192, 8192, True)[1]["EXP2_FMA"] == bn // 4
+        assert launch(16384, 16384, True)[1]["EXP2_FMA"] == bn // 4
         assert launch(512, 512, False)[1]["EXP2_FMA"] == bn // 4  # persistent: the same tile
-        kw = launch(8192, 8192, True, d=64)[1]  # wg3 at d = 64
+        kw = launch(16384, 16384, True, d=64)[1]  # wg3 at d = 64
         assert kw["NUM_WG"] == 3 and kw["EXP2_FMA"] == hopper.TILE_TABLE["wg3"][64][1] // 4
-        kw = launch(8192, 8192, False, d=256)[1]  # 64-key tiles at d = 256
+        kw = launch(16384, 16384, False, d=256)[1]  # 64-key tiles at d = 256
         assert kw["EXP2_FMA"] == hopper.TILE_TABLE["pingpong"][256][1] // 4 == 16
         with hopper.exp2_fma(0):  # the innermost block wins
-            assert launch(8192, 8192, True)[1]["EXP2_FMA"] == 0
+            assert launch(16384, 16384, True)[1]["EXP2_FMA"] == 0
     monkeypatch.setenv("IOATTN_HOPPER_EXP2_FMA", "12.5")
-    assert launch(8192, 8192, True)[1]["EXP2_FMA"] == bn // 8
+    assert launch(16384, 16384, True)[1]["EXP2_FMA"] == bn // 8
     with hopper.exp2_fma(50):  # a block over the environment
-        assert launch(8192, 8192, True)[1]["EXP2_FMA"] == bn // 2
+        assert launch(16384, 16384, True)[1]["EXP2_FMA"] == bn // 2
     monkeypatch.delenv("IOATTN_HOPPER_EXP2_FMA")
-    assert launch(8192, 8192, True)[1]["EXP2_FMA"] == 0
+    assert launch(16384, 16384, True)[1]["EXP2_FMA"] == 0
 
 
 def test_hopper_exp2_fma_switch(monkeypatch):
@@ -935,11 +944,11 @@ def test_persistent_kernel_options_follow_their_switches():
     pairs."""
     from ioattn import hopper
 
-    # the defaults (the measured tables): both at d = 128, neither at d = 64 / 256
+    # the defaults (the measured tables): both at d = 128, pairs at d = 256, neither at d = 64
     assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=2, PAIRED=True)
     assert hopper.persistent_options(128, "persistent", True, 5) == dict(Q_BUFS=2, PAIRED=False)
     assert hopper.persistent_options(64, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=False)
-    assert hopper.persistent_options(256, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=False)
+    assert hopper.persistent_options(256, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=True)
     with hopper.persistent_q_prefetch(False), hopper.paired_walk(False):
         assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=False)
     with hopper.persistent_q_prefetch(True), hopper.paired_walk(True):
