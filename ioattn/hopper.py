@@ -19,8 +19,10 @@ or, from Python, ``with hopper.variant("pingpong"): ...`` / ``hopper.set_variant
   consumer warpgroups), so a device A/B can separate the ordering's effect from the restructuring.
 * ``"persistent"``: the ping-pong kernel with one program per SM walking the tiles (FA3's
   persistent scheduler), so one tile's epilogue and the next tile's Q/K/V loads overlap; causal tiles
-  in LPT order. Fixed-length batches only. The default for short calls up to
-  ``PERSISTENT_MAX_SEQLEN`` (by head dim and mask; NOTES §35, §36, §64).
+  in pairs of equal length head by head (``PAIRED_HEADDIMS``), else in LPT order; at d = 128 two Q
+  buffers a warpgroup (``persistent_options``). Fixed-length batches only. The default for short
+  calls between ``PERSISTENT_MIN_SEQLEN`` and ``PERSISTENT_MAX_SEQLEN`` (by head dim and mask; NOTES
+  §35, §36, §64, §66).
 * ``"wg3"``: head dim 64 only, FA3's d = 64 shape: the ping-pong kernel with three consumer warpgroups
   (a 192-row query tile, 160 registers each) whose GEMMs go round a ring WG0 -> WG1 -> WG2 -> WG0, so
   that two warpgroups' exponentials overlap the third one's GEMMs. The default at head dim 64
