@@ -476,6 +476,19 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
               _wg_acc_layout(HEAD_DIM), BLOCK_M, HEAD_DIM, ROW_STORES, q_smem)
 
 
+@gluon.jit
+def _issue_s0(q_smem, k_smem, k_ready, my_turn, next_turn, g0, sec0, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr):
+    """A tile's critical section #0 (``_pp_mainloop``): S(0) = Q K(0)^T issued once K(0) has landed and
+    the turn is this warpgroup's; returns its token."""
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=_wg_acc_layout(BLOCK_N))
+    mbarrier.wait(k_ready.index(g0 % STAGES), (g0 // STAGES) & 1)
+    _turn_wait(my_turn, sec0, TURN0, ORDERED)
+    s_tok = warpgroup_mma(q_smem, k_smem.index(g0 % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    _turn_pass(next_turn, ORDERED)
+    return s_tok
+
+
 @gluon.constexpr_function
 def _wg_acc_layout(cols):
     """The wgmma accumulator layout of one warpgroup's (64 rows x ``cols``) product: S (``cols`` =
@@ -488,7 +501,8 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
                  seqlen_k, n_lo, n_tiles, qk_scale, g0, sec0, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr,
                  TURN0: gl.constexpr, ORDERED: gl.constexpr, LEAN: gl.constexpr, RELEASE_LAST: gl.constexpr,
-                 EXP2_FMA: gl.constexpr, FEWER_MASKS: gl.constexpr = False):
+                 EXP2_FMA: gl.constexpr, FEWER_MASKS: gl.constexpr = False, S0_ISSUED: gl.constexpr = False,
+                 s0_tok=None):
     """One query tile's key loop for one ping-pong warpgroup (Q already in ``q_smem``): returns the
     unnormalised (O, m, l). ``g0``: ring uses before this tile, ``sec0``: this warpgroup's critical
     sections before it (both 0 for a one-tile program; a persistent program's running counts), so
@@ -496,7 +510,8 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     persistent program reloads it; a one-tile program never does). ``FEWER_MASKS``: the first key
     tile masked only when the loop's rule says so for it (the last tile, or one the diagonal
     crosses) instead of always, and causal masks without the key-end test (``_softmax_tile``'s
-    ``KEY_END``)."""
+    ``KEY_END``). ``S0_ISSUED``: section #0's product was issued by the caller (``_issue_s0``; its
+    token ``s0_tok``), the only wgmma of this warpgroup in flight."""
     num_warps: gl.constexpr = gl.num_warps()
     gl.static_assert(num_warps == 4, "a ping-pong consumer is one warpgroup")
     gl.static_assert(STAGES >= 2, "S(i+1) and P(i) V(i) are in flight together")
@@ -513,11 +528,12 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
     diag = m_start + seqlen_k - seqlen_q  # the last key column this warpgroup's first row may see
 
-    # section #0: S(0); its softmax (always masked: it may be the last tile) runs outside the turn
-    mbarrier.wait(k_ready.index(g0 % STAGES), (g0 // STAGES) & 1)
-    _turn_wait(my_turn, sec0, TURN0, ORDERED)
-    s_tok = warpgroup_mma(q_smem, k_smem.index(g0 % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    _turn_pass(next_turn, ORDERED)
+    # section #0: S(0) (issued here, or by the caller: ``S0_ISSUED``); its softmax runs outside the turn
+    if S0_ISSUED:
+        s_tok = s0_tok
+    else:
+        s_tok = _issue_s0(q_smem, k_smem, k_ready, my_turn, next_turn, g0, sec0, BLOCK_M, BLOCK_N, STAGES, TURN0,
+                          ORDERED)
     s = warpgroup_mma_wait(0, deps=[s_tok])
     mbarrier.arrive(k_empty.index(g0 % STAGES), count=1)
     KEY_END: gl.constexpr = not (FEWER_MASKS and IS_CAUSAL)
@@ -724,7 +740,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                          MASK_ALL: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr,
                          EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
                          FEWER_MASKS: gl.constexpr = False, Q0: gl.constexpr = 0, Q_BUFS: gl.constexpr = 1,
-                         PAIRED: gl.constexpr = False):
+                         PAIRED: gl.constexpr = False, EPI_LATE: gl.constexpr = False):
     """A ping-pong consumer warpgroup of the persistent kernel: rows [row_off, row_off + BLOCK_M) of
     each of this program's CTA_M-row tiles (``_walk``; the producer walks the same list). Per tile:
     ``_pp_mainloop`` with the ring's use count (``g0``) and this warpgroup's
@@ -735,17 +751,31 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
     Q (``q_smem``: the kernel's Q buffers of [BLOCK_M, HEAD_DIM], one barrier each in ``q_bar``; this
     warpgroup's are ``Q0`` ... ``Q0`` + ``Q_BUFS`` - 1, its j-th load going to Q0 + j mod Q_BUFS): the
     next tile's Q is loaded ahead of its turn. One buffer: when this tile's S products have all
-    retired (after its key loop), before its epilogue, so it lands while the epilogue stores. Two (``Q_BUFS`` = 2, NOTES §66): as soon as
-    this tile's own Q has landed, into the other buffer (whose last reader, the previous tile's S
-    products, has retired), so it has this whole tile to land. ``q_issued`` / ``q_used``: loads
+    retired (after its key loop), before its epilogue, so it lands while the epilogue stores. Two
+    (``Q_BUFS`` = 2, NOTES §66): as soon as this tile's own Q has landed, into the other buffer (whose
+    last reader, the previous tile's S products, has retired), so it has this whole tile to land. ``q_issued`` / ``q_used``: loads
     issued / waited for; a tile with no visible key loads no Q, and a tile whose Q was not loaded
-    ahead (the first, or one after such a tile) loads its own."""
+    ahead (the first, or one after such a tile) loads its own.
+
+    ``EPI_LATE`` (NOTES §70): a tile's epilogue runs after the next tile's first product S(0) has been
+    issued (``_issue_s0``) instead of before, so that product (and the other warpgroup's section
+    that follows it) keeps the tensor cores busy while this warpgroup normalises and stores; the
+    previous tile's (O, m, l) and index cross the tile loop's back edge as plain registers (no
+    product is in flight across it: ptxas serialises every wgmma of a kernel where one is, C7514),
+    and the last tile's epilogue follows the loop."""
     o_layout: gl.constexpr = _wg_acc_layout(HEAD_DIM)
-    rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _wg_acc_layout(BLOCK_N)))
+    row_layout: gl.constexpr = gl.SliceLayout(1, _wg_acc_layout(BLOCK_N))
+    rows_1d = gl.arange(0, BLOCK_M, layout=row_layout)
     g0 = 0
     sec0 = 0
     q_used = 0
     q_issued = 0
+    # EPI_LATE: the tile whose epilogue is pending (have_prev), its (O, m, l) and index
+    have_prev = 0
+    t_prev = 0
+    o_prev = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+    m_prev = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
+    l_prev = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
     for k in range(0, _walk_steps(num_tiles, PAIRED)):
         t = _walk(k, num_tiles, IS_CAUSAL, PAIRED)
         if t < num_tiles:
@@ -769,10 +799,18 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                         _load_q(q_desc, q_smem, q_bar, q_issued, t_next, num_m, num_tiles, nheads, seqlen_q,
                                 row_off, HEAD_DIM, CTA_M, Q0, Q_BUFS, IS_CAUSAL, PAIRED)
                         q_issued += 1
+                s0_tok = None
+                if EPI_LATE:
+                    s0_tok = _issue_s0(q_smem.index(buf), k_smem, k_ready, my_turn, next_turn, g0, sec0, BLOCK_M,
+                                       BLOCK_N, STAGES, TURN0, ORDERED)
+                    if have_prev:
+                        _tile_epilogue(o_prev, m_prev, l_prev, t_prev, Out, Lse, rows_1d, num_m, num_tiles, nheads,
+                                       seqlen_q, stride_om, stride_lse_b, stride_lse_h, row_off, o_layout, HEAD_DIM,
+                                       CTA_M, BLOCK_M, IS_CAUSAL, ROW_STORES, PAIRED)
                 o, m_i, l_i = _pp_mainloop(q_smem.index(buf), k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                            my_turn, next_turn, m_start, seqlen_q, seqlen_k, 0, n_tiles, qk_scale, g0,
                                            sec0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, TURN0,
-                                           ORDERED, LEAN, True, EXP2_FMA, FEWER_MASKS)
+                                           ORDERED, LEAN, True, EXP2_FMA, FEWER_MASKS, EPI_LATE, s0_tok)
                 g0 += n_tiles
                 sec0 += n_tiles + 1
                 if Q_BUFS == 1:
@@ -782,16 +820,33 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                         _load_q(q_desc, q_smem, q_bar, q_issued, t_next, num_m, num_tiles, nheads, seqlen_q,
                                 row_off, HEAD_DIM, CTA_M, Q0, Q_BUFS, IS_CAUSAL, PAIRED)
                         q_issued += 1
-                m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b,
-                                                              stride_lse_h, row_off, HEAD_DIM, CTA_M, IS_CAUSAL,
-                                                              PAIRED)
-                _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
-                          o_layout, BLOCK_M, HEAD_DIM, ROW_STORES)
+                if EPI_LATE:
+                    o_prev, m_prev, l_prev, t_prev, have_prev = o, m_i, l_i, t, 1
+                else:
+                    _tile_epilogue(o, m_i, l_i, t, Out, Lse, rows_1d, num_m, num_tiles, nheads, seqlen_q, stride_om,
+                                   stride_lse_b, stride_lse_h, row_off, o_layout, HEAD_DIM, CTA_M, BLOCK_M, IS_CAUSAL,
+                                   ROW_STORES, PAIRED)
             else:
                 m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b,
                                                               stride_lse_h, row_off, HEAD_DIM, CTA_M, IS_CAUSAL,
                                                               PAIRED)
                 _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, stride_om, BLOCK_M, HEAD_DIM)
+    if EPI_LATE:
+        if have_prev:
+            _tile_epilogue(o_prev, m_prev, l_prev, t_prev, Out, Lse, rows_1d, num_m, num_tiles, nheads, seqlen_q,
+                           stride_om, stride_lse_b, stride_lse_h, row_off, o_layout, HEAD_DIM, CTA_M, BLOCK_M,
+                           IS_CAUSAL, ROW_STORES, PAIRED)
+
+
+@gluon.jit
+def _tile_epilogue(o, m_i, l_i, t, Out, Lse, rows_1d, num_m, num_tiles, nheads, seqlen_q, stride_om, stride_lse_b,
+                   stride_lse_h, row_off, o_layout: gl.constexpr, HEAD_DIM: gl.constexpr, CTA_M: gl.constexpr,
+                   BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constexpr, ROW_STORES: gl.constexpr, PAIRED: gl.constexpr):
+    """``_epilogue`` of a persistent program's tile ``t`` (its rows recomputed from the index)."""
+    m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b, stride_lse_h,
+                                                  row_off, HEAD_DIM, CTA_M, IS_CAUSAL, PAIRED)
+    _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om, o_layout,
+              BLOCK_M, HEAD_DIM, ROW_STORES)
 
 
 @gluon.jit
@@ -837,7 +892,8 @@ def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads
                     stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, ORDERED: gl.constexpr,
                     KV_TAIL: gl.constexpr, EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
-                    FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False):
+                    FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False,
+                    EPI_LATE: gl.constexpr = False):
     """The persistent ping-pong kernel's body (``hopper_fwd_kernel(PERSISTENT=True)``): the same
     shared memory and partitions as the one-tile kernel (two consumer warpgroups of 64 rows, the
     producer warp, 240 / 24 registers), each partition walking this program's tiles; ``Q_BUFS`` Q
@@ -853,7 +909,7 @@ def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads
                                  seqlen_q, seqlen_k, stride_om, stride_lse_b, stride_lse_h, qk_scale, w * WG_ROWS,
                                  HEAD_DIM, BLOCK_M, WG_ROWS, BLOCK_N, STAGES, IS_CAUSAL, IS_CAUSAL,
                                  1 if w == 0 else 0, ORDERED, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, w * Q_BUFS,
-                                 Q_BUFS, PAIRED))
+                                 Q_BUFS, PAIRED, EPI_LATE))
          if w < 2 else
          (_persistent_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                  num_tiles, num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N,
@@ -871,7 +927,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
                       PERSISTENT: gl.constexpr = False, LPT: gl.constexpr = False, KV_TAIL: gl.constexpr = False,
                       EXP2_FMA: gl.constexpr = 0, ROW_STORES: gl.constexpr = False,
                       FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False,
-                      num_tiles=0):
+                      EPI_LATE: gl.constexpr = False, num_tiles=0):
     """``PINGPONG=False`` (the default, launched with num_warps = 4 * BLOCK_M // 64): one consumer
     partition of BLOCK_M // 64 warpgroups in lockstep, Q descriptor block [BLOCK_M, HEAD_DIM]
     (``NUM_WG`` unused). ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 64 * NUM_WG):
@@ -915,7 +971,9 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
     ``Q_BUFS`` (persistent only): Q buffers per consumer warpgroup, 2 to load the next tile's Q a
     whole tile ahead (``_persistent_consumer``; ``hopper.persistent_q_buffers``). ``PAIRED``
     (persistent, causal, an even number of query blocks): the walk by pairs of equal length instead
-    of the LPT order (``_tile_bhm``, ``_walk``; ``hopper.paired_walk``)."""
+    of the LPT order (``_tile_bhm``, ``_walk``; ``hopper.paired_walk``). ``EPI_LATE`` (persistent): a
+    tile's epilogue after the next tile's first product is issued (``_persistent_consumer``;
+    ``hopper.late_epilogue``)."""
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     if PERSISTENT:
         gl.static_assert(PINGPONG and NUM_WG == 2 and not IS_VARLEN,
@@ -923,7 +981,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
         gl.static_assert(IS_CAUSAL or not PAIRED, "the paired walk is a causal order")
         _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om, stride_lse_b,
                         stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
-                        ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, Q_BUFS, PAIRED)
+                        ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, Q_BUFS, PAIRED, EPI_LATE)
         return
     b, h, m_block = _tile_bhm(gl.program_id(0), num_m, gl.num_programs(0), nheads, IS_CAUSAL, LPT)
     m_start = m_block * BLOCK_M
