@@ -512,9 +512,9 @@ def test_explain_dispatch_matches_the_policy():
 
 def test_hopper_kernel_policy_and_refusals(monkeypatch):
     """The Gluon Hopper forward's default policy (hopper.AUTO_MIN_SEQLEN, from the device runs): head
-    dims 128 and 256 from 512 query rows, both masks, head dim 64 from 512 (both masks); not when the caller fixed the forward's tiles; prefer_hopper and IOATTN_HOPPER override
-    it both ways. It runs only for the calls it covers; elsewhere (here: a CPU) the portable path runs
-    and the reason is given."""
+    dims 128 and 256 from 512 query rows, both masks, head dim 64 from 512 (both masks); not when the
+    caller fixed the forward's tiles; prefer_hopper and IOATTN_HOPPER override it both ways. It runs only
+    for the calls it covers; elsewhere (here: a CPU) the portable path runs and the reason is given."""
     import ioattn
     from ioattn import dispatch, hopper
 

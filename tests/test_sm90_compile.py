@@ -80,10 +80,10 @@ def test_hopper_exp2_fma_compiles_for_sm90():
     """The forward with a quarter of each key tile's exponentials on the FMA units (hopper.exp2_fma(25),
     the kernel's EXP2_FMA), causal, in the ping-pong kernel at d = 64 and 128 and wg3: the column split
     compiles as a register renaming (the kernel asserts its layout conversion trivial), ptxas neither
-    serialises the wgmmas nor spills (wg3: at most 128 B), and against the default build every
-    MUFU.EX2 taken away became the polynomial's three FFMAs (a quarter of the score tiles' exponentials: 16 of 64 per thread at
-    each of a consumer's softmax call sites: three, and four in the two-warpgroup kernels, whose first
-    key tile has a masked and an unmasked form, FEWER_MASKS)."""
+    serialises the wgmmas nor spills (wg3: at most 128 B), and against the default build every MUFU.EX2
+    taken away became the polynomial's three FFMAs (a quarter of the score tiles' exponentials: 16 of 64
+    per thread at each of a consumer's softmax call sites: three, and four in the two-warpgroup kernels,
+    whose first key tile has a masked and an unmasked form, FEWER_MASKS)."""
     pytest.importorskip("triton.experimental.gluon")
     import re
 

@@ -750,12 +750,12 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
 
     Q (``q_smem``: the kernel's Q buffers of [BLOCK_M, HEAD_DIM], one barrier each in ``q_bar``; this
     warpgroup's are ``Q0`` ... ``Q0`` + ``Q_BUFS`` - 1, its j-th load going to Q0 + j mod Q_BUFS): the
-    next tile's Q is loaded ahead of its turn. One buffer: when this tile's S products have all
-    retired (after its key loop), before its epilogue, so it lands while the epilogue stores. Two
-    (``Q_BUFS`` = 2, NOTES §66): as soon as this tile's own Q has landed, into the other buffer (whose
-    last reader, the previous tile's S products, has retired), so it has this whole tile to land. ``q_issued`` / ``q_used``: loads
-    issued / waited for; a tile with no visible key loads no Q, and a tile whose Q was not loaded
-    ahead (the first, or one after such a tile) loads its own.
+    next tile's Q is loaded ahead of its turn. One buffer: when this tile's S products have all retired
+    (after its key loop), before its epilogue, so it lands while the epilogue stores. Two (``Q_BUFS`` = 2,
+    NOTES §66): as soon as this tile's own Q has landed, into the other buffer (whose last reader, the
+    previous tile's S products, has retired), so it has this whole tile to land. ``q_issued`` /
+    ``q_used``: loads issued / waited for; a tile with no visible key loads no Q, and a tile whose Q was
+    not loaded ahead (the first, or one after such a tile) loads its own.
 
     ``EPI_LATE`` (NOTES §70): a tile's epilogue runs after the next tile's first product S(0) has been
     issued (``_issue_s0``) instead of before, so that product (and the other warpgroup's section
