@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Prepared for the next session (written 2026-12-02, twelfth session): (1) compute-sanitizer memcheck
 # on sanitize_small.py, one head dim a call (the whole file did not finish in 170 s under the tool,
-# NOTES §69); (2) NOTES §70, the persistent forward's late epilogue: its GPU tests, then ab_fwd at
-# d = 128 / 64 short lengths, both masks, against the default persistent kernel, cuDNN in the same run.
+# NOTES §69); (2) the persistent forward's GPU tests with every option combination (the default build
+# among them: its Q prefetch was factored into a helper after run 77, the same code in SASS but for 8
+# instructions) and the default dispatch; (3) NOTES §70, the late epilogue: ab_fwd at d = 128 / 64
+# short lengths, both masks, against the default persistent kernel, cuDNN in the same run.
 # Usage: bash benchmarks/session_gpu_run78.sh OUT        (writes OUT/summary.log and OUT/run78.tar.gz)
 set -u
 out=${1:?outdir}
@@ -14,8 +16,8 @@ for d in 64 128 256; do
         > "$w/sanitizer_memcheck_d$d.log" 2>&1
     echo "memcheck d=$d rc=$?: $(tail -n 1 "$w/sanitizer_memcheck_d$d.log")"
 done
-timeout 150 python3 -m pytest -q -x -n 12 tests/test_gpu.py -p no:cacheprovider \
-    -k "persistent_tile_loop and (False-False-True-shape or True-True-True-shape)" > "$w/tests.log" 2>&1
+timeout 200 python3 -m pytest -q -x -n 12 tests/test_gpu.py -p no:cacheprovider \
+    -k "persistent_tile_loop or default_dispatch" > "$w/tests.log" 2>&1
 echo "tests rc=$?: $(tail -n 1 "$w/tests.log")"
 ab() {  # tag headdim causal seqlens loads
     timeout 150 python3 benchmarks/ab_fwd.py --out "$w" --tag "$1" --headdims "$2" --causal "$3" --seqlens "$4" \

@@ -725,6 +725,20 @@ def _load_q(q_desc, q_smem, q_bar, j, t, num_m, num_tiles, nheads, seqlen_q, row
 
 
 @gluon.jit
+def _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads, seqlen_q, seqlen_k, row_off,
+                     HEAD_DIM: gl.constexpr, CTA_M: gl.constexpr, BLOCK_N: gl.constexpr, Q0: gl.constexpr,
+                     Q_BUFS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+    """The Q load of this warpgroup's tile after walk step ``k`` (if it exists and sees a key), as its
+    ``q_issued``-th load; returns the loads issued."""
+    t_next = _walk(k + 1, num_tiles, IS_CAUSAL, PAIRED)
+    if _sees_keys(t_next, num_m, num_tiles, nheads, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL, PAIRED):
+        _load_q(q_desc, q_smem, q_bar, q_issued, t_next, num_m, num_tiles, nheads, seqlen_q, row_off, HEAD_DIM,
+                CTA_M, Q0, Q_BUFS, IS_CAUSAL, PAIRED)
+        q_issued += 1
+    return q_issued
+
+
+@gluon.jit
 def _sees_keys(t, num_m, num_tiles, nheads, seqlen_q, seqlen_k, CTA_M: gl.constexpr, BLOCK_N: gl.constexpr,
                IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
     """Tile ``t`` exists and some row of it sees a key (so its Q is loaded)."""
@@ -792,13 +806,10 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                 buf = Q0 + q_used % Q_BUFS
                 mbarrier.wait(q_bar.index(buf), (q_used // Q_BUFS) & 1)
                 q_used += 1
-                if Q_BUFS == 2:
-                    t_next = _walk(k + 1, num_tiles, IS_CAUSAL, PAIRED)
-                    if _sees_keys(t_next, num_m, num_tiles, nheads, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL,
-                                  PAIRED):
-                        _load_q(q_desc, q_smem, q_bar, q_issued, t_next, num_m, num_tiles, nheads, seqlen_q,
-                                row_off, HEAD_DIM, CTA_M, Q0, Q_BUFS, IS_CAUSAL, PAIRED)
-                        q_issued += 1
+                if Q_BUFS == 2:  # the next tile's Q into the other buffer now
+                    q_issued = _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads,
+                                                seqlen_q, seqlen_k, row_off, HEAD_DIM, CTA_M, BLOCK_N, Q0, Q_BUFS,
+                                                IS_CAUSAL, PAIRED)
                 s0_tok = None
                 if EPI_LATE:
                     s0_tok = _issue_s0(q_smem.index(buf), k_smem, k_ready, my_turn, next_turn, g0, sec0, BLOCK_M,
@@ -813,13 +824,10 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                                            ORDERED, LEAN, True, EXP2_FMA, FEWER_MASKS, EPI_LATE, s0_tok)
                 g0 += n_tiles
                 sec0 += n_tiles + 1
-                if Q_BUFS == 1:
-                    t_next = _walk(k + 1, num_tiles, IS_CAUSAL, PAIRED)
-                    if _sees_keys(t_next, num_m, num_tiles, nheads, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL,
-                                  PAIRED):
-                        _load_q(q_desc, q_smem, q_bar, q_issued, t_next, num_m, num_tiles, nheads, seqlen_q,
-                                row_off, HEAD_DIM, CTA_M, Q0, Q_BUFS, IS_CAUSAL, PAIRED)
-                        q_issued += 1
+                if Q_BUFS == 1:  # the next tile's Q into the buffer this tile's S products have released
+                    q_issued = _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads,
+                                                seqlen_q, seqlen_k, row_off, HEAD_DIM, CTA_M, BLOCK_N, Q0, Q_BUFS,
+                                                IS_CAUSAL, PAIRED)
                 if EPI_LATE:
                     o_prev, m_prev, l_prev, t_prev, have_prev = o, m_i, l_i, t, 1
                 else:
