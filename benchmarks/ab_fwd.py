@@ -92,6 +92,9 @@ def main():
                          "persistent ping-pong variants; "
                          "their own tiles, so only with 'default'; wg3 has head dim 64 only)")
     ap.add_argument("--causal", default="0,1", help="masks: 0 (none), 1 (causal) or both")
+    ap.add_argument("--heads", type=int, default=0,
+                    help="query (= K/V) heads; 0: hidden 2048 / head dim (the bench's grid). A count whose tiles fill "
+                         "whole waves of the SMs isolates the last wave's idle SMs (NOTES §71)")
     ap.add_argument("--tag", default="ab_fwd", help="name of the JSON-lines file")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved timing rounds (median of their medians)")
     ap.add_argument("--rest", type=float, default=0.0, help="idle seconds before each timing: the board's power "
@@ -125,7 +128,7 @@ def main():
         for causal in [bool(int(c)) for c in args.causal.split(",")]:
             ok = {}
             for n in map(int, args.seqlens.split(",")):
-                shape = (16384 // n, n, 2048 // d, d)
+                shape = (16384 // n, n, args.heads or 2048 // d, d)
                 q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 times, broken = {name: [] for name in fns}, set()
                 order = list(fns)
@@ -148,8 +151,8 @@ def main():
                 for name in order:
                     ms = statistics.median(times[name]) if times[name] else float("inf")
                     tf = attention_flops(shape[0], shape[2], n, n, d, causal, "fwd") / ms / 1e9
-                    rec = dict(headdim=d, causal=causal, seqlen=n, variant=name, ok=ok.get(name, False), ms=ms,
-                               tflops=tf, ms_rounds=times[name])
+                    rec = dict(headdim=d, causal=causal, seqlen=n, heads=shape[2], variant=name,
+                               ok=ok.get(name, False), ms=ms, tflops=tf, ms_rounds=times[name])
                     sink.write(json.dumps(rec) + "\n")
                     sink.flush()
                     rows.append(rec)
