@@ -331,14 +331,6 @@ paired_walk = dispatch.Preference(False)
 PAIRED_HEADDIMS = (128, 256)
 
 
-# The persistent kernel's epilogue after the next tile's first product has been issued (the kernel's
-# ``EPI_LATE``, NOTES §70): that product keeps the tensor cores busy while a warpgroup normalises and
-# stores its previous tile. Compiled for sm_90, not yet measured: off (``with
-# hopper.late_epilogue(True): ...``). At d = 64 / 128: at d = 256 ptxas spills 144 B with it (the
-# previous tile's 64 x 256 fp32 O held next to the product in flight).
-late_epilogue = dispatch.Preference(False)
-LATE_EPILOGUE_FITS = (64, 128)
-
 
 def _switch(pref: dispatch.Preference, default: bool) -> bool:
     """A preference's value when a block has set it, else ``default`` (the table's)."""
@@ -346,14 +338,13 @@ def _switch(pref: dispatch.Preference, default: bool) -> bool:
 
 
 def persistent_options(d: int, name: str, causal: bool, num_m: int) -> dict:
-    """The persistent kernel's ``Q_BUFS``, ``PAIRED`` and ``EPI_LATE`` for head dim ``d``, the mask and
-    ``num_m`` query blocks per sequence (one buffer, the LPT walk, the epilogue first for the other
-    variants)."""
+    """The persistent kernel's ``Q_BUFS`` and ``PAIRED`` for head dim ``d``, the mask and ``num_m``
+    query blocks per sequence (one buffer and the LPT walk for the other variants). (A third option,
+    a tile's epilogue after the next tile's first product, was measured and removed: NOTES §70.)"""
     persistent = name == "persistent"
     q2 = _switch(persistent_q_prefetch, d in PERSISTENT_Q2_HEADDIMS) and d in PERSISTENT_Q2_FITS
     paired = _switch(paired_walk, d in PAIRED_HEADDIMS) and bool(causal) and num_m % 2 == 0
-    return dict(Q_BUFS=2 if persistent and q2 else 1, PAIRED=persistent and paired,
-                EPI_LATE=persistent and late_epilogue.wanted() and d in LATE_EPILOGUE_FITS)
+    return dict(Q_BUFS=2 if persistent and q2 else 1, PAIRED=persistent and paired)
 
 
 def row_stores(d: int, name: str) -> int:

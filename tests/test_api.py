@@ -945,17 +945,14 @@ def test_persistent_kernel_options_follow_their_switches():
     from ioattn import hopper
 
     # the defaults (the measured tables): both at d = 128, pairs at d = 256, neither at d = 64
-    assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=2, PAIRED=True, EPI_LATE=False)
-    assert hopper.persistent_options(128, "persistent", True, 5) == dict(Q_BUFS=2, PAIRED=False, EPI_LATE=False)
-    assert hopper.persistent_options(64, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=False, EPI_LATE=False)
-    assert hopper.persistent_options(256, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=True, EPI_LATE=False)
+    assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=2, PAIRED=True)
+    assert hopper.persistent_options(128, "persistent", True, 5) == dict(Q_BUFS=2, PAIRED=False)
+    assert hopper.persistent_options(64, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=False)
+    assert hopper.persistent_options(256, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=True)
     with hopper.persistent_q_prefetch(False), hopper.paired_walk(False):
-        assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=False, EPI_LATE=False)
+        assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=False)
     with hopper.persistent_q_prefetch(True), hopper.paired_walk(True):
-        assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=2, PAIRED=True, EPI_LATE=False)
-        assert hopper.persistent_options(64, "persistent", False, 4) == dict(Q_BUFS=2, PAIRED=False, EPI_LATE=False)
-        assert hopper.persistent_options(256, "persistent", True, 3) == dict(Q_BUFS=1, PAIRED=False, EPI_LATE=False)
-        assert hopper.persistent_options(128, "pingpong", True, 4) == dict(Q_BUFS=1, PAIRED=False, EPI_LATE=False)
-    with hopper.late_epilogue(True):  # off by default (not yet measured); the persistent kernel's only
-        assert hopper.persistent_options(64, "persistent", False, 4)["EPI_LATE"]
-        assert not hopper.persistent_options(64, "wg3", False, 4)["EPI_LATE"]
+        assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=2, PAIRED=True)
+        assert hopper.persistent_options(64, "persistent", False, 4) == dict(Q_BUFS=2, PAIRED=False)
+        assert hopper.persistent_options(256, "persistent", True, 3) == dict(Q_BUFS=1, PAIRED=False)
+        assert hopper.persistent_options(128, "pingpong", True, 4) == dict(Q_BUFS=1, PAIRED=False)

@@ -501,8 +501,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
                  seqlen_k, n_lo, n_tiles, qk_scale, g0, sec0, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr,
                  TURN0: gl.constexpr, ORDERED: gl.constexpr, LEAN: gl.constexpr, RELEASE_LAST: gl.constexpr,
-                 EXP2_FMA: gl.constexpr, FEWER_MASKS: gl.constexpr = False, S0_ISSUED: gl.constexpr = False,
-                 s0_tok=None):
+                 EXP2_FMA: gl.constexpr, FEWER_MASKS: gl.constexpr = False):
     """One query tile's key loop for one ping-pong warpgroup (Q already in ``q_smem``): returns the
     unnormalised (O, m, l). ``g0``: ring uses before this tile, ``sec0``: this warpgroup's critical
     sections before it (both 0 for a one-tile program; a persistent program's running counts), so
@@ -510,8 +509,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     persistent program reloads it; a one-tile program never does). ``FEWER_MASKS``: the first key
     tile masked only when the loop's rule says so for it (the last tile, or one the diagonal
     crosses) instead of always, and causal masks without the key-end test (``_softmax_tile``'s
-    ``KEY_END``). ``S0_ISSUED``: section #0's product was issued by the caller (``_issue_s0``; its
-    token ``s0_tok``), the only wgmma of this warpgroup in flight."""
+    ``KEY_END``)."""
     num_warps: gl.constexpr = gl.num_warps()
     gl.static_assert(num_warps == 4, "a ping-pong consumer is one warpgroup")
     gl.static_assert(STAGES >= 2, "S(i+1) and P(i) V(i) are in flight together")
@@ -528,12 +526,8 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
     diag = m_start + seqlen_k - seqlen_q  # the last key column this warpgroup's first row may see
 
-    # section #0: S(0) (issued here, or by the caller: ``S0_ISSUED``); its softmax runs outside the turn
-    if S0_ISSUED:
-        s_tok = s0_tok
-    else:
-        s_tok = _issue_s0(q_smem, k_smem, k_ready, my_turn, next_turn, g0, sec0, BLOCK_M, BLOCK_N, STAGES, TURN0,
-                          ORDERED)
+    # section #0: S(0); its softmax runs outside the turn
+    s_tok = _issue_s0(q_smem, k_smem, k_ready, my_turn, next_turn, g0, sec0, BLOCK_M, BLOCK_N, STAGES, TURN0, ORDERED)
     s = warpgroup_mma_wait(0, deps=[s_tok])
     mbarrier.arrive(k_empty.index(g0 % STAGES), count=1)
     KEY_END: gl.constexpr = not (FEWER_MASKS and IS_CAUSAL)
@@ -754,7 +748,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                          MASK_ALL: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr,
                          EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
                          FEWER_MASKS: gl.constexpr = False, Q0: gl.constexpr = 0, Q_BUFS: gl.constexpr = 1,
-                         PAIRED: gl.constexpr = False, EPI_LATE: gl.constexpr = False):
+                         PAIRED: gl.constexpr = False):
     """A ping-pong consumer warpgroup of the persistent kernel: rows [row_off, row_off + BLOCK_M) of
     each of this program's CTA_M-row tiles (``_walk``; the producer walks the same list). Per tile:
     ``_pp_mainloop`` with the ring's use count (``g0``) and this warpgroup's
@@ -769,14 +763,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
     NOTES §66): as soon as this tile's own Q has landed, into the other buffer (whose last reader, the
     previous tile's S products, has retired), so it has this whole tile to land. ``q_issued`` /
     ``q_used``: loads issued / waited for; a tile with no visible key loads no Q, and a tile whose Q was
-    not loaded ahead (the first, or one after such a tile) loads its own.
-
-    ``EPI_LATE`` (NOTES §70): a tile's epilogue runs after the next tile's first product S(0) has been
-    issued (``_issue_s0``) instead of before, so that product (and the other warpgroup's section
-    that follows it) keeps the tensor cores busy while this warpgroup normalises and stores; the
-    previous tile's (O, m, l) and index cross the tile loop's back edge as plain registers (no
-    product is in flight across it: ptxas serialises every wgmma of a kernel where one is, C7514),
-    and the last tile's epilogue follows the loop."""
+    not loaded ahead (the first, or one after such a tile) loads its own."""
     o_layout: gl.constexpr = _wg_acc_layout(HEAD_DIM)
     row_layout: gl.constexpr = gl.SliceLayout(1, _wg_acc_layout(BLOCK_N))
     rows_1d = gl.arange(0, BLOCK_M, layout=row_layout)
@@ -784,12 +771,6 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
     sec0 = 0
     q_used = 0
     q_issued = 0
-    # EPI_LATE: the tile whose epilogue is pending (have_prev), its (O, m, l) and index
-    have_prev = 0
-    t_prev = 0
-    o_prev = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
-    m_prev = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
-    l_prev = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
     for k in range(0, _walk_steps(num_tiles, PAIRED)):
         t = _walk(k, num_tiles, IS_CAUSAL, PAIRED)
         if t < num_tiles:
@@ -810,40 +791,24 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                     q_issued = _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads,
                                                 seqlen_q, seqlen_k, row_off, HEAD_DIM, CTA_M, BLOCK_N, Q0, Q_BUFS,
                                                 IS_CAUSAL, PAIRED)
-                s0_tok = None
-                if EPI_LATE:
-                    s0_tok = _issue_s0(q_smem.index(buf), k_smem, k_ready, my_turn, next_turn, g0, sec0, BLOCK_M,
-                                       BLOCK_N, STAGES, TURN0, ORDERED)
-                    if have_prev:
-                        _tile_epilogue(o_prev, m_prev, l_prev, t_prev, Out, Lse, rows_1d, num_m, num_tiles, nheads,
-                                       seqlen_q, stride_om, stride_lse_b, stride_lse_h, row_off, o_layout, HEAD_DIM,
-                                       CTA_M, BLOCK_M, IS_CAUSAL, ROW_STORES, PAIRED)
                 o, m_i, l_i = _pp_mainloop(q_smem.index(buf), k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                            my_turn, next_turn, m_start, seqlen_q, seqlen_k, 0, n_tiles, qk_scale, g0,
                                            sec0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, TURN0,
-                                           ORDERED, LEAN, True, EXP2_FMA, FEWER_MASKS, EPI_LATE, s0_tok)
+                                           ORDERED, LEAN, True, EXP2_FMA, FEWER_MASKS)
                 g0 += n_tiles
                 sec0 += n_tiles + 1
                 if Q_BUFS == 1:  # the next tile's Q into the buffer this tile's S products have released
                     q_issued = _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads,
                                                 seqlen_q, seqlen_k, row_off, HEAD_DIM, CTA_M, BLOCK_N, Q0, Q_BUFS,
                                                 IS_CAUSAL, PAIRED)
-                if EPI_LATE:
-                    o_prev, m_prev, l_prev, t_prev, have_prev = o, m_i, l_i, t, 1
-                else:
-                    _tile_epilogue(o, m_i, l_i, t, Out, Lse, rows_1d, num_m, num_tiles, nheads, seqlen_q, stride_om,
-                                   stride_lse_b, stride_lse_h, row_off, o_layout, HEAD_DIM, CTA_M, BLOCK_M, IS_CAUSAL,
-                                   ROW_STORES, PAIRED)
+                _tile_epilogue(o, m_i, l_i, t, Out, Lse, rows_1d, num_m, num_tiles, nheads, seqlen_q, stride_om,
+                               stride_lse_b, stride_lse_h, row_off, o_layout, HEAD_DIM, CTA_M, BLOCK_M, IS_CAUSAL,
+                               ROW_STORES, PAIRED)
             else:
                 m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b,
                                                               stride_lse_h, row_off, HEAD_DIM, CTA_M, IS_CAUSAL,
                                                               PAIRED)
                 _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, stride_om, BLOCK_M, HEAD_DIM)
-    if EPI_LATE:
-        if have_prev:
-            _tile_epilogue(o_prev, m_prev, l_prev, t_prev, Out, Lse, rows_1d, num_m, num_tiles, nheads, seqlen_q,
-                           stride_om, stride_lse_b, stride_lse_h, row_off, o_layout, HEAD_DIM, CTA_M, BLOCK_M,
-                           IS_CAUSAL, ROW_STORES, PAIRED)
 
 
 @gluon.jit
@@ -900,8 +865,7 @@ def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads
                     stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, ORDERED: gl.constexpr,
                     KV_TAIL: gl.constexpr, EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
-                    FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False,
-                    EPI_LATE: gl.constexpr = False):
+                    FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False):
     """The persistent ping-pong kernel's body (``hopper_fwd_kernel(PERSISTENT=True)``): the same
     shared memory and partitions as the one-tile kernel (two consumer warpgroups of 64 rows, the
     producer warp, 240 / 24 registers), each partition walking this program's tiles; ``Q_BUFS`` Q
@@ -917,7 +881,7 @@ def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads
                                  seqlen_q, seqlen_k, stride_om, stride_lse_b, stride_lse_h, qk_scale, w * WG_ROWS,
                                  HEAD_DIM, BLOCK_M, WG_ROWS, BLOCK_N, STAGES, IS_CAUSAL, IS_CAUSAL,
                                  1 if w == 0 else 0, ORDERED, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, w * Q_BUFS,
-                                 Q_BUFS, PAIRED, EPI_LATE))
+                                 Q_BUFS, PAIRED))
          if w < 2 else
          (_persistent_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                  num_tiles, num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N,
@@ -935,7 +899,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
                       PERSISTENT: gl.constexpr = False, LPT: gl.constexpr = False, KV_TAIL: gl.constexpr = False,
                       EXP2_FMA: gl.constexpr = 0, ROW_STORES: gl.constexpr = False,
                       FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False,
-                      EPI_LATE: gl.constexpr = False, num_tiles=0):
+                      num_tiles=0):
     """``PINGPONG=False`` (the default, launched with num_warps = 4 * BLOCK_M // 64): one consumer
     partition of BLOCK_M // 64 warpgroups in lockstep, Q descriptor block [BLOCK_M, HEAD_DIM]
     (``NUM_WG`` unused). ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 64 * NUM_WG):
@@ -979,9 +943,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
     ``Q_BUFS`` (persistent only): Q buffers per consumer warpgroup, 2 to load the next tile's Q a
     whole tile ahead (``_persistent_consumer``; ``hopper.persistent_q_buffers``). ``PAIRED``
     (persistent, causal, an even number of query blocks): the walk by pairs of equal length instead
-    of the LPT order (``_tile_bhm``, ``_walk``; ``hopper.paired_walk``). ``EPI_LATE`` (persistent): a
-    tile's epilogue after the next tile's first product is issued (``_persistent_consumer``;
-    ``hopper.late_epilogue``)."""
+    of the LPT order (``_tile_bhm``, ``_walk``; ``hopper.paired_walk``)."""
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     if PERSISTENT:
         gl.static_assert(PINGPONG and NUM_WG == 2 and not IS_VARLEN,
@@ -989,7 +951,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
         gl.static_assert(IS_CAUSAL or not PAIRED, "the paired walk is a causal order")
         _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om, stride_lse_b,
                         stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
-                        ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, Q_BUFS, PAIRED, EPI_LATE)
+                        ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, Q_BUFS, PAIRED)
         return
     b, h, m_block = _tile_bhm(gl.program_id(0), num_m, gl.num_programs(0), nheads, IS_CAUSAL, LPT)
     m_start = m_block * BLOCK_M
