@@ -59,14 +59,6 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
             forward["walk"] = ("pairs of query blocks, head by head" if opts["PAIRED"] else
                                "longest tiles first over the grid" if window == (-1, 0) else "head by head")
             forward["q_buffers"] = opts["Q_BUFS"]
-            forward["stream_k"] = "off"
-            if hopper.uses_stream_k(q.shape[-1], name, window == (-1, 0), varlen):
-                programs = hopper.grid_programs(q.device, name, 1 << 30)
-                tiles = dispatch.cdiv(seqlen_q, bm) * q.shape[0] * q.shape[-2]
-                plan = hopper.stream_k_plan(programs, tiles, dispatch.cdiv(k.shape[1], bn))
-                forward["stream_k"] = ("no partial last wave" if plan is None else
-                                       f"{plan[0]} whole tiles a program, then the last {tiles - plan[0] * programs} "
-                                       f"tiles' {plan[1]} key-tile steps in one range a program (merged after)")
     else:
         forward = None
     batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]

@@ -495,51 +495,6 @@ def grid_programs(device, name: str, num_tiles: int) -> int:
     return max(1, min(num_tiles, sms))
 
 
-# Stream-K for the persistent forward's last wave (the kernel's ``STREAM_K``, NOTES §71): with T tiles
-# on P programs, the T mod P tiles past the whole waves leave the other SMs idle for a tile's time
-# (d = 128 at 16k tokens: 2048 tiles = 15.5 waves of 132, a 3 % loss; 33 heads, 32 whole waves, ran
-# 3.8 % faster a tile at N = 2048 in results/session-2026-12-02-z). Those tiles' (tile, key tile)
-# steps are cut into one range a program instead, the partial results merged after the kernel
-# (``ioattn.kernels.stream_k``). Non-causal, fixed-length calls on the persistent variant. Off until
-# measured (``with hopper.stream_k(True): ...``).
-stream_k = dispatch.Preference(False)
-STREAM_K_HEADDIMS: tuple = ()
-
-
-def stream_k_plan(programs: int, num_tiles: int, nb: int):
-    """(num_dp, sk_steps) for ``num_tiles`` tiles of ``nb`` key tiles each on ``programs`` programs: the
-    whole tiles a program takes first, and the steps of the leftover tiles cut into ranges (``_unit``
-    in ``ioattn.kernels.hopper_forward``); None where nothing is left over or a range would be as long
-    as a tile (no shorter last wave)."""
-    num_dp = num_tiles // programs
-    left = num_tiles - num_dp * programs
-    sk_steps = left * nb
-    if left == 0 or dispatch.cdiv(sk_steps, programs) >= nb:
-        return None
-    return num_dp, sk_steps
-
-
-def stream_k_pieces(programs: int, num_tiles: int, nb: int) -> list:
-    """The host's twin of the kernel's stream-K walk (``_unit``) and of the merge's reading of it:
-    (program, slot, tile, first key tile, key tiles) of every piece, in program order."""
-    num_dp, sk_steps = stream_k_plan(programs, num_tiles, nb)
-    pieces = []
-    for p in range(programs):
-        lo, hi = p * sk_steps // programs, (p + 1) * sk_steps // programs
-        for j, x in enumerate((lo, (lo // nb + 1) * nb)):
-            r, n_lo = divmod(x, nb)
-            n_cnt = min(hi - x, nb - n_lo)
-            if n_cnt > 0:
-                pieces.append((p, 2 * p + j, num_dp * programs + r, n_lo, n_cnt))
-    return pieces
-
-
-def uses_stream_k(d: int, name: str, causal: bool, varlen: bool) -> bool:
-    """Whether a call runs the persistent kernel's stream-K last wave (where the plan finds one)."""
-    return (name == "persistent" and not causal and not varlen
-            and _switch(stream_k, d in STREAM_K_HEADDIMS))
-
-
 def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
                    max_seqlen_k=None):
     """(out, lse) as the portable forward returns them; the call must pass ``hopper_supports``.
@@ -582,15 +537,6 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     v_desc = TensorDescriptor.from_tensor(v.view(-1, nheads_kv * d), [block_n, d], kv_layout)
     num_tiles = dispatch.cdiv(seqlen_q, block_m) * batch * nheads
     grid = (grid_programs(q.device, cfg["variant"], num_tiles),)
-    sk, sk_args = None, {}
-    if uses_stream_k(d, cfg["variant"], causal, varlen):
-        programs = grid_programs(q.device, cfg["variant"], 1 << 30)  # every SM, even with fewer tiles
-        sk = stream_k_plan(programs, num_tiles, dispatch.cdiv(seqlen_k, block_n))
-    if sk is not None:
-        grid = (programs,)
-        part_o = torch.empty(2 * programs, block_m, d, device=q.device, dtype=torch.float32)
-        part_l = torch.empty(2 * programs, block_m, device=q.device, dtype=torch.float32)
-        sk_args = dict(Part_O=part_o, Part_L=part_l, num_dp=sk[0], sk_steps=sk[1], STREAM_K=True)
     # fixed length: cu_seqlens None (constexpr None, unused under IS_VARLEN=False)
     hopper_fwd_kernel[grid](q_desc, k_desc, v_desc, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                             nheads, nheads // nheads_kv, nheads * d, stride_lse_b, stride_lse_h,
@@ -600,16 +546,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
                             EXP2_FMA=exp2_fma_cols(exp2_fma_share(), block_n),
                             ROW_STORES=row_stores(d, cfg["variant"]),
                             **persistent_options(d, cfg["variant"], causal, dispatch.cdiv(seqlen_q, block_m)),
-                            **sk_args, num_warps=cfg["num_warps"], **cfg["constexprs"])
-    if sk is not None:
-        from ioattn.kernels.stream_k import stream_k_merge_kernel
-
-        rows = min(block_m, 4096 // d)  # 4096 fp32 of O a program (16 KB; 4 warps, 32 registers a thread)
-        left = num_tiles - sk[0] * programs
-        stream_k_merge_kernel[(left, block_m // rows)](
-            part_o, part_l, out, lse, sk[0], sk[1], programs, dispatch.cdiv(seqlen_k, block_n),
-            dispatch.cdiv(seqlen_q, block_m), nheads, seqlen_q, nheads * d, stride_lse_b, stride_lse_h,
-            CTA_M=block_m, HEAD_DIM=d, ROWS=rows, num_warps=4)
+                            num_warps=cfg["num_warps"], **cfg["constexprs"])
     return out, lse
 
 

@@ -492,26 +492,6 @@ def test_hopper_forward_persistent_tile_loop(d, causal, shape, q_prefetch, paire
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("d", [64, 128, 256])
-# tiles past whole waves of the SMs: (2, 2048, 2048, 10, 2) two waves and a partial one; (3, 700, 1100,
-# 4, 4) fewer tiles than SMs (no whole wave; a key length not a multiple of the key tile: the V tail
-# zeroed); (2, 1024, 1000, 9, 3) fewer leftover steps than programs (empty ranges); GQA 5, 1, 3
-@pytest.mark.parametrize("shape", [(2, 2048, 2048, 10, 2), (3, 700, 1100, 4, 4), (2, 1024, 1000, 9, 3)])
-def test_hopper_forward_stream_k(d, shape, poison_alloc):
-    """The persistent kernel's stream-K last wave (NOTES §71: the leftover tiles cut into key ranges,
-    partial results merged by ioattn.kernels.stream_k) against the float64 oracle, the gradients of
-    the backward fed by its lse too; the shape must leave a last wave to cut."""
-    from ioattn import hopper
-    b, sq, sk, h, hkv = shape
-    bm, bn, _ = hopper.TILE_TABLE["persistent"][d]
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert hopper.stream_k_plan(sms, -(-sq // bm) * b * h, -(-sk // bn)) is not None
-    with hopper.stream_k(True), hopper.variant("persistent"), hopper.prefer_hopper(True):
-        assert hopper.uses_stream_k(d, "persistent", False, False)
-        _check(b, sq, sk, h, hkv, d, torch.bfloat16)
-
-
-@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("variant", ["base", "pingpong", "wg3"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 # several heads and batch elements (the LPT order interleaves them); (3, 500, 300, 6, 2): rows that

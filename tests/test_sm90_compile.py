@@ -150,18 +150,6 @@ def test_hopper_fewer_masks_compile_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
-def test_hopper_stream_k_compiles_for_sm90():
-    """The persistent kernel with the stream-K last wave (STREAM_K, hopper.stream_k; NOTES §71), non-causal,
-    every head dim: the workspace stores compiled in, wgmma pipelined, no spill."""
-    pytest.importorskip("triton.experimental.gluon")
-
-    lines = _hopper_check("--variants", "persistent", "--masks", "0", "--stream-k")
-    assert len(lines) == 3, lines
-    for line in lines:
-        assert "stream_k" in line and "spill=0B" in line and "wgmma-pipelined" in line, line
-
-
-@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 def test_hopper_persistent_options_compile_for_sm90():
     """The persistent kernel with two Q buffers a consumer warpgroup (Q_BUFS, hopper.persistent_q_prefetch)
     and the causal walk by pairs (PAIRED, hopper.paired_walk), both masks, every head dim: the options

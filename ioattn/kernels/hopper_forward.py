@@ -637,53 +637,11 @@ def _walk(k, num_tiles, SNAKE: gl.constexpr, PAIRED: gl.constexpr = False):
 
 
 @gluon.jit
-def _walk_steps(num_tiles, num_dp, PAIRED: gl.constexpr, STREAM_K: gl.constexpr = False):
-    """Steps of a persistent program's walk (``_unit``): waves of programs tiles, or of programs pairs;
-    under ``STREAM_K`` its ``num_dp`` whole tiles and two pieces."""
-    if STREAM_K:
-        return num_dp + 2
+def _walk_steps(num_tiles, PAIRED: gl.constexpr):
+    """Steps of a persistent program's walk (``_walk``): waves of programs tiles, or of programs pairs."""
     if PAIRED:
         return 2 * gl.cdiv(num_tiles // 2, gl.num_programs(0))
     return gl.cdiv(num_tiles, gl.num_programs(0))
-
-
-@gluon.jit
-def _unit(k, num_tiles, num_m, nheads, seqlen_q, seqlen_k, num_dp, sk_steps, CTA_M: gl.constexpr,
-          BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, STREAM_K: gl.constexpr):
-    """A persistent program's walk step ``k`` -> (tile, first key tile, key tiles): tile ``_walk(k)``
-    with every key tile its rows see (``num_tiles`` or more: no tile; a count <= 0: no row sees a key).
-
-    ``STREAM_K`` (non-causal; NOTES §71): the walk's first ``num_dp`` steps are whole tiles, wave by
-    wave (``num_dp`` = num_tiles // programs); the remaining tiles' (tile, key tile) steps, ``sk_steps``
-    of them in tile order, are cut into one contiguous range a program (program p: [p * sk_steps //
-    programs, (p + 1) * sk_steps // programs)), so the last wave ends together instead of leaving the
-    SMs past its tiles idle. A range is shorter than a tile, so it meets at most two tiles: steps
-    ``num_dp`` and ``num_dp`` + 1 are its pieces of them (key tiles [n_lo, n_lo + count); none: tile
-    ``num_tiles``), each stored as a partial result (``_partial_epilogue``, slot 2 * program + piece)
-    that ``ioattn.kernels.stream_k`` merges (the host's twin: ``ioattn.hopper.stream_k_pieces``)."""
-    if STREAM_K:
-        nprog = gl.num_programs(0)
-        pid = gl.program_id(0)
-        nb = gl.cdiv(seqlen_k, BLOCK_N)
-        t = k * nprog + pid
-        n_lo = k * 0  # runtime integers: both branches of the ``if`` below assign them
-        n_cnt = nb
-        if k >= num_dp:
-            lo = (pid * sk_steps) // nprog
-            hi = ((pid + 1) * sk_steps) // nprog
-            x = lo
-            if k > num_dp:
-                x = (lo // nb + 1) * nb  # the second piece starts at the next tile's first key tile
-            r = x // nb
-            n_lo = x - r * nb
-            n_cnt = gl.minimum(hi - x, nb - n_lo)
-            t = num_dp * nprog + r
-            if n_cnt <= 0:
-                t = num_tiles
-        return t, n_lo, n_cnt
-    t = _walk(k, num_tiles, IS_CAUSAL, PAIRED)
-    b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED)
-    return t, 0, _kv_tile_count(m_block * CTA_M, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL)
 
 
 @gluon.jit
@@ -719,21 +677,20 @@ def _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, str
 def _persistent_producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, num_tiles,
                          num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                         KV_TAIL: gl.constexpr, PAIRED: gl.constexpr = False, num_dp=0, sk_steps=0,
-                         STREAM_K: gl.constexpr = False):
-    """``_producer`` over this program's tiles (``_unit``: the same walk as ``_persistent_consumer``'s),
+                         KV_TAIL: gl.constexpr, PAIRED: gl.constexpr = False):
+    """``_producer`` over this program's tiles (``_walk``: the same walk as ``_persistent_consumer``'s),
     the ring's use count running on across tiles, so it loads the next tile's K/V while the
     consumers finish the current one."""
     g0 = 0
     tails = 0
-    for k in range(0, _walk_steps(num_tiles, num_dp, PAIRED, STREAM_K)):
-        t, n_lo, n_tiles = _unit(k, num_tiles, num_m, nheads, seqlen_q, seqlen_k, num_dp, sk_steps, BLOCK_M, BLOCK_N,
-                                 IS_CAUSAL, PAIRED, STREAM_K)
+    for k in range(0, _walk_steps(num_tiles, PAIRED)):
+        t = _walk(k, num_tiles, IS_CAUSAL, PAIRED)
         if t < num_tiles:
             b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED)
-            n_tiles = gl.maximum(n_tiles, 0)
+            n_tiles = gl.maximum(
+                _kv_tile_count(m_block * BLOCK_M, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL), 0)
             tails = _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-                              b * seqlen_k, (h // group) * HEAD_DIM, n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL,
+                              b * seqlen_k, (h // group) * HEAD_DIM, 0, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL,
                               g0, tails)
             g0 += n_tiles
 
@@ -763,18 +720,24 @@ def _load_q(q_desc, q_smem, q_bar, j, t, num_m, num_tiles, nheads, seqlen_q, row
 
 @gluon.jit
 def _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads, seqlen_q, seqlen_k, row_off,
-                     num_dp, sk_steps, HEAD_DIM: gl.constexpr, CTA_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                     Q0: gl.constexpr, Q_BUFS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
-                     STREAM_K: gl.constexpr):
+                     HEAD_DIM: gl.constexpr, CTA_M: gl.constexpr, BLOCK_N: gl.constexpr, Q0: gl.constexpr,
+                     Q_BUFS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
     """The Q load of this warpgroup's tile after walk step ``k`` (if it exists and sees a key), as its
     ``q_issued``-th load; returns the loads issued."""
-    t_next, n_lo, n_next = _unit(k + 1, num_tiles, num_m, nheads, seqlen_q, seqlen_k, num_dp, sk_steps, CTA_M,
-                                 BLOCK_N, IS_CAUSAL, PAIRED, STREAM_K)
-    if (t_next < num_tiles) & (n_next > 0):
+    t_next = _walk(k + 1, num_tiles, IS_CAUSAL, PAIRED)
+    if _sees_keys(t_next, num_m, num_tiles, nheads, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL, PAIRED):
         _load_q(q_desc, q_smem, q_bar, q_issued, t_next, num_m, num_tiles, nheads, seqlen_q, row_off, HEAD_DIM,
                 CTA_M, Q0, Q_BUFS, IS_CAUSAL, PAIRED)
         q_issued += 1
     return q_issued
+
+
+@gluon.jit
+def _sees_keys(t, num_m, num_tiles, nheads, seqlen_q, seqlen_k, CTA_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+    """Tile ``t`` exists and some row of it sees a key (so its Q is loaded)."""
+    b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED)
+    return (t < num_tiles) & (_kv_tile_count(m_block * CTA_M, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL) > 0)
 
 
 @gluon.jit
@@ -785,10 +748,9 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                          MASK_ALL: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr,
                          EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
                          FEWER_MASKS: gl.constexpr = False, Q0: gl.constexpr = 0, Q_BUFS: gl.constexpr = 1,
-                         PAIRED: gl.constexpr = False, Part_O=None, Part_L=None, num_dp=0, sk_steps=0,
-                         STREAM_K: gl.constexpr = False):
+                         PAIRED: gl.constexpr = False):
     """A ping-pong consumer warpgroup of the persistent kernel: rows [row_off, row_off + BLOCK_M) of
-    each of this program's CTA_M-row tiles (``_unit``; the producer walks the same list). Per tile:
+    each of this program's CTA_M-row tiles (``_walk``; the producer walks the same list). Per tile:
     ``_pp_mainloop`` with the ring's use count (``g0``) and this warpgroup's
     critical-section count (``sec0``) running on across tiles, so slots, phases and the turn order
     continue (both warpgroups run the same number of sections per tile: n + 1, 0 for a tile no
@@ -801,10 +763,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
     NOTES §66): as soon as this tile's own Q has landed, into the other buffer (whose last reader, the
     previous tile's S products, has retired), so it has this whole tile to land. ``q_issued`` /
     ``q_used``: loads issued / waited for; a tile with no visible key loads no Q, and a tile whose Q was
-    not loaded ahead (the first, or one after such a tile) loads its own.
-
-    ``STREAM_K``: the walk's last two steps are pieces of tiles (``_unit``), stored as partial results
-    into ``Part_O`` / ``Part_L`` (``_partial_epilogue``)."""
+    not loaded ahead (the first, or one after such a tile) loads its own."""
     o_layout: gl.constexpr = _wg_acc_layout(HEAD_DIM)
     row_layout: gl.constexpr = gl.SliceLayout(1, _wg_acc_layout(BLOCK_N))
     rows_1d = gl.arange(0, BLOCK_M, layout=row_layout)
@@ -812,13 +771,13 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
     sec0 = 0
     q_used = 0
     q_issued = 0
-    for k in range(0, _walk_steps(num_tiles, num_dp, PAIRED, STREAM_K)):
-        t, n_lo, n_tiles = _unit(k, num_tiles, num_m, nheads, seqlen_q, seqlen_k, num_dp, sk_steps, CTA_M, BLOCK_N,
-                                 IS_CAUSAL, PAIRED, STREAM_K)
+    for k in range(0, _walk_steps(num_tiles, PAIRED)):
+        t = _walk(k, num_tiles, IS_CAUSAL, PAIRED)
         if t < num_tiles:
-            # only the tile index, its key-tile range and first row stay live across the key loop (the
+            # only the tile index, its key-tile count and first row stay live across the key loop (the
             # rest is recomputed from t after it: 240 registers leave no room, ptxas spilled otherwise)
             b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED)
+            n_tiles = _kv_tile_count(m_block * CTA_M, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL)
             m_start = m_block * CTA_M + row_off
             if n_tiles > 0:
                 if q_issued == q_used:
@@ -830,47 +789,26 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                 q_used += 1
                 if Q_BUFS == 2:  # the next tile's Q into the other buffer now
                     q_issued = _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads,
-                                                seqlen_q, seqlen_k, row_off, num_dp, sk_steps, HEAD_DIM, CTA_M,
-                                                BLOCK_N, Q0, Q_BUFS, IS_CAUSAL, PAIRED, STREAM_K)
+                                                seqlen_q, seqlen_k, row_off, HEAD_DIM, CTA_M, BLOCK_N, Q0, Q_BUFS,
+                                                IS_CAUSAL, PAIRED)
                 o, m_i, l_i = _pp_mainloop(q_smem.index(buf), k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-                                           my_turn, next_turn, m_start, seqlen_q, seqlen_k, n_lo, n_tiles, qk_scale, g0,
+                                           my_turn, next_turn, m_start, seqlen_q, seqlen_k, 0, n_tiles, qk_scale, g0,
                                            sec0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, TURN0,
                                            ORDERED, LEAN, True, EXP2_FMA, FEWER_MASKS)
                 g0 += n_tiles
                 sec0 += n_tiles + 1
                 if Q_BUFS == 1:  # the next tile's Q into the buffer this tile's S products have released
                     q_issued = _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads,
-                                                seqlen_q, seqlen_k, row_off, num_dp, sk_steps, HEAD_DIM, CTA_M,
-                                                BLOCK_N, Q0, Q_BUFS, IS_CAUSAL, PAIRED, STREAM_K)
-                if STREAM_K and k >= num_dp:  # a piece of a tile: its slot is 2 * program + piece
-                    _partial_epilogue(o, m_i, l_i, Part_O, Part_L, 2 * gl.program_id(0) + k - num_dp, row_off,
-                                      o_layout, BLOCK_M, HEAD_DIM, CTA_M)
-                else:
-                    _tile_epilogue(o, m_i, l_i, t, Out, Lse, rows_1d, num_m, num_tiles, nheads, seqlen_q, stride_om,
-                                   stride_lse_b, stride_lse_h, row_off, o_layout, HEAD_DIM, CTA_M, BLOCK_M,
-                                   IS_CAUSAL, ROW_STORES, PAIRED)
+                                                seqlen_q, seqlen_k, row_off, HEAD_DIM, CTA_M, BLOCK_N, Q0, Q_BUFS,
+                                                IS_CAUSAL, PAIRED)
+                _tile_epilogue(o, m_i, l_i, t, Out, Lse, rows_1d, num_m, num_tiles, nheads, seqlen_q, stride_om,
+                               stride_lse_b, stride_lse_h, row_off, o_layout, HEAD_DIM, CTA_M, BLOCK_M, IS_CAUSAL,
+                               ROW_STORES, PAIRED)
             else:
                 m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b,
                                                               stride_lse_h, row_off, HEAD_DIM, CTA_M, IS_CAUSAL,
                                                               PAIRED)
                 _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, stride_om, BLOCK_M, HEAD_DIM)
-
-
-@gluon.jit
-def _partial_epilogue(o, m_i, l_i, Part_O, Part_L, slot, row_off, o_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-                      HEAD_DIM: gl.constexpr, CTA_M: gl.constexpr):
-    """A stream-K piece's result (``_unit``): O / l and lse in fp32, every row of this warpgroup's part
-    of the tile (rows past seqlen_q too: the merge masks them), into workspace slot ``slot``
-    (``Part_O``: [slots, CTA_M, HEAD_DIM], ``Part_L``: [slots, CTA_M]). Every piece sees a key, so l > 0;
-    lse as ``_epilogue`` computes it."""
-    l_safe = gl.where(l_i == 0.0, 1.0, l_i)
-    rows_o = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-    cols_o = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    base = slot * CTA_M + row_off
-    lse = gl.convert_layout((m_i + gl.log2(l_safe)) * LN2, gl.SliceLayout(1, o_layout))
-    gl.store(Part_L + base + rows_o, lse)
-    o = o * gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, o_layout))[:, None]
-    gl.store(Part_O + (base + rows_o).to(gl.int64)[:, None] * HEAD_DIM + cols_o[None, :], o)
 
 
 @gluon.jit
@@ -927,12 +865,11 @@ def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads
                     stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, ORDERED: gl.constexpr,
                     KV_TAIL: gl.constexpr, EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
-                    FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False,
-                    Part_O=None, Part_L=None, num_dp=0, sk_steps=0, STREAM_K: gl.constexpr = False):
+                    FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False):
     """The persistent ping-pong kernel's body (``hopper_fwd_kernel(PERSISTENT=True)``): the same
     shared memory and partitions as the one-tile kernel (two consumer warpgroups of 64 rows, the
-    producer warp, 240 / 24 registers), each partition walking this program's tiles (``_unit``);
-    ``Q_BUFS`` Q buffers per consumer warpgroup (``_persistent_consumer``)."""
+    producer warp, 240 / 24 registers), each partition walking this program's tiles; ``Q_BUFS`` Q
+    buffers per consumer warpgroup (``_persistent_consumer``)."""
     WG_ROWS: gl.constexpr = BLOCK_M // 2
     gl.static_assert(q_desc.block_type.shape[0] == WG_ROWS, "ping-pong: Q descriptor block is [64, HEAD_DIM]")
     gl.static_assert((Q_BUFS == 1) | (Q_BUFS == 2), "one or two Q buffers per consumer warpgroup")
@@ -944,11 +881,11 @@ def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads
                                  seqlen_q, seqlen_k, stride_om, stride_lse_b, stride_lse_h, qk_scale, w * WG_ROWS,
                                  HEAD_DIM, BLOCK_M, WG_ROWS, BLOCK_N, STAGES, IS_CAUSAL, IS_CAUSAL,
                                  1 if w == 0 else 0, ORDERED, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, w * Q_BUFS,
-                                 Q_BUFS, PAIRED, Part_O, Part_L, num_dp, sk_steps, STREAM_K))
+                                 Q_BUFS, PAIRED))
          if w < 2 else
          (_persistent_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                  num_tiles, num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                 STAGES, IS_CAUSAL, KV_TAIL, PAIRED, num_dp, sk_steps, STREAM_K))
+                                 STAGES, IS_CAUSAL, KV_TAIL, PAIRED))
          for w in (0, 1, 2)],
         [4, 1], [240, 32])
 
@@ -962,7 +899,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
                       PERSISTENT: gl.constexpr = False, LPT: gl.constexpr = False, KV_TAIL: gl.constexpr = False,
                       EXP2_FMA: gl.constexpr = 0, ROW_STORES: gl.constexpr = False,
                       FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False,
-                      num_tiles=0, Part_O=None, Part_L=None, num_dp=0, sk_steps=0, STREAM_K: gl.constexpr = False):
+                      num_tiles=0):
     """``PINGPONG=False`` (the default, launched with num_warps = 4 * BLOCK_M // 64): one consumer
     partition of BLOCK_M // 64 warpgroups in lockstep, Q descriptor block [BLOCK_M, HEAD_DIM]
     (``NUM_WG`` unused). ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 64 * NUM_WG):
@@ -1006,22 +943,15 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
     ``Q_BUFS`` (persistent only): Q buffers per consumer warpgroup, 2 to load the next tile's Q a
     whole tile ahead (``_persistent_consumer``; ``hopper.persistent_q_buffers``). ``PAIRED``
     (persistent, causal, an even number of query blocks): the walk by pairs of equal length instead
-    of the LPT order (``_tile_bhm``, ``_walk``; ``hopper.paired_walk``).
-
-    ``STREAM_K`` (persistent, non-causal; NOTES §71): the tiles past the last whole wave cut into one
-    range of (tile, key tile) steps a program (``_unit``), partial results into ``Part_O`` / ``Part_L``
-    (``_partial_epilogue``), merged by ``ioattn.kernels.stream_k`` after this kernel; ``num_dp`` whole
-    tiles a program before that, ``sk_steps`` steps in the ranges (``hopper.stream_k_plan``)."""
+    of the LPT order (``_tile_bhm``, ``_walk``; ``hopper.paired_walk``)."""
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     if PERSISTENT:
         gl.static_assert(PINGPONG and NUM_WG == 2 and not IS_VARLEN,
                          "persistent: the two-warpgroup ping-pong kernel, fixed-length batches")
         gl.static_assert(IS_CAUSAL or not PAIRED, "the paired walk is a causal order")
-        gl.static_assert(not (IS_CAUSAL and STREAM_K), "stream-K: non-causal calls (every tile the same length)")
         _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om, stride_lse_b,
                         stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
-                        ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, Q_BUFS, PAIRED, Part_O, Part_L,
-                        num_dp, sk_steps, STREAM_K)
+                        ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, Q_BUFS, PAIRED)
         return
     b, h, m_block = _tile_bhm(gl.program_id(0), num_m, gl.num_programs(0), nheads, IS_CAUSAL, LPT)
     m_start = m_block * BLOCK_M
