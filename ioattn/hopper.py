@@ -299,7 +299,7 @@ ROW_STORE_HEADDIMS = {"base": (64, 128), "pingpong": (64, 128), "split": (64, 12
 # (ab_fwd on the H200, bf16, 16k tokens, 2 interleaved rounds, results/session-2026-12-02-n, NOTES
 # §61), ping-pong without / with, TFLOP/s: N=512 405 / 477, 1024 528 / 587, 2048 622 / 660, 16384
 # 721 / 725; causal 252 / 293, 368 / 411, 475 / 510, 711 / 719.
-ROW_STORE_VIA_Q_HEADDIMS = {"pingpong": (256,), "split": (256,)}
+ROW_STORE_VIA_Q_HEADDIMS = {"pingpong": (256,), "split": (256,), "persistent": (256,)}
 
 # The persistent kernel with two Q buffers per consumer warpgroup (the kernel's ``Q_BUFS``): the next
 # tile's Q is loaded as soon as this tile's has landed, a whole tile ahead, instead of after this

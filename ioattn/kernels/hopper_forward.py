@@ -797,13 +797,25 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                                            ORDERED, LEAN, True, EXP2_FMA, FEWER_MASKS)
                 g0 += n_tiles
                 sec0 += n_tiles + 1
-                if Q_BUFS == 1:  # the next tile's Q into the buffer this tile's S products have released
+                if ROW_STORES == 2:
+                    # the output staged in this tile's Q buffer (dead: its S products have retired), then the
+                    # next tile's Q loaded into it once every thread has read the stage back (NOTES §72)
+                    _tile_epilogue(o, m_i, l_i, t, Out, Lse, rows_1d, num_m, num_tiles, nheads, seqlen_q,
+                                   stride_om, stride_lse_b, stride_lse_h, row_off, o_layout, HEAD_DIM, CTA_M,
+                                   BLOCK_M, IS_CAUSAL, ROW_STORES, PAIRED, q_smem.index(buf))
+                    gl.thread_barrier()
+                    fence_async_shared()  # the stage's generic-proxy accesses before the TMA's write
                     q_issued = _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads,
                                                 seqlen_q, seqlen_k, row_off, HEAD_DIM, CTA_M, BLOCK_N, Q0, Q_BUFS,
                                                 IS_CAUSAL, PAIRED)
-                _tile_epilogue(o, m_i, l_i, t, Out, Lse, rows_1d, num_m, num_tiles, nheads, seqlen_q, stride_om,
-                               stride_lse_b, stride_lse_h, row_off, o_layout, HEAD_DIM, CTA_M, BLOCK_M, IS_CAUSAL,
-                               ROW_STORES, PAIRED)
+                else:
+                    if Q_BUFS == 1:  # the next tile's Q into the buffer this tile's S products have released
+                        q_issued = _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads,
+                                                    seqlen_q, seqlen_k, row_off, HEAD_DIM, CTA_M, BLOCK_N, Q0,
+                                                    Q_BUFS, IS_CAUSAL, PAIRED)
+                    _tile_epilogue(o, m_i, l_i, t, Out, Lse, rows_1d, num_m, num_tiles, nheads, seqlen_q,
+                                   stride_om, stride_lse_b, stride_lse_h, row_off, o_layout, HEAD_DIM, CTA_M,
+                                   BLOCK_M, IS_CAUSAL, ROW_STORES, PAIRED)
             else:
                 m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b,
                                                               stride_lse_h, row_off, HEAD_DIM, CTA_M, IS_CAUSAL,
@@ -814,12 +826,14 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
 @gluon.jit
 def _tile_epilogue(o, m_i, l_i, t, Out, Lse, rows_1d, num_m, num_tiles, nheads, seqlen_q, stride_om, stride_lse_b,
                    stride_lse_h, row_off, o_layout: gl.constexpr, HEAD_DIM: gl.constexpr, CTA_M: gl.constexpr,
-                   BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constexpr, ROW_STORES: gl.constexpr, PAIRED: gl.constexpr):
-    """``_epilogue`` of a persistent program's tile ``t`` (its rows recomputed from the index)."""
+                   BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constexpr, ROW_STORES: gl.constexpr, PAIRED: gl.constexpr,
+                   stage=None):
+    """``_epilogue`` of a persistent program's tile ``t`` (its rows recomputed from the index); ``stage``:
+    the dead Q buffer for ``ROW_STORES`` = 2."""
     m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b, stride_lse_h,
                                                   row_off, HEAD_DIM, CTA_M, IS_CAUSAL, PAIRED)
     _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om, o_layout,
-              BLOCK_M, HEAD_DIM, ROW_STORES)
+              BLOCK_M, HEAD_DIM, ROW_STORES, stage)
 
 
 @gluon.jit
@@ -873,6 +887,7 @@ def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads
     WG_ROWS: gl.constexpr = BLOCK_M // 2
     gl.static_assert(q_desc.block_type.shape[0] == WG_ROWS, "ping-pong: Q descriptor block is [64, HEAD_DIM]")
     gl.static_assert((Q_BUFS == 1) | (Q_BUFS == 2), "one or two Q buffers per consumer warpgroup")
+    gl.static_assert((ROW_STORES != 2) | (Q_BUFS == 1), "the output staged in the Q buffer: one buffer a warpgroup")
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn = _pp_shared(
         q_desc, k_desc, v_desc, 2, WG_ROWS, BLOCK_N, HEAD_DIM, STAGES, Q_BUFS)
     gl.warp_specialize(
