@@ -22,7 +22,7 @@ or, from Python, ``with hopper.variant("pingpong"): ...`` / ``hopper.set_variant
   in pairs of equal length head by head (``PAIRED_HEADDIMS``), else in LPT order; at d = 128 two Q
   buffers a warpgroup (``persistent_options``). Fixed-length batches only. The default for short
   calls between ``PERSISTENT_MIN_SEQLEN`` and ``PERSISTENT_MAX_SEQLEN`` (by head dim and mask; NOTES
-  §35, §36, §64, §66).
+  §35, §36, §64, §66, §72).
 * ``"wg3"``: head dim 64 only, FA3's d = 64 shape: the ping-pong kernel with three consumer warpgroups
   (a 192-row query tile, 160 registers each) whose GEMMs go round a ring WG0 -> WG1 -> WG2 -> WG0, so
   that two warpgroups' exponentials overlap the third one's GEMMs. The default at head dim 64
@@ -74,12 +74,17 @@ DEFAULT_VARIANT_BY_HEADDIM = {64: "wg3"}
 # 4096; results/session-2026-12-02-u: 662 / 638 (615) at 8192, 680 / 700 (637) at 16384: persistent to
 # 8192. d=256 causal with the paired walk (one Q buffer there; -u), persistent / ping-pong (cuDNN): 273
 # / 297 (353) at 512, 416 / 413 (465) at 1024, 541 / 512 (550) at 2048, 627 / 587 (604) at 4096:
-# persistent from 2048 to 4096 (longer not measured).
+# persistent from 2048 to 4096 (longer not measured). d=256 with the output staged in the Q buffer
+# (ROW_STORE_VIA_Q_HEADDIMS, NOTES §72; results/session-2026-12-02-zb, 3 rounds, persistent /
+# ping-pong (cuDNN)): non-causal 513 / 484 (538) at 512, 611 / 594 (636) at 1024, 670 / 664 (697) at
+# 2048, 705 / 702 (727) at 4096, 720 / 721 at 8192, 730 / 731 at 16384: persistent to 2048 (level
+# beyond); causal 309 / 311 (349) at 512, 468 / 424 (460) at 1024, 580 / 519 (546) at 2048, 650 / 590
+# (600) at 4096, 689 / 641 (632) at 8192, 710 / 724 (653) at 16384: persistent from 1024 to 8192.
 # (head dim, causal) -> the longest seqlen_q a fixed-length call runs persistent, and where listed the
 # shortest.
 PERSISTENT_MAX_SEQLEN = {(64, False): 1024, (64, True): 4096, (128, False): 4096, (128, True): 8192,
-                         (256, True): 4096}
-PERSISTENT_MIN_SEQLEN = {(256, True): 2048}
+                         (256, False): 2048, (256, True): 8192}
+PERSISTENT_MIN_SEQLEN = {(256, True): 1024}
 # The default policy: (head dim, causal) -> the shortest seqlen_q where the ping-pong kernel was
 # measured ahead of (or level with) the portable one, in two runs on the H200, bf16, 16k tokens
 # (the train sweep results/train-2026-12-01-all, ioattn-hopper vs ioattn, and the A/B
@@ -293,13 +298,15 @@ out_row_stores = dispatch.Preference(True)
 # they follow their measured relatives.
 ROW_STORE_HEADDIMS = {"base": (64, 128), "pingpong": (64, 128), "split": (64, 128), "wg3": (64,),
                       "persistent": (128,)}
-# d = 256 (no room for the scratch) in the one-tile ping-pong kernels: the output staged instead in
-# the consumer warpgroup's own Q buffer (64 x 256 x 2 B, the output tile's size), dead once its last S
-# product has retired; the persistent kernel has the next tile's Q loading there by then. Measured
+# d = 256 (no room for the scratch): the output staged instead in the consumer warpgroup's own Q
+# buffer (64 x 256 x 2 B, the output tile's size), dead once its last S product has retired; the
+# persistent kernel then loads its next tile's Q there after the stores (NOTES §72: with / without,
+# results/session-2026-12-02-zb, non-causal 513 / 446 at N=512, 611 / 561, 670 / 636, 705 / 681 at
+# 4096, 730 / 720 at 16384; causal 309 / 284, 468 / 418, 580 / 538, 650 / 625, 710 / 707). Measured
 # (ab_fwd on the H200, bf16, 16k tokens, 2 interleaved rounds, results/session-2026-12-02-n, NOTES
 # §61), ping-pong without / with, TFLOP/s: N=512 405 / 477, 1024 528 / 587, 2048 622 / 660, 16384
 # 721 / 725; causal 252 / 293, 368 / 411, 475 / 510, 711 / 719.
-ROW_STORE_VIA_Q_HEADDIMS = {"pingpong": (256,), "split": (256,), "persistent": (256,)}
+ROW_STORE_VIA_Q_HEADDIMS = {"pingpong": (256,), "split": (256,), "persistent": (256,)}  # one Q buffer there
 
 # The persistent kernel with two Q buffers per consumer warpgroup (the kernel's ``Q_BUFS``): the next
 # tile's Q is loaded as soon as this tile's has landed, a whole tile ahead, instead of after this

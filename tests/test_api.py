@@ -573,11 +573,12 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
         assert not hopper.kernel_config(256, "persistent")["constexprs"]["LEAN"]
         assert hopper.kernel_config(64, "wg3")["constexprs"]["LEAN"]
     # the output stored as whole rows at d = 64 / 128 through Triton's conversion (mode 1), at d = 256
-    # staged in the Q buffer (mode 2) in the one-tile ping-pong kernels; not in the persistent variant at
-    # d = 64 (measured slower) nor 256 (its next tile's Q is in that buffer); off everywhere by choice
+    # staged in the Q buffer (mode 2: the ping-pong kernels, the persistent one loading its next Q there
+    # after the stores); not in the persistent variant at d = 64 (measured slower); off everywhere by choice
     rows = {(v, d): hopper.row_stores(d, v) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]}
-    assert [key for key, mode in rows.items() if not mode] == [("persistent", 64), ("persistent", 256)], rows
-    assert [key for key, mode in rows.items() if mode == 2] == [("pingpong", 256), ("split", 256)], rows
+    assert [key for key, mode in rows.items() if not mode] == [("persistent", 64)], rows
+    assert [key for key, mode in rows.items() if mode == 2] == [("pingpong", 256), ("split", 256),
+                                                                ("persistent", 256)], rows
     with hopper.out_row_stores(False):
         assert not any(hopper.row_stores(d, v) for v, d in rows)
     # fewer masked key tiles in the two-warpgroup ping-pong kernels (wg3's consumers spilled with it)
@@ -588,8 +589,9 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     assert hopper.grid_programs(torch.device("cpu"), "persistent", 1000) == 132  # one per SM (an H100/H200 here)
     assert hopper.grid_programs(torch.device("cpu"), "persistent", 7) == 7
     # per call: short fixed-length calls take the persistent variant (PERSISTENT_MAX_SEQLEN, by head dim and
-    # mask: at d = 64 / 128, and d = 256 causal from PERSISTENT_MIN_SEQLEN)
-    assert set(hopper.PERSISTENT_MAX_SEQLEN) == {(64, False), (64, True), (128, False), (128, True), (256, True)}
+    # mask, and at d = 256 causal from PERSISTENT_MIN_SEQLEN)
+    assert set(hopper.PERSISTENT_MAX_SEQLEN) == {(64, False), (64, True), (128, False), (128, True), (256, False),
+                                                 (256, True)}
     assert set(hopper.PERSISTENT_MIN_SEQLEN) == {(256, True)}
     for (d, causal), most in hopper.PERSISTENT_MAX_SEQLEN.items():
         assert hopper.variant_for(d, causal, most) == "persistent"
@@ -600,7 +602,7 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
         if least:
             assert hopper.variant_for(d, causal, least) == "persistent"
             assert hopper.variant_for(d, causal, least - 1) == default
-    assert hopper.variant_for(128, True, 16384) == hopper.variant_for(256, False, 512) == "pingpong"
+    assert hopper.variant_for(128, True, 16384) == hopper.variant_for(256, False, 4096) == "pingpong"
     with hopper.variant("pingpong"):  # a variant set by name wins
         assert hopper.variant_for(128, False, 512) == "pingpong"
     with hopper.variant("persistent"):

@@ -406,7 +406,8 @@ def test_hopper_forward_negative_scale(variant, causal, poison_alloc):
 @pytest.mark.parametrize("d, n, causal, variant", [(128, 4096, False, "persistent"), (128, 8192, False, "pingpong"),
                                                    (128, 512, True, "persistent"), (128, 500, True, None),
                                                    (128, 16384, True, "pingpong"), (256, 2048, True, "persistent"),
-                                                   (256, 512, False, "pingpong"), (256, 512, True, "pingpong"),
+                                                   (256, 512, False, "persistent"), (256, 4096, False, "pingpong"),
+                                                   (256, 1024, True, "persistent"), (256, 512, True, "pingpong"),
                                                    (64, 1024, False, "persistent"), (64, 4096, False, "wg3"),
                                                    (64, 4096, True, "persistent"), (64, 8192, True, "wg3"),
                                                    (64, 512, True, "persistent"), (64, 256, True, None)])
