@@ -588,8 +588,11 @@ BWD_HEADDIMS = (64, 128, 256)
 # The default policy: (head dim, causal) -> the shortest seqlen_q from which "ws" was measured ahead
 # of the portable backward (the sources above); other rows keep the portable backward. d=256 from
 # 512: measured 2.0-2.4x the portable backward at 4096 and 16384, the train sweep's shorter points
-# checked with the dispatch in results/session-2026-12-01-u.
-BWD_AUTO_MIN_SEQLEN = {(128, False): 512, (128, True): 512, (64, False): 512, (64, True): 2048,
+# checked with the dispatch in results/session-2026-12-01-u. d=64 causal from 512 since the 128-row
+# step (NOTES §55, §74; ab_bwd, 3 rounds, results/session-2026-12-02-zd, TFLOP/s, portable / ws /
+# cuDNN): N=512 162 / 168 / 166, 1024 219 / 251 / 248, 2048 267 / 337 / 326 (it was 2048 before: the ws
+# kernel with 64-row steps was behind the portable one at 512 / 1024, 148 vs 163 and 215 vs 219).
+BWD_AUTO_MIN_SEQLEN = {(128, False): 512, (128, True): 512, (64, False): 512, (64, True): 512,
                        (256, False): 512, (256, True): 512}
 
 
