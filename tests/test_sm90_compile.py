@@ -113,9 +113,10 @@ def test_hopper_row_stores_compile_for_sm90():
     launcher compiles it, non-causal, ping-pong and persistent at every head dim: with the output
     pointer and row stride aligned as at run time, each consumer warpgroup's 64 x d tile goes out as
     16-byte stores (64 x d x 2 B / 16 B / 128 threads a warpgroup: d / 16 a thread) with no spill,
-    shared memory within the H200's; at d = 256 (ping-pong) staged in the Q buffers, so with the
-    shared memory of the build without it (--no-row-stores); the persistent variant at d = 64
-    (measured slower with it) and 256 (its next tile's Q is in that buffer) compile without it."""
+    shared memory within the H200's; at d = 256 staged in the Q buffers (the persistent kernel loading
+    its next tile's Q there after the stores, NOTES §72), so with the shared memory of the build
+    without it (--no-row-stores); the persistent variant at d = 64 (measured slower with it) compiles
+    without it."""
     pytest.importorskip("triton.experimental.gluon")
     import re
 
@@ -124,7 +125,7 @@ def test_hopper_row_stores_compile_for_sm90():
     for line in lines:
         variant, d = line.split()[0], int(re.search(r" d=(\d+)", line).group(1))
         wide = re.search(r"STG\.E\.128x(\d+)", line)
-        if variant == "persistent" and d in (64, 256):
+        if variant == "persistent" and d == 64:
             assert "row_stores" not in line and wide is None, line
         else:
             assert ("row_stores_via_q" in line) == (d == 256), line
@@ -155,7 +156,8 @@ def test_hopper_persistent_options_compile_for_sm90():
     and the causal walk by pairs (PAIRED, hopper.paired_walk), both masks, every head dim: the options
     are in the builds where the launcher sets them (two Q buffers at d = 64 / 128 only: the buffers'
     barriers counted by the script, the shared memory 32 KB more at d = 128), wgmma pipelined, no
-    spill."""
+    spill but d = 256 causal's 40 B (with its output staged in the Q buffer, NOTES §72: measured
+    0 to +12 % faster all the same)."""
     pytest.importorskip("triton.experimental.gluon")
 
     lines = _hopper_check("--variants", "persistent", "--q-prefetch", "--paired")
@@ -163,6 +165,7 @@ def test_hopper_persistent_options_compile_for_sm90():
     for line in lines:
         d, causal = int(line.split(" d=")[1].split()[0]), "causal=True" in line
         assert ("q_prefetch" in line) == (d in (64, 128)) and ("paired" in line) == causal, line
-        assert "spill=0B" in line and "wgmma-pipelined" in line, line
+        spill = int(line.split(" spill=")[1].split("B")[0])
+        assert "wgmma-pipelined" in line and spill <= (40 if d == 256 and causal else 0), line
         if d == 128:
             assert int(line.split("shared=")[1].split()[0]) > 200_000, line  # 176 KB + 2 x 16 KB
