@@ -797,25 +797,22 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                                            ORDERED, LEAN, True, EXP2_FMA, FEWER_MASKS)
                 g0 += n_tiles
                 sec0 += n_tiles + 1
-                if ROW_STORES == 2:
-                    # the output staged in this tile's Q buffer (dead: its S products have retired), then the
-                    # next tile's Q loaded into it once every thread has read the stage back (NOTES §72)
-                    _tile_epilogue(o, m_i, l_i, t, Out, Lse, rows_1d, num_m, num_tiles, nheads, seqlen_q,
-                                   stride_om, stride_lse_b, stride_lse_h, row_off, o_layout, HEAD_DIM, CTA_M,
-                                   BLOCK_M, IS_CAUSAL, ROW_STORES, PAIRED, q_smem.index(buf))
+                # the next tile's Q into the buffer this tile's S products have released: before the epilogue,
+                # or (ROW_STORES = 2: the output staged in that buffer) once every thread has read it back
+                LOAD_Q_AFTER: gl.constexpr = ROW_STORES == 2
+                if (Q_BUFS == 1) & (not LOAD_Q_AFTER):
+                    q_issued = _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads,
+                                                seqlen_q, seqlen_k, row_off, HEAD_DIM, CTA_M, BLOCK_N, Q0, Q_BUFS,
+                                                IS_CAUSAL, PAIRED)
+                _tile_epilogue(o, m_i, l_i, t, Out, Lse, rows_1d, num_m, num_tiles, nheads, seqlen_q, stride_om,
+                               stride_lse_b, stride_lse_h, row_off, o_layout, HEAD_DIM, CTA_M, BLOCK_M, IS_CAUSAL,
+                               ROW_STORES, PAIRED, q_smem.index(buf))
+                if LOAD_Q_AFTER:  # (NOTES §72)
                     gl.thread_barrier()
                     fence_async_shared()  # the stage's generic-proxy accesses before the TMA's write
                     q_issued = _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads,
                                                 seqlen_q, seqlen_k, row_off, HEAD_DIM, CTA_M, BLOCK_N, Q0, Q_BUFS,
                                                 IS_CAUSAL, PAIRED)
-                else:
-                    if Q_BUFS == 1:  # the next tile's Q into the buffer this tile's S products have released
-                        q_issued = _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads,
-                                                    seqlen_q, seqlen_k, row_off, HEAD_DIM, CTA_M, BLOCK_N, Q0,
-                                                    Q_BUFS, IS_CAUSAL, PAIRED)
-                    _tile_epilogue(o, m_i, l_i, t, Out, Lse, rows_1d, num_m, num_tiles, nheads, seqlen_q,
-                                   stride_om, stride_lse_b, stride_lse_h, row_off, o_layout, HEAD_DIM, CTA_M,
-                                   BLOCK_M, IS_CAUSAL, ROW_STORES, PAIRED)
             else:
                 m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b,
                                                               stride_lse_h, row_off, HEAD_DIM, CTA_M, IS_CAUSAL,
@@ -829,7 +826,7 @@ def _tile_epilogue(o, m_i, l_i, t, Out, Lse, rows_1d, num_m, num_tiles, nheads, 
                    BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constexpr, ROW_STORES: gl.constexpr, PAIRED: gl.constexpr,
                    stage=None):
     """``_epilogue`` of a persistent program's tile ``t`` (its rows recomputed from the index); ``stage``:
-    the dead Q buffer for ``ROW_STORES`` = 2."""
+    the warpgroup's dead Q buffer, used by ``ROW_STORES`` = 2 only."""
     m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b, stride_lse_h,
                                                   row_off, HEAD_DIM, CTA_M, IS_CAUSAL, PAIRED)
     _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om, o_layout,
