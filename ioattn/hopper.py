@@ -346,7 +346,6 @@ paired_walk = dispatch.Preference(False)
 PAIRED_HEADDIMS = (128, 256)
 
 
-
 def _switch(pref: dispatch.Preference, default: bool) -> bool:
     """A preference's value when a block has set it, else ``default`` (the table's)."""
     return default if pref.value is None else bool(pref.value)
