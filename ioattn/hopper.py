@@ -28,8 +28,8 @@ or, from Python, ``with hopper.variant("pingpong"): ...`` / ``hopper.set_variant
   that two warpgroups' exponentials overlap the third one's GEMMs. The default at head dim 64
   (``DEFAULT_VARIANT_BY_HEADDIM``).
 * ``"persistent-wg3"``: wg3 with the persistent kernel's tile walk (one program per SM, its
-  options as the two-warpgroup persistent kernel's); compiled and tested, not yet measured, so no
-  call takes it by default (NOTES §75).
+  options as the two-warpgroup persistent kernel's); compiled for sm_90 (its GPU tests written, not
+  yet run on the device) and not measured, so no call takes it by default (NOTES §75).
 
 Without a variant set, each call takes its default (``variant_for``: by head dim, and the persistent
 variant for short calls, ``PERSISTENT_MAX_SEQLEN``); a variant set by name applies to every head dim
