@@ -8,7 +8,8 @@ results/session-2026-12-01-i (batch 1 x 16k / 128k, 8 x 8192, 64 x 4096): split 
 ``--cases waves``: batches 60-68 x 4096 (is batch 64's gap the last wave's tail?). ``--cases paged1``:
 paged batch 1 x 4096, pointer loads against TMA, 16 or 32 splits. ``--cases lookup``: the paged block-table
 read modes. ``--cases tail``: the tail split on and off, batches 17-100 x 4096. ``--cases near``: batches 17-24 x
-4096 (just over one wave of units), uniform split counts. (``--cases streamk`` measured a stream-K
+4096 (just over one wave of units), uniform split counts. ``--cases tail64``: batch 64 x 4096 with a
+forced tail split. (``--cases streamk`` measured a stream-K
 partition, removed after it lost everywhere: results/session-2026-12-01-v, NOTES §41.)
 ``--rounds R`` times every entry R times, interleaved (the spread of one entry between rounds is
 the noise the choice has to beat).
@@ -101,8 +102,16 @@ REGS_PAGED = [(b, 4096, True, False, [{}, dict(max_regs=168)]) for b in (42, 48,
 # with its cap: 224.0 / 225.8 at 42, 226.4 / 228.5 at 48, session-2026-12-01-y)
 PAGED_PTR = [(b, 4096, True, False, [{}, dict(use_tma=False), dict(use_tma=False, max_regs=168)])
              for b in (42, 48)] + [(48, 4096, False, False, [{}])]
+# batch 64 x 4096 (512 units on 132 SMs, one program each: 3.88 waves, the last 88 % full) forced to
+# a tail split (the default leaves a last wave over half full whole): the first 392 units whole (49
+# batch elements, 2.97 waves), the last 120 split k ways and merged (NOTES §76); batch 66 (4.0 waves)
+# and 60 beside, whose times bound what the last wave's idle SMs cost
+TAIL64 = ([(64, 4096, False, False, [{}] + [dict(num_whole=392, num_splits=k) for k in (2, 4, 8, 11)]
+            + [dict(num_whole=264, num_splits=k) for k in (4, 8)])]
+          + [(b, 4096, False, False, [{}]) for b in (60, 66)])
 CASE_SETS = {"first": CASES, "rest": REST, "wide": WIDE, "waves": WAVES, "paged1": PAGED1, "lookup": LOOKUP,
-             "tail": TAIL, "near": NEAR, "regs": REGS, "regs2": REGS2, "regs_paged": REGS_PAGED, "paged_ptr": PAGED_PTR}
+             "tail": TAIL, "near": NEAR, "regs": REGS, "regs2": REGS2, "regs_paged": REGS_PAGED, "paged_ptr": PAGED_PTR,
+             "tail64": TAIL64}
 
 
 def eager(q, kc, vc, lens, cfg, table=None):
