@@ -108,9 +108,7 @@ def main():
     loads = {"ptr": (False, False, None, 0.0), "tma": (True, False, None, 0.0), "tma-pers": (True, True, None, 0.0),
              "tma-r8": (True, False, None, 8.0), "gluon": (True, False, "base", 0.0),
              "gluon-pp": (True, False, "pingpong", 0.0), "gluon-split": (True, False, "split", 0.0),
-             "gluon-wg3": (True, False, "wg3", 0.0), "gluon-pers": (True, False, "persistent", 0.0),
-             # wg3 made persistent (NOTES §75; three warpgroups: the lean softmax always)
-             "gluon-pers3": (True, False, "persistent-wg3", 0.0)}
+             "gluon-wg3": (True, False, "wg3", 0.0), "gluon-pers": (True, False, "persistent", 0.0)}
     # the two-warpgroup variants with and without the lean softmax (hopper.lean_softmax, on by default)
     loads.update({f"{n}-{s}": (*loads[n], s == "lean") for n in ("gluon-pp", "gluon-split", "gluon-pers")
                   for s in ("lean", "nolean")})

@@ -122,8 +122,8 @@ def check(job):
         # v_tail
         assert c["mb_init"].get("1") == (opts["Q_BUFS"] + 1) * num_wg + 2 * cfg["stages"] + 1, (where, c["mb_init"])
         # the consumers' budget: (65536 / 128 - producer) / NUM_WG rounded down to 8 (240; 160 for
-        # three); the producer 24, 32 in the persistent kernels (its tile loop; 240 / 160 either way)
-        producer = 32 if variant in hopper.PERSISTENT_VARIANTS else 24
+        # three); the producer 24, 32 in the persistent kernel (its tile loop; 240 either way)
+        producer = 32 if variant == "persistent" else 24
         regs = (65536 // 128 - producer) // num_wg // 8 * 8
         assert c["setmaxnreg"][("inc", str(regs))] and c["setmaxnreg"][("dec", str(producer))], (where, c["setmaxnreg"])
         if num_wg == 3:  # the default partition gets Triton's leftover: (65536 - producer*128 - 2*160*128) / 128
@@ -142,14 +142,12 @@ def check(job):
         if variant != "base":
             # persistent: a few per-tile values spill around the tile loop (80 B at d = 128 / 256
             # non-causal, ptxas 12.8: reloaded in the epilogue and the loop's bookkeeping, none in
-            # the key loop's SASS; persistent-wg3 causal 88 B, its reloads before and after each
-            # consumer's key loop, none inside); 0 for the others
+            # the key loop's SASS); 0 for the others
             # KV_TAIL (varlen, key lengths not a multiple of the tile): with the producer's V-tail
             # zeroing ptxas spills 72-176 B in the three-warpgroup kernel (16 B in "split" at d=256;
             # NOTES §38); the others stay at 0 (persistent: its 80-116 B of tile-loop values)
             tail = cfg_tail(varlen, kv_tail)
-            allowed = (128 if variant in hopper.PERSISTENT_VARIANTS else
-                       192 if tail and variant in ("wg3", "split") else 0)
+            allowed = 128 if variant == "persistent" else 192 if tail and variant in ("wg3", "split") else 0
             assert not serialized, (where, "ptxas serialised the wgmmas")
             assert exp2_fma or spills <= allowed, (where, "ptxas spilled", spills)
     if exp2_fma:

@@ -54,7 +54,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                    "head_dim_padded": q.shape[-1],
                    "exp2_fma": (f"{share:g}% ({hopper.exp2_fma_cols(share, bn)} of {bn} key columns on the FMA units)"
                                 if share else "off (MUFU.EX2 only)")}
-        if name in hopper.PERSISTENT_VARIANTS:
+        if name == "persistent":
             opts = hopper.persistent_options(q.shape[-1], name, window == (-1, 0), dispatch.cdiv(seqlen_q, bm))
             forward["walk"] = ("pairs of query blocks, head by head" if opts["PAIRED"] else
                                "longest tiles first over the grid" if window == (-1, 0) else "head by head")

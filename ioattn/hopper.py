@@ -27,9 +27,6 @@ or, from Python, ``with hopper.variant("pingpong"): ...`` / ``hopper.set_variant
   (a 192-row query tile, 160 registers each) whose GEMMs go round a ring WG0 -> WG1 -> WG2 -> WG0, so
   that two warpgroups' exponentials overlap the third one's GEMMs. The default at head dim 64
   (``DEFAULT_VARIANT_BY_HEADDIM``).
-* ``"persistent-wg3"``: wg3 with the persistent kernel's tile walk (one program per SM, its
-  options as the two-warpgroup persistent kernel's); compiled for sm_90 (its GPU tests written, not
-  yet run on the device) and not measured, so no call takes it by default (NOTES §75).
 
 Without a variant set, each call takes its default (``variant_for``: by head dim, and the persistent
 variant for short calls, ``PERSISTENT_MAX_SEQLEN``); a variant set by name applies to every head dim
@@ -48,9 +45,7 @@ import torch
 
 from ioattn import dispatch
 
-VARIANTS = ("base", "pingpong", "split", "wg3", "persistent", "persistent-wg3")
-PERSISTENT_VARIANTS = ("persistent", "persistent-wg3")  # one program per SM walking the tiles
-THREE_WG_VARIANTS = ("wg3", "persistent-wg3")  # three consumer warpgroups (192-row tiles)
+VARIANTS = ("base", "pingpong", "split", "wg3", "persistent")
 VARIANT_ENV = "IOATTN_HOPPER_VARIANT"
 # H200, bf16, d=128, N=16384 non-causal, one A/B run each (results/gluon-ab-2): pingpong 660 and 599
 # TFLOP/s, split 648, base 507, the portable kernel 487 / 477 (cuDNN 666 / 680)
@@ -143,9 +138,6 @@ TILE_TABLE = {
     # exp-bound warps, where 6 would cost a multiply-high division per index. Only d = 64: at d = 128
     # O is 64 fp32 registers a thread, S + O + P = 160 with no room for temporaries at 160.
     "wg3": {64: (192, 128, 4)},
-    # wg3 made persistent (NOTES §75, compiled, not yet measured): the same tiles, so that the A/B
-    # against wg3 isolates the tile loop; consumers at 160 registers with a 32-register producer
-    "persistent-wg3": {64: (192, 128, 4)},
 }
 
 _variant: str | None = None  # set from Python (set_variant / variant); None: the environment decides
@@ -228,7 +220,7 @@ def kernel_config(d: int, name: str | None = None) -> dict:
     name = variant_for(d) if name is None else _check(name)
     block_m, block_n, stages = TILE_TABLE[name][d]
     pingpong = name != "base"
-    num_wg = 3 if name in THREE_WG_VARIANTS else 2  # consumer warpgroups (partitions) of the ping-pong kernel
+    num_wg = 3 if name == "wg3" else 2  # consumer warpgroups (partitions) of the ping-pong kernel
     assert not pingpong or block_m == 64 * num_wg, (name, block_m)
     return dict(variant=name, block_m=block_m, block_n=block_n, stages=stages,
                 q_rows=block_m // num_wg if pingpong else block_m,  # ping-pong: each warpgroup loads its own Q
@@ -238,7 +230,7 @@ def kernel_config(d: int, name: str | None = None) -> dict:
                                 # the register-lean softmax and lse offsets the 160-register consumers need
                                 # (and, by choice, the two-warpgroup variants': lean_softmax below)
                                 LEAN=num_wg == 3 or (pingpong and lean_softmax.wanted()),
-                                PERSISTENT=name in PERSISTENT_VARIANTS,
+                                PERSISTENT=name == "persistent",
                                 FEWER_MASKS=pingpong and num_wg == FEWER_MASKS_NUM_WG))
 
 
@@ -305,7 +297,7 @@ out_row_stores = dispatch.Preference(True)
 # 64 KB more) and it was not measured slower. base, split and ping-pong at d=64 were not measured:
 # they follow their measured relatives.
 ROW_STORE_HEADDIMS = {"base": (64, 128), "pingpong": (64, 128), "split": (64, 128), "wg3": (64,),
-                      "persistent": (128,), "persistent-wg3": (64,)}
+                      "persistent": (128,)}
 # d = 256 (no room for the scratch): the output staged instead in the consumer warpgroup's own Q
 # buffer (64 x 256 x 2 B, the output tile's size), dead once its last S product has retired; the
 # persistent kernel then loads its next tile's Q there after the stores (NOTES §72: with / without,
@@ -355,7 +347,7 @@ def persistent_options(d: int, name: str, causal: bool, num_m: int) -> dict:
     """The persistent kernel's ``Q_BUFS`` and ``PAIRED`` for head dim ``d``, the mask and ``num_m``
     query blocks per sequence (one buffer and the LPT walk for the other variants). (A third option,
     a tile's epilogue after the next tile's first product, was measured and removed: NOTES §70.)"""
-    persistent = name in PERSISTENT_VARIANTS
+    persistent = name == "persistent"
     q2 = _switch(persistent_q_prefetch, d in PERSISTENT_Q2_HEADDIMS) and d in PERSISTENT_Q2_FITS
     paired = _switch(paired_walk, d in PAIRED_HEADDIMS) and bool(causal) and num_m % 2 == 0
     return dict(Q_BUFS=2 if persistent and q2 else 1, PAIRED=persistent and paired)
@@ -486,8 +478,8 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
         return False, str(e)
     if q.shape[-1] not in TILES:
         return False, f"head dims {sorted(TILES)} only (variant {name})"
-    if varlen and name in PERSISTENT_VARIANTS:
-        return False, f"varlen: not in the {name} variant"
+    if varlen and name == "persistent":
+        return False, "varlen: not in the persistent variant"
     if varlen and not GLUON_VARLEN:
         return False, ("varlen: the Gluon kernel's IS_VARLEN specialisation is switched off "
                        "(hopper.GLUON_VARLEN = False)")
@@ -502,7 +494,7 @@ def grid_programs(device, name: str, num_tiles: int) -> int:
     """Programs of the Gluon forward's grid for ``num_tiles`` (query block, batch, head) tiles under
     variant ``name``: one per tile, or for the persistent variant one per SM at most (each walking its
     tiles, ``ioattn.kernels.hopper_forward._walk``)."""
-    if name not in PERSISTENT_VARIANTS:
+    if name != "persistent":
         return num_tiles
     # without a GPU (explain_dispatch on the CPU): an H100 / H200's 132 SMs
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132

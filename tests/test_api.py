@@ -568,8 +568,7 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     # (its 160-register consumers need it); never the base kernel
     lean = {v: hopper.kernel_config(min(hopper.TILE_TABLE[v], key=lambda d: abs(d - 128)), v)["constexprs"]["LEAN"]
             for v in hopper.VARIANTS}
-    assert lean == {"base": False, "pingpong": True, "split": True, "wg3": True, "persistent": True,
-                    "persistent-wg3": True}
+    assert lean == {"base": False, "pingpong": True, "split": True, "wg3": True, "persistent": True}
     with hopper.lean_softmax(False):
         assert not hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"]
         assert not hopper.kernel_config(256, "persistent")["constexprs"]["LEAN"]
@@ -581,21 +580,14 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     assert [key for key, mode in rows.items() if not mode] == [("persistent", 64)], rows
     assert [key for key, mode in rows.items() if mode == 2] == [("pingpong", 256), ("split", 256),
                                                                 ("persistent", 256)], rows
-    assert rows[("persistent-wg3", 64)] == rows[("wg3", 64)] == 1  # as its one-tile relative
     with hopper.out_row_stores(False):
         assert not any(hopper.row_stores(d, v) for v, d in rows)
     # fewer masked key tiles in the two-warpgroup ping-pong kernels (wg3's consumers spilled with it)
     fewer = {v: hopper.kernel_config(min(hopper.TILE_TABLE[v], key=lambda d: abs(d - 128)), v)["constexprs"]
              ["FEWER_MASKS"] for v in hopper.VARIANTS}
-    assert fewer == {"base": False, "pingpong": True, "split": True, "wg3": False, "persistent": True,
-                     "persistent-wg3": False}
+    assert fewer == {"base": False, "pingpong": True, "split": True, "wg3": False, "persistent": True}
     assert hopper.grid_programs(torch.device("cpu"), "pingpong", 1000) == 1000  # one per tile
     assert hopper.grid_programs(torch.device("cpu"), "persistent", 1000) == 132  # one per SM (an H100/H200 here)
-    assert hopper.grid_programs(torch.device("cpu"), "persistent-wg3", 1000) == 132
-    # wg3 made persistent: three warpgroups, one program per SM, the two-warpgroup kernel's tile walk
-    pw3 = hopper.kernel_config(64, "persistent-wg3")
-    assert pw3["constexprs"]["NUM_WG"] == 3 and pw3["constexprs"]["PERSISTENT"] and pw3["q_rows"] == 64
-    assert hopper.persistent_options(64, "persistent-wg3", True, 4) == dict(Q_BUFS=1, PAIRED=False)
     assert hopper.grid_programs(torch.device("cpu"), "persistent", 7) == 7
     # per call: short fixed-length calls take the persistent variant (PERSISTENT_MAX_SEQLEN, by head dim and
     # mask, and at d = 256 causal from PERSISTENT_MIN_SEQLEN)

@@ -216,7 +216,7 @@ def test_decode_paged_load_path_policy():
 # ---------------------------------------------------------------- the Gluon Hopper forward (experimental)
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant", ["base", "pingpong", "split", "wg3", "persistent", "persistent-wg3"])
+@pytest.mark.parametrize("variant", ["base", "pingpong", "split", "wg3", "persistent"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -245,7 +245,7 @@ def test_hopper_forward(variant, d, causal, dtype, shape, poison_alloc):
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant", ["base", "pingpong", "split", "wg3", "persistent", "persistent-wg3"])
+@pytest.mark.parametrize("variant", ["base", "pingpong", "split", "wg3", "persistent"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (3, 129, 64, 2, 2), (2, 300, 340, 3, 1),
@@ -361,7 +361,7 @@ def test_hopper_forward_varlen(variant, d, causal, dtype, monkeypatch, poison_al
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant", ["base", "pingpong", "split", "wg3", "persistent", "persistent-wg3"])
+@pytest.mark.parametrize("variant", ["base", "pingpong", "split", "wg3", "persistent"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("sk", [200, 77, 1000])  # none a multiple of the key tile: a tail in every sequence
@@ -386,7 +386,7 @@ def test_hopper_forward_next_batch_rows_do_not_leak(variant, d, causal, sk):
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant", ["pingpong", "wg3", "persistent-wg3"])
+@pytest.mark.parametrize("variant", ["pingpong", "wg3"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_hopper_forward_negative_scale(variant, causal, poison_alloc):
     """A negative softmax_scale through the Gluon forward (wg3's lean softmax flips q's sign for it)
@@ -473,26 +473,22 @@ def test_hopper_backward_d256_through_the_api(causal, poison_alloc):
 # the kernel's options: two Q buffers a warpgroup (hopper.persistent_q_prefetch, d = 64 / 128) and the
 # causal walk by pairs (hopper.paired_walk)
 @pytest.mark.parametrize("q_prefetch, paired", [(False, False), (True, False), (False, True), (True, True)])
-# two consumer warpgroups, or three (wg3 made persistent: 192-row tiles, d = 64, NOTES §75)
-@pytest.mark.parametrize("variant", ["persistent", "persistent-wg3"])
-def test_hopper_forward_persistent_tile_loop(d, causal, shape, q_prefetch, paired, variant, poison_alloc):
-    """The persistent ping-pong kernels with several tiles per program (the ring's use count, the
+def test_hopper_forward_persistent_tile_loop(d, causal, shape, q_prefetch, paired, poison_alloc):
+    """The persistent ping-pong kernel with several tiles per program (the ring's use count, the
     turn order and the Q prefetch carried across tiles) against the float64 oracle, with the
     gradients of the backward it feeds."""
     from ioattn import hopper
-    if d not in hopper.TILE_TABLE[variant]:
-        pytest.skip(f"the {variant} variant has no head dim {d}")
     if paired and not causal:
         pytest.skip("the paired walk is a causal order")
     if q_prefetch and d not in hopper.PERSISTENT_Q2_FITS:
         pytest.skip(f"one Q buffer a warpgroup at d = {d}")
     b, sq, sk, h, hkv = shape
-    num_m = -(-sq // hopper.TILE_TABLE[variant][d][0])
+    num_m = -(-sq // hopper.TILE_TABLE["persistent"][d][0])
     assert num_m * b * h > torch.cuda.get_device_properties(0).multi_processor_count
     with hopper.persistent_q_prefetch(q_prefetch), hopper.paired_walk(paired):
-        opts = hopper.persistent_options(d, variant, causal, num_m)
+        opts = hopper.persistent_options(d, "persistent", causal, num_m)
         assert opts == dict(Q_BUFS=2 if q_prefetch else 1, PAIRED=paired and num_m % 2 == 0), opts
-        with hopper.variant(variant), hopper.prefer_hopper(True):
+        with hopper.variant("persistent"), hopper.prefer_hopper(True):
             _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=causal)
 
 
