@@ -9,7 +9,7 @@ results/session-2026-12-01-i (batch 1 x 16k / 128k, 8 x 8192, 64 x 4096): split 
 paged batch 1 x 4096, pointer loads against TMA, 16 or 32 splits. ``--cases lookup``: the paged block-table
 read modes. ``--cases tail``: the tail split on and off, batches 17-100 x 4096. ``--cases near``: batches 17-24 x
 4096 (just over one wave of units), uniform split counts. ``--cases tail64``: batch 64 x 4096 with a
-forced tail split. (``--cases streamk`` measured a stream-K
+forced tail split; ``--cases resident``: 64 / 66 x 4096 with several programs resident per SM. (``--cases streamk`` measured a stream-K
 partition, removed after it lost everywhere: results/session-2026-12-01-v, NOTES §41.)
 ``--rounds R`` times every entry R times, interleaved (the spread of one entry between rounds is
 the noise the choice has to beat).
@@ -109,9 +109,16 @@ PAGED_PTR = [(b, 4096, True, False, [{}, dict(use_tma=False), dict(use_tma=False
 TAIL64 = ([(64, 4096, False, False, [{}] + [dict(num_whole=392, num_splits=k) for k in (2, 4, 8, 11)]
             + [dict(num_whole=264, num_splits=k) for k in (4, 8)])]
           + [(b, 4096, False, False, [{}]) for b in (60, 66)])
+# the same cases with more than one program resident per SM (a smaller ring, registers capped where
+# the compiler's count would keep one): does a second program hide each program's start and end,
+# where the SM has nothing in flight (NOTES §77)?
+RESIDENT = [(b, 4096, False, False, [{}, dict(block_n=64, num_stages=2), dict(block_n=64, num_stages=2, max_regs=128),
+                                     dict(block_n=64, num_stages=3, max_regs=168),
+                                     dict(block_n=32, num_stages=4, max_regs=128)])
+            for b in (64, 66)]
 CASE_SETS = {"first": CASES, "rest": REST, "wide": WIDE, "waves": WAVES, "paged1": PAGED1, "lookup": LOOKUP,
              "tail": TAIL, "near": NEAR, "regs": REGS, "regs2": REGS2, "regs_paged": REGS_PAGED, "paged_ptr": PAGED_PTR,
-             "tail64": TAIL64}
+             "tail64": TAIL64, "resident": RESIDENT}
 
 
 def eager(q, kc, vc, lens, cfg, table=None):
