@@ -9,7 +9,8 @@ results/session-2026-12-01-i (batch 1 x 16k / 128k, 8 x 8192, 64 x 4096): split 
 paged batch 1 x 4096, pointer loads against TMA, 16 or 32 splits. ``--cases lookup``: the paged block-table
 read modes. ``--cases tail``: the tail split on and off, batches 17-100 x 4096. ``--cases near``: batches 17-24 x
 4096 (just over one wave of units), uniform split counts. ``--cases tail64``: batch 64 x 4096 with a
-forced tail split; ``--cases resident``: 64 / 66 x 4096 with several programs resident per SM. (``--cases streamk`` measured a stream-K
+forced tail split; ``--cases resident``: 64 / 66 x 4096 with several programs resident per SM; ``--cases wide64``: 64-key chunks on the
+launches without splits. (``--cases streamk`` measured a stream-K
 partition, removed after it lost everywhere: results/session-2026-12-01-v, NOTES §41.)
 ``--rounds R`` times every entry R times, interleaved (the spread of one entry between rounds is
 the noise the choice has to beat).
@@ -116,9 +117,16 @@ RESIDENT = [(b, 4096, False, False, [{}, dict(block_n=64, num_stages=2), dict(bl
                                      dict(block_n=64, num_stages=3, max_regs=168),
                                      dict(block_n=32, num_stages=4, max_regs=128)])
             for b in (64, 66)]
+# the launches without splits and without a tail split (batches whose last wave is over half
+# full, and 32 x 32768): 64-key chunks with 2 stages against the default's 128 (NOTES §78); and the
+# default without programmatic dependent launch of the step kernel at 64 / 66
+_C64 = dict(block_n=64, num_stages=2)
+WIDE64 = ([(b, 4096, False, False, [{}, _C64] + ([dict(pdl_wait=False)] if b in (64, 66) else []))
+           for b in (60, 64, 66, 80, 96, 128)] + [(32, 32768, False, False, [{}, _C64])])
 CASE_SETS = {"first": CASES, "rest": REST, "wide": WIDE, "waves": WAVES, "paged1": PAGED1, "lookup": LOOKUP,
              "tail": TAIL, "near": NEAR, "regs": REGS, "regs2": REGS2, "regs_paged": REGS_PAGED, "paged_ptr": PAGED_PTR,
-             "tail64": TAIL64, "resident": RESIDENT}
+             "tail64": TAIL64, "resident": RESIDENT,
+             "wide64": WIDE64}
 
 
 def eager(q, kc, vc, lens, cfg, table=None):
