@@ -556,7 +556,7 @@ def test_pdl_switches_reach_the_plan(monkeypatch):
 def test_plan_tiles_by_launch_kind(monkeypatch):
     """The GPU tile policy (from the device sweeps, ioattn/decode.py's notes): split launches on a
     contiguous cache take 64-key chunks with 3 stages; launches without splits and paged caches keep
-    128-key chunks with 2 stages; an explicit block_n wins. Faked GPU query (this machine has none)."""
+    128-key chunks with 2 stages, but for 3-4 programs an SM 64 x 2; an explicit block_n wins. Faked GPU query (this machine has none)."""
     import types
 
     from ioattn import decode
@@ -568,8 +568,10 @@ def test_plan_tiles_by_launch_kind(monkeypatch):
     k = torch.empty(1, 1, 8, 128)
     one = decode.plan(gpu_q(1), k, k, False, 131072)
     assert (one.block_n, one.num_stages, one.num_splits) == (64, 3, 32)  # 264 / 8 = 33, a power of two: 32
-    wide = decode.plan(gpu_q(64), k, k, False, 4096)  # 512 programs fill the SMs: no split
+    wide = decode.plan(gpu_q(96), k, k, False, 4096)  # 768 programs fill the SMs: no split
     assert (wide.block_n, wide.num_stages, wide.num_splits) == (128, 2, 1)
+    # 512 programs: 4 a SM with 64-key chunks, all resident at once (ONE_WAVE_BLOCK_N)
+    assert decode.plan(gpu_q(64), k, k, False, 4096).block_n == decode.ONE_WAVE_BLOCK_N
     pages = torch.empty(8, 256, 8, 128)
     paged = decode.plan(gpu_q(1), pages, pages, True, 131072)
     assert (paged.block_n, paged.num_stages) == (128, 2) and paged.num_splits > 1
@@ -598,8 +600,8 @@ def test_plan_tail_split(monkeypatch):
     assert tail(68) == (528, 8, 128, 2)    # 544 units: 4 waves + 16 units -> 2 elements split 8 ways
     assert tail(34) == (264, 16, 128, 2)   # 272: 2 waves + 8 -> 16 ways
     assert tail(40) == (264, 2, 128, 2)    # 320: 2 waves + 56 (42 %) -> 2 ways
-    assert tail(64) == (None, 1, 128, 2)   # 512: the last wave 88 % full: no split
-    assert tail(66) == (None, 1, 128, 2)   # 528: exactly 4 waves
+    assert tail(64) == (None, 1, 64, 2)    # 512: the last wave 88 % full: no split; 4 programs an SM
+    assert tail(66) == (None, 1, 64, 2)    # 528: exactly 4 waves (one of the 4-a-SM tile)
     assert tail(100) == (792, 16, 128, 2)  # 800: 6 waves + 8 -> 16 ways
     assert tail(17) == (0, 2, 128, 2)      # 136: 1 wave + 4: every unit split in two, wide tile
     assert tail(24) == (0, 2, 128, 2)      # 192: 1 wave + 60 (45 %)
@@ -611,8 +613,20 @@ def test_plan_tail_split(monkeypatch):
         assert tail(68)[:2] == (None, 1)
     # units needing 3 programs per SM, neither split nor tail-split: registers capped (WIDE_MAX_REGS)
     assert decode.plan(gpu_q(48), k, k, False, 4096).max_regs == decode.WIDE_MAX_REGS      # 384 units
-    for batch in (40, 64, 32, 17):  # tail split; > 3 per SM; <= 2 per SM; wave split
+    for batch in (40, 80, 32, 17):  # tail split; > 4 per SM; <= 2 per SM; wave split
         assert decode.plan(gpu_q(batch), k, k, False, 4096).max_regs is None, batch
+    # units needing 4 programs per SM (ONE_WAVE_BLOCK_N): 64-key chunks, 2 stages, capped at 128 registers,
+    # on contiguous caches with 16 packed rows at d <= 128 only
+    for batch in (60, 64, 66):  # 480-528 units
+        p = decode.plan(gpu_q(batch), k, k, False, 4096)
+        assert (p.block_n, p.num_stages, p.max_regs, p.num_splits, p.num_whole) == \
+            (64, 2, decode.ONE_WAVE_MAX_REGS, 1, None), (batch, p)
+    assert tail(50) == (392, 16, 128, 2)  # 400 units: the tail split comes first (3 waves + 4 units)
+    assert decode.plan(gpu_q(67), k, k, False, 4096).block_n == 128  # 536 units: past 4 a SM
+    gqa8 = types.SimpleNamespace(shape=(64, 4, 64, 128), is_cuda=True, device=torch.device("cpu"))
+    assert decode.plan(gqa8, k, k, False, 4096).block_n == 128  # 32 packed rows: not measured, not taken
+    with decode_config(num_stages=3):
+        assert decode.plan(gpu_q(64), k, k, False, 4096).block_n == 128  # a forced field keeps the wide tile
     pages = torch.empty(8, 256, 8, 128)  # paged in that band: pointer loads, no cap; TMA outside it
     banded = decode.plan(gpu_q(48), pages, pages, True, 4096)
     assert (banded.use_tma, banded.max_regs, banded.num_splits) == (False, None, 1)

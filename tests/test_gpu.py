@@ -193,6 +193,34 @@ def test_decode_long_cache(use_tma, paged, splits, pdl):
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("pdl_wait", [False, True])
+def test_decode_one_wave_launch(pdl_wait, poison_alloc):
+    """The launch for 3-4 programs an SM (decode.ONE_WAVE_BLOCK_N: 64-key chunks, 2 stages, registers
+    capped) against the float64 oracle: 64 sequences of ragged lengths (one empty, one full, the rest
+    not a multiple of the chunk), GQA 4, causal with one appended token; the plan is checked to be
+    that launch on this GPU."""
+    from ioattn import decode
+    from ioattn.decode import decode_config, flash_attn_with_kvcache
+    from ioattn.reference.decode import kvcache_attention_ref
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    batch = 4 * sms // 8  # 8 KV heads: 4 programs an SM
+    kw, rnd = _decode_setup(batch, 1000)
+    kw["cache_seqlens"][0], kw["cache_seqlens"][1] = 0, 999  # 999 + the appended token: the capacity
+    q, k, v = rnd(batch, 1, 32, 128), rnd(batch, 1, 8, 128), rnd(batch, 1, 8, 128)
+    cfg = decode.plan(q, kw["k_cache"], kw["v_cache"], False, 1000)
+    assert (cfg.block_n, cfg.num_stages, cfg.max_regs, cfg.num_splits) == (
+        decode.ONE_WAVE_BLOCK_N, decode.ONE_WAVE_STAGES, decode.ONE_WAVE_MAX_REGS, 1), cfg
+    ref_kw = {n: t.clone() for n, t in kw.items()}
+    same_kw = {n: t.clone() for n, t in kw.items()}
+    with decode_config(pdl_wait=pdl_wait):
+        out = flash_attn_with_kvcache(q, **kw, k=k, v=v, causal=True)
+    ref, _ = kvcache_attention_ref(q, **ref_kw, k=k, v=v, causal=True)
+    same, _ = kvcache_attention_ref(q, **same_kw, k=k, v=v, causal=True, upcast=False)
+    assert torch.equal(kw["k_cache"], ref_kw["k_cache"]) and torch.equal(kw["v_cache"], ref_kw["v_cache"])
+    assert_within_torch_error("decode out (one wave)", out, ref, same)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 def test_decode_paged_load_path_policy():
     """The plan's load path and tiles: a paged cache through TMA (128-key chunks, 2 stages; 64-key
     chunks where a split holds one 128-key chunk) without splits and with many splits
@@ -209,7 +237,9 @@ def test_decode_paged_load_path_policy():
         assert (cfg.block_n, cfg.num_stages) == tiles
         kw, rnd = _decode_setup(batch, kvlen)
         cfg = decode.plan(q, kw["k_cache"], kw["v_cache"], False, kvlen)
-        assert not cfg.use_tma and (cfg.block_n, cfg.num_stages) == ((128, 2) if cfg.num_splits == 1 else (64, 3))
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        wide = (decode.ONE_WAVE_BLOCK_N, decode.ONE_WAVE_STAGES) if 3 * sms < batch * 8 <= 4 * sms else (128, 2)
+        assert not cfg.use_tma and (cfg.block_n, cfg.num_stages) == (wide if cfg.num_splits == 1 else (64, 3))
         assert kvlen // cfg.num_splits >= decode.MIN_KEYS_PER_SPLIT
 
 
