@@ -79,19 +79,22 @@ TAIL_MIN_WAVES = 2
 # 941.9 vs 930.1, and every tail split). tests/test_decode.py's sm_90 compile fails if the split launch
 # of the wide tile needs more than 170 registers (2 programs per SM: the wave rules would move).
 WIDE_MAX_REGS = 168
-# Where the units need more than 3 but at most 4 programs per SM (batch 50-66 at 8 KV heads on 132
-# SMs), a contiguous launch that is neither split nor tail-split takes 64-key chunks with 2 stages
-# (38 KB of ring, 119 registers compiled for sm_90) capped at ONE_WAVE_MAX_REGS, so 4 programs share an
-# SM and every unit is resident at once, where the wide tile's 2 a SM run 1.8-2 waves:
-# `ab_decode.py --cases wide64` (results/session-2026-12-02-zg, NOTES §78), µs, default / this /
-# cuDNN: batch 60 x 4096 231.3 / 227.1 / 231.5, 64 x 4096 241.9 / 240.2 / 240.6, 66 x 4096 248.6 /
-# 246.1 / 245.1; past 4 a SM it lost (80 x 4096 334.5 / 384.9, 96 356.9 / 396.1: 1.2-1.5 waves of
-# it), and at one wave of the wide tile (32 x 32768: 930.3 / 1101.4, each program's smaller ring
-# keeps half the bytes in flight). The cap (it changed nothing measurable at 64 / 66, -zf) keeps 4 a
-# SM if a compiler's count grows past 128.
+# Where the units need more than 3 but at most 5 programs per SM (batch 50-82 at 8 KV heads on 132
+# SMs), a contiguous launch without splits takes 64-key chunks with 2 stages (38 KB of ring, 119
+# registers compiled for sm_90) with its registers capped so that 4 or 5 programs share an SM and every
+# unit is resident at once (ONE_WAVE_MAX_REGS: 65536 / 128 / p rounded down to 8; 102 -> 96), where the
+# wide tile's 2 an SM run 1.8-2.5 waves. `ab_decode.py` (NOTES §78, §79; µs, wide tile / this / cuDNN):
+# `--cases wide64` (results/session-2026-12-02-zg) batch 60 x 4096 231.3 / 227.1 / 231.5, 64 241.9 /
+# 240.2 / 240.6, 66 248.6 / 246.1 / 245.1; `--cases onewave` (-zh) 52 208.8 (tail split) / 202.8 / 200.9,
+# 56 232.6 (tail split) / 213.9 / 215.8, 80 334.5 / 300.6 (5 a SM) / 312.6. The 64 x 2 launch uncapped
+# (4 a SM) lost past one wave of it (80 / 96 x 4096: 384.9 / 396.1), and at one wave of the wide tile
+# (32 x 32768: 1101.4 against 930.3, each program's smaller ring keeping half the bytes in flight).
+# A tail split stays first where its tail is at most SMs / ONE_WAVE_TAIL_DIV units (batch 50: 4 units
+# past 3 waves, 193.5 split against 196.7 one-wave).
 ONE_WAVE_BLOCK_N = 64
 ONE_WAVE_STAGES = 2
-ONE_WAVE_MAX_REGS = 128
+ONE_WAVE_MAX_REGS = {4: 128, 5: 96}  # programs per SM -> register cap
+ONE_WAVE_TAIL_DIV = 8
 MAX_SPLITS = 256
 _BLOCK_N_CUDA = 128
 _BLOCK_N_SPLIT = 64  # split launches with pointer loads (above)
@@ -498,7 +501,16 @@ def _plan(q, k_cache, v_cache, paged, span, num_splits):
     if "num_whole" in _plan_override:  # forced (tests, sweeps): whole batch elements
         num_whole = min(programs, _plan_override["num_whole"] // per_batch * per_batch)
         why.append("whole units forced")
-    elif heuristic and num_splits == 1 and q.is_cuda and _plan_override.get("tail_split", True):
+    # the one-wave launch: a contiguous launch without splits whose units need 4-5 programs per SM
+    # (ONE_WAVE_BLOCK_N's notes; measured with 16 packed rows at d = 128, so there only)
+    one_wave = 0  # programs per SM, 0: not taken
+    per_sm = dispatch.cdiv(programs, sms)
+    if (heuristic and num_splits == 1 and q.is_cuda and not paged and block_m == 16 and d <= 128
+            and per_sm in ONE_WAVE_MAX_REGS and not (0 < programs % sms <= sms // ONE_WAVE_TAIL_DIV)
+            and not {"block_n", "num_stages", "max_regs", "use_tma", "num_whole"} & set(_plan_override)):
+        one_wave = per_sm
+    elif (heuristic and num_splits == 1 and q.is_cuda and num_whole is None
+          and _plan_override.get("tail_split", True)):
         whole, k = _tail_split(programs, per_batch, sms, dispatch.cdiv(span, _BLOCK_N_CUDA))
         if k > 1:
             num_whole, num_splits = whole, k
@@ -520,11 +532,6 @@ def _plan(q, k_cache, v_cache, paged, span, num_splits):
         why.append(f"2-3 programs per SM needed: registers capped at {max_regs}")
     if band and paged and not use_tma:
         why.append("2-3 programs per SM needed: pointer loads, not TMA")
-    # a contiguous launch without splits whose units need 3-4 programs per SM (ONE_WAVE_BLOCK_N's notes)
-    # (measured with 16 packed rows at d = 128; larger tiles would spill under the cap)
-    one_wave = (heuristic and q.is_cuda and num_splits == 1 and num_whole is None and not paged and not use_tma
-                and block_m == 16 and d <= 128 and 3 * _num_sms(q.device) < programs <= 4 * _num_sms(q.device)
-                and not {"block_n", "num_stages", "max_regs"} & set(_plan_override))
     # the wide tile without splits (measured 247 vs 282 us at 64 x 4096) and on paged caches read
     # through TMA (their measured best, NOTES §29)
     if split_tiles and (num_splits == 1 or num_whole is not None or (paged and use_tma)):
@@ -535,8 +542,8 @@ def _plan(q, k_cache, v_cache, paged, span, num_splits):
             # 14.1; ab_decode --cases paged1 / lookup, results/session-2026-12-01-r and -s)
             block_n = _BLOCK_N_SPLIT
     if one_wave:
-        block_n, stages, max_regs = ONE_WAVE_BLOCK_N, ONE_WAVE_STAGES, ONE_WAVE_MAX_REGS
-        why.append(f"3-4 programs per SM needed: {block_n}-key chunks, registers capped at {max_regs}, "
+        block_n, stages, max_regs = ONE_WAVE_BLOCK_N, ONE_WAVE_STAGES, ONE_WAVE_MAX_REGS[one_wave]
+        why.append(f"{one_wave} programs per SM needed: {block_n}-key chunks, registers capped at {max_regs}, "
                    "every unit resident at once")
     if paged:  # a chunk never crosses a page
         while k_cache.shape[1] % block_n:

@@ -613,16 +613,19 @@ def test_plan_tail_split(monkeypatch):
         assert tail(68)[:2] == (None, 1)
     # units needing 3 programs per SM, neither split nor tail-split: registers capped (WIDE_MAX_REGS)
     assert decode.plan(gpu_q(48), k, k, False, 4096).max_regs == decode.WIDE_MAX_REGS      # 384 units
-    for batch in (40, 80, 32, 17):  # tail split; > 4 per SM; <= 2 per SM; wave split
+    for batch in (40, 96, 32, 17):  # tail split; > 5 per SM; <= 2 per SM; wave split
         assert decode.plan(gpu_q(batch), k, k, False, 4096).max_regs is None, batch
-    # units needing 4 programs per SM (ONE_WAVE_BLOCK_N): 64-key chunks, 2 stages, capped at 128 registers,
-    # on contiguous caches with 16 packed rows at d <= 128 only
-    for batch in (60, 64, 66):  # 480-528 units
+    # units needing 4-5 programs per SM (ONE_WAVE_BLOCK_N): 64-key chunks, 2 stages, registers capped so
+    # that all are resident, on contiguous caches with 16 packed rows at d <= 128 only
+    for batch, per_sm in ((52, 4), (56, 4), (60, 4), (64, 4), (66, 4), (69, 5), (80, 5), (82, 5)):
         p = decode.plan(gpu_q(batch), k, k, False, 4096)
         assert (p.block_n, p.num_stages, p.max_regs, p.num_splits, p.num_whole) == \
-            (64, 2, decode.ONE_WAVE_MAX_REGS, 1, None), (batch, p)
-    assert tail(50) == (392, 16, 128, 2)  # 400 units: the tail split comes first (3 waves + 4 units)
-    assert decode.plan(gpu_q(67), k, k, False, 4096).block_n == 128  # 536 units: past 4 a SM
+            (64, 2, decode.ONE_WAVE_MAX_REGS[per_sm], 1, None), (batch, p)
+        assert decode.ONE_WAVE_MAX_REGS[per_sm] * 128 * per_sm <= 65536
+    # a tail of at most SMs / 8 units past whole waves: the tail split first (400 = 3 x 132 + 4 units)
+    assert tail(50) == (392, 16, 128, 2)
+    assert tail(68) == (528, 8, 128, 2)   # 544 = 4 x 132 + 16
+    assert decode.plan(gpu_q(83), k, k, False, 4096).block_n == 128  # 664 units: past 5 a SM
     gqa8 = types.SimpleNamespace(shape=(64, 4, 64, 128), is_cuda=True, device=torch.device("cpu"))
     assert decode.plan(gqa8, k, k, False, 4096).block_n == 128  # 32 packed rows: not measured, not taken
     with decode_config(num_stages=3):

@@ -194,22 +194,23 @@ def test_decode_long_cache(use_tma, paged, splits, pdl):
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("pdl_wait", [False, True])
-def test_decode_one_wave_launch(pdl_wait, poison_alloc):
-    """The launch for 3-4 programs an SM (decode.ONE_WAVE_BLOCK_N: 64-key chunks, 2 stages, registers
-    capped) against the float64 oracle: 64 sequences of ragged lengths (one empty, one full, the rest
-    not a multiple of the chunk), GQA 4, causal with one appended token; the plan is checked to be
-    that launch on this GPU."""
+@pytest.mark.parametrize("per_sm", [4, 5])
+def test_decode_one_wave_launch(pdl_wait, per_sm, poison_alloc):
+    """The launch for 4-5 programs an SM (decode.ONE_WAVE_BLOCK_N: 64-key chunks, 2 stages, registers
+    capped) against the float64 oracle: sequences of ragged lengths (one empty, one full, the rest not
+    a multiple of the chunk), GQA 4, causal with one appended token; the plan is checked to be that
+    launch on this GPU."""
     from ioattn import decode
     from ioattn.decode import decode_config, flash_attn_with_kvcache
     from ioattn.reference.decode import kvcache_attention_ref
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    batch = 4 * sms // 8  # 8 KV heads: 4 programs an SM
+    batch = per_sm * sms // 8  # 8 KV heads: per_sm programs an SM
     kw, rnd = _decode_setup(batch, 1000)
     kw["cache_seqlens"][0], kw["cache_seqlens"][1] = 0, 999  # 999 + the appended token: the capacity
     q, k, v = rnd(batch, 1, 32, 128), rnd(batch, 1, 8, 128), rnd(batch, 1, 8, 128)
     cfg = decode.plan(q, kw["k_cache"], kw["v_cache"], False, 1000)
     assert (cfg.block_n, cfg.num_stages, cfg.max_regs, cfg.num_splits) == (
-        decode.ONE_WAVE_BLOCK_N, decode.ONE_WAVE_STAGES, decode.ONE_WAVE_MAX_REGS, 1), cfg
+        decode.ONE_WAVE_BLOCK_N, decode.ONE_WAVE_STAGES, decode.ONE_WAVE_MAX_REGS[per_sm], 1), cfg
     ref_kw = {n: t.clone() for n, t in kw.items()}
     same_kw = {n: t.clone() for n, t in kw.items()}
     with decode_config(pdl_wait=pdl_wait):
@@ -238,7 +239,7 @@ def test_decode_paged_load_path_policy():
         kw, rnd = _decode_setup(batch, kvlen)
         cfg = decode.plan(q, kw["k_cache"], kw["v_cache"], False, kvlen)
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        wide = (decode.ONE_WAVE_BLOCK_N, decode.ONE_WAVE_STAGES) if 3 * sms < batch * 8 <= 4 * sms else (128, 2)
+        wide = (decode.ONE_WAVE_BLOCK_N, decode.ONE_WAVE_STAGES) if 3 * sms < batch * 8 <= 5 * sms else (128, 2)
         assert not cfg.use_tma and (cfg.block_n, cfg.num_stages) == (wide if cfg.num_splits == 1 else (64, 3))
         assert kvlen // cfg.num_splits >= decode.MIN_KEYS_PER_SPLIT
 
