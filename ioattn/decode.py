@@ -89,12 +89,17 @@ WIDE_MAX_REGS = 168
 # 56 232.6 (tail split) / 213.9 / 215.8, 80 334.5 / 300.6 (5 a SM) / 312.6. The 64 x 2 launch uncapped
 # (4 a SM) lost past one wave of it (80 / 96 x 4096: 384.9 / 396.1), and at one wave of the wide tile
 # (32 x 32768: 1101.4 against 930.3, each program's smaller ring keeping half the bytes in flight).
-# A tail split stays first where its tail is at most SMs / ONE_WAVE_TAIL_DIV units (batch 50: 4 units
-# past 3 waves, 193.5 split against 196.7 one-wave).
+# `--cases onewave2` (-zi): the rule against the launch before it at batches 52-82 x 4096, ahead at
+# every batch it changes (52 206.2 / 212.8, 56 218.7 / 237.7, 70 284.8 / 295.2, 76 298.9 / 336.0, 82
+# 313.0 / 340.8; cuDNN 204.6, 222.5, 277.9, 311.5, 321.1) but 64, level there (246.7 / 246.8, cuDNN
+# 245.9). A tail split stays first only where the tail is at most SMs / 8 units and the one-wave
+# launch would need 4 programs an SM (ONE_WAVE_TAIL_FIRST): batch 50 (4 units past 3 waves) 193.5
+# split against 196.7 one-wave, while at 5 an SM the one-wave launch beat the tail split at batches 67
+# / 68 (8 / 16 units past 4 waves: 272.3 / 275.3 against 293.1 / 293.9, cuDNN 268.4 / 273.5).
 ONE_WAVE_BLOCK_N = 64
 ONE_WAVE_STAGES = 2
 ONE_WAVE_MAX_REGS = {4: 128, 5: 96}  # programs per SM -> register cap
-ONE_WAVE_TAIL_DIV = 8
+ONE_WAVE_TAIL_FIRST = {4: 8}  # programs per SM -> the tail split first for tails of at most SMs // this
 MAX_SPLITS = 256
 _BLOCK_N_CUDA = 128
 _BLOCK_N_SPLIT = 64  # split launches with pointer loads (above)
@@ -506,7 +511,8 @@ def _plan(q, k_cache, v_cache, paged, span, num_splits):
     one_wave = 0  # programs per SM, 0: not taken
     per_sm = dispatch.cdiv(programs, sms)
     if (heuristic and num_splits == 1 and q.is_cuda and not paged and block_m == 16 and d <= 128
-            and per_sm in ONE_WAVE_MAX_REGS and not (0 < programs % sms <= sms // ONE_WAVE_TAIL_DIV)
+            and per_sm in ONE_WAVE_MAX_REGS
+            and not (per_sm in ONE_WAVE_TAIL_FIRST and 0 < programs % sms <= sms // ONE_WAVE_TAIL_FIRST[per_sm])
             and not {"block_n", "num_stages", "max_regs", "use_tma", "num_whole"} & set(_plan_override)):
         one_wave = per_sm
     elif (heuristic and num_splits == 1 and q.is_cuda and num_whole is None

@@ -597,7 +597,7 @@ def test_plan_tail_split(monkeypatch):
     def tail(batch, **kw):
         p = decode.plan(gpu_q(batch), k, k, False, 4096, **kw)
         return p.num_whole, p.num_splits, p.block_n, p.num_stages
-    assert tail(68) == (528, 8, 128, 2)    # 544 units: 4 waves + 16 units -> 2 elements split 8 ways
+    assert tail(68) == (None, 1, 64, 2)    # 544 units: 4 waves + 16: all resident, 5 an SM (ONE_WAVE_*)
     assert tail(34) == (264, 16, 128, 2)   # 272: 2 waves + 8 -> 16 ways
     assert tail(40) == (264, 2, 128, 2)    # 320: 2 waves + 56 (42 %) -> 2 ways
     assert tail(64) == (None, 1, 64, 2)    # 512: the last wave 88 % full: no split; 4 programs an SM
@@ -610,21 +610,21 @@ def test_plan_tail_split(monkeypatch):
     assert decode._tail_split(272, 8, 132, 1) == (272, 1)    # one chunk: nothing to split
     assert tail(68, num_splits=1)[:2] == (None, 1)  # an explicit split count is kept
     with decode_config(tail_split=False):
-        assert tail(68)[:2] == (None, 1)
+        assert tail(100)[:2] == (None, 1)
     # units needing 3 programs per SM, neither split nor tail-split: registers capped (WIDE_MAX_REGS)
     assert decode.plan(gpu_q(48), k, k, False, 4096).max_regs == decode.WIDE_MAX_REGS      # 384 units
     for batch in (40, 96, 32, 17):  # tail split; > 5 per SM; <= 2 per SM; wave split
         assert decode.plan(gpu_q(batch), k, k, False, 4096).max_regs is None, batch
     # units needing 4-5 programs per SM (ONE_WAVE_BLOCK_N): 64-key chunks, 2 stages, registers capped so
     # that all are resident, on contiguous caches with 16 packed rows at d <= 128 only
-    for batch, per_sm in ((52, 4), (56, 4), (60, 4), (64, 4), (66, 4), (69, 5), (80, 5), (82, 5)):
+    for batch, per_sm in ((52, 4), (56, 4), (60, 4), (64, 4), (66, 4), (67, 5), (68, 5), (80, 5), (82, 5)):
         p = decode.plan(gpu_q(batch), k, k, False, 4096)
         assert (p.block_n, p.num_stages, p.max_regs, p.num_splits, p.num_whole) == \
             (64, 2, decode.ONE_WAVE_MAX_REGS[per_sm], 1, None), (batch, p)
         assert decode.ONE_WAVE_MAX_REGS[per_sm] * 128 * per_sm <= 65536
-    # a tail of at most SMs / 8 units past whole waves: the tail split first (400 = 3 x 132 + 4 units)
+    # a tail of at most SMs / 8 units past 3 waves (4 programs an SM): the tail split first (400 = 3 x 132
+    # + 4 units); past 4 waves (5 an SM) the one-wave launch (67, 68 above)
     assert tail(50) == (392, 16, 128, 2)
-    assert tail(68) == (528, 8, 128, 2)   # 544 = 4 x 132 + 16
     assert decode.plan(gpu_q(83), k, k, False, 4096).block_n == 128  # 664 units: past 5 a SM
     gqa8 = types.SimpleNamespace(shape=(64, 4, 64, 128), is_cuda=True, device=torch.device("cpu"))
     assert decode.plan(gqa8, k, k, False, 4096).block_n == 128  # 32 packed rows: not measured, not taken
@@ -657,8 +657,10 @@ def test_explain_decode(monkeypatch):
     one = ioattn.explain_decode(gpu_q(1), k, k)
     assert one["path"] == "triton" and one["plan"]["num_splits"] == 16
     assert "8 units" in one["reason"] and "16 splits (the waves rule" in one["reason"]
-    tail = ioattn.explain_decode(gpu_q(68), k, k, cache_seqlens=torch.full((68,), 4096, dtype=I32))
-    assert tail["plan"]["num_whole"] == 528 and "tail split: 528 units whole, the last 16 split 8 ways" in tail["reason"]
+    tail = ioattn.explain_decode(gpu_q(100), k, k, cache_seqlens=torch.full((100,), 4096, dtype=I32))
+    assert tail["plan"]["num_whole"] == 792 and "tail split: 792 units whole, the last 8 split 16 ways" in tail["reason"]
+    one = ioattn.explain_decode(gpu_q(64), k, k, cache_seqlens=4096)
+    assert one["plan"]["max_regs"] == decode.ONE_WAVE_MAX_REGS[4] and "4 programs per SM needed" in one["reason"]
     capped = ioattn.explain_decode(gpu_q(48), k, k, cache_seqlens=4096)
     assert capped["plan"]["max_regs"] == decode.WIDE_MAX_REGS and "registers capped" in capped["reason"]
     assert "num_splits=3 from the call" in ioattn.explain_decode(gpu_q(48), k, k, num_splits=3)["reason"]
