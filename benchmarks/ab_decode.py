@@ -10,7 +10,7 @@ paged batch 1 x 4096, pointer loads against TMA, 16 or 32 splits. ``--cases look
 read modes. ``--cases tail``: the tail split on and off, batches 17-100 x 4096. ``--cases near``: batches 17-24 x
 4096 (just over one wave of units), uniform split counts. ``--cases tail64``: batch 64 x 4096 with a
 forced tail split; ``--cases resident``: 64 / 66 x 4096 with several programs resident per SM; ``--cases wide64``: 64-key chunks on the
-launches without splits; ``--cases onewave`` / ``onewave2``: around the one-wave rule. (``--cases streamk`` measured a stream-K
+launches without splits; ``--cases onewave`` / ``onewave2`` / ``onewave_paged``: around the one-wave rule. (``--cases streamk`` measured a stream-K
 partition, removed after it lost everywhere: results/session-2026-12-01-v, NOTES §41.)
 ``--rounds R`` times every entry R times, interleaved (the spread of one entry between rounds is
 the noise the choice has to beat).
@@ -136,11 +136,15 @@ ONEWAVE = ([(b, 4096, False, False, [{}, _ONE]) for b in (50, 52, 56)]
 _ONE5 = dict(block_n=64, num_stages=2, max_regs=96, tail_split=False)
 ONEWAVE2 = [(b, 4096, False, False, [{}, dict(block_n=128)] + ([_ONE5] if b in (67, 68) else []))
             for b in (52, 56, 60, 64, 66, 67, 68, 70, 72, 76, 80, 82)]
+# paged caches (pages of 256) in the one-wave range (NOTES §81): the rule (pointer loads, 64-key chunks,
+# the cap) against the paged launch before it (TMA, 128-key chunks, the tail split where it applied)
+ONEWAVE_PAGED = [case for b in (52, 56, 64, 68, 72, 80)
+                 for case in ((b, 4096, True, False, [{}, dict(block_n=128)]), (b, 4096, False, False, [{}]))]
 CASE_SETS = {"first": CASES, "rest": REST, "wide": WIDE, "waves": WAVES, "paged1": PAGED1, "lookup": LOOKUP,
              "tail": TAIL, "near": NEAR, "regs": REGS, "regs2": REGS2, "regs_paged": REGS_PAGED, "paged_ptr": PAGED_PTR,
              "tail64": TAIL64, "resident": RESIDENT,
              "wide64": WIDE64, "onewave": ONEWAVE,
-             "onewave2": ONEWAVE2}
+             "onewave2": ONEWAVE2, "onewave_paged": ONEWAVE_PAGED}
 
 
 def eager(q, kc, vc, lens, cfg, table=None):

@@ -506,11 +506,12 @@ def _plan(q, k_cache, v_cache, paged, span, num_splits):
     if "num_whole" in _plan_override:  # forced (tests, sweeps): whole batch elements
         num_whole = min(programs, _plan_override["num_whole"] // per_batch * per_batch)
         why.append("whole units forced")
-    # the one-wave launch: a contiguous launch without splits whose units need 4-5 programs per SM
-    # (ONE_WAVE_BLOCK_N's notes; measured with 16 packed rows at d = 128, so there only)
+    # the one-wave launch: a launch without splits whose units need 4-5 programs per SM (ONE_WAVE_BLOCK_N's
+    # notes; measured with 16 packed rows at d = 128, so there only); paged caches through pointer loads
     one_wave = 0  # programs per SM, 0: not taken
     per_sm = dispatch.cdiv(programs, sms)
-    if (heuristic and num_splits == 1 and q.is_cuda and not paged and block_m == 16 and d <= 128
+    if (heuristic and num_splits == 1 and q.is_cuda and block_m == 16 and d <= 128
+            and (not paged or k_cache.shape[1] % ONE_WAVE_BLOCK_N == 0)  # paged: a chunk within a page
             and per_sm in ONE_WAVE_MAX_REGS
             and not (per_sm in ONE_WAVE_TAIL_FIRST and 0 < programs % sms <= sms // ONE_WAVE_TAIL_FIRST[per_sm])
             and not {"block_n", "num_stages", "max_regs", "use_tma", "num_whole"} & set(_plan_override)):
@@ -529,7 +530,7 @@ def _plan(q, k_cache, v_cache, paged, span, num_splits):
     # paged caches: TMA without splits, and with at least _PAGED_TMA_MIN_SPLITS splits (policy notes),
     # except in that band, where pointer loads keep 3 programs per SM: batch 42 / 48 x 4096 168.0 /
     # 186.8 us against 223.6 / 227.1 through TMA (contiguous 169.5 / 186.9; results/session-2026-12-01-y)
-    tma_default = _USE_TMA_DEFAULT or (paged and q.is_cuda and not band
+    tma_default = _USE_TMA_DEFAULT or (paged and q.is_cuda and not band and not one_wave
                                        and (num_splits == 1 or num_splits >= _PAGED_TMA_MIN_SPLITS))
     use_tma = _plan_override.get("use_tma", tma_default) and _tma_ok(k_cache, v_cache, d)
     max_regs = _plan_override.get("max_regs")

@@ -633,7 +633,13 @@ def test_plan_tail_split(monkeypatch):
     pages = torch.empty(8, 256, 8, 128)  # paged in that band: pointer loads, no cap; TMA outside it
     banded = decode.plan(gpu_q(48), pages, pages, True, 4096)
     assert (banded.use_tma, banded.max_regs, banded.num_splits) == (False, None, 1)
-    assert decode.plan(gpu_q(64), pages, pages, True, 4096).use_tma
+    assert decode.plan(gpu_q(96), pages, pages, True, 4096).use_tma
+    # paged in the one-wave range: pointer loads, 64-key chunks within the pages, the cap; not with pages
+    # that a 64-key chunk does not divide
+    p = decode.plan(gpu_q(64), pages, pages, True, 4096)
+    assert (p.use_tma, p.block_n, p.max_regs) == (False, 64, decode.ONE_WAVE_MAX_REGS[4]), p
+    small = torch.empty(8, 32, 8, 128)
+    assert decode.plan(gpu_q(64), small, small, True, 4096).max_regs is None
     with decode_config(num_whole=20, num_splits=3):  # forced: rounded down to whole elements
         assert tail(68)[:2] == (16, 3)
 

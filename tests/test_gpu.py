@@ -195,7 +195,8 @@ def test_decode_long_cache(use_tma, paged, splits, pdl):
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("pdl_wait", [False, True])
 @pytest.mark.parametrize("per_sm", [4, 5])
-def test_decode_one_wave_launch(pdl_wait, per_sm, poison_alloc):
+@pytest.mark.parametrize("paged", [False, True])
+def test_decode_one_wave_launch(pdl_wait, per_sm, paged, poison_alloc):
     """The launch for 4-5 programs an SM (decode.ONE_WAVE_BLOCK_N: 64-key chunks, 2 stages, registers
     capped) against the float64 oracle: sequences of ragged lengths (one empty, one full, the rest not
     a multiple of the chunk), GQA 4, causal with one appended token; the plan is checked to be that
@@ -205,12 +206,13 @@ def test_decode_one_wave_launch(pdl_wait, per_sm, poison_alloc):
     from ioattn.reference.decode import kvcache_attention_ref
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     batch = per_sm * sms // 8  # 8 KV heads: per_sm programs an SM
-    kw, rnd = _decode_setup(batch, 1000)
-    kw["cache_seqlens"][0], kw["cache_seqlens"][1] = 0, 999  # 999 + the appended token: the capacity
+    capacity = 1024 if paged else 1000  # paged: 4 pages of 256 a sequence, in a random order
+    kw, rnd = _decode_setup(batch, capacity, paged=paged)
+    kw["cache_seqlens"][0], kw["cache_seqlens"][1] = 0, capacity - 1  # + the appended token: the capacity
     q, k, v = rnd(batch, 1, 32, 128), rnd(batch, 1, 8, 128), rnd(batch, 1, 8, 128)
-    cfg = decode.plan(q, kw["k_cache"], kw["v_cache"], False, 1000)
-    assert (cfg.block_n, cfg.num_stages, cfg.max_regs, cfg.num_splits) == (
-        decode.ONE_WAVE_BLOCK_N, decode.ONE_WAVE_STAGES, decode.ONE_WAVE_MAX_REGS[per_sm], 1), cfg
+    cfg = decode.plan(q, kw["k_cache"], kw["v_cache"], paged, capacity)
+    assert (cfg.block_n, cfg.num_stages, cfg.max_regs, cfg.num_splits, cfg.use_tma) == (
+        decode.ONE_WAVE_BLOCK_N, decode.ONE_WAVE_STAGES, decode.ONE_WAVE_MAX_REGS[per_sm], 1, False), cfg
     ref_kw = {n: t.clone() for n, t in kw.items()}
     same_kw = {n: t.clone() for n, t in kw.items()}
     with decode_config(pdl_wait=pdl_wait):
@@ -226,11 +228,14 @@ def test_decode_paged_load_path_policy():
     """The plan's load path and tiles: a paged cache through TMA (128-key chunks, 2 stages; 64-key
     chunks where a split holds one 128-key chunk) without splits and with many splits
     (decode._PAGED_TMA_MIN_SPLITS), through pointers with the split
-    tiles (64 keys, 3 stages) between; a contiguous cache through pointers, split tiles when split,
-    at least decode.MIN_KEYS_PER_SPLIT keys per split."""
+    tiles (64 keys, 3 stages) between, and through pointers with the one-wave tiles where 4-5 programs
+    an SM hold every unit (the last case assumes a 132-SM GPU's counts); a contiguous cache through
+    pointers, split tiles when split, at least decode.MIN_KEYS_PER_SPLIT keys per split."""
     from ioattn import decode
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for batch, kvlen, tma, tiles in ((1, 16384, True, (128, 2)), (8, 8192, False, (64, 3)),
-                                     (64, 4096, True, (128, 2)), (1, 4096, True, (64, 2))):
+                                     (96, 4096, True, (128, 2)), (1, 4096, True, (64, 2)),  # 96: 768 units
+                                     (4 * sms // 8, 4096, False, (64, 2))):  # the last: one-wave
         kw, rnd = _decode_setup(batch, kvlen, paged=True)
         q = rnd(batch, 1, 32, 128)
         cfg = decode.plan(q, kw["k_cache"], kw["v_cache"], True, kvlen)
@@ -238,7 +243,6 @@ def test_decode_paged_load_path_policy():
         assert (cfg.block_n, cfg.num_stages) == tiles
         kw, rnd = _decode_setup(batch, kvlen)
         cfg = decode.plan(q, kw["k_cache"], kw["v_cache"], False, kvlen)
-        sms = torch.cuda.get_device_properties(0).multi_processor_count
         wide = (decode.ONE_WAVE_BLOCK_N, decode.ONE_WAVE_STAGES) if 3 * sms < batch * 8 <= 5 * sms else (128, 2)
         assert not cfg.use_tma and (cfg.block_n, cfg.num_stages) == (wide if cfg.num_splits == 1 else (64, 3))
         assert kvlen // cfg.num_splits >= decode.MIN_KEYS_PER_SPLIT
