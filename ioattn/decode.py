@@ -96,6 +96,10 @@ WIDE_MAX_REGS = 168
 # launch would need 4 programs an SM (ONE_WAVE_TAIL_FIRST): batch 50 (4 units past 3 waves) 193.5
 # split against 196.7 one-wave, while at 5 an SM the one-wave launch beat the tail split at batches 67
 # / 68 (8 / 16 units past 4 waves: 272.3 / 275.3 against 293.1 / 293.9, cuDNN 268.4 / 273.5).
+# Paged caches (pages that 64 divides) take it too, through pointer loads instead of TMA: `--cases
+# onewave_paged` (-zk), paged one-wave / paged before / contiguous: 56 223.8 / 246.9 / 218.6, 64 246.4 /
+# 248.6 / 245.8, 68 277.6 / 310.3 / 275.1, 72 290.1 / 313.6 / 287.4, 80 310.0 / 351.0 / 307.8; at 52
+# it lost to the paged tail split, 215.0 / 213.7 (contiguous 205.7), the one batch of six.
 ONE_WAVE_BLOCK_N = 64
 ONE_WAVE_STAGES = 2
 ONE_WAVE_MAX_REGS = {4: 128, 5: 96}  # programs per SM -> register cap
