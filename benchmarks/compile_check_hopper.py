@@ -41,7 +41,7 @@ from ioattn.kernels.hopper_forward import hopper_fwd_kernel as fn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gluon_aot import (DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxas_report, run_jobs,  # noqa: E402
-                       sass_opcodes, sass_text, sass_top_register)
+                       sass_chain, sass_opcodes, sass_text, sass_top_register)
 
 
 def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, exp2_fma=0, row_stores=True,
@@ -138,6 +138,7 @@ def check(job):
         regs = (f"regs={nregs} top_reg={sass_top_register(None, sass)} spill={spills}B bars_used={nbars} "
                 f"{'SERIALIZED(C7514)' if serialized else 'wgmma-pipelined'} "
                 f"MUFU.EX2={ops['MUFU.EX2']} FFMA={ops['FFMA']} "
+                f"chains[FMNMX={sass_chain(sass, 'FMNMX')},FADD={sass_chain(sass, 'FADD')}] "
                 f"out_stores[{','.join(f'{op}x{n}' for op, n in sorted(ops.items()) if op.startswith('STG'))}] ")
         if variant != "base":
             # persistent: a few per-tile values spill around the tile loop (80 B at d = 128 / 256
@@ -157,6 +158,8 @@ def check(job):
         regs += "row_stores " if mode == 1 else "row_stores_via_q "
     if cfg["constexprs"]["FEWER_MASKS"]:
         regs += "fewer_masks "
+    if cfg["constexprs"]["LEAN"] & 2:
+        regs += "tree "
     if opts["Q_BUFS"] == 2:
         regs += "q_prefetch "
     if opts["PAIRED"]:
@@ -190,7 +193,11 @@ def main():
     ap.add_argument("--exp2-fma", default="0",
                     help="comma-separated shares (%%) of the exponentials on the FMA units (EXP2_FMA): "
                          f"{', '.join(f'{x:g}' for x in hopper.EXP2_FMA_SHARES)}")
+    ap.add_argument("--tree", action="store_true",
+                    help="the lean softmax's row max / sum as in-thread trees (LEAN bit 1, hopper.tree_reductions)")
     args = ap.parse_args()
+    if args.tree:  # read by hopper.tree_reductions in every compile job's process
+        os.environ["IOATTN_HOPPER_TREE"] = "1"
     dtypes = ("bf16",) if args.quick else ("bf16", "fp16")
     masks = [bool(int(m)) for m in args.masks.split(",")]
     dims = None if args.headdims is None else {int(x) for x in args.headdims.split(",")}

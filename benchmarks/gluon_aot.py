@@ -100,6 +100,20 @@ def sass_opcodes(sass):
     return collections.Counter(re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass, re.M))
 
 
+def sass_chain(sass, op):
+    """The longest run of ``op`` instructions (e.g. FMNMX) in program order in which each one reads
+    the register the one before it wrote: a dependent chain such as a sequential row reduction
+    (other instructions between them do not break a run)."""
+    best = cur = 0
+    prev = None
+    for m in re.finditer(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?" + op + r"(?:\.\S+)?\s+(R\d+),\s*([^;]*);",
+                         sass, re.M):
+        dst, srcs = m.group(1), m.group(2)
+        cur = cur + 1 if prev is not None and re.search(r"\b" + prev + r"\b", srcs) else 1
+        best, prev = max(best, cur), dst
+    return best
+
+
 def run_jobs(check, jobs, workers):
     """Print ``check(job)`` for every job, in order; compiles in ``workers`` forked processes (no GPU,
     no CUDA context to inherit)."""
