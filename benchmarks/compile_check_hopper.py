@@ -158,8 +158,6 @@ def check(job):
         regs += "row_stores " if mode == 1 else "row_stores_via_q "
     if cfg["constexprs"]["FEWER_MASKS"]:
         regs += "fewer_masks "
-    if cfg["constexprs"]["LEAN"] & 2:
-        regs += "tree "
     if opts["Q_BUFS"] == 2:
         regs += "q_prefetch "
     if opts["PAIRED"]:
@@ -193,11 +191,7 @@ def main():
     ap.add_argument("--exp2-fma", default="0",
                     help="comma-separated shares (%%) of the exponentials on the FMA units (EXP2_FMA): "
                          f"{', '.join(f'{x:g}' for x in hopper.EXP2_FMA_SHARES)}")
-    ap.add_argument("--tree", action="store_true",
-                    help="the lean softmax's row max / sum as in-thread trees (LEAN bit 1, hopper.tree_reductions)")
     args = ap.parse_args()
-    if args.tree:  # read by hopper.tree_reductions in every compile job's process
-        os.environ["IOATTN_HOPPER_TREE"] = "1"
     dtypes = ("bf16",) if args.quick else ("bf16", "fp16")
     masks = [bool(int(m)) for m in args.masks.split(",")]
     dims = None if args.headdims is None else {int(x) for x in args.headdims.split(",")}

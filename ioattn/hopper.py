@@ -213,11 +213,6 @@ class _ActiveTiles(Mapping):
 TILES = _ActiveTiles()
 
 
-def _lean_bits(lean: bool):
-    """The kernel's LEAN: False / True, or 3 (bit 1: the tree reductions, ``tree_reductions``)."""
-    return 3 if lean and tree_reductions.wanted() else lean
-
-
 def kernel_config(d: int, name: str | None = None) -> dict:
     """Launch configuration of ``hopper_fwd_kernel`` for head dim ``d`` under variant ``name`` (default:
     ``variant_for(d)``): tiles, the Q descriptor's block rows, num_warps and the variant's constexprs.
@@ -234,7 +229,7 @@ def kernel_config(d: int, name: str | None = None) -> dict:
                                 NUM_WG=num_wg, ORDERED=name != "split",
                                 # the register-lean softmax and lse offsets the 160-register consumers need
                                 # (and, by choice, the two-warpgroup variants': lean_softmax below)
-                                LEAN=_lean_bits(num_wg == 3 or (pingpong and lean_softmax.wanted())),
+                                LEAN=num_wg == 3 or (pingpong and lean_softmax.wanted()),
                                 PERSISTENT=name == "persistent",
                                 FEWER_MASKS=pingpong and num_wg == FEWER_MASKS_NUM_WG))
 
@@ -285,11 +280,6 @@ lpt_order = dispatch.Preference(False, env="IOATTN_HOPPER_LPT")
 # 733 / 714; causal 560 / 549, 717 / 706 (+1.6 to +5.7 %, every point). ``with
 # hopper.lean_softmax(False)`` turns it off.
 lean_softmax = dispatch.Preference(True)
-# With the lean softmax, the row max and row sum as in-thread trees (the kernel's LEAN bit 1,
-# ``_row_max`` / ``_row_sum``): at d = 64, N = 512 the consumers' softmax is bound by dependent
-# chains, each row's max one chain of 31 FMNMX (NOTES §82). Off until measured (``with
-# hopper.tree_reductions(True)``, IOATTN_HOPPER_TREE=1).
-tree_reductions = dispatch.Preference(False, env="IOATTN_HOPPER_TREE")
 
 # The output tile converted to whole-row 16-byte pieces before the epilogue's stores (the kernel's
 # ``ROW_STORES``), instead of 4 bytes a thread from the wgmma accumulator layout, which writes half of

@@ -546,33 +546,6 @@ def test_hopper_forward_causal_lpt_order(variant, d, shape, poison_alloc):
         _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=True)
 
 
-@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant, d", [("pingpong", 64), ("pingpong", 128), ("pingpong", 256), ("split", 128),
-                                        ("wg3", 64), ("persistent", 64), ("persistent", 128), ("persistent", 256)])
-@pytest.mark.parametrize("causal", [False, True])
-# ragged, one key tile with rows that see no key (causal), several tiles a persistent program
-@pytest.mark.parametrize("shape", [(1, 777, 1500, 2, 1), (3, 129, 64, 2, 2), (1, 2048, 2048, 16, 8)])
-def test_hopper_forward_tree_reductions(variant, d, causal, shape, poison_alloc):
-    """The lean softmax's row max and row sum as in-thread trees (hopper.tree_reductions, the kernel's
-    LEAN bit 1, NOTES §82) against the float64 oracle, gradients included; and the same kernel's lse
-    without the option: the max is exact either way and the sum differs by fp32 reassociation only, so
-    the two lse agree to ~1e-6 relative, rows with no key included."""
-    from ioattn import hopper
-    b, sq, sk, h, hkv = shape
-    with hopper.variant(variant), hopper.prefer_hopper(True), hopper.tree_reductions(True):
-        assert hopper.kernel_config(d, variant)["constexprs"]["LEAN"] == 3
-        _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=causal)
-    q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    with hopper.variant(variant):
-        out0, lse0 = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
-        with hopper.tree_reductions(True):
-            out1, lse1 = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
-    assert torch.equal(lse0.isinf(), lse1.isinf()) and not lse1.isnan().any() and not out1.isnan().any()
-    seen = lse0.isfinite()
-    assert (lse1[seen] - lse0[seen]).abs().max().item() <= 1e-5
-
-
 # exp2 on the FMA units (hopper.exp2_fma, the kernel's EXP2_FMA): the shares the A/B times (12.5, 25, 50)
 # and all of them (100) in bf16, 50 in fp16 (its finer rounding of P shows the cubic's error sooner)
 _EXP2_FMA_CASES = [(12.5, torch.bfloat16), (25, torch.bfloat16), (50, torch.bfloat16), (50, torch.float16),

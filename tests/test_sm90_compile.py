@@ -169,18 +169,3 @@ def test_hopper_persistent_options_compile_for_sm90():
         assert "wgmma-pipelined" in line and spill <= (40 if d == 256 and causal else 0), line
         if d == 128:
             assert int(line.split("shared=")[1].split()[0]) > 200_000, line  # 176 KB + 2 x 16 KB
-
-
-@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
-def test_hopper_tree_reductions_compile_for_sm90():
-    """The lean softmax's row max / sum as in-thread trees (``--tree``: LEAN bit 1, NOTES §82): the
-    persistent and wg3 kernels at d = 64 compile with no spill, and the SASS's longest dependent FMNMX
-    chain (a row max accumulated one value at a time: 31 a row) falls to the tree's depth plus the
-    lanes' shuffles, while the build without it keeps the chain."""
-    pytest.importorskip("triton.experimental.gluon")
-    chain = lambda line: int(line.split("chains[FMNMX=")[1].split(",")[0])  # noqa: E731
-    for line in _hopper_check("--variants", "persistent,wg3", "--headdims", "64", "--masks", "0", "--tree"):
-        assert "tree" in line and "spill=0B" in line and "wgmma-pipelined" in line, line
-        assert chain(line) <= 8, line
-    for line in _hopper_check("--variants", "persistent", "--headdims", "64", "--masks", "0"):
-        assert "tree" not in line and chain(line) >= 24, line

@@ -197,48 +197,6 @@ def _exp2_tile(x, FMA_COLS: gl.constexpr):
 
 
 @gluon.jit
-def _halve_rows(x, IS_MAX: gl.constexpr):
-    """[rows, N] -> [rows, 8]: the tile halved by its column index's top bit while N > 8, the halves
-    combined by max (``IS_MAX``) or sum. In the wgmma accumulator layout the column bits from 8 up are
-    register bits (``_exp2_tile``), so each halving is N / 2 independent instructions a row on
-    registers a thread already holds: a tree of depth log2(N / 8) where ``gl.max`` / ``gl.sum`` chain
-    a thread's N / 4 values of a row one after another (NOTES §82)."""
-    M: gl.constexpr = x.shape[0]
-    N: gl.constexpr = x.shape[1]
-    if N > 8:
-        lo, hi = gl.split(x.reshape([M, 2, N // 2]).permute(0, 2, 1))
-        if IS_MAX:
-            x = _halve_rows(gl.maximum(lo, hi), IS_MAX)
-        else:
-            x = _halve_rows(lo + hi, IS_MAX)
-    return x
-
-
-@gluon.jit
-def _row_max(x, TREE: gl.constexpr):
-    """``gl.max(x, 1)``; ``TREE``: in-thread tree first (``_halve_rows``), then the last in-thread pair
-    and the lanes; the result in ``gl.max(x, 1)``'s layout."""
-    if TREE:
-        y = gl.convert_layout(gl.max(_halve_rows(x, True), 1), gl.SliceLayout(1, x.type.layout),
-                              assert_trivial=True)
-    else:
-        y = gl.max(x, 1)
-    return y
-
-
-@gluon.jit
-def _row_sum(x, TREE: gl.constexpr):
-    """``gl.sum(x, 1)``, as ``_row_max`` (``TREE``: the sum in tree order: other roundings, the same
-    value up to fp32 reassociation)."""
-    if TREE:
-        y = gl.convert_layout(gl.sum(_halve_rows(x, False), 1), gl.SliceLayout(1, x.type.layout),
-                              assert_trivial=True)
-    else:
-        y = gl.sum(x, 1)
-    return y
-
-
-@gluon.jit
 def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d,
                   MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr, LEAN: gl.constexpr = False,
                   EXP2_FMA: gl.constexpr = 0, KEY_END: gl.constexpr = True):
@@ -258,11 +216,8 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
       ``cols & 6`` to one value per thread, and ``n_start + hi + lo < limit`` is tested as
       ``hi < limit - n_start - lo``: no per-column registers. The plain form keeps the thread's 32
       column offsets live across the key loop, which 160 registers cannot afford. The identity
-      hi + lo == cols holds whatever the layout: only the saving depends on it.
-    * ``LEAN`` with bit 1 set (``hopper.tree_reductions``): the row max and row sum as in-thread trees
-      (``_row_max`` / ``_row_sum``) instead of one dependent chain a row."""
+      hi + lo == cols holds whatever the layout: only the saving depends on it."""
     gl.static_assert(KEY_END or IS_CAUSAL, "without the diagonal test the key end is the only mask")
-    TREE: gl.constexpr = (LEAN & 2) != 0
     if LEAN:
         if MASKED:
             hi = cols_1d & ~6
@@ -275,7 +230,7 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
             else:
                 keep = hi[None, :] < (seqlen_k - n_start - lo)[None, :]
             s = gl.where(keep, s, float("-inf"))
-        m_new = gl.maximum(m_i, _row_max(s, TREE) * qk_scale)
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: exp2 gives 0, not NaN
         x = s * qk_scale - m_use[:, None]
     else:
@@ -298,7 +253,7 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
     else:
         p = _exp2_tile(x, EXP2_FMA)
     alpha = gl.exp2(m_i - m_use)
-    return p, alpha, m_new, l_i * alpha + _row_sum(p, TREE)
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
 
 @gluon.jit
