@@ -80,7 +80,7 @@ TAIL_MIN_WAVES = 2
 # of the wide tile needs more than 170 registers (2 programs per SM: the wave rules would move).
 WIDE_MAX_REGS = 168
 # Where the units need more than 3 but at most 5 programs per SM (batch 50-82 at 8 KV heads on 132
-# SMs), a contiguous launch without splits takes 64-key chunks with 2 stages (38 KB of ring, 119
+# SMs), a launch without splits takes 64-key chunks with 2 stages (38 KB of ring, 119
 # registers compiled for sm_90) with its registers capped so that 4 or 5 programs share an SM and every
 # unit is resident at once (ONE_WAVE_MAX_REGS: 65536 / 128 / p rounded down to 8; 102 -> 96), where the
 # wide tile's 2 an SM run 1.8-2.5 waves. `ab_decode.py` (NOTES §78, §79; µs, wide tile / this / cuDNN):
@@ -514,7 +514,7 @@ def _plan(q, k_cache, v_cache, paged, span, num_splits):
     # notes; measured with 16 packed rows at d = 128, so there only); paged caches through pointer loads
     one_wave = 0  # programs per SM, 0: not taken
     per_sm = dispatch.cdiv(programs, sms)
-    if (heuristic and num_splits == 1 and q.is_cuda and block_m == 16 and d <= 128
+    if (heuristic and num_splits == 1 and q.is_cuda and block_m == 16 and d == 128
             and (not paged or k_cache.shape[1] % ONE_WAVE_BLOCK_N == 0)  # paged: a chunk within a page
             and per_sm in ONE_WAVE_MAX_REGS
             and not (per_sm in ONE_WAVE_TAIL_FIRST and 0 < programs % sms <= sms // ONE_WAVE_TAIL_FIRST[per_sm])

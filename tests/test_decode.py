@@ -616,7 +616,7 @@ def test_plan_tail_split(monkeypatch):
     for batch in (40, 96, 32, 17):  # tail split; > 5 per SM; <= 2 per SM; wave split
         assert decode.plan(gpu_q(batch), k, k, False, 4096).max_regs is None, batch
     # units needing 4-5 programs per SM (ONE_WAVE_BLOCK_N): 64-key chunks, 2 stages, registers capped so
-    # that all are resident, on contiguous caches with 16 packed rows at d <= 128 only
+    # that all are resident, with 16 packed rows at d = 128 only (where it was measured)
     for batch, per_sm in ((52, 4), (56, 4), (60, 4), (64, 4), (66, 4), (67, 5), (68, 5), (80, 5), (82, 5)):
         p = decode.plan(gpu_q(batch), k, k, False, 4096)
         assert (p.block_n, p.num_stages, p.max_regs, p.num_splits, p.num_whole) == \
@@ -628,6 +628,9 @@ def test_plan_tail_split(monkeypatch):
     assert decode.plan(gpu_q(83), k, k, False, 4096).block_n == 128  # 664 units: past 5 a SM
     gqa8 = types.SimpleNamespace(shape=(64, 4, 64, 128), is_cuda=True, device=torch.device("cpu"))
     assert decode.plan(gqa8, k, k, False, 4096).block_n == 128  # 32 packed rows: not measured, not taken
+    q64 = types.SimpleNamespace(shape=(64, 1, 32, 64), is_cuda=True, device=torch.device("cpu"))
+    k64 = torch.empty(1, 1, 8, 64)
+    assert decode.plan(q64, k64, k64, False, 4096).max_regs is None  # d = 64: not measured, not taken
     with decode_config(num_stages=3):
         assert decode.plan(gpu_q(64), k, k, False, 4096).block_n == 128  # a forced field keeps the wide tile
     pages = torch.empty(8, 256, 8, 128)  # paged in that band: pointer loads, no cap; TMA outside it
