@@ -41,7 +41,7 @@ from ioattn.kernels.hopper_forward import hopper_fwd_kernel as fn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gluon_aot import (DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxas_report, run_jobs,  # noqa: E402
-                       sass_chain, sass_opcodes, sass_text, sass_top_register)
+                       sass_branched, sass_chain, sass_opcodes, sass_text, sass_top_register)
 
 
 def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, exp2_fma=0, row_stores=True,
@@ -139,6 +139,7 @@ def check(job):
                 f"{'SERIALIZED(C7514)' if serialized else 'wgmma-pipelined'} "
                 f"MUFU.EX2={ops['MUFU.EX2']} FFMA={ops['FFMA']} "
                 f"chains[FMNMX={sass_chain(sass, 'FMNMX')},FADD={sass_chain(sass, 'FADD')}] "
+                f"branched_fmul={sass_branched(sass)} "
                 f"out_stores[{','.join(f'{op}x{n}' for op, n in sorted(ops.items()) if op.startswith('STG'))}] ")
         if variant != "base":
             # persistent: a few per-tile values spill around the tile loop (80 B at d = 128 / 256
@@ -158,6 +159,8 @@ def check(job):
         regs += "row_stores " if mode == 1 else "row_stores_via_q "
     if cfg["constexprs"]["FEWER_MASKS"]:
         regs += "fewer_masks "
+    if cfg["constexprs"]["LEAN"] & 2:
+        regs += "cond_rescale "
     if opts["Q_BUFS"] == 2:
         regs += "q_prefetch "
     if opts["PAIRED"]:
@@ -191,7 +194,11 @@ def main():
     ap.add_argument("--exp2-fma", default="0",
                     help="comma-separated shares (%%) of the exponentials on the FMA units (EXP2_FMA): "
                          f"{', '.join(f'{x:g}' for x in hopper.EXP2_FMA_SHARES)}")
+    ap.add_argument("--cond-rescale", action="store_true",
+                    help="FA4's conditional rescaling (LEAN bit 1, hopper.conditional_rescale)")
     args = ap.parse_args()
+    if args.cond_rescale:  # read by hopper.conditional_rescale in every compile job's process
+        os.environ["IOATTN_HOPPER_COND_RESCALE"] = "1"
     dtypes = ("bf16",) if args.quick else ("bf16", "fp16")
     masks = [bool(int(m)) for m in args.masks.split(",")]
     dims = None if args.headdims is None else {int(x) for x in args.headdims.split(",")}

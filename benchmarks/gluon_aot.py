@@ -114,6 +114,20 @@ def sass_chain(sass, op):
     return best
 
 
+def sass_branched(sass, op="FMUL", least=16):
+    """Innermost regions between a BSSY and its BSYNC (code some threads of a warp may branch over)
+    made of ``op`` instructions (at least ``least`` of them, and 80 % of the region's instructions):
+    e.g. the conditional rescale's multiplies, not a warp-specialised partition's whole body."""
+    ins = r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?"
+    n = 0
+    for m in re.finditer(r"BSSY\s+(B\d+)", sass):
+        end = re.compile(r"BSYNC\s+" + m.group(1) + r"\b").search(sass, m.end())
+        region = sass[m.end():end.start()] if end else ""
+        ops = len(re.findall(ins + op + r"\b", region, re.M))
+        n += "BSSY" not in region and ops >= least and ops >= 0.8 * len(re.findall(ins + r"[A-Z]", region, re.M))
+    return n
+
+
 def run_jobs(check, jobs, workers):
     """Print ``check(job)`` for every job, in order; compiles in ``workers`` forked processes (no GPU,
     no CUDA context to inherit)."""

@@ -213,6 +213,12 @@ class _ActiveTiles(Mapping):
 TILES = _ActiveTiles()
 
 
+def _lean_bits(lean: bool):
+    """The kernel's ``LEAN``: False / True, or 3 (bit 1: conditional rescaling, ``conditional_rescale``,
+    which needs the lean softmax's form)."""
+    return 3 if lean and conditional_rescale.wanted() else lean
+
+
 def kernel_config(d: int, name: str | None = None) -> dict:
     """Launch configuration of ``hopper_fwd_kernel`` for head dim ``d`` under variant ``name`` (default:
     ``variant_for(d)``): tiles, the Q descriptor's block rows, num_warps and the variant's constexprs.
@@ -229,7 +235,7 @@ def kernel_config(d: int, name: str | None = None) -> dict:
                                 NUM_WG=num_wg, ORDERED=name != "split",
                                 # the register-lean softmax and lse offsets the 160-register consumers need
                                 # (and, by choice, the two-warpgroup variants': lean_softmax below)
-                                LEAN=num_wg == 3 or (pingpong and lean_softmax.wanted()),
+                                LEAN=_lean_bits(num_wg == 3 or (pingpong and lean_softmax.wanted())),
                                 PERSISTENT=name == "persistent",
                                 FEWER_MASKS=pingpong and num_wg == FEWER_MASKS_NUM_WG))
 
@@ -280,6 +286,13 @@ lpt_order = dispatch.Preference(False, env="IOATTN_HOPPER_LPT")
 # 733 / 714; causal 560 / 549, 717 / 706 (+1.6 to +5.7 %, every point). ``with
 # hopper.lean_softmax(False)`` turns it off.
 lean_softmax = dispatch.Preference(True)
+# FlashAttention-4's conditional rescaling with the lean softmax (the kernel's LEAN bit 1,
+# ``_rescale_rows``): the running max moves only when a key tile raises it by more than 8 (log2), and
+# a thread whose rows all kept theirs branches over the accumulator's rescale, 64 x d fp32 a
+# warpgroup a key tile: per score half a multiply at d = 64, one at d = 128, four at d = 256 (key
+# tiles of 64), on the path between a warpgroup's P V and its next turn. Off until measured
+# (``with hopper.conditional_rescale(True)``, IOATTN_HOPPER_COND_RESCALE=1; NOTES §84).
+conditional_rescale = dispatch.Preference(False, env="IOATTN_HOPPER_COND_RESCALE")
 
 # The output tile converted to whole-row 16-byte pieces before the epilogue's stores (the kernel's
 # ``ROW_STORES``), instead of 4 bytes a thread from the wgmma accumulator layout, which writes half of

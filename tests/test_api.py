@@ -573,6 +573,15 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
         assert not hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"]
         assert not hopper.kernel_config(256, "persistent")["constexprs"]["LEAN"]
         assert hopper.kernel_config(64, "wg3")["constexprs"]["LEAN"]
+    # conditional rescaling (LEAN bit 1): off by default, on only with the lean softmax
+    assert hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"] is True
+    with hopper.conditional_rescale(True):
+        cond = {v: hopper.kernel_config(min(hopper.TILE_TABLE[v], key=lambda d: abs(d - 128)), v)["constexprs"]
+                ["LEAN"] for v in hopper.VARIANTS}
+        assert cond == {"base": False, "pingpong": 3, "split": 3, "wg3": 3, "persistent": 3}
+        with hopper.lean_softmax(False):
+            assert hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"] is False
+            assert hopper.kernel_config(64, "wg3")["constexprs"]["LEAN"] == 3
     # the output stored as whole rows at d = 64 / 128 through Triton's conversion (mode 1), at d = 256
     # staged in the Q buffer (mode 2: the ping-pong kernels, the persistent one loading its next Q there
     # after the stores); not in the persistent variant at d = 64 (measured slower); off everywhere by choice

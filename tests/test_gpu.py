@@ -31,6 +31,12 @@ def _check(b, sq, sk, h, hkv, d, dtype, causal=False, window=(-1, -1), softcap=0
     q = (torch.randn(b, sq, h, d, device="cuda", dtype=dtype) * q_scale).requires_grad_()
     k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, requires_grad=True)
     v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, requires_grad=True)
+    _check_tensors(q, k, v, causal, window, softcap, alibi)
+
+
+def _check_tensors(q, k, v, causal=False, window=(-1, -1), softcap=0.0, alibi=False):
+    """``_check`` on given leaf tensors (requires_grad) of shapes (b, sq, h, d) / (b, sk, hkv, d)."""
+    b, h = q.shape[0], q.shape[2]
     slopes = torch.rand(b, h, device="cuda") * 0.3 if alibi else None
     out = ioattn.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap, alibi_slopes=slopes)
     dout = torch.randn_like(out)
@@ -544,6 +550,67 @@ def test_hopper_forward_causal_lpt_order(variant, d, shape, poison_alloc):
     b, sq, sk, h, hkv = shape
     with hopper.variant(variant), hopper.prefer_hopper(True), hopper.lpt_order(True):
         _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=True)
+
+
+def _ramp_inputs(b, sq, sk, h, hkv, d, dtype, growth=60.0):
+    """q, k, v (leaves) whose scores climb along the keys by about ``growth`` log2 units over the
+    sequence for some rows (5 of each 16: in every warp's rows, a thread's two rows r and r + 8 apart
+    in some threads only) and fall for the others, on top of the random part: a row's max then grows
+    by less than 8 over one 128-key tile and by more over two, so conditional rescaling keeps a
+    stale max for a tile and then moves it, and threads of one warp take different branches."""
+    q = torch.randn(b, sq, h, d, device="cuda")
+    k = torch.randn(b, sk, hkv, d, device="cuda")
+    sign = torch.where(torch.arange(sq, device="cuda") % 16 < 5, 1.0, -1.0)
+    q[..., 0] = 4.0 * sign[None, :, None]
+    # q0 k0 d^-1/2 log2(e) = growth at the last key
+    k[..., 0] = torch.linspace(0, growth * d ** 0.5 / (4.0 * 1.4426950408889634), sk, device="cuda")[None, :, None]
+    v = torch.randn(b, sk, hkv, d, device="cuda")
+    return [t.to(dtype).requires_grad_() for t in (q, k, v)]
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant, d", [("pingpong", 64), ("pingpong", 128), ("pingpong", 256), ("split", 128),
+                                        ("wg3", 64), ("persistent", 64), ("persistent", 128), ("persistent", 256)])
+@pytest.mark.parametrize("causal", [False, True])
+# ragged, one key tile with rows that see no key (causal), several tiles a persistent program
+@pytest.mark.parametrize("shape", [(1, 777, 1500, 2, 1), (3, 129, 64, 2, 2), (1, 2048, 2048, 16, 8)])
+def test_hopper_forward_conditional_rescale(variant, d, causal, shape, poison_alloc):
+    """FA4's conditional rescaling (hopper.conditional_rescale, the kernel's LEAN bit 1) against the
+    float64 oracle, gradients included, on random inputs and on scores that climb along the keys
+    (``_ramp_inputs``: stale maxima, rescales after two tiles, threads of a warp on both branches);
+    and the lse against the same kernel's without the option: the same function, so equal up to
+    fp32 rounding (a stale max changes where l and O are rounded), rows with no key included, yet
+    not bitwise equal where rows see more than one key tile (the option reached the kernel)."""
+    from ioattn import hopper
+    b, sq, sk, h, hkv = shape
+    with hopper.variant(variant), hopper.prefer_hopper(True), hopper.conditional_rescale(True):
+        assert hopper.kernel_config(d, variant)["constexprs"]["LEAN"] == 3
+        _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=causal)
+        _check_tensors(*_ramp_inputs(b, sq, sk, h, hkv, d, torch.bfloat16), causal=causal)
+    q, k, v = (t.detach() for t in _ramp_inputs(b, sq, sk, h, hkv, d, torch.bfloat16))
+    with hopper.variant(variant):
+        out0, lse0 = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
+        with hopper.conditional_rescale(True):
+            out1, lse1 = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
+    assert torch.equal(lse0.isinf(), lse1.isinf()) and not lse1.isnan().any() and not out1.isnan().any()
+    seen = lse0.isfinite()
+    assert ((lse1[seen] - lse0[seen]).abs() / lse0[seen].abs().clamp(min=1.0)).max().item() <= 1e-5
+    if sk > 2 * hopper.TILE_TABLE[variant][d][1]:
+        assert not torch.equal(lse0, lse1)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant, d", [("pingpong", 128), ("wg3", 64), ("persistent", 256)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_hopper_forward_conditional_rescale_extreme(variant, d, dtype, causal, poison_alloc):
+    """Conditional rescaling under large logits (q with standard deviation 30: maxima that jump by
+    hundreds of log2 units between key tiles) and in fp16 (P up to 2**8 must stay finite): no NaN,
+    the float64 oracle's criterion, forward and gradients."""
+    from ioattn import hopper
+    with hopper.variant(variant), hopper.prefer_hopper(True), hopper.conditional_rescale(True):
+        _check(2, 1000, 1000, 4, 2, d, dtype, causal=causal, q_scale=30.0)
+        _check_tensors(*_ramp_inputs(2, 1000, 1000, 4, 2, d, dtype, growth=300.0), causal=causal)
 
 
 # exp2 on the FMA units (hopper.exp2_fma, the kernel's EXP2_FMA): the shares the A/B times (12.5, 25, 50)

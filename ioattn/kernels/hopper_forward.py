@@ -196,6 +196,59 @@ def _exp2_tile(x, FMA_COLS: gl.constexpr):
     return y
 
 
+# FlashAttention-4's conditional rescaling (the kernel's ``LEAN`` bit 1, ``_softmax_tile`` and
+# ``_rescale_rows``): a row's running max moves only when a key tile raises it by more than
+# ``RESCALE_TAU`` (log2 units); otherwise the stale max stays, p = exp2(s - m) <= 2**RESCALE_TAU = 256
+# (exact in bf16 and fp16, whose P V products accumulate in fp32), alpha is exactly 1 and the
+# accumulator's rescale is skipped. The final normalisation O / l uses the same stale max in O and l,
+# so the result is exact: only the rounding of P moves (relative, the same at any magnitude). FA4's
+# value of tau (8, a factor 256).
+RESCALE_TAU = gl.constexpr(8.0)
+# the rescale's branch covers this many of a thread's accumulator elements (a 64-row warpgroup holds
+# HEAD_DIM / 2: one branch at d = 64, two at 128, four at 256); at 8 ptxas turned the branches into
+# predicated multiplies, which still take their issue slots; at 32 it keeps a real branch.
+RESCALE_PACK = gl.constexpr(32)
+
+
+@gluon.constexpr_function
+def _rescale_asm(pack):
+    """PTX for ``pack`` elements: outputs $0..pack-1, the accumulator inputs $pack..2 pack-1 tied to
+    them (the same registers), the row factors $2 pack..3 pack-1 and the thread's flags $3 pack..4
+    pack-1 (all equal: one is tested). A thread whose flag is 0 branches over the multiplies and keeps
+    its registers as they were."""
+    mul = " ".join(f"mul.f32 ${i}, ${i}, ${2 * pack + i};" for i in range(pack))
+    return (f"{{ .reg .pred skip; setp.eq.u32 skip, ${3 * pack}, 0; @skip bra RESCALED; {mul} RESCALED: }}")
+
+
+@gluon.constexpr_function
+def _rescale_constraints(pack):
+    return ",".join(["=f"] * pack + [str(i) for i in range(pack)] + ["f"] * pack + ["r"] * pack)
+
+
+@gluon.jit
+def _rescale_rows(o, alpha, COND: gl.constexpr):
+    """O's rows times alpha (alpha in S's row layout). ``COND`` (conditional rescaling): each thread
+    branches over its multiplies when every one of its rows has alpha == 1. The decision is a
+    thread's, not the warpgroup's (§16's block-wide vote cost two barriers a tile in the portable
+    kernel): a warp whose threads disagree runs the multiplies for those that need them, as without
+    the option. In the 64-row wgmma layout of four warps a thread holds two rows (r and r + 8 of its
+    warp's 16), which the flag's one asm instance (``pack=2``) sees together."""
+    a = gl.convert_layout(alpha, gl.SliceLayout(1, o.type.layout))
+    if COND:
+        gl.static_assert(o.shape[0] == 16 * gl.num_warps(), "a thread's rows: two of its warp's 16")
+        gl.static_assert(o.shape[1] // 2 % RESCALE_PACK == 0, "the branch's elements divide a thread's (d / 2)")
+        flag = gl.inline_asm_elementwise(
+            "{ .reg .pred p, q; setp.ne.f32 p, $2, 0f3F800000; setp.ne.f32 q, $3, 0f3F800000; "
+            "or.pred p, p, q; selp.u32 $0, 1, 0, p; mov.b32 $1, $0; }",
+            "=r,=r,f,f", [a], dtype=gl.int32, is_pure=True, pack=2)
+        o = gl.inline_asm_elementwise(_rescale_asm(RESCALE_PACK), _rescale_constraints(RESCALE_PACK),
+                                      [o, a[:, None], flag[:, None]], dtype=gl.float32, is_pure=True,
+                                      pack=RESCALE_PACK)
+    else:
+        o = o * a[:, None]
+    return o
+
+
 @gluon.jit
 def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d,
                   MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr, LEAN: gl.constexpr = False,
@@ -231,6 +284,8 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
                 keep = hi[None, :] < (seqlen_k - n_start - lo)[None, :]
             s = gl.where(keep, s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        if LEAN & 2:  # conditional rescaling: the max moves only by more than RESCALE_TAU (a first
+            m_new = gl.where(m_new > m_i + RESCALE_TAU, m_new, m_i)  # key: -inf + tau = -inf, it moves)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: exp2 gives 0, not NaN
         x = s * qk_scale - m_use[:, None]
     else:
@@ -574,7 +629,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         # P(i) V(i) done: P(i)'s registers may go (listed so they stay alive until here), V(i)'s slot too
         o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
         mbarrier.arrive(v_empty.index(cur), count=1)
-        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        o = _rescale_rows(o, alpha, LEAN & 2)
         p16 = gl.convert_layout(p.to(dtype), p_layout)
 
     # section #n: the last P(n-1) V(n-1)
