@@ -28,7 +28,7 @@ from ioattn.bench.run import _check
 from ioattn.bench.timing import attention_flops, median_ms
 
 def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False, exp2_fma=0.0, lean=False, acc_stores=False,
-               q_prefetch=None, paired=None, cond_rescale=False):
+               q_prefetch=None, paired=None, cond_rescale=None):
     def run(q, k, v, causal):
         if gluon and q.shape[-1] not in hopper.TILE_TABLE[gluon]:  # else the portable kernel would be timed
             raise ValueError(f"the Gluon {gluon} variant has no head dim {q.shape[-1]}")
@@ -39,7 +39,7 @@ def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False, exp2_fma=0.0, lean
                     dispatch.rescale_threshold(tau), hopper.lpt_order(lpt), hopper.exp2_fma(exp2_fma), \
                     hopper.lean_softmax(lean), hopper.out_row_stores(not acc_stores), \
                     hopper.persistent_q_prefetch(q_prefetch), hopper.paired_walk(paired), \
-                    hopper.conditional_rescale(cond_rescale):
+                    hopper.conditional_rescale(bool(cond_rescale)), hopper.rescale_by_warp(cond_rescale == "warp"):
                 return ioattn.flash_attn_func(q, k, v, causal=causal)
         finally:
             dispatch.set_tile_override("fwd", None)
@@ -54,13 +54,14 @@ def parse_load(name, loads):
     """A --loads name -> (its loads entry, lpt, exp2_fma, acc_stores, q_prefetch, paired): a base name,
     then optionally "-fmaNN" (Gluon only), "-accstore" (Gluon only: the output stored from the
     accumulator layout, hopper.out_row_stores off; until NOTES §57 "-rows" named the opposite), "-cr"
-    (FA4's conditional rescaling, hopper.conditional_rescale; wg3 or a "-lean" name), "-q2"
+    or "-crw" (FA4's conditional rescaling, hopper.conditional_rescale, decided by the thread or by the
+    warp, hopper.rescale_by_warp; wg3 or a "-lean" name), "-q2"
     or "-noq2" and "-pair" or "-nopair" (the persistent kernel's two Q buffers a warpgroup,
     hopper.persistent_q_prefetch, and causal walk by pairs, hopper.paired_walk, forced on or off;
     without them, the launcher's default) and "-lpt", in that order (e.g. gluon-pp-fma25,
     gluon-wg3-fma50-lpt, gluon-pers-lean-accstore, gluon-pers-lean-q2-nopair)."""
-    m = re.fullmatch(r"(.+?)(?:-fma(\d+))?(-accstore)?(-cr)?(-(?:no)?q2)?(-(?:no)?pair)?(-lpt)?", name)
-    base, fma, acc, cr, lpt = m.group(1), m.group(2), bool(m.group(3)), bool(m.group(4)), bool(m.group(7))
+    m = re.fullmatch(r"(.+?)(?:-fma(\d+))?(-accstore)?(-crw?)?(-(?:no)?q2)?(-(?:no)?pair)?(-lpt)?", name)
+    base, fma, acc, cr, lpt = m.group(1), m.group(2), bool(m.group(3)), {None: None, "-cr": "thread", "-crw": "warp"}[m.group(4)], bool(m.group(7))
     # None: the launcher's default; True / False: forced ("-q2" / "-noq2", "-pair" / "-nopair")
     q2, pair = ((None if g is None else not g.startswith("-no")) for g in (m.group(5), m.group(6)))
     if base not in loads or (fma is not None and (fma not in FMA_SUFFIX or not base.startswith("gluon"))) \
@@ -68,7 +69,7 @@ def parse_load(name, loads):
             or (cr and not (base.startswith("gluon-wg3") or base.endswith("-lean"))) \
             or ((q2 is not None or pair is not None) and not base.startswith("gluon-pers")):
         raise SystemExit(f"unknown --loads name {name!r}: one of {', '.join(loads)}, a Gluon name may take "
-                         f"-fma{{{','.join(FMA_SUFFIX)}}}, -accstore, -cr and -lpt, a persistent one -q2 / -noq2 and "
+                         f"-fma{{{','.join(FMA_SUFFIX)}}}, -accstore, -cr / -crw and -lpt, a persistent one -q2 / -noq2 and "
                          f"-pair / -nopair")
     return loads[base], lpt, FMA_SUFFIX[fma] if fma else 0.0, acc, q2, pair, cr
 

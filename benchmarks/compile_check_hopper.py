@@ -160,7 +160,7 @@ def check(job):
     if cfg["constexprs"]["FEWER_MASKS"]:
         regs += "fewer_masks "
     if cfg["constexprs"]["LEAN"] & 2:
-        regs += "cond_rescale "
+        regs += "cond_rescale_by_warp " if cfg["constexprs"]["LEAN"] & 4 else "cond_rescale "
     if opts["Q_BUFS"] == 2:
         regs += "q_prefetch "
     if opts["PAIRED"]:
@@ -196,9 +196,13 @@ def main():
                          f"{', '.join(f'{x:g}' for x in hopper.EXP2_FMA_SHARES)}")
     ap.add_argument("--cond-rescale", action="store_true",
                     help="FA4's conditional rescaling (LEAN bit 1, hopper.conditional_rescale)")
+    ap.add_argument("--rescale-by-warp", action="store_true",
+                    help="with --cond-rescale: decided by the warp (LEAN bit 2, hopper.rescale_by_warp)")
     args = ap.parse_args()
     if args.cond_rescale:  # read by hopper.conditional_rescale in every compile job's process
         os.environ["IOATTN_HOPPER_COND_RESCALE"] = "1"
+    if args.rescale_by_warp:
+        os.environ["IOATTN_HOPPER_RESCALE_BY_WARP"] = "1"
     dtypes = ("bf16",) if args.quick else ("bf16", "fp16")
     masks = [bool(int(m)) for m in args.masks.split(",")]
     dims = None if args.headdims is None else {int(x) for x in args.headdims.split(",")}

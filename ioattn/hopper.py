@@ -214,9 +214,12 @@ TILES = _ActiveTiles()
 
 
 def _lean_bits(lean: bool):
-    """The kernel's ``LEAN``: False / True, or 3 (bit 1: conditional rescaling, ``conditional_rescale``,
-    which needs the lean softmax's form)."""
-    return 3 if lean and conditional_rescale.wanted() else lean
+    """The kernel's ``LEAN``: False / True, or with conditional rescaling (``conditional_rescale``,
+    which needs the lean softmax's form) 3 (bit 1), 7 with the warp's decision (bit 2,
+    ``rescale_by_warp``)."""
+    if lean and conditional_rescale.wanted():
+        return 7 if rescale_by_warp.wanted() else 3
+    return lean
 
 
 def kernel_config(d: int, name: str | None = None) -> dict:
@@ -293,6 +296,9 @@ lean_softmax = dispatch.Preference(True)
 # tiles of 64), on the path between a warpgroup's P V and its next turn. Off until measured
 # (``with hopper.conditional_rescale(True)``, IOATTN_HOPPER_COND_RESCALE=1; NOTES §84).
 conditional_rescale = dispatch.Preference(False, env="IOATTN_HOPPER_COND_RESCALE")
+# Its decision by the warp (one vote, a uniform branch) instead of by the thread (a divergent branch
+# with its convergence barrier). Off until measured (NOTES §84).
+rescale_by_warp = dispatch.Preference(False, env="IOATTN_HOPPER_RESCALE_BY_WARP")
 
 # The output tile converted to whole-row 16-byte pieces before the epilogue's stores (the kernel's
 # ``ROW_STORES``), instead of 4 bytes a thread from the wgmma accumulator layout, which writes half of

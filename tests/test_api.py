@@ -579,6 +579,8 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
         cond = {v: hopper.kernel_config(min(hopper.TILE_TABLE[v], key=lambda d: abs(d - 128)), v)["constexprs"]
                 ["LEAN"] for v in hopper.VARIANTS}
         assert cond == {"base": False, "pingpong": 3, "split": 3, "wg3": 3, "persistent": 3}
+        with hopper.rescale_by_warp(True):  # bit 2: the warp's decision
+            assert hopper.kernel_config(128, "persistent")["constexprs"]["LEAN"] == 7
         with hopper.lean_softmax(False):
             assert hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"] is False
             assert hopper.kernel_config(64, "wg3")["constexprs"]["LEAN"] == 3

@@ -568,29 +568,43 @@ def _ramp_inputs(b, sq, sk, h, hkv, d, dtype, growth=60.0):
     return [t.to(dtype).requires_grad_() for t in (q, k, v)]
 
 
+def _check_forward(q, k, v, causal):
+    """The forward alone against the float64 oracle (2x PyTorch's own error in the same dtype)."""
+    out = ioattn.flash_attn_func(q, k, v, causal=causal)
+    win = (-1, 0) if causal else (-1, -1)
+    ref, _ = attention_ref(*(t.double() for t in (q, k, v)), window=win)
+    same, _ = attention_ref(q, k, v, window=win, upcast=False)
+    assert_within_torch_error("out", out, ref, same)
+
+
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("variant, d", [("pingpong", 64), ("pingpong", 128), ("pingpong", 256), ("split", 128),
                                         ("wg3", 64), ("persistent", 64), ("persistent", 128), ("persistent", 256)])
+@pytest.mark.parametrize("by_warp", [False, True], ids=["thread", "warp"])
 @pytest.mark.parametrize("causal", [False, True])
 # ragged, one key tile with rows that see no key (causal), several tiles a persistent program
 @pytest.mark.parametrize("shape", [(1, 777, 1500, 2, 1), (3, 129, 64, 2, 2), (1, 2048, 2048, 16, 8)])
-def test_hopper_forward_conditional_rescale(variant, d, causal, shape, poison_alloc):
-    """FA4's conditional rescaling (hopper.conditional_rescale, the kernel's LEAN bit 1) against the
-    float64 oracle, gradients included, on random inputs and on scores that climb along the keys
-    (``_ramp_inputs``: stale maxima, rescales after two tiles, threads of a warp on both branches);
-    and the lse against the same kernel's without the option: the same function, so equal up to
-    fp32 rounding (a stale max changes where l and O are rounded), rows with no key included, yet
-    not bitwise equal where rows see more than one key tile (the option reached the kernel)."""
+def test_hopper_forward_conditional_rescale(variant, d, by_warp, causal, shape, poison_alloc):
+    """FA4's conditional rescaling (hopper.conditional_rescale, the kernel's LEAN bit 1; decided by
+    the thread or the warp, bit 2) against the float64 oracle: forward and gradients on random
+    inputs; the forward on scores that climb along the keys (``_ramp_inputs``: stale maxima,
+    rescales after two tiles, threads of a warp on both branches; their gradients are not a test of
+    the option: the backward reads only O and the lse, and the large ramp features make dq / dk
+    ill-conditioned for any bf16 implementation); and on those, the lse against the same kernel's
+    without the option: the same function, so equal up to fp32 rounding (a stale max changes where
+    l and O are rounded), rows with no key included, yet not bitwise equal where rows see more than
+    two key tiles (the option reached the kernel)."""
     from ioattn import hopper
     b, sq, sk, h, hkv = shape
-    with hopper.variant(variant), hopper.prefer_hopper(True), hopper.conditional_rescale(True):
-        assert hopper.kernel_config(d, variant)["constexprs"]["LEAN"] == 3
+    with hopper.variant(variant), hopper.prefer_hopper(True), hopper.conditional_rescale(True), \
+            hopper.rescale_by_warp(by_warp):
+        assert hopper.kernel_config(d, variant)["constexprs"]["LEAN"] == (7 if by_warp else 3)
         _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=causal)
-        _check_tensors(*_ramp_inputs(b, sq, sk, h, hkv, d, torch.bfloat16), causal=causal)
+        _check_forward(*(t.detach() for t in _ramp_inputs(b, sq, sk, h, hkv, d, torch.bfloat16)), causal)
     q, k, v = (t.detach() for t in _ramp_inputs(b, sq, sk, h, hkv, d, torch.bfloat16))
     with hopper.variant(variant):
         out0, lse0 = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
-        with hopper.conditional_rescale(True):
+        with hopper.conditional_rescale(True), hopper.rescale_by_warp(by_warp):
             out1, lse1 = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
     assert torch.equal(lse0.isinf(), lse1.isinf()) and not lse1.isnan().any() and not out1.isnan().any()
     seen = lse0.isfinite()
@@ -602,15 +616,17 @@ def test_hopper_forward_conditional_rescale(variant, d, causal, shape, poison_al
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("variant, d", [("pingpong", 128), ("wg3", 64), ("persistent", 256)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("by_warp", [False, True], ids=["thread", "warp"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_hopper_forward_conditional_rescale_extreme(variant, d, dtype, causal, poison_alloc):
+def test_hopper_forward_conditional_rescale_extreme(variant, d, dtype, by_warp, causal, poison_alloc):
     """Conditional rescaling under large logits (q with standard deviation 30: maxima that jump by
-    hundreds of log2 units between key tiles) and in fp16 (P up to 2**8 must stay finite): no NaN,
-    the float64 oracle's criterion, forward and gradients."""
+    hundreds of log2 units between key tiles; forward and gradients) and steep climbing scores
+    (forward), in fp16 too (P up to 2**8 must stay finite): no NaN, the float64 oracle's criterion."""
     from ioattn import hopper
-    with hopper.variant(variant), hopper.prefer_hopper(True), hopper.conditional_rescale(True):
+    with hopper.variant(variant), hopper.prefer_hopper(True), hopper.conditional_rescale(True), \
+            hopper.rescale_by_warp(by_warp):
         _check(2, 1000, 1000, 4, 2, d, dtype, causal=causal, q_scale=30.0)
-        _check_tensors(*_ramp_inputs(2, 1000, 1000, 4, 2, d, dtype, growth=300.0), causal=causal)
+        _check_forward(*(t.detach() for t in _ramp_inputs(2, 1000, 1000, 4, 2, d, dtype, growth=300.0)), causal)
 
 
 # exp2 on the FMA units (hopper.exp2_fma, the kernel's EXP2_FMA): the shares the A/B times (12.5, 25, 50)

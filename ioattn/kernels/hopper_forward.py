@@ -211,13 +211,15 @@ RESCALE_PACK = gl.constexpr(32)
 
 
 @gluon.constexpr_function
-def _rescale_asm(pack):
+def _rescale_asm(pack, by_warp):
     """PTX for ``pack`` elements: outputs $0..pack-1, the accumulator inputs $pack..2 pack-1 tied to
-    them (the same registers), the row factors $2 pack..3 pack-1 and the thread's flags $3 pack..4
-    pack-1 (all equal: one is tested). A thread whose flag is 0 branches over the multiplies and keeps
-    its registers as they were."""
+    them (the same registers), the row factors $2 pack..3 pack-1 and the flags $3 pack..4 pack-1 (all
+    equal: one is tested). Where the flag is 0 the code branches over the multiplies and keeps the
+    registers as they were; ``by_warp``: the flag is the warp's (``bra.uni``: no divergence to
+    handle), else the thread's."""
     mul = " ".join(f"mul.f32 ${i}, ${i}, ${2 * pack + i};" for i in range(pack))
-    return (f"{{ .reg .pred skip; setp.eq.u32 skip, ${3 * pack}, 0; @skip bra RESCALED; {mul} RESCALED: }}")
+    bra = "bra.uni" if by_warp else "bra"
+    return f"{{ .reg .pred skip; setp.eq.u32 skip, ${3 * pack}, 0; @skip {bra} RESCALED; {mul} RESCALED: }}"
 
 
 @gluon.constexpr_function
@@ -225,23 +227,32 @@ def _rescale_constraints(pack):
     return ",".join(["=f"] * pack + [str(i) for i in range(pack)] + ["f"] * pack + ["r"] * pack)
 
 
+@gluon.constexpr_function
+def _rescale_flag_asm(by_warp):
+    """PTX for a thread's two row factors ($2, $3): $0 = $1 = 1 if either is not 1, else 0;
+    ``by_warp``: 1 if any thread of the warp has one (``vote.sync.any``)."""
+    vote = "vote.sync.any.pred p, p, 0xffffffff; " if by_warp else ""
+    return ("{ .reg .pred p, q; setp.ne.f32 p, $2, 0f3F800000; setp.ne.f32 q, $3, 0f3F800000; "
+            f"or.pred p, p, q; {vote}selp.u32 $0, 1, 0, p; mov.b32 $1, $0; }}")
+
+
 @gluon.jit
-def _rescale_rows(o, alpha, COND: gl.constexpr):
-    """O's rows times alpha (alpha in S's row layout). ``COND`` (conditional rescaling): each thread
-    branches over its multiplies when every one of its rows has alpha == 1. The decision is a
-    thread's, not the warpgroup's (§16's block-wide vote cost two barriers a tile in the portable
-    kernel): a warp whose threads disagree runs the multiplies for those that need them, as without
-    the option. In the 64-row wgmma layout of four warps a thread holds two rows (r and r + 8 of its
-    warp's 16), which the flag's one asm instance (``pack=2``) sees together."""
+def _rescale_rows(o, alpha, COND: gl.constexpr, BY_WARP: gl.constexpr = False):
+    """O's rows times alpha (alpha in S's row layout). ``COND`` (conditional rescaling): the
+    multiplies are branched over where every row has alpha == 1: each thread's two rows
+    (``BY_WARP`` False: a warp whose threads disagree runs the multiplies for those that need them,
+    as without the option, and the branch is divergent, with its convergence barrier), or all the
+    warp's (``BY_WARP``: one vote, a uniform branch; a warp with one such row multiplies every row,
+    the others' by exactly 1). Never the warpgroup's (§16's block-wide decision cost two barriers a
+    tile in the portable kernel). In the 64-row wgmma layout of four warps a thread holds two rows
+    (r and r + 8 of its warp's 16), which the flag's one asm instance (``pack=2``) sees together."""
     a = gl.convert_layout(alpha, gl.SliceLayout(1, o.type.layout))
     if COND:
         gl.static_assert(o.shape[0] == 16 * gl.num_warps(), "a thread's rows: two of its warp's 16")
         gl.static_assert(o.shape[1] // 2 % RESCALE_PACK == 0, "the branch's elements divide a thread's (d / 2)")
-        flag = gl.inline_asm_elementwise(
-            "{ .reg .pred p, q; setp.ne.f32 p, $2, 0f3F800000; setp.ne.f32 q, $3, 0f3F800000; "
-            "or.pred p, p, q; selp.u32 $0, 1, 0, p; mov.b32 $1, $0; }",
-            "=r,=r,f,f", [a], dtype=gl.int32, is_pure=True, pack=2)
-        o = gl.inline_asm_elementwise(_rescale_asm(RESCALE_PACK), _rescale_constraints(RESCALE_PACK),
+        flag = gl.inline_asm_elementwise(_rescale_flag_asm(BY_WARP), "=r,=r,f,f", [a], dtype=gl.int32,
+                                         is_pure=True, pack=2)
+        o = gl.inline_asm_elementwise(_rescale_asm(RESCALE_PACK, BY_WARP), _rescale_constraints(RESCALE_PACK),
                                       [o, a[:, None], flag[:, None]], dtype=gl.float32, is_pure=True,
                                       pack=RESCALE_PACK)
     else:
@@ -629,7 +640,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         # P(i) V(i) done: P(i)'s registers may go (listed so they stay alive until here), V(i)'s slot too
         o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
         mbarrier.arrive(v_empty.index(cur), count=1)
-        o = _rescale_rows(o, alpha, LEAN & 2)
+        o = _rescale_rows(o, alpha, LEAN & 2, LEAN & 4)
         p16 = gl.convert_layout(p.to(dtype), p_layout)
 
     # section #n: the last P(n-1) V(n-1)
