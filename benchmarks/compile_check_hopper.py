@@ -139,7 +139,7 @@ def check(job):
                 f"{'SERIALIZED(C7514)' if serialized else 'wgmma-pipelined'} "
                 f"MUFU.EX2={ops['MUFU.EX2']} FFMA={ops['FFMA']} "
                 f"chains[FMNMX={sass_chain(sass, 'FMNMX')},FADD={sass_chain(sass, 'FADD')}] "
-                f"branched_fmul={sass_branched(sass)} "
+                f"branched_fmul={sass_branched(sass)} votes={ops['VOTE.ANY']} "
                 f"out_stores[{','.join(f'{op}x{n}' for op, n in sorted(ops.items()) if op.startswith('STG'))}] ")
         if variant != "base":
             # persistent: a few per-tile values spill around the tile loop (80 B at d = 128 / 256
@@ -194,15 +194,13 @@ def main():
     ap.add_argument("--exp2-fma", default="0",
                     help="comma-separated shares (%%) of the exponentials on the FMA units (EXP2_FMA): "
                          f"{', '.join(f'{x:g}' for x in hopper.EXP2_FMA_SHARES)}")
-    ap.add_argument("--cond-rescale", action="store_true",
-                    help="FA4's conditional rescaling (LEAN bit 1, hopper.conditional_rescale)")
-    ap.add_argument("--rescale-by-warp", action="store_true",
-                    help="with --cond-rescale: decided by the warp (LEAN bit 2, hopper.rescale_by_warp)")
+    ap.add_argument("--cond-rescale", default="default", choices=("default", "off", "thread", "warp"),
+                    help="FA4's conditional rescaling (LEAN bit 1, hopper.conditional_rescale_for): the policy's, "
+                         "off, or on everywhere decided by the thread or by the warp (bit 2, hopper.rescale_by_warp)")
     args = ap.parse_args()
-    if args.cond_rescale:  # read by hopper.conditional_rescale in every compile job's process
-        os.environ["IOATTN_HOPPER_COND_RESCALE"] = "1"
-    if args.rescale_by_warp:
-        os.environ["IOATTN_HOPPER_RESCALE_BY_WARP"] = "1"
+    if args.cond_rescale != "default":  # set before the compile jobs' processes are forked (they inherit it)
+        hopper.conditional_rescale.value = args.cond_rescale != "off"
+        hopper.rescale_by_warp.value = args.cond_rescale == "warp"
     dtypes = ("bf16",) if args.quick else ("bf16", "fp16")
     masks = [bool(int(m)) for m in args.masks.split(",")]
     dims = None if args.headdims is None else {int(x) for x in args.headdims.split(",")}

@@ -15,7 +15,7 @@ from ioattn.masks import normalize_window
 class DispatchPlan:
     backend: str            # "triton" (CUDA, or the interpreter) or "reference" (tiled PyTorch)
     reason: str
-    forward: dict | None    # kernel, tiles (block_m, block_n, warps, stages), kv_loads, programs; Gluon: exp2_fma
+    forward: dict | None    # kernel, tiles (block_m, block_n, warps, stages), kv_loads, programs; Gluon: exp2_fma, cond_rescale
     backward: dict | None
 
     def describe(self) -> str:
@@ -53,7 +53,11 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                    "tiles": (bm, bn, 4 * (bm // 64), stages), "kv_loads": "tma (producer warp)",
                    "head_dim_padded": q.shape[-1],
                    "exp2_fma": (f"{share:g}% ({hopper.exp2_fma_cols(share, bn)} of {bn} key columns on the FMA units)"
-                                if share else "off (MUFU.EX2 only)")}
+                                if share else "off (MUFU.EX2 only)"),
+                   "cond_rescale": (("by warp" if hopper.rescale_by_warp.wanted() else "by thread")
+                                    + " (the accumulator's rescale skipped unless a row max grows by > 8, log2)"
+                                    if hopper.kernel_config(q.shape[-1], name)["constexprs"]["LEAN"] & 2
+                                    else "off")}
         if name == "persistent":
             opts = hopper.persistent_options(q.shape[-1], name, window == (-1, 0), dispatch.cdiv(seqlen_q, bm))
             forward["walk"] = ("pairs of query blocks, head by head" if opts["PAIRED"] else

@@ -213,11 +213,11 @@ class _ActiveTiles(Mapping):
 TILES = _ActiveTiles()
 
 
-def _lean_bits(lean: bool):
-    """The kernel's ``LEAN``: False / True, or with conditional rescaling (``conditional_rescale``,
+def _lean_bits(lean: bool, name: str, d: int):
+    """The kernel's ``LEAN``: False / True, or with conditional rescaling (``conditional_rescale_for``,
     which needs the lean softmax's form) 3 (bit 1), 7 with the warp's decision (bit 2,
     ``rescale_by_warp``)."""
-    if lean and conditional_rescale.wanted():
+    if lean and conditional_rescale_for(name, d):
         return 7 if rescale_by_warp.wanted() else 3
     return lean
 
@@ -238,7 +238,7 @@ def kernel_config(d: int, name: str | None = None) -> dict:
                                 NUM_WG=num_wg, ORDERED=name != "split",
                                 # the register-lean softmax and lse offsets the 160-register consumers need
                                 # (and, by choice, the two-warpgroup variants': lean_softmax below)
-                                LEAN=_lean_bits(num_wg == 3 or (pingpong and lean_softmax.wanted())),
+                                LEAN=_lean_bits(num_wg == 3 or (pingpong and lean_softmax.wanted()), name, d),
                                 PERSISTENT=name == "persistent",
                                 FEWER_MASKS=pingpong and num_wg == FEWER_MASKS_NUM_WG))
 
@@ -291,14 +291,39 @@ lpt_order = dispatch.Preference(False, env="IOATTN_HOPPER_LPT")
 lean_softmax = dispatch.Preference(True)
 # FlashAttention-4's conditional rescaling with the lean softmax (the kernel's LEAN bit 1,
 # ``_rescale_rows``): the running max moves only when a key tile raises it by more than 8 (log2), and
-# a thread whose rows all kept theirs branches over the accumulator's rescale, 64 x d fp32 a
-# warpgroup a key tile: per score half a multiply at d = 64, one at d = 128, four at d = 256 (key
-# tiles of 64), on the path between a warpgroup's P V and its next turn. Off until measured
-# (``with hopper.conditional_rescale(True)``, IOATTN_HOPPER_COND_RESCALE=1; NOTES §84).
-conditional_rescale = dispatch.Preference(False, env="IOATTN_HOPPER_COND_RESCALE")
-# Its decision by the warp (one vote, a uniform branch) instead of by the thread (a divergent branch
-# with its convergence barrier). Off until measured (NOTES §84).
-rescale_by_warp = dispatch.Preference(False, env="IOATTN_HOPPER_RESCALE_BY_WARP")
+# where every row of a warp kept its max, the warp branches over the accumulator's rescale, 64 x d
+# fp32 a warpgroup a key tile: per score half a multiply at d = 64, one at d = 128, four at d = 256
+# (key tiles of 64), on the path between a warpgroup's P V and its next turn. Measured (ab_fwd on the
+# H200, bf16, 16k tokens, 2 interleaved rounds, results/session-2026-12-02-zq, NOTES §84), TFLOP/s,
+# without / with (by warp), N = 512, 2048, 16384: d = 256 ping-pong 486 / 509, 674 / 716, 745 / 793,
+# causal 312 / 321, 522 / 550, 737 / 777; persistent 514 / 532, 681 / 714, 738 / 775, causal 309 /
+# 312, 582 / 605, 718 / 747; d = 128 ping-pong 424 / 429, 630 / 637, 692 / 717, causal 266 / 266,
+# 505 / 512, 704 / 719; persistent 509 / 514, 660 / 665, 712 / 705, causal 267 / 273, 543 / 554,
+# 683 / 700; d = 64 wg3 276 / 277, 448 / 458, 532 / 557, causal 114 / 113, 295 / 294, 502 / 507; the
+# persistent kernel at d = 64 slower, 331 / 328, 427 / 416, 463 / 448, causal 204 / 202, 353 / 349,
+# 458 / 453: left out there (``CONDITIONAL_RESCALE_OFF``). ``with hopper.conditional_rescale(False)``
+# (or IOATTN_HOPPER_COND_RESCALE=0) turns it off, ``(True)`` (=1) on everywhere.
+conditional_rescale = dispatch.Preference(True)
+CONDITIONAL_RESCALE_ENV = "IOATTN_HOPPER_COND_RESCALE"
+CONDITIONAL_RESCALE_OFF = {("persistent", 64)}  # (variant, head dim) measured slower with it
+# Its decision by the warp (one vote, a uniform branch) rather than by the thread (a divergent branch
+# with its convergence barrier): by the warp ahead at 17 of 18 points measured both ways (the same
+# run; d = 256 ping-pong 509 / 510, 716 / 710, 793 / 771, persistent 532 / 527, 714 / 699, 775 / 745;
+# d = 64 persistent 328 / 305, 416 / 413, 448 / 445). ``with hopper.rescale_by_warp(False)``: by the
+# thread.
+rescale_by_warp = dispatch.Preference(True)
+
+
+def conditional_rescale_for(name: str, d: int) -> bool:
+    """Whether variant ``name`` at head dim ``d`` rescales conditionally: ``conditional_rescale``'s
+    value inside its block, else IOATTN_HOPPER_COND_RESCALE (0 / 1) if set, else the measured policy
+    (on, except ``CONDITIONAL_RESCALE_OFF``)."""
+    if conditional_rescale.value is not None:
+        return conditional_rescale.value
+    env = os.environ.get(CONDITIONAL_RESCALE_ENV, "").strip()
+    if env in ("0", "1"):
+        return env == "1"
+    return (name, d) not in CONDITIONAL_RESCALE_OFF
 
 # The output tile converted to whole-row 16-byte pieces before the epilogue's stores (the kernel's
 # ``ROW_STORES``), instead of 4 bytes a thread from the wgmma accumulator layout, which writes half of

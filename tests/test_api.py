@@ -565,25 +565,26 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     assert cfg["constexprs"]["PERSISTENT"] and not hopper.kernel_config(128, "pingpong")["constexprs"]["PERSISTENT"]
     assert hopper.TILE_TABLE["persistent"] == hopper.TILE_TABLE["pingpong"] and cfg["constexprs"]["NUM_WG"] == 2
     # the lean softmax: every ping-pong variant by default (measured faster), off by choice except wg3
-    # (its 160-register consumers need it); never the base kernel
-    lean = {v: hopper.kernel_config(min(hopper.TILE_TABLE[v], key=lambda d: abs(d - 128)), v)["constexprs"]["LEAN"]
-            for v in hopper.VARIANTS}
-    assert lean == {"base": False, "pingpong": True, "split": True, "wg3": True, "persistent": True}
+    # (its 160-register consumers need it); never the base kernel. With it, conditional rescaling decided
+    # by the warp (LEAN bits 1 and 2: 7) everywhere but the persistent kernel at d = 64 (measured slower)
+    lean = {(v, d): hopper.kernel_config(d, v)["constexprs"]["LEAN"] for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]}
+    assert {k: x for k, x in lean.items() if x != 7} == {**{("base", d): False for d in hopper.TILE_TABLE["base"]},
+                                                         ("persistent", 64): True}, lean
+    monkeypatch.setenv(hopper.CONDITIONAL_RESCALE_ENV, "0")
+    assert hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"] is True
+    with hopper.conditional_rescale(True):  # the block's value wins over the environment
+        assert hopper.kernel_config(64, "persistent")["constexprs"]["LEAN"] == 7
+    monkeypatch.setenv(hopper.CONDITIONAL_RESCALE_ENV, "1")
+    assert hopper.kernel_config(64, "persistent")["constexprs"]["LEAN"] == 7
+    monkeypatch.delenv(hopper.CONDITIONAL_RESCALE_ENV)
+    with hopper.conditional_rescale(False):
+        assert hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"] is True
+    with hopper.rescale_by_warp(False):  # bit 1 alone: the thread's decision
+        assert hopper.kernel_config(128, "persistent")["constexprs"]["LEAN"] == 3
     with hopper.lean_softmax(False):
         assert not hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"]
         assert not hopper.kernel_config(256, "persistent")["constexprs"]["LEAN"]
-        assert hopper.kernel_config(64, "wg3")["constexprs"]["LEAN"]
-    # conditional rescaling (LEAN bit 1): off by default, on only with the lean softmax
-    assert hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"] is True
-    with hopper.conditional_rescale(True):
-        cond = {v: hopper.kernel_config(min(hopper.TILE_TABLE[v], key=lambda d: abs(d - 128)), v)["constexprs"]
-                ["LEAN"] for v in hopper.VARIANTS}
-        assert cond == {"base": False, "pingpong": 3, "split": 3, "wg3": 3, "persistent": 3}
-        with hopper.rescale_by_warp(True):  # bit 2: the warp's decision
-            assert hopper.kernel_config(128, "persistent")["constexprs"]["LEAN"] == 7
-        with hopper.lean_softmax(False):
-            assert hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"] is False
-            assert hopper.kernel_config(64, "wg3")["constexprs"]["LEAN"] == 3
+        assert hopper.kernel_config(64, "wg3")["constexprs"]["LEAN"] == 7
     # the output stored as whole rows at d = 64 / 128 through Triton's conversion (mode 1), at d = 256
     # staged in the Q buffer (mode 2: the ping-pong kernels, the persistent one loading its next Q there
     # after the stores); not in the persistent variant at d = 64 (measured slower); off everywhere by choice

@@ -457,14 +457,18 @@ def test_hopper_forward_negative_scale(variant, causal, poison_alloc):
 def test_default_dispatch_takes_the_gluon_kernel_where_measured_faster(d, n, causal, variant, poison_alloc):
     """Without any switch, the forward goes to the Gluon kernel exactly where the policy in
     ioattn.hopper (AUTO_MIN_SEQLEN, PERSISTENT_MAX_SEQLEN, DEFAULT_VARIANT_BY_HEADDIM, from the device
-    runs) says, with the variant it says, else to the portable kernel, and the result passes the
-    float64 oracle, gradients included."""
+    runs) says, with the variant and options it says, else to the portable kernel, and the result
+    passes the float64 oracle, gradients included."""
+    from ioattn import hopper
     q = torch.randn(1, n, 2, d, device="cuda", dtype=torch.bfloat16)
     plan = ioattn.explain_dispatch(q, q, q, causal=causal)
     if variant is None:
         assert "hopper_fwd_kernel" not in plan.forward["kernel"]
     else:
         assert plan.forward["kernel"] == f"ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, {variant})"
+        # conditional rescaling by the warp, except where it measured slower (NOTES §84)
+        off = (variant, d) in hopper.CONDITIONAL_RESCALE_OFF
+        assert plan.forward["cond_rescale"].startswith("off" if off else "by warp"), plan.forward
     _check(1, n, n, 2, 2, d, torch.bfloat16, causal=causal)
 
 
@@ -601,9 +605,14 @@ def test_hopper_forward_conditional_rescale(variant, d, by_warp, causal, shape, 
         assert hopper.kernel_config(d, variant)["constexprs"]["LEAN"] == (7 if by_warp else 3)
         _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=causal)
         _check_forward(*(t.detach() for t in _ramp_inputs(b, sq, sk, h, hkv, d, torch.bfloat16)), causal)
+        plan = ioattn.explain_dispatch(torch.empty(b, sq, h, d, device="cuda", dtype=torch.bfloat16),
+                                       torch.empty(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16),
+                                       torch.empty(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16), causal=causal)
+        assert plan.forward["cond_rescale"].startswith("by warp" if by_warp else "by thread"), plan.forward
     q, k, v = (t.detach() for t in _ramp_inputs(b, sq, sk, h, hkv, d, torch.bfloat16))
     with hopper.variant(variant):
-        out0, lse0 = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
+        with hopper.conditional_rescale(False):
+            out0, lse0 = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
         with hopper.conditional_rescale(True), hopper.rescale_by_warp(by_warp):
             out1, lse1 = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
     assert torch.equal(lse0.isinf(), lse1.isinf()) and not lse1.isnan().any() and not out1.isnan().any()

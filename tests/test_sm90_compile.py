@@ -173,17 +173,27 @@ def test_hopper_persistent_options_compile_for_sm90():
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 def test_hopper_conditional_rescale_compile_for_sm90():
-    """FA4's conditional rescaling (``--cond-rescale``: LEAN bit 1, NOTES §84): the persistent kernel
-    at every head dim and wg3 compile with the default builds' spill bounds and pipelined wgmma, and
-    the accumulator's multiplies sit in branches a thread can skip: one region per 32 of a thread's
-    d / 2 elements in each consumer partition's key loop, where the build without it has none."""
+    """FA4's conditional rescaling (``--cond-rescale``: LEAN bit 1, NOTES §84) decided by the thread:
+    the persistent kernel at every head dim and wg3 compile with the default builds' spill bounds and
+    pipelined wgmma, and the accumulator's multiplies sit in branches a thread can skip: one region per
+    32 of a thread's d / 2 elements in each consumer partition's key loop, where the build without it
+    has none. Decided by the warp (the default): one warp vote a consumer partition's key step and
+    uniform branches (no convergence region), and none in the builds the policy leaves out (persistent, d = 64)."""
     pytest.importorskip("triton.experimental.gluon")
     branched = lambda line: int(line.split("branched_fmul=")[1].split()[0])  # noqa: E731
     key = lambda line: line.split(" tiles=")[0]  # noqa: E731
-    base = {key(line): line for line in _hopper_check("--variants", "persistent,wg3", "--masks", "0")}
-    for line in _hopper_check("--variants", "persistent,wg3", "--masks", "0", "--cond-rescale"):
+    base = {key(line): line for line in _hopper_check("--variants", "persistent,wg3", "--masks", "0",
+                                                      "--cond-rescale", "off")}
+    for line in _hopper_check("--variants", "persistent,wg3", "--masks", "0", "--cond-rescale", "thread"):
         d = int(line.split(" d=")[1].split()[0])
         partitions = 3 if line.startswith("wg3") else 2
         assert "cond_rescale" in line and "spill=0B" in line and "wgmma-pipelined" in line, line
         assert "cond_rescale" not in base[key(line)], base[key(line)]
         assert branched(line) == partitions * (d // 2) // 32 and branched(base[key(line)]) == 0, (line, base[key(line)])
+    for line in _hopper_check("--variants", "persistent,wg3", "--headdims", "64,128", "--masks", "0"):
+        votes = int(line.split("votes=")[1].split()[0])
+        if line.startswith("persistent d=64"):
+            assert "cond_rescale" not in line and votes == 0, line
+        else:
+            assert "cond_rescale_by_warp" in line and branched(line) == 0, line
+            assert votes == (3 if line.startswith("wg3") else 2), line  # one a consumer partition
