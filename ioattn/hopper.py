@@ -34,6 +34,9 @@ it has tiles for, and the others are not covered.
 
 Options of every variant, off by default until measured: ``lpt_order`` (the causal grid in
 longest-processing-time order) and ``exp2_fma`` (a share of the exponentials on the FMA units).
+Measured and on by default in the ping-pong variants: ``lean_softmax`` and, with it,
+``conditional_rescale`` (FlashAttention-4's conditional rescaling, decided by the warp; not in the
+persistent kernel at d = 64, ``CONDITIONAL_RESCALE_OFF``).
 """
 from __future__ import annotations
 
@@ -321,7 +324,9 @@ def conditional_rescale_for(name: str, d: int) -> bool:
     if conditional_rescale.value is not None:
         return conditional_rescale.value
     env = os.environ.get(CONDITIONAL_RESCALE_ENV, "").strip()
-    if env in ("0", "1"):
+    if env:
+        if env not in ("0", "1"):
+            raise ValueError(f"{CONDITIONAL_RESCALE_ENV} must be 0 (off) or 1 (on everywhere), got {env!r}")
         return env == "1"
     return (name, d) not in CONDITIONAL_RESCALE_OFF
 

@@ -576,6 +576,9 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
         assert hopper.kernel_config(64, "persistent")["constexprs"]["LEAN"] == 7
     monkeypatch.setenv(hopper.CONDITIONAL_RESCALE_ENV, "1")
     assert hopper.kernel_config(64, "persistent")["constexprs"]["LEAN"] == 7
+    monkeypatch.setenv(hopper.CONDITIONAL_RESCALE_ENV, "yes")
+    with pytest.raises(ValueError, match="IOATTN_HOPPER_COND_RESCALE must be 0 .* got 'yes'"):
+        hopper.kernel_config(128, "pingpong")
     monkeypatch.delenv(hopper.CONDITIONAL_RESCALE_ENV)
     with hopper.conditional_rescale(False):
         assert hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"] is True

@@ -59,6 +59,12 @@ on the FMA and integer units (``_exp2_poly``), the rest from MUFU.EX2, so that b
 once (``_exp2_tile``); ``ioattn.hopper.exp2_fma`` sets the share. The host's twin of the formula:
 ``ioattn.reference.exp2_poly``.
 
+Conditional rescaling (``LEAN`` bit 1, on by default where measured faster: ``ioattn.hopper.
+conditional_rescale_for``): FlashAttention-4's rule, a row's running max moves only when a key tile
+raises it by more than ``RESCALE_TAU``, and the accumulator's rescale is branched over where no row
+moved (``_rescale_rows``: by each warp after a vote, ``LEAN`` bit 2, or by each thread); O and l keep
+the same stale max, so O / l stays exact.
+
 Inputs: contiguous (batch, seqlen, nheads, d) tensors seen as 2-D (batch * seqlen, nheads * d) by the
 descriptors; with ``IS_VARLEN`` packed (total, nheads, d) tensors seen as (total, nheads * d), each
 sequence's rows found through cu_seqlens. A key tile that runs past its sequence reads the next
