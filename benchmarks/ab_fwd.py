@@ -12,6 +12,7 @@ it is timed; timing is ``ioattn.bench.timing.median_ms`` (device time, median of
 interleaved rounds (the median of their medians).
 """
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -27,9 +28,32 @@ from ioattn.bench.providers import providers
 from ioattn.bench.run import _check
 from ioattn.bench.timing import attention_flops, median_ms
 
+@contextlib.contextmanager
+def gluon_tiles(name, d, block_n, stages):
+    """``hopper.TILE_TABLE[name][d]`` with this key tile and ring depth inside the block (the "-nBN-sS"
+    suffix; a head dim the variant lacks gets 64 query rows a consumer warpgroup), restored after."""
+    table = hopper.TILE_TABLE[name]
+    before = table.get(d)
+    block_m = before[0] if before else 64 * (3 if name == "wg3" else 2)
+    table[d] = (block_m, block_n or (before[1] if before else 64), stages or (before[2] if before else 4))
+    try:
+        yield
+    finally:
+        if before is None:
+            del table[d]
+        else:
+            table[d] = before
+
+
 def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False, exp2_fma=0.0, lean=False, acc_stores=False,
-               q_prefetch=None, paired=None, cond_rescale=None):
+               q_prefetch=None, paired=None, cond_rescale=None, gtiles=None):
     def run(q, k, v, causal):
+        with contextlib.ExitStack() as stack:
+            if gluon and gtiles:
+                stack.enter_context(gluon_tiles(gluon, q.shape[-1], *gtiles))
+            return call(q, k, v, causal)
+
+    def call(q, k, v, causal):
         if gluon and q.shape[-1] not in hopper.TILE_TABLE[gluon]:  # else the portable kernel would be timed
             raise ValueError(f"the Gluon {gluon} variant has no head dim {q.shape[-1]}")
         dispatch.set_tile_override("fwd", tiles)
@@ -55,23 +79,26 @@ def parse_load(name, loads):
     then optionally "-fmaNN" (Gluon only), "-accstore" (Gluon only: the output stored from the
     accumulator layout, hopper.out_row_stores off; until NOTES §57 "-rows" named the opposite), "-cr"
     or "-crw" (FA4's conditional rescaling, hopper.conditional_rescale, decided by the thread or by the
-    warp, hopper.rescale_by_warp; wg3 or a "-lean" name), "-q2"
+    warp, hopper.rescale_by_warp; wg3 or a "-lean" name), "-nBN" and / or "-sS" (Gluon only: the key
+    tile and K / V ring depth instead of hopper.TILE_TABLE's, ``gluon_tiles``; wg3 at d = 128 too), "-q2"
     or "-noq2" and "-pair" or "-nopair" (the persistent kernel's two Q buffers a warpgroup,
     hopper.persistent_q_prefetch, and causal walk by pairs, hopper.paired_walk, forced on or off;
     without them, the launcher's default) and "-lpt", in that order (e.g. gluon-pp-fma25,
-    gluon-wg3-fma50-lpt, gluon-pers-lean-accstore, gluon-pers-lean-q2-nopair)."""
-    m = re.fullmatch(r"(.+?)(?:-fma(\d+))?(-accstore)?(-crw?)?(-(?:no)?q2)?(-(?:no)?pair)?(-lpt)?", name)
-    base, fma, acc, cr, lpt = m.group(1), m.group(2), bool(m.group(3)), {None: None, "-cr": "thread", "-crw": "warp"}[m.group(4)], bool(m.group(7))
+    gluon-wg3-fma50-lpt, gluon-pers-lean-accstore, gluon-pers-lean-q2-nopair, gluon-pp-lean-crw-n64-s4)."""
+    m = re.fullmatch(r"(.+?)(?:-fma(\d+))?(-accstore)?(-crw?)?(?:-n(\d+))?(?:-s(\d+))?(-(?:no)?q2)?(-(?:no)?pair)?"
+                     r"(-lpt)?", name)
+    base, fma, acc, cr, lpt = m.group(1), m.group(2), bool(m.group(3)), {None: None, "-cr": "thread", "-crw": "warp"}[m.group(4)], bool(m.group(9))
+    gtiles = (int(m.group(5) or 0), int(m.group(6) or 0)) if m.group(5) or m.group(6) else None
     # None: the launcher's default; True / False: forced ("-q2" / "-noq2", "-pair" / "-nopair")
-    q2, pair = ((None if g is None else not g.startswith("-no")) for g in (m.group(5), m.group(6)))
+    q2, pair = ((None if g is None else not g.startswith("-no")) for g in (m.group(7), m.group(8)))
     if base not in loads or (fma is not None and (fma not in FMA_SUFFIX or not base.startswith("gluon"))) \
-            or (acc and not base.startswith("gluon")) \
+            or ((acc or gtiles) and not base.startswith("gluon")) \
             or (cr and not (base.startswith("gluon-wg3") or base.endswith("-lean"))) \
             or ((q2 is not None or pair is not None) and not base.startswith("gluon-pers")):
         raise SystemExit(f"unknown --loads name {name!r}: one of {', '.join(loads)}, a Gluon name may take "
                          f"-fma{{{','.join(FMA_SUFFIX)}}}, -accstore, -cr / -crw and -lpt, a persistent one -q2 / -noq2 and "
                          f"-pair / -nopair")
-    return loads[base], lpt, FMA_SUFFIX[fma] if fma else 0.0, acc, q2, pair, cr
+    return loads[base], lpt, FMA_SUFFIX[fma] if fma else 0.0, acc, q2, pair, cr, gtiles
 
 
 def main():
@@ -121,8 +148,8 @@ def main():
     parsed = {name: parse_load(name, loads) for name in args.loads.split(",")}
     fns = {f"{name}-{'dflt' if c is None else '.'.join(map(str, (c.block_m, c.block_n, c.num_warps, c.num_stages)))}":
            variant_fn(*entry[:4], c, lpt, exp2_fma, *entry[4:5], acc_stores=acc, q_prefetch=q2, paired=pair,
-                      cond_rescale=cr)
-           for c in tile_sets for name, (entry, lpt, exp2_fma, acc, q2, pair, cr) in parsed.items()
+                      cond_rescale=cr, gtiles=gt)
+           for c in tile_sets for name, (entry, lpt, exp2_fma, acc, q2, pair, cr, gt) in parsed.items()
            if not (name.startswith("gluon") and c is not None)}
     fns.update(peers)
     rows = []

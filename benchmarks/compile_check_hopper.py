@@ -27,7 +27,10 @@ without the option); its lines carry ``exp2_fma=N%``.
 Spills are asserted against the default bounds at 0 only, and reported for the other shares.
 
     python benchmarks/compile_check_hopper.py [--variants base,pingpong,split,wg3] [--no-ptxas] [--quick] [--jobs N]
-        [--masks 0,1] [--headdims 64,128] [--varlen] [--exp2-fma 0,25,50]
+        [--masks 0,1] [--headdims 64,128] [--varlen] [--exp2-fma 0,25,50] [--block-n 64] [--stages 4]
+
+``--block-n`` / ``--stages`` replace the key tile and the K / V ring depth of every selected variant
+(``hopper.TILE_TABLE``), for tile candidates before a device A/B (``ab_fwd.py``'s ``-nBN-sS`` suffix).
 """
 import argparse
 import os
@@ -197,7 +200,14 @@ def main():
     ap.add_argument("--cond-rescale", default="default", choices=("default", "off", "thread", "warp"),
                     help="FA4's conditional rescaling (LEAN bit 1, hopper.conditional_rescale_for): the policy's, "
                          "off, or on everywhere decided by the thread or by the warp (bit 2, hopper.rescale_by_warp)")
+    ap.add_argument("--block-n", type=int, default=None,
+                    help="key tile (block_n) of every selected variant and head dim instead of hopper.TILE_TABLE's")
+    ap.add_argument("--stages", type=int, default=None, help="K / V ring depth instead of hopper.TILE_TABLE's")
     args = ap.parse_args()
+    if args.block_n or args.stages:  # before the compile jobs' processes are forked (they inherit it)
+        for variant in args.variants.split(","):
+            for d, (bm, bn, st) in list(hopper.TILE_TABLE[variant].items()):
+                hopper.TILE_TABLE[variant][d] = (bm, args.block_n or bn, args.stages or st)
     if args.cond_rescale != "default":  # set before the compile jobs' processes are forked (they inherit it)
         hopper.conditional_rescale.value = args.cond_rescale != "off"
         hopper.rescale_by_warp.value = args.cond_rescale == "warp"
