@@ -220,9 +220,12 @@ def _lean_bits(lean: bool, name: str, d: int):
     """The kernel's ``LEAN``: False / True, or with conditional rescaling (``conditional_rescale_for``,
     which needs the lean softmax's form) 3 (bit 1), 7 with the warp's decision (bit 2,
     ``rescale_by_warp``)."""
+    bits = lean
     if lean and conditional_rescale_for(name, d):
-        return 7 if rescale_by_warp.wanted() else 3
-    return lean
+        bits = 7 if rescale_by_warp.wanted() else 3
+    if lean and name in ("pingpong", "split", "persistent") and d <= 128 and q_in_registers.wanted():
+        bits = int(bits) | 8
+    return bits
 
 
 def kernel_config(d: int, name: str | None = None) -> dict:
@@ -309,6 +312,11 @@ lean_softmax = dispatch.Preference(True)
 conditional_rescale = dispatch.Preference(True)
 CONDITIONAL_RESCALE_ENV = "IOATTN_HOPPER_COND_RESCALE"
 CONDITIONAL_RESCALE_OFF = {("persistent", 64)}  # (variant, head dim) measured slower with it
+# Q as the register operand of the two-warpgroup kernels' S = Q K^T (the kernel's ``LEAN`` bit 3):
+# loaded from shared memory once a tile, so the product reads only K from shared memory (an A/B
+# switch until measured, NOTES §87). d <= 128: at d = 256 Q is 64 more registers a thread (ptxas
+# spilled 1 KB); wg3's 160-register consumers spilled 560 B at d = 64.
+q_in_registers = dispatch.Preference(False)
 # Its decision by the warp (one vote, a uniform branch) rather than by the thread (a divergent branch
 # with its convergence barrier): by the warp ahead at 17 of 18 points measured both ways (the same
 # run; d = 256 ping-pong 509 / 510, 716 / 710, 793 / 771, persistent 532 / 527, 714 / 699, 775 / 745;

@@ -588,6 +588,17 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
         assert not hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"]
         assert not hopper.kernel_config(256, "persistent")["constexprs"]["LEAN"]
         assert hopper.kernel_config(64, "wg3")["constexprs"]["LEAN"] == 7
+    # Q as S = Q K^T's register operand (LEAN bit 3): off by default; when asked, only in the
+    # two-warpgroup kernels at d <= 128 with the lean softmax (wg3 and d = 256 spilled)
+    with hopper.q_in_registers(True):
+        qr = {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
+              if hopper.kernel_config(d, v)["constexprs"]["LEAN"] & 8}
+        assert qr == {(v, d) for v in ("pingpong", "split", "persistent") for d in (64, 128)}, qr
+        assert hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"] == 15
+        assert hopper.kernel_config(64, "persistent")["constexprs"]["LEAN"] == 9
+        with hopper.lean_softmax(False):
+            assert not hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"]
+    assert not any(x & 8 for x in lean.values())
     # the output stored as whole rows at d = 64 / 128 through Triton's conversion (mode 1), at d = 256
     # staged in the Q buffer (mode 2: the ping-pong kernels, the persistent one loading its next Q there
     # after the stores); not in the persistent variant at d = 64 (measured slower); off everywhere by choice

@@ -597,9 +597,13 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
     diag = m_start + seqlen_k - seqlen_q  # the last key column this warpgroup's first row may see
+    if LEAN & 8:  # Q as the products' register operand (LEAN bit 3): loaded once a tile
+        q_op = q_smem.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
+    else:
+        q_op = q_smem
 
     # section #0: S(0); its softmax runs outside the turn
-    s_tok = _issue_s0(q_smem, k_smem, k_ready, my_turn, next_turn, g0, sec0, BLOCK_M, BLOCK_N, STAGES, TURN0, ORDERED)
+    s_tok = _issue_s0(q_op, k_smem, k_ready, my_turn, next_turn, g0, sec0, BLOCK_M, BLOCK_N, STAGES, TURN0, ORDERED)
     s = warpgroup_mma_wait(0, deps=[s_tok])
     mbarrier.arrive(k_empty.index(g0 % STAGES), count=1)
     KEY_END: gl.constexpr = not (FEWER_MASKS and IS_CAUSAL)
@@ -625,7 +629,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         mbarrier.wait(k_ready.index(nxt), ((g0 + i + 1) // STAGES) & 1)
         mbarrier.wait(v_ready.index(cur), ((g0 + i) // STAGES) & 1)
         _turn_wait(my_turn, sec0 + i + 1, TURN0, ORDERED)
-        s_tok = warpgroup_mma(q_smem, k_smem.index(nxt).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s_tok = warpgroup_mma(q_op, k_smem.index(nxt).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         o_tok = _pv_mma(o, p16, v_smem, g0 + i, STAGES)
         _turn_pass(next_turn, ORDERED)
         # S(i+1) done (groups retire in order; P(i) V(i) may still run)
