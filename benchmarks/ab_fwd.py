@@ -84,8 +84,9 @@ def parse_load(name, loads):
     tile and K / V ring depth instead of hopper.TILE_TABLE's, ``gluon_tiles``; wg3 at d = 128 too), "-q2"
     or "-noq2" and "-pair" or "-nopair" (the persistent kernel's two Q buffers a warpgroup,
     hopper.persistent_q_prefetch, and causal walk by pairs, hopper.paired_walk, forced on or off;
-    without them, the launcher's default), "-lpt" and "-qr" (a "-lean" name: Q as S = Q K^T's register
-    operand, hopper.q_in_registers), in that order (e.g. gluon-pp-fma25,
+    without them, the launcher's default), "-lpt" and "-qr" (a "-lean" name: Q as S = Q K^T's
+    register operand, hopper.q_in_registers; without it, off, whatever the launcher's default), in
+    that order (e.g. gluon-pp-fma25,
     gluon-wg3-fma50-lpt, gluon-pers-lean-accstore, gluon-pers-lean-q2-nopair, gluon-pp-lean-crw-n64-s4)."""
     m = re.fullmatch(r"(.+?)(?:-fma(\d+))?(-accstore)?(-crw?)?(?:-n(\d+))?(?:-s(\d+))?(-(?:no)?q2)?(-(?:no)?pair)?"
                      r"(-lpt)?(-qr)?", name)

@@ -164,6 +164,8 @@ def check(job):
         regs += "fewer_masks "
     if cfg["constexprs"]["LEAN"] & 2:
         regs += "cond_rescale_by_warp " if cfg["constexprs"]["LEAN"] & 4 else "cond_rescale "
+    if cfg["constexprs"]["LEAN"] & 8:
+        regs += "q_in_registers "
     if opts["Q_BUFS"] == 2:
         regs += "q_prefetch "
     if opts["PAIRED"]:

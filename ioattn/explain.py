@@ -57,7 +57,10 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                    "cond_rescale": (("by warp" if hopper.rescale_by_warp.wanted() else "by thread")
                                     + " (the accumulator's rescale skipped unless a row max grows by > 8, log2)"
                                     if hopper.kernel_config(q.shape[-1], name)["constexprs"]["LEAN"] & 2
-                                    else "off")}
+                                    else "off"),
+                   "q_operand": ("registers (loaded once a query tile)"
+                                 if hopper.kernel_config(q.shape[-1], name)["constexprs"]["LEAN"] & 8
+                                 else "shared memory")}
         if name == "persistent":
             opts = hopper.persistent_options(q.shape[-1], name, window == (-1, 0), dispatch.cdiv(seqlen_q, bm))
             forward["walk"] = ("pairs of query blocks, head by head" if opts["PAIRED"] else

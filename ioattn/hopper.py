@@ -219,11 +219,12 @@ TILES = _ActiveTiles()
 def _lean_bits(lean: bool, name: str, d: int):
     """The kernel's ``LEAN``: False / True, or with conditional rescaling (``conditional_rescale_for``,
     which needs the lean softmax's form) 3 (bit 1), 7 with the warp's decision (bit 2,
-    ``rescale_by_warp``)."""
+    ``rescale_by_warp``); plus 8 (bit 3) with Q as S = Q K^T's register operand
+    (``q_in_registers_for``)."""
     bits = lean
     if lean and conditional_rescale_for(name, d):
         bits = 7 if rescale_by_warp.wanted() else 3
-    if lean and name in ("pingpong", "split", "persistent") and d <= 128 and q_in_registers.wanted():
+    if lean and q_in_registers_for(name, d):
         bits = int(bits) | 8
     return bits
 
@@ -313,10 +314,30 @@ conditional_rescale = dispatch.Preference(True)
 CONDITIONAL_RESCALE_ENV = "IOATTN_HOPPER_COND_RESCALE"
 CONDITIONAL_RESCALE_OFF = {("persistent", 64)}  # (variant, head dim) measured slower with it
 # Q as the register operand of the two-warpgroup kernels' S = Q K^T (the kernel's ``LEAN`` bit 3):
-# loaded from shared memory once a tile, so the product reads only K from shared memory (an A/B
-# switch until measured, NOTES §87). d <= 128: at d = 256 Q is 64 more registers a thread (ptxas
-# spilled 1 KB); wg3's 160-register consumers spilled 560 B at d = 64.
+# loaded from shared memory once a tile, so the product reads only K from shared memory (NOTES §86:
+# the products and the ring ask ~112 of the SM's 128 B a clock at d = 128). It fits (no spill, wgmma
+# pipelined) in ``Q_IN_REGISTERS_FITS`` at d <= 128: at d = 256 Q is 64 more registers a thread (ptxas
+# spilled 1 KB); wg3's 160-register consumers spilled 560 B at d = 64. Measured (ab_fwd on the H200,
+# bf16, 16k tokens, 2 interleaved rounds agreeing within 0.5 %, results/session-2026-12-02-zu, NOTES
+# §87), without / with, TFLOP/s at N = 512 / 2048 / 16384: d = 128 ping-pong 428 / 436, 637 / 648, 719 /
+# 732, causal 266 / 267, 514 / 517, 723 / 726; persistent 516 / 524, 669 / 677, 717 / 728, causal 271 /
+# 280, 558 / 574, 700 / 720. d = 64 slower: persistent 330 / 309, 423 / 414, 460 / 443 (causal -3 to
+# +1.5 %), ping-pong -0.7 to -2.9 %. On by default at the head dims of ``Q_IN_REGISTERS_HEADDIMS``;
+# ``with hopper.q_in_registers(True / False)``: on wherever it fits / off.
 q_in_registers = dispatch.Preference(False)
+Q_IN_REGISTERS_FITS = ("pingpong", "split", "persistent")  # variants; and d <= 128
+Q_IN_REGISTERS_HEADDIMS = (128,)
+
+
+def q_in_registers_for(name: str, d: int) -> bool:
+    """Whether variant ``name`` at head dim ``d`` takes Q as S = Q K^T's register operand: where it
+    fits, ``q_in_registers``' value inside its block, else the measured policy
+    (``Q_IN_REGISTERS_HEADDIMS``)."""
+    if name not in Q_IN_REGISTERS_FITS or d > 128:
+        return False
+    if q_in_registers.value is not None:
+        return q_in_registers.value
+    return d in Q_IN_REGISTERS_HEADDIMS
 # Its decision by the warp (one vote, a uniform branch) rather than by the thread (a divergent branch
 # with its convergence barrier): by the warp ahead at 17 of 18 points measured both ways (the same
 # run; d = 256 ping-pong 509 / 510, 716 / 710, 793 / 771, persistent 532 / 527, 714 / 699, 775 / 745;

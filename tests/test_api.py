@@ -567,11 +567,14 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     # the lean softmax: every ping-pong variant by default (measured faster), off by choice except wg3
     # (its 160-register consumers need it); never the base kernel. With it, conditional rescaling decided
     # by the warp (LEAN bits 1 and 2: 7) everywhere but the persistent kernel at d = 64 (measured slower)
+    # (and Q as S = Q K^T's register operand, bit 3, in the two-warpgroup kernels at d = 128: 15)
     lean = {(v, d): hopper.kernel_config(d, v)["constexprs"]["LEAN"] for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]}
     assert {k: x for k, x in lean.items() if x != 7} == {**{("base", d): False for d in hopper.TILE_TABLE["base"]},
-                                                         ("persistent", 64): True}, lean
+                                                         ("persistent", 64): True,
+                                                         **{(v, 128): 15 for v in hopper.Q_IN_REGISTERS_FITS}}, lean
     monkeypatch.setenv(hopper.CONDITIONAL_RESCALE_ENV, "0")
-    assert hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"] is True
+    assert hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"] == 9
+    assert hopper.kernel_config(256, "pingpong")["constexprs"]["LEAN"] is True
     with hopper.conditional_rescale(True):  # the block's value wins over the environment
         assert hopper.kernel_config(64, "persistent")["constexprs"]["LEAN"] == 7
     monkeypatch.setenv(hopper.CONDITIONAL_RESCALE_ENV, "1")
@@ -581,24 +584,27 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
         hopper.kernel_config(128, "pingpong")
     monkeypatch.delenv(hopper.CONDITIONAL_RESCALE_ENV)
     with hopper.conditional_rescale(False):
-        assert hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"] is True
+        assert hopper.kernel_config(256, "pingpong")["constexprs"]["LEAN"] is True
     with hopper.rescale_by_warp(False):  # bit 1 alone: the thread's decision
-        assert hopper.kernel_config(128, "persistent")["constexprs"]["LEAN"] == 3
+        assert hopper.kernel_config(256, "persistent")["constexprs"]["LEAN"] == 3
     with hopper.lean_softmax(False):
         assert not hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"]
         assert not hopper.kernel_config(256, "persistent")["constexprs"]["LEAN"]
         assert hopper.kernel_config(64, "wg3")["constexprs"]["LEAN"] == 7
-    # Q as S = Q K^T's register operand (LEAN bit 3): off by default; when asked, only in the
-    # two-warpgroup kernels at d <= 128 with the lean softmax (wg3 and d = 256 spilled)
+    # Q as S = Q K^T's register operand (LEAN bit 3): by default in the two-warpgroup kernels at d = 128
+    # (measured faster; slower at d = 64); forced on, wherever it fits: those kernels at d <= 128 with
+    # the lean softmax (wg3 and d = 256 spilled); forced off, nowhere
     with hopper.q_in_registers(True):
         qr = {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
               if hopper.kernel_config(d, v)["constexprs"]["LEAN"] & 8}
         assert qr == {(v, d) for v in ("pingpong", "split", "persistent") for d in (64, 128)}, qr
-        assert hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"] == 15
         assert hopper.kernel_config(64, "persistent")["constexprs"]["LEAN"] == 9
         with hopper.lean_softmax(False):
             assert not hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"]
-    assert not any(x & 8 for x in lean.values())
+    with hopper.q_in_registers(False):
+        assert not any(hopper.kernel_config(d, v)["constexprs"]["LEAN"] & 8
+                       for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v])
+    assert {k for k, x in lean.items() if x & 8} == {(v, 128) for v in hopper.Q_IN_REGISTERS_FITS}
     # the output stored as whole rows at d = 64 / 128 through Triton's conversion (mode 1), at d = 256
     # staged in the Q buffer (mode 2: the ping-pong kernels, the persistent one loading its next Q there
     # after the stores); not in the persistent variant at d = 64 (measured slower); off everywhere by choice

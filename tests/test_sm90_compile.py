@@ -197,3 +197,18 @@ def test_hopper_conditional_rescale_compile_for_sm90():
         else:
             assert "cond_rescale_by_warp" in line and branched(line) == 0, line
             assert votes == (3 if line.startswith("wg3") else 2), line  # one a consumer partition
+
+
+def test_hopper_q_in_registers_compile_for_sm90():
+    """Q as S = Q K^T's register operand (LEAN bit 3, NOTES §87): in the default two-warpgroup builds at
+    d = 128 only, with the default builds' spill bounds and pipelined wgmma (wg3 and d = 256 would spill;
+    d = 64 measured slower)."""
+    pytest.importorskip("triton.experimental.gluon")
+    lines = _hopper_check("--variants", "pingpong,persistent", "--masks", "0,1")
+    assert len(lines) == 12, lines
+    for line in lines:
+        d = int(line.split(" d=")[1].split()[0])
+        assert ("q_in_registers" in line) == (d == 128), line
+        assert "wgmma-pipelined" in line, line
+        if d == 128 and line.startswith("pingpong"):
+            assert "spill=0B" in line, line
