@@ -36,7 +36,8 @@ Options of every variant, off by default until measured: ``lpt_order`` (the caus
 longest-processing-time order) and ``exp2_fma`` (a share of the exponentials on the FMA units).
 Measured and on by default in the ping-pong variants: ``lean_softmax`` and, with it,
 ``conditional_rescale`` (FlashAttention-4's conditional rescaling, decided by the warp; not in the
-persistent kernel at d = 64, ``CONDITIONAL_RESCALE_OFF``).
+persistent kernel at d = 64, ``CONDITIONAL_RESCALE_OFF``) and, in the two-warpgroup variants at d = 128,
+``q_in_registers`` (Q as the register operand of S = Q K^T).
 """
 from __future__ import annotations
 
@@ -313,6 +314,27 @@ lean_softmax = dispatch.Preference(True)
 conditional_rescale = dispatch.Preference(True)
 CONDITIONAL_RESCALE_ENV = "IOATTN_HOPPER_COND_RESCALE"
 CONDITIONAL_RESCALE_OFF = {("persistent", 64)}  # (variant, head dim) measured slower with it
+# Its decision by the warp (one vote, a uniform branch) rather than by the thread (a divergent branch
+# with its convergence barrier): by the warp ahead at 17 of 18 points measured both ways (the same
+# run; d = 256 ping-pong 509 / 510, 716 / 710, 793 / 771, persistent 532 / 527, 714 / 699, 775 / 745;
+# d = 64 persistent 328 / 305, 416 / 413, 448 / 445). ``with hopper.rescale_by_warp(False)``: by the
+# thread.
+rescale_by_warp = dispatch.Preference(True)
+
+
+def conditional_rescale_for(name: str, d: int) -> bool:
+    """Whether variant ``name`` at head dim ``d`` rescales conditionally: ``conditional_rescale``'s
+    value inside its block, else IOATTN_HOPPER_COND_RESCALE (0 / 1) if set, else the measured policy
+    (on, except ``CONDITIONAL_RESCALE_OFF``)."""
+    if conditional_rescale.value is not None:
+        return conditional_rescale.value
+    env = os.environ.get(CONDITIONAL_RESCALE_ENV, "").strip()
+    if env:
+        if env not in ("0", "1"):
+            raise ValueError(f"{CONDITIONAL_RESCALE_ENV} must be 0 (off) or 1 (on everywhere), got {env!r}")
+        return env == "1"
+    return (name, d) not in CONDITIONAL_RESCALE_OFF
+
 # Q as the register operand of the two-warpgroup kernels' S = Q K^T (the kernel's ``LEAN`` bit 3):
 # loaded from shared memory once a tile, so the product reads only K from shared memory (NOTES §86:
 # the products and the ring ask ~112 of the SM's 128 B a clock at d = 128). It fits (no spill, wgmma
@@ -338,26 +360,6 @@ def q_in_registers_for(name: str, d: int) -> bool:
     if q_in_registers.value is not None:
         return q_in_registers.value
     return d in Q_IN_REGISTERS_HEADDIMS
-# Its decision by the warp (one vote, a uniform branch) rather than by the thread (a divergent branch
-# with its convergence barrier): by the warp ahead at 17 of 18 points measured both ways (the same
-# run; d = 256 ping-pong 509 / 510, 716 / 710, 793 / 771, persistent 532 / 527, 714 / 699, 775 / 745;
-# d = 64 persistent 328 / 305, 416 / 413, 448 / 445). ``with hopper.rescale_by_warp(False)``: by the
-# thread.
-rescale_by_warp = dispatch.Preference(True)
-
-
-def conditional_rescale_for(name: str, d: int) -> bool:
-    """Whether variant ``name`` at head dim ``d`` rescales conditionally: ``conditional_rescale``'s
-    value inside its block, else IOATTN_HOPPER_COND_RESCALE (0 / 1) if set, else the measured policy
-    (on, except ``CONDITIONAL_RESCALE_OFF``)."""
-    if conditional_rescale.value is not None:
-        return conditional_rescale.value
-    env = os.environ.get(CONDITIONAL_RESCALE_ENV, "").strip()
-    if env:
-        if env not in ("0", "1"):
-            raise ValueError(f"{CONDITIONAL_RESCALE_ENV} must be 0 (off) or 1 (on everywhere), got {env!r}")
-        return env == "1"
-    return (name, d) not in CONDITIONAL_RESCALE_OFF
 
 # The output tile converted to whole-row 16-byte pieces before the epilogue's stores (the kernel's
 # ``ROW_STORES``), instead of 4 bytes a thread from the wgmma accumulator layout, which writes half of

@@ -65,6 +65,11 @@ raises it by more than ``RESCALE_TAU``, and the accumulator's rescale is branche
 moved (``_rescale_rows``: by each warp after a vote, ``LEAN`` bit 2, or by each thread); O and l keep
 the same stale max, so O / l stays exact.
 
+Q in registers (``LEAN`` bit 3; ``ioattn.hopper.q_in_registers_for``: the two-warpgroup variants at
+d = 128 by default): each query tile's Q is loaded from shared memory once into wgmma's A-operand
+layout and S = Q K^T reads only K from shared memory, where the products and the K / V ring use most
+of the SM's shared-memory bandwidth (NOTES §86-§87).
+
 Inputs: contiguous (batch, seqlen, nheads, d) tensors seen as 2-D (batch * seqlen, nheads * d) by the
 descriptors; with ``IS_VARLEN`` packed (total, nheads, d) tensors seen as (total, nheads * d), each
 sequence's rows found through cu_seqlens. A key tile that runs past its sequence reads the next
