@@ -204,8 +204,10 @@ def test_hopper_q_in_registers_compile_for_sm90():
     d = 128 only, with the default builds' spill bounds and pipelined wgmma (wg3 and d = 256 would spill;
     d = 64 measured slower)."""
     pytest.importorskip("triton.experimental.gluon")
-    lines = _hopper_check("--variants", "pingpong,persistent", "--masks", "0,1")
-    assert len(lines) == 12, lines
+    # one mask: the bit does not depend on it (the default builds of both masks compile in
+    # test_hopper_gluon_kernel_compiles_for_sm90, under the same spill and pipelining checks)
+    lines = _hopper_check("--variants", "pingpong,persistent", "--masks", "0")
+    assert len(lines) == 6, lines
     for line in lines:
         d = int(line.split(" d=")[1].split()[0])
         assert ("q_in_registers" in line) == (d == 128), line
