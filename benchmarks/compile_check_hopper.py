@@ -140,7 +140,7 @@ def check(job):
         ops = sass_opcodes(sass)
         regs = (f"regs={nregs} top_reg={sass_top_register(None, sass)} spill={spills}B bars_used={nbars} "
                 f"{'SERIALIZED(C7514)' if serialized else 'wgmma-pipelined'} "
-                f"MUFU.EX2={ops['MUFU.EX2']} FFMA={ops['FFMA']} "
+                f"MUFU.EX2={ops['MUFU.EX2']} FFMA={ops['FFMA']} SHFL={sum(n for op, n in ops.items() if op.startswith('SHFL'))} "
                 f"chains[FMNMX={sass_chain(sass, 'FMNMX')},FADD={sass_chain(sass, 'FADD')}] "
                 f"branched_fmul={sass_branched(sass)} votes={ops['VOTE.ANY']} "
                 f"out_stores[{','.join(f'{op}x{n}' for op, n in sorted(ops.items()) if op.startswith('STG'))}] ")
@@ -166,6 +166,8 @@ def check(job):
         regs += "cond_rescale_by_warp " if cfg["constexprs"]["LEAN"] & 4 else "cond_rescale "
     if cfg["constexprs"]["LEAN"] & 8:
         regs += "q_in_registers "
+    if cfg["constexprs"]["LEAN"] & 16:
+        regs += "deferred_row_sum "
     if opts["Q_BUFS"] == 2:
         regs += "q_prefetch "
     if opts["PAIRED"]:
@@ -202,6 +204,8 @@ def main():
     ap.add_argument("--cond-rescale", default="default", choices=("default", "off", "thread", "warp"),
                     help="FA4's conditional rescaling (LEAN bit 1, hopper.conditional_rescale_for): the policy's, "
                          "off, or on everywhere decided by the thread or by the warp (bit 2, hopper.rescale_by_warp)")
+    ap.add_argument("--deferred-row-sum", action="store_true",
+                    help="the row sum's quad reduction once a tile (LEAN bit 4, hopper.deferred_row_sum forced on)")
     ap.add_argument("--block-n", type=int, default=None,
                     help="key tile (block_n) of every selected variant and head dim instead of hopper.TILE_TABLE's")
     ap.add_argument("--stages", type=int, default=None, help="K / V ring depth instead of hopper.TILE_TABLE's")
@@ -210,6 +214,8 @@ def main():
         for variant in args.variants.split(","):
             for d, (bm, bn, st) in list(hopper.TILE_TABLE[variant].items()):
                 hopper.TILE_TABLE[variant][d] = (bm, args.block_n or bn, args.stages or st)
+    if args.deferred_row_sum:  # before the compile jobs' processes are forked (they inherit it)
+        hopper.deferred_row_sum.value = True
     if args.cond_rescale != "default":  # set before the compile jobs' processes are forked (they inherit it)
         hopper.conditional_rescale.value = args.cond_rescale != "off"
         hopper.rescale_by_warp.value = args.cond_rescale == "warp"

@@ -221,12 +221,15 @@ def _lean_bits(lean: bool, name: str, d: int):
     """The kernel's ``LEAN``: False / True, or with conditional rescaling (``conditional_rescale_for``,
     which needs the lean softmax's form) 3 (bit 1), 7 with the warp's decision (bit 2,
     ``rescale_by_warp``); plus 8 (bit 3) with Q as S = Q K^T's register operand
-    (``q_in_registers_for``)."""
+    (``q_in_registers_for``) and 16 (bit 4) with the row sum's quad reduction deferred
+    (``deferred_row_sum``)."""
     bits = lean
     if lean and conditional_rescale_for(name, d):
         bits = 7 if rescale_by_warp.wanted() else 3
     if lean and q_in_registers_for(name, d):
         bits = int(bits) | 8
+    if lean and name in DEFERRED_ROW_SUM_FITS and deferred_row_sum.wanted():
+        bits = int(bits) | 16
     return bits
 
 
@@ -347,6 +350,11 @@ def conditional_rescale_for(name: str, d: int) -> bool:
 # +1.5 %), ping-pong -0.7 to -2.9 %. On by default at the head dims of ``Q_IN_REGISTERS_HEADDIMS``;
 # ``with hopper.q_in_registers(True / False)``: on wherever it fits / off.
 q_in_registers = dispatch.Preference(False)
+# The row sum l kept as each thread's partial sums, the quad's shuffles (two a row a key tile) once a
+# tile instead of every key tile (the kernel's ``LEAN`` bit 4, ``_thread_row_sums``): compiled (no
+# spill in the two-warpgroup variants; wg3 spilled 200 B causal), not yet measured (NOTES §89): off.
+deferred_row_sum = dispatch.Preference(False)
+DEFERRED_ROW_SUM_FITS = ("pingpong", "split", "persistent")
 Q_IN_REGISTERS_FITS = ("pingpong", "split", "persistent")  # variants; and d <= 128
 Q_IN_REGISTERS_HEADDIMS = (128,)
 

@@ -605,6 +605,16 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
         assert not any(hopper.kernel_config(d, v)["constexprs"]["LEAN"] & 8
                        for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v])
     assert {k for k, x in lean.items() if x & 8} == {(v, 128) for v in hopper.Q_IN_REGISTERS_FITS}
+    # the row sum's quad reduction deferred (LEAN bit 4): off by default (not yet measured); when asked,
+    # in the two-warpgroup kernels with the lean softmax (wg3 spilled)
+    assert not any(x & 16 for x in lean.values())
+    with hopper.deferred_row_sum(True):
+        ds = {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
+              if hopper.kernel_config(d, v)["constexprs"]["LEAN"] & 16}
+        assert ds == {(v, d) for v in ("pingpong", "split", "persistent") for d in (64, 128, 256)}, ds
+        assert hopper.kernel_config(256, "pingpong")["constexprs"]["LEAN"] == 23
+        with hopper.lean_softmax(False):
+            assert not hopper.kernel_config(128, "persistent")["constexprs"]["LEAN"]
     # the output stored as whole rows at d = 64 / 128 through Triton's conversion (mode 1), at d = 256
     # staged in the Q buffer (mode 2: the ping-pong kernels, the persistent one loading its next Q there
     # after the stores); not in the persistent variant at d = 64 (measured slower); off everywhere by choice

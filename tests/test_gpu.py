@@ -651,6 +651,33 @@ def test_hopper_forward_q_in_registers(variant, d, dtype, causal, shape, poison_
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant, d", [("pingpong", 64), ("pingpong", 128), ("pingpong", 256), ("split", 128),
+                                        ("persistent", 64), ("persistent", 128), ("persistent", 256)])
+@pytest.mark.parametrize("causal", [False, True])
+# ragged, one key tile with rows that see no key (causal), several tiles a persistent program
+@pytest.mark.parametrize("shape", [(1, 777, 1500, 2, 1), (3, 129, 64, 2, 2), (1, 2048, 2048, 16, 8)])
+def test_hopper_forward_deferred_row_sum(variant, d, causal, shape, poison_alloc):
+    """The row sum kept as each thread's partial sums, the quad's reduction once a tile
+    (hopper.deferred_row_sum, the kernel's LEAN bit 4) against the float64 oracle, forward and
+    gradients, with the default options beside it; and the lse against the kernel's without it: the
+    same terms summed in another order, so equal to fp32 rounding, rows with no key included."""
+    from ioattn import hopper
+    b, sq, sk, h, hkv = shape
+    with hopper.variant(variant), hopper.prefer_hopper(True), hopper.deferred_row_sum(True):
+        assert hopper.kernel_config(d, variant)["constexprs"]["LEAN"] & 16
+        _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=causal)
+    q, k, v = (torch.randn(b, n, hh, d, device="cuda", dtype=torch.bfloat16)
+               for n, hh in ((sq, h), (sk, hkv), (sk, hkv)))
+    with hopper.variant(variant):
+        out0, lse0 = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
+        with hopper.deferred_row_sum(True):
+            out1, lse1 = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
+    assert torch.equal(lse0.isinf(), lse1.isinf()) and not lse1.isnan().any() and not out1.isnan().any()
+    seen = lse0.isfinite()
+    assert ((lse1[seen] - lse0[seen]).abs() / lse0[seen].abs().clamp(min=1.0)).max().item() <= 1e-5
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("variant, d", [("pingpong", 128), ("wg3", 64), ("persistent", 256)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("by_warp", [False, True], ids=["thread", "warp"])

@@ -199,11 +199,15 @@ def test_hopper_conditional_rescale_compile_for_sm90():
             assert votes == (3 if line.startswith("wg3") else 2), line  # one a consumer partition
 
 
-def test_hopper_q_in_registers_compile_for_sm90():
+def test_hopper_register_options_compile_for_sm90():
     """Q as S = Q K^T's register operand (LEAN bit 3, NOTES §87): in the default two-warpgroup builds at
     d = 128 only, with the default builds' spill bounds and pipelined wgmma (wg3 and d = 256 would spill;
-    d = 64 measured slower)."""
+    d = 64 measured slower). The row sum's quad reduction once a tile (``--deferred-row-sum``: LEAN bit
+    4, NOTES §89; off by default): the ping-pong kernel at d = 128 compiles without spill and with
+    pipelined wgmma, with fewer shuffles than the default build (two a row a key tile gone from every
+    softmax copy)."""
     pytest.importorskip("triton.experimental.gluon")
+    shfl = lambda line: int(line.split("SHFL=")[1].split()[0])  # noqa: E731
     # one mask: the bit does not depend on it (the default builds of both masks compile in
     # test_hopper_gluon_kernel_compiles_for_sm90, under the same spill and pipelining checks)
     lines = _hopper_check("--variants", "pingpong,persistent", "--masks", "0")
@@ -214,3 +218,9 @@ def test_hopper_q_in_registers_compile_for_sm90():
         assert "wgmma-pipelined" in line, line
         if d == 128 and line.startswith("pingpong"):
             assert "spill=0B" in line, line
+    (base,) = [line for line in lines if line.startswith("pingpong d=128")]
+    (line,) = _hopper_check("--variants", "pingpong", "--headdims", "128", "--masks", "0", "--deferred-row-sum")
+    assert "deferred_row_sum" in line and "deferred_row_sum" not in base, (line, base)
+    assert "spill=0B" in line and "wgmma-pipelined" in line, line
+    assert shfl(line) < shfl(base), (line, base)
+

@@ -330,7 +330,23 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
     else:
         p = _exp2_tile(x, EXP2_FMA)
     alpha = gl.exp2(m_i - m_use)
-    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
+    if LEAN & 16:  # l kept as each thread's partial sums (``_thread_row_sums``), the quad's sum deferred
+        l_new = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout),
+                                        assert_trivial=True)[:, None] + _thread_row_sums(p)
+    else:
+        l_new = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def _thread_row_sums(p):
+    """Each thread's own part of p's row sums, [M, 4]: in the wgmma accumulator layout a row's N
+    columns are spread over the four threads of a quad (column c on thread (c >> 1) & 3, as
+    8 j + 2 t + e), so summing over j and e stays in registers and the quad's shuffles (two a row)
+    wait for the epilogue (``LEAN`` bit 4)."""
+    M: gl.constexpr = p.shape[0]
+    N: gl.constexpr = p.shape[1]
+    return gl.sum(gl.sum(p.reshape([M, N // 8, 4, 2]), 3), 1)
 
 
 @gluon.jit
@@ -598,8 +614,11 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     cols_1d = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     dtype: gl.constexpr = v_smem.dtype
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    if LEAN & 16:
+        l_i = _thread_row_sums(s_zero)
+    else:
+        l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
     o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
     diag = m_start + seqlen_k - seqlen_q  # the last key column this warpgroup's first row may see
     if LEAN & 8:  # Q as the products' register operand (LEAN bit 3): loaded once a tile
@@ -667,6 +686,8 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
     if RELEASE_LAST:
         mbarrier.arrive(v_empty.index(last % STAGES), count=1)
+    if LEAN & 16:  # the quad's sum of the threads' partial row sums, once a tile
+        l_i = gl.convert_layout(gl.sum(l_i, 1), row_layout, assert_trivial=True)
     return o, m_i, l_i
 
 
