@@ -631,23 +631,9 @@ def test_hopper_forward_conditional_rescale(variant, d, by_warp, causal, shape, 
 @pytest.mark.parametrize("shape", [(1, 777, 1500, 2, 1), (3, 129, 64, 2, 2), (1, 2048, 2048, 16, 8)])
 def test_hopper_forward_q_in_registers(variant, d, dtype, causal, shape, poison_alloc):
     """Q as the register operand of S = Q K^T (hopper.q_in_registers, the kernel's LEAN bit 3; the
-    default at d = 128) against the float64 oracle, forward and gradients, with the default options
-    beside it; and the same function as without it: the products' operands are the same bf16 / fp16
-    values, so the lse agrees to fp32 rounding."""
+    default at d = 128): the products' operands are the same bf16 / fp16 values as without it."""
     from ioattn import hopper
-    b, sq, sk, h, hkv = shape
-    with hopper.variant(variant), hopper.prefer_hopper(True), hopper.q_in_registers(True):
-        assert hopper.kernel_config(d, variant)["constexprs"]["LEAN"] & 8
-        _check(b, sq, sk, h, hkv, d, dtype, causal=causal)
-    q, k, v = (torch.randn(b, n, hh, d, device="cuda", dtype=dtype) for n, hh in ((sq, h), (sk, hkv), (sk, hkv)))
-    with hopper.variant(variant):
-        with hopper.q_in_registers(False):
-            out0, lse0 = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
-        with hopper.q_in_registers(True):
-            out1, lse1 = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
-    assert torch.equal(lse0.isinf(), lse1.isinf()) and not lse1.isnan().any() and not out1.isnan().any()
-    seen = lse0.isfinite()
-    assert ((lse1[seen] - lse0[seen]).abs() / lse0[seen].abs().clamp(min=1.0)).max().item() <= 1e-5
+    _check_forward_option(variant, d, causal, shape, dtype, hopper.q_in_registers, 8)
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
@@ -658,19 +644,27 @@ def test_hopper_forward_q_in_registers(variant, d, dtype, causal, shape, poison_
 @pytest.mark.parametrize("shape", [(1, 777, 1500, 2, 1), (3, 129, 64, 2, 2), (1, 2048, 2048, 16, 8)])
 def test_hopper_forward_deferred_row_sum(variant, d, causal, shape, poison_alloc):
     """The row sum kept as each thread's partial sums, the quad's reduction once a tile
-    (hopper.deferred_row_sum, the kernel's LEAN bit 4) against the float64 oracle, forward and
-    gradients, with the default options beside it; and the lse against the kernel's without it: the
-    same terms summed in another order, so equal to fp32 rounding, rows with no key included."""
+    (hopper.deferred_row_sum, the kernel's LEAN bit 4): the same terms summed in another order."""
+    from ioattn import hopper
+    _check_forward_option(variant, d, causal, shape, torch.bfloat16, hopper.deferred_row_sum, 16)
+
+
+def _check_forward_option(variant, d, causal, shape, dtype, option, bit):
+    """A Gluon forward option (``option``: a hopper preference that sets the kernel's ``LEAN`` ``bit``)
+    against the float64 oracle, forward and gradients, with the default options beside it; and the
+    lse against the same kernel's without it, which computes the same function: equal to fp32
+    rounding, rows with no key included."""
     from ioattn import hopper
     b, sq, sk, h, hkv = shape
-    with hopper.variant(variant), hopper.prefer_hopper(True), hopper.deferred_row_sum(True):
-        assert hopper.kernel_config(d, variant)["constexprs"]["LEAN"] & 16
-        _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=causal)
-    q, k, v = (torch.randn(b, n, hh, d, device="cuda", dtype=torch.bfloat16)
-               for n, hh in ((sq, h), (sk, hkv), (sk, hkv)))
+    with hopper.variant(variant), hopper.prefer_hopper(True), option(True):
+        assert hopper.kernel_config(d, variant)["constexprs"]["LEAN"] & bit
+        _check(b, sq, sk, h, hkv, d, dtype, causal=causal)
+    q, k, v = (torch.randn(b, n, hh, d, device="cuda", dtype=dtype) for n, hh in ((sq, h), (sk, hkv), (sk, hkv)))
     with hopper.variant(variant):
-        out0, lse0 = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
-        with hopper.deferred_row_sum(True):
+        with option(False):
+            assert not hopper.kernel_config(d, variant)["constexprs"]["LEAN"] & bit
+            out0, lse0 = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
+        with option(True):
             out1, lse1 = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
     assert torch.equal(lse0.isinf(), lse1.isinf()) and not lse1.isnan().any() and not out1.isnan().any()
     seen = lse0.isfinite()
