@@ -162,11 +162,11 @@ def check(job):
         regs += "row_stores " if mode == 1 else "row_stores_via_q "
     if cfg["constexprs"]["FEWER_MASKS"]:
         regs += "fewer_masks "
-    if cfg["constexprs"]["LEAN"] & 2:
-        regs += "cond_rescale_by_warp " if cfg["constexprs"]["LEAN"] & 4 else "cond_rescale "
-    if cfg["constexprs"]["LEAN"] & 8:
+    if cfg["constexprs"]["LEAN"] & hopper.LEAN_COND_RESCALE:
+        regs += "cond_rescale_by_warp " if cfg["constexprs"]["LEAN"] & hopper.LEAN_BY_WARP else "cond_rescale "
+    if cfg["constexprs"]["LEAN"] & hopper.LEAN_Q_REGS:
         regs += "q_in_registers "
-    if cfg["constexprs"]["LEAN"] & 16:
+    if cfg["constexprs"]["LEAN"] & hopper.LEAN_DEFERRED_SUM:
         regs += "deferred_row_sum "
     if opts["Q_BUFS"] == 2:
         regs += "q_prefetch "

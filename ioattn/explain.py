@@ -56,10 +56,10 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                                 if share else "off (MUFU.EX2 only)"),
                    "cond_rescale": (("by warp" if hopper.rescale_by_warp.wanted() else "by thread")
                                     + " (the accumulator's rescale skipped unless a row max grows by > 8, log2)"
-                                    if hopper.kernel_config(q.shape[-1], name)["constexprs"]["LEAN"] & 2
+                                    if hopper.kernel_config(q.shape[-1], name)["constexprs"]["LEAN"] & hopper.LEAN_COND_RESCALE
                                     else "off"),
                    "q_operand": ("registers (loaded once a query tile)"
-                                 if hopper.kernel_config(q.shape[-1], name)["constexprs"]["LEAN"] & 8
+                                 if hopper.kernel_config(q.shape[-1], name)["constexprs"]["LEAN"] & hopper.LEAN_Q_REGS
                                  else "shared memory")}
         if name == "persistent":
             opts = hopper.persistent_options(q.shape[-1], name, window == (-1, 0), dispatch.cdiv(seqlen_q, bm))

@@ -217,20 +217,26 @@ class _ActiveTiles(Mapping):
 TILES = _ActiveTiles()
 
 
+# The bits of the Gluon forward's ``LEAN`` constexpr above the lean softmax itself (bit 0, True), each
+# needing it (the kernel reads them under these names too)
+LEAN_COND_RESCALE = 2   # conditional rescaling (``conditional_rescale_for``)
+LEAN_BY_WARP = 4        # ... decided by the warp (``rescale_by_warp``)
+LEAN_Q_REGS = 8         # Q as S = Q K^T's register operand (``q_in_registers_for``)
+LEAN_DEFERRED_SUM = 16  # the row sum's quad reduction once a tile (``deferred_row_sum``)
+
+
 def _lean_bits(lean: bool, name: str, d: int):
-    """The kernel's ``LEAN``: False / True, or with conditional rescaling (``conditional_rescale_for``,
-    which needs the lean softmax's form) 3 (bit 1), 7 with the warp's decision (bit 2,
-    ``rescale_by_warp``); plus 8 (bit 3) with Q as S = Q K^T's register operand
-    (``q_in_registers_for``) and 16 (bit 4) with the row sum's quad reduction deferred
-    (``deferred_row_sum``)."""
-    bits = lean
+    """The kernel's ``LEAN``: False / True (the lean softmax), or with it an int with the options'
+    bits (``LEAN_COND_RESCALE`` ... ``LEAN_DEFERRED_SUM``): 3 / 7 with conditional rescaling by the
+    thread / by the warp, plus 8 with Q in registers, plus 16 with the deferred row sum."""
+    bits = int(lean)
     if lean and conditional_rescale_for(name, d):
-        bits = 7 if rescale_by_warp.wanted() else 3
+        bits |= LEAN_COND_RESCALE | (LEAN_BY_WARP if rescale_by_warp.wanted() else 0)
     if lean and q_in_registers_for(name, d):
-        bits = int(bits) | 8
+        bits |= LEAN_Q_REGS
     if lean and name in DEFERRED_ROW_SUM_FITS and deferred_row_sum.wanted():
-        bits = int(bits) | 16
-    return bits
+        bits |= LEAN_DEFERRED_SUM
+    return bits if bits > 1 else bool(lean)
 
 
 def kernel_config(d: int, name: str | None = None) -> dict:

@@ -89,8 +89,15 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 
+from ioattn import hopper as _host
+
 LOG2E = gl.constexpr(1.4426950408889634)
 LN2 = gl.constexpr(0.6931471805599453)
+# ``LEAN``'s option bits (``ioattn.hopper``: the host sets them)
+LEAN_COND_RESCALE = gl.constexpr(_host.LEAN_COND_RESCALE)
+LEAN_BY_WARP = gl.constexpr(_host.LEAN_BY_WARP)
+LEAN_Q_REGS = gl.constexpr(_host.LEAN_Q_REGS)
+LEAN_DEFERRED_SUM = gl.constexpr(_host.LEAN_DEFERRED_SUM)
 
 
 @gluon.jit
@@ -310,7 +317,7 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
                 keep = hi[None, :] < (seqlen_k - n_start - lo)[None, :]
             s = gl.where(keep, s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-        if LEAN & 2:  # conditional rescaling: the max moves only by more than RESCALE_TAU (a first
+        if LEAN & LEAN_COND_RESCALE:  # conditional rescaling: the max moves only by more than RESCALE_TAU (a first
             m_new = gl.where(m_new > m_i + RESCALE_TAU, m_new, m_i)  # key: -inf + tau = -inf, it moves)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: exp2 gives 0, not NaN
         x = s * qk_scale - m_use[:, None]
@@ -334,7 +341,7 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
     else:
         p = _exp2_tile(x, EXP2_FMA)
     alpha = gl.exp2(m_i - m_use)
-    if LEAN & 16:  # l kept as each thread's partial sums (``_thread_row_sums``), the quad's sum deferred
+    if LEAN & LEAN_DEFERRED_SUM:  # l kept as each thread's partial sums (``_thread_row_sums``), the quad's sum deferred
         l_new = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout),
                                         assert_trivial=True)[:, None] + _thread_row_sums(p)
     else:
@@ -347,7 +354,7 @@ def _thread_row_sums(p):
     """Each thread's own part of p's row sums, [M, 4]: in the wgmma accumulator layout a row's N
     columns are spread over the four threads of a quad (column c on thread (c >> 1) & 3, as
     8 j + 2 t + e), so summing over j and e stays in registers and the quad's shuffles (two a row)
-    wait for the epilogue (``LEAN`` bit 4)."""
+    wait until the key loop ends (``LEAN_DEFERRED_SUM``)."""
     M: gl.constexpr = p.shape[0]
     N: gl.constexpr = p.shape[1]
     return gl.sum(gl.sum(p.reshape([M, N // 8, 4, 2]), 3), 1)
@@ -574,14 +581,15 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
 
 
 @gluon.jit
-def _issue_s0(q_smem, k_smem, k_ready, my_turn, next_turn, g0, sec0, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+def _issue_s0(q_op, k_smem, k_ready, my_turn, next_turn, g0, sec0, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr):
     """A tile's critical section #0 (``_pp_mainloop``): S(0) = Q K(0)^T issued once K(0) has landed and
-    the turn is this warpgroup's; returns its token."""
+    the turn is this warpgroup's; returns its token. ``q_op``: Q's shared-memory buffer, or its
+    registers (``LEAN_Q_REGS``)."""
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=_wg_acc_layout(BLOCK_N))
     mbarrier.wait(k_ready.index(g0 % STAGES), (g0 // STAGES) & 1)
     _turn_wait(my_turn, sec0, TURN0, ORDERED)
-    s_tok = warpgroup_mma(q_smem, k_smem.index(g0 % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s_tok = warpgroup_mma(q_op, k_smem.index(g0 % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     _turn_pass(next_turn, ORDERED)
     return s_tok
 
@@ -619,13 +627,13 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     dtype: gl.constexpr = v_smem.dtype
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    if LEAN & 16:
+    if LEAN & LEAN_DEFERRED_SUM:
         l_i = _thread_row_sums(s_zero)
     else:
         l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
     o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
     diag = m_start + seqlen_k - seqlen_q  # the last key column this warpgroup's first row may see
-    if LEAN & 8:  # Q as the products' register operand (LEAN bit 3): loaded once a tile
+    if LEAN & LEAN_Q_REGS:  # Q as the products' register operand: loaded once a tile
         q_op = q_smem.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
     else:
         q_op = q_smem
@@ -678,7 +686,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         # P(i) V(i) done: P(i)'s registers may go (listed so they stay alive until here), V(i)'s slot too
         o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
         mbarrier.arrive(v_empty.index(cur), count=1)
-        o = _rescale_rows(o, alpha, LEAN & 2, LEAN & 4)
+        o = _rescale_rows(o, alpha, LEAN & LEAN_COND_RESCALE, LEAN & LEAN_BY_WARP)
         p16 = gl.convert_layout(p.to(dtype), p_layout)
 
     # section #n: the last P(n-1) V(n-1)
@@ -690,7 +698,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
     if RELEASE_LAST:
         mbarrier.arrive(v_empty.index(last % STAGES), count=1)
-    if LEAN & 16:  # the quad's sum of the threads' partial row sums, once a tile
+    if LEAN & LEAN_DEFERRED_SUM:  # the quad's sum of the threads' partial row sums, once a tile
         l_i = gl.convert_layout(gl.sum(l_i, 1), row_layout, assert_trivial=True)
     return o, m_i, l_i
 
