@@ -86,7 +86,8 @@ def parse_load(name, loads):
     hopper.persistent_q_prefetch, and causal walk by pairs, hopper.paired_walk, forced on or off;
     without them, the launcher's default), "-lpt" and "-qr" (a "-lean" name: Q as S = Q K^T's
     register operand, hopper.q_in_registers; without it, off, whatever the launcher's default) and
-    "-ds" (a "-lean" name: the row sum's quad reduction deferred, hopper.deferred_row_sum), in that
+    "-ds" (wg3 or a "-lean" name: the row sum's quad reduction deferred, hopper.deferred_row_sum;
+    without it, off, whatever the launcher's default), in that
     order (e.g. gluon-pp-fma25,
     gluon-wg3-fma50-lpt, gluon-pers-lean-accstore, gluon-pers-lean-q2-nopair, gluon-pp-lean-crw-n64-s4)."""
     m = re.fullmatch(r"(.+?)(?:-fma(\d+))?(-accstore)?(-crw?)?(?:-n(\d+))?(?:-s(\d+))?(-(?:no)?q2)?(-(?:no)?pair)?"
@@ -97,7 +98,8 @@ def parse_load(name, loads):
     q2, pair = ((None if g is None else not g.startswith("-no")) for g in (m.group(7), m.group(8)))
     if base not in loads or (fma is not None and (fma not in FMA_SUFFIX or not base.startswith("gluon"))) \
             or ((acc or gtiles) and not base.startswith("gluon")) \
-            or ((m.group(10) or m.group(11)) and not base.endswith("-lean")) \
+            or (m.group(10) and not base.endswith("-lean")) \
+            or (m.group(11) and not (base.startswith("gluon-wg3") or base.endswith("-lean"))) \
             or (cr and not (base.startswith("gluon-wg3") or base.endswith("-lean"))) \
             or ((q2 is not None or pair is not None) and not base.startswith("gluon-pers")):
         raise SystemExit(f"unknown --loads name {name!r}: one of {', '.join(loads)}, a Gluon name may take "

@@ -49,7 +49,7 @@ from gluon_aot import (DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxa
 
 def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, exp2_fma=0, row_stores=True,
                 q_prefetch=None, paired=None):
-    cfg = hopper.kernel_config(d, variant)
+    cfg = hopper.kernel_config(d, variant, causal)
     bn, q_rows = cfg["block_n"], cfg["q_rows"]
     q_layout = gl.NVMMASharedLayout.get_default_for([q_rows, d], DTYPES[dt])
     kv_layout = gl.NVMMASharedLayout.get_default_for([bn, d], DTYPES[dt])
@@ -204,8 +204,9 @@ def main():
     ap.add_argument("--cond-rescale", default="default", choices=("default", "off", "thread", "warp"),
                     help="FA4's conditional rescaling (LEAN bit 1, hopper.conditional_rescale_for): the policy's, "
                          "off, or on everywhere decided by the thread or by the warp (bit 2, hopper.rescale_by_warp)")
-    ap.add_argument("--deferred-row-sum", action="store_true",
-                    help="the row sum's quad reduction once a tile (LEAN bit 4, hopper.deferred_row_sum forced on)")
+    ap.add_argument("--deferred-row-sum", default="default", choices=("default", "on", "off"),
+                    help="the row sum's quad reduction once a tile (LEAN bit 4, hopper.deferred_row_sum_for): "
+                         "the policy's, on wherever it fits, or off")
     ap.add_argument("--block-n", type=int, default=None,
                     help="key tile (block_n) of every selected variant and head dim instead of hopper.TILE_TABLE's")
     ap.add_argument("--stages", type=int, default=None, help="K / V ring depth instead of hopper.TILE_TABLE's")
@@ -214,8 +215,8 @@ def main():
         for variant in args.variants.split(","):
             for d, (bm, bn, st) in list(hopper.TILE_TABLE[variant].items()):
                 hopper.TILE_TABLE[variant][d] = (bm, args.block_n or bn, args.stages or st)
-    if args.deferred_row_sum:  # before the compile jobs' processes are forked (they inherit it)
-        hopper.deferred_row_sum.value = True
+    if args.deferred_row_sum != "default":  # before the compile jobs' processes are forked (they inherit it)
+        hopper.deferred_row_sum.value = args.deferred_row_sum == "on"
     if args.cond_rescale != "default":  # set before the compile jobs' processes are forked (they inherit it)
         hopper.conditional_rescale.value = args.cond_rescale != "off"
         hopper.rescale_by_warp.value = args.cond_rescale == "warp"

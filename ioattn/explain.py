@@ -49,6 +49,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         name = hopper.variant_for(q.shape[-1], window == (-1, 0), seqlen_q, varlen)
         bm, bn, stages = hopper.TILE_TABLE[name][q.shape[-1]]
         share = hopper.exp2_fma_share()
+        lean = hopper.kernel_config(q.shape[-1], name, window == (-1, 0))["constexprs"]["LEAN"]
         forward = {"kernel": f"ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, {name})",
                    "tiles": (bm, bn, 4 * (bm // 64), stages), "kv_loads": "tma (producer warp)",
                    "head_dim_padded": q.shape[-1],
@@ -56,11 +57,11 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                                 if share else "off (MUFU.EX2 only)"),
                    "cond_rescale": (("by warp" if hopper.rescale_by_warp.wanted() else "by thread")
                                     + " (the accumulator's rescale skipped unless a row max grows by > 8, log2)"
-                                    if hopper.kernel_config(q.shape[-1], name)["constexprs"]["LEAN"] & hopper.LEAN_COND_RESCALE
-                                    else "off"),
-                   "q_operand": ("registers (loaded once a query tile)"
-                                 if hopper.kernel_config(q.shape[-1], name)["constexprs"]["LEAN"] & hopper.LEAN_Q_REGS
-                                 else "shared memory")}
+                                    if lean & hopper.LEAN_COND_RESCALE else "off"),
+                   "q_operand": ("registers (loaded once a query tile)" if lean & hopper.LEAN_Q_REGS
+                                 else "shared memory"),
+                   "row_sum": ("per-thread partial sums, reduced once a query tile" if lean & hopper.LEAN_DEFERRED_SUM
+                               else "reduced every key tile")}
         if name == "persistent":
             opts = hopper.persistent_options(q.shape[-1], name, window == (-1, 0), dispatch.cdiv(seqlen_q, bm))
             forward["walk"] = ("pairs of query blocks, head by head" if opts["PAIRED"] else

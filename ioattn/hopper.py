@@ -225,7 +225,7 @@ LEAN_Q_REGS = 8         # Q as S = Q K^T's register operand (``q_in_registers_fo
 LEAN_DEFERRED_SUM = 16  # the row sum's quad reduction once a tile (``deferred_row_sum``)
 
 
-def _lean_bits(lean: bool, name: str, d: int):
+def _lean_bits(lean: bool, name: str, d: int, causal: bool):
     """The kernel's ``LEAN``: False / True (the lean softmax), or with it an int with the options'
     bits (``LEAN_COND_RESCALE`` ... ``LEAN_DEFERRED_SUM``): 3 / 7 with conditional rescaling by the
     thread / by the warp, plus 8 with Q in registers, plus 16 with the deferred row sum."""
@@ -234,14 +234,15 @@ def _lean_bits(lean: bool, name: str, d: int):
         bits |= LEAN_COND_RESCALE | (LEAN_BY_WARP if rescale_by_warp.wanted() else 0)
     if lean and q_in_registers_for(name, d):
         bits |= LEAN_Q_REGS
-    if lean and name in DEFERRED_ROW_SUM_FITS and deferred_row_sum.wanted():
+    if lean and deferred_row_sum_for(name, d, causal):
         bits |= LEAN_DEFERRED_SUM
     return bits if bits > 1 else bool(lean)
 
 
-def kernel_config(d: int, name: str | None = None) -> dict:
+def kernel_config(d: int, name: str | None = None, causal: bool = False) -> dict:
     """Launch configuration of ``hopper_fwd_kernel`` for head dim ``d`` under variant ``name`` (default:
-    ``variant_for(d)``): tiles, the Q descriptor's block rows, num_warps and the variant's constexprs.
+    ``variant_for(d)``) and mask (``causal``; only an option's fit depends on it): tiles, the Q
+    descriptor's block rows, num_warps and the variant's constexprs.
     The launcher and benchmarks/compile_check_hopper.py both use it, so they cannot diverge."""
     name = variant_for(d) if name is None else _check(name)
     block_m, block_n, stages = TILE_TABLE[name][d]
@@ -255,7 +256,7 @@ def kernel_config(d: int, name: str | None = None) -> dict:
                                 NUM_WG=num_wg, ORDERED=name != "split",
                                 # the register-lean softmax and lse offsets the 160-register consumers need
                                 # (and, by choice, the two-warpgroup variants': lean_softmax below)
-                                LEAN=_lean_bits(num_wg == 3 or (pingpong and lean_softmax.wanted()), name, d),
+                                LEAN=_lean_bits(num_wg == 3 or (pingpong and lean_softmax.wanted()), name, d, causal),
                                 PERSISTENT=name == "persistent",
                                 FEWER_MASKS=pingpong and num_wg == FEWER_MASKS_NUM_WG))
 
@@ -356,11 +357,6 @@ def conditional_rescale_for(name: str, d: int) -> bool:
 # +1.5 %), ping-pong -0.7 to -2.9 %. On by default at the head dims of ``Q_IN_REGISTERS_HEADDIMS``;
 # ``with hopper.q_in_registers(True / False)``: on wherever it fits / off.
 q_in_registers = dispatch.Preference(False)
-# The row sum l kept as each thread's partial sums, the quad's shuffles (two a row a key tile) once a
-# tile instead of every key tile (the kernel's ``LEAN`` bit 4, ``_thread_row_sums``): compiled (no
-# spill in the two-warpgroup variants; wg3 spilled 200 B causal), not yet measured (NOTES §89): off.
-deferred_row_sum = dispatch.Preference(False)
-DEFERRED_ROW_SUM_FITS = ("pingpong", "split", "persistent")
 Q_IN_REGISTERS_FITS = ("pingpong", "split", "persistent")  # variants; and d <= 128
 Q_IN_REGISTERS_HEADDIMS = (128,)
 
@@ -374,6 +370,35 @@ def q_in_registers_for(name: str, d: int) -> bool:
     if q_in_registers.value is not None:
         return q_in_registers.value
     return d in Q_IN_REGISTERS_HEADDIMS
+
+
+# The row sum l kept as each thread's partial sums, the quad's shuffles (two a row a key tile) once a
+# tile instead of every key tile (the kernel's ``LEAN`` bit 4, ``_thread_row_sums``). It fits (no
+# spill, wgmma pipelined) in ``DEFERRED_ROW_SUM_FITS`` at every head dim, and in wg3 without the causal
+# mask (its 160-register consumers spilled 200 B causal). Measured (ab_fwd on the H200, bf16, 16k
+# tokens, 2 interleaved rounds, results/session-2026-12-02-zw, NOTES §90), without / with, TFLOP/s at
+# N = 512 / 2048 / 16384: d = 256 (64-key tiles: twice the key steps of d = 128 for the same products)
+# ping-pong 506 / 519, 709 / 742, 772 / 824, causal 323 / 331, 551 / 579, 774 / 817; persistent 530 /
+# 549, 711 / 750, 740 / 812, causal 313 / 318, 606 / 622, 750 / 761 (and at 1024 / 4096 / 8192 +2 to
+# +6 % in both); d = 128 ping-pong 432 / 432, 642 / 649, 716 / 739, causal +0.7 to +1.4 %; persistent
+# -1.8 to +0.6 % (529 / 524 at 512, 725 / 712 at 16384); d = 64 persistent -2.5 to +2.2 %. On by
+# default at ``DEFERRED_ROW_SUM_ON``; ``with hopper.deferred_row_sum(True / False)``: on wherever it
+# fits / off.
+deferred_row_sum = dispatch.Preference(False)
+DEFERRED_ROW_SUM_FITS = ("pingpong", "split", "persistent")  # variants, every head dim and mask; wg3 non-causal
+DEFERRED_ROW_SUM_ON = (("pingpong", 128), ("pingpong", 256), ("persistent", 256))
+
+
+def deferred_row_sum_for(name: str, d: int, causal: bool) -> bool:
+    """Whether variant ``name`` at head dim ``d`` under the mask keeps the row sum as per-thread
+    partial sums: where it fits, ``deferred_row_sum``'s value inside its block, else the measured
+    policy (``DEFERRED_ROW_SUM_ON``)."""
+    if name not in DEFERRED_ROW_SUM_FITS and not (name == "wg3" and not causal):
+        return False
+    if deferred_row_sum.value is not None:
+        return deferred_row_sum.value
+    return (name, d) in DEFERRED_ROW_SUM_ON
+
 
 # The output tile converted to whole-row 16-byte pieces before the epilogue's stores (the kernel's
 # ``ROW_STORES``), instead of 4 bytes a thread from the wgmma accumulator layout, which writes half of
@@ -622,7 +647,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
         stride_lse_b, stride_lse_h = lse.stride(0), lse.stride(1)
     if q.numel() == 0 or seqlen_q == 0 or (varlen and (k.numel() == 0 or seqlen_k == 0)):
         return out.zero_(), lse.fill_(float("-inf"))
-    cfg = kernel_config(d, variant_for(d, causal, seqlen_q, varlen))
+    cfg = kernel_config(d, variant_for(d, causal, seqlen_q, varlen), bool(causal))
     block_m, block_n, q_rows = cfg["block_m"], cfg["block_n"], cfg["q_rows"]
     if cfg["constexprs"]["LEAN"] and softmax_scale < 0:
         # the lean softmax scales the row maximum of the raw scores, which needs scale >= 0:

@@ -567,14 +567,20 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     # the lean softmax: every ping-pong variant by default (measured faster), off by choice except wg3
     # (its 160-register consumers need it); never the base kernel. With it, conditional rescaling decided
     # by the warp (LEAN bits 1 and 2: 7) everywhere but the persistent kernel at d = 64 (measured slower)
-    # (and Q as S = Q K^T's register operand, bit 3, in the two-warpgroup kernels at d = 128: 15)
+    # (and Q as S = Q K^T's register operand, bit 3, in the two-warpgroup kernels at d = 128: 15; the
+    # row sum's quad reduction deferred, bit 4, in the ping-pong kernel at d = 128 / 256 and the
+    # persistent one at d = 256: 31 / 23)
     lean = {(v, d): hopper.kernel_config(d, v)["constexprs"]["LEAN"] for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]}
     assert {k: x for k, x in lean.items() if x != 7} == {**{("base", d): False for d in hopper.TILE_TABLE["base"]},
                                                          ("persistent", 64): True,
-                                                         **{(v, 128): 15 for v in hopper.Q_IN_REGISTERS_FITS}}, lean
+                                                         **{(v, 128): 15 for v in hopper.Q_IN_REGISTERS_FITS},
+                                                         ("pingpong", 128): 31, ("pingpong", 256): 23,
+                                                         ("persistent", 256): 23}, lean
+    assert lean == {(v, d): hopper.kernel_config(d, v, causal=True)["constexprs"]["LEAN"]
+                    for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]}  # the same under the mask
     monkeypatch.setenv(hopper.CONDITIONAL_RESCALE_ENV, "0")
-    assert hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"] == 9
-    assert hopper.kernel_config(256, "pingpong")["constexprs"]["LEAN"] is True
+    assert hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"] == 25
+    assert hopper.kernel_config(256, "split")["constexprs"]["LEAN"] is True
     with hopper.conditional_rescale(True):  # the block's value wins over the environment
         assert hopper.kernel_config(64, "persistent")["constexprs"]["LEAN"] == 7
     monkeypatch.setenv(hopper.CONDITIONAL_RESCALE_ENV, "1")
@@ -584,9 +590,9 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
         hopper.kernel_config(128, "pingpong")
     monkeypatch.delenv(hopper.CONDITIONAL_RESCALE_ENV)
     with hopper.conditional_rescale(False):
-        assert hopper.kernel_config(256, "pingpong")["constexprs"]["LEAN"] is True
+        assert hopper.kernel_config(256, "pingpong")["constexprs"]["LEAN"] == 17
     with hopper.rescale_by_warp(False):  # bit 1 alone: the thread's decision
-        assert hopper.kernel_config(256, "persistent")["constexprs"]["LEAN"] == 3
+        assert hopper.kernel_config(256, "split")["constexprs"]["LEAN"] == 3
     with hopper.lean_softmax(False):
         assert not hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"]
         assert not hopper.kernel_config(256, "persistent")["constexprs"]["LEAN"]
@@ -599,22 +605,29 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
               if hopper.kernel_config(d, v)["constexprs"]["LEAN"] & 8}
         assert qr == {(v, d) for v in ("pingpong", "split", "persistent") for d in (64, 128)}, qr
         assert hopper.kernel_config(64, "persistent")["constexprs"]["LEAN"] == 9
+        assert hopper.kernel_config(64, "pingpong")["constexprs"]["LEAN"] == 15
         with hopper.lean_softmax(False):
             assert not hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"]
     with hopper.q_in_registers(False):
         assert not any(hopper.kernel_config(d, v)["constexprs"]["LEAN"] & 8
                        for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v])
     assert {k for k, x in lean.items() if x & 8} == {(v, 128) for v in hopper.Q_IN_REGISTERS_FITS}
-    # the row sum's quad reduction deferred (LEAN bit 4): off by default (not yet measured); when asked,
-    # in the two-warpgroup kernels with the lean softmax (wg3 spilled)
-    assert not any(x & 16 for x in lean.values())
-    with hopper.deferred_row_sum(True):
-        ds = {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
-              if hopper.kernel_config(d, v)["constexprs"]["LEAN"] & 16}
-        assert ds == {(v, d) for v in ("pingpong", "split", "persistent") for d in (64, 128, 256)}, ds
-        assert hopper.kernel_config(256, "pingpong")["constexprs"]["LEAN"] == 23
-        with hopper.lean_softmax(False):
-            assert not hopper.kernel_config(128, "persistent")["constexprs"]["LEAN"]
+    # the row sum's quad reduction deferred (LEAN bit 4): by default where measured faster (above); when
+    # asked, in the two-warpgroup kernels with the lean softmax, and in wg3 without the causal mask (its
+    # causal build spilled); forced off, nowhere
+    assert {k for k, x in lean.items() if x & 16} == set(hopper.DEFERRED_ROW_SUM_ON)
+    for causal in (False, True):
+        with hopper.deferred_row_sum(True):
+            ds = {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
+                  if hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 16}
+            assert ds == ({(v, d) for v in ("pingpong", "split", "persistent") for d in (64, 128, 256)}
+                          | (set() if causal else {("wg3", 64)})), (causal, ds)
+            assert hopper.kernel_config(256, "split", causal)["constexprs"]["LEAN"] == 23
+            with hopper.lean_softmax(False):
+                assert not hopper.kernel_config(128, "persistent", causal)["constexprs"]["LEAN"]
+        with hopper.deferred_row_sum(False):
+            assert not any(hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 16
+                           for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v])
     # the output stored as whole rows at d = 64 / 128 through Triton's conversion (mode 1), at d = 256
     # staged in the Q buffer (mode 2: the ping-pong kernels, the persistent one loading its next Q there
     # after the stores); not in the persistent variant at d = 64 (measured slower); off everywhere by choice
@@ -702,6 +715,11 @@ def test_hopper_persistent_variant_by_call(monkeypatch):
             tiles = -(-n // 128) * 4 * 16
             assert plan.forward["tiles_count"] == tiles
             assert plan.forward["programs"] == (min(tiles, 132) if variant == "persistent" else tiles)
+            # the options the plan reports follow the variant's LEAN bits: at d = 128 Q in registers in
+            # both, the row sum deferred in the ping-pong kernel only (hopper.DEFERRED_ROW_SUM_ON)
+            assert plan.forward["q_operand"].startswith("registers"), plan.forward
+            assert plan.forward["row_sum"] == ("reduced every key tile" if variant == "persistent"
+                                               else "per-thread partial sums, reduced once a query tile"), plan.forward
             if variant == "persistent":  # at d = 128 by default: two Q buffers, causal calls walked in pairs
                 assert plan.forward["q_buffers"] == 2, plan.forward
                 assert plan.forward["walk"] == ("pairs of query blocks, head by head" if causal else "head by head")

@@ -202,11 +202,12 @@ def test_hopper_conditional_rescale_compile_for_sm90():
 def test_hopper_register_options_compile_for_sm90():
     """Q as S = Q K^T's register operand (LEAN bit 3, NOTES §87): in the default two-warpgroup builds at
     d = 128 only, with the default builds' spill bounds and pipelined wgmma (wg3 and d = 256 would spill;
-    d = 64 measured slower). The row sum's quad reduction once a tile (``--deferred-row-sum``: LEAN bit
-    4, NOTES §89; off by default): the ping-pong kernel at d = 128 compiles without spill and with
-    pipelined wgmma, with fewer shuffles than the default build (two a row a key tile gone from every
-    softmax copy)."""
+    d = 64 measured slower). The row sum's quad reduction once a tile (LEAN bit 4, NOTES §89-§90): in
+    the default builds of ``hopper.DEFERRED_ROW_SUM_ON`` only; the ping-pong kernel at d = 128 with it
+    has fewer shuffles than the same build without it (``--deferred-row-sum off``: two a row a key tile
+    gone from every softmax copy); wg3 takes it without the causal mask, without spilling."""
     pytest.importorskip("triton.experimental.gluon")
+    from ioattn import hopper
     shfl = lambda line: int(line.split("SHFL=")[1].split()[0])  # noqa: E731
     # one mask: the bit does not depend on it (the default builds of both masks compile in
     # test_hopper_gluon_kernel_compiles_for_sm90, under the same spill and pipelining checks)
@@ -218,9 +219,12 @@ def test_hopper_register_options_compile_for_sm90():
         assert "wgmma-pipelined" in line, line
         if d == 128 and line.startswith("pingpong"):
             assert "spill=0B" in line, line
-    (base,) = [line for line in lines if line.startswith("pingpong d=128")]
-    (line,) = _hopper_check("--variants", "pingpong", "--headdims", "128", "--masks", "0", "--deferred-row-sum")
+        assert ("deferred_row_sum" in line) == ((line.split()[0], d) in hopper.DEFERRED_ROW_SUM_ON), line
+    (line,) = [line for line in lines if line.startswith("pingpong d=128")]
+    (base,) = _hopper_check("--variants", "pingpong", "--headdims", "128", "--masks", "0", "--deferred-row-sum", "off")
     assert "deferred_row_sum" in line and "deferred_row_sum" not in base, (line, base)
     assert "spill=0B" in line and "wgmma-pipelined" in line, line
     assert shfl(line) < shfl(base), (line, base)
+    (line,) = _hopper_check("--variants", "wg3", "--masks", "0", "--deferred-row-sum", "on")
+    assert "deferred_row_sum" in line and "spill=0B" in line and "wgmma-pipelined" in line, line
 
