@@ -381,12 +381,14 @@ def q_in_registers_for(name: str, d: int) -> bool:
 # ping-pong 506 / 519, 709 / 742, 772 / 824, causal 323 / 331, 551 / 579, 774 / 817; persistent 530 /
 # 549, 711 / 750, 740 / 812, causal 313 / 318, 606 / 622, 750 / 761 (and at 1024 / 4096 / 8192 +2 to
 # +6 % in both); d = 128 ping-pong 432 / 432, 642 / 649, 716 / 739, causal +0.7 to +1.4 %; persistent
-# -1.8 to +0.6 % (529 / 524 at 512, 725 / 712 at 16384); d = 64 persistent -2.5 to +2.2 %. On by
-# default at ``DEFERRED_ROW_SUM_ON``; ``with hopper.deferred_row_sum(True / False)``: on wherever it
-# fits / off.
+# -1.8 to +0.6 % (529 / 524 at 512, 725 / 712 at 16384), over its policy range again in -zx: -0.4 to
+# +0.7 %, causal -0.2 to +1.5 % (level: on, one rule for d = 128 / 256); d = 64 persistent -2.5 to
+# +2.2 % (off); wg3 at d = 64 non-causal (-zx) 458 / 466, 503 / 512, 550 / 558, 543 / 556 at N = 2048
+# / 4096 / 8192 / 16384. On by default at ``DEFERRED_ROW_SUM_ON`` (wg3: non-causal, where it fits);
+# ``with hopper.deferred_row_sum(True / False)``: on wherever it fits / off.
 deferred_row_sum = dispatch.Preference(False)
 DEFERRED_ROW_SUM_FITS = ("pingpong", "split", "persistent")  # variants, every head dim and mask; wg3 non-causal
-DEFERRED_ROW_SUM_ON = (("pingpong", 128), ("pingpong", 256), ("persistent", 256))
+DEFERRED_ROW_SUM_ON = (("pingpong", 128), ("pingpong", 256), ("persistent", 128), ("persistent", 256), ("wg3", 64))
 
 
 def deferred_row_sum_for(name: str, d: int, causal: bool) -> bool:

@@ -568,16 +568,17 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     # (its 160-register consumers need it); never the base kernel. With it, conditional rescaling decided
     # by the warp (LEAN bits 1 and 2: 7) everywhere but the persistent kernel at d = 64 (measured slower)
     # (and Q as S = Q K^T's register operand, bit 3, in the two-warpgroup kernels at d = 128: 15; the
-    # row sum's quad reduction deferred, bit 4, in the ping-pong kernel at d = 128 / 256 and the
-    # persistent one at d = 256: 31 / 23)
+    # row sum's quad reduction deferred, bit 4, in the ping-pong and persistent kernels at d = 128 / 256
+    # and in wg3 without the causal mask: 31 / 23)
     lean = {(v, d): hopper.kernel_config(d, v)["constexprs"]["LEAN"] for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]}
     assert {k: x for k, x in lean.items() if x != 7} == {**{("base", d): False for d in hopper.TILE_TABLE["base"]},
-                                                         ("persistent", 64): True,
-                                                         **{(v, 128): 15 for v in hopper.Q_IN_REGISTERS_FITS},
-                                                         ("pingpong", 128): 31, ("pingpong", 256): 23,
-                                                         ("persistent", 256): 23}, lean
-    assert lean == {(v, d): hopper.kernel_config(d, v, causal=True)["constexprs"]["LEAN"]
-                    for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]}  # the same under the mask
+                                                         ("persistent", 64): True, ("split", 128): 15,
+                                                         ("pingpong", 128): 31, ("persistent", 128): 31,
+                                                         ("pingpong", 256): 23, ("persistent", 256): 23,
+                                                         ("wg3", 64): 23}, lean
+    causal = {(v, d): hopper.kernel_config(d, v, causal=True)["constexprs"]["LEAN"]
+              for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]}
+    assert causal == {**lean, ("wg3", 64): 7}, causal  # the same under the mask but wg3's
     monkeypatch.setenv(hopper.CONDITIONAL_RESCALE_ENV, "0")
     assert hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"] == 25
     assert hopper.kernel_config(256, "split")["constexprs"]["LEAN"] is True
@@ -596,7 +597,7 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     with hopper.lean_softmax(False):
         assert not hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"]
         assert not hopper.kernel_config(256, "persistent")["constexprs"]["LEAN"]
-        assert hopper.kernel_config(64, "wg3")["constexprs"]["LEAN"] == 7
+        assert hopper.kernel_config(64, "wg3", causal=True)["constexprs"]["LEAN"] == 7  # wg3 stays lean
     # Q as S = Q K^T's register operand (LEAN bit 3): by default in the two-warpgroup kernels at d = 128
     # (measured faster; slower at d = 64); forced on, wherever it fits: those kernels at d <= 128 with
     # the lean softmax (wg3 and d = 256 spilled); forced off, nowhere
@@ -616,6 +617,7 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     # asked, in the two-warpgroup kernels with the lean softmax, and in wg3 without the causal mask (its
     # causal build spilled); forced off, nowhere
     assert {k for k, x in lean.items() if x & 16} == set(hopper.DEFERRED_ROW_SUM_ON)
+    assert {k for k, x in causal.items() if x & 16} == set(hopper.DEFERRED_ROW_SUM_ON) - {("wg3", 64)}
     for causal in (False, True):
         with hopper.deferred_row_sum(True):
             ds = {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
@@ -715,11 +717,12 @@ def test_hopper_persistent_variant_by_call(monkeypatch):
             tiles = -(-n // 128) * 4 * 16
             assert plan.forward["tiles_count"] == tiles
             assert plan.forward["programs"] == (min(tiles, 132) if variant == "persistent" else tiles)
-            # the options the plan reports follow the variant's LEAN bits: at d = 128 Q in registers in
-            # both, the row sum deferred in the ping-pong kernel only (hopper.DEFERRED_ROW_SUM_ON)
+            # the options the plan reports follow the variant's LEAN bits: at d = 128 Q in registers and
+            # the row sum deferred in both (hopper.Q_IN_REGISTERS_HEADDIMS, DEFERRED_ROW_SUM_ON)
             assert plan.forward["q_operand"].startswith("registers"), plan.forward
-            assert plan.forward["row_sum"] == ("reduced every key tile" if variant == "persistent"
-                                               else "per-thread partial sums, reduced once a query tile"), plan.forward
+            assert plan.forward["row_sum"] == "per-thread partial sums, reduced once a query tile", plan.forward
+            with hopper.deferred_row_sum(False):
+                assert ioattn.explain_dispatch(q, q, q, causal=causal).forward["row_sum"] == "reduced every key tile"
             if variant == "persistent":  # at d = 128 by default: two Q buffers, causal calls walked in pairs
                 assert plan.forward["q_buffers"] == 2, plan.forward
                 assert plan.forward["walk"] == ("pairs of query blocks, head by head" if causal else "head by head")

@@ -70,10 +70,11 @@ d = 128 by default): each query tile's Q is loaded from shared memory once into 
 layout and S = Q K^T reads only K from shared memory, where the products and the K / V ring use most
 of the SM's shared-memory bandwidth (NOTES §86-§87).
 
-Deferred row sum (``LEAN`` bit 4; ``ioattn.hopper.deferred_row_sum_for``: the ping-pong kernel at d = 128
-and 256, the persistent one at d = 256 by default): the running row sum l kept as each thread's partial
-sums (``_thread_row_sums``), the quad's reduction once a tile instead of every key tile; it pays most
-where key tiles are narrow (d = 256: 64 keys) and each key step's fixed costs weigh more (NOTES §89-§90).
+Deferred row sum (``LEAN`` bit 4; ``ioattn.hopper.deferred_row_sum_for``: by default the ping-pong
+and persistent kernels at d = 128 / 256 and wg3 non-causal): the running row sum l kept as each
+thread's partial sums (``_thread_row_sums``), the quad's reduction once a tile instead of every key
+tile; it pays most where key tiles are narrow (d = 256: 64 keys) and each key step's fixed costs
+weigh more (NOTES §89-§90).
 
 Inputs: contiguous (batch, seqlen, nheads, d) tensors seen as 2-D (batch * seqlen, nheads * d) by the
 descriptors; with ``IS_VARLEN`` packed (total, nheads, d) tensors seen as (total, nheads * d), each
