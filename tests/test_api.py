@@ -576,9 +576,9 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
                                                          ("pingpong", 128): 31, ("persistent", 128): 31,
                                                          ("pingpong", 256): 23, ("persistent", 256): 23,
                                                          ("wg3", 64): 23}, lean
-    causal = {(v, d): hopper.kernel_config(d, v, causal=True)["constexprs"]["LEAN"]
-              for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]}
-    assert causal == {**lean, ("wg3", 64): 7}, causal  # the same under the mask but wg3's
+    lean_causal = {(v, d): hopper.kernel_config(d, v, causal=True)["constexprs"]["LEAN"]
+                   for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]}
+    assert lean_causal == {**lean, ("wg3", 64): 7}, lean_causal  # the same under the mask but wg3's
     monkeypatch.setenv(hopper.CONDITIONAL_RESCALE_ENV, "0")
     assert hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"] == 25
     assert hopper.kernel_config(256, "split")["constexprs"]["LEAN"] is True
@@ -617,7 +617,7 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     # asked, in the two-warpgroup kernels with the lean softmax, and in wg3 without the causal mask (its
     # causal build spilled); forced off, nowhere
     assert {k for k, x in lean.items() if x & 16} == set(hopper.DEFERRED_ROW_SUM_ON)
-    assert {k for k, x in causal.items() if x & 16} == set(hopper.DEFERRED_ROW_SUM_ON) - {("wg3", 64)}
+    assert {k for k, x in lean_causal.items() if x & 16} == set(hopper.DEFERRED_ROW_SUM_ON) - {("wg3", 64)}
     for causal in (False, True):
         with hopper.deferred_row_sum(True):
             ds = {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
@@ -630,6 +630,14 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
         with hopper.deferred_row_sum(False):
             assert not any(hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 16
                            for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v])
+    # each K / V slot released once (LEAN bit 5): off by default (not yet measured); when asked, wherever
+    # the ring has three or more slots (d = 64: the two-warpgroup kernels' 3, wg3's 4), any mask
+    assert not any(x & 32 for x in [*lean.values(), *lean_causal.values()])
+    with hopper.one_release(True):
+        kv1 = {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v] for c in (False, True)
+               if hopper.kernel_config(d, v, c)["constexprs"]["LEAN"] & 32}
+        assert kv1 == {(v, 64) for v in ("pingpong", "split", "persistent", "wg3")}, kv1
+        assert hopper.kernel_config(64, "wg3")["constexprs"]["LEAN"] == 55
     # the output stored as whole rows at d = 64 / 128 through Triton's conversion (mode 1), at d = 256
     # staged in the Q buffer (mode 2: the ping-pong kernels, the persistent one loading its next Q there
     # after the stores); not in the persistent variant at d = 64 (measured slower); off everywhere by choice
