@@ -411,7 +411,10 @@ def deferred_row_sum_for(name: str, d: int, causal: bool) -> bool:
 # waits on ``v_empty`` for both loads): one barrier and one arrive fewer a key step a warpgroup
 # (Triton puts a barrier over the warpgroup before each arrive, NOTES §90), K's slot held until P V
 # retires. Only with three or more slots (a two-slot ring would make the leading warpgroup wait for
-# the lagging one's P V before its next S). Not yet measured (NOTES §92): off.
+# the lagging one's P V before its next S). Measured slower (ab_fwd on the H200, bf16, 16k tokens,
+# results/session-2026-12-02-zza, NOTES §92), without / with: wg3 d = 64 non-causal 566 / 543 TFLOP/s
+# at N = 16384 (-0.8 to -4.1 % from 2048), the persistent kernel at d = 64 causal 204 / 198 at 512 ...
+# 400 / 388 at 4096 (-3 to -5 %): off, a switch (``with hopper.one_release(True)``).
 one_release = dispatch.Preference(False)
 ONE_RELEASE_MIN_STAGES = 3
 
