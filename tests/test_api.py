@@ -638,6 +638,11 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
                if hopper.kernel_config(d, v, c)["constexprs"]["LEAN"] & 32}
         assert kv1 == {(v, 64) for v in ("pingpong", "split", "persistent", "wg3")}, kv1
         assert hopper.kernel_config(64, "wg3")["constexprs"]["LEAN"] == 55
+    # the row max as a tree (LEAN bit 6): off by default (not yet measured); when asked, every lean kernel
+    assert not any(x & 64 for x in [*lean.values(), *lean_causal.values()])
+    with hopper.max_tree(True):
+        assert {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
+                if hopper.kernel_config(d, v)["constexprs"]["LEAN"] & 64} == {k for k, x in lean.items() if x}
     # the output stored as whole rows at d = 64 / 128 through Triton's conversion (mode 1), at d = 256
     # staged in the Q buffer (mode 2: the ping-pong kernels, the persistent one loading its next Q there
     # after the stores); not in the persistent variant at d = 64 (measured slower); off everywhere by choice

@@ -101,6 +101,7 @@ LEAN_BY_WARP = gl.constexpr(_host.LEAN_BY_WARP)
 LEAN_Q_REGS = gl.constexpr(_host.LEAN_Q_REGS)
 LEAN_DEFERRED_SUM = gl.constexpr(_host.LEAN_DEFERRED_SUM)
 LEAN_ONE_RELEASE = gl.constexpr(_host.LEAN_ONE_RELEASE)
+LEAN_MAX_TREE = gl.constexpr(_host.LEAN_MAX_TREE)
 
 
 @gluon.jit
@@ -325,7 +326,10 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
             else:
                 keep = hi[None, :] < (seqlen_k - n_start - lo)[None, :]
             s = gl.where(keep, s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        if LEAN & LEAN_MAX_TREE:
+            m_new = gl.maximum(m_i, gl.convert_layout(_tree_row_max(s), m_i.type.layout, assert_trivial=True) * qk_scale)
+        else:
+            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
         if LEAN & LEAN_COND_RESCALE:  # conditional rescaling: the max moves only by more than RESCALE_TAU (a first
             m_new = gl.where(m_new > m_i + RESCALE_TAU, m_new, m_i)  # key: -inf + tau = -inf, it moves)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: exp2 gives 0, not NaN
@@ -356,6 +360,31 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
     else:
         l_new = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def _tree_row_max(s):
+    """The row max of a [M, N] accumulator-layout tile with the thread's own columns combined as a tree
+    (``LEAN_MAX_TREE``): halved by the column index's top bit while more than 8 columns remain (a
+    register bit in the wgmma layout, 8 j + 2 t + e: a renaming, as in ``_exp2_tile``), the halves
+    combined by independent maxima, then ``gl.max`` over the last 8 (the thread's pair and the quad's
+    shuffles). Gluon's ``gl.max`` alone folds a thread's 2N / 8 values of a row one after another."""
+    M: gl.constexpr = s.shape[0]
+    x = s
+    for k in gl.static_range(_halvings(s.shape[1])):
+        a, b = gl.split(x.reshape([M, 2, x.shape[1] // 2]).permute(0, 2, 1))
+        x = gl.maximum(a, b)
+    return gl.max(x, 1)
+
+
+@gluon.constexpr_function
+def _halvings(n):
+    """How many times ``_tree_row_max`` halves an n-column tile: down to 8 columns."""
+    k = 0
+    while n > 8:
+        n //= 2
+        k += 1
+    return k
 
 
 @gluon.jit
