@@ -168,10 +168,6 @@ def check(job):
         regs += "q_in_registers "
     if cfg["constexprs"]["LEAN"] & hopper.LEAN_DEFERRED_SUM:
         regs += "deferred_row_sum "
-    if cfg["constexprs"]["LEAN"] & hopper.LEAN_ONE_RELEASE:
-        regs += "one_release "
-    if cfg["constexprs"]["LEAN"] & hopper.LEAN_MAX_TREE:
-        regs += "max_tree "
     if opts["Q_BUFS"] == 2:
         regs += "q_prefetch "
     if opts["PAIRED"]:
@@ -211,11 +207,6 @@ def main():
     ap.add_argument("--deferred-row-sum", default="default", choices=("default", "on", "off"),
                     help="the row sum's quad reduction once a tile (LEAN bit 4, hopper.deferred_row_sum_for): "
                          "the policy's, on wherever it fits, or off")
-    ap.add_argument("--one-release", action="store_true",
-                    help="a K / V slot released once, after P V (LEAN bit 5, hopper.one_release forced on where "
-                         "the ring has 3+ slots)")
-    ap.add_argument("--max-tree", action="store_true",
-                    help="the row max over a thread's columns as a tree (LEAN bit 6, hopper.max_tree forced on)")
     ap.add_argument("--block-n", type=int, default=None,
                     help="key tile (block_n) of every selected variant and head dim instead of hopper.TILE_TABLE's")
     ap.add_argument("--stages", type=int, default=None, help="K / V ring depth instead of hopper.TILE_TABLE's")
@@ -226,10 +217,6 @@ def main():
                 hopper.TILE_TABLE[variant][d] = (bm, args.block_n or bn, args.stages or st)
     if args.deferred_row_sum != "default":  # before the compile jobs' processes are forked (they inherit it)
         hopper.deferred_row_sum.value = args.deferred_row_sum == "on"
-    if args.one_release:  # before the compile jobs' processes are forked (they inherit it)
-        hopper.one_release.value = True
-    if args.max_tree:
-        hopper.max_tree.value = True
     if args.cond_rescale != "default":  # set before the compile jobs' processes are forked (they inherit it)
         hopper.conditional_rescale.value = args.cond_rescale != "off"
         hopper.rescale_by_warp.value = args.cond_rescale == "warp"

@@ -223,15 +223,12 @@ LEAN_COND_RESCALE = 2   # conditional rescaling (``conditional_rescale_for``)
 LEAN_BY_WARP = 4        # ... decided by the warp (``rescale_by_warp``)
 LEAN_Q_REGS = 8         # Q as S = Q K^T's register operand (``q_in_registers_for``)
 LEAN_DEFERRED_SUM = 16  # the row sum's quad reduction once a tile (``deferred_row_sum``)
-LEAN_ONE_RELEASE = 32   # a K / V slot released once, after P V (``one_release_for``)
-LEAN_MAX_TREE = 64      # the row max over a thread's columns as a tree (``max_tree``)
 
 
 def _lean_bits(lean: bool, name: str, d: int, causal: bool):
     """The kernel's ``LEAN``: False / True (the lean softmax), or with it an int with the options'
     bits (``LEAN_COND_RESCALE`` ... ``LEAN_DEFERRED_SUM``): 3 / 7 with conditional rescaling by the
-    thread / by the warp, plus 8 with Q in registers, plus 16 with the deferred row sum, plus 32 with
-    one release a K / V slot, plus 64 with the row max as a tree."""
+    thread / by the warp, plus 8 with Q in registers, plus 16 with the deferred row sum."""
     bits = int(lean)
     if lean and conditional_rescale_for(name, d):
         bits |= LEAN_COND_RESCALE | (LEAN_BY_WARP if rescale_by_warp.wanted() else 0)
@@ -239,10 +236,6 @@ def _lean_bits(lean: bool, name: str, d: int, causal: bool):
         bits |= LEAN_Q_REGS
     if lean and deferred_row_sum_for(name, d, causal):
         bits |= LEAN_DEFERRED_SUM
-    if lean and one_release_for(name, d):
-        bits |= LEAN_ONE_RELEASE
-    if lean and max_tree.wanted():
-        bits |= LEAN_MAX_TREE
     return bits if bits > 1 else bool(lean)
 
 
@@ -407,35 +400,6 @@ def deferred_row_sum_for(name: str, d: int, causal: bool) -> bool:
     if deferred_row_sum.value is not None:
         return deferred_row_sum.value
     return (name, d) in DEFERRED_ROW_SUM_ON
-
-
-# A K / V slot of the ping-pong kernels' ring released once a key step, by the arrives after P V
-# (``v_empty``), instead of K's after S and V's after P V (the kernel's ``LEAN`` bit 5; the producer
-# waits on ``v_empty`` for both loads): one barrier and one arrive fewer a key step a warpgroup
-# (Triton puts a barrier over the warpgroup before each arrive, NOTES §90), K's slot held until P V
-# retires. Only with three or more slots (a two-slot ring would make the leading warpgroup wait for
-# the lagging one's P V before its next S). Measured slower (ab_fwd on the H200, bf16, 16k tokens,
-# results/session-2026-12-02-zza, NOTES §92), without / with: wg3 d = 64 non-causal 566 / 543 TFLOP/s
-# at N = 16384 (-0.8 to -4.1 % from 2048), the persistent kernel at d = 64 causal 204 / 198 at 512 ...
-# 400 / 388 at 4096 (-3 to -5 %): off, a switch (``with hopper.one_release(True)``).
-one_release = dispatch.Preference(False)
-ONE_RELEASE_MIN_STAGES = 3
-
-
-# The row max over a thread's own columns as a tree (the kernel's ``LEAN`` bit 6, ``_tree_row_max``)
-# instead of Gluon's fold, one dependent FMNMX after another (16 a row at d = 256's 64-key tiles, 32
-# at 128 keys): the half of NOTES §83's trees that its measurement did not argue against (the sum's
-# tree waits for the row's last exponential; the max's chain is what the exponentials wait for).
-# Every lean variant. Not yet measured (NOTES §93): off.
-max_tree = dispatch.Preference(False)
-
-
-def one_release_for(name: str, d: int) -> bool:
-    """Whether variant ``name`` at head dim ``d`` releases each K / V slot once: where its ring has
-    ``ONE_RELEASE_MIN_STAGES`` slots or more (and not the base kernel), ``one_release``'s value."""
-    if name == "base" or TILE_TABLE[name][d][2] < ONE_RELEASE_MIN_STAGES:
-        return False
-    return bool(one_release.value)
 
 
 # The output tile converted to whole-row 16-byte pieces before the epilogue's stores (the kernel's

@@ -630,19 +630,6 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
         with hopper.deferred_row_sum(False):
             assert not any(hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 16
                            for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v])
-    # each K / V slot released once (LEAN bit 5): off by default (not yet measured); when asked, wherever
-    # the ring has three or more slots (d = 64: the two-warpgroup kernels' 3, wg3's 4), any mask
-    assert not any(x & 32 for x in [*lean.values(), *lean_causal.values()])
-    with hopper.one_release(True):
-        kv1 = {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v] for c in (False, True)
-               if hopper.kernel_config(d, v, c)["constexprs"]["LEAN"] & 32}
-        assert kv1 == {(v, 64) for v in ("pingpong", "split", "persistent", "wg3")}, kv1
-        assert hopper.kernel_config(64, "wg3")["constexprs"]["LEAN"] == 55
-    # the row max as a tree (LEAN bit 6): off by default (not yet measured); when asked, every lean kernel
-    assert not any(x & 64 for x in [*lean.values(), *lean_causal.values()])
-    with hopper.max_tree(True):
-        assert {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
-                if hopper.kernel_config(d, v)["constexprs"]["LEAN"] & 64} == {k for k, x in lean.items() if x}
     # the output stored as whole rows at d = 64 / 128 through Triton's conversion (mode 1), at d = 256
     # staged in the Q buffer (mode 2: the ping-pong kernels, the persistent one loading its next Q there
     # after the stores); not in the persistent variant at d = 64 (measured slower); off everywhere by choice

@@ -652,34 +652,6 @@ def test_hopper_forward_deferred_row_sum(variant, d, causal, shape, poison_alloc
     _check_forward_option(variant, d, causal, shape, torch.bfloat16, hopper.deferred_row_sum, 16)
 
 
-@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant, d", [("wg3", 64), ("pingpong", 64), ("persistent", 64)])
-@pytest.mark.parametrize("causal", [False, True])
-# ragged, one key tile with rows that see no key (causal), several tiles a persistent program (and more
-# key tiles than ring slots everywhere but the second)
-@pytest.mark.parametrize("shape", [(1, 777, 1500, 2, 1), (3, 129, 64, 2, 2), (1, 2048, 2048, 16, 8)])
-def test_hopper_forward_one_release(variant, d, causal, shape, poison_alloc):
-    """Each K / V slot released once, after P V (hopper.one_release, the kernel's LEAN bit 5; rings of
-    three or more slots): the same products on the same tiles, only the ring's hand-off changes (a
-    slot refilled too early would show as wrong rows)."""
-    from ioattn import hopper
-    _check_forward_option(variant, d, causal, shape, torch.bfloat16, hopper.one_release, 32)
-
-
-@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant, d", [("pingpong", 64), ("pingpong", 128), ("pingpong", 256), ("wg3", 64),
-                                        ("persistent", 128), ("persistent", 256)])
-@pytest.mark.parametrize("causal", [False, True])
-# ragged, one key tile with rows that see no key (causal), several tiles a persistent program
-@pytest.mark.parametrize("shape", [(1, 777, 1500, 2, 1), (3, 129, 64, 2, 2), (1, 2048, 2048, 16, 8)])
-def test_hopper_forward_max_tree(variant, d, causal, shape, poison_alloc):
-    """The row max over a thread's columns as a tree (hopper.max_tree, the kernel's LEAN bit 6): the
-    same maximum (exact in any order), so the same function; masked columns (-inf) and rows with no
-    key included."""
-    from ioattn import hopper
-    _check_forward_option(variant, d, causal, shape, torch.bfloat16, hopper.max_tree, 64)
-
-
 def _check_forward_option(variant, d, causal, shape, dtype, option, bit):
     """A Gluon forward option (``option``: a hopper preference that sets the kernel's ``LEAN`` ``bit``)
     against the float64 oracle, forward and gradients, with the default options beside it; and the

@@ -100,14 +100,11 @@ LEAN_COND_RESCALE = gl.constexpr(_host.LEAN_COND_RESCALE)
 LEAN_BY_WARP = gl.constexpr(_host.LEAN_BY_WARP)
 LEAN_Q_REGS = gl.constexpr(_host.LEAN_Q_REGS)
 LEAN_DEFERRED_SUM = gl.constexpr(_host.LEAN_DEFERRED_SUM)
-LEAN_ONE_RELEASE = gl.constexpr(_host.LEAN_ONE_RELEASE)
-LEAN_MAX_TREE = gl.constexpr(_host.LEAN_MAX_TREE)
 
 
 @gluon.jit
 def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col, n_lo,
-              n_tiles, seqlen_k, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KV_TAIL: gl.constexpr, g0=0, tails=0,
-              ONE_RELEASE: gl.constexpr = False):
+              n_tiles, seqlen_k, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KV_TAIL: gl.constexpr, g0=0, tails=0):
     """K and V tiles n_lo .. n_lo + n_tiles - 1 into the ring; ``g0``: ring uses before this call
     (a persistent program's running count), which fixes each tile's slot and phase. The V tile the
     key end falls in (a sequence length not a multiple of BLOCK_N) lands instead on ``v_tail`` (the
@@ -115,8 +112,7 @@ def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty
     and only then is it released to the consumers, by a plain arrive on its ``v_ready`` (count 1, no
     bytes pending); compiled only with ``KV_TAIL`` (the host sets it for varlen calls and key lengths
     not a multiple of BLOCK_N). ``tails``: such tiles before this call (``v_tail``'s phase); returns
-    the count after it. ``ONE_RELEASE`` (the consumers' ``LEAN_ONE_RELEASE``): a slot's K and V are
-    released together, by the arrives on ``v_empty`` after P V, so both loads wait on those."""
+    the count after it."""
     tails = tails + 0 * n_tiles  # a runtime integer whatever the caller passed (loop-carried)
     v_tail = v_ready.index(STAGES)
     for j in range(n_tiles):
@@ -124,14 +120,10 @@ def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty
         s = i % STAGES
         reuse_phase = ((i // STAGES) & 1) ^ 1  # the consumers' release of this slot's previous tile
         row = kv_row0 + (n_lo + j) * BLOCK_N
-        if ONE_RELEASE:
-            mbarrier.wait(v_empty.index(s), reuse_phase, pred=i >= STAGES)
-        else:
-            mbarrier.wait(k_empty.index(s), reuse_phase, pred=i >= STAGES)
+        mbarrier.wait(k_empty.index(s), reuse_phase, pred=i >= STAGES)
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [row, kv_col], k_ready.index(s), k_smem.index(s))
-        if not ONE_RELEASE:
-            mbarrier.wait(v_empty.index(s), reuse_phase, pred=i >= STAGES)
+        mbarrier.wait(v_empty.index(s), reuse_phase, pred=i >= STAGES)
         if KV_TAIL and (n_lo + j + 1) * BLOCK_N > seqlen_k:
             mbarrier.expect(v_tail, v_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(v_desc, [row, kv_col], v_tail, v_smem.index(s))
@@ -326,10 +318,7 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
             else:
                 keep = hi[None, :] < (seqlen_k - n_start - lo)[None, :]
             s = gl.where(keep, s, float("-inf"))
-        if LEAN & LEAN_MAX_TREE:
-            m_new = gl.maximum(m_i, gl.convert_layout(_tree_row_max(s), m_i.type.layout, assert_trivial=True) * qk_scale)
-        else:
-            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
         if LEAN & LEAN_COND_RESCALE:  # conditional rescaling: the max moves only by more than RESCALE_TAU (a first
             m_new = gl.where(m_new > m_i + RESCALE_TAU, m_new, m_i)  # key: -inf + tau = -inf, it moves)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: exp2 gives 0, not NaN
@@ -360,31 +349,6 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
     else:
         l_new = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_new
-
-
-@gluon.jit
-def _tree_row_max(s):
-    """The row max of a [M, N] accumulator-layout tile with the thread's own columns combined as a tree
-    (``LEAN_MAX_TREE``): halved by the column index's top bit while more than 8 columns remain (a
-    register bit in the wgmma layout, 8 j + 2 t + e: a renaming, as in ``_exp2_tile``), the halves
-    combined by independent maxima, then ``gl.max`` over the last 8 (the thread's pair and the quad's
-    shuffles). Gluon's ``gl.max`` alone folds a thread's 2N / 8 values of a row one after another."""
-    M: gl.constexpr = s.shape[0]
-    x = s
-    for k in gl.static_range(_halvings(s.shape[1])):
-        a, b = gl.split(x.reshape([M, 2, x.shape[1] // 2]).permute(0, 2, 1))
-        x = gl.maximum(a, b)
-    return gl.max(x, 1)
-
-
-@gluon.constexpr_function
-def _halvings(n):
-    """How many times ``_tree_row_max`` halves an n-column tile: down to 8 columns."""
-    k = 0
-    while n > 8:
-        n //= 2
-        k += 1
-    return k
 
 
 @gluon.jit
@@ -679,8 +643,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     # section #0: S(0); its softmax runs outside the turn
     s_tok = _issue_s0(q_op, k_smem, k_ready, my_turn, next_turn, g0, sec0, BLOCK_M, BLOCK_N, STAGES, TURN0, ORDERED)
     s = warpgroup_mma_wait(0, deps=[s_tok])
-    if not (LEAN & LEAN_ONE_RELEASE):  # else K(0)'s slot goes with V(0)'s
-        mbarrier.arrive(k_empty.index(g0 % STAGES), count=1)
+    mbarrier.arrive(k_empty.index(g0 % STAGES), count=1)
     KEY_END: gl.constexpr = not (FEWER_MASKS and IS_CAUSAL)
     if FEWER_MASKS:
         need_mask = n_tiles == 1
@@ -709,8 +672,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         _turn_pass(next_turn, ORDERED)
         # S(i+1) done (groups retire in order; P(i) V(i) may still run)
         s = warpgroup_mma_wait(1, deps=[s_tok])
-        if not (LEAN & LEAN_ONE_RELEASE):
-            mbarrier.arrive(k_empty.index(nxt), count=1)
+        mbarrier.arrive(k_empty.index(nxt), count=1)
         n_start = (n_lo + i + 1) * BLOCK_N
         # masks: the last tile always (key end, diagonal); under a causal mask also a tile that
         # reaches past this warpgroup's first row's diagonal
@@ -831,7 +793,7 @@ def _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, str
 def _persistent_producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, num_tiles,
                          num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                         KV_TAIL: gl.constexpr, PAIRED: gl.constexpr = False, ONE_RELEASE: gl.constexpr = False):
+                         KV_TAIL: gl.constexpr, PAIRED: gl.constexpr = False):
     """``_producer`` over this program's tiles (``_walk``: the same walk as ``_persistent_consumer``'s),
     the ring's use count running on across tiles, so it loads the next tile's K/V while the
     consumers finish the current one."""
@@ -845,7 +807,7 @@ def _persistent_producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_rea
                 _kv_tile_count(m_block * BLOCK_M, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL), 0)
             tails = _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                               b * seqlen_k, (h // group) * HEAD_DIM, 0, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL,
-                              g0, tails, ONE_RELEASE)
+                              g0, tails)
             g0 += n_tiles
 
 
@@ -1051,7 +1013,7 @@ def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads
          if w < 2 else
          (_persistent_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                  num_tiles, num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                 STAGES, IS_CAUSAL, KV_TAIL, PAIRED, (LEAN & LEAN_ONE_RELEASE) != 0))
+                                 STAGES, IS_CAUSAL, KV_TAIL, PAIRED))
          for w in (0, 1, 2)],
         [4, 1], [240, 32])
 
@@ -1193,7 +1155,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
                                    FEWER_MASKS))
              if w < NUM_WG else
              (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
-                          n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL, 0, 0, (LEAN & LEAN_ONE_RELEASE) != 0))
+                          n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL))
              for w in (0, 1, 2, 3)[:NUM_WG + 1]],
             [4] * (NUM_WG - 1) + [1], [CONSUMER_REGS] * (NUM_WG - 1) + [PRODUCER_REGS])
     else:
