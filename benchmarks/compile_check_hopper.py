@@ -168,6 +168,8 @@ def check(job):
         regs += "q_in_registers "
     if cfg["constexprs"]["LEAN"] & hopper.LEAN_DEFERRED_SUM:
         regs += "deferred_row_sum "
+    if cfg["constexprs"]["LEAN"] & hopper.LEAN_MASK_BRANCH:
+        regs += "mask_branch "
     if opts["Q_BUFS"] == 2:
         regs += "q_prefetch "
     if opts["PAIRED"]:
@@ -207,6 +209,8 @@ def main():
     ap.add_argument("--deferred-row-sum", default="default", choices=("default", "on", "off"),
                     help="the row sum's quad reduction once a tile (LEAN bit 4, hopper.deferred_row_sum_for): "
                          "the policy's, on wherever it fits, or off")
+    ap.add_argument("--mask-branch", default="default", choices=("default", "on", "off"),
+                    help="the mask alone under its branch ahead of one softmax body (LEAN bit 5, hopper.mask_branch)")
     ap.add_argument("--block-n", type=int, default=None,
                     help="key tile (block_n) of every selected variant and head dim instead of hopper.TILE_TABLE's")
     ap.add_argument("--stages", type=int, default=None, help="K / V ring depth instead of hopper.TILE_TABLE's")
@@ -217,6 +221,8 @@ def main():
                 hopper.TILE_TABLE[variant][d] = (bm, args.block_n or bn, args.stages or st)
     if args.deferred_row_sum != "default":  # before the compile jobs' processes are forked (they inherit it)
         hopper.deferred_row_sum.value = args.deferred_row_sum == "on"
+    if args.mask_branch != "default":  # likewise
+        hopper.mask_branch.value = args.mask_branch == "on"
     if args.cond_rescale != "default":  # set before the compile jobs' processes are forked (they inherit it)
         hopper.conditional_rescale.value = args.cond_rescale != "off"
         hopper.rescale_by_warp.value = args.cond_rescale == "warp"

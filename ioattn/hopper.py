@@ -223,12 +223,14 @@ LEAN_COND_RESCALE = 2   # conditional rescaling (``conditional_rescale_for``)
 LEAN_BY_WARP = 4        # ... decided by the warp (``rescale_by_warp``)
 LEAN_Q_REGS = 8         # Q as S = Q K^T's register operand (``q_in_registers_for``)
 LEAN_DEFERRED_SUM = 16  # the row sum's quad reduction once a tile (``deferred_row_sum``)
+LEAN_MASK_BRANCH = 32   # one softmax body a call site, the mask alone under its branch (``mask_branch``)
 
 
 def _lean_bits(lean: bool, name: str, d: int, causal: bool):
     """The kernel's ``LEAN``: False / True (the lean softmax), or with it an int with the options'
     bits (``LEAN_COND_RESCALE`` ... ``LEAN_DEFERRED_SUM``): 3 / 7 with conditional rescaling by the
-    thread / by the warp, plus 8 with Q in registers, plus 16 with the deferred row sum."""
+    thread / by the warp, plus 8 with Q in registers, plus 16 with the deferred row sum, plus 32 with
+    the mask under its own branch."""
     bits = int(lean)
     if lean and conditional_rescale_for(name, d):
         bits |= LEAN_COND_RESCALE | (LEAN_BY_WARP if rescale_by_warp.wanted() else 0)
@@ -236,6 +238,8 @@ def _lean_bits(lean: bool, name: str, d: int, causal: bool):
         bits |= LEAN_Q_REGS
     if lean and deferred_row_sum_for(name, d, causal):
         bits |= LEAN_DEFERRED_SUM
+    if lean and mask_branch.wanted():
+        bits |= LEAN_MASK_BRANCH
     return bits if bits > 1 else bool(lean)
 
 
@@ -389,6 +393,17 @@ def q_in_registers_for(name: str, d: int) -> bool:
 deferred_row_sum = dispatch.Preference(False)
 DEFERRED_ROW_SUM_FITS = ("pingpong", "split", "persistent")  # variants, every head dim and mask; wg3 non-causal
 DEFERRED_ROW_SUM_ON = (("pingpong", 128), ("pingpong", 256), ("persistent", 128), ("persistent", 256), ("wg3", 64))
+
+
+# One softmax body a call site in the ping-pong kernels' key loop (the kernel's ``LEAN`` bit 5,
+# ``_step_softmax``): a key tile whose mask is decided at run time (the loop's last tile, a tile the
+# diagonal crosses, FEWER_MASKS's first tile) took one of two inlined copies of the softmax, masked or
+# not; with this, the mask alone (``_mask_scores``) sits under the branch, ahead of one copy. The
+# consumer's code shrinks by about a quarter: ncu put 14 % of the causal persistent forward's warp
+# cycles at N = 512, d = 128, in "no instruction" stalls (2.03 cycles an issued instruction against
+# cuDNN's 0.08; non-causal 0.52; results/session-2026-12-02-zze). Every lean variant. Not yet
+# measured (NOTES §94): off.
+mask_branch = dispatch.Preference(False)
 
 
 def deferred_row_sum_for(name: str, d: int, causal: bool) -> bool:

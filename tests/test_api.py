@@ -630,6 +630,13 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
         with hopper.deferred_row_sum(False):
             assert not any(hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 16
                            for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v])
+    # the mask alone under its branch (LEAN bit 5): off by default (not yet measured); when asked, every
+    # lean kernel, either mask
+    assert not any(x & 32 for x in [*lean.values(), *lean_causal.values()])
+    for causal in (False, True):
+        with hopper.mask_branch(True):
+            assert {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
+                    if hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 32} == {k for k, x in lean.items() if x}
     # the output stored as whole rows at d = 64 / 128 through Triton's conversion (mode 1), at d = 256
     # staged in the Q buffer (mode 2: the ping-pong kernels, the persistent one loading its next Q there
     # after the stores); not in the persistent variant at d = 64 (measured slower); off everywhere by choice

@@ -100,6 +100,7 @@ LEAN_COND_RESCALE = gl.constexpr(_host.LEAN_COND_RESCALE)
 LEAN_BY_WARP = gl.constexpr(_host.LEAN_BY_WARP)
 LEAN_Q_REGS = gl.constexpr(_host.LEAN_Q_REGS)
 LEAN_DEFERRED_SUM = gl.constexpr(_host.LEAN_DEFERRED_SUM)
+LEAN_MASK_BRANCH = gl.constexpr(_host.LEAN_MASK_BRANCH)
 
 
 @gluon.jit
@@ -308,16 +309,7 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
     gl.static_assert(KEY_END or IS_CAUSAL, "without the diagonal test the key end is the only mask")
     if LEAN:
         if MASKED:
-            hi = cols_1d & ~6
-            lo = cols_1d & 6
-            if IS_CAUSAL:
-                limit = m_start + rows_1d + (seqlen_k - seqlen_q) - n_start
-                keep = hi[None, :] <= limit[:, None] - lo[None, :]
-                if KEY_END:
-                    keep = keep & (hi[None, :] < (seqlen_k - n_start - lo)[None, :])
-            else:
-                keep = hi[None, :] < (seqlen_k - n_start - lo)[None, :]
-            s = gl.where(keep, s, float("-inf"))
+            s = _mask_scores(s, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d, IS_CAUSAL, KEY_END)
         m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
         if LEAN & LEAN_COND_RESCALE:  # conditional rescaling: the max moves only by more than RESCALE_TAU (a first
             m_new = gl.where(m_new > m_i + RESCALE_TAU, m_new, m_i)  # key: -inf + tau = -inf, it moves)
@@ -348,6 +340,44 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
                                         assert_trivial=True)[:, None] + _thread_row_sums(p)
     else:
         l_new = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def _mask_scores(s, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d, IS_CAUSAL: gl.constexpr,
+                 KEY_END: gl.constexpr = True):
+    """The lean softmax's mask (``_softmax_tile``): raw scores of keys a row may not see set to -inf."""
+    hi = cols_1d & ~6
+    lo = cols_1d & 6
+    if IS_CAUSAL:
+        limit = m_start + rows_1d + (seqlen_k - seqlen_q) - n_start
+        keep = hi[None, :] <= limit[:, None] - lo[None, :]
+        if KEY_END:
+            keep = keep & (hi[None, :] < (seqlen_k - n_start - lo)[None, :])
+    else:
+        keep = hi[None, :] < (seqlen_k - n_start - lo)[None, :]
+    return gl.where(keep, s, float("-inf"))
+
+
+@gluon.jit
+def _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d,
+                  IS_CAUSAL: gl.constexpr, LEAN: gl.constexpr, EXP2_FMA: gl.constexpr, KEY_END: gl.constexpr):
+    """A key tile's softmax step whose mask is decided at run time (``need_mask``): two inlined copies of
+    ``_softmax_tile``, masked and unmasked, under the branch; or (``LEAN_MASK_BRANCH``) one copy, the mask
+    alone under the branch (``_mask_scores``), so that the consumer's code holds one softmax body a call
+    site instead of two (the instruction cache: NOTES §94)."""
+    if LEAN & LEAN_MASK_BRANCH:
+        if need_mask:
+            s = _mask_scores(s, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d, IS_CAUSAL, KEY_END)
+        p, alpha, m_new, l_new = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
+                                               rows_1d, cols_1d, False, IS_CAUSAL, LEAN, EXP2_FMA)
+    else:
+        if need_mask:
+            p, alpha, m_new, l_new = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
+                                                   rows_1d, cols_1d, True, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END)
+        else:
+            p, alpha, m_new, l_new = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
+                                                   rows_1d, cols_1d, False, IS_CAUSAL, LEAN, EXP2_FMA)
     return p, alpha, m_new, l_new
 
 
@@ -649,12 +679,8 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         need_mask = n_tiles == 1
         if MASK_ALL:
             need_mask = need_mask | (n_lo * BLOCK_N + BLOCK_N - 1 > diag)
-        if need_mask:
-            p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q, seqlen_k,
-                                               rows_1d, cols_1d, True, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END)
-        else:
-            p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q, seqlen_k,
-                                               rows_1d, cols_1d, False, IS_CAUSAL, LEAN, EXP2_FMA)
+        p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q,
+                                           seqlen_k, rows_1d, cols_1d, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END)
     else:
         p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q, seqlen_k,
                                            rows_1d, cols_1d, True, IS_CAUSAL, LEAN, EXP2_FMA)
@@ -679,12 +705,8 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         need_mask = i + 1 == n_tiles - 1
         if MASK_ALL:
             need_mask = need_mask | (n_start + BLOCK_N - 1 > diag)
-        if need_mask:
-            p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d,
-                                               cols_1d, True, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END)
-        else:
-            p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d,
-                                               cols_1d, False, IS_CAUSAL, LEAN, EXP2_FMA)
+        p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
+                                           rows_1d, cols_1d, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END)
         # P(i) V(i) done: P(i)'s registers may go (listed so they stay alive until here), V(i)'s slot too
         o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
         mbarrier.arrive(v_empty.index(cur), count=1)
