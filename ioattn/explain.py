@@ -62,8 +62,8 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                                  else "shared memory"),
                    "row_sum": ("per-thread partial sums, reduced once a query tile" if lean & hopper.LEAN_DEFERRED_SUM
                                else "reduced every key tile"),
-                   "mask": ("under its own branch, ahead of one softmax body" if lean & hopper.LEAN_MASK_BRANCH
-                            else "masked and unmasked softmax bodies")}
+                   "mask": ("a tile's first key step: under its own branch, ahead of one softmax body"
+                            if lean & hopper.LEAN_MASK_BRANCH else "masked and unmasked softmax bodies")}
         if name == "persistent":
             opts = hopper.persistent_options(q.shape[-1], name, window == (-1, 0), dispatch.cdiv(seqlen_q, bm))
             forward["walk"] = ("pairs of query blocks, head by head" if opts["PAIRED"] else

@@ -395,14 +395,14 @@ DEFERRED_ROW_SUM_FITS = ("pingpong", "split", "persistent")  # variants, every h
 DEFERRED_ROW_SUM_ON = (("pingpong", 128), ("pingpong", 256), ("persistent", 128), ("persistent", 256), ("wg3", 64))
 
 
-# One softmax body a call site in the ping-pong kernels' key loop (the kernel's ``LEAN`` bit 5,
-# ``_step_softmax``): a key tile whose mask is decided at run time (the loop's last tile, a tile the
-# diagonal crosses, FEWER_MASKS's first tile) took one of two inlined copies of the softmax, masked or
-# not; with this, the mask alone (``_mask_scores``) sits under the branch, ahead of one copy. The
-# consumer's code shrinks by about a quarter: ncu put 14 % of the causal persistent forward's warp
-# cycles at N = 512, d = 128, in "no instruction" stalls (2.03 cycles an issued instruction against
-# cuDNN's 0.08; non-causal 0.52; results/session-2026-12-02-zze). Every lean variant. Not yet
-# measured (NOTES §94): off.
+# One softmax body for a tile's first key step in the ping-pong kernels (the kernel's ``LEAN`` bit 5,
+# ``_step_softmax``): where FEWER_MASKS decides that step's mask at run time, the mask alone
+# (``_mask_scores``) sits under the branch, ahead of one copy of the softmax, instead of two inlined
+# copies, masked or not. ncu put 14 % of the causal persistent forward's warp cycles at N = 512,
+# d = 128, in "no instruction" stalls (2.03 cycles an issued instruction against cuDNN's 0.08;
+# non-causal 0.52; results/session-2026-12-02-zze). The same form inside the key loop, measured
+# first (NOTES §94), was 5-12 % slower: ptxas waits for the wgmma in flight (P V) at the branch's join,
+# ahead of the softmax. Every lean variant. Not yet measured (NOTES §95): off.
 mask_branch = dispatch.Preference(False)
 
 

@@ -361,12 +361,16 @@ def _mask_scores(s, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d, IS_C
 
 @gluon.jit
 def _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d,
-                  IS_CAUSAL: gl.constexpr, LEAN: gl.constexpr, EXP2_FMA: gl.constexpr, KEY_END: gl.constexpr):
+                  IS_CAUSAL: gl.constexpr, LEAN: gl.constexpr, EXP2_FMA: gl.constexpr, KEY_END: gl.constexpr,
+                  BRANCH_OK: gl.constexpr = False):
     """A key tile's softmax step whose mask is decided at run time (``need_mask``): two inlined copies of
-    ``_softmax_tile``, masked and unmasked, under the branch; or (``LEAN_MASK_BRANCH``) one copy, the mask
-    alone under the branch (``_mask_scores``), so that the consumer's code holds one softmax body a call
-    site instead of two (the instruction cache: NOTES §94)."""
-    if LEAN & LEAN_MASK_BRANCH:
+    ``_softmax_tile``, masked and unmasked, under the branch; or (``LEAN_MASK_BRANCH`` and ``BRANCH_OK``)
+    one copy, the mask alone under the branch (``_mask_scores``), so that the consumer's code holds one
+    softmax body there instead of two (the instruction cache: NOTES §94-§95). ``BRANCH_OK``: no product
+    in flight at this call (a tile's first key step): ptxas waits for every wgmma in flight at a branch's
+    join, so in the key loop the join ahead of the softmax would serialise it with this warpgroup's
+    P V (measured 5-12 % slower there, NOTES §94)."""
+    if (LEAN & LEAN_MASK_BRANCH) and BRANCH_OK:
         if need_mask:
             s = _mask_scores(s, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d, IS_CAUSAL, KEY_END)
         p, alpha, m_new, l_new = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
@@ -680,7 +684,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         if MASK_ALL:
             need_mask = need_mask | (n_lo * BLOCK_N + BLOCK_N - 1 > diag)
         p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q,
-                                           seqlen_k, rows_1d, cols_1d, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END)
+                                           seqlen_k, rows_1d, cols_1d, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END, True)
     else:
         p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q, seqlen_k,
                                            rows_1d, cols_1d, True, IS_CAUSAL, LEAN, EXP2_FMA)
