@@ -238,7 +238,7 @@ def _lean_bits(lean: bool, name: str, d: int, causal: bool):
         bits |= LEAN_Q_REGS
     if lean and deferred_row_sum_for(name, d, causal):
         bits |= LEAN_DEFERRED_SUM
-    if lean and mask_branch.wanted():
+    if lean and mask_branch_for(name, d, causal):
         bits |= LEAN_MASK_BRANCH
     return bits if bits > 1 else bool(lean)
 
@@ -398,12 +398,30 @@ DEFERRED_ROW_SUM_ON = (("pingpong", 128), ("pingpong", 256), ("persistent", 128)
 # One softmax body for a tile's first key step in the ping-pong kernels (the kernel's ``LEAN`` bit 5,
 # ``_step_softmax``): where FEWER_MASKS decides that step's mask at run time, the mask alone
 # (``_mask_scores``) sits under the branch, ahead of one copy of the softmax, instead of two inlined
-# copies, masked or not. ncu put 14 % of the causal persistent forward's warp cycles at N = 512,
-# d = 128, in "no instruction" stalls (2.03 cycles an issued instruction against cuDNN's 0.08;
-# non-causal 0.52; results/session-2026-12-02-zze). The same form inside the key loop, measured
-# first (NOTES §94), was 5-12 % slower: ptxas waits for the wgmma in flight (P V) at the branch's join,
-# ahead of the softmax. Every lean variant. Not yet measured (NOTES §95): off.
+# copies, masked or not: 5-11 % less consumer code. ncu put 14 % of the causal persistent forward's
+# warp cycles at N = 512, d = 128, in "no instruction" stalls (2.03 cycles an issued instruction
+# against cuDNN's 0.08; non-causal 0.52; results/session-2026-12-02-zze). Measured (ab_fwd on the H200,
+# bf16, 16k tokens, 2 interleaved rounds, results/session-2026-12-02-zzg, NOTES §95), without / with,
+# TFLOP/s: persistent causal d = 128 276 / 293, 429 / 444, 558 / 565 at N = 512 / 1024 / 2048, d = 256
+# 319 / 324, 612 / 613 at 512 / 2048, d = 64 201 / 203, 285 / 283 at 512 / 1024; ping-pong d = 128 causal
+# at 16384 715 / 716; non-causal slower everywhere (d = 128 514 / 493, 612 / 589, 667 / 649; d = 256
+# 545 / 533, 741 / 727; d = 64 330 / 328, 389 / 377; ping-pong d = 128 at 16384 722 / 708). On by
+# default for causal calls at ``MASK_BRANCH_CAUSAL_HEADDIMS`` in the two-warpgroup kernels (wg3 has no
+# FEWER_MASKS: its code would not change). The same form inside the key loop, measured first (NOTES
+# §94), was 5-12 % slower: ptxas waits for the wgmma in flight (P V) at the branch's join, ahead of
+# the softmax. ``with hopper.mask_branch(True / False)``: on in every lean kernel / off.
 mask_branch = dispatch.Preference(False)
+MASK_BRANCH_CAUSAL_HEADDIMS = (128, 256)
+MASK_BRANCH_VARIANTS = ("pingpong", "split", "persistent")
+
+
+def mask_branch_for(name: str, d: int, causal: bool) -> bool:
+    """Whether variant ``name`` at head dim ``d`` under the mask puts a tile's first-step mask under its
+    own branch: ``mask_branch``'s value inside its block, else the measured policy (causal calls at
+    ``MASK_BRANCH_CAUSAL_HEADDIMS`` in ``MASK_BRANCH_VARIANTS``)."""
+    if mask_branch.value is not None:
+        return mask_branch.value
+    return bool(causal) and d in MASK_BRANCH_CAUSAL_HEADDIMS and name in MASK_BRANCH_VARIANTS
 
 
 def deferred_row_sum_for(name: str, d: int, causal: bool) -> bool:

@@ -578,7 +578,10 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
                                                          ("wg3", 64): 23}, lean
     lean_causal = {(v, d): hopper.kernel_config(d, v, causal=True)["constexprs"]["LEAN"]
                    for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]}
-    assert lean_causal == {**lean, ("wg3", 64): 7}, lean_causal  # the same under the mask but wg3's
+    # the same under the mask but wg3's (its causal build without the deferred sum) and, bit 5, a tile's
+    # first-step mask under its own branch in the two-warpgroup kernels at d = 128 / 256
+    assert lean_causal == {**lean, ("wg3", 64): 7, **{(v, d): lean[(v, d)] | 32 for v in ("pingpong", "split", "persistent")
+                                                      for d in (128, 256) if d in hopper.TILE_TABLE[v]}}, lean_causal
     monkeypatch.setenv(hopper.CONDITIONAL_RESCALE_ENV, "0")
     assert hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"] == 25
     assert hopper.kernel_config(256, "split")["constexprs"]["LEAN"] is True
@@ -624,19 +627,25 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
                   if hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 16}
             assert ds == ({(v, d) for v in ("pingpong", "split", "persistent") for d in (64, 128, 256)}
                           | (set() if causal else {("wg3", 64)})), (causal, ds)
-            assert hopper.kernel_config(256, "split", causal)["constexprs"]["LEAN"] == 23
+            assert hopper.kernel_config(256, "split", causal)["constexprs"]["LEAN"] == (55 if causal else 23)
             with hopper.lean_softmax(False):
                 assert not hopper.kernel_config(128, "persistent", causal)["constexprs"]["LEAN"]
         with hopper.deferred_row_sum(False):
             assert not any(hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 16
                            for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v])
-    # the mask alone under its branch (LEAN bit 5): off by default (not yet measured); when asked, every
-    # lean kernel, either mask
-    assert not any(x & 32 for x in [*lean.values(), *lean_causal.values()])
+    # a tile's first-step mask under its own branch (LEAN bit 5): by default in causal calls of the
+    # two-warpgroup kernels at d = 128 / 256 (measured faster there, slower non-causal); when asked, every
+    # lean kernel, either mask; forced off, nowhere
+    assert not any(x & 32 for x in lean.values())
+    assert {k for k, x in lean_causal.items() if x & 32} == {(v, d) for v in ("pingpong", "split", "persistent")
+                                                              for d in (128, 256) if d in hopper.TILE_TABLE[v]}
     for causal in (False, True):
         with hopper.mask_branch(True):
             assert {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
                     if hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 32} == {k for k, x in lean.items() if x}
+        with hopper.mask_branch(False):
+            assert not any(hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 32
+                           for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v])
     # the output stored as whole rows at d = 64 / 128 through Triton's conversion (mode 1), at d = 256
     # staged in the Q buffer (mode 2: the ping-pong kernels, the persistent one loading its next Q there
     # after the stores); not in the persistent variant at d = 64 (measured slower); off everywhere by choice
