@@ -69,8 +69,6 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
             forward["walk"] = ("pairs of query blocks, head by head" if opts["PAIRED"] else
                                "longest tiles first over the grid" if window == (-1, 0) else "head by head")
             forward["q_buffers"] = opts["Q_BUFS"]
-            forward["turns"] = ("ping-pong (mbarrier turns)" if hopper.kernel_config(
-                q.shape[-1], name, window == (-1, 0))["constexprs"]["ORDERED"] else "free-running")
     else:
         forward = None
     batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]

@@ -257,8 +257,7 @@ def kernel_config(d: int, name: str | None = None, causal: bool = False) -> dict
                 q_rows=block_m // num_wg if pingpong else block_m,  # ping-pong: each warpgroup loads its own Q
                 num_warps=4 if pingpong else 4 * (block_m // 64),  # ping-pong: the default partition = warpgroup 0
                 constexprs=dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, PINGPONG=pingpong,
-                                NUM_WG=num_wg,
-                                ORDERED=name != "split" and (name != "persistent" or persistent_turns.wanted()),
+                                NUM_WG=num_wg, ORDERED=name != "split",
                                 # the register-lean softmax and lse offsets the 160-register consumers need
                                 # (and, by choice, the two-warpgroup variants': lean_softmax below)
                                 LEAN=_lean_bits(num_wg == 3 or (pingpong and lean_softmax.wanted()), name, d, causal),
@@ -492,14 +491,6 @@ PERSISTENT_Q2_HEADDIMS = (128,)
 paired_walk = dispatch.Preference(False)
 PAIRED_HEADDIMS = (128, 256)
 
-
-# The persistent kernel's two consumer warpgroups ordered by the ping-pong turns (the kernel's
-# ``ORDERED``, as the one-tile ping-pong kernel; False: free-running, as the "split" variant). The
-# ordering was measured level with free-running in the one-tile kernels before the persistent one
-# existed (NOTES §20); the persistent kernel at short lengths, where the d = 64 consumers are bound by
-# the softmax's dependent chains (§82, §94's stall table: "wait" 1.66 cycles an issued instruction
-# against cuDNN's 0.85), was never measured without it. Not yet measured (NOTES §97): on (ordered).
-persistent_turns = dispatch.Preference(True)
 
 def _switch(pref: dispatch.Preference, default: bool) -> bool:
     """A preference's value when a block has set it, else ``default`` (the table's)."""

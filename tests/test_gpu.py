@@ -666,29 +666,6 @@ def test_hopper_forward_mask_branch(variant, d, causal, shape, poison_alloc):
     from ioattn import hopper
     _check_forward_option(variant, d, causal, shape, torch.bfloat16, hopper.mask_branch, 32)
 
-
-@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("d", [64, 128, 256])
-@pytest.mark.parametrize("causal", [False, True])
-# ragged; one key tile (causal: rows that see no key); several tiles a program (the warpgroups drift
-# apart by up to the ring's depth without the turns); GQA, seqlen_q < seqlen_k
-@pytest.mark.parametrize("shape", [(1, 777, 1500, 2, 1), (3, 129, 64, 2, 2), (1, 2048, 2048, 16, 8),
-                                   (2, 384, 1000, 8, 2)])
-def test_hopper_forward_persistent_free_running(d, causal, shape, poison_alloc):
-    """The persistent forward with its consumer warpgroups free-running (hopper.persistent_turns off,
-    the kernel's ORDERED False): the same function (only the order in which the two warpgroups issue
-    their products changes), against the float64 oracle, forward and gradients."""
-    from ioattn import hopper
-    b, sq, sk, h, hkv = shape
-    with hopper.variant("persistent"), hopper.prefer_hopper(True), hopper.persistent_turns(False):
-        assert not hopper.kernel_config(d, "persistent", causal)["constexprs"]["ORDERED"]
-        plan = ioattn.explain_dispatch(torch.empty(b, sq, h, d, device="cuda", dtype=torch.bfloat16),
-                                       torch.empty(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16),
-                                       torch.empty(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16),
-                                       causal=causal)
-        assert "persistent" in plan.forward["kernel"] and plan.forward["turns"] == "free-running", plan.forward
-        _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=causal)
-
 def _check_forward_option(variant, d, causal, shape, dtype, option, bit):
     """A Gluon forward option (``option``: a hopper preference that sets the kernel's ``LEAN`` ``bit``)
     against the float64 oracle, forward and gradients, with the default options beside it; and the
