@@ -252,6 +252,10 @@ def kernel_config(d: int, name: str | None = None, causal: bool = False) -> dict
     block_m, block_n, stages = TILE_TABLE[name][d]
     pingpong = name != "base"
     num_wg = 3 if name == "wg3" else 2  # consumer warpgroups (partitions) of the ping-pong kernel
+    policy = name  # whose option policies (the LEAN bits) apply
+    if name == "persistent" and persistent_wg3_for(d):  # wg3's shape, walked by the persistent kernel
+        num_wg, policy = 3, "wg3"
+        block_m, block_n, stages = TILE_TABLE["wg3"][d]
     assert not pingpong or block_m == 64 * num_wg, (name, block_m)
     return dict(variant=name, block_m=block_m, block_n=block_n, stages=stages,
                 q_rows=block_m // num_wg if pingpong else block_m,  # ping-pong: each warpgroup loads its own Q
@@ -260,7 +264,7 @@ def kernel_config(d: int, name: str | None = None, causal: bool = False) -> dict
                                 NUM_WG=num_wg, ORDERED=name != "split",
                                 # the register-lean softmax and lse offsets the 160-register consumers need
                                 # (and, by choice, the two-warpgroup variants': lean_softmax below)
-                                LEAN=_lean_bits(num_wg == 3 or (pingpong and lean_softmax.wanted()), name, d, causal),
+                                LEAN=_lean_bits(num_wg == 3 or (pingpong and lean_softmax.wanted()), policy, d, causal),
                                 PERSISTENT=name == "persistent",
                                 FEWER_MASKS=pingpong and num_wg == FEWER_MASKS_NUM_WG))
 
@@ -491,6 +495,22 @@ PERSISTENT_Q2_HEADDIMS = (128,)
 paired_walk = dispatch.Preference(False)
 PAIRED_HEADDIMS = (128, 256)
 
+
+# The persistent kernel at d = 64 with three consumer warpgroups: wg3's shape (192-row tiles, 64 rows
+# and 160 registers a warpgroup, a K / V ring of 4, its option policies: conditional rescaling by the
+# warp, the row sum deferred non-causal, no FEWER_MASKS) walked by the persistent tile loop, instead of
+# two warpgroups of 240 registers on 128-row tiles. At d = 64 a warpgroup's softmax costs as much as its
+# two products (§82), and the three-warpgroup ring is what carries the one-tile kernel past cuDNN from
+# N = 2048 (wg3 545 against the two-warpgroup ping-pong's ~480 at 16384); the persistent kernel is the
+# default at d = 64 up to N = 1024 non-causal and 4096 causal, where the ratio to cuDNN is 0.77-0.94.
+# Not yet measured (NOTES §98): off.
+persistent_wg3 = dispatch.Preference(False)
+PERSISTENT_WG3_HEADDIMS = (64,)  # wg3's head dims
+
+
+def persistent_wg3_for(d: int) -> bool:
+    """Whether the persistent kernel at head dim ``d`` runs three consumer warpgroups."""
+    return d in PERSISTENT_WG3_HEADDIMS and persistent_wg3.wanted()
 
 def _switch(pref: dispatch.Preference, default: bool) -> bool:
     """A preference's value when a block has set it, else ``default`` (the table's)."""

@@ -646,6 +646,16 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
         with hopper.mask_branch(False):
             assert not any(hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 32
                            for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v])
+    # the persistent kernel with three consumer warpgroups at d = 64 (wg3's tiles and option policies):
+    # off by default (not yet measured); when asked, at d = 64 only
+    assert hopper.kernel_config(64, "persistent")["constexprs"]["NUM_WG"] == 2
+    with hopper.persistent_wg3(True):
+        for causal in (False, True):
+            cfg, wg3 = hopper.kernel_config(64, "persistent", causal), hopper.kernel_config(64, "wg3", causal)
+            assert (cfg["block_m"], cfg["block_n"], cfg["stages"], cfg["q_rows"]) == \
+                (wg3["block_m"], wg3["block_n"], wg3["stages"], wg3["q_rows"]) == (192, 128, 4, 64)
+            assert {**cfg["constexprs"], "PERSISTENT": False} == wg3["constexprs"], (cfg, wg3)
+        assert [hopper.kernel_config(d, "persistent")["constexprs"]["NUM_WG"] for d in (128, 256)] == [2, 2]
     # the output stored as whole rows at d = 64 / 128 through Triton's conversion (mode 1), at d = 256
     # staged in the Q buffer (mode 2: the ping-pong kernels, the persistent one loading its next Q there
     # after the stores); not in the persistent variant at d = 64 (measured slower); off everywhere by choice
