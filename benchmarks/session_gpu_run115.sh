@@ -2,7 +2,8 @@
 # Prepared in the eighteenth session for the next one (NOTES §98): the persistent kernel at d = 64 with
 # three consumer warpgroups (hopper.persistent_wg3, ab_fwd's "-w3"): (1) its GPU tests; (2) ab_fwd against
 # the two-warpgroup persistent default ("gluon-pers-lean") and the one-tile wg3 at its defaults, with
-# and without wg3's options on the three-warpgroup persistent build, non-causal and causal. Each step
+# and without wg3's options on the three-warpgroup persistent build, non-causal and causal; (3) the
+# paired causal walk at d = 64 against the LPT one, where §66 had it ahead. Each step
 # packed as it ends, so a call cut short still returns what it finished.
 # Usage: bash benchmarks/session_gpu_run115.sh OUT        (writes OUT/summary.log and OUT/run115.tar.gz)
 set -u
@@ -22,5 +23,8 @@ echo "tests rc=$?: $(tail -n 1 "$w/tests.log")"
 grep -E "^(FAILED|ERROR)" "$w/tests.log" | head -8; pack
 ab p3_64 64 0 512,1024,2048 gluon-pers-lean,gluon-pers-lean-w3,gluon-pers-lean-crw-ds-w3,gluon-wg3-crw-ds 110
 ab p3_64c 64 1 512,1024,2048,4096 gluon-pers-lean,gluon-pers-lean-w3,gluon-pers-lean-crw-w3,gluon-wg3-crw 130
+# the two-warpgroup persistent kernel's causal walk by pairs at d = 64 again (hopper.PAIRED_HEADDIMS: off
+# there since §66, where it was +1 / +4 / +2.5 % at N = 1024 / 2048 / 4096 and -18 % at 512)
+ab pair_64c 64 1 1024,2048,4096 gluon-pers-lean,gluon-pers-lean-pair 70
 } 2>&1 | tee "$out/summary.log"
 pack && rm -rf "$w"
