@@ -37,7 +37,9 @@ longest-processing-time order) and ``exp2_fma`` (a share of the exponentials on 
 Measured and on by default in the ping-pong variants: ``lean_softmax`` and, with it,
 ``conditional_rescale`` (FlashAttention-4's conditional rescaling, decided by the warp; not in the
 persistent kernel at d = 64, ``CONDITIONAL_RESCALE_OFF``) and, in the two-warpgroup variants at d = 128,
-``q_in_registers`` (Q as the register operand of S = Q K^T).
+``q_in_registers`` (Q as the register operand of S = Q K^T); ``deferred_row_sum``, and for causal calls
+at d = 128 / 256 ``mask_branch``, by their tables. ``persistent_wg3`` (the persistent kernel at d = 64
+with wg3's three warpgroups): off until measured.
 """
 from __future__ import annotations
 
@@ -223,7 +225,7 @@ LEAN_COND_RESCALE = 2   # conditional rescaling (``conditional_rescale_for``)
 LEAN_BY_WARP = 4        # ... decided by the warp (``rescale_by_warp``)
 LEAN_Q_REGS = 8         # Q as S = Q K^T's register operand (``q_in_registers_for``)
 LEAN_DEFERRED_SUM = 16  # the row sum's quad reduction once a tile (``deferred_row_sum``)
-LEAN_MASK_BRANCH = 32   # one softmax body a call site, the mask alone under its branch (``mask_branch``)
+LEAN_MASK_BRANCH = 32   # a tile's first-step mask under its own branch, one softmax body (``mask_branch``)
 
 
 def _lean_bits(lean: bool, name: str, d: int, causal: bool):
@@ -511,6 +513,7 @@ PERSISTENT_WG3_HEADDIMS = (64,)  # wg3's head dims
 def persistent_wg3_for(d: int) -> bool:
     """Whether the persistent kernel at head dim ``d`` runs three consumer warpgroups."""
     return d in PERSISTENT_WG3_HEADDIMS and persistent_wg3.wanted()
+
 
 def _switch(pref: dispatch.Preference, default: bool) -> bool:
     """A preference's value when a block has set it, else ``default`` (the table's)."""

@@ -580,8 +580,9 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
                    for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]}
     # the same under the mask but wg3's (its causal build without the deferred sum) and, bit 5, a tile's
     # first-step mask under its own branch in the two-warpgroup kernels at d = 128 / 256
-    assert lean_causal == {**lean, ("wg3", 64): 7, **{(v, d): lean[(v, d)] | 32 for v in ("pingpong", "split", "persistent")
-                                                      for d in (128, 256) if d in hopper.TILE_TABLE[v]}}, lean_causal
+    branched = {(v, d): lean[(v, d)] | 32 for v in ("pingpong", "split", "persistent") for d in (128, 256)
+                if d in hopper.TILE_TABLE[v]}
+    assert lean_causal == {**lean, ("wg3", 64): 7, **branched}, lean_causal
     monkeypatch.setenv(hopper.CONDITIONAL_RESCALE_ENV, "0")
     assert hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"] == 25
     assert hopper.kernel_config(256, "split")["constexprs"]["LEAN"] is True
@@ -637,12 +638,12 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     # two-warpgroup kernels at d = 128 / 256 (measured faster there, slower non-causal); when asked, every
     # lean kernel, either mask; forced off, nowhere
     assert not any(x & 32 for x in lean.values())
-    assert {k for k, x in lean_causal.items() if x & 32} == {(v, d) for v in ("pingpong", "split", "persistent")
-                                                              for d in (128, 256) if d in hopper.TILE_TABLE[v]}
+    assert {k for k, x in lean_causal.items() if x & 32} == set(branched)
     for causal in (False, True):
         with hopper.mask_branch(True):
-            assert {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
-                    if hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 32} == {k for k, x in lean.items() if x}
+            asked = {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
+                     if hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 32}
+            assert asked == {k for k, x in lean.items() if x}, asked
         with hopper.mask_branch(False):
             assert not any(hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 32
                            for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v])

@@ -561,6 +561,7 @@ def test_hopper_forward_persistent_wg3(causal, shape, dtype, poison_alloc):
         assert plan.forward["consumer_warpgroups"] == 3 and plan.forward["tiles"][0] == 192, plan.forward
         _check(b, sq, sk, h, hkv, 64, dtype, causal=causal)
 
+
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("variant", ["base", "pingpong", "wg3"])
 @pytest.mark.parametrize("d", [64, 128, 256])
@@ -674,7 +675,6 @@ def test_hopper_forward_deferred_row_sum(variant, d, causal, shape, poison_alloc
     _check_forward_option(variant, d, causal, shape, torch.bfloat16, hopper.deferred_row_sum, 16)
 
 
-
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("variant, d", [("pingpong", 64), ("pingpong", 128), ("pingpong", 256), ("split", 128),
                                         ("persistent", 64), ("persistent", 128), ("persistent", 256), ("wg3", 64)])
@@ -683,10 +683,12 @@ def test_hopper_forward_deferred_row_sum(variant, d, causal, shape, poison_alloc
 # persistent program (masked and unmasked steps in every tile)
 @pytest.mark.parametrize("shape", [(1, 777, 1500, 2, 1), (3, 129, 64, 2, 2), (1, 2048, 2048, 16, 8)])
 def test_hopper_forward_mask_branch(variant, d, causal, shape, poison_alloc):
-    """The mask alone under its branch ahead of one softmax body (hopper.mask_branch, the kernel's
-    LEAN bit 5): the same operations on the same values, so the same function."""
+    """A tile's first-step mask under its own branch ahead of one softmax body (hopper.mask_branch, the
+    kernel's LEAN bit 5; by default causal at d = 128 / 256): the same operations on the same values,
+    so the same function."""
     from ioattn import hopper
     _check_forward_option(variant, d, causal, shape, torch.bfloat16, hopper.mask_branch, 32)
+
 
 def _check_forward_option(variant, d, causal, shape, dtype, option, bit):
     """A Gluon forward option (``option``: a hopper preference that sets the kernel's ``LEAN`` ``bit``)

@@ -218,6 +218,7 @@ def test_hopper_persistent_wg3_compiles_for_sm90():
         assert "tiles=192x128x4" in line and "three_wg" in line and "wgmma-pipelined" in line, line
         assert int(re.search(r"spill=(\d+)B", line).group(1)) <= (128 if "causal=True" in line else 0), line
 
+
 def test_hopper_register_options_compile_for_sm90():
     """Q as S = Q K^T's register operand (LEAN bit 3, NOTES §87): in the default two-warpgroup builds at
     d = 128 only, with the default builds' spill bounds and pipelined wgmma (wg3 and d = 256 would spill;

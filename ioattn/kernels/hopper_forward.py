@@ -1039,9 +1039,8 @@ def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads
     gl.warp_specialize(
         [(_persistent_consumer, (q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready,
                                  v_empty, turn.index(w), turn.index((w + 1) % NUM_WG), Out, Lse, num_tiles, num_m,
-                                 nheads,
-                                 seqlen_q, seqlen_k, stride_om, stride_lse_b, stride_lse_h, qk_scale, w * WG_ROWS,
-                                 HEAD_DIM, BLOCK_M, WG_ROWS, BLOCK_N, STAGES, IS_CAUSAL, IS_CAUSAL,
+                                 nheads, seqlen_q, seqlen_k, stride_om, stride_lse_b, stride_lse_h, qk_scale,
+                                 w * WG_ROWS, HEAD_DIM, BLOCK_M, WG_ROWS, BLOCK_N, STAGES, IS_CAUSAL, IS_CAUSAL,
                                  1 if w == 0 else 0, ORDERED, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, w * Q_BUFS,
                                  Q_BUFS, PAIRED))
          if w < NUM_WG else
@@ -1081,7 +1080,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
     launcher zeroes out and fills lse with -inf beforehand, for tokens no sequence owns).
 
     ``PERSISTENT`` (ping-pong, two warpgroups, or three with wg3's tiles at d = 64 under
-    ``hopper.persistent_wg3``; fixed length; ``num_tiles`` = the tiles of the one-program-per-tile grid): launched with at most one program per SM, each walking its tiles
+    ``hopper.persistent_wg3``; fixed length; ``num_tiles`` = the tiles of the one-program-per-tile
+    grid): launched with at most one program per SM, each walking its tiles
     (``_walk``: pid, pid + programs, ...; causal: in the LPT order, odd waves reversed) in
     ``_persistent_consumer`` and ``_persistent_producer``.
 
