@@ -15,7 +15,7 @@ register the SASS names, + 1: ``consumer_regs``) and the spill instructions insi
 (``loop_spills``); it asserts no C7514, no spill inside that loop and at most 24 B outside it.
 
     python benchmarks/compile_check_hopper_bwd.py [--variants base,ws] [--headdims 64,128,256] [--quick]
-                                                  [--no-ptxas] [--jobs N] [--deterministic]
+                                                  [--no-ptxas] [--jobs N] [--deterministic] [--dq-flat]
 """
 import argparse
 import os
@@ -48,8 +48,8 @@ def compile_one(variant, d, dt, causal, deterministic=False):
         lay = ws_layouts(d, DTYPES[dt])
         assert lay["q"] == q_layout and lay["kv"] == kv_layout
         stat = f"tensordesc<fp32[{bm}],{lay['stat']!r}>"
-        sig.update(lse_desc=stat, delta_desc=stat, dq_desc=f"tensordesc<fp32[{bm},{cfg['dq_cols']}],{lay['dq']!r}>",
-                   Sem="*i32")
+        rows, cols = cfg["dq_block"]
+        sig.update(lse_desc=stat, delta_desc=stat, dq_desc=f"tensordesc<fp32[{rows},{cols}],{lay['dq']!r}>", Sem="*i32")
         cfg["constexprs"] = dict(cfg["constexprs"], DETERMINISTIC=deterministic)
     # dK / dV 16-byte aligned as at run time, so the epilogue's vector stores show in the SASS
     return cfg, compile_sm90(fn, sig, dict(cfg["constexprs"], IS_CAUSAL=causal), cfg["num_warps"],
@@ -57,7 +57,9 @@ def compile_one(variant, d, dt, causal, deterministic=False):
 
 
 def check(job):
-    variant, d, dt, causal, run_ptxas, det = job
+    variant, d, dt, causal, run_ptxas, det, flat = job
+    if flat:  # the flat dQ staging tile (``WS_DQ_FLAT``), set in this (worker) process
+        hopper_backward.WS_DQ_FLAT = {64: True, 128: True}
     cfg, k = compile_one(variant, d, dt, causal, det)
     ptx = k.asm["ptx"]
     c = ptx_counts(ptx)
@@ -97,7 +99,7 @@ def check(job):
     atoms = " ".join(f"{op}x{n}" for op, n in sorted(c["atomics"].items()))
     nreg = " ".join(f"{op}{v}x{n}" for (op, v), n in sorted(c["setmaxnreg"].items(),
                                                              key=lambda t: (t[0][0], int(t[0][1]))))
-    name = variant + ("-det" if det else "")
+    name = variant + ("-det" if det else "") + ("-flat" if cfg.get("dq_flat") else "")
     do_stages = cfg["constexprs"].get("DO_STAGES", cfg["stages"])
     stages = f"{cfg['stages']}" + (f"/{do_stages}" if do_stages != cfg["stages"] else "")  # Q / dO rings
     return (f"bwd {name:6s} d={d} {dt} causal={causal!s:5s} tiles={cfg['block_m']}x{cfg['block_n']}x{stages} "
@@ -116,12 +118,13 @@ def main():
     ap.add_argument("--headdims", default="64,128,256", help="each variant compiles those it covers")
     ap.add_argument("--causal", default="0,1", help="masks to compile: 0 none, 1 causal")
     ap.add_argument("--deterministic", action="store_true", help="also the ws kernel's deterministic dQ order")
+    ap.add_argument("--dq-flat", action="store_true", help="ws at d = 64 / 128: the flat dQ tile (WS_DQ_FLAT)")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="compiles in parallel")
     args = ap.parse_args()
     dtypes = ("bf16",) if args.quick else ("bf16", "fp16")
     variants = args.variants.split(",")
     assert set(variants) <= set(BWD_VARIANTS), variants
-    jobs = [(variant, int(d), dt, bool(int(causal)), not args.no_ptxas, det) for variant in variants
+    jobs = [(variant, int(d), dt, bool(int(causal)), not args.no_ptxas, det, args.dq_flat) for variant in variants
             for d in args.headdims.split(",") if int(d) in BWD_VARIANT_HEADDIMS[variant]
             for dt in dtypes for causal in args.causal.split(",")
             for det in ((False, True) if args.deterministic and variant == "ws" else (False,))]

@@ -34,7 +34,11 @@ def main():
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--cudnn", action="store_true", help="SDPA's cuDNN backward too, after ours")
     ap.add_argument("--cudnn-only", action="store_true", help="only cuDNN's forward + backward, no warm-up")
+    ap.add_argument("--dq-flat", action="store_true", help="ours with the flat dQ tile (WS_DQ_FLAT)")
     args = ap.parse_args()
+    if args.dq_flat:
+        from ioattn.kernels import hopper_backward as hb
+        hb.WS_DQ_FLAT = {64: True, 128: True}
     if args.cudnn_only:
         return cudnn_only(args)
     n = args.seqlen

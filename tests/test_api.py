@@ -808,6 +808,36 @@ def test_hopper_varlen_switch_and_policy(monkeypatch):
     assert kw["max_seqlen_q"] == kw["max_seqlen_k"] == 5
 
 
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("ragged", [False, True])
+def test_hopper_backward_flat_dq_order(d, ragged):
+    """The flat dQ order (``WS_DQ_FLAT``): ``dq_flat_bases`` steps every (row, column) of a
+    [block_m, d] block once, a thread's four values of an 8-column group first; ``dq_from_flat``
+    puts a flat accumulator built from a known dQ by those bases back in (batch, seqlen, heads, d)
+    order, scaled and cast, with seqlen a multiple of block_m (written through a view of dQ) or not
+    (through a padded buffer)."""
+    pytest.importorskip("triton.experimental.gluon")
+    import ioattn.kernels.hopper_backward as hb
+    block_m = hb.WS_BLOCK_M[d]
+    bases = hb.dq_flat_bases(hb.BWD_NUM_WARPS, block_m, d)
+    assert bases[:2] == [[0, 1], [8, 0]]  # a thread's registers of one 8-column group: 16 contiguous bytes
+    offs = torch.arange(block_m * d)
+    rows, cols = torch.zeros_like(offs), torch.zeros_like(offs)
+    for bit, (r, c) in enumerate(bases):
+        rows += ((offs >> bit) & 1) * r
+        cols += ((offs >> bit) & 1) * c
+    assert len(set(zip(rows.tolist(), cols.tolist()))) == block_m * d and rows.max() == block_m - 1
+    batch, heads, seqlen = 2, 3, 3 * block_m - (5 if ragged else 0)
+    n_m = -(-seqlen // block_m)
+    full = torch.randn(batch, n_m * block_m, heads, d)
+    blocks = full.view(batch, n_m, block_m, heads, d).permute(0, 3, 1, 2, 4)
+    flat = blocks[:, :, :, rows, cols].reshape(-1)
+    q = torch.empty(batch, seqlen, heads, d, dtype=torch.bfloat16)
+    dq = hb.dq_from_flat(flat, q, block_m, 0.5)
+    assert dq.shape == q.shape and dq.dtype == q.dtype and dq.is_contiguous()
+    assert torch.equal(dq, (full[:, :seqlen] * 0.5).to(torch.bfloat16))
+
+
 def test_hopper_backward_policy_and_wiring(monkeypatch):
     """The Gluon backward's default policy (hopper.BWD_AUTO_MIN_SEQLEN per head dim and mask, the
     reason in the plan); prefer_hopper_bwd / IOATTN_HOPPER_BWD override it; it is taken only where
@@ -861,11 +891,18 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     wide = hb.kernel_config(256, "ws")
     assert wide["kernel"] is hb.hopper_bwd_ws_kernel and (wide["block_n"], wide["dq_cols"]) == (64, 128)
     assert wide["constexprs"] == dict(HEAD_DIM=256, BLOCK_M=64, BLOCK_N=64, STAGES=2, DO_STAGES=1, COL_SPLIT=True,
-                                      COALESCED_STORE=True)
+                                      COALESCED_STORE=True, DQ_FLAT=False)
     for d, block_m, stages in ((64, 128, 3), (128, 64, 2)):
-        assert hb.kernel_config(d, "ws")["constexprs"] == dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=128,
-                                                               STAGES=stages, DO_STAGES=stages, COL_SPLIT=False,
-                                                               COALESCED_STORE=True)
+        flat = hb.WS_DQ_FLAT[d]
+        cfg = hb.kernel_config(d, "ws")
+        assert cfg["constexprs"] == dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=128, STAGES=stages, DO_STAGES=stages,
+                                         COL_SPLIT=False, COALESCED_STORE=True, DQ_FLAT=flat)
+        assert cfg["dq_block"] == ([block_m * d // 32, 32] if flat else [block_m, d])
+    # the flat dQ tile (``WS_DQ_FLAT``): a [block_m * d / 32, 32] box, the column split never flat
+    with monkeypatch.context() as m:
+        m.setattr(hb, "WS_DQ_FLAT", {64: True, 128: True, 256: True})
+        assert hb.kernel_config(128, "ws")["dq_block"] == [256, 32] and hb.kernel_config(128, "ws")["dq_flat"]
+        assert not hb.kernel_config(256, "ws")["dq_flat"] and hb.kernel_config(256, "ws")["dq_block"] == [64, 128]
     x = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="deterministic=True needs variant \"ws\""):  # refused before any launch
         hb.hopper_backward(x, x, x, x, x, torch.zeros(1, 2, 8), 0.125, False, variant="base", deterministic=True)

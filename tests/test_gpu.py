@@ -817,21 +817,27 @@ def test_backward_default_policy_and_deterministic(causal, monkeypatch, poison_a
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (3, 129, 64, 2, 2), (1, 1000, 300, 4, 4),
                                    (1, 300, 2000, 3, 1), (1, 4096, 4096, 8, 2)])
 @pytest.mark.parametrize("block_m", [64, 128])
-def test_hopper_backward_deterministic(d, causal, shape, block_m, poison_alloc, monkeypatch):
+@pytest.mark.parametrize("dq_flat", [False, True])
+def test_hopper_backward_deterministic(d, causal, shape, block_m, dq_flat, poison_alloc, monkeypatch):
     """The ws backward's ordered dQ mode (deterministic=True: reduce-adds in key-block order through
     per-query-block semaphores): three runs bitwise equal, and within 2x PyTorch's error of the
     float64 oracle. Shapes: many key blocks per query block, rows with no visible key, causal with
     seqlen_q > seqlen_k (key blocks no query sees), GQA 3. d=256: the column-split form (64-key
     blocks, each query block's dQ added in two halves under one turn of the order, the high one from
     the step's Q slot). block_m: d=64 at its default 128 query rows a step and at 64 (``WS_BLOCK_M``,
-    NOTES §55)."""
+    NOTES §55). dq_flat: the flat dQ tile and accumulator (``WS_DQ_FLAT``, d = 64 / 128 at their
+    default rows a step)."""
     from ioattn import hopper
     from ioattn.kernels import hopper_backward as hb
     from ioattn.kernels.hopper_backward import hopper_backward
     if block_m != hb.WS_BLOCK_M[d]:
-        if d != 64:
-            pytest.skip("a second row count a step at d=64 only")
+        if d != 64 or dq_flat:
+            pytest.skip("a second row count a step at d=64 only, with the swizzled dQ tile")
         monkeypatch.setitem(hb.WS_BLOCK_M, d, block_m)
+    if dq_flat:
+        if d not in hb.WS_DQ_FLAT:
+            pytest.skip("the flat dQ tile: the key-split form (d = 64 / 128)")
+        monkeypatch.setitem(hb.WS_DQ_FLAT, d, True)
     b, sq, sk, h, hkv = shape
     q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -865,7 +871,7 @@ def test_deterministic_through_the_api_with_the_ordered_gluon_mode(causal, monke
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant", ["base", "ws"])
+@pytest.mark.parametrize("variant", ["base", "ws", "ws-flat"])
 @pytest.mark.parametrize("forward", ["gluon", "portable"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
@@ -875,14 +881,21 @@ def test_deterministic_through_the_api_with_the_ordered_gluon_mode(causal, monke
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1), (3, 129, 64, 2, 2),
                                    (2, 300, 340, 3, 1), (1, 64, 1000, 2, 2), (1, 1000, 300, 4, 4),
                                    (2, 4096, 4096, 8, 2)])
-def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc):
+def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc, monkeypatch):
     """The experimental Gluon backward (not dispatched yet), each variant (base; ws: warp-specialised,
     dQ by TMA reduce-add; at d=256 its column-split form: 64-key programs, the warpgroups splitting
     the head dim, dQ in two halves, the high one and dK / dV staged through the Q ring; at d=64 128
-    query rows a step; dK and dV written as whole rows), against the float64 oracle, fed by the Gluon forward's or the portable
-    forward's (out, lse): dq, dk, dv within 2x PyTorch's own error."""
+    query rows a step; dK and dV written as whole rows; "ws-flat": ws with the flat dQ tile and
+    accumulator, ``WS_DQ_FLAT``), against the float64 oracle, fed by the Gluon forward's or the
+    portable forward's (out, lse): dq, dk, dv within 2x PyTorch's own error."""
     from ioattn import backends, hopper
+    from ioattn.kernels import hopper_backward as hb
     from ioattn.kernels.hopper_backward import BWD_VARIANT_HEADDIMS, hopper_backward
+    if variant == "ws-flat":
+        if d not in hb.WS_DQ_FLAT:
+            pytest.skip("the flat dQ tile: the key-split form (d = 64 / 128)")
+        monkeypatch.setitem(hb.WS_DQ_FLAT, d, True)
+        variant = "ws"
     if d not in BWD_VARIANT_HEADDIMS[variant]:
         pytest.skip(f"the {variant} backward has no head dim {d}")
     b, sq, sk, h, hkv = shape

@@ -64,3 +64,19 @@ def test_hopper_gluon_backward_ws_d256_column_split_compiles_for_sm90():
         assert "spill=0B" in line and "wgmma-pipelined" in line and "inc240" in line, line
         assert int(re.search(r"consumer_regs=(\d+)", line).group(1)) <= 240, line
         assert "tma_reduce=8 " in line, line
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+def test_hopper_gluon_backward_ws_flat_dq_compiles_for_sm90():
+    """Variant ws with the flat dQ tile (``WS_DQ_FLAT``) at d = 64 / 128, causal, with and without the
+    ordered dQ mode: one bulk reduce-add a block (the dense [256, 32] box) where the swizzled tile
+    takes 8 / 16, no spill inside the consumers' loop, wgmma pipelined, the consumers within their
+    240 registers."""
+    out, lines = _compile_check("--variants", "ws", "--headdims", "64,128", "--causal", "1", "--deterministic",
+                                "--dq-flat")
+    assert "hopper backward compiled for sm_90: 4 kernels" in out
+    assert len(lines) == 4, out
+    for line in lines:
+        assert "-flat " in line and "tma_reduce=1 " in line and "wgmma-pipelined" in line, line
+        assert "loop_spills=0 " in line and int(re.search(r"spill=(\d+)B", line).group(1)) <= 24, line
+        assert int(re.search(r"consumer_regs=(\d+)", line).group(1)) <= 240, line

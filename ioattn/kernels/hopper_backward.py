@@ -260,6 +260,16 @@ WS_COL_SPLIT_BLOCK_N = 64
 # 32 (16 messages a d=128 block). Measured +1 to +3 % at d=64, -1 to +3 % at d=128 (NOTES §54). d=256
 # keeps 128 B: its writer warp (24 registers) spills 32 B issuing 2 x 16 messages a step.
 WS_DQ_SWIZZLE = {64: 32, 128: 32, 256: 128}
+# "ws": the fp32 dQ staging tile in the accumulator's own order ("flat"), an A/B switch by head dim (the
+# key-split form only). Each thread's four values of one 8-column group (two adjacent columns, two rows
+# 8 apart) become 16 contiguous bytes and a warp's 32 threads 512 contiguous bytes: one conflict-free
+# STS.128 where the swizzled 2-D tile takes two STS.64. The writer's bulk reduce-add then reads the
+# tile as a dense [BLOCK_M * d / 32, 32] box into a dQ accumulator kept in the same order, one 32 KB
+# region per (batch, head, query block): whole 128 B rows a message where the 32 B swizzle sends
+# 32 B pieces (the L2 took one request a sector: 69 M reduce requests, its crossbar input 77 % busy
+# at d = 128, N = 4096 causal, NOTES §99). The host puts dQ back in (batch, seqlen, heads, d) order
+# in its scaling pass (``dq_from_flat``).
+WS_DQ_FLAT = {64: False, 128: False}
 # "ws": query rows a step by head dim (the key-split form; the column split needs 64). 128 at d = 64
 # doubles a step's products (S^T / dP^T 64 keys x 128 queries a warpgroup) against the same per-step
 # costs (barriers, hand-offs, waits), at d = 128's register count with D in dP^T's accumulator:
@@ -332,6 +342,32 @@ def _dq_acc_layout(num_warps, block_m, head_dim):
     if block_m == 64:
         return _dq_layout(num_warps, head_dim)
     return _acc_layout(num_warps, head_dim)
+
+
+@gluon.constexpr_function
+def dq_flat_bases(num_warps, block_m, head_dim):
+    """The flat dQ tile's order (``WS_DQ_FLAT``): for each bit of the shared-memory offset (in fp32
+    elements), lowest first, the (row, column) of the [block_m, head_dim] block it steps, one bit of
+    one coordinate each (a permutation of the coordinates' bits). The order follows the accumulator
+    layout (``_dq_acc_layout``: wgmma m64nN tiles, warps_per_cta [WM, WN]): a thread's column pair
+    and row + 8 first (its four registers of one 8-column group), then the lane (columns +2, +4;
+    rows +1, +2, +4), then the thread's 8-column groups, then the warps (rows +16, +32, ...; then
+    the column halves)."""
+    wn = num_warps // 4 if block_m == 64 else 1
+    wm = num_warps // wn
+    instr_n = head_dim // wn
+    bases = [[0, 1], [8, 0], [0, 2], [0, 4], [1, 0], [2, 0], [4, 0]]
+    bases += [[0, 8 << i] for i in range((instr_n // 8).bit_length() - 1)]
+    bases += [[16 << i, 0] for i in range(wm.bit_length() - 1)]
+    bases += [[0, instr_n << i] for i in range(wn.bit_length() - 1)]
+    assert 1 << len(bases) == block_m * head_dim and 16 * wm == block_m, (num_warps, block_m, head_dim)
+    return bases
+
+
+@gluon.constexpr_function
+def _dq_flat_layout(num_warps, block_m, head_dim):
+    """Shared layout of the flat dQ staging tile (``dq_flat_bases``), 128 B aligned for the bulk copy."""
+    return gl.SharedLinearLayout(offset_bases=dq_flat_bases(num_warps, block_m, head_dim), alignment=128)
 
 
 @gluon.jit
@@ -619,7 +655,7 @@ def _bulk_complete_and_release(sem):
 def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_full, Sem, b, h0, m_lo, n_m, n_iter,
                   seqlen_q, seqlen_k, nheads, n_m_total, n_block, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_COLS: gl.constexpr,
-                  STAGES: gl.constexpr):
+                  STAGES: gl.constexpr, DQ_FLAT: gl.constexpr = False):
     """The 1-warp dQ writer: per step, once the consumers have put the step's dQ block (fp32,
     unscaled) in ``dq_smem`` (``dq_full``), one TMA reduce-add of it into the dQ accumulator; when
     the bulk copy has read the tile, the buffer goes back to the consumers (``dq_empty``). A buffer
@@ -642,8 +678,12 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
     compiles for sm_90 but has not run on the device yet, NOTES §34); the kernel then
     launches the key blocks in reverse (``_key_block``). Either way a program waits only on key
     blocks of its own (batch, KV head) launched before it (the key block is the grid's fastest
-    dimension), so the wait cannot close a cycle, however few programs are resident."""
+    dimension), so the wait cannot close a cycle, however few programs are resident.
+
+    ``DQ_FLAT`` (``WS_DQ_FLAT``): the tile and the accumulator in the flat order, one dense
+    [BLOCK_M * HEAD_DIM / 32, 32] box a block at row (block index) * that many of the 2-D view."""
     PIECES: gl.constexpr = HEAD_DIM // DQ_COLS  # 1; the column-split kernel's 2 halves
+    FLAT_ROWS: gl.constexpr = BLOCK_M * HEAD_DIM // 32
     for t in range(n_iter):
         h = h0 + t // n_m
         m = m_lo + t % n_m
@@ -662,7 +702,10 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
                     rank = last - n_block
                 while gl.atomic_add(sem, 0, sem="acquire", scope="gpu") != rank:
                     pass
-            if j == 0:
+            if DQ_FLAT:  # (batch, head, query block)'s region of the flat accumulator
+                _tma_reduce_add(dq_desc, [((b * nheads + h) * n_m_total + m) * FLAT_ROWS, 0],
+                                dq_smem._reinterpret(gl.float32, [FLAT_ROWS, 32], dq_desc.layout))
+            elif j == 0:
                 _tma_reduce_add(dq_desc, [row, h * HEAD_DIM], dq_smem)
             else:
                 _tma_reduce_add(dq_desc, [row, h * HEAD_DIM + j * DQ_COLS],
@@ -962,7 +1005,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False,
-                         COALESCED_STORE: gl.constexpr = False):
+                         COALESCED_STORE: gl.constexpr = False, DQ_FLAT: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers);
     the producer and dQ-writer warps are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
     the host's (batch, nheads, stat_stride) fp32 lse * log2(e) (-inf -> 0) and D, zero past
@@ -1014,7 +1057,12 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     ds_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, BLOCK_M], ds_layout)
     # one dQ buffer (FA3 has one): handed over once a step (column split: once a half), read by the
     # bulk copy long before the next handover
-    dq_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, DQ_COLS], dq_desc.layout)
+    if DQ_FLAT:  # in the accumulator's order (``WS_DQ_FLAT``); dq_desc: the dense 2-D view's [rows, 32] box
+        gl.static_assert(not COL_SPLIT, "the flat dQ tile: key-split form only")
+        dq_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, DQ_COLS], _dq_flat_layout(num_warps, BLOCK_M,
+                                                                                            HEAD_DIM))
+    else:
+        dq_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, DQ_COLS], dq_desc.layout)
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
@@ -1061,7 +1109,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                         HEAD_DIM, BLOCK_M, STAGES, DO_STAGES)),
         (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_full, Sem, b, h0, m_lo, n_m,
                          n_iter, seqlen_q, seqlen_k, nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         IS_CAUSAL, DETERMINISTIC, DQ_COLS, STAGES)),
+                         IS_CAUSAL, DETERMINISTIC, DQ_COLS, STAGES, DQ_FLAT)),
     ], [1, 1], [WS_WORKER_REGS, WS_WORKER_REGS])
 
 
@@ -1083,11 +1131,13 @@ def kernel_config(d: int, variant: str = "base") -> dict:
         block_n = WS_COL_SPLIT_BLOCK_N if split else BWD_BLOCK_N
         stages, do_stages = WS_STAGES[d]
         block_m = WS_BLOCK_M[d]
+        flat = bool(WS_DQ_FLAT.get(d, False)) and not split
         return dict(kernel=hopper_bwd_ws_kernel, block_m=block_m, block_n=block_n, num_warps=BWD_NUM_WARPS,
                     stages=stages, worker_regs=WS_WORKER_REGS.value, dq_cols=d // 2 if split else d,
+                    dq_flat=flat, dq_block=[block_m * d // 32, 32] if flat else [block_m, d // 2 if split else d],
                     constexprs=dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                                     DO_STAGES=do_stages, COL_SPLIT=split,
-                                    COALESCED_STORE=WS_COALESCED_STORE))
+                                    COALESCED_STORE=WS_COALESCED_STORE, DQ_FLAT=flat))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
@@ -1101,7 +1151,8 @@ def ws_layouts(d: int, dtype) -> dict:
     return dict(q=gl.NVMMASharedLayout.get_default_for([bm, d], dtype),
                 kv=gl.NVMMASharedLayout.get_default_for([bn, d], dtype),
                 stat=gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1),
-                dq=gl.NVMMASharedLayout(swizzle_byte_width=WS_DQ_SWIZZLE[d], element_bitwidth=32, rank=2))
+                dq=gl.NVMMASharedLayout(swizzle_byte_width=0 if cfg["dq_flat"] else WS_DQ_SWIZZLE[d],
+                                        element_bitwidth=32, rank=2))
 
 
 def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="base", deterministic=False):
@@ -1141,7 +1192,12 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
         out, dout, delta, q.new_empty(0, dtype=torch.int32), out.stride(0), out.stride(1), out.stride(2),
         dout.stride(0), dout.stride(1), dout.stride(2), delta.stride(0), delta.stride(1), nheads, seqlen_q,
         HEAD_DIM=d, BLOCK_D=d, BLOCK_M=64, IS_VARLEN=False)
-    dq_accum = torch.zeros(batch, seqlen_q, nheads, d, device=q.device, dtype=torch.float32)
+    flat = variant == "ws" and cfg["dq_flat"]
+    if flat:  # (batch, head, query block) regions in the tile's flat order (``WS_DQ_FLAT``)
+        dq_accum = torch.zeros(batch * nheads * triton_cdiv(seqlen_q, bm) * bm * d, device=q.device,
+                               dtype=torch.float32)
+    else:
+        dq_accum = torch.zeros(batch, seqlen_q, nheads, d, device=q.device, dtype=torch.float32)
 
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     bn = cfg["block_n"]
@@ -1168,8 +1224,8 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
         lse2[:, :, :seqlen_q] = torch.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
         lse_desc = TensorDescriptor.from_tensor(lse2.view(-1), [bm], lay["stat"])
         delta_desc = TensorDescriptor.from_tensor(delta.view(-1), [bm], lay["stat"])
-        dq_desc = TensorDescriptor.from_tensor(dq_accum.view(batch * seqlen_q, nheads * d), [bm, cfg["dq_cols"]],
-                                               lay["dq"])
+        dq_2d = dq_accum.view(-1, 32) if flat else dq_accum.view(batch * seqlen_q, nheads * d)
+        dq_desc = TensorDescriptor.from_tensor(dq_2d, cfg["dq_block"], lay["dq"])
         # one counter per (batch, head, query block) orders the dQ additions (deterministic only)
         sem = torch.zeros(batch * nheads * triton_cdiv(seqlen_q, bm) if deterministic else 1, device=q.device,
                           dtype=torch.int32)
@@ -1178,9 +1234,36 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
                                    float(softmax_scale), float(softmax_scale) * 1.4426950408889634,
                                    IS_CAUSAL=bool(causal), DETERMINISTIC=bool(deterministic),
                                    num_warps=cfg["num_warps"], **cfg["constexprs"])
+    if flat:
+        return dq_from_flat(dq_accum, q, bm, softmax_scale), dk, dv
     # one pass: scale and cast into dQ (``(dq_accum * scale).to(dtype)`` made an fp32 copy first)
     dq = torch.mul(dq_accum, softmax_scale, out=torch.empty_like(q))
     return dq, dk, dv
+
+
+def dq_from_flat(dq_accum, q, block_m, scale):
+    """dQ (q's shape and dtype) = scale * the flat accumulator (``WS_DQ_FLAT``: per (batch, head,
+    query block) a [block_m, d] block in ``dq_flat_bases`` order), in one pass: the flat order is a
+    permutation of the coordinates' bits, so the accumulator is a view of 2 x ... x 2 dimensions whose
+    permutation reads it in (row bits, column bits) order. When block_m divides seqlen_q the pass
+    writes into dQ through a view of it; otherwise into a padded buffer, then a copy of its rows."""
+    batch, seqlen_q, nheads, d = q.shape
+    n_m = triton_cdiv(seqlen_q, block_m)
+    bases = dq_flat_bases(BWD_NUM_WARPS, block_m, d)
+    nbits = len(bases)
+    # dimension 3 + i of the view is offset bit nbits - 1 - i (the most significant first)
+    dim_of = {(r, c): 3 + nbits - 1 - i for i, (r, c) in enumerate(bases)}
+    order = [dim_of[(1 << i, 0)] for i in reversed(range(block_m.bit_length() - 1))]
+    order += [dim_of[(0, 1 << i)] for i in reversed(range(d.bit_length() - 1))]
+    src = dq_accum.view(batch, nheads, n_m, *[2] * nbits).permute(0, 1, 2, *order)
+    if seqlen_q % block_m == 0:
+        dq = torch.empty_like(q)
+        dst = dq.view(batch, n_m, block_m, nheads, d).permute(0, 3, 1, 2, 4)
+        torch.mul(src, scale, out=dst.view(batch, nheads, n_m, *[2] * nbits))  # a view: writes land in dq
+        return dq
+    pad = torch.empty(batch, nheads, n_m * block_m, d, device=q.device, dtype=q.dtype)
+    torch.mul(src, scale, out=pad.view(batch, nheads, n_m, *[2] * nbits))
+    return pad[:, :, :seqlen_q].transpose(1, 2).contiguous()
 
 
 def triton_cdiv(a: int, b: int) -> int:
