@@ -170,8 +170,6 @@ def check(job):
         regs += "deferred_row_sum "
     if cfg["constexprs"]["LEAN"] & hopper.LEAN_MASK_BRANCH:
         regs += "mask_branch "
-    if variant == "persistent" and cfg["constexprs"]["NUM_WG"] == 3:
-        regs += "three_wg "
     if opts["Q_BUFS"] == 2:
         regs += "q_prefetch "
     if opts["PAIRED"]:
@@ -214,8 +212,6 @@ def main():
     ap.add_argument("--mask-branch", default="default", choices=("default", "on", "off"),
                     help="a tile's first-step mask under its own branch ahead of one softmax body (LEAN bit 5, "
                          "hopper.mask_branch): the policy's, on in every lean kernel, or off")
-    ap.add_argument("--persistent-wg3", action="store_true",
-                    help="the persistent kernel at d = 64 with three consumer warpgroups (hopper.persistent_wg3)")
     ap.add_argument("--block-n", type=int, default=None,
                     help="key tile (block_n) of every selected variant and head dim instead of hopper.TILE_TABLE's")
     ap.add_argument("--stages", type=int, default=None, help="K / V ring depth instead of hopper.TILE_TABLE's")
@@ -228,8 +224,6 @@ def main():
         hopper.deferred_row_sum.value = args.deferred_row_sum == "on"
     if args.mask_branch != "default":  # likewise
         hopper.mask_branch.value = args.mask_branch == "on"
-    if args.persistent_wg3:  # likewise
-        hopper.persistent_wg3.value = True
     if args.cond_rescale != "default":  # set before the compile jobs' processes are forked (they inherit it)
         hopper.conditional_rescale.value = args.cond_rescale != "off"
         hopper.rescale_by_warp.value = args.cond_rescale == "warp"

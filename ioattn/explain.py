@@ -47,10 +47,9 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     name = None
     if wanted and ok:
         name = hopper.variant_for(q.shape[-1], window == (-1, 0), seqlen_q, varlen)
-        cfg = hopper.kernel_config(q.shape[-1], name, window == (-1, 0))
-        bm, bn, stages = cfg["block_m"], cfg["block_n"], cfg["stages"]
+        bm, bn, stages = hopper.TILE_TABLE[name][q.shape[-1]]
         share = hopper.exp2_fma_share()
-        lean = cfg["constexprs"]["LEAN"]
+        lean = hopper.kernel_config(q.shape[-1], name, window == (-1, 0))["constexprs"]["LEAN"]
         forward = {"kernel": f"ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, {name})",
                    "tiles": (bm, bn, 4 * (bm // 64), stages), "kv_loads": "tma (producer warp)",
                    "head_dim_padded": q.shape[-1],
@@ -70,7 +69,6 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
             forward["walk"] = ("pairs of query blocks, head by head" if opts["PAIRED"] else
                                "longest tiles first over the grid" if window == (-1, 0) else "head by head")
             forward["q_buffers"] = opts["Q_BUFS"]
-            forward["consumer_warpgroups"] = cfg["constexprs"]["NUM_WG"]
     else:
         forward = None
     batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]

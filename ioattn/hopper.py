@@ -19,7 +19,7 @@ or, from Python, ``with hopper.variant("pingpong"): ...`` / ``hopper.set_variant
   consumer warpgroups), so a device A/B can separate the ordering's effect from the restructuring.
 * ``"persistent"``: the ping-pong kernel with one program per SM walking the tiles (FA3's
   persistent scheduler), so one tile's epilogue and the next tile's Q/K/V loads overlap; causal tiles
-  in pairs of equal length head by head (``PAIRED_HEADDIMS``), else in LPT order; at d = 128 two Q
+  in pairs of equal length head by head (``PAIRED_MIN_BLOCKS``), else in LPT order; at d = 128 two Q
   buffers a warpgroup (``persistent_options``). Fixed-length batches only. The default for short
   calls between ``PERSISTENT_MIN_SEQLEN`` and ``PERSISTENT_MAX_SEQLEN`` (by head dim and mask; NOTES
   §35, §36, §64, §66, §72).
@@ -38,8 +38,7 @@ Measured and on by default in the ping-pong variants: ``lean_softmax`` and, with
 ``conditional_rescale`` (FlashAttention-4's conditional rescaling, decided by the warp; not in the
 persistent kernel at d = 64, ``CONDITIONAL_RESCALE_OFF``) and, in the two-warpgroup variants at d = 128,
 ``q_in_registers`` (Q as the register operand of S = Q K^T); ``deferred_row_sum``, and for causal calls
-at d = 128 / 256 ``mask_branch``, by their tables. ``persistent_wg3`` (the persistent kernel at d = 64
-with wg3's three warpgroups): off until measured.
+at d = 128 / 256 ``mask_branch``, by their tables.
 """
 from __future__ import annotations
 
@@ -254,10 +253,6 @@ def kernel_config(d: int, name: str | None = None, causal: bool = False) -> dict
     block_m, block_n, stages = TILE_TABLE[name][d]
     pingpong = name != "base"
     num_wg = 3 if name == "wg3" else 2  # consumer warpgroups (partitions) of the ping-pong kernel
-    policy = name  # whose option policies (the LEAN bits) apply
-    if name == "persistent" and persistent_wg3_for(d):  # wg3's shape, walked by the persistent kernel
-        num_wg, policy = 3, "wg3"
-        block_m, block_n, stages = TILE_TABLE["wg3"][d]
     assert not pingpong or block_m == 64 * num_wg, (name, block_m)
     return dict(variant=name, block_m=block_m, block_n=block_n, stages=stages,
                 q_rows=block_m // num_wg if pingpong else block_m,  # ping-pong: each warpgroup loads its own Q
@@ -266,7 +261,7 @@ def kernel_config(d: int, name: str | None = None, causal: bool = False) -> dict
                                 NUM_WG=num_wg, ORDERED=name != "split",
                                 # the register-lean softmax and lse offsets the 160-register consumers need
                                 # (and, by choice, the two-warpgroup variants': lean_softmax below)
-                                LEAN=_lean_bits(num_wg == 3 or (pingpong and lean_softmax.wanted()), policy, d, causal),
+                                LEAN=_lean_bits(num_wg == 3 or (pingpong and lean_softmax.wanted()), name, d, causal),
                                 PERSISTENT=name == "persistent",
                                 FEWER_MASKS=pingpong and num_wg == FEWER_MASKS_NUM_WG))
 
@@ -492,27 +487,12 @@ PERSISTENT_Q2_HEADDIMS = (128,)
 # (one-tile ping-pong, cuDNN), TFLOP/s: d=128 N=512 245 / 251 (251, 345), 1024 339 / 392 (376, 443),
 # 2048 435 / 536 (494, 520), 4096 563 / 624 (582, 580); d=64 (two Q buffers both) 206 / 169 at 512,
 # 281 / 284, 347 / 361, 399 / 409. The default at d = 128 and 256 (where the persistent kernel runs
-# causal calls only with it: PERSISTENT_MIN_SEQLEN's note); ``with hopper.paired_walk(True / False)``
-# forces it.
+# causal calls only with it: PERSISTENT_MIN_SEQLEN's note), and at d = 64 from 16 query blocks of 128
+# rows (N = 2048): re-measured there (NOTES §98, results/session-2026-12-02-zzj) LPT / paired 283 / 283
+# at N = 1024, 351 / 362 at 2048, 401 / 407 at 4096; two runs agree on +3 to +4 % at 2048, +1.5 to
+# +2.5 % at 4096 and -18 % at 512. ``with hopper.paired_walk(True / False)`` forces it at any length.
 paired_walk = dispatch.Preference(False)
-PAIRED_HEADDIMS = (128, 256)
-
-
-# The persistent kernel at d = 64 with three consumer warpgroups: wg3's shape (192-row tiles, 64 rows
-# and 160 registers a warpgroup, a K / V ring of 4, its option policies: conditional rescaling by the
-# warp, the row sum deferred non-causal, no FEWER_MASKS) walked by the persistent tile loop, instead of
-# two warpgroups of 240 registers on 128-row tiles. At d = 64 a warpgroup's softmax costs as much as its
-# two products (§82), and the three-warpgroup ring is what carries the one-tile kernel past cuDNN from
-# N = 2048 (wg3 545 against the two-warpgroup ping-pong's ~480 at 16384); the persistent kernel is the
-# default at d = 64 up to N = 1024 non-causal and 4096 causal, where the ratio to cuDNN is 0.77-0.94.
-# Not yet measured (NOTES §98): off.
-persistent_wg3 = dispatch.Preference(False)
-PERSISTENT_WG3_HEADDIMS = (64,)  # wg3's head dims
-
-
-def persistent_wg3_for(d: int) -> bool:
-    """Whether the persistent kernel at head dim ``d`` runs three consumer warpgroups."""
-    return d in PERSISTENT_WG3_HEADDIMS and persistent_wg3.wanted()
+PAIRED_MIN_BLOCKS = {128: 0, 256: 0, 64: 16}  # head dim -> query blocks a sequence from which it is the default
 
 
 def _switch(pref: dispatch.Preference, default: bool) -> bool:
@@ -526,7 +506,7 @@ def persistent_options(d: int, name: str, causal: bool, num_m: int) -> dict:
     a tile's epilogue after the next tile's first product, was measured and removed: NOTES §70.)"""
     persistent = name == "persistent"
     q2 = _switch(persistent_q_prefetch, d in PERSISTENT_Q2_HEADDIMS) and d in PERSISTENT_Q2_FITS
-    paired = _switch(paired_walk, d in PAIRED_HEADDIMS) and bool(causal) and num_m % 2 == 0
+    paired = _switch(paired_walk, num_m >= PAIRED_MIN_BLOCKS.get(d, num_m + 1)) and bool(causal) and num_m % 2 == 0
     return dict(Q_BUFS=2 if persistent and q2 else 1, PAIRED=persistent and paired)
 
 

@@ -647,16 +647,6 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
         with hopper.mask_branch(False):
             assert not any(hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 32
                            for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v])
-    # the persistent kernel with three consumer warpgroups at d = 64 (wg3's tiles and option policies):
-    # off by default (not yet measured); when asked, at d = 64 only
-    assert hopper.kernel_config(64, "persistent")["constexprs"]["NUM_WG"] == 2
-    with hopper.persistent_wg3(True):
-        for causal in (False, True):
-            cfg, wg3 = hopper.kernel_config(64, "persistent", causal), hopper.kernel_config(64, "wg3", causal)
-            assert (cfg["block_m"], cfg["block_n"], cfg["stages"], cfg["q_rows"]) == \
-                (wg3["block_m"], wg3["block_n"], wg3["stages"], wg3["q_rows"]) == (192, 128, 4, 64)
-            assert {**cfg["constexprs"], "PERSISTENT": False} == wg3["constexprs"], (cfg, wg3)
-        assert [hopper.kernel_config(d, "persistent")["constexprs"]["NUM_WG"] for d in (128, 256)] == [2, 2]
     # the output stored as whole rows at d = 64 / 128 through Triton's conversion (mode 1), at d = 256
     # staged in the Q buffer (mode 2: the ping-pong kernels, the persistent one loading its next Q there
     # after the stores); not in the persistent variant at d = 64 (measured slower); off everywhere by choice
@@ -1070,14 +1060,18 @@ def test_hopper_exp2_fma_switch(monkeypatch):
 def test_persistent_kernel_options_follow_their_switches():
     """hopper.persistent_options: the persistent kernel's two Q buffers only where they fit (d = 64 /
     128), by default where measured (d = 128) or when forced; the paired walk only for causal calls
-    with an even number of query blocks, by default at d = 128; every other variant one buffer, no
-    pairs."""
+    with an even number of query blocks, by default at d = 128 / 256 and at d = 64 from 16 query blocks;
+    every other variant one buffer, no pairs."""
     from ioattn import hopper
 
     # the defaults (the measured tables): both at d = 128, pairs at d = 256, neither at d = 64
     assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=2, PAIRED=True)
     assert hopper.persistent_options(128, "persistent", True, 5) == dict(Q_BUFS=2, PAIRED=False)
     assert hopper.persistent_options(64, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=False)
+    # d = 64: paired from 16 query blocks (N = 2048 at 128 rows), LPT below (NOTES §98)
+    assert hopper.persistent_options(64, "persistent", True, 14) == dict(Q_BUFS=1, PAIRED=False)
+    assert hopper.persistent_options(64, "persistent", True, 16) == dict(Q_BUFS=1, PAIRED=True)
+    assert hopper.persistent_options(64, "persistent", False, 16) == dict(Q_BUFS=1, PAIRED=False)
     assert hopper.persistent_options(256, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=True)
     with hopper.persistent_q_prefetch(False), hopper.paired_walk(False):
         assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=False)

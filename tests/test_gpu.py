@@ -540,29 +540,6 @@ def test_hopper_forward_persistent_tile_loop(d, causal, shape, q_prefetch, paire
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("causal", [False, True])
-# more tiles than SMs (several a program); causal tiles whose rows see no key between tiles that do
-# (seqlen_q > seqlen_k), GQA 2 and 4; a ragged tail (1000 = 5 x 192 + 40 rows); one key tile
-@pytest.mark.parametrize("shape", [(4, 1000, 1000, 8, 4), (1, 2048, 2048, 16, 8), (8, 777, 300, 8, 4),
-                                   (3, 129, 64, 2, 2)])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_hopper_forward_persistent_wg3(causal, shape, dtype, poison_alloc):
-    """The persistent kernel at d = 64 with three consumer warpgroups (hopper.persistent_wg3: wg3's
-    192-row tiles and options, the persistent tile loop: the ring's use count and the three-way turn
-    order carried across tiles) against the float64 oracle, with the gradients of the backward it feeds."""
-    from ioattn import hopper
-    b, sq, sk, h, hkv = shape
-    with hopper.persistent_wg3(True), hopper.variant("persistent"), hopper.prefer_hopper(True):
-        cfg = hopper.kernel_config(64, "persistent", causal)
-        assert (cfg["block_m"], cfg["constexprs"]["NUM_WG"], cfg["constexprs"]["PERSISTENT"]) == (192, 3, True)
-        plan = ioattn.explain_dispatch(torch.empty(b, sq, h, 64, device="cuda", dtype=dtype),
-                                       torch.empty(b, sk, hkv, 64, device="cuda", dtype=dtype),
-                                       torch.empty(b, sk, hkv, 64, device="cuda", dtype=dtype), causal=causal)
-        assert plan.forward["consumer_warpgroups"] == 3 and plan.forward["tiles"][0] == 192, plan.forward
-        _check(b, sq, sk, h, hkv, 64, dtype, causal=causal)
-
-
-@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("variant", ["base", "pingpong", "wg3"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 # several heads and batch elements (the LPT order interleaves them); (3, 500, 300, 6, 2): rows that

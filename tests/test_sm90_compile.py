@@ -203,22 +203,6 @@ def test_hopper_conditional_rescale_compile_for_sm90():
             assert votes == (3 if line.startswith("wg3") else 2), line  # one a consumer partition
 
 
-def test_hopper_persistent_wg3_compiles_for_sm90():
-    """The persistent kernel at d = 64 with three consumer warpgroups (hopper.persistent_wg3, NOTES
-    §98): wg3's 192-row tiles and four-slot ring, the K / V slots released by three, three turn
-    barriers, the consumers at 160 registers beside the persistent producer's 32 (the script's own
-    checks), pipelined wgmma; no spill non-causal, and causal at most the persistent kernel's bound
-    (128 B: a few tile-loop values, the same bound as its two-warpgroup builds)."""
-    pytest.importorskip("triton.experimental.gluon")
-    import re
-
-    lines = _hopper_check("--variants", "persistent", "--headdims", "64", "--persistent-wg3")
-    assert len(lines) == 2, lines
-    for line in lines:
-        assert "tiles=192x128x4" in line and "three_wg" in line and "wgmma-pipelined" in line, line
-        assert int(re.search(r"spill=(\d+)B", line).group(1)) <= (128 if "causal=True" in line else 0), line
-
-
 def test_hopper_register_options_compile_for_sm90():
     """Q as S = Q K^T's register operand (LEAN bit 3, NOTES §87): in the default two-warpgroup builds at
     d = 128 only, with the default builds' spill bounds and pipelined wgmma (wg3 and d = 256 would spill;

@@ -1018,37 +1018,30 @@ def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads
                     stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, ORDERED: gl.constexpr,
                     KV_TAIL: gl.constexpr, EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
-                    FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False,
-                    NUM_WG: gl.constexpr = 2):
+                    FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False):
     """The persistent ping-pong kernel's body (``hopper_fwd_kernel(PERSISTENT=True)``): the same
-    shared memory and partitions as the one-tile kernel (``NUM_WG`` consumer warpgroups of 64 rows, two,
-    or three at d = 64 with ``hopper.persistent_wg3``, and the producer warp), each partition walking
-    this program's tiles; ``Q_BUFS`` Q buffers per consumer warpgroup (``_persistent_consumer``).
-    Registers: the producer (its walk's indices) at 32, the consumers share the rest in multiples of 8,
-    (65536 / 128 - 32) / NUM_WG: 240 for two, 160 for three (exactly the SM's 65536 with the padded
-    producer warpgroup)."""
-    gl.static_assert((NUM_WG == 2) | (NUM_WG == 3), "two or three consumer warpgroups")
-    WG_ROWS: gl.constexpr = BLOCK_M // NUM_WG
-    PRODUCER_REGS: gl.constexpr = 32
-    CONSUMER_REGS: gl.constexpr = (65536 // 128 - PRODUCER_REGS) // NUM_WG // 8 * 8
+    shared memory and partitions as the one-tile kernel (two consumer warpgroups of 64 rows, the
+    producer warp, 240 / 24 registers), each partition walking this program's tiles; ``Q_BUFS`` Q
+    buffers per consumer warpgroup (``_persistent_consumer``)."""
+    WG_ROWS: gl.constexpr = BLOCK_M // 2
     gl.static_assert(q_desc.block_type.shape[0] == WG_ROWS, "ping-pong: Q descriptor block is [64, HEAD_DIM]")
     gl.static_assert((Q_BUFS == 1) | (Q_BUFS == 2), "one or two Q buffers per consumer warpgroup")
     gl.static_assert((ROW_STORES != 2) | (Q_BUFS == 1), "the output staged in the Q buffer: one buffer a warpgroup")
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn = _pp_shared(
-        q_desc, k_desc, v_desc, NUM_WG, WG_ROWS, BLOCK_N, HEAD_DIM, STAGES, Q_BUFS)
+        q_desc, k_desc, v_desc, 2, WG_ROWS, BLOCK_N, HEAD_DIM, STAGES, Q_BUFS)
     gl.warp_specialize(
         [(_persistent_consumer, (q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready,
-                                 v_empty, turn.index(w), turn.index((w + 1) % NUM_WG), Out, Lse, num_tiles, num_m,
-                                 nheads, seqlen_q, seqlen_k, stride_om, stride_lse_b, stride_lse_h, qk_scale,
-                                 w * WG_ROWS, HEAD_DIM, BLOCK_M, WG_ROWS, BLOCK_N, STAGES, IS_CAUSAL, IS_CAUSAL,
+                                 v_empty, turn.index(w), turn.index((w + 1) % 2), Out, Lse, num_tiles, num_m, nheads,
+                                 seqlen_q, seqlen_k, stride_om, stride_lse_b, stride_lse_h, qk_scale, w * WG_ROWS,
+                                 HEAD_DIM, BLOCK_M, WG_ROWS, BLOCK_N, STAGES, IS_CAUSAL, IS_CAUSAL,
                                  1 if w == 0 else 0, ORDERED, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, w * Q_BUFS,
                                  Q_BUFS, PAIRED))
-         if w < NUM_WG else
+         if w < 2 else
          (_persistent_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                  num_tiles, num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N,
                                  STAGES, IS_CAUSAL, KV_TAIL, PAIRED))
-         for w in (0, 1, 2, 3)[:NUM_WG + 1]],
-        [4] * (NUM_WG - 1) + [1], [CONSUMER_REGS] * (NUM_WG - 1) + [PRODUCER_REGS])
+         for w in (0, 1, 2)],
+        [4, 1], [240, 32])
 
 
 @gluon.jit
@@ -1079,9 +1072,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
     program whose query block lies past its sequence's end exits at once (writes nothing: the
     launcher zeroes out and fills lse with -inf beforehand, for tokens no sequence owns).
 
-    ``PERSISTENT`` (ping-pong, two warpgroups, or three with wg3's tiles at d = 64 under
-    ``hopper.persistent_wg3``; fixed length; ``num_tiles`` = the tiles of the one-program-per-tile
-    grid): launched with at most one program per SM, each walking its tiles
+    ``PERSISTENT`` (ping-pong, two warpgroups, fixed length; ``num_tiles`` = the tiles of the
+    one-program-per-tile grid): launched with at most one program per SM, each walking its tiles
     (``_walk``: pid, pid + programs, ...; causal: in the LPT order, odd waves reversed) in
     ``_persistent_consumer`` and ``_persistent_producer``.
 
@@ -1108,11 +1100,12 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
     of the LPT order (``_tile_bhm``, ``_walk``; ``hopper.paired_walk``)."""
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     if PERSISTENT:
-        gl.static_assert(PINGPONG and not IS_VARLEN, "persistent: the ping-pong kernels, fixed-length batches")
+        gl.static_assert(PINGPONG and NUM_WG == 2 and not IS_VARLEN,
+                         "persistent: the two-warpgroup ping-pong kernel, fixed-length batches")
         gl.static_assert(IS_CAUSAL or not PAIRED, "the paired walk is a causal order")
         _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om, stride_lse_b,
                         stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
-                        ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, Q_BUFS, PAIRED, NUM_WG)
+                        ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, Q_BUFS, PAIRED)
         return
     b, h, m_block = _tile_bhm(gl.program_id(0), num_m, gl.num_programs(0), nheads, IS_CAUSAL, LPT)
     m_start = m_block * BLOCK_M
