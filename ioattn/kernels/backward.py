@@ -248,3 +248,24 @@ def attn_bwd_dq_kernel(
     tl.store(dQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqm + h * stride_dqh
              + offs_m[:, None].to(tl.int64) * stride_dqm + offs_d[None, :],
              dq.to(dQ.dtype.element_ty), mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def dq_from_blocks_kernel(Acc, RowOff, ColOff, dQ, seqlen_q, nheads, num_m, stride_b, stride_m, stride_h, scale,
+                          BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """dQ = scale * Acc, cast to dQ's dtype, where the fp32 accumulator Acc holds per (batch, head,
+    query block) one [BLOCK_M, HEAD_DIM] block in a permuted order: element (r, c) of block p at
+    p * BLOCK_M * HEAD_DIM + RowOff[r] + ColOff[c] (int32 tables; the Hopper backward's flat dQ order,
+    ``hopper_backward.dq_flat_bases``). One program per block, rows past seqlen_q not stored."""
+    p = tl.program_id(0)
+    m = p % num_m
+    bh = p // num_m
+    b = bh // nheads
+    h = bh % nheads
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, HEAD_DIM)
+    offs = tl.load(RowOff + rows)[:, None] + tl.load(ColOff + cols)[None, :]
+    acc = tl.load(Acc + p.to(tl.int64) * (BLOCK_M * HEAD_DIM) + offs)
+    q_rows = m * BLOCK_M + rows
+    ptrs = dQ + b.to(tl.int64) * stride_b + q_rows[:, None].to(tl.int64) * stride_m + h * stride_h + cols[None, :]
+    tl.store(ptrs, (acc * scale).to(dQ.dtype.element_ty), mask=(q_rows < seqlen_q)[:, None])

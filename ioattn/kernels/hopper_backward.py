@@ -220,6 +220,8 @@ the base forward's C7514 shows what wgmma in flight across the loop's back edge 
 ptxas), a deterministic mode (dQ accumulation ordered by a semaphore per query block), a Gluon
 preprocess kernel for D (and the padded lse).
 """
+import functools
+
 import torch
 from triton._C.libtriton import ir
 from triton.experimental import gluon
@@ -228,7 +230,7 @@ from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from ioattn.kernels.backward import attn_bwd_preprocess_kernel
+from ioattn.kernels.backward import attn_bwd_preprocess_kernel, dq_from_blocks_kernel
 from ioattn.kernels.hopper_forward import LOG2E
 
 BWD_VARIANTS = ("base", "ws")
@@ -1243,27 +1245,31 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
 
 def dq_from_flat(dq_accum, q, block_m, scale):
     """dQ (q's shape and dtype) = scale * the flat accumulator (``WS_DQ_FLAT``: per (batch, head,
-    query block) a [block_m, d] block in ``dq_flat_bases`` order), in one pass: the flat order is a
-    permutation of the coordinates' bits, so the accumulator is a view of 2 x ... x 2 dimensions whose
-    permutation reads it in (row bits, column bits) order. When block_m divides seqlen_q the pass
-    writes into dQ through a view of it; otherwise into a padded buffer, then a copy of its rows."""
+    query block) a [block_m, d] block in ``dq_flat_bases`` order), in one pass of the portable
+    ``dq_from_blocks_kernel``: the order is a permutation of the coordinates' bits, so an element's
+    offset is a row part plus a column part (two small tables). (A torch copy through a view of
+    2 x ... x 2 dimensions did the same 10-20 % of a backward's time slower at N = 1024, NOTES §99.)"""
     batch, seqlen_q, nheads, d = q.shape
     n_m = triton_cdiv(seqlen_q, block_m)
-    bases = dq_flat_bases(BWD_NUM_WARPS, block_m, d)
-    nbits = len(bases)
-    # dimension 3 + i of the view is offset bit nbits - 1 - i (the most significant first)
-    dim_of = {(r, c): 3 + nbits - 1 - i for i, (r, c) in enumerate(bases)}
-    order = [dim_of[(1 << i, 0)] for i in reversed(range(block_m.bit_length() - 1))]
-    order += [dim_of[(0, 1 << i)] for i in reversed(range(d.bit_length() - 1))]
-    src = dq_accum.view(batch, nheads, n_m, *[2] * nbits).permute(0, 1, 2, *order)
-    if seqlen_q % block_m == 0:
-        dq = torch.empty_like(q)
-        dst = dq.view(batch, n_m, block_m, nheads, d).permute(0, 3, 1, 2, 4)
-        torch.mul(src, scale, out=dst.view(batch, nheads, n_m, *[2] * nbits))  # a view: writes land in dq
-        return dq
-    pad = torch.empty(batch, nheads, n_m * block_m, d, device=q.device, dtype=q.dtype)
-    torch.mul(src, scale, out=pad.view(batch, nheads, n_m, *[2] * nbits))
-    return pad[:, :, :seqlen_q].transpose(1, 2).contiguous()
+    row_off, col_off = _flat_offset_tables(block_m, d, str(q.device))
+    dq = torch.empty_like(q)
+    dq_from_blocks_kernel[(batch * nheads * n_m,)](dq_accum, row_off, col_off, dq, seqlen_q, nheads, n_m,
+                                                  dq.stride(0), dq.stride(1), dq.stride(2), float(scale),
+                                                  BLOCK_M=block_m, HEAD_DIM=d, num_warps=4)
+    return dq
+
+
+@functools.lru_cache(maxsize=None)
+def _flat_offset_tables(block_m, d, device):
+    """int32 (row part, column part) of the flat offsets of a [block_m, d] block, per device."""
+    row_off, col_off = [0] * block_m, [0] * d
+    for bit, (r, c) in enumerate(dq_flat_bases(BWD_NUM_WARPS, block_m, d)):
+        for i in range(block_m):
+            row_off[i] += (1 << bit) if r and i & r else 0
+        for j in range(d):
+            col_off[j] += (1 << bit) if c and j & c else 0
+    return (torch.tensor(row_off, dtype=torch.int32, device=device),
+            torch.tensor(col_off, dtype=torch.int32, device=device))
 
 
 def triton_cdiv(a: int, b: int) -> int:
