@@ -16,7 +16,7 @@ swizzle (before NOTES §54; "gluon-ws-stagger" timed the staggered walk until it
 NOTES §56 at d = 64 / 128, §58 at d = 256, where "gluon-ws-rows256" timed it before); "gluon-ws-dqhi"
 timed d = 256's dQ high half staged in the step's Q slot until it became the only form (NOTES §59).
 "gluon-ws-dqflat": the dQ staging tile and accumulator in the accumulator's order (``WS_DQ_FLAT``,
-d = 64 / 128; NOTES §99).
+d = 64 / 128; NOTES §99; the default since), "gluon-ws-dq32": the swizzled 2-D tile it replaced.
 
 bf16, 16384 tokens, hidden 2048 (the bench's grid). Every variant's gradients are checked against
 the float64 oracle (2x PyTorch's own same-dtype error, ``conftest.assert_within_torch_error``'s
@@ -126,6 +126,7 @@ def main():
                 "gluon-ws-m64": gluon("ws", WS_BLOCK_M={64: 64, 128: 64, 256: 64}),
                 "gluon-ws-accstore": gluon("ws", WS_COALESCED_STORE=False),
                 "gluon-ws-dqflat": gluon("ws", WS_DQ_FLAT={64: True, 128: True}),
+                "gluon-ws-dq32": gluon("ws", WS_DQ_FLAT={64: False, 128: False}),
                 "gluon-ws-det": gluon("ws", deterministic=True),
                 "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     if args.providers:

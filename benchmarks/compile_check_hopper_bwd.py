@@ -15,7 +15,7 @@ register the SASS names, + 1: ``consumer_regs``) and the spill instructions insi
 (``loop_spills``); it asserts no C7514, no spill inside that loop and at most 24 B outside it.
 
     python benchmarks/compile_check_hopper_bwd.py [--variants base,ws] [--headdims 64,128,256] [--quick]
-                                                  [--no-ptxas] [--jobs N] [--deterministic] [--dq-flat]
+                                                  [--no-ptxas] [--jobs N] [--deterministic] [--dq-swizzled]
 """
 import argparse
 import os
@@ -57,9 +57,9 @@ def compile_one(variant, d, dt, causal, deterministic=False):
 
 
 def check(job):
-    variant, d, dt, causal, run_ptxas, det, flat = job
-    if flat:  # the flat dQ staging tile (``WS_DQ_FLAT``), set in this (worker) process
-        hopper_backward.WS_DQ_FLAT = {64: True, 128: True}
+    variant, d, dt, causal, run_ptxas, det, swizzled = job
+    if swizzled:  # the swizzled 2-D dQ staging tile instead of the flat one (``WS_DQ_FLAT``), in this process
+        hopper_backward.WS_DQ_FLAT = {64: False, 128: False}
     cfg, k = compile_one(variant, d, dt, causal, det)
     ptx = k.asm["ptx"]
     c = ptx_counts(ptx)
@@ -118,13 +118,14 @@ def main():
     ap.add_argument("--headdims", default="64,128,256", help="each variant compiles those it covers")
     ap.add_argument("--causal", default="0,1", help="masks to compile: 0 none, 1 causal")
     ap.add_argument("--deterministic", action="store_true", help="also the ws kernel's deterministic dQ order")
-    ap.add_argument("--dq-flat", action="store_true", help="ws at d = 64 / 128: the flat dQ tile (WS_DQ_FLAT)")
+    ap.add_argument("--dq-swizzled", action="store_true",
+                    help="ws at d = 64 / 128: the swizzled 2-D dQ tile instead of the flat one (WS_DQ_FLAT off)")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="compiles in parallel")
     args = ap.parse_args()
     dtypes = ("bf16",) if args.quick else ("bf16", "fp16")
     variants = args.variants.split(",")
     assert set(variants) <= set(BWD_VARIANTS), variants
-    jobs = [(variant, int(d), dt, bool(int(causal)), not args.no_ptxas, det, args.dq_flat) for variant in variants
+    jobs = [(variant, int(d), dt, bool(int(causal)), not args.no_ptxas, det, args.dq_swizzled) for variant in variants
             for d in args.headdims.split(",") if int(d) in BWD_VARIANT_HEADDIMS[variant]
             for dt in dtypes for causal in args.causal.split(",")
             for det in ((False, True) if args.deterministic and variant == "ws" else (False,))]

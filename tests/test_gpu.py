@@ -802,8 +802,8 @@ def test_hopper_backward_deterministic(d, causal, shape, block_m, dq_flat, poiso
     seqlen_q > seqlen_k (key blocks no query sees), GQA 3. d=256: the column-split form (64-key
     blocks, each query block's dQ added in two halves under one turn of the order, the high one from
     the step's Q slot). block_m: d=64 at its default 128 query rows a step and at 64 (``WS_BLOCK_M``,
-    NOTES §55). dq_flat: the flat dQ tile and accumulator (``WS_DQ_FLAT``, d = 64 / 128 at their
-    default rows a step)."""
+    NOTES §55). dq_flat: the flat dQ tile and accumulator or the swizzled 2-D tile (``WS_DQ_FLAT``,
+    d = 64 / 128 at their default rows a step)."""
     from ioattn import hopper
     from ioattn.kernels import hopper_backward as hb
     from ioattn.kernels.hopper_backward import hopper_backward
@@ -811,10 +811,10 @@ def test_hopper_backward_deterministic(d, causal, shape, block_m, dq_flat, poiso
         if d != 64 or dq_flat:
             pytest.skip("a second row count a step at d=64 only, with the swizzled dQ tile")
         monkeypatch.setitem(hb.WS_BLOCK_M, d, block_m)
-    if dq_flat:
-        if d not in hb.WS_DQ_FLAT:
-            pytest.skip("the flat dQ tile: the key-split form (d = 64 / 128)")
-        monkeypatch.setitem(hb.WS_DQ_FLAT, d, True)
+    if d in hb.WS_DQ_FLAT:
+        monkeypatch.setitem(hb.WS_DQ_FLAT, d, dq_flat)
+    elif dq_flat:
+        pytest.skip("the flat dQ tile: the key-split form (d = 64 / 128)")
     b, sq, sk, h, hkv = shape
     q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -848,7 +848,7 @@ def test_deterministic_through_the_api_with_the_ordered_gluon_mode(causal, monke
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant", ["base", "ws", "ws-flat"])
+@pytest.mark.parametrize("variant", ["base", "ws", "ws-swizzled"])
 @pytest.mark.parametrize("forward", ["gluon", "portable"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
@@ -862,16 +862,17 @@ def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc
     """The experimental Gluon backward (not dispatched yet), each variant (base; ws: warp-specialised,
     dQ by TMA reduce-add; at d=256 its column-split form: 64-key programs, the warpgroups splitting
     the head dim, dQ in two halves, the high one and dK / dV staged through the Q ring; at d=64 128
-    query rows a step; dK and dV written as whole rows; "ws-flat": ws with the flat dQ tile and
-    accumulator, ``WS_DQ_FLAT``), against the float64 oracle, fed by the Gluon forward's or the
-    portable forward's (out, lse): dq, dk, dv within 2x PyTorch's own error."""
+    query rows a step; dK and dV written as whole rows; at d = 64 / 128 the flat dQ tile and
+    accumulator, ``WS_DQ_FLAT``; "ws-swizzled": ws with the swizzled 2-D dQ tile there instead),
+    against the float64 oracle, fed by the Gluon forward's or the portable forward's (out, lse): dq,
+    dk, dv within 2x PyTorch's own error."""
     from ioattn import backends, hopper
     from ioattn.kernels import hopper_backward as hb
     from ioattn.kernels.hopper_backward import BWD_VARIANT_HEADDIMS, hopper_backward
-    if variant == "ws-flat":
+    if variant == "ws-swizzled":
         if d not in hb.WS_DQ_FLAT:
-            pytest.skip("the flat dQ tile: the key-split form (d = 64 / 128)")
-        monkeypatch.setitem(hb.WS_DQ_FLAT, d, True)
+            pytest.skip("the flat dQ tile's alternative: the key-split form (d = 64 / 128)")
+        monkeypatch.setitem(hb.WS_DQ_FLAT, d, False)
         variant = "ws"
     if d not in BWD_VARIANT_HEADDIMS[variant]:
         pytest.skip(f"the {variant} backward has no head dim {d}")

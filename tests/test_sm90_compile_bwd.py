@@ -47,6 +47,8 @@ def test_hopper_gluon_backward_ws_compiles_for_sm90():
         assert "loop_spills=0 " in line, line
         assert "inc240" in line and "dec24" in line, line
         assert re.search(r"tma_reduce=[1-9]", line) and "atomics[]" in line, line
+        # the flat dQ tile at d = 64 / 128 (``WS_DQ_FLAT``): one bulk reduce-add a block
+        assert ("ws-flat " in line and "tma_reduce=1 " in line) == (" d=256 " not in line), line
         assert int(re.search(r"consumer_regs=(\d+)", line).group(1)) <= 240, line
 
 
@@ -67,16 +69,17 @@ def test_hopper_gluon_backward_ws_d256_column_split_compiles_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
-def test_hopper_gluon_backward_ws_flat_dq_compiles_for_sm90():
-    """Variant ws with the flat dQ tile (``WS_DQ_FLAT``) at d = 64 / 128, causal, with and without the
-    ordered dQ mode: one bulk reduce-add a block (the dense [256, 32] box) where the swizzled tile
-    takes 8 / 16, no spill inside the consumers' loop, wgmma pipelined, the consumers within their
-    240 registers."""
+def test_hopper_gluon_backward_ws_swizzled_dq_compiles_for_sm90():
+    """Variant ws with the swizzled 2-D dQ tile (``WS_DQ_FLAT`` off, the A/B alternative of the flat
+    default) at d = 64 / 128, causal, with and without the ordered dQ mode: the bulk reduce-add in
+    8-column boxes (8 messages a d = 64 block, 16 a d = 128 one), no spill inside the consumers' loop,
+    wgmma pipelined, the consumers within their 240 registers."""
     out, lines = _compile_check("--variants", "ws", "--headdims", "64,128", "--causal", "1", "--deterministic",
-                                "--dq-flat")
+                                "--dq-swizzled")
     assert "hopper backward compiled for sm_90: 4 kernels" in out
     assert len(lines) == 4, out
     for line in lines:
-        assert "-flat " in line and "tma_reduce=1 " in line and "wgmma-pipelined" in line, line
+        reduces = 8 if " d=64 " in line else 16
+        assert "-flat " not in line and f"tma_reduce={reduces} " in line and "wgmma-pipelined" in line, line
         assert "loop_spills=0 " in line and int(re.search(r"spill=(\d+)B", line).group(1)) <= 24, line
         assert int(re.search(r"consumer_regs=(\d+)", line).group(1)) <= 240, line

@@ -270,8 +270,12 @@ WS_DQ_SWIZZLE = {64: 32, 128: 32, 256: 128}
 # region per (batch, head, query block): whole 128 B rows a message where the 32 B swizzle sends
 # 32 B pieces (the L2 took one request a sector: 69 M reduce requests, its crossbar input 77 % busy
 # at d = 128, N = 4096 causal, NOTES §99). The host puts dQ back in (batch, seqlen, heads, d) order
-# in its scaling pass (``dq_from_flat``).
-WS_DQ_FLAT = {64: False, 128: False}
+# in its scaling pass (``dq_from_flat``). Measured (ab_bwd, 3 rounds, results/session-2026-12-02-zzm),
+# swizzled / flat TFLOP/s: d = 128 N = 1024 / 4096 / 16384 420 / 437, 513 / 552, 524 / 551, causal 298 /
+# 305, 474 / 477, 542 / 557; d = 64 361 / 366, 458 / 460, 465 / 482, causal 254 / 261, 405 / 413, 468 /
+# 486 (+0.4 to +7.6 %, none slower); the L2 at d = 128, N = 4096 causal 76.5 -> 53.1 % busy. False: the
+# swizzled tile (ab_bwd's "gluon-ws" against "gluon-ws-dqflat" before the change of default).
+WS_DQ_FLAT = {64: True, 128: True}
 # "ws": query rows a step by head dim (the key-split form; the column split needs 64). 128 at d = 64
 # doubles a step's products (S^T / dP^T 64 keys x 128 queries a warpgroup) against the same per-step
 # costs (barriers, hand-offs, waits), at d = 128's register count with D in dP^T's accumulator:
