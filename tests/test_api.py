@@ -881,18 +881,24 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     wide = hb.kernel_config(256, "ws")
     assert wide["kernel"] is hb.hopper_bwd_ws_kernel and (wide["block_n"], wide["dq_cols"]) == (64, 128)
     assert wide["constexprs"] == dict(HEAD_DIM=256, BLOCK_M=64, BLOCK_N=64, STAGES=2, DO_STAGES=1, COL_SPLIT=True,
-                                      COALESCED_STORE=True, DQ_FLAT=False)
+                                      COALESCED_STORE=True, DQ_FLAT=False, LSE_IN_ACC=False)
     for d, block_m, stages in ((64, 128, 3), (128, 64, 2)):
         flat = hb.WS_DQ_FLAT[d]
         cfg = hb.kernel_config(d, "ws")
         assert cfg["constexprs"] == dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=128, STAGES=stages, DO_STAGES=stages,
-                                         COL_SPLIT=False, COALESCED_STORE=True, DQ_FLAT=flat)
+                                         COL_SPLIT=False, COALESCED_STORE=True, DQ_FLAT=flat,
+                                         LSE_IN_ACC=hb.WS_LSE_IN_ACC[d])
         assert cfg["dq_block"] == ([block_m * d // 32, 32] if flat else [block_m, d])
     # the flat dQ tile (``WS_DQ_FLAT``): a [block_m * d / 32, 32] box, the column split never flat
     with monkeypatch.context() as m:
         m.setattr(hb, "WS_DQ_FLAT", {64: True, 128: True, 256: True})
         assert hb.kernel_config(128, "ws")["dq_block"] == [256, 32] and hb.kernel_config(128, "ws")["dq_flat"]
         assert not hb.kernel_config(256, "ws")["dq_flat"] and hb.kernel_config(256, "ws")["dq_block"] == [64, 128]
+    # lse in S^T's accumulator (``WS_LSE_IN_ACC``): the key split only
+    with monkeypatch.context() as m:
+        m.setattr(hb, "WS_LSE_IN_ACC", {64: True, 128: True, 256: True})
+        assert hb.kernel_config(64, "ws")["constexprs"]["LSE_IN_ACC"]
+        assert not hb.kernel_config(256, "ws")["constexprs"]["LSE_IN_ACC"]
     x = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="deterministic=True needs variant \"ws\""):  # refused before any launch
         hb.hopper_backward(x, x, x, x, x, torch.zeros(1, 2, 8), 0.125, False, variant="base", deterministic=True)

@@ -83,3 +83,16 @@ def test_hopper_gluon_backward_ws_swizzled_dq_compiles_for_sm90():
         assert "-flat " not in line and f"tma_reduce={reduces} " in line and "wgmma-pipelined" in line, line
         assert "loop_spills=0 " in line and int(re.search(r"spill=(\d+)B", line).group(1)) <= 24, line
         assert int(re.search(r"consumer_regs=(\d+)", line).group(1)) <= 240, line
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+def test_hopper_gluon_backward_ws_lse_in_acc_compiles_for_sm90():
+    """Variant ws with lse in S^T's accumulator (``WS_LSE_IN_ACC``) at d = 64 / 128, both masks: no
+    spill, wgmma pipelined (the accumulator's initial value is formed before the product is issued,
+    as D's in dP^T at d = 64), the consumers within their 240 registers."""
+    out, lines = _compile_check("--variants", "ws", "--headdims", "64,128", "--lse-in-acc")
+    assert "hopper backward compiled for sm_90: 4 kernels" in out
+    assert len(lines) == 4, out
+    for line in lines:
+        assert "-lse " in line and "spill=0B" in line and "wgmma-pipelined" in line and "loop_spills=0 " in line, line
+        assert int(re.search(r"consumer_regs=(\d+)", line).group(1)) <= 240, line

@@ -276,6 +276,14 @@ WS_DQ_SWIZZLE = {64: 32, 128: 32, 256: 128}
 # 486 (+0.4 to +7.6 %, none slower); the L2 at d = 128, N = 4096 causal 76.5 -> 53.1 % busy. False: the
 # swizzled tile (ab_bwd's "gluon-ws" against "gluon-ws-dqflat" before the change of default).
 WS_DQ_FLAT = {64: True, 128: True}
+# "ws": lse folded into S^T's accumulator (an A/B switch by head dim, the key-split form only): the host
+# pads lse / softmax_scale instead of lse * log2 e, S^T's product starts at minus it and the
+# exponentials are exp2(S^T * softmax_scale * log2 e). The lse read moves from after the step's first
+# two products (where it queues behind their shared-memory reads and the first FFMA of the
+# exponentials waited on it: 9 % of all warp samples, 14 % of the consumers', d = 128, N = 4096,
+# NOTES §100) to the step's start, before S^T is issued. fp32 accumulation of minus lse / scale plus
+# the products: an absolute error ~1e-6 of the exponent, far below bf16's.
+WS_LSE_IN_ACC = {64: False, 128: False}
 # "ws": query rows a step by head dim (the key-split form; the column split needs 64). 128 at d = 64
 # doubles a step's products (S^T / dP^T 64 keys x 128 queries a warpgroup) against the same per-step
 # costs (barriers, hand-offs, waits), at d = 128's register count with D in dP^T's accumulator:
@@ -311,10 +319,14 @@ def _issue_q_do(q_desc, do_desc, q_smem, do_smem, bar, t, m_lo, n_m, h0, b, seql
 
 @gluon.jit
 def _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d,
-           MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr):
+           MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr, LSE_IN_ACC: gl.constexpr = False):
     """P^T of one (BLOCK_N keys x BLOCK_M queries) tile, fp32, masked entries 0; ``lse_log2`` one
-    value per query (column), in S^T's column layout."""
-    p = gl.exp2(s * qk_scale - lse_log2[None, :])
+    value per query (column), in S^T's column layout. ``LSE_IN_ACC``: ``s`` is already S^T - lse /
+    softmax_scale (the product's accumulator started there: ``WS_LSE_IN_ACC``), ``lse_log2`` unused."""
+    if LSE_IN_ACC:
+        p = gl.exp2(s * qk_scale)
+    else:
+        p = gl.exp2(s * qk_scale - lse_log2[None, :])
     if MASKED:
         keys = (n_start + keys_1d)[:, None]
         queries = (m_start + queries_1d)[None, :]
@@ -426,7 +438,8 @@ def _store_rows(ptr, x, b, h_kv, nheads_kv, n_start, seqlen_k, layout: gl.conste
 
 @gluon.jit
 def _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d, queries_1d,
-                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                LSE_IN_ACC: gl.constexpr = False):
     """``_probs`` with the masks only where this step's tile needs them: keys past seqlen_k (not
     ``keys_inside``), queries past seqlen_q, or (causal) a tile the diagonal crosses (``off`` =
     seqlen_k - seqlen_q)."""
@@ -435,10 +448,10 @@ def _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqle
         need_mask = need_mask | (n_start + BLOCK_N - 1 > m_start + off)
     if need_mask:
         p = _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d, True,
-                   IS_CAUSAL)
+                   IS_CAUSAL, LSE_IN_ACC)
     else:
         p = _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d, False,
-                   IS_CAUSAL)
+                   IS_CAUSAL, LSE_IN_ACC)
     return p
 
 
@@ -739,11 +752,13 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                  do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
                  seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                 COALESCED_STORE: gl.constexpr = False):
+                 COALESCED_STORE: gl.constexpr = False, LSE_IN_ACC: gl.constexpr = False):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
     lockstep as in the base kernel). The math per step is the base kernel's, in FA3's order (dV
     issued before dS is formed, dQ before dK: see the module docstring); the loads come from the
-    rings, and dQ goes to ``dq_smem`` for the writer warp instead of into atomics."""
+    rings, and dQ goes to ``dq_smem`` for the writer warp instead of into atomics. ``LSE_IN_ACC``
+    (``WS_LSE_IN_ACC``): the lse slot holds lse / softmax_scale and S^T's accumulator starts at minus
+    it, so the exponentials need no shared-memory read after S^T retires."""
     num_warps: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = k_smem.dtype
     # D subtracted inside dP^T's product (its accumulator starts at -D) at 128 query rows a step, where
@@ -785,7 +800,14 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
 
         # S^T as soon as Q has landed, dP^T once dO has
         mbarrier.wait(q_ready.index(s_idx), phase)
-        s_tok = warpgroup_mma(k_cur, q_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        if LSE_IN_ACC:
+            # S^T - lse / softmax_scale from the product itself: the lse read happens here, at the step's
+            # start, not behind this step's products in the shared-memory queue, where the first FFMA
+            # of the exponentials waited for it (14 % of the consumers' samples, NOTES §100)
+            lse_s = lse_smem.index(s_idx).load(col_layout)
+            s_tok = warpgroup_mma(k_cur, q_cur.permute((1, 0)), st_zero - lse_s[None, :], is_async=True)
+        else:
+            s_tok = warpgroup_mma(k_cur, q_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
         mbarrier.wait(do_ready.index(s_idx), phase)
         if D_IN_ACC:
             # dP^T - D from the product itself: the accumulator starts at -D (one value a query column),
@@ -796,10 +818,13 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
             dp_tok = warpgroup_mma(v_cur, do_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
         # lse (log2, -inf rows already 0, rows past seqlen_q 0: the host's padded copy) read from its
         # slot straight into S^T's column layout (a broadcast shared-memory read)
-        lse_log2 = lse_smem.index(s_idx).load(col_layout)
+        if LSE_IN_ACC:
+            lse_log2 = lse_s  # unused
+        else:
+            lse_log2 = lse_smem.index(s_idx).load(col_layout)
         s = warpgroup_mma_wait(1, deps=[s_tok])
         p = _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
-                        queries_1d, BLOCK_M, BLOCK_N, IS_CAUSAL)
+                        queries_1d, BLOCK_M, BLOCK_N, IS_CAUSAL, LSE_IN_ACC)
         pa = gl.convert_layout(p.to(dtype), a_layout)
         # dV += P^T dO queued behind dP^T: it runs while dS is formed and stored below
         dv_tok = warpgroup_mma(pa, do_cur, dv, is_async=True)
@@ -990,9 +1015,11 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv, nheads_kv, n_start, m_lo,
                   n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
-                  IS_CAUSAL: gl.constexpr, COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr):
+                  IS_CAUSAL: gl.constexpr, COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr,
+                  LSE_IN_ACC: gl.constexpr = False):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
-    ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments."""
+    ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments
+    (``LSE_IN_ACC``: the key split only)."""
     if COL_SPLIT:
         _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                             q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv,
@@ -1002,7 +1029,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                      do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
                      seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
-                     COALESCED_STORE)
+                     COALESCED_STORE, LSE_IN_ACC)
 
 
 @gluon.jit
@@ -1011,7 +1038,8 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False,
-                         COALESCED_STORE: gl.constexpr = False, DQ_FLAT: gl.constexpr = False):
+                         COALESCED_STORE: gl.constexpr = False, DQ_FLAT: gl.constexpr = False,
+                         LSE_IN_ACC: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers);
     the producer and dQ-writer warps are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
     the host's (batch, nheads, stat_stride) fp32 lse * log2(e) (-inf -> 0) and D, zero past
@@ -1026,6 +1054,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     gl.static_assert(num_warps == 8, "two consumer warpgroups")
     if COL_SPLIT:
         gl.static_assert(BLOCK_N == 64, "column split: one 64-key block, the warpgroups split the head dim")
+        gl.static_assert(not LSE_IN_ACC, "lse in S^T's accumulator: the key split only")
     else:
         gl.static_assert(BLOCK_N == 128, "two consumer warpgroups of 64 key rows")
         gl.static_assert(DO_STAGES == STAGES, "one slot index for both rings")
@@ -1108,7 +1137,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         (_ws_consumers, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                          q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv,
                          nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM,
-                         BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT, COALESCED_STORE)),
+                         BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT, COALESCED_STORE, LSE_IN_ACC)),
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
                         b * seqlen_k + n_start, h_kv * HEAD_DIM, m_lo, n_m, n_iter, seqlen_q, nheads, stat_stride,
@@ -1143,7 +1172,8 @@ def kernel_config(d: int, variant: str = "base") -> dict:
                     dq_flat=flat, dq_block=[block_m * d // 32, 32] if flat else [block_m, d // 2 if split else d],
                     constexprs=dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                                     DO_STAGES=do_stages, COL_SPLIT=split,
-                                    COALESCED_STORE=WS_COALESCED_STORE, DQ_FLAT=flat))
+                                    COALESCED_STORE=WS_COALESCED_STORE, DQ_FLAT=flat,
+                                    LSE_IN_ACC=bool(WS_LSE_IN_ACC.get(d, False)) and not split))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
@@ -1225,9 +1255,13 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
                                      float(softmax_scale), float(softmax_scale) * 1.4426950408889634,
                                      IS_CAUSAL=bool(causal), num_warps=cfg["num_warps"], **cfg["constexprs"])
     else:
-        # lse in log2 units (-inf rows, which saw no key, -> 0: the base kernel's guard), padded as D
+        # lse in log2 units (-inf rows, which saw no key, -> 0: the base kernel's guard), padded as D;
+        # with ``LSE_IN_ACC`` lse / softmax_scale instead, where S^T's accumulator starts (the same
+        # exponent once the scores are scaled by softmax_scale * log2 e)
         lse2 = torch.zeros(batch, nheads, stat_stride, device=q.device, dtype=torch.float32)
-        lse2[:, :, :seqlen_q] = torch.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
+        consts = dict(cfg["constexprs"], LSE_IN_ACC=cfg["constexprs"]["LSE_IN_ACC"] and softmax_scale > 0)
+        lse_unit = 1.0 / softmax_scale if consts["LSE_IN_ACC"] else 1.4426950408889634
+        lse2[:, :, :seqlen_q] = torch.where(lse == float("-inf"), 0.0, lse * lse_unit)
         lse_desc = TensorDescriptor.from_tensor(lse2.view(-1), [bm], lay["stat"])
         delta_desc = TensorDescriptor.from_tensor(delta.view(-1), [bm], lay["stat"])
         dq_2d = dq_accum.view(-1, 32) if flat else dq_accum.view(batch * seqlen_q, nheads * d)
@@ -1239,7 +1273,7 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
                                    seqlen_q, seqlen_k, nheads, nheads // nheads_kv, stat_stride,
                                    float(softmax_scale), float(softmax_scale) * 1.4426950408889634,
                                    IS_CAUSAL=bool(causal), DETERMINISTIC=bool(deterministic),
-                                   num_warps=cfg["num_warps"], **cfg["constexprs"])
+                                   num_warps=cfg["num_warps"], **consts)
     if flat:
         return dq_from_flat(dq_accum, q, bm, softmax_scale), dk, dv
     # one pass: scale and cast into dQ (``(dq_accum * scale).to(dtype)`` made an fp32 copy first)
