@@ -15,7 +15,8 @@ register the SASS names, + 1: ``consumer_regs``) and the spill instructions insi
 (``loop_spills``); it asserts no C7514, no spill inside that loop and at most 24 B outside it.
 
     python benchmarks/compile_check_hopper_bwd.py [--variants base,ws] [--headdims 64,128,256] [--quick]
-                                                  [--no-ptxas] [--jobs N] [--deterministic] [--dq-swizzled] [--lse-in-acc]
+                                                  [--no-ptxas] [--jobs N] [--deterministic]
+                                                  [--dq-swizzled] [--lse-in-acc]
 """
 import argparse
 import os

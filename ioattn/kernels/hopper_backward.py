@@ -276,14 +276,18 @@ WS_DQ_SWIZZLE = {64: 32, 128: 32, 256: 128}
 # 486 (+0.4 to +7.6 %, none slower); the L2 at d = 128, N = 4096 causal 76.5 -> 53.1 % busy. False: the
 # swizzled tile (ab_bwd's "gluon-ws" against "gluon-ws-dqflat" before the change of default).
 WS_DQ_FLAT = {64: True, 128: True}
-# "ws": lse folded into S^T's accumulator (an A/B switch by head dim, the key-split form only): the host
+# "ws": lse folded into S^T's accumulator (by head dim, the key-split form only): the host
 # pads lse / softmax_scale instead of lse * log2 e, S^T's product starts at minus it and the
 # exponentials are exp2(S^T * softmax_scale * log2 e). The lse read moves from after the step's first
 # two products (where it queues behind their shared-memory reads and the first FFMA of the
 # exponentials waited on it: 9 % of all warp samples, 14 % of the consumers', d = 128, N = 4096,
 # NOTES §100) to the step's start, before S^T is issued. fp32 accumulation of minus lse / scale plus
-# the products: an absolute error ~1e-6 of the exponent, far below bf16's.
-WS_LSE_IN_ACC = {64: False, 128: False}
+# the products: an absolute error ~1e-6 of the exponent, far below bf16's. Measured (ab_bwd, 3 rounds,
+# results/session-2026-12-02-zzp), without / with, TFLOP/s: d = 128 N = 1024 / 4096 / 16384 436 / 449,
+# 550 / 574, 556 / 573, causal 307 / 317, 481 / 505, 562 / 585 (+3.0 to +5.0 %); d = 64 364 / 358,
+# 458 / 452, 483 / 477, causal 262 / 258, 414 / 401, 489 / 469 (-1.2 to -4.1 %: its BLOCK_M = 128 puts
+# 32 lse values a thread, beside D's 32, ahead of the step's first products): on at d = 128 only.
+WS_LSE_IN_ACC = {64: False, 128: True}
 # "ws": query rows a step by head dim (the key-split form; the column split needs 64). 128 at d = 64
 # doubles a step's products (S^T / dP^T 64 keys x 128 queries a warpgroup) against the same per-step
 # costs (barriers, hand-offs, waits), at d = 128's register count with D in dP^T's accumulator:
