@@ -133,15 +133,20 @@ partitions with setmaxnreg register budgets, the loads and the dQ accumulation o
   warps + the producer and writer warps padded to a warpgroup). Shared memory at d = 128, bf16: K, V
   32 KiB each, Q and dO 2 x 16 KiB each, dS 16 KiB, dQ (fp32) 32 KiB, lse / D 1 KiB: 177 KiB, plus
   the epilogue's 32 KiB (below).
+* **d = 128: lse in S^T's accumulator** (``WS_LSE_IN_ACC``; NOTES §100): the product starts at minus
+  lse / softmax_scale, read at the step's start, so the exponentials wait on no shared-memory read.
 * **d = 64: 128 query rows a step** (``WS_BLOCK_M``; NOTES §55): each warpgroup's S^T / dP^T is 64
   keys x 128 queries, the dQ block 128 x 64 with the warpgroups splitting its rows
   (``_dq_acc_layout``), so a step has d = 128's products against the same per-step costs. D in S^T's
   column layout would then be 32 registers live across P^T's formation: dP^T's accumulator starts
   at -D instead (``D_IN_ACC``), and the consumers fit in 232 registers. 3 stages: 195 KiB.
-* **Layouts of the staged tiles**: the fp32 dQ tile is swizzled at 32 B (``WS_DQ_SWIZZLE``), where
-  the consumers' 8-byte stores from the accumulator layout hit no bank twice (128 B: two ways); dK
-  and dV are converted to whole-row 16-byte pieces before the epilogue's stores
-  (``WS_COALESCED_STORE``, through Triton's shared scratch), full 32 B sectors instead of halves.
+* **Layouts of the staged tiles**: the fp32 dQ tile is kept in the accumulator's own order at d = 64 /
+  128 (``WS_DQ_FLAT``, NOTES §99: 16-byte conflict-free stores, one dense bulk reduce-add a block into
+  an accumulator in the same order, put back in order by the host's scaling pass, ``dq_from_flat``);
+  the alternative, a 2-D tile swizzled at 32 B (``WS_DQ_SWIZZLE``; d = 256 at 128 B), sent the L2 a
+  reduce request a 32 B sector. dK and dV are converted to whole-row 16-byte pieces before the
+  epilogue's stores (``WS_COALESCED_STORE``, through Triton's shared scratch), full 32 B sectors
+  instead of halves.
 
 Column split (variant ws at head dim 256)
 ------------------------------------------
@@ -1046,10 +1051,12 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          LSE_IN_ACC: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers);
     the producer and dQ-writer warps are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
-    the host's (batch, nheads, stat_stride) fp32 lse * log2(e) (-inf -> 0) and D, zero past
-    seqlen_q, ``stat_stride`` a multiple of BLOCK_M, block [BLOCK_M]. dq_desc: the fp32 accumulator
-    (batch * seqlen_q, nheads * HEAD_DIM), zeroed, block [BLOCK_M, HEAD_DIM] ([BLOCK_M, HEAD_DIM / 2]
-    with ``COL_SPLIT``). Sem: with ``DETERMINISTIC``, (batch, nheads, cdiv(seqlen_q, BLOCK_M)) zeroed
+    the host's (batch, nheads, stat_stride) fp32 lse * log2(e) (``LSE_IN_ACC``: lse / softmax_scale;
+    -inf -> 0) and D, zero past seqlen_q, ``stat_stride`` a multiple of BLOCK_M, block [BLOCK_M].
+    dq_desc: the fp32 accumulator (batch * seqlen_q, nheads * HEAD_DIM), zeroed, block [BLOCK_M,
+    HEAD_DIM] ([BLOCK_M, HEAD_DIM / 2] with ``COL_SPLIT``); with ``DQ_FLAT`` a 2-D view (-1, 32) of
+    the flat accumulator (batch, nheads, cdiv(seqlen_q, BLOCK_M), BLOCK_M * HEAD_DIM), block
+    [BLOCK_M * HEAD_DIM / 32, 32], unswizzled. Sem: with ``DETERMINISTIC``, (batch, nheads, cdiv(seqlen_q, BLOCK_M)) zeroed
     int32 counters (``_ws_dq_writer``); unused otherwise. STAGES / DO_STAGES: depth of the Q and dO
     rings (equal unless ``COL_SPLIT``). ``COL_SPLIT`` (head dim 256): BLOCK_N = 64 and the consumers
     split the head dim (``_ws_consumer_dsplit``) instead of the keys (``_ws_consumer``), dQ's high
