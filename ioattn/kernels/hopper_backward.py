@@ -293,6 +293,12 @@ WS_DQ_FLAT = {64: True, 128: True}
 # 458 / 452, 483 / 477, causal 262 / 258, 414 / 401, 489 / 469 (-1.2 to -4.1 %: its BLOCK_M = 128 puts
 # 32 lse values a thread, beside D's 32, ahead of the step's first products): on at d = 128 only.
 WS_LSE_IN_ACC = {64: False, 128: True}
+# "ws": the dO slot released with the dQ hand-off instead of after dV retires, behind its own barrier
+# over the consumers' 8 warps (an A/B switch by head dim, the key-split form): three barriers a step
+# instead of four (the one-barrier form crashes ptxas, NOTES §101). The instruction after the dO
+# release's barrier held 3.8 % of all warp samples at d = 128, N = 4096 (§100). The slot goes back a
+# product (dQ) later; with two stages its next load is still a step ahead. Not yet measured (§102): off.
+WS_LATE_DO_RELEASE = {64: False, 128: False}
 # "ws": query rows a step by head dim (the key-split form; the column split needs 64). 128 at d = 64
 # doubles a step's products (S^T / dP^T 64 keys x 128 queries a warpgroup) against the same per-step
 # costs (barriers, hand-offs, waits), at d = 128's register count with D in dP^T's accumulator:
@@ -761,7 +767,8 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                  do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
                  seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                 COALESCED_STORE: gl.constexpr = False, LSE_IN_ACC: gl.constexpr = False):
+                 COALESCED_STORE: gl.constexpr = False, LSE_IN_ACC: gl.constexpr = False,
+                 LATE_DO_RELEASE: gl.constexpr = False):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
     lockstep as in the base kernel). The math per step is the base kernel's, in FA3's order (dV
     issued before dS is formed, dQ before dK: see the module docstring); the loads come from the
@@ -858,16 +865,23 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         # arrive is one thread's, after a barrier over the partition's 8 warps (both warpgroups'
         # products retired; Triton would add the barrier anyway: it orders an arrive after all
         # shared-memory accesses).
-        dv, pa = warpgroup_mma_wait(2, deps=[dv_tok, pa])
-        gl.thread_barrier()
-        mbarrier.arrive(do_empty.index(s_idx), count=1)  # dO and D done with
-        dq = warpgroup_mma_wait(1, deps=[dq_tok])
+        if LATE_DO_RELEASE:
+            # ``WS_LATE_DO_RELEASE``: no barrier of its own for the dO slot; it goes back with the dQ
+            # block, after both warpgroups' dQ (and so dV, which retires before it) has retired
+            dv, pa, dq = warpgroup_mma_wait(1, deps=[dv_tok, pa, dq_tok])
+        else:
+            dv, pa = warpgroup_mma_wait(2, deps=[dv_tok, pa])
+            gl.thread_barrier()
+            mbarrier.arrive(do_empty.index(s_idx), count=1)  # dO and D done with
+            dq = warpgroup_mma_wait(1, deps=[dq_tok])
         # the dQ block to the writer warp: wait until it has read the previous one (handed over a
         # whole step ago: normally long done), store, fence for the bulk copy, hand over
         mbarrier.wait(dq_empty, (t & 1) ^ 1, pred=t > 0)
         dq_smem.store(dq)
         fence_async_shared()
         gl.thread_barrier()
+        if LATE_DO_RELEASE:  # (Triton puts a barrier before each arrive: NOTES §101)
+            mbarrier.arrive(do_empty.index(s_idx), count=1)
         mbarrier.arrive(dq_full, count=1)
         dk, dsa = warpgroup_mma_wait(0, deps=[dk_tok, dsa])
         gl.thread_barrier()
@@ -1025,7 +1039,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr,
-                  LSE_IN_ACC: gl.constexpr = False):
+                  LSE_IN_ACC: gl.constexpr = False, LATE_DO_RELEASE: gl.constexpr = False):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments
     (``LSE_IN_ACC``: the key split only)."""
@@ -1038,7 +1052,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                      do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
                      seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
-                     COALESCED_STORE, LSE_IN_ACC)
+                     COALESCED_STORE, LSE_IN_ACC, LATE_DO_RELEASE)
 
 
 @gluon.jit
@@ -1048,7 +1062,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False,
                          COALESCED_STORE: gl.constexpr = False, DQ_FLAT: gl.constexpr = False,
-                         LSE_IN_ACC: gl.constexpr = False):
+                         LSE_IN_ACC: gl.constexpr = False, LATE_DO_RELEASE: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers);
     the producer and dQ-writer warps are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
     the host's (batch, nheads, stat_stride) fp32 lse * log2(e) (``LSE_IN_ACC``: lse / softmax_scale;
@@ -1056,8 +1070,8 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     dq_desc: the fp32 accumulator (batch * seqlen_q, nheads * HEAD_DIM), zeroed, block [BLOCK_M,
     HEAD_DIM] ([BLOCK_M, HEAD_DIM / 2] with ``COL_SPLIT``); with ``DQ_FLAT`` a 2-D view (-1, 32) of
     the flat accumulator (batch, nheads, cdiv(seqlen_q, BLOCK_M), BLOCK_M * HEAD_DIM), block
-    [BLOCK_M * HEAD_DIM / 32, 32], unswizzled. Sem: with ``DETERMINISTIC``, (batch, nheads, cdiv(seqlen_q, BLOCK_M)) zeroed
-    int32 counters (``_ws_dq_writer``); unused otherwise. STAGES / DO_STAGES: depth of the Q and dO
+    [BLOCK_M * HEAD_DIM / 32, 32], unswizzled. Sem: with ``DETERMINISTIC``, (batch, nheads,
+    cdiv(seqlen_q, BLOCK_M)) zeroed int32 counters (``_ws_dq_writer``); unused otherwise. STAGES / DO_STAGES: depth of the Q and dO
     rings (equal unless ``COL_SPLIT``). ``COL_SPLIT`` (head dim 256): BLOCK_N = 64 and the consumers
     split the head dim (``_ws_consumer_dsplit``) instead of the keys (``_ws_consumer``), dQ's high
     half staged in the step's Q slot."""
@@ -1066,6 +1080,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     if COL_SPLIT:
         gl.static_assert(BLOCK_N == 64, "column split: one 64-key block, the warpgroups split the head dim")
         gl.static_assert(not LSE_IN_ACC, "lse in S^T's accumulator: the key split only")
+        gl.static_assert(not LATE_DO_RELEASE, "the dO slot released with the dQ block: the key split only")
     else:
         gl.static_assert(BLOCK_N == 128, "two consumer warpgroups of 64 key rows")
         gl.static_assert(DO_STAGES == STAGES, "one slot index for both rings")
@@ -1148,7 +1163,8 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         (_ws_consumers, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                          q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv,
                          nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM,
-                         BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT, COALESCED_STORE, LSE_IN_ACC)),
+                         BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT, COALESCED_STORE, LSE_IN_ACC,
+                         LATE_DO_RELEASE)),
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
                         b * seqlen_k + n_start, h_kv * HEAD_DIM, m_lo, n_m, n_iter, seqlen_q, nheads, stat_stride,
@@ -1184,7 +1200,8 @@ def kernel_config(d: int, variant: str = "base") -> dict:
                     constexprs=dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                                     DO_STAGES=do_stages, COL_SPLIT=split,
                                     COALESCED_STORE=WS_COALESCED_STORE, DQ_FLAT=flat,
-                                    LSE_IN_ACC=bool(WS_LSE_IN_ACC.get(d, False)) and not split))
+                                    LSE_IN_ACC=bool(WS_LSE_IN_ACC.get(d, False)) and not split,
+                                    LATE_DO_RELEASE=bool(WS_LATE_DO_RELEASE.get(d, False)) and not split))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
