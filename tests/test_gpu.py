@@ -848,7 +848,7 @@ def test_deterministic_through_the_api_with_the_ordered_gluon_mode(causal, monke
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant", ["base", "ws", "ws-swizzled", "ws-lse", "ws-latedo"])
+@pytest.mark.parametrize("variant", ["base", "ws", "ws-swizzled", "ws-lse", "ws-latedo", "ws-dacc"])
 @pytest.mark.parametrize("forward", ["gluon", "portable"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
@@ -865,7 +865,8 @@ def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc
     query rows a step; dK and dV written as whole rows; at d = 64 / 128 the flat dQ tile and
     accumulator, ``WS_DQ_FLAT``; "ws-swizzled": ws with the swizzled 2-D dQ tile there instead;
     "ws-lse": ws with lse in S^T's accumulator, ``WS_LSE_IN_ACC``; "ws-latedo": ws with the dO slot
-    released with the dQ block, ``WS_LATE_DO_RELEASE``),
+    released with the dQ block, ``WS_LATE_DO_RELEASE``; "ws-dacc": ws with D in dP^T's accumulator at
+    d = 128, ``WS_D_IN_ACC``),
     against the float64 oracle, fed by the Gluon forward's or the portable forward's (out, lse): dq,
     dk, dv within 2x PyTorch's own error."""
     from ioattn import backends, hopper
@@ -885,6 +886,11 @@ def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc
         if d not in hb.WS_LATE_DO_RELEASE:
             pytest.skip("the dO slot released with the dQ block: the key-split form (d = 64 / 128)")
         monkeypatch.setitem(hb.WS_LATE_DO_RELEASE, d, True)
+        variant = "ws"
+    if variant == "ws-dacc":
+        if d not in hb.WS_D_IN_ACC:
+            pytest.skip("D in dP^T's accumulator at 64 query rows a step: d = 128")
+        monkeypatch.setitem(hb.WS_D_IN_ACC, d, True)
         variant = "ws"
     if d not in BWD_VARIANT_HEADDIMS[variant]:
         pytest.skip(f"the {variant} backward has no head dim {d}")

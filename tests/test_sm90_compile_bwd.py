@@ -118,3 +118,15 @@ def test_hopper_gluon_backward_ws_late_do_release_compiles_for_sm90():
         assert int(re.search(r"consumer_regs=(\d+)", line).group(1)) <= 240, line
         base = bars[(line.split()[1].replace("-latedo", ""), line.split()[2])]  # the default build's count
         assert int(re.search(r"bar.sync=(\d+)", line).group(1)) == base - 1, (line, base)
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+def test_hopper_gluon_backward_ws_d_in_acc_compiles_for_sm90():
+    """Variant ws at d = 128 with D in dP^T's accumulator (``WS_D_IN_ACC``), both masks: no spill,
+    wgmma pipelined, the consumers within their 240 registers (NOTES §103)."""
+    out, lines = _compile_check("--variants", "ws", "--headdims", "128", "--d-in-acc")
+    assert "hopper backward compiled for sm_90: 2 kernels" in out
+    assert len(lines) == 2, out
+    for line in lines:
+        assert "-dacc" in line.split()[1] and "spill=0B" in line and "wgmma-pipelined" in line, line
+        assert "loop_spills=0 " in line and int(re.search(r"consumer_regs=(\d+)", line).group(1)) <= 240, line

@@ -299,6 +299,11 @@ WS_LSE_IN_ACC = {64: False, 128: True}
 # release's barrier held 3.8 % of all warp samples at d = 128, N = 4096 (§100). The slot goes back a
 # product (dQ) later; with two stages its next load is still a step ahead. Not yet measured (§102): off.
 WS_LATE_DO_RELEASE = {64: False, 128: False}
+# "ws": D in dP^T's accumulator at 64 query rows a step too (d = 128; at 128 rows, d = 64, it always is:
+# ``D_IN_ACC``), an A/B switch: the D read moves to the step's start like lse's (``WS_LSE_IN_ACC``); the
+# FADDs of dP^T - D waited on it with short-scoreboard stalls, ~2 % of all warp samples at d = 128,
+# N = 4096 (NOTES §100's profile). Not yet measured (§103): off.
+WS_D_IN_ACC = {128: False}
 # "ws": query rows a step by head dim (the key-split form; the column split needs 64). 128 at d = 64
 # doubles a step's products (S^T / dP^T 64 keys x 128 queries a warpgroup) against the same per-step
 # costs (barriers, hand-offs, waits), at d = 128's register count with D in dP^T's accumulator:
@@ -768,7 +773,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                  seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                  COALESCED_STORE: gl.constexpr = False, LSE_IN_ACC: gl.constexpr = False,
-                 LATE_DO_RELEASE: gl.constexpr = False):
+                 LATE_DO_RELEASE: gl.constexpr = False, D_ACC: gl.constexpr = False):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
     lockstep as in the base kernel). The math per step is the base kernel's, in FA3's order (dV
     issued before dS is formed, dQ before dK: see the module docstring); the loads come from the
@@ -778,8 +783,9 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     num_warps: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = k_smem.dtype
     # D subtracted inside dP^T's product (its accumulator starts at -D) at 128 query rows a step, where
-    # D in S^T's column layout is 32 registers a thread, live across P^T's formation otherwise
-    D_IN_ACC: gl.constexpr = BLOCK_M == 128
+    # D in S^T's column layout is 32 registers a thread, live across P^T's formation otherwise; at 64
+    # rows with ``D_ACC`` (``WS_D_IN_ACC``)
+    D_IN_ACC: gl.constexpr = BLOCK_M == 128 or D_ACC
     off = seqlen_k - seqlen_q
     st_layout: gl.constexpr = _acc_layout(num_warps, BLOCK_M)
     kv_layout: gl.constexpr = _acc_layout(num_warps, HEAD_DIM)
@@ -1039,7 +1045,8 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr,
-                  LSE_IN_ACC: gl.constexpr = False, LATE_DO_RELEASE: gl.constexpr = False):
+                  LSE_IN_ACC: gl.constexpr = False, LATE_DO_RELEASE: gl.constexpr = False,
+                  D_ACC: gl.constexpr = False):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments
     (``LSE_IN_ACC``: the key split only)."""
@@ -1052,7 +1059,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                      do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
                      seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
-                     COALESCED_STORE, LSE_IN_ACC, LATE_DO_RELEASE)
+                     COALESCED_STORE, LSE_IN_ACC, LATE_DO_RELEASE, D_ACC)
 
 
 @gluon.jit
@@ -1062,7 +1069,8 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False,
                          COALESCED_STORE: gl.constexpr = False, DQ_FLAT: gl.constexpr = False,
-                         LSE_IN_ACC: gl.constexpr = False, LATE_DO_RELEASE: gl.constexpr = False):
+                         LSE_IN_ACC: gl.constexpr = False, LATE_DO_RELEASE: gl.constexpr = False,
+                         D_ACC: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers);
     the producer and dQ-writer warps are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
     the host's (batch, nheads, stat_stride) fp32 lse * log2(e) (``LSE_IN_ACC``: lse / softmax_scale;
@@ -1081,6 +1089,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         gl.static_assert(BLOCK_N == 64, "column split: one 64-key block, the warpgroups split the head dim")
         gl.static_assert(not LSE_IN_ACC, "lse in S^T's accumulator: the key split only")
         gl.static_assert(not LATE_DO_RELEASE, "the dO slot released with the dQ block: the key split only")
+        gl.static_assert(not D_ACC, "D in dP^T's accumulator: the key split only")
     else:
         gl.static_assert(BLOCK_N == 128, "two consumer warpgroups of 64 key rows")
         gl.static_assert(DO_STAGES == STAGES, "one slot index for both rings")
@@ -1164,7 +1173,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv,
                          nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM,
                          BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT, COALESCED_STORE, LSE_IN_ACC,
-                         LATE_DO_RELEASE)),
+                         LATE_DO_RELEASE, D_ACC)),
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
                         b * seqlen_k + n_start, h_kv * HEAD_DIM, m_lo, n_m, n_iter, seqlen_q, nheads, stat_stride,
@@ -1201,7 +1210,8 @@ def kernel_config(d: int, variant: str = "base") -> dict:
                                     DO_STAGES=do_stages, COL_SPLIT=split,
                                     COALESCED_STORE=WS_COALESCED_STORE, DQ_FLAT=flat,
                                     LSE_IN_ACC=bool(WS_LSE_IN_ACC.get(d, False)) and not split,
-                                    LATE_DO_RELEASE=bool(WS_LATE_DO_RELEASE.get(d, False)) and not split))
+                                    LATE_DO_RELEASE=bool(WS_LATE_DO_RELEASE.get(d, False)) and not split,
+                                    D_ACC=bool(WS_D_IN_ACC.get(d, False)) and not split))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
