@@ -1079,10 +1079,11 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     HEAD_DIM] ([BLOCK_M, HEAD_DIM / 2] with ``COL_SPLIT``); with ``DQ_FLAT`` a 2-D view (-1, 32) of
     the flat accumulator (batch, nheads, cdiv(seqlen_q, BLOCK_M), BLOCK_M * HEAD_DIM), block
     [BLOCK_M * HEAD_DIM / 32, 32], unswizzled. Sem: with ``DETERMINISTIC``, (batch, nheads,
-    cdiv(seqlen_q, BLOCK_M)) zeroed int32 counters (``_ws_dq_writer``); unused otherwise. STAGES / DO_STAGES: depth of the Q and dO
-    rings (equal unless ``COL_SPLIT``). ``COL_SPLIT`` (head dim 256): BLOCK_N = 64 and the consumers
-    split the head dim (``_ws_consumer_dsplit``) instead of the keys (``_ws_consumer``), dQ's high
-    half staged in the step's Q slot."""
+    cdiv(seqlen_q, BLOCK_M)) zeroed int32 counters (``_ws_dq_writer``); unused otherwise. STAGES /
+    DO_STAGES: depth of the Q and dO rings (equal unless ``COL_SPLIT``). ``COL_SPLIT`` (head dim 256):
+    BLOCK_N = 64 and the consumers split the head dim (``_ws_consumer_dsplit``) instead of the keys
+    (``_ws_consumer``), dQ's high half staged in the step's Q slot. The other flags: the module's
+    ``WS_*`` switches, through ``kernel_config``."""
     num_warps: gl.constexpr = gl.num_warps()
     gl.static_assert(num_warps == 8, "two consumer warpgroups")
     if COL_SPLIT:
