@@ -847,8 +847,13 @@ def test_deterministic_through_the_api_with_the_ordered_gluon_mode(causal, monke
         assert not a.isnan().any() and torch.equal(a, b)
 
 
+# test_hopper_backward's ws variants with one switch of ``hopper_backward`` set: name -> (switch, value)
+_WS_SWITCH_VARIANTS = {"ws-swizzled": ("WS_DQ_FLAT", False), "ws-lse": ("WS_LSE_IN_ACC", True),
+                       "ws-latedo": ("WS_LATE_DO_RELEASE", True), "ws-dacc": ("WS_D_IN_ACC", True)}
+
+
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant", ["base", "ws", "ws-swizzled", "ws-lse", "ws-latedo", "ws-dacc"])
+@pytest.mark.parametrize("variant", ["base", "ws", *_WS_SWITCH_VARIANTS])
 @pytest.mark.parametrize("forward", ["gluon", "portable"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
@@ -872,25 +877,12 @@ def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc
     from ioattn import backends, hopper
     from ioattn.kernels import hopper_backward as hb
     from ioattn.kernels.hopper_backward import BWD_VARIANT_HEADDIMS, hopper_backward
-    if variant == "ws-swizzled":
-        if d not in hb.WS_DQ_FLAT:
-            pytest.skip("the flat dQ tile's alternative: the key-split form (d = 64 / 128)")
-        monkeypatch.setitem(hb.WS_DQ_FLAT, d, False)
-        variant = "ws"
-    if variant == "ws-lse":
-        if d not in hb.WS_LSE_IN_ACC:
-            pytest.skip("lse in S^T's accumulator: the key-split form (d = 64 / 128)")
-        monkeypatch.setitem(hb.WS_LSE_IN_ACC, d, True)
-        variant = "ws"
-    if variant == "ws-latedo":
-        if d not in hb.WS_LATE_DO_RELEASE:
-            pytest.skip("the dO slot released with the dQ block: the key-split form (d = 64 / 128)")
-        monkeypatch.setitem(hb.WS_LATE_DO_RELEASE, d, True)
-        variant = "ws"
-    if variant == "ws-dacc":
-        if d not in hb.WS_D_IN_ACC:
-            pytest.skip("D in dP^T's accumulator at 64 query rows a step: d = 128")
-        monkeypatch.setitem(hb.WS_D_IN_ACC, d, True)
+    if variant in _WS_SWITCH_VARIANTS:  # the ws kernel with one of its switches set at this head dim
+        switch, value = _WS_SWITCH_VARIANTS[variant]
+        table = getattr(hb, switch)
+        if d not in table:
+            pytest.skip(f"{switch} has no head dim {d}")
+        monkeypatch.setitem(table, d, value)
         variant = "ws"
     if d not in BWD_VARIANT_HEADDIMS[variant]:
         pytest.skip(f"the {variant} backward has no head dim {d}")
