@@ -98,35 +98,3 @@ def test_hopper_gluon_backward_ws_lse_in_acc_compiles_for_sm90():
         assert "-lse" in line.split()[1] and "spill=0B" in line and "wgmma-pipelined" in line, line
         assert "loop_spills=0 " in line, line
         assert int(re.search(r"consumer_regs=(\d+)", line).group(1)) <= 240, line
-
-
-@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
-def test_hopper_gluon_backward_ws_late_do_release_compiles_for_sm90():
-    """Variant ws with the dO slot released with the dQ block (``WS_LATE_DO_RELEASE``) at d = 64 / 128,
-    causal, with and without the ordered dQ mode: no spill inside the consumers' loop, wgmma
-    pipelined, the consumers within their 240 registers, one barrier over the consumers fewer in the
-    PTX than the default build (NOTES §102)."""
-    out, lines = _compile_check("--variants", "ws", "--headdims", "64,128", "--causal", "1", "--deterministic",
-                                "--late-do-release")
-    assert "hopper backward compiled for sm_90: 4 kernels" in out
-    _, default = _compile_check("--variants", "ws", "--headdims", "64,128", "--causal", "1", "--deterministic")
-    bars = {tuple(line.split()[1:3]): int(re.search(r"bar.sync=(\d+)", line).group(1)) for line in default}
-    assert len(lines) == 4, out
-    for line in lines:
-        assert "-latedo" in line.split()[1] and "wgmma-pipelined" in line and "loop_spills=0 " in line, line
-        assert int(re.search(r"spill=(\d+)B", line).group(1)) <= 24, line
-        assert int(re.search(r"consumer_regs=(\d+)", line).group(1)) <= 240, line
-        base = bars[(line.split()[1].replace("-latedo", ""), line.split()[2])]  # the default build's count
-        assert int(re.search(r"bar.sync=(\d+)", line).group(1)) == base - 1, (line, base)
-
-
-@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
-def test_hopper_gluon_backward_ws_d_in_acc_compiles_for_sm90():
-    """Variant ws at d = 128 with D in dP^T's accumulator (``WS_D_IN_ACC``), both masks: no spill,
-    wgmma pipelined, the consumers within their 240 registers (NOTES §103)."""
-    out, lines = _compile_check("--variants", "ws", "--headdims", "128", "--d-in-acc")
-    assert "hopper backward compiled for sm_90: 2 kernels" in out
-    assert len(lines) == 2, out
-    for line in lines:
-        assert "-dacc" in line.split()[1] and "spill=0B" in line and "wgmma-pipelined" in line, line
-        assert "loop_spills=0 " in line and int(re.search(r"consumer_regs=(\d+)", line).group(1)) <= 240, line

@@ -109,8 +109,9 @@ partitions with setmaxnreg register budgets, the loads and the dQ accumulation o
   asynchronous, groups retiring in order: S^T, dP^T issued; P^T (exponentials) while dP^T runs;
   dV += P^T dO issued right away, so that dS^T is formed, stored to shared memory and fenced while
   dV runs (FA3's order: the dS work overlaps a GEMM instead of sitting between two); then dQ = dS K
-  and dK += dS^T Q issued together. dV retires -> dO's slot released; dQ retires -> the dQ block
-  goes to shared memory for the writer while dK still runs; dK retires -> Q's slot released. So the
+  and dK += dS^T Q issued together. dQ (and so dV) retires -> the dQ block goes to shared memory for
+  the writer while dK still runs, and dO's slot is released with it; dK retires -> Q's slot released
+  (NOTES §102: the dO slot's own barrier after dV cost 0 to 1.4 %). So the
   only tensor-core gap left per step is at the step boundary (the Q release and the next S^T).
 * **dQ writer** (``_ws_dq_writer``, 1 warp, 24 registers; FA3's separate dQ write): waits for the
   step's fp32 dQ block in shared memory (``dq_full``), adds it into the fp32 accumulator with one TMA
@@ -126,7 +127,7 @@ partitions with setmaxnreg register budgets, the loads and the dQ accumulation o
 * **Synchronisation inside the consumer partition**: ``mbarrier.arrive`` is one thread's, so every
   release follows a barrier over the partition's 8 warps (both warpgroups' products retired; Triton
   inserts the same barrier itself, as it orders an arrive after all shared-memory accesses, and one
-  more before the next shared-memory access after it). Of the six barriers per step, three fall
+  more before the next shared-memory access after it). Of the five barriers per step, two fall
   while dQ / dK run; the dS barrier while dV runs; two at the step boundary.
 * Registers (ptxas 12.8, compile check): no spills at d = 64 and 128 within the 240 budget, wgmma
   pipelined (no C7514); ptxas -v reports the launch budget, 168 (65536 / 384 threads: 8 consumer
@@ -293,17 +294,6 @@ WS_DQ_FLAT = {64: True, 128: True}
 # 458 / 452, 483 / 477, causal 262 / 258, 414 / 401, 489 / 469 (-1.2 to -4.1 %: its BLOCK_M = 128 puts
 # 32 lse values a thread, beside D's 32, ahead of the step's first products): on at d = 128 only.
 WS_LSE_IN_ACC = {64: False, 128: True}
-# "ws": the dO slot released with the dQ hand-off instead of after dV retires, behind its own barrier
-# over the consumers' 8 warps (an A/B switch by head dim, the key-split form): three barriers a step
-# instead of four (the one-barrier form crashes ptxas, NOTES §101). The instruction after the dO
-# release's barrier held 3.8 % of all warp samples at d = 128, N = 4096 (§100). The slot goes back a
-# product (dQ) later; with two stages its next load is still a step ahead. Not yet measured (§102): off.
-WS_LATE_DO_RELEASE = {64: False, 128: False}
-# "ws": D in dP^T's accumulator at 64 query rows a step too (d = 128; at 128 rows, d = 64, it always is:
-# ``D_IN_ACC``), an A/B switch: the D read moves to the step's start like lse's (``WS_LSE_IN_ACC``); the
-# FADDs of dP^T - D waited on it with short-scoreboard stalls, ~2 % of all warp samples at d = 128,
-# N = 4096 (NOTES §100's profile). Not yet measured (§103): off.
-WS_D_IN_ACC = {128: False}
 # "ws": query rows a step by head dim (the key-split form; the column split needs 64). 128 at d = 64
 # doubles a step's products (S^T / dP^T 64 keys x 128 queries a warpgroup) against the same per-step
 # costs (barriers, hand-offs, waits), at d = 128's register count with D in dP^T's accumulator:
@@ -772,8 +762,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                  do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
                  seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                 COALESCED_STORE: gl.constexpr = False, LSE_IN_ACC: gl.constexpr = False,
-                 LATE_DO_RELEASE: gl.constexpr = False, D_ACC: gl.constexpr = False):
+                 COALESCED_STORE: gl.constexpr = False, LSE_IN_ACC: gl.constexpr = False):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
     lockstep as in the base kernel). The math per step is the base kernel's, in FA3's order (dV
     issued before dS is formed, dQ before dK: see the module docstring); the loads come from the
@@ -783,9 +772,8 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     num_warps: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = k_smem.dtype
     # D subtracted inside dP^T's product (its accumulator starts at -D) at 128 query rows a step, where
-    # D in S^T's column layout is 32 registers a thread, live across P^T's formation otherwise; at 64
-    # rows with ``D_ACC`` (``WS_D_IN_ACC``)
-    D_IN_ACC: gl.constexpr = BLOCK_M == 128 or D_ACC
+    # D in S^T's column layout is 32 registers a thread, live across P^T's formation otherwise
+    D_IN_ACC: gl.constexpr = BLOCK_M == 128
     off = seqlen_k - seqlen_q
     st_layout: gl.constexpr = _acc_layout(num_warps, BLOCK_M)
     kv_layout: gl.constexpr = _acc_layout(num_warps, HEAD_DIM)
@@ -867,27 +855,20 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         dq_tok = warpgroup_mma(ds_cur.permute((1, 0)), k_cur, dq_zero, use_acc=False, is_async=True)
         dk_tok = warpgroup_mma(dsa, q_cur, dk, is_async=True)
 
-        # Releases, each as soon as the wgmma groups (retiring in order: dV, dQ, dK) allow. Each
-        # arrive is one thread's, after a barrier over the partition's 8 warps (both warpgroups'
-        # products retired; Triton would add the barrier anyway: it orders an arrive after all
-        # shared-memory accesses).
-        if LATE_DO_RELEASE:
-            # ``WS_LATE_DO_RELEASE``: no barrier of its own for the dO slot; it goes back with the dQ
-            # block, after both warpgroups' dQ (and so dV, which retires before it) has retired
-            dv, pa, dq = warpgroup_mma_wait(1, deps=[dv_tok, pa, dq_tok])
-        else:
-            dv, pa = warpgroup_mma_wait(2, deps=[dv_tok, pa])
-            gl.thread_barrier()
-            mbarrier.arrive(do_empty.index(s_idx), count=1)  # dO and D done with
-            dq = warpgroup_mma_wait(1, deps=[dq_tok])
+        # Releases, as the wgmma groups (retiring in order: dV, dQ, dK) allow. Each arrive is one
+        # thread's, after a barrier over the partition's 8 warps (both warpgroups' products retired;
+        # Triton adds one before every arrive anyway: it orders the arrive after all shared-memory
+        # accesses, NOTES §101). The dO slot has no barrier of its own: it goes back with the dQ block,
+        # after both warpgroups' dQ (and so dV, which retires before it) has retired; released as soon
+        # as dV retired, behind a barrier of its own, it was 0 to 1.4 % slower (NOTES §102)
+        dv, pa, dq = warpgroup_mma_wait(1, deps=[dv_tok, pa, dq_tok])
         # the dQ block to the writer warp: wait until it has read the previous one (handed over a
         # whole step ago: normally long done), store, fence for the bulk copy, hand over
         mbarrier.wait(dq_empty, (t & 1) ^ 1, pred=t > 0)
         dq_smem.store(dq)
         fence_async_shared()
         gl.thread_barrier()
-        if LATE_DO_RELEASE:  # (Triton puts a barrier before each arrive: NOTES §101)
-            mbarrier.arrive(do_empty.index(s_idx), count=1)
+        mbarrier.arrive(do_empty.index(s_idx), count=1)  # dO and D done with
         mbarrier.arrive(dq_full, count=1)
         dk, dsa = warpgroup_mma_wait(0, deps=[dk_tok, dsa])
         gl.thread_barrier()
@@ -1045,8 +1026,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr,
-                  LSE_IN_ACC: gl.constexpr = False, LATE_DO_RELEASE: gl.constexpr = False,
-                  D_ACC: gl.constexpr = False):
+                  LSE_IN_ACC: gl.constexpr = False):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments
     (``LSE_IN_ACC``: the key split only)."""
@@ -1059,7 +1039,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                      do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
                      seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
-                     COALESCED_STORE, LSE_IN_ACC, LATE_DO_RELEASE, D_ACC)
+                     COALESCED_STORE, LSE_IN_ACC)
 
 
 @gluon.jit
@@ -1069,8 +1049,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False,
                          COALESCED_STORE: gl.constexpr = False, DQ_FLAT: gl.constexpr = False,
-                         LSE_IN_ACC: gl.constexpr = False, LATE_DO_RELEASE: gl.constexpr = False,
-                         D_ACC: gl.constexpr = False):
+                         LSE_IN_ACC: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers);
     the producer and dQ-writer warps are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
     the host's (batch, nheads, stat_stride) fp32 lse * log2(e) (``LSE_IN_ACC``: lse / softmax_scale;
@@ -1089,8 +1068,6 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     if COL_SPLIT:
         gl.static_assert(BLOCK_N == 64, "column split: one 64-key block, the warpgroups split the head dim")
         gl.static_assert(not LSE_IN_ACC, "lse in S^T's accumulator: the key split only")
-        gl.static_assert(not LATE_DO_RELEASE, "the dO slot released with the dQ block: the key split only")
-        gl.static_assert(not D_ACC, "D in dP^T's accumulator: the key split only")
     else:
         gl.static_assert(BLOCK_N == 128, "two consumer warpgroups of 64 key rows")
         gl.static_assert(DO_STAGES == STAGES, "one slot index for both rings")
@@ -1173,8 +1150,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         (_ws_consumers, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                          q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv,
                          nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM,
-                         BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT, COALESCED_STORE, LSE_IN_ACC,
-                         LATE_DO_RELEASE, D_ACC)),
+                         BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT, COALESCED_STORE, LSE_IN_ACC)),
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
                         b * seqlen_k + n_start, h_kv * HEAD_DIM, m_lo, n_m, n_iter, seqlen_q, nheads, stat_stride,
@@ -1210,9 +1186,7 @@ def kernel_config(d: int, variant: str = "base") -> dict:
                     constexprs=dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                                     DO_STAGES=do_stages, COL_SPLIT=split,
                                     COALESCED_STORE=WS_COALESCED_STORE, DQ_FLAT=flat,
-                                    LSE_IN_ACC=bool(WS_LSE_IN_ACC.get(d, False)) and not split,
-                                    LATE_DO_RELEASE=bool(WS_LATE_DO_RELEASE.get(d, False)) and not split,
-                                    D_ACC=bool(WS_D_IN_ACC.get(d, False)) and not split))
+                                    LSE_IN_ACC=bool(WS_LSE_IN_ACC.get(d, False)) and not split))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
