@@ -139,7 +139,7 @@ def check(job):
         sass = sass_text(k.asm["cubin"])
         ops = sass_opcodes(sass)
         regs = (f"regs={nregs} top_reg={sass_top_register(None, sass)} spill={spills}B bars_used={nbars} "
-                f"{'SERIALIZED(C7514)' if serialized else 'wgmma-pipelined'} "
+                f"{'SERIALIZED' if serialized else 'wgmma-pipelined'} "
                 f"MUFU.EX2={ops['MUFU.EX2']} FFMA={ops['FFMA']} SHFL={sum(n for op, n in ops.items() if op.startswith('SHFL'))} "
                 f"chains[FMNMX={sass_chain(sass, 'FMNMX')},FADD={sass_chain(sass, 'FADD')}] "
                 f"branched_fmul={sass_branched(sass)} votes={ops['VOTE.ANY']} "

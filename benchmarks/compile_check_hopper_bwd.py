@@ -10,9 +10,10 @@ vectorised or not); it asserts shared memory <= 227 KB (an H200 block's opt-in m
 wgmma and TMA are there, and the dQ path: atomics for "base"; for "ws" a TMA reduce-add and no
 atomics, setmaxnreg inc 240 (consumers) and dec 24 (producer, dQ writer). Unless --no-ptxas: ptxas
 -v registers (the launch budget; the partitions' budgets are the setmaxnreg values), spill bytes, and
-whether ptxas serialised the wgmmas (warning C7514); for "ws" also the consumers' own use (the highest
-register the SASS names, + 1: ``consumer_regs``) and the spill instructions inside the consumers' loop
-(``loop_spills``); it asserts no C7514, no spill inside that loop and at most 24 B outside it.
+whether ptxas serialised the wgmmas (C7514, C7512: ``gluon_aot.SERIALIZED``); for "ws" also the
+consumers' own use (the highest register the SASS names, + 1: ``consumer_regs``) and the spill
+instructions inside the consumers' loop (``loop_spills``); it asserts no serialisation, no spill inside
+that loop and at most 24 B outside it.
 
     python benchmarks/compile_check_hopper_bwd.py [--variants base,ws] [--headdims 64,128,256] [--quick]
                                                   [--no-ptxas] [--jobs N] [--deterministic]
@@ -85,7 +86,7 @@ def check(job):
     if run_ptxas:
         nregs, spills, _, why = ptxas_report(ptx)
         serialized = bool(why)
-        regs = (f"regs={nregs} spill={spills}B {'SERIALIZED(C7514)' if serialized else 'wgmma-pipelined'} ")
+        regs = (f"regs={nregs} spill={spills}B {'SERIALIZED' if serialized else 'wgmma-pipelined'} ")
         if variant != "base":  # the consumers' own use, under their setmaxnreg budget
             regs += f"consumer_regs={sass_top_register(k.asm['cubin'])} "
         if serialized:

@@ -16,7 +16,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
 H200_SHARED_BYTES = 232448  # 227 KB: the most one block may opt in to (228 KB per SM)
-SERIALIZED = "C7514"        # ptxas: "wgmma.mma_async instructions are serialized ..."
+# ptxas: "wgmma.mma_async instructions are serialized due to ...": C7514 (non-wgmma instructions on the
+# accumulators inside the pipeline stage), C7512 (insufficient register resources; an "info" line,
+# missed by a C7514-only match until NOTES §104), and any other reason it gives
+SERIALIZED = "wgmma.mma_async instructions are serialized"
 DTYPES = {"bf16": gl.bfloat16, "fp16": gl.float16}
 
 
@@ -54,8 +57,8 @@ def ptx_counts(ptx):
 
 
 def ptxas_report(ptx):
-    """ptxas -v on the PTX: (registers, spill bytes stored and loaded, named barriers used, the C7514
-    warning line or '')."""
+    """ptxas -v on the PTX: (registers, spill bytes stored and loaded, named barriers used, the line
+    saying ptxas serialised the wgmmas (C7514, C7512, ...) or '')."""
     with tempfile.TemporaryDirectory() as tmp:
         src = f"{tmp}/k.ptx"
         with open(src, "w") as f:

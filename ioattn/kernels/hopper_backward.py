@@ -878,12 +878,6 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         # dQ first, then dK: dQ retires first and is handed to the writer warp while dK runs
         dq_tok = warpgroup_mma(ds_cur.permute((1, 0)), k_cur, dq_zero, use_acc=False, is_async=True)
         dk_tok = warpgroup_mma(dsa, q_cur, dk, is_async=True)
-        if EARLY_S:
-            # the next step's S^T right behind dK: the tensor cores go on from dK to it while the dQ
-            # block is handed over and Q released. The last step reads its own slot (held until dK
-            # retires) and discards the product, so that no wgmma sits under a branch.
-            s_tok = _issue_st(k_cur, q_smem, lse_smem, q_ready, st_zero, gl.minimum(t + 1, n_iter - 1), col_layout,
-                              STAGES, LSE_IN_ACC)
 
         # Releases, as the wgmma groups (retiring in order: dV, dQ, dK) allow. Each arrive is one
         # thread's, after a barrier over the partition's 8 warps (both warpgroups' products retired;
@@ -891,7 +885,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         # accesses, NOTES §101). The dO slot has no barrier of its own: it goes back with the dQ block,
         # after both warpgroups' dQ (and so dV, which retires before it) has retired; released as soon
         # as dV retired, behind a barrier of its own, it was 0 to 1.4 % slower (NOTES §102)
-        dv, pa, dq = warpgroup_mma_wait(2 if EARLY_S else 1, deps=[dv_tok, pa, dq_tok])
+        dv, pa, dq = warpgroup_mma_wait(1, deps=[dv_tok, pa, dq_tok])
         # the dQ block to the writer warp: wait until it has read the previous one (handed over a
         # whole step ago: normally long done), store, fence for the bulk copy, hand over
         mbarrier.wait(dq_empty, (t & 1) ^ 1, pred=t > 0)
@@ -900,6 +894,14 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         gl.thread_barrier()
         mbarrier.arrive(do_empty.index(s_idx), count=1)  # dO and D done with
         mbarrier.arrive(dq_full, count=1)
+        if EARLY_S:
+            # the next step's S^T behind dK, once dQ's registers are free (issued before the hand-off,
+            # beside them, ptxas serialised every wgmma: C7512, not enough registers): the tensor
+            # cores go on from dK to it while Q is released and the loop goes round. The last step
+            # reads its own slot (held until dK retires) and discards the product, so that no wgmma
+            # sits under a branch.
+            s_tok = _issue_st(k_cur, q_smem, lse_smem, q_ready, st_zero, gl.minimum(t + 1, n_iter - 1), col_layout,
+                              STAGES, LSE_IN_ACC)
         dk, dsa = warpgroup_mma_wait(1 if EARLY_S else 0, deps=[dk_tok, dsa])
         gl.thread_barrier()
         mbarrier.arrive(q_empty.index(s_idx), count=1)  # Q (and lse) done with
