@@ -881,13 +881,13 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     wide = hb.kernel_config(256, "ws")
     assert wide["kernel"] is hb.hopper_bwd_ws_kernel and (wide["block_n"], wide["dq_cols"]) == (64, 128)
     assert wide["constexprs"] == dict(HEAD_DIM=256, BLOCK_M=64, BLOCK_N=64, STAGES=2, DO_STAGES=1, COL_SPLIT=True,
-                                      COALESCED_STORE=True, DQ_FLAT=False, LSE_IN_ACC=False, EARLY_S=False)
+                                      COALESCED_STORE=True, DQ_FLAT=False, LSE_IN_ACC=False)
     for d, block_m, stages in ((64, 128, 3), (128, 64, 2)):
         flat = hb.WS_DQ_FLAT[d]
         cfg = hb.kernel_config(d, "ws")
         assert cfg["constexprs"] == dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=128, STAGES=stages, DO_STAGES=stages,
                                          COL_SPLIT=False, COALESCED_STORE=True, DQ_FLAT=flat,
-                                         LSE_IN_ACC=hb.WS_LSE_IN_ACC[d], EARLY_S=hb.WS_EARLY_S[d])
+                                         LSE_IN_ACC=hb.WS_LSE_IN_ACC[d])
         assert cfg["dq_block"] == ([block_m * d // 32, 32] if flat else [block_m, d])
     # the flat dQ tile (``WS_DQ_FLAT``): a [block_m * d / 32, 32] box, the column split never flat
     with monkeypatch.context() as m:

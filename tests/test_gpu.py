@@ -848,8 +848,7 @@ def test_deterministic_through_the_api_with_the_ordered_gluon_mode(causal, monke
 
 
 # test_hopper_backward's ws variants with one switch of ``hopper_backward`` set: name -> (switch, value)
-_WS_SWITCH_VARIANTS = {"ws-swizzled": ("WS_DQ_FLAT", False), "ws-lse": ("WS_LSE_IN_ACC", True),
-                       "ws-earlys": ("WS_EARLY_S", True)}
+_WS_SWITCH_VARIANTS = {"ws-swizzled": ("WS_DQ_FLAT", False), "ws-lse": ("WS_LSE_IN_ACC", True)}
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
@@ -869,8 +868,7 @@ def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc
     the head dim, dQ in two halves, the high one and dK / dV staged through the Q ring; at d=64 128
     query rows a step; dK and dV written as whole rows; at d = 64 / 128 the flat dQ tile and
     accumulator, ``WS_DQ_FLAT``; "ws-swizzled": ws with the swizzled 2-D dQ tile there instead;
-    "ws-lse": ws with lse in S^T's accumulator, ``WS_LSE_IN_ACC``; "ws-earlys": ws with the next
-    step's S^T issued behind dK, ``WS_EARLY_S``),
+    "ws-lse": ws with lse in S^T's accumulator, ``WS_LSE_IN_ACC``),
     against the float64 oracle, fed by the Gluon forward's or the portable forward's (out, lse): dq,
     dk, dv within 2x PyTorch's own error."""
     from ioattn import backends, hopper

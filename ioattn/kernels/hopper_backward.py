@@ -294,14 +294,6 @@ WS_DQ_FLAT = {64: True, 128: True}
 # 458 / 452, 483 / 477, causal 262 / 258, 414 / 401, 489 / 469 (-1.2 to -4.1 %: its BLOCK_M = 128 puts
 # 32 lse values a thread, beside D's 32, ahead of the step's first products): on at d = 128 only.
 WS_LSE_IN_ACC = {64: False, 128: True}
-# "ws": the next step's S^T issued right behind this step's dK, before the dQ hand-off, and retired at
-# the loop's back edge (by head dim, the key-split form; an A/B switch). Without it the tensor cores
-# idle at every step boundary from dK's retirement until the next S^T is issued: the Q release's
-# barrier and arrive, the loop, the Q wait and the lse read. §49's form (S^T and dP^T both in flight
-# across the back edge) made ptxas serialise every wgmma (C7514); here only finished registers cross
-# it, and the step starts by issuing dP^T, whose product the exponentials of S^T still overlap. The
-# last step's extra S^T reads its own (still held) Q slot and is discarded. Not yet measured (§104): off.
-WS_EARLY_S = {64: False, 128: False}
 # "ws": query rows a step by head dim (the key-split form; the column split needs 64). 128 at d = 64
 # doubles a step's products (S^T / dP^T 64 keys x 128 queries a warpgroup) against the same per-step
 # costs (barriers, hand-offs, waits), at d = 128's register count with D in dP^T's accumulator:
@@ -759,23 +751,6 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
 
 
 @gluon.jit
-def _issue_st(k, q_smem, lse_smem, q_ready, st_zero, t, col_layout: gl.constexpr, STAGES: gl.constexpr,
-              LSE_IN_ACC: gl.constexpr):
-    """Issue step t's S^T = K Q^T (asynchronous; returns its token) once its Q slot has landed. With
-    ``LSE_IN_ACC`` the product starts at minus lse / softmax_scale: the lse read happens here, at the
-    step's start, not behind the step's products in the shared-memory queue, where the first FFMA of
-    the exponentials waited for it (14 % of the consumers' samples, NOTES §100)."""
-    s_idx = t % STAGES
-    mbarrier.wait(q_ready.index(s_idx), (t // STAGES) & 1)
-    q_t = q_smem.index(s_idx).permute((1, 0))
-    if LSE_IN_ACC:
-        lse_s = lse_smem.index(s_idx).load(col_layout)
-        return warpgroup_mma(k, q_t, st_zero - lse_s[None, :], is_async=True)
-    else:
-        return warpgroup_mma(k, q_t, st_zero, use_acc=False, is_async=True)
-
-
-@gluon.jit
 def _opaque_zero():
     """0, from an asm move LLVM cannot see through or hoist (not pure): an in-loop value that keeps
     loop-invariant address arithmetic inside the loop, for one instruction."""
@@ -787,15 +762,13 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                  do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
                  seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                 COALESCED_STORE: gl.constexpr = False, LSE_IN_ACC: gl.constexpr = False,
-                 EARLY_S: gl.constexpr = False):
+                 COALESCED_STORE: gl.constexpr = False, LSE_IN_ACC: gl.constexpr = False):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
     lockstep as in the base kernel). The math per step is the base kernel's, in FA3's order (dV
     issued before dS is formed, dQ before dK: see the module docstring); the loads come from the
     rings, and dQ goes to ``dq_smem`` for the writer warp instead of into atomics. ``LSE_IN_ACC``
     (``WS_LSE_IN_ACC``): the lse slot holds lse / softmax_scale and S^T's accumulator starts at minus
-    it, so the exponentials need no shared-memory read after S^T retires. ``EARLY_S``
-    (``WS_EARLY_S``): step t + 1's S^T is issued behind step t's dK and retired at the back edge."""
+    it, so the exponentials need no shared-memory read after S^T retires."""
     num_warps: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = k_smem.dtype
     # D subtracted inside dP^T's product (its accumulator starts at -D) at 128 query rows a step, where
@@ -822,9 +795,6 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     # divisions a step on the path from dK's retirement to the next S^T, where the tensor cores
     # idle (+1 to +5 % at d = 64 / 128, NOTES §52)
     m_blk = m_lo
-    if EARLY_S:  # step 0's S^T here; each step issues the next one's (``WS_EARLY_S``)
-        s = warpgroup_mma_wait(0, deps=[_issue_st(k_smem.index(0), q_smem, lse_smem, q_ready, st_zero, 0, col_layout,
-                                                  STAGES, LSE_IN_ACC)])
     for t in range(n_iter):
         s_idx = t % STAGES
         phase = (t // STAGES) & 1
@@ -838,9 +808,16 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         q_cur = q_smem.index(s_idx)
         do_cur = do_smem.index(s_idx)
 
-        # S^T as soon as Q has landed (``EARLY_S``: already retired), dP^T once dO has
-        if not EARLY_S:
-            s_tok = _issue_st(k_cur, q_smem, lse_smem, q_ready, st_zero, t, col_layout, STAGES, LSE_IN_ACC)
+        # S^T as soon as Q has landed, dP^T once dO has
+        mbarrier.wait(q_ready.index(s_idx), phase)
+        if LSE_IN_ACC:
+            # S^T - lse / softmax_scale from the product itself: the lse read happens here, at the step's
+            # start, not behind this step's products in the shared-memory queue, where the first FFMA
+            # of the exponentials waited for it (14 % of the consumers' samples, NOTES §100)
+            lse_s = lse_smem.index(s_idx).load(col_layout)
+            s_tok = warpgroup_mma(k_cur, q_cur.permute((1, 0)), st_zero - lse_s[None, :], is_async=True)
+        else:
+            s_tok = warpgroup_mma(k_cur, q_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
         mbarrier.wait(do_ready.index(s_idx), phase)
         if D_IN_ACC:
             # dP^T - D from the product itself: the accumulator starts at -D (one value a query column),
@@ -852,11 +829,10 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         # lse (log2, -inf rows already 0, rows past seqlen_q 0: the host's padded copy) read from its
         # slot straight into S^T's column layout (a broadcast shared-memory read)
         if LSE_IN_ACC:
-            lse_log2 = queries_1d.to(gl.float32)  # unused
+            lse_log2 = lse_s  # unused
         else:
             lse_log2 = lse_smem.index(s_idx).load(col_layout)
-        if not EARLY_S:
-            s = warpgroup_mma_wait(1, deps=[s_tok])
+        s = warpgroup_mma_wait(1, deps=[s_tok])
         p = _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
                         queries_1d, BLOCK_M, BLOCK_N, IS_CAUSAL, LSE_IN_ACC)
         pa = gl.convert_layout(p.to(dtype), a_layout)
@@ -894,22 +870,12 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         gl.thread_barrier()
         mbarrier.arrive(do_empty.index(s_idx), count=1)  # dO and D done with
         mbarrier.arrive(dq_full, count=1)
-        if EARLY_S:
-            # the next step's S^T behind dK, once dQ's registers are free (issued before the hand-off,
-            # beside them, ptxas serialised every wgmma: C7512, not enough registers): the tensor
-            # cores go on from dK to it while Q is released and the loop goes round. The last step
-            # reads its own slot (held until dK retires) and discards the product, so that no wgmma
-            # sits under a branch.
-            s_tok = _issue_st(k_cur, q_smem, lse_smem, q_ready, st_zero, gl.minimum(t + 1, n_iter - 1), col_layout,
-                              STAGES, LSE_IN_ACC)
-        dk, dsa = warpgroup_mma_wait(1 if EARLY_S else 0, deps=[dk_tok, dsa])
+        dk, dsa = warpgroup_mma_wait(0, deps=[dk_tok, dsa])
         gl.thread_barrier()
         mbarrier.arrive(q_empty.index(s_idx), count=1)  # Q (and lse) done with
         m_blk += 1
         if m_blk == m_lo + n_m:  # the next query head of the group
             m_blk = m_lo
-        if EARLY_S:  # only finished registers cross the back edge (§49: in-flight ones serialise)
-            s = warpgroup_mma_wait(0, deps=[s_tok])
 
     _store_dkdv(dK, dV, dk, dv, b, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, kv_layout, HEAD_DIM, BLOCK_N,
                 COALESCED_STORE)
@@ -1060,7 +1026,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr,
-                  LSE_IN_ACC: gl.constexpr = False, EARLY_S: gl.constexpr = False):
+                  LSE_IN_ACC: gl.constexpr = False):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments
     (``LSE_IN_ACC``: the key split only)."""
@@ -1073,7 +1039,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                      do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
                      seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
-                     COALESCED_STORE, LSE_IN_ACC, EARLY_S)
+                     COALESCED_STORE, LSE_IN_ACC)
 
 
 @gluon.jit
@@ -1083,7 +1049,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False,
                          COALESCED_STORE: gl.constexpr = False, DQ_FLAT: gl.constexpr = False,
-                         LSE_IN_ACC: gl.constexpr = False, EARLY_S: gl.constexpr = False):
+                         LSE_IN_ACC: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers);
     the producer and dQ-writer warps are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
     the host's (batch, nheads, stat_stride) fp32 lse * log2(e) (``LSE_IN_ACC``: lse / softmax_scale;
@@ -1102,7 +1068,6 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     if COL_SPLIT:
         gl.static_assert(BLOCK_N == 64, "column split: one 64-key block, the warpgroups split the head dim")
         gl.static_assert(not LSE_IN_ACC, "lse in S^T's accumulator: the key split only")
-        gl.static_assert(not EARLY_S, "the next step's S^T issued early: the key split only")
     else:
         gl.static_assert(BLOCK_N == 128, "two consumer warpgroups of 64 key rows")
         gl.static_assert(DO_STAGES == STAGES, "one slot index for both rings")
@@ -1185,8 +1150,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         (_ws_consumers, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                          q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv,
                          nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM,
-                         BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT, COALESCED_STORE, LSE_IN_ACC,
-                         EARLY_S)),
+                         BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT, COALESCED_STORE, LSE_IN_ACC)),
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
                         b * seqlen_k + n_start, h_kv * HEAD_DIM, m_lo, n_m, n_iter, seqlen_q, nheads, stat_stride,
@@ -1222,8 +1186,7 @@ def kernel_config(d: int, variant: str = "base") -> dict:
                     constexprs=dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                                     DO_STAGES=do_stages, COL_SPLIT=split,
                                     COALESCED_STORE=WS_COALESCED_STORE, DQ_FLAT=flat,
-                                    LSE_IN_ACC=bool(WS_LSE_IN_ACC.get(d, False)) and not split,
-                                    EARLY_S=bool(WS_EARLY_S.get(d, False)) and not split))
+                                    LSE_IN_ACC=bool(WS_LSE_IN_ACC.get(d, False)) and not split))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
