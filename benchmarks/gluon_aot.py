@@ -88,14 +88,21 @@ def sass_top_register(cubin, sass=None):
 
 
 def spills_between_mmas(sass):
-    """Local-memory spill instructions (STL / LDL) between the kernel's first and last wgmma (HGMMA)
+    """Local-memory spill instructions (STL / LDL) between a partition's first and last wgmma (HGMMA)
     in the SASS listing: in a warp-specialised kernel, the consumers' main loop. Spills before or
-    after it (a value saved across the loop) cost once a program."""
-    lines = sass.splitlines()
-    mma = [i for i, line in enumerate(lines) if "HGMMA" in line]
-    if not mma:
-        return 0
-    return sum(1 for line in lines[mma[0]:mma[-1] + 1] if re.search(r"\b(STL|LDL)\b", line))
+    after it (a value saved across the loop) cost once a program. Partitions are the stretches
+    between register reallocations (USETMAXREG), so two consumer partitions (the backward's
+    ``WS_WG_PARTITIONS``) are two loops, not one span from the first one's start to the second's end."""
+    total, part = 0, []
+    for line in sass.splitlines() + ["USETMAXREG"]:
+        if "USETMAXREG" in line:
+            mma = [i for i, x in enumerate(part) if "HGMMA" in x]
+            if mma:
+                total += sum(1 for x in part[mma[0]:mma[-1] + 1] if re.search(r"\b(STL|LDL)\b", x))
+            part = []
+        else:
+            part.append(line)
+    return total
 
 
 def sass_opcodes(sass):

@@ -881,14 +881,25 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     wide = hb.kernel_config(256, "ws")
     assert wide["kernel"] is hb.hopper_bwd_ws_kernel and (wide["block_n"], wide["dq_cols"]) == (64, 128)
     assert wide["constexprs"] == dict(HEAD_DIM=256, BLOCK_M=64, BLOCK_N=64, STAGES=2, DO_STAGES=1, COL_SPLIT=True,
-                                      COALESCED_STORE=True, DQ_FLAT=False, LSE_IN_ACC=False)
+                                      COALESCED_STORE=True, DQ_FLAT=False, LSE_IN_ACC=False, WG_SPLIT=False)
     for d, block_m, stages in ((64, 128, 3), (128, 64, 2)):
         flat = hb.WS_DQ_FLAT[d]
         cfg = hb.kernel_config(d, "ws")
         assert cfg["constexprs"] == dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=128, STAGES=stages, DO_STAGES=stages,
                                          COL_SPLIT=False, COALESCED_STORE=True, DQ_FLAT=flat,
-                                         LSE_IN_ACC=hb.WS_LSE_IN_ACC[d])
+                                         LSE_IN_ACC=hb.WS_LSE_IN_ACC[d], WG_SPLIT=hb.WS_WG_PARTITIONS[d] and flat)
         assert cfg["dq_block"] == ([block_m * d // 32, 32] if flat else [block_m, d])
+        assert cfg["num_warps"] == 8
+    # a warpgroup a partition (``WS_WG_PARTITIONS``): the kernel's 4 warps (warpgroup 0; warpgroup 1 a
+    # worker), the flat tile's box in halves; never without the flat tile or in the column split
+    with monkeypatch.context() as m:
+        m.setattr(hb, "WS_WG_PARTITIONS", {64: True, 128: True, 256: True})
+        for d, rows in ((64, 128), (128, 128)):
+            cfg = hb.kernel_config(d, "ws")
+            assert cfg["num_warps"] == 4 and cfg["constexprs"]["WG_SPLIT"] and cfg["dq_block"] == [rows, 32]
+        assert not hb.kernel_config(256, "ws")["constexprs"]["WG_SPLIT"]
+        m.setattr(hb, "WS_DQ_FLAT", {64: False, 128: False})
+        assert not hb.kernel_config(128, "ws")["constexprs"]["WG_SPLIT"] and hb.kernel_config(128, "ws")["num_warps"] == 8
     # the flat dQ tile (``WS_DQ_FLAT``): a [block_m * d / 32, 32] box, the column split never flat
     with monkeypatch.context() as m:
         m.setattr(hb, "WS_DQ_FLAT", {64: True, 128: True, 256: True})

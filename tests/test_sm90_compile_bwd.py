@@ -98,3 +98,21 @@ def test_hopper_gluon_backward_ws_lse_in_acc_compiles_for_sm90():
         assert "-lse" in line.split()[1] and "spill=0B" in line and "wgmma-pipelined" in line, line
         assert "loop_spills=0 " in line, line
         assert int(re.search(r"consumer_regs=(\d+)", line).group(1)) <= 240, line
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+def test_hopper_gluon_backward_ws_wg_partitions_compiles_for_sm90():
+    """Variant ws with each consumer warpgroup a partition of its own (``WS_WG_PARTITIONS``) at d = 64 /
+    128, both masks, with and without the ordered dQ mode: wgmma pipelined in both consumer
+    partitions (twice the default build's products in the PTX: each partition has its own copy of the
+    loop), no spill inside either loop, each within 240 registers, the dQ tile added as two bulk
+    copies."""
+    out, lines = _compile_check("--variants", "ws", "--headdims", "64,128", "--deterministic", "--quick",
+                                "--wg-partitions")
+    assert "hopper backward compiled for sm_90: 8 kernels" in out
+    assert len(lines) == 8, out
+    for line in lines:
+        assert "-wgsplit" in line.split()[1] and "wgmma-pipelined" in line and "loop_spills=0 " in line, line
+        assert int(re.search(r"spill=(\d+)B", line).group(1)) <= 24, line
+        assert int(re.search(r"consumer_regs=(\d+)", line).group(1)) <= 240, line
+        assert "tma_reduce=2 " in line and "wgmma=64 " in line, line

@@ -294,6 +294,17 @@ WS_DQ_FLAT = {64: True, 128: True}
 # 458 / 452, 483 / 477, causal 262 / 258, 414 / 401, 489 / 469 (-1.2 to -4.1 %: its BLOCK_M = 128 puts
 # 32 lse values a thread, beside D's 32, ahead of the step's first products): on at d = 128 only.
 WS_LSE_IN_ACC = {64: False, 128: True}
+# "ws": each consumer warpgroup its own partition (by head dim; the key-split form with the flat dQ
+# tile; an A/B switch). In one 8-warp partition every release (and Triton's barrier before each
+# arrive) is a barrier over both warpgroups, so each step holds them in lockstep four times: a
+# warpgroup waits for the other's dV, dQ and dK to retire. In two 4-warp partitions the barriers are
+# each warpgroup's own; they meet once a step, at dS^T's exchange (an mbarrier of count 2: both halves
+# stored before either dQ product reads them), and the rings' and the dQ hand-off's barriers count
+# both. Each warpgroup computes dQ's half (columns at 64 query rows a step, rows at 128) into its own
+# staging buffer (the halves of the flat tile: the writer adds them as two bulk copies). Before a
+# warpgroup overwrites its dS^T half, the other's previous dQ must have read it: it waits for the
+# previous step's dQ hand-off by both (``dq_full``). Not yet measured (§105): off.
+WS_WG_PARTITIONS = {64: False, 128: False}
 # "ws": query rows a step by head dim (the key-split form; the column split needs 64). 128 at d = 64
 # doubles a step's products (S^T / dP^T 64 keys x 128 queries a warpgroup) against the same per-step
 # costs (barriers, hand-offs, waits), at d = 128's register count with D in dP^T's accumulator:
@@ -311,6 +322,9 @@ WS_COALESCED_STORE = True
 # The consumer partition gets (65536 - 24 * 128) / 256 = 244 -> 240 (Triton rounds to a multiple of 8),
 # FA3's 240 for two MMA warpgroups.
 WS_WORKER_REGS = gl.constexpr(24)
+# the consumers' registers, (65536 - 24 * 128) / 256 (above): set for warpgroup 1's own partition with
+# ``WS_WG_PARTITIONS`` (the default partition, warpgroup 0, gets the rest, the same)
+WS_CONSUMER_REGS = gl.constexpr(240)
 
 
 @gluon.jit
@@ -370,6 +384,16 @@ def _dq_acc_layout(num_warps, block_m, head_dim):
     if block_m == 64:
         return _dq_layout(num_warps, head_dim)
     return _acc_layout(num_warps, head_dim)
+
+
+@gluon.constexpr_function
+def _ws_dq_acc_layout(num_warps, block_m, head_dim, wg_split):
+    """The ws consumers' dQ accumulator: ``_dq_acc_layout``; with ``wg_split`` (``WS_WG_PARTITIONS``: a
+    warpgroup a partition) one warpgroup's half, 64 rows x (head_dim / 2 at 64 query rows a step, else
+    head_dim)."""
+    if wg_split:
+        return _acc_layout(num_warps, head_dim // 2 if block_m == 64 else head_dim)
+    return _dq_acc_layout(num_warps, block_m, head_dim)
 
 
 @gluon.constexpr_function
@@ -684,7 +708,8 @@ def _bulk_complete_and_release(sem):
 def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_full, Sem, b, h0, m_lo, n_m, n_iter,
                   seqlen_q, seqlen_k, nheads, n_m_total, n_block, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_COLS: gl.constexpr,
-                  STAGES: gl.constexpr, DQ_FLAT: gl.constexpr = False):
+                  STAGES: gl.constexpr, DQ_FLAT: gl.constexpr = False, dq_smem1=None,
+                  WG_SPLIT: gl.constexpr = False):
     """The 1-warp dQ writer: per step, once the consumers have put the step's dQ block (fp32,
     unscaled) in ``dq_smem`` (``dq_full``), one TMA reduce-add of it into the dQ accumulator; when
     the bulk copy has read the tile, the buffer goes back to the consumers (``dq_empty``). A buffer
@@ -710,7 +735,9 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
     dimension), so the wait cannot close a cycle, however few programs are resident.
 
     ``DQ_FLAT`` (``WS_DQ_FLAT``): the tile and the accumulator in the flat order, one dense
-    [BLOCK_M * HEAD_DIM / 32, 32] box a block at row (block index) * that many of the 2-D view."""
+    [BLOCK_M * HEAD_DIM / 32, 32] box a block at row (block index) * that many of the 2-D view.
+    ``WG_SPLIT`` (``WS_WG_PARTITIONS``): the tile's two halves in ``dq_smem`` and ``dq_smem1`` (one a
+    consumer warpgroup), two boxes of half as many rows, the second after the first."""
     PIECES: gl.constexpr = HEAD_DIM // DQ_COLS  # 1; the column-split kernel's 2 halves
     FLAT_ROWS: gl.constexpr = BLOCK_M * HEAD_DIM // 32
     for t in range(n_iter):
@@ -731,7 +758,12 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
                     rank = last - n_block
                 while gl.atomic_add(sem, 0, sem="acquire", scope="gpu") != rank:
                     pass
-            if DQ_FLAT:  # (batch, head, query block)'s region of the flat accumulator
+            if WG_SPLIT:  # the two halves of the block's region
+                _tma_reduce_add(dq_desc, [((b * nheads + h) * n_m_total + m) * FLAT_ROWS, 0],
+                                dq_smem._reinterpret(gl.float32, [FLAT_ROWS // 2, 32], dq_desc.layout))
+                _tma_reduce_add(dq_desc, [((b * nheads + h) * n_m_total + m) * FLAT_ROWS + FLAT_ROWS // 2, 0],
+                                dq_smem1._reinterpret(gl.float32, [FLAT_ROWS // 2, 32], dq_desc.layout))
+            elif DQ_FLAT:  # (batch, head, query block)'s region of the flat accumulator
                 _tma_reduce_add(dq_desc, [((b * nheads + h) * n_m_total + m) * FLAT_ROWS, 0],
                                 dq_smem._reinterpret(gl.float32, [FLAT_ROWS, 32], dq_desc.layout))
             elif j == 0:
@@ -759,17 +791,25 @@ def _opaque_zero():
 
 @gluon.jit
 def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
-                 do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
-                 seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                 do_ready, do_empty, dq_full, dq_empty, ds_full, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m,
+                 n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                 COALESCED_STORE: gl.constexpr = False, LSE_IN_ACC: gl.constexpr = False):
+                 COALESCED_STORE: gl.constexpr = False, LSE_IN_ACC: gl.constexpr = False,
+                 WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
     lockstep as in the base kernel). The math per step is the base kernel's, in FA3's order (dV
     issued before dS is formed, dQ before dK: see the module docstring); the loads come from the
     rings, and dQ goes to ``dq_smem`` for the writer warp instead of into atomics. ``LSE_IN_ACC``
     (``WS_LSE_IN_ACC``): the lse slot holds lse / softmax_scale and S^T's accumulator starts at minus
-    it, so the exponentials need no shared-memory read after S^T retires."""
+    it, so the exponentials need no shared-memory read after S^T retires. ``WG_SPLIT``
+    (``WS_WG_PARTITIONS``): this is warpgroup ``W`` alone, in a partition of its own: key rows
+    [64 W, 64 W + 64) of the block, dQ's half W into its own ``dq_smem``, the dS^T exchange on
+    ``ds_full`` (unused otherwise)."""
     num_warps: gl.constexpr = gl.num_warps()
+    # key rows this partition computes; dQ's part: columns (64 query rows a step) or rows (128)
+    ROWS: gl.constexpr = BLOCK_N // 2 if WG_SPLIT else BLOCK_N
+    DQ_M: gl.constexpr = BLOCK_M // 2 if WG_SPLIT and BLOCK_M == 128 else BLOCK_M
+    DQ_N: gl.constexpr = HEAD_DIM // 2 if WG_SPLIT and BLOCK_M == 64 else HEAD_DIM
     dtype: gl.constexpr = k_smem.dtype
     # D subtracted inside dP^T's product (its accumulator starts at -D) at 128 query rows a step, where
     # D in S^T's column layout is 32 registers a thread, live across P^T's formation otherwise
@@ -777,17 +817,18 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     off = seqlen_k - seqlen_q
     st_layout: gl.constexpr = _acc_layout(num_warps, BLOCK_M)
     kv_layout: gl.constexpr = _acc_layout(num_warps, HEAD_DIM)
-    dq_layout: gl.constexpr = _dq_acc_layout(num_warps, BLOCK_M, HEAD_DIM)
+    dq_layout: gl.constexpr = _ws_dq_acc_layout(num_warps, BLOCK_M, HEAD_DIM, WG_SPLIT)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
-    keys_1d = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+    keys_1d = gl.arange(0, ROWS, layout=gl.SliceLayout(1, st_layout))
     queries_1d = gl.arange(0, BLOCK_M, layout=col_layout)
 
-    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
-    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
-    st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
-    dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
-    keys_inside = n_start + BLOCK_N <= seqlen_k
+    n_own = n_start + W * ROWS  # this partition's first key
+    dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=kv_layout)
+    dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=kv_layout)
+    st_zero = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=st_layout)
+    dq_zero = gl.zeros([DQ_M, DQ_N], gl.float32, layout=dq_layout)
+    keys_inside = n_own + ROWS <= seqlen_k
     mbarrier.wait(kv_bar, 0)
 
     # The step's query block is stepped by a counter (wrapping at each query head of the group) and
@@ -802,11 +843,26 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         # z == 0, opaque to LLVM: keeps the K, V and dS wgmma descriptors inside the loop (the base
         # kernel's comment on ``z``)
         z = _opaque_zero()
-        k_cur = k_smem.index(z)
-        v_cur = v_smem.index(z)
-        ds_cur = ds_smem.index(z)
+        k_all = k_smem.index(z)
+        ds_all = ds_smem.index(z)
         q_cur = q_smem.index(s_idx)
         do_cur = do_smem.index(s_idx)
+        if WG_SPLIT:  # this warpgroup's key rows; dQ's operands for its half
+            k_cur = k_all.slice(W * ROWS, ROWS)
+            v_cur = v_smem.index(z).slice(W * ROWS, ROWS)
+            ds_cur = ds_all.slice(W * ROWS, ROWS)
+            if BLOCK_M == 64:  # dQ's columns [W * DQ_N, ...): all of dS, K's column half
+                dq_a = ds_all.permute((1, 0))
+                dq_b = k_all.slice(W * DQ_N, DQ_N, dim=1)
+            else:  # dQ's rows [W * DQ_M, ...): dS's query half, all of K
+                dq_a = ds_all.slice(W * DQ_M, DQ_M, dim=1).permute((1, 0))
+                dq_b = k_all
+        else:
+            k_cur = k_all
+            v_cur = v_smem.index(z)
+            ds_cur = ds_all
+            dq_a = ds_all.permute((1, 0))
+            dq_b = k_all
 
         # S^T as soon as Q has landed, dP^T once dO has
         mbarrier.wait(q_ready.index(s_idx), phase)
@@ -833,8 +889,8 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         else:
             lse_log2 = lse_smem.index(s_idx).load(col_layout)
         s = warpgroup_mma_wait(1, deps=[s_tok])
-        p = _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
-                        queries_1d, BLOCK_M, BLOCK_N, IS_CAUSAL, LSE_IN_ACC)
+        p = _step_probs(s, lse_log2, qk_scale, n_own, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
+                        queries_1d, BLOCK_M, ROWS, IS_CAUSAL, LSE_IN_ACC)
         pa = gl.convert_layout(p.to(dtype), a_layout)
         # dV += P^T dO queued behind dP^T: it runs while dS is formed and stored below
         dv_tok = warpgroup_mma(pa, do_cur, dv, is_async=True)
@@ -847,12 +903,18 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
             ds16 = (p * (dp - delta[None, :])).to(dtype)
         dsa = gl.convert_layout(ds16, a_layout)
         # dS^T to shared memory for dQ = dS K. No barrier needed before the store (WAR on ds_smem):
-        # every warp passed the previous step's last barrier after its dQ product had retired.
+        # every warp passed the previous step's last barrier after its dQ product had retired;
+        # ``WG_SPLIT``: the other warpgroup's previous dQ too, once both handed it over (``dq_full``)
+        if WG_SPLIT:
+            mbarrier.wait(dq_full, (t & 1) ^ 1, pred=t > 0)
         ds_cur.store(ds16)
         fence_async_shared()
         gl.thread_barrier()  # both warpgroups' halves of dS^T written before either product reads them
+        if WG_SPLIT:  # the other warpgroup's half: its arrive on ds_full (count 2)
+            mbarrier.arrive(ds_full, count=1)
+            mbarrier.wait(ds_full, t & 1)
         # dQ first, then dK: dQ retires first and is handed to the writer warp while dK runs
-        dq_tok = warpgroup_mma(ds_cur.permute((1, 0)), k_cur, dq_zero, use_acc=False, is_async=True)
+        dq_tok = warpgroup_mma(dq_a, dq_b, dq_zero, use_acc=False, is_async=True)
         dk_tok = warpgroup_mma(dsa, q_cur, dk, is_async=True)
 
         # Releases, as the wgmma groups (retiring in order: dV, dQ, dK) allow. Each arrive is one
@@ -877,7 +939,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         if m_blk == m_lo + n_m:  # the next query head of the group
             m_blk = m_lo
 
-    _store_dkdv(dK, dV, dk, dv, b, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, kv_layout, HEAD_DIM, BLOCK_N,
+    _store_dkdv(dK, dV, dk, dv, b, h_kv, nheads_kv, n_own, seqlen_k, softmax_scale, kv_layout, HEAD_DIM, ROWS,
                 COALESCED_STORE)
 
 
@@ -1026,10 +1088,11 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr,
-                  LSE_IN_ACC: gl.constexpr = False):
+                  LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments
-    (``LSE_IN_ACC``: the key split only)."""
+    (``LSE_IN_ACC``: the key split only). ``WG_SPLIT``: warpgroup ``W`` of the key split alone (the
+    default partition and one worker), ``dq_hi_full`` its dS^T exchange barrier."""
     if COL_SPLIT:
         _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                             q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv,
@@ -1037,9 +1100,9 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COALESCED_STORE)
     else:
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
-                     do_ready, do_empty, dq_full, dq_empty, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter,
-                     seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
-                     COALESCED_STORE, LSE_IN_ACC)
+                     do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m,
+                     n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                     IS_CAUSAL, COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, W)
 
 
 @gluon.jit
@@ -1049,7 +1112,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False,
                          COALESCED_STORE: gl.constexpr = False, DQ_FLAT: gl.constexpr = False,
-                         LSE_IN_ACC: gl.constexpr = False):
+                         LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers);
     the producer and dQ-writer warps are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
     the host's (batch, nheads, stat_stride) fp32 lse * log2(e) (``LSE_IN_ACC``: lse / softmax_scale;
@@ -1064,7 +1127,10 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     (``_ws_consumer``), dQ's high half staged in the step's Q slot. The other flags: the module's
     ``WS_*`` switches, through ``kernel_config``."""
     num_warps: gl.constexpr = gl.num_warps()
-    gl.static_assert(num_warps == 8, "two consumer warpgroups")
+    if WG_SPLIT:  # (``WS_WG_PARTITIONS``) the default partition is warpgroup 0, a worker warpgroup 1
+        gl.static_assert(num_warps == 4 and DQ_FLAT and not COL_SPLIT, "a warpgroup a partition: the flat key split")
+    else:
+        gl.static_assert(num_warps == 8, "two consumer warpgroups")
     if COL_SPLIT:
         gl.static_assert(BLOCK_N == 64, "column split: one 64-key block, the warpgroups split the head dim")
         gl.static_assert(not LSE_IN_ACC, "lse in S^T's accumulator: the key split only")
@@ -1105,12 +1171,19 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     ds_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, BLOCK_M], ds_layout)
     # one dQ buffer (FA3 has one): handed over once a step (column split: once a half), read by the
     # bulk copy long before the next handover
-    if DQ_FLAT:  # in the accumulator's order (``WS_DQ_FLAT``); dq_desc: the dense 2-D view's [rows, 32] box
+    if WG_SPLIT:  # each warpgroup's dQ half in its own buffer: the flat tile's two halves (its top bit)
+        DQ_M: gl.constexpr = BLOCK_M // 2 if BLOCK_M == 128 else BLOCK_M
+        DQ_N: gl.constexpr = HEAD_DIM // 2 if BLOCK_M == 64 else HEAD_DIM
+        dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_M, DQ_N], _dq_flat_layout(4, DQ_M, DQ_N))
+        dq_smem1 = gl.allocate_shared_memory(gl.float32, [DQ_M, DQ_N], _dq_flat_layout(4, DQ_M, DQ_N))
+    elif DQ_FLAT:  # in the accumulator's order (``WS_DQ_FLAT``); dq_desc: the dense 2-D view's [rows, 32] box
         gl.static_assert(not COL_SPLIT, "the flat dQ tile: key-split form only")
         dq_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, DQ_COLS], _dq_flat_layout(num_warps, BLOCK_M,
                                                                                             HEAD_DIM))
+        dq_smem1 = dq_smem  # unused
     else:
         dq_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, DQ_COLS], dq_desc.layout)
+        dq_smem1 = dq_smem  # unused
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
@@ -1120,21 +1193,26 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     dq_full = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
     dq_empty = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
     # every barrier completes on one arrive: a TMA's expect-tx (ready, kv), the consumer partition's
-    # single thread after a barrier over its 8 warps (empty, dq_full), the writer warp (dq_empty)
+    # single thread after a barrier over its 8 warps (empty, dq_full), the writer warp (dq_empty);
+    # ``WG_SPLIT``: the consumers' on two, one a warpgroup partition (CONSUMERS)
+    CONSUMERS: gl.constexpr = 2 if WG_SPLIT else 1
     mbarrier.init(kv_bar, count=1)
-    mbarrier.init(dq_full, count=1)
+    mbarrier.init(dq_full, count=CONSUMERS)
     mbarrier.init(dq_empty, count=1)
     if COL_SPLIT:  # the high half's handover (dq_full: the low half's)
         dq_hi_full = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
         mbarrier.init(dq_hi_full, count=1)
+    elif WG_SPLIT:  # the key split's dS^T exchange between the two consumer partitions (``ds_full``)
+        dq_hi_full = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+        mbarrier.init(dq_hi_full, count=2)
     else:
         dq_hi_full = dq_full  # unused
     for i in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=CONSUMERS)
         if i < DO_STAGES:
             mbarrier.init(do_ready.index(i), count=1)
-            mbarrier.init(do_empty.index(i), count=1)
+            mbarrier.init(do_empty.index(i), count=CONSUMERS)
     fence_async_shared()
     if COL_SPLIT:
         # P^T, which passes between the warpgroups as dS^T does (its own allocation: one shared with dS^T
@@ -1146,19 +1224,26 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     # Registers (FA3's split for two MMA warpgroups): producer and writer warps 24 each (they share
     # one padded warpgroup: 12 warps, 384 threads), the default (consumer) partition gets the rest,
     # (65536 - 24 * 128) / 256 -> 240, what setmaxnreg shows in the PTX (the compile check asserts it).
+    # ``WG_SPLIT``: warpgroup 1 a worker partition of its own at the consumers' 240 (the default partition,
+    # warpgroup 0, gets the rest: the same split of the registers)
     gl.warp_specialize([
-        (_ws_consumers, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
-                         q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv,
+        (_ws_consumers, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem1 if w else dq_smem,
+                         kv_bar, q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv,
                          nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM,
-                         BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT, COALESCED_STORE, LSE_IN_ACC)),
+                         BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT, COALESCED_STORE, LSE_IN_ACC,
+                         WG_SPLIT, w))
+        if w < CONSUMERS else
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
                         b * seqlen_k + n_start, h_kv * HEAD_DIM, m_lo, n_m, n_iter, seqlen_q, nheads, stat_stride,
-                        HEAD_DIM, BLOCK_M, STAGES, DO_STAGES)),
+                        HEAD_DIM, BLOCK_M, STAGES, DO_STAGES))
+        if w == CONSUMERS else
         (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_full, Sem, b, h0, m_lo, n_m,
                          n_iter, seqlen_q, seqlen_k, nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         IS_CAUSAL, DETERMINISTIC, DQ_COLS, STAGES, DQ_FLAT)),
-    ], [1, 1], [WS_WORKER_REGS, WS_WORKER_REGS])
+                         IS_CAUSAL, DETERMINISTIC, DQ_COLS, STAGES, DQ_FLAT, dq_smem1, WG_SPLIT))
+        for w in (0, 1, 2, 3)[:CONSUMERS + 2]
+    ], [4, 1, 1] if WG_SPLIT else [1, 1],
+        [WS_CONSUMER_REGS, WS_WORKER_REGS, WS_WORKER_REGS] if WG_SPLIT else [WS_WORKER_REGS, WS_WORKER_REGS])
 
 
 def kernel_config(d: int, variant: str = "base") -> dict:
@@ -1180,13 +1265,19 @@ def kernel_config(d: int, variant: str = "base") -> dict:
         stages, do_stages = WS_STAGES[d]
         block_m = WS_BLOCK_M[d]
         flat = bool(WS_DQ_FLAT.get(d, False)) and not split
-        return dict(kernel=hopper_bwd_ws_kernel, block_m=block_m, block_n=block_n, num_warps=BWD_NUM_WARPS,
+        wg_split = bool(WS_WG_PARTITIONS.get(d, False)) and flat
+        # the kernel's warps: the consumers' 8, or warpgroup 0's 4 with a partition a warpgroup (warpgroup 1
+        # is a worker then); the flat tile's box: halves with a partition a warpgroup
+        return dict(kernel=hopper_bwd_ws_kernel, block_m=block_m, block_n=block_n,
+                    num_warps=BWD_NUM_WARPS // 2 if wg_split else BWD_NUM_WARPS,
                     stages=stages, worker_regs=WS_WORKER_REGS.value, dq_cols=d // 2 if split else d,
-                    dq_flat=flat, dq_block=[block_m * d // 32, 32] if flat else [block_m, d // 2 if split else d],
+                    dq_flat=flat, dq_block=[block_m * d // (64 if wg_split else 32), 32] if flat
+                    else [block_m, d // 2 if split else d],
                     constexprs=dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                                     DO_STAGES=do_stages, COL_SPLIT=split,
                                     COALESCED_STORE=WS_COALESCED_STORE, DQ_FLAT=flat,
-                                    LSE_IN_ACC=bool(WS_LSE_IN_ACC.get(d, False)) and not split))
+                                    LSE_IN_ACC=bool(WS_LSE_IN_ACC.get(d, False)) and not split,
+                                    WG_SPLIT=wg_split))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
