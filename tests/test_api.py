@@ -888,8 +888,9 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
         assert cfg["constexprs"] == dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=128, STAGES=stages, DO_STAGES=stages,
                                          COL_SPLIT=False, COALESCED_STORE=True, DQ_FLAT=flat,
                                          LSE_IN_ACC=hb.WS_LSE_IN_ACC[d], WG_SPLIT=hb.WS_WG_PARTITIONS[d] and flat)
-        assert cfg["dq_block"] == ([block_m * d // 32, 32] if flat else [block_m, d])
-        assert cfg["num_warps"] == 8
+        split = hb.WS_WG_PARTITIONS[d] and flat  # a warpgroup a partition: the box and the warps halved
+        assert cfg["dq_block"] == ([block_m * d // (64 if split else 32), 32] if flat else [block_m, d])
+        assert cfg["num_warps"] == (4 if split else 8)
     # a warpgroup a partition (``WS_WG_PARTITIONS``): the kernel's 4 warps (warpgroup 0; warpgroup 1 a
     # worker), the flat tile's box in halves; never without the flat tile or in the column split
     with monkeypatch.context() as m:
@@ -903,6 +904,7 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     # the flat dQ tile (``WS_DQ_FLAT``): a [block_m * d / 32, 32] box, the column split never flat
     with monkeypatch.context() as m:
         m.setattr(hb, "WS_DQ_FLAT", {64: True, 128: True, 256: True})
+        m.setattr(hb, "WS_WG_PARTITIONS", {64: False, 128: False})
         assert hb.kernel_config(128, "ws")["dq_block"] == [256, 32] and hb.kernel_config(128, "ws")["dq_flat"]
         assert not hb.kernel_config(256, "ws")["dq_flat"] and hb.kernel_config(256, "ws")["dq_block"] == [64, 128]
     # lse in S^T's accumulator (``WS_LSE_IN_ACC``): the key split only

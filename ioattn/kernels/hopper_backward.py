@@ -303,8 +303,12 @@ WS_LSE_IN_ACC = {64: False, 128: True}
 # both. Each warpgroup computes dQ's half (columns at 64 query rows a step, rows at 128) into its own
 # staging buffer (the halves of the flat tile: the writer adds them as two bulk copies). Before a
 # warpgroup overwrites its dS^T half, the other's previous dQ must have read it: it waits for the
-# previous step's dQ hand-off by both (``dq_full``). Not yet measured (§105): off.
-WS_WG_PARTITIONS = {64: False, 128: False}
+# previous step's dQ hand-off by both (``dq_full``). Measured (ab_bwd, 3 rounds, H200, bf16, 16k tokens,
+# results/session-2026-12-02-zzv, NOTES §105), one partition / a warpgroup each, TFLOP/s: d = 128 N =
+# 1024 / 4096 / 16384 444 / 453, 563 / 582, 561 / 569, causal 317 / 320, 506 / 504, 585 / 590 (-0.4
+# to +3.4 %); d = 64 365 / 350, 454 / 442, 471 / 459, causal 261 / 251, 413 / 394, 481 / 462 (-2.5 to
+# -4.6 %): on at d = 128 only.
+WS_WG_PARTITIONS = {64: False, 128: True}
 # "ws": query rows a step by head dim (the key-split form; the column split needs 64). 128 at d = 64
 # doubles a step's products (S^T / dP^T 64 keys x 128 queries a warpgroup) against the same per-step
 # costs (barriers, hand-offs, waits), at d = 128's register count with D in dP^T's accumulator:
@@ -1250,7 +1254,7 @@ def kernel_config(d: int, variant: str = "base") -> dict:
     """Launch configuration of the backward kernel of ``variant`` (``BWD_VARIANTS``) at head dim ``d``
     (the launcher and benchmarks/compile_check_hopper_bwd.py share it): ``kernel`` the jit function,
     ``num_warps`` the kernel's warps (the consumers' for "ws": the producer and writer warps come on
-    top, from ``warp_specialize``), tiles, ``stages`` (Q / dO buffers; "ws": the Q ring's, the dO
+    top, from ``warp_specialize``; with ``WS_WG_PARTITIONS`` warpgroup 0's 4, warpgroup 1 a worker), tiles, ``stages`` (Q / dO buffers; "ws": the Q ring's, the dO
     ring's in the constexprs), ``dq_cols`` ("ws": the columns of one dQ handover, the dQ descriptor's
     block) and the constexprs. "ws" at d = 256 is its column-split form (``COL_SPLIT``)."""
     if variant in BWD_VARIANTS and d not in BWD_VARIANT_HEADDIMS[variant]:
