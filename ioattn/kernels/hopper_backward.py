@@ -309,14 +309,6 @@ WS_LSE_IN_ACC = {64: False, 128: True}
 # to +3.4 %); d = 64 365 / 350, 454 / 442, 471 / 459, causal 261 / 251, 413 / 394, 481 / 462 (-2.5 to
 # -4.6 %): on at d = 128 only.
 WS_WG_PARTITIONS = {64: False, 128: True}
-# "ws": each key block's walk over the query blocks started at a different one (by head dim, the key
-# split, not in the ordered dQ mode; an A/B switch): key block j starts at query block m_lo + j mod n_m
-# and wraps, so the programs of one head (a whole wave at N = 16384: its 128 key blocks) do not all
-# reduce-add into the same dQ block at the same time. §54 measured this before the flat dQ tile (32 B
-# requests) and found nothing; since the flat tile and the split partitions, the d = 128 backward is
-# 614 TFLOP/s at N = 8192 (64 programs a head) but 575 at 16384 (128 a head, the same 2048 programs).
-# Not yet measured (§106): off.
-WS_STAGGER = {64: False, 128: False}
 # "ws": query rows a step by head dim (the key-split form; the column split needs 64). 128 at d = 64
 # doubles a step's products (S^T / dP^T 64 keys x 128 queries a warpgroup) against the same per-step
 # costs (barriers, hand-offs, waits), at d = 128's register count with D in dP^T's accumulator:
@@ -673,7 +665,7 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem, lse_smem,
                  delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0, kv_row, kv_col, m_lo, n_m, n_iter,
                  seqlen_q, nheads, stat_stride, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                 DO_STAGES: gl.constexpr, rot=0):
+                 DO_STAGES: gl.constexpr):
     """The 1-warp TMA producer: K and V of the key block once, then per step t (query head
     h0 + t // n_m, query block m_lo + t % n_m) Q with its lse row into slot t % STAGES of the Q ring
     (``q_ready``) and dO with its D row into slot t % DO_STAGES of the dO ring (``do_ready``), each
@@ -692,10 +684,7 @@ def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, 
             s_do = t % DO_STAGES
             reuse_phase_do = ((t // DO_STAGES) & 1) ^ 1
         h = h0 + t // n_m
-        m = m_lo + t % n_m + rot  # ``rot``: the walk's first block, m_lo + rot (``WS_STAGGER``)
-        if m >= m_lo + n_m:
-            m -= n_m
-        m_start = m * BLOCK_M
+        m_start = (m_lo + t % n_m) * BLOCK_M
         row = b * seqlen_q + m_start
         col = h * HEAD_DIM
         stat = (b * nheads + h) * stat_stride + m_start
@@ -724,7 +713,7 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
                   seqlen_q, seqlen_k, nheads, n_m_total, n_block, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_COLS: gl.constexpr,
                   STAGES: gl.constexpr, DQ_FLAT: gl.constexpr = False, dq_smem1=None,
-                  WG_SPLIT: gl.constexpr = False, rot=0):
+                  WG_SPLIT: gl.constexpr = False):
     """The 1-warp dQ writer: per step, once the consumers have put the step's dQ block (fp32,
     unscaled) in ``dq_smem`` (``dq_full``), one TMA reduce-add of it into the dQ accumulator; when
     the bulk copy has read the tile, the buffer goes back to the consumers (``dq_empty``). A buffer
@@ -757,9 +746,7 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
     FLAT_ROWS: gl.constexpr = BLOCK_M * HEAD_DIM // 32
     for t in range(n_iter):
         h = h0 + t // n_m
-        m = m_lo + t % n_m + rot  # (``WS_STAGGER``: the walk starts at m_lo + rot and wraps)
-        if m >= m_lo + n_m:
-            m -= n_m
+        m = m_lo + t % n_m
         row = b * seqlen_q + m * BLOCK_M
         for j in gl.static_range(PIECES):  # piece j: columns [j * DQ_COLS, (j + 1) * DQ_COLS) of the block
             if j == 0:  # the dQ buffer; the column split's high half on its own barrier, in the Q slot
@@ -812,7 +799,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                  n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                  COALESCED_STORE: gl.constexpr = False, LSE_IN_ACC: gl.constexpr = False,
-                 WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0, rot=0):
+                 WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
     lockstep as in the base kernel). The math per step is the base kernel's, in FA3's order (dV
     issued before dS is formed, dQ before dK: see the module docstring); the loads come from the
@@ -851,8 +838,8 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     # The step's query block is stepped by a counter (wrapping at each query head of the group) and
     # the in-loop zero comes from an asm move: ``t % n_m`` and ``t // n_iter`` were two integer
     # divisions a step on the path from dK's retirement to the next S^T, where the tensor cores
-    # idle (+1 to +5 % at d = 64 / 128, NOTES §52). ``rot``: the walk starts at m_lo + rot (``WS_STAGGER``)
-    m_blk = m_lo + rot
+    # idle (+1 to +5 % at d = 64 / 128, NOTES §52)
+    m_blk = m_lo
     for t in range(n_iter):
         s_idx = t % STAGES
         phase = (t // STAGES) & 1
@@ -1105,7 +1092,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr,
-                  LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0, rot=0):
+                  LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments
     (``LSE_IN_ACC``: the key split only). ``WG_SPLIT``: warpgroup ``W`` of the key split alone (the
@@ -1119,7 +1106,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                      do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m,
                      n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                     IS_CAUSAL, COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, W, rot)
+                     IS_CAUSAL, COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, W)
 
 
 @gluon.jit
@@ -1129,8 +1116,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False,
                          COALESCED_STORE: gl.constexpr = False, DQ_FLAT: gl.constexpr = False,
-                         LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False,
-                         STAGGER: gl.constexpr = False):
+                         LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers);
     the producer and dQ-writer warps are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
     the host's (batch, nheads, stat_stride) fp32 lse * log2(e) (``LSE_IN_ACC``: lse / softmax_scale;
@@ -1178,9 +1164,6 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     n_m = n_m_total - m_lo
     n_iter = group * n_m
     h0 = h_kv * group
-    rot = 0  # ``STAGGER`` (``WS_STAGGER``): this key block's walk starts at query block m_lo + rot
-    if STAGGER and not DETERMINISTIC and not COL_SPLIT:
-        rot = (n_start // BLOCK_N) % gl.maximum(n_m, 1)
 
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
     k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -1252,16 +1235,16 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          kv_bar, q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv,
                          nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM,
                          BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT, COALESCED_STORE, LSE_IN_ACC,
-                         WG_SPLIT, w, rot))
+                         WG_SPLIT, w))
         if w < CONSUMERS else
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
                         b * seqlen_k + n_start, h_kv * HEAD_DIM, m_lo, n_m, n_iter, seqlen_q, nheads, stat_stride,
-                        HEAD_DIM, BLOCK_M, STAGES, DO_STAGES, rot))
+                        HEAD_DIM, BLOCK_M, STAGES, DO_STAGES))
         if w == CONSUMERS else
         (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_full, Sem, b, h0, m_lo, n_m,
                          n_iter, seqlen_q, seqlen_k, nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         IS_CAUSAL, DETERMINISTIC, DQ_COLS, STAGES, DQ_FLAT, dq_smem1, WG_SPLIT, rot))
+                         IS_CAUSAL, DETERMINISTIC, DQ_COLS, STAGES, DQ_FLAT, dq_smem1, WG_SPLIT))
         for w in (0, 1, 2, 3)[:CONSUMERS + 2]
     ], [4, 1, 1] if WG_SPLIT else [1, 1],
         [WS_CONSUMER_REGS, WS_WORKER_REGS, WS_WORKER_REGS] if WG_SPLIT else [WS_WORKER_REGS, WS_WORKER_REGS])
@@ -1298,7 +1281,7 @@ def kernel_config(d: int, variant: str = "base") -> dict:
                                     DO_STAGES=do_stages, COL_SPLIT=split,
                                     COALESCED_STORE=WS_COALESCED_STORE, DQ_FLAT=flat,
                                     LSE_IN_ACC=bool(WS_LSE_IN_ACC.get(d, False)) and not split,
-                                    WG_SPLIT=wg_split, STAGGER=bool(WS_STAGGER.get(d, False)) and not split))
+                                    WG_SPLIT=wg_split))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
