@@ -900,7 +900,8 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
             assert cfg["num_warps"] == 4 and cfg["constexprs"]["WG_SPLIT"] and cfg["dq_block"] == [rows, 32]
         assert not hb.kernel_config(256, "ws")["constexprs"]["WG_SPLIT"]
         m.setattr(hb, "WS_DQ_FLAT", {64: False, 128: False})
-        assert not hb.kernel_config(128, "ws")["constexprs"]["WG_SPLIT"] and hb.kernel_config(128, "ws")["num_warps"] == 8
+        lockstep = hb.kernel_config(128, "ws")
+        assert not lockstep["constexprs"]["WG_SPLIT"] and lockstep["num_warps"] == 8
     # the flat dQ tile (``WS_DQ_FLAT``): a [block_m * d / 32, 32] box, the column split never flat
     with monkeypatch.context() as m:
         m.setattr(hb, "WS_DQ_FLAT", {64: True, 128: True, 256: True})

@@ -1237,14 +1237,14 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     # Registers (FA3's split for two MMA warpgroups): producer and writer warps 24 each (they share
     # one padded warpgroup: 12 warps, 384 threads), the default (consumer) partition gets the rest,
     # (65536 - 24 * 128) / 256 -> 240, what setmaxnreg shows in the PTX (the compile check asserts it).
-    # ``WG_SPLIT``: warpgroup 1 a worker partition of its own at the consumers' 240 (the default partition,
-    # warpgroup 0, gets the rest: the same split of the registers)
+    # ``WG_SPLIT``: warpgroup 1 a worker partition of its own at the consumers' 240 (the default
+    # partition, warpgroup 0, gets the rest: the same split of the registers)
     gl.warp_specialize([
-        (_ws_consumers, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem1 if w else dq_smem,
-                         kv_bar, q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv,
-                         nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM,
-                         BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT, COALESCED_STORE, LSE_IN_ACC,
-                         WG_SPLIT, w))
+        (_ws_consumers, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem,
+                         dq_smem1 if w else dq_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty,
+                         dq_hi_full, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k,
+                         softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT,
+                         COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, w))
         if w < CONSUMERS else
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
@@ -1263,9 +1263,10 @@ def kernel_config(d: int, variant: str = "base") -> dict:
     """Launch configuration of the backward kernel of ``variant`` (``BWD_VARIANTS``) at head dim ``d``
     (the launcher and benchmarks/compile_check_hopper_bwd.py share it): ``kernel`` the jit function,
     ``num_warps`` the kernel's warps (the consumers' for "ws": the producer and writer warps come on
-    top, from ``warp_specialize``; with ``WS_WG_PARTITIONS`` warpgroup 0's 4, warpgroup 1 a worker), tiles, ``stages`` (Q / dO buffers; "ws": the Q ring's, the dO
-    ring's in the constexprs), ``dq_cols`` ("ws": the columns of one dQ handover, the dQ descriptor's
-    block) and the constexprs. "ws" at d = 256 is its column-split form (``COL_SPLIT``)."""
+    top, from ``warp_specialize``; with ``WS_WG_PARTITIONS`` warpgroup 0's 4, warpgroup 1 a worker),
+    tiles, ``stages`` (Q / dO buffers; "ws": the Q ring's, the dO ring's in the constexprs),
+    ``dq_cols`` ("ws": the columns of one dQ handover, the dQ descriptor's block) and the constexprs.
+    "ws" at d = 256 is its column-split form (``COL_SPLIT``)."""
     if variant in BWD_VARIANTS and d not in BWD_VARIANT_HEADDIMS[variant]:
         raise ValueError(f"the Hopper backward's {variant} variant covers head dims "
                          f"{', '.join(map(str, BWD_VARIANT_HEADDIMS[variant]))}, not {d}")
