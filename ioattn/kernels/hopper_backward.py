@@ -922,7 +922,8 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
             mbarrier.wait(dq_full, (t & 1) ^ 1, pred=t > 0)
         ds_cur.store(ds16)
         fence_async_shared()
-        gl.thread_barrier()  # both warpgroups' halves of dS^T written before either product reads them
+        # both warpgroups' halves of dS^T written (``WG_SPLIT``: this one's) before either product reads them
+        gl.thread_barrier()
         if WG_SPLIT:  # the other warpgroup's half: its arrive on ds_full (count 2)
             mbarrier.arrive(ds_full, count=1)
             mbarrier.wait(ds_full, t & 1)
@@ -931,8 +932,9 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         dk_tok = warpgroup_mma(dsa, q_cur, dk, is_async=True)
 
         # Releases, as the wgmma groups (retiring in order: dV, dQ, dK) allow. Each arrive is one
-        # thread's, after a barrier over the partition's 8 warps (both warpgroups' products retired;
-        # Triton adds one before every arrive anyway: it orders the arrive after all shared-memory
+        # thread's, after a barrier over the partition's warps (8: both warpgroups' products retired;
+        # ``WG_SPLIT``: this warpgroup's 4, the barrier counting both partitions' arrives; Triton adds
+        # one before every arrive anyway: it orders the arrive after all shared-memory
         # accesses, NOTES §101). The dO slot has no barrier of its own: it goes back with the dQ block,
         # after both warpgroups' dQ (and so dV, which retires before it) has retired; released as soon
         # as dV retired, behind a barrier of its own, it was 0 to 1.4 % slower (NOTES §102)
@@ -1126,8 +1128,9 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False,
                          COALESCED_STORE: gl.constexpr = False, DQ_FLAT: gl.constexpr = False,
                          LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False):
-    """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers);
-    the producer and dQ-writer warps are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
+    """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers; 4
+    with ``WG_SPLIT``: warpgroup 0, warpgroup 1 a worker partition); the producer and dQ-writer warps
+    are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
     the host's (batch, nheads, stat_stride) fp32 lse * log2(e) (``LSE_IN_ACC``: lse / softmax_scale;
     -inf -> 0) and D, zero past seqlen_q, ``stat_stride`` a multiple of BLOCK_M, block [BLOCK_M].
     dq_desc: the fp32 accumulator (batch * seqlen_q, nheads * HEAD_DIM), zeroed, block [BLOCK_M,
