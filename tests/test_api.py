@@ -828,6 +828,22 @@ def test_hopper_backward_flat_dq_order(d, ragged):
     assert torch.equal(dq, (full[:, :seqlen] * 0.5).to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("d", [64, 128])
+def test_hopper_backward_flat_dq_halves(d):
+    """With a partition a consumer warpgroup (``WS_WG_PARTITIONS``) each warpgroup stages its half of
+    the dQ block in a 4-warp flat tile of its own and the writer adds them one after the other; that
+    is the 8-warp flat order ``dq_from_flat`` undoes only if the 4-warp order, with the warpgroup as
+    one more top bit, is the 8-warp order: half W holds the columns [W d/2, (W + 1) d/2) at 64 query
+    rows a step, the rows [64 W, 64 W + 64) at 128."""
+    pytest.importorskip("triton.experimental.gluon")
+    import ioattn.kernels.hopper_backward as hb
+    block_m = hb.WS_BLOCK_M[d]
+    half_m, half_n = (block_m // 2, d) if block_m == 128 else (block_m, d // 2)
+    whole = hb.dq_flat_bases(hb.BWD_NUM_WARPS, block_m, d)
+    half = hb.dq_flat_bases(4, half_m, half_n)
+    assert whole == half + [[half_m, 0] if block_m == 128 else [0, half_n]]
+
+
 def test_hopper_backward_policy_and_wiring(monkeypatch):
     """The Gluon backward's default policy (hopper.BWD_AUTO_MIN_SEQLEN per head dim and mask, the
     reason in the plan); prefer_hopper_bwd / IOATTN_HOPPER_BWD override it; it is taken only where
