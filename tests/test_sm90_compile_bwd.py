@@ -119,22 +119,3 @@ def test_hopper_gluon_backward_ws_wg_partitions_compiles_for_sm90():
         assert int(re.search(r"spill=(\d+)B", line).group(1)) <= 24, line
         assert int(re.search(r"consumer_regs=(\d+)", line).group(1)) <= 240, line
         assert "tma_reduce=2 " in line and "wgmma=64 " in line, line
-
-
-@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
-def test_hopper_gluon_backward_ws_dk_early_compiles_for_sm90():
-    """Variant ws with dK issued before dS^T's store and exchange (``WS_DK_EARLY``) at d = 64 / 128 (with
-    the head dims' own partition defaults), both masks: wgmma pipelined, no spill inside the consumers'
-    loop, within 240 registers; the build differs from the default one (its name says so, and the
-    wait groups change: every product retired before the dQ hand-off)."""
-    out, lines = _compile_check("--variants", "ws", "--headdims", "64,128", "--quick", "--dk-early")
-    assert "hopper backward compiled for sm_90: 4 kernels" in out
-    assert len(lines) == 4, out
-    for line in lines:
-        assert "-dkearly" in line.split()[1] and "wgmma-pipelined" in line and "loop_spills=0 " in line, line
-        assert int(re.search(r"spill=(\d+)B", line).group(1)) <= 24, line
-        assert int(re.search(r"consumer_regs=(\d+)", line).group(1)) <= 240, line
-    _, default = _compile_check("--variants", "ws", "--headdims", "64,128", "--quick")
-    for early, base in zip(sorted(lines), sorted(default)):
-        waits = [re.search(r"\(commit \d+, ([w0-9x,]+)\)", line).group(1) for line in (early, base)]
-        assert waits[0] != waits[1], (early, base)

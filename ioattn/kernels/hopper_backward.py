@@ -318,12 +318,6 @@ WS_LSE_IN_ACC = {64: False, 128: True}
 # to +3.4 %); d = 64 365 / 350, 454 / 442, 471 / 459, causal 261 / 251, 413 / 394, 481 / 462 (-2.5 to
 # -4.6 %): on at d = 128 only.
 WS_WG_PARTITIONS = {64: False, 128: True}
-# "ws" (the key split): dK += dS^T Q issued as soon as this warpgroup's dS^T is in registers, ahead of
-# dS^T's store and the barrier (with ``WS_WG_PARTITIONS``: the exchange) that dQ = dS K waits for, so
-# the tensor cores have dK's product while the warpgroups meet (NOTES §107: the warpgroup that arrives
-# first at the exchange waited there 17 % of its samples, d = 128, N = 4096). dQ then retires last:
-# its hand-off waits for both products. An A/B switch (by head dim), off until measured.
-WS_DK_EARLY = {64: False, 128: False}
 # "ws": query rows a step by head dim (the key-split form; the column split needs 64). 128 at d = 64
 # doubles a step's products (S^T / dP^T 64 keys x 128 queries a warpgroup) against the same per-step
 # costs (barriers, hand-offs, waits), at d = 128's register count with D in dP^T's accumulator:
@@ -814,7 +808,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                  n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                  COALESCED_STORE: gl.constexpr = False, LSE_IN_ACC: gl.constexpr = False,
-                 WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0, DK_EARLY: gl.constexpr = False):
+                 WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
     lockstep as in the base kernel). The math per step is the base kernel's, in FA3's order (dV
     issued before dS is formed, dQ before dK: see the module docstring); the loads come from the
@@ -823,8 +817,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     it, so the exponentials need no shared-memory read after S^T retires. ``WG_SPLIT``
     (``WS_WG_PARTITIONS``): this is warpgroup ``W`` alone, in a partition of its own: key rows
     [64 W, 64 W + 64) of the block, dQ's half W into its own ``dq_smem``, the dS^T exchange on
-    ``ds_full`` (unused otherwise). ``DK_EARLY`` (``WS_DK_EARLY``): dK is issued before dS^T's store,
-    dQ after it; the groups retire dV, dK, dQ, and the Q slot goes back with the dQ block."""
+    ``ds_full`` (unused otherwise)."""
     num_warps: gl.constexpr = gl.num_warps()
     # key rows this partition computes; dQ's part: columns (64 query rows a step) or rows (128)
     ROWS: gl.constexpr = BLOCK_N // 2 if WG_SPLIT else BLOCK_N
@@ -922,8 +915,6 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
             dp = warpgroup_mma_wait(1, deps=[dp_tok])
             ds16 = (p * (dp - delta[None, :])).to(dtype)
         dsa = gl.convert_layout(ds16, a_layout)
-        if DK_EARLY:  # dK needs only this warpgroup's dS^T: it runs while dS^T is exchanged (``WS_DK_EARLY``)
-            dk_tok = warpgroup_mma(dsa, q_cur, dk, is_async=True)
         # dS^T to shared memory for dQ = dS K. No barrier needed before the store (WAR on ds_smem):
         # every warp passed the previous step's last barrier after its dQ product had retired;
         # ``WG_SPLIT``: the other warpgroup's previous dQ too, once both handed it over (``dq_full``)
@@ -937,22 +928,17 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
             mbarrier.arrive(ds_full, count=1)
             mbarrier.wait(ds_full, t & 1)
         # dQ first, then dK: dQ retires first and is handed to the writer warp while dK runs
-        # (``DK_EARLY``: dK already queued ahead of the exchange; dQ retires last)
         dq_tok = warpgroup_mma(dq_a, dq_b, dq_zero, use_acc=False, is_async=True)
-        if not DK_EARLY:
-            dk_tok = warpgroup_mma(dsa, q_cur, dk, is_async=True)
+        dk_tok = warpgroup_mma(dsa, q_cur, dk, is_async=True)
 
-        # Releases, as the wgmma groups (retiring in order: dV, dQ, dK; ``DK_EARLY``: dV, dK, dQ) allow. Each arrive is one
+        # Releases, as the wgmma groups (retiring in order: dV, dQ, dK) allow. Each arrive is one
         # thread's, after a barrier over the partition's warps (8: both warpgroups' products retired;
         # ``WG_SPLIT``: this warpgroup's 4, the barrier counting both partitions' arrives; Triton adds
         # one before every arrive anyway: it orders the arrive after all shared-memory
         # accesses, NOTES §101). The dO slot has no barrier of its own: it goes back with the dQ block,
         # after both warpgroups' dQ (and so dV, which retires before it) has retired; released as soon
         # as dV retired, behind a barrier of its own, it was 0 to 1.4 % slower (NOTES §102)
-        if DK_EARLY:
-            dv, pa, dk, dsa, dq = warpgroup_mma_wait(0, deps=[dv_tok, pa, dk_tok, dsa, dq_tok])
-        else:
-            dv, pa, dq = warpgroup_mma_wait(1, deps=[dv_tok, pa, dq_tok])
+        dv, pa, dq = warpgroup_mma_wait(1, deps=[dv_tok, pa, dq_tok])
         # the dQ block to the writer warp: wait until it has read the previous one (handed over a
         # whole step ago: normally long done), store, fence for the bulk copy, hand over
         mbarrier.wait(dq_empty, (t & 1) ^ 1, pred=t > 0)
@@ -961,9 +947,8 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         gl.thread_barrier()
         mbarrier.arrive(do_empty.index(s_idx), count=1)  # dO and D done with
         mbarrier.arrive(dq_full, count=1)
-        if not DK_EARLY:
-            dk, dsa = warpgroup_mma_wait(0, deps=[dk_tok, dsa])
-            gl.thread_barrier()
+        dk, dsa = warpgroup_mma_wait(0, deps=[dk_tok, dsa])
+        gl.thread_barrier()
         mbarrier.arrive(q_empty.index(s_idx), count=1)  # Q (and lse) done with
         m_blk += 1
         if m_blk == m_lo + n_m:  # the next query head of the group
@@ -1118,8 +1103,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr,
-                  LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0,
-                  DK_EARLY: gl.constexpr = False):
+                  LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments
     (``LSE_IN_ACC``: the key split only). ``WG_SPLIT``: warpgroup ``W`` of the key split alone (the
@@ -1133,7 +1117,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                      do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m,
                      n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                     IS_CAUSAL, COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, W, DK_EARLY)
+                     IS_CAUSAL, COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, W)
 
 
 @gluon.jit
@@ -1143,8 +1127,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False,
                          COALESCED_STORE: gl.constexpr = False, DQ_FLAT: gl.constexpr = False,
-                         LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False,
-                         DK_EARLY: gl.constexpr = False):
+                         LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers; 4
     with ``WG_SPLIT``: warpgroup 0, warpgroup 1 a worker partition); the producer and dQ-writer warps
     are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
@@ -1264,7 +1247,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          dq_smem1 if w else dq_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty,
                          dq_hi_full, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k,
                          softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT,
-                         COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, w, DK_EARLY))
+                         COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, w))
         if w < CONSUMERS else
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
@@ -1311,7 +1294,7 @@ def kernel_config(d: int, variant: str = "base") -> dict:
                                     DO_STAGES=do_stages, COL_SPLIT=split,
                                     COALESCED_STORE=WS_COALESCED_STORE, DQ_FLAT=flat,
                                     LSE_IN_ACC=bool(WS_LSE_IN_ACC.get(d, False)) and not split,
-                                    WG_SPLIT=wg_split, DK_EARLY=bool(WS_DK_EARLY.get(d, False)) and not split))
+                                    WG_SPLIT=wg_split))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
