@@ -48,7 +48,7 @@ from gluon_aot import (DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxa
 
 
 def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, exp2_fma=0, row_stores=True,
-                q_prefetch=None, paired=None, chain=None):
+                q_prefetch=None, paired=None):
     cfg = hopper.kernel_config(d, variant, causal)
     bn, q_rows = cfg["block_n"], cfg["q_rows"]
     q_layout = gl.NVMMASharedLayout.get_default_for([q_rows, d], DTYPES[dt])
@@ -62,7 +62,7 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
     constexprs = dict(cfg["constexprs"], IS_CAUSAL=causal, IS_VARLEN=varlen, LPT=lpt,
                       KV_TAIL=varlen if kv_tail is None else kv_tail, EXP2_FMA=hopper.exp2_fma_cols(exp2_fma, bn),
                       ROW_STORES=cfg_row_stores(row_stores, variant, d),
-                      **cfg_persistent(q_prefetch, paired, variant, d, causal, chain))
+                      **cfg_persistent(q_prefetch, paired, variant, d, causal))
     if varlen:
         sig.update(Cu_q="*i32", Cu_k="*i32")
     else:  # the launcher passes None for fixed-length calls: constexpr None
@@ -96,20 +96,18 @@ def cfg_row_stores(row_stores, variant, d):
         return hopper.row_stores(d, variant)
 
 
-def cfg_persistent(q_prefetch, paired, variant, d, causal, chain=None):
-    """The kernel's ``Q_BUFS`` / ``PAIRED`` / ``CHAIN`` as the launcher sets them
-    (``hopper.persistent_options``, an even number of query blocks): its defaults, or forced on by
-    ``--q-prefetch`` / ``--paired`` / ``--chain``."""
-    with hopper.persistent_q_prefetch(q_prefetch), hopper.paired_walk(paired), hopper.persistent_chain(chain):
+def cfg_persistent(q_prefetch, paired, variant, d, causal):
+    """The kernel's ``Q_BUFS`` / ``PAIRED`` as the launcher sets them (``hopper.persistent_options``, an
+    even number of query blocks): its defaults, or forced on by ``--q-prefetch`` / ``--paired``."""
+    with hopper.persistent_q_prefetch(q_prefetch), hopper.paired_walk(paired):
         return hopper.persistent_options(d, variant, causal, 2)
 
 
 def check(job):
     """Compile one (variant, head dim, dtype, causal), assert its structure, return its report line."""
-    variant, d, dt, causal, run_ptxas, varlen, lpt, kv_tail, exp2_fma, row_stores, q_prefetch, paired, chain = job
-    cfg, k = compile_one(variant, d, dt, causal, varlen, lpt, kv_tail, exp2_fma, row_stores, q_prefetch, paired,
-                         chain)
-    opts = cfg_persistent(q_prefetch, paired, variant, d, causal, chain)
+    variant, d, dt, causal, run_ptxas, varlen, lpt, kv_tail, exp2_fma, row_stores, q_prefetch, paired = job
+    cfg, k = compile_one(variant, d, dt, causal, varlen, lpt, kv_tail, exp2_fma, row_stores, q_prefetch, paired)
+    opts = cfg_persistent(q_prefetch, paired, variant, d, causal)
     ptx = k.asm["ptx"]
     c = ptx_counts(ptx)
     where = (variant, d, dt, causal, varlen)
@@ -176,8 +174,6 @@ def check(job):
         regs += "q_prefetch "
     if opts["PAIRED"]:
         regs += "paired "
-    if opts["CHAIN"]:
-        regs += "chain "
     return (f"{variant:8s} d={d} {dt} causal={causal!s:5s} {'varlen ' if varlen else ''}"
             f"tiles={cfg['block_m']}x{cfg['block_n']}x{cfg['stages']} "
             f"warps={k.metadata.num_warps} shared={k.metadata.shared} {regs}{fmt(c)}")
@@ -204,9 +200,6 @@ def main():
     ap.add_argument("--paired", action="store_true",
                     help="persistent, causal: the walk by pairs of query blocks at every head dim (PAIRED, "
                          "hopper.paired_walk forced on; default: the launcher's table)")
-    ap.add_argument("--chain", action="store_true",
-                    help="persistent: the tiles' key loops as one chain where two Q buffers fit (CHAIN, "
-                         "hopper.persistent_chain forced on; default: the launcher's table)")
     ap.add_argument("--exp2-fma", default="0",
                     help="comma-separated shares (%%) of the exponentials on the FMA units (EXP2_FMA): "
                          f"{', '.join(f'{x:g}' for x in hopper.EXP2_FMA_SHARES)}")
@@ -239,7 +232,7 @@ def main():
     dims = None if args.headdims is None else {int(x) for x in args.headdims.split(",")}
     shares = [float(x) for x in args.exp2_fma.split(",")]
     jobs = [(variant, d, dt, causal, not args.no_ptxas, args.varlen, args.lpt, args.kv_tail or None, share,
-             not args.no_row_stores, args.q_prefetch or None, args.paired or None, args.chain or None)
+             not args.no_row_stores, args.q_prefetch or None, args.paired or None)
             for variant in args.variants.split(",")
             for d in hopper.TILE_TABLE[variant] if dims is None or d in dims for dt in dtypes for causal in masks
             for share in shares]

@@ -69,8 +69,6 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
             forward["walk"] = ("pairs of query blocks, head by head" if opts["PAIRED"] else
                                "longest tiles first over the grid" if window == (-1, 0) else "head by head")
             forward["q_buffers"] = opts["Q_BUFS"]
-            forward["chain"] = ("a tile's last turn also issues the next tile's first product" if opts["CHAIN"]
-                                else "each tile its own first and last turns")
     else:
         forward = None
     batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]

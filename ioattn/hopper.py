@@ -495,31 +495,19 @@ paired_walk = dispatch.Preference(False)
 PAIRED_MIN_BLOCKS = {128: 0, 256: 0, 64: 16}  # head dim -> query blocks a sequence from which it is the default
 
 
-# The persistent kernel's tiles as one chain (the kernel's ``CHAIN``; ``hopper_forward._pp_mainloop``): a
-# tile's last section issues the next tile's S(0) ahead of its own last P V, and the next tile's first
-# softmax runs while that P V does, so a tile takes n turns instead of n + 1 and none starts with its
-# first softmax uncovered by its own products (the short forward's fixed cost a tile, NOTES §108-§110).
-# Needs the next tile's Q a tile ahead: two Q buffers a warpgroup (``PERSISTENT_Q2_FITS``). An A/B
-# switch, off until measured: ``with hopper.persistent_chain(True / False)``.
-persistent_chain = dispatch.Preference(False)
-PERSISTENT_CHAIN_HEADDIMS: tuple = ()
-
-
 def _switch(pref: dispatch.Preference, default: bool) -> bool:
     """A preference's value when a block has set it, else ``default`` (the table's)."""
     return default if pref.value is None else bool(pref.value)
 
 
 def persistent_options(d: int, name: str, causal: bool, num_m: int) -> dict:
-    """The persistent kernel's ``Q_BUFS``, ``PAIRED`` and ``CHAIN`` for head dim ``d``, the mask and
-    ``num_m`` query blocks per sequence (one buffer, the LPT walk, no chain for the other variants; the
-    chain brings two Q buffers). (A third option,
+    """The persistent kernel's ``Q_BUFS`` and ``PAIRED`` for head dim ``d``, the mask and ``num_m``
+    query blocks per sequence (one buffer and the LPT walk for the other variants). (A third option,
     a tile's epilogue after the next tile's first product, was measured and removed: NOTES §70.)"""
     persistent = name == "persistent"
-    chain = _switch(persistent_chain, d in PERSISTENT_CHAIN_HEADDIMS) and d in PERSISTENT_Q2_FITS
-    q2 = (chain or _switch(persistent_q_prefetch, d in PERSISTENT_Q2_HEADDIMS)) and d in PERSISTENT_Q2_FITS
+    q2 = _switch(persistent_q_prefetch, d in PERSISTENT_Q2_HEADDIMS) and d in PERSISTENT_Q2_FITS
     paired = _switch(paired_walk, num_m >= PAIRED_MIN_BLOCKS.get(d, num_m + 1)) and bool(causal) and num_m % 2 == 0
-    return dict(Q_BUFS=2 if persistent and q2 else 1, PAIRED=persistent and paired, CHAIN=persistent and chain)
+    return dict(Q_BUFS=2 if persistent and q2 else 1, PAIRED=persistent and paired)
 
 
 def row_stores(d: int, name: str) -> int:

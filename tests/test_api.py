@@ -1097,30 +1097,22 @@ def test_persistent_kernel_options_follow_their_switches():
     """hopper.persistent_options: the persistent kernel's two Q buffers only where they fit (d = 64 /
     128), by default where measured (d = 128) or when forced; the paired walk only for causal calls
     with an even number of query blocks, by default at d = 128 / 256 and at d = 64 from 16 query blocks;
-    every other variant one buffer, no pairs. The chained tiles (``persistent_chain``) only where two Q
-    buffers fit, and bring them."""
+    every other variant one buffer, no pairs."""
     from ioattn import hopper
 
     # the defaults (the measured tables): both at d = 128, pairs at d = 256, neither at d = 64
-    assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=2, PAIRED=True, CHAIN=False)
-    assert hopper.persistent_options(128, "persistent", True, 5) == dict(Q_BUFS=2, PAIRED=False, CHAIN=False)
-    assert hopper.persistent_options(64, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=False, CHAIN=False)
+    assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=2, PAIRED=True)
+    assert hopper.persistent_options(128, "persistent", True, 5) == dict(Q_BUFS=2, PAIRED=False)
+    assert hopper.persistent_options(64, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=False)
     # d = 64: paired from 16 query blocks (N = 2048 at 128 rows), LPT below (NOTES §98)
-    assert hopper.persistent_options(64, "persistent", True, 14) == dict(Q_BUFS=1, PAIRED=False, CHAIN=False)
-    assert hopper.persistent_options(64, "persistent", True, 16) == dict(Q_BUFS=1, PAIRED=True, CHAIN=False)
-    assert hopper.persistent_options(64, "persistent", False, 16) == dict(Q_BUFS=1, PAIRED=False, CHAIN=False)
-    assert hopper.persistent_options(256, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=True, CHAIN=False)
+    assert hopper.persistent_options(64, "persistent", True, 14) == dict(Q_BUFS=1, PAIRED=False)
+    assert hopper.persistent_options(64, "persistent", True, 16) == dict(Q_BUFS=1, PAIRED=True)
+    assert hopper.persistent_options(64, "persistent", False, 16) == dict(Q_BUFS=1, PAIRED=False)
+    assert hopper.persistent_options(256, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=True)
     with hopper.persistent_q_prefetch(False), hopper.paired_walk(False):
-        assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=False, CHAIN=False)
+        assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=False)
     with hopper.persistent_q_prefetch(True), hopper.paired_walk(True):
-        assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=2, PAIRED=True, CHAIN=False)
-        assert hopper.persistent_options(64, "persistent", False, 4) == dict(Q_BUFS=2, PAIRED=False, CHAIN=False)
-        assert hopper.persistent_options(256, "persistent", True, 3) == dict(Q_BUFS=1, PAIRED=False, CHAIN=False)
-        assert hopper.persistent_options(128, "pingpong", True, 4) == dict(Q_BUFS=1, PAIRED=False, CHAIN=False)
-    with hopper.persistent_chain(True):  # the chain needs the next tile's Q a tile ahead: two buffers
-        assert hopper.persistent_options(64, "persistent", False, 4) == dict(Q_BUFS=2, PAIRED=False, CHAIN=True)
-        assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=2, PAIRED=True, CHAIN=True)
-        assert hopper.persistent_options(256, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=True, CHAIN=False)
-        assert hopper.persistent_options(128, "pingpong", False, 4) == dict(Q_BUFS=1, PAIRED=False, CHAIN=False)
-    with hopper.persistent_chain(True), hopper.persistent_q_prefetch(False):
-        assert hopper.persistent_options(128, "persistent", False, 4) == dict(Q_BUFS=2, PAIRED=False, CHAIN=True)
+        assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=2, PAIRED=True)
+        assert hopper.persistent_options(64, "persistent", False, 4) == dict(Q_BUFS=2, PAIRED=False)
+        assert hopper.persistent_options(256, "persistent", True, 3) == dict(Q_BUFS=1, PAIRED=False)
+        assert hopper.persistent_options(128, "pingpong", True, 4) == dict(Q_BUFS=1, PAIRED=False)

@@ -518,29 +518,24 @@ def test_hopper_backward_d256_through_the_api(causal, poison_alloc):
 # (16, 512, 100, 8, 4): one key tile a tile (its first step is its last)
 @pytest.mark.parametrize("shape", [(4, 1000, 1000, 8, 4), (1, 2048, 2048, 16, 8), (8, 777, 300, 8, 4),
                                    (8, 700, 300, 8, 4), (16, 512, 100, 8, 4)])
-# the kernel's options: two Q buffers a warpgroup (hopper.persistent_q_prefetch, d = 64 / 128), the
-# causal walk by pairs (hopper.paired_walk) and the tiles chained (hopper.persistent_chain, which
-# brings two Q buffers)
-@pytest.mark.parametrize("q_prefetch, paired, chain", [(False, False, False), (True, False, False),
-                                                       (False, True, False), (True, True, False),
-                                                       (False, False, True), (False, True, True)])
-def test_hopper_forward_persistent_tile_loop(d, causal, shape, q_prefetch, paired, chain, poison_alloc):
+# the kernel's options: two Q buffers a warpgroup (hopper.persistent_q_prefetch, d = 64 / 128) and the
+# causal walk by pairs (hopper.paired_walk)
+@pytest.mark.parametrize("q_prefetch, paired", [(False, False), (True, False), (False, True), (True, True)])
+def test_hopper_forward_persistent_tile_loop(d, causal, shape, q_prefetch, paired, poison_alloc):
     """The persistent ping-pong kernel with several tiles per program (the ring's use count, the
-    turn order and the Q prefetch carried across tiles; chained: a tile's first product and softmax
-    in the previous tile's last turn, and the restart after a tile with no visible key) against the
-    float64 oracle, with the gradients of the backward it feeds."""
+    turn order and the Q prefetch carried across tiles) against the float64 oracle, with the
+    gradients of the backward it feeds."""
     from ioattn import hopper
     if paired and not causal:
         pytest.skip("the paired walk is a causal order")
-    if (q_prefetch or chain) and d not in hopper.PERSISTENT_Q2_FITS:
+    if q_prefetch and d not in hopper.PERSISTENT_Q2_FITS:
         pytest.skip(f"one Q buffer a warpgroup at d = {d}")
     b, sq, sk, h, hkv = shape
     num_m = -(-sq // hopper.TILE_TABLE["persistent"][d][0])
     assert num_m * b * h > torch.cuda.get_device_properties(0).multi_processor_count
-    with hopper.persistent_q_prefetch(q_prefetch), hopper.paired_walk(paired), hopper.persistent_chain(chain):
+    with hopper.persistent_q_prefetch(q_prefetch), hopper.paired_walk(paired):
         opts = hopper.persistent_options(d, "persistent", causal, num_m)
-        assert opts == dict(Q_BUFS=2 if q_prefetch or chain else 1, PAIRED=paired and num_m % 2 == 0,
-                            CHAIN=chain), opts
+        assert opts == dict(Q_BUFS=2 if q_prefetch else 1, PAIRED=paired and num_m % 2 == 0), opts
         with hopper.variant("persistent"), hopper.prefer_hopper(True):
             _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=causal)
 

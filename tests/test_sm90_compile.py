@@ -176,29 +176,6 @@ def test_hopper_persistent_options_compile_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
-def test_hopper_persistent_chain_compiles_for_sm90():
-    """The persistent kernel with its tiles chained (CHAIN, hopper.persistent_chain: a tile's last turn
-    issues the next tile's S(0) beside its last P V), both masks, d = 64 / 128 (where two Q buffers fit:
-    the chain brings them): wgmma pipelined (no product in flight at a branch's join or across the tile
-    loop's back edge), no spill, one more copy of S(0') and of the last P V a consumer than the build
-    without it (with two Q buffers); d = 256 builds unchanged (the chain is not offered there)."""
-    pytest.importorskip("triton.experimental.gluon")
-
-    lines = _hopper_check("--variants", "persistent", "--chain")
-    plain = _hopper_check("--variants", "persistent", "--q-prefetch")
-    assert len(lines) == len(plain) == 6, (lines, plain)
-    for line, base in zip(lines, plain):
-        d = int(line.split(" d=")[1].split()[0])
-        assert ("chain" in line.split()) == (d in (64, 128)), line
-        assert "wgmma-pipelined" in line, line
-        spill = int(line.split(" spill=")[1].split("B")[0])
-        assert spill == int(base.split(" spill=")[1].split("B")[0]), (line, base)
-        wgmma, wgmma_base = (int(x.split(" wgmma=")[1].split()[0]) for x in (line, base))
-        # two consumers, each with one more copy of S(0') (d / 16 instructions) and P V (128 keys / 16)
-        assert wgmma == wgmma_base + (2 * (d // 16 + 128 // 16) if d in (64, 128) else 0), (line, base)
-
-
-@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 def test_hopper_conditional_rescale_compile_for_sm90():
     """FA4's conditional rescaling (``--cond-rescale``: LEAN bit 1, NOTES §84) decided by the thread:
     the persistent kernel at every head dim and wg3 compile with the default builds' spill bounds and

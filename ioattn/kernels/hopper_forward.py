@@ -607,7 +607,7 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [q_row0, q_col], q_bar, q_smem)
     mbarrier.wait(q_bar, 0)
-    o, m_i, l_i, _ = _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn, next_turn,
+    o, m_i, l_i = _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn, next_turn,
                                m_start, seqlen_q, seqlen_k, n_lo, n_tiles, qk_scale, 0, 0, HEAD_DIM, BLOCK_M, BLOCK_N,
                                STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, False, EXP2_FMA, FEWER_MASKS)
     rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _wg_acc_layout(BLOCK_N)))
@@ -642,26 +642,15 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
                  seqlen_k, n_lo, n_tiles, qk_scale, g0, sec0, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr,
                  TURN0: gl.constexpr, ORDERED: gl.constexpr, LEAN: gl.constexpr, RELEASE_LAST: gl.constexpr,
-                 EXP2_FMA: gl.constexpr, FEWER_MASKS: gl.constexpr = False, CHAIN: gl.constexpr = False,
-                 started=False, carried=None, chain_next=False, q_next=None, q_next_bar=None, q_next_phase=0,
-                 m_start_next=0, n_next=0):
+                 EXP2_FMA: gl.constexpr, FEWER_MASKS: gl.constexpr = False):
     """One query tile's key loop for one ping-pong warpgroup (Q already in ``q_smem``): returns the
-    unnormalised (O, m, l), and with ``CHAIN`` the next tile's first (P, m, l) (``carried``'s form).
-    ``g0``: ring uses before this tile, ``sec0``: this warpgroup's critical sections before it (both
-    0 for a one-tile program; a persistent program's running counts), so slots, phases and turns
-    continue across tiles. ``RELEASE_LAST``: release the last V slot too (a persistent program reloads
-    it; a one-tile program never does). ``FEWER_MASKS``: the first key tile masked only when the
-    loop's rule says so for it (the last tile, or one the diagonal crosses) instead of always, and
-    causal masks without the key-end test (``_softmax_tile``'s ``KEY_END``).
-
-    ``CHAIN`` (the persistent kernel; ``hopper.persistent_chain``): the tiles' key loops as one chain.
-    When ``chain_next`` (the program's next tile sees a key), the last section issues the next tile's
-    S(0) = Q' K(0')^T (``q_next``, waited for on ``q_next_bar``; its rows from ``m_start_next``, its
-    ``n_next`` key tiles) ahead of this tile's last P V, like any loop step, and the next tile's first
-    softmax runs while that P V does; its (P, m, l) are returned for the next call, ``started``, which
-    skips its section #0. So a tile costs n sections instead of n + 1, and no tile starts with its
-    first softmax uncovered by its own P V. When ``started`` the caller's ``sec0`` counts the section
-    this tile's S(0) was issued in already (the turn index continues from there)."""
+    unnormalised (O, m, l). ``g0``: ring uses before this tile, ``sec0``: this warpgroup's critical
+    sections before it (both 0 for a one-tile program; a persistent program's running counts), so
+    slots, phases and turns continue across tiles. ``RELEASE_LAST``: release the last V slot too (a
+    persistent program reloads it; a one-tile program never does). ``FEWER_MASKS``: the first key
+    tile masked only when the loop's rule says so for it (the last tile, or one the diagonal
+    crosses) instead of always, and causal masks without the key-end test (``_softmax_tile``'s
+    ``KEY_END``)."""
     num_warps: gl.constexpr = gl.num_warps()
     gl.static_assert(num_warps == 4, "a ping-pong consumer is one warpgroup")
     gl.static_assert(STAGES >= 2, "S(i+1) and P(i) V(i) are in flight together")
@@ -684,23 +673,22 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         q_op = q_smem.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
     else:
         q_op = q_smem
-    KEY_END: gl.constexpr = not (FEWER_MASKS and IS_CAUSAL)
 
-    # section #0: S(0); its softmax runs outside the turn (``CHAIN`` and ``started``: done in the
-    # previous tile's last section, its (P, m, l) carried)
-    if CHAIN:
-        if started:
-            p16, m_i, l_i = carried
-        else:
-            p16, m_i, l_i = _section0(q_op, k_smem, k_ready, k_empty, my_turn, next_turn, g0, sec0, m_i, l_i,
-                                      m_start, seqlen_q, seqlen_k, n_lo, n_tiles, qk_scale, diag, rows_1d, cols_1d,
-                                      p_layout, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN,
-                                      EXP2_FMA, FEWER_MASKS, KEY_END, True)
+    # section #0: S(0); its softmax runs outside the turn
+    s_tok = _issue_s0(q_op, k_smem, k_ready, my_turn, next_turn, g0, sec0, BLOCK_M, BLOCK_N, STAGES, TURN0, ORDERED)
+    s = warpgroup_mma_wait(0, deps=[s_tok])
+    mbarrier.arrive(k_empty.index(g0 % STAGES), count=1)
+    KEY_END: gl.constexpr = not (FEWER_MASKS and IS_CAUSAL)
+    if FEWER_MASKS:
+        need_mask = n_tiles == 1
+        if MASK_ALL:
+            need_mask = need_mask | (n_lo * BLOCK_N + BLOCK_N - 1 > diag)
+        p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q,
+                                           seqlen_k, rows_1d, cols_1d, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END, True)
     else:
-        p16, m_i, l_i = _section0(q_op, k_smem, k_ready, k_empty, my_turn, next_turn, g0, sec0, m_i, l_i, m_start,
-                                  seqlen_q, seqlen_k, n_lo, n_tiles, qk_scale, diag, rows_1d, cols_1d, p_layout,
-                                  BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, EXP2_FMA,
-                                  FEWER_MASKS, KEY_END, True)
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q, seqlen_k,
+                                           rows_1d, cols_1d, True, IS_CAUSAL, LEAN, EXP2_FMA)
+    p16 = gl.convert_layout(p.to(dtype), p_layout)  # O is still 0: no rescale
 
     for i in range(n_tiles - 1):
         # section #(i+1): S(i+1) and P(i) V(i), issued back to back, then the turn passes on
@@ -729,99 +717,8 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         o = _rescale_rows(o, alpha, LEAN & LEAN_COND_RESCALE, LEAN & LEAN_BY_WARP)
         p16 = gl.convert_layout(p.to(dtype), p_layout)
 
-    # section #n: the last P(n-1) V(n-1) (``CHAIN`` and ``chain_next``: with the next tile's S(0) ahead
-    # of it, that tile's first softmax while it runs)
+    # section #n: the last P(n-1) V(n-1)
     last = g0 + n_tiles - 1
-    if CHAIN:
-        if chain_next:
-            nxt = (last + 1) % STAGES  # the next tile's K(0): the ring's order runs on across tiles
-            mbarrier.wait(k_ready.index(nxt), ((last + 1) // STAGES) & 1)
-            mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-            mbarrier.wait(q_next_bar, q_next_phase)
-            _turn_wait(my_turn, sec0 + n_tiles, TURN0, ORDERED)
-            s_tok = warpgroup_mma(q_next, k_smem.index(nxt).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            o_tok = _pv_mma(o, p16, v_smem, last, STAGES)
-            _turn_pass(next_turn, ORDERED)
-            s = warpgroup_mma_wait(1, deps=[s_tok])
-            mbarrier.arrive(k_empty.index(nxt), count=1)
-            m_n, l_n = _fresh_state(s_zero, row_layout, LEAN)
-            p_n, m_n, l_n = _first_softmax(s, m_n, l_n, m_start_next, seqlen_q, seqlen_k, 0, n_next, qk_scale,
-                                           m_start_next + seqlen_k - seqlen_q, rows_1d, cols_1d, BLOCK_N, IS_CAUSAL,
-                                           MASK_ALL, LEAN, EXP2_FMA, FEWER_MASKS, KEY_END, False)
-            o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
-            mbarrier.arrive(v_empty.index(last % STAGES), count=1)  # a persistent program reloads the slot
-            p16_n = gl.convert_layout(p_n.to(dtype), p_layout)
-        else:
-            o = _last_pv(o, p16, v_smem, v_ready, v_empty, my_turn, next_turn, last, sec0, n_tiles, STAGES, TURN0,
-                         ORDERED, RELEASE_LAST)
-            p16_n = p16  # unused: the next tile starts with its own section #0
-            m_n = m_i
-            l_n = l_i
-    else:
-        o = _last_pv(o, p16, v_smem, v_ready, v_empty, my_turn, next_turn, last, sec0, n_tiles, STAGES, TURN0,
-                     ORDERED, RELEASE_LAST)
-        p16_n = p16
-        m_n = m_i
-        l_n = l_i
-    if LEAN & LEAN_DEFERRED_SUM:  # the quad's sum of the threads' partial row sums, once a tile
-        l_i = gl.convert_layout(gl.sum(l_i, 1), row_layout, assert_trivial=True)
-    return o, m_i, l_i, (p16_n, m_n, l_n)
-
-
-@gluon.jit
-def _fresh_state(s_zero, row_layout: gl.constexpr, LEAN: gl.constexpr):
-    """A tile's initial softmax state (m, l) for score tiles shaped as ``s_zero`` (a zero tile): m =
-    -inf; l = 0 (``LEAN_DEFERRED_SUM``: each thread's partial sums, ``_thread_row_sums``' shape)."""
-    m_i = gl.full([s_zero.shape[0]], float("-inf"), gl.float32, layout=row_layout)
-    if LEAN & LEAN_DEFERRED_SUM:
-        l_i = _thread_row_sums(s_zero)
-    else:
-        l_i = gl.zeros([s_zero.shape[0]], gl.float32, layout=row_layout)
-    return m_i, l_i
-
-
-@gluon.jit
-def _first_softmax(s, m_i, l_i, m_start, seqlen_q, seqlen_k, n_lo, n_tiles, qk_scale, diag, rows_1d, cols_1d,
-                   BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr, LEAN: gl.constexpr,
-                   EXP2_FMA: gl.constexpr, FEWER_MASKS: gl.constexpr, KEY_END: gl.constexpr,
-                   BRANCH_OK: gl.constexpr):
-    """A tile's first key step's softmax (key tile ``n_lo`` of its ``n_tiles``; O is still 0, so no
-    rescale): masked always, or with ``FEWER_MASKS`` where the loop's rule says so (the only key
-    tile, or one the diagonal crosses). ``BRANCH_OK``: nothing in flight (``_step_softmax``)."""
-    if FEWER_MASKS:
-        need_mask = n_tiles == 1
-        if MASK_ALL:
-            need_mask = need_mask | (n_lo * BLOCK_N + BLOCK_N - 1 > diag)
-        p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q,
-                                           seqlen_k, rows_1d, cols_1d, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END, BRANCH_OK)
-    else:
-        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q, seqlen_k,
-                                           rows_1d, cols_1d, True, IS_CAUSAL, LEAN, EXP2_FMA)
-    return p, m_i, l_i
-
-
-@gluon.jit
-def _section0(q_op, k_smem, k_ready, k_empty, my_turn, next_turn, g0, sec0, m_i, l_i, m_start, seqlen_q, seqlen_k,
-              n_lo, n_tiles, qk_scale, diag, rows_1d, cols_1d, p_layout: gl.constexpr,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-              MASK_ALL: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr, LEAN: gl.constexpr,
-              EXP2_FMA: gl.constexpr, FEWER_MASKS: gl.constexpr, KEY_END: gl.constexpr, BRANCH_OK: gl.constexpr):
-    """A tile's critical section #0 and its softmax: S(0) issued (``_issue_s0``), waited for, K(0)'s
-    slot released, the first softmax from the fresh state (``m_i``, ``l_i``); returns (P(0) as the P V
-    operand, m, l)."""
-    s_tok = _issue_s0(q_op, k_smem, k_ready, my_turn, next_turn, g0, sec0, BLOCK_M, BLOCK_N, STAGES, TURN0, ORDERED)
-    s = warpgroup_mma_wait(0, deps=[s_tok])
-    mbarrier.arrive(k_empty.index(g0 % STAGES), count=1)
-    p, m_i, l_i = _first_softmax(s, m_i, l_i, m_start, seqlen_q, seqlen_k, n_lo, n_tiles, qk_scale, diag, rows_1d,
-                                 cols_1d, BLOCK_N, IS_CAUSAL, MASK_ALL, LEAN, EXP2_FMA, FEWER_MASKS, KEY_END, BRANCH_OK)
-    return gl.convert_layout(p.to(k_smem.dtype), p_layout), m_i, l_i
-
-
-@gluon.jit
-def _last_pv(o, p16, v_smem, v_ready, v_empty, my_turn, next_turn, last, sec0, n_tiles, STAGES: gl.constexpr,
-             TURN0: gl.constexpr, ORDERED: gl.constexpr, RELEASE_LAST: gl.constexpr):
-    """A tile's last section alone (section #``n_tiles`` after ``sec0``): P(n-1) V(n-1), waited for;
-    returns O."""
     mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
     _turn_wait(my_turn, sec0 + n_tiles, TURN0, ORDERED)
     o_tok = _pv_mma(o, p16, v_smem, last, STAGES)
@@ -829,7 +726,9 @@ def _last_pv(o, p16, v_smem, v_ready, v_empty, my_turn, next_turn, last, sec0, n
     o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
     if RELEASE_LAST:
         mbarrier.arrive(v_empty.index(last % STAGES), count=1)
-    return o
+    if LEAN & LEAN_DEFERRED_SUM:  # the quad's sum of the threads' partial row sums, once a tile
+        l_i = gl.convert_layout(gl.sum(l_i, 1), row_layout, assert_trivial=True)
+    return o, m_i, l_i
 
 
 @gluon.jit
@@ -976,21 +875,6 @@ def _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nhead
 
 
 @gluon.jit
-def _own_q(q_desc, q_smem, q_bar, q_issued, q_used, t, num_m, num_tiles, nheads, seqlen_q, row_off,
-           HEAD_DIM: gl.constexpr, CTA_M: gl.constexpr, Q0: gl.constexpr, Q_BUFS: gl.constexpr,
-           IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
-    """Tile ``t``'s Q for this warpgroup: loaded now unless it was loaded ahead, then waited for;
-    returns (its buffer, loads issued, loads waited for)."""
-    if q_issued == q_used:
-        _load_q(q_desc, q_smem, q_bar, q_issued, t, num_m, num_tiles, nheads, seqlen_q, row_off, HEAD_DIM, CTA_M,
-                Q0, Q_BUFS, IS_CAUSAL, PAIRED)
-        q_issued += 1
-    buf = Q0 + q_used % Q_BUFS
-    mbarrier.wait(q_bar.index(buf), (q_used // Q_BUFS) & 1)
-    return buf, q_issued, q_used + 1
-
-
-@gluon.jit
 def _sees_keys(t, num_m, num_tiles, nheads, seqlen_q, seqlen_k, CTA_M: gl.constexpr, BLOCK_N: gl.constexpr,
                IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
     """Tile ``t`` exists and some row of it sees a key (so its Q is loaded)."""
@@ -1006,7 +890,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                          MASK_ALL: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr,
                          EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
                          FEWER_MASKS: gl.constexpr = False, Q0: gl.constexpr = 0, Q_BUFS: gl.constexpr = 1,
-                         PAIRED: gl.constexpr = False, CHAIN: gl.constexpr = False):
+                         PAIRED: gl.constexpr = False):
     """A ping-pong consumer warpgroup of the persistent kernel: rows [row_off, row_off + BLOCK_M) of
     each of this program's CTA_M-row tiles (``_walk``; the producer walks the same list). Per tile:
     ``_pp_mainloop`` with the ring's use count (``g0``) and this warpgroup's
@@ -1023,20 +907,12 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
     ``q_used``: loads issued / waited for; a tile with no visible key loads no Q, and a tile whose Q was
     not loaded ahead (the first, or one after such a tile) loads its own."""
     o_layout: gl.constexpr = _wg_acc_layout(HEAD_DIM)
-    s_layout: gl.constexpr = _wg_acc_layout(BLOCK_N)
-    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_layout: gl.constexpr = gl.SliceLayout(1, _wg_acc_layout(BLOCK_N))
     rows_1d = gl.arange(0, BLOCK_M, layout=row_layout)
-    gl.static_assert((not CHAIN) or (Q_BUFS == 2), "the chained tiles need the next tile's Q a tile ahead")
     g0 = 0
     sec0 = 0
     q_used = 0
     q_issued = 0
-    # ``CHAIN``: whether this tile's section #0 ran in the previous tile's last section, and its (P, m, l)
-    if CHAIN:
-        started = seqlen_q < 0  # False, a run-time value (loop-carried)
-        m_c, l_c = _fresh_state(gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout), row_layout, LEAN)
-        p_c = gl.zeros([BLOCK_M, BLOCK_N], q_desc.dtype,
-                       layout=gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
     for k in range(0, _walk_steps(num_tiles, PAIRED)):
         t = _walk(k, num_tiles, IS_CAUSAL, PAIRED)
         if t < num_tiles:
@@ -1046,47 +922,23 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
             n_tiles = _kv_tile_count(m_block * CTA_M, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL)
             m_start = m_block * CTA_M + row_off
             if n_tiles > 0:
-                if CHAIN:
-                    if started:  # this tile's Q was waited for before its S(0)
-                        buf = Q0 + (q_used - 1) % Q_BUFS
-                    else:
-                        buf, q_issued, q_used = _own_q(q_desc, q_smem, q_bar, q_issued, q_used, t, num_m, num_tiles,
-                                                       nheads, seqlen_q, row_off, HEAD_DIM, CTA_M, Q0, Q_BUFS,
-                                                       IS_CAUSAL, PAIRED)
-                else:
-                    buf, q_issued, q_used = _own_q(q_desc, q_smem, q_bar, q_issued, q_used, t, num_m, num_tiles,
-                                                   nheads, seqlen_q, row_off, HEAD_DIM, CTA_M, Q0, Q_BUFS, IS_CAUSAL,
-                                                   PAIRED)
+                if q_issued == q_used:
+                    _load_q(q_desc, q_smem, q_bar, q_issued, t, num_m, num_tiles, nheads, seqlen_q, row_off,
+                            HEAD_DIM, CTA_M, Q0, Q_BUFS, IS_CAUSAL, PAIRED)
+                    q_issued += 1
+                buf = Q0 + q_used % Q_BUFS
+                mbarrier.wait(q_bar.index(buf), (q_used // Q_BUFS) & 1)
+                q_used += 1
                 if Q_BUFS == 2:  # the next tile's Q into the other buffer now
                     q_issued = _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads,
                                                 seqlen_q, seqlen_k, row_off, HEAD_DIM, CTA_M, BLOCK_N, Q0, Q_BUFS,
                                                 IS_CAUSAL, PAIRED)
-                if CHAIN:  # the next tile, if it sees a key: its S(0) goes in this tile's last section
-                    t_next = _walk(k + 1, num_tiles, IS_CAUSAL, PAIRED)
-                    chain_next = _sees_keys(t_next, num_m, num_tiles, nheads, seqlen_q, seqlen_k, CTA_M, BLOCK_N,
-                                            IS_CAUSAL, PAIRED)
-                    b_n, h_n, m_block_n = _tile_bhm(t_next, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED)
-                    n_next = _kv_tile_count(m_block_n * CTA_M, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL)
-                    buf_n = Q0 + q_used % Q_BUFS
-                    o, m_i, l_i, carry = _pp_mainloop(
-                        q_smem.index(buf), k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn, next_turn,
-                        m_start, seqlen_q, seqlen_k, 0, n_tiles, qk_scale, g0, sec0 - started.to(gl.int32), HEAD_DIM,
-                        BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, True, EXP2_FMA,
-                        FEWER_MASKS, True, started, (p_c, m_c, l_c), chain_next, q_smem.index(buf_n),
-                        q_bar.index(buf_n), (q_used // Q_BUFS) & 1, m_block_n * CTA_M + row_off, n_next)
-                    p_c, m_c, l_c = carry
-                    g0 += n_tiles
-                    sec0 += n_tiles + 1 - started.to(gl.int32)
-                    started = chain_next
-                    if chain_next:
-                        q_used += 1
-                else:
-                    o, m_i, l_i, _ = _pp_mainloop(q_smem.index(buf), k_smem, v_smem, k_ready, k_empty, v_ready,
-                                                  v_empty, my_turn, next_turn, m_start, seqlen_q, seqlen_k, 0, n_tiles,
-                                                  qk_scale, g0, sec0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
-                                                  MASK_ALL, TURN0, ORDERED, LEAN, True, EXP2_FMA, FEWER_MASKS)
-                    g0 += n_tiles
-                    sec0 += n_tiles + 1
+                o, m_i, l_i = _pp_mainloop(q_smem.index(buf), k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+                                           my_turn, next_turn, m_start, seqlen_q, seqlen_k, 0, n_tiles, qk_scale, g0,
+                                           sec0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, TURN0,
+                                           ORDERED, LEAN, True, EXP2_FMA, FEWER_MASKS)
+                g0 += n_tiles
+                sec0 += n_tiles + 1
                 # the next tile's Q into the buffer this tile's S products have released: before the epilogue,
                 # or (ROW_STORES = 2: the output staged in that buffer) once every thread has read it back
                 LOAD_Q_AFTER: gl.constexpr = ROW_STORES == 2
@@ -1166,8 +1018,7 @@ def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads
                     stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, ORDERED: gl.constexpr,
                     KV_TAIL: gl.constexpr, EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
-                    FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False,
-                    CHAIN: gl.constexpr = False):
+                    FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False):
     """The persistent ping-pong kernel's body (``hopper_fwd_kernel(PERSISTENT=True)``): the same
     shared memory and partitions as the one-tile kernel (two consumer warpgroups of 64 rows, the
     producer warp, 240 / 24 registers), each partition walking this program's tiles; ``Q_BUFS`` Q
@@ -1184,7 +1035,7 @@ def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads
                                  seqlen_q, seqlen_k, stride_om, stride_lse_b, stride_lse_h, qk_scale, w * WG_ROWS,
                                  HEAD_DIM, BLOCK_M, WG_ROWS, BLOCK_N, STAGES, IS_CAUSAL, IS_CAUSAL,
                                  1 if w == 0 else 0, ORDERED, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, w * Q_BUFS,
-                                 Q_BUFS, PAIRED, CHAIN))
+                                 Q_BUFS, PAIRED))
          if w < 2 else
          (_persistent_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                  num_tiles, num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N,
@@ -1202,7 +1053,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
                       PERSISTENT: gl.constexpr = False, LPT: gl.constexpr = False, KV_TAIL: gl.constexpr = False,
                       EXP2_FMA: gl.constexpr = 0, ROW_STORES: gl.constexpr = False,
                       FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False,
-                      CHAIN: gl.constexpr = False, num_tiles=0):
+                      num_tiles=0):
     """``PINGPONG=False`` (the default, launched with num_warps = 4 * BLOCK_M // 64): one consumer
     partition of BLOCK_M // 64 warpgroups in lockstep, Q descriptor block [BLOCK_M, HEAD_DIM]
     (``NUM_WG`` unused). ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 64 * NUM_WG):
@@ -1246,9 +1097,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
     ``Q_BUFS`` (persistent only): Q buffers per consumer warpgroup, 2 to load the next tile's Q a
     whole tile ahead (``_persistent_consumer``; ``hopper.persistent_q_buffers``). ``PAIRED``
     (persistent, causal, an even number of query blocks): the walk by pairs of equal length instead
-    of the LPT order (``_tile_bhm``, ``_walk``; ``hopper.paired_walk``). ``CHAIN`` (persistent, two Q
-    buffers): a tile's last section also issues the next tile's first product (``_pp_mainloop``;
-    ``hopper.persistent_chain``)."""
+    of the LPT order (``_tile_bhm``, ``_walk``; ``hopper.paired_walk``)."""
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     if PERSISTENT:
         gl.static_assert(PINGPONG and NUM_WG == 2 and not IS_VARLEN,
@@ -1256,7 +1105,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
         gl.static_assert(IS_CAUSAL or not PAIRED, "the paired walk is a causal order")
         _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om, stride_lse_b,
                         stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
-                        ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, Q_BUFS, PAIRED, CHAIN)
+                        ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, Q_BUFS, PAIRED)
         return
     b, h, m_block = _tile_bhm(gl.program_id(0), num_m, gl.num_programs(0), nheads, IS_CAUSAL, LPT)
     m_start = m_block * BLOCK_M
