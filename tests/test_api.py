@@ -828,6 +828,41 @@ def test_hopper_backward_flat_dq_order(d, ragged):
     assert torch.equal(dq, (full[:, :seqlen] * 0.5).to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("d, block_m", [(64, 128), (128, 64), (256, 64)])
+@pytest.mark.parametrize("seqlen", [128, 200, 64 * 5 + 1])
+@pytest.mark.parametrize("zero_dq", [False, True])
+def test_backward_preprocess_padded_rows(d, block_m, seqlen, zero_dq):
+    """The preprocess kernel in the Hopper "ws" layout (``PADDED``: ``WS_FUSED_PREPROCESS``) against
+    torch on poisoned outputs: per (batch, head) seqlen_q rounded up to the query block of rows, D =
+    rowsum(dO * O) in fp32 and 0 past seqlen_q; the lse rows times their unit, 0 for a row with no
+    visible key (-inf) and past seqlen_q; with ``ZERO_DQ`` every value of the flat dQ accumulator 0 (and
+    without it untouched)."""
+    from ioattn.kernels.backward import attn_bwd_preprocess_kernel
+    batch, heads = 2, 3
+    stat = -(-seqlen // block_m) * block_m
+    g = torch.Generator().manual_seed(seqlen + d)
+    out, dout = (torch.randn(batch, seqlen, heads, d, generator=g).to(torch.bfloat16) for _ in range(2))
+    lse = torch.randn(batch, heads, seqlen, generator=g) * 3
+    lse[0, 1, ::7] = float("-inf")
+    delta = torch.full((batch, heads, stat), float("nan"))
+    lse2 = torch.full_like(delta, float("nan"))
+    dq = torch.full((batch * heads * stat * d,), float("nan"))
+    unit = 1.4426950408889634
+    attn_bwd_preprocess_kernel[(stat // 64 * batch * heads,)](
+        out, dout, delta, torch.empty(0, dtype=torch.int32), out.stride(0), out.stride(1), out.stride(2),
+        dout.stride(0), dout.stride(1), dout.stride(2), delta.stride(0), delta.stride(1), heads, seqlen,
+        HEAD_DIM=d, BLOCK_D=d, BLOCK_M=64, IS_VARLEN=False, Lse=lse, LseOut=lse2, DQacc=dq,
+        stride_slb=lse.stride(0), stride_slh=lse.stride(1), stat_rows=stat, lse_unit=unit, PADDED=True,
+        ZERO_DQ=zero_dq)
+    want = torch.zeros(batch, heads, stat)
+    want[:, :, :seqlen] = (out.float() * dout.float()).sum(-1).transpose(1, 2)
+    torch.testing.assert_close(delta, want, rtol=1e-5, atol=1e-5)
+    want_lse = torch.zeros(batch, heads, stat)
+    want_lse[:, :, :seqlen] = torch.where(lse == float("-inf"), 0.0, lse * unit)
+    torch.testing.assert_close(lse2, want_lse, rtol=1e-6, atol=0)
+    assert (dq == 0).all() if zero_dq else dq.isnan().all()
+
+
 @pytest.mark.parametrize("d", [64, 128])
 def test_hopper_backward_flat_dq_halves(d):
     """With a partition a consumer warpgroup (``WS_WG_PARTITIONS``) each warpgroup stages its half of

@@ -18,13 +18,28 @@ def attn_bwd_preprocess_kernel(Out, dOut, Delta, cu_seqlens_q,
                                stride_ob, stride_om, stride_oh, stride_dob, stride_dom, stride_doh,
                                stride_lb, stride_lh, nheads, seqlen_q_max,
                                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                               IS_VARLEN: tl.constexpr):
-    m_block, bh = tile_coords(tl.cdiv(seqlen_q_max, BLOCK_M), False)
+                               IS_VARLEN: tl.constexpr, Lse=None, LseOut=None, DQacc=None, stride_slb=0,
+                               stride_slh=0, stat_rows=0, lse_unit=1.0, PADDED: tl.constexpr = False,
+                               ZERO_DQ: tl.constexpr = False):
+    """D = rowsum(dO * O) for BLOCK_M query rows of one (batch, head).
+
+    ``PADDED`` (the Hopper backward's "ws" kernel; fixed length): the grid covers each head's
+    ``stat_rows`` rows (seqlen_q rounded up to that kernel's query block), and the program also
+    writes, for its rows, the padded stat rows that kernel reads (``Delta``: D, 0 past seqlen_q;
+    ``LseOut``: ``Lse`` (natural log, (batch, nheads, seqlen_q), strides ``stride_slb`` / ``stride_slh``)
+    times ``lse_unit``, 0 for a row that saw no key (-inf) or past seqlen_q) and, with ``ZERO_DQ``,
+    zeroes its rows of the flat fp32 dQ accumulator (per (batch, head) ``stat_rows`` x ``HEAD_DIM``
+    contiguous values, rows in any order within a query block, so a program's BLOCK_M x HEAD_DIM
+    run is its own). One launch instead of the three fills and four small element-wise kernels
+    the launcher ran around it (FA3's preprocess kernel does the same three jobs)."""
+    num_blocks = tl.cdiv(stat_rows, BLOCK_M) if PADDED else tl.cdiv(seqlen_q_max, BLOCK_M)
+    m_block, bh = tile_coords(num_blocks, False)
     b = bh // nheads
     h = bh % nheads
     q_start, seqlen_q, _, _ = seq_info(b, cu_seqlens_q, cu_seqlens_q, seqlen_q_max, seqlen_q_max, IS_VARLEN)
-    if m_block * BLOCK_M >= seqlen_q:
-        return
+    if not PADDED:
+        if m_block * BLOCK_M >= seqlen_q:
+            return
     b64 = b.to(tl.int64)
     offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -33,7 +48,20 @@ def attn_bwd_preprocess_kernel(Out, dOut, Delta, cu_seqlens_q,
     o = tl.load(Out + b64 * stride_ob + h * stride_oh + rows * stride_om + offs_d[None, :], mask=mask, other=0.0)
     do = tl.load(dOut + b64 * stride_dob + h * stride_doh + rows * stride_dom + offs_d[None, :], mask=mask, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(Delta + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m, delta, mask=offs_m < seqlen_q)
+    stat = b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m
+    if PADDED:  # every row of the padded stat rows written: D is 0 past seqlen_q (masked loads)
+        tl.store(Delta + stat, delta)
+        in_q = offs_m < seqlen_q
+        lse = tl.load(Lse + b64 * stride_slb + h.to(tl.int64) * stride_slh + offs_m, mask=in_q,
+                      other=float("-inf"))
+        lse_out = tl.where(lse == float("-inf"), 0.0, lse * lse_unit)
+        tl.store(LseOut + stat, lse_out)
+        if ZERO_DQ:
+            dq = DQacc + (bh.to(tl.int64) * stat_rows + m_block * BLOCK_M) * HEAD_DIM
+            tl.store(dq + tl.arange(0, BLOCK_M)[:, None] * HEAD_DIM + offs_d[None, :],
+                     tl.zeros([BLOCK_M, BLOCK_D], tl.float32), mask=offs_d[None, :] < HEAD_DIM)
+    else:
+        tl.store(Delta + stat, delta, mask=offs_m < seqlen_q)
 
 
 @triton.jit
