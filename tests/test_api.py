@@ -832,7 +832,7 @@ def test_hopper_backward_flat_dq_order(d, ragged):
 @pytest.mark.parametrize("seqlen", [128, 200, 64 * 5 + 1])
 @pytest.mark.parametrize("zero_dq", [False, True])
 def test_backward_preprocess_padded_rows(d, block_m, seqlen, zero_dq):
-    """The preprocess kernel in the Hopper "ws" layout (``PADDED``: ``WS_FUSED_PREPROCESS``) against
+    """The preprocess kernel in the Hopper "ws" layout (``PADDED``: ``hopper_backward``'s launch) against
     torch on poisoned outputs: per (batch, head) seqlen_q rounded up to the query block of rows, D =
     rowsum(dO * O) in fp32 and 0 past seqlen_q; the lse rows times their unit, 0 for a row with no
     visible key (-inf) and past seqlen_q; with ``ZERO_DQ`` every value of the flat dQ accumulator 0 (and

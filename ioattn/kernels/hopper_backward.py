@@ -318,12 +318,6 @@ WS_LSE_IN_ACC = {64: False, 128: True}
 # to +3.4 %); d = 64 365 / 350, 454 / 442, 471 / 459, causal 261 / 251, 413 / 394, 481 / 462 (-2.5 to
 # -4.6 %): on at d = 128 only.
 WS_WG_PARTITIONS = {64: False, 128: True}
-# "ws": the preprocess (D = rowsum(dO * O)) in the padded layout that kernel reads, also writing the
-# padded lse rows and zeroing the flat dQ accumulator (``attn_bwd_preprocess_kernel(PADDED=True)``),
-# in place of three fills (D, lse, dQ) and four small element-wise kernels for the lse rows: one
-# launch instead of eight around the main kernel, which at short lengths is a few per cent of a
-# backward (NOTES §111). An A/B switch (by head dim) until measured.
-WS_FUSED_PREPROCESS = {64: False, 128: False, 256: False}
 # "ws": query rows a step by head dim (the key-split form; the column split needs 64). 128 at d = 64
 # doubles a step's products (S^T / dP^T 64 keys x 128 queries a warpgroup) against the same per-step
 # costs (barriers, hand-offs, waits), at d = 128's register count with D in dP^T's accumulator:
@@ -1358,8 +1352,12 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
     if variant == "ws":
         consts["LSE_IN_ACC"] = consts["LSE_IN_ACC"] and softmax_scale > 0
     lse_unit = 1.0 / softmax_scale if consts.get("LSE_IN_ACC") else 1.4426950408889634
-    fused = variant == "ws" and bool(WS_FUSED_PREPROCESS.get(d, False))
-    if fused:  # one launch writes D, the lse rows and the zeroed flat dQ accumulator (``WS_FUSED_PREPROCESS``)
+    if variant == "ws":
+        # One launch writes D, the lse rows and the zeroed flat dQ accumulator, in the padded layout the
+        # kernel reads (FA3's preprocess does the same three jobs). It replaced three fills and four
+        # small element-wise kernels for the lse rows: measured (ab_bwd, 3 rounds, H200, bf16, 16k
+        # tokens, results/session-2026-12-03-f, NOTES §111) 17-24 us less a call, +3.3 to +4.5 % at N =
+        # 512 and +1.5 to +3.8 % at 1024 for d = 64 / 128 / 256, within the rounds' spread from 4096.
         delta = torch.empty(batch, nheads, stat_stride, device=q.device, dtype=torch.float32)
         lse2 = torch.empty_like(delta)
         if flat:
@@ -1373,18 +1371,12 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
             DQacc=dq_accum if flat else delta, stride_slb=lse.stride(0), stride_slh=lse.stride(1),
             stat_rows=stat_stride, lse_unit=lse_unit, PADDED=True, ZERO_DQ=flat)
     else:
-        delta = torch.zeros(batch, nheads, stat_stride, device=q.device, dtype=torch.float32)
+        delta = torch.empty(batch, nheads, stat_stride, device=q.device, dtype=torch.float32)
         attn_bwd_preprocess_kernel[(triton_cdiv(seqlen_q, 64) * batch * nheads,)](
             out, dout, delta, q.new_empty(0, dtype=torch.int32), out.stride(0), out.stride(1), out.stride(2),
             dout.stride(0), dout.stride(1), dout.stride(2), delta.stride(0), delta.stride(1), nheads, seqlen_q,
             HEAD_DIM=d, BLOCK_D=d, BLOCK_M=64, IS_VARLEN=False)
-        if flat:  # (batch, head, query block) regions in the tile's flat order (``WS_DQ_FLAT``)
-            dq_accum = torch.zeros(batch * nheads * stat_stride * d, device=q.device, dtype=torch.float32)
-        else:
-            dq_accum = torch.zeros(batch, seqlen_q, nheads, d, device=q.device, dtype=torch.float32)
-        if variant == "ws":
-            lse2 = torch.zeros(batch, nheads, stat_stride, device=q.device, dtype=torch.float32)
-            lse2[:, :, :seqlen_q] = torch.where(lse == float("-inf"), 0.0, lse * lse_unit)
+        dq_accum = torch.zeros(batch, seqlen_q, nheads, d, device=q.device, dtype=torch.float32)
 
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     bn = cfg["block_n"]
