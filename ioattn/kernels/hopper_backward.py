@@ -33,7 +33,8 @@ dK and dV (BLOCK_N x d fp32 each) stay in registers for the whole program and ar
 times softmax_scale, as the portable kernel does) with masked pointer stores in the input dtype.
 dQ_accum (batch, seqlen_q, nheads, d) fp32 is unscaled: the host multiplies by softmax_scale while
 converting it (as the portable dQ kernel's ``dq * softmax_scale``). D = rowsum(dO * O) comes from
-the host (a torch reduction: fine for a first version; a Gluon preprocess kernel would save a pass).
+the portable preprocess kernel (for "ws" in its padded form, which also writes the lse rows and
+zeroes the flat dQ accumulator: one launch, NOTES §111).
 
 Q and dO tiles are double-buffered: the TMA loads of iteration t + 1 (the next query block, or the
 first block of the next query head of the group) are issued at the start of iteration t, into the
@@ -232,8 +233,8 @@ descriptor trick; the base kernel is left as it was measured.
 
 Next steps (neither variant): GEMMs issued across steps (S^T of block t + 1 while step t finishes:
 the base forward's C7514 shows what wgmma in flight across the loop's back edge costs with this
-ptxas), a deterministic mode (dQ accumulation ordered by a semaphore per query block), a Gluon
-preprocess kernel for D (and the padded lse).
+ptxas) (§104: measured slower), a deterministic mode (since done: the ordered dQ mode); the
+preprocess for D and the padded lse is one portable launch (§111).
 """
 import functools
 
