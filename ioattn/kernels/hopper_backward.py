@@ -1371,8 +1371,8 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
             HEAD_DIM=d, BLOCK_D=d, BLOCK_M=64, IS_VARLEN=False, Lse=lse, LseOut=lse2,
             DQacc=dq_accum if flat else delta, stride_slb=lse.stride(0), stride_slh=lse.stride(1),
             stat_rows=stat_stride, lse_unit=lse_unit, PADDED=True, ZERO_DQ=flat)
-    else:
-        delta = torch.empty(batch, nheads, stat_stride, device=q.device, dtype=torch.float32)
+    else:  # "base": (batch, nheads, seqlen_q), as it was measured
+        delta = torch.zeros(batch, nheads, stat_stride, device=q.device, dtype=torch.float32)
         attn_bwd_preprocess_kernel[(triton_cdiv(seqlen_q, 64) * batch * nheads,)](
             out, dout, delta, q.new_empty(0, dtype=torch.int32), out.stride(0), out.stride(1), out.stride(2),
             dout.stride(0), dout.stride(1), dout.stride(2), delta.stride(0), delta.stride(1), nheads, seqlen_q,
