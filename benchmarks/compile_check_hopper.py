@@ -19,7 +19,8 @@ launcher passes them); its lines carry ``varlen``.
 It also runs ptxas -v on the PTX (skip with --no-ptxas) and flags C7514 ("wgmma.mma_async
 instructions are serialized"): the ping-pong variants must compile without it. ``top_reg``: the
 highest register the SASS names + 1 (the widest partition's use; ptxas -v reports the launch budget);
-MUFU.EX2 and FFMA: those instructions in the SASS.
+MUFU.EX2 and FFMA: those instructions in the SASS; ``tma_stores``: the PTX's bulk tensor copies
+to global memory; ``int_div``: the SASS's run-time integer divisions (their I2F.RP).
 
 ``--exp2-fma 0,25,50`` compiles each kernel once per share of the exponentials on the FMA units
 (``ioattn.hopper.exp2_fma``, the kernel's ``EXP2_FMA``; 0, the default, is the kernel as launched
@@ -28,12 +29,17 @@ Spills are asserted against the default bounds at 0 only, and reported for the o
 
     python benchmarks/compile_check_hopper.py [--variants base,pingpong,split,wg3] [--no-ptxas] [--quick] [--jobs N]
         [--masks 0,1] [--headdims 64,128] [--varlen] [--exp2-fma 0,25,50] [--block-n 64] [--stages 4]
+        [--tma-store] [--fast-div]
+
+``--tma-store`` / ``--fast-div`` compile the persistent kernel with its output copied by TMA from
+the Q buffer (``ROW_STORES`` = 3) / its tile index by multiply-high (``FAST_DIV``).
 
 ``--block-n`` / ``--stages`` replace the key tile and the K / V ring depth of every selected variant
 (``hopper.TILE_TABLE``), for tile candidates before a device A/B (``ab_fwd.py``'s ``-nBN-sS`` suffix).
 """
 import argparse
 import os
+import re
 import sys
 import time
 
@@ -52,6 +58,7 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
     cfg = hopper.kernel_config(d, variant, causal)
     bn, q_rows = cfg["block_n"], cfg["q_rows"]
     q_layout = gl.NVMMASharedLayout.get_default_for([q_rows, d], DTYPES[dt])
+    o_layout = gl.NVMMASharedLayout.get_default_for([1, q_rows, d], DTYPES[dt])
     kv_layout = gl.NVMMASharedLayout.get_default_for([bn, d], DTYPES[dt])
     sig = {n: "i32" for n in fn.arg_names}
     sig.update(q_desc=f"tensordesc<{dt}[{q_rows},{d}],{q_layout!r}>",
@@ -63,6 +70,10 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
                       KV_TAIL=varlen if kv_tail is None else kv_tail, EXP2_FMA=hopper.exp2_fma_cols(exp2_fma, bn),
                       ROW_STORES=cfg_row_stores(row_stores, variant, d),
                       **cfg_persistent(q_prefetch, paired, variant, d, causal))
+    if constexprs["ROW_STORES"] == 3:  # the output's bulk copies (else the launcher passes None)
+        sig.update(o_desc=f"tensordesc<{dt}[1,{q_rows},{d}],{o_layout!r}>")
+    else:
+        constexprs.update(o_desc=None)
     if varlen:
         sig.update(Cu_q="*i32", Cu_k="*i32")
     else:  # the launcher passes None for fixed-length calls: constexpr None
@@ -143,7 +154,9 @@ def check(job):
                 f"MUFU.EX2={ops['MUFU.EX2']} FFMA={ops['FFMA']} SHFL={sum(n for op, n in ops.items() if op.startswith('SHFL'))} "
                 f"chains[FMNMX={sass_chain(sass, 'FMNMX')},FADD={sass_chain(sass, 'FADD')}] "
                 f"branched_fmul={sass_branched(sass)} votes={ops['VOTE.ANY']} "
-                f"out_stores[{','.join(f'{op}x{n}' for op, n in sorted(ops.items()) if op.startswith('STG'))}] ")
+                f"out_stores[{','.join(f'{op}x{n}' for op, n in sorted(ops.items()) if op.startswith('STG'))}] "
+                f"tma_stores={len(re.findall(r'cp[.]async[.]bulk[.]tensor[.][1-5]d[.]global[.]shared', ptx))} "
+                f"int_div={ops['I2F.RP'] + ops['I2F.U32.RP']} ")
         if variant != "base":
             # persistent: a few per-tile values spill around the tile loop (80 B at d = 128 / 256
             # non-causal, ptxas 12.8: reloaded in the epilogue and the loop's bookkeeping, none in
@@ -159,7 +172,7 @@ def check(job):
         regs += f"exp2_fma={exp2_fma:g}% "
     mode = cfg_row_stores(row_stores, variant, d)
     if mode:
-        regs += "row_stores " if mode == 1 else "row_stores_via_q "
+        regs += {1: "row_stores ", 2: "row_stores_via_q ", 3: "tma_store "}[mode]
     if cfg["constexprs"]["FEWER_MASKS"]:
         regs += "fewer_masks "
     if cfg["constexprs"]["LEAN"] & hopper.LEAN_COND_RESCALE:
@@ -174,6 +187,8 @@ def check(job):
         regs += "q_prefetch "
     if opts["PAIRED"]:
         regs += "paired "
+    if opts["FAST_DIV"]:
+        regs += "fast_div "
     return (f"{variant:8s} d={d} {dt} causal={causal!s:5s} {'varlen ' if varlen else ''}"
             f"tiles={cfg['block_m']}x{cfg['block_n']}x{cfg['stages']} "
             f"warps={k.metadata.num_warps} shared={k.metadata.shared} {regs}{fmt(c)}")
@@ -212,6 +227,10 @@ def main():
     ap.add_argument("--mask-branch", default="default", choices=("default", "on", "off"),
                     help="a tile's first-step mask under its own branch ahead of one softmax body (LEAN bit 5, "
                          "hopper.mask_branch): the policy's, on in every lean kernel, or off")
+    ap.add_argument("--tma-store", action="store_true",
+                    help="persistent: the output copied by TMA from the Q buffer (ROW_STORES=3, hopper.out_tma_store)")
+    ap.add_argument("--fast-div", action="store_true",
+                    help="persistent: the tile index by multiply-high (FAST_DIV, hopper.fast_tile_div)")
     ap.add_argument("--block-n", type=int, default=None,
                     help="key tile (block_n) of every selected variant and head dim instead of hopper.TILE_TABLE's")
     ap.add_argument("--stages", type=int, default=None, help="K / V ring depth instead of hopper.TILE_TABLE's")
@@ -220,6 +239,10 @@ def main():
         for variant in args.variants.split(","):
             for d, (bm, bn, st) in list(hopper.TILE_TABLE[variant].items()):
                 hopper.TILE_TABLE[variant][d] = (bm, args.block_n or bn, args.stages or st)
+    if args.tma_store:  # before the compile jobs' processes are forked (they inherit it)
+        hopper.out_tma_store.value = True
+    if args.fast_div:  # likewise
+        hopper.fast_tile_div.value = True
     if args.deferred_row_sum != "default":  # before the compile jobs' processes are forked (they inherit it)
         hopper.deferred_row_sum.value = args.deferred_row_sum == "on"
     if args.mask_branch != "default":  # likewise

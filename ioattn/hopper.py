@@ -462,6 +462,21 @@ ROW_STORE_HEADDIMS = {"base": (64, 128), "pingpong": (64, 128), "split": (64, 12
 # §61), ping-pong without / with, TFLOP/s: N=512 405 / 477, 1024 528 / 587, 2048 622 / 660, 16384
 # 721 / 725; causal 252 / 293, 368 / 411, 475 / 510, 711 / 719.
 ROW_STORE_VIA_Q_HEADDIMS = {"pingpong": (256,), "split": (256,), "persistent": (256,)}  # one Q buffer there
+# The persistent kernel's output tiles copied to global memory by TMA from the warpgroup's dead Q
+# buffer (``ROW_STORES`` = 3; ``hopper_forward._epilogue``), instead of whole-row pointer stores: one
+# bulk copy a tile in place of the read-back and the stores with their address arithmetic; a tile
+# with rows past seqlen_q falls back to the read-back. Not measured yet (NOTES §113): off by default;
+# ``with hopper.out_tma_store(True)`` turns it on for the persistent kernel at every head dim.
+out_tma_store = dispatch.Preference(False)
+TMA_STORE_HEADDIMS = ()
+
+# The persistent kernel's tile index without run-time divisions (the kernel's ``FAST_DIV``): the
+# walk's divisor and the head count's quotients by a multiply-high with magic numbers computed here
+# (``hopper_forward.magic_divisor``, ``walk_divisor``), ~4 instructions in place of ~20 a division,
+# nine divisions a consumer warp a tile (the SASS of the d = 64 kernel). Not measured yet (NOTES
+# §113): off by default; ``with hopper.fast_tile_div(True)`` turns it on.
+fast_tile_div = dispatch.Preference(False)
+FAST_DIV_HEADDIMS = ()
 
 # The persistent kernel with two Q buffers per consumer warpgroup (the kernel's ``Q_BUFS``): the next
 # tile's Q is loaded as soon as this tile's has landed, a whole tile ahead, instead of after this
@@ -501,21 +516,34 @@ def _switch(pref: dispatch.Preference, default: bool) -> bool:
 
 
 def persistent_options(d: int, name: str, causal: bool, num_m: int) -> dict:
-    """The persistent kernel's ``Q_BUFS`` and ``PAIRED`` for head dim ``d``, the mask and ``num_m``
-    query blocks per sequence (one buffer and the LPT walk for the other variants). (A third option,
-    a tile's epilogue after the next tile's first product, was measured and removed: NOTES §70.)"""
+    """The persistent kernel's ``Q_BUFS``, ``PAIRED`` and ``FAST_DIV`` for head dim ``d``, the mask and
+    ``num_m`` query blocks per sequence (one buffer, the LPT walk and divisions for the other
+    variants). (A fourth option, a tile's epilogue after the next tile's first product, was measured
+    and removed: NOTES §70.)"""
     persistent = name == "persistent"
     q2 = _switch(persistent_q_prefetch, d in PERSISTENT_Q2_HEADDIMS) and d in PERSISTENT_Q2_FITS
     paired = _switch(paired_walk, num_m >= PAIRED_MIN_BLOCKS.get(d, num_m + 1)) and bool(causal) and num_m % 2 == 0
-    return dict(Q_BUFS=2 if persistent and q2 else 1, PAIRED=persistent and paired)
+    return dict(Q_BUFS=2 if persistent and q2 else 1, PAIRED=persistent and paired,
+                FAST_DIV=persistent and _switch(fast_tile_div, d in FAST_DIV_HEADDIMS))
+
+
+def walk_divisor(num_m: int, batch_heads: int, causal: bool, paired: bool) -> int:
+    """The divisor of the persistent walk's tile index (``hopper_forward._tile_bhm``, ``LPT`` True):
+    num_m / 2 for the paired walk, the (batch, head) count for the causal LPT order, else num_m."""
+    if paired:
+        return num_m // 2
+    return batch_heads if causal else num_m
 
 
 def row_stores(d: int, name: str) -> int:
     """How the forward for head dim ``d`` under variant ``name`` stores its output (the kernel's
     ``ROW_STORES``): 0 from the accumulator layout, 1 as whole rows through Triton's layout
-    conversion, 2 as whole rows staged in the warpgroup's Q buffer."""
+    conversion, 2 as whole rows staged in the warpgroup's Q buffer, 3 (persistent) copied from that
+    buffer by TMA (``out_tma_store``)."""
     if not out_row_stores.wanted():
         return 0
+    if name == "persistent" and _switch(out_tma_store, d in TMA_STORE_HEADDIMS):
+        return 3
     if d in ROW_STORE_HEADDIMS.get(name, ()):
         return 1
     return 2 if d in ROW_STORE_VIA_Q_HEADDIMS.get(name, ()) else 0
@@ -667,7 +695,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from ioattn.kernels.hopper_forward import hopper_fwd_kernel
+    from ioattn.kernels.hopper_forward import hopper_fwd_kernel, magic_divisor
 
     varlen = cu_seqlens_q is not None
     nheads, d = q.shape[-2], q.shape[-1]
@@ -698,17 +726,30 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     q_desc = TensorDescriptor.from_tensor(q.view(-1, nheads * d), [q_rows, d], q_layout)
     k_desc = TensorDescriptor.from_tensor(k.view(-1, nheads_kv * d), [block_n, d], kv_layout)
     v_desc = TensorDescriptor.from_tensor(v.view(-1, nheads_kv * d), [block_n, d], kv_layout)
-    num_tiles = dispatch.cdiv(seqlen_q, block_m) * batch * nheads
+    num_m = dispatch.cdiv(seqlen_q, block_m)
+    num_tiles = num_m * batch * nheads
     grid = (grid_programs(q.device, cfg["variant"], num_tiles),)
+    popts = persistent_options(d, cfg["variant"], causal, num_m)
+    out_stores = row_stores(d, cfg["variant"])
+    o_desc = None
+    if out_stores == 3:  # the output as (batch, seqlen_q, nheads * d) in [1, q_rows, d] boxes: a bulk copy
+        # drops the rows past seqlen_q itself (the persistent kernel's, fixed-length calls only)
+        o_layout = gl.NVMMASharedLayout.get_default_for([1, q_rows, d], dt)
+        o_desc = TensorDescriptor.from_tensor(out.view(batch, seqlen_q, nheads * d), [1, q_rows, d], o_layout)
+    # the tile index's magic divisors (read only under FAST_DIV)
+    walk_div = walk_divisor(num_m, batch * nheads, causal, popts["PAIRED"])
+    _, walk_mul, walk_shift = magic_divisor(walk_div)
+    _, head_mul, head_shift = magic_divisor(nheads)
     # fixed length: cu_seqlens None (constexpr None, unused under IS_VARLEN=False)
-    hopper_fwd_kernel[grid](q_desc, k_desc, v_desc, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+    hopper_fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                             nheads, nheads // nheads_kv, nheads * d, stride_lse_b, stride_lse_h,
-                            softmax_scale * 1.4426950408889634, IS_CAUSAL=bool(causal), IS_VARLEN=varlen,
+                            softmax_scale * 1.4426950408889634, walk_div, walk_mul, walk_shift, head_mul, head_shift,
+                            IS_CAUSAL=bool(causal), IS_VARLEN=varlen,
                             LPT=bool(causal) and lpt_order.wanted(), num_tiles=num_tiles,
                             KV_TAIL=varlen or seqlen_k % block_n != 0,
                             EXP2_FMA=exp2_fma_cols(exp2_fma_share(), block_n),
-                            ROW_STORES=row_stores(d, cfg["variant"]),
-                            **persistent_options(d, cfg["variant"], causal, dispatch.cdiv(seqlen_q, block_m)),
+                            ROW_STORES=out_stores,
+                            **popts,
                             num_warps=cfg["num_warps"], **cfg["constexprs"])
     return out, lse
 

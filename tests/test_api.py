@@ -1136,18 +1136,54 @@ def test_persistent_kernel_options_follow_their_switches():
     from ioattn import hopper
 
     # the defaults (the measured tables): both at d = 128, pairs at d = 256, neither at d = 64
-    assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=2, PAIRED=True)
-    assert hopper.persistent_options(128, "persistent", True, 5) == dict(Q_BUFS=2, PAIRED=False)
-    assert hopper.persistent_options(64, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=False)
+    assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=2, PAIRED=True, FAST_DIV=False)
+    assert hopper.persistent_options(128, "persistent", True, 5) == dict(Q_BUFS=2, PAIRED=False, FAST_DIV=False)
+    assert hopper.persistent_options(64, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=False, FAST_DIV=False)
     # d = 64: paired from 16 query blocks (N = 2048 at 128 rows), LPT below (NOTES §98)
-    assert hopper.persistent_options(64, "persistent", True, 14) == dict(Q_BUFS=1, PAIRED=False)
-    assert hopper.persistent_options(64, "persistent", True, 16) == dict(Q_BUFS=1, PAIRED=True)
-    assert hopper.persistent_options(64, "persistent", False, 16) == dict(Q_BUFS=1, PAIRED=False)
-    assert hopper.persistent_options(256, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=True)
+    assert hopper.persistent_options(64, "persistent", True, 14) == dict(Q_BUFS=1, PAIRED=False, FAST_DIV=False)
+    assert hopper.persistent_options(64, "persistent", True, 16) == dict(Q_BUFS=1, PAIRED=True, FAST_DIV=False)
+    assert hopper.persistent_options(64, "persistent", False, 16) == dict(Q_BUFS=1, PAIRED=False, FAST_DIV=False)
+    assert hopper.persistent_options(256, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=True, FAST_DIV=False)
     with hopper.persistent_q_prefetch(False), hopper.paired_walk(False):
-        assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=False)
+        assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=False, FAST_DIV=False)
     with hopper.persistent_q_prefetch(True), hopper.paired_walk(True):
-        assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=2, PAIRED=True)
-        assert hopper.persistent_options(64, "persistent", False, 4) == dict(Q_BUFS=2, PAIRED=False)
-        assert hopper.persistent_options(256, "persistent", True, 3) == dict(Q_BUFS=1, PAIRED=False)
-        assert hopper.persistent_options(128, "pingpong", True, 4) == dict(Q_BUFS=1, PAIRED=False)
+        assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=2, PAIRED=True, FAST_DIV=False)
+        assert hopper.persistent_options(64, "persistent", False, 4) == dict(Q_BUFS=2, PAIRED=False, FAST_DIV=False)
+        assert hopper.persistent_options(256, "persistent", True, 3) == dict(Q_BUFS=1, PAIRED=False, FAST_DIV=False)
+        assert hopper.persistent_options(128, "pingpong", True, 4) == dict(Q_BUFS=1, PAIRED=False, FAST_DIV=False)
+    with hopper.fast_tile_div(True):
+        assert hopper.persistent_options(64, "persistent", False, 4)["FAST_DIV"]
+        assert not hopper.persistent_options(64, "pingpong", False, 4)["FAST_DIV"]
+
+
+def test_magic_divisor_divides_exactly():
+    """hopper_forward.magic_divisor (the persistent kernel's FAST_DIV): (umulhi(n, mul) + n) >> shift,
+    computed here in 32-bit unsigned arithmetic as the kernel's ``_div_by`` does, equals n // d for
+    every divisor tried (1 ... 4096, powers of two and their neighbours, random ones up to 2**31 - 1)
+    and dividends at the ends of the range, around multiples of d and at random; 0 and 2**31 are
+    refused. walk_divisor gives the divisor ``_tile_bhm`` divides the tile index by."""
+    import random
+
+    from ioattn import hopper
+    from ioattn.kernels.hopper_forward import magic_divisor
+
+    rng = random.Random(1)
+    divisors = list(range(1, 4097)) + [2 ** k + e for k in range(1, 31) for e in (-1, 0, 1)] + \
+        [rng.randrange(1, 2 ** 31) for _ in range(2000)]
+    for d in divisors:
+        if not 1 <= d < 2 ** 31:
+            continue
+        d_, mul, shift = magic_divisor(d)
+        assert d_ == d and -2 ** 31 <= mul < 2 ** 31 and 0 <= shift <= 31
+        mul &= 0xFFFFFFFF  # the kernel's bitcast to uint32
+        top = (2 ** 31 - 1) // d * d
+        for n in [0, 1, d - 1, d, d + 1, top - 1, top, 2 ** 31 - 1] + [rng.randrange(2 ** 31) for _ in range(20)]:
+            if 0 <= n < 2 ** 31:
+                s = ((n * mul) >> 32) + n
+                assert s < 2 ** 32 and s >> shift == n // d, (d, n)
+    for bad in (0, 2 ** 31):
+        with pytest.raises(ValueError, match="divisor"):
+            magic_divisor(bad)
+    assert hopper.walk_divisor(8, 96, False, False) == 8  # non-causal: query blocks of a head in turn
+    assert hopper.walk_divisor(8, 96, True, False) == 96  # causal LPT: every head's block in turn
+    assert hopper.walk_divisor(8, 96, True, True) == 4  # pairs: half the query blocks

@@ -535,7 +535,35 @@ def test_hopper_forward_persistent_tile_loop(d, causal, shape, q_prefetch, paire
     assert num_m * b * h > torch.cuda.get_device_properties(0).multi_processor_count
     with hopper.persistent_q_prefetch(q_prefetch), hopper.paired_walk(paired):
         opts = hopper.persistent_options(d, "persistent", causal, num_m)
-        assert opts == dict(Q_BUFS=2 if q_prefetch else 1, PAIRED=paired and num_m % 2 == 0), opts
+        assert opts == dict(Q_BUFS=2 if q_prefetch else 1, PAIRED=paired and num_m % 2 == 0,
+                            FAST_DIV=opts["FAST_DIV"]), opts
+        with hopper.variant("persistent"), hopper.prefer_hopper(True):
+            _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=causal)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+# the tile loop's shapes (above): rows past seqlen_q in the last query block (1000, 777, 700), rows
+# that see no key between tiles that do (777 / 700 causal), one key tile a tile (512 x 100)
+@pytest.mark.parametrize("shape", [(4, 1000, 1000, 8, 4), (1, 2048, 2048, 16, 8), (8, 777, 300, 8, 4),
+                                   (8, 700, 300, 8, 4), (16, 512, 100, 8, 4)])
+# the output's bulk copies (hopper.out_tma_store) with one and two Q buffers (the copy's buffer is the
+# next Q load's), the tile index by multiply-high (hopper.fast_tile_div), and both
+@pytest.mark.parametrize("tma_store, fast_div, q_prefetch", [(True, False, False), (True, False, True),
+                                                             (False, True, None), (True, True, None)])
+def test_hopper_forward_persistent_store_and_index(d, causal, shape, tma_store, fast_div, q_prefetch, poison_alloc):
+    """The persistent kernel's output copied by TMA from the Q buffer (``ROW_STORES`` = 3) and its tile
+    index without divisions (``FAST_DIV``), on poisoned outputs, against the float64 oracle with the
+    gradients of the backward it feeds."""
+    from ioattn import hopper
+    if q_prefetch and d not in hopper.PERSISTENT_Q2_FITS:
+        pytest.skip(f"one Q buffer a warpgroup at d = {d}")
+    b, sq, sk, h, hkv = shape
+    num_m = -(-sq // hopper.TILE_TABLE["persistent"][d][0])
+    with hopper.out_tma_store(tma_store), hopper.fast_tile_div(fast_div), hopper.persistent_q_prefetch(q_prefetch):
+        assert (hopper.row_stores(d, "persistent") == 3) == tma_store
+        assert hopper.persistent_options(d, "persistent", causal, num_m)["FAST_DIV"] == fast_div
         with hopper.variant("persistent"), hopper.prefer_hopper(True):
             _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=causal)
 

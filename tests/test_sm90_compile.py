@@ -176,6 +176,26 @@ def test_hopper_persistent_options_compile_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+def test_hopper_tma_store_and_fast_div_compile_for_sm90():
+    """The persistent kernel with its output copied by TMA from the Q buffer (ROW_STORES = 3,
+    ``--tma-store``) and its tile index by multiply-high (FAST_DIV, ``--fast-div``), both masks, every
+    head dim: one bulk copy to global memory a consumer warpgroup (two in the PTX), the run-time
+    integer divisions down to the walk's length (one a partition, outside the tile loop; 16 or more
+    without), wgmma pipelined, no spill."""
+    pytest.importorskip("triton.experimental.gluon")
+
+    plain = {line.split(" tiles=")[0]: line for line in _hopper_check("--variants", "persistent")}
+    lines = _hopper_check("--variants", "persistent", "--tma-store", "--fast-div")
+    assert len(lines) == 6 == len(plain), lines
+    for line in lines:
+        before = plain[line.split(" tiles=")[0]]
+        assert "tma_store " in line and "fast_div " in line and "tma_store " not in before, line
+        assert " tma_stores=2 " in line and " tma_stores=0 " in before, line
+        assert int(line.split(" int_div=")[1].split()[0]) <= 4 < 16 <= int(before.split(" int_div=")[1].split()[0])
+        assert "wgmma-pipelined" in line and " spill=0B " in line, line
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 def test_hopper_conditional_rescale_compile_for_sm90():
     """FA4's conditional rescaling (``--cond-rescale``: LEAN bit 1, NOTES §84) decided by the thread:
     the persistent kernel at every head dim and wg3 compile with the default builds' spill bounds and

@@ -416,12 +416,17 @@ def _pv_mma(o, p16, v_smem, i, STAGES: gl.constexpr):
 @gluon.jit
 def _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
               o_layout: gl.constexpr, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, ROW_STORES: gl.constexpr = 0,
-              stage=None):
+              stage=None, o_desc=None, b=None):
     """Normalise once and store ``ROWS`` rows of output and lse from row ``m_start``; rows that saw
     no key give 0 and lse -inf; rows past ``seqlen_q`` are not stored. ``ROW_STORES``: the output
     stored as whole rows, 16 bytes a thread, converted first through shared memory: 1, Triton's
     layout conversion (its own scratch); 2, written to ``stage`` (a dead [ROWS, HEAD_DIM] buffer of
-    the output's dtype: the warpgroup's Q, whose last reader has retired) and read back by rows."""
+    the output's dtype: the warpgroup's Q, whose last reader has retired) and read back by rows;
+    3 (the persistent kernel), written to ``stage`` and stored from there by one TMA bulk copy
+    (``o_desc``: the output as (batch, seqlen_q, nheads * d), [1, ROWS, HEAD_DIM] boxes, so the copy
+    itself drops the rows past ``seqlen_q``; ``b``: the batch index). The copy runs on after the
+    return: the stage's next writer (the warpgroup's Q load) waits for its reads
+    (``tma.store_wait``; ``_persistent_consumer``)."""
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
     lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
     lse_rows = m_start + rows_1d
@@ -435,14 +440,21 @@ def _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, 
         row_threads: gl.constexpr = HEAD_DIM // 8  # <= 32: HEAD_DIM <= 256
         st_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // row_threads, row_threads], [gl.num_warps(), 1],
                                                    [1, 0])
-        if ROW_STORES == 2:
+        if ROW_STORES == 3:
             gl.static_assert(stage.shape[0] == ROWS and stage.shape[1] == HEAD_DIM, "a ROWS x HEAD_DIM buffer")
             stage.store(o16)
-            gl.thread_barrier()  # this warpgroup's rows, written in the accumulator layout, read back by rows
-            o16 = stage.load(st_layout)
+            fence_async_shared()  # each thread's writes before the bulk copy's reads (the async proxy)
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(o_desc, [b, m_start, q_col], stage.reshape([1, ROWS, HEAD_DIM]))
         else:
-            o16 = gl.convert_layout(o16, st_layout)
-        _store_tile(Out, o16, m_start, q_row0, q_col, seqlen_q, stride_om, st_layout, ROWS, HEAD_DIM)
+            if ROW_STORES == 2:
+                gl.static_assert(stage.shape[0] == ROWS and stage.shape[1] == HEAD_DIM, "a ROWS x HEAD_DIM buffer")
+                stage.store(o16)
+                gl.thread_barrier()  # this warpgroup's rows, written in the accumulator layout, read back by rows
+                o16 = stage.load(st_layout)
+            else:
+                o16 = gl.convert_layout(o16, st_layout)
+            _store_tile(Out, o16, m_start, q_row0, q_col, seqlen_q, stride_om, st_layout, ROWS, HEAD_DIM)
     else:
         _store_tile(Out, o16, m_start, q_row0, q_col, seqlen_q, stride_om, o_layout, ROWS, HEAD_DIM)
 
@@ -731,8 +743,35 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     return o, m_i, l_i
 
 
+def magic_divisor(d: int) -> tuple[int, int, int]:
+    """(d, mul, shift) such that n // d == (umulhi(n, mul) + n) >> shift for every 0 <= n < 2**31
+    (``_div_by``; 1 <= d < 2**31): the round-up multiplier of Granlund and Montgomery's division by
+    invariant integers (PLDI 1994), shift = ceil(log2 d) and mul = floor(2**(32 + shift) / d) - 2**32
+    + 1 < 2**32. ``mul`` is returned as the int32 of the same bits, so the launch passes one type."""
+    if not 1 <= d < 2 ** 31:
+        raise ValueError(f"magic_divisor: the divisor must be in [1, 2**31), got {d}")
+    shift = (d - 1).bit_length()
+    mul = (1 << (32 + shift)) // d - (1 << 32) + 1
+    return d, mul - (1 << 32) if mul >= 1 << 31 else mul, shift
+
+
 @gluon.jit
-def _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL: gl.constexpr, LPT: gl.constexpr, PAIRED: gl.constexpr = False):
+def _div_by(n, d, magic=None):
+    """(n // d, n % d) for 0 <= n < 2**31: the division, or with ``magic`` (``magic_divisor(d)``,
+    d itself its first entry) a multiply-high, an add and a shift (a run-time division is ~20
+    instructions on sm_90: a float reciprocal and two corrections)."""
+    if magic is None:
+        return n // d, n % d
+    else:
+        nu = n.to(gl.uint32, bitcast=True)
+        hi = gl.umulhi(nu, magic[1].to(gl.uint32, bitcast=True))
+        q = ((hi + nu) >> magic[2].to(gl.uint32, bitcast=True)).to(gl.int32, bitcast=True)
+        return q, n - q * magic[0]
+
+
+@gluon.jit
+def _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL: gl.constexpr, LPT: gl.constexpr, PAIRED: gl.constexpr = False,
+              divs=None):
     """Tile ``t`` of the (batch * heads) x (query blocks) grid -> (b, h, m_block). Non-causal: each
     head's query blocks in turn. Causal: the longest rows first, either within each head (``LPT``
     False) or over the whole grid (``LPT`` True: every head's last query block, then every head's
@@ -742,23 +781,28 @@ def _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL: gl.constexpr, LPT: gl.cons
     ``PAIRED`` (causal, an even ``num_m``; the persistent walk's alternative to LPT): tiles in pairs
     of equal total length, head by head: pair q = t // 2 is the head's (q mod num_m / 2)-th from
     each end, i.e. query blocks num_m - 1 - i (t even) and i (t odd), num_m + 1 key tiles together
-    on the diagonal (NOTES §66)."""
+    on the diagonal (NOTES §66).
+    ``divs`` (the persistent kernel's ``FAST_DIV``): (the walk's divisor, the head count), each as
+    ``magic_divisor`` gives it (``walk_divisor`` on the host: num_m / 2 paired, the (batch, head)
+    count under LPT, else num_m), for ``_div_by``'s multiply-high instead of the divisions."""
+    if divs is None:
+        walk = None
+        heads = None
+    else:
+        walk = divs[0]
+        heads = divs[1]
     if PAIRED:
-        half = num_m // 2
-        q = t // 2
-        i = q % half
-        bh = q // half
+        bh, i = _div_by(t // 2, num_m // 2, walk)
         m_block = i + (1 - t % 2) * (num_m - 1 - 2 * i)
     elif IS_CAUSAL and LPT:
-        num_bh = num_tiles // num_m
-        m_block = num_m - 1 - t // num_bh
-        bh = t % num_bh
+        j, bh = _div_by(t, num_tiles // num_m, walk)
+        m_block = num_m - 1 - j
     else:
-        m_block = t % num_m
+        bh, m_block = _div_by(t, num_m, walk)
         if IS_CAUSAL:
             m_block = num_m - 1 - m_block
-        bh = t // num_m
-    return bh // nheads, bh % nheads, m_block
+    b, h = _div_by(bh, nheads, heads)
+    return b, h, m_block
 
 
 @gluon.jit
@@ -819,7 +863,7 @@ def _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, str
 def _persistent_producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, num_tiles,
                          num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                         KV_TAIL: gl.constexpr, PAIRED: gl.constexpr = False):
+                         KV_TAIL: gl.constexpr, PAIRED: gl.constexpr = False, divs=None):
     """``_producer`` over this program's tiles (``_walk``: the same walk as ``_persistent_consumer``'s),
     the ring's use count running on across tiles, so it loads the next tile's K/V while the
     consumers finish the current one."""
@@ -828,7 +872,7 @@ def _persistent_producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_rea
     for k in range(0, _walk_steps(num_tiles, PAIRED)):
         t = _walk(k, num_tiles, IS_CAUSAL, PAIRED)
         if t < num_tiles:
-            b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED)
+            b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED, divs)
             n_tiles = gl.maximum(
                 _kv_tile_count(m_block * BLOCK_M, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL), 0)
             tails = _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
@@ -839,10 +883,10 @@ def _persistent_producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_rea
 
 @gluon.jit
 def _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b, stride_lse_h, row_off, HEAD_DIM: gl.constexpr,
-               CTA_M: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr = False):
+               CTA_M: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr = False, divs=None):
     """Tile t's rows for a warpgroup ``row_off`` rows into it: (first row, its packed Q/O row, the
     head's column, the lse offset)."""
-    b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED)
+    b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED, divs)
     m_start = m_block * CTA_M + row_off
     return m_start, b * seqlen_q + m_start, h * HEAD_DIM, b.to(gl.int64) * stride_lse_b + h.to(gl.int64) * stride_lse_h
 
@@ -850,10 +894,10 @@ def _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b, stride_lse_h
 @gluon.jit
 def _load_q(q_desc, q_smem, q_bar, j, t, num_m, num_tiles, nheads, seqlen_q, row_off, HEAD_DIM: gl.constexpr,
             CTA_M: gl.constexpr, Q0: gl.constexpr, Q_BUFS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-            PAIRED: gl.constexpr):
+            PAIRED: gl.constexpr, divs=None):
     """This warpgroup's j-th Q load (tile ``t``'s rows) into its buffer j mod ``Q_BUFS`` (``Q0`` + that
     in the kernel's array)."""
-    b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED)
+    b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED, divs)
     buf = Q0 + j % Q_BUFS
     mbarrier.expect(q_bar.index(buf), q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [b * seqlen_q + m_block * CTA_M + row_off, h * HEAD_DIM],
@@ -863,22 +907,22 @@ def _load_q(q_desc, q_smem, q_bar, j, t, num_m, num_tiles, nheads, seqlen_q, row
 @gluon.jit
 def _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads, seqlen_q, seqlen_k, row_off,
                      HEAD_DIM: gl.constexpr, CTA_M: gl.constexpr, BLOCK_N: gl.constexpr, Q0: gl.constexpr,
-                     Q_BUFS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+                     Q_BUFS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, divs=None):
     """The Q load of this warpgroup's tile after walk step ``k`` (if it exists and sees a key), as its
     ``q_issued``-th load; returns the loads issued."""
     t_next = _walk(k + 1, num_tiles, IS_CAUSAL, PAIRED)
-    if _sees_keys(t_next, num_m, num_tiles, nheads, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL, PAIRED):
+    if _sees_keys(t_next, num_m, num_tiles, nheads, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL, PAIRED, divs):
         _load_q(q_desc, q_smem, q_bar, q_issued, t_next, num_m, num_tiles, nheads, seqlen_q, row_off, HEAD_DIM,
-                CTA_M, Q0, Q_BUFS, IS_CAUSAL, PAIRED)
+                CTA_M, Q0, Q_BUFS, IS_CAUSAL, PAIRED, divs)
         q_issued += 1
     return q_issued
 
 
 @gluon.jit
 def _sees_keys(t, num_m, num_tiles, nheads, seqlen_q, seqlen_k, CTA_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+               IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, divs=None):
     """Tile ``t`` exists and some row of it sees a key (so its Q is loaded)."""
-    b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED)
+    b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED, divs)
     return (t < num_tiles) & (_kv_tile_count(m_block * CTA_M, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL) > 0)
 
 
@@ -890,7 +934,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                          MASK_ALL: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr,
                          EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
                          FEWER_MASKS: gl.constexpr = False, Q0: gl.constexpr = 0, Q_BUFS: gl.constexpr = 1,
-                         PAIRED: gl.constexpr = False):
+                         PAIRED: gl.constexpr = False, divs=None, o_desc=None):
     """A ping-pong consumer warpgroup of the persistent kernel: rows [row_off, row_off + BLOCK_M) of
     each of this program's CTA_M-row tiles (``_walk``; the producer walks the same list). Per tile:
     ``_pp_mainloop`` with the ring's use count (``g0``) and this warpgroup's
@@ -905,7 +949,12 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
     NOTES §66): as soon as this tile's own Q has landed, into the other buffer (whose last reader, the
     previous tile's S products, has retired), so it has this whole tile to land. ``q_issued`` /
     ``q_used``: loads issued / waited for; a tile with no visible key loads no Q, and a tile whose Q was
-    not loaded ahead (the first, or one after such a tile) loads its own."""
+    not loaded ahead (the first, or one after such a tile) loads its own.
+
+    ``ROW_STORES`` = 3 (the output's bulk copy from the tile's Q buffer, ``_epilogue``): every Q load
+    first waits until the warpgroup's copies have read their buffers (``tma.store_wait(0)``: issued,
+    like the loads, by the partition's one elected thread, so the wait orders its own copies before
+    its own load); one buffer: right after the epilogue, two: the next tile's, a whole tile later."""
     o_layout: gl.constexpr = _wg_acc_layout(HEAD_DIM)
     row_layout: gl.constexpr = gl.SliceLayout(1, _wg_acc_layout(BLOCK_N))
     rows_1d = gl.arange(0, BLOCK_M, layout=row_layout)
@@ -918,21 +967,25 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
         if t < num_tiles:
             # only the tile index, its key-tile count and first row stay live across the key loop (the
             # rest is recomputed from t after it: 240 registers leave no room, ptxas spilled otherwise)
-            b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED)
+            b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED, divs)
             n_tiles = _kv_tile_count(m_block * CTA_M, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL)
             m_start = m_block * CTA_M + row_off
             if n_tiles > 0:
                 if q_issued == q_used:
+                    if ROW_STORES == 3:
+                        tma.store_wait(0)
                     _load_q(q_desc, q_smem, q_bar, q_issued, t, num_m, num_tiles, nheads, seqlen_q, row_off,
-                            HEAD_DIM, CTA_M, Q0, Q_BUFS, IS_CAUSAL, PAIRED)
+                            HEAD_DIM, CTA_M, Q0, Q_BUFS, IS_CAUSAL, PAIRED, divs)
                     q_issued += 1
                 buf = Q0 + q_used % Q_BUFS
                 mbarrier.wait(q_bar.index(buf), (q_used // Q_BUFS) & 1)
                 q_used += 1
                 if Q_BUFS == 2:  # the next tile's Q into the other buffer now
+                    if ROW_STORES == 3:  # once the previous tile's output copy has read it
+                        tma.store_wait(0)
                     q_issued = _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads,
                                                 seqlen_q, seqlen_k, row_off, HEAD_DIM, CTA_M, BLOCK_N, Q0, Q_BUFS,
-                                                IS_CAUSAL, PAIRED)
+                                                IS_CAUSAL, PAIRED, divs)
                 o, m_i, l_i = _pp_mainloop(q_smem.index(buf), k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                            my_turn, next_turn, m_start, seqlen_q, seqlen_k, 0, n_tiles, qk_scale, g0,
                                            sec0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, TURN0,
@@ -941,38 +994,45 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                 sec0 += n_tiles + 1
                 # the next tile's Q into the buffer this tile's S products have released: before the epilogue,
                 # or (ROW_STORES = 2: the output staged in that buffer) once every thread has read it back
-                LOAD_Q_AFTER: gl.constexpr = ROW_STORES == 2
+                LOAD_Q_AFTER: gl.constexpr = ROW_STORES >= 2
                 if (Q_BUFS == 1) & (not LOAD_Q_AFTER):
                     q_issued = _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads,
                                                 seqlen_q, seqlen_k, row_off, HEAD_DIM, CTA_M, BLOCK_N, Q0, Q_BUFS,
-                                                IS_CAUSAL, PAIRED)
+                                                IS_CAUSAL, PAIRED, divs)
                 _tile_epilogue(o, m_i, l_i, t, Out, Lse, rows_1d, num_m, num_tiles, nheads, seqlen_q, stride_om,
                                stride_lse_b, stride_lse_h, row_off, o_layout, HEAD_DIM, CTA_M, BLOCK_M, IS_CAUSAL,
-                               ROW_STORES, PAIRED, q_smem.index(buf))
-                if LOAD_Q_AFTER:  # (NOTES §72)
+                               ROW_STORES, PAIRED, q_smem.index(buf), divs, o_desc)
+                if LOAD_Q_AFTER & (Q_BUFS == 1):  # (NOTES §72)
+                    if ROW_STORES == 3:
+                        tma.store_wait(0)
                     gl.thread_barrier()
                     fence_async_shared()  # the stage's generic-proxy accesses before the TMA's write
                     q_issued = _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads,
                                                 seqlen_q, seqlen_k, row_off, HEAD_DIM, CTA_M, BLOCK_N, Q0, Q_BUFS,
-                                                IS_CAUSAL, PAIRED)
+                                                IS_CAUSAL, PAIRED, divs)
             else:
                 m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b,
                                                               stride_lse_h, row_off, HEAD_DIM, CTA_M, IS_CAUSAL,
-                                                              PAIRED)
+                                                              PAIRED, divs)
                 _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, stride_om, BLOCK_M, HEAD_DIM)
+    if ROW_STORES == 3:  # the last output copies have read their buffers before the program exits
+        tma.store_wait(0)
 
 
 @gluon.jit
 def _tile_epilogue(o, m_i, l_i, t, Out, Lse, rows_1d, num_m, num_tiles, nheads, seqlen_q, stride_om, stride_lse_b,
                    stride_lse_h, row_off, o_layout: gl.constexpr, HEAD_DIM: gl.constexpr, CTA_M: gl.constexpr,
                    BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constexpr, ROW_STORES: gl.constexpr, PAIRED: gl.constexpr,
-                   stage=None):
+                   stage=None, divs=None, o_desc=None):
     """``_epilogue`` of a persistent program's tile ``t`` (its rows recomputed from the index); ``stage``:
-    the warpgroup's dead Q buffer, used by ``ROW_STORES`` = 2 only."""
+    the warpgroup's dead Q buffer, used by ``ROW_STORES`` = 2 / 3 only (3: ``o_desc``)."""
     m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b, stride_lse_h,
-                                                  row_off, HEAD_DIM, CTA_M, IS_CAUSAL, PAIRED)
+                                                  row_off, HEAD_DIM, CTA_M, IS_CAUSAL, PAIRED, divs)
+    b = None
+    if ROW_STORES == 3:  # the copy's coordinates are (batch, row, column)
+        b = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED, divs)[0]
     _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om, o_layout,
-              BLOCK_M, HEAD_DIM, ROW_STORES, stage)
+              BLOCK_M, HEAD_DIM, ROW_STORES, stage, o_desc, b)
 
 
 @gluon.jit
@@ -1014,11 +1074,13 @@ def _pp_shared(q_desc, k_desc, v_desc, NUM_WG: gl.constexpr, WG_ROWS: gl.constex
 
 
 @gluon.jit
-def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om, stride_lse_b,
-                    stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, ORDERED: gl.constexpr,
+def _persistent_fwd(q_desc, k_desc, v_desc, o_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om,
+                    stride_lse_b, stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM: gl.constexpr,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                    ORDERED: gl.constexpr,
                     KV_TAIL: gl.constexpr, EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
-                    FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False):
+                    FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False,
+                    divs=None):
     """The persistent ping-pong kernel's body (``hopper_fwd_kernel(PERSISTENT=True)``): the same
     shared memory and partitions as the one-tile kernel (two consumer warpgroups of 64 rows, the
     producer warp, 240 / 24 registers), each partition walking this program's tiles; ``Q_BUFS`` Q
@@ -1027,6 +1089,8 @@ def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads
     gl.static_assert(q_desc.block_type.shape[0] == WG_ROWS, "ping-pong: Q descriptor block is [64, HEAD_DIM]")
     gl.static_assert((Q_BUFS == 1) | (Q_BUFS == 2), "one or two Q buffers per consumer warpgroup")
     gl.static_assert((ROW_STORES != 2) | (Q_BUFS == 1), "the output staged in the Q buffer: one buffer a warpgroup")
+    if ROW_STORES == 3:
+        gl.static_assert(o_desc.block_type.shape[1] == WG_ROWS, "the output's copy: [1, 64, HEAD_DIM] boxes")
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn = _pp_shared(
         q_desc, k_desc, v_desc, 2, WG_ROWS, BLOCK_N, HEAD_DIM, STAGES, Q_BUFS)
     gl.warp_specialize(
@@ -1035,25 +1099,28 @@ def _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads
                                  seqlen_q, seqlen_k, stride_om, stride_lse_b, stride_lse_h, qk_scale, w * WG_ROWS,
                                  HEAD_DIM, BLOCK_M, WG_ROWS, BLOCK_N, STAGES, IS_CAUSAL, IS_CAUSAL,
                                  1 if w == 0 else 0, ORDERED, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, w * Q_BUFS,
-                                 Q_BUFS, PAIRED))
+                                 Q_BUFS, PAIRED, divs, o_desc))
          if w < 2 else
          (_persistent_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                  num_tiles, num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                 STAGES, IS_CAUSAL, KV_TAIL, PAIRED))
+                                 STAGES, IS_CAUSAL, KV_TAIL, PAIRED, divs))
          for w in (0, 1, 2)],
         [4, 1], [240, 32])
 
 
-@gluon.jit
-def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, seqlen_k, nheads, group, stride_om,
-                      stride_lse_b, stride_lse_h, qk_scale,
+# the magic numbers vary with the shape: one compiled kernel for all of them (no specialisation on 1
+# or on divisibility by 16)
+@gluon.jit(do_not_specialize=["walk_div", "walk_mul", "walk_shift", "head_mul", "head_shift"])
+def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, seqlen_k, nheads, group,
+                      stride_om, stride_lse_b, stride_lse_h, qk_scale, walk_div, walk_mul, walk_shift, head_mul,
+                      head_shift,
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                       IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr = False, NUM_WG: gl.constexpr = 2,
                       ORDERED: gl.constexpr = True, LEAN: gl.constexpr = False, IS_VARLEN: gl.constexpr = False,
                       PERSISTENT: gl.constexpr = False, LPT: gl.constexpr = False, KV_TAIL: gl.constexpr = False,
                       EXP2_FMA: gl.constexpr = 0, ROW_STORES: gl.constexpr = False,
                       FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False,
-                      num_tiles=0):
+                      FAST_DIV: gl.constexpr = False, num_tiles=0):
     """``PINGPONG=False`` (the default, launched with num_warps = 4 * BLOCK_M // 64): one consumer
     partition of BLOCK_M // 64 warpgroups in lockstep, Q descriptor block [BLOCK_M, HEAD_DIM]
     (``NUM_WG`` unused). ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 64 * NUM_WG):
@@ -1089,7 +1156,9 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
 
     ``ROW_STORES``: the output tile converted to whole-row 16-byte pieces before its stores
     (``_epilogue``; ``hopper.row_stores``): 1 by Triton's layout conversion, 2 through the
-    warpgroup's dead Q buffer (the one-tile ping-pong kernels at d = 256).
+    warpgroup's dead Q buffer (the one-tile ping-pong kernels at d = 256), 3 (persistent only)
+    copied from that buffer by TMA (``o_desc``: the output as (batch, seqlen_q, nheads * HEAD_DIM),
+    [1, 64, HEAD_DIM] boxes; None otherwise).
 
     ``FEWER_MASKS`` (two-warpgroup ping-pong kernels): the first key tile masked only where needed and
     causal masks without the key-end test (``_pp_mainloop``; ``hopper.FEWER_MASKS_NUM_WG``).
@@ -1097,15 +1166,24 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
     ``Q_BUFS`` (persistent only): Q buffers per consumer warpgroup, 2 to load the next tile's Q a
     whole tile ahead (``_persistent_consumer``; ``hopper.persistent_q_buffers``). ``PAIRED``
     (persistent, causal, an even number of query blocks): the walk by pairs of equal length instead
-    of the LPT order (``_tile_bhm``, ``_walk``; ``hopper.paired_walk``)."""
+    of the LPT order (``_tile_bhm``, ``_walk``; ``hopper.paired_walk``).
+
+    ``FAST_DIV`` (persistent only): the tile index's divisions by ``_div_by``'s multiply-high, from
+    the walk's divisor and the head count's magic numbers (``walk_div``, ``walk_mul``, ``walk_shift``;
+    ``nheads``, ``head_mul``, ``head_shift``: ``magic_divisor``, ``hopper.walk_divisor``); unused
+    otherwise."""
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
+    gl.static_assert(PERSISTENT or ROW_STORES != 3, "the output's bulk copy: the persistent kernel only")
+    # the one-tile path below is compiled (dead) after the persistent kernel's return too
+    TILE_ROW_STORES: gl.constexpr = 0 if ROW_STORES == 3 else ROW_STORES
     if PERSISTENT:
         gl.static_assert(PINGPONG and NUM_WG == 2 and not IS_VARLEN,
                          "persistent: the two-warpgroup ping-pong kernel, fixed-length batches")
         gl.static_assert(IS_CAUSAL or not PAIRED, "the paired walk is a causal order")
-        _persistent_fwd(q_desc, k_desc, v_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om, stride_lse_b,
-                        stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
-                        ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, Q_BUFS, PAIRED)
+        _persistent_fwd(q_desc, k_desc, v_desc, o_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om,
+                        stride_lse_b, stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                        IS_CAUSAL, ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, Q_BUFS, PAIRED,
+                        ((walk_div, walk_mul, walk_shift), (nheads, head_mul, head_shift)) if FAST_DIV else None)
         return
     b, h, m_block = _tile_bhm(gl.program_id(0), num_m, gl.num_programs(0), nheads, IS_CAUSAL, LPT)
     m_start = m_block * BLOCK_M
@@ -1177,7 +1255,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
                                    v_empty, turn.index(w), turn.index((w + 1) % NUM_WG), Out, Lse,
                                    q_row0 + w * WG_ROWS, q_col, m_start + w * WG_ROWS, seqlen_q, seqlen_k, n_lo,
                                    n_tiles, stride_om, lse_base, qk_scale, HEAD_DIM, WG_ROWS, BLOCK_N, STAGES,
-                                   IS_CAUSAL, MASK_ALL, 1 if w == 0 else 0, ORDERED, LEAN, EXP2_FMA, ROW_STORES,
+                                   IS_CAUSAL, MASK_ALL, 1 if w == 0 else 0, ORDERED, LEAN, EXP2_FMA, TILE_ROW_STORES,
                                    FEWER_MASKS))
              if w < NUM_WG else
              (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
@@ -1199,7 +1277,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, Out, Lse, Cu_q, Cu_k, seqlen_q, se
         gl.warp_specialize([
             (_consumer, (q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, Out, Lse, q_row0,
                          q_col, m_start, seqlen_q, seqlen_k, n_lo, n_tiles, stride_om, stride_lse_h, lse_base,
-                         qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, EXP2_FMA, ROW_STORES)),
+                         qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, EXP2_FMA,
+                         TILE_ROW_STORES)),
             (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
                          n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL)),
         ], [1], [24])
