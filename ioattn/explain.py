@@ -63,12 +63,17 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                    "row_sum": ("per-thread partial sums, reduced once a query tile" if lean & hopper.LEAN_DEFERRED_SUM
                                else "reduced every key tile"),
                    "mask": ("a tile's first key step: under its own branch, ahead of one softmax body"
-                            if lean & hopper.LEAN_MASK_BRANCH else "masked and unmasked softmax bodies")}
+                            if lean & hopper.LEAN_MASK_BRANCH else "masked and unmasked softmax bodies"),
+                   "out_stores": {0: "pointer stores from the accumulator layout",
+                                  1: "whole-row pointer stores (Triton's layout conversion)",
+                                  2: "whole-row pointer stores (staged in the Q buffer)",
+                                  3: "TMA bulk copies (staged in the Q buffer)"}[hopper.row_stores(q.shape[-1], name)]}
         if name == "persistent":
             opts = hopper.persistent_options(q.shape[-1], name, window == (-1, 0), dispatch.cdiv(seqlen_q, bm))
             forward["walk"] = ("pairs of query blocks, head by head" if opts["PAIRED"] else
                                "longest tiles first over the grid" if window == (-1, 0) else "head by head")
             forward["q_buffers"] = opts["Q_BUFS"]
+            forward["tile_index"] = "multiply-high (magic divisors)" if opts["FAST_DIV"] else "integer divisions"
     else:
         forward = None
     batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]

@@ -85,9 +85,12 @@ DEFAULT_VARIANT_BY_HEADDIM = {64: "wg3"}
 # 2048, 705 / 702 (727) at 4096, 720 / 721 at 8192, 730 / 731 at 16384: persistent to 2048 (level
 # beyond); causal 309 / 311 (349) at 512, 468 / 424 (460) at 1024, 580 / 519 (546) at 2048, 650 / 590
 # (600) at 4096, 689 / 641 (632) at 8192, 710 / 724 (653) at 16384: persistent from 1024 to 8192.
+# d=128 non-causal with the output's bulk copy and the tile index by multiply-high (NOTES §113,
+# results/session-2026-12-03-i; ping-pong / persistent before / persistent with both): 724 / 721 / 739
+# at 8192, 737 / 713 / 733 at 16384; causal 668 / 699 / 714, 733 / 718 / 730: persistent to 8192.
 # (head dim, causal) -> the longest seqlen_q a fixed-length call runs persistent, and where listed the
 # shortest.
-PERSISTENT_MAX_SEQLEN = {(64, False): 1024, (64, True): 4096, (128, False): 4096, (128, True): 8192,
+PERSISTENT_MAX_SEQLEN = {(64, False): 1024, (64, True): 4096, (128, False): 8192, (128, True): 8192,
                          (256, False): 2048, (256, True): 8192}
 PERSISTENT_MIN_SEQLEN = {(256, True): 1024}
 # The default policy: (head dim, causal) -> the shortest seqlen_q where the ping-pong kernel was
@@ -463,20 +466,29 @@ ROW_STORE_HEADDIMS = {"base": (64, 128), "pingpong": (64, 128), "split": (64, 12
 # 721 / 725; causal 252 / 293, 368 / 411, 475 / 510, 711 / 719.
 ROW_STORE_VIA_Q_HEADDIMS = {"pingpong": (256,), "split": (256,), "persistent": (256,)}  # one Q buffer there
 # The persistent kernel's output tiles copied to global memory by TMA from the warpgroup's dead Q
-# buffer (``ROW_STORES`` = 3; ``hopper_forward._epilogue``), instead of whole-row pointer stores: one
-# bulk copy a tile in place of the read-back and the stores with their address arithmetic; a tile
-# with rows past seqlen_q falls back to the read-back. Not measured yet (NOTES §113): off by default;
-# ``with hopper.out_tma_store(True)`` turns it on for the persistent kernel at every head dim.
+# buffer (``ROW_STORES`` = 3; ``hopper_forward._epilogue``), instead of pointer stores: one bulk copy
+# a tile in place of the conversion (or read-back) and the stores with their address arithmetic; the
+# copy's 3-D view drops the rows past seqlen_q. Measured (ab_fwd on the H200, bf16, 16k tokens, 2
+# interleaved rounds, NOTES §113, results/session-2026-12-03-h and -i), TFLOP/s, before / with (and
+# with the tile index by multiply-high, FAST_DIV below): d=128 N=512 521 / 537 (558), 1024 620 / 642
+# (652), 4096 711 / 730 (732); causal 297 / 304 (314), 451 / 459 (473), 658 / 669 (680); d=256 548 /
+# 557 (563), 670 / 677 (683), 750 / 752 (759), 793 / 794 (800); causal 322 / 346 (353), 493 / 516 (519),
+# 615 / 647 (650), 695 / 735 (737). d=64 only with two Q buffers a warpgroup (the copy's buffer then
+# has a whole tile to drain before the next Q load; with one, -2 to -3 %): 328 / 355 (373) at 512, 386
+# / 407 (418), 422 / 437 (442), 443 / 451 (454) at 4096; causal 203 / 226 (246), 285 / 308 (319), 364 /
+# 377 (389), 408 / 420 (427). ``with hopper.out_tma_store(False)`` turns it off.
 out_tma_store = dispatch.Preference(False)
-TMA_STORE_HEADDIMS = ()
+TMA_STORE_HEADDIMS = (64, 128, 256)
 
 # The persistent kernel's tile index without run-time divisions (the kernel's ``FAST_DIV``): the
 # walk's divisor and the head count's quotients by a multiply-high with magic numbers computed here
 # (``hopper_forward.magic_divisor``, ``walk_divisor``), ~4 instructions in place of ~20 a division,
-# nine divisions a consumer warp a tile (the SASS of the d = 64 kernel). Not measured yet (NOTES
-# §113): off by default; ``with hopper.fast_tile_div(True)`` turns it on.
+# nine divisions a consumer warp a tile (the SASS of the d = 64 kernel). Measured with the output's
+# bulk copy (its figures above, in brackets): +1 to +4 % over the copy alone at d = 128 / 256, +1 to
+# +9 % at d = 64 (alone, with the pointer stores, level there: 327 / 326 at 512, 204 / 208 causal).
+# ``with hopper.fast_tile_div(False)`` turns it off.
 fast_tile_div = dispatch.Preference(False)
-FAST_DIV_HEADDIMS = ()
+FAST_DIV_HEADDIMS = (64, 128, 256)
 
 # The persistent kernel with two Q buffers per consumer warpgroup (the kernel's ``Q_BUFS``): the next
 # tile's Q is loaded as soon as this tile's has landed, a whole tile ahead, instead of after this
@@ -488,9 +500,11 @@ FAST_DIV_HEADDIMS = ()
 # 384, 422 / 418, causal 199 / 206, 281 / 281, 350 / 347: a small gain at d = 128 (never below -0.5 %),
 # level at d = 64. The default at d = 128; ``with hopper.persistent_q_prefetch(True / False)`` forces
 # it wherever it fits.
+# d=64 since the output's bulk copy (NOTES §113, results/session-2026-12-03-i): one / two buffers
+# alone 328 / 332 at N=512, 203 / 209 causal; with the copy see ``out_tma_store``.
 persistent_q_prefetch = dispatch.Preference(False)
 PERSISTENT_Q2_FITS = (64, 128)
-PERSISTENT_Q2_HEADDIMS = (128,)
+PERSISTENT_Q2_HEADDIMS = (64, 128)
 
 # The persistent kernel's causal walk by pairs of query blocks of equal total length, head by head
 # (the kernel's ``PAIRED``; ``hopper_forward._tile_bhm``), instead of the longest-processing-time order

@@ -648,12 +648,16 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
             assert not any(hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 32
                            for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v])
     # the output stored as whole rows at d = 64 / 128 through Triton's conversion (mode 1), at d = 256
-    # staged in the Q buffer (mode 2: the ping-pong kernels, the persistent one loading its next Q there
-    # after the stores); not in the persistent variant at d = 64 (measured slower); off everywhere by choice
+    # staged in the Q buffer (mode 2: the one-tile ping-pong kernels); the persistent kernel's copied by
+    # TMA from the Q buffer at every head dim (mode 3); off everywhere by choice
     rows = {(v, d): hopper.row_stores(d, v) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]}
-    assert [key for key, mode in rows.items() if not mode] == [("persistent", 64)], rows
-    assert [key for key, mode in rows.items() if mode == 2] == [("pingpong", 256), ("split", 256),
-                                                                ("persistent", 256)], rows
+    assert all(rows.values()), rows
+    assert [key for key, mode in rows.items() if mode == 2] == [("pingpong", 256), ("split", 256)], rows
+    assert [key for key, mode in rows.items() if mode == 3] == [("persistent", d) for d in (64, 128, 256)], rows
+    with hopper.out_tma_store(False):  # the persistent kernel as before it: pointer stores at d = 64
+        assert [hopper.row_stores(d, "persistent") for d in (64, 128, 256)] == [0, 1, 2]
+    with hopper.out_tma_store(True):  # the one-tile kernels have no copy
+        assert hopper.row_stores(128, "pingpong") == 1
     with hopper.out_row_stores(False):
         assert not any(hopper.row_stores(d, v) for v, d in rows)
     # fewer masked key tiles in the two-warpgroup ping-pong kernels (wg3's consumers spilled with it)
@@ -740,11 +744,19 @@ def test_hopper_persistent_variant_by_call(monkeypatch):
             assert plan.forward["row_sum"] == "per-thread partial sums, reduced once a query tile", plan.forward
             with hopper.deferred_row_sum(False):
                 assert ioattn.explain_dispatch(q, q, q, causal=causal).forward["row_sum"] == "reduced every key tile"
-            if variant == "persistent":  # at d = 128 by default: two Q buffers, causal calls walked in pairs
+            if variant == "persistent":  # at d = 128 by default: two Q buffers, causal calls walked in pairs,
+                # the output by TMA, the tile index by multiply-high
                 assert plan.forward["q_buffers"] == 2, plan.forward
                 assert plan.forward["walk"] == ("pairs of query blocks, head by head" if causal else "head by head")
+                assert plan.forward["out_stores"] == "TMA bulk copies (staged in the Q buffer)", plan.forward
+                assert plan.forward["tile_index"] == "multiply-high (magic divisors)", plan.forward
+                with hopper.out_tma_store(False), hopper.fast_tile_div(False):
+                    off = ioattn.explain_dispatch(q, q, q, causal=causal).forward
+                    assert off["out_stores"] == "whole-row pointer stores (Triton's layout conversion)", off
+                    assert off["tile_index"] == "integer divisions", off
             else:
                 assert "walk" not in plan.forward and "q_buffers" not in plan.forward
+                assert "tile_index" not in plan.forward and plan.forward["out_stores"].startswith("whole-row")
 
 
 def test_hopper_varlen_switch_and_policy(monkeypatch):
@@ -1036,7 +1048,7 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
 
     class Fake:
         def __getitem__(self, grid):
-            return lambda *args, **kw: launches.append((grid, kw))
+            return lambda *args, **kw: launches.append((grid, args, kw))
     monkeypatch.setattr(hf, "hopper_fwd_kernel", Fake())
     monkeypatch.delenv("IOATTN_HOPPER_VARIANT", raising=False)
     monkeypatch.delenv("IOATTN_HOPPER_LPT", raising=False)
@@ -1052,8 +1064,8 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
                                   cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=sq, max_seqlen_k=sq)
         else:
             hopper.hopper_forward(q, k, k, 0.1, causal)
-        ((grid, kw),) = launches
-        return grid, kw
+        ((grid, args, kw),) = launches
+        return grid, dict(kw, args=args)
 
     bm = hopper.TILE_TABLE["pingpong"][128][0]
     bn = hopper.TILE_TABLE["pingpong"][128][1]
@@ -1093,6 +1105,17 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
         assert launch(16384, 16384, True)[1]["EXP2_FMA"] == bn // 2
     monkeypatch.delenv("IOATTN_HOPPER_EXP2_FMA")
     assert launch(16384, 16384, True)[1]["EXP2_FMA"] == 0
+    # the persistent kernel: the output by TMA through a (batch, seqlen_q, nheads * d) descriptor of
+    # [1, 64, d] boxes, and the walk's and the head count's magic divisors (the positional arguments
+    # after qk_scale: walk_div, walk_mul, walk_shift, head_mul, head_shift), for each walk
+    for sq, causal, walk in ((512, False, 4), (512, True, 2), (520, True, 2 * 4)):  # 5 query blocks: LPT
+        kw = launch(sq, sq, causal)[1]
+        assert kw["PERSISTENT"] and kw["ROW_STORES"] == 3 and kw["FAST_DIV"] and kw["PAIRED"] == (sq == 512 and causal)
+        o_desc = kw["args"][3]
+        assert list(o_desc.shape) == [2, sq, 4 * 128] and list(o_desc.block_shape) == [1, 64, 128]
+        assert kw["args"][16:21] == (walk, *hf.magic_divisor(walk)[1:], *hf.magic_divisor(4)[1:]), kw["args"]
+    kw = launch(16384, 16384, True)[1]  # the one-tile kernel: no copy, its divisions (once a program)
+    assert kw["ROW_STORES"] != 3 and not kw["FAST_DIV"] and kw["args"][3] is None
 
 
 def test_hopper_exp2_fma_switch(monkeypatch):
@@ -1130,30 +1153,32 @@ def test_hopper_exp2_fma_switch(monkeypatch):
 
 def test_persistent_kernel_options_follow_their_switches():
     """hopper.persistent_options: the persistent kernel's two Q buffers only where they fit (d = 64 /
-    128), by default where measured (d = 128) or when forced; the paired walk only for causal calls
-    with an even number of query blocks, by default at d = 128 / 256 and at d = 64 from 16 query blocks;
-    every other variant one buffer, no pairs."""
+    128), by default there (since the output's bulk copy at d = 64) or when forced; the paired walk only
+    for causal calls with an even number of query blocks, by default at d = 128 / 256 and at d = 64 from
+    16 query blocks; the tile index by multiply-high by default at every head dim; every other variant
+    one buffer, no pairs, divisions."""
     from ioattn import hopper
 
-    # the defaults (the measured tables): both at d = 128, pairs at d = 256, neither at d = 64
-    assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=2, PAIRED=True, FAST_DIV=False)
-    assert hopper.persistent_options(128, "persistent", True, 5) == dict(Q_BUFS=2, PAIRED=False, FAST_DIV=False)
-    assert hopper.persistent_options(64, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=False, FAST_DIV=False)
+    def opts(q_bufs, paired, fast_div=True):
+        return dict(Q_BUFS=q_bufs, PAIRED=paired, FAST_DIV=fast_div)
+
+    # the defaults (the measured tables): two buffers at d = 64 / 128, pairs at d = 128 / 256
+    assert hopper.persistent_options(128, "persistent", True, 4) == opts(2, True)
+    assert hopper.persistent_options(128, "persistent", True, 5) == opts(2, False)
+    assert hopper.persistent_options(64, "persistent", True, 4) == opts(2, False)
     # d = 64: paired from 16 query blocks (N = 2048 at 128 rows), LPT below (NOTES §98)
-    assert hopper.persistent_options(64, "persistent", True, 14) == dict(Q_BUFS=1, PAIRED=False, FAST_DIV=False)
-    assert hopper.persistent_options(64, "persistent", True, 16) == dict(Q_BUFS=1, PAIRED=True, FAST_DIV=False)
-    assert hopper.persistent_options(64, "persistent", False, 16) == dict(Q_BUFS=1, PAIRED=False, FAST_DIV=False)
-    assert hopper.persistent_options(256, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=True, FAST_DIV=False)
-    with hopper.persistent_q_prefetch(False), hopper.paired_walk(False):
-        assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=1, PAIRED=False, FAST_DIV=False)
-    with hopper.persistent_q_prefetch(True), hopper.paired_walk(True):
-        assert hopper.persistent_options(128, "persistent", True, 4) == dict(Q_BUFS=2, PAIRED=True, FAST_DIV=False)
-        assert hopper.persistent_options(64, "persistent", False, 4) == dict(Q_BUFS=2, PAIRED=False, FAST_DIV=False)
-        assert hopper.persistent_options(256, "persistent", True, 3) == dict(Q_BUFS=1, PAIRED=False, FAST_DIV=False)
-        assert hopper.persistent_options(128, "pingpong", True, 4) == dict(Q_BUFS=1, PAIRED=False, FAST_DIV=False)
-    with hopper.fast_tile_div(True):
-        assert hopper.persistent_options(64, "persistent", False, 4)["FAST_DIV"]
-        assert not hopper.persistent_options(64, "pingpong", False, 4)["FAST_DIV"]
+    assert hopper.persistent_options(64, "persistent", True, 14) == opts(2, False)
+    assert hopper.persistent_options(64, "persistent", True, 16) == opts(2, True)
+    assert hopper.persistent_options(64, "persistent", False, 16) == opts(2, False)
+    assert hopper.persistent_options(256, "persistent", True, 4) == opts(1, True)
+    with hopper.persistent_q_prefetch(False), hopper.paired_walk(False), hopper.fast_tile_div(False):
+        assert hopper.persistent_options(128, "persistent", True, 4) == opts(1, False, False)
+        assert hopper.persistent_options(64, "persistent", False, 4) == opts(1, False, False)
+    with hopper.persistent_q_prefetch(True), hopper.paired_walk(True), hopper.fast_tile_div(True):
+        assert hopper.persistent_options(128, "persistent", True, 4) == opts(2, True)
+        assert hopper.persistent_options(64, "persistent", False, 4) == opts(2, False)
+        assert hopper.persistent_options(256, "persistent", True, 3) == opts(1, False)
+        assert hopper.persistent_options(128, "pingpong", True, 4) == opts(1, False, False)
 
 
 def test_magic_divisor_divides_exactly():
