@@ -19,8 +19,9 @@ or, from Python, ``with hopper.variant("pingpong"): ...`` / ``hopper.set_variant
   consumer warpgroups), so a device A/B can separate the ordering's effect from the restructuring.
 * ``"persistent"``: the ping-pong kernel with one program per SM walking the tiles (FA3's
   persistent scheduler), so one tile's epilogue and the next tile's Q/K/V loads overlap; causal tiles
-  in pairs of equal length head by head (``PAIRED_MIN_BLOCKS``), else in LPT order; at d = 128 two Q
-  buffers a warpgroup (``persistent_options``). Fixed-length batches only. The default for short
+  in pairs of equal length head by head (``PAIRED_MIN_BLOCKS``), else in LPT order; at d = 64 / 128 two Q
+  buffers a warpgroup, the tile index by multiply-high (``persistent_options``), the output copied by
+  TMA from the Q buffer (``row_stores``). Fixed-length batches only. The default for short
   calls between ``PERSISTENT_MIN_SEQLEN`` and ``PERSISTENT_MAX_SEQLEN`` (by head dim and mask; NOTES
   §35, §36, §64, §66, §72).
 * ``"wg3"``: head dim 64 only, FA3's d = 64 shape: the ping-pong kernel with three consumer warpgroups
@@ -88,11 +89,14 @@ DEFAULT_VARIANT_BY_HEADDIM = {64: "wg3"}
 # d=128 non-causal with the output's bulk copy and the tile index by multiply-high (NOTES §113,
 # results/session-2026-12-03-i; ping-pong / persistent before / persistent with both): 724 / 721 / 739
 # at 8192, 737 / 713 / 733 at 16384; causal 668 / 699 / 714, 733 / 718 / 730: persistent to 8192.
+# d=256 with them (results/session-2026-12-03-j, ping-pong / persistent, cuDNN): non-causal 524 / 565
+# (542) at 512, 797 / 806 (733) at 4096, 823 / 829 (746) at 8192; causal 331 / 353 (353), 664 / 737
+# (604), 725 / 789 (635): persistent from 512 to 8192 for both masks (16384 not measured with them).
 # (head dim, causal) -> the longest seqlen_q a fixed-length call runs persistent, and where listed the
-# shortest.
+# shortest (none since then).
 PERSISTENT_MAX_SEQLEN = {(64, False): 1024, (64, True): 4096, (128, False): 8192, (128, True): 8192,
-                         (256, False): 2048, (256, True): 8192}
-PERSISTENT_MIN_SEQLEN = {(256, True): 1024}
+                         (256, False): 8192, (256, True): 8192}
+PERSISTENT_MIN_SEQLEN: dict = {}
 # The default policy: (head dim, causal) -> the shortest seqlen_q where the ping-pong kernel was
 # measured ahead of (or level with) the portable one, in two runs on the H200, bf16, 16k tokens
 # (the train sweep results/train-2026-12-01-all, ioattn-hopper vs ioattn, and the A/B
@@ -515,8 +519,9 @@ PERSISTENT_Q2_HEADDIMS = (64, 128)
 # of query blocks. Measured (results/session-2026-12-02-t, NOTES §66), persistent causal, LPT / paired
 # (one-tile ping-pong, cuDNN), TFLOP/s: d=128 N=512 245 / 251 (251, 345), 1024 339 / 392 (376, 443),
 # 2048 435 / 536 (494, 520), 4096 563 / 624 (582, 580); d=64 (two Q buffers both) 206 / 169 at 512,
-# 281 / 284, 347 / 361, 399 / 409. The default at d = 128 and 256 (where the persistent kernel runs
-# causal calls only with it: PERSISTENT_MIN_SEQLEN's note), and at d = 64 from 16 query blocks of 128
+# 281 / 284, 347 / 361, 399 / 409. The default at d = 128 and 256 (where the persistent kernel took
+# causal calls only with it until NOTES §113: PERSISTENT_MAX_SEQLEN's note), and at d = 64 from 16
+# query blocks of 128
 # rows (N = 2048): re-measured there (NOTES §98, results/session-2026-12-02-zzj) LPT / paired 283 / 283
 # at N = 1024, 351 / 362 at 2048, 401 / 407 at 4096; two runs agree on +3 to +4 % at 2048, +1.5 to
 # +2.5 % at 4096 and -18 % at 512. ``with hopper.paired_walk(True / False)`` forces it at any length.

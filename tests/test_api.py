@@ -668,10 +668,10 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     assert hopper.grid_programs(torch.device("cpu"), "persistent", 1000) == 132  # one per SM (an H100/H200 here)
     assert hopper.grid_programs(torch.device("cpu"), "persistent", 7) == 7
     # per call: short fixed-length calls take the persistent variant (PERSISTENT_MAX_SEQLEN, by head dim and
-    # mask, and at d = 256 causal from PERSISTENT_MIN_SEQLEN)
+    # mask, and where listed from PERSISTENT_MIN_SEQLEN: nowhere since NOTES §113)
     assert set(hopper.PERSISTENT_MAX_SEQLEN) == {(64, False), (64, True), (128, False), (128, True), (256, False),
                                                  (256, True)}
-    assert set(hopper.PERSISTENT_MIN_SEQLEN) == {(256, True)}
+    assert not hopper.PERSISTENT_MIN_SEQLEN
     for (d, causal), most in hopper.PERSISTENT_MAX_SEQLEN.items():
         assert hopper.variant_for(d, causal, most) == "persistent"
         assert hopper.variant_for(d, causal, most + 1) == hopper.variant_for(d) != "persistent"
@@ -681,7 +681,7 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
         if least:
             assert hopper.variant_for(d, causal, least) == "persistent"
             assert hopper.variant_for(d, causal, least - 1) == default
-    assert hopper.variant_for(128, True, 16384) == hopper.variant_for(256, False, 4096) == "pingpong"
+    assert hopper.variant_for(128, True, 16384) == hopper.variant_for(256, False, 16384) == "pingpong"
     with hopper.variant("pingpong"):  # a variant set by name wins
         assert hopper.variant_for(128, False, 512) == "pingpong"
     with hopper.variant("persistent"):
