@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# NOTES §114 (a diagnostic): the short forward's stall table (NOTES §94's method) after §113, at the
-# points still below cuDNN: the persistent kernel at N = 512, d = 64 non-causal and causal, d = 128
-# causal, with SDPA's cuDNN forward profiled in the same process. Per profile: duration, executed
-# instructions, warp cycles per issued instruction and the stall reasons (raw CSV), ours against cuDNN's.
+# NOTES §114: (1) the d = 64 persistent kernel's softmax options that were measured level or slower
+# before §113 (conditional rescaling by the warp, §84; the deferred row sum, §89; the first step's mask
+# under its own branch, §94), each on the new defaults, N = 512 / 1024 / 4096, both masks, 2 rounds;
+# (2) a diagnostic: the short forward's stall table (§94's method) after §113 at two points still below
+# cuDNN, N = 512, d = 64 non-causal and d = 128 causal, SDPA's cuDNN forward profiled in the same process
+# (duration, executed instructions, warp cycles per issued instruction, stall reasons; raw CSV).
 # Usage: bash benchmarks/session_gpu_run142.sh OUT        (writes OUT/summary.log and OUT/run142.tar.gz)
 set -u
 out=${1:?outdir}
@@ -10,11 +12,16 @@ w="$out/work"; mkdir -p "$w"
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 pack() { tar -czf "$out/run142.tar.gz" -C "$w" .; }
 {
-for spec in "64:" "64:--causal" "128:--causal"; do
+p64=gluon-pers-lean
+timeout 100 python3 benchmarks/ab_fwd.py --out "$w" --tag fwd64opts --headdims 64 --causal 0,1 \
+    --seqlens 512,1024,4096 --loads $p64,$p64-crw,$p64-ds,$p64-mb --rounds 2 --rest 0.2 > "$w/fwd64opts.log" 2>&1
+echo "fwd64opts rc=$?"; grep -E "Error|error" "$w/fwd64opts.log" | head -4; grep -A8 "^  d c" "$w/fwd64opts.log"
+pack
+for spec in "64:" "128:--causal"; do
     d=${spec%%:*}; c=${spec#*:}
     tag="n512d${d}${c:+c}"
     # warm-up: 2 calls of ours, 2 of cuDNN's; then one profiled launch of each
-    timeout 80 ncu --clock-control none --kernel-name "regex:hopper_fwd|fmha|fprop|sdpa" --launch-skip 4 \
+    timeout 70 ncu --clock-control none --kernel-name "regex:hopper_fwd|fmha|fprop|sdpa" --launch-skip 4 \
         --launch-count 2 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
         --section InstructionStats --section LaunchStats -f -o "$w/$tag" \
         python3 benchmarks/ncu_fwd.py --variants persistent --seqlen 512 --headdim $d $c --cudnn \
