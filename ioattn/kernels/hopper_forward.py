@@ -82,7 +82,12 @@ sequence's rows found through cu_seqlens. A key tile that runs past its sequence
 sequence's rows (or the zero fill at the end of the tensor): those columns are masked to -inf, and
 their P entries are 0, so the rows of V they meet do not matter (as long as they are finite: 0 x inf
 is NaN in the P V product). Query rows past the sequence are computed and not stored (pointer
-stores, masked). Causal masks are bottom-right aligned, as in the portable kernel.
+stores, masked; the persistent kernel's TMA copies of the output, ``ROW_STORES`` = 3, go through a
+(batch, seqlen_q, ...) view whose bounds drop them).
+
+The persistent kernel's tile index (``_tile_bhm``: the (batch, head, query block) of the t-th tile)
+is divided by multiply-high with the host's magic numbers (``FAST_DIV``, ``magic_divisor``) instead
+of run-time integer divisions, ~20 instructions each, nine a tile a consumer warp (NOTES §113). Causal masks are bottom-right aligned, as in the portable kernel.
 
 Reference twin: ``ioattn.reference.tiled.flash2_forward``. Portable fallback: ``kernels/forward.py``.
 """
@@ -993,7 +998,8 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                 g0 += n_tiles
                 sec0 += n_tiles + 1
                 # the next tile's Q into the buffer this tile's S products have released: before the epilogue,
-                # or (ROW_STORES = 2: the output staged in that buffer) once every thread has read it back
+                # or (ROW_STORES = 2 / 3: the output staged in that buffer) once every thread has read it back
+                # / the copy has read it
                 LOAD_Q_AFTER: gl.constexpr = ROW_STORES >= 2
                 if (Q_BUFS == 1) & (not LOAD_Q_AFTER):
                     q_issued = _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads,
