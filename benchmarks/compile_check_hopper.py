@@ -29,10 +29,11 @@ Spills are asserted against the default bounds at 0 only, and reported for the o
 
     python benchmarks/compile_check_hopper.py [--variants base,pingpong,split,wg3] [--no-ptxas] [--quick] [--jobs N]
         [--masks 0,1] [--headdims 64,128] [--varlen] [--exp2-fma 0,25,50] [--block-n 64] [--stages 4]
-        [--tma-store] [--fast-div]
+        [--tma-store on|off] [--fast-div on|off]
 
-``--tma-store`` / ``--fast-div`` compile the persistent kernel with its output copied by TMA from
-the Q buffer (``ROW_STORES`` = 3) / its tile index by multiply-high (``FAST_DIV``).
+``--tma-store on|off`` / ``--fast-div on|off`` compile the persistent kernel with or without its output
+copied by TMA from the Q buffer (``ROW_STORES`` = 3) / its tile index by multiply-high (``FAST_DIV``);
+both on by default.
 
 ``--block-n`` / ``--stages`` replace the key tile and the K / V ring depth of every selected variant
 (``hopper.TILE_TABLE``), for tile candidates before a device A/B (``ab_fwd.py``'s ``-nBN-sS`` suffix).
@@ -227,9 +228,9 @@ def main():
     ap.add_argument("--mask-branch", default="default", choices=("default", "on", "off"),
                     help="a tile's first-step mask under its own branch ahead of one softmax body (LEAN bit 5, "
                          "hopper.mask_branch): the policy's, on in every lean kernel, or off")
-    ap.add_argument("--tma-store", action="store_true",
+    ap.add_argument("--tma-store", default="default", choices=("default", "on", "off"),
                     help="persistent: the output copied by TMA from the Q buffer (ROW_STORES=3, hopper.out_tma_store)")
-    ap.add_argument("--fast-div", action="store_true",
+    ap.add_argument("--fast-div", default="default", choices=("default", "on", "off"),
                     help="persistent: the tile index by multiply-high (FAST_DIV, hopper.fast_tile_div)")
     ap.add_argument("--block-n", type=int, default=None,
                     help="key tile (block_n) of every selected variant and head dim instead of hopper.TILE_TABLE's")
@@ -239,10 +240,10 @@ def main():
         for variant in args.variants.split(","):
             for d, (bm, bn, st) in list(hopper.TILE_TABLE[variant].items()):
                 hopper.TILE_TABLE[variant][d] = (bm, args.block_n or bn, args.stages or st)
-    if args.tma_store:  # before the compile jobs' processes are forked (they inherit it)
-        hopper.out_tma_store.value = True
-    if args.fast_div:  # likewise
-        hopper.fast_tile_div.value = True
+    if args.tma_store != "default":  # before the compile jobs' processes are forked (they inherit it)
+        hopper.out_tma_store.value = args.tma_store == "on"
+    if args.fast_div != "default":  # likewise
+        hopper.fast_tile_div.value = args.fast_div == "on"
     if args.deferred_row_sum != "default":  # before the compile jobs' processes are forked (they inherit it)
         hopper.deferred_row_sum.value = args.deferred_row_sum == "on"
     if args.mask_branch != "default":  # likewise

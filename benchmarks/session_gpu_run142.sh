@@ -2,8 +2,8 @@
 # NOTES §114: (1) the d = 64 persistent kernel's softmax options that were measured level or slower
 # before §113 (conditional rescaling by the warp, §84; the deferred row sum, §89; the first step's mask
 # under its own branch, §94), each on the new defaults, N = 512 / 1024 / 4096, both masks, 2 rounds;
-# (2) a diagnostic: the short forward's stall table (§94's method) after §113 at two points still below
-# cuDNN, N = 512, d = 64 non-causal and d = 128 causal, SDPA's cuDNN forward profiled in the same process
+# (2) a diagnostic: the short forward's stall table (§94's method) after §113 at a point still below
+# cuDNN, N = 512, d = 64 non-causal, SDPA's cuDNN forward profiled in the same process
 # (duration, executed instructions, warp cycles per issued instruction, stall reasons; raw CSV).
 # Usage: bash benchmarks/session_gpu_run142.sh OUT        (writes OUT/summary.log and OUT/run142.tar.gz)
 set -u
@@ -17,7 +17,7 @@ timeout 100 python3 benchmarks/ab_fwd.py --out "$w" --tag fwd64opts --headdims 6
     --seqlens 512,1024,4096 --loads $p64,$p64-crw,$p64-ds,$p64-mb --rounds 2 --rest 0.2 > "$w/fwd64opts.log" 2>&1
 echo "fwd64opts rc=$?"; grep -E "Error|error" "$w/fwd64opts.log" | head -4; grep -A8 "^  d c" "$w/fwd64opts.log"
 pack
-for spec in "64:" "128:--causal"; do
+for spec in "64:"; do
     d=${spec%%:*}; c=${spec#*:}
     tag="n512d${d}${c:+c}"
     # warm-up: 2 calls of ours, 2 of cuDNN's; then one profiled launch of each
