@@ -47,8 +47,9 @@ for d in map(int, args.heads.split(",")):
                 hopper_backward(torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, d ** -0.5,
                                 causal, variant=bwd_variant)
 # the persistent forward with several tiles a program (192 tiles of 128 rows on at most 132 programs),
-# an even number of query blocks (the paired causal walk where it is the default) and, at d = 128,
-# two Q buffers a warpgroup (hopper.persistent_options)
+# an even number of query blocks (the paired causal walk where it is the default), at d = 64 / 128 two
+# Q buffers a warpgroup (hopper.persistent_options), and the output copied by TMA from the Q buffer
+# (hopper.row_stores; the variant loop above runs it at 300 rows, past which the copy drops the rows)
 for d in map(int, args.heads.split(",")):
     if args.no_forward:
         break
