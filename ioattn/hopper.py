@@ -488,8 +488,8 @@ TMA_STORE_HEADDIMS = (64, 128, 256)
 # walk's divisor and the head count's quotients by a multiply-high with magic numbers computed here
 # (``hopper_forward.magic_divisor``, ``walk_divisor``), ~4 instructions in place of ~20 a division,
 # nine divisions a consumer warp a tile (the SASS of the d = 64 kernel). Measured with the output's
-# bulk copy (its figures above, in brackets): +1 to +4 % over the copy alone at d = 128 / 256, +1 to
-# +9 % at d = 64 (alone, with the pointer stores, level there: 327 / 326 at 512, 204 / 208 causal).
+# bulk copy (its figures above, in brackets): +0.3 to +4 % over the copy alone at d = 128 / 256, +0.7
+# to +9 % at d = 64 (alone, with the pointer stores, level there: 327 / 326 at 512, 204 / 208 causal).
 # ``with hopper.fast_tile_div(False)`` turns it off.
 fast_tile_div = dispatch.Preference(False)
 FAST_DIV_HEADDIMS = (64, 128, 256)
