@@ -478,7 +478,7 @@ ROW_STORE_VIA_Q_HEADDIMS = {"pingpong": (256,), "split": (256,), "persistent": (
 # (652), 4096 711 / 730 (732); causal 297 / 304 (314), 451 / 459 (473), 658 / 669 (680); d=256 548 /
 # 557 (563), 670 / 677 (683), 750 / 752 (759), 793 / 794 (800); causal 322 / 346 (353), 493 / 516 (519),
 # 615 / 647 (650), 695 / 735 (737). d=64 only with two Q buffers a warpgroup (the copy's buffer then
-# has a whole tile to drain before the next Q load; with one, -2 to -3 %): 328 / 355 (373) at 512, 386
+# has a whole tile to drain before the next Q load; with one, -2.4 to +1.3 %): 328 / 355 (373) at 512, 386
 # / 407 (418), 422 / 437 (442), 443 / 451 (454) at 4096; causal 203 / 226 (246), 285 / 308 (319), 364 /
 # 377 (389), 408 / 420 (427). ``with hopper.out_tma_store(False)`` turns it off.
 out_tma_store = dispatch.Preference(False)
