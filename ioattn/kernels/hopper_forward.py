@@ -83,11 +83,12 @@ sequence's rows (or the zero fill at the end of the tensor): those columns are m
 their P entries are 0, so the rows of V they meet do not matter (as long as they are finite: 0 x inf
 is NaN in the P V product). Query rows past the sequence are computed and not stored (pointer
 stores, masked; the persistent kernel's TMA copies of the output, ``ROW_STORES`` = 3, go through a
-(batch, seqlen_q, ...) view whose bounds drop them).
+(batch, seqlen_q, ...) view whose bounds drop them). Causal masks are bottom-right aligned, as in the
+portable kernel.
 
 The persistent kernel's tile index (``_tile_bhm``: the (batch, head, query block) of the t-th tile)
 is divided by multiply-high with the host's magic numbers (``FAST_DIV``, ``magic_divisor``) instead
-of run-time integer divisions, ~20 instructions each, nine a tile a consumer warp (NOTES §113). Causal masks are bottom-right aligned, as in the portable kernel.
+of run-time integer divisions, ~20 instructions each, nine a tile a consumer warp (NOTES §113).
 
 Reference twin: ``ioattn.reference.tiled.flash2_forward``. Portable fallback: ``kernels/forward.py``.
 """
