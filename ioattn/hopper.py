@@ -395,12 +395,18 @@ def q_in_registers_for(name: str, d: int) -> bool:
 # +6 % in both); d = 128 ping-pong 432 / 432, 642 / 649, 716 / 739, causal +0.7 to +1.4 %; persistent
 # -1.8 to +0.6 % (529 / 524 at 512, 725 / 712 at 16384), over its policy range again in -zx: -0.4 to
 # +0.7 %, causal -0.2 to +1.5 % (level: on, one rule for d = 128 / 256); d = 64 persistent -2.5 to
-# +2.2 % (off); wg3 at d = 64 non-causal (-zx) 458 / 466, 503 / 512, 550 / 558, 543 / 556 at N = 2048
-# / 4096 / 8192 / 16384. On by default at ``DEFERRED_ROW_SUM_ON`` (wg3: non-causal, where it fits);
+# +2.2 % (off then); wg3 at d = 64 non-causal (-zx) 458 / 466, 503 / 512, 550 / 558, 543 / 556 at N =
+# 2048 / 4096 / 8192 / 16384. The d = 64 persistent kernel again after the output's bulk copy (NOTES
+# §114-§115, results/session-2026-12-04-a and -b, 2 and 3 rounds), without / with at N = 512 / 1024 /
+# 2048 / 4096: non-causal 373 / 370 and 372 / 373, 417 / 422 and 417 / 422, 442 / 449, 454 / 461 and
+# 455 / 463; causal 245 / 250 and 247 / 249, 322 / 330 and 320 / 325, 389 / 390, 427 / 426 and 429 / 427
+# (+0.9 % on average, one point -0.8 %): on, so the persistent kernel has one rule at every head dim.
+# On by default at ``DEFERRED_ROW_SUM_ON`` (wg3: non-causal, where it fits);
 # ``with hopper.deferred_row_sum(True / False)``: on wherever it fits / off.
 deferred_row_sum = dispatch.Preference(False)
 DEFERRED_ROW_SUM_FITS = ("pingpong", "split", "persistent")  # variants, every head dim and mask; wg3 non-causal
-DEFERRED_ROW_SUM_ON = (("pingpong", 128), ("pingpong", 256), ("persistent", 128), ("persistent", 256), ("wg3", 64))
+DEFERRED_ROW_SUM_ON = (("pingpong", 128), ("pingpong", 256), ("persistent", 64), ("persistent", 128),
+                       ("persistent", 256), ("wg3", 64))
 
 
 # One softmax body for a tile's first key step in the ping-pong kernels (the kernel's ``LEAN`` bit 5,

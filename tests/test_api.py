@@ -568,11 +568,11 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     # (its 160-register consumers need it); never the base kernel. With it, conditional rescaling decided
     # by the warp (LEAN bits 1 and 2: 7) everywhere but the persistent kernel at d = 64 (measured slower)
     # (and Q as S = Q K^T's register operand, bit 3, in the two-warpgroup kernels at d = 128: 15; the
-    # row sum's quad reduction deferred, bit 4, in the ping-pong and persistent kernels at d = 128 / 256
-    # and in wg3 without the causal mask: 31 / 23)
+    # row sum's quad reduction deferred, bit 4, in the ping-pong kernel at d = 128 / 256, the persistent
+    # kernel at every head dim and wg3 without the causal mask: 31 / 23 / 17)
     lean = {(v, d): hopper.kernel_config(d, v)["constexprs"]["LEAN"] for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]}
     assert {k: x for k, x in lean.items() if x != 7} == {**{("base", d): False for d in hopper.TILE_TABLE["base"]},
-                                                         ("persistent", 64): True, ("split", 128): 15,
+                                                         ("persistent", 64): 17, ("split", 128): 15,
                                                          ("pingpong", 128): 31, ("persistent", 128): 31,
                                                          ("pingpong", 256): 23, ("persistent", 256): 23,
                                                          ("wg3", 64): 23}, lean
@@ -587,9 +587,9 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     assert hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"] == 25
     assert hopper.kernel_config(256, "split")["constexprs"]["LEAN"] is True
     with hopper.conditional_rescale(True):  # the block's value wins over the environment
-        assert hopper.kernel_config(64, "persistent")["constexprs"]["LEAN"] == 7
+        assert hopper.kernel_config(64, "persistent")["constexprs"]["LEAN"] == 23
     monkeypatch.setenv(hopper.CONDITIONAL_RESCALE_ENV, "1")
-    assert hopper.kernel_config(64, "persistent")["constexprs"]["LEAN"] == 7
+    assert hopper.kernel_config(64, "persistent")["constexprs"]["LEAN"] == 23
     monkeypatch.setenv(hopper.CONDITIONAL_RESCALE_ENV, "yes")
     with pytest.raises(ValueError, match="IOATTN_HOPPER_COND_RESCALE must be 0 .* got 'yes'"):
         hopper.kernel_config(128, "pingpong")
@@ -609,7 +609,8 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
         qr = {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
               if hopper.kernel_config(d, v)["constexprs"]["LEAN"] & 8}
         assert qr == {(v, d) for v in ("pingpong", "split", "persistent") for d in (64, 128)}, qr
-        assert hopper.kernel_config(64, "persistent")["constexprs"]["LEAN"] == 9
+        # with the deferred row sum (bit 4), the persistent kernel's default at d = 64
+        assert hopper.kernel_config(64, "persistent")["constexprs"]["LEAN"] == 25
         assert hopper.kernel_config(64, "pingpong")["constexprs"]["LEAN"] == 15
         with hopper.lean_softmax(False):
             assert not hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"]

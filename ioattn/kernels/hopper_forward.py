@@ -850,11 +850,19 @@ def _kv_tile_count(m_start, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: 
 
 @gluon.jit
 def _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, stride_om, ROWS: gl.constexpr,
-                       HEAD_DIM: gl.constexpr):
+                       HEAD_DIM: gl.constexpr, WIDE: gl.constexpr = False):
     """Rows [m_start, m_start + ROWS) that see no key (causal, seqlen_q > seqlen_k): output 0, lse
     -inf, in chunks of the largest power of two dividing ROWS (gl.arange needs one: the whole block
-    at 128, three chunks of 64 at 192)."""
-    zl: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [gl.num_warps(), 1], [1, 0])
+    at 128, three chunks of 64 at 192). ``WIDE`` (the persistent kernel): 16-byte stores, a row over
+    HEAD_DIM / 8 threads (as ``_epilogue``'s), for there this cold path sits inside the consumer's
+    tile loop, between the epilogue and the loop's back edge, where a store an element compiled to
+    ~360 SASS instructions a consumer warpgroup (~180 wide) in the instruction cache's way (NOTES
+    §115); a one-tile program runs it once, before its key loop, and keeps the narrow form."""
+    if WIDE:
+        row_threads: gl.constexpr = HEAD_DIM // 8  # <= 32: HEAD_DIM <= 256
+        zl: gl.constexpr = gl.BlockedLayout([1, 8], [32 // row_threads, row_threads], [gl.num_warps(), 1], [1, 0])
+    else:
+        zl: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [gl.num_warps(), 1], [1, 0])
     Z_ROWS: gl.constexpr = ROWS & -ROWS
     for c in gl.static_range(ROWS // Z_ROWS):
         rows = m_start + c * Z_ROWS + gl.arange(0, Z_ROWS, layout=gl.SliceLayout(1, zl))
@@ -1021,7 +1029,8 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                 m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b,
                                                               stride_lse_h, row_off, HEAD_DIM, CTA_M, IS_CAUSAL,
                                                               PAIRED, divs)
-                _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, stride_om, BLOCK_M, HEAD_DIM)
+                _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, stride_om, BLOCK_M, HEAD_DIM,
+                                   True)
     if ROW_STORES == 3:  # the last output copies have read their buffers before the program exits
         tma.store_wait(0)
 
