@@ -535,21 +535,34 @@ paired_walk = dispatch.Preference(False)
 PAIRED_MIN_BLOCKS = {128: 0, 256: 0, 64: 16}  # head dim -> query blocks a sequence from which it is the default
 
 
+# The persistent consumers' rows that see no key (causal, seqlen_q > seqlen_k; the cold branch of the
+# tile loop, between the epilogue and the loop's back edge) stored 16 bytes a thread instead of an
+# element a thread (the kernel's ``NO_KEY_WIDE``, ``hopper_forward._store_no_key_rows``): ~180 SASS
+# instructions a consumer warpgroup instead of ~360, and ptxas schedules the whole consumer anew.
+# Measured (NOTES §115, results/session-2026-12-04-d: ab_fwd in alternating processes, the two forms
+# twice each, cuDNN in every one), narrow / wide, TFLOP/s: d=64 non-causal N=512 373, 374 / 380, 379;
+# 1024 425, 424 / 426, 426; causal 246, 246 / 255, 252; 1024 326, 326 / 326, 326; d=128 causal 313, 315 /
+# 300, 303 at 512, 470, 466 / 475, 475 at 1024. Wide at d = 64 only; d = 256 keeps the narrow form (no
+# in-process A/B; the sweep with it, -d/train, within 1 % of the one without, -k/train).
+NO_KEY_WIDE_HEADDIMS = (64,)
+
+
 def _switch(pref: dispatch.Preference, default: bool) -> bool:
     """A preference's value when a block has set it, else ``default`` (the table's)."""
     return default if pref.value is None else bool(pref.value)
 
 
 def persistent_options(d: int, name: str, causal: bool, num_m: int) -> dict:
-    """The persistent kernel's ``Q_BUFS``, ``PAIRED`` and ``FAST_DIV`` for head dim ``d``, the mask and
-    ``num_m`` query blocks per sequence (one buffer, the LPT walk and divisions for the other
-    variants). (A fourth option, a tile's epilogue after the next tile's first product, was measured
+    """The persistent kernel's ``Q_BUFS``, ``PAIRED``, ``FAST_DIV`` and ``NO_KEY_WIDE`` for head dim
+    ``d``, the mask and ``num_m`` query blocks per sequence (one buffer, the LPT walk, divisions and
+    the narrow no-key stores for the other variants). (A fourth option, a tile's epilogue after the next tile's first product, was measured
     and removed: NOTES §70.)"""
     persistent = name == "persistent"
     q2 = _switch(persistent_q_prefetch, d in PERSISTENT_Q2_HEADDIMS) and d in PERSISTENT_Q2_FITS
     paired = _switch(paired_walk, num_m >= PAIRED_MIN_BLOCKS.get(d, num_m + 1)) and bool(causal) and num_m % 2 == 0
     return dict(Q_BUFS=2 if persistent and q2 else 1, PAIRED=persistent and paired,
-                FAST_DIV=persistent and _switch(fast_tile_div, d in FAST_DIV_HEADDIMS))
+                FAST_DIV=persistent and _switch(fast_tile_div, d in FAST_DIV_HEADDIMS),
+                NO_KEY_WIDE=persistent and d in NO_KEY_WIDE_HEADDIMS)
 
 
 def walk_divisor(num_m: int, batch_heads: int, causal: bool, paired: bool) -> int:

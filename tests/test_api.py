@@ -1157,29 +1157,31 @@ def test_persistent_kernel_options_follow_their_switches():
     128), by default there (since the output's bulk copy at d = 64) or when forced; the paired walk only
     for causal calls with an even number of query blocks, by default at d = 128 / 256 and at d = 64 from
     16 query blocks; the tile index by multiply-high by default at every head dim; every other variant
-    one buffer, no pairs, divisions."""
+    one buffer, no pairs, divisions. The no-key rows' wide stores: the persistent kernel at d = 64 only
+    (hopper.NO_KEY_WIDE_HEADDIMS, NOTES §115), whatever the switches."""
     from ioattn import hopper
 
-    def opts(q_bufs, paired, fast_div=True):
-        return dict(Q_BUFS=q_bufs, PAIRED=paired, FAST_DIV=fast_div)
+    def opts(q_bufs, paired, fast_div=True, d=128):
+        return dict(Q_BUFS=q_bufs, PAIRED=paired, FAST_DIV=fast_div, NO_KEY_WIDE=d == 64)
 
     # the defaults (the measured tables): two buffers at d = 64 / 128, pairs at d = 128 / 256
     assert hopper.persistent_options(128, "persistent", True, 4) == opts(2, True)
     assert hopper.persistent_options(128, "persistent", True, 5) == opts(2, False)
-    assert hopper.persistent_options(64, "persistent", True, 4) == opts(2, False)
+    assert hopper.persistent_options(64, "persistent", True, 4) == opts(2, False, d=64)
     # d = 64: paired from 16 query blocks (N = 2048 at 128 rows), LPT below (NOTES §98)
-    assert hopper.persistent_options(64, "persistent", True, 14) == opts(2, False)
-    assert hopper.persistent_options(64, "persistent", True, 16) == opts(2, True)
-    assert hopper.persistent_options(64, "persistent", False, 16) == opts(2, False)
+    assert hopper.persistent_options(64, "persistent", True, 14) == opts(2, False, d=64)
+    assert hopper.persistent_options(64, "persistent", True, 16) == opts(2, True, d=64)
+    assert hopper.persistent_options(64, "persistent", False, 16) == opts(2, False, d=64)
     assert hopper.persistent_options(256, "persistent", True, 4) == opts(1, True)
     with hopper.persistent_q_prefetch(False), hopper.paired_walk(False), hopper.fast_tile_div(False):
         assert hopper.persistent_options(128, "persistent", True, 4) == opts(1, False, False)
-        assert hopper.persistent_options(64, "persistent", False, 4) == opts(1, False, False)
+        assert hopper.persistent_options(64, "persistent", False, 4) == opts(1, False, False, d=64)
     with hopper.persistent_q_prefetch(True), hopper.paired_walk(True), hopper.fast_tile_div(True):
         assert hopper.persistent_options(128, "persistent", True, 4) == opts(2, True)
-        assert hopper.persistent_options(64, "persistent", False, 4) == opts(2, False)
+        assert hopper.persistent_options(64, "persistent", False, 4) == opts(2, False, d=64)
         assert hopper.persistent_options(256, "persistent", True, 3) == opts(1, False)
         assert hopper.persistent_options(128, "pingpong", True, 4) == opts(1, False, False)
+        assert not hopper.persistent_options(64, "pingpong", True, 4)["NO_KEY_WIDE"]
 
 
 def test_magic_divisor_divides_exactly():

@@ -536,7 +536,7 @@ def test_hopper_forward_persistent_tile_loop(d, causal, shape, q_prefetch, paire
     with hopper.persistent_q_prefetch(q_prefetch), hopper.paired_walk(paired):
         opts = hopper.persistent_options(d, "persistent", causal, num_m)
         assert opts == dict(Q_BUFS=2 if q_prefetch else 1, PAIRED=paired and num_m % 2 == 0,
-                            FAST_DIV=opts["FAST_DIV"]), opts
+                            FAST_DIV=opts["FAST_DIV"], NO_KEY_WIDE=d in hopper.NO_KEY_WIDE_HEADDIMS), opts
         with hopper.variant("persistent"), hopper.prefer_hopper(True):
             _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=causal)
 
