@@ -4,6 +4,8 @@
 
 With several files, each head dim's rows come from the last file that has that head dim, so every
 row's ratios compare providers measured in one run (the caption names the file of each head dim).
+``FILE:64,128`` takes only those head dims from FILE (a sweep whose other head dims ran a build that
+is no longer the default).
 """
 import argparse
 import json
@@ -19,8 +21,12 @@ def table(paths, ours="ioattn", peer="sdpa-flash", extra="ioattn-hopper"):
 run without ``peer`` shows "-" in its ratio columns."""
     paths = [paths] if isinstance(paths, str) else list(paths)
     by, source, device = {}, {}, "?"
-    for path in paths:
+    for spec in paths:
+        path, _, only = spec.partition(":")
         recs = [json.loads(line) for line in open(path)]
+        if only:
+            keep = {int(x) for x in only.split(",")}
+            recs = [r for r in recs if r.get("headdim") in keep]
         dims = {r["headdim"] for r in recs if r.get("tflops") is not None}
         for key in [k for k in by if k[0] in dims]:  # a later file replaces a head dim entirely
             del by[key]
@@ -28,7 +34,7 @@ run without ``peer`` shows "-" in its ratio columns."""
             if r.get("tflops") is not None:
                 by.setdefault((r["headdim"], r["causal"], r["seqlen_q"], r["mode"]), {})[r["provider"]] = r["tflops"]
                 device = r["device"]
-        source.update({d: path for d in dims})
+        source.update({d: spec for d in dims})  # the caption names the spec, so the table re-renders from it
     files = sorted(set(source.values()), key=paths.index)
     show_extra = any(extra in row for key, row in by.items() if key[3] == "fwd")
     where = "; ".join(f"head dim {', '.join(str(d) for d in sorted(d for d in source if source[d] == f))}: `{f}`"

@@ -10,7 +10,7 @@ w="$out/work"; mkdir -p "$w"
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 pack() { tar -czf "$out/run146.tar.gz" -C "$w" .; }
 {
-timeout 380 python3 -m pytest -q -n 8 tests/test_gpu.py -p no:cacheprovider \
+timeout 250 python3 -m pytest -q -n 8 tests/test_gpu.py -p no:cacheprovider \
     -k "persistent_tile_loop or persistent_store_and_index or deferred_row_sum or default_dispatch_takes" \
     > "$w/tests.log" 2>&1
 echo "tests rc=$?: $(tail -n 1 "$w/tests.log")"
