@@ -439,9 +439,10 @@ MASK_BRANCH_VARIANTS = ("pingpong", "split", "persistent")
 # are the same). ncu put the instruction fetch at 17.6 % of the d = 128 causal persistent forward's
 # warp samples at N = 512 (~23 % of its consumers', cuDNN's kernel ~1 %; NOTES §115), over ~2400
 # instructions a consumer that a short causal tile walks through once. SASS (sm_90a, bf16, persistent
-# causal): d = 128 5168 -> 4600 instructions. It costs the mask (~120-240 instructions) on every step
-# that needed none, few at N <= 1024 (a tile there has at most 8 key steps, the last one or two masked
-# anyway). Not measured yet (NOTES §116): off by default; ``with hopper.mask_every_step(True)`` turns it
+# causal): d = 64 4904 -> 3736 instructions, d = 128 5168 -> 4568, d = 256 4696 -> 4344. It costs the
+# mask (~90 instructions a step at d = 128) on every step that needed none: 6 of a warpgroup's 10 at
+# N = 512, nearly all at long lengths. Not measured yet (NOTES §116): off by default;
+# ``with hopper.mask_every_step(True)`` turns it
 # on for causal calls of the two-warpgroup lean kernels (``MASK_EVERY_VARIANTS``).
 mask_every_step = dispatch.Preference(False)
 MASK_EVERY_CAUSAL_HEADDIMS = ()  # the default: nowhere until an A/B says where
@@ -583,8 +584,8 @@ def _switch(pref: dispatch.Preference, default: bool) -> bool:
 def persistent_options(d: int, name: str, causal: bool, num_m: int) -> dict:
     """The persistent kernel's ``Q_BUFS``, ``PAIRED``, ``FAST_DIV`` and ``NO_KEY_WIDE`` for head dim
     ``d``, the mask and ``num_m`` query blocks per sequence (one buffer, the LPT walk, divisions and
-    the narrow no-key stores for the other variants). (A fourth option, a tile's epilogue after the next tile's first product, was measured
-    and removed: NOTES §70.)"""
+    the narrow no-key stores for the other variants). (Another option, a tile's epilogue after the
+    next tile's first product, was measured and removed: NOTES §70.)"""
     persistent = name == "persistent"
     q2 = _switch(persistent_q_prefetch, d in PERSISTENT_Q2_HEADDIMS) and d in PERSISTENT_Q2_FITS
     paired = _switch(paired_walk, num_m >= PAIRED_MIN_BLOCKS.get(d, num_m + 1)) and bool(causal) and num_m % 2 == 0

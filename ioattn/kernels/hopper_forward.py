@@ -864,11 +864,12 @@ def _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, str
                        HEAD_DIM: gl.constexpr, WIDE: gl.constexpr = False):
     """Rows [m_start, m_start + ROWS) that see no key (causal, seqlen_q > seqlen_k): output 0, lse
     -inf, in chunks of the largest power of two dividing ROWS (gl.arange needs one: the whole block
-    at 128, three chunks of 64 at 192). ``WIDE`` (the persistent kernel): 16-byte stores, a row over
-    HEAD_DIM / 8 threads (as ``_epilogue``'s), for there this cold path sits inside the consumer's
-    tile loop, between the epilogue and the loop's back edge, where a store an element compiled to
-    ~360 SASS instructions a consumer warpgroup (~180 wide) in the instruction cache's way (NOTES
-    §115); a one-tile program runs it once, before its key loop, and keeps the narrow form."""
+    at 128, three chunks of 64 at 192). ``WIDE`` (the persistent kernel where measured faster,
+    ``hopper.NO_KEY_WIDE_HEADDIMS``): 16-byte stores, a row over HEAD_DIM / 8 threads (as
+    ``_epilogue``'s), for there this cold path sits inside the consumer's tile loop, between the
+    epilogue and the loop's back edge, where a store an element compiled to ~360 SASS instructions a
+    consumer warpgroup (~180 wide) in the instruction cache's way (NOTES §115); a one-tile program
+    runs it once, before its key loop."""
     if WIDE:
         row_threads: gl.constexpr = HEAD_DIM // 8  # <= 32: HEAD_DIM <= 256
         zl: gl.constexpr = gl.BlockedLayout([1, 8], [32 // row_threads, row_threads], [gl.num_warps(), 1], [1, 0])
