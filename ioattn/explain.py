@@ -62,8 +62,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                                  else "shared memory"),
                    "row_sum": ("per-thread partial sums, reduced once a query tile" if lean & hopper.LEAN_DEFERRED_SUM
                                else "reduced every key tile"),
-                   "mask": ("every key step masked, one softmax body" if lean & hopper.LEAN_MASK_EVERY
-                            else "a tile's first key step: under its own branch, ahead of one softmax body"
+                   "mask": ("a tile's first key step: under its own branch, ahead of one softmax body"
                             if lean & hopper.LEAN_MASK_BRANCH else "masked and unmasked softmax bodies"),
                    "out_stores": {0: "pointer stores from the accumulator layout",
                                   1: "whole-row pointer stores (Triton's layout conversion)",

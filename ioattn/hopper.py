@@ -39,8 +39,7 @@ Measured and on by default in the ping-pong variants: ``lean_softmax`` and, with
 ``conditional_rescale`` (FlashAttention-4's conditional rescaling, decided by the warp; not in the
 persistent kernel at d = 64, ``CONDITIONAL_RESCALE_OFF``) and, in the two-warpgroup variants at d = 128,
 ``q_in_registers`` (Q as the register operand of S = Q K^T); ``deferred_row_sum``, and for causal calls
-at d = 128 / 256 ``mask_branch``, by their tables. Off until measured: ``mask_every_step`` (causal
-calls: every key step masked, one softmax body in the key loop).
+at d = 128 / 256 ``mask_branch``, by their tables.
 """
 from __future__ import annotations
 
@@ -233,14 +232,13 @@ LEAN_BY_WARP = 4        # ... decided by the warp (``rescale_by_warp``)
 LEAN_Q_REGS = 8         # Q as S = Q K^T's register operand (``q_in_registers_for``)
 LEAN_DEFERRED_SUM = 16  # the row sum's quad reduction once a tile (``deferred_row_sum``)
 LEAN_MASK_BRANCH = 32   # a tile's first-step mask under its own branch, one softmax body (``mask_branch``)
-LEAN_MASK_EVERY = 64    # causal: every key step masked, one softmax body in the key loop (``mask_every_step``)
 
 
 def _lean_bits(lean: bool, name: str, d: int, causal: bool):
     """The kernel's ``LEAN``: False / True (the lean softmax), or with it an int with the options'
     bits (``LEAN_COND_RESCALE`` ... ``LEAN_DEFERRED_SUM``): 3 / 7 with conditional rescaling by the
     thread / by the warp, plus 8 with Q in registers, plus 16 with the deferred row sum, plus 32 with
-    the mask under its own branch, plus 64 with every key step masked (causal calls)."""
+    the mask under its own branch."""
     bits = int(lean)
     if lean and conditional_rescale_for(name, d):
         bits |= LEAN_COND_RESCALE | (LEAN_BY_WARP if rescale_by_warp.wanted() else 0)
@@ -250,8 +248,6 @@ def _lean_bits(lean: bool, name: str, d: int, causal: bool):
         bits |= LEAN_DEFERRED_SUM
     if lean and mask_branch_for(name, d, causal):
         bits |= LEAN_MASK_BRANCH
-    if lean and mask_every_step_for(name, d, causal):
-        bits |= LEAN_MASK_EVERY
     return bits if bits > 1 else bool(lean)
 
 
@@ -431,31 +427,6 @@ DEFERRED_ROW_SUM_ON = (("pingpong", 128), ("pingpong", 256), ("persistent", 64),
 mask_branch = dispatch.Preference(False)
 MASK_BRANCH_CAUSAL_HEADDIMS = (128, 256)
 MASK_BRANCH_VARIANTS = ("pingpong", "split", "persistent")
-
-
-# Every key step of a causal call masked (the kernel's ``LEAN`` bit 6, ``_pp_mainloop``): the key
-# loop and the first step each hold one softmax body, the masked one, instead of a masked and an
-# unmasked copy chosen at run time (a step whose keys are all visible masks nothing, so the values
-# are the same). ncu put the instruction fetch at 17.6 % of the d = 128 causal persistent forward's
-# warp samples at N = 512 (~23 % of its consumers', cuDNN's kernel ~1 %; NOTES §115), over ~2400
-# instructions a consumer that a short causal tile walks through once. SASS (sm_90a, bf16, persistent
-# causal): d = 64 4904 -> 3736 instructions, d = 128 5168 -> 4568, d = 256 4696 -> 4344. It costs the
-# mask (~90 instructions a step at d = 128) on every step that needed none: 6 of a warpgroup's 10 at
-# N = 512, nearly all at long lengths. Not measured yet (NOTES §116): off by default;
-# ``with hopper.mask_every_step(True)`` turns it
-# on for causal calls of the two-warpgroup lean kernels (``MASK_EVERY_VARIANTS``).
-mask_every_step = dispatch.Preference(False)
-MASK_EVERY_CAUSAL_HEADDIMS = ()  # the default: nowhere until an A/B says where
-MASK_EVERY_VARIANTS = ("pingpong", "split", "persistent")
-
-
-def mask_every_step_for(name: str, d: int, causal: bool) -> bool:
-    """Whether variant ``name`` at head dim ``d`` masks every key step of a causal call (never a
-    non-causal one): ``mask_every_step``'s value inside its block, else ``MASK_EVERY_CAUSAL_HEADDIMS``;
-    the two-warpgroup kernels only (``MASK_EVERY_VARIANTS``)."""
-    if not causal or name not in MASK_EVERY_VARIANTS:
-        return False
-    return _switch(mask_every_step, d in MASK_EVERY_CAUSAL_HEADDIMS)
 
 
 def mask_branch_for(name: str, d: int, causal: bool) -> bool:

@@ -648,18 +648,6 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
         with hopper.mask_branch(False):
             assert not any(hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 32
                            for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v])
-    # every key step of a causal call masked, one softmax body (LEAN bit 6, NOTES §116): off by default
-    # (not measured yet); when asked, causal calls of the two-warpgroup lean kernels only, never a
-    # non-causal call nor wg3; the plan names it
-    assert not any(x & 64 for x in (*lean.values(), *lean_causal.values()))
-    with hopper.mask_every_step(True):
-        for causal in (False, True):
-            every = {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
-                     if hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 64}
-            assert every == ({(v, d) for v in hopper.MASK_EVERY_VARIANTS for d in hopper.TILE_TABLE[v]}
-                             if causal else set()), (causal, every)
-        with hopper.lean_softmax(False):
-            assert not hopper.kernel_config(128, "pingpong", True)["constexprs"]["LEAN"]
     # the output stored as whole rows at d = 64 / 128 through Triton's conversion (mode 1), at d = 256
     # staged in the Q buffer (mode 2: the one-tile ping-pong kernels); the persistent kernel's copied by
     # TMA from the Q buffer at every head dim (mode 3); off everywhere by choice
@@ -757,13 +745,6 @@ def test_hopper_persistent_variant_by_call(monkeypatch):
             assert plan.forward["row_sum"] == "per-thread partial sums, reduced once a query tile", plan.forward
             with hopper.deferred_row_sum(False):
                 assert ioattn.explain_dispatch(q, q, q, causal=causal).forward["row_sum"] == "reduced every key tile"
-            # the mask: the first step's under its branch in causal calls (d = 128), every key step masked
-            # when asked (causal calls only)
-            assert plan.forward["mask"] == ("a tile's first key step: under its own branch, ahead of one softmax body"
-                                            if causal else "masked and unmasked softmax bodies"), plan.forward
-            with hopper.mask_every_step(True):
-                assert (ioattn.explain_dispatch(q, q, q, causal=causal).forward["mask"]
-                        == ("every key step masked, one softmax body" if causal else plan.forward["mask"]))
             if variant == "persistent":  # at d = 128 by default: two Q buffers, causal calls walked in pairs,
                 # the output by TMA, the tile index by multiply-high
                 assert plan.forward["q_buffers"] == 2, plan.forward

@@ -696,21 +696,6 @@ def test_hopper_forward_mask_branch(variant, d, causal, shape, poison_alloc):
     _check_forward_option(variant, d, causal, shape, torch.bfloat16, hopper.mask_branch, 32)
 
 
-@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant, d", [("pingpong", 64), ("pingpong", 128), ("pingpong", 256), ("split", 128),
-                                        ("persistent", 64), ("persistent", 128), ("persistent", 256)])
-# causal only (the option never applies to a non-causal call): ragged, one key tile with rows that see
-# no key, several tiles a persistent program (unmasked steps between masked ones), seqlen_k > seqlen_q
-@pytest.mark.parametrize("shape", [(1, 777, 1500, 2, 1), (3, 129, 64, 2, 2), (1, 2048, 2048, 16, 8),
-                                   (2, 300, 1000, 4, 2)])
-def test_hopper_forward_mask_every_step(variant, d, shape, poison_alloc):
-    """Every key step of a causal call masked, one softmax body (hopper.mask_every_step, the kernel's
-    LEAN bit 6; off by default): a step whose keys are all visible masks nothing, so the same
-    function."""
-    from ioattn import hopper
-    _check_forward_option(variant, d, True, shape, torch.bfloat16, hopper.mask_every_step, 64)
-
-
 def _check_forward_option(variant, d, causal, shape, dtype, option, bit):
     """A Gluon forward option (``option``: a hopper preference that sets the kernel's ``LEAN`` ``bit``)
     against the float64 oracle, forward and gradients, with the default options beside it; and the

@@ -151,24 +151,6 @@ def test_hopper_row_stores_compile_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
-def test_hopper_mask_every_step_compiles_for_sm90():
-    """Every key step of a causal call masked (hopper.mask_every_step, the kernel's LEAN bit 6; off by
-    default, NOTES §116), the persistent kernel at every head dim: the build has it, ptxas neither
-    serialises the wgmmas nor spills, and each consumer warpgroup keeps two softmax bodies (the first
-    step's and the key loop's; the default builds have three or four): its exponentials are 2 x
-    (BLOCK_N / 2 scores + 2 row maxima' rescale factors) a thread, two warpgroups."""
-    pytest.importorskip("triton.experimental.gluon")
-    import re
-
-    lines = _hopper_check("--variants", "persistent", "--masks", "1", "--mask-every", "on")
-    assert len(lines) == 3, lines
-    for line in lines:
-        block_n = int(re.search(r"tiles=\d+x(\d+)x", line).group(1))
-        assert "mask_every" in line and "spill=0B" in line and "wgmma-pipelined" in line, line
-        assert int(re.search(r"MUFU\.EX2=(\d+)", line).group(1)) == 2 * 2 * (block_n // 2 + 2), line
-
-
-@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 def test_hopper_fewer_masks_compile_for_sm90():
     """Fewer masked key tiles (the kernel's FEWER_MASKS, hopper.FEWER_MASKS_NUM_WG) in the ping-pong
     kernel as launched, causal, every head dim: the build has it, wgmma pipelined, no spill (the first

@@ -107,7 +107,6 @@ LEAN_BY_WARP = gl.constexpr(_host.LEAN_BY_WARP)
 LEAN_Q_REGS = gl.constexpr(_host.LEAN_Q_REGS)
 LEAN_DEFERRED_SUM = gl.constexpr(_host.LEAN_DEFERRED_SUM)
 LEAN_MASK_BRANCH = gl.constexpr(_host.LEAN_MASK_BRANCH)
-LEAN_MASK_EVERY = gl.constexpr(_host.LEAN_MASK_EVERY)
 
 
 @gluon.jit
@@ -698,17 +697,10 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     s = warpgroup_mma_wait(0, deps=[s_tok])
     mbarrier.arrive(k_empty.index(g0 % STAGES), count=1)
     KEY_END: gl.constexpr = not (FEWER_MASKS and IS_CAUSAL)
-    # LEAN_MASK_EVERY (causal only): every key step takes the masked softmax, one body in the code
-    # (under a causal mask a step all of whose keys are visible masks nothing: the same values)
-    MASK_EVERY: gl.constexpr = (LEAN & LEAN_MASK_EVERY) != 0
-    gl.static_assert(IS_CAUSAL or not MASK_EVERY, "every key step masked: causal calls only")
     if FEWER_MASKS:
-        if MASK_EVERY:
-            need_mask = True
-        else:
-            need_mask = n_tiles == 1
-            if MASK_ALL:
-                need_mask = need_mask | (n_lo * BLOCK_N + BLOCK_N - 1 > diag)
+        need_mask = n_tiles == 1
+        if MASK_ALL:
+            need_mask = need_mask | (n_lo * BLOCK_N + BLOCK_N - 1 > diag)
         p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q,
                                            seqlen_k, rows_1d, cols_1d, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END, True)
     else:
@@ -732,12 +724,9 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         n_start = (n_lo + i + 1) * BLOCK_N
         # masks: the last tile always (key end, diagonal); under a causal mask also a tile that
         # reaches past this warpgroup's first row's diagonal
-        if MASK_EVERY:
-            need_mask = True
-        else:
-            need_mask = i + 1 == n_tiles - 1
-            if MASK_ALL:
-                need_mask = need_mask | (n_start + BLOCK_N - 1 > diag)
+        need_mask = i + 1 == n_tiles - 1
+        if MASK_ALL:
+            need_mask = need_mask | (n_start + BLOCK_N - 1 > diag)
         p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
                                            rows_1d, cols_1d, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END)
         # P(i) V(i) done: P(i)'s registers may go (listed so they stay alive until here), V(i)'s slot too
