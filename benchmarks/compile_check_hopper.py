@@ -184,8 +184,6 @@ def check(job):
         regs += "deferred_row_sum "
     if cfg["constexprs"]["LEAN"] & hopper.LEAN_MASK_BRANCH:
         regs += "mask_branch "
-    if cfg["constexprs"]["LEAN"] & hopper.LEAN_MMA_SUM:
-        regs += "mma_row_sum "
     if opts["Q_BUFS"] == 2:
         regs += "q_prefetch "
     if opts["PAIRED"]:
@@ -230,9 +228,6 @@ def main():
     ap.add_argument("--mask-branch", default="default", choices=("default", "on", "off"),
                     help="a tile's first-step mask under its own branch ahead of one softmax body (LEAN bit 5, "
                          "hopper.mask_branch): the policy's, on in every lean kernel, or off")
-    ap.add_argument("--mma-sum", default="default", choices=("default", "on", "off"),
-                    help="the row sum by the tensor cores, P times a tile of ones (LEAN bit 6, hopper.mma_row_sum): "
-                         "the policy's, on in the two-warpgroup lean kernels, or off")
     ap.add_argument("--tma-store", default="default", choices=("default", "on", "off"),
                     help="persistent: the output copied by TMA from the Q buffer (ROW_STORES=3, hopper.out_tma_store)")
     ap.add_argument("--fast-div", default="default", choices=("default", "on", "off"),
@@ -253,8 +248,6 @@ def main():
         hopper.deferred_row_sum.value = args.deferred_row_sum == "on"
     if args.mask_branch != "default":  # likewise
         hopper.mask_branch.value = args.mask_branch == "on"
-    if args.mma_sum != "default":  # likewise
-        hopper.mma_row_sum.value = args.mma_sum == "on"
     if args.cond_rescale != "default":  # set before the compile jobs' processes are forked (they inherit it)
         hopper.conditional_rescale.value = args.cond_rescale != "off"
         hopper.rescale_by_warp.value = args.cond_rescale == "warp"

@@ -60,9 +60,8 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                                     if lean & hopper.LEAN_COND_RESCALE else "off"),
                    "q_operand": ("registers (loaded once a query tile)" if lean & hopper.LEAN_Q_REGS
                                  else "shared memory"),
-                   "row_sum": ("by the tensor cores: P times a tile of ones, with P V" if lean & hopper.LEAN_MMA_SUM
-                               else "per-thread partial sums, reduced once a query tile"
-                               if lean & hopper.LEAN_DEFERRED_SUM else "reduced every key tile"),
+                   "row_sum": ("per-thread partial sums, reduced once a query tile" if lean & hopper.LEAN_DEFERRED_SUM
+                               else "reduced every key tile"),
                    "mask": ("a tile's first key step: under its own branch, ahead of one softmax body"
                             if lean & hopper.LEAN_MASK_BRANCH else "masked and unmasked softmax bodies"),
                    "out_stores": {0: "pointer stores from the accumulator layout",

@@ -232,14 +232,13 @@ LEAN_BY_WARP = 4        # ... decided by the warp (``rescale_by_warp``)
 LEAN_Q_REGS = 8         # Q as S = Q K^T's register operand (``q_in_registers_for``)
 LEAN_DEFERRED_SUM = 16  # the row sum's quad reduction once a tile (``deferred_row_sum``)
 LEAN_MASK_BRANCH = 32   # a tile's first-step mask under its own branch, one softmax body (``mask_branch``)
-LEAN_MMA_SUM = 64       # the row sum by the tensor cores, P times a ones tile (``mma_row_sum``)
 
 
 def _lean_bits(lean: bool, name: str, d: int, causal: bool):
     """The kernel's ``LEAN``: False / True (the lean softmax), or with it an int with the options'
     bits (``LEAN_COND_RESCALE`` ... ``LEAN_DEFERRED_SUM``): 3 / 7 with conditional rescaling by the
     thread / by the warp, plus 8 with Q in registers, plus 16 with the deferred row sum, plus 32 with
-    the mask under its own branch, plus 64 with the row sum by the tensor cores."""
+    the mask under its own branch."""
     bits = int(lean)
     if lean and conditional_rescale_for(name, d):
         bits |= LEAN_COND_RESCALE | (LEAN_BY_WARP if rescale_by_warp.wanted() else 0)
@@ -249,8 +248,6 @@ def _lean_bits(lean: bool, name: str, d: int, causal: bool):
         bits |= LEAN_DEFERRED_SUM
     if lean and mask_branch_for(name, d, causal):
         bits |= LEAN_MASK_BRANCH
-    if lean and mma_row_sum_for(name, d):
-        bits |= LEAN_MMA_SUM
     return bits if bits > 1 else bool(lean)
 
 
@@ -430,30 +427,6 @@ DEFERRED_ROW_SUM_ON = (("pingpong", 128), ("pingpong", 256), ("persistent", 64),
 mask_branch = dispatch.Preference(False)
 MASK_BRANCH_CAUSAL_HEADDIMS = (128, 256)
 MASK_BRANCH_VARIANTS = ("pingpong", "split", "persistent")
-
-
-# The softmax's row sum by the tensor cores (the kernel's ``LEAN`` bit 6, ``_pp_mainloop``): each key
-# step's P (already in registers, bf16, as the A operand of P V) times a [BLOCK_N, 8] tile of ones in
-# shared memory, one more asynchronous wgmma (m64n8k16, BLOCK_N / 16 instructions) issued with P V
-# into a 64 x 8 fp32 accumulator (4 registers a thread) that is rescaled with O. Every column of it is
-# the row sum of the bf16 P that multiplied V, so the normalisation divides by the sum of what was
-# summed. It replaces the BLOCK_N / 2 FADDs a thread a key step (64 at BLOCK_N = 128) and the row
-# sum's shuffles; it costs the small products' issue and tensor time (FA4 folds the row sum into its
-# own pipeline differently; the ones-column form is NOTES §82's candidate (3), which Gluon cannot
-# write as one product: a 72-column register tensor is not a power of two). Not measured yet (NOTES
-# §118): off by default; ``with hopper.mma_row_sum(True)`` turns it on in the two-warpgroup lean
-# kernels (``MMA_SUM_VARIANTS``).
-mma_row_sum = dispatch.Preference(False)
-MMA_SUM_ON: tuple = ()  # (variant, head dim) pairs where it is the default: none until measured
-MMA_SUM_VARIANTS = ("pingpong", "split", "persistent")
-
-
-def mma_row_sum_for(name: str, d: int) -> bool:
-    """Whether variant ``name`` at head dim ``d`` takes its row sum from the tensor cores:
-    ``mma_row_sum``'s value inside its block, else ``MMA_SUM_ON``; two-warpgroup kernels only."""
-    if name not in MMA_SUM_VARIANTS:
-        return False
-    return _switch(mma_row_sum, (name, d) in MMA_SUM_ON)
 
 
 def mask_branch_for(name: str, d: int, causal: bool) -> bool:

@@ -648,16 +648,6 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
         with hopper.mask_branch(False):
             assert not any(hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 32
                            for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v])
-    # the row sum by the tensor cores (LEAN bit 6, NOTES §118): off by default; when asked, the
-    # two-warpgroup lean kernels at every head dim and mask, never wg3, never without the lean softmax
-    assert not any(x & 64 for x in (*lean.values(), *lean_causal.values()))
-    with hopper.mma_row_sum(True):
-        for causal in (False, True):
-            asked = {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
-                     if hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 64}
-            assert asked == {(v, d) for v in hopper.MMA_SUM_VARIANTS for d in hopper.TILE_TABLE[v]}, asked
-        with hopper.lean_softmax(False):
-            assert not hopper.kernel_config(128, "pingpong", True)["constexprs"]["LEAN"]
     # the output stored as whole rows at d = 64 / 128 through Triton's conversion (mode 1), at d = 256
     # staged in the Q buffer (mode 2: the one-tile ping-pong kernels); the persistent kernel's copied by
     # TMA from the Q buffer at every head dim (mode 3); off everywhere by choice
@@ -755,9 +745,6 @@ def test_hopper_persistent_variant_by_call(monkeypatch):
             assert plan.forward["row_sum"] == "per-thread partial sums, reduced once a query tile", plan.forward
             with hopper.deferred_row_sum(False):
                 assert ioattn.explain_dispatch(q, q, q, causal=causal).forward["row_sum"] == "reduced every key tile"
-            with hopper.mma_row_sum(True):
-                assert (ioattn.explain_dispatch(q, q, q, causal=causal).forward["row_sum"]
-                        == "by the tensor cores: P times a tile of ones, with P V")
             if variant == "persistent":  # at d = 128 by default: two Q buffers, causal calls walked in pairs,
                 # the output by TMA, the tile index by multiply-high
                 assert plan.forward["q_buffers"] == 2, plan.forward

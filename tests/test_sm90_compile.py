@@ -151,24 +151,6 @@ def test_hopper_row_stores_compile_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
-def test_hopper_mma_row_sum_compiles_for_sm90():
-    """The row sum by the tensor cores (hopper.mma_row_sum, the kernel's LEAN bit 6; off by default,
-    NOTES §118), the persistent kernel at d = 64 / 128, both masks: the build has it, ptxas neither
-    serialises the wgmmas nor spills, and each consumer issues P times ones beside P V (two wgmma
-    groups more a consumer, the loop's and the last step's, of BLOCK_N / 16 = 8 products each)."""
-    pytest.importorskip("triton.experimental.gluon")
-    import re
-
-    lines = _hopper_check("--variants", "persistent", "--headdims", "64,128", "--mma-sum", "on")
-    assert len(lines) == 4, lines
-    for line in lines:
-        assert "mma_row_sum" in line and "spill=0B" in line and "wgmma-pipelined" in line, line
-        assert int(re.search(r"commit (\d+)", line).group(1)) == 12, line  # 8 in the default builds
-        default_wgmma = {"64": 48, "128": 64}[re.search(r"d=(\d+)", line).group(1)]
-        assert int(re.search(r"wgmma=(\d+)", line).group(1)) == default_wgmma + 2 * 2 * 8, line
-
-
-@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 def test_hopper_fewer_masks_compile_for_sm90():
     """Fewer masked key tiles (the kernel's FEWER_MASKS, hopper.FEWER_MASKS_NUM_WG) in the ping-pong
     kernel as launched, causal, every head dim: the build has it, wgmma pipelined, no spill (the first

@@ -107,7 +107,6 @@ LEAN_BY_WARP = gl.constexpr(_host.LEAN_BY_WARP)
 LEAN_Q_REGS = gl.constexpr(_host.LEAN_Q_REGS)
 LEAN_DEFERRED_SUM = gl.constexpr(_host.LEAN_DEFERRED_SUM)
 LEAN_MASK_BRANCH = gl.constexpr(_host.LEAN_MASK_BRANCH)
-LEAN_MMA_SUM = gl.constexpr(_host.LEAN_MMA_SUM)
 
 
 @gluon.jit
@@ -342,9 +341,7 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
     else:
         p = _exp2_tile(x, EXP2_FMA)
     alpha = gl.exp2(m_i - m_use)
-    if LEAN & LEAN_MMA_SUM:  # the row sum by the tensor cores, P times ones (``_pp_mainloop``): l untouched here
-        l_new = l_i
-    elif LEAN & LEAN_DEFERRED_SUM:  # l kept as each thread's partial sums (``_thread_row_sums``), the quad's sum deferred
+    if LEAN & LEAN_DEFERRED_SUM:  # l kept as each thread's partial sums (``_thread_row_sums``), the quad's sum deferred
         l_new = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout),
                                         assert_trivial=True)[:, None] + _thread_row_sums(p)
     else:
@@ -592,7 +589,7 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                        qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                        STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr, TURN0: gl.constexpr,
                        ORDERED: gl.constexpr, LEAN: gl.constexpr, EXP2_FMA: gl.constexpr,
-                       ROW_STORES: gl.constexpr, FEWER_MASKS: gl.constexpr = False, ones=None):
+                       ROW_STORES: gl.constexpr, FEWER_MASKS: gl.constexpr = False):
     """One consumer warpgroup of the ping-pong (``NUM_WG`` = 2) or three-warpgroup ring (3) variant:
     ``BLOCK_M`` (= 64) query rows of its own, the K/V ring shared with the other consumer warpgroups.
 
@@ -630,7 +627,7 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
     mbarrier.wait(q_bar, 0)
     o, m_i, l_i = _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn, next_turn,
                                m_start, seqlen_q, seqlen_k, n_lo, n_tiles, qk_scale, 0, 0, HEAD_DIM, BLOCK_M, BLOCK_N,
-                               STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, False, EXP2_FMA, FEWER_MASKS, ones)
+                               STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, False, EXP2_FMA, FEWER_MASKS)
     rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _wg_acc_layout(BLOCK_N)))
     # ROW_STORES 2: staged in this warpgroup's Q buffer (its S products all retired in the key loop)
     _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
@@ -663,7 +660,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
                  seqlen_k, n_lo, n_tiles, qk_scale, g0, sec0, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr,
                  TURN0: gl.constexpr, ORDERED: gl.constexpr, LEAN: gl.constexpr, RELEASE_LAST: gl.constexpr,
-                 EXP2_FMA: gl.constexpr, FEWER_MASKS: gl.constexpr = False, ones=None):
+                 EXP2_FMA: gl.constexpr, FEWER_MASKS: gl.constexpr = False):
     """One query tile's key loop for one ping-pong warpgroup (Q already in ``q_smem``): returns the
     unnormalised (O, m, l). ``g0``: ring uses before this tile, ``sec0``: this warpgroup's critical
     sections before it (both 0 for a one-tile program; a persistent program's running counts), so
@@ -671,9 +668,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     persistent program reloads it; a one-tile program never does). ``FEWER_MASKS``: the first key
     tile masked only when the loop's rule says so for it (the last tile, or one the diagonal
     crosses) instead of always, and causal masks without the key-end test (``_softmax_tile``'s
-    ``KEY_END``). ``LEAN_MMA_SUM`` (``ones``: ``_pp_shared``'s [8, BLOCK_N] ones): the row sum by the
-    tensor cores, P(i) times ones issued with P(i) V(i) into a 64 x 8 accumulator rescaled with O;
-    every column of it is l."""
+    ``KEY_END``)."""
     num_warps: gl.constexpr = gl.num_warps()
     gl.static_assert(num_warps == 4, "a ping-pong consumer is one warpgroup")
     gl.static_assert(STAGES >= 2, "S(i+1) and P(i) V(i) are in flight together")
@@ -691,10 +686,6 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     else:
         l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
     o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
-    MMA_SUM: gl.constexpr = (LEAN & LEAN_MMA_SUM) != 0
-    sum_layout: gl.constexpr = _wg_acc_layout(8)
-    psum_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=sum_layout, k_width=2)
-    l_acc = gl.zeros([BLOCK_M, 8], gl.float32, layout=sum_layout)  # MMA_SUM's row sums (dead otherwise)
     diag = m_start + seqlen_k - seqlen_q  # the last key column this warpgroup's first row may see
     if LEAN & LEAN_Q_REGS:  # Q as the products' register operand: loaded once a tile
         q_op = q_smem.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
@@ -726,14 +717,9 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         _turn_wait(my_turn, sec0 + i + 1, TURN0, ORDERED)
         s_tok = warpgroup_mma(q_op, k_smem.index(nxt).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         o_tok = _pv_mma(o, p16, v_smem, g0 + i, STAGES)
-        if MMA_SUM:
-            l_tok = warpgroup_mma(gl.convert_layout(p16, psum_layout), ones.permute((1, 0)), l_acc, is_async=True)
         _turn_pass(next_turn, ORDERED)
         # S(i+1) done (groups retire in order; P(i) V(i) may still run)
-        if MMA_SUM:
-            s = warpgroup_mma_wait(2, deps=[s_tok])
-        else:
-            s = warpgroup_mma_wait(1, deps=[s_tok])
+        s = warpgroup_mma_wait(1, deps=[s_tok])
         mbarrier.arrive(k_empty.index(nxt), count=1)
         n_start = (n_lo + i + 1) * BLOCK_N
         # masks: the last tile always (key end, diagonal); under a causal mask also a tile that
@@ -744,11 +730,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
                                            rows_1d, cols_1d, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END)
         # P(i) V(i) done: P(i)'s registers may go (listed so they stay alive until here), V(i)'s slot too
-        if MMA_SUM:
-            o, l_acc, p16 = warpgroup_mma_wait(0, deps=[o_tok, l_tok, p16])
-            l_acc = l_acc * gl.convert_layout(alpha, gl.SliceLayout(1, sum_layout))[:, None]
-        else:
-            o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
+        o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
         mbarrier.arrive(v_empty.index(cur), count=1)
         o = _rescale_rows(o, alpha, LEAN & LEAN_COND_RESCALE, LEAN & LEAN_BY_WARP)
         p16 = gl.convert_layout(p.to(dtype), p_layout)
@@ -758,18 +740,11 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
     _turn_wait(my_turn, sec0 + n_tiles, TURN0, ORDERED)
     o_tok = _pv_mma(o, p16, v_smem, last, STAGES)
-    if MMA_SUM:
-        l_tok = warpgroup_mma(gl.convert_layout(p16, psum_layout), ones.permute((1, 0)), l_acc, is_async=True)
     _turn_pass(next_turn, ORDERED)
-    if MMA_SUM:
-        o, l_acc, p16 = warpgroup_mma_wait(0, deps=[o_tok, l_tok, p16])
-    else:
-        o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
+    o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
     if RELEASE_LAST:
         mbarrier.arrive(v_empty.index(last % STAGES), count=1)
-    if MMA_SUM:  # every column holds the row's sum (the max over them: a quad's shuffles, once a tile)
-        l_i = gl.convert_layout(gl.max(l_acc, 1), row_layout)
-    elif LEAN & LEAN_DEFERRED_SUM:  # the quad's sum of the threads' partial row sums, once a tile
+    if LEAN & LEAN_DEFERRED_SUM:  # the quad's sum of the threads' partial row sums, once a tile
         l_i = gl.convert_layout(gl.sum(l_i, 1), row_layout, assert_trivial=True)
     return o, m_i, l_i
 
@@ -974,8 +949,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                          MASK_ALL: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr,
                          EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
                          FEWER_MASKS: gl.constexpr = False, Q0: gl.constexpr = 0, Q_BUFS: gl.constexpr = 1,
-                         PAIRED: gl.constexpr = False, divs=None, o_desc=None, NO_KEY_WIDE: gl.constexpr = False,
-                         ones=None):
+                         PAIRED: gl.constexpr = False, divs=None, o_desc=None, NO_KEY_WIDE: gl.constexpr = False):
     """A ping-pong consumer warpgroup of the persistent kernel: rows [row_off, row_off + BLOCK_M) of
     each of this program's CTA_M-row tiles (``_walk``; the producer walks the same list). Per tile:
     ``_pp_mainloop`` with the ring's use count (``g0``) and this warpgroup's
@@ -1030,7 +1004,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                 o, m_i, l_i = _pp_mainloop(q_smem.index(buf), k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                            my_turn, next_turn, m_start, seqlen_q, seqlen_k, 0, n_tiles, qk_scale, g0,
                                            sec0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, TURN0,
-                                           ORDERED, LEAN, True, EXP2_FMA, FEWER_MASKS, ones)
+                                           ORDERED, LEAN, True, EXP2_FMA, FEWER_MASKS)
                 g0 += n_tiles
                 sec0 += n_tiles + 1
                 # the next tile's Q into the buffer this tile's S products have released: before the epilogue,
@@ -1117,16 +1091,6 @@ def _pp_shared(q_desc, k_desc, v_desc, NUM_WG: gl.constexpr, WG_ROWS: gl.constex
 
 
 @gluon.jit
-def _ones_tile(dtype: gl.constexpr, BLOCK_N: gl.constexpr):
-    """``LEAN_MMA_SUM``'s [8, BLOCK_N] tile of ones in shared memory, the row sum's B operand (read
-    transposed, K-major as K is), written by the kernel's warps before the partitions start."""
-    ones = gl.allocate_shared_memory(dtype, [8, BLOCK_N], gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], dtype))
-    ones.store(gl.full([8, BLOCK_N], 1.0, dtype, layout=gl.BlockedLayout([1, 8], [2, 16], [gl.num_warps(), 1], [1, 0])))
-    fence_async_shared()  # the generic-proxy writes before the wgmma (async proxy) reads them
-    return ones
-
-
-@gluon.jit
 def _persistent_fwd(q_desc, k_desc, v_desc, o_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om,
                     stride_lse_b, stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
@@ -1146,16 +1110,13 @@ def _persistent_fwd(q_desc, k_desc, v_desc, o_desc, Out, Lse, seqlen_q, seqlen_k
         gl.static_assert(o_desc.block_type.shape[1] == WG_ROWS, "the output's copy: [1, 64, HEAD_DIM] boxes")
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn = _pp_shared(
         q_desc, k_desc, v_desc, 2, WG_ROWS, BLOCK_N, HEAD_DIM, STAGES, Q_BUFS)
-    ones = turn  # a placeholder, never read (a partition's arguments cannot be None)
-    if LEAN & LEAN_MMA_SUM:
-        ones = _ones_tile(q_desc.dtype, BLOCK_N)
     gl.warp_specialize(
         [(_persistent_consumer, (q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready,
                                  v_empty, turn.index(w), turn.index((w + 1) % 2), Out, Lse, num_tiles, num_m, nheads,
                                  seqlen_q, seqlen_k, stride_om, stride_lse_b, stride_lse_h, qk_scale, w * WG_ROWS,
                                  HEAD_DIM, BLOCK_M, WG_ROWS, BLOCK_N, STAGES, IS_CAUSAL, IS_CAUSAL,
                                  1 if w == 0 else 0, ORDERED, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, w * Q_BUFS,
-                                 Q_BUFS, PAIRED, divs, o_desc, NO_KEY_WIDE, ones))
+                                 Q_BUFS, PAIRED, divs, o_desc, NO_KEY_WIDE))
          if w < 2 else
          (_persistent_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                  num_tiles, num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N,
@@ -1295,9 +1256,6 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
         gl.static_assert(q_desc.block_type.shape[0] == WG_ROWS, "ping-pong: Q descriptor block is [64, HEAD_DIM]")
         q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn = _pp_shared(
             q_desc, k_desc, v_desc, NUM_WG, WG_ROWS, BLOCK_N, HEAD_DIM, STAGES)
-        ones = turn  # a placeholder, never read (a partition's arguments cannot be None)
-        if LEAN & LEAN_MMA_SUM:
-            ones = _ones_tile(dtype, BLOCK_N)
         # Register budget: 65536 per SM; the producer warp is padded to a warpgroup (Triton), so
         # NUM_WG + 1 warpgroups of 128 threads; the producer at 24, the consumers share the rest in
         # multiples of 8: (65536 / 128 - 24) / NUM_WG rounded down to 8.
@@ -1317,7 +1275,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                                    q_row0 + w * WG_ROWS, q_col, m_start + w * WG_ROWS, seqlen_q, seqlen_k, n_lo,
                                    n_tiles, stride_om, lse_base, qk_scale, HEAD_DIM, WG_ROWS, BLOCK_N, STAGES,
                                    IS_CAUSAL, MASK_ALL, 1 if w == 0 else 0, ORDERED, LEAN, EXP2_FMA, TILE_ROW_STORES,
-                                   FEWER_MASKS, ones))
+                                   FEWER_MASKS))
              if w < NUM_WG else
              (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
                           n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL))
