@@ -67,7 +67,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                    "out_stores": {0: "pointer stores from the accumulator layout",
                                   1: "whole-row pointer stores (Triton's layout conversion)",
                                   2: "whole-row pointer stores (staged in the Q buffer)",
-                                  3: "TMA bulk copies (staged in the Q buffer)"}[hopper.row_stores(q.shape[-1], name)]}
+                                  3: "TMA bulk copies (staged in the Q buffer)"}[hopper.row_stores(q.shape[-1], name, varlen)]}
         if name == "persistent":
             opts = hopper.persistent_options(q.shape[-1], name, window == (-1, 0), dispatch.cdiv(seqlen_q, bm))
             forward["walk"] = ("pairs of query blocks, head by head" if opts["PAIRED"] else

@@ -489,6 +489,14 @@ ROW_STORE_VIA_Q_HEADDIMS = {"pingpong": (256,), "split": (256,), "persistent": (
 # 377 (389), 408 / 420 (427). ``with hopper.out_tma_store(False)`` turns it off.
 out_tma_store = dispatch.Preference(False)
 TMA_STORE_HEADDIMS = (64, 128, 256)
+# The same bulk copy at the end of the one-tile ping-pong kernels (``ROW_STORES`` = 3 there too; the
+# consumer waits for the copy's reads before the program exits), fixed-length calls only (the copy's
+# 3-D view is per batch). It replaces d = 64 / 128's conversion through Triton's scratch and d = 256's
+# read-back of the Q buffer. Not measured yet (NOTES §120): off by default; ``with
+# hopper.one_tile_tma_store(True)`` turns it on in ``ONE_TILE_TMA_STORE_VARIANTS``.
+one_tile_tma_store = dispatch.Preference(False)
+ONE_TILE_TMA_STORE_VARIANTS = ("pingpong", "split", "wg3")
+ONE_TILE_TMA_STORE_ON: dict = {}  # variant -> head dims where it is the default: none until measured
 
 # The persistent kernel's tile index without run-time divisions (the kernel's ``FAST_DIV``): the
 # walk's divisor and the head count's quotients by a multiply-high with magic numbers computed here
@@ -573,14 +581,18 @@ def walk_divisor(num_m: int, batch_heads: int, causal: bool, paired: bool) -> in
     return batch_heads if causal else num_m
 
 
-def row_stores(d: int, name: str) -> int:
+def row_stores(d: int, name: str, varlen: bool = False) -> int:
     """How the forward for head dim ``d`` under variant ``name`` stores its output (the kernel's
     ``ROW_STORES``): 0 from the accumulator layout, 1 as whole rows through Triton's layout
-    conversion, 2 as whole rows staged in the warpgroup's Q buffer, 3 (persistent) copied from that
-    buffer by TMA (``out_tma_store``)."""
+    conversion, 2 as whole rows staged in the warpgroup's Q buffer, 3 copied from that buffer by TMA
+    (the persistent kernel: ``out_tma_store``; the one-tile ping-pong kernels on fixed-length calls:
+    ``one_tile_tma_store``)."""
     if not out_row_stores.wanted():
         return 0
     if name == "persistent" and _switch(out_tma_store, d in TMA_STORE_HEADDIMS):
+        return 3
+    if name in ONE_TILE_TMA_STORE_VARIANTS and not varlen and \
+            _switch(one_tile_tma_store, d in ONE_TILE_TMA_STORE_ON.get(name, ())):
         return 3
     if d in ROW_STORE_HEADDIMS.get(name, ()):
         return 1
@@ -768,10 +780,10 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     num_tiles = num_m * batch * nheads
     grid = (grid_programs(q.device, cfg["variant"], num_tiles),)
     popts = persistent_options(d, cfg["variant"], causal, num_m)
-    out_stores = row_stores(d, cfg["variant"])
+    out_stores = row_stores(d, cfg["variant"], varlen)
     o_desc = None
     if out_stores == 3:  # the output as (batch, seqlen_q, nheads * d) in [1, q_rows, d] boxes: a bulk copy
-        # drops the rows past seqlen_q itself (the persistent kernel's, fixed-length calls only)
+        # drops the rows past seqlen_q itself (fixed-length calls only)
         o_layout = gl.NVMMASharedLayout.get_default_for([1, q_rows, d], dt)
         o_desc = TensorDescriptor.from_tensor(out.view(batch, seqlen_q, nheads * d), [1, q_rows, d], o_layout)
     # the tile index's magic divisors (read only under FAST_DIV)

@@ -657,8 +657,17 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     assert [key for key, mode in rows.items() if mode == 3] == [("persistent", d) for d in (64, 128, 256)], rows
     with hopper.out_tma_store(False):  # the persistent kernel as before it: pointer stores at d = 64
         assert [hopper.row_stores(d, "persistent") for d in (64, 128, 256)] == [0, 1, 2]
-    with hopper.out_tma_store(True):  # the one-tile kernels have no copy
+    with hopper.out_tma_store(True):  # the one-tile kernels' copy is its own switch
         assert hopper.row_stores(128, "pingpong") == 1
+    # the one-tile ping-pong kernels' copy (NOTES §120): off by default; when asked, every ping-pong
+    # variant at every head dim, fixed-length calls only (the copy's view is per batch element)
+    with hopper.one_tile_tma_store(True):
+        for v, d in rows:
+            want = 3 if v in ("pingpong", "split", "wg3", "persistent") else rows[(v, d)]
+            assert hopper.row_stores(d, v) == want, (v, d)
+            assert hopper.row_stores(d, v, varlen=True) == (rows[(v, d)] if v != "persistent" else 3), (v, d)
+        with hopper.out_row_stores(False):
+            assert hopper.row_stores(64, "wg3") == 0
     with hopper.out_row_stores(False):
         assert not any(hopper.row_stores(d, v) for v, d in rows)
     # fewer masked key tiles in the two-warpgroup ping-pong kernels (wg3's consumers spilled with it)

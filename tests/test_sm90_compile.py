@@ -151,6 +151,22 @@ def test_hopper_row_stores_compile_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+def test_hopper_one_tile_tma_store_compiles_for_sm90():
+    """The one-tile ping-pong kernels' output copied by TMA (hopper.one_tile_tma_store, ``ROW_STORES``
+    = 3; off by default, NOTES §120), d = 128 two warpgroups and wg3 at d = 64, both masks: one bulk
+    copy a consumer warpgroup, no spill, the wgmma pipelined."""
+    pytest.importorskip("triton.experimental.gluon")
+    import re
+
+    lines = _hopper_check("--variants", "pingpong,wg3", "--headdims", "64,128", "--one-tile-tma-store", "on")
+    lines = [line for line in lines if line.startswith("wg3") or " d=128 " in line]
+    assert len(lines) == 4, lines
+    for line in lines:
+        assert "tma_store " in line and "spill=0B" in line and "wgmma-pipelined" in line, line
+        assert int(re.search(r"tma_stores=(\d+)", line).group(1)) == (3 if line.startswith("wg3") else 2), line
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 def test_hopper_fewer_masks_compile_for_sm90():
     """Fewer masked key tiles (the kernel's FEWER_MASKS, hopper.FEWER_MASKS_NUM_WG) in the ping-pong
     kernel as launched, causal, every head dim: the build has it, wgmma pipelined, no spill (the first

@@ -589,7 +589,7 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                        qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                        STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr, TURN0: gl.constexpr,
                        ORDERED: gl.constexpr, LEAN: gl.constexpr, EXP2_FMA: gl.constexpr,
-                       ROW_STORES: gl.constexpr, FEWER_MASKS: gl.constexpr = False):
+                       ROW_STORES: gl.constexpr, FEWER_MASKS: gl.constexpr = False, o_desc=None, b=None):
     """One consumer warpgroup of the ping-pong (``NUM_WG`` = 2) or three-warpgroup ring (3) variant:
     ``BLOCK_M`` (= 64) query rows of its own, the K/V ring shared with the other consumer warpgroups.
 
@@ -629,9 +629,13 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                                m_start, seqlen_q, seqlen_k, n_lo, n_tiles, qk_scale, 0, 0, HEAD_DIM, BLOCK_M, BLOCK_N,
                                STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, False, EXP2_FMA, FEWER_MASKS)
     rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _wg_acc_layout(BLOCK_N)))
-    # ROW_STORES 2: staged in this warpgroup's Q buffer (its S products all retired in the key loop)
+    # ROW_STORES 2 / 3: staged in this warpgroup's Q buffer (its S products all retired in the key loop);
+    # 3: copied out by TMA (``o_desc``, ``b``: the batch index), whose reads of the buffer finish before
+    # the program exits and its shared memory goes to another
     _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
-              _wg_acc_layout(HEAD_DIM), BLOCK_M, HEAD_DIM, ROW_STORES, q_smem)
+              _wg_acc_layout(HEAD_DIM), BLOCK_M, HEAD_DIM, ROW_STORES, q_smem, o_desc, b)
+    if ROW_STORES == 3:
+        tma.store_wait(0)
 
 
 @gluon.jit
@@ -1191,9 +1195,10 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     otherwise. ``NO_KEY_WIDE`` (persistent only): a tile's rows that see no key stored 16 bytes a
     thread (``_store_no_key_rows``; ``hopper.NO_KEY_WIDE_HEADDIMS``)."""
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
-    gl.static_assert(PERSISTENT or ROW_STORES != 3, "the output's bulk copy: the persistent kernel only")
+    gl.static_assert(PERSISTENT or (PINGPONG and not IS_VARLEN) or ROW_STORES != 3,
+                     "the output's bulk copy: the ping-pong kernels, fixed-length calls")
     # the one-tile path below is compiled (dead) after the persistent kernel's return too
-    TILE_ROW_STORES: gl.constexpr = 0 if ROW_STORES == 3 else ROW_STORES
+    TILE_ROW_STORES: gl.constexpr = 0 if (ROW_STORES == 3) & PERSISTENT else ROW_STORES
     if PERSISTENT:
         gl.static_assert(PINGPONG and NUM_WG == 2 and not IS_VARLEN,
                          "persistent: the two-warpgroup ping-pong kernel, fixed-length batches")
@@ -1275,7 +1280,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                                    q_row0 + w * WG_ROWS, q_col, m_start + w * WG_ROWS, seqlen_q, seqlen_k, n_lo,
                                    n_tiles, stride_om, lse_base, qk_scale, HEAD_DIM, WG_ROWS, BLOCK_N, STAGES,
                                    IS_CAUSAL, MASK_ALL, 1 if w == 0 else 0, ORDERED, LEAN, EXP2_FMA, TILE_ROW_STORES,
-                                   FEWER_MASKS))
+                                   FEWER_MASKS, o_desc, b))
              if w < NUM_WG else
              (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
                           n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL))
