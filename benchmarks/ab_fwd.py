@@ -96,9 +96,8 @@ def parse_load(name, loads):
     on or off; without it, the launcher's default, which depends on the mask), and "-tma" (a Gluon
     ping-pong name: the output's bulk copies, hopper.out_tma_store / hopper.one_tile_tma_store, forced
     on) and "-fd" (a persistent name: the tile index by multiply-high, hopper.fast_tile_div, forced
-    on); without them the launcher's default, in that
-    order (e.g. gluon-pp-fma25,
-    gluon-wg3-fma50-lpt, gluon-pers-lean-accstore, gluon-pers-lean-q2-nopair, gluon-pp-lean-crw-n64-s4)."""
+    on); without them the launcher's default, in that order (e.g. gluon-pp-fma25, gluon-wg3-fma50-lpt,
+    gluon-pers-lean-accstore, gluon-pers-lean-q2-nopair, gluon-pp-lean-crw-n64-s4, gluon-wg3-crw-ds-tma)."""
     m = re.fullmatch(r"(.+?)(?:-fma(\d+))?(-accstore)?(-crw?)?(?:-n(\d+))?(?:-s(\d+))?(-(?:no)?q2)?(-(?:no)?pair)?"
                      r"(-lpt)?(-qr)?(-ds)?(-(?:no)?mb)?(-tma)?(-fd)?", name)
     base, fma, acc, cr, lpt = m.group(1), m.group(2), bool(m.group(3)), {None: None, "-cr": "thread", "-crw": "warp"}[m.group(4)], bool(m.group(9))

@@ -1177,9 +1177,10 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
 
     ``ROW_STORES``: the output tile converted to whole-row 16-byte pieces before its stores
     (``_epilogue``; ``hopper.row_stores``): 1 by Triton's layout conversion, 2 through the
-    warpgroup's dead Q buffer (the one-tile ping-pong kernels at d = 256), 3 (persistent only)
-    copied from that buffer by TMA (``o_desc``: the output as (batch, seqlen_q, nheads * HEAD_DIM),
-    [1, 64, HEAD_DIM] boxes; None otherwise).
+    warpgroup's dead Q buffer (the one-tile ping-pong kernels at d = 256), 3 (the persistent kernel;
+    the one-tile ping-pong kernels on fixed-length calls, ``hopper.one_tile_tma_store``) copied from
+    that buffer by TMA (``o_desc``: the output as (batch, seqlen_q, nheads * HEAD_DIM), [1, 64,
+    HEAD_DIM] boxes; None otherwise).
 
     ``FEWER_MASKS`` (two-warpgroup ping-pong kernels): the first key tile masked only where needed and
     causal masks without the key-end test (``_pp_mainloop``; ``hopper.FEWER_MASKS_NUM_WG``).
