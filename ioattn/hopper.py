@@ -492,7 +492,10 @@ TMA_STORE_HEADDIMS = (64, 128, 256)
 # The same bulk copy at the end of the one-tile ping-pong kernels (``ROW_STORES`` = 3 there too; the
 # consumer waits for the copy's reads before the program exits), fixed-length calls only (the copy's
 # 3-D view is per batch). It replaces d = 64 / 128's conversion through Triton's scratch and d = 256's
-# read-back of the Q buffer. Not measured yet (NOTES §120): off by default; ``with
+# read-back of the Q buffer. First look (NOTES §120, results/session-2026-12-05-f), without / with,
+# TFLOP/s: wg3 d=64 non-causal 468 / 466 at N=2048, 511 / 506 at 4096 (level: not for d = 64); the
+# ping-pong kernel with Q in registers at N=16384, d=128 717 / 720, d=256 804 / 823. Off by default until
+# d = 256's default build is measured (benchmarks/session_gpu_run151.sh); ``with
 # hopper.one_tile_tma_store(True)`` turns it on in ``ONE_TILE_TMA_STORE_VARIANTS``.
 one_tile_tma_store = dispatch.Preference(False)
 ONE_TILE_TMA_STORE_VARIANTS = ("pingpong", "split", "wg3")
