@@ -71,6 +71,7 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
                       KV_TAIL=varlen if kv_tail is None else kv_tail, EXP2_FMA=hopper.exp2_fma_cols(exp2_fma, bn),
                       ROW_STORES=cfg_row_stores(row_stores, variant, d, varlen),
                       **cfg_persistent(q_prefetch, paired, variant, d, causal))
+    constexprs.update(KEY_MASKS=hopper.key_masks(d, variant, causal, constexprs["KV_TAIL"]))
     if constexprs["ROW_STORES"] == 3:  # the output's bulk copies (else the launcher passes None)
         sig.update(o_desc=f"tensordesc<{dt}[1,{q_rows},{d}],{o_layout!r}>")
     else:
@@ -190,6 +191,8 @@ def check(job):
         regs += "paired "
     if opts["FAST_DIV"]:
         regs += "fast_div "
+    if not hopper.key_masks(d, variant, causal, cfg_tail(varlen, kv_tail)):
+        regs += "unmasked_keys "
     return (f"{variant:8s} d={d} {dt} causal={causal!s:5s} {'varlen ' if varlen else ''}"
             f"tiles={cfg['block_m']}x{cfg['block_n']}x{cfg['stages']} "
             f"warps={k.metadata.num_warps} shared={k.metadata.shared} {regs}{fmt(c)}")
@@ -235,6 +238,9 @@ def main():
                          "(ROW_STORES=3, hopper.one_tile_tma_store)")
     ap.add_argument("--fast-div", default="default", choices=("default", "on", "off"),
                     help="persistent: the tile index by multiply-high (FAST_DIV, hopper.fast_tile_div)")
+    ap.add_argument("--unmasked-keys", default="default", choices=("default", "on", "off"),
+                    help="non-causal fixed-length kernels (no KV_TAIL): no key tile masked (KEY_MASKS=False, "
+                         "hopper.unmasked_full_keys)")
     ap.add_argument("--block-n", type=int, default=None,
                     help="key tile (block_n) of every selected variant and head dim instead of hopper.TILE_TABLE's")
     ap.add_argument("--stages", type=int, default=None, help="K / V ring depth instead of hopper.TILE_TABLE's")
@@ -249,6 +255,8 @@ def main():
         hopper.one_tile_tma_store.value = args.one_tile_tma_store == "on"
     if args.fast_div != "default":  # likewise
         hopper.fast_tile_div.value = args.fast_div == "on"
+    if args.unmasked_keys != "default":  # likewise
+        hopper.unmasked_full_keys.value = args.unmasked_keys == "on"
     if args.deferred_row_sum != "default":  # before the compile jobs' processes are forked (they inherit it)
         hopper.deferred_row_sum.value = args.deferred_row_sum == "on"
     if args.mask_branch != "default":  # likewise

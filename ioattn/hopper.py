@@ -495,11 +495,31 @@ TMA_STORE_HEADDIMS = (64, 128, 256)
 # read-back of the Q buffer. First look (NOTES §120, results/session-2026-12-05-f), without / with,
 # TFLOP/s: wg3 d=64 non-causal 468 / 466 at N=2048, 511 / 506 at 4096 (level: not for d = 64); the
 # ping-pong kernel with Q in registers at N=16384, d=128 717 / 720, d=256 804 / 823. Off by default until
-# d = 256's default build is measured (benchmarks/session_gpu_run151.sh); ``with
+# d = 256's default build is measured (benchmarks/session_gpu_run152.sh); ``with
 # hopper.one_tile_tma_store(True)`` turns it on in ``ONE_TILE_TMA_STORE_VARIANTS``.
 one_tile_tma_store = dispatch.Preference(False)
 ONE_TILE_TMA_STORE_VARIANTS = ("pingpong", "split", "wg3")
 ONE_TILE_TMA_STORE_ON: dict = {}  # variant -> head dims where it is the default: none until measured
+
+# Key tiles never masked where no mask can cut one (the kernel's ``KEY_MASKS`` False): without a
+# causal mask the key-end test is the only mask, and when seqlen_k is a multiple of the key tile on a
+# fixed-length call (no ``KV_TAIL``) it never removes a key, yet every query tile's last key step (and
+# a one-key-tile call's first) took the masked softmax, a second body of it in the consumer's code
+# (the instruction fetch: NOTES §94). With it the consumers compile the unmasked body alone. Off by
+# default until measured (NOTES §121); ``with hopper.unmasked_full_keys(True)`` asks for it in
+# ``UNMASKED_KEYS_VARIANTS``.
+unmasked_full_keys = dispatch.Preference(False)
+UNMASKED_KEYS_VARIANTS = ("base", "pingpong", "split", "wg3", "persistent")
+UNMASKED_KEYS_ON: dict = {}  # variant -> head dims where it is the default: none until measured
+
+
+def key_masks(d: int, name: str, causal: bool, kv_tail: bool) -> bool:
+    """The kernel's ``KEY_MASKS``: False (no key tile masked) only for a call with no causal mask whose
+    key tiles all lie inside the sequence (``kv_tail`` False: fixed length, seqlen_k a multiple of the
+    key tile), where ``unmasked_full_keys`` (or, unset, ``UNMASKED_KEYS_ON``) asks for it."""
+    if causal or kv_tail or name not in UNMASKED_KEYS_VARIANTS:
+        return True
+    return not _switch(unmasked_full_keys, d in UNMASKED_KEYS_ON.get(name, ()))
 
 # The persistent kernel's tile index without run-time divisions (the kernel's ``FAST_DIV``): the
 # walk's divisor and the head count's quotients by a multiply-high with magic numbers computed here
@@ -784,6 +804,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     grid = (grid_programs(q.device, cfg["variant"], num_tiles),)
     popts = persistent_options(d, cfg["variant"], causal, num_m)
     out_stores = row_stores(d, cfg["variant"], varlen)
+    kv_tail = varlen or seqlen_k % block_n != 0  # a key tile may reach past a sequence's end
     o_desc = None
     if out_stores == 3:  # the output as (batch, seqlen_q, nheads * d) in [1, q_rows, d] boxes: a bulk copy
         # drops the rows past seqlen_q itself (fixed-length calls only)
@@ -799,7 +820,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
                             softmax_scale * 1.4426950408889634, walk_div, walk_mul, walk_shift, head_mul, head_shift,
                             IS_CAUSAL=bool(causal), IS_VARLEN=varlen,
                             LPT=bool(causal) and lpt_order.wanted(), num_tiles=num_tiles,
-                            KV_TAIL=varlen or seqlen_k % block_n != 0,
+                            KV_TAIL=kv_tail, KEY_MASKS=key_masks(d, cfg["variant"], bool(causal), kv_tail),
                             EXP2_FMA=exp2_fma_cols(exp2_fma_share(), block_n),
                             ROW_STORES=out_stores,
                             **popts,

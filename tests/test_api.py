@@ -1091,6 +1091,16 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
     monkeypatch.delenv("IOATTN_HOPPER_LPT")
     assert launch(16384, 16384 - 1, True)[1]["KV_TAIL"] and not launch(16384, 16384 - bn, True)[1]["KV_TAIL"]
     assert launch(16384, 16384, True, varlen=True)[1]["KV_TAIL"]  # varlen: always
+    # key tiles never masked (hopper.unmasked_full_keys, NOTES §121): off by default; when asked, only
+    # for non-causal calls whose key tiles all lie inside the sequence
+    assert launch(512, 512, False)[1]["KEY_MASKS"] and launch(16384, 16384, False)[1]["KEY_MASKS"]
+    with hopper.unmasked_full_keys(True):
+        assert not launch(512, 512, False)[1]["KEY_MASKS"]  # persistent
+        assert not launch(16384, 16384, False)[1]["KEY_MASKS"]  # ping-pong
+        assert not launch(16384, 16384, False, d=64)[1]["KEY_MASKS"]  # wg3
+        assert launch(16384, 16384, True)[1]["KEY_MASKS"]  # the causal diagonal
+        assert launch(16384, 16384 - 1, False)[1]["KEY_MASKS"]  # a key tile cut by the key end
+        assert launch(16384, 16384, False, varlen=True)[1]["KEY_MASKS"]  # varlen: the sequences' own ends
     grid, kw = launch(512, 512, False)  # short, non-causal: persistent, one program per SM (132 here)
     assert kw["PERSISTENT"] and grid == (min(132, -(-512 // bm) * 2 * 4),) and kw["num_tiles"] == 4 * 2 * 4
     assert kw["Q_BUFS"] == 2 and not kw["PAIRED"]  # two Q buffers at d = 128; pairs are a causal walk

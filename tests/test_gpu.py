@@ -589,6 +589,27 @@ def test_hopper_forward_one_tile_tma_store(variant, d, causal, shape, poison_all
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant, d", [("persistent", 64), ("persistent", 128), ("persistent", 256),
+                                        ("pingpong", 128), ("pingpong", 256), ("split", 128), ("wg3", 64),
+                                        ("base", 64)])
+# key lengths a multiple of the key tile (128; 64 at d = 256) with rows past seqlen_q (777, 129), GQA,
+# one key tile, many tiles; and (2, 300, 1000, 4, 2), a key length that cuts a tile: masked as before
+@pytest.mark.parametrize("shape", [(3, 777, 1024, 4, 2), (2, 129, 128, 2, 2), (1, 2048, 2048, 16, 8),
+                                   (2, 300, 1000, 4, 2)])
+def test_hopper_forward_unmasked_keys(variant, d, shape, poison_alloc):
+    """No key tile masked where none can be cut (hopper.unmasked_full_keys, the kernel's ``KEY_MASKS``
+    False; off by default, NOTES §121): non-causal calls on poisoned outputs against the float64
+    oracle, with the gradients of the backward it feeds; a key length that is not a multiple of the
+    key tile keeps its masks."""
+    from ioattn import hopper
+    b, sq, sk, h, hkv = shape
+    with hopper.unmasked_full_keys(True), hopper.variant(variant), hopper.prefer_hopper(True):
+        block_n = hopper.TILE_TABLE[variant][d][1]
+        assert hopper.key_masks(d, variant, False, sk % block_n != 0) == (sk % block_n != 0)
+        _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=False)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("variant", ["base", "pingpong", "wg3"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 # several heads and batch elements (the LPT order interleaves them); (3, 500, 300, 6, 2): rows that

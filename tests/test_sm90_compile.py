@@ -167,6 +167,32 @@ def test_hopper_one_tile_tma_store_compiles_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+def test_hopper_unmasked_keys_compile_for_sm90():
+    """No key tile masked on non-causal calls whose key tiles all lie inside the sequence
+    (hopper.unmasked_full_keys, the kernel's ``KEY_MASKS`` False; off by default, NOTES §121): the
+    persistent kernel at d = 64 compiles one softmax body a consumer instead of two (half the
+    exponentials in the SASS), wg3 two instead of three (its first key step is always masked
+    otherwise), no spill, the wgmma pipelined; causal builds are unchanged."""
+    pytest.importorskip("triton.experimental.gluon")
+    import re
+
+    def ex2(lines):
+        return {line.split()[0] + line.split()[3]: int(re.search(r"MUFU.EX2=(\d+)", line).group(1)) for line in lines}
+
+    args = ("--variants", "persistent,wg3", "--headdims", "64")
+    plain = _hopper_check(*args)
+    unmasked = _hopper_check(*args, "--unmasked-keys", "on")
+    assert len(plain) == len(unmasked) == 4, (plain, unmasked)
+    for line in unmasked:
+        assert "spill=0B" in line and "wgmma-pipelined" in line, line
+        assert ("unmasked_keys" in line) == ("causal=False" in line), line
+    before, after = ex2(plain), ex2(unmasked)
+    for key in before:
+        assert after[key] < before[key] if key.endswith("False") else after[key] == before[key], (key, before, after)
+    assert after["persistentcausal=False"] * 2 == before["persistentcausal=False"], (before, after)
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 def test_hopper_fewer_masks_compile_for_sm90():
     """Fewer masked key tiles (the kernel's FEWER_MASKS, hopper.FEWER_MASKS_NUM_WG) in the ping-pong
     kernel as launched, causal, every head dim: the build has it, wgmma pipelined, no spill (the first

@@ -368,15 +368,20 @@ def _mask_scores(s, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d, IS_C
 @gluon.jit
 def _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d,
                   IS_CAUSAL: gl.constexpr, LEAN: gl.constexpr, EXP2_FMA: gl.constexpr, KEY_END: gl.constexpr,
-                  BRANCH_OK: gl.constexpr = False):
+                  BRANCH_OK: gl.constexpr = False, KEY_MASKS: gl.constexpr = True):
     """A key tile's softmax step whose mask is decided at run time (``need_mask``): two inlined copies of
     ``_softmax_tile``, masked and unmasked, under the branch; or (``LEAN_MASK_BRANCH`` and ``BRANCH_OK``)
     one copy, the mask alone under the branch (``_mask_scores``), so that the consumer's code holds one
     softmax body there instead of two (the instruction cache: NOTES §94-§95). ``BRANCH_OK``: no product
     in flight at this call (a tile's first key step): ptxas waits for every wgmma in flight at a branch's
     join, so in the key loop the join ahead of the softmax would serialise it with this warpgroup's
-    P V (measured 5-12 % slower there, NOTES §94)."""
-    if (LEAN & LEAN_MASK_BRANCH) and BRANCH_OK:
+    P V (measured 5-12 % slower there, NOTES §94). ``KEY_MASKS`` False: no tile is ever masked
+    (``hopper_fwd_kernel``'s ``KEY_MASKS``), ``need_mask`` is ignored and only the unmasked body is
+    compiled."""
+    if not KEY_MASKS:
+        p, alpha, m_new, l_new = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
+                                               rows_1d, cols_1d, False, IS_CAUSAL, LEAN, EXP2_FMA)
+    elif (LEAN & LEAN_MASK_BRANCH) and BRANCH_OK:
         if need_mask:
             s = _mask_scores(s, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d, IS_CAUSAL, KEY_END)
         p, alpha, m_new, l_new = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
@@ -480,7 +485,7 @@ def _consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, 
               q_row0, q_col, m_start, seqlen_q, seqlen_k, n_lo, n_tiles, stride_om, stride_lse_h, lse_base,
               qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr, EXP2_FMA: gl.constexpr,
-              ROW_STORES: gl.constexpr):
+              ROW_STORES: gl.constexpr, KEY_MASKS: gl.constexpr = True):
     num_warps: gl.constexpr = gl.num_warps()
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -529,7 +534,7 @@ def _consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, 
     # the last tile (it also carries the key-end and diagonal masks)
     last = n_tiles - 1
     p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, (n_lo + last) * BLOCK_N, seqlen_q, seqlen_k,
-                                       rows_1d, cols_1d, True, IS_CAUSAL, False, EXP2_FMA)
+                                       rows_1d, cols_1d, KEY_MASKS, IS_CAUSAL, False, EXP2_FMA)
     o = warpgroup_mma_wait(0, deps=[acc])
     acc = _issue_pv(o, alpha, p, v_smem, v_ready, last, o_layout, p_layout, STAGES)
     o = warpgroup_mma_wait(0, deps=[acc])
@@ -589,7 +594,8 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                        qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                        STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr, TURN0: gl.constexpr,
                        ORDERED: gl.constexpr, LEAN: gl.constexpr, EXP2_FMA: gl.constexpr,
-                       ROW_STORES: gl.constexpr, FEWER_MASKS: gl.constexpr = False, o_desc=None, b=None):
+                       ROW_STORES: gl.constexpr, FEWER_MASKS: gl.constexpr = False, o_desc=None, b=None,
+                       KEY_MASKS: gl.constexpr = True):
     """One consumer warpgroup of the ping-pong (``NUM_WG`` = 2) or three-warpgroup ring (3) variant:
     ``BLOCK_M`` (= 64) query rows of its own, the K/V ring shared with the other consumer warpgroups.
 
@@ -627,7 +633,8 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
     mbarrier.wait(q_bar, 0)
     o, m_i, l_i = _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn, next_turn,
                                m_start, seqlen_q, seqlen_k, n_lo, n_tiles, qk_scale, 0, 0, HEAD_DIM, BLOCK_M, BLOCK_N,
-                               STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, False, EXP2_FMA, FEWER_MASKS)
+                               STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, False, EXP2_FMA, FEWER_MASKS,
+                               KEY_MASKS)
     rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _wg_acc_layout(BLOCK_N)))
     # ROW_STORES 2 / 3: staged in this warpgroup's Q buffer (its S products all retired in the key loop);
     # 3: copied out by TMA (``o_desc``, ``b``: the batch index), whose reads of the buffer finish before
@@ -664,7 +671,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
                  seqlen_k, n_lo, n_tiles, qk_scale, g0, sec0, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr,
                  TURN0: gl.constexpr, ORDERED: gl.constexpr, LEAN: gl.constexpr, RELEASE_LAST: gl.constexpr,
-                 EXP2_FMA: gl.constexpr, FEWER_MASKS: gl.constexpr = False):
+                 EXP2_FMA: gl.constexpr, FEWER_MASKS: gl.constexpr = False, KEY_MASKS: gl.constexpr = True):
     """One query tile's key loop for one ping-pong warpgroup (Q already in ``q_smem``): returns the
     unnormalised (O, m, l). ``g0``: ring uses before this tile, ``sec0``: this warpgroup's critical
     sections before it (both 0 for a one-tile program; a persistent program's running counts), so
@@ -672,7 +679,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     persistent program reloads it; a one-tile program never does). ``FEWER_MASKS``: the first key
     tile masked only when the loop's rule says so for it (the last tile, or one the diagonal
     crosses) instead of always, and causal masks without the key-end test (``_softmax_tile``'s
-    ``KEY_END``)."""
+    ``KEY_END``). ``KEY_MASKS`` False: no key tile masked (``hopper_fwd_kernel``)."""
     num_warps: gl.constexpr = gl.num_warps()
     gl.static_assert(num_warps == 4, "a ping-pong consumer is one warpgroup")
     gl.static_assert(STAGES >= 2, "S(i+1) and P(i) V(i) are in flight together")
@@ -706,10 +713,11 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         if MASK_ALL:
             need_mask = need_mask | (n_lo * BLOCK_N + BLOCK_N - 1 > diag)
         p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q,
-                                           seqlen_k, rows_1d, cols_1d, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END, True)
+                                           seqlen_k, rows_1d, cols_1d, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END, True,
+                                           KEY_MASKS)
     else:
         p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q, seqlen_k,
-                                           rows_1d, cols_1d, True, IS_CAUSAL, LEAN, EXP2_FMA)
+                                           rows_1d, cols_1d, KEY_MASKS, IS_CAUSAL, LEAN, EXP2_FMA)
     p16 = gl.convert_layout(p.to(dtype), p_layout)  # O is still 0: no rescale
 
     for i in range(n_tiles - 1):
@@ -732,7 +740,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         if MASK_ALL:
             need_mask = need_mask | (n_start + BLOCK_N - 1 > diag)
         p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
-                                           rows_1d, cols_1d, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END)
+                                           rows_1d, cols_1d, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END, False, KEY_MASKS)
         # P(i) V(i) done: P(i)'s registers may go (listed so they stay alive until here), V(i)'s slot too
         o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
         mbarrier.arrive(v_empty.index(cur), count=1)
@@ -953,7 +961,8 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                          MASK_ALL: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr,
                          EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
                          FEWER_MASKS: gl.constexpr = False, Q0: gl.constexpr = 0, Q_BUFS: gl.constexpr = 1,
-                         PAIRED: gl.constexpr = False, divs=None, o_desc=None, NO_KEY_WIDE: gl.constexpr = False):
+                         PAIRED: gl.constexpr = False, divs=None, o_desc=None, NO_KEY_WIDE: gl.constexpr = False,
+                         KEY_MASKS: gl.constexpr = True):
     """A ping-pong consumer warpgroup of the persistent kernel: rows [row_off, row_off + BLOCK_M) of
     each of this program's CTA_M-row tiles (``_walk``; the producer walks the same list). Per tile:
     ``_pp_mainloop`` with the ring's use count (``g0``) and this warpgroup's
@@ -1008,7 +1017,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                 o, m_i, l_i = _pp_mainloop(q_smem.index(buf), k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                            my_turn, next_turn, m_start, seqlen_q, seqlen_k, 0, n_tiles, qk_scale, g0,
                                            sec0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, TURN0,
-                                           ORDERED, LEAN, True, EXP2_FMA, FEWER_MASKS)
+                                           ORDERED, LEAN, True, EXP2_FMA, FEWER_MASKS, KEY_MASKS)
                 g0 += n_tiles
                 sec0 += n_tiles + 1
                 # the next tile's Q into the buffer this tile's S products have released: before the epilogue,
@@ -1101,7 +1110,7 @@ def _persistent_fwd(q_desc, k_desc, v_desc, o_desc, Out, Lse, seqlen_q, seqlen_k
                     ORDERED: gl.constexpr,
                     KV_TAIL: gl.constexpr, EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
                     FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False,
-                    divs=None, NO_KEY_WIDE: gl.constexpr = False):
+                    divs=None, NO_KEY_WIDE: gl.constexpr = False, KEY_MASKS: gl.constexpr = True):
     """The persistent ping-pong kernel's body (``hopper_fwd_kernel(PERSISTENT=True)``): the same
     shared memory and partitions as the one-tile kernel (two consumer warpgroups of 64 rows, the
     producer warp, 240 / 24 registers), each partition walking this program's tiles; ``Q_BUFS`` Q
@@ -1120,7 +1129,7 @@ def _persistent_fwd(q_desc, k_desc, v_desc, o_desc, Out, Lse, seqlen_q, seqlen_k
                                  seqlen_q, seqlen_k, stride_om, stride_lse_b, stride_lse_h, qk_scale, w * WG_ROWS,
                                  HEAD_DIM, BLOCK_M, WG_ROWS, BLOCK_N, STAGES, IS_CAUSAL, IS_CAUSAL,
                                  1 if w == 0 else 0, ORDERED, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, w * Q_BUFS,
-                                 Q_BUFS, PAIRED, divs, o_desc, NO_KEY_WIDE))
+                                 Q_BUFS, PAIRED, divs, o_desc, NO_KEY_WIDE, KEY_MASKS))
          if w < 2 else
          (_persistent_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                  num_tiles, num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N,
@@ -1141,7 +1150,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                       PERSISTENT: gl.constexpr = False, LPT: gl.constexpr = False, KV_TAIL: gl.constexpr = False,
                       EXP2_FMA: gl.constexpr = 0, ROW_STORES: gl.constexpr = False,
                       FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False,
-                      FAST_DIV: gl.constexpr = False, NO_KEY_WIDE: gl.constexpr = False, num_tiles=0):
+                      FAST_DIV: gl.constexpr = False, NO_KEY_WIDE: gl.constexpr = False,
+                      KEY_MASKS: gl.constexpr = True, num_tiles=0):
     """``PINGPONG=False`` (the default, launched with num_warps = 4 * BLOCK_M // 64): one consumer
     partition of BLOCK_M // 64 warpgroups in lockstep, Q descriptor block [BLOCK_M, HEAD_DIM]
     (``NUM_WG`` unused). ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 64 * NUM_WG):
@@ -1194,12 +1204,18 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     the walk's divisor and the head count's magic numbers (``walk_div``, ``walk_mul``, ``walk_shift``;
     ``nheads``, ``head_mul``, ``head_shift``: ``magic_divisor``, ``hopper.walk_divisor``); unused
     otherwise. ``NO_KEY_WIDE`` (persistent only): a tile's rows that see no key stored 16 bytes a
-    thread (``_store_no_key_rows``; ``hopper.NO_KEY_WIDE_HEADDIMS``)."""
+    thread (``_store_no_key_rows``; ``hopper.NO_KEY_WIDE_HEADDIMS``).
+
+    ``KEY_MASKS`` False (``hopper.key_masks``; only without a causal mask and ``KV_TAIL``: every key
+    tile lies inside the sequence, so the key-end test, the only mask there, never cuts one): the
+    consumers compile the unmasked softmax alone and take it at every key step."""
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     gl.static_assert(PERSISTENT or (PINGPONG and not IS_VARLEN) or ROW_STORES != 3,
                      "the output's bulk copy: the ping-pong kernels, fixed-length calls")
     # the one-tile path below is compiled (dead) after the persistent kernel's return too
     TILE_ROW_STORES: gl.constexpr = 0 if (ROW_STORES == 3) & PERSISTENT else ROW_STORES
+    gl.static_assert(KEY_MASKS or not (IS_CAUSAL or KV_TAIL or IS_VARLEN),
+                     "key tiles unmasked: only without a causal mask, every key tile inside the sequence")
     if PERSISTENT:
         gl.static_assert(PINGPONG and NUM_WG == 2 and not IS_VARLEN,
                          "persistent: the two-warpgroup ping-pong kernel, fixed-length batches")
@@ -1208,7 +1224,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                         stride_lse_b, stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
                         IS_CAUSAL, ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, Q_BUFS, PAIRED,
                         ((walk_div, walk_mul, walk_shift), (nheads, head_mul, head_shift)) if FAST_DIV else None,
-                        NO_KEY_WIDE)
+                        NO_KEY_WIDE, KEY_MASKS)
         return
     b, h, m_block = _tile_bhm(gl.program_id(0), num_m, gl.num_programs(0), nheads, IS_CAUSAL, LPT)
     m_start = m_block * BLOCK_M
@@ -1281,7 +1297,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                                    q_row0 + w * WG_ROWS, q_col, m_start + w * WG_ROWS, seqlen_q, seqlen_k, n_lo,
                                    n_tiles, stride_om, lse_base, qk_scale, HEAD_DIM, WG_ROWS, BLOCK_N, STAGES,
                                    IS_CAUSAL, MASK_ALL, 1 if w == 0 else 0, ORDERED, LEAN, EXP2_FMA, TILE_ROW_STORES,
-                                   FEWER_MASKS, o_desc, b))
+                                   FEWER_MASKS, o_desc, b, KEY_MASKS))
              if w < NUM_WG else
              (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
                           n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL))
@@ -1303,7 +1319,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
             (_consumer, (q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, Out, Lse, q_row0,
                          q_col, m_start, seqlen_q, seqlen_k, n_lo, n_tiles, stride_om, stride_lse_h, lse_base,
                          qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, EXP2_FMA,
-                         TILE_ROW_STORES)),
+                         TILE_ROW_STORES, KEY_MASKS)),
             (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
                          n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL)),
         ], [1], [24])
