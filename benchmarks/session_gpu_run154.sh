@@ -25,11 +25,11 @@ set4() {  # suffix
 }
 {
 set4 A
-git apply benchmarks/patches/early_kv_waits.diff && echo "patched"
+(git apply benchmarks/patches/early_kv_waits.diff || patch -p1 < benchmarks/patches/early_kv_waits.diff) && grep -c "nk = g0 + i + 2" ioattn/kernels/hopper_forward.py && echo "patched"
 timeout 100 python3 -m pytest -q -n 8 tests/test_gpu.py -p no:cacheprovider -k "unmasked_keys" > "$w/testsB.log" 2>&1
 echo "tests (patched) rc=$?: $(tail -n 1 "$w/testsB.log")"
 grep -E "^(FAILED|ERROR)" "$w/testsB.log" | head -8
 set4 B
-git apply -R benchmarks/patches/early_kv_waits.diff
+git apply -R benchmarks/patches/early_kv_waits.diff || patch -R -p1 < benchmarks/patches/early_kv_waits.diff
 } 2>&1 | tee "$out/summary.log"
 pack && rm -rf "$w"
