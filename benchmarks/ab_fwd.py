@@ -69,7 +69,7 @@ def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False, exp2_fma=0.0, lean
                                 hopper.conditional_rescale(bool(cond_rescale)),
                                 hopper.rescale_by_warp(cond_rescale == "warp"), hopper.q_in_registers(q_regs),
                                 hopper.deferred_row_sum(deferred_sum), hopper.mask_branch(mask_branch),
-                                hopper.out_tma_store(tma_store), hopper.one_tile_tma_store(tma_store),
+                                hopper.out_tma_store(tma_store),
                                 hopper.fast_tile_div(fast_div), hopper.unmasked_full_keys(unmasked)):
                     stack.enter_context(setting)
                 return ioattn.flash_attn_func(q, k, v, causal=causal)
@@ -96,13 +96,12 @@ def parse_load(name, loads):
     "-ds" (wg3 or a "-lean" name: the row sum's quad reduction deferred, hopper.deferred_row_sum;
     without it, off, whatever the launcher's default) and "-mb" or "-nomb" (wg3 or a "-lean" name: a
     tile's first-step mask under its own branch ahead of one softmax body, hopper.mask_branch, forced
-    on or off; without it, the launcher's default, which depends on the mask), and "-tma" (a Gluon
-    ping-pong name: the output's bulk copies, hopper.out_tma_store / hopper.one_tile_tma_store, forced
-    on) and "-fd" (a persistent name: the tile index by multiply-high, hopper.fast_tile_div, forced
-    on) and "-um" (a Gluon name: no key tile masked where none can be cut, hopper.unmasked_full_keys,
+    on or off; without it, the launcher's default, which depends on the mask), and "-tma" / "-fd" (a
+    persistent name: the output's bulk copies, hopper.out_tma_store, and the tile index by
+    multiply-high, hopper.fast_tile_div, forced on) and "-um" (a Gluon name: no key tile masked where none can be cut, hopper.unmasked_full_keys,
     forced on); without them the launcher's default, in that order (e.g. gluon-pp-fma25,
     gluon-wg3-fma50-lpt, gluon-pers-lean-accstore, gluon-pers-lean-q2-nopair, gluon-pp-lean-crw-n64-s4,
-    gluon-wg3-crw-ds-tma, gluon-pers-lean-crw-ds-um)."""
+    gluon-pers-lean-ds-tma, gluon-pers-lean-crw-ds-um)."""
     m = re.fullmatch(r"(.+?)(?:-fma(\d+))?(-accstore)?(-crw?)?(?:-n(\d+))?(?:-s(\d+))?(-(?:no)?q2)?(-(?:no)?pair)?"
                      r"(-lpt)?(-qr)?(-ds)?(-(?:no)?mb)?(-tma)?(-fd)?(-um)?", name)
     base, fma, acc, cr, lpt = m.group(1), m.group(2), bool(m.group(3)), {None: None, "-cr": "thread", "-crw": "warp"}[m.group(4)], bool(m.group(9))
@@ -114,8 +113,8 @@ def parse_load(name, loads):
             or (m.group(10) and not base.endswith("-lean")) \
             or ((m.group(11) or m.group(12)) and not (base.startswith("gluon-wg3") or base.endswith("-lean"))) \
             or (cr and not (base.startswith("gluon-wg3") or base.endswith("-lean"))) \
-            or ((q2 is not None or pair is not None or m.group(14)) and not base.startswith("gluon-pers")) \
-            or (m.group(13) and not base.startswith(("gluon-pers", "gluon-pp", "gluon-split", "gluon-wg3"))) \
+            or ((q2 is not None or pair is not None or m.group(13) or m.group(14))
+                and not base.startswith("gluon-pers")) \
             or (m.group(15) and not base.startswith("gluon")):
         raise SystemExit(f"unknown --loads name {name!r}: one of {', '.join(loads)}, a Gluon name may take "
                          f"-fma{{{','.join(FMA_SUFFIX)}}}, -accstore, -cr / -crw and -lpt, a persistent one -q2 / -noq2 and "

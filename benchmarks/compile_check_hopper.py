@@ -69,7 +69,7 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
     # multiples of the key tile)
     constexprs = dict(cfg["constexprs"], IS_CAUSAL=causal, IS_VARLEN=varlen, LPT=lpt,
                       KV_TAIL=varlen if kv_tail is None else kv_tail, EXP2_FMA=hopper.exp2_fma_cols(exp2_fma, bn),
-                      ROW_STORES=cfg_row_stores(row_stores, variant, d, varlen),
+                      ROW_STORES=cfg_row_stores(row_stores, variant, d),
                       **cfg_persistent(q_prefetch, paired, variant, d, causal))
     constexprs.update(KEY_MASKS=hopper.key_masks(d, variant, causal, constexprs["KV_TAIL"]))
     if constexprs["ROW_STORES"] == 3:  # the output's bulk copies (else the launcher passes None)
@@ -102,11 +102,11 @@ def cfg_tail(varlen, kv_tail):
     return varlen if kv_tail is None else kv_tail
 
 
-def cfg_row_stores(row_stores, variant, d, varlen=False):
+def cfg_row_stores(row_stores, variant, d):
     """The kernel's ``ROW_STORES`` as the launcher sets it (``hopper.row_stores``), under
     ``--no-row-stores``."""
     with hopper.out_row_stores(row_stores):
-        return hopper.row_stores(d, variant, varlen)
+        return hopper.row_stores(d, variant)
 
 
 def cfg_persistent(q_prefetch, paired, variant, d, causal):
@@ -172,7 +172,7 @@ def check(job):
             assert exp2_fma or spills <= allowed, (where, "ptxas spilled", spills)
     if exp2_fma:
         regs += f"exp2_fma={exp2_fma:g}% "
-    mode = cfg_row_stores(row_stores, variant, d, varlen)
+    mode = cfg_row_stores(row_stores, variant, d)
     if mode:
         regs += {1: "row_stores ", 2: "row_stores_via_q ", 3: "tma_store "}[mode]
     if cfg["constexprs"]["FEWER_MASKS"]:
@@ -233,9 +233,6 @@ def main():
                          "hopper.mask_branch): the policy's, on in every lean kernel, or off")
     ap.add_argument("--tma-store", default="default", choices=("default", "on", "off"),
                     help="persistent: the output copied by TMA from the Q buffer (ROW_STORES=3, hopper.out_tma_store)")
-    ap.add_argument("--one-tile-tma-store", default="default", choices=("default", "on", "off"),
-                    help="the one-tile ping-pong kernels (fixed length): the output copied by TMA from the Q buffer "
-                         "(ROW_STORES=3, hopper.one_tile_tma_store)")
     ap.add_argument("--fast-div", default="default", choices=("default", "on", "off"),
                     help="persistent: the tile index by multiply-high (FAST_DIV, hopper.fast_tile_div)")
     ap.add_argument("--unmasked-keys", default="default", choices=("default", "on", "off"),
@@ -251,8 +248,6 @@ def main():
                 hopper.TILE_TABLE[variant][d] = (bm, args.block_n or bn, args.stages or st)
     if args.tma_store != "default":  # before the compile jobs' processes are forked (they inherit it)
         hopper.out_tma_store.value = args.tma_store == "on"
-    if args.one_tile_tma_store != "default":  # likewise
-        hopper.one_tile_tma_store.value = args.one_tile_tma_store == "on"
     if args.fast_div != "default":  # likewise
         hopper.fast_tile_div.value = args.fast_div == "on"
     if args.unmasked_keys != "default":  # likewise

@@ -64,13 +64,13 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                                else "reduced every key tile"),
                    "mask": ("none: the unmasked softmax body alone (no causal mask, every key tile inside the "
                             "sequence)" if not hopper.key_masks(q.shape[-1], name, window == (-1, 0),
-                                                               varlen or k.shape[1] % bn != 0)
+                                                               varlen or k.shape[1] % bn != 0, k.shape[1])
                             else "a tile's first key step: under its own branch, ahead of one softmax body"
                             if lean & hopper.LEAN_MASK_BRANCH else "masked and unmasked softmax bodies"),
                    "out_stores": {0: "pointer stores from the accumulator layout",
                                   1: "whole-row pointer stores (Triton's layout conversion)",
                                   2: "whole-row pointer stores (staged in the Q buffer)",
-                                  3: "TMA bulk copies (staged in the Q buffer)"}[hopper.row_stores(q.shape[-1], name, varlen)]}
+                                  3: "TMA bulk copies (staged in the Q buffer)"}[hopper.row_stores(q.shape[-1], name)]}
         if name == "persistent":
             opts = hopper.persistent_options(q.shape[-1], name, window == (-1, 0), dispatch.cdiv(seqlen_q, bm))
             forward["walk"] = ("pairs of query blocks, head by head" if opts["PAIRED"] else

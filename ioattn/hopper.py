@@ -489,37 +489,40 @@ ROW_STORE_VIA_Q_HEADDIMS = {"pingpong": (256,), "split": (256,), "persistent": (
 # 377 (389), 408 / 420 (427). ``with hopper.out_tma_store(False)`` turns it off.
 out_tma_store = dispatch.Preference(False)
 TMA_STORE_HEADDIMS = (64, 128, 256)
-# The same bulk copy at the end of the one-tile ping-pong kernels (``ROW_STORES`` = 3 there too; the
-# consumer waits for the copy's reads before the program exits), fixed-length calls only (the copy's
-# 3-D view is per batch). It replaces d = 64 / 128's conversion through Triton's scratch and d = 256's
-# read-back of the Q buffer. First look (NOTES §120, results/session-2026-12-05-f), without / with,
-# TFLOP/s: wg3 d=64 non-causal 468 / 466 at N=2048, 511 / 506 at 4096 (level: not for d = 64); the
-# ping-pong kernel with Q in registers at N=16384, d=128 717 / 720, d=256 804 / 823. Off by default until
-# d = 256's default build is measured (benchmarks/session_gpu_run152.sh); ``with
-# hopper.one_tile_tma_store(True)`` turns it on in ``ONE_TILE_TMA_STORE_VARIANTS``.
-one_tile_tma_store = dispatch.Preference(False)
-ONE_TILE_TMA_STORE_VARIANTS = ("pingpong", "split", "wg3")
-ONE_TILE_TMA_STORE_ON: dict = {}  # variant -> head dims where it is the default: none until measured
 
 # Key tiles never masked where no mask can cut one (the kernel's ``KEY_MASKS`` False): without a
 # causal mask the key-end test is the only mask, and when seqlen_k is a multiple of the key tile on a
 # fixed-length call (no ``KV_TAIL``) it never removes a key, yet every query tile's last key step (and
-# a one-key-tile call's first) took the masked softmax, a second body of it in the consumer's code
-# (the instruction fetch: NOTES §94). With it the consumers compile the unmasked body alone. Off by
-# default until measured (NOTES §121); ``with hopper.unmasked_full_keys(True)`` asks for it in
-# ``UNMASKED_KEYS_VARIANTS``.
+# a one-key-tile call's first) took the masked softmax, a second body of it in the consumer's code.
+# With it the consumers compile the unmasked body alone. Measured (NOTES §121, ab_fwd on the H200,
+# bf16, 16k tokens, 3 interleaved rounds, cuDNN in the same process; results/session-2026-12-06-a, -b,
+# -c), each head dim's default build without / with, TFLOP/s:
+# - persistent d=64: N=512 374 / 394, 375 / 393, 376 / 394, 375 / 395 (cuDNN 393-394); 1024 420 / 427,
+#   419 / 427, 424 / 426, 424 / 426 (438-439): the default (the persistent kernel's whole d = 64 range).
+# - persistent d=128: N=512 556 / 573, 560 / 578, 558 / 572; 1024 649 / 644, 650 / 646; 2048 697 / 679,
+#   704 / 680; 4096 720 / 693; 8192 730 / 699: the default up to N=512 only.
+# - persistent d=256: +0.5 to +1.3 % at 512-8192 (one run): not taken. wg3 d=64: 2048 +0.6 / +0.8 /
+#   -0.0 %, 16384 -2.1 / -2.5 / +2.7 %: not taken. Ping-pong d=128 at 16384: -4.6 / -8.4 %.
+# Why it loses on long keys: without the mask's branch in the key loop ptxas hoists the wait for
+# P(i) V(i) above the softmax of S(i+1) (the SASS of every build with it), which the branch's join
+# had kept after it; waiting for the next K / V there instead (a join of their own) moved the wait back
+# in two builds and did not recover the loss (-5 % at d=128 N=512, NOTES §121).
+# ``with hopper.unmasked_full_keys(True / False)`` forces it wherever it applies.
 unmasked_full_keys = dispatch.Preference(False)
 UNMASKED_KEYS_VARIANTS = ("base", "pingpong", "split", "wg3", "persistent")
-UNMASKED_KEYS_ON: dict = {}  # variant -> head dims where it is the default: none until measured
+# (variant, head dim) -> the longest seqlen_k where it is the default
+UNMASKED_KEYS_MAX_SEQLEN = {("persistent", 64): PERSISTENT_MAX_SEQLEN[(64, False)], ("persistent", 128): 512}
 
 
-def key_masks(d: int, name: str, causal: bool, kv_tail: bool) -> bool:
+def key_masks(d: int, name: str, causal: bool, kv_tail: bool, seqlen_k: int | None = None) -> bool:
     """The kernel's ``KEY_MASKS``: False (no key tile masked) only for a call with no causal mask whose
     key tiles all lie inside the sequence (``kv_tail`` False: fixed length, seqlen_k a multiple of the
-    key tile), where ``unmasked_full_keys`` (or, unset, ``UNMASKED_KEYS_ON``) asks for it."""
+    key tile), where ``unmasked_full_keys`` asks for it or, unset, ``UNMASKED_KEYS_MAX_SEQLEN`` covers
+    ``seqlen_k`` (None: any length it covers)."""
     if causal or kv_tail or name not in UNMASKED_KEYS_VARIANTS:
         return True
-    return not _switch(unmasked_full_keys, d in UNMASKED_KEYS_ON.get(name, ()))
+    longest = UNMASKED_KEYS_MAX_SEQLEN.get((name, d), -1)
+    return not _switch(unmasked_full_keys, (seqlen_k if seqlen_k is not None else 0) <= longest)
 
 # The persistent kernel's tile index without run-time divisions (the kernel's ``FAST_DIV``): the
 # walk's divisor and the head count's quotients by a multiply-high with magic numbers computed here
@@ -604,18 +607,15 @@ def walk_divisor(num_m: int, batch_heads: int, causal: bool, paired: bool) -> in
     return batch_heads if causal else num_m
 
 
-def row_stores(d: int, name: str, varlen: bool = False) -> int:
+def row_stores(d: int, name: str) -> int:
     """How the forward for head dim ``d`` under variant ``name`` stores its output (the kernel's
     ``ROW_STORES``): 0 from the accumulator layout, 1 as whole rows through Triton's layout
-    conversion, 2 as whole rows staged in the warpgroup's Q buffer, 3 copied from that buffer by TMA
-    (the persistent kernel: ``out_tma_store``; the one-tile ping-pong kernels on fixed-length calls:
-    ``one_tile_tma_store``)."""
+    conversion, 2 as whole rows staged in the warpgroup's Q buffer, 3 (persistent) copied from that
+    buffer by TMA (``out_tma_store``; the same copy at the end of the one-tile kernels was measured
+    level and removed, NOTES §120)."""
     if not out_row_stores.wanted():
         return 0
     if name == "persistent" and _switch(out_tma_store, d in TMA_STORE_HEADDIMS):
-        return 3
-    if name in ONE_TILE_TMA_STORE_VARIANTS and not varlen and \
-            _switch(one_tile_tma_store, d in ONE_TILE_TMA_STORE_ON.get(name, ())):
         return 3
     if d in ROW_STORE_HEADDIMS.get(name, ()):
         return 1
@@ -803,11 +803,11 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     num_tiles = num_m * batch * nheads
     grid = (grid_programs(q.device, cfg["variant"], num_tiles),)
     popts = persistent_options(d, cfg["variant"], causal, num_m)
-    out_stores = row_stores(d, cfg["variant"], varlen)
+    out_stores = row_stores(d, cfg["variant"])
     kv_tail = varlen or seqlen_k % block_n != 0  # a key tile may reach past a sequence's end
     o_desc = None
     if out_stores == 3:  # the output as (batch, seqlen_q, nheads * d) in [1, q_rows, d] boxes: a bulk copy
-        # drops the rows past seqlen_q itself (fixed-length calls only)
+        # drops the rows past seqlen_q itself (the persistent kernel's, fixed-length calls only)
         o_layout = gl.NVMMASharedLayout.get_default_for([1, q_rows, d], dt)
         o_desc = TensorDescriptor.from_tensor(out.view(batch, seqlen_q, nheads * d), [1, q_rows, d], o_layout)
     # the tile index's magic divisors (read only under FAST_DIV)
@@ -820,7 +820,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
                             softmax_scale * 1.4426950408889634, walk_div, walk_mul, walk_shift, head_mul, head_shift,
                             IS_CAUSAL=bool(causal), IS_VARLEN=varlen,
                             LPT=bool(causal) and lpt_order.wanted(), num_tiles=num_tiles,
-                            KV_TAIL=kv_tail, KEY_MASKS=key_masks(d, cfg["variant"], bool(causal), kv_tail),
+                            KV_TAIL=kv_tail, KEY_MASKS=key_masks(d, cfg["variant"], bool(causal), kv_tail, seqlen_k),
                             EXP2_FMA=exp2_fma_cols(exp2_fma_share(), block_n),
                             ROW_STORES=out_stores,
                             **popts,

@@ -657,17 +657,8 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     assert [key for key, mode in rows.items() if mode == 3] == [("persistent", d) for d in (64, 128, 256)], rows
     with hopper.out_tma_store(False):  # the persistent kernel as before it: pointer stores at d = 64
         assert [hopper.row_stores(d, "persistent") for d in (64, 128, 256)] == [0, 1, 2]
-    with hopper.out_tma_store(True):  # the one-tile kernels' copy is its own switch
+    with hopper.out_tma_store(True):  # the one-tile kernels have no copy (NOTES §120: measured level)
         assert hopper.row_stores(128, "pingpong") == 1
-    # the one-tile ping-pong kernels' copy (NOTES §120): off by default; when asked, every ping-pong
-    # variant at every head dim, fixed-length calls only (the copy's view is per batch element)
-    with hopper.one_tile_tma_store(True):
-        for v, d in rows:
-            want = 3 if v in ("pingpong", "split", "wg3", "persistent") else rows[(v, d)]
-            assert hopper.row_stores(d, v) == want, (v, d)
-            assert hopper.row_stores(d, v, varlen=True) == (rows[(v, d)] if v != "persistent" else 3), (v, d)
-        with hopper.out_row_stores(False):
-            assert hopper.row_stores(64, "wg3") == 0
     with hopper.out_row_stores(False):
         assert not any(hopper.row_stores(d, v) for v, d in rows)
     # fewer masked key tiles in the two-warpgroup ping-pong kernels (wg3's consumers spilled with it)
@@ -767,6 +758,12 @@ def test_hopper_persistent_variant_by_call(monkeypatch):
             else:
                 assert "walk" not in plan.forward and "q_buffers" not in plan.forward
                 assert "tile_index" not in plan.forward and plan.forward["out_stores"].startswith("whole-row")
+            assert not plan.forward["mask"].startswith("none"), plan.forward  # masked: causal, or past 512
+        # the unmasked key loop (NOTES §121): short non-causal persistent calls with whole key tiles
+        for n, d, unmasked in ((512, 128, True), (1024, 64, True), (1024, 128, False), (600, 64, False)):
+            q = torch.empty(4, n, 16, d, dtype=BF16)
+            mask = ioattn.explain_dispatch(q, q, q).forward["mask"]
+            assert mask.startswith("none") == unmasked, (n, d, mask)
 
 
 def test_hopper_varlen_switch_and_policy(monkeypatch):
@@ -1091,9 +1088,14 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
     monkeypatch.delenv("IOATTN_HOPPER_LPT")
     assert launch(16384, 16384 - 1, True)[1]["KV_TAIL"] and not launch(16384, 16384 - bn, True)[1]["KV_TAIL"]
     assert launch(16384, 16384, True, varlen=True)[1]["KV_TAIL"]  # varlen: always
-    # key tiles never masked (hopper.unmasked_full_keys, NOTES §121): off by default; when asked, only
-    # for non-causal calls whose key tiles all lie inside the sequence
-    assert launch(512, 512, False)[1]["KEY_MASKS"] and launch(16384, 16384, False)[1]["KEY_MASKS"]
+    # key tiles never masked (hopper.unmasked_full_keys, NOTES §121): by default the persistent kernel's
+    # non-causal calls at d = 64 and at d = 128 up to 512 keys; when asked, every non-causal call whose
+    # key tiles all lie inside the sequence
+    assert not launch(512, 512, False)[1]["KEY_MASKS"] and not launch(1024, 1024, False, d=64)[1]["KEY_MASKS"]
+    assert launch(1024, 1024, False)[1]["KEY_MASKS"] and launch(16384, 16384, False)[1]["KEY_MASKS"]
+    assert launch(512, 512 - 1, False)[1]["KEY_MASKS"] and launch(512, 512, True)[1]["KEY_MASKS"]
+    with hopper.unmasked_full_keys(False):
+        assert launch(512, 512, False)[1]["KEY_MASKS"]
     with hopper.unmasked_full_keys(True):
         assert not launch(512, 512, False)[1]["KEY_MASKS"]  # persistent
         assert not launch(16384, 16384, False)[1]["KEY_MASKS"]  # ping-pong

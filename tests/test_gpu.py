@@ -569,26 +569,6 @@ def test_hopper_forward_persistent_store_and_index(d, causal, shape, tma_store, 
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant, d", [("pingpong", 64), ("pingpong", 128), ("pingpong", 256), ("split", 128),
-                                        ("split", 256), ("wg3", 64)])
-@pytest.mark.parametrize("causal", [False, True])
-# rows past seqlen_q in the last query block of every batch element (777, 129: the copy's 3-D view
-# must drop them, not write them into the next element), rows that see no key (causal 129 x 64),
-# one key tile, GQA, many tiles (2048)
-@pytest.mark.parametrize("shape", [(3, 777, 1500, 4, 2), (3, 129, 64, 2, 2), (1, 2048, 2048, 16, 8)])
-def test_hopper_forward_one_tile_tma_store(variant, d, causal, shape, poison_alloc):
-    """The one-tile ping-pong kernels' output copied by TMA from the Q buffer (hopper.one_tile_tma_store,
-    ``ROW_STORES`` = 3; off by default), on poisoned outputs, against the float64 oracle with the
-    gradients of the backward it feeds; a varlen call keeps its pointer stores."""
-    from ioattn import hopper
-    b, sq, sk, h, hkv = shape
-    with hopper.one_tile_tma_store(True):
-        assert hopper.row_stores(d, variant) == 3 and hopper.row_stores(d, variant, varlen=True) != 3
-        with hopper.variant(variant), hopper.prefer_hopper(True):
-            _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=causal)
-
-
-@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("variant, d", [("persistent", 64), ("persistent", 128), ("persistent", 256),
                                         ("pingpong", 128), ("pingpong", 256), ("split", 128), ("wg3", 64),
                                         ("base", 64)])
@@ -598,9 +578,9 @@ def test_hopper_forward_one_tile_tma_store(variant, d, causal, shape, poison_all
                                    (2, 300, 1000, 4, 2)])
 def test_hopper_forward_unmasked_keys(variant, d, shape, poison_alloc):
     """No key tile masked where none can be cut (hopper.unmasked_full_keys, the kernel's ``KEY_MASKS``
-    False; off by default, NOTES §121): non-causal calls on poisoned outputs against the float64
-    oracle, with the gradients of the backward it feeds; a key length that is not a multiple of the
-    key tile keeps its masks."""
+    False; the default for the short persistent calls, NOTES §121), forced on: non-causal calls on
+    poisoned outputs against the float64 oracle, with the gradients of the backward it feeds; a key
+    length that is not a multiple of the key tile keeps its masks."""
     from ioattn import hopper
     b, sq, sk, h, hkv = shape
     with hopper.unmasked_full_keys(True), hopper.variant(variant), hopper.prefer_hopper(True):

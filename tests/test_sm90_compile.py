@@ -151,25 +151,9 @@ def test_hopper_row_stores_compile_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
-def test_hopper_one_tile_tma_store_compiles_for_sm90():
-    """The one-tile ping-pong kernels' output copied by TMA (hopper.one_tile_tma_store, ``ROW_STORES``
-    = 3; off by default, NOTES §120), d = 128 two warpgroups and wg3 at d = 64, both masks: one bulk
-    copy a consumer warpgroup, no spill, the wgmma pipelined."""
-    pytest.importorskip("triton.experimental.gluon")
-    import re
-
-    lines = _hopper_check("--variants", "pingpong,wg3", "--headdims", "64,128", "--one-tile-tma-store", "on")
-    lines = [line for line in lines if line.startswith("wg3") or " d=128 " in line]
-    assert len(lines) == 4, lines
-    for line in lines:
-        assert "tma_store " in line and "spill=0B" in line and "wgmma-pipelined" in line, line
-        assert int(re.search(r"tma_stores=(\d+)", line).group(1)) == (3 if line.startswith("wg3") else 2), line
-
-
-@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 def test_hopper_unmasked_keys_compile_for_sm90():
     """No key tile masked on non-causal calls whose key tiles all lie inside the sequence
-    (hopper.unmasked_full_keys, the kernel's ``KEY_MASKS`` False; off by default, NOTES §121): the
+    (hopper.unmasked_full_keys, the kernel's ``KEY_MASKS`` False; NOTES §121), forced off and on: the
     persistent kernel at d = 64 compiles one softmax body a consumer instead of two (half the
     exponentials in the SASS), wg3 two instead of three (its first key step is always masked
     otherwise), no spill, the wgmma pipelined; causal builds are unchanged."""
@@ -180,7 +164,7 @@ def test_hopper_unmasked_keys_compile_for_sm90():
         return {line.split()[0] + line.split()[3]: int(re.search(r"MUFU.EX2=(\d+)", line).group(1)) for line in lines}
 
     args = ("--variants", "persistent,wg3", "--headdims", "64")
-    plain = _hopper_check(*args)
+    plain = _hopper_check(*args, "--unmasked-keys", "off")
     unmasked = _hopper_check(*args, "--unmasked-keys", "on")
     assert len(plain) == len(unmasked) == 4, (plain, unmasked)
     for line in unmasked:
@@ -257,9 +241,11 @@ def test_hopper_conditional_rescale_compile_for_sm90():
     pytest.importorskip("triton.experimental.gluon")
     branched = lambda line: int(line.split("branched_fmul=")[1].split()[0])  # noqa: E731
     key = lambda line: line.split(" tiles=")[0]  # noqa: E731
-    base = {key(line): line for line in _hopper_check("--variants", "persistent,wg3", "--masks", "0",
-                                                      "--cond-rescale", "off")}
-    for line in _hopper_check("--variants", "persistent,wg3", "--masks", "0", "--cond-rescale", "thread"):
+    # the key loop with its mask branch (--unmasked-keys off): without it ptxas predicates the thread-
+    # decided multiplies instead of branching over them (the persistent d = 64 / 128 defaults, NOTES §121)
+    masked = ("--variants", "persistent,wg3", "--masks", "0", "--unmasked-keys", "off")
+    base = {key(line): line for line in _hopper_check(*masked, "--cond-rescale", "off")}
+    for line in _hopper_check(*masked, "--cond-rescale", "thread"):
         d = int(line.split(" d=")[1].split()[0])
         partitions = 3 if line.startswith("wg3") else 2
         assert "cond_rescale" in line and "spill=0B" in line and "wgmma-pipelined" in line, line

@@ -594,7 +594,7 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                        qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                        STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr, TURN0: gl.constexpr,
                        ORDERED: gl.constexpr, LEAN: gl.constexpr, EXP2_FMA: gl.constexpr,
-                       ROW_STORES: gl.constexpr, FEWER_MASKS: gl.constexpr = False, o_desc=None, b=None,
+                       ROW_STORES: gl.constexpr, FEWER_MASKS: gl.constexpr = False,
                        KEY_MASKS: gl.constexpr = True):
     """One consumer warpgroup of the ping-pong (``NUM_WG`` = 2) or three-warpgroup ring (3) variant:
     ``BLOCK_M`` (= 64) query rows of its own, the K/V ring shared with the other consumer warpgroups.
@@ -636,13 +636,9 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                                STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, False, EXP2_FMA, FEWER_MASKS,
                                KEY_MASKS)
     rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _wg_acc_layout(BLOCK_N)))
-    # ROW_STORES 2 / 3: staged in this warpgroup's Q buffer (its S products all retired in the key loop);
-    # 3: copied out by TMA (``o_desc``, ``b``: the batch index), whose reads of the buffer finish before
-    # the program exits and its shared memory goes to another
+    # ROW_STORES 2: staged in this warpgroup's Q buffer (its S products all retired in the key loop)
     _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
-              _wg_acc_layout(HEAD_DIM), BLOCK_M, HEAD_DIM, ROW_STORES, q_smem, o_desc, b)
-    if ROW_STORES == 3:
-        tma.store_wait(0)
+              _wg_acc_layout(HEAD_DIM), BLOCK_M, HEAD_DIM, ROW_STORES, q_smem)
 
 
 @gluon.jit
@@ -1187,9 +1183,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
 
     ``ROW_STORES``: the output tile converted to whole-row 16-byte pieces before its stores
     (``_epilogue``; ``hopper.row_stores``): 1 by Triton's layout conversion, 2 through the
-    warpgroup's dead Q buffer (the one-tile ping-pong kernels at d = 256), 3 (the persistent kernel;
-    the one-tile ping-pong kernels on fixed-length calls, ``hopper.one_tile_tma_store``) copied from
-    that buffer by TMA (``o_desc``: the output as (batch, seqlen_q, nheads * HEAD_DIM), [1, 64,
+    warpgroup's dead Q buffer (the one-tile ping-pong kernels at d = 256), 3 (the persistent kernel)
+    copied from that buffer by TMA (``o_desc``: the output as (batch, seqlen_q, nheads * HEAD_DIM), [1, 64,
     HEAD_DIM] boxes; None otherwise).
 
     ``FEWER_MASKS`` (two-warpgroup ping-pong kernels): the first key tile masked only where needed and
@@ -1210,10 +1205,9 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     tile lies inside the sequence, so the key-end test, the only mask there, never cuts one): the
     consumers compile the unmasked softmax alone and take it at every key step."""
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
-    gl.static_assert(PERSISTENT or (PINGPONG and not IS_VARLEN) or ROW_STORES != 3,
-                     "the output's bulk copy: the ping-pong kernels, fixed-length calls")
+    gl.static_assert(PERSISTENT or ROW_STORES != 3, "the output's bulk copy: the persistent kernel only")
     # the one-tile path below is compiled (dead) after the persistent kernel's return too
-    TILE_ROW_STORES: gl.constexpr = 0 if (ROW_STORES == 3) & PERSISTENT else ROW_STORES
+    TILE_ROW_STORES: gl.constexpr = 0 if ROW_STORES == 3 else ROW_STORES
     gl.static_assert(KEY_MASKS or not (IS_CAUSAL or KV_TAIL or IS_VARLEN),
                      "key tiles unmasked: only without a causal mask, every key tile inside the sequence")
     if PERSISTENT:
@@ -1297,7 +1291,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                                    q_row0 + w * WG_ROWS, q_col, m_start + w * WG_ROWS, seqlen_q, seqlen_k, n_lo,
                                    n_tiles, stride_om, lse_base, qk_scale, HEAD_DIM, WG_ROWS, BLOCK_N, STAGES,
                                    IS_CAUSAL, MASK_ALL, 1 if w == 0 else 0, ORDERED, LEAN, EXP2_FMA, TILE_ROW_STORES,
-                                   FEWER_MASKS, o_desc, b, KEY_MASKS))
+                                   FEWER_MASKS, KEY_MASKS))
              if w < NUM_WG else
              (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
                           n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL))
