@@ -63,8 +63,8 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                    "row_sum": ("per-thread partial sums, reduced once a query tile" if lean & hopper.LEAN_DEFERRED_SUM
                                else "reduced every key tile"),
                    "mask": ("none: the unmasked softmax body alone (no causal mask, every key tile inside the "
-                            "sequence)" if not hopper.key_masks(q.shape[-1], name, window == (-1, 0),
-                                                               varlen or k.shape[1] % bn != 0, k.shape[1])
+                            "sequence)" if not varlen and not hopper.key_masks(q.shape[-1], name, window == (-1, 0),
+                                                                               k.shape[1] % bn != 0, k.shape[1])
                             else "a tile's first key step: under its own branch, ahead of one softmax body"
                             if lean & hopper.LEAN_MASK_BRANCH else "masked and unmasked softmax bodies"),
                    "out_stores": {0: "pointer stores from the accumulator layout",

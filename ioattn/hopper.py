@@ -501,8 +501,11 @@ TMA_STORE_HEADDIMS = (64, 128, 256)
 #   419 / 427, 424 / 426, 424 / 426 (438-439): the default (the persistent kernel's whole d = 64 range).
 # - persistent d=128: N=512 556 / 573, 560 / 578, 558 / 572; 1024 649 / 644, 650 / 646; 2048 697 / 679,
 #   704 / 680; 4096 720 / 693; 8192 730 / 699: the default up to N=512 only.
-# - persistent d=256: +0.5 to +1.3 % at 512-8192 (one run): not taken. wg3 d=64: 2048 +0.6 / +0.8 /
-#   -0.0 %, 16384 -2.1 / -2.5 / +2.7 %: not taken. Ping-pong d=128 at 16384: -4.6 / -8.4 %.
+# - persistent d=256: +0.5 to +1.3 % at 512-8192, +1.1 / +0.8 % at 512 / 2048 in a second run
+#   (results/session-2026-12-06-e): not taken until a d = 256 train sweep can show it (the README's rows
+#   are the masked build's). wg3 d=64: 2048 +0.6 / +0.8 / -0.0 %, 16384 -2.1 / -2.5 / +2.7 %: not taken.
+#   Ping-pong d=128 at 16384: -4.6 / -8.4 %. The persistent kernel unmasked does not take d=64 N=2048
+#   from wg3 (444 against 465).
 # Why it loses on long keys: without the mask's branch in the key loop ptxas hoists the wait for
 # P(i) V(i) above the softmax of S(i+1) (the SASS of every build with it), which the branch's join
 # had kept after it; waiting for the next K / V there instead (a join of their own) moved the wait back
@@ -523,6 +526,7 @@ def key_masks(d: int, name: str, causal: bool, kv_tail: bool, seqlen_k: int | No
         return True
     longest = UNMASKED_KEYS_MAX_SEQLEN.get((name, d), -1)
     return not _switch(unmasked_full_keys, (seqlen_k if seqlen_k is not None else 0) <= longest)
+
 
 # The persistent kernel's tile index without run-time divisions (the kernel's ``FAST_DIV``): the
 # walk's divisor and the head count's quotients by a multiply-high with magic numbers computed here

@@ -809,6 +809,9 @@ def test_hopper_varlen_switch_and_policy(monkeypatch):
         plan = ioattn.explain_dispatch(q, q, q, causal=True, cu_seqlens_q=cu, max_seqlen_q=5)
         assert "hopper_fwd_kernel" in plan.forward["kernel"] and plan.forward["gluon_hopper"].startswith("taken")
         assert plan.forward["tiles_count"] == -(-5 // hopper.TILES[64][0]) * 2 * 2  # cdiv(max_q, bm) * batch * h
+        with hopper.unmasked_full_keys(True):  # a varlen call masks every sequence's own key end
+            plan = ioattn.explain_dispatch(q, q, q, cu_seqlens_q=cu, max_seqlen_q=5)
+            assert "hopper_fwd_kernel" in plan.forward["kernel"] and not plan.forward["mask"].startswith("none")
         calls = []
         monkeypatch.setattr(hopper, "hopper_forward", lambda *a, **kw: calls.append((a, kw)) or ("out", "lse"))
         assert backends.triton_forward(q, q, q, cu, cu, 5, 5, 0.125, (-1, 0), 0.0, None, 0.0, 0) == ("out", "lse")

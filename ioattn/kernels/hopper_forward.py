@@ -737,7 +737,9 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
             need_mask = need_mask | (n_start + BLOCK_N - 1 > diag)
         p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
                                            rows_1d, cols_1d, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END, False, KEY_MASKS)
-        # P(i) V(i) done: P(i)'s registers may go (listed so they stay alive until here), V(i)'s slot too
+        # P(i) V(i) done: P(i)'s registers may go (listed so they stay alive until here), V(i)'s slot too.
+        # (With KEY_MASKS False, no branch above, ptxas hoists this wait to just after S(i+1)'s: the
+        # softmax then runs after this warpgroup's P V, not beside it; NOTES §121.)
         o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
         mbarrier.arrive(v_empty.index(cur), count=1)
         o = _rescale_rows(o, alpha, LEAN & LEAN_COND_RESCALE, LEAN & LEAN_BY_WARP)
