@@ -71,7 +71,8 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
                       KV_TAIL=varlen if kv_tail is None else kv_tail, EXP2_FMA=hopper.exp2_fma_cols(exp2_fma, bn),
                       ROW_STORES=cfg_row_stores(row_stores, variant, d),
                       **cfg_persistent(q_prefetch, paired, variant, d, causal))
-    constexprs.update(KEY_MASKS=hopper.key_masks(d, variant, causal, constexprs["KV_TAIL"]))
+    constexprs.update(KEY_MASKS=hopper.key_masks(d, variant, causal, constexprs["KV_TAIL"]),
+                      DIAG_TRIM=hopper.diag_trim_for(d, variant, causal))
     if constexprs["ROW_STORES"] == 3:  # the output's bulk copies (else the launcher passes None)
         sig.update(o_desc=f"tensordesc<{dt}[1,{q_rows},{d}],{o_layout!r}>")
     else:
@@ -193,6 +194,8 @@ def check(job):
         regs += "fast_div "
     if not hopper.key_masks(d, variant, causal, cfg_tail(varlen, kv_tail)):
         regs += "unmasked_keys "
+    if hopper.diag_trim_for(d, variant, causal):
+        regs += "diag_trim "
     return (f"{variant:8s} d={d} {dt} causal={causal!s:5s} {'varlen ' if varlen else ''}"
             f"tiles={cfg['block_m']}x{cfg['block_n']}x{cfg['stages']} "
             f"warps={k.metadata.num_warps} shared={k.metadata.shared} {regs}{fmt(c)}")
@@ -238,6 +241,9 @@ def main():
     ap.add_argument("--unmasked-keys", default="default", choices=("default", "on", "off"),
                     help="non-causal fixed-length kernels (no KV_TAIL): no key tile masked (KEY_MASKS=False, "
                          "hopper.unmasked_full_keys)")
+    ap.add_argument("--diag-trim", default="default", choices=("default", "on", "off"),
+                    help="persistent, causal: warpgroup 0's last key tile at half width or skipped (DIAG_TRIM, "
+                         "hopper.diag_trim)")
     ap.add_argument("--block-n", type=int, default=None,
                     help="key tile (block_n) of every selected variant and head dim instead of hopper.TILE_TABLE's")
     ap.add_argument("--stages", type=int, default=None, help="K / V ring depth instead of hopper.TILE_TABLE's")
@@ -252,6 +258,8 @@ def main():
         hopper.fast_tile_div.value = args.fast_div == "on"
     if args.unmasked_keys != "default":  # likewise
         hopper.unmasked_full_keys.value = args.unmasked_keys == "on"
+    if args.diag_trim != "default":  # likewise
+        hopper.diag_trim.value = args.diag_trim == "on"
     if args.deferred_row_sum != "default":  # before the compile jobs' processes are forked (they inherit it)
         hopper.deferred_row_sum.value = args.deferred_row_sum == "on"
     if args.mask_branch != "default":  # likewise

@@ -528,6 +528,25 @@ def key_masks(d: int, name: str, causal: bool, kv_tail: bool, seqlen_k: int | No
     return not _switch(unmasked_full_keys, (seqlen_k if seqlen_k is not None else 0) <= longest)
 
 
+# The causal diagonal trimmed in the persistent kernel (the kernel's ``DIAG_TRIM``; NOTES §122): a
+# 128-row tile's key tiles run to its last row's diagonal, but warpgroup 0's 64 rows end 64 keys
+# earlier, so with seqlen_q = seqlen_k it computed half of its last 128-key tile (d = 64 / 128) for
+# nothing, or the whole of its last 64-key tile (d = 256). With it warpgroup 0 runs that step at half
+# width (S = Q K[:64]^T, P V[:64]) or skips it (passing the turn and releasing the slots): at N = 512
+# 10 % of the tile steps' products and exponentials, 5 % at 1024, 3 % at 2048. Off by default until
+# measured; ``with hopper.diag_trim(True / False)`` forces it in the persistent causal kernel.
+diag_trim = dispatch.Preference(False)
+DIAG_TRIM_HEADDIMS: tuple = ()  # head dims where it is the default: none until measured
+
+
+def diag_trim_for(d: int, name: str, causal: bool) -> bool:
+    """The kernel's ``DIAG_TRIM``: only in the persistent kernel under a causal mask, where
+    ``diag_trim`` asks for it or, unset, ``DIAG_TRIM_HEADDIMS`` holds ``d``."""
+    if not causal or name != "persistent":
+        return False
+    return _switch(diag_trim, d in DIAG_TRIM_HEADDIMS)
+
+
 # The persistent kernel's tile index without run-time divisions (the kernel's ``FAST_DIV``): the
 # walk's divisor and the head count's quotients by a multiply-high with magic numbers computed here
 # (``hopper_forward.magic_divisor``, ``walk_divisor``), ~4 instructions in place of ~20 a division,
@@ -825,6 +844,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
                             IS_CAUSAL=bool(causal), IS_VARLEN=varlen,
                             LPT=bool(causal) and lpt_order.wanted(), num_tiles=num_tiles,
                             KV_TAIL=kv_tail, KEY_MASKS=key_masks(d, cfg["variant"], bool(causal), kv_tail, seqlen_k),
+                            DIAG_TRIM=diag_trim_for(d, cfg["variant"], bool(causal)),
                             EXP2_FMA=exp2_fma_cols(exp2_fma_share(), block_n),
                             ROW_STORES=out_stores,
                             **popts,

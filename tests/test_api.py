@@ -1106,6 +1106,13 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
         assert launch(16384, 16384, True)[1]["KEY_MASKS"]  # the causal diagonal
         assert launch(16384, 16384 - 1, False)[1]["KEY_MASKS"]  # a key tile cut by the key end
         assert launch(16384, 16384, False, varlen=True)[1]["KEY_MASKS"]  # varlen: the sequences' own ends
+    # warpgroup 0's diagonal trimmed (hopper.diag_trim, NOTES §122): off by default (until measured);
+    # when asked, the persistent kernel's causal calls only
+    assert not launch(512, 512, True)[1]["DIAG_TRIM"] and not launch(512, 512, False)[1]["DIAG_TRIM"]
+    with hopper.diag_trim(True):
+        assert launch(512, 512, True)[1]["DIAG_TRIM"] and launch(1024, 1024, True, d=64)[1]["DIAG_TRIM"]
+        assert not launch(512, 512, False)[1]["DIAG_TRIM"]  # no diagonal
+        assert not launch(16384, 16384, True)[1]["DIAG_TRIM"]  # the one-tile ping-pong kernel
     grid, kw = launch(512, 512, False)  # short, non-causal: persistent, one program per SM (132 here)
     assert kw["PERSISTENT"] and grid == (min(132, -(-512 // bm) * 2 * 4),) and kw["num_tiles"] == 4 * 2 * 4
     assert kw["Q_BUFS"] == 2 and not kw["PAIRED"]  # two Q buffers at d = 128; pairs are a causal walk

@@ -590,6 +590,36 @@ def test_hopper_forward_unmasked_keys(variant, d, shape, poison_alloc):
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d", [64, 128, 256])
+# seqlen_q = seqlen_k (warpgroup 0's last tile at half width, d = 64 / 128, or skipped, d = 256), with
+# rows past seqlen_q (1000); keys ahead of the queries by two tiles, the key end inside warpgroup 0's
+# half tile (400 x 656); queries ahead of the keys: rows that see no key, a warpgroup with a tile
+# fewer than its CTA's (500 x 300), one key tile (512 x 100); GQA throughout
+@pytest.mark.parametrize("shape", [(4, 512, 512, 8, 4), (2, 1000, 1000, 4, 2), (2, 400, 656, 4, 2),
+                                   (3, 500, 300, 6, 2), (16, 512, 100, 8, 4)])
+def test_hopper_forward_diag_trim(d, shape, poison_alloc):
+    """Warpgroup 0 of the persistent causal kernel computing only the keys its own rows see
+    (hopper.diag_trim, the kernel's ``DIAG_TRIM``; NOTES §122), forced on: poisoned outputs against
+    the float64 oracle with the gradients of the backward it feeds; and the lse against the same
+    kernel's without it (the same function: equal to fp32 rounding, rows with no key included)."""
+    from ioattn import hopper
+    b, sq, sk, h, hkv = shape
+    with hopper.variant("persistent"), hopper.prefer_hopper(True):
+        with hopper.diag_trim(True):
+            assert hopper.diag_trim_for(d, "persistent", True) and not hopper.diag_trim_for(d, "persistent", False)
+            _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=True)
+        q, k, v = (torch.randn(b, n, hh, d, device="cuda", dtype=torch.bfloat16)
+                   for n, hh in ((sq, h), (sk, hkv), (sk, hkv)))
+        with hopper.diag_trim(False):
+            out0, lse0 = hopper.hopper_forward(q, k, v, d ** -0.5, True)
+        with hopper.diag_trim(True):
+            out1, lse1 = hopper.hopper_forward(q, k, v, d ** -0.5, True)
+    assert torch.equal(lse0.isinf(), lse1.isinf()) and not lse1.isnan().any() and not out1.isnan().any()
+    seen = lse0.isfinite()
+    assert ((lse1[seen] - lse0[seen]).abs() / lse0[seen].abs().clamp(min=1.0)).max().item() <= 1e-5
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("variant", ["base", "pingpong", "wg3"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 # several heads and batch elements (the LPT order interleaves them); (3, 500, 300, 6, 2): rows that

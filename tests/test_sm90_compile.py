@@ -177,6 +177,33 @@ def test_hopper_unmasked_keys_compile_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+def test_hopper_diag_trim_compile_for_sm90():
+    """Warpgroup 0 of the persistent causal kernel computing only the keys its own rows see
+    (hopper.diag_trim, the kernel's ``DIAG_TRIM``; NOTES §122), forced off and on, every head dim: no
+    spill, the wgmma pipelined; at d = 64 / 128 the half-width step adds its own products (S of 64
+    keys, P V with K = 64) and exponentials, at d = 256 (64-key tiles: a whole tile skipped, no half
+    step compiled) the products and exponentials are those of the build without it."""
+    pytest.importorskip("triton.experimental.gluon")
+    import re
+
+    def counts(lines):
+        return {line.split()[1]: (int(re.search(r"MUFU.EX2=(\d+)", line).group(1)),
+                                  int(re.search(r" wgmma=(\d+)", line).group(1))) for line in lines}
+
+    args = ("--variants", "persistent", "--masks", "1")
+    plain = _hopper_check(*args, "--diag-trim", "off")
+    trimmed = _hopper_check(*args, "--diag-trim", "on")
+    assert len(plain) == len(trimmed) == 3, (plain, trimmed)
+    for line in trimmed:
+        assert "spill=0B" in line and "wgmma-pipelined" in line and "diag_trim" in line, line
+    assert not any("diag_trim" in line for line in plain), plain
+    before, after = counts(plain), counts(trimmed)
+    for d in ("d=64", "d=128"):
+        assert after[d][0] > before[d][0] and after[d][1] > before[d][1], (d, before, after)
+    assert after["d=256"] == before["d=256"], (before, after)
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 def test_hopper_fewer_masks_compile_for_sm90():
     """Fewer masked key tiles (the kernel's FEWER_MASKS, hopper.FEWER_MASKS_NUM_WG) in the ping-pong
     kernel as launched, causal, every head dim: the build has it, wgmma pipelined, no spill (the first
