@@ -502,8 +502,8 @@ TMA_STORE_HEADDIMS = (64, 128, 256)
 # - persistent d=128: N=512 556 / 573, 560 / 578, 558 / 572; 1024 649 / 644, 650 / 646; 2048 697 / 679,
 #   704 / 680; 4096 720 / 693; 8192 730 / 699: the default up to N=512 only.
 # - persistent d=256: +0.5 to +1.3 % at 512-8192, +1.1 / +0.8 % at 512 / 2048 in a second run
-#   (results/session-2026-12-06-e): not taken until a d = 256 train sweep can show it (the README's rows
-#   are the masked build's). wg3 d=64: 2048 +0.6 / +0.8 / -0.0 %, 16384 -2.1 / -2.5 / +2.7 %: not taken.
+#   (results/session-2026-12-06-e): the default over the persistent range with the next d = 256 train
+#   sweep (with ``diag_trim``, results/session-2026-12-07-b). wg3 d=64: 2048 +0.6 / +0.8 / -0.0 %, 16384 -2.1 / -2.5 / +2.7 %: not taken.
 #   Ping-pong d=128 at 16384: -4.6 / -8.4 %. The persistent kernel unmasked does not take d=64 N=2048
 #   from wg3 (444 against 465).
 # Why it loses on long keys: without the mask's branch in the key loop ptxas hoists the wait for
@@ -514,7 +514,8 @@ TMA_STORE_HEADDIMS = (64, 128, 256)
 unmasked_full_keys = dispatch.Preference(False)
 UNMASKED_KEYS_VARIANTS = ("base", "pingpong", "split", "wg3", "persistent")
 # (variant, head dim) -> the longest seqlen_k where it is the default
-UNMASKED_KEYS_MAX_SEQLEN = {("persistent", 64): PERSISTENT_MAX_SEQLEN[(64, False)], ("persistent", 128): 512}
+UNMASKED_KEYS_MAX_SEQLEN = {("persistent", 64): PERSISTENT_MAX_SEQLEN[(64, False)], ("persistent", 128): 512,
+                            ("persistent", 256): PERSISTENT_MAX_SEQLEN[(256, False)]}
 
 
 def key_masks(d: int, name: str, causal: bool, kv_tail: bool, seqlen_k: int | None = None) -> bool:
@@ -533,18 +534,28 @@ def key_masks(d: int, name: str, causal: bool, kv_tail: bool, seqlen_k: int | No
 # earlier, so with seqlen_q = seqlen_k it computed half of its last 128-key tile (d = 64 / 128) for
 # nothing, or the whole of its last 64-key tile (d = 256). With it warpgroup 0 runs that step at half
 # width (S = Q K[:64]^T, P V[:64]) or skips it (passing the turn and releasing the slots): at N = 512
-# 10 % of the tile steps' products and exponentials, 5 % at 1024, 3 % at 2048. Off by default until
-# measured; ``with hopper.diag_trim(True / False)`` forces it in the persistent causal kernel.
+# 10 % of the tile steps' products and exponentials, 5 % at 1024, 3 % at 2048. Measured (ab_fwd on the
+# H200, bf16, 16k tokens, causal, 3 interleaved rounds, two processes, cuDNN in the same process;
+# results/session-2026-12-07-a), the default build without / with, TFLOP/s:
+# - d=256 (the tile skipped, no new code): N=512 350 / 365, 349 / 365 (cuDNN 351); 1024 517 / 535,
+#   514 / 533 (461); 2048 647 / 662 (544): +2.3 to +4.6 %, the default to 2048 (the waste's share
+#   halves with each doubling of N: 4096 and 8192 measured in run158, below).
+# - d=128 (the half-width step, a third softmax body): 512 314 / 317, 311 / 318 (343-344); 1024 468 /
+#   463, 471 / 463; 2048 600 / 593, 599 / 595; 4096 671 / 659: the default at 512 only.
+# - d=64: 252 / 247, 254 / 248 at 512; 327 / 324, 331 / 326; 394 / 384, 390 / 384; 434 / 420: never.
+# ``with hopper.diag_trim(True / False)`` forces it in the persistent causal kernel.
 diag_trim = dispatch.Preference(False)
-DIAG_TRIM_HEADDIMS: tuple = ()  # head dims where it is the default: none until measured
+# head dim -> the longest seqlen_q where it is the default
+DIAG_TRIM_MAX_SEQLEN = {128: 512, 256: 2048}
 
 
-def diag_trim_for(d: int, name: str, causal: bool) -> bool:
+def diag_trim_for(d: int, name: str, causal: bool, seqlen_q: int | None = None) -> bool:
     """The kernel's ``DIAG_TRIM``: only in the persistent kernel under a causal mask, where
-    ``diag_trim`` asks for it or, unset, ``DIAG_TRIM_HEADDIMS`` holds ``d``."""
+    ``diag_trim`` asks for it or, unset, ``DIAG_TRIM_MAX_SEQLEN`` covers ``seqlen_q`` (None: any
+    length it covers)."""
     if not causal or name != "persistent":
         return False
-    return _switch(diag_trim, d in DIAG_TRIM_HEADDIMS)
+    return _switch(diag_trim, (seqlen_q if seqlen_q is not None else 0) <= DIAG_TRIM_MAX_SEQLEN.get(d, -1))
 
 
 # The persistent kernel's tile index without run-time divisions (the kernel's ``FAST_DIV``): the
@@ -844,7 +855,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
                             IS_CAUSAL=bool(causal), IS_VARLEN=varlen,
                             LPT=bool(causal) and lpt_order.wanted(), num_tiles=num_tiles,
                             KV_TAIL=kv_tail, KEY_MASKS=key_masks(d, cfg["variant"], bool(causal), kv_tail, seqlen_k),
-                            DIAG_TRIM=diag_trim_for(d, cfg["variant"], bool(causal)),
+                            DIAG_TRIM=diag_trim_for(d, cfg["variant"], bool(causal), seqlen_q),
                             EXP2_FMA=exp2_fma_cols(exp2_fma_share(), block_n),
                             ROW_STORES=out_stores,
                             **popts,

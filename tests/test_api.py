@@ -764,6 +764,13 @@ def test_hopper_persistent_variant_by_call(monkeypatch):
             q = torch.empty(4, n, 16, d, dtype=BF16)
             mask = ioattn.explain_dispatch(q, q, q).forward["mask"]
             assert mask.startswith("none") == unmasked, (n, d, mask)
+        # warpgroup 0's diagonal trimmed (NOTES §122): persistent causal calls at d = 256 to 2048, d = 128 to 512
+        for n, d, trimmed in ((512, 128, True), (1024, 128, False), (2048, 256, True), (4096, 256, False),
+                              (1024, 64, False)):
+            q = torch.empty(4, n, 16, d, dtype=BF16)
+            fwd = ioattn.explain_dispatch(q, q, q, causal=True).forward
+            assert fwd["diagonal"].startswith("trimmed") == trimmed, (n, d, fwd)
+            assert "diagonal" not in ioattn.explain_dispatch(q, q, q).forward  # no causal mask
 
 
 def test_hopper_varlen_switch_and_policy(monkeypatch):
@@ -1095,6 +1102,7 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
     # non-causal calls at d = 64 and at d = 128 up to 512 keys; when asked, every non-causal call whose
     # key tiles all lie inside the sequence
     assert not launch(512, 512, False)[1]["KEY_MASKS"] and not launch(1024, 1024, False, d=64)[1]["KEY_MASKS"]
+    assert not launch(8192, 8192, False, d=256)[1]["KEY_MASKS"]  # d = 256 over its persistent range
     assert launch(1024, 1024, False)[1]["KEY_MASKS"] and launch(16384, 16384, False)[1]["KEY_MASKS"]
     assert launch(512, 512 - 1, False)[1]["KEY_MASKS"] and launch(512, 512, True)[1]["KEY_MASKS"]
     with hopper.unmasked_full_keys(False):
@@ -1106,9 +1114,13 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
         assert launch(16384, 16384, True)[1]["KEY_MASKS"]  # the causal diagonal
         assert launch(16384, 16384 - 1, False)[1]["KEY_MASKS"]  # a key tile cut by the key end
         assert launch(16384, 16384, False, varlen=True)[1]["KEY_MASKS"]  # varlen: the sequences' own ends
-    # warpgroup 0's diagonal trimmed (hopper.diag_trim, NOTES §122): off by default (until measured);
-    # when asked, the persistent kernel's causal calls only
-    assert not launch(512, 512, True)[1]["DIAG_TRIM"] and not launch(512, 512, False)[1]["DIAG_TRIM"]
+    # warpgroup 0's diagonal trimmed (hopper.diag_trim, NOTES §122): by default the persistent causal
+    # calls at d = 256 up to 2048 and at d = 128 up to 512; when asked, every persistent causal call
+    assert launch(512, 512, True)[1]["DIAG_TRIM"] and not launch(1024, 1024, True)[1]["DIAG_TRIM"]
+    assert launch(2048, 2048, True, d=256)[1]["DIAG_TRIM"] and not launch(4096, 4096, True, d=256)[1]["DIAG_TRIM"]
+    assert not launch(512, 512, True, d=64)[1]["DIAG_TRIM"] and not launch(512, 512, False)[1]["DIAG_TRIM"]
+    with hopper.diag_trim(False):
+        assert not launch(512, 512, True)[1]["DIAG_TRIM"]
     with hopper.diag_trim(True):
         assert launch(512, 512, True)[1]["DIAG_TRIM"] and launch(1024, 1024, True, d=64)[1]["DIAG_TRIM"]
         assert not launch(512, 512, False)[1]["DIAG_TRIM"]  # no diagonal
