@@ -31,9 +31,12 @@ from ioattn.bench.timing import attention_flops, median_ms
 @contextlib.contextmanager
 def gluon_tiles(name, d, block_n, stages):
     """``hopper.TILE_TABLE[name][d]`` with this key tile and ring depth inside the block (the "-nBN-sS"
-    suffix; a head dim the variant lacks gets 64 query rows a consumer warpgroup), restored after."""
+    suffix; a head dim the variant lacks gets 64 query rows a consumer warpgroup), restored after; for
+    the persistent kernel also without its short causal tiles (``hopper.SHORT_CAUSAL_TILES``), so that
+    the suffix names the tiles at every length."""
     table = hopper.TILE_TABLE[name]
     before = table.get(d)
+    short = hopper.SHORT_CAUSAL_TILES.pop(d, None) if name == "persistent" else None
     block_m = before[0] if before else 64 * (3 if name == "wg3" else 2)
     table[d] = (block_m, block_n or (before[1] if before else 64), stages or (before[2] if before else 4))
     try:
@@ -43,6 +46,8 @@ def gluon_tiles(name, d, block_n, stages):
             del table[d]
         else:
             table[d] = before
+        if short is not None:
+            hopper.SHORT_CAUSAL_TILES[d] = short
 
 
 def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False, exp2_fma=0.0, lean=False, acc_stores=False,

@@ -47,9 +47,10 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     name = None
     if wanted and ok:
         name = hopper.variant_for(q.shape[-1], window == (-1, 0), seqlen_q, varlen)
-        bm, bn, stages = hopper.TILE_TABLE[name][q.shape[-1]]
+        cfg = hopper.kernel_config(q.shape[-1], name, window == (-1, 0), None if varlen else seqlen_q)
+        bm, bn, stages = cfg["block_m"], cfg["block_n"], cfg["stages"]
         share = hopper.exp2_fma_share()
-        lean = hopper.kernel_config(q.shape[-1], name, window == (-1, 0))["constexprs"]["LEAN"]
+        lean = cfg["constexprs"]["LEAN"]
         forward = {"kernel": f"ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, {name})",
                    "tiles": (bm, bn, 4 * (bm // 64), stages), "kv_loads": "tma (producer warp)",
                    "head_dim_padded": q.shape[-1],

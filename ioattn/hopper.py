@@ -251,13 +251,30 @@ def _lean_bits(lean: bool, name: str, d: int, causal: bool):
     return bits if bits > 1 else bool(lean)
 
 
-def kernel_config(d: int, name: str | None = None, causal: bool = False) -> dict:
+# Short causal calls of the persistent kernel with 64-key tiles (NOTES §122): with the diagonal trimmed
+# (``diag_trim``) warpgroup 0's waste on a 64-key tile is a whole tile, skipped with no new code, where
+# on a 128-key tile it is half a tile, whose half-width step costs more code than it saves at d = 64 and
+# about as much at d = 128. The ring of 64-key slots four deep fills the same shared memory as two of 128.
+# Measured (ab_fwd on the H200, bf16, 16k tokens, causal, 3 interleaved rounds, two processes, cuDNN in
+# the same process; results/session-2026-12-07-c), d = 128, the default (128-key tiles, trimmed at 512)
+# / 64-key tiles two deep / four deep, both trimmed, TFLOP/s: N=512 322 / 315 / 334, 314 / 313 / 333
+# (cuDNN 345-346); 1024 472 / 455 / 467, 464 / 450 / 462; 2048 602 / 533 / 551, 599 / 528 / 549. d = 64
+# (128-key tiles untrimmed / 64-key two / four deep): 253 / 238 / 236, 250 / 240 / 235 at 512, and 11-17 %
+# behind from 1024: never. (head dim) -> (the longest seqlen_q, the persistent kernel's causal tiles)
+SHORT_CAUSAL_TILES = {128: (512, (128, 64, 4))}
+
+
+def kernel_config(d: int, name: str | None = None, causal: bool = False, seqlen_q: int | None = None) -> dict:
     """Launch configuration of ``hopper_fwd_kernel`` for head dim ``d`` under variant ``name`` (default:
-    ``variant_for(d)``) and mask (``causal``; only an option's fit depends on it): tiles, the Q
-    descriptor's block rows, num_warps and the variant's constexprs.
+    ``variant_for(d)``), mask (``causal``; an option's fit depends on it) and, for the tiles of short
+    causal persistent calls (``SHORT_CAUSAL_TILES``), ``seqlen_q`` (None: the variant's own tiles):
+    tiles, the Q descriptor's block rows, num_warps and the variant's constexprs.
     The launcher and benchmarks/compile_check_hopper.py both use it, so they cannot diverge."""
     name = variant_for(d) if name is None else _check(name)
     block_m, block_n, stages = TILE_TABLE[name][d]
+    short = SHORT_CAUSAL_TILES.get(d)
+    if name == "persistent" and causal and seqlen_q is not None and short and seqlen_q <= short[0]:
+        block_m, block_n, stages = short[1]
     pingpong = name != "base"
     num_wg = 3 if name == "wg3" else 2  # consumer warpgroups (partitions) of the ping-pong kernel
     assert not pingpong or block_m == 64 * num_wg, (name, block_m)
@@ -538,15 +555,17 @@ def key_masks(d: int, name: str, causal: bool, kv_tail: bool, seqlen_k: int | No
 # H200, bf16, 16k tokens, causal, 3 interleaved rounds, two processes, cuDNN in the same process;
 # results/session-2026-12-07-a), the default build without / with, TFLOP/s:
 # - d=256 (the tile skipped, no new code): N=512 350 / 365, 349 / 365 (cuDNN 351); 1024 517 / 535,
-#   514 / 533 (461); 2048 647 / 662 (544): +2.3 to +4.6 %, the default to 2048 (the waste's share
-#   halves with each doubling of N: 4096 and 8192 measured in run158, below).
+#   514 / 533 (461); 2048 647 / 662 (544): +2.3 to +4.6 %; 4096 745 / 757, 731 / 742 (605-611), 8192
+#   790 / 796, 775 / 780 (635-644; results/session-2026-12-07-b, -c): +0.6 to +1.6 %, the waste's
+#   share halving with each doubling of N. The default over the persistent range.
 # - d=128 (the half-width step, a third softmax body): 512 314 / 317, 311 / 318 (343-344); 1024 468 /
-#   463, 471 / 463; 2048 600 / 593, 599 / 595; 4096 671 / 659: the default at 512 only.
+#   463, 471 / 463; 2048 600 / 593, 599 / 595; 4096 671 / 659: the default at 512 only, where the short
+#   causal tiles (``SHORT_CAUSAL_TILES``: 64 keys, the trim a skipped tile) take it further.
 # - d=64: 252 / 247, 254 / 248 at 512; 327 / 324, 331 / 326; 394 / 384, 390 / 384; 434 / 420: never.
 # ``with hopper.diag_trim(True / False)`` forces it in the persistent causal kernel.
 diag_trim = dispatch.Preference(False)
 # head dim -> the longest seqlen_q where it is the default
-DIAG_TRIM_MAX_SEQLEN = {128: 512, 256: 2048}
+DIAG_TRIM_MAX_SEQLEN = {128: 512, 256: PERSISTENT_MAX_SEQLEN[(256, True)]}
 
 
 def diag_trim_for(d: int, name: str, causal: bool, seqlen_q: int | None = None) -> bool:
@@ -820,7 +839,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
         stride_lse_b, stride_lse_h = lse.stride(0), lse.stride(1)
     if q.numel() == 0 or seqlen_q == 0 or (varlen and (k.numel() == 0 or seqlen_k == 0)):
         return out.zero_(), lse.fill_(float("-inf"))
-    cfg = kernel_config(d, variant_for(d, causal, seqlen_q, varlen), bool(causal))
+    cfg = kernel_config(d, variant_for(d, causal, seqlen_q, varlen), bool(causal), seqlen_q)
     block_m, block_n, q_rows = cfg["block_m"], cfg["block_n"], cfg["q_rows"]
     if cfg["constexprs"]["LEAN"] and softmax_scale < 0:
         # the lean softmax scales the row maximum of the raw scores, which needs scale >= 0:

@@ -765,11 +765,12 @@ def test_hopper_persistent_variant_by_call(monkeypatch):
             mask = ioattn.explain_dispatch(q, q, q).forward["mask"]
             assert mask.startswith("none") == unmasked, (n, d, mask)
         # warpgroup 0's diagonal trimmed (NOTES §122): persistent causal calls at d = 256 to 2048, d = 128 to 512
-        for n, d, trimmed in ((512, 128, True), (1024, 128, False), (2048, 256, True), (4096, 256, False),
+        for n, d, trimmed in ((512, 128, True), (1024, 128, False), (2048, 256, True), (8192, 256, True),
                               (1024, 64, False)):
             q = torch.empty(4, n, 16, d, dtype=BF16)
             fwd = ioattn.explain_dispatch(q, q, q, causal=True).forward
             assert fwd["diagonal"].startswith("trimmed") == trimmed, (n, d, fwd)
+            assert fwd["tiles"][1] == (64 if (n, d) == (512, 128) or d == 256 else 128), fwd  # short causal tiles
             assert "diagonal" not in ioattn.explain_dispatch(q, q, q).forward  # no causal mask
 
 
@@ -1115,9 +1116,14 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
         assert launch(16384, 16384 - 1, False)[1]["KEY_MASKS"]  # a key tile cut by the key end
         assert launch(16384, 16384, False, varlen=True)[1]["KEY_MASKS"]  # varlen: the sequences' own ends
     # warpgroup 0's diagonal trimmed (hopper.diag_trim, NOTES §122): by default the persistent causal
-    # calls at d = 256 up to 2048 and at d = 128 up to 512; when asked, every persistent causal call
-    assert launch(512, 512, True)[1]["DIAG_TRIM"] and not launch(1024, 1024, True)[1]["DIAG_TRIM"]
-    assert launch(2048, 2048, True, d=256)[1]["DIAG_TRIM"] and not launch(4096, 4096, True, d=256)[1]["DIAG_TRIM"]
+    # calls at d = 256 (to 8192, its range) and at d = 128 up to 512, there with 64-key tiles four deep
+    # (hopper.SHORT_CAUSAL_TILES); when asked, every persistent causal call
+    kw = launch(512, 512, True)[1]
+    assert kw["DIAG_TRIM"] and kw["PERSISTENT"] and (kw["BLOCK_M"], kw["BLOCK_N"], kw["STAGES"]) == (128, 64, 4)
+    kw = launch(1024, 1024, True)[1]
+    assert not kw["DIAG_TRIM"] and kw["PERSISTENT"] and (kw["BLOCK_N"], kw["STAGES"]) == (128, 2)
+    assert launch(512, 512, False)[1]["BLOCK_N"] == 128  # non-causal: the variant's own tiles
+    assert launch(8192, 8192, True, d=256)[1]["DIAG_TRIM"] and not launch(16384, 16384, True, d=256)[1]["DIAG_TRIM"]
     assert not launch(512, 512, True, d=64)[1]["DIAG_TRIM"] and not launch(512, 512, False)[1]["DIAG_TRIM"]
     with hopper.diag_trim(False):
         assert not launch(512, 512, True)[1]["DIAG_TRIM"]

@@ -186,6 +186,8 @@ def test_hopper_diag_trim_compile_for_sm90():
     pytest.importorskip("triton.experimental.gluon")
     import re
 
+    from ioattn import hopper
+
     def counts(lines):
         return {line.split()[1]: (int(re.search(r"MUFU.EX2=(\d+)", line).group(1)),
                                   int(re.search(r" wgmma=(\d+)", line).group(1))) for line in lines}
@@ -201,6 +203,13 @@ def test_hopper_diag_trim_compile_for_sm90():
     for d in ("d=64", "d=128"):
         assert after[d][0] > before[d][0] and after[d][1] > before[d][1], (d, before, after)
     assert after["d=256"] == before["d=256"], (before, after)
+    # the short causal calls' 64-key tiles at d = 128 (hopper.SHORT_CAUSAL_TILES) with the trim: a whole tile
+    # skipped, no half-width step, no spill, pipelined
+    short = hopper.SHORT_CAUSAL_TILES[128][1]
+    (line,) = _hopper_check(*args, "--headdims", "128", "--diag-trim", "on", "--block-n", str(short[1]),
+                            "--stages", str(short[2]))
+    assert "spill=0B" in line and "wgmma-pipelined" in line and "diag_trim" in line, line
+    assert f"tiles={short[0]}x{short[1]}x{short[2]}" in line, line
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
