@@ -242,7 +242,7 @@ def main():
                     help="non-causal fixed-length kernels (no KV_TAIL): no key tile masked (KEY_MASKS=False, "
                          "hopper.unmasked_full_keys)")
     ap.add_argument("--diag-trim", default="default", choices=("default", "on", "off"),
-                    help="persistent, causal: warpgroup 0's last key tile at half width or skipped (DIAG_TRIM, "
+                    help="persistent, causal: warpgroup 0's key tiles past its rows' diagonal skipped (DIAG_TRIM, "
                          "hopper.diag_trim)")
     ap.add_argument("--block-n", type=int, default=None,
                     help="key tile (block_n) of every selected variant and head dim instead of hopper.TILE_TABLE's")

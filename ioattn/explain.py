@@ -79,8 +79,8 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
             forward["q_buffers"] = opts["Q_BUFS"]
             forward["tile_index"] = "multiply-high (magic divisors)" if opts["FAST_DIV"] else "integer divisions"
             if window == (-1, 0):
-                forward["diagonal"] = ("trimmed: warpgroup 0 computes only the keys its rows see (its last key "
-                                       "tile at half width or skipped)"
+                forward["diagonal"] = ("trimmed: warpgroup 0 computes only the key tiles its rows see (a last "
+                                       "tile past its rows' diagonal skipped)"
                                        if hopper.diag_trim_for(q.shape[-1], name, True, seqlen_q)
                                        else "every warpgroup to its tile's last row's diagonal")
     else:

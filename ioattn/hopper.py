@@ -549,19 +549,21 @@ def key_masks(d: int, name: str, causal: bool, kv_tail: bool, seqlen_k: int | No
 # The causal diagonal trimmed in the persistent kernel (the kernel's ``DIAG_TRIM``; NOTES §122): a
 # 128-row tile's key tiles run to its last row's diagonal, but warpgroup 0's 64 rows end 64 keys
 # earlier, so with seqlen_q = seqlen_k it computed half of its last 128-key tile (d = 64 / 128) for
-# nothing, or the whole of its last 64-key tile (d = 256). With it warpgroup 0 runs that step at half
-# width (S = Q K[:64]^T, P V[:64]) or skips it (passing the turn and releasing the slots): at N = 512
-# 10 % of the tile steps' products and exponentials, 5 % at 1024, 3 % at 2048. Measured (ab_fwd on the
+# nothing, or the whole of its last 64-key tile (d = 256). With it warpgroup 0 skips a tile none of its
+# rows sees (passing the turn and releasing the slots): at N = 512 10 % of the tile steps' products and
+# exponentials, 5 % at 1024, 3 % at 2048. A half-width last step for the 128-key case (S = Q K[:64]^T,
+# P V[:64]: a third softmax body) was measured and removed (below). Measured (ab_fwd on the
 # H200, bf16, 16k tokens, causal, 3 interleaved rounds, two processes, cuDNN in the same process;
 # results/session-2026-12-07-a), the default build without / with, TFLOP/s:
 # - d=256 (the tile skipped, no new code): N=512 350 / 365, 349 / 365 (cuDNN 351); 1024 517 / 535,
 #   514 / 533 (461); 2048 647 / 662 (544): +2.3 to +4.6 %; 4096 745 / 757, 731 / 742 (605-611), 8192
 #   790 / 796, 775 / 780 (635-644; results/session-2026-12-07-b, -c): +0.6 to +1.6 %, the waste's
 #   share halving with each doubling of N. The default over the persistent range.
-# - d=128 (the half-width step, a third softmax body): 512 314 / 317, 311 / 318 (343-344); 1024 468 /
-#   463, 471 / 463; 2048 600 / 593, 599 / 595; 4096 671 / 659: the default at 512 only, where the short
-#   causal tiles (``SHORT_CAUSAL_TILES``: 64 keys, the trim a skipped tile) take it further.
-# - d=64: 252 / 247, 254 / 248 at 512; 327 / 324, 331 / 326; 394 / 384, 390 / 384; 434 / 420: never.
+# - d=128 with the half-width step: 512 314 / 317, 311 / 318 (343-344); 1024 468 / 463, 471 / 463; 2048
+#   600 / 593, 599 / 595; 4096 671 / 659; d=64: 252 / 247, 254 / 248 at 512; 327 / 324, 331 / 326; 394 /
+#   384, 390 / 384; 434 / 420: the step removed. d=128 takes the trim up to 512 with the short causal tiles
+#   (``SHORT_CAUSAL_TILES``: 64 keys, where it is a skipped tile); 128-key tiles have nothing to skip
+#   when seqlen_q = seqlen_k.
 # ``with hopper.diag_trim(True / False)`` forces it in the persistent causal kernel.
 diag_trim = dispatch.Preference(False)
 # head dim -> the longest seqlen_q where it is the default

@@ -591,10 +591,11 @@ def test_hopper_forward_unmasked_keys(variant, d, shape, poison_alloc):
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("d", [64, 128, 256])
-# seqlen_q = seqlen_k (warpgroup 0's last tile at half width, d = 64 / 128, or skipped, d = 256), with
-# rows past seqlen_q (1000); keys ahead of the queries by two tiles, the key end inside warpgroup 0's
-# half tile (400 x 656); queries ahead of the keys: rows that see no key, a warpgroup with a tile
-# fewer than its CTA's (500 x 300), one key tile (512 x 100); GQA throughout
+# seqlen_q = seqlen_k (warpgroup 0's last tile skipped with 64-key tiles: d = 256, and d = 128 up to
+# 512, hopper.SHORT_CAUSAL_TILES), with rows past seqlen_q (1000); keys ahead of the queries by two
+# 128-key tiles, the key end inside the last (400 x 656); queries ahead of the keys: rows that see no
+# key, a warpgroup with a tile fewer than its CTA's at every head dim (500 x 300), one key tile (512 x
+# 100); GQA throughout
 @pytest.mark.parametrize("shape", [(4, 512, 512, 8, 4), (2, 1000, 1000, 4, 2), (2, 400, 656, 4, 2),
                                    (3, 500, 300, 6, 2), (16, 512, 100, 8, 4)])
 def test_hopper_forward_diag_trim(d, shape, poison_alloc):

@@ -178,19 +178,20 @@ def test_hopper_unmasked_keys_compile_for_sm90():
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 def test_hopper_diag_trim_compile_for_sm90():
-    """Warpgroup 0 of the persistent causal kernel computing only the keys its own rows see
+    """Warpgroup 0 of the persistent causal kernel computing only the key tiles its own rows see
     (hopper.diag_trim, the kernel's ``DIAG_TRIM``; NOTES §122), forced off and on, every head dim: no
-    spill, the wgmma pipelined; at d = 64 / 128 the half-width step adds its own products (S of 64
-    keys, P V with K = 64) and exponentials, at d = 256 (64-key tiles: a whole tile skipped, no half
-    step compiled) the products and exponentials are those of the build without it."""
+    spill, the wgmma pipelined; the skip adds no product and no exponential, only the passed sections'
+    waits and arrives (``_pp_skip``: two slot waits, a turn wait, three arrives in the PTX); and the
+    short causal calls' 64-key tiles at d = 128 (hopper.SHORT_CAUSAL_TILES) compile with it."""
     pytest.importorskip("triton.experimental.gluon")
     import re
 
     from ioattn import hopper
 
     def counts(lines):
-        return {line.split()[1]: (int(re.search(r"MUFU.EX2=(\d+)", line).group(1)),
-                                  int(re.search(r" wgmma=(\d+)", line).group(1))) for line in lines}
+        return {line.split()[1]: tuple(int(re.search(pat, line).group(1)) for pat in
+                                       (r"MUFU.EX2=(\d+)", r" wgmma=(\d+)", r"arrive=(\d+)", r"try_wait=(\d+)"))
+                for line in lines}
 
     args = ("--variants", "persistent", "--masks", "1")
     plain = _hopper_check(*args, "--diag-trim", "off")
@@ -200,11 +201,9 @@ def test_hopper_diag_trim_compile_for_sm90():
         assert "spill=0B" in line and "wgmma-pipelined" in line and "diag_trim" in line, line
     assert not any("diag_trim" in line for line in plain), plain
     before, after = counts(plain), counts(trimmed)
-    for d in ("d=64", "d=128"):
-        assert after[d][0] > before[d][0] and after[d][1] > before[d][1], (d, before, after)
-    assert after["d=256"] == before["d=256"], (before, after)
-    # the short causal calls' 64-key tiles at d = 128 (hopper.SHORT_CAUSAL_TILES) with the trim: a whole tile
-    # skipped, no half-width step, no spill, pipelined
+    for d in ("d=64", "d=128", "d=256"):
+        assert after[d][:2] == before[d][:2], (d, before, after)
+        assert (after[d][2] - before[d][2], after[d][3] - before[d][3]) == (3, 3), (d, before, after)
     short = hopper.SHORT_CAUSAL_TILES[128][1]
     (line,) = _hopper_check(*args, "--headdims", "128", "--diag-trim", "on", "--block-n", str(short[1]),
                             "--stages", str(short[2]))

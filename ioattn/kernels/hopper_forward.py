@@ -679,11 +679,10 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     ``KEY_END``). ``KEY_MASKS`` False: no key tile masked (``hopper_fwd_kernel``).
 
     ``DIAG_TRIM`` (causal, persistent: ``hopper_fwd_kernel``): the CTA's tile count ``n_tiles`` is its
-    last row's; this warpgroup's own rows may see fewer keys (``_own_key_tiles``). It computes only its
-    own tiles, the last of them at half width when its rows see no key of that tile's second half
-    (``_pp_half_tail``: S = Q K[:BLOCK_N/2]^T and P V[:BLOCK_N/2], half the products and exponentials),
-    and passes the sections of the tiles past its own (``_pp_skip``), so that both warpgroups still run
-    n_tiles + 1 sections and release every slot."""
+    last row's; this warpgroup's own rows may see fewer key tiles (``_own_key_tiles``). It computes only
+    its own tiles and passes the sections of the tiles past its own (``_pp_skip``), so that both
+    warpgroups still run n_tiles + 1 sections and release every slot. (A half-width last step for a
+    tile whose second half no row sees cost more code than it saved: NOTES §122, removed.)"""
     num_warps: gl.constexpr = gl.num_warps()
     gl.static_assert(num_warps == 4, "a ping-pong consumer is one warpgroup")
     gl.static_assert(STAGES >= 2, "S(i+1) and P(i) V(i) are in flight together")
@@ -724,18 +723,12 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
                                            rows_1d, cols_1d, KEY_MASKS, IS_CAUSAL, LEAN, EXP2_FMA)
     p16 = gl.convert_layout(p.to(dtype), p_layout)  # O is still 0: no rescale
 
-    n_own = n_tiles  # key tiles this warpgroup computes, the last at half width when ``half``
-    n_full = n_tiles  # of them at full width
-    half = False
+    n_own = n_tiles  # key tiles this warpgroup computes
     if DIAG_TRIM:
         gl.static_assert(IS_CAUSAL and RELEASE_LAST, "the diagonal trimmed: causal, persistent")
-        n_own, half = _own_key_tiles(m_start, seqlen_q, seqlen_k, n_lo, n_tiles, BLOCK_M, BLOCK_N)
-        if BLOCK_N >= 128:
-            n_full = n_own - half.to(gl.int32)
-        else:  # (no half tile compiled: 32-key halves of d = 256's 64-key tiles never arise on the diagonal)
-            n_full = n_own
+        n_own = _own_key_tiles(m_start, seqlen_q, seqlen_k, n_lo, n_tiles, BLOCK_M, BLOCK_N)
 
-    for i in range(n_full - 1):
+    for i in range(n_own - 1):
         # section #(i+1): S(i+1) and P(i) V(i), issued back to back, then the turn passes on
         nxt = (g0 + i + 1) % STAGES
         cur = (g0 + i) % STAGES
@@ -764,19 +757,15 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         o = _rescale_rows(o, alpha, LEAN & LEAN_COND_RESCALE, LEAN & LEAN_BY_WARP)
         p16 = gl.convert_layout(p.to(dtype), p_layout)
 
-    if DIAG_TRIM and (BLOCK_N >= 128):  # (a half tile of 64 keys or more: d = 64 / 128's 128-key tiles)
-        if half:  # sections #n_full and #n_full+1: S of the half tile with P V(n_full-1), then its P V
-            o, m_i, l_i = _pp_half_tail(o, p16, m_i, l_i, q_op, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-                                        my_turn, next_turn, m_start, (n_lo + n_full) * BLOCK_N, seqlen_q, seqlen_k,
-                                        qk_scale, g0 + n_full, sec0 + n_full, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL,
-                                        TURN0, ORDERED, LEAN, EXP2_FMA, KEY_END)
-        else:
-            o = _pp_last_pv(o, p16, v_smem, v_ready, v_empty, my_turn, next_turn, g0 + n_full - 1, sec0 + n_full,
-                            STAGES, TURN0, ORDERED, RELEASE_LAST)
-    else:
-        # section #n: the last P(n-1) V(n-1)
-        o = _pp_last_pv(o, p16, v_smem, v_ready, v_empty, my_turn, next_turn, g0 + n_full - 1, sec0 + n_full,
-                        STAGES, TURN0, ORDERED, RELEASE_LAST)
+    # section #n: the last P(n-1) V(n-1)
+    last = g0 + n_own - 1
+    mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+    _turn_wait(my_turn, sec0 + n_own, TURN0, ORDERED)
+    o_tok = _pv_mma(o, p16, v_smem, last, STAGES)
+    _turn_pass(next_turn, ORDERED)
+    o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
+    if RELEASE_LAST:
+        mbarrier.arrive(v_empty.index(last % STAGES), count=1)
     if DIAG_TRIM:  # the tiles past this warpgroup's own: their sections and slots
         _pp_skip(k_ready, k_empty, v_ready, v_empty, my_turn, next_turn, g0, sec0, n_own, n_tiles, STAGES, TURN0,
                  ORDERED)
@@ -786,87 +775,14 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
 
 
 @gluon.jit
-def _pp_last_pv(o, p16, v_smem, v_ready, v_empty, my_turn, next_turn, last, sec, STAGES: gl.constexpr,
-                TURN0: gl.constexpr, ORDERED: gl.constexpr, RELEASE_LAST: gl.constexpr):
-    """``_pp_mainloop``'s last section (``sec``): P V of the ring's use ``last``, waited for."""
-    mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-    _turn_wait(my_turn, sec, TURN0, ORDERED)
-    o_tok = _pv_mma(o, p16, v_smem, last, STAGES)
-    _turn_pass(next_turn, ORDERED)
-    o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
-    if RELEASE_LAST:
-        mbarrier.arrive(v_empty.index(last % STAGES), count=1)
-    return o
-
-
-@gluon.jit
 def _own_key_tiles(m_start, seqlen_q, seqlen_k, n_lo, n_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """``_pp_mainloop``'s ``DIAG_TRIM`` (causal): the key tiles the rows [m_start, m_start + BLOCK_M) see,
-    from ``n_lo``, at least 1 and at most the CTA's ``n_tiles``, and whether they see only the first
-    half of the last one. The keys a row r < seqlen_q sees end at r + 1 + seqlen_k - seqlen_q (the
-    diagonal; never past seqlen_k). At least one tile: a warpgroup none of whose rows sees a key
-    computes its first tile masked, as without the trim (its rows come out empty)."""
+    from ``n_lo``, at least 1 and at most the CTA's ``n_tiles``. The keys a row r < seqlen_q sees end
+    at r + 1 + seqlen_k - seqlen_q (the diagonal; never past seqlen_k). At least one tile: a warpgroup
+    none of whose rows sees a key computes its first tile masked, as without the trim (its rows come
+    out empty)."""
     own_keys = gl.minimum(gl.minimum(m_start + BLOCK_M, seqlen_q) + seqlen_k - seqlen_q, seqlen_k)
-    n_own = gl.maximum(gl.minimum(gl.cdiv(own_keys, BLOCK_N) - n_lo, n_tiles), 1)
-    rem = own_keys - (n_lo + n_own - 1) * BLOCK_N  # keys of the last own tile seen by the last row
-    return n_own, (n_own >= 2) & (rem > 0) & (rem <= BLOCK_N // 2)
-
-
-@gluon.jit
-def _pp_half_tail(o, p16, m_i, l_i, q_op, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn, next_turn,
-                  m_start, n_start, seqlen_q, seqlen_k, qk_scale, g, sec, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, TURN0: gl.constexpr,
-                  ORDERED: gl.constexpr, LEAN: gl.constexpr, EXP2_FMA: gl.constexpr, KEY_END: gl.constexpr):
-    """``_pp_mainloop``'s last two sections when this warpgroup's rows see only the first half of its
-    last key tile (ring use ``g``, starting at key ``n_start``; ``DIAG_TRIM``): section ``sec`` issues
-    S = Q K(g)[:BLOCK_N/2]^T (a [64, BLOCK_N/2] product) with P V of use g - 1 (``p16``), then the
-    masked softmax of the half tile, the rescale, and section ``sec`` + 1 its P V(g)[:BLOCK_N/2]
-    (K = BLOCK_N/2). The state's layouts are the full tile's on entry and exit (row ownership in the
-    wgmma accumulator does not depend on its width: the conversions are renamings, asserted)."""
-    HALF_N: gl.constexpr = BLOCK_N // 2
-    h_layout: gl.constexpr = _wg_acc_layout(HALF_N)
-    o_layout: gl.constexpr = o.type.layout
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    dtype: gl.constexpr = v_smem.dtype
-    nh = g % STAGES
-    cur = (g - 1) % STAGES
-    s_zero = gl.zeros([BLOCK_M, HALF_N], gl.float32, layout=h_layout)
-    if LEAN & LEAN_Q_REGS:
-        q_op = gl.convert_layout(q_op, gl.DotOperandLayout(operand_index=0, parent=h_layout, k_width=2),
-                                 assert_trivial=True)
-    mbarrier.wait(k_ready.index(nh), (g // STAGES) & 1)
-    mbarrier.wait(v_ready.index(cur), ((g - 1) // STAGES) & 1)
-    _turn_wait(my_turn, sec, TURN0, ORDERED)
-    s_tok = warpgroup_mma(q_op, k_smem.index(nh).slice(0, HALF_N).permute((1, 0)), s_zero, use_acc=False,
-                          is_async=True)
-    o_tok = _pv_mma(o, p16, v_smem, g - 1, STAGES)
-    _turn_pass(next_turn, ORDERED)
-    s = warpgroup_mma_wait(1, deps=[s_tok])
-    mbarrier.arrive(k_empty.index(nh), count=1)
-    row_h: gl.constexpr = gl.SliceLayout(1, h_layout)
-    rows_1d = gl.arange(0, BLOCK_M, layout=row_h)
-    cols_1d = gl.arange(0, HALF_N, layout=gl.SliceLayout(0, h_layout))
-    m_layout: gl.constexpr = m_i.type.layout
-    l_layout: gl.constexpr = l_i.type.layout
-    m_h = gl.convert_layout(m_i, row_h, assert_trivial=True)
-    if LEAN & LEAN_DEFERRED_SUM:
-        l_h = gl.convert_layout(l_i, _thread_row_sums(s_zero).type.layout, assert_trivial=True)
-    else:
-        l_h = gl.convert_layout(l_i, row_h, assert_trivial=True)
-    p, alpha, m_h, l_h = _softmax_tile(s, m_h, l_h, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d,
-                                       cols_1d, True, IS_CAUSAL, LEAN, EXP2_FMA // 2, KEY_END)
-    o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
-    mbarrier.arrive(v_empty.index(cur), count=1)
-    o = _rescale_rows(o, alpha, LEAN & LEAN_COND_RESCALE, LEAN & LEAN_BY_WARP)
-    p16 = gl.convert_layout(p.to(dtype), p_layout)
-    mbarrier.wait(v_ready.index(nh), (g // STAGES) & 1)
-    _turn_wait(my_turn, sec + 1, TURN0, ORDERED)
-    o_tok = warpgroup_mma(p16, v_smem.index(nh).slice(0, HALF_N), o, is_async=True)
-    _turn_pass(next_turn, ORDERED)
-    o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
-    mbarrier.arrive(v_empty.index(nh), count=1)
-    return o, gl.convert_layout(m_h, m_layout, assert_trivial=True), gl.convert_layout(l_h, l_layout,
-                                                                                       assert_trivial=True)
+    return gl.maximum(gl.minimum(gl.cdiv(own_keys, BLOCK_N) - n_lo, n_tiles), 1)
 
 
 @gluon.jit
@@ -1336,9 +1252,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     consumers compile the unmasked softmax alone and take it at every key step.
 
     ``DIAG_TRIM`` (persistent, causal; ``hopper.diag_trim``): warpgroup 0 computes only the key tiles
-    its own 64 rows see, the last at half width where they see only its first half (d = 64 / 128:
-    the diagonal of a 128-row tile ends mid-way through warpgroup 0's last 128-key tile), and skips
-    a last tile none of its rows sees (d = 256's 64-key tiles); ``_pp_mainloop``."""
+    its own 64 rows see and skips a last tile none of them sees (with 64-key tiles and seqlen_q =
+    seqlen_k, one a query tile); ``_pp_mainloop``."""
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     gl.static_assert(PERSISTENT or ROW_STORES != 3, "the output's bulk copy: the persistent kernel only")
     # the one-tile path below is compiled (dead) after the persistent kernel's return too
