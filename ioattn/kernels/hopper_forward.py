@@ -679,7 +679,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     ``KEY_END``). ``KEY_MASKS`` False: no key tile masked (``hopper_fwd_kernel``).
 
     ``DIAG_TRIM`` (causal, persistent: ``hopper_fwd_kernel``): the CTA's tile count ``n_tiles`` is its
-    last row's; this warpgroup's own rows may see fewer key tiles (``_own_key_tiles``). It computes only
+    last row's; this warpgroup's own rows may see fewer key tiles (``_kv_tile_count``). It computes only
     its own tiles and passes the sections of the tiles past its own (``_pp_skip``), so that both
     warpgroups still run n_tiles + 1 sections and release every slot. (A half-width last step for a
     tile whose second half no row sees cost more code than it saved: NOTES §122, removed.)"""
@@ -726,7 +726,10 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     n_own = n_tiles  # key tiles this warpgroup computes
     if DIAG_TRIM:
         gl.static_assert(IS_CAUSAL and RELEASE_LAST, "the diagonal trimmed: causal, persistent")
-        n_own = _own_key_tiles(m_start, seqlen_q, seqlen_k, n_lo, n_tiles, BLOCK_M, BLOCK_N)
+        # this warpgroup's own rows' tiles, at least one (a warpgroup none of whose rows sees a key computes
+        # its first tile masked, as without the trim: its rows come out empty)
+        n_own = gl.maximum(gl.minimum(_kv_tile_count(m_start, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, True) - n_lo,
+                                      n_tiles), 1)
 
     for i in range(n_own - 1):
         # section #(i+1): S(i+1) and P(i) V(i), issued back to back, then the turn passes on
@@ -772,17 +775,6 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     if LEAN & LEAN_DEFERRED_SUM:  # the quad's sum of the threads' partial row sums, once a tile
         l_i = gl.convert_layout(gl.sum(l_i, 1), row_layout, assert_trivial=True)
     return o, m_i, l_i
-
-
-@gluon.jit
-def _own_key_tiles(m_start, seqlen_q, seqlen_k, n_lo, n_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """``_pp_mainloop``'s ``DIAG_TRIM`` (causal): the key tiles the rows [m_start, m_start + BLOCK_M) see,
-    from ``n_lo``, at least 1 and at most the CTA's ``n_tiles``. The keys a row r < seqlen_q sees end
-    at r + 1 + seqlen_k - seqlen_q (the diagonal; never past seqlen_k). At least one tile: a warpgroup
-    none of whose rows sees a key computes its first tile masked, as without the trim (its rows come
-    out empty)."""
-    own_keys = gl.minimum(gl.minimum(m_start + BLOCK_M, seqlen_q) + seqlen_k - seqlen_q, seqlen_k)
-    return gl.maximum(gl.minimum(gl.cdiv(own_keys, BLOCK_N) - n_lo, n_tiles), 1)
 
 
 @gluon.jit
