@@ -260,7 +260,9 @@ def _lean_bits(lean: bool, name: str, d: int, causal: bool):
 # / 64-key tiles two deep / four deep, both trimmed, TFLOP/s: N=512 322 / 315 / 334, 314 / 313 / 333
 # (cuDNN 345-346); 1024 472 / 455 / 467, 464 / 450 / 462; 2048 602 / 533 / 551, 599 / 528 / 549. d = 64
 # (128-key tiles untrimmed / 64-key two / four deep): 253 / 238 / 236, 250 / 240 / 235 at 512, and 11-17 %
-# behind from 1024: never. (head dim) -> (the longest seqlen_q, the persistent kernel's causal tiles)
+# behind from 1024: never. Through the library (results/session-2026-12-07-d, the final build): 329 / 310
+# against the 128-key tiles at 512 (cuDNN 342). (head dim) -> (the longest seqlen_q, the persistent
+# kernel's causal tiles)
 SHORT_CAUSAL_TILES = {128: (512, (128, 64, 4))}
 
 
