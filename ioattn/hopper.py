@@ -568,8 +568,9 @@ def key_masks(d: int, name: str, causal: bool, kv_tail: bool, seqlen_k: int | No
 #   when seqlen_q = seqlen_k.
 # ``with hopper.diag_trim(True / False)`` forces it in the persistent causal kernel.
 diag_trim = dispatch.Preference(False)
-# head dim -> the longest seqlen_q where it is the default
-DIAG_TRIM_MAX_SEQLEN = {128: 512, 256: PERSISTENT_MAX_SEQLEN[(256, True)]}
+# head dim -> the longest seqlen_q where it is the default (d = 128: where the short causal tiles give it
+# a whole tile to skip)
+DIAG_TRIM_MAX_SEQLEN = {128: SHORT_CAUSAL_TILES[128][0], 256: PERSISTENT_MAX_SEQLEN[(256, True)]}
 
 
 def diag_trim_for(d: int, name: str, causal: bool, seqlen_q: int | None = None) -> bool:
