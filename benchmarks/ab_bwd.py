@@ -26,8 +26,8 @@ the default at d = 128 since). ("gluon-ws-stagger" timed the walk staggered by k
 it was removed, §106; "gluon-ws-dkearly", dK issued before dS^T's exchange, until it was removed,
 §107; "gluon-ws-fusedprep", D, the lse rows and the zeroed dQ accumulator from one preprocess launch,
 until it became the only form, §111.)
-"gluon-ws-dqalt": at d = 128 the whole dQ block by one warpgroup a step, by turns
-(``WS_DQ_ALTERNATE``; NOTES §123).
+("gluon-ws-dqalt" timed the whole dQ block by one warpgroup a step, by turns, until it was removed,
+§123.)
 
 bf16, 16384 tokens, hidden 2048 (the bench's grid). Every variant's gradients are checked against
 the float64 oracle (2x PyTorch's own same-dtype error, ``conftest.assert_within_torch_error``'s
@@ -140,7 +140,6 @@ def main():
                 "gluon-ws-dq32": gluon("ws", WS_DQ_FLAT={64: False, 128: False}),
                 "gluon-ws-lse": gluon("ws", WS_LSE_IN_ACC={64: True, 128: True}),
                 "gluon-ws-wgsplit": gluon("ws", WS_WG_PARTITIONS={64: True, 128: True}),
-                "gluon-ws-dqalt": gluon("ws", WS_DQ_ALTERNATE={128: True}),
                 "gluon-ws-det": gluon("ws", deterministic=True),
                 "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     if args.providers:

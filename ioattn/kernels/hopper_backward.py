@@ -319,14 +319,6 @@ WS_LSE_IN_ACC = {64: False, 128: True}
 # to +3.4 %); d = 64 365 / 350, 454 / 442, 471 / 459, causal 261 / 251, 413 / 394, 481 / 462 (-2.5 to
 # -4.6 %): on at d = 128 only.
 WS_WG_PARTITIONS = {64: False, 128: True}
-# "ws" with ``WS_WG_PARTITIONS`` at 64 query rows a step: the step's whole dQ block (64 x d) by one
-# warpgroup, the two taking turns by the step's parity, instead of a column half each. Each half read
-# all of dS (A) beside K's half (B): m64n64k16 tiles, 16 KiB of dS read twice a step; one m64n128k16
-# product reads dS once, so a step's shared-memory reads fall by 16 of 336 KiB (the SS products are
-# what the step waits for, NOTES §50, §107). The warpgroup not on turn stores its dS^T half and goes on
-# (the exchange waits only on the one on turn); the one on turn retires dV first, so dQ's 64 fp32
-# registers fit beside dK / dV. NOTES §123.
-WS_DQ_ALTERNATE = {128: False}
 # "ws": query rows a step by head dim (the key-split form; the column split needs 64). 128 at d = 64
 # doubles a step's products (S^T / dP^T 64 keys x 128 queries a warpgroup) against the same per-step
 # costs (barriers, hand-offs, waits), at d = 128's register count with D in dP^T's accumulator:
@@ -817,7 +809,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                  n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                  COALESCED_STORE: gl.constexpr = False, LSE_IN_ACC: gl.constexpr = False,
-                 WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0, DQ_ALT: gl.constexpr = False):
+                 WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
     lockstep as in the base kernel). The math per step is the base kernel's, in FA3's order (dV
     issued before dS is formed, dQ before dK: see the module docstring); the loads come from the
@@ -826,16 +818,12 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     it, so the exponentials need no shared-memory read after S^T retires. ``WG_SPLIT``
     (``WS_WG_PARTITIONS``): this is warpgroup ``W`` alone, in a partition of its own: key rows
     [64 W, 64 W + 64) of the block, dQ's half W into its own ``dq_smem``, the dS^T exchange on
-    ``ds_full`` (unused otherwise). ``DQ_ALT`` (``WS_DQ_ALTERNATE``, with ``WG_SPLIT`` at 64 query rows):
-    the whole dQ block on the steps t with t % 2 == W, into the one ``dq_smem``; on the others this
-    warpgroup only hands over its dS^T half (``ds_full``, count 1: the turn's warpgroup waits on it)."""
+    ``ds_full`` (unused otherwise)."""
     num_warps: gl.constexpr = gl.num_warps()
     # key rows this partition computes; dQ's part: columns (64 query rows a step) or rows (128)
     ROWS: gl.constexpr = BLOCK_N // 2 if WG_SPLIT else BLOCK_N
     DQ_M: gl.constexpr = BLOCK_M // 2 if WG_SPLIT and BLOCK_M == 128 else BLOCK_M
-    DQ_N: gl.constexpr = HEAD_DIM // 2 if WG_SPLIT and BLOCK_M == 64 and not DQ_ALT else HEAD_DIM
-    if DQ_ALT:
-        gl.static_assert(WG_SPLIT and BLOCK_M == 64, "dQ by turns: a warpgroup a partition, 64 query rows")
+    DQ_N: gl.constexpr = HEAD_DIM // 2 if WG_SPLIT and BLOCK_M == 64 else HEAD_DIM
     dtype: gl.constexpr = k_smem.dtype
     # D subtracted inside dP^T's product (its accumulator starts at -D) at 128 query rows a step, where
     # D in S^T's column layout is 32 registers a thread, live across P^T's formation otherwise
@@ -843,7 +831,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     off = seqlen_k - seqlen_q
     st_layout: gl.constexpr = _acc_layout(num_warps, BLOCK_M)
     kv_layout: gl.constexpr = _acc_layout(num_warps, HEAD_DIM)
-    dq_layout: gl.constexpr = kv_layout if DQ_ALT else _ws_dq_acc_layout(num_warps, BLOCK_M, HEAD_DIM, WG_SPLIT)
+    dq_layout: gl.constexpr = _ws_dq_acc_layout(num_warps, BLOCK_M, HEAD_DIM, WG_SPLIT)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
     keys_1d = gl.arange(0, ROWS, layout=gl.SliceLayout(1, st_layout))
@@ -877,10 +865,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
             k_cur = k_all.slice(W * ROWS, ROWS)
             v_cur = v_smem.index(z).slice(W * ROWS, ROWS)
             ds_cur = ds_all.slice(W * ROWS, ROWS)
-            if DQ_ALT:  # the whole block on this warpgroup's turns: all of dS, all of K
-                dq_a = ds_all.permute((1, 0))
-                dq_b = k_all
-            elif BLOCK_M == 64:  # dQ's columns [W * DQ_N, ...): all of dS, K's column half
+            if BLOCK_M == 64:  # dQ's columns [W * DQ_N, ...): all of dS, K's column half
                 dq_a = ds_all.permute((1, 0))
                 dq_b = k_all.slice(W * DQ_N, DQ_N, dim=1)
             else:  # dQ's rows [W * DQ_M, ...): dS's query half, all of K
@@ -940,56 +925,32 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         fence_async_shared()
         # both warpgroups' halves of dS^T written (``WG_SPLIT``: this one's) before either product reads them
         gl.thread_barrier()
-        if DQ_ALT:
-            if (t & 1) == W:  # this warpgroup's turn: the whole dQ block
-                # dV retired first (P^T's registers free for dQ's 64), then the other half of dS^T
-                dv, pa = warpgroup_mma_wait(0, deps=[dv_tok, pa])
-                mbarrier.wait(ds_full, t & 1)
-                dq_tok = warpgroup_mma(dq_a, dq_b, dq_zero, use_acc=False, is_async=True)
-                dk_tok = warpgroup_mma(dsa, q_cur, dk, is_async=True)
-                dq = warpgroup_mma_wait(1, deps=[dq_tok])
-                mbarrier.wait(dq_empty, (t & 1) ^ 1, pred=t > 0)
-                dq_smem.store(dq)
-                fence_async_shared()
-                gl.thread_barrier()
-                mbarrier.arrive(do_empty.index(s_idx), count=1)  # dO and D done with
-                mbarrier.arrive(dq_full, count=1)
-            else:  # the other's turn: hand over this half of dS^T, then dK
-                mbarrier.arrive(ds_full, count=1)
-                dk_tok = warpgroup_mma(dsa, q_cur, dk, is_async=True)
-                dv, pa = warpgroup_mma_wait(1, deps=[dv_tok, pa])
-                gl.thread_barrier()
-                mbarrier.arrive(do_empty.index(s_idx), count=1)  # dO and D done with
-            dk, dsa = warpgroup_mma_wait(0, deps=[dk_tok, dsa])
-            gl.thread_barrier()
-            mbarrier.arrive(q_empty.index(s_idx), count=1)  # Q (and lse) done with
-        else:
-            if WG_SPLIT:  # the other warpgroup's half: its arrive on ds_full (count 2)
-                mbarrier.arrive(ds_full, count=1)
-                mbarrier.wait(ds_full, t & 1)
-            # dQ first, then dK: dQ retires first and is handed to the writer warp while dK runs
-            dq_tok = warpgroup_mma(dq_a, dq_b, dq_zero, use_acc=False, is_async=True)
-            dk_tok = warpgroup_mma(dsa, q_cur, dk, is_async=True)
+        if WG_SPLIT:  # the other warpgroup's half: its arrive on ds_full (count 2)
+            mbarrier.arrive(ds_full, count=1)
+            mbarrier.wait(ds_full, t & 1)
+        # dQ first, then dK: dQ retires first and is handed to the writer warp while dK runs
+        dq_tok = warpgroup_mma(dq_a, dq_b, dq_zero, use_acc=False, is_async=True)
+        dk_tok = warpgroup_mma(dsa, q_cur, dk, is_async=True)
 
-            # Releases, as the wgmma groups (retiring in order: dV, dQ, dK) allow. Each arrive is one
-            # thread's, after a barrier over the partition's warps (8: both warpgroups' products retired;
-            # ``WG_SPLIT``: this warpgroup's 4, the barrier counting both partitions' arrives; Triton adds
-            # one before every arrive anyway: it orders the arrive after all shared-memory
-            # accesses, NOTES §101). The dO slot has no barrier of its own: it goes back with the dQ block,
-            # after both warpgroups' dQ (and so dV, which retires before it) has retired; released as soon
-            # as dV retired, behind a barrier of its own, it was 0 to 1.4 % slower (NOTES §102)
-            dv, pa, dq = warpgroup_mma_wait(1, deps=[dv_tok, pa, dq_tok])
-            # the dQ block to the writer warp: wait until it has read the previous one (handed over a
-            # whole step ago: normally long done), store, fence for the bulk copy, hand over
-            mbarrier.wait(dq_empty, (t & 1) ^ 1, pred=t > 0)
-            dq_smem.store(dq)
-            fence_async_shared()
-            gl.thread_barrier()
-            mbarrier.arrive(do_empty.index(s_idx), count=1)  # dO and D done with
-            mbarrier.arrive(dq_full, count=1)
-            dk, dsa = warpgroup_mma_wait(0, deps=[dk_tok, dsa])
-            gl.thread_barrier()
-            mbarrier.arrive(q_empty.index(s_idx), count=1)  # Q (and lse) done with
+        # Releases, as the wgmma groups (retiring in order: dV, dQ, dK) allow. Each arrive is one
+        # thread's, after a barrier over the partition's warps (8: both warpgroups' products retired;
+        # ``WG_SPLIT``: this warpgroup's 4, the barrier counting both partitions' arrives; Triton adds
+        # one before every arrive anyway: it orders the arrive after all shared-memory
+        # accesses, NOTES §101). The dO slot has no barrier of its own: it goes back with the dQ block,
+        # after both warpgroups' dQ (and so dV, which retires before it) has retired; released as soon
+        # as dV retired, behind a barrier of its own, it was 0 to 1.4 % slower (NOTES §102)
+        dv, pa, dq = warpgroup_mma_wait(1, deps=[dv_tok, pa, dq_tok])
+        # the dQ block to the writer warp: wait until it has read the previous one (handed over a
+        # whole step ago: normally long done), store, fence for the bulk copy, hand over
+        mbarrier.wait(dq_empty, (t & 1) ^ 1, pred=t > 0)
+        dq_smem.store(dq)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(do_empty.index(s_idx), count=1)  # dO and D done with
+        mbarrier.arrive(dq_full, count=1)
+        dk, dsa = warpgroup_mma_wait(0, deps=[dk_tok, dsa])
+        gl.thread_barrier()
+        mbarrier.arrive(q_empty.index(s_idx), count=1)  # Q (and lse) done with
         m_blk += 1
         if m_blk == m_lo + n_m:  # the next query head of the group
             m_blk = m_lo
@@ -1143,12 +1104,11 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr,
-                  LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0,
-                  DQ_ALT: gl.constexpr = False):
+                  LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments
     (``LSE_IN_ACC``: the key split only). ``WG_SPLIT``: warpgroup ``W`` of the key split alone (the
-    default partition and one worker), ``dq_hi_full`` its dS^T exchange barrier; ``DQ_ALT``: dQ by turns."""
+    default partition and one worker), ``dq_hi_full`` its dS^T exchange barrier."""
     if COL_SPLIT:
         _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                             q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv,
@@ -1158,7 +1118,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                      do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m,
                      n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                     IS_CAUSAL, COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, W, DQ_ALT)
+                     IS_CAUSAL, COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, W)
 
 
 @gluon.jit
@@ -1168,8 +1128,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False,
                          COALESCED_STORE: gl.constexpr = False, DQ_FLAT: gl.constexpr = False,
-                         LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False,
-                         DQ_ALT: gl.constexpr = False):
+                         LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers; 4
     with ``WG_SPLIT``: warpgroup 0, warpgroup 1 a worker partition); the producer and dQ-writer warps
     are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
@@ -1182,16 +1141,13 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     cdiv(seqlen_q, BLOCK_M)) zeroed int32 counters (``_ws_dq_writer``); unused otherwise. STAGES /
     DO_STAGES: depth of the Q and dO rings (equal unless ``COL_SPLIT``). ``COL_SPLIT`` (head dim 256):
     BLOCK_N = 64 and the consumers split the head dim (``_ws_consumer_dsplit``) instead of the keys
-    (``_ws_consumer``), dQ's high half staged in the step's Q slot. ``DQ_ALT`` (with ``WG_SPLIT``):
-    the warpgroups take turns at the whole dQ block, staged in one buffer in the flat tile's order. The
-    other flags: the module's ``WS_*`` switches, through ``kernel_config``."""
+    (``_ws_consumer``), dQ's high half staged in the step's Q slot. The other flags: the module's
+    ``WS_*`` switches, through ``kernel_config``."""
     num_warps: gl.constexpr = gl.num_warps()
     if WG_SPLIT:  # (``WS_WG_PARTITIONS``) the default partition is warpgroup 0, a worker warpgroup 1
         gl.static_assert(num_warps == 4 and DQ_FLAT and not COL_SPLIT, "a warpgroup a partition: the flat key split")
     else:
         gl.static_assert(num_warps == 8, "two consumer warpgroups")
-    if DQ_ALT:
-        gl.static_assert(WG_SPLIT and BLOCK_M == 64, "dQ by turns: a warpgroup a partition, 64 query rows a step")
     if COL_SPLIT:
         gl.static_assert(BLOCK_N == 64, "column split: one 64-key block, the warpgroups split the head dim")
         gl.static_assert(not LSE_IN_ACC, "lse in S^T's accumulator: the key split only")
@@ -1232,11 +1188,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     ds_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, BLOCK_M], ds_layout)
     # one dQ buffer (FA3 has one): handed over once a step (column split: once a half), read by the
     # bulk copy long before the next handover
-    if DQ_ALT:  # the whole block from the warpgroup on turn, in the flat order of the 8-warp tile (its
-        # registers' four-column runs and lanes are the order's low bits: 16-byte stores, conflict-free)
-        dq_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, HEAD_DIM], _dq_flat_layout(8, BLOCK_M, HEAD_DIM))
-        dq_smem1 = dq_smem
-    elif WG_SPLIT:  # each warpgroup's dQ half in its own buffer: the flat tile's two halves (its top bit)
+    if WG_SPLIT:  # each warpgroup's dQ half in its own buffer: the flat tile's two halves (its top bit)
         DQ_M: gl.constexpr = BLOCK_M // 2 if BLOCK_M == 128 else BLOCK_M
         DQ_N: gl.constexpr = HEAD_DIM // 2 if BLOCK_M == 64 else HEAD_DIM
         dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_M, DQ_N], _dq_flat_layout(4, DQ_M, DQ_N))
@@ -1262,14 +1214,14 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     # ``WG_SPLIT``: the consumers' on two, one a warpgroup partition (CONSUMERS)
     CONSUMERS: gl.constexpr = 2 if WG_SPLIT else 1
     mbarrier.init(kv_bar, count=1)
-    mbarrier.init(dq_full, count=1 if DQ_ALT else CONSUMERS)  # ``DQ_ALT``: the warpgroup on turn
+    mbarrier.init(dq_full, count=CONSUMERS)
     mbarrier.init(dq_empty, count=1)
     if COL_SPLIT:  # the high half's handover (dq_full: the low half's)
         dq_hi_full = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
         mbarrier.init(dq_hi_full, count=1)
     elif WG_SPLIT:  # the key split's dS^T exchange between the two consumer partitions (``ds_full``)
         dq_hi_full = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
-        mbarrier.init(dq_hi_full, count=1 if DQ_ALT else 2)  # ``DQ_ALT``: the warpgroup not on turn
+        mbarrier.init(dq_hi_full, count=2)
     else:
         dq_hi_full = dq_full  # unused
     for i in gl.static_range(STAGES):
@@ -1296,7 +1248,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          dq_smem1 if w else dq_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty,
                          dq_hi_full, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k,
                          softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT,
-                         COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, w, DQ_ALT))
+                         COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, w))
         if w < CONSUMERS else
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
@@ -1305,7 +1257,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         if w == CONSUMERS else
         (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_full, Sem, b, h0, m_lo, n_m,
                          n_iter, seqlen_q, seqlen_k, nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         IS_CAUSAL, DETERMINISTIC, DQ_COLS, STAGES, DQ_FLAT, dq_smem1, WG_SPLIT and not DQ_ALT))
+                         IS_CAUSAL, DETERMINISTIC, DQ_COLS, STAGES, DQ_FLAT, dq_smem1, WG_SPLIT))
         for w in (0, 1, 2, 3)[:CONSUMERS + 2]
     ], [4, 1, 1] if WG_SPLIT else [1, 1],
         [WS_CONSUMER_REGS, WS_WORKER_REGS, WS_WORKER_REGS] if WG_SPLIT else [WS_WORKER_REGS, WS_WORKER_REGS])
@@ -1332,19 +1284,18 @@ def kernel_config(d: int, variant: str = "base") -> dict:
         block_m = WS_BLOCK_M[d]
         flat = bool(WS_DQ_FLAT.get(d, False)) and not split
         wg_split = bool(WS_WG_PARTITIONS.get(d, False)) and flat
-        dq_alt = wg_split and block_m == 64 and bool(WS_DQ_ALTERNATE.get(d, False))
         # the kernel's warps: the consumers' 8, or warpgroup 0's 4 with a partition a warpgroup (warpgroup 1
         # is a worker then); the flat tile's box: halves with a partition a warpgroup
         return dict(kernel=hopper_bwd_ws_kernel, block_m=block_m, block_n=block_n,
                     num_warps=BWD_NUM_WARPS // 2 if wg_split else BWD_NUM_WARPS,
                     stages=stages, worker_regs=WS_WORKER_REGS.value, dq_cols=d // 2 if split else d,
-                    dq_flat=flat, dq_block=[block_m * d // (64 if wg_split and not dq_alt else 32), 32] if flat
+                    dq_flat=flat, dq_block=[block_m * d // (64 if wg_split else 32), 32] if flat
                     else [block_m, d // 2 if split else d],
                     constexprs=dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                                     DO_STAGES=do_stages, COL_SPLIT=split,
                                     COALESCED_STORE=WS_COALESCED_STORE, DQ_FLAT=flat,
                                     LSE_IN_ACC=bool(WS_LSE_IN_ACC.get(d, False)) and not split,
-                                    WG_SPLIT=wg_split, DQ_ALT=dq_alt))
+                                    WG_SPLIT=wg_split))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
