@@ -6,6 +6,7 @@ is left out at head dims its variant does not cover (``BWD_VARIANT_HEADDIMS``: b
 
     python benchmarks/ab_bwd.py --out DIR [--headdims 64,128,256] [--seqlens 1024,4096,16384]
                                 [--providers portable,gluon,gluon-ws,sdpa-flash,sdpa-cudnn] [--rounds R]
+                                [--time-failed]
 
 ``--rounds R``: every provider timed R times, interleaved; the table gives each one's median round.
 (Providers "gluon-ws+NAME=0|1" timed compile-time options of the ws kernel until they were removed,
@@ -129,6 +130,9 @@ def main():
     ap.add_argument("--tag", default="ab_bwd")
     ap.add_argument("--rounds", type=int, default=1, help="time the providers R times each, interleaved")
     ap.add_argument("--providers", default="", help="comma-separated subset of the providers (default: all)")
+    ap.add_argument("--time-failed", action="store_true",
+                    help="time a provider whose gradients fail the oracle too (a diagnostic build with a part "
+                         "compiled out); its rows keep ok=false and the table marks them with *")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     sink = open(os.path.join(args.out, f"{args.tag}.jsonl"), "w")
@@ -166,7 +170,8 @@ def main():
                         ok[name], runs[name] = False, None
                 for rnd in range(args.rounds):
                     for name, run in runs.items():
-                        ms = median_ms(lambda _: run(), [None]) if run is not None and ok[name] else float("inf")
+                        timed = run is not None and (ok[name] or args.time_failed)
+                        ms = median_ms(lambda _: run(), [None]) if timed else float("inf")
                         tf = attention_flops(shape[0], shape[2], n, n, d, causal, "bwd") / ms / 1e9
                         rec = dict(headdim=d, causal=causal, seqlen=n, variant=name, ok=ok[name], ms=ms, tflops=tf,
                                    round=rnd)
@@ -189,7 +194,8 @@ def main():
         r0 = next(iter(cell.values()))
         print(f"{r0['headdim']:>3} {int(r0['causal']):>1} {r0['seqlen']:>6} " +
               " ".join(f"{'n/a':>{width[x]}}" if x not in cell else f"{cell[x]['tflops']:{width[x]}.0f}"
-                       if cell[x]["ok"] else f"{'FAIL':>{width[x]}}" for x in names))
+                       if cell[x]["ok"] else f"{cell[x]['tflops']:{width[x] - 1}.0f}*"
+                       if args.time_failed and cell[x]["ms"] < float("inf") else f"{'FAIL':>{width[x]}}" for x in names))
     return 0
 
 
