@@ -955,17 +955,27 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         dv, pa, dq = warpgroup_mma_wait(1, deps=[dv_tok, pa, dq_tok])
         # the dQ block to the writer warp: wait until it has read the previous one (handed over a
         # whole step ago: normally long done), store, fence for the bulk copy, hand over
-        mbarrier.wait(dq_empty, (t & 1) ^ 1, pred=t > 0)
-        dq_smem.store(dq)
-        if not DQ_LATE:
+        if DQ_LATE:
+            # the releases first, the stores last: a barrier waits for the warps' shared-memory stores to
+            # be performed, so the step's stores follow its last barrier and drain under the next step's
+            # first products (a barrier behind them kept most of the wait, NOTES §125)
+            gl.thread_barrier()
+            mbarrier.arrive(do_empty.index(s_idx), count=1)  # dO and D done with
+            dk, dsa = warpgroup_mma_wait(0, deps=[dk_tok, dsa])
+            gl.thread_barrier()
+            mbarrier.arrive(q_empty.index(s_idx), count=1)  # Q (and lse) done with
+            mbarrier.wait(dq_empty, (t & 1) ^ 1, pred=t > 0)
+            dq_smem.store(dq)
+        else:
+            mbarrier.wait(dq_empty, (t & 1) ^ 1, pred=t > 0)
+            dq_smem.store(dq)
             fence_async_shared()
-        gl.thread_barrier()
-        mbarrier.arrive(do_empty.index(s_idx), count=1)  # dO and D done with
-        if not DQ_LATE:
+            gl.thread_barrier()
+            mbarrier.arrive(do_empty.index(s_idx), count=1)  # dO and D done with
             mbarrier.arrive(dq_full, count=1)
-        dk, dsa = warpgroup_mma_wait(0, deps=[dk_tok, dsa])
-        gl.thread_barrier()
-        mbarrier.arrive(q_empty.index(s_idx), count=1)  # Q (and lse) done with
+            dk, dsa = warpgroup_mma_wait(0, deps=[dk_tok, dsa])
+            gl.thread_barrier()
+            mbarrier.arrive(q_empty.index(s_idx), count=1)  # Q (and lse) done with
         m_blk += 1
         if m_blk == m_lo + n_m:  # the next query head of the group
             m_blk = m_lo
