@@ -28,8 +28,8 @@ it was removed, §106; "gluon-ws-dkearly", dK issued before dS^T's exchange, unt
 §107; "gluon-ws-fusedprep", D, the lse rows and the zeroed dQ accumulator from one preprocess launch,
 until it became the only form, §111.)
 ("gluon-ws-dqalt" timed the whole dQ block by one warpgroup a step, by turns, until it was removed,
-§123.) "gluon-ws-dqlate": each step's dQ block handed to the writer a step late, its stores
-drained under the next step's first products (``WS_DQ_LATE``, d = 64 / 128; NOTES §125).
+§123; "gluon-ws-dqlate", each step's dQ block handed to the writer a step late, in two forms,
+until they were removed, §125.)
 
 bf16, 16384 tokens, hidden 2048 (the bench's grid). Every variant's gradients are checked against
 the float64 oracle (2x PyTorch's own same-dtype error, ``conftest.assert_within_torch_error``'s
@@ -145,7 +145,6 @@ def main():
                 "gluon-ws-dq32": gluon("ws", WS_DQ_FLAT={64: False, 128: False}),
                 "gluon-ws-lse": gluon("ws", WS_LSE_IN_ACC={64: True, 128: True}),
                 "gluon-ws-wgsplit": gluon("ws", WS_WG_PARTITIONS={64: True, 128: True}),
-                "gluon-ws-dqlate": gluon("ws", WS_DQ_LATE={64: True, 128: True}),
                 "gluon-ws-det": gluon("ws", deterministic=True),
                 "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     if args.providers:

@@ -18,7 +18,6 @@ that loop and at most 24 B outside it.
     python benchmarks/compile_check_hopper_bwd.py [--variants base,ws] [--headdims 64,128,256] [--quick]
                                                   [--no-ptxas] [--jobs N] [--deterministic]
                                                   [--dq-swizzled] [--lse-in-acc] [--wg-partitions]
-                                                  [--dq-late]
 """
 import argparse
 import os
@@ -60,9 +59,7 @@ def compile_one(variant, d, dt, causal, deterministic=False):
 
 
 def check(job):
-    variant, d, dt, causal, run_ptxas, det, swizzled, lse_in_acc, wg_split, dq_late = job
-    if dq_late:  # dQ handed over a step late (``WS_DQ_LATE``), in this process
-        hopper_backward.WS_DQ_LATE = {64: True, 128: True}
+    variant, d, dt, causal, run_ptxas, det, swizzled, lse_in_acc, wg_split = job
     if wg_split:  # each consumer warpgroup a partition of its own (``WS_WG_PARTITIONS``), in this process
         hopper_backward.WS_WG_PARTITIONS = {64: True, 128: True}
     if lse_in_acc:  # lse folded into S^T's accumulator (``WS_LSE_IN_ACC``), in this process
@@ -110,8 +107,7 @@ def check(job):
                                                              key=lambda t: (t[0][0], int(t[0][1]))))
     name = variant + ("-det" if det else "") + ("-flat" if cfg.get("dq_flat") else "") \
         + ("-lse" if cfg["constexprs"].get("LSE_IN_ACC") else "") \
-        + ("-wgsplit" if cfg["constexprs"].get("WG_SPLIT") else "") \
-        + ("-dqlate" if cfg["constexprs"].get("DQ_LATE") else "")
+        + ("-wgsplit" if cfg["constexprs"].get("WG_SPLIT") else "")
     do_stages = cfg["constexprs"].get("DO_STAGES", cfg["stages"])
     stages = f"{cfg['stages']}" + (f"/{do_stages}" if do_stages != cfg["stages"] else "")  # Q / dO rings
     return (f"bwd {name:6s} d={d} {dt} causal={causal!s:5s} tiles={cfg['block_m']}x{cfg['block_n']}x{stages} "
@@ -135,15 +131,13 @@ def main():
     ap.add_argument("--lse-in-acc", action="store_true", help="ws at d = 64 / 128: lse in S^T's accumulator")
     ap.add_argument("--wg-partitions", action="store_true",
                     help="ws at d = 64 / 128: each consumer warpgroup a partition of its own (WS_WG_PARTITIONS)")
-    ap.add_argument("--dq-late", action="store_true",
-                    help="ws at d = 64 / 128: each step's dQ block handed to the writer a step late (WS_DQ_LATE)")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="compiles in parallel")
     args = ap.parse_args()
     dtypes = ("bf16",) if args.quick else ("bf16", "fp16")
     variants = args.variants.split(",")
     assert set(variants) <= set(BWD_VARIANTS), variants
     jobs = [(variant, int(d), dt, bool(int(causal)), not args.no_ptxas, det, args.dq_swizzled, args.lse_in_acc,
-             args.wg_partitions, args.dq_late)
+             args.wg_partitions)
             for variant in variants
             for d in args.headdims.split(",") if int(d) in BWD_VARIANT_HEADDIMS[variant]
             for dt in dtypes for causal in args.causal.split(",")

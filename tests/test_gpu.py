@@ -877,9 +877,7 @@ def test_backward_default_policy_and_deterministic(causal, monkeypatch, poison_a
 @pytest.mark.parametrize("block_m", [64, 128])
 @pytest.mark.parametrize("dq_flat", [False, True])
 @pytest.mark.parametrize("wg_split", [False, True])
-@pytest.mark.parametrize("dq_late", [False, True])
-def test_hopper_backward_deterministic(d, causal, shape, block_m, dq_flat, wg_split, dq_late, poison_alloc,
-                                       monkeypatch):
+def test_hopper_backward_deterministic(d, causal, shape, block_m, dq_flat, wg_split, poison_alloc, monkeypatch):
     """The ws backward's ordered dQ mode (deterministic=True: reduce-adds in key-block order through
     per-query-block semaphores): three runs bitwise equal, and within 2x PyTorch's error of the
     float64 oracle. Shapes: many key blocks per query block, rows with no visible key, causal with
@@ -888,8 +886,7 @@ def test_hopper_backward_deterministic(d, causal, shape, block_m, dq_flat, wg_sp
     the step's Q slot). block_m: d=64 at its default 128 query rows a step and at 64 (``WS_BLOCK_M``,
     NOTES §55). dq_flat: the flat dQ tile and accumulator or the swizzled 2-D tile (``WS_DQ_FLAT``,
     d = 64 / 128 at their default rows a step). wg_split: with the flat tile, each consumer warpgroup
-    a partition of its own (``WS_WG_PARTITIONS``: the writer adds the tile's halves as two copies).
-    dq_late: each step's dQ block handed over a step late (``WS_DQ_LATE``, the key split)."""
+    a partition of its own (``WS_WG_PARTITIONS``: the writer adds the tile's halves as two copies)."""
     from ioattn import hopper
     from ioattn.kernels import hopper_backward as hb
     from ioattn.kernels.hopper_backward import hopper_backward
@@ -905,10 +902,6 @@ def test_hopper_backward_deterministic(d, causal, shape, block_m, dq_flat, wg_sp
         if not dq_flat or d not in hb.WS_WG_PARTITIONS:
             pytest.skip("a warpgroup a partition: the flat key split (d = 64 / 128)")
         monkeypatch.setitem(hb.WS_WG_PARTITIONS, d, True)
-    if dq_late:
-        if d not in hb.WS_DQ_LATE:
-            pytest.skip("dQ handed over a step late: the key split (d = 64 / 128)")
-        monkeypatch.setitem(hb.WS_DQ_LATE, d, True)
     b, sq, sk, h, hkv = shape
     q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -943,8 +936,7 @@ def test_deterministic_through_the_api_with_the_ordered_gluon_mode(causal, monke
 
 # test_hopper_backward's ws variants with one switch of ``hopper_backward`` set: name -> (switch, value)
 _WS_SWITCH_VARIANTS = {"ws-swizzled": ("WS_DQ_FLAT", False), "ws-lse": ("WS_LSE_IN_ACC", True),
-                       "ws-wgsplit": ("WS_WG_PARTITIONS", True), "ws-lockstep": ("WS_WG_PARTITIONS", False),
-                       "ws-dqlate": ("WS_DQ_LATE", True)}
+                       "ws-wgsplit": ("WS_WG_PARTITIONS", True), "ws-lockstep": ("WS_WG_PARTITIONS", False)}
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
@@ -965,8 +957,7 @@ def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc
     query rows a step; dK and dV written as whole rows; at d = 64 / 128 the flat dQ tile and
     accumulator, ``WS_DQ_FLAT``; "ws-swizzled": ws with the swizzled 2-D dQ tile there instead;
     "ws-lse": ws with lse in S^T's accumulator, ``WS_LSE_IN_ACC``; "ws-wgsplit" / "ws-lockstep": ws with
-    each consumer warpgroup a partition of its own or both in one, ``WS_WG_PARTITIONS``; "ws-dqlate": ws
-    with each step's dQ block handed over a step late, ``WS_DQ_LATE``; a switch
+    each consumer warpgroup a partition of its own or both in one, ``WS_WG_PARTITIONS``; a switch
     variant equal to the head dim's default is skipped: "ws" runs it),
     against the float64 oracle, fed by the Gluon forward's or the portable forward's (out, lse): dq,
     dk, dv within 2x PyTorch's own error."""

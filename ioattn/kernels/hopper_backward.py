@@ -319,13 +319,6 @@ WS_LSE_IN_ACC = {64: False, 128: True}
 # to +3.4 %); d = 64 365 / 350, 454 / 442, 471 / 459, causal 261 / 251, 413 / 394, 481 / 462 (-2.5 to
 # -4.6 %): on at d = 128 only.
 WS_WG_PARTITIONS = {64: False, 128: True}
-# "ws", key split: each step's dQ block handed to the writer one step late. The consumers store it at
-# the step's end as before, but the fence that makes the stores visible to the bulk copy, the barrier
-# and the arrive on ``dq_full`` wait until the next step has issued its S^T and dP^T products, so the
-# 16-32 KiB of stores drain under them instead of on the warpgroup's path between two steps. With the
-# stores compiled out (and the reduce-adds), d = 128 ran +20 to +27 % non-causal, +5 to +7 % causal
-# (a diagnostic, NOTES §124); the reduce-adds alone were +4 to +6 %. NOTES §125.
-WS_DQ_LATE = {64: False, 128: False}
 # "ws": query rows a step by head dim (the key-split form; the column split needs 64). 128 at d = 64
 # doubles a step's products (S^T / dP^T 64 keys x 128 queries a warpgroup) against the same per-step
 # costs (barriers, hand-offs, waits), at d = 128's register count with D in dP^T's accumulator:
@@ -816,7 +809,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                  n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                  COALESCED_STORE: gl.constexpr = False, LSE_IN_ACC: gl.constexpr = False,
-                 WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0, DQ_LATE: gl.constexpr = False):
+                 WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
     lockstep as in the base kernel). The math per step is the base kernel's, in FA3's order (dV
     issued before dS is formed, dQ before dK: see the module docstring); the loads come from the
@@ -825,8 +818,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     it, so the exponentials need no shared-memory read after S^T retires. ``WG_SPLIT``
     (``WS_WG_PARTITIONS``): this is warpgroup ``W`` alone, in a partition of its own: key rows
     [64 W, 64 W + 64) of the block, dQ's half W into its own ``dq_smem``, the dS^T exchange on
-    ``ds_full`` (unused otherwise). ``DQ_LATE`` (``WS_DQ_LATE``): the dQ block stored at the step's end
-    is handed over (fence, barrier, ``dq_full``) after the next step's first two products are issued."""
+    ``ds_full`` (unused otherwise)."""
     num_warps: gl.constexpr = gl.num_warps()
     # key rows this partition computes; dQ's part: columns (64 query rows a step) or rows (128)
     ROWS: gl.constexpr = BLOCK_N // 2 if WG_SPLIT else BLOCK_N
@@ -910,11 +902,6 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
             lse_log2 = lse_s  # unused
         else:
             lse_log2 = lse_smem.index(s_idx).load(col_layout)
-        if DQ_LATE:  # the previous step's dQ block (stored at its end) to the writer, now that its stores
-            # have had this step's first two products' issue to drain
-            fence_async_shared()
-            gl.thread_barrier()
-            mbarrier.arrive(dq_full, count=1, pred=t > 0)
         s = warpgroup_mma_wait(1, deps=[s_tok])
         p = _step_probs(s, lse_log2, qk_scale, n_own, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
                         queries_1d, BLOCK_M, ROWS, IS_CAUSAL, LSE_IN_ACC)
@@ -955,34 +942,18 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         dv, pa, dq = warpgroup_mma_wait(1, deps=[dv_tok, pa, dq_tok])
         # the dQ block to the writer warp: wait until it has read the previous one (handed over a
         # whole step ago: normally long done), store, fence for the bulk copy, hand over
-        if DQ_LATE:
-            # the releases first, the stores last: a barrier waits for the warps' shared-memory stores to
-            # be performed, so the step's stores follow its last barrier and drain under the next step's
-            # first products (a barrier behind them kept most of the wait, NOTES §125)
-            gl.thread_barrier()
-            mbarrier.arrive(do_empty.index(s_idx), count=1)  # dO and D done with
-            dk, dsa = warpgroup_mma_wait(0, deps=[dk_tok, dsa])
-            gl.thread_barrier()
-            mbarrier.arrive(q_empty.index(s_idx), count=1)  # Q (and lse) done with
-            mbarrier.wait(dq_empty, (t & 1) ^ 1, pred=t > 0)
-            dq_smem.store(dq)
-        else:
-            mbarrier.wait(dq_empty, (t & 1) ^ 1, pred=t > 0)
-            dq_smem.store(dq)
-            fence_async_shared()
-            gl.thread_barrier()
-            mbarrier.arrive(do_empty.index(s_idx), count=1)  # dO and D done with
-            mbarrier.arrive(dq_full, count=1)
-            dk, dsa = warpgroup_mma_wait(0, deps=[dk_tok, dsa])
-            gl.thread_barrier()
-            mbarrier.arrive(q_empty.index(s_idx), count=1)  # Q (and lse) done with
+        mbarrier.wait(dq_empty, (t & 1) ^ 1, pred=t > 0)
+        dq_smem.store(dq)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(do_empty.index(s_idx), count=1)  # dO and D done with
+        mbarrier.arrive(dq_full, count=1)
+        dk, dsa = warpgroup_mma_wait(0, deps=[dk_tok, dsa])
+        gl.thread_barrier()
+        mbarrier.arrive(q_empty.index(s_idx), count=1)  # Q (and lse) done with
         m_blk += 1
         if m_blk == m_lo + n_m:  # the next query head of the group
             m_blk = m_lo
-    if DQ_LATE:  # the last step's dQ block
-        fence_async_shared()
-        gl.thread_barrier()
-        mbarrier.arrive(dq_full, count=1, pred=n_iter > 0)
 
     _store_dkdv(dK, dV, dk, dv, b, h_kv, nheads_kv, n_own, seqlen_k, softmax_scale, kv_layout, HEAD_DIM, ROWS,
                 COALESCED_STORE)
@@ -1133,8 +1104,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr,
-                  LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0,
-                  DQ_LATE: gl.constexpr = False):
+                  LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments
     (``LSE_IN_ACC``: the key split only). ``WG_SPLIT``: warpgroup ``W`` of the key split alone (the
@@ -1148,7 +1118,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                      do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m,
                      n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                     IS_CAUSAL, COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, W, DQ_LATE)
+                     IS_CAUSAL, COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, W)
 
 
 @gluon.jit
@@ -1158,8 +1128,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False,
                          COALESCED_STORE: gl.constexpr = False, DQ_FLAT: gl.constexpr = False,
-                         LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False,
-                         DQ_LATE: gl.constexpr = False):
+                         LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers; 4
     with ``WG_SPLIT``: warpgroup 0, warpgroup 1 a worker partition); the producer and dQ-writer warps
     are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
@@ -1185,8 +1154,6 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     else:
         gl.static_assert(BLOCK_N == 128, "two consumer warpgroups of 64 key rows")
         gl.static_assert(DO_STAGES == STAGES, "one slot index for both rings")
-    if DQ_LATE:
-        gl.static_assert(not COL_SPLIT, "dQ handed over a step late: the key split")
     # columns of one dQ handover (the dQ descriptor's block): the column split hands dQ over in halves
     DQ_COLS: gl.constexpr = HEAD_DIM // 2 if COL_SPLIT else HEAD_DIM
     if COL_SPLIT:
@@ -1281,7 +1248,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          dq_smem1 if w else dq_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty,
                          dq_hi_full, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k,
                          softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT,
-                         COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, w, DQ_LATE))
+                         COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, w))
         if w < CONSUMERS else
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
@@ -1328,8 +1295,7 @@ def kernel_config(d: int, variant: str = "base") -> dict:
                                     DO_STAGES=do_stages, COL_SPLIT=split,
                                     COALESCED_STORE=WS_COALESCED_STORE, DQ_FLAT=flat,
                                     LSE_IN_ACC=bool(WS_LSE_IN_ACC.get(d, False)) and not split,
-                                    WG_SPLIT=wg_split,
-                                    DQ_LATE=bool(WS_DQ_LATE.get(d, False)) and not split))
+                                    WG_SPLIT=wg_split))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
