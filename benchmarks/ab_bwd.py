@@ -29,8 +29,8 @@ it was removed, §106; "gluon-ws-dkearly", dK issued before dS^T's exchange, unt
 until it became the only form, §111.)
 ("gluon-ws-dqalt" timed the whole dQ block by one warpgroup a step, by turns, until it was removed,
 §123; "gluon-ws-dqlate", each step's dQ block handed to the writer a step late, in two forms,
-until they were removed, §125.) "gluon-ws-dqred": at d = 128 each warpgroup's dQ half added from its
-registers by 16-byte vector reductions into the flat accumulator (``WS_DQ_RED``; NOTES §127).
+until they were removed, §125; "gluon-ws-dqred", dQ added from the registers by 16-byte reductions
+into the flat accumulator, until it was removed, §127.)
 
 bf16, 16384 tokens, hidden 2048 (the bench's grid). Every variant's gradients are checked against
 the float64 oracle (2x PyTorch's own same-dtype error, ``conftest.assert_within_torch_error``'s
@@ -146,7 +146,6 @@ def main():
                 "gluon-ws-dq32": gluon("ws", WS_DQ_FLAT={64: False, 128: False}),
                 "gluon-ws-lse": gluon("ws", WS_LSE_IN_ACC={64: True, 128: True}),
                 "gluon-ws-wgsplit": gluon("ws", WS_WG_PARTITIONS={64: True, 128: True}),
-                "gluon-ws-dqred": gluon("ws", WS_DQ_RED={128: True}),
                 "gluon-ws-det": gluon("ws", deterministic=True),
                 "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     if args.providers:

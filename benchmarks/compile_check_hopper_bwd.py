@@ -18,7 +18,6 @@ that loop and at most 24 B outside it.
     python benchmarks/compile_check_hopper_bwd.py [--variants base,ws] [--headdims 64,128,256] [--quick]
                                                   [--no-ptxas] [--jobs N] [--deterministic]
                                                   [--dq-swizzled] [--lse-in-acc] [--wg-partitions]
-                                                  [--dq-red]
 """
 import argparse
 import os
@@ -52,8 +51,7 @@ def compile_one(variant, d, dt, causal, deterministic=False):
         assert lay["q"] == q_layout and lay["kv"] == kv_layout
         stat = f"tensordesc<fp32[{bm}],{lay['stat']!r}>"
         rows, cols = cfg["dq_block"]
-        sig.update(lse_desc=stat, delta_desc=stat, dq_desc=f"tensordesc<fp32[{rows},{cols}],{lay['dq']!r}>", Sem="*i32",
-                   DQacc="*fp32")
+        sig.update(lse_desc=stat, delta_desc=stat, dq_desc=f"tensordesc<fp32[{rows},{cols}],{lay['dq']!r}>", Sem="*i32")
         cfg["constexprs"] = dict(cfg["constexprs"], DETERMINISTIC=deterministic)
     # dK / dV 16-byte aligned as at run time, so the epilogue's vector stores show in the SASS
     return cfg, compile_sm90(fn, sig, dict(cfg["constexprs"], IS_CAUSAL=causal), cfg["num_warps"],
@@ -61,9 +59,7 @@ def compile_one(variant, d, dt, causal, deterministic=False):
 
 
 def check(job):
-    variant, d, dt, causal, run_ptxas, det, swizzled, lse_in_acc, wg_split, dq_red = job
-    if dq_red:  # dQ by the consumers' reductions (``WS_DQ_RED``), in this process
-        hopper_backward.WS_DQ_RED = {128: True}
+    variant, d, dt, causal, run_ptxas, det, swizzled, lse_in_acc, wg_split = job
     if wg_split:  # each consumer warpgroup a partition of its own (``WS_WG_PARTITIONS``), in this process
         hopper_backward.WS_WG_PARTITIONS = {64: True, 128: True}
     if lse_in_acc:  # lse folded into S^T's accumulator (``WS_LSE_IN_ACC``), in this process
@@ -82,10 +78,7 @@ def check(job):
     else:  # producer warp + dQ writer: TMA reduce-add for dQ, no atomics, FA3's register split
         # (deterministic: only the semaphore's 32-bit integer atomics, acquire and release)
         float_atoms = {op: n for op, n in c["atomics"].items() if "f32" in op}
-        if cfg["constexprs"].get("DQ_RED") and not det:  # dQ by the consumers' v4 reductions, no bulk copy
-            assert not reduces and set(float_atoms) == {"red.global.add.v4.f32"}, (where, reduces, c["atomics"])
-        else:
-            assert reduces and not float_atoms and bool(c["atomics"]) == det, (where, reduces, c["atomics"])
+        assert reduces and not float_atoms and bool(c["atomics"]) == det, (where, reduces, c["atomics"])
         if det:
             assert ".acquire." in ptx and ".release." in ptx and "cp.async.bulk.wait_group 0" in ptx, where
         assert c["setmaxnreg"][("inc", "240")] and c["setmaxnreg"][("dec", "24")], (where, c["setmaxnreg"])
@@ -114,8 +107,7 @@ def check(job):
                                                              key=lambda t: (t[0][0], int(t[0][1]))))
     name = variant + ("-det" if det else "") + ("-flat" if cfg.get("dq_flat") else "") \
         + ("-lse" if cfg["constexprs"].get("LSE_IN_ACC") else "") \
-        + ("-wgsplit" if cfg["constexprs"].get("WG_SPLIT") else "") \
-        + ("-dqred" if cfg["constexprs"].get("DQ_RED") else "")
+        + ("-wgsplit" if cfg["constexprs"].get("WG_SPLIT") else "")
     do_stages = cfg["constexprs"].get("DO_STAGES", cfg["stages"])
     stages = f"{cfg['stages']}" + (f"/{do_stages}" if do_stages != cfg["stages"] else "")  # Q / dO rings
     return (f"bwd {name:6s} d={d} {dt} causal={causal!s:5s} tiles={cfg['block_m']}x{cfg['block_n']}x{stages} "
@@ -139,15 +131,13 @@ def main():
     ap.add_argument("--lse-in-acc", action="store_true", help="ws at d = 64 / 128: lse in S^T's accumulator")
     ap.add_argument("--wg-partitions", action="store_true",
                     help="ws at d = 64 / 128: each consumer warpgroup a partition of its own (WS_WG_PARTITIONS)")
-    ap.add_argument("--dq-red", action="store_true",
-                    help="ws at d = 128: dQ added by the consumers' vector reductions (WS_DQ_RED)")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="compiles in parallel")
     args = ap.parse_args()
     dtypes = ("bf16",) if args.quick else ("bf16", "fp16")
     variants = args.variants.split(",")
     assert set(variants) <= set(BWD_VARIANTS), variants
     jobs = [(variant, int(d), dt, bool(int(causal)), not args.no_ptxas, det, args.dq_swizzled, args.lse_in_acc,
-             args.wg_partitions, args.dq_red)
+             args.wg_partitions)
             for variant in variants
             for d in args.headdims.split(",") if int(d) in BWD_VARIANT_HEADDIMS[variant]
             for dt in dtypes for causal in args.causal.split(",")

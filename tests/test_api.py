@@ -962,15 +962,13 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     wide = hb.kernel_config(256, "ws")
     assert wide["kernel"] is hb.hopper_bwd_ws_kernel and (wide["block_n"], wide["dq_cols"]) == (64, 128)
     assert wide["constexprs"] == dict(HEAD_DIM=256, BLOCK_M=64, BLOCK_N=64, STAGES=2, DO_STAGES=1, COL_SPLIT=True,
-                                      COALESCED_STORE=True, DQ_FLAT=False, LSE_IN_ACC=False, WG_SPLIT=False,
-                                      DQ_RED=False)
+                                      COALESCED_STORE=True, DQ_FLAT=False, LSE_IN_ACC=False, WG_SPLIT=False)
     for d, block_m, stages in ((64, 128, 3), (128, 64, 2)):
         flat = hb.WS_DQ_FLAT[d]
         cfg = hb.kernel_config(d, "ws")
         assert cfg["constexprs"] == dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=128, STAGES=stages, DO_STAGES=stages,
                                          COL_SPLIT=False, COALESCED_STORE=True, DQ_FLAT=flat,
-                                         LSE_IN_ACC=hb.WS_LSE_IN_ACC[d], WG_SPLIT=hb.WS_WG_PARTITIONS[d] and flat,
-                                         DQ_RED=bool(hb.WS_DQ_RED.get(d)) and hb.WS_WG_PARTITIONS[d] and flat)
+                                         LSE_IN_ACC=hb.WS_LSE_IN_ACC[d], WG_SPLIT=hb.WS_WG_PARTITIONS[d] and flat)
         split = hb.WS_WG_PARTITIONS[d] and flat  # a warpgroup a partition: the box and the warps halved
         assert cfg["dq_block"] == ([block_m * d // (64 if split else 32), 32] if flat else [block_m, d])
         assert cfg["num_warps"] == (4 if split else 8)
@@ -985,14 +983,6 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
         m.setattr(hb, "WS_DQ_FLAT", {64: False, 128: False})
         lockstep = hb.kernel_config(128, "ws")
         assert not lockstep["constexprs"]["WG_SPLIT"] and lockstep["num_warps"] == 8
-    # dQ by the consumers' reductions (``WS_DQ_RED``): only with a warpgroup a partition at 64 query rows
-    with monkeypatch.context() as m:
-        m.setattr(hb, "WS_DQ_RED", {128: True})
-        m.setattr(hb, "WS_WG_PARTITIONS", {64: True, 128: True})
-        assert hb.kernel_config(128, "ws")["constexprs"]["DQ_RED"]
-        assert not hb.kernel_config(64, "ws")["constexprs"]["DQ_RED"]
-        m.setattr(hb, "WS_WG_PARTITIONS", {64: False, 128: False})
-        assert not hb.kernel_config(128, "ws")["constexprs"]["DQ_RED"]
     # the flat dQ tile (``WS_DQ_FLAT``): a [block_m * d / 32, 32] box, the column split never flat
     with monkeypatch.context() as m:
         m.setattr(hb, "WS_DQ_FLAT", {64: True, 128: True, 256: True})

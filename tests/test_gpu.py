@@ -936,8 +936,7 @@ def test_deterministic_through_the_api_with_the_ordered_gluon_mode(causal, monke
 
 # test_hopper_backward's ws variants with one switch of ``hopper_backward`` set: name -> (switch, value)
 _WS_SWITCH_VARIANTS = {"ws-swizzled": ("WS_DQ_FLAT", False), "ws-lse": ("WS_LSE_IN_ACC", True),
-                       "ws-wgsplit": ("WS_WG_PARTITIONS", True), "ws-lockstep": ("WS_WG_PARTITIONS", False),
-                       "ws-dqred": ("WS_DQ_RED", True)}
+                       "ws-wgsplit": ("WS_WG_PARTITIONS", True), "ws-lockstep": ("WS_WG_PARTITIONS", False)}
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
@@ -958,8 +957,7 @@ def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc
     query rows a step; dK and dV written as whole rows; at d = 64 / 128 the flat dQ tile and
     accumulator, ``WS_DQ_FLAT``; "ws-swizzled": ws with the swizzled 2-D dQ tile there instead;
     "ws-lse": ws with lse in S^T's accumulator, ``WS_LSE_IN_ACC``; "ws-wgsplit" / "ws-lockstep": ws with
-    each consumer warpgroup a partition of its own or both in one, ``WS_WG_PARTITIONS``; "ws-dqred": ws
-    with dQ added by the consumers' vector reductions, ``WS_DQ_RED`` (d = 128); a switch
+    each consumer warpgroup a partition of its own or both in one, ``WS_WG_PARTITIONS``; a switch
     variant equal to the head dim's default is skipped: "ws" runs it),
     against the float64 oracle, fed by the Gluon forward's or the portable forward's (out, lse): dq,
     dk, dv within 2x PyTorch's own error."""

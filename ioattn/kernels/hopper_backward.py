@@ -319,13 +319,6 @@ WS_LSE_IN_ACC = {64: False, 128: True}
 # to +3.4 %); d = 64 365 / 350, 454 / 442, 471 / 459, causal 261 / 251, 413 / 394, 481 / 462 (-2.5 to
 # -4.6 %): on at d = 128 only.
 WS_WG_PARTITIONS = {64: False, 128: True}
-# "ws" with a partition a warpgroup (d = 128), unordered dQ: each warpgroup adds its half of the step's
-# dQ block into the flat accumulator from its registers, ``red.global.add.v4.f32`` (16 bytes a lane,
-# the flat order's 512 contiguous bytes a warp instruction), instead of staging it in shared memory for
-# the writer's bulk reduce-add. With the staging stores compiled out the step ran +18-20 % at d = 128
-# non-causal (a diagnostic, NOTES §124); §51's reductions (8 bytes a lane into the 2-D accumulator,
-# rows 8 apart) were 5-18 % slower than the staging. The ordered mode keeps the writer. NOTES §127.
-WS_DQ_RED = {128: False}
 # "ws": query rows a step by head dim (the key-split form; the column split needs 64). 128 at d = 64
 # doubles a step's products (S^T / dP^T 64 keys x 128 queries a warpgroup) against the same per-step
 # costs (barriers, hand-offs, waits), at d = 128's register count with D in dP^T's accumulator:
@@ -804,26 +797,6 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
 
 
 @gluon.jit
-def _red_add_v4(base, offs, vals):
-    """``base[offs] += vals``: fp32 relaxed reductions, four consecutive elements of the layout's
-    register order (four consecutive flat offsets, 16 bytes) per ``red.global.add.v4.f32`` (sm_90),
-    addressed from a 64-bit scalar ``base`` (int64) and 32-bit element offsets (the first of each
-    four), so no tensor of 64-bit pointers is built."""
-    base_t = gl.full(offs.shape, 0, gl.int64, offs.type.layout) + base
-    return gl.inline_asm_elementwise(
-        """{
-        .reg .b64 a;
-        mad.wide.s32 a, $8, 4, $12;
-        red.global.add.v4.f32 [a], {$4, $5, $6, $7};
-        mov.b32 $0, 0;
-        mov.b32 $1, 0;
-        mov.b32 $2, 0;
-        mov.b32 $3, 0;
-        }""", "=r,=r,=r,=r,f,f,f,f,r,r,r,r,l,l,l,l", [vals, offs, base_t], dtype=gl.int32, is_pure=False,
-        pack=4)
-
-
-@gluon.jit
 def _opaque_zero():
     """0, from an asm move LLVM cannot see through or hoist (not pure): an in-loop value that keeps
     loop-invariant address arithmetic inside the loop, for one instruction."""
@@ -836,8 +809,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                  n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                  COALESCED_STORE: gl.constexpr = False, LSE_IN_ACC: gl.constexpr = False,
-                 WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0, DQacc=None, nheads=0, n_m_total=0,
-                 DQ_RED: gl.constexpr = False):
+                 WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
     lockstep as in the base kernel). The math per step is the base kernel's, in FA3's order (dV
     issued before dS is formed, dQ before dK: see the module docstring); the loads come from the
@@ -846,11 +818,8 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     it, so the exponentials need no shared-memory read after S^T retires. ``WG_SPLIT``
     (``WS_WG_PARTITIONS``): this is warpgroup ``W`` alone, in a partition of its own: key rows
     [64 W, 64 W + 64) of the block, dQ's half W into its own ``dq_smem``, the dS^T exchange on
-    ``ds_full`` (unused otherwise). ``DQ_RED`` (``WS_DQ_RED``, with ``WG_SPLIT`` at 64 query rows): this
-    warpgroup's dQ half added into the flat accumulator ``DQacc`` from its registers, at the step's end."""
+    ``ds_full`` (unused otherwise)."""
     num_warps: gl.constexpr = gl.num_warps()
-    if DQ_RED:
-        gl.static_assert(WG_SPLIT and BLOCK_M == 64, "dQ by reductions: a warpgroup a partition, 64 query rows")
     # key rows this partition computes; dQ's part: columns (64 query rows a step) or rows (128)
     ROWS: gl.constexpr = BLOCK_N // 2 if WG_SPLIT else BLOCK_N
     DQ_M: gl.constexpr = BLOCK_M // 2 if WG_SPLIT and BLOCK_M == 128 else BLOCK_M
@@ -874,13 +843,6 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     st_zero = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=st_layout)
     dq_zero = gl.zeros([DQ_M, DQ_N], gl.float32, layout=dq_layout)
     keys_inside = n_own + ROWS <= seqlen_k
-    if DQ_RED:
-        # the flat order of this warpgroup's half (``dq_flat_bases(8, 64, d)`` less its top bit, the half):
-        # an element's offset is a row part plus a column part
-        dq_r = gl.arange(0, DQ_M, layout=gl.SliceLayout(1, dq_layout))
-        dq_c = gl.arange(0, DQ_N, layout=gl.SliceLayout(0, dq_layout))
-        dq_col_part = (dq_c & 1) + ((dq_c >> 1) & 3) * 4 + ((dq_c >> 3) & 7) * 128
-        h_cur = h_kv * (nheads // nheads_kv)
     mbarrier.wait(kv_bar, 0)
 
     # The step's query block is stepped by a counter (wrapping at each query head of the group) and
@@ -978,40 +940,20 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         # after both warpgroups' dQ (and so dV, which retires before it) has retired; released as soon
         # as dV retired, behind a barrier of its own, it was 0 to 1.4 % slower (NOTES §102)
         dv, pa, dq = warpgroup_mma_wait(1, deps=[dv_tok, pa, dq_tok])
-        if DQ_RED:
-            # dS^T read by dQ (``dq_full`` still tells the other warpgroup, before it overwrites its half),
-            # the releases, then the reductions last: a barrier after them would wait for them
-            gl.thread_barrier()
-            mbarrier.arrive(do_empty.index(s_idx), count=1)  # dO and D done with
-            mbarrier.arrive(dq_full, count=1)
-            dk, dsa = warpgroup_mma_wait(0, deps=[dk_tok, dsa])
-            gl.thread_barrier()
-            mbarrier.arrive(q_empty.index(s_idx), count=1)  # Q (and lse) done with
-            # this block's region of the flat accumulator, this warpgroup's half (its top bit); rows past
-            # seqlen_q add exact zeros into the padded rows of the (batch, head)'s last block
-            dq_base = (DQacc + (((b * nheads + h_cur) * n_m_total + m_blk).to(gl.int64) * (BLOCK_M * HEAD_DIM)
-                                + W * (DQ_M * DQ_N))).to(gl.int64)
-            # (+ z: recomputed each step, not hoisted out of the loop as 32 live registers)
-            dq_rr = dq_r + z
-            dq_row_part = ((dq_rr >> 3) & 1) * 2 + (dq_rr & 7) * 16 + ((dq_rr >> 4) & 3) * 1024
-            _red_add_v4(dq_base, dq_row_part[:, None] + dq_col_part[None, :], dq)
-        else:
-            # the dQ block to the writer warp: wait until it has read the previous one (handed over a
-            # whole step ago: normally long done), store, fence for the bulk copy, hand over
-            mbarrier.wait(dq_empty, (t & 1) ^ 1, pred=t > 0)
-            dq_smem.store(dq)
-            fence_async_shared()
-            gl.thread_barrier()
-            mbarrier.arrive(do_empty.index(s_idx), count=1)  # dO and D done with
-            mbarrier.arrive(dq_full, count=1)
-            dk, dsa = warpgroup_mma_wait(0, deps=[dk_tok, dsa])
-            gl.thread_barrier()
-            mbarrier.arrive(q_empty.index(s_idx), count=1)  # Q (and lse) done with
+        # the dQ block to the writer warp: wait until it has read the previous one (handed over a
+        # whole step ago: normally long done), store, fence for the bulk copy, hand over
+        mbarrier.wait(dq_empty, (t & 1) ^ 1, pred=t > 0)
+        dq_smem.store(dq)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(do_empty.index(s_idx), count=1)  # dO and D done with
+        mbarrier.arrive(dq_full, count=1)
+        dk, dsa = warpgroup_mma_wait(0, deps=[dk_tok, dsa])
+        gl.thread_barrier()
+        mbarrier.arrive(q_empty.index(s_idx), count=1)  # Q (and lse) done with
         m_blk += 1
         if m_blk == m_lo + n_m:  # the next query head of the group
             m_blk = m_lo
-            if DQ_RED:
-                h_cur += 1
 
     _store_dkdv(dK, dV, dk, dv, b, h_kv, nheads_kv, n_own, seqlen_k, softmax_scale, kv_layout, HEAD_DIM, ROWS,
                 COALESCED_STORE)
@@ -1162,8 +1104,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr,
-                  LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0,
-                  DQacc=None, nheads=0, n_m_total=0, DQ_RED: gl.constexpr = False):
+                  LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments
     (``LSE_IN_ACC``: the key split only). ``WG_SPLIT``: warpgroup ``W`` of the key split alone (the
@@ -1177,18 +1118,17 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                      do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m,
                      n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                     IS_CAUSAL, COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, W, DQacc, nheads, n_m_total, DQ_RED)
+                     IS_CAUSAL, COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, W)
 
 
 @gluon.jit
-def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dK, dV, Sem, DQacc,
+def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dK, dV, Sem,
                          seqlen_q, seqlen_k, nheads, group, stat_stride, softmax_scale, qk_scale,
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False,
                          COALESCED_STORE: gl.constexpr = False, DQ_FLAT: gl.constexpr = False,
-                         LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False,
-                         DQ_RED: gl.constexpr = False):
+                         LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers; 4
     with ``WG_SPLIT``: warpgroup 0, warpgroup 1 a worker partition); the producer and dQ-writer warps
     are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
@@ -1202,8 +1142,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     DO_STAGES: depth of the Q and dO rings (equal unless ``COL_SPLIT``). ``COL_SPLIT`` (head dim 256):
     BLOCK_N = 64 and the consumers split the head dim (``_ws_consumer_dsplit``) instead of the keys
     (``_ws_consumer``), dQ's high half staged in the step's Q slot. The other flags: the module's
-    ``WS_*`` switches, through ``kernel_config``. DQacc: the flat accumulator's fp32 base (``DQ_RED``: the
-    consumers' reductions; unused otherwise)."""
+    ``WS_*`` switches, through ``kernel_config``."""
     num_warps: gl.constexpr = gl.num_warps()
     if WG_SPLIT:  # (``WS_WG_PARTITIONS``) the default partition is warpgroup 0, a worker warpgroup 1
         gl.static_assert(num_warps == 4 and DQ_FLAT and not COL_SPLIT, "a warpgroup a partition: the flat key split")
@@ -1227,8 +1166,6 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          "a Q slot holds one fp32 dQ half")
     gl.static_assert(DO_STAGES >= 1 and DO_STAGES <= STAGES, "dO ring no deeper than Q's")
     dtype: gl.constexpr = q_desc.dtype
-    # dQ by the consumers' reductions, not in the ordered mode (whose writer orders the additions)
-    RED: gl.constexpr = DQ_RED and not DETERMINISTIC
 
     nheads_kv = nheads // group
     # deterministic + causal: the key blocks launch in reverse, the order their dQ additions take
@@ -1311,7 +1248,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          dq_smem1 if w else dq_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty,
                          dq_hi_full, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k,
                          softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT,
-                         COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, w, DQacc, nheads, n_m_total, RED))
+                         COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, w))
         if w < CONSUMERS else
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
@@ -1319,8 +1256,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                         HEAD_DIM, BLOCK_M, STAGES, DO_STAGES))
         if w == CONSUMERS else
         (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_full, Sem, b, h0, m_lo, n_m,
-                         0 if RED else n_iter, seqlen_q, seqlen_k, nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM,
-                         BLOCK_M, BLOCK_N,
+                         n_iter, seqlen_q, seqlen_k, nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, BLOCK_N,
                          IS_CAUSAL, DETERMINISTIC, DQ_COLS, STAGES, DQ_FLAT, dq_smem1, WG_SPLIT))
         for w in (0, 1, 2, 3)[:CONSUMERS + 2]
     ], [4, 1, 1] if WG_SPLIT else [1, 1],
@@ -1348,7 +1284,6 @@ def kernel_config(d: int, variant: str = "base") -> dict:
         block_m = WS_BLOCK_M[d]
         flat = bool(WS_DQ_FLAT.get(d, False)) and not split
         wg_split = bool(WS_WG_PARTITIONS.get(d, False)) and flat
-        dq_red = wg_split and block_m == 64 and bool(WS_DQ_RED.get(d, False))
         # the kernel's warps: the consumers' 8, or warpgroup 0's 4 with a partition a warpgroup (warpgroup 1
         # is a worker then); the flat tile's box: halves with a partition a warpgroup
         return dict(kernel=hopper_bwd_ws_kernel, block_m=block_m, block_n=block_n,
@@ -1360,7 +1295,7 @@ def kernel_config(d: int, variant: str = "base") -> dict:
                                     DO_STAGES=do_stages, COL_SPLIT=split,
                                     COALESCED_STORE=WS_COALESCED_STORE, DQ_FLAT=flat,
                                     LSE_IN_ACC=bool(WS_LSE_IN_ACC.get(d, False)) and not split,
-                                    WG_SPLIT=wg_split, DQ_RED=dq_red))
+                                    WG_SPLIT=wg_split))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
@@ -1471,7 +1406,7 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
         # one counter per (batch, head, query block) orders the dQ additions (deterministic only)
         sem = torch.zeros(batch * nheads * triton_cdiv(seqlen_q, bm) if deterministic else 1, device=q.device,
                           dtype=torch.int32)
-        hopper_bwd_ws_kernel[grid](q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk, dv, sem, dq_accum,
+        hopper_bwd_ws_kernel[grid](q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk, dv, sem,
                                    seqlen_q, seqlen_k, nheads, nheads // nheads_kv, stat_stride,
                                    float(softmax_scale), float(softmax_scale) * 1.4426950408889634,
                                    IS_CAUSAL=bool(causal), DETERMINISTIC=bool(deterministic),
