@@ -6,7 +6,7 @@ is left out at head dims its variant does not cover (``BWD_VARIANT_HEADDIMS``: b
 
     python benchmarks/ab_bwd.py --out DIR [--headdims 64,128,256] [--seqlens 1024,4096,16384]
                                 [--providers portable,gluon,gluon-ws,sdpa-flash,sdpa-cudnn] [--rounds R]
-                                [--time-failed]
+                                [--time-failed] [--sass]
 
 ``--rounds R``: every provider timed R times, interleaved; the table gives each one's median round.
 (Providers "gluon-ws+NAME=0|1" timed compile-time options of the ws kernel until they were removed,
@@ -132,6 +132,10 @@ def main():
     ap.add_argument("--tag", default="ab_bwd")
     ap.add_argument("--rounds", type=int, default=1, help="time the providers R times each, interleaved")
     ap.add_argument("--providers", default="", help="comma-separated subset of the providers (default: all)")
+    ap.add_argument("--sass", action="store_true",
+                    help="at the end, each Gluon backward kernel compiled in this process: its SASS's counts of "
+                         "products, stores, reductions, fences and TMA operations, and the ptxas version (a "
+                         "diagnostic build's record of what the compiler kept, NOTES §128)")
     ap.add_argument("--time-failed", action="store_true",
                     help="time a provider whose gradients fail the oracle too (a diagnostic build with a part "
                          "compiled out); its rows keep ok=false and the table marks them with *")
@@ -198,6 +202,14 @@ def main():
               " ".join(f"{'n/a':>{width[x]}}" if x not in cell else f"{cell[x]['tflops']:{width[x]}.0f}"
                        if cell[x]["ok"] else f"{cell[x]['tflops']:{width[x] - 1}.0f}*"
                        if args.time_failed and cell[x]["ms"] < float("inf") else f"{'FAIL':>{width[x]}}" for x in names))
+    if args.sass:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from gluon_aot import compiled_sass_counts, ptxas_version
+        from ioattn.kernels import hopper_backward as hb
+        print(f"sass ({ptxas_version()}):")
+        for fn in (hb.hopper_bwd_ws_kernel, hb.hopper_bwd_dkdv_kernel):
+            for name, key, counts in compiled_sass_counts(fn):
+                print(f"  {name} {key} " + " ".join(f"{op}={n}" for op, n in counts.items()))
     return 0
 
 

@@ -80,6 +80,27 @@ def sass_text(cubin):
         return subprocess.run([nvdisasm, "-c", f"{tmp}/k.cubin"], capture_output=True, text=True, check=True).stdout
 
 
+def ptxas_version():
+    """``ptxas --version``'s release line for the ptxas Triton uses here (``knobs.nvidia.ptxas``), and its path."""
+    path = knobs.nvidia.ptxas.path
+    out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
+    release = [line for line in out.splitlines() if "release" in line]
+    return f"{release[0].strip() if release else 'unknown'} ({path})"
+
+
+def compiled_sass_counts(fn, ops=("HGMMA", "STS.128", "REDG", "FENCE.VIEW.ASYNC", "UTMALDG", "UTMAREDG")):
+    """For each kernel ``fn`` (a Gluon / Triton JIT function) has compiled in this process: its name,
+    its cache key's hash and the count of each SASS opcode prefix in ``ops``, read from the cubin that
+    ran (so a diagnostic build shows what the compiler kept: NOTES §128)."""
+    rows = []
+    for cache in fn.device_caches.values():
+        for kernel in cache[0].values():
+            ops_seen = sass_opcodes(sass_text(kernel.asm["cubin"]))
+            rows.append((kernel.metadata.name, kernel.hash[:10],
+                         {op: sum(n for o, n in ops_seen.items() if o.startswith(op)) for op in ops}))
+    return rows
+
+
 def sass_top_register(cubin, sass=None):
     """The highest general register (Rn) the kernel's SASS names + 1: in a warp-specialised kernel,
     where ptxas -v reports the launch budget, the widest partition's use (the workers' setmaxnreg cap
