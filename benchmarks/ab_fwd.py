@@ -158,6 +158,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=1, help="interleaved timing rounds (median of their medians)")
     ap.add_argument("--rest", type=float, default=0.0, help="idle seconds before each timing: the board's power "
                     "limiter lowers the SM clock under sustained load (NOTES §43), so every variant starts rested")
+    ap.add_argument("--sass", action="store_true",
+                    help="at the end, each Gluon forward kernel compiled in this process: its SASS's counts of "
+                         "products, exponentials, stores and TMA operations, and the ptxas version (what the "
+                         "compiler kept, read where it ran: NOTES §128)")
     args = ap.parse_args()
     if args.rounds < 1 or args.rest < 0:
         ap.error(f"--rounds must be at least 1 and --rest at least 0, got {args.rounds} and {args.rest}")
@@ -228,6 +232,14 @@ def main():
                 ref = cell.get("sdpa-flash")
                 ratio = f"{ours / ref['tflops']:.2f}" if ref else "-"
                 print(f"{d:>3} {int(causal):>1} {n:>6} " + " ".join(vals) + f"   {ratio}")
+    if args.sass:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from gluon_aot import compiled_sass_counts, ptxas_version
+        from ioattn.kernels import hopper_forward as hf
+        print(f"sass ({ptxas_version()}):")
+        for name, key, counts in compiled_sass_counts(hf.hopper_fwd_kernel, ("HGMMA", "MUFU.EX2", "STS", "UTMALDG",
+                                                                                "UTMASTG")):
+            print(f"  {name} {key} " + " ".join(f"{op}={n}" for op, n in counts.items()))
     return 0
 
 
