@@ -204,12 +204,9 @@ def main():
                        if args.time_failed and cell[x]["ms"] < float("inf") else f"{'FAIL':>{width[x]}}" for x in names))
     if args.sass:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from gluon_aot import compiled_sass_counts, ptxas_version
+        from gluon_aot import print_compiled_sass
         from ioattn.kernels import hopper_backward as hb
-        print(f"sass ({ptxas_version()}):")
-        for fn in (hb.hopper_bwd_ws_kernel, hb.hopper_bwd_dkdv_kernel):
-            for name, key, counts in compiled_sass_counts(fn):
-                print(f"  {name} {key} " + " ".join(f"{op}={n}" for op, n in counts.items()))
+        print_compiled_sass((hb.hopper_bwd_ws_kernel, hb.hopper_bwd_dkdv_kernel))
     return 0
 
 

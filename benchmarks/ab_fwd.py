@@ -234,12 +234,9 @@ def main():
                 print(f"{d:>3} {int(causal):>1} {n:>6} " + " ".join(vals) + f"   {ratio}")
     if args.sass:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from gluon_aot import compiled_sass_counts, ptxas_version
+        from gluon_aot import print_compiled_sass
         from ioattn.kernels import hopper_forward as hf
-        print(f"sass ({ptxas_version()}):")
-        for name, key, counts in compiled_sass_counts(hf.hopper_fwd_kernel, ("HGMMA", "MUFU.EX2", "STS", "UTMALDG",
-                                                                                "UTMASTG")):
-            print(f"  {name} {key} " + " ".join(f"{op}={n}" for op, n in counts.items()))
+        print_compiled_sass((hf.hopper_fwd_kernel,), ("HGMMA", "MUFU.EX2", "STS", "UTMALDG", "UTMASTG"))
     return 0
 
 

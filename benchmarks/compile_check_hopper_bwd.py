@@ -31,7 +31,7 @@ from ioattn.kernels.hopper_backward import BWD_VARIANT_HEADDIMS, BWD_VARIANTS, k
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gluon_aot import (DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxas_report, run_jobs,  # noqa: E402
-                       sass_text, sass_top_register, spills_between_mmas)
+                       sass_counts, sass_text, sass_top_register, spills_between_mmas)
 
 
 def compile_one(variant, d, dt, causal, deterministic=False):
@@ -97,8 +97,11 @@ def check(job):
             # query-block counter (NOTES §52) costs one or two values saved before the loop and
             # reloaded after it, 8 / 16 B non-causal / causal, 16 / 24 B deterministic (whose dQ
             # writer also spilled 8 / 16 B in its 24 registers before the counter)
-            in_loop = spills_between_mmas(sass_text(k.asm["cubin"]))
+            sass = sass_text(k.asm["cubin"])
+            in_loop = spills_between_mmas(sass)
             regs += f"loop_spills={in_loop} "
+            # the same counts ab_bwd --sass prints from the build that ran (NOTES §128)
+            regs += "sass[" + " ".join(f"{op}={n}" for op, n in sass_counts(sass).items()) + "] "
             assert not serialized and spills <= 24 and not in_loop, (where, "ptxas serialised the wgmmas or spilled",
                                                                      spills, in_loop, why)
     waits = ",".join(f"w{n}x{cnt}" for n, cnt in sorted(c["waits"].items()))

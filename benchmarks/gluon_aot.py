@@ -88,17 +88,26 @@ def ptxas_version():
     return f"{release[0].strip() if release else 'unknown'} ({path})"
 
 
-def compiled_sass_counts(fn, ops=("HGMMA", "STS.128", "REDG", "FENCE.VIEW.ASYNC", "UTMALDG", "UTMAREDG")):
-    """For each kernel ``fn`` (a Gluon / Triton JIT function) has compiled in this process: its name,
-    its cache key's hash and the count of each SASS opcode prefix in ``ops``, read from the cubin that
-    ran (so a diagnostic build shows what the compiler kept: NOTES §128)."""
-    rows = []
-    for cache in fn.device_caches.values():
-        for kernel in cache[0].values():
-            ops_seen = sass_opcodes(sass_text(kernel.asm["cubin"]))
-            rows.append((kernel.metadata.name, kernel.hash[:10],
-                         {op: sum(n for o, n in ops_seen.items() if o.startswith(op)) for op in ops}))
-    return rows
+# opcode prefixes that say what a build kept: products, staging stores, reductions, proxy fences, TMA
+SASS_OPS = ("HGMMA", "STS.128", "REDG", "FENCE.VIEW.ASYNC", "UTMALDG", "UTMAREDG")
+
+
+def sass_counts(sass, ops=SASS_OPS):
+    """Count of the SASS instructions whose opcode starts with each prefix in ``ops``."""
+    seen = sass_opcodes(sass)
+    return {op: sum(n for o, n in seen.items() if o.startswith(op)) for op in ops}
+
+
+def print_compiled_sass(fns, ops=SASS_OPS):
+    """Print the ptxas version, then for each kernel the JIT functions ``fns`` have compiled in this
+    process its name, its cache key's hash and ``sass_counts`` of the cubin that ran: a diagnostic
+    build's record of what the compiler kept, read on the machine that ran it (NOTES §128)."""
+    print(f"sass ({ptxas_version()}):")
+    for fn in fns:
+        for cache in fn.device_caches.values():
+            for kernel in cache[0].values():
+                counts = sass_counts(sass_text(kernel.asm["cubin"]), ops)
+                print(f"  {kernel.metadata.name} {kernel.hash[:10]} " + " ".join(f"{op}={n}" for op, n in counts.items()))
 
 
 def sass_top_register(cubin, sass=None):

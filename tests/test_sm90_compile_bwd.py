@@ -53,6 +53,10 @@ def test_hopper_gluon_backward_ws_compiles_for_sm90():
         reduces = "tma_reduce=2 " if "-wgsplit" in name else "tma_reduce=1 "
         assert ("-flat" in name and reduces in line) == (" d=256 " not in line), line
         assert int(re.search(r"consumer_regs=(\d+)", line).group(1)) <= 240, line
+        # the SASS counts (``gluon_aot.sass_counts``, also ab_bwd --sass's): the products and reduce-adds the PTX has
+        counts = dict(re.findall(r"([\w.]+)=(\d+)", re.search(r"sass\[([^\]]*)\]", line).group(1)))
+        assert counts["HGMMA"] == re.search(r"wgmma=(\d+)", line).group(1), line
+        assert counts["UTMAREDG"] == re.search(r"tma_reduce=(\d+)", line).group(1) and counts["REDG"] == "0", line
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
