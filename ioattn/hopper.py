@@ -232,6 +232,7 @@ LEAN_BY_WARP = 4        # ... decided by the warp (``rescale_by_warp``)
 LEAN_Q_REGS = 8         # Q as S = Q K^T's register operand (``q_in_registers_for``)
 LEAN_DEFERRED_SUM = 16  # the row sum's quad reduction once a tile (``deferred_row_sum``)
 LEAN_MASK_BRANCH = 32   # a tile's first-step mask under its own branch, one softmax body (``mask_branch``)
+LEAN_PTX_BARRIERS = 64  # the consumers' redundant partition barriers dropped in the PTX (``ptx_barriers``)
 
 
 def _lean_bits(lean: bool, name: str, d: int, causal: bool):
@@ -248,7 +249,16 @@ def _lean_bits(lean: bool, name: str, d: int, causal: bool):
         bits |= LEAN_DEFERRED_SUM
     if lean and mask_branch_for(name, d, causal):
         bits |= LEAN_MASK_BRANCH
+    if lean and ptx_barriers.wanted():
+        bits |= LEAN_PTX_BARRIERS
     return bits if bits > 1 else bool(lean)
+
+
+# The consumer warpgroups' partition barriers that Triton 3.6 puts before every mbarrier wait and
+# single-thread arrive, dropped from the PTX where a warpgroup-wide wgmma already orders the warps
+# (``ioattn.kernels.ptx_barriers``; the kernel's LEAN bit 6 marks the build). Off: a candidate under
+# measurement (NOTES §129). ``with hopper.ptx_barriers(True): ...``
+ptx_barriers = dispatch.Preference(False, env="IOATTN_HOPPER_PTX_BARRIERS")
 
 
 # Short causal calls of the persistent kernel with 64-key tiles (NOTES §122): with the diagonal trimmed

@@ -988,3 +988,34 @@ def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc
     dout = torch.randn_like(out)
     grads = hopper_backward(dout, q, k, v, out, lse, scale, causal, variant=variant)
     _assert_grads_match_oracle(grads, q, k, v, dout, window)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant", ["pingpong", "wg3", "persistent"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+# the persistent tile loop's shapes (several tiles a program; rows past seqlen_q; causal rows with no key
+# between tiles that do; one key tile a tile) and the one-tile kernels' (a warpgroup with no visible key,
+# a fully masked extra tile, GQA 3)
+@pytest.mark.parametrize("shape", [(4, 1000, 1000, 8, 4), (8, 777, 300, 8, 4), (16, 512, 100, 8, 4),
+                                   (3, 129, 64, 2, 2), (2, 300, 340, 3, 1), (2, 512, 512, 16, 16)])
+def test_hopper_forward_ptx_barriers(variant, d, causal, shape, poison_alloc):
+    """``hopper.ptx_barriers``: the consumers' partition barriers before mbarrier waits and the arrives
+    that follow a warpgroup-wide wgmma dropped from the PTX (``ioattn.kernels.ptx_barriers``). Against
+    the float64 oracle on poisoned outputs with the gradients of the backward it feeds (a hang or a
+    lapped phase would show as a timeout or wrong rows), and the marked kernel's PTX has nothing left
+    for the pass to drop (it ran on this build)."""
+    from ioattn import hopper
+    from ioattn.kernels import hopper_forward as hf
+    from ioattn.kernels import ptx_barriers as pb
+    if d not in hopper.TILE_TABLE[variant]:
+        pytest.skip(f"the {variant} variant has no head dim {d}")
+    b, sq, sk, h, hkv = shape
+    with hopper.variant(variant), hopper.prefer_hopper(True), hopper.ptx_barriers(True):
+        _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=causal)
+    marked = [kernel.asm["ptx"] for cache in hf.hopper_fwd_kernel.device_caches.values()
+              for kernel in cache[0].values() if pb.MARKER in kernel.asm["ptx"]]
+    assert marked, "no marked build compiled"
+    for ptx in marked:
+        counts = pb.drop_partition_barriers(ptx)[1]
+        assert counts["wait"] == counts["arrive"] == 0, counts

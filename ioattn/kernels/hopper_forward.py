@@ -98,6 +98,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 
 from ioattn import hopper as _host
+from ioattn.kernels import ptx_barriers as _ptx_barriers
 
 LOG2E = gl.constexpr(1.4426950408889634)
 LN2 = gl.constexpr(0.6931471805599453)
@@ -107,6 +108,8 @@ LEAN_BY_WARP = gl.constexpr(_host.LEAN_BY_WARP)
 LEAN_Q_REGS = gl.constexpr(_host.LEAN_Q_REGS)
 LEAN_DEFERRED_SUM = gl.constexpr(_host.LEAN_DEFERRED_SUM)
 LEAN_MASK_BRANCH = gl.constexpr(_host.LEAN_MASK_BRANCH)
+LEAN_PTX_BARRIERS = gl.constexpr(_host.LEAN_PTX_BARRIERS)
+_ptx_barriers.install()  # acts only on PTX carrying its marker (``_ptx_barriers_marker``)
 
 
 @gluon.jit
@@ -394,6 +397,18 @@ def _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, 
             p, alpha, m_new, l_new = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
                                                    rows_1d, cols_1d, False, IS_CAUSAL, LEAN, EXP2_FMA)
     return p, alpha, m_new, l_new
+
+
+@gluon.constexpr_function
+def _marker_asm():
+    return f"mov.b32 $0, $1; // {_ptx_barriers.MARKER}"
+
+
+@gluon.jit
+def _ptx_barriers_marker(x):
+    """The comment that asks ``ioattn.kernels.ptx_barriers`` to run on this kernel's PTX (LEAN bit 6),
+    carried by a move of ``x`` (an int32 tensor) that nothing reads (not pure: it stays)."""
+    gl.inline_asm_elementwise(_marker_asm(), "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -701,6 +716,8 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
     o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
     diag = m_start + seqlen_k - seqlen_q  # the last key column this warpgroup's first row may see
+    if LEAN & LEAN_PTX_BARRIERS:
+        _ptx_barriers_marker(rows_1d)
     if LEAN & LEAN_Q_REGS:  # Q as the products' register operand: loaded once a tile
         q_op = q_smem.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
     else:
