@@ -106,13 +106,14 @@ def parse_load(name, loads):
     persistent name: the output's bulk copies, hopper.out_tma_store, and the tile index by
     multiply-high, hopper.fast_tile_div, forced on), "-um" (a Gluon name: no key tile masked where
     none can be cut, hopper.unmasked_full_keys, forced on), "-dt" (a persistent name: warpgroup 0's
-    diagonal trimmed, hopper.diag_trim, forced on) and "-pb" (a "-lean" or wg3 name: the consumers'
-    redundant partition barriers dropped from the PTX, hopper.ptx_barriers, forced on); without them the
+    diagonal trimmed, hopper.diag_trim, forced on) and "-pb" or "-nopb" (a "-lean" or wg3 name: the
+    consumers' redundant partition barriers dropped from the PTX, hopper.ptx_barriers, forced on or off);
+    without them the
     launcher's default, in that order
     (e.g. gluon-pp-fma25, gluon-wg3-fma50-lpt, gluon-pers-lean-accstore, gluon-pers-lean-q2-nopair,
     gluon-pp-lean-crw-n64-s4, gluon-pers-lean-ds-tma, gluon-pers-lean-crw-ds-um, gluon-pers-lean-ds-dt)."""
     m = re.fullmatch(r"(.+?)(?:-fma(\d+))?(-accstore)?(-crw?)?(?:-n(\d+))?(?:-s(\d+))?(-(?:no)?q2)?(-(?:no)?pair)?"
-                     r"(-lpt)?(-qr)?(-ds)?(-(?:no)?mb)?(-tma)?(-fd)?(-um)?(-dt)?(-pb)?", name)
+                     r"(-lpt)?(-qr)?(-ds)?(-(?:no)?mb)?(-tma)?(-fd)?(-um)?(-dt)?(-(?:no)?pb)?", name)
     base, fma, acc, cr, lpt = m.group(1), m.group(2), bool(m.group(3)), {None: None, "-cr": "thread", "-crw": "warp"}[m.group(4)], bool(m.group(9))
     gtiles = (int(m.group(5) or 0), int(m.group(6) or 0)) if m.group(5) or m.group(6) else None
     # None: the launcher's default; True / False: forced ("-q2" / "-noq2", "-pair" / "-nopair")
@@ -132,7 +133,7 @@ def parse_load(name, loads):
     return (loads[base], lpt, FMA_SUFFIX[fma] if fma else 0.0, acc, q2, pair, cr, gtiles, bool(m.group(10)),
             bool(m.group(11)), None if m.group(12) is None else m.group(12) == "-mb", bool(m.group(13)) or None,
             bool(m.group(14)) or None, bool(m.group(15)) or None, bool(m.group(16)) or None,
-            bool(m.group(17)) or None)
+            None if m.group(17) is None else m.group(17) == "-pb")
 
 
 def main():

@@ -256,9 +256,14 @@ def _lean_bits(lean: bool, name: str, d: int, causal: bool):
 
 # The consumer warpgroups' partition barriers that Triton 3.6 puts before every mbarrier wait and
 # single-thread arrive, dropped from the PTX where a warpgroup-wide wgmma already orders the warps
-# (``ioattn.kernels.ptx_barriers``; the kernel's LEAN bit 6 marks the build). Off: a candidate under
-# measurement (NOTES §129). ``with hopper.ptx_barriers(True): ...``
-ptx_barriers = dispatch.Preference(False, env="IOATTN_HOPPER_PTX_BARRIERS")
+# (``ioattn.kernels.ptx_barriers``; the kernel's LEAN bit 6 marks the build; every lean ping-pong
+# kernel: four barriers a key step of each consumer). Measured (ab_fwd on the H200, bf16, 16k tokens,
+# 3 interleaved rounds, two processes, results/session-2026-12-09-a, NOTES §129), without / with,
+# TFLOP/s: d = 64 persistent N = 512 395 / 403, 397 / 404; 1024 426 / 435, 429 / 437; 2048 448 / 451,
+# 448 / 453; causal 250 / 256, 257 / 258; 327 / 329, 331 / 332; 388 / 394, 392 / 398; d = 128 causal 512
+# 333 / 337, 331 / 336; 1024 461 / 473, 461 / 473; ping-pong d = 128 N = 16384 722 / 725. On;
+# ``with hopper.ptx_barriers(False): ...`` turns it off.
+ptx_barriers = dispatch.Preference(True)
 
 
 # Short causal calls of the persistent kernel with 64-key tiles (NOTES §122): with the diagonal trimmed

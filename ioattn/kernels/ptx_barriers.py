@@ -21,6 +21,13 @@ The rule, per barrier over 128 threads (one consumer warpgroup):
   could lap it are those above, each after a warpgroup-wide wgmma or behind a kept barrier);
 - any other (before a bulk copy, an expect_tx, a layout conversion's shared-memory round trip): kept.
 
+The rule is sound for a kernel whose consumers read the slots that such an arrive releases only
+through wgmma (a collective read) and make every other shared-memory access behind a barrier the
+rule keeps: the forward's consumers (K / V by wgmma; Q's register copy, ``LEAN_Q_REGS``, reloaded
+behind the barrier before the next Q load's expect_tx; the output's staging behind the barriers
+before its bulk copy). The Gluon backward's are not (each warp loads lse / delta from a ring slot
+with ``ld.shared``, and a release after a wgmma does not order those loads): it carries no marker.
+
 Applied only to PTX that carries ``MARKER`` (emitted by a kernel compiled with the option), through
 Triton's compile-stage hook, so other kernels and other builds of the same kernel are untouched.
 Triton's cache key does not see the hook, but it sees the marker's constexpr, so a build with and
