@@ -29,11 +29,15 @@ Spills are asserted against the default bounds at 0 only, and reported for the o
 
     python benchmarks/compile_check_hopper.py [--variants base,pingpong,split,wg3] [--no-ptxas] [--quick] [--jobs N]
         [--masks 0,1] [--headdims 64,128] [--varlen] [--exp2-fma 0,25,50] [--block-n 64] [--stages 4]
-        [--tma-store on|off] [--fast-div on|off]
+        [--tma-store on|off] [--fast-div on|off] [--ptx-barriers on|off]
 
 ``--tma-store on|off`` / ``--fast-div on|off`` compile the persistent kernel with or without its output
 copied by TMA from the Q buffer (``ROW_STORES`` = 3) / its tile index by multiply-high (``FAST_DIV``);
 both on by default.
+
+``--ptx-barriers on|off`` compiles the Gluon kernels with or without the pass that drops the consumers'
+redundant partition barriers from the PTX (``hopper.ptx_barriers``, on by default; its builds are
+checked to have nothing left for the pass to drop).
 
 ``--block-n`` / ``--stages`` replace the key tile and the K / V ring depth of every selected variant
 (``hopper.TILE_TABLE``), for tile candidates before a device A/B (``ab_fwd.py``'s ``-nBN-sS`` suffix).
@@ -47,6 +51,7 @@ import time
 from triton.experimental.gluon import language as gl
 
 from ioattn import hopper
+from ioattn.kernels import ptx_barriers
 from ioattn.kernels.hopper_forward import hopper_fwd_kernel as fn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -126,6 +131,10 @@ def check(job):
     c = ptx_counts(ptx)
     where = (variant, d, dt, causal, varlen)
     assert k.metadata.shared <= H200_SHARED_BYTES, (where, k.metadata.shared)
+    if cfg["constexprs"]["LEAN"] & hopper.LEAN_PTX_BARRIERS:  # the pass ran on this build: nothing left to drop
+        assert ptx_barriers.MARKER in ptx, where
+        left = ptx_barriers.drop_partition_barriers(ptx)[1]
+        assert left["wait"] == left["arrive"] == 0, (where, left)
     assert c["wgmma"] and c["tma"] and c["setmaxnreg"], (where, c)
     if variant != "base":  # NUM_WG consumer partitions, each with its own named barrier
         num_wg = cfg["constexprs"]["NUM_WG"]
@@ -196,6 +205,8 @@ def check(job):
         regs += "unmasked_keys "
     if hopper.diag_trim_for(d, variant, causal):
         regs += "diag_trim "
+    if cfg["constexprs"]["LEAN"] & hopper.LEAN_PTX_BARRIERS:
+        regs += "ptx_barriers "
     return (f"{variant:8s} d={d} {dt} causal={causal!s:5s} {'varlen ' if varlen else ''}"
             f"tiles={cfg['block_m']}x{cfg['block_n']}x{cfg['stages']} "
             f"warps={k.metadata.num_warps} shared={k.metadata.shared} {regs}{fmt(c)}")
@@ -244,6 +255,9 @@ def main():
     ap.add_argument("--diag-trim", default="default", choices=("default", "on", "off"),
                     help="persistent, causal: warpgroup 0's key tiles past its rows' diagonal skipped (DIAG_TRIM, "
                          "hopper.diag_trim)")
+    ap.add_argument("--ptx-barriers", default="default", choices=("default", "on", "off"),
+                    help="the consumers' redundant partition barriers dropped from the PTX or kept "
+                         "(hopper.ptx_barriers)")
     ap.add_argument("--block-n", type=int, default=None,
                     help="key tile (block_n) of every selected variant and head dim instead of hopper.TILE_TABLE's")
     ap.add_argument("--stages", type=int, default=None, help="K / V ring depth instead of hopper.TILE_TABLE's")
@@ -260,6 +274,8 @@ def main():
         hopper.unmasked_full_keys.value = args.unmasked_keys == "on"
     if args.diag_trim != "default":  # likewise
         hopper.diag_trim.value = args.diag_trim == "on"
+    if args.ptx_barriers != "default":  # likewise
+        hopper.ptx_barriers.value = args.ptx_barriers == "on"
     if args.deferred_row_sum != "default":  # before the compile jobs' processes are forked (they inherit it)
         hopper.deferred_row_sum.value = args.deferred_row_sum == "on"
     if args.mask_branch != "default":  # likewise

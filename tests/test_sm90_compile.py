@@ -325,3 +325,37 @@ def test_hopper_register_options_compile_for_sm90():
     (line,) = _hopper_check("--variants", "wg3", "--masks", "0")  # the default build, with it
     assert "deferred_row_sum" in line and "spill=0B" in line and "wgmma-pipelined" in line, line
 
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+def test_hopper_ptx_barriers_compile_for_sm90():
+    """The forward's partition-barrier pass (hopper.ptx_barriers, ``ioattn.kernels.ptx_barriers``;
+    NOTES §129), off and on, the persistent kernel at every head dim and mask and wg3: with it the
+    consumers' 128-thread barriers drop by at least four a key step's worth (one before the waits,
+    three before the arrives, in each consumer's loop) and nothing else in the PTX moves (products,
+    mbarrier arrives and waits, exponentials), no spill, the wgmma pipelined; the compile check itself
+    asserts that each marked build has nothing left for the pass to drop."""
+    pytest.importorskip("triton.experimental.gluon")
+    import re
+
+    def counts(lines):
+        out = {}
+        for line in lines:
+            key = " ".join(line.split()[:4])
+            bars = sum(int(n) for n in re.findall(r"bar\.sync \d+/128:(\d+)", line))
+            same = tuple(int(re.search(pat, line).group(1)) for pat in
+                         (r"MUFU.EX2=(\d+)", r" wgmma=(\d+)", r"arrive=(\d+)", r"try_wait=(\d+)"))
+            out[key] = (bars, same)
+        return out
+
+    for args in (("--variants", "persistent", "--masks", "0,1"), ("--variants", "wg3", "--masks", "1")):
+        off = _hopper_check(*args, "--ptx-barriers", "off")
+        on = _hopper_check(*args, "--ptx-barriers", "on")
+        assert len(off) == len(on) >= 1, (off, on)
+        for line in on:
+            assert "spill=0B" in line and "wgmma-pipelined" in line and "ptx_barriers" in line, line
+        assert not any("ptx_barriers" in line for line in off), off
+        before, after = counts(off), counts(on)
+        for key in before:
+            assert after[key][1] == before[key][1], (key, before[key], after[key])
+            assert after[key][0] <= before[key][0] - 8, (key, before[key], after[key])

@@ -110,6 +110,7 @@ LEAN_DEFERRED_SUM = gl.constexpr(_host.LEAN_DEFERRED_SUM)
 LEAN_MASK_BRANCH = gl.constexpr(_host.LEAN_MASK_BRANCH)
 LEAN_PTX_BARRIERS = gl.constexpr(_host.LEAN_PTX_BARRIERS)
 _ptx_barriers.install()  # acts only on PTX carrying its marker (``_ptx_barriers_marker``)
+PTX_BARRIERS_MARKER = gl.constexpr(_ptx_barriers.MARKER)  # a constexpr global: in Triton's cache key
 
 
 @gluon.jit
@@ -401,7 +402,7 @@ def _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, 
 
 @gluon.constexpr_function
 def _marker_asm():
-    return f"mov.b32 $0, $1; // {_ptx_barriers.MARKER}"
+    return f"mov.b32 $0, $1; // {PTX_BARRIERS_MARKER.value}"
 
 
 @gluon.jit

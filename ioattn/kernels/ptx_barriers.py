@@ -30,14 +30,24 @@ with ``ld.shared``, and a release after a wgmma does not order those loads): it 
 
 Applied only to PTX that carries ``MARKER`` (emitted by a kernel compiled with the option), through
 Triton's compile-stage hook, so other kernels and other builds of the same kernel are untouched.
-Triton's cache key does not see the hook, but it sees the marker's constexpr, so a build with and
-one without the pass never share a cache entry.
+Triton's cache key does not see the hook, but it sees the kernel's LEAN bit and the marker (a
+constexpr global of the kernel, naming this file's contents by hash): a build with and one without the
+pass never share a cache entry, and neither do builds by two versions of the pass.
 """
+import hashlib
 import re
 
 from triton import knobs
 
-MARKER = "ioattn-ptx-pass:drop-partition-barriers-v1"
+
+def _source_digest() -> str:
+    with open(__file__, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:16]
+
+
+# the marker names this file's contents: the kernel holds it as a constexpr global, which Triton's cache
+# key includes, so an edit to the pass compiles anew instead of loading PTX the old rule rewrote
+MARKER = f"ioattn-ptx-pass:drop-partition-barriers:{_source_digest()}"
 
 _BAR = re.compile(r"^\s*bar\.sync\s+\d+,\s*128;\s*$")
 _ARRIVE = re.compile(r"^\s*(@%p\d+\s+)?mbarrier\.arrive\.shared::cta\.b64\s+_,")
