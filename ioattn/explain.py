@@ -68,6 +68,9 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                                                                                k.shape[1] % bn != 0, k.shape[1])
                             else "a tile's first key step: under its own branch, ahead of one softmax body"
                             if lean & hopper.LEAN_MASK_BRANCH else "masked and unmasked softmax bodies"),
+                   "barriers": ("the consumers' redundant partition barriers dropped from the PTX "
+                                "(ioattn.kernels.ptx_barriers)" if lean & hopper.LEAN_PTX_BARRIERS
+                                else "as Triton emits them"),
                    "out_stores": {0: "pointer stores from the accumulator layout",
                                   1: "whole-row pointer stores (Triton's layout conversion)",
                                   2: "whole-row pointer stores (staged in the Q buffer)",

@@ -232,14 +232,14 @@ LEAN_BY_WARP = 4        # ... decided by the warp (``rescale_by_warp``)
 LEAN_Q_REGS = 8         # Q as S = Q K^T's register operand (``q_in_registers_for``)
 LEAN_DEFERRED_SUM = 16  # the row sum's quad reduction once a tile (``deferred_row_sum``)
 LEAN_MASK_BRANCH = 32   # a tile's first-step mask under its own branch, one softmax body (``mask_branch``)
-LEAN_PTX_BARRIERS = 64  # the consumers' redundant partition barriers dropped in the PTX (``ptx_barriers``)
+LEAN_PTX_BARRIERS = 64  # the consumers' redundant partition barriers dropped in the PTX (``ptx_barriers_for``)
 
 
 def _lean_bits(lean: bool, name: str, d: int, causal: bool):
     """The kernel's ``LEAN``: False / True (the lean softmax), or with it an int with the options'
     bits (``LEAN_COND_RESCALE`` ... ``LEAN_DEFERRED_SUM``): 3 / 7 with conditional rescaling by the
     thread / by the warp, plus 8 with Q in registers, plus 16 with the deferred row sum, plus 32 with
-    the mask under its own branch."""
+    the mask under its own branch, plus 64 with the partition-barrier pass."""
     bits = int(lean)
     if lean and conditional_rescale_for(name, d):
         bits |= LEAN_COND_RESCALE | (LEAN_BY_WARP if rescale_by_warp.wanted() else 0)
@@ -249,7 +249,7 @@ def _lean_bits(lean: bool, name: str, d: int, causal: bool):
         bits |= LEAN_DEFERRED_SUM
     if lean and mask_branch_for(name, d, causal):
         bits |= LEAN_MASK_BRANCH
-    if lean and ptx_barriers.wanted():
+    if lean and ptx_barriers_for(name):
         bits |= LEAN_PTX_BARRIERS
     return bits if bits > 1 else bool(lean)
 
@@ -261,9 +261,21 @@ def _lean_bits(lean: bool, name: str, d: int, causal: bool):
 # 3 interleaved rounds, two processes, results/session-2026-12-09-a, NOTES §129), without / with,
 # TFLOP/s: d = 64 persistent N = 512 395 / 403, 397 / 404; 1024 426 / 435, 429 / 437; 2048 448 / 451,
 # 448 / 453; causal 250 / 256, 257 / 258; 327 / 329, 331 / 332; 388 / 394, 392 / 398; d = 128 causal 512
-# 333 / 337, 331 / 336; 1024 461 / 473, 461 / 473; ping-pong d = 128 N = 16384 722 / 725. On;
-# ``with hopper.ptx_barriers(False): ...`` turns it off.
-ptx_barriers = dispatch.Preference(True)
+# 333 / 337, 331 / 336; 1024 461 / 473, 461 / 473; ping-pong d = 128 N = 16384 722 / 725; and
+# (results/session-2026-12-09-b, one process) d = 256 persistent N = 512 571 / 574, 2048 770 / 771,
+# causal 369 / 371, 675 / 679; wg3 d = 64 N = 2048 470 / 473, 16384 575 / 575, causal 294 / 293, 509 /
+# 495. On in the variants where it paid (``PTX_BARRIERS_ON``); ``with hopper.ptx_barriers(True /
+# False): ...`` forces it either way.
+ptx_barriers = dispatch.Preference(False)
+PTX_BARRIERS_ON = ("pingpong", "persistent")
+
+
+def ptx_barriers_for(name: str) -> bool:
+    """Whether variant ``name`` drops its consumers' redundant partition barriers: ``ptx_barriers``'s
+    value inside its block, else the measured policy (``PTX_BARRIERS_ON``)."""
+    if ptx_barriers.value is not None:
+        return ptx_barriers.value
+    return name in PTX_BARRIERS_ON
 
 
 # Short causal calls of the persistent kernel with 64-key tiles (NOTES §122): with the diagonal trimmed

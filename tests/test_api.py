@@ -570,6 +570,8 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     # (and Q as S = Q K^T's register operand, bit 3, in the two-warpgroup kernels at d = 128: 15; the
     # row sum's quad reduction deferred, bit 4, in the ping-pong kernel at d = 128 / 256, the persistent
     # kernel at every head dim and wg3 without the causal mask: 31 / 23 / 17)
+    # (the values here without the partition-barrier pass, bit 6, whose policy is checked on its own below)
+    monkeypatch.setattr(hopper.ptx_barriers, "value", False)
     lean = {(v, d): hopper.kernel_config(d, v)["constexprs"]["LEAN"] for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]}
     assert {k: x for k, x in lean.items() if x != 7} == {**{("base", d): False for d in hopper.TILE_TABLE["base"]},
                                                          ("persistent", 64): 17, ("split", 128): 15,
@@ -647,6 +649,20 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
             assert asked == {k for k, x in lean.items() if x}, asked
         with hopper.mask_branch(False):
             assert not any(hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 32
+                           for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v])
+    # the consumers' partition-barrier pass (LEAN bit 6): by default in every lean ping-pong / persistent
+    # kernel, not wg3 (no gain measured there) nor split; forced on, every lean kernel; forced off, nowhere
+    monkeypatch.setattr(hopper.ptx_barriers, "value", None)  # the policy
+    for causal in (False, True):
+        marked = {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
+                  if hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 64}
+        assert marked == {(v, d) for v in ("pingpong", "persistent") for d in hopper.TILE_TABLE[v]}, marked
+        with hopper.ptx_barriers(True):
+            asked = {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
+                     if hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 64}
+            assert asked == {k for k, x in lean.items() if x}, asked
+        with hopper.ptx_barriers(False):
+            assert not any(hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 64
                            for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v])
     # the output stored as whole rows at d = 64 / 128 through Triton's conversion (mode 1), at d = 256
     # staged in the Q buffer (mode 2: the one-tile ping-pong kernels); the persistent kernel's copied by
