@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# After NOTES §129 (the partition-barrier pass on): where the short forward still trails cuDNN. Nsight
+# Compute, one launch each, warp states and stalls by SASS instruction (CSV), at the points below 1.0x in
+# run170's sweep: d = 64 causal N = 1024 (ours and cuDNN's kernel), d = 128 causal N = 512 (ours).
+# Usage: bash benchmarks/session_gpu_run171.sh OUT        (writes OUT/summary.log and OUT/run171.tar.gz)
+set -u
+out=${1:?outdir}
+w="$out/work"; mkdir -p "$w"
+export PYTHONUNBUFFERED=1 PYTHONPATH=.
+pack() { tar -czf "$out/run171.tar.gz" -C "$w" .; }
+prof() {  # tag kernel-regex skip ncu_fwd-args...
+    tag=$1; re=$2; skip=$3; shift 3
+    timeout 120 ncu --clock-control none --kernel-name "regex:$re" --launch-skip "$skip" --launch-count 1 \
+        --section WarpStateStats --section SourceCounters --section SpeedOfLight -f -o "$w/$tag" \
+        python3 benchmarks/ncu_fwd.py "$@" > "$w/ncu_$tag.log" 2>&1
+    echo "ncu $tag rc=$?"; tail -n 1 "$w/ncu_$tag.log"
+    ncu -i "$w/$tag.ncu-rep" --page details --csv > "$w/${tag}_details.csv" 2>&1
+    ncu -i "$w/$tag.ncu-rep" --page source --csv --print-source sass > "$w/${tag}_sass.csv" 2>&1
+    echo "export rc=$? $(wc -c < "$w/${tag}_sass.csv") bytes"; gzip -f "$w/${tag}_sass.csv"; rm -f "$w/$tag.ncu-rep"
+    pack
+}
+{
+prof d64c1024 hopper_fwd 2 --variants persistent --seqlen 1024 --headdim 64 --causal
+prof d64c1024cudnn "fprop|fmha|sdpa" 2 --variants "" --cudnn --seqlen 1024 --headdim 64 --causal
+prof d128c512 hopper_fwd 2 --variants persistent --seqlen 512 --headdim 128 --causal
+for t in d64c1024 d64c1024cudnn d128c512; do
+    echo "== $t"; grep -E '"(Warp Cycles Per Issued Instruction|Issued Warp Per Scheduler|Duration|SM Frequency|Compute \(SM\) Throughput|No Eligible)"' "$w/${t}_details.csv" | cut -d, -f12- | head -8
+done
+} 2>&1 | tee "$out/summary.log"
+pack && rm -rf "$w"
