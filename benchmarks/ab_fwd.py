@@ -52,8 +52,7 @@ def gluon_tiles(name, d, block_n, stages):
 
 def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False, exp2_fma=0.0, lean=False, acc_stores=False,
                q_prefetch=None, paired=None, cond_rescale=None, gtiles=None, q_regs=False, deferred_sum=False,
-               mask_branch=None, tma_store=None, fast_div=None, unmasked=None, diag_trim=None, ptx_bars=None,
-               sum_chains=None):
+               mask_branch=None, tma_store=None, fast_div=None, unmasked=None, diag_trim=None, ptx_bars=None):
     def run(q, k, v, causal):
         with contextlib.ExitStack() as stack:
             if gluon and gtiles:
@@ -77,8 +76,7 @@ def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False, exp2_fma=0.0, lean
                                 hopper.deferred_row_sum(deferred_sum), hopper.mask_branch(mask_branch),
                                 hopper.out_tma_store(tma_store),
                                 hopper.fast_tile_div(fast_div), hopper.unmasked_full_keys(unmasked),
-                                hopper.diag_trim(diag_trim), hopper.ptx_barriers(ptx_bars),
-                                hopper.row_sum_chains(sum_chains)):
+                                hopper.diag_trim(diag_trim), hopper.ptx_barriers(ptx_bars)):
                     stack.enter_context(setting)
                 return ioattn.flash_attn_func(q, k, v, causal=causal)
         finally:
@@ -109,14 +107,13 @@ def parse_load(name, loads):
     multiply-high, hopper.fast_tile_div, forced on), "-um" (a Gluon name: no key tile masked where
     none can be cut, hopper.unmasked_full_keys, forced on), "-dt" (a persistent name: warpgroup 0's
     diagonal trimmed, hopper.diag_trim, forced on) and "-pb" or "-nopb" (a "-lean" or wg3 name: the
-    consumers' redundant partition barriers dropped from the PTX, hopper.ptx_barriers, forced on or off)
-    and "-sc" (with "-ds" or a default deferred sum: the row sum's in-thread order as two chains,
-    hopper.row_sum_chains, forced on); without them the
+    consumers' redundant partition barriers dropped from the PTX, hopper.ptx_barriers, forced on or off);
+    without them the
     launcher's default, in that order
     (e.g. gluon-pp-fma25, gluon-wg3-fma50-lpt, gluon-pers-lean-accstore, gluon-pers-lean-q2-nopair,
     gluon-pp-lean-crw-n64-s4, gluon-pers-lean-ds-tma, gluon-pers-lean-crw-ds-um, gluon-pers-lean-ds-dt)."""
     m = re.fullmatch(r"(.+?)(?:-fma(\d+))?(-accstore)?(-crw?)?(?:-n(\d+))?(?:-s(\d+))?(-(?:no)?q2)?(-(?:no)?pair)?"
-                     r"(-lpt)?(-qr)?(-ds)?(-(?:no)?mb)?(-tma)?(-fd)?(-um)?(-dt)?(-(?:no)?pb)?(-sc)?", name)
+                     r"(-lpt)?(-qr)?(-ds)?(-(?:no)?mb)?(-tma)?(-fd)?(-um)?(-dt)?(-(?:no)?pb)?", name)
     base, fma, acc, cr, lpt = m.group(1), m.group(2), bool(m.group(3)), {None: None, "-cr": "thread", "-crw": "warp"}[m.group(4)], bool(m.group(9))
     gtiles = (int(m.group(5) or 0), int(m.group(6) or 0)) if m.group(5) or m.group(6) else None
     # None: the launcher's default; True / False: forced ("-q2" / "-noq2", "-pair" / "-nopair")
@@ -136,7 +133,7 @@ def parse_load(name, loads):
     return (loads[base], lpt, FMA_SUFFIX[fma] if fma else 0.0, acc, q2, pair, cr, gtiles, bool(m.group(10)),
             bool(m.group(11)), None if m.group(12) is None else m.group(12) == "-mb", bool(m.group(13)) or None,
             bool(m.group(14)) or None, bool(m.group(15)) or None, bool(m.group(16)) or None,
-            None if m.group(17) is None else m.group(17) == "-pb", bool(m.group(18)) or None)
+            None if m.group(17) is None else m.group(17) == "-pb")
 
 
 def main():
@@ -191,9 +188,9 @@ def main():
     fns = {f"{name}-{'dflt' if c is None else '.'.join(map(str, (c.block_m, c.block_n, c.num_warps, c.num_stages)))}":
            variant_fn(*entry[:4], c, lpt, exp2_fma, *entry[4:5], acc_stores=acc, q_prefetch=q2, paired=pair,
                       cond_rescale=cr, gtiles=gt, q_regs=qr, deferred_sum=ds, mask_branch=mb, tma_store=tma,
-                      fast_div=fd, unmasked=um, diag_trim=dt, ptx_bars=pb, sum_chains=sc)
+                      fast_div=fd, unmasked=um, diag_trim=dt, ptx_bars=pb)
            for c in tile_sets
-           for name, (entry, lpt, exp2_fma, acc, q2, pair, cr, gt, qr, ds, mb, tma, fd, um, dt, pb, sc)
+           for name, (entry, lpt, exp2_fma, acc, q2, pair, cr, gt, qr, ds, mb, tma, fd, um, dt, pb)
            in parsed.items()
            if not (name.startswith("gluon") and c is not None)}
     fns.update(peers)

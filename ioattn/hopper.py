@@ -233,7 +233,6 @@ LEAN_Q_REGS = 8         # Q as S = Q K^T's register operand (``q_in_registers_fo
 LEAN_DEFERRED_SUM = 16  # the row sum's quad reduction once a tile (``deferred_row_sum``)
 LEAN_MASK_BRANCH = 32   # a tile's first-step mask under its own branch, one softmax body (``mask_branch``)
 LEAN_PTX_BARRIERS = 64  # the consumers' redundant partition barriers dropped in the PTX (``ptx_barriers_for``)
-LEAN_SUM_CHAINS = 128   # the deferred row sum's in-thread order: two chains over the columns (``row_sum_chains``)
 
 
 def _lean_bits(lean: bool, name: str, d: int, causal: bool):
@@ -252,8 +251,6 @@ def _lean_bits(lean: bool, name: str, d: int, causal: bool):
         bits |= LEAN_MASK_BRANCH
     if lean and ptx_barriers_for(name):
         bits |= LEAN_PTX_BARRIERS
-    if bits & LEAN_DEFERRED_SUM and row_sum_chains.wanted():
-        bits |= LEAN_SUM_CHAINS
     return bits if bits > 1 else bool(lean)
 
 
@@ -271,10 +268,6 @@ def _lean_bits(lean: bool, name: str, d: int, causal: bool):
 # False): ...`` forces it either way.
 ptx_barriers = dispatch.Preference(False)
 PTX_BARRIERS_ON = ("pingpong", "persistent")
-# The deferred row sum's in-thread order (the kernel's LEAN bit 7, ``hopper_forward._thread_row_sums``):
-# two chains over a thread's columns, fed one exponential at a time, instead of a chain fed adjacent
-# pairs, whose two exponentials ptxas issues back to back (NOTES §130-§131). Off: a candidate.
-row_sum_chains = dispatch.Preference(False)
 
 
 def ptx_barriers_for(name: str) -> bool:

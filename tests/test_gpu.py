@@ -734,18 +734,6 @@ def test_hopper_forward_deferred_row_sum(variant, d, causal, shape, poison_alloc
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant, d", [("pingpong", 128), ("pingpong", 256), ("persistent", 64), ("persistent", 128),
-                                        ("persistent", 256)])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("shape", [(1, 777, 1500, 2, 1), (3, 129, 64, 2, 2), (1, 2048, 2048, 16, 8)])
-def test_hopper_forward_row_sum_chains(variant, d, causal, shape, poison_alloc):
-    """The deferred row sum's in-thread order as two chains over the columns (hopper.row_sum_chains,
-    LEAN bit 7, on top of the deferred sum where it is the default): the same terms in another order."""
-    from ioattn import hopper
-    _check_forward_option(variant, d, causal, shape, torch.bfloat16, hopper.row_sum_chains, 128)
-
-
-@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("variant, d", [("pingpong", 64), ("pingpong", 128), ("pingpong", 256), ("split", 128),
                                         ("persistent", 64), ("persistent", 128), ("persistent", 256), ("wg3", 64)])
 @pytest.mark.parametrize("causal", [False, True])

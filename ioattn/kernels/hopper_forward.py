@@ -109,7 +109,6 @@ LEAN_Q_REGS = gl.constexpr(_host.LEAN_Q_REGS)
 LEAN_DEFERRED_SUM = gl.constexpr(_host.LEAN_DEFERRED_SUM)
 LEAN_MASK_BRANCH = gl.constexpr(_host.LEAN_MASK_BRANCH)
 LEAN_PTX_BARRIERS = gl.constexpr(_host.LEAN_PTX_BARRIERS)
-LEAN_SUM_CHAINS = gl.constexpr(_host.LEAN_SUM_CHAINS)
 _ptx_barriers.install()  # acts only on PTX carrying its marker (``_ptx_barriers_marker``)
 PTX_BARRIERS_MARKER = gl.constexpr(_ptx_barriers.MARKER)  # a constexpr global: in Triton's cache key
 
@@ -348,7 +347,7 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
     alpha = gl.exp2(m_i - m_use)
     if LEAN & LEAN_DEFERRED_SUM:  # l kept as each thread's partial sums (``_thread_row_sums``), the quad's sum deferred
         l_new = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout),
-                                        assert_trivial=True)[:, None] + _thread_row_sums(p, LEAN & LEAN_SUM_CHAINS)
+                                        assert_trivial=True)[:, None] + _thread_row_sums(p)
     else:
         l_new = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_new
@@ -414,21 +413,14 @@ def _ptx_barriers_marker(x):
 
 
 @gluon.jit
-def _thread_row_sums(p, CHAINS: gl.constexpr = False):
+def _thread_row_sums(p):
     """Each thread's own part of p's row sums, [M, 4]: in the wgmma accumulator layout a row's N
     columns are spread over the four threads of a quad (column c on thread (c >> 1) & 3, as
     8 j + 2 t + e), so summing over j and e stays in registers and the quad's shuffles (two a row)
-    wait until the key loop ends (``LEAN_DEFERRED_SUM``). The in-thread sums run in the order given:
-    each adjacent pair (e) first, then over j (one chain fed a pair at a time: ptxas issues the pair's
-    two exponentials back to back); or (``CHAINS``, ``LEAN_SUM_CHAINS``) over j first, two chains
-    (e = 0, 1) fed an exponential at a time, added at the end (NOTES §131)."""
+    wait until the key loop ends (``LEAN_DEFERRED_SUM``)."""
     M: gl.constexpr = p.shape[0]
     N: gl.constexpr = p.shape[1]
-    r = p.reshape([M, N // 8, 4, 2])
-    if CHAINS:  # the same [M, 4] values in the pairs' layout (the same registers: a trivial conversion)
-        return gl.convert_layout(gl.sum(gl.sum(r, 1), 2), gl.SliceLayout(1, gl.SliceLayout(3, r.type.layout)),
-                                 assert_trivial=True)
-    return gl.sum(gl.sum(r, 3), 1)
+    return gl.sum(gl.sum(p.reshape([M, N // 8, 4, 2]), 3), 1)
 
 
 @gluon.jit
@@ -720,7 +712,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     if LEAN & LEAN_DEFERRED_SUM:
-        l_i = _thread_row_sums(s_zero, LEAN & LEAN_SUM_CHAINS)
+        l_i = _thread_row_sums(s_zero)
     else:
         l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
     o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
