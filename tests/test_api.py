@@ -510,6 +510,12 @@ def test_explain_dispatch_matches_the_policy():
         assert ioattn.explain_dispatch(q, k, k).forward["kv_loads"] == "pointer"
 
 
+def _lean_bit_set(hopper, bit, causal):
+    """The (variant, head dim) pairs whose Gluon forward build has ``bit`` of its ``LEAN`` constexpr."""
+    return {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
+            if hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & bit}
+
+
 def test_hopper_kernel_policy_and_refusals(monkeypatch):
     """The Gluon Hopper forward's default policy (hopper.AUTO_MIN_SEQLEN, from the device runs): head
     dims 128 and 256 from 512 query rows, both masks, head dim 64 from 512 (both masks); not when the
@@ -644,26 +650,19 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     assert {k for k, x in lean_causal.items() if x & 32} == set(branched)
     for causal in (False, True):
         with hopper.mask_branch(True):
-            asked = {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
-                     if hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 32}
-            assert asked == {k for k, x in lean.items() if x}, asked
+            assert _lean_bit_set(hopper, 32, causal) == {k for k, x in lean.items() if x}
         with hopper.mask_branch(False):
-            assert not any(hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 32
-                           for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v])
+            assert not _lean_bit_set(hopper, 32, causal)
     # the consumers' partition-barrier pass (LEAN bit 6): by default in every lean ping-pong / persistent
     # kernel, not wg3 (no gain measured there) nor split; forced on, every lean kernel; forced off, nowhere
     monkeypatch.setattr(hopper.ptx_barriers, "value", None)  # the policy
     for causal in (False, True):
-        marked = {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
-                  if hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 64}
-        assert marked == {(v, d) for v in ("pingpong", "persistent") for d in hopper.TILE_TABLE[v]}, marked
+        assert _lean_bit_set(hopper, 64, causal) == {(v, d) for v in ("pingpong", "persistent")
+                                                     for d in hopper.TILE_TABLE[v]}
         with hopper.ptx_barriers(True):
-            asked = {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
-                     if hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 64}
-            assert asked == {k for k, x in lean.items() if x}, asked
+            assert _lean_bit_set(hopper, 64, causal) == {k for k, x in lean.items() if x}
         with hopper.ptx_barriers(False):
-            assert not any(hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 64
-                           for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v])
+            assert not _lean_bit_set(hopper, 64, causal)
     # the output stored as whole rows at d = 64 / 128 through Triton's conversion (mode 1), at d = 256
     # staged in the Q buffer (mode 2: the one-tile ping-pong kernels); the persistent kernel's copied by
     # TMA from the Q buffer at every head dim (mode 3); off everywhere by choice
