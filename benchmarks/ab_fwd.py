@@ -108,8 +108,7 @@ def parse_load(name, loads):
     none can be cut, hopper.unmasked_full_keys, forced on), "-dt" (a persistent name: warpgroup 0's
     diagonal trimmed, hopper.diag_trim, forced on) and "-pb" or "-nopb" (a "-lean" or wg3 name: the
     consumers' redundant partition barriers dropped from the PTX, hopper.ptx_barriers, forced on or off);
-    without them the
-    launcher's default, in that order
+    without them the launcher's default, in that order
     (e.g. gluon-pp-fma25, gluon-wg3-fma50-lpt, gluon-pers-lean-accstore, gluon-pers-lean-q2-nopair,
     gluon-pp-lean-crw-n64-s4, gluon-pers-lean-ds-tma, gluon-pers-lean-crw-ds-um, gluon-pers-lean-ds-dt)."""
     m = re.fullmatch(r"(.+?)(?:-fma(\d+))?(-accstore)?(-crw?)?(?:-n(\d+))?(?:-s(\d+))?(-(?:no)?q2)?(-(?:no)?pair)?"

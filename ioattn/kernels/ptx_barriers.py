@@ -106,25 +106,18 @@ def drop_partition_barriers(ptx: str) -> tuple[str, dict]:
     return "\n".join(out), counts
 
 
-last_counts: dict = {}  # the last marked kernel's counts (compile checks and tests read it)
-
-
-def _hook(*args):
-    backend, stages = args[0], args[1]
+def _hook(backend, stages, *rest):
+    """Triton's compile-stage hook (``knobs.runtime.add_stages_inspection_hook``): the "ptx" stage
+    wrapped so that marked PTX goes through ``drop_partition_barriers``."""
     if _previous is not None:
-        _previous(*args)
+        _previous(backend, stages, *rest)
     make_ptx = stages["ptx"]
 
     def ptx_stage(src, metadata):
         ptx = make_ptx(src, metadata)
-        if MARKER in ptx:
-            ptx, counts = drop_partition_barriers(ptx)
-            last_counts.clear()
-            last_counts.update(counts)
-        return ptx
+        return drop_partition_barriers(ptx)[0] if MARKER in ptx else ptx
 
     stages["ptx"] = ptx_stage
-    del backend
 
 
 _previous = None
