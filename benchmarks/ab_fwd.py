@@ -52,7 +52,8 @@ def gluon_tiles(name, d, block_n, stages):
 
 def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False, exp2_fma=0.0, lean=False, acc_stores=False,
                q_prefetch=None, paired=None, cond_rescale=None, gtiles=None, q_regs=False, deferred_sum=False,
-               mask_branch=None, tma_store=None, fast_div=None, unmasked=None, diag_trim=None, ptx_bars=None):
+               mask_branch=None, tma_store=None, fast_div=None, unmasked=None, diag_trim=None, ptx_bars=None,
+               walk_tab=None):
     def run(q, k, v, causal):
         with contextlib.ExitStack() as stack:
             if gluon and gtiles:
@@ -76,12 +77,25 @@ def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False, exp2_fma=0.0, lean
                                 hopper.deferred_row_sum(deferred_sum), hopper.mask_branch(mask_branch),
                                 hopper.out_tma_store(tma_store),
                                 hopper.fast_tile_div(fast_div), hopper.unmasked_full_keys(unmasked),
-                                hopper.diag_trim(diag_trim), hopper.ptx_barriers(ptx_bars)):
+                                hopper.diag_trim(diag_trim), hopper.ptx_barriers(ptx_bars),
+                                hopper.walk_table(None if walk_tab is None else bool(walk_tab))):
                     stack.enter_context(setting)
+                if walk_tab == "all":  # the table's walk as one group of heads: its balance without its locality
+                    stack.enter_context(_patched(hopper, "WALK_TABLE_L2_BYTES", 1 << 62))
                 return ioattn.flash_attn_func(q, k, v, causal=causal)
         finally:
             dispatch.set_tile_override("fwd", None)
     return run
+
+
+@contextlib.contextmanager
+def _patched(module, name, value):
+    previous = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, previous)
 
 
 # "-fmaNN": that share of the exponentials on the FMA units (hopper.exp2_fma); 12 stands for 12.5
@@ -107,12 +121,15 @@ def parse_load(name, loads):
     multiply-high, hopper.fast_tile_div, forced on), "-um" (a Gluon name: no key tile masked where
     none can be cut, hopper.unmasked_full_keys, forced on), "-dt" (a persistent name: warpgroup 0's
     diagonal trimmed, hopper.diag_trim, forced on) and "-pb" or "-nopb" (a "-lean" or wg3 name: the
-    consumers' redundant partition barriers dropped from the PTX, hopper.ptx_barriers, forced on or off);
+    consumers' redundant partition barriers dropped from the PTX, hopper.ptx_barriers, forced on or off)
+    and "-wt", "-wtall" or "-nowt" (a persistent name: the causal walk from the host's table,
+    hopper.walk_table, forced on, on as one group of heads (its balance without its locality), or off);
     without them the launcher's default, in that order
     (e.g. gluon-pp-fma25, gluon-wg3-fma50-lpt, gluon-pers-lean-accstore, gluon-pers-lean-q2-nopair,
-    gluon-pp-lean-crw-n64-s4, gluon-pers-lean-ds-tma, gluon-pers-lean-crw-ds-um, gluon-pers-lean-ds-dt)."""
+    gluon-pp-lean-crw-n64-s4, gluon-pers-lean-ds-tma, gluon-pers-lean-crw-ds-um, gluon-pers-lean-ds-dt,
+    gluon-pers-lean-ds-wt)."""
     m = re.fullmatch(r"(.+?)(?:-fma(\d+))?(-accstore)?(-crw?)?(?:-n(\d+))?(?:-s(\d+))?(-(?:no)?q2)?(-(?:no)?pair)?"
-                     r"(-lpt)?(-qr)?(-ds)?(-(?:no)?mb)?(-tma)?(-fd)?(-um)?(-dt)?(-(?:no)?pb)?", name)
+                     r"(-lpt)?(-qr)?(-ds)?(-(?:no)?mb)?(-tma)?(-fd)?(-um)?(-dt)?(-(?:no)?pb)?(-(?:no)?wt(?:all)?)?", name)
     base, fma, acc, cr, lpt = m.group(1), m.group(2), bool(m.group(3)), {None: None, "-cr": "thread", "-crw": "warp"}[m.group(4)], bool(m.group(9))
     gtiles = (int(m.group(5) or 0), int(m.group(6) or 0)) if m.group(5) or m.group(6) else None
     # None: the launcher's default; True / False: forced ("-q2" / "-noq2", "-pair" / "-nopair")
@@ -122,7 +139,7 @@ def parse_load(name, loads):
             or (m.group(10) and not base.endswith("-lean")) \
             or ((m.group(11) or m.group(12)) and not (base.startswith("gluon-wg3") or base.endswith("-lean"))) \
             or (cr and not (base.startswith("gluon-wg3") or base.endswith("-lean"))) \
-            or ((q2 is not None or pair is not None or m.group(13) or m.group(14) or m.group(16))
+            or ((q2 is not None or pair is not None or m.group(13) or m.group(14) or m.group(16) or m.group(18))
                 and not base.startswith("gluon-pers")) \
             or (m.group(15) and not base.startswith("gluon")) \
             or (m.group(17) and not (base.startswith("gluon-wg3") or base.endswith("-lean"))):
@@ -132,7 +149,8 @@ def parse_load(name, loads):
     return (loads[base], lpt, FMA_SUFFIX[fma] if fma else 0.0, acc, q2, pair, cr, gtiles, bool(m.group(10)),
             bool(m.group(11)), None if m.group(12) is None else m.group(12) == "-mb", bool(m.group(13)) or None,
             bool(m.group(14)) or None, bool(m.group(15)) or None, bool(m.group(16)) or None,
-            None if m.group(17) is None else m.group(17) == "-pb")
+            None if m.group(17) is None else m.group(17) == "-pb",
+            {None: None, "-nowt": False, "-wt": True, "-wtall": "all"}[m.group(18)])
 
 
 def main():
@@ -187,9 +205,9 @@ def main():
     fns = {f"{name}-{'dflt' if c is None else '.'.join(map(str, (c.block_m, c.block_n, c.num_warps, c.num_stages)))}":
            variant_fn(*entry[:4], c, lpt, exp2_fma, *entry[4:5], acc_stores=acc, q_prefetch=q2, paired=pair,
                       cond_rescale=cr, gtiles=gt, q_regs=qr, deferred_sum=ds, mask_branch=mb, tma_store=tma,
-                      fast_div=fd, unmasked=um, diag_trim=dt, ptx_bars=pb)
+                      fast_div=fd, unmasked=um, diag_trim=dt, ptx_bars=pb, walk_tab=wt)
            for c in tile_sets
-           for name, (entry, lpt, exp2_fma, acc, q2, pair, cr, gt, qr, ds, mb, tma, fd, um, dt, pb)
+           for name, (entry, lpt, exp2_fma, acc, q2, pair, cr, gt, qr, ds, mb, tma, fd, um, dt, pb, wt)
            in parsed.items()
            if not (name.startswith("gluon") and c is not None)}
     fns.update(peers)

@@ -29,7 +29,7 @@ Spills are asserted against the default bounds at 0 only, and reported for the o
 
     python benchmarks/compile_check_hopper.py [--variants base,pingpong,split,wg3] [--no-ptxas] [--quick] [--jobs N]
         [--masks 0,1] [--headdims 64,128] [--varlen] [--exp2-fma 0,25,50] [--block-n 64] [--stages 4]
-        [--tma-store on|off] [--fast-div on|off] [--ptx-barriers on|off]
+        [--tma-store on|off] [--fast-div on|off] [--ptx-barriers on|off] [--walk-table on|off]
 
 ``--tma-store on|off`` / ``--fast-div on|off`` compile the persistent kernel with or without its output
 copied by TMA from the Q buffer (``ROW_STORES`` = 3) / its tile index by multiply-high (``FAST_DIV``);
@@ -38,6 +38,9 @@ both on by default.
 ``--ptx-barriers on|off`` compiles the Gluon kernels with or without the pass that drops the consumers'
 redundant partition barriers from the PTX (``hopper.ptx_barriers``, on by default; its builds are
 checked to have nothing left for the pass to drop).
+
+``--walk-table on|off`` compiles the persistent causal kernels with or without their walk read from a
+host-built table (``Walk``, ``hopper.walk_table``; off by default until measured).
 
 ``--block-n`` / ``--stages`` replace the key tile and the K / V ring depth of every selected variant
 (``hopper.TILE_TABLE``), for tile candidates before a device A/B (``ab_fwd.py``'s ``-nBN-sS`` suffix).
@@ -82,6 +85,10 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
         sig.update(o_desc=f"tensordesc<{dt}[1,{q_rows},{d}],{o_layout!r}>")
     else:
         constexprs.update(o_desc=None)
+    if not varlen and hopper.walk_table_for(d, variant, causal):  # the walk read from a host table
+        sig.update(Walk="*i32")
+    else:  # the launcher passes None: constexpr None
+        constexprs.update(Walk=None)
     if varlen:
         sig.update(Cu_q="*i32", Cu_k="*i32")
     else:  # the launcher passes None for fixed-length calls: constexpr None
@@ -207,6 +214,8 @@ def check(job):
         regs += "diag_trim "
     if cfg["constexprs"]["LEAN"] & hopper.LEAN_PTX_BARRIERS:
         regs += "ptx_barriers "
+    if not varlen and hopper.walk_table_for(d, variant, causal):
+        regs += "walk_table "
     return (f"{variant:8s} d={d} {dt} causal={causal!s:5s} {'varlen ' if varlen else ''}"
             f"tiles={cfg['block_m']}x{cfg['block_n']}x{cfg['stages']} "
             f"warps={k.metadata.num_warps} shared={k.metadata.shared} {regs}{fmt(c)}")
@@ -258,6 +267,8 @@ def main():
     ap.add_argument("--ptx-barriers", default="default", choices=("default", "on", "off"),
                     help="the consumers' redundant partition barriers dropped from the PTX or kept "
                          "(hopper.ptx_barriers)")
+    ap.add_argument("--walk-table", default="default", choices=("default", "on", "off"),
+                    help="persistent, causal: the walk read from a host-built table (Walk, hopper.walk_table)")
     ap.add_argument("--block-n", type=int, default=None,
                     help="key tile (block_n) of every selected variant and head dim instead of hopper.TILE_TABLE's")
     ap.add_argument("--stages", type=int, default=None, help="K / V ring depth instead of hopper.TILE_TABLE's")
@@ -276,6 +287,8 @@ def main():
         hopper.diag_trim.value = args.diag_trim == "on"
     if args.ptx_barriers != "default":  # likewise
         hopper.ptx_barriers.value = args.ptx_barriers == "on"
+    if args.walk_table != "default":  # likewise
+        hopper.walk_table.value = args.walk_table == "on"
     if args.deferred_row_sum != "default":  # before the compile jobs' processes are forked (they inherit it)
         hopper.deferred_row_sum.value = args.deferred_row_sum == "on"
     if args.mask_branch != "default":  # likewise

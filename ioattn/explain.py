@@ -77,7 +77,10 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                                   3: "TMA bulk copies (staged in the Q buffer)"}[hopper.row_stores(q.shape[-1], name)]}
         if name == "persistent":
             opts = hopper.persistent_options(q.shape[-1], name, window == (-1, 0), dispatch.cdiv(seqlen_q, bm))
-            forward["walk"] = ("pairs of query blocks, head by head" if opts["PAIRED"] else
+            forward["walk"] = ("a host-built table (hopper.build_walk_table): longest tiles first within groups "
+                               "of heads whose K / V fit in L2, each to the program that frees first"
+                               if hopper.walk_table_for(q.shape[-1], name, window == (-1, 0)) else
+                               "pairs of query blocks, head by head" if opts["PAIRED"] else
                                "longest tiles first over the grid" if window == (-1, 0) else "head by head")
             forward["q_buffers"] = opts["Q_BUFS"]
             forward["tile_index"] = "multiply-high (magic divisors)" if opts["FAST_DIV"] else "integer divisions"

@@ -653,6 +653,25 @@ PERSISTENT_Q2_HEADDIMS = (64, 128)
 paired_walk = dispatch.Preference(False)
 PAIRED_MIN_BLOCKS = {128: 0, 256: 0, 64: 16}  # head dim -> query blocks a sequence from which it is the default
 
+# The persistent kernel's causal walk read from a table built here (the kernel's ``Walk``,
+# ``build_walk_table``) instead of computed (LPT or paired, above): the tiles in LPT order within
+# groups of heads whose K / V together fit in ``WALK_TABLE_L2_BYTES``, each handed to the program
+# that frees first by a model of the tiles' costs (``WALK_TABLE_TILE_COST`` + its key tiles). Both
+# computed walks leave a wave's remainder to part of the programs (4096 tiles or 2048 pairs over 132
+# SMs: 31.03 waves, 15.5 waves of pairs): ~3 % above the ideal in that model, the table ~0.5 %; and
+# the whole-grid LPT walk reads a head's K / V from DRAM once a query block (NOTES §130: 2.7x cuDNN's
+# DRAM bytes at d = 64 causal N = 1024), the table's groups once. NOTES §132.
+# ``with hopper.walk_table(True / False)`` forces it (persistent, causal).
+walk_table = dispatch.Preference(False)
+WALK_TABLE_HEADDIMS: tuple = ()  # head dims where it is the default (none until measured: NOTES §132)
+WALK_TABLE_FITS = (64, 128)  # d = 256's consumers spill with it (156 bytes, ptxas 12.8)
+# K / V bytes of a group of heads walked together: a third of the H200's 50 MB L2 (a guess; the model's
+# balance is the same from 8 to 32 MB groups at 16k tokens, NOTES §132)
+WALK_TABLE_L2_BYTES = 16 << 20
+# a tile's fixed cost (Q load, epilogue) in key tiles, for the model: a guess (0.5 and 1.0 give the
+# same balance within 0.3 % at 16k tokens, NOTES §132)
+WALK_TABLE_TILE_COST = 1.0
+
 
 # The persistent consumers' rows that see no key (causal, seqlen_q > seqlen_k; the cold branch of the
 # tile loop, between the epilogue and the loop's back edge) stored 16 bytes a thread instead of an
@@ -679,9 +698,72 @@ def persistent_options(d: int, name: str, causal: bool, num_m: int) -> dict:
     persistent = name == "persistent"
     q2 = _switch(persistent_q_prefetch, d in PERSISTENT_Q2_HEADDIMS) and d in PERSISTENT_Q2_FITS
     paired = _switch(paired_walk, num_m >= PAIRED_MIN_BLOCKS.get(d, num_m + 1)) and bool(causal) and num_m % 2 == 0
+    paired = paired and not walk_table_for(d, name, causal)
     return dict(Q_BUFS=2 if persistent and q2 else 1, PAIRED=persistent and paired,
                 FAST_DIV=persistent and _switch(fast_tile_div, d in FAST_DIV_HEADDIMS),
                 NO_KEY_WIDE=persistent and d in NO_KEY_WIDE_HEADDIMS)
+
+
+def walk_table_for(d: int, name: str, causal: bool) -> bool:
+    """Whether the persistent kernel walks a host-built table (``build_walk_table``): causal calls
+    at a head dim in ``WALK_TABLE_FITS`` only, where ``walk_table`` asks for it or, unset,
+    ``WALK_TABLE_HEADDIMS`` has ``d``."""
+    return (name == "persistent" and bool(causal) and d in WALK_TABLE_FITS
+            and _switch(walk_table, d in WALK_TABLE_HEADDIMS))
+
+
+def walk_group_heads(kv_bytes_per_head: int) -> int:
+    """Heads a group of the table's walk (``build_walk_table``): as many as fit their K / V in
+    ``WALK_TABLE_L2_BYTES``, at least one."""
+    return max(1, WALK_TABLE_L2_BYTES // max(1, kv_bytes_per_head))
+
+
+def build_walk_table(programs: int, batch_heads: int, kv_tiles: tuple, group_heads: int,
+                     tile_cost: float = WALK_TABLE_TILE_COST) -> list:
+    """The causal persistent walk as the kernel's ``Walk`` reads it (``hopper_forward._walk``):
+    ``[steps] + [tile of program p at step k for k in 0 .. steps, p in 0 .. programs)``, a tile as
+    ``_tile_bhm``'s LPT encoding j * batch_heads + bh (query block num_m - 1 - j of (batch, head) bh),
+    ``batch_heads * num_m`` (no tile) past a program's walk, one row past the longest walk.
+    ``kv_tiles[m]``: key tiles query block m sees (``num_m`` = its length). Tiles go in LPT order
+    (longest first) within each group of ``group_heads`` consecutive (batch, head)s, the groups in
+    turn, each to the program whose modelled work (``tile_cost`` + key tiles a tile) ends first,
+    the lower program on a tie: greedy list scheduling, so the walks end within about a tile of each
+    other, and the programs at work at any time share a group's K / V in L2."""
+    import heapq
+
+    num_m = len(kv_tiles)
+    num_tiles = batch_heads * num_m
+    walks = [[] for _ in range(programs)]
+    free = [(0.0, p) for p in range(programs)]  # (modelled time the program frees, program)
+    for g0 in range(0, batch_heads, group_heads):
+        for j in range(num_m):  # the group's longest query blocks first
+            m = num_m - 1 - j
+            cost = tile_cost + max(0, kv_tiles[m])
+            for bh in range(g0, min(batch_heads, g0 + group_heads)):
+                t_free, p = heapq.heappop(free)
+                walks[p].append(j * batch_heads + bh)
+                heapq.heappush(free, (t_free + cost, p))
+    steps = max(len(w) for w in walks)
+    return [steps] + [walks[p][k] if k < len(walks[p]) else num_tiles
+                      for k in range(steps + 1) for p in range(programs)]
+
+
+_WALK_TABLES: dict = {}  # (device, programs, batch_heads, kv_tiles, group_heads) -> int32 tensor
+_WALK_TABLES_MAX = 64  # shapes kept; the oldest dropped past it
+
+
+def walk_table_tensor(device, programs: int, batch_heads: int, kv_tiles: tuple, group_heads: int) -> torch.Tensor:
+    """``build_walk_table``'s table as an int32 tensor on ``device``, built once a shape (the first
+    call of a shape pays a host-to-device copy: build it before capturing a CUDA graph)."""
+    key = (str(device), programs, batch_heads, kv_tiles, group_heads)
+    table = _WALK_TABLES.get(key)
+    if table is None:
+        table = torch.tensor(build_walk_table(programs, batch_heads, kv_tiles, group_heads), dtype=torch.int32,
+                             device=device)
+        if len(_WALK_TABLES) >= _WALK_TABLES_MAX:
+            _WALK_TABLES.pop(next(iter(_WALK_TABLES)))
+        _WALK_TABLES[key] = table
+    return table
 
 
 def walk_divisor(num_m: int, batch_heads: int, causal: bool, paired: bool) -> int:
@@ -896,6 +978,12 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
         o_layout = gl.NVMMASharedLayout.get_default_for([1, q_rows, d], dt)
         o_desc = TensorDescriptor.from_tensor(out.view(batch, seqlen_q, nheads * d), [1, q_rows, d], o_layout)
     # the tile index's magic divisors (read only under FAST_DIV)
+    walk = None
+    if cfg["variant"] == "persistent" and walk_table_for(d, cfg["variant"], causal):
+        kv_tiles = tuple(_kv_tiles(m * block_m, seqlen_q, seqlen_k, block_m, block_n) for m in range(num_m))
+        # a (batch, head)'s share of its K / V head's bytes (GQA: consecutive heads share one)
+        kv_bytes = 2 * seqlen_k * d * q.element_size() * nheads_kv // nheads
+        walk = walk_table_tensor(q.device, grid[0], batch * nheads, kv_tiles, walk_group_heads(kv_bytes))
     walk_div = walk_divisor(num_m, batch * nheads, causal, popts["PAIRED"])
     _, walk_mul, walk_shift = magic_divisor(walk_div)
     _, head_mul, head_shift = magic_divisor(nheads)
@@ -910,8 +998,15 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
                             EXP2_FMA=exp2_fma_cols(exp2_fma_share(), block_n),
                             ROW_STORES=out_stores,
                             **popts,
-                            num_warps=cfg["num_warps"], **cfg["constexprs"])
+                            Walk=walk, num_warps=cfg["num_warps"], **cfg["constexprs"])
     return out, lse
+
+
+def _kv_tiles(m_start: int, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int) -> int:
+    """Key tiles the causal query rows [m_start, m_start + block_m) see, as the kernel's
+    ``_kv_tile_count`` counts them (<= 0: none)."""
+    last_row = min(m_start + block_m, seqlen_q) - 1
+    return min(dispatch.cdiv(seqlen_k, block_n), dispatch.cdiv(max(last_row + 1 + seqlen_k - seqlen_q, 0), block_n))
 
 
 # ---- the Gluon backward (ioattn.kernels.hopper_backward) ----

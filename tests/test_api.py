@@ -1181,6 +1181,21 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
         assert kw["args"][16:21] == (walk, *hf.magic_divisor(walk)[1:], *hf.magic_divisor(4)[1:]), kw["args"]
     kw = launch(16384, 16384, True)[1]  # the one-tile kernel: no copy, its divisions (once a program)
     assert kw["ROW_STORES"] != 3 and not kw["FAST_DIV"] and kw["args"][3] is None
+    # the causal walk from the host's table (hopper.walk_table, NOTES §132): off by default; when asked,
+    # the persistent causal calls at d = 64 / 128 get an int32 table of every tile (LPT-encoded: the
+    # walk divisor is the (batch, head) count) and no paired walk; others get none
+    assert all(launch(sq, sq, c)[1]["Walk"] is None for sq, c in ((512, True), (512, False), (16384, True)))
+    with hopper.walk_table(True):
+        kw = launch(512, 512, True)[1]
+        walk = kw["Walk"]
+        assert kw["PERSISTENT"] and not kw["PAIRED"] and walk.dtype == torch.int32
+        assert kw["args"][16] == 2 * 4  # walk_div: the (batch, head) count
+        steps, tiles = walk[0].item(), kw["num_tiles"]
+        entries = walk[1:].tolist()
+        assert len(entries) == (steps + 1) * 32 and sorted(t for t in entries if t != tiles) == list(range(tiles))
+        assert launch(512, 512, True, d=64)[1]["Walk"] is not None
+        assert launch(512, 512, False)[1]["Walk"] is None and launch(16384, 16384, True)[1]["Walk"] is None
+        assert launch(512, 512, True, d=256)[1]["Walk"] is None  # outside WALK_TABLE_FITS
 
 
 def test_hopper_exp2_fma_switch(monkeypatch):

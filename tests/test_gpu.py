@@ -991,6 +991,28 @@ def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("groups", ["l2", "one_head"])
+# several tiles a program (many waves: 8 x 8 x 8 tiles), rows past seqlen_q, causal rows with no key
+# (seqlen_q > seqlen_k), one key tile a tile, GQA 3, a grid of fewer tiles than SMs
+@pytest.mark.parametrize("shape", [(8, 1000, 1000, 8, 4), (8, 777, 300, 8, 4), (16, 512, 100, 8, 4),
+                                   (2, 300, 340, 3, 1), (2, 512, 512, 16, 16), (3, 129, 64, 2, 2)])
+def test_hopper_forward_walk_table(d, groups, shape, monkeypatch, poison_alloc):
+    """``hopper.walk_table``: the persistent causal forward walking the host's table
+    (``hopper.build_walk_table``, the kernel's ``Walk``) against the float64 oracle on poisoned
+    outputs, with the gradients of the backward it feeds; groups of heads as the L2 budget sets them,
+    or of one head each (every group boundary inside the walks); the launch used a table."""
+    from ioattn import hopper
+    if groups == "one_head":
+        monkeypatch.setattr(hopper, "WALK_TABLE_L2_BYTES", 1)
+    hopper._WALK_TABLES.clear()
+    b, sq, sk, h, hkv = shape
+    with hopper.variant("persistent"), hopper.prefer_hopper(True), hopper.walk_table(True):
+        _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=True)
+    assert hopper._WALK_TABLES, "no walk table built: the launch did not use one"
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("variant", ["pingpong", "wg3", "persistent"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])

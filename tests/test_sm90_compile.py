@@ -359,3 +359,28 @@ def test_hopper_ptx_barriers_compile_for_sm90():
         for key in before:
             assert after[key][1] == before[key][1], (key, before[key], after[key])
             assert after[key][0] <= before[key][0] - 8, (key, before[key], after[key])
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+def test_hopper_walk_table_compile_for_sm90():
+    """The persistent causal forward with its walk read from the host's table (hopper.walk_table, the
+    kernel's ``Walk``; NOTES §132) at d = 64 / 128: no spill, the wgmma pipelined, the same products,
+    exponentials and mbarrier operations as the computed walk's build; d = 256 is outside
+    ``WALK_TABLE_FITS`` (its build spilled), so compiled without it."""
+    pytest.importorskip("triton.experimental.gluon")
+    import re
+
+    def same(line):
+        return tuple(int(re.search(pat, line).group(1)) for pat in
+                     (r"MUFU.EX2=(\d+)", r" wgmma=(\d+)", r"arrive=(\d+)", r"try_wait=(\d+)", r"tma=(\d+)"))
+
+    args = ("--variants", "persistent", "--masks", "1")
+    off = {" ".join(line.split()[:3]): line for line in _hopper_check(*args, "--walk-table", "off")}
+    on = {" ".join(line.split()[:3]): line for line in _hopper_check(*args, "--walk-table", "on")}
+    assert off.keys() == on.keys() and len(on) == 3, (off, on)
+    for key, line in on.items():
+        assert "spill=0B" in line and "wgmma-pipelined" in line, line
+        assert ("walk_table" in line) == (" d=256 " not in f" {key} "), line
+        assert "walk_table" not in off[key], off[key]
+        assert same(line) == same(off[key]), (line, off[key])
+

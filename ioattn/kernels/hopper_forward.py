@@ -874,15 +874,20 @@ def _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL: gl.constexpr, LPT: gl.cons
 
 
 @gluon.jit
-def _walk(k, num_tiles, SNAKE: gl.constexpr, PAIRED: gl.constexpr = False):
+def _walk(k, num_tiles, SNAKE: gl.constexpr, PAIRED: gl.constexpr = False, table=None):
     """A persistent program's k-th tile: waves of ``num_programs`` tiles, program p taking the p-th
     of each wave, or (``SNAKE``) the p-th from the end of every odd wave, so that under the causal
     LPT order the programs that drew the longest tile of one wave draw the shortest of the next.
     ``PAIRED`` (``_tile_bhm``'s paired order): waves of ``num_programs`` pairs, program p taking the
     p-th pair of each, its two tiles in turn (k even: the long one). May be >= num_tiles in the last
-    wave (no tile); ``_walk_steps`` gives the walk's length."""
+    wave (no tile); ``_walk_steps`` gives the walk's length.
+    ``table`` (the kernel's ``Walk``, ``hopper.walk_table_for``): the walk read from the host's table
+    instead, ``table[1 + k * programs + p]`` (tile indices in ``_tile_bhm``'s LPT encoding, num_tiles
+    for none; one row past the walk's end, so a read a step ahead stays inside it)."""
     nprog = gl.num_programs(0)
     pid = gl.program_id(0)
+    if table is not None:
+        return gl.load(table + 1 + k * nprog + pid)
     if PAIRED:
         return 2 * ((k // 2) * nprog + pid) + k % 2
     if SNAKE:
@@ -891,8 +896,11 @@ def _walk(k, num_tiles, SNAKE: gl.constexpr, PAIRED: gl.constexpr = False):
 
 
 @gluon.jit
-def _walk_steps(num_tiles, PAIRED: gl.constexpr):
-    """Steps of a persistent program's walk (``_walk``): waves of programs tiles, or of programs pairs."""
+def _walk_steps(num_tiles, PAIRED: gl.constexpr, table=None):
+    """Steps of a persistent program's walk (``_walk``): waves of programs tiles, or of programs pairs,
+    or the table's first entry (its longest program's tile count)."""
+    if table is not None:
+        return gl.load(table)
     if PAIRED:
         return 2 * gl.cdiv(num_tiles // 2, gl.num_programs(0))
     return gl.cdiv(num_tiles, gl.num_programs(0))
@@ -940,14 +948,21 @@ def _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, str
 def _persistent_producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, num_tiles,
                          num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                         KV_TAIL: gl.constexpr, PAIRED: gl.constexpr = False, divs=None):
+                         KV_TAIL: gl.constexpr, PAIRED: gl.constexpr = False, divs=None, table=None):
     """``_producer`` over this program's tiles (``_walk``: the same walk as ``_persistent_consumer``'s),
     the ring's use count running on across tiles, so it loads the next tile's K/V while the
-    consumers finish the current one."""
+    consumers finish the current one. A ``table`` walk is read a step ahead."""
     g0 = 0
     tails = 0
-    for k in range(0, _walk_steps(num_tiles, PAIRED)):
-        t = _walk(k, num_tiles, IS_CAUSAL, PAIRED)
+    t_next = None  # a table walk's next tile, read a step ahead (the load's latency under a tile's work)
+    if table is not None:
+        t_next = _walk(0, num_tiles, IS_CAUSAL, PAIRED, table)
+    for k in range(0, _walk_steps(num_tiles, PAIRED, table)):
+        if table is None:
+            t = _walk(k, num_tiles, IS_CAUSAL, PAIRED)
+        else:
+            t = t_next
+            t_next = _walk(k + 1, num_tiles, IS_CAUSAL, PAIRED, table)
         if t < num_tiles:
             b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED, divs)
             n_tiles = gl.maximum(
@@ -984,10 +999,15 @@ def _load_q(q_desc, q_smem, q_bar, j, t, num_m, num_tiles, nheads, seqlen_q, row
 @gluon.jit
 def _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads, seqlen_q, seqlen_k, row_off,
                      HEAD_DIM: gl.constexpr, CTA_M: gl.constexpr, BLOCK_N: gl.constexpr, Q0: gl.constexpr,
-                     Q_BUFS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, divs=None):
+                     Q_BUFS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, divs=None,
+                     t_ahead=None):
     """The Q load of this warpgroup's tile after walk step ``k`` (if it exists and sees a key), as its
-    ``q_issued``-th load; returns the loads issued."""
-    t_next = _walk(k + 1, num_tiles, IS_CAUSAL, PAIRED)
+    ``q_issued``-th load; returns the loads issued. ``t_ahead``: that tile as a table walk read it
+    a step ahead, None for a computed walk."""
+    if t_ahead is None:
+        t_next = _walk(k + 1, num_tiles, IS_CAUSAL, PAIRED)
+    else:
+        t_next = t_ahead
     if _sees_keys(t_next, num_m, num_tiles, nheads, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL, PAIRED, divs):
         _load_q(q_desc, q_smem, q_bar, q_issued, t_next, num_m, num_tiles, nheads, seqlen_q, row_off, HEAD_DIM,
                 CTA_M, Q0, Q_BUFS, IS_CAUSAL, PAIRED, divs)
@@ -1012,7 +1032,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                          EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
                          FEWER_MASKS: gl.constexpr = False, Q0: gl.constexpr = 0, Q_BUFS: gl.constexpr = 1,
                          PAIRED: gl.constexpr = False, divs=None, o_desc=None, NO_KEY_WIDE: gl.constexpr = False,
-                         KEY_MASKS: gl.constexpr = True, DIAG_TRIM: gl.constexpr = False):
+                         KEY_MASKS: gl.constexpr = True, DIAG_TRIM: gl.constexpr = False, table=None):
     """A ping-pong consumer warpgroup of the persistent kernel: rows [row_off, row_off + BLOCK_M) of
     each of this program's CTA_M-row tiles (``_walk``; the producer walks the same list). Per tile:
     ``_pp_mainloop`` with the ring's use count (``g0``) and this warpgroup's
@@ -1040,8 +1060,15 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
     sec0 = 0
     q_used = 0
     q_issued = 0
-    for k in range(0, _walk_steps(num_tiles, PAIRED)):
-        t = _walk(k, num_tiles, IS_CAUSAL, PAIRED)
+    t_next = None  # a table walk's next tile, read a step ahead (the load's latency under a tile's work)
+    if table is not None:
+        t_next = _walk(0, num_tiles, IS_CAUSAL, PAIRED, table)
+    for k in range(0, _walk_steps(num_tiles, PAIRED, table)):
+        if table is None:
+            t = _walk(k, num_tiles, IS_CAUSAL, PAIRED)
+        else:
+            t = t_next
+            t_next = _walk(k + 1, num_tiles, IS_CAUSAL, PAIRED, table)
         if t < num_tiles:
             # only the tile index, its key-tile count and first row stay live across the key loop (the
             # rest is recomputed from t after it: 240 registers leave no room, ptxas spilled otherwise)
@@ -1063,7 +1090,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                         tma.store_wait(0)
                     q_issued = _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads,
                                                 seqlen_q, seqlen_k, row_off, HEAD_DIM, CTA_M, BLOCK_N, Q0, Q_BUFS,
-                                                IS_CAUSAL, PAIRED, divs)
+                                                IS_CAUSAL, PAIRED, divs, t_next)
                 o, m_i, l_i = _pp_mainloop(q_smem.index(buf), k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                            my_turn, next_turn, m_start, seqlen_q, seqlen_k, 0, n_tiles, qk_scale, g0,
                                            sec0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, TURN0,
@@ -1077,7 +1104,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                 if (Q_BUFS == 1) & (not LOAD_Q_AFTER):
                     q_issued = _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads,
                                                 seqlen_q, seqlen_k, row_off, HEAD_DIM, CTA_M, BLOCK_N, Q0, Q_BUFS,
-                                                IS_CAUSAL, PAIRED, divs)
+                                                IS_CAUSAL, PAIRED, divs, t_next)
                 _tile_epilogue(o, m_i, l_i, t, Out, Lse, rows_1d, num_m, num_tiles, nheads, seqlen_q, stride_om,
                                stride_lse_b, stride_lse_h, row_off, o_layout, HEAD_DIM, CTA_M, BLOCK_M, IS_CAUSAL,
                                ROW_STORES, PAIRED, q_smem.index(buf), divs, o_desc)
@@ -1088,7 +1115,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                     fence_async_shared()  # the stage's generic-proxy accesses before the TMA's write
                     q_issued = _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads,
                                                 seqlen_q, seqlen_k, row_off, HEAD_DIM, CTA_M, BLOCK_N, Q0, Q_BUFS,
-                                                IS_CAUSAL, PAIRED, divs)
+                                                IS_CAUSAL, PAIRED, divs, t_next)
             else:
                 m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b,
                                                               stride_lse_h, row_off, HEAD_DIM, CTA_M, IS_CAUSAL,
@@ -1161,7 +1188,7 @@ def _persistent_fwd(q_desc, k_desc, v_desc, o_desc, Out, Lse, seqlen_q, seqlen_k
                     KV_TAIL: gl.constexpr, EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
                     FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False,
                     divs=None, NO_KEY_WIDE: gl.constexpr = False, KEY_MASKS: gl.constexpr = True,
-                    DIAG_TRIM: gl.constexpr = False):
+                    DIAG_TRIM: gl.constexpr = False, table=None):
     """The persistent ping-pong kernel's body (``hopper_fwd_kernel(PERSISTENT=True)``): the same
     shared memory and partitions as the one-tile kernel (two consumer warpgroups of 64 rows, the
     producer warp, 240 / 24 registers), each partition walking this program's tiles; ``Q_BUFS`` Q
@@ -1181,11 +1208,11 @@ def _persistent_fwd(q_desc, k_desc, v_desc, o_desc, Out, Lse, seqlen_q, seqlen_k
                                  seqlen_q, seqlen_k, stride_om, stride_lse_b, stride_lse_h, qk_scale, w * WG_ROWS,
                                  HEAD_DIM, BLOCK_M, WG_ROWS, BLOCK_N, STAGES, IS_CAUSAL, IS_CAUSAL,
                                  1 if w == 0 else 0, ORDERED, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, w * Q_BUFS,
-                                 Q_BUFS, PAIRED, divs, o_desc, NO_KEY_WIDE, KEY_MASKS, DIAG_TRIM and w == 0))
+                                 Q_BUFS, PAIRED, divs, o_desc, NO_KEY_WIDE, KEY_MASKS, DIAG_TRIM and w == 0, table))
          if w < 2 else
          (_persistent_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                  num_tiles, num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                 STAGES, IS_CAUSAL, KV_TAIL, PAIRED, divs))
+                                 STAGES, IS_CAUSAL, KV_TAIL, PAIRED, divs, table))
          for w in (0, 1, 2)],
         [4, 1], [240, 32])
 
@@ -1203,7 +1230,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                       EXP2_FMA: gl.constexpr = 0, ROW_STORES: gl.constexpr = False,
                       FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False,
                       FAST_DIV: gl.constexpr = False, NO_KEY_WIDE: gl.constexpr = False,
-                      KEY_MASKS: gl.constexpr = True, DIAG_TRIM: gl.constexpr = False, num_tiles=0):
+                      KEY_MASKS: gl.constexpr = True, DIAG_TRIM: gl.constexpr = False, num_tiles=0, Walk=None):
     """``PINGPONG=False`` (the default, launched with num_warps = 4 * BLOCK_M // 64): one consumer
     partition of BLOCK_M // 64 warpgroups in lockstep, Q descriptor block [BLOCK_M, HEAD_DIM]
     (``NUM_WG`` unused). ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 64 * NUM_WG):
@@ -1263,7 +1290,12 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
 
     ``DIAG_TRIM`` (persistent, causal; ``hopper.diag_trim``): warpgroup 0 computes only the key tiles
     its own 64 rows see and skips a last tile none of them sees (with 64-key tiles and seqlen_q =
-    seqlen_k, one a query tile); ``_pp_mainloop``."""
+    seqlen_k, one a query tile); ``_pp_mainloop``.
+
+    ``Walk`` (persistent, causal; ``hopper.walk_table_for``, None otherwise): int32, the programs'
+    walks as the host scheduled them (``hopper.walk_table``: each tile to the program that frees
+    first, heads in groups whose K / V fit in L2), read by ``_walk`` in place of the computed walk;
+    the kernel is launched with ``PAIRED`` False (the table holds LPT-encoded tile indices)."""
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     gl.static_assert(PERSISTENT or ROW_STORES != 3, "the output's bulk copy: the persistent kernel only")
     # the one-tile path below is compiled (dead) after the persistent kernel's return too
@@ -1279,7 +1311,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                         stride_lse_b, stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
                         IS_CAUSAL, ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, Q_BUFS, PAIRED,
                         ((walk_div, walk_mul, walk_shift), (nheads, head_mul, head_shift)) if FAST_DIV else None,
-                        NO_KEY_WIDE, KEY_MASKS, DIAG_TRIM)
+                        NO_KEY_WIDE, KEY_MASKS, DIAG_TRIM, Walk)
         return
     b, h, m_block = _tile_bhm(gl.program_id(0), num_m, gl.num_programs(0), nheads, IS_CAUSAL, LPT)
     m_start = m_block * BLOCK_M
