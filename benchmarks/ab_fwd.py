@@ -53,7 +53,7 @@ def gluon_tiles(name, d, block_n, stages):
 def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False, exp2_fma=0.0, lean=False, acc_stores=False,
                q_prefetch=None, paired=None, cond_rescale=None, gtiles=None, q_regs=False, deferred_sum=False,
                mask_branch=None, tma_store=None, fast_div=None, unmasked=None, diag_trim=None, ptx_bars=None,
-               walk_tab=None):
+               walk_tab=None, walk_cost=None, walk_mb=None):
     def run(q, k, v, causal):
         with contextlib.ExitStack() as stack:
             if gluon and gtiles:
@@ -82,6 +82,10 @@ def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False, exp2_fma=0.0, lean
                     stack.enter_context(setting)
                 if walk_tab == "all":  # the table's walk as one group of heads: its balance without its locality
                     stack.enter_context(_patched(hopper, "WALK_TABLE_L2_BYTES", 1 << 62))
+                if walk_cost is not None:  # the table's model: a tile's fixed cost in key tiles
+                    stack.enter_context(_patched(hopper, "WALK_TABLE_TILE_COST", float(walk_cost)))
+                if walk_mb is not None:  # the table's groups: K / V megabytes a group
+                    stack.enter_context(_patched(hopper, "WALK_TABLE_L2_BYTES", walk_mb << 20))
                 return ioattn.flash_attn_func(q, k, v, causal=causal)
         finally:
             dispatch.set_tile_override("fwd", None)
@@ -123,13 +127,15 @@ def parse_load(name, loads):
     diagonal trimmed, hopper.diag_trim, forced on) and "-pb" or "-nopb" (a "-lean" or wg3 name: the
     consumers' redundant partition barriers dropped from the PTX, hopper.ptx_barriers, forced on or off)
     and "-wt", "-wtall" or "-nowt" (a persistent name: the causal walk from the host's table,
-    hopper.walk_table, forced on, on as one group of heads (its balance without its locality), or off);
+    hopper.walk_table, forced on, on as one group of heads (its balance without its locality), or off;
+    then "-wtcC" and / or "-wtgM": the table's modelled fixed cost a tile, C key tiles, and its groups'
+    K / V budget, M MB, in place of hopper.WALK_TABLE_TILE_COST / WALK_TABLE_L2_BYTES);
     without them the launcher's default, in that order
     (e.g. gluon-pp-fma25, gluon-wg3-fma50-lpt, gluon-pers-lean-accstore, gluon-pers-lean-q2-nopair,
     gluon-pp-lean-crw-n64-s4, gluon-pers-lean-ds-tma, gluon-pers-lean-crw-ds-um, gluon-pers-lean-ds-dt,
     gluon-pers-lean-ds-wt)."""
     m = re.fullmatch(r"(.+?)(?:-fma(\d+))?(-accstore)?(-crw?)?(?:-n(\d+))?(?:-s(\d+))?(-(?:no)?q2)?(-(?:no)?pair)?"
-                     r"(-lpt)?(-qr)?(-ds)?(-(?:no)?mb)?(-tma)?(-fd)?(-um)?(-dt)?(-(?:no)?pb)?(-(?:no)?wt(?:all)?)?", name)
+                     r"(-lpt)?(-qr)?(-ds)?(-(?:no)?mb)?(-tma)?(-fd)?(-um)?(-dt)?(-(?:no)?pb)?(-(?:no)?wt(?:all)?)?(?:-wtc(\d+))?(?:-wtg(\d+))?", name)
     base, fma, acc, cr, lpt = m.group(1), m.group(2), bool(m.group(3)), {None: None, "-cr": "thread", "-crw": "warp"}[m.group(4)], bool(m.group(9))
     gtiles = (int(m.group(5) or 0), int(m.group(6) or 0)) if m.group(5) or m.group(6) else None
     # None: the launcher's default; True / False: forced ("-q2" / "-noq2", "-pair" / "-nopair")
@@ -139,7 +145,8 @@ def parse_load(name, loads):
             or (m.group(10) and not base.endswith("-lean")) \
             or ((m.group(11) or m.group(12)) and not (base.startswith("gluon-wg3") or base.endswith("-lean"))) \
             or (cr and not (base.startswith("gluon-wg3") or base.endswith("-lean"))) \
-            or ((q2 is not None or pair is not None or m.group(13) or m.group(14) or m.group(16) or m.group(18))
+            or ((q2 is not None or pair is not None or m.group(13) or m.group(14) or m.group(16) or m.group(18)
+                 or m.group(19) or m.group(20))
                 and not base.startswith("gluon-pers")) \
             or (m.group(15) and not base.startswith("gluon")) \
             or (m.group(17) and not (base.startswith("gluon-wg3") or base.endswith("-lean"))):
@@ -150,7 +157,8 @@ def parse_load(name, loads):
             bool(m.group(11)), None if m.group(12) is None else m.group(12) == "-mb", bool(m.group(13)) or None,
             bool(m.group(14)) or None, bool(m.group(15)) or None, bool(m.group(16)) or None,
             None if m.group(17) is None else m.group(17) == "-pb",
-            {None: None, "-nowt": False, "-wt": True, "-wtall": "all"}[m.group(18)])
+            {None: None, "-nowt": False, "-wt": True, "-wtall": "all"}[m.group(18)],
+            None if m.group(19) is None else int(m.group(19)), None if m.group(20) is None else int(m.group(20)))
 
 
 def main():
@@ -205,9 +213,9 @@ def main():
     fns = {f"{name}-{'dflt' if c is None else '.'.join(map(str, (c.block_m, c.block_n, c.num_warps, c.num_stages)))}":
            variant_fn(*entry[:4], c, lpt, exp2_fma, *entry[4:5], acc_stores=acc, q_prefetch=q2, paired=pair,
                       cond_rescale=cr, gtiles=gt, q_regs=qr, deferred_sum=ds, mask_branch=mb, tma_store=tma,
-                      fast_div=fd, unmasked=um, diag_trim=dt, ptx_bars=pb, walk_tab=wt)
+                      fast_div=fd, unmasked=um, diag_trim=dt, ptx_bars=pb, walk_tab=wt, walk_cost=wtc, walk_mb=wtg)
            for c in tile_sets
-           for name, (entry, lpt, exp2_fma, acc, q2, pair, cr, gt, qr, ds, mb, tma, fd, um, dt, pb, wt)
+           for name, (entry, lpt, exp2_fma, acc, q2, pair, cr, gt, qr, ds, mb, tma, fd, um, dt, pb, wt, wtc, wtg)
            in parsed.items()
            if not (name.startswith("gluon") and c is not None)}
     fns.update(peers)

@@ -85,7 +85,7 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
         sig.update(o_desc=f"tensordesc<{dt}[1,{q_rows},{d}],{o_layout!r}>")
     else:
         constexprs.update(o_desc=None)
-    if not varlen and hopper.walk_table_for(d, variant, causal):  # the walk read from a host table
+    if not varlen and cfg_walk_table(paired, variant, d, causal):  # the walk read from a host table
         sig.update(Walk="*i32")
     else:  # the launcher passes None: constexpr None
         constexprs.update(Walk=None)
@@ -127,6 +127,13 @@ def cfg_persistent(q_prefetch, paired, variant, d, causal):
     even number of query blocks): its defaults, or forced on by ``--q-prefetch`` / ``--paired``."""
     with hopper.persistent_q_prefetch(q_prefetch), hopper.paired_walk(paired):
         return hopper.persistent_options(d, variant, causal, 2)
+
+
+def cfg_walk_table(paired, variant, d, causal):
+    """Whether the launcher passes the host's walk table (``hopper.walk_table_for`` at any length it
+    covers), under ``--paired`` as ``cfg_persistent`` sets it."""
+    with hopper.paired_walk(paired):
+        return hopper.walk_table_for(d, variant, causal)
 
 
 def check(job):
@@ -214,7 +221,7 @@ def check(job):
         regs += "diag_trim "
     if cfg["constexprs"]["LEAN"] & hopper.LEAN_PTX_BARRIERS:
         regs += "ptx_barriers "
-    if not varlen and hopper.walk_table_for(d, variant, causal):
+    if not varlen and cfg_walk_table(paired, variant, d, causal):
         regs += "walk_table "
     return (f"{variant:8s} d={d} {dt} causal={causal!s:5s} {'varlen ' if varlen else ''}"
             f"tiles={cfg['block_m']}x{cfg['block_n']}x{cfg['stages']} "

@@ -8,7 +8,8 @@ programmatic dependent launch; contiguous, and paged through TMA).
 ``--heads``: the head dims of the attention calls (default 64,128,256); ``--no-forward``: only the
 Gluon backward kernels of those head dims and the decode calls (the forward variants skipped).
 The decode calls include the tail split (whole units, then split ones); the persistent forward also
-runs with several tiles a program (its walk, the paired causal walk and the Q buffers).
+runs with several tiles a program (its walk, the paired causal walk, the causal walk from the host's
+table and the Q buffers).
 """
 import argparse
 
@@ -48,15 +49,16 @@ for d in map(int, args.heads.split(",")):
                                 causal, variant=bwd_variant)
 # the persistent forward with several tiles a program (192 tiles of 128 rows on at most 132 programs),
 # an even number of query blocks (the paired causal walk where it is the default), at d = 64 / 128 two
-# Q buffers a warpgroup (hopper.persistent_options), and the output copied by TMA from the Q buffer
+# Q buffers a warpgroup (hopper.persistent_options), the causal walk computed and from the host's table
+# (hopper.walk_table, where it fits), and the output copied by TMA from the Q buffer
 # (hopper.row_stores; the variant loop above runs it at 300 rows, past which the copy drops the rows)
 for d in map(int, args.heads.split(",")):
     if args.no_forward:
         break
     q = torch.randn(4, 512, 12, d, device=dev, dtype=dt)
     k = torch.randn(4, 512, 4, d, device=dev, dtype=dt)
-    for causal in (False, True):
-        with hopper.variant("persistent"), hopper.prefer_hopper(True), torch.no_grad():
+    for causal, table in ((False, None), (True, False), (True, True)):  # causal: the computed walk and the table
+        with hopper.variant("persistent"), hopper.prefer_hopper(True), hopper.walk_table(table), torch.no_grad():
             ioattn.flash_attn_func(q, k, k, causal=causal)
 q1 = torch.randn(2, 1, 32, 128, device=dev, dtype=dt)
 kc = torch.randn(2, 4096, 8, 128, device=dev, dtype=dt)

@@ -663,7 +663,12 @@ PAIRED_MIN_BLOCKS = {128: 0, 256: 0, 64: 16}  # head dim -> query blocks a seque
 # DRAM bytes at d = 64 causal N = 1024), the table's groups once. NOTES §132.
 # ``with hopper.walk_table(True / False)`` forces it (persistent, causal).
 walk_table = dispatch.Preference(False)
-WALK_TABLE_HEADDIMS: tuple = ()  # head dims where it is the default (none until measured: NOTES §132)
+# head dim -> query blocks a sequence from which it is the default (results/session-2026-12-10-a,
+# NOTES §132: ab_fwd, two processes, the order reversed, default / table, TFLOP/s: d=64 causal N=512
+# 256, 257 / 254, 254; 1024 335, 334 / 344, 344; 2048 395, 397 / 414, 414; 4096 437, 437 / 456, 457;
+# d=128 causal 512 340, 341 / 370, 365; 1024 477, 479 / 511, 512; 2048 613, 612 / 618, 618; 4096 686,
+# 685 / 693, 693; 8192 724, 724 / 735, 736)
+WALK_TABLE_MIN_BLOCKS = {64: 8, 128: 0}
 WALK_TABLE_FITS = (64, 128)  # d = 256's consumers spill with it (156 bytes, ptxas 12.8)
 # K / V bytes of a group of heads walked together: a third of the H200's 50 MB L2 (a guess; the model's
 # balance is the same from 8 to 32 MB groups at 16k tokens, NOTES §132)
@@ -698,18 +703,22 @@ def persistent_options(d: int, name: str, causal: bool, num_m: int) -> dict:
     persistent = name == "persistent"
     q2 = _switch(persistent_q_prefetch, d in PERSISTENT_Q2_HEADDIMS) and d in PERSISTENT_Q2_FITS
     paired = _switch(paired_walk, num_m >= PAIRED_MIN_BLOCKS.get(d, num_m + 1)) and bool(causal) and num_m % 2 == 0
-    paired = paired and not walk_table_for(d, name, causal)
+    paired = paired and not walk_table_for(d, name, causal, num_m)
     return dict(Q_BUFS=2 if persistent and q2 else 1, PAIRED=persistent and paired,
                 FAST_DIV=persistent and _switch(fast_tile_div, d in FAST_DIV_HEADDIMS),
                 NO_KEY_WIDE=persistent and d in NO_KEY_WIDE_HEADDIMS)
 
 
-def walk_table_for(d: int, name: str, causal: bool) -> bool:
+def walk_table_for(d: int, name: str, causal: bool, num_m: int | None = None) -> bool:
     """Whether the persistent kernel walks a host-built table (``build_walk_table``): causal calls
-    at a head dim in ``WALK_TABLE_FITS`` only, where ``walk_table`` asks for it or, unset,
-    ``WALK_TABLE_HEADDIMS`` has ``d``."""
-    return (name == "persistent" and bool(causal) and d in WALK_TABLE_FITS
-            and _switch(walk_table, d in WALK_TABLE_HEADDIMS))
+    at a head dim in ``WALK_TABLE_FITS`` only, where ``walk_table`` asks for it or, unset (and
+    ``paired_walk`` not forced on), ``WALK_TABLE_MIN_BLOCKS`` covers ``num_m`` query blocks (None: any
+    number it covers)."""
+    if name != "persistent" or not causal or d not in WALK_TABLE_FITS:
+        return False
+    if walk_table.value is None and paired_walk.value:  # the paired walk asked for, the table not: pairs
+        return False
+    return _switch(walk_table, (num_m if num_m is not None else 1 << 30) >= WALK_TABLE_MIN_BLOCKS.get(d, 1 << 31))
 
 
 def walk_group_heads(kv_bytes_per_head: int) -> int:
@@ -719,7 +728,7 @@ def walk_group_heads(kv_bytes_per_head: int) -> int:
 
 
 def build_walk_table(programs: int, batch_heads: int, kv_tiles: tuple, group_heads: int,
-                     tile_cost: float = WALK_TABLE_TILE_COST) -> list:
+                     tile_cost: float | None = None) -> list:
     """The causal persistent walk as the kernel's ``Walk`` reads it (``hopper_forward._walk``):
     ``[steps] + [tile of program p at step k for k in 0 .. steps, p in 0 .. programs)``, a tile as
     ``_tile_bhm``'s LPT encoding j * batch_heads + bh (query block num_m - 1 - j of (batch, head) bh),
@@ -727,10 +736,11 @@ def build_walk_table(programs: int, batch_heads: int, kv_tiles: tuple, group_hea
     ``kv_tiles[m]``: key tiles query block m sees (``num_m`` = its length). Tiles go in LPT order
     (longest first) within each group of ``group_heads`` consecutive (batch, head)s, the groups in
     turn, each to the program whose modelled work (``tile_cost`` + key tiles a tile) ends first,
-    the lower program on a tie: greedy list scheduling, so the walks end within about a tile of each
+    the lower program on a tie (``tile_cost`` None: ``WALK_TABLE_TILE_COST``): greedy list scheduling, so the walks end within about a tile of each
     other, and the programs at work at any time share a group's K / V in L2."""
     import heapq
 
+    tile_cost = WALK_TABLE_TILE_COST if tile_cost is None else tile_cost
     num_m = len(kv_tiles)
     num_tiles = batch_heads * num_m
     walks = [[] for _ in range(programs)]
@@ -748,14 +758,14 @@ def build_walk_table(programs: int, batch_heads: int, kv_tiles: tuple, group_hea
                       for k in range(steps + 1) for p in range(programs)]
 
 
-_WALK_TABLES: dict = {}  # (device, programs, batch_heads, kv_tiles, group_heads) -> int32 tensor
+_WALK_TABLES: dict = {}  # (device, programs, batch_heads, kv_tiles, group_heads, tile cost) -> int32 tensor
 _WALK_TABLES_MAX = 64  # shapes kept; the oldest dropped past it
 
 
 def walk_table_tensor(device, programs: int, batch_heads: int, kv_tiles: tuple, group_heads: int) -> torch.Tensor:
     """``build_walk_table``'s table as an int32 tensor on ``device``, built once a shape (the first
     call of a shape pays a host-to-device copy: build it before capturing a CUDA graph)."""
-    key = (str(device), programs, batch_heads, kv_tiles, group_heads)
+    key = (str(device), programs, batch_heads, kv_tiles, group_heads, WALK_TABLE_TILE_COST)
     table = _WALK_TABLES.get(key)
     if table is None:
         table = torch.tensor(build_walk_table(programs, batch_heads, kv_tiles, group_heads), dtype=torch.int32,
@@ -979,7 +989,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
         o_desc = TensorDescriptor.from_tensor(out.view(batch, seqlen_q, nheads * d), [1, q_rows, d], o_layout)
     # the tile index's magic divisors (read only under FAST_DIV)
     walk = None
-    if cfg["variant"] == "persistent" and walk_table_for(d, cfg["variant"], causal):
+    if cfg["variant"] == "persistent" and walk_table_for(d, cfg["variant"], causal, num_m):
         kv_tiles = tuple(_kv_tiles(m * block_m, seqlen_q, seqlen_k, block_m, block_n) for m in range(num_m))
         # a (batch, head)'s share of its K / V head's bytes (GQA: consecutive heads share one)
         kv_bytes = 2 * seqlen_k * d * q.element_size() * nheads_kv // nheads

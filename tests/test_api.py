@@ -760,10 +760,15 @@ def test_hopper_persistent_variant_by_call(monkeypatch):
             assert plan.forward["row_sum"] == "per-thread partial sums, reduced once a query tile", plan.forward
             with hopper.deferred_row_sum(False):
                 assert ioattn.explain_dispatch(q, q, q, causal=causal).forward["row_sum"] == "reduced every key tile"
-            if variant == "persistent":  # at d = 128 by default: two Q buffers, causal calls walked in pairs,
-                # the output by TMA, the tile index by multiply-high
+            if variant == "persistent":  # at d = 128 by default: two Q buffers, causal calls walked by the
+                # host's table (else in pairs), the output by TMA, the tile index by multiply-high
                 assert plan.forward["q_buffers"] == 2, plan.forward
-                assert plan.forward["walk"] == ("pairs of query blocks, head by head" if causal else "head by head")
+                walk = plan.forward["walk"]
+                assert walk.startswith("a host-built table") if causal else walk == "head by head", plan.forward
+                if causal:
+                    with hopper.walk_table(False):
+                        off = ioattn.explain_dispatch(q, q, q, causal=causal).forward
+                        assert off["walk"] == "pairs of query blocks, head by head", off
                 assert plan.forward["out_stores"] == "TMA bulk copies (staged in the Q buffer)", plan.forward
                 assert plan.forward["tile_index"] == "multiply-high (magic divisors)", plan.forward
                 with hopper.out_tma_store(False), hopper.fast_tile_div(False):
@@ -1149,9 +1154,11 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
     grid, kw = launch(512, 512, False)  # short, non-causal: persistent, one program per SM (132 here)
     assert kw["PERSISTENT"] and grid == (min(132, -(-512 // bm) * 2 * 4),) and kw["num_tiles"] == 4 * 2 * 4
     assert kw["Q_BUFS"] == 2 and not kw["PAIRED"]  # two Q buffers at d = 128; pairs are a causal walk
-    kw = launch(512, 512, True)[1]  # short causal: persistent, walked in pairs (4 query blocks)
-    assert kw["PERSISTENT"] and kw["Q_BUFS"] == 2 and kw["PAIRED"]
-    assert not launch(640, 640, True)[1]["PAIRED"]  # 5 query blocks: the LPT walk
+    kw = launch(512, 512, True)[1]  # short causal: persistent, walked by the host's table (4 query blocks)
+    assert kw["PERSISTENT"] and kw["Q_BUFS"] == 2 and not kw["PAIRED"] and kw["Walk"] is not None
+    with hopper.walk_table(False):
+        assert launch(512, 512, True)[1]["PAIRED"]  # without it: in pairs
+        assert not launch(640, 640, True)[1]["PAIRED"]  # 5 query blocks: the LPT walk
     assert launch(16384, 16384, True)[1]["Q_BUFS"] == 1  # the one-tile kernel: its own Q buffer
     # exp2 on the FMA units: off by default, else the share of the launched variant's key tile
     assert kw["EXP2_FMA"] == 0 and launch(16384, 16384, True)[1]["EXP2_FMA"] == 0
@@ -1173,18 +1180,23 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
     # the persistent kernel: the output by TMA through a (batch, seqlen_q, nheads * d) descriptor of
     # [1, 64, d] boxes, and the walk's and the head count's magic divisors (the positional arguments
     # after qk_scale: walk_div, walk_mul, walk_shift, head_mul, head_shift), for each walk
-    for sq, causal, walk in ((512, False, 4), (512, True, 2), (520, True, 2 * 4)):  # 5 query blocks: LPT
-        kw = launch(sq, sq, causal)[1]
-        assert kw["PERSISTENT"] and kw["ROW_STORES"] == 3 and kw["FAST_DIV"] and kw["PAIRED"] == (sq == 512 and causal)
-        o_desc = kw["args"][3]
-        assert list(o_desc.shape) == [2, sq, 4 * 128] and list(o_desc.block_shape) == [1, 64, 128]
-        assert kw["args"][16:21] == (walk, *hf.magic_divisor(walk)[1:], *hf.magic_divisor(4)[1:]), kw["args"]
+    with hopper.walk_table(False):
+        for sq, causal, walk in ((512, False, 4), (512, True, 2), (520, True, 2 * 4)):  # 5 query blocks: LPT
+            kw = launch(sq, sq, causal)[1]
+            assert kw["PERSISTENT"] and kw["ROW_STORES"] == 3 and kw["FAST_DIV"]
+            assert kw["PAIRED"] == (sq == 512 and causal)
+            o_desc = kw["args"][3]
+            assert list(o_desc.shape) == [2, sq, 4 * 128] and list(o_desc.block_shape) == [1, 64, 128]
+            assert kw["args"][16:21] == (walk, *hf.magic_divisor(walk)[1:], *hf.magic_divisor(4)[1:]), kw["args"]
     kw = launch(16384, 16384, True)[1]  # the one-tile kernel: no copy, its divisions (once a program)
     assert kw["ROW_STORES"] != 3 and not kw["FAST_DIV"] and kw["args"][3] is None
-    # the causal walk from the host's table (hopper.walk_table, NOTES §132): off by default; when asked,
-    # the persistent causal calls at d = 64 / 128 get an int32 table of every tile (LPT-encoded: the
-    # walk divisor is the (batch, head) count) and no paired walk; others get none
-    assert all(launch(sq, sq, c)[1]["Walk"] is None for sq, c in ((512, True), (512, False), (16384, True)))
+    # the causal walk from the host's table (hopper.walk_table, NOTES §132): by default the persistent
+    # causal calls at d = 128 and at d = 64 from 8 query blocks; forced, every persistent causal call at
+    # d = 64 / 128 gets an int32 table of every tile (LPT-encoded: the walk divisor is the (batch, head)
+    # count) and no paired walk; others get none
+    assert launch(512, 512, True)[1]["Walk"] is not None and launch(1024, 1024, True, d=64)[1]["Walk"] is not None
+    assert launch(512, 512, True, d=64)[1]["Walk"] is None  # 4 query blocks at d = 64: LPT
+    assert all(launch(sq, sq, c)[1]["Walk"] is None for sq, c in ((512, False), (16384, True)))
     with hopper.walk_table(True):
         kw = launch(512, 512, True)[1]
         walk = kw["Walk"]
@@ -1237,12 +1249,23 @@ def test_persistent_kernel_options_follow_their_switches():
     for causal calls with an even number of query blocks, by default at d = 128 / 256 and at d = 64 from
     16 query blocks; the tile index by multiply-high by default at every head dim; every other variant
     one buffer, no pairs, divisions. The no-key rows' wide stores: the persistent kernel at d = 64 only
-    (hopper.NO_KEY_WIDE_HEADDIMS, NOTES §115), whatever the switches."""
+    (hopper.NO_KEY_WIDE_HEADDIMS, NOTES §115), whatever the switches. Where the walk from the host's
+    table is on, no pairs."""
     from ioattn import hopper
 
     def opts(q_bufs, paired, fast_div=True, d=128):
         return dict(Q_BUFS=q_bufs, PAIRED=paired, FAST_DIV=fast_div, NO_KEY_WIDE=d == 64)
 
+    # the walk from the host's table (hopper.walk_table, NOTES §132) takes the place of the pairs where it
+    # is on: by default at d = 128 and at d = 64 from 8 query blocks
+    assert hopper.persistent_options(128, "persistent", True, 4) == opts(2, False)
+    assert hopper.persistent_options(64, "persistent", True, 16) == opts(2, False, d=64)
+    assert hopper.persistent_options(256, "persistent", True, 4) == opts(1, True)  # not at d = 256
+    with hopper.walk_table(False):
+        _persistent_options_without_table(hopper, opts)
+
+
+def _persistent_options_without_table(hopper, opts):
     # the defaults (the measured tables): two buffers at d = 64 / 128, pairs at d = 128 / 256
     assert hopper.persistent_options(128, "persistent", True, 4) == opts(2, True)
     assert hopper.persistent_options(128, "persistent", True, 5) == opts(2, False)

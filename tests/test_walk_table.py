@@ -120,7 +120,8 @@ def test_walk_group_heads():
 
 def test_walk_table_policy():
     """Only the persistent kernel's causal calls at d = 64 / 128 (d = 256 spills with it); forced by
-    hopper.walk_table; where it is on, the paired walk is off (the table holds LPT-encoded tiles)."""
+    hopper.walk_table, else from WALK_TABLE_MIN_BLOCKS query blocks; where it is on, the paired walk
+    is off (the table holds LPT-encoded tiles)."""
     with hopper.walk_table(True):
         assert hopper.walk_table_for(64, "persistent", True) and hopper.walk_table_for(128, "persistent", True)
         assert not hopper.walk_table_for(256, "persistent", True)
@@ -130,7 +131,17 @@ def test_walk_table_policy():
     with hopper.walk_table(False):
         assert not any(hopper.walk_table_for(d, "persistent", True) for d in (64, 128, 256))
         assert hopper.persistent_options(128, "persistent", True, 4)["PAIRED"]
-    assert all(d in hopper.WALK_TABLE_FITS for d in hopper.WALK_TABLE_HEADDIMS)
+    assert all(d in hopper.WALK_TABLE_FITS for d in hopper.WALK_TABLE_MIN_BLOCKS)
+    # unset: from WALK_TABLE_MIN_BLOCKS query blocks (d = 64 from 8: level-to-behind at 4, NOTES §132)
+    assert hopper.walk_table_for(128, "persistent", True, 4) and hopper.walk_table_for(64, "persistent", True, 8)
+    assert not hopper.walk_table_for(64, "persistent", True, 4) and hopper.walk_table_for(64, "persistent", True)
+    assert not hopper.persistent_options(128, "persistent", True, 4)["PAIRED"]
+    assert hopper.persistent_options(64, "persistent", True, 16)["PAIRED"] is False
+    with hopper.paired_walk(True):  # the pairs asked for, the table not: the pairs
+        assert not hopper.walk_table_for(128, "persistent", True, 4)
+        assert hopper.persistent_options(128, "persistent", True, 4)["PAIRED"]
+        with hopper.walk_table(True):  # both asked for: the table
+            assert not hopper.persistent_options(128, "persistent", True, 4)["PAIRED"]
 
 
 def test_walk_table_tensor_cached():
