@@ -23,10 +23,13 @@ timeout 200 python3 -m pytest -q -n 8 tests/test_gpu.py -p no:cacheprovider \
 echo "tests rc=$? $(( $(date +%s) - t0 ))s: $(tail -n 1 "$w/tests.log")"
 grep -E "^(FAILED|ERROR)" "$w/tests.log" | head -8
 pack
-t0=$(date +%s)
-timeout 90 python3 benchmarks/ab_fwd.py --out "$w" --tag wtg --headdims 64,128 --causal 1 --seqlens 512,1024,2048 \
-    --loads gluon-pers-lean-crw-qr-ds-wt-wtg2,gluon-pers-lean-crw-qr-ds-wt-wtg4,gluon-pers-lean-crw-qr-ds-wt \
-    --rounds 3 --rest 0.2 > "$w/wtg.log" 2>&1
-echo "wtg rc=$? $(( $(date +%s) - t0 ))s"; grep -A8 "^  d c" "$w/wtg.log"; grep -i "error\|fail" "$w/wtg.log" | head -4
+for d in 64 128; do
+    base=gluon-pers-lean-ds; [ $d = 128 ] && base=gluon-pers-lean-crw-qr-ds  # each head dim's default build
+    t0=$(date +%s)
+    timeout 50 python3 benchmarks/ab_fwd.py --out "$w" --tag wtg$d --headdims $d --causal 1 --seqlens 512,1024,2048 \
+        --loads $base-wt-wtg2,$base-wt-wtg4,$base-wt --rounds 3 --rest 0.2 > "$w/wtg$d.log" 2>&1
+    echo "wtg$d rc=$? $(( $(date +%s) - t0 ))s"; grep -A4 "^  d c" "$w/wtg$d.log"; grep -i "error\|fail" "$w/wtg$d.log" | head -4
+    pack
+done
 } 2>&1 | tee "$out/summary.log"
 pack && rm -rf "$w"
