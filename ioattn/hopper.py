@@ -19,7 +19,9 @@ or, from Python, ``with hopper.variant("pingpong"): ...`` / ``hopper.set_variant
   consumer warpgroups), so a device A/B can separate the ordering's effect from the restructuring.
 * ``"persistent"``: the ping-pong kernel with one program per SM walking the tiles (FA3's
   persistent scheduler), so one tile's epilogue and the next tile's Q/K/V loads overlap; causal tiles
-  in pairs of equal length head by head (``PAIRED_MIN_BLOCKS``), else in LPT order; at d = 64 / 128 two Q
+  by a table built on the host (``build_walk_table``: LPT order within L2-sized groups of heads, each
+  tile to the program that frees first; ``WALK_TABLE_MIN_BLOCKS``), else in pairs of equal length head
+  by head (``PAIRED_MIN_BLOCKS``), else in LPT order; at d = 64 / 128 two Q
   buffers a warpgroup, the tile index by multiply-high (``persistent_options``), the output copied by
   TMA from the Q buffer (``row_stores``). Fixed-length batches only. The default for short
   calls between ``PERSISTENT_MIN_SEQLEN`` and ``PERSISTENT_MAX_SEQLEN`` (by head dim and mask; NOTES
