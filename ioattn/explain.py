@@ -79,7 +79,8 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
             opts = hopper.persistent_options(q.shape[-1], name, window == (-1, 0), dispatch.cdiv(seqlen_q, bm))
             forward["walk"] = ("a host-built table (hopper.build_walk_table): longest tiles first within groups "
                                "of heads whose K / V fit in L2, each to the program that frees first"
-                               if hopper.walk_table_for(q.shape[-1], name, window == (-1, 0), dispatch.cdiv(seqlen_q, bm)) else
+                               if hopper.walk_table_for(q.shape[-1], name, window == (-1, 0),
+                                                        dispatch.cdiv(seqlen_q, bm)) else
                                "pairs of query blocks, head by head" if opts["PAIRED"] else
                                "longest tiles first over the grid" if window == (-1, 0) else "head by head")
             forward["q_buffers"] = opts["Q_BUFS"]

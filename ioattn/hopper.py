@@ -737,9 +737,10 @@ def build_walk_table(programs: int, batch_heads: int, kv_tiles: tuple, group_hea
     ``batch_heads * num_m`` (no tile) past a program's walk, one row past the longest walk.
     ``kv_tiles[m]``: key tiles query block m sees (``num_m`` = its length). Tiles go in LPT order
     (longest first) within each group of ``group_heads`` consecutive (batch, head)s, the groups in
-    turn, each to the program whose modelled work (``tile_cost`` + key tiles a tile) ends first,
-    the lower program on a tie (``tile_cost`` None: ``WALK_TABLE_TILE_COST``): greedy list scheduling, so the walks end within about a tile of each
-    other, and the programs at work at any time share a group's K / V in L2."""
+    turn, each to the program whose modelled work (``tile_cost`` + key tiles a tile; None:
+    ``WALK_TABLE_TILE_COST``) ends first, the lower program on a tie: greedy list scheduling, so the
+    walks end within about a tile of each other, and the programs at work at any time share a
+    group's K / V in L2."""
     import heapq
 
     tile_cost = WALK_TABLE_TILE_COST if tile_cost is None else tile_cost
@@ -760,20 +761,29 @@ def build_walk_table(programs: int, batch_heads: int, kv_tiles: tuple, group_hea
                       for k in range(steps + 1) for p in range(programs)]
 
 
-_WALK_TABLES: dict = {}  # (device, programs, batch_heads, kv_tiles, group_heads, tile cost) -> int32 tensor
-_WALK_TABLES_MAX = 64  # shapes kept; the oldest dropped past it
+# (device, programs, batch_heads, kv_tiles, group_heads, tile cost) -> int32 tensor. Never evicted: a
+# captured CUDA graph reads the table by address on every replay (a table is 4 bytes a tile: 16 KB
+# for 16k tokens at d = 64)
+_WALK_TABLES: dict = {}
 
 
-def walk_table_tensor(device, programs: int, batch_heads: int, kv_tiles: tuple, group_heads: int) -> torch.Tensor:
-    """``build_walk_table``'s table as an int32 tensor on ``device``, built once a shape (the first
-    call of a shape pays a host-to-device copy: build it before capturing a CUDA graph)."""
+def _capturing(device) -> bool:
+    """Whether a CUDA graph is being captured on ``device``'s current stream (no host copy allowed)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def walk_table_tensor(device, programs: int, batch_heads: int, kv_tiles: tuple,
+                      group_heads: int) -> torch.Tensor | None:
+    """``build_walk_table``'s table as an int32 tensor on ``device``, built once a shape (a host-to-
+    device copy), or None when a shape's first call comes inside a CUDA graph's capture, where that
+    copy is not allowed (the launcher then takes the computed walk)."""
     key = (str(device), programs, batch_heads, kv_tiles, group_heads, WALK_TABLE_TILE_COST)
     table = _WALK_TABLES.get(key)
     if table is None:
+        if _capturing(device):
+            return None
         table = torch.tensor(build_walk_table(programs, batch_heads, kv_tiles, group_heads), dtype=torch.int32,
                              device=device)
-        if len(_WALK_TABLES) >= _WALK_TABLES_MAX:
-            _WALK_TABLES.pop(next(iter(_WALK_TABLES)))
         _WALK_TABLES[key] = table
     return table
 
@@ -989,13 +999,16 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
         # drops the rows past seqlen_q itself (the persistent kernel's, fixed-length calls only)
         o_layout = gl.NVMMASharedLayout.get_default_for([1, q_rows, d], dt)
         o_desc = TensorDescriptor.from_tensor(out.view(batch, seqlen_q, nheads * d), [1, q_rows, d], o_layout)
-    # the tile index's magic divisors (read only under FAST_DIV)
-    walk = None
+    walk = None  # the causal walk from the host's table (walk_table_for), else computed in the kernel
     if cfg["variant"] == "persistent" and walk_table_for(d, cfg["variant"], causal, num_m):
         kv_tiles = tuple(_kv_tiles(m * block_m, seqlen_q, seqlen_k, block_m, block_n) for m in range(num_m))
         # a (batch, head)'s share of its K / V head's bytes (GQA: consecutive heads share one)
         kv_bytes = 2 * seqlen_k * d * q.element_size() * nheads_kv // nheads
         walk = walk_table_tensor(q.device, grid[0], batch * nheads, kv_tiles, walk_group_heads(kv_bytes))
+        if walk is None:  # a new shape inside a CUDA graph's capture: the computed walk, its options
+            with walk_table(False):
+                popts = persistent_options(d, cfg["variant"], causal, num_m)
+    # the tile index's magic divisors (read only under FAST_DIV)
     walk_div = walk_divisor(num_m, batch * nheads, causal, popts["PAIRED"])
     _, walk_mul, walk_shift = magic_divisor(walk_div)
     _, head_mul, head_shift = magic_divisor(nheads)

@@ -1208,6 +1208,14 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
         assert launch(512, 512, True, d=64)[1]["Walk"] is not None
         assert launch(512, 512, False)[1]["Walk"] is None and launch(16384, 16384, True)[1]["Walk"] is None
         assert launch(512, 512, True, d=256)[1]["Walk"] is None  # outside WALK_TABLE_FITS
+    # a shape's first call inside a CUDA graph's capture (no host copy allowed there): the computed walk
+    # and its options (pairs at d = 128); a shape built before the capture keeps its table
+    hopper._WALK_TABLES.clear()
+    launch(512, 512, True)
+    monkeypatch.setattr(hopper, "_capturing", lambda device: True)
+    assert launch(512, 512, True)[1]["Walk"] is not None  # built before
+    kw = launch(1024, 1024, True)[1]
+    assert kw["Walk"] is None and kw["PAIRED"] and kw["args"][16] == 4  # walk_div: half the query blocks
 
 
 def test_hopper_exp2_fma_switch(monkeypatch):

@@ -1307,6 +1307,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
         gl.static_assert(PINGPONG and NUM_WG == 2 and not IS_VARLEN,
                          "persistent: the two-warpgroup ping-pong kernel, fixed-length batches")
         gl.static_assert(IS_CAUSAL or not PAIRED, "the paired walk is a causal order")
+        gl.static_assert(Walk is None or (IS_CAUSAL and not PAIRED), "the walk table: causal, LPT-encoded tiles")
         _persistent_fwd(q_desc, k_desc, v_desc, o_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om,
                         stride_lse_b, stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
                         IS_CAUSAL, ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, Q_BUFS, PAIRED,
