@@ -954,7 +954,10 @@ def _persistent_producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_rea
     consumers finish the current one. A ``table`` walk is read a step ahead."""
     g0 = 0
     tails = 0
-    t_next = None  # a table walk's next tile, read a step ahead (the load's latency under a tile's work)
+    # a table walk's next tile, read a step ahead (the load's latency under a tile's work). Written out
+    # in both partitions: the same steps through a helper compiled the consumers differently (ptxas
+    # 12.8), and the measured build is this one (NOTES §132)
+    t_next = None
     if table is not None:
         t_next = _walk(0, num_tiles, IS_CAUSAL, PAIRED, table)
     for k in range(0, _walk_steps(num_tiles, PAIRED, table)):
@@ -1000,11 +1003,11 @@ def _load_q(q_desc, q_smem, q_bar, j, t, num_m, num_tiles, nheads, seqlen_q, row
 def _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads, seqlen_q, seqlen_k, row_off,
                      HEAD_DIM: gl.constexpr, CTA_M: gl.constexpr, BLOCK_N: gl.constexpr, Q0: gl.constexpr,
                      Q_BUFS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, divs=None,
-                     t_ahead=None):
+                     table=None, t_ahead=None):
     """The Q load of this warpgroup's tile after walk step ``k`` (if it exists and sees a key), as its
-    ``q_issued``-th load; returns the loads issued. ``t_ahead``: that tile as a table walk read it
-    a step ahead, None for a computed walk."""
-    if t_ahead is None:
+    ``q_issued``-th load; returns the loads issued. A ``table`` walk's tile is ``t_ahead``, as the
+    partition's loop read it a step ahead."""
+    if table is None:
         t_next = _walk(k + 1, num_tiles, IS_CAUSAL, PAIRED)
     else:
         t_next = t_ahead
@@ -1060,7 +1063,10 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
     sec0 = 0
     q_used = 0
     q_issued = 0
-    t_next = None  # a table walk's next tile, read a step ahead (the load's latency under a tile's work)
+    # a table walk's next tile, read a step ahead (the load's latency under a tile's work). Written out
+    # in both partitions: the same steps through a helper compiled the consumers differently (ptxas
+    # 12.8), and the measured build is this one (NOTES §132)
+    t_next = None
     if table is not None:
         t_next = _walk(0, num_tiles, IS_CAUSAL, PAIRED, table)
     for k in range(0, _walk_steps(num_tiles, PAIRED, table)):
@@ -1090,7 +1096,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                         tma.store_wait(0)
                     q_issued = _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads,
                                                 seqlen_q, seqlen_k, row_off, HEAD_DIM, CTA_M, BLOCK_N, Q0, Q_BUFS,
-                                                IS_CAUSAL, PAIRED, divs, t_next)
+                                                IS_CAUSAL, PAIRED, divs, table, t_next)
                 o, m_i, l_i = _pp_mainloop(q_smem.index(buf), k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                            my_turn, next_turn, m_start, seqlen_q, seqlen_k, 0, n_tiles, qk_scale, g0,
                                            sec0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, TURN0,
@@ -1104,7 +1110,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                 if (Q_BUFS == 1) & (not LOAD_Q_AFTER):
                     q_issued = _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads,
                                                 seqlen_q, seqlen_k, row_off, HEAD_DIM, CTA_M, BLOCK_N, Q0, Q_BUFS,
-                                                IS_CAUSAL, PAIRED, divs, t_next)
+                                                IS_CAUSAL, PAIRED, divs, table, t_next)
                 _tile_epilogue(o, m_i, l_i, t, Out, Lse, rows_1d, num_m, num_tiles, nheads, seqlen_q, stride_om,
                                stride_lse_b, stride_lse_h, row_off, o_layout, HEAD_DIM, CTA_M, BLOCK_M, IS_CAUSAL,
                                ROW_STORES, PAIRED, q_smem.index(buf), divs, o_desc)
@@ -1115,7 +1121,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                     fence_async_shared()  # the stage's generic-proxy accesses before the TMA's write
                     q_issued = _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads,
                                                 seqlen_q, seqlen_k, row_off, HEAD_DIM, CTA_M, BLOCK_N, Q0, Q_BUFS,
-                                                IS_CAUSAL, PAIRED, divs, t_next)
+                                                IS_CAUSAL, PAIRED, divs, table, t_next)
             else:
                 m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b,
                                                               stride_lse_h, row_off, HEAD_DIM, CTA_M, IS_CAUSAL,
