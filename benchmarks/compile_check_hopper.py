@@ -40,7 +40,8 @@ redundant partition barriers from the PTX (``hopper.ptx_barriers``, on by defaul
 checked to have nothing left for the pass to drop).
 
 ``--walk-table on|off`` compiles the persistent causal kernels with or without their walk read from a
-host-built table (``Walk``, ``hopper.walk_table``; off by default until measured).
+host-built table (``Walk``, ``hopper.walk_table``; by default where ``hopper.WALK_TABLE_MIN_BLOCKS`` has
+the head dim, here at any length it covers).
 
 ``--block-n`` / ``--stages`` replace the key tile and the K / V ring depth of every selected variant
 (``hopper.TILE_TABLE``), for tile candidates before a device A/B (``ab_fwd.py``'s ``-nBN-sS`` suffix).

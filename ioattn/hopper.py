@@ -662,7 +662,8 @@ PAIRED_MIN_BLOCKS = {128: 0, 256: 0, 64: 16}  # head dim -> query blocks a seque
 # computed walks leave a wave's remainder to part of the programs (4096 tiles or 2048 pairs over 132
 # SMs: 31.03 waves, 15.5 waves of pairs): ~3 % above the ideal in that model, the table ~0.5 %; and
 # the whole-grid LPT walk reads a head's K / V from DRAM once a query block (NOTES §130: 2.7x cuDNN's
-# DRAM bytes at d = 64 causal N = 1024), the table's groups once. NOTES §132.
+# DRAM bytes at d = 64 causal N = 1024), the table's groups once. Measured, the gain is that
+# locality: the same table as one group (balance alone) lost 9-19 % at d = 128. NOTES §132.
 # ``with hopper.walk_table(True / False)`` forces it (persistent, causal).
 walk_table = dispatch.Preference(False)
 # head dim -> query blocks a sequence from which it is the default (results/session-2026-12-10-a,
@@ -676,7 +677,7 @@ WALK_TABLE_FITS = (64, 128)  # d = 256's consumers spill with it (156 bytes, ptx
 # balance is the same from 8 to 32 MB groups at 16k tokens, NOTES §132)
 WALK_TABLE_L2_BYTES = 16 << 20
 # a tile's fixed cost (Q load, epilogue) in key tiles, for the model: a guess (0.5 and 1.0 give the
-# same balance within 0.3 % at 16k tokens, NOTES §132)
+# same balance within 0.3 % at 16k tokens; 3.0 measured level with 1.0 at d = 64, NOTES §132)
 WALK_TABLE_TILE_COST = 1.0
 
 
