@@ -81,11 +81,11 @@ def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False, exp2_fma=0.0, lean
                                 hopper.walk_table(None if walk_tab is None else bool(walk_tab))):
                     stack.enter_context(setting)
                 if walk_tab == "all":  # the table's walk as one group of heads: its balance without its locality
-                    stack.enter_context(_patched(hopper, "WALK_TABLE_L2_BYTES", 1 << 62))
+                    stack.enter_context(_patched(hopper, "WALK_TABLE_L2_BYTES", {d: 1 << 62 for d in hopper.WALK_TABLE_FITS}))
                 if walk_cost is not None:  # the table's model: a tile's fixed cost in key tiles
                     stack.enter_context(_patched(hopper, "WALK_TABLE_TILE_COST", float(walk_cost)))
                 if walk_mb is not None:  # the table's groups: K / V megabytes a group
-                    stack.enter_context(_patched(hopper, "WALK_TABLE_L2_BYTES", walk_mb << 20))
+                    stack.enter_context(_patched(hopper, "WALK_TABLE_L2_BYTES", {d: walk_mb << 20 for d in hopper.WALK_TABLE_FITS}))
                 return ioattn.flash_attn_func(q, k, v, causal=causal)
         finally:
             dispatch.set_tile_override("fwd", None)

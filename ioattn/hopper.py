@@ -667,15 +667,21 @@ PAIRED_MIN_BLOCKS = {128: 0, 256: 0, 64: 16}  # head dim -> query blocks a seque
 # ``with hopper.walk_table(True / False)`` forces it (persistent, causal).
 walk_table = dispatch.Preference(False)
 # head dim -> query blocks a sequence from which it is the default (results/session-2026-12-10-a,
-# NOTES §132: ab_fwd, two processes, the order reversed, default / table, TFLOP/s: d=64 causal N=512
-# 256, 257 / 254, 254; 1024 335, 334 / 344, 344; 2048 395, 397 / 414, 414; 4096 437, 437 / 456, 457;
-# d=128 causal 512 340, 341 / 370, 365; 1024 477, 479 / 511, 512; 2048 613, 612 / 618, 618; 4096 686,
-# 685 / 693, 693; 8192 724, 724 / 735, 736)
-WALK_TABLE_MIN_BLOCKS = {64: 8, 128: 0}
+# NOTES §132: ab_fwd, two processes, the order reversed, default / table, TFLOP/s: d=128 causal N=512
+# 340, 341 / 370, 365; 1024 477, 479 / 511, 512; 2048 613, 612 / 618, 618; 4096 686, 685 / 693, 693;
+# 8192 724, 724 / 735, 736. d = 64 with 4 MB groups (results/session-2026-12-11-a, NOTES §133, the
+# computed LPT walk / the table): N=512 255, 256 / 261, 261; with 16 MB groups the table was 1 % behind
+# there, 254, 254, so §132 kept it off below 8 query blocks)
+WALK_TABLE_MIN_BLOCKS = {64: 0, 128: 0}
 WALK_TABLE_FITS = (64, 128)  # d = 256's consumers spill with it (156 bytes, ptxas 12.8)
-# K / V bytes of a group of heads walked together: a third of the H200's 50 MB L2 (a guess; the model's
-# balance is the same from 8 to 32 MB groups at 16k tokens, NOTES §132)
-WALK_TABLE_L2_BYTES = 16 << 20
+# head dim -> K / V bytes of a group of heads walked together. Measured (results/session-2026-12-11-a,
+# NOTES §133: ab_fwd, two processes, the order reversed, causal, TFLOP/s) d=64 2 / 4 / 16 MB: N=512
+# 260, 263 / 261, 261 / 254, 253; 1024 347, 347 / 350, 351 / 343, 343; 2048 407, 408 / 416, 416 / 412,
+# 414. d=128 4 / 16 / 32 MB: 512 363, 362 / 362, 366 / 335, 337; 1024 500, 499 / 504, 505 / 482, 483;
+# 2048 596, 597 / 609, 609 / 596, 595. (Per SM a d = 64 tile streams half the K / V bytes of a d = 128
+# one for the same work, so its groups stay in L2 with a smaller budget; why 4 MB beats 16 at d = 64 is
+# not measured beyond these numbers.)
+WALK_TABLE_L2_BYTES = {64: 4 << 20, 128: 16 << 20}
 # a tile's fixed cost (Q load, epilogue) in key tiles, for the model: a guess (0.5 and 1.0 give the
 # same balance within 0.3 % at 16k tokens; 3.0 measured level with 1.0 at d = 64, NOTES §132)
 WALK_TABLE_TILE_COST = 1.0
@@ -724,10 +730,10 @@ def walk_table_for(d: int, name: str, causal: bool, num_m: int | None = None) ->
     return _switch(walk_table, (num_m if num_m is not None else 1 << 30) >= WALK_TABLE_MIN_BLOCKS.get(d, 1 << 31))
 
 
-def walk_group_heads(kv_bytes_per_head: int) -> int:
-    """Heads a group of the table's walk (``build_walk_table``): as many as fit their K / V in
-    ``WALK_TABLE_L2_BYTES``, at least one."""
-    return max(1, WALK_TABLE_L2_BYTES // max(1, kv_bytes_per_head))
+def walk_group_heads(kv_bytes_per_head: int, d: int) -> int:
+    """Heads a group of the table's walk (``build_walk_table``) at head dim ``d``: as many as fit
+    their K / V in ``WALK_TABLE_L2_BYTES[d]``, at least one."""
+    return max(1, WALK_TABLE_L2_BYTES[d] // max(1, kv_bytes_per_head))
 
 
 def build_walk_table(programs: int, batch_heads: int, kv_tiles: tuple, group_heads: int,
@@ -1005,7 +1011,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
         kv_tiles = tuple(_kv_tiles(m * block_m, seqlen_q, seqlen_k, block_m, block_n) for m in range(num_m))
         # a (batch, head)'s share of its K / V head's bytes (GQA: consecutive heads share one)
         kv_bytes = 2 * seqlen_k * d * q.element_size() * nheads_kv // nheads
-        walk = walk_table_tensor(q.device, grid[0], batch * nheads, kv_tiles, walk_group_heads(kv_bytes))
+        walk = walk_table_tensor(q.device, grid[0], batch * nheads, kv_tiles, walk_group_heads(kv_bytes, d))
         if walk is None:  # a new shape inside a CUDA graph's capture: the computed walk, its options
             with walk_table(False):
                 popts = persistent_options(d, cfg["variant"], causal, num_m)

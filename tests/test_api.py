@@ -1191,11 +1191,13 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
     kw = launch(16384, 16384, True)[1]  # the one-tile kernel: no copy, its divisions (once a program)
     assert kw["ROW_STORES"] != 3 and not kw["FAST_DIV"] and kw["args"][3] is None
     # the causal walk from the host's table (hopper.walk_table, NOTES §132): by default the persistent
-    # causal calls at d = 128 and at d = 64 from 8 query blocks; forced, every persistent causal call at
+    # causal calls at d = 64 / 128, every length (NOTES §133); forced, every persistent causal call at
     # d = 64 / 128 gets an int32 table of every tile (LPT-encoded: the walk divisor is the (batch, head)
     # count) and no paired walk; others get none
     assert launch(512, 512, True)[1]["Walk"] is not None and launch(1024, 1024, True, d=64)[1]["Walk"] is not None
-    assert launch(512, 512, True, d=64)[1]["Walk"] is None  # 4 query blocks at d = 64: LPT
+    assert launch(512, 512, True, d=64)[1]["Walk"] is not None  # 4 query blocks at d = 64 too
+    with hopper.walk_table(False):
+        assert launch(512, 512, True, d=64)[1]["Walk"] is None  # off: the computed LPT walk
     assert all(launch(sq, sq, c)[1]["Walk"] is None for sq, c in ((512, False), (16384, True)))
     with hopper.walk_table(True):
         kw = launch(512, 512, True)[1]
@@ -1265,7 +1267,7 @@ def test_persistent_kernel_options_follow_their_switches():
         return dict(Q_BUFS=q_bufs, PAIRED=paired, FAST_DIV=fast_div, NO_KEY_WIDE=d == 64)
 
     # the walk from the host's table (hopper.walk_table, NOTES §132) takes the place of the pairs where it
-    # is on: by default at d = 128 and at d = 64 from 8 query blocks
+    # is on: by default at d = 64 / 128, every length (NOTES §133)
     assert hopper.persistent_options(128, "persistent", True, 4) == opts(2, False)
     assert hopper.persistent_options(64, "persistent", True, 16) == opts(2, False, d=64)
     assert hopper.persistent_options(256, "persistent", True, 4) == opts(1, True)  # not at d = 256

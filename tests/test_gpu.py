@@ -1004,7 +1004,7 @@ def test_hopper_forward_walk_table(d, groups, shape, monkeypatch, poison_alloc):
     or of one head each (every group boundary inside the walks); the launch used a table."""
     from ioattn import hopper
     if groups == "one_head":
-        monkeypatch.setattr(hopper, "WALK_TABLE_L2_BYTES", 1)
+        monkeypatch.setattr(hopper, "WALK_TABLE_L2_BYTES", {d: 1})
     hopper._WALK_TABLES.clear()
     b, sq, sk, h, hkv = shape
     with hopper.variant("persistent"), hopper.prefer_hopper(True), hopper.walk_table(True):
