@@ -678,9 +678,8 @@ WALK_TABLE_FITS = (64, 128)  # d = 256's consumers spill with it (156 bytes, ptx
 # NOTES §133: ab_fwd, two processes, the order reversed, causal, TFLOP/s) d=64 2 / 4 / 16 MB: N=512
 # 260, 263 / 261, 261 / 254, 253; 1024 347, 347 / 350, 351 / 343, 343; 2048 407, 408 / 416, 416 / 412,
 # 414. d=128 4 / 16 / 32 MB: 512 363, 362 / 362, 366 / 335, 337; 1024 500, 499 / 504, 505 / 482, 483;
-# 2048 596, 597 / 609, 609 / 596, 595. (Per SM a d = 64 tile streams half the K / V bytes of a d = 128
-# one for the same work, so its groups stay in L2 with a smaller budget; why 4 MB beats 16 at d = 64 is
-# not measured beyond these numbers.)
+# 2048 596, 597 / 609, 609 / 596, 595. (Why d = 64 wants the smaller groups is not measured beyond
+# these numbers.)
 WALK_TABLE_L2_BYTES = {64: 4 << 20, 128: 16 << 20}
 # a tile's fixed cost (Q load, epilogue) in key tiles, for the model: a guess (0.5 and 1.0 give the
 # same balance within 0.3 % at 16k tokens; 3.0 measured level with 1.0 at d = 64, NOTES §132)
