@@ -132,6 +132,10 @@ def main():
     ap.add_argument("--tag", default="ab_bwd")
     ap.add_argument("--rounds", type=int, default=1, help="time the providers R times each, interleaved")
     ap.add_argument("--providers", default="", help="comma-separated subset of the providers (default: all)")
+    ap.add_argument("--heads", type=int, default=0,
+                    help="query (= K/V) heads; 0: hidden 2048 / head dim (the bench's grid). 33 gives 33 x 128 = "
+                         "4224 key blocks of 128 at 16k tokens, 32 whole waves of 132 SMs, where the bench's grid "
+                         "has 2048 at d = 128 (15.5 waves): the last wave's cost by difference (NOTES §71, §134)")
     ap.add_argument("--sass", action="store_true",
                     help="at the end, each Gluon backward kernel compiled in this process: its SASS's counts of "
                          "products, stores, reductions, fences and TMA operations, and the ptxas version (a "
@@ -159,7 +163,7 @@ def main():
         for causal in [bool(int(c)) for c in args.causal.split(",")]:
             ok = {}
             for n in map(int, args.seqlens.split(",")):
-                shape = (16384 // n, n, 2048 // d, d)
+                shape = (16384 // n, n, args.heads or 2048 // d, d)
                 q, k, v, dout = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
                 runs = {}
                 for name, setup in variants.items():
@@ -179,7 +183,8 @@ def main():
                         timed = run is not None and (ok[name] or args.time_failed)
                         ms = median_ms(lambda _: run(), [None]) if timed else float("inf")
                         tf = attention_flops(shape[0], shape[2], n, n, d, causal, "bwd") / ms / 1e9
-                        rec = dict(headdim=d, causal=causal, seqlen=n, variant=name, ok=ok[name], ms=ms, tflops=tf,
+                        rec = dict(headdim=d, causal=causal, seqlen=n, heads=shape[2], variant=name, ok=ok[name], ms=ms,
+                                   tflops=tf,
                                    round=rnd)
                         sink.write(json.dumps(rec) + "\n")
                         sink.flush()
