@@ -144,6 +144,8 @@ def main():
                     help="time a provider whose gradients fail the oracle too (a diagnostic build with a part "
                          "compiled out); its rows keep ok=false and the table marks them with *")
     args = ap.parse_args()
+    if args.heads < 0:
+        ap.error(f"--heads must be 0 (the bench's grid) or a positive head count, got {args.heads}")
     os.makedirs(args.out, exist_ok=True)
     sink = open(os.path.join(args.out, f"{args.tag}.jsonl"), "w")
     variants = {"portable": portable, "gluon": gluon("base"), "gluon-ws": gluon("ws"),
@@ -184,8 +186,7 @@ def main():
                         ms = median_ms(lambda _: run(), [None]) if timed else float("inf")
                         tf = attention_flops(shape[0], shape[2], n, n, d, causal, "bwd") / ms / 1e9
                         rec = dict(headdim=d, causal=causal, seqlen=n, heads=shape[2], variant=name, ok=ok[name], ms=ms,
-                                   tflops=tf,
-                                   round=rnd)
+                                   tflops=tf, round=rnd)
                         sink.write(json.dumps(rec) + "\n")
                         sink.flush()
                         rows.append(rec)
