@@ -18,7 +18,6 @@ that loop and at most 24 B outside it.
     python benchmarks/compile_check_hopper_bwd.py [--variants base,ws] [--headdims 64,128,256] [--quick]
                                                   [--no-ptxas] [--jobs N] [--deterministic]
                                                   [--dq-swizzled] [--lse-in-acc] [--wg-partitions]
-                                                  [--ptx-barriers]
 """
 import argparse
 import os
@@ -27,7 +26,7 @@ import time
 
 from triton.experimental.gluon import language as gl
 
-from ioattn.kernels import hopper_backward, ptx_barriers
+from ioattn.kernels import hopper_backward
 from ioattn.kernels.hopper_backward import BWD_VARIANT_HEADDIMS, BWD_VARIANTS, kernel_config, ws_layouts
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -60,9 +59,7 @@ def compile_one(variant, d, dt, causal, deterministic=False):
 
 
 def check(job):
-    variant, d, dt, causal, run_ptxas, det, swizzled, lse_in_acc, wg_split, ptx_bars = job
-    if ptx_bars:  # the consumers' redundant partition barriers dropped (``WS_PTX_BARRIERS``), in this process
-        hopper_backward.WS_PTX_BARRIERS = {64: True, 128: True, 256: True}
+    variant, d, dt, causal, run_ptxas, det, swizzled, lse_in_acc, wg_split = job
     if wg_split:  # each consumer warpgroup a partition of its own (``WS_WG_PARTITIONS``), in this process
         hopper_backward.WS_WG_PARTITIONS = {64: True, 128: True}
     if lse_in_acc:  # lse folded into S^T's accumulator (``WS_LSE_IN_ACC``), in this process
@@ -85,10 +82,6 @@ def check(job):
         if det:
             assert ".acquire." in ptx and ".release." in ptx and "cp.async.bulk.wait_group 0" in ptx, where
         assert c["setmaxnreg"][("inc", "240")] and c["setmaxnreg"][("dec", "24")], (where, c["setmaxnreg"])
-        if cfg["constexprs"].get("PTX_BARRIERS"):  # the pass ran on this build: nothing left for it to drop
-            assert ptx_barriers.RELEASES_MARKER in ptx, where
-            left = ptx_barriers.drop_partition_barriers(ptx, releases=True)[1]
-            assert left["wait"] == left["arrive"] == 0, (where, left)
     regs = ""
     if run_ptxas:
         nregs, spills, _, why = ptxas_report(ptx)
@@ -117,8 +110,7 @@ def check(job):
                                                              key=lambda t: (t[0][0], int(t[0][1]))))
     name = variant + ("-det" if det else "") + ("-flat" if cfg.get("dq_flat") else "") \
         + ("-lse" if cfg["constexprs"].get("LSE_IN_ACC") else "") \
-        + ("-wgsplit" if cfg["constexprs"].get("WG_SPLIT") else "") \
-        + ("-ptxbar" if cfg["constexprs"].get("PTX_BARRIERS") else "")
+        + ("-wgsplit" if cfg["constexprs"].get("WG_SPLIT") else "")
     do_stages = cfg["constexprs"].get("DO_STAGES", cfg["stages"])
     stages = f"{cfg['stages']}" + (f"/{do_stages}" if do_stages != cfg["stages"] else "")  # Q / dO rings
     return (f"bwd {name:6s} d={d} {dt} causal={causal!s:5s} tiles={cfg['block_m']}x{cfg['block_n']}x{stages} "
@@ -142,16 +134,13 @@ def main():
     ap.add_argument("--lse-in-acc", action="store_true", help="ws at d = 64 / 128: lse in S^T's accumulator")
     ap.add_argument("--wg-partitions", action="store_true",
                     help="ws at d = 64 / 128: each consumer warpgroup a partition of its own (WS_WG_PARTITIONS)")
-    ap.add_argument("--ptx-barriers", action="store_true",
-                    help="ws: the consumers' redundant partition barriers dropped from the PTX (WS_PTX_BARRIERS; "
-                         "the builds with a warpgroup a partition)")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="compiles in parallel")
     args = ap.parse_args()
     dtypes = ("bf16",) if args.quick else ("bf16", "fp16")
     variants = args.variants.split(",")
     assert set(variants) <= set(BWD_VARIANTS), variants
     jobs = [(variant, int(d), dt, bool(int(causal)), not args.no_ptxas, det, args.dq_swizzled, args.lse_in_acc,
-             args.wg_partitions, args.ptx_barriers)
+             args.wg_partitions)
             for variant in variants
             for d in args.headdims.split(",") if int(d) in BWD_VARIANT_HEADDIMS[variant]
             for dt in dtypes for causal in args.causal.split(",")

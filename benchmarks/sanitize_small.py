@@ -4,7 +4,6 @@ backward (both variants), the portable forward, and a split decode step with its
 programmatic dependent launch; contiguous, and paged through TMA).
 
     compute-sanitizer --tool memcheck  python benchmarks/sanitize_small.py [--heads 256] [--no-forward]
-                                                                          [--bwd-ptx-barriers]
 
 ``--heads``: the head dims of the attention calls (default 64,128,256); ``--no-forward``: only the
 Gluon backward kernels of those head dims and the decode calls (the forward variants skipped).
@@ -23,13 +22,7 @@ from ioattn.kernels.hopper_backward import BWD_VARIANT_HEADDIMS, hopper_backward
 ap = argparse.ArgumentParser()
 ap.add_argument("--heads", default="64,128,256")
 ap.add_argument("--no-forward", action="store_true")
-ap.add_argument("--bwd-ptx-barriers", action="store_true",
-                help="the ws backward at d = 128 with its consumers' redundant partition barriers dropped from "
-                     "the PTX (hopper_backward.WS_PTX_BARRIERS)")
 args = ap.parse_args()
-if args.bwd_ptx_barriers:
-    from ioattn.kernels import hopper_backward as _hb
-    _hb.WS_PTX_BARRIERS = {128: True}
 torch.manual_seed(0)
 dev, dt = "cuda", torch.bfloat16
 b, sq, sk, h, hkv = 2, 300, 340, 3, 1

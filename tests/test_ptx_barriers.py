@@ -1,7 +1,6 @@
-"""The Gluon kernels' PTX pass (``ioattn.kernels.ptx_barriers``) on PTX fragments shaped as Triton 3.6
-emits them: which partition barriers it drops and which it must keep. (Its effect on the compiled
-kernels: tests/test_sm90_compile.py; on the device: tests/test_gpu.py::test_hopper_forward_ptx_barriers
-and test_hopper_backward's "ws-ptxbar".)"""
+"""The forward's PTX pass (``ioattn.kernels.ptx_barriers``) on PTX fragments shaped as Triton 3.6 emits
+them: which partition barriers it drops and which it must keep. (Its effect on the compiled kernels:
+tests/test_sm90_compile.py; on the device: tests/test_gpu.py::test_hopper_forward_ptx_barriers.)"""
 import pytest
 
 pytest.importorskip("triton")
@@ -20,8 +19,8 @@ ARRIVE = "\t// begin inline asm\n\t@%p5 mbarrier.arrive.shared::cta.b64 _, [%r20
 BAR = "\tbar.sync \t0, 128;"
 
 
-def run(*lines, releases=False):
-    ptx, counts = pb.drop_partition_barriers("\n".join(lines), releases=releases)
+def run(*lines):
+    ptx, counts = pb.drop_partition_barriers("\n".join(lines))
     return ptx.count("bar.sync"), counts
 
 
@@ -82,37 +81,3 @@ def test_the_hook_rewrites_only_marked_ptx():
     assert stages["ptx"](ptx, {}) == ptx
     marked = ptx + f"\n\tmov.b32 %r1, %r2; // {pb.MARKER}"
     assert "bar.sync" not in stages["ptx"](marked, {})
-    # the backward's marker: the releases rule too (the forward's marker leaves that barrier)
-    releases = "\n".join([FENCE, BAR, ARRIVE, BAR, ARRIVE])
-    assert stages["ptx"](releases + f"\n// {pb.MARKER}", {}).count("bar.sync") == 2
-    assert stages["ptx"](releases + f"\n// {pb.RELEASES_MARKER}", {}).count("bar.sync") == 1
-    assert pb.MARKER not in pb.RELEASES_MARKER
-
-
-FENCE = "\tfence.proxy.async.shared::cta;"
-ARRIVE2 = "\t// begin inline asm\n\t@%p5 mbarrier.arrive.shared::cta.b64 _, [%r21];\n\t// end inline asm"
-
-
-def test_second_of_two_releases_is_dropped_with_the_releases_rule_only():
-    """The backward's dO slot and dQ block released one after the other behind the barrier that
-    follows the dQ stores' fence: that barrier stays, the one Triton puts between the arrives goes
-    (with ``releases``; the forward's rule keeps it)."""
-    lines = (FENCE, BAR, ARRIVE, "\tadd.s32 \t%r21, %r19, 8;", BAR, ARRIVE2)
-    assert run(*lines, releases=True) == (1, {"wait": 0, "arrive": 1, "kept": 1})
-    assert run(*lines) == (2, {"wait": 0, "arrive": 0, "kept": 2})
-
-
-@pytest.mark.parametrize("first, kept_before_first_arrive", [("\twgmma.wait_group.sync.aligned 0;", False),
-                                                            (WAIT, True)])
-def test_releases_rule_needs_the_first_arrives_barrier_kept(first, kept_before_first_arrive):
-    """After a wgmma the first arrive's barrier is dropped, so the second arrive keeps its own; after a
-    wait the first one's stays (nothing issued since) and the second arrive goes without one."""
-    ptx, counts = pb.drop_partition_barriers("\n".join([first, BAR, ARRIVE, BAR, ARRIVE2]), releases=True)
-    assert counts == {"wait": 0, "arrive": 1, "kept": 1}
-    assert (ptx.index("bar.sync") < ptx.index("[%r20]")) == kept_before_first_arrive
-
-
-@pytest.mark.parametrize("between", ["\tst.shared.v4.b32 \t[%r79+147456], {%r1, %r2, %r3, %r4};",
-                                     "\tld.shared.v2.b32 \t{%r1, %r2}, [%r9+196608];", WAIT, "$L__BB0_26:"])
-def test_releases_rule_keeps_the_barrier_when_anything_but_registers_sits_between(between):
-    assert run(FENCE, BAR, ARRIVE, between, BAR, ARRIVE2, releases=True)[1]["arrive"] == 0

@@ -123,29 +123,3 @@ def test_hopper_gluon_backward_ws_wg_partitions_compiles_for_sm90():
         assert int(re.search(r"spill=(\d+)B", line).group(1)) <= 24, line
         assert int(re.search(r"consumer_regs=(\d+)", line).group(1)) <= 240, line
         assert "tma_reduce=2 " in line and "wgmma=64 " in line, line
-
-
-@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
-def test_hopper_gluon_backward_ws_ptx_barriers_compile_for_sm90():
-    """Variant ws at d = 128 with the consumers' redundant partition barriers dropped from the PTX
-    (``WS_PTX_BARRIERS``, ``ioattn.kernels.ptx_barriers`` with its releases rule; NOTES §135), both
-    masks, with and without the ordered dQ mode, against the same builds without it: four barriers a
-    step fewer in each consumer partition's loop (eight in the kernel), and nothing else in the PTX
-    moves (products, TMA, mbarrier arrives and waits, fences); wgmma pipelined, no spill in the loop;
-    the script asserts that each marked build has nothing left for the pass to drop."""
-    def by_build(*extra):
-        out, lines = _compile_check("--variants", "ws", "--headdims", "128", "--deterministic", *extra)
-        assert len(lines) == 4, out
-        return {" ".join(line.split()[2:5]) + ("-det" in line.split()[1]) * " det": line for line in lines}
-
-    off, on = by_build(), by_build("--ptx-barriers")
-    assert off.keys() == on.keys() and len(on) == 4, (off.keys(), on.keys())
-    same = (r" wgmma=(\d+)", r" tma=(\d+)", r"tma_reduce=(\d+)", r"arrive=(\d+)", r"try_wait=(\d+)",
-            r"fence.proxy.async=(\d+)")
-    for key, line in on.items():
-        assert "-ptxbar" in line.split()[1] and "-ptxbar" not in off[key].split()[1], (off[key], line)
-        assert "wgmma-pipelined" in line and "loop_spills=0 " in line, line
-        for pat in same:
-            assert re.search(pat, line).group(1) == re.search(pat, off[key]).group(1), (pat, off[key], line)
-        bars = [int(re.search(r"bar\.sync=(\d+)", s).group(1)) for s in (off[key], line)]
-        assert bars[0] - bars[1] == 8, (key, bars)
