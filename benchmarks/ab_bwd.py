@@ -31,8 +31,8 @@ until it became the only form, §111.)
 §123; "gluon-ws-dqlate", each step's dQ block handed to the writer a step late, in two forms,
 until they were removed, §125; "gluon-ws-dqred", dQ added from the registers by 16-byte reductions
 into the flat accumulator, until it was removed, §127; "gluon-ws-ptxbar", the consumers' redundant
-partition barriers dropped from the PTX at d = 128, until it was removed, §135.) "gluon-ws-st3": the
-Q / dO rings three deep at d = 128 (``WS_STAGES``; NOTES §136).
+partition barriers dropped from the PTX at d = 128, until it was removed, §135; "gluon-ws-st3", the
+Q / dO rings three deep at d = 128, until it was measured level, §136.)
 
 bf16, 16384 tokens, hidden 2048 (the bench's grid). Every variant's gradients are checked against
 the float64 oracle (2x PyTorch's own same-dtype error, ``conftest.assert_within_torch_error``'s
@@ -159,7 +159,6 @@ def main():
                 "gluon-ws-lse": gluon("ws", WS_LSE_IN_ACC={64: True, 128: True}),
                 "gluon-ws-wgsplit": gluon("ws", WS_WG_PARTITIONS={64: True, 128: True}),
                 "gluon-ws-det": gluon("ws", deterministic=True),
-                "gluon-ws-st3": gluon("ws", WS_STAGES={64: (3, 3), 128: (3, 3), 256: (2, 1)}),
                 "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     if args.providers:
         variants = {name: variants[name] for name in args.providers.split(",")}
