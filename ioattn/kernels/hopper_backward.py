@@ -259,8 +259,8 @@ BWD_NUM_WARPS = 8   # the two (consumer) warpgroups: FA3's two MMA warpgroups at
 # "ws": Q / dO ring depth per head dim. d = 128: 2, FA3's hdim-128 backward (2 stages of Q and of dO):
 # the load of step t + 2 is issued when step t releases its slot, a whole step (v1: ~4 us) ahead. Three
 # fit (231104 B of the 232448 B a block may have) and measured level: ab_bwd, 3 rounds, two processes,
-# -1.4 to +0.7 % at N = 1024 / 4096 / 16384 non-causal, causal 4096 -1.9 / +2.4 (its rounds' spread),
-# the median change 0.0 / -0.6 % (results/session-2026-12-12-c, NOTES §136). d = 64: 3,
+# -1.4 to +0.7 % at N = 1024 / 4096 / 16384 with either mask but causal 4096 (-1.9 / +2.4 %, its rounds'
+# spread), the median change 0.0 / -0.6 % (results/session-2026-12-12-c, NOTES §136). d = 64: 3,
 # from shared-memory arithmetic: a step does half the FLOPs of d = 128, so a third stage keeps about
 # the same time ahead for the loads; 114 KiB. (Shared-memory figures: the compile check's.)
 # d = 256 (the column-split form, COL_SPLIT): Q 2, dO 1. With K, V (32 KiB each at 64 keys), Q and dO

@@ -27,7 +27,7 @@ rule keeps: the forward's consumers (K / V by wgmma; Q's register copy, ``LEAN_Q
 behind the barrier before the next Q load's expect_tx; the output's staging behind the barriers
 before its bulk copy). The Gluon backward carries no marker: at d = 128 (a partition a warpgroup) the
 rule, with one for two releases in a row, was sound there too (each warp's lse loads feed S^T's
-accumulator before S^T is issued) and measured level to -0.9 % (NOTES §135).
+accumulator before S^T is issued) and measured level: -0.9 to +0.7 % at five points (NOTES §135).
 
 Applied only to PTX that carries ``MARKER`` (emitted by a kernel compiled with the option), through
 Triton's compile-stage hook, so other kernels and other builds of the same kernel are untouched.
