@@ -938,8 +938,17 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
                        "(hopper.GLUON_VARLEN = False)")
     if window not in ((-1, -1), (-1, 0)) or softcap > 0 or alibi_slopes is not None or dropout_p > 0:
         return False, "no sliding window, softcap, ALiBi or dropout yet"
-    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
-        return False, "contiguous inputs only (2-D descriptors over (batch * seqlen, nheads * d))"
+    return _rows_layout_ok(q, k, v)
+
+
+def _rows_layout_ok(q, k, v) -> tuple[bool, str]:
+    """The Gluon kernels read q, k, v through 2-D descriptors over (rows, heads * d)
+    (``dispatch.tma_rows_view``): contiguous tensors and views of packed ones, without a copy."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.numel() and dispatch.tma_rows_view(t) is None:
+            return False, (f"{name} of shape {tuple(t.shape)} and strides {tuple(t.stride())} has no (rows, heads * d) "
+                           "view for the kernels' descriptors (the head dim contiguous, the heads packed next to it, "
+                           "16-byte aligned rows; .contiguous() gives one)")
     return True, ""
 
 
@@ -971,12 +980,12 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     if varlen:
         batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k
         # zeros / -inf first: the kernel writes only rows some sequence owns
-        out = torch.zeros_like(q)
+        out = torch.zeros_like(q, memory_format=torch.contiguous_format)  # the kernel stores nheads * d rows
         lse = torch.full((nheads, q.shape[0]), float("-inf"), device=q.device, dtype=torch.float32)
         stride_lse_b, stride_lse_h = 0, lse.stride(0)
     else:
         batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
-        out = torch.empty_like(q)
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
         stride_lse_b, stride_lse_h = lse.stride(0), lse.stride(1)
     if q.numel() == 0 or seqlen_q == 0 or (varlen and (k.numel() == 0 or seqlen_k == 0)):
@@ -990,10 +999,12 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     dt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     q_layout = gl.NVMMASharedLayout.get_default_for([q_rows, d], dt)
     kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, d], dt)
-    # 2-D views (rows, nheads * d): batch * seqlen rows, or the packed total
-    q_desc = TensorDescriptor.from_tensor(q.view(-1, nheads * d), [q_rows, d], q_layout)
-    k_desc = TensorDescriptor.from_tensor(k.view(-1, nheads_kv * d), [block_n, d], kv_layout)
-    v_desc = TensorDescriptor.from_tensor(v.view(-1, nheads_kv * d), [block_n, d], kv_layout)
+    # 2-D views (rows, nheads * d): batch * seqlen rows, or the packed total; a packed qkv's views
+    # keep their row stride (dispatch.tma_rows_view; hopper_supports has checked that they have one)
+    rows = dispatch.tma_rows_view
+    q_desc = TensorDescriptor.from_tensor(rows(q), [q_rows, d], q_layout)
+    k_desc = TensorDescriptor.from_tensor(rows(k), [block_n, d], kv_layout)
+    v_desc = TensorDescriptor.from_tensor(rows(v), [block_n, d], kv_layout)
     num_m = dispatch.cdiv(seqlen_q, block_m)
     num_tiles = num_m * batch * nheads
     grid = (grid_programs(q.device, cfg["variant"], num_tiles),)
@@ -1089,9 +1100,7 @@ def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p
         return False, "head dims (64, 128) only in the base variant"
     if varlen or window not in ((-1, -1), (-1, 0)) or softcap > 0 or alibi_slopes is not None or dropout_p > 0:
         return False, "no varlen, sliding window, softcap, ALiBi or dropout"
-    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
-        return False, "contiguous inputs only"
-    return True, ""
+    return _rows_layout_ok(q, k, v)
 
 
 def bwd_policy(q, seqlen_q: int | None = None, causal: bool = False) -> tuple[bool, str]:

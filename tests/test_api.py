@@ -929,6 +929,47 @@ def test_hopper_backward_flat_dq_halves(d):
     assert whole == half + [[half_m, 0] if block_m == 128 else [0, half_n]]
 
 
+def test_hopper_layouts_without_copy():
+    """The Gluon kernels read q, k, v through 2-D (rows, heads * d) descriptor views
+    (``dispatch.tma_rows_view``): contiguous tensors and the views of packed ones (what
+    flash_attn_qkvpacked_func / kvpacked and fused projections hand over) qualify without a copy;
+    layouts with no such view are refused by name, with their shape and strides."""
+    from ioattn import hopper
+    from ioattn.dispatch import tma_rows_view
+
+    b, n, h, d = 2, 24, 3, 64
+    qkv = torch.randn(b, n, 3, h, d, dtype=torch.bfloat16)
+    for t in qkv.unbind(2):
+        rows = tma_rows_view(t)
+        assert rows.shape == (b * n, h * d) and rows.stride() == (3 * h * d, 1)
+        assert rows.data_ptr() == t.data_ptr() and torch.equal(rows, t.reshape(b * n, h * d))
+    packed = torch.randn(50, 2, h, d, dtype=torch.float16)  # varlen kv: (total, 2, heads, d)
+    assert tma_rows_view(packed[:, 1]).stride() == (2 * h * d, 1)
+    c = torch.randn(b, n, h, d, dtype=torch.bfloat16)
+    assert tma_rows_view(c).stride() == (h * d, 1)
+    assert tma_rows_view(qkv[:1, :1].unbind(2)[2]).shape == (1, h * d)  # one row: any stride
+    refused = {
+        "transposed (b, h, n, d)": torch.randn(b, h, n, d, dtype=torch.bfloat16).transpose(1, 2),
+        "padded head dim": torch.randn(b, n, h, d + 16, dtype=torch.bfloat16)[..., :d],
+        "batch not by whole sequences": torch.randn(b, 2 * n, h, d, dtype=torch.bfloat16)[:, :n],
+        "misaligned base": torch.randn(b * n * h * d + 1, dtype=torch.bfloat16)[1:].view(b, n, h, d),
+        "expanded (zero strides)": torch.randn(1, 1, 1, d, dtype=torch.bfloat16).expand(b, n, h, d),
+    }
+    for what, t in refused.items():
+        assert tma_rows_view(t) is None, what
+    assert tma_rows_view(torch.randn(b, n, h, d)[:, :0]) is None  # empty: nothing to describe
+
+    q, k, v = qkv.unbind(2)
+    none = (False, (-1, 0), 0.0, None, 0.0)
+    assert hopper.call_supported(q, k, v, *none) == (True, "")
+    assert hopper.bwd_call_supported(q, k, v, *none) == (True, "")
+    bad = refused["transposed (b, h, n, d)"]
+    for check in (hopper.call_supported, hopper.bwd_call_supported):
+        ok, why = check(q, bad, v, *none)
+        assert not ok and why.startswith(f"k of shape {tuple(bad.shape)} and strides {tuple(bad.stride())}")
+        assert ".contiguous()" in why
+
+
 def test_hopper_backward_policy_and_wiring(monkeypatch):
     """The Gluon backward's default policy (hopper.BWD_AUTO_MIN_SEQLEN per head dim and mask, the
     reason in the plan); prefer_hopper_bwd / IOATTN_HOPPER_BWD override it; it is taken only where

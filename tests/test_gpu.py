@@ -512,6 +512,67 @@ def test_hopper_backward_d256_through_the_api(causal, poison_alloc):
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("packing", ["qkv", "kv"])
+@pytest.mark.parametrize("n", [1000, 4096])  # 1000: the persistent kernel (both masks); 4096: one-tile kernels too
+def test_hopper_packed_inputs_without_copy(d, causal, packing, n, poison_alloc):
+    """flash_attn_qkvpacked_func / kvpacked (views of one packed tensor, rows 3 or 2 heads-blocks
+    apart) through the Gluon forward and backward, read in place by the descriptors: the plan names
+    both Gluon kernels, the output is bitwise the one of contiguous copies (the forward is
+    deterministic), and output and packed gradients pass the float64 oracle. kv: GQA 2."""
+    from ioattn import hopper
+    b, h = 2, 4
+    hkv = h if packing == "qkv" else h // 2
+    sk = n if packing == "qkv" else n - 100
+    if packing == "qkv":
+        packed = torch.randn(b, n, 3, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        q, k, v = packed.unbind(2)
+    else:
+        q = torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        packed = torch.randn(b, sk, 2, hkv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k, v = packed.unbind(2)
+    assert not k.is_contiguous()
+    with hopper.prefer_hopper(True), hopper.prefer_hopper_bwd(True):
+        plan = ioattn.explain_dispatch(q, k, v, causal=causal)
+        assert "hopper_fwd_kernel" in plan.forward["kernel"], plan.forward
+        assert "hopper_backward" in plan.backward["kernels"], plan.backward
+        if packing == "qkv":
+            out = ioattn.flash_attn_qkvpacked_func(packed, causal=causal)
+        else:
+            out = ioattn.flash_attn_kvpacked_func(q, packed, causal=causal)
+        dout = torch.randn_like(out)
+        leaves = (packed,) if packing == "qkv" else (q, packed)
+        grads = torch.autograd.grad(out, leaves, dout)
+        copies = ioattn.flash_attn_func(*(t.detach().contiguous() for t in (q, k, v)), causal=causal)
+    assert torch.equal(out, copies)
+    dq, dk, dv = grads[0].unbind(2) if packing == "qkv" else (grads[0], *grads[1].unbind(2))
+    win = (-1, 0) if causal else (-1, -1)
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref, _ = attention_ref(*ref_in, window=win)
+    ref_grads = torch.autograd.grad(ref, ref_in, dout.double())
+    same_in = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    same, _ = attention_ref(*same_in, window=win, upcast=False)
+    same_grads = torch.autograd.grad(same, same_in, dout)
+    assert_within_torch_error("out", out, ref, same)
+    for name, g, r, s_ in zip(("dq", "dk", "dv"), (dq, dk, dv), ref_grads, same_grads):
+        assert_within_torch_error(name, g, r, s_)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("causal", [False, True])
+def test_hopper_strided_layout_without_a_view_falls_back(causal, poison_alloc):
+    """q, k, v transposed from (batch, heads, seqlen, d) have no (rows, heads * d) view: the plan
+    says why the Gluon kernels are not taken, and the portable kernels' result passes the oracle."""
+    q, k, v = (torch.randn(2, 4, 700, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
+               for _ in range(3))
+    plan = ioattn.explain_dispatch(q, k, v, causal=causal)
+    assert "hopper_fwd_kernel" not in plan.forward["kernel"]
+    assert "has no (rows, heads * d) view" in plan.forward["gluon_hopper"], plan.forward
+    _check_tensors(q, k, v, causal=causal)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
 # more tiles than SMs, so every program walks several: 256 tiles each; (8, 777, 300, 8, 4) / (8, 700,
 # 300, 8, 4): causal tiles whose rows see no key (seqlen_q > seqlen_k) between tiles that do, an odd /
 # even number of query blocks (the paired walk takes only the even one); GQA 2 and 4

@@ -246,6 +246,7 @@ from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from ioattn.dispatch import tma_rows_view
 from ioattn.kernels.backward import attn_bwd_preprocess_kernel, dq_from_blocks_kernel
 from ioattn.kernels.hopper_forward import LOG2E
 
@@ -1316,7 +1317,8 @@ def ws_layouts(d: int, dtype) -> dict:
 
 
 def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="base", deterministic=False):
-    """(dq, dk, dv) for contiguous (batch, seqlen, heads, d) bf16/fp16 q, k, v (GQA allowed), d in
+    """(dq, dk, dv) for (batch, seqlen, heads, d) bf16/fp16 q, k, v (GQA allowed; contiguous or views of
+    a packed tensor, ``dispatch.tma_rows_view``, else copied), d in
     (64, 128) (and 256 with variant "ws": its column-split form), causal (bottom-right) or not;
     ``lse`` natural-log (batch, nheads, seqlen_q) fp32, as both forwards return it. ``variant``: one
     of ``BWD_VARIANTS`` ("base": v1; "ws": warp-specialised), same results up to the order of the
@@ -1334,9 +1336,11 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
     cfg = kernel_config(d, variant)
     if deterministic and variant != "ws":
         raise ValueError(f"deterministic=True needs variant \"ws\" (the ordered dQ mode), got {variant!r}")
-    q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
+    # the descriptors read 2-D (rows, heads * d) views: a packed qkv's views as they are, other layouts
+    # (and dO with zero strides, as autograd passes for a sum) copied
+    q, k, v, dout = (t if tma_rows_view(t) is not None else t.contiguous() for t in (q, k, v, dout))
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     if q.numel() == 0 or k.numel() == 0:
         return torch.zeros_like(q), dk.zero_(), dv.zero_()
     # D = rowsum(dO * O) fp32 by the portable backward's preprocess kernel (one read of O and dO; the
@@ -1390,10 +1394,10 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
     else:
         lay = ws_layouts(d, gdt)
         q_layout, kv_layout = lay["q"], lay["kv"]
-    q_desc = TensorDescriptor.from_tensor(q.view(batch * seqlen_q, nheads * d), [bm, d], q_layout)
-    do_desc = TensorDescriptor.from_tensor(dout.view(batch * seqlen_q, nheads * d), [bm, d], q_layout)
-    k_desc = TensorDescriptor.from_tensor(k.view(batch * seqlen_k, nheads_kv * d), [bn, d], kv_layout)
-    v_desc = TensorDescriptor.from_tensor(v.view(batch * seqlen_k, nheads_kv * d), [bn, d], kv_layout)
+    q_desc = TensorDescriptor.from_tensor(tma_rows_view(q), [bm, d], q_layout)
+    do_desc = TensorDescriptor.from_tensor(tma_rows_view(dout), [bm, d], q_layout)
+    k_desc = TensorDescriptor.from_tensor(tma_rows_view(k), [bn, d], kv_layout)
+    v_desc = TensorDescriptor.from_tensor(tma_rows_view(v), [bn, d], kv_layout)
     if variant == "base":
         hopper_bwd_dkdv_kernel[grid](q_desc, k_desc, v_desc, do_desc, lse, delta, dq_accum, dk, dv,
                                      seqlen_q, seqlen_k, nheads, nheads // nheads_kv,
@@ -1416,7 +1420,7 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
     if flat:
         return dq_from_flat(dq_accum, q, bm, softmax_scale), dk, dv
     # one pass: scale and cast into dQ (``(dq_accum * scale).to(dtype)`` made an fp32 copy first)
-    dq = torch.mul(dq_accum, softmax_scale, out=torch.empty_like(q))
+    dq = torch.mul(dq_accum, softmax_scale, out=torch.empty_like(q, memory_format=torch.contiguous_format))
     return dq, dk, dv
 
 
@@ -1429,7 +1433,7 @@ def dq_from_flat(dq_accum, q, block_m, scale):
     batch, seqlen_q, nheads, d = q.shape
     n_m = triton_cdiv(seqlen_q, block_m)
     row_off, col_off = _flat_offset_tables(block_m, d, str(q.device))
-    dq = torch.empty_like(q)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dq_from_blocks_kernel[(batch * nheads * n_m,)](dq_accum, row_off, col_off, dq, seqlen_q, nheads, n_m,
                                                   dq.stride(0), dq.stride(1), dq.stride(2), float(scale),
                                                   BLOCK_M=block_m, HEAD_DIM=d, num_warps=4)
