@@ -415,6 +415,30 @@ def test_committed_results_follow_the_schema():
         assert not problems, f"{path}: {dict(list(problems.items())[:3])}"
 
 
+def test_packed_layout_reaches_every_provider(monkeypatch):
+    """``--layout qkvpacked``: every provider gets q, k, v as the views of one (batch, seqlen, 3,
+    heads, d) tensor, checked and timed on the same sets, and every record says so; a layout it does
+    not know is a line, not an exception."""
+    seen = []
+
+    def fake_time(fn, sets, causal, mode, stats=None):
+        q, k, v = sets[0]
+        seen.append((q.stride(), k.data_ptr() - q.data_ptr(), q._base is k._base is v._base))
+        return 1.0
+
+    monkeypatch.setattr(bench_run, "providers", lambda names: {n: ((lambda *a: None), "") for n in "ab"})
+    monkeypatch.setattr(bench_run, "_check", lambda fn, q, k, v, causal: (True, 0.0))
+    monkeypatch.setattr(bench_run, "_time", fake_time)
+    records = run_sweep("quick", "cpu", provider_names=["a"], log=print, headdims=[64], seqlens=[16], rounds=1,
+                        layout="qkvpacked")
+    batch, n, nheads, d = records[0]["batch"], 16, records[0]["nheads"], 64
+    assert seen and all(s == ((n * 3 * nheads * d, 3 * nheads * d, d, 1), nheads * d * 2, True) for s in seen), seen
+    assert records and all(r["layout"] == "qkvpacked" for r in records)
+    assert all(report.validate(r) == [] for r in records)
+    lines = []
+    assert run_sweep("quick", "cpu", log=lines.append, layout="nope") == [] and "unknown layout 'nope'" in lines[0]
+
+
 def test_train_rounds_interleave_providers(monkeypatch):
     """The timed sweeps as the decode one: every provider timed once per round in every mode, round r
     starting at provider r; each record the median of its rounds; a provider that fails in a round

@@ -21,7 +21,7 @@ REQUIRED_FIELDS = {
 VALUE_FIELDS = ("tflops", "gbps", "peak_mem_mb")  # at least one present; which one depends on mode
 OPTIONAL_FIELDS = {"paged": bool, "error": str, "max_err": (float, int, type(None)), "env": dict,
                    "ceilings": dict, "command": str, "us": (float, int, type(None)),
-                   "host_ms": (float, int, type(None)),
+                   "host_ms": (float, int, type(None)), "layout": str,
                    **{v: (float, int, type(None)) for v in VALUE_FIELDS}}
 MODES = ("fwd", "bwd", "fwdbwd", "decode", "memory")
 DTYPES = ("bf16", "fp16", "fp8")

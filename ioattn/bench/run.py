@@ -25,6 +25,10 @@ from ioattn.reference import attention_ref
 from ioattn.reference.decode import kvcache_attention_ref
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# How q, k, v are laid out in memory, the same for every provider: "separate" (three contiguous
+# tensors) or "qkvpacked" (the views ``qkv.unbind(2)`` of one (batch, seqlen, 3, heads, d) tensor, as
+# a fused QKV projection produces them and flash_attn_qkvpacked_func takes them).
+LAYOUTS = ("separate", "qkvpacked")
 ALL_PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flex", "flash-attn", "flash-attn-cute")
 
 
@@ -162,14 +166,25 @@ class _Progress:
             sys.stderr.write("\n")
 
 
+def _inputs(shape, dtype, device, layout):
+    """One input set (q, k, v) of ``shape`` in ``layout`` (``LAYOUTS``)."""
+    if layout == "qkvpacked":
+        batch, n, nheads, d = shape
+        return torch.randn(batch, n, 3, nheads, d, device=device, dtype=dtype).unbind(2)
+    return tuple(torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
+
+
 def run_sweep(name, device, dtype_name="bf16", provider_names=None, log=print, sink=None, headdims=None,
-              seqlens=None, batches=None, kvlens=None, rounds=None):
+              seqlens=None, batches=None, kvlens=None, rounds=None, layout="separate"):
     """Run one sweep and return its records; every record also goes to ``sink`` as soon as it exists
     (a run cut off by a time limit keeps what it measured). Problems are logged, never raised.
     ``batches``/``kvlens`` are for ``decode`` only (``seqlens`` is read as ``kvlens`` there);
     ``rounds``: interleaved timing rounds per point (``_time_rounds``; default ``TIME_ROUNDS`` on a
-    GPU, one on the CPU), the decode sweep's ``DECODE_ROUNDS``."""
+    GPU, one on the CPU), the decode sweep's ``DECODE_ROUNDS``. ``layout``: the inputs' memory layout
+    (``LAYOUTS``; training sweeps only), recorded in every record."""
     if name in GPU_DECODE:
+        if layout != "separate":
+            log("--layout is for the training sweeps; ignored")
         return run_decode_sweep(name, device, dtype_name, provider_names, log, sink, headdims,
                                 batches, kvlens or seqlens, DECODE_ROUNDS if rounds is None else rounds)
     sweeps = GPU_SWEEPS if device == "cuda" else CPU_SWEEPS
@@ -188,9 +203,12 @@ def run_sweep(name, device, dtype_name="bf16", provider_names=None, log=print, s
     if dtype_name not in DTYPES:
         log(f"unknown dtype {dtype_name!r}; known: {', '.join(DTYPES)}")
         return []
+    if layout not in LAYOUTS:
+        log(f"unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")
+        return []
     env = _env_cached()
     table = providers(provider_names or sw.providers)
-    records = _Records(sink, env)
+    records = _Records(sink, env, layout)
     for pname, (fn, why) in table.items():
         if fn is None:
             log(f"{pname}: skipped ({why})")
@@ -206,7 +224,7 @@ def run_sweep(name, device, dtype_name="bf16", provider_names=None, log=print, s
             for n in sw.seqlens:
                 shape = _shape(sw, d, n)
                 try:
-                    sets = [tuple(torch.randn(shape, device=device, dtype=DTYPES[dtype_name]) for _ in range(3))
+                    sets = [_inputs(shape, DTYPES[dtype_name], device, layout)
                             for _ in range(1 if sw.memory else n_input_sets(3 * math.prod(shape) * 2))]
                 except torch.cuda.OutOfMemoryError:  # (torch.OutOfMemoryError needs torch >= 2.5)
                     log(f"d={d} n={n}: inputs do not fit in device memory; stopping this configuration")
@@ -494,12 +512,14 @@ def _line(r):
 
 
 class _Records(list):
-    def __init__(self, sink, env):
+    def __init__(self, sink, env, layout=None):
         super().__init__()
-        self.sink, self.env = sink, env
+        self.sink, self.env, self.layout = sink, env, layout
 
     def append(self, rec):
         rec.setdefault("env", self.env)
+        if self.layout is not None:
+            rec.setdefault("layout", self.layout)
         super().append(rec)
         if self.sink is not None:
             self.sink(rec)
@@ -526,6 +546,9 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=None, help=f"interleaved timing rounds per point, the median of "
                     f"their medians reported (default {DECODE_ROUNDS} for decode, {TIME_ROUNDS} for the other "
                     f"timed sweeps on a GPU, 1 on the CPU)")
+    ap.add_argument("--layout", default="separate", choices=LAYOUTS,
+                    help="memory layout of q, k, v for the training sweeps: three tensors, or the views of one "
+                         "packed (batch, seqlen, 3, heads, d) tensor (as flash_attn_qkvpacked_func takes them)")
     ap.add_argument("--out", default=None, help="directory for results.jsonl and the plots")
     args = ap.parse_args(argv)
     if args.rounds is not None and args.rounds < 1:
@@ -555,7 +578,7 @@ def main(argv=None):
     ints = lambda s: [int(x) for x in s.split(",")] if s else None  # noqa: E731
     records = run_sweep(args.sweep, device, args.dtype, names, log=lambda s: print(s, flush=True), sink=sink,
                         headdims=ints(args.headdims), seqlens=ints(args.seqlens), batches=ints(args.batches),
-                        kvlens=ints(args.kvlens), rounds=args.rounds)
+                        kvlens=ints(args.kvlens), rounds=args.rounds, layout=args.layout)
     from ioattn.bench.report import plot, table
     print()
     print(table(records))
