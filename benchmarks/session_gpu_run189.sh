@@ -7,10 +7,11 @@
 set -u
 out=${1:?outdir}
 w="$out/work"; mkdir -p "$w"
-export PYTHONUNBUFFERED=1 PYTHONPATH=prev
+export PYTHONUNBUFFERED=1
+cd prev || exit 1  # python -m puts the working directory first on sys.path: run from prev/
 pack() { tar -czf "$out/run189.tar.gz" -C "$w" .; }
 {
-python3 -c "import ioattn; print(ioattn.__file__)"
+python3 -c "import ioattn, ioattn.hopper as h; print(ioattn.__file__, hasattr(ioattn.dispatch, 'tma_rows_view'))"
 t0=$(date +%s)
 timeout 300 python3 -m ioattn bench train --layout qkvpacked --headdims 64,128,256 --providers ioattn,sdpa-cudnn \
     --out "$w/packed-before" > "$w/packed-before.log" 2>&1
