@@ -558,6 +558,35 @@ def test_hopper_packed_inputs_without_copy(d, causal, packing, n, poison_alloc):
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_hopper_varlen_packed_inputs_without_copy(d, causal, poison_alloc):
+    """flash_attn_varlen_qkvpacked_func on (total, 3, heads, d): the Gluon varlen forward reads the
+    views in place (the plan names it), its output bitwise that of contiguous copies, and output,
+    lse and gradients pass the float64 oracle sequence by sequence."""
+    from ioattn import hopper
+    lens = [1, 300, 1200, 77, 0, 640]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    qkv = torch.randn(sum(lens), 3, 4, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    q, k, v = qkv.unbind(1)
+    with hopper.prefer_hopper(True):
+        variant = hopper.variant_for(d, causal, max(lens), varlen=True)
+        if d not in hopper.TILE_TABLE[variant]:
+            pytest.skip(f"no varlen Gluon forward at d = {d}")
+        plan = ioattn.explain_dispatch(q, k, v, causal=causal, cu_seqlens_q=cu, max_seqlen_q=max(lens))
+        assert "hopper_fwd_kernel" in plan.forward["kernel"], plan.forward
+        out, lse, _ = ioattn.flash_attn_varlen_qkvpacked_func(qkv, cu, max(lens), causal=causal,
+                                                              return_attn_probs=True)
+        copies = ioattn.flash_attn_varlen_func(*(t.detach().contiguous() for t in (q, k, v)), cu, cu, max(lens),
+                                               max(lens), causal=causal)
+    assert torch.equal(out, copies)
+    dout = torch.randn_like(out)
+    (dqkv,) = torch.autograd.grad(out, (qkv,), dout)
+    assert_varlen_sequences("varlen qkvpacked", q.detach(), k.detach(), v.detach(), dout, out, lse,
+                            dqkv.unbind(1), cu, cu, window=(-1, 0) if causal else (-1, -1))
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("causal", [False, True])
 def test_hopper_strided_layout_without_a_view_falls_back(causal, poison_alloc):
     """q, k, v transposed from (batch, heads, seqlen, d) have no (rows, heads * d) view: the plan
