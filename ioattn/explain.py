@@ -54,6 +54,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         forward = {"kernel": f"ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, {name})",
                    "tiles": (bm, bn, 4 * (bm // 64), stages), "kv_loads": "tma (producer warp)",
                    "head_dim_padded": q.shape[-1],
+                   "inputs": hopper.inputs_note(q, k, v, varlen, window == (-1, 0)),
                    "exp2_fma": (f"{share:g}% ({hopper.exp2_fma_cols(share, bn)} of {bn} key columns on the FMA units)"
                                 if share else "off (MUFU.EX2 only)"),
                    "cond_rescale": (("by warp" if hopper.rescale_by_warp.wanted() else "by thread")
@@ -110,7 +111,8 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         from ioattn.kernels import hopper_backward
         cfg = hopper_backward.kernel_config(d, hopper.BWD_VARIANT)
         backward = {"kernels": f"ioattn.kernels.hopper_backward (Gluon, {hopper.BWD_VARIANT})",
-                    "tiles": (cfg["block_m"], cfg["block_n"], cfg["num_warps"], cfg["stages"]), "atomics": True}
+                    "tiles": (cfg["block_m"], cfg["block_n"], cfg["num_warps"], cfg["stages"]), "atomics": True,
+                    "inputs": hopper.inputs_note(q, k, v, varlen, window == (-1, 0), backward=True)}
     else:
         backward = {"kernels": "attn_bwd_preprocess_kernel, attn_bwd_dkdv_kernel, attn_bwd_dq_kernel",
                     "tiles": (bwd.block_m, bwd.block_n, bwd.num_warps, bwd.num_stages), "atomics": False}

@@ -938,18 +938,65 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
                        "(hopper.GLUON_VARLEN = False)")
     if window not in ((-1, -1), (-1, 0)) or softcap > 0 or alibi_slopes is not None or dropout_p > 0:
         return False, "no sliding window, softcap, ALiBi or dropout yet"
-    return _rows_layout_ok(q, k, v)
+    return _rows_layout_ok(q, k, v, varlen, window == (-1, 0))
 
 
-def _rows_layout_ok(q, k, v) -> tuple[bool, str]:
+def _rows_layout_ok(q, k, v, varlen, causal, backward=False) -> tuple[bool, str]:
     """The Gluon kernels read q, k, v through 2-D descriptors over (rows, heads * d)
-    (``dispatch.tma_rows_view``): contiguous tensors and views of packed ones, without a copy."""
+    (``dispatch.tma_rows_view``): contiguous tensors and views of packed ones in place; a batched
+    tensor with no such view through a contiguous copy where ``copy_for_layout`` says so."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.numel() and dispatch.tma_rows_view(t) is None:
-            return False, (f"{name} of shape {tuple(t.shape)} and strides {tuple(t.stride())} has no (rows, heads * d) "
-                           "view for the kernels' descriptors (the head dim contiguous, the heads packed next to it, "
-                           "16-byte aligned rows; .contiguous() gives one)")
+            why = (f"{name} of shape {tuple(t.shape)} and strides {tuple(t.stride())} has no (rows, heads * d) view "
+                   "for the kernels' descriptors (the head dim contiguous, the heads packed next to it, 16-byte "
+                   "aligned rows)")
+            if varlen:
+                return False, why
+            copy, policy = copy_for_layout(q.shape[-1], causal, q.shape[1], backward)
+            if not copy:
+                return False, f"{why}; no contiguous copy ({policy})"
     return True, ""
+
+
+def inputs_note(q, k, v, varlen, causal, backward=False) -> str:
+    """How the Gluon kernels get q, k, v for this call: in place, or which ones are copied and why
+    (for ``explain_dispatch``)."""
+    copied = [name for name, t in (("q", q), ("k", k), ("v", v)) if t.numel() and dispatch.tma_rows_view(t) is None]
+    if not copied:
+        return "in place (2-D (rows, heads * d) views)"
+    if varlen:
+        return f"{', '.join(copied)}: no (rows, heads * d) view (varlen: not copied)"
+    return f"contiguous copies of {', '.join(copied)} ({copy_for_layout(q.shape[-1], causal, q.shape[1], backward)[1]})"
+
+
+# Batched q / k / v with no (rows, heads * d) view (``dispatch.tma_rows_view``; a (batch, heads,
+# seqlen, d) tensor transposed to flash-attn's order) reach the Gluon kernels as contiguous copies from
+# ``COPY_MIN_SEQLEN[pass][(head dim, causal)]`` query rows, where a copy (each tensor read and written
+# once) costs less than what the portable kernels, which read any strides, lose to the Gluon ones;
+# shorter calls keep the portable kernels. A guess until measured (NOTES §142): the copies of q, k, v
+# cost about what the Gluon forward gains over the portable one at N ~ 1000 (d = 128), so from 2048;
+# the backward gains more against the same copies, so from 512.
+# ``with hopper.copy_strided(True / False)`` or IOATTN_HOPPER_COPY=1 / 0 decides it at any length.
+copy_strided = dispatch.Preference(False)
+COPY_MIN_SEQLEN = {"fwd": {(d, causal): 2048 for d in (64, 128, 256) for causal in (False, True)},
+                   "bwd": {(d, causal): 512 for d in (64, 128, 256) for causal in (False, True)}}
+
+
+def copy_for_layout(d: int, causal: bool, seqlen_q: int, backward: bool = False) -> tuple[bool, str]:
+    """(copy, why): whether a call at head dim ``d``, mask and ``seqlen_q`` whose inputs have no
+    (rows, heads * d) view takes the Gluon forward (or ``backward``) through contiguous copies
+    (``COPY_MIN_SEQLEN``)."""
+    if copy_strided.value is not None:
+        return copy_strided.value, f"hopper.copy_strided({copy_strided.value})"
+    env = os.environ.get("IOATTN_HOPPER_COPY", "").strip()
+    if env:
+        return env == "1", f"IOATTN_HOPPER_COPY={env}"
+    which = "bwd" if backward else "fwd"
+    least = COPY_MIN_SEQLEN[which].get((d, bool(causal)))
+    mask = "causal" if causal else "non-causal"
+    if least is None:
+        return False, f"head dim {d} {mask} is not in hopper.COPY_MIN_SEQLEN[{which!r}]"
+    return seqlen_q >= least, f"{which} copies at head dim {d} {mask} from seqlen_q >= {least}, here {seqlen_q}"
 
 
 def grid_programs(device, name: str, num_tiles: int) -> int:
@@ -1000,8 +1047,10 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     q_layout = gl.NVMMASharedLayout.get_default_for([q_rows, d], dt)
     kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, d], dt)
     # 2-D views (rows, nheads * d): batch * seqlen rows, or the packed total; a packed qkv's views
-    # keep their row stride (dispatch.tma_rows_view; hopper_supports has checked that they have one)
+    # keep their row stride (dispatch.tma_rows_view), layouts without one come as contiguous copies
+    # (hopper_supports has checked that copy_for_layout allows them)
     rows = dispatch.tma_rows_view
+    q, k, v = (t if rows(t) is not None else t.contiguous() for t in (q, k, v))
     q_desc = TensorDescriptor.from_tensor(rows(q), [q_rows, d], q_layout)
     k_desc = TensorDescriptor.from_tensor(rows(k), [block_n, d], kv_layout)
     v_desc = TensorDescriptor.from_tensor(rows(v), [block_n, d], kv_layout)
@@ -1100,7 +1149,7 @@ def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p
         return False, "head dims (64, 128) only in the base variant"
     if varlen or window not in ((-1, -1), (-1, 0)) or softcap > 0 or alibi_slopes is not None or dropout_p > 0:
         return False, "no varlen, sliding window, softcap, ALiBi or dropout"
-    return _rows_layout_ok(q, k, v)
+    return _rows_layout_ok(q, k, v, varlen, window == (-1, 0), backward=True)
 
 
 def bwd_policy(q, seqlen_q: int | None = None, causal: bool = False) -> tuple[bool, str]:

@@ -949,7 +949,7 @@ def test_hopper_layouts_without_copy():
     assert tma_rows_view(c).stride() == (h * d, 1)
     assert tma_rows_view(qkv[:1, :1].unbind(2)[2]).shape == (1, h * d)  # one row: any stride
     refused = {
-        "transposed (b, h, n, d)": torch.randn(b, h, n, d, dtype=torch.bfloat16).transpose(1, 2),
+        "transposed (b, h, n, d)": torch.randn(b, h, 4096, d, dtype=torch.bfloat16).transpose(1, 2),
         "padded head dim": torch.randn(b, n, h, d + 16, dtype=torch.bfloat16)[..., :d],
         "batch not by whole sequences": torch.randn(b, 2 * n, h, d, dtype=torch.bfloat16)[:, :n],
         "misaligned base": torch.randn(b * n * h * d + 1, dtype=torch.bfloat16)[1:].view(b, n, h, d),
@@ -963,11 +963,30 @@ def test_hopper_layouts_without_copy():
     none = (False, (-1, 0), 0.0, None, 0.0)
     assert hopper.call_supported(q, k, v, *none) == (True, "")
     assert hopper.bwd_call_supported(q, k, v, *none) == (True, "")
+    assert hopper.inputs_note(q, k, v, False, True) == "in place (2-D (rows, heads * d) views)"
+    # a layout with no view: the kernels take contiguous copies from hopper.COPY_MIN_SEQLEN's lengths
     bad = refused["transposed (b, h, n, d)"]
-    for check in (hopper.call_supported, hopper.bwd_call_supported):
-        ok, why = check(q, bad, v, *none)
-        assert not ok and why.startswith(f"k of shape {tuple(bad.shape)} and strides {tuple(bad.stride())}")
-        assert ".contiguous()" in why
+    for which, check in (("fwd", hopper.call_supported), ("bwd", hopper.bwd_call_supported)):
+        least = hopper.COPY_MIN_SEQLEN[which][(d, True)]
+        short = bad[:, :least - 1]
+        ok, why = check(short, short, short, *none)
+        assert not ok and why.startswith(f"q of shape {tuple(short.shape)} and strides {tuple(short.stride())}")
+        assert f"no contiguous copy ({which} copies at head dim {d} causal from seqlen_q >= {least}, " \
+               f"here {least - 1})" in why
+        with hopper.copy_strided(True):
+            assert check(q, bad, v, *none) == (True, "")
+        long = [torch.randn(1, h, least, d, dtype=torch.bfloat16).transpose(1, 2) for _ in range(3)]
+        assert check(*long, *none) == (True, "")
+        assert hopper.inputs_note(*long, False, True, backward=which == "bwd") == (
+            f"contiguous copies of q, k, v ({which} copies at head dim {d} causal from seqlen_q >= {least}, "
+            f"here {least})")
+    with hopper.copy_strided(False):
+        assert "no contiguous copy (hopper.copy_strided(False))" in hopper.call_supported(*long, *none)[1]
+    flat = [torch.randn(least, h, d, dtype=torch.bfloat16) for _ in range(3)]  # a varlen call's (total, heads, d)
+    flat[1] = torch.randn(h, least, d, dtype=torch.bfloat16).transpose(0, 1)
+    with hopper.copy_strided(True):  # varlen: never copied
+        assert not hopper.call_supported(*flat, True, (-1, -1), 0.0, None, 0.0)[0]
+        assert hopper.inputs_note(*flat, True, False) == "k: no (rows, heads * d) view (varlen: not copied)"
 
 
 def test_hopper_backward_policy_and_wiring(monkeypatch):

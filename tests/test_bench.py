@@ -435,6 +435,11 @@ def test_packed_layout_reaches_every_provider(monkeypatch):
     assert seen and all(s == ((n * 3 * nheads * d, 3 * nheads * d, d, 1), nheads * d * 2, True) for s in seen), seen
     assert records and all(r["layout"] == "qkvpacked" for r in records)
     assert all(report.validate(r) == [] for r in records)
+    seen.clear()
+    records = run_sweep("quick", "cpu", provider_names=["a"], log=print, headdims=[64], seqlens=[16], rounds=1,
+                        layout="bhnd")
+    assert seen and all(s[0] == (nheads * n * d, d, n * d, 1) and not s[2] for s in seen), seen
+    assert all(r["layout"] == "bhnd" for r in records)
     lines = []
     assert run_sweep("quick", "cpu", log=lines.append, layout="nope") == [] and "unknown layout 'nope'" in lines[0]
 

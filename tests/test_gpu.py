@@ -587,16 +587,30 @@ def test_hopper_varlen_packed_inputs_without_copy(d, causal, poison_alloc):
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
-def test_hopper_strided_layout_without_a_view_falls_back(causal, poison_alloc):
-    """q, k, v transposed from (batch, heads, seqlen, d) have no (rows, heads * d) view: the plan
-    says why the Gluon kernels are not taken, and the portable kernels' result passes the oracle."""
-    q, k, v = (torch.randn(2, 4, 700, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
+@pytest.mark.parametrize("copy", [False, True])
+def test_hopper_layout_without_a_view(d, causal, copy, poison_alloc):
+    """q, k, v transposed from (batch, heads, seqlen, d) have no (rows, heads * d) view: with the
+    copy refused (hopper.copy_strided(False)) the plan says why and the portable kernels run; with it
+    (True) both Gluon kernels run on contiguous copies, the output bitwise that of copies made by the
+    caller. Either way output and gradients pass the float64 oracle."""
+    from ioattn import hopper
+    q, k, v = (torch.randn(2, 4, 700, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
                for _ in range(3))
-    plan = ioattn.explain_dispatch(q, k, v, causal=causal)
-    assert "hopper_fwd_kernel" not in plan.forward["kernel"]
-    assert "has no (rows, heads * d) view" in plan.forward["gluon_hopper"], plan.forward
-    _check_tensors(q, k, v, causal=causal)
+    with hopper.copy_strided(copy), hopper.prefer_hopper(True), hopper.prefer_hopper_bwd(True):
+        plan = ioattn.explain_dispatch(q, k, v, causal=causal)
+        if copy:
+            assert "hopper_fwd_kernel" in plan.forward["kernel"] and "hopper_backward" in plan.backward["kernels"]
+            assert plan.forward["inputs"].startswith("contiguous copies of q, k, v"), plan.forward
+            out = ioattn.flash_attn_func(q, k, v, causal=causal)
+            assert torch.equal(out, ioattn.flash_attn_func(*(t.detach().contiguous() for t in (q, k, v)),
+                                                           causal=causal))
+        else:
+            assert "hopper_fwd_kernel" not in plan.forward["kernel"]
+            assert "no contiguous copy (hopper.copy_strided(False))" in plan.forward["gluon_hopper"], plan.forward
+            assert "hopper_backward" not in plan.backward["kernels"], plan.backward
+        _check_tensors(q, k, v, causal=causal)
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")

@@ -26,9 +26,10 @@ from ioattn.reference.decode import kvcache_attention_ref
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # How q, k, v are laid out in memory, the same for every provider: "separate" (three contiguous
-# tensors) or "qkvpacked" (the views ``qkv.unbind(2)`` of one (batch, seqlen, 3, heads, d) tensor, as
-# a fused QKV projection produces them and flash_attn_qkvpacked_func takes them).
-LAYOUTS = ("separate", "qkvpacked")
+# tensors), "qkvpacked" (the views ``qkv.unbind(2)`` of one (batch, seqlen, 3, heads, d) tensor, as
+# a fused QKV projection produces them and flash_attn_qkvpacked_func takes them) or "bhnd" (three
+# (batch, heads, seqlen, d) tensors, SDPA's order, transposed to flash-attn's).
+LAYOUTS = ("separate", "qkvpacked", "bhnd")
 ALL_PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flex", "flash-attn", "flash-attn-cute")
 
 
@@ -168,9 +169,11 @@ class _Progress:
 
 def _inputs(shape, dtype, device, layout):
     """One input set (q, k, v) of ``shape`` in ``layout`` (``LAYOUTS``)."""
+    batch, n, nheads, d = shape
     if layout == "qkvpacked":
-        batch, n, nheads, d = shape
         return torch.randn(batch, n, 3, nheads, d, device=device, dtype=dtype).unbind(2)
+    if layout == "bhnd":
+        return tuple(torch.randn(batch, nheads, n, d, device=device, dtype=dtype).transpose(1, 2) for _ in range(3))
     return tuple(torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
 
 
@@ -547,8 +550,9 @@ def main(argv=None):
                     f"their medians reported (default {DECODE_ROUNDS} for decode, {TIME_ROUNDS} for the other "
                     f"timed sweeps on a GPU, 1 on the CPU)")
     ap.add_argument("--layout", default="separate", choices=LAYOUTS,
-                    help="memory layout of q, k, v for the training sweeps: three tensors, or the views of one "
-                         "packed (batch, seqlen, 3, heads, d) tensor (as flash_attn_qkvpacked_func takes them)")
+                    help="memory layout of q, k, v for the training sweeps: three tensors, the views of one "
+                         "packed (batch, seqlen, 3, heads, d) tensor (as flash_attn_qkvpacked_func takes them), "
+                         "or three (batch, heads, seqlen, d) tensors transposed")
     ap.add_argument("--out", default=None, help="directory for results.jsonl and the plots")
     args = ap.parse_args(argv)
     if args.rounds is not None and args.rounds < 1:
