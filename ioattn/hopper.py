@@ -971,15 +971,24 @@ def inputs_note(q, k, v, varlen, causal, backward=False) -> str:
 
 # Batched q / k / v with no (rows, heads * d) view (``dispatch.tma_rows_view``; a (batch, heads,
 # seqlen, d) tensor transposed to flash-attn's order) reach the Gluon kernels as contiguous copies from
-# ``COPY_MIN_SEQLEN[pass][(head dim, causal)]`` query rows, where a copy (each tensor read and written
-# once) costs less than what the portable kernels, which read any strides, lose to the Gluon ones;
-# shorter calls keep the portable kernels. A guess until measured (NOTES §142): the copies of q, k, v
-# cost about what the Gluon forward gains over the portable one at N ~ 1000 (d = 128), so from 2048;
-# the backward gains more against the same copies, so from 512.
+# ``COPY_MIN_SEQLEN[pass][(head dim, causal)]`` query rows, where the copies cost less than what the
+# portable kernels, which read any strides, lose to the Gluon ones; shorter calls keep the portable
+# kernels. The copies of q, k, v cost ~280 us a call at 16k tokens and hidden 2048 (torch's copy of
+# the permuted tensors, ~1.4 TB/s). Measured (NOTES §142, results/session-2026-12-13-e: ioattn bench
+# train --layout bhnd with IOATTN_HOPPER_COPY=1 / 0, H200, bf16, TFLOP/s, copies / portable): forward
+# d=128 non-causal 409 / 479 at 2048, 529 / 469 at 4096, 660 / 483 at 16384; causal 395 / 445 at 4096,
+# 617 / 498 at 16384; d=64 392 / 423 at 4096, 508 / 427 at 16384 (causal 309 / 367, 451 / 422); d=256
+# 422 / 465 at 2048, 564 / 489 at 4096 (causal 422 / 440 at 4096, 682 / 545 at 16384). Backward: d=128
+# 223 / 252 at 512, 333 / 316 at 1024 (causal 214 / 236 at 1024, 319 / 297 at 2048); d=64 198 / 224,
+# 284 / 270 (causal 187 / 222, 275 / 270); d=256 ahead from 512 (190 / 131, causal 116 / 107). Each
+# entry: the shortest measured length (512 ... 4096, 16384) from which the copies were ahead there and
+# at every longer one (8192 was not measured: the next measured length counts).
 # ``with hopper.copy_strided(True / False)`` or IOATTN_HOPPER_COPY=1 / 0 decides it at any length.
 copy_strided = dispatch.Preference(False)
-COPY_MIN_SEQLEN = {"fwd": {(d, causal): 2048 for d in (64, 128, 256) for causal in (False, True)},
-                   "bwd": {(d, causal): 512 for d in (64, 128, 256) for causal in (False, True)}}
+COPY_MIN_SEQLEN = {"fwd": {(64, False): 16384, (64, True): 16384, (128, False): 4096, (128, True): 16384,
+                           (256, False): 4096, (256, True): 16384},
+                   "bwd": {(64, False): 1024, (64, True): 2048, (128, False): 1024, (128, True): 2048,
+                           (256, False): 512, (256, True): 512}}
 
 
 def copy_for_layout(d: int, causal: bool, seqlen_q: int, backward: bool = False) -> tuple[bool, str]:

@@ -949,7 +949,7 @@ def test_hopper_layouts_without_copy():
     assert tma_rows_view(c).stride() == (h * d, 1)
     assert tma_rows_view(qkv[:1, :1].unbind(2)[2]).shape == (1, h * d)  # one row: any stride
     refused = {
-        "transposed (b, h, n, d)": torch.randn(b, h, 4096, d, dtype=torch.bfloat16).transpose(1, 2),
+        "transposed (b, h, n, d)": torch.randn(1, h, 16384, d, dtype=torch.bfloat16).transpose(1, 2),
         "padded head dim": torch.randn(b, n, h, d + 16, dtype=torch.bfloat16)[..., :d],
         "batch not by whole sequences": torch.randn(b, 2 * n, h, d, dtype=torch.bfloat16)[:, :n],
         "misaligned base": torch.randn(b * n * h * d + 1, dtype=torch.bfloat16)[1:].view(b, n, h, d),
