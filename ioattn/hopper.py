@@ -999,6 +999,8 @@ def copy_for_layout(d: int, causal: bool, seqlen_q: int, backward: bool = False)
         return copy_strided.value, f"hopper.copy_strided({copy_strided.value})"
     env = os.environ.get("IOATTN_HOPPER_COPY", "").strip()
     if env:
+        if env not in ("0", "1"):
+            raise ValueError(f"IOATTN_HOPPER_COPY must be 0 or 1, got {env!r}")
         return env == "1", f"IOATTN_HOPPER_COPY={env}"
     which = "bwd" if backward else "fwd"
     least = COPY_MIN_SEQLEN[which].get((d, bool(causal)))

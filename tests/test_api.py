@@ -929,6 +929,27 @@ def test_hopper_backward_flat_dq_halves(d):
     assert whole == half + [[half_m, 0] if block_m == 128 else [0, half_n]]
 
 
+def test_hopper_copy_env(monkeypatch):
+    """IOATTN_HOPPER_COPY=1 / 0 takes or refuses the copies at any length, below the switch's own
+    setting; any other value is refused by name."""
+    from ioattn import hopper
+    monkeypatch.setenv("IOATTN_HOPPER_COPY", "1")
+    assert hopper.copy_for_layout(128, False, 64) == (True, "IOATTN_HOPPER_COPY=1")
+    with hopper.copy_strided(False):
+        assert hopper.copy_for_layout(128, False, 64) == (False, "hopper.copy_strided(False)")
+    monkeypatch.setenv("IOATTN_HOPPER_COPY", "0")
+    assert hopper.copy_for_layout(128, False, 1 << 20) == (False, "IOATTN_HOPPER_COPY=0")
+    monkeypatch.setenv("IOATTN_HOPPER_COPY", "yes")
+    with pytest.raises(ValueError, match="IOATTN_HOPPER_COPY must be 0 or 1, got 'yes'"):
+        hopper.copy_for_layout(128, False, 64)
+    monkeypatch.delenv("IOATTN_HOPPER_COPY")
+    least = hopper.COPY_MIN_SEQLEN["bwd"][(128, True)]
+    assert hopper.copy_for_layout(128, True, least, backward=True)[0]
+    assert not hopper.copy_for_layout(128, True, least - 1, backward=True)[0]
+    assert hopper.copy_for_layout(96, True, 1 << 20) == (
+        False, "head dim 96 causal is not in hopper.COPY_MIN_SEQLEN['fwd']")
+
+
 def test_hopper_layouts_without_copy():
     """The Gluon kernels read q, k, v through 2-D (rows, heads * d) descriptor views
     (``dispatch.tma_rows_view``): contiguous tensors and the views of packed ones (what

@@ -41,12 +41,17 @@ def _check_tensors(q, k, v, causal=False, window=(-1, -1), softcap=0.0, alibi=Fa
     out = ioattn.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap, alibi_slopes=slopes)
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
-    win = (window[0], 0) if causal else window
+    _assert_out_and_grads(out, grads, dout, q, k, v, (window[0], 0) if causal else window, softcap, slopes)
+
+
+def _assert_out_and_grads(out, grads, dout, q, k, v, window, softcap=0.0, slopes=None):
+    """``out`` and its (dq, dk, dv) for ``dout`` against the float64 oracle (``window`` as the oracle
+    takes it: causal is (left, 0)), within 2x PyTorch's own error in q's dtype."""
     ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    ref, _ = attention_ref(*ref_in, window=win, softcap=softcap, alibi_slopes=slopes)
+    ref, _ = attention_ref(*ref_in, window=window, softcap=softcap, alibi_slopes=slopes)
     ref_grads = torch.autograd.grad(ref, ref_in, dout.double())
     same_in = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    same, _ = attention_ref(*same_in, window=win, softcap=softcap, alibi_slopes=slopes, upcast=False)
+    same, _ = attention_ref(*same_in, window=window, softcap=softcap, alibi_slopes=slopes, upcast=False)
     same_grads = torch.autograd.grad(same, same_in, dout)
     assert_within_torch_error("out", out, ref, same)
     for name, g, r, s in zip(("dq", "dk", "dv"), grads, ref_grads, same_grads):
@@ -544,17 +549,8 @@ def test_hopper_packed_inputs_without_copy(d, causal, packing, n, poison_alloc):
         grads = torch.autograd.grad(out, leaves, dout)
         copies = ioattn.flash_attn_func(*(t.detach().contiguous() for t in (q, k, v)), causal=causal)
     assert torch.equal(out, copies)
-    dq, dk, dv = grads[0].unbind(2) if packing == "qkv" else (grads[0], *grads[1].unbind(2))
-    win = (-1, 0) if causal else (-1, -1)
-    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    ref, _ = attention_ref(*ref_in, window=win)
-    ref_grads = torch.autograd.grad(ref, ref_in, dout.double())
-    same_in = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    same, _ = attention_ref(*same_in, window=win, upcast=False)
-    same_grads = torch.autograd.grad(same, same_in, dout)
-    assert_within_torch_error("out", out, ref, same)
-    for name, g, r, s_ in zip(("dq", "dk", "dv"), (dq, dk, dv), ref_grads, same_grads):
-        assert_within_torch_error(name, g, r, s_)
+    grads = grads[0].unbind(2) if packing == "qkv" else (grads[0], *grads[1].unbind(2))
+    _assert_out_and_grads(out, grads, dout, q, k, v, (-1, 0) if causal else (-1, -1))
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
