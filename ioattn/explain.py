@@ -106,7 +106,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     forward["tiles_count"] = tiles
     forward["programs"] = (hopper.grid_programs(q.device, name, tiles) if "hopper" in forward["kernel"]
                            else dispatch.fwd_persistent_programs(q.device, tiles) or tiles)
-    gluon_bwd, bwd_why = hopper.bwd_plan(q, k, v, varlen, window, 0.0, None, 0.0)
+    gluon_bwd, bwd_why = hopper.bwd_plan(q, k, v, varlen, window, 0.0, None, 0.0, seqlen_q)
     if gluon_bwd:
         from ioattn.kernels import hopper_backward
         cfg = hopper_backward.kernel_config(d, hopper.BWD_VARIANT)

@@ -1148,6 +1148,10 @@ BWD_HEADDIMS = (64, 128, 256)
 # kernel with 64-row steps was behind the portable one at 512 / 1024, 148 vs 163 and 215 vs 219).
 BWD_AUTO_MIN_SEQLEN = {(128, False): 512, (128, True): 512, (64, False): 512, (64, True): 512,
                        (256, False): 512, (256, True): 512}
+# Packed (varlen) batches: the "ws" kernel's IS_VARLEN form, by the longest sequence (max_seqlen_q),
+# as VARLEN_AUTO_MIN_SEQLEN does for the forward. PROVISIONAL: the fixed-length table's lengths until
+# benchmarks/ab_varlen.py --pass bwd has measured the varlen form against the portable backward.
+BWD_VARLEN_AUTO_MIN_SEQLEN = dict(BWD_AUTO_MIN_SEQLEN)
 
 
 def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:
@@ -1158,36 +1162,44 @@ def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p
         return False, f"head dims {BWD_HEADDIMS} only"
     if BWD_VARIANT == "base" and q.shape[-1] == 256:  # hopper_backward.BWD_VARIANT_HEADDIMS
         return False, "head dims (64, 128) only in the base variant"
-    if varlen or window not in ((-1, -1), (-1, 0)) or softcap > 0 or alibi_slopes is not None or dropout_p > 0:
-        return False, "no varlen, sliding window, softcap, ALiBi or dropout"
+    if varlen and BWD_VARIANT != "ws":
+        return False, "varlen: the ws variant only"
+    if window not in ((-1, -1), (-1, 0)) or softcap > 0 or alibi_slopes is not None or dropout_p > 0:
+        return False, "no sliding window, softcap, ALiBi or dropout"
     return _rows_layout_ok(q, k, v, varlen, window == (-1, 0), backward=True)
 
 
-def bwd_policy(q, seqlen_q: int | None = None, causal: bool = False) -> tuple[bool, str]:
+def bwd_policy(q, seqlen_q: int | None = None, causal: bool = False, varlen: bool = False) -> tuple[bool, str]:
     """(wanted, why) for the Gluon backward, as ``policy`` for the forward: ``prefer_hopper_bwd``'s
     value inside its block, else ``IOATTN_HOPPER_BWD`` ("1" / "0") if set, else
-    ``BWD_AUTO_MIN_SEQLEN`` for q's head dim, the mask and ``seqlen_q`` (default q.shape[1])."""
+    ``BWD_AUTO_MIN_SEQLEN`` (packed batches: ``BWD_VARLEN_AUTO_MIN_SEQLEN`` with the longest
+    sequence) for q's head dim, the mask and ``seqlen_q`` (default q.shape[1])."""
     if prefer_hopper_bwd.value is not None:
         return prefer_hopper_bwd.value, f"hopper.prefer_hopper_bwd({prefer_hopper_bwd.value})"
     env = os.environ.get("IOATTN_HOPPER_BWD", "").strip()
     if env:
         return env == "1", f"IOATTN_HOPPER_BWD={env}"
     d, n = q.shape[-1], q.shape[1] if seqlen_q is None else seqlen_q
-    mask = "causal" if causal else "non-causal"
-    least = BWD_AUTO_MIN_SEQLEN.get((d, bool(causal)))
+    mask = ("causal" if causal else "non-causal") + (" varlen" if varlen else "")
+    table = "BWD_VARLEN_AUTO_MIN_SEQLEN" if varlen else "BWD_AUTO_MIN_SEQLEN"
+    least = globals()[table].get((d, bool(causal)))
     if least is None:
-        return False, f"default policy: head dim {d} {mask} is not in hopper.BWD_AUTO_MIN_SEQLEN"
+        return False, f"default policy: head dim {d} {mask} is not in hopper.{table}"
     return n >= least, f"default policy: head dim {d} {mask} from seqlen_q >= {least} (here {n})"
 
 
-def bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:
+def bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p, seqlen_q: int | None = None
+             ) -> tuple[bool, str]:
     """(taken, why) for the backward of this call: where ``bwd_policy`` wants it and it applies (an
-    sm_90 GPU, Gluon, ``bwd_call_supported``)."""
+    sm_90 GPU, Gluon, ``bwd_call_supported``). ``seqlen_q``: the query length the policy judges (a
+    varlen call's max_seqlen_q; default q.shape[1])."""
     if bwd_deterministic.wanted():
         if not (DETERMINISTIC_WS and BWD_VARIANT == "ws"):
             return False, ("deterministic=True: the portable backward (the Gluon one's ordered mode is off, "
                            "hopper.DETERMINISTIC_WS = False)")
-    wanted, why = bwd_policy(q, causal=window == (-1, 0))
+    if varlen and seqlen_q is None:
+        raise ValueError("bwd_plan: a varlen call needs seqlen_q (its max_seqlen_q)")
+    wanted, why = bwd_policy(q, seqlen_q, causal=window == (-1, 0), varlen=varlen)
     if not wanted:
         return False, why
     ok, reason = _device_ok(q)

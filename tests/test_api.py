@@ -913,6 +913,70 @@ def test_backward_preprocess_padded_rows(d, block_m, seqlen, zero_dq):
     assert (dq == 0).all() if zero_dq else dq.isnan().all()
 
 
+@pytest.mark.parametrize("d, block_m", [(64, 128), (128, 64)])
+def test_backward_preprocess_padded_rows_varlen(d, block_m):
+    """The padded preprocess on packed sequences (``IS_VARLEN``, the Hopper varlen backward's launch):
+    per (sequence, head) the longest sequence rounded up to the query block of stat rows, D and the
+    lse rows (lse (nheads, total_q), as the varlen forward returns it) of that sequence's rows from
+    cu_seqlens_q, 0 past its length; NaN in the rows no sequence owns stays out."""
+    from ioattn.kernels.backward import attn_bwd_preprocess_kernel
+    lens, heads, extra = [5, 0, 2 * block_m + 3, block_m], 3, 4
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+    batch, total = len(lens), sum(lens)
+    stat = -(-max(lens) // block_m) * block_m
+    g = torch.Generator().manual_seed(d)
+    out, dout = (torch.randn(total + extra, heads, d, generator=g).to(torch.bfloat16) for _ in range(2))
+    out[total:] = float("nan")
+    lse = torch.randn(heads, total + extra, generator=g) * 3
+    lse[1, ::5] = float("-inf")
+    lse[:, total:] = float("nan")
+    delta = torch.full((batch, heads, stat), float("nan"))
+    lse2 = torch.full_like(delta, float("nan"))
+    dq = torch.full((batch * heads * stat * d,), float("nan"))
+    attn_bwd_preprocess_kernel[(stat // 64 * batch * heads,)](
+        out, dout, delta, cu, 0, out.stride(0), out.stride(1), 0, dout.stride(0), dout.stride(1),
+        delta.stride(0), delta.stride(1), heads, max(lens), HEAD_DIM=d, BLOCK_D=d, BLOCK_M=64, IS_VARLEN=True,
+        Lse=lse, LseOut=lse2, DQacc=dq, stride_slb=0, stride_slh=lse.stride(0), stat_rows=stat, lse_unit=0.5,
+        PADDED=True, ZERO_DQ=True)
+    want, want_lse = torch.zeros(batch, heads, stat), torch.zeros(batch, heads, stat)
+    for b, n in enumerate(lens):
+        rows = slice(int(cu[b]), int(cu[b + 1]))
+        want[b, :, :n] = (out[rows].float() * dout[rows].float()).sum(-1).T
+        want_lse[b, :, :n] = torch.where(lse[:, rows] == float("-inf"), 0.0, lse[:, rows] * 0.5)
+    torch.testing.assert_close(delta, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse2, want_lse, rtol=1e-6, atol=0)
+    assert (dq == 0).all()
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_hopper_backward_flat_dq_varlen(d):
+    """``dq_from_flat`` on packed sequences: the flat accumulator's blocks per (sequence, head), as many
+    as the longest sequence has, go to the sequence's rows from cu_seqlens_q (scaled, cast); the rows
+    past each sequence's length in its last block and the rows no sequence owns are not taken (0)."""
+    pytest.importorskip("triton.experimental.gluon")
+    import ioattn.kernels.hopper_backward as hb
+    block_m = hb.WS_BLOCK_M[d]
+    bases = hb.dq_flat_bases(hb.BWD_NUM_WARPS, block_m, d)
+    offs = torch.arange(block_m * d)
+    rows, cols = torch.zeros_like(offs), torch.zeros_like(offs)
+    for bit, (r, c) in enumerate(bases):
+        rows += ((offs >> bit) & 1) * r
+        cols += ((offs >> bit) & 1) * c
+    lens, heads, extra = [3, block_m + 1, 0, 2 * block_m], 2, 5
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+    n_m = -(-max(lens) // block_m)
+    full = torch.randn(len(lens), n_m * block_m, heads, d)  # per sequence, padded to n_m blocks
+    blocks = full.view(len(lens), n_m, block_m, heads, d).permute(0, 3, 1, 2, 4)
+    flat = blocks[:, :, :, rows, cols].reshape(-1)
+    q = torch.empty(sum(lens) + extra, heads, d, dtype=torch.bfloat16)
+    dq = hb.dq_from_flat(flat, q, block_m, 0.5, cu, n_m)
+    want = torch.zeros(sum(lens) + extra, heads, d)
+    for b, n in enumerate(lens):
+        want[int(cu[b]):int(cu[b + 1])] = full[b, :n] * 0.5
+    assert dq.shape == q.shape and dq.dtype == q.dtype and dq.is_contiguous()
+    assert torch.equal(dq, want.to(torch.bfloat16))
+
+
 @pytest.mark.parametrize("d", [64, 128])
 def test_hopper_backward_flat_dq_halves(d):
     """With a partition a consumer warpgroup (``WS_WG_PARTITIONS``) each warpgroup stages its half of
@@ -1045,7 +1109,21 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     q96 = torch.randn(1, 8, 2, 96, dtype=torch.bfloat16)
     assert "head dims" in hopper.bwd_call_supported(q96, q96, q96, *none)[1]
     assert not hopper.bwd_call_supported(q, q, q, False, (4, 0), 0.0, None, 0.0)[0]
-    assert not hopper.bwd_call_supported(q, q, q, True, (-1, -1), 0.0, None, 0.0)[0]
+    # packed (varlen) calls: the ws variant's IS_VARLEN form, judged by the longest sequence
+    flat = torch.randn(300, 2, 64, dtype=torch.bfloat16)
+    assert hopper.bwd_call_supported(flat, flat, flat, True, (-1, -1), 0.0, None, 0.0) == (True, "")
+    with monkeypatch.context() as m:
+        m.setattr(hopper, "BWD_VARIANT", "base")
+        assert hopper.bwd_call_supported(flat, flat, flat, True, (-1, -1), 0.0, None, 0.0) == (
+            False, "varlen: the ws variant only")
+    with pytest.raises(ValueError, match="needs seqlen_q"):
+        hopper.bwd_plan(flat, flat, flat, True, (-1, -1), 0.0, None, 0.0)
+    for (d, causal), least in hopper.BWD_VARLEN_AUTO_MIN_SEQLEN.items():
+        x = torch.empty(100, 2, d)
+        assert hopper.bwd_policy(x, least, causal=causal, varlen=True)[0]
+        assert hopper.bwd_policy(x, least - 1, causal=causal, varlen=True) == (
+            False, f"default policy: head dim {d} {'causal' if causal else 'non-causal'} varlen from seqlen_q >= "
+                   f"{least} (here {least - 1})")
 
     # wiring: a faked sm_90 decision sends the backward to hopper_backward, arguments passed through
     import ioattn.kernels.hopper_backward as hb
@@ -1111,6 +1189,15 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     with hopper.bwd_deterministic(True):
         backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, 0.125, (-1, -1), 0.0, None, 0.0, 0)
     assert seen["deterministic"] and not seen["causal"]
+    # varlen: the packed call's cu_seqlens and longest lengths passed through
+    plans = []
+    monkeypatch.setattr(hopper, "bwd_plan", lambda *a: plans.append(a) or (True, "faked"))
+    monkeypatch.setattr(hb, "hopper_backward", lambda *a, **kw: seen.update(kw) or (None, None, None))
+    cu, flat = torch.tensor([0, 30, 70], dtype=torch.int32), torch.randn(70, 2, 64, dtype=torch.bfloat16)
+    backends.triton_backward(flat, flat, flat, flat, flat, torch.zeros(2, 70), cu, cu, 40, 40, 0.125, (-1, -1),
+                             0.0, None, 0.0, 0)
+    assert plans[-1][3] is True and plans[-1][-1] == 40
+    assert seen["cu_seqlens_q"] is cu and seen["cu_seqlens_k"] is cu and seen["max_seqlen_q"] == 40
 
     # the switch in force when the forward ran governs that forward's backward, wherever it runs
     # (the backward's value of the switch, seen by the Triton path's decision or the CPU path)

@@ -388,7 +388,8 @@ def test_hopper_forward_varlen(variant, d, causal, dtype, monkeypatch, poison_al
     k[sum(lens_k):], v[sum(lens_k):] = float("nan"), float("nan")
     dout = torch.randn_like(q)
     window = (-1, 0) if causal else (-1, -1)
-    with hopper.variant(variant), hopper.prefer_hopper(True):
+    # the portable backward (its own switch: the Gluon varlen backward has test_hopper_backward_varlen)
+    with hopper.variant(variant), hopper.prefer_hopper(True), hopper.prefer_hopper_bwd(False):
         ok, why = hopper.hopper_supports(q, k, v, True, window, 0.0, None, 0.0)
         assert ok, why
         plan = ioattn.explain_dispatch(q, k, v, causal=causal, cu_seqlens_q=cq, max_seqlen_q=max_q)
@@ -1181,3 +1182,61 @@ def test_hopper_forward_ptx_barriers(variant, d, causal, shape, poison_alloc):
     for ptx in marked:
         counts = pb.drop_partition_barriers(ptx)[1]
         assert counts["wait"] == counts["arrive"] == 0, counts
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mode", ["api", "deterministic", "swizzled"])
+def test_hopper_backward_varlen(d, causal, mode, monkeypatch, poison_alloc):
+    """The ws backward's packed-sequence form (``IS_VARLEN``) through flash_attn_varlen_func, the plan
+    naming it, per sequence against the float64 oracle (2x PyTorch's own error): sequences of length
+    1, shorter than a tile, several tiles, seqlen_q != seqlen_k both ways (causal: rows that see no
+    key, keys no query sees), one with no queries, one with no keys, GQA 2; 7 trailing rows that no
+    sequence owns hold NaN in q, k, v and dO (the producer zeroes what the last tiles read of them)
+    and get zero gradients. ``deterministic``: the ordered dQ mode, two runs bitwise equal;
+    ``swizzled``: the 2-D dQ tile instead of the flat one (d = 64 / 128), with the (rows, heads * d)
+    accumulator the column-split form (d = 256) always uses."""
+    from ioattn import hopper
+    from ioattn.kernels import hopper_backward as hb
+    monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
+    if mode == "swizzled":
+        if d not in hb.WS_DQ_FLAT:
+            pytest.skip("d = 256 has the 2-D accumulator in every mode")
+        monkeypatch.setitem(hb.WS_DQ_FLAT, d, False)
+    lens_q, lens_k, extra, h, hkv = [1, 100, 700, 333, 0, 64, 50], [1, 37, 900, 200, 40, 300, 0], 7, 4, 2
+    cu = lambda lens: torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,  # noqa: E731
+                                   device="cuda")
+    cq, ck, max_q, max_k = cu(lens_q), cu(lens_k), max(lens_q), max(lens_k)
+    tq, tk = sum(lens_q), sum(lens_k)
+    q = torch.randn(tq + extra, h, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(tk + extra, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    dout = torch.randn_like(q)
+    for t, n in ((q, tq), (k, tk), (v, tk), (dout, tq)):
+        t[n:] = float("nan")
+    window = (-1, 0) if causal else (-1, -1)
+    deterministic = mode == "deterministic"
+    with hopper.prefer_hopper_bwd(True), hopper.bwd_deterministic(deterministic):
+        plan = ioattn.explain_dispatch(q, k, v, causal=causal, cu_seqlens_q=cq, max_seqlen_q=max_q)
+    assert plan.backward["gluon_hopper"].startswith("taken"), plan.backward
+    assert "hopper_backward" in plan.backward["kernels"], plan.backward
+    runs = []
+    for _ in range(2 if deterministic else 1):
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        with hopper.prefer_hopper_bwd(True):
+            out, lse, _ = ioattn.flash_attn_varlen_func(qg, kg, vg, cq, ck, max_q, max_k, causal=causal,
+                                                        deterministic=deterministic, return_attn_probs=True)
+        runs.append(torch.autograd.grad(out, (qg, kg, vg), dout))
+    dq, dk, dv = runs[0]
+    if deterministic:
+        assert all(torch.equal(a, b) for a, b in zip(*runs))
+    # the kernel itself, called directly, gives the API's gradients (bitwise where its order is fixed)
+    direct = hb.hopper_backward(dout, q, k, v, out.detach(), lse, d ** -0.5, causal, variant="ws",
+                                deterministic=deterministic, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=max_q,
+                                max_seqlen_k=max_k)
+    assert torch.equal(direct[1], dk) and torch.equal(direct[2], dv)
+    if deterministic:
+        assert torch.equal(direct[0], dq)
+    assert (dq[tq:] == 0).all() and (dk[tk:] == 0).all() and (dv[tk:] == 0).all()
+    assert_varlen_sequences(f"ws varlen {mode}", q, k, v, dout, out.detach(), lse, (dq, dk, dv), cq, ck,
+                            window=window)

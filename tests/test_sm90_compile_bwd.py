@@ -123,3 +123,25 @@ def test_hopper_gluon_backward_ws_wg_partitions_compiles_for_sm90():
         assert int(re.search(r"spill=(\d+)B", line).group(1)) <= 24, line
         assert int(re.search(r"consumer_regs=(\d+)", line).group(1)) <= 240, line
         assert "tma_reduce=2 " in line and "wgmma=64 " in line, line
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+def test_hopper_gluon_backward_ws_varlen_compiles_for_sm90():
+    """Variant ws's packed-sequence form (``IS_VARLEN``) at every head dim, causal (the richer
+    masks), plain and ordered: the fixed-length structure (wgmma pipelined, no spill inside the
+    consumers' loop, the consumers within 240 registers, the reduce-adds and no float atomics) with
+    the producer's tail path: a second TMA load of each operand (K, V once; Q, dO a step) into the
+    tile it zeroes, so twice the fixed-length build's TMA loads in the PTX."""
+    out, lines = _compile_check("--variants", "ws", "--causal", "1", "--varlen", "--deterministic")
+    assert "hopper backward compiled for sm_90: 6 kernels" in out
+    assert len(lines) == 6, out
+    _, fixed = _compile_check("--variants", "ws", "--causal", "1", "--deterministic", "--no-ptxas")
+    tma_fixed = {(re.search(r" d=(\d+) ", f).group(1), "-det" in f.split()[1]): re.search(r" tma=(\d+) ", f).group(1)
+                 for f in fixed}
+    for line in lines:
+        assert "-varlen" in line.split()[1] and "wgmma-pipelined" in line and "loop_spills=0 " in line, line
+        assert int(re.search(r"spill=(\d+)B", line).group(1)) <= 24, line
+        assert int(re.search(r"consumer_regs=(\d+)", line).group(1)) <= 240, line
+        assert re.search(r"tma_reduce=[1-9]", line) and "f32" not in re.search(r"atomics\[([^\]]*)\]", line).group(1)
+        d, det = re.search(r" d=(\d+) ", line).group(1), "-det" in line.split()[1]
+        assert int(re.search(r" tma=(\d+) ", line).group(1)) == 2 * int(tma_fixed[(d, det)]), (line, tma_fixed)

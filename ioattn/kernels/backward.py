@@ -23,11 +23,12 @@ def attn_bwd_preprocess_kernel(Out, dOut, Delta, cu_seqlens_q,
                                ZERO_DQ: tl.constexpr = False):
     """D = rowsum(dO * O) for BLOCK_M query rows of one (batch, head).
 
-    ``PADDED`` (the Hopper backward's "ws" kernel; fixed length): the grid covers each head's
-    ``stat_rows`` rows (seqlen_q rounded up to that kernel's query block), and the program also
-    writes, for its rows, the padded stat rows that kernel reads (``Delta``: D, 0 past seqlen_q;
-    ``LseOut``: ``Lse`` (natural log, (batch, nheads, seqlen_q), strides ``stride_slb`` / ``stride_slh``)
-    times ``lse_unit``, 0 for a row that saw no key (-inf) or past seqlen_q) and, with ``ZERO_DQ``,
+    ``PADDED`` (the Hopper backward's "ws" kernel): the grid covers each (batch, head)'s ``stat_rows``
+    rows (seqlen_q, or varlen the longest sequence, rounded up to that kernel's query block), and the
+    program also writes, for its rows, the padded stat rows that kernel reads (``Delta``: D, 0 past
+    the sequence's seqlen_q; ``LseOut``: ``Lse`` (natural log, (batch, nheads, seqlen_q), or varlen
+    (nheads, total_q) with ``stride_slb`` 0, its rows from cu_seqlens_q) times ``lse_unit``, 0 for a
+    row that saw no key (-inf) or past seqlen_q) and, with ``ZERO_DQ``,
     zeroes its rows of the flat fp32 dQ accumulator (per (batch, head) ``stat_rows`` x ``HEAD_DIM``
     contiguous values, rows in any order within a query block, so a program's BLOCK_M x HEAD_DIM
     run is its own). One launch instead of the three fills and four small element-wise kernels
@@ -48,11 +49,11 @@ def attn_bwd_preprocess_kernel(Out, dOut, Delta, cu_seqlens_q,
     o = tl.load(Out + b64 * stride_ob + h * stride_oh + rows * stride_om + offs_d[None, :], mask=mask, other=0.0)
     do = tl.load(dOut + b64 * stride_dob + h * stride_doh + rows * stride_dom + offs_d[None, :], mask=mask, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    stat = b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m
+    stat = b64 * stride_lb + h.to(tl.int64) * stride_lh + offs_m
     if PADDED:  # every row of the padded stat rows written: D is 0 past seqlen_q (masked loads)
         tl.store(Delta + stat, delta)
         in_q = offs_m < seqlen_q
-        lse = tl.load(Lse + b64 * stride_slb + h.to(tl.int64) * stride_slh + offs_m, mask=in_q,
+        lse = tl.load(Lse + b64 * stride_slb + h.to(tl.int64) * stride_slh + q_start + offs_m, mask=in_q,
                       other=float("-inf"))
         lse_out = tl.where(lse == float("-inf"), 0.0, lse * lse_unit)
         tl.store(LseOut + stat, lse_out)
@@ -60,8 +61,8 @@ def attn_bwd_preprocess_kernel(Out, dOut, Delta, cu_seqlens_q,
             dq = DQacc + (bh.to(tl.int64) * stat_rows + m_block * BLOCK_M) * HEAD_DIM
             tl.store(dq + tl.arange(0, BLOCK_M)[:, None] * HEAD_DIM + offs_d[None, :],
                      tl.zeros([BLOCK_M, BLOCK_D], tl.float32), mask=offs_d[None, :] < HEAD_DIM)
-    else:
-        tl.store(Delta + stat, delta, mask=offs_m < seqlen_q)
+    else:  # Delta in lse's layout (varlen: (nheads, total_q), rows from q_start)
+        tl.store(Delta + stat + q_start, delta, mask=offs_m < seqlen_q)
 
 
 @triton.jit
@@ -280,11 +281,13 @@ def attn_bwd_dq_kernel(
 
 @triton.jit
 def dq_from_blocks_kernel(Acc, RowOff, ColOff, dQ, seqlen_q, nheads, num_m, stride_b, stride_m, stride_h, scale,
-                          BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+                          cu_seqlens_q, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, IS_VARLEN: tl.constexpr = False):
     """dQ = scale * Acc, cast to dQ's dtype, where the fp32 accumulator Acc holds per (batch, head,
     query block) one [BLOCK_M, HEAD_DIM] block in a permuted order: element (r, c) of block p at
     p * BLOCK_M * HEAD_DIM + RowOff[r] + ColOff[c] (int32 tables; the Hopper backward's flat dQ order,
-    ``hopper_backward.dq_flat_bases``). One program per block, rows past seqlen_q not stored."""
+    ``hopper_backward.dq_flat_bases``). One program per block, rows past seqlen_q not stored.
+    ``IS_VARLEN``: ``num_m`` blocks per (batch, head) (from the longest sequence), sequence b's rows
+    from cu_seqlens_q[b] in the packed dQ (``stride_b`` 0), its length from cu_seqlens_q."""
     p = tl.program_id(0)
     m = p % num_m
     bh = p // num_m
@@ -293,7 +296,11 @@ def dq_from_blocks_kernel(Acc, RowOff, ColOff, dQ, seqlen_q, nheads, num_m, stri
     rows = tl.arange(0, BLOCK_M)
     cols = tl.arange(0, HEAD_DIM)
     offs = tl.load(RowOff + rows)[:, None] + tl.load(ColOff + cols)[None, :]
+    q_start, seqlen_q, _, _ = seq_info(b, cu_seqlens_q, cu_seqlens_q, seqlen_q, seqlen_q, IS_VARLEN)
+    if m * BLOCK_M >= seqlen_q:
+        return
     acc = tl.load(Acc + p.to(tl.int64) * (BLOCK_M * HEAD_DIM) + offs)
     q_rows = m * BLOCK_M + rows
-    ptrs = dQ + b.to(tl.int64) * stride_b + q_rows[:, None].to(tl.int64) * stride_m + h * stride_h + cols[None, :]
+    ptrs = (dQ + b.to(tl.int64) * stride_b + (q_start + q_rows[:, None]).to(tl.int64) * stride_m + h * stride_h
+            + cols[None, :])
     tl.store(ptrs, (acc * scale).to(dQ.dtype.element_ty), mask=(q_rows < seqlen_q)[:, None])

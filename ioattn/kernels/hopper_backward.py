@@ -84,7 +84,13 @@ seqlen_q, dK / dV stores to keys < seqlen_k. A key block that no query sees (cau
 seqlen_q) stores zeros. Tiles entirely inside both sequences and below the diagonal skip the mask
 arithmetic (a compile-time specialisation, as the forward does).
 
-NOT in either variant: varlen, sliding window, softcap, ALiBi, dropout. dQ's fp32 atomics (or
+Packed (varlen) sequences: the "ws" kernel only (``IS_VARLEN``; ``hopper_backward``'s cu_seqlens
+arguments): a program reads its sequence's first rows and lengths from cu_seqlens and runs the
+fixed-length code on them; the padded stat rows, the flat dQ blocks and the deterministic mode's
+counters are per (sequence, head) as many as the longest sequence needs; the producer zeroes the rows
+a tile reads past the rows the sequences own (``_ws_producer``).
+
+NOT in either variant: sliding window, softcap, ALiBi, dropout. dQ's fp32 atomics (or
 reduce-adds in "ws") sum in arrival order, so dQ varies run to run at rounding level (dK / dV do
 not), except in the "ws" kernel's ``DETERMINISTIC`` mode.
 
@@ -248,7 +254,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ioattn.dispatch import tma_rows_view
 from ioattn.kernels.backward import attn_bwd_preprocess_kernel, dq_from_blocks_kernel
-from ioattn.kernels.hopper_forward import LOG2E
+from ioattn.kernels.hopper_forward import LOG2E, _zero_v_tail as _zero_rows_from
 
 BWD_VARIANTS = ("base", "ws")
 # head dims each variant compiles for ("ws" at 256: its column-split form, see "Column split" above)
@@ -451,7 +457,7 @@ def _key_block(nheads_kv, BLOCK_N: gl.constexpr, REVERSED: gl.constexpr = False)
 
 
 @gluon.jit
-def _store_dkdv(dK, dV, dk, dv, b, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, kv_layout: gl.constexpr,
+def _store_dkdv(dK, dV, dk, dv, k_row0, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, kv_layout: gl.constexpr,
                 HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, COALESCED: gl.constexpr = False):
     """The key block's dK (times softmax_scale) and dV, fp32 accumulators in ``kv_layout``, stored in
     the inputs' dtype with masked pointer stores (keys past seqlen_k are not written): both kernels'
@@ -462,26 +468,27 @@ def _store_dkdv(dK, dV, dk, dv, b, h_kv, nheads_kv, n_start, seqlen_k, softmax_s
         num_warps: gl.constexpr = gl.num_warps()
         row_threads: gl.constexpr = HEAD_DIM // 8
         st_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // row_threads, row_threads], [num_warps, 1], [1, 0])
-        _store_rows(dV, dv.to(dV.dtype.element_ty), b, h_kv, nheads_kv, n_start, seqlen_k, st_layout, HEAD_DIM,
+        _store_rows(dV, dv.to(dV.dtype.element_ty), k_row0, h_kv, nheads_kv, n_start, seqlen_k, st_layout, HEAD_DIM,
                     BLOCK_N)
-        _store_rows(dK, (dk * softmax_scale).to(dK.dtype.element_ty), b, h_kv, nheads_kv, n_start, seqlen_k,
+        _store_rows(dK, (dk * softmax_scale).to(dK.dtype.element_ty), k_row0, h_kv, nheads_kv, n_start, seqlen_k,
                     st_layout, HEAD_DIM, BLOCK_N)
     else:
-        _store_rows(dV, dv.to(dV.dtype.element_ty), b, h_kv, nheads_kv, n_start, seqlen_k, kv_layout, HEAD_DIM,
+        _store_rows(dV, dv.to(dV.dtype.element_ty), k_row0, h_kv, nheads_kv, n_start, seqlen_k, kv_layout, HEAD_DIM,
                     BLOCK_N)
-        _store_rows(dK, (dk * softmax_scale).to(dK.dtype.element_ty), b, h_kv, nheads_kv, n_start, seqlen_k,
+        _store_rows(dK, (dk * softmax_scale).to(dK.dtype.element_ty), k_row0, h_kv, nheads_kv, n_start, seqlen_k,
                     kv_layout, HEAD_DIM, BLOCK_N)
 
 
 @gluon.jit
-def _store_rows(ptr, x, b, h_kv, nheads_kv, n_start, seqlen_k, layout: gl.constexpr, HEAD_DIM: gl.constexpr,
+def _store_rows(ptr, x, k_row0, h_kv, nheads_kv, n_start, seqlen_k, layout: gl.constexpr, HEAD_DIM: gl.constexpr,
                 BLOCK_N: gl.constexpr):
-    """One (BLOCK_N keys x HEAD_DIM) tile ``x`` into (batch, seqlen_k, nheads_kv, HEAD_DIM) at this key
-    block, in ``layout``, keys past seqlen_k masked."""
+    """One (BLOCK_N keys x HEAD_DIM) tile ``x`` into the (rows, nheads_kv, HEAD_DIM) gradient at this key
+    block (``k_row0``: the row of the sequence's key 0, b * seqlen_k, or cu_seqlens_k[b] when varlen), in
+    ``layout``, keys past the sequence's seqlen_k masked."""
     x = gl.convert_layout(x, layout)
     out_keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
     out_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
-    out_base = ((b * seqlen_k + n_start).to(gl.int64) * nheads_kv + h_kv) * HEAD_DIM
+    out_base = ((k_row0 + n_start).to(gl.int64) * nheads_kv + h_kv) * HEAD_DIM
     offs = out_keys[:, None] * (nheads_kv * HEAD_DIM) + out_cols[None, :]
     key_ok = (n_start + out_keys < seqlen_k)[:, None]
     gl.store(ptr + out_base + offs, x, mask=key_ok)
@@ -654,7 +661,8 @@ def hopper_bwd_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, Lse, Delta, DQacc, d
         mbarrier.invalidate(qdo_bar.index(i))
     mbarrier.invalidate(kv_bar)
 
-    _store_dkdv(dK, dV, dk, dv, b, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, kv_layout, HEAD_DIM, BLOCK_N)
+    _store_dkdv(dK, dV, dk, dv, b * seqlen_k, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, kv_layout, HEAD_DIM,
+                BLOCK_N)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -676,17 +684,40 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 @gluon.jit
 def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem, lse_smem,
-                 delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0, kv_row, kv_col, m_lo, n_m, n_iter,
-                 seqlen_q, nheads, stat_stride, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                 DO_STAGES: gl.constexpr):
+                 delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, tail_bar, b, h0, kv_row, kv_col, m_lo, n_m,
+                 n_iter, q_row0, nheads, stat_stride, seqlen_q, seqlen_k, n_start, q_owned, k_owned,
+                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                 DO_STAGES: gl.constexpr, IS_VARLEN: gl.constexpr):
     """The 1-warp TMA producer: K and V of the key block once, then per step t (query head
     h0 + t // n_m, query block m_lo + t % n_m) Q with its lse row into slot t % STAGES of the Q ring
     (``q_ready``) and dO with its D row into slot t % DO_STAGES of the dO ring (``do_ready``), each
     after the consumers have released that slot's previous tile (``q_empty`` / ``do_empty``). The
-    rings have the same depth except in the column-split kernel (head dim 256: one dO stage)."""
-    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [kv_row, kv_col], kv_bar, k_smem.index(0))
-    tma.async_copy_global_to_shared(v_desc, [kv_row, kv_col], kv_bar, v_smem.index(0))
+    rings have the same depth except in the column-split kernel (head dim 256: one dO stage). Q / dO rows
+    from ``q_row0`` (the row of the sequence's query 0: b * seqlen_q, or cu_seqlens_q[b] when varlen),
+    K / V from ``kv_row``; the lse / D rows at (b, h, m_start) of the padded (batch, nheads, stat_stride).
+
+    ``IS_VARLEN``: a tile reaching past ``q_owned`` / ``k_owned`` (cu_seqlens[batch], the end of the
+    rows the sequences own) may read rows that hold anything (NaN in an unused buffer); their
+    probabilities are 0, but 0 x NaN is NaN in the products (dV += P^T dO, dK += dS^T Q, dQ = dS K, and
+    dP^T = V dO^T), so such a tile lands on ``tail_bar`` instead, this warp zeroes its rows past the
+    sequence's end (the forward's ``_zero_v_tail``: NOTES §38), then releases it by a plain arrive on
+    its ready barrier (count 1, no bytes pending). Only the last sequence's tiles (or a short one's
+    before it) reach there; a tile past another sequence's end reads the next sequence's rows, finite,
+    masked as the fixed-length kernel masks the next batch entry's."""
+    tails = 0 * n_iter  # tiles on tail_bar so far (its phase); a runtime integer (loop-carried)
+    if IS_VARLEN and kv_row + BLOCK_N > k_owned:
+        mbarrier.expect(tail_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [kv_row, kv_col], tail_bar, k_smem.index(0))
+        tma.async_copy_global_to_shared(v_desc, [kv_row, kv_col], tail_bar, v_smem.index(0))
+        mbarrier.wait(tail_bar, 0)
+        tails += 1
+        _zero_rows_from(k_smem.index(0), seqlen_k - n_start, BLOCK_N, HEAD_DIM)
+        _zero_rows_from(v_smem.index(0), seqlen_k - n_start, BLOCK_N, HEAD_DIM)
+        mbarrier.arrive(kv_bar, count=1)
+    else:
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [kv_row, kv_col], kv_bar, k_smem.index(0))
+        tma.async_copy_global_to_shared(v_desc, [kv_row, kv_col], kv_bar, v_smem.index(0))
     for t in range(n_iter):
         s = t % STAGES
         reuse_phase = ((t // STAGES) & 1) ^ 1  # the consumers' release of this slot's previous tile
@@ -698,17 +729,34 @@ def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, 
             reuse_phase_do = ((t // DO_STAGES) & 1) ^ 1
         h = h0 + t // n_m
         m_start = (m_lo + t % n_m) * BLOCK_M
-        row = b * seqlen_q + m_start
+        row = q_row0 + m_start
         col = h * HEAD_DIM
         stat = (b * nheads + h) * stat_stride + m_start
         mbarrier.wait(q_empty.index(s), reuse_phase, pred=t >= STAGES)
-        mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [row, col], q_ready.index(s), q_smem.index(s))
-        tma.async_copy_global_to_shared(lse_desc, [stat], q_ready.index(s), lse_smem.index(s))
-        mbarrier.wait(do_empty.index(s_do), reuse_phase_do, pred=t >= DO_STAGES)
-        mbarrier.expect(do_ready.index(s_do), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(do_desc, [row, col], do_ready.index(s_do), do_smem.index(s_do))
-        tma.async_copy_global_to_shared(delta_desc, [stat], do_ready.index(s_do), delta_smem.index(s_do))
+        if IS_VARLEN and row + BLOCK_M > q_owned:  # Q and dO both through tail_bar, zeroed past the end
+            mbarrier.expect(tail_bar, q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [row, col], tail_bar, q_smem.index(s))
+            tma.async_copy_global_to_shared(lse_desc, [stat], tail_bar, lse_smem.index(s))
+            mbarrier.wait(tail_bar, tails & 1)
+            tails += 1
+            _zero_rows_from(q_smem.index(s), seqlen_q - m_start, BLOCK_M, HEAD_DIM)
+            mbarrier.arrive(q_ready.index(s), count=1)
+            mbarrier.wait(do_empty.index(s_do), reuse_phase_do, pred=t >= DO_STAGES)
+            mbarrier.expect(tail_bar, do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(do_desc, [row, col], tail_bar, do_smem.index(s_do))
+            tma.async_copy_global_to_shared(delta_desc, [stat], tail_bar, delta_smem.index(s_do))
+            mbarrier.wait(tail_bar, tails & 1)
+            tails += 1
+            _zero_rows_from(do_smem.index(s_do), seqlen_q - m_start, BLOCK_M, HEAD_DIM)
+            mbarrier.arrive(do_ready.index(s_do), count=1)
+        else:
+            mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [row, col], q_ready.index(s), q_smem.index(s))
+            tma.async_copy_global_to_shared(lse_desc, [stat], q_ready.index(s), lse_smem.index(s))
+            mbarrier.wait(do_empty.index(s_do), reuse_phase_do, pred=t >= DO_STAGES)
+            mbarrier.expect(do_ready.index(s_do), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(do_desc, [row, col], do_ready.index(s_do), do_smem.index(s_do))
+            tma.async_copy_global_to_shared(delta_desc, [stat], do_ready.index(s_do), delta_smem.index(s_do))
 
 
 @gluon.jit
@@ -723,7 +771,7 @@ def _bulk_complete_and_release(sem):
 
 @gluon.jit
 def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_full, Sem, b, h0, m_lo, n_m, n_iter,
-                  seqlen_q, seqlen_k, nheads, n_m_total, n_block, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                  q_row0, seqlen_q, seqlen_k, nheads, n_m_total, n_block, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_COLS: gl.constexpr,
                   STAGES: gl.constexpr, DQ_FLAT: gl.constexpr = False, dq_smem1=None,
                   WG_SPLIT: gl.constexpr = False):
@@ -754,13 +802,17 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
     ``DQ_FLAT`` (``WS_DQ_FLAT``): the tile and the accumulator in the flat order, one dense
     [BLOCK_M * HEAD_DIM / 32, 32] box a block at row (block index) * that many of the 2-D view.
     ``WG_SPLIT`` (``WS_WG_PARTITIONS``): the tile's two halves in ``dq_smem`` and ``dq_smem1`` (one a
-    consumer warpgroup), two boxes of half as many rows, the second after the first."""
+    consumer warpgroup), two boxes of half as many rows, the second after the first.
+
+    ``n_m_total``: the query blocks of one (batch, head) in the flat accumulator and in ``Sem`` (the
+    padded stat rows' count: from the longest sequence when varlen); ``seqlen_q`` / ``seqlen_k``: this
+    sequence's; ``q_row0``: the row of its query 0 in the (rows, nheads * d) accumulator."""
     PIECES: gl.constexpr = HEAD_DIM // DQ_COLS  # 1; the column-split kernel's 2 halves
     FLAT_ROWS: gl.constexpr = BLOCK_M * HEAD_DIM // 32
     for t in range(n_iter):
         h = h0 + t // n_m
         m = m_lo + t % n_m
-        row = b * seqlen_q + m * BLOCK_M
+        row = q_row0 + m * BLOCK_M
         for j in gl.static_range(PIECES):  # piece j: columns [j * DQ_COLS, (j + 1) * DQ_COLS) of the block
             if j == 0:  # the dQ buffer; the column split's high half on its own barrier, in the Q slot
                 mbarrier.wait(dq_full, t & 1)
@@ -808,7 +860,7 @@ def _opaque_zero():
 
 @gluon.jit
 def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
-                 do_ready, do_empty, dq_full, dq_empty, ds_full, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m,
+                 do_ready, do_empty, dq_full, dq_empty, ds_full, dK, dV, k_row0, h_kv, nheads_kv, n_start, m_lo, n_m,
                  n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                  COALESCED_STORE: gl.constexpr = False, LSE_IN_ACC: gl.constexpr = False,
@@ -958,13 +1010,13 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         if m_blk == m_lo + n_m:  # the next query head of the group
             m_blk = m_lo
 
-    _store_dkdv(dK, dV, dk, dv, b, h_kv, nheads_kv, n_own, seqlen_k, softmax_scale, kv_layout, HEAD_DIM, ROWS,
+    _store_dkdv(dK, dV, dk, dv, k_row0, h_kv, nheads_kv, n_own, seqlen_k, softmax_scale, kv_layout, HEAD_DIM, ROWS,
                 COALESCED_STORE)
 
 
 @gluon.jit
 def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
-                        q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv, nheads_kv,
+                        q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, k_row0, h_kv, nheads_kv,
                         n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
                         IS_CAUSAL: gl.constexpr, STAGED_STORE: gl.constexpr = False):
@@ -1072,15 +1124,15 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
         uses = (n_iter - i + STAGES - 1) // STAGES
         mbarrier.wait(q_empty.index(i), (uses + 1) & 1, pred=uses > 0)
     if STAGED_STORE:
-        _store_dkdv_staged(dK, dV, dk, dv, q_smem, b, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, HEAD_DIM,
+        _store_dkdv_staged(dK, dV, dk, dv, q_smem, k_row0, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, HEAD_DIM,
                            BLOCK_N)
     else:
-        _store_dkdv(dK, dV, dk, dv, b, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, kv_layout, HEAD_DIM,
+        _store_dkdv(dK, dV, dk, dv, k_row0, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, kv_layout, HEAD_DIM,
                     BLOCK_N)
 
 
 @gluon.jit
-def _store_dkdv_staged(dK, dV, dk, dv, q_smem, b, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale,
+def _store_dkdv_staged(dK, dV, dk, dv, q_smem, k_row0, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale,
                        HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr):
     """``_store_dkdv`` in whole rows of 16-byte pieces, staged through the Q ring (free once the last
     step's dK product, its last reader, has retired in both warpgroups: the column-split kernel has no
@@ -1095,15 +1147,15 @@ def _store_dkdv_staged(dK, dV, dk, dv, q_smem, b, h_kv, nheads_kv, n_start, seql
     q_smem.index(0).store((dk * softmax_scale).to(dK.dtype.element_ty))
     q_smem.index(1).store(dv.to(dV.dtype.element_ty))
     gl.thread_barrier()
-    _store_rows(dK, q_smem.index(0).load(row_layout), b, h_kv, nheads_kv, n_start, seqlen_k, row_layout, HEAD_DIM,
+    _store_rows(dK, q_smem.index(0).load(row_layout), k_row0, h_kv, nheads_kv, n_start, seqlen_k, row_layout, HEAD_DIM,
                 BLOCK_N)
-    _store_rows(dV, q_smem.index(1).load(row_layout), b, h_kv, nheads_kv, n_start, seqlen_k, row_layout, HEAD_DIM,
+    _store_rows(dV, q_smem.index(1).load(row_layout), k_row0, h_kv, nheads_kv, n_start, seqlen_k, row_layout, HEAD_DIM,
                 BLOCK_N)
 
 
 @gluon.jit
 def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar, q_ready,
-                  q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv, nheads_kv, n_start, m_lo,
+                  q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, k_row0, h_kv, nheads_kv, n_start, m_lo,
                   n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr,
@@ -1114,24 +1166,25 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
     default partition and one worker), ``dq_hi_full`` its dS^T exchange barrier."""
     if COL_SPLIT:
         _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
-                            q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv,
+                            q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, k_row0, h_kv,
                             nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale,
                             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COALESCED_STORE)
     else:
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
-                     do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m,
+                     do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, k_row0, h_kv, nheads_kv, n_start, m_lo, n_m,
                      n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
                      IS_CAUSAL, COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, W)
 
 
 @gluon.jit
-def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dK, dV, Sem,
+def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dK, dV, Sem, Cu_q, Cu_k,
                          seqlen_q, seqlen_k, nheads, group, stat_stride, softmax_scale, qk_scale,
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False,
                          COALESCED_STORE: gl.constexpr = False, DQ_FLAT: gl.constexpr = False,
-                         LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False):
+                         LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False,
+                         IS_VARLEN: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers; 4
     with ``WG_SPLIT``: warpgroup 0, warpgroup 1 a worker partition); the producer and dQ-writer warps
     are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
@@ -1145,7 +1198,17 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     DO_STAGES: depth of the Q and dO rings (equal unless ``COL_SPLIT``). ``COL_SPLIT`` (head dim 256):
     BLOCK_N = 64 and the consumers split the head dim (``_ws_consumer_dsplit``) instead of the keys
     (``_ws_consumer``), dQ's high half staged in the step's Q slot. The other flags: the module's
-    ``WS_*`` switches, through ``kernel_config``."""
+    ``WS_*`` switches, through ``kernel_config``.
+
+    ``IS_VARLEN`` (packed sequences): ``Cu_q`` / ``Cu_k`` int32 cu_seqlens (batch + 1 entries; unused
+    otherwise), ``seqlen_q`` / ``seqlen_k`` the longest lengths (the grid's key blocks cover
+    ``seqlen_k``; ``stat_stride``, the padded lse / D rows, the flat dQ blocks and ``Sem`` are per
+    (batch, head) from ``seqlen_q``). The descriptors view the packed (total, heads, d) tensors as
+    (total, heads * d); a program reads its sequence's first rows and lengths and runs exactly the
+    fixed-length code on them: a tile past the sequence's end reads the next sequence's rows (or
+    TMA's zero fill), masked as the fixed-length kernel masks the next batch entry's rows, and its
+    dQ rows there receive zeros (the column split's (rows, heads * d) accumulator; the flat one has
+    padded blocks). A key block past its sequence's end runs no step and stores nothing."""
     num_warps: gl.constexpr = gl.num_warps()
     if WG_SPLIT:  # (``WS_WG_PARTITIONS``) the default partition is warpgroup 0, a worker warpgroup 1
         gl.static_assert(num_warps == 4 and DQ_FLAT and not COL_SPLIT, "a warpgroup a partition: the flat key split")
@@ -1173,11 +1236,28 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     nheads_kv = nheads // group
     # deterministic + causal: the key blocks launch in reverse, the order their dQ additions take
     b, h_kv, n_start = _key_block(nheads_kv, BLOCK_N, DETERMINISTIC and IS_CAUSAL)
-    n_m_total = gl.cdiv(seqlen_q, BLOCK_M)
+    # query blocks per (batch, head) in the padded stat rows, the flat dQ accumulator and Sem
+    n_m_total = stat_stride // BLOCK_M
+    if IS_VARLEN:  # this sequence's first rows and lengths (seqlen_q / seqlen_k from here on are its own)
+        q_row0 = gl.load(Cu_q + b)
+        seqlen_q = gl.load(Cu_q + b + 1) - q_row0
+        k_row0 = gl.load(Cu_k + b)
+        seqlen_k = gl.load(Cu_k + b + 1) - k_row0
+        # the end of the rows the sequences own (the producer zeroes what a tile reads past it)
+        q_owned = gl.load(Cu_q + gl.num_programs(1) // nheads_kv)
+        k_owned = gl.load(Cu_k + gl.num_programs(1) // nheads_kv)
+    else:
+        q_row0 = b * seqlen_q
+        k_row0 = b * seqlen_k
+        q_owned = 0  # unused
+        k_owned = 0
+    n_m_seq = gl.cdiv(seqlen_q, BLOCK_M)  # this sequence's query blocks
     m_lo = 0
     if IS_CAUSAL:
-        m_lo = gl.minimum(gl.maximum(n_start - (seqlen_k - seqlen_q), 0) // BLOCK_M, n_m_total)
-    n_m = n_m_total - m_lo
+        m_lo = gl.minimum(gl.maximum(n_start - (seqlen_k - seqlen_q), 0) // BLOCK_M, n_m_seq)
+    n_m = n_m_seq - m_lo
+    if IS_VARLEN:  # a key block past its sequence's end (the grid covers the longest): no step, no store
+        n_m = gl.where(n_start < seqlen_k, n_m, 0)
     n_iter = group * n_m
     h0 = h_kv * group
 
@@ -1212,6 +1292,11 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     do_empty = gl.allocate_shared_memory(gl.int64, [DO_STAGES, 1], bar_layout)
     dq_full = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
     dq_empty = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+    if IS_VARLEN:  # the producer's own barrier for the tiles it zeroes past the owned rows
+        tail_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+        mbarrier.init(tail_bar, count=1)
+    else:
+        tail_bar = kv_bar  # unused
     # every barrier completes on one arrive: a TMA's expect-tx (ready, kv), the consumer partition's
     # single thread after a barrier over its 8 warps (empty, dq_full), the writer warp (dq_empty);
     # ``WG_SPLIT``: the consumers' on two, one a warpgroup partition (CONSUMERS)
@@ -1249,17 +1334,17 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     gl.warp_specialize([
         (_ws_consumers, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem,
                          dq_smem1 if w else dq_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty,
-                         dq_hi_full, dK, dV, b, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k,
+                         dq_hi_full, dK, dV, k_row0, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k,
                          softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT,
                          COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, w))
         if w < CONSUMERS else
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
-                        lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, b, h0,
-                        b * seqlen_k + n_start, h_kv * HEAD_DIM, m_lo, n_m, n_iter, seqlen_q, nheads, stat_stride,
-                        HEAD_DIM, BLOCK_M, STAGES, DO_STAGES))
+                        lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, tail_bar, b, h0,
+                        k_row0 + n_start, h_kv * HEAD_DIM, m_lo, n_m, n_iter, q_row0, nheads, stat_stride, seqlen_q,
+                        seqlen_k, n_start, q_owned, k_owned, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_VARLEN))
         if w == CONSUMERS else
         (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_full, Sem, b, h0, m_lo, n_m,
-                         n_iter, seqlen_q, seqlen_k, nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         n_iter, q_row0, seqlen_q, seqlen_k, nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, BLOCK_N,
                          IS_CAUSAL, DETERMINISTIC, DQ_COLS, STAGES, DQ_FLAT, dq_smem1, WG_SPLIT))
         for w in (0, 1, 2, 3)[:CONSUMERS + 2]
     ], [4, 1, 1] if WG_SPLIT else [1, 1],
@@ -1316,7 +1401,8 @@ def ws_layouts(d: int, dtype) -> dict:
                                         element_bitwidth=32, rank=2))
 
 
-def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="base", deterministic=False):
+def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="base", deterministic=False,
+                    cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
     """(dq, dk, dv) for (batch, seqlen, heads, d) bf16/fp16 q, k, v (GQA allowed; contiguous or views of
     a packed tensor, ``dispatch.tma_rows_view``, else copied), d in
     (64, 128) (and 256 with variant "ws": its column-split form), causal (bottom-right) or not;
@@ -1325,23 +1411,41 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
     fp32 dQ additions. No varlen / window / softcap / ALiBi / dropout. dQ by fp32 atomics or TMA
     reduce-adds in arrival order, so not bitwise reproducible, except with ``deterministic=True``
     ("ws" only): the additions in key-block order. The dispatch takes variant
-    ``ioattn.hopper.BWD_VARIANT`` where ``ioattn.hopper.bwd_plan`` says so (head dims 64 and 128)."""
+    ``ioattn.hopper.BWD_VARIANT`` where ``ioattn.hopper.bwd_plan`` says so (head dims 64 and 128).
+
+    Varlen ("ws" only; ``cu_seqlens_q`` given, with cu_seqlens_k and the longest lengths): packed q / dout
+    / out (total_q, nheads, d), k / v (total_k, nheads_kv, d), lse (nheads, total_q), as the varlen
+    forwards return it; rows that no sequence owns get zero gradients."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    batch, seqlen_q, nheads, d = q.shape
-    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
+    varlen = cu_seqlens_q is not None
+    nheads, d = q.shape[-2], q.shape[-1]
+    nheads_kv = k.shape[-2]
+    if varlen:
+        if variant != "ws":
+            raise ValueError(f"varlen needs variant \"ws\", got {variant!r}")
+        batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, int(max_seqlen_q), int(max_seqlen_k)
+        assert q.dim() == 3 and cu_seqlens_k is not None and cu_seqlens_k.numel() == batch + 1
+        assert cu_seqlens_q.dtype == torch.int32 and cu_seqlens_k.dtype == torch.int32
+        assert lse.shape == (nheads, q.shape[0]) and lse.stride(1) == 1 and lse.dtype == torch.float32
+        lse_strides = (0, lse.stride(0))
+    else:
+        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        assert lse.shape == (batch, nheads, seqlen_q) and lse.stride(2) == 1 and lse.dtype == torch.float32
+        lse_strides = (lse.stride(0), lse.stride(1))
     assert q.dtype in (torch.float16, torch.bfloat16) and k.dtype == q.dtype and v.dtype == q.dtype
     assert nheads % nheads_kv == 0
-    assert lse.shape == (batch, nheads, seqlen_q) and lse.stride(2) == 1 and lse.dtype == torch.float32
     cfg = kernel_config(d, variant)
     if deterministic and variant != "ws":
         raise ValueError(f"deterministic=True needs variant \"ws\" (the ordered dQ mode), got {variant!r}")
     # the descriptors read 2-D (rows, heads * d) views: a packed qkv's views as they are, other layouts
     # (and dO with zero strides, as autograd passes for a sum) copied
     q, k, v, dout = (t if tma_rows_view(t) is not None else t.contiguous() for t in (q, k, v, dout))
-    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
-    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    if q.numel() == 0 or k.numel() == 0:
+    # varlen: zeros first, the kernels write only the rows some sequence owns
+    grad_like = torch.zeros_like if varlen else torch.empty_like
+    dk = grad_like(k, memory_format=torch.contiguous_format)
+    dv = grad_like(v, memory_format=torch.contiguous_format)
+    if q.numel() == 0 or k.numel() == 0 or seqlen_q == 0 or seqlen_k == 0:
         return torch.zeros_like(q), dk.zero_(), dv.zero_()
     # D = rowsum(dO * O) fp32 by the portable backward's preprocess kernel (one read of O and dO; the
     # torch expression it replaces made fp32 copies of both, ~1 GB of traffic at d=128 x 16k tokens x
@@ -1352,6 +1456,11 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
     stat_stride = seqlen_q if variant == "base" else triton_cdiv(seqlen_q, bm) * bm
     out = out.contiguous()
     flat = variant == "ws" and cfg["dq_flat"]
+    # (batch, sequence, head) strides of O and dO for the preprocess kernel (varlen: rows from cu_seqlens_q)
+    o_strides = (0, out.stride(0), out.stride(1)) if varlen else (out.stride(0), out.stride(1), out.stride(2))
+    do_strides = (0, dout.stride(0), dout.stride(1)) if varlen else (dout.stride(0), dout.stride(1), dout.stride(2))
+    cu_q = cu_seqlens_q if varlen else q.new_empty(0, dtype=torch.int32)
+    cu_k = cu_seqlens_k if varlen else q.new_empty(0, dtype=torch.int32)
     # "ws": lse in log2 units (-inf rows, which saw no key, -> 0: the base kernel's guard), padded as D;
     # with ``LSE_IN_ACC`` lse / softmax_scale instead, where S^T's accumulator starts (the same
     # exponent once the scores are scaled by softmax_scale * log2 e)
@@ -1369,13 +1478,12 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
         lse2 = torch.empty_like(delta)
         if flat:
             dq_accum = torch.empty(batch * nheads * stat_stride * d, device=q.device, dtype=torch.float32)
-        else:
-            dq_accum = torch.zeros(batch, seqlen_q, nheads, d, device=q.device, dtype=torch.float32)
+        else:  # (rows, nheads, d), as dQ
+            dq_accum = torch.zeros(*q.shape, device=q.device, dtype=torch.float32)
         attn_bwd_preprocess_kernel[(stat_stride // 64 * batch * nheads,)](
-            out, dout, delta, q.new_empty(0, dtype=torch.int32), out.stride(0), out.stride(1), out.stride(2),
-            dout.stride(0), dout.stride(1), dout.stride(2), delta.stride(0), delta.stride(1), nheads, seqlen_q,
-            HEAD_DIM=d, BLOCK_D=d, BLOCK_M=64, IS_VARLEN=False, Lse=lse, LseOut=lse2,
-            DQacc=dq_accum if flat else delta, stride_slb=lse.stride(0), stride_slh=lse.stride(1),
+            out, dout, delta, cu_q, *o_strides, *do_strides, delta.stride(0), delta.stride(1), nheads, seqlen_q,
+            HEAD_DIM=d, BLOCK_D=d, BLOCK_M=64, IS_VARLEN=varlen, Lse=lse, LseOut=lse2,
+            DQacc=dq_accum if flat else delta, stride_slb=lse_strides[0], stride_slh=lse_strides[1],
             stat_rows=stat_stride, lse_unit=lse_unit, PADDED=True, ZERO_DQ=flat)
     else:  # "base": (batch, nheads, seqlen_q), as it was measured
         delta = torch.zeros(batch, nheads, stat_stride, device=q.device, dtype=torch.float32)
@@ -1407,36 +1515,46 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
     else:
         lse_desc = TensorDescriptor.from_tensor(lse2.view(-1), [bm], lay["stat"])
         delta_desc = TensorDescriptor.from_tensor(delta.view(-1), [bm], lay["stat"])
-        dq_2d = dq_accum.view(-1, 32) if flat else dq_accum.view(batch * seqlen_q, nheads * d)
+        dq_2d = dq_accum.view(-1, 32) if flat else dq_accum.view(-1, nheads * d)
         dq_desc = TensorDescriptor.from_tensor(dq_2d, cfg["dq_block"], lay["dq"])
         # one counter per (batch, head, query block) orders the dQ additions (deterministic only)
         sem = torch.zeros(batch * nheads * triton_cdiv(seqlen_q, bm) if deterministic else 1, device=q.device,
                           dtype=torch.int32)
         hopper_bwd_ws_kernel[grid](q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk, dv, sem,
-                                   seqlen_q, seqlen_k, nheads, nheads // nheads_kv, stat_stride,
+                                   cu_q, cu_k, seqlen_q, seqlen_k, nheads, nheads // nheads_kv, stat_stride,
                                    float(softmax_scale), float(softmax_scale) * 1.4426950408889634,
-                                   IS_CAUSAL=bool(causal), DETERMINISTIC=bool(deterministic),
+                                   IS_CAUSAL=bool(causal), DETERMINISTIC=bool(deterministic), IS_VARLEN=varlen,
                                    num_warps=cfg["num_warps"], **consts)
     if flat:
-        return dq_from_flat(dq_accum, q, bm, softmax_scale), dk, dv
+        return dq_from_flat(dq_accum, q, bm, softmax_scale, cu_q if varlen else None, stat_stride // bm), dk, dv
     # one pass: scale and cast into dQ (``(dq_accum * scale).to(dtype)`` made an fp32 copy first)
     dq = torch.mul(dq_accum, softmax_scale, out=torch.empty_like(q, memory_format=torch.contiguous_format))
     return dq, dk, dv
 
 
-def dq_from_flat(dq_accum, q, block_m, scale):
+def dq_from_flat(dq_accum, q, block_m, scale, cu_seqlens_q=None, n_m=None):
     """dQ (q's shape and dtype) = scale * the flat accumulator (``WS_DQ_FLAT``: per (batch, head,
     query block) a [block_m, d] block in ``dq_flat_bases`` order), in one pass of the portable
     ``dq_from_blocks_kernel``: the order is a permutation of the coordinates' bits, so an element's
     offset is a row part plus a column part (two small tables). (A torch copy through a view of
-    2 x ... x 2 dimensions did the same 10-20 % of a backward's time slower at N = 1024, NOTES §99.)"""
-    batch, seqlen_q, nheads, d = q.shape
-    n_m = triton_cdiv(seqlen_q, block_m)
+    2 x ... x 2 dimensions did the same 10-20 % of a backward's time slower at N = 1024, NOTES §99.)
+    Varlen (``cu_seqlens_q``; q packed (total_q, nheads, d)): ``n_m`` blocks per (batch, head), block m
+    of sequence b to rows cu_seqlens_q[b] + m * block_m on; rows no sequence owns are 0."""
+    varlen = cu_seqlens_q is not None
+    nheads, d = q.shape[-2], q.shape[-1]
+    if varlen:
+        batch, seqlen_q = cu_seqlens_q.numel() - 1, 0
+        dq = torch.zeros_like(q, memory_format=torch.contiguous_format)
+        strides = (0, dq.stride(0), dq.stride(1))
+    else:
+        batch, seqlen_q = q.shape[0], q.shape[1]
+        n_m = triton_cdiv(seqlen_q, block_m)
+        dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+        strides = (dq.stride(0), dq.stride(1), dq.stride(2))
     row_off, col_off = _flat_offset_tables(block_m, d, str(q.device))
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-    dq_from_blocks_kernel[(batch * nheads * n_m,)](dq_accum, row_off, col_off, dq, seqlen_q, nheads, n_m,
-                                                  dq.stride(0), dq.stride(1), dq.stride(2), float(scale),
-                                                  BLOCK_M=block_m, HEAD_DIM=d, num_warps=4)
+    dq_from_blocks_kernel[(batch * nheads * n_m,)](dq_accum, row_off, col_off, dq, seqlen_q, nheads, n_m, *strides,
+                                                  float(scale), cu_seqlens_q if varlen else row_off,
+                                                  BLOCK_M=block_m, HEAD_DIM=d, IS_VARLEN=varlen, num_warps=4)
     return dq
 
 
