@@ -4,12 +4,16 @@ backward (both variants), the portable forward, and a split decode step with its
 programmatic dependent launch; contiguous, and paged through TMA).
 
     compute-sanitizer --tool memcheck  python benchmarks/sanitize_small.py [--heads 256] [--no-forward]
+                                                                           [--varlen]
 
 ``--heads``: the head dims of the attention calls (default 64,128,256); ``--no-forward``: only the
 Gluon backward kernels of those head dims and the decode calls (the forward variants skipped).
 The decode calls include the tail split (whole units, then split ones); the persistent forward also
 runs with several tiles a program (its walk, the paired causal walk, the causal walk from the host's
-table and the Q buffers).
+table and the Q buffers). ``--varlen``: only the Gluon backward's packed-sequence form (ws,
+``IS_VARLEN``) at those head dims, both masks, plain and deterministic, on ragged sequences (a
+sequence with no queries, one with no keys, seqlen_q != seqlen_k) with trailing rows no sequence
+owns (NaN: the producer zeroes what the last tiles read of them).
 """
 import argparse
 
@@ -22,9 +26,30 @@ from ioattn.kernels.hopper_backward import BWD_VARIANT_HEADDIMS, hopper_backward
 ap = argparse.ArgumentParser()
 ap.add_argument("--heads", default="64,128,256")
 ap.add_argument("--no-forward", action="store_true")
+ap.add_argument("--varlen", action="store_true")
 args = ap.parse_args()
 torch.manual_seed(0)
 dev, dt = "cuda", torch.bfloat16
+if args.varlen:
+    lens_q, lens_k, extra = [1, 100, 333, 0, 64, 50], [1, 37, 200, 40, 300, 0], 7
+    cu_q, cu_k = (torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+                  for n in (lens_q, lens_k))
+    for d in map(int, args.heads.split(",")):
+        q = torch.randn(sum(lens_q) + extra, 3, d, device=dev, dtype=dt)
+        k, v = (torch.randn(sum(lens_k) + extra, 1, d, device=dev, dtype=dt) for _ in range(2))
+        dout = torch.randn_like(q)
+        for t, n in ((q, sum(lens_q)), (k, sum(lens_k)), (v, sum(lens_k)), (dout, sum(lens_q))):
+            t[n:] = float("nan")
+        for causal in (False, True):
+            out, lse = ioattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+                                                     return_attn_probs=True)[:2]
+            for det in (False, True):
+                hopper_backward(dout, q, k, v, out, lse, d ** -0.5, causal, variant="ws", deterministic=det,
+                                cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
+                                max_seqlen_k=max(lens_k))
+    torch.cuda.synchronize()
+    print("sanitize_small --varlen: done")
+    raise SystemExit(0)
 b, sq, sk, h, hkv = 2, 300, 340, 3, 1
 for d in map(int, args.heads.split(",")):
     q = torch.randn(b, sq, h, d, device=dev, dtype=dt, requires_grad=True)
