@@ -65,9 +65,27 @@ def _forward(name, q, k, v, cu, max_len, causal, backward):
         return ioattn.flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=causal)
 
 
+def _device_kernels(fn):
+    """The names of the device kernels one call of ``fn`` launches, longest first (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return [e.key[:90] for e in sorted(events, key=lambda e: -e.device_time_total)]
+
+
 def _kernel(name, q, k, v, cu, max_len, causal, backward):
-    if name == "sdpa-njt":
-        return "torch.nn.functional.scaled_dot_product_attention (nested jagged)"
+    if name == "sdpa-njt":  # the backend torch picked, named by the kernels it launched
+        if backward:
+            leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+            out = _sdpa_njt(*leaves, cu, causal)
+            run = lambda: torch.autograd.grad(out, leaves, torch.ones_like(out), retain_graph=True)  # noqa: E731
+        else:
+            run = lambda: _sdpa_njt(q, k, v, cu, causal)  # noqa: E731
+        return "SDPA (nested jagged): " + ", ".join(_device_kernels(run)[:3])
     on = name == "gluon"
     with (hopper.prefer_hopper_bwd(on) if backward else hopper.prefer_hopper(on)):
         plan = ioattn.explain_dispatch(q, k, v, causal=causal, cu_seqlens_q=cu, max_seqlen_q=max_len)
