@@ -1149,9 +1149,15 @@ BWD_HEADDIMS = (64, 128, 256)
 BWD_AUTO_MIN_SEQLEN = {(128, False): 512, (128, True): 512, (64, False): 512, (64, True): 512,
                        (256, False): 512, (256, True): 512}
 # Packed (varlen) batches: the "ws" kernel's IS_VARLEN form, by the longest sequence (max_seqlen_q),
-# as VARLEN_AUTO_MIN_SEQLEN does for the forward. PROVISIONAL: the fixed-length table's lengths until
-# benchmarks/ab_varlen.py --pass bwd has measured the varlen form against the portable backward.
-BWD_VARLEN_AUTO_MIN_SEQLEN = dict(BWD_AUTO_MIN_SEQLEN)
+# as VARLEN_AUTO_MIN_SEQLEN does for the forward: from the shortest max_seqlen_q measured where it was
+# ahead of the portable backward there and at every longer one (benchmarks/ab_varlen.py --pass bwd,
+# ~16k tokens, lengths uniform in [mean/4, 7 mean/4]; max_seqlen 218 / 437 / 875 / 1522 / 2606 / 5212
+# for means 128 / 256 / 512 / 1024 / 2048 / 4096; results/session-2026-12-14-b and -c, NOTES §143;
+# Gluon / portable): d=64 non-causal 0.92, 1.05, 1.19, 1.31, 1.43, 1.49 (from 437); causal 0.86,
+# 0.93, 1.03, 1.15, 1.26, 1.37 (from 875); d=128 1.22-1.81 non-causal and 1.18-1.69 causal, d=256
+# 1.45-2.77 and 1.26-2.67 (from the shortest measured, 218).
+BWD_VARLEN_AUTO_MIN_SEQLEN = {(64, False): 437, (64, True): 875, (128, False): 218, (128, True): 218,
+                              (256, False): 218, (256, True): 218}
 
 
 def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:
