@@ -18,9 +18,10 @@ that loop and at most 24 B outside it.
     python benchmarks/compile_check_hopper_bwd.py [--variants base,ws] [--headdims 64,128,256] [--quick]
                                                   [--no-ptxas] [--jobs N] [--deterministic]
                                                   [--dq-swizzled] [--lse-in-acc] [--wg-partitions]
-                                                  [--varlen]
+                                                  [--varlen] [--window]
 
 ``--varlen``: the ws kernel's packed-sequence form (``IS_VARLEN``) instead of the fixed-length one.
+``--window``: the ws kernel's sliding-window form (``WINDOW``; non-causal: a window replaces the mask).
 """
 import argparse
 import os
@@ -37,7 +38,7 @@ from gluon_aot import (DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxa
                        sass_counts, sass_text, sass_top_register, spills_between_mmas)
 
 
-def compile_one(variant, d, dt, causal, deterministic=False, varlen=False):
+def compile_one(variant, d, dt, causal, deterministic=False, varlen=False, window=False):
     cfg = kernel_config(d, variant)
     fn = cfg["kernel"]
     bm, bn = cfg["block_m"], cfg["block_n"]
@@ -56,21 +57,21 @@ def compile_one(variant, d, dt, causal, deterministic=False, varlen=False):
         rows, cols = cfg["dq_block"]
         sig.update(lse_desc=stat, delta_desc=stat, dq_desc=f"tensordesc<fp32[{rows},{cols}],{lay['dq']!r}>", Sem="*i32",
                    Cu_q="*i32", Cu_k="*i32")
-        cfg["constexprs"] = dict(cfg["constexprs"], DETERMINISTIC=deterministic, IS_VARLEN=varlen)
+        cfg["constexprs"] = dict(cfg["constexprs"], DETERMINISTIC=deterministic, IS_VARLEN=varlen, WINDOW=window)
     # dK / dV 16-byte aligned as at run time, so the epilogue's vector stores show in the SASS
     return cfg, compile_sm90(fn, sig, dict(cfg["constexprs"], IS_CAUSAL=causal), cfg["num_warps"],
                              aligned=("dK", "dV"))
 
 
 def check(job):
-    variant, d, dt, causal, run_ptxas, det, swizzled, lse_in_acc, wg_split, varlen = job
+    variant, d, dt, causal, run_ptxas, det, swizzled, lse_in_acc, wg_split, varlen, window = job
     if wg_split:  # each consumer warpgroup a partition of its own (``WS_WG_PARTITIONS``), in this process
         hopper_backward.WS_WG_PARTITIONS = {64: True, 128: True}
     if lse_in_acc:  # lse folded into S^T's accumulator (``WS_LSE_IN_ACC``), in this process
         hopper_backward.WS_LSE_IN_ACC = {64: True, 128: True}
     if swizzled:  # the swizzled 2-D dQ staging tile instead of the flat one (``WS_DQ_FLAT``), in this process
         hopper_backward.WS_DQ_FLAT = {64: False, 128: False}
-    cfg, k = compile_one(variant, d, dt, causal, det, varlen)
+    cfg, k = compile_one(variant, d, dt, causal, det, varlen, window)
     ptx = k.asm["ptx"]
     c = ptx_counts(ptx)
     reduces = ptx.count("cp.reduce.async.bulk.tensor")
@@ -112,7 +113,7 @@ def check(job):
     atoms = " ".join(f"{op}x{n}" for op, n in sorted(c["atomics"].items()))
     nreg = " ".join(f"{op}{v}x{n}" for (op, v), n in sorted(c["setmaxnreg"].items(),
                                                              key=lambda t: (t[0][0], int(t[0][1]))))
-    name = variant + ("-det" if det else "") + ("-varlen" if varlen else "") + ("-flat" if cfg.get("dq_flat") else "") \
+    name = variant + ("-det" if det else "") + ("-varlen" if varlen else "") + ("-window" if window else "") + ("-flat" if cfg.get("dq_flat") else "") \
         + ("-lse" if cfg["constexprs"].get("LSE_IN_ACC") else "") \
         + ("-wgsplit" if cfg["constexprs"].get("WG_SPLIT") else "")
     do_stages = cfg["constexprs"].get("DO_STAGES", cfg["stages"])
@@ -139,14 +140,16 @@ def main():
     ap.add_argument("--wg-partitions", action="store_true",
                     help="ws at d = 64 / 128: each consumer warpgroup a partition of its own (WS_WG_PARTITIONS)")
     ap.add_argument("--varlen", action="store_true", help="ws: the packed-sequence form (IS_VARLEN)")
+    ap.add_argument("--window", action="store_true", help="ws: the sliding-window form (WINDOW), non-causal")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="compiles in parallel")
     args = ap.parse_args()
     dtypes = ("bf16",) if args.quick else ("bf16", "fp16")
     variants = args.variants.split(",")
     assert set(variants) <= set(BWD_VARIANTS), variants
-    assert not args.varlen or variants == ["ws"], "--varlen: the ws variant only"
+    assert not (args.varlen or args.window) or variants == ["ws"], "--varlen / --window: the ws variant only"
+    assert not args.window or args.causal == "0", "--window: --causal 0 (a window replaces the causal mask)"
     jobs = [(variant, int(d), dt, bool(int(causal)), not args.no_ptxas, det, args.dq_swizzled, args.lse_in_acc,
-             args.wg_partitions, args.varlen)
+             args.wg_partitions, args.varlen, args.window)
             for variant in variants
             for d in args.headdims.split(",") if int(d) in BWD_VARIANT_HEADDIMS[variant]
             for dt in dtypes for causal in args.causal.split(",")

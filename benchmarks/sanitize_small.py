@@ -11,7 +11,8 @@ Gluon backward kernels of those head dims and the decode calls (the forward vari
 The decode calls include the tail split (whole units, then split ones); the persistent forward also
 runs with several tiles a program (its walk, the paired causal walk, the causal walk from the host's
 table and the Q buffers). ``--varlen``: only the Gluon backward's packed-sequence form (ws,
-``IS_VARLEN``) at those head dims, both masks, plain and deterministic, on ragged sequences (a
+``IS_VARLEN``) at those head dims, both masks and two sliding windows (``WINDOW``), plain and
+deterministic, on ragged sequences (a
 sequence with no queries, one with no keys, seqlen_q != seqlen_k) with trailing rows no sequence
 owns (NaN: the producer zeroes what the last tiles read of them).
 """
@@ -47,6 +48,13 @@ if args.varlen:
                 hopper_backward(dout, q, k, v, out, lse, d ** -0.5, causal, variant="ws", deterministic=det,
                                 cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
                                 max_seqlen_k=max(lens_k))
+        for window in ((100, 0), (64, 64)):  # a sliding window with the packed sequences (WINDOW, IS_VARLEN)
+            out, lse = ioattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), window_size=window,
+                                                     return_attn_probs=True)[:2]
+            for det in (False, True):
+                hopper_backward(dout, q, k, v, out, lse, d ** -0.5, False, variant="ws", deterministic=det,
+                                cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
+                                max_seqlen_k=max(lens_k), window=window)
     torch.cuda.synchronize()
     print("sanitize_small --varlen: done")
     raise SystemExit(0)

@@ -1158,6 +1158,11 @@ BWD_AUTO_MIN_SEQLEN = {(128, False): 512, (128, True): 512, (64, False): 512, (6
 # 1.45-2.77 and 1.26-2.67 (from the shortest measured, 218).
 BWD_VARLEN_AUTO_MIN_SEQLEN = {(64, False): 437, (64, True): 875, (128, False): 218, (128, True): 218,
                               (256, False): 218, (256, True): 218}
+# Sliding windows (flash-attn's (left, right), not the causal (-1, 0)): the ws kernel's WINDOW form,
+# judged by the lengths' table's non-causal row and by the window's width (left + right + 1, an
+# unbounded side as seqlen_k): head dim -> the narrowest width from which it is taken.
+# PROVISIONAL: every width, until benchmarks/ab_window.py has measured the form against the portable backward.
+BWD_WINDOW_MIN_WIDTH = {64: 1, 128: 1, 256: 1}
 
 
 def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:
@@ -1170,16 +1175,20 @@ def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p
         return False, "head dims (64, 128) only in the base variant"
     if varlen and BWD_VARIANT != "ws":
         return False, "varlen: the ws variant only"
-    if window not in ((-1, -1), (-1, 0)) or softcap > 0 or alibi_slopes is not None or dropout_p > 0:
-        return False, "no sliding window, softcap, ALiBi or dropout"
+    if window not in ((-1, -1), (-1, 0)) and BWD_VARIANT != "ws":
+        return False, "sliding window: the ws variant only"
+    if softcap > 0 or alibi_slopes is not None or dropout_p > 0:
+        return False, "no softcap, ALiBi or dropout"
     return _rows_layout_ok(q, k, v, varlen, window == (-1, 0), backward=True)
 
 
-def bwd_policy(q, seqlen_q: int | None = None, causal: bool = False, varlen: bool = False) -> tuple[bool, str]:
+def bwd_policy(q, seqlen_q: int | None = None, causal: bool = False, varlen: bool = False,
+               window_width: int | None = None) -> tuple[bool, str]:
     """(wanted, why) for the Gluon backward, as ``policy`` for the forward: ``prefer_hopper_bwd``'s
     value inside its block, else ``IOATTN_HOPPER_BWD`` ("1" / "0") if set, else
     ``BWD_AUTO_MIN_SEQLEN`` (packed batches: ``BWD_VARLEN_AUTO_MIN_SEQLEN`` with the longest
-    sequence) for q's head dim, the mask and ``seqlen_q`` (default q.shape[1])."""
+    sequence) for q's head dim, the mask and ``seqlen_q`` (default q.shape[1]); a sliding window
+    (``window_width``: left + right + 1) also needs ``BWD_WINDOW_MIN_WIDTH``'s width."""
     if prefer_hopper_bwd.value is not None:
         return prefer_hopper_bwd.value, f"hopper.prefer_hopper_bwd({prefer_hopper_bwd.value})"
     env = os.environ.get("IOATTN_HOPPER_BWD", "").strip()
@@ -1191,6 +1200,12 @@ def bwd_policy(q, seqlen_q: int | None = None, causal: bool = False, varlen: boo
     least = globals()[table].get((d, bool(causal)))
     if least is None:
         return False, f"default policy: head dim {d} {mask} is not in hopper.{table}"
+    if window_width is not None:
+        narrowest = BWD_WINDOW_MIN_WIDTH.get(d)
+        if narrowest is None or window_width < narrowest:
+            return False, (f"default policy: head dim {d} sliding windows from width {narrowest} "
+                           f"(hopper.BWD_WINDOW_MIN_WIDTH; here {window_width})")
+        mask += f" window of width {window_width}"
     return n >= least, f"default policy: head dim {d} {mask} from seqlen_q >= {least} (here {n})"
 
 
@@ -1205,7 +1220,11 @@ def bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p, seqlen_q
                            "hopper.DETERMINISTIC_WS = False)")
     if varlen and seqlen_q is None:
         raise ValueError("bwd_plan: a varlen call needs seqlen_q (its max_seqlen_q)")
-    wanted, why = bwd_policy(q, seqlen_q, causal=window == (-1, 0), varlen=varlen)
+    width = None
+    if window not in ((-1, -1), (-1, 0)):  # a sliding window: its width, an unbounded side as seqlen_k
+        seqlen_k = k.shape[-3] if not varlen else None
+        width = sum(w if w >= 0 else (seqlen_k or seqlen_q or 0) for w in window) + 1
+    wanted, why = bwd_policy(q, seqlen_q, causal=window == (-1, 0), varlen=varlen, window_width=width)
     if not wanted:
         return False, why
     ok, reason = _device_ok(q)

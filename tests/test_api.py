@@ -1108,7 +1108,19 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     assert hopper.bwd_call_supported(q256, q256, q256, *none) == (True, "")
     q96 = torch.randn(1, 8, 2, 96, dtype=torch.bfloat16)
     assert "head dims" in hopper.bwd_call_supported(q96, q96, q96, *none)[1]
-    assert not hopper.bwd_call_supported(q, q, q, False, (4, 0), 0.0, None, 0.0)[0]
+    # sliding windows: the ws variant's WINDOW form (the base variant refuses them)
+    assert hopper.bwd_call_supported(q, q, q, False, (4, 0), 0.0, None, 0.0) == (True, "")
+    with monkeypatch.context() as m:
+        m.setattr(hopper, "BWD_VARIANT", "base")
+        assert hopper.bwd_call_supported(q, q, q, False, (4, 0), 0.0, None, 0.0) == (
+            False, "sliding window: the ws variant only")
+    assert hopper.bwd_call_supported(q, q, q, False, (-1, -1), 1.0, None, 0.0) == (False, "no softcap, ALiBi or dropout")
+    with monkeypatch.context() as m:
+        m.setitem(hopper.BWD_WINDOW_MIN_WIDTH, 64, 300)
+        long64 = torch.empty(1, 4096, 2, 64)
+        assert hopper.bwd_policy(long64, window_width=300)[0]
+        assert hopper.bwd_policy(long64, window_width=299) == (
+            False, "default policy: head dim 64 sliding windows from width 300 (hopper.BWD_WINDOW_MIN_WIDTH; here 299)")
     # packed (varlen) calls: the ws variant's IS_VARLEN form, judged by the longest sequence
     flat = torch.randn(300, 2, 64, dtype=torch.bfloat16)
     assert hopper.bwd_call_supported(flat, flat, flat, True, (-1, -1), 0.0, None, 0.0) == (True, "")
@@ -1178,14 +1190,17 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
         hb.hopper_backward(x, x, x, x, x, torch.zeros(1, 2, 8), 0.125, False, variant="base", deterministic=True)
     seen = {}
 
-    def fake(dout, q_, k_, v_, out, lse, scale, causal, variant, deterministic):
-        seen.update(scale=scale, causal=causal, variant=variant, deterministic=deterministic)
+    def fake(dout, q_, k_, v_, out, lse, scale, causal, variant, deterministic, window=(-1, -1)):
+        seen.update(scale=scale, causal=causal, variant=variant, deterministic=deterministic, window=window)
         return torch.zeros_like(q_), torch.zeros_like(k_), torch.zeros_like(v_)
     monkeypatch.setattr(hopper, "bwd_plan", lambda *a: (True, "faked"))
     monkeypatch.setattr(hb, "hopper_backward", fake)
     lse = torch.zeros(1, 2, 70)
     grads = backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, 0.125, (-1, 0), 0.0, None, 0.0, 0)
-    assert seen == dict(scale=0.125, causal=True, variant=hopper.BWD_VARIANT, deterministic=False) and len(grads) == 3
+    assert seen == dict(scale=0.125, causal=True, variant=hopper.BWD_VARIANT, deterministic=False,
+                        window=(-1, 0)) and len(grads) == 3
+    backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, 0.125, (30, 2), 0.0, None, 0.0, 0)
+    assert seen["window"] == (30, 2) and not seen["causal"]
     with hopper.bwd_deterministic(True):
         backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, 0.125, (-1, -1), 0.0, None, 0.0, 0)
     assert seen["deterministic"] and not seen["causal"]

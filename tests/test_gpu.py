@@ -1240,3 +1240,83 @@ def test_hopper_backward_varlen(d, causal, mode, monkeypatch, poison_alloc):
     assert (dq[tq:] == 0).all() and (dk[tk:] == 0).all() and (dv[tk:] == 0).all()
     assert_varlen_sequences(f"ws varlen {mode}", q, k, v, dout, out.detach(), lse, (dq, dk, dv), cq, ck,
                             window=window)
+
+
+# sliding windows (flash-attn's (left, right), -1 unbounded): a causal band, a symmetric one, a right
+# edge alone (the causal mask shifted), a left edge alone, and the diagonal only
+_BWD_WINDOWS = [(100, 0), (256, 256), (-1, 30), (70, -1), (0, 0)]
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("window", _BWD_WINDOWS)
+# (2, 1000, 1000, 4, 2): GQA 2; (1, 777, 1500, 2, 1): seqlen_q < seqlen_k (bottom-right aligned);
+# (3, 129, 64, 2, 2): seqlen_q > seqlen_k (rows that see no key), tiles across batch entries
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1), (3, 129, 64, 2, 2)])
+def test_hopper_backward_window(d, window, shape, monkeypatch, poison_alloc):
+    """The ws backward's sliding-window form (``WINDOW``) through flash_attn_func (the plan naming
+    it), output and gradients against the float64 oracle (2x PyTorch's own error)."""
+    from ioattn import hopper
+    monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
+    b, sq, sk, h, hkv = shape
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    with hopper.prefer_hopper_bwd(True):
+        plan = ioattn.explain_dispatch(q.detach(), k.detach(), v.detach(), window_size=window)
+        assert plan.backward["gluon_hopper"].startswith("taken"), plan.backward
+        out = ioattn.flash_attn_func(q, k, v, window_size=window)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    _assert_out_and_grads(out, grads, dout, q, k, v, window)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("window", _BWD_WINDOWS)
+def test_hopper_backward_window_deterministic(d, window, monkeypatch, poison_alloc):
+    """The window form's ordered dQ mode (ascending key blocks from the first one each query block's
+    band reaches): two runs bitwise equal, and within 2x PyTorch's error of the float64 oracle."""
+    from ioattn import hopper
+    monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
+    qkv = [torch.randn(2, 1000, hh, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for hh in (4, 2, 2)]
+    dout = torch.randn(2, 1000, 4, d, device="cuda", dtype=torch.bfloat16)
+    with hopper.prefer_hopper_bwd(True), hopper.bwd_deterministic(True):
+        plan = ioattn.explain_dispatch(*[t.detach() for t in qkv], window_size=window)
+    assert plan.backward["gluon_hopper"].startswith("taken") and "deterministic" in plan.backward["gluon_hopper"]
+    runs = []
+    for _ in range(2):
+        with hopper.prefer_hopper_bwd(True):
+            out = ioattn.flash_attn_func(*qkv, window_size=window, deterministic=True)
+        runs.append(torch.autograd.grad(out, qkv, dout))
+    assert all(not a.isnan().any() and torch.equal(a, b) for a, b in zip(*runs))
+    _assert_out_and_grads(out, runs[0], dout, *qkv, window)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("window", [(100, 0), (256, 256)])
+def test_hopper_backward_varlen_window(d, window, monkeypatch, poison_alloc):
+    """Packed sequences with a sliding window (``IS_VARLEN`` and ``WINDOW`` together), per sequence
+    against the float64 oracle; the unowned trailing rows (NaN) get zero gradients."""
+    from ioattn import hopper
+    monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
+    lens_q, lens_k, extra, h, hkv = [1, 100, 700, 333, 0, 64, 50], [1, 37, 900, 200, 40, 300, 0], 7, 4, 2
+    cu = lambda lens: torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,  # noqa: E731
+                                   device="cuda")
+    cq, ck, max_q, max_k = cu(lens_q), cu(lens_k), max(lens_q), max(lens_k)
+    tq, tk = sum(lens_q), sum(lens_k)
+    q = torch.randn(tq + extra, h, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(tk + extra, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    dout = torch.randn_like(q)
+    for t, n in ((q, tq), (k, tk), (v, tk), (dout, tq)):
+        t[n:] = float("nan")
+    with hopper.prefer_hopper_bwd(True):
+        plan = ioattn.explain_dispatch(q, k, v, window_size=window, cu_seqlens_q=cq, max_seqlen_q=max_q)
+        assert plan.backward["gluon_hopper"].startswith("taken"), plan.backward
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        out, lse, _ = ioattn.flash_attn_varlen_func(qg, kg, vg, cq, ck, max_q, max_k, window_size=window,
+                                                    return_attn_probs=True)
+    dq, dk, dv = torch.autograd.grad(out, (qg, kg, vg), dout)
+    assert (dq[tq:] == 0).all() and (dk[tk:] == 0).all() and (dv[tk:] == 0).all()
+    assert_varlen_sequences(f"ws varlen window {window}", q, k, v, dout, out.detach(), lse, (dq, dk, dv), cq, ck,
+                            window=window)

@@ -366,10 +366,14 @@ def _issue_q_do(q_desc, do_desc, q_smem, do_smem, bar, t, m_lo, n_m, h0, b, seql
 
 @gluon.jit
 def _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d,
-           MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr, LSE_IN_ACC: gl.constexpr = False):
+           MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr, LSE_IN_ACC: gl.constexpr = False,
+           WINDOW: gl.constexpr = False, win_left=0, win_right=0):
     """P^T of one (BLOCK_N keys x BLOCK_M queries) tile, fp32, masked entries 0; ``lse_log2`` one
     value per query (column), in S^T's column layout. ``LSE_IN_ACC``: ``s`` is already S^T - lse /
-    softmax_scale (the product's accumulator started there: ``WS_LSE_IN_ACC``), ``lse_log2`` unused."""
+    softmax_scale (the product's accumulator started there: ``WS_LSE_IN_ACC``), ``lse_log2`` unused.
+    ``WINDOW`` (a sliding window, ``IS_CAUSAL`` False): key j visible to query i iff
+    i + off - win_left <= j <= i + off + win_right (off = seqlen_k - seqlen_q; an unbounded side as
+    a bound past every key)."""
     if LSE_IN_ACC:
         p = gl.exp2(s * qk_scale)
     else:
@@ -380,6 +384,9 @@ def _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d,
         keep = (keys < seqlen_k) & (queries < seqlen_q)
         if IS_CAUSAL:
             keep = keep & (keys <= queries + (seqlen_k - seqlen_q))
+        if WINDOW:
+            keep = keep & (keys <= queries + (seqlen_k - seqlen_q + win_right))
+            keep = keep & (keys >= queries + (seqlen_k - seqlen_q - win_left))
         p = gl.where(keep, p, 0.0)  # a select: also drops any inf formed from a masked entry's score
     return p
 
@@ -497,19 +504,22 @@ def _store_rows(ptr, x, k_row0, h_kv, nheads_kv, n_start, seqlen_k, layout: gl.c
 @gluon.jit
 def _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d, queries_1d,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                LSE_IN_ACC: gl.constexpr = False):
+                LSE_IN_ACC: gl.constexpr = False, WINDOW: gl.constexpr = False, win_left=0, win_right=0):
     """``_probs`` with the masks only where this step's tile needs them: keys past seqlen_k (not
     ``keys_inside``), queries past seqlen_q, or (causal) a tile the diagonal crosses (``off`` =
-    seqlen_k - seqlen_q)."""
+    seqlen_k - seqlen_q); ``WINDOW``: also a tile either edge of the window crosses."""
     need_mask = (not keys_inside) | (m_start + BLOCK_M > seqlen_q)
     if IS_CAUSAL:
         need_mask = need_mask | (n_start + BLOCK_N - 1 > m_start + off)
+    if WINDOW:
+        need_mask = need_mask | (n_start + BLOCK_N - 1 > m_start + off + win_right)
+        need_mask = need_mask | (n_start < m_start + BLOCK_M - 1 + off - win_left)
     if need_mask:
         p = _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d, True,
-                   IS_CAUSAL, LSE_IN_ACC)
+                   IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right)
     else:
         p = _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d, False,
-                   IS_CAUSAL, LSE_IN_ACC)
+                   IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right)
     return p
 
 
@@ -774,7 +784,7 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
                   q_row0, seqlen_q, seqlen_k, nheads, n_m_total, n_block, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_COLS: gl.constexpr,
                   STAGES: gl.constexpr, DQ_FLAT: gl.constexpr = False, dq_smem1=None,
-                  WG_SPLIT: gl.constexpr = False):
+                  WG_SPLIT: gl.constexpr = False, WINDOW: gl.constexpr = False, win_left=0):
     """The 1-warp dQ writer: per step, once the consumers have put the step's dQ block (fp32,
     unscaled) in ``dq_smem`` (``dq_full``), one TMA reduce-add of it into the dQ accumulator; when
     the bulk copy has read the tile, the buffer goes back to the consumers (``dq_empty``). A buffer
@@ -825,6 +835,8 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
                     last = gl.minimum(gl.cdiv(seqlen_k, BLOCK_N) - 1,
                                       (m * BLOCK_M + BLOCK_M - 1 + seqlen_k - seqlen_q) // BLOCK_N)
                     rank = last - n_block
+                if WINDOW:  # ascending from the first key block reaching query block m (its left edge)
+                    rank = n_block - gl.maximum(m * BLOCK_M + seqlen_k - seqlen_q - win_left, 0) // BLOCK_N
                 while gl.atomic_add(sem, 0, sem="acquire", scope="gpu") != rank:
                     pass
             if WG_SPLIT:  # the two halves of the block's region
@@ -864,7 +876,8 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                  n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                  COALESCED_STORE: gl.constexpr = False, LSE_IN_ACC: gl.constexpr = False,
-                 WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0):
+                 WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0, WINDOW: gl.constexpr = False, win_left=0,
+                 win_right=0):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
     lockstep as in the base kernel). The math per step is the base kernel's, in FA3's order (dV
     issued before dS is formed, dQ before dK: see the module docstring); the loads come from the
@@ -959,7 +972,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
             lse_log2 = lse_smem.index(s_idx).load(col_layout)
         s = warpgroup_mma_wait(1, deps=[s_tok])
         p = _step_probs(s, lse_log2, qk_scale, n_own, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
-                        queries_1d, BLOCK_M, ROWS, IS_CAUSAL, LSE_IN_ACC)
+                        queries_1d, BLOCK_M, ROWS, IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right)
         pa = gl.convert_layout(p.to(dtype), a_layout)
         # dV += P^T dO queued behind dP^T: it runs while dS is formed and stored below
         dv_tok = warpgroup_mma(pa, do_cur, dv, is_async=True)
@@ -1019,7 +1032,8 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
                         q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, k_row0, h_kv, nheads_kv,
                         n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
-                        IS_CAUSAL: gl.constexpr, STAGED_STORE: gl.constexpr = False):
+                        IS_CAUSAL: gl.constexpr, STAGED_STORE: gl.constexpr = False, WINDOW: gl.constexpr = False,
+                        win_left=0, win_right=0):
     """The two consumer warpgroups of the column-split kernel (``COL_SPLIT``, head dim 256; module
     docstring, "Column split"): one 64-key block, every product split by its columns between the
     warpgroups (``_dq_layout``), so warpgroup c holds dK and dV columns [c d/2, (c + 1) d/2), and
@@ -1069,7 +1083,7 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
         lse_log2 = lse_smem.index(q_idx).load(col_layout)
         s = warpgroup_mma_wait(1, deps=[s_tok])
         p = _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
-                        queries_1d, BLOCK_M, BLOCK_N, IS_CAUSAL)
+                        queries_1d, BLOCK_M, BLOCK_N, IS_CAUSAL, False, WINDOW, win_left, win_right)
         # P^T (16-bit) to shared memory, both halves before dV reads it. No barrier before the store
         # (WAR on p_smem): the previous step's dV retired in every warp before its dO barrier.
         p_cur.store(p.to(dtype))
@@ -1159,7 +1173,8 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr,
-                  LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0):
+                  LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0,
+                  WINDOW: gl.constexpr = False, win_left=0, win_right=0):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments
     (``LSE_IN_ACC``: the key split only). ``WG_SPLIT``: warpgroup ``W`` of the key split alone (the
@@ -1168,23 +1183,24 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
         _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                             q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, k_row0, h_kv,
                             nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale,
-                            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COALESCED_STORE)
+                            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COALESCED_STORE, WINDOW,
+                            win_left, win_right)
     else:
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                      do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, k_row0, h_kv, nheads_kv, n_start, m_lo, n_m,
                      n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                     IS_CAUSAL, COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, W)
+                     IS_CAUSAL, COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, W, WINDOW, win_left, win_right)
 
 
 @gluon.jit
 def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dK, dV, Sem, Cu_q, Cu_k,
-                         seqlen_q, seqlen_k, nheads, group, stat_stride, softmax_scale, qk_scale,
+                         seqlen_q, seqlen_k, nheads, group, stat_stride, softmax_scale, qk_scale, win_left, win_right,
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False,
                          COALESCED_STORE: gl.constexpr = False, DQ_FLAT: gl.constexpr = False,
                          LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False,
-                         IS_VARLEN: gl.constexpr = False):
+                         IS_VARLEN: gl.constexpr = False, WINDOW: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers; 4
     with ``WG_SPLIT``: warpgroup 0, warpgroup 1 a worker partition); the producer and dQ-writer warps
     are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
@@ -1208,7 +1224,14 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     fixed-length code on them: a tile past the sequence's end reads the next sequence's rows (or
     TMA's zero fill), masked as the fixed-length kernel masks the next batch entry's rows, and its
     dQ rows there receive zeros (the column split's (rows, heads * d) accumulator; the flat one has
-    padded blocks). A key block past its sequence's end runs no step and stores nothing."""
+    padded blocks). A key block past its sequence's end runs no step and stores nothing.
+
+    ``WINDOW`` (a sliding window; ``IS_CAUSAL`` False): key j visible to query i iff
+    i + off - win_left <= j <= i + off + win_right (off = seqlen_k - seqlen_q; the host passes an
+    unbounded side as a bound past every row). A key block walks only the query blocks its band
+    reaches (the causal mask's m_lo from the right edge, an upper end from the left edge), the tiles
+    an edge crosses masked; the ordered dQ mode adds in ascending key-block order from the first
+    key block reaching each query block."""
     num_warps: gl.constexpr = gl.num_warps()
     if WG_SPLIT:  # (``WS_WG_PARTITIONS``) the default partition is warpgroup 0, a worker warpgroup 1
         gl.static_assert(num_warps == 4 and DQ_FLAT and not COL_SPLIT, "a warpgroup a partition: the flat key split")
@@ -1256,6 +1279,12 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     if IS_CAUSAL:
         m_lo = gl.minimum(gl.maximum(n_start - (seqlen_k - seqlen_q), 0) // BLOCK_M, n_m_seq)
     n_m = n_m_seq - m_lo
+    if WINDOW:  # the query blocks this key block's band reaches: [m_lo, m_hi)
+        gl.static_assert(not IS_CAUSAL, "a causal mask is the window (-1, 0): IS_CAUSAL's own path")
+        m_lo = gl.minimum(gl.maximum(n_start - (seqlen_k - seqlen_q) - win_right, 0) // BLOCK_M, n_m_seq)
+        last_row = n_start + BLOCK_N - 1 - (seqlen_k - seqlen_q) + win_left  # the last query that sees a key here
+        m_hi = gl.minimum(gl.cdiv(gl.maximum(last_row + 1, 0), BLOCK_M), n_m_seq)
+        n_m = gl.maximum(m_hi - m_lo, 0)
     if IS_VARLEN:  # a key block past its sequence's end (the grid covers the longest): no step, no store
         n_m = gl.where(n_start < seqlen_k, n_m, 0)
     n_iter = group * n_m
@@ -1336,7 +1365,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          dq_smem1 if w else dq_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty,
                          dq_hi_full, dK, dV, k_row0, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k,
                          softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT,
-                         COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, w))
+                         COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, w, WINDOW, win_left, win_right))
         if w < CONSUMERS else
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, tail_bar, b, h0,
@@ -1345,7 +1374,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         if w == CONSUMERS else
         (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_full, Sem, b, h0, m_lo, n_m,
                          n_iter, q_row0, seqlen_q, seqlen_k, nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         IS_CAUSAL, DETERMINISTIC, DQ_COLS, STAGES, DQ_FLAT, dq_smem1, WG_SPLIT))
+                         IS_CAUSAL, DETERMINISTIC, DQ_COLS, STAGES, DQ_FLAT, dq_smem1, WG_SPLIT, WINDOW, win_left))
         for w in (0, 1, 2, 3)[:CONSUMERS + 2]
     ], [4, 1, 1] if WG_SPLIT else [1, 1],
         [WS_CONSUMER_REGS, WS_WORKER_REGS, WS_WORKER_REGS] if WG_SPLIT else [WS_WORKER_REGS, WS_WORKER_REGS])
@@ -1402,7 +1431,7 @@ def ws_layouts(d: int, dtype) -> dict:
 
 
 def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="base", deterministic=False,
-                    cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+                    cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, window=(-1, -1)):
     """(dq, dk, dv) for (batch, seqlen, heads, d) bf16/fp16 q, k, v (GQA allowed; contiguous or views of
     a packed tensor, ``dispatch.tma_rows_view``, else copied), d in
     (64, 128) (and 256 with variant "ws": its column-split form), causal (bottom-right) or not;
@@ -1415,7 +1444,11 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
 
     Varlen ("ws" only; ``cu_seqlens_q`` given, with cu_seqlens_k and the longest lengths): packed q / dout
     / out (total_q, nheads, d), k / v (total_k, nheads_kv, d), lse (nheads, total_q), as the varlen
-    forwards return it; rows that no sequence owns get zero gradients."""
+    forwards return it; rows that no sequence owns get zero gradients.
+
+    ``window`` ("ws" only): flash-attn's (left, right) sliding window, -1 unbounded, bottom-right
+    aligned as ``causal`` (key j visible to query i iff i + off - left <= j <= i + off + right, off =
+    seqlen_k - seqlen_q); (-1, -1) none; (-1, 0) is the causal mask (pass ``causal=True``)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     varlen = cu_seqlens_q is not None
@@ -1435,6 +1468,14 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
         lse_strides = (lse.stride(0), lse.stride(1))
     assert q.dtype in (torch.float16, torch.bfloat16) and k.dtype == q.dtype and v.dtype == q.dtype
     assert nheads % nheads_kv == 0
+    window = tuple(int(w) for w in window)
+    if window == (-1, 0) and not causal:
+        raise ValueError("window (-1, 0) is the causal mask: pass causal=True")
+    has_window = window != (-1, -1) and not causal
+    if causal and window not in ((-1, -1), (-1, 0)):
+        raise ValueError(f"causal=True with window {window}: pass the window alone (its right side 0)")
+    if has_window and variant != "ws":
+        raise ValueError(f"a sliding window needs variant \"ws\", got {variant!r}")
     cfg = kernel_config(d, variant)
     if deterministic and variant != "ws":
         raise ValueError(f"deterministic=True needs variant \"ws\" (the ordered dQ mode), got {variant!r}")
@@ -1517,13 +1558,18 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
         delta_desc = TensorDescriptor.from_tensor(delta.view(-1), [bm], lay["stat"])
         dq_2d = dq_accum.view(-1, 32) if flat else dq_accum.view(-1, nheads * d)
         dq_desc = TensorDescriptor.from_tensor(dq_2d, cfg["dq_block"], lay["dq"])
+        # a window's unbounded side: a bound past every row of either length (the kernel's arithmetic
+        # adds it to row indices, so no larger than int32 needs)
+        unbounded = seqlen_q + seqlen_k + 1
         # one counter per (batch, head, query block) orders the dQ additions (deterministic only)
         sem = torch.zeros(batch * nheads * triton_cdiv(seqlen_q, bm) if deterministic else 1, device=q.device,
                           dtype=torch.int32)
         hopper_bwd_ws_kernel[grid](q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk, dv, sem,
                                    cu_q, cu_k, seqlen_q, seqlen_k, nheads, nheads // nheads_kv, stat_stride,
                                    float(softmax_scale), float(softmax_scale) * 1.4426950408889634,
+                                   *((w if w >= 0 else unbounded for w in window) if has_window else (0, 0)),
                                    IS_CAUSAL=bool(causal), DETERMINISTIC=bool(deterministic), IS_VARLEN=varlen,
+                                   WINDOW=has_window,
                                    num_warps=cfg["num_warps"], **consts)
     if flat:
         return dq_from_flat(dq_accum, q, bm, softmax_scale, cu_q if varlen else None, stat_stride // bm), dk, dv

@@ -1,0 +1,127 @@
+"""A/B of the backward with a sliding window (flash-attn's ``window_size=(left, right)``): the Gluon
+Hopper backward's WINDOW form (``hopper.prefer_hopper_bwd(True)``) against the portable Triton
+backward (``prefer_hopper_bwd(False)``), with FlexAttention (a block mask of the same band,
+``torch.compile``d) measured in the same run as the peer where asked for.
+
+    python benchmarks/ab_window.py --out DIR [--headdims 64,128,256] [--seqlens 4096,16384]
+                                   [--windows 256:0,1024:0,4096:0] [--providers gluon,portable,flex]
+                                   [--flex-headdims 128]
+
+bf16, 16384 tokens (batch = 16384 / N), hidden 2048 (heads = 2048 / d), as ``ioattn bench train``.
+The backward alone is timed (``torch.autograd.grad`` of a forward kept alive, ``retain_graph``; the
+switch in force at the forward governs its backward), ``ioattn.bench.timing.median_ms`` (device time,
+median of 20). FLOPs: 2.5 x the forward's 4 * B * H * D * (the band's visible (query, key) pairs).
+Each provider's gradients are checked finite and within 0.05 of the portable ones (a smoke check:
+the float64 oracle is the GPU tests' job). FlexAttention compiles once a shape and window (tens of
+seconds), so by default it runs at head dim 128 only (``--flex-headdims``). Writes DIR/ab_window.jsonl.
+"""
+import argparse
+import json
+import os
+
+import torch
+
+import ioattn
+from ioattn import hopper
+from ioattn.bench.timing import median_ms
+
+TOKENS, HIDDEN = 16384, 2048
+
+
+def visible_pairs(n, left, right):
+    """(query, key) pairs a (left, right) window leaves visible at seqlen_q = seqlen_k = n."""
+    i = torch.arange(n, dtype=torch.int64)
+    lo = (i - left).clamp(min=0) if left >= 0 else torch.zeros_like(i)
+    hi = (i + right).clamp(max=n - 1) if right >= 0 else torch.full_like(i, n - 1)
+    return int((hi - lo + 1).clamp(min=0).sum())
+
+
+def flex_setup(q, k, v, left, right):
+    """FlexAttention on (batch, heads, seqlen, d) views with the band as a block mask; (out in our
+    layout, leaves)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def band(b, h, q_idx, kv_idx):
+        keep = torch.ones_like(q_idx, dtype=torch.bool)
+        if left >= 0:
+            keep = keep & (kv_idx >= q_idx - left)
+        if right >= 0:
+            keep = keep & (kv_idx <= q_idx + right)
+        return keep
+    n = q.shape[1]
+    mask = create_block_mask(band, None, None, n, n, device=q.device)
+    fn = torch.compile(flex_attention)
+    leaves = [t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v)]
+    out = fn(*leaves, block_mask=mask, enable_gqa=k.shape[2] != q.shape[2])
+    return out.transpose(1, 2), leaves
+
+
+def measure(name, q, k, v, window, dout):
+    """(ms, (dq, dk, dv) in our layout)."""
+    if name == "flex":
+        out, leaves = flex_setup(q, k, v, *window)
+        grad = lambda _: [g.transpose(1, 2) for g in torch.autograd.grad(out, leaves, dout, retain_graph=True)]  # noqa: E731
+    else:
+        leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+        with hopper.prefer_hopper_bwd(name == "gluon"):
+            out = ioattn.flash_attn_func(*leaves, window_size=window)
+        grad = lambda _: torch.autograd.grad(out, leaves, dout, retain_graph=True)  # noqa: E731
+    return median_ms(grad, [None]), grad(None)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--headdims", default="64,128,256")
+    ap.add_argument("--seqlens", default="4096,16384")
+    ap.add_argument("--windows", default="256:0,1024:0,4096:0")
+    ap.add_argument("--providers", default="gluon,portable,flex")
+    ap.add_argument("--flex-headdims", default="128")
+    args = ap.parse_args()
+    providers = args.providers.split(",")
+    flex_dims = {int(d) for d in args.flex_headdims.split(",")}
+    windows = [tuple(int(x) for x in w.split(":")) for w in args.windows.split(",")]
+    os.makedirs(args.out, exist_ok=True)
+    sink = open(os.path.join(args.out, "ab_window.jsonl"), "w")
+    print("bwd: TFLOP/s")
+    print(f"{'d':>3} {'N':>5} {'window':>11} " + " ".join(f"{p:>9}" for p in providers) + f" {'g/port':>6} {'g/flex':>6}")
+    for d in map(int, args.headdims.split(",")):
+        h = HIDDEN // d
+        for n in map(int, args.seqlens.split(",")):
+            b = TOKENS // n
+            q = torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16)
+            k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            dout = torch.randn_like(q)
+            for window in windows:
+                flops = 2.5 * 4 * b * h * d * visible_pairs(n, *window)
+                res, grads, notes = {}, {}, []
+                for name in providers:
+                    if name == "flex" and d not in flex_dims:
+                        continue
+                    rec = dict(headdim=d, seqlen=n, batch=b, window=list(window), provider=name)
+                    try:
+                        if name != "flex":
+                            with hopper.prefer_hopper_bwd(name == "gluon"):
+                                plan = ioattn.explain_dispatch(q, k, v, window_size=window)
+                            rec["kernel"] = plan.backward["kernels"]
+                        ms, grads[name] = measure(name, q, k, v, window, dout)
+                        res[name] = flops / ms / 1e9
+                        rec.update(ms=ms, tflops=res[name])
+                    except Exception as e:  # noqa: BLE001 - recorded, not fatal
+                        rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                        notes.append(f"{name}: {rec['error'][:80]}")
+                    sink.write(json.dumps(rec) + "\n")
+                    sink.flush()
+                ok = all(bool(torch.isfinite(t).all()) for g in grads.values() for t in g)
+                if "portable" in grads:
+                    for name, g in grads.items():
+                        ok &= max((a.float() - r.float()).abs().max().item() for a, r in zip(g, grads["portable"])) < 0.05
+                cells = " ".join(f"{res[p]:9.0f}" if p in res else f"{'-':>9}" for p in providers)
+                ratio = lambda a, c: f"{res[a] / res[c]:6.2f}" if a in res and c in res else f"{'-':>6}"  # noqa: E731
+                print(f"{d:>3} {n:>5} {str(window):>11} {cells} {ratio('gluon', 'portable')} {ratio('gluon', 'flex')}"
+                      + ("" if ok else " MISMATCH") + ("  [" + "; ".join(notes) + "]" if notes else ""), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
