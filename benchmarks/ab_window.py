@@ -48,6 +48,9 @@ def flex_setup(q, k, v, left, right):
         if right >= 0:
             keep = keep & (kv_idx <= q_idx + right)
         return keep
+    # the timed backward runs again on one graph (retain_graph): compiled backwards donate their saved
+    # buffers by default, and a second call then refuses to run
+    torch._functorch.config.donated_buffer = False
     n = q.shape[1]
     mask = create_block_mask(band, None, None, n, n, device=q.device)
     fn = torch.compile(flex_attention)
