@@ -1160,9 +1160,12 @@ BWD_VARLEN_AUTO_MIN_SEQLEN = {(64, False): 437, (64, True): 875, (128, False): 2
                               (256, False): 218, (256, True): 218}
 # Sliding windows (flash-attn's (left, right), not the causal (-1, 0)): the ws kernel's WINDOW form,
 # judged by the lengths' table's non-causal row and by the window's width (left + right + 1, an
-# unbounded side as seqlen_k): head dim -> the narrowest width from which it is taken.
-# PROVISIONAL: every width, until benchmarks/ab_window.py has measured the form against the portable backward.
-BWD_WINDOW_MIN_WIDTH = {64: 1, 128: 1, 256: 1}
+# unbounded side as seqlen_k): head dim -> the narrowest width from which it is taken, the narrowest
+# measured where it was ahead of the portable backward there and at every wider window, at N = 4096
+# and 16384 (benchmarks/ab_window.py, 16k tokens, windows (64, 0) to (4096, 0); results/session-2026-
+# 12-14-e and -f, NOTES §144; Gluon / portable): d=64 0.92-0.93 at width 65, 1.06-1.07 at 129, 1.12
+# to 1.41 from 257; d=128 1.16-1.17 at 65, 1.24-1.55 wider; d=256 1.12-1.13 at 65, 1.34-2.72 wider.
+BWD_WINDOW_MIN_WIDTH = {64: 129, 128: 65, 256: 65}
 
 
 def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:

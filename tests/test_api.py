@@ -1077,7 +1077,8 @@ def test_hopper_layouts_without_copy():
 def test_hopper_backward_policy_and_wiring(monkeypatch):
     """The Gluon backward's default policy (hopper.BWD_AUTO_MIN_SEQLEN per head dim and mask, the
     reason in the plan); prefer_hopper_bwd / IOATTN_HOPPER_BWD override it; it is taken only where
-    it applies (sm_90, fp16/bf16, head dim 64/128, no varlen/window/softcap/ALiBi/dropout); when
+    it applies (sm_90, fp16/bf16, head dim 64/128/256, no softcap/ALiBi/dropout; varlen and windows in the
+    ws variant only); when
     taken, triton_backward hands the call to hopper_backward with the selected variant, and
     deterministic=True passes its ordered mode on."""
     from ioattn import backends, hopper

@@ -1320,3 +1320,24 @@ def test_hopper_backward_varlen_window(d, window, monkeypatch, poison_alloc):
     assert (dq[tq:] == 0).all() and (dk[tk:] == 0).all() and (dv[tk:] == 0).all()
     assert_varlen_sequences(f"ws varlen window {window}", q, k, v, dout, out.detach(), lse, (dq, dk, dv), cq, ck,
                             window=window)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d, window", [(128, (256, 0)), (64, (16, 16)), (64, (200, -1))])
+def test_hopper_backward_window_default_policy(d, window, monkeypatch, poison_alloc):
+    """Without a switch, a window call's backward follows ``hopper.BWD_WINDOW_MIN_WIDTH`` (width = left +
+    right + 1, an unbounded side as seqlen_k) and the lengths' table, the plan giving the reason, and
+    its gradients pass the float64 oracle either way."""
+    from ioattn import hopper
+    monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
+    qkv = [torch.randn(2, 1000, hh, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for hh in (4, 2, 2)]
+    width = sum(w if w >= 0 else 1000 for w in window) + 1
+    plan = ioattn.explain_dispatch(*[t.detach() for t in qkv], window_size=window)
+    taken = width >= hopper.BWD_WINDOW_MIN_WIDTH[d] and 1000 >= hopper.BWD_AUTO_MIN_SEQLEN[(d, False)]
+    assert plan.backward["gluon_hopper"].startswith("taken" if taken else "not taken"), plan.backward
+    assert (f"window of width {width}" if taken else f"(hopper.BWD_WINDOW_MIN_WIDTH; here {width})") in \
+        plan.backward["gluon_hopper"], plan.backward
+    out = ioattn.flash_attn_func(*qkv, window_size=window)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, qkv, dout)
+    _assert_out_and_grads(out, grads, dout, *qkv, window)

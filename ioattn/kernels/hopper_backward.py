@@ -90,7 +90,10 @@ fixed-length code on them; the padded stat rows, the flat dQ blocks and the dete
 counters are per (sequence, head) as many as the longest sequence needs; the producer zeroes the rows
 a tile reads past the rows the sequences own (``_ws_producer``).
 
-NOT in either variant: sliding window, softcap, ALiBi, dropout. dQ's fp32 atomics (or
+Sliding windows: the "ws" kernel only (``WINDOW``; ``hopper_backward``'s ``window``): a key block
+walks only the query blocks its band reaches, the tiles an edge crosses masked.
+
+NOT in either variant: softcap, ALiBi, dropout. dQ's fp32 atomics (or
 reduce-adds in "ws") sum in arrival order, so dQ varies run to run at rounding level (dK / dV do
 not), except in the "ws" kernel's ``DETERMINISTIC`` mode.
 
@@ -1437,10 +1440,10 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
     (64, 128) (and 256 with variant "ws": its column-split form), causal (bottom-right) or not;
     ``lse`` natural-log (batch, nheads, seqlen_q) fp32, as both forwards return it. ``variant``: one
     of ``BWD_VARIANTS`` ("base": v1; "ws": warp-specialised), same results up to the order of the
-    fp32 dQ additions. No varlen / window / softcap / ALiBi / dropout. dQ by fp32 atomics or TMA
-    reduce-adds in arrival order, so not bitwise reproducible, except with ``deterministic=True``
-    ("ws" only): the additions in key-block order. The dispatch takes variant
-    ``ioattn.hopper.BWD_VARIANT`` where ``ioattn.hopper.bwd_plan`` says so (head dims 64 and 128).
+    fp32 dQ additions. Varlen and windows ("ws" only): below; no softcap / ALiBi / dropout. dQ by fp32
+    atomics or TMA reduce-adds in arrival order, so not bitwise reproducible, except with
+    ``deterministic=True`` ("ws" only): the additions in key-block order. The dispatch takes variant
+    ``ioattn.hopper.BWD_VARIANT`` where ``ioattn.hopper.bwd_plan`` says so (head dims 64, 128, 256).
 
     Varlen ("ws" only; ``cu_seqlens_q`` given, with cu_seqlens_k and the longest lengths): packed q / dout
     / out (total_q, nheads, d), k / v (total_k, nheads_kv, d), lse (nheads, total_q), as the varlen
