@@ -1184,6 +1184,23 @@ def test_hopper_forward_ptx_barriers(variant, d, causal, shape, poison_alloc):
         assert counts["wait"] == counts["arrive"] == 0, counts
 
 
+def _ragged_packed(d):
+    """Packed sequences for the varlen backward's tests, bf16, 4 query heads, GQA 2: lengths 1, shorter
+    than a tile, several tiles, seqlen_q != seqlen_k both ways, one with no queries, one with no keys;
+    7 trailing rows that no sequence owns hold NaN in q, k, v and dO. (q, k, v, dout, cu_seqlens_q,
+    cu_seqlens_k, max_seqlen_q, max_seqlen_k)."""
+    lens_q, lens_k, extra, h, hkv = [1, 100, 700, 333, 0, 64, 50], [1, 37, 900, 200, 40, 300, 0], 7, 4, 2
+    cu = lambda lens: torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,  # noqa: E731
+                                   device="cuda")
+    tq, tk = sum(lens_q), sum(lens_k)
+    q = torch.randn(tq + extra, h, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(tk + extra, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    dout = torch.randn_like(q)
+    for t, n in ((q, tq), (k, tk), (v, tk), (dout, tq)):
+        t[n:] = float("nan")
+    return q, k, v, dout, cu(lens_q), cu(lens_k), max(lens_q), max(lens_k)
+
+
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
@@ -1204,16 +1221,8 @@ def test_hopper_backward_varlen(d, causal, mode, monkeypatch, poison_alloc):
         if d not in hb.WS_DQ_FLAT:
             pytest.skip("d = 256 has the 2-D accumulator in every mode")
         monkeypatch.setitem(hb.WS_DQ_FLAT, d, False)
-    lens_q, lens_k, extra, h, hkv = [1, 100, 700, 333, 0, 64, 50], [1, 37, 900, 200, 40, 300, 0], 7, 4, 2
-    cu = lambda lens: torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,  # noqa: E731
-                                   device="cuda")
-    cq, ck, max_q, max_k = cu(lens_q), cu(lens_k), max(lens_q), max(lens_k)
-    tq, tk = sum(lens_q), sum(lens_k)
-    q = torch.randn(tq + extra, h, d, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(tk + extra, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    dout = torch.randn_like(q)
-    for t, n in ((q, tq), (k, tk), (v, tk), (dout, tq)):
-        t[n:] = float("nan")
+    q, k, v, dout, cq, ck, max_q, max_k = _ragged_packed(d)
+    tq, tk = int(cq[-1]), int(ck[-1])
     window = (-1, 0) if causal else (-1, -1)
     deterministic = mode == "deterministic"
     with hopper.prefer_hopper_bwd(True), hopper.bwd_deterministic(deterministic):
@@ -1300,16 +1309,8 @@ def test_hopper_backward_varlen_window(d, window, monkeypatch, poison_alloc):
     against the float64 oracle; the unowned trailing rows (NaN) get zero gradients."""
     from ioattn import hopper
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
-    lens_q, lens_k, extra, h, hkv = [1, 100, 700, 333, 0, 64, 50], [1, 37, 900, 200, 40, 300, 0], 7, 4, 2
-    cu = lambda lens: torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,  # noqa: E731
-                                   device="cuda")
-    cq, ck, max_q, max_k = cu(lens_q), cu(lens_k), max(lens_q), max(lens_k)
-    tq, tk = sum(lens_q), sum(lens_k)
-    q = torch.randn(tq + extra, h, d, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(tk + extra, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    dout = torch.randn_like(q)
-    for t, n in ((q, tq), (k, tk), (v, tk), (dout, tq)):
-        t[n:] = float("nan")
+    q, k, v, dout, cq, ck, max_q, max_k = _ragged_packed(d)
+    tq, tk = int(cq[-1]), int(ck[-1])
     with hopper.prefer_hopper_bwd(True):
         plan = ioattn.explain_dispatch(q, k, v, window_size=window, cu_seqlens_q=cq, max_seqlen_q=max_q)
         assert plan.backward["gluon_hopper"].startswith("taken"), plan.backward

@@ -746,7 +746,9 @@ def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, 
         col = h * HEAD_DIM
         stat = (b * nheads + h) * stat_stride + m_start
         mbarrier.wait(q_empty.index(s), reuse_phase, pred=t >= STAGES)
-        if IS_VARLEN and row + BLOCK_M > q_owned:  # Q and dO both through tail_bar, zeroed past the end
+        # Q and dO both through tail_bar, zeroed past the end. (Written out, not as one helper for both
+        # tiles: that form compiled the varlen d = 256 producer with 20-36 B of spills, this one with none.)
+        if IS_VARLEN and row + BLOCK_M > q_owned:
             mbarrier.expect(tail_bar, q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(q_desc, [row, col], tail_bar, q_smem.index(s))
             tma.async_copy_global_to_shared(lse_desc, [stat], tail_bar, lse_smem.index(s))
