@@ -1225,7 +1225,7 @@ def bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p, seqlen_q
         raise ValueError("bwd_plan: a varlen call needs seqlen_q (its max_seqlen_q)")
     width = None
     if window not in ((-1, -1), (-1, 0)):  # a sliding window: its width, an unbounded side as seqlen_k
-        seqlen_k = k.shape[-3] if not varlen else None
+        seqlen_k = k.shape[-3] if not varlen else None  # varlen: the longest query length stands in
         width = sum(w if w >= 0 else (seqlen_k or seqlen_q or 0) for w in window) + 1
     wanted, why = bwd_policy(q, seqlen_q, causal=window == (-1, 0), varlen=varlen, window_width=width)
     if not wanted:
