@@ -1189,6 +1189,18 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     x = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="deterministic=True needs variant \"ws\""):  # refused before any launch
         hb.hopper_backward(x, x, x, x, x, torch.zeros(1, 2, 8), 0.125, False, variant="base", deterministic=True)
+    # windows and packed sequences: the ws variant only; the causal mask only as causal=True, alone
+    lse = torch.zeros(1, 2, 8)
+    for kw, match in ((dict(window=(4, 0)), "a sliding window needs variant \"ws\""),
+                      (dict(window=(-1, 0), variant="ws"), r"window \(-1, 0\) is the causal mask"),
+                      (dict(window=(4, 0), variant="ws", causal=True), r"causal=True with window \(4, 0\)")):
+        kw = {"variant": "base", "causal": False, **kw}
+        with pytest.raises(ValueError, match=match):
+            hb.hopper_backward(x, x, x, x, x, lse, 0.125, kw.pop("causal"), **kw)
+    flat, cu = torch.randn(8, 2, 64, dtype=torch.bfloat16), torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(ValueError, match="varlen needs variant \"ws\""):
+        hb.hopper_backward(flat, flat, flat, flat, flat, torch.zeros(2, 8), 0.125, False, variant="base",
+                           cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=8, max_seqlen_k=8)
     seen = {}
 
     def fake(dout, q_, k_, v_, out, lse, scale, causal, variant, deterministic, window=(-1, -1)):
