@@ -1,19 +1,22 @@
-"""A/B of the backward with a sliding window (flash-attn's ``window_size=(left, right)``): the Gluon
-Hopper backward's WINDOW form (``hopper.prefer_hopper_bwd(True)``) against the portable Triton
-backward (``prefer_hopper_bwd(False)``), with FlexAttention (a block mask of the same band,
-``torch.compile``d) measured in the same run as the peer where asked for.
+"""A/B of attention with a sliding window (flash-attn's ``window_size=(left, right)``): the Gluon
+Hopper kernels' WINDOW forms against the portable Triton kernels, with FlexAttention (a block mask
+of the same band, ``torch.compile``d) measured in the same run as the peer where asked for.
+``--pass bwd`` (the default): the backward, Gluon by ``hopper.prefer_hopper_bwd(True)``, portable by
+``(False)``; ``--pass fwd``: the forward, by ``hopper.prefer_hopper(True / False)``.
 
-    python benchmarks/ab_window.py --out DIR [--headdims 64,128,256] [--seqlens 4096,16384]
-                                   [--windows 256:0,1024:0,4096:0] [--providers gluon,portable,flex]
-                                   [--flex-headdims 128]
+    python benchmarks/ab_window.py --out DIR [--pass bwd|fwd] [--headdims 64,128,256]
+                                   [--seqlens 4096,16384] [--windows 256:0,1024:0,4096:0]
+                                   [--providers gluon,portable,flex] [--flex-headdims 128]
 
 bf16, 16384 tokens (batch = 16384 / N), hidden 2048 (heads = 2048 / d), as ``ioattn bench train``.
 The backward alone is timed (``torch.autograd.grad`` of a forward kept alive, ``retain_graph``; the
-switch in force at the forward governs its backward), ``ioattn.bench.timing.median_ms`` (device time,
-median of 20). FLOPs: 2.5 x the forward's 4 * B * H * D * (the band's visible (query, key) pairs).
-Each provider's gradients are checked finite and within 0.05 of the portable ones (a smoke check:
-the float64 oracle is the GPU tests' job). FlexAttention compiles once a shape and window (tens of
-seconds), so by default it runs at head dim 128 only (``--flex-headdims``). Writes DIR/ab_window.jsonl.
+switch in force at the forward governs its backward); the forward alone without autograd;
+``ioattn.bench.timing.median_ms`` (device time, median of 20). FLOPs: the forward's 4 * B * H * D *
+(the band's visible (query, key) pairs), 2.5 x that for the backward. Each provider's gradients (or
+output) are checked finite and within 0.05 of the portable ones (a smoke check: the float64 oracle
+is the GPU tests' job). FlexAttention compiles once a shape and window (tens of seconds), so by
+default it runs at head dim 128 only (``--flex-headdims``). Writes DIR/ab_window.jsonl (backward) or
+DIR/ab_window_fwd.jsonl (forward).
 """
 import argparse
 import json
@@ -59,6 +62,36 @@ def flex_setup(q, k, v, left, right):
     return out.transpose(1, 2), leaves
 
 
+def flex_forward(q, k, v, left, right):
+    """FlexAttention's forward on (batch, heads, seqlen, d) views with the band as a block mask: a
+    callable giving the output in our layout."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def band(b, h, q_idx, kv_idx):
+        keep = torch.ones_like(q_idx, dtype=torch.bool)
+        if left >= 0:
+            keep = keep & (kv_idx >= q_idx - left)
+        if right >= 0:
+            keep = keep & (kv_idx <= q_idx + right)
+        return keep
+    n = q.shape[1]
+    mask = create_block_mask(band, None, None, n, n, device=q.device)
+    fn = torch.compile(flex_attention)
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    return lambda _: fn(qt, kt, vt, block_mask=mask, enable_gqa=k.shape[2] != q.shape[2]).transpose(1, 2)
+
+
+def measure_fwd(name, q, k, v, window):
+    """(ms, (out,)) of the forward alone."""
+    with torch.no_grad():
+        if name == "flex":
+            run = flex_forward(q, k, v, *window)
+            return median_ms(run, [None]), (run(None),)
+        with hopper.prefer_hopper(name == "gluon"):
+            run = lambda _: ioattn.flash_attn_func(q, k, v, window_size=window)  # noqa: E731
+            return median_ms(run, [None]), (run(None),)
+
+
 def measure(name, q, k, v, window, dout):
     """(ms, (dq, dk, dv) in our layout)."""
     if name == "flex":
@@ -75,6 +108,7 @@ def measure(name, q, k, v, window, dout):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--pass", dest="which", choices=("bwd", "fwd"), default="bwd")
     ap.add_argument("--headdims", default="64,128,256")
     ap.add_argument("--seqlens", default="4096,16384")
     ap.add_argument("--windows", default="256:0,1024:0,4096:0")
@@ -85,8 +119,9 @@ def main():
     flex_dims = {int(d) for d in args.flex_headdims.split(",")}
     windows = [tuple(int(x) for x in w.split(":")) for w in args.windows.split(",")]
     os.makedirs(args.out, exist_ok=True)
-    sink = open(os.path.join(args.out, "ab_window.jsonl"), "w")
-    print("bwd: TFLOP/s")
+    fwd = args.which == "fwd"
+    sink = open(os.path.join(args.out, "ab_window_fwd.jsonl" if fwd else "ab_window.jsonl"), "w")
+    print(f"{args.which}: TFLOP/s")
     print(f"{'d':>3} {'N':>5} {'window':>11} " + " ".join(f"{p:>9}" for p in providers) + f" {'g/port':>6} {'g/flex':>6}")
     for d in map(int, args.headdims.split(",")):
         h = HIDDEN // d
@@ -96,18 +131,21 @@ def main():
             k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
             dout = torch.randn_like(q)
             for window in windows:
-                flops = 2.5 * 4 * b * h * d * visible_pairs(n, *window)
+                flops = (1.0 if fwd else 2.5) * 4 * b * h * d * visible_pairs(n, *window)
                 res, grads, notes = {}, {}, []
                 for name in providers:
                     if name == "flex" and d not in flex_dims:
                         continue
-                    rec = dict(headdim=d, seqlen=n, batch=b, window=list(window), provider=name)
+                    rec = dict(headdim=d, seqlen=n, batch=b, window=list(window), provider=name, **{"pass": args.which})
                     try:
                         if name != "flex":
-                            with hopper.prefer_hopper_bwd(name == "gluon"):
+                            with hopper.prefer_hopper_bwd(name == "gluon"), hopper.prefer_hopper(name == "gluon"):
                                 plan = ioattn.explain_dispatch(q, k, v, window_size=window)
-                            rec["kernel"] = plan.backward["kernels"]
-                        ms, grads[name] = measure(name, q, k, v, window, dout)
+                            rec["kernel"] = plan.forward["kernel"] if fwd else plan.backward["kernels"]
+                        if fwd:
+                            ms, grads[name] = measure_fwd(name, q, k, v, window)
+                        else:
+                            ms, grads[name] = measure(name, q, k, v, window, dout)
                         res[name] = flops / ms / 1e9
                         rec.update(ms=ms, tflops=res[name])
                     except Exception as e:  # noqa: BLE001 - recorded, not fatal

@@ -16,6 +16,10 @@ wg3's default partition: Triton's leftover).
 lengths) instead of the fixed-length kernels (``IS_VARLEN=False``, cu_seqlens constexpr None, as the
 launcher passes them); its lines carry ``varlen``.
 
+``--window`` compiles the sliding-window form (``WINDOW=True``, masked key tiles, non-causal) of the
+variants that have it (``ioattn.hopper.WINDOW_VARIANTS``); with ``--varlen`` both together. Its lines
+carry ``window``.
+
 It also runs ptxas -v on the PTX (skip with --no-ptxas) and flags C7514 ("wgmma.mma_async
 instructions are serialized"): the ping-pong variants must compile without it. ``top_reg``: the
 highest register the SASS names + 1 (the widest partition's use; ptxas -v reports the launch budget);
@@ -28,7 +32,7 @@ without the option); its lines carry ``exp2_fma=N%``.
 Spills are asserted against the default bounds at 0 only, and reported for the other shares.
 
     python benchmarks/compile_check_hopper.py [--variants base,pingpong,split,wg3] [--no-ptxas] [--quick] [--jobs N]
-        [--masks 0,1] [--headdims 64,128] [--varlen] [--exp2-fma 0,25,50] [--block-n 64] [--stages 4]
+        [--masks 0,1] [--headdims 64,128] [--varlen] [--window] [--exp2-fma 0,25,50] [--block-n 64] [--stages 4]
         [--tma-store on|off] [--fast-div on|off] [--ptx-barriers on|off] [--walk-table on|off]
 
 ``--tma-store on|off`` / ``--fast-div on|off`` compile the persistent kernel with or without its output
@@ -63,6 +67,9 @@ from gluon_aot import (DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxa
                        sass_branched, sass_chain, sass_opcodes, sass_text, sass_top_register)
 
 
+WINDOW_FORM = False  # --window (set before the compile jobs' processes are forked: they inherit it)
+
+
 def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, exp2_fma=0, row_stores=True,
                 q_prefetch=None, paired=None):
     cfg = hopper.kernel_config(d, variant, causal)
@@ -80,8 +87,8 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
                       KV_TAIL=varlen if kv_tail is None else kv_tail, EXP2_FMA=hopper.exp2_fma_cols(exp2_fma, bn),
                       ROW_STORES=cfg_row_stores(row_stores, variant, d),
                       **cfg_persistent(q_prefetch, paired, variant, d, causal))
-    constexprs.update(KEY_MASKS=hopper.key_masks(d, variant, causal, constexprs["KV_TAIL"]),
-                      DIAG_TRIM=hopper.diag_trim_for(d, variant, causal))
+    constexprs.update(KEY_MASKS=WINDOW_FORM or hopper.key_masks(d, variant, causal, constexprs["KV_TAIL"]),
+                      DIAG_TRIM=hopper.diag_trim_for(d, variant, causal), WINDOW=WINDOW_FORM)
     if constexprs["ROW_STORES"] == 3:  # the output's bulk copies (else the launcher passes None)
         sig.update(o_desc=f"tensordesc<{dt}[1,{q_rows},{d}],{o_layout!r}>")
     else:
@@ -193,6 +200,11 @@ def check(job):
             # NOTES §38); the others stay at 0 (persistent: its 80-116 B of tile-loop values)
             tail = cfg_tail(varlen, kv_tail)
             allowed = 128 if variant == "persistent" else 192 if tail and variant in ("wg3", "split") else 0
+            # the window form with packed sequences at d = 64 (its lengths and the window's bounds live
+            # across the key loop): 16 B in pingpong / split, 268 B in wg3 (136 B without the window),
+            # ptxas 12.8; the default policy sends no d = 64 varlen call there (NOTES §145)
+            if WINDOW_FORM and varlen and d == 64:
+                allowed = 288 if variant == "wg3" else 32
             assert not serialized, (where, "ptxas serialised the wgmmas")
             assert exp2_fma or spills <= allowed, (where, "ptxas spilled", spills)
     if exp2_fma:
@@ -216,7 +228,7 @@ def check(job):
         regs += "paired "
     if opts["FAST_DIV"]:
         regs += "fast_div "
-    if not hopper.key_masks(d, variant, causal, cfg_tail(varlen, kv_tail)):
+    if not WINDOW_FORM and not hopper.key_masks(d, variant, causal, cfg_tail(varlen, kv_tail)):
         regs += "unmasked_keys "
     if hopper.diag_trim_for(d, variant, causal):
         regs += "diag_trim "
@@ -225,6 +237,7 @@ def check(job):
     if not varlen and cfg_walk_table(paired, variant, d, causal):
         regs += "walk_table "
     return (f"{variant:8s} d={d} {dt} causal={causal!s:5s} {'varlen ' if varlen else ''}"
+            f"{'window ' if WINDOW_FORM else ''}"
             f"tiles={cfg['block_m']}x{cfg['block_n']}x{cfg['stages']} "
             f"warps={k.metadata.num_warps} shared={k.metadata.shared} {regs}{fmt(c)}")
 
@@ -238,6 +251,8 @@ def main():
     ap.add_argument("--masks", default="0,1", help="0 (non-causal), 1 (causal) or both")
     ap.add_argument("--headdims", default=None, help="comma-separated subset of each variant's head dims")
     ap.add_argument("--varlen", action="store_true", help="the packed-batch kernels (IS_VARLEN=True)")
+    ap.add_argument("--window", action="store_true",
+                    help="the sliding-window form (WINDOW=True; non-causal, hopper.WINDOW_VARIANTS only)")
     ap.add_argument("--lpt", action="store_true", help="causal one-tile grids in LPT order (LPT=True)")
     ap.add_argument("--kv-tail", action="store_true",
                     help="fixed-length kernels for key lengths not a multiple of the key tile (KV_TAIL=True)")
@@ -281,6 +296,11 @@ def main():
                     help="key tile (block_n) of every selected variant and head dim instead of hopper.TILE_TABLE's")
     ap.add_argument("--stages", type=int, default=None, help="K / V ring depth instead of hopper.TILE_TABLE's")
     args = ap.parse_args()
+    if args.window:  # before the compile jobs' processes are forked (they inherit it)
+        global WINDOW_FORM
+        WINDOW_FORM = True
+        args.masks = "0"
+        args.variants = ",".join(v for v in args.variants.split(",") if v in hopper.WINDOW_VARIANTS)
     if args.block_n or args.stages:  # before the compile jobs' processes are forked (they inherit it)
         for variant in args.variants.split(","):
             for d, (bm, bn, st) in list(hopper.TILE_TABLE[variant].items()):

@@ -4,7 +4,7 @@ backward (both variants), the portable forward, and a split decode step with its
 programmatic dependent launch; contiguous, and paged through TMA).
 
     compute-sanitizer --tool memcheck  python benchmarks/sanitize_small.py [--heads 256] [--no-forward]
-                                                                           [--varlen]
+                                                                           [--varlen] [--window]
 
 ``--heads``: the head dims of the attention calls (default 64,128,256); ``--no-forward``: only the
 Gluon backward kernels of those head dims and the decode calls (the forward variants skipped).
@@ -14,7 +14,10 @@ table and the Q buffers). ``--varlen``: only the Gluon backward's packed-sequenc
 ``IS_VARLEN``) at those head dims, both masks and two sliding windows (``WINDOW``), plain and
 deterministic, on ragged sequences (a
 sequence with no queries, one with no keys, seqlen_q != seqlen_k) with trailing rows no sequence
-owns (NaN: the producer zeroes what the last tiles read of them).
+owns (NaN: the producer zeroes what the last tiles read of them). ``--window``: only the Gluon
+forward's sliding-window form (``WINDOW``) at those head dims, every variant that has it
+(``hopper.WINDOW_VARIANTS``), three windows, fixed length (seqlen_q != seqlen_k) and packed (the
+ragged sequences above, ``IS_VARLEN``).
 """
 import argparse
 
@@ -28,9 +31,31 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--heads", default="64,128,256")
 ap.add_argument("--no-forward", action="store_true")
 ap.add_argument("--varlen", action="store_true")
+ap.add_argument("--window", action="store_true")
 args = ap.parse_args()
 torch.manual_seed(0)
 dev, dt = "cuda", torch.bfloat16
+if args.window:
+    lens_q, lens_k, extra = [1, 100, 333, 0, 64, 50], [1, 37, 200, 40, 300, 0], 7
+    cu_q, cu_k = (torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+                  for n in (lens_q, lens_k))
+    for d in map(int, args.heads.split(",")):
+        q = torch.randn(2, 300, 3, d, device=dev, dtype=dt)
+        k = torch.randn(2, 340, 1, d, device=dev, dtype=dt)
+        qp = torch.randn(sum(lens_q) + extra, 3, d, device=dev, dtype=dt)
+        kp = torch.randn(sum(lens_k) + extra, 1, d, device=dev, dtype=dt)
+        kp[sum(lens_k):] = float("nan")
+        for name in hopper.WINDOW_VARIANTS:
+            if d not in hopper.TILE_TABLE[name]:
+                continue
+            with hopper.variant(name), hopper.prefer_hopper(True), torch.no_grad():
+                for window in ((100, 0), (64, 64), (-1, 30)):
+                    ioattn.flash_attn_func(q, k, k, window_size=window)
+                    ioattn.flash_attn_varlen_func(qp, kp, kp, cu_q, cu_k, max(lens_q), max(lens_k),
+                                                  window_size=window)
+    torch.cuda.synchronize()
+    print("sanitize_small --window: done")
+    raise SystemExit(0)
 if args.varlen:
     lens_q, lens_k, extra = [1, 100, 333, 0, 64, 50], [1, 37, 200, 40, 300, 0], 7
     cu_q, cu_k = (torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32, device=dev)

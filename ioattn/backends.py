@@ -74,10 +74,11 @@ def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     from ioattn.kernels.forward import attn_fwd_kernel
 
     pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    if (hopper.wanted(q, pb.seqlen_q, causal=window == (-1, 0), varlen=pb.varlen)
-            and hopper.hopper_supports(q, k, v, pb.varlen, window, softcap, alibi_slopes, dropout_p)[0]):
-        return hopper.hopper_forward(q, k, v, softmax_scale, window == (-1, 0), cu_seqlens_q=cu_seqlens_q,
-                                     cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    if hopper.fwd_plan(q, k, v, pb.varlen, window, softcap, alibi_slopes, dropout_p, pb.seqlen_q)[0]:
+        causal = window == (-1, 0)
+        return hopper.hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=cu_seqlens_q,
+                                     cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                                     window=(-1, -1) if causal else window)
     out, lse = pb.outputs(q)
     if q.numel() == 0 or pb.seqlen_q == 0:
         lse.fill_(float("-inf"))

@@ -40,13 +40,12 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         reason = "forced (dispatch.forced_backend)"
     window = normalize_window(window_size, bool(causal))
     seqlen_q = max_seqlen_q if varlen else q.shape[1]
-    ok, why = hopper.hopper_supports(q, k, v, varlen, window, 0.0, None, 0.0)
-    wanted, policy = hopper.policy(q, seqlen_q, causal=window == (-1, 0), varlen=varlen)
-    gluon = (f"taken ({policy})" if wanted and ok else f"not taken ({policy})" if ok
-             else f"not applicable ({why})")
+    taken, why, ok = hopper.fwd_plan(q, k, v, varlen, window, 0.0, None, 0.0, seqlen_q)
+    gluon = f"taken ({why})" if taken else f"not taken ({why})" if ok else f"not applicable ({why})"
+    has_window = window not in ((-1, -1), (-1, 0))
     name = None
-    if wanted and ok:
-        name = hopper.variant_for(q.shape[-1], window == (-1, 0), seqlen_q, varlen)
+    if taken:
+        name = hopper.variant_for(q.shape[-1], window == (-1, 0), seqlen_q, varlen, has_window)
         cfg = hopper.kernel_config(q.shape[-1], name, window == (-1, 0), None if varlen else seqlen_q)
         bm, bn, stages = cfg["block_m"], cfg["block_n"], cfg["stages"]
         share = hopper.exp2_fma_share()
@@ -65,8 +64,9 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                    "row_sum": ("per-thread partial sums, reduced once a query tile" if lean & hopper.LEAN_DEFERRED_SUM
                                else "reduced every key tile"),
                    "mask": ("none: the unmasked softmax body alone (no causal mask, every key tile inside the "
-                            "sequence)" if not varlen and not hopper.key_masks(q.shape[-1], name, window == (-1, 0),
-                                                                               k.shape[1] % bn != 0, k.shape[1])
+                            "sequence)" if not varlen and not has_window
+                            and not hopper.key_masks(q.shape[-1], name, window == (-1, 0), k.shape[1] % bn != 0,
+                                                     k.shape[1])
                             else "a tile's first key step: under its own branch, ahead of one softmax body"
                             if lean & hopper.LEAN_MASK_BRANCH else "masked and unmasked softmax bodies"),
                    "barriers": ("the consumers' redundant partition barriers dropped from the PTX "
@@ -76,6 +76,9 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                                   1: "whole-row pointer stores (Triton's layout conversion)",
                                   2: "whole-row pointer stores (staged in the Q buffer)",
                                   3: "TMA bulk copies (staged in the Q buffer)"}[hopper.row_stores(q.shape[-1], name)]}
+        if has_window:
+            forward["window"] = (f"{window}: each query tile walks the key tiles its rows' band reaches, those "
+                                 "a window edge crosses masked")
         if name == "persistent":
             opts = hopper.persistent_options(q.shape[-1], name, window == (-1, 0), dispatch.cdiv(seqlen_q, bm))
             forward["walk"] = ("a host-built table (hopper.build_walk_table): longest tiles first within groups "

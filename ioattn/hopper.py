@@ -172,16 +172,18 @@ def active_variant() -> str | None:
     return _check(env) if env else None
 
 
-def variant_for(d: int, causal: bool = False, seqlen_q: int | None = None, varlen: bool = False) -> str:
+def variant_for(d: int, causal: bool = False, seqlen_q: int | None = None, varlen: bool = False,
+                window: bool = False) -> str:
     """The variant a call at head dim ``d`` runs: the one set by name; else, for a fixed-length
-    call with ``PERSISTENT_MIN_SEQLEN[(d, causal)]`` (0 if absent) <= ``seqlen_q`` <=
-    ``PERSISTENT_MAX_SEQLEN[(d, causal)]``, "persistent"; else ``DEFAULT_VARIANT_BY_HEADDIM``'s, else
-    ``DEFAULT_VARIANT``. (Without ``seqlen_q``: the head dim's default.)"""
+    call without a sliding ``window`` with ``PERSISTENT_MIN_SEQLEN[(d, causal)]`` (0 if absent) <=
+    ``seqlen_q`` <= ``PERSISTENT_MAX_SEQLEN[(d, causal)]``, "persistent"; else
+    ``DEFAULT_VARIANT_BY_HEADDIM``'s, else ``DEFAULT_VARIANT``. (Without ``seqlen_q``: the head dim's
+    default.)"""
     named = active_variant()
     if named:
         return named
     key = (d, bool(causal))
-    if not varlen and seqlen_q is not None and \
+    if not varlen and not window and seqlen_q is not None and \
             PERSISTENT_MIN_SEQLEN.get(key, 0) <= seqlen_q <= PERSISTENT_MAX_SEQLEN.get(key, 0):
         return "persistent"
     return DEFAULT_VARIANT_BY_HEADDIM.get(d, DEFAULT_VARIANT)
@@ -347,6 +349,15 @@ GLUON_VARLEN = True
 # 1.31 / 1.23 at 5212 non-causal / causal (from 1024; not measured below 1522); d=64 behind at every
 # mean (0.83-0.97): not listed, the portable kernel.
 VARLEN_AUTO_MIN_SEQLEN = {(128, False): 2048, (128, True): 1024, (256, False): 1024, (256, True): 1024}
+
+# Sliding windows (flash-attn's (left, right), not the causal (-1, 0)) in the Gluon forward: the
+# one-tile ping-pong kernels' WINDOW form (a program walks its rows' band of key tiles, masking those
+# a window edge crosses; the persistent walk is not taught the band, so a window call that would take
+# it runs the head dim's one-tile default). Judged by the lengths' tables' non-causal rows and by the
+# window's width (left + right + 1, an unbounded side as seqlen_k; varlen: max_seqlen_q):
+# ``WINDOW_MIN_WIDTH[head dim]``, set from measurements (see its comment below).
+WINDOW_VARIANTS = ("pingpong", "split", "wg3")
+WINDOW_MIN_WIDTH = {64: 1, 128: 1, 256: 1}
 
 prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer_hopper(True): ...``
 
@@ -872,16 +883,19 @@ def exp2_fma_cols(percent: float, block_n: int) -> int:
     return int(cols)
 
 
-def wanted(q=None, seqlen_q: int | None = None, causal: bool = False, varlen: bool = False) -> bool:
+def wanted(q=None, seqlen_q: int | None = None, causal: bool = False, varlen: bool = False,
+           window_width: int | None = None) -> bool:
     """Whether the forward of this call should take the Gluon kernel (if ``hopper_supports`` it)."""
-    return policy(q, seqlen_q, causal, varlen)[0]
+    return policy(q, seqlen_q, causal, varlen, window_width)[0]
 
 
-def policy(q=None, seqlen_q: int | None = None, causal: bool = False, varlen: bool = False) -> tuple[bool, str]:
+def policy(q=None, seqlen_q: int | None = None, causal: bool = False, varlen: bool = False,
+           window_width: int | None = None) -> tuple[bool, str]:
     """(wanted, why): ``prefer_hopper``'s value inside its block, else ``IOATTN_HOPPER`` ("1" / "0")
     if set, else the default policy (``AUTO_MIN_SEQLEN``, or for packed batches
     ``VARLEN_AUTO_MIN_SEQLEN`` with the longest sequence) for q's head dim, the mask and
-    ``seqlen_q`` (default: q.shape[1])."""
+    ``seqlen_q`` (default: q.shape[1]); a sliding window (``window_width``: left + right + 1,
+    ``window_width_of``) also needs ``WINDOW_MIN_WIDTH``'s width."""
     if prefer_hopper.value is not None:
         return prefer_hopper.value, f"hopper.prefer_hopper({prefer_hopper.value})"
     env = os.environ.get("IOATTN_HOPPER", "").strip()
@@ -898,7 +912,36 @@ def policy(q=None, seqlen_q: int | None = None, causal: bool = False, varlen: bo
     least = globals()[table].get((d, bool(causal)))
     if least is None:
         return False, f"default policy: head dim {d} {mask} is not in hopper.{table}"
-    return n >= least, f"default policy: head dim {d} {mask} from seqlen_q >= {least} (here {n})"
+    if n < least:
+        return False, f"default policy: head dim {d} {mask} from seqlen_q >= {least} (here {n})"
+    if window_width is not None:
+        narrowest = WINDOW_MIN_WIDTH.get(d)
+        if narrowest is None or window_width < narrowest:
+            return False, (f"default policy: head dim {d} sliding windows from width {narrowest} "
+                           f"(hopper.WINDOW_MIN_WIDTH; here {window_width})")
+        mask += f" window of width {window_width}"
+    return True, f"default policy: head dim {d} {mask} from seqlen_q >= {least} (here {n})"
+
+
+def window_width_of(window, seqlen_k: int | None, seqlen_q: int | None = None) -> int | None:
+    """A sliding window's width for the policies (left + right + 1, an unbounded side as ``seqlen_k``,
+    or for a varlen call, which passes None, as the longest query length ``seqlen_q``); None for no
+    window and for the causal mask (-1, 0)."""
+    if window in ((-1, -1), (-1, 0)):
+        return None
+    return sum(w if w >= 0 else (seqlen_k or seqlen_q or 0) for w in window) + 1
+
+
+def fwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p, seqlen_q: int | None = None
+             ) -> tuple[bool, str, bool]:
+    """(taken, policy's why, supported) for the forward of this call: taken where ``policy`` wants it
+    and ``hopper_supports`` it (the reason then the refusal's where it does not). ``seqlen_q``: the
+    query length the policy judges (a varlen call's max_seqlen_q; default q.shape[1])."""
+    seqlen_q = q.shape[1] if seqlen_q is None else seqlen_q
+    width = window_width_of(window, None if varlen else k.shape[-3], seqlen_q)
+    wanted, why = policy(q, seqlen_q, causal=window == (-1, 0), varlen=varlen, window_width=width)
+    ok, reason = hopper_supports(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p)
+    return wanted and ok, why if ok else reason, ok
 
 
 def _device_ok(q) -> tuple[bool, str]:
@@ -936,8 +979,10 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
     if varlen and not GLUON_VARLEN:
         return False, ("varlen: the Gluon kernel's IS_VARLEN specialisation is switched off "
                        "(hopper.GLUON_VARLEN = False)")
-    if window not in ((-1, -1), (-1, 0)) or softcap > 0 or alibi_slopes is not None or dropout_p > 0:
-        return False, "no sliding window, softcap, ALiBi or dropout yet"
+    if window not in ((-1, -1), (-1, 0)) and name not in WINDOW_VARIANTS:
+        return False, f"sliding window: the variants {WINDOW_VARIANTS} only (here {name})"
+    if softcap > 0 or alibi_slopes is not None or dropout_p > 0:
+        return False, "no softcap, ALiBi or dropout yet"
     return _rows_layout_ok(q, k, v, varlen, window == (-1, 0))
 
 
@@ -1022,16 +1067,26 @@ def grid_programs(device, name: str, num_tiles: int) -> int:
 
 
 def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                   max_seqlen_k=None):
+                   max_seqlen_k=None, window=(-1, -1)):
     """(out, lse) as the portable forward returns them; the call must pass ``hopper_supports``.
     Batched: q (batch, seqlen_q, nheads, d), lse (batch, nheads, seqlen_q). Varlen (``cu_seqlens_q``
     given, with cu_seqlens_k and the max lengths): packed q (total_q, nheads, d), k/v (total_k, ...),
-    lse (nheads, total_q); rows no sequence owns give output 0 and lse -inf, as ``backends._Problem``."""
+    lse (nheads, total_q); rows no sequence owns give output 0 and lse -inf, as ``backends._Problem``.
+    ``window``: flash-attn's (left, right) sliding window, -1 unbounded, bottom-right aligned (the
+    kernel's ``WINDOW`` form, variants ``WINDOW_VARIANTS``); the causal mask is ``causal=True``."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from ioattn.kernels.hopper_forward import hopper_fwd_kernel, magic_divisor
 
+    window = tuple(int(w) for w in window)
+    if window == (-1, 0) and not causal:
+        raise ValueError("window (-1, 0) is the causal mask: pass causal=True")
+    if causal and window not in ((-1, -1), (-1, 0)):
+        raise ValueError(f"causal=True with window {window}: pass the window alone (its right side 0)")
+    if len(window) != 2 or min(window) < -1:
+        raise ValueError(f"window must be (left, right) with each side >= 0 or -1 (unbounded), got {window}")
+    has_window = window != (-1, -1) and not causal
     varlen = cu_seqlens_q is not None
     nheads, d = q.shape[-2], q.shape[-1]
     nheads_kv = k.shape[-2]
@@ -1048,7 +1103,9 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
         stride_lse_b, stride_lse_h = lse.stride(0), lse.stride(1)
     if q.numel() == 0 or seqlen_q == 0 or (varlen and (k.numel() == 0 or seqlen_k == 0)):
         return out.zero_(), lse.fill_(float("-inf"))
-    cfg = kernel_config(d, variant_for(d, causal, seqlen_q, varlen), bool(causal), seqlen_q)
+    cfg = kernel_config(d, variant_for(d, causal, seqlen_q, varlen, has_window), bool(causal), seqlen_q)
+    if has_window and cfg["variant"] not in WINDOW_VARIANTS:
+        raise ValueError(f"a sliding window needs one of the variants {WINDOW_VARIANTS}, got {cfg['variant']!r}")
     block_m, block_n, q_rows = cfg["block_m"], cfg["block_n"], cfg["q_rows"]
     if cfg["constexprs"]["LEAN"] and softmax_scale < 0:
         # the lean softmax scales the row maximum of the raw scores, which needs scale >= 0:
@@ -1089,13 +1146,19 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     walk_div = walk_divisor(num_m, batch * nheads, causal, popts["PAIRED"])
     _, walk_mul, walk_shift = magic_divisor(walk_div)
     _, head_mul, head_shift = magic_divisor(nheads)
+    # a window's unbounded side: a bound past every row of either length (the kernel adds it to row
+    # indices, so no larger than int32 needs)
+    unbounded = seqlen_q + seqlen_k + 1
+    win_left, win_right = (w if w >= 0 else unbounded for w in window) if has_window else (0, 0)
     # fixed length: cu_seqlens None (constexpr None, unused under IS_VARLEN=False)
     hopper_fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                             nheads, nheads // nheads_kv, nheads * d, stride_lse_b, stride_lse_h,
                             softmax_scale * 1.4426950408889634, walk_div, walk_mul, walk_shift, head_mul, head_shift,
                             IS_CAUSAL=bool(causal), IS_VARLEN=varlen,
                             LPT=bool(causal) and lpt_order.wanted(), num_tiles=num_tiles,
-                            KV_TAIL=kv_tail, KEY_MASKS=key_masks(d, cfg["variant"], bool(causal), kv_tail, seqlen_k),
+                            KV_TAIL=kv_tail,
+                            KEY_MASKS=has_window or key_masks(d, cfg["variant"], bool(causal), kv_tail, seqlen_k),
+                            WINDOW=has_window, win_left=win_left, win_right=win_right,
                             DIAG_TRIM=diag_trim_for(d, cfg["variant"], bool(causal), seqlen_q),
                             EXP2_FMA=exp2_fma_cols(exp2_fma_share(), block_n),
                             ROW_STORES=out_stores,
@@ -1223,10 +1286,8 @@ def bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p, seqlen_q
                            "hopper.DETERMINISTIC_WS = False)")
     if varlen and seqlen_q is None:
         raise ValueError("bwd_plan: a varlen call needs seqlen_q (its max_seqlen_q)")
-    width = None
-    if window not in ((-1, -1), (-1, 0)):  # a sliding window: its width, an unbounded side as seqlen_k
-        seqlen_k = k.shape[-3] if not varlen else None  # varlen: the longest query length stands in
-        width = sum(w if w >= 0 else (seqlen_k or seqlen_q or 0) for w in window) + 1
+    # a sliding window's width, an unbounded side as seqlen_k (varlen: the longest query length)
+    width = window_width_of(window, None if varlen else k.shape[-3], seqlen_q)
     wanted, why = bwd_policy(q, seqlen_q, causal=window == (-1, 0), varlen=varlen, window_width=width)
     if not wanted:
         return False, why

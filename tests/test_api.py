@@ -1416,6 +1416,101 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
     assert kw["Walk"] is None and kw["PAIRED"] and kw["args"][16] == 4  # walk_div: half the query blocks
 
 
+def test_hopper_forward_window_launch_and_policy(monkeypatch):
+    """Sliding windows in the Gluon forward (the kernel's ``WINDOW`` form): the launcher passes the
+    window's sides (an unbounded one as seqlen_q + seqlen_k + 1), masked key tiles and a one-tile
+    ping-pong variant even where the lengths would take the persistent kernel; it refuses a causal
+    window without causal=True, causal=True with another window, and a bad side, before any launch;
+    the call checks refuse windows in a variant without the form (named), the policy wants
+    ``WINDOW_MIN_WIDTH``'s width, the plan names the window, and the API's launcher passes the window
+    through (the causal mask as causal=True). (No GPU here: a fake stands in for the launch, and the
+    device check is replaced by the pure-Python call checks.)"""
+    import ioattn
+    import ioattn.kernels.hopper_forward as hf
+    from ioattn import backends, hopper
+    launches = []
+
+    class Fake:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((grid, args, kw))
+    monkeypatch.setattr(hf, "hopper_fwd_kernel", Fake())
+    monkeypatch.delenv("IOATTN_HOPPER_VARIANT", raising=False)
+    monkeypatch.delenv("IOATTN_HOPPER", raising=False)
+
+    def launch(n, d, window, causal=False, varlen=False):
+        launches.clear()
+        q, k = torch.randn(2, n, 4, d, dtype=BF16), torch.randn(2, n, 2, d, dtype=BF16)
+        if varlen:
+            cu = torch.tensor([0, n, 2 * n], dtype=torch.int32)
+            hopper.hopper_forward(q.view(-1, 4, d), k.view(-1, 2, d), k.view(-1, 2, d), 0.1, causal,
+                                  cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=n, max_seqlen_k=n, window=window)
+        else:
+            hopper.hopper_forward(q, k, k, 0.1, causal, window=window)
+        ((grid, args, kw),) = launches
+        return grid, kw
+
+    n = hopper.PERSISTENT_MAX_SEQLEN[(128, False)]  # the persistent kernel's range without a window
+    assert launch(n, 128, (-1, -1))[1]["PERSISTENT"]
+    grid, kw = launch(n, 128, (100, 0))
+    assert kw["WINDOW"] and not kw["PERSISTENT"] and kw["PINGPONG"] and kw["NUM_WG"] == 2 and not kw["IS_CAUSAL"]
+    assert kw["KEY_MASKS"] and (kw["win_left"], kw["win_right"]) == (100, 0)
+    assert grid == (-(-n // kw["BLOCK_M"]) * 2 * 4,)  # one program per query tile
+    assert (launch(n, 128, (-1, 7))[1]["win_left"], launch(n, 128, (9, -1))[1]["win_right"]) == (2 * n + 1,) * 2
+    kw = launch(4096, 64, (256, 256))[1]  # d = 64: the three-warpgroup variant
+    assert kw["WINDOW"] and kw["NUM_WG"] == 3 and (kw["win_left"], kw["win_right"]) == (256, 256)
+    kw = launch(300, 256, (5, 5), varlen=True)[1]
+    assert kw["WINDOW"] and kw["IS_VARLEN"] and kw["KV_TAIL"]
+    for window, causal in (((-1, -1), False), ((-1, -1), True)):
+        assert not launch(n, 128, window, causal)[1]["WINDOW"]  # no window, or the causal mask's own path
+    for window, causal, match in (((-1, 0), False, r"window \(-1, 0\) is the causal mask"),
+                                  ((8, 0), True, r"causal=True with window \(8, 0\)"),
+                                  ((-2, 4), False, r"window must be \(left, right\)")):
+        launches.clear()
+        with pytest.raises(ValueError, match=match):
+            launch(256, 128, window, causal)
+        assert not launches
+    with hopper.variant("persistent"), pytest.raises(ValueError, match="a sliding window needs one of the variants"):
+        launch(256, 128, (8, 0))
+    # the call checks: windows in the variants that have the form
+    q = torch.empty(1, 4096, 2, 128, dtype=BF16)
+    assert hopper.call_supported(q, q, q, False, (100, 0), 0.0, None, 0.0) == (True, "")
+    for name in ("persistent", "base"):
+        with hopper.variant(name):
+            assert hopper.call_supported(q, q, q, False, (100, 0), 0.0, None, 0.0) == (
+                False, f"sliding window: the variants {hopper.WINDOW_VARIANTS} only (here {name})")
+            assert hopper.call_supported(q, q, q, False, (-1, 0), 0.0, None, 0.0)[0]  # causal: its own path
+    assert hopper.call_supported(q, q, q, False, (100, 0), 1.0, None, 0.0) == (
+        False, "no softcap, ALiBi or dropout yet")
+    # the policy: the lengths' non-causal row, then the window's width (an unbounded side as seqlen_k)
+    assert hopper.window_width_of((100, 0), 4096) == 101 and hopper.window_width_of((-1, 5), 4096) == 4102
+    assert hopper.window_width_of((-1, 5), None, 900) == 906  # varlen: the longest query length
+    assert hopper.window_width_of((-1, 0), 4096) is None and hopper.window_width_of((-1, -1), 4096) is None
+    with monkeypatch.context() as m:
+        m.setitem(hopper.WINDOW_MIN_WIDTH, 128, 300)
+        assert hopper.policy(q, window_width=300) == (
+            True, "default policy: head dim 128 non-causal window of width 300 from seqlen_q >= 512 (here 4096)")
+        assert hopper.policy(q, window_width=299) == (
+            False, "default policy: head dim 128 sliding windows from width 300 (hopper.WINDOW_MIN_WIDTH; here 299)")
+        assert not hopper.policy(q[:, :100], window_width=4000)[0]  # the lengths' table first
+        monkeypatch.setattr(hopper, "hopper_supports", hopper.call_supported)  # as if on an sm_90 GPU
+        with dispatch.forced_backend("triton"):
+            plan = ioattn.explain_dispatch(q, q, q, window_size=(299, 0))
+            assert plan.forward["gluon_hopper"].startswith("taken") and plan.forward["window"].startswith("(299, 0)")
+            assert plan.forward["kernel"].endswith("(Gluon, pingpong)") and not plan.forward["mask"].startswith("none")
+            assert "window" not in ioattn.explain_dispatch(q, q, q, causal=True).forward
+            plan = ioattn.explain_dispatch(q, q, q, window_size=(298, 0))
+            assert "hopper" not in plan.forward["kernel"] and "WINDOW_MIN_WIDTH" in plan.forward["gluon_hopper"]
+            calls = []
+            m.setattr(hopper, "hopper_forward", lambda *a, **kw: calls.append((a, kw)) or ("out", "lse"))
+            qs = q[:, :600]
+            for window in ((400, 0), (-1, 0)):
+                assert backends.triton_forward(qs, qs, qs, None, None, 600, 600, 0.125, window, 0.0, None, 0.0,
+                                               0) == ("out", "lse")
+    (a1, kw1), (a2, kw2) = calls
+    assert a1[3:] == (0.125, False) and kw1["window"] == (400, 0)
+    assert a2[3:] == (0.125, True) and kw2["window"] == (-1, -1)
+
+
 def test_hopper_exp2_fma_switch(monkeypatch):
     """hopper.exp2_fma / IOATTN_HOPPER_EXP2_FMA: off by default, only the shares the kernel can split
     a key tile into (a power-of-two fraction of its columns), and the plan reports the share and the

@@ -6,7 +6,7 @@ import torch
 import ioattn
 from ioattn.reference import attention_ref
 
-from conftest import assert_varlen_sequences, assert_within_torch_error
+from conftest import assert_lse_close, assert_varlen_sequences, assert_within_torch_error, attention_oracles
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -1342,3 +1342,71 @@ def test_hopper_backward_window_default_policy(d, window, monkeypatch, poison_al
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, qkv, dout)
     _assert_out_and_grads(out, grads, dout, *qkv, window)
+
+
+# the Gluon forward's sliding-window form: the backward's windows, and a narrow band whose right side
+# reaches past the diagonal by more than a key tile
+_FWD_WINDOWS = _BWD_WINDOWS + [(5, 130)]
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant", ["pingpong", "split", "wg3"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("window", _FWD_WINDOWS)
+# (2, 1000, 1000, 4, 2): GQA 2, a key tail; (1, 777, 1500, 2, 1): seqlen_q < seqlen_k (bottom-right
+# aligned); (3, 129, 64, 2, 2): seqlen_q > seqlen_k (rows that see no key, a CTA whose rows see none)
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1), (3, 129, 64, 2, 2)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_hopper_forward_window(variant, d, window, shape, dtype, monkeypatch, poison_alloc):
+    """The Gluon forward's sliding-window form (``WINDOW``) through flash_attn_func, the plan naming it:
+    output, lse and the gradients of the backward fed by them against the float64 oracle (2x
+    PyTorch's own error); the lse -inf exactly on the rows that see no key; the API's forward is the
+    kernel's, called directly."""
+    from ioattn import hopper
+    if d not in hopper.TILE_TABLE[variant]:
+        pytest.skip(f"the {variant} variant has no head dim {d}")
+    if dtype == torch.float16 and shape != (2, 1000, 1000, 4, 2):
+        pytest.skip("fp16: one shape (the same code but the dtype)")
+    monkeypatch.delenv("IOATTN_HOPPER", raising=False)
+    b, sq, sk, h, hkv = shape
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
+    with hopper.variant(variant), hopper.prefer_hopper(True):
+        plan = ioattn.explain_dispatch(q.detach(), k.detach(), v.detach(), window_size=window)
+        assert plan.forward["kernel"].endswith(f"(Gluon, {variant})"), plan.forward
+        assert plan.forward["window"].startswith(str(window)), plan.forward
+        out, lse, _ = ioattn.flash_attn_func(q, k, v, window_size=window, return_attn_probs=True)
+        direct = hopper.hopper_forward(q.detach(), k.detach(), v.detach(), d ** -0.5, False, window=window)
+    assert torch.equal(out.detach(), direct[0]) and torch.equal(lse, direct[1])
+    assert_lse_close(f"{variant} window {window}", lse, attention_oracles(q, k, v, torch.zeros_like(out),
+                                                                          window=window)["lse64"].float())
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    _assert_out_and_grads(out, grads, dout, q, k, v, window)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant", ["pingpong", "wg3"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("window", [(100, 0), (256, 256), (0, 0), (-1, 30)])
+def test_hopper_forward_varlen_window(variant, d, window, monkeypatch, poison_alloc):
+    """Packed sequences with a sliding window in the Gluon forward (``IS_VARLEN`` and ``WINDOW``), per
+    sequence against the float64 oracle (out, lse and the gradients); the unowned trailing rows hold
+    NaN and get output 0, lse -inf and zero gradients."""
+    from ioattn import hopper
+    if d not in hopper.TILE_TABLE[variant]:
+        pytest.skip(f"the {variant} variant has no head dim {d}")
+    monkeypatch.delenv("IOATTN_HOPPER", raising=False)
+    q, k, v, dout, cq, ck, max_q, max_k = _ragged_packed(d)
+    tq, tk = int(cq[-1]), int(ck[-1])
+    with hopper.variant(variant), hopper.prefer_hopper(True):
+        plan = ioattn.explain_dispatch(q, k, v, window_size=window, cu_seqlens_q=cq, max_seqlen_q=max_q)
+        assert plan.forward["kernel"].endswith(f"(Gluon, {variant})") and "window" in plan.forward, plan.forward
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        out, lse, _ = ioattn.flash_attn_varlen_func(qg, kg, vg, cq, ck, max_q, max_k, window_size=window,
+                                                    return_attn_probs=True)
+    dq, dk, dv = torch.autograd.grad(out, (qg, kg, vg), dout)
+    assert (out[tq:] == 0).all() and torch.isneginf(lse[:, tq:]).all()
+    assert (dq[tq:] == 0).all() and (dk[tk:] == 0).all() and (dv[tk:] == 0).all()
+    assert_varlen_sequences(f"{variant} varlen window {window}", q, k, v, dout, out.detach(), lse, (dq, dk, dv),
+                            cq, ck, window=window)

@@ -298,8 +298,12 @@ def _rescale_rows(o, alpha, COND: gl.constexpr, BY_WARP: gl.constexpr = False):
 @gluon.jit
 def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d,
                   MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr, LEAN: gl.constexpr = False,
-                  EXP2_FMA: gl.constexpr = 0, KEY_END: gl.constexpr = True):
-    """Scale (log2 domain), mask, online-softmax step: returns (p, alpha, m_new, l_new). ``EXP2_FMA``:
+                  EXP2_FMA: gl.constexpr = 0, KEY_END: gl.constexpr = True, WINDOW: gl.constexpr = False,
+                  win_left=0, win_right=0):
+    """Scale (log2 domain), mask, online-softmax step: returns (p, alpha, m_new, l_new). ``WINDOW`` (a
+    sliding window, ``IS_CAUSAL`` False): the masked form also keeps key j for row i only where
+    i + off - win_left <= j <= i + off + win_right (off = seqlen_k - seqlen_q; the host passes an
+    unbounded side as a bound past every key). ``EXP2_FMA``:
     p's exponentials of that many of the tile's columns on the FMA units (``_exp2_tile``).
     ``KEY_END`` False (causal only): no key-end test. A row r < seqlen_q sees keys up to
     r + seqlen_k - seqlen_q <= seqlen_k - 1, so the diagonal test implies it for every row that is
@@ -319,7 +323,8 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
     gl.static_assert(KEY_END or IS_CAUSAL, "without the diagonal test the key end is the only mask")
     if LEAN:
         if MASKED:
-            s = _mask_scores(s, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d, IS_CAUSAL, KEY_END)
+            s = _mask_scores(s, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d, IS_CAUSAL, KEY_END, WINDOW,
+                             win_left, win_right)
         m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
         if LEAN & LEAN_COND_RESCALE:  # conditional rescaling: the max moves only by more than RESCALE_TAU (a first
             m_new = gl.where(m_new > m_i + RESCALE_TAU, m_new, m_i)  # key: -inf + tau = -inf, it moves)
@@ -336,6 +341,9 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
                     keep = keep & (cols < seqlen_k)
             else:
                 keep = cols < seqlen_k
+                if WINDOW:
+                    keep = keep & (cols <= rows + (seqlen_k - seqlen_q + win_right))
+                    keep = keep & (cols >= rows + (seqlen_k - seqlen_q - win_left))
             s = gl.where(keep, s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: exp2 gives 0, not NaN
@@ -355,7 +363,7 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
 
 @gluon.jit
 def _mask_scores(s, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d, IS_CAUSAL: gl.constexpr,
-                 KEY_END: gl.constexpr = True):
+                 KEY_END: gl.constexpr = True, WINDOW: gl.constexpr = False, win_left=0, win_right=0):
     """The lean softmax's mask (``_softmax_tile``): raw scores of keys a row may not see set to -inf."""
     hi = cols_1d & ~6
     lo = cols_1d & 6
@@ -366,13 +374,18 @@ def _mask_scores(s, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d, IS_C
             keep = keep & (hi[None, :] < (seqlen_k - n_start - lo)[None, :])
     else:
         keep = hi[None, :] < (seqlen_k - n_start - lo)[None, :]
+        if WINDOW:  # both edges, per row: hi + lo <= row's last key, hi + lo >= row's first key
+            limit = m_start + rows_1d + (seqlen_k - seqlen_q) - n_start
+            keep = keep & (hi[None, :] <= (limit + win_right)[:, None] - lo[None, :])
+            keep = keep & (hi[None, :] >= (limit - win_left)[:, None] - lo[None, :])
     return gl.where(keep, s, float("-inf"))
 
 
 @gluon.jit
 def _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d,
                   IS_CAUSAL: gl.constexpr, LEAN: gl.constexpr, EXP2_FMA: gl.constexpr, KEY_END: gl.constexpr,
-                  BRANCH_OK: gl.constexpr = False, KEY_MASKS: gl.constexpr = True):
+                  BRANCH_OK: gl.constexpr = False, KEY_MASKS: gl.constexpr = True, WINDOW: gl.constexpr = False,
+                  win_left=0, win_right=0):
     """A key tile's softmax step whose mask is decided at run time (``need_mask``): two inlined copies of
     ``_softmax_tile``, masked and unmasked, under the branch; or (``LEAN_MASK_BRANCH`` and ``BRANCH_OK``)
     one copy, the mask alone under the branch (``_mask_scores``), so that the consumer's code holds one
@@ -381,19 +394,21 @@ def _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, 
     join, so in the key loop the join ahead of the softmax would serialise it with this warpgroup's
     P V (measured 5-12 % slower there, NOTES §94). ``KEY_MASKS`` False: no tile is ever masked
     (``hopper_fwd_kernel``'s ``KEY_MASKS``), ``need_mask`` is ignored and only the unmasked body is
-    compiled."""
+    compiled. ``WINDOW``: the masks include the window's edges (``_softmax_tile``)."""
     if not KEY_MASKS:
         p, alpha, m_new, l_new = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
                                                rows_1d, cols_1d, False, IS_CAUSAL, LEAN, EXP2_FMA)
     elif (LEAN & LEAN_MASK_BRANCH) and BRANCH_OK:
         if need_mask:
-            s = _mask_scores(s, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d, IS_CAUSAL, KEY_END)
+            s = _mask_scores(s, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d, IS_CAUSAL, KEY_END, WINDOW,
+                             win_left, win_right)
         p, alpha, m_new, l_new = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
                                                rows_1d, cols_1d, False, IS_CAUSAL, LEAN, EXP2_FMA)
     else:
         if need_mask:
             p, alpha, m_new, l_new = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
-                                                   rows_1d, cols_1d, True, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END)
+                                                   rows_1d, cols_1d, True, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END,
+                                                   WINDOW, win_left, win_right)
         else:
             p, alpha, m_new, l_new = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
                                                    rows_1d, cols_1d, False, IS_CAUSAL, LEAN, EXP2_FMA)
@@ -611,7 +626,7 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                        STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr, TURN0: gl.constexpr,
                        ORDERED: gl.constexpr, LEAN: gl.constexpr, EXP2_FMA: gl.constexpr,
                        ROW_STORES: gl.constexpr, FEWER_MASKS: gl.constexpr = False,
-                       KEY_MASKS: gl.constexpr = True):
+                       KEY_MASKS: gl.constexpr = True, WINDOW: gl.constexpr = False, win_left=0, win_right=0):
     """One consumer warpgroup of the ping-pong (``NUM_WG`` = 2) or three-warpgroup ring (3) variant:
     ``BLOCK_M`` (= 64) query rows of its own, the K/V ring shared with the other consumer warpgroups.
 
@@ -643,6 +658,8 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
       further; the CTA's tile count follows the last warpgroup's last row): p = 0 and alpha = 1 (or 0
       for a row with no key yet), so m, l and O are unchanged; rows that see no key at all end with
       l = 0 and store 0 and lse = -inf. Rows past ``seqlen_q`` are computed, not stored.
+    * ``WINDOW`` (a sliding window): the CTA's key tiles are the band's for its rows (``n_lo`` on);
+      a tile is masked where either edge crosses it for this warpgroup's rows (``_window_cuts``).
     """
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [q_row0, q_col], q_bar, q_smem)
@@ -650,7 +667,7 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
     o, m_i, l_i = _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn, next_turn,
                                m_start, seqlen_q, seqlen_k, n_lo, n_tiles, qk_scale, 0, 0, HEAD_DIM, BLOCK_M, BLOCK_N,
                                STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, False, EXP2_FMA, FEWER_MASKS,
-                               KEY_MASKS)
+                               KEY_MASKS, False, WINDOW, win_left, win_right)
     rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _wg_acc_layout(BLOCK_N)))
     # ROW_STORES 2: staged in this warpgroup's Q buffer (its S products all retired in the key loop)
     _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
@@ -684,7 +701,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr,
                  TURN0: gl.constexpr, ORDERED: gl.constexpr, LEAN: gl.constexpr, RELEASE_LAST: gl.constexpr,
                  EXP2_FMA: gl.constexpr, FEWER_MASKS: gl.constexpr = False, KEY_MASKS: gl.constexpr = True,
-                 DIAG_TRIM: gl.constexpr = False):
+                 DIAG_TRIM: gl.constexpr = False, WINDOW: gl.constexpr = False, win_left=0, win_right=0):
     """One query tile's key loop for one ping-pong warpgroup (Q already in ``q_smem``): returns the
     unnormalised (O, m, l). ``g0``: ring uses before this tile, ``sec0``: this warpgroup's critical
     sections before it (both 0 for a one-tile program; a persistent program's running counts), so
@@ -698,7 +715,12 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     last row's; this warpgroup's own rows may see fewer key tiles (``_kv_tile_count``). It computes only
     its own tiles and passes the sections of the tiles past its own (``_pp_skip``), so that both
     warpgroups still run n_tiles + 1 sections and release every slot. (A half-width last step for a
-    tile whose second half no row sees cost more code than it saved: NOTES §122, removed.)"""
+    tile whose second half no row sees cost more code than it saved: NOTES §122, removed.)
+
+    ``WINDOW`` (one-tile programs; ``hopper_fwd_kernel``): the tiles ``n_lo`` ... are the window's band;
+    besides the last one, a tile is masked where an edge of the window crosses it (``_window_cuts``)."""
+    gl.static_assert(not WINDOW or (KEY_MASKS and not IS_CAUSAL and not DIAG_TRIM),
+                     "a sliding window: masked tiles, not causal (the window (-1, 0) is), one-tile programs")
     num_warps: gl.constexpr = gl.num_warps()
     gl.static_assert(num_warps == 4, "a ping-pong consumer is one warpgroup")
     gl.static_assert(STAGES >= 2, "S(i+1) and P(i) V(i) are in flight together")
@@ -733,12 +755,16 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         need_mask = n_tiles == 1
         if MASK_ALL:
             need_mask = need_mask | (n_lo * BLOCK_N + BLOCK_N - 1 > diag)
+        if WINDOW:
+            need_mask = need_mask | _window_cuts(n_lo * BLOCK_N, m_start, seqlen_q, seqlen_k, win_left, win_right,
+                                                 BLOCK_M, BLOCK_N)
         p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q,
                                            seqlen_k, rows_1d, cols_1d, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END, True,
-                                           KEY_MASKS)
+                                           KEY_MASKS, WINDOW, win_left, win_right)
     else:
         p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q, seqlen_k,
-                                           rows_1d, cols_1d, KEY_MASKS, IS_CAUSAL, LEAN, EXP2_FMA)
+                                           rows_1d, cols_1d, KEY_MASKS, IS_CAUSAL, LEAN, EXP2_FMA, True, WINDOW,
+                                           win_left, win_right)
     p16 = gl.convert_layout(p.to(dtype), p_layout)  # O is still 0: no rescale
 
     n_own = n_tiles  # key tiles this warpgroup computes
@@ -768,8 +794,12 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         need_mask = i + 1 == n_tiles - 1
         if MASK_ALL:
             need_mask = need_mask | (n_start + BLOCK_N - 1 > diag)
+        if WINDOW:
+            need_mask = need_mask | _window_cuts(n_start, m_start, seqlen_q, seqlen_k, win_left, win_right, BLOCK_M,
+                                                 BLOCK_N)
         p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
-                                           rows_1d, cols_1d, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END, False, KEY_MASKS)
+                                           rows_1d, cols_1d, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END, False, KEY_MASKS,
+                                           WINDOW, win_left, win_right)
         # P(i) V(i) done: P(i)'s registers may go (listed so they stay alive until here), V(i)'s slot too.
         # (With KEY_MASKS False, no branch above, ptxas hoists this wait to just after S(i+1)'s: the
         # softmax then runs after this warpgroup's P V, not beside it; NOTES §121.)
@@ -793,6 +823,29 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     if LEAN & LEAN_DEFERRED_SUM:  # the quad's sum of the threads' partial row sums, once a tile
         l_i = gl.convert_layout(gl.sum(l_i, 1), row_layout, assert_trivial=True)
     return o, m_i, l_i
+
+
+@gluon.jit
+def _window_cuts(n_start, m_start, seqlen_q, seqlen_k, win_left, win_right, ROWS: gl.constexpr,
+                 BLOCK_N: gl.constexpr):
+    """Whether an edge of the sliding window crosses the key tile from ``n_start`` for the query rows
+    [m_start, m_start + ROWS): the first row's right edge (the rows' smallest) before the tile's last
+    key, or the last row's left edge (their largest) past its first key."""
+    off = seqlen_k - seqlen_q
+    return (n_start + BLOCK_N - 1 > m_start + off + win_right) | (n_start < m_start + ROWS - 1 + off - win_left)
+
+
+@gluon.jit
+def _window_tiles(m_start, seqlen_q, seqlen_k, win_left, win_right, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """(n_lo, n_tiles): the key tiles some row of [m_start, m_start + BLOCK_M) sees under a sliding
+    window, from the first row's first key to the last row's last one (n_tiles 0: no row sees a key)."""
+    off = seqlen_k - seqlen_q
+    first = gl.maximum(m_start + off - win_left, 0)
+    last_row = gl.minimum(m_start + BLOCK_M, seqlen_q) - 1
+    end = gl.minimum(last_row + off + win_right + 1, seqlen_k)  # one past the last row's last key
+    n_lo = first // BLOCK_N
+    n_tiles = gl.where(first < end, gl.cdiv(gl.maximum(end, 0), BLOCK_N) - n_lo, 0)
+    return n_lo, n_tiles
 
 
 @gluon.jit
@@ -1236,7 +1289,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                       EXP2_FMA: gl.constexpr = 0, ROW_STORES: gl.constexpr = False,
                       FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False,
                       FAST_DIV: gl.constexpr = False, NO_KEY_WIDE: gl.constexpr = False,
-                      KEY_MASKS: gl.constexpr = True, DIAG_TRIM: gl.constexpr = False, num_tiles=0, Walk=None):
+                      KEY_MASKS: gl.constexpr = True, DIAG_TRIM: gl.constexpr = False,
+                      WINDOW: gl.constexpr = False, num_tiles=0, Walk=None, win_left=0, win_right=0):
     """``PINGPONG=False`` (the default, launched with num_warps = 4 * BLOCK_M // 64): one consumer
     partition of BLOCK_M // 64 warpgroups in lockstep, Q descriptor block [BLOCK_M, HEAD_DIM]
     (``NUM_WG`` unused). ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 64 * NUM_WG):
@@ -1301,7 +1355,13 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     ``Walk`` (persistent, causal; ``hopper.walk_table_for``, None otherwise): int32, the programs'
     walks as the host scheduled them (``hopper.walk_table``: each tile to the program that frees
     first, heads in groups whose K / V fit in L2), read by ``_walk`` in place of the computed walk;
-    the kernel is launched with ``PAIRED`` False (the table holds LPT-encoded tile indices)."""
+    the kernel is launched with ``PAIRED`` False (the table holds LPT-encoded tile indices).
+
+    ``WINDOW`` (one-tile ping-pong programs, ``IS_CAUSAL`` False; also with ``IS_VARLEN``): flash-attn's
+    sliding window, key j visible to query i iff i + off - win_left <= j <= i + off + win_right (off =
+    seqlen_k - seqlen_q, the sequence's own under varlen; the host passes an unbounded side as a bound
+    past every key). A program walks only the key tiles its rows' band reaches (``_window_tiles``) and
+    masks those an edge of the window crosses (``_pp_mainloop``)."""
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     gl.static_assert(PERSISTENT or ROW_STORES != 3, "the output's bulk copy: the persistent kernel only")
     # the one-tile path below is compiled (dead) after the persistent kernel's return too
@@ -1309,6 +1369,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     gl.static_assert(KEY_MASKS or not (IS_CAUSAL or KV_TAIL or IS_VARLEN),
                      "key tiles unmasked: only without a causal mask, every key tile inside the sequence")
     gl.static_assert(not DIAG_TRIM or (PERSISTENT and IS_CAUSAL), "the diagonal trimmed: persistent, causal")
+    gl.static_assert(not WINDOW or (PINGPONG and not PERSISTENT and not IS_CAUSAL and KEY_MASKS),
+                     "a sliding window: the one-tile ping-pong kernels, masked tiles, not causal (the window (-1, 0))")
     if PERSISTENT:
         gl.static_assert(PINGPONG and NUM_WG == 2 and not IS_VARLEN,
                          "persistent: the two-warpgroup ping-pong kernel, fixed-length batches")
@@ -1331,6 +1393,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
             return
     n_lo = 0
     n_tiles = _kv_tile_count(m_start, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    if WINDOW:  # the band's key tiles: from the one the first row's left edge falls in
+        n_lo, n_tiles = _window_tiles(m_start, seqlen_q, seqlen_k, win_left, win_right, BLOCK_M, BLOCK_N)
     # masks: the last tile always (key end, diagonal); under a causal mask also the tiles the
     # diagonal crosses (checked per tile); no other tile can be cut, since only the last one reaches
     # the key end
@@ -1350,7 +1414,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     else:
         q_row0 = b * seqlen_q + m_start
     q_col = h * HEAD_DIM
-    if n_tiles <= 0:  # causal rows that see no key (seqlen_q > seqlen_k): output 0, lse -inf
+    if n_tiles <= 0:  # rows that see no key (causal or windowed, seqlen_q > seqlen_k): output 0, lse -inf
         _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, stride_om, BLOCK_M, HEAD_DIM)
         return
 
@@ -1391,7 +1455,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                                    q_row0 + w * WG_ROWS, q_col, m_start + w * WG_ROWS, seqlen_q, seqlen_k, n_lo,
                                    n_tiles, stride_om, lse_base, qk_scale, HEAD_DIM, WG_ROWS, BLOCK_N, STAGES,
                                    IS_CAUSAL, MASK_ALL, 1 if w == 0 else 0, ORDERED, LEAN, EXP2_FMA, TILE_ROW_STORES,
-                                   FEWER_MASKS, KEY_MASKS))
+                                   FEWER_MASKS, KEY_MASKS, WINDOW, win_left, win_right))
              if w < NUM_WG else
              (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
                           n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL))
