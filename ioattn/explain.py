@@ -40,8 +40,9 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         reason = "forced (dispatch.forced_backend)"
     window = normalize_window(window_size, bool(causal))
     seqlen_q = max_seqlen_q if varlen else q.shape[1]
-    taken, why, ok = hopper.fwd_plan(q, k, v, varlen, window, 0.0, None, 0.0, seqlen_q)
-    gluon = f"taken ({why})" if taken else f"not taken ({why})" if ok else f"not applicable ({why})"
+    ok, refusal = hopper.hopper_supports(q, k, v, varlen, window, 0.0, None, 0.0)
+    taken, why = hopper.fwd_plan(q, k, v, varlen, window, 0.0, None, 0.0, seqlen_q)
+    gluon = f"taken ({why})" if taken else f"not taken ({why})" if ok else f"not applicable ({refusal})"
     has_window = window not in ((-1, -1), (-1, 0))
     name = None
     if taken:

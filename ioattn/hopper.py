@@ -933,15 +933,17 @@ def window_width_of(window, seqlen_k: int | None, seqlen_q: int | None = None) -
 
 
 def fwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p, seqlen_q: int | None = None
-             ) -> tuple[bool, str, bool]:
-    """(taken, policy's why, supported) for the forward of this call: taken where ``policy`` wants it
-    and ``hopper_supports`` it (the reason then the refusal's where it does not). ``seqlen_q``: the
-    query length the policy judges (a varlen call's max_seqlen_q; default q.shape[1])."""
+             ) -> tuple[bool, str]:
+    """(taken, why) for the forward of this call: where ``policy`` wants it (judging a sliding
+    window's width too) and ``hopper_supports`` it (checked only then). ``seqlen_q``: the query
+    length the policy judges (a varlen call's max_seqlen_q; default q.shape[1])."""
     seqlen_q = q.shape[1] if seqlen_q is None else seqlen_q
     width = window_width_of(window, None if varlen else k.shape[-3], seqlen_q)
     wanted, why = policy(q, seqlen_q, causal=window == (-1, 0), varlen=varlen, window_width=width)
+    if not wanted:
+        return False, why
     ok, reason = hopper_supports(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p)
-    return wanted and ok, why if ok else reason, ok
+    return (True, why) if ok else (False, reason)
 
 
 def _device_ok(q) -> tuple[bool, str]:
