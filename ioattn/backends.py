@@ -85,6 +85,7 @@ def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
         return out.zero_(), lse
     use_tma = dispatch.fwd_uses_tma(k, v, pb.varlen)
     cfg = dispatch.tiles("fwd", pb.headdim, q.device, seqlen_q=pb.seqlen_q, masked_right=window[1] >= 0,
+                         band=sum(window) + 1 if min(window) >= 0 else None,
                          tma=use_tma)
     qk_scale, threshold, dropout_scale = _scalars(softmax_scale, softcap, dropout_p)
     alibi, stride_ab, has_alibi = _alibi_args(alibi_slopes, q)

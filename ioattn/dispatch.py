@@ -263,12 +263,18 @@ TMA_CAUSAL_SHORT_SEQLEN = 4096
 # d <= 64 without a mask: 64 x 64 also wins at N = 512 (298 vs 267 TFLOP/s for 64 x 128, SDPA flash
 # 265; results/issue2-2026-11-29-s4/ab_d64.jsonl) but not at 4096 (416 vs 430).
 TMA_SHORT_SEQLEN = 512
+# A sliding window with both edges bounds the keys a row sees by its width (left + right + 1; the
+# ``band`` argument), which the short causal rule then judges in place of seqlen_q: at d = 64 the
+# portable forward measured, on the same bands (ab_window.py --pass fwd, bf16, 16k tokens; windows (32,
+# 0) ... (4096, 0)), 29 / 53 / 90 / 153 / 296 / 366 TFLOP/s with the 64 x 64 tiles (N = 4096) against
+# 17 / 26 / 51 / 91 / 233 / 373 with 64 x 128 (N = 16384) (results/session-2026-12-15-b/-c, NOTES §145).
 
 
 def tiles(kind: str, headdim: int, device: torch.device, seqlen_q: int | None = None,
-          masked_right: bool = False, tma: bool = False) -> TileConfig:
+          masked_right: bool = False, tma: bool = False, band: int | None = None) -> TileConfig:
     """Tiles for a launch. ``masked_right``: a causal (or right-bounded window) mask; ``tma``: the
-    forward loads K/V through descriptors."""
+    forward loads K/V through descriptors; ``band``: the keys a query row sees at most (a sliding
+    window's width, when both its sides are bounded), judged as the length of a causal call."""
     if kind in _override:
         return _override[kind]
     from_env = _env_tiles(kind, block_d(headdim))
@@ -282,6 +288,8 @@ def tiles(kind: str, headdim: int, device: torch.device, seqlen_q: int | None = 
     if kind == "fwd" and tma and block_d(headdim) in _FWD_TILES_TMA:
         if block_d(headdim) <= 64 and seqlen_q is not None and seqlen_q <= (
                 TMA_CAUSAL_SHORT_SEQLEN if masked_right else TMA_SHORT_SEQLEN):
+            return _FWD_TMA_CAUSAL_SHORT
+        if block_d(headdim) <= 64 and band is not None and band <= TMA_CAUSAL_SHORT_SEQLEN:
             return _FWD_TMA_CAUSAL_SHORT
         return _FWD_TILES_TMA[block_d(headdim)]
     table = _FWD_TILES if kind == "fwd" else _BWD_TILES

@@ -100,7 +100,8 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
     nheads, d = q.shape[-2], q.shape[-1]
     tma = dispatch.fwd_uses_tma(k, v, varlen)
-    fwd = dispatch.tiles("fwd", d, q.device, seqlen_q=seqlen_q, masked_right=window[1] >= 0, tma=tma)
+    fwd = dispatch.tiles("fwd", d, q.device, seqlen_q=seqlen_q, masked_right=window[1] >= 0, tma=tma,
+                         band=sum(window) + 1 if min(window) >= 0 else None)
     bwd = dispatch.tiles("bwd", d, q.device)
     forward = forward or {"kernel": "ioattn.kernels.forward.attn_fwd_kernel",
                           "tiles": (fwd.block_m, fwd.block_n, fwd.num_warps, fwd.num_stages),

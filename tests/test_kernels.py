@@ -693,6 +693,11 @@ def test_tma_tiles_table():
     assert tiles("fwd", 64, cuda, seqlen_q=8192, tma=True) == dispatch._FWD_TILES_TMA[64]
     assert tiles("fwd", 64, cuda, seqlen_q=8192, masked_right=True, tma=True) == dispatch._FWD_TILES_TMA[64]
     assert tiles("fwd", 64, cuda, seqlen_q=4096, masked_right=True, tma=True) == dispatch._FWD_TMA_CAUSAL_SHORT
+    # a sliding window bounded on both sides: its width judged as a causal call's length
+    assert tiles("fwd", 64, cuda, seqlen_q=16384, masked_right=True, tma=True, band=1025) == \
+        dispatch._FWD_TMA_CAUSAL_SHORT
+    assert tiles("fwd", 64, cuda, seqlen_q=16384, masked_right=True, tma=True, band=8193) == dispatch._FWD_TILES_TMA[64]
+    assert tiles("fwd", 128, cuda, seqlen_q=16384, masked_right=True, tma=True, band=257) == dispatch._FWD_TILES_TMA[128]
     assert tiles("fwd", 128, cuda, seqlen_q=512, tma=True) == dispatch._FWD_TILES_TMA[128]
     assert tiles("fwd", 64, cuda, seqlen_q=4096) == dispatch._FWD_TILES[64]  # pointer loads: the table
     assert tiles("fwd", 128, cuda, seqlen_q=4096) == dispatch._FWD_TILES[128]
