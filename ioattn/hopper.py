@@ -355,9 +355,14 @@ VARLEN_AUTO_MIN_SEQLEN = {(128, False): 2048, (128, True): 1024, (256, False): 1
 # a window edge crosses; the persistent walk is not taught the band, so a window call that would take
 # it runs the head dim's one-tile default). Judged by the lengths' tables' non-causal rows and by the
 # window's width (left + right + 1, an unbounded side as seqlen_k; varlen: max_seqlen_q):
-# ``WINDOW_MIN_WIDTH[head dim]``, set from measurements (see its comment below).
+# ``WINDOW_MIN_WIDTH[head dim]``, the narrowest width from which the window form was measured ahead of
+# the portable forward at N = 4096 and 16384 and at every wider window (benchmarks/ab_window.py --pass
+# fwd, bf16, 16k tokens, windows (32, 0) ... (4096, 0); results/session-2026-12-15-b, NOTES §145),
+# Gluon / portable: d=128 0.88-0.92x at widths 33 / 65, 1.02-1.07x at 129 / 257, 1.19-1.33x from 1025;
+# d=256 1.45-1.61x from 33. d=64 is not listed: behind at every width at N = 4096 (0.50-0.95x wg3,
+# 0.65-1.02x ping-pong, run203), where the portable kernel's 64 x 64 tiles take a narrow band well.
 WINDOW_VARIANTS = ("pingpong", "split", "wg3")
-WINDOW_MIN_WIDTH = {64: 1, 128: 1, 256: 1}
+WINDOW_MIN_WIDTH = {128: 129, 256: 33}
 
 prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer_hopper(True): ...``
 
@@ -916,7 +921,9 @@ def policy(q=None, seqlen_q: int | None = None, causal: bool = False, varlen: bo
         return False, f"default policy: head dim {d} {mask} from seqlen_q >= {least} (here {n})"
     if window_width is not None:
         narrowest = WINDOW_MIN_WIDTH.get(d)
-        if narrowest is None or window_width < narrowest:
+        if narrowest is None:
+            return False, f"default policy: head dim {d} sliding windows are not in hopper.WINDOW_MIN_WIDTH"
+        if window_width < narrowest:
             return False, (f"default policy: head dim {d} sliding windows from width {narrowest} "
                            f"(hopper.WINDOW_MIN_WIDTH; here {window_width})")
         mask += f" window of width {window_width}"

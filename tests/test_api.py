@@ -1492,6 +1492,10 @@ def test_hopper_forward_window_launch_and_policy(monkeypatch):
         assert hopper.policy(q, window_width=299) == (
             False, "default policy: head dim 128 sliding windows from width 300 (hopper.WINDOW_MIN_WIDTH; here 299)")
         assert not hopper.policy(q[:, :100], window_width=4000)[0]  # the lengths' table first
+        m.delitem(hopper.WINDOW_MIN_WIDTH, 128)
+        assert hopper.policy(q, window_width=4000) == (
+            False, "default policy: head dim 128 sliding windows are not in hopper.WINDOW_MIN_WIDTH")
+        m.setitem(hopper.WINDOW_MIN_WIDTH, 128, 300)
         monkeypatch.setattr(hopper, "hopper_supports", hopper.call_supported)  # as if on an sm_90 GPU
         with dispatch.forced_backend("triton"):
             plan = ioattn.explain_dispatch(q, q, q, window_size=(299, 0))

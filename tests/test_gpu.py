@@ -1410,3 +1410,25 @@ def test_hopper_forward_varlen_window(variant, d, window, monkeypatch, poison_al
     assert (dq[tq:] == 0).all() and (dk[tk:] == 0).all() and (dv[tk:] == 0).all()
     assert_varlen_sequences(f"{variant} varlen window {window}", q, k, v, dout, out.detach(), lse, (dq, dk, dv),
                             cq, ck, window=window)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d, window", [(128, (256, 0)), (128, (32, 32)), (64, (256, 0)), (256, (16, 16))])
+def test_hopper_forward_window_default_policy(d, window, monkeypatch, poison_alloc):
+    """Without a switch, a window call's forward follows ``hopper.WINDOW_MIN_WIDTH`` (width = left +
+    right + 1; d = 64 not listed) and the lengths' table, the plan giving the reason, and its output
+    and gradients pass the float64 oracle either way."""
+    from ioattn import hopper
+    monkeypatch.delenv("IOATTN_HOPPER", raising=False)
+    qkv = [torch.randn(2, 1000, hh, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for hh in (4, 2, 2)]
+    width = sum(window) + 1
+    plan = ioattn.explain_dispatch(*[t.detach() for t in qkv], window_size=window)
+    taken = width >= hopper.WINDOW_MIN_WIDTH.get(d, width + 1) and 1000 >= hopper.AUTO_MIN_SEQLEN[(d, False)]
+    assert plan.forward["gluon_hopper"].startswith("taken" if taken else "not taken"), plan.forward
+    assert ("hopper_fwd_kernel" in plan.forward["kernel"]) == taken, plan.forward
+    assert (f"window of width {width}" if taken else "hopper.WINDOW_MIN_WIDTH") in \
+        plan.forward["gluon_hopper"], plan.forward
+    out = ioattn.flash_attn_func(*qkv, window_size=window)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, qkv, dout)
+    _assert_out_and_grads(out, grads, dout, *qkv, window)
