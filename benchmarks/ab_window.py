@@ -6,7 +6,10 @@ of the same band, ``torch.compile``d) measured in the same run as the peer where
 
     python benchmarks/ab_window.py --out DIR [--pass bwd|fwd] [--headdims 64,128,256]
                                    [--seqlens 4096,16384] [--windows 256:0,1024:0,4096:0]
-                                   [--providers gluon,portable,flex] [--flex-headdims 128]
+                                   [--providers gluon,portable,flex] [--flex-headdims 128] [--softcap 50]
+
+``--softcap CAP``: every provider with the score softcap cap * tanh(s / cap) (flash-attn's ``softcap``;
+FlexAttention's as a score_mod); a window -1:-1 is no window, -1:0 the causal mask.
 
 bf16, 16384 tokens (batch = 16384 / N), hidden 2048 (heads = 2048 / d), as ``ioattn bench train``.
 The backward alone is timed (``torch.autograd.grad`` of a forward kept alive, ``retain_graph``; the
@@ -62,10 +65,13 @@ def flex_setup(q, k, v, left, right):
     return out.transpose(1, 2), leaves
 
 
-def flex_forward(q, k, v, left, right):
-    """FlexAttention's forward on (batch, heads, seqlen, d) views with the band as a block mask: a
-    callable giving the output in our layout."""
+def flex_forward(q, k, v, left, right, softcap=0.0):
+    """FlexAttention's forward on (batch, heads, seqlen, d) views with the band as a block mask (and
+    the softcap as a score_mod): a callable giving the output in our layout."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def capped(score, b, h, q_idx, kv_idx):
+        return softcap * torch.tanh(score / softcap)
 
     def band(b, h, q_idx, kv_idx):
         keep = torch.ones_like(q_idx, dtype=torch.bool)
@@ -78,17 +84,19 @@ def flex_forward(q, k, v, left, right):
     mask = create_block_mask(band, None, None, n, n, device=q.device)
     fn = torch.compile(flex_attention)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-    return lambda _: fn(qt, kt, vt, block_mask=mask, enable_gqa=k.shape[2] != q.shape[2]).transpose(1, 2)
+    mod = capped if softcap > 0 else None
+    return lambda _: fn(qt, kt, vt, score_mod=mod, block_mask=mask,
+                        enable_gqa=k.shape[2] != q.shape[2]).transpose(1, 2)
 
 
-def measure_fwd(name, q, k, v, window):
+def measure_fwd(name, q, k, v, window, softcap=0.0):
     """(ms, (out,)) of the forward alone."""
     with torch.no_grad():
         if name == "flex":
-            run = flex_forward(q, k, v, *window)
+            run = flex_forward(q, k, v, *window, softcap)
             return median_ms(run, [None]), (run(None),)
         with hopper.prefer_hopper(name == "gluon"):
-            run = lambda _: ioattn.flash_attn_func(q, k, v, window_size=window)  # noqa: E731
+            run = lambda _: ioattn.flash_attn_func(q, k, v, window_size=window, softcap=softcap)  # noqa: E731
             return median_ms(run, [None]), (run(None),)
 
 
@@ -114,14 +122,17 @@ def main():
     ap.add_argument("--windows", default="256:0,1024:0,4096:0")
     ap.add_argument("--providers", default="gluon,portable,flex")
     ap.add_argument("--flex-headdims", default="128")
+    ap.add_argument("--softcap", type=float, default=0.0)
     args = ap.parse_args()
     providers = args.providers.split(",")
     flex_dims = {int(d) for d in args.flex_headdims.split(",")}
     windows = [tuple(int(x) for x in w.split(":")) for w in args.windows.split(",")]
     os.makedirs(args.out, exist_ok=True)
     fwd = args.which == "fwd"
+    if args.softcap and not fwd:
+        ap.error("--softcap: the forward only (--pass fwd; the Gluon backward has no softcap)")
     sink = open(os.path.join(args.out, "ab_window_fwd.jsonl" if fwd else "ab_window.jsonl"), "w")
-    print(f"{args.which}: TFLOP/s")
+    print(f"{args.which}: TFLOP/s" + (f", softcap {args.softcap:g}" if args.softcap else ""))
     print(f"{'d':>3} {'N':>5} {'window':>11} " + " ".join(f"{p:>9}" for p in providers) + f" {'g/port':>6} {'g/flex':>6}")
     for d in map(int, args.headdims.split(",")):
         h = HIDDEN // d
@@ -136,14 +147,19 @@ def main():
                 for name in providers:
                     if name == "flex" and d not in flex_dims:
                         continue
-                    rec = dict(headdim=d, seqlen=n, batch=b, window=list(window), provider=name, **{"pass": args.which})
+                    rec = dict(headdim=d, seqlen=n, batch=b, window=list(window), provider=name, softcap=args.softcap,
+                               **{"pass": args.which})
                     try:
                         if name != "flex":
                             with hopper.prefer_hopper_bwd(name == "gluon"), hopper.prefer_hopper(name == "gluon"):
                                 plan = ioattn.explain_dispatch(q, k, v, window_size=window)
                             rec["kernel"] = plan.forward["kernel"] if fwd else plan.backward["kernels"]
+                            if args.softcap:  # the plan has no softcap argument: the call's own check
+                                with hopper.prefer_hopper(name == "gluon"):
+                                    rec["kernel"] = ("hopper_fwd_kernel" if hopper.fwd_plan(
+                                        q, k, v, False, window, args.softcap, None, 0.0)[0] else "attn_fwd_kernel")
                         if fwd:
-                            ms, grads[name] = measure_fwd(name, q, k, v, window)
+                            ms, grads[name] = measure_fwd(name, q, k, v, window, args.softcap)
                         else:
                             ms, grads[name] = measure(name, q, k, v, window, dout)
                         res[name] = flops / ms / 1e9

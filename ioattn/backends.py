@@ -78,7 +78,7 @@ def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
         causal = window == (-1, 0)
         return hopper.hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=cu_seqlens_q,
                                      cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                                     window=(-1, -1) if causal else window)
+                                     window=(-1, -1) if causal else window, softcap=softcap)
     out, lse = pb.outputs(q)
     if q.numel() == 0 or pb.seqlen_q == 0:
         lse.fill_(float("-inf"))

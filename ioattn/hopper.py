@@ -363,6 +363,13 @@ VARLEN_AUTO_MIN_SEQLEN = {(128, False): 2048, (128, True): 1024, (256, False): 1
 # 0.65-1.02x ping-pong, run203), where the portable kernel's 64 x 64 tiles take a narrow band well.
 WINDOW_VARIANTS = ("pingpong", "split", "wg3")
 WINDOW_MIN_WIDTH = {128: 129, 256: 33}
+# A score softcap (Gemma 2's cap * tanh(s * scale / cap), flash-attn's ``softcap``) in the Gluon
+# forward: the one-tile ping-pong kernels' SOFTCAP form (tanh.approx on the scores before the masks),
+# as windows, not the persistent walk; with or without a window. Taken at the head dims in
+# ``SOFTCAP_HEADDIMS`` (by the lengths' and windows' tables as without it), set from measurements
+# (see NOTES §146). Its backward is the portable one (the ws kernel has no softcap).
+SOFTCAP_VARIANTS = WINDOW_VARIANTS
+SOFTCAP_HEADDIMS = (64, 128, 256)
 
 prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer_hopper(True): ...``
 
@@ -889,18 +896,19 @@ def exp2_fma_cols(percent: float, block_n: int) -> int:
 
 
 def wanted(q=None, seqlen_q: int | None = None, causal: bool = False, varlen: bool = False,
-           window_width: int | None = None) -> bool:
+           window_width: int | None = None, softcap: bool = False) -> bool:
     """Whether the forward of this call should take the Gluon kernel (if ``hopper_supports`` it)."""
-    return policy(q, seqlen_q, causal, varlen, window_width)[0]
+    return policy(q, seqlen_q, causal, varlen, window_width, softcap)[0]
 
 
 def policy(q=None, seqlen_q: int | None = None, causal: bool = False, varlen: bool = False,
-           window_width: int | None = None) -> tuple[bool, str]:
+           window_width: int | None = None, softcap: bool = False) -> tuple[bool, str]:
     """(wanted, why): ``prefer_hopper``'s value inside its block, else ``IOATTN_HOPPER`` ("1" / "0")
     if set, else the default policy (``AUTO_MIN_SEQLEN``, or for packed batches
     ``VARLEN_AUTO_MIN_SEQLEN`` with the longest sequence) for q's head dim, the mask and
     ``seqlen_q`` (default: q.shape[1]); a sliding window (``window_width``: left + right + 1,
-    ``window_width_of``) also needs ``WINDOW_MIN_WIDTH``'s width."""
+    ``window_width_of``) also needs ``WINDOW_MIN_WIDTH``'s width, a ``softcap`` the head dim in
+    ``SOFTCAP_HEADDIMS``."""
     if prefer_hopper.value is not None:
         return prefer_hopper.value, f"hopper.prefer_hopper({prefer_hopper.value})"
     env = os.environ.get("IOATTN_HOPPER", "").strip()
@@ -927,6 +935,10 @@ def policy(q=None, seqlen_q: int | None = None, causal: bool = False, varlen: bo
             return False, (f"default policy: head dim {d} sliding windows from width {narrowest} "
                            f"(hopper.WINDOW_MIN_WIDTH; here {window_width})")
         mask += f" window of width {window_width}"
+    if softcap:
+        if d not in SOFTCAP_HEADDIMS:
+            return False, f"default policy: head dim {d} with a softcap is not in hopper.SOFTCAP_HEADDIMS"
+        mask += " softcap"
     return True, f"default policy: head dim {d} {mask} from seqlen_q >= {least} (here {n})"
 
 
@@ -946,7 +958,8 @@ def fwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p, seqlen_q
     length the policy judges (a varlen call's max_seqlen_q; default q.shape[1])."""
     seqlen_q = q.shape[1] if seqlen_q is None else seqlen_q
     width = window_width_of(window, None if varlen else k.shape[-3], seqlen_q)
-    wanted, why = policy(q, seqlen_q, causal=window == (-1, 0), varlen=varlen, window_width=width)
+    wanted, why = policy(q, seqlen_q, causal=window == (-1, 0), varlen=varlen, window_width=width,
+                         softcap=softcap > 0)
     if not wanted:
         return False, why
     ok, reason = hopper_supports(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p)
@@ -990,8 +1003,10 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
                        "(hopper.GLUON_VARLEN = False)")
     if window not in ((-1, -1), (-1, 0)) and name not in WINDOW_VARIANTS:
         return False, f"sliding window: the variants {WINDOW_VARIANTS} only (here {name})"
-    if softcap > 0 or alibi_slopes is not None or dropout_p > 0:
-        return False, "no softcap, ALiBi or dropout yet"
+    if softcap > 0 and name not in SOFTCAP_VARIANTS:
+        return False, f"softcap: the variants {SOFTCAP_VARIANTS} only (here {name})"
+    if alibi_slopes is not None or dropout_p > 0:
+        return False, "no ALiBi or dropout yet"
     return _rows_layout_ok(q, k, v, varlen, window == (-1, 0))
 
 
@@ -1076,13 +1091,15 @@ def grid_programs(device, name: str, num_tiles: int) -> int:
 
 
 def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                   max_seqlen_k=None, window=(-1, -1)):
+                   max_seqlen_k=None, window=(-1, -1), softcap=0.0):
     """(out, lse) as the portable forward returns them; the call must pass ``hopper_supports``.
     Batched: q (batch, seqlen_q, nheads, d), lse (batch, nheads, seqlen_q). Varlen (``cu_seqlens_q``
     given, with cu_seqlens_k and the max lengths): packed q (total_q, nheads, d), k/v (total_k, ...),
     lse (nheads, total_q); rows no sequence owns give output 0 and lse -inf, as ``backends._Problem``.
     ``window``: flash-attn's (left, right) sliding window, -1 unbounded, bottom-right aligned (the
-    kernel's ``WINDOW`` form, variants ``WINDOW_VARIANTS``); the causal mask is ``causal=True``."""
+    kernel's ``WINDOW`` form, variants ``WINDOW_VARIANTS``); the causal mask is ``causal=True``.
+    ``softcap`` > 0: cap * tanh(s * scale / cap) on the scores (the kernel's ``SOFTCAP`` form, variants
+    ``SOFTCAP_VARIANTS``)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -1096,6 +1113,8 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     if len(window) != 2 or min(window) < -1:
         raise ValueError(f"window must be (left, right) with each side >= 0 or -1 (unbounded), got {window}")
     has_window = window != (-1, -1) and not causal
+    if not softcap >= 0:
+        raise ValueError(f"softcap must be >= 0 (0: none), got {softcap}")
     varlen = cu_seqlens_q is not None
     nheads, d = q.shape[-2], q.shape[-1]
     nheads_kv = k.shape[-2]
@@ -1112,9 +1131,12 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
         stride_lse_b, stride_lse_h = lse.stride(0), lse.stride(1)
     if q.numel() == 0 or seqlen_q == 0 or (varlen and (k.numel() == 0 or seqlen_k == 0)):
         return out.zero_(), lse.fill_(float("-inf"))
-    cfg = kernel_config(d, variant_for(d, causal, seqlen_q, varlen, has_window), bool(causal), seqlen_q)
+    cfg = kernel_config(d, variant_for(d, causal, seqlen_q, varlen, has_window or softcap > 0), bool(causal),
+                        seqlen_q)
     if has_window and cfg["variant"] not in WINDOW_VARIANTS:
         raise ValueError(f"a sliding window needs one of the variants {WINDOW_VARIANTS}, got {cfg['variant']!r}")
+    if softcap > 0 and cfg["variant"] not in SOFTCAP_VARIANTS:
+        raise ValueError(f"a softcap needs one of the variants {SOFTCAP_VARIANTS}, got {cfg['variant']!r}")
     block_m, block_n, q_rows = cfg["block_m"], cfg["block_n"], cfg["q_rows"]
     if cfg["constexprs"]["LEAN"] and softmax_scale < 0:
         # the lean softmax scales the row maximum of the raw scores, which needs scale >= 0:
@@ -1162,12 +1184,16 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     # fixed length: cu_seqlens None (constexpr None, unused under IS_VARLEN=False)
     hopper_fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                             nheads, nheads // nheads_kv, nheads * d, stride_lse_b, stride_lse_h,
-                            softmax_scale * 1.4426950408889634, walk_div, walk_mul, walk_shift, head_mul, head_shift,
+                            # with a softcap the scores reach the softmax as tanh(s * softcap_a): the cap
+                            # (times log2 e) is the softmax's scale
+                            (softcap if softcap > 0 else softmax_scale) * 1.4426950408889634,
+                            walk_div, walk_mul, walk_shift, head_mul, head_shift,
                             IS_CAUSAL=bool(causal), IS_VARLEN=varlen,
                             LPT=bool(causal) and lpt_order.wanted(), num_tiles=num_tiles,
                             KV_TAIL=kv_tail,
                             KEY_MASKS=has_window or key_masks(d, cfg["variant"], bool(causal), kv_tail, seqlen_k),
                             WINDOW=has_window, win_left=win_left, win_right=win_right,
+                            SOFTCAP=softcap > 0, softcap_a=softmax_scale / softcap if softcap > 0 else 0.0,
                             DIAG_TRIM=diag_trim_for(d, cfg["variant"], bool(causal), seqlen_q),
                             EXP2_FMA=exp2_fma_cols(exp2_fma_share(), block_n),
                             ROW_STORES=out_stores,

@@ -810,7 +810,7 @@ def test_hopper_varlen_switch_and_policy(monkeypatch):
     ok, why = hopper.hopper_supports(q, q, q, True, (-1, 0), 0.0, None, 0.0)
     assert not ok and "sm_90" in why
     assert hopper.call_supported(q, q, q, True, (-1, 0), 0.0, None, 0.0) == (True, "")
-    assert not hopper.call_supported(q, q, q, True, (-1, 0), 1.0, None, 0.0)[0]  # softcap: refused
+    assert not hopper.call_supported(q, q, q, True, (-1, 0), 0.0, None, 0.5)[0]  # dropout: refused
     # the varlen policy: its own table, by the longest sequence
     for (d, causal), least in hopper.VARLEN_AUTO_MIN_SEQLEN.items():
         packed = torch.empty(8, 2, d)
@@ -1479,8 +1479,8 @@ def test_hopper_forward_window_launch_and_policy(monkeypatch):
             assert hopper.call_supported(q, q, q, False, (100, 0), 0.0, None, 0.0) == (
                 False, f"sliding window: the variants {hopper.WINDOW_VARIANTS} only (here {name})")
             assert hopper.call_supported(q, q, q, False, (-1, 0), 0.0, None, 0.0)[0]  # causal: its own path
-    assert hopper.call_supported(q, q, q, False, (100, 0), 1.0, None, 0.0) == (
-        False, "no softcap, ALiBi or dropout yet")
+    assert hopper.call_supported(q, q, q, False, (100, 0), 0.0, torch.ones(2), 0.0) == (
+        False, "no ALiBi or dropout yet")
     # the policy: the lengths' non-causal row, then the window's width (an unbounded side as seqlen_k)
     assert hopper.window_width_of((100, 0), 4096) == 101 and hopper.window_width_of((-1, 5), 4096) == 4102
     assert hopper.window_width_of((-1, 5), None, 900) == 906  # varlen: the longest query length
@@ -1513,6 +1513,60 @@ def test_hopper_forward_window_launch_and_policy(monkeypatch):
     (a1, kw1), (a2, kw2) = calls
     assert a1[3:] == (0.125, False) and kw1["window"] == (400, 0)
     assert a2[3:] == (0.125, True) and kw2["window"] == (-1, -1)
+
+
+def test_hopper_forward_softcap_launch_and_policy(monkeypatch):
+    """A score softcap in the Gluon forward (the kernel's ``SOFTCAP`` form): the launcher passes
+    softcap_a = scale / cap and the cap (times log2 e) as the softmax's scale, in a one-tile ping-pong
+    variant even where the lengths would take the persistent kernel, with or without a window; it
+    refuses a negative cap before any launch; the call checks refuse it in a variant without the form
+    (named) and the policy in a head dim outside ``SOFTCAP_HEADDIMS``; the API's launcher passes it
+    through, and its backward stays the portable one. (No GPU here: fakes stand in.)"""
+    import math
+
+    import ioattn.kernels.hopper_forward as hf
+    from ioattn import backends, hopper
+    launches = []
+
+    class Fake:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((grid, args, kw))
+    monkeypatch.setattr(hf, "hopper_fwd_kernel", Fake())
+    monkeypatch.delenv("IOATTN_HOPPER_VARIANT", raising=False)
+    monkeypatch.delenv("IOATTN_HOPPER", raising=False)
+    n = hopper.PERSISTENT_MAX_SEQLEN[(128, True)]
+    q = torch.randn(1, n, 4, 128, dtype=BF16)
+    for causal, window in ((True, (-1, -1)), (False, (100, 0)), (False, (-1, -1))):
+        launches.clear()
+        hopper.hopper_forward(q, q, q, 0.1, causal, window=window, softcap=20.0)
+        ((grid, args, kw),) = launches
+        assert kw["SOFTCAP"] and not kw["PERSISTENT"] and kw["PINGPONG"] and kw["IS_CAUSAL"] == causal
+        assert math.isclose(kw["softcap_a"], 0.1 / 20.0) and math.isclose(args[15], 20.0 * math.log2(math.e))
+    launches.clear()
+    hopper.hopper_forward(q, q, q, 0.1, True)
+    assert not launches[0][2]["SOFTCAP"] and math.isclose(launches[0][1][15], 0.1 * math.log2(math.e))
+    with pytest.raises(ValueError, match="softcap must be >= 0"):
+        launches.clear()
+        hopper.hopper_forward(q, q, q, 0.1, True, softcap=-1.0)
+    assert not launches
+    assert hopper.call_supported(q, q, q, False, (-1, 0), 20.0, None, 0.0) == (True, "")
+    with hopper.variant("persistent"):
+        assert hopper.call_supported(q, q, q, False, (-1, 0), 20.0, None, 0.0) == (
+            False, f"softcap: the variants {hopper.SOFTCAP_VARIANTS} only (here persistent)")
+    assert hopper.call_supported(q, q, q, False, (-1, 0), 20.0, torch.ones(4), 0.0) == (False, "no ALiBi or dropout yet")
+    assert hopper.policy(q, causal=True, softcap=True)[1].endswith(f"causal softcap from seqlen_q >= 512 (here {n})")
+    with monkeypatch.context() as m:
+        m.setattr(hopper, "SOFTCAP_HEADDIMS", (64,))
+        assert hopper.policy(q, causal=True, softcap=True) == (
+            False, "default policy: head dim 128 with a softcap is not in hopper.SOFTCAP_HEADDIMS")
+    monkeypatch.setattr(hopper, "hopper_supports", hopper.call_supported)  # as if on an sm_90 GPU
+    calls = []
+    monkeypatch.setattr(hopper, "hopper_forward", lambda *a, **kw: calls.append((a, kw)) or ("out", "lse"))
+    with dispatch.forced_backend("triton"):
+        assert backends.triton_forward(q, q, q, None, None, n, n, 0.125, (-1, 0), 30.0, None, 0.0, 0) == ("out", "lse")
+        assert hopper.bwd_plan(q, q, q, False, (-1, 0), 30.0, None, 0.0)[0] is False  # the portable backward
+    ((a, kw),) = calls
+    assert a[3:] == (0.125, True) and kw["softcap"] == 30.0
 
 
 def test_hopper_exp2_fma_switch(monkeypatch):

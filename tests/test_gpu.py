@@ -1432,3 +1432,36 @@ def test_hopper_forward_window_default_policy(d, window, monkeypatch, poison_all
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, qkv, dout)
     _assert_out_and_grads(out, grads, dout, *qkv, window)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant", ["pingpong", "split", "wg3"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("mask", ["none", "causal", (100, 0), (256, 256)])
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1), (3, 129, 64, 2, 2)])
+def test_hopper_forward_softcap(variant, d, mask, shape, monkeypatch, poison_alloc):
+    """The Gluon forward's softcap form (``SOFTCAP``: tanh.approx on the scores before the masks)
+    through flash_attn_func, alone, causal and with windows, the plan naming it: output, lse and the
+    gradients of the (portable) backward fed by them against the float64 oracle (2x PyTorch's own
+    error); q drawn with standard deviation 4 so that many scores saturate the cap (20)."""
+    from ioattn import hopper
+    if d not in hopper.TILE_TABLE[variant]:
+        pytest.skip(f"the {variant} variant has no head dim {d}")
+    monkeypatch.delenv("IOATTN_HOPPER", raising=False)
+    b, sq, sk, h, hkv = shape
+    causal, window = mask == "causal", mask if isinstance(mask, tuple) else (-1, -1)
+    q = (torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16) * 4).requires_grad_()
+    k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    with hopper.variant(variant), hopper.prefer_hopper(True):
+        assert hopper.hopper_supports(q, k, v, False, (-1, 0) if causal else window, 20.0, None, 0.0)[0]
+        out, lse, _ = ioattn.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=20.0,
+                                             return_attn_probs=True)
+        direct = hopper.hopper_forward(q.detach(), k.detach(), v.detach(), d ** -0.5, causal, window=window,
+                                       softcap=20.0)
+    assert torch.equal(out.detach(), direct[0]) and torch.equal(lse, direct[1])
+    ref_window = (-1, 0) if causal else window
+    assert_lse_close(f"{variant} softcap {mask}", lse, attention_oracles(
+        q, k, v, torch.zeros_like(out), window=ref_window, softcap=20.0)["lse64"].float())
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    _assert_out_and_grads(out, grads, dout, q, k, v, ref_window, softcap=20.0)

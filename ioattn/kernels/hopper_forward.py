@@ -626,7 +626,8 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                        STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr, TURN0: gl.constexpr,
                        ORDERED: gl.constexpr, LEAN: gl.constexpr, EXP2_FMA: gl.constexpr,
                        ROW_STORES: gl.constexpr, FEWER_MASKS: gl.constexpr = False,
-                       KEY_MASKS: gl.constexpr = True, WINDOW: gl.constexpr = False, win_left=0, win_right=0):
+                       KEY_MASKS: gl.constexpr = True, WINDOW: gl.constexpr = False, win_left=0, win_right=0,
+                       SOFTCAP: gl.constexpr = False, softcap_a=0.0):
     """One consumer warpgroup of the ping-pong (``NUM_WG`` = 2) or three-warpgroup ring (3) variant:
     ``BLOCK_M`` (= 64) query rows of its own, the K/V ring shared with the other consumer warpgroups.
 
@@ -667,7 +668,7 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
     o, m_i, l_i = _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn, next_turn,
                                m_start, seqlen_q, seqlen_k, n_lo, n_tiles, qk_scale, 0, 0, HEAD_DIM, BLOCK_M, BLOCK_N,
                                STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, False, EXP2_FMA, FEWER_MASKS,
-                               KEY_MASKS, False, WINDOW, win_left, win_right)
+                               KEY_MASKS, False, WINDOW, win_left, win_right, SOFTCAP, softcap_a)
     rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _wg_acc_layout(BLOCK_N)))
     # ROW_STORES 2: staged in this warpgroup's Q buffer (its S products all retired in the key loop)
     _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
@@ -701,7 +702,8 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr,
                  TURN0: gl.constexpr, ORDERED: gl.constexpr, LEAN: gl.constexpr, RELEASE_LAST: gl.constexpr,
                  EXP2_FMA: gl.constexpr, FEWER_MASKS: gl.constexpr = False, KEY_MASKS: gl.constexpr = True,
-                 DIAG_TRIM: gl.constexpr = False, WINDOW: gl.constexpr = False, win_left=0, win_right=0):
+                 DIAG_TRIM: gl.constexpr = False, WINDOW: gl.constexpr = False, win_left=0, win_right=0,
+                 SOFTCAP: gl.constexpr = False, softcap_a=0.0):
     """One query tile's key loop for one ping-pong warpgroup (Q already in ``q_smem``): returns the
     unnormalised (O, m, l). ``g0``: ring uses before this tile, ``sec0``: this warpgroup's critical
     sections before it (both 0 for a one-tile program; a persistent program's running counts), so
@@ -718,7 +720,10 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     tile whose second half no row sees cost more code than it saved: NOTES §122, removed.)
 
     ``WINDOW`` (one-tile programs; ``hopper_fwd_kernel``): the tiles ``n_lo`` ... are the window's band;
-    besides the last one, a tile is masked where an edge of the window crosses it (``_window_cuts``)."""
+    besides the last one, a tile is masked where an edge of the window crosses it (``_window_cuts``).
+
+    ``SOFTCAP`` (one-tile programs): each score tile becomes tanh(S * softcap_a) as soon as it is
+    waited for, before any mask (``_softcap``); the caller's ``qk_scale`` is then cap * log2(e)."""
     gl.static_assert(not WINDOW or (KEY_MASKS and not IS_CAUSAL and not DIAG_TRIM),
                      "a sliding window: masked tiles, not causal (the window (-1, 0) is), one-tile programs")
     num_warps: gl.constexpr = gl.num_warps()
@@ -750,6 +755,8 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     s_tok = _issue_s0(q_op, k_smem, k_ready, my_turn, next_turn, g0, sec0, BLOCK_M, BLOCK_N, STAGES, TURN0, ORDERED)
     s = warpgroup_mma_wait(0, deps=[s_tok])
     mbarrier.arrive(k_empty.index(g0 % STAGES), count=1)
+    if SOFTCAP:
+        s = _softcap(s, softcap_a)
     KEY_END: gl.constexpr = not (FEWER_MASKS and IS_CAUSAL)
     if FEWER_MASKS:
         need_mask = n_tiles == 1
@@ -788,6 +795,8 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         # S(i+1) done (groups retire in order; P(i) V(i) may still run)
         s = warpgroup_mma_wait(1, deps=[s_tok])
         mbarrier.arrive(k_empty.index(nxt), count=1)
+        if SOFTCAP:
+            s = _softcap(s, softcap_a)
         n_start = (n_lo + i + 1) * BLOCK_N
         # masks: the last tile always (key end, diagonal); under a causal mask also a tile that
         # reaches past this warpgroup's first row's diagonal
@@ -823,6 +832,15 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     if LEAN & LEAN_DEFERRED_SUM:  # the quad's sum of the threads' partial row sums, once a tile
         l_i = gl.convert_layout(gl.sum(l_i, 1), row_layout, assert_trivial=True)
     return o, m_i, l_i
+
+
+@gluon.jit
+def _softcap(s, softcap_a):
+    """tanh(s * softcap_a) elementwise (softcap_a = softmax_scale / cap): the softcap's saturation,
+    before the masks (tanh(-inf) would be -1, not -inf). ``tanh.approx.f32``: one MUFU.TANH an
+    element (maximum relative error about 2**-11, below the bf16 / fp16 rounding of P V's operand)."""
+    return gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [s * softcap_a], dtype=gl.float32,
+                                     is_pure=True, pack=1)
 
 
 @gluon.jit
@@ -1290,7 +1308,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                       FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False,
                       FAST_DIV: gl.constexpr = False, NO_KEY_WIDE: gl.constexpr = False,
                       KEY_MASKS: gl.constexpr = True, DIAG_TRIM: gl.constexpr = False,
-                      WINDOW: gl.constexpr = False, num_tiles=0, Walk=None, win_left=0, win_right=0):
+                      WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, num_tiles=0, Walk=None,
+                      win_left=0, win_right=0, softcap_a=0.0):
     """``PINGPONG=False`` (the default, launched with num_warps = 4 * BLOCK_M // 64): one consumer
     partition of BLOCK_M // 64 warpgroups in lockstep, Q descriptor block [BLOCK_M, HEAD_DIM]
     (``NUM_WG`` unused). ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 64 * NUM_WG):
@@ -1361,7 +1380,11 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     sliding window, key j visible to query i iff i + off - win_left <= j <= i + off + win_right (off =
     seqlen_k - seqlen_q, the sequence's own under varlen; the host passes an unbounded side as a bound
     past every key). A program walks only the key tiles its rows' band reaches (``_window_tiles``) and
-    masks those an edge of the window crosses (``_pp_mainloop``)."""
+    masks those an edge of the window crosses (``_pp_mainloop``).
+
+    ``SOFTCAP`` (one-tile ping-pong programs): Gemma-2's score softcap, cap * tanh(s * scale / cap): the
+    scores become tanh(S * softcap_a) (softcap_a = softmax_scale / cap, ``_softcap``) and the host
+    passes qk_scale = cap * log2(e), so that the softmax runs on cap * tanh(...) in the log2 domain."""
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     gl.static_assert(PERSISTENT or ROW_STORES != 3, "the output's bulk copy: the persistent kernel only")
     # the one-tile path below is compiled (dead) after the persistent kernel's return too
@@ -1371,6 +1394,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     gl.static_assert(not DIAG_TRIM or (PERSISTENT and IS_CAUSAL), "the diagonal trimmed: persistent, causal")
     gl.static_assert(not WINDOW or (PINGPONG and not PERSISTENT and not IS_CAUSAL and KEY_MASKS),
                      "a sliding window: the one-tile ping-pong kernels, masked tiles, not causal (the window (-1, 0))")
+    gl.static_assert(not SOFTCAP or (PINGPONG and not PERSISTENT), "a softcap: the one-tile ping-pong kernels")
     if PERSISTENT:
         gl.static_assert(PINGPONG and NUM_WG == 2 and not IS_VARLEN,
                          "persistent: the two-warpgroup ping-pong kernel, fixed-length batches")
@@ -1455,7 +1479,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                                    q_row0 + w * WG_ROWS, q_col, m_start + w * WG_ROWS, seqlen_q, seqlen_k, n_lo,
                                    n_tiles, stride_om, lse_base, qk_scale, HEAD_DIM, WG_ROWS, BLOCK_N, STAGES,
                                    IS_CAUSAL, MASK_ALL, 1 if w == 0 else 0, ORDERED, LEAN, EXP2_FMA, TILE_ROW_STORES,
-                                   FEWER_MASKS, KEY_MASKS, WINDOW, win_left, win_right))
+                                   FEWER_MASKS, KEY_MASKS, WINDOW, win_left, win_right, SOFTCAP, softcap_a))
              if w < NUM_WG else
              (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
                           n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL))
