@@ -152,12 +152,8 @@ def main():
                     try:
                         if name != "flex":
                             with hopper.prefer_hopper_bwd(name == "gluon"), hopper.prefer_hopper(name == "gluon"):
-                                plan = ioattn.explain_dispatch(q, k, v, window_size=window)
+                                plan = ioattn.explain_dispatch(q, k, v, window_size=window, softcap=args.softcap)
                             rec["kernel"] = plan.forward["kernel"] if fwd else plan.backward["kernels"]
-                            if args.softcap:  # the plan has no softcap argument: the call's own check
-                                with hopper.prefer_hopper(name == "gluon"):
-                                    rec["kernel"] = ("hopper_fwd_kernel" if hopper.fwd_plan(
-                                        q, k, v, False, window, args.softcap, None, 0.0)[0] else "attn_fwd_kernel")
                         if fwd:
                             ms, grads[name] = measure_fwd(name, q, k, v, window, args.softcap)
                         else:

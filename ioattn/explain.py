@@ -28,9 +28,10 @@ class DispatchPlan:
 
 def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                      window_size=(-1, -1), cu_seqlens_q: torch.Tensor | None = None,
-                     max_seqlen_q: int | None = None) -> DispatchPlan:
-    """The plan for ``flash_attn_func(q, k, v, causal=..., window_size=...)`` (or the varlen call
-    when ``cu_seqlens_q``/``max_seqlen_q`` are given, with q/k/v packed as (total, nheads, d))."""
+                     max_seqlen_q: int | None = None, softcap: float = 0.0) -> DispatchPlan:
+    """The plan for ``flash_attn_func(q, k, v, causal=..., window_size=..., softcap=...)`` (or the
+    varlen call when ``cu_seqlens_q``/``max_seqlen_q`` are given, with q/k/v packed as (total,
+    nheads, d))."""
     varlen = cu_seqlens_q is not None
     if not dispatch.use_triton(q.device):
         return DispatchPlan("reference", f"{q.device.type} tensors without TRITON_INTERPRET=1: the tiled "
@@ -40,13 +41,13 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         reason = "forced (dispatch.forced_backend)"
     window = normalize_window(window_size, bool(causal))
     seqlen_q = max_seqlen_q if varlen else q.shape[1]
-    ok, refusal = hopper.hopper_supports(q, k, v, varlen, window, 0.0, None, 0.0)
-    taken, why = hopper.fwd_plan(q, k, v, varlen, window, 0.0, None, 0.0, seqlen_q)
+    ok, refusal = hopper.hopper_supports(q, k, v, varlen, window, softcap, None, 0.0)
+    taken, why = hopper.fwd_plan(q, k, v, varlen, window, softcap, None, 0.0, seqlen_q)
     gluon = f"taken ({why})" if taken else f"not taken ({why})" if ok else f"not applicable ({refusal})"
     has_window = window not in ((-1, -1), (-1, 0))
     name = None
     if taken:
-        name = hopper.variant_for(q.shape[-1], window == (-1, 0), seqlen_q, varlen, has_window)
+        name = hopper.variant_for(q.shape[-1], window == (-1, 0), seqlen_q, varlen, has_window or softcap > 0)
         cfg = hopper.kernel_config(q.shape[-1], name, window == (-1, 0), None if varlen else seqlen_q)
         bm, bn, stages = cfg["block_m"], cfg["block_n"], cfg["stages"]
         share = hopper.exp2_fma_share()
@@ -80,6 +81,8 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         if has_window:
             forward["window"] = (f"{window}: each query tile walks the key tiles its rows' band reaches, those "
                                  "a window edge crosses masked")
+        if softcap > 0:
+            forward["softcap"] = f"{softcap:g} * tanh(s * scale / {softcap:g}) (tanh.approx, before the masks)"
         if name == "persistent":
             opts = hopper.persistent_options(q.shape[-1], name, window == (-1, 0), dispatch.cdiv(seqlen_q, bm))
             forward["walk"] = ("a host-built table (hopper.build_walk_table): longest tiles first within groups "
@@ -111,7 +114,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     forward["tiles_count"] = tiles
     forward["programs"] = (hopper.grid_programs(q.device, name, tiles) if "hopper" in forward["kernel"]
                            else dispatch.fwd_persistent_programs(q.device, tiles) or tiles)
-    gluon_bwd, bwd_why = hopper.bwd_plan(q, k, v, varlen, window, 0.0, None, 0.0, seqlen_q)
+    gluon_bwd, bwd_why = hopper.bwd_plan(q, k, v, varlen, window, softcap, None, 0.0, seqlen_q)
     if gluon_bwd:
         from ioattn.kernels import hopper_backward
         cfg = hopper_backward.kernel_config(d, hopper.BWD_VARIANT)

@@ -1524,6 +1524,7 @@ def test_hopper_forward_softcap_launch_and_policy(monkeypatch):
     through, and its backward stays the portable one. (No GPU here: fakes stand in.)"""
     import math
 
+    import ioattn
     import ioattn.kernels.hopper_forward as hf
     from ioattn import backends, hopper
     launches = []
@@ -1565,6 +1566,10 @@ def test_hopper_forward_softcap_launch_and_policy(monkeypatch):
     with dispatch.forced_backend("triton"):
         assert backends.triton_forward(q, q, q, None, None, n, n, 0.125, (-1, 0), 30.0, None, 0.0, 0) == ("out", "lse")
         assert hopper.bwd_plan(q, q, q, False, (-1, 0), 30.0, None, 0.0)[0] is False  # the portable backward
+        plan = ioattn.explain_dispatch(q, q, q, causal=True, softcap=30.0)  # the plan of the same call
+        assert plan.forward["kernel"].endswith("(Gluon, pingpong)") and plan.forward["softcap"].startswith("30 * tanh")
+        assert "softcap" in plan.forward["gluon_hopper"] and "hopper" not in plan.backward["kernels"]
+        assert "softcap" not in ioattn.explain_dispatch(q, q, q, causal=True).forward
     ((a, kw),) = calls
     assert a[3:] == (0.125, True) and kw["softcap"] == 30.0
 
