@@ -13,6 +13,6 @@ echo "tests rc=$? $(( $(date +%s) - t0 ))s: $(tail -n 1 "$out/tests.log")"
 grep -E "^(FAILED|ERROR)" "$out/tests.log" | head -12
 t0=$(date +%s)
 timeout 240 python3 benchmarks/ab_window.py --pass fwd --softcap 50 --out "$out" --headdims 128,256,64 \
-    --seqlens 4096,16384 --windows -1:-1,-1:0,4096:0 --providers gluon,portable,flex --flex-headdims 128
+    --seqlens 4096,16384 --windows=-1:-1,-1:0,4096:0 --providers gluon,portable,flex --flex-headdims 128
 echo "ab_window fwd softcap rc=$? $(( $(date +%s) - t0 ))s"
 } 2>&1 | tee "$out/summary.log"

@@ -366,8 +366,12 @@ WINDOW_MIN_WIDTH = {128: 129, 256: 33}
 # A score softcap (Gemma 2's cap * tanh(s * scale / cap), flash-attn's ``softcap``) in the Gluon
 # forward: the one-tile ping-pong kernels' SOFTCAP form (tanh.approx on the scores before the masks),
 # as windows, not the persistent walk; with or without a window. Taken at the head dims in
-# ``SOFTCAP_HEADDIMS`` (by the lengths' and windows' tables as without it), set from measurements
-# (see NOTES §146). Its backward is the portable one (the ws kernel has no softcap).
+# ``SOFTCAP_HEADDIMS`` (by the lengths' and windows' tables as without it): those where it was measured
+# ahead of the portable forward at every point (benchmarks/ab_window.py --pass fwd --softcap 50, bf16,
+# 16k tokens, no mask, causal and (4096, 0) at N = 4096 and 16384; results/session-2026-12-15-f, NOTES
+# §146), Gluon / portable: d=128 1.48-1.56x (532 / 340 TFLOP/s non-causal at 16384), d=256 1.65-1.78x
+# (698 / 398), d=64 1.21-1.53x (341 / 224). Its backward is the portable one (the ws kernel has no
+# softcap).
 SOFTCAP_VARIANTS = WINDOW_VARIANTS
 SOFTCAP_HEADDIMS = (64, 128, 256)
 
