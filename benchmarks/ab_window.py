@@ -42,10 +42,9 @@ def visible_pairs(n, left, right):
     return int((hi - lo + 1).clamp(min=0).sum())
 
 
-def flex_setup(q, k, v, left, right):
-    """FlexAttention on (batch, heads, seqlen, d) views with the band as a block mask; (out in our
-    layout, leaves)."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+def band_mask(n, left, right, device):
+    """FlexAttention's block mask of the (left, right) band (-1: unbounded) at seqlen n."""
+    from torch.nn.attention.flex_attention import create_block_mask
 
     def band(b, h, q_idx, kv_idx):
         keep = torch.ones_like(q_idx, dtype=torch.bool)
@@ -54,11 +53,18 @@ def flex_setup(q, k, v, left, right):
         if right >= 0:
             keep = keep & (kv_idx <= q_idx + right)
         return keep
+    return create_block_mask(band, None, None, n, n, device=device)
+
+
+def flex_setup(q, k, v, left, right):
+    """FlexAttention on (batch, heads, seqlen, d) views with the band as a block mask; (out in our
+    layout, leaves)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
     # the timed backward runs again on one graph (retain_graph): compiled backwards donate their saved
     # buffers by default, and a second call then refuses to run
     torch._functorch.config.donated_buffer = False
-    n = q.shape[1]
-    mask = create_block_mask(band, None, None, n, n, device=q.device)
+    mask = band_mask(q.shape[1], left, right, q.device)
     fn = torch.compile(flex_attention)
     leaves = [t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v)]
     out = fn(*leaves, block_mask=mask, enable_gqa=k.shape[2] != q.shape[2])
@@ -68,20 +74,11 @@ def flex_setup(q, k, v, left, right):
 def flex_forward(q, k, v, left, right, softcap=0.0):
     """FlexAttention's forward on (batch, heads, seqlen, d) views with the band as a block mask (and
     the softcap as a score_mod): a callable giving the output in our layout."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
 
     def capped(score, b, h, q_idx, kv_idx):
         return softcap * torch.tanh(score / softcap)
-
-    def band(b, h, q_idx, kv_idx):
-        keep = torch.ones_like(q_idx, dtype=torch.bool)
-        if left >= 0:
-            keep = keep & (kv_idx >= q_idx - left)
-        if right >= 0:
-            keep = keep & (kv_idx <= q_idx + right)
-        return keep
-    n = q.shape[1]
-    mask = create_block_mask(band, None, None, n, n, device=q.device)
+    mask = band_mask(q.shape[1], left, right, q.device)
     fn = torch.compile(flex_attention)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
     mod = capped if softcap > 0 else None

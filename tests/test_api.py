@@ -1269,6 +1269,19 @@ def test_host_integer_helpers():
     assert [dispatch.next_power_of_2(n) for n in (0, 1, 2, 3, 4, 5, 16, 17)] == [1, 1, 2, 4, 4, 8, 16, 32]
 
 
+def _fake_forward_launches(monkeypatch) -> list:
+    """The Gluon forward's kernel replaced by a fake that records each launch as (grid, positional
+    arguments, keyword arguments) in the list returned (no GPU here)."""
+    import ioattn.kernels.hopper_forward as hf
+    launches = []
+
+    class Fake:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((grid, args, kw))
+    monkeypatch.setattr(hf, "hopper_fwd_kernel", Fake())
+    return launches
+
+
 def test_hopper_forward_launch_constexprs(monkeypatch):
     """What the Gluon forward's launcher passes to its kernel (a fake stands in for the launch: no GPU
     here): the variant's constexprs and grid (persistent: one program per SM at most), the causal LPT
@@ -1278,12 +1291,7 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
     IOATTN_HOPPER_EXP2_FMA ask for a share of the variant's key tile."""
     import ioattn.kernels.hopper_forward as hf
     from ioattn import hopper
-    launches = []
-
-    class Fake:
-        def __getitem__(self, grid):
-            return lambda *args, **kw: launches.append((grid, args, kw))
-    monkeypatch.setattr(hf, "hopper_fwd_kernel", Fake())
+    launches = _fake_forward_launches(monkeypatch)
     monkeypatch.delenv("IOATTN_HOPPER_VARIANT", raising=False)
     monkeypatch.delenv("IOATTN_HOPPER_LPT", raising=False)
     monkeypatch.delenv("IOATTN_HOPPER_EXP2_FMA", raising=False)
@@ -1426,14 +1434,8 @@ def test_hopper_forward_window_launch_and_policy(monkeypatch):
     through (the causal mask as causal=True). (No GPU here: a fake stands in for the launch, and the
     device check is replaced by the pure-Python call checks.)"""
     import ioattn
-    import ioattn.kernels.hopper_forward as hf
     from ioattn import backends, hopper
-    launches = []
-
-    class Fake:
-        def __getitem__(self, grid):
-            return lambda *args, **kw: launches.append((grid, args, kw))
-    monkeypatch.setattr(hf, "hopper_fwd_kernel", Fake())
+    launches = _fake_forward_launches(monkeypatch)
     monkeypatch.delenv("IOATTN_HOPPER_VARIANT", raising=False)
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
 
@@ -1525,14 +1527,8 @@ def test_hopper_forward_softcap_launch_and_policy(monkeypatch):
     import math
 
     import ioattn
-    import ioattn.kernels.hopper_forward as hf
     from ioattn import backends, hopper
-    launches = []
-
-    class Fake:
-        def __getitem__(self, grid):
-            return lambda *args, **kw: launches.append((grid, args, kw))
-    monkeypatch.setattr(hf, "hopper_fwd_kernel", Fake())
+    launches = _fake_forward_launches(monkeypatch)
     monkeypatch.delenv("IOATTN_HOPPER_VARIANT", raising=False)
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
     n = hopper.PERSISTENT_MAX_SEQLEN[(128, True)]
