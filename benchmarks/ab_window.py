@@ -9,7 +9,9 @@ of the same band, ``torch.compile``d) measured in the same run as the peer where
                                    [--providers gluon,portable,flex] [--flex-headdims 128] [--softcap 50]
 
 ``--softcap CAP``: every provider with the score softcap cap * tanh(s / cap) (flash-attn's ``softcap``;
-FlexAttention's as a score_mod); a window -1:-1 is no window, -1:0 the causal mask.
+FlexAttention's as a score_mod); a window -1:-1 is no window, -1:0 the causal mask. Provider
+``gluon-cs`` (the backward with a softcap): the Gluon backward's column-split form at d = 128 too
+(``hopper_backward.WS_SOFTCAP_COL_SPLIT_HEADDIMS``, in this process), against ``gluon``, the default.
 
 bf16, 16384 tokens (batch = 16384 / N), hidden 2048 (heads = 2048 / d), as ``ioattn bench train``.
 The backward alone is timed (``torch.autograd.grad`` of a forward kept alive, ``retain_graph``; the
@@ -56,9 +58,16 @@ def band_mask(n, left, right, device):
     return create_block_mask(band, None, None, n, n, device=device)
 
 
-def flex_setup(q, k, v, left, right):
-    """FlexAttention on (batch, heads, seqlen, d) views with the band as a block mask; (out in our
-    layout, leaves)."""
+def softcap_mod(softcap):
+    """FlexAttention's score_mod for the softcap cap * tanh(s / cap) (None: no cap)."""
+    def capped(score, b, h, q_idx, kv_idx):
+        return softcap * torch.tanh(score / softcap)
+    return capped if softcap > 0 else None
+
+
+def flex_setup(q, k, v, left, right, softcap=0.0):
+    """FlexAttention on (batch, heads, seqlen, d) views with the band as a block mask (and the softcap
+    as a score_mod); (out in our layout, leaves)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     # the timed backward runs again on one graph (retain_graph): compiled backwards donate their saved
@@ -67,7 +76,7 @@ def flex_setup(q, k, v, left, right):
     mask = band_mask(q.shape[1], left, right, q.device)
     fn = torch.compile(flex_attention)
     leaves = [t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v)]
-    out = fn(*leaves, block_mask=mask, enable_gqa=k.shape[2] != q.shape[2])
+    out = fn(*leaves, score_mod=softcap_mod(softcap), block_mask=mask, enable_gqa=k.shape[2] != q.shape[2])
     return out.transpose(1, 2), leaves
 
 
@@ -76,13 +85,10 @@ def flex_forward(q, k, v, left, right, softcap=0.0):
     the softcap as a score_mod): a callable giving the output in our layout."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    def capped(score, b, h, q_idx, kv_idx):
-        return softcap * torch.tanh(score / softcap)
     mask = band_mask(q.shape[1], left, right, q.device)
     fn = torch.compile(flex_attention)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-    mod = capped if softcap > 0 else None
-    return lambda _: fn(qt, kt, vt, score_mod=mod, block_mask=mask,
+    return lambda _: fn(qt, kt, vt, score_mod=softcap_mod(softcap), block_mask=mask,
                         enable_gqa=k.shape[2] != q.shape[2]).transpose(1, 2)
 
 
@@ -97,17 +103,25 @@ def measure_fwd(name, q, k, v, window, softcap=0.0):
             return median_ms(run, [None]), (run(None),)
 
 
-def measure(name, q, k, v, window, dout):
+def measure(name, q, k, v, window, dout, softcap=0.0):
     """(ms, (dq, dk, dv) in our layout)."""
     if name == "flex":
-        out, leaves = flex_setup(q, k, v, *window)
+        out, leaves = flex_setup(q, k, v, *window, softcap)
         grad = lambda _: [g.transpose(1, 2) for g in torch.autograd.grad(out, leaves, dout, retain_graph=True)]  # noqa: E731
     else:
         leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
-        with hopper.prefer_hopper_bwd(name == "gluon"):
-            out = ioattn.flash_attn_func(*leaves, window_size=window)
+        with hopper.prefer_hopper_bwd(name.startswith("gluon")):
+            out = ioattn.flash_attn_func(*leaves, window_size=window, softcap=softcap)
         grad = lambda _: torch.autograd.grad(out, leaves, dout, retain_graph=True)  # noqa: E731
     return median_ms(grad, [None]), grad(None)
+
+
+def column_split(on):
+    """``gluon-cs``: the backward's softcap form as the column split at every head dim, or the default."""
+    from ioattn.kernels import hopper_backward
+    if not hasattr(column_split, "default"):
+        column_split.default = hopper_backward.WS_SOFTCAP_COL_SPLIT_HEADDIMS
+    hopper_backward.WS_SOFTCAP_COL_SPLIT_HEADDIMS = (128,) if on else column_split.default
 
 
 def main():
@@ -126,8 +140,6 @@ def main():
     windows = [tuple(int(x) for x in w.split(":")) for w in args.windows.split(",")]
     os.makedirs(args.out, exist_ok=True)
     fwd = args.which == "fwd"
-    if args.softcap and not fwd:
-        ap.error("--softcap: the forward only (--pass fwd; the Gluon backward has no softcap)")
     sink = open(os.path.join(args.out, "ab_window_fwd.jsonl" if fwd else "ab_window.jsonl"), "w")
     print(f"{args.which}: TFLOP/s" + (f", softcap {args.softcap:g}" if args.softcap else ""))
     print(f"{'d':>3} {'N':>5} {'window':>11} " + " ".join(f"{p:>9}" for p in providers) + f" {'g/port':>6} {'g/flex':>6}")
@@ -142,19 +154,23 @@ def main():
                 flops = (1.0 if fwd else 2.5) * 4 * b * h * d * visible_pairs(n, *window)
                 res, grads, notes = {}, {}, []
                 for name in providers:
-                    if name == "flex" and d not in flex_dims:
+                    if (name == "flex" and d not in flex_dims) or (name == "gluon-cs" and d != 128):
                         continue
                     rec = dict(headdim=d, seqlen=n, batch=b, window=list(window), provider=name, softcap=args.softcap,
                                **{"pass": args.which})
                     try:
+                        column_split(name == "gluon-cs")
                         if name != "flex":
-                            with hopper.prefer_hopper_bwd(name == "gluon"), hopper.prefer_hopper(name == "gluon"):
+                            gluon = name.startswith("gluon")
+                            with hopper.prefer_hopper_bwd(gluon), hopper.prefer_hopper(gluon):
                                 plan = ioattn.explain_dispatch(q, k, v, window_size=window, softcap=args.softcap)
                             rec["kernel"] = plan.forward["kernel"] if fwd else plan.backward["kernels"]
+                            if not fwd and "softcap" in plan.backward:
+                                rec["form"] = plan.backward["softcap"]
                         if fwd:
                             ms, grads[name] = measure_fwd(name, q, k, v, window, args.softcap)
                         else:
-                            ms, grads[name] = measure(name, q, k, v, window, dout)
+                            ms, grads[name] = measure(name, q, k, v, window, dout, args.softcap)
                         res[name] = flops / ms / 1e9
                         rec.update(ms=ms, tflops=res[name])
                     except Exception as e:  # noqa: BLE001 - recorded, not fatal

@@ -4,7 +4,7 @@ backward (both variants), the portable forward, and a split decode step with its
 programmatic dependent launch; contiguous, and paged through TMA).
 
     compute-sanitizer --tool memcheck  python benchmarks/sanitize_small.py [--heads 256] [--no-forward]
-                                                                           [--varlen] [--window]
+                                                                           [--varlen] [--window] [--softcap]
 
 ``--heads``: the head dims of the attention calls (default 64,128,256); ``--no-forward``: only the
 Gluon backward kernels of those head dims and the decode calls (the forward variants skipped).
@@ -17,7 +17,9 @@ sequence with no queries, one with no keys, seqlen_q != seqlen_k) with trailing 
 owns (NaN: the producer zeroes what the last tiles read of them). ``--window``: only the Gluon
 forward's sliding-window form (``WINDOW``) at those head dims, every variant that has it
 (``hopper.WINDOW_VARIANTS``), three windows, fixed length (seqlen_q != seqlen_k) and packed (the
-ragged sequences above, ``IS_VARLEN``).
+ragged sequences above, ``IS_VARLEN``). ``--softcap``: only the Gluon backward's softcap form (ws,
+``SOFTCAP``) at those head dims (d = 128 also as the column split), no mask, causal and a window, fixed
+length (seqlen_q != seqlen_k) and packed (the ragged sequences above).
 """
 import argparse
 
@@ -32,6 +34,7 @@ ap.add_argument("--heads", default="64,128,256")
 ap.add_argument("--no-forward", action="store_true")
 ap.add_argument("--varlen", action="store_true")
 ap.add_argument("--window", action="store_true")
+ap.add_argument("--softcap", action="store_true")
 args = ap.parse_args()
 torch.manual_seed(0)
 dev, dt = "cuda", torch.bfloat16
@@ -55,6 +58,32 @@ if args.window:
                                                   window_size=window)
     torch.cuda.synchronize()
     print("sanitize_small --window: done")
+    raise SystemExit(0)
+if args.softcap:
+    from ioattn.kernels import hopper_backward as hb
+    lens_q, lens_k, extra = [1, 100, 333, 0, 64, 50], [1, 37, 200, 40, 300, 0], 7
+    cu_q, cu_k = (torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+                  for n in (lens_q, lens_k))
+    for d in map(int, args.heads.split(",")):
+        fixed = [torch.randn(2, n, hh, d, device=dev, dtype=dt) for n, hh in ((300, 3), (340, 1), (340, 1))]
+        packed = [torch.randn(sum(n) + extra, hh, d, device=dev, dtype=dt) for n, hh in
+                  ((lens_q, 3), (lens_k, 1), (lens_k, 1))]
+        for t, n in zip(packed, (lens_q, lens_k, lens_k)):
+            t[sum(n):] = float("nan")
+        for split in ((), (128,)) if d == 128 else ((),):
+            hb.WS_SOFTCAP_COL_SPLIT_HEADDIMS = split
+            for causal, window in ((False, (-1, -1)), (True, (-1, -1)), (False, (100, 0))):
+                kw = dict(causal=causal, window_size=window, softcap=20.0, return_attn_probs=True)
+                with torch.no_grad():
+                    out, lse = ioattn.flash_attn_func(*fixed, **kw)[:2]
+                    hopper_backward(torch.randn_like(out), *fixed, out, lse, d ** -0.5, causal, variant="ws",
+                                    window=window, softcap=20.0)
+                    out, lse = ioattn.flash_attn_varlen_func(*packed, cu_q, cu_k, max(lens_q), max(lens_k), **kw)[:2]
+                    hopper_backward(torch.randn_like(out), *packed, out, lse, d ** -0.5, causal, variant="ws",
+                                    cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
+                                    max_seqlen_k=max(lens_k), window=window, softcap=20.0)
+    torch.cuda.synchronize()
+    print("sanitize_small --softcap: done")
     raise SystemExit(0)
 if args.varlen:
     lens_q, lens_k, extra = [1, 100, 333, 0, 64, 50], [1, 37, 200, 40, 300, 0], 7

@@ -130,7 +130,8 @@ def triton_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
         varlen = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=pb.seqlen_q,
                       max_seqlen_k=pb.seqlen_k) if pb.varlen else {}
         return hopper_backward(dout, q, k, v, out, lse, softmax_scale, window == (-1, 0), variant=hopper.BWD_VARIANT,
-                               deterministic=hopper.bwd_deterministic.wanted(), window=window, **varlen)
+                               deterministic=hopper.bwd_deterministic.wanted(), window=window, softcap=softcap,
+                               **varlen)
     dq, dk, dv = pb.grads(q, k, v)
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()

@@ -117,10 +117,14 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     gluon_bwd, bwd_why = hopper.bwd_plan(q, k, v, varlen, window, softcap, None, 0.0, seqlen_q)
     if gluon_bwd:
         from ioattn.kernels import hopper_backward
-        cfg = hopper_backward.kernel_config(d, hopper.BWD_VARIANT)
+        cfg = hopper_backward.kernel_config(d, hopper.BWD_VARIANT, softcap > 0)
         backward = {"kernels": f"ioattn.kernels.hopper_backward (Gluon, {hopper.BWD_VARIANT})",
                     "tiles": (cfg["block_m"], cfg["block_n"], cfg["num_warps"], cfg["stages"]), "atomics": True,
                     "inputs": hopper.inputs_note(q, k, v, varlen, window == (-1, 0), backward=True)}
+        if softcap > 0:
+            backward["softcap"] = ("SOFTCAP form, dS^T times 1 - tanh^2 ("
+                                   + ("column split" if cfg["constexprs"]["COL_SPLIT"] else "key split")
+                                   + f", {cfg['block_m']} query rows a step)")
     else:
         backward = {"kernels": "attn_bwd_preprocess_kernel, attn_bwd_dkdv_kernel, attn_bwd_dq_kernel",
                     "tiles": (bwd.block_m, bwd.block_n, bwd.num_warps, bwd.num_stages), "atomics": False}

@@ -1282,8 +1282,10 @@ def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p
         return False, "varlen: the ws variant only"
     if window not in ((-1, -1), (-1, 0)) and BWD_VARIANT != "ws":
         return False, "sliding window: the ws variant only"
-    if softcap > 0 or alibi_slopes is not None or dropout_p > 0:
-        return False, "no softcap, ALiBi or dropout"
+    if softcap > 0 and BWD_VARIANT != "ws":
+        return False, "softcap: the ws variant only"
+    if alibi_slopes is not None or dropout_p > 0:
+        return False, "no ALiBi or dropout"
     return _rows_layout_ok(q, k, v, varlen, window == (-1, 0), backward=True)
 
 

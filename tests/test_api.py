@@ -1077,8 +1077,8 @@ def test_hopper_layouts_without_copy():
 def test_hopper_backward_policy_and_wiring(monkeypatch):
     """The Gluon backward's default policy (hopper.BWD_AUTO_MIN_SEQLEN per head dim and mask, the
     reason in the plan); prefer_hopper_bwd / IOATTN_HOPPER_BWD override it; it is taken only where
-    it applies (sm_90, fp16/bf16, head dim 64/128/256, no softcap/ALiBi/dropout; varlen and windows in the
-    ws variant only); when
+    it applies (sm_90, fp16/bf16, head dim 64/128/256, no ALiBi/dropout; varlen, windows and softcap in
+    the ws variant only); when
     taken, triton_backward hands the call to hopper_backward with the selected variant, and
     deterministic=True passes its ordered mode on."""
     from ioattn import backends, hopper
@@ -1115,7 +1115,12 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
         m.setattr(hopper, "BWD_VARIANT", "base")
         assert hopper.bwd_call_supported(q, q, q, False, (4, 0), 0.0, None, 0.0) == (
             False, "sliding window: the ws variant only")
-    assert hopper.bwd_call_supported(q, q, q, False, (-1, -1), 1.0, None, 0.0) == (False, "no softcap, ALiBi or dropout")
+    assert hopper.bwd_call_supported(q, q, q, False, (-1, -1), 1.0, None, 0.0) == (True, "")  # the SOFTCAP form
+    with monkeypatch.context() as m:
+        m.setattr(hopper, "BWD_VARIANT", "base")
+        assert hopper.bwd_call_supported(q, q, q, False, (-1, -1), 1.0, None, 0.0) == (
+            False, "softcap: the ws variant only")
+    assert hopper.bwd_call_supported(q, q, q, False, (-1, -1), 0.0, torch.ones(2), 0.0) == (False, "no ALiBi or dropout")
     with monkeypatch.context() as m:
         m.setitem(hopper.BWD_WINDOW_MIN_WIDTH, 64, 300)
         long64 = torch.empty(1, 4096, 2, 64)
@@ -1154,13 +1159,15 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     wide = hb.kernel_config(256, "ws")
     assert wide["kernel"] is hb.hopper_bwd_ws_kernel and (wide["block_n"], wide["dq_cols"]) == (64, 128)
     assert wide["constexprs"] == dict(HEAD_DIM=256, BLOCK_M=64, BLOCK_N=64, STAGES=2, DO_STAGES=1, COL_SPLIT=True,
-                                      COALESCED_STORE=True, DQ_FLAT=False, LSE_IN_ACC=False, WG_SPLIT=False)
+                                      COALESCED_STORE=True, DQ_FLAT=False, LSE_IN_ACC=False, WG_SPLIT=False,
+                                      SOFTCAP=False)
     for d, block_m, stages in ((64, 128, 3), (128, 64, 2)):
         flat = hb.WS_DQ_FLAT[d]
         cfg = hb.kernel_config(d, "ws")
         assert cfg["constexprs"] == dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=128, STAGES=stages, DO_STAGES=stages,
                                          COL_SPLIT=False, COALESCED_STORE=True, DQ_FLAT=flat,
-                                         LSE_IN_ACC=hb.WS_LSE_IN_ACC[d], WG_SPLIT=hb.WS_WG_PARTITIONS[d] and flat)
+                                         LSE_IN_ACC=hb.WS_LSE_IN_ACC[d], WG_SPLIT=hb.WS_WG_PARTITIONS[d] and flat,
+                                         SOFTCAP=False)
         split = hb.WS_WG_PARTITIONS[d] and flat  # a warpgroup a partition: the box and the warps halved
         assert cfg["dq_block"] == ([block_m * d // (64 if split else 32), 32] if flat else [block_m, d])
         assert cfg["num_warps"] == (4 if split else 8)
@@ -1203,15 +1210,18 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
                            cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=8, max_seqlen_k=8)
     seen = {}
 
-    def fake(dout, q_, k_, v_, out, lse, scale, causal, variant, deterministic, window=(-1, -1)):
-        seen.update(scale=scale, causal=causal, variant=variant, deterministic=deterministic, window=window)
+    def fake(dout, q_, k_, v_, out, lse, scale, causal, variant, deterministic, window=(-1, -1), softcap=0.0):
+        seen.update(scale=scale, causal=causal, variant=variant, deterministic=deterministic, window=window,
+                    softcap=softcap)
         return torch.zeros_like(q_), torch.zeros_like(k_), torch.zeros_like(v_)
     monkeypatch.setattr(hopper, "bwd_plan", lambda *a: (True, "faked"))
     monkeypatch.setattr(hb, "hopper_backward", fake)
     lse = torch.zeros(1, 2, 70)
     grads = backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, 0.125, (-1, 0), 0.0, None, 0.0, 0)
     assert seen == dict(scale=0.125, causal=True, variant=hopper.BWD_VARIANT, deterministic=False,
-                        window=(-1, 0)) and len(grads) == 3
+                        window=(-1, 0), softcap=0.0) and len(grads) == 3
+    backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, 0.125, (-1, -1), 30.0, None, 0.0, 0)
+    assert seen["softcap"] == 30.0 and not seen["causal"]
     backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, 0.125, (30, 2), 0.0, None, 0.0, 0)
     assert seen["window"] == (30, 2) and not seen["causal"]
     with hopper.bwd_deterministic(True):
@@ -1523,7 +1533,7 @@ def test_hopper_forward_softcap_launch_and_policy(monkeypatch):
     variant even where the lengths would take the persistent kernel, with or without a window; it
     refuses a negative cap before any launch; the call checks refuse it in a variant without the form
     (named) and the policy in a head dim outside ``SOFTCAP_HEADDIMS``; the API's launcher passes it
-    through, and its backward stays the portable one. (No GPU here: fakes stand in.)"""
+    through. (No GPU here: fakes stand in.)"""
     import math
 
     import ioattn
@@ -1561,13 +1571,72 @@ def test_hopper_forward_softcap_launch_and_policy(monkeypatch):
     monkeypatch.setattr(hopper, "hopper_forward", lambda *a, **kw: calls.append((a, kw)) or ("out", "lse"))
     with dispatch.forced_backend("triton"):
         assert backends.triton_forward(q, q, q, None, None, n, n, 0.125, (-1, 0), 30.0, None, 0.0, 0) == ("out", "lse")
-        assert hopper.bwd_plan(q, q, q, False, (-1, 0), 30.0, None, 0.0)[0] is False  # the portable backward
         plan = ioattn.explain_dispatch(q, q, q, causal=True, softcap=30.0)  # the plan of the same call
         assert plan.forward["kernel"].endswith("(Gluon, pingpong)") and plan.forward["softcap"].startswith("30 * tanh")
-        assert "softcap" in plan.forward["gluon_hopper"] and "hopper" not in plan.backward["kernels"]
+        assert "softcap" in plan.forward["gluon_hopper"]
         assert "softcap" not in ioattn.explain_dispatch(q, q, q, causal=True).forward
     ((a, kw),) = calls
     assert a[3:] == (0.125, True) and kw["softcap"] == 30.0
+
+
+def test_hopper_backward_softcap_launch_and_policy(monkeypatch):
+    """A score softcap in the Gluon backward (the ws kernel's ``SOFTCAP`` form): the configuration
+    takes lse out of S^T's accumulator (the tanh needs the raw scores), ``WS_SOFTCAP_BLOCK_M``'s rows
+    a step and, at ``WS_SOFTCAP_COL_SPLIT_HEADDIMS``, the column split; the launcher passes the cap
+    (times log2 e) as the exponentials' scale and softcap_a = scale / cap; a negative cap, or a cap
+    in the base variant, is refused before any launch; the plan names the form. (No GPU here: a fake
+    kernel records the launch; the portable preprocess runs under the interpreter.)"""
+    import math
+
+    import ioattn
+    import ioattn.kernels.hopper_backward as hb
+    from ioattn import hopper
+    for d in (64, 128, 256):
+        plain, capped = hb.kernel_config(d, "ws"), hb.kernel_config(d, "ws", softcap=True)
+        assert capped["constexprs"]["SOFTCAP"] and not plain["constexprs"]["SOFTCAP"]
+        assert not capped["constexprs"]["LSE_IN_ACC"]
+        assert capped["block_m"] == hb.WS_SOFTCAP_BLOCK_M.get(d, hb.WS_BLOCK_M[d]) == \
+            capped["constexprs"]["BLOCK_M"]
+        assert capped["constexprs"]["COL_SPLIT"] == (d == 256 or d in hb.WS_SOFTCAP_COL_SPLIT_HEADDIMS)
+    with monkeypatch.context() as m:
+        m.setattr(hb, "WS_SOFTCAP_COL_SPLIT_HEADDIMS", (128,))
+        cfg = hb.kernel_config(128, "ws", softcap=True)
+        assert cfg["constexprs"]["COL_SPLIT"] and cfg["block_n"] == 64 and cfg["dq_cols"] == 64
+        assert not cfg["dq_flat"] and not hb.kernel_config(128, "ws")["constexprs"]["COL_SPLIT"]
+
+    launches = []
+
+    class Fake:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((grid, args, kw))
+    monkeypatch.setattr(hb, "hopper_bwd_ws_kernel", Fake())
+    lse = torch.randn(1, 2, 8)
+    for d in (64, 128):
+        x = torch.randn(1, 8, 2, d, dtype=torch.bfloat16)
+        for causal, window in ((False, (-1, -1)), (True, (-1, -1)), (False, (3, 0))):
+            launches.clear()
+            hb.hopper_backward(x, x, x, x, x, lse, 0.1, causal, variant="ws", window=window, softcap=20.0)
+            ((grid, args, kw),) = launches
+            assert kw["SOFTCAP"] and not kw["LSE_IN_ACC"] and kw["IS_CAUSAL"] == causal
+            assert kw["BLOCK_M"] == hb.WS_SOFTCAP_BLOCK_M.get(d, hb.WS_BLOCK_M[d])
+            assert math.isclose(args[18], 20.0 * math.log2(math.e)) and math.isclose(args[21], 0.1 / 20.0)
+        launches.clear()
+        hb.hopper_backward(x, x, x, x, x, lse, 0.1, False, variant="ws")
+        assert not launches[0][2]["SOFTCAP"] and math.isclose(launches[0][1][18], 0.1 * math.log2(math.e))
+        launches.clear()
+        for kw, match in ((dict(softcap=-1.0), "softcap must be >= 0"),
+                          (dict(softcap=20.0, variant="base"), "a softcap needs variant \"ws\"")):
+            with pytest.raises(ValueError, match=match):
+                hb.hopper_backward(x, x, x, x, x, lse, 0.1, False, **{"variant": "ws", **kw})
+        assert not launches
+    # the plan of a softcap call, the backward taken (faked as on an sm_90 GPU)
+    q = torch.randn(1, 4096, 4, 128, dtype=torch.bfloat16)
+    monkeypatch.setattr(hopper, "bwd_plan", lambda *a: (True, "faked"))
+    with dispatch.forced_backend("triton"):
+        plan = ioattn.explain_dispatch(q, q, q, causal=True, softcap=30.0)
+        assert "hopper_backward" in plan.backward["kernels"]
+        assert plan.backward["softcap"].startswith("SOFTCAP form") and "key split" in plan.backward["softcap"]
+        assert "softcap" not in ioattn.explain_dispatch(q, q, q, causal=True).backward
 
 
 def test_hopper_exp2_fma_switch(monkeypatch):

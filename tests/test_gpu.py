@@ -1324,6 +1324,64 @@ def test_hopper_backward_varlen_window(d, window, monkeypatch, poison_alloc):
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d, form", [(64, "default"), (128, "default"), (128, "column split"), (256, "default")])
+@pytest.mark.parametrize("mask", ["none", "causal", (100, 0), (256, 256)])
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1), (3, 129, 64, 2, 2)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_hopper_backward_softcap(d, form, mask, shape, dtype, monkeypatch, poison_alloc):
+    """The ws backward's softcap form (``SOFTCAP``: the tanh recomputed, dS^T times its derivative)
+    through flash_attn_func, alone, causal and with windows, the plan naming it; at d = 128 also as
+    the column split (``WS_SOFTCAP_COL_SPLIT_HEADDIMS``): output and gradients against the float64
+    oracle (2x PyTorch's own error); q drawn with standard deviation 4 so that many scores saturate
+    the cap (20), where the derivative is near 0."""
+    from ioattn import hopper
+    from ioattn.kernels import hopper_backward as hb
+    if dtype == torch.float16 and shape[1] != 1000:
+        pytest.skip("fp16: one shape")
+    monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
+    monkeypatch.setattr(hb, "WS_SOFTCAP_COL_SPLIT_HEADDIMS", (128,) if form == "column split" else ())
+    b, sq, sk, h, hkv = shape
+    causal, window = mask == "causal", mask if isinstance(mask, tuple) else (-1, -1)
+    q = (torch.randn(b, sq, h, d, device="cuda", dtype=dtype) * 4).requires_grad_()
+    k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
+    with hopper.prefer_hopper_bwd(True):
+        plan = ioattn.explain_dispatch(q.detach(), k.detach(), v.detach(), causal=causal, window_size=window,
+                                       softcap=20.0)
+        assert plan.backward["gluon_hopper"].startswith("taken"), plan.backward
+        assert ("column split" if form == "column split" or d == 256 else "key split") in plan.backward["softcap"]
+        out = ioattn.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=20.0)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    _assert_out_and_grads(out, grads, dout, q, k, v, (-1, 0) if causal else window, softcap=20.0)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("mode", ["causal", (100, 0), "deterministic"])
+def test_hopper_backward_varlen_softcap(d, mode, monkeypatch, poison_alloc):
+    """Packed sequences with a softcap (``IS_VARLEN`` and ``SOFTCAP``; with the causal mask, a window,
+    or the ordered dQ mode), per sequence against the float64 oracle; the unowned trailing rows (NaN)
+    get zero gradients."""
+    from ioattn import hopper
+    monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
+    q, k, v, dout, cq, ck, max_q, max_k = _ragged_packed(d)
+    tq, tk = int(cq[-1]), int(ck[-1])
+    causal, window = mode == "causal", mode if isinstance(mode, tuple) else (-1, -1)
+    with hopper.prefer_hopper_bwd(True), hopper.bwd_deterministic(mode == "deterministic"):
+        plan = ioattn.explain_dispatch(q, k, v, causal=causal, window_size=window, cu_seqlens_q=cq,
+                                       max_seqlen_q=max_q, softcap=20.0)
+        assert plan.backward["gluon_hopper"].startswith("taken") and "softcap" in plan.backward, plan.backward
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        out, lse, _ = ioattn.flash_attn_varlen_func(qg, kg, vg, cq, ck, max_q, max_k, causal=causal, window_size=window,
+                                                    softcap=20.0, deterministic=mode == "deterministic",
+                                                    return_attn_probs=True)
+        dq, dk, dv = torch.autograd.grad(out, (qg, kg, vg), dout)
+    assert (dq[tq:] == 0).all() and (dk[tk:] == 0).all() and (dv[tk:] == 0).all()
+    assert_varlen_sequences(f"ws varlen softcap {mode}", q, k, v, dout, out.detach(), lse, (dq, dk, dv), cq, ck,
+                            window=(-1, 0) if causal else window, softcap=20.0)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("d, window", [(128, (256, 0)), (64, (16, 16)), (64, (200, -1))])
 def test_hopper_backward_window_default_policy(d, window, monkeypatch, poison_alloc):
     """Without a switch, a window call's backward follows ``hopper.BWD_WINDOW_MIN_WIDTH`` (width = left +

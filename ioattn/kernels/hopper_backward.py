@@ -93,7 +93,11 @@ a tile reads past the rows the sequences own (``_ws_producer``).
 Sliding windows: the "ws" kernel only (``WINDOW``; ``hopper_backward``'s ``window``): a key block
 walks only the query blocks its band reaches, the tiles an edge crosses masked.
 
-NOT in either variant: softcap, ALiBi, dropout. dQ's fp32 atomics (or
+Score softcap: the "ws" kernel only (``SOFTCAP``; ``hopper_backward``'s ``softcap``): the scores
+recomputed as the forward formed them, cap * tanh(S * softmax_scale / cap), and dS^T times the
+tanh's derivative 1 - tanh^2.
+
+NOT in either variant: ALiBi, dropout. dQ's fp32 atomics (or
 reduce-adds in "ws") sum in arrival order, so dQ varies run to run at rounding level (dK / dV do
 not), except in the "ws" kernel's ``DETERMINISTIC`` mode.
 
@@ -257,7 +261,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ioattn.dispatch import tma_rows_view
 from ioattn.kernels.backward import attn_bwd_preprocess_kernel, dq_from_blocks_kernel
-from ioattn.kernels.hopper_forward import LOG2E, _zero_v_tail as _zero_rows_from
+from ioattn.kernels.hopper_forward import LOG2E, _softcap, _zero_v_tail as _zero_rows_from
 
 BWD_VARIANTS = ("base", "ws")
 # head dims each variant compiles for ("ws" at 256: its column-split form, see "Column split" above)
@@ -282,6 +286,13 @@ WS_STAGES = {64: (3, 3), 128: (2, 2), 256: (2, 1)}
 # "ws" at these head dims: the column-split form (``_ws_consumer_dsplit``), 64 keys a program
 WS_COL_SPLIT_HEADDIMS = (256,)
 WS_COL_SPLIT_BLOCK_N = 64
+# "ws" with a score softcap (``SOFTCAP``): also the column-split form at these head dims (an A/B
+# switch). The key split at d = 128 holds 238 of its 240 registers a thread without the cap (lse not
+# in S^T's accumulator: 36 B spilled outside the loop, causal); the cap's tanh beside P^T spills
+# there (24 B non-causal, 284 B causal, 508 B with a window, 6 / 62 / 120 spill instructions in the
+# loop), where the column split compiles to 145-151 registers, no spill (ptxas 12.8,
+# compile_check_hopper_bwd.py --softcap; NOTES §147).
+WS_SOFTCAP_COL_SPLIT_HEADDIMS = ()
 # "ws": the swizzle of the fp32 dQ staging tile (bytes). The consumers store it from the wgmma
 # accumulator layout, 8 B a thread, a warp's rows r..r+7 at 32 B each; with the 128 B swizzle (the
 # default for the shape) rows r and r ^ 1 of a half-warp land on the same banks (2 wavefronts where 1
@@ -336,6 +347,11 @@ WS_WG_PARTITIONS = {64: False, 128: True}
 # costs (barriers, hand-offs, waits), at d = 128's register count with D in dP^T's accumulator:
 # measured +7 to +20 % over 64 (NOTES §55). d = 128 at 128 rows would need 64 more registers a thread.
 WS_BLOCK_M = {64: 128, 128: 64, 256: 64}
+# "ws" with a score softcap (``SOFTCAP``): query rows a step where they differ from ``WS_BLOCK_M``. At
+# d = 64 the 128-row step spills with the cap (808 B, 199 spill instructions in the consumers' loop:
+# the tanh beside P^T's 64 registers a thread, ptxas 12.8 via compile_check_hopper_bwd.py --softcap);
+# 64 rows compile to 199 registers, no spill (NOTES §147).
+WS_SOFTCAP_BLOCK_M = {64: 64}
 # "ws": dK / dV written as whole-row 16-byte stores (the accumulator layout writes half of each 32 B
 # sector a store). The key-split form (d = 64 / 128) converts them in registers through shared memory
 # (``_store_dkdv``'s ``COALESCED``): measured +5 to +9 % at N=1024, +1 to +3 % at 4096, level at 16384
@@ -370,13 +386,20 @@ def _issue_q_do(q_desc, do_desc, q_smem, do_smem, bar, t, m_lo, n_m, h0, b, seql
 @gluon.jit
 def _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d,
            MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr, LSE_IN_ACC: gl.constexpr = False,
-           WINDOW: gl.constexpr = False, win_left=0, win_right=0):
+           WINDOW: gl.constexpr = False, win_left=0, win_right=0, SOFTCAP: gl.constexpr = False,
+           DTYPE: gl.constexpr = None):
     """P^T of one (BLOCK_N keys x BLOCK_M queries) tile, fp32, masked entries 0; ``lse_log2`` one
     value per query (column), in S^T's column layout. ``LSE_IN_ACC``: ``s`` is already S^T - lse /
     softmax_scale (the product's accumulator started there: ``WS_LSE_IN_ACC``), ``lse_log2`` unused.
     ``WINDOW`` (a sliding window, ``IS_CAUSAL`` False): key j visible to query i iff
     i + off - win_left <= j <= i + off + win_right (off = seqlen_k - seqlen_q; an unbounded side as
-    a bound past every key)."""
+    a bound past every key). ``SOFTCAP`` (Gemma 2's cap): ``s`` is t = tanh(S^T * softmax_scale / cap)
+    (``qk_scale`` cap * log2 e), and the result the pair (P^T in ``DTYPE``, dV's operand; P^T times
+    the tanh's derivative 1 - t^2, the fp32 factor dS^T = (that) * (dP^T - D) is formed from, the
+    gradient by the raw scores). Both formed here, next to P^T, so that t dies with P^T's fp32 tile:
+    holding t (or the factor) beside P^T until P^T's 16-bit operand was formed spilled at d = 128
+    (48 B, 6 in the loop) and d = 64 (808 B); t read back from P^T by a log2 after dV's issue, 144 /
+    596 B."""
     if LSE_IN_ACC:
         p = gl.exp2(s * qk_scale)
     else:
@@ -391,7 +414,11 @@ def _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d,
             keep = keep & (keys <= queries + (seqlen_k - seqlen_q + win_right))
             keep = keep & (keys >= queries + (seqlen_k - seqlen_q - win_left))
         p = gl.where(keep, p, 0.0)  # a select: also drops any inf formed from a masked entry's score
-    return p
+    if SOFTCAP:
+        out = (p.to(DTYPE), p * (1.0 - s * s))
+    else:
+        out = p
+    return out
 
 
 @gluon.constexpr_function
@@ -507,7 +534,8 @@ def _store_rows(ptr, x, k_row0, h_kv, nheads_kv, n_start, seqlen_k, layout: gl.c
 @gluon.jit
 def _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d, queries_1d,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                LSE_IN_ACC: gl.constexpr = False, WINDOW: gl.constexpr = False, win_left=0, win_right=0):
+                LSE_IN_ACC: gl.constexpr = False, WINDOW: gl.constexpr = False, win_left=0, win_right=0,
+                SOFTCAP: gl.constexpr = False, DTYPE: gl.constexpr = None):
     """``_probs`` with the masks only where this step's tile needs them: keys past seqlen_k (not
     ``keys_inside``), queries past seqlen_q, or (causal) a tile the diagonal crosses (``off`` =
     seqlen_k - seqlen_q); ``WINDOW``: also a tile either edge of the window crosses."""
@@ -519,10 +547,10 @@ def _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqle
         need_mask = need_mask | (n_start < m_start + BLOCK_M - 1 + off - win_left)
     if need_mask:
         p = _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d, True,
-                   IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right)
+                   IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right, SOFTCAP, DTYPE)
     else:
         p = _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d, False,
-                   IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right)
+                   IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right, SOFTCAP, DTYPE)
     return p
 
 
@@ -882,7 +910,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                  COALESCED_STORE: gl.constexpr = False, LSE_IN_ACC: gl.constexpr = False,
                  WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0, WINDOW: gl.constexpr = False, win_left=0,
-                 win_right=0):
+                 win_right=0, SOFTCAP: gl.constexpr = False, softcap_a=0.0):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
     lockstep as in the base kernel). The math per step is the base kernel's, in FA3's order (dV
     issued before dS is formed, dQ before dK: see the module docstring); the loads come from the
@@ -891,7 +919,8 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     it, so the exponentials need no shared-memory read after S^T retires. ``WG_SPLIT``
     (``WS_WG_PARTITIONS``): this is warpgroup ``W`` alone, in a partition of its own: key rows
     [64 W, 64 W + 64) of the block, dQ's half W into its own ``dq_smem``, the dS^T exchange on
-    ``ds_full`` (unused otherwise)."""
+    ``ds_full`` (unused otherwise). ``SOFTCAP``: the scores are cap * tanh(S * softcap_a) (the
+    host's ``qk_scale`` cap * log2 e), dS^T times the tanh's derivative (``_probs``)."""
     num_warps: gl.constexpr = gl.num_warps()
     # key rows this partition computes; dQ's part: columns (64 query rows a step) or rows (128)
     ROWS: gl.constexpr = BLOCK_N // 2 if WG_SPLIT else BLOCK_N
@@ -973,12 +1002,21 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         # slot straight into S^T's column layout (a broadcast shared-memory read)
         if LSE_IN_ACC:
             lse_log2 = lse_s  # unused
-        else:
+        elif not SOFTCAP:
             lse_log2 = lse_smem.index(s_idx).load(col_layout)
         s = warpgroup_mma_wait(1, deps=[s_tok])
-        p = _step_probs(s, lse_log2, qk_scale, n_own, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
-                        queries_1d, BLOCK_M, ROWS, IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right)
-        pa = gl.convert_layout(p.to(dtype), a_layout)
+        if SOFTCAP:
+            s = _softcap(s, softcap_a)
+            lse_log2 = lse_smem.index(s_idx).load(col_layout)
+        if SOFTCAP:  # the 16-bit P^T and, as ``p``, the fp32 P^T times the tanh's derivative (``_probs``)
+            p16, p = _step_probs(s, lse_log2, qk_scale, n_own, m_start, off, keys_inside, seqlen_q, seqlen_k,
+                                 keys_1d, queries_1d, BLOCK_M, ROWS, IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left,
+                                 win_right, True, dtype)
+        else:
+            p = _step_probs(s, lse_log2, qk_scale, n_own, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
+                            queries_1d, BLOCK_M, ROWS, IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right)
+            p16 = p.to(dtype)
+        pa = gl.convert_layout(p16, a_layout)
         # dV += P^T dO queued behind dP^T: it runs while dS is formed and stored below
         dv_tok = warpgroup_mma(pa, do_cur, dv, is_async=True)
         if D_IN_ACC:
@@ -1038,14 +1076,14 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
                         n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
                         IS_CAUSAL: gl.constexpr, STAGED_STORE: gl.constexpr = False, WINDOW: gl.constexpr = False,
-                        win_left=0, win_right=0):
+                        win_left=0, win_right=0, SOFTCAP: gl.constexpr = False, softcap_a=0.0):
     """The two consumer warpgroups of the column-split kernel (``COL_SPLIT``, head dim 256; module
     docstring, "Column split"): one 64-key block, every product split by its columns between the
     warpgroups (``_dq_layout``), so warpgroup c holds dK and dV columns [c d/2, (c + 1) d/2), and
     S^T, dP^T, P^T, dS^T for queries [32c, 32c + 32). P^T and dS^T go through shared memory
     (``p_smem``, ``ds_smem``), where the products that contract over all 64 queries (dV, dK) or keys
     (dQ) read them whole; dQ in two column halves, the low one through the half-width dQ buffer, the
-    high one through the step's Q slot (released by the writer)."""
+    high one through the step's Q slot (released by the writer). ``SOFTCAP``: as ``_ws_consumer``."""
     num_warps: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = k_smem.dtype
     HALF: gl.constexpr = HEAD_DIM // 2
@@ -1087,11 +1125,19 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
         dp_tok = warpgroup_mma(v_cur, do_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
         lse_log2 = lse_smem.index(q_idx).load(col_layout)
         s = warpgroup_mma_wait(1, deps=[s_tok])
-        p = _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
-                        queries_1d, BLOCK_M, BLOCK_N, IS_CAUSAL, False, WINDOW, win_left, win_right)
+        if SOFTCAP:
+            s = _softcap(s, softcap_a)
+        if SOFTCAP:  # the 16-bit P^T and, as ``p``, the fp32 P^T times the tanh's derivative (``_probs``)
+            p16, p = _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqlen_q, seqlen_k,
+                                 keys_1d, queries_1d, BLOCK_M, BLOCK_N, IS_CAUSAL, False, WINDOW, win_left,
+                                 win_right, True, dtype)
+        else:
+            p = _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
+                            queries_1d, BLOCK_M, BLOCK_N, IS_CAUSAL, False, WINDOW, win_left, win_right)
+            p16 = p.to(dtype)
         # P^T (16-bit) to shared memory, both halves before dV reads it. No barrier before the store
         # (WAR on p_smem): the previous step's dV retired in every warp before its dO barrier.
-        p_cur.store(p.to(dtype))
+        p_cur.store(p16)
         fence_async_shared()
         gl.thread_barrier()
         # dV[:, own columns] += P^T dO, queued behind dP^T: it runs while dS^T is formed and stored
@@ -1179,7 +1225,8 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr,
                   LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0,
-                  WINDOW: gl.constexpr = False, win_left=0, win_right=0):
+                  WINDOW: gl.constexpr = False, win_left=0, win_right=0, SOFTCAP: gl.constexpr = False,
+                  softcap_a=0.0):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments
     (``LSE_IN_ACC``: the key split only). ``WG_SPLIT``: warpgroup ``W`` of the key split alone (the
@@ -1189,23 +1236,25 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                             q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, k_row0, h_kv,
                             nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale,
                             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COALESCED_STORE, WINDOW,
-                            win_left, win_right)
+                            win_left, win_right, SOFTCAP, softcap_a)
     else:
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                      do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, k_row0, h_kv, nheads_kv, n_start, m_lo, n_m,
                      n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                     IS_CAUSAL, COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, W, WINDOW, win_left, win_right)
+                     IS_CAUSAL, COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, W, WINDOW, win_left, win_right, SOFTCAP,
+                     softcap_a)
 
 
 @gluon.jit
 def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dK, dV, Sem, Cu_q, Cu_k,
                          seqlen_q, seqlen_k, nheads, group, stat_stride, softmax_scale, qk_scale, win_left, win_right,
-                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                         softcap_a, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False,
                          COALESCED_STORE: gl.constexpr = False, DQ_FLAT: gl.constexpr = False,
                          LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False,
-                         IS_VARLEN: gl.constexpr = False, WINDOW: gl.constexpr = False):
+                         IS_VARLEN: gl.constexpr = False, WINDOW: gl.constexpr = False,
+                         SOFTCAP: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers; 4
     with ``WG_SPLIT``: warpgroup 0, warpgroup 1 a worker partition); the producer and dQ-writer warps
     are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
@@ -1236,7 +1285,12 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     unbounded side as a bound past every row). A key block walks only the query blocks its band
     reaches (the causal mask's m_lo from the right edge, an upper end from the left edge), the tiles
     an edge crosses masked; the ordered dQ mode adds in ascending key-block order from the first
-    key block reaching each query block."""
+    key block reaching each query block.
+
+    ``SOFTCAP`` (Gemma 2's score cap): the scores are cap * tanh(S * softcap_a), softcap_a =
+    softmax_scale / cap, ``qk_scale`` = cap * log2 e, lse that of the capped scores (the forward's);
+    dS^T carries the tanh's derivative (``_probs``). Not with ``LSE_IN_ACC`` (S^T's accumulator
+    must hold the raw scores)."""
     num_warps: gl.constexpr = gl.num_warps()
     if WG_SPLIT:  # (``WS_WG_PARTITIONS``) the default partition is warpgroup 0, a worker warpgroup 1
         gl.static_assert(num_warps == 4 and DQ_FLAT and not COL_SPLIT, "a warpgroup a partition: the flat key split")
@@ -1248,6 +1302,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     else:
         gl.static_assert(BLOCK_N == 128, "two consumer warpgroups of 64 key rows")
         gl.static_assert(DO_STAGES == STAGES, "one slot index for both rings")
+    gl.static_assert(not (SOFTCAP and LSE_IN_ACC), "a softcap needs the raw scores in S^T's accumulator")
     # columns of one dQ handover (the dQ descriptor's block): the column split hands dQ over in halves
     DQ_COLS: gl.constexpr = HEAD_DIM // 2 if COL_SPLIT else HEAD_DIM
     if COL_SPLIT:
@@ -1370,7 +1425,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          dq_smem1 if w else dq_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty,
                          dq_hi_full, dK, dV, k_row0, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k,
                          softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT,
-                         COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, w, WINDOW, win_left, win_right))
+                         COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, w, WINDOW, win_left, win_right, SOFTCAP, softcap_a))
         if w < CONSUMERS else
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, tail_bar, b, h0,
@@ -1385,14 +1440,16 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         [WS_CONSUMER_REGS, WS_WORKER_REGS, WS_WORKER_REGS] if WG_SPLIT else [WS_WORKER_REGS, WS_WORKER_REGS])
 
 
-def kernel_config(d: int, variant: str = "base") -> dict:
+def kernel_config(d: int, variant: str = "base", softcap: bool = False) -> dict:
     """Launch configuration of the backward kernel of ``variant`` (``BWD_VARIANTS``) at head dim ``d``
     (the launcher and benchmarks/compile_check_hopper_bwd.py share it): ``kernel`` the jit function,
     ``num_warps`` the kernel's warps (the consumers' for "ws": the producer and writer warps come on
     top, from ``warp_specialize``; with ``WS_WG_PARTITIONS`` warpgroup 0's 4, warpgroup 1 a worker),
     tiles, ``stages`` (Q / dO buffers; "ws": the Q ring's, the dO ring's in the constexprs),
     ``dq_cols`` ("ws": the columns of one dQ handover, the dQ descriptor's block) and the constexprs.
-    "ws" at d = 256 is its column-split form (``COL_SPLIT``)."""
+    "ws" at d = 256 is its column-split form (``COL_SPLIT``); ``softcap`` ("ws"): the ``SOFTCAP`` form
+    (``WS_SOFTCAP_BLOCK_M``'s rows a step; lse not in S^T's accumulator, where the tanh needs the raw
+    scores)."""
     if variant in BWD_VARIANTS and d not in BWD_VARIANT_HEADDIMS[variant]:
         raise ValueError(f"the Hopper backward's {variant} variant covers head dims "
                          f"{', '.join(map(str, BWD_VARIANT_HEADDIMS[variant]))}, not {d}")
@@ -1400,10 +1457,10 @@ def kernel_config(d: int, variant: str = "base") -> dict:
         return dict(kernel=hopper_bwd_dkdv_kernel, block_m=BWD_BLOCK_M, block_n=BWD_BLOCK_N, num_warps=BWD_NUM_WARPS,
                     stages=2, constexprs=dict(HEAD_DIM=d, BLOCK_M=BWD_BLOCK_M, BLOCK_N=BWD_BLOCK_N))
     if variant == "ws":
-        split = d in WS_COL_SPLIT_HEADDIMS
+        split = d in WS_COL_SPLIT_HEADDIMS or (softcap and d in WS_SOFTCAP_COL_SPLIT_HEADDIMS)
         block_n = WS_COL_SPLIT_BLOCK_N if split else BWD_BLOCK_N
         stages, do_stages = WS_STAGES[d]
-        block_m = WS_BLOCK_M[d]
+        block_m = WS_SOFTCAP_BLOCK_M.get(d, WS_BLOCK_M[d]) if softcap else WS_BLOCK_M[d]
         flat = bool(WS_DQ_FLAT.get(d, False)) and not split
         wg_split = bool(WS_WG_PARTITIONS.get(d, False)) and flat
         # the kernel's warps: the consumers' 8, or warpgroup 0's 4 with a partition a warpgroup (warpgroup 1
@@ -1416,17 +1473,17 @@ def kernel_config(d: int, variant: str = "base") -> dict:
                     constexprs=dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                                     DO_STAGES=do_stages, COL_SPLIT=split,
                                     COALESCED_STORE=WS_COALESCED_STORE, DQ_FLAT=flat,
-                                    LSE_IN_ACC=bool(WS_LSE_IN_ACC.get(d, False)) and not split,
-                                    WG_SPLIT=wg_split))
+                                    LSE_IN_ACC=bool(WS_LSE_IN_ACC.get(d, False)) and not split and not softcap,
+                                    WG_SPLIT=wg_split, SOFTCAP=bool(softcap)))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
-def ws_layouts(d: int, dtype) -> dict:
+def ws_layouts(d: int, dtype, softcap: bool = False) -> dict:
     """Shared-memory layouts of the "ws" kernel's descriptors (Gluon dtype ``dtype``) at head dim
-    ``d``, for ``kernel_config(d, "ws")``'s blocks: Q / dO and K / V as the base kernel's, the 1-D
+    ``d``, for ``kernel_config(d, "ws", softcap)``'s blocks: Q / dO and K / V as the base kernel's, the 1-D
     lse / D rows unswizzled, the fp32 dQ tile (``dq_cols`` wide) swizzled by ``WS_DQ_SWIZZLE`` (the
     launcher and the compile check share them)."""
-    cfg = kernel_config(d, "ws")
+    cfg = kernel_config(d, "ws", softcap)
     bm, bn = cfg["block_m"], cfg["block_n"]
     return dict(q=gl.NVMMASharedLayout.get_default_for([bm, d], dtype),
                 kv=gl.NVMMASharedLayout.get_default_for([bn, d], dtype),
@@ -1436,13 +1493,14 @@ def ws_layouts(d: int, dtype) -> dict:
 
 
 def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="base", deterministic=False,
-                    cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, window=(-1, -1)):
+                    cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, window=(-1, -1),
+                    softcap=0.0):
     """(dq, dk, dv) for (batch, seqlen, heads, d) bf16/fp16 q, k, v (GQA allowed; contiguous or views of
     a packed tensor, ``dispatch.tma_rows_view``, else copied), d in
     (64, 128) (and 256 with variant "ws": its column-split form), causal (bottom-right) or not;
     ``lse`` natural-log (batch, nheads, seqlen_q) fp32, as both forwards return it. ``variant``: one
     of ``BWD_VARIANTS`` ("base": v1; "ws": warp-specialised), same results up to the order of the
-    fp32 dQ additions. Varlen and windows ("ws" only): below; no softcap / ALiBi / dropout. dQ by fp32
+    fp32 dQ additions. Varlen, windows and softcap ("ws" only): below; no ALiBi / dropout. dQ by fp32
     atomics or TMA reduce-adds in arrival order, so not bitwise reproducible, except with
     ``deterministic=True`` ("ws" only): the additions in key-block order. The dispatch takes variant
     ``ioattn.hopper.BWD_VARIANT`` where ``ioattn.hopper.bwd_plan`` says so (head dims 64, 128, 256).
@@ -1453,7 +1511,10 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
 
     ``window`` ("ws" only): flash-attn's (left, right) sliding window, -1 unbounded, bottom-right
     aligned as ``causal`` (key j visible to query i iff i + off - left <= j <= i + off + right, off =
-    seqlen_k - seqlen_q); (-1, -1) none; (-1, 0) is the causal mask (pass ``causal=True``)."""
+    seqlen_k - seqlen_q); (-1, -1) none; (-1, 0) is the causal mask (pass ``causal=True``).
+
+    ``softcap`` ("ws" only) > 0: the forward's scores were cap * tanh(s * softmax_scale / cap)
+    (flash-attn's ``softcap``; ``lse`` theirs), with or without a window or the causal mask; 0 none."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     varlen = cu_seqlens_q is not None
@@ -1481,7 +1542,11 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
         raise ValueError(f"causal=True with window {window}: pass the window alone (its right side 0)")
     if has_window and variant != "ws":
         raise ValueError(f"a sliding window needs variant \"ws\", got {variant!r}")
-    cfg = kernel_config(d, variant)
+    if not softcap >= 0:
+        raise ValueError(f"softcap must be >= 0 (0: none), got {softcap}")
+    if softcap > 0 and variant != "ws":
+        raise ValueError(f"a softcap needs variant \"ws\", got {variant!r}")
+    cfg = kernel_config(d, variant, softcap > 0)
     if deterministic and variant != "ws":
         raise ValueError(f"deterministic=True needs variant \"ws\" (the ordered dQ mode), got {variant!r}")
     # the descriptors read 2-D (rows, heads * d) views: a packed qkv's views as they are, other layouts
@@ -1546,7 +1611,7 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
         q_layout = gl.NVMMASharedLayout.get_default_for([bm, d], gdt)
         kv_layout = gl.NVMMASharedLayout.get_default_for([bn, d], gdt)
     else:
-        lay = ws_layouts(d, gdt)
+        lay = ws_layouts(d, gdt, softcap > 0)
         q_layout, kv_layout = lay["q"], lay["kv"]
     q_desc = TensorDescriptor.from_tensor(tma_rows_view(q), [bm, d], q_layout)
     do_desc = TensorDescriptor.from_tensor(tma_rows_view(dout), [bm, d], q_layout)
@@ -1571,8 +1636,11 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
                           dtype=torch.int32)
         hopper_bwd_ws_kernel[grid](q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk, dv, sem,
                                    cu_q, cu_k, seqlen_q, seqlen_k, nheads, nheads // nheads_kv, stat_stride,
-                                   float(softmax_scale), float(softmax_scale) * 1.4426950408889634,
+                                   # with a softcap the scores reach the exponentials as tanh(s * softcap_a): the
+                                   # cap times log2 e scales them (the Gluon forward's convention)
+                                   float(softmax_scale), (softcap if softcap > 0 else softmax_scale) * 1.4426950408889634,
                                    *((w if w >= 0 else unbounded for w in window) if has_window else (0, 0)),
+                                   softmax_scale / softcap if softcap > 0 else 0.0,
                                    IS_CAUSAL=bool(causal), DETERMINISTIC=bool(deterministic), IS_VARLEN=varlen,
                                    WINDOW=has_window,
                                    num_warps=cfg["num_warps"], **consts)
