@@ -370,8 +370,8 @@ WINDOW_MIN_WIDTH = {128: 129, 256: 33}
 # ahead of the portable forward at every point (benchmarks/ab_window.py --pass fwd --softcap 50, bf16,
 # 16k tokens, no mask, causal and (4096, 0) at N = 4096 and 16384; results/session-2026-12-15-f, NOTES
 # §146), Gluon / portable: d=128 1.48-1.56x (532 / 340 TFLOP/s non-causal at 16384), d=256 1.65-1.78x
-# (698 / 398), d=64 1.21-1.53x (341 / 224). Its backward is the portable one (the ws kernel has no
-# softcap).
+# (698 / 398), d=64 1.21-1.53x (341 / 224). Its backward: the ws kernel's SOFTCAP form
+# (``bwd_call_supported``; NOTES §147).
 SOFTCAP_VARIANTS = WINDOW_VARIANTS
 SOFTCAP_HEADDIMS = (64, 128, 256)
 
@@ -1282,6 +1282,11 @@ def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p
         return False, "varlen: the ws variant only"
     if window not in ((-1, -1), (-1, 0)) and BWD_VARIANT != "ws":
         return False, "sliding window: the ws variant only"
+    # a score softcap: the ws kernel's SOFTCAP form at every head dim, by the lengths' and windows'
+    # tables as without it: ahead of the portable backward at every point measured (benchmarks/
+    # ab_window.py --pass bwd --softcap 50, bf16, 16k tokens, no mask, causal and (4096, 0), N = 512 to
+    # 16384; results/session-2026-12-16-b / -c, NOTES §147), Gluon / portable: d=128 1.60-2.07x (521 /
+    # 272 TFLOP/s non-causal at 16384), d=256 1.77-2.96x, d=64 1.48-1.79x
     if softcap > 0 and BWD_VARIANT != "ws":
         return False, "softcap: the ws variant only"
     if alibi_slopes is not None or dropout_p > 0:
