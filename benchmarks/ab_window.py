@@ -7,11 +7,14 @@ of the same band, ``torch.compile``d) measured in the same run as the peer where
     python benchmarks/ab_window.py --out DIR [--pass bwd|fwd] [--headdims 64,128,256]
                                    [--seqlens 4096,16384] [--windows 256:0,1024:0,4096:0]
                                    [--providers gluon,portable,flex] [--flex-headdims 128] [--softcap 50]
+                                   [--alibi]
 
 ``--softcap CAP``: every provider with the score softcap cap * tanh(s / cap) (flash-attn's ``softcap``;
-FlexAttention's as a score_mod); a window -1:-1 is no window, -1:0 the causal mask. Provider
-``gluon-cs`` (the backward with a softcap): the Gluon backward's column-split form at d = 128 too
-(``hopper_backward.WS_SOFTCAP_COL_SPLIT_HEADDIMS``, in this process), against ``gluon``, the default.
+FlexAttention's as a score_mod); a window -1:-1 is no window, -1:0 the causal mask. ``--alibi``:
+every provider with ALiBi (flash-attn's ``alibi_slopes``, the paper's slopes 2^(-8 (h + 1) / H) by
+head; FlexAttention's as a score_mod). Provider ``gluon-cs`` (the backward with a softcap): the Gluon
+backward's column-split form at d = 128 too (``hopper_backward.WS_SOFTCAP_COL_SPLIT_HEADDIMS``, in
+this process), against ``gluon``, the default.
 
 bf16, 16384 tokens (batch = 16384 / N), hidden 2048 (heads = 2048 / d), as ``ioattn bench train``.
 The backward alone is timed (``torch.autograd.grad`` of a forward kept alive, ``retain_graph``; the
@@ -58,14 +61,24 @@ def band_mask(n, left, right, device):
     return create_block_mask(band, None, None, n, n, device=device)
 
 
-def softcap_mod(softcap):
-    """FlexAttention's score_mod for the softcap cap * tanh(s / cap) (None: no cap)."""
-    def capped(score, b, h, q_idx, kv_idx):
-        return softcap * torch.tanh(score / softcap)
-    return capped if softcap > 0 else None
+def softcap_mod(softcap, slopes=None):
+    """FlexAttention's score_mod for the softcap cap * tanh(s / cap) and / or ALiBi's -slope * |i - j|
+    (``slopes`` by head; None: neither)."""
+    def mod(score, b, h, q_idx, kv_idx):
+        if softcap > 0:
+            score = softcap * torch.tanh(score / softcap)
+        if slopes is not None:
+            score = score - slopes[h] * (q_idx - kv_idx).abs()
+        return score
+    return mod if softcap > 0 or slopes is not None else None
 
 
-def flex_setup(q, k, v, left, right, softcap=0.0):
+def alibi_slopes(h, device):
+    """The ALiBi paper's slopes for ``h`` heads (a power of two): 2^(-8 (i + 1) / h)."""
+    return torch.tensor([2 ** (-8 * (i + 1) / h) for i in range(h)], device=device, dtype=torch.float32)
+
+
+def flex_setup(q, k, v, left, right, softcap=0.0, slopes=None):
     """FlexAttention on (batch, heads, seqlen, d) views with the band as a block mask (and the softcap
     as a score_mod); (out in our layout, leaves)."""
     from torch.nn.attention.flex_attention import flex_attention
@@ -76,11 +89,11 @@ def flex_setup(q, k, v, left, right, softcap=0.0):
     mask = band_mask(q.shape[1], left, right, q.device)
     fn = torch.compile(flex_attention)
     leaves = [t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v)]
-    out = fn(*leaves, score_mod=softcap_mod(softcap), block_mask=mask, enable_gqa=k.shape[2] != q.shape[2])
+    out = fn(*leaves, score_mod=softcap_mod(softcap, slopes), block_mask=mask, enable_gqa=k.shape[2] != q.shape[2])
     return out.transpose(1, 2), leaves
 
 
-def flex_forward(q, k, v, left, right, softcap=0.0):
+def flex_forward(q, k, v, left, right, softcap=0.0, slopes=None):
     """FlexAttention's forward on (batch, heads, seqlen, d) views with the band as a block mask (and
     the softcap as a score_mod): a callable giving the output in our layout."""
     from torch.nn.attention.flex_attention import flex_attention
@@ -88,30 +101,31 @@ def flex_forward(q, k, v, left, right, softcap=0.0):
     mask = band_mask(q.shape[1], left, right, q.device)
     fn = torch.compile(flex_attention)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-    return lambda _: fn(qt, kt, vt, score_mod=softcap_mod(softcap), block_mask=mask,
+    return lambda _: fn(qt, kt, vt, score_mod=softcap_mod(softcap, slopes), block_mask=mask,
                         enable_gqa=k.shape[2] != q.shape[2]).transpose(1, 2)
 
 
-def measure_fwd(name, q, k, v, window, softcap=0.0):
+def measure_fwd(name, q, k, v, window, softcap=0.0, slopes=None):
     """(ms, (out,)) of the forward alone."""
     with torch.no_grad():
         if name == "flex":
-            run = flex_forward(q, k, v, *window, softcap)
+            run = flex_forward(q, k, v, *window, softcap, slopes)
             return median_ms(run, [None]), (run(None),)
         with hopper.prefer_hopper(name == "gluon"):
-            run = lambda _: ioattn.flash_attn_func(q, k, v, window_size=window, softcap=softcap)  # noqa: E731
+            run = lambda _: ioattn.flash_attn_func(q, k, v, window_size=window, softcap=softcap,  # noqa: E731
+                                                   alibi_slopes=slopes)
             return median_ms(run, [None]), (run(None),)
 
 
-def measure(name, q, k, v, window, dout, softcap=0.0):
+def measure(name, q, k, v, window, dout, softcap=0.0, slopes=None):
     """(ms, (dq, dk, dv) in our layout)."""
     if name == "flex":
-        out, leaves = flex_setup(q, k, v, *window, softcap)
+        out, leaves = flex_setup(q, k, v, *window, softcap, slopes)
         grad = lambda _: [g.transpose(1, 2) for g in torch.autograd.grad(out, leaves, dout, retain_graph=True)]  # noqa: E731
     else:
         leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
         with hopper.prefer_hopper_bwd(name.startswith("gluon")):
-            out = ioattn.flash_attn_func(*leaves, window_size=window, softcap=softcap)
+            out = ioattn.flash_attn_func(*leaves, window_size=window, softcap=softcap, alibi_slopes=slopes)
         grad = lambda _: torch.autograd.grad(out, leaves, dout, retain_graph=True)  # noqa: E731
     return median_ms(grad, [None]), grad(None)
 
@@ -134,6 +148,7 @@ def main():
     ap.add_argument("--providers", default="gluon,portable,flex")
     ap.add_argument("--flex-headdims", default="128")
     ap.add_argument("--softcap", type=float, default=0.0)
+    ap.add_argument("--alibi", action="store_true")
     args = ap.parse_args()
     providers = args.providers.split(",")
     flex_dims = {int(d) for d in args.flex_headdims.split(",")}
@@ -141,7 +156,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     fwd = args.which == "fwd"
     sink = open(os.path.join(args.out, "ab_window_fwd.jsonl" if fwd else "ab_window.jsonl"), "w")
-    print(f"{args.which}: TFLOP/s" + (f", softcap {args.softcap:g}" if args.softcap else ""))
+    print(f"{args.which}: TFLOP/s" + (f", softcap {args.softcap:g}" if args.softcap else "")
+          + (", ALiBi" if args.alibi else ""))
     print(f"{'d':>3} {'N':>5} {'window':>11} " + " ".join(f"{p:>9}" for p in providers) + f" {'g/port':>6} {'g/flex':>6}")
     for d in map(int, args.headdims.split(",")):
         h = HIDDEN // d
@@ -150,6 +166,7 @@ def main():
             q = torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16)
             k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
             dout = torch.randn_like(q)
+            slopes = alibi_slopes(h, q.device) if args.alibi else None
             for window in windows:
                 flops = (1.0 if fwd else 2.5) * 4 * b * h * d * visible_pairs(n, *window)
                 res, grads, notes = {}, {}, []
@@ -157,20 +174,21 @@ def main():
                     if (name == "flex" and d not in flex_dims) or (name == "gluon-cs" and d != 128):
                         continue
                     rec = dict(headdim=d, seqlen=n, batch=b, window=list(window), provider=name, softcap=args.softcap,
-                               **{"pass": args.which})
+                               alibi=args.alibi, **{"pass": args.which})
                     try:
                         column_split(name == "gluon-cs")
                         if name != "flex":
                             gluon = name.startswith("gluon")
                             with hopper.prefer_hopper_bwd(gluon), hopper.prefer_hopper(gluon):
-                                plan = ioattn.explain_dispatch(q, k, v, window_size=window, softcap=args.softcap)
+                                plan = ioattn.explain_dispatch(q, k, v, window_size=window, softcap=args.softcap,
+                                                               alibi_slopes=slopes)
                             rec["kernel"] = plan.forward["kernel"] if fwd else plan.backward["kernels"]
                             if not fwd and "softcap" in plan.backward:
                                 rec["form"] = plan.backward["softcap"]
                         if fwd:
-                            ms, grads[name] = measure_fwd(name, q, k, v, window, args.softcap)
+                            ms, grads[name] = measure_fwd(name, q, k, v, window, args.softcap, slopes)
                         else:
-                            ms, grads[name] = measure(name, q, k, v, window, dout, args.softcap)
+                            ms, grads[name] = measure(name, q, k, v, window, dout, args.softcap, slopes)
                         res[name] = flops / ms / 1e9
                         rec.update(ms=ms, tflops=res[name])
                     except Exception as e:  # noqa: BLE001 - recorded, not fatal

@@ -19,7 +19,8 @@ launcher passes them); its lines carry ``varlen``.
 ``--window`` compiles the sliding-window form (``WINDOW=True``, masked key tiles, non-causal) of the
 variants that have it (``ioattn.hopper.WINDOW_VARIANTS``); with ``--varlen`` both together. Its lines
 carry ``window``. ``--softcap`` likewise the softcap form (``SOFTCAP=True``, ``SOFTCAP_VARIANTS``;
-with ``--window`` both); its lines carry ``softcap``.
+with ``--window`` both); its lines carry ``softcap``. ``--alibi`` likewise the ALiBi form (``ALIBI=True``,
+``ALIBI_VARIANTS``; with the others too); its lines carry ``alibi``.
 
 It also runs ptxas -v on the PTX (skip with --no-ptxas) and flags C7514 ("wgmma.mma_async
 instructions are serialized"): the ping-pong variants must compile without it. ``top_reg``: the
@@ -70,11 +71,12 @@ from gluon_aot import (DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxa
 
 WINDOW_FORM = False  # --window (set before the compile jobs' processes are forked: they inherit it)
 SOFTCAP_FORM = False  # --softcap (likewise)
+ALIBI_FORM = False  # --alibi (likewise)
 
 
 def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, exp2_fma=0, row_stores=True,
                 q_prefetch=None, paired=None):
-    cfg = hopper.kernel_config(d, variant, causal)
+    cfg = hopper.kernel_config(d, variant, causal, alibi=ALIBI_FORM)
     bn, q_rows = cfg["block_n"], cfg["q_rows"]
     q_layout = gl.NVMMASharedLayout.get_default_for([q_rows, d], DTYPES[dt])
     o_layout = gl.NVMMASharedLayout.get_default_for([1, q_rows, d], DTYPES[dt])
@@ -83,7 +85,7 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
     sig.update(q_desc=f"tensordesc<{dt}[{q_rows},{d}],{q_layout!r}>",
                k_desc=f"tensordesc<{dt}[{bn},{d}],{kv_layout!r}>",
                v_desc=f"tensordesc<{dt}[{bn},{d}],{kv_layout!r}>", Out=f"*{dt}", Lse="*fp32", qk_scale="fp32",
-               softcap_a="fp32")
+               softcap_a="fp32", alibi_unit="fp32")
     # KV_TAIL as the launcher sets it for varlen; fixed length: off unless asked (lengths that are
     # multiples of the key tile)
     constexprs = dict(cfg["constexprs"], IS_CAUSAL=causal, IS_VARLEN=varlen, LPT=lpt,
@@ -91,7 +93,12 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
                       ROW_STORES=cfg_row_stores(row_stores, variant, d),
                       **cfg_persistent(q_prefetch, paired, variant, d, causal))
     constexprs.update(KEY_MASKS=WINDOW_FORM or hopper.key_masks(d, variant, causal, constexprs["KV_TAIL"]),
-                      DIAG_TRIM=hopper.diag_trim_for(d, variant, causal), WINDOW=WINDOW_FORM, SOFTCAP=SOFTCAP_FORM)
+                      DIAG_TRIM=hopper.diag_trim_for(d, variant, causal), WINDOW=WINDOW_FORM, SOFTCAP=SOFTCAP_FORM,
+                      ALIBI=ALIBI_FORM)
+    if ALIBI_FORM:  # the slopes (else the launcher passes None)
+        sig.update(Alibi="*fp32")
+    else:
+        constexprs.update(Alibi=None)
     if constexprs["ROW_STORES"] == 3:  # the output's bulk copies (else the launcher passes None)
         sig.update(o_desc=f"tensordesc<{dt}[1,{q_rows},{d}],{o_layout!r}>")
     else:
@@ -240,7 +247,7 @@ def check(job):
     if not varlen and cfg_walk_table(paired, variant, d, causal):
         regs += "walk_table "
     return (f"{variant:8s} d={d} {dt} causal={causal!s:5s} {'varlen ' if varlen else ''}"
-            f"{'window ' if WINDOW_FORM else ''}{'softcap ' if SOFTCAP_FORM else ''}"
+            f"{'window ' if WINDOW_FORM else ''}{'softcap ' if SOFTCAP_FORM else ''}{'alibi ' if ALIBI_FORM else ''}"
             f"tiles={cfg['block_m']}x{cfg['block_n']}x{cfg['stages']} "
             f"warps={k.metadata.num_warps} shared={k.metadata.shared} {regs}{fmt(c)}")
 
@@ -258,6 +265,8 @@ def main():
                     help="the sliding-window form (WINDOW=True; non-causal, hopper.WINDOW_VARIANTS only)")
     ap.add_argument("--softcap", action="store_true",
                     help="the softcap form (SOFTCAP=True; hopper.SOFTCAP_VARIANTS only)")
+    ap.add_argument("--alibi", action="store_true",
+                    help="the ALiBi form (ALIBI=True; hopper.ALIBI_VARIANTS only)")
     ap.add_argument("--lpt", action="store_true", help="causal one-tile grids in LPT order (LPT=True)")
     ap.add_argument("--kv-tail", action="store_true",
                     help="fixed-length kernels for key lengths not a multiple of the key tile (KV_TAIL=True)")
@@ -310,6 +319,10 @@ def main():
         global SOFTCAP_FORM
         SOFTCAP_FORM = True
         args.variants = ",".join(v for v in args.variants.split(",") if v in hopper.SOFTCAP_VARIANTS)
+    if args.alibi:  # likewise
+        global ALIBI_FORM
+        ALIBI_FORM = True
+        args.variants = ",".join(v for v in args.variants.split(",") if v in hopper.ALIBI_VARIANTS)
     if args.block_n or args.stages:  # before the compile jobs' processes are forked (they inherit it)
         for variant in args.variants.split(","):
             for d, (bm, bn, st) in list(hopper.TILE_TABLE[variant].items()):

@@ -22,8 +22,9 @@ that loop and at most 24 B outside it.
 
 ``--varlen``: the ws kernel's packed-sequence form (``IS_VARLEN``) instead of the fixed-length one.
 ``--window``: the ws kernel's sliding-window form (``WINDOW``; non-causal: a window replaces the mask).
+``--alibi``: the ws kernel's ALiBi form (``ALIBI``), with any of the others.
 ``--softcap``: the ws kernel's score-softcap form (``kernel_config(..., softcap=True)``: ``SOFTCAP``,
-lse not in S^T's accumulator, ``WS_SOFTCAP_BLOCK_M``), with any of the others; ``--col-split``: its
+lse not in S^T's accumulator, ``WS_SCORE_MOD_BLOCK_M``), with any of the others; ``--col-split``: its
 column-split form at d = 128 too (``WS_SOFTCAP_COL_SPLIT_HEADDIMS``, in this process).
 """
 import argparse
@@ -41,8 +42,8 @@ from gluon_aot import (DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxa
                        sass_counts, sass_text, sass_top_register, spills_between_mmas)
 
 
-def compile_one(variant, d, dt, causal, deterministic=False, varlen=False, window=False, softcap=False):
-    cfg = kernel_config(d, variant, softcap)
+def compile_one(variant, d, dt, causal, deterministic=False, varlen=False, window=False, softcap=False, alibi=False):
+    cfg = kernel_config(d, variant, softcap, alibi)
     fn = cfg["kernel"]
     bm, bn = cfg["block_m"], cfg["block_n"]
     q_layout = gl.NVMMASharedLayout.get_default_for([bm, d], DTYPES[dt])
@@ -54,20 +55,25 @@ def compile_one(variant, d, dt, causal, deterministic=False, varlen=False, windo
     if variant == "base":
         sig.update(Lse="*fp32", Delta="*fp32", DQacc="*fp32")
     else:
-        lay = ws_layouts(d, DTYPES[dt], softcap)
+        lay = ws_layouts(d, DTYPES[dt], softcap, alibi)
         assert lay["q"] == q_layout and lay["kv"] == kv_layout
         stat = f"tensordesc<fp32[{bm}],{lay['stat']!r}>"
         rows, cols = cfg["dq_block"]
         sig.update(lse_desc=stat, delta_desc=stat, dq_desc=f"tensordesc<fp32[{rows},{cols}],{lay['dq']!r}>", Sem="*i32",
-                   Cu_q="*i32", Cu_k="*i32", softcap_a="fp32")
-        cfg["constexprs"] = dict(cfg["constexprs"], DETERMINISTIC=deterministic, IS_VARLEN=varlen, WINDOW=window)
+                   Cu_q="*i32", Cu_k="*i32", softcap_a="fp32", alibi_unit="fp32")
+        if alibi:  # the slopes (else the launcher passes None)
+            sig.update(Alibi="*fp32")
+        cfg["constexprs"] = dict(cfg["constexprs"], DETERMINISTIC=deterministic, IS_VARLEN=varlen, WINDOW=window,
+                                 ALIBI=alibi)
+        if not alibi:
+            cfg["constexprs"]["Alibi"] = None
     # dK / dV 16-byte aligned as at run time, so the epilogue's vector stores show in the SASS
     return cfg, compile_sm90(fn, sig, dict(cfg["constexprs"], IS_CAUSAL=causal), cfg["num_warps"],
                              aligned=("dK", "dV"))
 
 
 def check(job):
-    variant, d, dt, causal, run_ptxas, det, swizzled, lse_in_acc, wg_split, varlen, window, softcap, col_split = job
+    variant, d, dt, causal, run_ptxas, det, swizzled, lse_in_acc, wg_split, varlen, window, softcap, col_split, alibi = job
     if col_split:  # the softcap form's column split at d = 128 (``WS_SOFTCAP_COL_SPLIT_HEADDIMS``), in this process
         hopper_backward.WS_SOFTCAP_COL_SPLIT_HEADDIMS = (128,)
     if wg_split:  # each consumer warpgroup a partition of its own (``WS_WG_PARTITIONS``), in this process
@@ -76,7 +82,7 @@ def check(job):
         hopper_backward.WS_LSE_IN_ACC = {64: True, 128: True}
     if swizzled:  # the swizzled 2-D dQ staging tile instead of the flat one (``WS_DQ_FLAT``), in this process
         hopper_backward.WS_DQ_FLAT = {64: False, 128: False}
-    cfg, k = compile_one(variant, d, dt, causal, det, varlen, window, softcap)
+    cfg, k = compile_one(variant, d, dt, causal, det, varlen, window, softcap, alibi)
     ptx = k.asm["ptx"]
     c = ptx_counts(ptx)
     reduces = ptx.count("cp.reduce.async.bulk.tensor")
@@ -119,7 +125,7 @@ def check(job):
     atoms = " ".join(f"{op}x{n}" for op, n in sorted(c["atomics"].items()))
     nreg = " ".join(f"{op}{v}x{n}" for (op, v), n in sorted(c["setmaxnreg"].items(),
                                                              key=lambda t: (t[0][0], int(t[0][1]))))
-    name = variant + ("-det" if det else "") + ("-varlen" if varlen else "") + ("-window" if window else "") + ("-softcap" if softcap else "") + ("-flat" if cfg.get("dq_flat") else "") \
+    name = variant + ("-det" if det else "") + ("-varlen" if varlen else "") + ("-window" if window else "") + ("-softcap" if softcap else "") + ("-alibi" if alibi else "") + ("-flat" if cfg.get("dq_flat") else "") \
         + ("-lse" if cfg["constexprs"].get("LSE_IN_ACC") else "") \
         + ("-wgsplit" if cfg["constexprs"].get("WG_SPLIT") else "")
     do_stages = cfg["constexprs"].get("DO_STAGES", cfg["stages"])
@@ -149,16 +155,17 @@ def main():
     ap.add_argument("--window", action="store_true", help="ws: the sliding-window form (WINDOW), non-causal")
     ap.add_argument("--softcap", action="store_true", help="ws: the score-softcap form (SOFTCAP)")
     ap.add_argument("--col-split", action="store_true", help="--softcap: the column split at d = 128 too")
+    ap.add_argument("--alibi", action="store_true", help="ws: the ALiBi form (ALIBI)")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="compiles in parallel")
     args = ap.parse_args()
     dtypes = ("bf16",) if args.quick else ("bf16", "fp16")
     variants = args.variants.split(",")
     assert set(variants) <= set(BWD_VARIANTS), variants
-    assert not (args.varlen or args.window or args.softcap) or variants == ["ws"], \
-        "--varlen / --window / --softcap: the ws variant only"
+    assert not (args.varlen or args.window or args.softcap or args.alibi) or variants == ["ws"], \
+        "--varlen / --window / --softcap / --alibi: the ws variant only"
     assert not args.window or args.causal == "0", "--window: --causal 0 (a window replaces the causal mask)"
     jobs = [(variant, int(d), dt, bool(int(causal)), not args.no_ptxas, det, args.dq_swizzled, args.lse_in_acc,
-             args.wg_partitions, args.varlen, args.window, args.softcap, args.col_split)
+             args.wg_partitions, args.varlen, args.window, args.softcap, args.col_split, args.alibi)
             for variant in variants
             for d in args.headdims.split(",") if int(d) in BWD_VARIANT_HEADDIMS[variant]
             for dt in dtypes for causal in args.causal.split(",")

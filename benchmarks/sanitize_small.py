@@ -5,6 +5,7 @@ programmatic dependent launch; contiguous, and paged through TMA).
 
     compute-sanitizer --tool memcheck  python benchmarks/sanitize_small.py [--heads 256] [--no-forward]
                                                                            [--varlen] [--window] [--softcap]
+                                                                           [--alibi]
 
 ``--heads``: the head dims of the attention calls (default 64,128,256); ``--no-forward``: only the
 Gluon backward kernels of those head dims and the decode calls (the forward variants skipped).
@@ -19,7 +20,8 @@ forward's sliding-window form (``WINDOW``) at those head dims, every variant tha
 (``hopper.WINDOW_VARIANTS``), three windows, fixed length (seqlen_q != seqlen_k) and packed (the
 ragged sequences above, ``IS_VARLEN``). ``--softcap``: only the Gluon backward's softcap form (ws,
 ``SOFTCAP``) at those head dims (d = 128 also as the column split), no mask, causal and a window, fixed
-length (seqlen_q != seqlen_k) and packed (the ragged sequences above).
+length (seqlen_q != seqlen_k) and packed (the ragged sequences above). ``--alibi``: likewise the Gluon
+forward's and backward's ALiBi forms (``ALIBI``; with ``--softcap`` both forms together).
 """
 import argparse
 
@@ -35,6 +37,7 @@ ap.add_argument("--no-forward", action="store_true")
 ap.add_argument("--varlen", action="store_true")
 ap.add_argument("--window", action="store_true")
 ap.add_argument("--softcap", action="store_true")
+ap.add_argument("--alibi", action="store_true")
 args = ap.parse_args()
 torch.manual_seed(0)
 dev, dt = "cuda", torch.bfloat16
@@ -59,8 +62,9 @@ if args.window:
     torch.cuda.synchronize()
     print("sanitize_small --window: done")
     raise SystemExit(0)
-if args.softcap:
+if args.softcap or args.alibi:
     from ioattn.kernels import hopper_backward as hb
+    cap = 20.0 if args.softcap else 0.0
     lens_q, lens_k, extra = [1, 100, 333, 0, 64, 50], [1, 37, 200, 40, 300, 0], 7
     cu_q, cu_k = (torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32, device=dev)
                   for n in (lens_q, lens_k))
@@ -70,20 +74,26 @@ if args.softcap:
                   ((lens_q, 3), (lens_k, 1), (lens_k, 1))]
         for t, n in zip(packed, (lens_q, lens_k, lens_k)):
             t[sum(n):] = float("nan")
-        for split in ((), (128,)) if d == 128 else ((),):
+        slopes = (torch.rand(2, 3, device=dev), torch.rand(len(lens_q), 3, device=dev)) if args.alibi else (None, None)
+        bwd_ok = not (args.softcap and args.alibi and d in hopper.BWD_ALIBI_SOFTCAP_REFUSED)
+        for split in ((), (128,)) if d == 128 and args.softcap else ((),):
             hb.WS_SOFTCAP_COL_SPLIT_HEADDIMS = split
             for causal, window in ((False, (-1, -1)), (True, (-1, -1)), (False, (100, 0))):
-                kw = dict(causal=causal, window_size=window, softcap=20.0, return_attn_probs=True)
-                with torch.no_grad():
-                    out, lse = ioattn.flash_attn_func(*fixed, **kw)[:2]
-                    hopper_backward(torch.randn_like(out), *fixed, out, lse, d ** -0.5, causal, variant="ws",
-                                    window=window, softcap=20.0)
-                    out, lse = ioattn.flash_attn_varlen_func(*packed, cu_q, cu_k, max(lens_q), max(lens_k), **kw)[:2]
-                    hopper_backward(torch.randn_like(out), *packed, out, lse, d ** -0.5, causal, variant="ws",
-                                    cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
-                                    max_seqlen_k=max(lens_k), window=window, softcap=20.0)
+                kw = dict(causal=causal, window_size=window, softcap=cap, return_attn_probs=True)
+                with torch.no_grad(), hopper.prefer_hopper(True):
+                    out, lse = ioattn.flash_attn_func(*fixed, alibi_slopes=slopes[0], **kw)[:2]
+                    if bwd_ok:
+                        hopper_backward(torch.randn_like(out), *fixed, out, lse, d ** -0.5, causal, variant="ws",
+                                        window=window, softcap=cap, alibi_slopes=slopes[0])
+                    out, lse = ioattn.flash_attn_varlen_func(*packed, cu_q, cu_k, max(lens_q), max(lens_k),
+                                                             alibi_slopes=slopes[1], **kw)[:2]
+                    if bwd_ok:
+                        hopper_backward(torch.randn_like(out), *packed, out, lse, d ** -0.5, causal, variant="ws",
+                                        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
+                                        max_seqlen_k=max(lens_k), window=window, softcap=cap,
+                                        alibi_slopes=slopes[1])
     torch.cuda.synchronize()
-    print("sanitize_small --softcap: done")
+    print(f"sanitize_small{' --softcap' if args.softcap else ''}{' --alibi' if args.alibi else ''}: done")
     raise SystemExit(0)
 if args.varlen:
     lens_q, lens_k, extra = [1, 100, 333, 0, 64, 50], [1, 37, 200, 40, 300, 0], 7

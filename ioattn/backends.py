@@ -74,11 +74,12 @@ def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     from ioattn.kernels.forward import attn_fwd_kernel
 
     pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    if hopper.fwd_plan(q, k, v, pb.varlen, window, softcap, alibi_slopes, dropout_p, pb.seqlen_q)[0]:
+    if hopper.fwd_plan(q, k, v, pb.varlen, window, softcap, alibi_slopes, dropout_p, pb.seqlen_q, softmax_scale)[0]:
         causal = window == (-1, 0)
         return hopper.hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=cu_seqlens_q,
                                      cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                                     window=(-1, -1) if causal else window, softcap=softcap)
+                                     window=(-1, -1) if causal else window, softcap=softcap,
+                                     alibi_slopes=alibi_slopes)
     out, lse = pb.outputs(q)
     if q.numel() == 0 or pb.seqlen_q == 0:
         lse.fill_(float("-inf"))
@@ -125,13 +126,13 @@ def triton_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
                                          attn_bwd_preprocess_kernel)
 
     pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    if hopper.bwd_plan(q, k, v, pb.varlen, window, softcap, alibi_slopes, dropout_p, pb.seqlen_q)[0]:
+    if hopper.bwd_plan(q, k, v, pb.varlen, window, softcap, alibi_slopes, dropout_p, pb.seqlen_q, softmax_scale)[0]:
         from ioattn.kernels.hopper_backward import hopper_backward
         varlen = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=pb.seqlen_q,
                       max_seqlen_k=pb.seqlen_k) if pb.varlen else {}
         return hopper_backward(dout, q, k, v, out, lse, softmax_scale, window == (-1, 0), variant=hopper.BWD_VARIANT,
                                deterministic=hopper.bwd_deterministic.wanted(), window=window, softcap=softcap,
-                               **varlen)
+                               alibi_slopes=alibi_slopes, **varlen)
     dq, dk, dv = pb.grads(q, k, v)
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()

@@ -28,10 +28,11 @@ class DispatchPlan:
 
 def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                      window_size=(-1, -1), cu_seqlens_q: torch.Tensor | None = None,
-                     max_seqlen_q: int | None = None, softcap: float = 0.0) -> DispatchPlan:
-    """The plan for ``flash_attn_func(q, k, v, causal=..., window_size=..., softcap=...)`` (or the
-    varlen call when ``cu_seqlens_q``/``max_seqlen_q`` are given, with q/k/v packed as (total,
-    nheads, d))."""
+                     max_seqlen_q: int | None = None, softcap: float = 0.0,
+                     alibi_slopes: torch.Tensor | None = None) -> DispatchPlan:
+    """The plan for ``flash_attn_func(q, k, v, causal=..., window_size=..., softcap=...,
+    alibi_slopes=...)`` (or the varlen call when ``cu_seqlens_q``/``max_seqlen_q`` are given, with
+    q/k/v packed as (total, nheads, d))."""
     varlen = cu_seqlens_q is not None
     if not dispatch.use_triton(q.device):
         return DispatchPlan("reference", f"{q.device.type} tensors without TRITON_INTERPRET=1: the tiled "
@@ -41,14 +42,15 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         reason = "forced (dispatch.forced_backend)"
     window = normalize_window(window_size, bool(causal))
     seqlen_q = max_seqlen_q if varlen else q.shape[1]
-    ok, refusal = hopper.hopper_supports(q, k, v, varlen, window, softcap, None, 0.0)
-    taken, why = hopper.fwd_plan(q, k, v, varlen, window, softcap, None, 0.0, seqlen_q)
+    alibi = alibi_slopes is not None
+    ok, refusal = hopper.hopper_supports(q, k, v, varlen, window, softcap, alibi_slopes, 0.0)
+    taken, why = hopper.fwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, 0.0, seqlen_q)
     gluon = f"taken ({why})" if taken else f"not taken ({why})" if ok else f"not applicable ({refusal})"
     has_window = window not in ((-1, -1), (-1, 0))
     name = None
     if taken:
-        name = hopper.variant_for(q.shape[-1], window == (-1, 0), seqlen_q, varlen, has_window or softcap > 0)
-        cfg = hopper.kernel_config(q.shape[-1], name, window == (-1, 0), None if varlen else seqlen_q)
+        name = hopper.variant_for(q.shape[-1], window == (-1, 0), seqlen_q, varlen, has_window or softcap > 0, alibi)
+        cfg = hopper.kernel_config(q.shape[-1], name, window == (-1, 0), None if varlen else seqlen_q, alibi)
         bm, bn, stages = cfg["block_m"], cfg["block_n"], cfg["stages"]
         share = hopper.exp2_fma_share()
         lean = cfg["constexprs"]["LEAN"]
@@ -83,6 +85,8 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                                  "a window edge crosses masked")
         if softcap > 0:
             forward["softcap"] = f"{softcap:g} * tanh(s * scale / {softcap:g}) (tanh.approx, before the masks)"
+        if alibi:
+            forward["alibi"] = "-slope * |i + seqlen_k - seqlen_q - j| on each score tile (after a softcap, before the masks)"
         if name == "persistent":
             opts = hopper.persistent_options(q.shape[-1], name, window == (-1, 0), dispatch.cdiv(seqlen_q, bm))
             forward["walk"] = ("a host-built table (hopper.build_walk_table): longest tiles first within groups "
@@ -114,10 +118,10 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     forward["tiles_count"] = tiles
     forward["programs"] = (hopper.grid_programs(q.device, name, tiles) if "hopper" in forward["kernel"]
                            else dispatch.fwd_persistent_programs(q.device, tiles) or tiles)
-    gluon_bwd, bwd_why = hopper.bwd_plan(q, k, v, varlen, window, softcap, None, 0.0, seqlen_q)
+    gluon_bwd, bwd_why = hopper.bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, 0.0, seqlen_q)
     if gluon_bwd:
         from ioattn.kernels import hopper_backward
-        cfg = hopper_backward.kernel_config(d, hopper.BWD_VARIANT, softcap > 0)
+        cfg = hopper_backward.kernel_config(d, hopper.BWD_VARIANT, softcap > 0, alibi)
         backward = {"kernels": f"ioattn.kernels.hopper_backward (Gluon, {hopper.BWD_VARIANT})",
                     "tiles": (cfg["block_m"], cfg["block_n"], cfg["num_warps"], cfg["stages"]), "atomics": True,
                     "inputs": hopper.inputs_note(q, k, v, varlen, window == (-1, 0), backward=True)}
@@ -125,6 +129,9 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
             backward["softcap"] = ("SOFTCAP form, dS^T times 1 - tanh^2 ("
                                    + ("column split" if cfg["constexprs"]["COL_SPLIT"] else "key split")
                                    + f", {cfg['block_m']} query rows a step)")
+        if alibi:
+            backward["alibi"] = (f"ALIBI form, the bias on the recomputed scores ({cfg['block_m']} query rows a "
+                                 "step)")
     else:
         backward = {"kernels": "attn_bwd_preprocess_kernel, attn_bwd_dkdv_kernel, attn_bwd_dq_kernel",
                     "tiles": (bwd.block_m, bwd.block_n, bwd.num_warps, bwd.num_stages), "atomics": False}

@@ -173,20 +173,22 @@ def active_variant() -> str | None:
 
 
 def variant_for(d: int, causal: bool = False, seqlen_q: int | None = None, varlen: bool = False,
-                window: bool = False) -> str:
+                window: bool = False, alibi: bool = False) -> str:
     """The variant a call at head dim ``d`` runs: the one set by name; else, for a fixed-length
-    call without a sliding ``window`` with ``PERSISTENT_MIN_SEQLEN[(d, causal)]`` (0 if absent) <=
-    ``seqlen_q`` <= ``PERSISTENT_MAX_SEQLEN[(d, causal)]``, "persistent"; else
-    ``DEFAULT_VARIANT_BY_HEADDIM``'s, else ``DEFAULT_VARIANT``. (Without ``seqlen_q``: the head dim's
-    default.)"""
+    call without a sliding ``window`` (or another one-tile form: softcap, ALiBi) with
+    ``PERSISTENT_MIN_SEQLEN[(d, causal)]`` (0 if absent) <= ``seqlen_q`` <=
+    ``PERSISTENT_MAX_SEQLEN[(d, causal)]``, "persistent"; else ``DEFAULT_VARIANT_BY_HEADDIM``'s, else
+    ``DEFAULT_VARIANT``, and with ``alibi`` ``DEFAULT_VARIANT`` where that one has no ALiBi form
+    (``ALIBI_VARIANTS``). (Without ``seqlen_q``: the head dim's default.)"""
     named = active_variant()
     if named:
         return named
     key = (d, bool(causal))
-    if not varlen and not window and seqlen_q is not None and \
+    if not varlen and not window and not alibi and seqlen_q is not None and \
             PERSISTENT_MIN_SEQLEN.get(key, 0) <= seqlen_q <= PERSISTENT_MAX_SEQLEN.get(key, 0):
         return "persistent"
-    return DEFAULT_VARIANT_BY_HEADDIM.get(d, DEFAULT_VARIANT)
+    name = DEFAULT_VARIANT_BY_HEADDIM.get(d, DEFAULT_VARIANT)
+    return DEFAULT_VARIANT if alibi and name not in ALIBI_VARIANTS else name
 
 
 def set_variant(name: str | None) -> None:
@@ -297,14 +299,18 @@ def ptx_barriers_for(name: str) -> bool:
 SHORT_CAUSAL_TILES = {128: (512, (128, 64, 4))}
 
 
-def kernel_config(d: int, name: str | None = None, causal: bool = False, seqlen_q: int | None = None) -> dict:
+def kernel_config(d: int, name: str | None = None, causal: bool = False, seqlen_q: int | None = None,
+                  alibi: bool = False) -> dict:
     """Launch configuration of ``hopper_fwd_kernel`` for head dim ``d`` under variant ``name`` (default:
     ``variant_for(d)``), mask (``causal``; an option's fit depends on it) and, for the tiles of short
     causal persistent calls (``SHORT_CAUSAL_TILES``), ``seqlen_q`` (None: the variant's own tiles):
-    tiles, the Q descriptor's block rows, num_warps and the variant's constexprs.
+    tiles, the Q descriptor's block rows, num_warps and the variant's constexprs. ``alibi``: the
+    ALiBi form's key tiles where they differ (``ALIBI_KEY_TILES``).
     The launcher and benchmarks/compile_check_hopper.py both use it, so they cannot diverge."""
     name = variant_for(d) if name is None else _check(name)
     block_m, block_n, stages = TILE_TABLE[name][d]
+    if alibi and d in ALIBI_KEY_TILES:
+        block_n, stages = ALIBI_KEY_TILES[d]
     short = SHORT_CAUSAL_TILES.get(d)
     if name == "persistent" and causal and seqlen_q is not None and short and seqlen_q <= short[0]:
         block_m, block_n, stages = short[1]
@@ -374,6 +380,19 @@ WINDOW_MIN_WIDTH = {128: 129, 256: 33}
 # (``bwd_call_supported``; NOTES §147).
 SOFTCAP_VARIANTS = WINDOW_VARIANTS
 SOFTCAP_HEADDIMS = (64, 128, 256)
+# ALiBi (flash-attn's ``alibi_slopes``: -slope * |i + seqlen_k - seqlen_q - j| on the scores) in the
+# Gluon forward: the two-warpgroup one-tile ping-pong kernels' ALIBI form (``_alibi``: after a
+# softcap, before the masks; the tile's key columns held as fp32, two operations an element), as the
+# softcap, not the persistent walk. wg3 has no form: its 160-register consumers spill with the
+# columns (80 B non-causal, 192 B causal at d = 64, ptxas 12.8, compile_check_hopper.py --alibi), so a
+# d = 64 ALiBi call takes pingpong (``variant_for``). Taken at the head dims in ``ALIBI_HEADDIMS``.
+ALIBI_VARIANTS = ("pingpong", "split")
+ALIBI_HEADDIMS = (64, 128, 256)
+# The ALiBi form's (key tile, ring depth) by head dim where it differs from ``TILE_TABLE``'s. d = 128's
+# 128-key tiles spill with the columns' 32 registers a thread (20 B non-causal, 112 B causal in
+# pingpong; 44 / 92 B in split); 64-key tiles four deep: 197-198 registers, no spill, 180 KB of shared
+# memory (NOTES §148).
+ALIBI_KEY_TILES = {128: (64, 4)}
 
 prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer_hopper(True): ...``
 
@@ -900,19 +919,19 @@ def exp2_fma_cols(percent: float, block_n: int) -> int:
 
 
 def wanted(q=None, seqlen_q: int | None = None, causal: bool = False, varlen: bool = False,
-           window_width: int | None = None, softcap: bool = False) -> bool:
+           window_width: int | None = None, softcap: bool = False, alibi: bool = False) -> bool:
     """Whether the forward of this call should take the Gluon kernel (if ``hopper_supports`` it)."""
-    return policy(q, seqlen_q, causal, varlen, window_width, softcap)[0]
+    return policy(q, seqlen_q, causal, varlen, window_width, softcap, alibi)[0]
 
 
 def policy(q=None, seqlen_q: int | None = None, causal: bool = False, varlen: bool = False,
-           window_width: int | None = None, softcap: bool = False) -> tuple[bool, str]:
+           window_width: int | None = None, softcap: bool = False, alibi: bool = False) -> tuple[bool, str]:
     """(wanted, why): ``prefer_hopper``'s value inside its block, else ``IOATTN_HOPPER`` ("1" / "0")
     if set, else the default policy (``AUTO_MIN_SEQLEN``, or for packed batches
     ``VARLEN_AUTO_MIN_SEQLEN`` with the longest sequence) for q's head dim, the mask and
     ``seqlen_q`` (default: q.shape[1]); a sliding window (``window_width``: left + right + 1,
     ``window_width_of``) also needs ``WINDOW_MIN_WIDTH``'s width, a ``softcap`` the head dim in
-    ``SOFTCAP_HEADDIMS``."""
+    ``SOFTCAP_HEADDIMS``, ``alibi`` in ``ALIBI_HEADDIMS``."""
     if prefer_hopper.value is not None:
         return prefer_hopper.value, f"hopper.prefer_hopper({prefer_hopper.value})"
     env = os.environ.get("IOATTN_HOPPER", "").strip()
@@ -943,6 +962,10 @@ def policy(q=None, seqlen_q: int | None = None, causal: bool = False, varlen: bo
         if d not in SOFTCAP_HEADDIMS:
             return False, f"default policy: head dim {d} with a softcap is not in hopper.SOFTCAP_HEADDIMS"
         mask += " softcap"
+    if alibi:
+        if d not in ALIBI_HEADDIMS:
+            return False, f"default policy: head dim {d} with ALiBi is not in hopper.ALIBI_HEADDIMS"
+        mask += " ALiBi"
     return True, f"default policy: head dim {d} {mask} from seqlen_q >= {least} (here {n})"
 
 
@@ -955,19 +978,29 @@ def window_width_of(window, seqlen_k: int | None, seqlen_q: int | None = None) -
     return sum(w if w >= 0 else (seqlen_k or seqlen_q or 0) for w in window) + 1
 
 
-def fwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p, seqlen_q: int | None = None
-             ) -> tuple[bool, str]:
+def fwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p, seqlen_q: int | None = None,
+             softmax_scale: float | None = None) -> tuple[bool, str]:
     """(taken, why) for the forward of this call: where ``policy`` wants it (judging a sliding
     window's width too) and ``hopper_supports`` it (checked only then). ``seqlen_q``: the query
-    length the policy judges (a varlen call's max_seqlen_q; default q.shape[1])."""
+    length the policy judges (a varlen call's max_seqlen_q; default q.shape[1]); ``softmax_scale``
+    (None: the default's, nonzero): ALiBi without a softcap needs it nonzero (``alibi_scale_ok``)."""
     seqlen_q = q.shape[1] if seqlen_q is None else seqlen_q
     width = window_width_of(window, None if varlen else k.shape[-3], seqlen_q)
     wanted, why = policy(q, seqlen_q, causal=window == (-1, 0), varlen=varlen, window_width=width,
-                         softcap=softcap > 0)
+                         softcap=softcap > 0, alibi=alibi_slopes is not None)
     if not wanted:
         return False, why
     ok, reason = hopper_supports(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p)
+    if ok and not alibi_scale_ok(alibi_slopes, softcap, softmax_scale):
+        ok, reason = False, "ALiBi with softmax_scale 0: the portable kernels (the bias is added in the scores' units)"
     return (True, why) if ok else (False, reason)
+
+
+def alibi_scale_ok(alibi_slopes, softcap: float, softmax_scale: float | None) -> bool:
+    """Whether the Gluon kernels' ALiBi form can take this scale: the bias joins the scores in their
+    own units, -slope / softmax_scale (-slope / cap after a softcap), so without a softcap the scale
+    must be nonzero (None: unknown, the default's)."""
+    return alibi_slopes is None or softcap > 0 or softmax_scale is None or softmax_scale != 0
 
 
 def _device_ok(q) -> tuple[bool, str]:
@@ -995,7 +1028,7 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
     if q.dtype not in (torch.float16, torch.bfloat16):
         return False, "fp16/bf16 only"
     try:
-        name = variant_for(q.shape[-1])
+        name = variant_for(q.shape[-1], alibi=alibi_slopes is not None)
     except ValueError as e:
         return False, str(e)
     if q.shape[-1] not in TILES:
@@ -1009,8 +1042,10 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
         return False, f"sliding window: the variants {WINDOW_VARIANTS} only (here {name})"
     if softcap > 0 and name not in SOFTCAP_VARIANTS:
         return False, f"softcap: the variants {SOFTCAP_VARIANTS} only (here {name})"
-    if alibi_slopes is not None or dropout_p > 0:
-        return False, "no ALiBi or dropout yet"
+    if alibi_slopes is not None and name not in ALIBI_VARIANTS:
+        return False, f"ALiBi: the variants {ALIBI_VARIANTS} only (here {name})"
+    if dropout_p > 0:
+        return False, "no dropout yet"
     return _rows_layout_ok(q, k, v, varlen, window == (-1, 0))
 
 
@@ -1095,7 +1130,7 @@ def grid_programs(device, name: str, num_tiles: int) -> int:
 
 
 def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                   max_seqlen_k=None, window=(-1, -1), softcap=0.0):
+                   max_seqlen_k=None, window=(-1, -1), softcap=0.0, alibi_slopes=None):
     """(out, lse) as the portable forward returns them; the call must pass ``hopper_supports``.
     Batched: q (batch, seqlen_q, nheads, d), lse (batch, nheads, seqlen_q). Varlen (``cu_seqlens_q``
     given, with cu_seqlens_k and the max lengths): packed q (total_q, nheads, d), k/v (total_k, ...),
@@ -1103,7 +1138,9 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     ``window``: flash-attn's (left, right) sliding window, -1 unbounded, bottom-right aligned (the
     kernel's ``WINDOW`` form, variants ``WINDOW_VARIANTS``); the causal mask is ``causal=True``.
     ``softcap`` > 0: cap * tanh(s * scale / cap) on the scores (the kernel's ``SOFTCAP`` form, variants
-    ``SOFTCAP_VARIANTS``)."""
+    ``SOFTCAP_VARIANTS``). ``alibi_slopes``: fp32 (nheads,) or (batch, nheads) (varlen: by sequence),
+    flash-attn's bias -slope * |i + seqlen_k - seqlen_q - j| (the kernel's ``ALIBI`` form, variants
+    ``ALIBI_VARIANTS``; softmax_scale nonzero unless a softcap is given)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -1121,6 +1158,15 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
         raise ValueError(f"softcap must be >= 0 (0: none), got {softcap}")
     varlen = cu_seqlens_q is not None
     nheads, d = q.shape[-2], q.shape[-1]
+    has_alibi = alibi_slopes is not None
+    if has_alibi:
+        n_batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
+        if tuple(alibi_slopes.shape) not in ((nheads,), (n_batch, nheads)) or alibi_slopes.dtype != torch.float32 \
+                or alibi_slopes.stride(-1) != 1:
+            raise ValueError(f"alibi_slopes must be fp32 of shape ({nheads},) or ({n_batch}, {nheads}) with unit "
+                             f"head stride, got {alibi_slopes.dtype} {tuple(alibi_slopes.shape)}")
+        if not alibi_scale_ok(alibi_slopes, softcap, softmax_scale):
+            raise ValueError("ALiBi needs softmax_scale != 0 here (the bias joins the scores in their units)")
     nheads_kv = k.shape[-2]
     if varlen:
         batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k
@@ -1135,12 +1181,14 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
         stride_lse_b, stride_lse_h = lse.stride(0), lse.stride(1)
     if q.numel() == 0 or seqlen_q == 0 or (varlen and (k.numel() == 0 or seqlen_k == 0)):
         return out.zero_(), lse.fill_(float("-inf"))
-    cfg = kernel_config(d, variant_for(d, causal, seqlen_q, varlen, has_window or softcap > 0), bool(causal),
-                        seqlen_q)
+    cfg = kernel_config(d, variant_for(d, causal, seqlen_q, varlen, has_window or softcap > 0, has_alibi),
+                        bool(causal), seqlen_q, has_alibi)
     if has_window and cfg["variant"] not in WINDOW_VARIANTS:
         raise ValueError(f"a sliding window needs one of the variants {WINDOW_VARIANTS}, got {cfg['variant']!r}")
     if softcap > 0 and cfg["variant"] not in SOFTCAP_VARIANTS:
         raise ValueError(f"a softcap needs one of the variants {SOFTCAP_VARIANTS}, got {cfg['variant']!r}")
+    if has_alibi and cfg["variant"] not in ALIBI_VARIANTS:
+        raise ValueError(f"ALiBi needs one of the variants {ALIBI_VARIANTS}, got {cfg['variant']!r}")
     block_m, block_n, q_rows = cfg["block_m"], cfg["block_n"], cfg["q_rows"]
     if cfg["constexprs"]["LEAN"] and softmax_scale < 0:
         # the lean softmax scales the row maximum of the raw scores, which needs scale >= 0:
@@ -1198,6 +1246,11 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
                             KEY_MASKS=has_window or key_masks(d, cfg["variant"], bool(causal), kv_tail, seqlen_k),
                             WINDOW=has_window, win_left=win_left, win_right=win_right,
                             SOFTCAP=softcap > 0, softcap_a=softmax_scale / softcap if softcap > 0 else 0.0,
+                            # ALiBi: the slope to the scores' units (after the sign flip above: the
+                            # bias joins the flipped scores, the scale their absolute value)
+                            ALIBI=has_alibi, Alibi=alibi_slopes,
+                            stride_ab=alibi_slopes.stride(0) if has_alibi and alibi_slopes.dim() == 2 else 0,
+                            alibi_unit=-1.0 / (softcap if softcap > 0 else softmax_scale) if has_alibi else 0.0,
                             DIAG_TRIM=diag_trim_for(d, cfg["variant"], bool(causal), seqlen_q),
                             EXP2_FMA=exp2_fma_cols(exp2_fma_share(), block_n),
                             ROW_STORES=out_stores,
@@ -1270,6 +1323,13 @@ BWD_VARLEN_AUTO_MIN_SEQLEN = {(64, False): 437, (64, True): 875, (128, False): 2
 BWD_WINDOW_MIN_WIDTH = {64: 129, 128: 65, 256: 65}
 
 
+# ALiBi in the Gluon backward: the ws kernel's ALIBI form, at every head dim, by the lengths' and
+# windows' tables as without it. Not with a softcap at these head dims: the key split at d = 128 holds
+# both in its 240 registers only by spilling 344 / 428 B (76 / 97 spill instructions in the loop, non-
+# causal / causal; ptxas 12.8, compile_check_hopper_bwd.py --alibi --softcap; NOTES §148).
+BWD_ALIBI_SOFTCAP_REFUSED = (128,)
+
+
 def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:
     """Whether the Gluon backward covers this call (the call itself, without the device): pure Python."""
     if q.dtype not in (torch.float16, torch.bfloat16):
@@ -1289,8 +1349,14 @@ def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p
     # 272 TFLOP/s non-causal at 16384), d=256 1.77-2.96x, d=64 1.48-1.79x
     if softcap > 0 and BWD_VARIANT != "ws":
         return False, "softcap: the ws variant only"
-    if alibi_slopes is not None or dropout_p > 0:
-        return False, "no ALiBi or dropout"
+    if alibi_slopes is not None:
+        if BWD_VARIANT != "ws":
+            return False, "ALiBi: the ws variant only"
+        if softcap > 0 and q.shape[-1] in BWD_ALIBI_SOFTCAP_REFUSED:
+            return False, (f"ALiBi with a softcap at head dim {q.shape[-1]}: the portable backward "
+                           "(hopper.BWD_ALIBI_SOFTCAP_REFUSED)")
+    if dropout_p > 0:
+        return False, "no dropout"
     return _rows_layout_ok(q, k, v, varlen, window == (-1, 0), backward=True)
 
 
@@ -1321,11 +1387,11 @@ def bwd_policy(q, seqlen_q: int | None = None, causal: bool = False, varlen: boo
     return n >= least, f"default policy: head dim {d} {mask} from seqlen_q >= {least} (here {n})"
 
 
-def bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p, seqlen_q: int | None = None
-             ) -> tuple[bool, str]:
+def bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p, seqlen_q: int | None = None,
+             softmax_scale: float | None = None) -> tuple[bool, str]:
     """(taken, why) for the backward of this call: where ``bwd_policy`` wants it and it applies (an
     sm_90 GPU, Gluon, ``bwd_call_supported``). ``seqlen_q``: the query length the policy judges (a
-    varlen call's max_seqlen_q; default q.shape[1])."""
+    varlen call's max_seqlen_q; default q.shape[1]); ``softmax_scale``: as ``fwd_plan``'s."""
     if bwd_deterministic.wanted():
         if not (DETERMINISTIC_WS and BWD_VARIANT == "ws"):
             return False, ("deterministic=True: the portable backward (the Gluon one's ordered mode is off, "
@@ -1340,5 +1406,7 @@ def bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p, seqlen_q
     ok, reason = _device_ok(q)
     if ok:
         ok, reason = bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p)
+    if ok and not alibi_scale_ok(alibi_slopes, softcap, softmax_scale):
+        ok, reason = False, "ALiBi with softmax_scale 0: the portable kernels (the bias is added in the scores' units)"
     det = ", deterministic (dQ in key-block order)" if bwd_deterministic.wanted() else ""
     return (True, f"{why}, variant {BWD_VARIANT}{det}") if ok else (False, reason)

@@ -1120,7 +1120,7 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
         m.setattr(hopper, "BWD_VARIANT", "base")
         assert hopper.bwd_call_supported(q, q, q, False, (-1, -1), 1.0, None, 0.0) == (
             False, "softcap: the ws variant only")
-    assert hopper.bwd_call_supported(q, q, q, False, (-1, -1), 0.0, torch.ones(2), 0.0) == (False, "no ALiBi or dropout")
+    assert hopper.bwd_call_supported(q, q, q, False, (-1, -1), 0.0, None, 0.1) == (False, "no dropout")
     with monkeypatch.context() as m:
         m.setitem(hopper.BWD_WINDOW_MIN_WIDTH, 64, 300)
         long64 = torch.empty(1, 4096, 2, 64)
@@ -1210,18 +1210,22 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
                            cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=8, max_seqlen_k=8)
     seen = {}
 
-    def fake(dout, q_, k_, v_, out, lse, scale, causal, variant, deterministic, window=(-1, -1), softcap=0.0):
+    def fake(dout, q_, k_, v_, out, lse, scale, causal, variant, deterministic, window=(-1, -1), softcap=0.0,
+             alibi_slopes=None):
         seen.update(scale=scale, causal=causal, variant=variant, deterministic=deterministic, window=window,
-                    softcap=softcap)
+                    softcap=softcap, alibi_slopes=alibi_slopes)
         return torch.zeros_like(q_), torch.zeros_like(k_), torch.zeros_like(v_)
     monkeypatch.setattr(hopper, "bwd_plan", lambda *a: (True, "faked"))
     monkeypatch.setattr(hb, "hopper_backward", fake)
     lse = torch.zeros(1, 2, 70)
     grads = backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, 0.125, (-1, 0), 0.0, None, 0.0, 0)
     assert seen == dict(scale=0.125, causal=True, variant=hopper.BWD_VARIANT, deterministic=False,
-                        window=(-1, 0), softcap=0.0) and len(grads) == 3
+                        window=(-1, 0), softcap=0.0, alibi_slopes=None) and len(grads) == 3
     backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, 0.125, (-1, -1), 30.0, None, 0.0, 0)
     assert seen["softcap"] == 30.0 and not seen["causal"]
+    slopes = torch.rand(2)
+    backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, 0.125, (-1, -1), 0.0, slopes, 0.0, 0)
+    assert seen["alibi_slopes"] is slopes
     backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, 0.125, (30, 2), 0.0, None, 0.0, 0)
     assert seen["window"] == (30, 2) and not seen["causal"]
     with hopper.bwd_deterministic(True):
@@ -1234,7 +1238,7 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     cu, flat = torch.tensor([0, 30, 70], dtype=torch.int32), torch.randn(70, 2, 64, dtype=torch.bfloat16)
     backends.triton_backward(flat, flat, flat, flat, flat, torch.zeros(2, 70), cu, cu, 40, 40, 0.125, (-1, -1),
                              0.0, None, 0.0, 0)
-    assert plans[-1][3] is True and plans[-1][-1] == 40
+    assert plans[-1][3] is True and plans[-1][8] == 40 and plans[-1][9] == 0.125  # seqlen_q, softmax_scale
     assert seen["cu_seqlens_q"] is cu and seen["cu_seqlens_k"] is cu and seen["max_seqlen_q"] == 40
 
     # the switch in force when the forward ran governs that forward's backward, wherever it runs
@@ -1491,8 +1495,7 @@ def test_hopper_forward_window_launch_and_policy(monkeypatch):
             assert hopper.call_supported(q, q, q, False, (100, 0), 0.0, None, 0.0) == (
                 False, f"sliding window: the variants {hopper.WINDOW_VARIANTS} only (here {name})")
             assert hopper.call_supported(q, q, q, False, (-1, 0), 0.0, None, 0.0)[0]  # causal: its own path
-    assert hopper.call_supported(q, q, q, False, (100, 0), 0.0, torch.ones(2), 0.0) == (
-        False, "no ALiBi or dropout yet")
+    assert hopper.call_supported(q, q, q, False, (100, 0), 0.0, None, 0.1) == (False, "no dropout yet")
     # the policy: the lengths' non-causal row, then the window's width (an unbounded side as seqlen_k)
     assert hopper.window_width_of((100, 0), 4096) == 101 and hopper.window_width_of((-1, 5), 4096) == 4102
     assert hopper.window_width_of((-1, 5), None, 900) == 906  # varlen: the longest query length
@@ -1560,7 +1563,7 @@ def test_hopper_forward_softcap_launch_and_policy(monkeypatch):
     with hopper.variant("persistent"):
         assert hopper.call_supported(q, q, q, False, (-1, 0), 20.0, None, 0.0) == (
             False, f"softcap: the variants {hopper.SOFTCAP_VARIANTS} only (here persistent)")
-    assert hopper.call_supported(q, q, q, False, (-1, 0), 20.0, torch.ones(4), 0.0) == (False, "no ALiBi or dropout yet")
+    assert hopper.call_supported(q, q, q, False, (-1, 0), 20.0, None, 0.5) == (False, "no dropout yet")
     assert hopper.policy(q, causal=True, softcap=True)[1].endswith(f"causal softcap from seqlen_q >= 512 (here {n})")
     with monkeypatch.context() as m:
         m.setattr(hopper, "SOFTCAP_HEADDIMS", (64,))
@@ -1581,7 +1584,7 @@ def test_hopper_forward_softcap_launch_and_policy(monkeypatch):
 
 def test_hopper_backward_softcap_launch_and_policy(monkeypatch):
     """A score softcap in the Gluon backward (the ws kernel's ``SOFTCAP`` form): the configuration
-    takes lse out of S^T's accumulator (the tanh needs the raw scores), ``WS_SOFTCAP_BLOCK_M``'s rows
+    takes lse out of S^T's accumulator (the tanh needs the raw scores), ``WS_SCORE_MOD_BLOCK_M``'s rows
     a step and, at ``WS_SOFTCAP_COL_SPLIT_HEADDIMS``, the column split; the launcher passes the cap
     (times log2 e) as the exponentials' scale and softcap_a = scale / cap; a negative cap, or a cap
     in the base variant, is refused before any launch; the plan names the form. (No GPU here: a fake
@@ -1595,7 +1598,7 @@ def test_hopper_backward_softcap_launch_and_policy(monkeypatch):
         plain, capped = hb.kernel_config(d, "ws"), hb.kernel_config(d, "ws", softcap=True)
         assert capped["constexprs"]["SOFTCAP"] and not plain["constexprs"]["SOFTCAP"]
         assert not capped["constexprs"]["LSE_IN_ACC"]
-        assert capped["block_m"] == hb.WS_SOFTCAP_BLOCK_M.get(d, hb.WS_BLOCK_M[d]) == \
+        assert capped["block_m"] == hb.WS_SCORE_MOD_BLOCK_M.get(d, hb.WS_BLOCK_M[d]) == \
             capped["constexprs"]["BLOCK_M"]
         assert capped["constexprs"]["COL_SPLIT"] == (d == 256 or d in hb.WS_SOFTCAP_COL_SPLIT_HEADDIMS)
     with monkeypatch.context() as m:
@@ -1618,7 +1621,7 @@ def test_hopper_backward_softcap_launch_and_policy(monkeypatch):
             hb.hopper_backward(x, x, x, x, x, lse, 0.1, causal, variant="ws", window=window, softcap=20.0)
             ((grid, args, kw),) = launches
             assert kw["SOFTCAP"] and not kw["LSE_IN_ACC"] and kw["IS_CAUSAL"] == causal
-            assert kw["BLOCK_M"] == hb.WS_SOFTCAP_BLOCK_M.get(d, hb.WS_BLOCK_M[d])
+            assert kw["BLOCK_M"] == hb.WS_SCORE_MOD_BLOCK_M.get(d, hb.WS_BLOCK_M[d])
             assert math.isclose(args[18], 20.0 * math.log2(math.e)) and math.isclose(args[21], 0.1 / 20.0)
         launches.clear()
         hb.hopper_backward(x, x, x, x, x, lse, 0.1, False, variant="ws")
@@ -1637,6 +1640,112 @@ def test_hopper_backward_softcap_launch_and_policy(monkeypatch):
         assert "hopper_backward" in plan.backward["kernels"]
         assert plan.backward["softcap"].startswith("SOFTCAP form") and "key split" in plan.backward["softcap"]
         assert "softcap" not in ioattn.explain_dispatch(q, q, q, causal=True).backward
+
+
+def test_hopper_alibi_launch_and_policy(monkeypatch):
+    """ALiBi in the Gluon kernels (their ``ALIBI`` forms): the forward takes a two-warpgroup one-tile
+    variant (pingpong at d = 64, where wg3 has no form; never the persistent walk) with
+    ``ALIBI_KEY_TILES``' key tiles, the backward ``WS_SCORE_MOD_BLOCK_M``'s rows a step; both
+    launchers pass the slopes, their batch stride and -1 / softmax_scale (-1 / cap with a softcap);
+    bad slopes and a zero scale are refused before any launch, the plans route a zero scale to the
+    portable kernels; the API passes the slopes through and the plan names the forms. (No GPU here:
+    fakes stand in.)"""
+    import math
+
+    import ioattn
+    import ioattn.kernels.hopper_backward as hb
+    from ioattn import backends, hopper
+    monkeypatch.delenv("IOATTN_HOPPER_VARIANT", raising=False)
+    monkeypatch.delenv("IOATTN_HOPPER", raising=False)
+    assert hopper.variant_for(64) == "wg3" and hopper.variant_for(64, alibi=True) == "pingpong"
+    n = hopper.PERSISTENT_MAX_SEQLEN[(128, True)]
+    assert hopper.variant_for(128, True, n) == "persistent" and hopper.variant_for(128, True, n, alibi=True) == "pingpong"
+    cfg = hopper.kernel_config(128, "pingpong", alibi=True)
+    assert (cfg["block_n"], cfg["stages"]) == hopper.ALIBI_KEY_TILES[128] == (cfg["constexprs"]["BLOCK_N"], 4)
+    assert hopper.kernel_config(256, "pingpong", alibi=True)["block_n"] == hopper.TILE_TABLE["pingpong"][256][1]
+    q64 = torch.randn(1, 8, 4, 64, dtype=BF16)
+    assert hopper.call_supported(q64, q64, q64, False, (-1, -1), 0.0, torch.ones(4), 0.0) == (True, "")
+    with hopper.variant("wg3"):
+        assert hopper.call_supported(q64, q64, q64, False, (-1, -1), 0.0, torch.ones(4), 0.0) == (
+            False, f"ALiBi: the variants {hopper.ALIBI_VARIANTS} only (here wg3)")
+
+    launches = _fake_forward_launches(monkeypatch)
+    q = torch.randn(2, n, 4, 128, dtype=BF16)
+    for slopes, softcap, unit in ((torch.rand(4), 0.0, -1 / 0.1), (torch.rand(2, 4), 20.0, -1 / 20.0)):
+        launches.clear()
+        hopper.hopper_forward(q, q, q, 0.1, True, softcap=softcap, alibi_slopes=slopes)
+        ((grid, args, kw),) = launches
+        assert kw["ALIBI"] and kw["Alibi"] is slopes and not kw["PERSISTENT"] and kw["BLOCK_N"] == 64
+        assert kw["stride_ab"] == (4 if slopes.dim() == 2 else 0) and math.isclose(kw["alibi_unit"], unit)
+    launches.clear()
+    hopper.hopper_forward(q, q, q, 0.1, True)
+    assert not launches[0][2]["ALIBI"] and launches[0][2]["Alibi"] is None
+    launches.clear()
+    for slopes, scale, match in ((torch.rand(3), 0.1, "alibi_slopes must be fp32 of shape"),
+                                 (torch.rand(4, dtype=torch.float64), 0.1, "alibi_slopes must be fp32"),
+                                 (torch.rand(4), 0.0, "ALiBi needs softmax_scale != 0")):
+        with pytest.raises(ValueError, match=match):
+            hopper.hopper_forward(q, q, q, scale, True, alibi_slopes=slopes)
+    assert not launches
+    # the policy and the plans
+    assert hopper.policy(q, causal=True, alibi=True)[1].endswith(f"causal ALiBi from seqlen_q >= 512 (here {n})")
+    with monkeypatch.context() as m:
+        m.setattr(hopper, "ALIBI_HEADDIMS", (64,))
+        assert hopper.policy(q, causal=True, alibi=True) == (
+            False, "default policy: head dim 128 with ALiBi is not in hopper.ALIBI_HEADDIMS")
+    monkeypatch.setattr(hopper, "hopper_supports", hopper.call_supported)  # as if on an sm_90 GPU
+    slopes = torch.rand(4)
+    assert hopper.fwd_plan(q, q, q, False, (-1, 0), 0.0, slopes, 0.0, softmax_scale=0.1)[0]
+    assert hopper.fwd_plan(q, q, q, False, (-1, 0), 0.0, slopes, 0.0, softmax_scale=0.0) == (
+        False, "ALiBi with softmax_scale 0: the portable kernels (the bias is added in the scores' units)")
+    assert hopper.fwd_plan(q, q, q, False, (-1, 0), 5.0, slopes, 0.0, softmax_scale=0.0)[0]  # a cap: its units
+    calls = []
+    monkeypatch.setattr(hopper, "hopper_forward", lambda *a, **kw: calls.append((a, kw)) or ("out", "lse"))
+    with dispatch.forced_backend("triton"):
+        assert backends.triton_forward(q, q, q, None, None, n, n, 0.125, (-1, 0), 0.0, slopes, 0.0, 0) == ("out", "lse")
+        plan = ioattn.explain_dispatch(q, q, q, causal=True, alibi_slopes=slopes)
+        assert plan.forward["kernel"].endswith("(Gluon, pingpong)") and plan.forward["tiles"][1] == 64
+        assert plan.forward["alibi"].startswith("-slope") and "ALiBi" in plan.forward["gluon_hopper"]
+        assert "alibi" not in ioattn.explain_dispatch(q, q, q, causal=True).forward
+    assert calls[0][1]["alibi_slopes"] is slopes
+
+    # the backward: the call checks, the configuration, the launcher
+    assert hopper.bwd_call_supported(q64, q64, q64, False, (-1, -1), 0.0, slopes, 0.0) == (True, "")
+    assert hopper.bwd_call_supported(q64, q64, q64, False, (-1, -1), 5.0, slopes, 0.0) == (True, "")
+    assert hopper.bwd_call_supported(q, q, q, False, (-1, -1), 5.0, slopes, 0.0) == (
+        False, "ALiBi with a softcap at head dim 128: the portable backward (hopper.BWD_ALIBI_SOFTCAP_REFUSED)")
+    with monkeypatch.context() as m:
+        m.setattr(hopper, "BWD_VARIANT", "base")
+        assert hopper.bwd_call_supported(q64, q64, q64, False, (-1, -1), 0.0, slopes, 0.0) == (
+            False, "ALiBi: the ws variant only")
+    for d in (64, 128, 256):
+        assert hb.kernel_config(d, "ws", alibi=True)["block_m"] == hb.WS_SCORE_MOD_BLOCK_M.get(d, hb.WS_BLOCK_M[d])
+    bwd_launches = []
+
+    class Fake:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: bwd_launches.append((grid, args, kw))
+    monkeypatch.setattr(hb, "hopper_bwd_ws_kernel", Fake())
+    x = torch.randn(2, 8, 4, 64, dtype=BF16)
+    lse = torch.randn(2, 4, 8)
+    for slopes, softcap, unit in ((torch.rand(4), 0.0, -1 / 0.1), (torch.rand(2, 4), 20.0, -1 / 20.0)):
+        bwd_launches.clear()
+        hb.hopper_backward(x, x, x, x, x, lse, 0.1, True, variant="ws", softcap=softcap, alibi_slopes=slopes)
+        ((grid, args, kw),) = bwd_launches
+        assert kw["ALIBI"] and kw["Alibi"] is slopes and kw["BLOCK_M"] == hb.WS_SCORE_MOD_BLOCK_M[64]
+        assert math.isclose(args[22], unit) and args[23] == (4 if slopes.dim() == 2 else 0)
+    bwd_launches.clear()
+    for kw, match in ((dict(alibi_slopes=torch.rand(3)), "alibi_slopes must be fp32 of shape"),
+                      (dict(alibi_slopes=torch.rand(4), scale=0.0), "ALiBi needs softmax_scale != 0"),
+                      (dict(alibi_slopes=torch.rand(4), variant="base"), "ALiBi needs variant \"ws\"")):
+        kw = {"variant": "ws", "scale": 0.1, **kw}
+        with pytest.raises(ValueError, match=match):
+            hb.hopper_backward(x, x, x, x, x, lse, kw.pop("scale"), False, **kw)
+    assert not bwd_launches
+    monkeypatch.setattr(hopper, "bwd_plan", lambda *a: (True, "faked"))
+    with dispatch.forced_backend("triton"):
+        plan = ioattn.explain_dispatch(q64, q64, q64, alibi_slopes=slopes)
+        assert plan.backward["alibi"].startswith("ALIBI form") and "64 query rows" in plan.backward["alibi"]
 
 
 def test_hopper_exp2_fma_switch(monkeypatch):

@@ -1382,6 +1382,68 @@ def test_hopper_backward_varlen_softcap(d, mode, monkeypatch, poison_alloc):
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("mask", ["none", "causal", (100, 0), (256, 256)])
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1), (3, 129, 64, 2, 2)])
+@pytest.mark.parametrize("softcap", [0.0, 20.0])
+def test_hopper_alibi(d, mask, shape, softcap, monkeypatch, poison_alloc):
+    """The Gluon kernels' ALiBi forms (``ALIBI``: the forward's two-warpgroup ping-pong kernels and the
+    ws backward), alone, causal and with windows, with and without a softcap, the plan naming them:
+    output and gradients against the float64 oracle (2x PyTorch's own error). Slopes per (batch,
+    head) for the first shape, per head for the others; steep enough (up to 1) that the bias
+    decides the softmax over a few keys, as for ALiBi's first heads."""
+    from ioattn import hopper
+    monkeypatch.delenv("IOATTN_HOPPER", raising=False)
+    monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
+    b, sq, sk, h, hkv = shape
+    causal, window = mask == "causal", mask if isinstance(mask, tuple) else (-1, -1)
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    slopes = torch.rand(b, h, device="cuda") if b == 2 else torch.rand(h, device="cuda")
+    with hopper.prefer_hopper(True), hopper.prefer_hopper_bwd(True):
+        plan = ioattn.explain_dispatch(q.detach(), k.detach(), v.detach(), causal=causal, window_size=window,
+                                       softcap=softcap, alibi_slopes=slopes)
+        assert plan.forward["gluon_hopper"].startswith("taken") and "alibi" in plan.forward, plan.forward
+        bwd_taken = not (softcap and d in hopper.BWD_ALIBI_SOFTCAP_REFUSED)
+        assert plan.backward["gluon_hopper"].startswith("taken") == bwd_taken, plan.backward
+        assert ("alibi" in plan.backward) == bwd_taken, plan.backward
+        out = ioattn.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap,
+                                     alibi_slopes=slopes)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    _assert_out_and_grads(out, grads, dout, q, k, v, (-1, 0) if causal else window, softcap=softcap,
+                          slopes=slopes)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("mode", ["none", "causal", (100, 0), "deterministic"])
+def test_hopper_varlen_alibi(d, mode, monkeypatch, poison_alloc):
+    """Packed sequences with ALiBi (``IS_VARLEN`` and ``ALIBI``, the slopes by (sequence, head)) through
+    both Gluon kernels, per sequence against the float64 oracle; the unowned trailing rows (NaN) get
+    zero gradients."""
+    from ioattn import hopper
+    monkeypatch.delenv("IOATTN_HOPPER", raising=False)
+    monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
+    q, k, v, dout, cq, ck, max_q, max_k = _ragged_packed(d)
+    tq, tk = int(cq[-1]), int(ck[-1])
+    slopes = torch.rand(cq.numel() - 1, q.shape[1], device="cuda")
+    causal, window = mode == "causal", mode if isinstance(mode, tuple) else (-1, -1)
+    with hopper.prefer_hopper(True), hopper.prefer_hopper_bwd(True), hopper.bwd_deterministic(mode == "deterministic"):
+        plan = ioattn.explain_dispatch(q, k, v, causal=causal, window_size=window, cu_seqlens_q=cq,
+                                       max_seqlen_q=max_q, alibi_slopes=slopes)
+        assert "alibi" in plan.forward and "alibi" in plan.backward, (plan.forward, plan.backward)
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        out, lse, _ = ioattn.flash_attn_varlen_func(qg, kg, vg, cq, ck, max_q, max_k, causal=causal, window_size=window,
+                                                    alibi_slopes=slopes, deterministic=mode == "deterministic",
+                                                    return_attn_probs=True)
+        dq, dk, dv = torch.autograd.grad(out, (qg, kg, vg), dout)
+    assert (dq[tq:] == 0).all() and (dk[tk:] == 0).all() and (dv[tk:] == 0).all()
+    assert_varlen_sequences(f"varlen alibi {mode}", q, k, v, dout, out.detach(), lse, (dq, dk, dv), cq, ck,
+                            seq_kw=lambda i: dict(alibi_slopes=slopes[i]), window=(-1, 0) if causal else window)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("d, window", [(128, (256, 0)), (64, (16, 16)), (64, (200, -1))])
 def test_hopper_backward_window_default_policy(d, window, monkeypatch, poison_alloc):
     """Without a switch, a window call's backward follows ``hopper.BWD_WINDOW_MIN_WIDTH`` (width = left +

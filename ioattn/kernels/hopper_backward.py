@@ -97,7 +97,10 @@ Score softcap: the "ws" kernel only (``SOFTCAP``; ``hopper_backward``'s ``softca
 recomputed as the forward formed them, cap * tanh(S * softmax_scale / cap), and dS^T times the
 tanh's derivative 1 - tanh^2.
 
-NOT in either variant: ALiBi, dropout. dQ's fp32 atomics (or
+ALiBi: the "ws" kernel only (``ALIBI``; ``hopper_backward``'s ``alibi_slopes``): flash-attn's bias on the
+recomputed scores (``_probs``), the slope of each step's query head read at the step's start.
+
+NOT in either variant: dropout. dQ's fp32 atomics (or
 reduce-adds in "ws") sum in arrival order, so dQ varies run to run at rounding level (dK / dV do
 not), except in the "ws" kernel's ``DETERMINISTIC`` mode.
 
@@ -347,11 +350,13 @@ WS_WG_PARTITIONS = {64: False, 128: True}
 # costs (barriers, hand-offs, waits), at d = 128's register count with D in dP^T's accumulator:
 # measured +7 to +20 % over 64 (NOTES §55). d = 128 at 128 rows would need 64 more registers a thread.
 WS_BLOCK_M = {64: 128, 128: 64, 256: 64}
-# "ws" with a score softcap (``SOFTCAP``): query rows a step where they differ from ``WS_BLOCK_M``. At
-# d = 64 the 128-row step spills with the cap (808 B, 199 spill instructions in the consumers' loop:
-# the tanh beside P^T's 64 registers a thread, ptxas 12.8 via compile_check_hopper_bwd.py --softcap);
-# 64 rows compile to 199 registers, no spill (NOTES §147).
-WS_SOFTCAP_BLOCK_M = {64: 64}
+# "ws" with a score softcap (``SOFTCAP``) or ALiBi (``ALIBI``): query rows a step where they differ
+# from ``WS_BLOCK_M``. At d = 64 the 128-row step spills with the cap (808 B, 199 spill instructions in
+# the consumers' loop: the tanh beside P^T's 64 registers a thread, ptxas 12.8 via
+# compile_check_hopper_bwd.py --softcap) and sits at 238 registers with ALiBi (the query columns as
+# fp32: 284 B spilled with varlen, 208 B deterministic causal, --alibi); 64 rows compile to 195-216
+# registers, no spill, with either or both (NOTES §147, §148).
+WS_SCORE_MOD_BLOCK_M = {64: 64}
 # "ws": dK / dV written as whole-row 16-byte stores (the accumulator layout writes half of each 32 B
 # sector a store). The key-split form (d = 64 / 128) converts them in registers through shared memory
 # (``_store_dkdv``'s ``COALESCED``): measured +5 to +9 % at N=1024, +1 to +3 % at 4096, level at 16384
@@ -387,7 +392,7 @@ def _issue_q_do(q_desc, do_desc, q_smem, do_smem, bar, t, m_lo, n_m, h0, b, seql
 def _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d,
            MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr, LSE_IN_ACC: gl.constexpr = False,
            WINDOW: gl.constexpr = False, win_left=0, win_right=0, SOFTCAP: gl.constexpr = False,
-           DTYPE: gl.constexpr = None):
+           DTYPE: gl.constexpr = None, ALIBI: gl.constexpr = False, alibi_a=0.0):
     """P^T of one (BLOCK_N keys x BLOCK_M queries) tile, fp32, masked entries 0; ``lse_log2`` one
     value per query (column), in S^T's column layout. ``LSE_IN_ACC``: ``s`` is already S^T - lse /
     softmax_scale (the product's accumulator started there: ``WS_LSE_IN_ACC``), ``lse_log2`` unused.
@@ -399,7 +404,14 @@ def _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d,
     gradient by the raw scores). Both formed here, next to P^T, so that t dies with P^T's fp32 tile:
     holding t (or the factor) beside P^T until P^T's 16-bit operand was formed spilled at d = 128
     (48 B, 6 in the loop) and d = 64 (808 B); t read back from P^T by a log2 after dV's issue, 144 /
-    596 B."""
+    596 B. ``ALIBI``: flash-attn's bias -slope * |i + seqlen_k - seqlen_q - j| added to ``s`` first,
+    alibi_a = -slope in the units of ``s`` (raw scores, lse folded in or not: -slope / softmax_scale;
+    after a softcap -slope / cap); the query columns as fp32 from this step's ``m_start`` (a
+    conversion an element a step, kept off the loop's registers: held, they spilled)."""
+    if ALIBI:
+        rel = (seqlen_k - seqlen_q - n_start - keys_1d).to(gl.float32)  # each key row's - key + off
+        queries_f = (m_start + queries_1d).to(gl.float32)
+        s = s + alibi_a * gl.abs(rel[:, None] + queries_f[None, :])
     if LSE_IN_ACC:
         p = gl.exp2(s * qk_scale)
     else:
@@ -535,7 +547,8 @@ def _store_rows(ptr, x, k_row0, h_kv, nheads_kv, n_start, seqlen_k, layout: gl.c
 def _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d, queries_1d,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
                 LSE_IN_ACC: gl.constexpr = False, WINDOW: gl.constexpr = False, win_left=0, win_right=0,
-                SOFTCAP: gl.constexpr = False, DTYPE: gl.constexpr = None):
+                SOFTCAP: gl.constexpr = False, DTYPE: gl.constexpr = None, ALIBI: gl.constexpr = False,
+                alibi_a=0.0):
     """``_probs`` with the masks only where this step's tile needs them: keys past seqlen_k (not
     ``keys_inside``), queries past seqlen_q, or (causal) a tile the diagonal crosses (``off`` =
     seqlen_k - seqlen_q); ``WINDOW``: also a tile either edge of the window crosses."""
@@ -547,10 +560,10 @@ def _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqle
         need_mask = need_mask | (n_start < m_start + BLOCK_M - 1 + off - win_left)
     if need_mask:
         p = _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d, True,
-                   IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right, SOFTCAP, DTYPE)
+                   IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right, SOFTCAP, DTYPE, ALIBI, alibi_a)
     else:
         p = _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d, False,
-                   IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right, SOFTCAP, DTYPE)
+                   IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right, SOFTCAP, DTYPE, ALIBI, alibi_a)
     return p
 
 
@@ -910,7 +923,8 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                  COALESCED_STORE: gl.constexpr = False, LSE_IN_ACC: gl.constexpr = False,
                  WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0, WINDOW: gl.constexpr = False, win_left=0,
-                 win_right=0, SOFTCAP: gl.constexpr = False, softcap_a=0.0):
+                 win_right=0, SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False,
+                 Alibi_h0=None, alibi_unit=0.0):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
     lockstep as in the base kernel). The math per step is the base kernel's, in FA3's order (dV
     issued before dS is formed, dQ before dK: see the module docstring); the loads come from the
@@ -920,7 +934,9 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     (``WS_WG_PARTITIONS``): this is warpgroup ``W`` alone, in a partition of its own: key rows
     [64 W, 64 W + 64) of the block, dQ's half W into its own ``dq_smem``, the dS^T exchange on
     ``ds_full`` (unused otherwise). ``SOFTCAP``: the scores are cap * tanh(S * softcap_a) (the
-    host's ``qk_scale`` cap * log2 e), dS^T times the tanh's derivative (``_probs``)."""
+    host's ``qk_scale`` cap * log2 e), dS^T times the tanh's derivative (``_probs``). ``ALIBI``: the
+    slope of the step's query head read from ``Alibi_h0`` (the group's first head's, + the head's
+    place in the group), times ``alibi_unit`` (-1 / softmax_scale, or -1 / cap), biases S^T (``_probs``)."""
     num_warps: gl.constexpr = gl.num_warps()
     # key rows this partition computes; dQ's part: columns (64 query rows a step) or rows (128)
     ROWS: gl.constexpr = BLOCK_N // 2 if WG_SPLIT else BLOCK_N
@@ -952,10 +968,14 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     # divisions a step on the path from dK's retirement to the next S^T, where the tensor cores
     # idle (+1 to +5 % at d = 64 / 128, NOTES §52)
     m_blk = m_lo
+    h_in_group = 0  # the step's query head in the group (``ALIBI``'s slope)
     for t in range(n_iter):
         s_idx = t % STAGES
         phase = (t // STAGES) & 1
         m_start = m_blk * BLOCK_M
+        alibi_a = 0.0
+        if ALIBI:  # this step's head's slope, in the units of S^T (read early: a scalar load)
+            alibi_a = gl.load(Alibi_h0 + h_in_group) * alibi_unit
         # z == 0, opaque to LLVM: keeps the K, V and dS wgmma descriptors inside the loop (the base
         # kernel's comment on ``z``)
         z = _opaque_zero()
@@ -1011,10 +1031,11 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         if SOFTCAP:  # the 16-bit P^T and, as ``p``, the fp32 P^T times the tanh's derivative (``_probs``)
             p16, p = _step_probs(s, lse_log2, qk_scale, n_own, m_start, off, keys_inside, seqlen_q, seqlen_k,
                                  keys_1d, queries_1d, BLOCK_M, ROWS, IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left,
-                                 win_right, True, dtype)
+                                 win_right, True, dtype, ALIBI, alibi_a)
         else:
             p = _step_probs(s, lse_log2, qk_scale, n_own, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
-                            queries_1d, BLOCK_M, ROWS, IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right)
+                            queries_1d, BLOCK_M, ROWS, IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right, False,
+                            None, ALIBI, alibi_a)
             p16 = p.to(dtype)
         pa = gl.convert_layout(p16, a_layout)
         # dV += P^T dO queued behind dP^T: it runs while dS is formed and stored below
@@ -1065,6 +1086,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         m_blk += 1
         if m_blk == m_lo + n_m:  # the next query head of the group
             m_blk = m_lo
+            h_in_group += 1
 
     _store_dkdv(dK, dV, dk, dv, k_row0, h_kv, nheads_kv, n_own, seqlen_k, softmax_scale, kv_layout, HEAD_DIM, ROWS,
                 COALESCED_STORE)
@@ -1076,14 +1098,16 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
                         n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
                         IS_CAUSAL: gl.constexpr, STAGED_STORE: gl.constexpr = False, WINDOW: gl.constexpr = False,
-                        win_left=0, win_right=0, SOFTCAP: gl.constexpr = False, softcap_a=0.0):
+                        win_left=0, win_right=0, SOFTCAP: gl.constexpr = False, softcap_a=0.0,
+                        ALIBI: gl.constexpr = False, Alibi_h0=None, alibi_unit=0.0):
     """The two consumer warpgroups of the column-split kernel (``COL_SPLIT``, head dim 256; module
     docstring, "Column split"): one 64-key block, every product split by its columns between the
     warpgroups (``_dq_layout``), so warpgroup c holds dK and dV columns [c d/2, (c + 1) d/2), and
     S^T, dP^T, P^T, dS^T for queries [32c, 32c + 32). P^T and dS^T go through shared memory
     (``p_smem``, ``ds_smem``), where the products that contract over all 64 queries (dV, dK) or keys
     (dQ) read them whole; dQ in two column halves, the low one through the half-width dQ buffer, the
-    high one through the step's Q slot (released by the writer). ``SOFTCAP``: as ``_ws_consumer``."""
+    high one through the step's Q slot (released by the writer). ``SOFTCAP``, ``ALIBI``: as
+    ``_ws_consumer``."""
     num_warps: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = k_smem.dtype
     HALF: gl.constexpr = HEAD_DIM // 2
@@ -1105,10 +1129,14 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
     # the query block by a counter and the in-loop zero from an asm move, as the key-split consumer
     # (measured here +0 to +4 % over two divisions a step, NOTES §53)
     m_blk = m_lo
+    h_in_group = 0  # the step's query head in the group (``ALIBI``'s slope)
     for t in range(n_iter):
         q_idx = t % STAGES
         do_idx = t % DO_STAGES
         m_start = m_blk * BLOCK_M
+        alibi_a = 0.0
+        if ALIBI:  # this step's head's slope, in the units of S^T (read early: a scalar load)
+            alibi_a = gl.load(Alibi_h0 + h_in_group) * alibi_unit
         z = _opaque_zero()
         k_cur = k_smem.index(z)
         v_cur = v_smem.index(z)
@@ -1130,10 +1158,11 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
         if SOFTCAP:  # the 16-bit P^T and, as ``p``, the fp32 P^T times the tanh's derivative (``_probs``)
             p16, p = _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqlen_q, seqlen_k,
                                  keys_1d, queries_1d, BLOCK_M, BLOCK_N, IS_CAUSAL, False, WINDOW, win_left,
-                                 win_right, True, dtype)
+                                 win_right, True, dtype, ALIBI, alibi_a)
         else:
             p = _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
-                            queries_1d, BLOCK_M, BLOCK_N, IS_CAUSAL, False, WINDOW, win_left, win_right)
+                            queries_1d, BLOCK_M, BLOCK_N, IS_CAUSAL, False, WINDOW, win_left, win_right, False, None,
+                            ALIBI, alibi_a)
             p16 = p.to(dtype)
         # P^T (16-bit) to shared memory, both halves before dV reads it. No barrier before the store
         # (WAR on p_smem): the previous step's dV retired in every warp before its dO barrier.
@@ -1181,6 +1210,7 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
         m_blk += 1
         if m_blk == m_lo + n_m:  # the next query head of the group
             m_blk = m_lo
+            h_in_group += 1
 
     # the writer's reads of the last high halves in the Q ring done before the slots are rewritten:
     # slot i's last release (steps t < n_iter with t % STAGES == i; a parity wait is exact here, the
@@ -1226,7 +1256,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   IS_CAUSAL: gl.constexpr, COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr,
                   LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0,
                   WINDOW: gl.constexpr = False, win_left=0, win_right=0, SOFTCAP: gl.constexpr = False,
-                  softcap_a=0.0):
+                  softcap_a=0.0, ALIBI: gl.constexpr = False, Alibi_h0=None, alibi_unit=0.0):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments
     (``LSE_IN_ACC``: the key split only). ``WG_SPLIT``: warpgroup ``W`` of the key split alone (the
@@ -1236,25 +1266,25 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                             q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, k_row0, h_kv,
                             nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale,
                             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COALESCED_STORE, WINDOW,
-                            win_left, win_right, SOFTCAP, softcap_a)
+                            win_left, win_right, SOFTCAP, softcap_a, ALIBI, Alibi_h0, alibi_unit)
     else:
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                      do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, k_row0, h_kv, nheads_kv, n_start, m_lo, n_m,
                      n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
                      IS_CAUSAL, COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, W, WINDOW, win_left, win_right, SOFTCAP,
-                     softcap_a)
+                     softcap_a, ALIBI, Alibi_h0, alibi_unit)
 
 
 @gluon.jit
 def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dK, dV, Sem, Cu_q, Cu_k,
                          seqlen_q, seqlen_k, nheads, group, stat_stride, softmax_scale, qk_scale, win_left, win_right,
-                         softcap_a, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                         softcap_a, alibi_unit, stride_ab, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          STAGES: gl.constexpr, DO_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          DETERMINISTIC: gl.constexpr = False, COL_SPLIT: gl.constexpr = False,
                          COALESCED_STORE: gl.constexpr = False, DQ_FLAT: gl.constexpr = False,
                          LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False,
                          IS_VARLEN: gl.constexpr = False, WINDOW: gl.constexpr = False,
-                         SOFTCAP: gl.constexpr = False):
+                         SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, Alibi=None):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers; 4
     with ``WG_SPLIT``: warpgroup 0, warpgroup 1 a worker partition); the producer and dQ-writer warps
     are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
@@ -1290,7 +1320,11 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     ``SOFTCAP`` (Gemma 2's score cap): the scores are cap * tanh(S * softcap_a), softcap_a =
     softmax_scale / cap, ``qk_scale`` = cap * log2 e, lse that of the capped scores (the forward's);
     dS^T carries the tanh's derivative (``_probs``). Not with ``LSE_IN_ACC`` (S^T's accumulator
-    must hold the raw scores)."""
+    must hold the raw scores).
+
+    ``ALIBI``: flash-attn's bias -slope * |i + seqlen_k - seqlen_q - j| on the recomputed scores (after
+    a softcap), the slopes fp32 at ``Alibi`` ((nheads,) or (batch, nheads): ``stride_ab`` 0 or its batch
+    stride; varlen: by sequence), ``alibi_unit`` = -1 / softmax_scale (-1 / cap with a softcap)."""
     num_warps: gl.constexpr = gl.num_warps()
     if WG_SPLIT:  # (``WS_WG_PARTITIONS``) the default partition is warpgroup 0, a worker warpgroup 1
         gl.static_assert(num_warps == 4 and DQ_FLAT and not COL_SPLIT, "a warpgroup a partition: the flat key split")
@@ -1349,6 +1383,10 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         n_m = gl.where(n_start < seqlen_k, n_m, 0)
     n_iter = group * n_m
     h0 = h_kv * group
+    if ALIBI:  # the slopes of this program's group of query heads
+        Alibi_h0 = Alibi + b * stride_ab + h0
+    else:
+        Alibi_h0 = Alibi
 
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
     k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -1425,7 +1463,8 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          dq_smem1 if w else dq_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty,
                          dq_hi_full, dK, dV, k_row0, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k,
                          softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT,
-                         COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, w, WINDOW, win_left, win_right, SOFTCAP, softcap_a))
+                         COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, w, WINDOW, win_left, win_right, SOFTCAP, softcap_a,
+                         ALIBI, Alibi_h0, alibi_unit))
         if w < CONSUMERS else
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, tail_bar, b, h0,
@@ -1440,7 +1479,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         [WS_CONSUMER_REGS, WS_WORKER_REGS, WS_WORKER_REGS] if WG_SPLIT else [WS_WORKER_REGS, WS_WORKER_REGS])
 
 
-def kernel_config(d: int, variant: str = "base", softcap: bool = False) -> dict:
+def kernel_config(d: int, variant: str = "base", softcap: bool = False, alibi: bool = False) -> dict:
     """Launch configuration of the backward kernel of ``variant`` (``BWD_VARIANTS``) at head dim ``d``
     (the launcher and benchmarks/compile_check_hopper_bwd.py share it): ``kernel`` the jit function,
     ``num_warps`` the kernel's warps (the consumers' for "ws": the producer and writer warps come on
@@ -1448,8 +1487,9 @@ def kernel_config(d: int, variant: str = "base", softcap: bool = False) -> dict:
     tiles, ``stages`` (Q / dO buffers; "ws": the Q ring's, the dO ring's in the constexprs),
     ``dq_cols`` ("ws": the columns of one dQ handover, the dQ descriptor's block) and the constexprs.
     "ws" at d = 256 is its column-split form (``COL_SPLIT``); ``softcap`` ("ws"): the ``SOFTCAP`` form
-    (``WS_SOFTCAP_BLOCK_M``'s rows a step; lse not in S^T's accumulator, where the tanh needs the raw
-    scores)."""
+    (``WS_SCORE_MOD_BLOCK_M``'s rows a step; lse not in S^T's accumulator, where the tanh needs the raw
+    scores); ``alibi`` ("ws"): ``WS_SCORE_MOD_BLOCK_M``'s rows a step (the kernel's ``ALIBI`` is the
+    launcher's, as its other flags)."""
     if variant in BWD_VARIANTS and d not in BWD_VARIANT_HEADDIMS[variant]:
         raise ValueError(f"the Hopper backward's {variant} variant covers head dims "
                          f"{', '.join(map(str, BWD_VARIANT_HEADDIMS[variant]))}, not {d}")
@@ -1460,7 +1500,7 @@ def kernel_config(d: int, variant: str = "base", softcap: bool = False) -> dict:
         split = d in WS_COL_SPLIT_HEADDIMS or (softcap and d in WS_SOFTCAP_COL_SPLIT_HEADDIMS)
         block_n = WS_COL_SPLIT_BLOCK_N if split else BWD_BLOCK_N
         stages, do_stages = WS_STAGES[d]
-        block_m = WS_SOFTCAP_BLOCK_M.get(d, WS_BLOCK_M[d]) if softcap else WS_BLOCK_M[d]
+        block_m = WS_SCORE_MOD_BLOCK_M.get(d, WS_BLOCK_M[d]) if softcap or alibi else WS_BLOCK_M[d]
         flat = bool(WS_DQ_FLAT.get(d, False)) and not split
         wg_split = bool(WS_WG_PARTITIONS.get(d, False)) and flat
         # the kernel's warps: the consumers' 8, or warpgroup 0's 4 with a partition a warpgroup (warpgroup 1
@@ -1478,12 +1518,12 @@ def kernel_config(d: int, variant: str = "base", softcap: bool = False) -> dict:
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
-def ws_layouts(d: int, dtype, softcap: bool = False) -> dict:
+def ws_layouts(d: int, dtype, softcap: bool = False, alibi: bool = False) -> dict:
     """Shared-memory layouts of the "ws" kernel's descriptors (Gluon dtype ``dtype``) at head dim
-    ``d``, for ``kernel_config(d, "ws", softcap)``'s blocks: Q / dO and K / V as the base kernel's, the 1-D
+    ``d``, for ``kernel_config(d, "ws", softcap, alibi)``'s blocks: Q / dO and K / V as the base kernel's, the 1-D
     lse / D rows unswizzled, the fp32 dQ tile (``dq_cols`` wide) swizzled by ``WS_DQ_SWIZZLE`` (the
     launcher and the compile check share them)."""
-    cfg = kernel_config(d, "ws", softcap)
+    cfg = kernel_config(d, "ws", softcap, alibi)
     bm, bn = cfg["block_m"], cfg["block_n"]
     return dict(q=gl.NVMMASharedLayout.get_default_for([bm, d], dtype),
                 kv=gl.NVMMASharedLayout.get_default_for([bn, d], dtype),
@@ -1494,7 +1534,7 @@ def ws_layouts(d: int, dtype, softcap: bool = False) -> dict:
 
 def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="base", deterministic=False,
                     cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, window=(-1, -1),
-                    softcap=0.0):
+                    softcap=0.0, alibi_slopes=None):
     """(dq, dk, dv) for (batch, seqlen, heads, d) bf16/fp16 q, k, v (GQA allowed; contiguous or views of
     a packed tensor, ``dispatch.tma_rows_view``, else copied), d in
     (64, 128) (and 256 with variant "ws": its column-split form), causal (bottom-right) or not;
@@ -1514,7 +1554,11 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
     seqlen_k - seqlen_q); (-1, -1) none; (-1, 0) is the causal mask (pass ``causal=True``).
 
     ``softcap`` ("ws" only) > 0: the forward's scores were cap * tanh(s * softmax_scale / cap)
-    (flash-attn's ``softcap``; ``lse`` theirs), with or without a window or the causal mask; 0 none."""
+    (flash-attn's ``softcap``; ``lse`` theirs), with or without a window or the causal mask; 0 none.
+
+    ``alibi_slopes`` ("ws" only): fp32 (nheads,) or (batch, nheads) (varlen: by sequence), flash-attn's
+    bias -slope * |i + seqlen_k - seqlen_q - j| on the scores (after a softcap); softmax_scale nonzero
+    unless a softcap is given."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     varlen = cu_seqlens_q is not None
@@ -1546,7 +1590,17 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
         raise ValueError(f"softcap must be >= 0 (0: none), got {softcap}")
     if softcap > 0 and variant != "ws":
         raise ValueError(f"a softcap needs variant \"ws\", got {variant!r}")
-    cfg = kernel_config(d, variant, softcap > 0)
+    has_alibi = alibi_slopes is not None
+    if has_alibi:
+        if variant != "ws":
+            raise ValueError(f"ALiBi needs variant \"ws\", got {variant!r}")
+        if tuple(alibi_slopes.shape) not in ((nheads,), (batch, nheads)) or alibi_slopes.dtype != torch.float32 \
+                or alibi_slopes.stride(-1) != 1:
+            raise ValueError(f"alibi_slopes must be fp32 of shape ({nheads},) or ({batch}, {nheads}) with unit "
+                             f"head stride, got {alibi_slopes.dtype} {tuple(alibi_slopes.shape)}")
+        if softcap <= 0 and softmax_scale == 0:
+            raise ValueError("ALiBi needs softmax_scale != 0 here (the bias joins the scores in their units)")
+    cfg = kernel_config(d, variant, softcap > 0, alibi_slopes is not None)
     if deterministic and variant != "ws":
         raise ValueError(f"deterministic=True needs variant \"ws\" (the ordered dQ mode), got {variant!r}")
     # the descriptors read 2-D (rows, heads * d) views: a packed qkv's views as they are, other layouts
@@ -1611,7 +1665,7 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
         q_layout = gl.NVMMASharedLayout.get_default_for([bm, d], gdt)
         kv_layout = gl.NVMMASharedLayout.get_default_for([bn, d], gdt)
     else:
-        lay = ws_layouts(d, gdt, softcap > 0)
+        lay = ws_layouts(d, gdt, softcap > 0, has_alibi)
         q_layout, kv_layout = lay["q"], lay["kv"]
     q_desc = TensorDescriptor.from_tensor(tma_rows_view(q), [bm, d], q_layout)
     do_desc = TensorDescriptor.from_tensor(tma_rows_view(dout), [bm, d], q_layout)
@@ -1641,6 +1695,10 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
                                    float(softmax_scale), (softcap if softcap > 0 else softmax_scale) * 1.4426950408889634,
                                    *((w if w >= 0 else unbounded for w in window) if has_window else (0, 0)),
                                    softmax_scale / softcap if softcap > 0 else 0.0,
+                                   # ALiBi: the slope to the scores' units (as the forward's)
+                                   -1.0 / (softcap if softcap > 0 else softmax_scale) if has_alibi else 0.0,
+                                   alibi_slopes.stride(0) if has_alibi and alibi_slopes.dim() == 2 else 0,
+                                   ALIBI=has_alibi, Alibi=alibi_slopes,
                                    IS_CAUSAL=bool(causal), DETERMINISTIC=bool(deterministic), IS_VARLEN=varlen,
                                    WINDOW=has_window,
                                    num_warps=cfg["num_warps"], **consts)

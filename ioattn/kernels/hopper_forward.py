@@ -627,7 +627,7 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                        ORDERED: gl.constexpr, LEAN: gl.constexpr, EXP2_FMA: gl.constexpr,
                        ROW_STORES: gl.constexpr, FEWER_MASKS: gl.constexpr = False,
                        KEY_MASKS: gl.constexpr = True, WINDOW: gl.constexpr = False, win_left=0, win_right=0,
-                       SOFTCAP: gl.constexpr = False, softcap_a=0.0):
+                       SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False, alibi_a=0.0):
     """One consumer warpgroup of the ping-pong (``NUM_WG`` = 2) or three-warpgroup ring (3) variant:
     ``BLOCK_M`` (= 64) query rows of its own, the K/V ring shared with the other consumer warpgroups.
 
@@ -668,7 +668,7 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
     o, m_i, l_i = _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn, next_turn,
                                m_start, seqlen_q, seqlen_k, n_lo, n_tiles, qk_scale, 0, 0, HEAD_DIM, BLOCK_M, BLOCK_N,
                                STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, False, EXP2_FMA, FEWER_MASKS,
-                               KEY_MASKS, False, WINDOW, win_left, win_right, SOFTCAP, softcap_a)
+                               KEY_MASKS, False, WINDOW, win_left, win_right, SOFTCAP, softcap_a, ALIBI, alibi_a)
     rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _wg_acc_layout(BLOCK_N)))
     # ROW_STORES 2: staged in this warpgroup's Q buffer (its S products all retired in the key loop)
     _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
@@ -703,7 +703,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
                  TURN0: gl.constexpr, ORDERED: gl.constexpr, LEAN: gl.constexpr, RELEASE_LAST: gl.constexpr,
                  EXP2_FMA: gl.constexpr, FEWER_MASKS: gl.constexpr = False, KEY_MASKS: gl.constexpr = True,
                  DIAG_TRIM: gl.constexpr = False, WINDOW: gl.constexpr = False, win_left=0, win_right=0,
-                 SOFTCAP: gl.constexpr = False, softcap_a=0.0):
+                 SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False, alibi_a=0.0):
     """One query tile's key loop for one ping-pong warpgroup (Q already in ``q_smem``): returns the
     unnormalised (O, m, l). ``g0``: ring uses before this tile, ``sec0``: this warpgroup's critical
     sections before it (both 0 for a one-tile program; a persistent program's running counts), so
@@ -723,7 +723,10 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     besides the last one, a tile is masked where an edge of the window crosses it (``_window_cuts``).
 
     ``SOFTCAP`` (one-tile programs): each score tile becomes tanh(S * softcap_a) as soon as it is
-    waited for, before any mask (``_softcap``); the caller's ``qk_scale`` is then cap * log2(e)."""
+    waited for, before any mask (``_softcap``); the caller's ``qk_scale`` is then cap * log2(e).
+
+    ``ALIBI`` (one-tile programs): each score tile (after the softcap) gets the ALiBi bias
+    alibi_a * |i + seqlen_k - seqlen_q - j| (``_alibi``; alibi_a = -slope in the scores' units)."""
     gl.static_assert(not WINDOW or (KEY_MASKS and not IS_CAUSAL and not DIAG_TRIM),
                      "a sliding window: masked tiles, not causal (the window (-1, 0) is), one-tile programs")
     num_warps: gl.constexpr = gl.num_warps()
@@ -744,6 +747,9 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
     o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
     diag = m_start + seqlen_k - seqlen_q  # the last key column this warpgroup's first row may see
+    if ALIBI:  # each row's diagonal key and the tile's columns as fp32 (exact below 2^24)
+        diag_f = (diag + rows_1d).to(gl.float32)
+        cols_f = cols_1d.to(gl.float32)
     if LEAN & LEAN_PTX_BARRIERS:
         _ptx_barriers_marker(rows_1d)
     if LEAN & LEAN_Q_REGS:  # Q as the products' register operand: loaded once a tile
@@ -757,6 +763,8 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     mbarrier.arrive(k_empty.index(g0 % STAGES), count=1)
     if SOFTCAP:
         s = _softcap(s, softcap_a)
+    if ALIBI:
+        s = _alibi(s, alibi_a, diag_f - (n_lo * BLOCK_N), cols_f)
     KEY_END: gl.constexpr = not (FEWER_MASKS and IS_CAUSAL)
     if FEWER_MASKS:
         need_mask = n_tiles == 1
@@ -798,6 +806,8 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         if SOFTCAP:
             s = _softcap(s, softcap_a)
         n_start = (n_lo + i + 1) * BLOCK_N
+        if ALIBI:
+            s = _alibi(s, alibi_a, diag_f - n_start, cols_f)
         # masks: the last tile always (key end, diagonal); under a causal mask also a tile that
         # reaches past this warpgroup's first row's diagonal
         need_mask = i + 1 == n_tiles - 1
@@ -841,6 +851,17 @@ def _softcap(s, softcap_a):
     element (maximum relative error about 2**-11, below the bf16 / fp16 rounding of P V's operand)."""
     return gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [s * softcap_a], dtype=gl.float32,
                                      is_pure=True, pack=1)
+
+
+@gluon.jit
+def _alibi(s, alibi_a, rel_f, cols_f):
+    """s + alibi_a * |rel_i - c| for a (rows x keys) score tile: ``rel_f`` each row's diagonal key (i +
+    seqlen_k - seqlen_q) less the tile's first key, ``cols_f`` the tile's columns 0, 1, ..., both fp32
+    (exact below 2^24): flash-attn's ALiBi bias -slope * |i + seqlen_k - seqlen_q - j|, alibi_a =
+    -slope in the units of ``s`` (-slope / softmax_scale on raw scores, -slope / cap after a softcap:
+    the softmax's scale brings it back). Added after the softcap, before the masks (the reference's
+    order); two operations an element."""
+    return s + alibi_a * gl.abs(rel_f[:, None] - cols_f[None, :])
 
 
 @gluon.jit
@@ -1309,7 +1330,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                       FAST_DIV: gl.constexpr = False, NO_KEY_WIDE: gl.constexpr = False,
                       KEY_MASKS: gl.constexpr = True, DIAG_TRIM: gl.constexpr = False,
                       WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, num_tiles=0, Walk=None,
-                      win_left=0, win_right=0, softcap_a=0.0):
+                      win_left=0, win_right=0, softcap_a=0.0, ALIBI: gl.constexpr = False, Alibi=None,
+                      stride_ab=0, alibi_unit=0.0):
     """``PINGPONG=False`` (the default, launched with num_warps = 4 * BLOCK_M // 64): one consumer
     partition of BLOCK_M // 64 warpgroups in lockstep, Q descriptor block [BLOCK_M, HEAD_DIM]
     (``NUM_WG`` unused). ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 64 * NUM_WG):
@@ -1384,7 +1406,12 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
 
     ``SOFTCAP`` (one-tile ping-pong programs): Gemma-2's score softcap, cap * tanh(s * scale / cap): the
     scores become tanh(S * softcap_a) (softcap_a = softmax_scale / cap, ``_softcap``) and the host
-    passes qk_scale = cap * log2(e), so that the softmax runs on cap * tanh(...) in the log2 domain."""
+    passes qk_scale = cap * log2(e), so that the softmax runs on cap * tanh(...) in the log2 domain.
+
+    ``ALIBI`` (one-tile ping-pong programs): flash-attn's ALiBi bias -slope * |i + seqlen_k - seqlen_q -
+    j| on the scores (after a softcap, before the masks; ``_alibi``), the slope read from ``Alibi``
+    (fp32, (nheads,) or (batch, nheads): ``stride_ab`` 0 or its batch stride; varlen: by sequence) and
+    brought to the scores' units by ``alibi_unit`` = -1 / softmax_scale (-1 / cap with a softcap)."""
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     gl.static_assert(PERSISTENT or ROW_STORES != 3, "the output's bulk copy: the persistent kernel only")
     # the one-tile path below is compiled (dead) after the persistent kernel's return too
@@ -1395,6 +1422,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     gl.static_assert(not WINDOW or (PINGPONG and not PERSISTENT and not IS_CAUSAL and KEY_MASKS),
                      "a sliding window: the one-tile ping-pong kernels, masked tiles, not causal (the window (-1, 0))")
     gl.static_assert(not SOFTCAP or (PINGPONG and not PERSISTENT), "a softcap: the one-tile ping-pong kernels")
+    gl.static_assert(not ALIBI or (PINGPONG and not PERSISTENT), "ALiBi: the one-tile ping-pong kernels")
     if PERSISTENT:
         gl.static_assert(PINGPONG and NUM_WG == 2 and not IS_VARLEN,
                          "persistent: the two-warpgroup ping-pong kernel, fixed-length batches")
@@ -1438,6 +1466,9 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     else:
         q_row0 = b * seqlen_q + m_start
     q_col = h * HEAD_DIM
+    alibi_a = 0.0
+    if ALIBI:  # this (batch, head)'s slope in the scores' units: alibi_unit = -1 / (softmax_scale or cap)
+        alibi_a = gl.load(Alibi + b * stride_ab + h) * alibi_unit
     if n_tiles <= 0:  # rows that see no key (causal or windowed, seqlen_q > seqlen_k): output 0, lse -inf
         _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, stride_om, BLOCK_M, HEAD_DIM)
         return
@@ -1479,7 +1510,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                                    q_row0 + w * WG_ROWS, q_col, m_start + w * WG_ROWS, seqlen_q, seqlen_k, n_lo,
                                    n_tiles, stride_om, lse_base, qk_scale, HEAD_DIM, WG_ROWS, BLOCK_N, STAGES,
                                    IS_CAUSAL, MASK_ALL, 1 if w == 0 else 0, ORDERED, LEAN, EXP2_FMA, TILE_ROW_STORES,
-                                   FEWER_MASKS, KEY_MASKS, WINDOW, win_left, win_right, SOFTCAP, softcap_a))
+                                   FEWER_MASKS, KEY_MASKS, WINDOW, win_left, win_right, SOFTCAP, softcap_a, ALIBI,
+                                   alibi_a))
              if w < NUM_WG else
              (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
                           n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL))
