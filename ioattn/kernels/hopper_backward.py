@@ -404,18 +404,20 @@ def _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d,
     gradient by the raw scores). Both formed here, next to P^T, so that t dies with P^T's fp32 tile:
     holding t (or the factor) beside P^T until P^T's 16-bit operand was formed spilled at d = 128
     (48 B, 6 in the loop) and d = 64 (808 B); t read back from P^T by a log2 after dV's issue, 144 /
-    596 B. ``ALIBI``: flash-attn's bias -slope * |i + seqlen_k - seqlen_q - j| added to ``s`` first,
-    alibi_a = -slope in the units of ``s`` (raw scores, lse folded in or not: -slope / softmax_scale;
-    after a softcap -slope / cap); the query columns as fp32 from this step's ``m_start`` (a
-    conversion an element a step, kept off the loop's registers: held, they spilled)."""
+    596 B. ``ALIBI``: flash-attn's bias -slope * |i + seqlen_k - seqlen_q - j| added to ``s`` for the
+    exponent (the tanh's derivative takes t itself), alibi_a = -slope in the units of ``s`` (raw
+    scores, lse folded in or not: -slope / softmax_scale; after a softcap -slope / cap); the query
+    columns as fp32 from this step's ``m_start`` (a conversion an element a step, kept off the loop's
+    registers: held, they spilled)."""
+    z = s  # the exponent's scores: with ALiBi biased
     if ALIBI:
         rel = (seqlen_k - seqlen_q - n_start - keys_1d).to(gl.float32)  # each key row's - key + off
         queries_f = (m_start + queries_1d).to(gl.float32)
-        s = s + alibi_a * gl.abs(rel[:, None] + queries_f[None, :])
+        z = s + alibi_a * gl.abs(rel[:, None] + queries_f[None, :])
     if LSE_IN_ACC:
-        p = gl.exp2(s * qk_scale)
+        p = gl.exp2(z * qk_scale)
     else:
-        p = gl.exp2(s * qk_scale - lse_log2[None, :])
+        p = gl.exp2(z * qk_scale - lse_log2[None, :])
     if MASKED:
         keys = (n_start + keys_1d)[:, None]
         queries = (m_start + queries_1d)[None, :]
