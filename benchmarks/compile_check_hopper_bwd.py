@@ -60,13 +60,9 @@ def compile_one(variant, d, dt, causal, deterministic=False, varlen=False, windo
         stat = f"tensordesc<fp32[{bm}],{lay['stat']!r}>"
         rows, cols = cfg["dq_block"]
         sig.update(lse_desc=stat, delta_desc=stat, dq_desc=f"tensordesc<fp32[{rows},{cols}],{lay['dq']!r}>", Sem="*i32",
-                   Cu_q="*i32", Cu_k="*i32", softcap_a="fp32", alibi_unit="fp32")
-        if alibi:  # the slopes (else the launcher passes None)
-            sig.update(Alibi="*fp32")
+                   Cu_q="*i32", Cu_k="*i32", softcap_a="fp32", alibi_unit="fp32", Alibi="*fp32")
         cfg["constexprs"] = dict(cfg["constexprs"], DETERMINISTIC=deterministic, IS_VARLEN=varlen, WINDOW=window,
                                  ALIBI=alibi)
-        if not alibi:
-            cfg["constexprs"]["Alibi"] = None
     # dK / dV 16-byte aligned as at run time, so the epilogue's vector stores show in the SASS
     return cfg, compile_sm90(fn, sig, dict(cfg["constexprs"], IS_CAUSAL=causal), cfg["num_warps"],
                              aligned=("dK", "dV"))

@@ -1735,6 +1735,9 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
         assert kw["ALIBI"] and kw["Alibi"] is slopes and kw["BLOCK_M"] == hb.WS_SCORE_MOD_BLOCK_M[64]
         assert math.isclose(args[22], unit) and args[23] == (4 if slopes.dim() == 2 else 0)
     bwd_launches.clear()
+    hb.hopper_backward(x, x, x, x, x, lse, 0.1, True, variant="ws")
+    assert not bwd_launches[0][2]["ALIBI"] and bwd_launches[0][2]["Alibi"].numel() == 0  # a tensor, never None
+    bwd_launches.clear()
     for kw, match in ((dict(alibi_slopes=torch.rand(3)), "alibi_slopes must be fp32 of shape"),
                       (dict(alibi_slopes=torch.rand(4), scale=0.0), "ALiBi needs softmax_scale != 0"),
                       (dict(alibi_slopes=torch.rand(4), variant="base"), "ALiBi needs variant \"ws\"")):

@@ -1385,10 +1385,9 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         n_m = gl.where(n_start < seqlen_k, n_m, 0)
     n_iter = group * n_m
     h0 = h_kv * group
-    if ALIBI:  # the slopes of this program's group of query heads
-        Alibi_h0 = Alibi + b * stride_ab + h0
-    else:
-        Alibi_h0 = Alibi
+    # the slopes of this program's group of query heads (read only under ``ALIBI``; the launcher passes
+    # an empty tensor without: a None handed on to the partitions does not compile at run time)
+    Alibi_h0 = Alibi + b * stride_ab + h0
 
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
     k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -1700,7 +1699,8 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
                                    # ALiBi: the slope to the scores' units (as the forward's)
                                    -1.0 / (softcap if softcap > 0 else softmax_scale) if has_alibi else 0.0,
                                    alibi_slopes.stride(0) if has_alibi and alibi_slopes.dim() == 2 else 0,
-                                   ALIBI=has_alibi, Alibi=alibi_slopes,
+                                   ALIBI=has_alibi,
+                                   Alibi=alibi_slopes if has_alibi else q.new_empty(0, dtype=torch.float32),
                                    IS_CAUSAL=bool(causal), DETERMINISTIC=bool(deterministic), IS_VARLEN=varlen,
                                    WINDOW=has_window,
                                    num_warps=cfg["num_warps"], **consts)
