@@ -385,7 +385,12 @@ SOFTCAP_HEADDIMS = (64, 128, 256)
 # softcap, before the masks; the tile's key columns held as fp32, two operations an element), as the
 # softcap, not the persistent walk. wg3 has no form: its 160-register consumers spill with the
 # columns (80 B non-causal, 192 B causal at d = 64, ptxas 12.8, compile_check_hopper.py --alibi), so a
-# d = 64 ALiBi call takes pingpong (``variant_for``). Taken at the head dims in ``ALIBI_HEADDIMS``.
+# d = 64 ALiBi call takes pingpong (``variant_for``). Taken at the head dims in ``ALIBI_HEADDIMS`` (by the
+# lengths' and windows' tables as without it): those where it was measured ahead of the portable forward
+# at every point (benchmarks/ab_window.py --pass fwd --alibi, bf16, 16k tokens, no mask, causal and
+# (4096, 0) at N = 4096 and 16384, no mask and causal at 512-2048; results/session-2026-12-16-f / -g,
+# NOTES §148), Gluon / portable: d=128 1.08-1.23x (529 / 431 TFLOP/s non-causal at 16384), d=256
+# 1.33-1.63x (739 / 520), d=64 1.02-1.16x (372 / 339).
 ALIBI_VARIANTS = ("pingpong", "split")
 ALIBI_HEADDIMS = (64, 128, 256)
 # The ALiBi form's (key tile, ring depth) by head dim where it differs from ``TILE_TABLE``'s. d = 128's
@@ -1324,7 +1329,10 @@ BWD_WINDOW_MIN_WIDTH = {64: 129, 128: 65, 256: 65}
 
 
 # ALiBi in the Gluon backward: the ws kernel's ALIBI form, at every head dim, by the lengths' and
-# windows' tables as without it. Not with a softcap at these head dims: the key split at d = 128 holds
+# windows' tables as without it: ahead of the portable backward at every point measured (ab_window.py
+# --pass bwd --alibi, as the forward's; results/session-2026-12-16-f / -g, NOTES §148), d=128
+# 1.25-1.61x (583 / 376 TFLOP/s non-causal at 16384), d=256 1.74-3.02x, d=64 1.24-1.49x. Not with a
+# softcap at these head dims: the key split at d = 128 holds
 # both in its 240 registers only by spilling 344 / 428 B (76 / 97 spill instructions in the loop, non-
 # causal / causal; ptxas 12.8, compile_check_hopper_bwd.py --alibi --softcap; NOTES §148).
 BWD_ALIBI_SOFTCAP_REFUSED = (128,)
