@@ -1283,17 +1283,28 @@ def test_host_integer_helpers():
     assert [dispatch.next_power_of_2(n) for n in (0, 1, 2, 3, 4, 5, 16, 17)] == [1, 1, 2, 4, 4, 8, 16, 32]
 
 
-def _fake_forward_launches(monkeypatch) -> list:
-    """The Gluon forward's kernel replaced by a fake that records each launch as (grid, positional
-    arguments, keyword arguments) in the list returned (no GPU here)."""
-    import ioattn.kernels.hopper_forward as hf
+def _fake_launches(monkeypatch, module, kernel: str) -> list:
+    """``module.kernel`` (a Gluon kernel) replaced by a fake that records each launch as (grid,
+    positional arguments, keyword arguments) in the list returned (no GPU here)."""
     launches = []
 
     class Fake:
         def __getitem__(self, grid):
             return lambda *args, **kw: launches.append((grid, args, kw))
-    monkeypatch.setattr(hf, "hopper_fwd_kernel", Fake())
+    monkeypatch.setattr(module, kernel, Fake())
     return launches
+
+
+def _fake_forward_launches(monkeypatch) -> list:
+    """The Gluon forward's kernel faked (``_fake_launches``)."""
+    import ioattn.kernels.hopper_forward as hf
+    return _fake_launches(monkeypatch, hf, "hopper_fwd_kernel")
+
+
+def _fake_backward_launches(monkeypatch) -> list:
+    """The Gluon ws backward's kernel faked (``_fake_launches``)."""
+    import ioattn.kernels.hopper_backward as hb
+    return _fake_launches(monkeypatch, hb, "hopper_bwd_ws_kernel")
 
 
 def test_hopper_forward_launch_constexprs(monkeypatch):
@@ -1607,12 +1618,7 @@ def test_hopper_backward_softcap_launch_and_policy(monkeypatch):
         assert cfg["constexprs"]["COL_SPLIT"] and cfg["block_n"] == 64 and cfg["dq_cols"] == 64
         assert not cfg["dq_flat"] and not hb.kernel_config(128, "ws")["constexprs"]["COL_SPLIT"]
 
-    launches = []
-
-    class Fake:
-        def __getitem__(self, grid):
-            return lambda *args, **kw: launches.append((grid, args, kw))
-    monkeypatch.setattr(hb, "hopper_bwd_ws_kernel", Fake())
+    launches = _fake_backward_launches(monkeypatch)
     lse = torch.randn(1, 2, 8)
     for d in (64, 128):
         x = torch.randn(1, 8, 2, d, dtype=torch.bfloat16)
@@ -1720,12 +1726,7 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
             False, "ALiBi: the ws variant only")
     for d in (64, 128, 256):
         assert hb.kernel_config(d, "ws", alibi=True)["block_m"] == hb.WS_SCORE_MOD_BLOCK_M.get(d, hb.WS_BLOCK_M[d])
-    bwd_launches = []
-
-    class Fake:
-        def __getitem__(self, grid):
-            return lambda *args, **kw: bwd_launches.append((grid, args, kw))
-    monkeypatch.setattr(hb, "hopper_bwd_ws_kernel", Fake())
+    bwd_launches = _fake_backward_launches(monkeypatch)
     x = torch.randn(2, 8, 4, 64, dtype=BF16)
     lse = torch.randn(2, 4, 8)
     for slopes, softcap, unit in ((torch.rand(4), 0.0, -1 / 0.1), (torch.rand(2, 4), 20.0, -1 / 20.0)):
@@ -1745,6 +1746,13 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
         with pytest.raises(ValueError, match=match):
             hb.hopper_backward(x, x, x, x, x, lse, kw.pop("scale"), False, **kw)
     assert not bwd_launches
+    # the backward's plan: a zero scale without a softcap to the portable backward (the device faked)
+    monkeypatch.setattr(hopper, "_device_ok", lambda q: (True, ""))
+    with hopper.prefer_hopper_bwd(True):
+        assert hopper.bwd_plan(q64, q64, q64, False, (-1, -1), 0.0, slopes, 0.0, softmax_scale=0.1)[0]
+        assert hopper.bwd_plan(q64, q64, q64, False, (-1, -1), 0.0, slopes, 0.0, softmax_scale=0.0) == (
+            False, "ALiBi with softmax_scale 0: the portable kernels (the bias is added in the scores' units)")
+        assert hopper.bwd_plan(q64, q64, q64, False, (-1, -1), 5.0, slopes, 0.0, softmax_scale=0.0)[0]
     monkeypatch.setattr(hopper, "bwd_plan", lambda *a: (True, "faked"))
     with dispatch.forced_backend("triton"):
         plan = ioattn.explain_dispatch(q64, q64, q64, alibi_slopes=slopes)
