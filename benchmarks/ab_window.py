@@ -14,7 +14,9 @@ FlexAttention's as a score_mod); a window -1:-1 is no window, -1:0 the causal ma
 every provider with ALiBi (flash-attn's ``alibi_slopes``, the paper's slopes 2^(-8 (h + 1) / H) by
 head; FlexAttention's as a score_mod). Provider ``gluon-cs`` (the backward with a softcap): the Gluon
 backward's column-split form at d = 128 too (``hopper_backward.WS_SOFTCAP_COL_SPLIT_HEADDIMS``, in
-this process), against ``gluon``, the default.
+this process), against ``gluon``, the default. Provider ``gluon-was`` (the forward with ALiBi): the
+ALiBi configuration before NOTES §149 (``alibi_forms``: the fp32 columns, d = 128 at 64-key tiles,
+d = 64 in pingpong).
 
 bf16, 16384 tokens (batch = 16384 / N), hidden 2048 (heads = 2048 / d), as ``ioattn bench train``.
 The backward alone is timed (``torch.autograd.grad`` of a forward kept alive, ``retain_graph``; the
@@ -34,6 +36,7 @@ import torch
 
 import ioattn
 from ioattn import hopper
+from ioattn.kernels import hopper_forward
 from ioattn.bench.timing import median_ms
 
 TOKENS, HIDDEN = 16384, 2048
@@ -111,7 +114,7 @@ def measure_fwd(name, q, k, v, window, softcap=0.0, slopes=None):
         if name == "flex":
             run = flex_forward(q, k, v, *window, softcap, slopes)
             return median_ms(run, [None]), (run(None),)
-        with hopper.prefer_hopper(name == "gluon"):
+        with hopper.prefer_hopper(name.startswith("gluon")):
             run = lambda _: ioattn.flash_attn_func(q, k, v, window_size=window, softcap=softcap,  # noqa: E731
                                                    alibi_slopes=slopes)
             return median_ms(run, [None]), (run(None),)
@@ -136,6 +139,18 @@ def column_split(on):
     if not hasattr(column_split, "default"):
         column_split.default = hopper_backward.WS_SOFTCAP_COL_SPLIT_HEADDIMS
     hopper_backward.WS_SOFTCAP_COL_SPLIT_HEADDIMS = (128,) if on else column_split.default
+
+
+def alibi_forms(name):
+    """``gluon-was``: the forward's ALiBi configuration before NOTES §149 (d = 128 at 64-key tiles four
+    deep with every mask, d = 64 in pingpong, not wg3), for a same-run A/B; any other: the defaults."""
+    if not hasattr(alibi_forms, "default"):
+        alibi_forms.default = (dict(hopper.ALIBI_KEY_TILES), hopper.ALIBI_VARIANTS, dict(hopper.ALIBI_FORMS))
+    tiles, variants, forms = alibi_forms.default
+    if name == "gluon-was":
+        tiles, variants = {(128, False): (64, 4), (128, True): (64, 4)}, ("pingpong", "split")
+        forms = {d: int(hopper_forward.ALIBI_FP32_COLS) for d in (64, 128, 256)}
+    hopper.ALIBI_KEY_TILES, hopper.ALIBI_VARIANTS, hopper.ALIBI_FORMS = dict(tiles), variants, dict(forms)
 
 
 def main():
@@ -177,6 +192,7 @@ def main():
                                alibi=args.alibi, **{"pass": args.which})
                     try:
                         column_split(name == "gluon-cs")
+                        alibi_forms(name)
                         if name != "flex":
                             gluon = name.startswith("gluon")
                             with hopper.prefer_hopper_bwd(gluon), hopper.prefer_hopper(gluon):

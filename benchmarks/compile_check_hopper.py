@@ -19,8 +19,8 @@ launcher passes them); its lines carry ``varlen``.
 ``--window`` compiles the sliding-window form (``WINDOW=True``, masked key tiles, non-causal) of the
 variants that have it (``ioattn.hopper.WINDOW_VARIANTS``); with ``--varlen`` both together. Its lines
 carry ``window``. ``--softcap`` likewise the softcap form (``SOFTCAP=True``, ``SOFTCAP_VARIANTS``;
-with ``--window`` both); its lines carry ``softcap``. ``--alibi`` likewise the ALiBi form (``ALIBI=True``,
-``ALIBI_VARIANTS``; with the others too); its lines carry ``alibi``.
+with ``--window`` both); its lines carry ``softcap``. ``--alibi`` likewise the ALiBi form (``ALIBI`` =
+``hopper.alibi_form(d)``, ``ALIBI_VARIANTS``; with the others too); its lines carry ``alibi``.
 
 It also runs ptxas -v on the PTX (skip with --no-ptxas) and flags C7514 ("wgmma.mma_async
 instructions are serialized"): the ping-pong variants must compile without it. ``top_reg``: the
@@ -94,7 +94,7 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
                       **cfg_persistent(q_prefetch, paired, variant, d, causal))
     constexprs.update(KEY_MASKS=WINDOW_FORM or hopper.key_masks(d, variant, causal, constexprs["KV_TAIL"]),
                       DIAG_TRIM=hopper.diag_trim_for(d, variant, causal), WINDOW=WINDOW_FORM, SOFTCAP=SOFTCAP_FORM,
-                      ALIBI=ALIBI_FORM)
+                      ALIBI=hopper.alibi_form(d) if ALIBI_FORM else 0)
     if ALIBI_FORM:  # the slopes (else the launcher passes None)
         sig.update(Alibi="*fp32")
     else:
@@ -266,7 +266,7 @@ def main():
     ap.add_argument("--softcap", action="store_true",
                     help="the softcap form (SOFTCAP=True; hopper.SOFTCAP_VARIANTS only)")
     ap.add_argument("--alibi", action="store_true",
-                    help="the ALiBi form (ALIBI=True; hopper.ALIBI_VARIANTS only)")
+                    help="the ALiBi form (ALIBI=hopper.alibi_form(d); hopper.ALIBI_VARIANTS only)")
     ap.add_argument("--lpt", action="store_true", help="causal one-tile grids in LPT order (LPT=True)")
     ap.add_argument("--kv-tail", action="store_true",
                     help="fixed-length kernels for key lengths not a multiple of the key tile (KV_TAIL=True)")

@@ -86,7 +86,11 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         if softcap > 0:
             forward["softcap"] = f"{softcap:g} * tanh(s * scale / {softcap:g}) (tanh.approx, before the masks)"
         if alibi:
-            forward["alibi"] = "-slope * |i + seqlen_k - seqlen_q - j| on each score tile (after a softcap, before the masks)"
+            from ioattn.kernels import hopper_forward
+            form = {int(hopper_forward.ALIBI_MAGIC): "the distance by a magic-number conversion",
+                    int(hopper_forward.ALIBI_FP32_COLS): "the key columns held as fp32"}[hopper.alibi_form(q.shape[-1])]
+            forward["alibi"] = ("-slope * |i + seqlen_k - seqlen_q - j| on each score tile (after a softcap, before "
+                                f"the masks; {form})")
         if name == "persistent":
             opts = hopper.persistent_options(q.shape[-1], name, window == (-1, 0), dispatch.cdiv(seqlen_q, bm))
             forward["walk"] = ("a host-built table (hopper.build_walk_table): longest tiles first within groups "

@@ -309,8 +309,8 @@ def kernel_config(d: int, name: str | None = None, causal: bool = False, seqlen_
     The launcher and benchmarks/compile_check_hopper.py both use it, so they cannot diverge."""
     name = variant_for(d) if name is None else _check(name)
     block_m, block_n, stages = TILE_TABLE[name][d]
-    if alibi and d in ALIBI_KEY_TILES:
-        block_n, stages = ALIBI_KEY_TILES[d]
+    if alibi and (d, bool(causal)) in ALIBI_KEY_TILES:
+        block_n, stages = ALIBI_KEY_TILES[(d, bool(causal))]
     short = SHORT_CAUSAL_TILES.get(d)
     if name == "persistent" and causal and seqlen_q is not None and short and seqlen_q <= short[0]:
         block_m, block_n, stages = short[1]
@@ -381,23 +381,36 @@ WINDOW_MIN_WIDTH = {128: 129, 256: 33}
 SOFTCAP_VARIANTS = WINDOW_VARIANTS
 SOFTCAP_HEADDIMS = (64, 128, 256)
 # ALiBi (flash-attn's ``alibi_slopes``: -slope * |i + seqlen_k - seqlen_q - j| on the scores) in the
-# Gluon forward: the two-warpgroup one-tile ping-pong kernels' ALIBI form (``_alibi``: after a
-# softcap, before the masks; the tile's key columns held as fp32, two operations an element), as the
-# softcap, not the persistent walk. wg3 has no form: its 160-register consumers spill with the
-# columns (80 B non-causal, 192 B causal at d = 64, ptxas 12.8, compile_check_hopper.py --alibi), so a
-# d = 64 ALiBi call takes pingpong (``variant_for``). Taken at the head dims in ``ALIBI_HEADDIMS`` (by the
-# lengths' and windows' tables as without it): those where it was measured ahead of the portable forward
-# at every point (benchmarks/ab_window.py --pass fwd --alibi, bf16, 16k tokens, no mask, causal and
-# (4096, 0) at N = 4096 and 16384, no mask and causal at 512-2048; results/session-2026-12-16-f / -g,
-# NOTES §148), Gluon / portable: d=128 1.08-1.23x (529 / 431 TFLOP/s non-causal at 16384), d=256
-# 1.33-1.63x (739 / 520), d=64 1.02-1.16x (372 / 339).
-ALIBI_VARIANTS = ("pingpong", "split")
+# Gluon forward: the one-tile ping-pong kernels' ALIBI form (``_alibi``: after a softcap, before the
+# masks; the distance converted to fp32 by a magic-number add, no register holding the key columns,
+# three operations an element), as the softcap, not the persistent walk. Taken at the head dims in
+# ``ALIBI_HEADDIMS`` (by the lengths' and windows' tables as without it): those where it was measured
+# ahead of the portable forward at every point (benchmarks/ab_window.py --pass fwd --alibi, bf16, 16k
+# tokens, no mask, causal and (4096, 0) at N = 4096 and 16384, no mask and causal at 512-2048;
+# results/session-2026-12-16-f / -g, NOTES §148; §149 for the forms since).
+ALIBI_VARIANTS = ("pingpong", "split", "wg3")
 ALIBI_HEADDIMS = (64, 128, 256)
-# The ALiBi form's (key tile, ring depth) by head dim where it differs from ``TILE_TABLE``'s. d = 128's
-# 128-key tiles spill with the columns' 32 registers a thread (20 B non-causal, 112 B causal in
-# pingpong; 44 / 92 B in split); 64-key tiles four deep: 197-198 registers, no spill, 180 KB of shared
-# memory (NOTES §148).
-ALIBI_KEY_TILES = {128: (64, 4)}
+# The ALiBi form's (key tile, ring depth) by (head dim, causal) where it differs from ``TILE_TABLE``'s.
+# d = 128 causal at 128-key tiles spills 648-680 B (ptxas 12.8, compile_check_hopper.py --alibi: the
+# diagonal's masked body beside the bias); 64-key tiles four deep: no spill, 180 KB of shared memory
+# (NOTES §148). Non-causal 128-key tiles compile to 220 registers, no spill (NOTES §149).
+ALIBI_KEY_TILES = {(128, True): (64, 4)}
+# The kernel's ALiBi form by head dim (``hopper_forward.ALIBI_MAGIC``, the default, or
+# ``ALIBI_FP32_COLS``, NOTES §148's columns held as fp32).
+ALIBI_FORMS: dict[int, int] = {}
+
+
+def alibi_form(d: int) -> int:
+    """The forward kernel's ``ALIBI`` constexpr for an ALiBi call at head dim ``d``."""
+    from .kernels import hopper_forward
+    return ALIBI_FORMS.get(d, int(hopper_forward.ALIBI_MAGIC))
+
+
+def alibi_max_seqlen(d: int) -> int:
+    """The longest sequence (query or key) whose ALiBi distances the form converts exactly, with a
+    tile's padding rows and columns past the end: |distance| < 2^22 by the magic number, 2^24 as fp32."""
+    from .kernels import hopper_forward
+    return (1 << (22 if alibi_form(d) == int(hopper_forward.ALIBI_MAGIC) else 24)) - 256
 
 prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer_hopper(True): ...``
 
@@ -1049,6 +1062,11 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
         return False, f"softcap: the variants {SOFTCAP_VARIANTS} only (here {name})"
     if alibi_slopes is not None and name not in ALIBI_VARIANTS:
         return False, f"ALiBi: the variants {ALIBI_VARIANTS} only (here {name})"
+    if alibi_slopes is not None:
+        longest = max(q.shape[0 if varlen else 1], k.shape[0 if varlen else 1])  # varlen: the totals bound it
+        if longest > alibi_max_seqlen(q.shape[-1]):
+            return False, (f"ALiBi: sequences up to {alibi_max_seqlen(q.shape[-1])} tokens (the bias's exact "
+                           f"conversion; here {longest})")
     if dropout_p > 0:
         return False, "no dropout yet"
     return _rows_layout_ok(q, k, v, varlen, window == (-1, 0))
@@ -1253,7 +1271,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
                             SOFTCAP=softcap > 0, softcap_a=softmax_scale / softcap if softcap > 0 else 0.0,
                             # ALiBi: the slope to the scores' units (after the sign flip above: the
                             # bias joins the flipped scores, the scale their absolute value)
-                            ALIBI=has_alibi, Alibi=alibi_slopes,
+                            ALIBI=alibi_form(d) if has_alibi else 0, Alibi=alibi_slopes,
                             stride_ab=alibi_slopes.stride(0) if has_alibi and alibi_slopes.dim() == 2 else 0,
                             alibi_unit=-1.0 / (softcap if softcap > 0 else softmax_scale) if has_alibi else 0.0,
                             DIAG_TRIM=diag_trim_for(d, cfg["variant"], bool(causal), seqlen_q),

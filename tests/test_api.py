@@ -1649,9 +1649,9 @@ def test_hopper_backward_softcap_launch_and_policy(monkeypatch):
 
 
 def test_hopper_alibi_launch_and_policy(monkeypatch):
-    """ALiBi in the Gluon kernels (their ``ALIBI`` forms): the forward takes a two-warpgroup one-tile
-    variant (pingpong at d = 64, where wg3 has no form; never the persistent walk) with
-    ``ALIBI_KEY_TILES``' key tiles, the backward ``WS_SCORE_MOD_BLOCK_M``'s rows a step; both
+    """ALiBi in the Gluon kernels (their ``ALIBI`` forms): the forward takes the head dim's one-tile
+    variant (never the persistent walk) with ``ALIBI_KEY_TILES``' key tiles (d = 128: 64 keys causal,
+    128 without a mask), the backward ``WS_SCORE_MOD_BLOCK_M``'s rows a step; both
     launchers pass the slopes, their batch stride and -1 / softmax_scale (-1 / cap with a softcap);
     bad slopes and a zero scale are refused before any launch, the plans route a zero scale to the
     portable kernels; the API passes the slopes through and the plan names the forms. (No GPU here:
@@ -1663,17 +1663,27 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
     from ioattn import backends, hopper
     monkeypatch.delenv("IOATTN_HOPPER_VARIANT", raising=False)
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
-    assert hopper.variant_for(64) == "wg3" and hopper.variant_for(64, alibi=True) == "pingpong"
+    assert hopper.variant_for(64, alibi=True) == hopper.variant_for(64) == "wg3"
     n = hopper.PERSISTENT_MAX_SEQLEN[(128, True)]
     assert hopper.variant_for(128, True, n) == "persistent" and hopper.variant_for(128, True, n, alibi=True) == "pingpong"
-    cfg = hopper.kernel_config(128, "pingpong", alibi=True)
-    assert (cfg["block_n"], cfg["stages"]) == hopper.ALIBI_KEY_TILES[128] == (cfg["constexprs"]["BLOCK_N"], 4)
-    assert hopper.kernel_config(256, "pingpong", alibi=True)["block_n"] == hopper.TILE_TABLE["pingpong"][256][1]
+    cfg = hopper.kernel_config(128, "pingpong", causal=True, alibi=True)
+    assert (cfg["block_n"], cfg["stages"]) == hopper.ALIBI_KEY_TILES[(128, True)] == (cfg["constexprs"]["BLOCK_N"], 4)
+    for d, causal in ((128, False), (256, False), (256, True)):
+        assert hopper.kernel_config(d, "pingpong", causal, alibi=True)["block_n"] == hopper.TILE_TABLE["pingpong"][d][1]
     q64 = torch.randn(1, 8, 4, 64, dtype=BF16)
     assert hopper.call_supported(q64, q64, q64, False, (-1, -1), 0.0, torch.ones(4), 0.0) == (True, "")
-    with hopper.variant("wg3"):
+    with hopper.variant("persistent"):
         assert hopper.call_supported(q64, q64, q64, False, (-1, -1), 0.0, torch.ones(4), 0.0) == (
-            False, f"ALiBi: the variants {hopper.ALIBI_VARIANTS} only (here wg3)")
+            False, f"ALiBi: the variants {hopper.ALIBI_VARIANTS} only (here persistent)")
+    # the magic-number conversion's bound (a view: no memory)
+    longest = hopper.alibi_max_seqlen(64)
+    assert longest == (1 << 22) - 256 and hopper.alibi_max_seqlen(128) == longest
+    long_k = q64[:, :1].expand(1, longest + 1, 4, 64)
+    assert hopper.call_supported(q64, long_k, long_k, False, (-1, -1), 0.0, torch.ones(4), 0.0) == (
+        False, f"ALiBi: sequences up to {longest} tokens (the bias's exact conversion; here {longest + 1})")
+    with monkeypatch.context() as m:
+        m.setattr(hopper, "ALIBI_FORMS", {64: 2})  # the fp32 columns: exact to 2^24
+        assert hopper.alibi_max_seqlen(64) == (1 << 24) - 256 and hopper.alibi_max_seqlen(128) == longest
 
     launches = _fake_forward_launches(monkeypatch)
     q = torch.randn(2, n, 4, 128, dtype=BF16)
@@ -1683,6 +1693,9 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
         ((grid, args, kw),) = launches
         assert kw["ALIBI"] and kw["Alibi"] is slopes and not kw["PERSISTENT"] and kw["BLOCK_N"] == 64
         assert kw["stride_ab"] == (4 if slopes.dim() == 2 else 0) and math.isclose(kw["alibi_unit"], unit)
+    launches.clear()
+    hopper.hopper_forward(q, q, q, 0.1, False, alibi_slopes=torch.rand(4))  # no mask: the plain key tiles
+    assert launches[0][2]["ALIBI"] and launches[0][2]["BLOCK_N"] == hopper.TILE_TABLE["pingpong"][128][1] == 128
     launches.clear()
     hopper.hopper_forward(q, q, q, 0.1, True)
     assert not launches[0][2]["ALIBI"] and launches[0][2]["Alibi"] is None

@@ -747,9 +747,9 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
     o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
     diag = m_start + seqlen_k - seqlen_q  # the last key column this warpgroup's first row may see
-    if ALIBI:  # each row's diagonal key and the tile's columns as fp32 (exact below 2^24)
-        diag_f = (diag + rows_1d).to(gl.float32)
-        cols_f = cols_1d.to(gl.float32)
+    if ALIBI:  # each row's diagonal key (an integer: ``_alibi`` converts the differences)
+        diag_rows = diag + rows_1d
+        cols_f = cols_1d.to(gl.float32) if ALIBI == ALIBI_FP32_COLS else cols_1d
     if LEAN & LEAN_PTX_BARRIERS:
         _ptx_barriers_marker(rows_1d)
     if LEAN & LEAN_Q_REGS:  # Q as the products' register operand: loaded once a tile
@@ -764,7 +764,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     if SOFTCAP:
         s = _softcap(s, softcap_a)
     if ALIBI:
-        s = _alibi(s, alibi_a, diag_f - (n_lo * BLOCK_N), cols_f)
+        s = _alibi(s, alibi_a, diag_rows - n_lo * BLOCK_N, cols_1d, cols_f, ALIBI)
     KEY_END: gl.constexpr = not (FEWER_MASKS and IS_CAUSAL)
     if FEWER_MASKS:
         need_mask = n_tiles == 1
@@ -807,7 +807,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
             s = _softcap(s, softcap_a)
         n_start = (n_lo + i + 1) * BLOCK_N
         if ALIBI:
-            s = _alibi(s, alibi_a, diag_f - n_start, cols_f)
+            s = _alibi(s, alibi_a, diag_rows - n_start, cols_1d, cols_f, ALIBI)
         # masks: the last tile always (key end, diagonal); under a causal mask also a tile that
         # reaches past this warpgroup's first row's diagonal
         need_mask = i + 1 == n_tiles - 1
@@ -853,15 +853,32 @@ def _softcap(s, softcap_a):
                                      is_pure=True, pack=1)
 
 
+ALIBI_MAGIC = gl.constexpr(1)  # ``ALIBI``'s forms: the distance by the magic-number conversion
+ALIBI_FP32_COLS = gl.constexpr(2)  # the tile's columns held as fp32 (NOTES §148)
+
+
 @gluon.jit
-def _alibi(s, alibi_a, rel_f, cols_f):
-    """s + alibi_a * |rel_i - c| for a (rows x keys) score tile: ``rel_f`` each row's diagonal key (i +
-    seqlen_k - seqlen_q) less the tile's first key, ``cols_f`` the tile's columns 0, 1, ..., both fp32
-    (exact below 2^24): flash-attn's ALiBi bias -slope * |i + seqlen_k - seqlen_q - j|, alibi_a =
-    -slope in the units of ``s`` (-slope / softmax_scale on raw scores, -slope / cap after a softcap:
-    the softmax's scale brings it back). Added after the softcap, before the masks (the reference's
-    order); two operations an element."""
-    return s + alibi_a * gl.abs(rel_f[:, None] - cols_f[None, :])
+def _alibi(s, alibi_a, rel, cols, cols_f, FORM: gl.constexpr):
+    """s + alibi_a * |rel_i - c| for a (rows x keys) score tile: ``rel`` each row's diagonal key (i +
+    seqlen_k - seqlen_q) less the tile's first key, ``cols`` the tile's columns 0, 1, ..., both int32:
+    flash-attn's ALiBi bias -slope * |i + seqlen_k - seqlen_q - j|, alibi_a = -slope in the units of
+    ``s`` (-slope / softmax_scale on raw scores, -slope / cap after a softcap: the softmax's scale
+    brings it back). Added after the softcap, before the masks (the reference's order).
+
+    The difference is converted to fp32 by the magic number 1.5 * 2^23: the integer (rel + 0x4B400000)
+    - c read as fp32 is 12582912 + (rel - c) exactly while |rel - c| < 2^22 (the launcher's
+    ``ALIBI_MAX_SEQLEN``). The integer sum folds to one per row and thread, and each column's offset
+    within the thread's columns is an immediate: no register holds the columns (as fp32 they took
+    BLOCK_N / 4 a thread, which d = 128's 128-key tiles and wg3 could not spare; NOTES §149). Three
+    operations an element: IADD (integer pipe), FADD, FFMA with |.|.
+
+    ``FORM`` ``ALIBI_FP32_COLS``: the difference of ``rel`` as fp32 and ``cols_f``, the columns as fp32
+    held across the key loop (two operations an element, BLOCK_N / 4 registers a thread)."""
+    if FORM == ALIBI_FP32_COLS:
+        d = rel.to(gl.float32)[:, None] - cols_f[None, :]
+    else:
+        d = ((rel + 0x4B400000)[:, None] - cols[None, :]).to(gl.float32, bitcast=True) - 12582912.0
+    return s + alibi_a * gl.abs(d)
 
 
 @gluon.jit
