@@ -12,7 +12,7 @@ out=${1:?outdir}
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 {
 t0=$(date +%s)
-timeout 200 python3 -m pytest -q -n 8 tests/test_gpu.py -p no:cacheprovider \
+timeout 230 python3 -m pytest -q -n 8 tests/test_gpu.py -p no:cacheprovider \
     -k "hopper_alibi or hopper_varlen_alibi or test_hopper_forward_window_default_policy or test_hopper_backward_through_the_api or test_hopper_forward_softcap" > "$out/tests.log" 2>&1
 echo "tests rc=$? $(( $(date +%s) - t0 ))s: $(tail -n 1 "$out/tests.log")"
 grep -E "^(FAILED|ERROR)" "$out/tests.log" | head -12
@@ -22,15 +22,15 @@ timeout 80 compute-sanitizer --tool memcheck python3 benchmarks/sanitize_small.p
 echo "memcheck --alibi rc=$? $(( $(date +%s) - t0 ))s: $(grep -E 'ERROR SUMMARY|done' "$out/memcheck.log" | tr '\n' ' ')"
 mkdir -p "$out/long" "$out/short" "$out/softcap"
 t0=$(date +%s)
-timeout 150 python3 benchmarks/ab_window.py --pass fwd --alibi --out "$out/long" --headdims 128,64,256 \
+timeout 140 python3 benchmarks/ab_window.py --pass fwd --alibi --out "$out/long" --headdims 128,64,256 \
     --seqlens 4096,16384 --windows=-1:-1,-1:0,4096:0 --providers gluon,gluon-was,portable
 echo "ab_window long rc=$? $(( $(date +%s) - t0 ))s"
 t0=$(date +%s)
-timeout 100 python3 benchmarks/ab_window.py --pass fwd --alibi --out "$out/short" --headdims 128,64 \
+timeout 90 python3 benchmarks/ab_window.py --pass fwd --alibi --out "$out/short" --headdims 128,64 \
     --seqlens 512,1024,2048 --windows=-1:-1,-1:0 --providers gluon,gluon-was,portable
 echo "ab_window short rc=$? $(( $(date +%s) - t0 ))s"
 t0=$(date +%s)
-timeout 60 python3 benchmarks/ab_window.py --pass fwd --alibi --softcap 50 --out "$out/softcap" --headdims 64 \
+timeout 55 python3 benchmarks/ab_window.py --pass fwd --alibi --softcap 50 --out "$out/softcap" --headdims 64 \
     --seqlens 4096,16384 --windows=-1:-1,-1:0 --providers gluon,gluon-was,portable
 echo "ab_window softcap rc=$? $(( $(date +%s) - t0 ))s"
 } 2>&1 | tee "$out/summary.log"
