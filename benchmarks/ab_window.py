@@ -15,8 +15,8 @@ every provider with ALiBi (flash-attn's ``alibi_slopes``, the paper's slopes 2^(
 head; FlexAttention's as a score_mod). Provider ``gluon-cs`` (the backward with a softcap): the Gluon
 backward's column-split form at d = 128 too (``hopper_backward.WS_SOFTCAP_COL_SPLIT_HEADDIMS``, in
 this process), against ``gluon``, the default. Provider ``gluon-was`` (the forward with ALiBi): the
-ALiBi configuration before NOTES §149 (``alibi_forms``: the fp32 columns, d = 128 at 64-key tiles,
-d = 64 in pingpong).
+ALiBi configuration of NOTES §148 (``alibi_forms``: the fp32 columns everywhere, d = 128 at 64-key
+tiles, d = 64 in pingpong).
 
 bf16, 16384 tokens (batch = 16384 / N), hidden 2048 (heads = 2048 / d), as ``ioattn bench train``.
 The backward alone is timed (``torch.autograd.grad`` of a forward kept alive, ``retain_graph``; the
@@ -36,7 +36,6 @@ import torch
 
 import ioattn
 from ioattn import hopper
-from ioattn.kernels import hopper_forward
 from ioattn.bench.timing import median_ms
 
 TOKENS, HIDDEN = 16384, 2048
@@ -142,15 +141,11 @@ def column_split(on):
 
 
 def alibi_forms(name):
-    """``gluon-was``: the forward's ALiBi configuration before NOTES §149 (d = 128 at 64-key tiles four
-    deep with every mask, d = 64 in pingpong, not wg3), for a same-run A/B; any other: the defaults."""
+    """``gluon-was``: the forward's ALiBi configuration of NOTES §148 (the fp32 columns at every head dim:
+    d = 128 at 64-key tiles four deep, d = 64 in pingpong), for a same-run A/B; any other: the default."""
     if not hasattr(alibi_forms, "default"):
-        alibi_forms.default = (dict(hopper.ALIBI_KEY_TILES), hopper.ALIBI_VARIANTS, dict(hopper.ALIBI_FORMS))
-    tiles, variants, forms = alibi_forms.default
-    if name == "gluon-was":
-        tiles, variants = {(128, False): (64, 4), (128, True): (64, 4)}, ("pingpong", "split")
-        forms = {d: int(hopper_forward.ALIBI_FP32_COLS) for d in (64, 128, 256)}
-    hopper.ALIBI_KEY_TILES, hopper.ALIBI_VARIANTS, hopper.ALIBI_FORMS = dict(tiles), variants, dict(forms)
+        alibi_forms.default = hopper.ALIBI_MAGIC_HEADDIMS
+    hopper.ALIBI_MAGIC_HEADDIMS = () if name == "gluon-was" else alibi_forms.default
 
 
 def main():

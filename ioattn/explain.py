@@ -42,7 +42,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         reason = "forced (dispatch.forced_backend)"
     window = normalize_window(window_size, bool(causal))
     seqlen_q = max_seqlen_q if varlen else q.shape[1]
-    alibi = alibi_slopes is not None
+    alibi = hopper.alibi_call_form(alibi_slopes, q.shape[-1], window, varlen)
     ok, refusal = hopper.hopper_supports(q, k, v, varlen, window, softcap, alibi_slopes, 0.0)
     taken, why = hopper.fwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, 0.0, seqlen_q)
     gluon = f"taken ({why})" if taken else f"not taken ({why})" if ok else f"not applicable ({refusal})"
@@ -86,9 +86,8 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         if softcap > 0:
             forward["softcap"] = f"{softcap:g} * tanh(s * scale / {softcap:g}) (tanh.approx, before the masks)"
         if alibi:
-            from ioattn.kernels import hopper_forward
-            form = {int(hopper_forward.ALIBI_MAGIC): "the distance by a magic-number conversion",
-                    int(hopper_forward.ALIBI_FP32_COLS): "the key columns held as fp32"}[hopper.alibi_form(q.shape[-1])]
+            form = {hopper.ALIBI_MAGIC: "the distance by a magic-number conversion",
+                    hopper.ALIBI_FP32_COLS: "the key columns held as fp32"}[alibi]
             forward["alibi"] = ("-slope * |i + seqlen_k - seqlen_q - j| on each score tile (after a softcap, before "
                                 f"the masks; {form})")
         if name == "persistent":
@@ -125,7 +124,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     gluon_bwd, bwd_why = hopper.bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, 0.0, seqlen_q)
     if gluon_bwd:
         from ioattn.kernels import hopper_backward
-        cfg = hopper_backward.kernel_config(d, hopper.BWD_VARIANT, softcap > 0, alibi)
+        cfg = hopper_backward.kernel_config(d, hopper.BWD_VARIANT, softcap > 0, bool(alibi))
         backward = {"kernels": f"ioattn.kernels.hopper_backward (Gluon, {hopper.BWD_VARIANT})",
                     "tiles": (cfg["block_m"], cfg["block_n"], cfg["num_warps"], cfg["stages"]), "atomics": True,
                     "inputs": hopper.inputs_note(q, k, v, varlen, window == (-1, 0), backward=True)}

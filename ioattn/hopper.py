@@ -173,13 +173,14 @@ def active_variant() -> str | None:
 
 
 def variant_for(d: int, causal: bool = False, seqlen_q: int | None = None, varlen: bool = False,
-                window: bool = False, alibi: bool = False) -> str:
+                window: bool = False, alibi: int = 0) -> str:
     """The variant a call at head dim ``d`` runs: the one set by name; else, for a fixed-length
     call without a sliding ``window`` (or another one-tile form: softcap, ALiBi) with
     ``PERSISTENT_MIN_SEQLEN[(d, causal)]`` (0 if absent) <= ``seqlen_q`` <=
     ``PERSISTENT_MAX_SEQLEN[(d, causal)]``, "persistent"; else ``DEFAULT_VARIANT_BY_HEADDIM``'s, else
-    ``DEFAULT_VARIANT``, and with ``alibi`` ``DEFAULT_VARIANT`` where that one has no ALiBi form
-    (``ALIBI_VARIANTS``). (Without ``seqlen_q``: the head dim's default.)"""
+    ``DEFAULT_VARIANT``, and with ``alibi`` (the call's form, ``alibi_form``) ``DEFAULT_VARIANT`` where
+    that one has no such form (``ALIBI_VARIANTS``, the fp32 columns ``ALIBI_FP32_VARIANTS``). (Without
+    ``seqlen_q``: the head dim's default.)"""
     named = active_variant()
     if named:
         return named
@@ -188,7 +189,9 @@ def variant_for(d: int, causal: bool = False, seqlen_q: int | None = None, varle
             PERSISTENT_MIN_SEQLEN.get(key, 0) <= seqlen_q <= PERSISTENT_MAX_SEQLEN.get(key, 0):
         return "persistent"
     name = DEFAULT_VARIANT_BY_HEADDIM.get(d, DEFAULT_VARIANT)
-    return DEFAULT_VARIANT if alibi and name not in ALIBI_VARIANTS else name
+    if alibi and name not in (ALIBI_FP32_VARIANTS if alibi == ALIBI_FP32_COLS else ALIBI_VARIANTS):
+        return DEFAULT_VARIANT
+    return name
 
 
 def set_variant(name: str | None) -> None:
@@ -300,17 +303,18 @@ SHORT_CAUSAL_TILES = {128: (512, (128, 64, 4))}
 
 
 def kernel_config(d: int, name: str | None = None, causal: bool = False, seqlen_q: int | None = None,
-                  alibi: bool = False) -> dict:
+                  alibi: int = 0) -> dict:
     """Launch configuration of ``hopper_fwd_kernel`` for head dim ``d`` under variant ``name`` (default:
     ``variant_for(d)``), mask (``causal``; an option's fit depends on it) and, for the tiles of short
     causal persistent calls (``SHORT_CAUSAL_TILES``), ``seqlen_q`` (None: the variant's own tiles):
     tiles, the Q descriptor's block rows, num_warps and the variant's constexprs. ``alibi``: the
-    ALiBi form's key tiles where they differ (``ALIBI_KEY_TILES``).
+    call's ALiBi form (``alibi_form``; 0 without ALiBi), the fp32 columns' key tiles where they
+    differ (``ALIBI_KEY_TILES``).
     The launcher and benchmarks/compile_check_hopper.py both use it, so they cannot diverge."""
     name = variant_for(d) if name is None else _check(name)
     block_m, block_n, stages = TILE_TABLE[name][d]
-    if alibi and (d, bool(causal)) in ALIBI_KEY_TILES:
-        block_n, stages = ALIBI_KEY_TILES[(d, bool(causal))]
+    if alibi == ALIBI_FP32_COLS and d in ALIBI_KEY_TILES:
+        block_n, stages = ALIBI_KEY_TILES[d]
     short = SHORT_CAUSAL_TILES.get(d)
     if name == "persistent" and causal and seqlen_q is not None and short and seqlen_q <= short[0]:
         block_m, block_n, stages = short[1]
@@ -382,35 +386,53 @@ SOFTCAP_VARIANTS = WINDOW_VARIANTS
 SOFTCAP_HEADDIMS = (64, 128, 256)
 # ALiBi (flash-attn's ``alibi_slopes``: -slope * |i + seqlen_k - seqlen_q - j| on the scores) in the
 # Gluon forward: the one-tile ping-pong kernels' ALIBI form (``_alibi``: after a softcap, before the
-# masks; the distance converted to fp32 by a magic-number add, no register holding the key columns,
-# three operations an element), as the softcap, not the persistent walk. Taken at the head dims in
-# ``ALIBI_HEADDIMS`` (by the lengths' and windows' tables as without it): those where it was measured
-# ahead of the portable forward at every point (benchmarks/ab_window.py --pass fwd --alibi, bf16, 16k
-# tokens, no mask, causal and (4096, 0) at N = 4096 and 16384, no mask and causal at 512-2048;
-# results/session-2026-12-16-f / -g, NOTES §148; §149 for the forms since).
-ALIBI_VARIANTS = ("pingpong", "split", "wg3")
+# masks), as the softcap, not the persistent walk. Taken at the head dims in ``ALIBI_HEADDIMS`` (by the
+# lengths' and windows' tables as without it): those where it was measured ahead of the portable
+# forward at every point (benchmarks/ab_window.py --pass fwd --alibi, bf16, 16k tokens, no mask, causal
+# and (4096, 0) at N = 4096 and 16384, no mask and causal at 512-2048; results/session-2026-12-16-f /
+# -g, NOTES §148; session-2026-12-17-a, §149).
+ALIBI_VARIANTS = ("pingpong", "split", "wg3")  # wg3: the magic form only (``alibi_form``)
+ALIBI_FP32_VARIANTS = ("pingpong", "split")
 ALIBI_HEADDIMS = (64, 128, 256)
-# The ALiBi form's (key tile, ring depth) by (head dim, causal) where it differs from ``TILE_TABLE``'s.
-# d = 128 causal at 128-key tiles spills 648-680 B (ptxas 12.8, compile_check_hopper.py --alibi: the
-# diagonal's masked body beside the bias); 64-key tiles four deep: no spill, 180 KB of shared memory
-# (NOTES §148). Non-causal 128-key tiles compile to 220 registers, no spill (NOTES §149).
-ALIBI_KEY_TILES = {(128, True): (64, 4)}
-# The kernel's ALiBi form by head dim (``hopper_forward.ALIBI_MAGIC``, the default, or
-# ``ALIBI_FP32_COLS``, NOTES §148's columns held as fp32).
-ALIBI_FORMS: dict[int, int] = {}
+# Two forms (``alibi_form``). The distance by the magic-number conversion (``ALIBI_MAGIC``) needs no
+# register for the key columns, so the head dim's plain configuration fits: d = 128's 128-key tiles
+# (220 registers, no spill) and wg3 at d = 64 (157 of its 160): non-causal without a window, 1.16-1.25x
+# §148's configuration at d = 128 (644 / 515 TFLOP/s at N = 16384) and 1.02-1.33x at d = 64 (478 / 360),
+# 512-16384 (results/session-2026-12-17-a, NOTES §149). Causal or windowed it lost to the fp32 columns
+# (``ALIBI_FP32_COLS``, §148): d = 128 causal spills 648-680 B at 128-key tiles and at §148's 64-key
+# tiles ran 0.95-0.96x (its third operation an element); windows at 128-key tiles 0.93x; wg3 causal
+# 0.63-0.94x below N = 16384; d = 256 (the form alone) 0.95-1.01x. Packed sequences at d = 64 spill in
+# wg3 (288 B): the fp32 form.
+ALIBI_MAGIC_HEADDIMS = (64, 128)
+ALIBI_MAGIC, ALIBI_FP32_COLS = 1, 2  # the kernel's ``ALIBI`` values (0: no ALiBi)
+# The fp32 form's (key tile, ring depth) by head dim where it differs from ``TILE_TABLE``'s: d = 128's
+# 128-key tiles spill with the columns' 32 registers a thread (20 B non-causal, 112 B causal in
+# pingpong; 44 / 92 B in split); 64-key tiles four deep: 194-200 registers, no spill, 180 KB of shared
+# memory (NOTES §148).
+ALIBI_KEY_TILES = {128: (64, 4)}
 
 
-def alibi_form(d: int) -> int:
-    """The forward kernel's ``ALIBI`` constexpr for an ALiBi call at head dim ``d``."""
-    from .kernels import hopper_forward
-    return ALIBI_FORMS.get(d, int(hopper_forward.ALIBI_MAGIC))
+def alibi_form(d: int, causal: bool = False, window: bool = False, varlen: bool = False) -> int:
+    """The forward kernel's ``ALIBI`` constexpr for an ALiBi call at head dim ``d`` (``window``: a
+    sliding window other than the causal mask): the magic-number form at ``ALIBI_MAGIC_HEADDIMS``
+    without a mask (not packed at d = 64), else the fp32 columns."""
+    if d in ALIBI_MAGIC_HEADDIMS and not causal and not window and not (varlen and d == 64):
+        return ALIBI_MAGIC
+    return ALIBI_FP32_COLS
 
 
-def alibi_max_seqlen(d: int) -> int:
-    """The longest sequence (query or key) whose ALiBi distances the form converts exactly, with a
+def alibi_call_form(alibi_slopes, d: int, window, varlen: bool) -> int:
+    """``alibi_form`` for a call by its flash-attn window ((-1, 0): causal); 0 without ``alibi_slopes``."""
+    if alibi_slopes is None:
+        return 0
+    return alibi_form(d, tuple(window) == (-1, 0), tuple(window) not in ((-1, -1), (-1, 0)), varlen)
+
+
+def alibi_max_seqlen(form: int) -> int:
+    """The longest sequence (query or key) whose ALiBi distances ``form`` converts exactly, with a
     tile's padding rows and columns past the end: |distance| < 2^22 by the magic number, 2^24 as fp32."""
-    from .kernels import hopper_forward
-    return (1 << (22 if alibi_form(d) == int(hopper_forward.ALIBI_MAGIC) else 24)) - 256
+    return (1 << (22 if form == ALIBI_MAGIC else 24)) - 256
+
 
 prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer_hopper(True): ...``
 
@@ -1045,8 +1067,9 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
     without the device and the Triton build: pure Python, testable anywhere."""
     if q.dtype not in (torch.float16, torch.bfloat16):
         return False, "fp16/bf16 only"
+    form = alibi_call_form(alibi_slopes, q.shape[-1], window, varlen)
     try:
-        name = variant_for(q.shape[-1], alibi=alibi_slopes is not None)
+        name = variant_for(q.shape[-1], alibi=form)
     except ValueError as e:
         return False, str(e)
     if q.shape[-1] not in TILES:
@@ -1060,12 +1083,13 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
         return False, f"sliding window: the variants {WINDOW_VARIANTS} only (here {name})"
     if softcap > 0 and name not in SOFTCAP_VARIANTS:
         return False, f"softcap: the variants {SOFTCAP_VARIANTS} only (here {name})"
-    if alibi_slopes is not None and name not in ALIBI_VARIANTS:
-        return False, f"ALiBi: the variants {ALIBI_VARIANTS} only (here {name})"
-    if alibi_slopes is not None:
+    if form:
+        variants = ALIBI_FP32_VARIANTS if form == ALIBI_FP32_COLS else ALIBI_VARIANTS
+        if name not in variants:
+            return False, f"ALiBi: the variants {variants} only (here {name})"
         longest = max(q.shape[0 if varlen else 1], k.shape[0 if varlen else 1])  # varlen: the totals bound it
-        if longest > alibi_max_seqlen(q.shape[-1]):
-            return False, (f"ALiBi: sequences up to {alibi_max_seqlen(q.shape[-1])} tokens (the bias's exact "
+        if longest > alibi_max_seqlen(form):
+            return False, (f"ALiBi: sequences up to {alibi_max_seqlen(form)} tokens (the bias's exact "
                            f"conversion; here {longest})")
     if dropout_p > 0:
         return False, "no dropout yet"
@@ -1204,14 +1228,16 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
         stride_lse_b, stride_lse_h = lse.stride(0), lse.stride(1)
     if q.numel() == 0 or seqlen_q == 0 or (varlen and (k.numel() == 0 or seqlen_k == 0)):
         return out.zero_(), lse.fill_(float("-inf"))
-    cfg = kernel_config(d, variant_for(d, causal, seqlen_q, varlen, has_window or softcap > 0, has_alibi),
-                        bool(causal), seqlen_q, has_alibi)
+    form = alibi_form(d, bool(causal), has_window, varlen) if has_alibi else 0
+    cfg = kernel_config(d, variant_for(d, causal, seqlen_q, varlen, has_window or softcap > 0, form),
+                        bool(causal), seqlen_q, form)
     if has_window and cfg["variant"] not in WINDOW_VARIANTS:
         raise ValueError(f"a sliding window needs one of the variants {WINDOW_VARIANTS}, got {cfg['variant']!r}")
     if softcap > 0 and cfg["variant"] not in SOFTCAP_VARIANTS:
         raise ValueError(f"a softcap needs one of the variants {SOFTCAP_VARIANTS}, got {cfg['variant']!r}")
-    if has_alibi and cfg["variant"] not in ALIBI_VARIANTS:
-        raise ValueError(f"ALiBi needs one of the variants {ALIBI_VARIANTS}, got {cfg['variant']!r}")
+    variants = ALIBI_FP32_VARIANTS if form == ALIBI_FP32_COLS else ALIBI_VARIANTS
+    if has_alibi and cfg["variant"] not in variants:
+        raise ValueError(f"ALiBi needs one of the variants {variants}, got {cfg['variant']!r}")
     block_m, block_n, q_rows = cfg["block_m"], cfg["block_n"], cfg["q_rows"]
     if cfg["constexprs"]["LEAN"] and softmax_scale < 0:
         # the lean softmax scales the row maximum of the raw scores, which needs scale >= 0:
@@ -1271,7 +1297,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
                             SOFTCAP=softcap > 0, softcap_a=softmax_scale / softcap if softcap > 0 else 0.0,
                             # ALiBi: the slope to the scores' units (after the sign flip above: the
                             # bias joins the flipped scores, the scale their absolute value)
-                            ALIBI=alibi_form(d) if has_alibi else 0, Alibi=alibi_slopes,
+                            ALIBI=form, Alibi=alibi_slopes,
                             stride_ab=alibi_slopes.stride(0) if has_alibi and alibi_slopes.dim() == 2 else 0,
                             alibi_unit=-1.0 / (softcap if softcap > 0 else softmax_scale) if has_alibi else 0.0,
                             DIAG_TRIM=diag_trim_for(d, cfg["variant"], bool(causal), seqlen_q),

@@ -1649,9 +1649,10 @@ def test_hopper_backward_softcap_launch_and_policy(monkeypatch):
 
 
 def test_hopper_alibi_launch_and_policy(monkeypatch):
-    """ALiBi in the Gluon kernels (their ``ALIBI`` forms): the forward takes the head dim's one-tile
-    variant (never the persistent walk) with ``ALIBI_KEY_TILES``' key tiles (d = 128: 64 keys causal,
-    128 without a mask), the backward ``WS_SCORE_MOD_BLOCK_M``'s rows a step; both
+    """ALiBi in the Gluon kernels (their ``ALIBI`` forms): the forward takes a one-tile variant (never
+    the persistent walk) in the call's form (``alibi_form``): without a mask at d = 64 / 128 the
+    magic-number form in the head dim's plain configuration (wg3; 128-key tiles), else the fp32 columns
+    in a two-warpgroup variant with ``ALIBI_KEY_TILES``' key tiles; the backward ``WS_SCORE_MOD_BLOCK_M``'s rows a step; both
     launchers pass the slopes, their batch stride and -1 / softmax_scale (-1 / cap with a softcap);
     bad slopes and a zero scale are refused before any launch, the plans route a zero scale to the
     portable kernels; the API passes the slopes through and the plan names the forms. (No GPU here:
@@ -1663,27 +1664,35 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
     from ioattn import backends, hopper
     monkeypatch.delenv("IOATTN_HOPPER_VARIANT", raising=False)
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
-    assert hopper.variant_for(64, alibi=True) == hopper.variant_for(64) == "wg3"
+    magic, cols = hopper.ALIBI_MAGIC, hopper.ALIBI_FP32_COLS
+    assert [hopper.alibi_form(d) for d in (64, 128, 256)] == [magic, magic, cols]
+    assert hopper.alibi_form(128, causal=True) == hopper.alibi_form(128, window=True) == cols
+    assert hopper.alibi_form(128, varlen=True) == magic and hopper.alibi_form(64, varlen=True) == cols
+    assert hopper.variant_for(64, alibi=magic) == hopper.variant_for(64) == "wg3"
+    assert hopper.variant_for(64, True, alibi=cols) == "pingpong"
     n = hopper.PERSISTENT_MAX_SEQLEN[(128, True)]
-    assert hopper.variant_for(128, True, n) == "persistent" and hopper.variant_for(128, True, n, alibi=True) == "pingpong"
-    cfg = hopper.kernel_config(128, "pingpong", causal=True, alibi=True)
-    assert (cfg["block_n"], cfg["stages"]) == hopper.ALIBI_KEY_TILES[(128, True)] == (cfg["constexprs"]["BLOCK_N"], 4)
-    for d, causal in ((128, False), (256, False), (256, True)):
-        assert hopper.kernel_config(d, "pingpong", causal, alibi=True)["block_n"] == hopper.TILE_TABLE["pingpong"][d][1]
+    assert hopper.variant_for(128, True, n) == "persistent" and hopper.variant_for(128, True, n, alibi=cols) == "pingpong"
+    cfg = hopper.kernel_config(128, "pingpong", causal=True, alibi=cols)
+    assert (cfg["block_n"], cfg["stages"]) == hopper.ALIBI_KEY_TILES[128] == (cfg["constexprs"]["BLOCK_N"], 4)
+    for d, form in ((128, magic), (256, cols)):
+        assert hopper.kernel_config(d, "pingpong", alibi=form)["block_n"] == hopper.TILE_TABLE["pingpong"][d][1]
     q64 = torch.randn(1, 8, 4, 64, dtype=BF16)
     assert hopper.call_supported(q64, q64, q64, False, (-1, -1), 0.0, torch.ones(4), 0.0) == (True, "")
+    assert hopper.call_supported(q64, q64, q64, False, (-1, 0), 0.0, torch.ones(4), 0.0) == (True, "")
     with hopper.variant("persistent"):
         assert hopper.call_supported(q64, q64, q64, False, (-1, -1), 0.0, torch.ones(4), 0.0) == (
             False, f"ALiBi: the variants {hopper.ALIBI_VARIANTS} only (here persistent)")
-    # the magic-number conversion's bound (a view: no memory)
-    longest = hopper.alibi_max_seqlen(64)
-    assert longest == (1 << 22) - 256 and hopper.alibi_max_seqlen(128) == longest
+    with hopper.variant("wg3"):  # causal: the fp32 columns, which wg3 has no room for
+        assert hopper.call_supported(q64, q64, q64, False, (-1, 0), 0.0, torch.ones(4), 0.0) == (
+            False, f"ALiBi: the variants {hopper.ALIBI_FP32_VARIANTS} only (here wg3)")
+    # each form's exact bound (a view: no memory): 2^22 by the magic number, 2^24 as fp32
+    longest = hopper.alibi_max_seqlen(magic)
+    assert longest == (1 << 22) - 256 and hopper.alibi_max_seqlen(cols) == (1 << 24) - 256
     long_k = q64[:, :1].expand(1, longest + 1, 4, 64)
     assert hopper.call_supported(q64, long_k, long_k, False, (-1, -1), 0.0, torch.ones(4), 0.0) == (
         False, f"ALiBi: sequences up to {longest} tokens (the bias's exact conversion; here {longest + 1})")
-    with monkeypatch.context() as m:
-        m.setattr(hopper, "ALIBI_FORMS", {64: 2})  # the fp32 columns: exact to 2^24
-        assert hopper.alibi_max_seqlen(64) == (1 << 24) - 256 and hopper.alibi_max_seqlen(128) == longest
+    assert hopper.call_supported(q64, long_k, long_k, False, (-1, 0), 0.0, torch.ones(4), 0.0)[1] != (
+        f"ALiBi: sequences up to {longest} tokens (the bias's exact conversion; here {longest + 1})")
 
     launches = _fake_forward_launches(monkeypatch)
     q = torch.randn(2, n, 4, 128, dtype=BF16)
@@ -1691,14 +1700,19 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
         launches.clear()
         hopper.hopper_forward(q, q, q, 0.1, True, softcap=softcap, alibi_slopes=slopes)
         ((grid, args, kw),) = launches
-        assert kw["ALIBI"] and kw["Alibi"] is slopes and not kw["PERSISTENT"] and kw["BLOCK_N"] == 64
+        assert kw["ALIBI"] == cols and kw["Alibi"] is slopes and not kw["PERSISTENT"] and kw["BLOCK_N"] == 64
         assert kw["stride_ab"] == (4 if slopes.dim() == 2 else 0) and math.isclose(kw["alibi_unit"], unit)
     launches.clear()
     hopper.hopper_forward(q, q, q, 0.1, False, alibi_slopes=torch.rand(4))  # no mask: the plain key tiles
-    assert launches[0][2]["ALIBI"] and launches[0][2]["BLOCK_N"] == hopper.TILE_TABLE["pingpong"][128][1] == 128
+    assert launches[0][2]["ALIBI"] == magic and launches[0][2]["BLOCK_N"] == hopper.TILE_TABLE["pingpong"][128][1] == 128
+    launches.clear()
+    q4 = torch.randn(2, n, 4, 64, dtype=BF16)
+    for causal, form, num_wg in ((False, magic, 3), (True, cols, 2)):  # d = 64: wg3 in the magic form only
+        hopper.hopper_forward(q4, q4, q4, 0.1, causal, alibi_slopes=torch.rand(4))
+        assert (launches[-1][2]["ALIBI"], launches[-1][2]["NUM_WG"]) == (form, num_wg)
     launches.clear()
     hopper.hopper_forward(q, q, q, 0.1, True)
-    assert not launches[0][2]["ALIBI"] and launches[0][2]["Alibi"] is None
+    assert launches[0][2]["ALIBI"] == 0 and launches[0][2]["Alibi"] is None
     launches.clear()
     for slopes, scale, match in ((torch.rand(3), 0.1, "alibi_slopes must be fp32 of shape"),
                                  (torch.rand(4, dtype=torch.float64), 0.1, "alibi_slopes must be fp32"),
@@ -1725,6 +1739,9 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
         plan = ioattn.explain_dispatch(q, q, q, causal=True, alibi_slopes=slopes)
         assert plan.forward["kernel"].endswith("(Gluon, pingpong)") and plan.forward["tiles"][1] == 64
         assert plan.forward["alibi"].startswith("-slope") and "ALiBi" in plan.forward["gluon_hopper"]
+        assert plan.forward["alibi"].endswith("the key columns held as fp32)")
+        plan = ioattn.explain_dispatch(q, q, q, alibi_slopes=slopes)
+        assert plan.forward["alibi"].endswith("magic-number conversion)") and plan.forward["tiles"][1] == 128
         assert "alibi" not in ioattn.explain_dispatch(q, q, q, causal=True).forward
     assert calls[0][1]["alibi_slopes"] is slopes
 

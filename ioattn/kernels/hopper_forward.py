@@ -853,8 +853,8 @@ def _softcap(s, softcap_a):
                                      is_pure=True, pack=1)
 
 
-ALIBI_MAGIC = gl.constexpr(1)  # ``ALIBI``'s forms: the distance by the magic-number conversion
-ALIBI_FP32_COLS = gl.constexpr(2)  # the tile's columns held as fp32 (NOTES §148)
+ALIBI_MAGIC = gl.constexpr(_host.ALIBI_MAGIC)  # ``ALIBI``'s forms: the distance by the magic-number conversion
+ALIBI_FP32_COLS = gl.constexpr(_host.ALIBI_FP32_COLS)  # the tile's columns held as fp32 (NOTES §148)
 
 
 @gluon.jit
@@ -867,7 +867,7 @@ def _alibi(s, alibi_a, rel, cols, cols_f, FORM: gl.constexpr):
 
     The difference is converted to fp32 by the magic number 1.5 * 2^23: the integer (rel + 0x4B400000)
     - c read as fp32 is 12582912 + (rel - c) exactly while |rel - c| < 2^22 (the launcher's
-    ``ALIBI_MAX_SEQLEN``). The integer sum folds to one per row and thread, and each column's offset
+    ``alibi_max_seqlen``). The integer sum folds to one per row and thread, and each column's offset
     within the thread's columns is an immediate: no register holds the columns (as fp32 they took
     BLOCK_N / 4 a thread, which d = 128's 128-key tiles and wg3 could not spare; NOTES §149). Three
     operations an element: IADD (integer pipe), FADD, FFMA with |.|.
