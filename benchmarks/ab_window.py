@@ -144,8 +144,9 @@ def alibi_forms(name):
     """``gluon-was``: the forward's ALiBi configuration of NOTES §148 (the fp32 columns at every head dim:
     d = 128 at 64-key tiles four deep, d = 64 in pingpong), for a same-run A/B; any other: the default."""
     if not hasattr(alibi_forms, "default"):
-        alibi_forms.default = hopper.ALIBI_MAGIC_HEADDIMS
-    hopper.ALIBI_MAGIC_HEADDIMS = () if name == "gluon-was" else alibi_forms.default
+        alibi_forms.default = hopper.ALIBI_MAGIC_HEADDIMS, hopper.ALIBI_MAGIC_MASKED_HEADDIMS
+    hopper.ALIBI_MAGIC_HEADDIMS, hopper.ALIBI_MAGIC_MASKED_HEADDIMS = ((), ()) if name == "gluon-was" else \
+        alibi_forms.default
 
 
 def main():

@@ -404,6 +404,8 @@ ALIBI_HEADDIMS = (64, 128, 256)
 # 0.63-0.94x below N = 16384; d = 256 (the form alone) 0.95-1.01x. Packed sequences at d = 64 spill in
 # wg3 (288 B): the fp32 form.
 ALIBI_MAGIC_HEADDIMS = (64, 128)
+# ... and those that take it with a mask too (causal, windows; NOTES §150)
+ALIBI_MAGIC_MASKED_HEADDIMS = (128,)
 ALIBI_MAGIC, ALIBI_FP32_COLS = 1, 2  # the kernel's ``ALIBI`` values (0: no ALiBi)
 # The fp32 form's (key tile, ring depth) by head dim where it differs from ``TILE_TABLE``'s: d = 128's
 # 128-key tiles spill with the columns' 32 registers a thread (20 B non-causal, 112 B causal in
@@ -416,6 +418,8 @@ def alibi_form(d: int, causal: bool = False, window: bool = False, varlen: bool 
     """The forward kernel's ``ALIBI`` constexpr for an ALiBi call at head dim ``d`` (``window``: a
     sliding window other than the causal mask): the magic-number form at ``ALIBI_MAGIC_HEADDIMS``
     without a mask (not packed at d = 64), else the fp32 columns."""
+    if d in ALIBI_MAGIC_MASKED_HEADDIMS and d in ALIBI_MAGIC_HEADDIMS:
+        return ALIBI_MAGIC
     if d in ALIBI_MAGIC_HEADDIMS and not causal and not window and not (varlen and d == 64):
         return ALIBI_MAGIC
     return ALIBI_FP32_COLS

@@ -877,7 +877,9 @@ def _alibi(s, alibi_a, rel, cols, cols_f, FORM: gl.constexpr):
     if FORM == ALIBI_FP32_COLS:
         d = rel.to(gl.float32)[:, None] - cols_f[None, :]
     else:
-        d = ((rel + 0x4B400000)[:, None] - cols[None, :]).to(gl.float32, bitcast=True) - 12582912.0
+        hi = cols & ~6  # as ``_mask_scores``: a constant per register, and one value per thread
+        lo = cols & 6
+        d = (((rel + 0x4B400000)[:, None] - lo[None, :]) - hi[None, :]).to(gl.float32, bitcast=True) - 12582912.0
     return s + alibi_a * gl.abs(d)
 
 
