@@ -404,8 +404,14 @@ ALIBI_HEADDIMS = (64, 128, 256)
 # 0.63-0.94x below N = 16384; d = 256 (the form alone) 0.95-1.01x. Packed sequences at d = 64 spill in
 # wg3 (288 B): the fp32 form.
 ALIBI_MAGIC_HEADDIMS = (64, 128)
-# ... and those that take it with a mask too (causal, windows; NOTES §150)
+# ... and those that take it with a mask too, at 128-key tiles in every form: the columns split as the
+# masks' compile clean (229-238 registers, ptxas 12.8). Measured against the fp32 columns at 64-key
+# tiles (ab_window.py --pass fwd --alibi, results/session-2026-12-17-c, NOTES §150): causal 1.07x /
+# 1.08x at N = 4096 / 16384 (503 / 469, 592 / 547 TFLOP/s), 1.06x at 2048, level at 1024 (333 / 334),
+# 0.95x at 512 (227 / 240); (4096, 0) 1.10x / 1.04x. Causal calls from ``ALIBI_MAGIC_CAUSAL_MIN_SEQLEN``'s
+# seqlen_q (the head dim's; shorter ones keep the fp32 columns).
 ALIBI_MAGIC_MASKED_HEADDIMS = (128,)
+ALIBI_MAGIC_CAUSAL_MIN_SEQLEN = {128: 1024}
 ALIBI_MAGIC, ALIBI_FP32_COLS = 1, 2  # the kernel's ``ALIBI`` values (0: no ALiBi)
 # The fp32 form's (key tile, ring depth) by head dim where it differs from ``TILE_TABLE``'s: d = 128's
 # 128-key tiles spill with the columns' 32 registers a thread (20 B non-causal, 112 B causal in
@@ -414,22 +420,26 @@ ALIBI_MAGIC, ALIBI_FP32_COLS = 1, 2  # the kernel's ``ALIBI`` values (0: no ALiB
 ALIBI_KEY_TILES = {128: (64, 4)}
 
 
-def alibi_form(d: int, causal: bool = False, window: bool = False, varlen: bool = False) -> int:
+def alibi_form(d: int, causal: bool = False, window: bool = False, varlen: bool = False,
+               seqlen_q: int | None = None) -> int:
     """The forward kernel's ``ALIBI`` constexpr for an ALiBi call at head dim ``d`` (``window``: a
-    sliding window other than the causal mask): the magic-number form at ``ALIBI_MAGIC_HEADDIMS``
-    without a mask (not packed at d = 64), else the fp32 columns."""
-    if d in ALIBI_MAGIC_MASKED_HEADDIMS and d in ALIBI_MAGIC_HEADDIMS:
+    sliding window other than the causal mask; ``seqlen_q``: the query length, a varlen call's longest,
+    None: any): the magic-number form at ``ALIBI_MAGIC_HEADDIMS`` without a mask (not packed at d = 64)
+    and at ``ALIBI_MAGIC_MASKED_HEADDIMS`` with one too (causal from ``ALIBI_MAGIC_CAUSAL_MIN_SEQLEN``),
+    else the fp32 columns."""
+    if d in ALIBI_MAGIC_MASKED_HEADDIMS and d in ALIBI_MAGIC_HEADDIMS and \
+            not (causal and seqlen_q is not None and seqlen_q < ALIBI_MAGIC_CAUSAL_MIN_SEQLEN.get(d, 0)):
         return ALIBI_MAGIC
     if d in ALIBI_MAGIC_HEADDIMS and not causal and not window and not (varlen and d == 64):
         return ALIBI_MAGIC
     return ALIBI_FP32_COLS
 
 
-def alibi_call_form(alibi_slopes, d: int, window, varlen: bool) -> int:
+def alibi_call_form(alibi_slopes, d: int, window, varlen: bool, seqlen_q: int | None = None) -> int:
     """``alibi_form`` for a call by its flash-attn window ((-1, 0): causal); 0 without ``alibi_slopes``."""
     if alibi_slopes is None:
         return 0
-    return alibi_form(d, tuple(window) == (-1, 0), tuple(window) not in ((-1, -1), (-1, 0)), varlen)
+    return alibi_form(d, tuple(window) == (-1, 0), tuple(window) not in ((-1, -1), (-1, 0)), varlen, seqlen_q)
 
 
 def alibi_max_seqlen(form: int) -> int:
@@ -1071,7 +1081,8 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
     without the device and the Triton build: pure Python, testable anywhere."""
     if q.dtype not in (torch.float16, torch.bfloat16):
         return False, "fp16/bf16 only"
-    form = alibi_call_form(alibi_slopes, q.shape[-1], window, varlen)
+    # (varlen: the longest query is not known here; the form with the stricter length bound)
+    form = alibi_call_form(alibi_slopes, q.shape[-1], window, varlen, None if varlen else q.shape[1])
     try:
         name = variant_for(q.shape[-1], alibi=form)
     except ValueError as e:
@@ -1232,7 +1243,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
         stride_lse_b, stride_lse_h = lse.stride(0), lse.stride(1)
     if q.numel() == 0 or seqlen_q == 0 or (varlen and (k.numel() == 0 or seqlen_k == 0)):
         return out.zero_(), lse.fill_(float("-inf"))
-    form = alibi_form(d, bool(causal), has_window, varlen) if has_alibi else 0
+    form = alibi_form(d, bool(causal), has_window, varlen, seqlen_q) if has_alibi else 0
     cfg = kernel_config(d, variant_for(d, causal, seqlen_q, varlen, has_window or softcap > 0, form),
                         bool(causal), seqlen_q, form)
     if has_window and cfg["variant"] not in WINDOW_VARIANTS:

@@ -1673,6 +1673,11 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
             m.setattr(hopper, "ALIBI_MAGIC_MASKED_HEADDIMS", masked)
             form = magic if masked else cols
             assert hopper.alibi_form(128, causal=True) == hopper.alibi_form(128, window=True) == form
+    # causal at d = 128: the magic form from ALIBI_MAGIC_CAUSAL_MIN_SEQLEN's length (a window at any length)
+    least = hopper.ALIBI_MAGIC_CAUSAL_MIN_SEQLEN[128]
+    assert hopper.alibi_form(128, causal=True, seqlen_q=least) == magic
+    assert hopper.alibi_form(128, causal=True, seqlen_q=least - 1) == cols
+    assert hopper.alibi_form(128, window=True, seqlen_q=least - 1) == magic
     assert hopper.variant_for(64, alibi=magic) == hopper.variant_for(64) == "wg3"
     assert hopper.variant_for(64, True, alibi=cols) == "pingpong"
     n = hopper.PERSISTENT_MAX_SEQLEN[(128, True)]

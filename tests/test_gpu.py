@@ -1416,6 +1416,35 @@ def test_hopper_alibi(d, mask, shape, softcap, monkeypatch, poison_alloc):
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("form", ["magic", "fp32"])
+@pytest.mark.parametrize("mask", ["causal", (300, 0)])
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1), (1, 1500, 777, 2, 2)])
+def test_hopper_alibi_forward_forms(form, mask, shape, monkeypatch, poison_alloc):
+    """d = 128's masked ALiBi forward in both forms (``hopper.alibi_form``: the magic-number distance at
+    128-key tiles, the fp32 columns at 64-key tiles), whichever the length table picks: the output
+    and lse against the float64 oracle (2x PyTorch's own error)."""
+    from ioattn import hopper
+    monkeypatch.setattr(hopper, "ALIBI_MAGIC_CAUSAL_MIN_SEQLEN", {128: 0})
+    if form == "fp32":
+        monkeypatch.setattr(hopper, "ALIBI_MAGIC_MASKED_HEADDIMS", ())
+    b, sq, sk, h, hkv = shape
+    causal, window = mask == "causal", mask if isinstance(mask, tuple) else (-1, -1)
+    q = torch.randn(b, sq, h, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, sk, hkv, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    slopes = torch.rand(h, device="cuda")
+    with hopper.prefer_hopper(True):
+        plan = ioattn.explain_dispatch(q, k, v, causal=causal, window_size=window, alibi_slopes=slopes)
+        assert plan.forward["alibi"].endswith("magic-number conversion)" if form == "magic" else "held as fp32)")
+        assert plan.forward["tiles"][1] == (128 if form == "magic" else 64), plan.forward
+        out, lse, _ = ioattn.flash_attn_func(q, k, v, causal=causal, window_size=window, alibi_slopes=slopes,
+                                             return_attn_probs=True)
+    ref = attention_oracles(q, k, v, torch.zeros_like(out), window=(-1, 0) if causal else window,
+                            alibi_slopes=slopes)
+    assert_within_torch_error(f"alibi {form} {mask}", out, ref["out64"], ref["out_t"])
+    assert_lse_close(f"alibi {form} {mask}", lse, ref["lse64"].float())
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("mode", ["none", "causal", (100, 0), "deterministic"])
 def test_hopper_varlen_alibi(d, mode, monkeypatch, poison_alloc):
