@@ -398,18 +398,19 @@ ALIBI_HEADDIMS = (64, 128, 256)
 # register for the key columns, so the head dim's plain configuration fits: d = 128's 128-key tiles
 # (220 registers, no spill) and wg3 at d = 64 (157 of its 160): non-causal without a window, 1.16-1.25x
 # §148's configuration at d = 128 (644 / 515 TFLOP/s at N = 16384) and 1.02-1.33x at d = 64 (478 / 360),
-# 512-16384 (results/session-2026-12-17-a, NOTES §149). Causal or windowed it lost to the fp32 columns
-# (``ALIBI_FP32_COLS``, §148): d = 128 causal spills 648-680 B at 128-key tiles and at §148's 64-key
-# tiles ran 0.95-0.96x (its third operation an element); windows at 128-key tiles 0.93x; wg3 causal
-# 0.63-0.94x below N = 16384; d = 256 (the form alone) 0.95-1.01x. Packed sequences at d = 64 spill in
-# wg3 (288 B): the fp32 form.
+# 512-16384 (results/session-2026-12-17-a, NOTES §149). Where it changes nothing else it lost to the
+# fp32 columns (``ALIBI_FP32_COLS``, §148): at the same tiles (d = 256; d = 128 causal at 64 keys)
+# 0.95-1.01x, its third operation an element; wg3 with a mask at d = 64 0.63-0.94x below N = 16384.
+# Packed sequences at d = 64 spill in wg3 (288 B): the fp32 form.
 ALIBI_MAGIC_HEADDIMS = (64, 128)
-# ... and those that take it with a mask too, at 128-key tiles in every form: the columns split as the
-# masks' compile clean (229-238 registers, ptxas 12.8). Measured against the fp32 columns at 64-key
-# tiles (ab_window.py --pass fwd --alibi, results/session-2026-12-17-c, NOTES §150): causal 1.07x /
-# 1.08x at N = 4096 / 16384 (503 / 469, 592 / 547 TFLOP/s), 1.06x at 2048, level at 1024 (333 / 334),
-# 0.95x at 512 (227 / 240); (4096, 0) 1.10x / 1.04x. Causal calls from ``ALIBI_MAGIC_CAUSAL_MIN_SEQLEN``'s
-# seqlen_q (the head dim's; shorter ones keep the fp32 columns).
+# ... and those that take it with a mask too, at 128-key tiles in every form: with the columns split
+# as the masks' (``_alibi``) it compiles clean (causal 229-230 registers, with a softcap or a window
+# 236-238, packed 231-238; ptxas 12.8), where the whole columns spilled 648-680 B causal (§149).
+# Measured against the fp32 columns at 64-key tiles (ab_window.py --pass fwd --alibi, results/session-
+# 2026-12-17-c / -d, NOTES §150): causal 1.07x / 1.08-1.11x at N = 4096 / 16384 (503 / 469, 592-612 /
+# 547-551 TFLOP/s), 1.06x at 2048, level at 1024 (333 / 334, 330 / 331), 0.95x at 512 (227 / 240); (4096,
+# 0) 1.10x / 1.04x. Causal calls from ``ALIBI_MAGIC_CAUSAL_MIN_SEQLEN``'s seqlen_q (shorter ones keep
+# the fp32 columns).
 ALIBI_MAGIC_MASKED_HEADDIMS = (128,)
 ALIBI_MAGIC_CAUSAL_MIN_SEQLEN = {128: 1024}
 ALIBI_MAGIC, ALIBI_FP32_COLS = 1, 2  # the kernel's ``ALIBI`` values (0: no ALiBi)
