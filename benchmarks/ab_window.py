@@ -16,7 +16,8 @@ head; FlexAttention's as a score_mod). Provider ``gluon-cs`` (the backward with 
 backward's column-split form at d = 128 too (``hopper_backward.WS_SOFTCAP_COL_SPLIT_HEADDIMS``, in
 this process), against ``gluon``, the default. Provider ``gluon-was`` (the forward with ALiBi): the
 ALiBi configuration of NOTES §148 (``alibi_forms``: the fp32 columns everywhere, d = 128 at 64-key
-tiles, d = 64 in pingpong).
+tiles, d = 64 in pingpong); ``gluon-magic``: the magic form for causal calls at any length and for
+windows.
 
 bf16, 16384 tokens (batch = 16384 / N), hidden 2048 (heads = 2048 / d), as ``ioattn bench train``.
 The backward alone is timed (``torch.autograd.grad`` of a forward kept alive, ``retain_graph``; the
@@ -142,11 +143,19 @@ def column_split(on):
 
 def alibi_forms(name):
     """``gluon-was``: the forward's ALiBi configuration of NOTES §148 (the fp32 columns at every head dim:
-    d = 128 at 64-key tiles four deep, d = 64 in pingpong), for a same-run A/B; any other: the default."""
+    d = 128 at 64-key tiles four deep, d = 64 in pingpong), for a same-run A/B; ``gluon-magic``: the
+    magic-number form for causal calls of every length and for windows at its head dims; any other: the
+    default."""
     if not hasattr(alibi_forms, "default"):
-        alibi_forms.default = hopper.ALIBI_MAGIC_HEADDIMS, hopper.ALIBI_MAGIC_MASKED_HEADDIMS
-    hopper.ALIBI_MAGIC_HEADDIMS, hopper.ALIBI_MAGIC_MASKED_HEADDIMS = ((), ()) if name == "gluon-was" else \
-        alibi_forms.default
+        alibi_forms.default = (hopper.ALIBI_MAGIC_HEADDIMS, dict(hopper.ALIBI_MAGIC_CAUSAL_MIN_SEQLEN),
+                               hopper.ALIBI_MAGIC_WINDOW_HEADDIMS)
+    heads, causal, windows = alibi_forms.default
+    if name == "gluon-was":
+        heads = ()
+    elif name == "gluon-magic":
+        causal, windows = {d: 0 for d in heads}, heads
+    hopper.ALIBI_MAGIC_HEADDIMS, hopper.ALIBI_MAGIC_CAUSAL_MIN_SEQLEN = heads, dict(causal)
+    hopper.ALIBI_MAGIC_WINDOW_HEADDIMS = windows
 
 
 def main():

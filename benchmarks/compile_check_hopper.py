@@ -76,7 +76,7 @@ ALIBI_FORM = False  # --alibi (likewise)
 
 def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, exp2_fma=0, row_stores=True,
                 q_prefetch=None, paired=None):
-    alibi = hopper.alibi_form(d, causal, WINDOW_FORM, varlen) if ALIBI_FORM else 0
+    alibi = hopper.alibi_form(d, causal, WINDOW_FORM, varlen, softcap=SOFTCAP_FORM) if ALIBI_FORM else 0
     cfg = hopper.kernel_config(d, variant, causal, alibi=alibi)
     bn, q_rows = cfg["block_n"], cfg["q_rows"]
     q_layout = gl.NVMMASharedLayout.get_default_for([q_rows, d], DTYPES[dt])
@@ -218,7 +218,7 @@ def check(job):
                 allowed = 288 if variant == "wg3" else 32
             # ALiBi's fp32 columns (NOTES §148) with another form: 8-24 B at d = 256 causal with a softcap or
             # packed, 16 B packed with a window at d = 64 / 128 (ptxas 12.8; measured as §148's configuration)
-            if ALIBI_FORM and hopper.alibi_form(d, causal, WINDOW_FORM, varlen) == hopper.ALIBI_FP32_COLS and \
+            if ALIBI_FORM and hopper.alibi_form(d, causal, WINDOW_FORM, varlen, softcap=SOFTCAP_FORM) == hopper.ALIBI_FP32_COLS and \
                     (SOFTCAP_FORM or varlen):
                 allowed = max(allowed, 32)
             assert not serialized, (where, "ptxas serialised the wgmmas")
@@ -362,7 +362,7 @@ def main():
             for d in hopper.TILE_TABLE[variant] if dims is None or d in dims for dt in dtypes for causal in masks
             for share in shares
             # ALiBi: the variants of the call's form (wg3 has the magic-number form only)
-            if not ALIBI_FORM or hopper.alibi_form(d, causal, WINDOW_FORM, args.varlen) == hopper.ALIBI_MAGIC
+            if not ALIBI_FORM or hopper.alibi_form(d, causal, WINDOW_FORM, args.varlen, softcap=SOFTCAP_FORM) == hopper.ALIBI_MAGIC
             or variant in hopper.ALIBI_FP32_VARIANTS]
     t0 = time.time()
     run_jobs(check, jobs, args.jobs)

@@ -42,7 +42,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         reason = "forced (dispatch.forced_backend)"
     window = normalize_window(window_size, bool(causal))
     seqlen_q = max_seqlen_q if varlen else q.shape[1]
-    alibi = hopper.alibi_call_form(alibi_slopes, q.shape[-1], window, varlen, seqlen_q)
+    alibi = hopper.alibi_call_form(alibi_slopes, q.shape[-1], window, varlen, seqlen_q, softcap)
     ok, refusal = hopper.hopper_supports(q, k, v, varlen, window, softcap, alibi_slopes, 0.0)
     taken, why = hopper.fwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, 0.0, seqlen_q)
     gluon = f"taken ({why})" if taken else f"not taken ({why})" if ok else f"not applicable ({refusal})"

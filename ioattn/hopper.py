@@ -411,8 +411,10 @@ ALIBI_MAGIC_HEADDIMS = (64, 128)
 # 547-551 TFLOP/s), 1.06x at 2048, level at 1024 (333 / 334, 330 / 331), 0.95x at 512 (227 / 240); (4096,
 # 0) 1.10x / 1.04x. Causal calls from ``ALIBI_MAGIC_CAUSAL_MIN_SEQLEN``'s seqlen_q (shorter ones keep
 # the fp32 columns).
-ALIBI_MAGIC_MASKED_HEADDIMS = (128,)
 ALIBI_MAGIC_CAUSAL_MIN_SEQLEN = {128: 1024}
+ALIBI_MAGIC_WINDOW_HEADDIMS = (128,)
+# ... but not with a softcap and a causal mask at d = 64 (wg3 spills 76 B there) nor packed at d = 64 (wg3:
+# 288 B without a mask, 32 B causal; no d = 64 varlen call takes the Gluon forward by default).
 ALIBI_MAGIC, ALIBI_FP32_COLS = 1, 2  # the kernel's ``ALIBI`` values (0: no ALiBi)
 # The fp32 form's (key tile, ring depth) by head dim where it differs from ``TILE_TABLE``'s: d = 128's
 # 128-key tiles spill with the columns' 32 registers a thread (20 B non-causal, 112 B causal in
@@ -422,25 +424,30 @@ ALIBI_KEY_TILES = {128: (64, 4)}
 
 
 def alibi_form(d: int, causal: bool = False, window: bool = False, varlen: bool = False,
-               seqlen_q: int | None = None) -> int:
+               seqlen_q: int | None = None, softcap: bool = False) -> int:
     """The forward kernel's ``ALIBI`` constexpr for an ALiBi call at head dim ``d`` (``window``: a
     sliding window other than the causal mask; ``seqlen_q``: the query length, a varlen call's longest,
-    None: any): the magic-number form at ``ALIBI_MAGIC_HEADDIMS`` without a mask (not packed at d = 64)
-    and at ``ALIBI_MAGIC_MASKED_HEADDIMS`` with one too (causal from ``ALIBI_MAGIC_CAUSAL_MIN_SEQLEN``),
-    else the fp32 columns."""
-    if d in ALIBI_MAGIC_MASKED_HEADDIMS and d in ALIBI_MAGIC_HEADDIMS and \
-            not (causal and seqlen_q is not None and seqlen_q < ALIBI_MAGIC_CAUSAL_MIN_SEQLEN.get(d, 0)):
-        return ALIBI_MAGIC
-    if d in ALIBI_MAGIC_HEADDIMS and not causal and not window and not (varlen and d == 64):
-        return ALIBI_MAGIC
-    return ALIBI_FP32_COLS
+    None: any): the magic-number form at ``ALIBI_MAGIC_HEADDIMS`` without a mask, with a causal one
+    from ``ALIBI_MAGIC_CAUSAL_MIN_SEQLEN``'s length, with a window at ``ALIBI_MAGIC_WINDOW_HEADDIMS``
+    (at d = 64 neither packed nor causal with a ``softcap``); else the fp32 columns."""
+    if d not in ALIBI_MAGIC_HEADDIMS or (d == 64 and (varlen or (causal and softcap))):
+        return ALIBI_FP32_COLS
+    if window:
+        return ALIBI_MAGIC if d in ALIBI_MAGIC_WINDOW_HEADDIMS else ALIBI_FP32_COLS
+    if causal:
+        least = ALIBI_MAGIC_CAUSAL_MIN_SEQLEN.get(d)
+        if least is None or (seqlen_q is not None and seqlen_q < least):
+            return ALIBI_FP32_COLS
+    return ALIBI_MAGIC
 
 
-def alibi_call_form(alibi_slopes, d: int, window, varlen: bool, seqlen_q: int | None = None) -> int:
+def alibi_call_form(alibi_slopes, d: int, window, varlen: bool, seqlen_q: int | None = None,
+                    softcap: float = 0.0) -> int:
     """``alibi_form`` for a call by its flash-attn window ((-1, 0): causal); 0 without ``alibi_slopes``."""
     if alibi_slopes is None:
         return 0
-    return alibi_form(d, tuple(window) == (-1, 0), tuple(window) not in ((-1, -1), (-1, 0)), varlen, seqlen_q)
+    return alibi_form(d, tuple(window) == (-1, 0), tuple(window) not in ((-1, -1), (-1, 0)), varlen, seqlen_q,
+                      softcap > 0)
 
 
 def alibi_max_seqlen(form: int) -> int:
@@ -1083,7 +1090,7 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
     if q.dtype not in (torch.float16, torch.bfloat16):
         return False, "fp16/bf16 only"
     # (varlen: the longest query is not known here; the form with the stricter length bound)
-    form = alibi_call_form(alibi_slopes, q.shape[-1], window, varlen, None if varlen else q.shape[1])
+    form = alibi_call_form(alibi_slopes, q.shape[-1], window, varlen, None if varlen else q.shape[1], softcap)
     try:
         name = variant_for(q.shape[-1], alibi=form)
     except ValueError as e:
@@ -1244,7 +1251,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
         stride_lse_b, stride_lse_h = lse.stride(0), lse.stride(1)
     if q.numel() == 0 or seqlen_q == 0 or (varlen and (k.numel() == 0 or seqlen_k == 0)):
         return out.zero_(), lse.fill_(float("-inf"))
-    form = alibi_form(d, bool(causal), has_window, varlen, seqlen_q) if has_alibi else 0
+    form = alibi_form(d, bool(causal), has_window, varlen, seqlen_q, softcap > 0) if has_alibi else 0
     cfg = kernel_config(d, variant_for(d, causal, seqlen_q, varlen, has_window or softcap > 0, form),
                         bool(causal), seqlen_q, form)
     if has_window and cfg["variant"] not in WINDOW_VARIANTS:

@@ -1668,16 +1668,19 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
     assert [hopper.alibi_form(d) for d in (64, 128, 256)] == [magic, magic, cols]
     assert hopper.alibi_form(64, causal=True) == hopper.alibi_form(64, window=True) == cols
     assert hopper.alibi_form(128, varlen=True) == magic and hopper.alibi_form(64, varlen=True) == cols
-    for masked in ((), (128,)):  # the head dims that take the magic form with a mask too
-        with monkeypatch.context() as m:
-            m.setattr(hopper, "ALIBI_MAGIC_MASKED_HEADDIMS", masked)
-            form = magic if masked else cols
-            assert hopper.alibi_form(128, causal=True) == hopper.alibi_form(128, window=True) == form
-    # causal at d = 128: the magic form from ALIBI_MAGIC_CAUSAL_MIN_SEQLEN's length (a window at any length)
+    # with a mask: causal from ALIBI_MAGIC_CAUSAL_MIN_SEQLEN's length, windows at ALIBI_MAGIC_WINDOW_HEADDIMS
     least = hopper.ALIBI_MAGIC_CAUSAL_MIN_SEQLEN[128]
+    assert hopper.alibi_form(128, causal=True) == hopper.alibi_form(128, window=True) == magic
     assert hopper.alibi_form(128, causal=True, seqlen_q=least) == magic
     assert hopper.alibi_form(128, causal=True, seqlen_q=least - 1) == cols
     assert hopper.alibi_form(128, window=True, seqlen_q=least - 1) == magic
+    with monkeypatch.context() as m:
+        m.setattr(hopper, "ALIBI_MAGIC_CAUSAL_MIN_SEQLEN", {64: 0})
+        m.setattr(hopper, "ALIBI_MAGIC_WINDOW_HEADDIMS", ())
+        assert hopper.alibi_form(128, causal=True) == hopper.alibi_form(128, window=True) == cols
+        assert hopper.alibi_form(64, causal=True) == magic  # but not with a softcap or packed (wg3 spills)
+        assert hopper.alibi_form(64, causal=True, softcap=True) == hopper.alibi_form(64, causal=True, varlen=True) == cols
+    assert hopper.alibi_form(64, softcap=True) == magic
     assert hopper.variant_for(64, alibi=magic) == hopper.variant_for(64) == "wg3"
     assert hopper.variant_for(64, True, alibi=cols) == "pingpong"
     n = hopper.PERSISTENT_MAX_SEQLEN[(128, True)]
@@ -1706,14 +1709,14 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
 
     launches = _fake_forward_launches(monkeypatch)
     q = torch.randn(2, n, 4, 128, dtype=BF16)
-    for slopes, softcap, unit, masked in ((torch.rand(4), 0.0, -1 / 0.1, ()),
-                                          (torch.rand(2, 4), 20.0, -1 / 20.0, (128,))):
+    for slopes, softcap, unit, least in ((torch.rand(4), 0.0, -1 / 0.1, n + 1),
+                                         (torch.rand(2, 4), 20.0, -1 / 20.0, n)):
         launches.clear()
         with monkeypatch.context() as m:  # causal: §148's fp32 columns at 64-key tiles, or the magic form
-            m.setattr(hopper, "ALIBI_MAGIC_MASKED_HEADDIMS", masked)
+            m.setattr(hopper, "ALIBI_MAGIC_CAUSAL_MIN_SEQLEN", {128: least})
             hopper.hopper_forward(q, q, q, 0.1, True, softcap=softcap, alibi_slopes=slopes)
         ((grid, args, kw),) = launches
-        assert (kw["ALIBI"], kw["BLOCK_N"]) == ((magic, 128) if masked else (cols, 64))
+        assert (kw["ALIBI"], kw["BLOCK_N"]) == ((magic, 128) if least <= n else (cols, 64))
         assert kw["Alibi"] is slopes and not kw["PERSISTENT"]
         assert kw["stride_ab"] == (4 if slopes.dim() == 2 else 0) and math.isclose(kw["alibi_unit"], unit)
     launches.clear()
@@ -1751,7 +1754,7 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
     with dispatch.forced_backend("triton"):
         assert backends.triton_forward(q, q, q, None, None, n, n, 0.125, (-1, 0), 0.0, slopes, 0.0, 0) == ("out", "lse")
         with monkeypatch.context() as m:  # causal in §148's fp32 columns (64-key tiles at d = 128)
-            m.setattr(hopper, "ALIBI_MAGIC_MASKED_HEADDIMS", ())
+            m.setattr(hopper, "ALIBI_MAGIC_CAUSAL_MIN_SEQLEN", {})
             plan = ioattn.explain_dispatch(q, q, q, causal=True, alibi_slopes=slopes)
         assert plan.forward["kernel"].endswith("(Gluon, pingpong)") and plan.forward["tiles"][1] == 64
         assert plan.forward["alibi"].startswith("-slope") and "ALiBi" in plan.forward["gluon_hopper"]

@@ -1419,23 +1419,26 @@ def test_hopper_alibi(d, mask, shape, softcap, monkeypatch, poison_alloc):
 @pytest.mark.parametrize("form", ["magic", "fp32"])
 @pytest.mark.parametrize("mask", ["causal", (300, 0)])
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1), (1, 1500, 777, 2, 2)])
-def test_hopper_alibi_forward_forms(form, mask, shape, monkeypatch, poison_alloc):
-    """d = 128's masked ALiBi forward in both forms (``hopper.alibi_form``: the magic-number distance at
-    128-key tiles, the fp32 columns at 64-key tiles), whichever the length table picks: the output
-    and lse against the float64 oracle (2x PyTorch's own error)."""
+@pytest.mark.parametrize("d", [64, 128])
+def test_hopper_alibi_forward_forms(d, form, mask, shape, monkeypatch, poison_alloc):
+    """The masked ALiBi forward in both forms (``hopper.alibi_form``: the magic-number distance in the
+    head dim's plain configuration, wg3 / 128-key tiles; the fp32 columns in pingpong, 64-key tiles at
+    d = 128), whichever the policy picks: the output and lse against the float64 oracle (2x PyTorch's
+    own error)."""
     from ioattn import hopper
-    monkeypatch.setattr(hopper, "ALIBI_MAGIC_CAUSAL_MIN_SEQLEN", {128: 0})
-    if form == "fp32":
-        monkeypatch.setattr(hopper, "ALIBI_MAGIC_MASKED_HEADDIMS", ())
+    monkeypatch.setattr(hopper, "ALIBI_MAGIC_CAUSAL_MIN_SEQLEN", {d: 0} if form == "magic" else {})
+    monkeypatch.setattr(hopper, "ALIBI_MAGIC_WINDOW_HEADDIMS", (d,) if form == "magic" else ())
     b, sq, sk, h, hkv = shape
     causal, window = mask == "causal", mask if isinstance(mask, tuple) else (-1, -1)
-    q = torch.randn(b, sq, h, 128, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(b, sk, hkv, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     slopes = torch.rand(h, device="cuda")
     with hopper.prefer_hopper(True):
         plan = ioattn.explain_dispatch(q, k, v, causal=causal, window_size=window, alibi_slopes=slopes)
         assert plan.forward["alibi"].endswith("magic-number conversion)" if form == "magic" else "held as fp32)")
-        assert plan.forward["tiles"][1] == (128 if form == "magic" else 64), plan.forward
+        expect = {(64, "magic"): ("wg3", 128), (64, "fp32"): ("pingpong", 128), (128, "magic"): ("pingpong", 128),
+                  (128, "fp32"): ("pingpong", 64)}[(d, form)]
+        assert plan.forward["kernel"].endswith(f"(Gluon, {expect[0]})") and plan.forward["tiles"][1] == expect[1]
         out, lse, _ = ioattn.flash_attn_func(q, k, v, causal=causal, window_size=window, alibi_slopes=slopes,
                                              return_attn_probs=True)
     ref = attention_oracles(q, k, v, torch.zeros_like(out), window=(-1, 0) if causal else window,
