@@ -411,7 +411,10 @@ ALIBI_MAGIC_HEADDIMS = (64, 128)
 # 547-551 TFLOP/s), 1.06x at 2048, level at 1024 (333 / 334, 330 / 331), 0.95x at 512 (227 / 240); (4096,
 # 0) 1.10x / 1.04x. Causal calls from ``ALIBI_MAGIC_CAUSAL_MIN_SEQLEN``'s seqlen_q (shorter ones keep
 # the fp32 columns).
-ALIBI_MAGIC_CAUSAL_MIN_SEQLEN = {128: 1024}
+# d = 64 causal in wg3 (161 registers, clean), against pingpong with the fp32 columns (results/session-
+# 2026-12-17-e, NOTES §151): 0.79x at N = 2048, 0.96x at 4096, 1.12x at 8192 (383 / 343), 1.16x at 16384
+# (417 / 361); its windows 0.68-0.94x (wg3's masked window tiles): not taken.
+ALIBI_MAGIC_CAUSAL_MIN_SEQLEN = {128: 1024, 64: 8192}
 ALIBI_MAGIC_WINDOW_HEADDIMS = (128,)
 # ... but not with a softcap and a causal mask at d = 64 (wg3 spills 76 B there) nor packed at d = 64 (wg3:
 # 288 B without a mask, 32 B causal; no d = 64 varlen call takes the Gluon forward by default).

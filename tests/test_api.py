@@ -1666,7 +1666,9 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
     magic, cols = hopper.ALIBI_MAGIC, hopper.ALIBI_FP32_COLS
     assert [hopper.alibi_form(d) for d in (64, 128, 256)] == [magic, magic, cols]
-    assert hopper.alibi_form(64, causal=True) == hopper.alibi_form(64, window=True) == cols
+    least64 = hopper.ALIBI_MAGIC_CAUSAL_MIN_SEQLEN[64]
+    assert hopper.alibi_form(64, causal=True, seqlen_q=least64 - 1) == hopper.alibi_form(64, window=True) == cols
+    assert hopper.alibi_form(64, causal=True, seqlen_q=least64) == magic
     assert hopper.alibi_form(128, varlen=True) == magic and hopper.alibi_form(64, varlen=True) == cols
     # with a mask: causal from ALIBI_MAGIC_CAUSAL_MIN_SEQLEN's length, windows at ALIBI_MAGIC_WINDOW_HEADDIMS
     least = hopper.ALIBI_MAGIC_CAUSAL_MIN_SEQLEN[128]
@@ -1682,7 +1684,7 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
         assert hopper.alibi_form(64, causal=True, softcap=True) == hopper.alibi_form(64, causal=True, varlen=True) == cols
     assert hopper.alibi_form(64, softcap=True) == magic
     assert hopper.variant_for(64, alibi=magic) == hopper.variant_for(64) == "wg3"
-    assert hopper.variant_for(64, True, alibi=cols) == "pingpong"
+    assert hopper.variant_for(64, True, alibi=cols) == "pingpong" and hopper.variant_for(64, True, alibi=magic) == "wg3"
     n = hopper.PERSISTENT_MAX_SEQLEN[(128, True)]
     assert hopper.variant_for(128, True, n) == "persistent" and hopper.variant_for(128, True, n, alibi=cols) == "pingpong"
     cfg = hopper.kernel_config(128, "pingpong", causal=True, alibi=cols)
@@ -1724,8 +1726,9 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
     assert launches[0][2]["ALIBI"] == magic and launches[0][2]["BLOCK_N"] == hopper.TILE_TABLE["pingpong"][128][1] == 128
     launches.clear()
     q4 = torch.randn(2, n, 4, 64, dtype=BF16)
-    for causal, form, num_wg in ((False, magic, 3), (True, cols, 2)):  # d = 64: wg3 in the magic form only
-        hopper.hopper_forward(q4, q4, q4, 0.1, causal, alibi_slopes=torch.rand(4))
+    short = q4[:, :hopper.ALIBI_MAGIC_CAUSAL_MIN_SEQLEN[64] - 1]
+    for t, causal, form, num_wg in ((q4, False, magic, 3), (short, True, cols, 2), (q4, True, magic, 3)):
+        hopper.hopper_forward(t, t, t, 0.1, causal, alibi_slopes=torch.rand(4))  # d = 64: wg3 in the magic form
         assert (launches[-1][2]["ALIBI"], launches[-1][2]["NUM_WG"]) == (form, num_wg)
     launches.clear()
     hopper.hopper_forward(q, q, q, 0.1, True)
