@@ -22,7 +22,7 @@ that loop and at most 24 B outside it.
 
 ``--varlen``: the ws kernel's packed-sequence form (``IS_VARLEN``) instead of the fixed-length one.
 ``--window``: the ws kernel's sliding-window form (``WINDOW``; non-causal: a window replaces the mask).
-``--alibi``: the ws kernel's ALiBi form (``ALIBI``), with any of the others.
+``--alibi``: the ws kernel's ALiBi form (``ALIBI``: ``hopper.bwd_alibi_form``'s), with any of the others.
 ``--softcap``: the ws kernel's score-softcap form (``kernel_config(..., softcap=True)``: ``SOFTCAP``,
 lse not in S^T's accumulator, ``WS_SCORE_MOD_BLOCK_M``), with any of the others; ``--col-split``: its
 column-split form at d = 128 too (``WS_SOFTCAP_COL_SPLIT_HEADDIMS``, in this process).
@@ -34,6 +34,7 @@ import time
 
 from triton.experimental.gluon import language as gl
 
+from ioattn import hopper
 from ioattn.kernels import hopper_backward
 from ioattn.kernels.hopper_backward import BWD_VARIANT_HEADDIMS, BWD_VARIANTS, kernel_config, ws_layouts
 
@@ -62,7 +63,7 @@ def compile_one(variant, d, dt, causal, deterministic=False, varlen=False, windo
         sig.update(lse_desc=stat, delta_desc=stat, dq_desc=f"tensordesc<fp32[{rows},{cols}],{lay['dq']!r}>", Sem="*i32",
                    Cu_q="*i32", Cu_k="*i32", softcap_a="fp32", alibi_unit="fp32", Alibi="*fp32")
         cfg["constexprs"] = dict(cfg["constexprs"], DETERMINISTIC=deterministic, IS_VARLEN=varlen, WINDOW=window,
-                                 ALIBI=alibi)
+                                 ALIBI=hopper.bwd_alibi_form(d, 1.0 if softcap else 0.0) if alibi else 0)
     # dK / dV 16-byte aligned as at run time, so the epilogue's vector stores show in the SASS
     return cfg, compile_sm90(fn, sig, dict(cfg["constexprs"], IS_CAUSAL=causal), cfg["num_warps"],
                              aligned=("dK", "dV"))

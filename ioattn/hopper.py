@@ -1405,7 +1405,17 @@ BWD_WINDOW_MIN_WIDTH = {64: 129, 128: 65, 256: 65}
 # softcap at these head dims: the key split at d = 128 holds
 # both in its 240 registers only by spilling 344 / 428 B (76 / 97 spill instructions in the loop, non-
 # causal / causal; ptxas 12.8, compile_check_hopper_bwd.py --alibi --softcap; NOTES §148).
-BWD_ALIBI_SOFTCAP_REFUSED = (128,)
+BWD_ALIBI_SOFTCAP_REFUSED = ()
+# The backward's ALiBi forms (``_probs``, the forward's numbers): the query columns converted per step
+# (``ALIBI_FP32_COLS``), or with a softcap at these head dims the magic-number distance with the
+# queries split as hi / lo (``ALIBI_MAGIC``; its masks too), which brings d = 128's key split to 32 /
+# 36 B of spills (1 / 5 in the loop) from 232 / 312 B (non-causal / causal; NOTES §152).
+BWD_ALIBI_MAGIC_SOFTCAP_HEADDIMS = (128,)
+
+
+def bwd_alibi_form(d: int, softcap: float) -> int:
+    """The ws backward's ``ALIBI`` for an ALiBi call at head dim ``d`` (``BWD_ALIBI_MAGIC_SOFTCAP_HEADDIMS``)."""
+    return ALIBI_MAGIC if softcap > 0 and d in BWD_ALIBI_MAGIC_SOFTCAP_HEADDIMS else ALIBI_FP32_COLS
 
 
 def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:
@@ -1433,6 +1443,11 @@ def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p
         if softcap > 0 and q.shape[-1] in BWD_ALIBI_SOFTCAP_REFUSED:
             return False, (f"ALiBi with a softcap at head dim {q.shape[-1]}: the portable backward "
                            "(hopper.BWD_ALIBI_SOFTCAP_REFUSED)")
+        form = bwd_alibi_form(q.shape[-1], softcap)
+        longest = max(q.shape[0 if varlen else 1], k.shape[0 if varlen else 1])  # varlen: the totals bound it
+        if longest > alibi_max_seqlen(form):
+            return False, (f"ALiBi: sequences up to {alibi_max_seqlen(form)} tokens (the bias's exact "
+                           f"conversion; here {longest})")
     if dropout_p > 0:
         return False, "no dropout"
     return _rows_layout_ok(q, k, v, varlen, window == (-1, 0), backward=True)

@@ -1770,8 +1770,20 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
     # the backward: the call checks, the configuration, the launcher
     assert hopper.bwd_call_supported(q64, q64, q64, False, (-1, -1), 0.0, slopes, 0.0) == (True, "")
     assert hopper.bwd_call_supported(q64, q64, q64, False, (-1, -1), 5.0, slopes, 0.0) == (True, "")
-    assert hopper.bwd_call_supported(q, q, q, False, (-1, -1), 5.0, slopes, 0.0) == (
-        False, "ALiBi with a softcap at head dim 128: the portable backward (hopper.BWD_ALIBI_SOFTCAP_REFUSED)")
+    assert hopper.bwd_call_supported(q, q, q, False, (-1, -1), 5.0, slopes, 0.0) == (True, "")
+    with monkeypatch.context() as m:
+        m.setattr(hopper, "BWD_ALIBI_SOFTCAP_REFUSED", (128,))
+        assert hopper.bwd_call_supported(q, q, q, False, (-1, -1), 5.0, slopes, 0.0) == (
+            False, "ALiBi with a softcap at head dim 128: the portable backward (hopper.BWD_ALIBI_SOFTCAP_REFUSED)")
+    # the backward's forms: the magic-number distance with a softcap at d = 128, and its length bound
+    assert [hopper.bwd_alibi_form(d, 5.0) for d in (64, 128, 256)] == [cols, magic, cols]
+    assert hopper.bwd_alibi_form(128, 0.0) == cols
+    q128 = torch.randn(1, 8, 4, 128, dtype=BF16)
+    long_k128 = q128[:, :1].expand(1, longest + 1, 4, 128)
+    assert hopper.bwd_call_supported(q128, long_k128, long_k128, False, (-1, -1), 5.0, slopes, 0.0) == (
+        False, f"ALiBi: sequences up to {longest} tokens (the bias's exact conversion; here {longest + 1})")
+    assert hopper.bwd_call_supported(q128, long_k128, long_k128, False, (-1, -1), 0.0, slopes, 0.0)[1] != (
+        f"ALiBi: sequences up to {longest} tokens (the bias's exact conversion; here {longest + 1})")
     with monkeypatch.context() as m:
         m.setattr(hopper, "BWD_VARIANT", "base")
         assert hopper.bwd_call_supported(q64, q64, q64, False, (-1, -1), 0.0, slopes, 0.0) == (
@@ -1785,11 +1797,16 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
         bwd_launches.clear()
         hb.hopper_backward(x, x, x, x, x, lse, 0.1, True, variant="ws", softcap=softcap, alibi_slopes=slopes)
         ((grid, args, kw),) = bwd_launches
-        assert kw["ALIBI"] and kw["Alibi"] is slopes and kw["BLOCK_M"] == hb.WS_SCORE_MOD_BLOCK_M[64]
+        assert kw["ALIBI"] == cols and kw["Alibi"] is slopes and kw["BLOCK_M"] == hb.WS_SCORE_MOD_BLOCK_M[64]
         assert math.isclose(args[22], unit) and args[23] == (4 if slopes.dim() == 2 else 0)
     bwd_launches.clear()
+    x128 = torch.randn(2, 8, 4, 128, dtype=BF16)
+    hb.hopper_backward(x128, x128, x128, x128, x128, lse, 0.1, True, variant="ws", softcap=20.0,
+                       alibi_slopes=torch.rand(4))
+    assert bwd_launches[0][2]["ALIBI"] == magic and bwd_launches[0][2]["SOFTCAP"]
+    bwd_launches.clear()
     hb.hopper_backward(x, x, x, x, x, lse, 0.1, True, variant="ws")
-    assert not bwd_launches[0][2]["ALIBI"] and bwd_launches[0][2]["Alibi"].numel() == 0  # a tensor, never None
+    assert bwd_launches[0][2]["ALIBI"] == 0 and bwd_launches[0][2]["Alibi"].numel() == 0  # a tensor, never None
     bwd_launches.clear()
     for kw, match in ((dict(alibi_slopes=torch.rand(3)), "alibi_slopes must be fp32 of shape"),
                       (dict(alibi_slopes=torch.rand(4), scale=0.0), "ALiBi needs softmax_scale != 0"),

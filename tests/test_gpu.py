@@ -1450,10 +1450,11 @@ def test_hopper_alibi_forward_forms(d, form, mask, shape, monkeypatch, poison_al
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("mode", ["none", "causal", (100, 0), "deterministic"])
-def test_hopper_varlen_alibi(d, mode, monkeypatch, poison_alloc):
+@pytest.mark.parametrize("softcap", [0.0, 20.0])
+def test_hopper_varlen_alibi(softcap, d, mode, monkeypatch, poison_alloc):
     """Packed sequences with ALiBi (``IS_VARLEN`` and ``ALIBI``, the slopes by (sequence, head)) through
-    both Gluon kernels, per sequence against the float64 oracle; the unowned trailing rows (NaN) get
-    zero gradients."""
+    both Gluon kernels, with and without a softcap, per sequence against the float64 oracle; the unowned
+    trailing rows (NaN) get zero gradients."""
     from ioattn import hopper
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
@@ -1463,16 +1464,17 @@ def test_hopper_varlen_alibi(d, mode, monkeypatch, poison_alloc):
     causal, window = mode == "causal", mode if isinstance(mode, tuple) else (-1, -1)
     with hopper.prefer_hopper(True), hopper.prefer_hopper_bwd(True), hopper.bwd_deterministic(mode == "deterministic"):
         plan = ioattn.explain_dispatch(q, k, v, causal=causal, window_size=window, cu_seqlens_q=cq,
-                                       max_seqlen_q=max_q, alibi_slopes=slopes)
+                                       max_seqlen_q=max_q, alibi_slopes=slopes, softcap=softcap)
         assert "alibi" in plan.forward and "alibi" in plan.backward, (plan.forward, plan.backward)
         qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
         out, lse, _ = ioattn.flash_attn_varlen_func(qg, kg, vg, cq, ck, max_q, max_k, causal=causal, window_size=window,
-                                                    alibi_slopes=slopes, deterministic=mode == "deterministic",
-                                                    return_attn_probs=True)
+                                                    alibi_slopes=slopes, softcap=softcap,
+                                                    deterministic=mode == "deterministic", return_attn_probs=True)
         dq, dk, dv = torch.autograd.grad(out, (qg, kg, vg), dout)
     assert (dq[tq:] == 0).all() and (dk[tk:] == 0).all() and (dv[tk:] == 0).all()
-    assert_varlen_sequences(f"varlen alibi {mode}", q, k, v, dout, out.detach(), lse, (dq, dk, dv), cq, ck,
-                            seq_kw=lambda i: dict(alibi_slopes=slopes[i]), window=(-1, 0) if causal else window)
+    assert_varlen_sequences(f"varlen alibi {mode} softcap {softcap}", q, k, v, dout, out.detach(), lse, (dq, dk, dv),
+                            cq, ck, seq_kw=lambda i: dict(alibi_slopes=slopes[i]), window=(-1, 0) if causal else window,
+                            softcap=softcap)
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")

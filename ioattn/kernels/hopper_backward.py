@@ -262,9 +262,10 @@ from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from ioattn import hopper as _host
 from ioattn.dispatch import tma_rows_view
 from ioattn.kernels.backward import attn_bwd_preprocess_kernel, dq_from_blocks_kernel
-from ioattn.kernels.hopper_forward import LOG2E, _softcap, _zero_v_tail as _zero_rows_from
+from ioattn.kernels.hopper_forward import ALIBI_MAGIC, LOG2E, _softcap, _zero_v_tail as _zero_rows_from
 
 BWD_VARIANTS = ("base", "ws")
 # head dims each variant compiles for ("ws" at 256: its column-split form, see "Column split" above)
@@ -410,7 +411,13 @@ def _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d,
     columns as fp32 from this step's ``m_start`` (a conversion an element a step, kept off the loop's
     registers: held, they spilled)."""
     z = s  # the exponent's scores: with ALiBi biased
-    if ALIBI:
+    if ALIBI == ALIBI_MAGIC:  # the distance (query + off - key) by the forward's magic-number conversion
+        rel = seqlen_k - seqlen_q - n_start + m_start + 0x4B400000 - keys_1d  # each key row's, biased
+        hi = queries_1d & ~6  # a constant per register (as the forward's ``_alibi``)
+        lo = queries_1d & 6  # one value per thread
+        d = ((rel[:, None] + lo[None, :]) + hi[None, :]).to(gl.float32, bitcast=True) - 12582912.0
+        z = s + alibi_a * gl.abs(d)
+    elif ALIBI:
         rel = (seqlen_k - seqlen_q - n_start - keys_1d).to(gl.float32)  # each key row's - key + off
         queries_f = (m_start + queries_1d).to(gl.float32)
         z = s + alibi_a * gl.abs(rel[:, None] + queries_f[None, :])
@@ -421,12 +428,22 @@ def _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d,
     if MASKED:
         keys = (n_start + keys_1d)[:, None]
         queries = (m_start + queries_1d)[None, :]
-        keep = (keys < seqlen_k) & (queries < seqlen_q)
-        if IS_CAUSAL:
-            keep = keep & (keys <= queries + (seqlen_k - seqlen_q))
-        if WINDOW:
-            keep = keep & (keys <= queries + (seqlen_k - seqlen_q + win_right))
-            keep = keep & (keys >= queries + (seqlen_k - seqlen_q - win_left))
+        if ALIBI == ALIBI_MAGIC:  # the queries split as the bias's (hi per register, lo per thread): no column vector
+            qhi = (queries_1d & ~6)[None, :]
+            qlo = (queries_1d & 6)[None, :]
+            first = keys - (seqlen_k - seqlen_q) - m_start - qlo  # hi of the query on this key's diagonal
+            keep = (keys < seqlen_k) & (qhi < seqlen_q - m_start - qlo)
+            if IS_CAUSAL:
+                keep = keep & (qhi >= first)
+            if WINDOW:
+                keep = keep & (qhi >= first - win_right) & (qhi <= first + win_left)
+        else:
+            keep = (keys < seqlen_k) & (queries < seqlen_q)
+            if IS_CAUSAL:
+                keep = keep & (keys <= queries + (seqlen_k - seqlen_q))
+            if WINDOW:
+                keep = keep & (keys <= queries + (seqlen_k - seqlen_q + win_right))
+                keep = keep & (keys >= queries + (seqlen_k - seqlen_q - win_left))
         p = gl.where(keep, p, 0.0)  # a select: also drops any inf formed from a masked entry's score
     if SOFTCAP:
         out = (p.to(DTYPE), p * (1.0 - s * s))
@@ -1699,7 +1716,7 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
                                    # ALiBi: the slope to the scores' units (as the forward's)
                                    -1.0 / (softcap if softcap > 0 else softmax_scale) if has_alibi else 0.0,
                                    alibi_slopes.stride(0) if has_alibi and alibi_slopes.dim() == 2 else 0,
-                                   ALIBI=has_alibi,
+                                   ALIBI=_host.bwd_alibi_form(d, softcap) if has_alibi else 0,
                                    Alibi=alibi_slopes if has_alibi else q.new_empty(0, dtype=torch.float32),
                                    IS_CAUSAL=bool(causal), DETERMINISTIC=bool(deterministic), IS_VARLEN=varlen,
                                    WINDOW=has_window,
