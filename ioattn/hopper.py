@@ -1401,15 +1401,17 @@ BWD_WINDOW_MIN_WIDTH = {64: 129, 128: 65, 256: 65}
 # ALiBi in the Gluon backward: the ws kernel's ALIBI form, at every head dim, by the lengths' and
 # windows' tables as without it: ahead of the portable backward at every point measured (ab_window.py
 # --pass bwd --alibi, as the forward's; results/session-2026-12-16-f / -g, NOTES §148), d=128
-# 1.25-1.61x (583 / 376 TFLOP/s non-causal at 16384), d=256 1.74-3.02x, d=64 1.24-1.49x. Not with a
-# softcap at these head dims: the key split at d = 128 holds
-# both in its 240 registers only by spilling 344 / 428 B (76 / 97 spill instructions in the loop, non-
-# causal / causal; ptxas 12.8, compile_check_hopper_bwd.py --alibi --softcap; NOTES §148).
+# 1.25-1.61x (583 / 376 TFLOP/s non-causal at 16384), d=256 1.74-3.02x, d=64 1.24-1.49x. With a
+# softcap too since NOTES §152 (below). ``BWD_ALIBI_SOFTCAP_REFUSED``: head dims whose ALiBi + softcap
+# calls the portable backward takes (none now; d = 128 was, §148-§151).
 BWD_ALIBI_SOFTCAP_REFUSED = ()
 # The backward's ALiBi forms (``_probs``, the forward's numbers): the query columns converted per step
 # (``ALIBI_FP32_COLS``), or with a softcap at these head dims the magic-number distance with the
 # queries split as hi / lo (``ALIBI_MAGIC``; its masks too), which brings d = 128's key split to 32 /
-# 36 B of spills (1 / 5 in the loop) from 232 / 312 B (non-causal / causal; NOTES §152).
+# 36 B of spills (1 / 5 in the loop) from 232 / 312 B (non-causal / causal; packed 52 / 84 B, with a
+# window 68-72 B; ptxas 12.8, compile_check_hopper_bwd.py --alibi --softcap). Measured (ab_window.py
+# --pass bwd --alibi --softcap 50, results/session-2026-12-17-f, NOTES §152): 2.18-2.41x the portable
+# backward (558 / 231 TFLOP/s non-causal at N = 16384, causal 533 / 226, (4096, 0) 502 / 219).
 BWD_ALIBI_MAGIC_SOFTCAP_HEADDIMS = (128,)
 
 
