@@ -407,9 +407,12 @@ def _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d,
     (48 B, 6 in the loop) and d = 64 (808 B); t read back from P^T by a log2 after dV's issue, 144 /
     596 B. ``ALIBI``: flash-attn's bias -slope * |i + seqlen_k - seqlen_q - j| added to ``s`` for the
     exponent (the tanh's derivative takes t itself), alibi_a = -slope in the units of ``s`` (raw
-    scores, lse folded in or not: -slope / softmax_scale; after a softcap -slope / cap); the query
-    columns as fp32 from this step's ``m_start`` (a conversion an element a step, kept off the loop's
-    registers: held, they spilled)."""
+    scores, lse folded in or not: -slope / softmax_scale; after a softcap -slope / cap). ``ALIBI`` =
+    ``ALIBI_FP32_COLS``: the query columns as fp32 from this step's ``m_start`` (a conversion a column a
+    step, kept off the loop's registers: held, they spilled); ``ALIBI_MAGIC`` (``hopper.bwd_alibi_form``):
+    the distance by the forward's magic-number conversion with the queries split as hi (a constant per
+    register) and lo (one value per thread), the masks' query tests on hi too, so no query column
+    vector is live (NOTES §152)."""
     z = s  # the exponent's scores: with ALiBi biased
     if ALIBI == ALIBI_MAGIC:  # the distance (query + off - key) by the forward's magic-number conversion
         rel = seqlen_k - seqlen_q - n_start + m_start + 0x4B400000 - keys_1d  # each key row's, biased
