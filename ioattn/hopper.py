@@ -1408,7 +1408,7 @@ BWD_ALIBI_SOFTCAP_REFUSED = ()
 # The backward's ALiBi forms (``_probs``, the forward's numbers): the query columns converted per step
 # (``ALIBI_FP32_COLS``), or with a softcap at these head dims the magic-number distance with the
 # queries split as hi / lo (``ALIBI_MAGIC``; its masks too), which brings d = 128's key split to 32 /
-# 36 B of spills (1 / 5 in the loop) from 232 / 312 B (non-causal / causal; packed 52 / 84 B, with a
+# 48 B of spills (1 / 5 in the loop) from 232 / 312 B (non-causal / causal; packed 52 / 68 B, with a
 # window 68-72 B; ptxas 12.8, compile_check_hopper_bwd.py --alibi --softcap). Measured (ab_window.py
 # --pass bwd --alibi --softcap 50, results/session-2026-12-17-f, NOTES §152): 2.18-2.41x the portable
 # backward (558 / 231 TFLOP/s non-causal at N = 16384, causal 533 / 226, (4096, 0) 502 / 219).

@@ -265,7 +265,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from ioattn import hopper as _host
 from ioattn.dispatch import tma_rows_view
 from ioattn.kernels.backward import attn_bwd_preprocess_kernel, dq_from_blocks_kernel
-from ioattn.kernels.hopper_forward import ALIBI_MAGIC, LOG2E, _softcap, _zero_v_tail as _zero_rows_from
+from ioattn.kernels.hopper_forward import (ALIBI_MAGIC, LOG2E, MAGIC_BITS, _magic_to_f32, _softcap,
+                                          _zero_v_tail as _zero_rows_from)
 
 BWD_VARIANTS = ("base", "ws")
 # head dims each variant compiles for ("ws" at 256: its column-split form, see "Column split" above)
@@ -415,10 +416,10 @@ def _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d,
     vector is live (NOTES §152)."""
     z = s  # the exponent's scores: with ALiBi biased
     if ALIBI == ALIBI_MAGIC:  # the distance (query + off - key) by the forward's magic-number conversion
-        rel = seqlen_k - seqlen_q - n_start + m_start + 0x4B400000 - keys_1d  # each key row's, biased
+        rel = seqlen_k - seqlen_q - n_start + m_start + MAGIC_BITS - keys_1d  # each key row's, biased
         hi = queries_1d & ~6  # a constant per register (as the forward's ``_alibi``)
         lo = queries_1d & 6  # one value per thread
-        d = ((rel[:, None] + lo[None, :]) + hi[None, :]).to(gl.float32, bitcast=True) - 12582912.0
+        d = _magic_to_f32((rel[:, None] + lo[None, :]) + hi[None, :])
         z = s + alibi_a * gl.abs(d)
     elif ALIBI:
         rel = (seqlen_k - seqlen_q - n_start - keys_1d).to(gl.float32)  # each key row's - key + off

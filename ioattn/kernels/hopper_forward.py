@@ -855,6 +855,15 @@ def _softcap(s, softcap_a):
 
 ALIBI_MAGIC = gl.constexpr(_host.ALIBI_MAGIC)  # ``ALIBI``'s forms: the distance by the magic-number conversion
 ALIBI_FP32_COLS = gl.constexpr(_host.ALIBI_FP32_COLS)  # the tile's columns held as fp32 (NOTES §148)
+MAGIC_BITS = gl.constexpr(0x4B400000)  # 1.5 * 2^23 as fp32's bits: (MAGIC_BITS + n) read as fp32 is MAGIC_F32 + n
+MAGIC_F32 = gl.constexpr(12582912.0)  # for |n| < 2^22
+
+
+@gluon.jit
+def _magic_to_f32(biased):
+    """n as fp32, exactly, from the int32 ``biased`` = MAGIC_BITS + n (|n| < 2^22): a bit cast and one
+    FADD, no conversion instruction; the caller adds MAGIC_BITS where it folds (``_alibi``)."""
+    return biased.to(gl.float32, bitcast=True) - MAGIC_F32
 
 
 @gluon.jit
@@ -865,21 +874,23 @@ def _alibi(s, alibi_a, rel, cols, cols_f, FORM: gl.constexpr):
     ``s`` (-slope / softmax_scale on raw scores, -slope / cap after a softcap: the softmax's scale
     brings it back). Added after the softcap, before the masks (the reference's order).
 
-    The difference is converted to fp32 by the magic number 1.5 * 2^23: the integer (rel + 0x4B400000)
-    - c read as fp32 is 12582912 + (rel - c) exactly while |rel - c| < 2^22 (the launcher's
-    ``alibi_max_seqlen``). The integer sum folds to one per row and thread, and each column's offset
-    within the thread's columns is an immediate: no register holds the columns (as fp32 they took
-    BLOCK_N / 4 a thread, which d = 128's 128-key tiles and wg3 could not spare; NOTES §149). Three
-    operations an element: IADD (integer pipe), FADD, FFMA with |.|.
+    The difference is converted to fp32 by the magic number (``_magic_to_f32``: exact while |rel - c|
+    < 2^22, ``hopper.alibi_max_seqlen``), with the columns split as the masks split them
+    (``_mask_scores``): c = hi + lo, hi = c & ~6 a constant per register, lo = c & 6 one value per
+    thread, so (rel + MAGIC_BITS - lo) is one integer per row and thread and hi an immediate: no
+    register holds the columns (as fp32 they took BLOCK_N / 4 a thread, which d = 128's 128-key tiles
+    and wg3 could not spare, NOTES §149; written with the whole column, LLVM shared one column vector
+    with the causal mask's and spilled 648-680 B, §150). Three operations an element: IADD (integer
+    pipe), FADD, FFMA with |.|.
 
     ``FORM`` ``ALIBI_FP32_COLS``: the difference of ``rel`` as fp32 and ``cols_f``, the columns as fp32
     held across the key loop (two operations an element, BLOCK_N / 4 registers a thread)."""
     if FORM == ALIBI_FP32_COLS:
         d = rel.to(gl.float32)[:, None] - cols_f[None, :]
     else:
-        hi = cols & ~6  # as ``_mask_scores``: a constant per register, and one value per thread
+        hi = cols & ~6
         lo = cols & 6
-        d = (((rel + 0x4B400000)[:, None] - lo[None, :]) - hi[None, :]).to(gl.float32, bitcast=True) - 12582912.0
+        d = _magic_to_f32(((rel + MAGIC_BITS)[:, None] - lo[None, :]) - hi[None, :])
     return s + alibi_a * gl.abs(d)
 
 
