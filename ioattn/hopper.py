@@ -189,7 +189,7 @@ def variant_for(d: int, causal: bool = False, seqlen_q: int | None = None, varle
             PERSISTENT_MIN_SEQLEN.get(key, 0) <= seqlen_q <= PERSISTENT_MAX_SEQLEN.get(key, 0):
         return "persistent"
     name = DEFAULT_VARIANT_BY_HEADDIM.get(d, DEFAULT_VARIANT)
-    if alibi and name not in (ALIBI_FP32_VARIANTS if alibi == ALIBI_FP32_COLS else ALIBI_VARIANTS):
+    if alibi and name not in alibi_variants(alibi):
         return DEFAULT_VARIANT
     return name
 
@@ -457,6 +457,20 @@ def alibi_max_seqlen(form: int) -> int:
     """The longest sequence (query or key) whose ALiBi distances ``form`` converts exactly, with a
     tile's padding rows and columns past the end: |distance| < 2^22 by the magic number, 2^24 as fp32."""
     return (1 << (22 if form == ALIBI_MAGIC else 24)) - 256
+
+
+def alibi_variants(form: int) -> tuple:
+    """The forward variants that have ALiBi form ``form`` (wg3 only the magic one: no room for the columns)."""
+    return ALIBI_FP32_VARIANTS if form == ALIBI_FP32_COLS else ALIBI_VARIANTS
+
+
+def alibi_length_refusal(q, k, varlen: bool, form: int) -> str:
+    """Why ALiBi form ``form`` cannot take this call's lengths ("" if it can): a sequence past
+    ``alibi_max_seqlen`` (packed: the totals, which bound every sequence)."""
+    longest = max(q.shape[0 if varlen else 1], k.shape[0 if varlen else 1])
+    if longest > alibi_max_seqlen(form):
+        return f"ALiBi: sequences up to {alibi_max_seqlen(form)} tokens (the bias's exact conversion; here {longest})"
+    return ""
 
 
 prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer_hopper(True): ...``
@@ -1110,13 +1124,10 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
     if softcap > 0 and name not in SOFTCAP_VARIANTS:
         return False, f"softcap: the variants {SOFTCAP_VARIANTS} only (here {name})"
     if form:
-        variants = ALIBI_FP32_VARIANTS if form == ALIBI_FP32_COLS else ALIBI_VARIANTS
-        if name not in variants:
-            return False, f"ALiBi: the variants {variants} only (here {name})"
-        longest = max(q.shape[0 if varlen else 1], k.shape[0 if varlen else 1])  # varlen: the totals bound it
-        if longest > alibi_max_seqlen(form):
-            return False, (f"ALiBi: sequences up to {alibi_max_seqlen(form)} tokens (the bias's exact "
-                           f"conversion; here {longest})")
+        if name not in alibi_variants(form):
+            return False, f"ALiBi: the variants {alibi_variants(form)} only (here {name})"
+        if alibi_length_refusal(q, k, varlen, form):
+            return False, alibi_length_refusal(q, k, varlen, form)
     if dropout_p > 0:
         return False, "no dropout yet"
     return _rows_layout_ok(q, k, v, varlen, window == (-1, 0))
@@ -1261,9 +1272,10 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
         raise ValueError(f"a sliding window needs one of the variants {WINDOW_VARIANTS}, got {cfg['variant']!r}")
     if softcap > 0 and cfg["variant"] not in SOFTCAP_VARIANTS:
         raise ValueError(f"a softcap needs one of the variants {SOFTCAP_VARIANTS}, got {cfg['variant']!r}")
-    variants = ALIBI_FP32_VARIANTS if form == ALIBI_FP32_COLS else ALIBI_VARIANTS
-    if has_alibi and cfg["variant"] not in variants:
-        raise ValueError(f"ALiBi needs one of the variants {variants}, got {cfg['variant']!r}")
+    if has_alibi and cfg["variant"] not in alibi_variants(form):
+        raise ValueError(f"ALiBi needs one of the variants {alibi_variants(form)}, got {cfg['variant']!r}")
+    if has_alibi and alibi_length_refusal(q, k, varlen, form):
+        raise ValueError(alibi_length_refusal(q, k, varlen, form))
     block_m, block_n, q_rows = cfg["block_m"], cfg["block_n"], cfg["q_rows"]
     if cfg["constexprs"]["LEAN"] and softmax_scale < 0:
         # the lean softmax scales the row maximum of the raw scores, which needs scale >= 0:
@@ -1445,11 +1457,8 @@ def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p
         if softcap > 0 and q.shape[-1] in BWD_ALIBI_SOFTCAP_REFUSED:
             return False, (f"ALiBi with a softcap at head dim {q.shape[-1]}: the portable backward "
                            "(hopper.BWD_ALIBI_SOFTCAP_REFUSED)")
-        form = bwd_alibi_form(q.shape[-1], softcap)
-        longest = max(q.shape[0 if varlen else 1], k.shape[0 if varlen else 1])  # varlen: the totals bound it
-        if longest > alibi_max_seqlen(form):
-            return False, (f"ALiBi: sequences up to {alibi_max_seqlen(form)} tokens (the bias's exact "
-                           f"conversion; here {longest})")
+        if alibi_length_refusal(q, k, varlen, bwd_alibi_form(q.shape[-1], softcap)):
+            return False, alibi_length_refusal(q, k, varlen, bwd_alibi_form(q.shape[-1], softcap))
     if dropout_p > 0:
         return False, "no dropout"
     return _rows_layout_ok(q, k, v, varlen, window == (-1, 0), backward=True)

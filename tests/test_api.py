@@ -1734,6 +1734,8 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
     hopper.hopper_forward(q, q, q, 0.1, True)
     assert launches[0][2]["ALIBI"] == 0 and launches[0][2]["Alibi"] is None
     launches.clear()
+    with pytest.raises(ValueError, match=f"ALiBi: sequences up to {longest} tokens"):  # the magic form's bound
+        hopper.hopper_forward(q64, long_k, long_k, 0.1, False, alibi_slopes=torch.rand(4))
     for slopes, scale, match in ((torch.rand(3), 0.1, "alibi_slopes must be fp32 of shape"),
                                  (torch.rand(4, dtype=torch.float64), 0.1, "alibi_slopes must be fp32"),
                                  (torch.rand(4), 0.0, "ALiBi needs softmax_scale != 0")):
@@ -1808,6 +1810,10 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
     hb.hopper_backward(x, x, x, x, x, lse, 0.1, True, variant="ws")
     assert bwd_launches[0][2]["ALIBI"] == 0 and bwd_launches[0][2]["Alibi"].numel() == 0  # a tensor, never None
     bwd_launches.clear()
+    long_x = x128[:, :1].expand(2, longest + 1, 4, 128)  # the magic form's bound (a view: no memory)
+    with pytest.raises(ValueError, match=f"ALiBi: sequences up to {longest} tokens"):
+        hb.hopper_backward(x128, x128, long_x, long_x, x128, lse, 0.1, False, variant="ws", softcap=20.0,
+                           alibi_slopes=torch.rand(4))
     for kw, match in ((dict(alibi_slopes=torch.rand(3)), "alibi_slopes must be fp32 of shape"),
                       (dict(alibi_slopes=torch.rand(4), scale=0.0), "ALiBi needs softmax_scale != 0"),
                       (dict(alibi_slopes=torch.rand(4), variant="base"), "ALiBi needs variant \"ws\"")):

@@ -1622,6 +1622,8 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
                              f"head stride, got {alibi_slopes.dtype} {tuple(alibi_slopes.shape)}")
         if softcap <= 0 and softmax_scale == 0:
             raise ValueError("ALiBi needs softmax_scale != 0 here (the bias joins the scores in their units)")
+        if _host.alibi_length_refusal(q, k, varlen, _host.bwd_alibi_form(d, softcap)):
+            raise ValueError(_host.alibi_length_refusal(q, k, varlen, _host.bwd_alibi_form(d, softcap)))
     cfg = kernel_config(d, variant, softcap > 0, alibi_slopes is not None)
     if deterministic and variant != "ws":
         raise ValueError(f"deterministic=True needs variant \"ws\" (the ordered dQ mode), got {variant!r}")
