@@ -1027,8 +1027,8 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     dq_zero = gl.zeros([DQ_M, DQ_N], gl.float32, layout=dq_layout)
     keys_inside = n_own + ROWS <= seqlen_k
     mbarrier.wait(kv_bar, 0)
-    if DQ_OWN_KEYS == 2 and W == 1:  # half a step behind warpgroup 0 (its arrive after its first dS^T)
-        mbarrier.wait(lag_bar, 0)
+    if DQ_OWN_KEYS == 2 and W == 1:  # half a step behind warpgroup 0 (its arrive after its first dS^T, if any)
+        mbarrier.wait(lag_bar, 0, pred=n_iter > 0)
 
     # The step's query block is stepped by a counter (wrapping at each query head of the group) and
     # the in-loop zero comes from an asm move: ``t % n_m`` and ``t // n_iter`` were two integer
