@@ -32,9 +32,9 @@ until it became the only form, §111.)
 until they were removed, §125; "gluon-ws-dqred", dQ added from the registers by 16-byte reductions
 into the flat accumulator, until it was removed, §127; "gluon-ws-ptxbar", the consumers' redundant
 partition barriers dropped from the PTX at d = 128, until it was removed, §135; "gluon-ws-st3", the
-Q / dO rings three deep at d = 128, until it was measured level, §136.)
-"gluon-ws-dqown": each warpgroup's dQ over its own keys, no dS^T exchange (``WS_DQ_OWN_KEYS`` 1, d =
-128; NOTES §153); "gluon-ws-dqownlag": the same with warpgroup 1 started half a step behind (2).
+Q / dO rings three deep at d = 128, until it was measured level, §136; "gluon-ws-dqown" and
+"gluon-ws-dqownlag", each warpgroup's dQ over its own keys with no dS^T exchange, until they were
+removed, §153.)
 
 bf16, 16384 tokens, hidden 2048 (the bench's grid). Every variant's gradients are checked against
 the float64 oracle (2x PyTorch's own same-dtype error, ``conftest.assert_within_torch_error``'s
@@ -161,9 +161,6 @@ def main():
                 "gluon-ws-lse": gluon("ws", WS_LSE_IN_ACC={64: True, 128: True}),
                 "gluon-ws-wgsplit": gluon("ws", WS_WG_PARTITIONS={64: True, 128: True}),
                 "gluon-ws-det": gluon("ws", deterministic=True),
-                "gluon-ws-dqown": gluon("ws", WS_DQ_OWN_KEYS={128: 1}),
-                "gluon-ws-dqownlag": gluon("ws", WS_DQ_OWN_KEYS={128: 2}),
-                "gluon-ws-dqown-det": gluon("ws", deterministic=True, WS_DQ_OWN_KEYS={128: 1}),
                 "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     if args.providers:
         variants = {name: variants[name] for name in args.providers.split(",")}

@@ -19,7 +19,6 @@ that loop and at most 24 B outside it.
                                                   [--no-ptxas] [--jobs N] [--deterministic]
                                                   [--dq-swizzled] [--lse-in-acc] [--wg-partitions]
                                                   [--varlen] [--window] [--softcap] [--col-split]
-                                                  [--dq-own-keys 1|2]
 
 ``--varlen``: the ws kernel's packed-sequence form (``IS_VARLEN``) instead of the fixed-length one.
 ``--window``: the ws kernel's sliding-window form (``WINDOW``; non-causal: a window replaces the mask).
@@ -27,7 +26,6 @@ that loop and at most 24 B outside it.
 ``--softcap``: the ws kernel's score-softcap form (``kernel_config(..., softcap=True)``: ``SOFTCAP``,
 lse not in S^T's accumulator, ``WS_SCORE_MOD_BLOCK_M``), with any of the others; ``--col-split``: its
 column-split form at d = 128 too (``WS_SOFTCAP_COL_SPLIT_HEADDIMS``, in this process).
-``--dq-own-keys``: d = 128's dQ over each warpgroup's own keys (``WS_DQ_OWN_KEYS``, 2: with the lag).
 """
 import argparse
 import os
@@ -72,10 +70,7 @@ def compile_one(variant, d, dt, causal, deterministic=False, varlen=False, windo
 
 
 def check(job):
-    (variant, d, dt, causal, run_ptxas, det, swizzled, lse_in_acc, wg_split, varlen, window, softcap, col_split, alibi,
-     dq_own) = job
-    if dq_own:  # dQ over each warpgroup's own keys (``WS_DQ_OWN_KEYS``), in this process
-        hopper_backward.WS_DQ_OWN_KEYS = {128: dq_own}
+    variant, d, dt, causal, run_ptxas, det, swizzled, lse_in_acc, wg_split, varlen, window, softcap, col_split, alibi = job
     if col_split:  # the softcap form's column split at d = 128 (``WS_SOFTCAP_COL_SPLIT_HEADDIMS``), in this process
         hopper_backward.WS_SOFTCAP_COL_SPLIT_HEADDIMS = (128,)
     if wg_split:  # each consumer warpgroup a partition of its own (``WS_WG_PARTITIONS``), in this process
@@ -129,8 +124,7 @@ def check(job):
                                                              key=lambda t: (t[0][0], int(t[0][1]))))
     name = variant + ("-det" if det else "") + ("-varlen" if varlen else "") + ("-window" if window else "") + ("-softcap" if softcap else "") + ("-alibi" if alibi else "") + ("-flat" if cfg.get("dq_flat") else "") \
         + ("-lse" if cfg["constexprs"].get("LSE_IN_ACC") else "") \
-        + ("-wgsplit" if cfg["constexprs"].get("WG_SPLIT") else "") \
-        + (f"-dqown{cfg['constexprs']['DQ_OWN_KEYS']}" if cfg["constexprs"].get("DQ_OWN_KEYS") else "")
+        + ("-wgsplit" if cfg["constexprs"].get("WG_SPLIT") else "")
     do_stages = cfg["constexprs"].get("DO_STAGES", cfg["stages"])
     stages = f"{cfg['stages']}" + (f"/{do_stages}" if do_stages != cfg["stages"] else "")  # Q / dO rings
     return (f"bwd {name:6s} d={d} {dt} causal={causal!s:5s} tiles={cfg['block_m']}x{cfg['block_n']}x{stages} "
@@ -159,8 +153,6 @@ def main():
     ap.add_argument("--softcap", action="store_true", help="ws: the score-softcap form (SOFTCAP)")
     ap.add_argument("--col-split", action="store_true", help="--softcap: the column split at d = 128 too")
     ap.add_argument("--alibi", action="store_true", help="ws: the ALiBi form (ALIBI)")
-    ap.add_argument("--dq-own-keys", type=int, default=0, choices=(0, 1, 2),
-                    help="ws at d = 128: dQ over each warpgroup's own keys (WS_DQ_OWN_KEYS; 2: warpgroup 1 lags)")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="compiles in parallel")
     args = ap.parse_args()
     dtypes = ("bf16",) if args.quick else ("bf16", "fp16")
@@ -170,7 +162,7 @@ def main():
         "--varlen / --window / --softcap / --alibi: the ws variant only"
     assert not args.window or args.causal == "0", "--window: --causal 0 (a window replaces the causal mask)"
     jobs = [(variant, int(d), dt, bool(int(causal)), not args.no_ptxas, det, args.dq_swizzled, args.lse_in_acc,
-             args.wg_partitions, args.varlen, args.window, args.softcap, args.col_split, args.alibi, args.dq_own_keys)
+             args.wg_partitions, args.varlen, args.window, args.softcap, args.col_split, args.alibi)
             for variant in variants
             for d in args.headdims.split(",") if int(d) in BWD_VARIANT_HEADDIMS[variant]
             for dt in dtypes for causal in args.causal.split(",")

@@ -5,7 +5,7 @@ programmatic dependent launch; contiguous, and paged through TMA).
 
     compute-sanitizer --tool memcheck  python benchmarks/sanitize_small.py [--heads 256] [--no-forward]
                                                                            [--varlen] [--window] [--softcap]
-                                                                           [--alibi] [--dq-own-keys 1|2]
+                                                                           [--alibi]
 
 ``--heads``: the head dims of the attention calls (default 64,128,256); ``--no-forward``: only the
 Gluon backward kernels of those head dims and the decode calls (the forward variants skipped).
@@ -22,8 +22,6 @@ ragged sequences above, ``IS_VARLEN``). ``--softcap``: only the Gluon backward's
 ``SOFTCAP``) at those head dims (d = 128 also as the column split), no mask, causal and a window, fixed
 length (seqlen_q != seqlen_k) and packed (the ragged sequences above). ``--alibi``: likewise the Gluon
 forward's and backward's ALiBi forms (``ALIBI``; with ``--softcap`` both forms together).
-``--dq-own-keys``: every backward call at d = 128 with dQ over each warpgroup's own keys
-(``hopper_backward.WS_DQ_OWN_KEYS``; 2: warpgroup 1 started half a step behind).
 """
 import argparse
 
@@ -40,11 +38,7 @@ ap.add_argument("--varlen", action="store_true")
 ap.add_argument("--window", action="store_true")
 ap.add_argument("--softcap", action="store_true")
 ap.add_argument("--alibi", action="store_true")
-ap.add_argument("--dq-own-keys", type=int, default=None, choices=(0, 1, 2))
 args = ap.parse_args()
-if args.dq_own_keys is not None:
-    from ioattn.kernels import hopper_backward as _hb
-    _hb.WS_DQ_OWN_KEYS = {128: args.dq_own_keys}
 torch.manual_seed(0)
 dev, dt = "cuda", torch.bfloat16
 if args.window:

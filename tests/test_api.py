@@ -1160,17 +1160,16 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     assert wide["kernel"] is hb.hopper_bwd_ws_kernel and (wide["block_n"], wide["dq_cols"]) == (64, 128)
     assert wide["constexprs"] == dict(HEAD_DIM=256, BLOCK_M=64, BLOCK_N=64, STAGES=2, DO_STAGES=1, COL_SPLIT=True,
                                       COALESCED_STORE=True, DQ_FLAT=False, LSE_IN_ACC=False, WG_SPLIT=False,
-                                      DQ_OWN_KEYS=0, SOFTCAP=False)
+                                      SOFTCAP=False)
     for d, block_m, stages in ((64, 128, 3), (128, 64, 2)):
         flat = hb.WS_DQ_FLAT[d]
         cfg = hb.kernel_config(d, "ws")
         assert cfg["constexprs"] == dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=128, STAGES=stages, DO_STAGES=stages,
                                          COL_SPLIT=False, COALESCED_STORE=True, DQ_FLAT=flat,
                                          LSE_IN_ACC=hb.WS_LSE_IN_ACC[d], WG_SPLIT=hb.WS_WG_PARTITIONS[d] and flat,
-                                         DQ_OWN_KEYS=hb.WS_DQ_OWN_KEYS.get(d, 0) if d == 128 else 0, SOFTCAP=False)
+                                         SOFTCAP=False)
         split = hb.WS_WG_PARTITIONS[d] and flat  # a warpgroup a partition: the box and the warps halved
-        own = cfg["constexprs"]["DQ_OWN_KEYS"]  # ... unless each warpgroup adds a whole block (own keys)
-        assert cfg["dq_block"] == ([block_m * d // (64 if split and not own else 32), 32] if flat else [block_m, d])
+        assert cfg["dq_block"] == ([block_m * d // (64 if split else 32), 32] if flat else [block_m, d])
         assert cfg["num_warps"] == (4 if split else 8)
     # a warpgroup a partition (``WS_WG_PARTITIONS``): the kernel's 4 warps (warpgroup 0; warpgroup 1 a
     # worker), the flat tile's box in halves; never without the flat tile or in the column split
@@ -1183,18 +1182,6 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
         m.setattr(hb, "WS_DQ_FLAT", {64: False, 128: False})
         lockstep = hb.kernel_config(128, "ws")
         assert not lockstep["constexprs"]["WG_SPLIT"] and lockstep["num_warps"] == 8
-    # dQ over each warpgroup's own keys (``WS_DQ_OWN_KEYS``): a partition each at 64 rows a step only
-    # (d = 128), each warpgroup's whole block in one box; never in the lockstep form
-    with monkeypatch.context() as m:
-        for own in (1, 2):
-            m.setattr(hb, "WS_DQ_OWN_KEYS", {128: own})
-            m.setattr(hb, "WS_WG_PARTITIONS", {64: False, 128: True})
-            cfg = hb.kernel_config(128, "ws")
-            assert cfg["constexprs"]["DQ_OWN_KEYS"] == own and cfg["dq_block"] == [256, 32]
-            for softcap, alibi in ((True, False), (False, True)):  # the score-mod forms at 64 rows too
-                assert hb.kernel_config(128, "ws", softcap, alibi)["constexprs"]["DQ_OWN_KEYS"] == own
-            m.setattr(hb, "WS_WG_PARTITIONS", {64: False, 128: False})
-            assert hb.kernel_config(128, "ws")["constexprs"]["DQ_OWN_KEYS"] == 0
     # the flat dQ tile (``WS_DQ_FLAT``): a [block_m * d / 32, 32] box, the column split never flat
     with monkeypatch.context() as m:
         m.setattr(hb, "WS_DQ_FLAT", {64: True, 128: True, 256: True})

@@ -1037,8 +1037,7 @@ def test_deterministic_through_the_api_with_the_ordered_gluon_mode(causal, monke
 
 # test_hopper_backward's ws variants with one switch of ``hopper_backward`` set: name -> (switch, value)
 _WS_SWITCH_VARIANTS = {"ws-swizzled": ("WS_DQ_FLAT", False), "ws-lse": ("WS_LSE_IN_ACC", True),
-                       "ws-wgsplit": ("WS_WG_PARTITIONS", True), "ws-lockstep": ("WS_WG_PARTITIONS", False),
-                       "ws-dqown": ("WS_DQ_OWN_KEYS", 1), "ws-dqownlag": ("WS_DQ_OWN_KEYS", 2)}
+                       "ws-wgsplit": ("WS_WG_PARTITIONS", True), "ws-lockstep": ("WS_WG_PARTITIONS", False)}
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
@@ -1059,8 +1058,7 @@ def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc
     query rows a step; dK and dV written as whole rows; at d = 64 / 128 the flat dQ tile and
     accumulator, ``WS_DQ_FLAT``; "ws-swizzled": ws with the swizzled 2-D dQ tile there instead;
     "ws-lse": ws with lse in S^T's accumulator, ``WS_LSE_IN_ACC``; "ws-wgsplit" / "ws-lockstep": ws with
-    each consumer warpgroup a partition of its own or both in one, ``WS_WG_PARTITIONS``; "ws-dqown" /
-    "ws-dqownlag": d = 128's dQ over each warpgroup's own keys, ``WS_DQ_OWN_KEYS`` 1 / 2; a switch
+    each consumer warpgroup a partition of its own or both in one, ``WS_WG_PARTITIONS``; a switch
     variant equal to the head dim's default is skipped: "ws" runs it),
     against the float64 oracle, fed by the Gluon forward's or the portable forward's (out, lse): dq,
     dk, dv within 2x PyTorch's own error."""
@@ -1251,32 +1249,6 @@ def test_hopper_backward_varlen(d, causal, mode, monkeypatch, poison_alloc):
     assert (dq[tq:] == 0).all() and (dk[tk:] == 0).all() and (dv[tk:] == 0).all()
     assert_varlen_sequences(f"ws varlen {mode}", q, k, v, dout, out.detach(), lse, (dq, dk, dv), cq, ck,
                             window=window)
-
-
-@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("own", [1, 2])
-@pytest.mark.parametrize("form", ["deterministic", "varlen", "window", "softcap+alibi"])
-@pytest.mark.parametrize("causal", [False, True])
-def test_hopper_backward_dq_own_keys_forms(own, form, causal, monkeypatch, poison_alloc):
-    """d = 128's ws backward with dQ over each warpgroup's own keys (``WS_DQ_OWN_KEYS`` 1; 2: warpgroup 1
-    started half a step behind) in the forms the switch reaches besides the plain one (which
-    test_hopper_backward's "ws-dqown" / "ws-dqownlag" run): the ordered dQ mode (its two adds a block in
-    a fixed order: runs bitwise equal), packed sequences, a window (with causal: the causal mask's
-    left-bounded band), softcap with ALiBi; each through the test that covers the form by default."""
-    from ioattn.kernels import hopper_backward as hb
-    monkeypatch.setitem(hb.WS_DQ_OWN_KEYS, 128, own)
-    if form == "deterministic":
-        for shape in [(2, 1000, 1000, 4, 2), (1, 1000, 300, 4, 4), (1, 4096, 4096, 8, 2)]:
-            test_hopper_backward_deterministic(128, causal, shape, 64, True, True, poison_alloc, monkeypatch)
-    elif form == "varlen":
-        test_hopper_backward_varlen(128, causal, "deterministic", monkeypatch, poison_alloc)
-        test_hopper_backward_varlen(128, causal, "api", monkeypatch, poison_alloc)
-    elif form == "window":
-        for shape in [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1)]:
-            test_hopper_backward_window(128, (100, 0) if causal else (256, 256), shape, monkeypatch, poison_alloc)
-    else:
-        for shape in [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1)]:
-            test_hopper_alibi(128, "causal" if causal else "none", shape, 20.0, monkeypatch, poison_alloc)
 
 
 # sliding windows (flash-attn's (left, right), -1 unbounded): a causal band, a symmetric one, a right

@@ -347,15 +347,6 @@ WS_LSE_IN_ACC = {64: False, 128: True}
 # to +3.4 %); d = 64 365 / 350, 454 / 442, 471 / 459, causal 261 / 251, 413 / 394, 481 / 462 (-2.5 to
 # -4.6 %): on at d = 128 only.
 WS_WG_PARTITIONS = {64: False, 128: True}
-# "ws" with a partition a warpgroup at 64 query rows a step (d = 128): each warpgroup's dQ over its own
-# 64 keys and all d columns (``DQ_OWN_KEYS``; an A/B switch, NOTES §153) instead of a column half over
-# all 128 keys. Nothing then passes between the warpgroups inside a step: no dS^T exchange (the one
-# meeting a step that kept them in lockstep, 5.9 % of one warpgroup's samples, NOTES §107), each
-# hands its own whole block to the writer (two reduce-adds into one region a step); dQ's product
-# reads dS^T's own half and K's own rows (24 KiB a warpgroup, 32 before), its accumulator 64 registers
-# (32 before). 0 off; 1 on; 2 on, warpgroup 1 held at the start until warpgroup 0 has stored its
-# first dS^T (half a step), so one's exponentials can run under the other's products.
-WS_DQ_OWN_KEYS = {128: 0}
 # "ws": query rows a step by head dim (the key-split form; the column split needs 64). 128 at d = 64
 # doubles a step's products (S^T / dP^T 64 keys x 128 queries a warpgroup) against the same per-step
 # costs (barriers, hand-offs, waits), at d = 128's register count with D in dP^T's accumulator:
@@ -858,19 +849,11 @@ def _bulk_complete_and_release(sem):
 
 
 @gluon.jit
-def _bulk_complete():
-    """Wait until this thread's bulk async copies have completed (their writes performed)."""
-    gl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\nmov.u32 $0, 0;", "=r", [], dtype=gl.int32,
-                              is_pure=False, pack=1)
-
-
-@gluon.jit
 def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_full, Sem, b, h0, m_lo, n_m, n_iter,
                   q_row0, seqlen_q, seqlen_k, nheads, n_m_total, n_block, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_COLS: gl.constexpr,
                   STAGES: gl.constexpr, DQ_FLAT: gl.constexpr = False, dq_smem1=None,
-                  WG_SPLIT: gl.constexpr = False, WINDOW: gl.constexpr = False, win_left=0,
-                  DQ_OWN_KEYS: gl.constexpr = 0, dq_full1=None, dq_empty1=None):
+                  WG_SPLIT: gl.constexpr = False, WINDOW: gl.constexpr = False, win_left=0):
     """The 1-warp dQ writer: per step, once the consumers have put the step's dQ block (fp32,
     unscaled) in ``dq_smem`` (``dq_full``), one TMA reduce-add of it into the dQ accumulator; when
     the bulk copy has read the tile, the buffer goes back to the consumers (``dq_empty``). A buffer
@@ -899,11 +882,6 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
     [BLOCK_M * HEAD_DIM / 32, 32] box a block at row (block index) * that many of the 2-D view.
     ``WG_SPLIT`` (``WS_WG_PARTITIONS``): the tile's two halves in ``dq_smem`` and ``dq_smem1`` (one a
     consumer warpgroup), two boxes of half as many rows, the second after the first.
-    ``DQ_OWN_KEYS`` (``WS_DQ_OWN_KEYS``): each warpgroup's whole block over its own keys, handed over on
-    its own barriers (``dq_full`` / ``dq_empty``: warpgroup 0's, ``dq_full1`` / ``dq_empty1``: 1's), two
-    whole-box adds into the block's region, each buffer released as soon as its add has read it (so
-    neither warpgroup waits for the other's handover); ``DETERMINISTIC``: the first add complete
-    before the second is issued (a fixed order of the two).
 
     ``n_m_total``: the query blocks of one (batch, head) in the flat accumulator and in ``Sem`` (the
     padded stat rows' count: from the longest sequence when varlen); ``seqlen_q`` / ``seqlen_k``: this
@@ -930,18 +908,7 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
                     rank = n_block - gl.maximum(m * BLOCK_M + seqlen_k - seqlen_q - win_left, 0) // BLOCK_N
                 while gl.atomic_add(sem, 0, sem="acquire", scope="gpu") != rank:
                     pass
-            if DQ_OWN_KEYS:  # warpgroup 0's block, its buffer back; then warpgroup 1's into the same region
-                _tma_reduce_add(dq_desc, [((b * nheads + h) * n_m_total + m) * FLAT_ROWS, 0],
-                                dq_smem._reinterpret(gl.float32, [FLAT_ROWS, 32], dq_desc.layout))
-                if DETERMINISTIC:
-                    _bulk_complete()
-                else:
-                    tma.store_wait(0)
-                mbarrier.arrive(dq_empty, count=1)
-                mbarrier.wait(dq_full1, t & 1)
-                _tma_reduce_add(dq_desc, [((b * nheads + h) * n_m_total + m) * FLAT_ROWS, 0],
-                                dq_smem1._reinterpret(gl.float32, [FLAT_ROWS, 32], dq_desc.layout))
-            elif WG_SPLIT:  # the two halves of the block's region
+            if WG_SPLIT:  # the two halves of the block's region
                 _tma_reduce_add(dq_desc, [((b * nheads + h) * n_m_total + m) * FLAT_ROWS, 0],
                                 dq_smem._reinterpret(gl.float32, [FLAT_ROWS // 2, 32], dq_desc.layout))
                 _tma_reduce_add(dq_desc, [((b * nheads + h) * n_m_total + m) * FLAT_ROWS + FLAT_ROWS // 2, 0],
@@ -960,10 +927,7 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
             _bulk_complete_and_release(sem)
         else:
             tma.store_wait(0)  # the pieces are read (their additions into L2 complete on their own)
-        if DQ_OWN_KEYS:
-            mbarrier.arrive(dq_empty1, count=1)
-        else:
-            mbarrier.arrive(dq_empty, count=1)
+        mbarrier.arrive(dq_empty, count=1)
         if PIECES == 2:
             mbarrier.arrive(q_empty.index(t % STAGES), count=1)  # Q (and lse) slot back to the producer
 
@@ -983,7 +947,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                  COALESCED_STORE: gl.constexpr = False, LSE_IN_ACC: gl.constexpr = False,
                  WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0, WINDOW: gl.constexpr = False, win_left=0,
                  win_right=0, SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False,
-                 Alibi_h0=None, alibi_unit=0.0, DQ_OWN_KEYS: gl.constexpr = 0, lag_bar=None):
+                 Alibi_h0=None, alibi_unit=0.0):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
     lockstep as in the base kernel). The math per step is the base kernel's, in FA3's order (dV
     issued before dS is formed, dQ before dK: see the module docstring); the loads come from the
@@ -995,15 +959,12 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     ``ds_full`` (unused otherwise). ``SOFTCAP``: the scores are cap * tanh(S * softcap_a) (the
     host's ``qk_scale`` cap * log2 e), dS^T times the tanh's derivative (``_probs``). ``ALIBI``: the
     slope of the step's query head read from ``Alibi_h0`` (the group's first head's, + the head's
-    place in the group), times ``alibi_unit`` (-1 / softmax_scale, or -1 / cap), biases S^T (``_probs``).
-    ``DQ_OWN_KEYS`` (``WS_DQ_OWN_KEYS``, with ``WG_SPLIT`` at 64 rows): dQ over this warpgroup's own keys,
-    all columns, no exchange; 2: warpgroup 1 starts once warpgroup 0 has stored its first dS^T
-    (``lag_bar``)."""
+    place in the group), times ``alibi_unit`` (-1 / softmax_scale, or -1 / cap), biases S^T (``_probs``)."""
     num_warps: gl.constexpr = gl.num_warps()
     # key rows this partition computes; dQ's part: columns (64 query rows a step) or rows (128)
     ROWS: gl.constexpr = BLOCK_N // 2 if WG_SPLIT else BLOCK_N
     DQ_M: gl.constexpr = BLOCK_M // 2 if WG_SPLIT and BLOCK_M == 128 else BLOCK_M
-    DQ_N: gl.constexpr = HEAD_DIM // 2 if WG_SPLIT and BLOCK_M == 64 and not DQ_OWN_KEYS else HEAD_DIM
+    DQ_N: gl.constexpr = HEAD_DIM // 2 if WG_SPLIT and BLOCK_M == 64 else HEAD_DIM
     dtype: gl.constexpr = k_smem.dtype
     # D subtracted inside dP^T's product (its accumulator starts at -D) at 128 query rows a step, where
     # D in S^T's column layout is 32 registers a thread, live across P^T's formation otherwise
@@ -1011,10 +972,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     off = seqlen_k - seqlen_q
     st_layout: gl.constexpr = _acc_layout(num_warps, BLOCK_M)
     kv_layout: gl.constexpr = _acc_layout(num_warps, HEAD_DIM)
-    if DQ_OWN_KEYS:  # this warpgroup's whole (64 queries x d) block
-        dq_layout: gl.constexpr = _acc_layout(num_warps, HEAD_DIM)
-    else:
-        dq_layout: gl.constexpr = _ws_dq_acc_layout(num_warps, BLOCK_M, HEAD_DIM, WG_SPLIT)
+    dq_layout: gl.constexpr = _ws_dq_acc_layout(num_warps, BLOCK_M, HEAD_DIM, WG_SPLIT)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
     keys_1d = gl.arange(0, ROWS, layout=gl.SliceLayout(1, st_layout))
@@ -1027,8 +985,6 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     dq_zero = gl.zeros([DQ_M, DQ_N], gl.float32, layout=dq_layout)
     keys_inside = n_own + ROWS <= seqlen_k
     mbarrier.wait(kv_bar, 0)
-    if DQ_OWN_KEYS == 2 and W == 1:  # half a step behind warpgroup 0 (its arrive after its first dS^T, if any)
-        mbarrier.wait(lag_bar, 0, pred=n_iter > 0)
 
     # The step's query block is stepped by a counter (wrapping at each query head of the group) and
     # the in-loop zero comes from an asm move: ``t % n_m`` and ``t // n_iter`` were two integer
@@ -1054,10 +1010,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
             k_cur = k_all.slice(W * ROWS, ROWS)
             v_cur = v_smem.index(z).slice(W * ROWS, ROWS)
             ds_cur = ds_all.slice(W * ROWS, ROWS)
-            if DQ_OWN_KEYS:  # dQ over this warpgroup's keys: its dS^T half, its K rows
-                dq_a = ds_cur.permute((1, 0))
-                dq_b = k_cur
-            elif BLOCK_M == 64:  # dQ's columns [W * DQ_N, ...): all of dS, K's column half
+            if BLOCK_M == 64:  # dQ's columns [W * DQ_N, ...): all of dS, K's column half
                 dq_a = ds_all.permute((1, 0))
                 dq_b = k_all.slice(W * DQ_N, DQ_N, dim=1)
             else:  # dQ's rows [W * DQ_M, ...): dS's query half, all of K
@@ -1121,20 +1074,15 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         # dS^T to shared memory for dQ = dS K. No barrier needed before the store (WAR on ds_smem):
         # every warp passed the previous step's last barrier after its dQ product had retired;
         # ``WG_SPLIT``: the other warpgroup's previous dQ too, once both handed it over (``dq_full``)
-        # (``DQ_OWN_KEYS``: only this warpgroup's dQ reads its half, and that retired last step)
-        if WG_SPLIT and not DQ_OWN_KEYS:
+        if WG_SPLIT:
             mbarrier.wait(dq_full, (t & 1) ^ 1, pred=t > 0)
         ds_cur.store(ds16)
         fence_async_shared()
         # both warpgroups' halves of dS^T written (``WG_SPLIT``: this one's) before either product reads them
         gl.thread_barrier()
-        if DQ_OWN_KEYS == 2 and W == 0:  # warpgroup 1's start (once)
-            mbarrier.arrive(lag_bar, count=1, pred=t == 0)
-        if WG_SPLIT and not DQ_OWN_KEYS:  # the other warpgroup's half: its arrive on ds_full (count 2)
+        if WG_SPLIT:  # the other warpgroup's half: its arrive on ds_full (count 2)
             mbarrier.arrive(ds_full, count=1)
             mbarrier.wait(ds_full, t & 1)
-        if DQ_OWN_KEYS:  # dV retired first: dQ's 64 accumulator registers beside dK / dV (else ptxas serialises)
-            dv, pa = warpgroup_mma_wait(0, deps=[dv_tok, pa])
         # dQ first, then dK: dQ retires first and is handed to the writer warp while dK runs
         dq_tok = warpgroup_mma(dq_a, dq_b, dq_zero, use_acc=False, is_async=True)
         dk_tok = warpgroup_mma(dsa, q_cur, dk, is_async=True)
@@ -1146,10 +1094,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         # accesses, NOTES §101). The dO slot has no barrier of its own: it goes back with the dQ block,
         # after both warpgroups' dQ (and so dV, which retires before it) has retired; released as soon
         # as dV retired, behind a barrier of its own, it was 0 to 1.4 % slower (NOTES §102)
-        if DQ_OWN_KEYS:
-            dq = warpgroup_mma_wait(1, deps=[dq_tok])
-        else:
-            dv, pa, dq = warpgroup_mma_wait(1, deps=[dv_tok, pa, dq_tok])
+        dv, pa, dq = warpgroup_mma_wait(1, deps=[dv_tok, pa, dq_tok])
         # the dQ block to the writer warp: wait until it has read the previous one (handed over a
         # whole step ago: normally long done), store, fence for the bulk copy, hand over
         mbarrier.wait(dq_empty, (t & 1) ^ 1, pred=t > 0)
@@ -1334,8 +1279,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   IS_CAUSAL: gl.constexpr, COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr,
                   LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0,
                   WINDOW: gl.constexpr = False, win_left=0, win_right=0, SOFTCAP: gl.constexpr = False,
-                  softcap_a=0.0, ALIBI: gl.constexpr = False, Alibi_h0=None, alibi_unit=0.0,
-                  DQ_OWN_KEYS: gl.constexpr = 0, lag_bar=None):
+                  softcap_a=0.0, ALIBI: gl.constexpr = False, Alibi_h0=None, alibi_unit=0.0):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments
     (``LSE_IN_ACC``: the key split only). ``WG_SPLIT``: warpgroup ``W`` of the key split alone (the
@@ -1351,7 +1295,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                      do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, k_row0, h_kv, nheads_kv, n_start, m_lo, n_m,
                      n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
                      IS_CAUSAL, COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, W, WINDOW, win_left, win_right, SOFTCAP,
-                     softcap_a, ALIBI, Alibi_h0, alibi_unit, DQ_OWN_KEYS, lag_bar)
+                     softcap_a, ALIBI, Alibi_h0, alibi_unit)
 
 
 @gluon.jit
@@ -1363,8 +1307,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          COALESCED_STORE: gl.constexpr = False, DQ_FLAT: gl.constexpr = False,
                          LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False,
                          IS_VARLEN: gl.constexpr = False, WINDOW: gl.constexpr = False,
-                         SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, Alibi=None,
-                         DQ_OWN_KEYS: gl.constexpr = 0):
+                         SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, Alibi=None):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers; 4
     with ``WG_SPLIT``: warpgroup 0, warpgroup 1 a worker partition); the producer and dQ-writer warps
     are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
@@ -1410,8 +1353,6 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         gl.static_assert(num_warps == 4 and DQ_FLAT and not COL_SPLIT, "a warpgroup a partition: the flat key split")
     else:
         gl.static_assert(num_warps == 8, "two consumer warpgroups")
-    if DQ_OWN_KEYS:
-        gl.static_assert(WG_SPLIT and BLOCK_M == 64, "dQ over each warpgroup's own keys: a partition each, 64 rows")
     if COL_SPLIT:
         gl.static_assert(BLOCK_N == 64, "column split: one 64-key block, the warpgroups split the head dim")
         gl.static_assert(not LSE_IN_ACC, "lse in S^T's accumulator: the key split only")
@@ -1479,10 +1420,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     ds_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, BLOCK_M], ds_layout)
     # one dQ buffer (FA3 has one): handed over once a step (column split: once a half), read by the
     # bulk copy long before the next handover
-    if DQ_OWN_KEYS:  # each warpgroup's whole block over its own keys, in its own buffer, the flat tile's order
-        dq_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, HEAD_DIM], _dq_flat_layout(8, BLOCK_M, HEAD_DIM))
-        dq_smem1 = gl.allocate_shared_memory(gl.float32, [BLOCK_M, HEAD_DIM], _dq_flat_layout(8, BLOCK_M, HEAD_DIM))
-    elif WG_SPLIT:  # each warpgroup's dQ half in its own buffer: the flat tile's two halves (its top bit)
+    if WG_SPLIT:  # each warpgroup's dQ half in its own buffer: the flat tile's two halves (its top bit)
         DQ_M: gl.constexpr = BLOCK_M // 2 if BLOCK_M == 128 else BLOCK_M
         DQ_N: gl.constexpr = HEAD_DIM // 2 if BLOCK_M == 64 else HEAD_DIM
         dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_M, DQ_N], _dq_flat_layout(4, DQ_M, DQ_N))
@@ -1513,23 +1451,12 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     # ``WG_SPLIT``: the consumers' on two, one a warpgroup partition (CONSUMERS)
     CONSUMERS: gl.constexpr = 2 if WG_SPLIT else 1
     mbarrier.init(kv_bar, count=1)
-    mbarrier.init(dq_full, count=1 if DQ_OWN_KEYS else CONSUMERS)
+    mbarrier.init(dq_full, count=CONSUMERS)
     mbarrier.init(dq_empty, count=1)
-    if DQ_OWN_KEYS:  # warpgroup 1's own handover (dq_full / dq_empty: warpgroup 0's), and the start's lag
-        dq_full1 = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
-        dq_empty1 = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
-        lag_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
-        mbarrier.init(dq_full1, count=1)
-        mbarrier.init(dq_empty1, count=1)
-        mbarrier.init(lag_bar, count=1)
-    else:  # unused
-        dq_full1 = dq_full
-        dq_empty1 = dq_empty
-        lag_bar = dq_full
     if COL_SPLIT:  # the high half's handover (dq_full: the low half's)
         dq_hi_full = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
         mbarrier.init(dq_hi_full, count=1)
-    elif WG_SPLIT and not DQ_OWN_KEYS:  # the key split's dS^T exchange between the two consumer partitions
+    elif WG_SPLIT:  # the key split's dS^T exchange between the two consumer partitions (``ds_full``)
         dq_hi_full = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
         mbarrier.init(dq_hi_full, count=2)
     else:
@@ -1555,12 +1482,11 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     # partition, warpgroup 0, gets the rest: the same split of the registers)
     gl.warp_specialize([
         (_ws_consumers, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem,
-                         dq_smem1 if w else dq_smem, kv_bar, q_ready, q_empty, do_ready, do_empty,
-                         dq_full1 if w else dq_full, dq_empty1 if w else dq_empty,
+                         dq_smem1 if w else dq_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty,
                          dq_hi_full, dK, dV, k_row0, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k,
                          softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT,
                          COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, w, WINDOW, win_left, win_right, SOFTCAP, softcap_a,
-                         ALIBI, Alibi_h0, alibi_unit, DQ_OWN_KEYS, lag_bar))
+                         ALIBI, Alibi_h0, alibi_unit))
         if w < CONSUMERS else
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, tail_bar, b, h0,
@@ -1569,8 +1495,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         if w == CONSUMERS else
         (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_full, Sem, b, h0, m_lo, n_m,
                          n_iter, q_row0, seqlen_q, seqlen_k, nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         IS_CAUSAL, DETERMINISTIC, DQ_COLS, STAGES, DQ_FLAT, dq_smem1, WG_SPLIT, WINDOW, win_left,
-                         DQ_OWN_KEYS, dq_full1, dq_empty1))
+                         IS_CAUSAL, DETERMINISTIC, DQ_COLS, STAGES, DQ_FLAT, dq_smem1, WG_SPLIT, WINDOW, win_left))
         for w in (0, 1, 2, 3)[:CONSUMERS + 2]
     ], [4, 1, 1] if WG_SPLIT else [1, 1],
         [WS_CONSUMER_REGS, WS_WORKER_REGS, WS_WORKER_REGS] if WG_SPLIT else [WS_WORKER_REGS, WS_WORKER_REGS])
@@ -1600,19 +1525,18 @@ def kernel_config(d: int, variant: str = "base", softcap: bool = False, alibi: b
         block_m = WS_SCORE_MOD_BLOCK_M.get(d, WS_BLOCK_M[d]) if softcap or alibi else WS_BLOCK_M[d]
         flat = bool(WS_DQ_FLAT.get(d, False)) and not split
         wg_split = bool(WS_WG_PARTITIONS.get(d, False)) and flat
-        own = int(WS_DQ_OWN_KEYS.get(d, 0)) if wg_split and block_m == 64 else 0
         # the kernel's warps: the consumers' 8, or warpgroup 0's 4 with a partition a warpgroup (warpgroup 1
         # is a worker then); the flat tile's box: halves with a partition a warpgroup
         return dict(kernel=hopper_bwd_ws_kernel, block_m=block_m, block_n=block_n,
                     num_warps=BWD_NUM_WARPS // 2 if wg_split else BWD_NUM_WARPS,
                     stages=stages, worker_regs=WS_WORKER_REGS.value, dq_cols=d // 2 if split else d,
-                    dq_flat=flat, dq_block=[block_m * d // (64 if wg_split and not own else 32), 32] if flat
+                    dq_flat=flat, dq_block=[block_m * d // (64 if wg_split else 32), 32] if flat
                     else [block_m, d // 2 if split else d],
                     constexprs=dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                                     DO_STAGES=do_stages, COL_SPLIT=split,
                                     COALESCED_STORE=WS_COALESCED_STORE, DQ_FLAT=flat,
                                     LSE_IN_ACC=bool(WS_LSE_IN_ACC.get(d, False)) and not split and not softcap,
-                                    WG_SPLIT=wg_split, DQ_OWN_KEYS=own, SOFTCAP=bool(softcap)))
+                                    WG_SPLIT=wg_split, SOFTCAP=bool(softcap)))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
