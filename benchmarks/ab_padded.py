@@ -1,8 +1,11 @@
 """A/B for head dims the Gluon kernels do not have (NOTES §154): the call's q, k, v (and in the
 backward out, dO) zero-padded on the host to the next head dim the Gluon kernels cover (64, 128,
-256), the Gluon forward / backward run there, the result sliced back to d and made contiguous
-("gluon-pad": the copies are timed with it), against the default dispatch, which takes the portable
-kernels at these head dims ("ioattn"), and SDPA's cuDNN and FlashAttention-2 backends, in one process.
+256), the Gluon forward / backward run there, the result sliced back to d and made contiguous, the
+copies timed with it: "gluon-pad", the launchers' own path (``hopper.padded_headdim``, the pads by
+``hopper.pad_head``, one concatenation each), "gluon-fpad" the same with ``F.pad`` (run223's form);
+against the default dispatch ("ioattn": the portable kernels at these head dims before the padded
+policy, ``hopper.PADDED_MIN_SEQLEN``'s choice after), the portable kernels themselves ("portable"), and
+SDPA's cuDNN and FlashAttention-2 backends, in one process.
 
     python benchmarks/ab_padded.py --out DIR [--headdims 80,96,192] [--seqlens 512,1024,4096,16384]
                                    [--causal 0,1] [--passes fwd,bwd] [--rounds 3]
@@ -41,15 +44,24 @@ def pad(t, dp):
     return F.pad(t, (0, dp - t.shape[-1]))
 
 
-def gluon_pad_fwd(q, k, v, causal):
+def gluon_fpad_fwd(q, k, v, causal):
     d = q.shape[-1]
     dp = padded_dim(d)
     out, lse = hopper.hopper_forward(pad(q, dp), pad(k, dp), pad(v, dp), d ** -0.5, causal)
     return out[..., :d].contiguous(), lse
 
 
+def gluon_pad_fwd(q, k, v, causal):
+    return hopper.hopper_forward(q, k, v, q.shape[-1] ** -0.5, causal)  # the launcher pads (hopper.pad_head)
+
+
 def api_fwd(q, k, v, causal):
     return ioattn.flash_attn_func(q, k, v, causal=causal)
+
+
+def portable_fwd(q, k, v, causal):
+    with hopper.prefer_hopper(False):
+        return ioattn.flash_attn_func(q, k, v, causal=causal)
 
 
 def sdpa_fwd(backend):
@@ -63,7 +75,8 @@ def sdpa_fwd(backend):
 
 def fwd_providers():
     from torch.nn.attention import SDPBackend
-    return {"ioattn": api_fwd, "gluon-pad": lambda *a: gluon_pad_fwd(*a)[0],
+    return {"ioattn": api_fwd, "portable": portable_fwd, "gluon-pad": lambda *a: gluon_pad_fwd(*a)[0],
+            "gluon-fpad": lambda *a: gluon_fpad_fwd(*a)[0],
             "sdpa-cudnn": sdpa_fwd(SDPBackend.CUDNN_ATTENTION), "sdpa-flash": sdpa_fwd(SDPBackend.FLASH_ATTENTION)}
 
 
@@ -72,20 +85,29 @@ def bwd_setup(name):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     def setup(dout, q, k, v, causal):
-        if name == "gluon-pad":
+        if name == "gluon-fpad":
             d = q.shape[-1]
             dp = padded_dim(d)
-            out, lse = gluon_pad_fwd(q, k, v, causal)
+            out, lse = gluon_fpad_fwd(q, k, v, causal)
 
             def run():  # the forward keeps the call's own tensors; the backward pads them again
                 grads = hopper_backward(pad(dout, dp), pad(q, dp), pad(k, dp), pad(v, dp), pad(out, dp), lse, d ** -0.5,
                                         causal, variant="ws")
                 return [g[..., :d].contiguous() for g in grads]
             return run
+        if name == "gluon-pad":  # the launchers' own padded path
+            out, lse = gluon_pad_fwd(q, k, v, causal)
+            return lambda: hopper_backward(dout, q, k, v, out, lse, q.shape[-1] ** -0.5, causal, variant="ws")
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-        if name == "ioattn":
-            out = ioattn.flash_attn_func(*leaves, causal=causal)
-            return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)
+        if name in ("ioattn", "portable"):
+            pref = None if name == "ioattn" else False  # None: the default policy; False: the portable kernels
+            with hopper.prefer_hopper(pref), hopper.prefer_hopper_bwd(pref):
+                out = ioattn.flash_attn_func(*leaves, causal=causal)
+
+            def run():
+                with hopper.prefer_hopper_bwd(pref):
+                    return torch.autograd.grad(out, leaves, dout, retain_graph=True)
+            return run
         backend = {"sdpa-cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa-flash": SDPBackend.FLASH_ATTENTION}[name]
         tl = [t.transpose(1, 2) for t in leaves]
         with sdpa_kernel([backend]):
@@ -125,7 +147,7 @@ def main():
     ap.add_argument("--seqlens", default="512,1024,4096,16384")
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--passes", default="fwd,bwd")
-    ap.add_argument("--providers", default="ioattn,gluon-pad,sdpa-cudnn,sdpa-flash")
+    ap.add_argument("--providers", default="ioattn,portable,gluon-pad,gluon-fpad,sdpa-cudnn,sdpa-flash")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tag", default="ab_padded")
     args = ap.parse_args()

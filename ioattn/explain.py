@@ -48,16 +48,19 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     gluon = f"taken ({why})" if taken else f"not taken ({why})" if ok else f"not applicable ({refusal})"
     has_window = window not in ((-1, -1), (-1, 0))
     name = None
+    # the kernels' head dim: the call's, or the next one for a head dim they run zero-padded
+    kd = hopper.padded_headdim(q.shape[-1]) or q.shape[-1]
     if taken:
-        name = hopper.variant_for(q.shape[-1], window == (-1, 0), seqlen_q, varlen, has_window or softcap > 0, alibi)
-        cfg = hopper.kernel_config(q.shape[-1], name, window == (-1, 0), None if varlen else seqlen_q, alibi)
+        name = hopper.variant_for(kd, window == (-1, 0), seqlen_q, varlen, has_window or softcap > 0, alibi)
+        cfg = hopper.kernel_config(kd, name, window == (-1, 0), None if varlen else seqlen_q, alibi)
         bm, bn, stages = cfg["block_m"], cfg["block_n"], cfg["stages"]
         share = hopper.exp2_fma_share()
         lean = cfg["constexprs"]["LEAN"]
         forward = {"kernel": f"ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, {name})",
                    "tiles": (bm, bn, 4 * (bm // 64), stages), "kv_loads": "tma (producer warp)",
-                   "head_dim_padded": q.shape[-1],
-                   "inputs": hopper.inputs_note(q, k, v, varlen, window == (-1, 0)),
+                   "head_dim_padded": kd,
+                   "inputs": (f"zero-padded copies at head dim {kd} (hopper.pad_head), the output sliced"
+                              if kd != q.shape[-1] else hopper.inputs_note(q, k, v, varlen, window == (-1, 0))),
                    "exp2_fma": (f"{share:g}% ({hopper.exp2_fma_cols(share, bn)} of {bn} key columns on the FMA units)"
                                 if share else "off (MUFU.EX2 only)"),
                    "cond_rescale": (("by warp" if hopper.rescale_by_warp.wanted() else "by thread")
@@ -69,7 +72,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                                else "reduced every key tile"),
                    "mask": ("none: the unmasked softmax body alone (no causal mask, every key tile inside the "
                             "sequence)" if not varlen and not has_window
-                            and not hopper.key_masks(q.shape[-1], name, window == (-1, 0), k.shape[1] % bn != 0,
+                            and not hopper.key_masks(kd, name, window == (-1, 0), k.shape[1] % bn != 0,
                                                      k.shape[1])
                             else "a tile's first key step: under its own branch, ahead of one softmax body"
                             if lean & hopper.LEAN_MASK_BRANCH else "masked and unmasked softmax bodies"),
@@ -79,7 +82,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                    "out_stores": {0: "pointer stores from the accumulator layout",
                                   1: "whole-row pointer stores (Triton's layout conversion)",
                                   2: "whole-row pointer stores (staged in the Q buffer)",
-                                  3: "TMA bulk copies (staged in the Q buffer)"}[hopper.row_stores(q.shape[-1], name)]}
+                                  3: "TMA bulk copies (staged in the Q buffer)"}[hopper.row_stores(kd, name)]}
         if has_window:
             forward["window"] = (f"{window}: each query tile walks the key tiles its rows' band reaches, those "
                                  "a window edge crosses masked")
@@ -91,10 +94,10 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
             forward["alibi"] = ("-slope * |i + seqlen_k - seqlen_q - j| on each score tile (after a softcap, before "
                                 f"the masks; {form})")
         if name == "persistent":
-            opts = hopper.persistent_options(q.shape[-1], name, window == (-1, 0), dispatch.cdiv(seqlen_q, bm))
+            opts = hopper.persistent_options(kd, name, window == (-1, 0), dispatch.cdiv(seqlen_q, bm))
             forward["walk"] = ("a host-built table (hopper.build_walk_table): longest tiles first within groups "
                                "of heads whose K / V fit in L2, each to the program that frees first"
-                               if hopper.walk_table_for(q.shape[-1], name, window == (-1, 0),
+                               if hopper.walk_table_for(kd, name, window == (-1, 0),
                                                         dispatch.cdiv(seqlen_q, bm)) else
                                "pairs of query blocks, head by head" if opts["PAIRED"] else
                                "longest tiles first over the grid" if window == (-1, 0) else "head by head")
@@ -103,7 +106,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
             if window == (-1, 0):
                 forward["diagonal"] = ("trimmed: warpgroup 0 computes only the key tiles its rows see (a last "
                                        "tile past its rows' diagonal skipped)"
-                                       if hopper.diag_trim_for(q.shape[-1], name, True, seqlen_q)
+                                       if hopper.diag_trim_for(kd, name, True, seqlen_q)
                                        else "every warpgroup to its tile's last row's diagonal")
     else:
         forward = None
@@ -124,10 +127,12 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     gluon_bwd, bwd_why = hopper.bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, 0.0, seqlen_q)
     if gluon_bwd:
         from ioattn.kernels import hopper_backward
-        cfg = hopper_backward.kernel_config(d, hopper.BWD_VARIANT, softcap > 0, bool(alibi))
+        cfg = hopper_backward.kernel_config(kd, hopper.BWD_VARIANT, softcap > 0, bool(alibi))
         backward = {"kernels": f"ioattn.kernels.hopper_backward (Gluon, {hopper.BWD_VARIANT})",
                     "tiles": (cfg["block_m"], cfg["block_n"], cfg["num_warps"], cfg["stages"]), "atomics": True,
-                    "inputs": hopper.inputs_note(q, k, v, varlen, window == (-1, 0), backward=True)}
+                    "inputs": (f"zero-padded copies of q, k, v, out, dout at head dim {kd} (hopper.pad_head), "
+                               "the gradients sliced" if kd != d else
+                               hopper.inputs_note(q, k, v, varlen, window == (-1, 0), backward=True))}
         if softcap > 0:
             backward["softcap"] = ("SOFTCAP form, dS^T times 1 - tanh^2 ("
                                    + ("column split" if cfg["constexprs"]["COL_SPLIT"] else "key split")

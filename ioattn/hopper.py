@@ -123,6 +123,50 @@ PERSISTENT_MIN_SEQLEN: dict = {}
 AUTO_MIN_SEQLEN = {(64, False): 512, (64, True): 512, (128, False): 512, (128, True): 512,
                    (256, False): 512, (256, True): 512}
 
+# Head dims the Gluon kernels lack (Gluon's register tensors are powers of two): a plain fixed-length
+# call of head dim d in PADDED_RANGE[dp] runs both kernels at dp on copies of its tensors with zero
+# columns added (``pad_head``): exact (Q K^T unchanged, the output's and every gradient's extra
+# columns zero, sliced off; the scale stays the call's). The portable kernels waste the same products
+# (their BLOCK_D is the power of two above d); what the padded path adds is the copies (forward: q, k, v
+# padded, the output sliced; backward: the call's q, k, v, out, dO padded again, three gradients
+# sliced), a large share of a short call.
+PADDED_RANGE = {128: range(65, 128), 256: range(129, 256)}
+# (pass, padded head dim, causal) -> the shortest seqlen_q from which the padded Gluon kernels were
+# measured >= 1.05x the default (the portable kernels) there and at every longer length measured
+# (benchmarks/ab_padded.py, bf16, 16k tokens, hidden 2048, d = 80 / 96 / 192, N = 512 / 1024 / 4096 /
+# 16384, 3 rounds; NOTES §154, results/session-2026-12-18-d; padded / default TFLOP/s at the call's d):
+# forward d=96 non-causal 4096 / 16384 x, causal 16384 y; ...
+PADDED_MIN_SEQLEN = {("fwd", 128, False): 4096, ("fwd", 128, True): 16384,
+                     ("fwd", 256, False): 4096, ("fwd", 256, True): 16384,
+                     ("bwd", 128, False): 4096, ("bwd", 128, True): 4096,
+                     ("bwd", 256, False): 512, ("bwd", 256, True): 1024}
+
+
+def padded_headdim(d: int) -> int | None:
+    """The Gluon head dim a call of head dim ``d`` runs at zero-padded (``PADDED_RANGE``); None if
+    ``d`` is one the kernels have, or none covers it."""
+    return next((dp for dp, dims in PADDED_RANGE.items() if d in dims), None)
+
+
+def pad_head(t: torch.Tensor, dp: int) -> torch.Tensor:
+    """``t`` (..., d) as a contiguous (..., dp) tensor, columns d.. zero: one concatenation with an
+    expanded zero (one read of ``t``, one write; ``F.pad`` writes the whole result twice)."""
+    return torch.cat((t, t.new_zeros(()).expand(*t.shape[:-1], dp - t.shape[-1])), dim=-1)
+
+
+def padded_refusal(d: int, varlen: bool, window, softcap: float, alibi_slopes) -> str:
+    """Why a call of head dim ``d`` cannot take the padded path ("" if it can, or ``d`` is not padded):
+    plain fixed-length calls only (the causal mask allowed), as measured."""
+    dp = padded_headdim(d)
+    if dp is None:
+        return ""
+    extra = [name for name, on in (("packed sequences", varlen), ("a sliding window", window not in ((-1, -1), (-1, 0))),
+                                   ("a softcap", softcap > 0), ("ALiBi", alibi_slopes is not None)) if on]
+    if extra:
+        return (f"head dim {d} runs zero-padded to {dp}: plain fixed-length calls only "
+                f"(here {', '.join(extra)})")
+    return ""
+
 # (block_m, block_n, stages) per variant and head dim, from FA3's published shapes (below); the
 # measured ones are those of the default policy above.
 TILE_TABLE = {
@@ -1023,6 +1067,8 @@ def policy(q=None, seqlen_q: int | None = None, causal: bool = False, varlen: bo
     if dispatch.tiles_overridden("fwd", d):
         return False, "the forward's tiles are fixed (IOATTN_TILES / set_tile_override)"
     mask = ("causal" if causal else "non-causal") + (" varlen" if varlen else "")
+    if padded_headdim(d):
+        return _padded_policy("fwd", d, n, causal, varlen or window_width is not None or softcap or alibi)
     table = "VARLEN_AUTO_MIN_SEQLEN" if varlen else "AUTO_MIN_SEQLEN"
     least = globals()[table].get((d, bool(causal)))
     if least is None:
@@ -1046,6 +1092,19 @@ def policy(q=None, seqlen_q: int | None = None, causal: bool = False, varlen: bo
             return False, f"default policy: head dim {d} with ALiBi is not in hopper.ALIBI_HEADDIMS"
         mask += " ALiBi"
     return True, f"default policy: head dim {d} {mask} from seqlen_q >= {least} (here {n})"
+
+
+def _padded_policy(pass_: str, d: int, n: int, causal: bool, other: bool) -> tuple[bool, str]:
+    """``policy`` / ``bwd_policy`` for a padded head dim (``PADDED_MIN_SEQLEN``); ``other``: the call
+    has a feature the padded path was not measured with (packed, window, softcap, ALiBi)."""
+    dp = padded_headdim(d)
+    what = f"head dim {d} (zero-padded to {dp}) {'causal' if causal else 'non-causal'}"
+    if other:
+        return False, f"default policy: {what}: plain fixed-length calls only"
+    least = PADDED_MIN_SEQLEN.get((pass_, dp, bool(causal)))
+    if least is None:
+        return False, f"default policy: {what} is not in hopper.PADDED_MIN_SEQLEN"
+    return n >= least, f"default policy: {what} from seqlen_q >= {least} (here {n})"
 
 
 def window_width_of(window, seqlen_k: int | None, seqlen_q: int | None = None) -> int | None:
@@ -1106,6 +1165,17 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
     without the device and the Triton build: pure Python, testable anywhere."""
     if q.dtype not in (torch.float16, torch.bfloat16):
         return False, "fp16/bf16 only"
+    dp = padded_headdim(q.shape[-1])
+    if dp:  # on zero-padded copies (``pad_head``) at dp: the kernel dim's variant and tiles, any layout
+        if padded_refusal(q.shape[-1], varlen, window, softcap, alibi_slopes):
+            return False, padded_refusal(q.shape[-1], varlen, window, softcap, alibi_slopes)
+        if dropout_p > 0:
+            return False, "no dropout yet"
+        try:
+            name = variant_for(dp)
+        except ValueError as e:
+            return False, str(e)
+        return (True, "") if dp in TILES else (False, f"head dims {sorted(TILES)} only (variant {name})")
     # (varlen: the longest query is not known here; the form with the stricter length bound)
     form = alibi_call_form(alibi_slopes, q.shape[-1], window, varlen, None if varlen else q.shape[1], softcap)
     try:
@@ -1231,6 +1301,14 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     from ioattn.kernels.hopper_forward import hopper_fwd_kernel, magic_divisor
 
     window = tuple(int(w) for w in window)
+    dp = padded_headdim(q.shape[-1])
+    if dp:  # a head dim the kernels lack: at dp on zero-padded copies (``PADDED_RANGE``), the output sliced
+        refusal = padded_refusal(q.shape[-1], cu_seqlens_q is not None, (-1, 0) if causal else window, softcap,
+                                 alibi_slopes)
+        if refusal:
+            raise ValueError(refusal)
+        out, lse = hopper_forward(pad_head(q, dp), pad_head(k, dp), pad_head(v, dp), softmax_scale, causal)
+        return out[..., :q.shape[-1]].contiguous(), lse
     if window == (-1, 0) and not causal:
         raise ValueError("window (-1, 0) is the causal mask: pass causal=True")
     if causal and window not in ((-1, -1), (-1, 0)):
@@ -1436,6 +1514,13 @@ def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p
     """Whether the Gluon backward covers this call (the call itself, without the device): pure Python."""
     if q.dtype not in (torch.float16, torch.bfloat16):
         return False, "fp16/bf16 only"
+    dp = padded_headdim(q.shape[-1])
+    if dp:  # on zero-padded copies at dp (``PADDED_RANGE``), any layout
+        if padded_refusal(q.shape[-1], varlen, window, softcap, alibi_slopes):
+            return False, padded_refusal(q.shape[-1], varlen, window, softcap, alibi_slopes)
+        if BWD_VARIANT == "base" and dp == 256:
+            return False, "head dims (64, 128) only in the base variant"
+        return (False, "no dropout") if dropout_p > 0 else (True, "")
     if q.shape[-1] not in BWD_HEADDIMS:
         return False, f"head dims {BWD_HEADDIMS} only"
     if BWD_VARIANT == "base" and q.shape[-1] == 256:  # hopper_backward.BWD_VARIANT_HEADDIMS
@@ -1477,6 +1562,8 @@ def bwd_policy(q, seqlen_q: int | None = None, causal: bool = False, varlen: boo
     if env:
         return env == "1", f"IOATTN_HOPPER_BWD={env}"
     d, n = q.shape[-1], q.shape[1] if seqlen_q is None else seqlen_q
+    if padded_headdim(d):
+        return _padded_policy("bwd", d, n, causal, varlen or window_width is not None)
     mask = ("causal" if causal else "non-causal") + (" varlen" if varlen else "")
     table = "BWD_VARLEN_AUTO_MIN_SEQLEN" if varlen else "BWD_AUTO_MIN_SEQLEN"
     least = globals()[table].get((d, bool(causal)))

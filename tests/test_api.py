@@ -717,7 +717,7 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     monkeypatch.delenv("IOATTN_HOPPER_VARIANT")
     n500 = torch.empty(1, 500, 2, 128, dtype=torch.bfloat16)
     assert "head dim 128 causal from seqlen_q >= 512 (here 500)" in hopper.policy(n500, causal=True)[1]
-    assert "head dim 96 non-causal is not in hopper.AUTO_MIN_SEQLEN" in hopper.policy(torch.empty(1, 9, 2, 96))[1]
+    assert "head dim 48 non-causal is not in hopper.AUTO_MIN_SEQLEN" in hopper.policy(torch.empty(1, 9, 2, 48))[1]
     # the plan says why the Gluon kernel is not taken (here: no sm_90 GPU)
     with dispatch.forced_backend("triton"):
         plan = ioattn.explain_dispatch(long128, long128, long128)
@@ -1091,7 +1091,7 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     for (d, causal), least in hopper.BWD_AUTO_MIN_SEQLEN.items():
         assert hopper.bwd_policy(torch.empty(1, least, 2, d), causal=causal)[0]
         assert not hopper.bwd_policy(torch.empty(1, least - 1, 2, d), causal=causal)[0]
-    assert "not in hopper.BWD_AUTO_MIN_SEQLEN" in hopper.bwd_policy(torch.empty(1, 9000, 2, 96))[1]
+    assert "not in hopper.BWD_AUTO_MIN_SEQLEN" in hopper.bwd_policy(torch.empty(1, 9000, 2, 48))[1]
     long = torch.empty(1, 16384, 2, 128, dtype=torch.bfloat16)  # wanted, but no sm_90 here
     assert hopper.bwd_plan(long, long, long, *none) == (False, "needs an sm_90 (Hopper) GPU")
     with hopper.prefer_hopper_bwd(False):
@@ -1107,8 +1107,8 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     assert hopper.bwd_call_supported(q.float(), q, q, *none)[1] == "fp16/bf16 only"
     q256 = torch.randn(1, 8, 2, 256, dtype=torch.bfloat16)
     assert hopper.bwd_call_supported(q256, q256, q256, *none) == (True, "")
-    q96 = torch.randn(1, 8, 2, 96, dtype=torch.bfloat16)
-    assert "head dims" in hopper.bwd_call_supported(q96, q96, q96, *none)[1]
+    q48 = torch.randn(1, 8, 2, 48, dtype=torch.bfloat16)
+    assert "head dims" in hopper.bwd_call_supported(q48, q48, q48, *none)[1]
     # sliding windows: the ws variant's WINDOW form (the base variant refuses them)
     assert hopper.bwd_call_supported(q, q, q, False, (4, 0), 0.0, None, 0.0) == (True, "")
     with monkeypatch.context() as m:
@@ -1941,3 +1941,109 @@ def test_magic_divisor_divides_exactly():
     assert hopper.walk_divisor(8, 96, False, False) == 8  # non-causal: query blocks of a head in turn
     assert hopper.walk_divisor(8, 96, True, False) == 96  # causal LPT: every head's block in turn
     assert hopper.walk_divisor(8, 96, True, True) == 4  # pairs: half the query blocks
+
+
+def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
+    """Head dims the Gluon kernels lack run them zero-padded to the next one (``hopper.PADDED_RANGE``,
+    NOTES §154): which dims, the policy by ``PADDED_MIN_SEQLEN`` (forward and backward), plain
+    fixed-length calls only (the causal mask allowed; windows, softcap, ALiBi, packed sequences, dropout
+    refused by name, in the policy, the call checks and both launchers), any layout (copies); and the
+    launchers' padding is exact: with a stand-in kernel at the padded dim that records its inputs and
+    returns the float64 oracle there, the forward's output and the backward's gradients equal the
+    oracle at the call's own dim (contiguous, the padded columns zero on the way in); the plan names
+    the padded kernels and their inputs (the device faked)."""
+    import ioattn
+    from ioattn import hopper
+    from ioattn.kernels import hopper_backward as hb
+    from ioattn.reference.naive import attention_ref
+    assert [hopper.padded_headdim(d) for d in (48, 64, 65, 80, 96, 127, 128, 129, 192, 255, 256, 320)] == \
+        [None, None, 128, 128, 128, 128, None, 256, 256, 256, None, None]
+    pad = hopper.pad_head(torch.arange(6.0).view(1, 2, 3), 5)
+    assert pad.is_contiguous() and pad.tolist() == [[[0, 1, 2, 0, 0], [3, 4, 5, 0, 0]]]
+    # the policy: from PADDED_MIN_SEQLEN's length, by pass, padded dim and mask
+    for (pass_, dp, causal), least in hopper.PADDED_MIN_SEQLEN.items():
+        d = dp - 32
+        judge = hopper.policy if pass_ == "fwd" else hopper.bwd_policy
+        assert judge(torch.empty(1, least, 2, d), causal=causal) == (
+            True, f"default policy: head dim {d} (zero-padded to {dp}) {'causal' if causal else 'non-causal'} "
+                  f"from seqlen_q >= {least} (here {least})")
+        assert not judge(torch.empty(1, least - 1, 2, d), causal=causal)[0]
+    assert hopper.policy(torch.empty(1, 1 << 16, 2, 96), window_width=300) == (
+        False, "default policy: head dim 96 (zero-padded to 128) non-causal: plain fixed-length calls only")
+    assert not hopper.policy(torch.empty(1 << 16, 2, 96), seqlen_q=1 << 16, varlen=True)[0]
+    assert not hopper.policy(torch.empty(1, 1 << 16, 2, 96), softcap=True)[0]
+    assert not hopper.bwd_policy(torch.empty(1, 1 << 16, 2, 192), window_width=300)[0]
+    # the call checks: plain calls, any layout; the rest refused by name
+    none = (False, (-1, -1), 0.0, None, 0.0)
+    q = torch.randn(1, 8, 2, 96, dtype=torch.bfloat16)
+    qt = torch.randn(1, 2, 8, 96, dtype=torch.bfloat16).transpose(1, 2)  # no (rows, heads * d) view
+    for check in (hopper.call_supported, hopper.bwd_call_supported):
+        assert check(q, q, q, *none) == (True, "") and check(qt, qt, qt, *none) == (True, "")
+        assert check(q, q, q, False, (-1, 0), 0.0, None, 0.0) == (True, "")
+        assert check(q, q, q, False, (4, 0), 0.0, None, 0.0) == (
+            False, "head dim 96 runs zero-padded to 128: plain fixed-length calls only (here a sliding window)")
+        assert "(here a softcap, ALiBi)" in check(q, q, q, False, (-1, -1), 5.0, torch.ones(2), 0.0)[1]
+        assert "(here packed sequences)" in check(q[0], q[0], q[0], True, (-1, -1), 0.0, None, 0.0)[1]
+        assert "dropout" in check(q, q, q, False, (-1, -1), 0.0, None, 0.1)[1]
+    # the launchers refuse what the checks refuse, before any launch
+    lse = torch.zeros(1, 2, 8)
+    with pytest.raises(ValueError, match="plain fixed-length calls only \\(here a softcap\\)"):
+        hopper.hopper_forward(q, q, q, 0.1, False, softcap=5.0)
+    with pytest.raises(ValueError, match="plain fixed-length calls only \\(here a sliding window\\)"):
+        hb.hopper_backward(q, q, q, q, q, lse, 0.1, False, variant="ws", window=(4, 0))
+    # exact padding, through stand-in kernels at the padded dim (float64 oracle; GQA, causal, scale 0.3)
+    seen = {}
+    real_fwd, real_bwd = hopper.hopper_forward, hb.hopper_backward
+
+    def fake_fwd(q, k, v, scale, causal, **kw):
+        if q.shape[-1] not in (64, 128, 256):
+            return real_fwd(q, k, v, scale, causal, **kw)
+        seen["fwd"] = (q, k, v, scale)
+        out, lse = attention_ref(q, k, v, softmax_scale=scale, window=(-1, 0) if causal else (-1, -1))
+        return out.to(q.dtype), lse.float()
+
+    def fake_bwd(dout, q, k, v, out, lse, scale, causal, **kw):
+        if q.shape[-1] not in (64, 128, 256):
+            return real_bwd(dout, q, k, v, out, lse, scale, causal, **kw)
+        seen["bwd"] = (dout, q, k, v, out, scale, kw)
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        ref, _ = attention_ref(*leaves, softmax_scale=scale, window=(-1, 0) if causal else (-1, -1))
+        return torch.autograd.grad(ref, leaves, dout)
+
+    monkeypatch.setattr(hopper, "hopper_forward", fake_fwd)
+    monkeypatch.setattr(hb, "hopper_backward", fake_bwd)
+    g = torch.Generator().manual_seed(5)
+    for d, causal in ((80, True), (192, False)):
+        q = torch.randn(2, 37, 4, d, dtype=torch.float64, generator=g)
+        k, v, = (torch.randn(2, 45, 2, d, dtype=torch.float64, generator=g) for _ in range(2))
+        out, lse = real_fwd(q, k, v, 0.3, causal)
+        dp = hopper.padded_headdim(d)
+        assert all(t.shape[-1] == dp and not t[..., d:].any() for t in seen["fwd"][:3]) and seen["fwd"][3] == 0.3
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        ref, ref_lse = attention_ref(*leaves, softmax_scale=0.3, window=(-1, 0) if causal else (-1, -1))
+        assert out.shape == q.shape and out.is_contiguous()
+        torch.testing.assert_close(out, ref.detach(), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(lse.double(), ref_lse.detach(), rtol=1e-6, atol=1e-6)
+        dout = torch.randn(out.shape, dtype=torch.float64, generator=g)
+        grads = real_bwd(dout, q, k, v, out, lse, 0.3, causal, variant="ws", deterministic=True)
+        assert all(t.shape[-1] == dp and not t[..., d:].any() for t in seen["bwd"][:5])
+        assert seen["bwd"][5] == 0.3 and seen["bwd"][6] == dict(variant="ws", deterministic=True)
+        for got, want in zip(grads, torch.autograd.grad(ref, leaves, dout)):
+            assert got.shape == want.shape and got.is_contiguous()
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    # the plan (the device faked): both Gluon kernels at the padded dim by the default policy, inputs named
+    monkeypatch.setattr(hopper, "_device_ok", lambda q: (True, ""))
+    monkeypatch.setattr(hopper, "hopper_supports", hopper.call_supported)
+    for d, dp in ((96, 128), (192, 256)):
+        long = torch.empty(1, 16384, 2, d, dtype=torch.bfloat16)
+        with dispatch.forced_backend("triton"):
+            plan = ioattn.explain_dispatch(long, long, long, causal=True)
+        assert plan.forward["gluon_hopper"] == (f"taken (default policy: head dim {d} (zero-padded to {dp}) causal "
+                                                "from seqlen_q >= 16384 (here 16384))")
+        assert plan.forward["head_dim_padded"] == dp and "zero-padded copies" in plan.forward["inputs"]
+        assert plan.backward["gluon_hopper"].startswith("taken (default policy: head dim")
+        assert "zero-padded copies of q, k, v, out, dout" in plan.backward["inputs"]
+        with dispatch.forced_backend("triton"):
+            short = ioattn.explain_dispatch(long[:, :512], long[:, :512], long[:, :512], causal=True)
+        assert short.forward["gluon_hopper"].startswith("not taken (default policy") and \
+            "attn_fwd_kernel" in short.forward["kernel"]

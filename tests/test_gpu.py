@@ -1619,3 +1619,44 @@ def test_hopper_forward_softcap(variant, d, mask, shape, monkeypatch, poison_all
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
     _assert_out_and_grads(out, grads, dout, q, k, v, ref_window, softcap=20.0)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d", [80, 96, 192])
+@pytest.mark.parametrize("causal", [False, True])
+# GQA 2; seqlen_q < seqlen_k (bottom-right causal); seqlen_q > seqlen_k (rows that see no key)
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1), (3, 129, 64, 2, 2)])
+def test_hopper_padded_head_dims(d, causal, shape, monkeypatch, poison_alloc):
+    """Head dims the Gluon kernels lack, run zero-padded to the next one (``hopper.PADDED_RANGE``, NOTES
+    §154) through flash_attn_func, the plan naming the Gluon kernels both ways: output and gradients
+    against the float64 oracle (2x PyTorch's own error), on poisoned allocations; the first shape also
+    with transposed (b, h, n, d) inputs (copied by the padding) and in the ordered dQ mode (two runs
+    bitwise equal). The default policy takes the padded path at its lengths (``PADDED_MIN_SEQLEN``)."""
+    from ioattn import hopper
+    monkeypatch.delenv("IOATTN_HOPPER", raising=False)
+    monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
+    b, sq, sk, h, hkv = shape
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    with hopper.prefer_hopper(True), hopper.prefer_hopper_bwd(True):
+        plan = ioattn.explain_dispatch(q.detach(), k.detach(), v.detach(), causal=causal)
+        assert plan.forward["gluon_hopper"].startswith("taken"), plan.forward
+        assert plan.backward["gluon_hopper"].startswith("taken"), plan.backward
+        out = ioattn.flash_attn_func(q, k, v, causal=causal)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    _assert_out_and_grads(out, grads, dout, q, k, v, (-1, 0) if causal else (-1, -1))
+    if shape[1] != 1000:
+        return
+    qt, kt, vt = (t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    runs = []
+    for _ in range(2):
+        with hopper.prefer_hopper(True), hopper.prefer_hopper_bwd(True), hopper.bwd_deterministic(True):
+            out_t = ioattn.flash_attn_func(qt, kt, vt, causal=causal, deterministic=True)
+            runs.append(torch.autograd.grad(out_t, (qt, kt, vt), dout))
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    _assert_out_and_grads(out_t, runs[0], dout, qt, kt, vt, (-1, 0) if causal else (-1, -1))
+    least = hopper.PADDED_MIN_SEQLEN[("fwd", hopper.padded_headdim(d), causal)]
+    long = torch.empty(1, least, 2, d, device="cuda", dtype=torch.bfloat16)
+    plan = ioattn.explain_dispatch(long, long, long, causal=causal)
+    assert plan.forward["gluon_hopper"].startswith("taken") and "zero-padded" in plan.forward["gluon_hopper"]

@@ -1580,9 +1580,21 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
 
     ``alibi_slopes`` ("ws" only): fp32 (nheads,) or (batch, nheads) (varlen: by sequence), flash-attn's
     bias -slope * |i + seqlen_k - seqlen_q - j| on the scores (after a softcap); softmax_scale nonzero
-    unless a softcap is given."""
+    unless a softcap is given.
+
+    A head dim the kernels lack (``ioattn.hopper.PADDED_RANGE``: plain fixed-length calls) runs at the
+    next one on zero-padded copies of q, k, v, out and dout (``hopper.pad_head``), the gradients sliced."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    dp = _host.padded_headdim(q.shape[-1])
+    if dp:
+        window = (-1, 0) if causal else tuple(int(w) for w in window)
+        refusal = _host.padded_refusal(q.shape[-1], cu_seqlens_q is not None, window, softcap, alibi_slopes)
+        if refusal:
+            raise ValueError(refusal)
+        grads = hopper_backward(*(_host.pad_head(t, dp) for t in (dout, q, k, v, out)), lse, softmax_scale, causal,
+                                variant=variant, deterministic=deterministic)
+        return tuple(g[..., :q.shape[-1]].contiguous() for g in grads)
     varlen = cu_seqlens_q is not None
     nheads, d = q.shape[-2], q.shape[-1]
     nheads_kv = k.shape[-2]
