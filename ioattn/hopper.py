@@ -132,14 +132,17 @@ AUTO_MIN_SEQLEN = {(64, False): 512, (64, True): 512, (128, False): 512, (128, T
 # sliced), a large share of a short call.
 PADDED_RANGE = {128: range(65, 128), 256: range(129, 256)}
 # (pass, padded head dim, causal) -> the shortest seqlen_q from which the padded Gluon kernels were
-# measured >= 1.05x the default (the portable kernels) there and at every longer length measured
-# (benchmarks/ab_padded.py, bf16, 16k tokens, hidden 2048, d = 80 / 96 / 192, N = 512 / 1024 / 4096 /
-# 16384, 3 rounds; NOTES §154, results/session-2026-12-18-d; padded / default TFLOP/s at the call's d):
-# forward d=96 non-causal 4096 / 16384 x, causal 16384 y; ...
-PADDED_MIN_SEQLEN = {("fwd", 128, False): 4096, ("fwd", 128, True): 16384,
-                     ("fwd", 256, False): 4096, ("fwd", 256, True): 16384,
-                     ("bwd", 128, False): 4096, ("bwd", 128, True): 4096,
-                     ("bwd", 256, False): 512, ("bwd", 256, True): 1024}
+# measured >= 1.05x the portable kernels there and at every longer length measured, for every head dim
+# measured that pads to it (benchmarks/ab_padded.py "gluon-fpad" against "portable", bf16, 16k tokens,
+# hidden 2048, d = 80 / 96 / 192, N = 512 to 16384, 3 rounds; NOTES §154, results/session-2026-12-18-d;
+# padded / portable at the threshold and at 16384): forward d = 80 / 96 non-causal 4096 (1.11 / 1.06x;
+# 1.41 / 1.37x), causal 8192 (1.13 / 1.08x; 1.29 / 1.24x; 0.91 / 0.86x at 4096); d = 192 4096 both masks
+# (1.40 / 1.13x; 1.84 / 1.72x); backward d = 80 / 96 non-causal 2048 (1.20 / 1.15x; 1.65 / 1.60x), causal
+# 4096 (1.22 / 1.15x; 1.58 / 1.53x); d = 192 1024 both masks (1.48 / 1.08x; 2.8 / 2.7x).
+PADDED_MIN_SEQLEN = {("fwd", 128, False): 4096, ("fwd", 128, True): 8192,
+                     ("fwd", 256, False): 4096, ("fwd", 256, True): 4096,
+                     ("bwd", 128, False): 2048, ("bwd", 128, True): 4096,
+                     ("bwd", 256, False): 1024, ("bwd", 256, True): 1024}
 
 
 def padded_headdim(d: int) -> int | None:
@@ -149,9 +152,9 @@ def padded_headdim(d: int) -> int | None:
 
 
 def pad_head(t: torch.Tensor, dp: int) -> torch.Tensor:
-    """``t`` (..., d) as a contiguous (..., dp) tensor, columns d.. zero: one concatenation with an
-    expanded zero (one read of ``t``, one write; ``F.pad`` writes the whole result twice)."""
-    return torch.cat((t, t.new_zeros(()).expand(*t.shape[:-1], dp - t.shape[-1])), dim=-1)
+    """``t`` (..., d) as a contiguous (..., dp) tensor, columns d.. zero (``F.pad``: a concatenation
+    with an expanded zero was 1.3-1.6x slower a padded call at N = 512 and 1-12 % at 16384, run224)."""
+    return torch.nn.functional.pad(t, (0, dp - t.shape[-1]))
 
 
 def padded_refusal(d: int, varlen: bool, window, softcap: float, alibi_slopes) -> str:

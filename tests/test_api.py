@@ -2038,8 +2038,9 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
         long = torch.empty(1, 16384, 2, d, dtype=torch.bfloat16)
         with dispatch.forced_backend("triton"):
             plan = ioattn.explain_dispatch(long, long, long, causal=True)
+        least = hopper.PADDED_MIN_SEQLEN[("fwd", dp, True)]
         assert plan.forward["gluon_hopper"] == (f"taken (default policy: head dim {d} (zero-padded to {dp}) causal "
-                                                "from seqlen_q >= 16384 (here 16384))")
+                                                f"from seqlen_q >= {least} (here 16384))")
         assert plan.forward["head_dim_padded"] == dp and "zero-padded copies" in plan.forward["inputs"]
         assert plan.backward["gluon_hopper"].startswith("taken (default policy: head dim")
         assert "zero-padded copies of q, k, v, out, dout" in plan.backward["inputs"]
