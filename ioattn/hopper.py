@@ -2,7 +2,8 @@
 end of this module, the backward (``ioattn.kernels.hopper_backward``: ``bwd_policy``, ``bwd_plan``).
 
 When ``flash_attn_func`` uses the forward (``wanted``): by default at head dims 64, 128 and 256 from the
-sequence lengths where it was measured ahead of the portable kernel (``AUTO_MIN_SEQLEN`` below); everywhere it covers
+sequence lengths where it was measured ahead of the portable kernel (``AUTO_MIN_SEQLEN`` below), and at the
+head dims between them on zero-padded copies (``PADDED_RANGE``, ``PADDED_MIN_SEQLEN``); everywhere it covers
 inside ``prefer_hopper(True)`` or with ``IOATTN_HOPPER=1``; never inside ``prefer_hopper(False)``,
 with ``IOATTN_HOPPER=0`` or when the forward's tiles are fixed by the caller. Only for the calls it
 covers (``hopper_supports``); every other call keeps the portable kernel. Gluon is imported lazily:
