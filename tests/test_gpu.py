@@ -493,7 +493,8 @@ def test_hopper_backward_through_the_api(variant, d, causal, monkeypatch, poison
         plan = ioattn.explain_dispatch(q, k, k, causal=causal)
         assert "hopper_backward" in plan.backward["kernels"] and plan.backward["gluon_hopper"].startswith("taken")
         _check(2, 700, 900, 4, 2, d, torch.bfloat16, causal=causal)
-        other = torch.randn(1, 64, 2, 96, device="cuda", dtype=torch.bfloat16)  # a head dim it does not cover
+        # a head dim it does not cover (96 is: zero-padded to 128, ``hopper.PADDED_RANGE``)
+        other = torch.randn(1, 64, 2, 48, device="cuda", dtype=torch.bfloat16)
         assert "attn_bwd_dkdv_kernel" in ioattn.explain_dispatch(other, other, other).backward["kernels"]
         wide = torch.randn(1, 64, 2, 256, device="cuda", dtype=torch.bfloat16)  # ws only (column split)
         assert ("hopper_backward" in ioattn.explain_dispatch(wide, wide, wide).backward["kernels"]) == (variant == "ws")
