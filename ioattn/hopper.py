@@ -1171,8 +1171,9 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
         return False, "fp16/bf16 only"
     dp = padded_headdim(q.shape[-1])
     if dp:  # on zero-padded copies (``pad_head``) at dp: the kernel dim's variant and tiles, any layout
-        if padded_refusal(q.shape[-1], varlen, window, softcap, alibi_slopes):
-            return False, padded_refusal(q.shape[-1], varlen, window, softcap, alibi_slopes)
+        refusal = padded_refusal(q.shape[-1], varlen, window, softcap, alibi_slopes)
+        if refusal:
+            return False, refusal
         if dropout_p > 0:
             return False, "no dropout yet"
         try:
@@ -1520,8 +1521,9 @@ def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p
         return False, "fp16/bf16 only"
     dp = padded_headdim(q.shape[-1])
     if dp:  # on zero-padded copies at dp (``PADDED_RANGE``), any layout
-        if padded_refusal(q.shape[-1], varlen, window, softcap, alibi_slopes):
-            return False, padded_refusal(q.shape[-1], varlen, window, softcap, alibi_slopes)
+        refusal = padded_refusal(q.shape[-1], varlen, window, softcap, alibi_slopes)
+        if refusal:
+            return False, refusal
         if BWD_VARIANT == "base" and dp == 256:
             return False, "head dims (64, 128) only in the base variant"
         return (False, "no dropout") if dropout_p > 0 else (True, "")
