@@ -1,8 +1,9 @@
 """A/B for head dims the Gluon kernels do not have (NOTES §154): the call's q, k, v (and in the
 backward out, dO) zero-padded on the host to the next head dim the Gluon kernels cover (64, 128,
 256), the Gluon forward / backward run there, the result sliced back to d and made contiguous, the
-copies timed with it: "gluon-pad", the launchers' own path (``hopper.padded_headdim``, the pads by
-``hopper.pad_head``, one concatenation each), "gluon-fpad" the same with ``F.pad`` (run223's form);
+copies timed with it: "gluon-pad", the launchers' own path (``hopper.padded_headdim``: in place for d a
+multiple of 8, ``hopper.padded_in_place``, NOTES §155; else the pads by ``hopper.pad_head``), "gluon-fpad"
+the copies by ``F.pad`` at every d (run223's form, §154);
 against the default dispatch ("ioattn": the portable kernels at these head dims before the padded
 policy, ``hopper.PADDED_MIN_SEQLEN``'s choice after), the portable kernels themselves ("portable"), and
 SDPA's cuDNN and FlashAttention-2 backends, in one process.

@@ -72,6 +72,7 @@ from gluon_aot import (DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxa
 WINDOW_FORM = False  # --window (set before the compile jobs' processes are forked: they inherit it)
 SOFTCAP_FORM = False  # --softcap (likewise)
 ALIBI_FORM = False  # --alibi (likewise)
+IO_DIM = 0  # --io-dim (likewise): the tensors' head dim below the kernel's, through 3-D / 4-D descriptors
 
 
 def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, exp2_fma=0, row_stores=True,
@@ -87,6 +88,11 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
                k_desc=f"tensordesc<{dt}[{bn},{d}],{kv_layout!r}>",
                v_desc=f"tensordesc<{dt}[{bn},{d}],{kv_layout!r}>", Out=f"*{dt}", Lse="*fp32", qk_scale="fp32",
                softcap_a="fp32", alibi_unit="fp32")
+    if IO_DIM:  # the launcher's head-padded descriptors (hopper.padded_rows_desc): one rank more, a unit box
+        for name, rows in (("q_desc", q_rows), ("k_desc", bn), ("v_desc", bn)):
+            lay = gl.NVMMASharedLayout.get_default_for([1, rows, d], DTYPES[dt])
+            sig[name] = f"tensordesc<{dt}[1,{rows},{d}],{lay!r}>"
+        o_layout = gl.NVMMASharedLayout.get_default_for([1, 1, q_rows, d], DTYPES[dt])
     # KV_TAIL as the launcher sets it for varlen; fixed length: off unless asked (lengths that are
     # multiples of the key tile)
     constexprs = dict(cfg["constexprs"], IS_CAUSAL=causal, IS_VARLEN=varlen, LPT=lpt,
@@ -95,13 +101,14 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
                       **cfg_persistent(q_prefetch, paired, variant, d, causal))
     constexprs.update(KEY_MASKS=WINDOW_FORM or hopper.key_masks(d, variant, causal, constexprs["KV_TAIL"]),
                       DIAG_TRIM=hopper.diag_trim_for(d, variant, causal), WINDOW=WINDOW_FORM, SOFTCAP=SOFTCAP_FORM,
-                      ALIBI=alibi)
+                      ALIBI=alibi, IO_DIM=IO_DIM)
     if ALIBI_FORM:  # the slopes (else the launcher passes None)
         sig.update(Alibi="*fp32")
     else:
         constexprs.update(Alibi=None)
     if constexprs["ROW_STORES"] == 3:  # the output's bulk copies (else the launcher passes None)
-        sig.update(o_desc=f"tensordesc<{dt}[1,{q_rows},{d}],{o_layout!r}>")
+        o_box = f"1,1,{q_rows},{d}" if IO_DIM else f"1,{q_rows},{d}"
+        sig.update(o_desc=f"tensordesc<{dt}[{o_box}],{o_layout!r}>")
     else:
         constexprs.update(o_desc=None)
     if not varlen and cfg_walk_table(paired, variant, d, causal):  # the walk read from a host table
@@ -273,6 +280,9 @@ def main():
                     help="the softcap form (SOFTCAP=True; hopper.SOFTCAP_VARIANTS only)")
     ap.add_argument("--alibi", action="store_true",
                     help="the ALiBi form (ALIBI=hopper.alibi_form(...); the variants with that form)")
+    ap.add_argument("--io-dim", type=int, default=0,
+                    help="the tensors' head dim below the kernel's (IO_DIM, hopper.padded_rows_desc's 3-D / 4-D "
+                         "descriptors; a multiple of 8): the head-padded kernels without copies")
     ap.add_argument("--lpt", action="store_true", help="causal one-tile grids in LPT order (LPT=True)")
     ap.add_argument("--kv-tail", action="store_true",
                     help="fixed-length kernels for key lengths not a multiple of the key tile (KV_TAIL=True)")
@@ -329,6 +339,9 @@ def main():
         global ALIBI_FORM
         ALIBI_FORM = True
         args.variants = ",".join(v for v in args.variants.split(",") if v in hopper.ALIBI_VARIANTS)
+    if args.io_dim:  # likewise
+        global IO_DIM
+        IO_DIM = args.io_dim
     if args.block_n or args.stages:  # before the compile jobs' processes are forked (they inherit it)
         for variant in args.variants.split(","):
             for d, (bm, bn, st) in list(hopper.TILE_TABLE[variant].items()):

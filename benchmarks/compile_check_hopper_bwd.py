@@ -43,6 +43,9 @@ from gluon_aot import (DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxa
                        sass_counts, sass_text, sass_top_register, spills_between_mmas)
 
 
+IO_DIM = 0  # --io-dim (set before the compile jobs' processes are forked: they inherit it)
+
+
 def compile_one(variant, d, dt, causal, deterministic=False, varlen=False, window=False, softcap=False, alibi=False):
     cfg = kernel_config(d, variant, softcap, alibi)
     fn = cfg["kernel"]
@@ -63,7 +66,12 @@ def compile_one(variant, d, dt, causal, deterministic=False, varlen=False, windo
         sig.update(lse_desc=stat, delta_desc=stat, dq_desc=f"tensordesc<fp32[{rows},{cols}],{lay['dq']!r}>", Sem="*i32",
                    Cu_q="*i32", Cu_k="*i32", softcap_a="fp32", alibi_unit="fp32", Alibi="*fp32")
         cfg["constexprs"] = dict(cfg["constexprs"], DETERMINISTIC=deterministic, IS_VARLEN=varlen, WINDOW=window,
-                                 ALIBI=hopper.bwd_alibi_form(d, 1.0 if softcap else 0.0) if alibi else 0)
+                                 ALIBI=hopper.bwd_alibi_form(d, 1.0 if softcap else 0.0) if alibi else 0,
+                                 IO_DIM=IO_DIM)
+        if IO_DIM:  # the launcher's head-padded descriptors (hopper.padded_rows_desc): one rank more, a unit box
+            for names, rows in ((("q_desc", "do_desc"), bm), (("k_desc", "v_desc"), bn)):
+                lay3 = gl.NVMMASharedLayout.get_default_for([1, rows, d], DTYPES[dt])
+                sig.update({name: f"tensordesc<{dt}[1,{rows},{d}],{lay3!r}>" for name in names})
     # dK / dV 16-byte aligned as at run time, so the epilogue's vector stores show in the SASS
     return cfg, compile_sm90(fn, sig, dict(cfg["constexprs"], IS_CAUSAL=causal), cfg["num_warps"],
                              aligned=("dK", "dV"))
@@ -153,8 +161,14 @@ def main():
     ap.add_argument("--softcap", action="store_true", help="ws: the score-softcap form (SOFTCAP)")
     ap.add_argument("--col-split", action="store_true", help="--softcap: the column split at d = 128 too")
     ap.add_argument("--alibi", action="store_true", help="ws: the ALiBi form (ALIBI)")
+    ap.add_argument("--io-dim", type=int, default=0,
+                    help="ws: the tensors' head dim below the kernel's (IO_DIM, hopper.padded_rows_desc's 3-D "
+                         "descriptors; a multiple of 8): the head-padded kernel without copies")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="compiles in parallel")
     args = ap.parse_args()
+    if args.io_dim:  # before the compile jobs' processes are forked (they inherit it)
+        global IO_DIM
+        IO_DIM = args.io_dim
     dtypes = ("bf16",) if args.quick else ("bf16", "fp16")
     variants = args.variants.split(",")
     assert set(variants) <= set(BWD_VARIANTS), variants

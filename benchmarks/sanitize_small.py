@@ -22,6 +22,10 @@ ragged sequences above, ``IS_VARLEN``). ``--softcap``: only the Gluon backward's
 ``SOFTCAP``) at those head dims (d = 128 also as the column split), no mask, causal and a window, fixed
 length (seqlen_q != seqlen_k) and packed (the ragged sequences above). ``--alibi``: likewise the Gluon
 forward's and backward's ALiBi forms (``ALIBI``; with ``--softcap`` both forms together).
+``--padded``: only head dims the Gluon kernels lack, run in place at the next one (``--heads`` those,
+e.g. 80,96,192: ``hopper.padded_in_place``, the kernels' ``IO_DIM``, TMA boxes past d), the forward in
+the persistent and ping-pong kernels, both masks, and the ws backward plain and deterministic, at a
+shape with GQA, seqlen_q != seqlen_k and partial tiles.
 """
 import argparse
 
@@ -38,6 +42,7 @@ ap.add_argument("--varlen", action="store_true")
 ap.add_argument("--window", action="store_true")
 ap.add_argument("--softcap", action="store_true")
 ap.add_argument("--alibi", action="store_true")
+ap.add_argument("--padded", action="store_true")
 args = ap.parse_args()
 torch.manual_seed(0)
 dev, dt = "cuda", torch.bfloat16
@@ -94,6 +99,23 @@ if args.softcap or args.alibi:
                                         alibi_slopes=slopes[1])
     torch.cuda.synchronize()
     print(f"sanitize_small{' --softcap' if args.softcap else ''}{' --alibi' if args.alibi else ''}: done")
+    raise SystemExit(0)
+if args.padded:
+    for d in map(int, args.heads.split(",")):
+        assert hopper.padded_in_place(d), d
+        q = torch.randn(2, 300, 3, d, device=dev, dtype=dt)
+        k, v = (torch.randn(2, 340, 1, d, device=dev, dtype=dt) for _ in range(2))
+        for name in ("persistent", "pingpong"):
+            if hopper.padded_headdim(d) not in hopper.TILE_TABLE[name]:
+                continue
+            for causal in (False, True):
+                with hopper.variant(name):
+                    out, lse = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
+                for det in (False, True):
+                    hopper_backward(torch.randn_like(out), q, k, v, out, lse, d ** -0.5, causal, variant="ws",
+                                    deterministic=det)
+    torch.cuda.synchronize()
+    print("sanitize_small --padded: done")
     raise SystemExit(0)
 if args.varlen:
     lens_q, lens_k, extra = [1, 100, 333, 0, 64, 50], [1, 37, 200, 40, 300, 0], 7

@@ -59,8 +59,8 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         forward = {"kernel": f"ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, {name})",
                    "tiles": (bm, bn, 4 * (bm // 64), stages), "kv_loads": "tma (producer warp)",
                    "head_dim_padded": kd,
-                   "inputs": (f"zero-padded copies at head dim {kd} (hopper.pad_head), the output sliced"
-                              if kd != q.shape[-1] else hopper.inputs_note(q, k, v, varlen, window == (-1, 0))),
+                   "inputs": (hopper.padded_inputs_note(q.shape[-1]) if kd != q.shape[-1]
+                              else hopper.inputs_note(q, k, v, varlen, window == (-1, 0))),
                    "exp2_fma": (f"{share:g}% ({hopper.exp2_fma_cols(share, bn)} of {bn} key columns on the FMA units)"
                                 if share else "off (MUFU.EX2 only)"),
                    "cond_rescale": (("by warp" if hopper.rescale_by_warp.wanted() else "by thread")
@@ -130,8 +130,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         cfg = hopper_backward.kernel_config(kd, hopper.BWD_VARIANT, softcap > 0, bool(alibi))
         backward = {"kernels": f"ioattn.kernels.hopper_backward (Gluon, {hopper.BWD_VARIANT})",
                     "tiles": (cfg["block_m"], cfg["block_n"], cfg["num_warps"], cfg["stages"]), "atomics": True,
-                    "inputs": (f"zero-padded copies of q, k, v, out, dout at head dim {kd} (hopper.pad_head), "
-                               "the gradients sliced" if kd != d else
+                    "inputs": (hopper.padded_inputs_note(d, backward=True) if kd != d else
                                hopper.inputs_note(q, k, v, varlen, window == (-1, 0), backward=True))}
         if softcap > 0:
             backward["softcap"] = ("SOFTCAP form, dS^T times 1 - tanh^2 ("

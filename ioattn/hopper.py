@@ -144,6 +144,21 @@ PADDED_MIN_SEQLEN = {("fwd", 128, False): 4096, ("fwd", 128, True): 8192,
                      ("fwd", 256, False): 4096, ("fwd", 256, True): 4096,
                      ("bwd", 128, False): 2048, ("bwd", 128, True): 4096,
                      ("bwd", 256, False): 1024, ("bwd", 256, True): 1024}
+# The same for the in-place path (``padded_in_place``: d a multiple of 8, the backward's "ws" variant), no
+# copies: (to be measured) ab_padded.py's "gluon-pad" against "portable".
+PADDED_IN_PLACE_MIN_SEQLEN = {("fwd", 128, False): 512, ("fwd", 128, True): 512,
+                              ("fwd", 256, False): 512, ("fwd", 256, True): 512,
+                              ("bwd", 128, False): 512, ("bwd", 128, True): 512,
+                              ("bwd", 256, False): 512, ("bwd", 256, True): 512}
+
+
+def padded_min_seqlen(pass_: str, d: int, causal: bool) -> tuple[int | None, str]:
+    """(the shortest seqlen_q the default policy takes the padded Gluon ``pass_`` from, the table's name)
+    for head dim ``d``: ``PADDED_IN_PLACE_MIN_SEQLEN`` where the call runs in place, else
+    ``PADDED_MIN_SEQLEN``."""
+    in_place = padded_in_place(d) and (pass_ == "fwd" or BWD_VARIANT == "ws")
+    name = "PADDED_IN_PLACE_MIN_SEQLEN" if in_place else "PADDED_MIN_SEQLEN"
+    return globals()[name].get((pass_, padded_headdim(d), bool(causal))), name
 
 
 def padded_headdim(d: int) -> int | None:
@@ -156,6 +171,57 @@ def pad_head(t: torch.Tensor, dp: int) -> torch.Tensor:
     """``t`` (..., d) as a contiguous (..., dp) tensor, columns d.. zero (``F.pad``: a concatenation
     with an expanded zero was 1.3-1.6x slower a padded call at N = 512 and 1-12 % at 16384, run224)."""
     return torch.nn.functional.pad(t, (0, dp - t.shape[-1]))
+
+
+def padded_in_place(d: int) -> bool:
+    """Whether a padded call (``padded_headdim``) runs without padded copies: the kernels read its
+    tensors through descriptors whose boxes run past d (``padded_rows_desc``; TMA fills the columns past
+    d with zeros) and store d columns. It needs d a multiple of 8 (each head's first column a whole
+    16-byte group); layouts without a (rows, nheads * d) view come as contiguous copies, as at any head
+    dim (the launchers)."""
+    return bool(padded_headdim(d)) and d % 8 == 0
+
+
+def padded_rows_desc(t: torch.Tensor, block_rows: int, dp: int, gdtype):
+    """The 3-D descriptor the Gluon kernels read a head-padded tensor through (``padded_in_place``): ``t``'s
+    (rows, nheads * d) view (``dispatch.tma_rows_view``) with its column split into 8-column groups
+    (stride 8 elements, 16 bytes) and an offset bounded by d, in [1, block_rows, dp] boxes: a box at
+    (head * d / 8, row, 0) reads the head's d columns and zeros past them (the kernels' ``_load_rows``).
+    The groups run to the last head's first one, so every address the descriptor spans lies in ``t``'s rows."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    rows = dispatch.tma_rows_view(t)
+    d = t.shape[-1]
+    layout = gl.NVMMASharedLayout.get_default_for([1, block_rows, dp], gdtype)
+    return TensorDescriptor(rows, [(t.shape[-2] - 1) * d // 8 + 1, rows.shape[0], d], [8, rows.stride(0), 1],
+                            [1, block_rows, dp], layout)
+
+
+def padded_out_desc(out: torch.Tensor, block_rows: int, dp: int, gdtype):
+    """The persistent forward's output copy (``ROW_STORES`` = 3) for a head-padded call: the contiguous
+    (batch, seqlen_q, nheads, d) output as 4-D (column group of 8, batch, seqlen_q, d) in [1, 1,
+    block_rows, dp] boxes, so the copy drops the rows past seqlen_q and the columns past d (the kernel's
+    ``_store_rows_tma``)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    batch, seqlen_q, nheads, d = out.shape
+    layout = gl.NVMMASharedLayout.get_default_for([1, 1, block_rows, dp], gdtype)
+    return TensorDescriptor(out, [(nheads - 1) * d // 8 + 1, batch, seqlen_q, d],
+                            [8, seqlen_q * nheads * d, nheads * d, 1], [1, 1, block_rows, dp], layout)
+
+
+def padded_inputs_note(d: int, backward: bool = False) -> str:
+    """How a padded call's tensors reach the kernels (``explain_dispatch``'s "inputs")."""
+    dp = padded_headdim(d)
+    if padded_in_place(d) and (not backward or BWD_VARIANT == "ws"):
+        what = "the gradients stored" if backward else "the output stored"
+        return (f"read in place at head dim {dp}, the columns past {d} zero-filled by TMA (hopper.padded_rows_desc), "
+                f"{what} to {d} columns")
+    if backward:
+        return f"zero-padded copies of q, k, v, out, dout at head dim {dp} (hopper.pad_head), the gradients sliced"
+    return f"zero-padded copies at head dim {dp} (hopper.pad_head), the output sliced"
 
 
 def padded_refusal(d: int, varlen: bool, window, softcap: float, alibi_slopes) -> str:
@@ -1099,15 +1165,15 @@ def policy(q=None, seqlen_q: int | None = None, causal: bool = False, varlen: bo
 
 
 def _padded_policy(pass_: str, d: int, n: int, causal: bool, other: bool) -> tuple[bool, str]:
-    """``policy`` / ``bwd_policy`` for a padded head dim (``PADDED_MIN_SEQLEN``); ``other``: the call
+    """``policy`` / ``bwd_policy`` for a padded head dim (``padded_min_seqlen``); ``other``: the call
     has a feature the padded path was not measured with (packed, window, softcap, ALiBi)."""
     dp = padded_headdim(d)
     what = f"head dim {d} (zero-padded to {dp}) {'causal' if causal else 'non-causal'}"
     if other:
         return False, f"default policy: {what}: plain fixed-length calls only"
-    least = PADDED_MIN_SEQLEN.get((pass_, dp, bool(causal)))
+    least, table = padded_min_seqlen(pass_, d, causal)
     if least is None:
-        return False, f"default policy: {what} is not in hopper.PADDED_MIN_SEQLEN"
+        return False, f"default policy: {what} is not in hopper.{table}"
     return n >= least, f"default policy: {what} from seqlen_q >= {least} (here {n})"
 
 
@@ -1307,13 +1373,14 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
 
     window = tuple(int(w) for w in window)
     dp = padded_headdim(q.shape[-1])
-    if dp:  # a head dim the kernels lack: at dp on zero-padded copies (``PADDED_RANGE``), the output sliced
+    if dp:  # a head dim the kernels lack: computed at dp (``PADDED_RANGE``)
         refusal = padded_refusal(q.shape[-1], cu_seqlens_q is not None, (-1, 0) if causal else window, softcap,
                                  alibi_slopes)
         if refusal:
             raise ValueError(refusal)
-        out, lse = hopper_forward(pad_head(q, dp), pad_head(k, dp), pad_head(v, dp), softmax_scale, causal)
-        return out[..., :q.shape[-1]].contiguous(), lse
+        if not padded_in_place(q.shape[-1]):  # on zero-padded copies, the output sliced
+            out, lse = hopper_forward(pad_head(q, dp), pad_head(k, dp), pad_head(v, dp), softmax_scale, causal)
+            return out[..., :q.shape[-1]].contiguous(), lse
     if window == (-1, 0) and not causal:
         raise ValueError("window (-1, 0) is the causal mask: pass causal=True")
     if causal and window not in ((-1, -1), (-1, 0)):
@@ -1324,7 +1391,8 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     if not softcap >= 0:
         raise ValueError(f"softcap must be >= 0 (0: none), got {softcap}")
     varlen = cu_seqlens_q is not None
-    nheads, d = q.shape[-2], q.shape[-1]
+    nheads, io_dim = q.shape[-2], q.shape[-1]
+    d = dp or io_dim  # the kernel's head dim; a padded call's tensors keep io_dim (``padded_rows_desc``)
     has_alibi = alibi_slopes is not None
     if has_alibi:
         n_batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
@@ -1372,9 +1440,13 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     # (hopper_supports has checked that copy_for_layout allows them)
     rows = dispatch.tma_rows_view
     q, k, v = (t if rows(t) is not None else t.contiguous() for t in (q, k, v))
-    q_desc = TensorDescriptor.from_tensor(rows(q), [q_rows, d], q_layout)
-    k_desc = TensorDescriptor.from_tensor(rows(k), [block_n, d], kv_layout)
-    v_desc = TensorDescriptor.from_tensor(rows(v), [block_n, d], kv_layout)
+    if dp:  # the same views, read in [.., d] boxes zero-filled past io_dim
+        q_desc = padded_rows_desc(q, q_rows, d, dt)
+        k_desc, v_desc = (padded_rows_desc(t, block_n, d, dt) for t in (k, v))
+    else:
+        q_desc = TensorDescriptor.from_tensor(rows(q), [q_rows, d], q_layout)
+        k_desc = TensorDescriptor.from_tensor(rows(k), [block_n, d], kv_layout)
+        v_desc = TensorDescriptor.from_tensor(rows(v), [block_n, d], kv_layout)
     num_m = dispatch.cdiv(seqlen_q, block_m)
     num_tiles = num_m * batch * nheads
     grid = (grid_programs(q.device, cfg["variant"], num_tiles),)
@@ -1385,12 +1457,13 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     if out_stores == 3:  # the output as (batch, seqlen_q, nheads * d) in [1, q_rows, d] boxes: a bulk copy
         # drops the rows past seqlen_q itself (the persistent kernel's, fixed-length calls only)
         o_layout = gl.NVMMASharedLayout.get_default_for([1, q_rows, d], dt)
-        o_desc = TensorDescriptor.from_tensor(out.view(batch, seqlen_q, nheads * d), [1, q_rows, d], o_layout)
+        o_desc = padded_out_desc(out, q_rows, d, dt) if dp else \
+            TensorDescriptor.from_tensor(out.view(batch, seqlen_q, nheads * d), [1, q_rows, d], o_layout)
     walk = None  # the causal walk from the host's table (walk_table_for), else computed in the kernel
     if cfg["variant"] == "persistent" and walk_table_for(d, cfg["variant"], causal, num_m):
         kv_tiles = tuple(_kv_tiles(m * block_m, seqlen_q, seqlen_k, block_m, block_n) for m in range(num_m))
         # a (batch, head)'s share of its K / V head's bytes (GQA: consecutive heads share one)
-        kv_bytes = 2 * seqlen_k * d * q.element_size() * nheads_kv // nheads
+        kv_bytes = 2 * seqlen_k * io_dim * q.element_size() * nheads_kv // nheads
         walk = walk_table_tensor(q.device, grid[0], batch * nheads, kv_tiles, walk_group_heads(kv_bytes, d))
         if walk is None:  # a new shape inside a CUDA graph's capture: the computed walk, its options
             with walk_table(False):
@@ -1405,7 +1478,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     win_left, win_right = (w if w >= 0 else unbounded for w in window) if has_window else (0, 0)
     # fixed length: cu_seqlens None (constexpr None, unused under IS_VARLEN=False)
     hopper_fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
-                            nheads, nheads // nheads_kv, nheads * d, stride_lse_b, stride_lse_h,
+                            nheads, nheads // nheads_kv, nheads * io_dim, stride_lse_b, stride_lse_h,
                             # with a softcap the scores reach the softmax as tanh(s * softcap_a): the cap
                             # (times log2 e) is the softmax's scale
                             (softcap if softcap > 0 else softmax_scale) * 1.4426950408889634,
@@ -1425,7 +1498,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
                             EXP2_FMA=exp2_fma_cols(exp2_fma_share(), block_n),
                             ROW_STORES=out_stores,
                             **popts,
-                            Walk=walk, num_warps=cfg["num_warps"], **cfg["constexprs"])
+                            Walk=walk, IO_DIM=io_dim if dp else 0, num_warps=cfg["num_warps"], **cfg["constexprs"])
     return out, lse
 
 

@@ -1945,10 +1945,11 @@ def test_magic_divisor_divides_exactly():
 
 def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
     """Head dims the Gluon kernels lack run them zero-padded to the next one (``hopper.PADDED_RANGE``,
-    NOTES §154): which dims, the policy by ``PADDED_MIN_SEQLEN`` (forward and backward), plain
+    NOTES §154-§155): which dims, which run in place (``padded_in_place``: d a multiple of 8) and which
+    on padded copies, the policy by ``padded_min_seqlen``'s table (forward and backward), plain
     fixed-length calls only (the causal mask allowed; windows, softcap, ALiBi, packed sequences, dropout
     refused by name, in the policy, the call checks and both launchers), any layout (copies); and the
-    launchers' padding is exact: with a stand-in kernel at the padded dim that records its inputs and
+    launchers' padding (the copies' path) is exact: with a stand-in kernel at the padded dim that records its inputs and
     returns the float64 oracle there, the forward's output and the backward's gradients equal the
     oracle at the call's own dim (contiguous, the padded columns zero on the way in); the plan names
     the padded kernels and their inputs (the device faked)."""
@@ -1960,14 +1961,19 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
         [None, None, 128, 128, 128, 128, None, 256, 256, 256, None, None]
     pad = hopper.pad_head(torch.arange(6.0).view(1, 2, 3), 5)
     assert pad.is_contiguous() and pad.tolist() == [[[0, 1, 2, 0, 0], [3, 4, 5, 0, 0]]]
-    # the policy: from PADDED_MIN_SEQLEN's length, by pass, padded dim and mask
-    for (pass_, dp, causal), least in hopper.PADDED_MIN_SEQLEN.items():
-        d = dp - 32
-        judge = hopper.policy if pass_ == "fwd" else hopper.bwd_policy
-        assert judge(torch.empty(1, least, 2, d), causal=causal) == (
-            True, f"default policy: head dim {d} (zero-padded to {dp}) {'causal' if causal else 'non-causal'} "
-                  f"from seqlen_q >= {least} (here {least})")
-        assert not judge(torch.empty(1, least - 1, 2, d), causal=causal)[0]
+    assert [hopper.padded_in_place(d) for d in (64, 72, 80, 100, 128, 136, 196, 200)] == \
+        [False, True, True, False, False, True, False, True]
+    # the policy: from each table's length, by pass, padded dim and mask (in place: d = dp - 32; copies:
+    # d = dp - 28, not a multiple of 8)
+    for table, off in ((hopper.PADDED_IN_PLACE_MIN_SEQLEN, 32), (hopper.PADDED_MIN_SEQLEN, 28)):
+        for (pass_, dp, causal), least in table.items():
+            d = dp - off
+            assert hopper.padded_min_seqlen(pass_, d, causal)[0] == least
+            judge = hopper.policy if pass_ == "fwd" else hopper.bwd_policy
+            assert judge(torch.empty(1, least, 2, d), causal=causal) == (
+                True, f"default policy: head dim {d} (zero-padded to {dp}) {'causal' if causal else 'non-causal'} "
+                      f"from seqlen_q >= {least} (here {least})")
+            assert least == 1 or not judge(torch.empty(1, least - 1, 2, d), causal=causal)[0]
     assert hopper.policy(torch.empty(1, 1 << 16, 2, 96), window_width=300) == (
         False, "default policy: head dim 96 (zero-padded to 128) non-causal: plain fixed-length calls only")
     assert not hopper.policy(torch.empty(1 << 16, 2, 96), seqlen_q=1 << 16, varlen=True)[0]
@@ -2013,7 +2019,7 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
     monkeypatch.setattr(hopper, "hopper_forward", fake_fwd)
     monkeypatch.setattr(hb, "hopper_backward", fake_bwd)
     g = torch.Generator().manual_seed(5)
-    for d, causal in ((80, True), (192, False)):
+    for d, causal in ((100, True), (196, False)):  # not multiples of 8: the padded copies
         q = torch.randn(2, 37, 4, d, dtype=torch.float64, generator=g)
         k, v, = (torch.randn(2, 45, 2, d, dtype=torch.float64, generator=g) for _ in range(2))
         out, lse = real_fwd(q, k, v, 0.3, causal)
@@ -2034,17 +2040,74 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
     # the plan (the device faked): both Gluon kernels at the padded dim by the default policy, inputs named
     monkeypatch.setattr(hopper, "_device_ok", lambda q: (True, ""))
     monkeypatch.setattr(hopper, "hopper_supports", hopper.call_supported)
-    for d, dp in ((96, 128), (192, 256)):
+    for d, dp in ((96, 128), (100, 128), (192, 256)):
         long = torch.empty(1, 16384, 2, d, dtype=torch.bfloat16)
         with dispatch.forced_backend("triton"):
             plan = ioattn.explain_dispatch(long, long, long, causal=True)
-        least = hopper.PADDED_MIN_SEQLEN[("fwd", dp, True)]
+        least = hopper.padded_min_seqlen("fwd", d, True)[0]
         assert plan.forward["gluon_hopper"] == (f"taken (default policy: head dim {d} (zero-padded to {dp}) causal "
                                                 f"from seqlen_q >= {least} (here 16384))")
-        assert plan.forward["head_dim_padded"] == dp and "zero-padded copies" in plan.forward["inputs"]
         assert plan.backward["gluon_hopper"].startswith("taken (default policy: head dim")
-        assert "zero-padded copies of q, k, v, out, dout" in plan.backward["inputs"]
+        assert plan.forward["head_dim_padded"] == dp
+        if d % 8:
+            assert "zero-padded copies" in plan.forward["inputs"]
+            assert "zero-padded copies of q, k, v, out, dout" in plan.backward["inputs"]
+        else:
+            assert plan.forward["inputs"] == (f"read in place at head dim {dp}, the columns past {d} zero-filled by "
+                                              f"TMA (hopper.padded_rows_desc), the output stored to {d} columns")
+            assert plan.backward["inputs"].endswith(f"the gradients stored to {d} columns")
         with dispatch.forced_backend("triton"):
-            short = ioattn.explain_dispatch(long[:, :512], long[:, :512], long[:, :512], causal=True)
+            short = ioattn.explain_dispatch(*(long[:, :least // 2] for _ in range(3)), causal=True)
         assert short.forward["gluon_hopper"].startswith("not taken (default policy") and \
             "attn_fwd_kernel" in short.forward["kernel"]
+
+
+def _tma_box(desc, coords):
+    """What a TMA load of ``desc``'s box at ``coords`` reads: the elements of ``desc.base``'s storage at
+    sum(index * stride) for the box's indices inside ``desc.shape``, zero past it (TMA's fill)."""
+    full = desc.base.as_strided(desc.shape, desc.strides)
+    box = torch.zeros(desc.block_shape, dtype=desc.base.dtype)
+    valid = [max(0, min(b, n - c)) for b, n, c in zip(desc.block_shape, desc.shape, coords)]
+    box[tuple(slice(0, v) for v in valid)] = full[tuple(slice(c, c + v) for c, v in zip(coords, valid))]
+    return box
+
+
+def test_padded_in_place_descriptors_read_and_store_the_padded_tiles():
+    """The descriptors a padded call is read and stored through in place (``hopper.padded_rows_desc``,
+    ``padded_out_desc``; the kernels' ``_load_rows`` / ``_store_rows_tma`` coordinates): with TMA's
+    addressing and its zero fill past the bounds emulated on the CPU, a box at (head * d / 8, row, 0)
+    holds exactly the zero-padded copy's tile (``pad_head``: the head's d columns, zeros to the padded dim,
+    zero rows past the tensor), for a contiguous tensor and for a packed qkv's view (a row stride above
+    heads * d); and the output's 4-D copy at (head * d / 8, batch, row, 0) writes the stage's d columns of
+    the rows before seqlen_q and nothing else."""
+    pytest.importorskip("triton.experimental.gluon")
+    from triton.experimental.gluon import language as gl
+
+    from ioattn import hopper
+    g = torch.Generator().manual_seed(3)
+    for d, heads in ((80, 3), (96, 2), (200, 2)):
+        dp, rows_box = hopper.padded_headdim(d), 64
+        qkv = torch.randn(2, 37, 3, heads, d, generator=g).to(torch.bfloat16)
+        for t in (qkv[:, :, 0].contiguous(), qkv.unbind(2)[1]):
+            desc = hopper.padded_rows_desc(t, rows_box, dp, gl.bfloat16)
+            assert desc.block_shape == [1, rows_box, dp] and desc.strides[0] == 8 and desc.shape[2] == d
+            padded = hopper.pad_head(t, dp).reshape(-1, heads, dp)
+            for h in range(heads):
+                for row in (0, 10, 50):  # 50: the box runs past the 74 rows
+                    want = torch.zeros(rows_box, dp, dtype=t.dtype)
+                    part = padded[row:row + rows_box, h]
+                    want[:part.shape[0]] = part
+                    assert torch.equal(_tma_box(desc, [h * d // 8, row, 0])[0], want), (d, h, row)
+        out = torch.zeros(2, 37, heads, d, dtype=torch.bfloat16)
+        odesc = hopper.padded_out_desc(out, rows_box, dp, gl.bfloat16)
+        assert odesc.block_shape == [1, 1, rows_box, dp]
+        stage = torch.randn(rows_box, dp, generator=g).to(torch.bfloat16)
+        b, m, h = 1, 0, heads - 1
+        full = out.as_strided(odesc.shape, odesc.strides)
+        coords = [h * d // 8, b, m, 0]
+        valid = [max(0, min(bs, n - c)) for bs, n, c in zip(odesc.block_shape, odesc.shape, coords)]
+        full[tuple(slice(c, c + v) for c, v in zip(coords, valid))] = \
+            stage.view(1, 1, rows_box, dp)[tuple(slice(0, v) for v in valid)]
+        want = torch.zeros_like(out)
+        want[b, m:, h] = stage[:37 - m, :d]
+        assert torch.equal(out, want)

@@ -1623,16 +1623,17 @@ def test_hopper_forward_softcap(variant, d, mask, shape, monkeypatch, poison_all
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("d", [80, 96, 192])
+@pytest.mark.parametrize("d", [80, 96, 100, 192])  # 100: not a multiple of 8, the padded copies
 @pytest.mark.parametrize("causal", [False, True])
 # GQA 2; seqlen_q < seqlen_k (bottom-right causal); seqlen_q > seqlen_k (rows that see no key)
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1), (3, 129, 64, 2, 2)])
 def test_hopper_padded_head_dims(d, causal, shape, monkeypatch, poison_alloc):
     """Head dims the Gluon kernels lack, run zero-padded to the next one (``hopper.PADDED_RANGE``, NOTES
-    §154) through flash_attn_func, the plan naming the Gluon kernels both ways: output and gradients
-    against the float64 oracle (2x PyTorch's own error), on poisoned allocations; the first shape also
-    with transposed (b, h, n, d) inputs (copied by the padding) and in the ordered dQ mode (two runs
-    bitwise equal). The default policy takes the padded path at its lengths (``PADDED_MIN_SEQLEN``)."""
+    §154-§155: in place where ``hopper.padded_in_place``, else on padded copies) through
+    flash_attn_func, the plan naming the Gluon kernels both ways: output and gradients against the
+    float64 oracle (2x PyTorch's own error), on poisoned allocations; the first shape also with
+    transposed (b, h, n, d) inputs (made contiguous) and in the ordered dQ mode (two runs bitwise
+    equal). The default policy takes the padded path at its lengths (``hopper.padded_min_seqlen``)."""
     from ioattn import hopper
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
@@ -1657,7 +1658,38 @@ def test_hopper_padded_head_dims(d, causal, shape, monkeypatch, poison_alloc):
             runs.append(torch.autograd.grad(out_t, (qt, kt, vt), dout))
     assert all(torch.equal(a, b) for a, b in zip(*runs))
     _assert_out_and_grads(out_t, runs[0], dout, qt, kt, vt, (-1, 0) if causal else (-1, -1))
-    least = hopper.PADDED_MIN_SEQLEN[("fwd", hopper.padded_headdim(d), causal)]
+    least = hopper.padded_min_seqlen("fwd", d, causal)[0]
     long = torch.empty(1, least, 2, d, device="cuda", dtype=torch.bfloat16)
     plan = ioattn.explain_dispatch(long, long, long, causal=causal)
     assert plan.forward["gluon_hopper"].startswith("taken") and "zero-padded" in plan.forward["gluon_hopper"]
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d", [80, 96, 192])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("variant", ["persistent", "pingpong"])
+def test_hopper_padded_in_place_matches_copies(d, causal, variant, monkeypatch, poison_alloc):
+    """A padded head dim read in place (``hopper.padded_in_place``: 3-D descriptors whose TMA boxes run
+    past d, the stores masked to d; NOTES §155) computes bit for bit what the padded copies compute (the
+    same kernel at the padded dim on the same values): the forward's output and lse, and the ordered
+    backward's three gradients, at a shape with GQA, seqlen_q != seqlen_k, partial tiles and rows past
+    the keys, in both forward kernels the padded calls take; the outputs come from poisoned allocations,
+    so an unwritten element shows as NaN, and the in-place output is checked against the float64
+    oracle too."""
+    from ioattn import hopper
+    from ioattn.kernels.hopper_backward import hopper_backward
+    torch.manual_seed(11)
+    q = torch.randn(2, 333, 4, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    dout = torch.randn_like(q)
+    results = []
+    for in_place in (True, False):
+        monkeypatch.setattr(hopper, "padded_in_place", lambda dd, _keep=in_place: _keep and dd % 8 == 0)
+        with hopper.variant(variant):
+            out, lse = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
+        grads = hopper_backward(dout, q, k, v, out, lse, d ** -0.5, causal, variant="ws", deterministic=True)
+        results.append((out, lse, *grads))
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), *results):
+        assert a.shape == b.shape and not torch.isnan(a).any(), name
+        assert torch.equal(a, b), (name, (a.float() - b.float()).abs().max().item())
+    _assert_out_and_grads(results[0][0], results[0][2:], dout, q, k, v, (-1, 0) if causal else (-1, -1))

@@ -20,7 +20,7 @@ def attn_bwd_preprocess_kernel(Out, dOut, Delta, cu_seqlens_q,
                                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                                IS_VARLEN: tl.constexpr, Lse=None, LseOut=None, DQacc=None, stride_slb=0,
                                stride_slh=0, stat_rows=0, lse_unit=1.0, PADDED: tl.constexpr = False,
-                               ZERO_DQ: tl.constexpr = False):
+                               ZERO_DQ: tl.constexpr = False, DQ_DIM: tl.constexpr = 0):
     """D = rowsum(dO * O) for BLOCK_M query rows of one (batch, head).
 
     ``PADDED`` (the Hopper backward's "ws" kernel): the grid covers each (batch, head)'s ``stat_rows``
@@ -32,7 +32,8 @@ def attn_bwd_preprocess_kernel(Out, dOut, Delta, cu_seqlens_q,
     zeroes its rows of the flat fp32 dQ accumulator (per (batch, head) ``stat_rows`` x ``HEAD_DIM``
     contiguous values, rows in any order within a query block, so a program's BLOCK_M x HEAD_DIM
     run is its own). One launch instead of the three fills and four small element-wise kernels
-    the launcher ran around it (FA3's preprocess kernel does the same three jobs)."""
+    the launcher ran around it (FA3's preprocess kernel does the same three jobs). ``DQ_DIM``: the flat
+    accumulator's head dim where it is above HEAD_DIM (a head-padded call; BLOCK_D >= it), else 0."""
     num_blocks = tl.cdiv(stat_rows, BLOCK_M) if PADDED else tl.cdiv(seqlen_q_max, BLOCK_M)
     m_block, bh = tile_coords(num_blocks, False)
     b = bh // nheads
@@ -58,9 +59,10 @@ def attn_bwd_preprocess_kernel(Out, dOut, Delta, cu_seqlens_q,
         lse_out = tl.where(lse == float("-inf"), 0.0, lse * lse_unit)
         tl.store(LseOut + stat, lse_out)
         if ZERO_DQ:
-            dq = DQacc + (bh.to(tl.int64) * stat_rows + m_block * BLOCK_M) * HEAD_DIM
-            tl.store(dq + tl.arange(0, BLOCK_M)[:, None] * HEAD_DIM + offs_d[None, :],
-                     tl.zeros([BLOCK_M, BLOCK_D], tl.float32), mask=offs_d[None, :] < HEAD_DIM)
+            ACC_DIM: tl.constexpr = DQ_DIM if DQ_DIM else HEAD_DIM
+            dq = DQacc + (bh.to(tl.int64) * stat_rows + m_block * BLOCK_M) * ACC_DIM
+            tl.store(dq + tl.arange(0, BLOCK_M)[:, None] * ACC_DIM + offs_d[None, :],
+                     tl.zeros([BLOCK_M, BLOCK_D], tl.float32), mask=offs_d[None, :] < ACC_DIM)
     else:  # Delta in lse's layout (varlen: (nheads, total_q), rows from q_start)
         tl.store(Delta + stat + q_start, delta, mask=offs_m < seqlen_q)
 
@@ -281,13 +283,16 @@ def attn_bwd_dq_kernel(
 
 @triton.jit
 def dq_from_blocks_kernel(Acc, RowOff, ColOff, dQ, seqlen_q, nheads, num_m, stride_b, stride_m, stride_h, scale,
-                          cu_seqlens_q, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, IS_VARLEN: tl.constexpr = False):
+                          cu_seqlens_q, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, IS_VARLEN: tl.constexpr = False,
+                          D_OUT: tl.constexpr = 0):
     """dQ = scale * Acc, cast to dQ's dtype, where the fp32 accumulator Acc holds per (batch, head,
     query block) one [BLOCK_M, HEAD_DIM] block in a permuted order: element (r, c) of block p at
     p * BLOCK_M * HEAD_DIM + RowOff[r] + ColOff[c] (int32 tables; the Hopper backward's flat dQ order,
     ``hopper_backward.dq_flat_bases``). One program per block, rows past seqlen_q not stored.
     ``IS_VARLEN``: ``num_m`` blocks per (batch, head) (from the longest sequence), sequence b's rows
-    from cu_seqlens_q[b] in the packed dQ (``stride_b`` 0), its length from cu_seqlens_q."""
+    from cu_seqlens_q[b] in the packed dQ (``stride_b`` 0), its length from cu_seqlens_q. ``D_OUT``: dQ's
+    head dim where it is below the accumulator's HEAD_DIM (a head-padded call), its columns alone
+    read and stored."""
     p = tl.program_id(0)
     m = p % num_m
     bh = p // num_m
@@ -299,8 +304,13 @@ def dq_from_blocks_kernel(Acc, RowOff, ColOff, dQ, seqlen_q, nheads, num_m, stri
     q_start, seqlen_q, _, _ = seq_info(b, cu_seqlens_q, cu_seqlens_q, seqlen_q, seqlen_q, IS_VARLEN)
     if m * BLOCK_M >= seqlen_q:
         return
-    acc = tl.load(Acc + p.to(tl.int64) * (BLOCK_M * HEAD_DIM) + offs)
     q_rows = m * BLOCK_M + rows
     ptrs = (dQ + b.to(tl.int64) * stride_b + (q_start + q_rows[:, None]).to(tl.int64) * stride_m + h * stride_h
             + cols[None, :])
-    tl.store(ptrs, (acc * scale).to(dQ.dtype.element_ty), mask=(q_rows < seqlen_q)[:, None])
+    if D_OUT:
+        in_cols = (cols < D_OUT)[None, :]
+        acc = tl.load(Acc + p.to(tl.int64) * (BLOCK_M * HEAD_DIM) + offs, mask=in_cols, other=0.0)
+        tl.store(ptrs, (acc * scale).to(dQ.dtype.element_ty), mask=(q_rows < seqlen_q)[:, None] & in_cols)
+    else:
+        acc = tl.load(Acc + p.to(tl.int64) * (BLOCK_M * HEAD_DIM) + offs)
+        tl.store(ptrs, (acc * scale).to(dQ.dtype.element_ty), mask=(q_rows < seqlen_q)[:, None])

@@ -265,8 +265,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from ioattn import hopper as _host
 from ioattn.dispatch import tma_rows_view
 from ioattn.kernels.backward import attn_bwd_preprocess_kernel, dq_from_blocks_kernel
-from ioattn.kernels.hopper_forward import (ALIBI_MAGIC, LOG2E, MAGIC_BITS, _magic_to_f32, _softcap,
-                                          _zero_v_tail as _zero_rows_from)
+from ioattn.kernels.hopper_forward import (ALIBI_MAGIC, LOG2E, MAGIC_BITS, _io_dim, _load_rows, _magic_to_f32,
+                                          _softcap, _tile_layout, _zero_v_tail as _zero_rows_from)
 
 BWD_VARIANTS = ("base", "ws")
 # head dims each variant compiles for ("ws" at 256: its column-split form, see "Column split" above)
@@ -530,40 +530,47 @@ def _key_block(nheads_kv, BLOCK_N: gl.constexpr, REVERSED: gl.constexpr = False)
 
 @gluon.jit
 def _store_dkdv(dK, dV, dk, dv, k_row0, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, kv_layout: gl.constexpr,
-                HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, COALESCED: gl.constexpr = False):
+                HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, COALESCED: gl.constexpr = False,
+                IO_DIM: gl.constexpr = 0):
     """The key block's dK (times softmax_scale) and dV, fp32 accumulators in ``kv_layout``, stored in
     the inputs' dtype with masked pointer stores (keys past seqlen_k are not written): both kernels'
     epilogue. ``COALESCED``: converted first (through shared memory) to rows of 16-byte pieces, one a
     thread, so a warp writes whole rows (the accumulator layout writes 4 B a thread, half of each
-    32 B sector a message)."""
+    32 B sector a message). ``IO_DIM``: the gradients' head dim where it is below HEAD_DIM (``_io_dim``;
+    the tile's columns past it, zero, are not stored)."""
     if COALESCED:
         num_warps: gl.constexpr = gl.num_warps()
         row_threads: gl.constexpr = HEAD_DIM // 8
         st_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // row_threads, row_threads], [num_warps, 1], [1, 0])
         _store_rows(dV, dv.to(dV.dtype.element_ty), k_row0, h_kv, nheads_kv, n_start, seqlen_k, st_layout, HEAD_DIM,
-                    BLOCK_N)
+                    BLOCK_N, IO_DIM)
         _store_rows(dK, (dk * softmax_scale).to(dK.dtype.element_ty), k_row0, h_kv, nheads_kv, n_start, seqlen_k,
-                    st_layout, HEAD_DIM, BLOCK_N)
+                    st_layout, HEAD_DIM, BLOCK_N, IO_DIM)
     else:
         _store_rows(dV, dv.to(dV.dtype.element_ty), k_row0, h_kv, nheads_kv, n_start, seqlen_k, kv_layout, HEAD_DIM,
-                    BLOCK_N)
+                    BLOCK_N, IO_DIM)
         _store_rows(dK, (dk * softmax_scale).to(dK.dtype.element_ty), k_row0, h_kv, nheads_kv, n_start, seqlen_k,
-                    kv_layout, HEAD_DIM, BLOCK_N)
+                    kv_layout, HEAD_DIM, BLOCK_N, IO_DIM)
 
 
 @gluon.jit
 def _store_rows(ptr, x, k_row0, h_kv, nheads_kv, n_start, seqlen_k, layout: gl.constexpr, HEAD_DIM: gl.constexpr,
-                BLOCK_N: gl.constexpr):
+                BLOCK_N: gl.constexpr, IO_DIM: gl.constexpr = 0):
     """One (BLOCK_N keys x HEAD_DIM) tile ``x`` into the (rows, nheads_kv, HEAD_DIM) gradient at this key
     block (``k_row0``: the row of the sequence's key 0, b * seqlen_k, or cu_seqlens_k[b] when varlen), in
-    ``layout``, keys past the sequence's seqlen_k masked."""
+    ``layout``, keys past the sequence's seqlen_k masked. ``IO_DIM`` (``_io_dim``): the gradient is
+    (rows, nheads_kv, IO_DIM), the tile's columns past it not stored."""
+    D_IO: gl.constexpr = _io_dim(HEAD_DIM, IO_DIM)
     x = gl.convert_layout(x, layout)
     out_keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
     out_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
-    out_base = ((k_row0 + n_start).to(gl.int64) * nheads_kv + h_kv) * HEAD_DIM
-    offs = out_keys[:, None] * (nheads_kv * HEAD_DIM) + out_cols[None, :]
+    out_base = ((k_row0 + n_start).to(gl.int64) * nheads_kv + h_kv) * D_IO
+    offs = out_keys[:, None] * (nheads_kv * D_IO) + out_cols[None, :]
     key_ok = (n_start + out_keys < seqlen_k)[:, None]
-    gl.store(ptr + out_base + offs, x, mask=key_ok)
+    if IO_DIM:
+        gl.store(ptr + out_base + offs, x, mask=key_ok & (out_cols < IO_DIM)[None, :])
+    else:
+        gl.store(ptr + out_base + offs, x, mask=key_ok)
 
 
 @gluon.jit
@@ -764,7 +771,7 @@ def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, 
                  delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, tail_bar, b, h0, kv_row, kv_col, m_lo, n_m,
                  n_iter, q_row0, nheads, stat_stride, seqlen_q, seqlen_k, n_start, q_owned, k_owned,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 DO_STAGES: gl.constexpr, IS_VARLEN: gl.constexpr):
+                 DO_STAGES: gl.constexpr, IS_VARLEN: gl.constexpr, IO_DIM: gl.constexpr = 0):
     """The 1-warp TMA producer: K and V of the key block once, then per step t (query head
     h0 + t // n_m, query block m_lo + t % n_m) Q with its lse row into slot t % STAGES of the Q ring
     (``q_ready``) and dO with its D row into slot t % DO_STAGES of the dO ring (``do_ready``), each
@@ -780,12 +787,13 @@ def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, 
     sequence's end (the forward's ``_zero_v_tail``: NOTES §38), then releases it by a plain arrive on
     its ready barrier (count 1, no bytes pending). Only the last sequence's tiles (or a short one's
     before it) reach there; a tile past another sequence's end reads the next sequence's rows, finite,
-    masked as the fixed-length kernel masks the next batch entry's."""
+    masked as the fixed-length kernel masks the next batch entry's. ``IO_DIM``: the tensors' head dim
+    where it is below HEAD_DIM (``_io_dim``; the tiles' columns past it land as zeros, ``_load_rows``)."""
     tails = 0 * n_iter  # tiles on tail_bar so far (its phase); a runtime integer (loop-carried)
     if IS_VARLEN and kv_row + BLOCK_N > k_owned:
         mbarrier.expect(tail_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [kv_row, kv_col], tail_bar, k_smem.index(0))
-        tma.async_copy_global_to_shared(v_desc, [kv_row, kv_col], tail_bar, v_smem.index(0))
+        _load_rows(k_desc, kv_row, kv_col, tail_bar, k_smem.index(0))
+        _load_rows(v_desc, kv_row, kv_col, tail_bar, v_smem.index(0))
         mbarrier.wait(tail_bar, 0)
         tails += 1
         _zero_rows_from(k_smem.index(0), seqlen_k - n_start, BLOCK_N, HEAD_DIM)
@@ -793,8 +801,8 @@ def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, 
         mbarrier.arrive(kv_bar, count=1)
     else:
         mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [kv_row, kv_col], kv_bar, k_smem.index(0))
-        tma.async_copy_global_to_shared(v_desc, [kv_row, kv_col], kv_bar, v_smem.index(0))
+        _load_rows(k_desc, kv_row, kv_col, kv_bar, k_smem.index(0))
+        _load_rows(v_desc, kv_row, kv_col, kv_bar, v_smem.index(0))
     for t in range(n_iter):
         s = t % STAGES
         reuse_phase = ((t // STAGES) & 1) ^ 1  # the consumers' release of this slot's previous tile
@@ -807,14 +815,14 @@ def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, 
         h = h0 + t // n_m
         m_start = (m_lo + t % n_m) * BLOCK_M
         row = q_row0 + m_start
-        col = h * HEAD_DIM
+        col = h * _io_dim(HEAD_DIM, IO_DIM)
         stat = (b * nheads + h) * stat_stride + m_start
         mbarrier.wait(q_empty.index(s), reuse_phase, pred=t >= STAGES)
         # Q and dO both through tail_bar, zeroed past the end. (Written out, not as one helper for both
         # tiles: that form compiled the varlen d = 256 producer with 20-36 B of spills, this one with none.)
         if IS_VARLEN and row + BLOCK_M > q_owned:
             mbarrier.expect(tail_bar, q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [row, col], tail_bar, q_smem.index(s))
+            _load_rows(q_desc, row, col, tail_bar, q_smem.index(s))
             tma.async_copy_global_to_shared(lse_desc, [stat], tail_bar, lse_smem.index(s))
             mbarrier.wait(tail_bar, tails & 1)
             tails += 1
@@ -822,7 +830,7 @@ def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, 
             mbarrier.arrive(q_ready.index(s), count=1)
             mbarrier.wait(do_empty.index(s_do), reuse_phase_do, pred=t >= DO_STAGES)
             mbarrier.expect(tail_bar, do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(do_desc, [row, col], tail_bar, do_smem.index(s_do))
+            _load_rows(do_desc, row, col, tail_bar, do_smem.index(s_do))
             tma.async_copy_global_to_shared(delta_desc, [stat], tail_bar, delta_smem.index(s_do))
             mbarrier.wait(tail_bar, tails & 1)
             tails += 1
@@ -830,11 +838,11 @@ def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, 
             mbarrier.arrive(do_ready.index(s_do), count=1)
         else:
             mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [row, col], q_ready.index(s), q_smem.index(s))
+            _load_rows(q_desc, row, col, q_ready.index(s), q_smem.index(s))
             tma.async_copy_global_to_shared(lse_desc, [stat], q_ready.index(s), lse_smem.index(s))
             mbarrier.wait(do_empty.index(s_do), reuse_phase_do, pred=t >= DO_STAGES)
             mbarrier.expect(do_ready.index(s_do), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(do_desc, [row, col], do_ready.index(s_do), do_smem.index(s_do))
+            _load_rows(do_desc, row, col, do_ready.index(s_do), do_smem.index(s_do))
             tma.async_copy_global_to_shared(delta_desc, [stat], do_ready.index(s_do), delta_smem.index(s_do))
 
 
@@ -947,7 +955,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                  COALESCED_STORE: gl.constexpr = False, LSE_IN_ACC: gl.constexpr = False,
                  WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0, WINDOW: gl.constexpr = False, win_left=0,
                  win_right=0, SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False,
-                 Alibi_h0=None, alibi_unit=0.0):
+                 Alibi_h0=None, alibi_unit=0.0, IO_DIM: gl.constexpr = 0):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
     lockstep as in the base kernel). The math per step is the base kernel's, in FA3's order (dV
     issued before dS is formed, dQ before dK: see the module docstring); the loads come from the
@@ -1112,7 +1120,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
             h_in_group += 1
 
     _store_dkdv(dK, dV, dk, dv, k_row0, h_kv, nheads_kv, n_own, seqlen_k, softmax_scale, kv_layout, HEAD_DIM, ROWS,
-                COALESCED_STORE)
+                COALESCED_STORE, IO_DIM)
 
 
 @gluon.jit
@@ -1122,7 +1130,7 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
                         IS_CAUSAL: gl.constexpr, STAGED_STORE: gl.constexpr = False, WINDOW: gl.constexpr = False,
                         win_left=0, win_right=0, SOFTCAP: gl.constexpr = False, softcap_a=0.0,
-                        ALIBI: gl.constexpr = False, Alibi_h0=None, alibi_unit=0.0):
+                        ALIBI: gl.constexpr = False, Alibi_h0=None, alibi_unit=0.0, IO_DIM: gl.constexpr = 0):
     """The two consumer warpgroups of the column-split kernel (``COL_SPLIT``, head dim 256; module
     docstring, "Column split"): one 64-key block, every product split by its columns between the
     warpgroups (``_dq_layout``), so warpgroup c holds dK and dV columns [c d/2, (c + 1) d/2), and
@@ -1243,15 +1251,15 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
         mbarrier.wait(q_empty.index(i), (uses + 1) & 1, pred=uses > 0)
     if STAGED_STORE:
         _store_dkdv_staged(dK, dV, dk, dv, q_smem, k_row0, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, HEAD_DIM,
-                           BLOCK_N)
+                           BLOCK_N, IO_DIM)
     else:
         _store_dkdv(dK, dV, dk, dv, k_row0, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, kv_layout, HEAD_DIM,
-                    BLOCK_N)
+                    BLOCK_N, IO_DIM=IO_DIM)
 
 
 @gluon.jit
 def _store_dkdv_staged(dK, dV, dk, dv, q_smem, k_row0, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale,
-                       HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr):
+                       HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, IO_DIM: gl.constexpr = 0):
     """``_store_dkdv`` in whole rows of 16-byte pieces, staged through the Q ring (free once the last
     step's dK product, its last reader, has retired in both warpgroups: the column-split kernel has no
     shared memory left for a conversion's scratch). dK into slot 0, dV into slot 1 (each a BLOCK_N x
@@ -1266,9 +1274,9 @@ def _store_dkdv_staged(dK, dV, dk, dv, q_smem, k_row0, h_kv, nheads_kv, n_start,
     q_smem.index(1).store(dv.to(dV.dtype.element_ty))
     gl.thread_barrier()
     _store_rows(dK, q_smem.index(0).load(row_layout), k_row0, h_kv, nheads_kv, n_start, seqlen_k, row_layout, HEAD_DIM,
-                BLOCK_N)
+                BLOCK_N, IO_DIM)
     _store_rows(dV, q_smem.index(1).load(row_layout), k_row0, h_kv, nheads_kv, n_start, seqlen_k, row_layout, HEAD_DIM,
-                BLOCK_N)
+                BLOCK_N, IO_DIM)
 
 
 @gluon.jit
@@ -1279,7 +1287,8 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   IS_CAUSAL: gl.constexpr, COL_SPLIT: gl.constexpr, COALESCED_STORE: gl.constexpr,
                   LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0,
                   WINDOW: gl.constexpr = False, win_left=0, win_right=0, SOFTCAP: gl.constexpr = False,
-                  softcap_a=0.0, ALIBI: gl.constexpr = False, Alibi_h0=None, alibi_unit=0.0):
+                  softcap_a=0.0, ALIBI: gl.constexpr = False, Alibi_h0=None, alibi_unit=0.0,
+                  IO_DIM: gl.constexpr = 0):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments
     (``LSE_IN_ACC``: the key split only). ``WG_SPLIT``: warpgroup ``W`` of the key split alone (the
@@ -1289,13 +1298,13 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                             q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, k_row0, h_kv,
                             nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale,
                             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COALESCED_STORE, WINDOW,
-                            win_left, win_right, SOFTCAP, softcap_a, ALIBI, Alibi_h0, alibi_unit)
+                            win_left, win_right, SOFTCAP, softcap_a, ALIBI, Alibi_h0, alibi_unit, IO_DIM)
     else:
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                      do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, k_row0, h_kv, nheads_kv, n_start, m_lo, n_m,
                      n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
                      IS_CAUSAL, COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, W, WINDOW, win_left, win_right, SOFTCAP,
-                     softcap_a, ALIBI, Alibi_h0, alibi_unit)
+                     softcap_a, ALIBI, Alibi_h0, alibi_unit, IO_DIM)
 
 
 @gluon.jit
@@ -1307,7 +1316,8 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          COALESCED_STORE: gl.constexpr = False, DQ_FLAT: gl.constexpr = False,
                          LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False,
                          IS_VARLEN: gl.constexpr = False, WINDOW: gl.constexpr = False,
-                         SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, Alibi=None):
+                         SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, Alibi=None,
+                         IO_DIM: gl.constexpr = 0):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers; 4
     with ``WG_SPLIT``: warpgroup 0, warpgroup 1 a worker partition); the producer and dQ-writer warps
     are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
@@ -1411,10 +1421,10 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     Alibi_h0 = Alibi + b * stride_ab + h0
 
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
-    k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], v_desc.layout)
-    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [DO_STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], _tile_layout(k_desc.layout))
+    v_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], _tile_layout(v_desc.layout))
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], _tile_layout(q_desc.layout))
+    do_smem = gl.allocate_shared_memory(dtype, [DO_STAGES, BLOCK_M, HEAD_DIM], _tile_layout(do_desc.layout))
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], lse_desc.layout)
     delta_smem = gl.allocate_shared_memory(gl.float32, [DO_STAGES, BLOCK_M], delta_desc.layout)
     ds_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, BLOCK_M], ds_layout)
@@ -1486,12 +1496,13 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          dq_hi_full, dK, dV, k_row0, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k,
                          softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT,
                          COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, w, WINDOW, win_left, win_right, SOFTCAP, softcap_a,
-                         ALIBI, Alibi_h0, alibi_unit))
+                         ALIBI, Alibi_h0, alibi_unit, IO_DIM))
         if w < CONSUMERS else
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, tail_bar, b, h0,
-                        k_row0 + n_start, h_kv * HEAD_DIM, m_lo, n_m, n_iter, q_row0, nheads, stat_stride, seqlen_q,
-                        seqlen_k, n_start, q_owned, k_owned, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_VARLEN))
+                        k_row0 + n_start, h_kv * _io_dim(HEAD_DIM, IO_DIM), m_lo, n_m, n_iter, q_row0, nheads,
+                        stat_stride, seqlen_q, seqlen_k, n_start, q_owned, k_owned, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                        DO_STAGES, IS_VARLEN, IO_DIM))
         if w == CONSUMERS else
         (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_full, Sem, b, h0, m_lo, n_m,
                          n_iter, q_row0, seqlen_q, seqlen_k, nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, BLOCK_N,
@@ -1583,7 +1594,9 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
     unless a softcap is given.
 
     A head dim the kernels lack (``ioattn.hopper.PADDED_RANGE``: plain fixed-length calls) runs at the
-    next one on zero-padded copies of q, k, v, out and dout (``hopper.pad_head``), the gradients sliced."""
+    next one: "ws" with d a multiple of 8 in place (``hopper.padded_in_place``: the kernel's ``IO_DIM``,
+    its tiles zero-filled past d by TMA, dQ's fp32 accumulator at the padded width), otherwise on
+    zero-padded copies of q, k, v, out and dout (``hopper.pad_head``), the gradients sliced."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     dp = _host.padded_headdim(q.shape[-1])
@@ -1592,11 +1605,13 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
         refusal = _host.padded_refusal(q.shape[-1], cu_seqlens_q is not None, window, softcap, alibi_slopes)
         if refusal:
             raise ValueError(refusal)
-        grads = hopper_backward(*(_host.pad_head(t, dp) for t in (dout, q, k, v, out)), lse, softmax_scale, causal,
-                                variant=variant, deterministic=deterministic)
-        return tuple(g[..., :q.shape[-1]].contiguous() for g in grads)
+        if variant != "ws" or not _host.padded_in_place(q.shape[-1]):
+            grads = hopper_backward(*(_host.pad_head(t, dp) for t in (dout, q, k, v, out)), lse, softmax_scale,
+                                    causal, variant=variant, deterministic=deterministic)
+            return tuple(g[..., :q.shape[-1]].contiguous() for g in grads)
     varlen = cu_seqlens_q is not None
-    nheads, d = q.shape[-2], q.shape[-1]
+    nheads, io_dim = q.shape[-2], q.shape[-1]
+    d = dp or io_dim  # the kernel's head dim; a padded call's tensors keep io_dim
     nheads_kv = k.shape[-2]
     if varlen:
         if variant != "ws":
@@ -1677,15 +1692,15 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
         # 512 and +1.5 to +3.8 % at 1024 for d = 64 / 128 / 256, within the rounds' spread from 4096.
         delta = torch.empty(batch, nheads, stat_stride, device=q.device, dtype=torch.float32)
         lse2 = torch.empty_like(delta)
-        if flat:
+        if flat:  # at the kernel's head dim (a padded call's extra columns: zeros, never read back)
             dq_accum = torch.empty(batch * nheads * stat_stride * d, device=q.device, dtype=torch.float32)
-        else:  # (rows, nheads, d), as dQ
-            dq_accum = torch.zeros(*q.shape, device=q.device, dtype=torch.float32)
+        else:  # (rows, nheads, d), as dQ at the kernel's head dim
+            dq_accum = torch.zeros(*q.shape[:-1], d, device=q.device, dtype=torch.float32)
         attn_bwd_preprocess_kernel[(stat_stride // 64 * batch * nheads,)](
             out, dout, delta, cu_q, *o_strides, *do_strides, delta.stride(0), delta.stride(1), nheads, seqlen_q,
-            HEAD_DIM=d, BLOCK_D=d, BLOCK_M=64, IS_VARLEN=varlen, Lse=lse, LseOut=lse2,
+            HEAD_DIM=io_dim, BLOCK_D=d, BLOCK_M=64, IS_VARLEN=varlen, Lse=lse, LseOut=lse2,
             DQacc=dq_accum if flat else delta, stride_slb=lse_strides[0], stride_slh=lse_strides[1],
-            stat_rows=stat_stride, lse_unit=lse_unit, PADDED=True, ZERO_DQ=flat)
+            stat_rows=stat_stride, lse_unit=lse_unit, PADDED=True, ZERO_DQ=flat, DQ_DIM=d)
     else:  # "base": (batch, nheads, seqlen_q), as it was measured
         delta = torch.zeros(batch, nheads, stat_stride, device=q.device, dtype=torch.float32)
         attn_bwd_preprocess_kernel[(triton_cdiv(seqlen_q, 64) * batch * nheads,)](
@@ -1703,10 +1718,14 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
     else:
         lay = ws_layouts(d, gdt, softcap > 0, has_alibi)
         q_layout, kv_layout = lay["q"], lay["kv"]
-    q_desc = TensorDescriptor.from_tensor(tma_rows_view(q), [bm, d], q_layout)
-    do_desc = TensorDescriptor.from_tensor(tma_rows_view(dout), [bm, d], q_layout)
-    k_desc = TensorDescriptor.from_tensor(tma_rows_view(k), [bn, d], kv_layout)
-    v_desc = TensorDescriptor.from_tensor(tma_rows_view(v), [bn, d], kv_layout)
+    if dp:  # the rows views in [.., d] boxes zero-filled past io_dim (the forward's)
+        q_desc, do_desc = (_host.padded_rows_desc(t, bm, d, gdt) for t in (q, dout))
+        k_desc, v_desc = (_host.padded_rows_desc(t, bn, d, gdt) for t in (k, v))
+    else:
+        q_desc = TensorDescriptor.from_tensor(tma_rows_view(q), [bm, d], q_layout)
+        do_desc = TensorDescriptor.from_tensor(tma_rows_view(dout), [bm, d], q_layout)
+        k_desc = TensorDescriptor.from_tensor(tma_rows_view(k), [bn, d], kv_layout)
+        v_desc = TensorDescriptor.from_tensor(tma_rows_view(v), [bn, d], kv_layout)
     if variant == "base":
         hopper_bwd_dkdv_kernel[grid](q_desc, k_desc, v_desc, do_desc, lse, delta, dq_accum, dk, dv,
                                      seqlen_q, seqlen_k, nheads, nheads // nheads_kv,
@@ -1716,7 +1735,7 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
     else:
         lse_desc = TensorDescriptor.from_tensor(lse2.view(-1), [bm], lay["stat"])
         delta_desc = TensorDescriptor.from_tensor(delta.view(-1), [bm], lay["stat"])
-        dq_2d = dq_accum.view(-1, 32) if flat else dq_accum.view(-1, nheads * d)
+        dq_2d = dq_accum.view(-1, 32) if flat else dq_accum.view(-1, nheads * d)  # at the kernel's d
         dq_desc = TensorDescriptor.from_tensor(dq_2d, cfg["dq_block"], lay["dq"])
         # a window's unbounded side: a bound past every row of either length (the kernel's arithmetic
         # adds it to row indices, so no larger than int32 needs)
@@ -1737,25 +1756,28 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
                                    ALIBI=_host.bwd_alibi_form(d, softcap) if has_alibi else 0,
                                    Alibi=alibi_slopes if has_alibi else q.new_empty(0, dtype=torch.float32),
                                    IS_CAUSAL=bool(causal), DETERMINISTIC=bool(deterministic), IS_VARLEN=varlen,
-                                   WINDOW=has_window,
+                                   WINDOW=has_window, IO_DIM=io_dim if dp else 0,
                                    num_warps=cfg["num_warps"], **consts)
     if flat:
-        return dq_from_flat(dq_accum, q, bm, softmax_scale, cu_q if varlen else None, stat_stride // bm), dk, dv
+        return dq_from_flat(dq_accum, q, bm, softmax_scale, cu_q if varlen else None, stat_stride // bm, d), dk, dv
     # one pass: scale and cast into dQ (``(dq_accum * scale).to(dtype)`` made an fp32 copy first)
-    dq = torch.mul(dq_accum, softmax_scale, out=torch.empty_like(q, memory_format=torch.contiguous_format))
+    dq = torch.mul(dq_accum[..., :io_dim], softmax_scale,
+                   out=torch.empty_like(q, memory_format=torch.contiguous_format))
     return dq, dk, dv
 
 
-def dq_from_flat(dq_accum, q, block_m, scale, cu_seqlens_q=None, n_m=None):
+def dq_from_flat(dq_accum, q, block_m, scale, cu_seqlens_q=None, n_m=None, acc_dim=None):
     """dQ (q's shape and dtype) = scale * the flat accumulator (``WS_DQ_FLAT``: per (batch, head,
     query block) a [block_m, d] block in ``dq_flat_bases`` order), in one pass of the portable
     ``dq_from_blocks_kernel``: the order is a permutation of the coordinates' bits, so an element's
     offset is a row part plus a column part (two small tables). (A torch copy through a view of
     2 x ... x 2 dimensions did the same 10-20 % of a backward's time slower at N = 1024, NOTES §99.)
     Varlen (``cu_seqlens_q``; q packed (total_q, nheads, d)): ``n_m`` blocks per (batch, head), block m
-    of sequence b to rows cu_seqlens_q[b] + m * block_m on; rows no sequence owns are 0."""
+    of sequence b to rows cu_seqlens_q[b] + m * block_m on; rows no sequence owns are 0. ``acc_dim``:
+    the accumulator's head dim where it is q's zero-padded (a padded call in place), its first q.shape[-1]
+    columns stored."""
     varlen = cu_seqlens_q is not None
-    nheads, d = q.shape[-2], q.shape[-1]
+    nheads, d = q.shape[-2], acc_dim or q.shape[-1]
     if varlen:
         batch, seqlen_q = cu_seqlens_q.numel() - 1, 0
         dq = torch.zeros_like(q, memory_format=torch.contiguous_format)
@@ -1768,7 +1790,8 @@ def dq_from_flat(dq_accum, q, block_m, scale, cu_seqlens_q=None, n_m=None):
     row_off, col_off = _flat_offset_tables(block_m, d, str(q.device))
     dq_from_blocks_kernel[(batch * nheads * n_m,)](dq_accum, row_off, col_off, dq, seqlen_q, nheads, n_m, *strides,
                                                   float(scale), cu_seqlens_q if varlen else row_off,
-                                                  BLOCK_M=block_m, HEAD_DIM=d, IS_VARLEN=varlen, num_warps=4)
+                                                  BLOCK_M=block_m, HEAD_DIM=d, IS_VARLEN=varlen,
+                                                  D_OUT=q.shape[-1] if q.shape[-1] != d else 0, num_warps=4)
     return dq
 
 

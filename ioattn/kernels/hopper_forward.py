@@ -113,6 +113,38 @@ _ptx_barriers.install()  # acts only on PTX carrying its marker (``_ptx_barriers
 PTX_BARRIERS_MARKER = gl.constexpr(_ptx_barriers.MARKER)  # a constexpr global: in Triton's cache key
 
 
+@gluon.constexpr_function
+def _io_dim(head_dim, io_dim):
+    """The tensors' head dim: ``IO_DIM`` where the kernel computes at a larger ``HEAD_DIM`` (the
+    columns past it zero-filled by TMA, ``_load_rows``), else ``HEAD_DIM``."""
+    return io_dim if io_dim else head_dim
+
+
+@gluon.constexpr_function
+def _tile_layout(layout):
+    """The shared layout of the [rows, HEAD_DIM] tiles a descriptor with ``layout`` fills: its own, or
+    for a head-padded descriptor (rank 3, ``_load_rows``) the same swizzle at rank 2."""
+    if layout.rank == 2:
+        return layout
+    return gl.NVMMASharedLayout(swizzle_byte_width=layout.swizzle_byte_width,
+                                element_bitwidth=layout.element_bitwidth, rank=2)
+
+
+@gluon.jit
+def _load_rows(desc, row, col, bar, dst):
+    """TMA copy of the [rows, HEAD_DIM] tile at (``row``, ``col``) of the (rows, nheads * d) view into
+    ``dst``, completing on ``bar`` (``col``: a head's first column, head * d). A 3-D ``desc``
+    (``ioattn.hopper.padded_rows_desc``: the tensors' head dim d below the kernel's HEAD_DIM, a
+    multiple of 8) reads the same view with its column split into 8-column groups and an offset
+    bounded by d, so the columns past d land as zeros (TMA's fill of a box past the bounds): the
+    kernel computes at HEAD_DIM on zero-padded heads without a padded copy."""
+    if len(desc.block_type.shape) == 3:
+        tma.async_copy_global_to_shared(desc, [col // 8, row, 0], bar,
+                                        dst.reshape([1, dst.shape[0], dst.shape[1]]))
+    else:
+        tma.async_copy_global_to_shared(desc, [row, col], bar, dst)
+
+
 @gluon.jit
 def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col, n_lo,
               n_tiles, seqlen_k, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KV_TAIL: gl.constexpr, g0=0, tails=0):
@@ -133,18 +165,18 @@ def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty
         row = kv_row0 + (n_lo + j) * BLOCK_N
         mbarrier.wait(k_empty.index(s), reuse_phase, pred=i >= STAGES)
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [row, kv_col], k_ready.index(s), k_smem.index(s))
+        _load_rows(k_desc, row, kv_col, k_ready.index(s), k_smem.index(s))
         mbarrier.wait(v_empty.index(s), reuse_phase, pred=i >= STAGES)
         if KV_TAIL and (n_lo + j + 1) * BLOCK_N > seqlen_k:
             mbarrier.expect(v_tail, v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [row, kv_col], v_tail, v_smem.index(s))
+            _load_rows(v_desc, row, kv_col, v_tail, v_smem.index(s))
             mbarrier.wait(v_tail, tails & 1)
             tails += 1
-            _zero_v_tail(v_smem.index(s), seqlen_k - (n_lo + j) * BLOCK_N, BLOCK_N, v_desc.block_type.shape[1])
+            _zero_v_tail(v_smem.index(s), seqlen_k - (n_lo + j) * BLOCK_N, BLOCK_N, v_desc.block_type.shape[-1])
             mbarrier.arrive(v_ready.index(s), count=1)
         else:
             mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [row, kv_col], v_ready.index(s), v_smem.index(s))
+            _load_rows(v_desc, row, kv_col, v_ready.index(s), v_smem.index(s))
     return tails
 
 
@@ -458,7 +490,7 @@ def _pv_mma(o, p16, v_smem, i, STAGES: gl.constexpr):
 @gluon.jit
 def _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
               o_layout: gl.constexpr, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, ROW_STORES: gl.constexpr = 0,
-              stage=None, o_desc=None, b=None):
+              stage=None, o_desc=None, b=None, IO_DIM: gl.constexpr = 0):
     """Normalise once and store ``ROWS`` rows of output and lse from row ``m_start``; rows that saw
     no key give 0 and lse -inf; rows past ``seqlen_q`` are not stored. ``ROW_STORES``: the output
     stored as whole rows, 16 bytes a thread, converted first through shared memory: 1, Triton's
@@ -468,7 +500,8 @@ def _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, 
     (``o_desc``: the output as (batch, seqlen_q, nheads * d), [1, ROWS, HEAD_DIM] boxes, so the copy
     itself drops the rows past ``seqlen_q``; ``b``: the batch index). The copy runs on after the
     return: the stage's next writer (the warpgroup's Q load) waits for its reads
-    (``tma.store_wait``; ``_persistent_consumer``)."""
+    (``tma.store_wait``; ``_persistent_consumer``). ``IO_DIM`` (``_io_dim``): the output's head dim where
+    it is below HEAD_DIM: its columns alone are stored (a 4-D ``o_desc``, ``_store_rows_tma``)."""
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
     lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
     lse_rows = m_start + rows_1d
@@ -487,7 +520,7 @@ def _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, 
             stage.store(o16)
             fence_async_shared()  # each thread's writes before the bulk copy's reads (the async proxy)
             gl.thread_barrier()
-            tma.async_copy_shared_to_global(o_desc, [b, m_start, q_col], stage.reshape([1, ROWS, HEAD_DIM]))
+            _store_rows_tma(o_desc, b, m_start, q_col, stage)
         else:
             if ROW_STORES == 2:
                 gl.static_assert(stage.shape[0] == ROWS and stage.shape[1] == HEAD_DIM, "a ROWS x HEAD_DIM buffer")
@@ -496,19 +529,38 @@ def _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, 
                 o16 = stage.load(st_layout)
             else:
                 o16 = gl.convert_layout(o16, st_layout)
-            _store_tile(Out, o16, m_start, q_row0, q_col, seqlen_q, stride_om, st_layout, ROWS, HEAD_DIM)
+            _store_tile(Out, o16, m_start, q_row0, q_col, seqlen_q, stride_om, st_layout, ROWS, HEAD_DIM, IO_DIM)
     else:
-        _store_tile(Out, o16, m_start, q_row0, q_col, seqlen_q, stride_om, o_layout, ROWS, HEAD_DIM)
+        _store_tile(Out, o16, m_start, q_row0, q_col, seqlen_q, stride_om, o_layout, ROWS, HEAD_DIM, IO_DIM)
 
 
 @gluon.jit
 def _store_tile(Out, o16, m_start, q_row0, q_col, seqlen_q, stride_om, layout: gl.constexpr, ROWS: gl.constexpr,
-                HEAD_DIM: gl.constexpr):
-    """``ROWS`` rows of output (``o16``, in ``layout``) from row ``m_start``, rows past seqlen_q masked."""
+                HEAD_DIM: gl.constexpr, IO_DIM: gl.constexpr = 0):
+    """``ROWS`` rows of output (``o16``, in ``layout``) from row ``m_start``, rows past seqlen_q masked
+    (and with ``IO_DIM``, the columns past the output's head dim)."""
     o_rows = m_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
     ptrs = Out + (q_row0 - m_start + o_rows).to(gl.int64)[:, None] * stride_om + q_col + o_cols[None, :]
-    gl.store(ptrs, o16, mask=(o_rows < seqlen_q)[:, None])
+    if IO_DIM:
+        gl.store(ptrs, o16, mask=(o_rows < seqlen_q)[:, None] & (o_cols < IO_DIM)[None, :])
+    else:
+        gl.store(ptrs, o16, mask=(o_rows < seqlen_q)[:, None])
+
+
+@gluon.jit
+def _store_rows_tma(o_desc, b, m_start, q_col, stage):
+    """The bulk copy of ``stage`` ([ROWS, HEAD_DIM], the finished output rows from ``m_start`` of batch
+    element ``b``, head column ``q_col``) to global memory: ``o_desc`` is the output as (batch, seqlen_q,
+    nheads * d) in [1, ROWS, HEAD_DIM] boxes, or (a head dim d below HEAD_DIM, ``hopper.padded_rows_desc``)
+    the same view with its column split into 8-column groups and an offset bounded by d, in [1, 1, ROWS,
+    HEAD_DIM] boxes; the copy drops what lies past the bounds (rows past seqlen_q, columns past d)."""
+    ROWS: gl.constexpr = stage.shape[0]
+    HEAD_DIM: gl.constexpr = stage.shape[1]
+    if len(o_desc.block_type.shape) == 4:
+        tma.async_copy_shared_to_global(o_desc, [q_col // 8, b, m_start, 0], stage.reshape([1, 1, ROWS, HEAD_DIM]))
+    else:
+        tma.async_copy_shared_to_global(o_desc, [b, m_start, q_col], stage.reshape([1, ROWS, HEAD_DIM]))
 
 
 @gluon.jit
@@ -516,7 +568,7 @@ def _consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, 
               q_row0, q_col, m_start, seqlen_q, seqlen_k, n_lo, n_tiles, stride_om, stride_lse_h, lse_base,
               qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr, EXP2_FMA: gl.constexpr,
-              ROW_STORES: gl.constexpr, KEY_MASKS: gl.constexpr = True):
+              ROW_STORES: gl.constexpr, KEY_MASKS: gl.constexpr = True, IO_DIM: gl.constexpr = 0):
     num_warps: gl.constexpr = gl.num_warps()
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -528,7 +580,7 @@ def _consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, 
     cols_1d = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
 
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [q_row0, q_col], q_bar, q_smem)
+    _load_rows(q_desc, q_row0, q_col, q_bar, q_smem)
     mbarrier.wait(q_bar, 0)
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
@@ -571,7 +623,7 @@ def _consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, 
     o = warpgroup_mma_wait(0, deps=[acc])
 
     _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om, o_layout,
-              BLOCK_M, HEAD_DIM, ROW_STORES)
+              BLOCK_M, HEAD_DIM, ROW_STORES, IO_DIM=IO_DIM)
 
 
 @gluon.jit
@@ -627,7 +679,8 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                        ORDERED: gl.constexpr, LEAN: gl.constexpr, EXP2_FMA: gl.constexpr,
                        ROW_STORES: gl.constexpr, FEWER_MASKS: gl.constexpr = False,
                        KEY_MASKS: gl.constexpr = True, WINDOW: gl.constexpr = False, win_left=0, win_right=0,
-                       SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False, alibi_a=0.0):
+                       SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False, alibi_a=0.0,
+                       IO_DIM: gl.constexpr = 0):
     """One consumer warpgroup of the ping-pong (``NUM_WG`` = 2) or three-warpgroup ring (3) variant:
     ``BLOCK_M`` (= 64) query rows of its own, the K/V ring shared with the other consumer warpgroups.
 
@@ -663,7 +716,7 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
       a tile is masked where either edge crosses it for this warpgroup's rows (``_window_cuts``).
     """
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [q_row0, q_col], q_bar, q_smem)
+    _load_rows(q_desc, q_row0, q_col, q_bar, q_smem)
     mbarrier.wait(q_bar, 0)
     o, m_i, l_i = _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn, next_turn,
                                m_start, seqlen_q, seqlen_k, n_lo, n_tiles, qk_scale, 0, 0, HEAD_DIM, BLOCK_M, BLOCK_N,
@@ -672,7 +725,7 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
     rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _wg_acc_layout(BLOCK_N)))
     # ROW_STORES 2: staged in this warpgroup's Q buffer (its S products all retired in the key loop)
     _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
-              _wg_acc_layout(HEAD_DIM), BLOCK_M, HEAD_DIM, ROW_STORES, q_smem)
+              _wg_acc_layout(HEAD_DIM), BLOCK_M, HEAD_DIM, ROW_STORES, q_smem, IO_DIM=IO_DIM)
 
 
 @gluon.jit
@@ -1042,7 +1095,7 @@ def _kv_tile_count(m_start, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: 
 
 @gluon.jit
 def _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, stride_om, ROWS: gl.constexpr,
-                       HEAD_DIM: gl.constexpr, WIDE: gl.constexpr = False):
+                       HEAD_DIM: gl.constexpr, WIDE: gl.constexpr = False, IO_DIM: gl.constexpr = 0):
     """Rows [m_start, m_start + ROWS) that see no key (causal, seqlen_q > seqlen_k): output 0, lse
     -inf, in chunks of the largest power of two dividing ROWS (gl.arange needs one: the whole block
     at 128, three chunks of 64 at 192). ``WIDE`` (the persistent kernel where measured faster,
@@ -1050,7 +1103,8 @@ def _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, str
     ``_epilogue``'s), for there this cold path sits inside the consumer's tile loop, between the
     epilogue and the loop's back edge, where a store an element compiled to ~360 SASS instructions a
     consumer warpgroup (~180 wide) in the instruction cache's way (NOTES §115); a one-tile program
-    runs it once, before its key loop."""
+    runs it once, before its key loop. ``IO_DIM``: the output's head dim where it is below HEAD_DIM
+    (``_io_dim``), its columns alone stored."""
     if WIDE:
         row_threads: gl.constexpr = HEAD_DIM // 8  # <= 32: HEAD_DIM <= 256
         zl: gl.constexpr = gl.BlockedLayout([1, 8], [32 // row_threads, row_threads], [gl.num_warps(), 1], [1, 0])
@@ -1061,19 +1115,21 @@ def _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, str
         rows = m_start + c * Z_ROWS + gl.arange(0, Z_ROWS, layout=gl.SliceLayout(1, zl))
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, zl))
         ptrs = Out + (q_row0 - m_start + rows).to(gl.int64)[:, None] * stride_om + q_col + cols[None, :]
-        gl.store(ptrs, gl.zeros([Z_ROWS, HEAD_DIM], Out.dtype.element_ty, layout=zl), mask=(rows < seqlen_q)[:, None])
+        gl.store(ptrs, gl.zeros([Z_ROWS, HEAD_DIM], Out.dtype.element_ty, layout=zl),
+                 mask=(rows < seqlen_q)[:, None] & (cols < _io_dim(HEAD_DIM, IO_DIM))[None, :])
         gl.store(Lse + lse_base + rows, gl.full([Z_ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, zl)),
                  mask=rows < seqlen_q)
 
 
 @gluon.jit
 def _persistent_producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, num_tiles,
-                         num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                         num_m, nheads, group, seqlen_q, seqlen_k, IO_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          KV_TAIL: gl.constexpr, PAIRED: gl.constexpr = False, divs=None, table=None):
     """``_producer`` over this program's tiles (``_walk``: the same walk as ``_persistent_consumer``'s),
     the ring's use count running on across tiles, so it loads the next tile's K/V while the
-    consumers finish the current one. A ``table`` walk is read a step ahead."""
+    consumers finish the current one. A ``table`` walk is read a step ahead. ``IO_DIM``: the tensors'
+    head dim (``_io_dim``)."""
     g0 = 0
     tails = 0
     # a table walk's next tile, read a step ahead (the load's latency under a tile's work). Written out
@@ -1093,37 +1149,36 @@ def _persistent_producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_rea
             n_tiles = gl.maximum(
                 _kv_tile_count(m_block * BLOCK_M, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL), 0)
             tails = _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-                              b * seqlen_k, (h // group) * HEAD_DIM, 0, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL,
+                              b * seqlen_k, (h // group) * IO_DIM, 0, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL,
                               g0, tails)
             g0 += n_tiles
 
 
 @gluon.jit
-def _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b, stride_lse_h, row_off, HEAD_DIM: gl.constexpr,
+def _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b, stride_lse_h, row_off, IO_DIM: gl.constexpr,
                CTA_M: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr = False, divs=None):
     """Tile t's rows for a warpgroup ``row_off`` rows into it: (first row, its packed Q/O row, the
-    head's column, the lse offset)."""
+    head's column, the lse offset); ``IO_DIM``: the tensors' head dim (``_io_dim``)."""
     b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED, divs)
     m_start = m_block * CTA_M + row_off
-    return m_start, b * seqlen_q + m_start, h * HEAD_DIM, b.to(gl.int64) * stride_lse_b + h.to(gl.int64) * stride_lse_h
+    return m_start, b * seqlen_q + m_start, h * IO_DIM, b.to(gl.int64) * stride_lse_b + h.to(gl.int64) * stride_lse_h
 
 
 @gluon.jit
-def _load_q(q_desc, q_smem, q_bar, j, t, num_m, num_tiles, nheads, seqlen_q, row_off, HEAD_DIM: gl.constexpr,
+def _load_q(q_desc, q_smem, q_bar, j, t, num_m, num_tiles, nheads, seqlen_q, row_off, IO_DIM: gl.constexpr,
             CTA_M: gl.constexpr, Q0: gl.constexpr, Q_BUFS: gl.constexpr, IS_CAUSAL: gl.constexpr,
             PAIRED: gl.constexpr, divs=None):
     """This warpgroup's j-th Q load (tile ``t``'s rows) into its buffer j mod ``Q_BUFS`` (``Q0`` + that
-    in the kernel's array)."""
+    in the kernel's array); ``IO_DIM``: the tensors' head dim (``_io_dim``)."""
     b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED, divs)
     buf = Q0 + j % Q_BUFS
     mbarrier.expect(q_bar.index(buf), q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [b * seqlen_q + m_block * CTA_M + row_off, h * HEAD_DIM],
-                                    q_bar.index(buf), q_smem.index(buf))
+    _load_rows(q_desc, b * seqlen_q + m_block * CTA_M + row_off, h * IO_DIM, q_bar.index(buf), q_smem.index(buf))
 
 
 @gluon.jit
 def _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads, seqlen_q, seqlen_k, row_off,
-                     HEAD_DIM: gl.constexpr, CTA_M: gl.constexpr, BLOCK_N: gl.constexpr, Q0: gl.constexpr,
+                     IO_DIM: gl.constexpr, CTA_M: gl.constexpr, BLOCK_N: gl.constexpr, Q0: gl.constexpr,
                      Q_BUFS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, divs=None,
                      table=None, t_ahead=None):
     """The Q load of this warpgroup's tile after walk step ``k`` (if it exists and sees a key), as its
@@ -1134,7 +1189,7 @@ def _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nhead
     else:
         t_next = t_ahead
     if _sees_keys(t_next, num_m, num_tiles, nheads, seqlen_q, seqlen_k, CTA_M, BLOCK_N, IS_CAUSAL, PAIRED, divs):
-        _load_q(q_desc, q_smem, q_bar, q_issued, t_next, num_m, num_tiles, nheads, seqlen_q, row_off, HEAD_DIM,
+        _load_q(q_desc, q_smem, q_bar, q_issued, t_next, num_m, num_tiles, nheads, seqlen_q, row_off, IO_DIM,
                 CTA_M, Q0, Q_BUFS, IS_CAUSAL, PAIRED, divs)
         q_issued += 1
     return q_issued
@@ -1157,7 +1212,8 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                          EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
                          FEWER_MASKS: gl.constexpr = False, Q0: gl.constexpr = 0, Q_BUFS: gl.constexpr = 1,
                          PAIRED: gl.constexpr = False, divs=None, o_desc=None, NO_KEY_WIDE: gl.constexpr = False,
-                         KEY_MASKS: gl.constexpr = True, DIAG_TRIM: gl.constexpr = False, table=None):
+                         KEY_MASKS: gl.constexpr = True, DIAG_TRIM: gl.constexpr = False, table=None,
+                         IO_DIM: gl.constexpr = 0):
     """A ping-pong consumer warpgroup of the persistent kernel: rows [row_off, row_off + BLOCK_M) of
     each of this program's CTA_M-row tiles (``_walk``; the producer walks the same list). Per tile:
     ``_pp_mainloop`` with the ring's use count (``g0``) and this warpgroup's
@@ -1177,7 +1233,10 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
     ``ROW_STORES`` = 3 (the output's bulk copy from the tile's Q buffer, ``_epilogue``): every Q load
     first waits until the warpgroup's copies have read their buffers (``tma.store_wait(0)``: issued,
     like the loads, by the partition's one elected thread, so the wait orders its own copies before
-    its own load); one buffer: right after the epilogue, two: the next tile's, a whole tile later."""
+    its own load); one buffer: right after the epilogue, two: the next tile's, a whole tile later.
+
+    ``IO_DIM``: the tensors' head dim where it is below HEAD_DIM (``_io_dim``; 0: HEAD_DIM)."""
+    D_IO: gl.constexpr = _io_dim(HEAD_DIM, IO_DIM)
     o_layout: gl.constexpr = _wg_acc_layout(HEAD_DIM)
     row_layout: gl.constexpr = gl.SliceLayout(1, _wg_acc_layout(BLOCK_N))
     rows_1d = gl.arange(0, BLOCK_M, layout=row_layout)
@@ -1208,7 +1267,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                     if ROW_STORES == 3:
                         tma.store_wait(0)
                     _load_q(q_desc, q_smem, q_bar, q_issued, t, num_m, num_tiles, nheads, seqlen_q, row_off,
-                            HEAD_DIM, CTA_M, Q0, Q_BUFS, IS_CAUSAL, PAIRED, divs)
+                            D_IO, CTA_M, Q0, Q_BUFS, IS_CAUSAL, PAIRED, divs)
                     q_issued += 1
                 buf = Q0 + q_used % Q_BUFS
                 mbarrier.wait(q_bar.index(buf), (q_used // Q_BUFS) & 1)
@@ -1217,7 +1276,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                     if ROW_STORES == 3:  # once the previous tile's output copy has read it
                         tma.store_wait(0)
                     q_issued = _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads,
-                                                seqlen_q, seqlen_k, row_off, HEAD_DIM, CTA_M, BLOCK_N, Q0, Q_BUFS,
+                                                seqlen_q, seqlen_k, row_off, D_IO, CTA_M, BLOCK_N, Q0, Q_BUFS,
                                                 IS_CAUSAL, PAIRED, divs, table, t_next)
                 o, m_i, l_i = _pp_mainloop(q_smem.index(buf), k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                            my_turn, next_turn, m_start, seqlen_q, seqlen_k, 0, n_tiles, qk_scale, g0,
@@ -1231,25 +1290,25 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                 LOAD_Q_AFTER: gl.constexpr = ROW_STORES >= 2
                 if (Q_BUFS == 1) & (not LOAD_Q_AFTER):
                     q_issued = _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads,
-                                                seqlen_q, seqlen_k, row_off, HEAD_DIM, CTA_M, BLOCK_N, Q0, Q_BUFS,
+                                                seqlen_q, seqlen_k, row_off, D_IO, CTA_M, BLOCK_N, Q0, Q_BUFS,
                                                 IS_CAUSAL, PAIRED, divs, table, t_next)
                 _tile_epilogue(o, m_i, l_i, t, Out, Lse, rows_1d, num_m, num_tiles, nheads, seqlen_q, stride_om,
                                stride_lse_b, stride_lse_h, row_off, o_layout, HEAD_DIM, CTA_M, BLOCK_M, IS_CAUSAL,
-                               ROW_STORES, PAIRED, q_smem.index(buf), divs, o_desc)
+                               ROW_STORES, PAIRED, q_smem.index(buf), divs, o_desc, IO_DIM)
                 if LOAD_Q_AFTER & (Q_BUFS == 1):  # (NOTES §72)
                     if ROW_STORES == 3:
                         tma.store_wait(0)
                     gl.thread_barrier()
                     fence_async_shared()  # the stage's generic-proxy accesses before the TMA's write
                     q_issued = _prefetch_next_q(q_desc, q_smem, q_bar, q_issued, k, num_m, num_tiles, nheads,
-                                                seqlen_q, seqlen_k, row_off, HEAD_DIM, CTA_M, BLOCK_N, Q0, Q_BUFS,
+                                                seqlen_q, seqlen_k, row_off, D_IO, CTA_M, BLOCK_N, Q0, Q_BUFS,
                                                 IS_CAUSAL, PAIRED, divs, table, t_next)
             else:
                 m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b,
-                                                              stride_lse_h, row_off, HEAD_DIM, CTA_M, IS_CAUSAL,
+                                                              stride_lse_h, row_off, D_IO, CTA_M, IS_CAUSAL,
                                                               PAIRED, divs)
                 _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, stride_om, BLOCK_M, HEAD_DIM,
-                                   NO_KEY_WIDE)
+                                   NO_KEY_WIDE, IO_DIM)
     if ROW_STORES == 3:  # the last output copies have read their buffers before the program exits
         tma.store_wait(0)
 
@@ -1258,16 +1317,16 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
 def _tile_epilogue(o, m_i, l_i, t, Out, Lse, rows_1d, num_m, num_tiles, nheads, seqlen_q, stride_om, stride_lse_b,
                    stride_lse_h, row_off, o_layout: gl.constexpr, HEAD_DIM: gl.constexpr, CTA_M: gl.constexpr,
                    BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constexpr, ROW_STORES: gl.constexpr, PAIRED: gl.constexpr,
-                   stage=None, divs=None, o_desc=None):
+                   stage=None, divs=None, o_desc=None, IO_DIM: gl.constexpr = 0):
     """``_epilogue`` of a persistent program's tile ``t`` (its rows recomputed from the index); ``stage``:
     the warpgroup's dead Q buffer, used by ``ROW_STORES`` = 2 / 3 only (3: ``o_desc``)."""
     m_start, q_row0, q_col, lse_base = _tile_rows(t, num_m, num_tiles, nheads, seqlen_q, stride_lse_b, stride_lse_h,
-                                                  row_off, HEAD_DIM, CTA_M, IS_CAUSAL, PAIRED, divs)
+                                                  row_off, _io_dim(HEAD_DIM, IO_DIM), CTA_M, IS_CAUSAL, PAIRED, divs)
     b = None
     if ROW_STORES == 3:  # the copy's coordinates are (batch, row, column)
         b = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED, divs)[0]
     _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om, o_layout,
-              BLOCK_M, HEAD_DIM, ROW_STORES, stage, o_desc, b)
+              BLOCK_M, HEAD_DIM, ROW_STORES, stage, o_desc, b, IO_DIM)
 
 
 @gluon.jit
@@ -1290,9 +1349,9 @@ def _pp_shared(q_desc, k_desc, v_desc, NUM_WG: gl.constexpr, WG_ROWS: gl.constex
     ...), the K/V ring, and their barriers, initialised (K/V slots released by every warpgroup)."""
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
-    q_smem = gl.allocate_shared_memory(dtype, [NUM_WG * Q_BUFS, WG_ROWS, HEAD_DIM], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [NUM_WG * Q_BUFS, WG_ROWS, HEAD_DIM], _tile_layout(q_desc.layout))
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], _tile_layout(k_desc.layout))
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], _tile_layout(v_desc.layout))
     q_bar = gl.allocate_shared_memory(gl.int64, [NUM_WG * Q_BUFS, 1], bar_layout)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
@@ -1316,18 +1375,18 @@ def _persistent_fwd(q_desc, k_desc, v_desc, o_desc, Out, Lse, seqlen_q, seqlen_k
                     KV_TAIL: gl.constexpr, EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
                     FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False,
                     divs=None, NO_KEY_WIDE: gl.constexpr = False, KEY_MASKS: gl.constexpr = True,
-                    DIAG_TRIM: gl.constexpr = False, table=None):
+                    DIAG_TRIM: gl.constexpr = False, table=None, IO_DIM: gl.constexpr = 0):
     """The persistent ping-pong kernel's body (``hopper_fwd_kernel(PERSISTENT=True)``): the same
     shared memory and partitions as the one-tile kernel (two consumer warpgroups of 64 rows, the
     producer warp, 240 / 24 registers), each partition walking this program's tiles; ``Q_BUFS`` Q
     buffers per consumer warpgroup (``_persistent_consumer``). ``DIAG_TRIM``: warpgroup 0's only (the
     rows whose diagonal ends mid-tile when seqlen_q = seqlen_k; ``_pp_mainloop``)."""
     WG_ROWS: gl.constexpr = BLOCK_M // 2
-    gl.static_assert(q_desc.block_type.shape[0] == WG_ROWS, "ping-pong: Q descriptor block is [64, HEAD_DIM]")
+    gl.static_assert(q_desc.block_type.shape[-2] == WG_ROWS, "ping-pong: Q descriptor block is [64, HEAD_DIM]")
     gl.static_assert((Q_BUFS == 1) | (Q_BUFS == 2), "one or two Q buffers per consumer warpgroup")
     gl.static_assert((ROW_STORES != 2) | (Q_BUFS == 1), "the output staged in the Q buffer: one buffer a warpgroup")
     if ROW_STORES == 3:
-        gl.static_assert(o_desc.block_type.shape[1] == WG_ROWS, "the output's copy: [1, 64, HEAD_DIM] boxes")
+        gl.static_assert(o_desc.block_type.shape[-2] == WG_ROWS, "the output's copy: [1, 64, HEAD_DIM] boxes")
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn = _pp_shared(
         q_desc, k_desc, v_desc, 2, WG_ROWS, BLOCK_N, HEAD_DIM, STAGES, Q_BUFS)
     gl.warp_specialize(
@@ -1336,10 +1395,12 @@ def _persistent_fwd(q_desc, k_desc, v_desc, o_desc, Out, Lse, seqlen_q, seqlen_k
                                  seqlen_q, seqlen_k, stride_om, stride_lse_b, stride_lse_h, qk_scale, w * WG_ROWS,
                                  HEAD_DIM, BLOCK_M, WG_ROWS, BLOCK_N, STAGES, IS_CAUSAL, IS_CAUSAL,
                                  1 if w == 0 else 0, ORDERED, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, w * Q_BUFS,
-                                 Q_BUFS, PAIRED, divs, o_desc, NO_KEY_WIDE, KEY_MASKS, DIAG_TRIM and w == 0, table))
+                                 Q_BUFS, PAIRED, divs, o_desc, NO_KEY_WIDE, KEY_MASKS, DIAG_TRIM and w == 0, table,
+                                 IO_DIM))
          if w < 2 else
          (_persistent_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-                                 num_tiles, num_m, nheads, group, seqlen_q, seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                 num_tiles, num_m, nheads, group, seqlen_q, seqlen_k, _io_dim(HEAD_DIM, IO_DIM),
+                                 BLOCK_M, BLOCK_N,
                                  STAGES, IS_CAUSAL, KV_TAIL, PAIRED, divs, table))
          for w in (0, 1, 2)],
         [4, 1], [240, 32])
@@ -1361,7 +1422,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                       KEY_MASKS: gl.constexpr = True, DIAG_TRIM: gl.constexpr = False,
                       WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, num_tiles=0, Walk=None,
                       win_left=0, win_right=0, softcap_a=0.0, ALIBI: gl.constexpr = False, Alibi=None,
-                      stride_ab=0, alibi_unit=0.0):
+                      stride_ab=0, alibi_unit=0.0, IO_DIM: gl.constexpr = 0):
     """``PINGPONG=False`` (the default, launched with num_warps = 4 * BLOCK_M // 64): one consumer
     partition of BLOCK_M // 64 warpgroups in lockstep, Q descriptor block [BLOCK_M, HEAD_DIM]
     (``NUM_WG`` unused). ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 64 * NUM_WG):
@@ -1441,7 +1502,14 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     ``ALIBI`` (one-tile ping-pong programs): flash-attn's ALiBi bias -slope * |i + seqlen_k - seqlen_q -
     j| on the scores (after a softcap, before the masks; ``_alibi``), the slope read from ``Alibi``
     (fp32, (nheads,) or (batch, nheads): ``stride_ab`` 0 or its batch stride; varlen: by sequence) and
-    brought to the scores' units by ``alibi_unit`` = -1 / softmax_scale (-1 / cap with a softcap)."""
+    brought to the scores' units by ``alibi_unit`` = -1 / softmax_scale (-1 / cap with a softcap).
+
+    ``IO_DIM`` (0: none; ``hopper.padded_headdim``, fixed-length calls): the tensors' head dim, a
+    multiple of 8 below HEAD_DIM. q / k / v come as 3-D descriptors whose boxes run past it
+    (``_load_rows``: TMA fills the columns past it with zeros, so Q K^T is unchanged and the
+    output's extra columns are 0), the output is stored to its IO_DIM columns only (``_store_tile``;
+    the bulk copy through a 4-D ``o_desc``, ``_store_rows_tma``) and ``stride_om`` is nheads * IO_DIM."""
+    D_IO: gl.constexpr = _io_dim(HEAD_DIM, IO_DIM)
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     gl.static_assert(PERSISTENT or ROW_STORES != 3, "the output's bulk copy: the persistent kernel only")
     # the one-tile path below is compiled (dead) after the persistent kernel's return too
@@ -1462,7 +1530,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                         stride_lse_b, stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
                         IS_CAUSAL, ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, Q_BUFS, PAIRED,
                         ((walk_div, walk_mul, walk_shift), (nheads, head_mul, head_shift)) if FAST_DIV else None,
-                        NO_KEY_WIDE, KEY_MASKS, DIAG_TRIM, Walk)
+                        NO_KEY_WIDE, KEY_MASKS, DIAG_TRIM, Walk, IO_DIM)
         return
     b, h, m_block = _tile_bhm(gl.program_id(0), num_m, gl.num_programs(0), nheads, IS_CAUSAL, LPT)
     m_start = m_block * BLOCK_M
@@ -1495,12 +1563,13 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
         q_row0 = start_q + m_start
     else:
         q_row0 = b * seqlen_q + m_start
-    q_col = h * HEAD_DIM
+    q_col = h * D_IO
     alibi_a = 0.0
     if ALIBI:  # this (batch, head)'s slope in the scores' units: alibi_unit = -1 / (softmax_scale or cap)
         alibi_a = gl.load(Alibi + b * stride_ab + h) * alibi_unit
     if n_tiles <= 0:  # rows that see no key (causal or windowed, seqlen_q > seqlen_k): output 0, lse -inf
-        _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, stride_om, BLOCK_M, HEAD_DIM)
+        _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, stride_om, BLOCK_M, HEAD_DIM,
+                           IO_DIM=IO_DIM)
         return
 
     dtype: gl.constexpr = q_desc.dtype
@@ -1509,7 +1578,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
         kv_row0 = start_k
     else:
         kv_row0 = b * seqlen_k
-    kv_col = (h // group) * HEAD_DIM
+    kv_col = (h // group) * D_IO
     if PINGPONG:
         # NUM_WG consumer warpgroups, 64 query rows each, sharing the K/V ring: every slot use is
         # released by all of them (empty barriers count NUM_WG). q_bar[w]: warpgroup w's own Q tile
@@ -1518,7 +1587,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
         gl.static_assert((NUM_WG == 2) | (NUM_WG == 3), "two (ping-pong) or three consumer warpgroups")
         gl.static_assert(BLOCK_M == 64 * NUM_WG, "one consumer warpgroup per 64 query rows")
         WG_ROWS: gl.constexpr = BLOCK_M // NUM_WG
-        gl.static_assert(q_desc.block_type.shape[0] == WG_ROWS, "ping-pong: Q descriptor block is [64, HEAD_DIM]")
+        gl.static_assert(q_desc.block_type.shape[-2] == WG_ROWS, "ping-pong: Q descriptor block is [64, HEAD_DIM]")
         q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn = _pp_shared(
             q_desc, k_desc, v_desc, NUM_WG, WG_ROWS, BLOCK_N, HEAD_DIM, STAGES)
         # Register budget: 65536 per SM; the producer warp is padded to a warpgroup (Triton), so
@@ -1541,16 +1610,16 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                                    n_tiles, stride_om, lse_base, qk_scale, HEAD_DIM, WG_ROWS, BLOCK_N, STAGES,
                                    IS_CAUSAL, MASK_ALL, 1 if w == 0 else 0, ORDERED, LEAN, EXP2_FMA, TILE_ROW_STORES,
                                    FEWER_MASKS, KEY_MASKS, WINDOW, win_left, win_right, SOFTCAP, softcap_a, ALIBI,
-                                   alibi_a))
+                                   alibi_a, IO_DIM))
              if w < NUM_WG else
              (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
                           n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL))
              for w in (0, 1, 2, 3)[:NUM_WG + 1]],
             [4] * (NUM_WG - 1) + [1], [CONSUMER_REGS] * (NUM_WG - 1) + [PRODUCER_REGS])
     else:
-        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], _tile_layout(q_desc.layout))
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], _tile_layout(k_desc.layout))
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], _tile_layout(v_desc.layout))
         q_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
@@ -1563,7 +1632,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
             (_consumer, (q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, Out, Lse, q_row0,
                          q_col, m_start, seqlen_q, seqlen_k, n_lo, n_tiles, stride_om, stride_lse_h, lse_base,
                          qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, EXP2_FMA,
-                         TILE_ROW_STORES, KEY_MASKS)),
+                         TILE_ROW_STORES, KEY_MASKS, IO_DIM)),
             (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
                          n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL)),
         ], [1], [24])
