@@ -3,7 +3,8 @@ end of this module, the backward (``ioattn.kernels.hopper_backward``: ``bwd_poli
 
 When ``flash_attn_func`` uses the forward (``wanted``): by default at head dims 64, 128 and 256 from the
 sequence lengths where it was measured ahead of the portable kernel (``AUTO_MIN_SEQLEN`` below), and at the
-head dims between them on zero-padded copies (``PADDED_RANGE``, ``PADDED_MIN_SEQLEN``); everywhere it covers
+head dims between them zero-padded (``PADDED_RANGE``: in place through TMA's fill where d is a multiple of
+8, ``padded_in_place``, else on copies; ``padded_min_seqlen``); everywhere it covers
 inside ``prefer_hopper(True)`` or with ``IOATTN_HOPPER=1``; never inside ``prefer_hopper(False)``,
 with ``IOATTN_HOPPER=0`` or when the forward's tiles are fixed by the caller. Only for the calls it
 covers (``hopper_supports``); every other call keeps the portable kernel. Gluon is imported lazily:
@@ -125,12 +126,12 @@ AUTO_MIN_SEQLEN = {(64, False): 512, (64, True): 512, (128, False): 512, (128, T
                    (256, False): 512, (256, True): 512}
 
 # Head dims the Gluon kernels lack (Gluon's register tensors are powers of two): a plain fixed-length
-# call of head dim d in PADDED_RANGE[dp] runs both kernels at dp on copies of its tensors with zero
-# columns added (``pad_head``): exact (Q K^T unchanged, the output's and every gradient's extra
-# columns zero, sliced off; the scale stays the call's). The portable kernels waste the same products
-# (their BLOCK_D is the power of two above d); what the padded path adds is the copies (forward: q, k, v
-# padded, the output sliced; backward: the call's q, k, v, out, dO padded again, three gradients
-# sliced), a large share of a short call.
+# call of head dim d in PADDED_RANGE[dp] runs both kernels at dp on zero columns added to its tensors:
+# exact (Q K^T unchanged, the output's and every gradient's extra columns zero; the scale stays the
+# call's). The portable kernels waste the same products (their BLOCK_D is the power of two above d).
+# With d a multiple of 8 the zeros come from TMA's fill, no copies (``padded_in_place``, NOTES §155);
+# else from copies (``pad_head``; forward: q, k, v padded, the output sliced; backward: the call's q, k,
+# v, out, dO padded again, three gradients sliced), a large share of a short call (§154).
 PADDED_RANGE = {128: range(65, 128), 256: range(129, 256)}
 # (pass, padded head dim, causal) -> the shortest seqlen_q from which the padded Gluon kernels were
 # measured >= 1.05x the portable kernels there and at every longer length measured, for every head dim
@@ -144,8 +145,11 @@ PADDED_MIN_SEQLEN = {("fwd", 128, False): 4096, ("fwd", 128, True): 8192,
                      ("fwd", 256, False): 4096, ("fwd", 256, True): 4096,
                      ("bwd", 128, False): 2048, ("bwd", 128, True): 4096,
                      ("bwd", 256, False): 1024, ("bwd", 256, True): 1024}
-# The same for the in-place path (``padded_in_place``: d a multiple of 8, the backward's "ws" variant), no
-# copies: (to be measured) ab_padded.py's "gluon-pad" against "portable".
+# The same for the in-place path (``padded_in_place``: d a multiple of 8, the backward's "ws" variant; no
+# copies, NOTES §155): ab_padded.py's "gluon-pad" against "portable" (run228, results/session-2026-12-19-b,
+# the same shapes) was >= 1.44x at every length from 512, both passes, both masks, d = 80 / 96 / 192
+# (forward 1.44-2.08x, backward 1.55-2.94x), so from the shortest length measured; below 512 nothing
+# was measured (the portable kernels, as at the native head dims, ``AUTO_MIN_SEQLEN``).
 PADDED_IN_PLACE_MIN_SEQLEN = {("fwd", 128, False): 512, ("fwd", 128, True): 512,
                               ("fwd", 256, False): 512, ("fwd", 256, True): 512,
                               ("bwd", 128, False): 512, ("bwd", 128, True): 512,
