@@ -229,16 +229,18 @@ def padded_inputs_note(d: int, backward: bool = False) -> str:
 
 
 def padded_refusal(d: int, varlen: bool, window, softcap: float, alibi_slopes) -> str:
-    """Why a call of head dim ``d`` cannot take the padded path ("" if it can, or ``d`` is not padded):
-    plain fixed-length calls only (the causal mask allowed), as measured."""
+    """Why a call of head dim ``d`` cannot take the padded path ("" if it can, or ``d`` is not padded).
+    In place (``padded_in_place``) the kernels run their own forms at the padded dim (windows, softcap,
+    ALiBi, packed sequences: the native checks at that dim apply); on the padded copies, plain
+    fixed-length calls only (the causal mask allowed), as measured."""
     dp = padded_headdim(d)
-    if dp is None:
+    if dp is None or padded_in_place(d):
         return ""
     extra = [name for name, on in (("packed sequences", varlen), ("a sliding window", window not in ((-1, -1), (-1, 0))),
                                    ("a softcap", softcap > 0), ("ALiBi", alibi_slopes is not None)) if on]
     if extra:
-        return (f"head dim {d} runs zero-padded to {dp}: plain fixed-length calls only "
-                f"(here {', '.join(extra)})")
+        return (f"head dim {d} runs zero-padded to {dp} on copies (not a multiple of 8): plain fixed-length "
+                f"calls only (here {', '.join(extra)})")
     return ""
 
 # (block_m, block_n, stages) per variant and head dim, from FA3's published shapes (below); the
@@ -564,10 +566,11 @@ def alibi_form(d: int, causal: bool = False, window: bool = False, varlen: bool 
 
 def alibi_call_form(alibi_slopes, d: int, window, varlen: bool, seqlen_q: int | None = None,
                     softcap: float = 0.0) -> int:
-    """``alibi_form`` for a call by its flash-attn window ((-1, 0): causal); 0 without ``alibi_slopes``."""
+    """``alibi_form`` for a call by its flash-attn window ((-1, 0): causal) at the kernels' head dim (a
+    padded call's, ``padded_headdim``); 0 without ``alibi_slopes``."""
     if alibi_slopes is None:
         return 0
-    return alibi_form(d, tuple(window) == (-1, 0), tuple(window) not in ((-1, -1), (-1, 0)), varlen, seqlen_q,
+    return alibi_form(padded_headdim(d) or d, tuple(window) == (-1, 0), tuple(window) not in ((-1, -1), (-1, 0)), varlen, seqlen_q,
                       softcap > 0)
 
 
@@ -1240,24 +1243,27 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
     if q.dtype not in (torch.float16, torch.bfloat16):
         return False, "fp16/bf16 only"
     dp = padded_headdim(q.shape[-1])
-    if dp:  # on zero-padded copies (``pad_head``) at dp: the kernel dim's variant and tiles, any layout
+    plain = not varlen and window in ((-1, -1), (-1, 0)) and not softcap > 0 and alibi_slopes is None
+    if dp:  # zero-padded to dp (``PADDED_RANGE``): the kernel dim's variant and tiles
         refusal = padded_refusal(q.shape[-1], varlen, window, softcap, alibi_slopes)
         if refusal:
             return False, refusal
-        if dropout_p > 0:
-            return False, "no dropout yet"
-        try:
-            name = variant_for(dp)
-        except ValueError as e:
-            return False, str(e)
-        return (True, "") if dp in TILES else (False, f"head dims {sorted(TILES)} only (variant {name})")
+        if plain:  # any layout (made contiguous, or padded copies)
+            if dropout_p > 0:
+                return False, "no dropout yet"
+            try:
+                name = variant_for(dp)
+            except ValueError as e:
+                return False, str(e)
+            return (True, "") if dp in TILES else (False, f"head dims {sorted(TILES)} only (variant {name})")
+    kd = dp or q.shape[-1]  # the kernels' head dim (in place, a padded call's forms take its checks)
     # (varlen: the longest query is not known here; the form with the stricter length bound)
-    form = alibi_call_form(alibi_slopes, q.shape[-1], window, varlen, None if varlen else q.shape[1], softcap)
+    form = alibi_call_form(alibi_slopes, kd, window, varlen, None if varlen else q.shape[1], softcap)
     try:
-        name = variant_for(q.shape[-1], alibi=form)
+        name = variant_for(kd, alibi=form)
     except ValueError as e:
         return False, str(e)
-    if q.shape[-1] not in TILES:
+    if kd not in TILES:
         return False, f"head dims {sorted(TILES)} only (variant {name})"
     if varlen and name == "persistent":
         return False, "varlen: not in the persistent variant"
@@ -1588,7 +1594,9 @@ BWD_ALIBI_MAGIC_SOFTCAP_HEADDIMS = (128,)
 
 
 def bwd_alibi_form(d: int, softcap: float) -> int:
-    """The ws backward's ``ALIBI`` for an ALiBi call at head dim ``d`` (``BWD_ALIBI_MAGIC_SOFTCAP_HEADDIMS``)."""
+    """The ws backward's ``ALIBI`` for an ALiBi call at head dim ``d`` (the kernels', a padded call's
+    ``padded_headdim``; ``BWD_ALIBI_MAGIC_SOFTCAP_HEADDIMS``)."""
+    d = padded_headdim(d) or d
     return ALIBI_MAGIC if softcap > 0 and d in BWD_ALIBI_MAGIC_SOFTCAP_HEADDIMS else ALIBI_FP32_COLS
 
 
@@ -1597,16 +1605,19 @@ def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p
     if q.dtype not in (torch.float16, torch.bfloat16):
         return False, "fp16/bf16 only"
     dp = padded_headdim(q.shape[-1])
-    if dp:  # on zero-padded copies at dp (``PADDED_RANGE``), any layout
+    plain = not varlen and window in ((-1, -1), (-1, 0)) and not softcap > 0 and alibi_slopes is None
+    if dp:  # zero-padded to dp (``PADDED_RANGE``)
         refusal = padded_refusal(q.shape[-1], varlen, window, softcap, alibi_slopes)
         if refusal:
             return False, refusal
         if BWD_VARIANT == "base" and dp == 256:
             return False, "head dims (64, 128) only in the base variant"
-        return (False, "no dropout") if dropout_p > 0 else (True, "")
-    if q.shape[-1] not in BWD_HEADDIMS:
+        if plain:  # any layout (made contiguous, or padded copies)
+            return (False, "no dropout") if dropout_p > 0 else (True, "")
+    kd = dp or q.shape[-1]  # the kernels' head dim (in place, a padded call's forms take its checks)
+    if kd not in BWD_HEADDIMS:
         return False, f"head dims {BWD_HEADDIMS} only"
-    if BWD_VARIANT == "base" and q.shape[-1] == 256:  # hopper_backward.BWD_VARIANT_HEADDIMS
+    if BWD_VARIANT == "base" and kd == 256:  # hopper_backward.BWD_VARIANT_HEADDIMS
         return False, "head dims (64, 128) only in the base variant"
     if varlen and BWD_VARIANT != "ws":
         return False, "varlen: the ws variant only"
@@ -1622,8 +1633,8 @@ def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p
     if alibi_slopes is not None:
         if BWD_VARIANT != "ws":
             return False, "ALiBi: the ws variant only"
-        if softcap > 0 and q.shape[-1] in BWD_ALIBI_SOFTCAP_REFUSED:
-            return False, (f"ALiBi with a softcap at head dim {q.shape[-1]}: the portable backward "
+        if softcap > 0 and kd in BWD_ALIBI_SOFTCAP_REFUSED:
+            return False, (f"ALiBi with a softcap at head dim {kd}: the portable backward "
                            "(hopper.BWD_ALIBI_SOFTCAP_REFUSED)")
         if alibi_length_refusal(q, k, varlen, bwd_alibi_form(q.shape[-1], softcap)):
             return False, alibi_length_refusal(q, k, varlen, bwd_alibi_form(q.shape[-1], softcap))

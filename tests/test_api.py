@@ -1979,24 +1979,35 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
     assert not hopper.policy(torch.empty(1 << 16, 2, 96), seqlen_q=1 << 16, varlen=True)[0]
     assert not hopper.policy(torch.empty(1, 1 << 16, 2, 96), softcap=True)[0]
     assert not hopper.bwd_policy(torch.empty(1, 1 << 16, 2, 192), window_width=300)[0]
-    # the call checks: plain calls, any layout; the rest refused by name
+    # the call checks: plain calls, any layout; in place (d = 96) the kernels' forms at the padded dim by
+    # its own checks, on copies (d = 100) the rest refused by name
     none = (False, (-1, -1), 0.0, None, 0.0)
-    q = torch.randn(1, 8, 2, 96, dtype=torch.bfloat16)
-    qt = torch.randn(1, 2, 8, 96, dtype=torch.bfloat16).transpose(1, 2)  # no (rows, heads * d) view
-    for check in (hopper.call_supported, hopper.bwd_call_supported):
-        assert check(q, q, q, *none) == (True, "") and check(qt, qt, qt, *none) == (True, "")
-        assert check(q, q, q, False, (-1, 0), 0.0, None, 0.0) == (True, "")
-        assert check(q, q, q, False, (4, 0), 0.0, None, 0.0) == (
-            False, "head dim 96 runs zero-padded to 128: plain fixed-length calls only (here a sliding window)")
-        assert "(here a softcap, ALiBi)" in check(q, q, q, False, (-1, -1), 5.0, torch.ones(2), 0.0)[1]
-        assert "(here packed sequences)" in check(q[0], q[0], q[0], True, (-1, -1), 0.0, None, 0.0)[1]
-        assert "dropout" in check(q, q, q, False, (-1, -1), 0.0, None, 0.1)[1]
+    for d in (96, 100):
+        q = torch.randn(1, 8, 2, d, dtype=torch.bfloat16)
+        qt = torch.randn(1, 2, 8, d, dtype=torch.bfloat16).transpose(1, 2)  # no (rows, heads * d) view
+        for check in (hopper.call_supported, hopper.bwd_call_supported):
+            assert check(q, q, q, *none) == (True, "") and check(qt, qt, qt, *none) == (True, "")
+            assert check(q, q, q, False, (-1, 0), 0.0, None, 0.0) == (True, "")
+            assert "dropout" in check(q, q, q, False, (-1, -1), 0.0, None, 0.1)[1]
+            forms = (check(q, q, q, False, (4, 0), 0.0, None, 0.0),
+                     check(q, q, q, False, (-1, -1), 5.0, torch.ones(2), 0.0),
+                     check(q[0], q[0], q[0], True, (-1, -1), 0.0, None, 0.0))
+            if d == 96:
+                assert forms == ((True, ""), (True, ""), (True, "")), forms
+            else:
+                assert forms[0] == (False, "head dim 100 runs zero-padded to 128 on copies (not a multiple of 8): "
+                                           "plain fixed-length calls only (here a sliding window)")
+                assert "(here a softcap, ALiBi)" in forms[1][1] and "(here packed sequences)" in forms[2][1]
     # the launchers refuse what the checks refuse, before any launch
+    q = torch.randn(1, 8, 2, 100, dtype=torch.bfloat16)
     lse = torch.zeros(1, 2, 8)
     with pytest.raises(ValueError, match="plain fixed-length calls only \\(here a softcap\\)"):
         hopper.hopper_forward(q, q, q, 0.1, False, softcap=5.0)
     with pytest.raises(ValueError, match="plain fixed-length calls only \\(here a sliding window\\)"):
         hb.hopper_backward(q, q, q, q, q, lse, 0.1, False, variant="ws", window=(4, 0))
+    q96 = torch.randn(1, 8, 2, 96, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="the ws variant in place only \\(here variant 'base'\\)"):
+        hb.hopper_backward(q96, q96, q96, q96, q96, lse, 0.1, False, variant="base", window=(4, 0))
     # exact padding, through stand-in kernels at the padded dim (float64 oracle; GQA, causal, scale 0.3)
     seen = {}
     real_fwd, real_bwd = hopper.hopper_forward, hb.hopper_backward

@@ -1664,6 +1664,79 @@ def test_hopper_padded_head_dims(d, causal, shape, monkeypatch, poison_alloc):
     assert plan.forward["gluon_hopper"].startswith("taken") and "zero-padded" in plan.forward["gluon_hopper"]
 
 
+# (flash_attn_func keywords, "alibi" for slopes): the kernels' forms at a padded head dim, in place
+_PADDED_FORMS = [dict(window_size=(100, 0)), dict(window_size=(256, 256)), dict(softcap=20.0, causal=True),
+                 dict(alibi=True), dict(alibi=True, causal=True), dict(alibi=True, softcap=20.0, window_size=(300, 0))]
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d", [96, 192])
+@pytest.mark.parametrize("form", range(len(_PADDED_FORMS)))
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1)])
+def test_hopper_padded_forms(d, form, shape, monkeypatch, poison_alloc):
+    """Sliding windows, a softcap and ALiBi (and their mixes) at a head dim the Gluon kernels run padded in
+    place (``hopper.padded_in_place``: the padded dim's own forms, NOTES §155) through flash_attn_func,
+    the plan naming both Gluon kernels and the in-place inputs: output and gradients against the float64
+    oracle (2x PyTorch's own error), on poisoned allocations."""
+    from ioattn import hopper
+    monkeypatch.delenv("IOATTN_HOPPER", raising=False)
+    monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
+    b, sq, sk, h, hkv = shape
+    kw = dict(_PADDED_FORMS[form])
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    slopes = torch.rand(h, device="cuda") if kw.pop("alibi", False) else None
+    with hopper.prefer_hopper(True), hopper.prefer_hopper_bwd(True):
+        plan = ioattn.explain_dispatch(q.detach(), k.detach(), v.detach(), alibi_slopes=slopes, **kw)
+        assert plan.forward["gluon_hopper"].startswith("taken"), plan.forward
+        assert plan.backward["gluon_hopper"].startswith("taken"), plan.backward
+        assert plan.forward["inputs"].startswith("read in place"), plan.forward
+        out = ioattn.flash_attn_func(q, k, v, alibi_slopes=slopes, **kw)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    window = (-1, 0) if kw.get("causal") else kw.get("window_size", (-1, -1))
+    _assert_out_and_grads(out, grads, dout, q, k, v, window, softcap=kw.get("softcap", 0.0), slopes=slopes)
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d", [80, 192])
+@pytest.mark.parametrize("mode", ["none", "causal", (100, 0), "deterministic", "alibi"])
+def test_hopper_padded_varlen(d, mode, monkeypatch, poison_alloc):
+    """Packed sequences at a head dim the Gluon kernels run padded in place (``IS_VARLEN`` with the
+    descriptors' zero fill), through flash_attn_varlen_func with both Gluon kernels: per sequence against
+    the float64 oracle, ragged lengths (a sequence with no queries, one with no keys, seqlen_q != seqlen_k),
+    NaN in the 7 trailing rows no sequence owns, which get zero gradients; ``deterministic``: the ordered
+    dQ mode, two runs bitwise equal; ``alibi``: slopes by (sequence, head), causal."""
+    from ioattn import hopper
+    monkeypatch.delenv("IOATTN_HOPPER", raising=False)
+    monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
+    q, k, v, dout, cq, ck, max_q, max_k = _ragged_packed(d)
+    tq, tk = int(cq[-1]), int(ck[-1])
+    causal = mode in ("causal", "alibi")
+    window = mode if isinstance(mode, tuple) else (-1, -1)
+    slopes = torch.rand(cq.numel() - 1, q.shape[1], device="cuda") if mode == "alibi" else None
+    det = mode == "deterministic"
+    runs = []
+    with hopper.prefer_hopper(True), hopper.prefer_hopper_bwd(True), hopper.bwd_deterministic(det):
+        plan = ioattn.explain_dispatch(q, k, v, causal=causal, window_size=window, cu_seqlens_q=cq,
+                                       max_seqlen_q=max_q, alibi_slopes=slopes)
+        assert plan.forward["gluon_hopper"].startswith("taken"), plan.forward
+        assert plan.backward["gluon_hopper"].startswith("taken"), plan.backward
+        for _ in range(2 if det else 1):
+            qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+            out, lse, _ = ioattn.flash_attn_varlen_func(qg, kg, vg, cq, ck, max_q, max_k, causal=causal,
+                                                        window_size=window, alibi_slopes=slopes, deterministic=det,
+                                                        return_attn_probs=True)
+            runs.append(torch.autograd.grad(out, (qg, kg, vg), dout))
+    if det:
+        assert all(torch.equal(a, b) for a, b in zip(*runs))
+    dq, dk, dv = runs[0]
+    assert (dq[tq:] == 0).all() and (dk[tk:] == 0).all() and (dv[tk:] == 0).all()
+    assert_varlen_sequences(f"padded varlen {mode}", q, k, v, dout, out.detach(), lse, (dq, dk, dv), cq, ck,
+                            seq_kw=(lambda i: dict(alibi_slopes=slopes[i])) if slopes is not None else None,
+                            window=(-1, 0) if causal else window)
+
+
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("d", [80, 96, 192])
 @pytest.mark.parametrize("causal", [False, True])
