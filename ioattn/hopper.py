@@ -1144,36 +1144,48 @@ def policy(q=None, seqlen_q: int | None = None, causal: bool = False, varlen: bo
     if dispatch.tiles_overridden("fwd", d):
         return False, "the forward's tiles are fixed (IOATTN_TILES / set_tile_override)"
     mask = ("causal" if causal else "non-causal") + (" varlen" if varlen else "")
-    if padded_headdim(d):
-        return _padded_policy("fwd", d, n, causal, varlen or window_width is not None or softcap or alibi)
+    kd = padded_headdim(d)
+    if kd:
+        forms = varlen or window_width is not None or softcap or alibi
+        if not forms or not padded_in_place(d):
+            return _padded_policy("fwd", d, n, causal, forms)
+        if varlen:  # NOTES §156: 0.65-1.57x the portable forward at d = 96 / 192 (ab_varlen.py, run232)
+            return False, (f"default policy: head dim {d} (zero-padded to {kd}) packed sequences: the portable "
+                           "forward (measured behind it at some lengths, NOTES §156)")
+    # in place, a padded call's windows, softcap and ALiBi by the padded dim's own rules: ahead of the
+    # portable forward at every point measured (ab_window.py, d = 96 / 192, N = 2048 / 16384, run231 /
+    # run232, NOTES §156: windows 1.05-1.67x, softcap 1.77-2.55x, ALiBi 1.20-1.56x)
+    label = f"{d} (zero-padded to {kd})" if kd else f"{d}"
+    d = kd or d
     table = "VARLEN_AUTO_MIN_SEQLEN" if varlen else "AUTO_MIN_SEQLEN"
     least = globals()[table].get((d, bool(causal)))
     if least is None:
-        return False, f"default policy: head dim {d} {mask} is not in hopper.{table}"
+        return False, f"default policy: head dim {label} {mask} is not in hopper.{table}"
     if n < least:
-        return False, f"default policy: head dim {d} {mask} from seqlen_q >= {least} (here {n})"
+        return False, f"default policy: head dim {label} {mask} from seqlen_q >= {least} (here {n})"
     if window_width is not None:
         narrowest = WINDOW_MIN_WIDTH.get(d)
         if narrowest is None:
-            return False, f"default policy: head dim {d} sliding windows are not in hopper.WINDOW_MIN_WIDTH"
+            return False, f"default policy: head dim {label} sliding windows are not in hopper.WINDOW_MIN_WIDTH"
         if window_width < narrowest:
-            return False, (f"default policy: head dim {d} sliding windows from width {narrowest} "
+            return False, (f"default policy: head dim {label} sliding windows from width {narrowest} "
                            f"(hopper.WINDOW_MIN_WIDTH; here {window_width})")
         mask += f" window of width {window_width}"
     if softcap:
         if d not in SOFTCAP_HEADDIMS:
-            return False, f"default policy: head dim {d} with a softcap is not in hopper.SOFTCAP_HEADDIMS"
+            return False, f"default policy: head dim {label} with a softcap is not in hopper.SOFTCAP_HEADDIMS"
         mask += " softcap"
     if alibi:
         if d not in ALIBI_HEADDIMS:
-            return False, f"default policy: head dim {d} with ALiBi is not in hopper.ALIBI_HEADDIMS"
+            return False, f"default policy: head dim {label} with ALiBi is not in hopper.ALIBI_HEADDIMS"
         mask += " ALiBi"
-    return True, f"default policy: head dim {d} {mask} from seqlen_q >= {least} (here {n})"
+    return True, f"default policy: head dim {label} {mask} from seqlen_q >= {least} (here {n})"
 
 
 def _padded_policy(pass_: str, d: int, n: int, causal: bool, other: bool) -> tuple[bool, str]:
-    """``policy`` / ``bwd_policy`` for a padded head dim (``padded_min_seqlen``); ``other``: the call
-    has a feature the padded path was not measured with (packed, window, softcap, ALiBi)."""
+    """``policy`` / ``bwd_policy`` for a padded head dim's plain calls (``padded_min_seqlen``); ``other``:
+    the call has a feature the padded copies do not take (packed, window, softcap, ALiBi; in place those
+    go by the padded dim's own rules, ``policy`` / ``bwd_policy``)."""
     dp = padded_headdim(d)
     what = f"head dim {d} (zero-padded to {dp}) {'causal' if causal else 'non-causal'}"
     if other:
@@ -1656,20 +1668,29 @@ def bwd_policy(q, seqlen_q: int | None = None, causal: bool = False, varlen: boo
     if env:
         return env == "1", f"IOATTN_HOPPER_BWD={env}"
     d, n = q.shape[-1], q.shape[1] if seqlen_q is None else seqlen_q
-    if padded_headdim(d):
-        return _padded_policy("bwd", d, n, causal, varlen or window_width is not None)
+    kd = padded_headdim(d)
+    if kd:
+        forms = varlen or window_width is not None
+        if not forms or not padded_in_place(d) or BWD_VARIANT != "ws":
+            return _padded_policy("bwd", d, n, causal, forms)
+    # in place, a padded call's windows and packed sequences (and softcap / ALiBi, which take the lengths'
+    # rules here at every dim) by the padded dim's own rules: ahead of the portable backward at every point
+    # measured (ab_window.py / ab_varlen.py, d = 96 / 192, run231 / run232, NOTES §156: windows 1.50-2.79x,
+    # softcap 2.18-2.98x, ALiBi 1.55-3.14x, packed 1.42-2.66x from mean length 512)
+    label = f"{d} (zero-padded to {kd})" if kd else f"{d}"
+    d = kd or d
     mask = ("causal" if causal else "non-causal") + (" varlen" if varlen else "")
     table = "BWD_VARLEN_AUTO_MIN_SEQLEN" if varlen else "BWD_AUTO_MIN_SEQLEN"
     least = globals()[table].get((d, bool(causal)))
     if least is None:
-        return False, f"default policy: head dim {d} {mask} is not in hopper.{table}"
+        return False, f"default policy: head dim {label} {mask} is not in hopper.{table}"
     if window_width is not None:
         narrowest = BWD_WINDOW_MIN_WIDTH.get(d)
         if narrowest is None or window_width < narrowest:
-            return False, (f"default policy: head dim {d} sliding windows from width {narrowest} "
+            return False, (f"default policy: head dim {label} sliding windows from width {narrowest} "
                            f"(hopper.BWD_WINDOW_MIN_WIDTH; here {window_width})")
         mask += f" window of width {window_width}"
-    return n >= least, f"default policy: head dim {d} {mask} from seqlen_q >= {least} (here {n})"
+    return n >= least, f"default policy: head dim {label} {mask} from seqlen_q >= {least} (here {n})"
 
 
 def bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p, seqlen_q: int | None = None,

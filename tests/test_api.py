@@ -1974,11 +1974,29 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
                 True, f"default policy: head dim {d} (zero-padded to {dp}) {'causal' if causal else 'non-causal'} "
                       f"from seqlen_q >= {least} (here {least})")
             assert least == 1 or not judge(torch.empty(1, least - 1, 2, d), causal=causal)[0]
-    assert hopper.policy(torch.empty(1, 1 << 16, 2, 96), window_width=300) == (
-        False, "default policy: head dim 96 (zero-padded to 128) non-causal: plain fixed-length calls only")
-    assert not hopper.policy(torch.empty(1 << 16, 2, 96), seqlen_q=1 << 16, varlen=True)[0]
-    assert not hopper.policy(torch.empty(1, 1 << 16, 2, 96), softcap=True)[0]
-    assert not hopper.bwd_policy(torch.empty(1, 1 << 16, 2, 192), window_width=300)[0]
+    # on copies (d = 100) the forms are declined; in place (d = 96 / 192) windows, softcap and ALiBi by the
+    # padded dim's rules, packed sequences in the backward only (NOTES §156)
+    assert hopper.policy(torch.empty(1, 1 << 16, 2, 100), window_width=300) == (
+        False, "default policy: head dim 100 (zero-padded to 128) non-causal: plain fixed-length calls only")
+    assert not hopper.bwd_policy(torch.empty(1, 1 << 16, 2, 100), window_width=300)[0]
+    assert hopper.policy(torch.empty(1, 4096, 2, 96), window_width=300) == (
+        True, "default policy: head dim 96 (zero-padded to 128) non-causal window of width 300 from seqlen_q >= "
+              f"{hopper.AUTO_MIN_SEQLEN[(128, False)]} (here 4096)")
+    narrowest = hopper.WINDOW_MIN_WIDTH[128]
+    assert hopper.policy(torch.empty(1, 4096, 2, 96), window_width=narrowest - 1) == (
+        False, f"default policy: head dim 96 (zero-padded to 128) sliding windows from width {narrowest} "
+               f"(hopper.WINDOW_MIN_WIDTH; here {narrowest - 1})")
+    assert hopper.policy(torch.empty(1, 4096, 2, 192), causal=True, softcap=True, alibi=True)[0]
+    assert hopper.policy(torch.empty(1 << 16, 2, 96), seqlen_q=1 << 16, varlen=True) == (
+        False, "default policy: head dim 96 (zero-padded to 128) packed sequences: the portable forward (measured "
+               "behind it at some lengths, NOTES §156)")
+    least = hopper.BWD_VARLEN_AUTO_MIN_SEQLEN[(256, True)]
+    assert hopper.bwd_policy(torch.empty(1 << 16, 2, 192), seqlen_q=least, causal=True, varlen=True) == (
+        True, f"default policy: head dim 192 (zero-padded to 256) causal varlen from seqlen_q >= {least} "
+              f"(here {least})")
+    assert not hopper.bwd_policy(torch.empty(1 << 16, 2, 192), seqlen_q=least - 1, causal=True, varlen=True)[0]
+    assert hopper.bwd_policy(torch.empty(1, 4096, 2, 192), window_width=300)[0]
+    assert not hopper.bwd_policy(torch.empty(1, 4096, 2, 192), window_width=hopper.BWD_WINDOW_MIN_WIDTH[256] - 1)[0]
     # the call checks: plain calls, any layout; in place (d = 96) the kernels' forms at the padded dim by
     # its own checks, on copies (d = 100) the rest refused by name
     none = (False, (-1, -1), 0.0, None, 0.0)
@@ -2071,6 +2089,14 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
             short = ioattn.explain_dispatch(*(long[:, :least // 2] for _ in range(3)), causal=True)
         assert short.forward["gluon_hopper"].startswith("not taken (default policy") and \
             "attn_fwd_kernel" in short.forward["kernel"]
+    # in place, a window by the padded dim's rules, both ways (d = 96)
+    long = torch.empty(1, 16384, 2, 96, dtype=torch.bfloat16)
+    with dispatch.forced_backend("triton"):
+        plan = ioattn.explain_dispatch(long, long, long, window_size=(1024, 0))
+    assert plan.forward["gluon_hopper"].startswith("taken (default policy: head dim 96 (zero-padded to 128) "
+                                                   "non-causal window of width 1025"), plan.forward
+    assert plan.backward["gluon_hopper"].startswith("taken (default policy: head dim 96 (zero-padded to 128)")
+    assert plan.forward["inputs"].startswith("read in place") and "pingpong" in plan.forward["kernel"]
 
 
 def _tma_box(desc, coords):
