@@ -25,7 +25,8 @@ forward's and backward's ALiBi forms (``ALIBI``; with ``--softcap`` both forms t
 ``--padded``: only head dims the Gluon kernels lack, run in place at the next one (``--heads`` those,
 e.g. 80,96,192: ``hopper.padded_in_place``, the kernels' ``IO_DIM``, TMA boxes past d), the forward in
 the persistent and ping-pong kernels, both masks, and the ws backward plain and deterministic, at a
-shape with GQA, seqlen_q != seqlen_k and partial tiles.
+shape with GQA, seqlen_q != seqlen_k and partial tiles; then the forms there (a window, causal softcap
++ ALiBi; packed sequences with NaN in the unowned rows, with a window and with causal ALiBi).
 """
 import argparse
 
@@ -114,6 +115,27 @@ if args.padded:
                 for det in (False, True):
                     hopper_backward(torch.randn_like(out), q, k, v, out, lse, d ** -0.5, causal, variant="ws",
                                     deterministic=det)
+        # the kernels' forms in place: a window, softcap + ALiBi (causal), and packed sequences with NaN
+        # in the rows no sequence owns (a window, then causal ALiBi)
+        slopes = torch.rand(3, device=dev)
+        for kw in (dict(window=(100, 0)), dict(softcap=20.0, alibi_slopes=slopes)):
+            causal = "softcap" in kw
+            out, lse = hopper.hopper_forward(q, k, v, d ** -0.5, causal, **kw)
+            hopper_backward(torch.randn_like(out), q, k, v, out, lse, d ** -0.5, causal, variant="ws", **kw)
+        lens_q, lens_k, extra = [1, 100, 333, 0, 64, 50], [1, 37, 200, 40, 300, 0], 7
+        cu_q, cu_k = (torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+                      for n in (lens_q, lens_k))
+        qp = torch.randn(sum(lens_q) + extra, 3, d, device=dev, dtype=dt)
+        kp, vp = (torch.randn(sum(lens_k) + extra, 1, d, device=dev, dtype=dt) for _ in range(2))
+        for t, n in ((qp, sum(lens_q)), (kp, sum(lens_k)), (vp, sum(lens_k))):
+            t[n:] = float("nan")
+        packed = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
+        for causal, kw in ((False, dict(window=(100, 0))), (True, dict(alibi_slopes=torch.rand(len(lens_q), 3,
+                                                                                                 device=dev)))):
+            out, lse = hopper.hopper_forward(qp, kp, vp, d ** -0.5, causal, **packed, **kw)
+            for det in (False, True):
+                hopper_backward(torch.randn_like(out), qp, kp, vp, out, lse, d ** -0.5, causal, variant="ws",
+                                deterministic=det, **packed, **kw)
     torch.cuda.synchronize()
     print("sanitize_small --padded: done")
     raise SystemExit(0)
