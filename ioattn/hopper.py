@@ -228,6 +228,13 @@ def padded_inputs_note(d: int, backward: bool = False) -> str:
     return f"zero-padded copies at head dim {dp} (hopper.pad_head), the output sliced"
 
 
+def call_forms(varlen: bool, window, softcap: float, alibi_slopes) -> list[str]:
+    """The features of a call beyond a plain fixed-length one (the causal mask is plain), by name."""
+    return [name for name, on in (("packed sequences", varlen),
+                                  ("a sliding window", tuple(window) not in ((-1, -1), (-1, 0))),
+                                  ("a softcap", softcap > 0), ("ALiBi", alibi_slopes is not None)) if on]
+
+
 def padded_refusal(d: int, varlen: bool, window, softcap: float, alibi_slopes) -> str:
     """Why a call of head dim ``d`` cannot take the padded path ("" if it can, or ``d`` is not padded).
     In place (``padded_in_place``) the kernels run their own forms at the padded dim (windows, softcap,
@@ -236,8 +243,7 @@ def padded_refusal(d: int, varlen: bool, window, softcap: float, alibi_slopes) -
     dp = padded_headdim(d)
     if dp is None or padded_in_place(d):
         return ""
-    extra = [name for name, on in (("packed sequences", varlen), ("a sliding window", window not in ((-1, -1), (-1, 0))),
-                                   ("a softcap", softcap > 0), ("ALiBi", alibi_slopes is not None)) if on]
+    extra = call_forms(varlen, window, softcap, alibi_slopes)
     if extra:
         return (f"head dim {d} runs zero-padded to {dp} on copies (not a multiple of 8): plain fixed-length "
                 f"calls only (here {', '.join(extra)})")
@@ -570,8 +576,8 @@ def alibi_call_form(alibi_slopes, d: int, window, varlen: bool, seqlen_q: int | 
     padded call's, ``padded_headdim``); 0 without ``alibi_slopes``."""
     if alibi_slopes is None:
         return 0
-    return alibi_form(padded_headdim(d) or d, tuple(window) == (-1, 0), tuple(window) not in ((-1, -1), (-1, 0)), varlen, seqlen_q,
-                      softcap > 0)
+    return alibi_form(padded_headdim(d) or d, tuple(window) == (-1, 0), tuple(window) not in ((-1, -1), (-1, 0)),
+                      varlen, seqlen_q, softcap > 0)
 
 
 def alibi_max_seqlen(form: int) -> int:
@@ -1255,7 +1261,7 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
     if q.dtype not in (torch.float16, torch.bfloat16):
         return False, "fp16/bf16 only"
     dp = padded_headdim(q.shape[-1])
-    plain = not varlen and window in ((-1, -1), (-1, 0)) and not softcap > 0 and alibi_slopes is None
+    plain = not call_forms(varlen, window, softcap, alibi_slopes)
     if dp:  # zero-padded to dp (``PADDED_RANGE``): the kernel dim's variant and tiles
         refusal = padded_refusal(q.shape[-1], varlen, window, softcap, alibi_slopes)
         if refusal:
@@ -1617,7 +1623,7 @@ def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p
     if q.dtype not in (torch.float16, torch.bfloat16):
         return False, "fp16/bf16 only"
     dp = padded_headdim(q.shape[-1])
-    plain = not varlen and window in ((-1, -1), (-1, 0)) and not softcap > 0 and alibi_slopes is None
+    plain = not call_forms(varlen, window, softcap, alibi_slopes)
     if dp:  # zero-padded to dp (``PADDED_RANGE``)
         refusal = padded_refusal(q.shape[-1], varlen, window, softcap, alibi_slopes)
         if refusal:

@@ -1606,8 +1606,7 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
         if refusal:
             raise ValueError(refusal)
         if variant != "ws" or not _host.padded_in_place(q.shape[-1]):
-            if cu_seqlens_q is not None or window not in ((-1, -1), (-1, 0)) or softcap > 0 or \
-                    alibi_slopes is not None:
+            if _host.call_forms(cu_seqlens_q is not None, window, softcap, alibi_slopes):
                 raise ValueError(f"head dim {q.shape[-1]} with packed sequences, a window, a softcap or ALiBi: "
                                  f"the ws variant in place only (here variant {variant!r})")
             grads = hopper_backward(*(_host.pad_head(t, dp) for t in (dout, q, k, v, out)), lse, softmax_scale,
