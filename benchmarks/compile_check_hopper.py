@@ -101,7 +101,7 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
                       **cfg_persistent(q_prefetch, paired, variant, d, causal))
     constexprs.update(KEY_MASKS=WINDOW_FORM or hopper.key_masks(d, variant, causal, constexprs["KV_TAIL"]),
                       DIAG_TRIM=hopper.diag_trim_for(d, variant, causal), WINDOW=WINDOW_FORM, SOFTCAP=SOFTCAP_FORM,
-                      ALIBI=alibi, IO_DIM=IO_DIM)
+                      ALIBI=alibi, IO_DIM=IO_DIM, PROD_DIM=hopper.split_cols_for(d, IO_DIM, variant))
     if ALIBI_FORM:  # the slopes (else the launcher passes None)
         sig.update(Alibi="*fp32")
     else:
@@ -283,6 +283,9 @@ def main():
     ap.add_argument("--io-dim", type=int, default=0,
                     help="the tensors' head dim below the kernel's (IO_DIM, hopper.padded_rows_desc's 3-D / 4-D "
                          "descriptors; a multiple of 8): the head-padded kernels without copies")
+    ap.add_argument("--split-cols", default="default", choices=("default", "on", "off"),
+                    help="with --io-dim 136-192 at d = 256: the products over 192 columns (PROD_DIM, "
+                         "hopper.split_cols) or all 256")
     ap.add_argument("--lpt", action="store_true", help="causal one-tile grids in LPT order (LPT=True)")
     ap.add_argument("--kv-tail", action="store_true",
                     help="fixed-length kernels for key lengths not a multiple of the key tile (KV_TAIL=True)")
@@ -358,6 +361,8 @@ def main():
         hopper.ptx_barriers.value = args.ptx_barriers == "on"
     if args.walk_table != "default":  # likewise
         hopper.walk_table.value = args.walk_table == "on"
+    if args.split_cols != "default":  # likewise
+        hopper.split_cols.value = args.split_cols == "on"
     if args.deferred_row_sum != "default":  # before the compile jobs' processes are forked (they inherit it)
         hopper.deferred_row_sum.value = args.deferred_row_sum == "on"
     if args.mask_branch != "default":  # likewise

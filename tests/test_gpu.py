@@ -1623,7 +1623,8 @@ def test_hopper_forward_softcap(variant, d, mask, shape, monkeypatch, poison_all
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("d", [80, 96, 100, 192])  # 100: not a multiple of 8, the padded copies
+# 100: not a multiple of 8, the padded copies; 136 / 192: the forward's products over 192 columns
+@pytest.mark.parametrize("d", [80, 96, 100, 136, 192])
 @pytest.mark.parametrize("causal", [False, True])
 # GQA 2; seqlen_q < seqlen_k (bottom-right causal); seqlen_q > seqlen_k (rows that see no key)
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1), (3, 129, 64, 2, 2)])
@@ -1662,6 +1663,34 @@ def test_hopper_padded_head_dims(d, causal, shape, monkeypatch, poison_alloc):
     long = torch.empty(1, least, 2, d, device="cuda", dtype=torch.bfloat16)
     plan = ioattn.explain_dispatch(long, long, long, causal=causal)
     assert plan.forward["gluon_hopper"].startswith("taken") and "zero-padded" in plan.forward["gluon_hopper"]
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d", [136, 160, 192])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("variant", ["persistent", "pingpong"])
+def test_hopper_split_cols_matches_full_width(d, causal, variant, poison_alloc):
+    """The forward's products over 192 of the 256-wide tiles' columns (``hopper.split_cols``, the kernel's
+    ``PROD_DIM``: S as two chained products over columns 0:128 and 128:192, O as two accumulators) give
+    bit for bit the 256-wide products' output and lse: the same k-steps in the same order, the skipped
+    ones adding exact zeros (TMA's fill). At GQA, seqlen_q != seqlen_k, partial tiles and rows past the
+    keys, from poisoned allocations, and against the float64 oracle."""
+    from ioattn import hopper
+    torch.manual_seed(12)
+    q = torch.randn(2, 333, 4, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    assert hopper.split_cols_for(256, d, variant) == 192
+    results = []
+    for split in (True, False):
+        with hopper.variant(variant), hopper.split_cols(split):
+            results.append(hopper.hopper_forward(q, k, v, d ** -0.5, causal))
+    for name, a, b in zip(("out", "lse"), *results):
+        assert not torch.isnan(a).any(), name
+        assert torch.equal(a, b), (name, (a.float() - b.float()).abs().max().item())
+    window = (-1, 0) if causal else (-1, -1)
+    refs = attention_oracles(q, k, v, torch.zeros_like(q), window=window)
+    assert_within_torch_error(f"split d={d} {variant}", results[0][0], refs["out64"], refs["out_t"])
+    assert_lse_close(f"split lse d={d} {variant}", results[0][1], refs["lse64"].float())
 
 
 # (flash_attn_func keywords, "alibi" for slopes): the kernels' forms at a padded head dim, in place

@@ -384,3 +384,23 @@ def test_hopper_walk_table_compile_for_sm90():
         assert "walk_table" not in off[key], off[key]
         assert same(line) == same(off[key]), (line, off[key])
 
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+def test_hopper_split_cols_compile_for_sm90():
+    """The forward's products over 192 of d = 256's columns at a padded head dim of 192 (``PROD_DIM``,
+    ``hopper.split_cols``, NOTES §157) compile in the ping-pong and persistent kernels, both masks: wgmma
+    pipelined, no spill, the S and P V products each two commit groups (16 commits against the wide
+    build's 8) with S's wait leaving two P V groups in flight, and fewer registers than the wide build."""
+    pytest.importorskip("triton.experimental.gluon")
+    base = ["--variants", "pingpong,persistent", "--headdims", "256", "--io-dim", "192"]
+    split, wide = (_hopper_check(*base, "--split-cols", on) for on in ("on", "off"))
+    assert len(split) == len(wide) == 4, (split, wide)
+    for s, w in zip(split, wide):
+        assert s.split(" tiles=")[0] == w.split(" tiles=")[0]
+        for line in (s, w):
+            assert "spill=0B" in line and "wgmma-pipelined" in line, line
+        assert "(commit 16," in s and "w2x" in s, s
+        assert "(commit 8," in w and "w2x" not in w, w
+        top = [int(line.split("top_reg=")[1].split()[0]) for line in (s, w)]
+        assert top[0] < top[1], (s, w)

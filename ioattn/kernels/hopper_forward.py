@@ -487,6 +487,53 @@ def _pv_mma(o, p16, v_smem, i, STAGES: gl.constexpr):
     return warpgroup_mma(p16, v_smem.index(i % STAGES), o, is_async=True)
 
 
+@gluon.constexpr_function
+def _prod_dim(head_dim, prod_dim):
+    """The head-dim columns the products cover: ``head_dim`` (``prod_dim`` 0), or 192 of a 256-wide
+    tile (``hopper.split_cols_for``: a padded head dim of 136-192 columns, whose tiles are 256 wide
+    because Gluon's buffers and register tensors must have power-of-two shapes)."""
+    prod_dim = int(prod_dim)
+    assert prod_dim in (0, int(head_dim)) or (int(head_dim) == 256 and prod_dim == 192), (head_dim, prod_dim)
+    return int(head_dim) if prod_dim == 0 else prod_dim
+
+
+@gluon.jit
+def _qk_mma(q_smem, k_tile, s_zero, PROD_DIM: gl.constexpr):
+    """Issue S = Q K^T asynchronously over the first ``PROD_DIM`` head-dim columns (``_prod_dim``): one
+    product, or (192 of a 256-wide tile) two chained ones, over columns 0:128 and 128:192, the second
+    accumulating onto the first (two commit groups)."""
+    HEAD_DIM: gl.constexpr = k_tile.shape[1]
+    if PROD_DIM == HEAD_DIM:
+        s_tok = warpgroup_mma(q_smem, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    else:
+        s_tok = warpgroup_mma(q_smem.slice(0, 128, dim=1), k_tile.slice(0, 128, dim=1).permute((1, 0)), s_zero,
+                              use_acc=False, is_async=True)
+        s_tok = warpgroup_mma(q_smem.slice(128, PROD_DIM - 128, dim=1),
+                              k_tile.slice(128, PROD_DIM - 128, dim=1).permute((1, 0)), s_tok, is_async=True)
+    return s_tok
+
+
+@gluon.jit
+def _pv_mma_split(o, o_hi, p16, v_smem, i, STAGES: gl.constexpr):
+    """Issue O += P(i) V(i) over 192 of a 256-wide tile's columns asynchronously, as two products (two
+    commit groups): ``o`` the columns 0:128, ``o_hi`` 128:192."""
+    v = v_smem.index(i % STAGES)
+    lo = warpgroup_mma(p16, v.slice(0, 128, dim=1), o, is_async=True)
+    hi = warpgroup_mma(gl.convert_layout(p16, gl.DotOperandLayout(0, o_hi.type.layout, 2), assert_trivial=True),
+                       v.slice(128, o_hi.shape[1], dim=1), o_hi, is_async=True)
+    return lo, hi
+
+
+@gluon.jit
+def _cols_join(a, b):
+    """[a | b]: two accumulators of one warpgroup's rows side by side, in the wider product's layout
+    (a register renaming: the wgmma layout's column bits above the narrower width are register bits)."""
+    M: gl.constexpr = a.shape[0]
+    N: gl.constexpr = a.shape[1]
+    ab = gl.join(a, b).permute((0, 2, 1)).reshape([M, 2 * N])
+    return gl.convert_layout(ab, _wg_acc_layout(2 * N), assert_trivial=True)
+
+
 @gluon.jit
 def _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
               o_layout: gl.constexpr, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, ROW_STORES: gl.constexpr = 0,
@@ -680,7 +727,7 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                        ROW_STORES: gl.constexpr, FEWER_MASKS: gl.constexpr = False,
                        KEY_MASKS: gl.constexpr = True, WINDOW: gl.constexpr = False, win_left=0, win_right=0,
                        SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False, alibi_a=0.0,
-                       IO_DIM: gl.constexpr = 0):
+                       IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0):
     """One consumer warpgroup of the ping-pong (``NUM_WG`` = 2) or three-warpgroup ring (3) variant:
     ``BLOCK_M`` (= 64) query rows of its own, the K/V ring shared with the other consumer warpgroups.
 
@@ -721,7 +768,8 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
     o, m_i, l_i = _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn, next_turn,
                                m_start, seqlen_q, seqlen_k, n_lo, n_tiles, qk_scale, 0, 0, HEAD_DIM, BLOCK_M, BLOCK_N,
                                STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, False, EXP2_FMA, FEWER_MASKS,
-                               KEY_MASKS, False, WINDOW, win_left, win_right, SOFTCAP, softcap_a, ALIBI, alibi_a)
+                               KEY_MASKS, False, WINDOW, win_left, win_right, SOFTCAP, softcap_a, ALIBI, alibi_a,
+                               PROD_DIM)
     rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _wg_acc_layout(BLOCK_N)))
     # ROW_STORES 2: staged in this warpgroup's Q buffer (its S products all retired in the key loop)
     _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
@@ -730,14 +778,14 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
 
 @gluon.jit
 def _issue_s0(q_op, k_smem, k_ready, my_turn, next_turn, g0, sec0, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr):
+              STAGES: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr, PROD_DIM: gl.constexpr = 0):
     """A tile's critical section #0 (``_pp_mainloop``): S(0) = Q K(0)^T issued once K(0) has landed and
     the turn is this warpgroup's; returns its token. ``q_op``: Q's shared-memory buffer, or its
-    registers (``LEAN_Q_REGS``)."""
+    registers (``LEAN_Q_REGS``). ``PROD_DIM``: ``_qk_mma``'s."""
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=_wg_acc_layout(BLOCK_N))
     mbarrier.wait(k_ready.index(g0 % STAGES), (g0 // STAGES) & 1)
     _turn_wait(my_turn, sec0, TURN0, ORDERED)
-    s_tok = warpgroup_mma(q_op, k_smem.index(g0 % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s_tok = _qk_mma(q_op, k_smem.index(g0 % STAGES), s_zero, _prod_dim(k_smem.shape[2], PROD_DIM))
     _turn_pass(next_turn, ORDERED)
     return s_tok
 
@@ -756,7 +804,8 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
                  TURN0: gl.constexpr, ORDERED: gl.constexpr, LEAN: gl.constexpr, RELEASE_LAST: gl.constexpr,
                  EXP2_FMA: gl.constexpr, FEWER_MASKS: gl.constexpr = False, KEY_MASKS: gl.constexpr = True,
                  DIAG_TRIM: gl.constexpr = False, WINDOW: gl.constexpr = False, win_left=0, win_right=0,
-                 SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False, alibi_a=0.0):
+                 SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False, alibi_a=0.0,
+                 PROD_DIM: gl.constexpr = 0):
     """One query tile's key loop for one ping-pong warpgroup (Q already in ``q_smem``): returns the
     unnormalised (O, m, l). ``g0``: ring uses before this tile, ``sec0``: this warpgroup's critical
     sections before it (both 0 for a one-tile program; a persistent program's running counts), so
@@ -779,14 +828,24 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     waited for, before any mask (``_softcap``); the caller's ``qk_scale`` is then cap * log2(e).
 
     ``ALIBI`` (one-tile programs): each score tile (after the softcap) gets the ALiBi bias
-    alibi_a * |i + seqlen_k - seqlen_q - j| (``_alibi``; alibi_a = -slope in the scores' units)."""
+    alibi_a * |i + seqlen_k - seqlen_q - j| (``_alibi``; alibi_a = -slope in the scores' units).
+
+    ``PROD_DIM`` (``_prod_dim``; 0: HEAD_DIM): the products over the tiles' first 192 of 256 columns
+    only (a padded head dim of at most 192: the rest are TMA's zeros). S is two chained products
+    (``_qk_mma``), O two accumulators, [64, 128] and [64, 64] (``_pv_mma_split``), each rescaled on its
+    own and returned side by side with the unused columns' zeros, so the epilogue is d = 256's."""
+    PD: gl.constexpr = _prod_dim(HEAD_DIM, PROD_DIM)
+    SPLIT: gl.constexpr = PD != HEAD_DIM
+    PV_GROUPS: gl.constexpr = 2 if SPLIT else 1  # commit groups of one P V (groups retire in order)
+    gl.static_assert(not (SPLIT and (LEAN & LEAN_Q_REGS)), "the split products read Q from shared memory")
     gl.static_assert(not WINDOW or (KEY_MASKS and not IS_CAUSAL and not DIAG_TRIM),
                      "a sliding window: masked tiles, not causal (the window (-1, 0) is), one-tile programs")
     num_warps: gl.constexpr = gl.num_warps()
     gl.static_assert(num_warps == 4, "a ping-pong consumer is one warpgroup")
     gl.static_assert(STAGES >= 2, "S(i+1) and P(i) V(i) are in flight together")
     s_layout: gl.constexpr = _wg_acc_layout(BLOCK_N)
-    o_layout: gl.constexpr = _wg_acc_layout(HEAD_DIM)
+    O_COLS: gl.constexpr = 128 if SPLIT else HEAD_DIM  # the (first) accumulator's columns
+    o_layout: gl.constexpr = _wg_acc_layout(O_COLS)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     rows_1d = gl.arange(0, BLOCK_M, layout=row_layout)
@@ -798,7 +857,9 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         l_i = _thread_row_sums(s_zero)
     else:
         l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
-    o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+    o = gl.zeros([BLOCK_M, O_COLS], gl.float32, layout=o_layout)
+    if SPLIT:  # O's columns 128:PD
+        o_hi = gl.zeros([BLOCK_M, PD - 128], gl.float32, layout=_wg_acc_layout(PD - 128))
     diag = m_start + seqlen_k - seqlen_q  # the last key column this warpgroup's first row may see
     if ALIBI:  # each row's diagonal key (an integer: ``_alibi`` converts the differences)
         diag_rows = diag + rows_1d
@@ -811,7 +872,8 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         q_op = q_smem
 
     # section #0: S(0); its softmax runs outside the turn
-    s_tok = _issue_s0(q_op, k_smem, k_ready, my_turn, next_turn, g0, sec0, BLOCK_M, BLOCK_N, STAGES, TURN0, ORDERED)
+    s_tok = _issue_s0(q_op, k_smem, k_ready, my_turn, next_turn, g0, sec0, BLOCK_M, BLOCK_N, STAGES, TURN0, ORDERED,
+                      PD)
     s = warpgroup_mma_wait(0, deps=[s_tok])
     mbarrier.arrive(k_empty.index(g0 % STAGES), count=1)
     if SOFTCAP:
@@ -850,11 +912,14 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         mbarrier.wait(k_ready.index(nxt), ((g0 + i + 1) // STAGES) & 1)
         mbarrier.wait(v_ready.index(cur), ((g0 + i) // STAGES) & 1)
         _turn_wait(my_turn, sec0 + i + 1, TURN0, ORDERED)
-        s_tok = warpgroup_mma(q_op, k_smem.index(nxt).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        o_tok = _pv_mma(o, p16, v_smem, g0 + i, STAGES)
+        s_tok = _qk_mma(q_op, k_smem.index(nxt), s_zero, PD)
+        if SPLIT:
+            o_tok, oh_tok = _pv_mma_split(o, o_hi, p16, v_smem, g0 + i, STAGES)
+        else:
+            o_tok = _pv_mma(o, p16, v_smem, g0 + i, STAGES)
         _turn_pass(next_turn, ORDERED)
         # S(i+1) done (groups retire in order; P(i) V(i) may still run)
-        s = warpgroup_mma_wait(1, deps=[s_tok])
+        s = warpgroup_mma_wait(PV_GROUPS, deps=[s_tok])
         mbarrier.arrive(k_empty.index(nxt), count=1)
         if SOFTCAP:
             s = _softcap(s, softcap_a)
@@ -875,7 +940,11 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         # P(i) V(i) done: P(i)'s registers may go (listed so they stay alive until here), V(i)'s slot too.
         # (With KEY_MASKS False, no branch above, ptxas hoists this wait to just after S(i+1)'s: the
         # softmax then runs after this warpgroup's P V, not beside it; NOTES §121.)
-        o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
+        if SPLIT:
+            o, o_hi, p16 = warpgroup_mma_wait(0, deps=[o_tok, oh_tok, p16])
+            o_hi = _rescale_rows(o_hi, alpha, LEAN & LEAN_COND_RESCALE, LEAN & LEAN_BY_WARP)
+        else:
+            o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
         mbarrier.arrive(v_empty.index(cur), count=1)
         o = _rescale_rows(o, alpha, LEAN & LEAN_COND_RESCALE, LEAN & LEAN_BY_WARP)
         p16 = gl.convert_layout(p.to(dtype), p_layout)
@@ -884,9 +953,16 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     last = g0 + n_own - 1
     mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
     _turn_wait(my_turn, sec0 + n_own, TURN0, ORDERED)
-    o_tok = _pv_mma(o, p16, v_smem, last, STAGES)
-    _turn_pass(next_turn, ORDERED)
-    o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
+    if SPLIT:
+        o_tok, oh_tok = _pv_mma_split(o, o_hi, p16, v_smem, last, STAGES)
+        _turn_pass(next_turn, ORDERED)
+        o, o_hi, p16 = warpgroup_mma_wait(0, deps=[o_tok, oh_tok, p16])
+        # O over the tile's whole width: the columns past PD are 0 (the epilogue stores IO_DIM of them)
+        o = _cols_join(o, _cols_join(o_hi, gl.zeros_like(o_hi)))
+    else:
+        o_tok = _pv_mma(o, p16, v_smem, last, STAGES)
+        _turn_pass(next_turn, ORDERED)
+        o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
     if RELEASE_LAST:
         mbarrier.arrive(v_empty.index(last % STAGES), count=1)
     if DIAG_TRIM:  # the tiles past this warpgroup's own: their sections and slots
@@ -1213,7 +1289,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                          FEWER_MASKS: gl.constexpr = False, Q0: gl.constexpr = 0, Q_BUFS: gl.constexpr = 1,
                          PAIRED: gl.constexpr = False, divs=None, o_desc=None, NO_KEY_WIDE: gl.constexpr = False,
                          KEY_MASKS: gl.constexpr = True, DIAG_TRIM: gl.constexpr = False, table=None,
-                         IO_DIM: gl.constexpr = 0):
+                         IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0):
     """A ping-pong consumer warpgroup of the persistent kernel: rows [row_off, row_off + BLOCK_M) of
     each of this program's CTA_M-row tiles (``_walk``; the producer walks the same list). Per tile:
     ``_pp_mainloop`` with the ring's use count (``g0``) and this warpgroup's
@@ -1281,7 +1357,8 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                 o, m_i, l_i = _pp_mainloop(q_smem.index(buf), k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                            my_turn, next_turn, m_start, seqlen_q, seqlen_k, 0, n_tiles, qk_scale, g0,
                                            sec0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, TURN0,
-                                           ORDERED, LEAN, True, EXP2_FMA, FEWER_MASKS, KEY_MASKS, DIAG_TRIM)
+                                           ORDERED, LEAN, True, EXP2_FMA, FEWER_MASKS, KEY_MASKS, DIAG_TRIM,
+                                           PROD_DIM=PROD_DIM)
                 g0 += n_tiles
                 sec0 += n_tiles + 1
                 # the next tile's Q into the buffer this tile's S products have released: before the epilogue,
@@ -1375,7 +1452,8 @@ def _persistent_fwd(q_desc, k_desc, v_desc, o_desc, Out, Lse, seqlen_q, seqlen_k
                     KV_TAIL: gl.constexpr, EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
                     FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False,
                     divs=None, NO_KEY_WIDE: gl.constexpr = False, KEY_MASKS: gl.constexpr = True,
-                    DIAG_TRIM: gl.constexpr = False, table=None, IO_DIM: gl.constexpr = 0):
+                    DIAG_TRIM: gl.constexpr = False, table=None, IO_DIM: gl.constexpr = 0,
+                    PROD_DIM: gl.constexpr = 0):
     """The persistent ping-pong kernel's body (``hopper_fwd_kernel(PERSISTENT=True)``): the same
     shared memory and partitions as the one-tile kernel (two consumer warpgroups of 64 rows, the
     producer warp, 240 / 24 registers), each partition walking this program's tiles; ``Q_BUFS`` Q
@@ -1396,7 +1474,7 @@ def _persistent_fwd(q_desc, k_desc, v_desc, o_desc, Out, Lse, seqlen_q, seqlen_k
                                  HEAD_DIM, BLOCK_M, WG_ROWS, BLOCK_N, STAGES, IS_CAUSAL, IS_CAUSAL,
                                  1 if w == 0 else 0, ORDERED, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, w * Q_BUFS,
                                  Q_BUFS, PAIRED, divs, o_desc, NO_KEY_WIDE, KEY_MASKS, DIAG_TRIM and w == 0, table,
-                                 IO_DIM))
+                                 IO_DIM, PROD_DIM))
          if w < 2 else
          (_persistent_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                  num_tiles, num_m, nheads, group, seqlen_q, seqlen_k, _io_dim(HEAD_DIM, IO_DIM),
@@ -1422,7 +1500,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                       KEY_MASKS: gl.constexpr = True, DIAG_TRIM: gl.constexpr = False,
                       WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, num_tiles=0, Walk=None,
                       win_left=0, win_right=0, softcap_a=0.0, ALIBI: gl.constexpr = False, Alibi=None,
-                      stride_ab=0, alibi_unit=0.0, IO_DIM: gl.constexpr = 0):
+                      stride_ab=0, alibi_unit=0.0, IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0):
     """``PINGPONG=False`` (the default, launched with num_warps = 4 * BLOCK_M // 64): one consumer
     partition of BLOCK_M // 64 warpgroups in lockstep, Q descriptor block [BLOCK_M, HEAD_DIM]
     (``NUM_WG`` unused). ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 64 * NUM_WG):
@@ -1508,8 +1586,13 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     multiple of 8 below HEAD_DIM. q / k / v come as 3-D descriptors whose boxes run past it
     (``_load_rows``: TMA fills the columns past it with zeros, so Q K^T is unchanged and the
     output's extra columns are 0), the output is stored to its IO_DIM columns only (``_store_tile``;
-    the bulk copy through a 4-D ``o_desc``, ``_store_rows_tma``) and ``stride_om`` is nheads * IO_DIM."""
+    the bulk copy through a 4-D ``o_desc``, ``_store_rows_tma``) and ``stride_om`` is nheads * IO_DIM.
+
+    ``PROD_DIM`` (0: HEAD_DIM; ``hopper.split_cols_for``): 192 at HEAD_DIM 256 with an IO_DIM of at
+    most 192: the ping-pong consumers' products cover those columns only (``_pp_mainloop``)."""
     D_IO: gl.constexpr = _io_dim(HEAD_DIM, IO_DIM)
+    gl.static_assert(_prod_dim(HEAD_DIM, PROD_DIM) >= D_IO, "the products cover the tensors' columns")
+    gl.static_assert(PROD_DIM == 0 or PINGPONG, "the split products: the ping-pong consumers")
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     gl.static_assert(PERSISTENT or ROW_STORES != 3, "the output's bulk copy: the persistent kernel only")
     # the one-tile path below is compiled (dead) after the persistent kernel's return too
@@ -1530,7 +1613,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                         stride_lse_b, stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
                         IS_CAUSAL, ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, Q_BUFS, PAIRED,
                         ((walk_div, walk_mul, walk_shift), (nheads, head_mul, head_shift)) if FAST_DIV else None,
-                        NO_KEY_WIDE, KEY_MASKS, DIAG_TRIM, Walk, IO_DIM)
+                        NO_KEY_WIDE, KEY_MASKS, DIAG_TRIM, Walk, IO_DIM, PROD_DIM)
         return
     b, h, m_block = _tile_bhm(gl.program_id(0), num_m, gl.num_programs(0), nheads, IS_CAUSAL, LPT)
     m_start = m_block * BLOCK_M
@@ -1610,7 +1693,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                                    n_tiles, stride_om, lse_base, qk_scale, HEAD_DIM, WG_ROWS, BLOCK_N, STAGES,
                                    IS_CAUSAL, MASK_ALL, 1 if w == 0 else 0, ORDERED, LEAN, EXP2_FMA, TILE_ROW_STORES,
                                    FEWER_MASKS, KEY_MASKS, WINDOW, win_left, win_right, SOFTCAP, softcap_a, ALIBI,
-                                   alibi_a, IO_DIM))
+                                   alibi_a, IO_DIM, PROD_DIM))
              if w < NUM_WG else
              (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
                           n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL))
