@@ -4,7 +4,8 @@ backward out, dO) zero-padded on the host to the next head dim the Gluon kernels
 copies timed with it: "gluon-pad", the launchers' own path (``hopper.padded_headdim``: in place for d a
 multiple of 8, ``hopper.padded_in_place``, NOTES §155; else the pads by ``hopper.pad_head``), "gluon-fpad"
 the copies by ``F.pad`` at every d (run223's form, §154), "gluon-pad-wide" (forward only) the in-place
-path with its products over all 256 columns at d = 136-192 (``hopper.split_cols`` off, NOTES §157);
+path with its products over all 256 columns at d = 136-192 (``hopper.split_cols`` off, NOTES §157),
+"gluon-pad-pp" / "gluon-pad-pers" (forward only) the in-place path in one variant at every length;
 against the default dispatch ("ioattn": the portable kernels at these head dims before the padded
 policy, ``hopper.PADDED_MIN_SEQLEN``'s choice after), the portable kernels themselves ("portable"), and
 SDPA's cuDNN and FlashAttention-2 backends, in one process.
@@ -66,6 +67,15 @@ def gluon_pad_wide_fwd(q, k, v, causal):
         return hopper.hopper_forward(q, k, v, q.shape[-1] ** -0.5, causal)
 
 
+def gluon_pad_variant_fwd(name):
+    """The in-place path with the forward's variant forced (``hopper.variant``): "pingpong" (one tile a
+    program) or "persistent" at every length."""
+    def run(q, k, v, causal):
+        with hopper.variant(name):
+            return hopper.hopper_forward(q, k, v, q.shape[-1] ** -0.5, causal)
+    return run
+
+
 def api_fwd(q, k, v, causal):
     return ioattn.flash_attn_func(q, k, v, causal=causal)
 
@@ -88,6 +98,8 @@ def fwd_providers():
     from torch.nn.attention import SDPBackend
     return {"ioattn": api_fwd, "portable": portable_fwd, "gluon-pad": lambda *a: gluon_pad_fwd(*a)[0],
             "gluon-fpad": lambda *a: gluon_fpad_fwd(*a)[0], "gluon-pad-wide": lambda *a: gluon_pad_wide_fwd(*a)[0],
+            "gluon-pad-pp": lambda *a: gluon_pad_variant_fwd("pingpong")(*a)[0],
+            "gluon-pad-pers": lambda *a: gluon_pad_variant_fwd("persistent")(*a)[0],
             "sdpa-cudnn": sdpa_fwd(SDPBackend.CUDNN_ATTENTION), "sdpa-flash": sdpa_fwd(SDPBackend.FLASH_ATTENTION)}
 
 
