@@ -3,8 +3,9 @@ backward out, dO) zero-padded on the host to the next head dim the Gluon kernels
 256), the Gluon forward / backward run there, the result sliced back to d and made contiguous, the
 copies timed with it: "gluon-pad", the launchers' own path (``hopper.padded_headdim``: in place for d a
 multiple of 8, ``hopper.padded_in_place``, NOTES §155; else the pads by ``hopper.pad_head``), "gluon-fpad"
-the copies by ``F.pad`` at every d (run223's form, §154), "gluon-pad-wide" (forward only) the in-place
-path with its products over all 256 columns at d = 136-192 (``hopper.split_cols`` off, NOTES §157),
+the copies by ``F.pad`` at every d (run223's form, §154), "gluon-pad-wide" the in-place path with its
+products over all 256 columns at d = 136-192 (``hopper.split_cols`` / ``bwd_split_cols`` off, NOTES
+§157 / §158),
 "gluon-pad-pp" / "gluon-pad-pers" (forward only) the in-place path in one variant at every length;
 against the default dispatch ("ioattn": the portable kernels at these head dims before the padded
 policy, ``hopper.PADDED_MIN_SEQLEN``'s choice after), the portable kernels themselves ("portable"), and
@@ -121,6 +122,13 @@ def bwd_setup(name):
         if name == "gluon-pad":  # the launchers' own padded path
             out, lse = gluon_pad_fwd(q, k, v, causal)
             return lambda: hopper_backward(dout, q, k, v, out, lse, q.shape[-1] ** -0.5, causal, variant="ws")
+        if name == "gluon-pad-wide":  # the same with the products 256 wide (hopper.bwd_split_cols off)
+            out, lse = gluon_pad_fwd(q, k, v, causal)
+
+            def run():
+                with hopper.bwd_split_cols(False):
+                    return hopper_backward(dout, q, k, v, out, lse, q.shape[-1] ** -0.5, causal, variant="ws")
+            return run
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         if name in ("ioattn", "portable"):
             pref = None if name == "ioattn" else False  # None: the default policy; False: the portable kernels

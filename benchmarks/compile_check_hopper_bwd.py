@@ -67,7 +67,8 @@ def compile_one(variant, d, dt, causal, deterministic=False, varlen=False, windo
                    Cu_q="*i32", Cu_k="*i32", softcap_a="fp32", alibi_unit="fp32", Alibi="*fp32")
         cfg["constexprs"] = dict(cfg["constexprs"], DETERMINISTIC=deterministic, IS_VARLEN=varlen, WINDOW=window,
                                  ALIBI=hopper.bwd_alibi_form(d, 1.0 if softcap else 0.0) if alibi else 0,
-                                 IO_DIM=IO_DIM)
+                                 IO_DIM=IO_DIM,
+                                 PROD_DIM=hopper.bwd_split_cols_for(d, IO_DIM, cfg["constexprs"]["COL_SPLIT"]))
         if IO_DIM:  # the launcher's head-padded descriptors (hopper.padded_rows_desc): one rank more, a unit box
             for names, rows in ((("q_desc", "do_desc"), bm), (("k_desc", "v_desc"), bn)):
                 lay3 = gl.NVMMASharedLayout.get_default_for([1, rows, d], DTYPES[dt])
@@ -164,11 +165,16 @@ def main():
     ap.add_argument("--io-dim", type=int, default=0,
                     help="ws: the tensors' head dim below the kernel's (IO_DIM, hopper.padded_rows_desc's 3-D "
                          "descriptors; a multiple of 8): the head-padded kernel without copies")
+    ap.add_argument("--split-cols", default="default", choices=("default", "on", "off"),
+                    help="ws with --io-dim 136-192 at d = 256: the products over 192 columns (PROD_DIM, "
+                         "hopper.bwd_split_cols) or all 256")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="compiles in parallel")
     args = ap.parse_args()
     if args.io_dim:  # before the compile jobs' processes are forked (they inherit it)
         global IO_DIM
         IO_DIM = args.io_dim
+    if args.split_cols != "default":  # likewise
+        hopper.bwd_split_cols.value = args.split_cols == "on"
     dtypes = ("bf16",) if args.quick else ("bf16", "fp16")
     variants = args.variants.split(",")
     assert set(variants) <= set(BWD_VARIANTS), variants

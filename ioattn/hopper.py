@@ -205,6 +205,22 @@ def split_cols_for(d: int, io_dim: int, name: str) -> int:
     return 0
 
 
+# The backward's twin (the column-split ws kernel at d = 256, NOTES §158): S^T and dP^T as two chained
+# products over columns 0:128 and 128:192, dV and dK as [64, 128] + [64, 64] accumulators; dQ's halves
+# stay 128 wide (the writer adds whole halves). ``with hopper.bwd_split_cols(False): ...`` the A/B's
+# other arm.
+bwd_split_cols = dispatch.Preference(True)
+
+
+def bwd_split_cols_for(d: int, io_dim: int, col_split: bool) -> int:
+    """The ws backward's ``PROD_DIM`` for kernel head dim ``d``, the tensors' ``io_dim`` (0: d) and the
+    kernel's ``COL_SPLIT``: 192 where the products may skip the columns past 192 (``bwd_split_cols``),
+    else 0."""
+    if d == 256 and 0 < io_dim <= 192 and col_split and bwd_split_cols.wanted():
+        return 192
+    return 0
+
+
 def padded_rows_desc(t: torch.Tensor, block_rows: int, dp: int, gdtype):
     """The 3-D descriptor the Gluon kernels read a head-padded tensor through (``padded_in_place``): ``t``'s
     (rows, nheads * d) view (``dispatch.tma_rows_view``) with its column split into 8-column groups

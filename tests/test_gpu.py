@@ -1670,27 +1670,34 @@ def test_hopper_padded_head_dims(d, causal, shape, monkeypatch, poison_alloc):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("variant", ["persistent", "pingpong"])
 def test_hopper_split_cols_matches_full_width(d, causal, variant, poison_alloc):
-    """The forward's products over 192 of the 256-wide tiles' columns (``hopper.split_cols``, the kernel's
-    ``PROD_DIM``: S as two chained products over columns 0:128 and 128:192, O as two accumulators) give
-    bit for bit the 256-wide products' output and lse: the same k-steps in the same order, the skipped
-    ones adding exact zeros (TMA's fill). At GQA, seqlen_q != seqlen_k, partial tiles and rows past the
-    keys, from poisoned allocations, and against the float64 oracle."""
+    """The products over 192 of the 256-wide tiles' columns (the kernels' ``PROD_DIM``; the forward's
+    ``hopper.split_cols``: S as two chained products over columns 0:128 and 128:192, O as two
+    accumulators; the ws backward's ``hopper.bwd_split_cols``: S^T and dP^T chained, dV and dK as two
+    accumulators each) give bit for bit the 256-wide products' output and lse and the ordered backward's
+    three gradients: the same k-steps in the same order, the skipped ones adding exact zeros (TMA's
+    fill). At GQA, seqlen_q != seqlen_k, partial tiles and rows past the keys, from poisoned
+    allocations, and against the float64 oracle."""
     from ioattn import hopper
+    from ioattn.kernels.hopper_backward import hopper_backward
     torch.manual_seed(12)
     q = torch.randn(2, 333, 4, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    assert hopper.split_cols_for(256, d, variant) == 192
+    dout = torch.randn_like(q)
+    assert hopper.split_cols_for(256, d, variant) == 192 and hopper.bwd_split_cols_for(256, d, True) == 192
     results = []
     for split in (True, False):
-        with hopper.variant(variant), hopper.split_cols(split):
-            results.append(hopper.hopper_forward(q, k, v, d ** -0.5, causal))
-    for name, a, b in zip(("out", "lse"), *results):
+        with hopper.variant(variant), hopper.split_cols(split), hopper.bwd_split_cols(split):
+            out, lse = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
+            grads = hopper_backward(dout, q, k, v, out, lse, d ** -0.5, causal, variant="ws", deterministic=True)
+        results.append((out, lse, *grads))
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), *results):
         assert not torch.isnan(a).any(), name
         assert torch.equal(a, b), (name, (a.float() - b.float()).abs().max().item())
     window = (-1, 0) if causal else (-1, -1)
     refs = attention_oracles(q, k, v, torch.zeros_like(q), window=window)
     assert_within_torch_error(f"split d={d} {variant}", results[0][0], refs["out64"], refs["out_t"])
     assert_lse_close(f"split lse d={d} {variant}", results[0][1], refs["lse64"].float())
+    _assert_out_and_grads(results[0][0], results[0][2:], dout, q, k, v, window)
 
 
 # (flash_attn_func keywords, "alibi" for slopes): the kernels' forms at a padded head dim, in place

@@ -145,3 +145,19 @@ def test_hopper_gluon_backward_ws_varlen_compiles_for_sm90():
         assert re.search(r"tma_reduce=[1-9]", line) and "f32" not in re.search(r"atomics\[([^\]]*)\]", line).group(1)
         d, det = re.search(r" d=(\d+) ", line).group(1), "-det" in line.split()[1]
         assert int(re.search(r" tma=(\d+) ", line).group(1)) == 2 * int(tma_fixed[(d, det)]), (line, tma_fixed)
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+def test_hopper_backward_split_cols_compile_for_sm90():
+    """The ws backward's products over 192 of d = 256's columns at a padded head dim of 192 (``PROD_DIM``,
+    ``hopper.bwd_split_cols``, NOTES §158) compile, both masks: wgmma pipelined, no spill, S^T, dP^T, dV
+    and dK two commit groups each (10 a step against the wide build's 6), fewer consumer registers."""
+    base = ["--variants", "ws", "--headdims", "256", "--io-dim", "192"]
+    split, wide = (_compile_check(*base, "--split-cols", on)[1] for on in ("on", "off"))
+    assert len(split) == len(wide) == 2, (split, wide)
+    for s, w in zip(split, wide):
+        for line in (s, w):
+            assert "spill=0B" in line and "wgmma-pipelined" in line, line
+        assert "(commit 10," in s and "(commit 6," in w, (s, w)
+        regs = [int(re.search(r"consumer_regs=(\d+)", line).group(1)) for line in (s, w)]
+        assert regs[0] < regs[1], (s, w)

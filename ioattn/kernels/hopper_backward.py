@@ -266,7 +266,8 @@ from ioattn import hopper as _host
 from ioattn.dispatch import tma_rows_view
 from ioattn.kernels.backward import attn_bwd_preprocess_kernel, dq_from_blocks_kernel
 from ioattn.kernels.hopper_forward import (ALIBI_MAGIC, LOG2E, MAGIC_BITS, _io_dim, _load_rows, _magic_to_f32,
-                                          _softcap, _tile_layout, _zero_v_tail as _zero_rows_from)
+                                          _prod_dim, _qk_mma, _softcap, _tile_layout,
+                                          _zero_v_tail as _zero_rows_from)
 
 BWD_VARIANTS = ("base", "ws")
 # head dims each variant compiles for ("ws" at 256: its column-split form, see "Column split" above)
@@ -461,6 +462,15 @@ def _acc_layout(num_warps, cols):
     """wgmma accumulator layout of a (key rows x ``cols``) product: keys split over every warp (S^T,
     dP^T with ``cols`` = BLOCK_M; dK, dV with ``cols`` = HEAD_DIM)."""
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, cols, 16])
+
+
+@gluon.jit
+def _cols_mma(a_smem, b_tile, acc, acc_hi):
+    """Issue acc += A B[:, 0:128] and acc_hi += A B[:, 128:128 + acc_hi's columns] asynchronously (two
+    commit groups): a product over 192 of a 256-wide tile's columns (``_ws_consumer_dsplit``)."""
+    lo = warpgroup_mma(a_smem, b_tile.slice(0, acc.shape[1], dim=1), acc, is_async=True)
+    hi = warpgroup_mma(a_smem, b_tile.slice(acc.shape[1], acc_hi.shape[1], dim=1), acc_hi, is_async=True)
+    return lo, hi
 
 
 @gluon.constexpr_function
@@ -1130,7 +1140,8 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DO_STAGES: gl.constexpr,
                         IS_CAUSAL: gl.constexpr, STAGED_STORE: gl.constexpr = False, WINDOW: gl.constexpr = False,
                         win_left=0, win_right=0, SOFTCAP: gl.constexpr = False, softcap_a=0.0,
-                        ALIBI: gl.constexpr = False, Alibi_h0=None, alibi_unit=0.0, IO_DIM: gl.constexpr = 0):
+                        ALIBI: gl.constexpr = False, Alibi_h0=None, alibi_unit=0.0, IO_DIM: gl.constexpr = 0,
+                        PROD_DIM: gl.constexpr = 0):
     """The two consumer warpgroups of the column-split kernel (``COL_SPLIT``, head dim 256; module
     docstring, "Column split"): one 64-key block, every product split by its columns between the
     warpgroups (``_dq_layout``), so warpgroup c holds dK and dV columns [c d/2, (c + 1) d/2), and
@@ -1138,10 +1149,20 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
     (``p_smem``, ``ds_smem``), where the products that contract over all 64 queries (dV, dK) or keys
     (dQ) read them whole; dQ in two column halves, the low one through the half-width dQ buffer, the
     high one through the step's Q slot (released by the writer). ``SOFTCAP``, ``ALIBI``: as
-    ``_ws_consumer``."""
+    ``_ws_consumer``.
+
+    ``PROD_DIM`` (the forward's ``_prod_dim``; 0: HEAD_DIM): the products over the tiles' first 192 of
+    256 columns (a padded head dim of at most 192, the rest TMA's zeros): S^T and dP^T as two chained
+    products over columns 0:128 and 128:192 (``_qk_mma``), dV and dK as two accumulators each, [64, 128]
+    and [64, 64] (``_cols_mma``), staged side by side for the stores. dQ keeps its two 128-column halves
+    (its high half's zero columns included: the writer adds whole halves)."""
     num_warps: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = k_smem.dtype
     HALF: gl.constexpr = HEAD_DIM // 2
+    PD: gl.constexpr = _prod_dim(HEAD_DIM, PROD_DIM)
+    SPLIT: gl.constexpr = PD != HEAD_DIM
+    NG: gl.constexpr = 2 if SPLIT else 1  # commit groups of one S^T / dP^T / dV / dK product
+    gl.static_assert(not SPLIT or STAGED_STORE, "the split accumulators are stored through the Q slots")
     off = seqlen_k - seqlen_q
     st_layout: gl.constexpr = _dq_layout(num_warps, BLOCK_M)    # S^T, dP^T: warpgroup c its 32 query columns
     kv_layout: gl.constexpr = _dq_layout(num_warps, HEAD_DIM)   # dK, dV: warpgroup c its d / 2 columns
@@ -1150,8 +1171,14 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
     keys_1d = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
     queries_1d = gl.arange(0, BLOCK_M, layout=col_layout)
 
-    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
-    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    if SPLIT:  # columns 0:128 and 128:PD
+        dk = gl.zeros([BLOCK_N, 128], gl.float32, layout=_dq_layout(num_warps, 128))
+        dv = gl.zeros([BLOCK_N, 128], gl.float32, layout=_dq_layout(num_warps, 128))
+        dk_hi = gl.zeros([BLOCK_N, PD - 128], gl.float32, layout=_dq_layout(num_warps, PD - 128))
+        dv_hi = gl.zeros([BLOCK_N, PD - 128], gl.float32, layout=_dq_layout(num_warps, PD - 128))
+    else:
+        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
     st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
     dq_zero = gl.zeros([BLOCK_M, HALF], gl.float32, layout=dq_layout)
     keys_inside = n_start + BLOCK_N <= seqlen_k
@@ -1179,11 +1206,11 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
         # S^T as soon as Q has landed, dP^T once dO has: each warpgroup its 32 query columns, over the
         # whole head dim
         mbarrier.wait(q_ready.index(q_idx), (t // STAGES) & 1)
-        s_tok = warpgroup_mma(k_cur, q_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        s_tok = _qk_mma(k_cur, q_cur, st_zero, PD)
         mbarrier.wait(do_ready.index(do_idx), (t // DO_STAGES) & 1)
-        dp_tok = warpgroup_mma(v_cur, do_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        dp_tok = _qk_mma(v_cur, do_cur, st_zero, PD)
         lse_log2 = lse_smem.index(q_idx).load(col_layout)
-        s = warpgroup_mma_wait(1, deps=[s_tok])
+        s = warpgroup_mma_wait(NG, deps=[s_tok])
         if SOFTCAP:
             s = _softcap(s, softcap_a)
         if SOFTCAP:  # the 16-bit P^T and, as ``p``, the fp32 P^T times the tanh's derivative (``_probs``)
@@ -1201,9 +1228,12 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
         fence_async_shared()
         gl.thread_barrier()
         # dV[:, own columns] += P^T dO, queued behind dP^T: it runs while dS^T is formed and stored
-        dv_tok = warpgroup_mma(p_cur, do_cur, dv, is_async=True)
+        if SPLIT:
+            dv_tok, dvh_tok = _cols_mma(p_cur, do_cur, dv, dv_hi)
+        else:
+            dv_tok = warpgroup_mma(p_cur, do_cur, dv, is_async=True)
         delta = delta_smem.index(do_idx).load(col_layout)
-        dp = warpgroup_mma_wait(1, deps=[dp_tok])
+        dp = warpgroup_mma_wait(NG, deps=[dp_tok])
         # dS^T from the fp32 P^T (registers; WAR on ds_smem: the previous step's readers retired in
         # every warp before its last barrier)
         ds_cur.store((p * (dp - delta[None, :])).to(dtype))
@@ -1213,23 +1243,32 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
         # writer while dK runs, the second while the next step starts
         dq_lo_tok = warpgroup_mma(ds_cur.permute((1, 0)), k_cur.slice(0, HALF, dim=1), dq_zero, use_acc=False,
                                   is_async=True)
-        dk_tok = warpgroup_mma(ds_cur, q_cur, dk, is_async=True)
+        if SPLIT:
+            dk_tok, dkh_tok = _cols_mma(ds_cur, q_cur, dk, dk_hi)
+        else:
+            dk_tok = warpgroup_mma(ds_cur, q_cur, dk, is_async=True)
         dq_hi_tok = warpgroup_mma(ds_cur.permute((1, 0)), k_cur.slice(HALF, HALF, dim=1), dq_zero, use_acc=False,
                                   is_async=True)
 
         # Releases as the groups retire (in order: dV, dQ low, dK, dQ high), each arrive one thread's
         # after a barrier over the partition's 8 warps (the ws consumer's discipline)
-        dv = warpgroup_mma_wait(3, deps=[dv_tok])
+        if SPLIT:
+            dv, dv_hi = warpgroup_mma_wait(NG + 2, deps=[dv_tok, dvh_tok])
+        else:
+            dv = warpgroup_mma_wait(NG + 2, deps=[dv_tok])
         gl.thread_barrier()
         mbarrier.arrive(do_empty.index(do_idx), count=1)  # dO and D done with (and P^T)
-        dq = warpgroup_mma_wait(2, deps=[dq_lo_tok])
+        dq = warpgroup_mma_wait(NG + 1, deps=[dq_lo_tok])
         # the buffer's handover t: after the writer has read both halves of step t - 1
         mbarrier.wait(dq_empty, (t + 1) & 1, pred=t > 0)
         dq_smem.store(dq)
         fence_async_shared()
         gl.thread_barrier()
         mbarrier.arrive(dq_full, count=1)
-        dk = warpgroup_mma_wait(1, deps=[dk_tok])
+        if SPLIT:
+            dk, dk_hi = warpgroup_mma_wait(1, deps=[dk_tok, dkh_tok])
+        else:
+            dk = warpgroup_mma_wait(1, deps=[dk_tok])
         gl.thread_barrier()
         dq = warpgroup_mma_wait(0, deps=[dq_hi_tok])
         # the high half into this step's Q slot: dK, its last reader, retired in every warp before the
@@ -1249,7 +1288,10 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
     for i in gl.static_range(STAGES):
         uses = (n_iter - i + STAGES - 1) // STAGES
         mbarrier.wait(q_empty.index(i), (uses + 1) & 1, pred=uses > 0)
-    if STAGED_STORE:
+    if SPLIT:
+        _store_dkdv_staged(dK, dV, dk, dv, q_smem, k_row0, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, HEAD_DIM,
+                           BLOCK_N, IO_DIM, dk_hi, dv_hi)
+    elif STAGED_STORE:
         _store_dkdv_staged(dK, dV, dk, dv, q_smem, k_row0, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale, HEAD_DIM,
                            BLOCK_N, IO_DIM)
     else:
@@ -1259,19 +1301,32 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
 
 @gluon.jit
 def _store_dkdv_staged(dK, dV, dk, dv, q_smem, k_row0, h_kv, nheads_kv, n_start, seqlen_k, softmax_scale,
-                       HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, IO_DIM: gl.constexpr = 0):
+                       HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, IO_DIM: gl.constexpr = 0, dk_hi=None,
+                       dv_hi=None):
     """``_store_dkdv`` in whole rows of 16-byte pieces, staged through the Q ring (free once the last
     step's dK product, its last reader, has retired in both warpgroups: the column-split kernel has no
     shared memory left for a conversion's scratch). dK into slot 0, dV into slot 1 (each a BLOCK_N x
-    HEAD_DIM tile in the Q layout), read back row-wise and stored with the keys past seqlen_k masked."""
+    HEAD_DIM tile in the Q layout), read back row-wise and stored with the keys past seqlen_k masked.
+    ``dk_hi`` / ``dv_hi`` (``_ws_consumer_dsplit``'s split products): ``dk`` / ``dv`` are the columns 0:128
+    and these the next ones, staged side by side (the slot's columns past them hold stale Q, never
+    stored: IO_DIM is at most their end)."""
     gl.static_assert(q_smem.shape[0] >= 2, "two Q slots: dK and dV")
     gl.static_assert(q_smem.shape[1] == BLOCK_N, "a Q slot holds one key block's tile")
     num_warps: gl.constexpr = gl.num_warps()
     row_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (HEAD_DIM // 8), HEAD_DIM // 8], [num_warps, 1],
                                                 [1, 0])
     gl.thread_barrier()  # every warp's last dK product (which reads Q) retired before the slots are overwritten
-    q_smem.index(0).store((dk * softmax_scale).to(dK.dtype.element_ty))
-    q_smem.index(1).store(dv.to(dV.dtype.element_ty))
+    if dk_hi is None:
+        q_smem.index(0).store((dk * softmax_scale).to(dK.dtype.element_ty))
+        q_smem.index(1).store(dv.to(dV.dtype.element_ty))
+    else:
+        LO: gl.constexpr = dk.shape[1]
+        HI: gl.constexpr = dk_hi.shape[1]
+        gl.static_assert(0 < IO_DIM and IO_DIM <= LO + HI, "the stored columns lie in the two parts")
+        q_smem.index(0).slice(0, LO, dim=1).store((dk * softmax_scale).to(dK.dtype.element_ty))
+        q_smem.index(0).slice(LO, HI, dim=1).store((dk_hi * softmax_scale).to(dK.dtype.element_ty))
+        q_smem.index(1).slice(0, LO, dim=1).store(dv.to(dV.dtype.element_ty))
+        q_smem.index(1).slice(LO, HI, dim=1).store(dv_hi.to(dV.dtype.element_ty))
     gl.thread_barrier()
     _store_rows(dK, q_smem.index(0).load(row_layout), k_row0, h_kv, nheads_kv, n_start, seqlen_k, row_layout, HEAD_DIM,
                 BLOCK_N, IO_DIM)
@@ -1288,7 +1343,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0,
                   WINDOW: gl.constexpr = False, win_left=0, win_right=0, SOFTCAP: gl.constexpr = False,
                   softcap_a=0.0, ALIBI: gl.constexpr = False, Alibi_h0=None, alibi_unit=0.0,
-                  IO_DIM: gl.constexpr = 0):
+                  IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments
     (``LSE_IN_ACC``: the key split only). ``WG_SPLIT``: warpgroup ``W`` of the key split alone (the
@@ -1298,8 +1353,9 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                             q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, k_row0, h_kv,
                             nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale,
                             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COALESCED_STORE, WINDOW,
-                            win_left, win_right, SOFTCAP, softcap_a, ALIBI, Alibi_h0, alibi_unit, IO_DIM)
+                            win_left, win_right, SOFTCAP, softcap_a, ALIBI, Alibi_h0, alibi_unit, IO_DIM, PROD_DIM)
     else:
+        gl.static_assert(PROD_DIM == 0, "the split products: the column-split consumers")
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                      do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, k_row0, h_kv, nheads_kv, n_start, m_lo, n_m,
                      n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
@@ -1317,7 +1373,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False,
                          IS_VARLEN: gl.constexpr = False, WINDOW: gl.constexpr = False,
                          SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, Alibi=None,
-                         IO_DIM: gl.constexpr = 0):
+                         IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers; 4
     with ``WG_SPLIT``: warpgroup 0, warpgroup 1 a worker partition); the producer and dQ-writer warps
     are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
@@ -1496,7 +1552,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          dq_hi_full, dK, dV, k_row0, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k,
                          softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT,
                          COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, w, WINDOW, win_left, win_right, SOFTCAP, softcap_a,
-                         ALIBI, Alibi_h0, alibi_unit, IO_DIM))
+                         ALIBI, Alibi_h0, alibi_unit, IO_DIM, PROD_DIM))
         if w < CONSUMERS else
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, tail_bar, b, h0,
@@ -1760,6 +1816,7 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
                                    Alibi=alibi_slopes if has_alibi else q.new_empty(0, dtype=torch.float32),
                                    IS_CAUSAL=bool(causal), DETERMINISTIC=bool(deterministic), IS_VARLEN=varlen,
                                    WINDOW=has_window, IO_DIM=io_dim if dp else 0,
+                                   PROD_DIM=_host.bwd_split_cols_for(d, io_dim if dp else 0, consts["COL_SPLIT"]),
                                    num_warps=cfg["num_warps"], **consts)
     if flat:
         return dq_from_flat(dq_accum, q, bm, softmax_scale, cu_q if varlen else None, stat_stride // bm, d), dk, dv
