@@ -69,6 +69,11 @@ def compile_one(variant, d, dt, causal, deterministic=False, varlen=False, windo
                                  ALIBI=hopper.bwd_alibi_form(d, 1.0 if softcap else 0.0) if alibi else 0,
                                  IO_DIM=IO_DIM,
                                  PROD_DIM=hopper.bwd_split_cols_for(d, IO_DIM, cfg["constexprs"]["COL_SPLIT"]))
+        prod = cfg["constexprs"]["PROD_DIM"]
+        if prod:  # dQ's high half by its own descriptor (the launcher's), 64 columns wide
+            sig.update(dq_hi_desc=f"tensordesc<fp32[{rows},{prod - d // 2}],{lay['dq']!r}>")
+        else:
+            cfg["constexprs"]["dq_hi_desc"] = None
         if IO_DIM:  # the launcher's head-padded descriptors (hopper.padded_rows_desc): one rank more, a unit box
             for names, rows in ((("q_desc", "do_desc"), bm), (("k_desc", "v_desc"), bn)):
                 lay3 = gl.NVMMASharedLayout.get_default_for([1, rows, d], DTYPES[dt])

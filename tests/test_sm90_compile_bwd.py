@@ -151,7 +151,8 @@ def test_hopper_gluon_backward_ws_varlen_compiles_for_sm90():
 def test_hopper_backward_split_cols_compile_for_sm90():
     """The ws backward's products over 192 of d = 256's columns at a padded head dim of 192 (``PROD_DIM``,
     ``hopper.bwd_split_cols``, NOTES §158) compile, both masks: wgmma pipelined, no spill, S^T, dP^T, dV
-    and dK two commit groups each (10 a step against the wide build's 6), fewer consumer registers."""
+    and dK two commit groups each (10 a step against the wide build's 6), dQ's high half added by two
+    64-column TMA reduce messages instead of four (tma_reduce 6 against 8), fewer consumer registers."""
     base = ["--variants", "ws", "--headdims", "256", "--io-dim", "192"]
     split, wide = (_compile_check(*base, "--split-cols", on)[1] for on in ("on", "off"))
     assert len(split) == len(wide) == 2, (split, wide)
@@ -159,5 +160,6 @@ def test_hopper_backward_split_cols_compile_for_sm90():
         for line in (s, w):
             assert "spill=0B" in line and "wgmma-pipelined" in line, line
         assert "(commit 10," in s and "(commit 6," in w, (s, w)
+        assert "tma_reduce=6 " in s and "tma_reduce=8 " in w, (s, w)
         regs = [int(re.search(r"consumer_regs=(\d+)", line).group(1)) for line in (s, w)]
         assert regs[0] < regs[1], (s, w)

@@ -871,7 +871,7 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
                   q_row0, seqlen_q, seqlen_k, nheads, n_m_total, n_block, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_COLS: gl.constexpr,
                   STAGES: gl.constexpr, DQ_FLAT: gl.constexpr = False, dq_smem1=None,
-                  WG_SPLIT: gl.constexpr = False, WINDOW: gl.constexpr = False, win_left=0):
+                  WG_SPLIT: gl.constexpr = False, WINDOW: gl.constexpr = False, win_left=0, dq_hi_desc=None):
     """The 1-warp dQ writer: per step, once the consumers have put the step's dQ block (fp32,
     unscaled) in ``dq_smem`` (``dq_full``), one TMA reduce-add of it into the dQ accumulator; when
     the bulk copy has read the tile, the buffer goes back to the consumers (``dq_empty``). A buffer
@@ -903,7 +903,11 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
 
     ``n_m_total``: the query blocks of one (batch, head) in the flat accumulator and in ``Sem`` (the
     padded stat rows' count: from the longest sequence when varlen); ``seqlen_q`` / ``seqlen_k``: this
-    sequence's; ``q_row0``: the row of its query 0 in the (rows, nheads * d) accumulator."""
+    sequence's; ``q_row0``: the row of its query 0 in the (rows, nheads * d) accumulator.
+
+    ``dq_hi_desc`` (the column split's products over 192 columns, ``PROD_DIM``): the high half is that
+    descriptor's block wide (64 columns), the first columns of the Q slot's fp32 view; the
+    accumulator's columns past them are never added to."""
     PIECES: gl.constexpr = HEAD_DIM // DQ_COLS  # 1; the column-split kernel's 2 halves
     FLAT_ROWS: gl.constexpr = BLOCK_M * HEAD_DIM // 32
     for t in range(n_iter):
@@ -936,9 +940,13 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
                                 dq_smem._reinterpret(gl.float32, [FLAT_ROWS, 32], dq_desc.layout))
             elif j == 0:
                 _tma_reduce_add(dq_desc, [row, h * HEAD_DIM], dq_smem)
-            else:
+            elif dq_hi_desc is None:
                 _tma_reduce_add(dq_desc, [row, h * HEAD_DIM + j * DQ_COLS],
                                 q_smem.index(t % STAGES)._reinterpret(gl.float32, [BLOCK_M, DQ_COLS], dq_smem.layout))
+            else:
+                _tma_reduce_add(dq_hi_desc, [row, h * HEAD_DIM + j * DQ_COLS],
+                                q_smem.index(t % STAGES)._reinterpret(gl.float32, [BLOCK_M, DQ_COLS], dq_smem.layout)
+                                .slice(0, dq_hi_desc.block_type.shape[1], dim=1))
         # every piece read, then the buffers back: the low half's release (the consumers' next store)
         # follows the wait for the high half, so neither full barrier gets two phases ahead
         if DETERMINISTIC:  # every piece's additions complete, then the next key block
@@ -1154,8 +1162,8 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
     ``PROD_DIM`` (the forward's ``_prod_dim``; 0: HEAD_DIM): the products over the tiles' first 192 of
     256 columns (a padded head dim of at most 192, the rest TMA's zeros): S^T and dP^T as two chained
     products over columns 0:128 and 128:192 (``_qk_mma``), dV and dK as two accumulators each, [64, 128]
-    and [64, 64] (``_cols_mma``), staged side by side for the stores. dQ keeps its two 128-column halves
-    (its high half's zero columns included: the writer adds whole halves)."""
+    and [64, 64] (``_cols_mma``), staged side by side for the stores; dQ's high half 64 columns wide (the
+    first 64 of the Q slot's fp32 view, added by the writer through its 64-column ``dq_hi_desc``)."""
     num_warps: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = k_smem.dtype
     HALF: gl.constexpr = HEAD_DIM // 2
@@ -1181,6 +1189,8 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
         dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
     st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
     dq_zero = gl.zeros([BLOCK_M, HALF], gl.float32, layout=dq_layout)
+    if SPLIT:  # dQ's high half: columns 128:PD
+        dq_hi_zero = gl.zeros([BLOCK_M, PD - HALF], gl.float32, layout=_dq_layout(num_warps, PD - HALF))
     keys_inside = n_start + BLOCK_N <= seqlen_k
     mbarrier.wait(kv_bar, 0)
 
@@ -1247,8 +1257,12 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
             dk_tok, dkh_tok = _cols_mma(ds_cur, q_cur, dk, dk_hi)
         else:
             dk_tok = warpgroup_mma(ds_cur, q_cur, dk, is_async=True)
-        dq_hi_tok = warpgroup_mma(ds_cur.permute((1, 0)), k_cur.slice(HALF, HALF, dim=1), dq_zero, use_acc=False,
-                                  is_async=True)
+        if SPLIT:
+            dq_hi_tok = warpgroup_mma(ds_cur.permute((1, 0)), k_cur.slice(HALF, PD - HALF, dim=1), dq_hi_zero,
+                                      use_acc=False, is_async=True)
+        else:
+            dq_hi_tok = warpgroup_mma(ds_cur.permute((1, 0)), k_cur.slice(HALF, HALF, dim=1), dq_zero, use_acc=False,
+                                      is_async=True)
 
         # Releases as the groups retire (in order: dV, dQ low, dK, dQ high), each arrive one thread's
         # after a barrier over the partition's 8 warps (the ws consumer's discipline)
@@ -1273,7 +1287,10 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
         dq = warpgroup_mma_wait(0, deps=[dq_hi_tok])
         # the high half into this step's Q slot: dK, its last reader, retired in every warp before the
         # barrier above; the writer releases the slot once its bulk copy has read the half
-        q_cur._reinterpret(gl.float32, [BLOCK_M, HALF], dq_smem.layout).store(dq)
+        dq_hi_buf = q_cur._reinterpret(gl.float32, [BLOCK_M, HALF], dq_smem.layout)
+        if SPLIT:
+            dq_hi_buf = dq_hi_buf.slice(0, PD - HALF, dim=1)
+        dq_hi_buf.store(dq)
         fence_async_shared()
         gl.thread_barrier()
         mbarrier.arrive(dq_hi_full, count=1)
@@ -1373,7 +1390,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False,
                          IS_VARLEN: gl.constexpr = False, WINDOW: gl.constexpr = False,
                          SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, Alibi=None,
-                         IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0):
+                         IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0, dq_hi_desc=None):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers; 4
     with ``WG_SPLIT``: warpgroup 0, warpgroup 1 a worker partition); the producer and dQ-writer warps
     are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
@@ -1426,6 +1443,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         gl.static_assert(BLOCK_N == 128, "two consumer warpgroups of 64 key rows")
         gl.static_assert(DO_STAGES == STAGES, "one slot index for both rings")
     gl.static_assert(not (SOFTCAP and LSE_IN_ACC), "a softcap needs the raw scores in S^T's accumulator")
+    gl.static_assert((PROD_DIM == 0) == (dq_hi_desc is None), "the split products: dQ's high half by dq_hi_desc")
     # columns of one dQ handover (the dQ descriptor's block): the column split hands dQ over in halves
     DQ_COLS: gl.constexpr = HEAD_DIM // 2 if COL_SPLIT else HEAD_DIM
     if COL_SPLIT:
@@ -1562,7 +1580,8 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         if w == CONSUMERS else
         (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_full, Sem, b, h0, m_lo, n_m,
                          n_iter, q_row0, seqlen_q, seqlen_k, nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         IS_CAUSAL, DETERMINISTIC, DQ_COLS, STAGES, DQ_FLAT, dq_smem1, WG_SPLIT, WINDOW, win_left))
+                         IS_CAUSAL, DETERMINISTIC, DQ_COLS, STAGES, DQ_FLAT, dq_smem1, WG_SPLIT, WINDOW, win_left,
+                         dq_hi_desc))
         for w in (0, 1, 2, 3)[:CONSUMERS + 2]
     ], [4, 1, 1] if WG_SPLIT else [1, 1],
         [WS_CONSUMER_REGS, WS_WORKER_REGS, WS_WORKER_REGS] if WG_SPLIT else [WS_WORKER_REGS, WS_WORKER_REGS])
@@ -1796,6 +1815,9 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
         delta_desc = TensorDescriptor.from_tensor(delta.view(-1), [bm], lay["stat"])
         dq_2d = dq_accum.view(-1, 32) if flat else dq_accum.view(-1, nheads * d)  # at the kernel's d
         dq_desc = TensorDescriptor.from_tensor(dq_2d, cfg["dq_block"], lay["dq"])
+        # the products over 192 columns (hopper.bwd_split_cols): dQ's high half 64 columns wide
+        prod_dim = _host.bwd_split_cols_for(d, io_dim if dp else 0, consts["COL_SPLIT"])
+        dq_hi_desc = TensorDescriptor.from_tensor(dq_2d, [bm, prod_dim - d // 2], lay["dq"]) if prod_dim else None
         # a window's unbounded side: a bound past every row of either length (the kernel's arithmetic
         # adds it to row indices, so no larger than int32 needs)
         unbounded = seqlen_q + seqlen_k + 1
@@ -1816,8 +1838,7 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
                                    Alibi=alibi_slopes if has_alibi else q.new_empty(0, dtype=torch.float32),
                                    IS_CAUSAL=bool(causal), DETERMINISTIC=bool(deterministic), IS_VARLEN=varlen,
                                    WINDOW=has_window, IO_DIM=io_dim if dp else 0,
-                                   PROD_DIM=_host.bwd_split_cols_for(d, io_dim if dp else 0, consts["COL_SPLIT"]),
-                                   num_warps=cfg["num_warps"], **consts)
+                                   PROD_DIM=prod_dim, dq_hi_desc=dq_hi_desc, num_warps=cfg["num_warps"], **consts)
     if flat:
         return dq_from_flat(dq_accum, q, bm, softmax_scale, cu_q if varlen else None, stat_stride // bm, d), dk, dv
     # one pass: scale and cast into dQ (``(dq_accum * scale).to(dtype)`` made an fp32 copy first)
