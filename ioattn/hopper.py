@@ -256,8 +256,11 @@ def padded_inputs_note(d: int, backward: bool = False) -> str:
     dp = padded_headdim(d)
     if padded_in_place(d) and (not backward or BWD_VARIANT == "ws"):
         what = "the gradients stored" if backward else "the output stored"
+        prod = bwd_split_cols_for(dp, d, True) if backward else split_cols_for(dp, d, variant_for(dp))
+        products = (f", the products over {prod} of the {dp} columns (hopper.{'bwd_' if backward else ''}split_cols)"
+                    if prod else "")
         return (f"read in place at head dim {dp}, the columns past {d} zero-filled by TMA (hopper.padded_rows_desc), "
-                f"{what} to {d} columns")
+                f"{what} to {d} columns{products}")
     if backward:
         return f"zero-padded copies of q, k, v, out, dout at head dim {dp} (hopper.pad_head), the gradients sliced"
     return f"zero-padded copies at head dim {dp} (hopper.pad_head), the output sliced"

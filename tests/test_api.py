@@ -1963,6 +1963,21 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
     assert pad.is_contiguous() and pad.tolist() == [[[0, 1, 2, 0, 0], [3, 4, 5, 0, 0]]]
     assert [hopper.padded_in_place(d) for d in (64, 72, 80, 100, 128, 136, 196, 200)] == \
         [False, True, True, False, False, True, False, True]
+    # d = 136-192 in place: both kernels' products over 192 of the 256 columns (NOTES §157-§159), named in
+    # the plan's inputs; d = 200 (past 192) and d = 96 (a 128 tile) not; the switches turn them off
+    assert [(hopper.split_cols_for(256, d, "persistent"), hopper.bwd_split_cols_for(256, d, True))
+            for d in (136, 192, 200)] == [(192, 192), (192, 192), (0, 0)]
+    assert hopper.split_cols_for(128, 96, "pingpong") == 0 and hopper.split_cols_for(256, 192, "base") == 0
+    assert hopper.bwd_split_cols_for(256, 192, False) == 0
+    for backward, name in ((False, "split_cols"), (True, "bwd_split_cols")):
+        assert hopper.padded_inputs_note(192, backward).endswith(
+            f"to 192 columns, the products over 192 of the 256 columns (hopper.{name})")
+        assert "products" not in hopper.padded_inputs_note(200, backward)
+        assert "products" not in hopper.padded_inputs_note(96, backward)
+        with getattr(hopper, name)(False):
+            assert "products" not in hopper.padded_inputs_note(192, backward)
+            assert (hopper.split_cols_for(256, 192, "persistent") if not backward
+                    else hopper.bwd_split_cols_for(256, 192, True)) == 0
     # the policy: from each table's length, by pass, padded dim and mask (in place: d = dp - 32; copies:
     # d = dp - 28, not a multiple of 8)
     for table, off in ((hopper.PADDED_IN_PLACE_MIN_SEQLEN, 32), (hopper.PADDED_MIN_SEQLEN, 28)):
@@ -2082,9 +2097,13 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
             assert "zero-padded copies" in plan.forward["inputs"]
             assert "zero-padded copies of q, k, v, out, dout" in plan.backward["inputs"]
         else:
+            fwd_products, bwd_products = ((", the products over 192 of the 256 columns (hopper.split_cols)",
+                                           ", the products over 192 of the 256 columns (hopper.bwd_split_cols)")
+                                          if d == 192 else ("", ""))
             assert plan.forward["inputs"] == (f"read in place at head dim {dp}, the columns past {d} zero-filled by "
-                                              f"TMA (hopper.padded_rows_desc), the output stored to {d} columns")
-            assert plan.backward["inputs"].endswith(f"the gradients stored to {d} columns")
+                                              f"TMA (hopper.padded_rows_desc), the output stored to {d} columns"
+                                              + fwd_products)
+            assert plan.backward["inputs"].endswith(f"the gradients stored to {d} columns" + bwd_products)
         with dispatch.forced_backend("triton"):
             short = ioattn.explain_dispatch(*(long[:, :least // 2] for _ in range(3)), causal=True)
         assert short.forward["gluon_hopper"].startswith("not taken (default policy") and \
