@@ -223,6 +223,13 @@ faster (N = 1024 to 16384, both masks; NOTES §59, results/session-2026-12-02-k)
 Deterministic mode: the writer waits for its turn before the low half and releases after the high
 half's additions complete.
 
+Padded head dims 136-192 (``PROD_DIM`` = 192, ``hopper.bwd_split_cols_for``; NOTES §158-§159): the
+tiles stay 256 wide (TMA's zeros past d) but the products cover 192 columns: S^T and dP^T as two
+chained products over columns 0:128 and 128:192, dV and dK as two accumulators each ([64, 128] and
+[64, 64]: 64 + 32 columns a warpgroup), staged side by side in the Q slots for the stores, and dQ's
+high half 64 columns wide (the first 64 of the Q slot's fp32 view), added through its own descriptor
+of [64, 64] boxes (``dq_hi_desc``). Bit for bit the 256-wide products' gradients.
+
 Shared memory (bf16 / fp16 alike), bytes from the compile: K, V 32 KiB each; Q 2 stages x 32 KiB;
 dO 1 stage x 32 KiB (``WS_STAGES[256]`` = (2, 1): dO is released mid-step, when dV retires, so its
 next tile has the rest of the step and the next S^T to land; Q is read first and released last);

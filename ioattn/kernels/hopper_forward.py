@@ -501,7 +501,8 @@ def _prod_dim(head_dim, prod_dim):
 def _qk_mma(q_smem, k_tile, s_zero, PROD_DIM: gl.constexpr):
     """Issue S = Q K^T asynchronously over the first ``PROD_DIM`` head-dim columns (``_prod_dim``): one
     product, or (192 of a 256-wide tile) two chained ones, over columns 0:128 and 128:192, the second
-    accumulating onto the first (two commit groups)."""
+    accumulating onto the first (two commit groups). The backward's S^T = K Q^T and dP^T = V dO^T
+    are the same call with the operands in that order."""
     HEAD_DIM: gl.constexpr = k_tile.shape[1]
     if PROD_DIM == HEAD_DIM:
         s_tok = warpgroup_mma(q_smem, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
