@@ -5,7 +5,8 @@ copies timed with it: "gluon-pad", the launchers' own path (``hopper.padded_head
 multiple of 8, ``hopper.padded_in_place``, NOTES §155; else the pads by ``hopper.pad_head``), "gluon-fpad"
 the copies by ``F.pad`` at every d (run223's form, §154), "gluon-pad-wide" the in-place path with its
 products over all 256 columns at d = 136-192 (``hopper.split_cols`` / ``bwd_split_cols`` off, NOTES
-§157 / §158),
+§157 / §158), "gluon-pad-dqlofirst" (backward only) the in-place path with dQ's low half handed to the
+writer first (``hopper_backward.WS_DQ_HI_FIRST`` off, NOTES §160),
 "gluon-pad-pp" / "gluon-pad-pers" (forward only) the in-place path in one variant at every length;
 against the default dispatch ("ioattn": the portable kernels at these head dims before the padded
 policy, ``hopper.PADDED_MIN_SEQLEN``'s choice after), the portable kernels themselves ("portable"), and
@@ -122,6 +123,17 @@ def bwd_setup(name):
         if name == "gluon-pad":  # the launchers' own padded path
             out, lse = gluon_pad_fwd(q, k, v, causal)
             return lambda: hopper_backward(dout, q, k, v, out, lse, q.shape[-1] ** -0.5, causal, variant="ws")
+        if name == "gluon-pad-dqlofirst":  # the same with dQ's low half handed over first (NOTES §160)
+            from ioattn.kernels import hopper_backward as hb
+            out, lse = gluon_pad_fwd(q, k, v, causal)
+
+            def run():
+                saved, hb.WS_DQ_HI_FIRST = hb.WS_DQ_HI_FIRST, False
+                try:
+                    return hopper_backward(dout, q, k, v, out, lse, q.shape[-1] ** -0.5, causal, variant="ws")
+                finally:
+                    hb.WS_DQ_HI_FIRST = saved
+            return run
         if name == "gluon-pad-wide":  # the same with the products 256 wide (hopper.bwd_split_cols off)
             out, lse = gluon_pad_fwd(q, k, v, causal)
 

@@ -19,6 +19,7 @@ that loop and at most 24 B outside it.
                                                   [--no-ptxas] [--jobs N] [--deterministic]
                                                   [--dq-swizzled] [--lse-in-acc] [--wg-partitions]
                                                   [--varlen] [--window] [--softcap] [--col-split]
+                                                  [--dq-lo-first]
 
 ``--varlen``: the ws kernel's packed-sequence form (``IS_VARLEN``) instead of the fixed-length one.
 ``--window``: the ws kernel's sliding-window form (``WINDOW``; non-causal: a window replaces the mask).
@@ -138,12 +139,14 @@ def check(job):
                                                              key=lambda t: (t[0][0], int(t[0][1]))))
     name = variant + ("-det" if det else "") + ("-varlen" if varlen else "") + ("-window" if window else "") + ("-softcap" if softcap else "") + ("-alibi" if alibi else "") + ("-flat" if cfg.get("dq_flat") else "") \
         + ("-lse" if cfg["constexprs"].get("LSE_IN_ACC") else "") \
-        + ("-wgsplit" if cfg["constexprs"].get("WG_SPLIT") else "")
+        + ("-wgsplit" if cfg["constexprs"].get("WG_SPLIT") else "") \
+        + ("-hifirst" if cfg["constexprs"].get("DQ_HI_FIRST") else "")
     do_stages = cfg["constexprs"].get("DO_STAGES", cfg["stages"])
     stages = f"{cfg['stages']}" + (f"/{do_stages}" if do_stages != cfg["stages"] else "")  # Q / dO rings
     return (f"bwd {name:6s} d={d} {dt} causal={causal!s:5s} tiles={cfg['block_m']}x{cfg['block_n']}x{stages} "
             f"warps={k.metadata.num_warps} shared={k.metadata.shared} {regs}setmaxnreg[{nreg}] "
             f"wgmma={c['wgmma']} (commit {c['commit']}, {waits}) tma={c['tma']} tma_reduce={reduces} "
+            f"bulk_read_waits={ptx.count('cp.async.bulk.wait_group.read')} "
             f"mbarrier(init={sum(c['mb_init'].values())} arrive={c['mb_arrive']} expect_tx={c['mb_expect']} "
             f"try_wait={c['mb_wait']}) bar.sync={sum(n for b, n in c['bars'].items() if '.sync' in b)} "
             f"fence.proxy.async={c['fence_proxy']} atomics[{atoms}]")
@@ -173,8 +176,12 @@ def main():
     ap.add_argument("--split-cols", default="default", choices=("default", "on", "off"),
                     help="ws with --io-dim 136-192 at d = 256: the products over 192 columns (PROD_DIM, "
                          "hopper.bwd_split_cols) or all 256")
+    ap.add_argument("--dq-lo-first", action="store_true",
+                    help="the column split's dQ low half handed over first (``WS_DQ_HI_FIRST`` off; NOTES §160)")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="compiles in parallel")
     args = ap.parse_args()
+    if args.dq_lo_first:  # before the compile jobs' processes are forked (they inherit it)
+        hopper_backward.WS_DQ_HI_FIRST = False
     if args.io_dim:  # before the compile jobs' processes are forked (they inherit it)
         global IO_DIM
         IO_DIM = args.io_dim

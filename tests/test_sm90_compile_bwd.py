@@ -163,3 +163,25 @@ def test_hopper_backward_split_cols_compile_for_sm90():
         assert "tma_reduce=6 " in s and "tma_reduce=8 " in w, (s, w)
         regs = [int(re.search(r"consumer_regs=(\d+)", line).group(1)) for line in (s, w)]
         assert regs[0] < regs[1], (s, w)
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+@pytest.mark.parametrize("io_dim", [0, 192])
+def test_hopper_backward_dq_hi_first_compile_for_sm90(io_dim):
+    """The column split handing dQ's high half to the writer first (``WS_DQ_HI_FIRST``, NOTES §160)
+    compiles at d = 256 and at a padded 192, both masks: wgmma pipelined, no spill, the same products,
+    commit groups and reduce messages as the low half first, and one more wait in the writer for its
+    bulk reads a step (the high half read, then the Q slot released, before the low half's wait)."""
+    base = ["--variants", "ws", "--headdims", "256"] + (["--io-dim", str(io_dim)] if io_dim else [])
+    hi, lo = (_compile_check(*base, *extra)[1] for extra in ([], ["--dq-lo-first"]))
+    assert len(hi) == len(lo) == 2, (hi, lo)
+    for h, l in zip(hi, lo):
+        assert "-hifirst" in h and "-hifirst" not in l, (h, l)
+        for line in (h, l):
+            assert "spill=0B" in line and "wgmma-pipelined" in line, line
+        for key in ("wgmma", "tma_reduce", "tma"):
+            assert re.search(rf" {key}=(\d+)", h).group(1) == re.search(rf" {key}=(\d+)", l).group(1), (key, h, l)
+        assert re.search(r"\(commit \d+,", h).group(0) == re.search(r"\(commit \d+,", l).group(0), (h, l)
+        waits = [int(re.search(r"bulk_read_waits=(\d+)", line).group(1)) for line in (h, l)]
+        assert waits[0] == waits[1] + 1, (h, l)
+

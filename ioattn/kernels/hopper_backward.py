@@ -375,6 +375,12 @@ WS_SCORE_MOD_BLOCK_M = {64: 64}
 # at N=1024, +3 to +4 % at 4096, +1 to +2 % at 16384 (NOTES §58, results/session-2026-12-02-g).
 # False: the accumulator-layout stores (ab_bwd's "gluon-ws-accstore").
 WS_COALESCED_STORE = True
+# "ws", the column-split form: dQ's high half (staged in the step's Q slot) handed to the writer
+# before the low half, and the slot released as soon as it is read (``_ws_consumer_dsplit``,
+# ``_ws_dq_writer``). The slot's release gates the producer's load of step t + 2's Q (two Q slots, no
+# room for a third); the low half first kept the slot until after both halves' stores and reads.
+# An A/B switch (ab_bwd's "gluon-ws-dqlofirst": False); NOTES §160.
+WS_DQ_HI_FIRST = True
 # "ws": registers of the producer and dQ-writer warps (setmaxnreg dec): FA3's producer budget, 24.
 # The consumer partition gets (65536 - 24 * 128) / 256 = 244 -> 240 (Triton rounds to a multiple of 8),
 # FA3's 240 for two MMA warpgroups.
@@ -878,7 +884,8 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
                   q_row0, seqlen_q, seqlen_k, nheads, n_m_total, n_block, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_COLS: gl.constexpr,
                   STAGES: gl.constexpr, DQ_FLAT: gl.constexpr = False, dq_smem1=None,
-                  WG_SPLIT: gl.constexpr = False, WINDOW: gl.constexpr = False, win_left=0, dq_hi_desc=None):
+                  WG_SPLIT: gl.constexpr = False, WINDOW: gl.constexpr = False, win_left=0, dq_hi_desc=None,
+                  DQ_HI_FIRST: gl.constexpr = False):
     """The 1-warp dQ writer: per step, once the consumers have put the step's dQ block (fp32,
     unscaled) in ``dq_smem`` (``dq_full``), one TMA reduce-add of it into the dQ accumulator; when
     the bulk copy has read the tile, the buffer goes back to the consumers (``dq_empty``). A buffer
@@ -914,19 +921,29 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
 
     ``dq_hi_desc`` (the column split's products over 192 columns, ``PROD_DIM``): the high half is that
     descriptor's block wide (64 columns), the first columns of the Q slot's fp32 view; the
-    accumulator's columns past them are never added to."""
+    accumulator's columns past them are never added to.
+
+    ``DQ_HI_FIRST`` (``WS_DQ_HI_FIRST``, the column split): the consumers hand the high half over
+    first, and the writer takes it first and releases the Q slot (``q_empty``) as soon as its bulk
+    copy has read it, before it waits for the low half; ``dq_empty`` still once a step, after the low
+    half. The consumers wait for ``dq_empty`` before either store, so both full barriers still
+    complete once between the writer's waits (NOTES §160)."""
     PIECES: gl.constexpr = HEAD_DIM // DQ_COLS  # 1; the column-split kernel's 2 halves
     FLAT_ROWS: gl.constexpr = BLOCK_M * HEAD_DIM // 32
+    # the pieces' order: FIRST, FIRST + STEP, ... (the high half first with ``DQ_HI_FIRST``)
+    FIRST: gl.constexpr = PIECES - 1 if DQ_HI_FIRST else 0
+    STEP: gl.constexpr = -1 if DQ_HI_FIRST else 1
     for t in range(n_iter):
         h = h0 + t // n_m
         m = m_lo + t % n_m
         row = q_row0 + m * BLOCK_M
-        for j in gl.static_range(PIECES):  # piece j: columns [j * DQ_COLS, (j + 1) * DQ_COLS) of the block
+        for j in gl.static_range(FIRST, FIRST + STEP * PIECES, STEP):
+            # piece j: columns [j * DQ_COLS, (j + 1) * DQ_COLS) of the block
             if j == 0:  # the dQ buffer; the column split's high half on its own barrier, in the Q slot
                 mbarrier.wait(dq_full, t & 1)
             else:
                 mbarrier.wait(dq_hi_full, t & 1)
-            if DETERMINISTIC and j == 0:  # the order is per query block: wait once, before its first piece
+            if DETERMINISTIC and j == FIRST:  # the order is per query block: wait once, before its first piece
                 sem = Sem + (b * nheads + h) * n_m_total + m
                 rank = n_block
                 if IS_CAUSAL:  # the last key block reaching query block m goes first
@@ -954,6 +971,10 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
                 _tma_reduce_add(dq_hi_desc, [row, h * HEAD_DIM + j * DQ_COLS],
                                 q_smem.index(t % STAGES)._reinterpret(gl.float32, [BLOCK_M, DQ_COLS], dq_smem.layout)
                                 .slice(0, dq_hi_desc.block_type.shape[1], dim=1))
+            if DQ_HI_FIRST:
+                if j == 1:  # the high half read: Q (and lse) slot back to the producer now
+                    tma.store_wait(0)
+                    mbarrier.arrive(q_empty.index(t % STAGES), count=1)
         # every piece read, then the buffers back: the low half's release (the consumers' next store)
         # follows the wait for the high half, so neither full barrier gets two phases ahead
         if DETERMINISTIC:  # every piece's additions complete, then the next key block
@@ -961,7 +982,7 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
         else:
             tma.store_wait(0)  # the pieces are read (their additions into L2 complete on their own)
         mbarrier.arrive(dq_empty, count=1)
-        if PIECES == 2:
+        if PIECES == 2 and not DQ_HI_FIRST:
             mbarrier.arrive(q_empty.index(t % STAGES), count=1)  # Q (and lse) slot back to the producer
 
 
@@ -1149,6 +1170,35 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
 
 
 @gluon.jit
+def _dq_half_mma(ds_cur, k_cur, COL0: gl.constexpr, COLS: gl.constexpr, zero):
+    """One column range of the step's dQ block, dS K[:, COL0:COL0 + COLS], issued async (the column
+    split's halves)."""
+    return warpgroup_mma(ds_cur.permute((1, 0)), k_cur.slice(COL0, COLS, dim=1), zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _dq_hi_buf(q_cur, dq_smem, BLOCK_M: gl.constexpr, HALF: gl.constexpr, PD: gl.constexpr):
+    """dQ's high half's staging in the step's Q slot (once dK, the slot's last reader, has retired;
+    the writer releases the slot once its bulk copy has read the half): the slot as an fp32 [BLOCK_M,
+    HALF] tile in the dQ buffer's layout, its first PD - HALF columns (the products over 192 columns:
+    64)."""
+    buf = q_cur._reinterpret(gl.float32, [BLOCK_M, HALF], dq_smem.layout)
+    if PD - HALF != HALF:
+        buf = buf.slice(0, PD - HALF, dim=1)
+    return buf
+
+
+@gluon.jit
+def _hand_over(buf, x, full):
+    """Store ``x`` into ``buf`` and announce it on ``full``: a proxy fence for the writer's bulk copy,
+    a barrier over the partition's warps, one thread's arrive."""
+    buf.store(x)
+    fence_async_shared()
+    gl.thread_barrier()
+    mbarrier.arrive(full, count=1)
+
+
+@gluon.jit
 def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                         q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, k_row0, h_kv, nheads_kv,
                         n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr,
@@ -1156,7 +1206,7 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
                         IS_CAUSAL: gl.constexpr, STAGED_STORE: gl.constexpr = False, WINDOW: gl.constexpr = False,
                         win_left=0, win_right=0, SOFTCAP: gl.constexpr = False, softcap_a=0.0,
                         ALIBI: gl.constexpr = False, Alibi_h0=None, alibi_unit=0.0, IO_DIM: gl.constexpr = 0,
-                        PROD_DIM: gl.constexpr = 0):
+                        PROD_DIM: gl.constexpr = 0, DQ_HI_FIRST: gl.constexpr = False):
     """The two consumer warpgroups of the column-split kernel (``COL_SPLIT``, head dim 256; module
     docstring, "Column split"): one 64-key block, every product split by its columns between the
     warpgroups (``_dq_layout``), so warpgroup c holds dK and dV columns [c d/2, (c + 1) d/2), and
@@ -1170,7 +1220,13 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
     256 columns (a padded head dim of at most 192, the rest TMA's zeros): S^T and dP^T as two chained
     products over columns 0:128 and 128:192 (``_qk_mma``), dV and dK as two accumulators each, [64, 128]
     and [64, 64] (``_cols_mma``), staged side by side for the stores; dQ's high half 64 columns wide (the
-    first 64 of the Q slot's fp32 view, added by the writer through its 64-column ``dq_hi_desc``)."""
+    first 64 of the Q slot's fp32 view, added by the writer through its 64-column ``dq_hi_desc``).
+
+    ``DQ_HI_FIRST`` (``WS_DQ_HI_FIRST``): dK, then dQ's high half, then its low half, the high half
+    handed to the writer first, as soon as dK (the Q slot's last reader) and it have retired: the
+    slot, whose release gates the producer's load of step t + 2's Q, goes back one half-store and
+    one half-read sooner (NOTES §160). Both stores follow the wait for the writer to have read the
+    previous step's low half (its last piece), so neither full barrier runs two phases ahead."""
     num_warps: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = k_smem.dtype
     HALF: gl.constexpr = HEAD_DIM // 2
@@ -1256,51 +1312,61 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
         ds_cur.store((p * (dp - delta[None, :])).to(dtype))
         fence_async_shared()
         gl.thread_barrier()
-        # dQ's first column half, then dK, then dQ's second half: the first half is handed to the
-        # writer while dK runs, the second while the next step starts
-        dq_lo_tok = warpgroup_mma(ds_cur.permute((1, 0)), k_cur.slice(0, HALF, dim=1), dq_zero, use_acc=False,
-                                  is_async=True)
-        if SPLIT:
-            dk_tok, dkh_tok = _cols_mma(ds_cur, q_cur, dk, dk_hi)
+        if DQ_HI_FIRST:
+            # dK, dQ's high half, dQ's low half: the high half (and with it the Q slot) is handed to the
+            # writer while the low half runs, the low half while the next step starts
+            if SPLIT:
+                dk_tok, dkh_tok = _cols_mma(ds_cur, q_cur, dk, dk_hi)
+            else:
+                dk_tok = warpgroup_mma(ds_cur, q_cur, dk, is_async=True)
+            dq_hi_tok = _dq_half_mma(ds_cur, k_cur, HALF, PD - HALF, dq_hi_zero if SPLIT else dq_zero)
+            dq_lo_tok = _dq_half_mma(ds_cur, k_cur, 0, HALF, dq_zero)
+            # releases as the groups retire (dV, dK, dQ high, dQ low), each arrive one thread's after a
+            # barrier over the partition's 8 warps (the ws consumer's discipline)
+            if SPLIT:
+                dv, dv_hi = warpgroup_mma_wait(NG + 2, deps=[dv_tok, dvh_tok])
+            else:
+                dv = warpgroup_mma_wait(NG + 2, deps=[dv_tok])
+            gl.thread_barrier()
+            mbarrier.arrive(do_empty.index(do_idx), count=1)  # dO and D done with (and P^T)
+            if SPLIT:
+                dk, dk_hi = warpgroup_mma_wait(2, deps=[dk_tok, dkh_tok])
+            else:
+                dk = warpgroup_mma_wait(2, deps=[dk_tok])
+            gl.thread_barrier()
+            dq = warpgroup_mma_wait(1, deps=[dq_hi_tok])
+            # handover t: after the writer has read step t - 1's low half, its last piece
+            mbarrier.wait(dq_empty, (t + 1) & 1, pred=t > 0)
+            _hand_over(_dq_hi_buf(q_cur, dq_smem, BLOCK_M, HALF, PD), dq, dq_hi_full)
+            dq = warpgroup_mma_wait(0, deps=[dq_lo_tok])
+            _hand_over(dq_smem, dq, dq_full)
         else:
-            dk_tok = warpgroup_mma(ds_cur, q_cur, dk, is_async=True)
-        if SPLIT:
-            dq_hi_tok = warpgroup_mma(ds_cur.permute((1, 0)), k_cur.slice(HALF, PD - HALF, dim=1), dq_hi_zero,
-                                      use_acc=False, is_async=True)
-        else:
-            dq_hi_tok = warpgroup_mma(ds_cur.permute((1, 0)), k_cur.slice(HALF, HALF, dim=1), dq_zero, use_acc=False,
-                                      is_async=True)
-
-        # Releases as the groups retire (in order: dV, dQ low, dK, dQ high), each arrive one thread's
-        # after a barrier over the partition's 8 warps (the ws consumer's discipline)
-        if SPLIT:
-            dv, dv_hi = warpgroup_mma_wait(NG + 2, deps=[dv_tok, dvh_tok])
-        else:
-            dv = warpgroup_mma_wait(NG + 2, deps=[dv_tok])
-        gl.thread_barrier()
-        mbarrier.arrive(do_empty.index(do_idx), count=1)  # dO and D done with (and P^T)
-        dq = warpgroup_mma_wait(NG + 1, deps=[dq_lo_tok])
-        # the buffer's handover t: after the writer has read both halves of step t - 1
-        mbarrier.wait(dq_empty, (t + 1) & 1, pred=t > 0)
-        dq_smem.store(dq)
-        fence_async_shared()
-        gl.thread_barrier()
-        mbarrier.arrive(dq_full, count=1)
-        if SPLIT:
-            dk, dk_hi = warpgroup_mma_wait(1, deps=[dk_tok, dkh_tok])
-        else:
-            dk = warpgroup_mma_wait(1, deps=[dk_tok])
-        gl.thread_barrier()
-        dq = warpgroup_mma_wait(0, deps=[dq_hi_tok])
-        # the high half into this step's Q slot: dK, its last reader, retired in every warp before the
-        # barrier above; the writer releases the slot once its bulk copy has read the half
-        dq_hi_buf = q_cur._reinterpret(gl.float32, [BLOCK_M, HALF], dq_smem.layout)
-        if SPLIT:
-            dq_hi_buf = dq_hi_buf.slice(0, PD - HALF, dim=1)
-        dq_hi_buf.store(dq)
-        fence_async_shared()
-        gl.thread_barrier()
-        mbarrier.arrive(dq_hi_full, count=1)
+            # dQ's low half, then dK, then dQ's high half: the low half is handed to the writer while
+            # dK runs, the high half while the next step starts
+            dq_lo_tok = _dq_half_mma(ds_cur, k_cur, 0, HALF, dq_zero)
+            if SPLIT:
+                dk_tok, dkh_tok = _cols_mma(ds_cur, q_cur, dk, dk_hi)
+            else:
+                dk_tok = warpgroup_mma(ds_cur, q_cur, dk, is_async=True)
+            dq_hi_tok = _dq_half_mma(ds_cur, k_cur, HALF, PD - HALF, dq_hi_zero if SPLIT else dq_zero)
+            # releases as the groups retire (dV, dQ low, dK, dQ high)
+            if SPLIT:
+                dv, dv_hi = warpgroup_mma_wait(NG + 2, deps=[dv_tok, dvh_tok])
+            else:
+                dv = warpgroup_mma_wait(NG + 2, deps=[dv_tok])
+            gl.thread_barrier()
+            mbarrier.arrive(do_empty.index(do_idx), count=1)  # dO and D done with (and P^T)
+            dq = warpgroup_mma_wait(NG + 1, deps=[dq_lo_tok])
+            # the buffer's handover t: after the writer has read both halves of step t - 1
+            mbarrier.wait(dq_empty, (t + 1) & 1, pred=t > 0)
+            _hand_over(dq_smem, dq, dq_full)
+            if SPLIT:
+                dk, dk_hi = warpgroup_mma_wait(1, deps=[dk_tok, dkh_tok])
+            else:
+                dk = warpgroup_mma_wait(1, deps=[dk_tok])
+            gl.thread_barrier()  # dK retired in every warp: the Q slot is free for the high half
+            dq = warpgroup_mma_wait(0, deps=[dq_hi_tok])
+            _hand_over(_dq_hi_buf(q_cur, dq_smem, BLOCK_M, HALF, PD), dq, dq_hi_full)
         m_blk += 1
         if m_blk == m_lo + n_m:  # the next query head of the group
             m_blk = m_lo
@@ -1367,7 +1433,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0,
                   WINDOW: gl.constexpr = False, win_left=0, win_right=0, SOFTCAP: gl.constexpr = False,
                   softcap_a=0.0, ALIBI: gl.constexpr = False, Alibi_h0=None, alibi_unit=0.0,
-                  IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0):
+                  IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0, DQ_HI_FIRST: gl.constexpr = False):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments
     (``LSE_IN_ACC``: the key split only). ``WG_SPLIT``: warpgroup ``W`` of the key split alone (the
@@ -1377,7 +1443,8 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                             q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, k_row0, h_kv,
                             nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale,
                             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COALESCED_STORE, WINDOW,
-                            win_left, win_right, SOFTCAP, softcap_a, ALIBI, Alibi_h0, alibi_unit, IO_DIM, PROD_DIM)
+                            win_left, win_right, SOFTCAP, softcap_a, ALIBI, Alibi_h0, alibi_unit, IO_DIM, PROD_DIM,
+                            DQ_HI_FIRST)
     else:
         gl.static_assert(PROD_DIM == 0, "the split products: the column-split consumers")
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
@@ -1397,7 +1464,8 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False,
                          IS_VARLEN: gl.constexpr = False, WINDOW: gl.constexpr = False,
                          SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, Alibi=None,
-                         IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0, dq_hi_desc=None):
+                         IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0, dq_hi_desc=None,
+                         DQ_HI_FIRST: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers; 4
     with ``WG_SPLIT``: warpgroup 0, warpgroup 1 a worker partition); the producer and dQ-writer warps
     are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
@@ -1577,7 +1645,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          dq_hi_full, dK, dV, k_row0, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k,
                          softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT,
                          COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, w, WINDOW, win_left, win_right, SOFTCAP, softcap_a,
-                         ALIBI, Alibi_h0, alibi_unit, IO_DIM, PROD_DIM))
+                         ALIBI, Alibi_h0, alibi_unit, IO_DIM, PROD_DIM, DQ_HI_FIRST))
         if w < CONSUMERS else
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, tail_bar, b, h0,
@@ -1588,7 +1656,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_full, Sem, b, h0, m_lo, n_m,
                          n_iter, q_row0, seqlen_q, seqlen_k, nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, BLOCK_N,
                          IS_CAUSAL, DETERMINISTIC, DQ_COLS, STAGES, DQ_FLAT, dq_smem1, WG_SPLIT, WINDOW, win_left,
-                         dq_hi_desc))
+                         dq_hi_desc, DQ_HI_FIRST))
         for w in (0, 1, 2, 3)[:CONSUMERS + 2]
     ], [4, 1, 1] if WG_SPLIT else [1, 1],
         [WS_CONSUMER_REGS, WS_WORKER_REGS, WS_WORKER_REGS] if WG_SPLIT else [WS_WORKER_REGS, WS_WORKER_REGS])
@@ -1629,7 +1697,8 @@ def kernel_config(d: int, variant: str = "base", softcap: bool = False, alibi: b
                                     DO_STAGES=do_stages, COL_SPLIT=split,
                                     COALESCED_STORE=WS_COALESCED_STORE, DQ_FLAT=flat,
                                     LSE_IN_ACC=bool(WS_LSE_IN_ACC.get(d, False)) and not split and not softcap,
-                                    WG_SPLIT=wg_split, SOFTCAP=bool(softcap)))
+                                    WG_SPLIT=wg_split, SOFTCAP=bool(softcap),
+                                    DQ_HI_FIRST=bool(WS_DQ_HI_FIRST) and split))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
