@@ -128,7 +128,7 @@ def bwd_setup(name):
             out, lse = gluon_pad_fwd(q, k, v, causal)
 
             def run():
-                saved, hb.WS_DQ_HI_FIRST = hb.WS_DQ_HI_FIRST, False
+                saved, hb.WS_DQ_HI_FIRST = hb.WS_DQ_HI_FIRST, ()
                 try:
                     return hopper_backward(dout, q, k, v, out, lse, q.shape[-1] ** -0.5, causal, variant="ws")
                 finally:

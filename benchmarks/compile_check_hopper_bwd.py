@@ -19,7 +19,7 @@ that loop and at most 24 B outside it.
                                                   [--no-ptxas] [--jobs N] [--deterministic]
                                                   [--dq-swizzled] [--lse-in-acc] [--wg-partitions]
                                                   [--varlen] [--window] [--softcap] [--col-split]
-                                                  [--dq-lo-first]
+                                                  [--dq-hi-first on|off]
 
 ``--varlen``: the ws kernel's packed-sequence form (``IS_VARLEN``) instead of the fixed-length one.
 ``--window``: the ws kernel's sliding-window form (``WINDOW``; non-causal: a window replaces the mask).
@@ -71,6 +71,7 @@ def compile_one(variant, d, dt, causal, deterministic=False, varlen=False, windo
                                  IO_DIM=IO_DIM,
                                  PROD_DIM=hopper.bwd_split_cols_for(d, IO_DIM, cfg["constexprs"]["COL_SPLIT"]))
         prod = cfg["constexprs"]["PROD_DIM"]
+        cfg["constexprs"]["DQ_HI_FIRST"] = hopper_backward.dq_hi_first(d, cfg["constexprs"]["COL_SPLIT"], prod)
         if prod:  # dQ's high half by its own descriptor (the launcher's), 64 columns wide
             sig.update(dq_hi_desc=f"tensordesc<fp32[{rows},{prod - d // 2}],{lay['dq']!r}>")
         else:
@@ -176,12 +177,13 @@ def main():
     ap.add_argument("--split-cols", default="default", choices=("default", "on", "off"),
                     help="ws with --io-dim 136-192 at d = 256: the products over 192 columns (PROD_DIM, "
                          "hopper.bwd_split_cols) or all 256")
-    ap.add_argument("--dq-lo-first", action="store_true",
-                    help="the column split's dQ low half handed over first (``WS_DQ_HI_FIRST`` off; NOTES §160)")
+    ap.add_argument("--dq-hi-first", default="default", choices=("default", "on", "off"),
+                    help="the column split's dQ high half handed over first at every product width, or at none "
+                         "(``WS_DQ_HI_FIRST``; default: its widths; NOTES §160)")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="compiles in parallel")
     args = ap.parse_args()
-    if args.dq_lo_first:  # before the compile jobs' processes are forked (they inherit it)
-        hopper_backward.WS_DQ_HI_FIRST = False
+    if args.dq_hi_first != "default":  # before the compile jobs' processes are forked (they inherit it)
+        hopper_backward.WS_DQ_HI_FIRST = (192, 256) if args.dq_hi_first == "on" else ()
     if args.io_dim:  # before the compile jobs' processes are forked (they inherit it)
         global IO_DIM
         IO_DIM = args.io_dim

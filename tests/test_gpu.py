@@ -1704,12 +1704,13 @@ def test_hopper_split_cols_matches_full_width(d, causal, variant, poison_alloc):
 @pytest.mark.parametrize("d", [192, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_hopper_backward_dq_hi_first_matches_lo_first(d, causal, monkeypatch, poison_alloc):
-    """The column split handing dQ's high half to the writer first (``WS_DQ_HI_FIRST``: the Q slot
-    released as soon as the half staged there is read, NOTES §160) gives the ordered backward's three
-    gradients bit for bit those of the low half first (the same additions in the same key-block order,
-    the halves' columns disjoint), and the default (unordered) mode passes the float64 oracle. d = 256
-    native and d = 192 padded in place (its 64-column high half), GQA, seqlen_q != seqlen_k, partial
-    tiles, poisoned allocations."""
+    """The column split handing dQ's high half to the writer first (``DQ_HI_FIRST``: the Q slot
+    released as soon as the half staged there is read, NOTES §160; the default at the products over 192
+    columns, ``WS_DQ_HI_FIRST``) gives the ordered backward's three gradients bit for bit those of the
+    low half first (the same additions in the same key-block order, the halves' columns disjoint), and
+    either order in the default (unordered) mode passes the float64 oracle. d = 256 native and d = 192
+    padded in place (its 64-column high half), GQA, seqlen_q != seqlen_k, partial tiles, poisoned
+    allocations."""
     from ioattn import hopper
     from ioattn.kernels import hopper_backward as hb
     torch.manual_seed(13)
@@ -1717,17 +1718,16 @@ def test_hopper_backward_dq_hi_first_matches_lo_first(d, causal, monkeypatch, po
     k, v = (torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     dout = torch.randn_like(q)
     out, lse = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
+    assert hb.dq_hi_first(256, True, hopper.bwd_split_cols_for(256, d if d < 256 else 0, True)) == (d == 192)
     runs = []
-    for hi_first in (True, False):
-        monkeypatch.setattr(hb, "WS_DQ_HI_FIRST", hi_first)
-        assert hb.kernel_config(256, "ws")["constexprs"]["DQ_HI_FIRST"] == hi_first
+    for widths in ((192, 256), ()):  # the high half first at every width, then at none
+        monkeypatch.setattr(hb, "WS_DQ_HI_FIRST", widths)
         runs.append(hb.hopper_backward(dout, q, k, v, out, lse, d ** -0.5, causal, variant="ws", deterministic=True))
+        grads = hb.hopper_backward(dout, q, k, v, out, lse, d ** -0.5, causal, variant="ws")
+        _assert_out_and_grads(out, grads, dout, q, k, v, (-1, 0) if causal else (-1, -1))
     for name, a, b in zip(("dq", "dk", "dv"), *runs):
         assert not torch.isnan(a).any(), name
         assert torch.equal(a, b), (name, (a.float() - b.float()).abs().max().item())
-    monkeypatch.setattr(hb, "WS_DQ_HI_FIRST", True)
-    grads = hb.hopper_backward(dout, q, k, v, out, lse, d ** -0.5, causal, variant="ws")
-    _assert_out_and_grads(out, grads, dout, q, k, v, (-1, 0) if causal else (-1, -1))
 
 
 # (flash_attn_func keywords, "alibi" for slopes): the kernels' forms at a padded head dim, in place

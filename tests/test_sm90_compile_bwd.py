@@ -168,13 +168,16 @@ def test_hopper_backward_split_cols_compile_for_sm90():
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 @pytest.mark.parametrize("io_dim", [0, 192])
 def test_hopper_backward_dq_hi_first_compile_for_sm90(io_dim):
-    """The column split handing dQ's high half to the writer first (``WS_DQ_HI_FIRST``, NOTES §160)
+    """The column split handing dQ's high half to the writer first (``DQ_HI_FIRST``, NOTES §160)
     compiles at d = 256 and at a padded 192, both masks: wgmma pipelined, no spill, the same products,
     commit groups and reduce messages as the low half first, and one more wait in the writer for its
-    bulk reads a step (the high half read, then the Q slot released, before the low half's wait)."""
+    bulk reads a step (the high half read, then the Q slot released, before the low half's wait). The
+    default build is the high half first at the products over 192 columns only (``WS_DQ_HI_FIRST``)."""
     base = ["--variants", "ws", "--headdims", "256"] + (["--io-dim", str(io_dim)] if io_dim else [])
-    hi, lo = (_compile_check(*base, *extra)[1] for extra in ([], ["--dq-lo-first"]))
-    assert len(hi) == len(lo) == 2, (hi, lo)
+    hi, lo, default = (_compile_check(*base, *extra)[1] for extra in (["--dq-hi-first", "on"],
+                                                                      ["--dq-hi-first", "off"], []))
+    assert len(hi) == len(lo) == len(default) == 2, (hi, lo, default)
+    assert default == (hi if io_dim == 192 else lo), (io_dim, default)
     for h, l in zip(hi, lo):
         assert "-hifirst" in h and "-hifirst" not in l, (h, l)
         for line in (h, l):

@@ -375,12 +375,23 @@ WS_SCORE_MOD_BLOCK_M = {64: 64}
 # at N=1024, +3 to +4 % at 4096, +1 to +2 % at 16384 (NOTES §58, results/session-2026-12-02-g).
 # False: the accumulator-layout stores (ab_bwd's "gluon-ws-accstore").
 WS_COALESCED_STORE = True
-# "ws", the column-split form: dQ's high half (staged in the step's Q slot) handed to the writer
-# before the low half, and the slot released as soon as it is read (``_ws_consumer_dsplit``,
-# ``_ws_dq_writer``). The slot's release gates the producer's load of step t + 2's Q (two Q slots, no
-# room for a third); the low half first kept the slot until after both halves' stores and reads.
-# An A/B switch (ab_bwd's "gluon-ws-dqlofirst": False); NOTES §160.
-WS_DQ_HI_FIRST = True
+# "ws", the column-split form: the products' widths (``PROD_DIM``, 256 for the native d = 256) at which
+# dQ's high half (staged in the step's Q slot) goes to the writer before the low half, the slot
+# released as soon as it is read (``DQ_HI_FIRST``: ``_ws_consumer_dsplit``, ``_ws_dq_writer``; the low
+# half first keeps the slot until after both halves' stores and reads, but its store runs beside dK
+# and the high half's products). Measured, hi / lo first (ab_bwd / ab_padded, 3 rounds, H200, bf16, 16k
+# tokens, N = 512 / 1024 / 4096 / 16384; results/session-2026-12-21-a, NOTES §160): 192 (the padded
+# head dims 136-192) 234 / 231, 296 / 291, 361 / 358, 373 / 356, causal 161 / 155, 230 / 222, 334 / 325,
+# 377 / 374 (+0.8 to +4.8 %); 256 (N = 1024 / 4096 / 16384) 341 / 349, 409 / 416, 407 / 416, causal
+# 267 / 268, 366 / 386, 414 / 424 (-0.4 to -5.2 %). ab_bwd's "gluon-ws-dqhifirst" / ab_padded's
+# "gluon-pad-dqlofirst" time the other order.
+WS_DQ_HI_FIRST = (192,)
+
+
+def dq_hi_first(d: int, col_split: bool, prod_dim: int) -> bool:
+    """The ws kernel's ``DQ_HI_FIRST`` for head dim ``d`` (the column split's, ``col_split``) at the
+    launcher's ``PROD_DIM`` (0: the whole head dim): ``WS_DQ_HI_FIRST``'s choice by product width."""
+    return bool(col_split) and (prod_dim or d) in WS_DQ_HI_FIRST
 # "ws": registers of the producer and dQ-writer warps (setmaxnreg dec): FA3's producer budget, 24.
 # The consumer partition gets (65536 - 24 * 128) / 256 = 244 -> 240 (Triton rounds to a multiple of 8),
 # FA3's 240 for two MMA warpgroups.
@@ -923,7 +934,7 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
     descriptor's block wide (64 columns), the first columns of the Q slot's fp32 view; the
     accumulator's columns past them are never added to.
 
-    ``DQ_HI_FIRST`` (``WS_DQ_HI_FIRST``, the column split): the consumers hand the high half over
+    ``DQ_HI_FIRST`` (``dq_hi_first``, the column split): the consumers hand the high half over
     first, and the writer takes it first and releases the Q slot (``q_empty``) as soon as its bulk
     copy has read it, before it waits for the low half; ``dq_empty`` still once a step, after the low
     half. The consumers wait for ``dq_empty`` before either store, so both full barriers still
@@ -1222,7 +1233,7 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
     and [64, 64] (``_cols_mma``), staged side by side for the stores; dQ's high half 64 columns wide (the
     first 64 of the Q slot's fp32 view, added by the writer through its 64-column ``dq_hi_desc``).
 
-    ``DQ_HI_FIRST`` (``WS_DQ_HI_FIRST``): dK, then dQ's high half, then its low half, the high half
+    ``DQ_HI_FIRST`` (``dq_hi_first``: the products over 192 columns): dK, then dQ's high half, then its low half, the high half
     handed to the writer first, as soon as dK (the Q slot's last reader) and it have retired: the
     slot, whose release gates the producer's load of step t + 2's Q, goes back one half-store and
     one half-read sooner (NOTES §160). Both stores follow the wait for the writer to have read the
@@ -1697,8 +1708,7 @@ def kernel_config(d: int, variant: str = "base", softcap: bool = False, alibi: b
                                     DO_STAGES=do_stages, COL_SPLIT=split,
                                     COALESCED_STORE=WS_COALESCED_STORE, DQ_FLAT=flat,
                                     LSE_IN_ACC=bool(WS_LSE_IN_ACC.get(d, False)) and not split and not softcap,
-                                    WG_SPLIT=wg_split, SOFTCAP=bool(softcap),
-                                    DQ_HI_FIRST=bool(WS_DQ_HI_FIRST) and split))
+                                    WG_SPLIT=wg_split, SOFTCAP=bool(softcap)))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
@@ -1914,7 +1924,9 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
                                    Alibi=alibi_slopes if has_alibi else q.new_empty(0, dtype=torch.float32),
                                    IS_CAUSAL=bool(causal), DETERMINISTIC=bool(deterministic), IS_VARLEN=varlen,
                                    WINDOW=has_window, IO_DIM=io_dim if dp else 0,
-                                   PROD_DIM=prod_dim, dq_hi_desc=dq_hi_desc, num_warps=cfg["num_warps"], **consts)
+                                   PROD_DIM=prod_dim, dq_hi_desc=dq_hi_desc,
+                                   DQ_HI_FIRST=dq_hi_first(d, consts["COL_SPLIT"], prod_dim),
+                                   num_warps=cfg["num_warps"], **consts)
     if flat:
         return dq_from_flat(dq_accum, q, bm, softmax_scale, cu_q if varlen else None, stat_stride // bm, d), dk, dv
     # one pass: scale and cast into dQ (``(dq_accum * scale).to(dtype)`` made an fp32 copy first)
