@@ -7,6 +7,7 @@ the copies by ``F.pad`` at every d (run223's form, §154), "gluon-pad-wide" the 
 products over all 256 columns at d = 136-192 (``hopper.split_cols`` / ``bwd_split_cols`` off, NOTES
 §157 / §158), "gluon-pad-dqlofirst" (backward only) the in-place path with dQ's low half handed to the
 writer first (``hopper_backward.WS_DQ_HI_FIRST`` off, NOTES §160),
+"gluon-pad-ring" (forward only) the in-place path with the split ring (``hopper.split_ring``, NOTES §161),
 "gluon-pad-pp" / "gluon-pad-pers" (forward only) the in-place path in one variant at every length;
 against the default dispatch ("ioattn": the portable kernels at these head dims before the padded
 policy, ``hopper.PADDED_MIN_SEQLEN``'s choice after), the portable kernels themselves ("portable"), and
@@ -69,6 +70,13 @@ def gluon_pad_wide_fwd(q, k, v, causal):
         return hopper.hopper_forward(q, k, v, q.shape[-1] ** -0.5, causal)
 
 
+def gluon_pad_ring_fwd(q, k, v, causal):
+    """The in-place path with the split ring (``hopper.split_ring``: K / V tiles in 128 + 64-column
+    buffers, three stages; NOTES §161)."""
+    with hopper.split_ring(True):
+        return hopper.hopper_forward(q, k, v, q.shape[-1] ** -0.5, causal)
+
+
 def gluon_pad_variant_fwd(name):
     """The in-place path with the forward's variant forced (``hopper.variant``): "pingpong" (one tile a
     program) or "persistent" at every length."""
@@ -102,6 +110,7 @@ def fwd_providers():
             "gluon-fpad": lambda *a: gluon_fpad_fwd(*a)[0], "gluon-pad-wide": lambda *a: gluon_pad_wide_fwd(*a)[0],
             "gluon-pad-pp": lambda *a: gluon_pad_variant_fwd("pingpong")(*a)[0],
             "gluon-pad-pers": lambda *a: gluon_pad_variant_fwd("persistent")(*a)[0],
+            "gluon-pad-ring": lambda *a: gluon_pad_ring_fwd(*a)[0],
             "sdpa-cudnn": sdpa_fwd(SDPBackend.CUDNN_ATTENTION), "sdpa-flash": sdpa_fwd(SDPBackend.FLASH_ATTENTION)}
 
 

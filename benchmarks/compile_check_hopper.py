@@ -88,10 +88,13 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
                k_desc=f"tensordesc<{dt}[{bn},{d}],{kv_layout!r}>",
                v_desc=f"tensordesc<{dt}[{bn},{d}],{kv_layout!r}>", Out=f"*{dt}", Lse="*fp32", qk_scale="fp32",
                softcap_a="fp32", alibi_unit="fp32")
+    ring = bool(IO_DIM) and hopper.split_ring_for(d, IO_DIM, variant, cfg_tail(varlen, kv_tail))  # the launcher's
     if IO_DIM:  # the launcher's head-padded descriptors (hopper.padded_rows_desc): one rank more, a unit box
-        for name, rows in (("q_desc", q_rows), ("k_desc", bn), ("v_desc", bn)):
-            lay = gl.NVMMASharedLayout.get_default_for([1, rows, d], DTYPES[dt])
-            sig[name] = f"tensordesc<{dt}[1,{rows},{d}],{lay!r}>"
+        for name, rows, cols in (("q_desc", q_rows, d), ("k_desc", bn, 128 if ring else d),
+                                 ("v_desc", bn, 128 if ring else d)) + ((("k_hi_desc", bn, 64),
+                                                                        ("v_hi_desc", bn, 64)) if ring else ()):
+            lay = gl.NVMMASharedLayout.get_default_for([1, rows, cols], DTYPES[dt])
+            sig[name] = f"tensordesc<{dt}[1,{rows},{cols}],{lay!r}>"
         o_layout = gl.NVMMASharedLayout.get_default_for([1, 1, q_rows, d], DTYPES[dt])
     # KV_TAIL as the launcher sets it for varlen; fixed length: off unless asked (lengths that are
     # multiples of the key tile)
@@ -102,6 +105,11 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
     constexprs.update(KEY_MASKS=WINDOW_FORM or hopper.key_masks(d, variant, causal, constexprs["KV_TAIL"]),
                       DIAG_TRIM=hopper.diag_trim_for(d, variant, causal), WINDOW=WINDOW_FORM, SOFTCAP=SOFTCAP_FORM,
                       ALIBI=alibi, IO_DIM=IO_DIM, PROD_DIM=hopper.split_cols_for(d, IO_DIM, variant))
+    if ring:
+        constexprs.update(STAGES=hopper.SPLIT_RING_STAGES)
+        cfg["stages"] = hopper.SPLIT_RING_STAGES
+    else:  # the launcher passes None
+        constexprs.update(k_hi_desc=None, v_hi_desc=None)
     if ALIBI_FORM:  # the slopes (else the launcher passes None)
         sig.update(Alibi="*fp32")
     else:
@@ -283,6 +291,9 @@ def main():
     ap.add_argument("--io-dim", type=int, default=0,
                     help="the tensors' head dim below the kernel's (IO_DIM, hopper.padded_rows_desc's 3-D / 4-D "
                          "descriptors; a multiple of 8): the head-padded kernels without copies")
+    ap.add_argument("--split-ring", default="default", choices=("default", "on", "off"),
+                    help="with the products over 192 columns: the K / V ring in 128 + 64-column buffers, "
+                         "three stages (hopper.split_ring, NOTES §161)")
     ap.add_argument("--split-cols", default="default", choices=("default", "on", "off"),
                     help="with --io-dim 136-192 at d = 256: the products over 192 columns (PROD_DIM, "
                          "hopper.split_cols) or all 256")
@@ -363,6 +374,8 @@ def main():
         hopper.walk_table.value = args.walk_table == "on"
     if args.split_cols != "default":  # likewise
         hopper.split_cols.value = args.split_cols == "on"
+    if args.split_ring != "default":  # likewise
+        hopper.split_ring.value = args.split_ring == "on"
     if args.deferred_row_sum != "default":  # before the compile jobs' processes are forked (they inherit it)
         hopper.deferred_row_sum.value = args.deferred_row_sum == "on"
     if args.mask_branch != "default":  # likewise

@@ -205,6 +205,23 @@ def split_cols_for(d: int, io_dim: int, name: str) -> int:
     return 0
 
 
+# The forward's split ring at the products over 192 columns (NOTES §161): the K / V ring's tiles as a
+# 128-column and a 64-column buffer each (``k_desc`` / ``v_desc`` in 128-column boxes, ``k_hi_desc`` /
+# ``v_hi_desc`` in 64-column boxes from column 128; TMA's fill past d as before), 48 KB a stage instead of
+# the 256-wide tiles' 64 KB, so the ring takes ``SPLIT_RING_STAGES`` stages where the wide tiles fit two
+# (Q 64 KB + 3 x 48 KB). ``with hopper.split_ring(True / False): ...`` the A/B's arms.
+split_ring = dispatch.Preference(False)
+SPLIT_RING_STAGES = 3
+
+
+def split_ring_for(d: int, io_dim: int, name: str, kv_tail: bool = False) -> bool:
+    """Whether the forward kernel runs the split ring (``split_ring``) for kernel head dim ``d``, the
+    tensors' ``io_dim`` and variant ``name``: only with the products over 192 columns (``split_cols_for``)
+    and whole key tiles (``kv_tail`` False: the producer's zeroing of a last V tile's two pieces spills
+    in the one-tile kernel's 24-register producer, 32 B)."""
+    return split_cols_for(d, io_dim, name) == 192 and not kv_tail and split_ring.wanted()
+
+
 # The backward's twin (the column-split ws kernel at d = 256, NOTES §158): S^T and dP^T as two chained
 # products over columns 0:128 and 128:192, dV and dK as [64, 128] + [64, 64] accumulators; dQ's halves
 # stay 128 wide (the writer adds whole halves). ``with hopper.bwd_split_cols(False): ...`` the A/B's
@@ -1506,7 +1523,15 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     # (hopper_supports has checked that copy_for_layout allows them)
     rows = dispatch.tma_rows_view
     q, k, v = (t if rows(t) is not None else t.contiguous() for t in (q, k, v))
-    if dp:  # the same views, read in [.., d] boxes zero-filled past io_dim
+    kv_tail = varlen or seqlen_k % block_n != 0  # a key tile may reach past a sequence's end
+    ring_split = dp and split_ring_for(d, io_dim, cfg["variant"], kv_tail)
+    k_hi_desc = v_hi_desc = None
+    if ring_split:  # the split ring: K / V in 128- and 64-column boxes (from column 128)
+        q_desc = padded_rows_desc(q, q_rows, d, dt)
+        k_desc, v_desc = (padded_rows_desc(t, block_n, 128, dt) for t in (k, v))
+        k_hi_desc, v_hi_desc = (padded_rows_desc(t, block_n, 64, dt) for t in (k, v))
+        cfg = dict(cfg, constexprs=dict(cfg["constexprs"], STAGES=SPLIT_RING_STAGES))
+    elif dp:  # the same views, read in [.., d] boxes zero-filled past io_dim
         q_desc = padded_rows_desc(q, q_rows, d, dt)
         k_desc, v_desc = (padded_rows_desc(t, block_n, d, dt) for t in (k, v))
     else:
@@ -1518,7 +1543,6 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     grid = (grid_programs(q.device, cfg["variant"], num_tiles),)
     popts = persistent_options(d, cfg["variant"], causal, num_m)
     out_stores = row_stores(d, cfg["variant"])
-    kv_tail = varlen or seqlen_k % block_n != 0  # a key tile may reach past a sequence's end
     o_desc = None
     if out_stores == 3:  # the output as (batch, seqlen_q, nheads * d) in [1, q_rows, d] boxes: a bulk copy
         # drops the rows past seqlen_q itself (the persistent kernel's, fixed-length calls only)
@@ -1566,6 +1590,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
                             **popts,
                             Walk=walk, IO_DIM=io_dim if dp else 0,
                             PROD_DIM=split_cols_for(d, io_dim if dp else 0, cfg["variant"]),
+                            k_hi_desc=k_hi_desc, v_hi_desc=v_hi_desc,
                             num_warps=cfg["num_warps"], **cfg["constexprs"])
     return out, lse
 

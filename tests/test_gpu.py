@@ -1730,6 +1730,36 @@ def test_hopper_backward_dq_hi_first_matches_lo_first(d, causal, monkeypatch, po
         assert torch.equal(a, b), (name, (a.float() - b.float()).abs().max().item())
 
 
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d", [136, 160, 192])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("variant", ["persistent", "pingpong"])
+def test_hopper_split_ring_matches_whole_tiles(d, causal, variant, poison_alloc):
+    """The forward's split ring (``hopper.split_ring``: the K / V tiles' columns 0:128 and 128:192 in
+    buffers of their own, three stages, NOTES §161) gives bit for bit the 256-wide tiles' output and lse
+    (the same products in the same order; the ring only moves where the tiles sit), at GQA, seqlen_q !=
+    seqlen_k (whole key tiles: the ring's condition), partial query tiles, from poisoned allocations, and
+    against the float64 oracle; a key length with a partial last tile keeps the whole tiles."""
+    from ioattn import hopper
+    torch.manual_seed(14)
+    q = torch.randn(2, 333, 4, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 320, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    assert hopper.split_ring_for(256, d, variant) is False  # off by default until measured
+    with hopper.split_ring(True):
+        assert hopper.split_ring_for(256, d, variant) and not hopper.split_ring_for(256, d, variant, kv_tail=True)
+    results = []
+    for ring in (True, False):
+        with hopper.variant(variant), hopper.split_ring(ring):
+            results.append(hopper.hopper_forward(q, k, v, d ** -0.5, causal))
+    for name, a, b in zip(("out", "lse"), *results):
+        assert not torch.isnan(a).any(), name
+        assert torch.equal(a, b), (name, (a.float() - b.float()).abs().max().item())
+    window = (-1, 0) if causal else (-1, -1)
+    refs = attention_oracles(q, k, v, torch.zeros_like(q), window=window)
+    assert_within_torch_error(f"ring d={d} {variant}", results[0][0], refs["out64"], refs["out_t"])
+    assert_lse_close(f"ring lse d={d} {variant}", results[0][1], refs["lse64"].float())
+
+
 # (flash_attn_func keywords, "alibi" for slopes): the kernels' forms at a padded head dim, in place
 _PADDED_FORMS = [dict(window_size=(100, 0)), dict(window_size=(256, 256)), dict(softcap=20.0, causal=True),
                  dict(alibi=True), dict(alibi=True, causal=True), dict(alibi=True, softcap=20.0, window_size=(300, 0))]

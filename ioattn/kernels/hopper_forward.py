@@ -131,23 +131,25 @@ def _tile_layout(layout):
 
 
 @gluon.jit
-def _load_rows(desc, row, col, bar, dst):
+def _load_rows(desc, row, col, bar, dst, c0=0):
     """TMA copy of the [rows, HEAD_DIM] tile at (``row``, ``col``) of the (rows, nheads * d) view into
     ``dst``, completing on ``bar`` (``col``: a head's first column, head * d). A 3-D ``desc``
     (``ioattn.hopper.padded_rows_desc``: the tensors' head dim d below the kernel's HEAD_DIM, a
     multiple of 8) reads the same view with its column split into 8-column groups and an offset
     bounded by d, so the columns past d land as zeros (TMA's fill of a box past the bounds): the
-    kernel computes at HEAD_DIM on zero-padded heads without a padded copy."""
+    kernel computes at HEAD_DIM on zero-padded heads without a padded copy. ``c0``: the box's first
+    column within the head (the K / V tiles' columns 128: in buffers of their own, ``_pp_shared``)."""
     if len(desc.block_type.shape) == 3:
-        tma.async_copy_global_to_shared(desc, [col // 8, row, 0], bar,
+        tma.async_copy_global_to_shared(desc, [col // 8, row, c0], bar,
                                         dst.reshape([1, dst.shape[0], dst.shape[1]]))
     else:
-        tma.async_copy_global_to_shared(desc, [row, col], bar, dst)
+        tma.async_copy_global_to_shared(desc, [row, col + c0], bar, dst)
 
 
 @gluon.jit
 def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col, n_lo,
-              n_tiles, seqlen_k, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KV_TAIL: gl.constexpr, g0=0, tails=0):
+              n_tiles, seqlen_k, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KV_TAIL: gl.constexpr, g0=0, tails=0,
+              kv_hi=None):
     """K and V tiles n_lo .. n_lo + n_tiles - 1 into the ring; ``g0``: ring uses before this call
     (a persistent program's running count), which fixes each tile's slot and phase. The V tile the
     key end falls in (a sequence length not a multiple of BLOCK_N) lands instead on ``v_tail`` (the
@@ -155,8 +157,12 @@ def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty
     and only then is it released to the consumers, by a plain arrive on its ``v_ready`` (count 1, no
     bytes pending); compiled only with ``KV_TAIL`` (the host sets it for varlen calls and key lengths
     not a multiple of BLOCK_N). ``tails``: such tiles before this call (``v_tail``'s phase); returns
-    the count after it."""
+    the count after it. ``kv_hi`` (``_pp_shared``'s split ring): (k_hi_desc, v_hi_desc, k_hi, v_hi),
+    each tile's columns 128: in rings of their own, loaded beside the first 128 on the same barriers."""
     tails = tails + 0 * n_tiles  # a runtime integer whatever the caller passed (loop-carried)
+    k_bytes: gl.constexpr = k_desc.block_type.nbytes + (0 if kv_hi is None else kv_hi[0].block_type.nbytes)
+    v_bytes: gl.constexpr = v_desc.block_type.nbytes + (0 if kv_hi is None else kv_hi[1].block_type.nbytes)
+    C_HI: gl.constexpr = k_desc.block_type.shape[-1]  # the split ring's high columns start here
     v_tail = v_ready.index(STAGES)
     for j in range(n_tiles):
         i = g0 + j
@@ -164,19 +170,28 @@ def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty
         reuse_phase = ((i // STAGES) & 1) ^ 1  # the consumers' release of this slot's previous tile
         row = kv_row0 + (n_lo + j) * BLOCK_N
         mbarrier.wait(k_empty.index(s), reuse_phase, pred=i >= STAGES)
-        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+        mbarrier.expect(k_ready.index(s), k_bytes)
         _load_rows(k_desc, row, kv_col, k_ready.index(s), k_smem.index(s))
+        if kv_hi is not None:
+            _load_rows(kv_hi[0], row, kv_col, k_ready.index(s), kv_hi[2].index(s), C_HI)
         mbarrier.wait(v_empty.index(s), reuse_phase, pred=i >= STAGES)
         if KV_TAIL and (n_lo + j + 1) * BLOCK_N > seqlen_k:
-            mbarrier.expect(v_tail, v_desc.block_type.nbytes)
+            mbarrier.expect(v_tail, v_bytes)
             _load_rows(v_desc, row, kv_col, v_tail, v_smem.index(s))
+            if kv_hi is not None:
+                _load_rows(kv_hi[1], row, kv_col, v_tail, kv_hi[3].index(s), C_HI)
             mbarrier.wait(v_tail, tails & 1)
             tails += 1
             _zero_v_tail(v_smem.index(s), seqlen_k - (n_lo + j) * BLOCK_N, BLOCK_N, v_desc.block_type.shape[-1])
+            if kv_hi is not None:
+                _zero_v_tail(kv_hi[3].index(s), seqlen_k - (n_lo + j) * BLOCK_N, BLOCK_N,
+                             kv_hi[1].block_type.shape[-1])
             mbarrier.arrive(v_ready.index(s), count=1)
         else:
-            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+            mbarrier.expect(v_ready.index(s), v_bytes)
             _load_rows(v_desc, row, kv_col, v_ready.index(s), v_smem.index(s))
+            if kv_hi is not None:
+                _load_rows(kv_hi[1], row, kv_col, v_ready.index(s), kv_hi[3].index(s), C_HI)
     return tails
 
 
@@ -498,13 +513,20 @@ def _prod_dim(head_dim, prod_dim):
 
 
 @gluon.jit
-def _qk_mma(q_smem, k_tile, s_zero, PROD_DIM: gl.constexpr):
+def _qk_mma(q_smem, k_tile, s_zero, PROD_DIM: gl.constexpr, k_hi=None, slot=0):
     """Issue S = Q K^T asynchronously over the first ``PROD_DIM`` head-dim columns (``_prod_dim``): one
     product, or (192 of a 256-wide tile) two chained ones, over columns 0:128 and 128:192, the second
     accumulating onto the first (two commit groups). The backward's S^T = K Q^T and dP^T = V dO^T
-    are the same call with the operands in that order."""
+    are the same call with the operands in that order. ``k_hi``: the forward's split ring (``_split_ring``),
+    K's columns 128:PROD_DIM in a ring of their own (its tile at ``slot``), ``k_tile`` then 128 wide."""
     HEAD_DIM: gl.constexpr = k_tile.shape[1]
-    if PROD_DIM == HEAD_DIM:
+    if k_hi is not None:
+        gl.static_assert(HEAD_DIM == 128 and k_hi.shape[2] == PROD_DIM - 128, "the split ring: 128 + 64 columns")
+        s_tok = warpgroup_mma(q_smem.slice(0, 128, dim=1), k_tile.permute((1, 0)), s_zero, use_acc=False,
+                              is_async=True)
+        s_tok = warpgroup_mma(q_smem.slice(128, PROD_DIM - 128, dim=1), k_hi.index(slot).permute((1, 0)), s_tok,
+                              is_async=True)
+    elif PROD_DIM == HEAD_DIM:
         s_tok = warpgroup_mma(q_smem, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     else:
         s_tok = warpgroup_mma(q_smem.slice(0, 128, dim=1), k_tile.slice(0, 128, dim=1).permute((1, 0)), s_zero,
@@ -515,13 +537,18 @@ def _qk_mma(q_smem, k_tile, s_zero, PROD_DIM: gl.constexpr):
 
 
 @gluon.jit
-def _pv_mma_split(o, o_hi, p16, v_smem, i, STAGES: gl.constexpr):
+def _pv_mma_split(o, o_hi, p16, v_smem, i, STAGES: gl.constexpr, v_hi=None):
     """Issue O += P(i) V(i) over 192 of a 256-wide tile's columns asynchronously, as two products (two
-    commit groups): ``o`` the columns 0:128, ``o_hi`` 128:192."""
+    commit groups): ``o`` the columns 0:128, ``o_hi`` 128:192. ``v_hi``: the split ring's high
+    columns (``_pp_shared``), ``v_smem`` then 128 wide."""
     v = v_smem.index(i % STAGES)
+    if v_hi is None:
+        v_h = v.slice(128, o_hi.shape[1], dim=1)
+    else:
+        v_h = v_hi.index(i % STAGES)
     lo = warpgroup_mma(p16, v.slice(0, 128, dim=1), o, is_async=True)
     hi = warpgroup_mma(gl.convert_layout(p16, gl.DotOperandLayout(0, o_hi.type.layout, 2), assert_trivial=True),
-                       v.slice(128, o_hi.shape[1], dim=1), o_hi, is_async=True)
+                       v_h, o_hi, is_async=True)
     return lo, hi
 
 
@@ -728,7 +755,7 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                        ROW_STORES: gl.constexpr, FEWER_MASKS: gl.constexpr = False,
                        KEY_MASKS: gl.constexpr = True, WINDOW: gl.constexpr = False, win_left=0, win_right=0,
                        SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False, alibi_a=0.0,
-                       IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0):
+                       IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0, kv_hi=None):
     """One consumer warpgroup of the ping-pong (``NUM_WG`` = 2) or three-warpgroup ring (3) variant:
     ``BLOCK_M`` (= 64) query rows of its own, the K/V ring shared with the other consumer warpgroups.
 
@@ -770,7 +797,7 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                                m_start, seqlen_q, seqlen_k, n_lo, n_tiles, qk_scale, 0, 0, HEAD_DIM, BLOCK_M, BLOCK_N,
                                STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, False, EXP2_FMA, FEWER_MASKS,
                                KEY_MASKS, False, WINDOW, win_left, win_right, SOFTCAP, softcap_a, ALIBI, alibi_a,
-                               PROD_DIM)
+                               PROD_DIM, kv_hi)
     rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _wg_acc_layout(BLOCK_N)))
     # ROW_STORES 2: staged in this warpgroup's Q buffer (its S products all retired in the key loop)
     _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
@@ -779,14 +806,14 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
 
 @gluon.jit
 def _issue_s0(q_op, k_smem, k_ready, my_turn, next_turn, g0, sec0, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr, PROD_DIM: gl.constexpr = 0):
+              STAGES: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr, PD: gl.constexpr, k_hi=None):
     """A tile's critical section #0 (``_pp_mainloop``): S(0) = Q K(0)^T issued once K(0) has landed and
     the turn is this warpgroup's; returns its token. ``q_op``: Q's shared-memory buffer, or its
-    registers (``LEAN_Q_REGS``). ``PROD_DIM``: ``_qk_mma``'s."""
+    registers (``LEAN_Q_REGS``). ``PD``, ``k_hi`` (the ring's): ``_qk_mma``'s."""
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=_wg_acc_layout(BLOCK_N))
     mbarrier.wait(k_ready.index(g0 % STAGES), (g0 // STAGES) & 1)
     _turn_wait(my_turn, sec0, TURN0, ORDERED)
-    s_tok = _qk_mma(q_op, k_smem.index(g0 % STAGES), s_zero, _prod_dim(k_smem.shape[2], PROD_DIM))
+    s_tok = _qk_mma(q_op, k_smem.index(g0 % STAGES), s_zero, PD, k_hi, g0 % STAGES)
     _turn_pass(next_turn, ORDERED)
     return s_tok
 
@@ -806,7 +833,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
                  EXP2_FMA: gl.constexpr, FEWER_MASKS: gl.constexpr = False, KEY_MASKS: gl.constexpr = True,
                  DIAG_TRIM: gl.constexpr = False, WINDOW: gl.constexpr = False, win_left=0, win_right=0,
                  SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False, alibi_a=0.0,
-                 PROD_DIM: gl.constexpr = 0):
+                 PROD_DIM: gl.constexpr = 0, kv_hi=None):
     """One query tile's key loop for one ping-pong warpgroup (Q already in ``q_smem``): returns the
     unnormalised (O, m, l). ``g0``: ring uses before this tile, ``sec0``: this warpgroup's critical
     sections before it (both 0 for a one-tile program; a persistent program's running counts), so
@@ -834,8 +861,12 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     ``PROD_DIM`` (``_prod_dim``; 0: HEAD_DIM): the products over the tiles' first 192 of 256 columns
     only (a padded head dim of at most 192: the rest are TMA's zeros). S is two chained products
     (``_qk_mma``), O two accumulators, [64, 128] and [64, 64] (``_pv_mma_split``), each rescaled on its
-    own and returned side by side with the unused columns' zeros, so the epilogue is d = 256's."""
+    own and returned side by side with the unused columns' zeros, so the epilogue is d = 256's.
+    ``kv_hi`` (``_pp_shared``'s split ring, with ``PROD_DIM``): (k_hi, v_hi), the K / V tiles' columns
+    128:192 in rings of their own, ``k_smem`` / ``v_smem`` then their first 128 columns."""
     PD: gl.constexpr = _prod_dim(HEAD_DIM, PROD_DIM)
+    k_hi = None if kv_hi is None else kv_hi[0]
+    v_hi = None if kv_hi is None else kv_hi[1]
     SPLIT: gl.constexpr = PD != HEAD_DIM
     PV_GROUPS: gl.constexpr = 2 if SPLIT else 1  # commit groups of one P V (groups retire in order)
     gl.static_assert(not (SPLIT and (LEAN & LEAN_Q_REGS)), "the split products read Q from shared memory")
@@ -874,7 +905,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
 
     # section #0: S(0); its softmax runs outside the turn
     s_tok = _issue_s0(q_op, k_smem, k_ready, my_turn, next_turn, g0, sec0, BLOCK_M, BLOCK_N, STAGES, TURN0, ORDERED,
-                      PD)
+                      PD, k_hi)
     s = warpgroup_mma_wait(0, deps=[s_tok])
     mbarrier.arrive(k_empty.index(g0 % STAGES), count=1)
     if SOFTCAP:
@@ -913,9 +944,9 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         mbarrier.wait(k_ready.index(nxt), ((g0 + i + 1) // STAGES) & 1)
         mbarrier.wait(v_ready.index(cur), ((g0 + i) // STAGES) & 1)
         _turn_wait(my_turn, sec0 + i + 1, TURN0, ORDERED)
-        s_tok = _qk_mma(q_op, k_smem.index(nxt), s_zero, PD)
+        s_tok = _qk_mma(q_op, k_smem.index(nxt), s_zero, PD, k_hi, nxt)
         if SPLIT:
-            o_tok, oh_tok = _pv_mma_split(o, o_hi, p16, v_smem, g0 + i, STAGES)
+            o_tok, oh_tok = _pv_mma_split(o, o_hi, p16, v_smem, g0 + i, STAGES, v_hi)
         else:
             o_tok = _pv_mma(o, p16, v_smem, g0 + i, STAGES)
         _turn_pass(next_turn, ORDERED)
@@ -955,7 +986,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
     _turn_wait(my_turn, sec0 + n_own, TURN0, ORDERED)
     if SPLIT:
-        o_tok, oh_tok = _pv_mma_split(o, o_hi, p16, v_smem, last, STAGES)
+        o_tok, oh_tok = _pv_mma_split(o, o_hi, p16, v_smem, last, STAGES, v_hi)
         _turn_pass(next_turn, ORDERED)
         o, o_hi, p16 = warpgroup_mma_wait(0, deps=[o_tok, oh_tok, p16])
         # O over the tile's whole width: the columns past PD are 0 (the epilogue stores IO_DIM of them)
@@ -1202,7 +1233,7 @@ def _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, str
 def _persistent_producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, num_tiles,
                          num_m, nheads, group, seqlen_q, seqlen_k, IO_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                         KV_TAIL: gl.constexpr, PAIRED: gl.constexpr = False, divs=None, table=None):
+                         KV_TAIL: gl.constexpr, PAIRED: gl.constexpr = False, divs=None, table=None, kv_hi=None):
     """``_producer`` over this program's tiles (``_walk``: the same walk as ``_persistent_consumer``'s),
     the ring's use count running on across tiles, so it loads the next tile's K/V while the
     consumers finish the current one. A ``table`` walk is read a step ahead. ``IO_DIM``: the tensors'
@@ -1227,7 +1258,7 @@ def _persistent_producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_rea
                 _kv_tile_count(m_block * BLOCK_M, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL), 0)
             tails = _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                               b * seqlen_k, (h // group) * IO_DIM, 0, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL,
-                              g0, tails)
+                              g0, tails, kv_hi)
             g0 += n_tiles
 
 
@@ -1290,7 +1321,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                          FEWER_MASKS: gl.constexpr = False, Q0: gl.constexpr = 0, Q_BUFS: gl.constexpr = 1,
                          PAIRED: gl.constexpr = False, divs=None, o_desc=None, NO_KEY_WIDE: gl.constexpr = False,
                          KEY_MASKS: gl.constexpr = True, DIAG_TRIM: gl.constexpr = False, table=None,
-                         IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0):
+                         IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0, kv_hi=None):
     """A ping-pong consumer warpgroup of the persistent kernel: rows [row_off, row_off + BLOCK_M) of
     each of this program's CTA_M-row tiles (``_walk``; the producer walks the same list). Per tile:
     ``_pp_mainloop`` with the ring's use count (``g0``) and this warpgroup's
@@ -1359,7 +1390,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                                            my_turn, next_turn, m_start, seqlen_q, seqlen_k, 0, n_tiles, qk_scale, g0,
                                            sec0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, TURN0,
                                            ORDERED, LEAN, True, EXP2_FMA, FEWER_MASKS, KEY_MASKS, DIAG_TRIM,
-                                           PROD_DIM=PROD_DIM)
+                                           PROD_DIM=PROD_DIM, kv_hi=kv_hi)
                 g0 += n_tiles
                 sec0 += n_tiles + 1
                 # the next tile's Q into the buffer this tile's S products have released: before the epilogue,
@@ -1422,14 +1453,18 @@ def _init_ring(k_ready, k_empty, v_ready, v_empty, STAGES: gl.constexpr, RELEASE
 
 @gluon.jit
 def _pp_shared(q_desc, k_desc, v_desc, NUM_WG: gl.constexpr, WG_ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
-               HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr = 1):
+               HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr = 1, k_hi_desc=None):
     """The ping-pong kernels' shared memory: NUM_WG x ``Q_BUFS`` Q tiles (warpgroup w's at w * Q_BUFS
-    ...), the K/V ring, and their barriers, initialised (K/V slots released by every warpgroup)."""
+    ...), the K/V ring, and their barriers, initialised (K/V slots released by every warpgroup).
+    ``k_hi_desc`` (the split ring; None: whole tiles): the ring's K / V tiles are their descriptors'
+    width (128 columns; the columns from 128 in ``_split_ring``'s rings)."""
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
+    KV_COLS: gl.constexpr = HEAD_DIM if k_hi_desc is None else k_desc.block_type.shape[-1]
     q_smem = gl.allocate_shared_memory(dtype, [NUM_WG * Q_BUFS, WG_ROWS, HEAD_DIM], _tile_layout(q_desc.layout))
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], _tile_layout(k_desc.layout))
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], _tile_layout(v_desc.layout))
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, KV_COLS], _tile_layout(k_desc.layout))
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, KV_COLS], _tile_layout(v_desc.layout))
+
     q_bar = gl.allocate_shared_memory(gl.int64, [NUM_WG * Q_BUFS, 1], bar_layout)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
@@ -1446,6 +1481,19 @@ def _pp_shared(q_desc, k_desc, v_desc, NUM_WG: gl.constexpr, WG_ROWS: gl.constex
 
 
 @gluon.jit
+def _split_ring(k_hi_desc, v_hi_desc, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """The split ring's high columns (``hopper_fwd_kernel``'s ``k_hi_desc`` / ``v_hi_desc``: the
+    products over 192 columns, ``PROD_DIM``): K's and V's columns 128:192 in rings of their own, beside
+    ``_pp_shared``'s 128-column ones (48 KB a stage against the 256-wide tiles' 64). Returns (kv_hi,
+    the producer's (k_hi_desc, v_hi_desc, k_hi, v_hi))."""
+    dtype: gl.constexpr = k_hi_desc.dtype
+    HI_COLS: gl.constexpr = k_hi_desc.block_type.shape[-1]
+    k_hi = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HI_COLS], _tile_layout(k_hi_desc.layout))
+    v_hi = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HI_COLS], _tile_layout(v_hi_desc.layout))
+    return (k_hi, v_hi), (k_hi_desc, v_hi_desc, k_hi, v_hi)
+
+
+@gluon.jit
 def _persistent_fwd(q_desc, k_desc, v_desc, o_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om,
                     stride_lse_b, stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
@@ -1454,7 +1502,7 @@ def _persistent_fwd(q_desc, k_desc, v_desc, o_desc, Out, Lse, seqlen_q, seqlen_k
                     FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False,
                     divs=None, NO_KEY_WIDE: gl.constexpr = False, KEY_MASKS: gl.constexpr = True,
                     DIAG_TRIM: gl.constexpr = False, table=None, IO_DIM: gl.constexpr = 0,
-                    PROD_DIM: gl.constexpr = 0):
+                    PROD_DIM: gl.constexpr = 0, k_hi_desc=None, v_hi_desc=None):
     """The persistent ping-pong kernel's body (``hopper_fwd_kernel(PERSISTENT=True)``): the same
     shared memory and partitions as the one-tile kernel (two consumer warpgroups of 64 rows, the
     producer warp, 240 / 24 registers), each partition walking this program's tiles; ``Q_BUFS`` Q
@@ -1467,7 +1515,14 @@ def _persistent_fwd(q_desc, k_desc, v_desc, o_desc, Out, Lse, seqlen_q, seqlen_k
     if ROW_STORES == 3:
         gl.static_assert(o_desc.block_type.shape[-2] == WG_ROWS, "the output's copy: [1, 64, HEAD_DIM] boxes")
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn = _pp_shared(
-        q_desc, k_desc, v_desc, 2, WG_ROWS, BLOCK_N, HEAD_DIM, STAGES, Q_BUFS)
+        q_desc, k_desc, v_desc, 2, WG_ROWS, BLOCK_N, HEAD_DIM, STAGES, Q_BUFS, k_hi_desc)
+    # the split ring's high columns: the consumers' rings, the producer's descriptors and rings (without it
+    # None, a constexpr: a plain None does not pass to the partitions)
+    if k_hi_desc is not None:
+        kv_hi, kv_hi_load = _split_ring(k_hi_desc, v_hi_desc, BLOCK_N, STAGES)
+    else:
+        kv_hi: gl.constexpr = None
+        kv_hi_load: gl.constexpr = None
     gl.warp_specialize(
         [(_persistent_consumer, (q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready,
                                  v_empty, turn.index(w), turn.index((w + 1) % 2), Out, Lse, num_tiles, num_m, nheads,
@@ -1475,12 +1530,12 @@ def _persistent_fwd(q_desc, k_desc, v_desc, o_desc, Out, Lse, seqlen_q, seqlen_k
                                  HEAD_DIM, BLOCK_M, WG_ROWS, BLOCK_N, STAGES, IS_CAUSAL, IS_CAUSAL,
                                  1 if w == 0 else 0, ORDERED, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, w * Q_BUFS,
                                  Q_BUFS, PAIRED, divs, o_desc, NO_KEY_WIDE, KEY_MASKS, DIAG_TRIM and w == 0, table,
-                                 IO_DIM, PROD_DIM))
+                                 IO_DIM, PROD_DIM, kv_hi))
          if w < 2 else
          (_persistent_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                  num_tiles, num_m, nheads, group, seqlen_q, seqlen_k, _io_dim(HEAD_DIM, IO_DIM),
                                  BLOCK_M, BLOCK_N,
-                                 STAGES, IS_CAUSAL, KV_TAIL, PAIRED, divs, table))
+                                 STAGES, IS_CAUSAL, KV_TAIL, PAIRED, divs, table, kv_hi_load))
          for w in (0, 1, 2)],
         [4, 1], [240, 32])
 
@@ -1501,7 +1556,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                       KEY_MASKS: gl.constexpr = True, DIAG_TRIM: gl.constexpr = False,
                       WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, num_tiles=0, Walk=None,
                       win_left=0, win_right=0, softcap_a=0.0, ALIBI: gl.constexpr = False, Alibi=None,
-                      stride_ab=0, alibi_unit=0.0, IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0):
+                      stride_ab=0, alibi_unit=0.0, IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0,
+                      k_hi_desc=None, v_hi_desc=None):
     """``PINGPONG=False`` (the default, launched with num_warps = 4 * BLOCK_M // 64): one consumer
     partition of BLOCK_M // 64 warpgroups in lockstep, Q descriptor block [BLOCK_M, HEAD_DIM]
     (``NUM_WG`` unused). ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 64 * NUM_WG):
@@ -1590,10 +1646,16 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     the bulk copy through a 4-D ``o_desc``, ``_store_rows_tma``) and ``stride_om`` is nheads * IO_DIM.
 
     ``PROD_DIM`` (0: HEAD_DIM; ``hopper.split_cols_for``): 192 at HEAD_DIM 256 with an IO_DIM of at
-    most 192: the ping-pong consumers' products cover those columns only (``_pp_mainloop``)."""
+    most 192: the ping-pong consumers' products cover those columns only (``_pp_mainloop``).
+
+    ``k_hi_desc`` / ``v_hi_desc`` (with ``PROD_DIM``; ``hopper.split_ring_for``): the split ring, K / V
+    tiles in two rings each (``_pp_shared``): ``k_desc`` / ``v_desc`` boxes of 128 columns and these of
+    64 from column 128, so a stage takes 48 KB instead of 64 and ``STAGES`` can be 3."""
     D_IO: gl.constexpr = _io_dim(HEAD_DIM, IO_DIM)
     gl.static_assert(_prod_dim(HEAD_DIM, PROD_DIM) >= D_IO, "the products cover the tensors' columns")
     gl.static_assert(PROD_DIM == 0 or PINGPONG, "the split products: the ping-pong consumers")
+    gl.static_assert(k_hi_desc is None or (PROD_DIM != 0 and v_hi_desc is not None and not KV_TAIL),
+                     "the split ring: with the split products, both descriptors, whole key tiles")
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     gl.static_assert(PERSISTENT or ROW_STORES != 3, "the output's bulk copy: the persistent kernel only")
     # the one-tile path below is compiled (dead) after the persistent kernel's return too
@@ -1614,7 +1676,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                         stride_lse_b, stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
                         IS_CAUSAL, ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, Q_BUFS, PAIRED,
                         ((walk_div, walk_mul, walk_shift), (nheads, head_mul, head_shift)) if FAST_DIV else None,
-                        NO_KEY_WIDE, KEY_MASKS, DIAG_TRIM, Walk, IO_DIM, PROD_DIM)
+                        NO_KEY_WIDE, KEY_MASKS, DIAG_TRIM, Walk, IO_DIM, PROD_DIM, k_hi_desc, v_hi_desc)
         return
     b, h, m_block = _tile_bhm(gl.program_id(0), num_m, gl.num_programs(0), nheads, IS_CAUSAL, LPT)
     m_start = m_block * BLOCK_M
@@ -1673,7 +1735,12 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
         WG_ROWS: gl.constexpr = BLOCK_M // NUM_WG
         gl.static_assert(q_desc.block_type.shape[-2] == WG_ROWS, "ping-pong: Q descriptor block is [64, HEAD_DIM]")
         q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn = _pp_shared(
-            q_desc, k_desc, v_desc, NUM_WG, WG_ROWS, BLOCK_N, HEAD_DIM, STAGES)
+            q_desc, k_desc, v_desc, NUM_WG, WG_ROWS, BLOCK_N, HEAD_DIM, STAGES, 1, k_hi_desc)
+        if k_hi_desc is not None:  # the split ring's high columns (``_split_ring``)
+            kv_hi, kv_hi_load = _split_ring(k_hi_desc, v_hi_desc, BLOCK_N, STAGES)
+        else:
+            kv_hi: gl.constexpr = None
+            kv_hi_load: gl.constexpr = None
         # Register budget: 65536 per SM; the producer warp is padded to a warpgroup (Triton), so
         # NUM_WG + 1 warpgroups of 128 threads; the producer at 24, the consumers share the rest in
         # multiples of 8: (65536 / 128 - 24) / NUM_WG rounded down to 8.
@@ -1694,10 +1761,10 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                                    n_tiles, stride_om, lse_base, qk_scale, HEAD_DIM, WG_ROWS, BLOCK_N, STAGES,
                                    IS_CAUSAL, MASK_ALL, 1 if w == 0 else 0, ORDERED, LEAN, EXP2_FMA, TILE_ROW_STORES,
                                    FEWER_MASKS, KEY_MASKS, WINDOW, win_left, win_right, SOFTCAP, softcap_a, ALIBI,
-                                   alibi_a, IO_DIM, PROD_DIM))
+                                   alibi_a, IO_DIM, PROD_DIM, kv_hi))
              if w < NUM_WG else
              (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
-                          n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL))
+                          n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL, 0, 0, kv_hi_load))
              for w in (0, 1, 2, 3)[:NUM_WG + 1]],
             [4] * (NUM_WG - 1) + [1], [CONSUMER_REGS] * (NUM_WG - 1) + [PRODUCER_REGS])
     else:
