@@ -7,7 +7,8 @@ the copies by ``F.pad`` at every d (run223's form, §154), "gluon-pad-wide" the 
 products over all 256 columns at d = 136-192 (``hopper.split_cols`` / ``bwd_split_cols`` off, NOTES
 §157 / §158), "gluon-pad-dqlofirst" (backward only) the in-place path with dQ's low half handed to the
 writer first (``hopper_backward.WS_DQ_HI_FIRST`` off, NOTES §160),
-"gluon-pad-ring" (forward only) the in-place path with the split ring (``hopper.split_ring``, NOTES §161),
+"gluon-pad-ring" / "gluon-pad-whole" (forward only) the in-place path with the split ring or without it
+(``hopper.split_ring``, NOTES §161),
 "gluon-pad-pp" / "gluon-pad-pers" (forward only) the in-place path in one variant at every length;
 against the default dispatch ("ioattn": the portable kernels at these head dims before the padded
 policy, ``hopper.PADDED_MIN_SEQLEN``'s choice after), the portable kernels themselves ("portable"), and
@@ -64,6 +65,13 @@ def gluon_pad_fwd(q, k, v, causal):
     return hopper.hopper_forward(q, k, v, q.shape[-1] ** -0.5, causal)  # the launcher pads (hopper.pad_head)
 
 
+def gluon_pad_whole_fwd(q, k, v, causal):
+    """The in-place path with the K / V ring in whole 256-wide tiles, two stages (``hopper.split_ring`` off;
+    NOTES §161)."""
+    with hopper.split_ring(False):
+        return hopper.hopper_forward(q, k, v, q.shape[-1] ** -0.5, causal)
+
+
 def gluon_pad_wide_fwd(q, k, v, causal):
     """The in-place path with its products over all 256 columns (``hopper.split_cols`` off; NOTES §157)."""
     with hopper.split_cols(False):
@@ -72,7 +80,7 @@ def gluon_pad_wide_fwd(q, k, v, causal):
 
 def gluon_pad_ring_fwd(q, k, v, causal):
     """The in-place path with the split ring (``hopper.split_ring``: K / V tiles in 128 + 64-column
-    buffers, three stages; NOTES §161)."""
+    buffers, three stages; NOTES §161; the default since: "gluon-pad" ran without it until then)."""
     with hopper.split_ring(True):
         return hopper.hopper_forward(q, k, v, q.shape[-1] ** -0.5, causal)
 
@@ -111,6 +119,7 @@ def fwd_providers():
             "gluon-pad-pp": lambda *a: gluon_pad_variant_fwd("pingpong")(*a)[0],
             "gluon-pad-pers": lambda *a: gluon_pad_variant_fwd("persistent")(*a)[0],
             "gluon-pad-ring": lambda *a: gluon_pad_ring_fwd(*a)[0],
+            "gluon-pad-whole": lambda *a: gluon_pad_whole_fwd(*a)[0],
             "sdpa-cudnn": sdpa_fwd(SDPBackend.CUDNN_ATTENTION), "sdpa-flash": sdpa_fwd(SDPBackend.FLASH_ATTENTION)}
 
 

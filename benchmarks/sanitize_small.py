@@ -25,7 +25,8 @@ forward's and backward's ALiBi forms (``ALIBI``; with ``--softcap`` both forms t
 ``--padded``: only head dims the Gluon kernels lack, run in place at the next one (``--heads`` those,
 e.g. 80,96,192: ``hopper.padded_in_place``, the kernels' ``IO_DIM``, TMA boxes past d), the forward in
 the persistent and ping-pong kernels, both masks, and the ws backward plain and deterministic, at a
-shape with GQA, seqlen_q != seqlen_k and partial tiles; then the forms there (a window, causal softcap
+shape with GQA, seqlen_q != seqlen_k and partial tiles (the forward also at whole key tiles, where d =
+136-192 take the split ring); then the forms there (a window, causal softcap
 + ALiBi; packed sequences with NaN in the unowned rows, with a window and with causal ALiBi).
 """
 import argparse
@@ -115,6 +116,9 @@ if args.padded:
                 for det in (False, True):
                     hopper_backward(torch.randn_like(out), q, k, v, out, lse, d ** -0.5, causal, variant="ws",
                                     deterministic=det)
+                # whole 64-key tiles (320 keys): the forward's split ring at d = 136-192 (hopper.split_ring)
+                with hopper.variant(name):
+                    hopper.hopper_forward(q, k[:, :320], v[:, :320], d ** -0.5, causal)
         # the kernels' forms in place: a window, softcap + ALiBi (causal), and packed sequences with NaN
         # in the rows no sequence owns (a window, then causal ALiBi)
         slopes = torch.rand(3, device=dev)

@@ -209,8 +209,12 @@ def split_cols_for(d: int, io_dim: int, name: str) -> int:
 # 128-column and a 64-column buffer each (``k_desc`` / ``v_desc`` in 128-column boxes, ``k_hi_desc`` /
 # ``v_hi_desc`` in 64-column boxes from column 128; TMA's fill past d as before), 48 KB a stage instead of
 # the 256-wide tiles' 64 KB, so the ring takes ``SPLIT_RING_STAGES`` stages where the wide tiles fit two
-# (Q 64 KB + 3 x 48 KB). ``with hopper.split_ring(True / False): ...`` the A/B's arms.
-split_ring = dispatch.Preference(False)
+# (Q 64 KB + 3 x 48 KB). Measured against the whole tiles (ab_padded.py --passes fwd, 3 rounds, H200,
+# bf16, 16k tokens, N = 512 / 1024 / 2048 / 4096 / 16384; results/session-2026-12-21-c, NOTES §161):
+# d = 192 non-causal +2.9 / +2.2 / +0.9 / -0.9 / +13 %, causal +4.5 / +5.5 / +10.7 / +12.2 / +27 %; d = 160
+# non-causal +5.4 / +14.5 / +2.6 / +24 / +6 %, causal +12 / +12 / +1.9 / +25 / +9 %. On; ``with
+# hopper.split_ring(False): ...`` the whole tiles (the A/B's other arm, ab_padded's "gluon-pad-ring").
+split_ring = dispatch.Preference(True)
 SPLIT_RING_STAGES = 3
 
 
@@ -276,6 +280,9 @@ def padded_inputs_note(d: int, backward: bool = False) -> str:
         prod = bwd_split_cols_for(dp, d, True) if backward else split_cols_for(dp, d, variant_for(dp))
         products = (f", the products over {prod} of the {dp} columns (hopper.{'bwd_' if backward else ''}split_cols)"
                     if prod else "")
+        if prod and not backward and split_ring.wanted():
+            products += (", K / V in 128- and 64-column tiles three deep where the keys fill whole 64-key tiles "
+                         "(hopper.split_ring)")
         return (f"read in place at head dim {dp}, the columns past {d} zero-filled by TMA (hopper.padded_rows_desc), "
                 f"{what} to {d} columns{products}")
     if backward:

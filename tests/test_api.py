@@ -1969,9 +1969,16 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
             for d in (136, 192, 200)] == [(192, 192), (192, 192), (0, 0)]
     assert hopper.split_cols_for(128, 96, "pingpong") == 0 and hopper.split_cols_for(256, 192, "base") == 0
     assert hopper.bwd_split_cols_for(256, 192, False) == 0
+    ring = (", K / V in 128- and 64-column tiles three deep where the keys fill whole 64-key tiles "
+            "(hopper.split_ring)")
     for backward, name in ((False, "split_cols"), (True, "bwd_split_cols")):
         assert hopper.padded_inputs_note(192, backward).endswith(
-            f"to 192 columns, the products over 192 of the 256 columns (hopper.{name})")
+            f"to 192 columns, the products over 192 of the 256 columns (hopper.{name})" + ("" if backward else ring))
+        with hopper.split_ring(False):  # the forward's split ring (NOTES §161) named only where it runs
+            assert hopper.padded_inputs_note(192, backward).endswith(f"(hopper.{name})")
+        assert hopper.split_ring_for(256, 192, "persistent") and not hopper.split_ring_for(256, 192, "base")
+        assert not hopper.split_ring_for(256, 192, "persistent", kv_tail=True)
+        assert not hopper.split_ring_for(256, 200, "persistent")
         assert "products" not in hopper.padded_inputs_note(200, backward)
         assert "products" not in hopper.padded_inputs_note(96, backward)
         with getattr(hopper, name)(False):
@@ -2097,7 +2104,9 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
             assert "zero-padded copies" in plan.forward["inputs"]
             assert "zero-padded copies of q, k, v, out, dout" in plan.backward["inputs"]
         else:
-            fwd_products, bwd_products = ((", the products over 192 of the 256 columns (hopper.split_cols)",
+            fwd_products, bwd_products = ((", the products over 192 of the 256 columns (hopper.split_cols), K / V in "
+                                           "128- and 64-column tiles three deep where the keys fill whole 64-key "
+                                           "tiles (hopper.split_ring)",
                                            ", the products over 192 of the 256 columns (hopper.bwd_split_cols)")
                                           if d == 192 else ("", ""))
             assert plan.forward["inputs"] == (f"read in place at head dim {dp}, the columns past {d} zero-filled by "

@@ -1744,9 +1744,7 @@ def test_hopper_split_ring_matches_whole_tiles(d, causal, variant, poison_alloc)
     torch.manual_seed(14)
     q = torch.randn(2, 333, 4, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, 320, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    assert hopper.split_ring_for(256, d, variant) is False  # off by default until measured
-    with hopper.split_ring(True):
-        assert hopper.split_ring_for(256, d, variant) and not hopper.split_ring_for(256, d, variant, kv_tail=True)
+    assert hopper.split_ring_for(256, d, variant) and not hopper.split_ring_for(256, d, variant, kv_tail=True)
     results = []
     for ring in (True, False):
         with hopper.variant(variant), hopper.split_ring(ring):

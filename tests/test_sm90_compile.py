@@ -404,3 +404,24 @@ def test_hopper_split_cols_compile_for_sm90():
         assert "(commit 8," in w and "w2x" not in w, w
         top = [int(line.split("top_reg=")[1].split()[0]) for line in (s, w)]
         assert top[0] < top[1], (s, w)
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+def test_hopper_split_ring_compile_for_sm90():
+    """The forward's split ring at a padded head dim of 192 (``hopper.split_ring``, NOTES §161: K / V as
+    128- and 64-column tiles) compiles in the ping-pong and persistent kernels, both masks: three stages
+    in the 227 KB a block may have (the whole 256-wide tiles fit two), wgmma pipelined, no spill, the same
+    products and commit groups as the whole tiles, and fewer TMA loads (no 64-column piece past 192)."""
+    pytest.importorskip("triton.experimental.gluon")
+    base = ["--variants", "pingpong,persistent", "--headdims", "256", "--io-dim", "192"]
+    ring, whole = (_hopper_check(*base, "--split-ring", on) for on in ("on", "off"))
+    assert len(ring) == len(whole) == 4, (ring, whole)
+    for r, w in zip(ring, whole):
+        assert r.split(" tiles=")[0] == w.split(" tiles=")[0]
+        assert "tiles=128x64x3 " in r and "tiles=128x64x2 " in w, (r, w)
+        for line in (r, w):
+            assert "spill=0B" in line and "wgmma-pipelined" in line, line
+            assert int(line.split("shared=")[1].split()[0]) <= 232448, line
+        assert r.split("wgmma=")[1].split(")")[0] == w.split("wgmma=")[1].split(")")[0], (r, w)
+        tma = [int(line.split(" tma=")[1].split()[0]) for line in (r, w)]
+        assert tma[0] < tma[1], (r, w)
