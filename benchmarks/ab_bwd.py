@@ -24,9 +24,8 @@ it became the only form, NOTES §102; "gluon-ws-dacc", D in dP^T's accumulator a
 was removed, §103; "gluon-ws-earlys", the next step's S^T issued behind dK, §104.)
 "gluon-ws-dqhifirst": the column split (d = 256) handing dQ's high half to the writer first and
 releasing the Q slot once it is read (``WS_DQ_HI_FIRST``; NOTES §160: the padded widths' order, 0.95-1.00x
-the default at d = 256; "gluon-ws-dqlofirst" timed the default against it). "gluon-ws-dqhilate": the
-column split's high dQ half kept in registers and stored at the next step's start, behind its S^T
-(``WS_DQ_HI_LATE``; NOTES §162).
+the default at d = 256; "gluon-ws-dqlofirst" timed the default against it; "gluon-ws-dqhilate" timed the
+high half kept in registers and stored behind the next step's S^T until it was removed, §162).
 "gluon-ws-wgsplit": each consumer warpgroup a partition of its own (``WS_WG_PARTITIONS``; NOTES §105;
 the default at d = 128 since). ("gluon-ws-stagger" timed the walk staggered by key block again until
 it was removed, §106; "gluon-ws-dkearly", dK issued before dS^T's exchange, until it was removed,
@@ -167,7 +166,6 @@ def main():
                 "gluon-ws-wgsplit": gluon("ws", WS_WG_PARTITIONS={64: True, 128: True}),
                 "gluon-ws-det": gluon("ws", deterministic=True),
                 "gluon-ws-dqhifirst": gluon("ws", WS_DQ_HI_FIRST=(192, 256)),
-                "gluon-ws-dqhilate": gluon("ws", WS_DQ_HI_LATE=(192, 256)),
                 "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     if args.providers:
         variants = {name: variants[name] for name in args.providers.split(",")}

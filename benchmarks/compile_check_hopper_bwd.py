@@ -72,7 +72,6 @@ def compile_one(variant, d, dt, causal, deterministic=False, varlen=False, windo
                                  PROD_DIM=hopper.bwd_split_cols_for(d, IO_DIM, cfg["constexprs"]["COL_SPLIT"]))
         prod = cfg["constexprs"]["PROD_DIM"]
         cfg["constexprs"]["DQ_HI_FIRST"] = hopper_backward.dq_hi_first(d, cfg["constexprs"]["COL_SPLIT"], prod)
-        cfg["constexprs"]["DQ_HI_LATE"] = hopper_backward.dq_hi_late(d, cfg["constexprs"]["COL_SPLIT"], prod)
         if prod:  # dQ's high half by its own descriptor (the launcher's), 64 columns wide
             sig.update(dq_hi_desc=f"tensordesc<fp32[{rows},{prod - d // 2}],{lay['dq']!r}>")
         else:
@@ -142,8 +141,7 @@ def check(job):
     name = variant + ("-det" if det else "") + ("-varlen" if varlen else "") + ("-window" if window else "") + ("-softcap" if softcap else "") + ("-alibi" if alibi else "") + ("-flat" if cfg.get("dq_flat") else "") \
         + ("-lse" if cfg["constexprs"].get("LSE_IN_ACC") else "") \
         + ("-wgsplit" if cfg["constexprs"].get("WG_SPLIT") else "") \
-        + ("-hifirst" if cfg["constexprs"].get("DQ_HI_FIRST") else "") \
-        + ("-hilate" if cfg["constexprs"].get("DQ_HI_LATE") else "")
+        + ("-hifirst" if cfg["constexprs"].get("DQ_HI_FIRST") else "")
     do_stages = cfg["constexprs"].get("DO_STAGES", cfg["stages"])
     stages = f"{cfg['stages']}" + (f"/{do_stages}" if do_stages != cfg["stages"] else "")  # Q / dO rings
     return (f"bwd {name:6s} d={d} {dt} causal={causal!s:5s} tiles={cfg['block_m']}x{cfg['block_n']}x{stages} "
@@ -182,13 +180,8 @@ def main():
     ap.add_argument("--dq-hi-first", default="default", choices=("default", "on", "off"),
                     help="the column split's dQ high half handed over first at every product width, or at none "
                          "(``WS_DQ_HI_FIRST``; default: its widths; NOTES §160)")
-    ap.add_argument("--dq-hi-late", default="default", choices=("default", "on", "off"),
-                    help="the column split's dQ high half stored at the next step's start (``WS_DQ_HI_LATE`` at "
-                         "every width, or none; NOTES §162)")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="compiles in parallel")
     args = ap.parse_args()
-    if args.dq_hi_late != "default":  # before the compile jobs' processes are forked (they inherit it)
-        hopper_backward.WS_DQ_HI_LATE = (192, 256) if args.dq_hi_late == "on" else ()
     if args.dq_hi_first != "default":  # before the compile jobs' processes are forked (they inherit it)
         hopper_backward.WS_DQ_HI_FIRST = (192, 256) if args.dq_hi_first == "on" else ()
     if args.io_dim:  # before the compile jobs' processes are forked (they inherit it)

@@ -188,19 +188,3 @@ def test_hopper_backward_dq_hi_first_compile_for_sm90(io_dim):
         waits = [int(re.search(r"bulk_read_waits=(\d+)", line).group(1)) for line in (h, l)]
         assert waits[0] == waits[1] + 1, (h, l)
 
-
-
-@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
-def test_hopper_backward_dq_hi_late_compile_for_sm90():
-    """The column split's high dQ half stored at the next step's start (``DQ_HI_LATE``, NOTES §162)
-    compiles at d = 256, both masks, ordered or not: wgmma pipelined, no spill, the same products,
-    commit groups, waits and reduce messages as the default build."""
-    base = ["--variants", "ws", "--headdims", "256", "--deterministic"]
-    late, default = (_compile_check(*base, *extra)[1] for extra in (["--dq-hi-late", "on"], []))
-    assert len(late) == len(default) == 4, (late, default)
-    for a, b in zip(late, default):
-        assert "-hilate" in a and "-hilate" not in b, (a, b)
-        assert "spill=0B" in a and "wgmma-pipelined" in a and "loop_spills=0" in a, a
-        for key in (" wgmma=", " tma_reduce=", " tma=", " bulk_read_waits="):
-            assert a.split(key)[1].split()[0] == b.split(key)[1].split()[0], (key, a, b)
-        assert a.split("(commit ")[1].split(")")[0] == b.split("(commit ")[1].split(")")[0], (a, b)

@@ -386,21 +386,12 @@ WS_COALESCED_STORE = True
 # 267 / 268, 366 / 386, 414 / 424 (-0.4 to -5.2 %). ab_bwd's "gluon-ws-dqhifirst" / ab_padded's
 # "gluon-pad-dqlofirst" time the other order.
 WS_DQ_HI_FIRST = (192,)
-# "ws", the column-split form with the low half first: the products' widths at which dQ's high half is
-# kept in registers and stored into its Q slot at the next step's start, behind that step's S^T issue
-# (``DQ_HI_LATE``, ``_ws_consumer_dsplit``): NOTES §162. An A/B switch until measured.
-WS_DQ_HI_LATE = ()
 
 
 def dq_hi_first(d: int, col_split: bool, prod_dim: int) -> bool:
     """The ws kernel's ``DQ_HI_FIRST`` for head dim ``d`` (the column split's, ``col_split``) at the
     launcher's ``PROD_DIM`` (0: the whole head dim): ``WS_DQ_HI_FIRST``'s choice by product width."""
     return bool(col_split) and (prod_dim or d) in WS_DQ_HI_FIRST
-
-
-def dq_hi_late(d: int, col_split: bool, prod_dim: int) -> bool:
-    """The ws kernel's ``DQ_HI_LATE`` (``WS_DQ_HI_LATE``'s widths; only where the low half goes first)."""
-    return bool(col_split) and (prod_dim or d) in WS_DQ_HI_LATE and not dq_hi_first(d, col_split, prod_dim)
 # "ws": registers of the producer and dQ-writer warps (setmaxnreg dec): FA3's producer budget, 24.
 # The consumer partition gets (65536 - 24 * 128) / 256 = 244 -> 240 (Triton rounds to a multiple of 8),
 # FA3's 240 for two MMA warpgroups.
@@ -1226,8 +1217,7 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
                         IS_CAUSAL: gl.constexpr, STAGED_STORE: gl.constexpr = False, WINDOW: gl.constexpr = False,
                         win_left=0, win_right=0, SOFTCAP: gl.constexpr = False, softcap_a=0.0,
                         ALIBI: gl.constexpr = False, Alibi_h0=None, alibi_unit=0.0, IO_DIM: gl.constexpr = 0,
-                        PROD_DIM: gl.constexpr = 0, DQ_HI_FIRST: gl.constexpr = False,
-                        DQ_HI_LATE: gl.constexpr = False):
+                        PROD_DIM: gl.constexpr = 0, DQ_HI_FIRST: gl.constexpr = False):
     """The two consumer warpgroups of the column-split kernel (``COL_SPLIT``, head dim 256; module
     docstring, "Column split"): one 64-key block, every product split by its columns between the
     warpgroups (``_dq_layout``), so warpgroup c holds dK and dV columns [c d/2, (c + 1) d/2), and
@@ -1248,12 +1238,8 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
     it have retired: the slot, whose release gates the producer's load of step t + 2's Q, goes back one
     half-store and one half-read sooner (NOTES §160). Both stores follow the wait for the writer to
     have read the previous step's low half, its last piece, so neither full barrier runs two phases ahead.
-
-    ``DQ_HI_LATE`` (``dq_hi_late``; the low half first): the high half, the step's last product, is
-    kept in registers and stored into its Q slot at the next step's start, behind that step's S^T issue
-    (the last one after the loop), so its 32 KB store runs beside a product instead of between the
-    step's last product and the next step's first (NOTES §162). Each high half still goes over before
-    the low half of the step after it, which waits for the writer's read of it (``dq_empty``)."""
+    (The high half kept in registers and stored behind the next step's S^T measured slower at d = 256,
+    NOTES §162.)"""
     num_warps: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = k_smem.dtype
     HALF: gl.constexpr = HEAD_DIM // 2
@@ -1288,8 +1274,6 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
     # (measured here +0 to +4 % over two divisions a step, NOTES §53)
     m_blk = m_lo
     h_in_group = 0  # the step's query head in the group (``ALIBI``'s slope)
-    gl.static_assert(not (DQ_HI_LATE and DQ_HI_FIRST), "the high half late: the low half first")
-    dq_hi_prev = dq_hi_zero if SPLIT else dq_zero  # ``DQ_HI_LATE``: the previous step's high half
     for t in range(n_iter):
         q_idx = t % STAGES
         do_idx = t % DO_STAGES
@@ -1309,10 +1293,6 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
         # whole head dim
         mbarrier.wait(q_ready.index(q_idx), (t // STAGES) & 1)
         s_tok = _qk_mma(k_cur, q_cur, st_zero, PD)
-        if DQ_HI_LATE:
-            if t > 0:  # the previous step's high half into its Q slot while S^T runs
-                _hand_over(_dq_hi_buf(q_smem.index((t + STAGES - 1) % STAGES), dq_smem, BLOCK_M, HALF, PD),
-                           dq_hi_prev, dq_hi_full)
         mbarrier.wait(do_ready.index(do_idx), (t // DO_STAGES) & 1)
         dp_tok = _qk_mma(v_cur, do_cur, st_zero, PD)
         lse_log2 = lse_smem.index(q_idx).load(col_layout)
@@ -1399,19 +1379,12 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
                 dk = warpgroup_mma_wait(1, deps=[dk_tok])
             gl.thread_barrier()  # dK retired in every warp: the Q slot is free for the high half
             dq = warpgroup_mma_wait(0, deps=[dq_hi_tok])
-            if DQ_HI_LATE:
-                dq_hi_prev = dq
-            else:
-                _hand_over(_dq_hi_buf(q_cur, dq_smem, BLOCK_M, HALF, PD), dq, dq_hi_full)
+            _hand_over(_dq_hi_buf(q_cur, dq_smem, BLOCK_M, HALF, PD), dq, dq_hi_full)
         m_blk += 1
         if m_blk == m_lo + n_m:  # the next query head of the group
             m_blk = m_lo
             h_in_group += 1
 
-    if DQ_HI_LATE:  # the last step's high half
-        if n_iter > 0:
-            _hand_over(_dq_hi_buf(q_smem.index((n_iter + STAGES - 1) % STAGES), dq_smem, BLOCK_M, HALF, PD),
-                       dq_hi_prev, dq_hi_full)
     # the writer's reads of the last high halves in the Q ring done before the slots are rewritten:
     # slot i's last release (steps t < n_iter with t % STAGES == i; a parity wait is exact here, the
     # slot's release before that one preceded its last load)
@@ -1473,8 +1446,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0,
                   WINDOW: gl.constexpr = False, win_left=0, win_right=0, SOFTCAP: gl.constexpr = False,
                   softcap_a=0.0, ALIBI: gl.constexpr = False, Alibi_h0=None, alibi_unit=0.0,
-                  IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0, DQ_HI_FIRST: gl.constexpr = False,
-                  DQ_HI_LATE: gl.constexpr = False):
+                  IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0, DQ_HI_FIRST: gl.constexpr = False):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments
     (``LSE_IN_ACC``: the key split only). ``WG_SPLIT``: warpgroup ``W`` of the key split alone (the
@@ -1485,7 +1457,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                             nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale,
                             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COALESCED_STORE, WINDOW,
                             win_left, win_right, SOFTCAP, softcap_a, ALIBI, Alibi_h0, alibi_unit, IO_DIM, PROD_DIM,
-                            DQ_HI_FIRST, DQ_HI_LATE)
+                            DQ_HI_FIRST)
     else:
         gl.static_assert(PROD_DIM == 0, "the split products: the column-split consumers")
         _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
@@ -1506,7 +1478,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          IS_VARLEN: gl.constexpr = False, WINDOW: gl.constexpr = False,
                          SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, Alibi=None,
                          IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0, dq_hi_desc=None,
-                         DQ_HI_FIRST: gl.constexpr = False, DQ_HI_LATE: gl.constexpr = False):
+                         DQ_HI_FIRST: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers; 4
     with ``WG_SPLIT``: warpgroup 0, warpgroup 1 a worker partition); the producer and dQ-writer warps
     are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
@@ -1686,7 +1658,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          dq_hi_full, dK, dV, k_row0, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k,
                          softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT,
                          COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, w, WINDOW, win_left, win_right, SOFTCAP, softcap_a,
-                         ALIBI, Alibi_h0, alibi_unit, IO_DIM, PROD_DIM, DQ_HI_FIRST, DQ_HI_LATE))
+                         ALIBI, Alibi_h0, alibi_unit, IO_DIM, PROD_DIM, DQ_HI_FIRST))
         if w < CONSUMERS else
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, tail_bar, b, h0,
@@ -1956,7 +1928,6 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
                                    WINDOW=has_window, IO_DIM=io_dim if dp else 0,
                                    PROD_DIM=prod_dim, dq_hi_desc=dq_hi_desc,
                                    DQ_HI_FIRST=dq_hi_first(d, consts["COL_SPLIT"], prod_dim),
-                                   DQ_HI_LATE=dq_hi_late(d, consts["COL_SPLIT"], prod_dim),
                                    num_warps=cfg["num_warps"], **consts)
     if flat:
         return dq_from_flat(dq_accum, q, bm, softmax_scale, cu_q if varlen else None, stat_stride // bm, d), dk, dv
