@@ -9,7 +9,8 @@ products over all 256 columns at d = 136-192 (``hopper.split_cols`` / ``bwd_spli
 writer first (``hopper_backward.WS_DQ_HI_FIRST`` off, NOTES §160),
 "gluon-pad-ring" / "gluon-pad-whole" (forward only) the in-place path with the split ring or without it
 (``hopper.split_ring``, NOTES §161),
-"gluon-pad-pp" / "gluon-pad-pers" (forward only) the in-place path in one variant at every length;
+"gluon-pad-pp" / "gluon-pad-pers" / "gluon-pad-wg3" (forward only) the in-place path in one variant at every
+length (at a head dim the kernels have, e.g. 64, the launcher's own path with that variant: NOTES §163);
 against the default dispatch ("ioattn": the portable kernels at these head dims before the padded
 policy, ``hopper.PADDED_MIN_SEQLEN``'s choice after), the portable kernels themselves ("portable"), and
 SDPA's cuDNN and FlashAttention-2 backends, in one process.
@@ -118,6 +119,7 @@ def fwd_providers():
             "gluon-fpad": lambda *a: gluon_fpad_fwd(*a)[0], "gluon-pad-wide": lambda *a: gluon_pad_wide_fwd(*a)[0],
             "gluon-pad-pp": lambda *a: gluon_pad_variant_fwd("pingpong")(*a)[0],
             "gluon-pad-pers": lambda *a: gluon_pad_variant_fwd("persistent")(*a)[0],
+            "gluon-pad-wg3": lambda *a: gluon_pad_variant_fwd("wg3")(*a)[0],
             "gluon-pad-ring": lambda *a: gluon_pad_ring_fwd(*a)[0],
             "gluon-pad-whole": lambda *a: gluon_pad_whole_fwd(*a)[0],
             "sdpa-cudnn": sdpa_fwd(SDPBackend.CUDNN_ATTENTION), "sdpa-flash": sdpa_fwd(SDPBackend.FLASH_ATTENTION)}
