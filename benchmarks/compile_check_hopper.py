@@ -105,6 +105,8 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
     constexprs.update(KEY_MASKS=WINDOW_FORM or hopper.key_masks(d, variant, causal, constexprs["KV_TAIL"]),
                       DIAG_TRIM=hopper.diag_trim_for(d, variant, causal), WINDOW=WINDOW_FORM, SOFTCAP=SOFTCAP_FORM,
                       ALIBI=alibi, IO_DIM=IO_DIM, PROD_DIM=hopper.split_cols_for(d, IO_DIM, variant))
+    if "LEAN" in constexprs:  # the launcher's: the split products read Q from shared memory
+        constexprs.update(LEAN=hopper.split_cols_lean(constexprs["LEAN"], constexprs["PROD_DIM"]))
     if ring:
         constexprs.update(STAGES=hopper.SPLIT_RING_STAGES)
         cfg["stages"] = hopper.SPLIT_RING_STAGES

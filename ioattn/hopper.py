@@ -186,23 +186,34 @@ def padded_in_place(d: int) -> bool:
     return bool(padded_headdim(d)) and d % 8 == 0
 
 
-# The forward's products over 192 of d = 256's columns at the padded head dims 136-192 (a multiple of 8,
-# in place): S = Q K^T as two chained products over the tiles' columns 0:128 and 128:192, O as a [64,
-# 128] and a [64, 64] accumulator (the kernels' ``PROD_DIM``; Gluon 3.6 refuses 192-wide buffers and
-# register tensors, so the tiles stay 256 wide and the products skip the zero columns): 25 % fewer
-# tensor-core cycles a key tile and 32 fewer accumulator registers. The ping-pong consumers only
-# (``SPLIT_COLS_VARIANTS``). ``with hopper.split_cols(False): ...`` keeps the products 256 wide (the A/B).
+# The forward's products over three quarters of the tiles' columns at the padded head dims that fit
+# there (a multiple of 8, in place): 192 of d = 256's at 136-192 (NOTES §157), 96 of d = 128's at 72-96
+# (NOTES §164). S = Q K^T as two chained products over the tiles' first half and next quarter, O as a
+# [64, d / 2] and a [64, d / 4] accumulator (the kernels' ``PROD_DIM``; Gluon 3.6 refuses 192- and
+# 96-wide buffers and register tensors, so the tiles stay 256 / 128 wide and the products skip the zero
+# columns): 25 % fewer tensor-core cycles a key tile and a quarter fewer accumulator registers. The
+# ping-pong consumers only (``SPLIT_COLS_VARIANTS``), reading Q from shared memory (``split_cols_lean``).
+# ``SPLIT_COLS_TILES``: kernel head dim -> the columns the products cover. ``with
+# hopper.split_cols(False): ...`` keeps the products whole (the A/B).
 split_cols = dispatch.Preference(True)
 SPLIT_COLS_VARIANTS = ("pingpong", "split", "persistent")
+SPLIT_COLS_TILES = {256: 192, 128: 96}
 
 
 def split_cols_for(d: int, io_dim: int, name: str) -> int:
     """The forward kernel's ``PROD_DIM`` for kernel head dim ``d``, the tensors' ``io_dim`` (0: d) and
-    variant ``name``: 192 where the products may skip the columns past 192 (``split_cols``), else 0
-    (all d columns)."""
-    if d == 256 and 0 < io_dim <= 192 and name in SPLIT_COLS_VARIANTS and split_cols.wanted():
-        return 192
+    variant ``name``: ``SPLIT_COLS_TILES[d]`` where the products may skip the columns past it
+    (``split_cols``), else 0 (all d columns)."""
+    prod = SPLIT_COLS_TILES.get(d, 0)
+    if prod and 0 < io_dim <= prod and name in SPLIT_COLS_VARIANTS and split_cols.wanted():
+        return prod
     return 0
+
+
+def split_cols_lean(lean, prod_dim: int):
+    """The kernel's ``LEAN`` with the split products (``prod_dim`` > 0): without ``LEAN_Q_REGS`` (both
+    products read their slice of Q from shared memory; Q's registers hold the whole tile's operand)."""
+    return lean & ~LEAN_Q_REGS if prod_dim and lean else lean
 
 
 # The forward's split ring at the products over 192 columns (NOTES §161): the K / V ring's tiles as a
@@ -280,7 +291,7 @@ def padded_inputs_note(d: int, backward: bool = False) -> str:
         prod = bwd_split_cols_for(dp, d, True) if backward else split_cols_for(dp, d, variant_for(dp))
         products = (f", the products over {prod} of the {dp} columns (hopper.{'bwd_' if backward else ''}split_cols)"
                     if prod else "")
-        if prod and not backward and split_ring.wanted():
+        if not backward and split_ring_for(dp, d, variant_for(dp)):
             products += (", K / V in 128- and 64-column tiles three deep where the keys fill whole 64-key tiles "
                          "(hopper.split_ring)")
         return (f"read in place at head dim {dp}, the columns past {d} zero-filled by TMA (hopper.padded_rows_desc), "
@@ -1531,6 +1542,9 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     rows = dispatch.tma_rows_view
     q, k, v = (t if rows(t) is not None else t.contiguous() for t in (q, k, v))
     kv_tail = varlen or seqlen_k % block_n != 0  # a key tile may reach past a sequence's end
+    prod_dim = split_cols_for(d, io_dim if dp else 0, cfg["variant"])
+    if prod_dim and "LEAN" in cfg["constexprs"]:  # the split products read Q from shared memory
+        cfg = dict(cfg, constexprs=dict(cfg["constexprs"], LEAN=split_cols_lean(cfg["constexprs"]["LEAN"], prod_dim)))
     ring_split = dp and split_ring_for(d, io_dim, cfg["variant"], kv_tail)
     k_hi_desc = v_hi_desc = None
     if ring_split:  # the split ring: K / V in 128- and 64-column boxes (from column 128)
@@ -1596,7 +1610,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
                             ROW_STORES=out_stores,
                             **popts,
                             Walk=walk, IO_DIM=io_dim if dp else 0,
-                            PROD_DIM=split_cols_for(d, io_dim if dp else 0, cfg["variant"]),
+                            PROD_DIM=prod_dim,
                             k_hi_desc=k_hi_desc, v_hi_desc=v_hi_desc,
                             num_warps=cfg["num_warps"], **cfg["constexprs"])
     return out, lse

@@ -1964,10 +1964,15 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
     assert [hopper.padded_in_place(d) for d in (64, 72, 80, 100, 128, 136, 196, 200)] == \
         [False, True, True, False, False, True, False, True]
     # d = 136-192 in place: both kernels' products over 192 of the 256 columns (NOTES §157-§159), named in
-    # the plan's inputs; d = 200 (past 192) and d = 96 (a 128 tile) not; the switches turn them off
+    # the plan's inputs; d = 72-96: the forward's over 96 of 128 (NOTES §164); d = 200 and 104 (past three
+    # quarters of their tiles) not; the switches turn them off
     assert [(hopper.split_cols_for(256, d, "persistent"), hopper.bwd_split_cols_for(256, d, True))
             for d in (136, 192, 200)] == [(192, 192), (192, 192), (0, 0)]
-    assert hopper.split_cols_for(128, 96, "pingpong") == 0 and hopper.split_cols_for(256, 192, "base") == 0
+    assert [hopper.split_cols_for(128, d, "pingpong") for d in (72, 96, 104)] == [96, 96, 0]
+    assert hopper.split_cols_for(256, 192, "base") == 0 and hopper.split_cols_for(128, 96, "wg3") == 0
+    assert hopper.split_cols_lean(95, 96) == 87 and hopper.split_cols_lean(95, 0) == 95  # Q from shared memory
+    assert hopper.padded_inputs_note(96).endswith(
+        "to 96 columns, the products over 96 of the 128 columns (hopper.split_cols)")
     assert hopper.bwd_split_cols_for(256, 192, False) == 0
     ring = (", K / V in 128- and 64-column tiles three deep where the keys fill whole 64-key tiles "
             "(hopper.split_ring)")
@@ -1980,7 +1985,8 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
         assert not hopper.split_ring_for(256, 192, "persistent", kv_tail=True)
         assert not hopper.split_ring_for(256, 200, "persistent")
         assert "products" not in hopper.padded_inputs_note(200, backward)
-        assert "products" not in hopper.padded_inputs_note(96, backward)
+        assert "products" not in hopper.padded_inputs_note(104, backward)
+        assert ("products" in hopper.padded_inputs_note(96, backward)) == (not backward)
         with getattr(hopper, name)(False):
             assert "products" not in hopper.padded_inputs_note(192, backward)
             assert (hopper.split_cols_for(256, 192, "persistent") if not backward
@@ -2108,7 +2114,9 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
                                            "128- and 64-column tiles three deep where the keys fill whole 64-key "
                                            "tiles (hopper.split_ring)",
                                            ", the products over 192 of the 256 columns (hopper.bwd_split_cols)")
-                                          if d == 192 else ("", ""))
+                                          if d == 192 else
+                                          (", the products over 96 of the 128 columns (hopper.split_cols)", "")
+                                          if d == 96 else ("", ""))
             assert plan.forward["inputs"] == (f"read in place at head dim {dp}, the columns past {d} zero-filled by "
                                               f"TMA (hopper.padded_rows_desc), the output stored to {d} columns"
                                               + fwd_products)

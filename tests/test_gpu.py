@@ -1666,7 +1666,7 @@ def test_hopper_padded_head_dims(d, causal, shape, monkeypatch, poison_alloc):
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("d", [136, 160, 192])
+@pytest.mark.parametrize("d", [72, 96, 136, 160, 192])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("variant", ["persistent", "pingpong"])
 def test_hopper_split_cols_matches_full_width(d, causal, variant, poison_alloc):
@@ -1683,7 +1683,9 @@ def test_hopper_split_cols_matches_full_width(d, causal, variant, poison_alloc):
     q = torch.randn(2, 333, 4, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     dout = torch.randn_like(q)
-    assert hopper.split_cols_for(256, d, variant) == 192 and hopper.bwd_split_cols_for(256, d, True) == 192
+    dp = hopper.padded_headdim(d)  # 256: both passes split; 128 (d = 72-96): the forward's over 96 columns
+    assert hopper.split_cols_for(dp, d, variant) == 3 * dp // 4
+    assert hopper.bwd_split_cols_for(dp, d, True) == (192 if dp == 256 else 0)
     results = []
     for split in (True, False):
         with hopper.variant(variant), hopper.split_cols(split), hopper.bwd_split_cols(split):

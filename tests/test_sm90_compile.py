@@ -387,13 +387,15 @@ def test_hopper_walk_table_compile_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
-def test_hopper_split_cols_compile_for_sm90():
-    """The forward's products over 192 of d = 256's columns at a padded head dim of 192 (``PROD_DIM``,
-    ``hopper.split_cols``, NOTES §157) compile in the ping-pong and persistent kernels, both masks: wgmma
-    pipelined, no spill, the S and P V products each two commit groups (16 commits against the wide
-    build's 8) with S's wait leaving two P V groups in flight, and fewer registers than the wide build."""
+@pytest.mark.parametrize("dp,io_dim", [(256, 192), (128, 96)])
+def test_hopper_split_cols_compile_for_sm90(dp, io_dim):
+    """The forward's products over three quarters of the tile's columns at a padded head dim (``PROD_DIM``,
+    ``hopper.split_cols``): 192 of d = 256's (NOTES §157), 96 of d = 128's (§164), compile in the
+    ping-pong and persistent kernels, both masks: wgmma pipelined, no spill, the S and P V products each
+    two commit groups (16 commits against the wide build's 8) with S's wait leaving two P V groups in
+    flight, and fewer registers than the wide build."""
     pytest.importorskip("triton.experimental.gluon")
-    base = ["--variants", "pingpong,persistent", "--headdims", "256", "--io-dim", "192"]
+    base = ["--variants", "pingpong,persistent", "--headdims", str(dp), "--io-dim", str(io_dim)]
     split, wide = (_hopper_check(*base, "--split-cols", on) for on in ("on", "off"))
     assert len(split) == len(wide) == 4, (split, wide)
     for s, w in zip(split, wide):

@@ -138,7 +138,7 @@ def _load_rows(desc, row, col, bar, dst, c0=0):
     multiple of 8) reads the same view with its column split into 8-column groups and an offset
     bounded by d, so the columns past d land as zeros (TMA's fill of a box past the bounds): the
     kernel computes at HEAD_DIM on zero-padded heads without a padded copy. ``c0``: the box's first
-    column within the head (the K / V tiles' columns 128: in buffers of their own, ``_pp_shared``)."""
+    column within the head (the K / V tiles' columns 128: in buffers of their own, ``_split_ring``)."""
     if len(desc.block_type.shape) == 3:
         tma.async_copy_global_to_shared(desc, [col // 8, row, c0], bar,
                                         dst.reshape([1, dst.shape[0], dst.shape[1]]))
@@ -157,7 +157,7 @@ def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty
     and only then is it released to the consumers, by a plain arrive on its ``v_ready`` (count 1, no
     bytes pending); compiled only with ``KV_TAIL`` (the host sets it for varlen calls and key lengths
     not a multiple of BLOCK_N). ``tails``: such tiles before this call (``v_tail``'s phase); returns
-    the count after it. ``kv_hi`` (``_pp_shared``'s split ring): (k_hi_desc, v_hi_desc, k_hi, v_hi),
+    the count after it. ``kv_hi`` (the split ring, ``_split_ring``): (k_hi_desc, v_hi_desc, k_hi, v_hi),
     each tile's columns 128: in rings of their own, loaded beside the first 128 on the same barriers."""
     tails = tails + 0 * n_tiles  # a runtime integer whatever the caller passed (loop-carried)
     k_bytes: gl.constexpr = k_desc.block_type.nbytes + (0 if kv_hi is None else kv_hi[0].block_type.nbytes)
@@ -331,12 +331,15 @@ def _rescale_rows(o, alpha, COND: gl.constexpr, BY_WARP: gl.constexpr = False):
     a = gl.convert_layout(alpha, gl.SliceLayout(1, o.type.layout))
     if COND:
         gl.static_assert(o.shape[0] == 16 * gl.num_warps(), "a thread's rows: two of its warp's 16")
-        gl.static_assert(o.shape[1] // 2 % RESCALE_PACK == 0, "the branch's elements divide a thread's (d / 2)")
+        # one branch over a thread's whole share where it is smaller (the 32-column accumulator of the
+        # products over 96 of 128 columns: 16 a thread)
+        PACK: gl.constexpr = RESCALE_PACK if o.shape[1] // 2 >= RESCALE_PACK else o.shape[1] // 2
+        gl.static_assert(o.shape[1] // 2 % PACK == 0, "the branch's elements divide a thread's (d / 2)")
         flag = gl.inline_asm_elementwise(_rescale_flag_asm(BY_WARP), "=r,=r,f,f", [a], dtype=gl.int32,
                                          is_pure=True, pack=2)
-        o = gl.inline_asm_elementwise(_rescale_asm(RESCALE_PACK, BY_WARP), _rescale_constraints(RESCALE_PACK),
+        o = gl.inline_asm_elementwise(_rescale_asm(PACK, BY_WARP), _rescale_constraints(PACK),
                                       [o, a[:, None], flag[:, None]], dtype=gl.float32, is_pure=True,
-                                      pack=RESCALE_PACK)
+                                      pack=PACK)
     else:
         o = o * a[:, None]
     return o
@@ -504,21 +507,24 @@ def _pv_mma(o, p16, v_smem, i, STAGES: gl.constexpr):
 
 @gluon.constexpr_function
 def _prod_dim(head_dim, prod_dim):
-    """The head-dim columns the products cover: ``head_dim`` (``prod_dim`` 0), or 192 of a 256-wide
-    tile (``hopper.split_cols_for``: a padded head dim of 136-192 columns, whose tiles are 256 wide
-    because Gluon's buffers and register tensors must have power-of-two shapes)."""
+    """The head-dim columns the products cover: ``head_dim`` (``prod_dim`` 0), or three quarters of the
+    tile, 192 of 256 or 96 of 128 (``hopper.split_cols_for``: a padded head dim of 136-192 or 72-96
+    columns, whose tiles are 256 / 128 wide because Gluon's buffers and register tensors must have
+    power-of-two shapes): the products then run over the tile's first half and the next quarter."""
     prod_dim = int(prod_dim)
-    assert prod_dim in (0, int(head_dim)) or (int(head_dim) == 256 and prod_dim == 192), (head_dim, prod_dim)
+    assert prod_dim in (0, int(head_dim)) or (int(head_dim) in (128, 256) and prod_dim == 3 * int(head_dim) // 4), \
+        (head_dim, prod_dim)
     return int(head_dim) if prod_dim == 0 else prod_dim
 
 
 @gluon.jit
 def _qk_mma(q_smem, k_tile, s_zero, PROD_DIM: gl.constexpr, k_hi=None, slot=0):
     """Issue S = Q K^T asynchronously over the first ``PROD_DIM`` head-dim columns (``_prod_dim``): one
-    product, or (192 of a 256-wide tile) two chained ones, over columns 0:128 and 128:192, the second
-    accumulating onto the first (two commit groups). The backward's S^T = K Q^T and dP^T = V dO^T
-    are the same call with the operands in that order. ``k_hi``: the forward's split ring (``_split_ring``),
-    K's columns 128:PROD_DIM in a ring of their own (its tile at ``slot``), ``k_tile`` then 128 wide."""
+    product, or (three quarters of the tile) two chained ones, over its first half and the next
+    quarter (192 of 256: columns 0:128 and 128:192; 96 of 128: 0:64 and 64:96), the second accumulating
+    onto the first (two commit groups). The backward's S^T = K Q^T and dP^T = V dO^T are the same call
+    with the operands in that order. ``k_hi``: the forward's split ring (``_split_ring``), K's columns
+    128:PROD_DIM in a ring of their own (its tile at ``slot``), ``k_tile`` then 128 wide."""
     HEAD_DIM: gl.constexpr = k_tile.shape[1]
     if k_hi is not None:
         gl.static_assert(HEAD_DIM == 128 and k_hi.shape[2] == PROD_DIM - 128, "the split ring: 128 + 64 columns")
@@ -529,24 +535,26 @@ def _qk_mma(q_smem, k_tile, s_zero, PROD_DIM: gl.constexpr, k_hi=None, slot=0):
     elif PROD_DIM == HEAD_DIM:
         s_tok = warpgroup_mma(q_smem, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     else:
-        s_tok = warpgroup_mma(q_smem.slice(0, 128, dim=1), k_tile.slice(0, 128, dim=1).permute((1, 0)), s_zero,
+        LO: gl.constexpr = HEAD_DIM // 2
+        s_tok = warpgroup_mma(q_smem.slice(0, LO, dim=1), k_tile.slice(0, LO, dim=1).permute((1, 0)), s_zero,
                               use_acc=False, is_async=True)
-        s_tok = warpgroup_mma(q_smem.slice(128, PROD_DIM - 128, dim=1),
-                              k_tile.slice(128, PROD_DIM - 128, dim=1).permute((1, 0)), s_tok, is_async=True)
+        s_tok = warpgroup_mma(q_smem.slice(LO, PROD_DIM - LO, dim=1),
+                              k_tile.slice(LO, PROD_DIM - LO, dim=1).permute((1, 0)), s_tok, is_async=True)
     return s_tok
 
 
 @gluon.jit
 def _pv_mma_split(o, o_hi, p16, v_smem, i, STAGES: gl.constexpr, v_hi=None):
-    """Issue O += P(i) V(i) over 192 of a 256-wide tile's columns asynchronously, as two products (two
-    commit groups): ``o`` the columns 0:128, ``o_hi`` 128:192. ``v_hi``: the split ring's high
-    columns (``_pp_shared``), ``v_smem`` then 128 wide."""
+    """Issue O += P(i) V(i) over three quarters of the tile's columns asynchronously, as two products
+    (two commit groups): ``o`` the first half (0:128 of 256, 0:64 of 128), ``o_hi`` the next quarter.
+    ``v_hi``: the split ring's high columns (``_split_ring``), ``v_smem`` then 128 wide."""
     v = v_smem.index(i % STAGES)
+    LO: gl.constexpr = o.shape[1]
     if v_hi is None:
-        v_h = v.slice(128, o_hi.shape[1], dim=1)
+        v_h = v.slice(LO, o_hi.shape[1], dim=1)
     else:
         v_h = v_hi.index(i % STAGES)
-    lo = warpgroup_mma(p16, v.slice(0, 128, dim=1), o, is_async=True)
+    lo = warpgroup_mma(p16, v.slice(0, LO, dim=1), o, is_async=True)
     hi = warpgroup_mma(gl.convert_layout(p16, gl.DotOperandLayout(0, o_hi.type.layout, 2), assert_trivial=True),
                        v_h, o_hi, is_async=True)
     return lo, hi
@@ -858,11 +866,12 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     ``ALIBI`` (one-tile programs): each score tile (after the softcap) gets the ALiBi bias
     alibi_a * |i + seqlen_k - seqlen_q - j| (``_alibi``; alibi_a = -slope in the scores' units).
 
-    ``PROD_DIM`` (``_prod_dim``; 0: HEAD_DIM): the products over the tiles' first 192 of 256 columns
-    only (a padded head dim of at most 192: the rest are TMA's zeros). S is two chained products
-    (``_qk_mma``), O two accumulators, [64, 128] and [64, 64] (``_pv_mma_split``), each rescaled on its
-    own and returned side by side with the unused columns' zeros, so the epilogue is d = 256's.
-    ``kv_hi`` (``_pp_shared``'s split ring, with ``PROD_DIM``): (k_hi, v_hi), the K / V tiles' columns
+    ``PROD_DIM`` (``_prod_dim``; 0: HEAD_DIM): the products over the tiles' first three quarters only,
+    192 of 256 or 96 of 128 columns (a padded head dim of at most that: the rest are TMA's zeros). S is
+    two chained products (``_qk_mma``), O two accumulators, [64, HEAD_DIM / 2] and [64, HEAD_DIM / 4]
+    (``_pv_mma_split``), each rescaled on its own and returned side by side with the unused columns'
+    zeros, so the epilogue is the whole tile's.
+    ``kv_hi`` (the split ring, ``_split_ring``, with ``PROD_DIM``): (k_hi, v_hi), the K / V tiles' columns
     128:192 in rings of their own, ``k_smem`` / ``v_smem`` then their first 128 columns."""
     PD: gl.constexpr = _prod_dim(HEAD_DIM, PROD_DIM)
     k_hi = None if kv_hi is None else kv_hi[0]
@@ -876,7 +885,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     gl.static_assert(num_warps == 4, "a ping-pong consumer is one warpgroup")
     gl.static_assert(STAGES >= 2, "S(i+1) and P(i) V(i) are in flight together")
     s_layout: gl.constexpr = _wg_acc_layout(BLOCK_N)
-    O_COLS: gl.constexpr = 128 if SPLIT else HEAD_DIM  # the (first) accumulator's columns
+    O_COLS: gl.constexpr = HEAD_DIM // 2 if SPLIT else HEAD_DIM  # the (first) accumulator's columns
     o_layout: gl.constexpr = _wg_acc_layout(O_COLS)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -890,8 +899,8 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     else:
         l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
     o = gl.zeros([BLOCK_M, O_COLS], gl.float32, layout=o_layout)
-    if SPLIT:  # O's columns 128:PD
-        o_hi = gl.zeros([BLOCK_M, PD - 128], gl.float32, layout=_wg_acc_layout(PD - 128))
+    if SPLIT:  # O's columns O_COLS:PD
+        o_hi = gl.zeros([BLOCK_M, PD - O_COLS], gl.float32, layout=_wg_acc_layout(PD - O_COLS))
     diag = m_start + seqlen_k - seqlen_q  # the last key column this warpgroup's first row may see
     if ALIBI:  # each row's diagonal key (an integer: ``_alibi`` converts the differences)
         diag_rows = diag + rows_1d
@@ -1464,7 +1473,6 @@ def _pp_shared(q_desc, k_desc, v_desc, NUM_WG: gl.constexpr, WG_ROWS: gl.constex
     q_smem = gl.allocate_shared_memory(dtype, [NUM_WG * Q_BUFS, WG_ROWS, HEAD_DIM], _tile_layout(q_desc.layout))
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, KV_COLS], _tile_layout(k_desc.layout))
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, KV_COLS], _tile_layout(v_desc.layout))
-
     q_bar = gl.allocate_shared_memory(gl.int64, [NUM_WG * Q_BUFS, 1], bar_layout)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
@@ -1646,15 +1654,16 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     the bulk copy through a 4-D ``o_desc``, ``_store_rows_tma``) and ``stride_om`` is nheads * IO_DIM.
 
     ``PROD_DIM`` (0: HEAD_DIM; ``hopper.split_cols_for``): 192 at HEAD_DIM 256 with an IO_DIM of at
-    most 192: the ping-pong consumers' products cover those columns only (``_pp_mainloop``).
+    most 192, 96 at HEAD_DIM 128 with one of at most 96: the ping-pong consumers' products cover those
+    columns only (``_pp_mainloop``; Q read from shared memory, ``hopper.split_cols_lean``).
 
     ``k_hi_desc`` / ``v_hi_desc`` (with ``PROD_DIM``; ``hopper.split_ring_for``): the split ring, K / V
-    tiles in two rings each (``_pp_shared``): ``k_desc`` / ``v_desc`` boxes of 128 columns and these of
+    tiles in two rings each (``_pp_shared``, ``_split_ring``): ``k_desc`` / ``v_desc`` boxes of 128 columns and these of
     64 from column 128, so a stage takes 48 KB instead of 64 and ``STAGES`` can be 3."""
     D_IO: gl.constexpr = _io_dim(HEAD_DIM, IO_DIM)
     gl.static_assert(_prod_dim(HEAD_DIM, PROD_DIM) >= D_IO, "the products cover the tensors' columns")
     gl.static_assert(PROD_DIM == 0 or PINGPONG, "the split products: the ping-pong consumers")
-    gl.static_assert(k_hi_desc is None or (PROD_DIM != 0 and v_hi_desc is not None and not KV_TAIL),
+    gl.static_assert(k_hi_desc is None or (PROD_DIM == 192 and v_hi_desc is not None and not KV_TAIL),
                      "the split ring: with the split products, both descriptors, whole key tiles")
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     gl.static_assert(PERSISTENT or ROW_STORES != 3, "the output's bulk copy: the persistent kernel only")
