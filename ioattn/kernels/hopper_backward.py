@@ -220,8 +220,10 @@ the writer releases the buffer (``dq_empty``) and the slot (``q_empty``), once a
 halves through the one buffer, the consumers' wait for the writer to have read the low half was
 13.6 % of their stall samples (Nsight Compute, N = 4096); through the Q slot the kernel ran 12 to 24 %
 faster (N = 1024 to 16384, both masks; NOTES §59, results/session-2026-12-02-k).
-Deterministic mode: the writer waits for its turn before the low half and releases after the high
-half's additions complete.
+Deterministic mode: the writer waits for its turn before the first half and releases after both
+halves' additions complete. At the products over 192 columns (below) the high half goes first, the
+slot back to the producer as soon as it is read (``DQ_HI_FIRST``, NOTES §160; slower at the native d =
+256).
 
 Padded head dims 136-192 (``PROD_DIM`` = 192, ``hopper.bwd_split_cols_for``; NOTES §158-§159): the
 tiles stay 256 wide (TMA's zeros past d) but the products cover 192 columns: S^T and dP^T as two
@@ -392,6 +394,8 @@ def dq_hi_first(d: int, col_split: bool, prod_dim: int) -> bool:
     """The ws kernel's ``DQ_HI_FIRST`` for head dim ``d`` (the column split's, ``col_split``) at the
     launcher's ``PROD_DIM`` (0: the whole head dim): ``WS_DQ_HI_FIRST``'s choice by product width."""
     return bool(col_split) and (prod_dim or d) in WS_DQ_HI_FIRST
+
+
 # "ws": registers of the producer and dQ-writer warps (setmaxnreg dec): FA3's producer budget, 24.
 # The consumer partition gets (65536 - 24 * 128) / 256 = 244 -> 240 (Triton rounds to a multiple of 8),
 # FA3's 240 for two MMA warpgroups.
