@@ -1862,3 +1862,46 @@ def test_hopper_padded_in_place_matches_copies(d, causal, variant, monkeypatch, 
         assert a.shape == b.shape and not torch.isnan(a).any(), name
         assert torch.equal(a, b), (name, (a.float() - b.float()).abs().max().item())
     _assert_out_and_grads(results[0][0], results[0][2:], dout, q, k, v, (-1, 0) if causal else (-1, -1))
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+# whole 80-row steps (160, 4000 = 50 x 80), a partial last step (1000, 777, 129, 16), the stat rows padded
+# to 320 past a whole step (400 = 5 x 80), GQA 3 and 4, seqlen_q != seqlen_k both ways, key blocks past
+# the last key (300), a key length below one block (64)
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1), (3, 129, 64, 2, 2),
+                                   (2, 160, 300, 3, 1), (1, 400, 400, 4, 1), (2, 16, 200, 2, 2),
+                                   (1, 4000, 4000, 8, 2)])
+def test_hopper_backward_extra_rows(dtype, shape, monkeypatch, poison_alloc):
+    """d = 128's non-causal ws backward at 80 query rows a step (``WS_EXTRA_ROWS``: a 64-row tile and a
+    16-row one, dQ's 16 rows transposed, the flat accumulator's blocks 80 rows, NOTES §165), from poisoned
+    allocations: the launch took the form, and dq, dk, dv are within 2x PyTorch's error of the float64
+    oracle; the ordered mode's three runs are bitwise equal and within it too. A causal call keeps 64 rows."""
+    from ioattn import hopper
+    from ioattn.kernels import hopper_backward as hb
+    monkeypatch.setattr(hb, "WS_EXTRA_ROWS", {128: 16})
+    assert hb.ws_extra_rows(128, False, True) == 16 and hb.ws_extra_rows(128, True, True) == 0
+    seen = []  # the launcher's choice, call by call
+    choose = hb.ws_extra_rows
+    monkeypatch.setattr(hb, "ws_extra_rows", lambda *a: seen.append(choose(*a)) or seen[-1])
+    b, sq, sk, h, hkv = shape
+    torch.manual_seed(sq + sk)
+    q = torch.randn(b, sq, h, 128, device="cuda", dtype=dtype)
+    k, v = (torch.randn(b, sk, hkv, 128, device="cuda", dtype=dtype) for _ in range(2))
+    dout = torch.randn_like(q)
+    out, lse = hopper.hopper_forward(q, k, v, 128 ** -0.5, False)
+    grads = hb.hopper_backward(dout, q, k, v, out, lse, 128 ** -0.5, False, variant="ws")
+    assert seen == [16], seen
+    _assert_grads_match_oracle(grads, q, k, v, dout, (-1, -1))
+    seen.clear()
+    runs = [hb.hopper_backward(dout, q, k, v, out, lse, 128 ** -0.5, False, variant="ws", deterministic=True)
+            for _ in range(3)]
+    for name, *gs in zip(("dq", "dk", "dv"), *runs):
+        assert not gs[0].isnan().any() and all(torch.equal(gs[0], g) for g in gs[1:]), name
+    _assert_grads_match_oracle(runs[0], q, k, v, dout, (-1, -1))
+    assert seen == [16] * 3, seen
+    seen.clear()
+    out_c, lse_c = hopper.hopper_forward(q, k, v, 128 ** -0.5, True)
+    grads = hb.hopper_backward(dout, q, k, v, out_c, lse_c, 128 ** -0.5, True, variant="ws")
+    assert seen == [0], seen
+    _assert_grads_match_oracle(grads, q, k, v, dout, (-1, 0))
