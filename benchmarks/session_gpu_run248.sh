@@ -3,14 +3,14 @@
 # (1) a smoke call under a time limit (a hang shows here); (2) the GPU tests of the form (against the oracle,
 # the ordered mode, the launcher's choice) and the default ws backward at d = 128; (3) ab_bwd, 80 rows
 # ("gluon-ws-xr16") against 64 ("gluon-ws"), cuDNN in the same process, two processes in both orders.
-# Usage: bash benchmarks/session_gpu_run248.sh OUT   (writes OUT/summary.log, OUT/smoke.log, OUT/tests.log,
+# Usage: bash benchmarks/session_gpu_run248.sh OUT   (writes OUT/summary.log, OUT/smoke.*, OUT/memcheck.log if it fails, OUT/tests.log,
 # OUT/ab_bwd_a.*, OUT/ab_bwd_b.*)
 set -u
 out=${1:?outdir}
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 {
 t0=$(date +%s)
-timeout 60 python3 - > "$out/smoke.log" 2>&1 <<'PY'
+cat > "$out/smoke.py" <<'PY'
 import torch
 from ioattn import hopper
 from ioattn.kernels import hopper_backward as hb
@@ -21,7 +21,14 @@ g = hb.hopper_backward(torch.randn_like(q), q, k, v, out, lse, 128 ** -0.5, Fals
 torch.cuda.synchronize()
 print("smoke ok", [t.float().abs().max().item() for t in g])
 PY
-echo "smoke rc=$? $(( $(date +%s) - t0 ))s: $(tail -n 1 "$out/smoke.log")"
+timeout 60 python3 "$out/smoke.py" > "$out/smoke.log" 2>&1
+rc=$?
+echo "smoke rc=$rc $(( $(date +%s) - t0 ))s: $(tail -n 1 "$out/smoke.log")"
+if [ $rc != 0 ]; then  # where: memcheck names the access
+  timeout 120 compute-sanitizer --tool memcheck python3 "$out/smoke.py" > "$out/memcheck.log" 2>&1
+  grep -m 12 -E "Invalid|Misaligned|at .*hopper|ERROR SUMMARY|Address" "$out/memcheck.log"
+  exit 1
+fi
 t0=$(date +%s)
 timeout 200 python3 -m pytest -q -n 8 tests/test_gpu.py -p no:cacheprovider \
     -k "test_hopper_backward_extra_rows or (test_hopper_backward and ws and 128 and gluon and bfloat16 and not varlen and not window and not softcap and not deterministic)" \

@@ -904,7 +904,8 @@ def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, 
             _load_rows(q_desc, row, col, q_ready.index(s), q_smem.index(s))
             _load_rows(q_x_desc, row + BLOCK_M, col, q_ready.index(s), q_x_smem.index(s))
             tma.async_copy_global_to_shared(lse_desc, [stat], q_ready.index(s), lse_smem.index(s))
-            tma.async_copy_global_to_shared(lse_x_desc, [stat + BLOCK_M], q_ready.index(s), lse_x_smem.index(s))
+            tma.async_copy_global_to_shared(lse_x_desc, [stat + BLOCK_M], q_ready.index(s),
+                                            lse_x_smem.index(s).slice(0, XR))
             mbarrier.wait(do_empty.index(s_do), reuse_phase_do, pred=t >= DO_STAGES)
             mbarrier.expect(do_ready.index(s_do), do_desc.block_type.nbytes + delta_desc.block_type.nbytes
                             + do_x_desc.block_type.nbytes + delta_x_desc.block_type.nbytes)
@@ -912,7 +913,7 @@ def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, 
             _load_rows(do_x_desc, row + BLOCK_M, col, do_ready.index(s_do), do_x_smem.index(s_do))
             tma.async_copy_global_to_shared(delta_desc, [stat], do_ready.index(s_do), delta_smem.index(s_do))
             tma.async_copy_global_to_shared(delta_x_desc, [stat + BLOCK_M], do_ready.index(s_do),
-                                            delta_x_smem.index(s_do))
+                                            delta_x_smem.index(s_do).slice(0, XR))
         else:
             mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
             _load_rows(q_desc, row, col, q_ready.index(s), q_smem.index(s))
@@ -1181,7 +1182,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
             lse_s = lse_smem.index(s_idx).load(col_layout)
             s_tok = warpgroup_mma(k_cur, q_cur.permute((1, 0)), st_zero - lse_s[None, :], is_async=True)
             if XR > 0:
-                lse_x = lse_x_smem.index(s_idx).load(xcol_layout)
+                lse_x = lse_x_smem.index(s_idx).slice(0, XR).load(xcol_layout)
                 sx_tok = warpgroup_mma(k_cur, q_x.permute((1, 0)), x_zero - lse_x[None, :], is_async=True)
         else:
             s_tok = warpgroup_mma(k_cur, q_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
@@ -1222,7 +1223,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
             px16 = px.to(dtype)
             pxa = gl.convert_layout(px16, a_layout)
         if XR > 0:
-            delta_x = delta_x_smem.index(s_idx).load(xcol_layout)
+            delta_x = delta_x_smem.index(s_idx).slice(0, XR).load(xcol_layout)
             dpx_tok = warpgroup_mma(v_cur, do_x.permute((1, 0)), x_zero - delta_x[None, :], is_async=True)
         # dV += P^T dO queued behind dP^T: it runs while dS is formed and stored below
         dv_tok = warpgroup_mma(pa, do_cur, dv, is_async=True)
@@ -1744,8 +1745,10 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     if XR > 0:  # the XR rows' tiles (``XR``): Q / dO, lse / D, dS^T, and each warpgroup's dQ^T piece
         q_x_smem = gl.allocate_shared_memory(dtype, [STAGES, XR, HEAD_DIM], _tile_layout(q_x_desc.layout))
         do_x_smem = gl.allocate_shared_memory(dtype, [STAGES, XR, HEAD_DIM], _tile_layout(do_x_desc.layout))
-        lse_x_smem = gl.allocate_shared_memory(gl.float32, [STAGES, XR], lse_x_desc.layout)
-        delta_x_smem = gl.allocate_shared_memory(gl.float32, [STAGES, XR], delta_x_desc.layout)
+        # (slots of 32 values, 16 used at XR = 16: a TMA destination is 128-byte aligned)
+        XS: gl.constexpr = 32 if XR < 32 else XR
+        lse_x_smem = gl.allocate_shared_memory(gl.float32, [STAGES, XS], lse_x_desc.layout)
+        delta_x_smem = gl.allocate_shared_memory(gl.float32, [STAGES, XS], delta_x_desc.layout)
         ds_x_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, XR],
                                               gl.NVMMASharedLayout.get_default_for([BLOCK_N, XR], dtype))
         dq_x_smem = gl.allocate_shared_memory(gl.float32, [HEAD_DIM // 2, XR], _dq_flat_layout(4, HEAD_DIM // 2, XR))
