@@ -42,7 +42,7 @@ Q / dO rings three deep at d = 128, until it was measured level, §136; "gluon-w
 "gluon-ws-dqownlag", each warpgroup's dQ over its own keys with no dS^T exchange, until they were
 removed, §153.)
 
-bf16, 16384 tokens, hidden 2048 (the bench's grid). Every variant's gradients are checked against
+bf16 (``--dtype fp16``: fp16), 16384 tokens, hidden 2048 (the bench's grid). Every variant's gradients are checked against
 the float64 oracle (2x PyTorch's own same-dtype error, ``conftest.assert_within_torch_error``'s
 criterion) on the first sequence length of each (head dim, mask) before it is timed; timing is
 ``ioattn.bench.timing.median_ms`` (device time, median of 20). FLOPs: 2.5x the forward's.
@@ -146,6 +146,7 @@ def main():
                     help="query (= K/V) heads; 0: hidden 2048 / head dim (the bench's grid). 33 gives 33 x 128 = "
                          "4224 key blocks of 128 at 16k tokens, 32 whole waves of 132 SMs, where the bench's grid "
                          "has 2048 at d = 128 (15.5 waves): the last wave's cost by difference (NOTES §71, §134)")
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"), help="the inputs' dtype")
     ap.add_argument("--sass", action="store_true",
                     help="at the end, each Gluon backward kernel compiled in this process: its SASS's counts of "
                          "products, stores, reductions, fences and TMA operations, and the ptxas version (a "
@@ -154,6 +155,7 @@ def main():
                     help="time a provider whose gradients fail the oracle too (a diagnostic build with a part "
                          "compiled out); its rows keep ok=false and the table marks them with *")
     args = ap.parse_args()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     if args.heads < 0:
         ap.error(f"--heads must be 0 (the bench's grid) or a positive head count, got {args.heads}")
     os.makedirs(args.out, exist_ok=True)
@@ -179,7 +181,7 @@ def main():
             ok = {}
             for n in map(int, args.seqlens.split(",")):
                 shape = (16384 // n, n, args.heads or 2048 // d, d)
-                q, k, v, dout = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+                q, k, v, dout = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(4))
                 runs = {}
                 for name, setup in variants.items():
                     if not covers(setup, d):
@@ -198,7 +200,8 @@ def main():
                         timed = run is not None and (ok[name] or args.time_failed)
                         ms = median_ms(lambda _: run(), [None]) if timed else float("inf")
                         tf = attention_flops(shape[0], shape[2], n, n, d, causal, "bwd") / ms / 1e9
-                        rec = dict(headdim=d, causal=causal, seqlen=n, heads=shape[2], variant=name, ok=ok[name], ms=ms,
+                        rec = dict(headdim=d, causal=causal, seqlen=n, heads=shape[2], dtype=args.dtype,
+                                   variant=name, ok=ok[name], ms=ms,
                                    tflops=tf, round=rnd)
                         sink.write(json.dumps(rec) + "\n")
                         sink.flush()

@@ -1105,7 +1105,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     dtype: gl.constexpr = k_smem.dtype
     # D subtracted inside dP^T's product (its accumulator starts at -D) at 128 query rows a step, where
     # D in S^T's column layout is 32 registers a thread, live across P^T's formation otherwise
-    D_IN_ACC: gl.constexpr = BLOCK_M == 128 or XR > 0
+    D_IN_ACC: gl.constexpr = BLOCK_M == 128
     SR: gl.constexpr = BLOCK_M + XR  # query rows a step
     off = seqlen_k - seqlen_q
     st_layout: gl.constexpr = _acc_layout(num_warps, BLOCK_M)
@@ -1181,9 +1181,9 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
             # of the exponentials waited for it (14 % of the consumers' samples, NOTES §100)
             lse_s = lse_smem.index(s_idx).load(col_layout)
             s_tok = warpgroup_mma(k_cur, q_cur.permute((1, 0)), st_zero - lse_s[None, :], is_async=True)
-            if XR > 0:
-                lse_x = lse_x_smem.index(s_idx).slice(0, XR).load(xcol_layout)
-                sx_tok = warpgroup_mma(k_cur, q_x.permute((1, 0)), x_zero - lse_x[None, :], is_async=True)
+            if XR > 0:  # the XR rows' S^T from zero, lse in the exponent: an accumulator start written
+                # behind an issued product made ptxas wait for that product (S^T, then dP^T, in series)
+                sx_tok = warpgroup_mma(k_cur, q_x.permute((1, 0)), x_zero, use_acc=False, is_async=True)
         else:
             s_tok = warpgroup_mma(k_cur, q_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
         mbarrier.wait(do_ready.index(s_idx), phase)
@@ -1218,23 +1218,27 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
             p16 = p.to(dtype)
         pa = gl.convert_layout(p16, a_layout)
         if XR > 0:  # the XR rows' P^T (lse in the accumulator: ``_probs``'s plain form)
+            # (lse / softmax_scale in the slot: times qk_scale, the exponent's log2 units)
+            lse_x = lse_x_smem.index(s_idx).slice(0, XR).load(xcol_layout) * qk_scale
             px = _step_probs(sx, lse_x, qk_scale, n_own, m_start + BLOCK_M, off, keys_inside, seqlen_q, seqlen_k,
-                             keys_x_1d, queries_x_1d, XR, ROWS, IS_CAUSAL, LSE_IN_ACC)
+                             keys_x_1d, queries_x_1d, XR, ROWS, IS_CAUSAL, False)
             px16 = px.to(dtype)
             pxa = gl.convert_layout(px16, a_layout)
-        if XR > 0:
-            delta_x = delta_x_smem.index(s_idx).slice(0, XR).load(xcol_layout)
-            dpx_tok = warpgroup_mma(v_cur, do_x.permute((1, 0)), x_zero - delta_x[None, :], is_async=True)
+            # the XR rows' dP^T only now: issued beside the 64 rows' (both in flight with S^T's two and
+            # dK / dV), ptxas serialised the wgmmas for registers
+            dpx_tok = warpgroup_mma(v_cur, do_x.permute((1, 0)), x_zero, use_acc=False, is_async=True)
         # dV += P^T dO queued behind dP^T: it runs while dS is formed and stored below
         dv_tok = warpgroup_mma(pa, do_cur, dv, is_async=True)
         if XR > 0:  # + the XR rows' (K = XR), chained
             dv_tok = warpgroup_mma(pxa, do_x, dv_tok, is_async=True)
             # dS^T from the 16-bit P^T (dV's operand, in registers anyway): the fp32 P^T dies at its
-            # conversion, which the XR columns' registers need (with it held, ptxas serialised the
-            # wgmmas); P^T rounded to 16 bits is what the products see, as in PyTorch's own backward
+            # conversion, which the XR columns' registers need; P^T rounded to 16 bits is what the
+            # products see, as in PyTorch's own backward
+            delta = delta_smem.index(s_idx).load(col_layout)
+            delta_x = delta_x_smem.index(s_idx).slice(0, XR).load(xcol_layout)
             dp, dpx = warpgroup_mma_wait(2, deps=[dp_tok, dpx_tok])
-            ds16 = (p16.to(gl.float32) * dp).to(dtype)
-            dsx16 = (px16.to(gl.float32) * dpx).to(dtype)
+            ds16 = (p16.to(gl.float32) * (dp - delta[None, :])).to(dtype)
+            dsx16 = (px16.to(gl.float32) * (dpx - delta_x[None, :])).to(dtype)
         elif D_IN_ACC:
             dp = warpgroup_mma_wait(1, deps=[dp_tok])
             ds16 = (p * dp).to(dtype)
