@@ -26,8 +26,8 @@ was removed, §103; "gluon-ws-earlys", the next step's S^T issued behind dK, §1
 releasing the Q slot once it is read (``WS_DQ_HI_FIRST``; NOTES §160: the padded widths' order, 0.95-1.00x
 the default at d = 256; "gluon-ws-dqlofirst" timed the default against it; "gluon-ws-dqhilate" timed the
 high half kept in registers and stored behind the next step's S^T until it was removed, §162).
-"gluon-ws-xr16": d = 128's non-causal step at 80 query rows, a 64-row tile and a 16-row one
-(``WS_EXTRA_ROWS``, NOTES §165); "gluon-ws-xr0": 64 rows a step, whatever the default.
+("gluon-ws-xr16" timed d = 128's non-causal step at 80 query rows, a 64-row tile and a 16-row one,
+until it was removed, NOTES §165.)
 "gluon-ws-wgsplit": each consumer warpgroup a partition of its own (``WS_WG_PARTITIONS``; NOTES §105;
 the default at d = 128 since). ("gluon-ws-stagger" timed the walk staggered by key block again until
 it was removed, §106; "gluon-ws-dkearly", dK issued before dS^T's exchange, until it was removed,
@@ -42,8 +42,8 @@ Q / dO rings three deep at d = 128, until it was measured level, §136; "gluon-w
 "gluon-ws-dqownlag", each warpgroup's dQ over its own keys with no dS^T exchange, until they were
 removed, §153.)
 
-bf16 (``--dtype fp16``: fp16), 16384 tokens, hidden 2048 (the bench's grid). Every variant's gradients are checked against
-the float64 oracle (2x PyTorch's own same-dtype error, ``conftest.assert_within_torch_error``'s
+bf16 (``--dtype fp16``: fp16), 16384 tokens, hidden 2048 (the bench's grid). Every variant's gradients are
+checked against the float64 oracle (2x PyTorch's own same-dtype error, ``conftest.assert_within_torch_error``'s
 criterion) on the first sequence length of each (head dim, mask) before it is timed; timing is
 ``ioattn.bench.timing.median_ms`` (device time, median of 20). FLOPs: 2.5x the forward's.
 """
@@ -170,8 +170,6 @@ def main():
                 "gluon-ws-wgsplit": gluon("ws", WS_WG_PARTITIONS={64: True, 128: True}),
                 "gluon-ws-det": gluon("ws", deterministic=True),
                 "gluon-ws-dqhifirst": gluon("ws", WS_DQ_HI_FIRST=(192, 256)),
-                "gluon-ws-xr16": gluon("ws", WS_EXTRA_ROWS={128: 16}),
-                "gluon-ws-xr0": gluon("ws", WS_EXTRA_ROWS={}),
                 "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     if args.providers:
         variants = {name: variants[name] for name in args.providers.split(",")}

@@ -48,10 +48,7 @@ IO_DIM = 0  # --io-dim (set before the compile jobs' processes are forked: they 
 
 
 def compile_one(variant, d, dt, causal, deterministic=False, varlen=False, window=False, softcap=False, alibi=False):
-    # the launcher's extra query rows a step (``WS_EXTRA_ROWS``, plain non-causal calls)
-    xr = hopper_backward.ws_extra_rows(d, causal, variant == "ws" and not (varlen or window or softcap or alibi
-                                                                          or IO_DIM))
-    cfg = kernel_config(d, variant, softcap, alibi, xr)
+    cfg = kernel_config(d, variant, softcap, alibi)
     fn = cfg["kernel"]
     bm, bn = cfg["block_m"], cfg["block_n"]
     q_layout = gl.NVMMASharedLayout.get_default_for([bm, d], DTYPES[dt])
@@ -63,7 +60,7 @@ def compile_one(variant, d, dt, causal, deterministic=False, varlen=False, windo
     if variant == "base":
         sig.update(Lse="*fp32", Delta="*fp32", DQacc="*fp32")
     else:
-        lay = ws_layouts(d, DTYPES[dt], softcap, alibi, xr)
+        lay = ws_layouts(d, DTYPES[dt], softcap, alibi)
         assert lay["q"] == q_layout and lay["kv"] == kv_layout
         stat = f"tensordesc<fp32[{bm}],{lay['stat']!r}>"
         rows, cols = cfg["dq_block"]
@@ -73,15 +70,6 @@ def compile_one(variant, d, dt, causal, deterministic=False, varlen=False, windo
                                  ALIBI=hopper.bwd_alibi_form(d, 1.0 if softcap else 0.0) if alibi else 0,
                                  IO_DIM=IO_DIM,
                                  PROD_DIM=hopper.bwd_split_cols_for(d, IO_DIM, cfg["constexprs"]["COL_SPLIT"]))
-        if xr:  # the step's last xr rows' descriptors (the launcher's)
-            stat_x = f"tensordesc<fp32[{xr}],{lay['stat']!r}>"
-            q_x = f"tensordesc<{dt}[{xr},{d}],{lay['q_x']!r}>"
-            xrows, xcols = cfg["dq_x_block"]
-            sig.update(q_x_desc=q_x, do_x_desc=q_x, lse_x_desc=stat_x, delta_x_desc=stat_x,
-                       dq_x_desc=f"tensordesc<fp32[{xrows},{xcols}],{lay['dq']!r}>")
-        else:
-            cfg["constexprs"].update(q_x_desc=None, do_x_desc=None, lse_x_desc=None, delta_x_desc=None,
-                                     dq_x_desc=None)
         prod = cfg["constexprs"]["PROD_DIM"]
         cfg["constexprs"]["DQ_HI_FIRST"] = hopper_backward.dq_hi_first(d, cfg["constexprs"]["COL_SPLIT"], prod)
         if prod:  # dQ's high half by its own descriptor (the launcher's), 64 columns wide
@@ -153,12 +141,10 @@ def check(job):
     name = variant + ("-det" if det else "") + ("-varlen" if varlen else "") + ("-window" if window else "") + ("-softcap" if softcap else "") + ("-alibi" if alibi else "") + ("-flat" if cfg.get("dq_flat") else "") \
         + ("-lse" if cfg["constexprs"].get("LSE_IN_ACC") else "") \
         + ("-wgsplit" if cfg["constexprs"].get("WG_SPLIT") else "") \
-        + ("-hifirst" if cfg["constexprs"].get("DQ_HI_FIRST") else "") \
-        + (f"-xr{cfg['constexprs']['XR']}" if cfg["constexprs"].get("XR") else "")
+        + ("-hifirst" if cfg["constexprs"].get("DQ_HI_FIRST") else "")
     do_stages = cfg["constexprs"].get("DO_STAGES", cfg["stages"])
     stages = f"{cfg['stages']}" + (f"/{do_stages}" if do_stages != cfg["stages"] else "")  # Q / dO rings
-    rows = cfg["block_m"] + cfg["constexprs"].get("XR", 0)
-    return (f"bwd {name:6s} d={d} {dt} causal={causal!s:5s} tiles={rows}x{cfg['block_n']}x{stages} "
+    return (f"bwd {name:6s} d={d} {dt} causal={causal!s:5s} tiles={cfg['block_m']}x{cfg['block_n']}x{stages} "
             f"warps={k.metadata.num_warps} shared={k.metadata.shared} {regs}setmaxnreg[{nreg}] "
             f"wgmma={c['wgmma']} (commit {c['commit']}, {waits}) tma={c['tma']} tma_reduce={reduces} "
             f"bulk_read_waits={ptx.count('cp.async.bulk.wait_group.read')} "
@@ -194,14 +180,10 @@ def main():
     ap.add_argument("--dq-hi-first", default="default", choices=("default", "on", "off"),
                     help="the column split's dQ high half handed over first at every product width, or at none "
                          "(``WS_DQ_HI_FIRST``; default: its widths; NOTES §160)")
-    ap.add_argument("--extra-rows", type=int, default=-1,
-                    help="ws at d = 128: query rows a step past 64 (``WS_EXTRA_ROWS``; -1: the module's; NOTES §165)")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="compiles in parallel")
     args = ap.parse_args()
     if args.dq_hi_first != "default":  # before the compile jobs' processes are forked (they inherit it)
         hopper_backward.WS_DQ_HI_FIRST = (192, 256) if args.dq_hi_first == "on" else ()
-    if args.extra_rows >= 0:  # before the compile jobs' processes are forked (they inherit it)
-        hopper_backward.WS_EXTRA_ROWS = {128: args.extra_rows} if args.extra_rows else {}
     if args.io_dim:  # before the compile jobs' processes are forked (they inherit it)
         global IO_DIM
         IO_DIM = args.io_dim

@@ -993,41 +993,6 @@ def test_hopper_backward_flat_dq_halves(d):
     assert whole == half + [[half_m, 0] if block_m == 128 else [0, half_n]]
 
 
-@pytest.mark.parametrize("seqlen", [80, 400, 333])
-def test_hopper_backward_flat_dq_extra_rows(seqlen):
-    """The flat accumulator of d = 128's 80-row steps (``WS_EXTRA_ROWS``, NOTES §165): per block the
-    64-row tile in the 8-warp flat order, then each warpgroup's 16 extra rows as its [64 columns, 16 rows]
-    dQ^T piece in the 4-warp order of a [64, 16] accumulator; per (batch, head) as many blocks as the
-    stat rows (a multiple of 320) hold. ``dq_from_flat`` with ``xr`` puts such an accumulator, built here
-    from a known dQ by the bases, back in (batch, seqlen, heads, d) order, scaled and cast."""
-    pytest.importorskip("triton.experimental.gluon")
-    import ioattn.kernels.hopper_backward as hb
-
-    def coords(bases, n):  # (row, column) of each flat offset
-        offs = torch.arange(n)
-        rows, cols = torch.zeros_like(offs), torch.zeros_like(offs)
-        for bit, (r, c) in enumerate(bases):
-            rows += ((offs >> bit) & 1) * r
-            cols += ((offs >> bit) & 1) * c
-        return rows, cols
-
-    d, bm, xr = 128, 64, 16
-    rows, cols = coords(hb.dq_flat_bases(hb.BWD_NUM_WARPS, bm, d), bm * d)
-    prow, pcol = coords(hb.dq_flat_bases(4, d // 2, xr), d // 2 * xr)  # piece: (head-dim column, query row)
-    assert sorted(zip(prow.tolist(), pcol.tolist())) == [(i, j) for i in range(d // 2) for j in range(xr)]
-    batch, heads = 2, 3
-    n_m = -(-seqlen // 320) * 320 // (bm + xr)
-    full = torch.randn(batch, n_m * (bm + xr), heads, d)
-    blocks = full.view(batch, n_m, bm + xr, heads, d).permute(0, 3, 1, 2, 4)  # (b, h, m, row, col)
-    main = blocks[:, :, :, rows, cols]
-    pieces = [blocks[:, :, :, bm + pcol, w * d // 2 + prow] for w in (0, 1)]
-    flat = torch.cat([main, *pieces], dim=-1).reshape(-1)
-    q = torch.empty(batch, seqlen, heads, d, dtype=torch.bfloat16)
-    dq = hb.dq_from_flat(flat, q, bm, 0.5, None, n_m, None, xr)
-    assert dq.shape == q.shape and dq.dtype == q.dtype and dq.is_contiguous()
-    assert torch.equal(dq, (full[:, :seqlen] * 0.5).to(torch.bfloat16))
-
-
 def test_hopper_copy_env(monkeypatch):
     """IOATTN_HOPPER_COPY=1 / 0 takes or refuses the copies at any length, below the switch's own
     setting; any other value is refused by name."""

@@ -284,7 +284,7 @@ def attn_bwd_dq_kernel(
 @triton.jit
 def dq_from_blocks_kernel(Acc, RowOff, ColOff, dQ, seqlen_q, nheads, num_m, stride_b, stride_m, stride_h, scale,
                           cu_seqlens_q, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, IS_VARLEN: tl.constexpr = False,
-                          D_OUT: tl.constexpr = 0, RowOffX=None, ColOffX=None, XR: tl.constexpr = 0):
+                          D_OUT: tl.constexpr = 0):
     """dQ = scale * Acc, cast to dQ's dtype, where the fp32 accumulator Acc holds per (batch, head,
     query block) one [BLOCK_M, HEAD_DIM] block in a permuted order: element (r, c) of block p at
     p * BLOCK_M * HEAD_DIM + RowOff[r] + ColOff[c] (int32 tables; the Hopper backward's flat dQ order,
@@ -292,8 +292,7 @@ def dq_from_blocks_kernel(Acc, RowOff, ColOff, dQ, seqlen_q, nheads, num_m, stri
     ``IS_VARLEN``: ``num_m`` blocks per (batch, head) (from the longest sequence), sequence b's rows
     from cu_seqlens_q[b] in the packed dQ (``stride_b`` 0), its length from cu_seqlens_q. ``D_OUT``: dQ's
     head dim where it is below the accumulator's HEAD_DIM (a head-padded call), its columns alone
-    read and stored. ``XR``: blocks of BLOCK_M + XR rows, the last XR at offsets BLOCK_M * HEAD_DIM +
-    RowOffX[r] + ColOffX[c] (the Hopper backward's extra rows, ``hopper_backward.WS_EXTRA_ROWS``)."""
+    read and stored."""
     p = tl.program_id(0)
     m = p % num_m
     bh = p // num_m
@@ -303,24 +302,15 @@ def dq_from_blocks_kernel(Acc, RowOff, ColOff, dQ, seqlen_q, nheads, num_m, stri
     cols = tl.arange(0, HEAD_DIM)
     offs = tl.load(RowOff + rows)[:, None] + tl.load(ColOff + cols)[None, :]
     q_start, seqlen_q, _, _ = seq_info(b, cu_seqlens_q, cu_seqlens_q, seqlen_q, seqlen_q, IS_VARLEN)
-    SR: tl.constexpr = BLOCK_M + XR  # a block's rows
-    if m * SR >= seqlen_q:
+    if m * BLOCK_M >= seqlen_q:
         return
-    if XR > 0:  # the block's last XR rows (fixed-length calls at the accumulator's head dim)
-        rows_x = tl.arange(0, XR)
-        offs_x = tl.load(RowOffX + rows_x)[:, None] + tl.load(ColOffX + cols)[None, :]
-        x_rows = m * SR + BLOCK_M + rows_x
-        acc_x = tl.load(Acc + p.to(tl.int64) * (SR * HEAD_DIM) + BLOCK_M * HEAD_DIM + offs_x)
-        ptrs_x = (dQ + b.to(tl.int64) * stride_b + (q_start + x_rows[:, None]).to(tl.int64) * stride_m + h * stride_h
-                  + cols[None, :])
-        tl.store(ptrs_x, (acc_x * scale).to(dQ.dtype.element_ty), mask=(x_rows < seqlen_q)[:, None])
-    q_rows = m * SR + rows
+    q_rows = m * BLOCK_M + rows
     ptrs = (dQ + b.to(tl.int64) * stride_b + (q_start + q_rows[:, None]).to(tl.int64) * stride_m + h * stride_h
             + cols[None, :])
     if D_OUT:
         in_cols = (cols < D_OUT)[None, :]
-        acc = tl.load(Acc + p.to(tl.int64) * (SR * HEAD_DIM) + offs, mask=in_cols, other=0.0)
+        acc = tl.load(Acc + p.to(tl.int64) * (BLOCK_M * HEAD_DIM) + offs, mask=in_cols, other=0.0)
         tl.store(ptrs, (acc * scale).to(dQ.dtype.element_ty), mask=(q_rows < seqlen_q)[:, None] & in_cols)
     else:
-        acc = tl.load(Acc + p.to(tl.int64) * (SR * HEAD_DIM) + offs)
+        acc = tl.load(Acc + p.to(tl.int64) * (BLOCK_M * HEAD_DIM) + offs)
         tl.store(ptrs, (acc * scale).to(dQ.dtype.element_ty), mask=(q_rows < seqlen_q)[:, None])

@@ -262,7 +262,6 @@ ptxas) (§104: measured slower), a deterministic mode (since done: the ordered d
 preprocess for D and the padded lse is one portable launch (§111).
 """
 import functools
-import math
 
 import torch
 from triton._C.libtriton import ir
@@ -395,23 +394,6 @@ def dq_hi_first(d: int, col_split: bool, prod_dim: int) -> bool:
     """The ws kernel's ``DQ_HI_FIRST`` for head dim ``d`` (the column split's, ``col_split``) at the
     launcher's ``PROD_DIM`` (0: the whole head dim): ``WS_DQ_HI_FIRST``'s choice by product width."""
     return bool(col_split) and (prod_dim or d) in WS_DQ_HI_FIRST
-
-
-# "ws", the key split with a warpgroup a partition (d = 128): query rows a step past ``WS_BLOCK_M``'s 64,
-# by head dim (``XR``: 0 none). FA3 and FA4 step 80 query rows at d = 128 non-causal (64 causal): the
-# step's fixed costs (the rings' and hand-offs' barriers, the dS^T exchange, the waits between the
-# products) over 25 % more products. Gluon's register tensors are powers of two, so the 80 rows are a
-# 64-row tile and an XR-row one: S^T / dP^T two accumulators each (the second m64nXRk16), dV / dK two
-# chained products (P^T / dS^T of XR rows from registers, K = XR), dQ's XR rows transposed (dQ^T =
-# K^T dS^T: the head dim is the M side), staged after the 64-row block in the flat accumulator.
-# Plain non-causal fixed-length calls only (``ws_extra_rows``). (Prediction and measurement: NOTES §165.)
-WS_EXTRA_ROWS = {}
-
-
-def ws_extra_rows(d: int, causal: bool, plain: bool) -> int:
-    """The ws kernel's ``XR`` (``WS_EXTRA_ROWS``) for head dim ``d``: non-causal ``plain`` calls (fixed
-    length, no window, softcap or ALiBi, the native head dim) only, 0 otherwise."""
-    return WS_EXTRA_ROWS.get(d, 0) if plain and not causal else 0
 
 
 # "ws": registers of the producer and dQ-writer warps (setmaxnreg dec): FA3's producer budget, 24.
@@ -827,9 +809,7 @@ def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, 
                  delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, tail_bar, b, h0, kv_row, kv_col, m_lo, n_m,
                  n_iter, q_row0, nheads, stat_stride, seqlen_q, seqlen_k, n_start, q_owned, k_owned,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 DO_STAGES: gl.constexpr, IS_VARLEN: gl.constexpr, IO_DIM: gl.constexpr = 0, q_x_desc=None,
-                 do_x_desc=None, lse_x_desc=None, delta_x_desc=None, q_x_smem=None, do_x_smem=None, lse_x_smem=None,
-                 delta_x_smem=None, XR: gl.constexpr = 0):
+                 DO_STAGES: gl.constexpr, IS_VARLEN: gl.constexpr, IO_DIM: gl.constexpr = 0):
     """The 1-warp TMA producer: K and V of the key block once, then per step t (query head
     h0 + t // n_m, query block m_lo + t % n_m) Q with its lse row into slot t % STAGES of the Q ring
     (``q_ready``) and dO with its D row into slot t % DO_STAGES of the dO ring (``do_ready``), each
@@ -846,11 +826,7 @@ def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, 
     its ready barrier (count 1, no bytes pending). Only the last sequence's tiles (or a short one's
     before it) reach there; a tile past another sequence's end reads the next sequence's rows, finite,
     masked as the fixed-length kernel masks the next batch entry's. ``IO_DIM``: the tensors' head dim
-    where it is below HEAD_DIM (``_io_dim``; the tiles' columns past it land as zeros, ``_load_rows``).
-    ``XR`` (``WS_EXTRA_ROWS``): a step's query rows are BLOCK_M + XR, the last XR of Q / dO and their
-    lse / D rows in buffers of their own (``q_x_smem`` ..., by the ``*_x_desc`` descriptors), on the
-    same barriers (fixed length only)."""
-    gl.static_assert(XR == 0 or not IS_VARLEN, "the extra rows: fixed-length calls")
+    where it is below HEAD_DIM (``_io_dim``; the tiles' columns past it land as zeros, ``_load_rows``)."""
     tails = 0 * n_iter  # tiles on tail_bar so far (its phase); a runtime integer (loop-carried)
     if IS_VARLEN and kv_row + BLOCK_N > k_owned:
         mbarrier.expect(tail_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
@@ -875,7 +851,7 @@ def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, 
             s_do = t % DO_STAGES
             reuse_phase_do = ((t // DO_STAGES) & 1) ^ 1
         h = h0 + t // n_m
-        m_start = (m_lo + t % n_m) * (BLOCK_M + XR)
+        m_start = (m_lo + t % n_m) * BLOCK_M
         row = q_row0 + m_start
         col = h * _io_dim(HEAD_DIM, IO_DIM)
         stat = (b * nheads + h) * stat_stride + m_start
@@ -898,22 +874,6 @@ def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, 
             tails += 1
             _zero_rows_from(do_smem.index(s_do), seqlen_q - m_start, BLOCK_M, HEAD_DIM)
             mbarrier.arrive(do_ready.index(s_do), count=1)
-        elif XR > 0:  # the step's first BLOCK_M rows and its last XR, on one barrier a ring
-            mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + lse_desc.block_type.nbytes
-                            + q_x_desc.block_type.nbytes + lse_x_desc.block_type.nbytes)
-            _load_rows(q_desc, row, col, q_ready.index(s), q_smem.index(s))
-            _load_rows(q_x_desc, row + BLOCK_M, col, q_ready.index(s), q_x_smem.index(s))
-            tma.async_copy_global_to_shared(lse_desc, [stat], q_ready.index(s), lse_smem.index(s))
-            tma.async_copy_global_to_shared(lse_x_desc, [stat + BLOCK_M], q_ready.index(s),
-                                            lse_x_smem.index(s).slice(0, XR))
-            mbarrier.wait(do_empty.index(s_do), reuse_phase_do, pred=t >= DO_STAGES)
-            mbarrier.expect(do_ready.index(s_do), do_desc.block_type.nbytes + delta_desc.block_type.nbytes
-                            + do_x_desc.block_type.nbytes + delta_x_desc.block_type.nbytes)
-            _load_rows(do_desc, row, col, do_ready.index(s_do), do_smem.index(s_do))
-            _load_rows(do_x_desc, row + BLOCK_M, col, do_ready.index(s_do), do_x_smem.index(s_do))
-            tma.async_copy_global_to_shared(delta_desc, [stat], do_ready.index(s_do), delta_smem.index(s_do))
-            tma.async_copy_global_to_shared(delta_x_desc, [stat + BLOCK_M], do_ready.index(s_do),
-                                            delta_x_smem.index(s_do).slice(0, XR))
         else:
             mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
             _load_rows(q_desc, row, col, q_ready.index(s), q_smem.index(s))
@@ -940,8 +900,7 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
                   BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_COLS: gl.constexpr,
                   STAGES: gl.constexpr, DQ_FLAT: gl.constexpr = False, dq_smem1=None,
                   WG_SPLIT: gl.constexpr = False, WINDOW: gl.constexpr = False, win_left=0, dq_hi_desc=None,
-                  DQ_HI_FIRST: gl.constexpr = False, dq_x_desc=None, dq_x_smem=None, dq_x_smem1=None,
-                  XR: gl.constexpr = 0):
+                  DQ_HI_FIRST: gl.constexpr = False):
     """The 1-warp dQ writer: per step, once the consumers have put the step's dQ block (fp32,
     unscaled) in ``dq_smem`` (``dq_full``), one TMA reduce-add of it into the dQ accumulator; when
     the bulk copy has read the tile, the buffer goes back to the consumers (``dq_empty``). A buffer
@@ -983,17 +942,9 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
     first, and the writer takes it first and releases the Q slot (``q_empty``) as soon as its bulk
     copy has read it, before it waits for the low half; ``dq_empty`` still once a step, after the low
     half. The consumers wait for ``dq_empty`` before either store, so both full barriers still
-    complete once between the writer's waits (NOTES §160).
-
-    ``XR`` (``WS_EXTRA_ROWS``, with ``WG_SPLIT``): a block is BLOCK_M + XR query rows; its region of the
-    flat accumulator holds the BLOCK_M-row tile's two halves, then the XR rows' two transposed halves
-    (each warpgroup's [64 columns, XR rows] of dQ^T, ``dq_x_smem`` / ``dq_x_smem1``, boxes of
-    ``dq_x_desc``), added with the same hand-off."""
+    complete once between the writer's waits (NOTES §160)."""
     PIECES: gl.constexpr = HEAD_DIM // DQ_COLS  # 1; the column-split kernel's 2 halves
-    FLAT_ROWS: gl.constexpr = BLOCK_M * HEAD_DIM // 32  # the BLOCK_M-row tile's rows in the [.., 32] view
-    X_ROWS: gl.constexpr = XR * HEAD_DIM // 64  # one warpgroup's XR-row piece's
-    REGION: gl.constexpr = FLAT_ROWS + 2 * X_ROWS  # a block's
-    gl.static_assert(XR == 0 or WG_SPLIT, "the extra rows: a warpgroup a partition")
+    FLAT_ROWS: gl.constexpr = BLOCK_M * HEAD_DIM // 32
     # the pieces' order: FIRST, FIRST + STEP, ... (the high half first with ``DQ_HI_FIRST``)
     FIRST: gl.constexpr = PIECES - 1 if DQ_HI_FIRST else 0
     STEP: gl.constexpr = -1 if DQ_HI_FIRST else 1
@@ -1018,17 +969,11 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
                     rank = n_block - gl.maximum(m * BLOCK_M + seqlen_k - seqlen_q - win_left, 0) // BLOCK_N
                 while gl.atomic_add(sem, 0, sem="acquire", scope="gpu") != rank:
                     pass
-            if WG_SPLIT:  # the two halves of the block's region (then the extra rows' two)
-                base = ((b * nheads + h) * n_m_total + m) * REGION
-                _tma_reduce_add(dq_desc, [base, 0],
+            if WG_SPLIT:  # the two halves of the block's region
+                _tma_reduce_add(dq_desc, [((b * nheads + h) * n_m_total + m) * FLAT_ROWS, 0],
                                 dq_smem._reinterpret(gl.float32, [FLAT_ROWS // 2, 32], dq_desc.layout))
-                _tma_reduce_add(dq_desc, [base + FLAT_ROWS // 2, 0],
+                _tma_reduce_add(dq_desc, [((b * nheads + h) * n_m_total + m) * FLAT_ROWS + FLAT_ROWS // 2, 0],
                                 dq_smem1._reinterpret(gl.float32, [FLAT_ROWS // 2, 32], dq_desc.layout))
-                if XR > 0:
-                    _tma_reduce_add(dq_x_desc, [base + FLAT_ROWS, 0],
-                                    dq_x_smem._reinterpret(gl.float32, [X_ROWS, 32], dq_x_desc.layout))
-                    _tma_reduce_add(dq_x_desc, [base + FLAT_ROWS + X_ROWS, 0],
-                                    dq_x_smem1._reinterpret(gl.float32, [X_ROWS, 32], dq_x_desc.layout))
             elif DQ_FLAT:  # (batch, head, query block)'s region of the flat accumulator
                 _tma_reduce_add(dq_desc, [((b * nheads + h) * n_m_total + m) * FLAT_ROWS, 0],
                                 dq_smem._reinterpret(gl.float32, [FLAT_ROWS, 32], dq_desc.layout))
@@ -1071,8 +1016,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                  COALESCED_STORE: gl.constexpr = False, LSE_IN_ACC: gl.constexpr = False,
                  WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0, WINDOW: gl.constexpr = False, win_left=0,
                  win_right=0, SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False,
-                 Alibi_h0=None, alibi_unit=0.0, IO_DIM: gl.constexpr = 0, q_x_smem=None, do_x_smem=None,
-                 lse_x_smem=None, delta_x_smem=None, ds_x_smem=None, dq_x_smem=None, XR: gl.constexpr = 0):
+                 Alibi_h0=None, alibi_unit=0.0, IO_DIM: gl.constexpr = 0):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
     lockstep as in the base kernel). The math per step is the base kernel's, in FA3's order (dV
     issued before dS is formed, dQ before dK: see the module docstring); the loads come from the
@@ -1084,20 +1028,8 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     ``ds_full`` (unused otherwise). ``SOFTCAP``: the scores are cap * tanh(S * softcap_a) (the
     host's ``qk_scale`` cap * log2 e), dS^T times the tanh's derivative (``_probs``). ``ALIBI``: the
     slope of the step's query head read from ``Alibi_h0`` (the group's first head's, + the head's
-    place in the group), times ``alibi_unit`` (-1 / softmax_scale, or -1 / cap), biases S^T (``_probs``).
-
-    ``XR`` (``WS_EXTRA_ROWS``; ``WG_SPLIT`` at 64 rows, lse in S^T's accumulator, plain non-causal calls):
-    the step's query rows are BLOCK_M + XR, the last XR in buffers of their own (``*_x_smem``). Each of
-    S^T and dP^T is two products (the second XR columns wide, its accumulator's own layout); dV and dK
-    take the XR rows as a second product chained onto the first (P^T's / dS^T's XR columns from
-    registers); dQ's XR rows are dQ^T = K^T dS^T over this warpgroup's 64 head-dim columns (the head
-    dim on wgmma's M side, XR on N: a 64-row tile has no XR-row M), staged transposed in
-    ``dq_x_smem``. D starts dP^T's accumulators (as at 128 rows): P^T's fp32 registers and D's
-    would not both fit beside dK, dV and the XR columns."""
+    place in the group), times ``alibi_unit`` (-1 / softmax_scale, or -1 / cap), biases S^T (``_probs``)."""
     num_warps: gl.constexpr = gl.num_warps()
-    if XR > 0:
-        gl.static_assert(WG_SPLIT and BLOCK_M == 64 and LSE_IN_ACC, "the extra rows: the d = 128 key split")
-        gl.static_assert(not (IS_CAUSAL or WINDOW or SOFTCAP or ALIBI), "the extra rows: plain non-causal calls")
     # key rows this partition computes; dQ's part: columns (64 query rows a step) or rows (128)
     ROWS: gl.constexpr = BLOCK_N // 2 if WG_SPLIT else BLOCK_N
     DQ_M: gl.constexpr = BLOCK_M // 2 if WG_SPLIT and BLOCK_M == 128 else BLOCK_M
@@ -1106,7 +1038,6 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     # D subtracted inside dP^T's product (its accumulator starts at -D) at 128 query rows a step, where
     # D in S^T's column layout is 32 registers a thread, live across P^T's formation otherwise
     D_IN_ACC: gl.constexpr = BLOCK_M == 128
-    SR: gl.constexpr = BLOCK_M + XR  # query rows a step
     off = seqlen_k - seqlen_q
     st_layout: gl.constexpr = _acc_layout(num_warps, BLOCK_M)
     kv_layout: gl.constexpr = _acc_layout(num_warps, HEAD_DIM)
@@ -1115,18 +1046,12 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
     keys_1d = gl.arange(0, ROWS, layout=gl.SliceLayout(1, st_layout))
     queries_1d = gl.arange(0, BLOCK_M, layout=col_layout)
-    # the XR rows' products: S^T / dP^T / P^T / dS^T (keys x XR) and dQ^T (64 columns x XR) share one layout
-    x_layout: gl.constexpr = _acc_layout(num_warps, XR if XR > 0 else BLOCK_M)
-    xcol_layout: gl.constexpr = gl.SliceLayout(0, x_layout)
-    keys_x_1d = gl.arange(0, ROWS, layout=gl.SliceLayout(1, x_layout))
-    queries_x_1d = gl.arange(0, XR if XR > 0 else BLOCK_M, layout=xcol_layout)
 
     n_own = n_start + W * ROWS  # this partition's first key
     dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=kv_layout)
     dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=kv_layout)
     st_zero = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=st_layout)
     dq_zero = gl.zeros([DQ_M, DQ_N], gl.float32, layout=dq_layout)
-    x_zero = gl.zeros([ROWS, XR if XR > 0 else BLOCK_M], gl.float32, layout=x_layout)  # ROWS == DQ_N with XR
     keys_inside = n_own + ROWS <= seqlen_k
     mbarrier.wait(kv_bar, 0)
 
@@ -1139,7 +1064,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     for t in range(n_iter):
         s_idx = t % STAGES
         phase = (t // STAGES) & 1
-        m_start = m_blk * SR
+        m_start = m_blk * BLOCK_M
         alibi_a = 0.0
         if ALIBI:  # this step's head's slope, in the units of S^T (read early: a scalar load)
             alibi_a = gl.load(Alibi_h0 + h_in_group) * alibi_unit
@@ -1166,12 +1091,6 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
             ds_cur = ds_all
             dq_a = ds_all.permute((1, 0))
             dq_b = k_all
-        if XR > 0:  # the XR rows' tiles; dQ^T's operands: K^T's columns of this warpgroup's half, all of dS^T
-            q_x = q_x_smem.index(s_idx)
-            do_x = do_x_smem.index(s_idx)
-            ds_x_all = ds_x_smem.index(z)
-            ds_x_cur = ds_x_all.slice(W * ROWS, ROWS)
-            dqx_a = k_all.slice(W * DQ_N, DQ_N, dim=1).permute((1, 0))
 
         # S^T as soon as Q has landed, dP^T once dO has
         mbarrier.wait(q_ready.index(s_idx), phase)
@@ -1181,9 +1100,6 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
             # of the exponentials waited for it (14 % of the consumers' samples, NOTES §100)
             lse_s = lse_smem.index(s_idx).load(col_layout)
             s_tok = warpgroup_mma(k_cur, q_cur.permute((1, 0)), st_zero - lse_s[None, :], is_async=True)
-            if XR > 0:  # the XR rows' S^T from zero, lse in the exponent: an accumulator start written
-                # behind an issued product made ptxas wait for that product (S^T, then dP^T, in series)
-                sx_tok = warpgroup_mma(k_cur, q_x.permute((1, 0)), x_zero, use_acc=False, is_async=True)
         else:
             s_tok = warpgroup_mma(k_cur, q_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
         mbarrier.wait(do_ready.index(s_idx), phase)
@@ -1200,10 +1116,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
             lse_log2 = lse_s  # unused
         elif not SOFTCAP:
             lse_log2 = lse_smem.index(s_idx).load(col_layout)
-        if XR > 0:  # both S^T products retired (issued before dP^T's)
-            s, sx = warpgroup_mma_wait(1, deps=[s_tok, sx_tok])
-        else:
-            s = warpgroup_mma_wait(1, deps=[s_tok])
+        s = warpgroup_mma_wait(1, deps=[s_tok])
         if SOFTCAP:
             s = _softcap(s, softcap_a)
             lse_log2 = lse_smem.index(s_idx).load(col_layout)
@@ -1217,29 +1130,9 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                             None, ALIBI, alibi_a)
             p16 = p.to(dtype)
         pa = gl.convert_layout(p16, a_layout)
-        if XR > 0:  # the XR rows' P^T (lse in the accumulator: ``_probs``'s plain form)
-            # (lse / softmax_scale in the slot: times qk_scale, the exponent's log2 units)
-            lse_x = lse_x_smem.index(s_idx).slice(0, XR).load(xcol_layout) * qk_scale
-            px = _step_probs(sx, lse_x, qk_scale, n_own, m_start + BLOCK_M, off, keys_inside, seqlen_q, seqlen_k,
-                             keys_x_1d, queries_x_1d, XR, ROWS, IS_CAUSAL, False)
-            px16 = px.to(dtype)
-            pxa = gl.convert_layout(px16, a_layout)
-            # the XR rows' dP^T only now: issued beside the 64 rows' (both in flight with S^T's two and
-            # dK / dV), ptxas serialised the wgmmas for registers
-            dpx_tok = warpgroup_mma(v_cur, do_x.permute((1, 0)), x_zero, use_acc=False, is_async=True)
         # dV += P^T dO queued behind dP^T: it runs while dS is formed and stored below
         dv_tok = warpgroup_mma(pa, do_cur, dv, is_async=True)
-        if XR > 0:  # + the XR rows' (K = XR), chained
-            dv_tok = warpgroup_mma(pxa, do_x, dv_tok, is_async=True)
-            # dS^T from the 16-bit P^T (dV's operand, in registers anyway): the fp32 P^T dies at its
-            # conversion, which the XR columns' registers need; P^T rounded to 16 bits is what the
-            # products see, as in PyTorch's own backward
-            delta = delta_smem.index(s_idx).load(col_layout)
-            delta_x = delta_x_smem.index(s_idx).slice(0, XR).load(xcol_layout)
-            dp, dpx = warpgroup_mma_wait(2, deps=[dp_tok, dpx_tok])
-            ds16 = (p16.to(gl.float32) * (dp - delta[None, :])).to(dtype)
-            dsx16 = (px16.to(gl.float32) * (dpx - delta_x[None, :])).to(dtype)
-        elif D_IN_ACC:
+        if D_IN_ACC:
             dp = warpgroup_mma_wait(1, deps=[dp_tok])
             ds16 = (p * dp).to(dtype)
         else:
@@ -1253,9 +1146,6 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         if WG_SPLIT:
             mbarrier.wait(dq_full, (t & 1) ^ 1, pred=t > 0)
         ds_cur.store(ds16)
-        if XR > 0:
-            dsxa = gl.convert_layout(dsx16, a_layout)
-            ds_x_cur.store(dsx16)
         fence_async_shared()
         # both warpgroups' halves of dS^T written (``WG_SPLIT``: this one's) before either product reads them
         gl.thread_barrier()
@@ -1264,12 +1154,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
             mbarrier.wait(ds_full, t & 1)
         # dQ first, then dK: dQ retires first and is handed to the writer warp while dK runs
         dq_tok = warpgroup_mma(dq_a, dq_b, dq_zero, use_acc=False, is_async=True)
-        if XR > 0:  # dQ^T of the XR rows (this warpgroup's 64 columns), then dK's two products, chained
-            dqx_tok = warpgroup_mma(dqx_a, ds_x_all, x_zero, use_acc=False, is_async=True)
-            dk_tok = warpgroup_mma(dsa, q_cur, dk, is_async=True)
-            dk_tok = warpgroup_mma(dsxa, q_x, dk_tok, is_async=True)
-        else:
-            dk_tok = warpgroup_mma(dsa, q_cur, dk, is_async=True)
+        dk_tok = warpgroup_mma(dsa, q_cur, dk, is_async=True)
 
         # Releases, as the wgmma groups (retiring in order: dV, dQ, dK) allow. Each arrive is one
         # thread's, after a barrier over the partition's warps (8: both warpgroups' products retired;
@@ -1278,24 +1163,16 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         # accesses, NOTES §101). The dO slot has no barrier of its own: it goes back with the dQ block,
         # after both warpgroups' dQ (and so dV, which retires before it) has retired; released as soon
         # as dV retired, behind a barrier of its own, it was 0 to 1.4 % slower (NOTES §102)
-        if XR > 0:  # dV's two, dQ's and dQ^T's retired; dK's two outstanding
-            dv, pa, pxa, dq, dqx = warpgroup_mma_wait(2, deps=[dv_tok, pa, pxa, dq_tok, dqx_tok])
-        else:
-            dv, pa, dq = warpgroup_mma_wait(1, deps=[dv_tok, pa, dq_tok])
+        dv, pa, dq = warpgroup_mma_wait(1, deps=[dv_tok, pa, dq_tok])
         # the dQ block to the writer warp: wait until it has read the previous one (handed over a
         # whole step ago: normally long done), store, fence for the bulk copy, hand over
         mbarrier.wait(dq_empty, (t & 1) ^ 1, pred=t > 0)
         dq_smem.store(dq)
-        if XR > 0:
-            dq_x_smem.store(dqx)
         fence_async_shared()
         gl.thread_barrier()
         mbarrier.arrive(do_empty.index(s_idx), count=1)  # dO and D done with
         mbarrier.arrive(dq_full, count=1)
-        if XR > 0:
-            dk, dsa, dsxa = warpgroup_mma_wait(0, deps=[dk_tok, dsa, dsxa])
-        else:
-            dk, dsa = warpgroup_mma_wait(0, deps=[dk_tok, dsa])
+        dk, dsa = warpgroup_mma_wait(0, deps=[dk_tok, dsa])
         gl.thread_barrier()
         mbarrier.arrive(q_empty.index(s_idx), count=1)  # Q (and lse) done with
         m_blk += 1
@@ -1573,15 +1450,12 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0,
                   WINDOW: gl.constexpr = False, win_left=0, win_right=0, SOFTCAP: gl.constexpr = False,
                   softcap_a=0.0, ALIBI: gl.constexpr = False, Alibi_h0=None, alibi_unit=0.0,
-                  IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0, DQ_HI_FIRST: gl.constexpr = False,
-                  q_x_smem=None, do_x_smem=None, lse_x_smem=None, delta_x_smem=None, ds_x_smem=None, dq_x_smem=None,
-                  XR: gl.constexpr = 0):
+                  IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0, DQ_HI_FIRST: gl.constexpr = False):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments
     (``LSE_IN_ACC``: the key split only). ``WG_SPLIT``: warpgroup ``W`` of the key split alone (the
     default partition and one worker), ``dq_hi_full`` its dS^T exchange barrier."""
     if COL_SPLIT:
-        gl.static_assert(XR == 0, "the extra rows: the key split")
         _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                             q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, k_row0, h_kv,
                             nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale,
@@ -1594,8 +1468,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                      do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, k_row0, h_kv, nheads_kv, n_start, m_lo, n_m,
                      n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
                      IS_CAUSAL, COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, W, WINDOW, win_left, win_right, SOFTCAP,
-                     softcap_a, ALIBI, Alibi_h0, alibi_unit, IO_DIM, q_x_smem, do_x_smem, lse_x_smem, delta_x_smem,
-                     ds_x_smem, dq_x_smem, XR)
+                     softcap_a, ALIBI, Alibi_h0, alibi_unit, IO_DIM)
 
 
 @gluon.jit
@@ -1609,8 +1482,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          IS_VARLEN: gl.constexpr = False, WINDOW: gl.constexpr = False,
                          SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, Alibi=None,
                          IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0, dq_hi_desc=None,
-                         DQ_HI_FIRST: gl.constexpr = False, q_x_desc=None, do_x_desc=None, lse_x_desc=None,
-                         delta_x_desc=None, dq_x_desc=None, XR: gl.constexpr = 0):
+                         DQ_HI_FIRST: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers; 4
     with ``WG_SPLIT``: warpgroup 0, warpgroup 1 a worker partition); the producer and dQ-writer warps
     are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
@@ -1650,17 +1522,8 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
 
     ``ALIBI``: flash-attn's bias -slope * |i + seqlen_k - seqlen_q - j| on the recomputed scores (after
     a softcap), the slopes fp32 at ``Alibi`` ((nheads,) or (batch, nheads): ``stride_ab`` 0 or its batch
-    stride; varlen: by sequence), ``alibi_unit`` = -1 / softmax_scale (-1 / cap with a softcap).
-
-    ``XR`` (``WS_EXTRA_ROWS``: the d = 128 key split, plain non-causal fixed-length calls): BLOCK_M + XR
-    query rows a step, the last XR by descriptors of their own: ``q_x_desc`` / ``do_x_desc`` ([XR, d]
-    boxes), ``lse_x_desc`` / ``delta_x_desc`` ([XR]), ``dq_x_desc`` (a warpgroup's [64 columns, XR
-    rows] of dQ^T in the flat order, a [XR * d / 64, 32] box); ``stat_stride`` a multiple of BLOCK_M
-    + XR, the flat accumulator's blocks (BLOCK_M + XR) * d (``_ws_dq_writer``)."""
+    stride; varlen: by sequence), ``alibi_unit`` = -1 / softmax_scale (-1 / cap with a softcap)."""
     num_warps: gl.constexpr = gl.num_warps()
-    SR: gl.constexpr = BLOCK_M + XR  # query rows a step
-    gl.static_assert(XR == 0 or (WG_SPLIT and not (IS_CAUSAL or WINDOW or IS_VARLEN or SOFTCAP or ALIBI)),
-                     "the extra rows: the key split's plain non-causal fixed-length calls")
     if WG_SPLIT:  # (``WS_WG_PARTITIONS``) the default partition is warpgroup 0, a worker warpgroup 1
         gl.static_assert(num_warps == 4 and DQ_FLAT and not COL_SPLIT, "a warpgroup a partition: the flat key split")
     else:
@@ -1690,7 +1553,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     # deterministic + causal: the key blocks launch in reverse, the order their dQ additions take
     b, h_kv, n_start = _key_block(nheads_kv, BLOCK_N, DETERMINISTIC and IS_CAUSAL)
     # query blocks per (batch, head) in the padded stat rows, the flat dQ accumulator and Sem
-    n_m_total = stat_stride // SR
+    n_m_total = stat_stride // BLOCK_M
     if IS_VARLEN:  # this sequence's first rows and lengths (seqlen_q / seqlen_k from here on are its own)
         q_row0 = gl.load(Cu_q + b)
         seqlen_q = gl.load(Cu_q + b + 1) - q_row0
@@ -1704,7 +1567,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         k_row0 = b * seqlen_k
         q_owned = 0  # unused
         k_owned = 0
-    n_m_seq = gl.cdiv(seqlen_q, SR)  # this sequence's query blocks
+    n_m_seq = gl.cdiv(seqlen_q, BLOCK_M)  # this sequence's query blocks
     m_lo = 0
     if IS_CAUSAL:
         m_lo = gl.minimum(gl.maximum(n_start - (seqlen_k - seqlen_q), 0) // BLOCK_M, n_m_seq)
@@ -1746,25 +1609,6 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     else:
         dq_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, DQ_COLS], dq_desc.layout)
         dq_smem1 = dq_smem  # unused
-    if XR > 0:  # the XR rows' tiles (``XR``): Q / dO, lse / D, dS^T, and each warpgroup's dQ^T piece
-        q_x_smem = gl.allocate_shared_memory(dtype, [STAGES, XR, HEAD_DIM], _tile_layout(q_x_desc.layout))
-        do_x_smem = gl.allocate_shared_memory(dtype, [STAGES, XR, HEAD_DIM], _tile_layout(do_x_desc.layout))
-        # (slots of 32 values, 16 used at XR = 16: a TMA destination is 128-byte aligned)
-        XS: gl.constexpr = 32 if XR < 32 else XR
-        lse_x_smem = gl.allocate_shared_memory(gl.float32, [STAGES, XS], lse_x_desc.layout)
-        delta_x_smem = gl.allocate_shared_memory(gl.float32, [STAGES, XS], delta_x_desc.layout)
-        ds_x_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, XR],
-                                              gl.NVMMASharedLayout.get_default_for([BLOCK_N, XR], dtype))
-        dq_x_smem = gl.allocate_shared_memory(gl.float32, [HEAD_DIM // 2, XR], _dq_flat_layout(4, HEAD_DIM // 2, XR))
-        dq_x_smem1 = gl.allocate_shared_memory(gl.float32, [HEAD_DIM // 2, XR], _dq_flat_layout(4, HEAD_DIM // 2, XR))
-    else:  # unused
-        q_x_smem = q_smem
-        do_x_smem = do_smem
-        lse_x_smem = lse_smem
-        delta_x_smem = delta_smem
-        ds_x_smem = ds_smem
-        dq_x_smem = dq_smem
-        dq_x_smem1 = dq_smem1
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
@@ -1818,26 +1662,24 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          dq_hi_full, dK, dV, k_row0, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k,
                          softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT,
                          COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, w, WINDOW, win_left, win_right, SOFTCAP, softcap_a,
-                         ALIBI, Alibi_h0, alibi_unit, IO_DIM, PROD_DIM, DQ_HI_FIRST, q_x_smem, do_x_smem, lse_x_smem,
-                         delta_x_smem, ds_x_smem, dq_x_smem1 if w else dq_x_smem, XR))
+                         ALIBI, Alibi_h0, alibi_unit, IO_DIM, PROD_DIM, DQ_HI_FIRST))
         if w < CONSUMERS else
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, tail_bar, b, h0,
                         k_row0 + n_start, h_kv * _io_dim(HEAD_DIM, IO_DIM), m_lo, n_m, n_iter, q_row0, nheads,
                         stat_stride, seqlen_q, seqlen_k, n_start, q_owned, k_owned, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                        DO_STAGES, IS_VARLEN, IO_DIM, q_x_desc, do_x_desc, lse_x_desc, delta_x_desc, q_x_smem,
-                        do_x_smem, lse_x_smem, delta_x_smem, XR))
+                        DO_STAGES, IS_VARLEN, IO_DIM))
         if w == CONSUMERS else
         (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_full, Sem, b, h0, m_lo, n_m,
                          n_iter, q_row0, seqlen_q, seqlen_k, nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, BLOCK_N,
                          IS_CAUSAL, DETERMINISTIC, DQ_COLS, STAGES, DQ_FLAT, dq_smem1, WG_SPLIT, WINDOW, win_left,
-                         dq_hi_desc, DQ_HI_FIRST, dq_x_desc, dq_x_smem, dq_x_smem1, XR))
+                         dq_hi_desc, DQ_HI_FIRST))
         for w in (0, 1, 2, 3)[:CONSUMERS + 2]
     ], [4, 1, 1] if WG_SPLIT else [1, 1],
         [WS_CONSUMER_REGS, WS_WORKER_REGS, WS_WORKER_REGS] if WG_SPLIT else [WS_WORKER_REGS, WS_WORKER_REGS])
 
 
-def kernel_config(d: int, variant: str = "base", softcap: bool = False, alibi: bool = False, xr: int = 0) -> dict:
+def kernel_config(d: int, variant: str = "base", softcap: bool = False, alibi: bool = False) -> dict:
     """Launch configuration of the backward kernel of ``variant`` (``BWD_VARIANTS``) at head dim ``d``
     (the launcher and benchmarks/compile_check_hopper_bwd.py share it): ``kernel`` the jit function,
     ``num_warps`` the kernel's warps (the consumers' for "ws": the producer and writer warps come on
@@ -1847,8 +1689,7 @@ def kernel_config(d: int, variant: str = "base", softcap: bool = False, alibi: b
     "ws" at d = 256 is its column-split form (``COL_SPLIT``); ``softcap`` ("ws"): the ``SOFTCAP`` form
     (``WS_SCORE_MOD_BLOCK_M``'s rows a step; lse not in S^T's accumulator, where the tanh needs the raw
     scores); ``alibi`` ("ws"): ``WS_SCORE_MOD_BLOCK_M``'s rows a step (the kernel's ``ALIBI`` is the
-    launcher's, as its other flags); ``xr`` ("ws"): the ``XR`` form (``ws_extra_rows``), ``step_m`` a step's
-    query rows (``block_m`` + xr), ``dq_x_block`` the XR rows' dQ^T box."""
+    launcher's, as its other flags)."""
     if variant in BWD_VARIANTS and d not in BWD_VARIANT_HEADDIMS[variant]:
         raise ValueError(f"the Hopper backward's {variant} variant covers head dims "
                          f"{', '.join(map(str, BWD_VARIANT_HEADDIMS[variant]))}, not {d}")
@@ -1864,9 +1705,7 @@ def kernel_config(d: int, variant: str = "base", softcap: bool = False, alibi: b
         wg_split = bool(WS_WG_PARTITIONS.get(d, False)) and flat
         # the kernel's warps: the consumers' 8, or warpgroup 0's 4 with a partition a warpgroup (warpgroup 1
         # is a worker then); the flat tile's box: halves with a partition a warpgroup
-        assert not xr or (wg_split and block_m == 64 and not softcap and not alibi), (d, xr)
-        return dict(kernel=hopper_bwd_ws_kernel, block_m=block_m, block_n=block_n, step_m=block_m + xr,
-                    dq_x_block=[xr * d // 64, 32],
+        return dict(kernel=hopper_bwd_ws_kernel, block_m=block_m, block_n=block_n,
                     num_warps=BWD_NUM_WARPS // 2 if wg_split else BWD_NUM_WARPS,
                     stages=stages, worker_regs=WS_WORKER_REGS.value, dq_cols=d // 2 if split else d,
                     dq_flat=flat, dq_block=[block_m * d // (64 if wg_split else 32), 32] if flat
@@ -1875,19 +1714,18 @@ def kernel_config(d: int, variant: str = "base", softcap: bool = False, alibi: b
                                     DO_STAGES=do_stages, COL_SPLIT=split,
                                     COALESCED_STORE=WS_COALESCED_STORE, DQ_FLAT=flat,
                                     LSE_IN_ACC=bool(WS_LSE_IN_ACC.get(d, False)) and not split and not softcap,
-                                    WG_SPLIT=wg_split, SOFTCAP=bool(softcap), XR=xr))
+                                    WG_SPLIT=wg_split, SOFTCAP=bool(softcap)))
     raise ValueError(f"unknown backward variant {variant!r}; one of {BWD_VARIANTS}")
 
 
-def ws_layouts(d: int, dtype, softcap: bool = False, alibi: bool = False, xr: int = 0) -> dict:
+def ws_layouts(d: int, dtype, softcap: bool = False, alibi: bool = False) -> dict:
     """Shared-memory layouts of the "ws" kernel's descriptors (Gluon dtype ``dtype``) at head dim
     ``d``, for ``kernel_config(d, "ws", softcap, alibi)``'s blocks: Q / dO and K / V as the base kernel's, the 1-D
     lse / D rows unswizzled, the fp32 dQ tile (``dq_cols`` wide) swizzled by ``WS_DQ_SWIZZLE`` (the
-    launcher and the compile check share them); ``q_x``: the XR rows' Q / dO tiles (``xr``)."""
-    cfg = kernel_config(d, "ws", softcap, alibi, xr)
+    launcher and the compile check share them)."""
+    cfg = kernel_config(d, "ws", softcap, alibi)
     bm, bn = cfg["block_m"], cfg["block_n"]
     return dict(q=gl.NVMMASharedLayout.get_default_for([bm, d], dtype),
-                q_x=gl.NVMMASharedLayout.get_default_for([xr, d], dtype) if xr else None,
                 kv=gl.NVMMASharedLayout.get_default_for([bn, d], dtype),
                 stat=gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1),
                 dq=gl.NVMMASharedLayout(swizzle_byte_width=0 if cfg["dq_flat"] else WS_DQ_SWIZZLE[d],
@@ -1983,9 +1821,7 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
             raise ValueError("ALiBi needs softmax_scale != 0 here (the bias joins the scores in their units)")
         if _host.alibi_length_refusal(q, k, varlen, _host.bwd_alibi_form(d, softcap)):
             raise ValueError(_host.alibi_length_refusal(q, k, varlen, _host.bwd_alibi_form(d, softcap)))
-    # the extra query rows a step (``WS_EXTRA_ROWS``): plain non-causal fixed-length calls at a native head dim
-    xr = ws_extra_rows(d, causal, variant == "ws" and not (varlen or has_window or softcap > 0 or has_alibi or dp))
-    cfg = kernel_config(d, variant, softcap > 0, alibi_slopes is not None, xr)
+    cfg = kernel_config(d, variant, softcap > 0, alibi_slopes is not None)
     if deterministic and variant != "ws":
         raise ValueError(f"deterministic=True needs variant \"ws\" (the ordered dQ mode), got {variant!r}")
     # the descriptors read 2-D (rows, heads * d) views: a packed qkv's views as they are, other layouts
@@ -2003,10 +1839,7 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
     # "base"; for "ws" each head's row padded with zeros to a whole number of query blocks, so that
     # every 1-D TMA row tile stays inside its head and rows past seqlen_q read 0
     bm = cfg["block_m"]
-    sm = cfg.get("step_m", bm)  # query rows a step (``xr`` more than bm)
-    # "ws": whole steps, and whole 64-row blocks of the preprocess kernel (lcm(64, sm) = sm but with xr)
-    stat_unit = sm * 64 // math.gcd(sm, 64)
-    stat_stride = seqlen_q if variant == "base" else triton_cdiv(seqlen_q, stat_unit) * stat_unit
+    stat_stride = seqlen_q if variant == "base" else triton_cdiv(seqlen_q, bm) * bm
     out = out.contiguous()
     flat = variant == "ws" and cfg["dq_flat"]
     # (batch, sequence, head) strides of O and dO for the preprocess kernel (varlen: rows from cu_seqlens_q)
@@ -2053,7 +1886,7 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
         q_layout = gl.NVMMASharedLayout.get_default_for([bm, d], gdt)
         kv_layout = gl.NVMMASharedLayout.get_default_for([bn, d], gdt)
     else:
-        lay = ws_layouts(d, gdt, softcap > 0, has_alibi, xr)
+        lay = ws_layouts(d, gdt, softcap > 0, has_alibi)
         q_layout, kv_layout = lay["q"], lay["kv"]
     if dp:  # the rows views in [.., d] boxes zero-filled past io_dim (the forward's)
         q_desc, do_desc = (_host.padded_rows_desc(t, bm, d, gdt) for t in (q, dout))
@@ -2081,15 +1914,8 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
         # adds it to row indices, so no larger than int32 needs)
         unbounded = seqlen_q + seqlen_k + 1
         # one counter per (batch, head, query block) orders the dQ additions (deterministic only)
-        sem = torch.zeros(batch * nheads * (stat_stride // sm) if deterministic else 1, device=q.device,
+        sem = torch.zeros(batch * nheads * triton_cdiv(seqlen_q, bm) if deterministic else 1, device=q.device,
                           dtype=torch.int32)
-        xdescs = {}
-        if xr:  # the step's last xr rows: their own boxes of the same tensors
-            xdescs = dict(q_x_desc=TensorDescriptor.from_tensor(tma_rows_view(q), [xr, d], lay["q_x"]),
-                          do_x_desc=TensorDescriptor.from_tensor(tma_rows_view(dout), [xr, d], lay["q_x"]),
-                          lse_x_desc=TensorDescriptor.from_tensor(lse2.view(-1), [xr], lay["stat"]),
-                          delta_x_desc=TensorDescriptor.from_tensor(delta.view(-1), [xr], lay["stat"]),
-                          dq_x_desc=TensorDescriptor.from_tensor(dq_2d, cfg["dq_x_block"], lay["dq"]))
         hopper_bwd_ws_kernel[grid](q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk, dv, sem,
                                    cu_q, cu_k, seqlen_q, seqlen_k, nheads, nheads // nheads_kv, stat_stride,
                                    # with a softcap the scores reach the exponentials as tanh(s * softcap_a): the
@@ -2106,17 +1932,16 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
                                    WINDOW=has_window, IO_DIM=io_dim if dp else 0,
                                    PROD_DIM=prod_dim, dq_hi_desc=dq_hi_desc,
                                    DQ_HI_FIRST=dq_hi_first(d, consts["COL_SPLIT"], prod_dim),
-                                   num_warps=cfg["num_warps"], **xdescs, **consts)
+                                   num_warps=cfg["num_warps"], **consts)
     if flat:
-        return dq_from_flat(dq_accum, q, bm, softmax_scale, cu_q if varlen else None, stat_stride // sm, d,
-                            xr), dk, dv
+        return dq_from_flat(dq_accum, q, bm, softmax_scale, cu_q if varlen else None, stat_stride // bm, d), dk, dv
     # one pass: scale and cast into dQ (``(dq_accum * scale).to(dtype)`` made an fp32 copy first)
     dq = torch.mul(dq_accum[..., :io_dim], softmax_scale,
                    out=torch.empty_like(q, memory_format=torch.contiguous_format))
     return dq, dk, dv
 
 
-def dq_from_flat(dq_accum, q, block_m, scale, cu_seqlens_q=None, n_m=None, acc_dim=None, xr=0):
+def dq_from_flat(dq_accum, q, block_m, scale, cu_seqlens_q=None, n_m=None, acc_dim=None):
     """dQ (q's shape and dtype) = scale * the flat accumulator (``WS_DQ_FLAT``: per (batch, head,
     query block) a [block_m, d] block in ``dq_flat_bases`` order), in one pass of the portable
     ``dq_from_blocks_kernel``: the order is a permutation of the coordinates' bits, so an element's
@@ -2125,9 +1950,7 @@ def dq_from_flat(dq_accum, q, block_m, scale, cu_seqlens_q=None, n_m=None, acc_d
     Varlen (``cu_seqlens_q``; q packed (total_q, nheads, d)): ``n_m`` blocks per (batch, head), block m
     of sequence b to rows cu_seqlens_q[b] + m * block_m on; rows no sequence owns are 0. ``acc_dim``:
     the accumulator's head dim where it is q's zero-padded (a padded call in place), its first q.shape[-1]
-    columns stored. ``xr`` (``WS_EXTRA_ROWS``): blocks of block_m + xr rows, the last xr as the two
-    warpgroups' transposed [d / 2, xr] pieces after the block_m-row tile (``_ws_dq_writer``); ``n_m``
-    the blocks per (batch, head) then (the padded stat rows' count) with fixed lengths too."""
+    columns stored."""
     varlen = cu_seqlens_q is not None
     nheads, d = q.shape[-2], acc_dim or q.shape[-1]
     if varlen:
@@ -2136,16 +1959,14 @@ def dq_from_flat(dq_accum, q, block_m, scale, cu_seqlens_q=None, n_m=None, acc_d
         strides = (0, dq.stride(0), dq.stride(1))
     else:
         batch, seqlen_q = q.shape[0], q.shape[1]
-        n_m = n_m if xr and n_m else triton_cdiv(seqlen_q, block_m)
+        n_m = triton_cdiv(seqlen_q, block_m)
         dq = torch.empty_like(q, memory_format=torch.contiguous_format)
         strides = (dq.stride(0), dq.stride(1), dq.stride(2))
     row_off, col_off = _flat_offset_tables(block_m, d, str(q.device))
-    row_off_x, col_off_x = _flat_offset_tables_x(xr, d, str(q.device)) if xr else (row_off, col_off)
     dq_from_blocks_kernel[(batch * nheads * n_m,)](dq_accum, row_off, col_off, dq, seqlen_q, nheads, n_m, *strides,
                                                   float(scale), cu_seqlens_q if varlen else row_off,
                                                   BLOCK_M=block_m, HEAD_DIM=d, IS_VARLEN=varlen,
-                                                  D_OUT=q.shape[-1] if q.shape[-1] != d else 0, RowOffX=row_off_x,
-                                                  ColOffX=col_off_x, XR=xr, num_warps=4)
+                                                  D_OUT=q.shape[-1] if q.shape[-1] != d else 0, num_warps=4)
     return dq
 
 
@@ -2158,23 +1979,6 @@ def _flat_offset_tables(block_m, d, device):
             row_off[i] += (1 << bit) if r and i & r else 0
         for j in range(d):
             col_off[j] += (1 << bit) if c and j & c else 0
-    return (torch.tensor(row_off, dtype=torch.int32, device=device),
-            torch.tensor(col_off, dtype=torch.int32, device=device))
-
-
-@functools.lru_cache(maxsize=None)
-def _flat_offset_tables_x(xr, d, device):
-    """int32 (row part, column part) of the offsets of the xr extra rows of a block (``XR``), from the end
-    of its block_m-row tile: query row r and column c lie in warpgroup c // (d / 2)'s [d / 2, xr] dQ^T
-    piece at (c % (d / 2), r), in ``dq_flat_bases(4, d / 2, xr)``'s order."""
-    half = d // 2
-    row_off, col_off = [0] * xr, [0] * d
-    for bit, (r, c) in enumerate(dq_flat_bases(4, half, xr)):
-        for i in range(xr):  # the piece's column is the query row
-            row_off[i] += (1 << bit) if c and i & c else 0
-        for j in range(d):  # the piece's row is the head-dim column
-            col_off[j] += (1 << bit) if r and (j % half) & r else 0
-    col_off = [off + (j // half) * half * xr for j, off in enumerate(col_off)]
     return (torch.tensor(row_off, dtype=torch.int32, device=device),
             torch.tensor(col_off, dtype=torch.int32, device=device))
 
