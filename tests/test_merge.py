@@ -84,3 +84,44 @@ def test_merge_is_differentiable():
 def test_merge_bad_input(outs, lses, err, match):
     with pytest.raises(err, match=match):
         ioattn.merge_attention_states(outs, lses)
+
+
+def _merged_halves(varlen):
+    """(merged (out, lse), full (out, lse)): two real calls over halves of the keys merged with
+    lse_layout='flash_attn', and the call over all keys."""
+    q = torch.randn(2, 9, 4, 32, device=DEVICE)
+    k = torch.randn(2, 40, 2, 32, device=DEVICE)
+    v = torch.randn(2, 40, 2, 32, device=DEVICE)
+    halves = [(0, 15), (15, 40)]
+    if varlen:  # the same two sequences packed: (tokens, heads, d) and lse (heads, tokens)
+        cu_q = torch.tensor([0, 9, 18], dtype=torch.int32, device=DEVICE)
+
+        def call(a, b):
+            cu_k = torch.tensor([0, b - a, 2 * (b - a)], dtype=torch.int32, device=DEVICE)
+            return ioattn.flash_attn_varlen_func(q.flatten(0, 1), k[:, a:b].flatten(0, 1), v[:, a:b].flatten(0, 1),
+                                                 cu_q, cu_k, 9, b - a, return_attn_probs=True)[:2]
+    else:
+        def call(a, b):
+            return ioattn.flash_attn_func(q, k[:, a:b], v[:, a:b], return_attn_probs=True)[:2]
+    parts = [call(a, b) for a, b in halves]
+    merged = ioattn.merge_attention_states([p[0] for p in parts], [p[1] for p in parts], lse_layout="flash_attn")
+    return merged, call(0, 40)
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_merge_takes_flash_attn_lse_as_it_comes(varlen):
+    """The merged lse comes back in the layout it came in; the result is the call over all keys."""
+    (out, lse), (full_out, full_lse) = _merged_halves(varlen)
+    assert lse.shape == full_lse.shape and out.shape == full_out.shape
+    assert (out - full_out).abs().max() < 1e-5 and (lse - full_lse).abs().max() < 1e-5
+
+
+def test_merge_lse_layout_refusals():
+    outs = torch.randn(2, 1, 5, 3, 8)
+    flash_lse = torch.randn(2, 1, 3, 5)
+    with pytest.raises(ValueError, match="lse_layout='flash_attn'"):  # the message names the fix
+        ioattn.merge_attention_states(outs, flash_lse)
+    with pytest.raises(ValueError, match="lse_layout must be one of"):
+        ioattn.merge_attention_states(outs, flash_lse, lse_layout="bhs")
+    with pytest.raises(ValueError, match="heads before the sequence"):
+        ioattn.merge_attention_states(outs, flash_lse.transpose(-1, -2), lse_layout="flash_attn")
