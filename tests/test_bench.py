@@ -162,6 +162,28 @@ def test_ratio_rows():
         report.ratio_rows(report.load(FIXTURE))  # train + memory mixed
 
 
+def test_ratio_columns_and_summaries():
+    """A ``vs PEER`` column per peer (its time over ioattn's at that row), one summary line per peer,
+    and the correctness summary from the records' verdict fields."""
+    train = [r for r in report.load(FIXTURE) if r["sweep"] == "train"]
+    lines = report.table(train).splitlines()
+    header = next(ln for ln in lines if ln.split()[:2] == ["d", "causal"])
+    assert "vs sdpa-flash" in header and "vs sdpa-efficient" not in header  # no ratio to a failed peer
+    ours, peer = (next(r for r in train if r["provider"] == p and r["mode"] == "fwd" and not r["causal"]
+                       and r["seqlen_q"] == 1024) for p in ("ioattn", "sdpa-flash"))
+    assert f"{peer['ms'] / ours['ms']:.2f}" in lines[2]
+    assert report.ratio_summary(train) == [
+        "ioattn vs sdpa-flash (train, bf16): ioattn is as fast or faster at 6 of 8 points; ratio median 1.09, "
+        "range 0.91 to 1.35",
+        "(ratio = the peer's time / ioattn's at the same point: > 1 means ioattn is faster)"]
+    assert report.check_summary(train) == ""  # records from before the verdict fields
+    checked = [dict(train[0], err_bound=1e-3, ok=True), dict(train[0], provider="sdpa-flash", causal=True,
+                                                             err_bound=1e-3, ok=False)]
+    line = report.check_summary(checked)
+    assert line.startswith("correctness: FAIL: 1 of 2 checks pass (ioattn 1/1, sdpa-flash 0/1); "
+                           "failed: sdpa-flash d=64 causal=1; bound: 2 x PyTorch")
+
+
 def test_plot_writes_pngs(tmp_path):
     pytest.importorskip("matplotlib")  # the optional [bench] extra
     paths = report.plot(report.load(FIXTURE), str(tmp_path))

@@ -235,8 +235,9 @@ def table(records, mode=None, ours="ioattn"):
 
 
 def ratio_summary(records, ours="ioattn"):
-    """Lines that say, per (sweep, dtype) and peer, at how many points ours is at or above the peer
-    (``_ratio`` >= 1) and the median and range of the ratio; then what the ratio means."""
+    """Lines that say, per (sweep, dtype) and peer, at how many points ours is as fast as the peer or
+    faster (as small or smaller for memory: ``_ratio`` >= 1), and the median and range of the ratio;
+    then what the ratio means."""
     groups = {}
     for key, row in _cells(records).items():
         for p in row:
@@ -248,7 +249,8 @@ def ratio_summary(records, ours="ioattn"):
         xs.sort()
         above = sum(x >= 1 for x in xs)
         median = xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
-        lines.append(f"{ours} vs {peer} ({sweep}, {dtype}): at or above it at {above} of {len(xs)} points; "
+        as_good = "uses as little memory or less" if memory else "is as fast or faster"
+        lines.append(f"{ours} vs {peer} ({sweep}, {dtype}): {ours} {as_good} at {above} of {len(xs)} points; "
                      f"ratio median {median:.2f}, range {xs[0]:.2f} to {xs[-1]:.2f}")
     if lines:
         what = {False: "time", True: "peak memory"}
