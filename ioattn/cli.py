@@ -115,7 +115,8 @@ OPTIONS = (
            "with every batch size (--batches, or 1) (default: the sweep's own cases)",
            dict(type=_ints, metavar="N,N")),
     Option(("--rounds",), ("train", "quick", "decode"), lambda s: "interleaved timing rounds per point, the median "
-           f"of their medians reported (default: {sweeps.TIME_ROUNDS}, on a GPU and on the CPU)",
+           f"of their medians reported (default: {sweeps.DECODE_ROUNDS if s == 'decode' else sweeps.TIME_ROUNDS}, "
+           "on a GPU and on the CPU)",
            dict(type=int, default=None, metavar="R")),
     Option(("--layout",), ("train", "quick", "memory"), lambda s: "memory layout of q, k, v: three tensors, the "
            "views of one packed (batch, seqlen, 3, heads, d) tensor (as flash_attn_qkvpacked_func takes them), or "
