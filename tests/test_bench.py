@@ -162,6 +162,17 @@ def test_ratio_rows():
         report.ratio_rows(report.load(FIXTURE))  # train + memory mixed
 
 
+@pytest.mark.parametrize("shape, kept", [
+    ((1, 512, 8, 64), (1, 512, 8, 64)),        # the CPU quick sweep's first point: checked whole
+    ((16, 1024, 32, 64), (2, 1024, 32, 64)),   # the GPU quick sweep's: two sequences, every head
+    ((1, 8192, 8, 64), (1, 8192, 1, 64)),      # long: one head, 2**26 score entries
+    ((4, 16384, 16, 128), (2, 16384, 1, 128)),  # past the budget even at one head: never zero heads
+])
+def test_check_slice_bounds_the_oracle(shape, kept):
+    q = torch.empty(shape)
+    assert all(t.shape == kept for t in bench_run._check_slice(q, q, q))
+
+
 def test_ratio_columns_and_summaries():
     """A ``vs PEER`` column per peer (its time over ioattn's at that row), one summary line per peer,
     and the correctness summary from the records' verdict fields."""

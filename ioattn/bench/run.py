@@ -91,9 +91,12 @@ CPU_DECODE = {"decode": DecodeSweep(cases=((1, 256), (1, 1024), (2, 256), (2, 10
                                     headdims=(64,), providers=("ioattn", "ioattn-paged", "sdpa", "sdpa-math"))}
 DECODE_CHECK_BATCH = 2  # the correctness check runs on the first case, cut to at most this batch
 # The training sweeps' correctness check runs on the first sequence length of each configuration,
-# cut to at most this batch (sequences are independent; the float64 oracle with its gradients
-# materialises batch x heads x seqlen^2 scores several times over).
+# cut to at most this batch and to as many heads as keep the oracle's score matrix (batch x heads x
+# seqlen^2 entries, held several times over in float64 with its gradients) within CHECK_SCORES
+# entries, one head at least. Sequences and heads are computed independently, so the cut problem's
+# error is the whole one's; uncut, 8 heads at 8192 tokens take 4 GiB per float64 score matrix.
 CHECK_BATCH = 2
+CHECK_SCORES = 2**26
 # Interleaved timing rounds per decode case (``run_decode_sweep``; ``--rounds``): three give a median
 # that one outlying round cannot move, at ~3x the timed calls (a case's calls take < 25 ms each round).
 DECODE_ROUNDS = 3
@@ -175,9 +178,9 @@ def ceilings(device):
 
 def _check(fn, q, k, v, causal, grads=False):
     """``fn``'s output (with ``grads``: and its dq, dk, dv) against the float64 oracle, judged against
-    PyTorch's own same-dtype error (``verdict``), on the first ``CHECK_BATCH`` sequences. Returns a
+    PyTorch's own same-dtype error (``verdict``), on the part ``_check_slice`` keeps. Returns a
     ``verdict.Verdict``; its first two fields are (ok, the output's max error)."""
-    q, k, v = (t[:CHECK_BATCH] for t in (q, k, v))
+    q, k, v = _check_slice(q, k, v)
     window = (-1, 0) if causal else (-1, -1)
     dout = torch.randn_like(q) if grads else None
     oracle = verdict.outputs(lambda *a: attention_ref(*a, window=window)[0], q.double(), k.double(), v.double(),
@@ -185,6 +188,16 @@ def _check(fn, q, k, v, causal, grads=False):
     same = verdict.outputs(lambda *a: attention_ref(*a, window=window, upcast=False)[0], q, k, v, dout)
     got = verdict.outputs(lambda *a: fn(*a, causal), q, k, v, dout)
     return verdict.judge(got, oracle, same)
+
+
+def _check_slice(q, k, v):
+    """The first ``CHECK_BATCH`` sequences of q, k, v and, where q and k have the same heads, the
+    first heads that keep the score matrix within ``CHECK_SCORES`` entries."""
+    b = min(q.shape[0], CHECK_BATCH)
+    h = q.shape[2]
+    if k.shape[2] == h:
+        h = max(1, min(h, CHECK_SCORES // (b * q.shape[1] * k.shape[1])))
+    return tuple(t[:b, :, :h] for t in (q, k, v))
 
 
 def _shape(sw, d, n):
