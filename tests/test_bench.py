@@ -1,7 +1,7 @@
 """``ioattn bench``: FLOP counts, the record schema, and the report (tables, plots, command line).
 
 CPU only: the real sweeps are the small CPU "quick" and "decode" sweeps (ioattn's CPU path vs
-sdpa-math), each run once per module; everything about the report runs on a hand-made file in
+PyTorch's CPU attention), each run once per module; everything about the report runs on a hand-made file in
 tests/data (and decode records made from it)."""
 import json
 import os
@@ -58,7 +58,7 @@ def _cpu_sweep(name, **kwargs):
 
 @pytest.fixture(scope="module")
 def cpu_quick():
-    return _cpu_sweep("quick", headdims=[64])
+    return _cpu_sweep("quick", headdims=[64], seqlens=[64, 128], rounds=1)
 
 
 def test_cpu_quick_sweep_records_are_valid(cpu_quick):
@@ -66,15 +66,18 @@ def test_cpu_quick_sweep_records_are_valid(cpu_quick):
     assert records, lines
     for r in records:
         assert report.validate(r) == [], r
-    assert {r["provider"] for r in records} == {"ioattn", "sdpa-math"}
+    assert {r["provider"] for r in records} == {"ioattn", "sdpa", "sdpa-math"}
     assert {r["mode"] for r in records} == {"fwd", "bwd"}
     ours = [r for r in records if r["provider"] == "ioattn"]
     assert all(r["ok"] and r["tflops"] > 0 for r in ours), [r.get("error") for r in ours]
     assert lines and all(isinstance(ln, str) for ln in lines)  # progress goes to the log callback
     # and the report reads them: both providers in the table, one row per (causal, seqlen, mode)
     text = report.table(records)
-    assert "ioattn" in text and "sdpa-math" in text
+    assert "ioattn" in text and "sdpa-math" in text and "vs sdpa-math" in text
     assert len(report.ratio_rows(records)) == 2 * 2 * 2
+    # each provider checked once per configuration (causal or not), its verdict in the log and the records
+    assert sum(ln.startswith("check ") for ln in lines) == 3 * 2
+    assert all(r["max_err"] <= r["err_bound"] for r in records)
 
 
 def _good():
@@ -159,6 +162,39 @@ def test_ratio_rows():
         report.ratio_rows(report.load(FIXTURE))  # train + memory mixed
 
 
+@pytest.mark.parametrize("shape, kept", [
+    ((1, 512, 8, 64), (1, 512, 8, 64)),        # the CPU quick sweep's first point: checked whole
+    ((16, 1024, 32, 64), (2, 1024, 32, 64)),   # the GPU quick sweep's: two sequences, every head
+    ((1, 8192, 8, 64), (1, 8192, 1, 64)),      # long: one head, 2**26 score entries
+    ((4, 16384, 16, 128), (2, 16384, 1, 128)),  # past the budget even at one head: never zero heads
+])
+def test_check_slice_bounds_the_oracle(shape, kept):
+    q = torch.empty(shape)
+    assert all(t.shape == kept for t in bench_run._check_slice(q, q, q))
+
+
+def test_ratio_columns_and_summaries():
+    """A ``vs PEER`` column per peer (its time over ioattn's at that row), one summary line per peer,
+    and the correctness summary from the records' verdict fields."""
+    train = [r for r in report.load(FIXTURE) if r["sweep"] == "train"]
+    lines = report.table(train).splitlines()
+    header = next(ln for ln in lines if ln.split()[:2] == ["d", "causal"])
+    assert "vs sdpa-flash" in header and "vs sdpa-efficient" not in header  # no ratio to a failed peer
+    ours, peer = (next(r for r in train if r["provider"] == p and r["mode"] == "fwd" and not r["causal"]
+                       and r["seqlen_q"] == 1024) for p in ("ioattn", "sdpa-flash"))
+    assert f"{peer['ms'] / ours['ms']:.2f}" in lines[2]
+    assert report.ratio_summary(train) == [
+        "ioattn vs sdpa-flash (train, bf16): ioattn is as fast or faster at 6 of 8 points; ratio median 1.09, "
+        "range 0.91 to 1.35",
+        "(ratio = the peer's time / ioattn's at the same point: > 1 means ioattn is faster)"]
+    assert report.check_summary(train) == ""  # records from before the verdict fields
+    checked = [dict(train[0], err_bound=1e-3, ok=True), dict(train[0], provider="sdpa-flash", causal=True,
+                                                             err_bound=1e-3, ok=False)]
+    line = report.check_summary(checked)
+    assert line.startswith("correctness: FAIL: 1 of 2 checks pass (ioattn 1/1, sdpa-flash 0/1); "
+                           "failed: sdpa-flash d=64 causal=1; bound: 2 x PyTorch")
+
+
 def test_plot_writes_pngs(tmp_path):
     pytest.importorskip("matplotlib")  # the optional [bench] extra
     paths = report.plot(report.load(FIXTURE), str(tmp_path))
@@ -237,7 +273,8 @@ def test_unknown_provider_is_a_line_not_an_exception():
 def test_hopper_provider_without_hopper_is_a_recorded_refusal():
     """ioattn-hopper on a machine without an sm_90 GPU: each shape is recorded as could-not-run,
     with the reason, and the sweep goes on with the other providers."""
-    records, lines = _cpu_sweep("quick", headdims=[64], seqlens=[256], provider_names=["ioattn-hopper", "ioattn"])
+    records, lines = _cpu_sweep("quick", headdims=[64], seqlens=[256], provider_names=["ioattn-hopper", "ioattn"],
+                                rounds=1)
     hop = [r for r in records if r["provider"] == "ioattn-hopper"]
     assert hop and all(not r["ok"] and r["tflops"] is None and "sm_90" in r["error"] for r in hop), hop
     assert any(r["provider"] == "ioattn" and r["ok"] for r in records)
@@ -271,7 +308,8 @@ def test_cpu_decode_sweep_records_are_valid(cpu_decode):
     assert {"ioattn", "sdpa-math"} <= {r["provider"] for r in records}
     for r in records:
         assert r["ok"] and r["gbps"] > 0 and r["us"] == pytest.approx(1e3 * r["ms"]), r
-        nbytes = decode_bytes(r["batch"], r["seqlen_k"], r["nheads_kv"], r["headdim"], 2)
+        itemsize = bench_run.DTYPES[r["dtype"]].itemsize
+        nbytes = decode_bytes(r["batch"], r["seqlen_k"], r["nheads_kv"], r["headdim"], itemsize)
         assert r["gbps"] == pytest.approx(nbytes / r["ms"] / 1e6)
     # one record per (provider, case), its time the median of its interleaved rounds
     assert len({(r["provider"], r["batch"], r["seqlen_k"]) for r in records}) == len(records)
@@ -279,7 +317,7 @@ def test_cpu_decode_sweep_records_are_valid(cpu_decode):
         assert len(r["ms_rounds"]) == DECODE_ROUNDS and r["ms"] == statistics.median(r["ms_rounds"]), r
     text = report.table(records)
     assert "GB/s" in text and "kvlen" in text and "ioattn us" in text
-    rows = [ln.split() for ln in text.splitlines() if ln.split()[-1:] == ["sdpa-math"]]
+    rows = [ln.split() for ln in text.splitlines() if ln.split()[-1:] in (["sdpa"], ["sdpa-math"])]
     assert len(rows) == len({(r["batch"], r["seqlen_k"]) for r in records})
 
 
@@ -427,12 +465,13 @@ def test_packed_layout_reaches_every_provider(monkeypatch):
         return 1.0
 
     monkeypatch.setattr(bench_run, "providers", lambda names: {n: ((lambda *a: None), "") for n in "ab"})
-    monkeypatch.setattr(bench_run, "_check", lambda fn, q, k, v, causal: (True, 0.0))
+    monkeypatch.setattr(bench_run, "_check", lambda fn, q, k, v, causal, grads=False: (True, 0.0))
     monkeypatch.setattr(bench_run, "_time", fake_time)
     records = run_sweep("quick", "cpu", provider_names=["a"], log=print, headdims=[64], seqlens=[16], rounds=1,
                         layout="qkvpacked")
     batch, n, nheads, d = records[0]["batch"], 16, records[0]["nheads"], 64
-    assert seen and all(s == ((n * 3 * nheads * d, 3 * nheads * d, d, 1), nheads * d * 2, True) for s in seen), seen
+    size = bench_run.DTYPES[records[0]["dtype"]].itemsize
+    assert seen and all(s == ((n * 3 * nheads * d, 3 * nheads * d, d, 1), nheads * d * size, True) for s in seen), seen
     assert records and all(r["layout"] == "qkvpacked" for r in records)
     assert all(report.validate(r) == [] for r in records)
     seen.clear()
@@ -458,7 +497,7 @@ def test_train_rounds_interleave_providers(monkeypatch):
         return {"a": 1.0, "b": 2.0, "c": 3.0}[name] + 0.1 * sum(c[2] == causal for c in calls)
 
     monkeypatch.setattr(bench_run, "providers", lambda names: {n: ((lambda n=n: n), "") for n in "abc"})
-    monkeypatch.setattr(bench_run, "_check", lambda fn, q, k, v, causal: (True, 0.0))
+    monkeypatch.setattr(bench_run, "_check", lambda fn, q, k, v, causal, grads=False: (True, 0.0))
     monkeypatch.setattr(bench_run, "_time", fake_time)
     lines = []
     records = run_sweep("quick", "cpu", provider_names=["a"], log=lines.append, headdims=[64], seqlens=[16],

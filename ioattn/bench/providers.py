@@ -2,8 +2,9 @@
 
 Each provider is ``fn(q, k, v, causal) -> out`` on flash-attn's layout (batch, seqlen, nheads,
 headdim), or ``None`` with the reason it cannot run here (never silently dropped). Names: ours start
-with ``ioattn``; peers are ``sdpa-flash``, ``sdpa-cudnn``, ``sdpa-efficient``, ``sdpa-math``, ``flex``,
-``flash-attn`` and ``flash-attn-cute``.
+with ``ioattn``; peers are ``sdpa`` (PyTorch's own choice of SDPA backend: on the CPU its flash
+kernel), ``sdpa-flash``, ``sdpa-cudnn``, ``sdpa-efficient``, ``sdpa-math`` (one SDPA backend forced),
+``flex``, ``flash-attn`` and ``flash-attn-cute``.
 
 Decode providers (``decode_providers``) are set up per input set, outside the timed region:
 ``setup(q, k_cache, v_cache, cache_seqlens) -> run`` with q (batch, 1, nheads, d), caches (batch,
@@ -13,6 +14,7 @@ without a length argument attend to the whole cache; their setup refuses anythin
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import re
@@ -23,14 +25,19 @@ import torch.nn.functional as F
 
 import ioattn
 
-PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flex", "flash-attn", "flash-attn-cute")
+PEERS = ("sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flex", "flash-attn", "flash-attn-cute")
 OURS = ("ioattn", "ioattn-ptr", "ioattn-hopper", "ioattn-hopper-bwd")
+
+
+def _backend(backend):
+    """The context that forces one SDPA backend; none for ``backend=None`` (PyTorch picks)."""
+    from torch.nn.attention import sdpa_kernel
+    return contextlib.nullcontext() if backend is None else sdpa_kernel([backend])
 
 
 def _sdpa(backend):
     def run(q, k, v, causal):
-        from torch.nn.attention import sdpa_kernel
-        with sdpa_kernel([backend]):
+        with _backend(backend):
             out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                  is_causal=causal, enable_gqa=k.shape[2] != q.shape[2])
         return out.transpose(1, 2)
@@ -127,7 +134,7 @@ def _with_peers(table, names, make_sdpa, make_flex, import_peer, ours, what):
     ones with a reason (the train and decode tables share this)."""
     from torch.nn.attention import SDPBackend
 
-    for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
+    for name, backend in (("sdpa", None), ("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
                           ("sdpa-efficient", SDPBackend.EFFICIENT_ATTENTION), ("sdpa-math", SDPBackend.MATH)):
         table[name] = (make_sdpa(backend), "")
     wanted = set(table) | set(PEERS) if names is None else set(names)
@@ -284,13 +291,11 @@ def _sdpa_reasons(caught):
 
 def _sdpa_decode(backend):
     def setup(q, k_cache, v_cache, cache_seqlens):
-        from torch.nn.attention import sdpa_kernel
-
         _full_caches(k_cache, cache_seqlens, "sdpa")
         qt, kt, vt = q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2)  # (B, H, S, D)
 
         def run():
-            with sdpa_kernel([backend]):
+            with _backend(backend):
                 out = F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
             return out.transpose(1, 2)
 
@@ -299,7 +304,7 @@ def _sdpa_decode(backend):
             try:
                 run()
             except RuntimeError as e:
-                raise RuntimeError(f"{backend.name} refused: {_sdpa_reasons(caught) or e}") from e
+                raise RuntimeError(f"{getattr(backend, 'name', 'SDPA')} refused: {_sdpa_reasons(caught) or e}") from e
         return run
     return setup
 

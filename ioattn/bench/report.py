@@ -21,10 +21,12 @@ REQUIRED_FIELDS = {
 VALUE_FIELDS = ("tflops", "gbps", "peak_mem_mb")  # at least one present; which one depends on mode
 OPTIONAL_FIELDS = {"paged": bool, "error": str, "max_err": (float, int, type(None)), "env": dict,
                    "ceilings": dict, "command": str, "us": (float, int, type(None)),
-                   "host_ms": (float, int, type(None)), "layout": str,
+                   "host_ms": (float, int, type(None)), "layout": str, "err_bound": (float, int, type(None)),
+                   "check": dict,
                    **{v: (float, int, type(None)) for v in VALUE_FIELDS}}
+REPORT_HELP = "tables and plots from a results.jsonl that ioattn bench wrote (nothing is measured)"
 MODES = ("fwd", "bwd", "fwdbwd", "decode", "memory")
-DTYPES = ("bf16", "fp16", "fp8")
+DTYPES = ("fp32", "bf16", "fp16", "fp8")
 # (record field, unit, ceiling key): decode is bandwidth-bound, the memory sweep measures bytes.
 GBPS = ("gbps", "GB/s", "d2d_copy_gbps")
 MEMORY = ("peak_mem_mb", "peak MB", None)
@@ -32,7 +34,7 @@ THROUGHPUT = ("tflops", "TFLOP/s", "bf16_matmul_tflops")
 CEILING_NAMES = {"bf16_matmul_tflops": "bf16 matmul", "d2d_copy_gbps": "d2d copy"}
 MODE_NAMES = {"fwd": "forward", "bwd": "backward", "fwdbwd": "forward + backward", "decode": "decode",
               "memory": "peak memory"}
-COLOURS = {"ioattn": "#d62728", "ioattn-ptr": "#ff7f0e", "ioattn-tma": "#ff7f0e", "ioattn-hopper": "#7f7f00", "sdpa-flash": "#1f77b4", "sdpa-cudnn": "#2ca02c",
+COLOURS = {"ioattn": "#d62728", "ioattn-ptr": "#ff7f0e", "ioattn-tma": "#ff7f0e", "ioattn-hopper": "#7f7f00", "sdpa": "#2f4f4f", "sdpa-flash": "#1f77b4", "sdpa-cudnn": "#2ca02c",
            "sdpa-efficient": "#9467bd", "sdpa-math": "#8c564b", "flex": "#e377c2", "flash-attn": "#17becf",
            "flash-attn-cute": "#bcbd22", "ioattn-graph": "#8b0000", "ioattn-paged": "#ff9896",
            "ioattn-checked": "#c49c94", "ioattn-unified": "#f7b6d2",
@@ -169,9 +171,26 @@ def _seqlen_label(sq, sk):
     return str(sq) if sq == sk else f"{sq}/{sk}"
 
 
+def _ratio(mine, peer):
+    """The peer's cost over ours at one cell (> 1: ours is faster, or smaller for memory): its time
+    over ours, or its peak memory over ours; None unless both have a valid figure."""
+    if mine is None or peer is None or _value(mine) is None or _value(peer) is None:
+        return None
+    if _metric(mine) is MEMORY:
+        return _value(peer) / _value(mine) if _value(mine) else None
+    a, b = mine.get("ms"), peer.get("ms")
+    ok = isinstance(a, (int, float)) and isinstance(b, (int, float)) and a > 0
+    return b / a if ok else None
+
+
+def _ratio_text(x):
+    return "-" if x is None else f"{x:.2f}"
+
+
 def table(records, mode=None, ours="ioattn"):
     """One section per (sweep, dtype, unit); one row per (headdim, causal, seqlen, mode) in it, or per
-    (headdim, batch, KV length) for decode, with ours' step time in microseconds."""
+    (headdim, batch, KV length) for decode, with ours' step time in microseconds; a column ``vs P``
+    per peer P: P's time over ours at that row (``_ratio``; > 1: ours faster)."""
     cells = {k: v for k, v in _cells(records).items() if mode is None or k[6] == mode}
     sections = {}
     for key, row in cells.items():
@@ -184,7 +203,9 @@ def table(records, mode=None, ours="ioattn"):
         cols = (["d", "batch", "kvlen", "mode"] if decode else ["d", "causal", "seqlen", "mode"]) + provs
         # decode: the step time in microseconds of ours (and of its CUDA-graph replay), for the latency targets
         us_cols = [p for p in (ours, f"{ours}-graph") if p in provs] if decode else []
-        cols += [f"{p} us" for p in us_cols] + [f"{ours} / best peer"]
+        vs = [p for p in provs if ours in provs and not p.startswith(ours)
+              and any(_ratio(row.get(ours), row.get(p)) is not None for row in rows.values())]
+        cols += [f"{p} us" for p in us_cols] + [f"vs {p}" for p in vs] + [f"{ours} / best peer"]
         show_pct = _ceiling_applies(ceiling, dtype) and any(
             ceiling in (r.get("ceilings") or {}) for row in rows.values() for r in row.values())
         if show_pct:
@@ -194,6 +215,7 @@ def table(records, mode=None, ours="ioattn"):
             line = [str(d), str(b), str(sk)] if decode else [str(d), "yes" if causal else "no", _seqlen_label(sq, sk)]
             line += [m] + [_status(row.get(p)) for p in provs]
             line += [_us(row.get(p)) for p in us_cols]
+            line += [_ratio_text(_ratio(row.get(ours), row.get(p))) for p in vs]
             mine = _value(row[ours]) if ours in row else None
             name, best = _best_peer(row, ours)
             line.append(f"{mine / best:.2f} {name}" if mine is not None and best else "-")
@@ -210,6 +232,56 @@ def table(records, mode=None, ours="ioattn"):
         out += [f"  {p}: {s} x{n}: {e}" for (p, s, e), n in sorted(why.items())]
         out.append("")
     return "\n".join(out).rstrip("\n")
+
+
+def ratio_summary(records, ours="ioattn"):
+    """Lines that say, per (sweep, dtype) and peer, at how many points ours is as fast as the peer or
+    faster (as small or smaller for memory: ``_ratio`` >= 1), and the median and range of the ratio;
+    then what the ratio means."""
+    groups = {}
+    for key, row in _cells(records).items():
+        for p in row:
+            x = None if p.startswith(ours) else _ratio(row.get(ours), row[p])
+            if x is not None:
+                groups.setdefault((key[0], key[1], p, _metric(row[p]) is MEMORY), []).append(x)
+    lines = []
+    for (sweep, dtype, peer, memory), xs in sorted(groups.items()):
+        xs.sort()
+        above = sum(x >= 1 for x in xs)
+        median = xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+        as_good = "uses as little memory or less" if memory else "is as fast or faster"
+        lines.append(f"{ours} vs {peer} ({sweep}, {dtype}): {ours} {as_good} at {above} of {len(xs)} points; "
+                     f"ratio median {median:.2f}, range {xs[0]:.2f} to {xs[-1]:.2f}")
+    if lines:
+        what = {False: "time", True: "peak memory"}
+        kinds = sorted({memory for *_, memory in groups})
+        lines += [f"(ratio = the peer's {what[m]} / {ours}'s at the same point: > 1 means {ours} "
+                  f"{'uses less' if m else 'is faster'})" for m in kinds]
+    return lines
+
+
+def check_summary(records):
+    """One line: how many correctness checks passed (one per provider and configuration: sweep,
+    dtype, head dim, causal, layout), per provider, and which failed; "" without checked records."""
+    from ioattn.bench.verdict import BOUND_TEXT
+
+    checks = {}
+    for r in records:
+        if "err_bound" in r:
+            checks[(r["sweep"], r["dtype"], r["provider"], r["headdim"], r["causal"], r.get("layout"))] = r["ok"]
+    if not checks:
+        return ""
+    per = collections.defaultdict(lambda: [0, 0])
+    for (_, _, p, *_), ok in checks.items():
+        per[p][0] += ok
+        per[p][1] += 1
+    passed = sum(checks.values())
+    tally = ", ".join(f"{p} {a}/{n}" for p, (a, n) in sorted(per.items(), key=lambda kv: (not kv[0].startswith("ioattn"), kv[0])))
+    failed = [f"{p} d={d} causal={int(c)}" for (_, _, p, d, c, _), ok in sorted(checks.items()) if not ok]
+    head = "correctness: all" if not failed else "correctness: FAIL:"
+    tail = f"; failed: {', '.join(failed)}" if failed else ""
+    return (f"{head} {passed} of {len(checks)} checks pass ({tally}){tail}; "
+            f"bound: {BOUND_TEXT}, against the float64 oracle")
 
 
 def ratio_rows(records, ours="ioattn"):
@@ -315,11 +387,16 @@ def plot(records, out_dir, ours="ioattn"):
     return written
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(prog="ioattn bench report", description="Tables and plots from results.jsonl.")
-    ap.add_argument("results", help="a results.jsonl written by ioattn bench")
-    ap.add_argument("--out", default=None, help="folder for the PNGs (default: the results file's folder)")
-    args = ap.parse_args(argv)
+def add_arguments(parser):
+    """The arguments of ``ioattn bench report`` (the command line's one definition of them)."""
+    parser.add_argument("results", help="a results.jsonl written by ioattn bench")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="folder for the PNGs (default: the results file's folder)")
+    return parser
+
+
+def run(args):
+    """``ioattn bench report`` on parsed arguments; the exit status."""
     try:
         numbered = _numbered(args.results)
     except OSError as e:
@@ -336,6 +413,9 @@ def main(argv=None):
         else:
             good.append(rec)
     print(table(good))
+    for line in [*ratio_summary(good), check_summary(good)]:
+        if line:
+            print(line)
     try:
         paths = plot(good, args.out or os.path.dirname(os.path.abspath(args.results)))
     except ImportError:  # matplotlib is the optional [bench] extra; the table alone is still useful
@@ -344,6 +424,11 @@ def main(argv=None):
     for path in paths:
         print(f"wrote {path}")
     return 0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="ioattn bench report", description=REPORT_HELP)
+    return run(add_arguments(ap).parse_args(argv))
 
 
 if __name__ == "__main__":

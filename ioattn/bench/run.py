@@ -1,30 +1,35 @@
 """``ioattn bench``: every provider side by side, correctness first, one JSON line per measurement.
 
-Sweeps: ``train`` (forward, backward, forward+backward on the papers' grid), ``memory`` (peak
-device memory of forward+backward against sequence length), ``quick`` (a short default; on a
-machine without a GPU, the CPU path against PyTorch's CPU attention), ``decode`` (one query token
-per sequence over a full KV cache, 32 query heads / 8 KV heads, d 128, on the (batch, KV length)
-cases of ``DECODE_CASES``; GB/s of K and V read; ``ioattn`` also replayed from a CUDA graph as
-``ioattn-graph``; on a machine without a GPU, small sizes against sdpa-math).
+Sweeps (``SWEEP_HELP``; the command line is ``ioattn.cli``): ``train`` (forward, backward,
+forward+backward on the papers' grid; GPU only), ``memory`` (peak memory of forward+backward
+against sequence length), ``quick`` (a short default; on a machine without a GPU, the CPU path
+against PyTorch's CPU attention), ``decode`` (one query token per sequence over a full KV cache,
+32 query heads / 8 KV heads, d 128, on the (batch, KV length) cases of ``DECODE_CASES``; GB/s of K
+and V read; ``ioattn`` also replayed from a CUDA graph as ``ioattn-graph``; on a machine without a
+GPU, small sizes against PyTorch's CPU attention).
+
+Every timed sweep first checks each provider against the float64 oracle (``verdict``) and logs one
+verdict line per provider and configuration; a provider that fails is still timed, its records
+marked not ok.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 import platform
 import statistics
-import sys
 from dataclasses import dataclass, replace
 
 import torch
 
+from ioattn.bench import verdict
+from ioattn.bench.memory import peak_bytes
+from ioattn.bench.progress import Progress
 from ioattn.bench.providers import decode_providers, providers
 from ioattn.bench.timing import attention_flops, median_ms, n_input_sets
 from ioattn.reference import attention_ref
 from ioattn.reference.decode import kvcache_attention_ref
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # How q, k, v are laid out in memory, the same for every provider: "separate" (three contiguous
 # tensors), "qkvpacked" (the views ``qkv.unbind(2)`` of one (batch, seqlen, 3, heads, d) tensor, as
 # a fused QKV projection produces them and flash_attn_qkvpacked_func takes them) or "bhnd" (three
@@ -33,13 +38,18 @@ LAYOUTS = ("separate", "qkvpacked", "bhnd")
 ALL_PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flex", "flash-attn", "flash-attn-cute")
 
 
+def default_dtype(device):
+    """bf16 on a GPU (the papers' figures); fp32 on the CPU, the type CPU models run in."""
+    return "bf16" if device == "cuda" else "fp32"
+
+
 @dataclass(frozen=True)
 class Sweep:
     headdims: tuple
     seqlens: tuple
     causal: tuple = (False, True)
     modes: tuple = ("fwd", "bwd", "fwdbwd")
-    tokens: int = 16384  # batch * seqlen, as the FlashAttention papers plot it
+    tokens: int = 16384  # batch * seqlen, as the FlashAttention papers plot it; 0: batch 1
     hidden: int = 2048   # nheads * headdim
     providers: tuple = ("ioattn", "ioattn-ptr", "ioattn-hopper") + ALL_PEERS
     memory: bool = False  # peak memory of forward+backward instead of time
@@ -54,10 +64,13 @@ GPU_SWEEPS = {
     "memory": Sweep(headdims=(128,), seqlens=tuple(2**i for i in range(10, 18)), causal=(False,),
                     modes=("fwdbwd",), tokens=0, providers=("ioattn", "sdpa-math"), memory=True),
 }
-# Without a GPU: the CPU path (tiled reference) against PyTorch's CPU attention, small sizes.
+# Without a GPU: the CPU path (tiled reference) against PyTorch's CPU attention, one sequence of 8
+# heads of dim 64: PyTorch's default (its flash kernel) and its standard attention (math).
 CPU_SWEEPS = {
-    "quick": Sweep(headdims=(64,), seqlens=(256, 1024), tokens=1024, hidden=256, modes=("fwd", "bwd"),
-                   providers=("ioattn", "sdpa-math")),
+    "quick": Sweep(headdims=(64,), seqlens=(512, 1024, 2048), tokens=0, hidden=512, modes=("fwd", "bwd"),
+                   providers=("ioattn", "sdpa", "sdpa-math")),
+    "memory": Sweep(headdims=(64,), seqlens=(512, 1024, 2048), causal=(False,), modes=("fwdbwd",), tokens=0,
+                    hidden=512, providers=("ioattn", "sdpa", "sdpa-math"), memory=True),
 }
 
 
@@ -75,16 +88,47 @@ class DecodeSweep:
 DECODE_CASES = ((1, 4096), (1, 16384), (1, 65536), (1, 131072), (8, 8192), (32, 32768), (64, 4096))
 GPU_DECODE = {"decode": DecodeSweep(cases=DECODE_CASES)}
 CPU_DECODE = {"decode": DecodeSweep(cases=((1, 256), (1, 1024), (2, 256), (2, 1024)), nheads=4, nheads_kv=2,
-                                    headdims=(64,), providers=("ioattn", "ioattn-paged", "sdpa-math"))}
+                                    headdims=(64,), providers=("ioattn", "ioattn-paged", "sdpa", "sdpa-math"))}
 DECODE_CHECK_BATCH = 2  # the correctness check runs on the first case, cut to at most this batch
+# The training sweeps' correctness check runs on the first sequence length of each configuration,
+# cut to at most this batch and to as many heads as keep the oracle's score matrix (batch x heads x
+# seqlen^2 entries, held several times over in float64 with its gradients) within CHECK_SCORES
+# entries, one head at least. Sequences and heads are computed independently, so the cut problem's
+# error is the whole one's; uncut, 8 heads at 8192 tokens take 4 GiB per float64 score matrix.
+CHECK_BATCH = 2
+CHECK_SCORES = 2**26
 # Interleaved timing rounds per decode case (``run_decode_sweep``; ``--rounds``): three give a median
 # that one outlying round cannot move, at ~3x the timed calls (a case's calls take < 25 ms each round).
 DECODE_ROUNDS = 3
-# The same for the timed training sweeps (``_time_rounds``): with one timing per provider in a fixed
-# order, ioattn always ran first at a point, right after the previous point's cuDNN forward+backward,
-# and cuDNN right after SDPA flash's: under the H200's power cap the clock a timing starts at follows
-# what ran before it (benchmarks/NOTES.md §43, §65), so the order favoured one provider.
+# The same for the timed training sweeps (``_time_rounds``), on a GPU and on the CPU alike: with one
+# timing per provider in a fixed order, ioattn always ran first at a point, right after the previous
+# point's cuDNN forward+backward, and cuDNN right after SDPA flash's: under the H200's power cap the
+# clock a timing starts at follows what ran before it, so the order favoured one provider; on a
+# shared CPU, one timing that lands beside another job's burst would decide a comparison alone.
 TIME_ROUNDS = 3
+
+# One line per sweep, for the command line's help; a sweep without a CPU table needs a GPU.
+SWEEP_HELP = {
+    "train": "forward, backward and forward+backward time on the FlashAttention papers' grid",
+    "memory": "peak memory of one forward+backward against sequence length",
+    "quick": "a short run: correctness check, then forward and backward time (the default)",
+    "decode": "one query token per sequence over a full KV cache: time and GB/s of K and V read",
+}
+
+
+def sweep_table(name, device):
+    """The definition of sweep ``name`` on ``device`` ("cuda" or "cpu"), None where it does not run."""
+    tables = (GPU_SWEEPS, GPU_DECODE) if device == "cuda" else (CPU_SWEEPS, CPU_DECODE)
+    return next((t[name] for t in tables if name in t), None)
+
+
+def needs_gpu(name):
+    return sweep_table(name, "cpu") is None
+
+
+def sweeps_on(device):
+    """The sweeps that run on ``device``, in ``SWEEP_HELP``'s order."""
+    return [n for n in SWEEP_HELP if sweep_table(n, device) is not None]
 
 
 def decode_bytes(batch, kvlen, nheads_kv, d, itemsize):
@@ -132,15 +176,28 @@ def ceilings(device):
     return {"bf16_matmul_tflops": 2 * 8192**3 / ms / 1e9, "d2d_copy_gbps": 2 * src.numel() * 4 / ms_copy / 1e6}
 
 
-def _check(fn, q, k, v, causal):
-    """Output of ``fn`` vs the float64 oracle, against PyTorch's own same-dtype error."""
+def _check(fn, q, k, v, causal, grads=False):
+    """``fn``'s output (with ``grads``: and its dq, dk, dv) against the float64 oracle, judged against
+    PyTorch's own same-dtype error (``verdict``), on the part ``_check_slice`` keeps. Returns a
+    ``verdict.Verdict``; its first two fields are (ok, the output's max error)."""
+    q, k, v = _check_slice(q, k, v)
     window = (-1, 0) if causal else (-1, -1)
-    ref, _ = attention_ref(q, k, v, window=window)
-    same, _ = attention_ref(q, k, v, window=window, upcast=False)
-    out = fn(q, k, v, causal)
-    err = (out.double() - ref).abs().max().item()
-    base = (same.double() - ref).abs().max().item()
-    return (not math.isnan(err)) and err <= 2 * base + 1e-4, err
+    dout = torch.randn_like(q) if grads else None
+    oracle = verdict.outputs(lambda *a: attention_ref(*a, window=window)[0], q.double(), k.double(), v.double(),
+                             None if dout is None else dout.double())
+    same = verdict.outputs(lambda *a: attention_ref(*a, window=window, upcast=False)[0], q, k, v, dout)
+    got = verdict.outputs(lambda *a: fn(*a, causal), q, k, v, dout)
+    return verdict.judge(got, oracle, same)
+
+
+def _check_slice(q, k, v):
+    """The first ``CHECK_BATCH`` sequences of q, k, v and, where q and k have the same heads, the
+    first heads that keep the score matrix within ``CHECK_SCORES`` entries."""
+    b = min(q.shape[0], CHECK_BATCH)
+    h = q.shape[2]
+    if k.shape[2] == h:
+        h = max(1, min(h, CHECK_SCORES // (b * q.shape[1] * k.shape[1])))
+    return tuple(t[:b, :, :h] for t in (q, k, v))
 
 
 def _shape(sw, d, n):
@@ -148,23 +205,10 @@ def _shape(sw, d, n):
     return batch, n, max(1, sw.hidden // d), d
 
 
-class _Progress:
-    """A one-line progress bar on stderr (only when it is a terminal)."""
-
-    def __init__(self, total):
-        self.total, self.done = max(total, 1), 0
-        self.tty = sys.stderr.isatty()
-
-    def step(self, what):
-        self.done += 1
-        if self.tty:
-            filled = int(30 * self.done / self.total)
-            sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} {what:<40}")
-            sys.stderr.flush()
-
-    def close(self):
-        if self.tty:
-            sys.stderr.write("\n")
+def _weight(shape):
+    """A point's relative cost, for the estimate of the time left: its score-matrix entries times d."""
+    batch, n, nheads, d = shape
+    return batch * nheads * n * n * d
 
 
 def _inputs(shape, dtype, device, layout):
@@ -177,86 +221,158 @@ def _inputs(shape, dtype, device, layout):
     return tuple(torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
 
 
-def run_sweep(name, device, dtype_name="bf16", provider_names=None, log=print, sink=None, headdims=None,
+@dataclass
+class _Run:
+    """What every point of one training sweep shares."""
+    name: str
+    sw: Sweep
+    device: str
+    dtype_name: str
+    layout: str
+    rounds: int
+    env: dict
+    records: list
+    log: object
+    bar: Progress = None
+    runnable: dict = None
+
+    def base(self, shape, causal, **extra):
+        return dict(sweep=self.name, dtype=self.dtype_name, shape=shape, causal=causal, env=self.env, **extra)
+
+
+def run_sweep(name, device, dtype_name=None, provider_names=None, log=print, sink=None, headdims=None,
               seqlens=None, batches=None, kvlens=None, rounds=None, layout="separate"):
     """Run one sweep and return its records; every record also goes to ``sink`` as soon as it exists
     (a run cut off by a time limit keeps what it measured). Problems are logged, never raised.
-    ``batches``/``kvlens`` are for ``decode`` only (``seqlens`` is read as ``kvlens`` there);
-    ``rounds``: interleaved timing rounds per point (``_time_rounds``; default ``TIME_ROUNDS`` on a
-    GPU, one on the CPU), the decode sweep's ``DECODE_ROUNDS``. ``layout``: the inputs' memory layout
-    (``LAYOUTS``; training sweeps only), recorded in every record."""
+    ``dtype_name``: a key of ``DTYPES``, default ``default_dtype(device)``. ``batches``/``kvlens``
+    are for ``decode`` only (``seqlens`` is read as ``kvlens`` there); ``rounds``: interleaved
+    timing rounds per point (``_time_rounds``; default ``TIME_ROUNDS``, the decode sweep's
+    ``DECODE_ROUNDS``). ``layout``: the inputs' memory layout (``LAYOUTS``; training sweeps only),
+    recorded in every record. Progress (with the time left) goes to stderr (``progress``)."""
+    dtype_name = dtype_name or default_dtype(device)
     if name in GPU_DECODE:
         if layout != "separate":
             log("--layout is for the training sweeps; ignored")
         return run_decode_sweep(name, device, dtype_name, provider_names, log, sink, headdims,
                                 batches, kvlens or seqlens, DECODE_ROUNDS if rounds is None else rounds)
-    sweeps = GPU_SWEEPS if device == "cuda" else CPU_SWEEPS
-    if name not in sweeps:
-        log(f"unknown sweep {name!r} on {device}; known here: {', '.join([*sweeps, *GPU_DECODE])}")
+    sw = _training_sweep(name, device, dtype_name, layout, headdims, seqlens, log)
+    if sw is None:
         return []
     if batches or kvlens:
         log("--batches/--kvlens are for the decode sweep; ignored")
-    if rounds is None:
-        rounds = TIME_ROUNDS if device == "cuda" else 1
-    sw = sweeps[name]
-    if headdims:
-        sw = replace(sw, headdims=tuple(headdims))
-    if seqlens:
-        sw = replace(sw, seqlens=tuple(seqlens))
-    if dtype_name not in DTYPES:
-        log(f"unknown dtype {dtype_name!r}; known: {', '.join(DTYPES)}")
-        return []
-    if layout not in LAYOUTS:
-        log(f"unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")
-        return []
     env = _env_cached()
-    table = providers(provider_names or sw.providers)
-    records = _Records(sink, env, layout)
-    for pname, (fn, why) in table.items():
-        if fn is None:
-            log(f"{pname}: skipped ({why})")
-            for d in sw.headdims:
-                for causal in sw.causal:
-                    records.append(_base(name, pname, dtype_name, _shape(sw, d, sw.seqlens[0]), causal, env,
-                                         mode=sw.modes[0], ok=False, error=why))
-    runnable = {p: fn for p, (fn, _) in table.items() if fn is not None}
-    bar = _Progress(len(sw.headdims) * len(sw.causal) * len(sw.seqlens) * len(runnable))
+    run = _Run(name, sw, device, dtype_name, layout, max(1, TIME_ROUNDS if rounds is None else rounds), env,
+               _Records(sink, env, layout), log)
+    run.runnable = _runnable(run, providers(provider_names or sw.providers))
+    per_point = len(run.runnable) * (1 if sw.memory else run.rounds)
+    run.bar = Progress(sum(_weight(_shape(sw, d, n)) * per_point
+                           for d in sw.headdims for _ in sw.causal for n in sw.seqlens))
+    run.log = run.bar.wrap(log)
     for d in sw.headdims:
         for causal in sw.causal:
-            checked = {}
-            for n in sw.seqlens:
-                shape = _shape(sw, d, n)
-                try:
-                    sets = [_inputs(shape, DTYPES[dtype_name], device, layout)
-                            for _ in range(1 if sw.memory else n_input_sets(3 * math.prod(shape) * 2))]
-                except torch.cuda.OutOfMemoryError:  # (torch.OutOfMemoryError needs torch >= 2.5)
-                    log(f"d={d} n={n}: inputs do not fit in device memory; stopping this configuration")
-                    break
-                timed = {}  # provider -> its correctness result; timed below in interleaved rounds
-                for pname, fn in runnable.items():
-                    bar.step(f"{pname} d={d} n={n} causal={int(causal)}")
-                    base = dict(sweep=name, provider=pname, dtype=dtype_name, shape=shape, causal=causal, env=env)
-                    try:
-                        if sw.memory:
-                            records.append(_measure_memory(fn, sets[0], causal, base))
-                            log(_line(records[-1]))
-                        else:
-                            if pname not in checked:  # correctness on the first shape of each configuration
-                                checked[pname] = _check(fn, *sets[0], causal)
-                            timed[pname] = checked[pname]
-                    except Exception as e:  # noqa: BLE001 - a provider that cannot run a shape is reported
-                        _train_failed(records, log, name, pname, dtype_name, shape, causal, env, sw.modes[0], e)
-                    finally:
-                        if device == "cuda":
-                            torch.cuda.empty_cache()
-                if timed:
-                    _time_rounds(runnable, timed, sets, causal, sw.modes, rounds, records, log,
-                                 dict(sweep=name, dtype=dtype_name, shape=shape, causal=causal, env=env))
-                    if device == "cuda":
-                        torch.cuda.empty_cache()
-                del sets
-    bar.close()
-    return list(records)
+            _configuration(run, d, causal)
+    run.bar.close()
+    return list(run.records)
+
+
+def _training_sweep(name, device, dtype_name, layout, headdims, seqlens, log):
+    """The sweep ``name`` on ``device`` with the caller's head dims and sequence lengths, or None
+    (with the reason logged) when it cannot run."""
+    sw = (GPU_SWEEPS if device == "cuda" else CPU_SWEEPS).get(name)
+    if sw is None:
+        here = ", ".join(sweeps_on(device))
+        if name in GPU_SWEEPS:
+            log(f"sweep {name!r} needs a GPU (none found here); sweeps that run here: {here}")
+        else:
+            log(f"unknown sweep {name!r} on {device}; known here: {here}")
+        return None
+    if dtype_name not in DTYPES:
+        log(f"unknown dtype {dtype_name!r}; known: {', '.join(DTYPES)}")
+        return None
+    if layout not in LAYOUTS:
+        log(f"unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")
+        return None
+    if headdims:
+        sw = replace(sw, headdims=tuple(headdims))
+    return replace(sw, seqlens=tuple(seqlens)) if seqlens else sw
+
+
+def _runnable(run, table):
+    """The providers of ``table`` that can run here; the others are logged and recorded once per
+    configuration as could-not-run, with the reason."""
+    sw = run.sw
+    for pname, (fn, why) in table.items():
+        if fn is None:
+            run.log(f"{pname}: skipped ({why})")
+            for d in sw.headdims:
+                for causal in sw.causal:
+                    run.records.append(_base(run.name, pname, run.dtype_name, _shape(sw, d, sw.seqlens[0]), causal,
+                                             run.env, mode=sw.modes[0], ok=False, error=why))
+    return {p: fn for p, (fn, _) in table.items() if fn is not None}
+
+
+def _configuration(run, d, causal):
+    """Every sequence length of one (head dim, causal) configuration; each provider checked on the
+    first length it runs at."""
+    checked = {}
+    for n in run.sw.seqlens:
+        shape = _shape(run.sw, d, n)
+        try:
+            count = 1 if run.sw.memory or run.device != "cuda" else n_input_sets(3 * math.prod(shape) * 2)
+            sets = [_inputs(shape, DTYPES[run.dtype_name], run.device, run.layout) for _ in range(count)]
+        except torch.cuda.OutOfMemoryError:  # (torch.OutOfMemoryError needs torch >= 2.5)
+            run.log(f"d={d} n={n}: inputs do not fit in device memory; stopping this configuration")
+            return
+        if run.sw.memory:
+            _memory_point(run, sets[0], shape, causal)
+        else:
+            timed = _check_point(run, sets[0], shape, causal, checked)
+            if timed:
+                _time_rounds(run.runnable, timed, sets, causal, run.sw.modes, run.rounds, run.records, run.log,
+                             run.base(shape, causal), bar=run.bar)
+        del sets
+        _release(run.device)
+
+
+def _release(device):
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _check_point(run, inputs, shape, causal, checked):
+    """Provider -> its verdict for every provider that runs at this point; the check (and its
+    verdict line) once per provider and configuration, at the first length it runs at."""
+    timed = {}
+    grads = any(m in ("bwd", "fwdbwd") for m in run.sw.modes)
+    for pname, fn in run.runnable.items():
+        try:
+            if pname not in checked:
+                checked[pname] = verdict.as_verdict(_check(fn, *inputs, causal, grads=grads))
+                run.log(verdict.line(pname, _where(shape, causal), checked[pname]))
+            timed[pname] = checked[pname]
+        except Exception as e:  # noqa: BLE001 - a provider that cannot run a shape is reported
+            _train_failed(run.records, run.log, run.name, pname, run.dtype_name, shape, causal, run.env,
+                          run.sw.modes[0], e)
+        finally:
+            _release(run.device)
+    return timed
+
+
+def _where(shape, causal):
+    return f"d={shape[3]} causal={int(causal)} n={shape[1]}"
+
+
+def _memory_point(run, inputs, shape, causal):
+    for pname, fn in run.runnable.items():
+        try:
+            run.records.append(_measure_memory(fn, inputs, causal, dict(run.base(shape, causal), provider=pname)))
+            run.log(_line(run.records[-1]))
+        except Exception as e:  # noqa: BLE001 - a provider that cannot run a shape is reported
+            _train_failed(run.records, run.log, run.name, pname, run.dtype_name, shape, causal, run.env,
+                          run.sw.modes[0], e)
+        finally:
+            _release(run.device)
+            run.bar.step(f"{pname} memory {_where(shape, causal)}", _weight(shape))
 
 
 def decode_cases(sw, batches=None, kvlens=None):
@@ -268,18 +384,19 @@ def decode_cases(sw, batches=None, kvlens=None):
     return tuple((b, n) for b in (tuple(batches) if batches else (1,)) for n in ks)
 
 
-def run_decode_sweep(name, device, dtype_name="bf16", provider_names=None, log=print, sink=None, headdims=None,
+def run_decode_sweep(name, device, dtype_name=None, provider_names=None, log=print, sink=None, headdims=None,
                      batches=None, kvlens=None, rounds=DECODE_ROUNDS):
     """The decode sweep (see ``run_sweep``): per (head dim, case), every provider is set up on each
     input set outside the timed region, then the providers' ``run()`` are timed with ``median_ms`` in
     ``rounds`` interleaved rounds (round r starts at provider r, so no provider always runs first or
     after the same one); a record's time is the median of its rounds' medians, ``ms_rounds`` lists
-    them. Steps of 15-1000 us sit within ~1.5 % of each other from one run to the next on the H200
-    (benchmarks/NOTES.md §41): one timing per provider lets a drift of the machine between two
-    providers' turns decide the order of two kernels at the same speed."""
+    them. Steps of 15-1000 us sit within ~1.5 % of each other from one run to the next on an H200:
+    one timing per provider lets a drift of the machine between two providers' turns decide the
+    order of two kernels at the same speed."""
     sw = (GPU_DECODE if device == "cuda" else CPU_DECODE)[name]
     if headdims:
         sw = replace(sw, headdims=tuple(headdims))
+    dtype_name = dtype_name or default_dtype(device)
     if dtype_name not in DTYPES:
         log(f"unknown dtype {dtype_name!r}; known: {', '.join(DTYPES)}")
         return []
@@ -287,71 +404,92 @@ def run_decode_sweep(name, device, dtype_name="bf16", provider_names=None, log=p
     if not cases or any(b < 1 or n < 1 for b, n in cases):
         log(f"decode: batches and KV lengths must be >= 1, got cases {list(cases)}")
         return []
-    dtype = DTYPES[dtype_name]
     env = _env_cached()
     names = list(provider_names or sw.providers)
     if device == "cuda" and "ioattn" in names and "ioattn-graph" not in names:
         names.insert(names.index("ioattn") + 1, "ioattn-graph")  # ioattn always comes with its graph replay
-    table = decode_providers(names)
     records = _Records(sink, env)
+    runnable = _decode_runnable(decode_providers(names), sw, cases, name, dtype_name, env, records, log)
+    itemsize = DTYPES[dtype_name].itemsize
+    bar = Progress(sum(decode_bytes(b, n, sw.nheads_kv, d, itemsize) for d in sw.headdims for b, n in cases)
+                   * len(runnable) * max(1, rounds))
+    log = bar.wrap(log)
+    with torch.no_grad():
+        for d in sw.headdims:
+            checked = {}
+            for batch, kvlen in cases:
+                shape = (batch, kvlen, sw.nheads, sw.nheads_kv, d)
+                _decode_case(runnable, checked, shape, device, dtype_name, env, records, log, bar, rounds, name)
+    bar.close()
+    return list(records)
+
+
+def _decode_runnable(table, sw, cases, name, dtype_name, env, records, log):
+    """The decode providers that can run here; the others logged and recorded as could-not-run."""
     for pname, (setup, why) in table.items():
         if setup is None:
             log(f"{pname}: skipped ({why})")
             for d in sw.headdims:
                 records.append(_decode_record(name, pname, dtype_name, (*cases[0], sw.nheads, sw.nheads_kv, d), env,
                                               ok=False, error=why))
-    runnable = {p: setup for p, (setup, _) in table.items() if setup is not None}
-    bar = _Progress(len(sw.headdims) * len(cases) * len(runnable))
-    with torch.no_grad():
-        for d in sw.headdims:
-            checked = {}
-            for batch, kvlen in cases:
-                shape = (batch, kvlen, sw.nheads, sw.nheads_kv, d)
-                try:
-                    n_sets = n_input_sets(decode_bytes(batch, kvlen, sw.nheads_kv, d, dtype.itemsize))
-                    sets = [_decode_inputs(shape, dtype, device) for _ in range(n_sets)]
-                except torch.cuda.OutOfMemoryError:
-                    log(f"d={d} batch={batch} kv={kvlen}: inputs do not fit in device memory; skipping this case")
-                    continue
-                prepared = {}  # provider -> (ok, err, its runs on every input set)
-                for pname, setup in runnable.items():
-                    bar.step(f"{pname} d={d} batch={batch} kv={kvlen}")
-                    try:
-                        if pname not in checked:  # correctness on the first case, at a small batch
-                            checked[pname] = _check_decode(setup, sets[0])
-                        prepared[pname] = (*checked[pname], [setup(*s) for s in sets])
-                    except Exception as e:  # noqa: BLE001 - a provider that cannot run a case is reported
-                        _decode_failed(records, log, name, pname, dtype_name, shape, env, e)
-                times, host = {p: [] for p in prepared}, {}
-                order = list(prepared)
-                for r in range(max(1, rounds) if order else 0):
-                    for pname in order[r % len(order):] + order[:r % len(order)]:
-                        if pname not in times:
-                            continue
-                        try:
-                            stats = {}
-                            times[pname].append(median_ms(lambda run: run(), prepared[pname][2], stats=stats))
-                            host.setdefault(pname, stats.get("host_ms"))
-                        except Exception as e:  # noqa: BLE001
-                            _decode_failed(records, log, name, pname, dtype_name, shape, env, e)
-                            del times[pname]
-                for pname in order:
-                    if pname not in times:
-                        continue
-                    ok, err, _ = prepared[pname]
-                    rec = _decode_record(name, pname, dtype_name, shape, env, ms=statistics.median(times[pname]),
-                                         ok=ok, max_err=err, host_ms=host.get(pname))
-                    rec["ms_rounds"] = times[pname]
-                    if not ok:
-                        rec["error"] = f"failed the correctness check (max err {err:.3g})"
-                    records.append(rec)
-                    log(_decode_line(rec))
-                del prepared
-                if device == "cuda":
-                    torch.cuda.empty_cache()
-                del sets
-    bar.close()
-    return list(records)
+    return {p: setup for p, (setup, _) in table.items() if setup is not None}
+
+
+def _decode_case(runnable, checked, shape, device, dtype_name, env, records, log, bar, rounds, name):
+    """One (head dim, case): inputs, each provider checked (once per head dim) and set up, then timed
+    in interleaved rounds and recorded."""
+    batch, kvlen, _, nheads_kv, d = shape
+    dtype = DTYPES[dtype_name]
+    try:
+        n_sets = 1 if device != "cuda" else n_input_sets(decode_bytes(batch, kvlen, nheads_kv, d, dtype.itemsize))
+        sets = [_decode_inputs(shape, dtype, device) for _ in range(n_sets)]
+    except torch.cuda.OutOfMemoryError:
+        log(f"d={d} batch={batch} kv={kvlen}: inputs do not fit in device memory; skipping this case")
+        return
+    prepared = {}  # provider -> (its verdict, its runs on every input set)
+    for pname, setup in runnable.items():
+        try:
+            if pname not in checked:  # correctness on the first case, at a small batch
+                checked[pname] = verdict.as_verdict(_check_decode(setup, sets[0]))
+                log(verdict.line(pname, f"d={d} batch={min(batch, DECODE_CHECK_BATCH)} kv={kvlen}", checked[pname]))
+            prepared[pname] = (checked[pname], [setup(*s) for s in sets])
+        except Exception as e:  # noqa: BLE001 - a provider that cannot run a case is reported
+            _decode_failed(records, log, name, pname, dtype_name, shape, env, e)
+    times, host = _decode_rounds(prepared, rounds, records, log, name, dtype_name, shape, env, bar)
+    for pname in prepared:
+        if pname in times:
+            v = prepared[pname][0]
+            rec = _decode_record(name, pname, dtype_name, shape, env, ms=statistics.median(times[pname]),
+                                 ok=v.ok, max_err=v.err, host_ms=host.get(pname))
+            rec.update(v.fields())
+            rec["ms_rounds"] = times[pname]
+            if not v.ok:
+                rec["error"] = v.failure()
+            records.append(rec)
+            log(_decode_line(rec))
+    del prepared, sets
+    _release(device)
+
+
+def _decode_rounds(prepared, rounds, records, log, name, dtype_name, shape, env, bar):
+    """(provider -> its rounds' times, provider -> host ms of a call); a provider that fails in a
+    round is recorded and left out of the rest."""
+    times, host = {p: [] for p in prepared}, {}
+    order = list(prepared)
+    weight = decode_bytes(shape[0], shape[1], shape[3], shape[4], DTYPES[dtype_name].itemsize)
+    for r in range(max(1, rounds) if order else 0):
+        for pname in order[r % len(order):] + order[:r % len(order)]:
+            if pname not in times:
+                continue
+            try:
+                stats = {}
+                times[pname].append(median_ms(lambda run: run(), prepared[pname][1], stats=stats))
+                host.setdefault(pname, stats.get("host_ms"))
+            except Exception as e:  # noqa: BLE001
+                _decode_failed(records, log, name, pname, dtype_name, shape, env, e)
+                del times[pname]
+            bar.step(f"{pname} decode d={shape[4]} batch={shape[0]} kv={shape[1]}", weight)
+    return times, host
 
 
 def _decode_failed(records, log, name, pname, dtype_name, shape, env, e):
@@ -375,10 +513,7 @@ def _check_decode(setup, inputs):
     q, k, v, seqlens = (t[:DECODE_CHECK_BATCH] for t in inputs)
     ref, _ = kvcache_attention_ref(q, k, v, cache_seqlens=seqlens)
     same, _ = kvcache_attention_ref(q, k, v, cache_seqlens=seqlens, upcast=False)
-    out = setup(q, k, v, seqlens)()
-    err = (out.double() - ref).abs().max().item()
-    base = (same.double() - ref).abs().max().item()
-    return (not math.isnan(err)) and err <= 2 * base + 1e-4, err
+    return verdict.judge({"out": setup(q, k, v, seqlens)()}, {"out": ref}, {"out": same})
 
 
 def _decode_record(sweep, provider, dtype, shape, env, ms=None, ok=False, max_err=None, error=None, host_ms=None):
@@ -427,11 +562,12 @@ def _short(e):
     return f"{type(e).__name__}: {text}"
 
 
-def _time_rounds(runnable, checked, sets, causal, modes, rounds, records, log, base):
-    """Time every provider in ``checked`` (name -> (ok, err)) at one point, every mode, in ``rounds``
-    interleaved rounds: round r starts at provider r, so no provider always runs first or after the
-    same one (the decode sweep's scheme). A record's time is the median of its rounds' medians
-    (``ms_rounds`` lists them). A provider that fails in some round is reported once and dropped."""
+def _time_rounds(runnable, checked, sets, causal, modes, rounds, records, log, base, bar=None):
+    """Time every provider in ``checked`` (name -> its ``verdict.Verdict``, or an (ok, err) pair) at
+    one point, every mode, in ``rounds`` interleaved rounds: round r starts at provider r, so no
+    provider always runs first or after the same one (the decode sweep's scheme). A record's time is
+    the median of its rounds' medians (``ms_rounds`` lists them). A provider that fails in some round
+    is reported once and dropped. ``bar``: a ``Progress`` stepped once per provider and round."""
     order = list(checked)
     times = {p: {m: [] for m in modes} for p in order}
     host = {}
@@ -448,21 +584,28 @@ def _time_rounds(runnable, checked, sets, causal, modes, rounds, records, log, b
                 _train_failed(records, log, base["sweep"], pname, base["dtype"], base["shape"], causal, base["env"],
                               modes[0], e)
                 del times[pname]
+            if bar is not None:
+                bar.step(f"{pname} {_where(base['shape'], causal)} round {r + 1}/{max(1, rounds)}",
+                         _weight(base["shape"]))
     for pname in order:
-        if pname not in times:
-            continue
-        ok, err = checked[pname]
-        batch, n, nheads, d = base["shape"]
-        for mode in modes:
-            ms = statistics.median(times[pname][mode])
-            tf = attention_flops(batch, nheads, n, n, d, causal, mode) / ms / 1e9
-            rec = _base(base["sweep"], pname, base["dtype"], base["shape"], causal, base["env"], mode=mode,
-                        ms=ms, tflops=tf if ok else None, ok=ok, max_err=err, host_ms=host.get((pname, mode)))
-            rec["ms_rounds"] = times[pname][mode]
-            if not ok:
-                rec["error"] = f"failed the correctness check (max err {err:.3g})"
-            records.append(rec)
-            log(_line(rec))
+        if pname in times:
+            _timed_records(pname, verdict.as_verdict(checked[pname]), times[pname], host, records, log, base, causal)
+
+
+def _timed_records(pname, v, times, host, records, log, base, causal):
+    """One record per mode for ``pname``: the median of its rounds, its verdict's fields."""
+    batch, n, nheads, d = base["shape"]
+    for mode, ms_rounds in times.items():
+        ms = statistics.median(ms_rounds)
+        tf = attention_flops(batch, nheads, n, n, d, causal, mode) / ms / 1e9
+        rec = _base(base["sweep"], pname, base["dtype"], base["shape"], causal, base["env"], mode=mode,
+                    ms=ms, tflops=tf if v.ok else None, ok=v.ok, host_ms=host.get((pname, mode)))
+        rec.update(v.fields())
+        rec["ms_rounds"] = ms_rounds
+        if not v.ok:
+            rec["error"] = v.failure()
+        records.append(rec)
+        log(_line(rec))
 
 
 def _train_failed(records, log, name, pname, dtype_name, shape, causal, env, mode, e):
@@ -472,16 +615,12 @@ def _train_failed(records, log, name, pname, dtype_name, shape, causal, env, mod
 
 
 def _measure_memory(fn, qkv, causal, base):
-    """Peak device memory of one forward+backward above the inputs (q, k, v, dout stay allocated)."""
+    """Peak memory of one forward+backward above the inputs (q, k, v, dout stay allocated):
+    ``memory.peak_bytes`` (the allocator's counters on a GPU, the profiler's allocation events on
+    the CPU)."""
     q, k, v = (t.detach().requires_grad_() for t in qkv)
     dout = torch.randn_like(q)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    start = torch.cuda.memory_allocated()
-    out = fn(q, k, v, causal)
-    torch.autograd.grad(out, (q, k, v), dout)
-    torch.cuda.synchronize()
-    peak = (torch.cuda.max_memory_allocated() - start) / 2**20
+    peak = peak_bytes(lambda: torch.autograd.grad(fn(q, k, v, causal), (q, k, v), dout), q.device) / 2**20
     return _base(base["sweep"], base["provider"], base["dtype"], base["shape"], causal, base["env"],
                  mode="fwdbwd", ok=True, peak_mem_mb=peak)
 
@@ -528,71 +667,11 @@ class _Records(list):
             self.sink(rec)
 
 
+
+
 def main(argv=None):
-    import argparse
+    """``ioattn bench ARGS``: the command line of ``ioattn.cli`` with ``bench`` in front."""
+    import sys
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "report":
-        from ioattn.bench.report import main as report_main
-        return report_main(argv[1:])
-    ap = argparse.ArgumentParser(prog="ioattn bench", description="Benchmark ioattn against its peers.")
-    ap.add_argument("sweep", nargs="?", default="quick",
-                    help="train | memory | quick | decode (or: report RESULTS.jsonl)")
-    ap.add_argument("--dtype", default="bf16", help="bf16 | fp16")
-    ap.add_argument("--providers", default=None, help="comma-separated provider names")
-    ap.add_argument("--headdims", default=None, help="comma-separated subset of the sweep's head dims")
-    ap.add_argument("--seqlens", default=None, help="comma-separated sequence lengths (longer ones on request); "
-                    "for decode, the same as --kvlens")
-    ap.add_argument("--batches", default=None, help="decode: comma-separated batch sizes (with --kvlens: their "
-                    "cross product replaces the case list; default 1)")
-    ap.add_argument("--kvlens", default=None, help="decode: comma-separated KV lengths (default: the sweep's)")
-    ap.add_argument("--rounds", type=int, default=None, help=f"interleaved timing rounds per point, the median of "
-                    f"their medians reported (default {DECODE_ROUNDS} for decode, {TIME_ROUNDS} for the other "
-                    f"timed sweeps on a GPU, 1 on the CPU)")
-    ap.add_argument("--layout", default="separate", choices=LAYOUTS,
-                    help="memory layout of q, k, v for the training sweeps: three tensors, the views of one "
-                         "packed (batch, seqlen, 3, heads, d) tensor (as flash_attn_qkvpacked_func takes them), "
-                         "or three (batch, heads, seqlen, d) tensors transposed")
-    ap.add_argument("--out", default=None, help="directory for results.jsonl and the plots")
-    args = ap.parse_args(argv)
-    if args.rounds is not None and args.rounds < 1:
-        ap.error(f"--rounds must be at least 1, got {args.rounds}")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":
-        print("No GPU found: these are CPU figures (ioattn's tiled CPU path against PyTorch's CPU attention).")
-    names = args.providers.split(",") if args.providers else None
-    ceil = ceilings(device)
-    if ceil:
-        print(f"ceilings: bf16 matmul {ceil['bf16_matmul_tflops']:.0f} TFLOP/s, "
-              f"d2d copy {ceil['d2d_copy_gbps']:.0f} GB/s")
-    sink_file = path = None
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        path = os.path.join(args.out, "results.jsonl")
-        sink_file = open(path, "w")
-    command = "ioattn bench " + " ".join(argv)
-
-    def sink(rec):
-        rec["ceilings"] = ceil
-        rec["command"] = command
-        if sink_file:
-            sink_file.write(json.dumps(rec) + "\n")
-            sink_file.flush()
-
-    ints = lambda s: [int(x) for x in s.split(",")] if s else None  # noqa: E731
-    records = run_sweep(args.sweep, device, args.dtype, names, log=lambda s: print(s, flush=True), sink=sink,
-                        headdims=ints(args.headdims), seqlens=ints(args.seqlens), batches=ints(args.batches),
-                        kvlens=ints(args.kvlens), rounds=args.rounds, layout=args.layout)
-    from ioattn.bench.report import plot, table
-    print()
-    print(table(records))
-    if sink_file:
-        sink_file.close()
-        print(f"\nwrote {len(records)} records to {path}")
-        try:
-            for p in plot(records, args.out):
-                print(f"wrote {p}")
-        except ImportError:  # matplotlib is the optional [bench] extra; the JSON is what matters
-            print("no plots: matplotlib is not installed (pip install 'ioattn[bench]')")
-    ours = [r for r in records if r["provider"].startswith("ioattn")]
-    return 0 if ours and all(r.get("ok") for r in ours) else 1
+    from ioattn.cli import main as cli_main
+    return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])
