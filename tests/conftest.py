@@ -220,8 +220,9 @@ def _interpreter_bf16():
     products are exact in fp32, accumulation is fp32 as on tensor cores) and fp32 -> bf16 casts
     round to nearest even (torch's conversion). Nothing else changes.
     """
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        yield
+    from ioattn import _compat
+    if os.environ.get("TRITON_INTERPRET") != "1" or _compat.interpreter_numpy_problem():
+        yield  # (an interpreter that cannot run here: every interpreted call is refused, and skipped)
         return
     import triton.language as tl
     from triton.runtime.interpreter import InterpreterBuilder
@@ -247,7 +248,6 @@ def _interpreter_bf16():
         InterpreterBuilder.cast_impl = cast_impl
     # the library's bf16 probe, judged now on the patched interpreter (its verdict is kept for the
     # session): bf16 tests run where the patches make bf16 right, and skip where they do not
-    from ioattn import _compat
     _compat.interpreter_bf16_status()
     try:
         yield

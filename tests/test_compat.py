@@ -29,7 +29,9 @@ from ioattn.reference.merge import merge_states_ref
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1" and not torch.cuda.is_available()
-needs_interpreter = pytest.mark.skipif(not INTERPRETED, reason="runs the Triton kernels under TRITON_INTERPRET=1")
+_CANNOT_INTERPRET = ("runs the Triton kernels under TRITON_INTERPRET=1" if not INTERPRETED
+                     else _compat.interpreter_numpy_problem())
+needs_interpreter = pytest.mark.skipif(bool(_CANNOT_INTERPRET), reason=str(_CANNOT_INTERPRET))
 DTYPES = [torch.float32, torch.float16]
 
 
@@ -98,8 +100,10 @@ def test_import_warns_once_for_versions_outside_the_ranges():
 # ---------------------------------------------------------------- Gluon
 
 def _fake_hopper(monkeypatch, gluon_ok: bool, why: str = "Triton 9.9.9: not the Gluon API the kernels are written against"):
-    """As if on an sm_90 GPU, with the Gluon check's verdict ``gluon_ok``."""
+    """As if on an sm_90 GPU, with the Gluon check's verdict ``gluon_ok`` (and an interpreter that runs
+    with this numpy: the plans are the subject here)."""
     monkeypatch.setattr(hopper, "_on_sm90", lambda q: True)
+    monkeypatch.setattr(_compat, "interpreter_numpy_problem", lambda: None)
     monkeypatch.setattr(_compat, "gluon_status", lambda: (gluon_ok, why))
     return why
 
@@ -154,6 +158,7 @@ def test_gluon_reason_shown_off_hopper_too(monkeypatch):
     q = torch.randn(1, 64, 2, 128, dtype=torch.float16)
     why = "Triton 9.9.9: not the Gluon API the kernels are written against"
     monkeypatch.setattr(_compat, "gluon_status", lambda: (False, why))
+    monkeypatch.setattr(_compat, "interpreter_numpy_problem", lambda: None)
     with dispatch.forced_backend("triton"):
         plan = ioattn.explain_dispatch(q, q, q)
     assert plan.forward["gluon_hopper"].startswith("not applicable (needs an sm_90")
@@ -181,8 +186,10 @@ def test_gluon_incompatible_call_runs_the_portable_kernels(monkeypatch):
 
 @pytest.fixture
 def bf16_broken(monkeypatch):
-    """The probe's verdict set to broken, and the calls' route the interpreter's."""
+    """The probe's verdict set to broken, and the calls' route the interpreter's (one that runs with
+    this numpy, so the bf16 refusal is the one raised)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(_compat, "interpreter_numpy_problem", lambda: None)
     detail = "a 16 x 16 bf16 tl.dot probe is off by 1.5e+10 (set by the test)"
     monkeypatch.setattr(_compat, "_bf16_verdict", (False, detail))
     return detail
