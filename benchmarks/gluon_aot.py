@@ -56,6 +56,16 @@ def ptx_counts(ptx):
         fence_proxy=ptx.count("fence.proxy.async"))
 
 
+def _ptxas_path():
+    """The ptxas Triton itself runs for sm_90 (``get_ptxas(90)``): ``knobs.nvidia.ptxas`` up to Triton 3.8,
+    the newer CUDA's ptxas-blackwell from 3.9 on, whose PTX ISA version the compiler then emits."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+    except ImportError:
+        return knobs.nvidia.ptxas.path
+    return get_ptxas(90).path
+
+
 def ptxas_report(ptx):
     """ptxas -v on the PTX: (registers, spill bytes stored and loaded, named barriers used, the line
     saying ptxas serialised the wgmmas (C7514, C7512, ...) or '')."""
@@ -63,7 +73,7 @@ def ptxas_report(ptx):
         src = f"{tmp}/k.ptx"
         with open(src, "w") as f:
             f.write(ptx)
-        out = subprocess.run([knobs.nvidia.ptxas.path, "-v", "--gpu-name=sm_90a", src, "-o", f"{tmp}/k.cubin"],
+        out = subprocess.run([_ptxas_path(), "-v", "--gpu-name=sm_90a", src, "-o", f"{tmp}/k.cubin"],
                              capture_output=True, text=True, check=True).stderr
     regs = re.search(r"Used (\d+) registers(?:, used (\d+) barriers)?", out)
     spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", out))
@@ -73,7 +83,7 @@ def ptxas_report(ptx):
 
 def sass_text(cubin):
     """The kernel's SASS, by nvdisasm (next to ptxas)."""
-    nvdisasm = os.path.join(os.path.dirname(knobs.nvidia.ptxas.path), "nvdisasm")
+    nvdisasm = os.path.join(os.path.dirname(_ptxas_path()), "nvdisasm")
     with tempfile.TemporaryDirectory() as tmp:
         with open(f"{tmp}/k.cubin", "wb") as f:
             f.write(cubin)
@@ -81,8 +91,8 @@ def sass_text(cubin):
 
 
 def ptxas_version():
-    """``ptxas --version``'s release line for the ptxas Triton uses here (``knobs.nvidia.ptxas``), and its path."""
-    path = knobs.nvidia.ptxas.path
+    """``ptxas --version``'s release line for the ptxas Triton uses here for sm_90, and its path."""
+    path = _ptxas_path()
     out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
     release = [line for line in out.splitlines() if "release" in line]
     return f"{release[0].strip() if release else 'unknown'} ({path})"

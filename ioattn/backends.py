@@ -230,9 +230,9 @@ def reference_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
 
 def forward(*args):
     q = args[0]
-    return (triton_forward if dispatch.use_triton(q.device) else reference_forward)(*args)
+    return (triton_forward if dispatch.use_triton(q.device, q.dtype) else reference_forward)(*args)
 
 
 def backward(*args):
     q = args[1]
-    return (triton_backward if dispatch.use_triton(q.device) else reference_backward)(*args)
+    return (triton_backward if dispatch.use_triton(q.device, q.dtype) else reference_backward)(*args)

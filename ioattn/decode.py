@@ -773,7 +773,7 @@ def _kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
         k_cache[first, row] = k
         v_cache[first, row] = v
 
-    if dispatch.use_triton(device) and batch and seqlen_q:
+    if dispatch.use_triton(device, q.dtype) and batch and seqlen_q:
         q = q if q.stride(-1) == 1 else q.contiguous()
         span = capacity if max_end is None else max_end  # the plan never waits for device values
         out, lse = _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, block_table,

@@ -2,7 +2,9 @@
 
 CUDA tensors go to the Triton kernels. CPU tensors go to the tiled pure-PyTorch path
 (``ioattn.reference.tiled``), unless ``TRITON_INTERPRET=1`` is set, in which case they go to the same
-Triton kernels run by Triton's interpreter (how CI tests the kernels without a GPU).
+Triton kernels run by Triton's interpreter (how CI tests the kernels without a GPU). An interpreted
+call that this installation's interpreter would compute wrongly (``ioattn._compat.check_interpreter``:
+bf16 where its ``tl.dot`` is broken) is refused here, where the route is chosen.
 """
 from __future__ import annotations
 
@@ -12,6 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ioattn import _compat
+
+_compat.warn_unsupported_versions()  # once, at the package's import (through api and explain)
 
 _forced_backend: str | None = None
 
@@ -29,10 +34,22 @@ def forced_backend(name: str):
         _forced_backend = previous
 
 
-def use_triton(device: torch.device) -> bool:
+def interpreting(device: torch.device) -> bool:
+    """Tensors on ``device`` that go to the Triton kernels run under Triton's interpreter."""
+    return device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def use_triton(device: torch.device, dtype: torch.dtype | None = None) -> bool:
+    """Whether a call on ``device`` runs the Triton kernels (else the PyTorch path). With the call's
+    ``dtype``, an interpreted call the interpreter cannot compute raises
+    ``ioattn._compat.InterpreterUnsupportedError`` (bf16 where its ``tl.dot`` is wrong)."""
     if _forced_backend is not None:
-        return _forced_backend == "triton"
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1"
+        triton = _forced_backend == "triton"
+    else:
+        triton = device.type == "cuda" or interpreting(device)
+    if triton and dtype is not None and interpreting(device):
+        _compat.check_interpreter(dtype)
+    return triton
 
 
 class Preference:

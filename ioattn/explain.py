@@ -7,13 +7,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ioattn import dispatch, hopper
+from ioattn import _compat, dispatch, hopper
 from ioattn.masks import normalize_window
 
 
 @dataclass(frozen=True)
 class DispatchPlan:
-    backend: str            # "triton" (CUDA, or the interpreter) or "reference" (tiled PyTorch)
+    backend: str            # "triton" (CUDA, or the interpreter), "reference" (tiled PyTorch) or "refused"
+                            # (an interpreted call the interpreter would compute wrongly: the call raises)
     reason: str
     forward: dict | None    # kernel, tiles (block_m, block_n, warps, stages), kv_loads, programs; Gluon: exp2_fma, cond_rescale
     backward: dict | None
@@ -40,6 +41,11 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     reason = "CUDA tensors" if q.is_cuda else "TRITON_INTERPRET=1"
     if dispatch._forced_backend == "triton":
         reason = "forced (dispatch.forced_backend)"
+    if dispatch.interpreting(q.device):
+        try:
+            _compat.check_interpreter(q.dtype)
+        except _compat.InterpreterUnsupportedError as e:
+            return DispatchPlan("refused", str(e), None, None)
     window = normalize_window(window_size, bool(causal))
     seqlen_q = max_seqlen_q if varlen else q.shape[1]
     alibi = hopper.alibi_call_form(alibi_slopes, q.shape[-1], window, varlen, seqlen_q, softcap)
@@ -120,6 +126,9 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                           "tiles": (fwd.block_m, fwd.block_n, fwd.num_warps, fwd.num_stages),
                           "kv_loads": "tma" if tma else "pointer", "head_dim_padded": dispatch.block_d(d)}
     forward["gluon_hopper"] = gluon
+    gluon_ok, gluon_why = _compat.gluon_status()
+    if not gluon_ok and gluon_why not in gluon:  # on any device: this Triton's Gluon is not the kernels'
+        forward["gluon_api"] = f"off ({gluon_why})"
     tiles = dispatch.cdiv(seqlen_q, forward["tiles"][0]) * batch * nheads
     forward["tiles_count"] = tiles
     forward["programs"] = (hopper.grid_programs(q.device, name, tiles) if "hopper" in forward["kernel"]

@@ -8,7 +8,8 @@ head dims between them zero-padded (``PADDED_RANGE``: in place through TMA's fil
 inside ``prefer_hopper(True)`` or with ``IOATTN_HOPPER=1``; never inside ``prefer_hopper(False)``,
 with ``IOATTN_HOPPER=0`` or when the forward's tiles are fixed by the caller. Only for the calls it
 covers (``hopper_supports``); every other call keeps the portable kernel. Gluon is imported lazily:
-a Triton without it (or with a different Gluon API) still imports the package.
+a Triton without it (or with a different Gluon API) still imports the package, and the kernels run only
+where ``ioattn._compat.gluon_status`` finds the Gluon API they are written against.
 
 Kernel variants (compile-time specialisations of the one kernel), chosen by ``IOATTN_HOPPER_VARIANT``
 or, from Python, ``with hopper.variant("pingpong"): ...`` / ``hopper.set_variant("pingpong")``:
@@ -53,7 +54,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ioattn import dispatch
+from ioattn import _compat, dispatch
 
 VARIANTS = ("base", "pingpong", "split", "wg3", "persistent")
 VARIANT_ENV = "IOATTN_HOPPER_VARIANT"
@@ -1309,15 +1310,17 @@ def alibi_scale_ok(alibi_slopes, softcap: float, softmax_scale: float | None) ->
     return alibi_slopes is None or softcap > 0 or softmax_scale is None or softmax_scale != 0
 
 
+def _on_sm90(q) -> bool:
+    return q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9
+
+
 def _device_ok(q) -> tuple[bool, str]:
-    """The Gluon kernels' own requirements: q on an sm_90 GPU and a Triton with Gluon."""
-    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+    """The Gluon kernels' own requirements: q on an sm_90 GPU and a Triton whose Gluon API is the one
+    they are written against (``ioattn._compat.gluon_status``: else the portable kernels, and its reason)."""
+    if not _on_sm90(q):
         return False, "needs an sm_90 (Hopper) GPU"
-    try:
-        import triton.experimental.gluon  # noqa: F401
-    except ImportError:
-        return False, "this Triton has no Gluon"
-    return True, ""
+    ok, why = _compat.gluon_status()
+    return (True, "") if ok else (False, why)
 
 
 def hopper_supports(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:

@@ -4,7 +4,9 @@ The interpreter runs the kernels' logic on CI but not the GPU compiler; a constr
 rejects (a non-constexpr global, an unsupported layout, too much shared memory) would otherwise
 first show up on the device. benchmarks/compile_check.py compiles every kernel at the default tiles
 and asserts it fits an H200's shared memory and uses wgmma; it runs in a child process because this
-test session runs the kernels under the interpreter (which replaces @triton.jit functions)."""
+test session runs the kernels under the interpreter (which replaces @triton.jit functions). The Gluon
+kernels' checks are marked ``gluon``: skipped, with ``ioattn._compat.gluon_status``'s reason, on a Triton
+whose Gluon API is not the one they are written against (the portable kernels' check runs everywhere)."""
 import os
 import pathlib
 import subprocess
@@ -36,6 +38,7 @@ def test_kernels_compile_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+@pytest.mark.gluon
 def test_hopper_gluon_kernel_compiles_for_sm90():
     """The Gluon forward, every variant (base; pingpong; split, its diagnostic twin without the
     ordering; wg3, three consumer warpgroups; persistent, ping-pong with a tile loop), compiles for each of its head dims and
@@ -45,7 +48,6 @@ causal), fits shared memory and uses wgmma, TMA and
     register reallocation; the ping-pong variants have one consumer partition per warpgroup, K/V
     slots released by every warpgroup, and ptxas neither serialises their wgmmas (C7514) nor spills
     (persistent: at most a few per-tile values around its tile loop, the script's bound)."""
-    pytest.importorskip("triton.experimental.gluon")
     from ioattn import hopper
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -76,6 +78,7 @@ causal), fits shared memory and uses wgmma, TMA and
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+@pytest.mark.gluon
 def test_hopper_exp2_fma_compiles_for_sm90():
     """The forward with a quarter of each key tile's exponentials on the FMA units (hopper.exp2_fma(25),
     the kernel's EXP2_FMA), causal, in the ping-pong kernel at d = 64 and 128 and wg3: the column split
@@ -85,7 +88,6 @@ def test_hopper_exp2_fma_compiles_for_sm90():
     per thread at each of a consumer's softmax call sites: three, and four in the two-warpgroup kernels,
     whose first key tile has a masked and an unmasked form, FEWER_MASKS, unless that tile's mask is under
     its own branch ahead of one form, hopper.mask_branch: causal at d = 128)."""
-    pytest.importorskip("triton.experimental.gluon")
     import re
 
     lines = _hopper_check("--variants", "pingpong,wg3", "--headdims", "64,128", "--masks", "1", "--exp2-fma", "0,25")
@@ -112,6 +114,7 @@ def test_hopper_exp2_fma_compiles_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+@pytest.mark.gluon
 def test_hopper_row_stores_compile_for_sm90():
     """The forward's output stored as whole rows (hopper.row_stores, the kernel's ROW_STORES), as the
     launcher compiles it, non-causal, ping-pong and persistent at every head dim: with the output
@@ -123,7 +126,6 @@ def test_hopper_row_stores_compile_for_sm90():
     without it. (The persistent kernel as launched copies its output by TMA instead: it is compiled
     here as it was before that, ``--tma-store off``; its own test is the next but one. At d = 64 its
     consumers store the rows of a tile that sees no key with 16-byte stores as well.)"""
-    pytest.importorskip("triton.experimental.gluon")
     import re
 
     from ioattn import hopper
@@ -151,13 +153,13 @@ def test_hopper_row_stores_compile_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+@pytest.mark.gluon
 def test_hopper_unmasked_keys_compile_for_sm90():
     """No key tile masked on non-causal calls whose key tiles all lie inside the sequence
     (hopper.unmasked_full_keys, the kernel's ``KEY_MASKS`` False; NOTES §121), forced off and on: the
     persistent kernel at d = 64 compiles one softmax body a consumer instead of two (half the
     exponentials in the SASS), wg3 two instead of three (its first key step is always masked
     otherwise), no spill, the wgmma pipelined; causal builds are unchanged."""
-    pytest.importorskip("triton.experimental.gluon")
     import re
 
     def ex2(lines):
@@ -177,13 +179,13 @@ def test_hopper_unmasked_keys_compile_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+@pytest.mark.gluon
 def test_hopper_diag_trim_compile_for_sm90():
     """Warpgroup 0 of the persistent causal kernel computing only the key tiles its own rows see
     (hopper.diag_trim, the kernel's ``DIAG_TRIM``; NOTES §122), forced off and on, every head dim: no
     spill, the wgmma pipelined; the skip adds no product and no exponential, only the passed sections'
     waits and arrives (``_pp_skip``: two slot waits, a turn wait, three arrives in the PTX); and the
     short causal calls' 64-key tiles at d = 128 (hopper.SHORT_CAUSAL_TILES) compile with it."""
-    pytest.importorskip("triton.experimental.gluon")
     import re
 
     from ioattn import hopper
@@ -212,11 +214,11 @@ def test_hopper_diag_trim_compile_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+@pytest.mark.gluon
 def test_hopper_fewer_masks_compile_for_sm90():
     """Fewer masked key tiles (the kernel's FEWER_MASKS, hopper.FEWER_MASKS_NUM_WG) in the ping-pong
     kernel as launched, causal, every head dim: the build has it, wgmma pipelined, no spill (the first
     key tile's softmax is compiled twice, masked and not)."""
-    pytest.importorskip("triton.experimental.gluon")
 
     lines = _hopper_check("--variants", "pingpong", "--masks", "1")
     assert len(lines) == 3 and all("fewer_masks" in line and "spill=0B" in line and "wgmma-pipelined" in line
@@ -224,6 +226,7 @@ def test_hopper_fewer_masks_compile_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+@pytest.mark.gluon
 def test_hopper_persistent_options_compile_for_sm90():
     """The persistent kernel with two Q buffers a consumer warpgroup (Q_BUFS, hopper.persistent_q_prefetch)
     and the causal walk by pairs (PAIRED, hopper.paired_walk), both masks, every head dim: the options
@@ -231,7 +234,6 @@ def test_hopper_persistent_options_compile_for_sm90():
     barriers counted by the script; at d = 128 the shared memory of two stages of K and V, 2 x 32 KB
     each, and four Q buffers of 16 KB), wgmma pipelined, no spill (d = 256 causal spilled 40 B with the
     tile index's divisions, before FAST_DIV, NOTES §113)."""
-    pytest.importorskip("triton.experimental.gluon")
 
     lines = _hopper_check("--variants", "persistent", "--q-prefetch", "--paired")
     assert len(lines) == 6, lines
@@ -244,6 +246,7 @@ def test_hopper_persistent_options_compile_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+@pytest.mark.gluon
 def test_hopper_tma_store_and_fast_div_compile_for_sm90():
     """The persistent kernel with its output copied by TMA from the Q buffer (ROW_STORES = 3,
     ``--tma-store``) and its tile index by multiply-high (FAST_DIV, ``--fast-div``), both masks, every
@@ -251,7 +254,6 @@ def test_hopper_tma_store_and_fast_div_compile_for_sm90():
     copy to global memory a consumer warpgroup (two in the PTX), the run-time
     integer divisions down to the walk's length (one a partition, outside the tile loop; 16 or more
     without), wgmma pipelined, no spill."""
-    pytest.importorskip("triton.experimental.gluon")
 
     plain = {line.split(" tiles=")[0]: line
              for line in _hopper_check("--variants", "persistent", "--tma-store", "off", "--fast-div", "off")}
@@ -266,6 +268,7 @@ def test_hopper_tma_store_and_fast_div_compile_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+@pytest.mark.gluon
 def test_hopper_conditional_rescale_compile_for_sm90():
     """FA4's conditional rescaling (``--cond-rescale``: LEAN bit 1, NOTES §84) decided by the thread:
     the persistent kernel at every head dim and wg3 compile with the default builds' spill bounds and
@@ -273,7 +276,6 @@ def test_hopper_conditional_rescale_compile_for_sm90():
     32 of a thread's d / 2 elements in each consumer partition's key loop, where the build without it
     has none. Decided by the warp (the default): one warp vote a consumer partition's key step and
     uniform branches (no convergence region), and none in the builds the policy leaves out (persistent, d = 64)."""
-    pytest.importorskip("triton.experimental.gluon")
     branched = lambda line: int(line.split("branched_fmul=")[1].split()[0])  # noqa: E731
     key = lambda line: line.split(" tiles=")[0]  # noqa: E731
     # the key loop with its mask branch (--unmasked-keys off): without it ptxas predicates the thread-
@@ -295,6 +297,7 @@ def test_hopper_conditional_rescale_compile_for_sm90():
             assert votes == (3 if line.startswith("wg3") else 2), line  # one a consumer partition
 
 
+@pytest.mark.gluon
 def test_hopper_register_options_compile_for_sm90():
     """Q as S = Q K^T's register operand (LEAN bit 3, NOTES §87): in the default two-warpgroup builds at
     d = 128 only, with the default builds' spill bounds and pipelined wgmma (wg3 and d = 256 would spill;
@@ -303,7 +306,6 @@ def test_hopper_register_options_compile_for_sm90():
     has fewer shuffles than the same build without it (``--deferred-row-sum off``: two a row a key tile
     gone from every softmax copy); wg3's default non-causal build takes it, without spilling (its
     causal build, which does not, compiles in test_hopper_gluon_kernel_compiles_for_sm90)."""
-    pytest.importorskip("triton.experimental.gluon")
     from ioattn import hopper
     shfl = lambda line: int(line.split("SHFL=")[1].split()[0])  # noqa: E731
     # one mask: the bit does not depend on it (the default builds of both masks compile in
@@ -328,6 +330,7 @@ def test_hopper_register_options_compile_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+@pytest.mark.gluon
 def test_hopper_ptx_barriers_compile_for_sm90():
     """The forward's partition-barrier pass (hopper.ptx_barriers, ``ioattn.kernels.ptx_barriers``;
     NOTES §129), off and on, the persistent kernel at every head dim and mask and wg3: with it the
@@ -335,7 +338,6 @@ def test_hopper_ptx_barriers_compile_for_sm90():
     three before the arrives, in each consumer's loop) and nothing else in the PTX moves (products,
     mbarrier arrives and waits, exponentials), no spill, the wgmma pipelined; the compile check itself
     asserts that each marked build has nothing left for the pass to drop."""
-    pytest.importorskip("triton.experimental.gluon")
     import re
 
     def counts(lines):
@@ -362,12 +364,12 @@ def test_hopper_ptx_barriers_compile_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+@pytest.mark.gluon
 def test_hopper_walk_table_compile_for_sm90():
     """The persistent causal forward with its walk read from the host's table (hopper.walk_table, the
     kernel's ``Walk``; NOTES §132) at d = 64 / 128: no spill, the wgmma pipelined, the same products,
     exponentials and mbarrier operations as the computed walk's build; d = 256 is outside
     ``WALK_TABLE_FITS`` (its build spilled), so compiled without it."""
-    pytest.importorskip("triton.experimental.gluon")
     import re
 
     def same(line):
@@ -388,13 +390,13 @@ def test_hopper_walk_table_compile_for_sm90():
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 @pytest.mark.parametrize("dp,io_dim", [(256, 192), (128, 96)])
+@pytest.mark.gluon
 def test_hopper_split_cols_compile_for_sm90(dp, io_dim):
     """The forward's products over three quarters of the tile's columns at a padded head dim (``PROD_DIM``,
     ``hopper.split_cols``): 192 of d = 256's (NOTES §157), 96 of d = 128's (§164), compile in the
     ping-pong and persistent kernels, both masks: wgmma pipelined, no spill, the S and P V products each
     two commit groups (16 commits against the wide build's 8) with S's wait leaving two P V groups in
     flight, and fewer registers than the wide build."""
-    pytest.importorskip("triton.experimental.gluon")
     base = ["--variants", "pingpong,persistent", "--headdims", str(dp), "--io-dim", str(io_dim)]
     split, wide = (_hopper_check(*base, "--split-cols", on) for on in ("on", "off"))
     assert len(split) == len(wide) == 4, (split, wide)
@@ -409,12 +411,12 @@ def test_hopper_split_cols_compile_for_sm90(dp, io_dim):
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+@pytest.mark.gluon
 def test_hopper_split_ring_compile_for_sm90():
     """The forward's split ring at a padded head dim of 192 (``hopper.split_ring``, NOTES §161: K / V as
     128- and 64-column tiles) compiles in the ping-pong and persistent kernels, both masks: three stages
     in the 227 KB a block may have (the whole 256-wide tiles fit two), wgmma pipelined, no spill, the same
     products and commit groups as the whole tiles, and fewer TMA loads (no 64-column piece past 192)."""
-    pytest.importorskip("triton.experimental.gluon")
     base = ["--variants", "pingpong,persistent", "--headdims", "256", "--io-dim", "192"]
     ring, whole = (_hopper_check(*base, "--split-ring", on) for on in ("on", "off"))
     assert len(ring) == len(whole) == 4, (ring, whole)

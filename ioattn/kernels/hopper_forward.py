@@ -97,6 +97,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 
+from ioattn import _compat
 from ioattn import hopper as _host
 from ioattn.kernels import ptx_barriers as _ptx_barriers
 
@@ -109,7 +110,11 @@ LEAN_Q_REGS = gl.constexpr(_host.LEAN_Q_REGS)
 LEAN_DEFERRED_SUM = gl.constexpr(_host.LEAN_DEFERRED_SUM)
 LEAN_MASK_BRANCH = gl.constexpr(_host.LEAN_MASK_BRANCH)
 LEAN_PTX_BARRIERS = gl.constexpr(_host.LEAN_PTX_BARRIERS)
-_ptx_barriers.install()  # acts only on PTX carrying its marker (``_ptx_barriers_marker``)
+# acts only on PTX carrying its marker (``_ptx_barriers_marker``). Its compile-stage hook follows Triton
+# 3.6's protocol (from 3.7 on Triton also calls the hook with no arguments, for a cache key): on a Triton
+# the Gluon kernels do not run on (``_compat.gluon_status``) it stays out of every kernel's compile.
+if _compat.gluon_status()[0]:
+    _ptx_barriers.install()
 PTX_BARRIERS_MARKER = gl.constexpr(_ptx_barriers.MARKER)  # a constexpr global: in Triton's cache key
 
 
