@@ -162,27 +162,28 @@ def _probs_for_return(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     entries by ``exp(m - lse)`` gives the probabilities. Dropped entries are negated (the sign bit
     encodes the mask, so a dropped 0 reads as kept, as in flash-attn); masked entries and the
     padding are 0. The mask is the kernels' (``ioattn.reference.philox``, padded numbering)."""
-    from ioattn.reference.philox import dropout_keep_mask
+    from ioattn.reference.philox import LazyDropoutMask
 
     q, k = q.detach(), k.detach()
     block_n = attn_probs_block_n(q.shape[-1])
+    h = q.shape[-2]
     if cu_seqlens_q is None:
-        b, sq, h, _ = q.shape
-        sk = k.shape[1]
-        keep = dropout_keep_mask(int(rng_state[0]), dropout_p, b, h, sq, sk, device=q.device)
-        probs = q.new_zeros(b, h, _round128(sq), _round128(sk))
-        probs[:, :, :sq, :sk] = _unnormalised_probs(q, k, scale, window, softcap, alibi_slopes, keep, block_n)
-        return probs
-    batch, h = cu_seqlens_q.numel() - 1, q.shape[1]
-    keep = dropout_keep_mask(int(rng_state[0]), dropout_p, batch, h, max_seqlen_q, max_seqlen_k, device=q.device)
+        batch, max_seqlen_q, max_seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        sequence = lambda i: (q[i:i + 1], k[i:i + 1])  # noqa: E731
+    else:
+        batch = cu_seqlens_q.numel() - 1
+        cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+        sequence = lambda i: (q[cq[i]:cq[i + 1]][None], k[ck[i]:ck[i + 1]][None])  # noqa: E731
     probs = q.new_zeros(batch, h, _round128(max_seqlen_q), _round128(max_seqlen_k))
-    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    # one sequence at a time, so that the float32 scores and the mask's counters stay one
+    # sequence's worth (flash-attn's own tests ask for S_dmask at batch 60 x 1024 x 1024)
     for i in range(batch):
-        sq, sk = cq[i + 1] - cq[i], ck[i + 1] - ck[i]
+        qi, ki = sequence(i)
+        sq, sk = qi.shape[1], ki.shape[1]
+        keep = LazyDropoutMask(int(rng_state[0]), dropout_p, batch, h, max_seqlen_q, max_seqlen_k, batch_index=i,
+                               device=q.device)(0, sq, 0, sk)
         slopes = alibi_slopes[i:i + 1] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
-        probs[i, :, :sq, :sk] = _unnormalised_probs(
-            q[cq[i]:cq[i + 1]][None], k[ck[i]:ck[i + 1]][None], scale, window, softcap, slopes,
-            keep[i:i + 1, :, :sq, :sk], block_n)[0]
+        probs[i, :, :sq, :sk] = _unnormalised_probs(qi, ki, scale, window, softcap, slopes, keep, block_n)[0]
     return probs
 
 
