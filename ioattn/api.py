@@ -1,7 +1,9 @@
 """flash-attn-compatible public functions: validate -> normalise -> one autograd op.
 
-Every function checks its arguments before anything is launched and raises ``TypeError`` or
-``ValueError`` naming the argument and the shapes it got. Layouts are flash-attn's:
+The signatures are flash-attn 2.8's, argument for argument (names, order, defaults). Every function
+checks its arguments before anything is launched and raises ``TypeError`` or ``ValueError`` naming
+the argument and the shapes it got, and ``NotImplementedError`` naming the argument for a
+flash-attn feature ioattn lacks (only ``block_table`` in the varlen functions). Layouts are flash-attn's:
 ``(batch, seqlen, nheads, headdim)``, or ``(total_tokens, nheads, headdim)`` with ``cu_seqlens``
 for the varlen functions. The causal mask is aligned to the bottom-right corner when
 ``seqlen_q != seqlen_k`` (see ``ioattn.masks`` for the picture).
@@ -107,40 +109,81 @@ def _check_cu_seqlens(name, cu, total, max_seqlen, max_name, device):
         raise ValueError(f"{max_name}={max_seqlen} is smaller than the longest sequence in {name} ({max_len})")
 
 
-def _attn_probs(q, k, lse, softmax_scale, window, softcap, alibi_slopes, keep):
-    """For testing only (materialises batch x heads x seqlen_q x seqlen_k): the probabilities the
-    kernel used, recomputed from its lse, with the entries that dropout removed (``keep`` False)
-    negated."""
+def attn_probs_block_n(headdim):
+    """Width of the key blocks that ``S_dmask``'s values are relative to (see ``_probs_for_return``).
+
+    flash-attn's kernels write each key block's probabilities relative to the running row maximum
+    they hold when they reach that block, walking the key blocks from the last to the first; its
+    tests rebuild the normalised probabilities knowing the block width (``_get_block_size_n``). These
+    are the widths its kernels use with dropout, the only case in which ``S_dmask`` is returned:
+    the same on every GPU generation, so a copy of its helpers gives the same answer on ioattn's
+    ``S_dmask`` as on its own.
+    """
+    if headdim <= 32:
+        return 128
+    if 96 < headdim <= 128:
+        return 32
+    return 64
+
+
+def _round128(n):
+    return -(-n // 128) * 128
+
+
+def _unnormalised_probs(q, k, softmax_scale, window, softcap, alibi_slopes, keep, block_n):
+    """(batch, nheads, seqlen_q, seqlen_k) float32: ``exp(s - m)`` where ``m`` is the row maximum of
+    the scores over the key block of the entry and every block after it (``block_n`` wide, from key
+    0), as a kernel walking the blocks from the last leaves them; 0 where masked. Entries that
+    dropout removed (``keep`` False) are negated."""
     s = scores_ref(q.float(), k.float(), softmax_scale, window, softcap, alibi_slopes)
-    p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+    sk = s.shape[-1]
+    if sk:
+        nblocks = -(-sk // block_n)
+        padded = torch.nn.functional.pad(s, (0, nblocks * block_n - sk), value=float("-inf"))
+        block_max = padded.unflatten(-1, (nblocks, block_n)).amax(-1)
+        # max over this block and the ones after it: a cumulative max taken from the right
+        m = block_max.flip(-1).cummax(-1).values.flip(-1)
+        m = m.repeat_interleave(block_n, dim=-1)[..., :sk]
+        # a row with nothing visible from this block on: its entries are exp(-inf) = 0
+        s = torch.exp(s - torch.where(torch.isneginf(m), 0.0, m))
     if keep is not None:
-        p = torch.where(keep, p, -p)
-    return p.to(q.dtype)
+        s = torch.where(keep, s, -s)
+    return s
 
 
-def _probs_for_return(q, k, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window,
-                      softcap, alibi_slopes, dropout_p, rng_state):
-    """``S_dmask`` as flash-attn returns it: (batch, nheads, seqlen_q, seqlen_k), padded to the longest
-    sequences for varlen calls. The dropout mask uses the kernels' counters (padded numbering)."""
-    from ioattn.reference.philox import dropout_keep_mask
+def _probs_for_return(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window, softcap,
+                      alibi_slopes, dropout_p, rng_state):
+    """``S_dmask`` in flash-attn's layout, for testing only (it materialises the score matrix).
 
-    q, k, lse = q.detach(), k.detach(), lse.detach()
+    Shape (batch, nheads, seqlen_q rounded up to a multiple of 128, seqlen_k likewise), the longest
+    sequences (``max_seqlen_q/k``) for varlen calls, each sequence from row and column 0; q's dtype.
+    Values are unnormalised: ``exp(s - m)`` with ``m`` the running maximum described in
+    ``_unnormalised_probs`` (block width ``attn_probs_block_n(headdim)``); multiplying a block's
+    entries by ``exp(m - lse)`` gives the probabilities. Dropped entries are negated (the sign bit
+    encodes the mask, so a dropped 0 reads as kept, as in flash-attn); masked entries and the
+    padding are 0. The mask is the kernels' (``ioattn.reference.philox``, padded numbering)."""
+    from ioattn.reference.philox import LazyDropoutMask
+
+    q, k = q.detach(), k.detach()
+    block_n = attn_probs_block_n(q.shape[-1])
+    h = q.shape[-2]
     if cu_seqlens_q is None:
-        b, sq, h, _ = q.shape
-        keep = (dropout_keep_mask(int(rng_state[0]), dropout_p, b, h, sq, k.shape[1], device=q.device)
-                if dropout_p > 0 else None)
-        return _attn_probs(q, k, lse, scale, window, softcap, alibi_slopes, keep)
-    batch, h = cu_seqlens_q.numel() - 1, q.shape[1]
-    keep = (dropout_keep_mask(int(rng_state[0]), dropout_p, batch, h, max_seqlen_q, max_seqlen_k, device=q.device)
-            if dropout_p > 0 else None)
-    probs = q.new_zeros(batch, h, max_seqlen_q, max_seqlen_k)
-    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+        batch, max_seqlen_q, max_seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        sequence = lambda i: (q[i:i + 1], k[i:i + 1])  # noqa: E731
+    else:
+        batch = cu_seqlens_q.numel() - 1
+        cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+        sequence = lambda i: (q[cq[i]:cq[i + 1]][None], k[ck[i]:ck[i + 1]][None])  # noqa: E731
+    probs = q.new_zeros(batch, h, _round128(max_seqlen_q), _round128(max_seqlen_k))
+    # one sequence at a time, so that the float32 scores and the mask's counters stay one
+    # sequence's worth (flash-attn's own tests ask for S_dmask at batch 60 x 1024 x 1024)
     for i in range(batch):
-        sq, sk = cq[i + 1] - cq[i], ck[i + 1] - ck[i]
+        qi, ki = sequence(i)
+        sq, sk = qi.shape[1], ki.shape[1]
+        keep = LazyDropoutMask(int(rng_state[0]), dropout_p, batch, h, max_seqlen_q, max_seqlen_k, batch_index=i,
+                               device=q.device)(0, sq, 0, sk)
         slopes = alibi_slopes[i:i + 1] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
-        probs[i, :, :sq, :sk] = _attn_probs(
-            q[cq[i]:cq[i + 1]][None], k[ck[i]:ck[i + 1]][None], lse[:, cq[i]:cq[i + 1]][None], scale, window,
-            softcap, slopes, None if keep is None else keep[i:i + 1, :, :sq, :sk])[0]
+        probs[i, :, :sq, :sk] = _unnormalised_probs(qi, ki, scale, window, softcap, slopes, keep, block_n)[0]
     return probs
 
 
@@ -168,13 +211,12 @@ def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropou
                                         scale, window, softcap, alibi_slopes, dropout_p)
     if not return_attn_probs:
         return out
-    # As in flash-attn, the probabilities come back only with dropout: callers that ask for
-    # return_attn_probs to get the lse must not pay for an N x N matrix.
-    probs = None
-    if dropout_p > 0:
-        probs = _probs_for_return(q, k, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
-                                  window, softcap, alibi_slopes, dropout_p, rng_state)
-    return out, lse, probs
+    # As in flash-attn, the probabilities come back only with dropout (an empty tensor otherwise):
+    # callers that ask for return_attn_probs to get the lse must not pay for an N x N matrix.
+    if dropout_p == 0:
+        return out, lse, q.new_empty(0)
+    return out, lse, _probs_for_return(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+                                       window, softcap, alibi_slopes, dropout_p, rng_state)
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -190,9 +232,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     ``ioattn.hopper.bwd_plan``), where the default Gluon backward on Hopper adds them as they arrive.
 
     Returns ``out`` (batch, seqlen_q, nheads, headdim), or with ``return_attn_probs=True``
-    ``(out, softmax_lse (batch, nheads, seqlen_q) fp32, probs)`` where ``probs`` (testing only, small
-    shapes) is the (batch, nheads, seqlen_q, seqlen_k) probability matrix with the entries that
-    dropout removed negated when ``dropout_p > 0``, and None otherwise (as flash-attn).
+    ``(out, softmax_lse (batch, nheads, seqlen_q) fp32, S_dmask)`` in flash-attn's layout. Without
+    dropout ``S_dmask`` is an empty tensor. With ``dropout_p > 0`` (testing only, small shapes) it is
+    (batch, nheads, seqlen_q and seqlen_k each rounded up to a multiple of 128) in q's dtype, holding
+    unnormalised probabilities: ``exp(s - m)`` where ``m`` is the row maximum over the entry's key
+    block and the blocks after it, blocks ``attn_probs_block_n(headdim)`` wide from key 0, so that
+    ``|S_dmask| * exp(m - softmax_lse)`` is the softmax. Entries that dropout removed are negated
+    (``S_dmask >= 0`` is the keep mask); masked entries and the rounding padding are 0.
     """
     return _run(q, k, v, None, None, None, None, dropout_p, softmax_scale, causal, window_size, softcap,
                 alibi_slopes, return_attn_probs, deterministic)
@@ -225,12 +271,20 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                           alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                           alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None):
     """Sequences packed without padding. q: (total_q, nheads, headdim); k, v: (total_k, nheads_k,
     headdim); ``cu_seqlens_q/k`` int32 (batch + 1,) cumulative lengths starting at 0; ``max_seqlen_q/k``
     the longest sequence. Masks apply per sequence. Returns ``out`` (total_q, nheads, headdim) or
-    ``(out, softmax_lse (nheads, total_q), probs)``, ``probs`` padded to (batch, nheads,
-    max_seqlen_q, max_seqlen_k) with dropout and None without (as ``flash_attn_func``)."""
+    ``(out, softmax_lse (nheads, total_q), S_dmask)``, ``S_dmask`` as ``flash_attn_func``'s with
+    (batch, nheads, max_seqlen_q, max_seqlen_k) rounded up to multiples of 128, each sequence from
+    row and column 0.
+
+    ``block_table`` (flash-attn: k, v as a paged KV cache) is accepted as None only: paged KV in the
+    varlen functions is not implemented (``flash_attn_with_kvcache`` takes a paged cache)."""
+    if block_table is not None:
+        raise NotImplementedError("flash_attn_varlen_func: block_table (a paged KV cache for the varlen "
+                                  "functions) is not supported by ioattn; pass block_table=None with k, v "
+                                  "packed like q, or use flash_attn_with_kvcache for a paged cache")
     if cu_seqlens_q is None or cu_seqlens_k is None:
         raise ValueError("cu_seqlens_q and cu_seqlens_k are required for the varlen functions")
     return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,

@@ -267,7 +267,11 @@ def test_dropout(p, causal, alibi, softcap, heads, dtype, d, seqlens):
                                       alibi_slopes=slopes, return_attn_probs=True)
     grads = _grads(out, dout, qg, kg, vg)
     keep = dropout_keep_mask(seed, p, b, h, sq, sk, device=DEVICE)
-    # the sign pattern of the returned probabilities is the Philox mask (where probs != 0)
+    # S_dmask is padded to multiples of 128; the sign pattern of its entries is the Philox mask
+    # (where they are not 0)
+    assert probs.shape == (b, h, -(-sq // 128) * 128, -(-sk // 128) * 128)
+    assert (probs[:, :, sq:] == 0).all() and (probs[..., sk:] == 0).all()
+    probs = probs[:, :, :sq, :sk]
     nz = probs != 0
     visible = keep_mask(sq, sk, _norm_window((-1, -1), causal), device=DEVICE).expand_as(nz)
     assert not (nz & ~visible).any(), "masked entries of probs must be 0"
@@ -349,9 +353,10 @@ def _varlen_run(lens_q, lens_k, h, hk, d, dtype, kwargs, max_seqlens=None, manua
     out, lse, probs = flash_attn_varlen_func(qg, kg, vg, _cu(lens_q), _cu(lens_k), max_q, max_k,
                                              return_attn_probs=True, **kwargs)
     if kwargs.get("dropout_p", 0) > 0:
-        assert probs.shape == (len(lens_q), h, max_q, max_k)  # padded, as flash-attn returns S_dmask
+        # padded to the longest sequences rounded up to 128, as flash-attn returns S_dmask
+        assert probs.shape == (len(lens_q), h, -(-max_q // 128) * 128, -(-max_k // 128) * 128)
     else:
-        assert probs is None
+        assert probs.shape == (0,)
     grads = _grads(out, dout, qg, kg, vg)
     return dict(q=q, k=k, v=v, dout=dout, out=out, lse=lse, grads=grads)
 
