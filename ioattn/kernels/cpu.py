@@ -120,7 +120,9 @@ def _aten_forward(q, k, v, scale, causal, out, lse):
     Returns (out, lse)."""
     sq, sk = q.shape[1], k.shape[1]
     pieces = _causal_pieces(sq, sk, causal)
-    qh, kh, vh = _heads_first(q), _heads_first(k), _heads_first(v)
+    # pieces to merge run in float32, so that the output is rounded once, as the kernel's own is
+    view = _float_heads_first_view if len(pieces) > 1 else _heads_first
+    qh, kh, vh = view(q), view(k), view(v)
     parts = [_aten_fwd(qh[:, :, p.rows], kh[:, :, p.cols], vh[:, :, p.cols], 0.0, p.causal, scale=scale)
              for p in pieces]
     if len(parts) > 1:
