@@ -79,6 +79,12 @@ def _heads_first(t):
     return t.transpose(1, 2)  # (batch, seqlen, heads, d) <-> (batch, heads, seqlen, d), a view
 
 
+def _float_heads_first(t):
+    """(batch, seqlen, heads, d) in any dtype -> contiguous float32 (batch, heads, seqlen, d)."""
+    b, s, h, d = t.shape
+    return torch.empty(b, h, s, d, dtype=torch.float32).copy_(t.transpose(1, 2))
+
+
 @dataclass
 class _Piece:
     """One kernel call of a causal problem: query rows ``rows`` against key columns ``cols``."""
@@ -152,7 +158,7 @@ def _aten_backward(dout, q, k, v, out, lse, scale, causal, grads):
     The kernel adds each block's contribution into gradients of the input dtype; in bfloat16 or
     float16 those roundings pile up (dv about 3.5x the error of PyTorch's plain attention in
     bfloat16 at 2048 causal keys), so reduced precision runs the kernel in float32, a few heads at
-    a time to bound the float32 copies."""
+    a time (``_head_chunks``) to bound the float32 copies."""
     pieces = _causal_pieces(q.shape[1], k.shape[1], causal)
     if (grads is None and len(pieces) == 1 and pieces[0].rows.start == 0 and q.dtype == torch.float32):
         g = _aten_bwd(*(_heads_first(t) for t in (dout, q, k, v, out)), lse, 0.0, causal, scale=scale)
@@ -176,20 +182,27 @@ def _aten_backward(dout, q, k, v, out, lse, scale, causal, grads):
 
 
 def _float_heads_first_view(t):
-    """(batch, seqlen, heads, d) as the kernel's (batch, heads, seqlen, d): a view in float32, a
-    float32 copy otherwise."""
-    return _heads_first(t if t.dtype == torch.float32 else t.float())
+    """(batch, seqlen, heads, d) as the kernel's (batch, heads, seqlen, d) in float32: a view of a
+    float32 tensor, else a contiguous float32 copy (the layout the backward kernel wants for
+    grad_out, which it would otherwise copy again)."""
+    return _heads_first(t) if t.dtype == torch.float32 else _float_heads_first(t)
+
+
+# float32 copies a reduced-precision backward call may hold (inputs and gradients of its heads)
+FP32_SCRATCH_BYTES = 16 << 20
 
 
 def _head_chunks(q, k):
     """Slices of key/value heads for the backward's calls: all at once in float32; in reduced
-    precision enough query heads per call to keep every thread busy (the kernel shares
-    batch x heads among them) and no more, since each call holds float32 copies of its heads."""
+    precision as many heads as fit FP32_SCRATCH_BYTES of float32 copies, but at least enough
+    query heads to keep every thread busy (the kernel shares batch x heads among them)."""
     hk = k.shape[2]
     if q.dtype == torch.float32:
         return [slice(0, hk)]
-    group = q.shape[2] // hk
-    per_call = max(1, -(-2 * torch.get_num_threads() // (q.shape[0] * group)))
+    b, group, d = q.shape[0], q.shape[2] // hk, q.shape[3]
+    per_head = 4 * b * d * 4 * (group * q.shape[1] + k.shape[1])  # q, out, dout, dq and k, v, dk, dv
+    busy = -(-torch.get_num_threads() // (b * group))
+    per_call = min(hk, max(busy, FP32_SCRATCH_BYTES // per_head, 1))
     return [slice(h, min(h + per_call, hk)) for h in range(0, hk, per_call)]
 
 
@@ -304,12 +317,6 @@ class _Tiles:
         """The dropout keep mask of a block as (batch or 1, nheads_kv, group, rows, keys)."""
         z = self.spec.keep(m0, m1, n0, n1)
         return z.view(z.shape[0], -1, self.group, *z.shape[-2:])
-
-
-def _float_heads_first(t):
-    """(batch, seqlen, heads, d) in any dtype -> contiguous float32 (batch, heads, seqlen, d)."""
-    b, s, h, d = t.shape
-    return torch.empty(b, h, s, d, dtype=torch.float32).copy_(t.transpose(1, 2))
 
 
 def _tiled_forward(q, k, v, spec, out, lse):
