@@ -29,16 +29,19 @@ def cpu_path(monkeypatch):
 
 @pytest.fixture
 def aten_calls(monkeypatch):
-    """Counts the fused kernel's forward and backward calls: {'fwd': n, 'bwd': n}."""
-    calls = {"fwd": 0, "bwd": 0}
+    """Counts the fused kernel's forward and backward calls, and those given a mask:
+    {'fwd': n, 'bwd': n, 'masked': n}."""
+    calls = {"fwd": 0, "bwd": 0, "masked": 0}
     real_fwd, real_bwd = cpu._aten_fwd, cpu._aten_bwd
 
     def fwd(*args, **kwargs):
         calls["fwd"] += 1
+        calls["masked"] += kwargs.get("attn_mask") is not None
         return real_fwd(*args, **kwargs)
 
     def bwd(*args, **kwargs):
         calls["bwd"] += 1
+        calls["masked"] += kwargs.get("attn_mask") is not None
         return real_bwd(*args, **kwargs)
 
     monkeypatch.setattr(cpu, "_aten_fwd", fwd)
@@ -54,8 +57,9 @@ def poisoned(monkeypatch):
 
 @pytest.fixture
 def small_blocks(monkeypatch):
-    """Tiled-route query blocks of 16 rows, so that the test shapes cross many blocks."""
+    """Query blocks of 16 rows on the masked and tiled routes, so that the test shapes cross many."""
     monkeypatch.setattr(cpu, "MAX_BLOCK_M", 16)
+    monkeypatch.setattr(cpu, "MASKED_BLOCK_M", 16)
 
 
 def _inputs(b, sq, sk, h, hk, d, dtype):
@@ -118,14 +122,14 @@ def _case_id(c):
 @pytest.mark.parametrize("case", KERNEL_CASES, ids=_case_id)
 def test_kernel_route_matches_oracle(case, dtype, aten_calls, poisoned):
     _check(case, dtype, "aten")
-    assert aten_calls["fwd"] > 0 and aten_calls["bwd"] > 0
+    assert aten_calls["fwd"] > 0 and aten_calls["bwd"] > 0 and aten_calls["masked"] == 0
 
 
 @pytest.mark.parametrize("dtype", [FP32, BF16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("case", KERNEL_CASES, ids=_case_id)
 def test_tiled_route_matches_oracle_on_kernel_cases(case, dtype, aten_calls, small_blocks, poisoned):
     _check(case, dtype, "tiled")
-    assert aten_calls == {"fwd": 0, "bwd": 0}
+    assert aten_calls == {"fwd": 0, "bwd": 0, "masked": 0}
 
 
 def test_fp16_kernel_route(aten_calls):
@@ -141,30 +145,56 @@ def test_bf16_backward_accumulates_in_float32(aten_calls):
 
 
 # ----------------------------------------------------------------------------------------------
-# what only the tiled route computes
+# windows and ALiBi: the kernel's additive mask, block by block (and the tiled route's own)
 # ----------------------------------------------------------------------------------------------
 
-TILED_CASES = [
-    dict(sq=150, sk=150, h=4, hk=1, d=80, window=(16, 7), softcap=3.0),
+MASKED_CASES = [
+    dict(sq=150, sk=150, h=4, hk=1, d=80, window=(16, 7)),
     dict(sq=97, sk=130, h=2, hk=1, d=128, causal=True, window=(30, -1), alibi=(2,)),
-    dict(sq=130, sk=64, h=4, hk=4, d=32, window=(-1, 5), softcap=2.0, alibi=(2, 4)),
+    dict(sq=130, sk=64, h=4, hk=4, d=32, window=(-1, 5), alibi=(2, 4)),
     dict(sq=100, sk=20, h=2, hk=1, d=16, window=(3, 0)),  # rows 0..76 (whole blocks) see no key
     dict(sq=64, sk=64, h=2, hk=2, d=16, window=(0, 0)),  # the diagonal alone
     dict(sq=80, sk=120, h=2, hk=2, d=16, window=(5, 2), alibi=(2, 2)),
+    dict(sq=90, sk=90, h=4, hk=2, d=32, alibi=(4,)),  # ALiBi alone
+]
+
+
+@pytest.mark.parametrize("route", ["aten", "tiled"])
+@pytest.mark.parametrize("dtype", [FP32, BF16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("case", MASKED_CASES, ids=_case_id)
+def test_windows_and_alibi(case, dtype, route, aten_calls, small_blocks, poisoned):
+    _check(case, dtype, route)
+    if route == "aten":
+        assert aten_calls["fwd"] > 0 and aten_calls["bwd"] > 0
+        assert aten_calls["masked"] == aten_calls["fwd"] + aten_calls["bwd"]
+    else:
+        assert aten_calls == {"fwd": 0, "bwd": 0, "masked": 0}
+
+
+# ----------------------------------------------------------------------------------------------
+# what only the tiled route computes: softcap, dropout
+# ----------------------------------------------------------------------------------------------
+
+SOFTCAP_CASES = [
+    dict(sq=150, sk=150, h=4, hk=1, d=80, window=(16, 7), softcap=3.0),
+    dict(sq=130, sk=64, h=4, hk=4, d=32, window=(-1, 5), softcap=2.0, alibi=(2, 4)),
+    dict(sq=90, sk=200, h=4, hk=2, d=32, causal=True, softcap=30.0),
+    dict(sq=100, sk=20, h=2, hk=1, d=16, window=(3, 0), softcap=5.0),
 ]
 
 
 @pytest.mark.parametrize("dtype", [FP32, BF16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("case", TILED_CASES, ids=_case_id)
-def test_tiled_route_features(case, dtype, aten_calls, small_blocks, poisoned):
-    # asked for the kernel, these still run tiled: the kernel has no window, softcap or ALiBi
+@pytest.mark.parametrize("case", SOFTCAP_CASES, ids=_case_id)
+def test_softcap(case, dtype, aten_calls, small_blocks, poisoned):
+    # asked for the kernel, these still run tiled: the kernel has no softcap
     _check(case, dtype, "aten")
-    assert aten_calls == {"fwd": 0, "bwd": 0}
+    assert aten_calls == {"fwd": 0, "bwd": 0, "masked": 0}
 
 
 def test_tiled_route_default_blocks():
     # the default block size (one block at these lengths) and the in-place softmax on it
-    _check(TILED_CASES[0], FP32, "tiled")
+    _check(SOFTCAP_CASES[0], FP32, "tiled")
+    _check(MASKED_CASES[1], FP32, "tiled")
 
 
 def _dropout_run(q, k, v, dout, p, causal, softcap, slopes, cu_q=None, cu_k=None, max_lens=None):
@@ -233,7 +263,8 @@ def test_varlen(route, dtype, aten_calls, poisoned):
     assert (aten_calls["fwd"] > 0) == (route == "aten") and (aten_calls["bwd"] > 0) == (route == "aten")
 
 
-def test_varlen_tiled_features():
+@pytest.mark.parametrize("softcap", [0.0, 3.0], ids=["masked", "tiled"])
+def test_varlen_features(softcap):
     lens_q, lens_k = [37, 2, 64, 9], [50, 3, 64, 0]
     h, hk, d = 4, 2, 16
     slopes = _slopes((len(lens_q), h))
@@ -242,10 +273,10 @@ def test_varlen_tiled_features():
     qg, kg, vg = _leaves(q, k, v)
     cq, ck = _cu(lens_q), _cu(lens_k)
     out, lse, _ = flash_attn_varlen_func(qg, kg, vg, cq, ck, max(lens_q), max(lens_k), window_size=(9, 4),
-                                         softcap=3.0, alibi_slopes=slopes, return_attn_probs=True)
+                                         softcap=softcap, alibi_slopes=slopes, return_attn_probs=True)
     grads = torch.autograd.grad(out, (qg, kg, vg), dout)
-    assert_varlen_sequences("tiled varlen", q, k, v, dout, out, lse, grads, cq, ck, lse_atol=1e-4,
-                            seq_kw=lambda i: dict(alibi_slopes=slopes[i]), window=(9, 4), softcap=3.0)
+    assert_varlen_sequences("varlen features", q, k, v, dout, out, lse, grads, cq, ck, lse_atol=1e-4,
+                            seq_kw=lambda i: dict(alibi_slopes=slopes[i]), window=(9, 4), softcap=softcap)
 
 
 @pytest.mark.parametrize("layout", ["qkvpacked", "bhsd-transposed"])
@@ -286,21 +317,28 @@ def test_opcheck_kernel_route(args, aten_calls):
     assert aten_calls["fwd"] > 0 and aten_calls["bwd"] > 0
 
 
-@pytest.mark.parametrize("window,softcap,alibi,dropout_p,seqlens,expected", [
-    ((-1, -1), 0.0, None, 0.0, (100, 100), "aten"),
-    ((-1, 0), 0.0, None, 0.0, (50, 100), "aten"),
-    ((99, 0), 0.0, None, 0.0, (100, 100), "aten"),  # the left side reaches key 0 from every row
-    ((10, 49), 0.0, None, 0.0, (50, 10), "aten"),
-    ((98, 0), 0.0, None, 0.0, (100, 100), "tiled"),
-    ((-1, 1), 0.0, None, 0.0, (100, 100), "tiled"),
-    ((-1, -1), 1.0, None, 0.0, (100, 100), "tiled"),
-    ((-1, -1), 0.0, torch.ones(2), 0.0, (100, 100), "tiled"),
-    ((-1, 0), 0.0, None, 0.1, (100, 100), "tiled"),
-])
-def test_route_choice(window, softcap, alibi, dropout_p, seqlens, expected):
-    assert cpu.route(window, softcap, alibi, dropout_p, *seqlens) == expected
+@pytest.mark.parametrize("softcap,dropout_p,expected", [
+    (0.0, 0.0, "aten"), (1.0, 0.0, "tiled"), (0.0, 0.1, "tiled"), (2.0, 0.5, "tiled")])
+def test_route_choice(softcap, dropout_p, expected):
+    assert cpu.route(softcap, dropout_p) == expected
     with cpu.forced_route("tiled"):
-        assert cpu.route(window, softcap, alibi, dropout_p, *seqlens) == "tiled"
+        assert cpu.route(softcap, dropout_p) == "tiled"
+
+
+@pytest.mark.parametrize("window,seqlens,whole", [
+    ((-1, -1), (100, 100), True),
+    ((-1, 0), (50, 100), True),
+    ((99, 0), (100, 100), True),  # the left side reaches key 0 from every row
+    ((10, 49), (50, 10), True),
+    ((98, 0), (100, 100), False),
+    ((-1, 1), (100, 100), False),
+])
+def test_whole_calls(window, seqlens, whole, aten_calls):
+    # full and causal windows (once sides that reach past the sequence are dropped) are one
+    # unmasked kernel call; others are masked blocks
+    q, k, v, _ = _inputs(1, seqlens[0], seqlens[1], 2, 2, 16, FP32)
+    flash_attn_func(q, k, v, window_size=window)
+    assert aten_calls["fwd"] >= 1 and (aten_calls["masked"] == 0) == whole
 
 
 def test_default_dispatch_takes_the_kernel(aten_calls):
@@ -309,7 +347,7 @@ def test_default_dispatch_takes_the_kernel(aten_calls):
     qg, kg, vg = _leaves(q, k, v)
     for causal in (False, True):
         torch.autograd.grad(flash_attn_func(qg, kg, vg, causal=causal), (qg, kg, vg), dout)
-    assert aten_calls == {"fwd": 2, "bwd": 2}
+    assert aten_calls == {"fwd": 2, "bwd": 2, "masked": 0}
 
 
 def test_forced_route_rejects_unknown_name():

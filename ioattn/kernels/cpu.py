@@ -4,22 +4,26 @@ Two routes, chosen per call by ``route``:
 
 * ``"aten"``: PyTorch's own fused CPU flash-attention kernel
   (``aten::_scaled_dot_product_flash_attention_for_cpu`` and its backward), the kernel behind
-  ``F.scaled_dot_product_attention`` on the CPU. It covers calls without dropout, softcap or ALiBi
-  whose window is full or causal, in every dtype, any head dim and GQA (the kernel takes fewer
-  key/value heads and sums their gradients itself). It reads our (batch, seqlen, heads, d) tensors
-  through transposed views, without copies. Its causal mask is aligned top-left; ours bottom-right
-  (``ioattn.masks``), so for ``seqlen_q != seqlen_k`` the call is cut into pieces the two agree on
-  (``_causal_pieces``).
-* ``"tiled"``: everything else (windows, softcap, ALiBi, dropout). Exact attention in PyTorch ops,
-  one block of query rows at a time against all the keys the block can see: the scores of a block
-  are one matrix product, the softmax is done in place in base 2 with the scale folded into q, and
-  memory is linear in the sequence length (``block_m x seqlen_k`` scores per head). Dropout uses the
-  Triton kernels' Philox mask (``ioattn.reference.philox``), so both paths drop the same entries.
+  ``F.scaled_dot_product_attention`` on the CPU, for every call without dropout or softcap, in
+  every dtype, any head dim and GQA (the kernel takes fewer key/value heads and sums their
+  gradients itself). It reads our (batch, seqlen, heads, d) tensors through transposed views.
+  A full or causal window without ALiBi is one call (``_whole_forward``): the kernel's causal mask
+  is aligned top-left, ours bottom-right (``ioattn.masks``), so for ``seqlen_q != seqlen_k`` the
+  call is cut into pieces the two agree on (``_causal_pieces``). Other windows and ALiBi go
+  through the kernel's additive mask, one block of query rows at a time against the keys the
+  block can see (``_masked_forward``), so the mask stays ``block_m x seqlen_k``.
+* ``"tiled"``: softcap and dropout, which the kernel has no way to take. Exact attention in
+  PyTorch ops, one block of query rows at a time against all the keys the block can see: the
+  scores of a block are one matrix product, the softmax is done in place in base 2 with the scale
+  folded into q, and memory is linear in the sequence length (``block_m x seqlen_k`` scores per
+  head). Dropout uses the Triton kernels' Philox mask (``ioattn.reference.philox``), so both
+  paths drop the same entries.
 
-Layouts are ``ioattn.backends``': batched q (batch, seqlen_q, nheads, d), k/v (batch, seqlen_k,
-nheads_kv, d), lse float32 (batch, nheads, seqlen_q); varlen (packed, ``cu_seqlens`` given) q
-(total_q, nheads, d), lse (nheads, total_q), one sequence at a time. Rows that see no key give
-output 0 and lse -inf.
+The maths is float32 throughout, except the kernel's forward in bfloat16 / float16, which keeps
+float32 scores and accumulators itself. Layouts are ``ioattn.backends``': batched q (batch,
+seqlen_q, nheads, d), k/v (batch, seqlen_k, nheads_kv, d), lse float32 (batch, nheads,
+seqlen_q); varlen (packed, ``cu_seqlens`` given) q (total_q, nheads, d), lse (nheads, total_q),
+one sequence at a time. Rows that see no key give output 0 and lse -inf.
 """
 from __future__ import annotations
 
@@ -56,6 +60,15 @@ def forced_route(name: str):
         _forced_route = previous
 
 
+def route(softcap, dropout_p) -> str:
+    """'aten' when PyTorch's fused kernel can compute the call exactly, else 'tiled'."""
+    if _forced_route == "tiled" or softcap > 0 or dropout_p > 0:
+        return "tiled"
+    return "aten"
+
+
+# ---- geometry and layouts shared by the routes ------------------------------------------------
+
 def _full_window(window, seqlen_q, seqlen_k):
     """The window with sides that hide nothing replaced by -1: query i sits at key position
     i + seqlen_k - seqlen_q, so a left side >= seqlen_k - 1 and a right side >= seqlen_q - 1 reach
@@ -64,16 +77,55 @@ def _full_window(window, seqlen_q, seqlen_k):
     return (-1 if left >= seqlen_k - 1 else left), (-1 if right >= seqlen_q - 1 else right)
 
 
-def route(window, softcap, alibi_slopes, dropout_p, seqlen_q, seqlen_k) -> str:
-    """'aten' when PyTorch's fused kernel computes exactly this call, else 'tiled'."""
-    if _forced_route == "tiled":
-        return "tiled"
-    left, right = _full_window(window, seqlen_q, seqlen_k)
-    fits = dropout_p == 0 and softcap == 0 and alibi_slopes is None and left == -1 and right in (-1, 0)
-    return "aten" if fits else "tiled"
+def _row_blocks(seqlen_q, seqlen_k, window, block_m):
+    """(m0, m1, n0, n1): query rows m0:m1 and the key columns n0:n1 that any of them can see
+    (none when n1 <= n0)."""
+    left, right = window
+    off = seqlen_k - seqlen_q
+    for m0 in range(0, seqlen_q, block_m):
+        m1 = min(m0 + block_m, seqlen_q)
+        n0 = 0 if left < 0 else min(seqlen_k, max(0, m0 + off - left))
+        n1 = seqlen_k if right < 0 else min(seqlen_k, max(0, m1 + off + right))
+        yield m0, m1, n0, n1
 
 
-# ---- the aten route ---------------------------------------------------------------------------
+def _hidden_bands(m0, m1, n0, n1, seqlen_q, seqlen_k, window):
+    """Where the window hides keys inside a block: (c0, c1, bool (rows, c1 - c0)) for the column
+    ranges its edges cross, each at most block_m wide (the columns between are visible to every
+    row of the block, and the block's key range already drops those no row sees)."""
+    left, right = window
+    off = seqlen_k - seqlen_q
+    i = torch.arange(m0, m1).unsqueeze(1) + off  # the rows' key positions
+    bands = []
+    if left >= 0 and m1 - 1 + off - left > n0:  # the last row's left edge is past n0
+        c1 = min(n1, m1 - 1 + off - left)
+        bands.append((n0, c1, torch.arange(n0, c1) < i - left))
+    if right >= 0 and m0 + off + right + 1 < n1:  # the first row's right edge is before n1
+        c0 = max(n0, m0 + off + right + 1)
+        bands.append((c0, n1, torch.arange(c0, n1) > i + right))
+    return bands
+
+
+def _alibi_distance(m0, m1, n0, n1, seqlen_q, seqlen_k):
+    """|i + seqlen_k - seqlen_q - j| for a block, float32 (rows, keys)."""
+    i = torch.arange(m0, m1).unsqueeze(1) + (seqlen_k - seqlen_q)
+    return (i - torch.arange(n0, n1)).abs_().float()
+
+
+# Scores (or ALiBi mask entries) held at once, in elements over all heads: a block's query rows
+# fill this, between MIN_BLOCK_M and the route's maximum, keeping the per-block Python work small
+# against the arithmetic while the scratch stays a few tens of MB and linear in seqlen_k.
+SCORE_BUDGET = 1 << 22
+MIN_BLOCK_M, MAX_BLOCK_M = 16, 512  # MAX_BLOCK_M: the tiled route's
+
+
+def _block_rows(elements_per_row, max_rows, budget) -> int:
+    """Rows per block: a power of two keeping ``rows * elements_per_row`` within ``budget``,
+    between MIN_BLOCK_M and ``max_rows``."""
+    rows = budget // max(1, elements_per_row)
+    rows = 1 << max(rows, 1).bit_length() - 1
+    return max(MIN_BLOCK_M, min(max_rows, rows))
+
 
 def _heads_first(t):
     return t.transpose(1, 2)  # (batch, seqlen, heads, d) <-> (batch, heads, seqlen, d), a view
@@ -84,6 +136,25 @@ def _float_heads_first(t):
     b, s, h, d = t.shape
     return torch.empty(b, h, s, d, dtype=torch.float32).copy_(t.transpose(1, 2))
 
+
+def _float_heads_first_view(t):
+    """(batch, seqlen, heads, d) as the kernel's (batch, heads, seqlen, d) in float32: a view of a
+    float32 tensor, else a contiguous float32 copy (the layout the backward kernel wants for
+    grad_out, which it would otherwise copy again)."""
+    return _heads_first(t) if t.dtype == torch.float32 else _float_heads_first(t)
+
+
+def _in_layout(t, like):
+    """``t`` with the strides of ``torch.empty_like(like)`` (what the op promises), copied only when
+    they differ; the kernel's (batch, seqlen, heads, d) are those of contiguous inputs."""
+    if like.is_contiguous():
+        return t.contiguous()
+    if t.stride() == torch.empty_like(like, device="meta").stride():
+        return t
+    return torch.empty_like(like).copy_(t)
+
+
+# ---- the aten route: whole calls ----------------------------------------------------------------
 
 @dataclass
 class _Piece:
@@ -120,7 +191,7 @@ def _merge(parts, dtype):
     return out.to(dtype), lse
 
 
-def _aten_forward(q, k, v, scale, causal, out, lse):
+def _whole_forward(q, k, v, scale, causal, out, lse):
     """One batched problem through the kernel, into ``out`` (batch, seqlen_q, heads, d) and ``lse``
     (batch, heads, seqlen_q) when given (views of a varlen output), else into new tensors.
     Returns (out, lse)."""
@@ -149,7 +220,7 @@ def _aten_forward(q, k, v, scale, causal, out, lse):
     return out, lse
 
 
-def _aten_backward(dout, q, k, v, out, lse, scale, causal, grads):
+def _whole_backward(dout, q, k, v, out, lse, scale, causal, grads):
     """Gradients of one batched problem through the kernel's backward. Each piece gets the merged
     out and lse: its probabilities exp(s - lse) and the row terms sum(dout * out) are then those of
     the whole softmax, so the pieces' gradients add up to the exact ones. ``grads`` (dq, dk, dv):
@@ -181,13 +252,6 @@ def _aten_backward(dout, q, k, v, out, lse, scale, causal, grads):
     return dq, dk, dv
 
 
-def _float_heads_first_view(t):
-    """(batch, seqlen, heads, d) as the kernel's (batch, heads, seqlen, d) in float32: a view of a
-    float32 tensor, else a contiguous float32 copy (the layout the backward kernel wants for
-    grad_out, which it would otherwise copy again)."""
-    return _heads_first(t) if t.dtype == torch.float32 else _float_heads_first(t)
-
-
 # float32 copies a reduced-precision backward call may hold (inputs and gradients of its heads)
 FP32_SCRATCH_BYTES = 16 << 20
 
@@ -206,14 +270,84 @@ def _head_chunks(q, k):
     return [slice(h, min(h + per_call, hk)) for h in range(0, hk, per_call)]
 
 
-def _in_layout(t, like):
-    """``t`` with the strides of ``torch.empty_like(like)`` (what the op promises), copied only when
-    they differ; the kernel's (batch, seqlen, heads, d) are those of contiguous inputs."""
-    if like.is_contiguous():
-        return t.contiguous()
-    if t.stride() == torch.empty_like(like, device="meta").stride():
-        return t
-    return torch.empty_like(like).copy_(t)
+# ---- the aten route: masked blocks (windows, ALiBi) ------------------------------------------------
+
+# Query rows per masked call: the kernel computes the whole rectangle of a block's rows and key
+# range, so narrow blocks waste little on a band; ALiBi's per-head mask also counts against
+# SCORE_BUDGET.
+MASKED_BLOCK_M = 128
+
+
+def _masked_rows(q, k, slopes):
+    per_row = k.shape[1] * (q.shape[0] * q.shape[2] if slopes is not None else 1)
+    return _block_rows(per_row, MASKED_BLOCK_M, SCORE_BUDGET)
+
+
+def _block_mask(m0, m1, n0, n1, seqlen_q, seqlen_k, window, slopes):
+    """The kernel's additive float mask for a block: -inf where the window hides a key, ALiBi's
+    -slope * |i + seqlen_k - seqlen_q - j| elsewhere, as (batch or 1, heads or 1, rows, keys);
+    None when the block needs neither. ``slopes``: float32 (batch or 1, heads) or None."""
+    bands = _hidden_bands(m0, m1, n0, n1, seqlen_q, seqlen_k, window)
+    if slopes is None and not bands:
+        return None
+    if slopes is None:
+        mask = torch.zeros(1, 1, m1 - m0, n1 - n0)
+    else:
+        mask = _alibi_distance(m0, m1, n0, n1, seqlen_q, seqlen_k) * slopes.neg()[..., None, None]
+    for c0, c1, hidden in bands:
+        mask[..., c0 - n0:c1 - n0].masked_fill_(hidden, float("-inf"))
+    return mask
+
+
+def _rows_without_keys(seqlen_q, seqlen_k, window):
+    """Bool (seqlen_q,): the rows whose window holds no key."""
+    left, right = window
+    pos = torch.arange(seqlen_q) + (seqlen_k - seqlen_q)
+    lo = (pos - left).clamp_(min=0) if left >= 0 else torch.zeros_like(pos)
+    hi = (pos + right).clamp_(max=seqlen_k - 1) if right >= 0 else torch.full_like(pos, seqlen_k - 1)
+    return lo > hi
+
+
+def _masked_forward(q, k, v, scale, window, slopes, out, lse):
+    """Fill ``out`` and ``lse`` block by block through the kernel's additive mask."""
+    sq, sk = q.shape[1], k.shape[1]
+    qh, kh, vh = _heads_first(q), _heads_first(k), _heads_first(v)
+    for m0, m1, n0, n1 in _row_blocks(sq, sk, window, _masked_rows(q, k, slopes)):
+        if n1 <= n0:
+            out[:, m0:m1].zero_()
+            continue
+        mask = _block_mask(m0, m1, n0, n1, sq, sk, window, slopes)
+        o, l = _aten_fwd(qh[:, :, m0:m1], kh[:, :, n0:n1], vh[:, :, n0:n1], 0.0, False, attn_mask=mask,
+                         scale=scale)
+        out[:, m0:m1].copy_(_heads_first(o))
+        lse[:, :, m0:m1].copy_(l)
+    # the kernel gives rows without keys output 0 and lse 0; ours is -inf
+    lse.masked_fill_(_rows_without_keys(sq, sk, window), float("-inf"))
+    return out, lse
+
+
+def _masked_backward(dout, q, k, v, out, lse, scale, window, slopes, dq, dk, dv):
+    """Fill ``dq``, ``dk``, ``dv`` block by block: each block's call gives its rows' dq and its
+    keys' share of dk and dv, summed here in float32 (the kernel runs in float32 throughout, see
+    ``_whole_backward``)."""
+    sq, sk = q.shape[1], k.shape[1]
+    dh, qh, kh, vh, oh = (_float_heads_first_view(t) for t in (dout, q, k, v, out))
+    dk32, dv32 = (torch.zeros(t.shape, dtype=torch.float32) for t in (k, v))
+    lse = lse.clamp(min=_F32_MIN)  # rows without keys: exp(-inf - finite) = 0
+    for m0, m1, n0, n1 in _row_blocks(sq, sk, window, _masked_rows(q, k, slopes)):
+        if n1 <= n0:
+            dq[:, m0:m1].zero_()
+            continue
+        mask = _block_mask(m0, m1, n0, n1, sq, sk, window, slopes)
+        r, c = slice(m0, m1), slice(n0, n1)
+        g = _aten_bwd(dh[:, :, r], qh[:, :, r], kh[:, :, c], vh[:, :, c], oh[:, :, r], lse[:, :, r], 0.0, False,
+                      attn_mask=mask, scale=scale)
+        dq[:, r].copy_(_heads_first(g[0]))
+        dk32[:, c] += _heads_first(g[1])
+        dv32[:, c] += _heads_first(g[2])
+    dk.copy_(dk32)
+    dv.copy_(dv32)
+    return dq, dk, dv
 
 
 # ---- the tiled route --------------------------------------------------------------------------
@@ -235,19 +369,6 @@ class _Spec:
         return self.scale / self.softcap if self.softcap > 0 else self.scale * _LOG2E
 
 
-# Scores held at once, in elements over all heads: the query block is sized to fill this
-# (between MIN_BLOCK_M and MAX_BLOCK_M rows), keeping the per-block Python work small against the
-# arithmetic while the scratch stays a few tens of MB and linear in seqlen_k.
-SCORE_BUDGET = 1 << 22
-MIN_BLOCK_M, MAX_BLOCK_M = 16, 512
-
-
-def block_rows(batch, nheads, seqlen_k) -> int:
-    rows = SCORE_BUDGET // max(1, batch * nheads * seqlen_k)
-    rows = 1 << max(rows, 1).bit_length() - 1  # a power of two at most ``rows``
-    return max(MIN_BLOCK_M, min(MAX_BLOCK_M, rows))
-
-
 class _Tiles:
     """q, k, v of one batched problem in float32 (batch, nheads_kv, seqlen, d) with q as
     (batch, nheads_kv, group, seqlen_q, d), and the per-block score computation."""
@@ -260,17 +381,10 @@ class _Tiles:
         self.q = _float_heads_first(q).view(b, hk, self.group, sq, d)
         self.k, self.v = _float_heads_first(k), _float_heads_first(v)
         self.sq, self.sk = sq, k.shape[1]
-        self.block_m = block_rows(b, h, self.sk)
+        self.block_m = _block_rows(b * h * self.sk, MAX_BLOCK_M, SCORE_BUDGET)
 
     def blocks(self):
-        """(m0, m1, n0, n1): each query block and the key columns its rows can see (empty: n1 <= n0)."""
-        left, right = self.spec.window
-        off = self.sk - self.sq
-        for m0 in range(0, self.sq, self.block_m):
-            m1 = min(m0 + self.block_m, self.sq)
-            n0 = 0 if left < 0 else min(self.sk, max(0, m0 + off - left))
-            n1 = self.sk if right < 0 else min(self.sk, max(0, m1 + off + right))
-            yield m0, m1, n0, n1
+        return _row_blocks(self.sq, self.sk, self.spec.window, self.block_m)
 
     def q_rows(self, m0, m1):
         """q rows m0:m1 as (batch, nheads_kv, group * rows, d) (GQA's group joins the rows): a copy,
@@ -288,30 +402,11 @@ class _Tiles:
             cap = self.spec.softcap * _LOG2E
             t = s.tanh_()
             s = t * cap if keep_tanh else t.mul_(cap)
-        i = torch.arange(m0, m1).unsqueeze(1) + (self.sk - self.sq)
-        j = torch.arange(n0, n1).unsqueeze(0)
-        hidden = self._hidden(i, j, m0, m1, n0, n1)
-        if hidden is not None:
-            s.masked_fill_(hidden, float("-inf"))
+        for c0, c1, hidden in _hidden_bands(m0, m1, n0, n1, self.sq, self.sk, self.spec.window):
+            s[..., c0 - n0:c1 - n0].masked_fill_(hidden, float("-inf"))
         if self.spec.slopes is not None:
-            s.addcmul_(self.spec.slopes, (i - j).abs().to(s.dtype), value=-_LOG2E)
+            s.addcmul_(self.spec.slopes, _alibi_distance(m0, m1, n0, n1, self.sq, self.sk), value=-_LOG2E)
         return s, t
-
-    def _hidden(self, i, j, m0, m1, n0, n1):
-        """Bool (rows, keys), True where the window hides a key; None when the block's key range
-        is exactly what each of its rows sees (no row's window edge falls inside it)."""
-        left, right = self.spec.window
-        off = self.sk - self.sq
-        cut_left = left >= 0 and m1 - 1 + off - left > n0
-        cut_right = right >= 0 and m0 + off + right + 1 < n1
-        if not (cut_left or cut_right):
-            return None
-        hidden = torch.zeros(i.shape[0], j.shape[1], dtype=torch.bool)
-        if cut_left:
-            hidden |= j < i - left
-        if cut_right:
-            hidden |= j > i + right
-        return hidden
 
     def keep(self, m0, m1, n0, n1):
         """The dropout keep mask of a block as (batch or 1, nheads_kv, group, rows, keys)."""
@@ -384,18 +479,25 @@ def _tiled_backward(dout, q, k, v, out, lse, spec, dq, dk, dv):
 
 # ---- one batched problem, either route ----------------------------------------------------------
 
-def _spec(q, k, scale, window, softcap, slopes, dropout_p, keep):
+def _tiled_spec(q, k, scale, window, softcap, slopes, dropout_p, keep):
     hk = k.shape[-2]
     if slopes is not None:
-        slopes = slopes.to(torch.float32).reshape(-1, hk, q.shape[-2] // hk, 1, 1)
+        slopes = slopes.reshape(-1, hk, q.shape[-2] // hk, 1, 1)
     return _Spec(scale, window, softcap, slopes, dropout_p, keep)
+
+
+def _whole_call(window, slopes):
+    """Whether the kernel takes the call whole: a full or causal window and no ALiBi."""
+    return slopes is None and window[0] == -1 and window[1] in (-1, 0)
 
 
 def _forward_one(q, k, v, scale, window, softcap, slopes, dropout_p, keep, out=None, lse=None):
     """(out, lse) of a batched problem; written into ``out``/``lse`` when given."""
     sq, sk = q.shape[1], k.shape[1]
-    if route(window, softcap, slopes, dropout_p, sq, sk) == "aten" and min(q.shape) > 0 and sk > 0:
-        return _aten_forward(q, k, v, scale, _full_window(window, sq, sk)[1] == 0, out, lse)
+    window = _full_window(window, sq, sk)
+    fused = route(softcap, dropout_p) == "aten"
+    if fused and _whole_call(window, slopes) and min(q.shape) > 0 and sk > 0:
+        return _whole_forward(q, k, v, scale, window[1] == 0, out, lse)
     if out is None:
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[0], q.shape[2], sq, dtype=torch.float32)
@@ -403,19 +505,25 @@ def _forward_one(q, k, v, scale, window, softcap, slopes, dropout_p, keep, out=N
         return out, lse
     if sk == 0:
         return out.zero_(), lse.fill_(float("-inf"))
-    spec = _spec(q, k, scale, _full_window(window, sq, sk), softcap, slopes, dropout_p, keep)
+    if fused:
+        return _masked_forward(q, k, v, scale, window, slopes, out, lse)
+    spec = _tiled_spec(q, k, scale, window, softcap, slopes, dropout_p, keep)
     return _tiled_forward(q, k, v, spec, out, lse)
 
 
 def _backward_one(dout, q, k, v, out, lse, scale, window, softcap, slopes, dropout_p, keep, grads=None):
     """(dq, dk, dv) of a batched problem; written into ``grads`` when given."""
     sq, sk = q.shape[1], k.shape[1]
-    if route(window, softcap, slopes, dropout_p, sq, sk) == "aten" and min(q.shape) > 0 and sk > 0:
-        return _aten_backward(dout, q, k, v, out, lse, scale, _full_window(window, sq, sk)[1] == 0, grads)
+    window = _full_window(window, sq, sk)
+    fused = route(softcap, dropout_p) == "aten"
+    if fused and _whole_call(window, slopes) and min(q.shape) > 0 and sk > 0:
+        return _whole_backward(dout, q, k, v, out, lse, scale, window[1] == 0, grads)
     dq, dk, dv = grads if grads is not None else (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     if min(q.shape) == 0 or sk == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    spec = _spec(q, k, scale, _full_window(window, sq, sk), softcap, slopes, dropout_p, keep)
+    if fused:
+        return _masked_backward(dout, q, k, v, out, lse, scale, window, slopes, dq, dk, dv)
+    spec = _tiled_spec(q, k, scale, window, softcap, slopes, dropout_p, keep)
     return _tiled_backward(dout, q, k, v, out, lse, spec, dq, dk, dv)
 
 
@@ -435,10 +543,12 @@ def _dropout_mask(seed, dropout_p, batch, nheads, seqlen_q, seqlen_k, b=None):
     return LazyDropoutMask(seed, dropout_p, batch, nheads, seqlen_q, seqlen_k, batch_index=b)
 
 
-def _seq_slopes(alibi_slopes, b):
-    if alibi_slopes is None or alibi_slopes.dim() == 1:
-        return alibi_slopes
-    return alibi_slopes[b:b + 1]
+def _slopes(alibi_slopes, nheads, b=None):
+    """ALiBi slopes as float32 (batch or 1, nheads), of sequence ``b`` when given (varlen)."""
+    if alibi_slopes is None:
+        return None
+    slopes = alibi_slopes.float().reshape(-1, nheads)
+    return slopes if b is None or slopes.shape[0] == 1 else slopes[b:b + 1]
 
 
 def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window,
@@ -447,7 +557,8 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     nheads = q.shape[-2]
     if cu_seqlens_q is None:
         keep = _dropout_mask(seed, dropout_p, q.shape[0], nheads, q.shape[1], k.shape[1])
-        return _forward_one(q, k, v, softmax_scale, window, softcap, alibi_slopes, dropout_p, keep)
+        return _forward_one(q, k, v, softmax_scale, window, softcap, _slopes(alibi_slopes, nheads), dropout_p,
+                            keep)
     # tokens after cu_seqlens[-1] belong to no sequence: output 0, lse -inf
     out = torch.zeros_like(q)
     lse = torch.full((nheads, q.shape[0]), float("-inf"), dtype=torch.float32)
@@ -455,7 +566,7 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     for b, rq, rk in _sequences(cu_seqlens_q, cu_seqlens_k):
         keep = _dropout_mask(seed, dropout_p, batch, nheads, max_seqlen_q, max_seqlen_k, b)
         _forward_one(q[rq][None], k[rk][None], v[rk][None], softmax_scale, window, softcap,
-                     _seq_slopes(alibi_slopes, b), dropout_p, keep, out=out[rq][None], lse=lse[:, rq][None])
+                     _slopes(alibi_slopes, nheads, b), dropout_p, keep, out=out[rq][None], lse=lse[:, rq][None])
     return out, lse
 
 
@@ -465,8 +576,8 @@ def backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     nheads = q.shape[-2]
     if cu_seqlens_q is None:
         keep = _dropout_mask(seed, dropout_p, q.shape[0], nheads, q.shape[1], k.shape[1])
-        return _backward_one(dout, q, k, v, out, lse, softmax_scale, window, softcap, alibi_slopes,
-                             dropout_p, keep)
+        return _backward_one(dout, q, k, v, out, lse, softmax_scale, window, softcap,
+                             _slopes(alibi_slopes, nheads), dropout_p, keep)
     # tokens outside every sequence, and keys of sequences without queries, get no gradient
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     batch = cu_seqlens_q.numel() - 1
@@ -475,6 +586,6 @@ def backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
             continue
         keep = _dropout_mask(seed, dropout_p, batch, nheads, max_seqlen_q, max_seqlen_k, b)
         _backward_one(dout[rq][None], q[rq][None], k[rk][None], v[rk][None], out[rq][None], lse[:, rq][None],
-                      softmax_scale, window, softcap, _seq_slopes(alibi_slopes, b), dropout_p, keep,
+                      softmax_scale, window, softcap, _slopes(alibi_slopes, nheads, b), dropout_p, keep,
                       grads=(dq[rq][None], dk[rk][None], dv[rk][None]))
     return dq, dk, dv
