@@ -115,14 +115,18 @@ def _alibi_distance(m0, m1, n0, n1, seqlen_q, seqlen_k):
 # Scores (or ALiBi mask entries) held at once, in elements over all heads: a block's query rows
 # fill this, between MIN_BLOCK_M and the route's maximum, keeping the per-block Python work small
 # against the arithmetic while the scratch stays a few tens of MB and linear in seqlen_k.
-SCORE_BUDGET = 1 << 22
-MIN_BLOCK_M, MAX_BLOCK_M = 16, 512  # MAX_BLOCK_M: the tiled route's
+SCORE_BUDGET = 1 << 21
+MIN_BLOCK_M, MAX_BLOCK_M = 16, 512  # MAX_BLOCK_M: the tiled route's (the masked route's below)
 
 
-def _block_rows(elements_per_row, max_rows, budget) -> int:
-    """Rows per block: a power of two keeping ``rows * elements_per_row`` within ``budget``,
-    between MIN_BLOCK_M and ``max_rows``."""
-    rows = budget // max(1, elements_per_row)
+def _block_rows(elements_per_row, max_rows, window) -> int:
+    """Rows per block: a power of two keeping ``rows * elements_per_row`` within SCORE_BUDGET,
+    between MIN_BLOCK_M and ``max_rows``, and at most a quarter of a two-sided window's width (a
+    block computes its rows against the keys any of them sees: rows + width columns, of which
+    each row needs width)."""
+    rows = SCORE_BUDGET // max(1, elements_per_row)
+    if min(window) >= 0:
+        rows = min(rows, (window[0] + window[1] + 1) // 4)
     rows = 1 << max(rows, 1).bit_length() - 1
     return max(MIN_BLOCK_M, min(max_rows, rows))
 
@@ -272,15 +276,15 @@ def _head_chunks(q, k):
 
 # ---- the aten route: masked blocks (windows, ALiBi) ------------------------------------------------
 
-# Query rows per masked call: the kernel computes the whole rectangle of a block's rows and key
-# range, so narrow blocks waste little on a band; ALiBi's per-head mask also counts against
+# Most query rows per masked call: the kernel computes the whole rectangle of a block's rows and
+# key range, so narrow blocks waste little on a band; ALiBi's per-head mask counts against
 # SCORE_BUDGET.
 MASKED_BLOCK_M = 128
 
 
-def _masked_rows(q, k, slopes):
+def _masked_rows(q, k, window, slopes):
     per_row = k.shape[1] * (q.shape[0] * q.shape[2] if slopes is not None else 1)
-    return _block_rows(per_row, MASKED_BLOCK_M, SCORE_BUDGET)
+    return _block_rows(per_row, MASKED_BLOCK_M, window)
 
 
 def _block_mask(m0, m1, n0, n1, seqlen_q, seqlen_k, window, slopes):
@@ -312,7 +316,7 @@ def _masked_forward(q, k, v, scale, window, slopes, out, lse):
     """Fill ``out`` and ``lse`` block by block through the kernel's additive mask."""
     sq, sk = q.shape[1], k.shape[1]
     qh, kh, vh = _heads_first(q), _heads_first(k), _heads_first(v)
-    for m0, m1, n0, n1 in _row_blocks(sq, sk, window, _masked_rows(q, k, slopes)):
+    for m0, m1, n0, n1 in _row_blocks(sq, sk, window, _masked_rows(q, k, window, slopes)):
         if n1 <= n0:
             out[:, m0:m1].zero_()
             continue
@@ -334,7 +338,7 @@ def _masked_backward(dout, q, k, v, out, lse, scale, window, slopes, dq, dk, dv)
     dh, qh, kh, vh, oh = (_float_heads_first_view(t) for t in (dout, q, k, v, out))
     dk32, dv32 = (torch.zeros(t.shape, dtype=torch.float32) for t in (k, v))
     lse = lse.clamp(min=_F32_MIN)  # rows without keys: exp(-inf - finite) = 0
-    for m0, m1, n0, n1 in _row_blocks(sq, sk, window, _masked_rows(q, k, slopes)):
+    for m0, m1, n0, n1 in _row_blocks(sq, sk, window, _masked_rows(q, k, window, slopes)):
         if n1 <= n0:
             dq[:, m0:m1].zero_()
             continue
@@ -381,7 +385,7 @@ class _Tiles:
         self.q = _float_heads_first(q).view(b, hk, self.group, sq, d)
         self.k, self.v = _float_heads_first(k), _float_heads_first(v)
         self.sq, self.sk = sq, k.shape[1]
-        self.block_m = _block_rows(b * h * self.sk, MAX_BLOCK_M, SCORE_BUDGET)
+        self.block_m = _block_rows(b * h * self.sk, MAX_BLOCK_M, spec.window)
 
     def blocks(self):
         return _row_blocks(self.sq, self.sk, self.spec.window, self.block_m)
