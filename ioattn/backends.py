@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ioattn import dispatch, hopper
+from ioattn.kernels import cpu
 from ioattn.reference.philox import dropout_threshold
 
 
@@ -162,70 +163,18 @@ def triton_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     return dq, dk, dv
 
 
-# ---- CPU path: the tiled reference algorithms, one sequence at a time for varlen ----
-
-def _sequences(q, k, cu_seqlens_q, cu_seqlens_k):
-    """Yield (index, q rows, k rows) of each packed sequence."""
-    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    for b in range(len(cq) - 1):
-        yield b, slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
-
-
-def _seq_kwargs(b, softmax_scale, window, softcap, alibi_slopes, dropout_p, seed, nheads,
-                seqlen_q, seqlen_k, batch):
-    slopes = alibi_slopes
-    if alibi_slopes is not None and b is not None and alibi_slopes.dim() == 2:
-        slopes = alibi_slopes[b:b + 1]
-    keep = None
-    if dropout_p > 0:
-        from ioattn.reference.philox import LazyDropoutMask
-        keep = LazyDropoutMask(seed, dropout_p, batch, nheads, seqlen_q, seqlen_k, batch_index=b)
-    return dict(softmax_scale=softmax_scale, window=window, softcap=softcap, alibi_slopes=slopes,
-                dropout_p=dropout_p, dropout_keep=keep, block_m=128, block_n=128)
-
+# ---- CPU path: ioattn.kernels.cpu (PyTorch's fused CPU kernel where it applies, else tiled) ----
 
 def reference_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                       window, softcap, alibi_slopes, dropout_p, seed):
-    from ioattn.reference.tiled import flash2_forward
-
-    pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    if not pb.varlen:
-        kw = _seq_kwargs(None, softmax_scale, window, softcap, alibi_slopes, dropout_p, seed, pb.nheads,
-                         pb.seqlen_q, pb.seqlen_k, pb.batch)
-        o, lse = flash2_forward(q, k, v, **kw)
-        out = torch.empty_like(q)  # the strides the fake kernel promises
-        out.copy_(o)
-        return out, lse.float()
-    out, lse = pb.outputs(q)
-    for b, sq, sk in _sequences(q, k, cu_seqlens_q, cu_seqlens_k):
-        kw = _seq_kwargs(b, softmax_scale, window, softcap, alibi_slopes, dropout_p, seed, pb.nheads,
-                         pb.seqlen_q, pb.seqlen_k, pb.batch)
-        o, l = flash2_forward(q[sq][None], k[sk][None], v[sk][None], **kw)
-        out[sq] = o[0]
-        lse[:, sq] = l[0].float()
-    return out, lse
+    return cpu.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                       window, softcap, alibi_slopes, dropout_p, seed)
 
 
 def reference_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                        softmax_scale, window, softcap, alibi_slopes, dropout_p, seed):
-    from ioattn.reference.tiled import flash_backward
-
-    pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    if not pb.varlen:
-        kw = _seq_kwargs(None, softmax_scale, window, softcap, alibi_slopes, dropout_p, seed, pb.nheads,
-                         pb.seqlen_q, pb.seqlen_k, pb.batch)
-        grads = flash_backward(q, k, v, out, dout, lse, **kw)
-        return tuple(torch.empty_like(t).copy_(g) for t, g in zip((q, k, v), grads))
-    dq, dk, dv = pb.grads(q, k, v)
-    for b, sq, sk in _sequences(q, k, cu_seqlens_q, cu_seqlens_k):
-        if sq.stop == sq.start:
-            continue  # no query rows: no gradient flows to this sequence's keys
-        kw = _seq_kwargs(b, softmax_scale, window, softcap, alibi_slopes, dropout_p, seed, pb.nheads,
-                         pb.seqlen_q, pb.seqlen_k, pb.batch)
-        g = flash_backward(q[sq][None], k[sk][None], v[sk][None], out[sq][None], dout[sq][None],
-                           lse[:, sq][None], **kw)
-        dq[sq], dk[sk], dv[sk] = g[0][0], g[1][0], g[2][0]
-    return dq, dk, dv
+    return cpu.backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        softmax_scale, window, softcap, alibi_slopes, dropout_p, seed)
 
 
 def forward(*args):
