@@ -137,6 +137,14 @@ def test_fp16_kernel_route(aten_calls):
     assert aten_calls["fwd"] == 2 and aten_calls["bwd"] >= 2  # two pieces each
 
 
+@pytest.mark.parametrize("window", [(-1, -1), (20, 3)], ids=["whole", "masked"])
+def test_bf16_forward_with_kv_copies(window, monkeypatch, aten_calls):
+    # long sequences hand the reduced-precision kernel contiguous copies of K and V
+    monkeypatch.setattr(cpu, "KV_COPY_MIN_KEYS", 1)
+    _check(dict(sq=70, sk=90, h=4, hk=2, d=32, window=window), BF16, "aten")
+    assert aten_calls["fwd"] > 0
+
+
 def test_bf16_backward_accumulates_in_float32(aten_calls):
     # PyTorch's kernel adds every block's gradient into a bfloat16 buffer; at this length that
     # alone gives dv about 3.5x the error of plain bfloat16 attention. The route must not.
