@@ -36,8 +36,12 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     q/k/v packed as (total, nheads, d))."""
     varlen = cu_seqlens_q is not None
     if not dispatch.use_triton(q.device):
-        return DispatchPlan("reference", f"{q.device.type} tensors without TRITON_INTERPRET=1: the tiled "
-                            "PyTorch path (ioattn.reference)", None, None)
+        from ioattn.kernels import cpu
+        window = normalize_window(window_size, bool(causal))
+        seqlen_q = max_seqlen_q if varlen else q.shape[1]
+        part = cpu.plan(seqlen_q, seqlen_q if varlen else k.shape[1], window, softcap, alibi_slopes is not None)
+        return DispatchPlan("reference", f"{q.device.type} tensors without TRITON_INTERPRET=1: the CPU path "
+                            "(ioattn.kernels.cpu)", part, part)
     reason = "CUDA tensors" if q.is_cuda else "TRITON_INTERPRET=1"
     if dispatch._forced_backend == "triton":
         reason = "forced (dispatch.forced_backend)"

@@ -497,7 +497,9 @@ def test_explain_dispatch_matches_the_policy():
     k = torch.randn(2, 100, 2, 64, dtype=FP16)
     with dispatch.forced_backend("reference"):
         plan = ioattn.explain_dispatch(q, k, k, causal=True)
-        assert plan.backend == "reference" and plan.forward is None
+        assert plan.backend == "reference" and plan.forward["route"] == "aten"
+        assert ioattn.explain_dispatch(q, k, k, softcap=5.0).forward["route"].startswith("tiled (softcap")
+        assert "pieces" in ioattn.explain_dispatch(q, k[:, :60], k[:, :60], causal=True).forward["calls"]
     with dispatch.forced_backend("triton"):
         plan = ioattn.explain_dispatch(q, k, k, causal=True)
     assert plan.backend == "triton" and "forced" in plan.reason

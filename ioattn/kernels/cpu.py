@@ -511,6 +511,23 @@ def _whole_call(window, slopes):
     return slopes is None and window[0] == -1 and window[1] in (-1, 0)
 
 
+def plan(seqlen_q, seqlen_k, window, softcap, has_alibi, dropout_p=0.0) -> dict:
+    """What ``forward`` / ``backward`` run for such a call (``explain_dispatch``), from the same
+    rules they use."""
+    window = _full_window(window, seqlen_q, seqlen_k)
+    if route(softcap, dropout_p) == "tiled":
+        why = "softcap" if softcap > 0 else "dropout" if dropout_p > 0 else "forced"
+        return {"route": f"tiled ({why}: blocks of query rows against the keys they see, PyTorch ops)"}
+    kernel = "aten::_scaled_dot_product_flash_attention_for_cpu (PyTorch's fused CPU kernel)"
+    if has_alibi or not _whole_call(window, None):
+        how = "blocks of query rows, the window / ALiBi as the kernel's additive mask"
+    elif window[1] == 0 and seqlen_q != seqlen_k:
+        how = "pieces whose causal masks agree with the bottom-right alignment, merged by their lse"
+    else:
+        how = "one call"
+    return {"route": "aten", "kernel": kernel, "calls": how}
+
+
 def _forward_one(q, k, v, scale, window, softcap, slopes, dropout_p, keep, out=None, lse=None):
     """(out, lse) of a batched problem; written into ``out``/``lse`` when given."""
     sq, sk = q.shape[1], k.shape[1]
