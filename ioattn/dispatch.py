@@ -1,8 +1,9 @@
 """Host policy: which implementation runs a call, and with which tile sizes.
 
-CUDA tensors go to the Triton kernels. CPU tensors go to the tiled pure-PyTorch path
-(``ioattn.reference.tiled``), unless ``TRITON_INTERPRET=1`` is set, in which case they go to the same
-Triton kernels run by Triton's interpreter (how CI tests the kernels without a GPU).
+CUDA tensors go to the Triton kernels. CPU tensors go to the CPU path (``ioattn.kernels.cpu``:
+PyTorch's fused CPU attention kernel where it applies, tiled PyTorch ops elsewhere), unless
+``TRITON_INTERPRET=1`` is set, in which case they go to the same Triton kernels run by Triton's
+interpreter (how CI tests the kernels without a GPU).
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from ioattn.masks import normalize_window
 
 @dataclass(frozen=True)
 class DispatchPlan:
-    backend: str            # "triton" (CUDA, or the interpreter) or "reference" (tiled PyTorch)
+    backend: str            # "triton" (CUDA, or the interpreter) or "reference" (the CPU path)
     reason: str
     forward: dict | None    # kernel, tiles (block_m, block_n, warps, stages), kv_loads, programs; Gluon: exp2_fma, cond_rescale
     backward: dict | None
@@ -35,8 +35,12 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     q/k/v packed as (total, nheads, d))."""
     varlen = cu_seqlens_q is not None
     if not dispatch.use_triton(q.device):
-        return DispatchPlan("reference", f"{q.device.type} tensors without TRITON_INTERPRET=1: the tiled "
-                            "PyTorch path (ioattn.reference)", None, None)
+        from ioattn.kernels import cpu
+
+        route = ("PyTorch's fused CPU attention kernel" if cpu.route(softcap, 0.0) == "aten"
+                 else "tiled PyTorch ops")
+        return DispatchPlan("reference", f"{q.device.type} tensors without TRITON_INTERPRET=1: the CPU path "
+                            f"(ioattn.kernels.cpu), {route}", None, None)
     reason = "CUDA tensors" if q.is_cuda else "TRITON_INTERPRET=1"
     if dispatch._forced_backend == "triton":
         reason = "forced (dispatch.forced_backend)"
