@@ -1,10 +1,11 @@
 """Host policy: which implementation runs a call, and with which tile sizes.
 
-CUDA tensors go to the Triton kernels. CPU tensors go to the tiled pure-PyTorch path
-(``ioattn.reference.tiled``), unless ``TRITON_INTERPRET=1`` is set, in which case they go to the same
-Triton kernels run by Triton's interpreter (how CI tests the kernels without a GPU). An interpreted
-call that this installation's interpreter would compute wrongly (``ioattn._compat.check_interpreter``:
-bf16 where its ``tl.dot`` is broken) is refused here, where the route is chosen.
+CUDA tensors go to the Triton kernels. CPU tensors go to the CPU path (``ioattn.kernels.cpu``:
+PyTorch's fused CPU attention kernel where it applies, tiled PyTorch ops elsewhere), unless
+``TRITON_INTERPRET=1`` is set, in which case they go to the same Triton kernels run by Triton's
+interpreter (how CI tests the kernels without a GPU). An interpreted call that this installation's
+interpreter would compute wrongly (``ioattn._compat.check_interpreter``: bf16 where its ``tl.dot`` is
+broken) is refused here, where the route is chosen.
 """
 from __future__ import annotations
 
