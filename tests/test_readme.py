@@ -60,6 +60,10 @@ def test_install_and_test_commands_are_what_ci_runs():
         assert any(ci_line.strip() == command for ci_line in ci.splitlines()), f".ci/run does not run {command!r}"
     cpu = [line for line in SHELL if line.startswith("pip install torch")]
     assert cpu and "--index-url https://download.pytorch.org/whl/cpu" in cpu[0]
+    # the CPU build named is inside pyproject's torch range (else pip would swap it for a CUDA build)
+    from ioattn import _compat
+    pinned = re.search(r"torch==([\d.]+)", cpu[0]).group(1)
+    assert _compat.in_range(pinned, _compat.TORCH_RANGE), (pinned, _compat.TORCH_RANGE)
 
 
 def test_every_shell_line_is_covered():
