@@ -43,7 +43,7 @@ def test_attention_flops(shape, causal, mode, flops):
 def _cpu_sweep(name, **kwargs):
     """(records, log lines) of a CPU sweep as the CLI runs it. conftest sets TRITON_INTERPRET=1 for the
     kernel tests, which would send the sweep through Triton's interpreter (minutes); `ioattn bench` on
-    a CPU runs the tiled reference path, so do that, on one thread (tiny tensors: intra-op threads only
+    a CPU runs the CPU path (ioattn.kernels.cpu), so do that, on one thread (tiny tensors: intra-op threads only
     add waiting on a loaded machine)."""
     lines = []
     threads = torch.get_num_threads()

@@ -64,7 +64,7 @@ GPU_SWEEPS = {
     "memory": Sweep(headdims=(128,), seqlens=tuple(2**i for i in range(10, 18)), causal=(False,),
                     modes=("fwdbwd",), tokens=0, providers=("ioattn", "sdpa-math"), memory=True),
 }
-# Without a GPU: the CPU path (tiled reference) against PyTorch's CPU attention, one sequence of 8
+# Without a GPU: the CPU path (ioattn.kernels.cpu) against PyTorch's CPU attention, one sequence of 8
 # heads of dim 64: PyTorch's default (its flash kernel) and its standard attention (math).
 CPU_SWEEPS = {
     "quick": Sweep(headdims=(64,), seqlens=(512, 1024, 2048), tokens=0, hidden=512, modes=("fwd", "bwd"),
