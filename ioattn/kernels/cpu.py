@@ -272,7 +272,8 @@ def _whole_backward(dout, q, k, v, out, lse, scale, causal, grads):
     return dq, dk, dv
 
 
-# float32 copies a reduced-precision backward call may hold (inputs and gradients of its heads)
+# float32 copies a reduced-precision backward call may hold (inputs and gradients of its heads);
+# why the backward runs in float32 at all: docs/decisions/cpu-path.md
 FP32_SCRATCH_BYTES = 16 << 20
 
 
