@@ -1,6 +1,6 @@
-"""Render the README's performance table from committed results files (never typed by hand).
+"""Render the performance table of docs/performance.md from committed results files (never typed by hand).
 
-    python benchmarks/readme_table.py RESULTS.jsonl [MORE.jsonl ...] [--write README.md]
+    python benchmarks/readme_table.py RESULTS.jsonl [MORE.jsonl ...] [--write docs/performance.md]
 
 With several files, each head dim's rows come from the last file that has that head dim, so every
 row's ratios compare providers measured in one run (the caption names the file of each head dim).
@@ -70,7 +70,7 @@ run without ``peer`` shows "-" in its ratio columns."""
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("results", nargs="+")
-    ap.add_argument("--write", default=None, help="README to update between the perf markers")
+    ap.add_argument("--write", default=None, help="the file to update between the perf markers (docs/performance.md)")
     args = ap.parse_args()
     t = table(args.results)
     if not args.write:
