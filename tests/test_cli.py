@@ -176,6 +176,10 @@ def _on_cpu_path(argv, capsys):
         torch.set_num_threads(threads)
 
 
+# on a GPU machine `bench quick` runs the GPU sweep (other providers and sizes)
+CPU_SWEEP = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU sweep of bench quick")
+
+
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("quick")
@@ -200,6 +204,7 @@ class _Capture:
         return argparse.Namespace(out=self.out.getvalue(), err=self.err.getvalue())
 
 
+@CPU_SWEEP
 def test_quick_prints_a_verdict_per_provider_and_configuration(quick_run):
     code, out, _, _ = quick_run
     assert code == 0, out
@@ -212,6 +217,7 @@ def test_quick_prints_a_verdict_per_provider_and_configuration(quick_run):
     assert summary == [summary[0]] and f"all {len(expected)} of {len(expected)} checks pass" in summary[0]
 
 
+@CPU_SWEEP
 def test_quick_prints_the_ratio_to_each_peer(quick_run):
     _, out, _, _ = quick_run
     header = next(ln for ln in out.splitlines() if ln.split()[:2] == ["d", "causal"])
@@ -222,6 +228,7 @@ def test_quick_prints_the_ratio_to_each_peer(quick_run):
     assert "> 1 means ioattn is faster" in out
 
 
+@CPU_SWEEP
 def test_quick_records(quick_run):
     _, _, err, records = quick_run
     assert "\r" not in err  # no bar when stderr is not a terminal

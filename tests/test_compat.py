@@ -195,6 +195,7 @@ def bf16_broken(monkeypatch):
     return detail
 
 
+@needs_interpreter
 @pytest.mark.interpreter
 def test_bf16_refused_where_the_probe_finds_dot_broken(bf16_broken):
     q = torch.randn(1, 33, 2, 32, dtype=torch.bfloat16)
@@ -213,6 +214,7 @@ def test_bf16_refused_where_the_probe_finds_dot_broken(bf16_broken):
     assert dispatch.use_triton(cpu)
 
 
+@needs_interpreter
 @pytest.mark.interpreter
 def test_bf16_not_refused_on_cuda_or_the_pytorch_path(bf16_broken, monkeypatch):
     """The refusal is the interpreter's only: without TRITON_INTERPRET the CPU call takes the PyTorch
@@ -288,6 +290,7 @@ _CASES = {
 }
 
 
+@needs_interpreter
 @pytest.mark.interpreter
 @pytest.mark.parametrize("case", list(_CASES))
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
@@ -311,6 +314,7 @@ def test_interpreter_forward_backward(case, dtype, one_thread):
     assert_lse_close(case, lse, oracles["lse64"].float())
 
 
+@needs_interpreter
 @pytest.mark.interpreter
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
 def test_interpreter_varlen(dtype, one_thread):
@@ -324,6 +328,7 @@ def test_interpreter_varlen(dtype, one_thread):
     assert_varlen_sequences("varlen", q, k, v, dout, out.detach(), lse, grads, cu, cu_k, window=(-1, 0))
 
 
+@needs_interpreter
 @pytest.mark.interpreter
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
 def test_interpreter_decode(dtype, one_thread):
@@ -343,6 +348,7 @@ def test_interpreter_decode(dtype, one_thread):
         assert (lse[b] - lse64[0].float()).abs().max() < 1e-3
 
 
+@needs_interpreter
 @pytest.mark.interpreter
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
 def test_interpreter_merge(dtype, one_thread):
