@@ -1,6 +1,13 @@
-"""Autograd and torch.library registration: one forward op and one backward op that every public
-variant (batched, varlen, packed) reshapes into, with fake implementations so that
-``torch.compile(fullgraph=True)`` traces through them."""
+"""Autograd: one forward and one backward that every public variant (batched, varlen, packed)
+reshapes into, reached two ways.
+
+* Traced (``torch.compile``, ``torch.export``, fake tensors, any dispatch mode, tensor subclasses):
+  the ``torch.library`` ops ``ioattn::fwd`` / ``ioattn::bwd`` with fake implementations, so that
+  ``torch.compile(fullgraph=True)`` traces through them.
+* Eager on plain tensors: ``_Eager``, a ``torch.autograd.Function`` calling the same backends
+  directly. The custom op's dispatch costs tens of microseconds of host time a call, which an
+  eager caller pays on every short call; the two ways run the same kernels and give the same
+  results (tests/test_autograd_paths.py)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -10,12 +17,11 @@ import torch
 from ioattn import backends, hopper
 
 
-@torch.library.custom_op("ioattn::fwd", mutates_args=())
-def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
-            cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
-            softmax_scale: float, window_left: int, window_right: int, softcap: float,
-            alibi_slopes: Optional[torch.Tensor], dropout_p: float
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _forward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
+                  cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                  softmax_scale: float, window_left: int, window_right: int, softcap: float,
+                  alibi_slopes: Optional[torch.Tensor], dropout_p: float
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     # The dropout seed is drawn here, inside the op, from torch's CPU generator (no device sync),
     # and returned so the backward replays exactly the same mask.
     seed = int(torch.randint(0, 2**62, (1,)).item()) if dropout_p > 0 else 0
@@ -23,6 +29,9 @@ def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Opt
                                 softmax_scale, (window_left, window_right), softcap, alibi_slopes,
                                 dropout_p, seed)
     return out, lse, torch.tensor([seed, 0], dtype=torch.int64)
+
+
+_fwd_op = torch.library.custom_op("ioattn::fwd", _forward_impl, mutates_args=())
 
 
 @_fwd_op.register_fake
@@ -35,16 +44,18 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_s
     return torch.empty_like(q), lse, torch.empty(2, dtype=torch.int64)
 
 
-@torch.library.custom_op("ioattn::bwd", mutates_args=())
-def _bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-            lse: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
-            max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, window_left: int,
-            window_right: int, softcap: float, alibi_slopes: Optional[torch.Tensor], dropout_p: float,
-            rng_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _backward_impl(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
+                   cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                   softmax_scale: float, window_left: int, window_right: int, softcap: float,
+                   alibi_slopes: Optional[torch.Tensor], dropout_p: float, rng_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     seed = int(rng_state[0]) if dropout_p > 0 else 0
     return backends.backward(dout.contiguous() if dout.stride(-1) != 1 else dout, q, k, v, out, lse,
                              cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                              (window_left, window_right), softcap, alibi_slopes, dropout_p, seed)
+
+
+_bwd_op = torch.library.custom_op("ioattn::bwd", _backward_impl, mutates_args=())
 
 
 @_bwd_op.register_fake
@@ -80,8 +91,41 @@ def _backward(ctx, dout, dlse, drng):
 torch.library.register_autograd("ioattn::fwd", _backward, setup_context=_setup_context)
 
 
+class _Eager(torch.autograd.Function):
+    """The ops' implementations and autograd formula without the custom-op dispatch (eager calls)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, *args):
+        out, lse, rng_state = _forward_impl(q, k, v, *args)
+        # the lse stays differentiable with zero gradient, as in flash-attn
+        ctx.mark_non_differentiable(rng_state)
+        _setup_context(ctx, (q, k, v, *args), (out, lse, rng_state))
+        return out, lse, rng_state
+
+    @staticmethod
+    def backward(ctx, dout, dlse, drng):
+        q, k, v, out, lse, rng_state = ctx.saved_tensors
+        with hopper.prefer_hopper_bwd(ctx.hopper_bwd), hopper.bwd_deterministic(ctx.deterministic):
+            dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, *ctx.args, rng_state)
+        return (dq, dk, dv) + (None,) * len(_FWD_ARGS)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _eager(*tensors) -> bool:
+    """True when nothing traces or intercepts the call: no compiler, no dispatch mode (fake
+    tensors, meta-device tracing, FlopCounterMode...), no torch-function mode, and plain tensors."""
+    return (not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0
+            and not torch._C._is_torch_function_mode_enabled()
+            and all(t is None or type(t) in _PLAIN for t in tensors))
+
+
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window,
               softcap, alibi_slopes, dropout_p):
     """Validated arguments in, ``(out, lse, rng_state)`` out, differentiable in q, k, v."""
-    return _fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                   window[0], window[1], softcap, alibi_slopes, dropout_p)
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+            window[0], window[1], softcap, alibi_slopes, dropout_p)
+    if _eager(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes):
+        return _Eager.apply(*args)
+    return _fwd_op(*args)
