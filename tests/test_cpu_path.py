@@ -27,11 +27,19 @@ def cpu_path(monkeypatch):
     assert not dispatch.use_triton(torch.device("cpu"))
 
 
+class _Calls(dict):
+    bwd_dtypes: list
+
+    def __init__(self, **counts):
+        super().__init__(**counts)
+        self.bwd_dtypes = []
+
+
 @pytest.fixture
 def aten_calls(monkeypatch):
     """Counts the fused kernel's forward and backward calls, and those given a mask:
-    {'fwd': n, 'bwd': n, 'masked': n}."""
-    calls = {"fwd": 0, "bwd": 0, "masked": 0}
+    {'fwd': n, 'bwd': n, 'masked': n}; ``calls.bwd_dtypes`` lists the dtype of each backward call."""
+    calls = _Calls(fwd=0, bwd=0, masked=0)
     real_fwd, real_bwd = cpu._aten_fwd, cpu._aten_bwd
 
     def fwd(*args, **kwargs):
@@ -41,6 +49,7 @@ def aten_calls(monkeypatch):
 
     def bwd(*args, **kwargs):
         calls["bwd"] += 1
+        calls.bwd_dtypes.append(args[1].dtype)
         calls["masked"] += kwargs.get("attn_mask") is not None
         return real_bwd(*args, **kwargs)
 
@@ -145,11 +154,19 @@ def test_bf16_forward_with_kv_copies(window, monkeypatch, aten_calls):
     assert aten_calls["fwd"] > 0
 
 
-def test_bf16_backward_accumulates_in_float32(aten_calls):
-    # PyTorch's kernel adds every block's gradient into a bfloat16 buffer; at this length that
-    # alone gives dv about 3.5x the error of plain bfloat16 attention. The route must not.
+def test_bf16_causal_backward_runs_in_float32(aten_calls):
+    # PyTorch's kernel adds every block's gradient into a bfloat16 buffer; with a causal mask at this
+    # length that gives dv about 3.5x the error of plain bfloat16 attention. The route must not.
     _check(dict(sq=2048, sk=2048, h=2, hk=2, d=64, causal=True), BF16, "aten", b=1)
-    assert aten_calls["bwd"] > 0
+    assert aten_calls.bwd_dtypes and set(aten_calls.bwd_dtypes) == {FP32}
+
+
+@pytest.mark.parametrize("dtype", [BF16, torch.float16], ids=["bf16", "fp16"])
+def test_reduced_precision_backward_without_mask_runs_in_its_dtype(dtype, aten_calls):
+    # without a causal mask the kernel's own reduced-precision backward stays within the bound
+    # (docs/decisions/cpu-path.md), at the length where the causal one does not
+    _check(dict(sq=2048, sk=2048, h=2, hk=1, d=64), dtype, "aten", b=1)
+    assert aten_calls.bwd_dtypes == [dtype]
 
 
 # ----------------------------------------------------------------------------------------------

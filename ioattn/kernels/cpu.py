@@ -19,8 +19,9 @@ Two routes, chosen per call by ``route``:
   head). Dropout uses the Triton kernels' Philox mask (``ioattn.reference.philox``), so both
   paths drop the same entries.
 
-The maths is float32 throughout, except the kernel's forward in bfloat16 / float16, which keeps
-float32 scores and accumulators itself. Layouts are ``ioattn.backends``': batched q (batch,
+The maths is float32 throughout, except the kernel in bfloat16 / float16: its forward keeps float32
+scores and accumulators itself; its backward runs in the input dtype without a causal mask
+(``_backward_dtype``). Layouts are ``ioattn.backends``': batched q (batch,
 seqlen_q, nheads, d), k/v (batch, seqlen_k, nheads_kv, d), lse float32 (batch, nheads,
 seqlen_q); varlen (packed, ``cu_seqlens`` given) q (total_q, nheads, d), lse (nheads, total_q),
 one sequence at a time. Rows that see no key give output 0 and lse -inf.
@@ -141,11 +142,10 @@ def _float_heads_first(t):
     return torch.empty(b, h, s, d, dtype=torch.float32).copy_(t.transpose(1, 2))
 
 
-def _float_heads_first_view(t):
-    """(batch, seqlen, heads, d) as the kernel's (batch, heads, seqlen, d) in float32: a view of a
-    float32 tensor, else a contiguous float32 copy (the layout the backward kernel wants for
-    grad_out, which it would otherwise copy again)."""
-    return _heads_first(t) if t.dtype == torch.float32 else _float_heads_first(t)
+def _kernel_view(t, dtype):
+    """(batch, seqlen, heads, d) as the kernel's (batch, heads, seqlen, d) in ``dtype``: a view, or
+    a contiguous float32 copy (the layout the backward kernel wants for grad_out)."""
+    return _heads_first(t) if t.dtype == dtype else _float_heads_first(t)
 
 
 # From this many keys the reduced-precision forward gets K and V as contiguous (batch, heads,
@@ -217,7 +217,7 @@ def _whole_forward(q, k, v, scale, causal, out, lse):
     pieces = _causal_pieces(sq, sk, causal)
     # pieces to merge run in float32, so that the output is rounded once, as the kernel's own is
     if len(pieces) > 1:
-        qh, kh, vh = _float_heads_first_view(q), _float_heads_first_view(k), _float_heads_first_view(v)
+        qh, kh, vh = (_kernel_view(t, torch.float32) for t in (q, k, v))
     else:
         qh, kh, vh = _heads_first(q), _kv_for_forward(k), _kv_for_forward(v)
     parts = [_aten_fwd(qh[:, :, p.rows], kh[:, :, p.cols], vh[:, :, p.cols], 0.0, p.causal, scale=scale)
@@ -240,30 +240,35 @@ def _whole_forward(q, k, v, scale, causal, out, lse):
     return out, lse
 
 
+def _backward_dtype(q, causal):
+    """The dtype the kernel's backward runs in: the input's, except a causal mask in bfloat16 or
+    float16, which runs in float32. The kernel adds every query block's dk and dv into buffers of the
+    input dtype; with a causal mask the first keys' gradients are large sums and those roundings pile
+    up past twice the error of PyTorch's plain attention in that dtype (docs/decisions/cpu-path.md)."""
+    return torch.float32 if causal else q.dtype
+
+
 def _whole_backward(dout, q, k, v, out, lse, scale, causal, grads):
     """Gradients of one batched problem through the kernel's backward. Each piece gets the merged
     out and lse: its probabilities exp(s - lse) and the row terms sum(dout * out) are then those of
     the whole softmax, so the pieces' gradients add up to the exact ones. ``grads`` (dq, dk, dv):
-    views to write into, or None for new tensors.
-
-    The kernel adds each block's contribution into gradients of the input dtype; in bfloat16 or
-    float16 those roundings pile up (dv about 3.5x the error of PyTorch's plain attention in
-    bfloat16 at 2048 causal keys), so reduced precision runs the kernel in float32, a few heads at
-    a time (``_head_chunks``) to bound the float32 copies."""
+    views to write into, or None for new tensors. A float32 backward of reduced-precision inputs
+    (``_backward_dtype``) runs a few heads at a time (``_head_chunks``) to bound the copies."""
     pieces = _causal_pieces(q.shape[1], k.shape[1], causal)
-    if (grads is None and len(pieces) == 1 and pieces[0].rows.start == 0 and q.dtype == torch.float32):
+    dtype = _backward_dtype(q, causal)
+    if grads is None and len(pieces) == 1 and pieces[0].rows.start == 0 and dtype == q.dtype:
         g = _aten_bwd(*(_heads_first(t) for t in (dout, q, k, v, out)), lse, 0.0, causal, scale=scale)
         return tuple(_in_layout(_heads_first(t), like) for t, like in zip(g, (q, k, v)))
     dq, dk, dv = grads if grads is not None else (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     rows = pieces[0].rows  # the same for every piece
     dq[:, :rows.start].zero_()  # rows that see no key
     group = q.shape[2] // k.shape[2]
-    for hk in _head_chunks(q, k):
+    for hk in _head_chunks(q, k, dtype):
         hq = slice(hk.start * group, hk.stop * group)
-        dh, qh, oh = (_float_heads_first_view(t[:, rows, hq]) for t in (dout, q, out))
+        dh, qh, oh = (_kernel_view(t[:, rows, hq], dtype) for t in (dout, q, out))
         dq_rows = None
         for p in pieces:
-            kh, vh = (_float_heads_first_view(t[:, p.cols, hk]) for t in (k, v))
+            kh, vh = (_kernel_view(t[:, p.cols, hk], dtype) for t in (k, v))
             g = _aten_bwd(dh, qh, kh, vh, oh, lse[:, hq, rows], 0.0, p.causal, scale=scale)
             dq_rows = g[0] if dq_rows is None else dq_rows.add_(g[0])
             dk[:, p.cols, hk].copy_(_heads_first(g[1]))
@@ -272,17 +277,16 @@ def _whole_backward(dout, q, k, v, out, lse, scale, causal, grads):
     return dq, dk, dv
 
 
-# float32 copies a reduced-precision backward call may hold (inputs and gradients of its heads);
-# why the backward runs in float32 at all: docs/decisions/cpu-path.md
+# float32 copies a reduced-precision backward call may hold (inputs and gradients of its heads)
 FP32_SCRATCH_BYTES = 16 << 20
 
 
-def _head_chunks(q, k):
-    """Slices of key/value heads for the backward's calls: all at once in float32; in reduced
-    precision as many heads as fit FP32_SCRATCH_BYTES of float32 copies, but at least enough
-    query heads to keep every thread busy (the kernel shares batch x heads among them)."""
+def _head_chunks(q, k, dtype):
+    """Slices of key/value heads for the backward's calls: all at once in the input dtype; in
+    float32 from reduced precision as many heads as fit FP32_SCRATCH_BYTES of copies, but at least
+    enough query heads to keep every thread busy (the kernel shares batch x heads among them)."""
     hk = k.shape[2]
-    if q.dtype == torch.float32:
+    if dtype == q.dtype:
         return [slice(0, hk)]
     b, group, d = q.shape[0], q.shape[2] // hk, q.shape[3]
     per_head = 4 * b * d * 4 * (group * q.shape[1] + k.shape[1])  # q, out, dout, dq and k, v, dk, dv
@@ -352,7 +356,7 @@ def _masked_backward(dout, q, k, v, out, lse, scale, window, slopes, dq, dk, dv)
     keys' share of dk and dv, summed here in float32 (the kernel runs in float32 throughout, see
     ``_whole_backward``)."""
     sq, sk = q.shape[1], k.shape[1]
-    dh, qh, kh, vh, oh = (_float_heads_first_view(t) for t in (dout, q, k, v, out))
+    dh, qh, kh, vh, oh = (_kernel_view(t, torch.float32) for t in (dout, q, k, v, out))
     dk32, dv32 = (torch.zeros(t.shape, dtype=torch.float32) for t in (k, v))
     lse = lse.clamp(min=_F32_MIN)  # rows without keys: exp(-inf - finite) = 0
     for m0, m1, n0, n1 in _row_blocks(sq, sk, window, _masked_rows(q, k, window, slopes)):
