@@ -5,7 +5,7 @@ reshapes into, reached two ways.
   the ``torch.library`` ops ``ioattn::fwd`` / ``ioattn::bwd`` with fake implementations, so that
   ``torch.compile(fullgraph=True)`` traces through them.
 * Eager on plain tensors: ``_Eager``, a ``torch.autograd.Function`` calling the same backends
-  directly. The custom op's dispatch costs tens of microseconds of host time a call, which an
+  directly (or the forward alone when no input needs a gradient). The custom op's dispatch costs tens of microseconds of host time a call, which an
   eager caller pays on every short call; the two ways run the same kernels and give the same
   results (tests/test_autograd_paths.py)."""
 from __future__ import annotations
@@ -126,6 +126,8 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
     """Validated arguments in, ``(out, lse, rng_state)`` out, differentiable in q, k, v."""
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
             window[0], window[1], softcap, alibi_slopes, dropout_p)
-    if _eager(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes):
+    if not _eager(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes):
+        return _fwd_op(*args)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _Eager.apply(*args)
-    return _fwd_op(*args)
+    return _forward_impl(*args)  # nothing to differentiate: no graph to record

@@ -885,6 +885,7 @@ def test_hopper_backward_flat_dq_order(d, ragged):
 @pytest.mark.parametrize("d, block_m", [(64, 128), (128, 64), (256, 64)])
 @pytest.mark.parametrize("seqlen", [128, 200, 64 * 5 + 1])
 @pytest.mark.parametrize("zero_dq", [False, True])
+@_NO_INTERPRETER
 def test_backward_preprocess_padded_rows(d, block_m, seqlen, zero_dq):
     """The preprocess kernel in the Hopper "ws" layout (``PADDED``: ``hopper_backward``'s launch) against
     torch on poisoned outputs: per (batch, head) seqlen_q rounded up to the query block of rows, D =
@@ -918,6 +919,7 @@ def test_backward_preprocess_padded_rows(d, block_m, seqlen, zero_dq):
 
 
 @pytest.mark.parametrize("d, block_m", [(64, 128), (128, 64)])
+@_NO_INTERPRETER
 def test_backward_preprocess_padded_rows_varlen(d, block_m):
     """The padded preprocess on packed sequences (``IS_VARLEN``, the Hopper varlen backward's launch):
     per (sequence, head) the longest sequence rounded up to the query block of stat rows, D and the
@@ -953,6 +955,7 @@ def test_backward_preprocess_padded_rows_varlen(d, block_m):
 
 
 @pytest.mark.parametrize("d", [64, 128])
+@_NO_INTERPRETER
 def test_hopper_backward_flat_dq_varlen(d):
     """``dq_from_flat`` on packed sequences: the flat accumulator's blocks per (sequence, head), as many
     as the longest sequence has, go to the sequence's rows from cu_seqlens_q (scaled, cast); the rows
@@ -1453,6 +1456,7 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
     assert kw["Walk"] is None and kw["PAIRED"] and kw["args"][16] == 4  # walk_div: half the query blocks
 
 
+@_NO_INTERPRETER
 def test_hopper_forward_window_launch_and_policy(monkeypatch):
     """Sliding windows in the Gluon forward (the kernel's ``WINDOW`` form): the launcher passes the
     window's sides (an unbounded one as seqlen_q + seqlen_k + 1), masked key tiles and a one-tile
@@ -1545,6 +1549,7 @@ def test_hopper_forward_window_launch_and_policy(monkeypatch):
     assert a2[3:] == (0.125, True) and kw2["window"] == (-1, -1)
 
 
+@_NO_INTERPRETER
 def test_hopper_forward_softcap_launch_and_policy(monkeypatch):
     """A score softcap in the Gluon forward (the kernel's ``SOFTCAP`` form): the launcher passes
     softcap_a = scale / cap and the cap (times log2 e) as the softmax's scale, in a one-tile ping-pong
@@ -1597,6 +1602,7 @@ def test_hopper_forward_softcap_launch_and_policy(monkeypatch):
     assert a[3:] == (0.125, True) and kw["softcap"] == 30.0
 
 
+@_NO_INTERPRETER
 def test_hopper_backward_softcap_launch_and_policy(monkeypatch):
     """A score softcap in the Gluon backward (the ws kernel's ``SOFTCAP`` form): the configuration
     takes lse out of S^T's accumulator (the tanh needs the raw scores), ``WS_SCORE_MOD_BLOCK_M``'s rows
@@ -1652,6 +1658,7 @@ def test_hopper_backward_softcap_launch_and_policy(monkeypatch):
         assert "softcap" not in ioattn.explain_dispatch(q, q, q, causal=True).backward
 
 
+@_NO_INTERPRETER
 def test_hopper_alibi_launch_and_policy(monkeypatch):
     """ALiBi in the Gluon kernels (their ``ALIBI`` forms): the forward takes a one-tile variant (never
     the persistent walk) in the call's form (``alibi_form``): without a mask at d = 64 / 128 the

@@ -74,3 +74,17 @@ def test_parameters_are_plain_tensors():
     assert ag._eager(p, None)
     with _PassThrough():
         assert not ag._eager(p)
+
+
+def test_calls_without_gradients_record_no_graph(monkeypatch):
+    applied = []
+    real = ag._Eager.apply
+    monkeypatch.setattr(ag._Eager, "apply", lambda *a: applied.append(1) or real(*a))
+    q = torch.randn(1, 9, 2, 16, requires_grad=True)
+    with torch.no_grad():
+        a = flash_attn_func(q, q, q, causal=True)
+    b = flash_attn_func(q.detach(), q.detach(), q.detach(), causal=True)
+    assert not applied and a.grad_fn is None and b.grad_fn is None
+    c = flash_attn_func(q, q, q, causal=True)
+    assert applied and c.grad_fn is not None
+    assert torch.equal(a, b) and torch.equal(a, c.detach())
