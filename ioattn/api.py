@@ -42,24 +42,27 @@ def _check_qkv(q, k, v, varlen):
     nd = 3 if varlen else 4
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t, nd)
-    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+
+    def shapes():  # built only for a message: this runs on every call
+        return f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {shapes}")
+        raise ValueError(f"k and v must have the same shape, got {shapes()}")
     if not varlen and q.shape[0] != k.shape[0]:
-        raise ValueError(f"q and k must have the same batch size, got {shapes}")
+        raise ValueError(f"q and k must have the same batch size, got {shapes()}")
     if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must have the same head dim, got {shapes}")
+        raise ValueError(f"q and k must have the same head dim, got {shapes()}")
     d = q.shape[-1]
     if not 1 <= d <= MAX_HEADDIM:
-        raise ValueError(f"head dim must be between 1 and {MAX_HEADDIM}, got {d} ({shapes})")
+        raise ValueError(f"head dim must be between 1 and {MAX_HEADDIM}, got {d} ({shapes()})")
     nheads, nheads_kv = q.shape[-2], k.shape[-2]
     if nheads_kv == 0 or nheads % nheads_kv != 0:
         raise ValueError(f"number of query heads ({nheads}) must be a multiple of the number of "
-                         f"key/value heads ({nheads_kv}): {shapes}")
+                         f"key/value heads ({nheads_kv}): {shapes()}")
 
 
 def _check_scalars(dropout_p, softmax_scale, softcap, window_size, causal, alibi_slopes, q, batch):

@@ -28,7 +28,10 @@ def _forward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_
     out, lse = backends.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                 softmax_scale, (window_left, window_right), softcap, alibi_slopes,
                                 dropout_p, seed)
-    return out, lse, torch.tensor([seed, 0], dtype=torch.int64)
+    rng_state = torch.zeros(2, dtype=torch.int64)  # (seed, offset); cheaper than torch.tensor
+    if seed:
+        rng_state[0] = seed
+    return out, lse, rng_state
 
 
 _fwd_op = torch.library.custom_op("ioattn::fwd", _forward_impl, mutates_args=())

@@ -29,6 +29,10 @@ def op_calls(monkeypatch):
     return calls
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device")])]
+
+
 def _run(q, k, v, dout, **kw):
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     out, lse, _ = flash_attn_func(*leaves, return_attn_probs=True, **kw)
@@ -37,9 +41,12 @@ def _run(q, k, v, dout, **kw):
 
 @pytest.mark.parametrize("kw", [dict(), dict(causal=True, softcap=5.0), dict(dropout_p=0.2)],
                          ids=["plain", "causal-softcap", "dropout"])
-def test_eager_and_op_paths_agree(kw, op_calls):
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_and_op_paths_agree(kw, device, op_calls):
     torch.manual_seed(0)
-    q, k, v, dout = (torch.randn(2, 37, 4, 32) for _ in range(4))
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    q, k, v, dout = (torch.randn(2, 37, 4, 32, device=device, dtype=dtype) for _ in range(4))
+    kw = dict(kw, deterministic=True)  # the GPU backward may add dQ in any order otherwise
     k, v = k[:, :, :2], v[:, :, :2]  # GQA
     torch.manual_seed(1)
     eager = _run(q, k, v, dout, **kw)

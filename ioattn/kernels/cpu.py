@@ -220,8 +220,11 @@ def _whole_forward(q, k, v, scale, causal, out, lse):
         qh, kh, vh = (_kernel_view(t, torch.float32) for t in (q, k, v))
     else:
         qh, kh, vh = _heads_first(q), _kv_for_forward(k), _kv_for_forward(v)
-    parts = [_aten_fwd(qh[:, :, p.rows], kh[:, :, p.cols], vh[:, :, p.cols], 0.0, p.causal, scale=scale)
-             for p in pieces]
+    if len(pieces) == 1 and pieces[0].rows.start == 0:  # one call over everything: no slicing
+        parts = [_aten_fwd(qh, kh, vh, 0.0, causal, scale=scale)]
+    else:
+        parts = [_aten_fwd(qh[:, :, p.rows], kh[:, :, p.cols], vh[:, :, p.cols], 0.0, p.causal, scale=scale)
+                 for p in pieces]
     if len(parts) > 1:
         parts = [_merge(parts, q.dtype)]
     o, l = parts[0]
