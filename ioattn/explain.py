@@ -39,7 +39,8 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         from ioattn.kernels import cpu
         window = normalize_window(window_size, bool(causal))
         seqlen_q = max_seqlen_q if varlen else q.shape[1]
-        part = cpu.plan(seqlen_q, seqlen_q if varlen else k.shape[1], window, softcap, alibi_slopes is not None)
+        part = cpu.plan(seqlen_q, seqlen_q if varlen else k.shape[1], window, softcap, alibi_slopes is not None,
+                        device_type=q.device.type)
         return DispatchPlan("reference", f"{q.device.type} tensors without TRITON_INTERPRET=1: the CPU path "
                             "(ioattn.kernels.cpu)", part, part)
     reason = "CUDA tensors" if q.is_cuda else "TRITON_INTERPRET=1"

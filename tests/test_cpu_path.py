@@ -406,3 +406,28 @@ def test_tiled_matches_kernel_closely():
             res[route] = (out, *torch.autograd.grad(out, (qg, kg, vg), dout))
     for name, a, b in zip(("out", "dq", "dk", "dv"), res["aten"], res["tiled"]):
         assert max_err(a, b) < 2e-5, name
+
+
+def test_other_devices_take_the_tiled_route():
+    assert cpu.route(0.0, 0.0, "cuda") == "tiled" and cpu.route(0.0, 0.0, "cpu") == "aten"
+    assert "cuda tensors" in cpu.plan(64, 64, (-1, -1), 0.0, False, device_type="cuda")["route"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(softcap=5.0, window_size=(8, 3)), dict(dropout_p=0.2)],
+                         ids=["plain", "causal", "softcap-window", "dropout"])
+def test_reference_backend_on_cuda_tensors(kw):
+    # dispatch.forced_backend("reference") sends CUDA tensors here: the tiled route on their device
+    q, k, v, dout = _inputs(2, 45, 61, 4, 2, 32, FP32)
+    results = []
+    for device in ("cpu", "cuda"):
+        leaves = [t.to(device).requires_grad_() for t in (q, k, v)]
+        torch.manual_seed(3)  # the same dropout seed
+        with dispatch.forced_backend("reference"):
+            out = flash_attn_func(*leaves, **kw)
+            grads = torch.autograd.grad(out, leaves, dout.to(device))
+        assert out.device.type == device
+        results.append([t.cpu() for t in (out, *grads)])
+    for name, a, b in zip(("out", "dq", "dk", "dv"), *results):
+        assert max_err(a, b) < 1e-4, name

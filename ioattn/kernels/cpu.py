@@ -61,9 +61,10 @@ def forced_route(name: str):
         _forced_route = previous
 
 
-def route(softcap, dropout_p) -> str:
-    """'aten' when PyTorch's fused kernel can compute the call exactly, else 'tiled'."""
-    if _forced_route == "tiled" or softcap > 0 or dropout_p > 0:
+def route(softcap, dropout_p, device_type="cpu") -> str:
+    """'aten' when PyTorch's fused CPU kernel can compute the call exactly, else 'tiled' (also for
+    tensors on another device, where ``dispatch.forced_backend("reference")`` sends them)."""
+    if _forced_route == "tiled" or softcap > 0 or dropout_p > 0 or device_type != "cpu":
         return "tiled"
     return "aten"
 
@@ -90,27 +91,27 @@ def _row_blocks(seqlen_q, seqlen_k, window, block_m):
         yield m0, m1, n0, n1
 
 
-def _hidden_bands(m0, m1, n0, n1, seqlen_q, seqlen_k, window):
+def _hidden_bands(m0, m1, n0, n1, seqlen_q, seqlen_k, window, device=None):
     """Where the window hides keys inside a block: (c0, c1, bool (rows, c1 - c0)) for the column
     ranges its edges cross, each at most block_m wide (the columns between are visible to every
     row of the block, and the block's key range already drops those no row sees)."""
     left, right = window
     off = seqlen_k - seqlen_q
-    i = torch.arange(m0, m1).unsqueeze(1) + off  # the rows' key positions
+    i = torch.arange(m0, m1, device=device).unsqueeze(1) + off  # the rows' key positions
     bands = []
     if left >= 0 and m1 - 1 + off - left > n0:  # the last row's left edge is past n0
         c1 = min(n1, m1 - 1 + off - left)
-        bands.append((n0, c1, torch.arange(n0, c1) < i - left))
+        bands.append((n0, c1, torch.arange(n0, c1, device=device) < i - left))
     if right >= 0 and m0 + off + right + 1 < n1:  # the first row's right edge is before n1
         c0 = max(n0, m0 + off + right + 1)
-        bands.append((c0, n1, torch.arange(c0, n1) > i + right))
+        bands.append((c0, n1, torch.arange(c0, n1, device=device) > i + right))
     return bands
 
 
-def _alibi_distance(m0, m1, n0, n1, seqlen_q, seqlen_k):
+def _alibi_distance(m0, m1, n0, n1, seqlen_q, seqlen_k, device=None):
     """|i + seqlen_k - seqlen_q - j| for a block, float32 (rows, keys)."""
-    i = torch.arange(m0, m1).unsqueeze(1) + (seqlen_k - seqlen_q)
-    return (i - torch.arange(n0, n1)).abs_().float()
+    i = torch.arange(m0, m1, device=device).unsqueeze(1) + (seqlen_k - seqlen_q)
+    return (i - torch.arange(n0, n1, device=device)).abs_().float()
 
 
 # Scores (or ALiBi mask entries) held at once, in elements over all heads: a block's query rows
@@ -139,7 +140,7 @@ def _heads_first(t):
 def _float_heads_first(t):
     """(batch, seqlen, heads, d) in any dtype -> contiguous float32 (batch, heads, seqlen, d)."""
     b, s, h, d = t.shape
-    return torch.empty(b, h, s, d, dtype=torch.float32).copy_(t.transpose(1, 2))
+    return torch.empty(b, h, s, d, dtype=torch.float32, device=t.device).copy_(t.transpose(1, 2))
 
 
 def _kernel_view(t, dtype):
@@ -235,7 +236,7 @@ def _whole_forward(q, k, v, scale, causal, out, lse):
         return _in_layout(_heads_first(o), q), l.contiguous()
     if out is None:
         out = torch.empty_like(q)
-        lse = torch.empty(q.shape[0], q.shape[2], sq, dtype=torch.float32)
+        lse = torch.empty(q.shape[0], q.shape[2], sq, dtype=torch.float32, device=q.device)
     out[:, :rows.start].zero_()  # the rows that see no key
     lse[:, :, :rows.start].fill_(float("-inf"))
     out[:, rows].copy_(_heads_first(o))
@@ -430,10 +431,12 @@ class _Tiles:
             cap = self.spec.softcap * _LOG2E
             t = s.tanh_()
             s = t * cap if keep_tanh else t.mul_(cap)
-        for c0, c1, hidden in _hidden_bands(m0, m1, n0, n1, self.sq, self.sk, self.spec.window):
+        dev = s.device
+        for c0, c1, hidden in _hidden_bands(m0, m1, n0, n1, self.sq, self.sk, self.spec.window, dev):
             s[..., c0 - n0:c1 - n0].masked_fill_(hidden, float("-inf"))
         if self.spec.slopes is not None:
-            s.addcmul_(self.spec.slopes, _alibi_distance(m0, m1, n0, n1, self.sq, self.sk), value=-_LOG2E)
+            s.addcmul_(self.spec.slopes, _alibi_distance(m0, m1, n0, n1, self.sq, self.sk, dev),
+                           value=-_LOG2E)
         return s, t
 
     def keep(self, m0, m1, n0, n1):
@@ -519,12 +522,13 @@ def _whole_call(window, slopes):
     return slopes is None and window[0] == -1 and window[1] in (-1, 0)
 
 
-def plan(seqlen_q, seqlen_k, window, softcap, has_alibi, dropout_p=0.0) -> dict:
+def plan(seqlen_q, seqlen_k, window, softcap, has_alibi, dropout_p=0.0, device_type="cpu") -> dict:
     """What ``forward`` / ``backward`` run for such a call (``explain_dispatch``), from the same
     rules they use."""
     window = _full_window(window, seqlen_q, seqlen_k)
-    if route(softcap, dropout_p) == "tiled":
-        why = "softcap" if softcap > 0 else "dropout" if dropout_p > 0 else "forced"
+    if route(softcap, dropout_p, device_type) == "tiled":
+        why = ("softcap" if softcap > 0 else "dropout" if dropout_p > 0 else
+               f"{device_type} tensors" if device_type != "cpu" else "forced")
         return {"route": f"tiled ({why}: blocks of query rows against the keys they see, PyTorch ops)"}
     kernel = "aten::_scaled_dot_product_flash_attention_for_cpu (PyTorch's fused CPU kernel)"
     if has_alibi or not _whole_call(window, None):
@@ -540,12 +544,12 @@ def _forward_one(q, k, v, scale, window, softcap, slopes, dropout_p, keep, out=N
     """(out, lse) of a batched problem; written into ``out``/``lse`` when given."""
     sq, sk = q.shape[1], k.shape[1]
     window = _full_window(window, sq, sk)
-    fused = route(softcap, dropout_p) == "aten"
+    fused = route(softcap, dropout_p, q.device.type) == "aten"
     if fused and _whole_call(window, slopes) and min(q.shape) > 0 and sk > 0:
         return _whole_forward(q, k, v, scale, window[1] == 0, out, lse)
     if out is None:
         out = torch.empty_like(q)
-        lse = torch.empty(q.shape[0], q.shape[2], sq, dtype=torch.float32)
+        lse = torch.empty(q.shape[0], q.shape[2], sq, dtype=torch.float32, device=q.device)
     if min(q.shape) == 0:
         return out, lse
     if sk == 0:
@@ -560,7 +564,7 @@ def _backward_one(dout, q, k, v, out, lse, scale, window, softcap, slopes, dropo
     """(dq, dk, dv) of a batched problem; written into ``grads`` when given."""
     sq, sk = q.shape[1], k.shape[1]
     window = _full_window(window, sq, sk)
-    fused = route(softcap, dropout_p) == "aten"
+    fused = route(softcap, dropout_p, q.device.type) == "aten"
     if fused and _whole_call(window, slopes) and min(q.shape) > 0 and sk > 0:
         return _whole_backward(dout, q, k, v, out, lse, scale, window[1] == 0, grads)
     dq, dk, dv = grads if grads is not None else (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
@@ -581,11 +585,11 @@ def _sequences(cu_seqlens_q, cu_seqlens_k):
         yield b, slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
 
 
-def _dropout_mask(seed, dropout_p, batch, nheads, seqlen_q, seqlen_k, b=None):
+def _dropout_mask(seed, dropout_p, batch, nheads, seqlen_q, seqlen_k, b=None, device=None):
     """The Triton kernels' keep mask, drawn a block at a time (sequence ``b`` of a varlen batch)."""
     if dropout_p == 0:
         return None
-    return LazyDropoutMask(seed, dropout_p, batch, nheads, seqlen_q, seqlen_k, batch_index=b)
+    return LazyDropoutMask(seed, dropout_p, batch, nheads, seqlen_q, seqlen_k, batch_index=b, device=device)
 
 
 def _slopes(alibi_slopes, nheads, b=None):
@@ -601,15 +605,15 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     """(out, lse) in ``ioattn.backends``' calling convention."""
     nheads = q.shape[-2]
     if cu_seqlens_q is None:
-        keep = _dropout_mask(seed, dropout_p, q.shape[0], nheads, q.shape[1], k.shape[1])
+        keep = _dropout_mask(seed, dropout_p, q.shape[0], nheads, q.shape[1], k.shape[1], device=q.device)
         return _forward_one(q, k, v, softmax_scale, window, softcap, _slopes(alibi_slopes, nheads), dropout_p,
                             keep)
     # tokens after cu_seqlens[-1] belong to no sequence: output 0, lse -inf
     out = torch.zeros_like(q)
-    lse = torch.full((nheads, q.shape[0]), float("-inf"), dtype=torch.float32)
+    lse = torch.full((nheads, q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device)
     batch = cu_seqlens_q.numel() - 1
     for b, rq, rk in _sequences(cu_seqlens_q, cu_seqlens_k):
-        keep = _dropout_mask(seed, dropout_p, batch, nheads, max_seqlen_q, max_seqlen_k, b)
+        keep = _dropout_mask(seed, dropout_p, batch, nheads, max_seqlen_q, max_seqlen_k, b, q.device)
         _forward_one(q[rq][None], k[rk][None], v[rk][None], softmax_scale, window, softcap,
                      _slopes(alibi_slopes, nheads, b), dropout_p, keep, out=out[rq][None], lse=lse[:, rq][None])
     return out, lse
@@ -620,7 +624,7 @@ def backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     """(dq, dk, dv) in ``ioattn.backends``' calling convention."""
     nheads = q.shape[-2]
     if cu_seqlens_q is None:
-        keep = _dropout_mask(seed, dropout_p, q.shape[0], nheads, q.shape[1], k.shape[1])
+        keep = _dropout_mask(seed, dropout_p, q.shape[0], nheads, q.shape[1], k.shape[1], device=q.device)
         return _backward_one(dout, q, k, v, out, lse, softmax_scale, window, softcap,
                              _slopes(alibi_slopes, nheads), dropout_p, keep)
     # tokens outside every sequence, and keys of sequences without queries, get no gradient
@@ -629,7 +633,7 @@ def backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     for b, rq, rk in _sequences(cu_seqlens_q, cu_seqlens_k):
         if rq.stop == rq.start:
             continue
-        keep = _dropout_mask(seed, dropout_p, batch, nheads, max_seqlen_q, max_seqlen_k, b)
+        keep = _dropout_mask(seed, dropout_p, batch, nheads, max_seqlen_q, max_seqlen_k, b, q.device)
         _backward_one(dout[rq][None], q[rq][None], k[rk][None], v[rk][None], out[rq][None], lse[:, rq][None],
                       softmax_scale, window, softcap, _slopes(alibi_slopes, nheads, b), dropout_p, keep,
                       grads=(dq[rq][None], dk[rk][None], dv[rk][None]))
