@@ -1,7 +1,7 @@
 """The ``ioattn`` command line, from one argparse definition (help, errors and dispatch alike):
 
     ioattn --version
-    ioattn bench [SWEEP] [options]      SWEEP: train, memory, quick (the default) or decode
+    ioattn bench [SWEEP] [options]      SWEEP: train, memory, quick (the default), decode or latency
     ioattn bench report RESULTS.jsonl [--out DIR]
 
 The sweeps themselves (their sizes, providers, which run without a GPU) are defined in
@@ -114,11 +114,11 @@ OPTIONS = (
     Option(("--kvlens",), ("decode",), lambda s: "comma-separated KV lengths: the cases become every one of them "
            "with every batch size (--batches, or 1) (default: the sweep's own cases)",
            dict(type=_ints, metavar="N,N")),
-    Option(("--rounds",), ("train", "quick", "decode"), lambda s: "interleaved timing rounds per point, the median "
+    Option(("--rounds",), ("train", "quick", "decode", "latency"), lambda s: "interleaved timing rounds per point, the median "
            f"of their medians reported (default: {sweeps.DECODE_ROUNDS if s == 'decode' else sweeps.TIME_ROUNDS}, "
            "on a GPU and on the CPU)",
            dict(type=int, default=None, metavar="R")),
-    Option(("--layout",), ("train", "quick", "memory"), lambda s: "memory layout of q, k, v: three tensors, the "
+    Option(("--layout",), ("train", "quick", "memory", "latency"), lambda s: "memory layout of q, k, v: three tensors, the "
            "views of one packed (batch, seqlen, 3, heads, d) tensor (as flash_attn_qkvpacked_func takes them), or "
            "three (batch, heads, seqlen, d) tensors transposed (default: separate)",
            dict(choices=sweeps.LAYOUTS, default="separate")),

@@ -141,6 +141,11 @@ def _us(r):
     return f"{1e3 * r['ms']:.1f}" if ok else "-"
 
 
+def _host_us(r):
+    ok = r is not None and isinstance(r.get("host_ms"), (int, float))
+    return f"{1e3 * r['host_ms']:.0f}" if ok else "-"
+
+
 def _status(r):
     if r is None:
         return "n/a"
@@ -203,9 +208,15 @@ def table(records, mode=None, ours="ioattn"):
         cols = (["d", "batch", "kvlen", "mode"] if decode else ["d", "causal", "seqlen", "mode"]) + provs
         # decode: the step time in microseconds of ours (and of its CUDA-graph replay), for the latency targets
         us_cols = [p for p in (ours, f"{ours}-graph") if p in provs] if decode else []
+        # latency: ours' per-call latency and every provider's host time per call, in microseconds
+        latency = sweep == "latency"
+        if latency:
+            us_cols = [p for p in (ours,) if p in provs]
+        host_cols = provs if latency else []
         vs = [p for p in provs if ours in provs and not p.startswith(ours)
               and any(_ratio(row.get(ours), row.get(p)) is not None for row in rows.values())]
-        cols += [f"{p} us" for p in us_cols] + [f"vs {p}" for p in vs] + [f"{ours} / best peer"]
+        cols += ([f"{p} us" for p in us_cols] + [f"{p} host us" for p in host_cols] + [f"vs {p}" for p in vs]
+                 + [f"{ours} / best peer"])
         show_pct = _ceiling_applies(ceiling, dtype) and any(
             ceiling in (r.get("ceilings") or {}) for row in rows.values() for r in row.values())
         if show_pct:
@@ -215,6 +226,7 @@ def table(records, mode=None, ours="ioattn"):
             line = [str(d), str(b), str(sk)] if decode else [str(d), "yes" if causal else "no", _seqlen_label(sq, sk)]
             line += [m] + [_status(row.get(p)) for p in provs]
             line += [_us(row.get(p)) for p in us_cols]
+            line += [_host_us(row.get(p)) for p in host_cols]
             line += [_ratio_text(_ratio(row.get(ours), row.get(p))) for p in vs]
             mine = _value(row[ours]) if ours in row else None
             name, best = _best_peer(row, ours)

@@ -6,7 +6,9 @@ against sequence length), ``quick`` (a short default; on a machine without a GPU
 against PyTorch's CPU attention), ``decode`` (one query token per sequence over a full KV cache,
 32 query heads / 8 KV heads, d 128, on the (batch, KV length) cases of ``DECODE_CASES``; GB/s of K
 and V read; ``ioattn`` also replayed from a CUDA graph as ``ioattn-graph``; on a machine without a
-GPU, small sizes against PyTorch's CPU attention).
+GPU, small sizes against PyTorch's CPU attention), ``latency`` (eager calls one at a time,
+synchronised: per-call latency as ``ms`` and the call's host time as ``host_ms``; the papers' grid
+from N = 512 against cuDNN and SDPA flash).
 
 Every timed sweep first checks each provider against the float64 oracle (``verdict``) and logs one
 verdict line per provider and configuration; a provider that fails is still timed, its records
@@ -25,7 +27,7 @@ from ioattn.bench import verdict
 from ioattn.bench.memory import peak_bytes
 from ioattn.bench.progress import Progress
 from ioattn.bench.providers import decode_providers, providers
-from ioattn.bench.timing import attention_flops, median_ms, n_input_sets
+from ioattn.bench.timing import attention_flops, latency_ms, median_ms, n_input_sets
 from ioattn.reference import attention_ref
 from ioattn.reference.decode import kvcache_attention_ref
 
@@ -53,6 +55,7 @@ class Sweep:
     hidden: int = 2048   # nheads * headdim
     providers: tuple = ("ioattn", "ioattn-ptr", "ioattn-hopper") + ALL_PEERS
     memory: bool = False  # peak memory of forward+backward instead of time
+    latency: bool = False  # eager calls one at a time, synchronised (timing.latency_ms), instead of device time
 
 
 PAPER_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -60,6 +63,9 @@ GPU_SWEEPS = {
     "train": Sweep(headdims=(64, 128, 256), seqlens=PAPER_SEQLENS),
     "quick": Sweep(headdims=(64, 128), seqlens=(1024, 4096, 16384), modes=("fwd", "bwd"),
                    providers=("ioattn", "sdpa-flash", "sdpa-cudnn")),
+    # what a caller timing eager calls one at a time sees: host time and synchronised latency
+    "latency": Sweep(headdims=(64, 128), seqlens=(512, 1024, 2048, 4096), modes=("fwd", "bwd"),
+                     providers=("ioattn", "sdpa-cudnn", "sdpa-flash"), latency=True),
     # one sequence of 16 heads of dim 128, doubling until standard attention no longer fits
     "memory": Sweep(headdims=(128,), seqlens=tuple(2**i for i in range(10, 18)), causal=(False,),
                     modes=("fwdbwd",), tokens=0, providers=("ioattn", "sdpa-math"), memory=True),
@@ -71,6 +77,8 @@ CPU_SWEEPS = {
                    providers=("ioattn", "sdpa", "sdpa-math")),
     "memory": Sweep(headdims=(64,), seqlens=(512, 1024, 2048), causal=(False,), modes=("fwdbwd",), tokens=0,
                     hidden=512, providers=("ioattn", "sdpa", "sdpa-math"), memory=True),
+    "latency": Sweep(headdims=(64,), seqlens=(128, 512), tokens=0, hidden=512, modes=("fwd", "bwd"),
+                     providers=("ioattn", "sdpa"), latency=True),
 }
 
 
@@ -113,6 +121,7 @@ SWEEP_HELP = {
     "memory": "peak memory of one forward+backward against sequence length",
     "quick": "a short run: correctness check, then forward and backward time (the default)",
     "decode": "one query token per sequence over a full KV cache: time and GB/s of K and V read",
+    "latency": "eager calls one at a time, synchronised: per-call latency and host time",
 }
 
 
@@ -329,7 +338,7 @@ def _configuration(run, d, causal):
             timed = _check_point(run, sets[0], shape, causal, checked)
             if timed:
                 _time_rounds(run.runnable, timed, sets, causal, run.sw.modes, run.rounds, run.records, run.log,
-                             run.base(shape, causal), bar=run.bar)
+                             run.base(shape, causal), bar=run.bar, timer=latency_ms if run.sw.latency else median_ms)
         del sets
         _release(run.device)
 
@@ -562,12 +571,13 @@ def _short(e):
     return f"{type(e).__name__}: {text}"
 
 
-def _time_rounds(runnable, checked, sets, causal, modes, rounds, records, log, base, bar=None):
+def _time_rounds(runnable, checked, sets, causal, modes, rounds, records, log, base, bar=None, timer=median_ms):
     """Time every provider in ``checked`` (name -> its ``verdict.Verdict``, or an (ok, err) pair) at
     one point, every mode, in ``rounds`` interleaved rounds: round r starts at provider r, so no
     provider always runs first or after the same one (the decode sweep's scheme). A record's time is
     the median of its rounds' medians (``ms_rounds`` lists them). A provider that fails in some round
-    is reported once and dropped. ``bar``: a ``Progress`` stepped once per provider and round."""
+    is reported once and dropped. ``bar``: a ``Progress`` stepped once per provider and round.
+    ``timer``: ``timing.median_ms`` (device time) or ``timing.latency_ms`` (calls one at a time)."""
     order = list(checked)
     times = {p: {m: [] for m in modes} for p in order}
     host = {}
@@ -578,8 +588,9 @@ def _time_rounds(runnable, checked, sets, causal, modes, rounds, records, log, b
             try:
                 for mode in modes:
                     stats = {}
-                    times[pname][mode].append(_time(runnable[pname], sets, causal, mode, stats))
-                    host.setdefault((pname, mode), stats.get("host_ms"))
+                    times[pname][mode].append(_time(runnable[pname], sets, causal, mode, stats, timer))
+                    if stats.get("host_ms") is not None:
+                        host.setdefault((pname, mode), []).append(stats["host_ms"])
             except Exception as e:  # noqa: BLE001 - a provider that cannot run a shape is reported
                 _train_failed(records, log, base["sweep"], pname, base["dtype"], base["shape"], causal, base["env"],
                               modes[0], e)
@@ -599,7 +610,8 @@ def _timed_records(pname, v, times, host, records, log, base, causal):
         ms = statistics.median(ms_rounds)
         tf = attention_flops(batch, nheads, n, n, d, causal, mode) / ms / 1e9
         rec = _base(base["sweep"], pname, base["dtype"], base["shape"], causal, base["env"], mode=mode,
-                    ms=ms, tflops=tf if v.ok else None, ok=v.ok, host_ms=host.get((pname, mode)))
+                    ms=ms, tflops=tf if v.ok else None, ok=v.ok,
+                    host_ms=statistics.median(host[pname, mode]) if (pname, mode) in host else None)
         rec.update(v.fields())
         rec["ms_rounds"] = ms_rounds
         if not v.ok:
@@ -625,22 +637,22 @@ def _measure_memory(fn, qkv, causal, base):
                  mode="fwdbwd", ok=True, peak_mem_mb=peak)
 
 
-def _time(fn, sets, causal, mode, stats=None):
+def _time(fn, sets, causal, mode, stats=None, timer=median_ms):
     if mode == "fwd":
         with torch.no_grad():
-            return median_ms(lambda s: fn(*s, causal), sets, stats=stats)
+            return timer(lambda s: fn(*s, causal), sets, stats=stats)
     if mode == "fwdbwd":
         def step(s):
             q, k, v, dout = s
             torch.autograd.grad(fn(q, k, v, causal), (q, k, v), dout)
         leaves = [tuple(t.detach().requires_grad_() for t in s) + (torch.randn_like(s[0]),) for s in sets]
-        return median_ms(step, leaves, stats=stats)
+        return timer(step, leaves, stats=stats)
     graded = []
     for s in sets:
         q, k, v = (t.detach().requires_grad_() for t in s)
         out = fn(q, k, v, causal)
         graded.append((out, torch.randn_like(out), (q, k, v)))
-    return median_ms(lambda g: torch.autograd.grad(g[0], g[2], g[1], retain_graph=True), graded, stats=stats)
+    return timer(lambda g: torch.autograd.grad(g[0], g[2], g[1], retain_graph=True), graded, stats=stats)
 
 
 def _line(r):

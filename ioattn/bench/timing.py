@@ -71,6 +71,32 @@ def _cpu_median_ms(fn_per_set, sets, reps, stats):
     return statistics.median(times)
 
 
+def latency_ms(fn_per_set, sets, warmup: int = 3, reps: int = 20, stats: dict | None = None) -> float:
+    """Median latency of one eager call made alone, as a caller timing calls one at a time sees it:
+    the device idle before each call, the time from issuing it to its result (synchronised).
+    ``stats["host_ms"]``: the median time the call took to return (its host time, the device idle
+    before). On the CPU both are the wall-clock time of the call (``cpu_reps`` runs)."""
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for i in range(max(warmup, 1) if cuda else 1):
+        fn_per_set(sets[i % len(sets)])
+    sync()
+    if not cuda:
+        reps = cpu_reps(_wall_ms(fn_per_set, sets[0]), reps)
+    host, latency = [], []
+    for i in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        fn_per_set(sets[i % len(sets)])
+        t1 = time.perf_counter()
+        sync()
+        latency.append((time.perf_counter() - t0) * 1e3)
+        host.append((t1 - t0) * 1e3)
+    if stats is not None:
+        stats["host_ms"] = statistics.median(host)
+    return statistics.median(latency)
+
+
 def _wall_ms(fn_per_set, s):
     t0 = time.perf_counter()
     fn_per_set(s)
