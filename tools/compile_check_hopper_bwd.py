@@ -15,7 +15,7 @@ consumers' own use (the highest register the SASS names, + 1: ``consumer_regs``)
 instructions inside the consumers' loop (``loop_spills``); it asserts no serialisation, no spill inside
 that loop and at most 24 B outside it.
 
-    python benchmarks/compile_check_hopper_bwd.py [--variants base,ws] [--headdims 64,128,256] [--quick]
+    python tools/compile_check_hopper_bwd.py [--variants base,ws] [--headdims 64,128,256] [--quick]
                                                   [--no-ptxas] [--jobs N] [--deterministic]
                                                   [--dq-swizzled] [--lse-in-acc] [--wg-partitions]
                                                   [--varlen] [--window] [--softcap] [--col-split]

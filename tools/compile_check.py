@@ -2,7 +2,7 @@
 errors show up on a development machine instead of costing device time. Also prints each kernel's
 register count, spills and shared memory.
 
-    python benchmarks/compile_check.py [--headdims 64,128] [--quick] [--rescale-tau 8]
+    python tools/compile_check.py [--headdims 64,128] [--quick] [--rescale-tau 8]
 """
 import argparse
 import inspect

@@ -1,6 +1,6 @@
 """Ahead-of-time sm_90 compilation of Gluon kernels without a GPU, and what the compile checks read
 from the result: instruction counts in the PTX and ptxas -v's registers, spills and warnings. Shared
-by benchmarks/compile_check_hopper.py (forward) and compile_check_hopper_bwd.py (backward)."""
+by tools/compile_check_hopper.py (forward) and compile_check_hopper_bwd.py (backward)."""
 import collections
 import concurrent.futures
 import multiprocessing

@@ -2,7 +2,7 @@
 that a refactor left the measured kernels unchanged: run it before and after, and compare the lines.
 Addresses are dropped; the instructions, their operands and their order count.
 
-    python benchmarks/sass_fingerprint.py [--variants persistent] [--headdims 64,128] [--masks 0,1]
+    python tools/sass_fingerprint.py [--variants persistent] [--headdims 64,128] [--masks 0,1]
         [--walk-table default|on|off]
 """
 import argparse

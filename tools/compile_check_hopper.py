@@ -33,7 +33,7 @@ to global memory; ``int_div``: the SASS's run-time integer divisions (their I2F.
 without the option); its lines carry ``exp2_fma=N%``.
 Spills are asserted against the default bounds at 0 only, and reported for the other shares.
 
-    python benchmarks/compile_check_hopper.py [--variants base,pingpong,split,wg3] [--no-ptxas] [--quick] [--jobs N]
+    python tools/compile_check_hopper.py [--variants base,pingpong,split,wg3] [--no-ptxas] [--quick] [--jobs N]
         [--masks 0,1] [--headdims 64,128] [--varlen] [--window] [--exp2-fma 0,25,50] [--block-n 64] [--stages 4]
         [--tma-store on|off] [--fast-div on|off] [--ptx-barriers on|off] [--walk-table on|off]
 
