@@ -411,8 +411,7 @@ def test_report_decode_records(tmp_path):
 
 def test_readme_table_is_generated_from_committed_results():
     """The performance record's table (docs/performance.md) is the output of ``ioattn.bench.perf_table``
-    (what ``python benchmarks/readme_table.py`` runs) on the results file it names: a hand edit (or a
-    stale table after new results) fails here."""
+    on the results file it names: a hand edit (or a stale table after new results) fails here."""
     import pathlib
     import re
 
