@@ -223,8 +223,8 @@ def main():
                        if cell[x]["ok"] else f"{cell[x]['tflops']:{width[x] - 1}.0f}*"
                        if args.time_failed and cell[x]["ms"] < float("inf") else f"{'FAIL':>{width[x]}}" for x in names))
     if args.sass:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from gluon_aot import print_compiled_sass
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+        from gluon_aot import print_compiled_sass  # tools/, beside the compile checks
         from ioattn.kernels import hopper_backward as hb
         print_compiled_sass((hb.hopper_bwd_ws_kernel, hb.hopper_bwd_dkdv_kernel))
     return 0

@@ -264,8 +264,8 @@ def main():
                 ratio = f"{ours / ref['tflops']:.2f}" if ref else "-"
                 print(f"{d:>3} {int(causal):>1} {n:>6} " + " ".join(vals) + f"   {ratio}")
     if args.sass:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from gluon_aot import print_compiled_sass
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+        from gluon_aot import print_compiled_sass  # tools/, beside the compile checks
         from ioattn.kernels import hopper_forward as hf
         print_compiled_sass((hf.hopper_fwd_kernel,), ("HGMMA", "MUFU.EX2", "STS", "UTMALDG", "UTMASTG"))
     return 0

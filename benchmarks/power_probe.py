@@ -3,8 +3,14 @@ energy, against cuDNN's on the same shape?
 
 Each (pass, head dim, mask) runs back to back for ``--seconds`` per provider, providers alternating,
 with ``--rest`` idle seconds between runs, while ``nvidia-smi`` samples the SM clock and board power
-into the CSV given as ``--smi`` (the caller starts the sampler, ``session_gpu_run34.sh`` shows how).
-The window is the run's second half (the power limiter has settled): device time per call (events
+into the CSV given as ``--smi``. The caller starts the sampler before the probe and stops it after;
+the probe reads the time, SM clock, board power and clock-event reasons from columns 1, 2, 4 and 6:
+
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
+        --format=csv,noheader -lms 50 > SMI.csv &
+
+(one command line; older drivers name the last field ``clocks_throttle_reasons.active``). The window
+is the run's second half (the power limiter has settled): device time per call (events
 around chunks of calls), the mean SM clock and board power of the samples inside it, joules per call
 (power x time, idle power included) and TFLOP/s. bf16, 16384 tokens, hidden 2048 (the bench's grid).
 

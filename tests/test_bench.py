@@ -410,17 +410,14 @@ def test_report_decode_records(tmp_path):
 
 
 def test_readme_table_is_generated_from_committed_results():
-    """The performance record's table (docs/performance.md) is the output of
-    benchmarks/readme_table.py on the results file it names: a hand edit (or a stale table after new
-    results) fails here."""
-    import importlib.util
+    """The performance record's table (docs/performance.md) is the output of ``ioattn.bench.perf_table``
+    on the results file it names: a hand edit (or a stale table after new results) fails here."""
     import pathlib
     import re
 
+    from ioattn.bench import perf_table as mod
+
     root = pathlib.Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("readme_table", root / "benchmarks" / "readme_table.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     readme = (root / "docs" / "performance.md").read_text()
     block = readme.split(mod.START, 1)[1].split(mod.END, 1)[0].strip()
     sources = re.findall(r"head dim [0-9, ]+: `([^`]+)`", block.split("\n", 1)[0])

@@ -298,7 +298,7 @@ def test_refused_paged(case):
 
 _AOT_SCRIPT = """
 import sys
-sys.path.insert(0, "benchmarks")
+sys.path.insert(0, "tools")  # the compile checks' helpers (run from the repository root)
 from compile_check import compile_one
 from ioattn import decode
 from ioattn.kernels.decode import decode_split_kernel as fn

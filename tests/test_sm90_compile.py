@@ -2,7 +2,7 @@
 
 The interpreter runs the kernels' logic on CI but not the GPU compiler; a construct the compiler
 rejects (a non-constexpr global, an unsupported layout, too much shared memory) would otherwise
-first show up on the device. benchmarks/compile_check.py compiles every kernel at the default tiles
+first show up on the device. tools/compile_check.py compiles every kernel at the default tiles
 and asserts it fits an H200's shared memory and uses wgmma; it runs in a child process because this
 test session runs the kernels under the interpreter (which replaces @triton.jit functions). The Gluon
 kernels' checks are marked ``gluon``: skipped, with ``ioattn._compat.gluon_status``'s reason, on a Triton
@@ -18,10 +18,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _hopper_check(*args):
-    """The report lines (one a kernel) of benchmarks/compile_check_hopper.py --quick ``args``, run in a
+    """The report lines (one a kernel) of tools/compile_check_hopper.py --quick ``args``, run in a
     child process without the interpreter; the script's own assertions must pass."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_check_hopper.py"), "--quick", *args],
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "compile_check_hopper.py"), "--quick", *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return [line for line in proc.stdout.splitlines() if " tiles=" in line]
@@ -30,7 +30,7 @@ def _hopper_check(*args):
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 def test_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_check.py"), "--quick",
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "compile_check.py"), "--quick",
                            "--headdims", "59,128,256"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
@@ -52,7 +52,7 @@ causal), fits shared memory and uses wgmma, TMA and
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     main = [v for v in hopper.VARIANTS if v != "wg3"]
-    script = str(ROOT / "benchmarks" / "compile_check_hopper.py")
+    script = str(ROOT / "tools" / "compile_check_hopper.py")
     lines = []
     # and one packed-batch (IS_VARLEN) kernel: the default variant at d = 128, causal
     for args in (["--variants", ",".join(main)], ["--variants", "wg3", "--masks", "1"],

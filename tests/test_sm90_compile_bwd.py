@@ -1,5 +1,5 @@
 """Ahead-of-time compilation of the Gluon Hopper backward (``ioattn.kernels.hopper_backward``,
-experimental, not dispatched) for sm_90, without a GPU: benchmarks/compile_check_hopper_bwd.py in a
+experimental, not dispatched) for sm_90, without a GPU: tools/compile_check_hopper_bwd.py in a
 child process (this test session may run kernels under the interpreter, which replaces jit
 functions; the child runs without TRITON_INTERPRET). About a second per kernel."""
 import os
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gluon
 
 def _compile_check(*args):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_check_hopper_bwd.py"), "--quick", *args],
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "compile_check_hopper_bwd.py"), "--quick", *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc.stdout, [line for line in proc.stdout.splitlines() if line.startswith("bwd ")]
