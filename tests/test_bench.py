@@ -457,7 +457,7 @@ def test_packed_layout_reaches_every_provider(monkeypatch):
     not know is a line, not an exception."""
     seen = []
 
-    def fake_time(fn, sets, causal, mode, stats=None):
+    def fake_time(fn, sets, causal, mode, stats=None, timer=None):
         q, k, v = sets[0]
         seen.append((q.stride(), k.data_ptr() - q.data_ptr(), q._base is k._base is v._base))
         return 1.0
@@ -487,7 +487,7 @@ def test_train_rounds_interleave_providers(monkeypatch):
     is reported once and dropped from later ones."""
     calls = []
 
-    def fake_time(fn, sets, causal, mode, stats=None):
+    def fake_time(fn, sets, causal, mode, stats=None, timer=None):
         name = fn()
         calls.append((name, mode, causal))
         if name == "c" and calls.count(("c", "fwd", causal)) == 2:  # round 2, its first mode
