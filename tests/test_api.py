@@ -852,6 +852,7 @@ def test_hopper_varlen_switch_and_policy(monkeypatch):
     assert kw["max_seqlen_q"] == kw["max_seqlen_k"] == 5
 
 
+@_NO_INTERPRETER
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("ragged", [False, True])
 def test_hopper_backward_flat_dq_order(d, ragged):

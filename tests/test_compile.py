@@ -147,8 +147,9 @@ def test_fake_shapes_match_real(backend, layout):
     # the fake (meta) implementation's outputs agree with the real one in shape, dtype and strides
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    q = torch.randn(2, 7, 4, 16, dtype=torch.float16)
-    k = torch.randn(2, 9, 2, 16, dtype=torch.float16)
+    device = DEVICE if backend == "triton" else "cpu"  # the Triton kernels take CPU tensors only interpreted
+    q = torch.randn(2, 7, 4, 16, dtype=torch.float16, device=device)
+    k = torch.randn(2, 9, 2, 16, dtype=torch.float16, device=device)
     if layout != "contiguous":
         q, k = q.transpose(1, 2).contiguous().transpose(1, 2), k.transpose(1, 2).contiguous().transpose(1, 2)
     with dispatch.forced_backend(backend):
