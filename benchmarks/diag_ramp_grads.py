@@ -1,7 +1,7 @@
 """Gradient errors on climbing scores (tests/test_gpu.py's ``_ramp_inputs``) with and without the Gluon
 forward's conditional rescaling: the kernels' error against the float64 oracle and PyTorch's own in the
 same dtype, per tensor, to tell whether a gradient miss comes from the option (the forward's O and lse)
-or from the conditioning of the inputs (NOTES §84). Prints one line a configuration."""
+or from the conditioning of the inputs (docs/decisions/conditional-rescale.md). Prints one line a configuration."""
 import argparse
 import os
 import sys

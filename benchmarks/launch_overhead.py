@@ -2,7 +2,7 @@
 call, ``ioattn.bench.timing.median_ms``): an empty Triton kernel with 4 arguments and with 64, a
 PyTorch fill of one element, and the decode step at batch 64 x 4096 (one kernel a call) for ioattn
 (with and without its programmatic dependent launch) and cuDNN, in three interleaved rounds.
-The question (NOTES §45): at 64 x 4096 the bench times ioattn's call 3.2 us over its kernel's span in
+The question (docs/decisions/decode-launches.md): at 64 x 4096 the bench times ioattn's call 3.2 us over its kernel's span in
 the device timeline and cuDNN's 1.9 us over its own; is that the launch of a kernel with ~60 arguments?
 
     python benchmarks/launch_overhead.py

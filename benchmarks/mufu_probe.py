@@ -1,4 +1,4 @@
-"""How fast the special-function unit computes exp2 in each precision PTX offers on sm_90 (NOTES §139).
+"""How fast the special-function unit computes exp2 in each precision PTX offers on sm_90 (docs/decisions/exp2-emulation.md).
 
 ptxas 12.8 lowers ``ex2.approx.f16x2`` / ``ex2.approx.ftz.bf16x2`` (one instruction for two values)
 to two scalar ``MUFU.EX2.F16`` / ``MUFU.EX2.BF16`` and a PRMT; whether those scalar forms issue
