@@ -613,7 +613,7 @@ DEFERRED_ROW_SUM_ON = (("pingpong", 128), ("pingpong", 256), ("persistent", 64),
 # One softmax body for a tile's first key step in the ping-pong kernels (the kernel's ``LEAN`` bit 5,
 # ``_step_softmax``): where FEWER_MASKS decides that step's mask at run time, the mask alone
 # (``_mask_scores``) sits under the branch, ahead of one copy of the softmax, instead of two inlined
-# copies, masked or not: 5-11 % less consumer code for the instruction cache, which short causal tiles
+# copies, masked or not: less consumer code for the instruction cache, which short causal tiles
 # walk through once a tile. On by default for causal calls at ``MASK_BRANCH_CAUSAL_HEADDIMS`` in the
 # two-warpgroup kernels (wg3 has no FEWER_MASKS: its code would not change). Not inside the key loop:
 # there ptxas waits for the wgmma in flight (P V) at the branch's join, ahead of the softmax. ``with
@@ -1155,9 +1155,9 @@ def inputs_note(q, k, v, varlen, causal, backward=False) -> str:
 
 # Batched q / k / v with no (rows, heads * d) view (``dispatch.tma_rows_view``; a (batch, heads,
 # seqlen, d) tensor transposed to flash-attn's order) reach the Gluon kernels as contiguous copies from
-# ``COPY_MIN_SEQLEN[pass][(head dim, causal)]`` query rows, where the copies (~280 us a call at 16k
-# tokens and hidden 2048) cost less than what the portable kernels, which read any strides, lose to the
-# Gluon ones; shorter calls keep the portable kernels. ``with hopper.copy_strided(True / False)`` or
+# ``COPY_MIN_SEQLEN[pass][(head dim, causal)]`` query rows, where the copies (a fixed cost a call) cost
+# less than what the portable kernels, which read any strides, lose to the Gluon ones; shorter calls keep
+# the portable kernels. ``with hopper.copy_strided(True / False)`` or
 # IOATTN_HOPPER_COPY=1 / 0 decides it at any length. tuned: docs/decisions/strided-inputs.md
 copy_strided = dispatch.Preference(False)
 COPY_MIN_SEQLEN = {"fwd": {(64, False): 16384, (64, True): 16384, (128, False): 4096, (128, True): 16384,
