@@ -9,38 +9,16 @@ is left out at head dims its variant does not cover (``BWD_VARIANT_HEADDIMS``: b
                                 [--time-failed] [--sass]
 
 ``--rounds R``: every provider timed R times, interleaved; the table gives each one's median round.
-(Providers "gluon-ws+NAME=0|1" timed compile-time options of the ws kernel until they were removed,
-NOTES §50.) "gluon-ws-dq128": the ws kernel with the fp32 dQ staging tile at the 128 B
-swizzle (before NOTES §54; "gluon-ws-stagger" timed the staggered walk until it was removed);
-"gluon-ws-m64": 64 query rows a step at d = 64 (``WS_BLOCK_M``; 128 since NOTES §55);
-"gluon-ws-accstore": dK / dV stored from the accumulator layout (``WS_COALESCED_STORE`` off; on since
-NOTES §56 at d = 64 / 128, §58 at d = 256, where "gluon-ws-rows256" timed it before); "gluon-ws-dqhi"
-timed d = 256's dQ high half staged in the step's Q slot until it became the only form (NOTES §59).
-"gluon-ws-dqflat": the dQ staging tile and accumulator in the accumulator's order (``WS_DQ_FLAT``,
-d = 64 / 128; NOTES §99; the default since), "gluon-ws-dq32": the swizzled 2-D tile it replaced.
-"gluon-ws-lse": lse folded into S^T's accumulator (``WS_LSE_IN_ACC``, d = 64 / 128; NOTES §100; the
-default at d = 128 since). ("gluon-ws-latedo" timed the dO slot released with the dQ block until
-it became the only form, NOTES §102; "gluon-ws-dacc", D in dP^T's accumulator at d = 128, until it
-was removed, §103; "gluon-ws-earlys", the next step's S^T issued behind dK, §104.)
-"gluon-ws-dqhifirst": the column split (d = 256) handing dQ's high half to the writer first and
-releasing the Q slot once it is read (``WS_DQ_HI_FIRST``; NOTES §160: the padded widths' order, 0.95-1.00x
-the default at d = 256; "gluon-ws-dqlofirst" timed the default against it; "gluon-ws-dqhilate" timed the
-high half kept in registers and stored behind the next step's S^T until it was removed, §162).
-("gluon-ws-xr16" timed d = 128's non-causal step at 80 query rows, a 64-row tile and a 16-row one,
-until it was removed, NOTES §165.)
-"gluon-ws-wgsplit": each consumer warpgroup a partition of its own (``WS_WG_PARTITIONS``; NOTES §105;
-the default at d = 128 since). ("gluon-ws-stagger" timed the walk staggered by key block again until
-it was removed, §106; "gluon-ws-dkearly", dK issued before dS^T's exchange, until it was removed,
-§107; "gluon-ws-fusedprep", D, the lse rows and the zeroed dQ accumulator from one preprocess launch,
-until it became the only form, §111.)
-("gluon-ws-dqalt" timed the whole dQ block by one warpgroup a step, by turns, until it was removed,
-§123; "gluon-ws-dqlate", each step's dQ block handed to the writer a step late, in two forms,
-until they were removed, §125; "gluon-ws-dqred", dQ added from the registers by 16-byte reductions
-into the flat accumulator, until it was removed, §127; "gluon-ws-ptxbar", the consumers' redundant
-partition barriers dropped from the PTX at d = 128, until it was removed, §135; "gluon-ws-st3", the
-Q / dO rings three deep at d = 128, until it was measured level, §136; "gluon-ws-dqown" and
-"gluon-ws-dqownlag", each warpgroup's dQ over its own keys with no dS^T exchange, until they were
-removed, §153.)
+The ws kernel's A/B arms: "gluon-ws-dq128" (the fp32 dQ staging tile at the 128 B swizzle),
+"gluon-ws-m64" (64 query rows a step at d = 64, ``WS_BLOCK_M``), "gluon-ws-accstore" (dK / dV stored
+from the accumulator layout, ``WS_COALESCED_STORE`` off), "gluon-ws-dqflat" / "gluon-ws-dq32" (the dQ
+staging tile and accumulator in the accumulator's order, ``WS_DQ_FLAT``, or the swizzled 2-D tile),
+"gluon-ws-lse" (lse folded into S^T's accumulator, ``WS_LSE_IN_ACC``), "gluon-ws-wgsplit" (each
+consumer warpgroup a partition of its own, ``WS_WG_PARTITIONS``), "gluon-ws-dqhifirst" /
+"gluon-ws-dqlofirst" (the column split handing dQ's high half to the writer first or last,
+``WS_DQ_HI_FIRST``). The measurements and the options that were tried and removed (providers of
+earlier versions of this script): docs/decisions/backward-ws-step.md, backward-dq-path.md,
+split-products.md, hopper-backward-kernel.md.
 
 bf16 (``--dtype fp16``: fp16), 16384 tokens, hidden 2048 (the bench's grid). Every variant's gradients are
 checked against the float64 oracle (2x PyTorch's own same-dtype error, ``conftest.assert_within_torch_error``'s
@@ -145,12 +123,12 @@ def main():
     ap.add_argument("--heads", type=int, default=0,
                     help="query (= K/V) heads; 0: hidden 2048 / head dim (the bench's grid). 33 gives 33 x 128 = "
                          "4224 key blocks of 128 at 16k tokens, 32 whole waves of 132 SMs, where the bench's grid "
-                         "has 2048 at d = 128 (15.5 waves): the last wave's cost by difference (NOTES §71, §134)")
+                         "has 2048 at d = 128 (15.5 waves): the last wave's cost by difference")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"), help="the inputs' dtype")
     ap.add_argument("--sass", action="store_true",
                     help="at the end, each Gluon backward kernel compiled in this process: its SASS's counts of "
                          "products, stores, reductions, fences and TMA operations, and the ptxas version (a "
-                         "diagnostic build's record of what the compiler kept, NOTES §128)")
+                         "diagnostic build's record of what the compiler kept, read on the machine that ran it)")
     ap.add_argument("--time-failed", action="store_true",
                     help="time a provider whose gradients fail the oracle too (a diagnostic build with a part "
                          "compiled out); its rows keep ok=false and the table marks them with *")

@@ -11,7 +11,7 @@ read modes. ``--cases tail``: the tail split on and off, batches 17-100 x 4096. 
 4096 (just over one wave of units), uniform split counts. ``--cases tail64``: batch 64 x 4096 with a
 forced tail split; ``--cases resident``: 64 / 66 x 4096 with several programs resident per SM; ``--cases wide64``: 64-key chunks on the
 launches without splits; ``--cases onewave`` / ``onewave2`` / ``onewave_paged``: around the one-wave rule. (``--cases streamk`` measured a stream-K
-partition, removed after it lost everywhere: results/session-2026-12-01-v, NOTES §41.)
+partition, removed after it lost everywhere: results/session-2026-12-01-v, docs/decisions/decode-splits.md.)
 ``--rounds R`` times every entry R times, interleaved (the spread of one entry between rounds is
 the noise the choice has to beat).
 
@@ -105,38 +105,38 @@ PAGED_PTR = [(b, 4096, True, False, [{}, dict(use_tma=False), dict(use_tma=False
              for b in (42, 48)] + [(48, 4096, False, False, [{}])]
 # batch 64 x 4096 (512 units on 132 SMs, one program each: 3.88 waves, the last 88 % full) forced to
 # a tail split (the default leaves a last wave over half full whole): the first 392 units whole (49
-# batch elements, 2.97 waves), the last 120 split k ways and merged (NOTES §76); batch 66 (4.0 waves)
+# batch elements, 2.97 waves), the last 120 split k ways and merged (docs/decisions/decode-splits.md); batch 66 (4.0 waves)
 # and 60 beside, whose times bound what the last wave's idle SMs cost
 TAIL64 = ([(64, 4096, False, False, [{}] + [dict(num_whole=392, num_splits=k) for k in (2, 4, 8, 11)]
             + [dict(num_whole=264, num_splits=k) for k in (4, 8)])]
           + [(b, 4096, False, False, [{}]) for b in (60, 66)])
 # the same cases with more than one program resident per SM (a smaller ring, registers capped where
 # the compiler's count would keep one): does a second program hide each program's start and end,
-# where the SM has nothing in flight (NOTES §77)?
+# where the SM has nothing in flight (docs/decisions/decode-one-wave.md)?
 RESIDENT = [(b, 4096, False, False, [{}, dict(block_n=64, num_stages=2), dict(block_n=64, num_stages=2, max_regs=128),
                                      dict(block_n=64, num_stages=3, max_regs=168),
                                      dict(block_n=32, num_stages=4, max_regs=128)])
             for b in (64, 66)]
 # the launches without splits and without a tail split (batches whose last wave is over half
-# full, and 32 x 32768): 64-key chunks with 2 stages against the default's 128 (NOTES §78); and the
+# full, and 32 x 32768): 64-key chunks with 2 stages against the default's 128 (decode-one-wave.md); and the
 # default without programmatic dependent launch of the step kernel at 64 / 66
 _C64 = dict(block_n=64, num_stages=2)
 WIDE64 = ([(b, 4096, False, False, [{}, _C64] + ([dict(pdl_wait=False)] if b in (64, 66) else []))
            for b in (60, 64, 66, 80, 96, 128)] + [(32, 32768, False, False, [{}, _C64])])
-# around the one-wave rule (decode.ONE_WAVE_BLOCK_N, NOTES §78): batches 50-57 (397-456 units), where the
+# around the one-wave rule (decode.ONE_WAVE_BLOCK_N, docs/decisions/decode-one-wave.md): batches 50-57 (397-456 units), where the
 # tail split is taken first, against the one-wave launch; batch 80 (640 units, 7 % behind cuDNN in -zg)
 # with 5 programs an SM (registers capped at 96)
 _ONE = dict(block_n=64, num_stages=2, max_regs=128, tail_split=False)
 ONEWAVE = ([(b, 4096, False, False, [{}, _ONE]) for b in (50, 52, 56)]
            + [(80, 4096, False, False, [{}, dict(block_n=64, num_stages=2, max_regs=96),
                                         dict(block_n=32, num_stages=2, max_regs=96)])])
-# the one-wave rule with 4 or 5 programs an SM (NOTES §79) against the launch before it (an explicit
+# the one-wave rule with 4 or 5 programs an SM against the launch before it (an explicit
 # block_n keeps the wide tile and the tail split), batches 50-82 x 4096; at 67 / 68 (tail split kept:
 # 8 / 16 units past 4 waves) the one-wave launch forced as well
 _ONE5 = dict(block_n=64, num_stages=2, max_regs=96, tail_split=False)
 ONEWAVE2 = [(b, 4096, False, False, [{}, dict(block_n=128)] + ([_ONE5] if b in (67, 68) else []))
             for b in (52, 56, 60, 64, 66, 67, 68, 70, 72, 76, 80, 82)]
-# paged caches (pages of 256) in the one-wave range (NOTES §81): the rule (pointer loads, 64-key chunks,
+# paged caches (pages of 256) in the one-wave range: the rule (pointer loads, 64-key chunks,
 # the cap) against the paged launch before it (TMA, 128-key chunks, the tail split where it applied)
 ONEWAVE_PAGED = [case for b in (52, 56, 64, 68, 72, 80)
                  for case in ((b, 4096, True, False, [{}, dict(block_n=128)]), (b, 4096, False, False, [{}]))]

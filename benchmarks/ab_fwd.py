@@ -1,8 +1,8 @@
 """A/B of forward variants in one process, with SDPA's flash and cuDNN backends timed beside them:
 the K/V load path (pointer / TMA descriptors) crossed with the tiles given in ``--tiles``.
 (At commit e72b253 it also crossed the exp2 mode of FlashAttention-4's polynomial in the portable
-kernel; that variant was measured slower everywhere and removed: benchmarks/NOTES.md, section 8. The
-Gluon forward's own version is the ``-fmaNN`` suffix below, NOTES section 42.)
+kernel; that variant was measured slower everywhere and removed. The Gluon forward's own version is
+the ``-fmaNN`` suffix below; both: docs/decisions/exp2-emulation.md.)
 
     python benchmarks/ab_fwd.py --out DIR [--headdims 64,128] [--seqlens 1024,4096,16384]
 
@@ -109,7 +109,7 @@ FMA_SUFFIX = {"12": 12.5, "25": 25.0, "50": 50.0, "100": 100.0}
 def parse_load(name, loads):
     """A --loads name -> (its loads entry, lpt, exp2_fma, acc_stores, q_prefetch, paired): a base name,
     then optionally "-fmaNN" (Gluon only), "-accstore" (Gluon only: the output stored from the
-    accumulator layout, hopper.out_row_stores off; until NOTES §57 "-rows" named the opposite), "-cr"
+    accumulator layout, hopper.out_row_stores off; before whole-row stores became the default "-rows" named the opposite), "-cr"
     or "-crw" (FA4's conditional rescaling, hopper.conditional_rescale, decided by the thread or by the
     warp, hopper.rescale_by_warp; wg3 or a "-lean" name), "-nBN" and / or "-sS" (Gluon only: the key
     tile and K / V ring depth instead of hopper.TILE_TABLE's, ``gluon_tiles``; wg3 at d = 128 too), "-q2"
@@ -183,15 +183,15 @@ def main():
     ap.add_argument("--causal", default="0,1", help="masks: 0 (none), 1 (causal) or both")
     ap.add_argument("--heads", type=int, default=0,
                     help="query (= K/V) heads; 0: hidden 2048 / head dim (the bench's grid). A count whose tiles fill "
-                         "whole waves of the SMs isolates the last wave's idle SMs (NOTES §71)")
+                         "whole waves of the SMs isolates the last wave's idle SMs")
     ap.add_argument("--tag", default="ab_fwd", help="name of the JSON-lines file")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved timing rounds (median of their medians)")
     ap.add_argument("--rest", type=float, default=0.0, help="idle seconds before each timing: the board's power "
-                    "limiter lowers the SM clock under sustained load (NOTES §43), so every variant starts rested")
+                    "limiter lowers the SM clock under sustained load, so every variant starts rested")
     ap.add_argument("--sass", action="store_true",
                     help="at the end, each Gluon forward kernel compiled in this process: its SASS's counts of "
                          "products, exponentials, stores and TMA operations, and the ptxas version (what the "
-                         "compiler kept, read where it ran: NOTES §128)")
+                         "compiler kept, read where it ran)")
     args = ap.parse_args()
     if args.rounds < 1 or args.rest < 0:
         ap.error(f"--rounds must be at least 1 and --rest at least 0, got {args.rounds} and {args.rest}")

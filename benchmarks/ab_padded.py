@@ -1,16 +1,16 @@
-"""A/B for head dims the Gluon kernels do not have (NOTES §154): the call's q, k, v (and in the
+"""A/B for head dims the Gluon kernels do not have (docs/decisions/padded-head-dims.md): the call's q, k, v (and in the
 backward out, dO) zero-padded on the host to the next head dim the Gluon kernels cover (64, 128,
 256), the Gluon forward / backward run there, the result sliced back to d and made contiguous, the
 copies timed with it: "gluon-pad", the launchers' own path (``hopper.padded_headdim``: in place for d a
-multiple of 8, ``hopper.padded_in_place``, NOTES §155; else the pads by ``hopper.pad_head``), "gluon-fpad"
-the copies by ``F.pad`` at every d (run223's form, §154), "gluon-pad-wide" the in-place path with its
-products over all 256 columns at d = 136-192 (``hopper.split_cols`` / ``bwd_split_cols`` off, NOTES
-§157 / §158), "gluon-pad-dqlofirst" (backward only) the in-place path with dQ's low half handed to the
-writer first (``hopper_backward.WS_DQ_HI_FIRST`` off, NOTES §160),
+multiple of 8, ``hopper.padded_in_place``; else the pads by ``hopper.pad_head``), "gluon-fpad"
+the copies by ``F.pad`` at every d (the first padded path's form), "gluon-pad-wide" the in-place path with its
+products over all 256 columns at d = 136-192 (``hopper.split_cols`` / ``bwd_split_cols`` off,
+docs/decisions/split-products.md), "gluon-pad-dqlofirst" (backward only) the in-place path with dQ's low half handed to the
+writer first (``hopper_backward.WS_DQ_HI_FIRST`` off),
 "gluon-pad-ring" / "gluon-pad-whole" (forward only) the in-place path with the split ring or without it
-(``hopper.split_ring``, NOTES §161),
+(``hopper.split_ring``),
 "gluon-pad-pp" / "gluon-pad-pers" / "gluon-pad-wg3" (forward only) the in-place path in one variant at every
-length (at a head dim the kernels have, e.g. 64, the launcher's own path with that variant: NOTES §163);
+length (at a head dim the kernels have, e.g. 64, the launcher's own path with that variant);
 against the default dispatch ("ioattn": the portable kernels at these head dims before the padded
 policy, ``hopper.PADDED_MIN_SEQLEN``'s choice after), the portable kernels themselves ("portable"), and
 SDPA's cuDNN and FlashAttention-2 backends, in one process.
@@ -68,20 +68,20 @@ def gluon_pad_fwd(q, k, v, causal):
 
 def gluon_pad_whole_fwd(q, k, v, causal):
     """The in-place path with the K / V ring in whole 256-wide tiles, two stages (``hopper.split_ring`` off;
-    NOTES §161)."""
+    docs/decisions/split-products.md)."""
     with hopper.split_ring(False):
         return hopper.hopper_forward(q, k, v, q.shape[-1] ** -0.5, causal)
 
 
 def gluon_pad_wide_fwd(q, k, v, causal):
-    """The in-place path with its products over all 256 columns (``hopper.split_cols`` off; NOTES §157)."""
+    """The in-place path with its products over all 256 columns (``hopper.split_cols`` off)."""
     with hopper.split_cols(False):
         return hopper.hopper_forward(q, k, v, q.shape[-1] ** -0.5, causal)
 
 
 def gluon_pad_ring_fwd(q, k, v, causal):
     """The in-place path with the split ring (``hopper.split_ring``: K / V tiles in 128 + 64-column
-    buffers, three stages; NOTES §161; the default since: "gluon-pad" ran without it until then)."""
+    buffers, three stages; the default since: "gluon-pad" ran without it until then)."""
     with hopper.split_ring(True):
         return hopper.hopper_forward(q, k, v, q.shape[-1] ** -0.5, causal)
 
@@ -143,7 +143,7 @@ def bwd_setup(name):
         if name == "gluon-pad":  # the launchers' own padded path
             out, lse = gluon_pad_fwd(q, k, v, causal)
             return lambda: hopper_backward(dout, q, k, v, out, lse, q.shape[-1] ** -0.5, causal, variant="ws")
-        if name == "gluon-pad-dqlofirst":  # the same with dQ's low half handed over first (NOTES §160)
+        if name == "gluon-pad-dqlofirst":  # the same with dQ's low half handed over first
             from ioattn.kernels import hopper_backward as hb
             out, lse = gluon_pad_fwd(q, k, v, causal)
 

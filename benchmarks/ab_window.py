@@ -15,7 +15,7 @@ every provider with ALiBi (flash-attn's ``alibi_slopes``, the paper's slopes 2^(
 head; FlexAttention's as a score_mod). Provider ``gluon-cs`` (the backward with a softcap): the Gluon
 backward's column-split form at d = 128 too (``hopper_backward.WS_SOFTCAP_COL_SPLIT_HEADDIMS``, in
 this process), against ``gluon``, the default. Provider ``gluon-was`` (the forward with ALiBi): the
-ALiBi configuration of NOTES §148 (``alibi_forms``: the fp32 columns everywhere, d = 128 at 64-key
+ALiBi configuration of docs/decisions/alibi.md's first form (``alibi_forms``: the fp32 columns everywhere, d = 128 at 64-key
 tiles, d = 64 in pingpong); ``gluon-magic``: the magic form for causal calls at any length and for
 windows.
 
@@ -142,7 +142,7 @@ def column_split(on):
 
 
 def alibi_forms(name):
-    """``gluon-was``: the forward's ALiBi configuration of NOTES §148 (the fp32 columns at every head dim:
+    """``gluon-was``: the forward's first ALiBi configuration (the fp32 columns at every head dim:
     d = 128 at 64-key tiles four deep, d = 64 in pingpong), for a same-run A/B; ``gluon-magic``: the
     magic-number form for causal calls of every length and for windows at its head dims; any other: the
     default."""

@@ -5,7 +5,7 @@ Each (provider, case): the call set up as ``ioattn bench decode`` sets it up, wa
 ``--calls`` calls queued back to back behind a busy-wait kernel (so the host is ahead, as in the
 bench's timing) and profiled. Per call: its kernels in order, each's duration, the gap before each
 (from the previous kernel's end), and the span from the first kernel's start to the last one's end;
-medians over the calls. The question (NOTES §43): at batch 1 x 16k / 64k keys ioattn's eager step is
+medians over the calls. The question (docs/decisions/decode-launches.md): at batch 1 x 16k / 64k keys ioattn's eager step is
 0.5 us behind cuDNN's while its graph replay is level; which part (split kernel, merge, the gap
 between them) is the difference?
 

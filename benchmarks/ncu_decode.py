@@ -5,7 +5,7 @@ provider inside the NVTX range ``prof`` (push/pop), so that
     ncu --nvtx --nvtx-include "prof/" ... python benchmarks/ncu_decode.py --batch 64 --kvlen 4096
 
 profiles every kernel of the profiled calls and nothing else, whatever each provider launches.
-The question (NOTES §76): at batch 64 x 4096 cuDNN streams the cache ~1 % faster than our split
+The question (docs/decisions/decode-one-wave.md): at batch 64 x 4096 cuDNN streams the cache ~1 % faster than our split
 kernel in a full wave; its grid, block, registers, shared memory and DRAM / L2 figures against ours.
 """
 import argparse

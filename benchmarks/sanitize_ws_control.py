@@ -2,7 +2,7 @@
 Gluon kernel (a default partition and one worker warp, each storing to its own global buffer, no
 shared memory of its own). Any shared-memory hazard racecheck reports here belongs to the
 compiler's warp-specialisation scaffolding, not to a kernel of this project; the forward's report
-can then be read against this one (benchmarks/NOTES.md §21).
+can then be read against this one (docs/decisions/compute-sanitizer.md).
 
 The plain control was racecheck-clean on the H200 while the forward was not. ``--local-barrier``
 adds the one structural difference found in the forward's SASS: its default partition synchronises
@@ -11,7 +11,7 @@ than the CTA), which a tool that reads barrier 0 as the whole-CTA ``__syncthread
 against the worker warps' handshake on barrier 1. If racecheck flags the handshake with it and not
 without it, the forward's report is that effect.
 
-The plain control and the one with ``--local-barrier`` were measured (NOTES §27: 0 and 1 hazards)
+The plain control and the one with ``--local-barrier`` were measured (0 and 1 hazards)
 while the forward reports 24-30 (48 with this session's defaults, all on the scaffolding: the
 kernel's ``def`` line, ``warp_specialize``, an early ``return``, ``if PINGPONG:``). Two more of the
 forward's structural traits, each a flag, so that one racecheck run per combination tells which
@@ -19,7 +19,7 @@ one the tool's reports follow: ``--early-return`` (odd programs return before ``
 as the forward's programs with no query rows do) and ``--fwd-partitions`` (the forward's partition
 shape: a 4-warp worker warpgroup and a 1-warp worker beside the default warpgroup, 240 / 32
 registers, instead of one 1-warp worker at 24). Each of those was clean on the H200, alone and
-together (NOTES §65), so one more: ``--mbarrier`` (shared memory of the kernel's own, as every
+together, so one more: ``--mbarrier`` (shared memory of the kernel's own, as every
 forward has: an mbarrier and a tile allocated before ``warp_specialize``; the worker warp fills the
 tile and arrives, the default partition waits on the barrier's phase and reads the tile back).
 

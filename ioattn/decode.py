@@ -34,72 +34,42 @@ from ioattn.merge import _merge_triton
 from ioattn.reference.decode import apply_rotary_ref, gather_kv_ref
 from ioattn.reference.naive import attention_ref
 
-# Launch policy, from the device sweep `benchmarks/tune_decode.py` (results in
-# benchmarks/results/decode-tune-{1,2}; 32 query / 8 KV heads, d=128, bf16, the peers' decode table):
-# - BLOCK_N 128, 2 stages; with splits on a contiguous cache BLOCK_N 64, 3 stages. The focused sweep
-#   `tune_decode.py --focus` (benchmarks/results/decode-tune-3, cuDNN timed on the same tensors) put
-#   64 x 3 stages first of 12 configs x 5 split waves at batch 1 with 4k-128k keys (13.4 / 26.8 /
-#   71.0 / 129.3 us against 13.7 / 27.8 / 72.8 / 130.8 for 128 x 2); `ioattn bench decode` with it
-#   everywhere (benchmarks/results/decode-2026-12-01-bn64) confirmed batch 1 (128.9 us at 128k keys,
-#   cuDNN 128.4) but lost badly without splits (batch 64 x 4096: 282 vs 247 us) and on paged caches
-#   read through TMA (128k keys: 151.5 vs 139.6), where 128 x 2 stays. Paged caches with pointer loads
-#   (2-15 splits) take 64 x 3 too: batch 8 x 8192 71.4 vs 73.6 us with 128 x 2 (contiguous 70.7;
-#   benchmarks/ab_decode.py, results/session-2026-12-01-h). 16 under the interpreter so that the
-#   small test caches cross several chunks and splits. Shrinks to divide the page size.
-# - splits: enough programs for SPLIT_WAVES programs per SM (2 beat 1, 4 and 8 at batch 1 with
-#   64k-128k keys: 146 us vs 213 / 202 / 233 at 128k), at least one chunk per split, at most
+# Launch policy (the device sweeps of `benchmarks/tune_decode.py` and `benchmarks/ab_decode.py`):
+# - BLOCK_N 128, 2 stages; split launches read through pointers take BLOCK_N 64, 3 stages (ahead at
+#   batch 1, behind without splits and on paged caches read through TMA). 16 under the interpreter so
+#   that the small test caches cross several chunks and splits. Shrinks to divide the page size.
+# - splits: enough programs for SPLIT_WAVES programs per SM, at least one chunk per split, at most
 #   MAX_SPLITS; none once batch * KV heads fill the SMs.
-# - TMA descriptors (pipelined loads) measured within 1-2 % of pointer loads on contiguous caches:
-#   off there (no host-side descriptor cost). Paged caches (pages of 256) without splits read 17 %
-#   slower through pointers than the contiguous cache at batch 64 x 4096 keys (288 vs 246 us);
-#   through TMA 248 us (and at batch 32 x 32768: 971 vs 949 contiguous): on there. With splits,
-#   pointer loads (batch 8 x 8192: 76 vs 101 us through TMA). Source: benchmarks/results/decode-tune-2.
+# - loads: pointers on contiguous caches (TMA within a few per cent there, with a host-side descriptor
+#   cost); paged caches through TMA without splits and with many (``_PAGED_TMA_MIN_SPLITS``).
 # BLOCK_M is the packed row count (group * seqlen_q) rounded up to a power of two, >= 16, <= 64.
+# tuned: docs/decisions/decode-splits.md, docs/decisions/decode-paged-loads.md
 DEFAULT_NUM_SMS = 132  # H100/H200; the device's own count is used when there is one
 SPLIT_WAVES = 2
-# At least this many keys per split on the GPU: `benchmarks/ab_decode.py` (results/session-2026-12-01-h,
-# input sets rotated past L2, 64-key chunks) at batch 1 x 4096: 16 splits of 256 keys 14.2 us eager /
-# 13.9 replayed, against 15.2 / 14.9 for 32 splits of 128 keys (the waves rule alone) and 16.4 / 15.8
-# for 64 of 64 (cuDNN 16.2 in the same run). Longer caches get their count from the waves rule first.
-# Contiguous caches only: a paged cache at batch 1 x 4096 read through TMA took 16.1 us with 16
-# splits against 15.4 with 32 (results/session-2026-12-01-i and -f); paged caches keep at least one
-# 128-key chunk per split, their count before this rule.
+# At least this many keys per split on the GPU (contiguous caches; the waves rule sets longer caches'
+# counts first). Paged caches keep at least one 128-key chunk per split, their count before this rule.
+# tuned: docs/decisions/decode-splits.md
 MIN_KEYS_PER_SPLIT = 256
-# The tail split (``_tail_split``) needs this many whole waves before the tail: measured a gain from
-# 2 waves on and a loss with 1 (results/session-2026-12-01-s), where splitting every unit in two wins
+# The tail split (``_tail_split``) needs this many whole waves before the tail (after one wave, splitting
+# every unit in two wins). tuned: docs/decisions/decode-splits.md
 TAIL_MIN_WAVES = 2
 # The wide tile without splits compiles to 186 registers a thread (2 programs of 128 threads per SM),
-# its split launches to 168 (3 per SM; benchmarks/decode_occupancy.py, results/session-2026-12-01-x).
-# Where the units need more than 2 but at most 3 programs per SM, a launch that is neither split nor
-# tail-split is capped at WIDE_MAX_REGS (Triton's maxnreg; 3 x 168 x 128 <= 65536), so every unit is
-# resident at once (contiguous caches; paged ones read through pointers there instead, see plan()):
-# `ab_decode.py --cases regs / regs2` (same results), batch 42 / 45 / 48 / 49 x 4096 (336-392 units
-# on 132 SMs): 169.4 / 181.3 / 186.5 / 188.6 us against 213.8 / 214.8 / 217.2 / 218.4 uncapped
-# (cuDNN 178.9 / 185.3 / 189.9 / 192.2); elsewhere the cap lost (batch 64 292.1 vs 242.0, 32 x 32768
-# 941.9 vs 930.1, and every tail split). tests/test_decode.py's sm_90 compile fails if the split launch
-# of the wide tile needs more than 170 registers (2 programs per SM: the wave rules would move).
+# its split launches to 168 (3 per SM; benchmarks/decode_occupancy.py). Where the units need more than
+# 2 but at most 3 programs per SM, a launch that is neither split nor tail-split is capped at
+# WIDE_MAX_REGS (Triton's maxnreg; 3 x 168 x 128 <= 65536), so every unit is resident at once
+# (contiguous caches; paged ones read through pointers there instead, see plan()); elsewhere the cap
+# loses. tests/test_decode.py's sm_90 compile fails if the split launch of the wide tile needs more
+# than 170 registers (2 programs per SM: the wave rules would move). tuned: docs/decisions/decode-one-wave.md
 WIDE_MAX_REGS = 168
 # Where the units need more than 3 but at most 5 programs per SM (batch 50-82 at 8 KV heads on 132
-# SMs), a launch without splits takes 64-key chunks with 2 stages (38 KB of ring, 119
-# registers compiled for sm_90) with its registers capped so that 4 or 5 programs share an SM and every
-# unit is resident at once (ONE_WAVE_MAX_REGS: 65536 / 128 / p rounded down to 8; 102 -> 96), where the
-# wide tile's 2 an SM run 1.8-2.5 waves. `ab_decode.py` (NOTES §78, §79; µs, wide tile / this / cuDNN):
-# `--cases wide64` (results/session-2026-12-02-zg) batch 60 x 4096 231.3 / 227.1 / 231.5, 64 241.9 /
-# 240.2 / 240.6, 66 248.6 / 246.1 / 245.1; `--cases onewave` (-zh) 52 208.8 (tail split) / 202.8 / 200.9,
-# 56 232.6 (tail split) / 213.9 / 215.8, 80 334.5 / 300.6 (5 a SM) / 312.6. The 64 x 2 launch uncapped
-# (4 a SM) lost past one wave of it (80 / 96 x 4096: 384.9 / 396.1), and at one wave of the wide tile
-# (32 x 32768: 1101.4 against 930.3, each program's smaller ring keeping half the bytes in flight).
-# `--cases onewave2` (-zi): the rule against the launch before it at batches 52-82 x 4096, ahead at
-# every batch it changes (52 206.2 / 212.8, 56 218.7 / 237.7, 70 284.8 / 295.2, 76 298.9 / 336.0, 82
-# 313.0 / 340.8; cuDNN 204.6, 222.5, 277.9, 311.5, 321.1) but 64, level there (246.7 / 246.8, cuDNN
-# 245.9). A tail split stays first only where the tail is at most SMs / 8 units and the one-wave
-# launch would need 4 programs an SM (ONE_WAVE_TAIL_FIRST): batch 50 (4 units past 3 waves) 193.5
-# split against 196.7 one-wave, while at 5 an SM the one-wave launch beat the tail split at batches 67
-# / 68 (8 / 16 units past 4 waves: 272.3 / 275.3 against 293.1 / 293.9, cuDNN 268.4 / 273.5).
-# Paged caches (pages that 64 divides) take it too, through pointer loads instead of TMA: `--cases
-# onewave_paged` (-zk), paged one-wave / paged before / contiguous: 56 223.8 / 246.9 / 218.6, 64 246.4 /
-# 248.6 / 245.8, 68 277.6 / 310.3 / 275.1, 72 290.1 / 313.6 / 287.4, 80 310.0 / 351.0 / 307.8; at 52
-# it lost to the paged tail split, 215.0 / 213.7 (contiguous 205.7), the one batch of six.
+# SMs), a launch without splits takes 64-key chunks with 2 stages (38 KB of ring, 119 registers
+# compiled for sm_90) with its registers capped so that 4 or 5 programs share an SM and every unit is
+# resident at once (ONE_WAVE_MAX_REGS: 65536 / 128 / p rounded down to 8; 102 -> 96), where the wide
+# tile's 2 an SM run 1.8-2.5 waves. Uncapped past one wave of it, or at one wave of the wide tile (each
+# program's smaller ring keeping half the bytes in flight), it loses. A tail split stays first only
+# where the tail is at most SMs / 8 units and the one-wave launch would need 4 programs an SM
+# (ONE_WAVE_TAIL_FIRST). Paged caches (pages that 64 divides) take it too, through pointer loads.
+# tuned: docs/decisions/decode-one-wave.md
 ONE_WAVE_BLOCK_N = 64
 ONE_WAVE_STAGES = 2
 ONE_WAVE_MAX_REGS = {4: 128, 5: 96}  # programs per SM -> register cap
@@ -113,42 +83,29 @@ _NUM_WARPS = 4
 _NUM_STAGES = 2
 _NUM_STAGES_SPLIT = 3  # split launches with pointer loads (above)
 _USE_TMA_DEFAULT = False
-# Paged caches with many splits read through TMA: `tune_decode.py --focus --paged` on the H200
-# (benchmarks/results/session-2026-12-01-d, pages of 256, 128-key chunks, 4 warps, 2 waves of
-# splits) at batch 1 with 4k / 16k / 64k / 128k keys (32-33 splits): 13.0 / 27.4 / 73.8 / 133.5 us
-# through TMA against 13.6 / 29.2 / 75.5 / 136.7 through pointers (contiguous default plan 13.2 /
-# 26.8 / 71.6 / 131.1). At batch 8 x 8192 (5 splits) TMA lost, 98.6 vs 75.3 us (as in decode-tune-2):
-# pointers there. The threshold sits between the two measured split counts.
+# Paged caches with many splits read through TMA (ahead of pointer loads at batch 1's 32-33 splits,
+# behind at batch 8's 5): the threshold sits between the two measured split counts.
+# tuned: docs/decisions/decode-paged-loads.md
 _PAGED_TMA_MIN_SPLITS = 16
 # Programmatic dependent launch of the merge after the split kernel (Hopper): hides the launch gap
-# between a step's two kernels. On by default: `ioattn bench decode` on the H200
-# (benchmarks/results/session-2026-12-01/decode_results.jsonl, ioattn-pdl vs ioattn) measured
-# 15.9 -> 15.6, 29.0 -> 27.6, 75.4 -> 74.2, 134.4 -> 133.8 us at batch 1 with 4k/16k/64k/128k keys
-# and 75.9 -> 74.7 at batch 8 x 8192 (mean -0.9 us, no case slower); under CUDA-graph replay
-# -0.2..+1.1 us (noise level). `IOATTN_DECODE_PDL=0` or ``decode_config(pdl=False)`` turns it off.
+# between a step's two kernels. On by default; `IOATTN_DECODE_PDL=0` or ``decode_config(pdl=False)``
+# turns it off. tuned: docs/decisions/decode-launches.md
 _PDL_DEFAULT = True
-# The split programs let the merge grid launch after their key loop, not at their start:
-# `benchmarks/decode_timeline.py` (the bench's timing, 3 interleaved rounds; results/session-2026-12-01-zd
-# and -ze, NOTES §44) at batch 1 x 4k / 16k / 64k / 128k and 8 x 8192: 13.8 / 26.6 / 72.5 / 130.6 / 70.3
-# against 14.9 / 27.0 / 72.7 / 130.8 / 71.6 us released at the start, and 13.8 / 26.5 / 71.3 / 128.3 /
-# 69.2 against 14.6 / 26.9 / 71.1 / 129.0 / 70.2 on a second machine (level at 64k, ahead elsewhere): a
-# merge grid resident from the split kernel's start held SM room the split programs' loads could use
-# (the split kernel ran 0.2-0.4 us longer with PDL than without, -zc).
+# The split programs let the merge grid launch after their key loop, not at their start: a merge grid
+# resident from the split kernel's start held SM room the split programs' loads could use.
 # The split kernel launched by programmatic dependent launch itself (waiting for the stream's previous
-# work first thing), so its launch overlaps that work's end. `benchmarks/decode_timeline.py`
-# (results/session-2026-12-01-zi, NOTES §45): calls back to back, as in a decode loop, one every 10.7 /
-# 21.9 / 65.2 / 123.9 / 66.2 / 926.0 / 238.9 us at the bench's 7 cases against 12.2 / 23.7 / 67.5 / 125.0 /
-# 67.3 / 927.9 / 240.1 without (the 1.1-1.2 us gap before the split kernel gone); the bench's timing,
-# which records an event before and after each call, level (13.4 / 24.6 / 68.5 / 126.3 / 68.4 / 930.0 /
-# 241.7 against 13.4 / 24.6 / 68.7 / 126.2 / 68.5 / 930.7 / 241.9). On; IOATTN_DECODE_PDL_WAIT=0 or
-# decode_config(pdl_wait=False) turn it off.
+# work first thing), so its launch overlaps that work's end: calls back to back, as in a decode loop,
+# lose the gap before the split kernel (a timing that records an event between two calls does not
+# show it). On; IOATTN_DECODE_PDL_WAIT=0 or decode_config(pdl_wait=False) turn it off.
+# tuned: docs/decisions/decode-launches.md
 _PDL_WAIT_DEFAULT = True
 
 # Unified max (FlashDecoding++): a split keeps phi only if every row max m satisfies
 # phi - below <= m <= phi + above (log2 units). Above: exp2(s - phi) must fit the dtype the
 # probabilities are cast to for P @ V (fp16 tops out at 65504 < 2**16; bf16/fp32 reach 2**127, and
 # 2**64 leaves room for sums over 2**40 keys). Below: the largest probability of the row stays a
-# normal number with room to spare (fp16 normals start at 2**-14).
+# normal number with room to spare (fp16 normals start at 2**-14). Off unless the caller passes
+# ``unified_max``: docs/decisions/decode-unified-max.md.
 PHI_RANGE = {torch.float16: (8.0, 15.0), torch.bfloat16: (64.0, 64.0), torch.float32: (64.0, 64.0)}
 LOG2E = 1.4426950408889634
 
@@ -390,18 +347,14 @@ def _heuristic_splits(programs, max_end, block_n, num_sms=DEFAULT_NUM_SMS, min_k
     """As many splits as keep the grid within ``SPLIT_WAVES`` programs per SM (rounded down: a grid
     just past it leaves some SMs one program more than the rest, and the step waits for them), but
     at least one key chunk and ``min_keys`` keys per split of the longest sequence, and at most
-    ``MAX_SPLITS``; 1 when the (sequence, KV head) programs alone fill the SMs.
-    Rounded down since decode-tune-3: at batch 8 x 8192 (64 programs) 4 splits (256 programs on 132
-    SMs) took a median 74.6 us over 12 tile configs, 5 splits (320: 2.4 per SM) 86 us; batch 1 (8
-    programs, 264 / 8 = 33) is the same either way."""
+    ``MAX_SPLITS``; 1 when the (sequence, KV head) programs alone fill the SMs
+    (docs/decisions/decode-splits.md)."""
     if programs >= num_sms or max_end == 0:
         return 1
     pieces = dispatch.cdiv(max_end, max(block_n, min_keys))
     n = max(1, min(SPLIT_WAVES * num_sms // programs, pieces, MAX_SPLITS))
     # A count at most 1/8 past a power of two takes the power of two: the merge pads the splits to one
-    # (33 -> 64 rows a load) and the split kernel ran faster with the extra programs gone: batch 1 at
-    # 64k / 128k keys, 32 splits 71.0 / 129.5 us against 72.5 / 131.7 with 33 (merge 2.8 vs 4.0 us,
-    # split kernel 65.6 / 124.3 vs 65.7 / 125.5; results/session-2026-12-01-zg, NOTES §44).
+    # (33 -> 64 rows a load), and the split kernel runs faster with the extra programs gone.
     p = 1 << (n.bit_length() - 1)
     return p if 8 * (n - p) <= n else n
 
@@ -412,16 +365,7 @@ def _tail_split(units, units_per_batch, slots, pieces):
     After ``TAIL_MIN_WAVES`` whole waves or more, the batch elements that make up the last wave are
     split ``slots // tail`` ways (at most ``pieces``, the key chunks of the longest sequence), so the
     step ends on a short wave of pieces instead of a few SMs reading one whole unit each; after one
-    wave, every unit is split in two (whole = 0).
-    Sources (H200, 4096 keys, 8 KV heads, d=128, us): `ab_decode.py --cases waves`
-    (results/session-2026-12-01-r): the step grew with the bytes up to batch 66 (528 programs, 4.0
-    waves: 235 / 240 / 247 / 254 at batches 60 / 62 / 64 / 66, the last wave 64-100 % full) and jumped
-    to 328 at batch 68 (4.12 waves; cuDNN 274). `--cases tail` (results/session-2026-12-01-s, tail
-    split on / off): batch 34 136 / 205, 40 158 / 215, 68 297 / 323, 70 299 / 332, 100 377 / 440
-    (cuDNN 160, 173, 268, 270, 367), but batch 17 (one wave + 4 units) 110 / 105. `--cases near`
-    (results/session-2026-12-01-t): every unit split in two with the wide tile, batch 17 / 20 / 24
-    (136-192 units): 78.7 / 89.8 / 102.8 against 102.1 / 107.0 / 109.7 unsplit and 83.5 / 92.5 /
-    102.7 with the split tile (3 or 4 splits slower; cuDNN 72.3 / 84.0 / 103.1)."""
+    wave, every unit is split in two (whole = 0). Measurements: docs/decisions/decode-splits.md."""
     waves, rest = divmod(units, slots)
     if waves == 0 or rest == 0 or rest > slots // 2:
         return units, 1
@@ -471,7 +415,7 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     """The launch for one call: ``span`` is the longest key range any sequence may have (its max end
     when the values were read, else the cache capacity, so the plan never depends on device values).
     Memoized on everything the rules read (shapes, strides, alignment, device, the forced fields and
-    the environment switches): a decode loop plans once (host time, NOTES §46)."""
+    the environment switches): a decode loop plans once (host time: docs/decisions/decode-launches.md)."""
     key = (q.shape, q.device, k_cache.shape, k_cache.stride(), v_cache.stride(), k_cache.element_size(),
            _aligned16(k_cache, v_cache), paged, span, num_splits, tuple(_plan_override.items()),
            os.environ.get("IOATTN_DECODE_PDL"), os.environ.get("IOATTN_DECODE_PDL_WAIT"))
@@ -532,8 +476,7 @@ def _plan(q, k_cache, v_cache, paged, span, num_splits):
     band = (heuristic and q.is_cuda and num_splits == 1 and num_whole is None
             and 2 * _num_sms(q.device) < programs <= 3 * _num_sms(q.device))
     # paged caches: TMA without splits, and with at least _PAGED_TMA_MIN_SPLITS splits (policy notes),
-    # except in that band, where pointer loads keep 3 programs per SM: batch 42 / 48 x 4096 168.0 /
-    # 186.8 us against 223.6 / 227.1 through TMA (contiguous 169.5 / 186.9; results/session-2026-12-01-y)
+    # except in that band, where pointer loads keep 3 programs per SM (docs/decisions/decode-paged-loads.md)
     tma_default = _USE_TMA_DEFAULT or (paged and q.is_cuda and not band and not one_wave
                                        and (num_splits == 1 or num_splits >= _PAGED_TMA_MIN_SPLITS))
     use_tma = _plan_override.get("use_tma", tma_default) and _tma_ok(k_cache, v_cache, d)
@@ -543,14 +486,12 @@ def _plan(q, k_cache, v_cache, paged, span, num_splits):
         why.append(f"2-3 programs per SM needed: registers capped at {max_regs}")
     if band and paged and not use_tma:
         why.append("2-3 programs per SM needed: pointer loads, not TMA")
-    # the wide tile without splits (measured 247 vs 282 us at 64 x 4096) and on paged caches read
-    # through TMA (their measured best, NOTES §29)
+    # the wide tile without splits and on paged caches read through TMA (docs/decisions/decode-splits.md,
+    # decode-paged-loads.md)
     if split_tiles and (num_splits == 1 or num_whole is not None or (paged and use_tma)):
         block_n, stages = _BLOCK_N_CUDA, _NUM_STAGES
         if paged and use_tma and num_splits > 1 and dispatch.cdiv(span, num_splits) <= _BLOCK_N_CUDA:
-            # a split of one 128-key chunk has no ring to pipeline: two 64-key chunks (batch 1 x 4096,
-            # 32 splits: 15.0 / 14.8 us against 15.7 / 15.2 with 128-key chunks; contiguous 14.8 /
-            # 14.1; ab_decode --cases paged1 / lookup, results/session-2026-12-01-r and -s)
+            # a split of one 128-key chunk has no ring to pipeline: two 64-key chunks
             block_n = _BLOCK_N_SPLIT
     if one_wave:
         block_n, stages, max_regs = ONE_WAVE_BLOCK_N, ONE_WAVE_STAGES, ONE_WAVE_MAX_REGS[one_wave]

@@ -76,9 +76,7 @@ class Preference:
 
 
 # Forward K/V loads through tensor descriptors (TMA on Hopper): Triton pipelines these, not the
-# pointer loads. On by default: in one A/B run (benchmarks/results/fwd-ab-1/ab_fwd.jsonl) it was
-# at or above the pointer kernel at 10 of 12 points (d=128 N=16384: 486 vs 468 TFLOP/s), and the two
-# below were within 1 % (benchmarks/NOTES.md).
+# pointer loads. On by default. tuned: docs/decisions/portable-tiles.md
 FWD_TMA_DEFAULT = True
 
 
@@ -120,9 +118,10 @@ def tma_rows_view(t: torch.Tensor) -> torch.Tensor | None:
     return t.as_strided((t.numel() // (heads * d), heads * d), (row, 1))
 
 
-# Persistent forward (issue: a fixed set of programs walking the tiles): off until measured; the
+# Persistent forward (a fixed set of programs walking the tiles): off (slower than one program a tile
+# in this kernel, which has nothing to overlap one tile's epilogue with the next tile's loads); the
 # program count is PERSISTENT_PROGRAMS_PER_SM per SM (untuned). IOATTN_PERSISTENT=1 or
-# prefer_persistent(True) turns it on for sweeps and tests.
+# prefer_persistent(True) turns it on for sweeps and tests. tuned: docs/decisions/portable-tiles.md
 FWD_PERSISTENT_DEFAULT = False
 PERSISTENT_PROGRAMS_PER_SM = 2
 prefer_persistent = Preference(FWD_PERSISTENT_DEFAULT, env="IOATTN_PERSISTENT")
@@ -138,9 +137,9 @@ def fwd_persistent_programs(device: torch.device, num_tiles: int) -> int:
 
 # Forward conditional rescaling (FlashAttention-4): the accumulator is rescaled only when a row max
 # grows by more than this many log2 units in one key tile (kernels/common.softmax_step_lazy; FA4
-# uses 8). Off (0.0, the kernel as before, bit for bit): on the H200 tau = 8 measured 3.5-17 %
-# slower at 17 of 18 points of benchmarks/ab_fwd.py (results/gluon-ab-3, NOTES §21). ``with
-# rescale_threshold(8.0): ...`` or IOATTN_RESCALE_TAU=8 turn it on.
+# uses 8). Off (0.0, the kernel as before, bit for bit): on the H200 the block-wide decision costs more
+# than the multiplies it skips. ``with rescale_threshold(8.0): ...`` or IOATTN_RESCALE_TAU=8 turn it on.
+# tuned: docs/decisions/conditional-rescale.md
 FWD_RESCALE_TAU = 0.0
 # p = exp2(s - stale max) reaches 2**tau and is cast to the input dtype for p @ V: 2**16 = 65536 is
 # past fp16's largest finite value (65504), 2**15 fits with room
@@ -208,11 +207,9 @@ class TileConfig:
 # so the block-range and edge-masking logic is exercised.
 INTERPRETER_TILES = TileConfig(block_m=32, block_n=32, num_warps=4, num_stages=1)
 
-# H200 forward tiles by padded head dim (block_m, block_n, num_warps, num_stages). Source:
-# benchmarks/tune_tiles.py on the device, results in benchmarks/results/tune-*/ (notes in
-# benchmarks/NOTES.md). 64: best of 10 at n=4096 and 16384, causal and not (401 TFLOP/s at 16k);
-# 128: best of 10 (471 / 468 causal at 16k); 256: the only shape of 10 that fits shared memory well
-# (387). 16 and 32 follow 64 (not tuned separately).
+# H200 forward tiles by padded head dim (block_m, block_n, num_warps, num_stages), pointer loads:
+# the best of `benchmarks/tune_tiles.py`'s sweep at each head dim (256: the one shape that fits shared
+# memory well); 16 and 32 follow 64 (not tuned separately). tuned: docs/decisions/portable-tiles.md
 _FWD_TILES = {
     16: TileConfig(128, 64, 4, 3),
     32: TileConfig(128, 64, 4, 3),
@@ -220,9 +217,8 @@ _FWD_TILES = {
     128: TileConfig(128, 64, 8, 3),
     256: TileConfig(64, 64, 4, 3),
 }
-# Backward tiles, used by both the dK/dV and the dQ pass. Source: benchmarks/results/tune-2
-# (n=16384, bf16): 64 -> (64, 64, 4, 2) 325 TFLOP/s, best of 6; 128 -> (64, 64, 4, 2) 391, against
-# 169 for the 8-warp guess used before; 256 -> (32, 32, 4, 2) 145, best of 5 (still slow).
+# Backward tiles, used by both the dK/dV and the dQ pass (with 8 warps the fp32 dK / dV accumulators
+# spill). tuned: docs/decisions/portable-tiles.md
 _BWD_TILES = {
     16: TileConfig(64, 64, 4, 2),
     32: TileConfig(64, 64, 4, 2),
@@ -261,31 +257,24 @@ def _env_tiles(kind: str, bd: int) -> TileConfig | None:
 
 # Short causal sequences at small head dims: 64-row tiles. With 128 rows a program under a causal
 # mask at N <= 1024 has one to eight key blocks, two of them masked; 64-row tiles halve that and fit
-# more programs per SM. Source: benchmarks/results/tune-3-short (d=64 causal: N=512 171 vs 132
-# TFLOP/s, N=1024 242 vs 209). Non-causal and d=128 keep the table (the 128-row tiles won there).
+# more programs per SM. Non-causal and d=128 keep the table (the 128-row tiles won there).
+# tuned: docs/decisions/portable-tiles.md
 _FWD_SHORT_CAUSAL = TileConfig(64, 64, 4, 3)
 SHORT_SEQLEN = 1024
 
 
-# Forward tiles when K/V come through descriptors (TMA), where they differ from the table above.
-# Sources (bf16, 16k tokens, SDPA flash in the same process): benchmarks/results/fwd-ab-2/.
-# - d=128: 64 query rows x 64 keys, 4 warps, 3 stages at every length and mask (ab_long, ab_short:
-#   N=512 361 vs 292 TFLOP/s for (128, 64, 8, 3); causal N=4096 465 vs 381; N=16384 505 vs 464,
-#   causal 523 vs 475). With pointer loads the table's (128, 64, 8, 3) stays.
-# - d=64: 64 x 128, 4 warps, 3 stages (ab_tiles: N=4096 434 vs 408, N=8192 438 vs 414); but 64 x 64
-#   for causal masks up to N=4096 (ab_long: N=2048 320 vs 276, N=4096 368 vs 347; at 8192 and
-#   16384 the 64 x 128 tiles win, 400 vs 390 and 427 vs 393). Through pointer loads 64 x 128 loses.
+# Forward tiles when K/V come through descriptors (TMA), where they differ from the table above: 64
+# query rows (the 8-warp 128-row program was latency-bound); at d = 64, 64 x 64 for causal masks up to
+# TMA_CAUSAL_SHORT_SEQLEN (the 64 x 128 tiles win beyond), and with pointer loads 64 x 128 loses.
+# tuned: docs/decisions/portable-tiles.md
 _FWD_TILES_TMA = {64: TileConfig(64, 128, 4, 3), 128: TileConfig(64, 64, 4, 3)}
 _FWD_TMA_CAUSAL_SHORT = TileConfig(64, 64, 4, 3)
 TMA_CAUSAL_SHORT_SEQLEN = 4096
-# d <= 64 without a mask: 64 x 64 also wins at N = 512 (298 vs 267 TFLOP/s for 64 x 128, SDPA flash
-# 265; results/issue2-2026-11-29-s4/ab_d64.jsonl) but not at 4096 (416 vs 430).
+# d <= 64 without a mask: 64 x 64 also wins up to N = 512 (not at 4096).
 TMA_SHORT_SEQLEN = 512
 # A sliding window with both edges bounds the keys a row sees by its width (left + right + 1; the
 # ``band`` argument), which the short causal rule then judges in place of seqlen_q: at d = 64 the
-# portable forward measured, on the same bands (ab_window.py --pass fwd, bf16, 16k tokens; windows (32,
-# 0) ... (4096, 0)), 29 / 53 / 90 / 153 / 296 / 366 TFLOP/s with the 64 x 64 tiles (N = 4096) against
-# 17 / 26 / 51 / 91 / 233 / 373 with 64 x 128 (N = 16384) (results/session-2026-12-15-b/-c, NOTES §145).
+# 64 x 64 tiles take a narrow band well at any length. tuned: docs/decisions/portable-tiles.md
 
 
 def tiles(kind: str, headdim: int, device: torch.device, seqlen_q: int | None = None,

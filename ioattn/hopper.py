@@ -1,50 +1,14 @@
 """Host side of the Gluon Hopper kernels: the forward (``ioattn.kernels.hopper_forward``) and, at the
 end of this module, the backward (``ioattn.kernels.hopper_backward``: ``bwd_policy``, ``bwd_plan``).
 
-When ``flash_attn_func`` uses the forward (``wanted``): by default at head dims 64, 128 and 256 from the
-sequence lengths where it was measured ahead of the portable kernel (``AUTO_MIN_SEQLEN`` below), and at the
-head dims between them zero-padded (``PADDED_RANGE``: in place through TMA's fill where d is a multiple of
-8, ``padded_in_place``, else on copies; ``padded_min_seqlen``); everywhere it covers
-inside ``prefer_hopper(True)`` or with ``IOATTN_HOPPER=1``; never inside ``prefer_hopper(False)``,
-with ``IOATTN_HOPPER=0`` or when the forward's tiles are fixed by the caller. Only for the calls it
-covers (``hopper_supports``); every other call keeps the portable kernel. Gluon is imported lazily:
-a Triton without it (or with a different Gluon API) still imports the package, and the kernels run only
-where ``ioattn._compat.gluon_status`` finds the Gluon API they are written against.
-
-Kernel variants (compile-time specialisations of the one kernel), chosen by ``IOATTN_HOPPER_VARIANT``
-or, from Python, ``with hopper.variant("pingpong"): ...`` / ``hopper.set_variant("pingpong")``:
-
-* ``"pingpong"`` (default): FA3's inter-warpgroup ping-pong, two consumer warpgroups of 64 rows in separate
-  partitions whose GEMMs alternate (mbarrier-ordered), each softmax overlapping the other's GEMMs.
-* ``"base"``: the first kernel, two warpgroups in one consumer partition (lockstep; ptxas serialises
-  its wgmma, warning C7514).
-* ``"split"``: diagnostic, the ping-pong kernel with the ordering compiled out (two free-running
-  consumer warpgroups), so a device A/B can separate the ordering's effect from the restructuring.
-* ``"persistent"``: the ping-pong kernel with one program per SM walking the tiles (FA3's
-  persistent scheduler), so one tile's epilogue and the next tile's Q/K/V loads overlap; causal tiles
-  by a table built on the host (``build_walk_table``: LPT order within L2-sized groups of heads, each
-  tile to the program that frees first; ``WALK_TABLE_MIN_BLOCKS``), else in pairs of equal length head
-  by head (``PAIRED_MIN_BLOCKS``), else in LPT order; at d = 64 / 128 two Q
-  buffers a warpgroup, the tile index by multiply-high (``persistent_options``), the output copied by
-  TMA from the Q buffer (``row_stores``). Fixed-length batches only. The default for short
-  calls between ``PERSISTENT_MIN_SEQLEN`` and ``PERSISTENT_MAX_SEQLEN`` (by head dim and mask; NOTES
-  §35, §36, §64, §66, §72).
-* ``"wg3"``: head dim 64 only, FA3's d = 64 shape: the ping-pong kernel with three consumer warpgroups
-  (a 192-row query tile, 160 registers each) whose GEMMs go round a ring WG0 -> WG1 -> WG2 -> WG0, so
-  that two warpgroups' exponentials overlap the third one's GEMMs. The default at head dim 64
-  (``DEFAULT_VARIANT_BY_HEADDIM``).
-
-Without a variant set, each call takes its default (``variant_for``: by head dim, and the persistent
-variant for short calls, ``PERSISTENT_MAX_SEQLEN``); a variant set by name applies to every head dim
-it has tiles for, and the others are not covered.
-
-Options of every variant, off by default until measured: ``lpt_order`` (the causal grid in
-longest-processing-time order) and ``exp2_fma`` (a share of the exponentials on the FMA units).
-Measured and on by default in the ping-pong variants: ``lean_softmax`` and, with it,
-``conditional_rescale`` (FlashAttention-4's conditional rescaling, decided by the warp; not in the
-persistent kernel at d = 64, ``CONDITIONAL_RESCALE_OFF``) and, in the two-warpgroup variants at d = 128,
-``q_in_registers`` (Q as the register operand of S = Q K^T); ``deferred_row_sum``, and for causal calls
-at d = 128 / 256 ``mask_branch``, by their tables.
+``policy`` decides when ``flash_attn_func`` takes the Gluon forward (``AUTO_MIN_SEQLEN`` and the forms'
+tables; ``prefer_hopper`` / ``IOATTN_HOPPER`` override it), ``hopper_supports`` which calls it covers,
+``variant_for`` the kernel variant (``VARIANTS``: "pingpong" by default, "wg3" at d = 64, "persistent"
+for short fixed-length calls; ``IOATTN_HOPPER_VARIANT`` or ``variant(...)`` name one) and
+``kernel_config`` its tiles and compile-time options. Gluon is imported lazily: a Triton without it
+still imports the package, and the kernels run only where ``ioattn._compat.gluon_status`` finds the
+Gluon API they are written against. The variants and options: docs/hopper-forward.md; each tuned
+table names its record in docs/decisions/.
 """
 from __future__ import annotations
 
@@ -58,99 +22,38 @@ from ioattn import _compat, dispatch
 
 VARIANTS = ("base", "pingpong", "split", "wg3", "persistent")
 VARIANT_ENV = "IOATTN_HOPPER_VARIANT"
-# H200, bf16, d=128, N=16384 non-causal, one A/B run each (results/gluon-ab-2): pingpong 660 and 599
-# TFLOP/s, split 648, base 507, the portable kernel 487 / 477 (cuDNN 666 / 680)
+# tuned: docs/decisions/hopper-forward-variants.md
 DEFAULT_VARIANT = "pingpong"
-# Head dims whose default is another variant. d=64: wg3, in one A/B run on the H200, bf16, 16k tokens
-# (results/session-2026-12-01-c/ab_fwd.jsonl, TFLOP/s, wg3 / pingpong / the portable kernel / cuDNN):
-# N=16384 511 / 409 / 457 / 463 non-causal, 489 / 351 / 437 / 470 causal; N=2048 435 / 362 / 400 / 467
-# non-causal, 286 / 272 / 320 / 397 causal (where AUTO_MIN_SEQLEN keeps the portable kernel).
+# Head dims whose default is another variant. tuned: docs/decisions/hopper-forward-variants.md
 DEFAULT_VARIANT_BY_HEADDIM = {64: "wg3"}
-# Non-causal, fixed-length calls up to this seqlen_q take the persistent variant instead. ab_fwd on the
-# H200, bf16, 16k tokens (results/session-2026-12-01-l/ab_fwd.jsonl, TFLOP/s, persistent / ping-pong,
-# non-causal; -j the same within 2 %): d=128 N=512 427 / 365, 1024 527 / 480, 2048 597 / 568, 4096
-# 627 / 620, but 16384 606 / 661; d=256 436 / 402, 551 / 521, 624 / 611, 666 / 664, 16384 647 / 697;
-# d=64 (against wg3 / the portable kernel of the train sweep train-2026-12-01-c-default) 317 / 253 /
-# 296 at 512, 365 / 339 / 346 at 1024, 392 / 433 at 2048. Causal: no length where it led by more
-# than 2 % with the others' margins (d=128 512 228 / 204 vs the portable 229; 2048 409 / 433).
-# Re-measured after NOTES §61 / §62 (results/session-2026-12-02-q, persistent / ping-pong / wg3 /
-# the portable kernel, cuDNN last): d=256 non-causal the ping-pong kernel now leads at every length
-# (440 / 478 at 512, 636 / 664 at 2048, 682 / 706 at 4096): dropped; d=128 non-causal 643 / 618 at
-# 2048, 673 / 669 at 4096, 687 / 694 at 8192: kept; d=64 non-causal 384 / 341 / 349 at 1024, 421 /
-# 392 / 445 at 2048: kept; d=64 causal (the portable kernel the default below 8192 until then): 279 /
-# 244 / 168 / 255 (340) at 1024, 350 / 322 / 289 / 320 (395) at 2048, 402 / 379 / 384 / 366 (434) at
-# 4096, 441 / 418 / 461 / 395 (456) at 8192: persistent from 1024 to 4096. d=128 causal with the
-# paired walk and two Q buffers (results/session-2026-12-02-t, NOTES §66; persistent / ping-pong,
-# cuDNN): 254 / 251 (345) at 512, 410 / 376 (443) at 1024, 537 / 494 (520) at 2048, 622 / 582 (580) at
-# 4096; results/session-2026-12-02-u: 662 / 638 (615) at 8192, 680 / 700 (637) at 16384: persistent to
-# 8192. d=256 causal with the paired walk (one Q buffer there; -u), persistent / ping-pong (cuDNN): 273
-# / 297 (353) at 512, 416 / 413 (465) at 1024, 541 / 512 (550) at 2048, 627 / 587 (604) at 4096:
-# persistent from 2048 to 4096 (longer not measured). d=256 with the output staged in the Q buffer
-# (ROW_STORE_VIA_Q_HEADDIMS, NOTES §72; results/session-2026-12-02-zb, 3 rounds, persistent /
-# ping-pong (cuDNN)): non-causal 513 / 484 (538) at 512, 611 / 594 (636) at 1024, 670 / 664 (697) at
-# 2048, 705 / 702 (727) at 4096, 720 / 721 at 8192, 730 / 731 at 16384: persistent to 2048 (level
-# beyond); causal 309 / 311 (349) at 512, 468 / 424 (460) at 1024, 580 / 519 (546) at 2048, 650 / 590
-# (600) at 4096, 689 / 641 (632) at 8192, 710 / 724 (653) at 16384: persistent from 1024 to 8192.
-# d=128 non-causal with the output's bulk copy and the tile index by multiply-high (NOTES §113,
-# results/session-2026-12-03-i; ping-pong / persistent before / persistent with both): 724 / 721 / 739
-# at 8192, 737 / 713 / 733 at 16384; causal 668 / 699 / 714, 733 / 718 / 730: persistent to 8192.
-# d=256 with them (results/session-2026-12-03-j, ping-pong / persistent, cuDNN): non-causal 524 / 565
-# (542) at 512, 797 / 806 (733) at 4096, 823 / 829 (746) at 8192; causal 331 / 353 (353), 664 / 737
-# (604), 725 / 789 (635): persistent from 512 to 8192 for both masks (16384 not measured with them).
-# (head dim, causal) -> the longest seqlen_q a fixed-length call runs persistent, and where listed the
-# shortest (none since then).
+# (head dim, causal) -> the longest seqlen_q a fixed-length call (no window, softcap or ALiBi) runs
+# the persistent variant, and where listed the shortest (none now).
+# tuned: docs/decisions/persistent-forward-range.md
 PERSISTENT_MAX_SEQLEN = {(64, False): 1024, (64, True): 4096, (128, False): 8192, (128, True): 8192,
                          (256, False): 8192, (256, True): 8192}
 PERSISTENT_MIN_SEQLEN: dict = {}
-# The default policy: (head dim, causal) -> the shortest seqlen_q where the ping-pong kernel was
-# measured ahead of (or level with) the portable one, in two runs on the H200, bf16, 16k tokens
-# (the train sweep results/train-2026-12-01-all, ioattn-hopper vs ioattn, and the A/B
-# results/gluon-ab-3/ab_fwd.jsonl, gluon-pp vs tma), TFLOP/s:
-# - d=128 non-causal: N=512 363 vs 361 / 364 vs 346, N=1024 484 vs 443, N=2048 561 vs 493 / 568 vs 493;
-#   causal: N=1024 318 vs 328 (behind), N=2048 433 vs 413 / 432 vs 410, N=16384 620 vs 516 (A/B).
-# - d=256 everywhere from N=512: 403 vs 313 / 402 vs 311 non-causal, 250 vs 197 / 251 vs 190 causal,
-#   713 vs 546 at N=16384.
-# - d=64: the ping-pong variant was behind at every length (413 vs 456 at N=16384 non-causal); wg3
-#   (results/session-2026-12-01-d/train, ioattn-hopper vs ioattn with the Gluon kernels off by
-#   environment): non-causal N=1024 340 vs 347 (behind), N=2048 425 vs 400, 4096 459 vs 417, 16384
-#   510 vs 419; causal N=4096 358 vs 366 (behind), N=8192 443 vs 396, 16384 482 vs 436.
-# - d=128 causal from N=1024 since the output's whole-row stores (out_row_stores; ab_fwd,
-#   results/session-2026-12-02-g, gluon-pp-lean-rows vs tma): N=1024 358 vs 328, N=512 232 vs 230 (level
-#   in one run of two rounds: the portable kernel kept there); from N=512 since fewer masked key tiles
-#   (FEWER_MASKS; results/session-2026-12-02-l, gluon-pp-lean with them vs tma): 249 vs 229.
-# - d=64 non-causal from N=512 with the persistent variant up to 1024 (PERSISTENT_MAX_SEQLEN's note),
-#   causal from N=1024 with it up to 4096 (the same note; at N=512, before §62, 155 vs the portable 180
-#   in results/session-2026-12-02-m: kept there), and from N=512 since §62 (results/session-2026-12-02-t,
-#   NOTES §66: 199 vs the portable 182).
-# Below N=512 nothing was measured: the portable kernel.
+# The default policy: (head dim, causal) -> the shortest seqlen_q from which the Gluon forward runs;
+# below 512 nothing was measured: the portable kernel.
+# tuned: docs/decisions/hopper-forward-lengths.md
 AUTO_MIN_SEQLEN = {(64, False): 512, (64, True): 512, (128, False): 512, (128, True): 512,
                    (256, False): 512, (256, True): 512}
 
-# Head dims the Gluon kernels lack (Gluon's register tensors are powers of two): a plain fixed-length
-# call of head dim d in PADDED_RANGE[dp] runs both kernels at dp on zero columns added to its tensors:
-# exact (Q K^T unchanged, the output's and every gradient's extra columns zero; the scale stays the
-# call's). The portable kernels waste the same products (their BLOCK_D is the power of two above d).
-# With d a multiple of 8 the zeros come from TMA's fill, no copies (``padded_in_place``, NOTES §155);
-# else from copies (``pad_head``; forward: q, k, v padded, the output sliced; backward: the call's q, k,
-# v, out, dO padded again, three gradients sliced), a large share of a short call (§154).
+# Head dims the Gluon kernels lack (Gluon's register tensors are powers of two): a call of head dim d in
+# PADDED_RANGE[dp] runs both kernels at dp on zero columns added to its tensors: exact (Q K^T unchanged,
+# the output's and every gradient's extra columns zero; the scale stays the call's). The portable
+# kernels waste the same products (their BLOCK_D is the power of two above d). With d a multiple of 8
+# the zeros come from TMA's fill, no copies (``padded_in_place``); else from copies (``pad_head``;
+# forward: q, k, v padded, the output sliced; backward: the call's q, k, v, out, dO padded again, three
+# gradients sliced). tuned: docs/decisions/padded-head-dims.md
 PADDED_RANGE = {128: range(65, 128), 256: range(129, 256)}
-# (pass, padded head dim, causal) -> the shortest seqlen_q from which the padded Gluon kernels were
-# measured >= 1.05x the portable kernels there and at every longer length measured, for every head dim
-# measured that pads to it (benchmarks/ab_padded.py "gluon-fpad" against "portable", bf16, 16k tokens,
-# hidden 2048, d = 80 / 96 / 192, N = 512 to 16384, 3 rounds; NOTES §154, results/session-2026-12-18-d;
-# padded / portable at the threshold and at 16384): forward d = 80 / 96 non-causal 4096 (1.11 / 1.06x;
-# 1.41 / 1.37x), causal 8192 (1.13 / 1.08x; 1.29 / 1.24x; 0.91 / 0.86x at 4096); d = 192 4096 both masks
-# (1.40 / 1.13x; 1.84 / 1.72x); backward d = 80 / 96 non-causal 2048 (1.20 / 1.15x; 1.65 / 1.60x), causal
-# 4096 (1.22 / 1.15x; 1.58 / 1.53x); d = 192 1024 both masks (1.48 / 1.08x; 2.8 / 2.7x).
+# (pass, padded head dim, causal) -> the shortest seqlen_q from which a call padded on copies takes the
+# Gluon kernels. tuned: docs/decisions/padded-head-dims.md
 PADDED_MIN_SEQLEN = {("fwd", 128, False): 4096, ("fwd", 128, True): 8192,
                      ("fwd", 256, False): 4096, ("fwd", 256, True): 4096,
                      ("bwd", 128, False): 2048, ("bwd", 128, True): 4096,
                      ("bwd", 256, False): 1024, ("bwd", 256, True): 1024}
-# The same for the in-place path (``padded_in_place``: d a multiple of 8, the backward's "ws" variant; no
-# copies, NOTES §155): ab_padded.py's "gluon-pad" against "portable" (run228, results/session-2026-12-19-b,
-# the same shapes) was >= 1.44x at every length from 512, both passes, both masks, d = 80 / 96 / 192
-# (forward 1.44-2.08x, backward 1.55-2.94x), so from the shortest length measured; below 512 nothing
-# was measured (the portable kernels, as at the native head dims, ``AUTO_MIN_SEQLEN``).
+# The same for the in-place path (``padded_in_place``: d a multiple of 8, the backward's "ws" variant).
+# tuned: docs/decisions/padded-head-dims.md
 PADDED_IN_PLACE_MIN_SEQLEN = {("fwd", 128, False): 512, ("fwd", 128, True): 512,
                               ("fwd", 256, False): 512, ("fwd", 256, True): 512,
                               ("bwd", 128, False): 512, ("bwd", 128, True): 512,
@@ -173,8 +76,8 @@ def padded_headdim(d: int) -> int | None:
 
 
 def pad_head(t: torch.Tensor, dp: int) -> torch.Tensor:
-    """``t`` (..., d) as a contiguous (..., dp) tensor, columns d.. zero (``F.pad``: a concatenation
-    with an expanded zero was 1.3-1.6x slower a padded call at N = 512 and 1-12 % at 16384, run224)."""
+    """``t`` (..., d) as a contiguous (..., dp) tensor, columns d.. zero (``F.pad``, faster than a
+    concatenation with an expanded zero: docs/decisions/padded-head-dims.md)."""
     return torch.nn.functional.pad(t, (0, dp - t.shape[-1]))
 
 
@@ -188,14 +91,14 @@ def padded_in_place(d: int) -> bool:
 
 
 # The forward's products over three quarters of the tiles' columns at the padded head dims that fit
-# there (a multiple of 8, in place): 192 of d = 256's at 136-192 (NOTES §157), 96 of d = 128's at 72-96
-# (NOTES §164). S = Q K^T as two chained products over the tiles' first half and next quarter, O as a
-# [64, d / 2] and a [64, d / 4] accumulator (the kernels' ``PROD_DIM``; Gluon 3.6 refuses 192- and
-# 96-wide buffers and register tensors, so the tiles stay 256 / 128 wide and the products skip the zero
-# columns): 25 % fewer tensor-core cycles a key tile and a quarter fewer accumulator registers. The
-# ping-pong consumers only (``SPLIT_COLS_VARIANTS``), reading Q from shared memory (``split_cols_lean``).
-# ``SPLIT_COLS_TILES``: kernel head dim -> the columns the products cover. ``with
-# hopper.split_cols(False): ...`` keeps the products whole (the A/B).
+# there (a multiple of 8, in place): 192 of d = 256's at 136-192, 96 of d = 128's at 72-96. S = Q K^T as
+# two chained products over the tiles' first half and next quarter, O as a [64, d / 2] and a [64, d / 4]
+# accumulator (the kernels' ``PROD_DIM``; Gluon 3.6 refuses 192- and 96-wide buffers and register
+# tensors, so the tiles stay 256 / 128 wide and the products skip the zero columns): a quarter fewer
+# tensor-core cycles a key tile and a quarter fewer accumulator registers. The ping-pong consumers only
+# (``SPLIT_COLS_VARIANTS``), reading Q from shared memory (``split_cols_lean``). ``SPLIT_COLS_TILES``:
+# kernel head dim -> the columns the products cover. ``with hopper.split_cols(False): ...`` keeps the
+# products whole (the A/B). tuned: docs/decisions/split-products.md
 split_cols = dispatch.Preference(True)
 SPLIT_COLS_VARIANTS = ("pingpong", "split", "persistent")
 SPLIT_COLS_TILES = {256: 192, 128: 96}
@@ -217,15 +120,12 @@ def split_cols_lean(lean, prod_dim: int):
     return lean & ~LEAN_Q_REGS if prod_dim and lean else lean
 
 
-# The forward's split ring at the products over 192 columns (NOTES §161): the K / V ring's tiles as a
-# 128-column and a 64-column buffer each (``k_desc`` / ``v_desc`` in 128-column boxes, ``k_hi_desc`` /
-# ``v_hi_desc`` in 64-column boxes from column 128; TMA's fill past d as before), 48 KB a stage instead of
-# the 256-wide tiles' 64 KB, so the ring takes ``SPLIT_RING_STAGES`` stages where the wide tiles fit two
-# (Q 64 KB + 3 x 48 KB). Measured against the whole tiles (ab_padded.py --passes fwd, 3 rounds, H200,
-# bf16, 16k tokens, N = 512 / 1024 / 2048 / 4096 / 16384; results/session-2026-12-21-c, NOTES §161):
-# d = 192 non-causal +2.9 / +2.2 / +0.9 / -0.9 / +13 %, causal +4.5 / +5.5 / +10.7 / +12.2 / +27 %; d = 160
-# non-causal +5.4 / +14.5 / +2.6 / +24 / +6 %, causal +12 / +12 / +1.9 / +25 / +9 %. On; ``with
-# hopper.split_ring(False): ...`` the whole tiles (the A/B's other arm, ab_padded's "gluon-pad-ring").
+# The forward's split ring at the products over 192 columns: the K / V ring's tiles as a 128-column and
+# a 64-column buffer each (``k_desc`` / ``v_desc`` in 128-column boxes, ``k_hi_desc`` / ``v_hi_desc`` in
+# 64-column boxes from column 128; TMA's fill past d as before), 48 KB a stage instead of the 256-wide
+# tiles' 64 KB, so the ring takes ``SPLIT_RING_STAGES`` stages where the wide tiles fit two (Q 64 KB +
+# 3 x 48 KB). ``with hopper.split_ring(False): ...`` the whole tiles (the A/B's other arm).
+# tuned: docs/decisions/split-products.md
 split_ring = dispatch.Preference(True)
 SPLIT_RING_STAGES = 3
 
@@ -238,10 +138,10 @@ def split_ring_for(d: int, io_dim: int, name: str, kv_tail: bool = False) -> boo
     return split_cols_for(d, io_dim, name) == 192 and not kv_tail and split_ring.wanted()
 
 
-# The backward's twin (the column-split ws kernel at d = 256, NOTES §158): S^T and dP^T as two chained
-# products over columns 0:128 and 128:192, dV and dK as [64, 128] + [64, 64] accumulators; dQ's halves
-# stay 128 wide (the writer adds whole halves). ``with hopper.bwd_split_cols(False): ...`` the A/B's
-# other arm.
+# The backward's twin (the column-split ws kernel at d = 256): S^T and dP^T as two chained products over
+# columns 0:128 and 128:192, dV and dK as [64, 128] + [64, 64] accumulators; dQ's high half is 64
+# columns wide. ``with hopper.bwd_split_cols(False): ...`` the A/B's other arm.
+# tuned: docs/decisions/split-products.md
 bwd_split_cols = dispatch.Preference(True)
 
 
@@ -323,8 +223,8 @@ def padded_refusal(d: int, varlen: bool, window, softcap: float, alibi_slopes) -
                 f"calls only (here {', '.join(extra)})")
     return ""
 
-# (block_m, block_n, stages) per variant and head dim, from FA3's published shapes (below); the
-# measured ones are those of the default policy above.
+# (block_m, block_n, stages) per variant and head dim, from FA3's published shapes (below).
+# tuned: docs/decisions/hopper-forward-variants.md
 TILE_TABLE = {
     # FlashAttention-3's published forward shape at d = 128 (128 x 128, two stages; FA3 uses
     # 128 x 176 non-causal, not a power of two, which Gluon's register layouts need), also at d = 64.
@@ -336,7 +236,7 @@ TILE_TABLE = {
     # warpgroups (160 registers each); we keep two warpgroups (240 registers, no spills) and spend
     # the shared memory d = 64 leaves on a third stage instead (112 KB).
     # d = 256: 64 keys per tile (FA3 uses 80), two stages: 197 KB shared, no spills at 240 registers
-    # (O is 128 fp32 registers a thread); measured 713 TFLOP/s non-causal, 691 causal at N=16384.
+    # (O is 128 fp32 registers a thread).
     "pingpong": {64: (128, 128, 3), 128: (128, 128, 2), 256: (128, 64, 2)},
     # the same tiles as "pingpong", so that the A/B between the two isolates the ordering
     "split": {64: (128, 128, 3), 128: (128, 128, 2), 256: (128, 64, 2)},
@@ -466,15 +366,9 @@ def _lean_bits(lean: bool, name: str, d: int, causal: bool):
 # The consumer warpgroups' partition barriers that Triton 3.6 puts before every mbarrier wait and
 # single-thread arrive, dropped from the PTX where a warpgroup-wide wgmma already orders the warps
 # (``ioattn.kernels.ptx_barriers``; the kernel's LEAN bit 6 marks the build; every lean ping-pong
-# kernel: four barriers a key step of each consumer). Measured (ab_fwd on the H200, bf16, 16k tokens,
-# 3 interleaved rounds, two processes, results/session-2026-12-09-a, NOTES §129), without / with,
-# TFLOP/s: d = 64 persistent N = 512 395 / 403, 397 / 404; 1024 426 / 435, 429 / 437; 2048 448 / 451,
-# 448 / 453; causal 250 / 256, 257 / 258; 327 / 329, 331 / 332; 388 / 394, 392 / 398; d = 128 causal 512
-# 333 / 337, 331 / 336; 1024 461 / 473, 461 / 473; ping-pong d = 128 N = 16384 722 / 725; and
-# (results/session-2026-12-09-b, one process) d = 256 persistent N = 512 571 / 574, 2048 770 / 771,
-# causal 369 / 371, 675 / 679; wg3 d = 64 N = 2048 470 / 473, 16384 575 / 575, causal 294 / 293, 509 /
-# 495. On in the variants where it paid (``PTX_BARRIERS_ON``); ``with hopper.ptx_barriers(True /
-# False): ...`` forces it either way.
+# kernel: four barriers a key step of each consumer). On in the variants where it paid
+# (``PTX_BARRIERS_ON``); ``with hopper.ptx_barriers(True / False): ...`` forces it either way.
+# tuned: docs/decisions/ptx-barrier-pass.md
 ptx_barriers = dispatch.Preference(False)
 PTX_BARRIERS_ON = ("pingpong", "persistent")
 
@@ -487,18 +381,11 @@ def ptx_barriers_for(name: str) -> bool:
     return name in PTX_BARRIERS_ON
 
 
-# Short causal calls of the persistent kernel with 64-key tiles (NOTES §122): with the diagonal trimmed
-# (``diag_trim``) warpgroup 0's waste on a 64-key tile is a whole tile, skipped with no new code, where
-# on a 128-key tile it is half a tile, whose half-width step costs more code than it saves at d = 64 and
-# about as much at d = 128. The ring of 64-key slots four deep fills the same shared memory as two of 128.
-# Measured (ab_fwd on the H200, bf16, 16k tokens, causal, 3 interleaved rounds, two processes, cuDNN in
-# the same process; results/session-2026-12-07-c), d = 128, the default (128-key tiles, trimmed at 512)
-# / 64-key tiles two deep / four deep, both trimmed, TFLOP/s: N=512 322 / 315 / 334, 314 / 313 / 333
-# (cuDNN 345-346); 1024 472 / 455 / 467, 464 / 450 / 462; 2048 602 / 533 / 551, 599 / 528 / 549. d = 64
-# (128-key tiles untrimmed / 64-key two / four deep): 253 / 238 / 236, 250 / 240 / 235 at 512, and 11-17 %
-# behind from 1024: never. Through the library (results/session-2026-12-07-d, the final build): 329 / 310
-# against the 128-key tiles at 512 (cuDNN 342). (head dim) -> (the longest seqlen_q, the persistent
-# kernel's causal tiles)
+# Short causal calls of the persistent kernel with 64-key tiles: with the diagonal trimmed (``diag_trim``)
+# warpgroup 0's waste on a 64-key tile is a whole tile, skipped with no new code, where on a 128-key tile
+# it is half a tile, whose half-width step costs more code than it saves. The ring of 64-key slots four
+# deep fills the same shared memory as two of 128. (head dim) -> (the longest seqlen_q, the persistent
+# kernel's causal tiles). tuned: docs/decisions/causal-diagonal-trim.md
 SHORT_CAUSAL_TILES = {128: (512, (128, 64, 4))}
 
 
@@ -510,7 +397,7 @@ def kernel_config(d: int, name: str | None = None, causal: bool = False, seqlen_
     tiles, the Q descriptor's block rows, num_warps and the variant's constexprs. ``alibi``: the
     call's ALiBi form (``alibi_form``; 0 without ALiBi), the fp32 columns' key tiles where they
     differ (``ALIBI_KEY_TILES``).
-    The launcher and benchmarks/compile_check_hopper.py both use it, so they cannot diverge."""
+    The launcher and tools/compile_check_hopper.py both use it, so they cannot diverge."""
     name = variant_for(d) if name is None else _check(name)
     block_m, block_n, stages = TILE_TABLE[name][d]
     if alibi == ALIBI_FP32_COLS and d in ALIBI_KEY_TILES:
@@ -536,28 +423,20 @@ def kernel_config(d: int, name: str | None = None, causal: bool = False, seqlen_
 # Fewer masked key tiles in the ping-pong kernels (the kernel's ``FEWER_MASKS``): the first key tile
 # takes the masked softmax only when the loop's own rule asks for it (the last tile, or one the
 # diagonal crosses) instead of always, and causal masks drop the key-end test, which the diagonal
-# implies for every stored row. The masked softmax is 523 SASS instructions a tile against 284
-# (ping-pong, d=128, causal, compile check). Measured (ab_fwd on the H200, bf16, 16k tokens, 2
-# interleaved rounds, results/session-2026-12-02-l, NOTES §62), d=128 without / with, TFLOP/s:
-# ping-pong causal N=512 231 / 249, 1024 359 / 376, 2048 484 / 495, 16384 693 / 695; non-causal
-# 406 / 410 ... 690 / 695; persistent causal 241 / 244, 331 / 348, 432 / 446, 671 / 674. The
-# two-warpgroup variants only (this number of consumer warpgroups): in wg3's 160-register consumers
-# the second copy of the first tile's softmax made ptxas spill 172 B.
+# implies for every stored row. The masked softmax is nearly twice the unmasked one's instructions.
+# The two-warpgroup variants only (this number of consumer warpgroups): in wg3's 160-register
+# consumers the second copy of the first tile's softmax made ptxas spill.
+# tuned: docs/decisions/forward-masked-tiles.md
 FEWER_MASKS_NUM_WG = 2
 
 
-# Variable-length (packed) batches through the Gluon kernel (its IS_VARLEN specialisation): its GPU
-# tests pass on the H200 with NaN in the rows no sequence owns (results/session-2026-12-01-o: the
-# producer zeroes the V rows past each sequence's end, KV_TAIL, NOTES §38). The switch that gates it
-# (hopper_supports refuses varlen calls, naming it, while False).
+# Variable-length (packed) batches through the Gluon kernel (its IS_VARLEN specialisation; the producer
+# zeroes the V rows past each sequence's end, ``KV_TAIL``, so rows no sequence owns may hold NaN). The
+# switch that gates it (hopper_supports refuses varlen calls, naming it, while False).
+# tuned: docs/decisions/gluon-varlen.md
 GLUON_VARLEN = True
-# The varlen policy: (head dim, causal) -> the shortest max_seqlen_q where the Gluon varlen forward
-# was measured ahead of the portable one, on ragged batches of ~16k tokens (benchmarks/ab_varlen.py,
-# lengths uniform in [mean/4, 7 mean/4]; max_seqlen 875 / 1522 / 2606 / 5212 for means 512 / 1024 /
-# 2048 / 4096; results/session-2026-12-01-o and -p, Gluon / portable): d=128 non-causal 0.92, 0.94,
-# 1.10, 1.07 (from 2048); causal 0.59, 1.16, 1.09, 1.11 (from 1024); d=256 1.29 / 1.13 at 1522 and
-# 1.31 / 1.23 at 5212 non-causal / causal (from 1024; not measured below 1522); d=64 behind at every
-# mean (0.83-0.97): not listed, the portable kernel.
+# The varlen policy: (head dim, causal) -> the shortest max_seqlen_q from which the Gluon varlen forward
+# runs; d = 64 is not listed: the portable kernel. tuned: docs/decisions/gluon-varlen.md
 VARLEN_AUTO_MIN_SEQLEN = {(128, False): 2048, (128, True): 1024, (256, False): 1024, (256, True): 1024}
 
 # Sliding windows (flash-attn's (left, right), not the causal (-1, 0)) in the Gluon forward: the
@@ -565,64 +444,42 @@ VARLEN_AUTO_MIN_SEQLEN = {(128, False): 2048, (128, True): 1024, (256, False): 1
 # a window edge crosses; the persistent walk is not taught the band, so a window call that would take
 # it runs the head dim's one-tile default). Judged by the lengths' tables' non-causal rows and by the
 # window's width (left + right + 1, an unbounded side as seqlen_k; varlen: max_seqlen_q):
-# ``WINDOW_MIN_WIDTH[head dim]``, the narrowest width from which the window form was measured ahead of
-# the portable forward at N = 4096 and 16384 and at every wider window (benchmarks/ab_window.py --pass
-# fwd, bf16, 16k tokens, windows (32, 0) ... (4096, 0); results/session-2026-12-15-b, NOTES §145),
-# Gluon / portable: d=128 0.88-0.92x at widths 33 / 65, 1.02-1.07x at 129 / 257, 1.19-1.33x from 1025;
-# d=256 1.45-1.61x from 33. d=64 is not listed: behind at every width at N = 4096 (0.50-0.95x wg3,
-# 0.65-1.02x ping-pong, run203), where the portable kernel's 64 x 64 tiles take a narrow band well.
+# ``WINDOW_MIN_WIDTH[head dim]``, the narrowest width from which the window form runs. d = 64 is not
+# listed: the portable kernel's 64 x 64 tiles take a narrow band well.
+# tuned: docs/decisions/sliding-windows.md
 WINDOW_VARIANTS = ("pingpong", "split", "wg3")
 WINDOW_MIN_WIDTH = {128: 129, 256: 33}
 # A score softcap (Gemma 2's cap * tanh(s * scale / cap), flash-attn's ``softcap``) in the Gluon
 # forward: the one-tile ping-pong kernels' SOFTCAP form (tanh.approx on the scores before the masks),
 # as windows, not the persistent walk; with or without a window. Taken at the head dims in
-# ``SOFTCAP_HEADDIMS`` (by the lengths' and windows' tables as without it): those where it was measured
-# ahead of the portable forward at every point (benchmarks/ab_window.py --pass fwd --softcap 50, bf16,
-# 16k tokens, no mask, causal and (4096, 0) at N = 4096 and 16384; results/session-2026-12-15-f, NOTES
-# §146), Gluon / portable: d=128 1.48-1.56x (532 / 340 TFLOP/s non-causal at 16384), d=256 1.65-1.78x
-# (698 / 398), d=64 1.21-1.53x (341 / 224). Its backward: the ws kernel's SOFTCAP form
-# (``bwd_call_supported``; NOTES §147).
+# ``SOFTCAP_HEADDIMS`` (by the lengths' and windows' tables as without it). Its backward: the ws
+# kernel's SOFTCAP form (``bwd_call_supported``). tuned: docs/decisions/softcap.md
 SOFTCAP_VARIANTS = WINDOW_VARIANTS
 SOFTCAP_HEADDIMS = (64, 128, 256)
 # ALiBi (flash-attn's ``alibi_slopes``: -slope * |i + seqlen_k - seqlen_q - j| on the scores) in the
 # Gluon forward: the one-tile ping-pong kernels' ALIBI form (``_alibi``: after a softcap, before the
 # masks), as the softcap, not the persistent walk. Taken at the head dims in ``ALIBI_HEADDIMS`` (by the
-# lengths' and windows' tables as without it): those where it was measured ahead of the portable
-# forward at every point (benchmarks/ab_window.py --pass fwd --alibi, bf16, 16k tokens, no mask, causal
-# and (4096, 0) at N = 4096 and 16384, no mask and causal at 512-2048; results/session-2026-12-16-f /
-# -g, NOTES §148; session-2026-12-17-a, §149).
+# lengths' and windows' tables as without it). tuned: docs/decisions/alibi.md
 ALIBI_VARIANTS = ("pingpong", "split", "wg3")  # wg3: the magic form only (``alibi_form``)
 ALIBI_FP32_VARIANTS = ("pingpong", "split")
 ALIBI_HEADDIMS = (64, 128, 256)
 # Two forms (``alibi_form``). The distance by the magic-number conversion (``ALIBI_MAGIC``) needs no
-# register for the key columns, so the head dim's plain configuration fits: d = 128's 128-key tiles
-# (220 registers, no spill) and wg3 at d = 64 (157 of its 160): non-causal without a window, 1.16-1.25x
-# §148's configuration at d = 128 (644 / 515 TFLOP/s at N = 16384) and 1.02-1.33x at d = 64 (478 / 360),
-# 512-16384 (results/session-2026-12-17-a, NOTES §149). Where it changes nothing else it lost to the
-# fp32 columns (``ALIBI_FP32_COLS``, §148): at the same tiles (d = 256; d = 128 causal at 64 keys)
-# 0.95-1.01x, its third operation an element; wg3 with a mask at d = 64 0.63-0.94x below N = 16384.
-# Packed sequences at d = 64 spill in wg3 (288 B): the fp32 form.
+# register for the key columns, so the head dim's plain configuration fits: d = 128's 128-key tiles and
+# wg3 at d = 64. Where it changes nothing else the fp32 columns (``ALIBI_FP32_COLS``) are faster: the
+# magic form adds a third operation an element. Packed sequences at d = 64 spill in wg3: the fp32 form.
 ALIBI_MAGIC_HEADDIMS = (64, 128)
-# ... and those that take it with a mask too, at 128-key tiles in every form: with the columns split
-# as the masks' (``_alibi``) it compiles clean (causal 229-230 registers, with a softcap or a window
-# 236-238, packed 231-238; ptxas 12.8), where the whole columns spilled 648-680 B causal (§149).
-# Measured against the fp32 columns at 64-key tiles (ab_window.py --pass fwd --alibi, results/session-
-# 2026-12-17-c / -d, NOTES §150): causal 1.07x / 1.08-1.11x at N = 4096 / 16384 (503 / 469, 592-612 /
-# 547-551 TFLOP/s), 1.06x at 2048, level at 1024 (333 / 334, 330 / 331), 0.95x at 512 (227 / 240); (4096,
-# 0) 1.10x / 1.04x. Causal calls from ``ALIBI_MAGIC_CAUSAL_MIN_SEQLEN``'s seqlen_q (shorter ones keep
-# the fp32 columns).
-# d = 64 causal in wg3 (161 registers, clean), against pingpong with the fp32 columns (results/session-
-# 2026-12-17-e, NOTES §151): 0.79x at N = 2048, 0.96x at 4096, 1.12x at 8192 (383 / 343), 1.16x at 16384
-# (417 / 361); its windows 0.68-0.94x (wg3's masked window tiles): not taken.
+# ... and with a mask, at 128-key tiles in every form: with the columns split as the masks' (``_alibi``)
+# it compiles without spills, where the whole columns spilled. Causal calls from
+# ``ALIBI_MAGIC_CAUSAL_MIN_SEQLEN``'s seqlen_q (shorter ones keep the fp32 columns; d = 64 causal runs
+# it in wg3), windows at ``ALIBI_MAGIC_WINDOW_HEADDIMS`` (wg3's masked window tiles lose at d = 64).
 ALIBI_MAGIC_CAUSAL_MIN_SEQLEN = {128: 1024, 64: 8192}
 ALIBI_MAGIC_WINDOW_HEADDIMS = (128,)
-# ... but not with a softcap and a causal mask at d = 64 (wg3 spills 76 B there) nor packed at d = 64 (wg3:
-# 288 B without a mask, 32 B causal; no d = 64 varlen call takes the Gluon forward by default).
+# ... but not with a softcap and a causal mask at d = 64 nor packed at d = 64: wg3 spills there (no
+# d = 64 varlen call takes the Gluon forward by default).
 ALIBI_MAGIC, ALIBI_FP32_COLS = 1, 2  # the kernel's ``ALIBI`` values (0: no ALiBi)
 # The fp32 form's (key tile, ring depth) by head dim where it differs from ``TILE_TABLE``'s: d = 128's
-# 128-key tiles spill with the columns' 32 registers a thread (20 B non-causal, 112 B causal in
-# pingpong; 44 / 92 B in split); 64-key tiles four deep: 194-200 registers, no spill, 180 KB of shared
-# memory (NOTES §148).
+# 128-key tiles spill with the columns' 32 registers a thread; 64-key tiles four deep fit (180 KB of
+# shared memory). tuned: docs/decisions/alibi.md
 ALIBI_KEY_TILES = {128: (64, 4)}
 
 
@@ -677,44 +534,29 @@ def alibi_length_refusal(q, k, varlen: bool, form: int) -> str:
 prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer_hopper(True): ...``
 
 # Causal one-tile grids in longest-processing-time order over all heads (the kernel's ``LPT``) rather
-# than each head's longest rows first. A model of the hardware's in-order dispatch (tile cost = key
-# tiles + 2, no cache) put it 1-6 % shorter at 16k tokens, N = 512 to 4096; measured (ab_fwd,
-# results/session-2026-12-01-l) slower for the ping-pong kernel at d=128 (596 vs 637 TFLOP/s at
-# N=16384, 380 vs 433 at 2048: the tiles resident together span every head's K/V), mixed elsewhere
-# (NOTES §36): off (``with hopper.lpt_order(True)``, IOATTN_HOPPER_LPT=1). The persistent variant
-# always uses it (its static walk needs it for balance).
+# than each head's longest rows first: off (the tiles resident together would span every head's K / V;
+# ``with hopper.lpt_order(True)``, IOATTN_HOPPER_LPT=1). The persistent variant's computed walk always
+# uses it (its static walk needs it for balance). tuned: docs/decisions/persistent-causal-walk.md
 lpt_order = dispatch.Preference(False, env="IOATTN_HOPPER_LPT")
 
 # The two-warpgroup variants (ping-pong, split, persistent) with the three-warpgroup variant's lean
 # softmax (the scale folded into one multiply-add per score, the row max on raw scores: about one
-# instruction less per exponential, NOTES §43's count). On: ab_fwd on the H200, bf16, 16k tokens,
-# 3 interleaved rounds with rest (results/session-2026-12-01-zl, NOTES §47), ping-pong with / without,
-# TFLOP/s: d=128 N=4096 653 / 623, 16384 703 / 665; causal 547 / 520, 675 / 639; d=256 685 / 668,
-# 733 / 714; causal 560 / 549, 717 / 706 (+1.6 to +5.7 %, every point). ``with
-# hopper.lean_softmax(False)`` turns it off.
+# instruction less per exponential). ``with hopper.lean_softmax(False)`` turns it off.
+# tuned: docs/decisions/forward-softmax-form.md
 lean_softmax = dispatch.Preference(True)
 # FlashAttention-4's conditional rescaling with the lean softmax (the kernel's LEAN bit 1,
 # ``_rescale_rows``): the running max moves only when a key tile raises it by more than 8 (log2), and
 # where every row of a warp kept its max, the warp branches over the accumulator's rescale, 64 x d
 # fp32 a warpgroup a key tile: per score half a multiply at d = 64, one at d = 128, four at d = 256
-# (key tiles of 64), on the path between a warpgroup's P V and its next turn. Measured (ab_fwd on the
-# H200, bf16, 16k tokens, 2 interleaved rounds, results/session-2026-12-02-zq, NOTES §84), TFLOP/s,
-# without / with (by warp), N = 512, 2048, 16384: d = 256 ping-pong 486 / 509, 674 / 716, 745 / 793,
-# causal 312 / 321, 522 / 550, 737 / 777; persistent 514 / 532, 681 / 714, 738 / 775, causal 309 /
-# 312, 582 / 605, 718 / 747; d = 128 ping-pong 424 / 429, 630 / 637, 692 / 717, causal 266 / 266,
-# 505 / 512, 704 / 719; persistent 509 / 514, 660 / 665, 712 / 705, causal 267 / 273, 543 / 554,
-# 683 / 700; d = 64 wg3 276 / 277, 448 / 458, 532 / 557, causal 114 / 113, 295 / 294, 502 / 507; the
-# persistent kernel at d = 64 slower, 331 / 328, 427 / 416, 463 / 448, causal 204 / 202, 353 / 349,
-# 458 / 453: left out there (``CONDITIONAL_RESCALE_OFF``). ``with hopper.conditional_rescale(False)``
+# (key tiles of 64), on the path between a warpgroup's P V and its next turn. Left out of the
+# persistent kernel at d = 64 (``CONDITIONAL_RESCALE_OFF``). ``with hopper.conditional_rescale(False)``
 # (or IOATTN_HOPPER_COND_RESCALE=0) turns it off, ``(True)`` (=1) on everywhere.
+# tuned: docs/decisions/conditional-rescale.md
 conditional_rescale = dispatch.Preference(True)
 CONDITIONAL_RESCALE_ENV = "IOATTN_HOPPER_COND_RESCALE"
 CONDITIONAL_RESCALE_OFF = {("persistent", 64)}  # (variant, head dim) measured slower with it
 # Its decision by the warp (one vote, a uniform branch) rather than by the thread (a divergent branch
-# with its convergence barrier): by the warp ahead at 17 of 18 points measured both ways (the same
-# run; d = 256 ping-pong 509 / 510, 716 / 710, 793 / 771, persistent 532 / 527, 714 / 699, 775 / 745;
-# d = 64 persistent 328 / 305, 416 / 413, 448 / 445). ``with hopper.rescale_by_warp(False)``: by the
-# thread.
+# with its convergence barrier). ``with hopper.rescale_by_warp(False)``: by the thread.
 rescale_by_warp = dispatch.Preference(True)
 
 
@@ -732,16 +574,13 @@ def conditional_rescale_for(name: str, d: int) -> bool:
     return (name, d) not in CONDITIONAL_RESCALE_OFF
 
 # Q as the register operand of the two-warpgroup kernels' S = Q K^T (the kernel's ``LEAN`` bit 3):
-# loaded from shared memory once a tile, so the product reads only K from shared memory (NOTES §86:
-# the products and the ring ask ~112 of the SM's 128 B a clock at d = 128). It fits (no spill, wgmma
-# pipelined) in ``Q_IN_REGISTERS_FITS`` at d <= 128: at d = 256 Q is 64 more registers a thread (ptxas
-# spilled 1 KB); wg3's 160-register consumers spilled 560 B at d = 64. Measured (ab_fwd on the H200,
-# bf16, 16k tokens, 2 interleaved rounds agreeing within 0.5 %, results/session-2026-12-02-zu, NOTES
-# §87), without / with, TFLOP/s at N = 512 / 2048 / 16384: d = 128 ping-pong 428 / 436, 637 / 648, 719 /
-# 732, causal 266 / 267, 514 / 517, 723 / 726; persistent 516 / 524, 669 / 677, 717 / 728, causal 271 /
-# 280, 558 / 574, 700 / 720. d = 64 slower: persistent 330 / 309, 423 / 414, 460 / 443 (causal -3 to
-# +1.5 %), ping-pong -0.7 to -2.9 %. On by default at the head dims of ``Q_IN_REGISTERS_HEADDIMS``;
-# ``with hopper.q_in_registers(True / False)``: on wherever it fits / off.
+# loaded from shared memory once a tile, so the product reads only K from shared memory (the products
+# and the ring ask ~112 of the SM's 128 B a clock at d = 128). It fits (no spill, wgmma pipelined) in
+# ``Q_IN_REGISTERS_FITS`` at d <= 128: at d = 256 Q is 64 more registers a thread, and wg3's
+# 160-register consumers spill at d = 64. On by default at the head dims of
+# ``Q_IN_REGISTERS_HEADDIMS`` (d = 64 is softmax-bound: slower with it); ``with
+# hopper.q_in_registers(True / False)``: on wherever it fits / off.
+# tuned: docs/decisions/forward-q-in-registers.md
 q_in_registers = dispatch.Preference(False)
 Q_IN_REGISTERS_FITS = ("pingpong", "split", "persistent")  # variants; and d <= 128
 Q_IN_REGISTERS_HEADDIMS = (128,)
@@ -761,22 +600,10 @@ def q_in_registers_for(name: str, d: int) -> bool:
 # The row sum l kept as each thread's partial sums, the quad's shuffles (two a row a key tile) once a
 # tile instead of every key tile (the kernel's ``LEAN`` bit 4, ``_thread_row_sums``). It fits (no
 # spill, wgmma pipelined) in ``DEFERRED_ROW_SUM_FITS`` at every head dim, and in wg3 without the causal
-# mask (its 160-register consumers spilled 200 B causal). Measured (ab_fwd on the H200, bf16, 16k
-# tokens, 2 interleaved rounds, results/session-2026-12-02-zw, NOTES §90), without / with, TFLOP/s at
-# N = 512 / 2048 / 16384: d = 256 (64-key tiles: twice the key steps of d = 128 for the same products)
-# ping-pong 506 / 519, 709 / 742, 772 / 824, causal 323 / 331, 551 / 579, 774 / 817; persistent 530 /
-# 549, 711 / 750, 740 / 812, causal 313 / 318, 606 / 622, 750 / 761 (and at 1024 / 4096 / 8192 +2 to
-# +6 % in both); d = 128 ping-pong 432 / 432, 642 / 649, 716 / 739, causal +0.7 to +1.4 %; persistent
-# -1.8 to +0.6 % (529 / 524 at 512, 725 / 712 at 16384), over its policy range again in -zx: -0.4 to
-# +0.7 %, causal -0.2 to +1.5 % (level: on, one rule for d = 128 / 256); d = 64 persistent -2.5 to
-# +2.2 % (off then); wg3 at d = 64 non-causal (-zx) 458 / 466, 503 / 512, 550 / 558, 543 / 556 at N =
-# 2048 / 4096 / 8192 / 16384. The d = 64 persistent kernel again after the output's bulk copy (NOTES
-# §114-§115, results/session-2026-12-04-a and -b, 2 and 3 rounds), without / with at N = 512 / 1024 /
-# 2048 / 4096: non-causal 373 / 370 and 372 / 373, 417 / 422 and 417 / 422, 442 / 449, 454 / 461 and
-# 455 / 463; causal 245 / 250 and 247 / 249, 322 / 330 and 320 / 325, 389 / 390, 427 / 426 and 429 / 427
-# (+0.9 % on average, one point -0.8 %): on, so the persistent kernel has one rule at every head dim.
-# On by default at ``DEFERRED_ROW_SUM_ON`` (wg3: non-causal, where it fits);
-# ``with hopper.deferred_row_sum(True / False)``: on wherever it fits / off.
+# mask (its 160-register consumers spill causal). It pays most at narrow key tiles (d = 256: 64 keys),
+# where the dependent shuffles sat on the key step's path. On by default at ``DEFERRED_ROW_SUM_ON``
+# (wg3: non-causal, where it fits); ``with hopper.deferred_row_sum(True / False)``: on wherever it fits
+# / off. tuned: docs/decisions/forward-softmax-form.md
 deferred_row_sum = dispatch.Preference(False)
 DEFERRED_ROW_SUM_FITS = ("pingpong", "split", "persistent")  # variants, every head dim and mask; wg3 non-causal
 DEFERRED_ROW_SUM_ON = (("pingpong", 128), ("pingpong", 256), ("persistent", 64), ("persistent", 128),
@@ -786,18 +613,12 @@ DEFERRED_ROW_SUM_ON = (("pingpong", 128), ("pingpong", 256), ("persistent", 64),
 # One softmax body for a tile's first key step in the ping-pong kernels (the kernel's ``LEAN`` bit 5,
 # ``_step_softmax``): where FEWER_MASKS decides that step's mask at run time, the mask alone
 # (``_mask_scores``) sits under the branch, ahead of one copy of the softmax, instead of two inlined
-# copies, masked or not: 5-11 % less consumer code. ncu put 14 % of the causal persistent forward's
-# warp cycles at N = 512, d = 128, in "no instruction" stalls (2.03 cycles an issued instruction
-# against cuDNN's 0.08; non-causal 0.52; results/session-2026-12-02-zze). Measured (ab_fwd on the H200,
-# bf16, 16k tokens, 2 interleaved rounds, results/session-2026-12-02-zzg, NOTES §95), without / with,
-# TFLOP/s: persistent causal d = 128 276 / 293, 429 / 444, 558 / 565 at N = 512 / 1024 / 2048, d = 256
-# 319 / 324, 612 / 613 at 512 / 2048, d = 64 201 / 203, 285 / 283 at 512 / 1024; ping-pong d = 128 causal
-# at 16384 715 / 716; non-causal slower everywhere (d = 128 514 / 493, 612 / 589, 667 / 649; d = 256
-# 545 / 533, 741 / 727; d = 64 330 / 328, 389 / 377; ping-pong d = 128 at 16384 722 / 708). On by
-# default for causal calls at ``MASK_BRANCH_CAUSAL_HEADDIMS`` in the two-warpgroup kernels (wg3 has no
-# FEWER_MASKS: its code would not change). The same form inside the key loop, measured first (NOTES
-# §94), was 5-12 % slower: ptxas waits for the wgmma in flight (P V) at the branch's join, ahead of
-# the softmax. ``with hopper.mask_branch(True / False)``: on in every lean kernel / off.
+# copies, masked or not: less consumer code for the instruction cache, which short causal tiles
+# walk through once a tile. On by default for causal calls at ``MASK_BRANCH_CAUSAL_HEADDIMS`` in the
+# two-warpgroup kernels (wg3 has no FEWER_MASKS: its code would not change). Not inside the key loop:
+# there ptxas waits for the wgmma in flight (P V) at the branch's join, ahead of the softmax. ``with
+# hopper.mask_branch(True / False)``: on in every lean kernel / off.
+# tuned: docs/decisions/forward-masked-tiles.md
 mask_branch = dispatch.Preference(False)
 MASK_BRANCH_CAUSAL_HEADDIMS = (128, 256)
 MASK_BRANCH_VARIANTS = ("pingpong", "split", "persistent")
@@ -825,14 +646,10 @@ def deferred_row_sum_for(name: str, d: int, causal: bool) -> bool:
 
 # The output tile converted to whole-row 16-byte pieces before the epilogue's stores (the kernel's
 # ``ROW_STORES``), instead of 4 bytes a thread from the wgmma accumulator layout, which writes half of
-# each 32 B sector a store (the backward's dK / dV took the same change, NOTES §56). On: ab_fwd on the
-# H200, bf16, 16k tokens, 2 interleaved rounds (results/session-2026-12-02-g, NOTES §57), without /
-# with, TFLOP/s: d=128 ping-pong N=512 373 / 410, 1024 495 / 530, 2048 587 / 611, 16384 679 / 690;
-# causal 217 / 232, 335 / 358, 451 / 480, 664 / 684; persistent 434 / 483, 540 / 580, 611 / 638,
-# 657 / 684; d=64 wg3 252 / 273, 337 / 350, 433 / 447, 517 / 528, causal level (107 / 108 at 512,
-# 497 / 501 at 16384). d=64 persistent: level non-causal (322 / 322, 379 / 383), slower causal
-# (256 / 241 at 1024, 335 / 323 at 2048): left out there. ``with hopper.out_row_stores(False)``
-# turns it off everywhere.
+# each 32 B sector a store (the backward's dK / dV take the same form). Left out of the persistent
+# kernel at d = 64, where its tile loop already overlaps one tile's epilogue with the next tile's
+# loads. ``with hopper.out_row_stores(False)`` turns it off everywhere.
+# tuned: docs/decisions/forward-output-stores.md
 out_row_stores = dispatch.Preference(True)
 # variant -> the head dims that take it: those where the conversion's scratch (64 rows x d x 2 B a
 # consumer warpgroup) fits next to the rings (d = 256, at 197 KB of shared memory already, would need
@@ -842,25 +659,14 @@ ROW_STORE_HEADDIMS = {"base": (64, 128), "pingpong": (64, 128), "split": (64, 12
                       "persistent": (128,)}
 # d = 256 (no room for the scratch): the output staged instead in the consumer warpgroup's own Q
 # buffer (64 x 256 x 2 B, the output tile's size), dead once its last S product has retired; the
-# persistent kernel then loads its next tile's Q there after the stores (NOTES §72: with / without,
-# results/session-2026-12-02-zb, non-causal 513 / 446 at N=512, 611 / 561, 670 / 636, 705 / 681 at
-# 4096, 730 / 720 at 16384; causal 309 / 284, 468 / 418, 580 / 538, 650 / 625, 710 / 707). Measured
-# (ab_fwd on the H200, bf16, 16k tokens, 2 interleaved rounds, results/session-2026-12-02-n, NOTES
-# §61), ping-pong without / with, TFLOP/s: N=512 405 / 477, 1024 528 / 587, 2048 622 / 660, 16384
-# 721 / 725; causal 252 / 293, 368 / 411, 475 / 510, 711 / 719.
+# persistent kernel then loads its next tile's Q there after the stores.
 ROW_STORE_VIA_Q_HEADDIMS = {"pingpong": (256,), "split": (256,), "persistent": (256,)}  # one Q buffer there
 # The persistent kernel's output tiles copied to global memory by TMA from the warpgroup's dead Q
 # buffer (``ROW_STORES`` = 3; ``hopper_forward._epilogue``), instead of pointer stores: one bulk copy
 # a tile in place of the conversion (or read-back) and the stores with their address arithmetic; the
-# copy's 3-D view drops the rows past seqlen_q. Measured (ab_fwd on the H200, bf16, 16k tokens, 2
-# interleaved rounds, NOTES §113, results/session-2026-12-03-h and -i), TFLOP/s, before / with (and
-# with the tile index by multiply-high, FAST_DIV below): d=128 N=512 521 / 537 (558), 1024 620 / 642
-# (652), 4096 711 / 730 (732); causal 297 / 304 (314), 451 / 459 (473), 658 / 669 (680); d=256 548 /
-# 557 (563), 670 / 677 (683), 750 / 752 (759), 793 / 794 (800); causal 322 / 346 (353), 493 / 516 (519),
-# 615 / 647 (650), 695 / 735 (737). d=64 only with two Q buffers a warpgroup (the copy's buffer then
-# has a whole tile to drain before the next Q load; with one, -2.4 to +1.3 %): 328 / 355 (373) at 512, 386
-# / 407 (418), 422 / 437 (442), 443 / 451 (454) at 4096; causal 203 / 226 (246), 285 / 308 (319), 364 /
-# 377 (389), 408 / 420 (427). ``with hopper.out_tma_store(False)`` turns it off.
+# copy's 3-D view drops the rows past seqlen_q. At d = 64 it needs two Q buffers a warpgroup (the
+# copy's buffer then has a whole tile to drain before the next Q load). ``with
+# hopper.out_tma_store(False)`` turns it off. tuned: docs/decisions/forward-output-stores.md
 out_tma_store = dispatch.Preference(False)
 TMA_STORE_HEADDIMS = (64, 128, 256)
 
@@ -868,23 +674,10 @@ TMA_STORE_HEADDIMS = (64, 128, 256)
 # causal mask the key-end test is the only mask, and when seqlen_k is a multiple of the key tile on a
 # fixed-length call (no ``KV_TAIL``) it never removes a key, yet every query tile's last key step (and
 # a one-key-tile call's first) took the masked softmax, a second body of it in the consumer's code.
-# With it the consumers compile the unmasked body alone. Measured (NOTES §121, ab_fwd on the H200,
-# bf16, 16k tokens, 3 interleaved rounds, cuDNN in the same process; results/session-2026-12-06-a, -b,
-# -c), each head dim's default build without / with, TFLOP/s:
-# - persistent d=64: N=512 374 / 394, 375 / 393, 376 / 394, 375 / 395 (cuDNN 393-394); 1024 420 / 427,
-#   419 / 427, 424 / 426, 424 / 426 (438-439): the default (the persistent kernel's whole d = 64 range).
-# - persistent d=128: N=512 556 / 573, 560 / 578, 558 / 572; 1024 649 / 644, 650 / 646; 2048 697 / 679,
-#   704 / 680; 4096 720 / 693; 8192 730 / 699: the default up to N=512 only.
-# - persistent d=256: +0.5 to +1.3 % at 512-8192, +1.1 / +0.8 % at 512 / 2048 in a second run
-#   (results/session-2026-12-06-e): the default over the persistent range with the next d = 256 train
-#   sweep (with ``diag_trim``, results/session-2026-12-07-b). wg3 d=64: 2048 +0.6 / +0.8 / -0.0 %, 16384 -2.1 / -2.5 / +2.7 %: not taken.
-#   Ping-pong d=128 at 16384: -4.6 / -8.4 %. The persistent kernel unmasked does not take d=64 N=2048
-#   from wg3 (444 against 465).
-# Why it loses on long keys: without the mask's branch in the key loop ptxas hoists the wait for
-# P(i) V(i) above the softmax of S(i+1) (the SASS of every build with it), which the branch's join
-# had kept after it; waiting for the next K / V there instead (a join of their own) moved the wait back
-# in two builds and did not recover the loss (-5 % at d=128 N=512, NOTES §121).
-# ``with hopper.unmasked_full_keys(True / False)`` forces it wherever it applies.
+# With it the consumers compile the unmasked body alone. It loses on long keys: without the mask's
+# branch in the key loop ptxas hoists the wait for P(i) V(i) above the softmax of S(i+1), which the
+# branch's join had kept after it. ``with hopper.unmasked_full_keys(True / False)`` forces it wherever
+# it applies. tuned: docs/decisions/forward-masked-tiles.md
 unmasked_full_keys = dispatch.Preference(False)
 UNMASKED_KEYS_VARIANTS = ("base", "pingpong", "split", "wg3", "persistent")
 # (variant, head dim) -> the longest seqlen_k where it is the default
@@ -903,25 +696,14 @@ def key_masks(d: int, name: str, causal: bool, kv_tail: bool, seqlen_k: int | No
     return not _switch(unmasked_full_keys, (seqlen_k if seqlen_k is not None else 0) <= longest)
 
 
-# The causal diagonal trimmed in the persistent kernel (the kernel's ``DIAG_TRIM``; NOTES §122): a
-# 128-row tile's key tiles run to its last row's diagonal, but warpgroup 0's 64 rows end 64 keys
-# earlier, so with seqlen_q = seqlen_k it computed half of its last 128-key tile (d = 64 / 128) for
-# nothing, or the whole of its last 64-key tile (d = 256). With it warpgroup 0 skips a tile none of its
-# rows sees (passing the turn and releasing the slots): at N = 512 10 % of the tile steps' products and
-# exponentials, 5 % at 1024, 3 % at 2048. A half-width last step for the 128-key case (S = Q K[:64]^T,
-# P V[:64]: a third softmax body) was measured and removed (below). Measured (ab_fwd on the
-# H200, bf16, 16k tokens, causal, 3 interleaved rounds, two processes, cuDNN in the same process;
-# results/session-2026-12-07-a), the default build without / with, TFLOP/s:
-# - d=256 (the tile skipped, no new code): N=512 350 / 365, 349 / 365 (cuDNN 351); 1024 517 / 535,
-#   514 / 533 (461); 2048 647 / 662 (544): +2.3 to +4.6 %; 4096 745 / 757, 731 / 742 (605-611), 8192
-#   790 / 796, 775 / 780 (635-644; results/session-2026-12-07-b, -c): +0.6 to +1.6 %, the waste's
-#   share halving with each doubling of N. The default over the persistent range.
-# - d=128 with the half-width step: 512 314 / 317, 311 / 318 (343-344); 1024 468 / 463, 471 / 463; 2048
-#   600 / 593, 599 / 595; 4096 671 / 659; d=64: 252 / 247, 254 / 248 at 512; 327 / 324, 331 / 326; 394 /
-#   384, 390 / 384; 434 / 420: the step removed. d=128 takes the trim up to 512 with the short causal tiles
-#   (``SHORT_CAUSAL_TILES``: 64 keys, where it is a skipped tile); 128-key tiles have nothing to skip
-#   when seqlen_q = seqlen_k.
+# The causal diagonal trimmed in the persistent kernel (the kernel's ``DIAG_TRIM``): a 128-row tile's
+# key tiles run to its last row's diagonal, but warpgroup 0's 64 rows end 64 keys earlier, so with
+# seqlen_q = seqlen_k it computed half of its last 128-key tile (d = 64 / 128) for nothing, or the
+# whole of its last 64-key tile (d = 256). With it warpgroup 0 skips a tile none of its rows sees
+# (passing the turn and releasing the slots). 128-key tiles have no whole tile to skip when seqlen_q =
+# seqlen_k; d = 128 takes the trim with the short causal tiles (``SHORT_CAUSAL_TILES``: 64 keys).
 # ``with hopper.diag_trim(True / False)`` forces it in the persistent causal kernel.
+# tuned: docs/decisions/causal-diagonal-trim.md
 diag_trim = dispatch.Preference(False)
 # head dim -> the longest seqlen_q where it is the default (d = 128: where the short causal tiles give it
 # a whole tile to skip)
@@ -940,25 +722,17 @@ def diag_trim_for(d: int, name: str, causal: bool, seqlen_q: int | None = None) 
 # The persistent kernel's tile index without run-time divisions (the kernel's ``FAST_DIV``): the
 # walk's divisor and the head count's quotients by a multiply-high with magic numbers computed here
 # (``hopper_forward.magic_divisor``, ``walk_divisor``), ~4 instructions in place of ~20 a division,
-# nine divisions a consumer warp a tile (the SASS of the d = 64 kernel). Measured with the output's
-# bulk copy (its figures above, in brackets): +0.3 to +4 % over the copy alone at d = 128 / 256, +0.7
-# to +9 % at d = 64 (alone, with the pointer stores, level there: 327 / 326 at 512, 204 / 208 causal).
-# ``with hopper.fast_tile_div(False)`` turns it off.
+# nine divisions a consumer warp a tile. ``with hopper.fast_tile_div(False)`` turns it off.
+# tuned: docs/decisions/persistent-forward-options.md
 fast_tile_div = dispatch.Preference(False)
 FAST_DIV_HEADDIMS = (64, 128, 256)
 
 # The persistent kernel with two Q buffers per consumer warpgroup (the kernel's ``Q_BUFS``): the next
 # tile's Q is loaded as soon as this tile's has landed, a whole tile ahead, instead of after this
-# tile's key loop (NOTES §66). Room for the second buffers (64 x d x 2 B a warpgroup) at d = 64 / 128
-# (115 / 176 KB of shared memory before, 131 / 208 KB after); d = 256 would need 64 KB more. Measured
-# (ab_fwd on the H200, bf16, 16k tokens, 2 interleaved rounds, results/session-2026-12-02-t), one / two
-# buffers, TFLOP/s: d=128 non-causal N=512 484 / 497, 1024 587 / 587, 2048 646 / 648, 4096 677 / 681;
-# causal (paired walk) 251 / 254, 392 / 410, 536 / 537, 624 / 622; d=64 non-causal 322 / 328, 383 /
-# 384, 422 / 418, causal 199 / 206, 281 / 281, 350 / 347: a small gain at d = 128 (never below -0.5 %),
-# level at d = 64. The default at d = 128; ``with hopper.persistent_q_prefetch(True / False)`` forces
-# it wherever it fits.
-# d=64 since the output's bulk copy (NOTES §113, results/session-2026-12-03-i): one / two buffers
-# alone 328 / 332 at N=512, 203 / 209 causal; with the copy see ``out_tma_store``.
+# tile's key loop. Room for the second buffers (64 x d x 2 B a warpgroup) at d = 64 / 128 (115 / 176 KB
+# of shared memory before, 131 / 208 KB after); d = 256 would need 64 KB more. At d = 64 the output's
+# bulk copy needs them (``out_tma_store``). ``with hopper.persistent_q_prefetch(True / False)`` forces
+# it wherever it fits. tuned: docs/decisions/persistent-forward-options.md
 persistent_q_prefetch = dispatch.Preference(False)
 PERSISTENT_Q2_FITS = (64, 128)
 PERSISTENT_Q2_HEADDIMS = (64, 128)
@@ -967,17 +741,9 @@ PERSISTENT_Q2_HEADDIMS = (64, 128)
 # (the kernel's ``PAIRED``; ``hopper_forward._tile_bhm``), instead of the longest-processing-time order
 # over the whole grid: every program's work is the same (pairs of num_m + 1 key tiles), and a wave
 # of programs covers consecutive heads, so a head's query blocks read its K / V together (the whole-
-# grid order spreads them a grid's width apart: L2 hit rate 15 % against the one-tile kernel's 44 %,
-# NOTES §59; the grouped LPT walk of §60 kept the locality but lost the balance). For an even number
-# of query blocks. Measured (results/session-2026-12-02-t, NOTES §66), persistent causal, LPT / paired
-# (one-tile ping-pong, cuDNN), TFLOP/s: d=128 N=512 245 / 251 (251, 345), 1024 339 / 392 (376, 443),
-# 2048 435 / 536 (494, 520), 4096 563 / 624 (582, 580); d=64 (two Q buffers both) 206 / 169 at 512,
-# 281 / 284, 347 / 361, 399 / 409. The default at d = 128 and 256 (where the persistent kernel took
-# causal calls only with it until NOTES §113: PERSISTENT_MAX_SEQLEN's note), and at d = 64 from 16
-# query blocks of 128
-# rows (N = 2048): re-measured there (NOTES §98, results/session-2026-12-02-zzj) LPT / paired 283 / 283
-# at N = 1024, 351 / 362 at 2048, 401 / 407 at 4096; two runs agree on +3 to +4 % at 2048, +1.5 to
-# +2.5 % at 4096 and -18 % at 512. ``with hopper.paired_walk(True / False)`` forces it at any length.
+# grid order spreads them a grid's width apart). For an even number of query blocks; where the host's
+# table is on (``walk_table``) the table replaces it. ``with hopper.paired_walk(True / False)`` forces
+# it at any length. tuned: docs/decisions/persistent-causal-walk.md
 paired_walk = dispatch.Preference(False)
 PAIRED_MIN_BLOCKS = {128: 0, 256: 0, 64: 16}  # head dim -> query blocks a sequence from which it is the default
 
@@ -985,42 +751,27 @@ PAIRED_MIN_BLOCKS = {128: 0, 256: 0, 64: 16}  # head dim -> query blocks a seque
 # ``build_walk_table``) instead of computed (LPT or paired, above): the tiles in LPT order within
 # groups of heads whose K / V together fit in ``WALK_TABLE_L2_BYTES``, each handed to the program
 # that frees first by a model of the tiles' costs (``WALK_TABLE_TILE_COST`` + its key tiles). Both
-# computed walks leave a wave's remainder to part of the programs (4096 tiles or 2048 pairs over 132
-# SMs: 31.03 waves, 15.5 waves of pairs): ~3 % above the ideal in that model, the table ~0.5 %; and
-# the whole-grid LPT walk reads a head's K / V from DRAM once a query block (NOTES §130: 2.7x cuDNN's
-# DRAM bytes at d = 64 causal N = 1024), the table's groups once. Measured, the gain is that
-# locality: the same table as one group (balance alone) lost 9-19 % at d = 128. NOTES §132.
+# computed walks leave a wave's remainder to part of the programs, and the whole-grid LPT walk reads a
+# head's K / V from DRAM once a query block, the table's groups once: that locality is what it gains.
 # ``with hopper.walk_table(True / False)`` forces it (persistent, causal).
+# tuned: docs/decisions/persistent-causal-walk.md
 walk_table = dispatch.Preference(False)
-# head dim -> query blocks a sequence from which it is the default (results/session-2026-12-10-a,
-# NOTES §132: ab_fwd, two processes, the order reversed, default / table, TFLOP/s: d=128 causal N=512
-# 340, 341 / 370, 365; 1024 477, 479 / 511, 512; 2048 613, 612 / 618, 618; 4096 686, 685 / 693, 693;
-# 8192 724, 724 / 735, 736. d = 64 with 4 MB groups (results/session-2026-12-11-a, NOTES §133, the
-# computed LPT walk / the table): N=512 255, 256 / 261, 261; with 16 MB groups the table was 1 % behind
-# there, 254, 254, so §132 kept it off below 8 query blocks)
+# head dim -> query blocks a sequence from which it is the default
 WALK_TABLE_MIN_BLOCKS = {64: 0, 128: 0}
 WALK_TABLE_FITS = (64, 128)  # d = 256's consumers spill with it (156 bytes, ptxas 12.8)
-# head dim -> K / V bytes of a group of heads walked together. Measured (results/session-2026-12-11-a,
-# NOTES §133: ab_fwd, two processes, the order reversed, causal, TFLOP/s) d=64 2 / 4 / 16 MB: N=512
-# 260, 263 / 261, 261 / 254, 253; 1024 347, 347 / 350, 351 / 343, 343; 2048 407, 408 / 416, 416 / 412,
-# 414. d=128 4 / 16 / 32 MB: 512 363, 362 / 362, 366 / 335, 337; 1024 500, 499 / 504, 505 / 482, 483;
-# 2048 596, 597 / 609, 609 / 596, 595. (Why d = 64 wants the smaller groups is not measured beyond
-# these numbers.)
+# head dim -> K / V bytes of a group of heads walked together (a group leaves L2 room for what else is
+# in flight: Q, O, the next group's first K / V)
 WALK_TABLE_L2_BYTES = {64: 4 << 20, 128: 16 << 20}
-# a tile's fixed cost (Q load, epilogue) in key tiles, for the model: a guess (0.5 and 1.0 give the
-# same balance within 0.3 % at 16k tokens; 3.0 measured level with 1.0 at d = 64, NOTES §132)
+# a tile's fixed cost (Q load, epilogue) in key tiles, for the model: a guess (0.5 to 3 give the same
+# balance and time)
 WALK_TABLE_TILE_COST = 1.0
 
 
 # The persistent consumers' rows that see no key (causal, seqlen_q > seqlen_k; the cold branch of the
 # tile loop, between the epilogue and the loop's back edge) stored 16 bytes a thread instead of an
 # element a thread (the kernel's ``NO_KEY_WIDE``, ``hopper_forward._store_no_key_rows``): ~180 SASS
-# instructions a consumer warpgroup instead of ~360, and ptxas schedules the whole consumer anew.
-# Measured (NOTES §115, results/session-2026-12-04-d: ab_fwd in alternating processes, the two forms
-# twice each, cuDNN in every one), narrow / wide, TFLOP/s: d=64 non-causal N=512 373, 374 / 380, 379;
-# 1024 425, 424 / 426, 426; causal 246, 246 / 255, 252; 1024 326, 326 / 326, 326; d=128 causal 313, 315 /
-# 300, 303 at 512, 470, 466 / 475, 475 at 1024. Wide at d = 64 only; d = 256 keeps the narrow form (no
-# in-process A/B; the sweep with it, -d/train, within 1 % of the one without, -k/train).
+# instructions a consumer warpgroup instead of ~360. Wide at d = 64 only: elsewhere ptxas schedules the
+# whole consumer anew, and that build was slower. tuned: docs/decisions/persistent-forward-options.md
 NO_KEY_WIDE_HEADDIMS = (64,)
 
 
@@ -1032,8 +783,8 @@ def _switch(pref: dispatch.Preference, default: bool) -> bool:
 def persistent_options(d: int, name: str, causal: bool, num_m: int) -> dict:
     """The persistent kernel's ``Q_BUFS``, ``PAIRED``, ``FAST_DIV`` and ``NO_KEY_WIDE`` for head dim
     ``d``, the mask and ``num_m`` query blocks per sequence (one buffer, the LPT walk, divisions and
-    the narrow no-key stores for the other variants). (Another option, a tile's epilogue after the
-    next tile's first product, was measured and removed: NOTES §70.)"""
+    the narrow no-key stores for the other variants). Options measured and removed:
+    docs/decisions/persistent-forward-options.md."""
     persistent = name == "persistent"
     q2 = _switch(persistent_q_prefetch, d in PERSISTENT_Q2_HEADDIMS) and d in PERSISTENT_Q2_FITS
     paired = _switch(paired_walk, num_m >= PAIRED_MIN_BLOCKS.get(d, num_m + 1)) and bool(causal) and num_m % 2 == 0
@@ -1132,8 +883,7 @@ def row_stores(d: int, name: str) -> int:
     """How the forward for head dim ``d`` under variant ``name`` stores its output (the kernel's
     ``ROW_STORES``): 0 from the accumulator layout, 1 as whole rows through Triton's layout
     conversion, 2 as whole rows staged in the warpgroup's Q buffer, 3 (persistent) copied from that
-    buffer by TMA (``out_tma_store``; the same copy at the end of the one-tile kernels was measured
-    level and removed, NOTES §120)."""
+    buffer by TMA (``out_tma_store``; not in the one-tile kernels: docs/decisions/forward-output-stores.md)."""
     if not out_row_stores.wanted():
         return 0
     if name == "persistent" and _switch(out_tma_store, d in TMA_STORE_HEADDIMS):
@@ -1145,11 +895,9 @@ def row_stores(d: int, name: str) -> int:
 # FlashAttention-4's exp2 emulation (the kernel's ``EXP2_FMA``): this percentage of each key tile's
 # columns take their exponentials from a cubic on the FMA units (``hopper_forward._exp2_poly``, max
 # relative error 1.02e-4) instead of MUFU.EX2, so that both units work at once. Off (0, the kernel as
-# before, the same instructions): measured slower on the H200 at every share in the kernels where it
-# was meant to pay (NOTES §43, results/session-2026-12-01-za: wg3 d=64 N=16384 513 TFLOP/s at 0 %
-# against 491 / 468 / 421 at 12.5 / 25 / 50 %; ping-pong d=128 619 against 594 / 585 / 528), as in
-# the portable forward (§8). A switch for other chips: ``with hopper.exp2_fma(25): ...``
-# or IOATTN_HOPPER_EXP2_FMA=25; a share of the tile's columns halved k times (``_exp2_tile``).
+# before, the same instructions): slower on the H200 at every share. A switch for other chips: ``with
+# hopper.exp2_fma(25): ...`` or IOATTN_HOPPER_EXP2_FMA=25; a share of the tile's columns halved k times
+# (``_exp2_tile``). tuned: docs/decisions/exp2-emulation.md
 EXP2_FMA_DEFAULT = 0.0
 EXP2_FMA_SHARES = (0.0, 12.5, 25.0, 50.0, 100.0)
 EXP2_FMA_ENV = "IOATTN_HOPPER_EXP2_FMA"
@@ -1229,12 +977,11 @@ def policy(q=None, seqlen_q: int | None = None, causal: bool = False, varlen: bo
         forms = varlen or window_width is not None or softcap or alibi
         if not forms or not padded_in_place(d):
             return _padded_policy("fwd", d, n, causal, forms)
-        if varlen:  # NOTES §156: 0.65-1.57x the portable forward at d = 96 / 192 (ab_varlen.py, run232)
+        if varlen:  # the packed forward stays portable here: docs/decisions/padded-head-dims.md
             return False, (f"default policy: head dim {d} (zero-padded to {kd}) packed sequences: the portable "
                            "forward (measured behind it at some lengths, NOTES §156)")
-    # in place, a padded call's windows, softcap and ALiBi by the padded dim's own rules: ahead of the
-    # portable forward at every point measured (ab_window.py, d = 96 / 192, N = 2048 / 16384, run231 /
-    # run232, NOTES §156: windows 1.05-1.67x, softcap 1.77-2.55x, ALiBi 1.20-1.56x)
+    # in place, a padded call's windows, softcap and ALiBi by the padded dim's own rules
+    # (docs/decisions/padded-head-dims.md)
     label = f"{d} (zero-padded to {kd})" if kd else f"{d}"
     d = kd or d
     table = "VARLEN_AUTO_MIN_SEQLEN" if varlen else "AUTO_MIN_SEQLEN"
@@ -1408,19 +1155,10 @@ def inputs_note(q, k, v, varlen, causal, backward=False) -> str:
 
 # Batched q / k / v with no (rows, heads * d) view (``dispatch.tma_rows_view``; a (batch, heads,
 # seqlen, d) tensor transposed to flash-attn's order) reach the Gluon kernels as contiguous copies from
-# ``COPY_MIN_SEQLEN[pass][(head dim, causal)]`` query rows, where the copies cost less than what the
-# portable kernels, which read any strides, lose to the Gluon ones; shorter calls keep the portable
-# kernels. The copies of q, k, v cost ~280 us a call at 16k tokens and hidden 2048 (torch's copy of
-# the permuted tensors, ~1.4 TB/s). Measured (NOTES §142, results/session-2026-12-13-e: ioattn bench
-# train --layout bhnd with IOATTN_HOPPER_COPY=1 / 0, H200, bf16, TFLOP/s, copies / portable): forward
-# d=128 non-causal 409 / 479 at 2048, 529 / 469 at 4096, 660 / 483 at 16384; causal 395 / 445 at 4096,
-# 617 / 498 at 16384; d=64 392 / 423 at 4096, 508 / 427 at 16384 (causal 309 / 367, 451 / 422); d=256
-# 422 / 465 at 2048, 564 / 489 at 4096 (causal 422 / 440 at 4096, 682 / 545 at 16384). Backward: d=128
-# 223 / 252 at 512, 333 / 316 at 1024 (causal 214 / 236 at 1024, 319 / 297 at 2048); d=64 198 / 224,
-# 284 / 270 (causal 187 / 222, 275 / 270); d=256 ahead from 512 (190 / 131, causal 116 / 107). Each
-# entry: the shortest measured length (512 ... 4096, 16384) from which the copies were ahead there and
-# at every longer one (8192 was not measured: the next measured length counts).
-# ``with hopper.copy_strided(True / False)`` or IOATTN_HOPPER_COPY=1 / 0 decides it at any length.
+# ``COPY_MIN_SEQLEN[pass][(head dim, causal)]`` query rows, where the copies (a fixed cost a call) cost
+# less than what the portable kernels, which read any strides, lose to the Gluon ones; shorter calls keep
+# the portable kernels. ``with hopper.copy_strided(True / False)`` or
+# IOATTN_HOPPER_COPY=1 / 0 decides it at any length. tuned: docs/decisions/strided-inputs.md
 copy_strided = dispatch.Preference(False)
 COPY_MIN_SEQLEN = {"fwd": {(64, False): 16384, (64, True): 16384, (128, False): 4096, (128, True): 16384,
                            (256, False): 4096, (256, True): 16384},
@@ -1627,76 +1365,43 @@ def _kv_tiles(m_start: int, seqlen_q: int, seqlen_k: int, block_m: int, block_n:
 
 
 # ---- the Gluon backward (ioattn.kernels.hopper_backward) ----
-# Variant "ws" (NOTES §22, §27) against the portable backward, in the train sweep on the H200, bf16,
-# 16k tokens (results/session-2026-12-01-d/train: ioattn-hopper-bwd vs ioattn with the Gluon kernels
-# off by environment, cuDNN in the same run), TFLOP/s: d=128 ahead from N=512 (286 vs 251
-# non-causal, 178 vs 167 causal) to N=16384 (514 vs 379, 517 vs 369; cuDNN 535 / 574); d=64
-# non-causal ahead from N=512 (232 vs 220; N=16384 386 vs 332), causal behind at N=512 / 1024 (148 vs
-# 163, 215 vs 219) and ahead from N=2048 (280 vs 267; N=16384 384 vs 323). v1 ("base") was behind
-# everywhere (339 vs 379 at d=128, results/gluon-bwd-ab-1, NOTES §21).
-# By default its dQ additions (bulk reduce-adds) land in arrival order, so it is not bitwise
-# reproducible; ``deterministic=True`` in the API sets ``bwd_deterministic`` around the forward, and
-# that forward's backward then runs the kernel's DETERMINISTIC mode (the additions in key-block
-# order) where ``DETERMINISTIC_WS`` allows, else the portable backward (deterministic by construction).
+# The dispatch's backward is the "ws" variant (``BWD_VARIANT``). By default its dQ additions (bulk
+# reduce-adds) land in arrival order, so it is not bitwise reproducible; ``deterministic=True`` in the
+# API sets ``bwd_deterministic`` around the forward, and that forward's backward then runs the
+# kernel's DETERMINISTIC mode (the additions in key-block order) where ``DETERMINISTIC_WS`` allows,
+# else the portable backward (deterministic by construction).
+# tuned: docs/decisions/hopper-backward-kernel.md
 prefer_hopper_bwd = dispatch.Preference(False, env="IOATTN_HOPPER_BWD")  # ``with prefer_hopper_bwd(True): ...``
 bwd_deterministic = dispatch.Preference(False)  # ``with bwd_deterministic(True): ...`` (the API's deterministic=True)
-# The ordered mode: its GPU tests pass (bitwise equal runs, float64 oracle; results/session-2026-12-01-h
-# and -j) and at d=128 it measured (ab_bwd, TFLOP/s, ordered / arrival order / portable) 454 / 510 / 382
-# at N=4096 and 506 / 520 / 377 at N=16384 non-causal. Causal, key blocks in ascending order, it was
-# 230 / 440 / 337 and 300 / 533 / 373 (each key block waited for the previous one at its diagonal
-# query block); with the descending order and reversed launch (NOTES §34), 411 / 438 / 336 and
-# 484 / 537 / 372 (results/session-2026-12-01-j/ab_bwd.jsonl): ahead of the portable backward for
-# both masks, so deterministic calls take it wherever the Gluon backward applies.
+# The ordered mode (causal: key blocks in descending order, launched in reverse so that a program
+# waits only on programs launched before it). tuned: docs/decisions/deterministic-backward.md
 DETERMINISTIC_WS = True
 BWD_VARIANT = "ws"  # the variant the dispatch takes (ioattn.kernels.hopper_backward.BWD_VARIANTS)
-# d=256: the ws kernel's column-split form (NOTES §40). Its GPU tests pass (68, float64 oracle,
-# deterministic runs bitwise equal; results/session-2026-12-01-t) and ab_bwd there measured, TFLOP/s,
-# ws / ordered ws / portable / cuDNN: N=4096 336 / 240 / 151 / 396 and N=16384 354 / 312 / 147 / 360
-# non-causal; causal 298 / 265 / 145 / 375 and 348 / 303 / 152 / 381.
+# d=256: the ws kernel's column-split form. tuned: docs/decisions/hopper-backward-kernel.md
 BWD_HEADDIMS = (64, 128, 256)
-# The default policy: (head dim, causal) -> the shortest seqlen_q from which "ws" was measured ahead
-# of the portable backward (the sources above); other rows keep the portable backward. d=256 from
-# 512: measured 2.0-2.4x the portable backward at 4096 and 16384, the train sweep's shorter points
-# checked with the dispatch in results/session-2026-12-01-u. d=64 causal from 512 since the 128-row
-# step (NOTES §55, §74; ab_bwd, 3 rounds, results/session-2026-12-02-zd, TFLOP/s, portable / ws /
-# cuDNN): N=512 162 / 168 / 166, 1024 219 / 251 / 248, 2048 267 / 337 / 326 (it was 2048 before: the ws
-# kernel with 64-row steps was behind the portable one at 512 / 1024, 148 vs 163 and 215 vs 219).
+# The default policy: (head dim, causal) -> the shortest seqlen_q from which "ws" runs; other rows
+# keep the portable backward. tuned: docs/decisions/hopper-backward-kernel.md
 BWD_AUTO_MIN_SEQLEN = {(128, False): 512, (128, True): 512, (64, False): 512, (64, True): 512,
                        (256, False): 512, (256, True): 512}
 # Packed (varlen) batches: the "ws" kernel's IS_VARLEN form, by the longest sequence (max_seqlen_q),
-# as VARLEN_AUTO_MIN_SEQLEN does for the forward: from the shortest max_seqlen_q measured where it was
-# ahead of the portable backward there and at every longer one (benchmarks/ab_varlen.py --pass bwd,
-# ~16k tokens, lengths uniform in [mean/4, 7 mean/4]; max_seqlen 218 / 437 / 875 / 1522 / 2606 / 5212
-# for means 128 / 256 / 512 / 1024 / 2048 / 4096; results/session-2026-12-14-b and -c, NOTES §143;
-# Gluon / portable): d=64 non-causal 0.92, 1.05, 1.19, 1.31, 1.43, 1.49 (from 437); causal 0.86,
-# 0.93, 1.03, 1.15, 1.26, 1.37 (from 875); d=128 1.22-1.81 non-causal and 1.18-1.69 causal, d=256
-# 1.45-2.77 and 1.26-2.67 (from the shortest measured, 218).
+# as VARLEN_AUTO_MIN_SEQLEN does for the forward. tuned: docs/decisions/gluon-varlen.md
 BWD_VARLEN_AUTO_MIN_SEQLEN = {(64, False): 437, (64, True): 875, (128, False): 218, (128, True): 218,
                               (256, False): 218, (256, True): 218}
 # Sliding windows (flash-attn's (left, right), not the causal (-1, 0)): the ws kernel's WINDOW form,
 # judged by the lengths' table's non-causal row and by the window's width (left + right + 1, an
-# unbounded side as seqlen_k): head dim -> the narrowest width from which it is taken, the narrowest
-# measured where it was ahead of the portable backward there and at every wider window, at N = 4096
-# and 16384 (benchmarks/ab_window.py, 16k tokens, windows (64, 0) to (4096, 0); results/session-2026-
-# 12-14-e and -f, NOTES §144; Gluon / portable): d=64 0.92-0.93 at width 65, 1.06-1.07 at 129, 1.12
-# to 1.41 from 257; d=128 1.16-1.17 at 65, 1.24-1.55 wider; d=256 1.12-1.13 at 65, 1.34-2.72 wider.
+# unbounded side as seqlen_k): head dim -> the narrowest width from which it is taken.
+# tuned: docs/decisions/sliding-windows.md
 BWD_WINDOW_MIN_WIDTH = {64: 129, 128: 65, 256: 65}
 
 
 # ALiBi in the Gluon backward: the ws kernel's ALIBI form, at every head dim, by the lengths' and
-# windows' tables as without it: ahead of the portable backward at every point measured (ab_window.py
-# --pass bwd --alibi, as the forward's; results/session-2026-12-16-f / -g, NOTES §148), d=128
-# 1.25-1.61x (583 / 376 TFLOP/s non-causal at 16384), d=256 1.74-3.02x, d=64 1.24-1.49x. With a
-# softcap too since NOTES §152 (below). ``BWD_ALIBI_SOFTCAP_REFUSED``: head dims whose ALiBi + softcap
-# calls the portable backward takes (none now; d = 128 was, §148-§151).
+# windows' tables as without it, with a softcap too. ``BWD_ALIBI_SOFTCAP_REFUSED``: head dims whose
+# ALiBi + softcap calls the portable backward takes (none now). tuned: docs/decisions/alibi.md
 BWD_ALIBI_SOFTCAP_REFUSED = ()
 # The backward's ALiBi forms (``_probs``, the forward's numbers): the query columns converted per step
 # (``ALIBI_FP32_COLS``), or with a softcap at these head dims the magic-number distance with the
-# queries split as hi / lo (``ALIBI_MAGIC``; its masks too), which brings d = 128's key split to 32 /
-# 48 B of spills (1 / 5 in the loop) from 232 / 312 B (non-causal / causal; packed 52 / 68 B, with a
-# window 68-72 B; ptxas 12.8, compile_check_hopper_bwd.py --alibi --softcap). Measured (ab_window.py
-# --pass bwd --alibi --softcap 50, results/session-2026-12-17-f, NOTES §152): 2.18-2.41x the portable
-# backward (558 / 231 TFLOP/s non-causal at N = 16384, causal 533 / 226, (4096, 0) 502 / 219).
+# queries split as hi / lo (``ALIBI_MAGIC``; its masks too), which brings d = 128's key split from
+# hundreds of bytes of spills to a few. tuned: docs/decisions/alibi.md
 BWD_ALIBI_MAGIC_SOFTCAP_HEADDIMS = (128,)
 
 
@@ -1731,10 +1436,7 @@ def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p
     if window not in ((-1, -1), (-1, 0)) and BWD_VARIANT != "ws":
         return False, "sliding window: the ws variant only"
     # a score softcap: the ws kernel's SOFTCAP form at every head dim, by the lengths' and windows'
-    # tables as without it: ahead of the portable backward at every point measured (benchmarks/
-    # ab_window.py --pass bwd --softcap 50, bf16, 16k tokens, no mask, causal and (4096, 0), N = 512 to
-    # 16384; results/session-2026-12-16-b / -c, NOTES §147), Gluon / portable: d=128 1.60-2.07x (521 /
-    # 272 TFLOP/s non-causal at 16384), d=256 1.77-2.96x, d=64 1.48-1.79x
+    # tables as without it (docs/decisions/softcap.md)
     if softcap > 0 and BWD_VARIANT != "ws":
         return False, "softcap: the ws variant only"
     if alibi_slopes is not None:
@@ -1769,9 +1471,7 @@ def bwd_policy(q, seqlen_q: int | None = None, causal: bool = False, varlen: boo
         if not forms or not padded_in_place(d) or BWD_VARIANT != "ws":
             return _padded_policy("bwd", d, n, causal, forms)
     # in place, a padded call's windows and packed sequences (and softcap / ALiBi, which take the lengths'
-    # rules here at every dim) by the padded dim's own rules: ahead of the portable backward at every point
-    # measured (ab_window.py / ab_varlen.py, d = 96 / 192, run231 / run232, NOTES §156: windows 1.50-2.79x,
-    # softcap 2.18-2.98x, ALiBi 1.55-3.14x, packed 1.42-2.66x from mean length 512)
+    # rules here at every dim) by the padded dim's own rules (docs/decisions/padded-head-dims.md)
     label = f"{d} (zero-padded to {kd})" if kd else f"{d}"
     d = kd or d
     mask = ("causal" if causal else "non-causal") + (" varlen" if varlen else "")

@@ -2,8 +2,8 @@
 
 ``kernel[grid](*args, **kw)`` specializes every argument again at each launch (type, alignment,
 divisibility by 16), hashes the result and looks the compiled kernel up: for the decode kernel's ~60
-arguments that was the largest part of a decode call's host time (``benchmarks/host_profile.py``,
-NOTES §46). A decode loop launches the same kernel with the same shapes at every step, so
+arguments that was the largest part of a decode call's host time (``benchmarks/host_profile.py``;
+docs/decisions/decode-launches.md). A decode loop launches the same kernel with the same shapes at every step, so
 ``CachedLaunch`` keeps the compiled kernel under a key built from what decides Triton's
 specialization: each integer's value, each tensor's dtype and 16-byte alignment, each descriptor's
 block, dtype, shape and strides, the constexprs and the launch options; then launches it through

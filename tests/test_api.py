@@ -676,7 +676,7 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     assert [key for key, mode in rows.items() if mode == 3] == [("persistent", d) for d in (64, 128, 256)], rows
     with hopper.out_tma_store(False):  # the persistent kernel as before it: pointer stores at d = 64
         assert [hopper.row_stores(d, "persistent") for d in (64, 128, 256)] == [0, 1, 2]
-    with hopper.out_tma_store(True):  # the one-tile kernels have no copy (NOTES §120: measured level)
+    with hopper.out_tma_store(True):  # the one-tile kernels have no copy (docs/decisions/forward-output-stores.md)
         assert hopper.row_stores(128, "pingpong") == 1
     with hopper.out_row_stores(False):
         assert not any(hopper.row_stores(d, v) for v, d in rows)
@@ -688,7 +688,7 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     assert hopper.grid_programs(torch.device("cpu"), "persistent", 1000) == 132  # one per SM (an H100/H200 here)
     assert hopper.grid_programs(torch.device("cpu"), "persistent", 7) == 7
     # per call: short fixed-length calls take the persistent variant (PERSISTENT_MAX_SEQLEN, by head dim and
-    # mask, and where listed from PERSISTENT_MIN_SEQLEN: nowhere since NOTES §113)
+    # mask, and where listed from PERSISTENT_MIN_SEQLEN: nowhere now)
     assert set(hopper.PERSISTENT_MAX_SEQLEN) == {(64, False), (64, True), (128, False), (128, True), (256, False),
                                                  (256, True)}
     assert not hopper.PERSISTENT_MIN_SEQLEN
@@ -783,12 +783,14 @@ def test_hopper_persistent_variant_by_call(monkeypatch):
                 assert "walk" not in plan.forward and "q_buffers" not in plan.forward
                 assert "tile_index" not in plan.forward and plan.forward["out_stores"].startswith("whole-row")
             assert not plan.forward["mask"].startswith("none"), plan.forward  # masked: causal, or past 512
-        # the unmasked key loop (NOTES §121): short non-causal persistent calls with whole key tiles
+        # the unmasked key loop (docs/decisions/forward-masked-tiles.md): short non-causal persistent calls with
+        # whole key tiles
         for n, d, unmasked in ((512, 128, True), (1024, 64, True), (1024, 128, False), (600, 64, False)):
             q = torch.empty(4, n, 16, d, dtype=BF16)
             mask = ioattn.explain_dispatch(q, q, q).forward["mask"]
             assert mask.startswith("none") == unmasked, (n, d, mask)
-        # warpgroup 0's diagonal trimmed (NOTES §122): persistent causal calls at d = 256 to 2048, d = 128 to 512
+        # warpgroup 0's diagonal trimmed (docs/decisions/causal-diagonal-trim.md): persistent causal calls at d =
+        # 256 to 2048, d = 128 to 512
         for n, d, trimmed in ((512, 128, True), (1024, 128, False), (2048, 256, True), (8192, 256, True),
                               (1024, 64, False)):
             q = torch.empty(4, n, 16, d, dtype=BF16)
@@ -1163,7 +1165,7 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     # d=256: the ws kernel's column-split form (64 keys a program, one dO stage, dQ in two halves, the
     # high one through the Q ring);
     # 64 and 128: keys split between the warpgroups, equal rings, whole dQ blocks; d=64 takes 128 query
-    # rows a step (NOTES §55)
+    # rows a step (docs/decisions/backward-ws-step.md)
     wide = hb.kernel_config(256, "ws")
     assert wide["kernel"] is hb.hopper_bwd_ws_kernel and (wide["block_n"], wide["dq_cols"]) == (64, 128)
     assert wide["constexprs"] == dict(HEAD_DIM=256, BLOCK_M=64, BLOCK_N=64, STAGES=2, DO_STAGES=1, COL_SPLIT=True,
@@ -1356,9 +1358,9 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
     monkeypatch.delenv("IOATTN_HOPPER_LPT")
     assert launch(16384, 16384 - 1, True)[1]["KV_TAIL"] and not launch(16384, 16384 - bn, True)[1]["KV_TAIL"]
     assert launch(16384, 16384, True, varlen=True)[1]["KV_TAIL"]  # varlen: always
-    # key tiles never masked (hopper.unmasked_full_keys, NOTES §121): by default the persistent kernel's
-    # non-causal calls at d = 64 and at d = 128 up to 512 keys; when asked, every non-causal call whose
-    # key tiles all lie inside the sequence
+    # key tiles never masked (hopper.unmasked_full_keys, docs/decisions/forward-masked-tiles.md): by default the
+    # persistent kernel's non-causal calls at d = 64 and at d = 128 up to 512 keys; when asked, every non-causal
+    # call whose key tiles all lie inside the sequence
     assert not launch(512, 512, False)[1]["KEY_MASKS"] and not launch(1024, 1024, False, d=64)[1]["KEY_MASKS"]
     assert not launch(8192, 8192, False, d=256)[1]["KEY_MASKS"]  # d = 256 over its persistent range
     assert launch(1024, 1024, False)[1]["KEY_MASKS"] and launch(16384, 16384, False)[1]["KEY_MASKS"]
@@ -1372,9 +1374,9 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
         assert launch(16384, 16384, True)[1]["KEY_MASKS"]  # the causal diagonal
         assert launch(16384, 16384 - 1, False)[1]["KEY_MASKS"]  # a key tile cut by the key end
         assert launch(16384, 16384, False, varlen=True)[1]["KEY_MASKS"]  # varlen: the sequences' own ends
-    # warpgroup 0's diagonal trimmed (hopper.diag_trim, NOTES §122): by default the persistent causal
-    # calls at d = 256 (to 8192, its range) and at d = 128 up to 512, there with 64-key tiles four deep
-    # (hopper.SHORT_CAUSAL_TILES); when asked, every persistent causal call
+    # warpgroup 0's diagonal trimmed (hopper.diag_trim, docs/decisions/causal-diagonal-trim.md): by default the
+    # persistent causal calls at d = 256 (to 8192, its range) and at d = 128 up to 512, there with 64-key tiles
+    # four deep (hopper.SHORT_CAUSAL_TILES); when asked, every persistent causal call
     kw = launch(512, 512, True)[1]
     assert kw["DIAG_TRIM"] and kw["PERSISTENT"] and (kw["BLOCK_M"], kw["BLOCK_N"], kw["STAGES"]) == (128, 64, 4)
     kw = launch(1024, 1024, True)[1]
@@ -1427,10 +1429,10 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
             assert kw["args"][16:21] == (walk, *hf.magic_divisor(walk)[1:], *hf.magic_divisor(4)[1:]), kw["args"]
     kw = launch(16384, 16384, True)[1]  # the one-tile kernel: no copy, its divisions (once a program)
     assert kw["ROW_STORES"] != 3 and not kw["FAST_DIV"] and kw["args"][3] is None
-    # the causal walk from the host's table (hopper.walk_table, NOTES §132): by default the persistent
-    # causal calls at d = 64 / 128, every length (NOTES §133); forced, every persistent causal call at
-    # d = 64 / 128 gets an int32 table of every tile (LPT-encoded: the walk divisor is the (batch, head)
-    # count) and no paired walk; others get none
+    # the causal walk from the host's table (hopper.walk_table, docs/decisions/persistent-causal-walk.md): by
+    # default the persistent causal calls at d = 64 / 128, every length (docs/decisions/persistent-causal-walk.md);
+    # forced, every persistent causal call at d = 64 / 128 gets an int32 table of every tile (LPT-encoded: the walk
+    # divisor is the (batch, head) count) and no paired walk; others get none
     assert launch(512, 512, True)[1]["Walk"] is not None and launch(1024, 1024, True, d=64)[1]["Walk"] is not None
     assert launch(512, 512, True, d=64)[1]["Walk"] is not None  # 4 query blocks at d = 64 too
     with hopper.walk_table(False):
@@ -1726,7 +1728,7 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
     for slopes, softcap, unit, least in ((torch.rand(4), 0.0, -1 / 0.1, n + 1),
                                          (torch.rand(2, 4), 20.0, -1 / 20.0, n)):
         launches.clear()
-        with monkeypatch.context() as m:  # causal: §148's fp32 columns at 64-key tiles, or the magic form
+        with monkeypatch.context() as m:  # causal: the fp32 columns at 64-key tiles, or the magic form
             m.setattr(hopper, "ALIBI_MAGIC_CAUSAL_MIN_SEQLEN", {128: least})
             hopper.hopper_forward(q, q, q, 0.1, True, softcap=softcap, alibi_slopes=slopes)
         ((grid, args, kw),) = launches
@@ -1770,7 +1772,7 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
     monkeypatch.setattr(hopper, "hopper_forward", lambda *a, **kw: calls.append((a, kw)) or ("out", "lse"))
     with dispatch.forced_backend("triton"):
         assert backends.triton_forward(q, q, q, None, None, n, n, 0.125, (-1, 0), 0.0, slopes, 0.0, 0) == ("out", "lse")
-        with monkeypatch.context() as m:  # causal in §148's fp32 columns (64-key tiles at d = 128)
+        with monkeypatch.context() as m:  # causal in the fp32 columns (64-key tiles at d = 128)
             m.setattr(hopper, "ALIBI_MAGIC_CAUSAL_MIN_SEQLEN", {})
             plan = ioattn.explain_dispatch(q, q, q, causal=True, alibi_slopes=slopes)
         assert plan.forward["kernel"].endswith("(Gluon, pingpong)") and plan.forward["tiles"][1] == 64
@@ -1885,15 +1887,15 @@ def test_persistent_kernel_options_follow_their_switches():
     for causal calls with an even number of query blocks, by default at d = 128 / 256 and at d = 64 from
     16 query blocks; the tile index by multiply-high by default at every head dim; every other variant
     one buffer, no pairs, divisions. The no-key rows' wide stores: the persistent kernel at d = 64 only
-    (hopper.NO_KEY_WIDE_HEADDIMS, NOTES §115), whatever the switches. Where the walk from the host's
-    table is on, no pairs."""
+    (hopper.NO_KEY_WIDE_HEADDIMS, docs/decisions/persistent-forward-options.md), whatever the switches. Where the
+    walk from the host's table is on, no pairs."""
     from ioattn import hopper
 
     def opts(q_bufs, paired, fast_div=True, d=128):
         return dict(Q_BUFS=q_bufs, PAIRED=paired, FAST_DIV=fast_div, NO_KEY_WIDE=d == 64)
 
-    # the walk from the host's table (hopper.walk_table, NOTES §132) takes the place of the pairs where it
-    # is on: by default at d = 64 / 128, every length (NOTES §133)
+    # the walk from the host's table (hopper.walk_table, docs/decisions/persistent-causal-walk.md) takes the place
+    # of the pairs where it is on: by default at d = 64 / 128, every length (docs/decisions/persistent-causal-walk.md)
     assert hopper.persistent_options(128, "persistent", True, 4) == opts(2, False)
     assert hopper.persistent_options(64, "persistent", True, 16) == opts(2, False, d=64)
     assert hopper.persistent_options(256, "persistent", True, 4) == opts(1, True)  # not at d = 256
@@ -1906,7 +1908,7 @@ def _persistent_options_without_table(hopper, opts):
     assert hopper.persistent_options(128, "persistent", True, 4) == opts(2, True)
     assert hopper.persistent_options(128, "persistent", True, 5) == opts(2, False)
     assert hopper.persistent_options(64, "persistent", True, 4) == opts(2, False, d=64)
-    # d = 64: paired from 16 query blocks (N = 2048 at 128 rows), LPT below (NOTES §98)
+    # d = 64: paired from 16 query blocks (N = 2048 at 128 rows), LPT below (docs/decisions/persistent-causal-walk.md)
     assert hopper.persistent_options(64, "persistent", True, 14) == opts(2, False, d=64)
     assert hopper.persistent_options(64, "persistent", True, 16) == opts(2, True, d=64)
     assert hopper.persistent_options(64, "persistent", False, 16) == opts(2, False, d=64)
@@ -1957,8 +1959,8 @@ def test_magic_divisor_divides_exactly():
 
 def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
     """Head dims the Gluon kernels lack run them zero-padded to the next one (``hopper.PADDED_RANGE``,
-    NOTES §154-§155): which dims, which run in place (``padded_in_place``: d a multiple of 8) and which
-    on padded copies, the policy by ``padded_min_seqlen``'s table (forward and backward), plain
+    docs/decisions/padded-head-dims.md): which dims, which run in place (``padded_in_place``: d a multiple of 8)
+    and which on padded copies, the policy by ``padded_min_seqlen``'s table (forward and backward), plain
     fixed-length calls only (the causal mask allowed; windows, softcap, ALiBi, packed sequences, dropout
     refused by name, in the policy, the call checks and both launchers), any layout (copies); and the
     launchers' padding (the copies' path) is exact: with a stand-in kernel at the padded dim that records its inputs and
@@ -1975,8 +1977,8 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
     assert pad.is_contiguous() and pad.tolist() == [[[0, 1, 2, 0, 0], [3, 4, 5, 0, 0]]]
     assert [hopper.padded_in_place(d) for d in (64, 72, 80, 100, 128, 136, 196, 200)] == \
         [False, True, True, False, False, True, False, True]
-    # d = 136-192 in place: both kernels' products over 192 of the 256 columns (NOTES §157-§159), named in
-    # the plan's inputs; d = 72-96: the forward's over 96 of 128 (NOTES §164); d = 200 and 104 (past three
+    # d = 136-192 in place: both kernels' products over 192 of the 256 columns (docs/decisions/split-products.md), named
+    # in the plan's inputs; d = 72-96: the forward's over 96 of 128; d = 200 and 104 (past three
     # quarters of their tiles) not; the switches turn them off
     assert [(hopper.split_cols_for(256, d, "persistent"), hopper.bwd_split_cols_for(256, d, True))
             for d in (136, 192, 200)] == [(192, 192), (192, 192), (0, 0)]
@@ -1991,7 +1993,7 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
     for backward, name in ((False, "split_cols"), (True, "bwd_split_cols")):
         assert hopper.padded_inputs_note(192, backward).endswith(
             f"to 192 columns, the products over 192 of the 256 columns (hopper.{name})" + ("" if backward else ring))
-        with hopper.split_ring(False):  # the forward's split ring (NOTES §161) named only where it runs
+        with hopper.split_ring(False):  # the forward's split ring named only where it runs
             assert hopper.padded_inputs_note(192, backward).endswith(f"(hopper.{name})")
         assert hopper.split_ring_for(256, 192, "persistent") and not hopper.split_ring_for(256, 192, "base")
         assert not hopper.split_ring_for(256, 192, "persistent", kv_tail=True)
@@ -2015,7 +2017,7 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
                       f"from seqlen_q >= {least} (here {least})")
             assert least == 1 or not judge(torch.empty(1, least - 1, 2, d), causal=causal)[0]
     # on copies (d = 100) the forms are declined; in place (d = 96 / 192) windows, softcap and ALiBi by the
-    # padded dim's rules, packed sequences in the backward only (NOTES §156)
+    # padded dim's rules, packed sequences in the backward only (docs/decisions/padded-head-dims.md)
     assert hopper.policy(torch.empty(1, 1 << 16, 2, 100), window_width=300) == (
         False, "default policy: head dim 100 (zero-padded to 128) non-causal: plain fixed-length calls only")
     assert not hopper.bwd_policy(torch.empty(1, 1 << 16, 2, 100), window_width=300)[0]

@@ -318,7 +318,7 @@ for dt, paged, feat, block_m, d, tma, uni in (("bf16", False, False, 16, 128, Fa
     print(dt, paged, feat, block_m, d, tma, uni, "shared", shared, "async ops", k.asm["ttgir"].count("async_"))
 # the wide tile in a split launch as the device compiles it (aligned pointers and strides): at most
 # 170 registers, so 3 programs of 128 threads share an SM's 65536 (decode.WIDE_MAX_REGS and the wave
-# rules were measured with 168; NOTES §41); a change that crosses it must be re-measured
+# rules were measured with 168; docs/decisions/decode-one-wave.md); a change that crosses it must be re-measured
 from gluon_aot import ptxas_report
 aligned = [n for n in fn.arg_names if n[0].isupper() and n not in ("HEAD_DIM", "BLOCK_D", "BLOCK_M", "BLOCK_N",
                                                                     "PAGE_SIZE", "PAGED")] + [

@@ -472,7 +472,7 @@ def test_default_dispatch_takes_the_gluon_kernel_where_measured_faster(d, n, cau
         assert "hopper_fwd_kernel" not in plan.forward["kernel"]
     else:
         assert plan.forward["kernel"] == f"ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, {variant})"
-        # conditional rescaling by the warp, except where it measured slower (NOTES §84)
+        # conditional rescaling by the warp, except where it measured slower (docs/decisions/conditional-rescale.md)
         off = (variant, d) in hopper.CONDITIONAL_RESCALE_OFF
         assert plan.forward["cond_rescale"].startswith("off" if off else "by warp"), plan.forward
     _check(1, n, n, 2, 2, d, torch.bfloat16, causal=causal)
@@ -680,8 +680,8 @@ def test_hopper_forward_persistent_store_and_index(d, causal, shape, tma_store, 
                                    (2, 300, 1000, 4, 2)])
 def test_hopper_forward_unmasked_keys(variant, d, shape, poison_alloc):
     """No key tile masked where none can be cut (hopper.unmasked_full_keys, the kernel's ``KEY_MASKS``
-    False; the default for the short persistent calls, NOTES §121), forced on: non-causal calls on
-    poisoned outputs against the float64 oracle, with the gradients of the backward it feeds; a key
+    False; the default for the short persistent calls, docs/decisions/forward-masked-tiles.md), forced on:
+    non-causal calls on poisoned outputs against the float64 oracle, with the gradients of the backward it feeds; a key
     length that is not a multiple of the key tile keeps its masks."""
     from ioattn import hopper
     b, sq, sk, h, hkv = shape
@@ -702,8 +702,8 @@ def test_hopper_forward_unmasked_keys(variant, d, shape, poison_alloc):
                                    (3, 500, 300, 6, 2), (16, 512, 100, 8, 4)])
 def test_hopper_forward_diag_trim(d, shape, poison_alloc):
     """Warpgroup 0 of the persistent causal kernel computing only the keys its own rows see
-    (hopper.diag_trim, the kernel's ``DIAG_TRIM``; NOTES §122), forced on: poisoned outputs against
-    the float64 oracle with the gradients of the backward it feeds; and the lse against the same
+    (hopper.diag_trim, the kernel's ``DIAG_TRIM``; docs/decisions/causal-diagonal-trim.md), forced on: poisoned
+    outputs against the float64 oracle with the gradients of the backward it feeds; and the lse against the same
     kernel's without it (the same function: equal to fp32 rounding, rows with no key included)."""
     from ioattn import hopper
     b, sq, sk, h, hkv = shape
@@ -949,8 +949,8 @@ def test_hopper_forward_exp2_fma_extreme_scores(variant, d, share, causal, poiso
 def test_backward_default_policy_and_deterministic(causal, monkeypatch, poison_alloc):
     """Without any switch, a long enough head-dim-128 call takes the Gluon backward (variant
     hopper.BWD_VARIANT, by hopper.BWD_AUTO_MIN_SEQLEN) and passes the float64 oracle;
-    deterministic=True gives gradients that are bitwise the same run to run (NOTES §32: the ordered
-    Gluon mode or the portable backward)."""
+    deterministic=True gives gradients that are bitwise the same run to run
+    (docs/decisions/deterministic-backward.md: the ordered Gluon mode or the portable backward)."""
     from ioattn import hopper
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
     n = hopper.BWD_AUTO_MIN_SEQLEN[(128, causal)]
@@ -986,8 +986,8 @@ def test_hopper_backward_deterministic(d, causal, shape, block_m, dq_flat, wg_sp
     seqlen_q > seqlen_k (key blocks no query sees), GQA 3. d=256: the column-split form (64-key
     blocks, each query block's dQ added in two halves under one turn of the order, the high one from
     the step's Q slot). block_m: d=64 at its default 128 query rows a step and at 64 (``WS_BLOCK_M``,
-    NOTES §55). dq_flat: the flat dQ tile and accumulator or the swizzled 2-D tile (``WS_DQ_FLAT``,
-    d = 64 / 128 at their default rows a step). wg_split: with the flat tile, each consumer warpgroup
+    docs/decisions/backward-ws-step.md). dq_flat: the flat dQ tile and accumulator or the swizzled 2-D tile
+    (``WS_DQ_FLAT``, d = 64 / 128 at their default rows a step). wg_split: with the flat tile, each consumer warpgroup
     a partition of its own (``WS_WG_PARTITIONS``: the writer adds the tile's halves as two copies)."""
     from ioattn import hopper
     from ioattn.kernels import hopper_backward as hb
@@ -1021,7 +1021,8 @@ def test_hopper_backward_deterministic(d, causal, shape, block_m, dq_flat, wg_sp
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic_through_the_api_with_the_ordered_gluon_mode(causal, monkeypatch, poison_alloc):
     """deterministic=True takes the Gluon backward's ordered mode, causal (descending key-block order,
-    NOTES §34) or not, and the plan says so; two backward passes give bitwise equal gradients."""
+    docs/decisions/deterministic-backward.md) or not, and the plan says so; two backward passes give bitwise equal
+    gradients."""
     from ioattn import hopper
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
     qkv = [torch.randn(2, 2048, hh, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for hh in (8, 2, 2)]
@@ -1629,8 +1630,8 @@ def test_hopper_forward_softcap(variant, d, mask, shape, monkeypatch, poison_all
 # GQA 2; seqlen_q < seqlen_k (bottom-right causal); seqlen_q > seqlen_k (rows that see no key)
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1), (3, 129, 64, 2, 2)])
 def test_hopper_padded_head_dims(d, causal, shape, monkeypatch, poison_alloc):
-    """Head dims the Gluon kernels lack, run zero-padded to the next one (``hopper.PADDED_RANGE``, NOTES
-    §154-§155: in place where ``hopper.padded_in_place``, else on padded copies) through
+    """Head dims the Gluon kernels lack, run zero-padded to the next one (``hopper.PADDED_RANGE``,
+    docs/decisions/padded-head-dims.md: in place where ``hopper.padded_in_place``, else on padded copies) through
     flash_attn_func, the plan naming the Gluon kernels both ways: output and gradients against the
     float64 oracle (2x PyTorch's own error), on poisoned allocations; the first shape also with
     transposed (b, h, n, d) inputs (made contiguous) and in the ordered dQ mode (two runs bitwise
@@ -1707,8 +1708,8 @@ def test_hopper_split_cols_matches_full_width(d, causal, variant, poison_alloc):
 @pytest.mark.parametrize("causal", [False, True])
 def test_hopper_backward_dq_hi_first_matches_lo_first(d, causal, monkeypatch, poison_alloc):
     """The column split handing dQ's high half to the writer first (``DQ_HI_FIRST``: the Q slot
-    released as soon as the half staged there is read, NOTES §160; the default at the products over 192
-    columns, ``WS_DQ_HI_FIRST``) gives the ordered backward's three gradients bit for bit those of the
+    released as soon as the half staged there is read, docs/decisions/split-products.md; the default at the
+    products over 192 columns, ``WS_DQ_HI_FIRST``) gives the ordered backward's three gradients bit for bit those of the
     low half first (the same additions in the same key-block order, the halves' columns disjoint), and
     either order in the default (unordered) mode passes the float64 oracle. d = 256 native and d = 192
     padded in place (its 64-column high half), GQA, seqlen_q != seqlen_k, partial tiles, poisoned
@@ -1738,8 +1739,8 @@ def test_hopper_backward_dq_hi_first_matches_lo_first(d, causal, monkeypatch, po
 @pytest.mark.parametrize("variant", ["persistent", "pingpong"])
 def test_hopper_split_ring_matches_whole_tiles(d, causal, variant, poison_alloc):
     """The forward's split ring (``hopper.split_ring``: the K / V tiles' columns 0:128 and 128:192 in
-    buffers of their own, three stages, NOTES §161) gives bit for bit the 256-wide tiles' output and lse
-    (the same products in the same order; the ring only moves where the tiles sit), at GQA, seqlen_q !=
+    buffers of their own, three stages, docs/decisions/split-products.md) gives bit for bit the 256-wide tiles'
+    output and lse (the same products in the same order; the ring only moves where the tiles sit), at GQA, seqlen_q !=
     seqlen_k (whole key tiles: the ring's condition), partial query tiles, from poisoned allocations, and
     against the float64 oracle; a key length with a partial last tile keeps the whole tiles."""
     from ioattn import hopper
@@ -1771,9 +1772,9 @@ _PADDED_FORMS = [dict(window_size=(100, 0)), dict(window_size=(256, 256)), dict(
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1)])
 def test_hopper_padded_forms(d, form, shape, monkeypatch, poison_alloc):
     """Sliding windows, a softcap and ALiBi (and their mixes) at a head dim the Gluon kernels run padded in
-    place (``hopper.padded_in_place``: the padded dim's own forms, NOTES §155) through flash_attn_func,
-    the plan naming both Gluon kernels and the in-place inputs: output and gradients against the float64
-    oracle (2x PyTorch's own error), on poisoned allocations."""
+    place (``hopper.padded_in_place``: the padded dim's own forms, docs/decisions/padded-head-dims.md) through
+    flash_attn_func, the plan naming both Gluon kernels and the in-place inputs: output and gradients against the
+    float64 oracle (2x PyTorch's own error), on poisoned allocations."""
     from ioattn import hopper
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
@@ -1839,8 +1840,8 @@ def test_hopper_padded_varlen(d, mode, monkeypatch, poison_alloc):
 @pytest.mark.parametrize("variant", ["persistent", "pingpong"])
 def test_hopper_padded_in_place_matches_copies(d, causal, variant, monkeypatch, poison_alloc):
     """A padded head dim read in place (``hopper.padded_in_place``: 3-D descriptors whose TMA boxes run
-    past d, the stores masked to d; NOTES §155) computes bit for bit what the padded copies compute (the
-    same kernel at the padded dim on the same values): the forward's output and lse, and the ordered
+    past d, the stores masked to d; docs/decisions/padded-head-dims.md) computes bit for bit what the padded copies
+    compute (the same kernel at the padded dim on the same values): the forward's output and lse, and the ordered
     backward's three gradients, at a shape with GQA, seqlen_q != seqlen_k, partial tiles and rows past
     the keys, in both forward kernels the padded calls take; the outputs come from poisoned allocations,
     so an unwritten element shows as NaN, and the in-place output is checked against the float64

@@ -99,8 +99,8 @@ def test_hopper_exp2_fma_compiles_for_sm90():
         if "mask_branch" in line:
             branched.add(key[:2])
         if key[2]:
-            # wg3 causal (160-register consumers; the option is off by default, measured slower, NOTES
-            # §43): ptxas spills 92 B since the epilogue's reciprocal (NOTES §68), a few values kept
+            # wg3 causal (160-register consumers; the option is off by default, docs/decisions/exp2-emulation.md):
+            # ptxas spills 92 B since the epilogue's reciprocal (forward-output-stores.md), a few values kept
             # across the partitions' register reallocation; the two-warpgroup kernels none
             spills = int(re.search(r"spill=(\d+)B", line).group(1))
             assert spills <= (128 if key[0] == "wg3" else 0) and "wgmma-pipelined" in line, line
@@ -121,8 +121,8 @@ def test_hopper_row_stores_compile_for_sm90():
     pointer and row stride aligned as at run time, each consumer warpgroup's 64 x d tile goes out as
     16-byte stores (64 x d x 2 B / 16 B / 128 threads a warpgroup: d / 16 a thread) with no spill,
     shared memory within the H200's; at d = 256 staged in the Q buffers (the persistent kernel loading
-    its next tile's Q there after the stores, NOTES §72), so with the shared memory of the build
-    without it (--no-row-stores); the persistent variant at d = 64 (measured slower with it) compiles
+    its next tile's Q there after the stores, docs/decisions/forward-output-stores.md), so with the shared memory
+    of the build without it (--no-row-stores); the persistent variant at d = 64 (measured slower with it) compiles
     without it. (The persistent kernel as launched copies its output by TMA instead: it is compiled
     here as it was before that, ``--tma-store off``; its own test is the next but one. At d = 64 its
     consumers store the rows of a tile that sees no key with 16-byte stores as well.)"""
@@ -137,7 +137,8 @@ def test_hopper_row_stores_compile_for_sm90():
         variant, d = line.split()[0], int(re.search(r" d=(\d+)", line).group(1))
         wide = re.search(r"STG\.E\.128x(\d+)", line)
         wide = int(wide.group(1)) if wide else 0
-        # the persistent consumers' rows that see no key: 16 bytes a thread too at d = 64 (NOTES §115)
+        # the persistent consumers' rows that see no key: 16 bytes a thread too at d = 64
+        # (docs/decisions/persistent-forward-options.md)
         no_key = 2 * d // 16 if variant == "persistent" and d in hopper.NO_KEY_WIDE_HEADDIMS else 0
         if variant == "persistent" and d == 64:
             assert "row_stores" not in line and wide == no_key, line
@@ -156,8 +157,8 @@ def test_hopper_row_stores_compile_for_sm90():
 @pytest.mark.gluon
 def test_hopper_unmasked_keys_compile_for_sm90():
     """No key tile masked on non-causal calls whose key tiles all lie inside the sequence
-    (hopper.unmasked_full_keys, the kernel's ``KEY_MASKS`` False; NOTES §121), forced off and on: the
-    persistent kernel at d = 64 compiles one softmax body a consumer instead of two (half the
+    (hopper.unmasked_full_keys, the kernel's ``KEY_MASKS`` False; docs/decisions/forward-masked-tiles.md), forced
+    off and on: the persistent kernel at d = 64 compiles one softmax body a consumer instead of two (half the
     exponentials in the SASS), wg3 two instead of three (its first key step is always masked
     otherwise), no spill, the wgmma pipelined; causal builds are unchanged."""
     import re
@@ -182,9 +183,9 @@ def test_hopper_unmasked_keys_compile_for_sm90():
 @pytest.mark.gluon
 def test_hopper_diag_trim_compile_for_sm90():
     """Warpgroup 0 of the persistent causal kernel computing only the key tiles its own rows see
-    (hopper.diag_trim, the kernel's ``DIAG_TRIM``; NOTES §122), forced off and on, every head dim: no
-    spill, the wgmma pipelined; the skip adds no product and no exponential, only the passed sections'
-    waits and arrives (``_pp_skip``: two slot waits, a turn wait, three arrives in the PTX); and the
+    (hopper.diag_trim, the kernel's ``DIAG_TRIM``; docs/decisions/causal-diagonal-trim.md), forced off and on,
+    every head dim: no spill, the wgmma pipelined; the skip adds no product and no exponential, only the passed
+    sections' waits and arrives (``_pp_skip``: two slot waits, a turn wait, three arrives in the PTX); and the
     short causal calls' 64-key tiles at d = 128 (hopper.SHORT_CAUSAL_TILES) compile with it."""
     import re
 
@@ -233,7 +234,7 @@ def test_hopper_persistent_options_compile_for_sm90():
     are in the builds where the launcher sets them (two Q buffers at d = 64 / 128 only: the buffers'
     barriers counted by the script; at d = 128 the shared memory of two stages of K and V, 2 x 32 KB
     each, and four Q buffers of 16 KB), wgmma pipelined, no spill (d = 256 causal spilled 40 B with the
-    tile index's divisions, before FAST_DIV, NOTES §113)."""
+    tile index's divisions, before FAST_DIV, docs/decisions/persistent-forward-options.md)."""
 
     lines = _hopper_check("--variants", "persistent", "--q-prefetch", "--paired")
     assert len(lines) == 6, lines
@@ -270,8 +271,8 @@ def test_hopper_tma_store_and_fast_div_compile_for_sm90():
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 @pytest.mark.gluon
 def test_hopper_conditional_rescale_compile_for_sm90():
-    """FA4's conditional rescaling (``--cond-rescale``: LEAN bit 1, NOTES §84) decided by the thread:
-    the persistent kernel at every head dim and wg3 compile with the default builds' spill bounds and
+    """FA4's conditional rescaling (``--cond-rescale``: LEAN bit 1, docs/decisions/conditional-rescale.md) decided
+    by the thread: the persistent kernel at every head dim and wg3 compile with the default builds' spill bounds and
     pipelined wgmma, and the accumulator's multiplies sit in branches a thread can skip: one region per
     32 of a thread's d / 2 elements in each consumer partition's key loop, where the build without it
     has none. Decided by the warp (the default): one warp vote a consumer partition's key step and
@@ -279,7 +280,8 @@ def test_hopper_conditional_rescale_compile_for_sm90():
     branched = lambda line: int(line.split("branched_fmul=")[1].split()[0])  # noqa: E731
     key = lambda line: line.split(" tiles=")[0]  # noqa: E731
     # the key loop with its mask branch (--unmasked-keys off): without it ptxas predicates the thread-
-    # decided multiplies instead of branching over them (the persistent d = 64 / 128 defaults, NOTES §121)
+    # decided multiplies instead of branching over them (the persistent d = 64 / 128 defaults,
+    # docs/decisions/forward-masked-tiles.md)
     masked = ("--variants", "persistent,wg3", "--masks", "0", "--unmasked-keys", "off")
     base = {key(line): line for line in _hopper_check(*masked, "--cond-rescale", "off")}
     for line in _hopper_check(*masked, "--cond-rescale", "thread"):
@@ -299,13 +301,13 @@ def test_hopper_conditional_rescale_compile_for_sm90():
 
 @pytest.mark.gluon
 def test_hopper_register_options_compile_for_sm90():
-    """Q as S = Q K^T's register operand (LEAN bit 3, NOTES §87): in the default two-warpgroup builds at
-    d = 128 only, with the default builds' spill bounds and pipelined wgmma (wg3 and d = 256 would spill;
-    d = 64 measured slower). The row sum's quad reduction once a tile (LEAN bit 4, NOTES §89-§90): in
-    the default builds of ``hopper.DEFERRED_ROW_SUM_ON`` only; the ping-pong kernel at d = 128 with it
-    has fewer shuffles than the same build without it (``--deferred-row-sum off``: two a row a key tile
-    gone from every softmax copy); wg3's default non-causal build takes it, without spilling (its
-    causal build, which does not, compiles in test_hopper_gluon_kernel_compiles_for_sm90)."""
+    """Q as S = Q K^T's register operand (LEAN bit 3, docs/decisions/forward-q-in-registers.md): in the default
+    two-warpgroup builds at d = 128 only, with the default builds' spill bounds and pipelined wgmma (wg3 and d =
+    256 would spill; d = 64 measured slower). The row sum's quad reduction once a tile (LEAN bit 4,
+    docs/decisions/forward-softmax-form.md): in the default builds of ``hopper.DEFERRED_ROW_SUM_ON`` only; the
+    ping-pong kernel at d = 128 with it has fewer shuffles than the same build without it (``--deferred-row-sum
+    off``: two a row a key tile gone from every softmax copy); wg3's default non-causal build takes it, without
+    spilling (its causal build, which does not, compiles in test_hopper_gluon_kernel_compiles_for_sm90)."""
     from ioattn import hopper
     shfl = lambda line: int(line.split("SHFL=")[1].split()[0])  # noqa: E731
     # one mask: the bit does not depend on it (the default builds of both masks compile in
@@ -333,8 +335,8 @@ def test_hopper_register_options_compile_for_sm90():
 @pytest.mark.gluon
 def test_hopper_ptx_barriers_compile_for_sm90():
     """The forward's partition-barrier pass (hopper.ptx_barriers, ``ioattn.kernels.ptx_barriers``;
-    NOTES §129), off and on, the persistent kernel at every head dim and mask and wg3: with it the
-    consumers' 128-thread barriers drop by at least four a key step's worth (one before the waits,
+    docs/decisions/ptx-barrier-pass.md), off and on, the persistent kernel at every head dim and mask and wg3: with
+    it the consumers' 128-thread barriers drop by at least four a key step's worth (one before the waits,
     three before the arrives, in each consumer's loop) and nothing else in the PTX moves (products,
     mbarrier arrives and waits, exponentials), no spill, the wgmma pipelined; the compile check itself
     asserts that each marked build has nothing left for the pass to drop."""
@@ -367,8 +369,8 @@ def test_hopper_ptx_barriers_compile_for_sm90():
 @pytest.mark.gluon
 def test_hopper_walk_table_compile_for_sm90():
     """The persistent causal forward with its walk read from the host's table (hopper.walk_table, the
-    kernel's ``Walk``; NOTES §132) at d = 64 / 128: no spill, the wgmma pipelined, the same products,
-    exponentials and mbarrier operations as the computed walk's build; d = 256 is outside
+    kernel's ``Walk``; docs/decisions/persistent-causal-walk.md) at d = 64 / 128: no spill, the wgmma pipelined,
+    the same products, exponentials and mbarrier operations as the computed walk's build; d = 256 is outside
     ``WALK_TABLE_FITS`` (its build spilled), so compiled without it."""
     import re
 
@@ -393,7 +395,7 @@ def test_hopper_walk_table_compile_for_sm90():
 @pytest.mark.gluon
 def test_hopper_split_cols_compile_for_sm90(dp, io_dim):
     """The forward's products over three quarters of the tile's columns at a padded head dim (``PROD_DIM``,
-    ``hopper.split_cols``): 192 of d = 256's (NOTES §157), 96 of d = 128's (§164), compile in the
+    ``hopper.split_cols``): 192 of d = 256's, 96 of d = 128's (docs/decisions/split-products.md), compile in the
     ping-pong and persistent kernels, both masks: wgmma pipelined, no spill, the S and P V products each
     two commit groups (16 commits against the wide build's 8) with S's wait leaving two P V groups in
     flight, and fewer registers than the wide build."""
@@ -413,10 +415,11 @@ def test_hopper_split_cols_compile_for_sm90(dp, io_dim):
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 @pytest.mark.gluon
 def test_hopper_split_ring_compile_for_sm90():
-    """The forward's split ring at a padded head dim of 192 (``hopper.split_ring``, NOTES §161: K / V as
-    128- and 64-column tiles) compiles in the ping-pong and persistent kernels, both masks: three stages
-    in the 227 KB a block may have (the whole 256-wide tiles fit two), wgmma pipelined, no spill, the same
-    products and commit groups as the whole tiles, and fewer TMA loads (no 64-column piece past 192)."""
+    """The forward's split ring at a padded head dim of 192 (``hopper.split_ring``,
+    docs/decisions/split-products.md: K / V as 128- and 64-column tiles) compiles in the ping-pong and persistent
+    kernels, both masks: three stages in the 227 KB a block may have (the whole 256-wide tiles fit two), wgmma
+    pipelined, no spill, the same products and commit groups as the whole tiles, and fewer TMA loads (no 64-column
+    piece past 192)."""
     base = ["--variants", "pingpong,persistent", "--headdims", "256", "--io-dim", "192"]
     ring, whole = (_hopper_check(*base, "--split-ring", on) for on in ("on", "off"))
     assert len(ring) == len(whole) == 4, (ring, whole)

@@ -153,8 +153,8 @@ def test_hopper_gluon_backward_ws_varlen_compiles_for_sm90():
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 def test_hopper_backward_split_cols_compile_for_sm90():
     """The ws backward's products over 192 of d = 256's columns at a padded head dim of 192 (``PROD_DIM``,
-    ``hopper.bwd_split_cols``, NOTES §158) compile, both masks: wgmma pipelined, no spill, S^T, dP^T, dV
-    and dK two commit groups each (10 a step against the wide build's 6), dQ's high half added by two
+    ``hopper.bwd_split_cols``, docs/decisions/split-products.md) compile, both masks: wgmma pipelined, no spill,
+    S^T, dP^T, dV and dK two commit groups each (10 a step against the wide build's 6), dQ's high half added by two
     64-column TMA reduce messages instead of four (tma_reduce 6 against 8), fewer consumer registers."""
     base = ["--variants", "ws", "--headdims", "256", "--io-dim", "192"]
     split, wide = (_compile_check(*base, "--split-cols", on)[1] for on in ("on", "off"))
@@ -171,7 +171,7 @@ def test_hopper_backward_split_cols_compile_for_sm90():
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 @pytest.mark.parametrize("io_dim", [0, 192])
 def test_hopper_backward_dq_hi_first_compile_for_sm90(io_dim):
-    """The column split handing dQ's high half to the writer first (``DQ_HI_FIRST``, NOTES §160)
+    """The column split handing dQ's high half to the writer first (``DQ_HI_FIRST``, docs/decisions/split-products.md)
     compiles at d = 256 and at a padded 192, both masks: wgmma pipelined, no spill, the same products,
     commit groups and reduce messages as the low half first, and one more wait in the writer for its
     bulk reads a step (the high half read, then the Q slot released, before the low half's wait). The

@@ -1,6 +1,6 @@
 """The persistent forward's host-built causal walk (``hopper.build_walk_table``, the kernel's ``Walk``;
-NOTES §132): a permutation of every tile in the kernel's encoding, each program's walk in group order,
-balanced in the cost model better than the computed walks it replaces. Pure Python, no GPU."""
+docs/decisions/persistent-causal-walk.md): a permutation of every tile in the kernel's encoding, each program's
+walk in group order, balanced in the cost model better than the computed walks it replaces. Pure Python, no GPU."""
 
 import pytest
 import torch
@@ -120,7 +120,8 @@ def test_walk_group_heads():
         assert hopper.walk_group_heads(hopper.WALK_TABLE_L2_BYTES[d] // 64, d) == 64
         assert hopper.walk_group_heads(hopper.WALK_TABLE_L2_BYTES[d] * 3, d) == 1
         assert hopper.walk_group_heads(0, d) >= 1
-    # d = 64's budget is the smaller (NOTES §133): the same bytes a head make smaller groups there
+    # d = 64's budget is the smaller (docs/decisions/persistent-causal-walk.md): the same bytes a head make smaller
+    # groups there
     assert hopper.walk_group_heads(1 << 20, 64) < hopper.walk_group_heads(1 << 20, 128)
 
 
@@ -138,7 +139,8 @@ def test_walk_table_policy(monkeypatch):
         assert not any(hopper.walk_table_for(d, "persistent", True) for d in (64, 128, 256))
         assert hopper.persistent_options(128, "persistent", True, 4)["PAIRED"]
     assert all(d in hopper.WALK_TABLE_FITS for d in hopper.WALK_TABLE_MIN_BLOCKS)
-    # unset: at every length at d = 64 / 128 (4 MB groups at d = 64 from N = 512, NOTES §133)
+    # unset: at every length at d = 64 / 128 (4 MB groups at d = 64 from N = 512,
+    # docs/decisions/persistent-causal-walk.md)
     assert hopper.walk_table_for(128, "persistent", True, 4) and hopper.walk_table_for(64, "persistent", True, 4)
     assert hopper.walk_table_for(64, "persistent", True, 1) and hopper.walk_table_for(64, "persistent", True)
     # a threshold in WALK_TABLE_MIN_BLOCKS: from that many query blocks only

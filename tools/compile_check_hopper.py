@@ -225,16 +225,16 @@ def check(job):
             # the key loop's SASS); 0 for the others
             # KV_TAIL (varlen, key lengths not a multiple of the tile): with the producer's V-tail
             # zeroing ptxas spills 72-176 B in the three-warpgroup kernel (16 B in "split" at d=256;
-            # NOTES §38); the others stay at 0 (persistent: its 80-116 B of tile-loop values)
+            # docs/decisions/gluon-varlen.md); the others stay at 0 (persistent: its 80-116 B of tile-loop values)
             tail = cfg_tail(varlen, kv_tail)
             allowed = 128 if variant == "persistent" else 192 if tail and variant in ("wg3", "split") else 0
             # the window form with packed sequences at d = 64 (its lengths and the window's bounds live
             # across the key loop): 16 B in pingpong / split, 268 B in wg3 (136 B without the window),
-            # ptxas 12.8; the default policy sends no d = 64 varlen call there (NOTES §145)
+            # ptxas 12.8; the default policy sends no d = 64 varlen call there
             if WINDOW_FORM and varlen and d == 64:
                 allowed = 288 if variant == "wg3" else 32
-            # ALiBi's fp32 columns (NOTES §148) with another form: 8-24 B at d = 256 causal with a softcap or
-            # packed, 16 B packed with a window at d = 64 / 128 (ptxas 12.8; measured as §148's configuration)
+            # ALiBi's fp32 columns (docs/decisions/alibi.md) with another form: 8-24 B at d = 256 causal with a softcap or
+            # packed, 16 B packed with a window at d = 64 / 128 (ptxas 12.8; measured as the fp32 form's configuration)
             if ALIBI_FORM and hopper.alibi_form(d, causal, WINDOW_FORM, varlen, softcap=SOFTCAP_FORM) == hopper.ALIBI_FP32_COLS and \
                     (SOFTCAP_FORM or varlen):
                 allowed = max(allowed, 32)
@@ -295,7 +295,7 @@ def main():
                          "descriptors; a multiple of 8): the head-padded kernels without copies")
     ap.add_argument("--split-ring", default="default", choices=("default", "on", "off"),
                     help="with the products over 192 columns: the K / V ring in 128 + 64-column buffers, "
-                         "three stages (hopper.split_ring, NOTES §161)")
+                         "three stages (hopper.split_ring)")
     ap.add_argument("--split-cols", default="default", choices=("default", "on", "off"),
                     help="with --io-dim 136-192 at d = 256: the products over 192 columns (PROD_DIM, "
                          "hopper.split_cols) or all 256")

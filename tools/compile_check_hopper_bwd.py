@@ -123,13 +123,13 @@ def check(job):
         if variant != "base":
             # No spill instruction inside the consumers' main loop (between the first and the last
             # wgmma), and a few bytes at most outside it: at d=128 (ptxas 12.8) the loop-carried
-            # query-block counter (NOTES §52) costs one or two values saved before the loop and
+            # query-block counter (docs/decisions/backward-ws-step.md) costs one or two values saved before the loop and
             # reloaded after it, 8 / 16 B non-causal / causal, 16 / 24 B deterministic (whose dQ
             # writer also spilled 8 / 16 B in its 24 registers before the counter)
             sass = sass_text(k.asm["cubin"])
             in_loop = spills_between_mmas(sass)
             regs += f"loop_spills={in_loop} "
-            # the same counts ab_bwd --sass prints from the build that ran (NOTES §128)
+            # the same counts ab_bwd --sass prints from the build that ran
             regs += "sass[" + " ".join(f"{op}={n}" for op, n in sass_counts(sass).items()) + "] "
             # (investigating: the softcap form reported, not asserted, until its budget is settled)
             assert not serialized and (softcap or (spills <= 24 and not in_loop)), (where, "ptxas serialised the wgmmas or spilled",
@@ -179,7 +179,7 @@ def main():
                          "hopper.bwd_split_cols) or all 256")
     ap.add_argument("--dq-hi-first", default="default", choices=("default", "on", "off"),
                     help="the column split's dQ high half handed over first at every product width, or at none "
-                         "(``WS_DQ_HI_FIRST``; default: its widths; NOTES §160)")
+                         "(``WS_DQ_HI_FIRST``; default: its widths)")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="compiles in parallel")
     args = ap.parse_args()
     if args.dq_hi_first != "default":  # before the compile jobs' processes are forked (they inherit it)

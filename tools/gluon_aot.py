@@ -18,7 +18,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 H200_SHARED_BYTES = 232448  # 227 KB: the most one block may opt in to (228 KB per SM)
 # ptxas: "wgmma.mma_async instructions are serialized due to ...": C7514 (non-wgmma instructions on the
 # accumulators inside the pipeline stage), C7512 (insufficient register resources; an "info" line,
-# missed by a C7514-only match until NOTES §104), and any other reason it gives
+# missed by a C7514-only match once: docs/decisions/hopper-backward-kernel.md), and any other reason it gives
 SERIALIZED = "wgmma.mma_async instructions are serialized"
 DTYPES = {"bf16": gl.bfloat16, "fp16": gl.float16}
 
@@ -111,7 +111,7 @@ def sass_counts(sass, ops=SASS_OPS):
 def print_compiled_sass(fns, ops=SASS_OPS):
     """Print the ptxas version, then for each kernel the JIT functions ``fns`` have compiled in this
     process its name, its cache key's hash and ``sass_counts`` of the cubin that ran: a diagnostic
-    build's record of what the compiler kept, read on the machine that ran it (NOTES §128)."""
+    build's record of what the compiler kept, read on the machine that ran it."""
     print(f"sass ({ptxas_version()}):")
     for fn in fns:
         for cache in fn.device_caches.values():

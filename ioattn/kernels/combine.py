@@ -5,8 +5,8 @@ step has few rows and tens of splits). Reference twin: ``ioattn.reference.merge.
 ``USE_PDL`` (Hopper, launched with programmatic dependent launch after the split kernel): the merge
 grid is resident before the split kernel ends and waits in ``gdc_wait`` until its writes are
 visible, so the launch gap between the two kernels of a decode step is hidden. With at most
-``CHUNK_S`` splits every output is loaded with the lses, one memory round trip: the merge of a batch-1
-step then ends 2.0-2.2 us after the split kernel against 2.6 us with the chunk loop (NOTES §44)."""
+``CHUNK_S`` splits every output is loaded with the lses, one memory round trip instead of two in
+series (docs/decisions/decode-launches.md)."""
 import triton
 import triton.language as tl
 try:

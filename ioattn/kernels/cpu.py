@@ -151,8 +151,7 @@ def _kernel_view(t, dtype):
 
 # From this many keys the reduced-precision forward gets K and V as contiguous (batch, heads,
 # seqlen, d) copies: the kernel reads them slower through the strided view of our layout, and the
-# copies pay for themselves (bfloat16, 2 threads, kernel alone: 8192 keys 2764 against 3079 ms,
-# 4096 keys 718 against 771 ms; at 2048 the gain is within the copy's cost; float32 loses ~1 %).
+# copies pay for themselves from there (float32 does not gain). tuned: docs/decisions/cpu-path.md
 KV_COPY_MIN_KEYS = 4096
 
 

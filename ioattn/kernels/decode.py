@@ -42,7 +42,8 @@ split, so the step does not end on a few SMs reading one whole unit each.
   ``part_b0`` on); the merge kernel combines the splits into the output (q's dtype) and the lse in
   flash-attn's layout. A whole unit writes those directly: a decode step is one or two launches.
   ``USE_PDL``: each program lets the merge kernel launch (programmatic dependent launch, Hopper) once
-  it has read its keys (measured ahead of a release at the program's start, NOTES §44); the merge
+  it has read its keys (a merge grid resident from the start holds room the split programs' loads
+  could use: docs/decisions/decode-launches.md); the merge
   waits for this grid's writes itself (``kernels/combine.py``), so where the hint sits changes timing
   only. ``PDL_WAIT``: this
   kernel is itself launched by programmatic dependent launch after whatever the stream ran before it
@@ -79,7 +80,8 @@ def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, bt_row, cache_row, h_k
     offs_n0 = tl.arange(0, BLOCK_N)
     if PAGED:
         # The page of chunk c is read one chunk ahead: the K/V addresses depend on it, so read in
-        # place it put a block-table round trip before every chunk's loads (NOTES §24, §40).
+        # place it put a block-table round trip before every chunk's loads
+        # (docs/decisions/decode-paged-loads.md).
         next_page = tl.load(bt_row + (c_start * BLOCK_N) // PAGE_SIZE, mask=c_start < c_end, other=0)
     for c in range(c_start, c_end):
         col0 = c * BLOCK_N

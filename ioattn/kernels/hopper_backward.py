@@ -1,265 +1,18 @@
 """Hopper (sm_90) backward in Gluon. Two variants (``BWD_VARIANTS``), selected by
 ``hopper_backward(..., variant=...)``, both compiled for sm_90 ahead of time
-(benchmarks/compile_check_hopper_bwd.py) and run on the device by tests/test_gpu.py:
+(tools/compile_check_hopper_bwd.py) and run on the device by tests/test_gpu.py:
 
-* ``"base"`` (the function's default; v1, ``hopper_bwd_dkdv_kernel``): correctness first, no warp
-  specialisation; slower than the portable Triton backward (benchmarks/NOTES.md section 21).
-* ``"ws"`` (v2, ``hopper_bwd_ws_kernel``): FlashAttention-3's backward structure, warp-specialised;
-  ahead of the portable backward (NOTES sections 27, 28), the dispatch's backward on sm_90 where
-  ``ioattn.hopper.bwd_plan`` says so. Described after the base kernel, under "Variant ws"; its
-  ordered (deterministic) dQ mode in ``_ws_dq_writer`` (NOTES sections 32, 34). At head dim 256 it
-  compiles to its column-split form (``COL_SPLIT``: "Column split" below; NOTES section 40),
-  compiled for sm_90, not yet run on the device, and not dispatched (``ioattn.hopper.BWD_HEADDIMS``).
+* ``"base"`` (``hopper_bwd_dkdv_kernel``): one program per (128-key block, batch * KV head), two
+  warpgroups of 64 key rows, everything transposed (S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK +=
+  dS^T Q, dQ = dS K); dK / dV in registers, written once; dQ by fp32 atomics. Not dispatched.
+* ``"ws"`` (``hopper_bwd_ws_kernel``): FlashAttention-3's backward structure on the same grid and math:
+  a TMA producer warp (K / V once, Q and dO rings), the consumer warpgroups at 240 registers, and a dQ
+  writer warp adding each step's fp32 block by a TMA bulk reduce-add; its ordered (deterministic) dQ
+  mode, packed sequences, windows, softcap and ALiBi. At head dim 256 the two warpgroups split every
+  product by its columns (``COL_SPLIT``). The dispatch's backward where ``ioattn.hopper.bwd_plan`` says so.
 
-Variant base
-------------
-One kernel, ``hopper_bwd_dkdv_kernel``, FlashAttention-2/3's single-kernel backward: one program per
-(key block of ``BLOCK_N`` = 128 rows, batch * KV head). K and V arrive once by TMA into shared
-memory; the program loops over every query head of its GQA group and, per head, over the query
-blocks (``BLOCK_M`` = 64 rows) that can see its keys (causal: from the first block reaching the
-diagonal). Per query block, everything transposed so that the keys are the rows (the wgmma M side):
-
-    S^T  = K Q^T                    wgmma, both operands in shared memory  } issued together
-    dP^T = V dO^T                   wgmma, both operands in shared memory  }
-    P^T  = exp2(S^T * qk_scale - lse * log2 e)      masked to 0 (key end, query end, causal), while
-                                                    dP^T is still in flight
-    dS^T = P^T * (dP^T - D)         from the fp32 P^T (as the portable backward)
-    dV  += P^T dO                   wgmma, P^T (bf16/fp16) from registers (A operand)  } in flight
-    dK  += dS^T Q                   wgmma, dS^T from registers                        } together
-    dQ_b = dS K                     wgmma, dS = (dS^T stored to shared memory, read transposed)
-    dQ_accum[rows] += dQ_b          fp32 atomic adds (relaxed: red.global.add), valid rows only
-
-dK and dV (BLOCK_N x d fp32 each) stay in registers for the whole program and are written once (dK
-times softmax_scale, as the portable kernel does) with masked pointer stores in the input dtype.
-dQ_accum (batch, seqlen_q, nheads, d) fp32 is unscaled: the host multiplies by softmax_scale while
-converting it (as the portable dQ kernel's ``dq * softmax_scale``). D = rowsum(dO * O) comes from
-the portable preprocess kernel (for "ws" in its padded form, which also writes the lse rows and
-zeroes the flat dQ accumulator: one launch, NOTES §111).
-
-Q and dO tiles are double-buffered: the TMA loads of iteration t + 1 (the next query block, or the
-first block of the next query head of the group) are issued at the start of iteration t, into the
-slot that iteration t - 1 used, and complete on that slot's mbarrier while iteration t computes. The
-slot is free then: every warp has passed iteration t - 1's thread barrier before dS is stored, which
-comes after that iteration's last wgmmas reading Q / dO (dV's and dK's, waited for before it).
-
-Tiles and warps (launch with num_warps = 8, two warpgroups of 64 key rows each): per thread, dK and
-dV at d = 128 are 128 x 128 / 256 = 64 fp32 registers each, S^T and dP^T (128 x 64) 32 each, the
-bf16 P^T and dS^T 16 each, the dQ block (64 x 128 over both warpgroups) 32: the same per-thread load
-as FA3's hdim-128 backward (kBlockM = 64, kBlockN = 128, two MMA warpgroups at 240 registers). The
-order keeps the peak at dK + dV + two fp32 score tiles (P^T, dP^T: 192 at d = 128): dS^T replaces
-dP^T in place, then only the two 16-bit operands live next to dK / dV while their products run, and
-the dQ block (32) only after they retire. lse / D are loaded compactly (one element per thread) and
-spread to S^T's columns through shared memory (read on the fly). The wgmma descriptors of K, V and
-dS (16 + 16 64-bit values at d = 128) are kept from being hoisted out of the loop (see ``z`` in the
-kernel): hoisted, they held 64 registers across the loop and were the main cause of the first
-version's spills. Measured (ptxas 12.8 via benchmarks/compile_check_hopper_bwd.py, bf16 and fp16
-alike): d = 64 205-210 registers (200 before the reordering), no spills; d = 128 255 registers (the
-cap: ptxas uses what it may), no spills (first version: 388 B of spill stores + loads, 404 B
-causal; the reordering alone: 268 / 348 B; the descriptor fix alone: unchanged); wgmma pipelined
-(no C7514). Without warp specialisation the per-thread budget is the 255 cap (FA3 gives its MMA
-warpgroups 240 via setmaxnreg with a 24-register producer), so d = 128 has little headroom: a
-change adding live state in the loop should be re-measured. BLOCK_N = 64 with one warpgroup would
-hold the same per thread but read every Q / dO tile (and issue every dQ atomic) twice as often per
-key; BLOCK_N = 128 on one warpgroup would need 128 + 128 registers for dK / dV alone and spill.
-d = 64 halves dK / dV.
-Shared memory at d = 128, bf16: K 32 KB + V 32 KB + Q 2 x 16 KB + dO 2 x 16 KB + dS 16 KB = 144 KB.
-
-GQA: the loop over the group's query heads is inside the program (dK / dV of a KV head sum over
-its query heads in registers, written once, no atomics for them). The alternative, one program per
-query head with fp32 dK / dV accumulated by atomics, would add (group) x 2 x seqlen_k x d fp32
-atomics and a conversion pass, and make dK / dV non-deterministic too.
-
-Masks (the portable backward's conventions): lse is natural-log, (batch, nheads, seqlen_q) fp32; the
-scores use qk_scale = softmax_scale * log2(e) in exp2 form; causal is bottom-right aligned (key j
-visible to query i iff j <= i + seqlen_k - seqlen_q). The 2-D descriptors view Q, dO as (batch *
-seqlen_q, nheads * d) and K, V as (batch * seqlen_k, nheads_kv * d): a tile running past its
-sequence reads the next sequence's rows (or TMA's zero fill past the tensor). Those entries are
-masked: P^T and dS^T are set to 0 for queries >= seqlen_q, keys >= seqlen_k and (causal) keys past
-the diagonal, so the foreign (finite) rows of Q, dO, K meet only zeros in dV, dK and dQ; lse and D of
-rows >= seqlen_q are not loaded (0); a row with lse = -inf (it saw no key: every entry of its column is
-masked) uses 0 instead, so no inf - inf forms (the portable backward's guard), and any inf that an
-unmasked exp2 of a foreign row's score forms is replaced by the 0 of the mask (a select, not a
-product); dQ atomics are masked to rows <
-seqlen_q, dK / dV stores to keys < seqlen_k. A key block that no query sees (causal, seqlen_k >
-seqlen_q) stores zeros. Tiles entirely inside both sequences and below the diagonal skip the mask
-arithmetic (a compile-time specialisation, as the forward does).
-
-Packed (varlen) sequences: the "ws" kernel only (``IS_VARLEN``; ``hopper_backward``'s cu_seqlens
-arguments): a program reads its sequence's first rows and lengths from cu_seqlens and runs the
-fixed-length code on them; the padded stat rows, the flat dQ blocks and the deterministic mode's
-counters are per (sequence, head) as many as the longest sequence needs; the producer zeroes the rows
-a tile reads past the rows the sequences own (``_ws_producer``).
-
-Sliding windows: the "ws" kernel only (``WINDOW``; ``hopper_backward``'s ``window``): a key block
-walks only the query blocks its band reaches, the tiles an edge crosses masked.
-
-Score softcap: the "ws" kernel only (``SOFTCAP``; ``hopper_backward``'s ``softcap``): the scores
-recomputed as the forward formed them, cap * tanh(S * softmax_scale / cap), and dS^T times the
-tanh's derivative 1 - tanh^2.
-
-ALiBi: the "ws" kernel only (``ALIBI``; ``hopper_backward``'s ``alibi_slopes``): flash-attn's bias on the
-recomputed scores (``_probs``), the slope of each step's query head read at the step's start.
-
-NOT in either variant: dropout. dQ's fp32 atomics (or
-reduce-adds in "ws") sum in arrival order, so dQ varies run to run at rounding level (dK / dV do
-not), except in the "ws" kernel's ``DETERMINISTIC`` mode.
-
-Variant ws
-----------
-``hopper_bwd_ws_kernel``: the same grid, tiles, math and masks (``_probs`` is shared), FA3's
-backward structure (FlashAttention-3 paper: Section 3.1's producer / consumer warp specialisation,
-and the backward-pass algorithm of its appendix): warp-specialised
-partitions with setmaxnreg register budgets, the loads and the dQ accumulation off the math warps.
-
-* **Producer** (``_ws_producer``, 1 warp, 24 registers): K and V of the key block once (``kv_bar``),
-  then per step (query block x query head of the group) Q with its lse row into a ``STAGES``-deep Q
-  ring and dO with its D row into a dO ring, by TMA; ``q_ready`` / ``do_ready`` complete when the
-  bytes have landed, ``q_empty`` / ``do_empty`` when the consumers are done with the slot (parity
-  waits, the forward producer's scheme). Separate Q and dO rings (FA3's two pipelines): S^T issues as
-  soon as Q has landed, and dO's slot is released before Q's. lse and D come as 1-D TMA tiles from
-  a host copy padded with zeros to whole query blocks per (batch, head), lse already in log2 units
-  with the -inf guard applied (two small torch passes; D was a torch pass already): the consumers
-  no longer issue global loads.
-* **Consumers** (``_ws_consumer``, the default partition: the kernel's 8 warps, two warpgroups of 64
-  key rows in lockstep as in the base kernel; 240 registers, what Triton derives from the workers'
-  24: (65536 - 24 * 128) / 256 rounded down to a multiple of 8, FA3's figure). Per step, all wgmma
-  asynchronous, groups retiring in order: S^T, dP^T issued; P^T (exponentials) while dP^T runs;
-  dV += P^T dO issued right away, so that dS^T is formed, stored to shared memory and fenced while
-  dV runs (FA3's order: the dS work overlaps a GEMM instead of sitting between two); then dQ = dS K
-  and dK += dS^T Q issued together. dQ (and so dV) retires -> the dQ block goes to shared memory for
-  the writer while dK still runs, and dO's slot is released with it; dK retires -> Q's slot released
-  (NOTES §102: the dO slot's own barrier after dV cost 0 to 1.4 %). So the
-  only tensor-core gap left per step is at the step boundary (the Q release and the next S^T).
-* **dQ writer** (``_ws_dq_writer``, 1 warp, 24 registers; FA3's separate dQ write): waits for the
-  step's fp32 dQ block in shared memory (``dq_full``), adds it into the fp32 accumulator with one TMA
-  reduce-add (``cp.reduce.async.bulk.tensor .add``: 2 / 4 bulk messages at d = 64 / 128 for the 64 x
-  d tile, instead of 16 / 32 scalar atomics per consumer thread per step), waits until the bulk copy
-  has read the buffer and hands it back (``dq_empty``). One dQ buffer (FA3 has one too): it is
-  handed over a step after the previous one, which the bulk copy has long read by then. Gluon 3.6's
-  ``hopper.tma`` module exports loads, stores and ``store_wait`` but no reduce; its builder does have
-  the op (AsyncTMAReduceOp), wrapped here by ``_tma_reduce_add`` (a few lines in the module's own
-  style). The 2-D view of the accumulator is (batch * seqlen_q, nheads * d): rows of a block past
-  seqlen_q add exact zeros (their dS columns are masked to 0) into the next sequence, rows past the
-  tensor are clipped by TMA.
-* **Synchronisation inside the consumer partition**: ``mbarrier.arrive`` is one thread's, so every
-  release follows a barrier over the partition's 8 warps (both warpgroups' products retired; Triton
-  inserts the same barrier itself, as it orders an arrive after all shared-memory accesses, and one
-  more before the next shared-memory access after it). Of the five barriers per step, two fall
-  while dQ / dK run; the dS barrier while dV runs; two at the step boundary.
-* Registers (ptxas 12.8, compile check): no spills at d = 64 and 128 within the 240 budget, wgmma
-  pipelined (no C7514); ptxas -v reports the launch budget, 168 (65536 / 384 threads: 8 consumer
-  warps + the producer and writer warps padded to a warpgroup). Shared memory at d = 128, bf16: K, V
-  32 KiB each, Q and dO 2 x 16 KiB each, dS 16 KiB, dQ (fp32) 32 KiB, lse / D 1 KiB: 177 KiB, plus
-  the epilogue's 32 KiB (below).
-* **d = 128: lse in S^T's accumulator** (``WS_LSE_IN_ACC``; NOTES §100): the product starts at minus
-  lse / softmax_scale, read at the step's start, so the exponentials wait on no shared-memory read.
-* **d = 128: a partition a consumer warpgroup** (``WS_WG_PARTITIONS``; NOTES §105): warpgroup 0 is
-  the default partition (the kernel's 4 warps), warpgroup 1 a worker at 240 registers; the math per
-  warpgroup is the lockstep one's on its 64 key rows. The barriers before each release are then over
-  a warpgroup's 4 warps, and the two meet once a step: both halves of dS^T stored (an mbarrier of
-  count 2, ``ds_full``) before either dQ product reads them. Each computes half of the dQ block
-  (its columns at 64 query rows a step) into its own staging buffer, the flat tile's half, and the
-  writer adds the two as two bulk copies. The rings' empty barriers and ``dq_full`` count both;
-  before a warpgroup overwrites its half of dS^T it waits for the previous step's ``dq_full`` (both
-  dQ products retired). +1.4 to +3.4 % non-causal, level causal; -2.5 to -4.6 % at d = 64 (off).
-* **d = 64: 128 query rows a step** (``WS_BLOCK_M``; NOTES §55): each warpgroup's S^T / dP^T is 64
-  keys x 128 queries, the dQ block 128 x 64 with the warpgroups splitting its rows
-  (``_dq_acc_layout``), so a step has d = 128's products against the same per-step costs. D in S^T's
-  column layout would then be 32 registers live across P^T's formation: dP^T's accumulator starts
-  at -D instead (``D_IN_ACC``), and the consumers fit in 232 registers. 3 stages: 195 KiB.
-* **Layouts of the staged tiles**: the fp32 dQ tile is kept in the accumulator's own order at d = 64 /
-  128 (``WS_DQ_FLAT``, NOTES §99: 16-byte conflict-free stores, one dense bulk reduce-add a block into
-  an accumulator in the same order, put back in order by the host's scaling pass, ``dq_from_flat``);
-  the alternative, a 2-D tile swizzled at 32 B (``WS_DQ_SWIZZLE``; d = 256 at 128 B), sent the L2 a
-  reduce request a 32 B sector. dK and dV are converted to whole-row 16-byte pieces before the
-  epilogue's stores (``WS_COALESCED_STORE``, through Triton's shared scratch), full 32 B sectors
-  instead of halves.
-
-Column split (variant ws at head dim 256)
-------------------------------------------
-The layout above gives each consumer warpgroup 64 key rows with dK and dV over the whole head dim:
-at d = 256 that is 64 x 256 x 2 fp32 / 128 threads = 256 registers for dK + dV alone. So
-``hopper_bwd_ws_kernel`` with ``COL_SPLIT`` (``kernel_config(256, "ws")``) takes one 64-key block
-per program (``WS_COL_SPLIT_BLOCK_N``; grid cdiv(seqlen_k, 64) x batch * KV heads) and the two
-warpgroups split every product by its columns (``_dq_layout``: warps_per_cta [4, 2]) instead of by
-keys; the consumer partition is ``_ws_consumer_dsplit`` (``_ws_consumers`` picks it), the producer
-and the dQ writer are the ws kernel's with a constexpr each (``DO_STAGES``, ``DQ_COLS``). Warpgroup
-c in {0, 1}, per step (64 queries):
-
-    S^T[:, q_c]  = K Q[q_c]^T          q_c = queries [32c, 32c + 32): wgmma m64n32k16 x 16, the
-    dP^T[:, q_c] = V dO[q_c]^T         whole head dim contracted; both operands in shared memory
-    P^T[:, q_c]  -> shared memory      (16-bit, 8 KiB ``p_smem``), one barrier: both halves there
-    dV[:, d_c]  += P^T dO[:, d_c]      d_c = head-dim columns [128c, 128c + 128): m64n128k16 x 4,
-                                       P^T from shared memory (it contracts over all 64 queries)
-    dS^T[:, q_c] = P^T (dP^T - D)      fp32 P^T from registers -> shared memory (``ds_smem``),
-                                       one barrier
-    dQ_lo[:, c]  = dS K[:, 64c:...]    dQ's columns [0, 128): m64n64k16 x 4 } issued in this order;
-    dK[:, d_c]  += dS^T Q[:, d_c]      m64n128k16 x 4                     } the halves go to the
-    dQ_hi[:, c]  = dS K[:, 128+64c:]   dQ's columns [128, 256)             } writer as they retire
-
-So each warpgroup does half of every product and half of the exponentials and of the dS arithmetic.
-(NOTES section 39 sketched WG0 issuing all of S^T and WG1 all of dP^T, with P^T and dS^T handed
-across by mbarriers. The same tensor work per warpgroup, but one warpgroup would do every
-exponential and the other every dS^T while each waits for the other; and in Gluon the default
-partition is one instruction stream over its 8 warps, so different work per warpgroup would need a
-second 4-warp partition. Splitting the columns keeps both warpgroups in one stream, in lockstep, and
-the two exchanges are ordinary shared-memory stores ordered by the partition's barrier, the
-discipline of the ws consumer. The price: both warpgroups read all of K and V as S^T's / dP^T's A
-operand, 3 KiB of shared memory per m64n32k16, more than an SM's 128 B a clock feeds at the tensor
-peak; NOTES section 40 estimates that phase at up to 2/3 of the peak.) Shared-memory hazards: P^T's
-buffer is rewritten only after every warp has waited for the previous step's dV and passed the
-barrier before the dO release; dS^T's after the previous step's dK and dQ halves retired and the
-step's last barrier.
-
-dQ: 64 x 256 fp32 = 64 KiB of staging does not fit next to the rest, so the block goes in two
-column halves (``dq_cols`` = 128: the dQ descriptor's block), the writer reduce-adding each at its
-column offset (4 bulk messages a half): the low half through the one 32 KiB dQ buffer (``dq_full``),
-the high half through the step's own Q slot (64 x 256 x 2 B, exactly one fp32 half; dK, its last
-reader, has retired by then), announced on its own barrier (``dq_hi_full``). Once it has read both,
-the writer releases the buffer (``dq_empty``) and the slot (``q_empty``), once a step each. With both
-halves through the one buffer, the consumers' wait for the writer to have read the low half was
-13.6 % of their stall samples (Nsight Compute, N = 4096); through the Q slot the kernel ran 12 to 24 %
-faster (N = 1024 to 16384, both masks; NOTES §59, results/session-2026-12-02-k).
-Deterministic mode: the writer waits for its turn before the first half and releases after both
-halves' additions complete. At the products over 192 columns (below) the high half goes first, the
-slot back to the producer as soon as it is read (``DQ_HI_FIRST``, NOTES §160; slower at the native d =
-256).
-
-Padded head dims 136-192 (``PROD_DIM`` = 192, ``hopper.bwd_split_cols_for``; NOTES §158-§159): the
-tiles stay 256 wide (TMA's zeros past d) but the products cover 192 columns: S^T and dP^T as two
-chained products over columns 0:128 and 128:192, dV and dK as two accumulators each ([64, 128] and
-[64, 64]: 64 + 32 columns a warpgroup), staged side by side in the Q slots for the stores, and dQ's
-high half 64 columns wide (the first 64 of the Q slot's fp32 view), added through its own descriptor
-of [64, 64] boxes (``dq_hi_desc``). Bit for bit the 256-wide products' gradients.
-
-Shared memory (bf16 / fp16 alike), bytes from the compile: K, V 32 KiB each; Q 2 stages x 32 KiB;
-dO 1 stage x 32 KiB (``WS_STAGES[256]`` = (2, 1): dO is released mid-step, when dV retires, so its
-next tile has the rest of the step and the next S^T to land; Q is read first and released last);
-dQ half 32 KiB; P^T, dS^T 8 KiB each; lse / D rows and barriers: 214252 B (209.2 KiB) of the 227 KiB
-a block may have. Two dO stages would need 241 KiB; two dO stages with dQ in 16 KiB quarters (four
-handovers a step) would fit (225 KiB) and are the next A/B if the dO load shows up in the profile.
-P^T has its own buffer: sharing one allocation with dS^T (two slots) made Triton's barrier analysis
-add one more barrier a step (it cannot tell the slots apart).
-dK / dV leave through the Q ring, free once the last step's dK product has read it
-(``_store_dkdv_staged``): each warpgroup writes its columns of dK (scaled) and dV into the two slots,
-one barrier, then reads back and stores whole rows, 16 bytes a thread (NOTES §58).
-Registers (ptxas 12.8, compile check, causal or not, bf16 or fp16, with or without the ordered
-mode): no spills, wgmma pipelined (no C7514), the consumers name 215-217 registers (of their 240;
-218 before the staged stores; d = 128 names 238): dK + dV 128, S^T and dP^T 16 each, the two dQ
-halves 32 each (in flight together with dK). Per step 9 barriers: 6 of the kernel's own, 3 that
-Triton adds before each mbarrier wait that follows an arrive (as in the ws kernel); 48 wgmma
-(NOTES section 40; measured on the device from the sections after it).
-
-Why a second kernel function, not a constexpr flag on the first: the base kernel is one straight
-body with its loads, math and atomics interleaved; the ws kernel is three partition functions joined
-by ``warp_specialize``. A flag would put two unrelated bodies under one ``if`` at the top of one
-function. Shared: ``_probs`` (the masking and exponentials), the tiles, layouts and the ``z``
-descriptor trick; the base kernel is left as it was measured.
-
-Next steps (neither variant): GEMMs issued across steps (S^T of block t + 1 while step t finishes:
-the base forward's C7514 shows what wgmma in flight across the loop's back edge costs with this
-ptxas) (§104: measured slower), a deterministic mode (since done: the ordered dQ mode); the
-preprocess for D and the padded lse is one portable launch (§111).
+The design (the step's order, registers, shared memory, masks, the column split, the dQ hand-offs and
+the deterministic protocol): docs/hopper-backward.md; each tuned table names its record in docs/decisions/.
 """
 import functools
 
@@ -279,42 +32,40 @@ from ioattn.kernels.hopper_forward import (ALIBI_MAGIC, LOG2E, MAGIC_BITS, _io_d
                                           _zero_v_tail as _zero_rows_from)
 
 BWD_VARIANTS = ("base", "ws")
-# head dims each variant compiles for ("ws" at 256: its column-split form, see "Column split" above)
+# head dims each variant compiles for ("ws" at 256: its column-split form, docs/hopper-backward.md)
 BWD_VARIANT_HEADDIMS = {"base": (64, 128), "ws": (64, 128, 256)}
 # Tiles, both variants and head dims (v1's, kept for ws so the A/B compares structure only):
 BWD_BLOCK_M = 64    # query rows per step (the wgmma N of S^T / dP^T, the K of dV / dK): FA3's hdim-128 kBlockM
 BWD_BLOCK_N = 128   # key rows per program (two warpgroups of 64): FA3's hdim-128 kBlockN
 BWD_NUM_WARPS = 8   # the two (consumer) warpgroups: FA3's two MMA warpgroups at hdim 128
 # "ws": Q / dO ring depth per head dim. d = 128: 2, FA3's hdim-128 backward (2 stages of Q and of dO):
-# the load of step t + 2 is issued when step t releases its slot, a whole step (v1: ~4 us) ahead. Three
-# fit (231104 B of the 232448 B a block may have) and measured level: ab_bwd, 3 rounds, two processes,
-# -1.4 to +0.7 % at N = 1024 / 4096 / 16384 with either mask but causal 4096 (-1.9 / +2.4 %, its rounds'
-# spread), the median change 0.0 / -0.6 % (results/session-2026-12-12-c, NOTES §136). d = 64: 3,
-# from shared-memory arithmetic: a step does half the FLOPs of d = 128, so a third stage keeps about
-# the same time ahead for the loads; 114 KiB. (Shared-memory figures: the compile check's.)
+# the load of step t + 2 is issued when step t releases its slot, a whole step ahead; a third stage
+# fits (231104 B of the 232448 B a block may have) and measured level. d = 64: 3, from shared-memory
+# arithmetic: a step does half the FLOPs of d = 128, so a third stage keeps about the same time ahead
+# for the loads; 114 KiB. (Shared-memory figures: the compile check's.)
 # d = 256 (the column-split form, COL_SPLIT): Q 2, dO 1. With K, V (32 KiB each at 64 keys), Q and dO
 # tiles of 32 KiB, P^T and dS^T (8 KiB each) and the dQ staging, two dO stages and a half-width dQ buffer
 # (32 KiB) come to 241 KiB, over the 227 KiB a block may have; the dO ring gives a stage (dO is read first
 # by dP^T, which waits behind S^T, and its slot is released once dV retires, mid-step) rather than Q
 # (read by S^T at the step's start, released only when dK retires at its end). (Q / dO stages.)
+# tuned: docs/decisions/backward-ws-step.md
 WS_STAGES = {64: (3, 3), 128: (2, 2), 256: (2, 1)}
 # "ws" at these head dims: the column-split form (``_ws_consumer_dsplit``), 64 keys a program
 WS_COL_SPLIT_HEADDIMS = (256,)
 WS_COL_SPLIT_BLOCK_N = 64
 # "ws" with a score softcap (``SOFTCAP``): also the column-split form at these head dims (an A/B
-# switch). The key split at d = 128 holds 238 of its 240 registers a thread without the cap (lse not
-# in S^T's accumulator: 36 B spilled outside the loop, causal); the cap's tanh beside P^T spills
-# there (24 B non-causal, 284 B causal, 508 B with a window, 6 / 62 / 120 spill instructions in the
-# loop), where the column split compiles to 145-151 registers, no spill (ptxas 12.8,
-# compile_check_hopper_bwd.py --softcap; NOTES §147).
+# switch). The key split at d = 128 holds 238 of its 240 registers a thread without the cap; the cap's
+# tanh beside P^T spills there (more with a window), where the column split compiles to ~150 registers,
+# no spill; the key split is still the faster (the column split reads every Q / dO tile and adds every
+# dQ block twice as often per key). tuned: docs/decisions/softcap.md
 WS_SOFTCAP_COL_SPLIT_HEADDIMS = ()
 # "ws": the swizzle of the fp32 dQ staging tile (bytes). The consumers store it from the wgmma
 # accumulator layout, 8 B a thread, a warp's rows r..r+7 at 32 B each; with the 128 B swizzle (the
 # default for the shape) rows r and r ^ 1 of a half-warp land on the same banks (2 wavefronts where 1
-# would do: ~9 % of the backward's shared wavefronts at d=128, NOTES §54's profile); with 32 B, four rows
-# fill one 128 B line and the stores are conflict-free, at 8 columns a bulk reduce message instead of
-# 32 (16 messages a d=128 block). Measured +1 to +3 % at d=64, -1 to +3 % at d=128 (NOTES §54). d=256
-# keeps 128 B: its writer warp (24 registers) spills 32 B issuing 2 x 16 messages a step.
+# would do); with 32 B, four rows fill one 128 B line and the stores are conflict-free, at 8 columns a
+# bulk reduce message instead of 32 (16 messages a d=128 block). d=256 keeps 128 B: its writer warp
+# (24 registers) spills issuing 2 x 16 messages a step. (The swizzled tile is the A/B arm of
+# ``WS_DQ_FLAT``.) tuned: docs/decisions/backward-dq-path.md
 WS_DQ_SWIZZLE = {64: 32, 128: 32, 256: 128}
 # "ws": the fp32 dQ staging tile in the accumulator's own order ("flat"), an A/B switch by head dim (the
 # key-split form only). Each thread's four values of one 8-column group (two adjacent columns, two rows
@@ -322,25 +73,18 @@ WS_DQ_SWIZZLE = {64: 32, 128: 32, 256: 128}
 # STS.128 where the swizzled 2-D tile takes two STS.64. The writer's bulk reduce-add then reads the
 # tile as a dense [BLOCK_M * d / 32, 32] box into a dQ accumulator kept in the same order, one 32 KB
 # region per (batch, head, query block): whole 128 B rows a message where the 32 B swizzle sends
-# 32 B pieces (the L2 took one request a sector: 69 M reduce requests, its crossbar input 77 % busy
-# at d = 128, N = 4096 causal, NOTES §99). The host puts dQ back in (batch, seqlen, heads, d) order
-# in its scaling pass (``dq_from_flat``). Measured (ab_bwd, 3 rounds, results/session-2026-12-02-zzm),
-# swizzled / flat TFLOP/s: d = 128 N = 1024 / 4096 / 16384 420 / 437, 513 / 552, 524 / 551, causal 298 /
-# 305, 474 / 477, 542 / 557; d = 64 361 / 366, 458 / 460, 465 / 482, causal 254 / 261, 405 / 413, 468 /
-# 486 (+0.4 to +7.6 %, none slower); the L2 at d = 128, N = 4096 causal 76.5 -> 53.1 % busy. False: the
-# swizzled tile (ab_bwd's "gluon-ws" against "gluon-ws-dqflat" before the change of default).
+# 32 B pieces (the L2 takes one request a sector, and its crossbar input was the busiest unit). The
+# host puts dQ back in (batch, seqlen, heads, d) order in its scaling pass (``dq_from_flat``). False: the
+# swizzled tile (ab_bwd's "gluon-ws-dq32"). tuned: docs/decisions/backward-dq-path.md
 WS_DQ_FLAT = {64: True, 128: True}
 # "ws": lse folded into S^T's accumulator (by head dim, the key-split form only): the host
 # pads lse / softmax_scale instead of lse * log2 e, S^T's product starts at minus it and the
 # exponentials are exp2(S^T * softmax_scale * log2 e). The lse read moves from after the step's first
-# two products (where it queues behind their shared-memory reads and the first FFMA of the
-# exponentials waited on it: 9 % of all warp samples, 14 % of the consumers', d = 128, N = 4096,
-# NOTES §100) to the step's start, before S^T is issued. fp32 accumulation of minus lse / scale plus
-# the products: an absolute error ~1e-6 of the exponent, far below bf16's. Measured (ab_bwd, 3 rounds,
-# results/session-2026-12-02-zzp), without / with, TFLOP/s: d = 128 N = 1024 / 4096 / 16384 436 / 449,
-# 550 / 574, 556 / 573, causal 307 / 317, 481 / 505, 562 / 585 (+3.0 to +5.0 %); d = 64 364 / 358,
-# 458 / 452, 483 / 477, causal 262 / 258, 414 / 401, 489 / 469 (-1.2 to -4.1 %: its BLOCK_M = 128 puts
-# 32 lse values a thread, beside D's 32, ahead of the step's first products): on at d = 128 only.
+# two products (where it queued behind their shared-memory reads and the first FFMA of the
+# exponentials waited on it) to the step's start, before S^T is issued. fp32 accumulation of minus
+# lse / scale plus the products: an absolute error ~1e-6 of the exponent, far below bf16's. Off at
+# d = 64, whose BLOCK_M = 128 puts 32 lse values a thread, beside D's 32, ahead of the step's first
+# products. tuned: docs/decisions/backward-ws-step.md
 WS_LSE_IN_ACC = {64: False, 128: True}
 # "ws": each consumer warpgroup its own partition (by head dim; the key-split form with the flat dQ
 # tile; an A/B switch). In one 8-warp partition every release (and Triton's barrier before each
@@ -351,42 +95,33 @@ WS_LSE_IN_ACC = {64: False, 128: True}
 # both. Each warpgroup computes dQ's half (columns at 64 query rows a step, rows at 128) into its own
 # staging buffer (the halves of the flat tile: the writer adds them as two bulk copies). Before a
 # warpgroup overwrites its dS^T half, the other's previous dQ must have read it: it waits for the
-# previous step's dQ hand-off by both (``dq_full``). Measured (ab_bwd, 3 rounds, H200, bf16, 16k tokens,
-# results/session-2026-12-02-zzv, NOTES §105), one partition / a warpgroup each, TFLOP/s: d = 128 N =
-# 1024 / 4096 / 16384 444 / 453, 563 / 582, 561 / 569, causal 317 / 320, 506 / 504, 585 / 590 (-0.4
-# to +3.4 %); d = 64 365 / 350, 454 / 442, 471 / 459, causal 261 / 251, 413 / 394, 481 / 462 (-2.5 to
-# -4.6 %): on at d = 128 only.
+# previous step's dQ hand-off by both (``dq_full``). Off at d = 64 (128 rows a step: the releases'
+# barriers are a smaller share there). tuned: docs/decisions/backward-ws-step.md
 WS_WG_PARTITIONS = {64: False, 128: True}
 # "ws": query rows a step by head dim (the key-split form; the column split needs 64). 128 at d = 64
 # doubles a step's products (S^T / dP^T 64 keys x 128 queries a warpgroup) against the same per-step
-# costs (barriers, hand-offs, waits), at d = 128's register count with D in dP^T's accumulator:
-# measured +7 to +20 % over 64 (NOTES §55). d = 128 at 128 rows would need 64 more registers a thread.
+# costs (barriers, hand-offs, waits), at d = 128's register count with D in dP^T's accumulator. d = 128
+# at 128 rows would need 64 more registers a thread. tuned: docs/decisions/backward-ws-step.md
 WS_BLOCK_M = {64: 128, 128: 64, 256: 64}
 # "ws" with a score softcap (``SOFTCAP``) or ALiBi (``ALIBI``): query rows a step where they differ
-# from ``WS_BLOCK_M``. At d = 64 the 128-row step spills with the cap (808 B, 199 spill instructions in
-# the consumers' loop: the tanh beside P^T's 64 registers a thread, ptxas 12.8 via
-# compile_check_hopper_bwd.py --softcap) and sits at 238 registers with ALiBi (the query columns as
-# fp32: 284 B spilled with varlen, 208 B deterministic causal, --alibi); 64 rows compile to 195-216
-# registers, no spill, with either or both (NOTES §147, §148).
+# from ``WS_BLOCK_M``. At d = 64 the 128-row step spills with the cap (the tanh beside P^T's 64
+# registers a thread, ptxas 12.8 via compile_check_hopper_bwd.py --softcap) and sits at the register
+# limit with ALiBi (the query columns as fp32; it spills packed or deterministic causal); 64 rows
+# compile without spills with either or both. tuned: docs/decisions/softcap.md, docs/decisions/alibi.md
 WS_SCORE_MOD_BLOCK_M = {64: 64}
 # "ws": dK / dV written as whole-row 16-byte stores (the accumulator layout writes half of each 32 B
 # sector a store). The key-split form (d = 64 / 128) converts them in registers through shared memory
-# (``_store_dkdv``'s ``COALESCED``): measured +5 to +9 % at N=1024, +1 to +3 % at 4096, level at 16384
-# (NOTES §56). The column-split form (d = 256) has no shared memory left for the conversion's 64 KB:
-# it stages them through its Q ring, free after the loop (``_store_dkdv_staged``): measured +4 to +7 %
-# at N=1024, +3 to +4 % at 4096, +1 to +2 % at 16384 (NOTES §58, results/session-2026-12-02-g).
+# (``_store_dkdv``'s ``COALESCED``). The column-split form (d = 256) has no shared memory left for the
+# conversion's 64 KB: it stages them through its Q ring, free after the loop (``_store_dkdv_staged``).
 # False: the accumulator-layout stores (ab_bwd's "gluon-ws-accstore").
+# tuned: docs/decisions/backward-ws-step.md
 WS_COALESCED_STORE = True
 # "ws", the column-split form: the products' widths (``PROD_DIM``, 256 for the native d = 256) at which
 # dQ's high half (staged in the step's Q slot) goes to the writer before the low half, the slot
 # released as soon as it is read (``DQ_HI_FIRST``: ``_ws_consumer_dsplit``, ``_ws_dq_writer``; the low
 # half first keeps the slot until after both halves' stores and reads, but its store runs beside dK
-# and the high half's products). Measured, hi / lo first (ab_bwd / ab_padded, 3 rounds, H200, bf16, 16k
-# tokens, N = 512 / 1024 / 4096 / 16384; results/session-2026-12-21-a, NOTES §160): 192 (the padded
-# head dims 136-192) 234 / 231, 296 / 291, 361 / 358, 373 / 356, causal 161 / 155, 230 / 222, 334 / 325,
-# 377 / 374 (+0.8 to +4.8 %); 256 (N = 1024 / 4096 / 16384) 341 / 349, 409 / 416, 407 / 416, causal
-# 267 / 268, 366 / 386, 414 / 424 (-0.4 to -5.2 %). ab_bwd's "gluon-ws-dqhifirst" / ab_padded's
-# "gluon-pad-dqlofirst" time the other order.
+# and the high half's products). ab_bwd's "gluon-ws-dqhifirst" / ab_padded's "gluon-pad-dqlofirst" time
+# the other order. tuned: docs/decisions/split-products.md
 WS_DQ_HI_FIRST = (192,)
 
 
@@ -426,23 +161,15 @@ def _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d,
            DTYPE: gl.constexpr = None, ALIBI: gl.constexpr = False, alibi_a=0.0):
     """P^T of one (BLOCK_N keys x BLOCK_M queries) tile, fp32, masked entries 0; ``lse_log2`` one
     value per query (column), in S^T's column layout. ``LSE_IN_ACC``: ``s`` is already S^T - lse /
-    softmax_scale (the product's accumulator started there: ``WS_LSE_IN_ACC``), ``lse_log2`` unused.
-    ``WINDOW`` (a sliding window, ``IS_CAUSAL`` False): key j visible to query i iff
-    i + off - win_left <= j <= i + off + win_right (off = seqlen_k - seqlen_q; an unbounded side as
-    a bound past every key). ``SOFTCAP`` (Gemma 2's cap): ``s`` is t = tanh(S^T * softmax_scale / cap)
-    (``qk_scale`` cap * log2 e), and the result the pair (P^T in ``DTYPE``, dV's operand; P^T times
-    the tanh's derivative 1 - t^2, the fp32 factor dS^T = (that) * (dP^T - D) is formed from, the
-    gradient by the raw scores). Both formed here, next to P^T, so that t dies with P^T's fp32 tile:
-    holding t (or the factor) beside P^T until P^T's 16-bit operand was formed spilled at d = 128
-    (48 B, 6 in the loop) and d = 64 (808 B); t read back from P^T by a log2 after dV's issue, 144 /
-    596 B. ``ALIBI``: flash-attn's bias -slope * |i + seqlen_k - seqlen_q - j| added to ``s`` for the
-    exponent (the tanh's derivative takes t itself), alibi_a = -slope in the units of ``s`` (raw
-    scores, lse folded in or not: -slope / softmax_scale; after a softcap -slope / cap). ``ALIBI`` =
-    ``ALIBI_FP32_COLS``: the query columns as fp32 from this step's ``m_start`` (a conversion a column a
-    step, kept off the loop's registers: held, they spilled); ``ALIBI_MAGIC`` (``hopper.bwd_alibi_form``):
-    the distance by the forward's magic-number conversion with the queries split as hi (a constant per
-    register) and lo (one value per thread), the masks' query tests on hi too, so no query column
-    vector is live (NOTES §152)."""
+    softmax_scale (``WS_LSE_IN_ACC``), ``lse_log2`` unused. ``WINDOW`` (``IS_CAUSAL`` False): key j
+    visible to query i iff i + off - win_left <= j <= i + off + win_right (off = seqlen_k - seqlen_q).
+    ``SOFTCAP``: ``s`` is t = tanh(S^T * softmax_scale / cap) (``qk_scale`` cap * log2 e), and the result
+    the pair (P^T in ``DTYPE``, dV's operand; P^T (1 - t^2), the fp32 factor dS^T is formed from), both
+    formed here so that t dies with P^T's fp32 tile (held longer, it spilled). ``ALIBI``: flash-attn's
+    bias added to ``s`` for the exponent (the tanh's derivative takes t itself), alibi_a = -slope in the
+    units of ``s``; ``ALIBI_FP32_COLS``: the query columns as fp32 from this step's ``m_start``;
+    ``ALIBI_MAGIC``: the forward's magic-number distance with the queries split as hi (a constant per
+    register) and lo (one value per thread), the masks' query tests on hi too."""
     z = s  # the exponent's scores: with ALiBi biased
     if ALIBI == ALIBI_MAGIC:  # the distance (query + off - key) by the forward's magic-number conversion
         rel = seqlen_k - seqlen_q - n_start + m_start + MAGIC_BITS - keys_1d  # each key row's, biased
@@ -710,7 +437,7 @@ def hopper_bwd_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, Lse, Delta, DQacc, d
     keys_inside = n_start + BLOCK_N <= seqlen_k
 
     for t in range(n_iter):
-        # next step's Q / dO into the other slot (free: see the module docstring)
+        # next step's Q / dO into the other slot (free: docs/hopper-backward.md, "The base kernel")
         if t + 1 < n_iter:
             _issue_q_do(q_desc, do_desc, q_smem, do_smem, qdo_bar, t + 1, m_lo, n_m, h0, b, seqlen_q, HEAD_DIM,
                         BLOCK_M)
@@ -759,7 +486,7 @@ def hopper_bwd_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, Lse, Delta, DQacc, d
         dv_tok = warpgroup_mma(pa, do_cur, dv, is_async=True)
         dk_tok = warpgroup_mma(dsa, q_cur, dk, is_async=True)
         # the register A operands listed so that they stay alive until their products retire. Waited
-        # here, before the barrier below: the slot argument (module docstring) needs every warp's last
+        # here, before the barrier below: the slot argument (docs/hopper-backward.md) needs every warp's last
         # wgmma reading Q / dO of this step retired before any warp passes that barrier.
         dv, dk, pa, dsa = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, pa, dsa])
 
@@ -788,7 +515,7 @@ def hopper_bwd_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, Lse, Delta, DQacc, d
 
 
 # ---------------------------------------------------------------------------------------------------
-# Variant "ws": warp-specialised (FlashAttention-3's backward structure). See the module docstring.
+# Variant "ws": warp-specialised (FlashAttention-3's backward structure). See docs/hopper-backward.md.
 # ---------------------------------------------------------------------------------------------------
 
 @builtin
@@ -813,20 +540,13 @@ def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, 
     """The 1-warp TMA producer: K and V of the key block once, then per step t (query head
     h0 + t // n_m, query block m_lo + t % n_m) Q with its lse row into slot t % STAGES of the Q ring
     (``q_ready``) and dO with its D row into slot t % DO_STAGES of the dO ring (``do_ready``), each
-    after the consumers have released that slot's previous tile (``q_empty`` / ``do_empty``). The
-    rings have the same depth except in the column-split kernel (head dim 256: one dO stage). Q / dO rows
-    from ``q_row0`` (the row of the sequence's query 0: b * seqlen_q, or cu_seqlens_q[b] when varlen),
-    K / V from ``kv_row``; the lse / D rows at (b, h, m_start) of the padded (batch, nheads, stat_stride).
-
-    ``IS_VARLEN``: a tile reaching past ``q_owned`` / ``k_owned`` (cu_seqlens[batch], the end of the
-    rows the sequences own) may read rows that hold anything (NaN in an unused buffer); their
-    probabilities are 0, but 0 x NaN is NaN in the products (dV += P^T dO, dK += dS^T Q, dQ = dS K, and
-    dP^T = V dO^T), so such a tile lands on ``tail_bar`` instead, this warp zeroes its rows past the
-    sequence's end (the forward's ``_zero_v_tail``: NOTES §38), then releases it by a plain arrive on
-    its ready barrier (count 1, no bytes pending). Only the last sequence's tiles (or a short one's
-    before it) reach there; a tile past another sequence's end reads the next sequence's rows, finite,
-    masked as the fixed-length kernel masks the next batch entry's. ``IO_DIM``: the tensors' head dim
-    where it is below HEAD_DIM (``_io_dim``; the tiles' columns past it land as zeros, ``_load_rows``)."""
+    after the consumers have released that slot's previous tile (``q_empty`` / ``do_empty``). Q / dO
+    rows from ``q_row0`` (b * seqlen_q, or cu_seqlens_q[b] when varlen), K / V from ``kv_row``; the
+    lse / D rows at (b, h, m_start) of the padded (batch, nheads, stat_stride). ``IS_VARLEN``: a tile
+    reaching past ``q_owned`` / ``k_owned`` (the rows the sequences own) may read anything (0 x NaN is
+    NaN in the products), so it lands on ``tail_bar``, this warp zeroes its rows past the sequence's end
+    (the forward's ``_zero_v_tail``) and releases it by a plain arrive on its ready barrier.
+    ``IO_DIM``: the tensors' head dim where it is below HEAD_DIM (``_io_dim``)."""
     tails = 0 * n_iter  # tiles on tail_bar so far (its phase); a runtime integer (loop-carried)
     if IS_VARLEN and kv_row + BLOCK_N > k_owned:
         mbarrier.expect(tail_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
@@ -903,46 +623,15 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
                   DQ_HI_FIRST: gl.constexpr = False):
     """The 1-warp dQ writer: per step, once the consumers have put the step's dQ block (fp32,
     unscaled) in ``dq_smem`` (``dq_full``), one TMA reduce-add of it into the dQ accumulator; when
-    the bulk copy has read the tile, the buffer goes back to the consumers (``dq_empty``). A buffer
-    of ``DQ_COLS`` < HEAD_DIM columns (the column-split kernel's: half of d = 256) takes the block in
-    column halves: the low one in ``dq_smem`` (``dq_full``), the high one announced on ``dq_hi_full``
-    and read from step t's Q slot (t % STAGES of ``q_smem``, as fp32 in the dQ buffer's layout); once
-    both are read the writer releases the buffer (``dq_empty``, once a step) and the slot to the
-    producer (``q_empty``), so the consumers' next low half follows its wait for this high half and
-    neither full barrier can complete twice before its wait (a parity wait tells only adjacent
-    phases apart: announcing both halves on ``dq_full`` hung, NOTES §59).
-
-    ``DETERMINISTIC``: the reduce-adds into each (batch, head, query block) go in a fixed key-block
-    order, FlashAttention-3's semaphore scheme. ``Sem`` holds one zeroed int32 counter per (batch,
-    head, query block); a key block waits until the counter reads its rank in the order, adds, waits
-    for the add to complete and increments it. The key blocks that reach query block i are a prefix
-    0..J_i (non-causal: all; causal: m_lo grows with the key block). Non-causal: ascending order,
-    rank j. Causal: descending, rank J_i - j, so every key block's first (diagonal) query block,
-    where it is the last contributor J_i, needs no wait (in ascending order it waited for every lower
-    key block to get there: the programs ran one after another, NOTES §32; the descending order
-    compiles for sm_90 but has not run on the device yet, NOTES §34); the kernel then
-    launches the key blocks in reverse (``_key_block``). Either way a program waits only on key
-    blocks of its own (batch, KV head) launched before it (the key block is the grid's fastest
-    dimension), so the wait cannot close a cycle, however few programs are resident.
-
-    ``DQ_FLAT`` (``WS_DQ_FLAT``): the tile and the accumulator in the flat order, one dense
-    [BLOCK_M * HEAD_DIM / 32, 32] box a block at row (block index) * that many of the 2-D view.
-    ``WG_SPLIT`` (``WS_WG_PARTITIONS``): the tile's two halves in ``dq_smem`` and ``dq_smem1`` (one a
-    consumer warpgroup), two boxes of half as many rows, the second after the first.
-
-    ``n_m_total``: the query blocks of one (batch, head) in the flat accumulator and in ``Sem`` (the
-    padded stat rows' count: from the longest sequence when varlen); ``seqlen_q`` / ``seqlen_k``: this
-    sequence's; ``q_row0``: the row of its query 0 in the (rows, nheads * d) accumulator.
-
-    ``dq_hi_desc`` (the column split's products over 192 columns, ``PROD_DIM``): the high half is that
-    descriptor's block wide (64 columns), the first columns of the Q slot's fp32 view; the
-    accumulator's columns past them are never added to.
-
-    ``DQ_HI_FIRST`` (``dq_hi_first``, the column split): the consumers hand the high half over
-    first, and the writer takes it first and releases the Q slot (``q_empty``) as soon as its bulk
-    copy has read it, before it waits for the low half; ``dq_empty`` still once a step, after the low
-    half. The consumers wait for ``dq_empty`` before either store, so both full barriers still
-    complete once between the writer's waits (NOTES §160)."""
+    the bulk copy has read the tile, the buffer goes back to the consumers (``dq_empty``). ``DQ_COLS``
+    < HEAD_DIM (the column split): the block in two halves, the high one announced on ``dq_hi_full``
+    and read from step t's Q slot; both released (``dq_empty``, ``q_empty``) once both are read, so
+    neither full barrier can complete twice before its wait (``DQ_HI_FIRST``: the high half first, the
+    slot released as soon as it is read). ``DETERMINISTIC``: the reduce-adds into each (batch, head,
+    query block) in a fixed key-block order by the counters in ``Sem`` (causal: descending, the key
+    blocks launched in reverse). ``DQ_FLAT`` / ``WG_SPLIT``: the flat tile, in one or two boxes.
+    ``n_m_total``: query blocks of one (batch, head) in the accumulator and ``Sem``; ``dq_hi_desc``: the
+    64-column high half at the products over 192 columns. The protocols: docs/hopper-backward.md."""
     PIECES: gl.constexpr = HEAD_DIM // DQ_COLS  # 1; the column-split kernel's 2 halves
     FLAT_ROWS: gl.constexpr = BLOCK_M * HEAD_DIM // 32
     # the pieces' order: FIRST, FIRST + STEP, ... (the high half first with ``DQ_HI_FIRST``)
@@ -1019,7 +708,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                  Alibi_h0=None, alibi_unit=0.0, IO_DIM: gl.constexpr = 0):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
     lockstep as in the base kernel). The math per step is the base kernel's, in FA3's order (dV
-    issued before dS is formed, dQ before dK: see the module docstring); the loads come from the
+    issued before dS is formed, dQ before dK: docs/hopper-backward.md); the loads come from the
     rings, and dQ goes to ``dq_smem`` for the writer warp instead of into atomics. ``LSE_IN_ACC``
     (``WS_LSE_IN_ACC``): the lse slot holds lse / softmax_scale and S^T's accumulator starts at minus
     it, so the exponentials need no shared-memory read after S^T retires. ``WG_SPLIT``
@@ -1058,7 +747,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     # The step's query block is stepped by a counter (wrapping at each query head of the group) and
     # the in-loop zero comes from an asm move: ``t % n_m`` and ``t // n_iter`` were two integer
     # divisions a step on the path from dK's retirement to the next S^T, where the tensor cores
-    # idle (+1 to +5 % at d = 64 / 128, NOTES §52)
+    # idle (docs/decisions/backward-ws-step.md)
     m_blk = m_lo
     h_in_group = 0  # the step's query head in the group (``ALIBI``'s slope)
     for t in range(n_iter):
@@ -1097,7 +786,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         if LSE_IN_ACC:
             # S^T - lse / softmax_scale from the product itself: the lse read happens here, at the step's
             # start, not behind this step's products in the shared-memory queue, where the first FFMA
-            # of the exponentials waited for it (14 % of the consumers' samples, NOTES §100)
+            # of the exponentials waited for it
             lse_s = lse_smem.index(s_idx).load(col_layout)
             s_tok = warpgroup_mma(k_cur, q_cur.permute((1, 0)), st_zero - lse_s[None, :], is_async=True)
         else:
@@ -1160,9 +849,9 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         # thread's, after a barrier over the partition's warps (8: both warpgroups' products retired;
         # ``WG_SPLIT``: this warpgroup's 4, the barrier counting both partitions' arrives; Triton adds
         # one before every arrive anyway: it orders the arrive after all shared-memory
-        # accesses, NOTES §101). The dO slot has no barrier of its own: it goes back with the dQ block,
-        # after both warpgroups' dQ (and so dV, which retires before it) has retired; released as soon
-        # as dV retired, behind a barrier of its own, it was 0 to 1.4 % slower (NOTES §102)
+        # accesses). The dO slot has no barrier of its own: it goes back with the dQ block, after both
+        # warpgroups' dQ (and so dV, which retires before it) has retired: one barrier a step fewer than
+        # a release of its own as soon as dV retires (docs/decisions/backward-dq-path.md)
         dv, pa, dq = warpgroup_mma_wait(1, deps=[dv_tok, pa, dq_tok])
         # the dQ block to the writer warp: wait until it has read the previous one (handed over a
         # whole step ago: normally long done), store, fence for the bulk copy, hand over
@@ -1222,28 +911,17 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
                         win_left=0, win_right=0, SOFTCAP: gl.constexpr = False, softcap_a=0.0,
                         ALIBI: gl.constexpr = False, Alibi_h0=None, alibi_unit=0.0, IO_DIM: gl.constexpr = 0,
                         PROD_DIM: gl.constexpr = 0, DQ_HI_FIRST: gl.constexpr = False):
-    """The two consumer warpgroups of the column-split kernel (``COL_SPLIT``, head dim 256; module
-    docstring, "Column split"): one 64-key block, every product split by its columns between the
-    warpgroups (``_dq_layout``), so warpgroup c holds dK and dV columns [c d/2, (c + 1) d/2), and
-    S^T, dP^T, P^T, dS^T for queries [32c, 32c + 32). P^T and dS^T go through shared memory
-    (``p_smem``, ``ds_smem``), where the products that contract over all 64 queries (dV, dK) or keys
-    (dQ) read them whole; dQ in two column halves, the low one through the half-width dQ buffer, the
-    high one through the step's Q slot (released by the writer). ``SOFTCAP``, ``ALIBI``: as
-    ``_ws_consumer``.
-
-    ``PROD_DIM`` (the forward's ``_prod_dim``; 0: HEAD_DIM): the products over the tiles' first 192 of
-    256 columns (a padded head dim of at most 192, the rest TMA's zeros): S^T and dP^T as two chained
-    products over columns 0:128 and 128:192 (``_qk_mma``), dV and dK as two accumulators each, [64, 128]
-    and [64, 64] (``_cols_mma``), staged side by side for the stores; dQ's high half 64 columns wide (the
-    first 64 of the Q slot's fp32 view, added by the writer through its 64-column ``dq_hi_desc``).
-
-    ``DQ_HI_FIRST`` (``dq_hi_first``: the products over 192 columns): dK, then dQ's high half, then its
-    low half, the high half handed to the writer first, as soon as dK (the Q slot's last reader) and
-    it have retired: the slot, whose release gates the producer's load of step t + 2's Q, goes back one
-    half-store and one half-read sooner (NOTES §160). Both stores follow the wait for the writer to
-    have read the previous step's low half, its last piece, so neither full barrier runs two phases ahead.
-    (The high half kept in registers and stored behind the next step's S^T measured slower at d = 256,
-    NOTES §162.)"""
+    """The two consumer warpgroups of the column-split kernel (``COL_SPLIT``, head dim 256;
+    docs/hopper-backward.md, "The column split"): one 64-key block, every product split by its columns
+    between the warpgroups (``_dq_layout``), so warpgroup c holds dK and dV columns [c d/2, (c + 1) d/2),
+    and S^T, dP^T, P^T, dS^T for queries [32c, 32c + 32). P^T and dS^T go through shared memory
+    (``p_smem``, ``ds_smem``); dQ in two column halves, the low one through the half-width dQ buffer,
+    the high one through the step's Q slot (released by the writer). ``SOFTCAP``, ``ALIBI``: as
+    ``_ws_consumer``. ``PROD_DIM``: the products over the tiles' first 192 of 256 columns (S^T and dP^T
+    two chained products, dV and dK two accumulators each, dQ's high half 64 columns wide).
+    ``DQ_HI_FIRST``: dK, then dQ's high half, then its low half, the high half handed to the writer
+    first, so that the Q slot it is staged in goes back to the producer sooner; both stores follow the
+    wait for the writer to have read the previous step's low half."""
     num_warps: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = k_smem.dtype
     HALF: gl.constexpr = HEAD_DIM // 2
@@ -1275,7 +953,7 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
     mbarrier.wait(kv_bar, 0)
 
     # the query block by a counter and the in-loop zero from an asm move, as the key-split consumer
-    # (measured here +0 to +4 % over two divisions a step, NOTES §53)
+    # (docs/decisions/backward-ws-step.md)
     m_blk = m_lo
     h_in_group = 0  # the step's query head in the group (``ALIBI``'s slope)
     for t in range(n_iter):
@@ -1484,45 +1162,16 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0, dq_hi_desc=None,
                          DQ_HI_FIRST: gl.constexpr = False):
     """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers; 4
-    with ``WG_SPLIT``: warpgroup 0, warpgroup 1 a worker partition); the producer and dQ-writer warps
-    are added by ``warp_specialize``. lse_desc / delta_desc: 1-D over
-    the host's (batch, nheads, stat_stride) fp32 lse * log2(e) (``LSE_IN_ACC``: lse / softmax_scale;
-    -inf -> 0) and D, zero past seqlen_q, ``stat_stride`` a multiple of BLOCK_M, block [BLOCK_M].
-    dq_desc: the fp32 accumulator (batch * seqlen_q, nheads * HEAD_DIM), zeroed, block [BLOCK_M,
-    HEAD_DIM] ([BLOCK_M, HEAD_DIM / 2] with ``COL_SPLIT``); with ``DQ_FLAT`` a 2-D view (-1, 32) of
-    the flat accumulator (batch, nheads, cdiv(seqlen_q, BLOCK_M), BLOCK_M * HEAD_DIM), block
-    [BLOCK_M * HEAD_DIM / 32, 32], unswizzled. Sem: with ``DETERMINISTIC``, (batch, nheads,
-    cdiv(seqlen_q, BLOCK_M)) zeroed int32 counters (``_ws_dq_writer``); unused otherwise. STAGES /
-    DO_STAGES: depth of the Q and dO rings (equal unless ``COL_SPLIT``). ``COL_SPLIT`` (head dim 256):
-    BLOCK_N = 64 and the consumers split the head dim (``_ws_consumer_dsplit``) instead of the keys
-    (``_ws_consumer``), dQ's high half staged in the step's Q slot. The other flags: the module's
-    ``WS_*`` switches, through ``kernel_config``.
-
-    ``IS_VARLEN`` (packed sequences): ``Cu_q`` / ``Cu_k`` int32 cu_seqlens (batch + 1 entries; unused
-    otherwise), ``seqlen_q`` / ``seqlen_k`` the longest lengths (the grid's key blocks cover
-    ``seqlen_k``; ``stat_stride``, the padded lse / D rows, the flat dQ blocks and ``Sem`` are per
-    (batch, head) from ``seqlen_q``). The descriptors view the packed (total, heads, d) tensors as
-    (total, heads * d); a program reads its sequence's first rows and lengths and runs exactly the
-    fixed-length code on them: a tile past the sequence's end reads the next sequence's rows (or
-    TMA's zero fill), masked as the fixed-length kernel masks the next batch entry's rows, and its
-    dQ rows there receive zeros (the column split's (rows, heads * d) accumulator; the flat one has
-    padded blocks). A key block past its sequence's end runs no step and stores nothing.
-
-    ``WINDOW`` (a sliding window; ``IS_CAUSAL`` False): key j visible to query i iff
-    i + off - win_left <= j <= i + off + win_right (off = seqlen_k - seqlen_q; the host passes an
-    unbounded side as a bound past every row). A key block walks only the query blocks its band
-    reaches (the causal mask's m_lo from the right edge, an upper end from the left edge), the tiles
-    an edge crosses masked; the ordered dQ mode adds in ascending key-block order from the first
-    key block reaching each query block.
-
-    ``SOFTCAP`` (Gemma 2's score cap): the scores are cap * tanh(S * softcap_a), softcap_a =
-    softmax_scale / cap, ``qk_scale`` = cap * log2 e, lse that of the capped scores (the forward's);
-    dS^T carries the tanh's derivative (``_probs``). Not with ``LSE_IN_ACC`` (S^T's accumulator
-    must hold the raw scores).
-
-    ``ALIBI``: flash-attn's bias -slope * |i + seqlen_k - seqlen_q - j| on the recomputed scores (after
-    a softcap), the slopes fp32 at ``Alibi`` ((nheads,) or (batch, nheads): ``stride_ab`` 0 or its batch
-    stride; varlen: by sequence), ``alibi_unit`` = -1 / softmax_scale (-1 / cap with a softcap)."""
+    with ``WG_SPLIT``); the producer and dQ-writer warps are added by ``warp_specialize``. lse_desc /
+    delta_desc: 1-D over the host's padded (batch, nheads, stat_stride) fp32 lse rows (in the kernel's
+    unit, -inf -> 0) and D, zero past seqlen_q. dq_desc: the zeroed fp32 accumulator, 2-D (rows, nheads
+    * HEAD_DIM) or, with ``DQ_FLAT``, a (-1, 32) view of the flat one. Sem: with ``DETERMINISTIC``, the
+    zeroed int32 counters. STAGES / DO_STAGES: the Q and dO rings' depths. ``COL_SPLIT`` (head dim
+    256): BLOCK_N = 64, the consumers split the head dim (``_ws_consumer_dsplit``). ``IS_VARLEN``,
+    ``WINDOW``, ``SOFTCAP`` (not with ``LSE_IN_ACC``), ``ALIBI``: the forms in docs/hopper-backward.md;
+    ``Cu_q`` / ``Cu_k``, ``win_left`` / ``win_right``, ``softcap_a``, ``Alibi`` / ``stride_ab`` /
+    ``alibi_unit`` their arguments. The other flags: the module's ``WS_*`` tables, through
+    ``kernel_config``."""
     num_warps: gl.constexpr = gl.num_warps()
     if WG_SPLIT:  # (``WS_WG_PARTITIONS``) the default partition is warpgroup 0, a worker warpgroup 1
         gl.static_assert(num_warps == 4 and DQ_FLAT and not COL_SPLIT, "a warpgroup a partition: the flat key split")
@@ -1681,7 +1330,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
 
 def kernel_config(d: int, variant: str = "base", softcap: bool = False, alibi: bool = False) -> dict:
     """Launch configuration of the backward kernel of ``variant`` (``BWD_VARIANTS``) at head dim ``d``
-    (the launcher and benchmarks/compile_check_hopper_bwd.py share it): ``kernel`` the jit function,
+    (the launcher and tools/compile_check_hopper_bwd.py share it): ``kernel`` the jit function,
     ``num_warps`` the kernel's warps (the consumers' for "ws": the producer and writer warps come on
     top, from ``warp_specialize``; with ``WS_WG_PARTITIONS`` warpgroup 0's 4, warpgroup 1 a worker),
     tiles, ``stages`` (Q / dO buffers; "ws": the Q ring's, the dO ring's in the constexprs),
@@ -1736,34 +1385,16 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
                     cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, window=(-1, -1),
                     softcap=0.0, alibi_slopes=None):
     """(dq, dk, dv) for (batch, seqlen, heads, d) bf16/fp16 q, k, v (GQA allowed; contiguous or views of
-    a packed tensor, ``dispatch.tma_rows_view``, else copied), d in
-    (64, 128) (and 256 with variant "ws": its column-split form), causal (bottom-right) or not;
-    ``lse`` natural-log (batch, nheads, seqlen_q) fp32, as both forwards return it. ``variant``: one
-    of ``BWD_VARIANTS`` ("base": v1; "ws": warp-specialised), same results up to the order of the
-    fp32 dQ additions. Varlen, windows and softcap ("ws" only): below; no ALiBi / dropout. dQ by fp32
-    atomics or TMA reduce-adds in arrival order, so not bitwise reproducible, except with
-    ``deterministic=True`` ("ws" only): the additions in key-block order. The dispatch takes variant
-    ``ioattn.hopper.BWD_VARIANT`` where ``ioattn.hopper.bwd_plan`` says so (head dims 64, 128, 256).
-
-    Varlen ("ws" only; ``cu_seqlens_q`` given, with cu_seqlens_k and the longest lengths): packed q / dout
-    / out (total_q, nheads, d), k / v (total_k, nheads_kv, d), lse (nheads, total_q), as the varlen
-    forwards return it; rows that no sequence owns get zero gradients.
-
-    ``window`` ("ws" only): flash-attn's (left, right) sliding window, -1 unbounded, bottom-right
-    aligned as ``causal`` (key j visible to query i iff i + off - left <= j <= i + off + right, off =
-    seqlen_k - seqlen_q); (-1, -1) none; (-1, 0) is the causal mask (pass ``causal=True``).
-
-    ``softcap`` ("ws" only) > 0: the forward's scores were cap * tanh(s * softmax_scale / cap)
-    (flash-attn's ``softcap``; ``lse`` theirs), with or without a window or the causal mask; 0 none.
-
-    ``alibi_slopes`` ("ws" only): fp32 (nheads,) or (batch, nheads) (varlen: by sequence), flash-attn's
-    bias -slope * |i + seqlen_k - seqlen_q - j| on the scores (after a softcap); softmax_scale nonzero
-    unless a softcap is given.
-
-    A head dim the kernels lack (``ioattn.hopper.PADDED_RANGE``: plain fixed-length calls) runs at the
-    next one: "ws" with d a multiple of 8 in place (``hopper.padded_in_place``: the kernel's ``IO_DIM``,
-    its tiles zero-filled past d by TMA, dQ's fp32 accumulator at the padded width), otherwise on
-    zero-padded copies of q, k, v, out and dout (``hopper.pad_head``), the gradients sliced."""
+    a packed tensor, ``dispatch.tma_rows_view``, else copied), d in (64, 128) (and 256 with variant
+    "ws"), causal (bottom-right) or not; ``lse`` natural-log (batch, nheads, seqlen_q) fp32, as both
+    forwards return it. ``variant``: one of ``BWD_VARIANTS``, the same results up to the order of the
+    fp32 dQ additions, which are not bitwise reproducible except with ``deterministic=True`` ("ws").
+    "ws" only: varlen (``cu_seqlens_q`` / ``cu_seqlens_k`` and the longest lengths; packed tensors, lse
+    (nheads, total_q); rows no sequence owns get zero gradients), ``window`` (flash-attn's (left, right),
+    bottom-right aligned; (-1, 0) is ``causal=True``), ``softcap`` > 0 (the forward's capped scores) and
+    ``alibi_slopes`` (fp32 (nheads,) or (batch, nheads); softmax_scale nonzero without a softcap). No
+    dropout. A head dim the kernels lack (``ioattn.hopper.PADDED_RANGE``) runs at the next one, in place
+    for "ws" with d a multiple of 8 (``hopper.padded_in_place``), else on zero-padded copies."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     dp = _host.padded_headdim(q.shape[-1])
@@ -1856,10 +1487,9 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
     lse_unit = 1.0 / softmax_scale if consts.get("LSE_IN_ACC") else 1.4426950408889634
     if variant == "ws":
         # One launch writes D, the lse rows and the zeroed flat dQ accumulator, in the padded layout the
-        # kernel reads (FA3's preprocess does the same three jobs). It replaced three fills and four
-        # small element-wise kernels for the lse rows: measured (ab_bwd, 3 rounds, H200, bf16, 16k
-        # tokens, results/session-2026-12-03-f, NOTES §111) 17-24 us less a call, +3.3 to +4.5 % at N =
-        # 512 and +1.5 to +3.8 % at 1024 for d = 64 / 128 / 256, within the rounds' spread from 4096.
+        # kernel reads (FA3's preprocess does the same three jobs), in place of three fills and four
+        # small element-wise kernels for the lse rows, whose fixed cost weighed at short lengths
+        # (docs/decisions/backward-dq-path.md).
         delta = torch.empty(batch, nheads, stat_stride, device=q.device, dtype=torch.float32)
         lse2 = torch.empty_like(delta)
         if flat:  # at the kernel's head dim (a padded call's extra columns: zeros, never read back)
@@ -1945,8 +1575,8 @@ def dq_from_flat(dq_accum, q, block_m, scale, cu_seqlens_q=None, n_m=None, acc_d
     """dQ (q's shape and dtype) = scale * the flat accumulator (``WS_DQ_FLAT``: per (batch, head,
     query block) a [block_m, d] block in ``dq_flat_bases`` order), in one pass of the portable
     ``dq_from_blocks_kernel``: the order is a permutation of the coordinates' bits, so an element's
-    offset is a row part plus a column part (two small tables). (A torch copy through a view of
-    2 x ... x 2 dimensions did the same 10-20 % of a backward's time slower at N = 1024, NOTES §99.)
+    offset is a row part plus a column part (two small tables); a torch copy through a view of 2 x ...
+    x 2 dimensions costs a fixed share at short lengths (docs/decisions/backward-dq-path.md).
     Varlen (``cu_seqlens_q``; q packed (total_q, nheads, d)): ``n_m`` blocks per (batch, head), block m
     of sequence b to rows cu_seqlens_q[b] + m * block_m on; rows no sequence owns are 0. ``acc_dim``:
     the accumulator's head dim where it is q's zero-padded (a padded call in place), its first q.shape[-1]

@@ -1,94 +1,13 @@
 """Hopper forward in Gluon (FlashAttention-3 structure): the default forward on sm_90 where
-``ioattn.hopper.AUTO_MIN_SEQLEN`` says so; compiled for sm_90 in CI (ahead of time, no GPU), run on
-the device by tests/test_gpu.py.
+``ioattn.hopper.policy`` says so; compiled for sm_90 in CI (ahead of time, no GPU), run on the device by
+tests/test_gpu.py.
 
-One program per (query block, batch * head), warp-specialised partitions; compile-time variants of
-the consumer side (``PINGPONG``, ``NUM_WG``, ``ORDERED``), the producer and the softmax/PV helpers shared.
-``PERSISTENT`` (ping-pong only): one program per SM walking the tiles instead (see
-``_persistent_consumer``):
-
-* **Producer** (1 warp, 24 registers): TMA bulk copies of K and V tiles into a ``STAGES``-deep
-  shared-memory ring; ``k_ready``/``v_ready`` barriers complete when a tile's bytes have landed,
-  ``k_empty``/``v_empty`` when every consumer has finished reading it (count = consumers).
-* **Base consumer** (``PINGPONG=False``, the default; the kernel's warps, one warpgroup per 64
-  query rows, all in one partition and so in lockstep): Q arrives once by TMA; per key tile j it
-  issues the asynchronous wgmma for S(j+1) = Q K(j+1)^T *before* the softmax of S(j), so the
-  exponentials of one tile overlap the next tile's product (FA3's intra-warpgroup overlap), then
-  waits for P(j-1) V(j-1), rescales the accumulator and issues P(j) V(j) asynchronously. Note:
-  ptxas (12.8, Triton 3.6) reports C7514 for it and serialises every wgmma (a wait after each
-  k-step), because P(j) V(j) stays in flight across the loop's back edge; the ping-pong consumer
-  retires both GEMMs inside each step (FA3's order) and compiles without it.
-* **Ping-pong consumers** (``PINGPONG=True``, ``NUM_WG=2``): two consumer warpgroups, 64 query rows each of the
-  CTA's 128-row tile, in two partitions of their own (the default one and a 4-warp worker, 240
-  registers each), sharing the K/V ring. Each issues its S(j+1) and P(j) V(j) back to back inside a
-  critical section ordered against the other warpgroup by two mbarriers (``turn``), then runs the
-  softmax of S(j+1) outside it: warpgroup 0's softmax overlaps warpgroup 1's GEMMs and vice versa
-  (FA3 Section 3.1, "pingpong scheduling"), on top of each warpgroup's own overlap of softmax(j+1)
-  with its P(j) V(j). ``ORDERED=False`` compiles the ordering out (diagnostic "split" variant:
-  the same two warpgroups, free-running) so a device A/B can tell the ordering's share.
-* **Three-warpgroup ring** (``PINGPONG=True``, ``NUM_WG=3``: the "wg3" variant, head dim 64 only,
-  FA3's d = 64 shape): the same consumer code in three partitions (the default one and two 4-warp
-  workers at 160 registers; Triton gives the default partition the leftover, 168), 64 query rows
-  each of a 192-row CTA tile, the K/V ring released by all three (empty barriers count 3), their
-  GEMM sections ordered WG0 -> WG1 -> WG2 -> WG0 ... through three turn barriers. At d = 64 a tile's
-  exponentials take longer than its two GEMMs, so with two warpgroups the tensor cores idle while
-  both run softmax; with three, two softmaxes can overlap the third warpgroup's GEMMs. 160
-  registers need the register-lean softmax (``LEAN``, ``_softmax_tile``): without it ptxas spills.
-
-Why 64 rows per warpgroup (a 128-row CTA tile for two), not a 128-row tile per warpgroup (a 256-row CTA):
-FA3 (Section 3.1; its sm90 launch shape at d = 128 is kBlockM = 128 with two MMA warpgroups of 64
-rows) splits one tile between the two warpgroups, and the register budget leaves no choice: 65536
-registers per SM, the producer warpgroup at 24 and two consumers at 240 (24 * 128 + 2 * 240 * 128
-= 64512, FA3's figures for two MMA warpgroups). A 64-row warpgroup holds, per thread, S (64 x 128
-fp32: 64 registers), O (64 x d fp32: 32 at d = 64, 64 at d = 128), P (bf16, 32) and the next P
-being formed: ptxas fits it in 240 without spills. A 128-row warpgroup doubles each (S 128, O 128
-at d = 128, P 64: over 240 before any temporaries) and would spill; the 256-row CTA would only
-save K/V shared-memory reads, which are not the bottleneck. Shared memory (228 KB per SM, 227 KB
-per block): Q 2 x 64 x d, K and V STAGES x 128 x d each, bf16: 160 KB at d = 128 with 2 stages
-(FA3's 2; 3 stages, 224 KB, would fit with 2.6 KB to spare), 112 KB at d = 64 with 3 stages.
-Three consumer warpgroups ("wg3") share the same 65536 registers four ways (the producer's
-warpgroup, padded, is the fourth): 160 per consumer thread (arithmetic in the kernel), which holds
-S (64) + O (32 at d = 64) + P (32) = 128 accumulator registers plus the softmax temporaries; at
-d = 128 O alone is 64 (S + O + P = 160 before any temporary): it would spill, so "wg3" is d = 64
-only. Shared memory at d = 64: Q 3 x 8 KB + STAGES x 32 KB of K and V (``ioattn.hopper.TILE_TABLE``).
-
-Exponentials on the FMA units (``EXP2_FMA``, every variant; 0, the default, compiles to the same code
-as without it): FlashAttention-4's relief of the MUFU unit, whose 16 exponentials per clock per SM
-cost about as much as the two GEMMs at d = 64. Each score tile's last ``EXP2_FMA`` columns take their exp2 from a cubic
-on the FMA and integer units (``_exp2_poly``), the rest from MUFU.EX2, so that both units work at
-once (``_exp2_tile``); ``ioattn.hopper.exp2_fma`` sets the share. The host's twin of the formula:
-``ioattn.reference.exp2_poly``.
-
-Conditional rescaling (``LEAN`` bit 1, on by default where measured faster: ``ioattn.hopper.
-conditional_rescale_for``): FlashAttention-4's rule, a row's running max moves only when a key tile
-raises it by more than ``RESCALE_TAU``, and the accumulator's rescale is branched over where no row
-moved (``_rescale_rows``: by each warp after a vote, ``LEAN`` bit 2, or by each thread); O and l keep
-the same stale max, so O / l stays exact.
-
-Q in registers (``LEAN`` bit 3; ``ioattn.hopper.q_in_registers_for``: the two-warpgroup variants at
-d = 128 by default): each query tile's Q is loaded from shared memory once into wgmma's A-operand
-layout and S = Q K^T reads only K from shared memory, where the products and the K / V ring use most
-of the SM's shared-memory bandwidth (NOTES §86-§87).
-
-Deferred row sum (``LEAN`` bit 4; ``ioattn.hopper.deferred_row_sum_for``: by default the ping-pong
-and persistent kernels at d = 128 / 256 and wg3 non-causal): the running row sum l kept as each
-thread's partial sums (``_thread_row_sums``), the quad's reduction once a tile instead of every key
-tile; it pays most where key tiles are narrow (d = 256: 64 keys) and each key step's fixed costs
-weigh more (NOTES §89-§90).
-
-Inputs: contiguous (batch, seqlen, nheads, d) tensors seen as 2-D (batch * seqlen, nheads * d) by the
-descriptors; with ``IS_VARLEN`` packed (total, nheads, d) tensors seen as (total, nheads * d), each
-sequence's rows found through cu_seqlens. A key tile that runs past its sequence reads the next
-sequence's rows (or the zero fill at the end of the tensor): those columns are masked to -inf, and
-their P entries are 0, so the rows of V they meet do not matter (as long as they are finite: 0 x inf
-is NaN in the P V product). Query rows past the sequence are computed and not stored (pointer
-stores, masked; the persistent kernel's TMA copies of the output, ``ROW_STORES`` = 3, go through a
-(batch, seqlen_q, ...) view whose bounds drop them). Causal masks are bottom-right aligned, as in the
-portable kernel.
-
-The persistent kernel's tile index (``_tile_bhm``: the (batch, head, query block) of the t-th tile)
-is divided by multiply-high with the host's magic numbers (``FAST_DIV``, ``magic_divisor``) instead
-of run-time integer divisions, ~20 instructions each, nine a tile a consumer warp (NOTES §113).
+One program per (query block, batch * head), or per SM for the persistent variant (``PERSISTENT``,
+``_persistent_fwd``): a TMA producer warp fills a K / V ring; the consumer warpgroups (``PINGPONG``,
+``NUM_WG``, ``ORDERED``: base, ping-pong, split, three-warpgroup ring) issue S = Q K^T and P V by wgmma,
+their critical sections ordered by turn mbarriers so that one warpgroup's softmax overlaps another's
+GEMMs. The structure, the turn and ring protocol and every compile-time option: docs/hopper-forward.md;
+the host side (variants, tiles, options): ``ioattn.hopper``.
 
 Reference twin: ``ioattn.reference.tiled.flash2_forward``. Portable fallback: ``kernels/forward.py``.
 """
@@ -330,8 +249,8 @@ def _rescale_rows(o, alpha, COND: gl.constexpr, BY_WARP: gl.constexpr = False):
     (``BY_WARP`` False: a warp whose threads disagree runs the multiplies for those that need them,
     as without the option, and the branch is divergent, with its convergence barrier), or all the
     warp's (``BY_WARP``: one vote, a uniform branch; a warp with one such row multiplies every row,
-    the others' by exactly 1). Never the warpgroup's (§16's block-wide decision cost two barriers a
-    tile in the portable kernel). In the 64-row wgmma layout of four warps a thread holds two rows
+    the others' by exactly 1). Never the warpgroup's (a block-wide decision costs barriers a tile:
+    docs/decisions/conditional-rescale.md). In the 64-row wgmma layout of four warps a thread holds two rows
     (r and r + 8 of its warp's 16), which the flag's one asm instance (``pack=2``) sees together."""
     a = gl.convert_layout(alpha, gl.SliceLayout(1, o.type.layout))
     if COND:
@@ -357,24 +276,15 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
                   win_left=0, win_right=0):
     """Scale (log2 domain), mask, online-softmax step: returns (p, alpha, m_new, l_new). ``WINDOW`` (a
     sliding window, ``IS_CAUSAL`` False): the masked form also keeps key j for row i only where
-    i + off - win_left <= j <= i + off + win_right (off = seqlen_k - seqlen_q; the host passes an
-    unbounded side as a bound past every key). ``EXP2_FMA``:
-    p's exponentials of that many of the tile's columns on the FMA units (``_exp2_tile``).
-    ``KEY_END`` False (causal only): no key-end test. A row r < seqlen_q sees keys up to
-    r + seqlen_k - seqlen_q <= seqlen_k - 1, so the diagonal test implies it for every row that is
-    stored; rows past seqlen_q (computed, never stored) may then see keys past the end, which only
-    reach their own row's max, sum and output.
-
-    ``LEAN`` (the three-warpgroup variant's 160-register consumers; the same values up to rounding):
-    * the scale is folded into the exponent, exp2(s * scale - m) (one FFMA an element, FA3's form),
-      the row maximum taken on the raw scores and scaled once (max(s) * scale = max(s * scale) for
-      scale >= 0: the launcher flips the sign of q for a negative softmax_scale);
-    * the masks compare per-register constants: in the wgmma accumulator layout a thread's columns
-      are 8 j + 2 (lane % 4) + {0, 1}, so ``cols & ~6`` folds to a constant per register and
-      ``cols & 6`` to one value per thread, and ``n_start + hi + lo < limit`` is tested as
-      ``hi < limit - n_start - lo``: no per-column registers. The plain form keeps the thread's 32
-      column offsets live across the key loop, which 160 registers cannot afford. The identity
-      hi + lo == cols holds whatever the layout: only the saving depends on it."""
+    i + off - win_left <= j <= i + off + win_right (off = seqlen_k - seqlen_q; an unbounded side comes as
+    a bound past every key). ``EXP2_FMA``: p's exponentials of that many of the tile's columns on the FMA
+    units (``_exp2_tile``). ``KEY_END`` False (causal only): no key-end test; a stored row r < seqlen_q
+    sees keys up to r + seqlen_k - seqlen_q <= seqlen_k - 1, so the diagonal test implies it (rows past
+    seqlen_q, never stored, may then see keys past the end, which reach only their own row).
+    ``LEAN`` (the same values up to rounding): the scale folded into the exponent (one FFMA an element,
+    the row max on raw scores, which needs scale >= 0) and the masks on per-register column constants
+    (``_mask_scores``: ``cols & ~6`` a constant per register, ``cols & 6`` one value per thread), so no
+    per-column registers live across the key loop, which 160-register consumers cannot afford."""
     gl.static_assert(KEY_END or IS_CAUSAL, "without the diagonal test the key end is the only mask")
     if LEAN:
         if MASKED:
@@ -444,10 +354,10 @@ def _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, 
     """A key tile's softmax step whose mask is decided at run time (``need_mask``): two inlined copies of
     ``_softmax_tile``, masked and unmasked, under the branch; or (``LEAN_MASK_BRANCH`` and ``BRANCH_OK``)
     one copy, the mask alone under the branch (``_mask_scores``), so that the consumer's code holds one
-    softmax body there instead of two (the instruction cache: NOTES §94-§95). ``BRANCH_OK``: no product
+    softmax body there instead of two (less code for the instruction cache). ``BRANCH_OK``: no product
     in flight at this call (a tile's first key step): ptxas waits for every wgmma in flight at a branch's
     join, so in the key loop the join ahead of the softmax would serialise it with this warpgroup's
-    P V (measured 5-12 % slower there, NOTES §94). ``KEY_MASKS`` False: no tile is ever masked
+    P V (docs/decisions/forward-masked-tiles.md). ``KEY_MASKS`` False: no tile is ever masked
     (``hopper_fwd_kernel``'s ``KEY_MASKS``), ``need_mask`` is ignored and only the unmasked body is
     compiled. ``WINDOW``: the masks include the window's edges (``_softmax_tile``)."""
     if not KEY_MASKS:
@@ -595,8 +505,8 @@ def _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, 
     lse_rows = m_start + rows_1d
     gl.store(Lse + lse_base + lse_rows, lse, mask=lse_rows < seqlen_q)
     # one division a row, then a multiply an element (as the portable kernel's epilogue): a division
-    # an element compiled to a few instructions each (range scaling, reciprocal, select), ~184 more a
-    # warpgroup's code at d = 128; measured +2.5 to +6 % at N = 512 / 1024 (NOTES §68)
+    # an element compiled to a few instructions each (range scaling, reciprocal, select), ~184 more in
+    # a warpgroup's code at d = 128 (docs/decisions/forward-output-stores.md)
     o = o * gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, o_layout))[:, None]
     o16 = o.to(Out.dtype.element_ty)
     if ROW_STORES:
@@ -719,33 +629,12 @@ def _turn_wait(my_turn, section, TURN0: gl.constexpr, ORDERED: gl.constexpr):
     """Block until this warpgroup may issue the GEMMs of its ``section``-th critical section (a no-op
     when not ``ORDERED``: the "split" diagnostic variant, free-running consumer warpgroups).
 
-    The W = ``NUM_WG`` consumer warpgroups (2 or 3) form a ring: ``turn[w]`` (count 1) gets one
-    arrive from warpgroup w - 1 (mod W) at the end of each of that warpgroup's sections, so
-    ``my_turn`` completes one phase per section of the *previous* warpgroup in the ring. Sections run
-    in one global order, WG0#0, WG1#0, ..., WG(W-1)#0, WG0#1, ... (WG w's section k at position
-    k * W + w; for W = 2 the ping-pong WG0#0, WG1#0, WG0#1, WG1#1, ...). Hence:
-    * WG w >= 1, section k: needs WG(w-1)#k, completion k of its barrier (phases 0..k done):
-      parity k & 1, ``TURN0 = 0``.
-    * WG0, section k >= 1: needs WG(W-1)#(k-1), completion k - 1: parity (k - 1) & 1 = (k + 1) & 1,
-      ``TURN0 = 1``. WG0#0 does not wait (predicated off; the parity-1 wait on a fresh barrier would
-      pass at once anyway).
-    Neither formula involves W (only who arrives changes), so the code is the same for 2 and 3.
-
-    No parity aliasing: a wait for completion c on parity c & 1 is right only if, when tested, the
-    barrier has completed c (phase c pending: it blocks) or c + 1 phases (passes), never c - 1 or
-    c + 2 (the parity would match a wrong phase). Lower bound: the waiter passed its section k - 1,
-    which needed completion c - 1, so c phases are done. Upper bound: completion c + 1 is the arrive
-    ending the predecessor's next section, which (through its own turn wait, back round the ring:
-    WG(w-1)#(k+1) needs WG(w-2)#(k+1), ..., WG0#(k+1) needs WG(W-1)#k, ..., WG(w+1)#k needs WG w#k)
-    comes after this waiter's section k has been issued and passed on. With W = 2 the chain is the
-    other warpgroup alone; with W = 3 it runs through the third warpgroup, one more link, the same
-    bound: every turn barrier is at most one phase ahead of its waiter.
-
-    No deadlock from the turns: each wait names a section earlier in the global order (position
-    k * W + w waits for k * W + w - 1), WG0#0 waits for nothing, so by induction every section is
-    issued, given that its K/V waits also depend only on earlier sections (``_pingpong_consumer``).
-    Every completion waited for gets its arrive: each warpgroup runs n + 1 sections (n = the CTA's
-    tile count, the same for all); WG(W-1)'s last arrive on ``turn[0]`` is never waited for."""
+    The ``NUM_WG`` consumer warpgroups form a ring: ``turn[w]`` gets one arrive from warpgroup w - 1 at
+    the end of each of its sections, so sections run in one global order, WG0#0, WG1#0, ..., WG0#1, ...
+    WG w >= 1 waits for completion k of its barrier (``TURN0 = 0``); WG0 at k >= 1 for completion k - 1
+    (``TURN0 = 1``), WG0#0 not at all. Every turn barrier is at most one phase ahead of its waiter (no
+    parity aliasing), and each wait names an earlier section (no deadlock): the argument is in
+    docs/hopper-forward.md, "The ping-pong protocol"."""
     if ORDERED:
         mbarrier.wait(my_turn, (section + TURN0) & 1, pred=(section > 0) | (TURN0 == 0))
 
@@ -774,35 +663,11 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
 
     Per key tile it issues, inside a critical section ordered against the other warpgroups
     (``_turn_wait`` ... arrive on ``next_turn``), S(i+1) = Q K(i+1)^T and O += P(i) V(i), then leaves
-    the section and runs the softmax of S(i+1) while its own P(i) V(i) and the other warpgroups'
-    GEMMs occupy the tensor cores (FA3's inter-warpgroup ping-pong on top of its intra-warpgroup
-    overlap). Sections per warpgroup: #0 = S(0); #(i+1) = loop step i (S(i+1), P(i) V(i)), i < n - 1;
-    #n = the last P(n-1) V(n-1): n + 1 each, the same count for every warpgroup, whatever n >= 1.
-
-    Invariants (n = ``n_tiles`` >= 1, the same for every warpgroup: the CTA's count; W = ``NUM_WG``):
-    * K(t) is released (one arrive on ``k_empty``, initialised with count W) right after S(t) is
-      waited for; V(t) (``v_empty``, count W) right after P(t) V(t) is, for t < n - 1 (the last slot
-      is never reloaded). Every slot use therefore gets exactly one arrive per warpgroup.
-    * K/V readiness is waited for *before* taking the turn, so no warpgroup holds the turn while it
-      waits for memory. No cycle (deadlock-free for STAGES >= 2): section #t needs K(t), V(t-1) and
-      the previous section in the ring's order (``_turn_wait``). The producer loads in the order K(0),
-      V(0), K(1), ...; it loads K(t) once every warpgroup released K(t-S) (step t-S-1) and V(t-1-S)
-      (end of step t-1-S), whose sections are #(t-S) and earlier. Those sit at global positions
-      <= (t-S) * W + W - 1 < t * W <= t * W + w for S >= 1, i.e. before section #t of *any*
-      warpgroup, and finishing a step after its section needs nothing from the other warpgroups
-      (only its own wgmma to retire): the producer never waits on a later section. Parity waits
-      on the ring cannot alias: a slot is refilled only after all W releases, a turn barrier
-      completes again only after this warpgroup's own next section (``_turn_wait``).
-    * Slack: a slot's last release comes from the last warpgroup in the ring, up to W - 1 sections
-      and a softmax after the first one read it; the ring (``STAGES``) must cover that lag plus the
-      load latency, which is why the three-warpgroup variant gets a deeper one.
-    * A key tile may be fully masked for these rows (causal: a later warpgroup's rows reach one tile
-      further; the CTA's tile count follows the last warpgroup's last row): p = 0 and alpha = 1 (or 0
-      for a row with no key yet), so m, l and O are unchanged; rows that see no key at all end with
-      l = 0 and store 0 and lse = -inf. Rows past ``seqlen_q`` are computed, not stored.
-    * ``WINDOW`` (a sliding window): the CTA's key tiles are the band's for its rows (``n_lo`` on);
-      a tile is masked where either edge crosses it for this warpgroup's rows (``_window_cuts``).
-    """
+    the section and runs the softmax of S(i+1) while its own P(i) V(i) and the other warpgroups' GEMMs
+    occupy the tensor cores. n + 1 sections a warpgroup (n = the CTA's key-tile count, the same for
+    all); K(t) released after S(t)'s wait, V(t) after P(t) V(t)'s; K / V readiness waited for before
+    taking the turn. Why this cannot deadlock or alias a parity, and how fully masked tiles and rows
+    with no key come out: docs/hopper-forward.md, "The ping-pong protocol"."""
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     _load_rows(q_desc, q_row0, q_col, q_bar, q_smem)
     mbarrier.wait(q_bar, 0)
@@ -851,33 +716,15 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     unnormalised (O, m, l). ``g0``: ring uses before this tile, ``sec0``: this warpgroup's critical
     sections before it (both 0 for a one-tile program; a persistent program's running counts), so
     slots, phases and turns continue across tiles. ``RELEASE_LAST``: release the last V slot too (a
-    persistent program reloads it; a one-tile program never does). ``FEWER_MASKS``: the first key
-    tile masked only when the loop's rule says so for it (the last tile, or one the diagonal
-    crosses) instead of always, and causal masks without the key-end test (``_softmax_tile``'s
-    ``KEY_END``). ``KEY_MASKS`` False: no key tile masked (``hopper_fwd_kernel``).
-
-    ``DIAG_TRIM`` (causal, persistent: ``hopper_fwd_kernel``): the CTA's tile count ``n_tiles`` is its
-    last row's; this warpgroup's own rows may see fewer key tiles (``_kv_tile_count``). It computes only
-    its own tiles and passes the sections of the tiles past its own (``_pp_skip``), so that both
-    warpgroups still run n_tiles + 1 sections and release every slot. (A half-width last step for a
-    tile whose second half no row sees cost more code than it saved: NOTES §122, removed.)
-
-    ``WINDOW`` (one-tile programs; ``hopper_fwd_kernel``): the tiles ``n_lo`` ... are the window's band;
-    besides the last one, a tile is masked where an edge of the window crosses it (``_window_cuts``).
-
-    ``SOFTCAP`` (one-tile programs): each score tile becomes tanh(S * softcap_a) as soon as it is
-    waited for, before any mask (``_softcap``); the caller's ``qk_scale`` is then cap * log2(e).
-
-    ``ALIBI`` (one-tile programs): each score tile (after the softcap) gets the ALiBi bias
-    alibi_a * |i + seqlen_k - seqlen_q - j| (``_alibi``; alibi_a = -slope in the scores' units).
-
-    ``PROD_DIM`` (``_prod_dim``; 0: HEAD_DIM): the products over the tiles' first three quarters only,
-    192 of 256 or 96 of 128 columns (a padded head dim of at most that: the rest are TMA's zeros). S is
-    two chained products (``_qk_mma``), O two accumulators, [64, HEAD_DIM / 2] and [64, HEAD_DIM / 4]
-    (``_pv_mma_split``), each rescaled on its own and returned side by side with the unused columns'
-    zeros, so the epilogue is the whole tile's.
-    ``kv_hi`` (the split ring, ``_split_ring``, with ``PROD_DIM``): (k_hi, v_hi), the K / V tiles' columns
-    128:192 in rings of their own, ``k_smem`` / ``v_smem`` then their first 128 columns."""
+    persistent program reloads it). ``FEWER_MASKS`` / ``KEY_MASKS``: which tiles take the masked
+    softmax. ``DIAG_TRIM``: this warpgroup computes only the key tiles its own rows see
+    (``_kv_tile_count``) and passes the sections of the rest (``_pp_skip``), so both warpgroups still run
+    n_tiles + 1 sections and release every slot. ``WINDOW`` / ``SOFTCAP`` / ``ALIBI`` (one-tile
+    programs): the window's band from ``n_lo``, tiles an edge crosses masked; each score tile capped
+    (``_softcap``, ``qk_scale`` = cap * log2 e) and biased (``_alibi``) before the masks. ``PROD_DIM``:
+    the products over 192 of 256 or 96 of 128 columns (S two chained products, O two accumulators
+    returned side by side with the unused columns' zeros); ``kv_hi``: the split ring's (k_hi, v_hi).
+    The options: docs/hopper-forward.md."""
     PD: gl.constexpr = _prod_dim(HEAD_DIM, PROD_DIM)
     k_hi = None if kv_hi is None else kv_hi[0]
     v_hi = None if kv_hi is None else kv_hi[1]
@@ -985,7 +832,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
                                            WINDOW, win_left, win_right)
         # P(i) V(i) done: P(i)'s registers may go (listed so they stay alive until here), V(i)'s slot too.
         # (With KEY_MASKS False, no branch above, ptxas hoists this wait to just after S(i+1)'s: the
-        # softmax then runs after this warpgroup's P V, not beside it; NOTES §121.)
+        # softmax then runs after this warpgroup's P V, not beside it; docs/decisions/forward-masked-tiles.md)
         if SPLIT:
             o, o_hi, p16 = warpgroup_mma_wait(0, deps=[o_tok, oh_tok, p16])
             o_hi = _rescale_rows(o_hi, alpha, LEAN & LEAN_COND_RESCALE, LEAN & LEAN_BY_WARP)
@@ -1029,7 +876,7 @@ def _softcap(s, softcap_a):
 
 
 ALIBI_MAGIC = gl.constexpr(_host.ALIBI_MAGIC)  # ``ALIBI``'s forms: the distance by the magic-number conversion
-ALIBI_FP32_COLS = gl.constexpr(_host.ALIBI_FP32_COLS)  # the tile's columns held as fp32 (NOTES §148)
+ALIBI_FP32_COLS = gl.constexpr(_host.ALIBI_FP32_COLS)  # the tile's columns held as fp32
 MAGIC_BITS = gl.constexpr(0x4B400000)  # 1.5 * 2^23 as fp32's bits: (MAGIC_BITS + n) read as fp32 is MAGIC_F32 + n
 MAGIC_F32 = gl.constexpr(12582912.0)  # for |n| < 2^22
 
@@ -1046,20 +893,13 @@ def _alibi(s, alibi_a, rel, cols, cols_f, FORM: gl.constexpr):
     """s + alibi_a * |rel_i - c| for a (rows x keys) score tile: ``rel`` each row's diagonal key (i +
     seqlen_k - seqlen_q) less the tile's first key, ``cols`` the tile's columns 0, 1, ..., both int32:
     flash-attn's ALiBi bias -slope * |i + seqlen_k - seqlen_q - j|, alibi_a = -slope in the units of
-    ``s`` (-slope / softmax_scale on raw scores, -slope / cap after a softcap: the softmax's scale
-    brings it back). Added after the softcap, before the masks (the reference's order).
-
-    The difference is converted to fp32 by the magic number (``_magic_to_f32``: exact while |rel - c|
-    < 2^22, ``hopper.alibi_max_seqlen``), with the columns split as the masks split them
-    (``_mask_scores``): c = hi + lo, hi = c & ~6 a constant per register, lo = c & 6 one value per
-    thread, so (rel + MAGIC_BITS - lo) is one integer per row and thread and hi an immediate: no
-    register holds the columns (as fp32 they took BLOCK_N / 4 a thread, which d = 128's 128-key tiles
-    and wg3 could not spare, NOTES §149; written with the whole column, LLVM shared one column vector
-    with the causal mask's and spilled 648-680 B, §150). Three operations an element: IADD (integer
-    pipe), FADD, FFMA with |.|.
-
-    ``FORM`` ``ALIBI_FP32_COLS``: the difference of ``rel`` as fp32 and ``cols_f``, the columns as fp32
-    held across the key loop (two operations an element, BLOCK_N / 4 registers a thread)."""
+    ``s`` (-slope / softmax_scale on raw scores, -slope / cap after a softcap). Added after the softcap,
+    before the masks (the reference's order). ``FORM`` ``ALIBI_MAGIC``: the difference converted by the
+    magic number (``_magic_to_f32``, exact while |rel - c| < 2^22), the columns split as the masks split
+    them (c = hi + lo, hi = c & ~6 a constant per register, lo = c & 6 one value per thread), so no
+    register holds the columns; three operations an element (IADD, FADD, FFMA with |.|).
+    ``ALIBI_FP32_COLS``: ``cols_f``, the columns as fp32 held across the key loop (two operations an
+    element, BLOCK_N / 4 registers a thread). Which form where: docs/decisions/alibi.md."""
     if FORM == ALIBI_FP32_COLS:
         d = rel.to(gl.float32)[:, None] - cols_f[None, :]
     else:
@@ -1141,15 +981,12 @@ def _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL: gl.constexpr, LPT: gl.cons
     head's query blocks in turn. Causal: the longest rows first, either within each head (``LPT``
     False) or over the whole grid (``LPT`` True: every head's last query block, then every head's
     second to last, ...; longest-processing-time order, so tiles taken in order finish together).
-    The same order within groups of cdiv(programs, num_m) heads, so that a wave's tiles share their
-    heads' K / V in L2, was measured slower past N = 512 (NOTES §60).
-    ``PAIRED`` (causal, an even ``num_m``; the persistent walk's alternative to LPT): tiles in pairs
-    of equal total length, head by head: pair q = t // 2 is the head's (q mod num_m / 2)-th from
-    each end, i.e. query blocks num_m - 1 - i (t even) and i (t odd), num_m + 1 key tiles together
-    on the diagonal (NOTES §66).
-    ``divs`` (the persistent kernel's ``FAST_DIV``): (the walk's divisor, the head count), each as
-    ``magic_divisor`` gives it (``walk_divisor`` on the host: num_m / 2 paired, the (batch, head)
-    count under LPT, else num_m), for ``_div_by``'s multiply-high instead of the divisions."""
+    ``PAIRED`` (causal, an even ``num_m``): tiles in pairs of equal total length, head by head: pair
+    q = t // 2 is query blocks num_m - 1 - i (t even) and i (t odd), num_m + 1 key tiles together on
+    the diagonal. ``divs`` (the persistent kernel's ``FAST_DIV``): (the walk's divisor, the head
+    count), each as ``magic_divisor`` gives it (``walk_divisor`` on the host: num_m / 2 paired, the
+    (batch, head) count under LPT, else num_m), for ``_div_by``'s multiply-high instead of the
+    divisions. The walks: docs/decisions/persistent-causal-walk.md."""
     if divs is None:
         walk = None
         heads = None
@@ -1220,12 +1057,11 @@ def _store_no_key_rows(Out, Lse, lse_base, q_row0, m_start, q_col, seqlen_q, str
                        HEAD_DIM: gl.constexpr, WIDE: gl.constexpr = False, IO_DIM: gl.constexpr = 0):
     """Rows [m_start, m_start + ROWS) that see no key (causal, seqlen_q > seqlen_k): output 0, lse
     -inf, in chunks of the largest power of two dividing ROWS (gl.arange needs one: the whole block
-    at 128, three chunks of 64 at 192). ``WIDE`` (the persistent kernel where measured faster,
-    ``hopper.NO_KEY_WIDE_HEADDIMS``): 16-byte stores, a row over HEAD_DIM / 8 threads (as
-    ``_epilogue``'s), for there this cold path sits inside the consumer's tile loop, between the
-    epilogue and the loop's back edge, where a store an element compiled to ~360 SASS instructions a
-    consumer warpgroup (~180 wide) in the instruction cache's way (NOTES §115); a one-tile program
-    runs it once, before its key loop. ``IO_DIM``: the output's head dim where it is below HEAD_DIM
+    at 128, three chunks of 64 at 192). ``WIDE`` (``hopper.NO_KEY_WIDE_HEADDIMS``): 16-byte stores, a row
+    over HEAD_DIM / 8 threads (as ``_epilogue``'s), for in the persistent kernel this cold path sits
+    inside the consumer's tile loop, between the epilogue and the loop's back edge, where a store an
+    element compiles to twice the instructions in the instruction cache's way; a one-tile program runs
+    it once, before its key loop. ``IO_DIM``: the output's head dim where it is below HEAD_DIM
     (``_io_dim``), its columns alone stored."""
     if WIDE:
         row_threads: gl.constexpr = HEAD_DIM // 8  # <= 32: HEAD_DIM <= 256
@@ -1256,7 +1092,7 @@ def _persistent_producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_rea
     tails = 0
     # a table walk's next tile, read a step ahead (the load's latency under a tile's work). Written out
     # in both partitions: the same steps through a helper compiled the consumers differently (ptxas
-    # 12.8), and the measured build is this one (NOTES §132)
+    # 12.8), and this is the build that was measured
     t_next = None
     if table is not None:
         t_next = _walk(0, num_tiles, IS_CAUSAL, PAIRED, table)
@@ -1338,25 +1174,13 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                          IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0, kv_hi=None):
     """A ping-pong consumer warpgroup of the persistent kernel: rows [row_off, row_off + BLOCK_M) of
     each of this program's CTA_M-row tiles (``_walk``; the producer walks the same list). Per tile:
-    ``_pp_mainloop`` with the ring's use count (``g0``) and this warpgroup's
-    critical-section count (``sec0``) running on across tiles, so slots, phases and the turn order
-    continue (both warpgroups run the same number of sections per tile: n + 1, 0 for a tile no
-    row of which sees a key); every V slot is released (the next tile reloads it).
-
-    Q (``q_smem``: the kernel's Q buffers of [BLOCK_M, HEAD_DIM], one barrier each in ``q_bar``; this
-    warpgroup's are ``Q0`` ... ``Q0`` + ``Q_BUFS`` - 1, its j-th load going to Q0 + j mod Q_BUFS): the
-    next tile's Q is loaded ahead of its turn. One buffer: when this tile's S products have all retired
-    (after its key loop), before its epilogue, so it lands while the epilogue stores. Two (``Q_BUFS`` = 2,
-    NOTES §66): as soon as this tile's own Q has landed, into the other buffer (whose last reader, the
-    previous tile's S products, has retired), so it has this whole tile to land. ``q_issued`` /
-    ``q_used``: loads issued / waited for; a tile with no visible key loads no Q, and a tile whose Q was
-    not loaded ahead (the first, or one after such a tile) loads its own.
-
-    ``ROW_STORES`` = 3 (the output's bulk copy from the tile's Q buffer, ``_epilogue``): every Q load
-    first waits until the warpgroup's copies have read their buffers (``tma.store_wait(0)``: issued,
-    like the loads, by the partition's one elected thread, so the wait orders its own copies before
-    its own load); one buffer: right after the epilogue, two: the next tile's, a whole tile later.
-
+    ``_pp_mainloop`` with the ring's use count (``g0``) and this warpgroup's critical-section count
+    (``sec0``) running on across tiles (n + 1 sections a tile, 0 for a tile no row of which sees a key);
+    every V slot is released (the next tile reloads it). Q (``q_smem``: this warpgroup's buffers ``Q0``
+    ... ``Q0`` + ``Q_BUFS`` - 1, its j-th load to Q0 + j mod Q_BUFS) is loaded ahead of its turn: with one
+    buffer after this tile's S products have retired (after the output has left it, where it is staged
+    there), with two as soon as this tile's own Q has landed. ``ROW_STORES`` = 3: every Q load first
+    waits until the warpgroup's output copies have read their buffer (``tma.store_wait(0)``).
     ``IO_DIM``: the tensors' head dim where it is below HEAD_DIM (``_io_dim``; 0: HEAD_DIM)."""
     D_IO: gl.constexpr = _io_dim(HEAD_DIM, IO_DIM)
     o_layout: gl.constexpr = _wg_acc_layout(HEAD_DIM)
@@ -1368,7 +1192,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
     q_issued = 0
     # a table walk's next tile, read a step ahead (the load's latency under a tile's work). Written out
     # in both partitions: the same steps through a helper compiled the consumers differently (ptxas
-    # 12.8), and the measured build is this one (NOTES §132)
+    # 12.8), and this is the build that was measured
     t_next = None
     if table is not None:
         t_next = _walk(0, num_tiles, IS_CAUSAL, PAIRED, table)
@@ -1418,7 +1242,7 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                 _tile_epilogue(o, m_i, l_i, t, Out, Lse, rows_1d, num_m, num_tiles, nheads, seqlen_q, stride_om,
                                stride_lse_b, stride_lse_h, row_off, o_layout, HEAD_DIM, CTA_M, BLOCK_M, IS_CAUSAL,
                                ROW_STORES, PAIRED, q_smem.index(buf), divs, o_desc, IO_DIM)
-                if LOAD_Q_AFTER & (Q_BUFS == 1):  # (NOTES §72)
+                if LOAD_Q_AFTER & (Q_BUFS == 1):  # the output staged in the Q buffer has left it
                     if ROW_STORES == 3:
                         tma.store_wait(0)
                     gl.thread_barrier()
@@ -1571,100 +1395,16 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                       win_left=0, win_right=0, softcap_a=0.0, ALIBI: gl.constexpr = False, Alibi=None,
                       stride_ab=0, alibi_unit=0.0, IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0,
                       k_hi_desc=None, v_hi_desc=None):
-    """``PINGPONG=False`` (the default, launched with num_warps = 4 * BLOCK_M // 64): one consumer
-    partition of BLOCK_M // 64 warpgroups in lockstep, Q descriptor block [BLOCK_M, HEAD_DIM]
-    (``NUM_WG`` unused). ``PINGPONG=True`` (launched with num_warps = 4, BLOCK_M = 64 * NUM_WG):
-    ``NUM_WG`` consumer warpgroups (2: "pingpong"/"split"; 3: "wg3") of 64 rows each in separate
-    partitions (the default one and NUM_WG - 1 workers), ordered in a ring by NUM_WG mbarriers; Q
-    descriptor block [64, HEAD_DIM]. All: one producer warp, 24 registers. ``LEAN`` (ping-pong only):
-    ``_softmax_tile``'s lean form (needs qk_scale >= 0) and 32-bit lse offsets (one-tile programs):
-    the register-lean code "wg3"'s 160-register consumers need, and about one instruction less per
-    exponential, which made the two-warpgroup variants 2-6 % faster (NOTES §47; the host's default).
-
-    ``IS_VARLEN`` (packed sequences; ``Cu_q``/``Cu_k``: int32 cu_seqlens of batch + 1 entries, unused
-    (None) otherwise): ``seqlen_q``/``seqlen_k`` arrive as the maximum lengths (the grid's), and each
-    program reads its sequence's start and length from cu_seqlens; Q/K/V rows are the packed rows
-    from the sequence's start, the lse is (nheads, total_q) (``stride_lse_b`` = 0, the sequence's
-    start added to the offset). Every mask and store below then uses the sequence's own lengths; a
-    program whose query block lies past its sequence's end exits at once (writes nothing: the
-    launcher zeroes out and fills lse with -inf beforehand, for tokens no sequence owns).
-
-    ``PERSISTENT`` (ping-pong, two warpgroups, fixed length; ``num_tiles`` = the tiles of the
-    one-program-per-tile grid): launched with at most one program per SM, each walking its tiles
-    (``_walk``: pid, pid + programs, ...; causal: in the LPT order, odd waves reversed) in
-    ``_persistent_consumer`` and ``_persistent_producer``.
-
-    ``LPT`` (one-tile kernels, causal): the grid in longest-processing-time order over all heads
-    (``_tile_bhm``) instead of each head's longest rows first; the persistent kernel always uses it.
-
-    ``KV_TAIL`` (the launcher sets it when a key tile can reach past a sequence's end: varlen, or
-    seqlen_k not a multiple of BLOCK_N): the producer zeroes the V rows past the end before the
-    consumers read them (``_producer``, ``_zero_v_tail``).
-
-    ``EXP2_FMA`` (0: off): the last EXP2_FMA of each key tile's BLOCK_N columns (BLOCK_N / 2**k) take
-    their exponentials from the FMA units instead of MUFU.EX2 (``_softmax_tile``, ``_exp2_tile``).
-
-    ``ROW_STORES``: the output tile converted to whole-row 16-byte pieces before its stores
-    (``_epilogue``; ``hopper.row_stores``): 1 by Triton's layout conversion, 2 through the
-    warpgroup's dead Q buffer (the one-tile ping-pong kernels at d = 256), 3 (the persistent kernel)
-    copied from that buffer by TMA (``o_desc``: the output as (batch, seqlen_q, nheads * HEAD_DIM), [1, 64,
-    HEAD_DIM] boxes; None otherwise).
-
-    ``FEWER_MASKS`` (two-warpgroup ping-pong kernels): the first key tile masked only where needed and
-    causal masks without the key-end test (``_pp_mainloop``; ``hopper.FEWER_MASKS_NUM_WG``).
-
-    ``Q_BUFS`` (persistent only): Q buffers per consumer warpgroup, 2 to load the next tile's Q a
-    whole tile ahead (``_persistent_consumer``; ``hopper.persistent_q_buffers``). ``PAIRED``
-    (persistent, causal, an even number of query blocks): the walk by pairs of equal length instead
-    of the LPT order (``_tile_bhm``, ``_walk``; ``hopper.paired_walk``).
-
-    ``FAST_DIV`` (persistent only): the tile index's divisions by ``_div_by``'s multiply-high, from
-    the walk's divisor and the head count's magic numbers (``walk_div``, ``walk_mul``, ``walk_shift``;
-    ``nheads``, ``head_mul``, ``head_shift``: ``magic_divisor``, ``hopper.walk_divisor``); unused
-    otherwise. ``NO_KEY_WIDE`` (persistent only): a tile's rows that see no key stored 16 bytes a
-    thread (``_store_no_key_rows``; ``hopper.NO_KEY_WIDE_HEADDIMS``).
-
-    ``KEY_MASKS`` False (``hopper.key_masks``; only without a causal mask and ``KV_TAIL``: every key
-    tile lies inside the sequence, so the key-end test, the only mask there, never cuts one): the
-    consumers compile the unmasked softmax alone and take it at every key step.
-
-    ``DIAG_TRIM`` (persistent, causal; ``hopper.diag_trim``): warpgroup 0 computes only the key tiles
-    its own 64 rows see and skips a last tile none of them sees (with 64-key tiles and seqlen_q =
-    seqlen_k, one a query tile); ``_pp_mainloop``.
-
-    ``Walk`` (persistent, causal; ``hopper.walk_table_for``, None otherwise): int32, the programs'
-    walks as the host scheduled them (``hopper.walk_table``: each tile to the program that frees
-    first, heads in groups whose K / V fit in L2), read by ``_walk`` in place of the computed walk;
-    the kernel is launched with ``PAIRED`` False (the table holds LPT-encoded tile indices).
-
-    ``WINDOW`` (one-tile ping-pong programs, ``IS_CAUSAL`` False; also with ``IS_VARLEN``): flash-attn's
-    sliding window, key j visible to query i iff i + off - win_left <= j <= i + off + win_right (off =
-    seqlen_k - seqlen_q, the sequence's own under varlen; the host passes an unbounded side as a bound
-    past every key). A program walks only the key tiles its rows' band reaches (``_window_tiles``) and
-    masks those an edge of the window crosses (``_pp_mainloop``).
-
-    ``SOFTCAP`` (one-tile ping-pong programs): Gemma-2's score softcap, cap * tanh(s * scale / cap): the
-    scores become tanh(S * softcap_a) (softcap_a = softmax_scale / cap, ``_softcap``) and the host
-    passes qk_scale = cap * log2(e), so that the softmax runs on cap * tanh(...) in the log2 domain.
-
-    ``ALIBI`` (one-tile ping-pong programs): flash-attn's ALiBi bias -slope * |i + seqlen_k - seqlen_q -
-    j| on the scores (after a softcap, before the masks; ``_alibi``), the slope read from ``Alibi``
-    (fp32, (nheads,) or (batch, nheads): ``stride_ab`` 0 or its batch stride; varlen: by sequence) and
-    brought to the scores' units by ``alibi_unit`` = -1 / softmax_scale (-1 / cap with a softcap).
-
-    ``IO_DIM`` (0: none; ``hopper.padded_headdim``, fixed-length calls): the tensors' head dim, a
-    multiple of 8 below HEAD_DIM. q / k / v come as 3-D descriptors whose boxes run past it
-    (``_load_rows``: TMA fills the columns past it with zeros, so Q K^T is unchanged and the
-    output's extra columns are 0), the output is stored to its IO_DIM columns only (``_store_tile``;
-    the bulk copy through a 4-D ``o_desc``, ``_store_rows_tma``) and ``stride_om`` is nheads * IO_DIM.
-
-    ``PROD_DIM`` (0: HEAD_DIM; ``hopper.split_cols_for``): 192 at HEAD_DIM 256 with an IO_DIM of at
-    most 192, 96 at HEAD_DIM 128 with one of at most 96: the ping-pong consumers' products cover those
-    columns only (``_pp_mainloop``; Q read from shared memory, ``hopper.split_cols_lean``).
-
-    ``k_hi_desc`` / ``v_hi_desc`` (with ``PROD_DIM``; ``hopper.split_ring_for``): the split ring, K / V
-    tiles in two rings each (``_pp_shared``, ``_split_ring``): ``k_desc`` / ``v_desc`` boxes of 128 columns and these of
-    64 from column 128, so a stage takes 48 KB instead of 64 and ``STAGES`` can be 3."""
+    """The Gluon Hopper forward. ``PINGPONG=False`` (launched with num_warps = 4 * BLOCK_M // 64): one
+    consumer partition of BLOCK_M // 64 warpgroups in lockstep. ``PINGPONG=True`` (num_warps = 4,
+    BLOCK_M = 64 * NUM_WG): ``NUM_WG`` consumer warpgroups of 64 rows each in separate partitions,
+    ordered in a ring by NUM_WG mbarriers (``ORDERED`` False: free-running). All: one TMA producer warp.
+    ``PERSISTENT``: at most one program per SM walking ``num_tiles`` tiles (``_persistent_fwd``).
+    ``IS_VARLEN``: packed sequences by ``Cu_q`` / ``Cu_k`` (``seqlen_q`` / ``seqlen_k`` the maxima). The
+    other constexprs (``LEAN`` and its bits, ``LPT``, ``KV_TAIL``, ``EXP2_FMA``, ``ROW_STORES``,
+    ``FEWER_MASKS``, ``KEY_MASKS``, ``Q_BUFS``, ``PAIRED``, ``Walk``, ``FAST_DIV``, ``NO_KEY_WIDE``,
+    ``DIAG_TRIM``, ``WINDOW``, ``SOFTCAP``, ``ALIBI``, ``IO_DIM``, ``PROD_DIM``, ``k_hi_desc``): see
+    docs/hopper-forward.md, "Compile-time options"; the host sets them (``ioattn.hopper.hopper_forward``)."""
     D_IO: gl.constexpr = _io_dim(HEAD_DIM, IO_DIM)
     gl.static_assert(_prod_dim(HEAD_DIM, PROD_DIM) >= D_IO, "the products cover the tensors' columns")
     gl.static_assert(PROD_DIM == 0 or PINGPONG, "the split products: the ping-pong consumers")

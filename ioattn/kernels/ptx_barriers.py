@@ -1,6 +1,6 @@
 """A PTX pass for the Gluon forward's consumer warpgroups: drop the partition barriers (``bar.sync id,
 128``) that Triton 3.6 puts in front of every mbarrier wait and single-thread arrive, where the
-wgmma's own warpgroup-wide issue already orders the warps (NOTES §129).
+wgmma's own warpgroup-wide issue already orders the warps (docs/decisions/ptx-barrier-pass.md).
 
 Triton emits each mbarrier arrive from one leader thread after a barrier over the partition's warps,
 and a barrier before each wait, so that no warp can still be polling a phase that a leader's arrive
@@ -27,7 +27,7 @@ rule keeps: the forward's consumers (K / V by wgmma; Q's register copy, ``LEAN_Q
 behind the barrier before the next Q load's expect_tx; the output's staging behind the barriers
 before its bulk copy). The Gluon backward carries no marker: at d = 128 (a partition a warpgroup) the
 rule, with one for two releases in a row, was sound there too (each warp's lse loads feed S^T's
-accumulator before S^T is issued) and measured level: -0.9 to +0.7 % at five points (NOTES §135).
+accumulator before S^T is issued) but measured level, so it was not kept.
 
 Applied only to PTX that carries ``MARKER`` (emitted by a kernel compiled with the option), through
 Triton's compile-stage hook, so other kernels and other builds of the same kernel are untouched.
