@@ -979,7 +979,7 @@ def policy(q=None, seqlen_q: int | None = None, causal: bool = False, varlen: bo
             return _padded_policy("fwd", d, n, causal, forms)
         if varlen:  # the packed forward stays portable here: docs/decisions/padded-head-dims.md
             return False, (f"default policy: head dim {d} (zero-padded to {kd}) packed sequences: the portable "
-                           "forward (measured behind it at some lengths, NOTES §156)")
+                           "forward (measured behind it at some lengths, docs/decisions/padded-head-dims.md)")
     # in place, a padded call's windows, softcap and ALiBi by the padded dim's own rules
     # (docs/decisions/padded-head-dims.md)
     label = f"{d} (zero-padded to {kd})" if kd else f"{d}"

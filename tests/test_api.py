@@ -2031,7 +2031,7 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
     assert hopper.policy(torch.empty(1, 4096, 2, 192), causal=True, softcap=True, alibi=True)[0]
     assert hopper.policy(torch.empty(1 << 16, 2, 96), seqlen_q=1 << 16, varlen=True) == (
         False, "default policy: head dim 96 (zero-padded to 128) packed sequences: the portable forward (measured "
-               "behind it at some lengths, NOTES §156)")
+               "behind it at some lengths, docs/decisions/padded-head-dims.md)")
     least = hopper.BWD_VARLEN_AUTO_MIN_SEQLEN[(256, True)]
     assert hopper.bwd_policy(torch.empty(1 << 16, 2, 192), seqlen_q=least, causal=True, varlen=True) == (
         True, f"default policy: head dim 192 (zero-padded to 256) causal varlen from seqlen_q >= {least} "
