@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from ioattn import dispatch
+from ioattn import dispatch, options
 from ioattn.api import _DTYPES, MAX_HEADDIM
 from ioattn.backends import _scalars
 from ioattn.launcher import launcher_for
@@ -403,7 +403,7 @@ def _switch(field, env_name, default):
     on, anything else set off), else the default."""
     if field in _plan_override:
         return bool(_plan_override[field])
-    env = os.environ.get(env_name, "").strip()
+    env = options.env(env_name)
     return env == "1" if env else default
 
 
@@ -418,7 +418,7 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     the environment switches): a decode loop plans once (host time: docs/decisions/decode-launches.md)."""
     key = (q.shape, q.device, k_cache.shape, k_cache.stride(), v_cache.stride(), k_cache.element_size(),
            _aligned16(k_cache, v_cache), paged, span, num_splits, tuple(_plan_override.items()),
-           os.environ.get("IOATTN_DECODE_PDL"), os.environ.get("IOATTN_DECODE_PDL_WAIT"))
+           options.env("IOATTN_DECODE_PDL"), options.env("IOATTN_DECODE_PDL_WAIT"))
     cfg = _PLANS.get(key)
     if cfg is None:
         if len(_PLANS) >= _PLANS_MAX:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ioattn import _compat
+from ioattn import _compat, options
 
 _compat.warn_unsupported_versions()  # once, at the package's import (through api and explain)
 
@@ -72,7 +72,7 @@ class Preference:
     def wanted(self) -> bool:
         if self.value is not None:
             return self.value
-        return self.default or (self.env is not None and os.environ.get(self.env, "0") == "1")
+        return self.default or (self.env is not None and options.env(self.env) == "1")
 
 
 # Forward K/V loads through tensor descriptors (TMA on Hopper): Triton pipelines these, not the
@@ -174,7 +174,7 @@ def fwd_rescale_tau() -> float:
     IOATTN_RESCALE_TAU if set, else ``FWD_RESCALE_TAU``."""
     if _rescale_tau is not None:
         return _rescale_tau
-    env = os.environ.get("IOATTN_RESCALE_TAU", "").strip()
+    env = options.env("IOATTN_RESCALE_TAU")
     if env:
         return _checked_tau(env, "IOATTN_RESCALE_TAU")
     return _checked_tau(FWD_RESCALE_TAU, "dispatch.FWD_RESCALE_TAU")
@@ -247,7 +247,7 @@ def tiles_overridden(kind: str, headdim: int) -> bool:
 def _env_tiles(kind: str, bd: int) -> TileConfig | None:
     """``IOATTN_TILES="fwd:64=128,64,4,3;bwd:128=64,64,8,2"``: per-kind, per-padded-head-dim tiles
     for tuning runs without editing the tables."""
-    for entry in filter(None, os.environ.get("IOATTN_TILES", "").split(";")):
+    for entry in filter(None, options.env("IOATTN_TILES").split(";")):
         key, _, vals = entry.partition("=")
         k, _, d = key.partition(":")
         if k.strip() == kind and int(d) == bd:

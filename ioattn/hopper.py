@@ -13,12 +13,11 @@ table names its record in docs/decisions/.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Mapping
 
 import torch
 
-from ioattn import _compat, dispatch
+from ioattn import _compat, dispatch, options
 
 VARIANTS = ("base", "pingpong", "split", "wg3", "persistent")
 VARIANT_ENV = "IOATTN_HOPPER_VARIANT"
@@ -268,7 +267,7 @@ def active_variant() -> str | None:
     neither is set (each head dim then takes its default, ``variant_for``)."""
     if _variant is not None:
         return _variant
-    env = os.environ.get(VARIANT_ENV, "").strip().lower()
+    env = options.env(VARIANT_ENV).lower()
     return _check(env) if env else None
 
 
@@ -566,7 +565,7 @@ def conditional_rescale_for(name: str, d: int) -> bool:
     (on, except ``CONDITIONAL_RESCALE_OFF``)."""
     if conditional_rescale.value is not None:
         return conditional_rescale.value
-    env = os.environ.get(CONDITIONAL_RESCALE_ENV, "").strip()
+    env = options.env(CONDITIONAL_RESCALE_ENV)
     if env:
         if env not in ("0", "1"):
             raise ValueError(f"{CONDITIONAL_RESCALE_ENV} must be 0 (off) or 1 (on everywhere), got {env!r}")
@@ -932,7 +931,7 @@ def exp2_fma_share() -> float:
     set, else ``EXP2_FMA_DEFAULT``."""
     if _exp2_fma is not None:
         return _exp2_fma
-    env = os.environ.get(EXP2_FMA_ENV, "").strip()
+    env = options.env(EXP2_FMA_ENV)
     if env:
         return _checked_share(env, EXP2_FMA_ENV)
     return _checked_share(EXP2_FMA_DEFAULT, "hopper.EXP2_FMA_DEFAULT")
@@ -962,7 +961,7 @@ def policy(q=None, seqlen_q: int | None = None, causal: bool = False, varlen: bo
     ``SOFTCAP_HEADDIMS``, ``alibi`` in ``ALIBI_HEADDIMS``."""
     if prefer_hopper.value is not None:
         return prefer_hopper.value, f"hopper.prefer_hopper({prefer_hopper.value})"
-    env = os.environ.get("IOATTN_HOPPER", "").strip()
+    env = options.env("IOATTN_HOPPER")
     if env:
         return env == "1", f"IOATTN_HOPPER={env}"
     if q is None:
@@ -1172,7 +1171,7 @@ def copy_for_layout(d: int, causal: bool, seqlen_q: int, backward: bool = False)
     (``COPY_MIN_SEQLEN``)."""
     if copy_strided.value is not None:
         return copy_strided.value, f"hopper.copy_strided({copy_strided.value})"
-    env = os.environ.get("IOATTN_HOPPER_COPY", "").strip()
+    env = options.env("IOATTN_HOPPER_COPY")
     if env:
         if env not in ("0", "1"):
             raise ValueError(f"IOATTN_HOPPER_COPY must be 0 or 1, got {env!r}")
@@ -1461,7 +1460,7 @@ def bwd_policy(q, seqlen_q: int | None = None, causal: bool = False, varlen: boo
     (``window_width``: left + right + 1) also needs ``BWD_WINDOW_MIN_WIDTH``'s width."""
     if prefer_hopper_bwd.value is not None:
         return prefer_hopper_bwd.value, f"hopper.prefer_hopper_bwd({prefer_hopper_bwd.value})"
-    env = os.environ.get("IOATTN_HOPPER_BWD", "").strip()
+    env = options.env("IOATTN_HOPPER_BWD")
     if env:
         return env == "1", f"IOATTN_HOPPER_BWD={env}"
     d, n = q.shape[-1], q.shape[1] if seqlen_q is None else seqlen_q

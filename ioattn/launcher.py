@@ -16,11 +16,12 @@ have none); the cache holds ``maxsize`` keys and is cleared when full.
 """
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
 from triton.runtime.jit import JITFunction
+
+from ioattn import options
 
 _OFF = {"0", "false", "off", "no"}
 
@@ -63,7 +64,7 @@ class CachedLaunch:
             self._const_defaults = {p.name: p.default for p in params[first:]}
 
     def enabled(self) -> bool:
-        return self._ok and os.environ.get("IOATTN_CACHED_LAUNCH", "1").strip().lower() not in _OFF
+        return self._ok and (options.env("IOATTN_CACHED_LAUNCH") or "1").lower() not in _OFF
 
     def __call__(self, grid, args, constexprs):
         if not self.enabled():
