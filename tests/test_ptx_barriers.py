@@ -1,6 +1,6 @@
 """The forward's PTX pass (``ioattn.kernels.ptx_barriers``) on PTX fragments shaped as Triton 3.6 emits
 them: which partition barriers it drops and which it must keep. (Its effect on the compiled kernels:
-tests/test_sm90_compile.py; on the device: tests/test_gpu.py::test_hopper_forward_ptx_barriers.)"""
+tests/test_sm90_compile.py; on the device: tests/gpu/test_gpu.py::test_hopper_forward_ptx_barriers.)"""
 import pytest
 
 pytest.importorskip("triton")

@@ -1,6 +1,6 @@
 """Hopper (sm_90) backward in Gluon. Two variants (``BWD_VARIANTS``), selected by
 ``hopper_backward(..., variant=...)``, both compiled for sm_90 ahead of time
-(tools/compile_check_hopper_bwd.py) and run on the device by tests/test_gpu.py:
+(tools/compile_check_hopper_bwd.py) and run on the device by tests/gpu/test_gpu.py:
 
 * ``"base"`` (``hopper_bwd_dkdv_kernel``): one program per (128-key block, batch * KV head), two
   warpgroups of 64 key rows, everything transposed (S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK +=

@@ -1,6 +1,6 @@
 """Hopper forward in Gluon (FlashAttention-3 structure): the default forward on sm_90 where
 ``ioattn.hopper.policy`` says so; compiled for sm_90 in CI (ahead of time, no GPU), run on the device by
-tests/test_gpu.py.
+tests/gpu/test_gpu.py.
 
 One program per (query block, batch * head), or per SM for the persistent variant (``PERSISTENT``,
 ``_persistent_fwd``): a TMA producer warp fills a K / V ring; the consumer warpgroups (``PINGPONG``,
