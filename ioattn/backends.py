@@ -11,6 +11,7 @@ import torch
 
 from ioattn import dispatch, hopper
 from ioattn.kernels import cpu
+from ioattn.kernels.constants import LOG2E
 from ioattn.reference.philox import dropout_threshold
 
 
@@ -59,7 +60,7 @@ class _Problem:
 def _scalars(softmax_scale, softcap, dropout_p):
     """qk_scale folds log2(e) into the softmax scale (kernels use exp2); with softcap the kernels
     compute cap * tanh(qk * scale / cap), so qk_scale becomes scale / cap."""
-    qk_scale = softmax_scale / softcap if softcap > 0 else softmax_scale * 1.4426950408889634
+    qk_scale = softmax_scale / softcap if softcap > 0 else softmax_scale * LOG2E
     return qk_scale, dropout_threshold(dropout_p), 1.0 / (1.0 - dropout_p)
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import os
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
@@ -28,6 +27,7 @@ import torch
 from ioattn import dispatch, options
 from ioattn.api import _DTYPES, MAX_HEADDIM
 from ioattn.backends import _scalars
+from ioattn.kernels.constants import LOG2E
 from ioattn.launcher import launcher_for
 from ioattn.masks import normalize_window
 from ioattn.merge import _merge_triton
@@ -107,7 +107,6 @@ _PDL_WAIT_DEFAULT = True
 # normal number with room to spare (fp16 normals start at 2**-14). Off unless the caller passes
 # ``unified_max``: docs/decisions/decode-unified-max.md.
 PHI_RANGE = {torch.float16: (8.0, 15.0), torch.bfloat16: (64.0, 64.0), torch.float32: (64.0, 64.0)}
-LOG2E = 1.4426950408889634
 
 _plan_override: dict = {}
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 import torch
 
 from ioattn import _compat, dispatch, options
+from ioattn.kernels.constants import LOG2E
 
 VARIANTS = ("base", "pingpong", "split", "wg3", "persistent")
 VARIANT_ENV = "IOATTN_HOPPER_VARIANT"
@@ -1332,7 +1333,7 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
                             nheads, nheads // nheads_kv, nheads * io_dim, stride_lse_b, stride_lse_h,
                             # with a softcap the scores reach the softmax as tanh(s * softcap_a): the cap
                             # (times log2 e) is the softmax's scale
-                            (softcap if softcap > 0 else softmax_scale) * 1.4426950408889634,
+                            (softcap if softcap > 0 else softmax_scale) * LOG2E,
                             walk_div, walk_mul, walk_shift, head_mul, head_shift,
                             IS_CAUSAL=bool(causal), IS_VARLEN=varlen,
                             LPT=bool(causal) and lpt_order.wanted(), num_tiles=num_tiles,

@@ -179,7 +179,7 @@ def attn_bwd_dkdv_kernel(
         delta_base = Delta + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start
         slope_log2 = 0.0
         if HAS_ALIBI:
-            slope_log2 = tl.load(alibi_slopes + b * stride_ab + h).to(tl.float32) * 1.4426950408889634
+            slope_log2 = tl.load(alibi_slopes + b * stride_ab + h).to(tl.float32) * LOG2E
         drop_head_base = (b64 * nheads + h) * seqlen_q_max
         dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                              offs_n, offs_d, m_min, m_full_lo, seqlen_q, seqlen_k, qk_scale, softcap,
@@ -258,7 +258,7 @@ def attn_bwd_dq_kernel(
     v_base = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + h_kv * stride_vh
     slope_log2 = 0.0
     if HAS_ALIBI:
-        slope_log2 = tl.load(alibi_slopes + b * stride_ab + h).to(tl.float32) * 1.4426950408889634
+        slope_log2 = tl.load(alibi_slopes + b * stride_ab + h).to(tl.float32) * LOG2E
     drop_row_base = (b64 * nheads + h) * seqlen_q_max + offs_m
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     n_min, n_full_lo, n_full_hi, n_max = kv_block_range(

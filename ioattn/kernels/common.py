@@ -4,8 +4,10 @@ hold the two against each other."""
 import triton
 import triton.language as tl
 
-LOG2E = tl.constexpr(1.4426950408889634)
-LN2 = tl.constexpr(0.6931471805599453)
+from ioattn.kernels import constants
+
+LOG2E = tl.constexpr(constants.LOG2E)
+LN2 = tl.constexpr(constants.LN2)
 
 
 

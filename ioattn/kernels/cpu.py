@@ -35,9 +35,9 @@ from typing import Callable, Optional
 
 import torch
 
+from ioattn.kernels.constants import LOG2E
 from ioattn.reference.philox import LazyDropoutMask
 
-_LOG2E = math.log2(math.e)
 _LN2 = math.log(2.0)
 _F32_MIN = torch.finfo(torch.float32).min
 
@@ -394,7 +394,7 @@ class _Spec:
     def q_factor(self) -> float:
         """What q is multiplied by before q @ k^T: the scores come out in log2 units without
         softcap; with softcap they are tanh's argument."""
-        return self.scale / self.softcap if self.softcap > 0 else self.scale * _LOG2E
+        return self.scale / self.softcap if self.softcap > 0 else self.scale * LOG2E
 
 
 class _Tiles:
@@ -427,7 +427,7 @@ class _Tiles:
         s = s.view(*s.shape[:2], self.group, m1 - m0, n1 - n0)
         t = None
         if self.spec.softcap > 0:
-            cap = self.spec.softcap * _LOG2E
+            cap = self.spec.softcap * LOG2E
             t = s.tanh_()
             s = t * cap if keep_tanh else t.mul_(cap)
         dev = s.device
@@ -435,7 +435,7 @@ class _Tiles:
             s[..., c0 - n0:c1 - n0].masked_fill_(hidden, float("-inf"))
         if self.spec.slopes is not None:
             s.addcmul_(self.spec.slopes, _alibi_distance(m0, m1, n0, n1, self.sq, self.sk, dev),
-                           value=-_LOG2E)
+                           value=-LOG2E)
         return s, t
 
     def keep(self, m0, m1, n0, n1):
@@ -476,7 +476,7 @@ def _tiled_backward(dout, q, k, v, out, lse, spec, dq, dk, dv):
     dk32, dv32 = torch.zeros_like(tl.k), torch.zeros_like(tl.v)
     dq5 = dq.unflatten(2, (hk, g))
     # lse in log2 units, -inf (rows without keys) made finite: their scores are all -inf anyway
-    lse2 = (lse.float() * _LOG2E).clamp_(min=_F32_MIN).unflatten(1, (hk, g))
+    lse2 = (lse.float() * LOG2E).clamp_(min=_F32_MIN).unflatten(1, (hk, g))
     # D_i = dO_i . O_i = sum_j P_ij dP_ij (dropout included), per row
     delta = (dout.float() * out.float()).sum(dim=-1).transpose(1, 2).unflatten(1, (hk, g))
     do_h = _float_heads_first(dout).unflatten(1, (hk, g))

@@ -7,7 +7,7 @@ Reference twin: ``ioattn.reference.tiled.flash2_forward``. Test: ``tests/test_ke
 import triton
 import triton.language as tl
 
-from ioattn.kernels.common import mma, seq_info, softmax_finish, softmax_step, softmax_step_lazy, tile_coords, dropout_keep, kv_block_range, tile_scores
+from ioattn.kernels.common import LOG2E, mma, seq_info, softmax_finish, softmax_step, softmax_step_lazy, tile_coords, dropout_keep, kv_block_range, tile_scores
 
 
 @triton.jit
@@ -166,7 +166,7 @@ def _fwd_tile(
 
     slope_log2 = 0.0
     if HAS_ALIBI:
-        slope_log2 = tl.load(alibi_slopes + b * stride_ab + h).to(tl.float32) * 1.4426950408889634
+        slope_log2 = tl.load(alibi_slopes + b * stride_ab + h).to(tl.float32) * LOG2E
     drop_row_base = (b64 * nheads + h) * seqlen_q_max + offs_m
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)

@@ -26,6 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ioattn import hopper as _host
 from ioattn.dispatch import tma_rows_view
+from ioattn.kernels import constants
 from ioattn.kernels.backward import attn_bwd_preprocess_kernel, dq_from_blocks_kernel
 from ioattn.kernels.hopper_forward import (ALIBI_MAGIC, LOG2E, MAGIC_BITS, _io_dim, _load_rows, _magic_to_f32,
                                           _prod_dim, _qk_mma, _softcap, _tile_layout,
@@ -1484,7 +1485,7 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
     consts = dict(cfg["constexprs"])
     if variant == "ws":
         consts["LSE_IN_ACC"] = consts["LSE_IN_ACC"] and softmax_scale > 0
-    lse_unit = 1.0 / softmax_scale if consts.get("LSE_IN_ACC") else 1.4426950408889634
+    lse_unit = 1.0 / softmax_scale if consts.get("LSE_IN_ACC") else constants.LOG2E
     if variant == "ws":
         # One launch writes D, the lse rows and the zeroed flat dQ accumulator, in the padded layout the
         # kernel reads (FA3's preprocess does the same three jobs), in place of three fills and four
@@ -1530,7 +1531,7 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
         hopper_bwd_dkdv_kernel[grid](q_desc, k_desc, v_desc, do_desc, lse, delta, dq_accum, dk, dv,
                                      seqlen_q, seqlen_k, nheads, nheads // nheads_kv,
                                      lse.stride(0), lse.stride(1), delta.stride(0), delta.stride(1),
-                                     float(softmax_scale), float(softmax_scale) * 1.4426950408889634,
+                                     float(softmax_scale), float(softmax_scale) * constants.LOG2E,
                                      IS_CAUSAL=bool(causal), num_warps=cfg["num_warps"], **cfg["constexprs"])
     else:
         lse_desc = TensorDescriptor.from_tensor(lse2.view(-1), [bm], lay["stat"])
@@ -1550,7 +1551,7 @@ def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, variant="bas
                                    cu_q, cu_k, seqlen_q, seqlen_k, nheads, nheads // nheads_kv, stat_stride,
                                    # with a softcap the scores reach the exponentials as tanh(s * softcap_a): the
                                    # cap times log2 e scales them (the Gluon forward's convention)
-                                   float(softmax_scale), (softcap if softcap > 0 else softmax_scale) * 1.4426950408889634,
+                                   float(softmax_scale), (softcap if softcap > 0 else softmax_scale) * constants.LOG2E,
                                    *((w if w >= 0 else unbounded for w in window) if has_window else (0, 0)),
                                    softmax_scale / softcap if softcap > 0 else 0.0,
                                    # ALiBi: the slope to the scores' units (as the forward's)

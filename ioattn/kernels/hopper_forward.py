@@ -19,9 +19,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from ioattn import _compat
 from ioattn import hopper as _host
 from ioattn.kernels import ptx_barriers as _ptx_barriers
+from ioattn.kernels import constants
 
-LOG2E = gl.constexpr(1.4426950408889634)
-LN2 = gl.constexpr(0.6931471805599453)
+LOG2E = gl.constexpr(constants.LOG2E)
+LN2 = gl.constexpr(constants.LN2)
 # ``LEAN``'s option bits (``ioattn.hopper``: the host sets them)
 LEAN_COND_RESCALE = gl.constexpr(_host.LEAN_COND_RESCALE)
 LEAN_BY_WARP = gl.constexpr(_host.LEAN_BY_WARP)

@@ -19,9 +19,9 @@ from typing import Optional
 
 import torch
 
+from ioattn.kernels.constants import LOG2E
 from ioattn.masks import key_block_range
 
-_LOG2E = math.log2(math.e)
 
 
 @dataclass
@@ -191,7 +191,7 @@ def flash2_forward(q, k, v, *, softmax_scale=None, window=(-1, -1), softcap=0.0,
         l = pb.q.new_zeros(shape)
         m = pb.q.new_full(shape, float("-inf"))  # running max, in log2 units
         for n0 in pb.visible(m0):
-            s2, _ = pb.scores(m0, n0, unit=_LOG2E)
+            s2, _ = pb.scores(m0, n0, unit=LOG2E)
             m_new = torch.maximum(m, s2.amax(dim=-1))
             m_safe = _finite_or_zero(m_new)
             p = torch.exp2(s2 - m_safe[..., None])
@@ -200,7 +200,7 @@ def flash2_forward(q, k, v, *, softmax_scale=None, window=(-1, -1), softcap=0.0,
             acc = alpha[..., None] * acc + pb.dropout(p, m0, n0) @ pb.v[..., n0:n0 + pb.block_n, :]
             m = m_new
         o[..., rows, :] = acc / torch.where(l == 0, torch.ones_like(l), l)[..., None]
-        lse[..., rows] = (m + torch.log2(l)) / _LOG2E  # empty rows: -inf
+        lse[..., rows] = (m + torch.log2(l)) / LOG2E  # empty rows: -inf
     return pb.rows(o), lse.flatten(1, 2)
 
 

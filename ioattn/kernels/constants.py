@@ -1,0 +1,4 @@
+"""Numbers every layer shares, as plain floats: the softmax runs in base 2 (exp(x) = exp2(x * LOG2E),
+log(x) = log2(x) * LN2). The kernels wrap them as compile-time constants."""
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
