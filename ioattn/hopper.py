@@ -19,6 +19,8 @@ import torch
 
 from ioattn import _compat, dispatch, options
 from ioattn.kernels.constants import LOG2E
+from ioattn.kernels.hopper_flags import (ALIBI_FP32_COLS, ALIBI_MAGIC, LEAN_BY_WARP, LEAN_COND_RESCALE,  # noqa: F401
+                                         LEAN_DEFERRED_SUM, LEAN_MASK_BRANCH, LEAN_PTX_BARRIERS, LEAN_Q_REGS)
 
 VARIANTS = ("base", "pingpong", "split", "wg3", "persistent")
 VARIANT_ENV = "IOATTN_HOPPER_VARIANT"
@@ -335,13 +337,7 @@ TILES = _ActiveTiles()
 
 
 # The bits of the Gluon forward's ``LEAN`` constexpr above the lean softmax itself (bit 0, True), each
-# needing it (the kernel reads them under these names too)
-LEAN_COND_RESCALE = 2   # conditional rescaling (``conditional_rescale_for``)
-LEAN_BY_WARP = 4        # ... decided by the warp (``rescale_by_warp``)
-LEAN_Q_REGS = 8         # Q as S = Q K^T's register operand (``q_in_registers_for``)
-LEAN_DEFERRED_SUM = 16  # the row sum's quad reduction once a tile (``deferred_row_sum``)
-LEAN_MASK_BRANCH = 32   # a tile's first-step mask under its own branch, one softmax body (``mask_branch``)
-LEAN_PTX_BARRIERS = 64  # the consumers' redundant partition barriers dropped in the PTX (``ptx_barriers_for``)
+# needing it: ioattn.kernels.hopper_flags (imported at the top)
 
 
 def _lean_bits(lean: bool, name: str, d: int, causal: bool):
@@ -476,7 +472,7 @@ ALIBI_MAGIC_CAUSAL_MIN_SEQLEN = {128: 1024, 64: 8192}
 ALIBI_MAGIC_WINDOW_HEADDIMS = (128,)
 # ... but not with a softcap and a causal mask at d = 64 nor packed at d = 64: wg3 spills there (no
 # d = 64 varlen call takes the Gluon forward by default).
-ALIBI_MAGIC, ALIBI_FP32_COLS = 1, 2  # the kernel's ``ALIBI`` values (0: no ALiBi)
+# the kernel's ``ALIBI`` values (0: no ALiBi): ALIBI_MAGIC, ALIBI_FP32_COLS from ioattn.kernels.hopper_flags
 # The fp32 form's (key tile, ring depth) by head dim where it differs from ``TILE_TABLE``'s: d = 128's
 # 128-key tiles spill with the columns' 32 registers a thread; 64-key tiles four deep fit (180 KB of
 # shared memory). tuned: docs/decisions/alibi.md

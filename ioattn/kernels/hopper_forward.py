@@ -17,19 +17,19 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 
 from ioattn import _compat
-from ioattn import hopper as _host
+from ioattn.kernels import hopper_flags as _flags
 from ioattn.kernels import ptx_barriers as _ptx_barriers
 from ioattn.kernels import constants
 
 LOG2E = gl.constexpr(constants.LOG2E)
 LN2 = gl.constexpr(constants.LN2)
 # ``LEAN``'s option bits (``ioattn.hopper``: the host sets them)
-LEAN_COND_RESCALE = gl.constexpr(_host.LEAN_COND_RESCALE)
-LEAN_BY_WARP = gl.constexpr(_host.LEAN_BY_WARP)
-LEAN_Q_REGS = gl.constexpr(_host.LEAN_Q_REGS)
-LEAN_DEFERRED_SUM = gl.constexpr(_host.LEAN_DEFERRED_SUM)
-LEAN_MASK_BRANCH = gl.constexpr(_host.LEAN_MASK_BRANCH)
-LEAN_PTX_BARRIERS = gl.constexpr(_host.LEAN_PTX_BARRIERS)
+LEAN_COND_RESCALE = gl.constexpr(_flags.LEAN_COND_RESCALE)
+LEAN_BY_WARP = gl.constexpr(_flags.LEAN_BY_WARP)
+LEAN_Q_REGS = gl.constexpr(_flags.LEAN_Q_REGS)
+LEAN_DEFERRED_SUM = gl.constexpr(_flags.LEAN_DEFERRED_SUM)
+LEAN_MASK_BRANCH = gl.constexpr(_flags.LEAN_MASK_BRANCH)
+LEAN_PTX_BARRIERS = gl.constexpr(_flags.LEAN_PTX_BARRIERS)
 # acts only on PTX carrying its marker (``_ptx_barriers_marker``). Its compile-stage hook follows Triton
 # 3.6's protocol (from 3.7 on Triton also calls the hook with no arguments, for a cache key): on a Triton
 # the Gluon kernels do not run on (``_compat.gluon_status``) it stays out of every kernel's compile.
@@ -876,8 +876,8 @@ def _softcap(s, softcap_a):
                                      is_pure=True, pack=1)
 
 
-ALIBI_MAGIC = gl.constexpr(_host.ALIBI_MAGIC)  # ``ALIBI``'s forms: the distance by the magic-number conversion
-ALIBI_FP32_COLS = gl.constexpr(_host.ALIBI_FP32_COLS)  # the tile's columns held as fp32
+ALIBI_MAGIC = gl.constexpr(_flags.ALIBI_MAGIC)  # ``ALIBI``'s forms: the distance by the magic-number conversion
+ALIBI_FP32_COLS = gl.constexpr(_flags.ALIBI_FP32_COLS)  # the tile's columns held as fp32
 MAGIC_BITS = gl.constexpr(0x4B400000)  # 1.5 * 2^23 as fp32's bits: (MAGIC_BITS + n) read as fp32 is MAGIC_F32 + n
 MAGIC_F32 = gl.constexpr(12582912.0)  # for |n| < 2^22
 
