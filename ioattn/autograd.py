@@ -5,9 +5,9 @@ reshapes into, reached two ways.
   the ``torch.library`` ops ``ioattn::fwd`` / ``ioattn::bwd`` with fake implementations, so that
   ``torch.compile(fullgraph=True)`` traces through them.
 * Eager on plain tensors: ``_Eager``, a ``torch.autograd.Function`` calling the same backends
-  directly (or the forward alone when no input needs a gradient). The custom op's dispatch costs tens of microseconds of host time a call, which an
-  eager caller pays on every short call; the two ways run the same kernels and give the same
-  results (tests/test_autograd_paths.py)."""
+  directly (or the forward alone when no input needs a gradient), without the custom op's
+  dispatch cost (docs/decisions/eager-path.md). The two ways run the same kernels and give the
+  same results (tests/test_autograd_paths.py)."""
 from __future__ import annotations
 
 from typing import Optional
