@@ -58,12 +58,13 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     taken, why = hopper.fwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, 0.0, seqlen_q)
     gluon = f"taken ({why})" if taken else f"not taken ({why})" if ok else f"not applicable ({refusal})"
     has_window = window not in ((-1, -1), (-1, 0))
+    is_causal = window == (-1, 0)  # the causal mask (a window (left, 0) with left >= 0 is a sliding one)
     name = None
     # the kernels' head dim: the call's, or the next one for a head dim they run zero-padded
     kd = hopper.padded_headdim(q.shape[-1]) or q.shape[-1]
     if taken:
-        name = hopper.variant_for(kd, window == (-1, 0), seqlen_q, varlen, has_window or softcap > 0, alibi)
-        cfg = hopper.kernel_config(kd, name, window == (-1, 0), None if varlen else seqlen_q, alibi)
+        name = hopper.variant_for(kd, is_causal, seqlen_q, varlen, has_window or softcap > 0, alibi)
+        cfg = hopper.kernel_config(kd, name, is_causal, None if varlen else seqlen_q, alibi)
         bm, bn, stages = cfg["block_m"], cfg["block_n"], cfg["stages"]
         share = hopper.exp2_fma_share()
         lean = cfg["constexprs"]["LEAN"]
@@ -71,7 +72,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                    "tiles": (bm, bn, 4 * (bm // 64), stages), "kv_loads": "tma (producer warp)",
                    "head_dim_padded": kd,
                    "inputs": (hopper.padded_inputs_note(q.shape[-1]) if kd != q.shape[-1]
-                              else hopper.inputs_note(q, k, v, varlen, window == (-1, 0))),
+                              else hopper.inputs_note(q, k, v, varlen, is_causal)),
                    "exp2_fma": (f"{share:g}% ({hopper.exp2_fma_cols(share, bn)} of {bn} key columns on the FMA units)"
                                 if share else "off (MUFU.EX2 only)"),
                    "cond_rescale": (("by warp" if hopper.rescale_by_warp.wanted() else "by thread")
@@ -83,7 +84,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                                else "reduced every key tile"),
                    "mask": ("none: the unmasked softmax body alone (no causal mask, every key tile inside the "
                             "sequence)" if not varlen and not has_window
-                            and not hopper.key_masks(kd, name, window == (-1, 0), k.shape[1] % bn != 0,
+                            and not hopper.key_masks(kd, name, is_causal, k.shape[1] % bn != 0,
                                                      k.shape[1])
                             else "a tile's first key step: under its own branch, ahead of one softmax body"
                             if lean & hopper.LEAN_MASK_BRANCH else "masked and unmasked softmax bodies"),
@@ -105,16 +106,16 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
             forward["alibi"] = ("-slope * |i + seqlen_k - seqlen_q - j| on each score tile (after a softcap, before "
                                 f"the masks; {form})")
         if name == "persistent":
-            opts = hopper.persistent_options(kd, name, window == (-1, 0), dispatch.cdiv(seqlen_q, bm))
+            opts = hopper.persistent_options(kd, name, is_causal, dispatch.cdiv(seqlen_q, bm))
             forward["walk"] = ("a host-built table (hopper.build_walk_table): longest tiles first within groups "
                                "of heads whose K / V fit in L2, each to the program that frees first"
-                               if hopper.walk_table_for(kd, name, window == (-1, 0),
+                               if hopper.walk_table_for(kd, name, is_causal,
                                                         dispatch.cdiv(seqlen_q, bm)) else
                                "pairs of query blocks, head by head" if opts["PAIRED"] else
-                               "longest tiles first over the grid" if window == (-1, 0) else "head by head")
+                               "longest tiles first over the grid" if is_causal else "head by head")
             forward["q_buffers"] = opts["Q_BUFS"]
             forward["tile_index"] = "multiply-high (magic divisors)" if opts["FAST_DIV"] else "integer divisions"
-            if window == (-1, 0):
+            if is_causal:
                 forward["diagonal"] = ("trimmed: warpgroup 0 computes only the key tiles its rows see (a last "
                                        "tile past its rows' diagonal skipped)"
                                        if hopper.diag_trim_for(kd, name, True, seqlen_q)
@@ -145,7 +146,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         backward = {"kernels": f"ioattn.kernels.hopper_backward (Gluon, {hopper.BWD_VARIANT})",
                     "tiles": (cfg["block_m"], cfg["block_n"], cfg["num_warps"], cfg["stages"]), "atomics": True,
                     "inputs": (hopper.padded_inputs_note(d, backward=True) if kd != d else
-                               hopper.inputs_note(q, k, v, varlen, window == (-1, 0), backward=True))}
+                               hopper.inputs_note(q, k, v, varlen, is_causal, backward=True))}
         if softcap > 0:
             backward["softcap"] = ("SOFTCAP form, dS^T times 1 - tanh^2 ("
                                    + ("column split" if cfg["constexprs"]["COL_SPLIT"] else "key split")
