@@ -27,7 +27,9 @@ def _user_env():
 
 def test_readme_has_the_blocks_these_tests_cover():
     assert len(PYTHON) >= 4 and SHELL, "the README's code blocks were not found"
-    assert {lang for lang, _ in BLOCKS} <= {"python", "bash"}, "a block in a language no test runs"
+    # "text": a diagram, nothing to run; every other block is code these tests run
+    assert {lang for lang, _ in BLOCKS} <= {"python", "bash", "text"}, "a block in a language no test runs"
+    assert all(not any(w in body for w in ("import ", "ioattn ", "pip ")) for lang, body in BLOCKS if lang == "text")
 
 
 @pytest.mark.parametrize("index", range(len(PYTHON)))
