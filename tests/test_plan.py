@@ -9,12 +9,20 @@ import pytest
 import torch
 
 from ioattn import dispatch, flash_attn_func
+# the Gluon forward's LEAN bits, short for the tables below
+from ioattn.kernels.hopper_flags import LEAN_BY_WARP as WARP, LEAN_COND_RESCALE as COND
+from ioattn.kernels.hopper_flags import LEAN_DEFERRED_SUM as DSUM, LEAN_MASK_BRANCH as MASK, LEAN_Q_REGS as QREG
 
 FP16, BF16 = torch.float16, torch.bfloat16
 # This file uses CPU tensors; they reach the Triton kernels only through the interpreter.
 _NO_INTERPRETER = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                      reason="CPU tensors run the Triton kernels only under TRITON_INTERPRET=1 "
                                             "(a CUDA machine covers them in test_kernels.py)")
+
+
+def _lean(*bits):
+    """The Gluon forward's LEAN constexpr: the lean softmax (bit 0) with the named option bits."""
+    return 1 | sum(bits)
 
 
 def test_tile_policy_short_causal():
@@ -139,62 +147,63 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
                 if d in hopper.TILE_TABLE[v]}
     assert lean_causal == {**lean, ("wg3", 64): 7, **branched}, lean_causal
     monkeypatch.setenv(hopper.CONDITIONAL_RESCALE_ENV, "0")
-    assert hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"] == 25
+    assert hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"] == _lean(QREG, DSUM)
     assert hopper.kernel_config(256, "split")["constexprs"]["LEAN"] is True
     with hopper.conditional_rescale(True):  # the block's value wins over the environment
-        assert hopper.kernel_config(64, "persistent")["constexprs"]["LEAN"] == 23
+        assert hopper.kernel_config(64, "persistent")["constexprs"]["LEAN"] == _lean(COND, WARP, DSUM)
     monkeypatch.setenv(hopper.CONDITIONAL_RESCALE_ENV, "1")
-    assert hopper.kernel_config(64, "persistent")["constexprs"]["LEAN"] == 23
+    assert hopper.kernel_config(64, "persistent")["constexprs"]["LEAN"] == _lean(COND, WARP, DSUM)
     monkeypatch.setenv(hopper.CONDITIONAL_RESCALE_ENV, "yes")
     with pytest.raises(ValueError, match="IOATTN_HOPPER_COND_RESCALE must be 0 .* got 'yes'"):
         hopper.kernel_config(128, "pingpong")
     monkeypatch.delenv(hopper.CONDITIONAL_RESCALE_ENV)
     with hopper.conditional_rescale(False):
-        assert hopper.kernel_config(256, "pingpong")["constexprs"]["LEAN"] == 17
+        assert hopper.kernel_config(256, "pingpong")["constexprs"]["LEAN"] == _lean(DSUM)
     with hopper.rescale_by_warp(False):  # bit 1 alone: the thread's decision
-        assert hopper.kernel_config(256, "split")["constexprs"]["LEAN"] == 3
+        assert hopper.kernel_config(256, "split")["constexprs"]["LEAN"] == _lean(COND)
     with hopper.lean_softmax(False):
         assert not hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"]
         assert not hopper.kernel_config(256, "persistent")["constexprs"]["LEAN"]
-        assert hopper.kernel_config(64, "wg3", causal=True)["constexprs"]["LEAN"] == 7  # wg3 stays lean
+        assert hopper.kernel_config(64, "wg3", causal=True)["constexprs"]["LEAN"] == _lean(COND, WARP)  # wg3 stays lean
     # Q as S = Q K^T's register operand (LEAN bit 3): by default in the two-warpgroup kernels at d = 128
     # (measured faster; slower at d = 64); forced on, wherever it fits: those kernels at d <= 128 with
     # the lean softmax (wg3 and d = 256 spilled); forced off, nowhere
     with hopper.q_in_registers(True):
         qr = {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
-              if hopper.kernel_config(d, v)["constexprs"]["LEAN"] & 8}
+              if hopper.kernel_config(d, v)["constexprs"]["LEAN"] & QREG}
         assert qr == {(v, d) for v in ("pingpong", "split", "persistent") for d in (64, 128)}, qr
         # with the deferred row sum (bit 4), the persistent kernel's default at d = 64
-        assert hopper.kernel_config(64, "persistent")["constexprs"]["LEAN"] == 25
-        assert hopper.kernel_config(64, "pingpong")["constexprs"]["LEAN"] == 15
+        assert hopper.kernel_config(64, "persistent")["constexprs"]["LEAN"] == _lean(QREG, DSUM)
+        assert hopper.kernel_config(64, "pingpong")["constexprs"]["LEAN"] == _lean(COND, WARP, QREG)
         with hopper.lean_softmax(False):
             assert not hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"]
     with hopper.q_in_registers(False):
-        assert not any(hopper.kernel_config(d, v)["constexprs"]["LEAN"] & 8
+        assert not any(hopper.kernel_config(d, v)["constexprs"]["LEAN"] & QREG
                        for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v])
-    assert {k for k, x in lean.items() if x & 8} == {(v, 128) for v in hopper.Q_IN_REGISTERS_FITS}
+    assert {k for k, x in lean.items() if x & QREG} == {(v, 128) for v in hopper.Q_IN_REGISTERS_FITS}
     # the row sum's quad reduction deferred (LEAN bit 4): by default where measured faster (above); when
     # asked, in the two-warpgroup kernels with the lean softmax, and in wg3 without the causal mask (its
     # causal build spilled); forced off, nowhere
-    assert {k for k, x in lean.items() if x & 16} == set(hopper.DEFERRED_ROW_SUM_ON)
-    assert {k for k, x in lean_causal.items() if x & 16} == set(hopper.DEFERRED_ROW_SUM_ON) - {("wg3", 64)}
+    assert {k for k, x in lean.items() if x & DSUM} == set(hopper.DEFERRED_ROW_SUM_ON)
+    assert {k for k, x in lean_causal.items() if x & DSUM} == set(hopper.DEFERRED_ROW_SUM_ON) - {("wg3", 64)}
     for causal in (False, True):
         with hopper.deferred_row_sum(True):
             ds = {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
-                  if hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 16}
+                  if hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & DSUM}
             assert ds == ({(v, d) for v in ("pingpong", "split", "persistent") for d in (64, 128, 256)}
                           | (set() if causal else {("wg3", 64)})), (causal, ds)
-            assert hopper.kernel_config(256, "split", causal)["constexprs"]["LEAN"] == (55 if causal else 23)
+            want = _lean(COND, WARP, DSUM, MASK) if causal else _lean(COND, WARP, DSUM)
+            assert hopper.kernel_config(256, "split", causal)["constexprs"]["LEAN"] == want
             with hopper.lean_softmax(False):
                 assert not hopper.kernel_config(128, "persistent", causal)["constexprs"]["LEAN"]
         with hopper.deferred_row_sum(False):
-            assert not any(hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & 16
+            assert not any(hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & DSUM
                            for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v])
     # a tile's first-step mask under its own branch (LEAN bit 5): by default in causal calls of the
     # two-warpgroup kernels at d = 128 / 256 (measured faster there, slower non-causal); when asked, every
     # lean kernel, either mask; forced off, nowhere
-    assert not any(x & 32 for x in lean.values())
-    assert {k for k, x in lean_causal.items() if x & 32} == set(branched)
+    assert not any(x & MASK for x in lean.values())
+    assert {k for k, x in lean_causal.items() if x & MASK} == set(branched)
     for causal in (False, True):
         with hopper.mask_branch(True):
             assert _lean_bit_set(hopper, 32, causal) == {k for k, x in lean.items() if x}
