@@ -33,7 +33,9 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from ioattn import backends, hopper
+from ioattn import backends
+from ioattn.plan import hopper
+from ioattn.plan import hopper_bwd
 from ioattn.bench.timing import attention_flops, median_ms
 from ioattn.reference import attention_ref
 
@@ -46,7 +48,7 @@ def portable(dout, q, k, v, causal):
                                            0.0, 0)
 
     def run():
-        with hopper.prefer_hopper_bwd(False):  # the portable kernels, not the dispatch's Gluon backward
+        with hopper_bwd.prefer_hopper_bwd(False):  # the portable kernels, not the dispatch's Gluon backward
             return backends.triton_backward(dout, q, k, v, out, lse, None, None, q.shape[1], k.shape[1], scale,
                                             window, 0.0, None, 0.0, 0)
     return run
@@ -57,15 +59,16 @@ def gluon(variant, deterministic=False, **overrides):
     calls only, e.g. ``WS_DQ_SWIZZLE={...}``."""
     def setup(dout, q, k, v, causal):
         from ioattn.kernels import hopper_backward as hb
+        from ioattn.launch import gluon_bwd
         scale = q.shape[-1] ** -0.5
-        out, lse = hopper.hopper_forward(q, k, v, scale, causal)
+        out, lse = backends.hopper_forward(q, k, v, scale, causal)
 
         def run():
             saved = {name: getattr(hb, name) for name in overrides}
             for name, value in overrides.items():
                 setattr(hb, name, value)
             try:
-                return hb.hopper_backward(dout, q, k, v, out, lse, scale, causal, variant=variant,
+                return gluon_bwd.hopper_backward(dout, q, k, v, out, lse, scale, causal, variant=variant,
                                           deterministic=deterministic)
             finally:
                 for name, value in saved.items():
@@ -80,7 +83,7 @@ def covers(setup, d):
     variant = getattr(setup, "variant", None)
     if variant is None:
         return True
-    from ioattn.kernels.hopper_backward import BWD_VARIANT_HEADDIMS
+    from ioattn.plan.hopper_bwd import BWD_VARIANT_HEADDIMS
     return d in BWD_VARIANT_HEADDIMS[variant]
 
 
@@ -204,7 +207,8 @@ def main():
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
         from gluon_aot import print_compiled_sass  # tools/, beside the compile checks
         from ioattn.kernels import hopper_backward as hb
-        print_compiled_sass((hb.hopper_bwd_ws_kernel, hb.hopper_bwd_dkdv_kernel))
+        from ioattn.kernels import hopper_backward_ws
+        print_compiled_sass((hopper_backward_ws.hopper_bwd_ws_kernel, hb.hopper_bwd_dkdv_kernel))
     return 0
 
 

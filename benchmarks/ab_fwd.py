@@ -23,7 +23,7 @@ import time
 import torch
 
 import ioattn
-from ioattn import dispatch, hopper
+from ioattn.plan import dispatch, hopper
 from ioattn.bench.providers import providers
 from ioattn.bench.run import _check
 from ioattn.bench.timing import attention_flops, median_ms

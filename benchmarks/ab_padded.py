@@ -2,11 +2,11 @@
 backward out, dO) zero-padded on the host to the next head dim the Gluon kernels cover (64, 128,
 256), the Gluon forward / backward run there, the result sliced back to d and made contiguous, the
 copies timed with it: "gluon-pad", the launchers' own path (``hopper.padded_headdim``: in place for d a
-multiple of 8, ``hopper.padded_in_place``; else the pads by ``hopper.pad_head``), "gluon-fpad"
+multiple of 8, ``hopper.padded_in_place``; else the pads by ``gluon_fwd.pad_head``), "gluon-fpad"
 the copies by ``F.pad`` at every d (the first padded path's form), "gluon-pad-wide" the in-place path with its
 products over all 256 columns at d = 136-192 (``hopper.split_cols`` / ``bwd_split_cols`` off,
 docs/decisions/split-products.md), "gluon-pad-dqlofirst" (backward only) the in-place path with dQ's low half handed to the
-writer first (``hopper_backward.WS_DQ_HI_FIRST`` off),
+writer first (``hopper_bwd.WS_DQ_HI_FIRST`` off),
 "gluon-pad-ring" / "gluon-pad-whole" (forward only) the in-place path with the split ring or without it
 (``hopper.split_ring``),
 "gluon-pad-pp" / "gluon-pad-pers" / "gluon-pad-wg3" (forward only) the in-place path in one variant at every
@@ -36,10 +36,11 @@ import torch
 import torch.nn.functional as F
 
 import ioattn
-from ioattn import hopper
+from ioattn.plan import hopper
+from ioattn import backends
 from ioattn.bench.run import _check
 from ioattn.bench.timing import attention_flops, median_ms
-from ioattn.kernels.hopper_backward import hopper_backward
+from ioattn.launch.gluon_bwd import hopper_backward
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ab_bwd import check as check_bwd  # noqa: E402  (the gradients against the float64 oracle)
@@ -58,32 +59,32 @@ def pad(t, dp):
 def gluon_fpad_fwd(q, k, v, causal):
     d = q.shape[-1]
     dp = padded_dim(d)
-    out, lse = hopper.hopper_forward(pad(q, dp), pad(k, dp), pad(v, dp), d ** -0.5, causal)
+    out, lse = backends.hopper_forward(pad(q, dp), pad(k, dp), pad(v, dp), d ** -0.5, causal)
     return out[..., :d].contiguous(), lse
 
 
 def gluon_pad_fwd(q, k, v, causal):
-    return hopper.hopper_forward(q, k, v, q.shape[-1] ** -0.5, causal)  # the launcher pads (hopper.pad_head)
+    return backends.hopper_forward(q, k, v, q.shape[-1] ** -0.5, causal)  # the launcher pads (gluon_fwd.pad_head)
 
 
 def gluon_pad_whole_fwd(q, k, v, causal):
     """The in-place path with the K / V ring in whole 256-wide tiles, two stages (``hopper.split_ring`` off;
     docs/decisions/split-products.md)."""
     with hopper.split_ring(False):
-        return hopper.hopper_forward(q, k, v, q.shape[-1] ** -0.5, causal)
+        return backends.hopper_forward(q, k, v, q.shape[-1] ** -0.5, causal)
 
 
 def gluon_pad_wide_fwd(q, k, v, causal):
     """The in-place path with its products over all 256 columns (``hopper.split_cols`` off)."""
     with hopper.split_cols(False):
-        return hopper.hopper_forward(q, k, v, q.shape[-1] ** -0.5, causal)
+        return backends.hopper_forward(q, k, v, q.shape[-1] ** -0.5, causal)
 
 
 def gluon_pad_ring_fwd(q, k, v, causal):
     """The in-place path with the split ring (``hopper.split_ring``: K / V tiles in 128 + 64-column
     buffers, three stages; the default since: "gluon-pad" ran without it until then)."""
     with hopper.split_ring(True):
-        return hopper.hopper_forward(q, k, v, q.shape[-1] ** -0.5, causal)
+        return backends.hopper_forward(q, k, v, q.shape[-1] ** -0.5, causal)
 
 
 def gluon_pad_variant_fwd(name):
@@ -91,7 +92,7 @@ def gluon_pad_variant_fwd(name):
     program) or "persistent" at every length."""
     def run(q, k, v, causal):
         with hopper.variant(name):
-            return hopper.hopper_forward(q, k, v, q.shape[-1] ** -0.5, causal)
+            return backends.hopper_forward(q, k, v, q.shape[-1] ** -0.5, causal)
     return run
 
 
@@ -144,15 +145,15 @@ def bwd_setup(name):
             out, lse = gluon_pad_fwd(q, k, v, causal)
             return lambda: hopper_backward(dout, q, k, v, out, lse, q.shape[-1] ** -0.5, causal, variant="ws")
         if name == "gluon-pad-dqlofirst":  # the same with dQ's low half handed over first
-            from ioattn.kernels import hopper_backward as hb
+            from ioattn.plan import hopper_bwd
             out, lse = gluon_pad_fwd(q, k, v, causal)
 
             def run():
-                saved, hb.WS_DQ_HI_FIRST = hb.WS_DQ_HI_FIRST, ()
+                saved, hopper_bwd.WS_DQ_HI_FIRST = hopper_bwd.WS_DQ_HI_FIRST, ()
                 try:
                     return hopper_backward(dout, q, k, v, out, lse, q.shape[-1] ** -0.5, causal, variant="ws")
                 finally:
-                    hb.WS_DQ_HI_FIRST = saved
+                    hopper_bwd.WS_DQ_HI_FIRST = saved
             return run
         if name == "gluon-pad-wide":  # the same with the products 256 wide (hopper.bwd_split_cols off)
             out, lse = gluon_pad_fwd(q, k, v, causal)
@@ -164,11 +165,11 @@ def bwd_setup(name):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         if name in ("ioattn", "portable"):
             pref = None if name == "ioattn" else False  # None: the default policy; False: the portable kernels
-            with hopper.prefer_hopper(pref), hopper.prefer_hopper_bwd(pref):
+            with hopper.prefer_hopper(pref), hopper_bwd.prefer_hopper_bwd(pref):
                 out = ioattn.flash_attn_func(*leaves, causal=causal)
 
             def run():
-                with hopper.prefer_hopper_bwd(pref):
+                with hopper_bwd.prefer_hopper_bwd(pref):
                     return torch.autograd.grad(out, leaves, dout, retain_graph=True)
             return run
         backend = {"sdpa-cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa-flash": SDPBackend.FLASH_ATTENTION}[name]

@@ -7,7 +7,7 @@ tensors, the backend torch picks) measured in the same run as the peer.
 ``--pass fwd`` (default): the forward, gluon = the Gluon forward (``hopper.prefer_hopper(True)``,
 ``hopper.GLUON_VARLEN`` switched on), portable = ``prefer_hopper(False)``. ``--pass bwd``: the
 backward alone (``torch.autograd.grad`` of a forward kept alive, ``retain_graph``), gluon = the Gluon
-backward's IS_VARLEN form (``hopper.prefer_hopper_bwd(True)`` around the forward, whose switch
+backward's IS_VARLEN form (``hopper_bwd.prefer_hopper_bwd(True)`` around the forward, whose switch
 governs its backward), portable = ``prefer_hopper_bwd(False)``; both behind the same (default)
 forward.
 
@@ -28,7 +28,8 @@ import random
 import torch
 
 import ioattn
-from ioattn import hopper
+from ioattn.plan import hopper
+from ioattn.plan import hopper_bwd
 from ioattn.bench.timing import median_ms
 
 TOKENS, HIDDEN = 16384, 2048
@@ -60,7 +61,7 @@ def _forward(name, q, k, v, cu, max_len, causal, backward):
     if name == "sdpa-njt":
         return _sdpa_njt(q, k, v, cu, causal)
     on = name == "gluon"
-    switch = hopper.prefer_hopper_bwd(on) if backward else hopper.prefer_hopper(on)
+    switch = hopper_bwd.prefer_hopper_bwd(on) if backward else hopper.prefer_hopper(on)
     with switch:
         return ioattn.flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=causal)
 
@@ -87,7 +88,7 @@ def _kernel(name, q, k, v, cu, max_len, causal, backward):
             run = lambda: _sdpa_njt(q, k, v, cu, causal)  # noqa: E731
         return "SDPA (nested jagged): " + ", ".join(_device_kernels(run)[:3])
     on = name == "gluon"
-    with (hopper.prefer_hopper_bwd(on) if backward else hopper.prefer_hopper(on)):
+    with (hopper_bwd.prefer_hopper_bwd(on) if backward else hopper.prefer_hopper(on)):
         plan = ioattn.explain_dispatch(q, k, v, causal=causal, cu_seqlens_q=cu, max_seqlen_q=max_len)
     return plan.backward["kernels"] if backward else plan.forward["kernel"]
 

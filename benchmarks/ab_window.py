@@ -1,7 +1,7 @@
 """A/B of attention with a sliding window (flash-attn's ``window_size=(left, right)``): the Gluon
 Hopper kernels' WINDOW forms against the portable Triton kernels, with FlexAttention (a block mask
 of the same band, ``torch.compile``d) measured in the same run as the peer where asked for.
-``--pass bwd`` (the default): the backward, Gluon by ``hopper.prefer_hopper_bwd(True)``, portable by
+``--pass bwd`` (the default): the backward, Gluon by ``hopper_bwd.prefer_hopper_bwd(True)``, portable by
 ``(False)``; ``--pass fwd``: the forward, by ``hopper.prefer_hopper(True / False)``.
 
     python benchmarks/ab_window.py --out DIR [--pass bwd|fwd] [--headdims 64,128,256]
@@ -13,7 +13,7 @@ of the same band, ``torch.compile``d) measured in the same run as the peer where
 FlexAttention's as a score_mod); a window -1:-1 is no window, -1:0 the causal mask. ``--alibi``:
 every provider with ALiBi (flash-attn's ``alibi_slopes``, the paper's slopes 2^(-8 (h + 1) / H) by
 head; FlexAttention's as a score_mod). Provider ``gluon-cs`` (the backward with a softcap): the Gluon
-backward's column-split form at d = 128 too (``hopper_backward.WS_SOFTCAP_COL_SPLIT_HEADDIMS``, in
+backward's column-split form at d = 128 too (``hopper_bwd.WS_SOFTCAP_COL_SPLIT_HEADDIMS``, in
 this process), against ``gluon``, the default. Provider ``gluon-was`` (the forward with ALiBi): the
 ALiBi configuration of docs/decisions/alibi.md's first form (``alibi_forms``: the fp32 columns everywhere, d = 128 at 64-key
 tiles, d = 64 in pingpong); ``gluon-magic``: the magic form for causal calls at any length and for
@@ -36,7 +36,8 @@ import os
 import torch
 
 import ioattn
-from ioattn import hopper
+from ioattn.plan import hopper
+from ioattn.plan import hopper_bwd
 from ioattn.bench.timing import median_ms
 
 TOKENS, HIDDEN = 16384, 2048
@@ -127,7 +128,7 @@ def measure(name, q, k, v, window, dout, softcap=0.0, slopes=None):
         grad = lambda _: [g.transpose(1, 2) for g in torch.autograd.grad(out, leaves, dout, retain_graph=True)]  # noqa: E731
     else:
         leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
-        with hopper.prefer_hopper_bwd(name.startswith("gluon")):
+        with hopper_bwd.prefer_hopper_bwd(name.startswith("gluon")):
             out = ioattn.flash_attn_func(*leaves, window_size=window, softcap=softcap, alibi_slopes=slopes)
         grad = lambda _: torch.autograd.grad(out, leaves, dout, retain_graph=True)  # noqa: E731
     return median_ms(grad, [None]), grad(None)
@@ -135,10 +136,10 @@ def measure(name, q, k, v, window, dout, softcap=0.0, slopes=None):
 
 def column_split(on):
     """``gluon-cs``: the backward's softcap form as the column split at every head dim, or the default."""
-    from ioattn.kernels import hopper_backward
+    from ioattn.plan import hopper_bwd
     if not hasattr(column_split, "default"):
-        column_split.default = hopper_backward.WS_SOFTCAP_COL_SPLIT_HEADDIMS
-    hopper_backward.WS_SOFTCAP_COL_SPLIT_HEADDIMS = (128,) if on else column_split.default
+        column_split.default = hopper_bwd.WS_SOFTCAP_COL_SPLIT_HEADDIMS
+    hopper_bwd.WS_SOFTCAP_COL_SPLIT_HEADDIMS = (128,) if on else column_split.default
 
 
 def alibi_forms(name):
@@ -200,7 +201,7 @@ def main():
                         alibi_forms(name)
                         if name != "flex":
                             gluon = name.startswith("gluon")
-                            with hopper.prefer_hopper_bwd(gluon), hopper.prefer_hopper(gluon):
+                            with hopper_bwd.prefer_hopper_bwd(gluon), hopper.prefer_hopper(gluon):
                                 plan = ioattn.explain_dispatch(q, k, v, window_size=window, softcap=args.softcap,
                                                                alibi_slopes=slopes)
                             rec["kernel"] = plan.forward["kernel"] if fwd else plan.backward["kernels"]

@@ -11,7 +11,7 @@ runs only cuDNN's forward and backward, without warm-up, for a profile of every 
 backward's are named ``*bprop*`` or so).
 
 bf16, 16384 tokens in all (batch = 16384 // seqlen), hidden 2048; ours is the dispatch's Gluon
-backward variant (``hopper.BWD_VARIANT``), its inputs from the Gluon forward; cuDNN's runs through
+backward variant ("ws"), its inputs from the Gluon forward; cuDNN's runs through
 ``torch.autograd.grad`` of SDPA's cuDNN forward (the forward outside the range).
 """
 import argparse
@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ioattn
-from ioattn import hopper
-from ioattn.kernels.hopper_backward import hopper_backward
+from ioattn.plan import hopper
+from ioattn.launch.gluon_bwd import hopper_backward
 
 WARMUP = 2
 
@@ -37,8 +37,8 @@ def main():
     ap.add_argument("--dq-flat", action="store_true", help="ours with the flat dQ tile (WS_DQ_FLAT)")
     args = ap.parse_args()
     if args.dq_flat:
-        from ioattn.kernels import hopper_backward as hb
-        hb.WS_DQ_FLAT = {64: True, 128: True}
+        from ioattn.plan import hopper_bwd
+        hopper_bwd.WS_DQ_FLAT = {64: True, 128: True}
     if args.cudnn_only:
         return cudnn_only(args)
     n = args.seqlen
@@ -50,7 +50,7 @@ def main():
             out, lse = ioattn.flash_attn_func(q, k, v, causal=args.causal, return_attn_probs=True)[:2]
         dout = torch.randn_like(out)
         calls.append((f"ioattn-d{d}", lambda q=q, k=k, v=v, out=out, lse=lse, dout=dout, d=d: hopper_backward(
-            dout, q, k, v, out, lse, d ** -0.5, args.causal, variant=hopper.BWD_VARIANT)))
+            dout, q, k, v, out, lse, d ** -0.5, args.causal, variant="ws")))
         if args.cudnn:
             qt, kt, vt = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):

@@ -14,7 +14,7 @@ import argparse
 import torch
 
 import ioattn
-from ioattn import hopper
+from ioattn.plan import hopper
 from ioattn.bench.providers import providers
 
 WARMUP = 2

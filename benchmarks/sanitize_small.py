@@ -34,8 +34,12 @@ import argparse
 import torch
 
 import ioattn
-from ioattn import decode, hopper
-from ioattn.kernels.hopper_backward import BWD_VARIANT_HEADDIMS, hopper_backward
+from ioattn import decode
+from ioattn.plan import hopper
+from ioattn import backends
+from ioattn.plan import hopper_bwd
+from ioattn.plan.hopper_bwd import BWD_VARIANT_HEADDIMS
+from ioattn.launch.gluon_bwd import hopper_backward
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--heads", default="64,128,256")
@@ -70,7 +74,8 @@ if args.window:
     print("sanitize_small --window: done")
     raise SystemExit(0)
 if args.softcap or args.alibi:
-    from ioattn.kernels import hopper_backward as hb
+    from ioattn.plan import hopper_bwd
+    from ioattn import backends
     cap = 20.0 if args.softcap else 0.0
     lens_q, lens_k, extra = [1, 100, 333, 0, 64, 50], [1, 37, 200, 40, 300, 0], 7
     cu_q, cu_k = (torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32, device=dev)
@@ -82,9 +87,9 @@ if args.softcap or args.alibi:
         for t, n in zip(packed, (lens_q, lens_k, lens_k)):
             t[sum(n):] = float("nan")
         slopes = (torch.rand(2, 3, device=dev), torch.rand(len(lens_q), 3, device=dev)) if args.alibi else (None, None)
-        bwd_ok = not (args.softcap and args.alibi and d in hopper.BWD_ALIBI_SOFTCAP_REFUSED)
+        bwd_ok = not (args.softcap and args.alibi and d in hopper_bwd.BWD_ALIBI_SOFTCAP_REFUSED)
         for split in ((), (128,)) if d == 128 and args.softcap else ((),):
-            hb.WS_SOFTCAP_COL_SPLIT_HEADDIMS = split
+            hopper_bwd.WS_SOFTCAP_COL_SPLIT_HEADDIMS = split
             for causal, window in ((False, (-1, -1)), (True, (-1, -1)), (False, (100, 0))):
                 kw = dict(causal=causal, window_size=window, softcap=cap, return_attn_probs=True)
                 with torch.no_grad(), hopper.prefer_hopper(True):
@@ -112,19 +117,19 @@ if args.padded:
                 continue
             for causal in (False, True):
                 with hopper.variant(name):
-                    out, lse = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
+                    out, lse = backends.hopper_forward(q, k, v, d ** -0.5, causal)
                 for det in (False, True):
                     hopper_backward(torch.randn_like(out), q, k, v, out, lse, d ** -0.5, causal, variant="ws",
                                     deterministic=det)
                 # whole 64-key tiles (320 keys): the forward's split ring at d = 136-192 (hopper.split_ring)
                 with hopper.variant(name):
-                    hopper.hopper_forward(q, k[:, :320], v[:, :320], d ** -0.5, causal)
+                    backends.hopper_forward(q, k[:, :320], v[:, :320], d ** -0.5, causal)
         # the kernels' forms in place: a window, softcap + ALiBi (causal), and packed sequences with NaN
         # in the rows no sequence owns (a window, then causal ALiBi)
         slopes = torch.rand(3, device=dev)
         for kw in (dict(window=(100, 0)), dict(softcap=20.0, alibi_slopes=slopes)):
             causal = "softcap" in kw
-            out, lse = hopper.hopper_forward(q, k, v, d ** -0.5, causal, **kw)
+            out, lse = backends.hopper_forward(q, k, v, d ** -0.5, causal, **kw)
             hopper_backward(torch.randn_like(out), q, k, v, out, lse, d ** -0.5, causal, variant="ws", **kw)
         lens_q, lens_k, extra = [1, 100, 333, 0, 64, 50], [1, 37, 200, 40, 300, 0], 7
         cu_q, cu_k = (torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32, device=dev)
@@ -136,7 +141,7 @@ if args.padded:
         packed = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
         for causal, kw in ((False, dict(window=(100, 0))), (True, dict(alibi_slopes=torch.rand(len(lens_q), 3,
                                                                                                  device=dev)))):
-            out, lse = hopper.hopper_forward(qp, kp, vp, d ** -0.5, causal, **packed, **kw)
+            out, lse = backends.hopper_forward(qp, kp, vp, d ** -0.5, causal, **packed, **kw)
             for det in (False, True):
                 hopper_backward(torch.randn_like(out), qp, kp, vp, out, lse, d ** -0.5, causal, variant="ws",
                                 deterministic=det, **packed, **kw)

@@ -1,7 +1,7 @@
 """Tile-size sweep for the Triton kernels on the device: every candidate is checked against the
 float64 oracle at a small shape, then timed at the papers' shapes (16k tokens, hidden 2048, bf16).
 Writes one JSON line per (kernel, headdim, causal, seqlen, config). The chosen tables live in
-ioattn/dispatch.py, with a pointer to the committed output of this script.
+ioattn/plan/dispatch.py, with a pointer to the committed output of this script.
 
     python benchmarks/tune_tiles.py --out DIR [--headdims 64,128,256] [--seqlens 4096,16384]
 """
@@ -12,7 +12,7 @@ import os
 import torch
 
 import ioattn
-from ioattn import dispatch
+from ioattn.plan import dispatch
 from ioattn.bench.timing import attention_flops, median_ms
 from ioattn.reference import attention_ref
 

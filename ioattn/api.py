@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from ioattn import hopper
+from ioattn.plan import hopper_bwd
 from ioattn.autograd import attention
 from ioattn.masks import normalize_window
 from ioattn.reference.naive import scores_ref
@@ -207,9 +207,9 @@ def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropou
     dropout_p, scale, softcap, window, alibi_slopes = _check_scalars(
         dropout_p, softmax_scale, softcap, window_size, causal, alibi_slopes, q, batch)
     q, k, v = _contiguous_last(q), _contiguous_last(k), _contiguous_last(v)
-    # deterministic: that forward's backward adds dQ in a fixed order (ioattn.hopper.bwd_plan); the
+    # deterministic: that forward's backward adds dQ in a fixed order (ioattn.plan.hopper_bwd.bwd_plan); the
     # switches in force at the forward decide the backward of that forward (ioattn.autograd)
-    with hopper.bwd_deterministic(True) if deterministic else contextlib.nullcontext():
+    with hopper_bwd.bwd_deterministic(True) if deterministic else contextlib.nullcontext():
         out, lse, rng_state = attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                         scale, window, softcap, alibi_slopes, dropout_p)
     if not return_attn_probs:
@@ -232,7 +232,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     applies ``cap * tanh(s / cap)`` to the scaled scores. ``alibi_slopes`` (nheads,) or
     (batch, nheads) adds ``-slope * |i + seqlen_k - seqlen_q - j|``. ``deterministic=True`` makes
     the backward bitwise reproducible: dQ's partial sums are added in a fixed order (see
-    ``ioattn.hopper.bwd_plan``), where the default Gluon backward on Hopper adds them as they arrive.
+    ``ioattn.plan.hopper_bwd.bwd_plan``), where the default Gluon backward on Hopper adds them as they arrive.
 
     Returns ``out`` (batch, seqlen_q, nheads, headdim), or with ``return_attn_probs=True``
     ``(out, softmax_lse (batch, nheads, seqlen_q) fp32, S_dmask)`` in flash-attn's layout. Without

@@ -14,7 +14,8 @@ from typing import Optional
 
 import torch
 
-from ioattn import backends, hopper
+from ioattn import backends
+from ioattn.plan import hopper_bwd
 
 
 def _forward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
@@ -77,16 +78,16 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, out, lse, rng_state)
     ctx.args = rest  # the non-differentiable arguments, in _FWD_ARGS order
     # the Gluon backward's switches as they stood when the forward ran (None: unset, the default
-    # policy or the environment decides), so that ``with hopper.prefer_hopper_bwd(True): out =
-    # f(...)`` (or deterministic=True, which sets hopper.bwd_deterministic) governs the backward of
+    # policy or the environment decides), so that ``with hopper_bwd.prefer_hopper_bwd(True): out =
+    # f(...)`` (or deterministic=True, which sets hopper_bwd.bwd_deterministic) governs the backward of
     # that forward wherever the backward later runs
-    ctx.hopper_bwd = hopper.prefer_hopper_bwd.value
-    ctx.deterministic = hopper.bwd_deterministic.value
+    ctx.hopper_bwd = hopper_bwd.prefer_hopper_bwd.value
+    ctx.deterministic = hopper_bwd.bwd_deterministic.value
 
 
 def _backward(ctx, dout, dlse, drng):
     q, k, v, out, lse, rng_state = ctx.saved_tensors
-    with hopper.prefer_hopper_bwd(ctx.hopper_bwd), hopper.bwd_deterministic(ctx.deterministic):
+    with hopper_bwd.prefer_hopper_bwd(ctx.hopper_bwd), hopper_bwd.bwd_deterministic(ctx.deterministic):
         dq, dk, dv = _bwd_op(dout, q, k, v, out, lse, *ctx.args, rng_state)
     return (dq, dk, dv) + (None,) * len(_FWD_ARGS)
 
@@ -108,7 +109,7 @@ class _Eager(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse, drng):
         q, k, v, out, lse, rng_state = ctx.saved_tensors
-        with hopper.prefer_hopper_bwd(ctx.hopper_bwd), hopper.bwd_deterministic(ctx.deterministic):
+        with hopper_bwd.prefer_hopper_bwd(ctx.hopper_bwd), hopper_bwd.bwd_deterministic(ctx.deterministic):
             dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, *ctx.args, rng_state)
         return (dq, dk, dv) + (None,) * len(_FWD_ARGS)
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from ioattn import dispatch, hopper
+from ioattn.launch import gluon_fwd
+from ioattn.plan import dispatch, hopper, hopper_bwd
+from ioattn.plan import forward as forward_plan
 from ioattn.kernels import cpu
 from ioattn.kernels.constants import LOG2E
 from ioattn.reference.philox import dropout_threshold
@@ -71,6 +73,42 @@ def _alibi_args(alibi_slopes, q):
     return alibi_slopes, stride_ab, True
 
 
+def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                   max_seqlen_k=None, window=(-1, -1), softcap=0.0, alibi_slopes=None):
+    """(out, lse) of the Gluon Hopper forward, as the portable forward returns them; the call must pass
+    ``hopper.hopper_supports``. Batched: q (batch, seqlen_q, nheads, d), lse (batch, nheads, seqlen_q).
+    Varlen (``cu_seqlens_q`` given, with cu_seqlens_k and the max lengths): packed q (total_q, nheads,
+    d), k/v (total_k, ...), lse (nheads, total_q); rows no sequence owns give output 0 and lse -inf.
+    ``window``: flash-attn's (left, right), bottom-right aligned; the causal mask is ``causal=True``.
+    ``softcap`` > 0: cap * tanh(s * scale / cap). ``alibi_slopes``: fp32 (nheads,) or (batch, nheads),
+    flash-attn's bias -slope * |i + seqlen_k - seqlen_q - j|. The plan (``ioattn.plan.forward``) is
+    made once a signature; the launch (``ioattn.launch.gluon_fwd``) carries it out."""
+    varlen = cu_seqlens_q is not None
+    nheads = q.shape[-2]
+    if alibi_slopes is not None:
+        n_batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
+        if tuple(alibi_slopes.shape) not in ((nheads,), (n_batch, nheads)) or alibi_slopes.dtype != torch.float32 \
+                or alibi_slopes.stride(-1) != 1:
+            raise ValueError(f"alibi_slopes must be fp32 of shape ({nheads},) or ({n_batch}, {nheads}) with unit "
+                             f"head stride, got {alibi_slopes.dtype} {tuple(alibi_slopes.shape)}")
+    sig = forward_plan.Signature(
+        batch=cu_seqlens_q.numel() - 1 if varlen else q.shape[0], seqlen_q=max_seqlen_q if varlen else q.shape[1],
+        seqlen_k=max_seqlen_k if varlen else k.shape[1], nheads=nheads, nheads_kv=k.shape[-2], head_dim=q.shape[-1],
+        element_size=q.element_size(), varlen=varlen, causal=bool(causal), window=tuple(int(w) for w in window),
+        softcap=float(softcap), softmax_scale=float(softmax_scale), alibi=alibi_slopes is not None,
+        device_sms=gluon_fwd.device_sms(q.device))
+    plan = forward_plan.plan_forward(sig)
+    if plan.pad_copies:  # a head dim the kernels lack, not a multiple of 8: on zero-padded copies
+        out, lse = hopper_forward(*(gluon_fwd.pad_head(t, plan.pad_to) for t in (q, k, v)), softmax_scale, causal)
+        return out[..., :q.shape[-1]].contiguous(), lse
+    if alibi_slopes is not None:
+        form = dict(plan.constexprs)["ALIBI"]
+        refusal = hopper.alibi_length_refusal(q, k, varlen, form)
+        if refusal:
+            raise ValueError(refusal)
+    return gluon_fwd.launch_forward(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+
+
 def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                    window, softcap, alibi_slopes, dropout_p, seed):
     from ioattn.kernels.forward import attn_fwd_kernel
@@ -78,10 +116,9 @@ def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if hopper.fwd_plan(q, k, v, pb.varlen, window, softcap, alibi_slopes, dropout_p, pb.seqlen_q, softmax_scale)[0]:
         causal = window == (-1, 0)
-        return hopper.hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=cu_seqlens_q,
-                                     cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                                     window=(-1, -1) if causal else window, softcap=softcap,
-                                     alibi_slopes=alibi_slopes)
+        return hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                              max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                              window=(-1, -1) if causal else window, softcap=softcap, alibi_slopes=alibi_slopes)
     out, lse = pb.outputs(q)
     if q.numel() == 0 or pb.seqlen_q == 0:
         lse.fill_(float("-inf"))
@@ -128,12 +165,12 @@ def triton_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
                                          attn_bwd_preprocess_kernel)
 
     pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    if hopper.bwd_plan(q, k, v, pb.varlen, window, softcap, alibi_slopes, dropout_p, pb.seqlen_q, softmax_scale)[0]:
-        from ioattn.kernels.hopper_backward import hopper_backward
+    if hopper_bwd.bwd_plan(q, k, v, pb.varlen, window, softcap, alibi_slopes, dropout_p, pb.seqlen_q, softmax_scale)[0]:
+        from ioattn.launch.gluon_bwd import hopper_backward
         varlen = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=pb.seqlen_q,
                       max_seqlen_k=pb.seqlen_k) if pb.varlen else {}
-        return hopper_backward(dout, q, k, v, out, lse, softmax_scale, window == (-1, 0), variant=hopper.BWD_VARIANT,
-                               deterministic=hopper.bwd_deterministic.wanted(), window=window, softcap=softcap,
+        return hopper_backward(dout, q, k, v, out, lse, softmax_scale, window == (-1, 0), variant="ws",
+                               deterministic=hopper_bwd.bwd_deterministic.wanted(), window=window, softcap=softcap,
                                alibi_slopes=alibi_slopes, **varlen)
     dq, dk, dv = pb.grads(q, k, v)
     if q.numel() == 0 or k.numel() == 0:

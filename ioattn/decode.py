@@ -24,11 +24,11 @@ from typing import Optional
 
 import torch
 
-from ioattn import dispatch, options
+from ioattn.plan import dispatch, options
 from ioattn.api import _DTYPES, MAX_HEADDIM
 from ioattn.backends import _scalars
 from ioattn.kernels.constants import LOG2E
-from ioattn.launcher import launcher_for
+from ioattn.launch.cached import launcher_for
 from ioattn.masks import normalize_window
 from ioattn.merge import _merge_triton
 from ioattn.reference.decode import apply_rotary_ref, gather_kv_ref
@@ -624,7 +624,7 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
              USE_TMA=cfg.use_tma, UNIFIED=unified_max is not None, PHI_BELOW=below, PHI_ABOVE=above,
              HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl and split, PDL_WAIT=cfg.pdl_wait,
              num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.max_regs} if cfg.max_regs else {}),
-             **({"launch_pdl": True} if cfg.pdl_wait else {})))
+             **({"launch_pdl": True} if cfg.pdl_wait else {})), cached=dispatch.cached_launch())
     if split:
         _merge_triton(opart, lpart, lse_bhm=True, pdl=cfg.pdl, out=out[b0:], lse=lse[b0:])
     return out, lse

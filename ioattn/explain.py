@@ -1,5 +1,5 @@
 """``explain_dispatch``: which implementation, kernel, tiles and load path a call would use, without
-running it. The same host policy the launchers call (``ioattn.dispatch``), so what it says is what
+running it. The same host policy the launchers call (``ioattn.plan.dispatch``), so what it says is what
 runs."""
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ioattn import _compat, dispatch, hopper
+from ioattn import _compat
+from ioattn.launch import gluon_fwd
+from ioattn.plan import dispatch, hopper, hopper_bwd
 from ioattn.masks import normalize_window
 
 
@@ -107,7 +109,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                                 f"the masks; {form})")
         if name == "persistent":
             opts = hopper.persistent_options(kd, name, is_causal, dispatch.cdiv(seqlen_q, bm))
-            forward["walk"] = ("a host-built table (hopper.build_walk_table): longest tiles first within groups "
+            forward["walk"] = ("a host-built table (gluon_fwd.build_walk_table): longest tiles first within groups "
                                "of heads whose K / V fit in L2, each to the program that frees first"
                                if hopper.walk_table_for(kd, name, is_causal,
                                                         dispatch.cdiv(seqlen_q, bm)) else
@@ -137,13 +139,12 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         forward["gluon_api"] = f"off ({gluon_why})"
     tiles = dispatch.cdiv(seqlen_q, forward["tiles"][0]) * batch * nheads
     forward["tiles_count"] = tiles
-    forward["programs"] = (hopper.grid_programs(q.device, name, tiles) if "hopper" in forward["kernel"]
+    forward["programs"] = (gluon_fwd.grid_programs(q.device, name, tiles) if "hopper" in forward["kernel"]
                            else dispatch.fwd_persistent_programs(q.device, tiles) or tiles)
-    gluon_bwd, bwd_why = hopper.bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, 0.0, seqlen_q)
+    gluon_bwd, bwd_why = hopper_bwd.bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, 0.0, seqlen_q)
     if gluon_bwd:
-        from ioattn.kernels import hopper_backward
-        cfg = hopper_backward.kernel_config(kd, hopper.BWD_VARIANT, softcap > 0, bool(alibi))
-        backward = {"kernels": f"ioattn.kernels.hopper_backward (Gluon, {hopper.BWD_VARIANT})",
+        cfg = hopper_bwd.kernel_config(kd, "ws", softcap > 0, bool(alibi))
+        backward = {"kernels": "ioattn.kernels.hopper_backward_ws.hopper_bwd_ws_kernel (Gluon, ws)",
                     "tiles": (cfg["block_m"], cfg["block_n"], cfg["num_warps"], cfg["stages"]), "atomics": True,
                     "inputs": (hopper.padded_inputs_note(d, backward=True) if kd != d else
                                hopper.inputs_note(q, k, v, varlen, is_causal, backward=True))}

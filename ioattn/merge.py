@@ -9,8 +9,8 @@ from collections.abc import Sequence
 import torch
 import triton
 
-from ioattn import dispatch
-from ioattn.launcher import launcher_for
+from ioattn.plan import dispatch
+from ioattn.launch.cached import launcher_for
 from ioattn.reference.merge import merge_states_ref
 
 
@@ -110,7 +110,8 @@ def _merge_triton(outs, lses, lse_bhm=False, pdl=False, out=None, lse=None):
             (n_rows,), (o, lse_in, out, lse, n_rows, splits, o.stride(0), o.stride(1), lse_in.stride(0), nheads,
                         seqlen_q),
             dict(HEAD_DIM=d, BLOCK_D=dispatch.block_d(d), BLOCK_S=block_s, CHUNK_S=min(block_s, 64),
-                 LSE_BHM=lse_bhm, num_warps=4, **({"USE_PDL": True, "launch_pdl": True} if pdl else {})))
+                 LSE_BHM=lse_bhm, num_warps=4, **({"USE_PDL": True, "launch_pdl": True} if pdl else {})),
+            cached=dispatch.cached_launch())
     if lse_bhm:
         return out.reshape(*lead, d), lse.reshape(lead[0], nheads, seqlen_q)
     return out.reshape(*lead, d), lse.reshape(lead)

@@ -47,6 +47,9 @@ def pytest_runtest_call(item):
 def _seed(request):
     # a fresh but reproducible draw per test (never zeros): the seed comes from the test's name
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+    # cached plans are keyed on the switches, not on policy tables a test may patch: none carries over
+    from ioattn.plan import forward
+    forward._PLANS.clear()
 
 
 def max_err(a, b):
@@ -134,17 +137,17 @@ class _PoisonedTorch(types.ModuleType):
 @pytest.fixture
 def poison_alloc(monkeypatch):
     """Every buffer the launchers allocate with torch.empty/empty_like starts as NaN: the training
-    kernels (``ioattn.backends``), the Hopper forward and backward (``ioattn.hopper``,
-    ``ioattn.kernels.hopper_backward``, when this Triton has Gluon), decoding and the merge."""
+    kernels (``ioattn.backends``), the Hopper forward and backward (``ioattn.launch.gluon_fwd``,
+    ``ioattn.launch.gluon_bwd``, when this Triton has Gluon), decoding and the merge."""
     import ioattn.backends
     import ioattn.decode
-    import ioattn.hopper
+    import ioattn.launch.gluon_fwd
     import ioattn.merge
 
-    modules = [ioattn.backends, ioattn.hopper, ioattn.decode, ioattn.merge]
+    modules = [ioattn.backends, ioattn.launch.gluon_fwd, ioattn.decode, ioattn.merge]
     try:
-        import ioattn.kernels.hopper_backward
-        modules.append(ioattn.kernels.hopper_backward)
+        import ioattn.launch.gluon_bwd
+        modules.append(ioattn.launch.gluon_bwd)
     except ImportError:  # a Triton without Gluon
         pass
     for module in modules:
@@ -154,7 +157,7 @@ def poison_alloc(monkeypatch):
 @pytest.fixture
 def tile_override():
     """Yields ``set(kind, TileConfig)``; every override is removed after the test."""
-    from ioattn import dispatch
+    from ioattn.plan import dispatch
 
     kinds = []
 

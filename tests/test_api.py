@@ -9,8 +9,9 @@ import torch
 
 from conftest import (assert_lse_close, assert_matches_oracles, assert_varlen_sequences, attention_oracles,
                       max_err)
-from ioattn import (dispatch, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
+from ioattn import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
                     flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func)
+from ioattn.plan import dispatch
 from ioattn.masks import keep_mask
 
 FP16, BF16, FP32 = torch.float16, torch.bfloat16, torch.float32

@@ -10,7 +10,7 @@ import statistics
 import pytest
 import torch
 
-from ioattn import dispatch
+from ioattn.plan import dispatch
 from ioattn.bench import report
 from ioattn.bench.providers import calibrate_unified_max, decode_providers, paged_copy
 from ioattn.bench import run as bench_run

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import ioattn
-from ioattn import cli, dispatch
+from ioattn import cli
+from ioattn.plan import dispatch
 from ioattn.bench import memory, report
 from ioattn.bench import run as bench_run
 from ioattn.bench.progress import Progress, duration

@@ -22,7 +22,9 @@ import triton
 import ioattn
 from conftest import (DEVICE, assert_lse_close, assert_matches_oracles, assert_varlen_sequences,
                       assert_within_torch_error, attention_oracles)
-from ioattn import _compat, dispatch, hopper
+from ioattn import _compat
+from ioattn.plan import dispatch, hopper
+from ioattn.plan import hopper_bwd
 from ioattn._compat import InterpreterUnsupportedError, UnsupportedVersionWarning
 from ioattn.reference import attention_ref
 from ioattn.reference.merge import merge_states_ref
@@ -87,7 +89,7 @@ def test_import_warns_once_for_versions_outside_the_ranges():
     code = ("import torch, triton\n"
             "torch.__version__ = '2.99.0'\n"
             "triton.__version__ = '3.99.0'\n"
-            "import ioattn, ioattn.explain, ioattn.decode, ioattn.hopper\n")
+            "import ioattn, ioattn.explain, ioattn.decode, ioattn.plan.hopper\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
     proc = subprocess.run([sys.executable, "-W", "always::UserWarning", "-c", code], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -136,7 +138,7 @@ def test_gluon_incompatible_falls_back_to_the_portable_kernels(monkeypatch):
     """On an sm_90 GPU (faked) with a Triton whose Gluon the check rejects, the plan takes the portable
     kernels and says why; with the check passing, the same call takes the Gluon kernels."""
     q = torch.randn(1, 64, 2, 128, dtype=torch.float16)
-    with dispatch.forced_backend("triton"), hopper.prefer_hopper(True), hopper.prefer_hopper_bwd(True):
+    with dispatch.forced_backend("triton"), hopper.prefer_hopper(True), hopper_bwd.prefer_hopper_bwd(True):
         _fake_hopper(monkeypatch, True)
         plan = ioattn.explain_dispatch(q, q, q)
         assert plan.forward["gluon_hopper"].startswith("taken") and "hopper_fwd_kernel" in plan.forward["kernel"]
@@ -150,7 +152,7 @@ def test_gluon_incompatible_falls_back_to_the_portable_kernels(monkeypatch):
         assert "gluon_api" not in plan.forward  # the reason is given once
         assert f"gluon_hopper=not applicable ({why})" in plan.describe()
         assert hopper.fwd_plan(q, q, q, False, (-1, -1), 0.0, None, 0.0) == (False, why)
-        assert hopper.bwd_plan(q, q, q, False, (-1, -1), 0.0, None, 0.0) == (False, why)
+        assert hopper_bwd.bwd_plan(q, q, q, False, (-1, -1), 0.0, None, 0.0) == (False, why)
 
 
 def test_gluon_reason_shown_off_hopper_too(monkeypatch):
@@ -176,7 +178,7 @@ def test_gluon_incompatible_call_runs_the_portable_kernels(monkeypatch):
     _fake_hopper(monkeypatch, False)
     q, k, v = (torch.randn(1, 40, 2, 64, dtype=torch.float16, requires_grad=True) for _ in range(3))
     dout = torch.randn_like(q)
-    with hopper.prefer_hopper(True), hopper.prefer_hopper_bwd(True):
+    with hopper.prefer_hopper(True), hopper_bwd.prefer_hopper_bwd(True):
         out = ioattn.flash_attn_func(q, k, v, causal=True)
         grads = torch.autograd.grad(out, (q, k, v), dout)
     assert_matches_oracles("gluon off", out.detach(), grads, attention_oracles(q, k, v, dout, window=(-1, 0)))

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from conftest import DEVICE, max_err
-from ioattn import dispatch, flash_attn_func, flash_attn_varlen_func
+from ioattn import flash_attn_func, flash_attn_varlen_func
+from ioattn.plan import dispatch
 
 import ioattn.autograd  # noqa: F401  (registers torch.ops.ioattn.*)
 

@@ -10,7 +10,8 @@ import torch
 
 from conftest import (_PoisonedTorch, assert_lse_close, assert_matches_oracles, assert_varlen_sequences,
                       attention_oracles, max_err)
-from ioattn import dispatch, flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func
+from ioattn import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func
+from ioattn.plan import dispatch
 from ioattn.kernels import cpu
 from ioattn.masks import keep_mask
 from ioattn.reference.philox import dropout_keep_mask

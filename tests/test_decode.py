@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import DEVICE, assert_lse_close, assert_within_torch_error, rotary_tables
 
-from ioattn import dispatch
+from ioattn.plan import dispatch
 from ioattn.decode import DEFAULT_NUM_SMS, MAX_SPLITS, SPLIT_WAVES, _heuristic_splits, decode_config, flash_attn_with_kvcache
 from ioattn.reference.decode import kvcache_attention_ref
 

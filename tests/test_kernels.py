@@ -19,9 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import DEVICE, assert_lse_close, assert_matches_oracles, attention_oracles, max_err
-from ioattn import (dispatch, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
+from ioattn import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
                     flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func)
-from ioattn.dispatch import TileConfig
+from ioattn.plan import dispatch
+from ioattn.plan.dispatch import TileConfig
 from ioattn.masks import keep_mask
 from ioattn.reference import dropout_keep_mask
 

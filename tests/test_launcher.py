@@ -1,4 +1,4 @@
-"""ioattn.launcher: the specialization key of a cached launch, the fallbacks, and (on a GPU) that a
+"""ioattn.launch.cached: the specialization key of a cached launch, the fallbacks, and (on a GPU) that a
 cached launch computes what Triton's own launch computes."""
 import pytest
 import torch
@@ -6,7 +6,8 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
-from ioattn.launcher import CachedLaunch, _arg_key
+from ioattn.launch.cached import CachedLaunch, _arg_key
+from ioattn.plan import dispatch
 
 
 def _add(X, Y, n, BLOCK: tl.constexpr, SCALE: tl.constexpr = 2):
@@ -46,8 +47,9 @@ def test_cached_launch_structure_and_fallback(monkeypatch):
     Triton's own launch."""
     assert CachedLaunch(JITFunction(_add)).enabled()
     assert not CachedLaunch(JITFunction(_runtime_after_constexpr)).enabled()
+    assert dispatch.cached_launch()
     monkeypatch.setenv("IOATTN_CACHED_LAUNCH", "0")
-    assert not CachedLaunch(JITFunction(_add)).enabled()
+    assert not dispatch.cached_launch()  # the callers pass it as ``cached``
     monkeypatch.delenv("IOATTN_CACHED_LAUNCH")
     calls = []
 

@@ -4,7 +4,7 @@ import torch
 
 import ioattn
 from conftest import DEVICE
-from ioattn import dispatch
+from ioattn.plan import dispatch
 from ioattn.reference import attention_ref
 from ioattn.reference.merge import merge_states_ref
 

@@ -1,11 +1,11 @@
-"""The registry of switches (``ioattn.options``) against what the modules define and read."""
+"""The registry of switches (``ioattn.plan.options``) against what the modules define and read."""
 import importlib
 import pathlib
 import re
 
 import pytest
 
-from ioattn import dispatch, options
+from ioattn.plan import dispatch, options
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SOURCES = [p for p in (ROOT / "ioattn").rglob("*.py") if p.name != "options.py"]
@@ -13,7 +13,7 @@ SOURCES = [p for p in (ROOT / "ioattn").rglob("*.py") if p.name != "options.py"]
 
 def _resolve(name):
     module, _, attr = name.partition(".")
-    return getattr(importlib.import_module(f"ioattn.{module}"), attr)
+    return getattr(importlib.import_module(f"ioattn.plan.{module}"), attr)
 
 
 def test_every_registered_switch_exists_and_every_preference_is_registered():
@@ -22,11 +22,11 @@ def test_every_registered_switch_exists_and_every_preference_is_registered():
             obj = _resolve(o.name)
             if isinstance(obj, dispatch.Preference):
                 assert obj.env in (None, o.env), o.name  # (some read their variable in their policy)
-    for module in ("dispatch", "hopper"):
-        mod = importlib.import_module(f"ioattn.{module}")
+    for module in ("dispatch", "hopper", "hopper_bwd"):
+        mod = importlib.import_module(f"ioattn.plan.{module}")
         for attr, value in vars(mod).items():
             if isinstance(value, dispatch.Preference):
-                assert f"{module}.{attr}" in options.BY_NAME, f"{module}.{attr} is not in ioattn.options.OPTIONS"
+                assert f"{module}.{attr}" in options.BY_NAME, f"{module}.{attr} is not in ioattn.plan.options.OPTIONS"
 
 
 def test_environment_variables_are_the_registered_ones():
@@ -54,4 +54,4 @@ def test_records_exist_and_the_rendered_table_is_current():
     for o in options.OPTIONS:
         assert (ROOT / o.record).is_file(), o.record
     assert options.table() in (ROOT / "docs" / "options.md").read_text(), \
-        "docs/options.md is stale: paste ioattn.options.table()"
+        "docs/options.md is stale: paste ioattn.plan.options.table()"

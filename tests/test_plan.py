@@ -8,7 +8,8 @@ import os
 import pytest
 import torch
 
-from ioattn import dispatch, flash_attn_func
+from ioattn import flash_attn_func
+from ioattn.plan import dispatch
 # the Gluon forward's LEAN bits, short for the tables below
 from ioattn.kernels.hopper_flags import LEAN_BY_WARP as WARP, LEAN_COND_RESCALE as COND
 from ioattn.kernels.hopper_flags import LEAN_DEFERRED_SUM as DSUM, LEAN_MASK_BRANCH as MASK, LEAN_Q_REGS as QREG
@@ -29,7 +30,7 @@ def test_tile_policy_short_causal():
     """The dispatch table is host policy with measured provenance: pin the rules it states."""
     import torch as _t
 
-    from ioattn import dispatch
+    from ioattn.plan import dispatch
 
     cuda = _t.device("cuda")
     assert dispatch.tiles("fwd", 64, cuda, seqlen_q=512, masked_right=True) == dispatch._FWD_SHORT_CAUSAL
@@ -42,7 +43,7 @@ def test_tile_policy_short_causal():
 def test_explain_dispatch_matches_the_policy():
     """explain_dispatch reports the backend and the dispatch tables' choice for the call."""
     import ioattn
-    from ioattn import dispatch
+    from ioattn.plan import dispatch
 
     q = torch.randn(2, 100, 4, 64, dtype=FP16)
     k = torch.randn(2, 100, 2, 64, dtype=FP16)
@@ -77,7 +78,8 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     caller fixed the forward's tiles; prefer_hopper and IOATTN_HOPPER override it both ways. It runs only
     for the calls it covers; elsewhere (here: a CPU) the portable path runs and the reason is given."""
     import ioattn
-    from ioattn import dispatch, hopper
+    from ioattn.plan import dispatch, hopper
+    from ioattn.launch import gluon_fwd
 
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
     monkeypatch.delenv("IOATTN_TILES", raising=False)
@@ -236,9 +238,9 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     fewer = {v: hopper.kernel_config(min(hopper.TILE_TABLE[v], key=lambda d: abs(d - 128)), v)["constexprs"]
              ["FEWER_MASKS"] for v in hopper.VARIANTS}
     assert fewer == {"base": False, "pingpong": True, "split": True, "wg3": False, "persistent": True}
-    assert hopper.grid_programs(torch.device("cpu"), "pingpong", 1000) == 1000  # one per tile
-    assert hopper.grid_programs(torch.device("cpu"), "persistent", 1000) == 132  # one per SM (an H100/H200 here)
-    assert hopper.grid_programs(torch.device("cpu"), "persistent", 7) == 7
+    assert gluon_fwd.grid_programs(torch.device("cpu"), "pingpong", 1000) == 1000  # one per tile
+    assert gluon_fwd.grid_programs(torch.device("cpu"), "persistent", 1000) == 132  # one per SM (an H100/H200 here)
+    assert gluon_fwd.grid_programs(torch.device("cpu"), "persistent", 7) == 7
     # per call: short fixed-length calls take the persistent variant (PERSISTENT_MAX_SEQLEN, by head dim and
     # mask, and where listed from PERSISTENT_MIN_SEQLEN: nowhere now)
     assert set(hopper.PERSISTENT_MAX_SEQLEN) == {(64, False), (64, True), (128, False), (128, True), (256, False),
@@ -293,7 +295,7 @@ def test_hopper_persistent_variant_by_call(monkeypatch):
     plan says so, with its walk and Q buffers; longer or varlen calls take the head dim's default.
     (The device check is replaced by the pure-Python call checks, as if on an sm_90 GPU.)"""
     import ioattn
-    from ioattn import hopper
+    from ioattn.plan import hopper
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
     monkeypatch.delenv("IOATTN_HOPPER_VARIANT", raising=False)
     monkeypatch.setattr(hopper, "hopper_supports", hopper.call_supported)
@@ -360,7 +362,8 @@ def test_hopper_varlen_switch_and_policy(monkeypatch):
     CPU hopper_supports refuses for sm_90 first, so the device check is replaced by the pure-Python
     call checks, hopper.call_supported.)"""
     import ioattn
-    from ioattn import backends, hopper
+    from ioattn import backends
+    from ioattn.plan import hopper
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
     q = torch.randn(10, 2, 64, dtype=BF16)  # packed (total, nheads, d)
     cu = torch.tensor([0, 4, 9], dtype=torch.int32)  # one trailing token no sequence owns
@@ -399,7 +402,7 @@ def test_hopper_varlen_switch_and_policy(monkeypatch):
             plan = ioattn.explain_dispatch(q, q, q, cu_seqlens_q=cu, max_seqlen_q=5)
             assert "hopper_fwd_kernel" in plan.forward["kernel"] and not plan.forward["mask"].startswith("none")
         calls = []
-        monkeypatch.setattr(hopper, "hopper_forward", lambda *a, **kw: calls.append((a, kw)) or ("out", "lse"))
+        monkeypatch.setattr(backends, "hopper_forward", lambda *a, **kw: calls.append((a, kw)) or ("out", "lse"))
         assert backends.triton_forward(q, q, q, cu, cu, 5, 5, 0.125, (-1, 0), 0.0, None, 0.0, 0) == ("out", "lse")
     ((args, kw),) = calls
     assert args[3:] == (0.125, True) and kw["cu_seqlens_q"] is cu and kw["cu_seqlens_k"] is cu
@@ -417,8 +420,10 @@ def test_hopper_backward_flat_dq_order(d, ragged):
     (through a padded buffer)."""
     pytest.importorskip("triton.experimental.gluon")
     import ioattn.kernels.hopper_backward as hb
-    block_m = hb.WS_BLOCK_M[d]
-    bases = hb.dq_flat_bases(hb.BWD_NUM_WARPS, block_m, d)
+    from ioattn.plan import hopper_bwd
+    from ioattn.launch import gluon_bwd
+    block_m = hopper_bwd.WS_BLOCK_M[d]
+    bases = hb.dq_flat_bases(hopper_bwd.BWD_NUM_WARPS, block_m, d)
     assert bases[:2] == [[0, 1], [8, 0]]  # a thread's registers of one 8-column group: 16 contiguous bytes
     offs = torch.arange(block_m * d)
     rows, cols = torch.zeros_like(offs), torch.zeros_like(offs)
@@ -432,7 +437,7 @@ def test_hopper_backward_flat_dq_order(d, ragged):
     blocks = full.view(batch, n_m, block_m, heads, d).permute(0, 3, 1, 2, 4)
     flat = blocks[:, :, :, rows, cols].reshape(-1)
     q = torch.empty(batch, seqlen, heads, d, dtype=torch.bfloat16)
-    dq = hb.dq_from_flat(flat, q, block_m, 0.5)
+    dq = gluon_bwd.dq_from_flat(flat, q, block_m, 0.5)
     assert dq.shape == q.shape and dq.dtype == q.dtype and dq.is_contiguous()
     assert torch.equal(dq, (full[:, :seqlen] * 0.5).to(torch.bfloat16))
 
@@ -517,8 +522,10 @@ def test_hopper_backward_flat_dq_varlen(d):
     past each sequence's length in its last block and the rows no sequence owns are not taken (0)."""
     pytest.importorskip("triton.experimental.gluon")
     import ioattn.kernels.hopper_backward as hb
-    block_m = hb.WS_BLOCK_M[d]
-    bases = hb.dq_flat_bases(hb.BWD_NUM_WARPS, block_m, d)
+    from ioattn.plan import hopper_bwd
+    from ioattn.launch import gluon_bwd
+    block_m = hopper_bwd.WS_BLOCK_M[d]
+    bases = hb.dq_flat_bases(hopper_bwd.BWD_NUM_WARPS, block_m, d)
     offs = torch.arange(block_m * d)
     rows, cols = torch.zeros_like(offs), torch.zeros_like(offs)
     for bit, (r, c) in enumerate(bases):
@@ -531,7 +538,7 @@ def test_hopper_backward_flat_dq_varlen(d):
     blocks = full.view(len(lens), n_m, block_m, heads, d).permute(0, 3, 1, 2, 4)
     flat = blocks[:, :, :, rows, cols].reshape(-1)
     q = torch.empty(sum(lens) + extra, heads, d, dtype=torch.bfloat16)
-    dq = hb.dq_from_flat(flat, q, block_m, 0.5, cu, n_m)
+    dq = gluon_bwd.dq_from_flat(flat, q, block_m, 0.5, cu, n_m)
     want = torch.zeros(sum(lens) + extra, heads, d)
     for b, n in enumerate(lens):
         want[int(cu[b]):int(cu[b + 1])] = full[b, :n] * 0.5
@@ -548,9 +555,10 @@ def test_hopper_backward_flat_dq_halves(d):
     rows a step, the rows [64 W, 64 W + 64) at 128."""
     pytest.importorskip("triton.experimental.gluon")
     import ioattn.kernels.hopper_backward as hb
-    block_m = hb.WS_BLOCK_M[d]
+    from ioattn.plan import hopper_bwd
+    block_m = hopper_bwd.WS_BLOCK_M[d]
     half_m, half_n = (block_m // 2, d) if block_m == 128 else (block_m, d // 2)
-    whole = hb.dq_flat_bases(hb.BWD_NUM_WARPS, block_m, d)
+    whole = hb.dq_flat_bases(hopper_bwd.BWD_NUM_WARPS, block_m, d)
     half = hb.dq_flat_bases(4, half_m, half_n)
     assert whole == half + [[half_m, 0] if block_m == 128 else [0, half_n]]
 
@@ -558,7 +566,7 @@ def test_hopper_backward_flat_dq_halves(d):
 def test_hopper_copy_env(monkeypatch):
     """IOATTN_HOPPER_COPY=1 / 0 takes or refuses the copies at any length, below the switch's own
     setting; any other value is refused by name."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
     monkeypatch.setenv("IOATTN_HOPPER_COPY", "1")
     assert hopper.copy_for_layout(128, False, 64) == (True, "IOATTN_HOPPER_COPY=1")
     with hopper.copy_strided(False):
@@ -578,11 +586,12 @@ def test_hopper_copy_env(monkeypatch):
 
 def test_hopper_layouts_without_copy():
     """The Gluon kernels read q, k, v through 2-D (rows, heads * d) descriptor views
-    (``dispatch.tma_rows_view``): contiguous tensors and the views of packed ones (what
+    (``layout.tma_rows_view``): contiguous tensors and the views of packed ones (what
     flash_attn_qkvpacked_func / kvpacked and fused projections hand over) qualify without a copy;
     layouts with no such view are refused by name, with their shape and strides."""
-    from ioattn import hopper
-    from ioattn.dispatch import tma_rows_view
+    from ioattn.plan import hopper
+    from ioattn.plan import hopper_bwd
+    from ioattn.layout import tma_rows_view
 
     b, n, h, d = 2, 24, 3, 64
     qkv = torch.randn(b, n, 3, h, d, dtype=torch.bfloat16)
@@ -609,11 +618,11 @@ def test_hopper_layouts_without_copy():
     q, k, v = qkv.unbind(2)
     none = (False, (-1, 0), 0.0, None, 0.0)
     assert hopper.call_supported(q, k, v, *none) == (True, "")
-    assert hopper.bwd_call_supported(q, k, v, *none) == (True, "")
+    assert hopper_bwd.bwd_call_supported(q, k, v, *none) == (True, "")
     assert hopper.inputs_note(q, k, v, False, True) == "in place (2-D (rows, heads * d) views)"
     # a layout with no view: the kernels take contiguous copies from hopper.COPY_MIN_SEQLEN's lengths
     bad = refused["transposed (b, h, n, d)"]
-    for which, check in (("fwd", hopper.call_supported), ("bwd", hopper.bwd_call_supported)):
+    for which, check in (("fwd", hopper.call_supported), ("bwd", hopper_bwd.bwd_call_supported)):
         least = hopper.COPY_MIN_SEQLEN[which][(d, True)]
         short = bad[:, :least - 1]
         ok, why = check(short, short, short, *none)
@@ -637,127 +646,117 @@ def test_hopper_layouts_without_copy():
 
 
 def test_hopper_backward_policy_and_wiring(monkeypatch):
-    """The Gluon backward's default policy (hopper.BWD_AUTO_MIN_SEQLEN per head dim and mask, the
+    """The Gluon backward's default policy (hopper_bwd.BWD_AUTO_MIN_SEQLEN per head dim and mask, the
     reason in the plan); prefer_hopper_bwd / IOATTN_HOPPER_BWD override it; it is taken only where
     it applies (sm_90, fp16/bf16, head dim 64/128/256, no ALiBi/dropout; varlen, windows and softcap in
     the ws variant only); when
     taken, triton_backward hands the call to hopper_backward with the selected variant, and
     deterministic=True passes its ordered mode on."""
-    from ioattn import backends, hopper
+    from ioattn import backends
+    from ioattn.plan import hopper_bwd
+    from ioattn.launch import gluon_bwd
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
     q = torch.randn(1, 70, 2, 64, dtype=torch.bfloat16)
     none = (False, (-1, -1), 0.0, None, 0.0)
-    taken, why = hopper.bwd_plan(q, q, q, *none)
-    least = hopper.BWD_AUTO_MIN_SEQLEN[(64, False)]
+    taken, why = hopper_bwd.bwd_plan(q, q, q, *none)
+    least = hopper_bwd.BWD_AUTO_MIN_SEQLEN[(64, False)]
     assert not taken and why == f"default policy: head dim 64 non-causal from seqlen_q >= {least} (here 70)"
-    for (d, causal), least in hopper.BWD_AUTO_MIN_SEQLEN.items():
-        assert hopper.bwd_policy(torch.empty(1, least, 2, d), causal=causal)[0]
-        assert not hopper.bwd_policy(torch.empty(1, least - 1, 2, d), causal=causal)[0]
-    assert "not in hopper.BWD_AUTO_MIN_SEQLEN" in hopper.bwd_policy(torch.empty(1, 9000, 2, 48))[1]
+    for (d, causal), least in hopper_bwd.BWD_AUTO_MIN_SEQLEN.items():
+        assert hopper_bwd.bwd_policy(torch.empty(1, least, 2, d), causal=causal)[0]
+        assert not hopper_bwd.bwd_policy(torch.empty(1, least - 1, 2, d), causal=causal)[0]
+    assert "not in hopper_bwd.BWD_AUTO_MIN_SEQLEN" in hopper_bwd.bwd_policy(torch.empty(1, 9000, 2, 48))[1]
     long = torch.empty(1, 16384, 2, 128, dtype=torch.bfloat16)  # wanted, but no sm_90 here
-    assert hopper.bwd_plan(long, long, long, *none) == (False, "needs an sm_90 (Hopper) GPU")
-    with hopper.prefer_hopper_bwd(False):
-        assert hopper.bwd_policy(long) == (False, "hopper.prefer_hopper_bwd(False)")
-    with hopper.prefer_hopper_bwd(True):
-        assert hopper.bwd_plan(q, q, q, *none) == (False, "needs an sm_90 (Hopper) GPU")
+    assert hopper_bwd.bwd_plan(long, long, long, *none) == (False, "needs an sm_90 (Hopper) GPU")
+    with hopper_bwd.prefer_hopper_bwd(False):
+        assert hopper_bwd.bwd_policy(long) == (False, "hopper_bwd.prefer_hopper_bwd(False)")
+    with hopper_bwd.prefer_hopper_bwd(True):
+        assert hopper_bwd.bwd_plan(q, q, q, *none) == (False, "needs an sm_90 (Hopper) GPU")
     monkeypatch.setenv("IOATTN_HOPPER_BWD", "1")
-    assert "sm_90" in hopper.bwd_plan(q, q, q, *none)[1]
+    assert "sm_90" in hopper_bwd.bwd_plan(q, q, q, *none)[1]
     monkeypatch.setenv("IOATTN_HOPPER_BWD", "0")
-    assert hopper.bwd_policy(long) == (False, "IOATTN_HOPPER_BWD=0")
+    assert hopper_bwd.bwd_policy(long) == (False, "IOATTN_HOPPER_BWD=0")
     monkeypatch.delenv("IOATTN_HOPPER_BWD")
-    assert hopper.bwd_call_supported(q, q, q, *none) == (True, "")
-    assert hopper.bwd_call_supported(q.float(), q, q, *none)[1] == "fp16/bf16 only"
+    assert hopper_bwd.bwd_call_supported(q, q, q, *none) == (True, "")
+    assert hopper_bwd.bwd_call_supported(q.float(), q, q, *none)[1] == "fp16/bf16 only"
     q256 = torch.randn(1, 8, 2, 256, dtype=torch.bfloat16)
-    assert hopper.bwd_call_supported(q256, q256, q256, *none) == (True, "")
+    assert hopper_bwd.bwd_call_supported(q256, q256, q256, *none) == (True, "")
     q48 = torch.randn(1, 8, 2, 48, dtype=torch.bfloat16)
-    assert "head dims" in hopper.bwd_call_supported(q48, q48, q48, *none)[1]
-    # sliding windows: the ws variant's WINDOW form (the base variant refuses them)
-    assert hopper.bwd_call_supported(q, q, q, False, (4, 0), 0.0, None, 0.0) == (True, "")
+    assert "head dims" in hopper_bwd.bwd_call_supported(q48, q48, q48, *none)[1]
+    # sliding windows: the ws kernel's WINDOW form
+    assert hopper_bwd.bwd_call_supported(q, q, q, False, (4, 0), 0.0, None, 0.0) == (True, "")
+    assert hopper_bwd.bwd_call_supported(q, q, q, False, (-1, -1), 1.0, None, 0.0) == (True, "")  # the SOFTCAP form
+    assert hopper_bwd.bwd_call_supported(q, q, q, False, (-1, -1), 0.0, None, 0.1) == (False, "no dropout")
     with monkeypatch.context() as m:
-        m.setattr(hopper, "BWD_VARIANT", "base")
-        assert hopper.bwd_call_supported(q, q, q, False, (4, 0), 0.0, None, 0.0) == (
-            False, "sliding window: the ws variant only")
-    assert hopper.bwd_call_supported(q, q, q, False, (-1, -1), 1.0, None, 0.0) == (True, "")  # the SOFTCAP form
-    with monkeypatch.context() as m:
-        m.setattr(hopper, "BWD_VARIANT", "base")
-        assert hopper.bwd_call_supported(q, q, q, False, (-1, -1), 1.0, None, 0.0) == (
-            False, "softcap: the ws variant only")
-    assert hopper.bwd_call_supported(q, q, q, False, (-1, -1), 0.0, None, 0.1) == (False, "no dropout")
-    with monkeypatch.context() as m:
-        m.setitem(hopper.BWD_WINDOW_MIN_WIDTH, 64, 300)
+        m.setitem(hopper_bwd.BWD_WINDOW_MIN_WIDTH, 64, 300)
         long64 = torch.empty(1, 4096, 2, 64)
-        assert hopper.bwd_policy(long64, window_width=300)[0]
-        assert hopper.bwd_policy(long64, window_width=299) == (
-            False, "default policy: head dim 64 sliding windows from width 300 (hopper.BWD_WINDOW_MIN_WIDTH; here 299)")
+        assert hopper_bwd.bwd_policy(long64, window_width=300)[0]
+        assert hopper_bwd.bwd_policy(long64, window_width=299) == (
+            False, "default policy: head dim 64 sliding windows from width 300 (hopper_bwd.BWD_WINDOW_MIN_WIDTH; here 299)")
     # packed (varlen) calls: the ws variant's IS_VARLEN form, judged by the longest sequence
     flat = torch.randn(300, 2, 64, dtype=torch.bfloat16)
-    assert hopper.bwd_call_supported(flat, flat, flat, True, (-1, -1), 0.0, None, 0.0) == (True, "")
-    with monkeypatch.context() as m:
-        m.setattr(hopper, "BWD_VARIANT", "base")
-        assert hopper.bwd_call_supported(flat, flat, flat, True, (-1, -1), 0.0, None, 0.0) == (
-            False, "varlen: the ws variant only")
+    assert hopper_bwd.bwd_call_supported(flat, flat, flat, True, (-1, -1), 0.0, None, 0.0) == (True, "")
     with pytest.raises(ValueError, match="needs seqlen_q"):
-        hopper.bwd_plan(flat, flat, flat, True, (-1, -1), 0.0, None, 0.0)
-    for (d, causal), least in hopper.BWD_VARLEN_AUTO_MIN_SEQLEN.items():
+        hopper_bwd.bwd_plan(flat, flat, flat, True, (-1, -1), 0.0, None, 0.0)
+    for (d, causal), least in hopper_bwd.BWD_VARLEN_AUTO_MIN_SEQLEN.items():
         x = torch.empty(100, 2, d)
-        assert hopper.bwd_policy(x, least, causal=causal, varlen=True)[0]
-        assert hopper.bwd_policy(x, least - 1, causal=causal, varlen=True) == (
+        assert hopper_bwd.bwd_policy(x, least, causal=causal, varlen=True)[0]
+        assert hopper_bwd.bwd_policy(x, least - 1, causal=causal, varlen=True) == (
             False, f"default policy: head dim {d} {'causal' if causal else 'non-causal'} varlen from seqlen_q >= "
                    f"{least} (here {least - 1})")
 
     # wiring: a faked sm_90 decision sends the backward to hopper_backward, arguments passed through
-    import ioattn.kernels.hopper_backward as hb
-    assert hopper.BWD_VARIANT in hb.BWD_VARIANTS
+    from ioattn.plan import hopper_bwd
+    from ioattn.launch import gluon_bwd
     with pytest.raises(ValueError, match="unknown backward variant 'nope'"):
-        hb.kernel_config(64, "nope")
+        hopper_bwd.kernel_config(64, "nope")
     with pytest.raises(ValueError, match="base variant covers head dims 64, 128, not 256"):
-        hb.kernel_config(256, "base")
+        hopper_bwd.kernel_config(256, "base")
     with pytest.raises(ValueError, match="ws variant covers head dims 64, 128, 256, not 96"):
-        hb.kernel_config(96, "ws")
+        hopper_bwd.kernel_config(96, "ws")
     # d=256: the ws kernel's column-split form (64 keys a program, one dO stage, dQ in two halves, the
     # high one through the Q ring);
     # 64 and 128: keys split between the warpgroups, equal rings, whole dQ blocks; d=64 takes 128 query
     # rows a step (docs/decisions/backward-ws-step.md)
-    wide = hb.kernel_config(256, "ws")
-    assert wide["kernel"] is hb.hopper_bwd_ws_kernel and (wide["block_n"], wide["dq_cols"]) == (64, 128)
+    wide = hopper_bwd.kernel_config(256, "ws")
+    assert wide["kernel"] == "hopper_bwd_ws_kernel" and (wide["block_n"], wide["dq_cols"]) == (64, 128)
     assert wide["constexprs"] == dict(HEAD_DIM=256, BLOCK_M=64, BLOCK_N=64, STAGES=2, DO_STAGES=1, COL_SPLIT=True,
                                       COALESCED_STORE=True, DQ_FLAT=False, LSE_IN_ACC=False, WG_SPLIT=False,
                                       SOFTCAP=False)
     for d, block_m, stages in ((64, 128, 3), (128, 64, 2)):
-        flat = hb.WS_DQ_FLAT[d]
-        cfg = hb.kernel_config(d, "ws")
+        flat = hopper_bwd.WS_DQ_FLAT[d]
+        cfg = hopper_bwd.kernel_config(d, "ws")
         assert cfg["constexprs"] == dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=128, STAGES=stages, DO_STAGES=stages,
                                          COL_SPLIT=False, COALESCED_STORE=True, DQ_FLAT=flat,
-                                         LSE_IN_ACC=hb.WS_LSE_IN_ACC[d], WG_SPLIT=hb.WS_WG_PARTITIONS[d] and flat,
+                                         LSE_IN_ACC=hopper_bwd.WS_LSE_IN_ACC[d], WG_SPLIT=hopper_bwd.WS_WG_PARTITIONS[d] and flat,
                                          SOFTCAP=False)
-        split = hb.WS_WG_PARTITIONS[d] and flat  # a warpgroup a partition: the box and the warps halved
+        split = hopper_bwd.WS_WG_PARTITIONS[d] and flat  # a warpgroup a partition: the box and the warps halved
         assert cfg["dq_block"] == ([block_m * d // (64 if split else 32), 32] if flat else [block_m, d])
         assert cfg["num_warps"] == (4 if split else 8)
     # a warpgroup a partition (``WS_WG_PARTITIONS``): the kernel's 4 warps (warpgroup 0; warpgroup 1 a
     # worker), the flat tile's box in halves; never without the flat tile or in the column split
     with monkeypatch.context() as m:
-        m.setattr(hb, "WS_WG_PARTITIONS", {64: True, 128: True, 256: True})
+        m.setattr(hopper_bwd, "WS_WG_PARTITIONS", {64: True, 128: True, 256: True})
         for d, rows in ((64, 128), (128, 128)):
-            cfg = hb.kernel_config(d, "ws")
+            cfg = hopper_bwd.kernel_config(d, "ws")
             assert cfg["num_warps"] == 4 and cfg["constexprs"]["WG_SPLIT"] and cfg["dq_block"] == [rows, 32]
-        assert not hb.kernel_config(256, "ws")["constexprs"]["WG_SPLIT"]
-        m.setattr(hb, "WS_DQ_FLAT", {64: False, 128: False})
-        lockstep = hb.kernel_config(128, "ws")
+        assert not hopper_bwd.kernel_config(256, "ws")["constexprs"]["WG_SPLIT"]
+        m.setattr(hopper_bwd, "WS_DQ_FLAT", {64: False, 128: False})
+        lockstep = hopper_bwd.kernel_config(128, "ws")
         assert not lockstep["constexprs"]["WG_SPLIT"] and lockstep["num_warps"] == 8
     # the flat dQ tile (``WS_DQ_FLAT``): a [block_m * d / 32, 32] box, the column split never flat
     with monkeypatch.context() as m:
-        m.setattr(hb, "WS_DQ_FLAT", {64: True, 128: True, 256: True})
-        m.setattr(hb, "WS_WG_PARTITIONS", {64: False, 128: False})
-        assert hb.kernel_config(128, "ws")["dq_block"] == [256, 32] and hb.kernel_config(128, "ws")["dq_flat"]
-        assert not hb.kernel_config(256, "ws")["dq_flat"] and hb.kernel_config(256, "ws")["dq_block"] == [64, 128]
+        m.setattr(hopper_bwd, "WS_DQ_FLAT", {64: True, 128: True, 256: True})
+        m.setattr(hopper_bwd, "WS_WG_PARTITIONS", {64: False, 128: False})
+        assert hopper_bwd.kernel_config(128, "ws")["dq_block"] == [256, 32] and hopper_bwd.kernel_config(128, "ws")["dq_flat"]
+        assert not hopper_bwd.kernel_config(256, "ws")["dq_flat"] and hopper_bwd.kernel_config(256, "ws")["dq_block"] == [64, 128]
     # lse in S^T's accumulator (``WS_LSE_IN_ACC``): the key split only
     with monkeypatch.context() as m:
-        m.setattr(hb, "WS_LSE_IN_ACC", {64: True, 128: True, 256: True})
-        assert hb.kernel_config(64, "ws")["constexprs"]["LSE_IN_ACC"]
-        assert not hb.kernel_config(256, "ws")["constexprs"]["LSE_IN_ACC"]
+        m.setattr(hopper_bwd, "WS_LSE_IN_ACC", {64: True, 128: True, 256: True})
+        assert hopper_bwd.kernel_config(64, "ws")["constexprs"]["LSE_IN_ACC"]
+        assert not hopper_bwd.kernel_config(256, "ws")["constexprs"]["LSE_IN_ACC"]
     x = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="deterministic=True needs variant \"ws\""):  # refused before any launch
-        hb.hopper_backward(x, x, x, x, x, torch.zeros(1, 2, 8), 0.125, False, variant="base", deterministic=True)
+        gluon_bwd.hopper_backward(x, x, x, x, x, torch.zeros(1, 2, 8), 0.125, False, variant="base", deterministic=True)
     # windows and packed sequences: the ws variant only; the causal mask only as causal=True, alone
     lse = torch.zeros(1, 2, 8)
     for kw, match in ((dict(window=(4, 0)), "a sliding window needs variant \"ws\""),
@@ -765,10 +764,10 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
                       (dict(window=(4, 0), variant="ws", causal=True), r"causal=True with window \(4, 0\)")):
         kw = {"variant": "base", "causal": False, **kw}
         with pytest.raises(ValueError, match=match):
-            hb.hopper_backward(x, x, x, x, x, lse, 0.125, kw.pop("causal"), **kw)
+            gluon_bwd.hopper_backward(x, x, x, x, x, lse, 0.125, kw.pop("causal"), **kw)
     flat, cu = torch.randn(8, 2, 64, dtype=torch.bfloat16), torch.tensor([0, 8], dtype=torch.int32)
     with pytest.raises(ValueError, match="varlen needs variant \"ws\""):
-        hb.hopper_backward(flat, flat, flat, flat, flat, torch.zeros(2, 8), 0.125, False, variant="base",
+        gluon_bwd.hopper_backward(flat, flat, flat, flat, flat, torch.zeros(2, 8), 0.125, False, variant="base",
                            cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=8, max_seqlen_k=8)
     seen = {}
 
@@ -777,11 +776,11 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
         seen.update(scale=scale, causal=causal, variant=variant, deterministic=deterministic, window=window,
                     softcap=softcap, alibi_slopes=alibi_slopes)
         return torch.zeros_like(q_), torch.zeros_like(k_), torch.zeros_like(v_)
-    monkeypatch.setattr(hopper, "bwd_plan", lambda *a: (True, "faked"))
-    monkeypatch.setattr(hb, "hopper_backward", fake)
+    monkeypatch.setattr(hopper_bwd, "bwd_plan", lambda *a: (True, "faked"))
+    monkeypatch.setattr(gluon_bwd, "hopper_backward", fake)
     lse = torch.zeros(1, 2, 70)
     grads = backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, 0.125, (-1, 0), 0.0, None, 0.0, 0)
-    assert seen == dict(scale=0.125, causal=True, variant=hopper.BWD_VARIANT, deterministic=False,
+    assert seen == dict(scale=0.125, causal=True, variant="ws", deterministic=False,
                         window=(-1, 0), softcap=0.0, alibi_slopes=None) and len(grads) == 3
     backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, 0.125, (-1, -1), 30.0, None, 0.0, 0)
     assert seen["softcap"] == 30.0 and not seen["causal"]
@@ -790,13 +789,13 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     assert seen["alibi_slopes"] is slopes
     backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, 0.125, (30, 2), 0.0, None, 0.0, 0)
     assert seen["window"] == (30, 2) and not seen["causal"]
-    with hopper.bwd_deterministic(True):
+    with hopper_bwd.bwd_deterministic(True):
         backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, 0.125, (-1, -1), 0.0, None, 0.0, 0)
     assert seen["deterministic"] and not seen["causal"]
     # varlen: the packed call's cu_seqlens and longest lengths passed through
     plans = []
-    monkeypatch.setattr(hopper, "bwd_plan", lambda *a: plans.append(a) or (True, "faked"))
-    monkeypatch.setattr(hb, "hopper_backward", lambda *a, **kw: seen.update(kw) or (None, None, None))
+    monkeypatch.setattr(hopper_bwd, "bwd_plan", lambda *a: plans.append(a) or (True, "faked"))
+    monkeypatch.setattr(gluon_bwd, "hopper_backward", lambda *a, **kw: seen.update(kw) or (None, None, None))
     cu, flat = torch.tensor([0, 30, 70], dtype=torch.int32), torch.randn(70, 2, 64, dtype=torch.bfloat16)
     backends.triton_backward(flat, flat, flat, flat, flat, torch.zeros(2, 70), cu, cu, 40, 40, 0.125, (-1, -1),
                              0.0, None, 0.0, 0)
@@ -808,38 +807,35 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     states, real_ref = [], backends.reference_backward
 
     def spy_plan(*args):
-        states.append((hopper.prefer_hopper_bwd.value, hopper.bwd_deterministic.value))
+        states.append((hopper_bwd.prefer_hopper_bwd.value, hopper_bwd.bwd_deterministic.value))
         return False, "spied"
 
     def spy_ref(*args):
-        states.append((hopper.prefer_hopper_bwd.value, hopper.bwd_deterministic.value))
+        states.append((hopper_bwd.prefer_hopper_bwd.value, hopper_bwd.bwd_deterministic.value))
         return real_ref(*args)
-    monkeypatch.setattr(hopper, "bwd_plan", spy_plan)
+    monkeypatch.setattr(hopper_bwd, "bwd_plan", spy_plan)
     monkeypatch.setattr(backends, "reference_backward", spy_ref)
     x = torch.randn(1, 20, 2, 16, requires_grad=True)
-    with hopper.prefer_hopper_bwd(True):
+    with hopper_bwd.prefer_hopper_bwd(True):
         y = flash_attn_func(x, x, x)
     y.sum().backward()
     flash_attn_func(x, x, x).sum().backward()
-    # deterministic=True: hopper.bwd_deterministic set for that forward's backward
-    with hopper.prefer_hopper_bwd(True):
+    # deterministic=True: hopper_bwd.bwd_deterministic set for that forward's backward
+    with hopper_bwd.prefer_hopper_bwd(True):
         y = flash_attn_func(x, x, x, deterministic=True)
     y.sum().backward()
-    assert states == [(True, None), (None, None), (True, True)] and hopper.prefer_hopper_bwd.value is None
-    assert hopper.bwd_deterministic.value is None
+    assert states == [(True, None), (None, None), (True, True)] and hopper_bwd.prefer_hopper_bwd.value is None
+    assert hopper_bwd.bwd_deterministic.value is None
     monkeypatch.undo()
-    # the plan: deterministic keeps the portable backward while the ordered Gluon mode is off
+    # the plan: deterministic=True takes the Gluon backward's ordered mode
     monkeypatch.setenv("IOATTN_HOPPER_BWD", "1")
-    with hopper.bwd_deterministic(True):
+    with hopper_bwd.bwd_deterministic(True):
         for window in ((-1, -1), (-1, 0)):  # the ordered mode for both masks (only the GPU is missing here)
-            assert hopper.bwd_plan(q, q, q, False, window, 0.0, None, 0.0) == (False, "needs an sm_90 (Hopper) GPU")
-        monkeypatch.setattr(hopper, "DETERMINISTIC_WS", False)
-        taken, why = hopper.bwd_plan(q, q, q, *none)
-        assert not taken and "DETERMINISTIC_WS = False" in why
+            assert hopper_bwd.bwd_plan(q, q, q, False, window, 0.0, None, 0.0) == (False, "needs an sm_90 (Hopper) GPU")
 
 
 def test_host_integer_helpers():
-    from ioattn import dispatch
+    from ioattn.plan import dispatch
 
     assert [dispatch.cdiv(a, b) for a, b in ((0, 4), (1, 4), (4, 4), (5, 4), (129, 64))] == [0, 1, 1, 2, 3]
     assert [dispatch.next_power_of_2(n) for n in (0, 1, 2, 3, 4, 5, 16, 17)] == [1, 1, 2, 4, 4, 8, 16, 32]
@@ -865,8 +861,8 @@ def _fake_forward_launches(monkeypatch) -> list:
 
 def _fake_backward_launches(monkeypatch) -> list:
     """The Gluon ws backward's kernel faked (``_fake_launches``)."""
-    import ioattn.kernels.hopper_backward as hb
-    return _fake_launches(monkeypatch, hb, "hopper_bwd_ws_kernel")
+    from ioattn.launch import gluon_bwd
+    return _fake_launches(monkeypatch, gluon_bwd, "hopper_bwd_ws_kernel")
 
 
 def test_hopper_forward_launch_constexprs(monkeypatch):
@@ -876,8 +872,10 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
     tile can run past a sequence's end (seqlen_k not a multiple of the key tile, or varlen), and
     EXP2_FMA (key columns whose exponentials go to the FMA units) 0 unless hopper.exp2_fma(share) /
     IOATTN_HOPPER_EXP2_FMA ask for a share of the variant's key tile."""
-    import ioattn.kernels.hopper_forward as hf
-    from ioattn import hopper
+    from ioattn.plan import hopper
+    from ioattn import backends
+    from ioattn.launch import gluon_fwd
+    from ioattn.kernels.hopper_tiles import magic_divisor
     launches = _fake_forward_launches(monkeypatch)
     monkeypatch.delenv("IOATTN_HOPPER_VARIANT", raising=False)
     monkeypatch.delenv("IOATTN_HOPPER_LPT", raising=False)
@@ -889,10 +887,10 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
         k = torch.randn(2, sk, 2, d, dtype=BF16)
         if varlen:
             cu = torch.tensor([0, sq, 2 * sq], dtype=torch.int32)
-            hopper.hopper_forward(q.view(-1, 4, d), k.view(-1, 2, d), k.view(-1, 2, d), 0.1, causal,
+            backends.hopper_forward(q.view(-1, 4, d), k.view(-1, 2, d), k.view(-1, 2, d), 0.1, causal,
                                   cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=sq, max_seqlen_k=sq)
         else:
-            hopper.hopper_forward(q, k, k, 0.1, causal)
+            backends.hopper_forward(q, k, k, 0.1, causal)
         ((grid, args, kw),) = launches
         return grid, dict(kw, args=args)
 
@@ -978,7 +976,7 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
             assert kw["PAIRED"] == (sq == 512 and causal)
             o_desc = kw["args"][3]
             assert list(o_desc.shape) == [2, sq, 4 * 128] and list(o_desc.block_shape) == [1, 64, 128]
-            assert kw["args"][16:21] == (walk, *hf.magic_divisor(walk)[1:], *hf.magic_divisor(4)[1:]), kw["args"]
+            assert kw["args"][16:21] == (walk, *magic_divisor(walk)[1:], *magic_divisor(4)[1:]), kw["args"]
     kw = launch(16384, 16384, True)[1]  # the one-tile kernel: no copy, its divisions (once a program)
     assert kw["ROW_STORES"] != 3 and not kw["FAST_DIV"] and kw["args"][3] is None
     # the causal walk from the host's table (hopper.walk_table, docs/decisions/persistent-causal-walk.md): by
@@ -1003,9 +1001,9 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
         assert launch(512, 512, True, d=256)[1]["Walk"] is None  # outside WALK_TABLE_FITS
     # a shape's first call inside a CUDA graph's capture (no host copy allowed there): the computed walk
     # and its options (pairs at d = 128); a shape built before the capture keeps its table
-    hopper._WALK_TABLES.clear()
+    gluon_fwd._WALK_TABLES.clear()
     launch(512, 512, True)
-    monkeypatch.setattr(hopper, "_capturing", lambda device: True)
+    monkeypatch.setattr(gluon_fwd, "_capturing", lambda device: True)
     assert launch(512, 512, True)[1]["Walk"] is not None  # built before
     kw = launch(1024, 1024, True)[1]
     assert kw["Walk"] is None and kw["PAIRED"] and kw["args"][16] == 4  # walk_div: half the query blocks
@@ -1022,7 +1020,8 @@ def test_hopper_forward_window_launch_and_policy(monkeypatch):
     through (the causal mask as causal=True). (No GPU here: a fake stands in for the launch, and the
     device check is replaced by the pure-Python call checks.)"""
     import ioattn
-    from ioattn import backends, hopper
+    from ioattn import backends
+    from ioattn.plan import hopper
     launches = _fake_forward_launches(monkeypatch)
     monkeypatch.delenv("IOATTN_HOPPER_VARIANT", raising=False)
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
@@ -1032,10 +1031,10 @@ def test_hopper_forward_window_launch_and_policy(monkeypatch):
         q, k = torch.randn(2, n, 4, d, dtype=BF16), torch.randn(2, n, 2, d, dtype=BF16)
         if varlen:
             cu = torch.tensor([0, n, 2 * n], dtype=torch.int32)
-            hopper.hopper_forward(q.view(-1, 4, d), k.view(-1, 2, d), k.view(-1, 2, d), 0.1, causal,
+            backends.hopper_forward(q.view(-1, 4, d), k.view(-1, 2, d), k.view(-1, 2, d), 0.1, causal,
                                   cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=n, max_seqlen_k=n, window=window)
         else:
-            hopper.hopper_forward(q, k, k, 0.1, causal, window=window)
+            backends.hopper_forward(q, k, k, 0.1, causal, window=window)
         ((grid, args, kw),) = launches
         return grid, kw
 
@@ -1094,7 +1093,7 @@ def test_hopper_forward_window_launch_and_policy(monkeypatch):
             plan = ioattn.explain_dispatch(q, q, q, window_size=(298, 0))
             assert "hopper" not in plan.forward["kernel"] and "WINDOW_MIN_WIDTH" in plan.forward["gluon_hopper"]
             calls = []
-            m.setattr(hopper, "hopper_forward", lambda *a, **kw: calls.append((a, kw)) or ("out", "lse"))
+            m.setattr(backends, "hopper_forward", lambda *a, **kw: calls.append((a, kw)) or ("out", "lse"))
             qs = q[:, :600]
             for window in ((400, 0), (-1, 0)):
                 assert backends.triton_forward(qs, qs, qs, None, None, 600, 600, 0.125, window, 0.0, None, 0.0,
@@ -1115,7 +1114,8 @@ def test_hopper_forward_softcap_launch_and_policy(monkeypatch):
     import math
 
     import ioattn
-    from ioattn import backends, hopper
+    from ioattn import backends
+    from ioattn.plan import hopper
     launches = _fake_forward_launches(monkeypatch)
     monkeypatch.delenv("IOATTN_HOPPER_VARIANT", raising=False)
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
@@ -1123,16 +1123,16 @@ def test_hopper_forward_softcap_launch_and_policy(monkeypatch):
     q = torch.randn(1, n, 4, 128, dtype=BF16)
     for causal, window in ((True, (-1, -1)), (False, (100, 0)), (False, (-1, -1))):
         launches.clear()
-        hopper.hopper_forward(q, q, q, 0.1, causal, window=window, softcap=20.0)
+        backends.hopper_forward(q, q, q, 0.1, causal, window=window, softcap=20.0)
         ((grid, args, kw),) = launches
         assert kw["SOFTCAP"] and not kw["PERSISTENT"] and kw["PINGPONG"] and kw["IS_CAUSAL"] == causal
         assert math.isclose(kw["softcap_a"], 0.1 / 20.0) and math.isclose(args[15], 20.0 * math.log2(math.e))
     launches.clear()
-    hopper.hopper_forward(q, q, q, 0.1, True)
+    backends.hopper_forward(q, q, q, 0.1, True)
     assert not launches[0][2]["SOFTCAP"] and math.isclose(launches[0][1][15], 0.1 * math.log2(math.e))
     with pytest.raises(ValueError, match="softcap must be >= 0"):
         launches.clear()
-        hopper.hopper_forward(q, q, q, 0.1, True, softcap=-1.0)
+        backends.hopper_forward(q, q, q, 0.1, True, softcap=-1.0)
     assert not launches
     assert hopper.call_supported(q, q, q, False, (-1, 0), 20.0, None, 0.0) == (True, "")
     with hopper.variant("persistent"):
@@ -1146,7 +1146,7 @@ def test_hopper_forward_softcap_launch_and_policy(monkeypatch):
             False, "default policy: head dim 128 with a softcap is not in hopper.SOFTCAP_HEADDIMS")
     monkeypatch.setattr(hopper, "hopper_supports", hopper.call_supported)  # as if on an sm_90 GPU
     calls = []
-    monkeypatch.setattr(hopper, "hopper_forward", lambda *a, **kw: calls.append((a, kw)) or ("out", "lse"))
+    monkeypatch.setattr(backends, "hopper_forward", lambda *a, **kw: calls.append((a, kw)) or ("out", "lse"))
     with dispatch.forced_backend("triton"):
         assert backends.triton_forward(q, q, q, None, None, n, n, 0.125, (-1, 0), 30.0, None, 0.0, 0) == ("out", "lse")
         plan = ioattn.explain_dispatch(q, q, q, causal=True, softcap=30.0)  # the plan of the same call
@@ -1168,20 +1168,20 @@ def test_hopper_backward_softcap_launch_and_policy(monkeypatch):
     import math
 
     import ioattn
-    import ioattn.kernels.hopper_backward as hb
-    from ioattn import hopper
+    from ioattn.plan import hopper_bwd
+    from ioattn.launch import gluon_bwd
     for d in (64, 128, 256):
-        plain, capped = hb.kernel_config(d, "ws"), hb.kernel_config(d, "ws", softcap=True)
+        plain, capped = hopper_bwd.kernel_config(d, "ws"), hopper_bwd.kernel_config(d, "ws", softcap=True)
         assert capped["constexprs"]["SOFTCAP"] and not plain["constexprs"]["SOFTCAP"]
         assert not capped["constexprs"]["LSE_IN_ACC"]
-        assert capped["block_m"] == hb.WS_SCORE_MOD_BLOCK_M.get(d, hb.WS_BLOCK_M[d]) == \
+        assert capped["block_m"] == hopper_bwd.WS_SCORE_MOD_BLOCK_M.get(d, hopper_bwd.WS_BLOCK_M[d]) == \
             capped["constexprs"]["BLOCK_M"]
-        assert capped["constexprs"]["COL_SPLIT"] == (d == 256 or d in hb.WS_SOFTCAP_COL_SPLIT_HEADDIMS)
+        assert capped["constexprs"]["COL_SPLIT"] == (d == 256 or d in hopper_bwd.WS_SOFTCAP_COL_SPLIT_HEADDIMS)
     with monkeypatch.context() as m:
-        m.setattr(hb, "WS_SOFTCAP_COL_SPLIT_HEADDIMS", (128,))
-        cfg = hb.kernel_config(128, "ws", softcap=True)
+        m.setattr(hopper_bwd, "WS_SOFTCAP_COL_SPLIT_HEADDIMS", (128,))
+        cfg = hopper_bwd.kernel_config(128, "ws", softcap=True)
         assert cfg["constexprs"]["COL_SPLIT"] and cfg["block_n"] == 64 and cfg["dq_cols"] == 64
-        assert not cfg["dq_flat"] and not hb.kernel_config(128, "ws")["constexprs"]["COL_SPLIT"]
+        assert not cfg["dq_flat"] and not hopper_bwd.kernel_config(128, "ws")["constexprs"]["COL_SPLIT"]
 
     launches = _fake_backward_launches(monkeypatch)
     lse = torch.randn(1, 2, 8)
@@ -1189,23 +1189,23 @@ def test_hopper_backward_softcap_launch_and_policy(monkeypatch):
         x = torch.randn(1, 8, 2, d, dtype=torch.bfloat16)
         for causal, window in ((False, (-1, -1)), (True, (-1, -1)), (False, (3, 0))):
             launches.clear()
-            hb.hopper_backward(x, x, x, x, x, lse, 0.1, causal, variant="ws", window=window, softcap=20.0)
+            gluon_bwd.hopper_backward(x, x, x, x, x, lse, 0.1, causal, variant="ws", window=window, softcap=20.0)
             ((grid, args, kw),) = launches
             assert kw["SOFTCAP"] and not kw["LSE_IN_ACC"] and kw["IS_CAUSAL"] == causal
-            assert kw["BLOCK_M"] == hb.WS_SCORE_MOD_BLOCK_M.get(d, hb.WS_BLOCK_M[d])
+            assert kw["BLOCK_M"] == hopper_bwd.WS_SCORE_MOD_BLOCK_M.get(d, hopper_bwd.WS_BLOCK_M[d])
             assert math.isclose(args[18], 20.0 * math.log2(math.e)) and math.isclose(args[21], 0.1 / 20.0)
         launches.clear()
-        hb.hopper_backward(x, x, x, x, x, lse, 0.1, False, variant="ws")
+        gluon_bwd.hopper_backward(x, x, x, x, x, lse, 0.1, False, variant="ws")
         assert not launches[0][2]["SOFTCAP"] and math.isclose(launches[0][1][18], 0.1 * math.log2(math.e))
         launches.clear()
         for kw, match in ((dict(softcap=-1.0), "softcap must be >= 0"),
                           (dict(softcap=20.0, variant="base"), "a softcap needs variant \"ws\"")):
             with pytest.raises(ValueError, match=match):
-                hb.hopper_backward(x, x, x, x, x, lse, 0.1, False, **{"variant": "ws", **kw})
+                gluon_bwd.hopper_backward(x, x, x, x, x, lse, 0.1, False, **{"variant": "ws", **kw})
         assert not launches
     # the plan of a softcap call, the backward taken (faked as on an sm_90 GPU)
     q = torch.randn(1, 4096, 4, 128, dtype=torch.bfloat16)
-    monkeypatch.setattr(hopper, "bwd_plan", lambda *a: (True, "faked"))
+    monkeypatch.setattr(hopper_bwd, "bwd_plan", lambda *a: (True, "faked"))
     with dispatch.forced_backend("triton"):
         plan = ioattn.explain_dispatch(q, q, q, causal=True, softcap=30.0)
         assert "hopper_backward" in plan.backward["kernels"]
@@ -1226,8 +1226,10 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
     import math
 
     import ioattn
-    import ioattn.kernels.hopper_backward as hb
-    from ioattn import backends, hopper
+    from ioattn.plan import hopper_bwd
+    from ioattn import backends
+    from ioattn.launch import gluon_bwd
+    from ioattn.plan import hopper
     monkeypatch.delenv("IOATTN_HOPPER_VARIANT", raising=False)
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
     magic, cols = hopper.ALIBI_MAGIC, hopper.ALIBI_FP32_COLS
@@ -1282,31 +1284,31 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
         launches.clear()
         with monkeypatch.context() as m:  # causal: the fp32 columns at 64-key tiles, or the magic form
             m.setattr(hopper, "ALIBI_MAGIC_CAUSAL_MIN_SEQLEN", {128: least})
-            hopper.hopper_forward(q, q, q, 0.1, True, softcap=softcap, alibi_slopes=slopes)
+            backends.hopper_forward(q, q, q, 0.1, True, softcap=softcap, alibi_slopes=slopes)
         ((grid, args, kw),) = launches
         assert (kw["ALIBI"], kw["BLOCK_N"]) == ((magic, 128) if least <= n else (cols, 64))
         assert kw["Alibi"] is slopes and not kw["PERSISTENT"]
         assert kw["stride_ab"] == (4 if slopes.dim() == 2 else 0) and math.isclose(kw["alibi_unit"], unit)
     launches.clear()
-    hopper.hopper_forward(q, q, q, 0.1, False, alibi_slopes=torch.rand(4))  # no mask: the plain key tiles
+    backends.hopper_forward(q, q, q, 0.1, False, alibi_slopes=torch.rand(4))  # no mask: the plain key tiles
     assert launches[0][2]["ALIBI"] == magic and launches[0][2]["BLOCK_N"] == hopper.TILE_TABLE["pingpong"][128][1] == 128
     launches.clear()
     q4 = torch.randn(2, n, 4, 64, dtype=BF16)
     short = q4[:, :hopper.ALIBI_MAGIC_CAUSAL_MIN_SEQLEN[64] - 1]
     for t, causal, form, num_wg in ((q4, False, magic, 3), (short, True, cols, 2), (q4, True, magic, 3)):
-        hopper.hopper_forward(t, t, t, 0.1, causal, alibi_slopes=torch.rand(4))  # d = 64: wg3 in the magic form
+        backends.hopper_forward(t, t, t, 0.1, causal, alibi_slopes=torch.rand(4))  # d = 64: wg3 in the magic form
         assert (launches[-1][2]["ALIBI"], launches[-1][2]["NUM_WG"]) == (form, num_wg)
     launches.clear()
-    hopper.hopper_forward(q, q, q, 0.1, True)
+    backends.hopper_forward(q, q, q, 0.1, True)
     assert launches[0][2]["ALIBI"] == 0 and launches[0][2]["Alibi"] is None
     launches.clear()
     with pytest.raises(ValueError, match=f"ALiBi: sequences up to {longest} tokens"):  # the magic form's bound
-        hopper.hopper_forward(q64, long_k, long_k, 0.1, False, alibi_slopes=torch.rand(4))
+        backends.hopper_forward(q64, long_k, long_k, 0.1, False, alibi_slopes=torch.rand(4))
     for slopes, scale, match in ((torch.rand(3), 0.1, "alibi_slopes must be fp32 of shape"),
                                  (torch.rand(4, dtype=torch.float64), 0.1, "alibi_slopes must be fp32"),
                                  (torch.rand(4), 0.0, "ALiBi needs softmax_scale != 0")):
         with pytest.raises(ValueError, match=match):
-            hopper.hopper_forward(q, q, q, scale, True, alibi_slopes=slopes)
+            backends.hopper_forward(q, q, q, scale, True, alibi_slopes=slopes)
     assert not launches
     # the policy and the plans
     assert hopper.policy(q, causal=True, alibi=True)[1].endswith(f"causal ALiBi from seqlen_q >= 512 (here {n})")
@@ -1321,7 +1323,7 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
         False, "ALiBi with softmax_scale 0: the portable kernels (the bias is added in the scores' units)")
     assert hopper.fwd_plan(q, q, q, False, (-1, 0), 5.0, slopes, 0.0, softmax_scale=0.0)[0]  # a cap: its units
     calls = []
-    monkeypatch.setattr(hopper, "hopper_forward", lambda *a, **kw: calls.append((a, kw)) or ("out", "lse"))
+    monkeypatch.setattr(backends, "hopper_forward", lambda *a, **kw: calls.append((a, kw)) or ("out", "lse"))
     with dispatch.forced_backend("triton"):
         assert backends.triton_forward(q, q, q, None, None, n, n, 0.125, (-1, 0), 0.0, slopes, 0.0, 0) == ("out", "lse")
         with monkeypatch.context() as m:  # causal in the fp32 columns (64-key tiles at d = 128)
@@ -1336,65 +1338,61 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
     assert calls[0][1]["alibi_slopes"] is slopes
 
     # the backward: the call checks, the configuration, the launcher
-    assert hopper.bwd_call_supported(q64, q64, q64, False, (-1, -1), 0.0, slopes, 0.0) == (True, "")
-    assert hopper.bwd_call_supported(q64, q64, q64, False, (-1, -1), 5.0, slopes, 0.0) == (True, "")
-    assert hopper.bwd_call_supported(q, q, q, False, (-1, -1), 5.0, slopes, 0.0) == (True, "")
+    assert hopper_bwd.bwd_call_supported(q64, q64, q64, False, (-1, -1), 0.0, slopes, 0.0) == (True, "")
+    assert hopper_bwd.bwd_call_supported(q64, q64, q64, False, (-1, -1), 5.0, slopes, 0.0) == (True, "")
+    assert hopper_bwd.bwd_call_supported(q, q, q, False, (-1, -1), 5.0, slopes, 0.0) == (True, "")
     with monkeypatch.context() as m:
-        m.setattr(hopper, "BWD_ALIBI_SOFTCAP_REFUSED", (128,))
-        assert hopper.bwd_call_supported(q, q, q, False, (-1, -1), 5.0, slopes, 0.0) == (
-            False, "ALiBi with a softcap at head dim 128: the portable backward (hopper.BWD_ALIBI_SOFTCAP_REFUSED)")
+        m.setattr(hopper_bwd, "BWD_ALIBI_SOFTCAP_REFUSED", (128,))
+        assert hopper_bwd.bwd_call_supported(q, q, q, False, (-1, -1), 5.0, slopes, 0.0) == (
+            False, "ALiBi with a softcap at head dim 128: the portable backward (hopper_bwd.BWD_ALIBI_SOFTCAP_REFUSED)")
     # the backward's forms: the magic-number distance with a softcap at d = 128, and its length bound
-    assert [hopper.bwd_alibi_form(d, 5.0) for d in (64, 128, 256)] == [cols, magic, cols]
-    assert hopper.bwd_alibi_form(128, 0.0) == cols
+    assert [hopper_bwd.bwd_alibi_form(d, 5.0) for d in (64, 128, 256)] == [cols, magic, cols]
+    assert hopper_bwd.bwd_alibi_form(128, 0.0) == cols
     q128 = torch.randn(1, 8, 4, 128, dtype=BF16)
     long_k128 = q128[:, :1].expand(1, longest + 1, 4, 128)
-    assert hopper.bwd_call_supported(q128, long_k128, long_k128, False, (-1, -1), 5.0, slopes, 0.0) == (
+    assert hopper_bwd.bwd_call_supported(q128, long_k128, long_k128, False, (-1, -1), 5.0, slopes, 0.0) == (
         False, f"ALiBi: sequences up to {longest} tokens (the bias's exact conversion; here {longest + 1})")
-    assert hopper.bwd_call_supported(q128, long_k128, long_k128, False, (-1, -1), 0.0, slopes, 0.0)[1] != (
+    assert hopper_bwd.bwd_call_supported(q128, long_k128, long_k128, False, (-1, -1), 0.0, slopes, 0.0)[1] != (
         f"ALiBi: sequences up to {longest} tokens (the bias's exact conversion; here {longest + 1})")
-    with monkeypatch.context() as m:
-        m.setattr(hopper, "BWD_VARIANT", "base")
-        assert hopper.bwd_call_supported(q64, q64, q64, False, (-1, -1), 0.0, slopes, 0.0) == (
-            False, "ALiBi: the ws variant only")
     for d in (64, 128, 256):
-        assert hb.kernel_config(d, "ws", alibi=True)["block_m"] == hb.WS_SCORE_MOD_BLOCK_M.get(d, hb.WS_BLOCK_M[d])
+        assert hopper_bwd.kernel_config(d, "ws", alibi=True)["block_m"] == hopper_bwd.WS_SCORE_MOD_BLOCK_M.get(d, hopper_bwd.WS_BLOCK_M[d])
     bwd_launches = _fake_backward_launches(monkeypatch)
     x = torch.randn(2, 8, 4, 64, dtype=BF16)
     lse = torch.randn(2, 4, 8)
     for slopes, softcap, unit in ((torch.rand(4), 0.0, -1 / 0.1), (torch.rand(2, 4), 20.0, -1 / 20.0)):
         bwd_launches.clear()
-        hb.hopper_backward(x, x, x, x, x, lse, 0.1, True, variant="ws", softcap=softcap, alibi_slopes=slopes)
+        gluon_bwd.hopper_backward(x, x, x, x, x, lse, 0.1, True, variant="ws", softcap=softcap, alibi_slopes=slopes)
         ((grid, args, kw),) = bwd_launches
-        assert kw["ALIBI"] == cols and kw["Alibi"] is slopes and kw["BLOCK_M"] == hb.WS_SCORE_MOD_BLOCK_M[64]
+        assert kw["ALIBI"] == cols and kw["Alibi"] is slopes and kw["BLOCK_M"] == hopper_bwd.WS_SCORE_MOD_BLOCK_M[64]
         assert math.isclose(args[22], unit) and args[23] == (4 if slopes.dim() == 2 else 0)
     bwd_launches.clear()
     x128 = torch.randn(2, 8, 4, 128, dtype=BF16)
-    hb.hopper_backward(x128, x128, x128, x128, x128, lse, 0.1, True, variant="ws", softcap=20.0,
+    gluon_bwd.hopper_backward(x128, x128, x128, x128, x128, lse, 0.1, True, variant="ws", softcap=20.0,
                        alibi_slopes=torch.rand(4))
     assert bwd_launches[0][2]["ALIBI"] == magic and bwd_launches[0][2]["SOFTCAP"]
     bwd_launches.clear()
-    hb.hopper_backward(x, x, x, x, x, lse, 0.1, True, variant="ws")
+    gluon_bwd.hopper_backward(x, x, x, x, x, lse, 0.1, True, variant="ws")
     assert bwd_launches[0][2]["ALIBI"] == 0 and bwd_launches[0][2]["Alibi"].numel() == 0  # a tensor, never None
     bwd_launches.clear()
     long_x = x128[:, :1].expand(2, longest + 1, 4, 128)  # the magic form's bound (a view: no memory)
     with pytest.raises(ValueError, match=f"ALiBi: sequences up to {longest} tokens"):
-        hb.hopper_backward(x128, x128, long_x, long_x, x128, lse, 0.1, False, variant="ws", softcap=20.0,
+        gluon_bwd.hopper_backward(x128, x128, long_x, long_x, x128, lse, 0.1, False, variant="ws", softcap=20.0,
                            alibi_slopes=torch.rand(4))
     for kw, match in ((dict(alibi_slopes=torch.rand(3)), "alibi_slopes must be fp32 of shape"),
                       (dict(alibi_slopes=torch.rand(4), scale=0.0), "ALiBi needs softmax_scale != 0"),
                       (dict(alibi_slopes=torch.rand(4), variant="base"), "ALiBi needs variant \"ws\"")):
         kw = {"variant": "ws", "scale": 0.1, **kw}
         with pytest.raises(ValueError, match=match):
-            hb.hopper_backward(x, x, x, x, x, lse, kw.pop("scale"), False, **kw)
+            gluon_bwd.hopper_backward(x, x, x, x, x, lse, kw.pop("scale"), False, **kw)
     assert not bwd_launches
     # the backward's plan: a zero scale without a softcap to the portable backward (the device faked)
     monkeypatch.setattr(hopper, "_device_ok", lambda q: (True, ""))
-    with hopper.prefer_hopper_bwd(True):
-        assert hopper.bwd_plan(q64, q64, q64, False, (-1, -1), 0.0, slopes, 0.0, softmax_scale=0.1)[0]
-        assert hopper.bwd_plan(q64, q64, q64, False, (-1, -1), 0.0, slopes, 0.0, softmax_scale=0.0) == (
+    with hopper_bwd.prefer_hopper_bwd(True):
+        assert hopper_bwd.bwd_plan(q64, q64, q64, False, (-1, -1), 0.0, slopes, 0.0, softmax_scale=0.1)[0]
+        assert hopper_bwd.bwd_plan(q64, q64, q64, False, (-1, -1), 0.0, slopes, 0.0, softmax_scale=0.0) == (
             False, "ALiBi with softmax_scale 0: the portable kernels (the bias is added in the scores' units)")
-        assert hopper.bwd_plan(q64, q64, q64, False, (-1, -1), 5.0, slopes, 0.0, softmax_scale=0.0)[0]
-    monkeypatch.setattr(hopper, "bwd_plan", lambda *a: (True, "faked"))
+        assert hopper_bwd.bwd_plan(q64, q64, q64, False, (-1, -1), 5.0, slopes, 0.0, softmax_scale=0.0)[0]
+    monkeypatch.setattr(hopper_bwd, "bwd_plan", lambda *a: (True, "faked"))
     with dispatch.forced_backend("triton"):
         plan = ioattn.explain_dispatch(q64, q64, q64, alibi_slopes=slopes)
         assert plan.backward["alibi"].startswith("ALIBI form") and "64 query rows" in plan.backward["alibi"]
@@ -1406,7 +1404,7 @@ def test_hopper_exp2_fma_switch(monkeypatch):
     columns when the Gluon forward is taken. (The device check is replaced by the pure-Python call
     checks, as if on an sm_90 GPU.)"""
     import ioattn
-    from ioattn import hopper
+    from ioattn.plan import hopper
     monkeypatch.delenv("IOATTN_HOPPER_EXP2_FMA", raising=False)
     assert hopper.EXP2_FMA_DEFAULT == 0 and hopper.exp2_fma_share() == 0
     for bad in (30, -25, 200, "half"):
@@ -1441,7 +1439,7 @@ def test_persistent_kernel_options_follow_their_switches():
     one buffer, no pairs, divisions. The no-key rows' wide stores: the persistent kernel at d = 64 only
     (hopper.NO_KEY_WIDE_HEADDIMS, docs/decisions/persistent-forward-options.md), whatever the switches. Where the
     walk from the host's table is on, no pairs."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
 
     def opts(q_bufs, paired, fast_div=True, d=128):
         return dict(Q_BUFS=q_bufs, PAIRED=paired, FAST_DIV=fast_div, NO_KEY_WIDE=d == 64)
@@ -1477,15 +1475,15 @@ def _persistent_options_without_table(hopper, opts):
 
 
 def test_magic_divisor_divides_exactly():
-    """hopper_forward.magic_divisor (the persistent kernel's FAST_DIV): (umulhi(n, mul) + n) >> shift,
+    """hopper_tiles.magic_divisor (the persistent kernel's FAST_DIV): (umulhi(n, mul) + n) >> shift,
     computed here in 32-bit unsigned arithmetic as the kernel's ``_div_by`` does, equals n // d for
     every divisor tried (1 ... 4096, powers of two and their neighbours, random ones up to 2**31 - 1)
     and dividends at the ends of the range, around multiples of d and at random; 0 and 2**31 are
     refused. walk_divisor gives the divisor ``_tile_bhm`` divides the tile index by."""
     import random
 
-    from ioattn import hopper
-    from ioattn.kernels.hopper_forward import magic_divisor
+    from ioattn.plan import forward
+    from ioattn.kernels.hopper_tiles import magic_divisor
 
     rng = random.Random(1)
     divisors = list(range(1, 4097)) + [2 ** k + e for k in range(1, 31) for e in (-1, 0, 1)] + \
@@ -1504,9 +1502,9 @@ def test_magic_divisor_divides_exactly():
     for bad in (0, 2 ** 31):
         with pytest.raises(ValueError, match="divisor"):
             magic_divisor(bad)
-    assert hopper.walk_divisor(8, 96, False, False) == 8  # non-causal: query blocks of a head in turn
-    assert hopper.walk_divisor(8, 96, True, False) == 96  # causal LPT: every head's block in turn
-    assert hopper.walk_divisor(8, 96, True, True) == 4  # pairs: half the query blocks
+    assert forward.walk_divisor(8, 96, False, False) == 8  # non-causal: query blocks of a head in turn
+    assert forward.walk_divisor(8, 96, True, False) == 96  # causal LPT: every head's block in turn
+    assert forward.walk_divisor(8, 96, True, True) == 4  # pairs: half the query blocks
 
 
 def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
@@ -1520,12 +1518,15 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
     oracle at the call's own dim (contiguous, the padded columns zero on the way in); the plan names
     the padded kernels and their inputs (the device faked)."""
     import ioattn
-    from ioattn import hopper
-    from ioattn.kernels import hopper_backward as hb
+    from ioattn.plan import hopper
+    from ioattn import backends
+    from ioattn.launch import gluon_fwd
+    from ioattn.plan import hopper_bwd
+    from ioattn.launch import gluon_bwd
     from ioattn.reference.naive import attention_ref
     assert [hopper.padded_headdim(d) for d in (48, 64, 65, 80, 96, 127, 128, 129, 192, 255, 256, 320)] == \
         [None, None, 128, 128, 128, 128, None, 256, 256, 256, None, None]
-    pad = hopper.pad_head(torch.arange(6.0).view(1, 2, 3), 5)
+    pad = gluon_fwd.pad_head(torch.arange(6.0).view(1, 2, 3), 5)
     assert pad.is_contiguous() and pad.tolist() == [[[0, 1, 2, 0, 0], [3, 4, 5, 0, 0]]]
     assert [hopper.padded_in_place(d) for d in (64, 72, 80, 100, 128, 136, 196, 200)] == \
         [False, True, True, False, False, True, False, True]
@@ -1563,7 +1564,7 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
         for (pass_, dp, causal), least in table.items():
             d = dp - off
             assert hopper.padded_min_seqlen(pass_, d, causal)[0] == least
-            judge = hopper.policy if pass_ == "fwd" else hopper.bwd_policy
+            judge = hopper.policy if pass_ == "fwd" else hopper_bwd.bwd_policy
             assert judge(torch.empty(1, least, 2, d), causal=causal) == (
                 True, f"default policy: head dim {d} (zero-padded to {dp}) {'causal' if causal else 'non-causal'} "
                       f"from seqlen_q >= {least} (here {least})")
@@ -1572,7 +1573,7 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
     # padded dim's rules, packed sequences in the backward only (docs/decisions/padded-head-dims.md)
     assert hopper.policy(torch.empty(1, 1 << 16, 2, 100), window_width=300) == (
         False, "default policy: head dim 100 (zero-padded to 128) non-causal: plain fixed-length calls only")
-    assert not hopper.bwd_policy(torch.empty(1, 1 << 16, 2, 100), window_width=300)[0]
+    assert not hopper_bwd.bwd_policy(torch.empty(1, 1 << 16, 2, 100), window_width=300)[0]
     assert hopper.policy(torch.empty(1, 4096, 2, 96), window_width=300) == (
         True, "default policy: head dim 96 (zero-padded to 128) non-causal window of width 300 from seqlen_q >= "
               f"{hopper.AUTO_MIN_SEQLEN[(128, False)]} (here 4096)")
@@ -1584,20 +1585,20 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
     assert hopper.policy(torch.empty(1 << 16, 2, 96), seqlen_q=1 << 16, varlen=True) == (
         False, "default policy: head dim 96 (zero-padded to 128) packed sequences: the portable forward (measured "
                "behind it at some lengths, docs/decisions/padded-head-dims.md)")
-    least = hopper.BWD_VARLEN_AUTO_MIN_SEQLEN[(256, True)]
-    assert hopper.bwd_policy(torch.empty(1 << 16, 2, 192), seqlen_q=least, causal=True, varlen=True) == (
+    least = hopper_bwd.BWD_VARLEN_AUTO_MIN_SEQLEN[(256, True)]
+    assert hopper_bwd.bwd_policy(torch.empty(1 << 16, 2, 192), seqlen_q=least, causal=True, varlen=True) == (
         True, f"default policy: head dim 192 (zero-padded to 256) causal varlen from seqlen_q >= {least} "
               f"(here {least})")
-    assert not hopper.bwd_policy(torch.empty(1 << 16, 2, 192), seqlen_q=least - 1, causal=True, varlen=True)[0]
-    assert hopper.bwd_policy(torch.empty(1, 4096, 2, 192), window_width=300)[0]
-    assert not hopper.bwd_policy(torch.empty(1, 4096, 2, 192), window_width=hopper.BWD_WINDOW_MIN_WIDTH[256] - 1)[0]
+    assert not hopper_bwd.bwd_policy(torch.empty(1 << 16, 2, 192), seqlen_q=least - 1, causal=True, varlen=True)[0]
+    assert hopper_bwd.bwd_policy(torch.empty(1, 4096, 2, 192), window_width=300)[0]
+    assert not hopper_bwd.bwd_policy(torch.empty(1, 4096, 2, 192), window_width=hopper_bwd.BWD_WINDOW_MIN_WIDTH[256] - 1)[0]
     # the call checks: plain calls, any layout; in place (d = 96) the kernels' forms at the padded dim by
     # its own checks, on copies (d = 100) the rest refused by name
     none = (False, (-1, -1), 0.0, None, 0.0)
     for d in (96, 100):
         q = torch.randn(1, 8, 2, d, dtype=torch.bfloat16)
         qt = torch.randn(1, 2, 8, d, dtype=torch.bfloat16).transpose(1, 2)  # no (rows, heads * d) view
-        for check in (hopper.call_supported, hopper.bwd_call_supported):
+        for check in (hopper.call_supported, hopper_bwd.bwd_call_supported):
             assert check(q, q, q, *none) == (True, "") and check(qt, qt, qt, *none) == (True, "")
             assert check(q, q, q, False, (-1, 0), 0.0, None, 0.0) == (True, "")
             assert "dropout" in check(q, q, q, False, (-1, -1), 0.0, None, 0.1)[1]
@@ -1614,15 +1615,15 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
     q = torch.randn(1, 8, 2, 100, dtype=torch.bfloat16)
     lse = torch.zeros(1, 2, 8)
     with pytest.raises(ValueError, match="plain fixed-length calls only \\(here a softcap\\)"):
-        hopper.hopper_forward(q, q, q, 0.1, False, softcap=5.0)
+        backends.hopper_forward(q, q, q, 0.1, False, softcap=5.0)
     with pytest.raises(ValueError, match="plain fixed-length calls only \\(here a sliding window\\)"):
-        hb.hopper_backward(q, q, q, q, q, lse, 0.1, False, variant="ws", window=(4, 0))
+        gluon_bwd.hopper_backward(q, q, q, q, q, lse, 0.1, False, variant="ws", window=(4, 0))
     q96 = torch.randn(1, 8, 2, 96, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="the ws variant in place only \\(here variant 'base'\\)"):
-        hb.hopper_backward(q96, q96, q96, q96, q96, lse, 0.1, False, variant="base", window=(4, 0))
+        gluon_bwd.hopper_backward(q96, q96, q96, q96, q96, lse, 0.1, False, variant="base", window=(4, 0))
     # exact padding, through stand-in kernels at the padded dim (float64 oracle; GQA, causal, scale 0.3)
     seen = {}
-    real_fwd, real_bwd = hopper.hopper_forward, hb.hopper_backward
+    real_fwd, real_bwd = backends.hopper_forward, gluon_bwd.hopper_backward
 
     def fake_fwd(q, k, v, scale, causal, **kw):
         if q.shape[-1] not in (64, 128, 256):
@@ -1639,8 +1640,8 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
         ref, _ = attention_ref(*leaves, softmax_scale=scale, window=(-1, 0) if causal else (-1, -1))
         return torch.autograd.grad(ref, leaves, dout)
 
-    monkeypatch.setattr(hopper, "hopper_forward", fake_fwd)
-    monkeypatch.setattr(hb, "hopper_backward", fake_bwd)
+    monkeypatch.setattr(backends, "hopper_forward", fake_fwd)
+    monkeypatch.setattr(gluon_bwd, "hopper_backward", fake_bwd)
     g = torch.Generator().manual_seed(5)
     for d, causal in ((100, True), (196, False)):  # not multiples of 8: the padded copies
         q = torch.randn(2, 37, 4, d, dtype=torch.float64, generator=g)
@@ -1684,7 +1685,7 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
                                           (", the products over 96 of the 128 columns (hopper.split_cols)", "")
                                           if d == 96 else ("", ""))
             assert plan.forward["inputs"] == (f"read in place at head dim {dp}, the columns past {d} zero-filled by "
-                                              f"TMA (hopper.padded_rows_desc), the output stored to {d} columns"
+                                              f"TMA (gluon_fwd.padded_rows_desc), the output stored to {d} columns"
                                               + fwd_products)
             assert plan.backward["inputs"].endswith(f"the gradients stored to {d} columns" + bwd_products)
         with dispatch.forced_backend("triton"):
@@ -1712,7 +1713,7 @@ def _tma_box(desc, coords):
 
 
 def test_padded_in_place_descriptors_read_and_store_the_padded_tiles():
-    """The descriptors a padded call is read and stored through in place (``hopper.padded_rows_desc``,
+    """The descriptors a padded call is read and stored through in place (``gluon_fwd.padded_rows_desc``,
     ``padded_out_desc``; the kernels' ``_load_rows`` / ``_store_rows_tma`` coordinates): with TMA's
     addressing and its zero fill past the bounds emulated on the CPU, a box at (head * d / 8, row, 0)
     holds exactly the zero-padded copy's tile (``pad_head``: the head's d columns, zeros to the padded dim,
@@ -1722,15 +1723,16 @@ def test_padded_in_place_descriptors_read_and_store_the_padded_tiles():
     pytest.importorskip("triton.experimental.gluon")
     from triton.experimental.gluon import language as gl
 
-    from ioattn import hopper
+    from ioattn.plan import hopper
+    from ioattn.launch import gluon_fwd
     g = torch.Generator().manual_seed(3)
     for d, heads in ((80, 3), (96, 2), (200, 2)):
         dp, rows_box = hopper.padded_headdim(d), 64
         qkv = torch.randn(2, 37, 3, heads, d, generator=g).to(torch.bfloat16)
         for t in (qkv[:, :, 0].contiguous(), qkv.unbind(2)[1]):
-            desc = hopper.padded_rows_desc(t, rows_box, dp, gl.bfloat16)
+            desc = gluon_fwd.padded_rows_desc(t, rows_box, dp, gl.bfloat16)
             assert desc.block_shape == [1, rows_box, dp] and desc.strides[0] == 8 and desc.shape[2] == d
-            padded = hopper.pad_head(t, dp).reshape(-1, heads, dp)
+            padded = gluon_fwd.pad_head(t, dp).reshape(-1, heads, dp)
             for h in range(heads):
                 for row in (0, 10, 50):  # 50: the box runs past the 74 rows
                     want = torch.zeros(rows_box, dp, dtype=t.dtype)
@@ -1738,7 +1740,7 @@ def test_padded_in_place_descriptors_read_and_store_the_padded_tiles():
                     want[:part.shape[0]] = part
                     assert torch.equal(_tma_box(desc, [h * d // 8, row, 0])[0], want), (d, h, row)
         out = torch.zeros(2, 37, heads, d, dtype=torch.bfloat16)
-        odesc = hopper.padded_out_desc(out, rows_box, dp, gl.bfloat16)
+        odesc = gluon_fwd.padded_out_desc(out, rows_box, dp, gl.bfloat16)
         assert odesc.block_shape == [1, 1, rows_box, dp]
         stage = torch.randn(rows_box, dp, generator=g).to(torch.bfloat16)
         b, m, h = 1, 0, heads - 1

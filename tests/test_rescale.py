@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from conftest import DEVICE, assert_lse_close, assert_matches_oracles, attention_oracles
-from ioattn import dispatch, flash_attn_func
-from ioattn.dispatch import TileConfig
+from ioattn import flash_attn_func
+from ioattn.plan import dispatch
+from ioattn.plan.dispatch import TileConfig
 from ioattn.masks import key_block_range, keep_mask
 
 FP16, BF16, FP32 = torch.float16, torch.bfloat16, torch.float32

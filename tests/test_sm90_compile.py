@@ -48,7 +48,7 @@ causal), fits shared memory and uses wgmma, TMA and
     register reallocation; the ping-pong variants have one consumer partition per warpgroup, K/V
     slots released by every warpgroup, and ptxas neither serialises their wgmmas (C7514) nor spills
     (persistent: at most a few per-tile values around its tile loop, the script's bound)."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     main = [v for v in hopper.VARIANTS if v != "wg3"]
@@ -128,7 +128,7 @@ def test_hopper_row_stores_compile_for_sm90():
     consumers store the rows of a tile that sees no key with 16-byte stores as well.)"""
     import re
 
-    from ioattn import hopper
+    from ioattn.plan import hopper
 
     lines = (_hopper_check("--variants", "pingpong", "--masks", "0")
              + _hopper_check("--variants", "persistent", "--masks", "0", "--tma-store", "off"))
@@ -189,7 +189,7 @@ def test_hopper_diag_trim_compile_for_sm90():
     short causal calls' 64-key tiles at d = 128 (hopper.SHORT_CAUSAL_TILES) compile with it."""
     import re
 
-    from ioattn import hopper
+    from ioattn.plan import hopper
 
     def counts(lines):
         return {line.split()[1]: tuple(int(re.search(pat, line).group(1)) for pat in
@@ -308,7 +308,7 @@ def test_hopper_register_options_compile_for_sm90():
     ping-pong kernel at d = 128 with it has fewer shuffles than the same build without it (``--deferred-row-sum
     off``: two a row a key tile gone from every softmax copy); wg3's default non-causal build takes it, without
     spilling (its causal build, which does not, compiles in test_hopper_gluon_kernel_compiles_for_sm90)."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
     shfl = lambda line: int(line.split("SHFL=")[1].split()[0])  # noqa: E731
     # one mask: the bit does not depend on it (the default builds of both masks compile in
     # test_hopper_gluon_kernel_compiles_for_sm90, under the same spill and pipelining checks)

@@ -1,11 +1,13 @@
-"""The persistent forward's host-built causal walk (``hopper.build_walk_table``, the kernel's ``Walk``;
+"""The persistent forward's host-built causal walk (``gluon_fwd.build_walk_table``, the kernel's ``Walk``;
 docs/decisions/persistent-causal-walk.md): a permutation of every tile in the kernel's encoding, each program's
 walk in group order, balanced in the cost model better than the computed walks it replaces. Pure Python, no GPU."""
 
 import pytest
 import torch
 
-from ioattn import hopper
+from ioattn.plan import hopper
+from ioattn.launch import gluon_fwd
+from ioattn.plan import forward
 
 
 def _walks(table, programs):
@@ -18,7 +20,7 @@ def _walks(table, programs):
 def _causal_kv_tiles(num_m, seqlen_q=None, seqlen_k=None, block_m=128, block_n=128):
     seqlen_q = seqlen_q or num_m * block_m
     seqlen_k = seqlen_k or seqlen_q
-    return tuple(hopper._kv_tiles(m * block_m, seqlen_q, seqlen_k, block_m, block_n) for m in range(num_m))
+    return tuple(forward._kv_tiles(m * block_m, seqlen_q, seqlen_k, block_m, block_n) for m in range(num_m))
 
 
 def _cost(kv, t, bh_count, tile_cost=hopper.WALK_TABLE_TILE_COST):
@@ -32,7 +34,7 @@ def test_walk_table_is_every_tile_once(programs, batch_heads, num_m, group):
     """Every tile j * batch_heads + bh exactly once; past a walk's end and in the extra last row only
     num_tiles ('no tile'); no tile after a 'no tile' in a walk; steps the longest walk."""
     kv = _causal_kv_tiles(num_m)
-    table = hopper.build_walk_table(programs, batch_heads, kv, group)
+    table = gluon_fwd.build_walk_table(programs, batch_heads, kv, group, hopper.WALK_TABLE_TILE_COST)
     num_tiles = batch_heads * num_m
     steps, rows = _walks(table, programs)
     assert len(table) == 1 + (steps + 1) * programs
@@ -54,7 +56,7 @@ def test_walk_table_groups_and_lpt_order():
     than the one before it (the LPT order the greedy assignment keeps)."""
     programs, bh_count, num_m, group = 132, 512, 8, 64
     kv = _causal_kv_tiles(num_m)
-    table = hopper.build_walk_table(programs, bh_count, kv, group)
+    table = gluon_fwd.build_walk_table(programs, bh_count, kv, group, hopper.WALK_TABLE_TILE_COST)
     steps, rows = _walks(table, programs)
     num_tiles = bh_count * num_m
     for p in range(programs):
@@ -74,7 +76,7 @@ def _makespan_table(table, programs, kv, bh_count):
 
 
 def _makespan_snake_lpt(programs, kv, bh_count):
-    """The computed causal walk (``hopper_forward._walk`` with SNAKE, ``_tile_bhm``'s LPT order)."""
+    """The computed causal walk (``hopper_tiles._walk`` with SNAKE, ``_tile_bhm``'s LPT order)."""
     num_tiles = bh_count * len(kv)
     work = [0.0] * programs
     for k in range(-(-num_tiles // programs)):
@@ -93,7 +95,7 @@ def test_walk_table_balance(bh_count, num_m):
     programs = 132
     kv = _causal_kv_tiles(num_m)
     group = hopper.walk_group_heads(2 * num_m * 128 * 64 * 2, 64)
-    table = hopper.build_walk_table(programs, bh_count, kv, group)
+    table = gluon_fwd.build_walk_table(programs, bh_count, kv, group, hopper.WALK_TABLE_TILE_COST)
     ideal = sum(_cost(kv, t, bh_count) for t in range(bh_count * num_m)) / programs
     ours = _makespan_table(table, programs, kv, bh_count)
     assert ours <= ideal + max(_cost(kv, t, bh_count) for t in range(bh_count * num_m))
@@ -107,7 +109,7 @@ def test_walk_table_rows_past_the_keys():
     fixed cost only and are still walked (their rows get output 0 and lse -inf)."""
     kv = _causal_kv_tiles(6, seqlen_q=6 * 128, seqlen_k=200)
     assert kv[0] <= 0 and kv[-1] == 2
-    table = hopper.build_walk_table(5, 3, kv, 2)
+    table = gluon_fwd.build_walk_table(5, 3, kv, 2, hopper.WALK_TABLE_TILE_COST)
     steps, rows = _walks(table, 5)
     assert sorted(t for k in range(steps) for t in rows[k] if t != 18) == list(range(18))
 
@@ -159,8 +161,8 @@ def test_walk_table_policy(monkeypatch):
 def test_walk_table_tensor_cached():
     """One int32 tensor a shape, the same object on the next call; the table's values."""
     kv = _causal_kv_tiles(4)
-    a = hopper.walk_table_tensor(torch.device("cpu"), 6, 5, kv, 2)
-    b = hopper.walk_table_tensor(torch.device("cpu"), 6, 5, kv, 2)
+    a = gluon_fwd.walk_table_tensor(torch.device("cpu"), 6, 5, kv, 2, hopper.WALK_TABLE_TILE_COST)
+    b = gluon_fwd.walk_table_tensor(torch.device("cpu"), 6, 5, kv, 2, hopper.WALK_TABLE_TILE_COST)
     assert a is b and a.dtype == torch.int32
-    assert a.tolist() == hopper.build_walk_table(6, 5, kv, 2)
-    assert hopper.walk_table_tensor(torch.device("cpu"), 6, 5, kv, 3) is not a
+    assert a.tolist() == gluon_fwd.build_walk_table(6, 5, kv, 2, hopper.WALK_TABLE_TILE_COST)
+    assert gluon_fwd.walk_table_tensor(torch.device("cpu"), 6, 5, kv, 3, hopper.WALK_TABLE_TILE_COST) is not a

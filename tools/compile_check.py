@@ -12,7 +12,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from ioattn import dispatch
+from ioattn.plan import dispatch
 from ioattn.kernels.backward import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_bwd_preprocess_kernel
 from ioattn.kernels.forward import attn_fwd_kernel
 

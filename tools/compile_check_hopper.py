@@ -1,6 +1,6 @@
 """Compile the Gluon Hopper forward for sm_90 without a GPU (as compile_check.py does for the Triton
-kernels): every variant (``ioattn.hopper.VARIANTS``: base, pingpong, split, wg3) x head dim x dtype x mask
-the dispatch can pick, at ``ioattn.hopper.kernel_config`` (the launcher's own configuration).
+kernels): every variant (``ioattn.plan.hopper.VARIANTS``: base, pingpong, split, wg3) x head dim x dtype x mask
+the dispatch can pick, at ``ioattn.plan.hopper.kernel_config`` (the launcher's own configuration).
 
 Per kernel it prints shared memory, the registers ptxas reports (the launch budget; the partitions'
 own budgets are the setmaxnreg values) and spills, and counts in the PTX of wgmma (and its
@@ -17,7 +17,7 @@ lengths) instead of the fixed-length kernels (``IS_VARLEN=False``, cu_seqlens co
 launcher passes them); its lines carry ``varlen``.
 
 ``--window`` compiles the sliding-window form (``WINDOW=True``, masked key tiles, non-causal) of the
-variants that have it (``ioattn.hopper.WINDOW_VARIANTS``); with ``--varlen`` both together. Its lines
+variants that have it (``ioattn.plan.hopper.WINDOW_VARIANTS``); with ``--varlen`` both together. Its lines
 carry ``window``. ``--softcap`` likewise the softcap form (``SOFTCAP=True``, ``SOFTCAP_VARIANTS``;
 with ``--window`` both); its lines carry ``softcap``. ``--alibi`` likewise the ALiBi form (``ALIBI`` =
 ``hopper.alibi_form``'s for the mask, the variants that have that form; with the others too); its lines carry ``alibi``.
@@ -29,7 +29,7 @@ MUFU.EX2 and FFMA: those instructions in the SASS; ``tma_stores``: the PTX's bul
 to global memory; ``int_div``: the SASS's run-time integer divisions (their I2F.RP).
 
 ``--exp2-fma 0,25,50`` compiles each kernel once per share of the exponentials on the FMA units
-(``ioattn.hopper.exp2_fma``, the kernel's ``EXP2_FMA``; 0, the default, is the kernel as launched
+(``ioattn.plan.hopper.exp2_fma``, the kernel's ``EXP2_FMA``; 0, the default, is the kernel as launched
 without the option); its lines carry ``exp2_fma=N%``.
 Spills are asserted against the default bounds at 0 only, and reported for the other shares.
 
@@ -60,7 +60,7 @@ import time
 
 from triton.experimental.gluon import language as gl
 
-from ioattn import hopper
+from ioattn.plan import hopper
 from ioattn.kernels import ptx_barriers
 from ioattn.kernels.hopper_forward import hopper_fwd_kernel as fn
 
@@ -89,7 +89,7 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
                v_desc=f"tensordesc<{dt}[{bn},{d}],{kv_layout!r}>", Out=f"*{dt}", Lse="*fp32", qk_scale="fp32",
                softcap_a="fp32", alibi_unit="fp32")
     ring = bool(IO_DIM) and hopper.split_ring_for(d, IO_DIM, variant, cfg_tail(varlen, kv_tail))  # the launcher's
-    if IO_DIM:  # the launcher's head-padded descriptors (hopper.padded_rows_desc): one rank more, a unit box
+    if IO_DIM:  # the launcher's head-padded descriptors (gluon_fwd.padded_rows_desc): one rank more, a unit box
         for name, rows, cols in (("q_desc", q_rows, d), ("k_desc", bn, 128 if ring else d),
                                  ("v_desc", bn, 128 if ring else d)) + ((("k_hi_desc", bn, 64),
                                                                         ("v_hi_desc", bn, 64)) if ring else ()):
@@ -291,7 +291,7 @@ def main():
     ap.add_argument("--alibi", action="store_true",
                     help="the ALiBi form (ALIBI=hopper.alibi_form(...); the variants with that form)")
     ap.add_argument("--io-dim", type=int, default=0,
-                    help="the tensors' head dim below the kernel's (IO_DIM, hopper.padded_rows_desc's 3-D / 4-D "
+                    help="the tensors' head dim below the kernel's (IO_DIM, gluon_fwd.padded_rows_desc's 3-D / 4-D "
                          "descriptors; a multiple of 8): the head-padded kernels without copies")
     ap.add_argument("--split-ring", default="default", choices=("default", "on", "off"),
                     help="with the products over 192 columns: the K / V ring in 128 + 64-column buffers, "

@@ -1,6 +1,6 @@
 """Compile the Gluon Hopper backward (``ioattn.kernels.hopper_backward``) for sm_90 without a GPU, at
-the launcher's configuration (``hopper_backward.kernel_config``), for each variant
-(``hopper_backward.BWD_VARIANTS``: base, ws) x its head dims (``BWD_VARIANT_HEADDIMS``: 64 and 128;
+the launcher's configuration (``hopper_bwd.kernel_config``), for each variant
+(``hopper_bwd.BWD_VARIANTS``: base, ws) x its head dims (``BWD_VARIANT_HEADDIMS``: 64 and 128;
 ws also 256, its column-split form) x bf16 / fp16 x causal or not.
 
 Per kernel it prints shared memory, and counts in the PTX of wgmma (with commit groups and waits),
@@ -23,7 +23,7 @@ that loop and at most 24 B outside it.
 
 ``--varlen``: the ws kernel's packed-sequence form (``IS_VARLEN``) instead of the fixed-length one.
 ``--window``: the ws kernel's sliding-window form (``WINDOW``; non-causal: a window replaces the mask).
-``--alibi``: the ws kernel's ALiBi form (``ALIBI``: ``hopper.bwd_alibi_form``'s), with any of the others.
+``--alibi``: the ws kernel's ALiBi form (``ALIBI``: ``hopper_bwd.bwd_alibi_form``'s), with any of the others.
 ``--softcap``: the ws kernel's score-softcap form (``kernel_config(..., softcap=True)``: ``SOFTCAP``,
 lse not in S^T's accumulator, ``WS_SCORE_MOD_BLOCK_M``), with any of the others; ``--col-split``: its
 column-split form at d = 128 too (``WS_SOFTCAP_COL_SPLIT_HEADDIMS``, in this process).
@@ -35,9 +35,10 @@ import time
 
 from triton.experimental.gluon import language as gl
 
-from ioattn import hopper
-from ioattn.kernels import hopper_backward
-from ioattn.kernels.hopper_backward import BWD_VARIANT_HEADDIMS, BWD_VARIANTS, kernel_config, ws_layouts
+from ioattn.launch import gluon_bwd
+from ioattn.launch.gluon_bwd import ws_layouts
+from ioattn.plan import hopper, hopper_bwd
+from ioattn.plan.hopper_bwd import BWD_VARIANT_HEADDIMS, BWD_VARIANTS, kernel_config
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gluon_aot import (DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxas_report, run_jobs,  # noqa: E402
@@ -49,7 +50,7 @@ IO_DIM = 0  # --io-dim (set before the compile jobs' processes are forked: they 
 
 def compile_one(variant, d, dt, causal, deterministic=False, varlen=False, window=False, softcap=False, alibi=False):
     cfg = kernel_config(d, variant, softcap, alibi)
-    fn = cfg["kernel"]
+    fn = gluon_bwd.KERNELS[cfg["kernel"]]
     bm, bn = cfg["block_m"], cfg["block_n"]
     q_layout = gl.NVMMASharedLayout.get_default_for([bm, d], DTYPES[dt])
     kv_layout = gl.NVMMASharedLayout.get_default_for([bn, d], DTYPES[dt])
@@ -67,16 +68,16 @@ def compile_one(variant, d, dt, causal, deterministic=False, varlen=False, windo
         sig.update(lse_desc=stat, delta_desc=stat, dq_desc=f"tensordesc<fp32[{rows},{cols}],{lay['dq']!r}>", Sem="*i32",
                    Cu_q="*i32", Cu_k="*i32", softcap_a="fp32", alibi_unit="fp32", Alibi="*fp32")
         cfg["constexprs"] = dict(cfg["constexprs"], DETERMINISTIC=deterministic, IS_VARLEN=varlen, WINDOW=window,
-                                 ALIBI=hopper.bwd_alibi_form(d, 1.0 if softcap else 0.0) if alibi else 0,
+                                 ALIBI=hopper_bwd.bwd_alibi_form(d, 1.0 if softcap else 0.0) if alibi else 0,
                                  IO_DIM=IO_DIM,
                                  PROD_DIM=hopper.bwd_split_cols_for(d, IO_DIM, cfg["constexprs"]["COL_SPLIT"]))
         prod = cfg["constexprs"]["PROD_DIM"]
-        cfg["constexprs"]["DQ_HI_FIRST"] = hopper_backward.dq_hi_first(d, cfg["constexprs"]["COL_SPLIT"], prod)
+        cfg["constexprs"]["DQ_HI_FIRST"] = hopper_bwd.dq_hi_first(d, cfg["constexprs"]["COL_SPLIT"], prod)
         if prod:  # dQ's high half by its own descriptor (the launcher's), 64 columns wide
             sig.update(dq_hi_desc=f"tensordesc<fp32[{rows},{prod - d // 2}],{lay['dq']!r}>")
         else:
             cfg["constexprs"]["dq_hi_desc"] = None
-        if IO_DIM:  # the launcher's head-padded descriptors (hopper.padded_rows_desc): one rank more, a unit box
+        if IO_DIM:  # the launcher's head-padded descriptors (gluon_fwd.padded_rows_desc): one rank more, a unit box
             for names, rows in ((("q_desc", "do_desc"), bm), (("k_desc", "v_desc"), bn)):
                 lay3 = gl.NVMMASharedLayout.get_default_for([1, rows, d], DTYPES[dt])
                 sig.update({name: f"tensordesc<{dt}[1,{rows},{d}],{lay3!r}>" for name in names})
@@ -88,13 +89,13 @@ def compile_one(variant, d, dt, causal, deterministic=False, varlen=False, windo
 def check(job):
     variant, d, dt, causal, run_ptxas, det, swizzled, lse_in_acc, wg_split, varlen, window, softcap, col_split, alibi = job
     if col_split:  # the softcap form's column split at d = 128 (``WS_SOFTCAP_COL_SPLIT_HEADDIMS``), in this process
-        hopper_backward.WS_SOFTCAP_COL_SPLIT_HEADDIMS = (128,)
+        hopper_bwd.WS_SOFTCAP_COL_SPLIT_HEADDIMS = (128,)
     if wg_split:  # each consumer warpgroup a partition of its own (``WS_WG_PARTITIONS``), in this process
-        hopper_backward.WS_WG_PARTITIONS = {64: True, 128: True}
+        hopper_bwd.WS_WG_PARTITIONS = {64: True, 128: True}
     if lse_in_acc:  # lse folded into S^T's accumulator (``WS_LSE_IN_ACC``), in this process
-        hopper_backward.WS_LSE_IN_ACC = {64: True, 128: True}
+        hopper_bwd.WS_LSE_IN_ACC = {64: True, 128: True}
     if swizzled:  # the swizzled 2-D dQ staging tile instead of the flat one (``WS_DQ_FLAT``), in this process
-        hopper_backward.WS_DQ_FLAT = {64: False, 128: False}
+        hopper_bwd.WS_DQ_FLAT = {64: False, 128: False}
     cfg, k = compile_one(variant, d, dt, causal, det, varlen, window, softcap, alibi)
     ptx = k.asm["ptx"]
     c = ptx_counts(ptx)
@@ -172,7 +173,7 @@ def main():
     ap.add_argument("--col-split", action="store_true", help="--softcap: the column split at d = 128 too")
     ap.add_argument("--alibi", action="store_true", help="ws: the ALiBi form (ALIBI)")
     ap.add_argument("--io-dim", type=int, default=0,
-                    help="ws: the tensors' head dim below the kernel's (IO_DIM, hopper.padded_rows_desc's 3-D "
+                    help="ws: the tensors' head dim below the kernel's (IO_DIM, gluon_fwd.padded_rows_desc's 3-D "
                          "descriptors; a multiple of 8): the head-padded kernel without copies")
     ap.add_argument("--split-cols", default="default", choices=("default", "on", "off"),
                     help="ws with --io-dim 136-192 at d = 256: the products over 192 columns (PROD_DIM, "
@@ -183,7 +184,7 @@ def main():
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="compiles in parallel")
     args = ap.parse_args()
     if args.dq_hi_first != "default":  # before the compile jobs' processes are forked (they inherit it)
-        hopper_backward.WS_DQ_HI_FIRST = (192, 256) if args.dq_hi_first == "on" else ()
+        hopper_bwd.WS_DQ_HI_FIRST = (192, 256) if args.dq_hi_first == "on" else ()
     if args.io_dim:  # before the compile jobs' processes are forked (they inherit it)
         global IO_DIM
         IO_DIM = args.io_dim

@@ -18,7 +18,7 @@ import compile_check_hopper as cc  # noqa: E402
 import compile_check_hopper_bwd as cc_bwd  # noqa: E402
 from gluon_aot import sass_text  # noqa: E402
 
-from ioattn import hopper  # noqa: E402
+from ioattn.plan import hopper  # noqa: E402
 
 
 def fingerprint(kernel) -> tuple:

@@ -51,7 +51,7 @@ def _ioattn(q, k, v, causal):
 def _ioattn_ptr(q, k, v, causal):
     """The portable forward with K/V through pointer loads instead of tensor descriptors (TMA, the
     default on Hopper) and never the Gluon kernel: the A/B of the load path, in every run."""
-    from ioattn import dispatch, hopper
+    from ioattn.plan import dispatch, hopper
     with dispatch.prefer_tma(False), hopper.prefer_hopper(False):
         return ioattn.flash_attn_func(q, k, v, causal=causal)
 
@@ -60,7 +60,7 @@ def _ioattn_hopper(q, k, v, causal):
     """The Gluon Hopper forward wherever it applies (``hopper.prefer_hopper(True)``; the default takes
     it only from ``hopper.AUTO_MIN_SEQLEN``'s lengths); the backward as the default dispatch picks
     it. A call it does not cover is refused with the reason (the bench records it)."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
     ok, why = hopper.hopper_supports(q, k, v, False, (-1, 0) if causal else (-1, -1), 0.0, None, 0.0)
     if not ok:
         raise ValueError(f"the Gluon Hopper forward does not cover this call: {why}")
@@ -69,13 +69,13 @@ def _ioattn_hopper(q, k, v, causal):
 
 
 def _ioattn_hopper_bwd(q, k, v, causal):
-    """The default forward with the Gluon backward wherever it applies (``hopper.prefer_hopper_bwd``,
-    variant ``hopper.BWD_VARIANT``; the default takes it only from ``hopper.BWD_AUTO_MIN_SEQLEN``'s
+    """The default forward with the Gluon backward wherever it applies (``hopper_bwd.prefer_hopper_bwd``,
+    variant "ws"; the default takes it only from ``hopper_bwd.BWD_AUTO_MIN_SEQLEN``'s
     lengths; the switch in force at the forward decides the backward): refused with the reason where
     that backward does not apply."""
-    from ioattn import hopper
-    with hopper.prefer_hopper_bwd(True):
-        ok, why = hopper.bwd_plan(q, k, v, False, (-1, 0) if causal else (-1, -1), 0.0, None, 0.0)
+    from ioattn.plan import hopper_bwd
+    with hopper_bwd.prefer_hopper_bwd(True):
+        ok, why = hopper_bwd.bwd_plan(q, k, v, False, (-1, 0) if causal else (-1, -1), 0.0, None, 0.0)
         if not ok:
             raise ValueError(f"the Gluon Hopper backward does not cover this call: {why}")
         return ioattn.flash_attn_func(q, k, v, causal=causal)

@@ -1,5 +1,5 @@
-"""The Gluon forward's exp2 on the FMA units (``ioattn.kernels.hopper_forward._exp2_poly``, switched on
-by ``ioattn.hopper.exp2_fma``): its constants, how they were fitted, and a float32 twin of the
+"""The Gluon forward's exp2 on the FMA units (``ioattn.kernels.hopper_softmax._exp2_poly``, switched on
+by ``ioattn.plan.hopper.exp2_fma``): its constants, how they were fitted, and a float32 twin of the
 kernel's formula, so that the arithmetic is tested on any machine (the kernel itself needs an
 sm_90 GPU).
 

@@ -99,7 +99,7 @@ def test_large_index_no_overflow():
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_tma_forward(d, causal):
-    from ioattn import dispatch
+    from ioattn.plan import dispatch
     with dispatch.prefer_tma(True):
         k = torch.randn(2, 1000, 2, d, device="cuda", dtype=torch.bfloat16)
         assert dispatch.fwd_uses_tma(k, k, False)
@@ -278,7 +278,7 @@ def test_hopper_forward(variant, d, causal, dtype, shape, poison_alloc):
     backward fed by this forward's output and lse; NaN-poisoned outputs would show. Every kernel
     variant (base, FA3 ping-pong, ping-pong's structure without the ordering, three warpgroups, the
     persistent ping-pong)."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
     if d not in hopper.TILE_TABLE[variant]:
         pytest.skip(f"the {variant} variant has no head dim {d}")
     b, sq, sk, h, hkv = shape
@@ -304,7 +304,7 @@ def test_hopper_forward_accumulator_stores(variant, d, causal, shape, poison_all
     which ``test_hopper_forward`` covers), every variant, against the float64 oracle as
     ``test_hopper_forward``; the shapes with rows past seqlen_q (masked stores) and warpgroups with no
     visible key."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
     if d not in hopper.TILE_TABLE[variant]:
         pytest.skip(f"the {variant} variant has no head dim {d}")
     b, sq, sk, h, hkv = shape
@@ -330,7 +330,7 @@ def test_hopper_forward_fewer_masks(variant, d, causal, shape, poison_alloc):
     ``hopper.FEWER_MASKS_NUM_WG``): the first key tile masked only where the loop's rule asks for it,
     causal masks without the key-end test, at the shapes where those rules matter, against the
     float64 oracle as ``test_hopper_forward``, gradients included."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
     b, sq, sk, h, hkv = shape
     q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16)
@@ -351,7 +351,7 @@ def test_hopper_forward_row_stores_via_q(variant, causal, dtype, shape, poison_a
     kernel's ``ROW_STORES`` 2, the one-tile ping-pong kernels' default, ``hopper.row_stores``), both
     dtypes, against the float64 oracle as ``test_hopper_forward``; rows past seqlen_q (masked
     stores), warpgroups with no visible key."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
     b, sq, sk, h, hkv = shape
     q = torch.randn(b, sq, h, 256, device="cuda", dtype=dtype)
     k = torch.randn(b, sk, hkv, 256, device="cuda", dtype=dtype)
@@ -373,7 +373,9 @@ def test_hopper_forward_varlen(variant, d, causal, dtype, monkeypatch, poison_al
     1, shorter than a tile, several tiles, seqlen_q != seqlen_k both ways (causal: 133 rows that see
     no key), one with no queries, one with no keys; 7 trailing tokens in q and k/v that no sequence
     owns (output 0, lse -inf, zero gradients), NaN in k and v."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
+    from ioattn import backends
+    from ioattn.plan import hopper_bwd
     if d not in hopper.TILE_TABLE[variant]:
         pytest.skip(f"the {variant} variant has no head dim {d}")
     monkeypatch.setattr(hopper, "GLUON_VARLEN", True)
@@ -389,7 +391,7 @@ def test_hopper_forward_varlen(variant, d, causal, dtype, monkeypatch, poison_al
     dout = torch.randn_like(q)
     window = (-1, 0) if causal else (-1, -1)
     # the portable backward (its own switch: the Gluon varlen backward has test_hopper_backward_varlen)
-    with hopper.variant(variant), hopper.prefer_hopper(True), hopper.prefer_hopper_bwd(False):
+    with hopper.variant(variant), hopper.prefer_hopper(True), hopper_bwd.prefer_hopper_bwd(False):
         ok, why = hopper.hopper_supports(q, k, v, True, window, 0.0, None, 0.0)
         assert ok, why
         plan = ioattn.explain_dispatch(q, k, v, causal=causal, cu_seqlens_q=cq, max_seqlen_q=max_q)
@@ -399,7 +401,7 @@ def test_hopper_forward_varlen(variant, d, causal, dtype, monkeypatch, poison_al
                                                     return_attn_probs=True)
         dq, dk, dv = torch.autograd.grad(out, (qg, kg, vg), dout)
         # the API's forward is this kernel's (the forward is deterministic)
-        direct = hopper.hopper_forward(q, k, v, d ** -0.5, causal, cu_seqlens_q=cq, cu_seqlens_k=ck,
+        direct = backends.hopper_forward(q, k, v, d ** -0.5, causal, cu_seqlens_q=cq, cu_seqlens_k=ck,
                                        max_seqlen_q=max_q, max_seqlen_k=max_k)
     assert torch.equal(out.detach(), direct[0]) and torch.equal(lse, direct[1])
     assert lse.shape == (h, q.shape[0]) and lse.dtype == torch.float32
@@ -419,15 +421,16 @@ def test_hopper_forward_next_batch_rows_do_not_leak(variant, d, causal, sk):
     runs past seqlen_k), and the producer zeroes those V rows before the P V product (KV_TAIL), so
     element 0's output and lse are finite and bitwise those of element 0 alone (where the box runs
     past the tensor's end and TMA fills zeros)."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
+    from ioattn import backends
     if d not in hopper.TILE_TABLE[variant]:
         pytest.skip(f"the {variant} variant has no head dim {d}")
     q = torch.randn(2, 300, 4, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, sk, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     v[1] = float("nan")
     with hopper.variant(variant):
-        out, lse = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
-        alone, lse_alone = hopper.hopper_forward(q[:1].contiguous(), k[:1].contiguous(), v[:1].contiguous(),
+        out, lse = backends.hopper_forward(q, k, v, d ** -0.5, causal)
+        alone, lse_alone = backends.hopper_forward(q[:1].contiguous(), k[:1].contiguous(), v[:1].contiguous(),
                                                  d ** -0.5, causal)
     assert torch.isfinite(out[0]).all() and not torch.isnan(lse[0]).any()
     assert torch.equal(out[0], alone[0]) and torch.equal(lse[0], lse_alone[0])
@@ -440,7 +443,7 @@ def test_hopper_forward_next_batch_rows_do_not_leak(variant, d, causal, sk):
 def test_hopper_forward_negative_scale(variant, causal, poison_alloc):
     """A negative softmax_scale through the Gluon forward (wg3's lean softmax flips q's sign for it)
     against the float64 oracle with the same scale."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
     q, k, v = (torch.randn(2, 300, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     with hopper.variant(variant), hopper.prefer_hopper(True):
         out = ioattn.flash_attn_func(q, k, v, softmax_scale=-0.1, causal=causal)
@@ -462,10 +465,10 @@ def test_hopper_forward_negative_scale(variant, causal, poison_alloc):
                                                    (64, 512, True, "persistent"), (64, 256, True, None)])
 def test_default_dispatch_takes_the_gluon_kernel_where_measured_faster(d, n, causal, variant, poison_alloc):
     """Without any switch, the forward goes to the Gluon kernel exactly where the policy in
-    ioattn.hopper (AUTO_MIN_SEQLEN, PERSISTENT_MAX_SEQLEN, DEFAULT_VARIANT_BY_HEADDIM, from the device
+    ioattn.plan.hopper (AUTO_MIN_SEQLEN, PERSISTENT_MAX_SEQLEN, DEFAULT_VARIANT_BY_HEADDIM, from the device
     runs) says, with the variant and options it says, else to the portable kernel, and the result
     passes the float64 oracle, gradients included."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
     q = torch.randn(1, n, 2, d, device="cuda", dtype=torch.bfloat16)
     plan = ioattn.explain_dispatch(q, q, q, causal=causal)
     if variant is None:
@@ -479,15 +482,13 @@ def test_default_dispatch_takes_the_gluon_kernel_where_measured_faster(d, n, cau
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant", ["base", "ws"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_hopper_backward_through_the_api(variant, d, causal, monkeypatch, poison_alloc):
-    """The opt-in switch (hopper.prefer_hopper_bwd): flash_attn_func's gradients come from the Gluon
+def test_hopper_backward_through_the_api(d, causal, monkeypatch, poison_alloc):
+    """The opt-in switch (hopper_bwd.prefer_hopper_bwd): flash_attn_func's gradients come from the Gluon
     backward (the plan says so) and pass the float64 oracle; refused calls keep the portable one."""
-    from ioattn import hopper
-    monkeypatch.setattr(hopper, "BWD_VARIANT", variant)
-    with hopper.prefer_hopper_bwd(True):
+    from ioattn.plan import hopper_bwd
+    with hopper_bwd.prefer_hopper_bwd(True):
         q = torch.randn(2, 700, 4, d, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(2, 900, 2, d, device="cuda", dtype=torch.bfloat16)
         plan = ioattn.explain_dispatch(q, k, k, causal=causal)
@@ -496,8 +497,8 @@ def test_hopper_backward_through_the_api(variant, d, causal, monkeypatch, poison
         # a head dim it does not cover (96 is: zero-padded to 128, ``hopper.PADDED_RANGE``)
         other = torch.randn(1, 64, 2, 48, device="cuda", dtype=torch.bfloat16)
         assert "attn_bwd_dkdv_kernel" in ioattn.explain_dispatch(other, other, other).backward["kernels"]
-        wide = torch.randn(1, 64, 2, 256, device="cuda", dtype=torch.bfloat16)  # ws only (column split)
-        assert ("hopper_backward" in ioattn.explain_dispatch(wide, wide, wide).backward["kernels"]) == (variant == "ws")
+        wide = torch.randn(1, 64, 2, 256, device="cuda", dtype=torch.bfloat16)  # the column split
+        assert "hopper_backward" in ioattn.explain_dispatch(wide, wide, wide).backward["kernels"]
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
@@ -506,8 +507,8 @@ def test_hopper_backward_d256_through_the_api(causal, poison_alloc):
     """Head dim 256 is in the dispatch's BWD_HEADDIMS: by default (the policy, no switch),
     flash_attn_func's gradients come from the ws kernel's column-split form (the plan names the ws
     variant and its 64-key tiles) and pass the float64 oracle."""
-    from ioattn import hopper
-    assert hopper.BWD_VARIANT == "ws" and 256 in hopper.BWD_HEADDIMS
+    from ioattn.plan import hopper_bwd
+    assert 256 in hopper_bwd.BWD_HEADDIMS
     q = torch.randn(2, 700, 4, 256, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(2, 900, 2, 256, device="cuda", dtype=torch.bfloat16)
     plan = ioattn.explain_dispatch(q, k, k, causal=causal)
@@ -526,7 +527,8 @@ def test_hopper_packed_inputs_without_copy(d, causal, packing, n, poison_alloc):
     apart) through the Gluon forward and backward, read in place by the descriptors: the plan names
     both Gluon kernels, the output is bitwise the one of contiguous copies (the forward is
     deterministic), and output and packed gradients pass the float64 oracle. kv: GQA 2."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
+    from ioattn.plan import hopper_bwd
     b, h = 2, 4
     hkv = h if packing == "qkv" else h // 2
     sk = n if packing == "qkv" else n - 100
@@ -538,7 +540,7 @@ def test_hopper_packed_inputs_without_copy(d, causal, packing, n, poison_alloc):
         packed = torch.randn(b, sk, 2, hkv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         k, v = packed.unbind(2)
     assert not k.is_contiguous()
-    with hopper.prefer_hopper(True), hopper.prefer_hopper_bwd(True):
+    with hopper.prefer_hopper(True), hopper_bwd.prefer_hopper_bwd(True):
         plan = ioattn.explain_dispatch(q, k, v, causal=causal)
         assert "hopper_fwd_kernel" in plan.forward["kernel"], plan.forward
         assert "hopper_backward" in plan.backward["kernels"], plan.backward
@@ -562,7 +564,7 @@ def test_hopper_varlen_packed_inputs_without_copy(d, causal, poison_alloc):
     """flash_attn_varlen_qkvpacked_func on (total, 3, heads, d): the Gluon varlen forward reads the
     views in place (the plan names it), its output bitwise that of contiguous copies, and output,
     lse and gradients pass the float64 oracle sequence by sequence."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
     lens = [1, 300, 1200, 77, 0, 640]
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
     qkv = torch.randn(sum(lens), 3, 4, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -593,10 +595,11 @@ def test_hopper_layout_without_a_view(d, causal, copy, poison_alloc):
     copy refused (hopper.copy_strided(False)) the plan says why and the portable kernels run; with it
     (True) both Gluon kernels run on contiguous copies, the output bitwise that of copies made by the
     caller. Either way output and gradients pass the float64 oracle."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
+    from ioattn.plan import hopper_bwd
     q, k, v = (torch.randn(2, 4, 700, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
                for _ in range(3))
-    with hopper.copy_strided(copy), hopper.prefer_hopper(True), hopper.prefer_hopper_bwd(True):
+    with hopper.copy_strided(copy), hopper.prefer_hopper(True), hopper_bwd.prefer_hopper_bwd(True):
         plan = ioattn.explain_dispatch(q, k, v, causal=causal)
         if copy:
             assert "hopper_fwd_kernel" in plan.forward["kernel"] and "hopper_backward" in plan.backward["kernels"]
@@ -627,7 +630,7 @@ def test_hopper_forward_persistent_tile_loop(d, causal, shape, q_prefetch, paire
     """The persistent ping-pong kernel with several tiles per program (the ring's use count, the
     turn order and the Q prefetch carried across tiles) against the float64 oracle, with the
     gradients of the backward it feeds."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
     if paired and not causal:
         pytest.skip("the paired walk is a causal order")
     if q_prefetch and d not in hopper.PERSISTENT_Q2_FITS:
@@ -658,7 +661,7 @@ def test_hopper_forward_persistent_store_and_index(d, causal, shape, tma_store, 
     """The persistent kernel's output copied by TMA from the Q buffer (``ROW_STORES`` = 3) and its tile
     index without divisions (``FAST_DIV``), on poisoned outputs, against the float64 oracle with the
     gradients of the backward it feeds."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
     if q_prefetch and d not in hopper.PERSISTENT_Q2_FITS:
         pytest.skip(f"one Q buffer a warpgroup at d = {d}")
     b, sq, sk, h, hkv = shape
@@ -683,7 +686,7 @@ def test_hopper_forward_unmasked_keys(variant, d, shape, poison_alloc):
     False; the default for the short persistent calls, docs/decisions/forward-masked-tiles.md), forced on:
     non-causal calls on poisoned outputs against the float64 oracle, with the gradients of the backward it feeds; a key
     length that is not a multiple of the key tile keeps its masks."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
     b, sq, sk, h, hkv = shape
     with hopper.unmasked_full_keys(True), hopper.variant(variant), hopper.prefer_hopper(True):
         block_n = hopper.TILE_TABLE[variant][d][1]
@@ -705,7 +708,8 @@ def test_hopper_forward_diag_trim(d, shape, poison_alloc):
     (hopper.diag_trim, the kernel's ``DIAG_TRIM``; docs/decisions/causal-diagonal-trim.md), forced on: poisoned
     outputs against the float64 oracle with the gradients of the backward it feeds; and the lse against the same
     kernel's without it (the same function: equal to fp32 rounding, rows with no key included)."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
+    from ioattn import backends
     b, sq, sk, h, hkv = shape
     with hopper.variant("persistent"), hopper.prefer_hopper(True):
         with hopper.diag_trim(True):
@@ -714,9 +718,9 @@ def test_hopper_forward_diag_trim(d, shape, poison_alloc):
         q, k, v = (torch.randn(b, n, hh, d, device="cuda", dtype=torch.bfloat16)
                    for n, hh in ((sq, h), (sk, hkv), (sk, hkv)))
         with hopper.diag_trim(False):
-            out0, lse0 = hopper.hopper_forward(q, k, v, d ** -0.5, True)
+            out0, lse0 = backends.hopper_forward(q, k, v, d ** -0.5, True)
         with hopper.diag_trim(True):
-            out1, lse1 = hopper.hopper_forward(q, k, v, d ** -0.5, True)
+            out1, lse1 = backends.hopper_forward(q, k, v, d ** -0.5, True)
     assert torch.equal(lse0.isinf(), lse1.isinf()) and not lse1.isnan().any() and not out1.isnan().any()
     seen = lse0.isfinite()
     assert ((lse1[seen] - lse0[seen]).abs() / lse0[seen].abs().clamp(min=1.0)).max().item() <= 1e-5
@@ -731,7 +735,7 @@ def test_hopper_forward_diag_trim(d, shape, poison_alloc):
 def test_hopper_forward_causal_lpt_order(variant, d, shape, poison_alloc):
     """The one-tile kernels with the causal grid in LPT order (``hopper.lpt_order``) against the
     float64 oracle, with the gradients of the backward it feeds."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
     if d not in hopper.TILE_TABLE[variant]:
         pytest.skip(f"the {variant} variant has no head dim {d}")
     b, sq, sk, h, hkv = shape
@@ -781,7 +785,8 @@ def test_hopper_forward_conditional_rescale(variant, d, by_warp, causal, shape, 
     without the option: the same function, so equal up to fp32 rounding (a stale max changes where
     l and O are rounded), rows with no key included, yet not bitwise equal where rows see more than
     two key tiles (the option reached the kernel)."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
+    from ioattn import backends
     b, sq, sk, h, hkv = shape
     with hopper.variant(variant), hopper.prefer_hopper(True), hopper.conditional_rescale(True), \
             hopper.rescale_by_warp(by_warp):
@@ -795,9 +800,9 @@ def test_hopper_forward_conditional_rescale(variant, d, by_warp, causal, shape, 
     q, k, v = (t.detach() for t in _ramp_inputs(b, sq, sk, h, hkv, d, torch.bfloat16))
     with hopper.variant(variant):
         with hopper.conditional_rescale(False):
-            out0, lse0 = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
+            out0, lse0 = backends.hopper_forward(q, k, v, d ** -0.5, causal)
         with hopper.conditional_rescale(True), hopper.rescale_by_warp(by_warp):
-            out1, lse1 = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
+            out1, lse1 = backends.hopper_forward(q, k, v, d ** -0.5, causal)
     assert torch.equal(lse0.isinf(), lse1.isinf()) and not lse1.isnan().any() and not out1.isnan().any()
     seen = lse0.isfinite()
     assert ((lse1[seen] - lse0[seen]).abs() / lse0[seen].abs().clamp(min=1.0)).max().item() <= 1e-5
@@ -815,7 +820,7 @@ def test_hopper_forward_conditional_rescale(variant, d, by_warp, causal, shape, 
 def test_hopper_forward_q_in_registers(variant, d, dtype, causal, shape, poison_alloc):
     """Q as the register operand of S = Q K^T (hopper.q_in_registers, the kernel's LEAN bit 3; the
     default at d = 128): the products' operands are the same bf16 / fp16 values as without it."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
     _check_forward_option(variant, d, causal, shape, dtype, hopper.q_in_registers, 8)
 
 
@@ -829,7 +834,7 @@ def test_hopper_forward_deferred_row_sum(variant, d, causal, shape, poison_alloc
     """The row sum kept as each thread's partial sums, the quad's reduction once a tile
     (hopper.deferred_row_sum, the kernel's LEAN bit 4; by default at hopper.DEFERRED_ROW_SUM_ON): the
     same terms summed in another order. wg3 only without the causal mask (where it fits)."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
     if variant == "wg3" and causal:
         pytest.skip("wg3's causal build does not take the option (it spilled)")
     _check_forward_option(variant, d, causal, shape, torch.bfloat16, hopper.deferred_row_sum, 16)
@@ -846,7 +851,7 @@ def test_hopper_forward_mask_branch(variant, d, causal, shape, poison_alloc):
     """A tile's first-step mask under its own branch ahead of one softmax body (hopper.mask_branch, the
     kernel's LEAN bit 5; by default causal at d = 128 / 256): the same operations on the same values,
     so the same function."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
     _check_forward_option(variant, d, causal, shape, torch.bfloat16, hopper.mask_branch, 32)
 
 
@@ -855,7 +860,8 @@ def _check_forward_option(variant, d, causal, shape, dtype, option, bit):
     against the float64 oracle, forward and gradients, with the default options beside it; and the
     lse against the same kernel's without it, which computes the same function: equal to fp32
     rounding, rows with no key included."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
+    from ioattn import backends
     b, sq, sk, h, hkv = shape
     with hopper.variant(variant), hopper.prefer_hopper(True), option(True):
         assert hopper.kernel_config(d, variant, causal)["constexprs"]["LEAN"] & bit
@@ -864,9 +870,9 @@ def _check_forward_option(variant, d, causal, shape, dtype, option, bit):
     with hopper.variant(variant):
         with option(False):
             assert not hopper.kernel_config(d, variant, causal)["constexprs"]["LEAN"] & bit
-            out0, lse0 = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
+            out0, lse0 = backends.hopper_forward(q, k, v, d ** -0.5, causal)
         with option(True):
-            out1, lse1 = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
+            out1, lse1 = backends.hopper_forward(q, k, v, d ** -0.5, causal)
     assert torch.equal(lse0.isinf(), lse1.isinf()) and not lse1.isnan().any() and not out1.isnan().any()
     seen = lse0.isfinite()
     assert ((lse1[seen] - lse0[seen]).abs() / lse0[seen].abs().clamp(min=1.0)).max().item() <= 1e-5
@@ -881,7 +887,7 @@ def test_hopper_forward_conditional_rescale_extreme(variant, d, dtype, by_warp, 
     """Conditional rescaling under large logits (q with standard deviation 30: maxima that jump by
     hundreds of log2 units between key tiles; forward and gradients) and steep climbing scores
     (forward), in fp16 too (P up to 2**8 must stay finite): no NaN, the float64 oracle's criterion."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
     with hopper.variant(variant), hopper.prefer_hopper(True), hopper.conditional_rescale(True), \
             hopper.rescale_by_warp(by_warp):
         _check(2, 1000, 1000, 4, 2, d, dtype, causal=causal, q_scale=30.0)
@@ -907,7 +913,8 @@ def test_hopper_forward_exp2_fma(variant, d, share, dtype, causal, shape, poison
     its lse against the same kernel's without the option: within the cubic's relative error
     (ioattn.reference.exp2_poly.MAX_REL_ERROR) plus float32 rounding, yet not bitwise equal where
     the polynomial's columns (each key tile's last ones) hold keys: the option reached the kernel."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
+    from ioattn import backends
     from ioattn.reference.exp2_poly import MAX_REL_ERROR
     b, sq, sk, h, hkv = shape
     with hopper.variant(variant), hopper.prefer_hopper(True), hopper.exp2_fma(share):
@@ -919,9 +926,9 @@ def test_hopper_forward_exp2_fma(variant, d, share, dtype, causal, shape, poison
     q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
     k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype) for _ in range(2))
     with hopper.variant(variant):
-        out0, lse0 = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
+        out0, lse0 = backends.hopper_forward(q, k, v, d ** -0.5, causal)
         with hopper.exp2_fma(share):
-            out1, lse1 = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
+            out1, lse1 = backends.hopper_forward(q, k, v, d ** -0.5, causal)
     assert torch.equal(lse0.isinf(), lse1.isinf()) and not lse1.isnan().any()  # the same rows see no key
     seen = lse0.isfinite()
     assert (lse1[seen] - lse0[seen]).abs().max().item() <= 1.5 * MAX_REL_ERROR + 1e-5
@@ -939,7 +946,7 @@ def test_hopper_forward_exp2_fma_extreme_scores(variant, d, share, causal, poiso
     exponent arguments lie below -127, where the polynomial must give 0, and a row maximum can jump
     by far more than 127 from one key tile to the next) with exponentials on the FMA units: no NaN,
     and the float64 oracle's criterion, forward and gradients."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
     with hopper.variant(variant), hopper.prefer_hopper(True), hopper.exp2_fma(share):
         _check(2, 1000, 1000, 4, 2, d, torch.bfloat16, causal=causal, q_scale=30.0)
 
@@ -948,12 +955,12 @@ def test_hopper_forward_exp2_fma_extreme_scores(variant, d, share, causal, poiso
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_default_policy_and_deterministic(causal, monkeypatch, poison_alloc):
     """Without any switch, a long enough head-dim-128 call takes the Gluon backward (variant
-    hopper.BWD_VARIANT, by hopper.BWD_AUTO_MIN_SEQLEN) and passes the float64 oracle;
+    ws, by hopper_bwd.BWD_AUTO_MIN_SEQLEN) and passes the float64 oracle;
     deterministic=True gives gradients that are bitwise the same run to run
     (docs/decisions/deterministic-backward.md: the ordered Gluon mode or the portable backward)."""
-    from ioattn import hopper
+    from ioattn.plan import hopper_bwd
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
-    n = hopper.BWD_AUTO_MIN_SEQLEN[(128, causal)]
+    n = hopper_bwd.BWD_AUTO_MIN_SEQLEN[(128, causal)]
     q = torch.randn(1, n, 4, 128, device="cuda", dtype=torch.bfloat16)
     kv = q[:, :, :2].contiguous()
     plan = ioattn.explain_dispatch(q, kv, kv, causal=causal)
@@ -989,26 +996,26 @@ def test_hopper_backward_deterministic(d, causal, shape, block_m, dq_flat, wg_sp
     docs/decisions/backward-ws-step.md). dq_flat: the flat dQ tile and accumulator or the swizzled 2-D tile
     (``WS_DQ_FLAT``, d = 64 / 128 at their default rows a step). wg_split: with the flat tile, each consumer warpgroup
     a partition of its own (``WS_WG_PARTITIONS``: the writer adds the tile's halves as two copies)."""
-    from ioattn import hopper
-    from ioattn.kernels import hopper_backward as hb
-    from ioattn.kernels.hopper_backward import hopper_backward
-    if block_m != hb.WS_BLOCK_M[d]:
+    from ioattn.plan import hopper_bwd
+    from ioattn import backends
+    from ioattn.launch.gluon_bwd import hopper_backward
+    if block_m != hopper_bwd.WS_BLOCK_M[d]:
         if d != 64 or dq_flat:
             pytest.skip("a second row count a step at d=64 only, with the swizzled dQ tile")
-        monkeypatch.setitem(hb.WS_BLOCK_M, d, block_m)
-    if d in hb.WS_DQ_FLAT:
-        monkeypatch.setitem(hb.WS_DQ_FLAT, d, dq_flat)
+        monkeypatch.setitem(hopper_bwd.WS_BLOCK_M, d, block_m)
+    if d in hopper_bwd.WS_DQ_FLAT:
+        monkeypatch.setitem(hopper_bwd.WS_DQ_FLAT, d, dq_flat)
     elif dq_flat:
         pytest.skip("the flat dQ tile: the key-split form (d = 64 / 128)")
     if wg_split:
-        if not dq_flat or d not in hb.WS_WG_PARTITIONS:
+        if not dq_flat or d not in hopper_bwd.WS_WG_PARTITIONS:
             pytest.skip("a warpgroup a partition: the flat key split (d = 64 / 128)")
-        monkeypatch.setitem(hb.WS_WG_PARTITIONS, d, True)
+        monkeypatch.setitem(hopper_bwd.WS_WG_PARTITIONS, d, True)
     b, sq, sk, h, hkv = shape
     q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     scale = d ** -0.5
-    out, lse = hopper.hopper_forward(q, k, v, scale, causal)
+    out, lse = backends.hopper_forward(q, k, v, scale, causal)
     dout = torch.randn_like(out)
     runs = [hopper_backward(dout, q, k, v, out, lse, scale, causal, variant="ws", deterministic=True)
             for _ in range(3)]
@@ -1023,10 +1030,10 @@ def test_deterministic_through_the_api_with_the_ordered_gluon_mode(causal, monke
     """deterministic=True takes the Gluon backward's ordered mode, causal (descending key-block order,
     docs/decisions/deterministic-backward.md) or not, and the plan says so; two backward passes give bitwise equal
     gradients."""
-    from ioattn import hopper
+    from ioattn.plan import hopper_bwd
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
     qkv = [torch.randn(2, 2048, hh, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for hh in (8, 2, 2)]
-    with hopper.bwd_deterministic(True):
+    with hopper_bwd.bwd_deterministic(True):
         plan = ioattn.explain_dispatch(*[t.detach() for t in qkv], causal=causal)
     assert plan.backward["gluon_hopper"].startswith("taken")
     assert "deterministic" in plan.backward["gluon_hopper"] and "hopper_backward" in plan.backward["kernels"]
@@ -1064,9 +1071,11 @@ def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc
     variant equal to the head dim's default is skipped: "ws" runs it),
     against the float64 oracle, fed by the Gluon forward's or the portable forward's (out, lse): dq,
     dk, dv within 2x PyTorch's own error."""
-    from ioattn import backends, hopper
+    from ioattn import backends
+    from ioattn.plan import hopper
     from ioattn.kernels import hopper_backward as hb
-    from ioattn.kernels.hopper_backward import BWD_VARIANT_HEADDIMS, hopper_backward
+    from ioattn.plan.hopper_bwd import BWD_VARIANT_HEADDIMS
+    from ioattn.launch.gluon_bwd import hopper_backward
     if variant in _WS_SWITCH_VARIANTS:  # the ws kernel with one of its switches set at this head dim
         switch, value = _WS_SWITCH_VARIANTS[variant]
         table = getattr(hb, switch)
@@ -1084,7 +1093,7 @@ def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc
     scale = d ** -0.5
     window = (-1, 0) if causal else (-1, -1)
     if forward == "gluon":
-        out, lse = hopper.hopper_forward(q, k, v, scale, causal)
+        out, lse = backends.hopper_forward(q, k, v, scale, causal)
     else:
         with hopper.prefer_hopper(False):
             out, lse = backends.triton_forward(q, k, v, None, None, sq, sk, scale, window, 0.0, None, 0.0, 0)
@@ -1102,17 +1111,18 @@ def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc
                                    (2, 300, 340, 3, 1), (2, 512, 512, 16, 16), (3, 129, 64, 2, 2)])
 def test_hopper_forward_walk_table(d, groups, shape, monkeypatch, poison_alloc):
     """``hopper.walk_table``: the persistent causal forward walking the host's table
-    (``hopper.build_walk_table``, the kernel's ``Walk``) against the float64 oracle on poisoned
+    (``gluon_fwd.build_walk_table``, the kernel's ``Walk``) against the float64 oracle on poisoned
     outputs, with the gradients of the backward it feeds; groups of heads as the L2 budget sets them,
     or of one head each (every group boundary inside the walks); the launch used a table."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
+    from ioattn.launch import gluon_fwd
     if groups == "one_head":
         monkeypatch.setattr(hopper, "WALK_TABLE_L2_BYTES", {d: 1})
-    hopper._WALK_TABLES.clear()
+    gluon_fwd._WALK_TABLES.clear()
     b, sq, sk, h, hkv = shape
     with hopper.variant("persistent"), hopper.prefer_hopper(True), hopper.walk_table(True):
         _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=True)
-    assert hopper._WALK_TABLES, "no walk table built: the launch did not use one"
+    assert gluon_fwd._WALK_TABLES, "no walk table built: the launch did not use one"
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
@@ -1123,7 +1133,8 @@ def test_hopper_forward_walk_table_cuda_graph(built_before):
     seen inside the capture takes the computed walk (no host copy allowed there) and builds nothing.
     Each replay on new inputs equals the eager call bitwise (a tile's result does not depend on the
     program that walks it)."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
+    from ioattn.launch import gluon_fwd
     q, k, v = (torch.randn(4, 512, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 
     def fwd():
@@ -1139,13 +1150,13 @@ def test_hopper_forward_walk_table_cuda_graph(built_before):
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     if not built_before:
-        hopper._WALK_TABLES.clear()
-    before = dict(hopper._WALK_TABLES)
+        gluon_fwd._WALK_TABLES.clear()
+    before = dict(gluon_fwd._WALK_TABLES)
     assert bool(before) == built_before
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = fwd()
-    assert hopper._WALK_TABLES == before  # nothing built inside the capture; a table built before kept
+    assert gluon_fwd._WALK_TABLES == before  # nothing built inside the capture; a table built before kept
     for _ in range(2):
         for t in (q, k, v):
             t.copy_(torch.randn_like(t))
@@ -1170,7 +1181,7 @@ def test_hopper_forward_ptx_barriers(variant, d, causal, shape, poison_alloc):
     the float64 oracle on poisoned outputs with the gradients of the backward it feeds (a hang or a
     lapped phase would show as a timeout or wrong rows), and the marked kernel's PTX has nothing left
     for the pass to drop (it ran on this build)."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
     from ioattn.kernels import hopper_forward as hf
     from ioattn.kernels import ptx_barriers as pb
     if d not in hopper.TILE_TABLE[variant]:
@@ -1216,25 +1227,25 @@ def test_hopper_backward_varlen(d, causal, mode, monkeypatch, poison_alloc):
     and get zero gradients. ``deterministic``: the ordered dQ mode, two runs bitwise equal;
     ``swizzled``: the 2-D dQ tile instead of the flat one (d = 64 / 128), with the (rows, heads * d)
     accumulator the column-split form (d = 256) always uses."""
-    from ioattn import hopper
-    from ioattn.kernels import hopper_backward as hb
+    from ioattn.plan import hopper_bwd
+    from ioattn.launch import gluon_bwd
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
     if mode == "swizzled":
-        if d not in hb.WS_DQ_FLAT:
+        if d not in hopper_bwd.WS_DQ_FLAT:
             pytest.skip("d = 256 has the 2-D accumulator in every mode")
-        monkeypatch.setitem(hb.WS_DQ_FLAT, d, False)
+        monkeypatch.setitem(hopper_bwd.WS_DQ_FLAT, d, False)
     q, k, v, dout, cq, ck, max_q, max_k = _ragged_packed(d)
     tq, tk = int(cq[-1]), int(ck[-1])
     window = (-1, 0) if causal else (-1, -1)
     deterministic = mode == "deterministic"
-    with hopper.prefer_hopper_bwd(True), hopper.bwd_deterministic(deterministic):
+    with hopper_bwd.prefer_hopper_bwd(True), hopper_bwd.bwd_deterministic(deterministic):
         plan = ioattn.explain_dispatch(q, k, v, causal=causal, cu_seqlens_q=cq, max_seqlen_q=max_q)
     assert plan.backward["gluon_hopper"].startswith("taken"), plan.backward
     assert "hopper_backward" in plan.backward["kernels"], plan.backward
     runs = []
     for _ in range(2 if deterministic else 1):
         qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
-        with hopper.prefer_hopper_bwd(True):
+        with hopper_bwd.prefer_hopper_bwd(True):
             out, lse, _ = ioattn.flash_attn_varlen_func(qg, kg, vg, cq, ck, max_q, max_k, causal=causal,
                                                         deterministic=deterministic, return_attn_probs=True)
         runs.append(torch.autograd.grad(out, (qg, kg, vg), dout))
@@ -1242,7 +1253,7 @@ def test_hopper_backward_varlen(d, causal, mode, monkeypatch, poison_alloc):
     if deterministic:
         assert all(torch.equal(a, b) for a, b in zip(*runs))
     # the kernel itself, called directly, gives the API's gradients (bitwise where its order is fixed)
-    direct = hb.hopper_backward(dout, q, k, v, out.detach(), lse, d ** -0.5, causal, variant="ws",
+    direct = gluon_bwd.hopper_backward(dout, q, k, v, out.detach(), lse, d ** -0.5, causal, variant="ws",
                                 deterministic=deterministic, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=max_q,
                                 max_seqlen_k=max_k)
     assert torch.equal(direct[1], dk) and torch.equal(direct[2], dv)
@@ -1267,12 +1278,12 @@ _BWD_WINDOWS = [(100, 0), (256, 256), (-1, 30), (70, -1), (0, 0)]
 def test_hopper_backward_window(d, window, shape, monkeypatch, poison_alloc):
     """The ws backward's sliding-window form (``WINDOW``) through flash_attn_func (the plan naming
     it), output and gradients against the float64 oracle (2x PyTorch's own error)."""
-    from ioattn import hopper
+    from ioattn.plan import hopper_bwd
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
     b, sq, sk, h, hkv = shape
     q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
-    with hopper.prefer_hopper_bwd(True):
+    with hopper_bwd.prefer_hopper_bwd(True):
         plan = ioattn.explain_dispatch(q.detach(), k.detach(), v.detach(), window_size=window)
         assert plan.backward["gluon_hopper"].startswith("taken"), plan.backward
         out = ioattn.flash_attn_func(q, k, v, window_size=window)
@@ -1287,16 +1298,16 @@ def test_hopper_backward_window(d, window, shape, monkeypatch, poison_alloc):
 def test_hopper_backward_window_deterministic(d, window, monkeypatch, poison_alloc):
     """The window form's ordered dQ mode (ascending key blocks from the first one each query block's
     band reaches): two runs bitwise equal, and within 2x PyTorch's error of the float64 oracle."""
-    from ioattn import hopper
+    from ioattn.plan import hopper_bwd
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
     qkv = [torch.randn(2, 1000, hh, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for hh in (4, 2, 2)]
     dout = torch.randn(2, 1000, 4, d, device="cuda", dtype=torch.bfloat16)
-    with hopper.prefer_hopper_bwd(True), hopper.bwd_deterministic(True):
+    with hopper_bwd.prefer_hopper_bwd(True), hopper_bwd.bwd_deterministic(True):
         plan = ioattn.explain_dispatch(*[t.detach() for t in qkv], window_size=window)
     assert plan.backward["gluon_hopper"].startswith("taken") and "deterministic" in plan.backward["gluon_hopper"]
     runs = []
     for _ in range(2):
-        with hopper.prefer_hopper_bwd(True):
+        with hopper_bwd.prefer_hopper_bwd(True):
             out = ioattn.flash_attn_func(*qkv, window_size=window, deterministic=True)
         runs.append(torch.autograd.grad(out, qkv, dout))
     assert all(not a.isnan().any() and torch.equal(a, b) for a, b in zip(*runs))
@@ -1309,11 +1320,11 @@ def test_hopper_backward_window_deterministic(d, window, monkeypatch, poison_all
 def test_hopper_backward_varlen_window(d, window, monkeypatch, poison_alloc):
     """Packed sequences with a sliding window (``IS_VARLEN`` and ``WINDOW`` together), per sequence
     against the float64 oracle; the unowned trailing rows (NaN) get zero gradients."""
-    from ioattn import hopper
+    from ioattn.plan import hopper_bwd
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
     q, k, v, dout, cq, ck, max_q, max_k = _ragged_packed(d)
     tq, tk = int(cq[-1]), int(ck[-1])
-    with hopper.prefer_hopper_bwd(True):
+    with hopper_bwd.prefer_hopper_bwd(True):
         plan = ioattn.explain_dispatch(q, k, v, window_size=window, cu_seqlens_q=cq, max_seqlen_q=max_q)
         assert plan.backward["gluon_hopper"].startswith("taken"), plan.backward
         qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
@@ -1336,17 +1347,16 @@ def test_hopper_backward_softcap(d, form, mask, shape, dtype, monkeypatch, poiso
     the column split (``WS_SOFTCAP_COL_SPLIT_HEADDIMS``): output and gradients against the float64
     oracle (2x PyTorch's own error); q drawn with standard deviation 4 so that many scores saturate
     the cap (20), where the derivative is near 0."""
-    from ioattn import hopper
-    from ioattn.kernels import hopper_backward as hb
+    from ioattn.plan import hopper_bwd
     if dtype == torch.float16 and shape[1] != 1000:
         pytest.skip("fp16: one shape")
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
-    monkeypatch.setattr(hb, "WS_SOFTCAP_COL_SPLIT_HEADDIMS", (128,) if form == "column split" else ())
+    monkeypatch.setattr(hopper_bwd, "WS_SOFTCAP_COL_SPLIT_HEADDIMS", (128,) if form == "column split" else ())
     b, sq, sk, h, hkv = shape
     causal, window = mask == "causal", mask if isinstance(mask, tuple) else (-1, -1)
     q = (torch.randn(b, sq, h, d, device="cuda", dtype=dtype) * 4).requires_grad_()
     k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
-    with hopper.prefer_hopper_bwd(True):
+    with hopper_bwd.prefer_hopper_bwd(True):
         plan = ioattn.explain_dispatch(q.detach(), k.detach(), v.detach(), causal=causal, window_size=window,
                                        softcap=20.0)
         assert plan.backward["gluon_hopper"].startswith("taken"), plan.backward
@@ -1364,12 +1374,12 @@ def test_hopper_backward_varlen_softcap(d, mode, monkeypatch, poison_alloc):
     """Packed sequences with a softcap (``IS_VARLEN`` and ``SOFTCAP``; with the causal mask, a window,
     or the ordered dQ mode), per sequence against the float64 oracle; the unowned trailing rows (NaN)
     get zero gradients."""
-    from ioattn import hopper
+    from ioattn.plan import hopper_bwd
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
     q, k, v, dout, cq, ck, max_q, max_k = _ragged_packed(d)
     tq, tk = int(cq[-1]), int(ck[-1])
     causal, window = mode == "causal", mode if isinstance(mode, tuple) else (-1, -1)
-    with hopper.prefer_hopper_bwd(True), hopper.bwd_deterministic(mode == "deterministic"):
+    with hopper_bwd.prefer_hopper_bwd(True), hopper_bwd.bwd_deterministic(mode == "deterministic"):
         plan = ioattn.explain_dispatch(q, k, v, causal=causal, window_size=window, cu_seqlens_q=cq,
                                        max_seqlen_q=max_q, softcap=20.0)
         assert plan.backward["gluon_hopper"].startswith("taken") and "softcap" in plan.backward, plan.backward
@@ -1394,7 +1404,8 @@ def test_hopper_alibi(d, mask, shape, softcap, monkeypatch, poison_alloc):
     output and gradients against the float64 oracle (2x PyTorch's own error). Slopes per (batch,
     head) for the first shape, per head for the others; steep enough (up to 1) that the bias
     decides the softmax over a few keys, as for ALiBi's first heads."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
+    from ioattn.plan import hopper_bwd
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
     b, sq, sk, h, hkv = shape
@@ -1402,11 +1413,11 @@ def test_hopper_alibi(d, mask, shape, softcap, monkeypatch, poison_alloc):
     q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     slopes = torch.rand(b, h, device="cuda") if b == 2 else torch.rand(h, device="cuda")
-    with hopper.prefer_hopper(True), hopper.prefer_hopper_bwd(True):
+    with hopper.prefer_hopper(True), hopper_bwd.prefer_hopper_bwd(True):
         plan = ioattn.explain_dispatch(q.detach(), k.detach(), v.detach(), causal=causal, window_size=window,
                                        softcap=softcap, alibi_slopes=slopes)
         assert plan.forward["gluon_hopper"].startswith("taken") and "alibi" in plan.forward, plan.forward
-        bwd_taken = not (softcap and d in hopper.BWD_ALIBI_SOFTCAP_REFUSED)
+        bwd_taken = not (softcap and d in hopper_bwd.BWD_ALIBI_SOFTCAP_REFUSED)
         assert plan.backward["gluon_hopper"].startswith("taken") == bwd_taken, plan.backward
         assert ("alibi" in plan.backward) == bwd_taken, plan.backward
         out = ioattn.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap,
@@ -1427,7 +1438,7 @@ def test_hopper_alibi_forward_forms(d, form, mask, shape, monkeypatch, poison_al
     head dim's plain configuration, wg3 / 128-key tiles; the fp32 columns in pingpong, 64-key tiles at
     d = 128), whichever the policy picks: the output and lse against the float64 oracle (2x PyTorch's
     own error)."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
     monkeypatch.setattr(hopper, "ALIBI_MAGIC_CAUSAL_MIN_SEQLEN", {d: 0} if form == "magic" else {})
     monkeypatch.setattr(hopper, "ALIBI_MAGIC_WINDOW_HEADDIMS", (d,) if form == "magic" else ())
     b, sq, sk, h, hkv = shape
@@ -1457,14 +1468,15 @@ def test_hopper_varlen_alibi(softcap, d, mode, monkeypatch, poison_alloc):
     """Packed sequences with ALiBi (``IS_VARLEN`` and ``ALIBI``, the slopes by (sequence, head)) through
     both Gluon kernels, with and without a softcap, per sequence against the float64 oracle; the unowned
     trailing rows (NaN) get zero gradients."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
+    from ioattn.plan import hopper_bwd
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
     q, k, v, dout, cq, ck, max_q, max_k = _ragged_packed(d)
     tq, tk = int(cq[-1]), int(ck[-1])
     slopes = torch.rand(cq.numel() - 1, q.shape[1], device="cuda")
     causal, window = mode == "causal", mode if isinstance(mode, tuple) else (-1, -1)
-    with hopper.prefer_hopper(True), hopper.prefer_hopper_bwd(True), hopper.bwd_deterministic(mode == "deterministic"):
+    with hopper.prefer_hopper(True), hopper_bwd.prefer_hopper_bwd(True), hopper_bwd.bwd_deterministic(mode == "deterministic"):
         plan = ioattn.explain_dispatch(q, k, v, causal=causal, window_size=window, cu_seqlens_q=cq,
                                        max_seqlen_q=max_q, alibi_slopes=slopes, softcap=softcap)
         assert "alibi" in plan.forward and "alibi" in plan.backward, (plan.forward, plan.backward)
@@ -1482,17 +1494,17 @@ def test_hopper_varlen_alibi(softcap, d, mode, monkeypatch, poison_alloc):
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("d, window", [(128, (256, 0)), (64, (16, 16)), (64, (200, -1))])
 def test_hopper_backward_window_default_policy(d, window, monkeypatch, poison_alloc):
-    """Without a switch, a window call's backward follows ``hopper.BWD_WINDOW_MIN_WIDTH`` (width = left +
+    """Without a switch, a window call's backward follows ``hopper_bwd.BWD_WINDOW_MIN_WIDTH`` (width = left +
     right + 1, an unbounded side as seqlen_k) and the lengths' table, the plan giving the reason, and
     its gradients pass the float64 oracle either way."""
-    from ioattn import hopper
+    from ioattn.plan import hopper_bwd
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
     qkv = [torch.randn(2, 1000, hh, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for hh in (4, 2, 2)]
     width = sum(w if w >= 0 else 1000 for w in window) + 1
     plan = ioattn.explain_dispatch(*[t.detach() for t in qkv], window_size=window)
-    taken = width >= hopper.BWD_WINDOW_MIN_WIDTH[d] and 1000 >= hopper.BWD_AUTO_MIN_SEQLEN[(d, False)]
+    taken = width >= hopper_bwd.BWD_WINDOW_MIN_WIDTH[d] and 1000 >= hopper_bwd.BWD_AUTO_MIN_SEQLEN[(d, False)]
     assert plan.backward["gluon_hopper"].startswith("taken" if taken else "not taken"), plan.backward
-    assert (f"window of width {width}" if taken else f"(hopper.BWD_WINDOW_MIN_WIDTH; here {width})") in \
+    assert (f"window of width {width}" if taken else f"(hopper_bwd.BWD_WINDOW_MIN_WIDTH; here {width})") in \
         plan.backward["gluon_hopper"], plan.backward
     out = ioattn.flash_attn_func(*qkv, window_size=window)
     dout = torch.randn_like(out)
@@ -1518,7 +1530,8 @@ def test_hopper_forward_window(variant, d, window, shape, dtype, monkeypatch, po
     output, lse and the gradients of the backward fed by them against the float64 oracle (2x
     PyTorch's own error); the lse -inf exactly on the rows that see no key; the API's forward is the
     kernel's, called directly."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
+    from ioattn import backends
     if d not in hopper.TILE_TABLE[variant]:
         pytest.skip(f"the {variant} variant has no head dim {d}")
     if dtype == torch.float16 and shape != (2, 1000, 1000, 4, 2):
@@ -1532,7 +1545,7 @@ def test_hopper_forward_window(variant, d, window, shape, dtype, monkeypatch, po
         assert plan.forward["kernel"].endswith(f"(Gluon, {variant})"), plan.forward
         assert plan.forward["window"].startswith(str(window)), plan.forward
         out, lse, _ = ioattn.flash_attn_func(q, k, v, window_size=window, return_attn_probs=True)
-        direct = hopper.hopper_forward(q.detach(), k.detach(), v.detach(), d ** -0.5, False, window=window)
+        direct = backends.hopper_forward(q.detach(), k.detach(), v.detach(), d ** -0.5, False, window=window)
     assert torch.equal(out.detach(), direct[0]) and torch.equal(lse, direct[1])
     assert_lse_close(f"{variant} window {window}", lse, attention_oracles(q, k, v, torch.zeros_like(out),
                                                                           window=window)["lse64"].float())
@@ -1549,7 +1562,7 @@ def test_hopper_forward_varlen_window(variant, d, window, monkeypatch, poison_al
     """Packed sequences with a sliding window in the Gluon forward (``IS_VARLEN`` and ``WINDOW``), per
     sequence against the float64 oracle (out, lse and the gradients); the unowned trailing rows hold
     NaN and get output 0, lse -inf and zero gradients."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
     if d not in hopper.TILE_TABLE[variant]:
         pytest.skip(f"the {variant} variant has no head dim {d}")
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
@@ -1574,7 +1587,7 @@ def test_hopper_forward_window_default_policy(d, window, monkeypatch, poison_all
     """Without a switch, a window call's forward follows ``hopper.WINDOW_MIN_WIDTH`` (width = left +
     right + 1; d = 64 not listed) and the lengths' table, the plan giving the reason, and its output
     and gradients pass the float64 oracle either way."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
     qkv = [torch.randn(2, 1000, hh, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for hh in (4, 2, 2)]
     width = sum(window) + 1
@@ -1600,7 +1613,8 @@ def test_hopper_forward_softcap(variant, d, mask, shape, monkeypatch, poison_all
     through flash_attn_func, alone, causal and with windows, the plan naming it: output, lse and the
     gradients of the (portable) backward fed by them against the float64 oracle (2x PyTorch's own
     error); q drawn with standard deviation 4 so that many scores saturate the cap (20)."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
+    from ioattn import backends
     if d not in hopper.TILE_TABLE[variant]:
         pytest.skip(f"the {variant} variant has no head dim {d}")
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
@@ -1612,7 +1626,7 @@ def test_hopper_forward_softcap(variant, d, mask, shape, monkeypatch, poison_all
         assert hopper.hopper_supports(q, k, v, False, (-1, 0) if causal else window, 20.0, None, 0.0)[0]
         out, lse, _ = ioattn.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=20.0,
                                              return_attn_probs=True)
-        direct = hopper.hopper_forward(q.detach(), k.detach(), v.detach(), d ** -0.5, causal, window=window,
+        direct = backends.hopper_forward(q.detach(), k.detach(), v.detach(), d ** -0.5, causal, window=window,
                                        softcap=20.0)
     assert torch.equal(out.detach(), direct[0]) and torch.equal(lse, direct[1])
     ref_window = (-1, 0) if causal else window
@@ -1636,13 +1650,14 @@ def test_hopper_padded_head_dims(d, causal, shape, monkeypatch, poison_alloc):
     float64 oracle (2x PyTorch's own error), on poisoned allocations; the first shape also with
     transposed (b, h, n, d) inputs (made contiguous) and in the ordered dQ mode (two runs bitwise
     equal). The default policy takes the padded path at its lengths (``hopper.padded_min_seqlen``)."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
+    from ioattn.plan import hopper_bwd
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
     b, sq, sk, h, hkv = shape
     q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
-    with hopper.prefer_hopper(True), hopper.prefer_hopper_bwd(True):
+    with hopper.prefer_hopper(True), hopper_bwd.prefer_hopper_bwd(True):
         plan = ioattn.explain_dispatch(q.detach(), k.detach(), v.detach(), causal=causal)
         assert plan.forward["gluon_hopper"].startswith("taken"), plan.forward
         assert plan.backward["gluon_hopper"].startswith("taken"), plan.backward
@@ -1655,7 +1670,7 @@ def test_hopper_padded_head_dims(d, causal, shape, monkeypatch, poison_alloc):
     qt, kt, vt = (t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in (q, k, v))
     runs = []
     for _ in range(2):
-        with hopper.prefer_hopper(True), hopper.prefer_hopper_bwd(True), hopper.bwd_deterministic(True):
+        with hopper.prefer_hopper(True), hopper_bwd.prefer_hopper_bwd(True), hopper_bwd.bwd_deterministic(True):
             out_t = ioattn.flash_attn_func(qt, kt, vt, causal=causal, deterministic=True)
             runs.append(torch.autograd.grad(out_t, (qt, kt, vt), dout))
     assert all(torch.equal(a, b) for a, b in zip(*runs))
@@ -1678,8 +1693,9 @@ def test_hopper_split_cols_matches_full_width(d, causal, variant, poison_alloc):
     three gradients: the same k-steps in the same order, the skipped ones adding exact zeros (TMA's
     fill). At GQA, seqlen_q != seqlen_k, partial tiles and rows past the keys, from poisoned
     allocations, and against the float64 oracle."""
-    from ioattn import hopper
-    from ioattn.kernels.hopper_backward import hopper_backward
+    from ioattn.plan import hopper
+    from ioattn import backends
+    from ioattn.launch.gluon_bwd import hopper_backward
     torch.manual_seed(12)
     q = torch.randn(2, 333, 4, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -1690,7 +1706,7 @@ def test_hopper_split_cols_matches_full_width(d, causal, variant, poison_alloc):
     results = []
     for split in (True, False):
         with hopper.variant(variant), hopper.split_cols(split), hopper.bwd_split_cols(split):
-            out, lse = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
+            out, lse = backends.hopper_forward(q, k, v, d ** -0.5, causal)
             grads = hopper_backward(dout, q, k, v, out, lse, d ** -0.5, causal, variant="ws", deterministic=True)
         results.append((out, lse, *grads))
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), *results):
@@ -1714,19 +1730,21 @@ def test_hopper_backward_dq_hi_first_matches_lo_first(d, causal, monkeypatch, po
     either order in the default (unordered) mode passes the float64 oracle. d = 256 native and d = 192
     padded in place (its 64-column high half), GQA, seqlen_q != seqlen_k, partial tiles, poisoned
     allocations."""
-    from ioattn import hopper
-    from ioattn.kernels import hopper_backward as hb
+    from ioattn.plan import hopper
+    from ioattn import backends
+    from ioattn.plan import hopper_bwd
+    from ioattn.launch import gluon_bwd
     torch.manual_seed(13)
     q = torch.randn(2, 333, 4, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     dout = torch.randn_like(q)
-    out, lse = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
-    assert hb.dq_hi_first(256, True, hopper.bwd_split_cols_for(256, d if d < 256 else 0, True)) == (d == 192)
+    out, lse = backends.hopper_forward(q, k, v, d ** -0.5, causal)
+    assert hopper_bwd.dq_hi_first(256, True, hopper.bwd_split_cols_for(256, d if d < 256 else 0, True)) == (d == 192)
     runs = []
     for widths in ((192, 256), ()):  # the high half first at every width, then at none
-        monkeypatch.setattr(hb, "WS_DQ_HI_FIRST", widths)
-        runs.append(hb.hopper_backward(dout, q, k, v, out, lse, d ** -0.5, causal, variant="ws", deterministic=True))
-        grads = hb.hopper_backward(dout, q, k, v, out, lse, d ** -0.5, causal, variant="ws")
+        monkeypatch.setattr(hopper_bwd, "WS_DQ_HI_FIRST", widths)
+        runs.append(gluon_bwd.hopper_backward(dout, q, k, v, out, lse, d ** -0.5, causal, variant="ws", deterministic=True))
+        grads = gluon_bwd.hopper_backward(dout, q, k, v, out, lse, d ** -0.5, causal, variant="ws")
         _assert_out_and_grads(out, grads, dout, q, k, v, (-1, 0) if causal else (-1, -1))
     for name, a, b in zip(("dq", "dk", "dv"), *runs):
         assert not torch.isnan(a).any(), name
@@ -1743,7 +1761,8 @@ def test_hopper_split_ring_matches_whole_tiles(d, causal, variant, poison_alloc)
     output and lse (the same products in the same order; the ring only moves where the tiles sit), at GQA, seqlen_q !=
     seqlen_k (whole key tiles: the ring's condition), partial query tiles, from poisoned allocations, and
     against the float64 oracle; a key length with a partial last tile keeps the whole tiles."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
+    from ioattn import backends
     torch.manual_seed(14)
     q = torch.randn(2, 333, 4, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, 320, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -1751,7 +1770,7 @@ def test_hopper_split_ring_matches_whole_tiles(d, causal, variant, poison_alloc)
     results = []
     for ring in (True, False):
         with hopper.variant(variant), hopper.split_ring(ring):
-            results.append(hopper.hopper_forward(q, k, v, d ** -0.5, causal))
+            results.append(backends.hopper_forward(q, k, v, d ** -0.5, causal))
     for name, a, b in zip(("out", "lse"), *results):
         assert not torch.isnan(a).any(), name
         assert torch.equal(a, b), (name, (a.float() - b.float()).abs().max().item())
@@ -1775,7 +1794,8 @@ def test_hopper_padded_forms(d, form, shape, monkeypatch, poison_alloc):
     place (``hopper.padded_in_place``: the padded dim's own forms, docs/decisions/padded-head-dims.md) through
     flash_attn_func, the plan naming both Gluon kernels and the in-place inputs: output and gradients against the
     float64 oracle (2x PyTorch's own error), on poisoned allocations."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
+    from ioattn.plan import hopper_bwd
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
     b, sq, sk, h, hkv = shape
@@ -1783,7 +1803,7 @@ def test_hopper_padded_forms(d, form, shape, monkeypatch, poison_alloc):
     q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     slopes = torch.rand(h, device="cuda") if kw.pop("alibi", False) else None
-    with hopper.prefer_hopper(True), hopper.prefer_hopper_bwd(True):
+    with hopper.prefer_hopper(True), hopper_bwd.prefer_hopper_bwd(True):
         plan = ioattn.explain_dispatch(q.detach(), k.detach(), v.detach(), alibi_slopes=slopes, **kw)
         assert plan.forward["gluon_hopper"].startswith("taken"), plan.forward
         assert plan.backward["gluon_hopper"].startswith("taken"), plan.backward
@@ -1804,7 +1824,8 @@ def test_hopper_padded_varlen(d, mode, monkeypatch, poison_alloc):
     the float64 oracle, ragged lengths (a sequence with no queries, one with no keys, seqlen_q != seqlen_k),
     NaN in the 7 trailing rows no sequence owns, which get zero gradients; ``deterministic``: the ordered
     dQ mode, two runs bitwise equal; ``alibi``: slopes by (sequence, head), causal."""
-    from ioattn import hopper
+    from ioattn.plan import hopper
+    from ioattn.plan import hopper_bwd
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
     q, k, v, dout, cq, ck, max_q, max_k = _ragged_packed(d)
@@ -1814,7 +1835,7 @@ def test_hopper_padded_varlen(d, mode, monkeypatch, poison_alloc):
     slopes = torch.rand(cq.numel() - 1, q.shape[1], device="cuda") if mode == "alibi" else None
     det = mode == "deterministic"
     runs = []
-    with hopper.prefer_hopper(True), hopper.prefer_hopper_bwd(True), hopper.bwd_deterministic(det):
+    with hopper.prefer_hopper(True), hopper_bwd.prefer_hopper_bwd(True), hopper_bwd.bwd_deterministic(det):
         plan = ioattn.explain_dispatch(q, k, v, causal=causal, window_size=window, cu_seqlens_q=cq,
                                        max_seqlen_q=max_q, alibi_slopes=slopes)
         assert plan.forward["gluon_hopper"].startswith("taken"), plan.forward
@@ -1846,8 +1867,9 @@ def test_hopper_padded_in_place_matches_copies(d, causal, variant, monkeypatch, 
     the keys, in both forward kernels the padded calls take; the outputs come from poisoned allocations,
     so an unwritten element shows as NaN, and the in-place output is checked against the float64
     oracle too."""
-    from ioattn import hopper
-    from ioattn.kernels.hopper_backward import hopper_backward
+    from ioattn.plan import hopper
+    from ioattn import backends
+    from ioattn.launch.gluon_bwd import hopper_backward
     torch.manual_seed(11)
     q = torch.randn(2, 333, 4, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -1856,7 +1878,7 @@ def test_hopper_padded_in_place_matches_copies(d, causal, variant, monkeypatch, 
     for in_place in (True, False):
         monkeypatch.setattr(hopper, "padded_in_place", lambda dd, _keep=in_place: _keep and dd % 8 == 0)
         with hopper.variant(variant):
-            out, lse = hopper.hopper_forward(q, k, v, d ** -0.5, causal)
+            out, lse = backends.hopper_forward(q, k, v, d ** -0.5, causal)
         grads = hopper_backward(dout, q, k, v, out, lse, d ** -0.5, causal, variant="ws", deterministic=True)
         results.append((out, lse, *grads))
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), *results):

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ioattn import _compat, options
+from ioattn import _compat
+from ioattn.plan import options
 
 _compat.warn_unsupported_versions()  # once, at the package's import (through api and explain)
 
@@ -58,8 +59,11 @@ class Preference:
     ``with dispatch.prefer_tma(True): ...``. ``env`` names an environment variable ("1" = on) read
     when the switch is unset and the default is off."""
 
+    ALL: list = []  # every switch made, for ``switch_state``
+
     def __init__(self, default: bool = False, env: str | None = None):
         self.default, self.env, self.value = default, env, None
+        Preference.ALL.append(self)
 
     @contextlib.contextmanager
     def __call__(self, enabled: bool):
@@ -93,29 +97,6 @@ def fwd_uses_tma(k: torch.Tensor, v: torch.Tensor, varlen: bool) -> bool:
     es = k.element_size()
     return all(t.data_ptr() % 16 == 0 and all((st * es) % 16 == 0 for st in t.stride()[:-1])
                and t.shape[-1] * es >= 16 and min(t.shape) > 0 for t in (k, v))
-
-
-def tma_rows_view(t: torch.Tensor) -> torch.Tensor | None:
-    """``t`` (batch, seqlen, heads, d), or packed varlen (total, heads, d), as the 2-D (rows, heads * d)
-    view the Gluon kernels' descriptors read, sharing ``t``'s storage; None where no such view exists.
-    It exists when the head dim is contiguous, the heads are packed next to it (stride d), a batch
-    steps by whole sequences (stride(0) == seqlen * stride(1)) and the rows neither overlap nor break
-    TMA's rules (16-byte aligned base and row stride). Contiguous tensors qualify, and so do the
-    views of a packed tensor: ``qkv.unbind(2)`` of (batch, seqlen, 3, heads, d), as
-    ``flash_attn_qkvpacked_func`` / ``kvpacked`` take them, or a fused projection's slices. A
-    (batch, heads, seqlen, d) tensor transposed to (batch, seqlen, heads, d) does not."""
-    if t.dim() not in (3, 4) or t.numel() == 0:
-        return None
-    heads, d = t.shape[-2], t.shape[-1]
-    if (d > 1 and t.stride(-1) != 1) or (heads > 1 and t.stride(-2) != d):
-        return None
-    lead = [(n, s) for n, s in zip(t.shape[:-2], t.stride()[:-2]) if n > 1]  # (batch,) seqlen / total
-    row = lead[-1][1] if lead else heads * d
-    if len(lead) == 2 and lead[0][1] != lead[1][0] * row:
-        return None
-    if row < heads * d or (row * t.element_size()) % 16 or t.data_ptr() % 16:
-        return None
-    return t.as_strided((t.numel() // (heads * d), heads * d), (row, 1))
 
 
 # Persistent forward (a fixed set of programs walking the tiles): off (slower than one program a tile
@@ -178,6 +159,18 @@ def fwd_rescale_tau() -> float:
     if env:
         return _checked_tau(env, "IOATTN_RESCALE_TAU")
     return _checked_tau(FWD_RESCALE_TAU, "dispatch.FWD_RESCALE_TAU")
+
+
+def switch_state() -> tuple:
+    """The value of every ``Preference`` (None: unset) and every registered environment variable:
+    part of a cached plan's key."""
+    return tuple(p.value for p in Preference.ALL), options.env_state()
+
+
+def cached_launch() -> bool:
+    """Whether decode and merge kernels launch through ``ioattn.launch.cached`` (``IOATTN_CACHED_LAUNCH``,
+    on unless "0" / "false" / "off" / "no")."""
+    return (options.env("IOATTN_CACHED_LAUNCH") or "1").lower() not in ("0", "false", "off", "no")
 
 
 def cdiv(a: int, b: int) -> int:

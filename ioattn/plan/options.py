@@ -4,7 +4,7 @@ and the decision record behind it.
 Switches are for measurement and debugging (A/B runs, tuning, bisecting a kernel option); a user
 needs none of them. Three kinds:
 
-* a context manager, ``with ioattn.hopper.split_cols(False): ...`` (``dispatch.Preference`` and a few
+* a context manager, ``with ioattn.plan.hopper.split_cols(False): ...`` (``dispatch.Preference`` and a few
   functions taking a value), which holds inside its block;
 * an environment variable ``IOATTN_*``, read where the switch is unset; ``env`` is the only reader
   of them in the library, and refuses a name that is not registered here;
@@ -31,7 +31,7 @@ class Option:
 _D = "docs/decisions/"
 
 OPTIONS = (
-    # the portable Triton kernels (ioattn.dispatch)
+    # the portable Triton kernels (ioattn.plan.dispatch)
     Option("dispatch.prefer_tma", "on", "the forward's K / V loads through tensor descriptors (TMA), which "
            "Triton pipelines, instead of pointer loads", _D + "portable-tiles.md"),
     Option("dispatch.prefer_persistent", "off", "the portable forward as a persistent grid (a fixed set of "
@@ -41,7 +41,7 @@ OPTIONS = (
            _D + "conditional-rescale.md", env="IOATTN_RESCALE_TAU"),
     Option("IOATTN_TILES", "the tile tables", "the portable kernels' tiles per pass and head dim, "
            "\"fwd:64=128,64,4,3;bwd:128=64,64,8,2\" (tuning runs)", _D + "portable-tiles.md"),
-    # the Gluon Hopper forward (ioattn.hopper)
+    # the Gluon Hopper forward (ioattn.plan.hopper)
     Option("hopper.prefer_hopper", "by length: hopper.AUTO_MIN_SEQLEN", "the Gluon Hopper forward instead of "
            "the portable one", _D + "hopper-forward-lengths.md", env="IOATTN_HOPPER"),
     Option("hopper.variant", "by head dim and length: hopper.variant_for", "the Gluon forward's variant "
@@ -90,13 +90,13 @@ OPTIONS = (
            "view sent to the Gluon kernels as contiguous copies", _D + "strided-inputs.md",
            env="IOATTN_HOPPER_COPY"),
     # the Gluon Hopper backward
-    Option("hopper.prefer_hopper_bwd", "by length: hopper.BWD_AUTO_MIN_SEQLEN", "the Gluon Hopper backward "
+    Option("hopper_bwd.prefer_hopper_bwd", "by length: hopper_bwd.BWD_AUTO_MIN_SEQLEN", "the Gluon Hopper backward "
            "instead of the portable one", _D + "hopper-backward-kernel.md", env="IOATTN_HOPPER_BWD"),
-    Option("hopper.bwd_deterministic", "off (the API's deterministic=True sets it)", "dQ's partial sums "
+    Option("hopper_bwd.bwd_deterministic", "off (the API's deterministic=True sets it)", "dQ's partial sums "
            "added in a fixed order", _D + "deterministic-backward.md"),
     Option("hopper.bwd_split_cols", "on", "the backward's products at d 192 over their real columns",
            _D + "split-products.md"),
-    # decoding (ioattn.decode, ioattn.launcher)
+    # decoding (ioattn.decode, ioattn.launch.cached)
     Option("IOATTN_DECODE_PDL", "on (Hopper)", "the decode merge launched by programmatic dependent launch "
            "behind the split kernel (also decode_config(pdl=...))", _D + "decode-launches.md"),
     Option("IOATTN_DECODE_PDL_WAIT", "on (Hopper)", "the decode split kernel launched by programmatic "
@@ -113,8 +113,14 @@ ENV_VARS = frozenset([o.env for o in OPTIONS if o.env] + [o.name for o in OPTION
 def env(name: str) -> str:
     """The stripped value of the registered environment variable ``name`` ('' when unset)."""
     if name not in ENV_VARS:
-        raise KeyError(f"{name} is not a registered option (ioattn.options.OPTIONS)")
+        raise KeyError(f"{name} is not a registered option (ioattn.plan.options.OPTIONS)")
     return os.environ.get(name, "").strip()
+
+
+def env_state() -> tuple:
+    """Every registered environment variable's raw value, in registry order: part of a cached plan's
+    key, so that setting one takes effect on the next call."""
+    return tuple(os.environ.get(name) for name in ENV_VARS)
 
 
 def table() -> str:

@@ -7,8 +7,9 @@ docs/decisions/decode-launches.md). A decode loop launches the same kernel with 
 ``CachedLaunch`` keeps the compiled kernel under a key built from what decides Triton's
 specialization: each integer's value, each tensor's dtype and 16-byte alignment, each descriptor's
 block, dtype, shape and strides, the constexprs and the launch options; then launches it through
-its launcher directly. A key seen for the first time (or an interpreter run, or ``IOATTN_CACHED_LAUNCH=0``)
-goes through Triton's own path, which compiles when needed.
+its launcher directly. A key seen for the first time (or an interpreter run, or a call with
+``cached=False``: the plan's ``dispatch.cached_launch()``) goes through Triton's own path, which
+compiles when needed.
 
 Limits, by design: floats are keyed by type only (Triton passes every float as fp32 and never
 specializes on its value); a kernel whose globals change after compilation is not re-checked (ours
@@ -20,10 +21,6 @@ from __future__ import annotations
 import torch
 import triton
 from triton.runtime.jit import JITFunction
-
-from ioattn import options
-
-_OFF = {"0", "false", "off", "no"}
 
 
 def _desc_key(a):
@@ -64,10 +61,11 @@ class CachedLaunch:
             self._const_defaults = {p.name: p.default for p in params[first:]}
 
     def enabled(self) -> bool:
-        return self._ok and (options.env("IOATTN_CACHED_LAUNCH") or "1").lower() not in _OFF
+        """Whether the kernel can be launched directly (its constexprs after its runtime arguments)."""
+        return self._ok
 
-    def __call__(self, grid, args, constexprs):
-        if not self.enabled():
+    def __call__(self, grid, args, constexprs, cached: bool = True):
+        if not (cached and self._ok):
             return self.fn[grid](*args, **constexprs)
         assert len(args) == self._n_runtime, (len(args), self._n_runtime)
         device = triton.runtime.driver.active.get_current_device()

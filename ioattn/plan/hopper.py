@@ -17,8 +17,9 @@ from collections.abc import Mapping
 
 import torch
 
-from ioattn import _compat, dispatch, options
-from ioattn.kernels.constants import LOG2E
+from ioattn import _compat
+from ioattn.layout import tma_rows_view
+from ioattn.plan import dispatch, options
 from ioattn.kernels.hopper_flags import (ALIBI_FP32_COLS, ALIBI_MAGIC, LEAN_BY_WARP, LEAN_COND_RESCALE,  # noqa: F401
                                          LEAN_DEFERRED_SUM, LEAN_MASK_BRANCH, LEAN_PTX_BARRIERS, LEAN_Q_REGS)
 
@@ -66,7 +67,7 @@ def padded_min_seqlen(pass_: str, d: int, causal: bool) -> tuple[int | None, str
     """(the shortest seqlen_q the default policy takes the padded Gluon ``pass_`` from, the table's name)
     for head dim ``d``: ``PADDED_IN_PLACE_MIN_SEQLEN`` where the call runs in place, else
     ``PADDED_MIN_SEQLEN``."""
-    in_place = padded_in_place(d) and (pass_ == "fwd" or BWD_VARIANT == "ws")
+    in_place = padded_in_place(d)
     name = "PADDED_IN_PLACE_MIN_SEQLEN" if in_place else "PADDED_MIN_SEQLEN"
     return globals()[name].get((pass_, padded_headdim(d), bool(causal))), name
 
@@ -75,12 +76,6 @@ def padded_headdim(d: int) -> int | None:
     """The Gluon head dim a call of head dim ``d`` runs at zero-padded (``PADDED_RANGE``); None if
     ``d`` is one the kernels have, or none covers it."""
     return next((dp for dp, dims in PADDED_RANGE.items() if d in dims), None)
-
-
-def pad_head(t: torch.Tensor, dp: int) -> torch.Tensor:
-    """``t`` (..., d) as a contiguous (..., dp) tensor, columns d.. zero (``F.pad``, faster than a
-    concatenation with an expanded zero: docs/decisions/padded-head-dims.md)."""
-    return torch.nn.functional.pad(t, (0, dp - t.shape[-1]))
 
 
 def padded_in_place(d: int) -> bool:
@@ -122,6 +117,22 @@ def split_cols_lean(lean, prod_dim: int):
     return lean & ~LEAN_Q_REGS if prod_dim and lean else lean
 
 
+# The backward's twin (the column-split ws kernel at d = 256): S^T and dP^T as two chained products over
+# columns 0:128 and 128:192, dV and dK as [64, 128] + [64, 64] accumulators; dQ's high half is 64
+# columns wide. ``with hopper.bwd_split_cols(False): ...`` the A/B's other arm.
+# tuned: docs/decisions/split-products.md
+bwd_split_cols = dispatch.Preference(True)
+
+
+def bwd_split_cols_for(d: int, io_dim: int, col_split: bool) -> int:
+    """The ws backward's ``PROD_DIM`` for kernel head dim ``d``, the tensors' ``io_dim`` (0: d) and the
+    kernel's ``COL_SPLIT``: 192 where the products may skip the columns past 192 (``bwd_split_cols``),
+    else 0."""
+    if d == 256 and 0 < io_dim <= 192 and col_split and bwd_split_cols.wanted():
+        return 192
+    return 0
+
+
 # The forward's split ring at the products over 192 columns: the K / V ring's tiles as a 128-column and
 # a 64-column buffer each (``k_desc`` / ``v_desc`` in 128-column boxes, ``k_hi_desc`` / ``v_hi_desc`` in
 # 64-column boxes from column 128; TMA's fill past d as before), 48 KB a stage instead of the 256-wide
@@ -140,56 +151,10 @@ def split_ring_for(d: int, io_dim: int, name: str, kv_tail: bool = False) -> boo
     return split_cols_for(d, io_dim, name) == 192 and not kv_tail and split_ring.wanted()
 
 
-# The backward's twin (the column-split ws kernel at d = 256): S^T and dP^T as two chained products over
-# columns 0:128 and 128:192, dV and dK as [64, 128] + [64, 64] accumulators; dQ's high half is 64
-# columns wide. ``with hopper.bwd_split_cols(False): ...`` the A/B's other arm.
-# tuned: docs/decisions/split-products.md
-bwd_split_cols = dispatch.Preference(True)
-
-
-def bwd_split_cols_for(d: int, io_dim: int, col_split: bool) -> int:
-    """The ws backward's ``PROD_DIM`` for kernel head dim ``d``, the tensors' ``io_dim`` (0: d) and the
-    kernel's ``COL_SPLIT``: 192 where the products may skip the columns past 192 (``bwd_split_cols``),
-    else 0."""
-    if d == 256 and 0 < io_dim <= 192 and col_split and bwd_split_cols.wanted():
-        return 192
-    return 0
-
-
-def padded_rows_desc(t: torch.Tensor, block_rows: int, dp: int, gdtype):
-    """The 3-D descriptor the Gluon kernels read a head-padded tensor through (``padded_in_place``): ``t``'s
-    (rows, nheads * d) view (``dispatch.tma_rows_view``) with its column split into 8-column groups
-    (stride 8 elements, 16 bytes) and an offset bounded by d, in [1, block_rows, dp] boxes: a box at
-    (head * d / 8, row, 0) reads the head's d columns and zeros past them (the kernels' ``_load_rows``).
-    The groups run to the last head's first one, so every address the descriptor spans lies in ``t``'s rows."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    rows = dispatch.tma_rows_view(t)
-    d = t.shape[-1]
-    layout = gl.NVMMASharedLayout.get_default_for([1, block_rows, dp], gdtype)
-    return TensorDescriptor(rows, [(t.shape[-2] - 1) * d // 8 + 1, rows.shape[0], d], [8, rows.stride(0), 1],
-                            [1, block_rows, dp], layout)
-
-
-def padded_out_desc(out: torch.Tensor, block_rows: int, dp: int, gdtype):
-    """The persistent forward's output copy (``ROW_STORES`` = 3) for a head-padded call: the contiguous
-    (batch, seqlen_q, nheads, d) output as 4-D (column group of 8, batch, seqlen_q, d) in [1, 1,
-    block_rows, dp] boxes, so the copy drops the rows past seqlen_q and the columns past d (the kernel's
-    ``_store_rows_tma``)."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    batch, seqlen_q, nheads, d = out.shape
-    layout = gl.NVMMASharedLayout.get_default_for([1, 1, block_rows, dp], gdtype)
-    return TensorDescriptor(out, [(nheads - 1) * d // 8 + 1, batch, seqlen_q, d],
-                            [8, seqlen_q * nheads * d, nheads * d, 1], [1, 1, block_rows, dp], layout)
-
-
 def padded_inputs_note(d: int, backward: bool = False) -> str:
     """How a padded call's tensors reach the kernels (``explain_dispatch``'s "inputs")."""
     dp = padded_headdim(d)
-    if padded_in_place(d) and (not backward or BWD_VARIANT == "ws"):
+    if padded_in_place(d):
         what = "the gradients stored" if backward else "the output stored"
         prod = bwd_split_cols_for(dp, d, True) if backward else split_cols_for(dp, d, variant_for(dp))
         products = (f", the products over {prod} of the {dp} columns (hopper.{'bwd_' if backward else ''}split_cols)"
@@ -197,11 +162,11 @@ def padded_inputs_note(d: int, backward: bool = False) -> str:
         if not backward and split_ring_for(dp, d, variant_for(dp)):
             products += (", K / V in 128- and 64-column tiles three deep where the keys fill whole 64-key tiles "
                          "(hopper.split_ring)")
-        return (f"read in place at head dim {dp}, the columns past {d} zero-filled by TMA (hopper.padded_rows_desc), "
+        return (f"read in place at head dim {dp}, the columns past {d} zero-filled by TMA (gluon_fwd.padded_rows_desc), "
                 f"{what} to {d} columns{products}")
     if backward:
-        return f"zero-padded copies of q, k, v, out, dout at head dim {dp} (hopper.pad_head), the gradients sliced"
-    return f"zero-padded copies at head dim {dp} (hopper.pad_head), the output sliced"
+        return f"zero-padded copies of q, k, v, out, dout at head dim {dp} (gluon_fwd.pad_head), the gradients sliced"
+    return f"zero-padded copies at head dim {dp} (gluon_fwd.pad_head), the output sliced"
 
 
 def call_forms(varlen: bool, window, softcap: float, alibi_slopes) -> list[str]:
@@ -658,7 +623,7 @@ ROW_STORE_HEADDIMS = {"base": (64, 128), "pingpong": (64, 128), "split": (64, 12
 # persistent kernel then loads its next tile's Q there after the stores.
 ROW_STORE_VIA_Q_HEADDIMS = {"pingpong": (256,), "split": (256,), "persistent": (256,)}  # one Q buffer there
 # The persistent kernel's output tiles copied to global memory by TMA from the warpgroup's dead Q
-# buffer (``ROW_STORES`` = 3; ``hopper_forward._epilogue``), instead of pointer stores: one bulk copy
+# buffer (``ROW_STORES`` = 3; ``hopper_fwd_tile._epilogue``), instead of pointer stores: one bulk copy
 # a tile in place of the conversion (or read-back) and the stores with their address arithmetic; the
 # copy's 3-D view drops the rows past seqlen_q. At d = 64 it needs two Q buffers a warpgroup (the
 # copy's buffer then has a whole tile to drain before the next Q load). ``with
@@ -717,7 +682,7 @@ def diag_trim_for(d: int, name: str, causal: bool, seqlen_q: int | None = None) 
 
 # The persistent kernel's tile index without run-time divisions (the kernel's ``FAST_DIV``): the
 # walk's divisor and the head count's quotients by a multiply-high with magic numbers computed here
-# (``hopper_forward.magic_divisor``, ``walk_divisor``), ~4 instructions in place of ~20 a division,
+# (``hopper_tiles.magic_divisor``, ``walk_divisor``), ~4 instructions in place of ~20 a division,
 # nine divisions a consumer warp a tile. ``with hopper.fast_tile_div(False)`` turns it off.
 # tuned: docs/decisions/persistent-forward-options.md
 fast_tile_div = dispatch.Preference(False)
@@ -734,7 +699,7 @@ PERSISTENT_Q2_FITS = (64, 128)
 PERSISTENT_Q2_HEADDIMS = (64, 128)
 
 # The persistent kernel's causal walk by pairs of query blocks of equal total length, head by head
-# (the kernel's ``PAIRED``; ``hopper_forward._tile_bhm``), instead of the longest-processing-time order
+# (the kernel's ``PAIRED``; ``hopper_tiles._tile_bhm``), instead of the longest-processing-time order
 # over the whole grid: every program's work is the same (pairs of num_m + 1 key tiles), and a wave
 # of programs covers consecutive heads, so a head's query blocks read its K / V together (the whole-
 # grid order spreads them a grid's width apart). For an even number of query blocks; where the host's
@@ -765,7 +730,7 @@ WALK_TABLE_TILE_COST = 1.0
 
 # The persistent consumers' rows that see no key (causal, seqlen_q > seqlen_k; the cold branch of the
 # tile loop, between the epilogue and the loop's back edge) stored 16 bytes a thread instead of an
-# element a thread (the kernel's ``NO_KEY_WIDE``, ``hopper_forward._store_no_key_rows``): ~180 SASS
+# element a thread (the kernel's ``NO_KEY_WIDE``, ``hopper_fwd_tile._store_no_key_rows``): ~180 SASS
 # instructions a consumer warpgroup instead of ~360. Wide at d = 64 only: elsewhere ptxas schedules the
 # whole consumer anew, and that build was slower. tuned: docs/decisions/persistent-forward-options.md
 NO_KEY_WIDE_HEADDIMS = (64,)
@@ -808,73 +773,6 @@ def walk_group_heads(kv_bytes_per_head: int, d: int) -> int:
     return max(1, WALK_TABLE_L2_BYTES[d] // max(1, kv_bytes_per_head))
 
 
-def build_walk_table(programs: int, batch_heads: int, kv_tiles: tuple, group_heads: int,
-                     tile_cost: float | None = None) -> list:
-    """The causal persistent walk as the kernel's ``Walk`` reads it (``hopper_forward._walk``):
-    ``[steps] + [tile of program p at step k for k in 0 .. steps, p in 0 .. programs)``, a tile as
-    ``_tile_bhm``'s LPT encoding j * batch_heads + bh (query block num_m - 1 - j of (batch, head) bh),
-    ``batch_heads * num_m`` (no tile) past a program's walk, one row past the longest walk.
-    ``kv_tiles[m]``: key tiles query block m sees (``num_m`` = its length). Tiles go in LPT order
-    (longest first) within each group of ``group_heads`` consecutive (batch, head)s, the groups in
-    turn, each to the program whose modelled work (``tile_cost`` + key tiles a tile; None:
-    ``WALK_TABLE_TILE_COST``) ends first, the lower program on a tie: greedy list scheduling, so the
-    walks end within about a tile of each other, and the programs at work at any time share a
-    group's K / V in L2."""
-    import heapq
-
-    tile_cost = WALK_TABLE_TILE_COST if tile_cost is None else tile_cost
-    num_m = len(kv_tiles)
-    num_tiles = batch_heads * num_m
-    walks = [[] for _ in range(programs)]
-    free = [(0.0, p) for p in range(programs)]  # (modelled time the program frees, program)
-    for g0 in range(0, batch_heads, group_heads):
-        for j in range(num_m):  # the group's longest query blocks first
-            m = num_m - 1 - j
-            cost = tile_cost + max(0, kv_tiles[m])
-            for bh in range(g0, min(batch_heads, g0 + group_heads)):
-                t_free, p = heapq.heappop(free)
-                walks[p].append(j * batch_heads + bh)
-                heapq.heappush(free, (t_free + cost, p))
-    steps = max(len(w) for w in walks)
-    return [steps] + [walks[p][k] if k < len(walks[p]) else num_tiles
-                      for k in range(steps + 1) for p in range(programs)]
-
-
-# (device, programs, batch_heads, kv_tiles, group_heads, tile cost) -> int32 tensor. Never evicted: a
-# captured CUDA graph reads the table by address on every replay (a table is 4 bytes a tile: 16 KB
-# for 16k tokens at d = 64)
-_WALK_TABLES: dict = {}
-
-
-def _capturing(device) -> bool:
-    """Whether a CUDA graph is being captured on ``device``'s current stream (no host copy allowed)."""
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
-def walk_table_tensor(device, programs: int, batch_heads: int, kv_tiles: tuple,
-                      group_heads: int) -> torch.Tensor | None:
-    """``build_walk_table``'s table as an int32 tensor on ``device``, built once a shape (a host-to-
-    device copy), or None when a shape's first call comes inside a CUDA graph's capture, where that
-    copy is not allowed (the launcher then takes the computed walk)."""
-    key = (str(device), programs, batch_heads, kv_tiles, group_heads, WALK_TABLE_TILE_COST)
-    table = _WALK_TABLES.get(key)
-    if table is None:
-        if _capturing(device):
-            return None
-        table = torch.tensor(build_walk_table(programs, batch_heads, kv_tiles, group_heads), dtype=torch.int32,
-                             device=device)
-        _WALK_TABLES[key] = table
-    return table
-
-
-def walk_divisor(num_m: int, batch_heads: int, causal: bool, paired: bool) -> int:
-    """The divisor of the persistent walk's tile index (``hopper_forward._tile_bhm``, ``LPT`` True):
-    num_m / 2 for the paired walk, the (batch, head) count for the causal LPT order, else num_m."""
-    if paired:
-        return num_m // 2
-    return batch_heads if causal else num_m
-
-
 def row_stores(d: int, name: str) -> int:
     """How the forward for head dim ``d`` under variant ``name`` stores its output (the kernel's
     ``ROW_STORES``): 0 from the accumulator layout, 1 as whole rows through Triton's layout
@@ -889,7 +787,7 @@ def row_stores(d: int, name: str) -> int:
     return 2 if d in ROW_STORE_VIA_Q_HEADDIMS.get(name, ()) else 0
 
 # FlashAttention-4's exp2 emulation (the kernel's ``EXP2_FMA``): this percentage of each key tile's
-# columns take their exponentials from a cubic on the FMA units (``hopper_forward._exp2_poly``, max
+# columns take their exponentials from a cubic on the FMA units (``hopper_softmax._exp2_poly``, max
 # relative error 1.02e-4) instead of MUFU.EX2, so that both units work at once. Off (0, the kernel as
 # before, the same instructions): slower on the H200 at every share. A switch for other chips: ``with
 # hopper.exp2_fma(25): ...`` or IOATTN_HOPPER_EXP2_FMA=25; a share of the tile's columns halved k times
@@ -1123,10 +1021,10 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
 
 def _rows_layout_ok(q, k, v, varlen, causal, backward=False) -> tuple[bool, str]:
     """The Gluon kernels read q, k, v through 2-D descriptors over (rows, heads * d)
-    (``dispatch.tma_rows_view``): contiguous tensors and views of packed ones in place; a batched
+    (``layout.tma_rows_view``): contiguous tensors and views of packed ones in place; a batched
     tensor with no such view through a contiguous copy where ``copy_for_layout`` says so."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.numel() and dispatch.tma_rows_view(t) is None:
+        if t.numel() and tma_rows_view(t) is None:
             why = (f"{name} of shape {tuple(t.shape)} and strides {tuple(t.stride())} has no (rows, heads * d) view "
                    "for the kernels' descriptors (the head dim contiguous, the heads packed next to it, 16-byte "
                    "aligned rows)")
@@ -1141,7 +1039,7 @@ def _rows_layout_ok(q, k, v, varlen, causal, backward=False) -> tuple[bool, str]
 def inputs_note(q, k, v, varlen, causal, backward=False) -> str:
     """How the Gluon kernels get q, k, v for this call: in place, or which ones are copied and why
     (for ``explain_dispatch``)."""
-    copied = [name for name, t in (("q", q), ("k", k), ("v", v)) if t.numel() and dispatch.tma_rows_view(t) is None]
+    copied = [name for name, t in (("q", q), ("k", k), ("v", v)) if t.numel() and tma_rows_view(t) is None]
     if not copied:
         return "in place (2-D (rows, heads * d) views)"
     if varlen:
@@ -1149,7 +1047,7 @@ def inputs_note(q, k, v, varlen, causal, backward=False) -> str:
     return f"contiguous copies of {', '.join(copied)} ({copy_for_layout(q.shape[-1], causal, q.shape[1], backward)[1]})"
 
 
-# Batched q / k / v with no (rows, heads * d) view (``dispatch.tma_rows_view``; a (batch, heads,
+# Batched q / k / v with no (rows, heads * d) view (``layout.tma_rows_view``; a (batch, heads,
 # seqlen, d) tensor transposed to flash-attn's order) reach the Gluon kernels as contiguous copies from
 # ``COPY_MIN_SEQLEN[pass][(head dim, causal)]`` query rows, where the copies (a fixed cost a call) cost
 # less than what the portable kernels, which read any strides, lose to the Gluon ones; shorter calls keep
@@ -1181,329 +1079,3 @@ def copy_for_layout(d: int, causal: bool, seqlen_q: int, backward: bool = False)
     return seqlen_q >= least, f"{which} copies at head dim {d} {mask} from seqlen_q >= {least}, here {seqlen_q}"
 
 
-def grid_programs(device, name: str, num_tiles: int) -> int:
-    """Programs of the Gluon forward's grid for ``num_tiles`` (query block, batch, head) tiles under
-    variant ``name``: one per tile, or for the persistent variant one per SM at most (each walking its
-    tiles, ``ioattn.kernels.hopper_forward._walk``)."""
-    if name != "persistent":
-        return num_tiles
-    # without a GPU (explain_dispatch on the CPU): an H100 / H200's 132 SMs
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
-    return max(1, min(num_tiles, sms))
-
-
-def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                   max_seqlen_k=None, window=(-1, -1), softcap=0.0, alibi_slopes=None):
-    """(out, lse) as the portable forward returns them; the call must pass ``hopper_supports``.
-    Batched: q (batch, seqlen_q, nheads, d), lse (batch, nheads, seqlen_q). Varlen (``cu_seqlens_q``
-    given, with cu_seqlens_k and the max lengths): packed q (total_q, nheads, d), k/v (total_k, ...),
-    lse (nheads, total_q); rows no sequence owns give output 0 and lse -inf, as ``backends._Problem``.
-    ``window``: flash-attn's (left, right) sliding window, -1 unbounded, bottom-right aligned (the
-    kernel's ``WINDOW`` form, variants ``WINDOW_VARIANTS``); the causal mask is ``causal=True``.
-    ``softcap`` > 0: cap * tanh(s * scale / cap) on the scores (the kernel's ``SOFTCAP`` form, variants
-    ``SOFTCAP_VARIANTS``). ``alibi_slopes``: fp32 (nheads,) or (batch, nheads) (varlen: by sequence),
-    flash-attn's bias -slope * |i + seqlen_k - seqlen_q - j| (the kernel's ``ALIBI`` form, variants
-    ``ALIBI_VARIANTS``; softmax_scale nonzero unless a softcap is given)."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    from ioattn.kernels.hopper_forward import hopper_fwd_kernel, magic_divisor
-
-    window = tuple(int(w) for w in window)
-    dp = padded_headdim(q.shape[-1])
-    if dp:  # a head dim the kernels lack: computed at dp (``PADDED_RANGE``)
-        refusal = padded_refusal(q.shape[-1], cu_seqlens_q is not None, (-1, 0) if causal else window, softcap,
-                                 alibi_slopes)
-        if refusal:
-            raise ValueError(refusal)
-        if not padded_in_place(q.shape[-1]):  # on zero-padded copies, the output sliced
-            out, lse = hopper_forward(pad_head(q, dp), pad_head(k, dp), pad_head(v, dp), softmax_scale, causal)
-            return out[..., :q.shape[-1]].contiguous(), lse
-    if window == (-1, 0) and not causal:
-        raise ValueError("window (-1, 0) is the causal mask: pass causal=True")
-    if causal and window not in ((-1, -1), (-1, 0)):
-        raise ValueError(f"causal=True with window {window}: pass the window alone (its right side 0)")
-    if len(window) != 2 or min(window) < -1:
-        raise ValueError(f"window must be (left, right) with each side >= 0 or -1 (unbounded), got {window}")
-    has_window = window != (-1, -1) and not causal
-    if not softcap >= 0:
-        raise ValueError(f"softcap must be >= 0 (0: none), got {softcap}")
-    varlen = cu_seqlens_q is not None
-    nheads, io_dim = q.shape[-2], q.shape[-1]
-    d = dp or io_dim  # the kernel's head dim; a padded call's tensors keep io_dim (``padded_rows_desc``)
-    has_alibi = alibi_slopes is not None
-    if has_alibi:
-        n_batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
-        if tuple(alibi_slopes.shape) not in ((nheads,), (n_batch, nheads)) or alibi_slopes.dtype != torch.float32 \
-                or alibi_slopes.stride(-1) != 1:
-            raise ValueError(f"alibi_slopes must be fp32 of shape ({nheads},) or ({n_batch}, {nheads}) with unit "
-                             f"head stride, got {alibi_slopes.dtype} {tuple(alibi_slopes.shape)}")
-        if not alibi_scale_ok(alibi_slopes, softcap, softmax_scale):
-            raise ValueError("ALiBi needs softmax_scale != 0 here (the bias joins the scores in their units)")
-    nheads_kv = k.shape[-2]
-    if varlen:
-        batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k
-        # zeros / -inf first: the kernel writes only rows some sequence owns
-        out = torch.zeros_like(q, memory_format=torch.contiguous_format)  # the kernel stores nheads * d rows
-        lse = torch.full((nheads, q.shape[0]), float("-inf"), device=q.device, dtype=torch.float32)
-        stride_lse_b, stride_lse_h = 0, lse.stride(0)
-    else:
-        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
-        lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
-        stride_lse_b, stride_lse_h = lse.stride(0), lse.stride(1)
-    if q.numel() == 0 or seqlen_q == 0 or (varlen and (k.numel() == 0 or seqlen_k == 0)):
-        return out.zero_(), lse.fill_(float("-inf"))
-    form = alibi_form(d, bool(causal), has_window, varlen, seqlen_q, softcap > 0) if has_alibi else 0
-    cfg = kernel_config(d, variant_for(d, causal, seqlen_q, varlen, has_window or softcap > 0, form),
-                        bool(causal), seqlen_q, form)
-    if has_window and cfg["variant"] not in WINDOW_VARIANTS:
-        raise ValueError(f"a sliding window needs one of the variants {WINDOW_VARIANTS}, got {cfg['variant']!r}")
-    if softcap > 0 and cfg["variant"] not in SOFTCAP_VARIANTS:
-        raise ValueError(f"a softcap needs one of the variants {SOFTCAP_VARIANTS}, got {cfg['variant']!r}")
-    if has_alibi and cfg["variant"] not in alibi_variants(form):
-        raise ValueError(f"ALiBi needs one of the variants {alibi_variants(form)}, got {cfg['variant']!r}")
-    if has_alibi and alibi_length_refusal(q, k, varlen, form):
-        raise ValueError(alibi_length_refusal(q, k, varlen, form))
-    block_m, block_n, q_rows = cfg["block_m"], cfg["block_n"], cfg["q_rows"]
-    if cfg["constexprs"]["LEAN"] and softmax_scale < 0:
-        # the lean softmax scales the row maximum of the raw scores, which needs scale >= 0:
-        # softmax(q k^T c) = softmax((-q) k^T |c|), exactly (a sign flip; a copy of q, rare case)
-        q, softmax_scale = -q, -softmax_scale
-    dt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    q_layout = gl.NVMMASharedLayout.get_default_for([q_rows, d], dt)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, d], dt)
-    # 2-D views (rows, nheads * d): batch * seqlen rows, or the packed total; a packed qkv's views
-    # keep their row stride (dispatch.tma_rows_view), layouts without one come as contiguous copies
-    # (hopper_supports has checked that copy_for_layout allows them)
-    rows = dispatch.tma_rows_view
-    q, k, v = (t if rows(t) is not None else t.contiguous() for t in (q, k, v))
-    kv_tail = varlen or seqlen_k % block_n != 0  # a key tile may reach past a sequence's end
-    prod_dim = split_cols_for(d, io_dim if dp else 0, cfg["variant"])
-    if prod_dim and "LEAN" in cfg["constexprs"]:  # the split products read Q from shared memory
-        cfg = dict(cfg, constexprs=dict(cfg["constexprs"], LEAN=split_cols_lean(cfg["constexprs"]["LEAN"], prod_dim)))
-    ring_split = dp and split_ring_for(d, io_dim, cfg["variant"], kv_tail)
-    k_hi_desc = v_hi_desc = None
-    if ring_split:  # the split ring: K / V in 128- and 64-column boxes (from column 128)
-        q_desc = padded_rows_desc(q, q_rows, d, dt)
-        k_desc, v_desc = (padded_rows_desc(t, block_n, 128, dt) for t in (k, v))
-        k_hi_desc, v_hi_desc = (padded_rows_desc(t, block_n, 64, dt) for t in (k, v))
-        cfg = dict(cfg, constexprs=dict(cfg["constexprs"], STAGES=SPLIT_RING_STAGES))
-    elif dp:  # the same views, read in [.., d] boxes zero-filled past io_dim
-        q_desc = padded_rows_desc(q, q_rows, d, dt)
-        k_desc, v_desc = (padded_rows_desc(t, block_n, d, dt) for t in (k, v))
-    else:
-        q_desc = TensorDescriptor.from_tensor(rows(q), [q_rows, d], q_layout)
-        k_desc = TensorDescriptor.from_tensor(rows(k), [block_n, d], kv_layout)
-        v_desc = TensorDescriptor.from_tensor(rows(v), [block_n, d], kv_layout)
-    num_m = dispatch.cdiv(seqlen_q, block_m)
-    num_tiles = num_m * batch * nheads
-    grid = (grid_programs(q.device, cfg["variant"], num_tiles),)
-    popts = persistent_options(d, cfg["variant"], causal, num_m)
-    out_stores = row_stores(d, cfg["variant"])
-    o_desc = None
-    if out_stores == 3:  # the output as (batch, seqlen_q, nheads * d) in [1, q_rows, d] boxes: a bulk copy
-        # drops the rows past seqlen_q itself (the persistent kernel's, fixed-length calls only)
-        o_layout = gl.NVMMASharedLayout.get_default_for([1, q_rows, d], dt)
-        o_desc = padded_out_desc(out, q_rows, d, dt) if dp else \
-            TensorDescriptor.from_tensor(out.view(batch, seqlen_q, nheads * d), [1, q_rows, d], o_layout)
-    walk = None  # the causal walk from the host's table (walk_table_for), else computed in the kernel
-    if cfg["variant"] == "persistent" and walk_table_for(d, cfg["variant"], causal, num_m):
-        kv_tiles = tuple(_kv_tiles(m * block_m, seqlen_q, seqlen_k, block_m, block_n) for m in range(num_m))
-        # a (batch, head)'s share of its K / V head's bytes (GQA: consecutive heads share one)
-        kv_bytes = 2 * seqlen_k * io_dim * q.element_size() * nheads_kv // nheads
-        walk = walk_table_tensor(q.device, grid[0], batch * nheads, kv_tiles, walk_group_heads(kv_bytes, d))
-        if walk is None:  # a new shape inside a CUDA graph's capture: the computed walk, its options
-            with walk_table(False):
-                popts = persistent_options(d, cfg["variant"], causal, num_m)
-    # the tile index's magic divisors (read only under FAST_DIV)
-    walk_div = walk_divisor(num_m, batch * nheads, causal, popts["PAIRED"])
-    _, walk_mul, walk_shift = magic_divisor(walk_div)
-    _, head_mul, head_shift = magic_divisor(nheads)
-    # a window's unbounded side: a bound past every row of either length (the kernel adds it to row
-    # indices, so no larger than int32 needs)
-    unbounded = seqlen_q + seqlen_k + 1
-    win_left, win_right = (w if w >= 0 else unbounded for w in window) if has_window else (0, 0)
-    # fixed length: cu_seqlens None (constexpr None, unused under IS_VARLEN=False)
-    hopper_fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, out, lse, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
-                            nheads, nheads // nheads_kv, nheads * io_dim, stride_lse_b, stride_lse_h,
-                            # with a softcap the scores reach the softmax as tanh(s * softcap_a): the cap
-                            # (times log2 e) is the softmax's scale
-                            (softcap if softcap > 0 else softmax_scale) * LOG2E,
-                            walk_div, walk_mul, walk_shift, head_mul, head_shift,
-                            IS_CAUSAL=bool(causal), IS_VARLEN=varlen,
-                            LPT=bool(causal) and lpt_order.wanted(), num_tiles=num_tiles,
-                            KV_TAIL=kv_tail,
-                            KEY_MASKS=has_window or key_masks(d, cfg["variant"], bool(causal), kv_tail, seqlen_k),
-                            WINDOW=has_window, win_left=win_left, win_right=win_right,
-                            SOFTCAP=softcap > 0, softcap_a=softmax_scale / softcap if softcap > 0 else 0.0,
-                            # ALiBi: the slope to the scores' units (after the sign flip above: the
-                            # bias joins the flipped scores, the scale their absolute value)
-                            ALIBI=form, Alibi=alibi_slopes,
-                            stride_ab=alibi_slopes.stride(0) if has_alibi and alibi_slopes.dim() == 2 else 0,
-                            alibi_unit=-1.0 / (softcap if softcap > 0 else softmax_scale) if has_alibi else 0.0,
-                            DIAG_TRIM=diag_trim_for(d, cfg["variant"], bool(causal), seqlen_q),
-                            EXP2_FMA=exp2_fma_cols(exp2_fma_share(), block_n),
-                            ROW_STORES=out_stores,
-                            **popts,
-                            Walk=walk, IO_DIM=io_dim if dp else 0,
-                            PROD_DIM=prod_dim,
-                            k_hi_desc=k_hi_desc, v_hi_desc=v_hi_desc,
-                            num_warps=cfg["num_warps"], **cfg["constexprs"])
-    return out, lse
-
-
-def _kv_tiles(m_start: int, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int) -> int:
-    """Key tiles the causal query rows [m_start, m_start + block_m) see, as the kernel's
-    ``_kv_tile_count`` counts them (<= 0: none)."""
-    last_row = min(m_start + block_m, seqlen_q) - 1
-    return min(dispatch.cdiv(seqlen_k, block_n), dispatch.cdiv(max(last_row + 1 + seqlen_k - seqlen_q, 0), block_n))
-
-
-# ---- the Gluon backward (ioattn.kernels.hopper_backward) ----
-# The dispatch's backward is the "ws" variant (``BWD_VARIANT``). By default its dQ additions (bulk
-# reduce-adds) land in arrival order, so it is not bitwise reproducible; ``deterministic=True`` in the
-# API sets ``bwd_deterministic`` around the forward, and that forward's backward then runs the
-# kernel's DETERMINISTIC mode (the additions in key-block order) where ``DETERMINISTIC_WS`` allows,
-# else the portable backward (deterministic by construction).
-# tuned: docs/decisions/hopper-backward-kernel.md
-prefer_hopper_bwd = dispatch.Preference(False, env="IOATTN_HOPPER_BWD")  # ``with prefer_hopper_bwd(True): ...``
-bwd_deterministic = dispatch.Preference(False)  # ``with bwd_deterministic(True): ...`` (the API's deterministic=True)
-# The ordered mode (causal: key blocks in descending order, launched in reverse so that a program
-# waits only on programs launched before it). tuned: docs/decisions/deterministic-backward.md
-DETERMINISTIC_WS = True
-BWD_VARIANT = "ws"  # the variant the dispatch takes (ioattn.kernels.hopper_backward.BWD_VARIANTS)
-# d=256: the ws kernel's column-split form. tuned: docs/decisions/hopper-backward-kernel.md
-BWD_HEADDIMS = (64, 128, 256)
-# The default policy: (head dim, causal) -> the shortest seqlen_q from which "ws" runs; other rows
-# keep the portable backward. tuned: docs/decisions/hopper-backward-kernel.md
-BWD_AUTO_MIN_SEQLEN = {(128, False): 512, (128, True): 512, (64, False): 512, (64, True): 512,
-                       (256, False): 512, (256, True): 512}
-# Packed (varlen) batches: the "ws" kernel's IS_VARLEN form, by the longest sequence (max_seqlen_q),
-# as VARLEN_AUTO_MIN_SEQLEN does for the forward. tuned: docs/decisions/gluon-varlen.md
-BWD_VARLEN_AUTO_MIN_SEQLEN = {(64, False): 437, (64, True): 875, (128, False): 218, (128, True): 218,
-                              (256, False): 218, (256, True): 218}
-# Sliding windows (flash-attn's (left, right), not the causal (-1, 0)): the ws kernel's WINDOW form,
-# judged by the lengths' table's non-causal row and by the window's width (left + right + 1, an
-# unbounded side as seqlen_k): head dim -> the narrowest width from which it is taken.
-# tuned: docs/decisions/sliding-windows.md
-BWD_WINDOW_MIN_WIDTH = {64: 129, 128: 65, 256: 65}
-
-
-# ALiBi in the Gluon backward: the ws kernel's ALIBI form, at every head dim, by the lengths' and
-# windows' tables as without it, with a softcap too. ``BWD_ALIBI_SOFTCAP_REFUSED``: head dims whose
-# ALiBi + softcap calls the portable backward takes (none now). tuned: docs/decisions/alibi.md
-BWD_ALIBI_SOFTCAP_REFUSED = ()
-# The backward's ALiBi forms (``_probs``, the forward's numbers): the query columns converted per step
-# (``ALIBI_FP32_COLS``), or with a softcap at these head dims the magic-number distance with the
-# queries split as hi / lo (``ALIBI_MAGIC``; its masks too), which brings d = 128's key split from
-# hundreds of bytes of spills to a few. tuned: docs/decisions/alibi.md
-BWD_ALIBI_MAGIC_SOFTCAP_HEADDIMS = (128,)
-
-
-def bwd_alibi_form(d: int, softcap: float) -> int:
-    """The ws backward's ``ALIBI`` for an ALiBi call at head dim ``d`` (the kernels', a padded call's
-    ``padded_headdim``; ``BWD_ALIBI_MAGIC_SOFTCAP_HEADDIMS``)."""
-    d = padded_headdim(d) or d
-    return ALIBI_MAGIC if softcap > 0 and d in BWD_ALIBI_MAGIC_SOFTCAP_HEADDIMS else ALIBI_FP32_COLS
-
-
-def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:
-    """Whether the Gluon backward covers this call (the call itself, without the device): pure Python."""
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        return False, "fp16/bf16 only"
-    dp = padded_headdim(q.shape[-1])
-    plain = not call_forms(varlen, window, softcap, alibi_slopes)
-    if dp:  # zero-padded to dp (``PADDED_RANGE``)
-        refusal = padded_refusal(q.shape[-1], varlen, window, softcap, alibi_slopes)
-        if refusal:
-            return False, refusal
-        if BWD_VARIANT == "base" and dp == 256:
-            return False, "head dims (64, 128) only in the base variant"
-        if plain:  # any layout (made contiguous, or padded copies)
-            return (False, "no dropout") if dropout_p > 0 else (True, "")
-    kd = dp or q.shape[-1]  # the kernels' head dim (in place, a padded call's forms take its checks)
-    if kd not in BWD_HEADDIMS:
-        return False, f"head dims {BWD_HEADDIMS} only"
-    if BWD_VARIANT == "base" and kd == 256:  # hopper_backward.BWD_VARIANT_HEADDIMS
-        return False, "head dims (64, 128) only in the base variant"
-    if varlen and BWD_VARIANT != "ws":
-        return False, "varlen: the ws variant only"
-    if window not in ((-1, -1), (-1, 0)) and BWD_VARIANT != "ws":
-        return False, "sliding window: the ws variant only"
-    # a score softcap: the ws kernel's SOFTCAP form at every head dim, by the lengths' and windows'
-    # tables as without it (docs/decisions/softcap.md)
-    if softcap > 0 and BWD_VARIANT != "ws":
-        return False, "softcap: the ws variant only"
-    if alibi_slopes is not None:
-        if BWD_VARIANT != "ws":
-            return False, "ALiBi: the ws variant only"
-        if softcap > 0 and kd in BWD_ALIBI_SOFTCAP_REFUSED:
-            return False, (f"ALiBi with a softcap at head dim {kd}: the portable backward "
-                           "(hopper.BWD_ALIBI_SOFTCAP_REFUSED)")
-        if alibi_length_refusal(q, k, varlen, bwd_alibi_form(q.shape[-1], softcap)):
-            return False, alibi_length_refusal(q, k, varlen, bwd_alibi_form(q.shape[-1], softcap))
-    if dropout_p > 0:
-        return False, "no dropout"
-    return _rows_layout_ok(q, k, v, varlen, window == (-1, 0), backward=True)
-
-
-def bwd_policy(q, seqlen_q: int | None = None, causal: bool = False, varlen: bool = False,
-               window_width: int | None = None) -> tuple[bool, str]:
-    """(wanted, why) for the Gluon backward, as ``policy`` for the forward: ``prefer_hopper_bwd``'s
-    value inside its block, else ``IOATTN_HOPPER_BWD`` ("1" / "0") if set, else
-    ``BWD_AUTO_MIN_SEQLEN`` (packed batches: ``BWD_VARLEN_AUTO_MIN_SEQLEN`` with the longest
-    sequence) for q's head dim, the mask and ``seqlen_q`` (default q.shape[1]); a sliding window
-    (``window_width``: left + right + 1) also needs ``BWD_WINDOW_MIN_WIDTH``'s width."""
-    if prefer_hopper_bwd.value is not None:
-        return prefer_hopper_bwd.value, f"hopper.prefer_hopper_bwd({prefer_hopper_bwd.value})"
-    env = options.env("IOATTN_HOPPER_BWD")
-    if env:
-        return env == "1", f"IOATTN_HOPPER_BWD={env}"
-    d, n = q.shape[-1], q.shape[1] if seqlen_q is None else seqlen_q
-    kd = padded_headdim(d)
-    if kd:
-        forms = varlen or window_width is not None
-        if not forms or not padded_in_place(d) or BWD_VARIANT != "ws":
-            return _padded_policy("bwd", d, n, causal, forms)
-    # in place, a padded call's windows and packed sequences (and softcap / ALiBi, which take the lengths'
-    # rules here at every dim) by the padded dim's own rules (docs/decisions/padded-head-dims.md)
-    label = f"{d} (zero-padded to {kd})" if kd else f"{d}"
-    d = kd or d
-    mask = ("causal" if causal else "non-causal") + (" varlen" if varlen else "")
-    table = "BWD_VARLEN_AUTO_MIN_SEQLEN" if varlen else "BWD_AUTO_MIN_SEQLEN"
-    least = globals()[table].get((d, bool(causal)))
-    if least is None:
-        return False, f"default policy: head dim {label} {mask} is not in hopper.{table}"
-    if window_width is not None:
-        narrowest = BWD_WINDOW_MIN_WIDTH.get(d)
-        if narrowest is None or window_width < narrowest:
-            return False, (f"default policy: head dim {label} sliding windows from width {narrowest} "
-                           f"(hopper.BWD_WINDOW_MIN_WIDTH; here {window_width})")
-        mask += f" window of width {window_width}"
-    return n >= least, f"default policy: head dim {label} {mask} from seqlen_q >= {least} (here {n})"
-
-
-def bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p, seqlen_q: int | None = None,
-             softmax_scale: float | None = None) -> tuple[bool, str]:
-    """(taken, why) for the backward of this call: where ``bwd_policy`` wants it and it applies (an
-    sm_90 GPU, Gluon, ``bwd_call_supported``). ``seqlen_q``: the query length the policy judges (a
-    varlen call's max_seqlen_q; default q.shape[1]); ``softmax_scale``: as ``fwd_plan``'s."""
-    if bwd_deterministic.wanted():
-        if not (DETERMINISTIC_WS and BWD_VARIANT == "ws"):
-            return False, ("deterministic=True: the portable backward (the Gluon one's ordered mode is off, "
-                           "hopper.DETERMINISTIC_WS = False)")
-    if varlen and seqlen_q is None:
-        raise ValueError("bwd_plan: a varlen call needs seqlen_q (its max_seqlen_q)")
-    # a sliding window's width, an unbounded side as seqlen_k (varlen: the longest query length)
-    width = window_width_of(window, None if varlen else k.shape[-3], seqlen_q)
-    wanted, why = bwd_policy(q, seqlen_q, causal=window == (-1, 0), varlen=varlen, window_width=width)
-    if not wanted:
-        return False, why
-    ok, reason = _device_ok(q)
-    if ok:
-        ok, reason = bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p)
-    if ok and not alibi_scale_ok(alibi_slopes, softcap, softmax_scale):
-        ok, reason = False, "ALiBi with softmax_scale 0: the portable kernels (the bias is added in the scores' units)"
-    det = ", deterministic (dQ in key-block order)" if bwd_deterministic.wanted() else ""
-    return (True, f"{why}, variant {BWD_VARIANT}{det}") if ok else (False, reason)

@@ -1,0 +1,194 @@
+"""Launches of the Gluon Hopper forward (``ioattn.kernels.hopper_forward.hopper_fwd_kernel``) from its plan
+(``ioattn.plan.forward``): the output and lse buffers, TMA descriptors (head-padded ones included),
+the persistent walk's table and the kernel's arguments."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ioattn.layout import tma_rows_view
+
+
+# (device, programs, batch_heads, kv_tiles, group_heads, tile cost) -> int32 tensor. Never evicted: a
+# captured CUDA graph reads the table by address on every replay (a table is 4 bytes a tile: 16 KB
+# for 16k tokens at d = 64)
+_WALK_TABLES: dict = {}
+
+
+def pad_head(t: torch.Tensor, dp: int) -> torch.Tensor:
+    """``t`` (..., d) as a contiguous (..., dp) tensor, columns d.. zero (``F.pad``, faster than a
+    concatenation with an expanded zero: docs/decisions/padded-head-dims.md)."""
+    return torch.nn.functional.pad(t, (0, dp - t.shape[-1]))
+
+
+def padded_rows_desc(t: torch.Tensor, block_rows: int, dp: int, gdtype):
+    """The 3-D descriptor the Gluon kernels read a head-padded tensor through (``padded_in_place``): ``t``'s
+    (rows, nheads * d) view (``layout.tma_rows_view``) with its column split into 8-column groups
+    (stride 8 elements, 16 bytes) and an offset bounded by d, in [1, block_rows, dp] boxes: a box at
+    (head * d / 8, row, 0) reads the head's d columns and zeros past them (the kernels' ``_load_rows``).
+    The groups run to the last head's first one, so every address the descriptor spans lies in ``t``'s rows."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    rows = tma_rows_view(t)
+    d = t.shape[-1]
+    layout = gl.NVMMASharedLayout.get_default_for([1, block_rows, dp], gdtype)
+    return TensorDescriptor(rows, [(t.shape[-2] - 1) * d // 8 + 1, rows.shape[0], d], [8, rows.stride(0), 1],
+                            [1, block_rows, dp], layout)
+
+
+def padded_out_desc(out: torch.Tensor, block_rows: int, dp: int, gdtype):
+    """The persistent forward's output copy (``ROW_STORES`` = 3) for a head-padded call: the contiguous
+    (batch, seqlen_q, nheads, d) output as 4-D (column group of 8, batch, seqlen_q, d) in [1, 1,
+    block_rows, dp] boxes, so the copy drops the rows past seqlen_q and the columns past d (the kernel's
+    ``_store_rows_tma``)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    batch, seqlen_q, nheads, d = out.shape
+    layout = gl.NVMMASharedLayout.get_default_for([1, 1, block_rows, dp], gdtype)
+    return TensorDescriptor(out, [(nheads - 1) * d // 8 + 1, batch, seqlen_q, d],
+                            [8, seqlen_q * nheads * d, nheads * d, 1], [1, 1, block_rows, dp], layout)
+
+
+def build_walk_table(programs: int, batch_heads: int, kv_tiles: tuple, group_heads: int,
+                     tile_cost: float) -> list:
+    """The causal persistent walk as the kernel's ``Walk`` reads it (``hopper_tiles._walk``):
+    ``[steps] + [tile of program p at step k for k in 0 .. steps, p in 0 .. programs)``, a tile as
+    ``_tile_bhm``'s LPT encoding j * batch_heads + bh (query block num_m - 1 - j of (batch, head) bh),
+    ``batch_heads * num_m`` (no tile) past a program's walk, one row past the longest walk.
+    ``kv_tiles[m]``: key tiles query block m sees (``num_m`` = its length). Tiles go in LPT order
+    (longest first) within each group of ``group_heads`` consecutive (batch, head)s, the groups in
+    turn, each to the program whose modelled work (``tile_cost`` + key tiles a tile) ends first, the lower program on a tie: greedy list scheduling, so the
+    walks end within about a tile of each other, and the programs at work at any time share a
+    group's K / V in L2."""
+    import heapq
+
+    num_m = len(kv_tiles)
+    num_tiles = batch_heads * num_m
+    walks = [[] for _ in range(programs)]
+    free = [(0.0, p) for p in range(programs)]  # (modelled time the program frees, program)
+    for g0 in range(0, batch_heads, group_heads):
+        for j in range(num_m):  # the group's longest query blocks first
+            m = num_m - 1 - j
+            cost = tile_cost + max(0, kv_tiles[m])
+            for bh in range(g0, min(batch_heads, g0 + group_heads)):
+                t_free, p = heapq.heappop(free)
+                walks[p].append(j * batch_heads + bh)
+                heapq.heappush(free, (t_free + cost, p))
+    steps = max(len(w) for w in walks)
+    return [steps] + [walks[p][k] if k < len(walks[p]) else num_tiles
+                      for k in range(steps + 1) for p in range(programs)]
+
+
+def _capturing(device) -> bool:
+    """Whether a CUDA graph is being captured on ``device``'s current stream (no host copy allowed)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def walk_table_tensor(device, programs: int, batch_heads: int, kv_tiles: tuple, group_heads: int,
+                      tile_cost: float) -> torch.Tensor | None:
+    """``build_walk_table``'s table as an int32 tensor on ``device``, built once a shape (a host-to-
+    device copy), or None when a shape's first call comes inside a CUDA graph's capture, where that
+    copy is not allowed (the launcher then takes the computed walk)."""
+    key = (str(device), programs, batch_heads, kv_tiles, group_heads, tile_cost)
+    table = _WALK_TABLES.get(key)
+    if table is None:
+        if _capturing(device):
+            return None
+        table = torch.tensor(build_walk_table(programs, batch_heads, kv_tiles, group_heads, tile_cost),
+                             dtype=torch.int32,
+                             device=device)
+        _WALK_TABLES[key] = table
+    return table
+
+
+def grid_programs(device, name: str, num_tiles: int) -> int:
+    """Programs of the Gluon forward's grid for ``num_tiles`` (query block, batch, head) tiles under
+    variant ``name``: one per tile, or for the persistent variant one per SM at most (each walking its
+    tiles, ``ioattn.kernels.hopper_tiles._walk``)."""
+    return num_tiles if name != "persistent" else max(1, min(num_tiles, device_sms(device)))
+
+
+@functools.lru_cache(maxsize=16)
+def device_sms(device) -> int:
+    """The device's SM count; without a GPU (a plan explained on the CPU) an H100 / H200's 132."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+
+
+def _rows(t):
+    """``t`` as TMA reads it: its (rows, nheads * d) view, made contiguous first where it has none."""
+    view = tma_rows_view(t)
+    return (t, view) if view is not None else (t.contiguous(), tma_rows_view(t.contiguous()))
+
+
+def launch_forward(plan, q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, alibi_slopes=None):
+    """(out, lse) of ``hopper_fwd_kernel`` for ``plan`` (``ioattn.plan.forward.plan_forward``), the tensors
+    in flash-attn's layouts (varlen: packed, with cu_seqlens); a plan with ``pad_copies`` is launched
+    by the caller on zero-padded copies."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from ioattn.kernels.hopper_forward import hopper_fwd_kernel
+    from ioattn.kernels.hopper_tiles import magic_divisor
+
+    consts = dict(plan.constexprs)
+    varlen, d, nheads = consts["IS_VARLEN"], plan.head_dim, q.shape[-2]
+    if varlen:
+        batch = cu_seqlens_q.numel() - 1
+        # zeros / -inf first: the kernel writes only rows some sequence owns
+        out = torch.zeros_like(q, memory_format=torch.contiguous_format)
+        lse = torch.full((nheads, q.shape[0]), float("-inf"), device=q.device, dtype=torch.float32)
+        stride_lse_b, stride_lse_h = 0, lse.stride(0)
+    else:
+        batch, seqlen_q = q.shape[0], q.shape[1]
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
+        stride_lse_b, stride_lse_h = lse.stride(0), lse.stride(1)
+    if q.numel() == 0 or plan.num_m == 0 or (varlen and (k.numel() == 0 or plan.seqlen_k == 0)):
+        return out.zero_(), lse.fill_(float("-inf"))
+    if plan.negate_q:
+        q = -q
+    dt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    (q, q_rows), (k, k_rows), (v, v_rows) = _rows(q), _rows(k), _rows(v)
+    k_hi_desc = v_hi_desc = None
+    if plan.ring_split:  # the split ring: K / V in 128- and 64-column boxes (from column 128)
+        q_desc = padded_rows_desc(q, plan.q_rows, d, dt)
+        k_desc, v_desc = (padded_rows_desc(t, plan.block_n, 128, dt) for t in (k, v))
+        k_hi_desc, v_hi_desc = (padded_rows_desc(t, plan.block_n, 64, dt) for t in (k, v))
+    elif plan.pad_to:  # the same views, read in [.., d] boxes zero-filled past io_dim
+        q_desc = padded_rows_desc(q, plan.q_rows, d, dt)
+        k_desc, v_desc = (padded_rows_desc(t, plan.block_n, d, dt) for t in (k, v))
+    else:
+        q_desc = TensorDescriptor.from_tensor(q_rows, [plan.q_rows, d], _layout(plan.q_rows, d, dt))
+        kv_layout = _layout(plan.block_n, d, dt)
+        k_desc = TensorDescriptor.from_tensor(k_rows, [plan.block_n, d], kv_layout)
+        v_desc = TensorDescriptor.from_tensor(v_rows, [plan.block_n, d], kv_layout)
+    o_desc = None
+    if plan.out_tma:  # the output as (batch, seqlen_q, nheads * d) in [1, q_rows, d] boxes: a bulk copy
+        # drops the rows past seqlen_q itself (the persistent kernel's, fixed-length calls only)
+        o_desc = padded_out_desc(out, plan.q_rows, d, dt) if plan.pad_to else TensorDescriptor.from_tensor(
+            out.view(batch, plan.seqlen_q, nheads * d), [1, plan.q_rows, d], _layout(plan.q_rows, d, dt, rank=3))
+    walk, walk_div = None, plan.walk_div
+    if plan.walk_table is not None:  # the causal walk from the host's table, else computed in the kernel
+        walk = walk_table_tensor(q.device, plan.programs, batch * nheads, *plan.walk_table)
+        if walk is None:  # a new shape inside a CUDA graph's capture: the computed walk, its options
+            consts, walk_div = dict(plan.without_table[0]), plan.without_table[1]
+    _, walk_mul, walk_shift = magic_divisor(walk_div)
+    _, head_mul, head_shift = magic_divisor(nheads)
+    stride_ab = alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0
+    hopper_fwd_kernel[(plan.programs,)](
+        q_desc, k_desc, v_desc, o_desc, out, lse, cu_seqlens_q, cu_seqlens_k, plan.seqlen_q, plan.seqlen_k, nheads, nheads // k.shape[-2], nheads * plan.io_dim, stride_lse_b, stride_lse_h,
+        plan.qk_scale, walk_div, walk_mul, walk_shift, head_mul, head_shift,
+        win_left=plan.win_left, win_right=plan.win_right, softcap_a=plan.softcap_a, Alibi=alibi_slopes,
+        stride_ab=stride_ab, alibi_unit=plan.alibi_unit, num_tiles=plan.num_tiles, Walk=walk, k_hi_desc=k_hi_desc, v_hi_desc=v_hi_desc,
+        num_warps=plan.num_warps, **consts)
+    return out, lse
+
+
+@functools.lru_cache(maxsize=64)
+def _layout(rows: int, d: int, dt, rank: int = 2):
+    from triton.experimental.gluon import language as gl
+    shape = [rows, d] if rank == 2 else [1, rows, d]
+    return gl.NVMMASharedLayout.get_default_for(shape, dt)

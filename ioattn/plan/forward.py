@@ -1,0 +1,185 @@
+"""The Gluon forward's plan: every decision a launch of ``hopper_fwd_kernel`` needs, made once per call
+signature (shapes, dtype, mask, score modifications, the switches' state) and cached, so that a
+repeated call costs a dictionary lookup here and the launch (``ioattn.launch.gluon_fwd``) only
+allocates, builds descriptors and launches."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ioattn.kernels.constants import LOG2E
+from ioattn.plan import dispatch, hopper
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What the plan depends on in a call, hashable: the tensors' shapes (varlen: the longest lengths),
+    the mask and the score modifications. ``scale_negative``: the lean softmax flips q's sign then."""
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    nheads: int
+    nheads_kv: int
+    head_dim: int          # the tensors' head dim
+    element_size: int
+    varlen: bool
+    causal: bool
+    window: tuple          # (-1, -1) unless a sliding window (never the causal (-1, 0))
+    softcap: float
+    softmax_scale: float
+    alibi: bool
+    device_sms: int        # the device's SM count (the persistent grid)
+
+
+@dataclass(frozen=True)
+class GluonForwardPlan:
+    """One launch of ``hopper_fwd_kernel``: its variant, grid and compile-time options, and the runtime
+    scalars that follow from the call. ``pad_to``: the kernel's head dim where the tensors' is one it
+    lacks; ``pad_copies``: computed on zero-padded copies by the padded call's plan (the other fields
+    are that plan's), else read in place through head-padded descriptors."""
+    variant: str
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+    io_dim: int
+    pad_to: int
+    pad_copies: bool
+    q_rows: int
+    block_m: int
+    block_n: int
+    num_m: int
+    num_tiles: int
+    programs: int
+    num_warps: int
+    ring_split: bool
+    out_tma: bool
+    walk_table: tuple | None   # (kv_tiles, group_heads, tile cost) of the persistent causal walk's host table
+    without_table: tuple | None  # (constexprs, walk_div) where that table cannot be built (a graph capture)
+    walk_div: int
+    negate_q: bool
+    qk_scale: float
+    softcap_a: float
+    alibi_unit: float
+    win_left: int
+    win_right: int
+    constexprs: tuple      # (name, value) pairs, the kernel's compile-time arguments
+
+
+def plan_forward(sig: Signature) -> GluonForwardPlan:
+    """The plan for ``sig``, from the cache when the switches have not changed since it was made."""
+    key = (sig, dispatch.switch_state(), hopper.active_variant(), hopper.exp2_fma_share())
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        plan = _PLANS[key] = _make(sig)
+    return plan
+
+
+_PLANS: dict = {}
+_PLANS_MAX = 512
+
+
+def _check(sig: Signature) -> None:
+    if sig.causal and sig.window != (-1, -1):
+        raise ValueError(f"causal=True with window {sig.window}: pass the window alone (its right side 0)")
+    if sig.window == (-1, 0):
+        raise ValueError("window (-1, 0) is the causal mask: pass causal=True")
+    if len(sig.window) != 2 or min(sig.window) < -1:
+        raise ValueError(f"window must be (left, right) with each side >= 0 or -1 (unbounded), got {sig.window}")
+    if not sig.softcap >= 0:
+        raise ValueError(f"softcap must be >= 0 (0: none), got {sig.softcap}")
+    if sig.alibi and not hopper.alibi_scale_ok(True, sig.softcap, sig.softmax_scale):
+        raise ValueError("ALiBi needs softmax_scale != 0 here (the bias joins the scores in their units)")
+
+
+def _make(sig: Signature) -> GluonForwardPlan:
+    _check(sig)
+    io_dim, causal, has_window = sig.head_dim, sig.causal, sig.window != (-1, -1)
+    dp = hopper.padded_headdim(io_dim) or 0
+    window_or_causal = (-1, 0) if causal else sig.window
+    if dp:
+        refusal = hopper.padded_refusal(io_dim, sig.varlen, window_or_causal, sig.softcap, True if sig.alibi else None)
+        if refusal:
+            raise ValueError(refusal)
+    if dp and not hopper.padded_in_place(io_dim):  # computed on zero-padded copies: the padded call's plan
+        return replace(_make(replace(sig, head_dim=dp)), pad_to=dp, pad_copies=True)
+    d = dp or io_dim
+    form = (hopper.alibi_form(d, causal, has_window, sig.varlen, sig.seqlen_q, sig.softcap > 0)
+            if sig.alibi else 0)
+    cfg = hopper.kernel_config(d, hopper.variant_for(d, causal, sig.seqlen_q, sig.varlen,
+                                                     has_window or sig.softcap > 0, form),
+                               causal, sig.seqlen_q, form)
+    name = cfg["variant"]
+    for wanted, variants, what in ((has_window, hopper.WINDOW_VARIANTS, "a sliding window"),
+                                   (sig.softcap > 0, hopper.SOFTCAP_VARIANTS, "a softcap"),
+                                   (sig.alibi, hopper.alibi_variants(form), "ALiBi")):
+        if wanted and name not in variants:
+            raise ValueError(f"{what} needs one of the variants {variants}, got {name!r}")
+    consts = dict(cfg["constexprs"])
+    block_m, block_n = cfg["block_m"], cfg["block_n"]
+    scale, negate_q = sig.softmax_scale, bool(consts["LEAN"]) and sig.softmax_scale < 0
+    if negate_q:
+        # the lean softmax scales the row maximum of the raw scores, which needs scale >= 0:
+        # softmax(q k^T c) = softmax((-q) k^T |c|), exactly (a sign flip; a copy of q, rare case)
+        scale = -scale
+    kv_tail = sig.varlen or sig.seqlen_k % block_n != 0  # a key tile may reach past a sequence's end
+    prod_dim = hopper.split_cols_for(d, io_dim if dp else 0, name)
+    if prod_dim and "LEAN" in consts:  # the split products read Q from shared memory
+        consts["LEAN"] = hopper.split_cols_lean(consts["LEAN"], prod_dim)
+    ring_split = bool(dp) and hopper.split_ring_for(d, io_dim, name, kv_tail)
+    if ring_split:  # the split ring: K / V in 128- and 64-column boxes (from column 128)
+        consts["STAGES"] = hopper.SPLIT_RING_STAGES
+    num_m = dispatch.cdiv(sig.seqlen_q, block_m)
+    num_tiles = num_m * sig.batch * sig.nheads
+    programs = min(num_tiles, sig.device_sms) if name == "persistent" else num_tiles
+    popts = hopper.persistent_options(d, name, causal, num_m)
+    walk = without_table = None
+    if name == "persistent" and hopper.walk_table_for(d, name, causal, num_m):
+        kv_tiles = tuple(_kv_tiles(m * block_m, sig.seqlen_q, sig.seqlen_k, block_m, block_n) for m in range(num_m))
+        # a (batch, head)'s share of its K / V head's bytes (GQA: consecutive heads share one)
+        kv_bytes = 2 * sig.seqlen_k * io_dim * sig.element_size * sig.nheads_kv // sig.nheads
+        walk = (kv_tiles, hopper.walk_group_heads(kv_bytes, d), hopper.WALK_TABLE_TILE_COST)
+        with hopper.walk_table(False):
+            alt = hopper.persistent_options(d, name, causal, num_m)
+        without_table = (alt, walk_divisor(num_m, sig.batch * sig.nheads, causal, alt["PAIRED"]))
+    walk_div = walk_divisor(num_m, sig.batch * sig.nheads, causal, popts["PAIRED"])
+    # a window's unbounded side: a bound past every row of either length (added to row indices)
+    unbounded = sig.seqlen_q + sig.seqlen_k + 1
+    win_left, win_right = (w if w >= 0 else unbounded for w in sig.window) if has_window else (0, 0)
+    cap = sig.softcap
+    consts.update(IS_CAUSAL=causal, IS_VARLEN=sig.varlen, LPT=causal and hopper.lpt_order.wanted(),
+                  KV_TAIL=kv_tail,
+                  KEY_MASKS=has_window or hopper.key_masks(d, name, causal, kv_tail, sig.seqlen_k),
+                  WINDOW=has_window, SOFTCAP=cap > 0, ALIBI=form,
+                  DIAG_TRIM=hopper.diag_trim_for(d, name, causal, sig.seqlen_q),
+                  EXP2_FMA=hopper.exp2_fma_cols(hopper.exp2_fma_share(), block_n),
+                  ROW_STORES=hopper.row_stores(d, name), **popts,
+                  IO_DIM=io_dim if dp else 0, PROD_DIM=prod_dim)
+    if without_table is not None:
+        without_table = (tuple(dict(consts, **without_table[0]).items()), without_table[1])
+    return GluonForwardPlan(
+        variant=name, seqlen_q=sig.seqlen_q, seqlen_k=sig.seqlen_k, head_dim=d, io_dim=io_dim, pad_to=dp, pad_copies=False, q_rows=cfg["q_rows"],
+        block_m=block_m, block_n=block_n, num_m=num_m, num_tiles=num_tiles, programs=programs, num_warps=cfg["num_warps"],
+        ring_split=ring_split, out_tma=consts["ROW_STORES"] == 3, walk_table=walk, without_table=without_table,
+        walk_div=walk_div,
+        negate_q=negate_q,
+        # with a softcap the scores reach the softmax as tanh(s * softcap_a): the cap is the softmax's scale
+        qk_scale=(cap if cap > 0 else scale) * LOG2E, softcap_a=scale / cap if cap > 0 else 0.0,
+        # ALiBi: the slope to the scores' units (after a sign flip, the scale's absolute value)
+        alibi_unit=-1.0 / (cap if cap > 0 else scale) if sig.alibi else 0.0,
+        win_left=win_left, win_right=win_right, constexprs=tuple(consts.items()))
+
+
+def walk_divisor(num_m: int, batch_heads: int, causal: bool, paired: bool) -> int:
+    """The divisor of the persistent walk's tile index (``hopper_tiles._tile_bhm``, ``LPT`` True):
+    num_m / 2 for the paired walk, the (batch, head) count for the causal LPT order, else num_m."""
+    if paired:
+        return num_m // 2
+    return batch_heads if causal else num_m
+
+
+def _kv_tiles(m_start: int, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int) -> int:
+    """Key tiles the causal query rows [m_start, m_start + block_m) see, as the kernel's
+    ``_kv_tile_count`` counts them (<= 0: none)."""
+    last_row = min(m_start + block_m, seqlen_q) - 1
+    return min(dispatch.cdiv(seqlen_k, block_n), dispatch.cdiv(max(last_row + 1 + seqlen_k - seqlen_q, 0), block_n))
