@@ -71,3 +71,8 @@ def test_install_and_test_commands_are_what_ci_runs():
 def test_every_shell_line_is_covered():
     covered = set(COMMAND_LINES) | {line for line in SHELL if line.startswith("pip install")}
     assert set(SHELL) == covered, f"README commands no test runs: {sorted(set(SHELL) - covered)}"
+
+
+def test_readme_is_a_front_door():
+    """Under 12 KB: what and why, the commands, examples, the matrix, the layers; the rest in docs/."""
+    assert len(README.encode()) < 12 * 1000, len(README.encode())
