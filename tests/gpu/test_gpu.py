@@ -512,7 +512,7 @@ def test_hopper_backward_d256_through_the_api(causal, poison_alloc):
     q = torch.randn(2, 700, 4, 256, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(2, 900, 2, 256, device="cuda", dtype=torch.bfloat16)
     plan = ioattn.explain_dispatch(q, k, k, causal=causal)
-    assert plan.backward["kernels"] == "ioattn.kernels.hopper_backward (Gluon, ws)", plan.backward
+    assert plan.backward["kernels"] == "ioattn.kernels.hopper_backward_ws.hopper_bwd_ws_kernel (Gluon, ws)", plan.backward
     assert plan.backward["gluon_hopper"].startswith("taken") and plan.backward["tiles"] == (64, 64, 8, 2)
     _check(2, 700, 900, 4, 2, 256, torch.bfloat16, causal=causal)
 
