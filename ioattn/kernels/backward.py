@@ -10,7 +10,7 @@ Reference twin: ``ioattn.reference.tiled.flash_backward``.
 import triton
 import triton.language as tl
 
-from ioattn.kernels.common import mma, LOG2E, dropout_keep, seq_info, tile_coords, kv_block_range, q_block_range, tanh, tile_scores
+from ioattn.kernels.common import mma, LOG2E, dropout_keep, seq_info, tile_coords, tile_start, kv_block_range, q_block_range, tanh, tile_scores
 
 
 @triton.jit
@@ -151,15 +151,11 @@ def attn_bwd_dkdv_kernel(
 ):
     n_block, bh = tile_coords(tl.cdiv(seqlen_k_max, BLOCK_N), False)
     nheads_kv = nheads // qheads_per_kvhead
-    b = bh // nheads_kv
-    h_kv = bh % nheads_kv
-    q_start, seqlen_q, k_start, seqlen_k = seq_info(b, cu_seqlens_q, cu_seqlens_k, seqlen_q_max,
-                                                    seqlen_k_max, IS_VARLEN)
-    n_start = n_block * BLOCK_N
+    b, h_kv, _, q_start, seqlen_q, k_start, seqlen_k, n_start = tile_start(
+        n_block, bh, nheads_kv, 1, cu_seqlens_q, cu_seqlens_k, seqlen_q_max, seqlen_k_max, BLOCK_N, IS_VARLEN)
     if n_start >= seqlen_k:
         return
     b64 = b.to(tl.int64)
-    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     offs_n = n_start + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     kv_mask = (offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM)
@@ -170,6 +166,7 @@ def attn_bwd_dkdv_kernel(
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     m_min, m_full_lo, m_full_hi, m_max = q_block_range(
         n_start, BLOCK_M, BLOCK_N, seqlen_q, seqlen_k, window_left, window_right)
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
 
     for g in range(0, qheads_per_kvhead):
         h = h_kv * qheads_per_kvhead + g
@@ -235,12 +232,8 @@ def attn_bwd_dq_kernel(
     HAS_DROPOUT: tl.constexpr,
 ):
     m_block, bh = tile_coords(tl.cdiv(seqlen_q_max, BLOCK_M), True)
-    b = bh // nheads
-    h = bh % nheads
-    h_kv = h // qheads_per_kvhead
-    q_start, seqlen_q, k_start, seqlen_k = seq_info(b, cu_seqlens_q, cu_seqlens_k, seqlen_q_max,
-                                                    seqlen_k_max, IS_VARLEN)
-    m_start = m_block * BLOCK_M
+    b, h, h_kv, q_start, seqlen_q, k_start, seqlen_k, m_start = tile_start(
+        m_block, bh, nheads, qheads_per_kvhead, cu_seqlens_q, cu_seqlens_k, seqlen_q_max, seqlen_k_max, BLOCK_M, IS_VARLEN)
     if m_start >= seqlen_q:
         return
     b64 = b.to(tl.int64)

@@ -41,6 +41,20 @@ def seq_info(b, cu_seqlens_q, cu_seqlens_k, seqlen_q_max, seqlen_k_max, IS_VARLE
 
 
 @triton.jit
+def tile_start(block, bh, nheads, group, cu_seqlens_q, cu_seqlens_k, seqlen_q_max, seqlen_k_max,
+               BLOCK: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """A tile's prologue: batch b and head h of ``bh`` (``nheads`` heads per batch entry), the KV
+    head h // ``group`` (1 where the heads are KV heads), sequence b's ``seq_info`` and the first row
+    of block ``block`` of ``BLOCK`` rows."""
+    b = bh // nheads
+    h = bh % nheads
+    h_kv = h // group
+    q_start, seqlen_q, k_start, seqlen_k = seq_info(b, cu_seqlens_q, cu_seqlens_k, seqlen_q_max,
+                                                    seqlen_k_max, IS_VARLEN)
+    return b, h, h_kv, q_start, seqlen_q, k_start, seqlen_k, block * BLOCK
+
+
+@triton.jit
 def _block_span(lo, full_lo, full_hi, hi, BLOCK: tl.constexpr):
     """Rows [lo, hi) as block indices [first, end), with [full_lo, full_hi) (the rows no mask cuts)
     shrunk to whole blocks inside them: (first, first unmasked, end of unmasked, end)."""
