@@ -105,6 +105,14 @@ def _load_rows(base, offs_m, offs_d, stride_m, seqlen, HEAD_DIM: tl.constexpr, M
 
 
 @triton.jit
+def _load_row_pair(base_a, stride_a, base_b, stride_b, offs_m, offs_d, seqlen, HEAD_DIM: tl.constexpr,
+                   MASKED: tl.constexpr, EVEN_D: tl.constexpr):
+    """Two tiles of the same rows (Q and dO, or K and V), each loaded as by ``_load_rows``."""
+    a = _load_rows(base_a, offs_m, offs_d, stride_a, seqlen, HEAD_DIM, MASKED, EVEN_D)
+    return a, _load_rows(base_b, offs_m, offs_d, stride_b, seqlen, HEAD_DIM, MASKED, EVEN_D)
+
+
+@triton.jit
 def _load_row_stats(lse_base, delta_base, offs_m, seqlen_q, MASKED: tl.constexpr):
     if MASKED:
         lse = tl.load(lse_base + offs_m, mask=offs_m < seqlen_q, other=0.0)
@@ -125,8 +133,7 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, 
                 HAS_DROPOUT: tl.constexpr):
     for m_block in range(m_block_lo, m_block_hi):
         offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
-        q = _load_rows(q_base, offs_m, offs_d, stride_qm, seqlen_q, HEAD_DIM, MASKED, EVEN_D)
-        do = _load_rows(do_base, offs_m, offs_d, stride_dom, seqlen_q, HEAD_DIM, MASKED, EVEN_D)
+        q, do = _load_row_pair(q_base, stride_qm, do_base, stride_dom, offs_m, offs_d, seqlen_q, HEAD_DIM, MASKED, EVEN_D)
         lse_log2, delta = _load_row_stats(lse_base, delta_base, offs_m, seqlen_q, MASKED)
         p, ds = _probs_and_dscores(q, k, v, do, lse_log2, delta, offs_m, offs_n, seqlen_q, seqlen_k,
                                    qk_scale, softcap, window_left, window_right, slope_log2, seed,
@@ -210,8 +217,7 @@ def _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, 
               HAS_DROPOUT: tl.constexpr):
     for n_block in range(n_block_lo, n_block_hi):
         offs_n = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
-        k = _load_rows(k_base, offs_n, offs_d, stride_kn, seqlen_k, HEAD_DIM, MASKED, EVEN_D)
-        v = _load_rows(v_base, offs_n, offs_d, stride_vn, seqlen_k, HEAD_DIM, MASKED, EVEN_D)
+        k, v = _load_row_pair(k_base, stride_kn, v_base, stride_vn, offs_n, offs_d, seqlen_k, HEAD_DIM, MASKED, EVEN_D)
         _, ds = _probs_and_dscores(q, k, v, do, lse_log2, delta, offs_m, offs_n, seqlen_q, seqlen_k,
                                    qk_scale, softcap, window_left, window_right, slope_log2, seed,
                                    dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max,
