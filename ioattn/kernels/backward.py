@@ -10,7 +10,7 @@ Reference twin: ``ioattn.reference.tiled.flash_backward``.
 import triton
 import triton.language as tl
 
-from ioattn.kernels.common import mma, LOG2E, dropout_keep, seq_info, tile_coords, kv_block_range, q_block_range, tanh, tile_scores
+from ioattn.kernels.common import mma, LOG2E, dropout_keep, seq_info, tile_coords, tile_start, kv_block_range, q_block_range, tanh, tile_scores
 
 
 @triton.jit
@@ -105,6 +105,14 @@ def _load_rows(base, offs_m, offs_d, stride_m, seqlen, HEAD_DIM: tl.constexpr, M
 
 
 @triton.jit
+def _load_row_pair(base_a, stride_a, base_b, stride_b, offs_m, offs_d, seqlen, HEAD_DIM: tl.constexpr,
+                   MASKED: tl.constexpr, EVEN_D: tl.constexpr):
+    """Two tiles of the same rows (Q and dO, or K and V), each loaded as by ``_load_rows``."""
+    a = _load_rows(base_a, offs_m, offs_d, stride_a, seqlen, HEAD_DIM, MASKED, EVEN_D)
+    return a, _load_rows(base_b, offs_m, offs_d, stride_b, seqlen, HEAD_DIM, MASKED, EVEN_D)
+
+
+@triton.jit
 def _load_row_stats(lse_base, delta_base, offs_m, seqlen_q, MASKED: tl.constexpr):
     if MASKED:
         lse = tl.load(lse_base + offs_m, mask=offs_m < seqlen_q, other=0.0)
@@ -125,8 +133,7 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, 
                 HAS_DROPOUT: tl.constexpr):
     for m_block in range(m_block_lo, m_block_hi):
         offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
-        q = _load_rows(q_base, offs_m, offs_d, stride_qm, seqlen_q, HEAD_DIM, MASKED, EVEN_D)
-        do = _load_rows(do_base, offs_m, offs_d, stride_dom, seqlen_q, HEAD_DIM, MASKED, EVEN_D)
+        q, do = _load_row_pair(q_base, stride_qm, do_base, stride_dom, offs_m, offs_d, seqlen_q, HEAD_DIM, MASKED, EVEN_D)
         lse_log2, delta = _load_row_stats(lse_base, delta_base, offs_m, seqlen_q, MASKED)
         p, ds = _probs_and_dscores(q, k, v, do, lse_log2, delta, offs_m, offs_n, seqlen_q, seqlen_k,
                                    qk_scale, softcap, window_left, window_right, slope_log2, seed,
@@ -151,15 +158,11 @@ def attn_bwd_dkdv_kernel(
 ):
     n_block, bh = tile_coords(tl.cdiv(seqlen_k_max, BLOCK_N), False)
     nheads_kv = nheads // qheads_per_kvhead
-    b = bh // nheads_kv
-    h_kv = bh % nheads_kv
-    q_start, seqlen_q, k_start, seqlen_k = seq_info(b, cu_seqlens_q, cu_seqlens_k, seqlen_q_max,
-                                                    seqlen_k_max, IS_VARLEN)
-    n_start = n_block * BLOCK_N
+    b, h_kv, _, q_start, seqlen_q, k_start, seqlen_k, n_start = tile_start(
+        n_block, bh, nheads_kv, 1, cu_seqlens_q, cu_seqlens_k, seqlen_q_max, seqlen_k_max, BLOCK_N, IS_VARLEN)
     if n_start >= seqlen_k:
         return
     b64 = b.to(tl.int64)
-    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     offs_n = n_start + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     kv_mask = (offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM)
@@ -170,6 +173,7 @@ def attn_bwd_dkdv_kernel(
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     m_min, m_full_lo, m_full_hi, m_max = q_block_range(
         n_start, BLOCK_M, BLOCK_N, seqlen_q, seqlen_k, window_left, window_right)
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
 
     for g in range(0, qheads_per_kvhead):
         h = h_kv * qheads_per_kvhead + g
@@ -213,8 +217,7 @@ def _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, 
               HAS_DROPOUT: tl.constexpr):
     for n_block in range(n_block_lo, n_block_hi):
         offs_n = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
-        k = _load_rows(k_base, offs_n, offs_d, stride_kn, seqlen_k, HEAD_DIM, MASKED, EVEN_D)
-        v = _load_rows(v_base, offs_n, offs_d, stride_vn, seqlen_k, HEAD_DIM, MASKED, EVEN_D)
+        k, v = _load_row_pair(k_base, stride_kn, v_base, stride_vn, offs_n, offs_d, seqlen_k, HEAD_DIM, MASKED, EVEN_D)
         _, ds = _probs_and_dscores(q, k, v, do, lse_log2, delta, offs_m, offs_n, seqlen_q, seqlen_k,
                                    qk_scale, softcap, window_left, window_right, slope_log2, seed,
                                    dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max,
@@ -235,12 +238,8 @@ def attn_bwd_dq_kernel(
     HAS_DROPOUT: tl.constexpr,
 ):
     m_block, bh = tile_coords(tl.cdiv(seqlen_q_max, BLOCK_M), True)
-    b = bh // nheads
-    h = bh % nheads
-    h_kv = h // qheads_per_kvhead
-    q_start, seqlen_q, k_start, seqlen_k = seq_info(b, cu_seqlens_q, cu_seqlens_k, seqlen_q_max,
-                                                    seqlen_k_max, IS_VARLEN)
-    m_start = m_block * BLOCK_M
+    b, h, h_kv, q_start, seqlen_q, k_start, seqlen_k, m_start = tile_start(
+        m_block, bh, nheads, qheads_per_kvhead, cu_seqlens_q, cu_seqlens_k, seqlen_q_max, seqlen_k_max, BLOCK_M, IS_VARLEN)
     if m_start >= seqlen_q:
         return
     b64 = b.to(tl.int64)

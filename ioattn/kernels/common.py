@@ -41,6 +41,31 @@ def seq_info(b, cu_seqlens_q, cu_seqlens_k, seqlen_q_max, seqlen_k_max, IS_VARLE
 
 
 @triton.jit
+def tile_start(block, bh, nheads, group, cu_seqlens_q, cu_seqlens_k, seqlen_q_max, seqlen_k_max,
+               BLOCK: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """A tile's prologue: batch b and head h of ``bh`` (``nheads`` heads per batch entry), the KV
+    head h // ``group`` (1 where the heads are KV heads), sequence b's ``seq_info`` and the first row
+    of block ``block`` of ``BLOCK`` rows."""
+    b = bh // nheads
+    h = bh % nheads
+    h_kv = h // group
+    q_start, seqlen_q, k_start, seqlen_k = seq_info(b, cu_seqlens_q, cu_seqlens_k, seqlen_q_max,
+                                                    seqlen_k_max, IS_VARLEN)
+    return b, h, h_kv, q_start, seqlen_q, k_start, seqlen_k, block * BLOCK
+
+
+@triton.jit
+def _block_span(lo, full_lo, full_hi, hi, BLOCK: tl.constexpr):
+    """Rows [lo, hi) as block indices [first, end), with [full_lo, full_hi) (the rows no mask cuts)
+    shrunk to whole blocks inside them: (first, first unmasked, end of unmasked, end)."""
+    first = lo // BLOCK
+    end = tl.maximum(tl.cdiv(hi, BLOCK), first)
+    full_first = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK), first), end)
+    full_end = tl.maximum(tl.minimum(full_hi // BLOCK, end), full_first)
+    return first, full_first, full_end, end
+
+
+@triton.jit
 def kv_block_range(m_start, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, seqlen_q, seqlen_k,
                    window_left, window_right):
     """Key blocks seen by query rows [m_start, m_start + BLOCK_M):
@@ -58,11 +83,7 @@ def kv_block_range(m_start, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, seqlen
     if window_left >= 0:
         lo = tl.maximum(m_start + offset - window_left, 0)
         full_lo = tl.maximum(m_start + BLOCK_M - 1 + offset - window_left, 0)
-    n_min = lo // BLOCK_N
-    n_max = tl.maximum(tl.cdiv(hi, BLOCK_N), n_min)
-    n_full_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N), n_min), n_max)
-    n_full_hi = tl.maximum(tl.minimum(full_hi // BLOCK_N, n_max), n_full_lo)
-    return n_min, n_full_lo, n_full_hi, n_max
+    return _block_span(lo, full_lo, full_hi, hi, BLOCK_N)
 
 
 @triton.jit
@@ -85,11 +106,7 @@ def q_block_range(n_start, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, seqlen_
         full_hi = tl.maximum(tl.minimum(seqlen_q, n_start - offset + window_left + 1), 0)
     # a key block that runs past seqlen_k must be masked for every query block
     full_lo = tl.where(n_start + BLOCK_N > seqlen_k, seqlen_q + BLOCK_M, full_lo)
-    m_min = lo // BLOCK_M
-    m_max = tl.maximum(tl.cdiv(hi, BLOCK_M), m_min)
-    m_full_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_M), m_min), m_max)
-    m_full_hi = tl.maximum(tl.minimum(full_hi // BLOCK_M, m_max), m_full_lo)
-    return m_min, m_full_lo, m_full_hi, m_max
+    return _block_span(lo, full_lo, full_hi, hi, BLOCK_M)
 
 
 @triton.jit

@@ -7,7 +7,7 @@ Reference twin: ``ioattn.reference.tiled.flash2_forward``. Test: ``tests/test_ke
 import triton
 import triton.language as tl
 
-from ioattn.kernels.common import LOG2E, mma, seq_info, softmax_finish, softmax_step, softmax_step_lazy, tile_coords, dropout_keep, kv_block_range, tile_scores
+from ioattn.kernels.common import LOG2E, mma, softmax_finish, softmax_step, softmax_step_lazy, tile_coords, tile_start, dropout_keep, kv_block_range, tile_scores
 
 
 @triton.jit
@@ -142,12 +142,8 @@ def _fwd_tile(
     HAS_DROPOUT: tl.constexpr, USE_TMA: tl.constexpr, RESCALE_TAU: tl.constexpr,
 ):
     """One (query block, batch * head) tile: the FlashAttention-2 forward of ``BLOCK_M`` query rows."""
-    b = bh // nheads
-    h = bh % nheads
-    h_kv = h // qheads_per_kvhead
-    q_start, seqlen_q, k_start, seqlen_k = seq_info(b, cu_seqlens_q, cu_seqlens_k, seqlen_q_max,
-                                                    seqlen_k_max, IS_VARLEN)
-    m_start = m_block * BLOCK_M
+    b, h, h_kv, q_start, seqlen_q, k_start, seqlen_k, m_start = tile_start(
+        m_block, bh, nheads, qheads_per_kvhead, cu_seqlens_q, cu_seqlens_k, seqlen_q_max, seqlen_k_max, BLOCK_M, IS_VARLEN)
     if m_start >= seqlen_q:
         return
 
