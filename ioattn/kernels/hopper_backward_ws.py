@@ -35,6 +35,32 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 
 @gluon.jit
+def _load_with_stat(desc, stat_desc, row, col, stat, bar, ring, stat_ring, i):
+    """A Q or dO tile and its lse or D row (at ``stat``) into slot ``i`` of ``ring`` / ``stat_ring``,
+    both on ``bar``."""
+    mbarrier.expect(bar, desc.block_type.nbytes + stat_desc.block_type.nbytes)
+    _load_rows(desc, row, col, bar, ring.index(i))
+    tma.async_copy_global_to_shared(stat_desc, [stat], bar, stat_ring.index(i))
+
+
+@gluon.jit
+def _load_zeroed(desc, stat_desc, row, col, stat, tail_bar, tails, ring, stat_ring, ready, i, seqlen_q, m_start,
+                 ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """``_load_with_stat`` of a tile reaching past the owned rows: through ``tail_bar`` (its ``tails``-th
+    use gives the phase), the rows past seqlen_q zeroed, then slot ``i`` released by a plain arrive on
+    its ``ready`` barrier. Returns the uses of ``tail_bar`` so far. (The loads written out, not through
+    ``_load_with_stat``: the nested call compiled the varlen kernel to other SASS.)"""
+    mbarrier.expect(tail_bar, desc.block_type.nbytes + stat_desc.block_type.nbytes)
+    _load_rows(desc, row, col, tail_bar, ring.index(i))
+    tma.async_copy_global_to_shared(stat_desc, [stat], tail_bar, stat_ring.index(i))
+    mbarrier.wait(tail_bar, tails & 1)
+    tails += 1
+    _zero_rows_from(ring.index(i), seqlen_q - m_start, ROWS, HEAD_DIM)
+    mbarrier.arrive(ready.index(i), count=1)
+    return tails
+
+
+@gluon.jit
 def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem, lse_smem,
                  delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, tail_bar, b, h0, kv_row, kv_col, m_lo, n_m,
                  n_iter, q_row0, nheads, stat_stride, seqlen_q, seqlen_k, n_start, q_owned, k_owned,
@@ -79,32 +105,16 @@ def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, 
         col = h * _io_dim(HEAD_DIM, IO_DIM)
         stat = (b * nheads + h) * stat_stride + m_start
         mbarrier.wait(q_empty.index(s), reuse_phase, pred=t >= STAGES)
-        # Q and dO both through tail_bar, zeroed past the end. (Written out, not as one helper for both
-        # tiles: that form compiled the varlen d = 256 producer with 20-36 B of spills, this one with none.)
-        if IS_VARLEN and row + BLOCK_M > q_owned:
-            mbarrier.expect(tail_bar, q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
-            _load_rows(q_desc, row, col, tail_bar, q_smem.index(s))
-            tma.async_copy_global_to_shared(lse_desc, [stat], tail_bar, lse_smem.index(s))
-            mbarrier.wait(tail_bar, tails & 1)
-            tails += 1
-            _zero_rows_from(q_smem.index(s), seqlen_q - m_start, BLOCK_M, HEAD_DIM)
-            mbarrier.arrive(q_ready.index(s), count=1)
+        if IS_VARLEN and row + BLOCK_M > q_owned:  # Q and dO both through tail_bar, zeroed past the end
+            tails = _load_zeroed(q_desc, lse_desc, row, col, stat, tail_bar, tails, q_smem, lse_smem, q_ready, s,
+                                 seqlen_q, m_start, BLOCK_M, HEAD_DIM)
             mbarrier.wait(do_empty.index(s_do), reuse_phase_do, pred=t >= DO_STAGES)
-            mbarrier.expect(tail_bar, do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-            _load_rows(do_desc, row, col, tail_bar, do_smem.index(s_do))
-            tma.async_copy_global_to_shared(delta_desc, [stat], tail_bar, delta_smem.index(s_do))
-            mbarrier.wait(tail_bar, tails & 1)
-            tails += 1
-            _zero_rows_from(do_smem.index(s_do), seqlen_q - m_start, BLOCK_M, HEAD_DIM)
-            mbarrier.arrive(do_ready.index(s_do), count=1)
+            tails = _load_zeroed(do_desc, delta_desc, row, col, stat, tail_bar, tails, do_smem, delta_smem, do_ready,
+                                 s_do, seqlen_q, m_start, BLOCK_M, HEAD_DIM)
         else:
-            mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
-            _load_rows(q_desc, row, col, q_ready.index(s), q_smem.index(s))
-            tma.async_copy_global_to_shared(lse_desc, [stat], q_ready.index(s), lse_smem.index(s))
+            _load_with_stat(q_desc, lse_desc, row, col, stat, q_ready.index(s), q_smem, lse_smem, s)
             mbarrier.wait(do_empty.index(s_do), reuse_phase_do, pred=t >= DO_STAGES)
-            mbarrier.expect(do_ready.index(s_do), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-            _load_rows(do_desc, row, col, do_ready.index(s_do), do_smem.index(s_do))
-            tma.async_copy_global_to_shared(delta_desc, [stat], do_ready.index(s_do), delta_smem.index(s_do))
+            _load_with_stat(do_desc, delta_desc, row, col, stat, do_ready.index(s_do), do_smem, delta_smem, s_do)
 
 
 @gluon.jit
@@ -201,6 +211,60 @@ def _opaque_zero():
 
 
 @gluon.jit
+def _step_start(m_blk, h_in_group, Alibi_h0, alibi_unit, BLOCK_M: gl.constexpr, ALIBI: gl.constexpr):
+    """A consumer step's first query row, its head's ALiBi slope in the units of S^T (0.0 without
+    ``ALIBI``; read early: a scalar load) and an in-loop zero (``_opaque_zero``: it keeps the K, V and
+    dS wgmma descriptors inside the loop, as the base kernel's ``z`` does)."""
+    m_start = m_blk * BLOCK_M
+    alibi_a = 0.0
+    if ALIBI:
+        alibi_a = gl.load(Alibi_h0 + h_in_group) * alibi_unit
+    return m_start, alibi_a, _opaque_zero()
+
+
+@gluon.jit
+def _next_query_block(m_blk, h_in_group, m_lo, n_m):
+    """The next step's query block and query head in the group: a counter wrapping at ``m_lo + n_m``
+    (no integer division on the path from dK's retirement to the next S^T)."""
+    m_blk += 1
+    if m_blk == m_lo + n_m:  # the next query head of the group
+        m_blk = m_lo
+        h_in_group += 1
+    return m_blk, h_in_group
+
+
+@gluon.jit
+def _step_probs16(s, lse_log2, qk_scale, n_own, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d, queries_1d,
+                  BLOCK_M: gl.constexpr, ROWS: gl.constexpr, IS_CAUSAL: gl.constexpr, LSE_IN_ACC: gl.constexpr,
+                  WINDOW: gl.constexpr, win_left, win_right, SOFTCAP: gl.constexpr, dtype: gl.constexpr,
+                  ALIBI: gl.constexpr, alibi_a):
+    """``_step_probs`` for a consumer step: P^T in ``dtype`` (the dV product's operand) and the fp32
+    P^T that dS^T is formed from (``SOFTCAP``: times the tanh's derivative, ``_probs``)."""
+    if SOFTCAP:
+        p16, p = _step_probs(s, lse_log2, qk_scale, n_own, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
+                             queries_1d, BLOCK_M, ROWS, IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right, True,
+                             dtype, ALIBI, alibi_a)
+    else:
+        p = _step_probs(s, lse_log2, qk_scale, n_own, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
+                        queries_1d, BLOCK_M, ROWS, IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right, False, None,
+                        ALIBI, alibi_a)
+        p16 = p.to(dtype)
+    return p16, p
+
+
+@gluon.jit
+def _mma_t_minus(a, b_cur, st_zero, row):
+    """a b_cur^T (S^T from K and Q, dP^T from V and dO), issued async; with a ``row`` (one value a
+    query column: lse or D) the product itself subtracts it, its accumulator starting at minus the
+    row (None: at zero)."""
+    if row is None:
+        tok = warpgroup_mma(a, b_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    else:
+        tok = warpgroup_mma(a, b_cur.permute((1, 0)), st_zero - row[None, :], is_async=True)
+    return tok
+
+
+@gluon.jit
 def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, q_ready, q_empty,
                  do_ready, do_empty, dq_full, dq_empty, ds_full, dK, dV, k_row0, h_kv, nheads_kv, n_start, m_lo, n_m,
                  n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
@@ -251,18 +315,11 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     # the in-loop zero comes from an asm move: ``t % n_m`` and ``t // n_iter`` were two integer
     # divisions a step on the path from dK's retirement to the next S^T, where the tensor cores
     # idle (docs/decisions/backward-ws-step.md)
-    m_blk = m_lo
-    h_in_group = 0  # the step's query head in the group (``ALIBI``'s slope)
+    m_blk, h_in_group = m_lo, 0  # the step's query block, and its query head in the group (``ALIBI``'s slope)
     for t in range(n_iter):
         s_idx = t % STAGES
         phase = (t // STAGES) & 1
-        m_start = m_blk * BLOCK_M
-        alibi_a = 0.0
-        if ALIBI:  # this step's head's slope, in the units of S^T (read early: a scalar load)
-            alibi_a = gl.load(Alibi_h0 + h_in_group) * alibi_unit
-        # z == 0, opaque to LLVM: keeps the K, V and dS wgmma descriptors inside the loop (the base
-        # kernel's comment on ``z``)
-        z = _opaque_zero()
+        m_start, alibi_a, z = _step_start(m_blk, h_in_group, Alibi_h0, alibi_unit, BLOCK_M, ALIBI)
         k_all = k_smem.index(z)
         ds_all = ds_smem.index(z)
         q_cur = q_smem.index(s_idx)
@@ -286,22 +343,16 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
 
         # S^T as soon as Q has landed, dP^T once dO has
         mbarrier.wait(q_ready.index(s_idx), phase)
-        if LSE_IN_ACC:
-            # S^T - lse / softmax_scale from the product itself: the lse read happens here, at the step's
-            # start, not behind this step's products in the shared-memory queue, where the first FFMA
-            # of the exponentials waited for it
-            lse_s = lse_smem.index(s_idx).load(col_layout)
-            s_tok = warpgroup_mma(k_cur, q_cur.permute((1, 0)), st_zero - lse_s[None, :], is_async=True)
-        else:
-            s_tok = warpgroup_mma(k_cur, q_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        # ``LSE_IN_ACC``: S^T - lse / softmax_scale from the product itself: the lse read happens here, at
+        # the step's start, not behind this step's products in the shared-memory queue, where the first
+        # FFMA of the exponentials waited for it
+        lse_s = lse_smem.index(s_idx).load(col_layout) if LSE_IN_ACC else None
+        s_tok = _mma_t_minus(k_cur, q_cur, st_zero, lse_s)
         mbarrier.wait(do_ready.index(s_idx), phase)
-        if D_IN_ACC:
-            # dP^T - D from the product itself: the accumulator starts at -D (one value a query column),
-            # so D's registers die before P^T's are formed (``D_IN_ACC``)
-            delta = delta_smem.index(s_idx).load(col_layout)
-            dp_tok = warpgroup_mma(v_cur, do_cur.permute((1, 0)), st_zero - delta[None, :], is_async=True)
-        else:
-            dp_tok = warpgroup_mma(v_cur, do_cur.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        # ``D_IN_ACC``: dP^T - D from the product itself (one value a query column), so D's registers die
+        # before P^T's are formed
+        delta = delta_smem.index(s_idx).load(col_layout) if D_IN_ACC else None
+        dp_tok = _mma_t_minus(v_cur, do_cur, st_zero, delta)
         # lse (log2, -inf rows already 0, rows past seqlen_q 0: the host's padded copy) read from its
         # slot straight into S^T's column layout (a broadcast shared-memory read)
         if LSE_IN_ACC:
@@ -312,15 +363,9 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         if SOFTCAP:
             s = _softcap(s, softcap_a)
             lse_log2 = lse_smem.index(s_idx).load(col_layout)
-        if SOFTCAP:  # the 16-bit P^T and, as ``p``, the fp32 P^T times the tanh's derivative (``_probs``)
-            p16, p = _step_probs(s, lse_log2, qk_scale, n_own, m_start, off, keys_inside, seqlen_q, seqlen_k,
-                                 keys_1d, queries_1d, BLOCK_M, ROWS, IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left,
-                                 win_right, True, dtype, ALIBI, alibi_a)
-        else:
-            p = _step_probs(s, lse_log2, qk_scale, n_own, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
-                            queries_1d, BLOCK_M, ROWS, IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right, False,
-                            None, ALIBI, alibi_a)
-            p16 = p.to(dtype)
+        p16, p = _step_probs16(s, lse_log2, qk_scale, n_own, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
+                               queries_1d, BLOCK_M, ROWS, IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right, SOFTCAP,
+                               dtype, ALIBI, alibi_a)
         pa = gl.convert_layout(p16, a_layout)
         # dV += P^T dO queued behind dP^T: it runs while dS is formed and stored below
         dv_tok = warpgroup_mma(pa, do_cur, dv, is_async=True)
@@ -367,10 +412,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         dk, dsa = warpgroup_mma_wait(0, deps=[dk_tok, dsa])
         gl.thread_barrier()
         mbarrier.arrive(q_empty.index(s_idx), count=1)  # Q (and lse) done with
-        m_blk += 1
-        if m_blk == m_lo + n_m:  # the next query head of the group
-            m_blk = m_lo
-            h_in_group += 1
+        m_blk, h_in_group = _next_query_block(m_blk, h_in_group, m_lo, n_m)
 
     _store_dkdv(dK, dV, dk, dv, k_row0, h_kv, nheads_kv, n_own, seqlen_k, softmax_scale, kv_layout, HEAD_DIM, ROWS,
                 COALESCED_STORE, IO_DIM)
@@ -457,16 +499,11 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
 
     # the query block by a counter and the in-loop zero from an asm move, as the key-split consumer
     # (docs/decisions/backward-ws-step.md)
-    m_blk = m_lo
-    h_in_group = 0  # the step's query head in the group (``ALIBI``'s slope)
+    m_blk, h_in_group = m_lo, 0  # the step's query block, and its query head in the group (``ALIBI``'s slope)
     for t in range(n_iter):
         q_idx = t % STAGES
         do_idx = t % DO_STAGES
-        m_start = m_blk * BLOCK_M
-        alibi_a = 0.0
-        if ALIBI:  # this step's head's slope, in the units of S^T (read early: a scalar load)
-            alibi_a = gl.load(Alibi_h0 + h_in_group) * alibi_unit
-        z = _opaque_zero()
+        m_start, alibi_a, z = _step_start(m_blk, h_in_group, Alibi_h0, alibi_unit, BLOCK_M, ALIBI)
         k_cur = k_smem.index(z)
         v_cur = v_smem.index(z)
         p_cur = p_smem.index(z)
@@ -484,15 +521,9 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
         s = warpgroup_mma_wait(NG, deps=[s_tok])
         if SOFTCAP:
             s = _softcap(s, softcap_a)
-        if SOFTCAP:  # the 16-bit P^T and, as ``p``, the fp32 P^T times the tanh's derivative (``_probs``)
-            p16, p = _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqlen_q, seqlen_k,
-                                 keys_1d, queries_1d, BLOCK_M, BLOCK_N, IS_CAUSAL, False, WINDOW, win_left,
-                                 win_right, True, dtype, ALIBI, alibi_a)
-        else:
-            p = _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
-                            queries_1d, BLOCK_M, BLOCK_N, IS_CAUSAL, False, WINDOW, win_left, win_right, False, None,
-                            ALIBI, alibi_a)
-            p16 = p.to(dtype)
+        p16, p = _step_probs16(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqlen_q, seqlen_k,
+                               keys_1d, queries_1d, BLOCK_M, BLOCK_N, IS_CAUSAL, False, WINDOW, win_left, win_right,
+                               SOFTCAP, dtype, ALIBI, alibi_a)
         # P^T (16-bit) to shared memory, both halves before dV reads it. No barrier before the store
         # (WAR on p_smem): the previous step's dV retired in every warp before its dO barrier.
         p_cur.store(p16)
@@ -510,23 +541,28 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
         ds_cur.store((p * (dp - delta[None, :])).to(dtype))
         fence_async_shared()
         gl.thread_barrier()
-        if DQ_HI_FIRST:
-            # dK, dQ's high half, dQ's low half: the high half (and with it the Q slot) is handed to the
-            # writer while the low half runs, the low half while the next step starts
-            if SPLIT:
-                dk_tok, dkh_tok = _cols_mma(ds_cur, q_cur, dk, dk_hi)
-            else:
-                dk_tok = warpgroup_mma(ds_cur, q_cur, dk, is_async=True)
-            dq_hi_tok = _dq_half_mma(ds_cur, k_cur, HALF, PD - HALF, dq_hi_zero if SPLIT else dq_zero)
+        # ``DQ_HI_FIRST``: dK, dQ's high half, dQ's low half: the high half (and with it the Q slot) is
+        # handed to the writer while the low half runs, the low half while the next step starts. Else
+        # dQ's low half, then dK, then dQ's high half: the low half is handed to the writer while dK
+        # runs, the high half while the next step starts
+        if not DQ_HI_FIRST:
             dq_lo_tok = _dq_half_mma(ds_cur, k_cur, 0, HALF, dq_zero)
-            # releases as the groups retire (dV, dK, dQ high, dQ low), each arrive one thread's after a
-            # barrier over the partition's 8 warps (the ws consumer's discipline)
-            if SPLIT:
-                dv, dv_hi = warpgroup_mma_wait(NG + 2, deps=[dv_tok, dvh_tok])
-            else:
-                dv = warpgroup_mma_wait(NG + 2, deps=[dv_tok])
-            gl.thread_barrier()
-            mbarrier.arrive(do_empty.index(do_idx), count=1)  # dO and D done with (and P^T)
+        if SPLIT:
+            dk_tok, dkh_tok = _cols_mma(ds_cur, q_cur, dk, dk_hi)
+        else:
+            dk_tok = warpgroup_mma(ds_cur, q_cur, dk, is_async=True)
+        dq_hi_tok = _dq_half_mma(ds_cur, k_cur, HALF, PD - HALF, dq_hi_zero if SPLIT else dq_zero)
+        if DQ_HI_FIRST:
+            dq_lo_tok = _dq_half_mma(ds_cur, k_cur, 0, HALF, dq_zero)
+        # releases as the groups retire (dV first), each arrive one thread's after a barrier over the
+        # partition's 8 warps (the ws consumer's discipline)
+        if SPLIT:
+            dv, dv_hi = warpgroup_mma_wait(NG + 2, deps=[dv_tok, dvh_tok])
+        else:
+            dv = warpgroup_mma_wait(NG + 2, deps=[dv_tok])
+        gl.thread_barrier()
+        mbarrier.arrive(do_empty.index(do_idx), count=1)  # dO and D done with (and P^T)
+        if DQ_HI_FIRST:  # then dK, dQ high, dQ low
             if SPLIT:
                 dk, dk_hi = warpgroup_mma_wait(2, deps=[dk_tok, dkh_tok])
             else:
@@ -538,22 +574,7 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
             _hand_over(_dq_hi_buf(q_cur, dq_smem, BLOCK_M, HALF, PD), dq, dq_hi_full)
             dq = warpgroup_mma_wait(0, deps=[dq_lo_tok])
             _hand_over(dq_smem, dq, dq_full)
-        else:
-            # dQ's low half, then dK, then dQ's high half: the low half is handed to the writer while
-            # dK runs, the high half while the next step starts
-            dq_lo_tok = _dq_half_mma(ds_cur, k_cur, 0, HALF, dq_zero)
-            if SPLIT:
-                dk_tok, dkh_tok = _cols_mma(ds_cur, q_cur, dk, dk_hi)
-            else:
-                dk_tok = warpgroup_mma(ds_cur, q_cur, dk, is_async=True)
-            dq_hi_tok = _dq_half_mma(ds_cur, k_cur, HALF, PD - HALF, dq_hi_zero if SPLIT else dq_zero)
-            # releases as the groups retire (dV, dQ low, dK, dQ high)
-            if SPLIT:
-                dv, dv_hi = warpgroup_mma_wait(NG + 2, deps=[dv_tok, dvh_tok])
-            else:
-                dv = warpgroup_mma_wait(NG + 2, deps=[dv_tok])
-            gl.thread_barrier()
-            mbarrier.arrive(do_empty.index(do_idx), count=1)  # dO and D done with (and P^T)
+        else:  # then dQ low, dK, dQ high
             dq = warpgroup_mma_wait(NG + 1, deps=[dq_lo_tok])
             # the buffer's handover t: after the writer has read both halves of step t - 1
             mbarrier.wait(dq_empty, (t + 1) & 1, pred=t > 0)
@@ -565,10 +586,7 @@ def _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p
             gl.thread_barrier()  # dK retired in every warp: the Q slot is free for the high half
             dq = warpgroup_mma_wait(0, deps=[dq_hi_tok])
             _hand_over(_dq_hi_buf(q_cur, dq_smem, BLOCK_M, HALF, PD), dq, dq_hi_full)
-        m_blk += 1
-        if m_blk == m_lo + n_m:  # the next query head of the group
-            m_blk = m_lo
-            h_in_group += 1
+        m_blk, h_in_group = _next_query_block(m_blk, h_in_group, m_lo, n_m)
 
     # the writer's reads of the last high halves in the Q ring done before the slots are rewritten:
     # slot i's last release (steps t < n_iter with t % STAGES == i; a parity wait is exact here, the
