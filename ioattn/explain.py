@@ -69,7 +69,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         cfg = hopper.kernel_config(kd, name, is_causal, None if varlen else seqlen_q, alibi)
         bm, bn, stages = cfg["block_m"], cfg["block_n"], cfg["stages"]
         share = hopper.exp2_fma_share()
-        lean = cfg["constexprs"]["LEAN"]
+        flags = cfg["constexprs"]  # the lean softmax's options among them
         forward = {"kernel": f"ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, {name})",
                    "tiles": (bm, bn, 4 * (bm // 64), stages), "kv_loads": "tma (producer warp)",
                    "head_dim_padded": kd,
@@ -77,21 +77,21 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                               else hopper.inputs_note(q, k, v, varlen, is_causal)),
                    "exp2_fma": (f"{share:g}% ({hopper.exp2_fma_cols(share, bn)} of {bn} key columns on the FMA units)"
                                 if share else "off (MUFU.EX2 only)"),
-                   "cond_rescale": (("by warp" if hopper.rescale_by_warp.wanted() else "by thread")
+                   "cond_rescale": (("by warp" if flags["RESCALE_BY_WARP"] else "by thread")
                                     + " (the accumulator's rescale skipped unless a row max grows by > 8, log2)"
-                                    if lean & hopper.LEAN_COND_RESCALE else "off"),
-                   "q_operand": ("registers (loaded once a query tile)" if lean & hopper.LEAN_Q_REGS
+                                    if flags["COND_RESCALE"] else "off"),
+                   "q_operand": ("registers (loaded once a query tile)" if flags["Q_IN_REGS"]
                                  else "shared memory"),
-                   "row_sum": ("per-thread partial sums, reduced once a query tile" if lean & hopper.LEAN_DEFERRED_SUM
+                   "row_sum": ("per-thread partial sums, reduced once a query tile" if flags["DEFERRED_SUM"]
                                else "reduced every key tile"),
                    "mask": ("none: the unmasked softmax body alone (no causal mask, every key tile inside the "
                             "sequence)" if not varlen and not has_window
                             and not hopper.key_masks(kd, name, is_causal, k.shape[1] % bn != 0,
                                                      k.shape[1])
                             else "a tile's first key step: under its own branch, ahead of one softmax body"
-                            if lean & hopper.LEAN_MASK_BRANCH else "masked and unmasked softmax bodies"),
+                            if flags["MASK_BRANCH"] else "masked and unmasked softmax bodies"),
                    "barriers": ("the consumers' redundant partition barriers dropped from the PTX "
-                                "(ioattn.kernels.ptx_barriers)" if lean & hopper.LEAN_PTX_BARRIERS
+                                "(ioattn.kernels.ptx_barriers)" if flags["PTX_BARRIERS"]
                                 else "as Triton emits them"),
                    "out_stores": {0: "pointer stores from the accumulator layout",
                                   1: "whole-row pointer stores (Triton's layout conversion)",

@@ -10,20 +10,26 @@ import torch
 
 from ioattn import flash_attn_func
 from ioattn.plan import dispatch
-# the Gluon forward's LEAN bits, short for the tables below
-from ioattn.kernels.hopper_flags import LEAN_BY_WARP as WARP, LEAN_COND_RESCALE as COND
-from ioattn.kernels.hopper_flags import LEAN_DEFERRED_SUM as DSUM, LEAN_MASK_BRANCH as MASK, LEAN_Q_REGS as QREG
 
 FP16, BF16 = torch.float16, torch.bfloat16
+# the Gluon forward's lean softmax and its options (the kernel's constexprs), short for the tables below
+COND, WARP, QREG, DSUM, MASK = "COND_RESCALE", "RESCALE_BY_WARP", "Q_IN_REGS", "DEFERRED_SUM", "MASK_BRANCH"
+LEAN_FLAGS = ("LEAN", COND, WARP, QREG, DSUM, MASK, "PTX_BARRIERS")
 # This file uses CPU tensors; they reach the Triton kernels only through the interpreter.
 _NO_INTERPRETER = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                      reason="CPU tensors run the Triton kernels only under TRITON_INTERPRET=1 "
                                             "(a CUDA machine covers them in test_kernels.py)")
 
 
-def _lean(*bits):
-    """The Gluon forward's LEAN constexpr: the lean softmax (bit 0) with the named option bits."""
-    return 1 | sum(bits)
+def _lean(*flags):
+    """A Gluon forward build's lean-softmax flags: the lean softmax with the named options on."""
+    return frozenset(("LEAN",) + flags)
+
+
+def _lean_of(cfg):
+    """The lean-softmax flags a ``kernel_config`` turns on (none: the lean softmax off); each a bool."""
+    assert all(type(cfg["constexprs"][f]) is bool for f in LEAN_FLAGS), cfg["constexprs"]
+    return frozenset(f for f in LEAN_FLAGS if cfg["constexprs"][f])
 
 
 def test_tile_policy_short_causal():
@@ -66,10 +72,10 @@ def test_explain_dispatch_matches_the_policy():
         assert ioattn.explain_dispatch(q, k, k).forward["kv_loads"] == "pointer"
 
 
-def _lean_bit_set(hopper, bit, causal):
-    """The (variant, head dim) pairs whose Gluon forward build has ``bit`` of its ``LEAN`` constexpr."""
+def _lean_flag_set(hopper, flag, causal):
+    """The (variant, head dim) pairs whose Gluon forward build has its constexpr ``flag`` on."""
     return {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
-            if hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & bit}
+            if hopper.kernel_config(d, v, causal)["constexprs"][flag]}
 
 
 def test_hopper_kernel_policy_and_refusals(monkeypatch):
@@ -129,98 +135,95 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     assert hopper.TILE_TABLE["persistent"] == hopper.TILE_TABLE["pingpong"] and cfg["constexprs"]["NUM_WG"] == 2
     # the lean softmax: every ping-pong variant by default (measured faster), off by choice except wg3
     # (its 160-register consumers need it); never the base kernel. With it, conditional rescaling decided
-    # by the warp (LEAN bits 1 and 2: 7) everywhere but the persistent kernel at d = 64 (measured slower)
-    # (and Q as S = Q K^T's register operand, bit 3, in the two-warpgroup kernels at d = 128: 15; the
-    # row sum's quad reduction deferred, bit 4, in the ping-pong kernel at d = 128 / 256, the persistent
-    # kernel at every head dim and wg3 without the causal mask: 31 / 23 / 17)
-    # (the values here without the partition-barrier pass, bit 6, whose policy is checked on its own below)
+    # by the warp (COND_RESCALE and RESCALE_BY_WARP) everywhere but the persistent kernel at d = 64
+    # (measured slower) (and Q as S = Q K^T's register operand, Q_IN_REGS, in the two-warpgroup kernels
+    # at d = 128; the row sum's quad reduction deferred, DEFERRED_SUM, in the ping-pong kernel at
+    # d = 128 / 256, the persistent kernel at every head dim and wg3 without the causal mask)
+    # (the flags here without the partition-barrier pass, PTX_BARRIERS, whose policy is checked on its own below)
     monkeypatch.setattr(hopper.ptx_barriers, "value", False)
-    lean = {(v, d): hopper.kernel_config(d, v)["constexprs"]["LEAN"] for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]}
-    assert {k: x for k, x in lean.items() if x != 7} == {**{("base", d): False for d in hopper.TILE_TABLE["base"]},
-                                                         ("persistent", 64): 17, ("split", 128): 15,
-                                                         ("pingpong", 128): 31, ("persistent", 128): 31,
-                                                         ("pingpong", 256): 23, ("persistent", 256): 23,
-                                                         ("wg3", 64): 23}, lean
-    lean_causal = {(v, d): hopper.kernel_config(d, v, causal=True)["constexprs"]["LEAN"]
+    lean = {(v, d): _lean_of(hopper.kernel_config(d, v)) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]}
+    assert {k: x for k, x in lean.items() if x != _lean(COND, WARP)} == {
+        **{("base", d): frozenset() for d in hopper.TILE_TABLE["base"]},
+        ("persistent", 64): _lean(DSUM), ("split", 128): _lean(COND, WARP, QREG),
+        ("pingpong", 128): _lean(COND, WARP, QREG, DSUM), ("persistent", 128): _lean(COND, WARP, QREG, DSUM),
+        ("pingpong", 256): _lean(COND, WARP, DSUM), ("persistent", 256): _lean(COND, WARP, DSUM),
+        ("wg3", 64): _lean(COND, WARP, DSUM)}, lean
+    lean_causal = {(v, d): _lean_of(hopper.kernel_config(d, v, causal=True))
                    for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]}
-    # the same under the mask but wg3's (its causal build without the deferred sum) and, bit 5, a tile's
-    # first-step mask under its own branch in the two-warpgroup kernels at d = 128 / 256
-    branched = {(v, d): lean[(v, d)] | 32 for v in ("pingpong", "split", "persistent") for d in (128, 256)
+    # the same under the mask but wg3's (its causal build without the deferred sum) and, MASK_BRANCH, a
+    # tile's first-step mask under its own branch in the two-warpgroup kernels at d = 128 / 256
+    branched = {(v, d): lean[(v, d)] | {MASK} for v in ("pingpong", "split", "persistent") for d in (128, 256)
                 if d in hopper.TILE_TABLE[v]}
-    assert lean_causal == {**lean, ("wg3", 64): 7, **branched}, lean_causal
+    assert lean_causal == {**lean, ("wg3", 64): _lean(COND, WARP), **branched}, lean_causal
     monkeypatch.setenv(hopper.CONDITIONAL_RESCALE_ENV, "0")
-    assert hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"] == _lean(QREG, DSUM)
-    assert hopper.kernel_config(256, "split")["constexprs"]["LEAN"] is True
+    assert _lean_of(hopper.kernel_config(128, "pingpong")) == _lean(QREG, DSUM)
+    assert _lean_of(hopper.kernel_config(256, "split")) == _lean()
     with hopper.conditional_rescale(True):  # the block's value wins over the environment
-        assert hopper.kernel_config(64, "persistent")["constexprs"]["LEAN"] == _lean(COND, WARP, DSUM)
+        assert _lean_of(hopper.kernel_config(64, "persistent")) == _lean(COND, WARP, DSUM)
     monkeypatch.setenv(hopper.CONDITIONAL_RESCALE_ENV, "1")
-    assert hopper.kernel_config(64, "persistent")["constexprs"]["LEAN"] == _lean(COND, WARP, DSUM)
+    assert _lean_of(hopper.kernel_config(64, "persistent")) == _lean(COND, WARP, DSUM)
     monkeypatch.setenv(hopper.CONDITIONAL_RESCALE_ENV, "yes")
     with pytest.raises(ValueError, match="IOATTN_HOPPER_COND_RESCALE must be 0 .* got 'yes'"):
         hopper.kernel_config(128, "pingpong")
     monkeypatch.delenv(hopper.CONDITIONAL_RESCALE_ENV)
     with hopper.conditional_rescale(False):
-        assert hopper.kernel_config(256, "pingpong")["constexprs"]["LEAN"] == _lean(DSUM)
-    with hopper.rescale_by_warp(False):  # bit 1 alone: the thread's decision
-        assert hopper.kernel_config(256, "split")["constexprs"]["LEAN"] == _lean(COND)
+        assert _lean_of(hopper.kernel_config(256, "pingpong")) == _lean(DSUM)
+    with hopper.rescale_by_warp(False):  # COND_RESCALE alone: the thread's decision
+        assert _lean_of(hopper.kernel_config(256, "split")) == _lean(COND)
     with hopper.lean_softmax(False):
         assert not hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"]
-        assert not hopper.kernel_config(256, "persistent")["constexprs"]["LEAN"]
-        assert hopper.kernel_config(64, "wg3", causal=True)["constexprs"]["LEAN"] == _lean(COND, WARP)  # wg3 stays lean
-    # Q as S = Q K^T's register operand (LEAN bit 3): by default in the two-warpgroup kernels at d = 128
+        assert not _lean_of(hopper.kernel_config(256, "persistent"))  # and none of its options
+        assert _lean_of(hopper.kernel_config(64, "wg3", causal=True)) == _lean(COND, WARP)  # wg3 stays lean
+    # Q as S = Q K^T's register operand (Q_IN_REGS): by default in the two-warpgroup kernels at d = 128
     # (measured faster; slower at d = 64); forced on, wherever it fits: those kernels at d <= 128 with
     # the lean softmax (wg3 and d = 256 spilled); forced off, nowhere
     with hopper.q_in_registers(True):
-        qr = {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
-              if hopper.kernel_config(d, v)["constexprs"]["LEAN"] & QREG}
+        qr = _lean_flag_set(hopper, QREG, False)
         assert qr == {(v, d) for v in ("pingpong", "split", "persistent") for d in (64, 128)}, qr
-        # with the deferred row sum (bit 4), the persistent kernel's default at d = 64
-        assert hopper.kernel_config(64, "persistent")["constexprs"]["LEAN"] == _lean(QREG, DSUM)
-        assert hopper.kernel_config(64, "pingpong")["constexprs"]["LEAN"] == _lean(COND, WARP, QREG)
+        # with the deferred row sum (DEFERRED_SUM), the persistent kernel's default at d = 64
+        assert _lean_of(hopper.kernel_config(64, "persistent")) == _lean(QREG, DSUM)
+        assert _lean_of(hopper.kernel_config(64, "pingpong")) == _lean(COND, WARP, QREG)
         with hopper.lean_softmax(False):
             assert not hopper.kernel_config(128, "pingpong")["constexprs"]["LEAN"]
     with hopper.q_in_registers(False):
-        assert not any(hopper.kernel_config(d, v)["constexprs"]["LEAN"] & QREG
-                       for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v])
-    assert {k for k, x in lean.items() if x & QREG} == {(v, 128) for v in hopper.Q_IN_REGISTERS_FITS}
-    # the row sum's quad reduction deferred (LEAN bit 4): by default where measured faster (above); when
+        assert not _lean_flag_set(hopper, QREG, False)
+    assert {k for k, x in lean.items() if QREG in x} == {(v, 128) for v in hopper.Q_IN_REGISTERS_FITS}
+    # the row sum's quad reduction deferred (DEFERRED_SUM): by default where measured faster (above); when
     # asked, in the two-warpgroup kernels with the lean softmax, and in wg3 without the causal mask (its
     # causal build spilled); forced off, nowhere
-    assert {k for k, x in lean.items() if x & DSUM} == set(hopper.DEFERRED_ROW_SUM_ON)
-    assert {k for k, x in lean_causal.items() if x & DSUM} == set(hopper.DEFERRED_ROW_SUM_ON) - {("wg3", 64)}
+    assert {k for k, x in lean.items() if DSUM in x} == set(hopper.DEFERRED_ROW_SUM_ON)
+    assert {k for k, x in lean_causal.items() if DSUM in x} == set(hopper.DEFERRED_ROW_SUM_ON) - {("wg3", 64)}
     for causal in (False, True):
         with hopper.deferred_row_sum(True):
-            ds = {(v, d) for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v]
-                  if hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & DSUM}
+            ds = _lean_flag_set(hopper, DSUM, causal)
             assert ds == ({(v, d) for v in ("pingpong", "split", "persistent") for d in (64, 128, 256)}
                           | (set() if causal else {("wg3", 64)})), (causal, ds)
             want = _lean(COND, WARP, DSUM, MASK) if causal else _lean(COND, WARP, DSUM)
-            assert hopper.kernel_config(256, "split", causal)["constexprs"]["LEAN"] == want
+            assert _lean_of(hopper.kernel_config(256, "split", causal)) == want
             with hopper.lean_softmax(False):
-                assert not hopper.kernel_config(128, "persistent", causal)["constexprs"]["LEAN"]
+                assert not _lean_of(hopper.kernel_config(128, "persistent", causal))
         with hopper.deferred_row_sum(False):
-            assert not any(hopper.kernel_config(d, v, causal)["constexprs"]["LEAN"] & DSUM
-                           for v in hopper.VARIANTS for d in hopper.TILE_TABLE[v])
-    # a tile's first-step mask under its own branch (LEAN bit 5): by default in causal calls of the
+            assert not _lean_flag_set(hopper, DSUM, causal)
+    # a tile's first-step mask under its own branch (MASK_BRANCH): by default in causal calls of the
     # two-warpgroup kernels at d = 128 / 256 (measured faster there, slower non-causal); when asked, every
     # lean kernel, either mask; forced off, nowhere
-    assert not any(x & MASK for x in lean.values())
-    assert {k for k, x in lean_causal.items() if x & MASK} == set(branched)
+    assert not any(MASK in x for x in lean.values())
+    assert {k for k, x in lean_causal.items() if MASK in x} == set(branched)
     for causal in (False, True):
         with hopper.mask_branch(True):
-            assert _lean_bit_set(hopper, 32, causal) == {k for k, x in lean.items() if x}
+            assert _lean_flag_set(hopper, MASK, causal) == {k for k, x in lean.items() if x}
         with hopper.mask_branch(False):
-            assert not _lean_bit_set(hopper, 32, causal)
-    # the consumers' partition-barrier pass (LEAN bit 6): by default in every lean ping-pong / persistent
+            assert not _lean_flag_set(hopper, MASK, causal)
+    # the consumers' partition-barrier pass (PTX_BARRIERS): by default in every lean ping-pong / persistent
     # kernel, not wg3 (no gain measured there) nor split; forced on, every lean kernel; forced off, nowhere
     monkeypatch.setattr(hopper.ptx_barriers, "value", None)  # the policy
     for causal in (False, True):
-        assert _lean_bit_set(hopper, 64, causal) == {(v, d) for v in ("pingpong", "persistent")
-                                                     for d in hopper.TILE_TABLE[v]}
+        assert _lean_flag_set(hopper, "PTX_BARRIERS", causal) == {(v, d) for v in ("pingpong", "persistent")
+                                                                  for d in hopper.TILE_TABLE[v]}
         with hopper.ptx_barriers(True):
-            assert _lean_bit_set(hopper, 64, causal) == {k for k, x in lean.items() if x}
+            assert _lean_flag_set(hopper, "PTX_BARRIERS", causal) == {k for k, x in lean.items() if x}
         with hopper.ptx_barriers(False):
-            assert not _lean_bit_set(hopper, 64, causal)
+            assert not _lean_flag_set(hopper, "PTX_BARRIERS", causal)
     # the output stored as whole rows at d = 64 / 128 through Triton's conversion (mode 1), at d = 256
     # staged in the Q buffer (mode 2: the one-tile ping-pong kernels); the persistent kernel's copied by
     # TMA from the Q buffer at every head dim (mode 3); off everywhere by choice
@@ -312,7 +315,7 @@ def test_hopper_persistent_variant_by_call(monkeypatch):
             tiles = -(-n // 128) * 4 * 16
             assert plan.forward["tiles_count"] == tiles
             assert plan.forward["programs"] == (min(tiles, 132) if variant == "persistent" else tiles)
-            # the options the plan reports follow the variant's LEAN bits: at d = 128 Q in registers and
+            # the options the plan reports follow the variant's lean flags: at d = 128 Q in registers and
             # the row sum deferred in both (hopper.Q_IN_REGISTERS_HEADDIMS, DEFERRED_ROW_SUM_ON)
             assert plan.forward["q_operand"].startswith("registers"), plan.forward
             assert plan.forward["row_sum"] == "per-thread partial sums, reduced once a query tile", plan.forward
@@ -1537,7 +1540,8 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
             for d in (136, 192, 200)] == [(192, 192), (192, 192), (0, 0)]
     assert [hopper.split_cols_for(128, d, "pingpong") for d in (72, 96, 104)] == [96, 96, 0]
     assert hopper.split_cols_for(256, 192, "base") == 0 and hopper.split_cols_for(128, 96, "wg3") == 0
-    assert hopper.split_cols_lean(95, 96) == 87 and hopper.split_cols_lean(95, 0) == 95  # Q from shared memory
+    # Q from shared memory
+    assert hopper.split_cols_q_in_regs(True, 96) is False and hopper.split_cols_q_in_regs(True, 0) is True
     assert hopper.padded_inputs_note(96).endswith(
         "to 96 columns, the products over 96 of the 128 columns (hopper.split_cols)")
     assert hopper.bwd_split_cols_for(256, 192, False) == 0

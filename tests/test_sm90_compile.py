@@ -271,7 +271,7 @@ def test_hopper_tma_store_and_fast_div_compile_for_sm90():
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 @pytest.mark.gluon
 def test_hopper_conditional_rescale_compile_for_sm90():
-    """FA4's conditional rescaling (``--cond-rescale``: LEAN bit 1, docs/decisions/conditional-rescale.md) decided
+    """FA4's conditional rescaling (``--cond-rescale``: COND_RESCALE, docs/decisions/conditional-rescale.md) decided
     by the thread: the persistent kernel at every head dim and wg3 compile with the default builds' spill bounds and
     pipelined wgmma, and the accumulator's multiplies sit in branches a thread can skip: one region per
     32 of a thread's d / 2 elements in each consumer partition's key loop, where the build without it
@@ -301,9 +301,9 @@ def test_hopper_conditional_rescale_compile_for_sm90():
 
 @pytest.mark.gluon
 def test_hopper_register_options_compile_for_sm90():
-    """Q as S = Q K^T's register operand (LEAN bit 3, docs/decisions/forward-q-in-registers.md): in the default
+    """Q as S = Q K^T's register operand (Q_IN_REGS, docs/decisions/forward-q-in-registers.md): in the default
     two-warpgroup builds at d = 128 only, with the default builds' spill bounds and pipelined wgmma (wg3 and d =
-    256 would spill; d = 64 measured slower). The row sum's quad reduction once a tile (LEAN bit 4,
+    256 would spill; d = 64 measured slower). The row sum's quad reduction once a tile (DEFERRED_SUM,
     docs/decisions/forward-softmax-form.md): in the default builds of ``hopper.DEFERRED_ROW_SUM_ON`` only; the
     ping-pong kernel at d = 128 with it has fewer shuffles than the same build without it (``--deferred-row-sum
     off``: two a row a key tile gone from every softmax copy); wg3's default non-causal build takes it, without

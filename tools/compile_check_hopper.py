@@ -105,8 +105,8 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
     constexprs.update(KEY_MASKS=WINDOW_FORM or hopper.key_masks(d, variant, causal, constexprs["KV_TAIL"]),
                       DIAG_TRIM=hopper.diag_trim_for(d, variant, causal), WINDOW=WINDOW_FORM, SOFTCAP=SOFTCAP_FORM,
                       ALIBI=alibi, IO_DIM=IO_DIM, PROD_DIM=hopper.split_cols_for(d, IO_DIM, variant))
-    if "LEAN" in constexprs:  # the launcher's: the split products read Q from shared memory
-        constexprs.update(LEAN=hopper.split_cols_lean(constexprs["LEAN"], constexprs["PROD_DIM"]))
+    # the launcher's: the split products read Q from shared memory
+    constexprs.update(Q_IN_REGS=hopper.split_cols_q_in_regs(constexprs["Q_IN_REGS"], constexprs["PROD_DIM"]))
     if ring:
         constexprs.update(STAGES=hopper.SPLIT_RING_STAGES)
         cfg["stages"] = hopper.SPLIT_RING_STAGES
@@ -181,7 +181,7 @@ def check(job):
     c = ptx_counts(ptx)
     where = (variant, d, dt, causal, varlen)
     assert k.metadata.shared <= H200_SHARED_BYTES, (where, k.metadata.shared)
-    if cfg["constexprs"]["LEAN"] & hopper.LEAN_PTX_BARRIERS:  # the pass ran on this build: nothing left to drop
+    if cfg["constexprs"]["PTX_BARRIERS"]:  # the pass ran on this build: nothing left to drop
         assert ptx_barriers.MARKER in ptx, where
         left = ptx_barriers.drop_partition_barriers(ptx)[1]
         assert left["wait"] == left["arrive"] == 0, (where, left)
@@ -247,13 +247,13 @@ def check(job):
         regs += {1: "row_stores ", 2: "row_stores_via_q ", 3: "tma_store "}[mode]
     if cfg["constexprs"]["FEWER_MASKS"]:
         regs += "fewer_masks "
-    if cfg["constexprs"]["LEAN"] & hopper.LEAN_COND_RESCALE:
-        regs += "cond_rescale_by_warp " if cfg["constexprs"]["LEAN"] & hopper.LEAN_BY_WARP else "cond_rescale "
-    if cfg["constexprs"]["LEAN"] & hopper.LEAN_Q_REGS:
+    if cfg["constexprs"]["COND_RESCALE"]:
+        regs += "cond_rescale_by_warp " if cfg["constexprs"]["RESCALE_BY_WARP"] else "cond_rescale "
+    if cfg["constexprs"]["Q_IN_REGS"]:
         regs += "q_in_registers "
-    if cfg["constexprs"]["LEAN"] & hopper.LEAN_DEFERRED_SUM:
+    if cfg["constexprs"]["DEFERRED_SUM"]:
         regs += "deferred_row_sum "
-    if cfg["constexprs"]["LEAN"] & hopper.LEAN_MASK_BRANCH:
+    if cfg["constexprs"]["MASK_BRANCH"]:
         regs += "mask_branch "
     if opts["Q_BUFS"] == 2:
         regs += "q_prefetch "
@@ -265,7 +265,7 @@ def check(job):
         regs += "unmasked_keys "
     if hopper.diag_trim_for(d, variant, causal):
         regs += "diag_trim "
-    if cfg["constexprs"]["LEAN"] & hopper.LEAN_PTX_BARRIERS:
+    if cfg["constexprs"]["PTX_BARRIERS"]:
         regs += "ptx_barriers "
     if not varlen and cfg_walk_table(paired, variant, d, causal):
         regs += "walk_table "
@@ -315,13 +315,14 @@ def main():
                     help="comma-separated shares (%%) of the exponentials on the FMA units (EXP2_FMA): "
                          f"{', '.join(f'{x:g}' for x in hopper.EXP2_FMA_SHARES)}")
     ap.add_argument("--cond-rescale", default="default", choices=("default", "off", "thread", "warp"),
-                    help="FA4's conditional rescaling (LEAN bit 1, hopper.conditional_rescale_for): the policy's, "
-                         "off, or on everywhere decided by the thread or by the warp (bit 2, hopper.rescale_by_warp)")
+                    help="FA4's conditional rescaling (COND_RESCALE, hopper.conditional_rescale_for): the policy's, "
+                         "off, or on everywhere decided by the thread or by the warp (RESCALE_BY_WARP, "
+                         "hopper.rescale_by_warp)")
     ap.add_argument("--deferred-row-sum", default="default", choices=("default", "on", "off"),
-                    help="the row sum's quad reduction once a tile (LEAN bit 4, hopper.deferred_row_sum_for): "
+                    help="the row sum's quad reduction once a tile (DEFERRED_SUM, hopper.deferred_row_sum_for): "
                          "the policy's, on wherever it fits, or off")
     ap.add_argument("--mask-branch", default="default", choices=("default", "on", "off"),
-                    help="a tile's first-step mask under its own branch ahead of one softmax body (LEAN bit 5, "
+                    help="a tile's first-step mask under its own branch ahead of one softmax body (MASK_BRANCH, "
                          "hopper.mask_branch): the policy's, on in every lean kernel, or off")
     ap.add_argument("--tma-store", default="default", choices=("default", "on", "off"),
                     help="persistent: the output copied by TMA from the Q buffer (ROW_STORES=3, hopper.out_tma_store)")

@@ -142,31 +142,6 @@ LN2 = gl.constexpr(constants.LN2)
 
 
 
-# ``LEAN``'s option bits (``ioattn.plan.hopper``: the host sets them)
-LEAN_COND_RESCALE = gl.constexpr(_flags.LEAN_COND_RESCALE)
-
-
-
-LEAN_BY_WARP = gl.constexpr(_flags.LEAN_BY_WARP)
-
-
-
-LEAN_Q_REGS = gl.constexpr(_flags.LEAN_Q_REGS)
-
-
-
-LEAN_DEFERRED_SUM = gl.constexpr(_flags.LEAN_DEFERRED_SUM)
-
-
-
-LEAN_MASK_BRANCH = gl.constexpr(_flags.LEAN_MASK_BRANCH)
-
-
-
-LEAN_PTX_BARRIERS = gl.constexpr(_flags.LEAN_PTX_BARRIERS)
-
-
-
 ALIBI_FP32_COLS = gl.constexpr(_flags.ALIBI_FP32_COLS)  # the tile's columns held as fp32
 
 

@@ -31,7 +31,10 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                       head_shift,
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                       IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr = False, NUM_WG: gl.constexpr = 2,
-                      ORDERED: gl.constexpr = True, LEAN: gl.constexpr = False, IS_VARLEN: gl.constexpr = False,
+                      ORDERED: gl.constexpr = True, LEAN: gl.constexpr = False, COND_RESCALE: gl.constexpr = False,
+                      RESCALE_BY_WARP: gl.constexpr = False, Q_IN_REGS: gl.constexpr = False,
+                      DEFERRED_SUM: gl.constexpr = False, MASK_BRANCH: gl.constexpr = False,
+                      PTX_BARRIERS: gl.constexpr = False, IS_VARLEN: gl.constexpr = False,
                       PERSISTENT: gl.constexpr = False, LPT: gl.constexpr = False, KV_TAIL: gl.constexpr = False,
                       EXP2_FMA: gl.constexpr = 0, ROW_STORES: gl.constexpr = False,
                       FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False,
@@ -47,7 +50,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     ordered in a ring by NUM_WG mbarriers (``ORDERED`` False: free-running). All: one TMA producer warp.
     ``PERSISTENT``: at most one program per SM walking ``num_tiles`` tiles (``_persistent_fwd``).
     ``IS_VARLEN``: packed sequences by ``Cu_q`` / ``Cu_k`` (``seqlen_q`` / ``seqlen_k`` the maxima). The
-    other constexprs (``LEAN`` and its bits, ``LPT``, ``KV_TAIL``, ``EXP2_FMA``, ``ROW_STORES``,
+    other constexprs (``LEAN`` and its options ``COND_RESCALE``, ``RESCALE_BY_WARP``, ``Q_IN_REGS``,
+    ``DEFERRED_SUM``, ``MASK_BRANCH``, ``PTX_BARRIERS``, ``LPT``, ``KV_TAIL``, ``EXP2_FMA``, ``ROW_STORES``,
     ``FEWER_MASKS``, ``KEY_MASKS``, ``Q_BUFS``, ``PAIRED``, ``Walk``, ``FAST_DIV``, ``NO_KEY_WIDE``,
     ``DIAG_TRIM``, ``WINDOW``, ``SOFTCAP``, ``ALIBI``, ``IO_DIM``, ``PROD_DIM``, ``k_hi_desc``): see
     docs/hopper-forward.md, "Compile-time options"; the host sets them (``ioattn.plan.backends.hopper_forward``)."""
@@ -67,6 +71,9 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                      "a sliding window: the one-tile ping-pong kernels, masked tiles, not causal (the window (-1, 0))")
     gl.static_assert(not SOFTCAP or (PINGPONG and not PERSISTENT), "a softcap: the one-tile ping-pong kernels")
     gl.static_assert(not ALIBI or (PINGPONG and not PERSISTENT), "ALiBi: the one-tile ping-pong kernels")
+    gl.static_assert(LEAN or not (COND_RESCALE or Q_IN_REGS or DEFERRED_SUM or MASK_BRANCH or PTX_BARRIERS),
+                     "the lean softmax's options need it")
+    gl.static_assert(COND_RESCALE or not RESCALE_BY_WARP, "RESCALE_BY_WARP decides the conditional rescaling")
     if PERSISTENT:
         gl.static_assert(PINGPONG and NUM_WG == 2 and not IS_VARLEN,
                          "persistent: the two-warpgroup ping-pong kernel, fixed-length batches")
@@ -74,7 +81,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
         gl.static_assert(Walk is None or (IS_CAUSAL and not PAIRED), "the walk table: causal, LPT-encoded tiles")
         _persistent_fwd(q_desc, k_desc, v_desc, o_desc, Out, Lse, seqlen_q, seqlen_k, nheads, group, stride_om,
                         stride_lse_b, stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                        IS_CAUSAL, ORDERED, KV_TAIL, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, Q_BUFS, PAIRED,
+                        IS_CAUSAL, ORDERED, KV_TAIL, EXP2_FMA, LEAN, COND_RESCALE, RESCALE_BY_WARP, Q_IN_REGS,
+                        DEFERRED_SUM, MASK_BRANCH, PTX_BARRIERS, ROW_STORES, FEWER_MASKS, Q_BUFS, PAIRED,
                         ((walk_div, walk_mul, walk_shift), (nheads, head_mul, head_shift)) if FAST_DIV else None,
                         NO_KEY_WIDE, KEY_MASKS, DIAG_TRIM, Walk, IO_DIM, PROD_DIM, k_hi_desc, v_hi_desc)
         return
@@ -159,9 +167,10 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                                    v_empty, turn.index(w), turn.index((w + 1) % NUM_WG), Out, Lse,
                                    q_row0 + w * WG_ROWS, q_col, m_start + w * WG_ROWS, seqlen_q, seqlen_k, n_lo,
                                    n_tiles, stride_om, lse_base, qk_scale, HEAD_DIM, WG_ROWS, BLOCK_N, STAGES,
-                                   IS_CAUSAL, MASK_ALL, 1 if w == 0 else 0, ORDERED, LEAN, EXP2_FMA, TILE_ROW_STORES,
-                                   FEWER_MASKS, KEY_MASKS, WINDOW, win_left, win_right, SOFTCAP, softcap_a, ALIBI,
-                                   alibi_a, IO_DIM, PROD_DIM, kv_hi))
+                                   IS_CAUSAL, MASK_ALL, 1 if w == 0 else 0, ORDERED, LEAN, COND_RESCALE,
+                                   RESCALE_BY_WARP, Q_IN_REGS, DEFERRED_SUM, MASK_BRANCH, PTX_BARRIERS, EXP2_FMA,
+                                   TILE_ROW_STORES, FEWER_MASKS, KEY_MASKS, WINDOW, win_left, win_right, SOFTCAP,
+                                   softcap_a, ALIBI, alibi_a, IO_DIM, PROD_DIM, kv_hi))
              if w < NUM_WG else
              (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
                           n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL, 0, 0, kv_hi_load))

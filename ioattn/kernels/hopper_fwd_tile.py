@@ -8,8 +8,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ioattn import _compat
 from ioattn.kernels import ptx_barriers as _ptx_barriers
-from ioattn.kernels.hopper_common import (ALIBI_FP32_COLS, LEAN_BY_WARP, LEAN_COND_RESCALE, LEAN_DEFERRED_SUM,
-                                          LEAN_PTX_BARRIERS, LEAN_Q_REGS, LN2, _io_dim, _load_rows, _prod_dim,
+from ioattn.kernels.hopper_common import (ALIBI_FP32_COLS, LN2, _io_dim, _load_rows, _prod_dim,
                                           _qk_mma, _softcap, _tile_layout, _zero_v_tail)
 from ioattn.kernels.hopper_softmax import (_alibi, _rescale_rows, _softmax_tile, _step_softmax, _thread_row_sums,
                                            _window_cuts)
@@ -112,7 +111,7 @@ def _marker_asm():
 
 @gluon.jit
 def _ptx_barriers_marker(x):
-    """The comment that asks ``ioattn.kernels.ptx_barriers`` to run on this kernel's PTX (LEAN bit 6),
+    """The comment that asks ``ioattn.kernels.ptx_barriers`` to run on this kernel's PTX (``PTX_BARRIERS``),
     carried by a move of ``x`` (an int32 tensor) that nothing reads (not pure: it stays)."""
     gl.inline_asm_elementwise(_marker_asm(), "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
 
@@ -340,7 +339,9 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                        Out, Lse, q_row0, q_col, m_start, seqlen_q, seqlen_k, n_lo, n_tiles, stride_om, lse_base,
                        qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                        STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr, TURN0: gl.constexpr,
-                       ORDERED: gl.constexpr, LEAN: gl.constexpr, EXP2_FMA: gl.constexpr,
+                       ORDERED: gl.constexpr, LEAN: gl.constexpr, COND_RESCALE: gl.constexpr,
+                       RESCALE_BY_WARP: gl.constexpr, Q_IN_REGS: gl.constexpr, DEFERRED_SUM: gl.constexpr,
+                       MASK_BRANCH: gl.constexpr, PTX_BARRIERS: gl.constexpr, EXP2_FMA: gl.constexpr,
                        ROW_STORES: gl.constexpr, FEWER_MASKS: gl.constexpr = False,
                        KEY_MASKS: gl.constexpr = True, WINDOW: gl.constexpr = False, win_left=0, win_right=0,
                        SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False, alibi_a=0.0,
@@ -360,7 +361,8 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
     mbarrier.wait(q_bar, 0)
     o, m_i, l_i = _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn, next_turn,
                                m_start, seqlen_q, seqlen_k, n_lo, n_tiles, qk_scale, 0, 0, HEAD_DIM, BLOCK_M, BLOCK_N,
-                               STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, False, EXP2_FMA, FEWER_MASKS,
+                               STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, COND_RESCALE, RESCALE_BY_WARP,
+                               Q_IN_REGS, DEFERRED_SUM, MASK_BRANCH, PTX_BARRIERS, False, EXP2_FMA, FEWER_MASKS,
                                KEY_MASKS, False, WINDOW, win_left, win_right, SOFTCAP, softcap_a, ALIBI, alibi_a,
                                PROD_DIM, kv_hi)
     rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _wg_acc_layout(BLOCK_N)))
@@ -375,7 +377,7 @@ def _issue_s0(q_op, k_smem, k_ready, my_turn, next_turn, g0, sec0, BLOCK_M: gl.c
               STAGES: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr, PD: gl.constexpr, k_hi=None):
     """A tile's critical section #0 (``_pp_mainloop``): S(0) = Q K(0)^T issued once K(0) has landed and
     the turn is this warpgroup's; returns its token. ``q_op``: Q's shared-memory buffer, or its
-    registers (``LEAN_Q_REGS``). ``PD``, ``k_hi`` (the ring's): ``_qk_mma``'s."""
+    registers (``Q_IN_REGS``). ``PD``, ``k_hi`` (the ring's): ``_qk_mma``'s."""
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=_wg_acc_layout(BLOCK_N))
     mbarrier.wait(k_ready.index(g0 % STAGES), (g0 // STAGES) & 1)
     _turn_wait(my_turn, sec0, TURN0, ORDERED)
@@ -397,7 +399,9 @@ def _wg_acc_layout(cols):
 def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_turn, next_turn, m_start, seqlen_q,
                  seqlen_k, n_lo, n_tiles, qk_scale, g0, sec0, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASK_ALL: gl.constexpr,
-                 TURN0: gl.constexpr, ORDERED: gl.constexpr, LEAN: gl.constexpr, RELEASE_LAST: gl.constexpr,
+                 TURN0: gl.constexpr, ORDERED: gl.constexpr, LEAN: gl.constexpr, COND_RESCALE: gl.constexpr,
+                 RESCALE_BY_WARP: gl.constexpr, Q_IN_REGS: gl.constexpr, DEFERRED_SUM: gl.constexpr,
+                 MASK_BRANCH: gl.constexpr, PTX_BARRIERS: gl.constexpr, RELEASE_LAST: gl.constexpr,
                  EXP2_FMA: gl.constexpr, FEWER_MASKS: gl.constexpr = False, KEY_MASKS: gl.constexpr = True,
                  DIAG_TRIM: gl.constexpr = False, WINDOW: gl.constexpr = False, win_left=0, win_right=0,
                  SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False, alibi_a=0.0,
@@ -414,13 +418,14 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     (``_softcap``, ``qk_scale`` = cap * log2 e) and biased (``_alibi``) before the masks. ``PROD_DIM``:
     the products over 192 of 256 or 96 of 128 columns (S two chained products, O two accumulators
     returned side by side with the unused columns' zeros); ``kv_hi``: the split ring's (k_hi, v_hi).
-    The options: docs/hopper-forward.md."""
+    ``LEAN`` and its options (``COND_RESCALE``, ``RESCALE_BY_WARP``, ``Q_IN_REGS``, ``DEFERRED_SUM``,
+    ``MASK_BRANCH``, ``PTX_BARRIERS``): the kernel's. The options: docs/hopper-forward.md."""
     PD: gl.constexpr = _prod_dim(HEAD_DIM, PROD_DIM)
     k_hi = None if kv_hi is None else kv_hi[0]
     v_hi = None if kv_hi is None else kv_hi[1]
     SPLIT: gl.constexpr = PD != HEAD_DIM
     PV_GROUPS: gl.constexpr = 2 if SPLIT else 1  # commit groups of one P V (groups retire in order)
-    gl.static_assert(not (SPLIT and (LEAN & LEAN_Q_REGS)), "the split products read Q from shared memory")
+    gl.static_assert(not (SPLIT and Q_IN_REGS), "the split products read Q from shared memory")
     gl.static_assert(not WINDOW or (KEY_MASKS and not IS_CAUSAL and not DIAG_TRIM),
                      "a sliding window: masked tiles, not causal (the window (-1, 0) is), one-tile programs")
     num_warps: gl.constexpr = gl.num_warps()
@@ -436,7 +441,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     dtype: gl.constexpr = v_smem.dtype
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    if LEAN & LEAN_DEFERRED_SUM:
+    if DEFERRED_SUM:
         l_i = _thread_row_sums(s_zero)
     else:
         l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
@@ -447,9 +452,9 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     if ALIBI:  # each row's diagonal key (an integer: ``_alibi`` converts the differences)
         diag_rows = diag + rows_1d
         cols_f = cols_1d.to(gl.float32) if ALIBI == ALIBI_FP32_COLS else cols_1d
-    if LEAN & LEAN_PTX_BARRIERS:
+    if PTX_BARRIERS:
         _ptx_barriers_marker(rows_1d)
-    if LEAN & LEAN_Q_REGS:  # Q as the products' register operand: loaded once a tile
+    if Q_IN_REGS:  # Q as the products' register operand: loaded once a tile
         q_op = q_smem.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
     else:
         q_op = q_smem
@@ -472,12 +477,13 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
             need_mask = need_mask | _window_cuts(n_lo * BLOCK_N, m_start, seqlen_q, seqlen_k, win_left, win_right,
                                                  BLOCK_M, BLOCK_N)
         p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q,
-                                           seqlen_k, rows_1d, cols_1d, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END, True,
-                                           KEY_MASKS, WINDOW, win_left, win_right)
+                                           seqlen_k, rows_1d, cols_1d, IS_CAUSAL, LEAN, COND_RESCALE, DEFERRED_SUM,
+                                           MASK_BRANCH, EXP2_FMA, KEY_END, True, KEY_MASKS, WINDOW, win_left,
+                                           win_right)
     else:
         p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q, seqlen_k,
-                                           rows_1d, cols_1d, KEY_MASKS, IS_CAUSAL, LEAN, EXP2_FMA, True, WINDOW,
-                                           win_left, win_right)
+                                           rows_1d, cols_1d, KEY_MASKS, IS_CAUSAL, LEAN, COND_RESCALE, DEFERRED_SUM,
+                                           EXP2_FMA, True, WINDOW, win_left, win_right)
     p16 = gl.convert_layout(p.to(dtype), p_layout)  # O is still 0: no rescale
 
     n_own = n_tiles  # key tiles this warpgroup computes
@@ -518,18 +524,19 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
             need_mask = need_mask | _window_cuts(n_start, m_start, seqlen_q, seqlen_k, win_left, win_right, BLOCK_M,
                                                  BLOCK_N)
         p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
-                                           rows_1d, cols_1d, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END, False, KEY_MASKS,
-                                           WINDOW, win_left, win_right)
+                                           rows_1d, cols_1d, IS_CAUSAL, LEAN, COND_RESCALE, DEFERRED_SUM,
+                                           MASK_BRANCH, EXP2_FMA, KEY_END, False, KEY_MASKS, WINDOW, win_left,
+                                           win_right)
         # P(i) V(i) done: P(i)'s registers may go (listed so they stay alive until here), V(i)'s slot too.
         # (With KEY_MASKS False, no branch above, ptxas hoists this wait to just after S(i+1)'s: the
         # softmax then runs after this warpgroup's P V, not beside it; docs/decisions/forward-masked-tiles.md)
         if SPLIT:
             o, o_hi, p16 = warpgroup_mma_wait(0, deps=[o_tok, oh_tok, p16])
-            o_hi = _rescale_rows(o_hi, alpha, LEAN & LEAN_COND_RESCALE, LEAN & LEAN_BY_WARP)
+            o_hi = _rescale_rows(o_hi, alpha, COND_RESCALE, RESCALE_BY_WARP)
         else:
             o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
         mbarrier.arrive(v_empty.index(cur), count=1)
-        o = _rescale_rows(o, alpha, LEAN & LEAN_COND_RESCALE, LEAN & LEAN_BY_WARP)
+        o = _rescale_rows(o, alpha, COND_RESCALE, RESCALE_BY_WARP)
         p16 = gl.convert_layout(p.to(dtype), p_layout)
 
     # section #n: the last P(n-1) V(n-1)
@@ -551,7 +558,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     if DIAG_TRIM:  # the tiles past this warpgroup's own: their sections and slots
         _pp_skip(k_ready, k_empty, v_ready, v_empty, my_turn, next_turn, g0, sec0, n_own, n_tiles, STAGES, TURN0,
                  ORDERED)
-    if LEAN & LEAN_DEFERRED_SUM:  # the quad's sum of the threads' partial row sums, once a tile
+    if DEFERRED_SUM:  # the quad's sum of the threads' partial row sums, once a tile
         l_i = gl.convert_layout(gl.sum(l_i, 1), row_layout, assert_trivial=True)
     return o, m_i, l_i
 

@@ -103,7 +103,9 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                          stride_lse_h, qk_scale, row_off, HEAD_DIM: gl.constexpr, CTA_M: gl.constexpr,
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          MASK_ALL: gl.constexpr, TURN0: gl.constexpr, ORDERED: gl.constexpr,
-                         EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
+                         EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, COND_RESCALE: gl.constexpr,
+                         RESCALE_BY_WARP: gl.constexpr, Q_IN_REGS: gl.constexpr, DEFERRED_SUM: gl.constexpr,
+                         MASK_BRANCH: gl.constexpr, PTX_BARRIERS: gl.constexpr, ROW_STORES: gl.constexpr,
                          FEWER_MASKS: gl.constexpr = False, Q0: gl.constexpr = 0, Q_BUFS: gl.constexpr = 1,
                          PAIRED: gl.constexpr = False, divs=None, o_desc=None, NO_KEY_WIDE: gl.constexpr = False,
                          KEY_MASKS: gl.constexpr = True, DIAG_TRIM: gl.constexpr = False, table=None,
@@ -163,8 +165,9 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
                 o, m_i, l_i = _pp_mainloop(q_smem.index(buf), k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                            my_turn, next_turn, m_start, seqlen_q, seqlen_k, 0, n_tiles, qk_scale, g0,
                                            sec0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, TURN0,
-                                           ORDERED, LEAN, True, EXP2_FMA, FEWER_MASKS, KEY_MASKS, DIAG_TRIM,
-                                           PROD_DIM=PROD_DIM, kv_hi=kv_hi)
+                                           ORDERED, LEAN, COND_RESCALE, RESCALE_BY_WARP, Q_IN_REGS, DEFERRED_SUM,
+                                           MASK_BRANCH, PTX_BARRIERS, True, EXP2_FMA, FEWER_MASKS, KEY_MASKS,
+                                           DIAG_TRIM, PROD_DIM=PROD_DIM, kv_hi=kv_hi)
                 g0 += n_tiles
                 sec0 += n_tiles + 1
                 # the next tile's Q into the buffer this tile's S products have released: before the epilogue,
@@ -219,7 +222,9 @@ def _persistent_fwd(q_desc, k_desc, v_desc, o_desc, Out, Lse, seqlen_q, seqlen_k
                     stride_lse_b, stride_lse_h, qk_scale, num_tiles, num_m, HEAD_DIM: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                     ORDERED: gl.constexpr,
-                    KV_TAIL: gl.constexpr, EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, ROW_STORES: gl.constexpr,
+                    KV_TAIL: gl.constexpr, EXP2_FMA: gl.constexpr, LEAN: gl.constexpr, COND_RESCALE: gl.constexpr,
+                    RESCALE_BY_WARP: gl.constexpr, Q_IN_REGS: gl.constexpr, DEFERRED_SUM: gl.constexpr,
+                    MASK_BRANCH: gl.constexpr, PTX_BARRIERS: gl.constexpr, ROW_STORES: gl.constexpr,
                     FEWER_MASKS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1, PAIRED: gl.constexpr = False,
                     divs=None, NO_KEY_WIDE: gl.constexpr = False, KEY_MASKS: gl.constexpr = True,
                     DIAG_TRIM: gl.constexpr = False, table=None, IO_DIM: gl.constexpr = 0,
@@ -249,9 +254,10 @@ def _persistent_fwd(q_desc, k_desc, v_desc, o_desc, Out, Lse, seqlen_q, seqlen_k
                                  v_empty, turn.index(w), turn.index((w + 1) % 2), Out, Lse, num_tiles, num_m, nheads,
                                  seqlen_q, seqlen_k, stride_om, stride_lse_b, stride_lse_h, qk_scale, w * WG_ROWS,
                                  HEAD_DIM, BLOCK_M, WG_ROWS, BLOCK_N, STAGES, IS_CAUSAL, IS_CAUSAL,
-                                 1 if w == 0 else 0, ORDERED, EXP2_FMA, LEAN, ROW_STORES, FEWER_MASKS, w * Q_BUFS,
-                                 Q_BUFS, PAIRED, divs, o_desc, NO_KEY_WIDE, KEY_MASKS, DIAG_TRIM and w == 0, table,
-                                 IO_DIM, PROD_DIM, kv_hi))
+                                 1 if w == 0 else 0, ORDERED, EXP2_FMA, LEAN, COND_RESCALE, RESCALE_BY_WARP,
+                                 Q_IN_REGS, DEFERRED_SUM, MASK_BRANCH, PTX_BARRIERS, ROW_STORES, FEWER_MASKS,
+                                 w * Q_BUFS, Q_BUFS, PAIRED, divs, o_desc, NO_KEY_WIDE, KEY_MASKS, DIAG_TRIM and w == 0,
+                                 table, IO_DIM, PROD_DIM, kv_hi))
          if w < 2 else
          (_persistent_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                  num_tiles, num_m, nheads, group, seqlen_q, seqlen_k, _io_dim(HEAD_DIM, IO_DIM),

@@ -4,8 +4,7 @@ the accumulator and the row sums. Reference twin: ``ioattn.reference.tiled.flash
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ioattn.kernels.hopper_common import (LEAN_COND_RESCALE, LEAN_DEFERRED_SUM, LEAN_MASK_BRANCH, MAGIC_BITS,
-                                          ALIBI_FP32_COLS, _magic_to_f32)
+from ioattn.kernels.hopper_common import MAGIC_BITS, ALIBI_FP32_COLS, _magic_to_f32
 
 
 @gluon.jit
@@ -53,7 +52,7 @@ def _exp2_tile(x, FMA_COLS: gl.constexpr):
 
 
 
-# FlashAttention-4's conditional rescaling (the kernel's ``LEAN`` bit 1, ``_softmax_tile`` and
+# FlashAttention-4's conditional rescaling (the kernel's ``COND_RESCALE``, ``_softmax_tile`` and
 # ``_rescale_rows``): a row's running max moves only when a key tile raises it by more than
 # ``RESCALE_TAU`` (log2 units); otherwise the stale max stays, p = exp2(s - m) <= 2**RESCALE_TAU = 256
 # (exact in bf16 and fp16, whose P V products accumulate in fp32), alpha is exactly 1 and the
@@ -131,6 +130,7 @@ def _rescale_rows(o, alpha, COND: gl.constexpr, BY_WARP: gl.constexpr = False):
 @gluon.jit
 def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d,
                   MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr, LEAN: gl.constexpr = False,
+                  COND_RESCALE: gl.constexpr = False, DEFERRED_SUM: gl.constexpr = False,
                   EXP2_FMA: gl.constexpr = 0, KEY_END: gl.constexpr = True, WINDOW: gl.constexpr = False,
                   win_left=0, win_right=0):
     """Scale (log2 domain), mask, online-softmax step: returns (p, alpha, m_new, l_new). ``WINDOW`` (a
@@ -143,14 +143,16 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
     ``LEAN`` (the same values up to rounding): the scale folded into the exponent (one FFMA an element,
     the row max on raw scores, which needs scale >= 0) and the masks on per-register column constants
     (``_mask_scores``: ``cols & ~6`` a constant per register, ``cols & 6`` one value per thread), so no
-    per-column registers live across the key loop, which 160-register consumers cannot afford."""
+    per-column registers live across the key loop, which 160-register consumers cannot afford. With it,
+    ``COND_RESCALE``: the max moves only by more than ``RESCALE_TAU``; ``DEFERRED_SUM``: l as each
+    thread's partial sums (``_thread_row_sums``)."""
     gl.static_assert(KEY_END or IS_CAUSAL, "without the diagonal test the key end is the only mask")
     if LEAN:
         if MASKED:
             s = _mask_scores(s, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d, IS_CAUSAL, KEY_END, WINDOW,
                              win_left, win_right)
         m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-        if LEAN & LEAN_COND_RESCALE:  # conditional rescaling: the max moves only by more than RESCALE_TAU (a first
+        if COND_RESCALE:  # conditional rescaling: the max moves only by more than RESCALE_TAU (a first
             m_new = gl.where(m_new > m_i + RESCALE_TAU, m_new, m_i)  # key: -inf + tau = -inf, it moves)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: exp2 gives 0, not NaN
         x = s * qk_scale - m_use[:, None]
@@ -177,7 +179,7 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
     else:
         p = _exp2_tile(x, EXP2_FMA)
     alpha = gl.exp2(m_i - m_use)
-    if LEAN & LEAN_DEFERRED_SUM:  # l kept as each thread's partial sums (``_thread_row_sums``), the quad's sum deferred
+    if DEFERRED_SUM:  # l kept as each thread's partial sums (``_thread_row_sums``), the quad's sum deferred
         l_new = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout),
                                         assert_trivial=True)[:, None] + _thread_row_sums(p)
     else:
@@ -209,35 +211,40 @@ def _mask_scores(s, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d, IS_C
 
 @gluon.jit
 def _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d,
-                  IS_CAUSAL: gl.constexpr, LEAN: gl.constexpr, EXP2_FMA: gl.constexpr, KEY_END: gl.constexpr,
+                  IS_CAUSAL: gl.constexpr, LEAN: gl.constexpr, COND_RESCALE: gl.constexpr, DEFERRED_SUM: gl.constexpr,
+                  MASK_BRANCH: gl.constexpr, EXP2_FMA: gl.constexpr, KEY_END: gl.constexpr,
                   BRANCH_OK: gl.constexpr = False, KEY_MASKS: gl.constexpr = True, WINDOW: gl.constexpr = False,
                   win_left=0, win_right=0):
     """A key tile's softmax step whose mask is decided at run time (``need_mask``): two inlined copies of
-    ``_softmax_tile``, masked and unmasked, under the branch; or (``LEAN_MASK_BRANCH`` and ``BRANCH_OK``)
+    ``_softmax_tile``, masked and unmasked, under the branch; or (``MASK_BRANCH`` and ``BRANCH_OK``)
     one copy, the mask alone under the branch (``_mask_scores``), so that the consumer's code holds one
     softmax body there instead of two (less code for the instruction cache). ``BRANCH_OK``: no product
     in flight at this call (a tile's first key step): ptxas waits for every wgmma in flight at a branch's
     join, so in the key loop the join ahead of the softmax would serialise it with this warpgroup's
     P V (docs/decisions/forward-masked-tiles.md). ``KEY_MASKS`` False: no tile is ever masked
     (``hopper_fwd_kernel``'s ``KEY_MASKS``), ``need_mask`` is ignored and only the unmasked body is
-    compiled. ``WINDOW``: the masks include the window's edges (``_softmax_tile``)."""
+    compiled. ``WINDOW``: the masks include the window's edges; ``LEAN``, ``COND_RESCALE``,
+    ``DEFERRED_SUM``: ``_softmax_tile``'s."""
     if not KEY_MASKS:
         p, alpha, m_new, l_new = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
-                                               rows_1d, cols_1d, False, IS_CAUSAL, LEAN, EXP2_FMA)
-    elif (LEAN & LEAN_MASK_BRANCH) and BRANCH_OK:
+                                               rows_1d, cols_1d, False, IS_CAUSAL, LEAN, COND_RESCALE, DEFERRED_SUM,
+                                               EXP2_FMA)
+    elif MASK_BRANCH and BRANCH_OK:
         if need_mask:
             s = _mask_scores(s, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d, IS_CAUSAL, KEY_END, WINDOW,
                              win_left, win_right)
         p, alpha, m_new, l_new = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
-                                               rows_1d, cols_1d, False, IS_CAUSAL, LEAN, EXP2_FMA)
+                                               rows_1d, cols_1d, False, IS_CAUSAL, LEAN, COND_RESCALE, DEFERRED_SUM,
+                                               EXP2_FMA)
     else:
         if need_mask:
             p, alpha, m_new, l_new = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
-                                                   rows_1d, cols_1d, True, IS_CAUSAL, LEAN, EXP2_FMA, KEY_END,
-                                                   WINDOW, win_left, win_right)
+                                                   rows_1d, cols_1d, True, IS_CAUSAL, LEAN, COND_RESCALE,
+                                                   DEFERRED_SUM, EXP2_FMA, KEY_END, WINDOW, win_left, win_right)
         else:
             p, alpha, m_new, l_new = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
-                                                   rows_1d, cols_1d, False, IS_CAUSAL, LEAN, EXP2_FMA)
+                                                   rows_1d, cols_1d, False, IS_CAUSAL, LEAN, COND_RESCALE,
+                                                   DEFERRED_SUM, EXP2_FMA)
     return p, alpha, m_new, l_new
 
 
@@ -247,7 +254,7 @@ def _thread_row_sums(p):
     """Each thread's own part of p's row sums, [M, 4]: in the wgmma accumulator layout a row's N
     columns are spread over the four threads of a quad (column c on thread (c >> 1) & 3, as
     8 j + 2 t + e), so summing over j and e stays in registers and the quad's shuffles (two a row)
-    wait until the key loop ends (``LEAN_DEFERRED_SUM``)."""
+    wait until the key loop ends (``DEFERRED_SUM``)."""
     M: gl.constexpr = p.shape[0]
     N: gl.constexpr = p.shape[1]
     return gl.sum(gl.sum(p.reshape([M, N // 8, 4, 2]), 3), 1)

@@ -23,7 +23,7 @@ The rule, per barrier over 128 threads (one consumer warpgroup):
 
 The rule is sound for a kernel whose consumers read the slots that such an arrive releases only
 through wgmma (a collective read) and make every other shared-memory access behind a barrier the
-rule keeps: the forward's consumers (K / V by wgmma; Q's register copy, ``LEAN_Q_REGS``, reloaded
+rule keeps: the forward's consumers (K / V by wgmma; Q's register copy, ``Q_IN_REGS``, reloaded
 behind the barrier before the next Q load's expect_tx; the output's staging behind the barriers
 before its bulk copy). The Gluon backward carries no marker: at d = 128 (a partition a warpgroup) the
 rule, with one for two releases in a row, was sound there too (each warp's lse loads feed S^T's
@@ -31,7 +31,7 @@ accumulator before S^T is issued) but measured level, so it was not kept.
 
 Applied only to PTX that carries ``MARKER`` (emitted by a kernel compiled with the option), through
 Triton's compile-stage hook, so other kernels and other builds of the same kernel are untouched.
-Triton's cache key does not see the hook, but it sees the kernel's LEAN bit and the marker (a
+Triton's cache key does not see the hook, but it sees the kernel's ``PTX_BARRIERS`` and the marker (a
 constexpr global of the kernel, naming this file's contents by hash): a build with and one without the
 pass never share a cache entry, and neither do builds by two versions of the pass.
 """

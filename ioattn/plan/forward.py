@@ -117,15 +117,15 @@ def _make(sig: Signature) -> GluonForwardPlan:
             raise ValueError(f"{what} needs one of the variants {variants}, got {name!r}")
     consts = dict(cfg["constexprs"])
     block_m, block_n = cfg["block_m"], cfg["block_n"]
-    scale, negate_q = sig.softmax_scale, bool(consts["LEAN"]) and sig.softmax_scale < 0
+    scale, negate_q = sig.softmax_scale, consts["LEAN"] and sig.softmax_scale < 0
     if negate_q:
         # the lean softmax scales the row maximum of the raw scores, which needs scale >= 0:
         # softmax(q k^T c) = softmax((-q) k^T |c|), exactly (a sign flip; a copy of q, rare case)
         scale = -scale
     kv_tail = sig.varlen or sig.seqlen_k % block_n != 0  # a key tile may reach past a sequence's end
     prod_dim = hopper.split_cols_for(d, io_dim if dp else 0, name)
-    if prod_dim and "LEAN" in consts:  # the split products read Q from shared memory
-        consts["LEAN"] = hopper.split_cols_lean(consts["LEAN"], prod_dim)
+    # the split products read Q from shared memory
+    consts["Q_IN_REGS"] = hopper.split_cols_q_in_regs(consts["Q_IN_REGS"], prod_dim)
     ring_split = bool(dp) and hopper.split_ring_for(d, io_dim, name, kv_tail)
     if ring_split:  # the split ring: K / V in 128- and 64-column boxes (from column 128)
         consts["STAGES"] = hopper.SPLIT_RING_STAGES

@@ -20,8 +20,7 @@ import torch
 from ioattn import _compat
 from ioattn.layout import tma_rows_view
 from ioattn.plan import dispatch, options
-from ioattn.kernels.hopper_flags import (ALIBI_FP32_COLS, ALIBI_MAGIC, LEAN_BY_WARP, LEAN_COND_RESCALE,  # noqa: F401
-                                         LEAN_DEFERRED_SUM, LEAN_MASK_BRANCH, LEAN_PTX_BARRIERS, LEAN_Q_REGS)
+from ioattn.kernels.hopper_flags import ALIBI_FP32_COLS, ALIBI_MAGIC  # noqa: F401
 
 VARIANTS = ("base", "pingpong", "split", "wg3", "persistent")
 VARIANT_ENV = "IOATTN_HOPPER_VARIANT"
@@ -93,7 +92,7 @@ def padded_in_place(d: int) -> bool:
 # accumulator (the kernels' ``PROD_DIM``; Gluon 3.6 refuses 192- and 96-wide buffers and register
 # tensors, so the tiles stay 256 / 128 wide and the products skip the zero columns): a quarter fewer
 # tensor-core cycles a key tile and a quarter fewer accumulator registers. The ping-pong consumers only
-# (``SPLIT_COLS_VARIANTS``), reading Q from shared memory (``split_cols_lean``). ``SPLIT_COLS_TILES``:
+# (``SPLIT_COLS_VARIANTS``), reading Q from shared memory (``split_cols_q_in_regs``). ``SPLIT_COLS_TILES``:
 # kernel head dim -> the columns the products cover. ``with hopper.split_cols(False): ...`` keeps the
 # products whole (the A/B). tuned: docs/decisions/split-products.md
 split_cols = dispatch.Preference(True)
@@ -111,10 +110,10 @@ def split_cols_for(d: int, io_dim: int, name: str) -> int:
     return 0
 
 
-def split_cols_lean(lean, prod_dim: int):
-    """The kernel's ``LEAN`` with the split products (``prod_dim`` > 0): without ``LEAN_Q_REGS`` (both
-    products read their slice of Q from shared memory; Q's registers hold the whole tile's operand)."""
-    return lean & ~LEAN_Q_REGS if prod_dim and lean else lean
+def split_cols_q_in_regs(q_in_regs: bool, prod_dim: int) -> bool:
+    """The kernel's ``Q_IN_REGS`` with the split products (``prod_dim`` > 0): off (both products read
+    their slice of Q from shared memory; Q's registers hold the whole tile's operand)."""
+    return q_in_regs and not prod_dim
 
 
 # The backward's twin (the column-split ws kernel at d = 256): S^T and dP^T as two chained products over
@@ -301,32 +300,23 @@ class _ActiveTiles(Mapping):
 TILES = _ActiveTiles()
 
 
-# The bits of the Gluon forward's ``LEAN`` constexpr above the lean softmax itself (bit 0, True), each
-# needing it: ioattn.kernels.hopper_flags (imported at the top)
-
-
-def _lean_bits(lean: bool, name: str, d: int, causal: bool):
-    """The kernel's ``LEAN``: False / True (the lean softmax), or with it an int with the options'
-    bits (``LEAN_COND_RESCALE`` ... ``LEAN_DEFERRED_SUM``): 3 / 7 with conditional rescaling by the
-    thread / by the warp, plus 8 with Q in registers, plus 16 with the deferred row sum, plus 32 with
-    the mask under its own branch, plus 64 with the partition-barrier pass."""
-    bits = int(lean)
-    if lean and conditional_rescale_for(name, d):
-        bits |= LEAN_COND_RESCALE | (LEAN_BY_WARP if rescale_by_warp.wanted() else 0)
-    if lean and q_in_registers_for(name, d):
-        bits |= LEAN_Q_REGS
-    if lean and deferred_row_sum_for(name, d, causal):
-        bits |= LEAN_DEFERRED_SUM
-    if lean and mask_branch_for(name, d, causal):
-        bits |= LEAN_MASK_BRANCH
-    if lean and ptx_barriers_for(name):
-        bits |= LEAN_PTX_BARRIERS
-    return bits if bits > 1 else bool(lean)
+def _lean_flags(lean: bool, name: str, d: int, causal: bool) -> dict:
+    """The kernel's ``LEAN`` (the lean softmax) and its options, each on only with it:
+    ``COND_RESCALE`` (conditional rescaling; ``RESCALE_BY_WARP``: decided by the warp, not the thread),
+    ``Q_IN_REGS`` (Q as S's register operand), ``DEFERRED_SUM`` (the row sum's quad reduction once a
+    tile), ``MASK_BRANCH`` (a tile's first-step mask under its own branch), ``PTX_BARRIERS`` (the
+    partition-barrier pass)."""
+    cond = lean and conditional_rescale_for(name, d)
+    return dict(LEAN=lean, COND_RESCALE=cond, RESCALE_BY_WARP=cond and rescale_by_warp.wanted(),
+                Q_IN_REGS=lean and q_in_registers_for(name, d),
+                DEFERRED_SUM=lean and deferred_row_sum_for(name, d, causal),
+                MASK_BRANCH=lean and mask_branch_for(name, d, causal),
+                PTX_BARRIERS=lean and ptx_barriers_for(name))
 
 
 # The consumer warpgroups' partition barriers that Triton 3.6 puts before every mbarrier wait and
 # single-thread arrive, dropped from the PTX where a warpgroup-wide wgmma already orders the warps
-# (``ioattn.kernels.ptx_barriers``; the kernel's LEAN bit 6 marks the build; every lean ping-pong
+# (``ioattn.kernels.ptx_barriers``; the kernel's ``PTX_BARRIERS`` marks the build; every lean ping-pong
 # kernel: four barriers a key step of each consumer). On in the variants where it paid
 # (``PTX_BARRIERS_ON``); ``with hopper.ptx_barriers(True / False): ...`` forces it either way.
 # tuned: docs/decisions/ptx-barrier-pass.md
@@ -376,7 +366,7 @@ def kernel_config(d: int, name: str | None = None, causal: bool = False, seqlen_
                                 NUM_WG=num_wg, ORDERED=name != "split",
                                 # the register-lean softmax and lse offsets the 160-register consumers need
                                 # (and, by choice, the two-warpgroup variants': lean_softmax below)
-                                LEAN=_lean_bits(num_wg == 3 or (pingpong and lean_softmax.wanted()), name, d, causal),
+                                **_lean_flags(num_wg == 3 or (pingpong and lean_softmax.wanted()), name, d, causal),
                                 PERSISTENT=name == "persistent",
                                 FEWER_MASKS=pingpong and num_wg == FEWER_MASKS_NUM_WG))
 
@@ -505,7 +495,7 @@ lpt_order = dispatch.Preference(False, env="IOATTN_HOPPER_LPT")
 # instruction less per exponential). ``with hopper.lean_softmax(False)`` turns it off.
 # tuned: docs/decisions/forward-softmax-form.md
 lean_softmax = dispatch.Preference(True)
-# FlashAttention-4's conditional rescaling with the lean softmax (the kernel's LEAN bit 1,
+# FlashAttention-4's conditional rescaling with the lean softmax (the kernel's ``COND_RESCALE``,
 # ``_rescale_rows``): the running max moves only when a key tile raises it by more than 8 (log2), and
 # where every row of a warp kept its max, the warp branches over the accumulator's rescale, 64 x d
 # fp32 a warpgroup a key tile: per score half a multiply at d = 64, one at d = 128, four at d = 256
@@ -534,7 +524,7 @@ def conditional_rescale_for(name: str, d: int) -> bool:
         return env == "1"
     return (name, d) not in CONDITIONAL_RESCALE_OFF
 
-# Q as the register operand of the two-warpgroup kernels' S = Q K^T (the kernel's ``LEAN`` bit 3):
+# Q as the register operand of the two-warpgroup kernels' S = Q K^T (the kernel's ``Q_IN_REGS``):
 # loaded from shared memory once a tile, so the product reads only K from shared memory (the products
 # and the ring ask ~112 of the SM's 128 B a clock at d = 128). It fits (no spill, wgmma pipelined) in
 # ``Q_IN_REGISTERS_FITS`` at d <= 128: at d = 256 Q is 64 more registers a thread, and wg3's
@@ -559,7 +549,7 @@ def q_in_registers_for(name: str, d: int) -> bool:
 
 
 # The row sum l kept as each thread's partial sums, the quad's shuffles (two a row a key tile) once a
-# tile instead of every key tile (the kernel's ``LEAN`` bit 4, ``_thread_row_sums``). It fits (no
+# tile instead of every key tile (the kernel's ``DEFERRED_SUM``, ``_thread_row_sums``). It fits (no
 # spill, wgmma pipelined) in ``DEFERRED_ROW_SUM_FITS`` at every head dim, and in wg3 without the causal
 # mask (its 160-register consumers spill causal). It pays most at narrow key tiles (d = 256: 64 keys),
 # where the dependent shuffles sat on the key step's path. On by default at ``DEFERRED_ROW_SUM_ON``
@@ -571,7 +561,7 @@ DEFERRED_ROW_SUM_ON = (("pingpong", 128), ("pingpong", 256), ("persistent", 64),
                        ("persistent", 256), ("wg3", 64))
 
 
-# One softmax body for a tile's first key step in the ping-pong kernels (the kernel's ``LEAN`` bit 5,
+# One softmax body for a tile's first key step in the ping-pong kernels (the kernel's ``MASK_BRANCH``,
 # ``_step_softmax``): where FEWER_MASKS decides that step's mask at run time, the mask alone
 # (``_mask_scores``) sits under the branch, ahead of one copy of the softmax, instead of two inlined
 # copies, masked or not: less consumer code for the instruction cache, which short causal tiles

@@ -776,8 +776,8 @@ def _check_forward(q, k, v, causal):
 # ragged, one key tile with rows that see no key (causal), several tiles a persistent program
 @pytest.mark.parametrize("shape", [(1, 777, 1500, 2, 1), (3, 129, 64, 2, 2), (1, 2048, 2048, 16, 8)])
 def test_hopper_forward_conditional_rescale(variant, d, by_warp, causal, shape, poison_alloc):
-    """FA4's conditional rescaling (hopper.conditional_rescale, the kernel's LEAN bit 1; decided by
-    the thread or the warp, bit 2) against the float64 oracle: forward and gradients on random
+    """FA4's conditional rescaling (hopper.conditional_rescale, the kernel's COND_RESCALE; decided by
+    the thread or the warp, RESCALE_BY_WARP) against the float64 oracle: forward and gradients on random
     inputs; the forward on scores that climb along the keys (``_ramp_inputs``: stale maxima,
     rescales after two tiles, threads of a warp on both branches; their gradients are not a test of
     the option: the backward reads only O and the lse, and the large ramp features make dq / dk
@@ -790,7 +790,8 @@ def test_hopper_forward_conditional_rescale(variant, d, by_warp, causal, shape, 
     b, sq, sk, h, hkv = shape
     with hopper.variant(variant), hopper.prefer_hopper(True), hopper.conditional_rescale(True), \
             hopper.rescale_by_warp(by_warp):
-        assert hopper.kernel_config(d, variant)["constexprs"]["LEAN"] == (7 if by_warp else 3)
+        consts = hopper.kernel_config(d, variant)["constexprs"]
+        assert consts["COND_RESCALE"] and consts["RESCALE_BY_WARP"] == by_warp
         _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=causal)
         _check_forward(*(t.detach() for t in _ramp_inputs(b, sq, sk, h, hkv, d, torch.bfloat16)), causal)
         plan = ioattn.explain_dispatch(torch.empty(b, sq, h, d, device="cuda", dtype=torch.bfloat16),
@@ -818,10 +819,10 @@ def test_hopper_forward_conditional_rescale(variant, d, by_warp, causal, shape, 
 # ragged, one key tile with rows that see no key (causal), several tiles a persistent program
 @pytest.mark.parametrize("shape", [(1, 777, 1500, 2, 1), (3, 129, 64, 2, 2), (1, 2048, 2048, 16, 8)])
 def test_hopper_forward_q_in_registers(variant, d, dtype, causal, shape, poison_alloc):
-    """Q as the register operand of S = Q K^T (hopper.q_in_registers, the kernel's LEAN bit 3; the
+    """Q as the register operand of S = Q K^T (hopper.q_in_registers, the kernel's Q_IN_REGS; the
     default at d = 128): the products' operands are the same bf16 / fp16 values as without it."""
     from ioattn.plan import hopper
-    _check_forward_option(variant, d, causal, shape, dtype, hopper.q_in_registers, 8)
+    _check_forward_option(variant, d, causal, shape, dtype, hopper.q_in_registers, "Q_IN_REGS")
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
@@ -832,12 +833,12 @@ def test_hopper_forward_q_in_registers(variant, d, dtype, causal, shape, poison_
 @pytest.mark.parametrize("shape", [(1, 777, 1500, 2, 1), (3, 129, 64, 2, 2), (1, 2048, 2048, 16, 8)])
 def test_hopper_forward_deferred_row_sum(variant, d, causal, shape, poison_alloc):
     """The row sum kept as each thread's partial sums, the quad's reduction once a tile
-    (hopper.deferred_row_sum, the kernel's LEAN bit 4; by default at hopper.DEFERRED_ROW_SUM_ON): the
+    (hopper.deferred_row_sum, the kernel's DEFERRED_SUM; by default at hopper.DEFERRED_ROW_SUM_ON): the
     same terms summed in another order. wg3 only without the causal mask (where it fits)."""
     from ioattn.plan import hopper
     if variant == "wg3" and causal:
         pytest.skip("wg3's causal build does not take the option (it spilled)")
-    _check_forward_option(variant, d, causal, shape, torch.bfloat16, hopper.deferred_row_sum, 16)
+    _check_forward_option(variant, d, causal, shape, torch.bfloat16, hopper.deferred_row_sum, "DEFERRED_SUM")
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
@@ -849,14 +850,14 @@ def test_hopper_forward_deferred_row_sum(variant, d, causal, shape, poison_alloc
 @pytest.mark.parametrize("shape", [(1, 777, 1500, 2, 1), (3, 129, 64, 2, 2), (1, 2048, 2048, 16, 8)])
 def test_hopper_forward_mask_branch(variant, d, causal, shape, poison_alloc):
     """A tile's first-step mask under its own branch ahead of one softmax body (hopper.mask_branch, the
-    kernel's LEAN bit 5; by default causal at d = 128 / 256): the same operations on the same values,
+    kernel's MASK_BRANCH; by default causal at d = 128 / 256): the same operations on the same values,
     so the same function."""
     from ioattn.plan import hopper
-    _check_forward_option(variant, d, causal, shape, torch.bfloat16, hopper.mask_branch, 32)
+    _check_forward_option(variant, d, causal, shape, torch.bfloat16, hopper.mask_branch, "MASK_BRANCH")
 
 
-def _check_forward_option(variant, d, causal, shape, dtype, option, bit):
-    """A Gluon forward option (``option``: a hopper preference that sets the kernel's ``LEAN`` ``bit``)
+def _check_forward_option(variant, d, causal, shape, dtype, option, flag):
+    """A Gluon forward option (``option``: a hopper preference that sets the kernel's constexpr ``flag``)
     against the float64 oracle, forward and gradients, with the default options beside it; and the
     lse against the same kernel's without it, which computes the same function: equal to fp32
     rounding, rows with no key included."""
@@ -864,12 +865,12 @@ def _check_forward_option(variant, d, causal, shape, dtype, option, bit):
     from ioattn import backends
     b, sq, sk, h, hkv = shape
     with hopper.variant(variant), hopper.prefer_hopper(True), option(True):
-        assert hopper.kernel_config(d, variant, causal)["constexprs"]["LEAN"] & bit
+        assert hopper.kernel_config(d, variant, causal)["constexprs"][flag]
         _check(b, sq, sk, h, hkv, d, dtype, causal=causal)
     q, k, v = (torch.randn(b, n, hh, d, device="cuda", dtype=dtype) for n, hh in ((sq, h), (sk, hkv), (sk, hkv)))
     with hopper.variant(variant):
         with option(False):
-            assert not hopper.kernel_config(d, variant, causal)["constexprs"]["LEAN"] & bit
+            assert not hopper.kernel_config(d, variant, causal)["constexprs"][flag]
             out0, lse0 = backends.hopper_forward(q, k, v, d ** -0.5, causal)
         with option(True):
             out1, lse1 = backends.hopper_forward(q, k, v, d ** -0.5, causal)
