@@ -120,7 +120,10 @@ def device_sms(device) -> int:
 def _rows(t):
     """``t`` as TMA reads it: its (rows, nheads * d) view, made contiguous first where it has none."""
     view = tma_rows_view(t)
-    return (t, view) if view is not None else (t.contiguous(), tma_rows_view(t.contiguous()))
+    if view is None:
+        t = t.contiguous()
+        view = tma_rows_view(t)
+    return t, view
 
 
 def launch_forward(plan, q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, alibi_slopes=None):
