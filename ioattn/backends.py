@@ -81,8 +81,18 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
     d), k/v (total_k, ...), lse (nheads, total_q); rows no sequence owns give output 0 and lse -inf.
     ``window``: flash-attn's (left, right), bottom-right aligned; the causal mask is ``causal=True``.
     ``softcap`` > 0: cap * tanh(s * scale / cap). ``alibi_slopes``: fp32 (nheads,) or (batch, nheads),
-    flash-attn's bias -slope * |i + seqlen_k - seqlen_q - j|. The plan (``ioattn.plan.forward``) is
-    made once a signature; the launch (``ioattn.launch.gluon_fwd``) carries it out."""
+    flash-attn's bias -slope * |i + seqlen_k - seqlen_q - j|."""
+    route = gluon_forward_route(q, k, v, softmax_scale, causal, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                max_seqlen_k, window, softcap, alibi_slopes)
+    return route(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+
+
+def gluon_forward_route(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                        max_seqlen_k=None, window=(-1, -1), softcap=0.0, alibi_slopes=None):
+    """The Gluon forward of ``hopper_forward``'s call, prepared for every call laid out as this one: a
+    callable ``(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes) -> (out, lse)``. The plan
+    (``ioattn.plan.forward``) is made once a signature; the launch (``ioattn.launch.gluon_fwd``)
+    carries it out."""
     varlen = cu_seqlens_q is not None
     nheads = q.shape[-2]
     if alibi_slopes is not None:
@@ -99,26 +109,87 @@ def hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_seqlens
         device_sms=gluon_fwd.device_sms(q.device))
     plan = forward_plan.plan_forward(sig)
     if plan.pad_copies:  # a head dim the kernels lack, not a multiple of 8: on zero-padded copies
-        out, lse = hopper_forward(*(gluon_fwd.pad_head(t, plan.pad_to) for t in (q, k, v)), softmax_scale, causal)
-        return out[..., :q.shape[-1]].contiguous(), lse
+        return _PaddedForward(plan.pad_to, q, k, v, softmax_scale, causal)
     if alibi_slopes is not None:
         form = dict(plan.constexprs)["ALIBI"]
         refusal = hopper.alibi_length_refusal(q, k, varlen, form)
         if refusal:
             raise ValueError(refusal)
-    return gluon_fwd.launch_forward(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+    return gluon_fwd.ForwardLaunch(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+                                   cached=dispatch.cached_launch())
+
+
+class _PaddedForward:
+    """The Gluon forward of a head dim the kernels lack (not a multiple of 8) on zero-padded copies of
+    q, k, v (``plan.pad_to`` columns), the output sliced back."""
+
+    def __init__(self, pad_to, q, k, v, softmax_scale, causal):
+        self.pad_to, self.d = pad_to, q.shape[-1]
+        padded = [gluon_fwd.pad_head(t, pad_to) for t in (q, k, v)]
+        self.inner = gluon_forward_route(*padded, softmax_scale, causal)
+        self.cacheable = getattr(self.inner, "cacheable", True)
+
+    def __call__(self, q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, alibi_slopes=None):
+        out, lse = self.inner(*(gluon_fwd.pad_head(t, self.pad_to) for t in (q, k, v)))
+        return out[..., :self.d].contiguous(), lse
+
+
+_UNSET = object()
+# call key (``_forward_key``) -> the Gluon forward prepared for it (``gluon_forward_route``), or None where
+# the portable kernels take the call: the policy, the plan and the launch's preparation run once a key
+_FWD_ROUTES: dict = {}
+_ROUTES_MAX = 512
+
+
+def clear_routes():
+    """Forget every prepared call (after a policy table was changed in place: the keys hold the
+    switches and environment variables, not the tables)."""
+    _FWD_ROUTES.clear()
+    forward_plan._PLANS.clear()
+
+
+def _forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window, softcap,
+                 alibi_slopes, dropout_p):
+    """What decides a forward's route, plan and specialization: shapes, strides, dtype, device, 16-byte
+    alignment of every tensor, the scalars and the switches (not the tensors' values or addresses)."""
+    varlen = None if cu_seqlens_q is None else (cu_seqlens_q.shape, cu_seqlens_q.data_ptr() % 16,
+                                                 cu_seqlens_k.shape, cu_seqlens_k.data_ptr() % 16)
+    alibi = None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride(), alibi_slopes.dtype,
+                                               alibi_slopes.data_ptr() % 16)
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
+            q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, varlen, alibi, max_seqlen_q, max_seqlen_k,
+            softmax_scale, window, softcap, dropout_p, dispatch.switch_state(), hopper.active_variant(),
+            hopper.exp2_fma_share())
+
+
+def _forward_route(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window,
+                   softcap, alibi_slopes, dropout_p):
+    varlen = cu_seqlens_q is not None
+    seqlen_q = max_seqlen_q if varlen else q.shape[1]
+    if not hopper.fwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p, seqlen_q, softmax_scale)[0]:
+        return None
+    causal = window == (-1, 0)
+    return gluon_forward_route(q, k, v, softmax_scale, causal, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                               max_seqlen_k, (-1, -1) if causal else window, softcap, alibi_slopes)
 
 
 def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                    window, softcap, alibi_slopes, dropout_p, seed):
     from ioattn.kernels.forward import attn_fwd_kernel
 
+    key = _forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window,
+                       softcap, alibi_slopes, dropout_p)
+    route = _FWD_ROUTES.get(key, _UNSET)
+    if route is _UNSET:
+        route = _forward_route(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                               window, softcap, alibi_slopes, dropout_p)
+        if getattr(route, "cacheable", True):
+            if len(_FWD_ROUTES) >= _ROUTES_MAX:
+                _FWD_ROUTES.clear()
+            _FWD_ROUTES[key] = route
+    if route is not None:
+        return route(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
     pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    if hopper.fwd_plan(q, k, v, pb.varlen, window, softcap, alibi_slopes, dropout_p, pb.seqlen_q, softmax_scale)[0]:
-        causal = window == (-1, 0)
-        return hopper_forward(q, k, v, softmax_scale, causal, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                              max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                              window=(-1, -1) if causal else window, softcap=softcap, alibi_slopes=alibi_slopes)
     out, lse = pb.outputs(q)
     if q.numel() == 0 or pb.seqlen_q == 0:
         lse.fill_(float("-inf"))

@@ -48,8 +48,8 @@ def _seed(request):
     # a fresh but reproducible draw per test (never zeros): the seed comes from the test's name
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
     # cached plans are keyed on the switches, not on policy tables a test may patch: none carries over
-    from ioattn.plan import forward
-    forward._PLANS.clear()
+    from ioattn import backends
+    backends.clear_routes()
 
 
 def max_err(a, b):

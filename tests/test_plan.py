@@ -405,11 +405,11 @@ def test_hopper_varlen_switch_and_policy(monkeypatch):
             plan = ioattn.explain_dispatch(q, q, q, cu_seqlens_q=cu, max_seqlen_q=5)
             assert "hopper_fwd_kernel" in plan.forward["kernel"] and not plan.forward["mask"].startswith("none")
         calls = []
-        monkeypatch.setattr(backends, "hopper_forward", lambda *a, **kw: calls.append((a, kw)) or ("out", "lse"))
+        monkeypatch.setattr(backends, "gluon_forward_route",
+                            lambda *a: calls.append(a) or (lambda *tensors: ("out", "lse")))
         assert backends.triton_forward(q, q, q, cu, cu, 5, 5, 0.125, (-1, 0), 0.0, None, 0.0, 0) == ("out", "lse")
-    ((args, kw),) = calls
-    assert args[3:] == (0.125, True) and kw["cu_seqlens_q"] is cu and kw["cu_seqlens_k"] is cu
-    assert kw["max_seqlen_q"] == kw["max_seqlen_k"] == 5
+    ((args),) = calls
+    assert args[3:5] == (0.125, True) and args[5] is cu and args[6] is cu and args[7] == args[8] == 5
 
 
 @_NO_INTERPRETER
@@ -848,12 +848,36 @@ def _fake_launches(monkeypatch, module, kernel: str) -> list:
     """``module.kernel`` (a Gluon kernel) replaced by a fake that records each launch as (grid,
     positional arguments, keyword arguments) in the list returned (no GPU here)."""
     launches = []
+    params = getattr(module, kernel).params
+    names = [p.name for p in params]
+    head = names[:next(i for i, p in enumerate(params) if p.is_constexpr)]
+
+    def record(grid, args, kw):
+        # the runtime parameters before the first constexpr positionally, the rest by name, however
+        # the launcher passed them
+        kw = dict(zip(names, args), **kw)
+        launches.append((grid, tuple(kw.pop(n) for n in head if n in kw), kw))
 
     class Fake:
         def __getitem__(self, grid):
-            return lambda *args, **kw: launches.append((grid, args, kw))
+            return lambda *args, **kw: record(grid, args, kw)
     monkeypatch.setattr(module, kernel, Fake())
     return launches
+
+
+def _fake_gluon_routes(monkeypatch) -> list:
+    """``backends.gluon_forward_route`` (the Gluon forward prepared for a call) replaced by a fake whose
+    route returns ("out", "lse"); each preparation recorded as (q, k, v, scale, causal) and the other
+    arguments by name."""
+    from ioattn import backends
+    calls = []
+    names = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "window", "softcap", "alibi_slopes")
+
+    def route(*a):
+        calls.append((a[:5], dict(zip(names, a[5:]))))
+        return lambda *tensors: ("out", "lse")
+    monkeypatch.setattr(backends, "gluon_forward_route", route)
+    return calls
 
 
 def _fake_forward_launches(monkeypatch) -> list:
@@ -1095,8 +1119,7 @@ def test_hopper_forward_window_launch_and_policy(monkeypatch):
             assert "window" not in ioattn.explain_dispatch(q, q, q, causal=True).forward
             plan = ioattn.explain_dispatch(q, q, q, window_size=(298, 0))
             assert "hopper" not in plan.forward["kernel"] and "WINDOW_MIN_WIDTH" in plan.forward["gluon_hopper"]
-            calls = []
-            m.setattr(backends, "hopper_forward", lambda *a, **kw: calls.append((a, kw)) or ("out", "lse"))
+            calls = _fake_gluon_routes(m)
             qs = q[:, :600]
             for window in ((400, 0), (-1, 0)):
                 assert backends.triton_forward(qs, qs, qs, None, None, 600, 600, 0.125, window, 0.0, None, 0.0,
@@ -1148,8 +1171,7 @@ def test_hopper_forward_softcap_launch_and_policy(monkeypatch):
         assert hopper.policy(q, causal=True, softcap=True) == (
             False, "default policy: head dim 128 with a softcap is not in hopper.SOFTCAP_HEADDIMS")
     monkeypatch.setattr(hopper, "hopper_supports", hopper.call_supported)  # as if on an sm_90 GPU
-    calls = []
-    monkeypatch.setattr(backends, "hopper_forward", lambda *a, **kw: calls.append((a, kw)) or ("out", "lse"))
+    calls = _fake_gluon_routes(monkeypatch)
     with dispatch.forced_backend("triton"):
         assert backends.triton_forward(q, q, q, None, None, n, n, 0.125, (-1, 0), 30.0, None, 0.0, 0) == ("out", "lse")
         plan = ioattn.explain_dispatch(q, q, q, causal=True, softcap=30.0)  # the plan of the same call
@@ -1325,8 +1347,7 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
     assert hopper.fwd_plan(q, q, q, False, (-1, 0), 0.0, slopes, 0.0, softmax_scale=0.0) == (
         False, "ALiBi with softmax_scale 0: the portable kernels (the bias is added in the scores' units)")
     assert hopper.fwd_plan(q, q, q, False, (-1, 0), 5.0, slopes, 0.0, softmax_scale=0.0)[0]  # a cap: its units
-    calls = []
-    monkeypatch.setattr(backends, "hopper_forward", lambda *a, **kw: calls.append((a, kw)) or ("out", "lse"))
+    calls = _fake_gluon_routes(monkeypatch)
     with dispatch.forced_backend("triton"):
         assert backends.triton_forward(q, q, q, None, None, n, n, 0.125, (-1, 0), 0.0, slopes, 0.0, 0) == ("out", "lse")
         with monkeypatch.context() as m:  # causal in the fp32 columns (64-key tiles at d = 128)
@@ -1627,14 +1648,17 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
         gluon_bwd.hopper_backward(q96, q96, q96, q96, q96, lse, 0.1, False, variant="base", window=(4, 0))
     # exact padding, through stand-in kernels at the padded dim (float64 oracle; GQA, causal, scale 0.3)
     seen = {}
-    real_fwd, real_bwd = backends.hopper_forward, gluon_bwd.hopper_backward
+    real_fwd, real_route, real_bwd = backends.hopper_forward, backends.gluon_forward_route, gluon_bwd.hopper_backward
 
-    def fake_fwd(q, k, v, scale, causal, **kw):
+    def fake_route(q, k, v, scale, causal, *rest):
         if q.shape[-1] not in (64, 128, 256):
-            return real_fwd(q, k, v, scale, causal, **kw)
-        seen["fwd"] = (q, k, v, scale)
-        out, lse = attention_ref(q, k, v, softmax_scale=scale, window=(-1, 0) if causal else (-1, -1))
-        return out.to(q.dtype), lse.float()
+            return real_route(q, k, v, scale, causal, *rest)
+
+        def route(q, k, v, *varlen):
+            seen["fwd"] = (q, k, v, scale)
+            out, lse = attention_ref(q, k, v, softmax_scale=scale, window=(-1, 0) if causal else (-1, -1))
+            return out.to(q.dtype), lse.float()
+        return route
 
     def fake_bwd(dout, q, k, v, out, lse, scale, causal, **kw):
         if q.shape[-1] not in (64, 128, 256):
@@ -1644,7 +1668,7 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
         ref, _ = attention_ref(*leaves, softmax_scale=scale, window=(-1, 0) if causal else (-1, -1))
         return torch.autograd.grad(ref, leaves, dout)
 
-    monkeypatch.setattr(backends, "hopper_forward", fake_fwd)
+    monkeypatch.setattr(backends, "gluon_forward_route", fake_route)
     monkeypatch.setattr(gluon_bwd, "hopper_backward", fake_bwd)
     g = torch.Generator().manual_seed(5)
     for d, causal in ((100, True), (196, False)):  # not multiples of 8: the padded copies

@@ -99,3 +99,49 @@ def launcher_for(fn) -> CachedLaunch:
     if launch is None:
         launch = _LAUNCHERS[fn] = CachedLaunch(fn)
     return launch
+
+
+class BoundLaunch:
+    """Launches of kernel ``fn`` whose specialization the caller's own cache key fixes.
+
+    ``static``: the arguments that are the same at every launch under that key (sizes, strides,
+    scalars, constexprs), by parameter name; ``dynamic``: the names of the ones that change (tensors,
+    descriptors), passed to ``__call__`` in that order, which keep the dtype, 16-byte alignment and
+    descriptor blocks of the first launch's; ``options``: num_warps and the like. The first launch
+    (and any on another device, or with ``direct=False``) goes through ``fn[grid]``, which compiles;
+    the later ones call the compiled kernel's launcher with the arguments in parameter order, without
+    Triton's per-launch binding, specialization and cache lookup."""
+
+    def __init__(self, fn, static: dict, dynamic: tuple, options: dict, direct: bool = True):
+        self.fn, self.static, self.dynamic, self.options = fn, static, tuple(dynamic), options
+        self.kernel = self.device = None
+        params = getattr(fn, "params", None)
+        self.direct = direct and isinstance(fn, JITFunction) and params is not None
+        if self.direct:
+            names = [p.name for p in params]
+            unknown = (set(static) | set(self.dynamic)) - set(names)
+            if unknown:
+                raise TypeError(f"BoundLaunch: {sorted(unknown)} are not parameters of {fn.__name__}")
+            missing = [p.name for p in params if not p.has_default and p.name not in static and p.name not in dynamic]
+            if missing:
+                raise TypeError(f"BoundLaunch: {fn.__name__} needs {missing}")
+            self.template = [static[p.name] if p.name in static else p.default for p in params]
+            self.slots = [names.index(n) for n in self.dynamic]
+
+    def __call__(self, grid, *values):
+        kernel = self.kernel
+        device = triton.runtime.driver.active.get_current_device() if self.direct else None
+        if kernel is None or device != self.device:
+            kernel = self.fn[grid](**self.static, **dict(zip(self.dynamic, values)), **self.options)
+            if self.direct and self.kernel is None and hasattr(kernel, "run") and hasattr(kernel, "packed_metadata"):
+                self.kernel, self.device = kernel, device
+            return
+        args = self.template.copy()
+        for i, value in zip(self.slots, values):
+            args[i] = value
+        stream = triton.runtime.driver.active.get_current_stream(device)
+        g = tuple(grid) + (1, 1)
+        knobs = triton.knobs.runtime
+        kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata,
+                   kernel.launch_metadata(grid, stream, *args), knobs.launch_enter_hook, knobs.launch_exit_hook,
+                   *args)

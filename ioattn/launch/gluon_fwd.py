@@ -126,68 +126,119 @@ def _rows(t):
     return t, view
 
 
+def rebased(desc, base):
+    """A copy of descriptor ``desc`` over ``base``, a tensor of the same shape, strides and dtype as
+    ``desc.base`` (so the checks ``desc`` passed hold; its 16-byte alignment is in the caller's key)."""
+    new = object.__new__(type(desc))
+    new.__dict__.update(desc.__dict__)
+    new.base = base
+    return new
+
+
+def _unbased(desc):
+    """``desc`` without its base tensor (a template ``rebased`` copies: the cache keeps no tensor alive)."""
+    desc.base = None
+    return desc
+
+
 def launch_forward(plan, q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, alibi_slopes=None):
     """(out, lse) of ``hopper_fwd_kernel`` for ``plan`` (``ioattn.plan.forward.plan_forward``), the tensors
     in flash-attn's layouts (varlen: packed, with cu_seqlens); a plan with ``pad_copies`` is launched
-    by the caller on zero-padded copies."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    by the caller on zero-padded copies. One launch; ``ForwardLaunch`` keeps the work for the next."""
+    return ForwardLaunch(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes)(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
 
-    from ioattn.kernels.hopper_forward import hopper_fwd_kernel
-    from ioattn.kernels.hopper_tiles import magic_divisor
 
-    consts = dict(plan.constexprs)
-    varlen, d, nheads = consts["IS_VARLEN"], plan.head_dim, q.shape[-2]
-    if varlen:
-        batch = cu_seqlens_q.numel() - 1
-        # zeros / -inf first: the kernel writes only rows some sequence owns
-        out = torch.zeros_like(q, memory_format=torch.contiguous_format)
-        lse = torch.full((nheads, q.shape[0]), float("-inf"), device=q.device, dtype=torch.float32)
-        stride_lse_b, stride_lse_h = 0, lse.stride(0)
-    else:
-        batch, seqlen_q = q.shape[0], q.shape[1]
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
-        lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
-        stride_lse_b, stride_lse_h = lse.stride(0), lse.stride(1)
-    if q.numel() == 0 or plan.num_m == 0 or (varlen and (k.numel() == 0 or plan.seqlen_k == 0)):
-        return out.zero_(), lse.fill_(float("-inf"))
-    if plan.negate_q:
-        q = -q
-    dt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    (q, q_rows), (k, k_rows), (v, v_rows) = _rows(q), _rows(k), _rows(v)
-    k_hi_desc = v_hi_desc = None
-    if plan.ring_split:  # the split ring: K / V in 128- and 64-column boxes (from column 128)
-        q_desc = padded_rows_desc(q, plan.q_rows, d, dt)
-        k_desc, v_desc = (padded_rows_desc(t, plan.block_n, 128, dt) for t in (k, v))
-        k_hi_desc, v_hi_desc = (padded_rows_desc(t, plan.block_n, 64, dt) for t in (k, v))
-    elif plan.pad_to:  # the same views, read in [.., d] boxes zero-filled past io_dim
-        q_desc = padded_rows_desc(q, plan.q_rows, d, dt)
-        k_desc, v_desc = (padded_rows_desc(t, plan.block_n, d, dt) for t in (k, v))
-    else:
-        q_desc = TensorDescriptor.from_tensor(q_rows, [plan.q_rows, d], _layout(plan.q_rows, d, dt))
-        kv_layout = _layout(plan.block_n, d, dt)
-        k_desc = TensorDescriptor.from_tensor(k_rows, [plan.block_n, d], kv_layout)
-        v_desc = TensorDescriptor.from_tensor(v_rows, [plan.block_n, d], kv_layout)
-    o_desc = None
-    if plan.out_tma:  # the output as (batch, seqlen_q, nheads * d) in [1, q_rows, d] boxes: a bulk copy
-        # drops the rows past seqlen_q itself (the persistent kernel's, fixed-length calls only)
-        o_desc = padded_out_desc(out, plan.q_rows, d, dt) if plan.pad_to else TensorDescriptor.from_tensor(
-            out.view(batch, plan.seqlen_q, nheads * d), [1, plan.q_rows, d], _layout(plan.q_rows, d, dt, rank=3))
-    walk, walk_div = None, plan.walk_div
-    if plan.walk_table is not None:  # the causal walk from the host's table, else computed in the kernel
-        walk = walk_table_tensor(q.device, plan.programs, batch * nheads, *plan.walk_table)
-        if walk is None:  # a new shape inside a CUDA graph's capture: the computed walk, its options
-            consts, walk_div = dict(plan.without_table[0]), plan.without_table[1]
-    _, walk_mul, walk_shift = magic_divisor(walk_div)
-    _, head_mul, head_shift = magic_divisor(nheads)
-    stride_ab = alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0
-    hopper_fwd_kernel[(plan.programs,)](
-        q_desc, k_desc, v_desc, o_desc, out, lse, cu_seqlens_q, cu_seqlens_k, plan.seqlen_q, plan.seqlen_k, nheads, nheads // k.shape[-2], nheads * plan.io_dim, stride_lse_b, stride_lse_h,
-        plan.qk_scale, walk_div, walk_mul, walk_shift, head_mul, head_shift,
-        win_left=plan.win_left, win_right=plan.win_right, softcap_a=plan.softcap_a, Alibi=alibi_slopes,
-        stride_ab=stride_ab, alibi_unit=plan.alibi_unit, num_tiles=plan.num_tiles, Walk=walk, k_hi_desc=k_hi_desc, v_hi_desc=v_hi_desc,
-        num_warps=plan.num_warps, **consts)
-    return out, lse
+class ForwardLaunch:
+    """``plan``'s launches for tensors laid out as the example ``q, k, v`` (shapes, strides, dtype,
+    16-byte alignment; cu_seqlens and ALiBi slopes likewise): the descriptors' shapes and layouts, the
+    walk table, the kernel's scalars and its compiled form are made once here, and a call allocates the
+    outputs, views its tensors as rows, rebases the descriptors and launches. ``cacheable``: False when
+    it was made inside a CUDA graph's capture without the walk table (it then computes the walk)."""
+
+    def __init__(self, plan, q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, alibi_slopes=None, cached=True):
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        from ioattn.kernels.hopper_forward import hopper_fwd_kernel
+        from ioattn.kernels.hopper_tiles import magic_divisor
+        from ioattn.launch.cached import BoundLaunch
+
+        consts = dict(plan.constexprs)
+        self.plan, self.varlen, self.cacheable = plan, consts["IS_VARLEN"], True
+        d, nheads = plan.head_dim, q.shape[-2]
+        self.batch = cu_seqlens_q.numel() - 1 if self.varlen else q.shape[0]
+        self.lse_shape = (nheads, q.shape[0]) if self.varlen else (self.batch, nheads, plan.seqlen_q)
+        self.empty = q.numel() == 0 or plan.num_m == 0 or (self.varlen and (k.numel() == 0 or plan.seqlen_k == 0))
+        if self.empty:
+            return
+        dt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+        if plan.negate_q:  # the call's q is negated first: its layout is the negation's
+            q = -q
+        # the example's rows views (a contiguous copy where a tensor has none: the same at each call)
+        self.views = tuple((tma_rows_view(t) is not None, view.shape, view.stride())
+                           for t, view in (_rows(t) for t in (q, k, v)))
+        rows = [_rows(t)[1] for t in (q, k, v)]
+        if plan.ring_split:  # the split ring: K / V in 128- and 64-column boxes (from column 128)
+            descs = [padded_rows_desc(rows[0], plan.q_rows, d, dt)] + [
+                padded_rows_desc(rows[i], plan.block_n, w, dt) for w in (128, 64) for i in (1, 2)]
+        elif plan.pad_to:  # the same views, read in [.., d] boxes zero-filled past io_dim
+            descs = [padded_rows_desc(rows[0], plan.q_rows, d, dt)] + [
+                padded_rows_desc(rows[i], plan.block_n, d, dt) for i in (1, 2)]
+        else:
+            kv_layout = _layout(plan.block_n, d, dt)
+            descs = [TensorDescriptor.from_tensor(rows[0], [plan.q_rows, d], _layout(plan.q_rows, d, dt)),
+                     TensorDescriptor.from_tensor(rows[1], [plan.block_n, d], kv_layout),
+                     TensorDescriptor.from_tensor(rows[2], [plan.block_n, d], kv_layout)]
+        # (descriptor without its base, which tensor's rows it reads: 0 q, 1 k, 2 v)
+        self.descs = tuple((_unbased(desc), i) for desc, i in zip(descs, (0, 1, 2, 1, 2)))
+        self.o_desc = None
+        if plan.out_tma:  # the output as (batch, seqlen_q, nheads * d) in [1, q_rows, d] boxes: a bulk copy
+            # drops the rows past seqlen_q itself (the persistent kernel's, fixed-length calls only)
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+            self.out_view = out.shape if plan.pad_to else (self.batch, plan.seqlen_q, nheads * d)
+            self.o_desc = _unbased(padded_out_desc(out, plan.q_rows, d, dt) if plan.pad_to else TensorDescriptor.from_tensor(
+                out.view(self.out_view), [1, plan.q_rows, d], _layout(plan.q_rows, d, dt, rank=3)))
+        walk, walk_div = None, plan.walk_div
+        if plan.walk_table is not None:  # the causal walk from the host's table, else computed in the kernel
+            walk = walk_table_tensor(q.device, plan.programs, self.batch * nheads, *plan.walk_table)
+            if walk is None:  # a new shape inside a CUDA graph's capture: the computed walk, its options
+                consts, walk_div = dict(plan.without_table[0]), plan.without_table[1]
+                self.cacheable = False
+        _, walk_mul, walk_shift = magic_divisor(walk_div)
+        _, head_mul, head_shift = magic_divisor(nheads)
+        lse_strides = (0, q.shape[0]) if self.varlen else (nheads * plan.seqlen_q, plan.seqlen_q)
+        static = dict(seqlen_q=plan.seqlen_q, seqlen_k=plan.seqlen_k, nheads=nheads, group=nheads // k.shape[-2],
+                      stride_om=nheads * plan.io_dim, stride_lse_b=lse_strides[0], stride_lse_h=lse_strides[1],
+                      qk_scale=plan.qk_scale, walk_div=walk_div, walk_mul=walk_mul, walk_shift=walk_shift,
+                      head_mul=head_mul, head_shift=head_shift, win_left=plan.win_left, win_right=plan.win_right,
+                      softcap_a=plan.softcap_a, alibi_unit=plan.alibi_unit, num_tiles=plan.num_tiles, Walk=walk,
+                      stride_ab=alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
+                      **consts)
+        dynamic = ["q_desc", "k_desc", "v_desc", "o_desc", "Out", "Lse", "Cu_q", "Cu_k", "Alibi", "k_hi_desc",
+                   "v_hi_desc"]
+        self.kernel = BoundLaunch(hopper_fwd_kernel, static, dynamic, dict(num_warps=plan.num_warps), direct=cached)
+
+    def __call__(self, q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, alibi_slopes=None):
+        plan = self.plan
+        if self.varlen:  # zeros / -inf first: the kernel writes only rows some sequence owns
+            out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+            lse = torch.full(self.lse_shape, float("-inf"), device=q.device, dtype=torch.float32)
+        else:
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+            lse = torch.empty(self.lse_shape, device=q.device, dtype=torch.float32)
+        if self.empty:
+            return out.zero_(), lse.fill_(float("-inf"))
+        if plan.negate_q:
+            q = -q
+        rows = [(t if in_place else t.contiguous()).as_strided(shape, stride)
+                for t, (in_place, shape, stride) in zip((q, k, v), self.views)]
+        descs = [rebased(desc, rows[i]) for desc, i in self.descs]
+        descs += [None] * (5 - len(descs))
+        o_desc = None if self.o_desc is None else rebased(self.o_desc, out.view(self.out_view))
+        self.kernel((plan.programs,), descs[0], descs[1], descs[2], o_desc, out, lse, cu_seqlens_q, cu_seqlens_k,
+                    alibi_slopes, descs[3], descs[4])
+        return out, lse
 
 
 @functools.lru_cache(maxsize=64)

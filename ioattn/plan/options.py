@@ -117,10 +117,19 @@ def env(name: str) -> str:
     return os.environ.get(name, "").strip()
 
 
+# ``env_state`` runs on every call: it reads os.environ's underlying mapping with the keys encoded
+# once (``os.environ.get`` encodes the key and decodes the value on each read, a microsecond a variable)
+_ENV_NAMES = tuple(sorted(ENV_VARS))
+_ENV_KEYS = tuple(os.environ.encodekey(name) for name in _ENV_NAMES)
+
+
 def env_state() -> tuple:
-    """Every registered environment variable's raw value, in registry order: part of a cached plan's
-    key, so that setting one takes effect on the next call."""
-    return tuple(os.environ.get(name) for name in ENV_VARS)
+    """Every registered environment variable's raw value (None: unset), in a fixed order: part of a
+    cached plan's key, so that setting one takes effect on the next call."""
+    data = getattr(os.environ, "_data", None)
+    if data is None:  # not CPython's os.environ
+        return tuple(os.environ.get(name) for name in _ENV_NAMES)
+    return tuple(map(data.get, _ENV_KEYS))
 
 
 def table() -> str:
