@@ -1,14 +1,12 @@
-"""Host side of the Gluon Hopper kernels: the forward (``ioattn.kernels.hopper_forward``) and, at the
-end of this module, the backward (``ioattn.kernels.hopper_backward``: ``bwd_policy``, ``bwd_plan``).
+"""Host policy of the Gluon Hopper forward (``ioattn.kernels.hopper_forward``; the backward's is
+``ioattn.plan.hopper_bwd``).
 
-``policy`` decides when ``flash_attn_func`` takes the Gluon forward (``AUTO_MIN_SEQLEN`` and the forms'
-tables; ``prefer_hopper`` / ``IOATTN_HOPPER`` override it), ``hopper_supports`` which calls it covers,
-``variant_for`` the kernel variant (``VARIANTS``: "pingpong" by default, "wg3" at d = 64, "persistent"
-for short fixed-length calls; ``IOATTN_HOPPER_VARIANT`` or ``variant(...)`` name one) and
-``kernel_config`` its tiles and compile-time options. Gluon is imported lazily: a Triton without it
-still imports the package, and the kernels run only where ``ioattn._compat.gluon_status`` finds the
-Gluon API they are written against. The variants and options: docs/hopper-forward.md; each tuned
-table names its record in docs/decisions/.
+``policy`` decides when a call takes the Gluon forward (``prefer_hopper`` / ``IOATTN_HOPPER`` override
+it), ``hopper_supports`` which calls it covers, ``variant_for`` the kernel variant (``VARIANTS``;
+``IOATTN_HOPPER_VARIANT`` or ``variant(...)`` name one) and ``kernel_config`` its tiles and
+compile-time options. The kernels run only where ``ioattn._compat.gluon_status`` finds the Gluon API
+they are written against. Variants and options: docs/hopper-forward.md; each tuned table names its
+record in docs/decisions/.
 """
 from __future__ import annotations
 
@@ -79,10 +77,8 @@ def padded_headdim(d: int) -> int | None:
 
 def padded_in_place(d: int) -> bool:
     """Whether a padded call (``padded_headdim``) runs without padded copies: the kernels read its
-    tensors through descriptors whose boxes run past d (``padded_rows_desc``; TMA fills the columns past
-    d with zeros) and store d columns. It needs d a multiple of 8 (each head's first column a whole
-    16-byte group); layouts without a (rows, nheads * d) view come as contiguous copies, as at any head
-    dim (the launchers)."""
+    tensors through descriptors whose boxes run past d (``padded_rows_desc``; TMA fills the zeros) and
+    store d columns. Needs d a multiple of 8 (each head's first column a whole 16-byte group)."""
     return bool(padded_headdim(d)) and d % 8 == 0
 
 
@@ -145,8 +141,7 @@ SPLIT_RING_STAGES = 3
 def split_ring_for(d: int, io_dim: int, name: str, kv_tail: bool = False) -> bool:
     """Whether the forward kernel runs the split ring (``split_ring``) for kernel head dim ``d``, the
     tensors' ``io_dim`` and variant ``name``: only with the products over 192 columns (``split_cols_for``)
-    and whole key tiles (``kv_tail`` False: the producer's zeroing of a last V tile's two pieces spills
-    in the one-tile kernel's 24-register producer, 32 B)."""
+    and whole key tiles (``kv_tail`` False: docs/decisions/split-products.md)."""
     return split_cols_for(d, io_dim, name) == 192 and not kv_tail and split_ring.wanted()
 
 
@@ -342,13 +337,10 @@ SHORT_CAUSAL_TILES = {128: (512, (128, 64, 4))}
 
 def kernel_config(d: int, name: str | None = None, causal: bool = False, seqlen_q: int | None = None,
                   alibi: int = 0) -> dict:
-    """Launch configuration of ``hopper_fwd_kernel`` for head dim ``d`` under variant ``name`` (default:
-    ``variant_for(d)``), mask (``causal``; an option's fit depends on it) and, for the tiles of short
-    causal persistent calls (``SHORT_CAUSAL_TILES``), ``seqlen_q`` (None: the variant's own tiles):
-    tiles, the Q descriptor's block rows, num_warps and the variant's constexprs. ``alibi``: the
-    call's ALiBi form (``alibi_form``; 0 without ALiBi), the fp32 columns' key tiles where they
-    differ (``ALIBI_KEY_TILES``).
-    The launcher and tools/compile_check_hopper.py both use it, so they cannot diverge."""
+    """Launch configuration of ``hopper_fwd_kernel``: tiles, the Q descriptor's block rows, num_warps
+    and the constexprs, for head dim ``d``, variant ``name`` (default ``variant_for(d)``), the mask,
+    ``seqlen_q`` (the short causal tiles, ``SHORT_CAUSAL_TILES``; None: the variant's own) and the
+    ALiBi form ``alibi`` (``alibi_form``; 0 without). The launcher and the compile check share it."""
     name = variant_for(d) if name is None else _check(name)
     block_m, block_n, stages = TILE_TABLE[name][d]
     if alibi == ALIBI_FP32_COLS and d in ALIBI_KEY_TILES:
