@@ -1,14 +1,12 @@
-"""Host side of the Gluon Hopper kernels: the forward (``ioattn.kernels.hopper_forward``) and, at the
-end of this module, the backward (``ioattn.kernels.hopper_backward``: ``bwd_policy``, ``bwd_plan``).
+"""Host policy of the Gluon Hopper forward (``ioattn.kernels.hopper_forward``; the backward's is
+``ioattn.plan.hopper_bwd``).
 
-``policy`` decides when ``flash_attn_func`` takes the Gluon forward (``AUTO_MIN_SEQLEN`` and the forms'
-tables; ``prefer_hopper`` / ``IOATTN_HOPPER`` override it), ``hopper_supports`` which calls it covers,
-``variant_for`` the kernel variant (``VARIANTS``: "pingpong" by default, "wg3" at d = 64, "persistent"
-for short fixed-length calls; ``IOATTN_HOPPER_VARIANT`` or ``variant(...)`` name one) and
-``kernel_config`` its tiles and compile-time options. Gluon is imported lazily: a Triton without it
-still imports the package, and the kernels run only where ``ioattn._compat.gluon_status`` finds the
-Gluon API they are written against. The variants and options: docs/hopper-forward.md; each tuned
-table names its record in docs/decisions/.
+``policy`` decides when a call takes the Gluon forward (``prefer_hopper`` / ``IOATTN_HOPPER`` override
+it), ``hopper_supports`` which calls it covers, ``variant_for`` the kernel variant (``VARIANTS``;
+``IOATTN_HOPPER_VARIANT`` or ``variant(...)`` name one) and ``kernel_config`` its tiles and
+compile-time options. The kernels run only where ``ioattn._compat.gluon_status`` finds the Gluon API
+they are written against. Variants and options: docs/hopper-forward.md; each tuned table names its
+record in docs/decisions/.
 """
 from __future__ import annotations
 
@@ -40,13 +38,9 @@ PERSISTENT_MIN_SEQLEN: dict = {}
 AUTO_MIN_SEQLEN = {(64, False): 512, (64, True): 512, (128, False): 512, (128, True): 512,
                    (256, False): 512, (256, True): 512}
 
-# Head dims the Gluon kernels lack (Gluon's register tensors are powers of two): a call of head dim d in
-# PADDED_RANGE[dp] runs both kernels at dp on zero columns added to its tensors: exact (Q K^T unchanged,
-# the output's and every gradient's extra columns zero; the scale stays the call's). The portable
-# kernels waste the same products (their BLOCK_D is the power of two above d). With d a multiple of 8
-# the zeros come from TMA's fill, no copies (``padded_in_place``); else from copies (``pad_head``;
-# forward: q, k, v padded, the output sliced; backward: the call's q, k, v, out, dO padded again, three
-# gradients sliced). tuned: docs/decisions/padded-head-dims.md
+# Head dims the Gluon kernels lack: a call of head dim d in PADDED_RANGE[dp] runs both kernels at dp on
+# zero columns (exact; the scale stays the call's), from TMA's fill (``padded_in_place``) or copies.
+# tuned: docs/decisions/padded-head-dims.md
 PADDED_RANGE = {128: range(65, 128), 256: range(129, 256)}
 # (pass, padded head dim, causal) -> the shortest seqlen_q from which a call padded on copies takes the
 # Gluon kernels. tuned: docs/decisions/padded-head-dims.md
@@ -79,22 +73,14 @@ def padded_headdim(d: int) -> int | None:
 
 def padded_in_place(d: int) -> bool:
     """Whether a padded call (``padded_headdim``) runs without padded copies: the kernels read its
-    tensors through descriptors whose boxes run past d (``padded_rows_desc``; TMA fills the columns past
-    d with zeros) and store d columns. It needs d a multiple of 8 (each head's first column a whole
-    16-byte group); layouts without a (rows, nheads * d) view come as contiguous copies, as at any head
-    dim (the launchers)."""
+    tensors through descriptors whose boxes run past d (``padded_rows_desc``; TMA fills the zeros) and
+    store d columns. Needs d a multiple of 8 (each head's first column a whole 16-byte group)."""
     return bool(padded_headdim(d)) and d % 8 == 0
 
 
-# The forward's products over three quarters of the tiles' columns at the padded head dims that fit
-# there (a multiple of 8, in place): 192 of d = 256's at 136-192, 96 of d = 128's at 72-96. S = Q K^T as
-# two chained products over the tiles' first half and next quarter, O as a [64, d / 2] and a [64, d / 4]
-# accumulator (the kernels' ``PROD_DIM``; Gluon 3.6 refuses 192- and 96-wide buffers and register
-# tensors, so the tiles stay 256 / 128 wide and the products skip the zero columns): a quarter fewer
-# tensor-core cycles a key tile and a quarter fewer accumulator registers. The ping-pong consumers only
-# (``SPLIT_COLS_VARIANTS``), reading Q from shared memory (``split_cols_q_in_regs``). ``SPLIT_COLS_TILES``:
-# kernel head dim -> the columns the products cover. ``with hopper.split_cols(False): ...`` keeps the
-# products whole (the A/B). tuned: docs/decisions/split-products.md
+# The forward's products over the first three quarters of the tiles' columns at padded head dims that
+# fit there (the kernel's ``PROD_DIM``; ``SPLIT_COLS_TILES``: kernel head dim -> columns covered), in
+# ``SPLIT_COLS_VARIANTS``; ``with hopper.split_cols(False)``: whole. tuned: docs/decisions/split-products.md
 split_cols = dispatch.Preference(True)
 SPLIT_COLS_VARIANTS = ("pingpong", "split", "persistent")
 SPLIT_COLS_TILES = {256: 192, 128: 96}
@@ -116,10 +102,8 @@ def split_cols_q_in_regs(q_in_regs: bool, prod_dim: int) -> bool:
     return q_in_regs and not prod_dim
 
 
-# The backward's twin (the column-split ws kernel at d = 256): S^T and dP^T as two chained products over
-# columns 0:128 and 128:192, dV and dK as [64, 128] + [64, 64] accumulators; dQ's high half is 64
-# columns wide. ``with hopper.bwd_split_cols(False): ...`` the A/B's other arm.
-# tuned: docs/decisions/split-products.md
+# The backward's twin (the column-split ws kernel at d = 256: products over 192 columns);
+# ``with hopper.bwd_split_cols(False)``: whole. tuned: docs/decisions/split-products.md
 bwd_split_cols = dispatch.Preference(True)
 
 
@@ -132,12 +116,9 @@ def bwd_split_cols_for(d: int, io_dim: int, col_split: bool) -> int:
     return 0
 
 
-# The forward's split ring at the products over 192 columns: the K / V ring's tiles as a 128-column and
-# a 64-column buffer each (``k_desc`` / ``v_desc`` in 128-column boxes, ``k_hi_desc`` / ``v_hi_desc`` in
-# 64-column boxes from column 128; TMA's fill past d as before), 48 KB a stage instead of the 256-wide
-# tiles' 64 KB, so the ring takes ``SPLIT_RING_STAGES`` stages where the wide tiles fit two (Q 64 KB +
-# 3 x 48 KB). ``with hopper.split_ring(False): ...`` the whole tiles (the A/B's other arm).
-# tuned: docs/decisions/split-products.md
+# The forward's split ring with the products over 192 columns: each K / V tile as a 128- and a 64-column
+# buffer (``k_desc`` / ``k_hi_desc``, ``v_desc`` / ``v_hi_desc``), ``SPLIT_RING_STAGES`` deep;
+# ``with hopper.split_ring(False)``: whole tiles. tuned: docs/decisions/split-products.md
 split_ring = dispatch.Preference(True)
 SPLIT_RING_STAGES = 3
 
@@ -145,8 +126,7 @@ SPLIT_RING_STAGES = 3
 def split_ring_for(d: int, io_dim: int, name: str, kv_tail: bool = False) -> bool:
     """Whether the forward kernel runs the split ring (``split_ring``) for kernel head dim ``d``, the
     tensors' ``io_dim`` and variant ``name``: only with the products over 192 columns (``split_cols_for``)
-    and whole key tiles (``kv_tail`` False: the producer's zeroing of a last V tile's two pieces spills
-    in the one-tile kernel's 24-register producer, 32 B)."""
+    and whole key tiles (``kv_tail`` False: docs/decisions/split-products.md)."""
     return split_cols_for(d, io_dim, name) == 192 and not kv_tail and split_ring.wanted()
 
 
@@ -189,34 +169,18 @@ def padded_refusal(d: int, varlen: bool, window, softcap: float, alibi_slopes) -
                 f"calls only (here {', '.join(extra)})")
     return ""
 
-# (block_m, block_n, stages) per variant and head dim, from FA3's published shapes (below).
+# (block_m, block_n, stages) per variant and head dim, FA3's shapes where Gluon's powers of two allow.
 # tuned: docs/decisions/hopper-forward-variants.md
 TILE_TABLE = {
-    # FlashAttention-3's published forward shape at d = 128 (128 x 128, two stages; FA3 uses
-    # 128 x 176 non-causal, not a power of two, which Gluon's register layouts need), also at d = 64.
-    # warps = 4 per 64 query rows (one warpgroup each) in one partition + 1 producer warp.
+    # one consumer partition of 64-row warpgroups + 1 producer warp (an A/B control)
     "base": {64: (128, 128, 2), 128: (128, 128, 2)},
-    # Ping-pong: 128-row CTA tile = two consumer warpgroups x 64 rows (FA3: kBlockM = 128, two MMA
-    # warpgroups, at d = 128), 128 keys per tile (FA3's causal block_n at d = 128), 2 stages at
-    # d = 128 (FA3's sm90 kStages = 2; 160 KB shared). d = 64: FA3 uses 192 x 128/192 with three MMA
-    # warpgroups (160 registers each); we keep two warpgroups (240 registers, no spills) and spend
-    # the shared memory d = 64 leaves on a third stage instead (112 KB).
-    # d = 256: 64 keys per tile (FA3 uses 80), two stages: 197 KB shared, no spills at 240 registers
-    # (O is 128 fp32 registers a thread).
+    # two consumer warpgroups x 64 rows; d = 64 spends its spare shared memory on a third stage
     "pingpong": {64: (128, 128, 3), 128: (128, 128, 2), 256: (128, 64, 2)},
     # the same tiles as "pingpong", so that the A/B between the two isolates the ordering
     "split": {64: (128, 128, 3), 128: (128, 128, 2), 256: (128, 64, 2)},
     # the ping-pong kernel made persistent: the same tiles, so that the A/B isolates the tile loop
     "persistent": {64: (128, 128, 3), 128: (128, 128, 2), 256: (128, 64, 2)},
-    # Three consumer warpgroups x 64 rows = a 192-row query tile, 128 keys (FA3 at d = 64: kBlockM =
-    # 192, three MMA warpgroups at 160 registers, 128 keys causal / 192 non-causal; we keep 128, a
-    # power of two for Gluon's layouts). Shared memory, bf16: Q 3 x 64 x 64 x 2 B = 24 KB, K + V
-    # 2 x 128 x 64 x 2 B = 32 KB a stage; 227 KB (232448 B) - 24 KB leaves room for 6 stages (216 KB;
-    # 7 would be 248 KB). We take 4 (152 KB): a slot's last release trails its first use by the
-    # ring's lag (two sections and a softmax), and 4 stages leave three tiles of slack over it; a
-    # power of two keeps the ring index (i % STAGES, i // STAGES) a mask and a shift on these
-    # exp-bound warps, where 6 would cost a multiply-high division per index. Only d = 64: at d = 128
-    # O is 64 fp32 registers a thread, S + O + P = 160 with no room for temporaries at 160.
+    # three consumer warpgroups x 64 rows, four stages; d = 64 only (160 registers a thread)
     "wg3": {64: (192, 128, 4)},
 }
 
@@ -314,12 +278,9 @@ def _lean_flags(lean: bool, name: str, d: int, causal: bool) -> dict:
                 PTX_BARRIERS=lean and ptx_barriers_for(name))
 
 
-# The consumer warpgroups' partition barriers that Triton 3.6 puts before every mbarrier wait and
-# single-thread arrive, dropped from the PTX where a warpgroup-wide wgmma already orders the warps
-# (``ioattn.kernels.ptx_barriers``; the kernel's ``PTX_BARRIERS`` marks the build; every lean ping-pong
-# kernel: four barriers a key step of each consumer). On in the variants where it paid
-# (``PTX_BARRIERS_ON``); ``with hopper.ptx_barriers(True / False): ...`` forces it either way.
-# tuned: docs/decisions/ptx-barrier-pass.md
+# The consumers' redundant partition barriers dropped from the PTX (``ioattn.kernels.ptx_barriers``,
+# the kernel's ``PTX_BARRIERS``) in ``PTX_BARRIERS_ON``; ``with hopper.ptx_barriers(True / False)``
+# forces it. tuned: docs/decisions/ptx-barrier-pass.md
 ptx_barriers = dispatch.Preference(False)
 PTX_BARRIERS_ON = ("pingpong", "persistent")
 
@@ -332,23 +293,17 @@ def ptx_barriers_for(name: str) -> bool:
     return name in PTX_BARRIERS_ON
 
 
-# Short causal calls of the persistent kernel with 64-key tiles: with the diagonal trimmed (``diag_trim``)
-# warpgroup 0's waste on a 64-key tile is a whole tile, skipped with no new code, where on a 128-key tile
-# it is half a tile, whose half-width step costs more code than it saves. The ring of 64-key slots four
-# deep fills the same shared memory as two of 128. (head dim) -> (the longest seqlen_q, the persistent
-# kernel's causal tiles). tuned: docs/decisions/causal-diagonal-trim.md
+# Short causal persistent calls on 64-key tiles, so that ``diag_trim`` skips a whole tile: head dim ->
+# (the longest seqlen_q, the tiles). tuned: docs/decisions/causal-diagonal-trim.md
 SHORT_CAUSAL_TILES = {128: (512, (128, 64, 4))}
 
 
 def kernel_config(d: int, name: str | None = None, causal: bool = False, seqlen_q: int | None = None,
                   alibi: int = 0) -> dict:
-    """Launch configuration of ``hopper_fwd_kernel`` for head dim ``d`` under variant ``name`` (default:
-    ``variant_for(d)``), mask (``causal``; an option's fit depends on it) and, for the tiles of short
-    causal persistent calls (``SHORT_CAUSAL_TILES``), ``seqlen_q`` (None: the variant's own tiles):
-    tiles, the Q descriptor's block rows, num_warps and the variant's constexprs. ``alibi``: the
-    call's ALiBi form (``alibi_form``; 0 without ALiBi), the fp32 columns' key tiles where they
-    differ (``ALIBI_KEY_TILES``).
-    The launcher and tools/compile_check_hopper.py both use it, so they cannot diverge."""
+    """Launch configuration of ``hopper_fwd_kernel``: tiles, the Q descriptor's block rows, num_warps
+    and the constexprs, for head dim ``d``, variant ``name`` (default ``variant_for(d)``), the mask,
+    ``seqlen_q`` (the short causal tiles, ``SHORT_CAUSAL_TILES``; None: the variant's own) and the
+    ALiBi form ``alibi`` (``alibi_form``; 0 without). The launcher and the compile check share it."""
     name = variant_for(d) if name is None else _check(name)
     block_m, block_n, stages = TILE_TABLE[name][d]
     if alibi == ALIBI_FP32_COLS and d in ALIBI_KEY_TILES:
@@ -371,66 +326,39 @@ def kernel_config(d: int, name: str | None = None, causal: bool = False, seqlen_
                                 FEWER_MASKS=pingpong and num_wg == FEWER_MASKS_NUM_WG))
 
 
-# Fewer masked key tiles in the ping-pong kernels (the kernel's ``FEWER_MASKS``): the first key tile
-# takes the masked softmax only when the loop's own rule asks for it (the last tile, or one the
-# diagonal crosses) instead of always, and causal masks drop the key-end test, which the diagonal
-# implies for every stored row. The masked softmax is nearly twice the unmasked one's instructions.
-# The two-warpgroup variants only (this number of consumer warpgroups): in wg3's 160-register
-# consumers the second copy of the first tile's softmax made ptxas spill.
+# Fewer masked key tiles (the kernel's ``FEWER_MASKS``): the first key tile masked only where the loop's
+# rule asks, no key-end test under a causal mask; in kernels of this many consumer warpgroups.
 # tuned: docs/decisions/forward-masked-tiles.md
 FEWER_MASKS_NUM_WG = 2
 
 
-# Variable-length (packed) batches through the Gluon kernel (its IS_VARLEN specialisation; the producer
-# zeroes the V rows past each sequence's end, ``KV_TAIL``, so rows no sequence owns may hold NaN). The
-# switch that gates it (hopper_supports refuses varlen calls, naming it, while False).
-# tuned: docs/decisions/gluon-varlen.md
+# Packed (varlen) batches through the kernel's ``IS_VARLEN`` form; while False ``hopper_supports``
+# refuses them, naming it. tuned: docs/decisions/gluon-varlen.md
 GLUON_VARLEN = True
 # The varlen policy: (head dim, causal) -> the shortest max_seqlen_q from which the Gluon varlen forward
 # runs; d = 64 is not listed: the portable kernel. tuned: docs/decisions/gluon-varlen.md
 VARLEN_AUTO_MIN_SEQLEN = {(128, False): 2048, (128, True): 1024, (256, False): 1024, (256, True): 1024}
 
-# Sliding windows (flash-attn's (left, right), not the causal (-1, 0)) in the Gluon forward: the
-# one-tile ping-pong kernels' WINDOW form (a program walks its rows' band of key tiles, masking those
-# a window edge crosses; the persistent walk is not taught the band, so a window call that would take
-# it runs the head dim's one-tile default). Judged by the lengths' tables' non-causal rows and by the
-# window's width (left + right + 1, an unbounded side as seqlen_k; varlen: max_seqlen_q):
-# ``WINDOW_MIN_WIDTH[head dim]``, the narrowest width from which the window form runs. d = 64 is not
-# listed: the portable kernel's 64 x 64 tiles take a narrow band well.
-# tuned: docs/decisions/sliding-windows.md
+# Sliding windows: the one-tile kernels' ``WINDOW`` form in ``WINDOW_VARIANTS``, from the width
+# ``WINDOW_MIN_WIDTH[head dim]`` (``window_width_of``). tuned: docs/decisions/sliding-windows.md
 WINDOW_VARIANTS = ("pingpong", "split", "wg3")
 WINDOW_MIN_WIDTH = {128: 129, 256: 33}
-# A score softcap (Gemma 2's cap * tanh(s * scale / cap), flash-attn's ``softcap``) in the Gluon
-# forward: the one-tile ping-pong kernels' SOFTCAP form (tanh.approx on the scores before the masks),
-# as windows, not the persistent walk; with or without a window. Taken at the head dims in
-# ``SOFTCAP_HEADDIMS`` (by the lengths' and windows' tables as without it). Its backward: the ws
-# kernel's SOFTCAP form (``bwd_call_supported``). tuned: docs/decisions/softcap.md
+# A score softcap: the one-tile kernels' ``SOFTCAP`` form, at ``SOFTCAP_HEADDIMS``, by the lengths' and
+# windows' tables as without it. tuned: docs/decisions/softcap.md
 SOFTCAP_VARIANTS = WINDOW_VARIANTS
 SOFTCAP_HEADDIMS = (64, 128, 256)
-# ALiBi (flash-attn's ``alibi_slopes``: -slope * |i + seqlen_k - seqlen_q - j| on the scores) in the
-# Gluon forward: the one-tile ping-pong kernels' ALIBI form (``_alibi``: after a softcap, before the
-# masks), as the softcap, not the persistent walk. Taken at the head dims in ``ALIBI_HEADDIMS`` (by the
-# lengths' and windows' tables as without it). tuned: docs/decisions/alibi.md
+# ALiBi: the one-tile kernels' ``ALIBI`` form (``ALIBI_MAGIC`` or ``ALIBI_FP32_COLS``, ``alibi_form``),
+# at ``ALIBI_HEADDIMS``, by the lengths' and windows' tables as without it. tuned: docs/decisions/alibi.md
 ALIBI_VARIANTS = ("pingpong", "split", "wg3")  # wg3: the magic form only (``alibi_form``)
 ALIBI_FP32_VARIANTS = ("pingpong", "split")
 ALIBI_HEADDIMS = (64, 128, 256)
-# Two forms (``alibi_form``). The distance by the magic-number conversion (``ALIBI_MAGIC``) needs no
-# register for the key columns, so the head dim's plain configuration fits: d = 128's 128-key tiles and
-# wg3 at d = 64. Where it changes nothing else the fp32 columns (``ALIBI_FP32_COLS``) are faster: the
-# magic form adds a third operation an element. Packed sequences at d = 64 spill in wg3: the fp32 form.
+# Where the magic-number form runs: without a mask, causal from a length, with a window.
+# tuned: docs/decisions/alibi.md
 ALIBI_MAGIC_HEADDIMS = (64, 128)
-# ... and with a mask, at 128-key tiles in every form: with the columns split as the masks' (``_alibi``)
-# it compiles without spills, where the whole columns spilled. Causal calls from
-# ``ALIBI_MAGIC_CAUSAL_MIN_SEQLEN``'s seqlen_q (shorter ones keep the fp32 columns; d = 64 causal runs
-# it in wg3), windows at ``ALIBI_MAGIC_WINDOW_HEADDIMS`` (wg3's masked window tiles lose at d = 64).
 ALIBI_MAGIC_CAUSAL_MIN_SEQLEN = {128: 1024, 64: 8192}
 ALIBI_MAGIC_WINDOW_HEADDIMS = (128,)
-# ... but not with a softcap and a causal mask at d = 64 nor packed at d = 64: wg3 spills there (no
-# d = 64 varlen call takes the Gluon forward by default).
-# the kernel's ``ALIBI`` values (0: no ALiBi): ALIBI_MAGIC, ALIBI_FP32_COLS from ioattn.kernels.hopper_flags
-# The fp32 form's (key tile, ring depth) by head dim where it differs from ``TILE_TABLE``'s: d = 128's
-# 128-key tiles spill with the columns' 32 registers a thread; 64-key tiles four deep fit (180 KB of
-# shared memory). tuned: docs/decisions/alibi.md
+# The fp32 form's (key tile, ring depth) by head dim where it differs from ``TILE_TABLE``'s.
+# tuned: docs/decisions/alibi.md
 ALIBI_KEY_TILES = {128: (64, 4)}
 
 
@@ -484,30 +412,21 @@ def alibi_length_refusal(q, k, varlen: bool, form: int) -> str:
 
 prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer_hopper(True): ...``
 
-# Causal one-tile grids in longest-processing-time order over all heads (the kernel's ``LPT``) rather
-# than each head's longest rows first: off (the tiles resident together would span every head's K / V;
-# ``with hopper.lpt_order(True)``, IOATTN_HOPPER_LPT=1). The persistent variant's computed walk always
-# uses it (its static walk needs it for balance). tuned: docs/decisions/persistent-causal-walk.md
+# Causal one-tile grids in longest-processing-time order over all heads (the kernel's ``LPT``): off;
+# ``with hopper.lpt_order(True)`` or IOATTN_HOPPER_LPT=1. tuned: docs/decisions/persistent-causal-walk.md
 lpt_order = dispatch.Preference(False, env="IOATTN_HOPPER_LPT")
 
-# The two-warpgroup variants (ping-pong, split, persistent) with the three-warpgroup variant's lean
-# softmax (the scale folded into one multiply-add per score, the row max on raw scores: about one
-# instruction less per exponential). ``with hopper.lean_softmax(False)`` turns it off.
-# tuned: docs/decisions/forward-softmax-form.md
+# The lean softmax (the kernel's ``LEAN``) in the two-warpgroup variants too (wg3 always takes it);
+# ``with hopper.lean_softmax(False)`` turns it off. tuned: docs/decisions/forward-softmax-form.md
 lean_softmax = dispatch.Preference(True)
-# FlashAttention-4's conditional rescaling with the lean softmax (the kernel's ``COND_RESCALE``,
-# ``_rescale_rows``): the running max moves only when a key tile raises it by more than 8 (log2), and
-# where every row of a warp kept its max, the warp branches over the accumulator's rescale, 64 x d
-# fp32 a warpgroup a key tile: per score half a multiply at d = 64, one at d = 128, four at d = 256
-# (key tiles of 64), on the path between a warpgroup's P V and its next turn. Left out of the
-# persistent kernel at d = 64 (``CONDITIONAL_RESCALE_OFF``). ``with hopper.conditional_rescale(False)``
-# (or IOATTN_HOPPER_COND_RESCALE=0) turns it off, ``(True)`` (=1) on everywhere.
-# tuned: docs/decisions/conditional-rescale.md
+# FlashAttention-4's conditional rescaling with the lean softmax (the kernel's ``COND_RESCALE``), except
+# ``CONDITIONAL_RESCALE_OFF``; ``with hopper.conditional_rescale(False / True)`` or
+# IOATTN_HOPPER_COND_RESCALE=0 / 1: off / on everywhere. tuned: docs/decisions/conditional-rescale.md
 conditional_rescale = dispatch.Preference(True)
 CONDITIONAL_RESCALE_ENV = "IOATTN_HOPPER_COND_RESCALE"
 CONDITIONAL_RESCALE_OFF = {("persistent", 64)}  # (variant, head dim) measured slower with it
-# Its decision by the warp (one vote, a uniform branch) rather than by the thread (a divergent branch
-# with its convergence barrier). ``with hopper.rescale_by_warp(False)``: by the thread.
+# Its decision by the warp (a uniform branch), not the thread; ``with hopper.rescale_by_warp(False)``:
+# by the thread. tuned: docs/decisions/conditional-rescale.md
 rescale_by_warp = dispatch.Preference(True)
 
 
@@ -524,14 +443,9 @@ def conditional_rescale_for(name: str, d: int) -> bool:
         return env == "1"
     return (name, d) not in CONDITIONAL_RESCALE_OFF
 
-# Q as the register operand of the two-warpgroup kernels' S = Q K^T (the kernel's ``Q_IN_REGS``):
-# loaded from shared memory once a tile, so the product reads only K from shared memory (the products
-# and the ring ask ~112 of the SM's 128 B a clock at d = 128). It fits (no spill, wgmma pipelined) in
-# ``Q_IN_REGISTERS_FITS`` at d <= 128: at d = 256 Q is 64 more registers a thread, and wg3's
-# 160-register consumers spill at d = 64. On by default at the head dims of
-# ``Q_IN_REGISTERS_HEADDIMS`` (d = 64 is softmax-bound: slower with it); ``with
-# hopper.q_in_registers(True / False)``: on wherever it fits / off.
-# tuned: docs/decisions/forward-q-in-registers.md
+# Q as the register operand of S = Q K^T (the kernel's ``Q_IN_REGS``): fits in ``Q_IN_REGISTERS_FITS`` at
+# d <= 128, on at ``Q_IN_REGISTERS_HEADDIMS``; ``with hopper.q_in_registers(True / False)``: on wherever
+# it fits / off. tuned: docs/decisions/forward-q-in-registers.md
 q_in_registers = dispatch.Preference(False)
 Q_IN_REGISTERS_FITS = ("pingpong", "split", "persistent")  # variants; and d <= 128
 Q_IN_REGISTERS_HEADDIMS = (128,)
@@ -548,28 +462,19 @@ def q_in_registers_for(name: str, d: int) -> bool:
     return d in Q_IN_REGISTERS_HEADDIMS
 
 
-# The row sum l kept as each thread's partial sums, the quad's shuffles (two a row a key tile) once a
-# tile instead of every key tile (the kernel's ``DEFERRED_SUM``, ``_thread_row_sums``). It fits (no
-# spill, wgmma pipelined) in ``DEFERRED_ROW_SUM_FITS`` at every head dim, and in wg3 without the causal
-# mask (its 160-register consumers spill causal). It pays most at narrow key tiles (d = 256: 64 keys),
-# where the dependent shuffles sat on the key step's path. On by default at ``DEFERRED_ROW_SUM_ON``
-# (wg3: non-causal, where it fits); ``with hopper.deferred_row_sum(True / False)``: on wherever it fits
-# / off. tuned: docs/decisions/forward-softmax-form.md
+# The row sum kept as per-thread partial sums, reduced across the quad once a tile (the kernel's
+# ``DEFERRED_SUM``): fits in ``DEFERRED_ROW_SUM_FITS`` and wg3 non-causal, on at ``DEFERRED_ROW_SUM_ON``;
+# ``with hopper.deferred_row_sum(True / False)``: on wherever it fits / off.
+# tuned: docs/decisions/forward-softmax-form.md
 deferred_row_sum = dispatch.Preference(False)
 DEFERRED_ROW_SUM_FITS = ("pingpong", "split", "persistent")  # variants, every head dim and mask; wg3 non-causal
 DEFERRED_ROW_SUM_ON = (("pingpong", 128), ("pingpong", 256), ("persistent", 64), ("persistent", 128),
                        ("persistent", 256), ("wg3", 64))
 
 
-# One softmax body for a tile's first key step in the ping-pong kernels (the kernel's ``MASK_BRANCH``,
-# ``_step_softmax``): where FEWER_MASKS decides that step's mask at run time, the mask alone
-# (``_mask_scores``) sits under the branch, ahead of one copy of the softmax, instead of two inlined
-# copies, masked or not: less consumer code for the instruction cache, which short causal tiles
-# walk through once a tile. On by default for causal calls at ``MASK_BRANCH_CAUSAL_HEADDIMS`` in the
-# two-warpgroup kernels (wg3 has no FEWER_MASKS: its code would not change). Not inside the key loop:
-# there ptxas waits for the wgmma in flight (P V) at the branch's join, ahead of the softmax. ``with
-# hopper.mask_branch(True / False)``: on in every lean kernel / off.
-# tuned: docs/decisions/forward-masked-tiles.md
+# A tile's first-step mask alone under its run-time branch, ahead of one softmax body (the kernel's
+# ``MASK_BRANCH``), instead of two inlined bodies; ``with hopper.mask_branch(True / False)``: on in every
+# lean kernel / off. tuned: docs/decisions/forward-masked-tiles.md
 mask_branch = dispatch.Preference(False)
 MASK_BRANCH_CAUSAL_HEADDIMS = (128, 256)
 MASK_BRANCH_VARIANTS = ("pingpong", "split", "persistent")
@@ -595,40 +500,24 @@ def deferred_row_sum_for(name: str, d: int, causal: bool) -> bool:
     return (name, d) in DEFERRED_ROW_SUM_ON
 
 
-# The output tile converted to whole-row 16-byte pieces before the epilogue's stores (the kernel's
-# ``ROW_STORES``), instead of 4 bytes a thread from the wgmma accumulator layout, which writes half of
-# each 32 B sector a store (the backward's dK / dV take the same form). Left out of the persistent
-# kernel at d = 64, where its tile loop already overlaps one tile's epilogue with the next tile's
-# loads. ``with hopper.out_row_stores(False)`` turns it off everywhere.
+# The output stored as whole 16-byte rows (the kernel's ``ROW_STORES``, ``row_stores``) instead of from
+# the accumulator layout; ``with hopper.out_row_stores(False)`` turns it off everywhere.
 # tuned: docs/decisions/forward-output-stores.md
 out_row_stores = dispatch.Preference(True)
-# variant -> the head dims that take it: those where the conversion's scratch (64 rows x d x 2 B a
-# consumer warpgroup) fits next to the rings (d = 256, at 197 KB of shared memory already, would need
-# 64 KB more) and it was not measured slower. base, split and ping-pong at d=64 were not measured:
-# they follow their measured relatives.
+# variant -> the head dims whose rows go through Triton's layout conversion (its scratch fits there)
 ROW_STORE_HEADDIMS = {"base": (64, 128), "pingpong": (64, 128), "split": (64, 128), "wg3": (64,),
                       "persistent": (128,)}
-# d = 256 (no room for the scratch): the output staged instead in the consumer warpgroup's own Q
-# buffer (64 x 256 x 2 B, the output tile's size), dead once its last S product has retired; the
-# persistent kernel then loads its next tile's Q there after the stores.
+# variant -> the head dims whose rows are staged in the warpgroup's dead Q buffer (no room for the scratch)
 ROW_STORE_VIA_Q_HEADDIMS = {"pingpong": (256,), "split": (256,), "persistent": (256,)}  # one Q buffer there
-# The persistent kernel's output tiles copied to global memory by TMA from the warpgroup's dead Q
-# buffer (``ROW_STORES`` = 3; ``hopper_fwd_tile._epilogue``), instead of pointer stores: one bulk copy
-# a tile in place of the conversion (or read-back) and the stores with their address arithmetic; the
-# copy's 3-D view drops the rows past seqlen_q. At d = 64 it needs two Q buffers a warpgroup (the
-# copy's buffer then has a whole tile to drain before the next Q load). ``with
-# hopper.out_tma_store(False)`` turns it off. tuned: docs/decisions/forward-output-stores.md
+# The persistent kernel's output tiles copied by TMA from the warpgroup's dead Q buffer (``ROW_STORES``
+# = 3) at ``TMA_STORE_HEADDIMS``; ``with hopper.out_tma_store(False)`` turns it off.
+# tuned: docs/decisions/forward-output-stores.md
 out_tma_store = dispatch.Preference(False)
 TMA_STORE_HEADDIMS = (64, 128, 256)
 
-# Key tiles never masked where no mask can cut one (the kernel's ``KEY_MASKS`` False): without a
-# causal mask the key-end test is the only mask, and when seqlen_k is a multiple of the key tile on a
-# fixed-length call (no ``KV_TAIL``) it never removes a key, yet every query tile's last key step (and
-# a one-key-tile call's first) took the masked softmax, a second body of it in the consumer's code.
-# With it the consumers compile the unmasked body alone. It loses on long keys: without the mask's
-# branch in the key loop ptxas hoists the wait for P(i) V(i) above the softmax of S(i+1), which the
-# branch's join had kept after it. ``with hopper.unmasked_full_keys(True / False)`` forces it wherever
-# it applies. tuned: docs/decisions/forward-masked-tiles.md
+# No masked key tile where no mask can cut one (the kernel's ``KEY_MASKS`` False: no causal mask, the
+# keys in whole key tiles), up to ``UNMASKED_KEYS_MAX_SEQLEN``; ``with hopper.unmasked_full_keys(True /
+# False)`` forces it wherever it applies. tuned: docs/decisions/forward-masked-tiles.md
 unmasked_full_keys = dispatch.Preference(False)
 UNMASKED_KEYS_VARIANTS = ("base", "pingpong", "split", "wg3", "persistent")
 # (variant, head dim) -> the longest seqlen_k where it is the default
@@ -647,13 +536,8 @@ def key_masks(d: int, name: str, causal: bool, kv_tail: bool, seqlen_k: int | No
     return not _switch(unmasked_full_keys, (seqlen_k if seqlen_k is not None else 0) <= longest)
 
 
-# The causal diagonal trimmed in the persistent kernel (the kernel's ``DIAG_TRIM``): a 128-row tile's
-# key tiles run to its last row's diagonal, but warpgroup 0's 64 rows end 64 keys earlier, so with
-# seqlen_q = seqlen_k it computed half of its last 128-key tile (d = 64 / 128) for nothing, or the
-# whole of its last 64-key tile (d = 256). With it warpgroup 0 skips a tile none of its rows sees
-# (passing the turn and releasing the slots). 128-key tiles have no whole tile to skip when seqlen_q =
-# seqlen_k; d = 128 takes the trim with the short causal tiles (``SHORT_CAUSAL_TILES``: 64 keys).
-# ``with hopper.diag_trim(True / False)`` forces it in the persistent causal kernel.
+# The causal diagonal trimmed in the persistent kernel (the kernel's ``DIAG_TRIM``): warpgroup 0 skips a
+# key tile none of its rows sees; ``with hopper.diag_trim(True / False)`` forces it.
 # tuned: docs/decisions/causal-diagonal-trim.md
 diag_trim = dispatch.Preference(False)
 # head dim -> the longest seqlen_q where it is the default (d = 128: where the short causal tiles give it
@@ -670,59 +554,40 @@ def diag_trim_for(d: int, name: str, causal: bool, seqlen_q: int | None = None) 
     return _switch(diag_trim, (seqlen_q if seqlen_q is not None else 0) <= DIAG_TRIM_MAX_SEQLEN.get(d, -1))
 
 
-# The persistent kernel's tile index without run-time divisions (the kernel's ``FAST_DIV``): the
-# walk's divisor and the head count's quotients by a multiply-high with magic numbers computed here
-# (``hopper_tiles.magic_divisor``, ``walk_divisor``), ~4 instructions in place of ~20 a division,
-# nine divisions a consumer warp a tile. ``with hopper.fast_tile_div(False)`` turns it off.
-# tuned: docs/decisions/persistent-forward-options.md
+# The persistent kernel's tile index by multiply-high with host-computed magic numbers (the kernel's
+# ``FAST_DIV``, ``hopper_tiles.magic_divisor``) instead of run-time divisions; ``with
+# hopper.fast_tile_div(False)`` turns it off. tuned: docs/decisions/persistent-forward-options.md
 fast_tile_div = dispatch.Preference(False)
 FAST_DIV_HEADDIMS = (64, 128, 256)
 
-# The persistent kernel with two Q buffers per consumer warpgroup (the kernel's ``Q_BUFS``): the next
-# tile's Q is loaded as soon as this tile's has landed, a whole tile ahead, instead of after this
-# tile's key loop. Room for the second buffers (64 x d x 2 B a warpgroup) at d = 64 / 128 (115 / 176 KB
-# of shared memory before, 131 / 208 KB after); d = 256 would need 64 KB more. At d = 64 the output's
-# bulk copy needs them (``out_tma_store``). ``with hopper.persistent_q_prefetch(True / False)`` forces
-# it wherever it fits. tuned: docs/decisions/persistent-forward-options.md
+# Two Q buffers a consumer warpgroup in the persistent kernel (the kernel's ``Q_BUFS``: the next tile's
+# Q a whole tile ahead), room for them at ``PERSISTENT_Q2_FITS``; ``with
+# hopper.persistent_q_prefetch(True / False)`` forces it. tuned: docs/decisions/persistent-forward-options.md
 persistent_q_prefetch = dispatch.Preference(False)
 PERSISTENT_Q2_FITS = (64, 128)
 PERSISTENT_Q2_HEADDIMS = (64, 128)
 
-# The persistent kernel's causal walk by pairs of query blocks of equal total length, head by head
-# (the kernel's ``PAIRED``; ``hopper_tiles._tile_bhm``), instead of the longest-processing-time order
-# over the whole grid: every program's work is the same (pairs of num_m + 1 key tiles), and a wave
-# of programs covers consecutive heads, so a head's query blocks read its K / V together (the whole-
-# grid order spreads them a grid's width apart). For an even number of query blocks; where the host's
-# table is on (``walk_table``) the table replaces it. ``with hopper.paired_walk(True / False)`` forces
-# it at any length. tuned: docs/decisions/persistent-causal-walk.md
+# The persistent causal walk by pairs of query blocks of equal total length, head by head (the kernel's
+# ``PAIRED``), for an even number of query blocks where the table's walk is off; ``with
+# hopper.paired_walk(True / False)`` forces it. tuned: docs/decisions/persistent-causal-walk.md
 paired_walk = dispatch.Preference(False)
 PAIRED_MIN_BLOCKS = {128: 0, 256: 0, 64: 16}  # head dim -> query blocks a sequence from which it is the default
 
-# The persistent kernel's causal walk read from a table built here (the kernel's ``Walk``,
-# ``build_walk_table``) instead of computed (LPT or paired, above): the tiles in LPT order within
-# groups of heads whose K / V together fit in ``WALK_TABLE_L2_BYTES``, each handed to the program
-# that frees first by a model of the tiles' costs (``WALK_TABLE_TILE_COST`` + its key tiles). Both
-# computed walks leave a wave's remainder to part of the programs, and the whole-grid LPT walk reads a
-# head's K / V from DRAM once a query block, the table's groups once: that locality is what it gains.
-# ``with hopper.walk_table(True / False)`` forces it (persistent, causal).
-# tuned: docs/decisions/persistent-causal-walk.md
+# The persistent causal walk read from a host-built table (the kernel's ``Walk``, ``build_walk_table``):
+# LPT order within groups of heads whose K / V fit in L2, each tile to the program that frees first;
+# ``with hopper.walk_table(True / False)`` forces it. tuned: docs/decisions/persistent-causal-walk.md
 walk_table = dispatch.Preference(False)
 # head dim -> query blocks a sequence from which it is the default
 WALK_TABLE_MIN_BLOCKS = {64: 0, 128: 0}
-WALK_TABLE_FITS = (64, 128)  # d = 256's consumers spill with it (156 bytes, ptxas 12.8)
-# head dim -> K / V bytes of a group of heads walked together (a group leaves L2 room for what else is
-# in flight: Q, O, the next group's first K / V)
+WALK_TABLE_FITS = (64, 128)  # d = 256's consumers spill with it
+# head dim -> K / V bytes of a group of heads walked together (leaving L2 room for Q, O, the next group)
 WALK_TABLE_L2_BYTES = {64: 4 << 20, 128: 16 << 20}
-# a tile's fixed cost (Q load, epilogue) in key tiles, for the model: a guess (0.5 to 3 give the same
-# balance and time)
+# a tile's fixed cost (Q load, epilogue) in key tiles, for the model's balance
 WALK_TABLE_TILE_COST = 1.0
 
 
-# The persistent consumers' rows that see no key (causal, seqlen_q > seqlen_k; the cold branch of the
-# tile loop, between the epilogue and the loop's back edge) stored 16 bytes a thread instead of an
-# element a thread (the kernel's ``NO_KEY_WIDE``, ``hopper_fwd_tile._store_no_key_rows``): ~180 SASS
-# instructions a consumer warpgroup instead of ~360. Wide at d = 64 only: elsewhere ptxas schedules the
-# whole consumer anew, and that build was slower. tuned: docs/decisions/persistent-forward-options.md
+# Head dims whose persistent rows that see no key are stored 16 bytes a thread (the kernel's
+# ``NO_KEY_WIDE``) instead of an element a thread. tuned: docs/decisions/persistent-forward-options.md
 NO_KEY_WIDE_HEADDIMS = (64,)
 
 
@@ -777,11 +642,8 @@ def row_stores(d: int, name: str) -> int:
     return 2 if d in ROW_STORE_VIA_Q_HEADDIMS.get(name, ()) else 0
 
 # FlashAttention-4's exp2 emulation (the kernel's ``EXP2_FMA``): this percentage of each key tile's
-# columns take their exponentials from a cubic on the FMA units (``hopper_softmax._exp2_poly``, max
-# relative error 1.02e-4) instead of MUFU.EX2, so that both units work at once. Off (0, the kernel as
-# before, the same instructions): slower on the H200 at every share. A switch for other chips: ``with
-# hopper.exp2_fma(25): ...`` or IOATTN_HOPPER_EXP2_FMA=25; a share of the tile's columns halved k times
-# (``_exp2_tile``). tuned: docs/decisions/exp2-emulation.md
+# exponentials from a cubic on the FMA units; off, a switch for other chips (``with hopper.exp2_fma(25)``
+# or IOATTN_HOPPER_EXP2_FMA=25). tuned: docs/decisions/exp2-emulation.md
 EXP2_FMA_DEFAULT = 0.0
 EXP2_FMA_SHARES = (0.0, 12.5, 25.0, 50.0, 100.0)
 EXP2_FMA_ENV = "IOATTN_HOPPER_EXP2_FMA"
@@ -1037,11 +899,8 @@ def inputs_note(q, k, v, varlen, causal, backward=False) -> str:
     return f"contiguous copies of {', '.join(copied)} ({copy_for_layout(q.shape[-1], causal, q.shape[1], backward)[1]})"
 
 
-# Batched q / k / v with no (rows, heads * d) view (``layout.tma_rows_view``; a (batch, heads,
-# seqlen, d) tensor transposed to flash-attn's order) reach the Gluon kernels as contiguous copies from
-# ``COPY_MIN_SEQLEN[pass][(head dim, causal)]`` query rows, where the copies (a fixed cost a call) cost
-# less than what the portable kernels, which read any strides, lose to the Gluon ones; shorter calls keep
-# the portable kernels. ``with hopper.copy_strided(True / False)`` or
+# Batched q / k / v with no (rows, heads * d) view reach the Gluon kernels as contiguous copies from
+# ``COPY_MIN_SEQLEN[pass][(head dim, causal)]`` query rows; ``with hopper.copy_strided(True / False)`` or
 # IOATTN_HOPPER_COPY=1 / 0 decides it at any length. tuned: docs/decisions/strided-inputs.md
 copy_strided = dispatch.Preference(False)
 COPY_MIN_SEQLEN = {"fwd": {(64, False): 16384, (64, True): 16384, (128, False): 4096, (128, True): 16384,
