@@ -11,6 +11,7 @@ import torch
 
 from ioattn.launch import gluon_fwd
 from ioattn.plan import dispatch, hopper, hopper_bwd
+from ioattn.plan import backward as backward_plan
 from ioattn.plan import forward as forward_plan
 from ioattn.kernels import cpu
 from ioattn.kernels.constants import LOG2E
@@ -145,7 +146,9 @@ def clear_routes():
     """Forget every prepared call (after a policy table was changed in place: the keys hold the
     switches and environment variables, not the tables)."""
     _FWD_ROUTES.clear()
+    _BWD_ROUTES.clear()
     forward_plan._PLANS.clear()
+    backward_plan._PLANS.clear()
 
 
 def _forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window, softcap,
@@ -230,19 +233,99 @@ def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     return out, lse
 
 
+def hopper_backward(dout, q, k, v, out, lse, softmax_scale, causal, deterministic=False, cu_seqlens_q=None,
+                    cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, window=(-1, -1), softcap=0.0,
+                    alibi_slopes=None):
+    """(dq, dk, dv) of the Gluon Hopper backward (the ws kernel) for bf16/fp16 tensors in
+    ``hopper_forward``'s layouts and its (out, lse); the call must pass ``hopper_bwd.bwd_call_supported``.
+    ``causal``, ``window``, ``softcap``, ``alibi_slopes``, varlen: as ``hopper_forward``'s.
+    ``deterministic``: dQ's partial sums added in a fixed order (bitwise reproducible)."""
+    route = gluon_backward_route(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, cu_seqlens_q,
+                                 cu_seqlens_k, max_seqlen_q, max_seqlen_k, window, softcap, alibi_slopes)
+    return route(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+
+
+def gluon_backward_route(dout, q, k, v, out, lse, softmax_scale, causal, deterministic=False, cu_seqlens_q=None,
+                         cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, window=(-1, -1), softcap=0.0,
+                         alibi_slopes=None):
+    """The Gluon backward of ``hopper_backward``'s call, prepared for every call laid out as this one: a
+    callable ``(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes) -> (dq, dk, dv)``. The
+    plan (``ioattn.plan.backward``) is made once a signature; the launch (``ioattn.launch.gluon_bwd``)
+    carries it out."""
+    from ioattn.launch import gluon_bwd
+
+    varlen = cu_seqlens_q is not None
+    nheads = q.shape[-2]
+    batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
+    window = tuple(int(w) for w in window)
+    if causal and window == (-1, 0):
+        window = (-1, -1)
+    if alibi_slopes is not None and (tuple(alibi_slopes.shape) not in ((nheads,), (batch, nheads))
+                                     or alibi_slopes.dtype != torch.float32 or alibi_slopes.stride(-1) != 1):
+        raise ValueError(f"alibi_slopes must be fp32 of shape ({nheads},) or ({batch}, {nheads}) with unit "
+                         f"head stride, got {alibi_slopes.dtype} {tuple(alibi_slopes.shape)}")
+    sig = backward_plan.BackwardSignature(
+        batch=batch, seqlen_q=int(max_seqlen_q) if varlen else q.shape[1],
+        seqlen_k=int(max_seqlen_k) if varlen else k.shape[1], nheads=nheads, nheads_kv=k.shape[-2],
+        head_dim=q.shape[-1], varlen=varlen, causal=bool(causal), window=window, softcap=float(softcap),
+        softmax_scale=float(softmax_scale), alibi=alibi_slopes is not None, deterministic=bool(deterministic),
+        longest=max(q.shape[0 if varlen else 1], k.shape[0 if varlen else 1]))
+    plan = backward_plan.plan_backward(sig)
+    if plan.pad_copies:  # a head dim the kernels lack, not a multiple of 8: on zero-padded copies
+        return _PaddedBackward(plan.pad_to, dout, q, k, v, out, lse, softmax_scale, causal, deterministic)
+    return gluon_bwd.BackwardLaunch(plan, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+                                    cached=dispatch.cached_launch())
+
+
+class _PaddedBackward:
+    """The Gluon backward of a head dim the kernels lack (not a multiple of 8) on zero-padded copies of
+    dout, q, k, v, out (``pad_to`` columns), the gradients sliced back."""
+
+    def __init__(self, pad_to, dout, q, k, v, out, lse, softmax_scale, causal, deterministic):
+        self.pad_to, self.d = pad_to, q.shape[-1]
+        padded = [gluon_fwd.pad_head(t, pad_to) for t in (dout, q, k, v, out)]
+        self.inner = gluon_backward_route(*padded, lse, softmax_scale, causal, deterministic)
+        self.cacheable = True
+
+    def __call__(self, dout, q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None, alibi_slopes=None):
+        grads = self.inner(*(gluon_fwd.pad_head(t, self.pad_to) for t in (dout, q, k, v, out)), lse)
+        return tuple(g[..., :self.d].contiguous() for g in grads)
+
+
+_BWD_ROUTES: dict = {}
+
+
+def _backward_route(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                    window, softcap, alibi_slopes, dropout_p):
+    varlen = cu_seqlens_q is not None
+    seqlen_q = max_seqlen_q if varlen else q.shape[1]
+    if not hopper_bwd.bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p, seqlen_q, softmax_scale)[0]:
+        return None
+    return gluon_backward_route(dout, q, k, v, out, lse, softmax_scale, window == (-1, 0),
+                                hopper_bwd.bwd_deterministic.wanted(), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                max_seqlen_k, window, softcap, alibi_slopes)
+
+
 def triton_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                     softmax_scale, window, softcap, alibi_slopes, dropout_p, seed):
     from ioattn.kernels.backward import (attn_bwd_dkdv_kernel, attn_bwd_dq_kernel,
                                          attn_bwd_preprocess_kernel)
 
+    # the forward's key with dO's, O's and lse's layouts (the deterministic switch is in the switches)
+    key = (_forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window,
+                        softcap, alibi_slopes, dropout_p),
+           dout.shape, dout.stride(), dout.dtype, dout.data_ptr() % 16, out.shape, out.stride(), out.dtype,
+           out.data_ptr() % 16, lse.shape, lse.stride())
+    route = _BWD_ROUTES.get(key, _UNSET)
+    if route is _UNSET:
+        route = _backward_route(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                softmax_scale, window, softcap, alibi_slopes, dropout_p)
+        if len(_BWD_ROUTES) >= _ROUTES_MAX:
+            _BWD_ROUTES.clear()
+        _BWD_ROUTES[key] = route
+    if route is not None:
+        return route(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
     pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    if hopper_bwd.bwd_plan(q, k, v, pb.varlen, window, softcap, alibi_slopes, dropout_p, pb.seqlen_q, softmax_scale)[0]:
-        from ioattn.launch.gluon_bwd import hopper_backward
-        varlen = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=pb.seqlen_q,
-                      max_seqlen_k=pb.seqlen_k) if pb.varlen else {}
-        return hopper_backward(dout, q, k, v, out, lse, softmax_scale, window == (-1, 0), variant="ws",
-                               deterministic=hopper_bwd.bwd_deterministic.wanted(), window=window, softcap=softcap,
-                               alibi_slopes=alibi_slopes, **varlen)
     dq, dk, dv = pb.grads(q, k, v)
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()

@@ -13,9 +13,6 @@ ALLOWED = {
     "plan": SHARED + ("ioattn.plan", "ioattn.kernels.constants", "ioattn.kernels.hopper_flags"),
     "launch": SHARED + ("ioattn.launch", "ioattn.kernels"),
 }
-# Known exceptions, to be removed, not added to: the Gluon backward's launcher still reads its policy
-# from the plan modules instead of receiving it as a plan object (as the forward's does).
-KNOWN = {"launch/gluon_bwd.py": {"ioattn.plan.hopper", "ioattn.plan.hopper_bwd"}}
 
 
 def _imports(path):
@@ -34,7 +31,7 @@ def test_each_layer_imports_only_the_layers_below():
         for path in sorted((ROOT / "ioattn" / layer).glob("*.py")):
             key = f"{layer}/{path.name}"
             upward = {m for m in _imports(path) if not m.startswith(allowed)}
-            assert upward == KNOWN.get(key, set()), f"{key} imports {sorted(upward)}"
+            assert not upward, f"{key} imports {sorted(upward)}"
 
 
 def test_the_plan_layer_is_pure_python():

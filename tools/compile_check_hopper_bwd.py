@@ -1,21 +1,19 @@
-"""Compile the Gluon Hopper backward (``ioattn.kernels.hopper_backward``) for sm_90 without a GPU, at
-the launcher's configuration (``hopper_bwd.kernel_config``), for each variant
-(``hopper_bwd.BWD_VARIANTS``: base, ws) x its head dims (``BWD_VARIANT_HEADDIMS``: 64 and 128;
-ws also 256, its column-split form) x bf16 / fp16 x causal or not.
+"""Compile the Gluon Hopper backward (``ioattn.kernels.hopper_backward_ws``) for sm_90 without a GPU, at
+the launcher's configuration (``hopper_bwd.kernel_config``), for its head dims (``BWD_VARIANT_HEADDIMS``:
+64, 128 and 256, its column-split form) x bf16 / fp16 x causal or not.
 
 Per kernel it prints shared memory, and counts in the PTX of wgmma (with commit groups and waits),
 TMA loads (cp.async.bulk.tensor), TMA reduce-adds (cp.reduce.async.bulk.tensor), setmaxnreg (with
 the values), mbarrier operations, and global fp32 atomics / reductions (atom or red .global .add,
 vectorised or not); it asserts shared memory <= 227 KB (an H200 block's opt-in maximum) and that
-wgmma and TMA are there, and the dQ path: atomics for "base"; for "ws" a TMA reduce-add and no
-atomics, setmaxnreg inc 240 (consumers) and dec 24 (producer, dQ writer). Unless --no-ptxas: ptxas
+wgmma and TMA are there, and the dQ path: a TMA reduce-add and no atomics, setmaxnreg inc 240 (consumers) and dec 24 (producer, dQ writer). Unless --no-ptxas: ptxas
 -v registers (the launch budget; the partitions' budgets are the setmaxnreg values), spill bytes, and
-whether ptxas serialised the wgmmas (C7514, C7512: ``gluon_aot.SERIALIZED``); for "ws" also the
+whether ptxas serialised the wgmmas (C7514, C7512: ``gluon_aot.SERIALIZED``); the
 consumers' own use (the highest register the SASS names, + 1: ``consumer_regs``) and the spill
 instructions inside the consumers' loop (``loop_spills``); it asserts no serialisation, no spill inside
 that loop and at most 24 B outside it.
 
-    python tools/compile_check_hopper_bwd.py [--variants base,ws] [--headdims 64,128,256] [--quick]
+    python tools/compile_check_hopper_bwd.py [--variants ws] [--headdims 64,128,256] [--quick]
                                                   [--no-ptxas] [--jobs N] [--deterministic]
                                                   [--dq-swizzled] [--lse-in-acc] [--wg-partitions]
                                                   [--varlen] [--window] [--softcap] [--col-split]
@@ -58,29 +56,26 @@ def compile_one(variant, d, dt, causal, deterministic=False, varlen=False, windo
     sig.update(q_desc=f"tensordesc<{dt}[{bm},{d}],{q_layout!r}>", do_desc=f"tensordesc<{dt}[{bm},{d}],{q_layout!r}>",
                k_desc=f"tensordesc<{dt}[{bn},{d}],{kv_layout!r}>", v_desc=f"tensordesc<{dt}[{bn},{d}],{kv_layout!r}>",
                dK=f"*{dt}", dV=f"*{dt}", softmax_scale="fp32", qk_scale="fp32")
-    if variant == "base":
-        sig.update(Lse="*fp32", Delta="*fp32", DQacc="*fp32")
+    lay = ws_layouts(DTYPES[dt], bm, bn, d, 0 if cfg["dq_flat"] else hopper_bwd.WS_DQ_SWIZZLE[d])
+    assert lay["q"] == q_layout and lay["kv"] == kv_layout
+    stat = f"tensordesc<fp32[{bm}],{lay['stat']!r}>"
+    rows, cols = cfg["dq_block"]
+    sig.update(lse_desc=stat, delta_desc=stat, dq_desc=f"tensordesc<fp32[{rows},{cols}],{lay['dq']!r}>", Sem="*i32",
+               Cu_q="*i32", Cu_k="*i32", softcap_a="fp32", alibi_unit="fp32", Alibi="*fp32")
+    cfg["constexprs"] = dict(cfg["constexprs"], DETERMINISTIC=deterministic, IS_VARLEN=varlen, WINDOW=window,
+                             ALIBI=hopper_bwd.bwd_alibi_form(d, 1.0 if softcap else 0.0) if alibi else 0,
+                             IO_DIM=IO_DIM,
+                             PROD_DIM=hopper.bwd_split_cols_for(d, IO_DIM, cfg["constexprs"]["COL_SPLIT"]))
+    prod = cfg["constexprs"]["PROD_DIM"]
+    cfg["constexprs"]["DQ_HI_FIRST"] = hopper_bwd.dq_hi_first(d, cfg["constexprs"]["COL_SPLIT"], prod)
+    if prod:  # dQ's high half by its own descriptor (the launcher's), 64 columns wide
+        sig.update(dq_hi_desc=f"tensordesc<fp32[{rows},{prod - d // 2}],{lay['dq']!r}>")
     else:
-        lay = ws_layouts(d, DTYPES[dt], softcap, alibi)
-        assert lay["q"] == q_layout and lay["kv"] == kv_layout
-        stat = f"tensordesc<fp32[{bm}],{lay['stat']!r}>"
-        rows, cols = cfg["dq_block"]
-        sig.update(lse_desc=stat, delta_desc=stat, dq_desc=f"tensordesc<fp32[{rows},{cols}],{lay['dq']!r}>", Sem="*i32",
-                   Cu_q="*i32", Cu_k="*i32", softcap_a="fp32", alibi_unit="fp32", Alibi="*fp32")
-        cfg["constexprs"] = dict(cfg["constexprs"], DETERMINISTIC=deterministic, IS_VARLEN=varlen, WINDOW=window,
-                                 ALIBI=hopper_bwd.bwd_alibi_form(d, 1.0 if softcap else 0.0) if alibi else 0,
-                                 IO_DIM=IO_DIM,
-                                 PROD_DIM=hopper.bwd_split_cols_for(d, IO_DIM, cfg["constexprs"]["COL_SPLIT"]))
-        prod = cfg["constexprs"]["PROD_DIM"]
-        cfg["constexprs"]["DQ_HI_FIRST"] = hopper_bwd.dq_hi_first(d, cfg["constexprs"]["COL_SPLIT"], prod)
-        if prod:  # dQ's high half by its own descriptor (the launcher's), 64 columns wide
-            sig.update(dq_hi_desc=f"tensordesc<fp32[{rows},{prod - d // 2}],{lay['dq']!r}>")
-        else:
-            cfg["constexprs"]["dq_hi_desc"] = None
-        if IO_DIM:  # the launcher's head-padded descriptors (gluon_fwd.padded_rows_desc): one rank more, a unit box
-            for names, rows in ((("q_desc", "do_desc"), bm), (("k_desc", "v_desc"), bn)):
-                lay3 = gl.NVMMASharedLayout.get_default_for([1, rows, d], DTYPES[dt])
-                sig.update({name: f"tensordesc<{dt}[1,{rows},{d}],{lay3!r}>" for name in names})
+        cfg["constexprs"]["dq_hi_desc"] = None
+    if IO_DIM:  # the launcher's head-padded descriptors (gluon_fwd.padded_rows_desc): one rank more, a unit box
+        for names, rows in ((("q_desc", "do_desc"), bm), (("k_desc", "v_desc"), bn)):
+            lay3 = gl.NVMMASharedLayout.get_default_for([1, rows, d], DTYPES[dt])
+            sig.update({name: f"tensordesc<{dt}[1,{rows},{d}],{lay3!r}>" for name in names})
     # dK / dV 16-byte aligned as at run time, so the epilogue's vector stores show in the SASS
     return cfg, compile_sm90(fn, sig, dict(cfg["constexprs"], IS_CAUSAL=causal), cfg["num_warps"],
                              aligned=("dK", "dV"))
@@ -103,38 +98,34 @@ def check(job):
     where = (variant, d, dt, causal)
     assert k.metadata.shared <= H200_SHARED_BYTES, (where, k.metadata.shared)
     assert c["wgmma"] and c["tma"], (where, c)
-    if variant == "base":
-        assert c["atomics"], (where, c)
-    else:  # producer warp + dQ writer: TMA reduce-add for dQ, no atomics, FA3's register split
-        # (deterministic: only the semaphore's 32-bit integer atomics, acquire and release)
-        float_atoms = {op: n for op, n in c["atomics"].items() if "f32" in op}
-        assert reduces and not float_atoms and bool(c["atomics"]) == det, (where, reduces, c["atomics"])
-        if det:
-            assert ".acquire." in ptx and ".release." in ptx and "cp.async.bulk.wait_group 0" in ptx, where
-        assert c["setmaxnreg"][("inc", "240")] and c["setmaxnreg"][("dec", "24")], (where, c["setmaxnreg"])
+    # (deterministic: only the semaphore's 32-bit integer atomics, acquire and release)
+    float_atoms = {op: n for op, n in c["atomics"].items() if "f32" in op}
+    assert reduces and not float_atoms and bool(c["atomics"]) == det, (where, reduces, c["atomics"])
+    if det:
+        assert ".acquire." in ptx and ".release." in ptx and "cp.async.bulk.wait_group 0" in ptx, where
+    assert c["setmaxnreg"][("inc", "240")] and c["setmaxnreg"][("dec", "24")], (where, c["setmaxnreg"])
     regs = ""
     if run_ptxas:
         nregs, spills, _, why = ptxas_report(ptx)
         serialized = bool(why)
         regs = (f"regs={nregs} spill={spills}B {'SERIALIZED' if serialized else 'wgmma-pipelined'} ")
-        if variant != "base":  # the consumers' own use, under their setmaxnreg budget
-            regs += f"consumer_regs={sass_top_register(k.asm['cubin'])} "
+        # the consumers' own use, under their setmaxnreg budget
+        regs += f"consumer_regs={sass_top_register(k.asm['cubin'])} "
         if serialized:
             regs += f"[{why[:160]}] "
-        if variant != "base":
-            # No spill instruction inside the consumers' main loop (between the first and the last
-            # wgmma), and a few bytes at most outside it: at d=128 (ptxas 12.8) the loop-carried
-            # query-block counter (docs/decisions/backward-ws-step.md) costs one or two values saved before the loop and
-            # reloaded after it, 8 / 16 B non-causal / causal, 16 / 24 B deterministic (whose dQ
-            # writer also spilled 8 / 16 B in its 24 registers before the counter)
-            sass = sass_text(k.asm["cubin"])
-            in_loop = spills_between_mmas(sass)
-            regs += f"loop_spills={in_loop} "
-            # the same counts ab_bwd --sass prints from the build that ran
-            regs += "sass[" + " ".join(f"{op}={n}" for op, n in sass_counts(sass).items()) + "] "
-            # (investigating: the softcap form reported, not asserted, until its budget is settled)
-            assert not serialized and (softcap or (spills <= 24 and not in_loop)), (where, "ptxas serialised the wgmmas or spilled",
-                                                                     spills, in_loop, why)
+        # No spill instruction inside the consumers' main loop (between the first and the last
+        # wgmma), and a few bytes at most outside it: at d=128 (ptxas 12.8) the loop-carried
+        # query-block counter (docs/decisions/backward-ws-step.md) costs one or two values saved before the loop and
+        # reloaded after it, 8 / 16 B non-causal / causal, 16 / 24 B deterministic (whose dQ
+        # writer also spilled 8 / 16 B in its 24 registers before the counter)
+        sass = sass_text(k.asm["cubin"])
+        in_loop = spills_between_mmas(sass)
+        regs += f"loop_spills={in_loop} "
+        # the same counts ab_bwd --sass prints from the build that ran
+        regs += "sass[" + " ".join(f"{op}={n}" for op, n in sass_counts(sass).items()) + "] "
+        # (investigating: the softcap form reported, not asserted, until its budget is settled)
+        assert not serialized and (softcap or (spills <= 24 and not in_loop)), (where, "ptxas serialised the wgmmas or spilled",
+                                                                 spills, in_loop, why)
     waits = ",".join(f"w{n}x{cnt}" for n, cnt in sorted(c["waits"].items()))
     atoms = " ".join(f"{op}x{n}" for op, n in sorted(c["atomics"].items()))
     nreg = " ".join(f"{op}{v}x{n}" for (op, v), n in sorted(c["setmaxnreg"].items(),

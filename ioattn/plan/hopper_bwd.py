@@ -149,15 +149,13 @@ def bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p, seqlen_q
     return (True, f"{why}, variant ws{det}") if ok else (False, reason)
 
 
-BWD_VARIANTS = ("base", "ws")
+# The backward's one kernel, the warp-specialised "ws" (the first, "base", measured slower and removed:
+# docs/decisions/hopper-backward-kernel.md)
+BWD_VARIANTS = ("ws",)
 
 
-# head dims each variant compiles for ("ws" at 256: its column-split form, docs/hopper-backward.md)
-BWD_VARIANT_HEADDIMS = {"base": (64, 128), "ws": (64, 128, 256)}
-
-
-# Tiles, both variants and head dims (v1's, kept for ws so the A/B compares structure only):
-BWD_BLOCK_M = 64    # query rows per step (the wgmma N of S^T / dP^T, the K of dV / dK): FA3's hdim-128 kBlockM
+# head dims it compiles for (at 256 its column-split form, docs/hopper-backward.md)
+BWD_VARIANT_HEADDIMS = {"ws": (64, 128, 256)}
 
 
 BWD_BLOCK_N = 128   # key rows per program (two warpgroups of 64): FA3's hdim-128 kBlockN
@@ -281,7 +279,7 @@ def dq_hi_first(d: int, col_split: bool, prod_dim: int) -> bool:
     return bool(col_split) and (prod_dim or d) in WS_DQ_HI_FIRST
 
 
-def kernel_config(d: int, variant: str = "base", softcap: bool = False, alibi: bool = False) -> dict:
+def kernel_config(d: int, variant: str = "ws", softcap: bool = False, alibi: bool = False) -> dict:
     """Launch configuration of the backward kernel of ``variant`` (``BWD_VARIANTS``) at head dim ``d``
     (the launcher and tools/compile_check_hopper_bwd.py share it): ``kernel`` the jit function,
     ``num_warps`` the kernel's warps (the consumers' for "ws": the producer and writer warps come on
@@ -295,9 +293,6 @@ def kernel_config(d: int, variant: str = "base", softcap: bool = False, alibi: b
     if variant in BWD_VARIANTS and d not in BWD_VARIANT_HEADDIMS[variant]:
         raise ValueError(f"the Hopper backward's {variant} variant covers head dims "
                          f"{', '.join(map(str, BWD_VARIANT_HEADDIMS[variant]))}, not {d}")
-    if variant == "base":
-        return dict(kernel="hopper_bwd_dkdv_kernel", block_m=BWD_BLOCK_M, block_n=BWD_BLOCK_N, num_warps=BWD_NUM_WARPS,
-                    stages=2, constexprs=dict(HEAD_DIM=d, BLOCK_M=BWD_BLOCK_M, BLOCK_N=BWD_BLOCK_N))
     if variant == "ws":
         split = d in WS_COL_SPLIT_HEADDIMS or (softcap and d in WS_SOFTCAP_COL_SPLIT_HEADDIMS)
         block_n = WS_COL_SPLIT_BLOCK_N if split else BWD_BLOCK_N

@@ -999,7 +999,7 @@ def test_hopper_backward_deterministic(d, causal, shape, block_m, dq_flat, wg_sp
     a partition of its own (``WS_WG_PARTITIONS``: the writer adds the tile's halves as two copies)."""
     from ioattn.plan import hopper_bwd
     from ioattn import backends
-    from ioattn.launch.gluon_bwd import hopper_backward
+    from ioattn.backends import hopper_backward
     if block_m != hopper_bwd.WS_BLOCK_M[d]:
         if d != 64 or dq_flat:
             pytest.skip("a second row count a step at d=64 only, with the swizzled dQ tile")
@@ -1018,7 +1018,7 @@ def test_hopper_backward_deterministic(d, causal, shape, block_m, dq_flat, wg_sp
     scale = d ** -0.5
     out, lse = backends.hopper_forward(q, k, v, scale, causal)
     dout = torch.randn_like(out)
-    runs = [hopper_backward(dout, q, k, v, out, lse, scale, causal, variant="ws", deterministic=True)
+    runs = [hopper_backward(dout, q, k, v, out, lse, scale, causal, deterministic=True)
             for _ in range(3)]
     for name, *gs in zip(("dq", "dk", "dv"), *runs):
         assert not gs[0].isnan().any() and all(torch.equal(gs[0], g) for g in gs[1:]), name
@@ -1051,7 +1051,7 @@ _WS_SWITCH_VARIANTS = {"ws-swizzled": ("WS_DQ_FLAT", False), "ws-lse": ("WS_LSE_
 
 
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant", ["base", "ws", *_WS_SWITCH_VARIANTS])
+@pytest.mark.parametrize("variant", ["ws", *_WS_SWITCH_VARIANTS])
 @pytest.mark.parametrize("forward", ["gluon", "portable"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
@@ -1074,9 +1074,8 @@ def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc
     dk, dv within 2x PyTorch's own error."""
     from ioattn import backends
     from ioattn.plan import hopper
-    from ioattn.kernels import hopper_backward as hb
-    from ioattn.plan.hopper_bwd import BWD_VARIANT_HEADDIMS
-    from ioattn.launch.gluon_bwd import hopper_backward
+    from ioattn.plan import hopper_bwd as hb
+    from ioattn.backends import hopper_backward
     if variant in _WS_SWITCH_VARIANTS:  # the ws kernel with one of its switches set at this head dim
         switch, value = _WS_SWITCH_VARIANTS[variant]
         table = getattr(hb, switch)
@@ -1086,8 +1085,6 @@ def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc
             pytest.skip(f"{switch} is {value} at head dim {d} by default: variant ws runs it")
         monkeypatch.setitem(table, d, value)
         variant = "ws"
-    if d not in BWD_VARIANT_HEADDIMS[variant]:
-        pytest.skip(f"the {variant} backward has no head dim {d}")
     b, sq, sk, h, hkv = shape
     q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
     k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype) for _ in range(2))
@@ -1099,7 +1096,7 @@ def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc
         with hopper.prefer_hopper(False):
             out, lse = backends.triton_forward(q, k, v, None, None, sq, sk, scale, window, 0.0, None, 0.0, 0)
     dout = torch.randn_like(out)
-    grads = hopper_backward(dout, q, k, v, out, lse, scale, causal, variant=variant)
+    grads = hopper_backward(dout, q, k, v, out, lse, scale, causal)
     _assert_grads_match_oracle(grads, q, k, v, dout, window)
 
 
@@ -1229,7 +1226,7 @@ def test_hopper_backward_varlen(d, causal, mode, monkeypatch, poison_alloc):
     ``swizzled``: the 2-D dQ tile instead of the flat one (d = 64 / 128), with the (rows, heads * d)
     accumulator the column-split form (d = 256) always uses."""
     from ioattn.plan import hopper_bwd
-    from ioattn.launch import gluon_bwd
+    from ioattn import backends
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
     if mode == "swizzled":
         if d not in hopper_bwd.WS_DQ_FLAT:
@@ -1254,7 +1251,7 @@ def test_hopper_backward_varlen(d, causal, mode, monkeypatch, poison_alloc):
     if deterministic:
         assert all(torch.equal(a, b) for a, b in zip(*runs))
     # the kernel itself, called directly, gives the API's gradients (bitwise where its order is fixed)
-    direct = gluon_bwd.hopper_backward(dout, q, k, v, out.detach(), lse, d ** -0.5, causal, variant="ws",
+    direct = backends.hopper_backward(dout, q, k, v, out.detach(), lse, d ** -0.5, causal,
                                 deterministic=deterministic, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=max_q,
                                 max_seqlen_k=max_k)
     assert torch.equal(direct[1], dk) and torch.equal(direct[2], dv)
@@ -1696,7 +1693,7 @@ def test_hopper_split_cols_matches_full_width(d, causal, variant, poison_alloc):
     allocations, and against the float64 oracle."""
     from ioattn.plan import hopper
     from ioattn import backends
-    from ioattn.launch.gluon_bwd import hopper_backward
+    from ioattn.backends import hopper_backward
     torch.manual_seed(12)
     q = torch.randn(2, 333, 4, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -1708,7 +1705,7 @@ def test_hopper_split_cols_matches_full_width(d, causal, variant, poison_alloc):
     for split in (True, False):
         with hopper.variant(variant), hopper.split_cols(split), hopper.bwd_split_cols(split):
             out, lse = backends.hopper_forward(q, k, v, d ** -0.5, causal)
-            grads = hopper_backward(dout, q, k, v, out, lse, d ** -0.5, causal, variant="ws", deterministic=True)
+            grads = hopper_backward(dout, q, k, v, out, lse, d ** -0.5, causal, deterministic=True)
         results.append((out, lse, *grads))
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), *results):
         assert not torch.isnan(a).any(), name
@@ -1734,7 +1731,6 @@ def test_hopper_backward_dq_hi_first_matches_lo_first(d, causal, monkeypatch, po
     from ioattn.plan import hopper
     from ioattn import backends
     from ioattn.plan import hopper_bwd
-    from ioattn.launch import gluon_bwd
     torch.manual_seed(13)
     q = torch.randn(2, 333, 4, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -1744,8 +1740,9 @@ def test_hopper_backward_dq_hi_first_matches_lo_first(d, causal, monkeypatch, po
     runs = []
     for widths in ((192, 256), ()):  # the high half first at every width, then at none
         monkeypatch.setattr(hopper_bwd, "WS_DQ_HI_FIRST", widths)
-        runs.append(gluon_bwd.hopper_backward(dout, q, k, v, out, lse, d ** -0.5, causal, variant="ws", deterministic=True))
-        grads = gluon_bwd.hopper_backward(dout, q, k, v, out, lse, d ** -0.5, causal, variant="ws")
+        backends.clear_routes()  # the plans are cached on the switches, not on the tables
+        runs.append(backends.hopper_backward(dout, q, k, v, out, lse, d ** -0.5, causal, deterministic=True))
+        grads = backends.hopper_backward(dout, q, k, v, out, lse, d ** -0.5, causal)
         _assert_out_and_grads(out, grads, dout, q, k, v, (-1, 0) if causal else (-1, -1))
     for name, a, b in zip(("dq", "dk", "dv"), *runs):
         assert not torch.isnan(a).any(), name
@@ -1870,7 +1867,7 @@ def test_hopper_padded_in_place_matches_copies(d, causal, variant, monkeypatch, 
     oracle too."""
     from ioattn.plan import hopper
     from ioattn import backends
-    from ioattn.launch.gluon_bwd import hopper_backward
+    from ioattn.backends import hopper_backward
     torch.manual_seed(11)
     q = torch.randn(2, 333, 4, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -1878,9 +1875,10 @@ def test_hopper_padded_in_place_matches_copies(d, causal, variant, monkeypatch, 
     results = []
     for in_place in (True, False):
         monkeypatch.setattr(hopper, "padded_in_place", lambda dd, _keep=in_place: _keep and dd % 8 == 0)
+        backends.clear_routes()  # the plans are cached on the switches, not on the tables
         with hopper.variant(variant):
             out, lse = backends.hopper_forward(q, k, v, d ** -0.5, causal)
-        grads = hopper_backward(dout, q, k, v, out, lse, d ** -0.5, causal, variant="ws", deterministic=True)
+        grads = hopper_backward(dout, q, k, v, out, lse, d ** -0.5, causal, deterministic=True)
         results.append((out, lse, *grads))
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), *results):
         assert a.shape == b.shape and not torch.isnan(a).any(), name
