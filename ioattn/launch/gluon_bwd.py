@@ -49,16 +49,17 @@ class BackwardLaunch:
         nheads, nheads_kv = q.shape[-2], k.shape[-2]
         self.batch = batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
         self.empty = q.numel() == 0 or k.numel() == 0 or plan.seqlen_q == 0 or plan.seqlen_k == 0
-        self.views = tuple((tma_rows_view(t) is not None, rows.shape, rows.stride())
-                           for t, rows in (gluon_fwd._rows(t) for t in (q, k, v, dout)))
         if self.empty:
             return
+        # the example's rows views (of a contiguous copy where a tensor has none: the same at each call)
+        tensors, rows = zip(*(gluon_fwd._rows(t) for t in (q, k, v, dout)))
+        self.views = tuple((tma_rows_view(t) is not None, view.shape, view.stride())
+                           for t, view in zip((q, k, v, dout), rows))
         bm, bn, stat = plan.block_m, plan.block_n, plan.stat_stride
         gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
         lay = ws_layouts(gdt, bm, bn, d, plan.dq_swizzle)
-        rows = [gluon_fwd._rows(t)[1] for t in (q, k, v, dout)]
         if plan.pad_to:  # the rows views in [.., d] boxes zero-filled past io_dim (the forward's)
-            descs = [gluon_fwd.padded_rows_desc(r, box, d, gdt) for r, box in zip(rows, (bm, bn, bn, bm))]
+            descs = [gluon_fwd.padded_rows_desc(t, box, d, gdt) for t, box in zip(tensors, (bm, bn, bn, bm))]
         else:
             descs = [TensorDescriptor.from_tensor(r, [box, d], lay["q" if box_q else "kv"])
                      for r, box, box_q in zip(rows, (bm, bn, bn, bm), (True, False, False, True))]
@@ -99,6 +100,8 @@ class BackwardLaunch:
                         "Sem", "Cu_q", "Cu_k", "Alibi", "dq_hi_desc"),
             dict(num_warps=plan.num_warps), direct=cached)
         self.no_alibi = nothing.float()
+        self.sem = None if dict(plan.constexprs)["DETERMINISTIC"] else torch.zeros(
+            1, device=q.device, dtype=torch.int32)
         if plan.dq_flat:
             self.n_m = stat // bm
             self.dq_pass = _dq_pass(q, d, bm, plan.consumer_warps, varlen, plan.seqlen_q, self.n_m, cached)
@@ -106,15 +109,15 @@ class BackwardLaunch:
     def __call__(self, dout, q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None, alibi_slopes=None):
         plan = self.plan
         varlen = plan.varlen
-        # the descriptors read 2-D (rows, heads * d) views: a packed qkv's views as they are, other layouts
-        # (and dO with zero strides, as autograd passes for a sum) copied
-        q, k, v, dout = ((t if in_place else t.contiguous()) for t, (in_place, _, _) in zip((q, k, v, dout), self.views))
         # varlen: zeros first, the kernels write only the rows some sequence owns
         alloc = torch.zeros if varlen else torch.empty
         dk = alloc(k.shape, dtype=k.dtype, device=k.device)
         dv = alloc(v.shape, dtype=v.dtype, device=v.device)
         if self.empty:
             return torch.zeros(q.shape, dtype=q.dtype, device=q.device), dk.zero_(), dv.zero_()
+        # the descriptors read 2-D (rows, heads * d) views: a packed qkv's views as they are, other layouts
+        # (and dO with zero strides, as autograd passes for a sum) copied
+        q, k, v, dout = ((t if in_place else t.contiguous()) for t, (in_place, _, _) in zip((q, k, v, dout), self.views))
         out = out.contiguous()
         cu_q = cu_seqlens_q if varlen else self.no_cu
         # D, the lse rows (log2 units, or lse / scale with LSE_IN_ACC; -inf rows -> 0) and the zeroed flat
@@ -128,8 +131,9 @@ class BackwardLaunch:
         q_desc, k_desc, v_desc, do_desc = (gluon_fwd.rebased(desc, r) for desc, r in zip(self.descs, rows))
         acc_rows = acc.view(self.acc_rows)
         dq_hi = None if self.dq_hi_desc is None else gluon_fwd.rebased(self.dq_hi_desc, acc_rows)
-        # one counter per (batch, head, query block) orders the dQ additions (deterministic only)
-        sem = torch.zeros(plan.semaphores, device=q.device, dtype=torch.int32)
+        # one counter per (batch, head, query block) orders the dQ additions (deterministic only; else
+        # never read, one kept for every call)
+        sem = self.sem if self.sem is not None else torch.zeros(plan.semaphores, device=q.device, dtype=torch.int32)
         self.ws(plan.grid, q_desc, k_desc, v_desc, do_desc, gluon_fwd.rebased(self.stat_desc, lse2.view(-1)),
                 gluon_fwd.rebased(self.stat_desc, delta.view(-1)), gluon_fwd.rebased(self.dq_desc, acc_rows), dk, dv,
                 sem, cu_q, cu_seqlens_k if varlen else self.no_cu,

@@ -175,16 +175,15 @@ class ForwardLaunch:
         dt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
         if plan.negate_q:  # the call's q is negated first: its layout is the negation's
             q = -q
-        # the example's rows views (a contiguous copy where a tensor has none: the same at each call)
-        self.views = tuple((tma_rows_view(t) is not None, view.shape, view.stride())
-                           for t, view in (_rows(t) for t in (q, k, v)))
-        rows = [_rows(t)[1] for t in (q, k, v)]
+        # the example's rows views (of a contiguous copy where a tensor has none: the same at each call)
+        tensors, rows = zip(*(_rows(t) for t in (q, k, v)))
+        self.views = tuple((tma_rows_view(t) is not None, view.shape, view.stride()) for t, view in zip((q, k, v), rows))
         if plan.ring_split:  # the split ring: K / V in 128- and 64-column boxes (from column 128)
-            descs = [padded_rows_desc(rows[0], plan.q_rows, d, dt)] + [
-                padded_rows_desc(rows[i], plan.block_n, w, dt) for w in (128, 64) for i in (1, 2)]
+            descs = [padded_rows_desc(tensors[0], plan.q_rows, d, dt)] + [
+                padded_rows_desc(tensors[i], plan.block_n, w, dt) for w in (128, 64) for i in (1, 2)]
         elif plan.pad_to:  # the same views, read in [.., d] boxes zero-filled past io_dim
-            descs = [padded_rows_desc(rows[0], plan.q_rows, d, dt)] + [
-                padded_rows_desc(rows[i], plan.block_n, d, dt) for i in (1, 2)]
+            descs = [padded_rows_desc(tensors[0], plan.q_rows, d, dt)] + [
+                padded_rows_desc(tensors[i], plan.block_n, d, dt) for i in (1, 2)]
         else:
             kv_layout = _layout(plan.block_n, d, dt)
             descs = [TensorDescriptor.from_tensor(rows[0], [plan.q_rows, d], _layout(plan.q_rows, d, dt)),
