@@ -1765,3 +1765,28 @@ def test_padded_in_place_descriptors_read_and_store_the_padded_tiles():
         want = torch.zeros_like(out)
         want[b, m:, h] = stage[:37 - m, :d]
         assert torch.equal(out, want)
+
+
+@_NO_INTERPRETER
+def test_prepared_forward_launch_reads_each_calls_tensors(monkeypatch):
+    """A prepared Gluon forward (``backends.gluon_forward_route``) launched again with new tensors of the
+    same layout reads those tensors: inputs without a (rows, heads * d) view (transposed from
+    (batch, heads, seqlen, d)) through contiguous copies of the call's own tensors, a head dim read
+    head-padded in place (d = 96) through its 3-D descriptors; each descriptor's base holds the call's
+    values (the kernel faked)."""
+    from ioattn import backends
+    launches = _fake_forward_launches(monkeypatch)
+    for d, transposed in ((128, True), (96, False)):
+        def make():
+            if transposed:
+                return torch.randn(2, 4, 64, d, dtype=BF16).transpose(1, 2)
+            return torch.randn(2, 64, 4, d, dtype=BF16)
+        q0 = make()
+        route = backends.gluon_forward_route(q0, q0, q0, 0.1, False)
+        for _ in range(2):
+            q, k, v = make(), make(), make()
+            launches.clear()
+            route(q, k, v)
+            ((grid, args, kw),) = launches
+            for desc, t in zip(args[:3], (q, k, v)):
+                assert torch.equal(desc.base.reshape(-1), t.contiguous().reshape(-1))
