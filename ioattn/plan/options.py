@@ -102,8 +102,9 @@ OPTIONS = (
     Option("IOATTN_DECODE_PDL_WAIT", "on (Hopper)", "the decode split kernel launched by programmatic "
            "dependent launch behind the previous kernel (also decode_config(pdl_wait=...))",
            _D + "decode-launches.md"),
-    Option("IOATTN_CACHED_LAUNCH", "on", "decode and merge kernels launched through the cached compiled "
-           "kernel instead of Triton's per-call specialisation", _D + "decode-launches.md"),
+    Option("IOATTN_CACHED_LAUNCH", "on", "the Gluon forward and backward, decode and merge kernels launched "
+           "through the cached compiled kernel instead of Triton's per-call specialisation",
+           _D + "decode-launches.md"),
 )
 
 BY_NAME = {o.name: o for o in OPTIONS}
