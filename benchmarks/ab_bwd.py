@@ -1,11 +1,11 @@
-"""A/B of backward kernels in one process: the portable Triton backward, the experimental Gluon
-Hopper backward (``ioattn.kernels.hopper_backward``: provider "gluon" is its
-base variant, "gluon-ws" the warp-specialised one, at d=256 its column-split form) and SDPA's flash
-and cuDNN backward passes, each timed alone (the forward outside the timed region). A Gluon provider
-is left out at head dims its variant does not cover (``BWD_VARIANT_HEADDIMS``: base 64 and 128).
+"""A/B of backward kernels in one process: the portable Triton backward, the Gluon Hopper backward
+(``ioattn.backends.hopper_backward``, the warp-specialised kernel: provider "gluon-ws", at d=256 its
+column-split form) and SDPA's flash and cuDNN backward passes, each timed alone (the forward outside
+the timed region). The Gluon providers are left out at head dims the kernel does not cover
+(``BWD_VARIANT_HEADDIMS``: 64, 128, 256).
 
     python benchmarks/ab_bwd.py --out DIR [--headdims 64,128,256] [--seqlens 1024,4096,16384]
-                                [--providers portable,gluon,gluon-ws,sdpa-flash,sdpa-cudnn] [--rounds R]
+                                [--providers portable,gluon-ws,sdpa-flash,sdpa-cudnn] [--rounds R]
                                 [--time-failed] [--sass]
 
 ``--rounds R``: every provider timed R times, interleaved; the table gives each one's median round.
@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from ioattn import backends
 from ioattn.plan import hopper
 from ioattn.plan import hopper_bwd
+from ioattn.plan import backward as backward_plan
 from ioattn.bench.timing import attention_flops, median_ms
 from ioattn.reference import attention_ref
 
@@ -54,37 +55,34 @@ def portable(dout, q, k, v, causal):
     return run
 
 
-def gluon(variant, deterministic=False, **overrides):
-    """``overrides``: module attributes of ``hopper_backward`` (A/B switches) set for this provider's
-    calls only, e.g. ``WS_DQ_SWIZZLE={...}``."""
+def gluon(deterministic=False, **overrides):
+    """The Gluon backward (the ws kernel). ``overrides``: tables of ``ioattn.plan.hopper_bwd`` (A/B
+    switches) set for this provider's calls only, e.g. ``WS_DQ_SWIZZLE={...}``."""
     def setup(dout, q, k, v, causal):
-        from ioattn.kernels import hopper_backward as hb
-        from ioattn.launch import gluon_bwd
         scale = q.shape[-1] ** -0.5
         out, lse = backends.hopper_forward(q, k, v, scale, causal)
 
         def run():
-            saved = {name: getattr(hb, name) for name in overrides}
+            saved = {name: getattr(hopper_bwd, name) for name in overrides}
             for name, value in overrides.items():
-                setattr(hb, name, value)
+                setattr(hopper_bwd, name, value)
+            if overrides:  # the backward's plans are cached on the switches, not on these tables
+                backward_plan._PLANS.clear()
             try:
-                return gluon_bwd.hopper_backward(dout, q, k, v, out, lse, scale, causal, variant=variant,
-                                          deterministic=deterministic)
+                return backends.hopper_backward(dout, q, k, v, out, lse, scale, causal, deterministic=deterministic)
             finally:
                 for name, value in saved.items():
-                    setattr(hb, name, value)
+                    setattr(hopper_bwd, name, value)
+                if overrides:
+                    backward_plan._PLANS.clear()
         return run
-    setup.variant = variant
+    setup.gluon = True
     return setup
 
 
 def covers(setup, d):
-    """Whether a provider runs at head dim ``d`` (a Gluon variant only at its head dims)."""
-    variant = getattr(setup, "variant", None)
-    if variant is None:
-        return True
-    from ioattn.plan.hopper_bwd import BWD_VARIANT_HEADDIMS
-    return d in BWD_VARIANT_HEADDIMS[variant]
+    """Whether a provider runs at head dim ``d`` (a Gluon one only at the kernel's head dims)."""
+    return not getattr(setup, "gluon", False) or d in hopper_bwd.BWD_VARIANT_HEADDIMS["ws"]
 
 
 def sdpa(backend):
@@ -141,16 +139,16 @@ def main():
         ap.error(f"--heads must be 0 (the bench's grid) or a positive head count, got {args.heads}")
     os.makedirs(args.out, exist_ok=True)
     sink = open(os.path.join(args.out, f"{args.tag}.jsonl"), "w")
-    variants = {"portable": portable, "gluon": gluon("base"), "gluon-ws": gluon("ws"),
-                "gluon-ws-dq128": gluon("ws", WS_DQ_SWIZZLE={64: 128, 128: 128, 256: 128}),
-                "gluon-ws-m64": gluon("ws", WS_BLOCK_M={64: 64, 128: 64, 256: 64}),
-                "gluon-ws-accstore": gluon("ws", WS_COALESCED_STORE=False),
-                "gluon-ws-dqflat": gluon("ws", WS_DQ_FLAT={64: True, 128: True}),
-                "gluon-ws-dq32": gluon("ws", WS_DQ_FLAT={64: False, 128: False}),
-                "gluon-ws-lse": gluon("ws", WS_LSE_IN_ACC={64: True, 128: True}),
-                "gluon-ws-wgsplit": gluon("ws", WS_WG_PARTITIONS={64: True, 128: True}),
-                "gluon-ws-det": gluon("ws", deterministic=True),
-                "gluon-ws-dqhifirst": gluon("ws", WS_DQ_HI_FIRST=(192, 256)),
+    variants = {"portable": portable, "gluon-ws": gluon(),
+                "gluon-ws-dq128": gluon(WS_DQ_SWIZZLE={64: 128, 128: 128, 256: 128}),
+                "gluon-ws-m64": gluon(WS_BLOCK_M={64: 64, 128: 64, 256: 64}),
+                "gluon-ws-accstore": gluon(WS_COALESCED_STORE=False),
+                "gluon-ws-dqflat": gluon(WS_DQ_FLAT={64: True, 128: True}),
+                "gluon-ws-dq32": gluon(WS_DQ_FLAT={64: False, 128: False}),
+                "gluon-ws-lse": gluon(WS_LSE_IN_ACC={64: True, 128: True}),
+                "gluon-ws-wgsplit": gluon(WS_WG_PARTITIONS={64: True, 128: True}),
+                "gluon-ws-det": gluon(deterministic=True),
+                "gluon-ws-dqhifirst": gluon(WS_DQ_HI_FIRST=(192, 256)),
                 "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     if args.providers:
         variants = {name: variants[name] for name in args.providers.split(",")}
@@ -206,9 +204,8 @@ def main():
     if args.sass:
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
         from gluon_aot import print_compiled_sass  # tools/, beside the compile checks
-        from ioattn.kernels import hopper_backward as hb
         from ioattn.kernels import hopper_backward_ws
-        print_compiled_sass((hopper_backward_ws.hopper_bwd_ws_kernel, hb.hopper_bwd_dkdv_kernel))
+        print_compiled_sass((hopper_backward_ws.hopper_bwd_ws_kernel,))
     return 0
 
 

@@ -37,10 +37,12 @@ import torch.nn.functional as F
 
 import ioattn
 from ioattn.plan import hopper
+from ioattn.plan import hopper_bwd
 from ioattn import backends
 from ioattn.bench.run import _check
 from ioattn.bench.timing import attention_flops, median_ms
-from ioattn.launch.gluon_bwd import hopper_backward
+from ioattn.backends import hopper_backward
+from ioattn.plan import backward as backward_plan
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ab_bwd import check as check_bwd  # noqa: E402  (the gradients against the float64 oracle)
@@ -138,29 +140,30 @@ def bwd_setup(name):
 
             def run():  # the forward keeps the call's own tensors; the backward pads them again
                 grads = hopper_backward(pad(dout, dp), pad(q, dp), pad(k, dp), pad(v, dp), pad(out, dp), lse, d ** -0.5,
-                                        causal, variant="ws")
+                                        causal)
                 return [g[..., :d].contiguous() for g in grads]
             return run
         if name == "gluon-pad":  # the launchers' own padded path
             out, lse = gluon_pad_fwd(q, k, v, causal)
-            return lambda: hopper_backward(dout, q, k, v, out, lse, q.shape[-1] ** -0.5, causal, variant="ws")
+            return lambda: hopper_backward(dout, q, k, v, out, lse, q.shape[-1] ** -0.5, causal)
         if name == "gluon-pad-dqlofirst":  # the same with dQ's low half handed over first
-            from ioattn.plan import hopper_bwd
             out, lse = gluon_pad_fwd(q, k, v, causal)
 
             def run():
                 saved, hopper_bwd.WS_DQ_HI_FIRST = hopper_bwd.WS_DQ_HI_FIRST, ()
+                backward_plan._PLANS.clear()  # the plans are cached on the switches, not on this table
                 try:
-                    return hopper_backward(dout, q, k, v, out, lse, q.shape[-1] ** -0.5, causal, variant="ws")
+                    return hopper_backward(dout, q, k, v, out, lse, q.shape[-1] ** -0.5, causal)
                 finally:
                     hopper_bwd.WS_DQ_HI_FIRST = saved
+                    backward_plan._PLANS.clear()
             return run
         if name == "gluon-pad-wide":  # the same with the products 256 wide (hopper.bwd_split_cols off)
             out, lse = gluon_pad_fwd(q, k, v, causal)
 
             def run():
                 with hopper.bwd_split_cols(False):
-                    return hopper_backward(dout, q, k, v, out, lse, q.shape[-1] ** -0.5, causal, variant="ws")
+                    return hopper_backward(dout, q, k, v, out, lse, q.shape[-1] ** -0.5, causal)
             return run
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         if name in ("ioattn", "portable"):

@@ -10,8 +10,8 @@ SDPA's backward runs on autograd's device thread, outside an NVTX range pushed h
 runs only cuDNN's forward and backward, without warm-up, for a profile of every kernel (the
 backward's are named ``*bprop*`` or so).
 
-bf16, 16384 tokens in all (batch = 16384 // seqlen), hidden 2048; ours is the dispatch's Gluon
-backward variant ("ws"), its inputs from the Gluon forward; cuDNN's runs through
+bf16, 16384 tokens in all (batch = 16384 // seqlen), hidden 2048; ours is the Gluon backward
+(the ws kernel), its inputs from the Gluon forward; cuDNN's runs through
 ``torch.autograd.grad`` of SDPA's cuDNN forward (the forward outside the range).
 """
 import argparse
@@ -22,7 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ioattn
 from ioattn.plan import hopper
-from ioattn.launch.gluon_bwd import hopper_backward
+from ioattn.backends import hopper_backward
 
 WARMUP = 2
 
@@ -50,7 +50,7 @@ def main():
             out, lse = ioattn.flash_attn_func(q, k, v, causal=args.causal, return_attn_probs=True)[:2]
         dout = torch.randn_like(out)
         calls.append((f"ioattn-d{d}", lambda q=q, k=k, v=v, out=out, lse=lse, dout=dout, d=d: hopper_backward(
-            dout, q, k, v, out, lse, d ** -0.5, args.causal, variant="ws")))
+            dout, q, k, v, out, lse, d ** -0.5, args.causal)))
         if args.cudnn:
             qt, kt, vt = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):

@@ -1,6 +1,6 @@
 """One small call of each GPU kernel family, for compute-sanitizer (memcheck, racecheck):
-the Gluon Hopper forward (every variant) and the portable backward it feeds, the experimental Gluon
-backward (both variants), the portable forward, and a split decode step with its merge (normal and
+the Gluon Hopper forward (every variant) and the portable backward it feeds, the Gluon backward
+(the ws kernel), the portable forward, and a split decode step with its merge (normal and
 programmatic dependent launch; contiguous, and paged through TMA).
 
     compute-sanitizer --tool memcheck  python benchmarks/sanitize_small.py [--heads 256] [--no-forward]
@@ -38,8 +38,9 @@ from ioattn import decode
 from ioattn.plan import hopper
 from ioattn import backends
 from ioattn.plan import hopper_bwd
+from ioattn.plan import backward as backward_plan
 from ioattn.plan.hopper_bwd import BWD_VARIANT_HEADDIMS
-from ioattn.launch.gluon_bwd import hopper_backward
+from ioattn.backends import hopper_backward
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--heads", default="64,128,256")
@@ -74,8 +75,6 @@ if args.window:
     print("sanitize_small --window: done")
     raise SystemExit(0)
 if args.softcap or args.alibi:
-    from ioattn.plan import hopper_bwd
-    from ioattn import backends
     cap = 20.0 if args.softcap else 0.0
     lens_q, lens_k, extra = [1, 100, 333, 0, 64, 50], [1, 37, 200, 40, 300, 0], 7
     cu_q, cu_k = (torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32, device=dev)
@@ -90,17 +89,18 @@ if args.softcap or args.alibi:
         bwd_ok = not (args.softcap and args.alibi and d in hopper_bwd.BWD_ALIBI_SOFTCAP_REFUSED)
         for split in ((), (128,)) if d == 128 and args.softcap else ((),):
             hopper_bwd.WS_SOFTCAP_COL_SPLIT_HEADDIMS = split
+            backward_plan._PLANS.clear()  # the plans are cached on the switches, not on this table
             for causal, window in ((False, (-1, -1)), (True, (-1, -1)), (False, (100, 0))):
                 kw = dict(causal=causal, window_size=window, softcap=cap, return_attn_probs=True)
                 with torch.no_grad(), hopper.prefer_hopper(True):
                     out, lse = ioattn.flash_attn_func(*fixed, alibi_slopes=slopes[0], **kw)[:2]
                     if bwd_ok:
-                        hopper_backward(torch.randn_like(out), *fixed, out, lse, d ** -0.5, causal, variant="ws",
+                        hopper_backward(torch.randn_like(out), *fixed, out, lse, d ** -0.5, causal,
                                         window=window, softcap=cap, alibi_slopes=slopes[0])
                     out, lse = ioattn.flash_attn_varlen_func(*packed, cu_q, cu_k, max(lens_q), max(lens_k),
                                                              alibi_slopes=slopes[1], **kw)[:2]
                     if bwd_ok:
-                        hopper_backward(torch.randn_like(out), *packed, out, lse, d ** -0.5, causal, variant="ws",
+                        hopper_backward(torch.randn_like(out), *packed, out, lse, d ** -0.5, causal,
                                         cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
                                         max_seqlen_k=max(lens_k), window=window, softcap=cap,
                                         alibi_slopes=slopes[1])
@@ -119,7 +119,7 @@ if args.padded:
                 with hopper.variant(name):
                     out, lse = backends.hopper_forward(q, k, v, d ** -0.5, causal)
                 for det in (False, True):
-                    hopper_backward(torch.randn_like(out), q, k, v, out, lse, d ** -0.5, causal, variant="ws",
+                    hopper_backward(torch.randn_like(out), q, k, v, out, lse, d ** -0.5, causal,
                                     deterministic=det)
                 # whole 64-key tiles (320 keys): the forward's split ring at d = 136-192 (hopper.split_ring)
                 with hopper.variant(name):
@@ -130,7 +130,7 @@ if args.padded:
         for kw in (dict(window=(100, 0)), dict(softcap=20.0, alibi_slopes=slopes)):
             causal = "softcap" in kw
             out, lse = backends.hopper_forward(q, k, v, d ** -0.5, causal, **kw)
-            hopper_backward(torch.randn_like(out), q, k, v, out, lse, d ** -0.5, causal, variant="ws", **kw)
+            hopper_backward(torch.randn_like(out), q, k, v, out, lse, d ** -0.5, causal, **kw)
         lens_q, lens_k, extra = [1, 100, 333, 0, 64, 50], [1, 37, 200, 40, 300, 0], 7
         cu_q, cu_k = (torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32, device=dev)
                       for n in (lens_q, lens_k))
@@ -143,7 +143,7 @@ if args.padded:
                                                                                                  device=dev)))):
             out, lse = backends.hopper_forward(qp, kp, vp, d ** -0.5, causal, **packed, **kw)
             for det in (False, True):
-                hopper_backward(torch.randn_like(out), qp, kp, vp, out, lse, d ** -0.5, causal, variant="ws",
+                hopper_backward(torch.randn_like(out), qp, kp, vp, out, lse, d ** -0.5, causal,
                                 deterministic=det, **packed, **kw)
     torch.cuda.synchronize()
     print("sanitize_small --padded: done")
@@ -162,14 +162,14 @@ if args.varlen:
             out, lse = ioattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
                                                      return_attn_probs=True)[:2]
             for det in (False, True):
-                hopper_backward(dout, q, k, v, out, lse, d ** -0.5, causal, variant="ws", deterministic=det,
+                hopper_backward(dout, q, k, v, out, lse, d ** -0.5, causal, deterministic=det,
                                 cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
                                 max_seqlen_k=max(lens_k))
         for window in ((100, 0), (64, 64)):  # a sliding window with the packed sequences (WINDOW, IS_VARLEN)
             out, lse = ioattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), window_size=window,
                                                      return_attn_probs=True)[:2]
             for det in (False, True):
-                hopper_backward(dout, q, k, v, out, lse, d ** -0.5, False, variant="ws", deterministic=det,
+                hopper_backward(dout, q, k, v, out, lse, d ** -0.5, False, deterministic=det,
                                 cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
                                 max_seqlen_k=max(lens_k), window=window)
     torch.cuda.synchronize()
@@ -190,13 +190,11 @@ for d in map(int, args.heads.split(",")):
     if not args.no_forward:
         with hopper.prefer_hopper(False):
             ioattn.flash_attn_func(q, k, v, causal=True)
-    for causal in (False, True):  # the Gluon backward at each variant's head dims (ws at 256: column split)
+    for causal in (False, True):  # the Gluon backward at its head dims (at 256: the column split)
         with hopper.prefer_hopper(True), torch.no_grad():
             out, lse = ioattn.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)[:2]
-        for bwd_variant in ("base", "ws"):
-            if d in BWD_VARIANT_HEADDIMS[bwd_variant]:
-                hopper_backward(torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, d ** -0.5,
-                                causal, variant=bwd_variant)
+        if d in BWD_VARIANT_HEADDIMS["ws"]:
+            hopper_backward(torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, d ** -0.5, causal)
 # the persistent forward with several tiles a program (192 tiles of 128 rows on at most 132 programs),
 # an even number of query blocks (the paired causal walk where it is the default), at d = 64 / 128 two
 # Q buffers a warpgroup (hopper.persistent_options), the causal walk computed and from the host's table

@@ -214,7 +214,7 @@ def _opaque_zero():
 def _step_start(m_blk, h_in_group, Alibi_h0, alibi_unit, BLOCK_M: gl.constexpr, ALIBI: gl.constexpr):
     """A consumer step's first query row, its head's ALiBi slope in the units of S^T (0.0 without
     ``ALIBI``; read early: a scalar load) and an in-loop zero (``_opaque_zero``: it keeps the K, V and
-    dS wgmma descriptors inside the loop, as the base kernel's ``z`` does)."""
+    dS wgmma descriptors inside the loop, as the removed base kernel's ``z`` did)."""
     m_start = m_blk * BLOCK_M
     alibi_a = 0.0
     if ALIBI:
@@ -274,8 +274,8 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                  win_right=0, SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False,
                  Alibi_h0=None, alibi_unit=0.0, IO_DIM: gl.constexpr = 0):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
-    lockstep as in the base kernel). The math per step is the base kernel's, in FA3's order (dV
-    issued before dS is formed, dQ before dK: docs/hopper-backward.md); the loads come from the
+    lockstep). The math per step is the removed base kernel's, in FA3's order (dV issued before dS
+    is formed, dQ before dK: docs/hopper-backward.md); the loads come from the
     rings, and dQ goes to ``dq_smem`` for the writer warp instead of into atomics. ``LSE_IN_ACC``
     (``WS_LSE_IN_ACC``): the lse slot holds lse / softmax_scale and S^T's accumulator starts at minus
     it, so the exponentials need no shared-memory read after S^T retires. ``WG_SPLIT``
@@ -682,7 +682,8 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, Alibi=None,
                          IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0, dq_hi_desc=None,
                          DQ_HI_FIRST: gl.constexpr = False):
-    """Variant "ws". Grid and dK / dV as ``hopper_bwd_dkdv_kernel``; num_warps = 8 (the consumers; 4
+    """The Gluon backward (variant "ws"). Grid (cdiv(seqlen_k, BLOCK_N), batch * nheads_kv); dK, dV:
+    contiguous, k's shape, in the input dtype; num_warps = 8 (the consumers; 4
     with ``WG_SPLIT``); the producer and dQ-writer warps are added by ``warp_specialize``. lse_desc /
     delta_desc: 1-D over the host's padded (batch, nheads, stat_stride) fp32 lse rows (in the kernel's
     unit, -inf -> 0) and D, zero past seqlen_q. dq_desc: the zeroed fp32 accumulator, 2-D (rows, nheads
