@@ -36,7 +36,6 @@ import torch.nn.functional as F
 from ioattn import backends
 from ioattn.plan import hopper
 from ioattn.plan import hopper_bwd
-from ioattn.plan import backward as backward_plan
 from ioattn.bench.timing import attention_flops, median_ms
 from ioattn.reference import attention_ref
 
@@ -67,14 +66,14 @@ def gluon(deterministic=False, **overrides):
             for name, value in overrides.items():
                 setattr(hopper_bwd, name, value)
             if overrides:  # the backward's plans are cached on the switches, not on these tables
-                backward_plan._PLANS.clear()
+                backends.clear_routes()
             try:
                 return backends.hopper_backward(dout, q, k, v, out, lse, scale, causal, deterministic=deterministic)
             finally:
                 for name, value in saved.items():
                     setattr(hopper_bwd, name, value)
                 if overrides:
-                    backward_plan._PLANS.clear()
+                    backends.clear_routes()
         return run
     setup.gluon = True
     return setup

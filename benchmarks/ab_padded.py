@@ -42,7 +42,6 @@ from ioattn import backends
 from ioattn.bench.run import _check
 from ioattn.bench.timing import attention_flops, median_ms
 from ioattn.backends import hopper_backward
-from ioattn.plan import backward as backward_plan
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ab_bwd import check as check_bwd  # noqa: E402  (the gradients against the float64 oracle)
@@ -151,12 +150,12 @@ def bwd_setup(name):
 
             def run():
                 saved, hopper_bwd.WS_DQ_HI_FIRST = hopper_bwd.WS_DQ_HI_FIRST, ()
-                backward_plan._PLANS.clear()  # the plans are cached on the switches, not on this table
+                backends.clear_routes()  # the plans are cached on the switches, not on this table
                 try:
                     return hopper_backward(dout, q, k, v, out, lse, q.shape[-1] ** -0.5, causal)
                 finally:
                     hopper_bwd.WS_DQ_HI_FIRST = saved
-                    backward_plan._PLANS.clear()
+                    backends.clear_routes()
             return run
         if name == "gluon-pad-wide":  # the same with the products 256 wide (hopper.bwd_split_cols off)
             out, lse = gluon_pad_fwd(q, k, v, causal)

@@ -38,7 +38,6 @@ from ioattn import decode
 from ioattn.plan import hopper
 from ioattn import backends
 from ioattn.plan import hopper_bwd
-from ioattn.plan import backward as backward_plan
 from ioattn.plan.hopper_bwd import BWD_VARIANT_HEADDIMS
 from ioattn.backends import hopper_backward
 
@@ -89,7 +88,7 @@ if args.softcap or args.alibi:
         bwd_ok = not (args.softcap and args.alibi and d in hopper_bwd.BWD_ALIBI_SOFTCAP_REFUSED)
         for split in ((), (128,)) if d == 128 and args.softcap else ((),):
             hopper_bwd.WS_SOFTCAP_COL_SPLIT_HEADDIMS = split
-            backward_plan._PLANS.clear()  # the plans are cached on the switches, not on this table
+            backends.clear_routes()  # the plans are cached on the switches, not on this table
             for causal, window in ((False, (-1, -1)), (True, (-1, -1)), (False, (100, 0))):
                 kw = dict(causal=causal, window_size=window, softcap=cap, return_attn_probs=True)
                 with torch.no_grad(), hopper.prefer_hopper(True):
