@@ -102,13 +102,8 @@ def gluon_forward_route(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_se
                 or alibi_slopes.stride(-1) != 1:
             raise ValueError(f"alibi_slopes must be fp32 of shape ({nheads},) or ({n_batch}, {nheads}) with unit "
                              f"head stride, got {alibi_slopes.dtype} {tuple(alibi_slopes.shape)}")
-    sig = forward_plan.Signature(
-        batch=cu_seqlens_q.numel() - 1 if varlen else q.shape[0], seqlen_q=max_seqlen_q if varlen else q.shape[1],
-        seqlen_k=max_seqlen_k if varlen else k.shape[1], nheads=nheads, nheads_kv=k.shape[-2], head_dim=q.shape[-1],
-        element_size=q.element_size(), varlen=varlen, causal=bool(causal), window=tuple(int(w) for w in window),
-        softcap=float(softcap), softmax_scale=float(softmax_scale), alibi=alibi_slopes is not None,
-        device_sms=gluon_fwd.device_sms(q.device))
-    plan = forward_plan.plan_forward(sig)
+    plan = forward_plan.plan_forward(forward_signature(q, k, softmax_scale, causal, cu_seqlens_q, max_seqlen_q,
+                                                       max_seqlen_k, window, softcap, alibi_slopes))
     if plan.pad_copies:  # a head dim the kernels lack, not a multiple of 8: on zero-padded copies
         return _PaddedForward(plan.pad_to, q, k, v, softmax_scale, causal)
     if alibi_slopes is not None:
@@ -118,6 +113,30 @@ def gluon_forward_route(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_se
             raise ValueError(refusal)
     return gluon_fwd.ForwardLaunch(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
                                    cached=dispatch.cached_launch())
+
+
+def forward_signature(q, k, softmax_scale, causal, cu_seqlens_q=None, max_seqlen_q=None, max_seqlen_k=None,
+                      window=(-1, -1), softcap=0.0, alibi_slopes=None) -> forward_plan.Signature:
+    """The Gluon forward plan's signature of a call (``window`` (-1, -1) with ``causal``)."""
+    varlen = cu_seqlens_q is not None
+    return forward_plan.Signature(
+        batch=cu_seqlens_q.numel() - 1 if varlen else q.shape[0], seqlen_q=max_seqlen_q if varlen else q.shape[1],
+        seqlen_k=max_seqlen_k if varlen else k.shape[1], nheads=q.shape[-2], nheads_kv=k.shape[-2],
+        head_dim=q.shape[-1], element_size=q.element_size(), varlen=varlen, causal=bool(causal),
+        window=tuple(int(w) for w in window), softcap=float(softcap), softmax_scale=float(softmax_scale),
+        alibi=alibi_slopes is not None, device_sms=gluon_fwd.device_sms(q.device))
+
+
+def backward_signature(q, k, softmax_scale, causal, deterministic=False, cu_seqlens_q=None, max_seqlen_q=None,
+                       max_seqlen_k=None, window=(-1, -1), softcap=0.0, alibi=False) -> backward_plan.BackwardSignature:
+    """The Gluon backward plan's signature of a call (``window`` (-1, -1) with ``causal``)."""
+    varlen = cu_seqlens_q is not None
+    return backward_plan.BackwardSignature(
+        batch=cu_seqlens_q.numel() - 1 if varlen else q.shape[0], seqlen_q=int(max_seqlen_q) if varlen else q.shape[1],
+        seqlen_k=int(max_seqlen_k) if varlen else k.shape[1], nheads=q.shape[-2], nheads_kv=k.shape[-2],
+        head_dim=q.shape[-1], varlen=varlen, causal=bool(causal), window=tuple(int(w) for w in window),
+        softcap=float(softcap), softmax_scale=float(softmax_scale), alibi=bool(alibi),
+        deterministic=bool(deterministic), longest=max(q.shape[0 if varlen else 1], k.shape[0 if varlen else 1]))
 
 
 class _PaddedForward:
@@ -264,13 +283,9 @@ def gluon_backward_route(dout, q, k, v, out, lse, softmax_scale, causal, determi
                                      or alibi_slopes.dtype != torch.float32 or alibi_slopes.stride(-1) != 1):
         raise ValueError(f"alibi_slopes must be fp32 of shape ({nheads},) or ({batch}, {nheads}) with unit "
                          f"head stride, got {alibi_slopes.dtype} {tuple(alibi_slopes.shape)}")
-    sig = backward_plan.BackwardSignature(
-        batch=batch, seqlen_q=int(max_seqlen_q) if varlen else q.shape[1],
-        seqlen_k=int(max_seqlen_k) if varlen else k.shape[1], nheads=nheads, nheads_kv=k.shape[-2],
-        head_dim=q.shape[-1], varlen=varlen, causal=bool(causal), window=window, softcap=float(softcap),
-        softmax_scale=float(softmax_scale), alibi=alibi_slopes is not None, deterministic=bool(deterministic),
-        longest=max(q.shape[0 if varlen else 1], k.shape[0 if varlen else 1]))
-    plan = backward_plan.plan_backward(sig)
+    plan = backward_plan.plan_backward(backward_signature(q, k, softmax_scale, causal, deterministic, cu_seqlens_q,
+                                                          max_seqlen_q, max_seqlen_k, window, softcap,
+                                                          alibi_slopes is not None))
     if plan.pad_copies:  # a head dim the kernels lack, not a multiple of 8: on zero-padded copies
         return _PaddedBackward(plan.pad_to, dout, q, k, v, out, lse, softmax_scale, causal, deterministic)
     return gluon_bwd.BackwardLaunch(plan, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,

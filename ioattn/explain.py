@@ -1,15 +1,17 @@
 """``explain_dispatch``: which implementation, kernel, tiles and load path a call would use, without
-running it. The same host policy the launchers call (``ioattn.plan.dispatch``), so what it says is what
-runs."""
+running it. The same host policy the launchers call (``ioattn.plan.dispatch``); for the Gluon kernels the
+plan objects the launches carry out (``forward["plan"]``, ``backward["plan"]``), so what it says is
+what runs."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 
-from ioattn import _compat
-from ioattn.launch import gluon_fwd
+from ioattn import _compat, backends
 from ioattn.plan import dispatch, hopper, hopper_bwd
+from ioattn.plan import backward as backward_plan
+from ioattn.plan import forward as forward_plan
 from ioattn.masks import normalize_window
 
 
@@ -61,15 +63,18 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     gluon = f"taken ({why})" if taken else f"not taken ({why})" if ok else f"not applicable ({refusal})"
     has_window = window not in ((-1, -1), (-1, 0))
     is_causal = window == (-1, 0)  # the causal mask (a window (left, 0) with left >= 0 is a sliding one)
-    name = None
+    name = plan = None
     # the kernels' head dim: the call's, or the next one for a head dim they run zero-padded
     kd = hopper.padded_headdim(q.shape[-1]) or q.shape[-1]
     if taken:
-        name = hopper.variant_for(kd, is_causal, seqlen_q, varlen, has_window or softcap > 0, alibi)
-        cfg = hopper.kernel_config(kd, name, is_causal, None if varlen else seqlen_q, alibi)
-        bm, bn, stages = cfg["block_m"], cfg["block_n"], cfg["stages"]
+        # the plan the launch carries out (``backends.gluon_forward_route``), at the default softmax scale
+        plan = forward_plan.plan_forward(backends.forward_signature(
+            q, k, q.shape[-1] ** -0.5, is_causal, cu_seqlens_q, seqlen_q, seqlen_q if varlen else None,
+            (-1, -1) if is_causal else window, softcap, alibi_slopes))
+        name = plan.variant
+        bm, bn, stages = plan.block_m, plan.block_n, dict(plan.constexprs)["STAGES"]
         share = hopper.exp2_fma_share()
-        flags = cfg["constexprs"]  # the lean softmax's options among them
+        flags = dict(plan.constexprs)  # the lean softmax's options among them
         forward = {"kernel": f"ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, {name})",
                    "tiles": (bm, bn, 4 * (bm // 64), stages), "kv_loads": "tma (producer warp)",
                    "head_dim_padded": kd,
@@ -137,24 +142,31 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     gluon_ok, gluon_why = _compat.gluon_status()
     if not gluon_ok and gluon_why not in gluon:  # on any device: this Triton's Gluon is not the kernels'
         forward["gluon_api"] = f"off ({gluon_why})"
-    tiles = dispatch.cdiv(seqlen_q, forward["tiles"][0]) * batch * nheads
-    forward["tiles_count"] = tiles
-    forward["programs"] = (gluon_fwd.grid_programs(q.device, name, tiles) if "hopper" in forward["kernel"]
-                           else dispatch.fwd_persistent_programs(q.device, tiles) or tiles)
+    if plan is None:
+        tiles = dispatch.cdiv(seqlen_q, forward["tiles"][0]) * batch * nheads
+        forward["tiles_count"] = tiles
+        forward["programs"] = dispatch.fwd_persistent_programs(q.device, tiles) or tiles
+    else:
+        forward["tiles_count"], forward["programs"], forward["plan"] = plan.num_tiles, plan.programs, plan
     gluon_bwd, bwd_why = hopper_bwd.bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, 0.0, seqlen_q)
     if gluon_bwd:
-        cfg = hopper_bwd.kernel_config(kd, "ws", softcap > 0, bool(alibi))
+        # the plan the launch carries out (``backends.gluon_backward_route``), at the default softmax scale
+        bplan = backward_plan.plan_backward(backends.backward_signature(
+            q, k, q.shape[-1] ** -0.5, is_causal, hopper_bwd.bwd_deterministic.wanted(), cu_seqlens_q, seqlen_q,
+            seqlen_q if varlen else None, (-1, -1) if is_causal else window, softcap, alibi_slopes is not None))
+        bflags = dict(bplan.constexprs)
         backward = {"kernels": "ioattn.kernels.hopper_backward_ws.hopper_bwd_ws_kernel (Gluon, ws)",
-                    "tiles": (cfg["block_m"], cfg["block_n"], cfg["num_warps"], cfg["stages"]), "atomics": True,
+                    "tiles": (bplan.block_m, bplan.block_n, bplan.num_warps, bflags["STAGES"]), "atomics": True,
                     "inputs": (hopper.padded_inputs_note(d, backward=True) if kd != d else
                                hopper.inputs_note(q, k, v, varlen, is_causal, backward=True))}
         if softcap > 0:
             backward["softcap"] = ("SOFTCAP form, dS^T times 1 - tanh^2 ("
-                                   + ("column split" if cfg["constexprs"]["COL_SPLIT"] else "key split")
-                                   + f", {cfg['block_m']} query rows a step)")
+                                   + ("column split" if bflags["COL_SPLIT"] else "key split")
+                                   + f", {bplan.block_m} query rows a step)")
         if alibi:
-            backward["alibi"] = (f"ALIBI form, the bias on the recomputed scores ({cfg['block_m']} query rows a "
+            backward["alibi"] = (f"ALIBI form, the bias on the recomputed scores ({bplan.block_m} query rows a "
                                  "step)")
+        backward["plan"] = bplan
     else:
         backward = {"kernels": "attn_bwd_preprocess_kernel, attn_bwd_dkdv_kernel, attn_bwd_dq_kernel",
                     "tiles": (bwd.block_m, bwd.block_n, bwd.num_warps, bwd.num_stages), "atomics": False}

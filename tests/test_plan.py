@@ -4,6 +4,7 @@ and the backward's preprocess in the Hopper layout (interpreted)."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -85,7 +86,6 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     for the calls it covers; elsewhere (here: a CPU) the portable path runs and the reason is given."""
     import ioattn
     from ioattn.plan import dispatch, hopper
-    from ioattn.launch import gluon_fwd
 
     monkeypatch.delenv("IOATTN_HOPPER", raising=False)
     monkeypatch.delenv("IOATTN_TILES", raising=False)
@@ -241,9 +241,18 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     fewer = {v: hopper.kernel_config(min(hopper.TILE_TABLE[v], key=lambda d: abs(d - 128)), v)["constexprs"]
              ["FEWER_MASKS"] for v in hopper.VARIANTS}
     assert fewer == {"base": False, "pingpong": True, "split": True, "wg3": False, "persistent": True}
-    assert gluon_fwd.grid_programs(torch.device("cpu"), "pingpong", 1000) == 1000  # one per tile
-    assert gluon_fwd.grid_programs(torch.device("cpu"), "persistent", 1000) == 132  # one per SM (an H100/H200 here)
-    assert gluon_fwd.grid_programs(torch.device("cpu"), "persistent", 7) == 7
+    # the plan's grid: a program per tile, or for the persistent variant one per SM at most
+    from ioattn.plan import forward as forward_plan
+    sig = forward_plan.Signature(batch=8, seqlen_q=1024, seqlen_k=1024, nheads=16, nheads_kv=16, head_dim=128,
+                                 element_size=2, varlen=False, causal=False, window=(-1, -1), softcap=0.0,
+                                 softmax_scale=0.1, alibi=False, device_sms=132)
+    with hopper.variant("pingpong"):
+        plan = forward_plan.plan_forward(sig)
+        assert plan.programs == plan.num_tiles == 8 * 16 * (1024 // plan.block_m)
+    with hopper.variant("persistent"):
+        assert forward_plan.plan_forward(sig).programs == 132
+        few = forward_plan.plan_forward(replace(sig, batch=1, nheads=1, nheads_kv=1))
+        assert few.programs == few.num_tiles < 132
     # per call: short fixed-length calls take the persistent variant (PERSISTENT_MAX_SEQLEN, by head dim and
     # mask, and where listed from PERSISTENT_MIN_SEQLEN: nowhere now)
     assert set(hopper.PERSISTENT_MAX_SEQLEN) == {(64, False), (64, True), (128, False), (128, True), (256, False),

@@ -104,13 +104,6 @@ def walk_table_tensor(device, programs: int, batch_heads: int, kv_tiles: tuple, 
     return table
 
 
-def grid_programs(device, name: str, num_tiles: int) -> int:
-    """Programs of the Gluon forward's grid for ``num_tiles`` (query block, batch, head) tiles under
-    variant ``name``: one per tile, or for the persistent variant one per SM at most (each walking its
-    tiles, ``ioattn.kernels.hopper_tiles._walk``)."""
-    return num_tiles if name != "persistent" else max(1, min(num_tiles, device_sms(device)))
-
-
 @functools.lru_cache(maxsize=16)
 def device_sms(device) -> int:
     """The device's SM count; without a GPU (a plan explained on the CPU) an H100 / H200's 132."""
