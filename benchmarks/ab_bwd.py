@@ -38,19 +38,20 @@ from ioattn.plan import hopper
 from ioattn.plan import hopper_bwd
 from ioattn.bench.timing import attention_flops, median_ms
 from ioattn.reference import attention_ref
+from ioattn.semantics import Semantics
 
 
 def portable(dout, q, k, v, causal):
     scale = q.shape[-1] ** -0.5
     window = (-1, 0) if causal else (-1, -1)
     with hopper.prefer_hopper(False):
-        out, lse = backends.triton_forward(q, k, v, None, None, q.shape[1], k.shape[1], scale, window, 0.0, None,
-                                           0.0, 0)
+        out, lse = backends.triton_forward(q, k, v, None, None, q.shape[1], k.shape[1], Semantics(scale, window),
+                                           None, 0)
 
     def run():
         with hopper_bwd.prefer_hopper_bwd(False):  # the portable kernels, not the dispatch's Gluon backward
-            return backends.triton_backward(dout, q, k, v, out, lse, None, None, q.shape[1], k.shape[1], scale,
-                                            window, 0.0, None, 0.0, 0)
+            return backends.triton_backward(dout, q, k, v, out, lse, None, None, q.shape[1], k.shape[1],
+                                            Semantics(scale, window), None, 0)
     return run
 
 

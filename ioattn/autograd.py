@@ -16,6 +16,7 @@ import torch
 
 from ioattn import backends
 from ioattn.plan import hopper_bwd
+from ioattn.semantics import Semantics
 
 
 def _forward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
@@ -26,9 +27,9 @@ def _forward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_
     # The dropout seed is drawn here, inside the op, from torch's CPU generator (no device sync),
     # and returned so the backward replays exactly the same mask.
     seed = int(torch.randint(0, 2**62, (1,)).item()) if dropout_p > 0 else 0
-    out, lse = backends.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                softmax_scale, (window_left, window_right), softcap, alibi_slopes,
-                                dropout_p, seed)
+    sem = Semantics(softmax_scale, (window_left, window_right), softcap, dropout_p, alibi_slopes is not None)
+    out, lse = backends.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes,
+                                seed)
     rng_state = torch.zeros(2, dtype=torch.int64)  # (seed, offset); cheaper than torch.tensor
     if seed:
         rng_state[0] = seed
@@ -54,9 +55,9 @@ def _backward_impl(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                    softmax_scale: float, window_left: int, window_right: int, softcap: float,
                    alibi_slopes: Optional[torch.Tensor], dropout_p: float, rng_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     seed = int(rng_state[0]) if dropout_p > 0 else 0
+    sem = Semantics(softmax_scale, (window_left, window_right), softcap, dropout_p, alibi_slopes is not None)
     return backends.backward(dout.contiguous() if dout.stride(-1) != 1 else dout, q, k, v, out, lse,
-                             cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                             (window_left, window_right), softcap, alibi_slopes, dropout_p, seed)
+                             cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes, seed)
 
 
 _bwd_op = torch.library.custom_op("ioattn::bwd", _backward_impl, mutates_args=())

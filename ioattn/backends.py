@@ -3,7 +3,7 @@
 Layouts: batched ``q (batch, seqlen_q, nheads, d)``, ``k/v (batch, seqlen_k, nheads_kv, d)``, lse
 ``(batch, nheads, seqlen_q)``; varlen (``cu_seqlens_q`` given) ``q (total_q, nheads, d)``,
 ``k/v (total_k, nheads_kv, d)``, lse ``(nheads, total_q)``. Arguments arrive validated (see
-``ioattn.api``); ``window`` is the normalised (left, right) pair.
+``ioattn.api``); the scalars as one ``ioattn.semantics.Semantics`` (``sem``).
 """
 from __future__ import annotations
 
@@ -170,8 +170,7 @@ def clear_routes():
     backward_plan._PLANS.clear()
 
 
-def _forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window, softcap,
-                 alibi_slopes, dropout_p):
+def _forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes):
     """What decides a forward's route, plan and specialization: shapes, strides, dtype, device, 16-byte
     alignment of every tensor, the scalars and the switches (not the tensors' values or addresses)."""
     varlen = None if cu_seqlens_q is None else (cu_seqlens_q.shape, cu_seqlens_q.data_ptr() % 16,
@@ -180,31 +179,27 @@ def _forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
                                                alibi_slopes.data_ptr() % 16)
     return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
             q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, varlen, alibi, max_seqlen_q, max_seqlen_k,
-            softmax_scale, window, softcap, dropout_p, dispatch.switch_state(), hopper.active_variant(),
+            sem, dispatch.switch_state(), hopper.active_variant(),
             hopper.exp2_fma_share())
 
 
-def _forward_route(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window,
-                   softcap, alibi_slopes, dropout_p):
+def _forward_route(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes):
     varlen = cu_seqlens_q is not None
     seqlen_q = max_seqlen_q if varlen else q.shape[1]
-    if not hopper.fwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p, seqlen_q, softmax_scale)[0]:
+    if not hopper.fwd_plan(q, k, v, varlen, sem.window, sem.softcap, alibi_slopes, sem.dropout_p, seqlen_q,
+                           sem.softmax_scale)[0]:
         return None
-    causal = window == (-1, 0)
-    return gluon_forward_route(q, k, v, softmax_scale, causal, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                               max_seqlen_k, (-1, -1) if causal else window, softcap, alibi_slopes)
+    return gluon_forward_route(q, k, v, sem.softmax_scale, sem.causal, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                               max_seqlen_k, sem.band_window, sem.softcap, alibi_slopes)
 
 
-def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                   window, softcap, alibi_slopes, dropout_p, seed):
+def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes, seed):
     from ioattn.kernels.forward import attn_fwd_kernel
 
-    key = _forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window,
-                       softcap, alibi_slopes, dropout_p)
+    key = _forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes)
     route = _FWD_ROUTES.get(key, _UNSET)
     if route is _UNSET:
-        route = _forward_route(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                               window, softcap, alibi_slopes, dropout_p)
+        route = _forward_route(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes)
         if getattr(route, "cacheable", True):
             if len(_FWD_ROUTES) >= _ROUTES_MAX:
                 _FWD_ROUTES.clear()
@@ -217,10 +212,11 @@ def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
         lse.fill_(float("-inf"))
         return out.zero_(), lse
     use_tma = dispatch.fwd_uses_tma(k, v, pb.varlen)
+    window, softcap, dropout_p = sem.window, sem.softcap, sem.dropout_p
     cfg = dispatch.tiles("fwd", pb.headdim, q.device, seqlen_q=pb.seqlen_q, masked_right=window[1] >= 0,
                          band=sum(window) + 1 if min(window) >= 0 else None,
                          tma=use_tma)
-    qk_scale, threshold, dropout_scale = _scalars(softmax_scale, softcap, dropout_p)
+    qk_scale, threshold, dropout_scale = _scalars(sem.softmax_scale, softcap, dropout_p)
     alibi, stride_ab, has_alibi = _alibi_args(alibi_slopes, q)
     cu_q = cu_seqlens_q if pb.varlen else q.new_empty(0, dtype=torch.int32)
     cu_k = cu_seqlens_k if pb.varlen else q.new_empty(0, dtype=torch.int32)
@@ -310,31 +306,31 @@ class _PaddedBackward:
 _BWD_ROUTES: dict = {}
 
 
-def _backward_route(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                    window, softcap, alibi_slopes, dropout_p):
+def _backward_route(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem,
+                    alibi_slopes):
     varlen = cu_seqlens_q is not None
     seqlen_q = max_seqlen_q if varlen else q.shape[1]
-    if not hopper_bwd.bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p, seqlen_q, softmax_scale)[0]:
+    if not hopper_bwd.bwd_plan(q, k, v, varlen, sem.window, sem.softcap, alibi_slopes, sem.dropout_p, seqlen_q,
+                               sem.softmax_scale)[0]:
         return None
-    return gluon_backward_route(dout, q, k, v, out, lse, softmax_scale, window == (-1, 0),
+    return gluon_backward_route(dout, q, k, v, out, lse, sem.softmax_scale, sem.causal,
                                 hopper_bwd.bwd_deterministic.wanted(), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                max_seqlen_k, window, softcap, alibi_slopes)
+                                max_seqlen_k, sem.band_window, sem.softcap, alibi_slopes)
 
 
-def triton_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                    softmax_scale, window, softcap, alibi_slopes, dropout_p, seed):
+def triton_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem,
+                    alibi_slopes, seed):
     from ioattn.kernels.backward import (attn_bwd_dkdv_kernel, attn_bwd_dq_kernel,
                                          attn_bwd_preprocess_kernel)
 
     # the forward's key with dO's, O's and lse's layouts (the deterministic switch is in the switches)
-    key = (_forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window,
-                        softcap, alibi_slopes, dropout_p),
+    key = (_forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes),
            dout.shape, dout.stride(), dout.dtype, dout.data_ptr() % 16, out.shape, out.stride(), out.dtype,
            out.data_ptr() % 16, lse.shape, lse.stride())
     route = _BWD_ROUTES.get(key, _UNSET)
     if route is _UNSET:
         route = _backward_route(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                softmax_scale, window, softcap, alibi_slopes, dropout_p)
+                                sem, alibi_slopes)
         if len(_BWD_ROUTES) >= _ROUTES_MAX:
             _BWD_ROUTES.clear()
         _BWD_ROUTES[key] = route
@@ -346,6 +342,7 @@ def triton_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
         return dq.zero_(), dk.zero_(), dv.zero_()
     cfg = dispatch.tiles("bwd", pb.headdim, q.device)
     bd = dispatch.block_d(pb.headdim)
+    softmax_scale, window, softcap, dropout_p = sem.softmax_scale, sem.window, sem.softcap, sem.dropout_p
     qk_scale, threshold, dropout_scale = _scalars(softmax_scale, softcap, dropout_p)
     alibi, stride_ab, has_alibi = _alibi_args(alibi_slopes, q)
     cu_q = cu_seqlens_q if pb.varlen else q.new_empty(0, dtype=torch.int32)
@@ -372,23 +369,25 @@ def triton_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
 
 # ---- CPU path: ioattn.kernels.cpu (PyTorch's fused CPU kernel where it applies, else tiled) ----
 
-def reference_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                      window, softcap, alibi_slopes, dropout_p, seed):
-    return cpu.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                       window, softcap, alibi_slopes, dropout_p, seed)
+def reference_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes, seed):
+    return cpu.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem.softmax_scale,
+                       sem.window, sem.softcap, alibi_slopes, sem.dropout_p, seed)
 
 
-def reference_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                       softmax_scale, window, softcap, alibi_slopes, dropout_p, seed):
+def reference_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem,
+                       alibi_slopes, seed):
     return cpu.backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                        softmax_scale, window, softcap, alibi_slopes, dropout_p, seed)
+                        sem.softmax_scale, sem.window, sem.softcap, alibi_slopes, sem.dropout_p, seed)
 
 
-def forward(*args):
-    q = args[0]
-    return (triton_forward if dispatch.use_triton(q.device, q.dtype) else reference_forward)(*args)
+def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes, seed):
+    """(out, lse) of the call; ``sem``: its ``ioattn.semantics.Semantics``."""
+    impl = triton_forward if dispatch.use_triton(q.device, q.dtype) else reference_forward
+    return impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes, seed)
 
 
-def backward(*args):
-    q = args[1]
-    return (triton_backward if dispatch.use_triton(q.device, q.dtype) else reference_backward)(*args)
+def backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes, seed):
+    """(dq, dk, dv) of the call; ``sem``: its ``ioattn.semantics.Semantics``."""
+    impl = triton_backward if dispatch.use_triton(q.device, q.dtype) else reference_backward
+    return impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes,
+                seed)

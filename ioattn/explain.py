@@ -13,6 +13,7 @@ from ioattn.plan import dispatch, hopper, hopper_bwd
 from ioattn.plan import backward as backward_plan
 from ioattn.plan import forward as forward_plan
 from ioattn.masks import normalize_window
+from ioattn.semantics import Semantics
 
 
 @dataclass(frozen=True)
@@ -61,16 +62,16 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     ok, refusal = hopper.hopper_supports(q, k, v, varlen, window, softcap, alibi_slopes, 0.0)
     taken, why = hopper.fwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, 0.0, seqlen_q)
     gluon = f"taken ({why})" if taken else f"not taken ({why})" if ok else f"not applicable ({refusal})"
-    has_window = window not in ((-1, -1), (-1, 0))
-    is_causal = window == (-1, 0)  # the causal mask (a window (left, 0) with left >= 0 is a sliding one)
+    sem = Semantics(q.shape[-1] ** -0.5, window, softcap, 0.0, alibi_slopes is not None)
+    has_window, is_causal = sem.sliding, sem.causal
     name = plan = None
     # the kernels' head dim: the call's, or the next one for a head dim they run zero-padded
     kd = hopper.padded_headdim(q.shape[-1]) or q.shape[-1]
     if taken:
         # the plan the launch carries out (``backends.gluon_forward_route``), at the default softmax scale
         plan = forward_plan.plan_forward(backends.forward_signature(
-            q, k, q.shape[-1] ** -0.5, is_causal, cu_seqlens_q, seqlen_q, seqlen_q if varlen else None,
-            (-1, -1) if is_causal else window, softcap, alibi_slopes))
+            q, k, sem.softmax_scale, is_causal, cu_seqlens_q, seqlen_q, seqlen_q if varlen else None,
+            sem.band_window, softcap, alibi_slopes))
         name = plan.variant
         bm, bn, stages = plan.block_m, plan.block_n, dict(plan.constexprs)["STAGES"]
         share = hopper.exp2_fma_share()
@@ -152,8 +153,8 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     if gluon_bwd:
         # the plan the launch carries out (``backends.gluon_backward_route``), at the default softmax scale
         bplan = backward_plan.plan_backward(backends.backward_signature(
-            q, k, q.shape[-1] ** -0.5, is_causal, hopper_bwd.bwd_deterministic.wanted(), cu_seqlens_q, seqlen_q,
-            seqlen_q if varlen else None, (-1, -1) if is_causal else window, softcap, alibi_slopes is not None))
+            q, k, sem.softmax_scale, is_causal, hopper_bwd.bwd_deterministic.wanted(), cu_seqlens_q, seqlen_q,
+            seqlen_q if varlen else None, sem.band_window, softcap, sem.alibi))
         bflags = dict(bplan.constexprs)
         backward = {"kernels": "ioattn.kernels.hopper_backward_ws.hopper_bwd_ws_kernel (Gluon, ws)",
                     "tiles": (bplan.block_m, bplan.block_n, bplan.num_warps, bflags["STAGES"]), "atomics": True,

@@ -7,7 +7,7 @@ import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SHARED = ("ioattn._compat", "ioattn.reference", "ioattn.layout")
+SHARED = ("ioattn._compat", "ioattn.reference", "ioattn.layout", "ioattn.semantics")
 ALLOWED = {
     "kernels": SHARED + ("ioattn.kernels",),
     "plan": SHARED + ("ioattn.plan", "ioattn.kernels.constants", "ioattn.kernels.hopper_flags"),

@@ -11,6 +11,7 @@ import torch
 
 from ioattn import flash_attn_func
 from ioattn.plan import dispatch
+from ioattn.semantics import Semantics
 
 FP16, BF16 = torch.float16, torch.bfloat16
 # the Gluon forward's lean softmax and its options (the kernel's constexprs), short for the tables below
@@ -416,7 +417,7 @@ def test_hopper_varlen_switch_and_policy(monkeypatch):
         calls = []
         monkeypatch.setattr(backends, "gluon_forward_route",
                             lambda *a: calls.append(a) or (lambda *tensors: ("out", "lse")))
-        assert backends.triton_forward(q, q, q, cu, cu, 5, 5, 0.125, (-1, 0), 0.0, None, 0.0, 0) == ("out", "lse")
+        assert backends.triton_forward(q, q, q, cu, cu, 5, 5, Semantics(0.125, (-1, 0)), None, 0) == ("out", "lse")
     ((args),) = calls
     assert args[3:5] == (0.125, True) and args[5] is cu and args[6] is cu and args[7] == args[8] == 5
 
@@ -779,18 +780,18 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     monkeypatch.setattr(hopper_bwd, "bwd_plan", lambda *a: (True, "faked"))
     monkeypatch.setattr(backends, "gluon_backward_route", fake)
     lse = torch.zeros(1, 2, 70)
-    grads = backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, 0.125, (-1, 0), 0.0, None, 0.0, 0)
+    grads = backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, Semantics(0.125, (-1, 0)), None, 0)
     assert seen == dict(scale=0.125, causal=True, deterministic=False,
-                        window=(-1, 0), softcap=0.0, alibi_slopes=None) and len(grads) == 3
-    backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, 0.125, (-1, -1), 30.0, None, 0.0, 0)
+                        window=(-1, -1), softcap=0.0, alibi_slopes=None) and len(grads) == 3
+    backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, Semantics(0.125, (-1, -1), 30.0), None, 0)
     assert seen["softcap"] == 30.0 and not seen["causal"]
     slopes = torch.rand(2)
-    backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, 0.125, (-1, -1), 0.0, slopes, 0.0, 0)
+    backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, Semantics(0.125, alibi=True), slopes, 0)
     assert seen["alibi_slopes"] is slopes
-    backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, 0.125, (30, 2), 0.0, None, 0.0, 0)
+    backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, Semantics(0.125, (30, 2)), None, 0)
     assert seen["window"] == (30, 2) and not seen["causal"]
     with hopper_bwd.bwd_deterministic(True):
-        backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, 0.125, (-1, -1), 0.0, None, 0.0, 0)
+        backends.triton_backward(q, q, q, q, q, lse, None, None, 70, 70, Semantics(0.125), None, 0)
     assert seen["deterministic"] and not seen["causal"]
     # varlen: the packed call's cu_seqlens and longest lengths passed through
     plans = []
@@ -799,8 +800,8 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
                         lambda *a: seen.update(zip(("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q"), a[9:12]))
                         or (lambda *t: (None, None, None)))
     cu, flat = torch.tensor([0, 30, 70], dtype=torch.int32), torch.randn(70, 2, 64, dtype=torch.bfloat16)
-    backends.triton_backward(flat, flat, flat, flat, flat, torch.zeros(2, 70), cu, cu, 40, 40, 0.125, (-1, -1),
-                             0.0, None, 0.0, 0)
+    backends.triton_backward(flat, flat, flat, flat, flat, torch.zeros(2, 70), cu, cu, 40, 40, Semantics(0.125),
+                             None, 0)
     assert plans[-1][3] is True and plans[-1][8] == 40 and plans[-1][9] == 0.125  # seqlen_q, softmax_scale
     assert seen["cu_seqlens_q"] is cu and seen["cu_seqlens_k"] is cu and seen["max_seqlen_q"] == 40
 
@@ -1121,7 +1122,7 @@ def test_hopper_forward_window_launch_and_policy(monkeypatch):
             calls = _fake_gluon_routes(m)
             qs = q[:, :600]
             for window in ((400, 0), (-1, 0)):
-                assert backends.triton_forward(qs, qs, qs, None, None, 600, 600, 0.125, window, 0.0, None, 0.0,
+                assert backends.triton_forward(qs, qs, qs, None, None, 600, 600, Semantics(0.125, window), None,
                                                0) == ("out", "lse")
     (a1, kw1), (a2, kw2) = calls
     assert a1[3:] == (0.125, False) and kw1["window"] == (400, 0)
@@ -1172,7 +1173,7 @@ def test_hopper_forward_softcap_launch_and_policy(monkeypatch):
     monkeypatch.setattr(hopper, "hopper_supports", hopper.call_supported)  # as if on an sm_90 GPU
     calls = _fake_gluon_routes(monkeypatch)
     with dispatch.forced_backend("triton"):
-        assert backends.triton_forward(q, q, q, None, None, n, n, 0.125, (-1, 0), 30.0, None, 0.0, 0) == ("out", "lse")
+        assert backends.triton_forward(q, q, q, None, None, n, n, Semantics(0.125, (-1, 0), 30.0), None, 0) == ("out", "lse")
         plan = ioattn.explain_dispatch(q, q, q, causal=True, softcap=30.0)  # the plan of the same call
         assert plan.forward["kernel"].endswith("(Gluon, pingpong)") and plan.forward["softcap"].startswith("30 * tanh")
         assert "softcap" in plan.forward["gluon_hopper"]
@@ -1345,7 +1346,7 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
     assert hopper.fwd_plan(q, q, q, False, (-1, 0), 5.0, slopes, 0.0, softmax_scale=0.0)[0]  # a cap: its units
     calls = _fake_gluon_routes(monkeypatch)
     with dispatch.forced_backend("triton"):
-        assert backends.triton_forward(q, q, q, None, None, n, n, 0.125, (-1, 0), 0.0, slopes, 0.0, 0) == ("out", "lse")
+        assert backends.triton_forward(q, q, q, None, None, n, n, Semantics(0.125, (-1, 0), alibi=True), slopes, 0) == ("out", "lse")
         with monkeypatch.context() as m:  # causal in the fp32 columns (64-key tiles at d = 128)
             m.setattr(hopper, "ALIBI_MAGIC_CAUSAL_MIN_SEQLEN", {})
             plan = ioattn.explain_dispatch(q, q, q, causal=True, alibi_slopes=slopes)

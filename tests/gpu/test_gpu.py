@@ -5,6 +5,7 @@ import torch
 
 import ioattn
 from ioattn.reference import attention_ref
+from ioattn.semantics import Semantics
 
 from conftest import assert_lse_close, assert_varlen_sequences, assert_within_torch_error, attention_oracles
 
@@ -1094,7 +1095,7 @@ def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc
         out, lse = backends.hopper_forward(q, k, v, scale, causal)
     else:
         with hopper.prefer_hopper(False):
-            out, lse = backends.triton_forward(q, k, v, None, None, sq, sk, scale, window, 0.0, None, 0.0, 0)
+            out, lse = backends.triton_forward(q, k, v, None, None, sq, sk, Semantics(scale, window), None, 0)
     dout = torch.randn_like(out)
     grads = hopper_backward(dout, q, k, v, out, lse, scale, causal)
     _assert_grads_match_oracle(grads, q, k, v, dout, window)
