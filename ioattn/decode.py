@@ -30,7 +30,7 @@ from ioattn.backends import _scalars
 from ioattn.kernels.constants import LOG2E
 from ioattn.launch.cached import launcher_for
 from ioattn.masks import normalize_window
-from ioattn.merge import _merge_triton
+from ioattn.launch.merge import merge_states
 from ioattn.reference.decode import apply_rotary_ref, gather_kv_ref
 from ioattn.reference.naive import attention_ref
 
@@ -626,7 +626,8 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
              num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.max_regs} if cfg.max_regs else {}),
              **({"launch_pdl": True} if cfg.pdl_wait else {})), cached=dispatch.cached_launch())
     if split:
-        _merge_triton(opart, lpart, lse_bhm=True, pdl=cfg.pdl, out=out[b0:], lse=lse[b0:])
+        merge_states(opart, lpart, block_d=bd, cached=dispatch.cached_launch(), lse_bhm=True, pdl=cfg.pdl,
+                     out=out[b0:], lse=lse[b0:])
     return out, lse
 
 
