@@ -11,8 +11,8 @@ Every argument is checked before the cache is touched: a refused call raises ``V
 host once.
 
 On CUDA (or under ``TRITON_INTERPRET=1``) the attention is the Flash-Decoding split-KV kernel of
-``ioattn.kernels.decode`` followed by ``merge_attention_states``; elsewhere a plain PyTorch path
-computing in float32.
+``ioattn.kernels.decode`` followed by the LSE merge, planned by ``ioattn.plan.decode`` and launched
+by ``ioattn.launch.decode``; elsewhere a plain PyTorch path computing in float32.
 """
 from __future__ import annotations
 
@@ -26,10 +26,8 @@ from ioattn.plan import dispatch
 from ioattn.plan.decode import PHI_RANGE, DecodePlan, decode_config, plan
 from ioattn.api import _DTYPES, MAX_HEADDIM
 from ioattn.backends import _scalars
-from ioattn.kernels.constants import LOG2E
-from ioattn.launch.cached import launcher_for
+from ioattn.launch.decode import split_kv_attention
 from ioattn.masks import normalize_window
-from ioattn.launch.merge import merge_states
 from ioattn.reference.decode import apply_rotary_ref, gather_kv_ref
 from ioattn.reference.naive import attention_ref
 
@@ -266,70 +264,14 @@ def _attention_torch(q, k_cache, v_cache, ends, block_table, cache_batch_idx, ca
 
 def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, block_table, cache_batch_idx,
                       cache_leftpad, scale, window, softcap, alibi_slopes, num_splits, unified_max):
-    """``cache_seqlens``: the int32 tensor, an int, or None (= the capacity); sequence b ends at
-    ``cache_seqlens[b] + seqlen_new``."""
-    from ioattn.kernels.decode import decode_split_kernel
-
-    batch, seqlen_q, nheads, d = q.shape
-    nheads_kv = k_cache.shape[2]
-    group = nheads // nheads_kv
-    paged = block_table is not None
-    cfg = plan(q, k_cache, v_cache, paged, span, num_splits)
-    page_size = k_cache.shape[1] if paged else 0
-    capacity = block_table.shape[1] * page_size if paged else k_cache.shape[1]
-    num_m_blocks = dispatch.cdiv(group * seqlen_q, cfg.block_m)
-    programs = batch * nheads_kv * num_m_blocks
-    bd = dispatch.block_d(d)
-
-    # units (sequence, KV head, row block) taken whole write out / lse; the rest, a batch suffix from
-    # b0, are split and merged
-    num_whole = (programs if cfg.num_splits == 1 else 0) if cfg.num_whole is None else cfg.num_whole
-    b0 = num_whole // (nheads_kv * num_m_blocks)
-    split = cfg.num_splits > 1 and b0 < batch
-    out = torch.empty(batch, seqlen_q, nheads, d, device=q.device, dtype=q.dtype)
-    lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
-    if split:
-        opart = torch.empty(cfg.num_splits, batch - b0, seqlen_q, nheads, d, device=q.device, dtype=torch.float32)
-        lpart = torch.empty(cfg.num_splits, batch - b0, seqlen_q, nheads, device=q.device, dtype=torch.float32)
-    else:  # never written
-        opart, lpart = out.new_empty(1, 1, 1, 1, 1, dtype=torch.float32), lse.new_empty(1, 1, 1, 1)
-    has_seqlens = isinstance(cache_seqlens, torch.Tensor)
-    seqlen_base = capacity if cache_seqlens is None else 0 if has_seqlens else int(cache_seqlens)
-    has_alibi = alibi_slopes is not None
-    slopes = alibi_slopes.float().contiguous() if has_alibi else q
-    stride_ab = slopes.stride(0) if has_alibi and slopes.dim() == 2 else 0
+    """The split-KV kernel's path: the call's plan (``ioattn.plan.decode``), then its launch
+    (``ioattn.launch.decode``)."""
+    cfg = plan(q, k_cache, v_cache, block_table is not None, span, num_splits)
     qk_scale, _, _ = _scalars(scale, softcap, 0.0)  # log2(e) or 1/cap folded in, as in the forward
-    k_desc = v_desc = None
-    if cfg.use_tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-        k_desc, v_desc = (TensorDescriptor(t, list(t.shape), list(t.stride()), [1, cfg.block_n, 1, bd])
-                          for t in (k_cache, v_cache))
-    below, above = PHI_RANGE[q.dtype]
-    dummy = lpart  # any tensor stands in for the absent index tensors (never read)
-    launcher_for(decode_split_kernel)((num_whole + (programs - num_whole) * cfg.num_splits,), (
-        q, k_cache, v_cache, out, lse, opart, lpart, cache_seqlens.contiguous() if has_seqlens else dummy,
-        cache_leftpad.contiguous() if cache_leftpad is not None else dummy,
-        block_table.contiguous() if paged else dummy,
-        cache_batch_idx.contiguous() if cache_batch_idx is not None else dummy,
-        slopes, k_desc, v_desc,
-        q.stride(0), q.stride(1), q.stride(2),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_table.shape[1] if paged else 0, stride_ab,
-        *opart.stride()[:4], *lpart.stride(), seqlen_base, seqlen_new, nheads_kv, group, seqlen_q, num_m_blocks,
-        cfg.num_splits, num_whole, b0, capacity, k_cache.shape[0],
-        qk_scale, float(softcap), window[0], window[1], 0.0 if unified_max is None else unified_max * LOG2E),
-        dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-             PAGE_SIZE=max(page_size, 1), PAGED=paged, HAS_BATCH_IDX=cache_batch_idx is not None,
-             HAS_LEFTPAD=cache_leftpad is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi,
-             USE_TMA=cfg.use_tma, UNIFIED=unified_max is not None, PHI_BELOW=below, PHI_ABOVE=above,
-             HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl and split, PDL_WAIT=cfg.pdl_wait,
-             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.max_regs} if cfg.max_regs else {}),
-             **({"launch_pdl": True} if cfg.pdl_wait else {})), cached=dispatch.cached_launch())
-    if split:
-        merge_states(opart, lpart, block_d=bd, cached=dispatch.cached_launch(), lse_bhm=True, pdl=cfg.pdl,
-                     out=out[b0:], lse=lse[b0:])
-    return out, lse
+    return split_kv_attention(cfg, q, k_cache, v_cache, cache_seqlens, seqlen_new, block_table, cache_batch_idx,
+                              cache_leftpad, qk_scale, softcap, window, alibi_slopes, unified_max,
+                              block_d=dispatch.block_d(q.shape[-1]), phi_range=PHI_RANGE[q.dtype],
+                              cached=dispatch.cached_launch())
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
