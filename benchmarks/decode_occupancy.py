@@ -9,9 +9,10 @@ bf16, 32 query / 8 KV heads, d=128, full caches of 4096 keys; batches 1, 17, 24,
 """
 import torch
 
-from ioattn import decode
+from ioattn.decode import flash_attn_with_kvcache
 from ioattn.bench.timing import median_ms
 from ioattn.kernels.decode import decode_split_kernel
+from ioattn.plan import decode
 
 
 def main():
@@ -24,7 +25,7 @@ def main():
         k = torch.randn(batch, 4096, 8, 128, device="cuda", dtype=torch.bfloat16)
         lens = torch.full((batch,), 4096, device="cuda", dtype=torch.int32)
         plan = decode.plan(q, k, k, False, 4096)
-        us = median_ms(lambda s: decode.flash_attn_with_kvcache(q, k, k, cache_seqlens=lens, check_values=False),
+        us = median_ms(lambda s: flash_attn_with_kvcache(q, k, k, cache_seqlens=lens, check_values=False),
                        [None]) * 1e3
         print(f"batch {batch}: {plan}  {us:.1f} us (L2-warm: one input set)")
     for dev, caches in decode_split_kernel.device_caches.items():

@@ -1,7 +1,7 @@
 """Sweep the split-KV decode kernel's launch choices on the device: load path (pointer / TMA),
 key chunk (BLOCK_N), split count (in waves of programs over the SMs), pipeline stages. Writes one
 JSON line per (case, layout, config) and prints the best config per case; the winners become the
-heuristic in ``ioattn/decode.py`` (``plan``), with this script's output kept beside it.
+heuristic in ``ioattn/plan/decode.py`` (``plan``), with this script's output kept beside it.
 
     python benchmarks/tune_decode.py --out DIR [--quick | --focus]
 

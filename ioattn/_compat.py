@@ -12,6 +12,8 @@
   tested-release range, ``GLUON_TRITON``, and inside it a check that every Gluon name the kernels
   import is there; anywhere else the portable Triton kernels run and ``gluon_status`` gives the
   one-line reason that ``explain_dispatch`` shows.
+* Programmatic dependent launch (``grid_dependency_control``): whether this Triton has the grid
+  dependency control the decode kernels use to launch behind the previous kernel.
 * Triton's interpreter (``TRITON_INTERPRET=1``: CPU tensors through the Triton kernels).
   ``check_interpreter`` refuses, with ``InterpreterUnsupportedError``, what it would compute wrongly:
   bfloat16 where a probe of bf16 ``tl.dot`` (run once, on the first bf16 call) disagrees with torch,
@@ -180,6 +182,19 @@ def gluon_status() -> tuple[bool, str]:
     if missing:
         return False, f"Triton {version}'s Gluon lacks {', '.join(missing)}; {PORTABLE_NOTE}"
     return True, f"Triton {version}'s Gluon API"
+
+
+# ---- programmatic dependent launch ----
+
+@functools.cache
+def grid_dependency_control() -> bool:
+    """Whether this Triton has grid dependency control (``gdc_wait``, ``gdc_launch_dependents``), which
+    kernels launched by programmatic dependent launch use (the decode split kernel and the merge)."""
+    try:
+        module = importlib.import_module("triton.language.extra.cuda")
+    except ImportError:
+        return False
+    return hasattr(module, "gdc_wait")
 
 
 # ---- the interpreter ----

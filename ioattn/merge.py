@@ -7,10 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import triton
 
 from ioattn.plan import dispatch
-from ioattn.launch.cached import launcher_for
+from ioattn.launch.merge import merge_states
 from ioattn.reference.merge import merge_states_ref
 
 
@@ -56,7 +55,7 @@ def merge_attention_states(outs, lses, lse_layout="out"):
     if outs.requires_grad or lses.requires_grad or not dispatch.use_triton(outs.device):
         out, lse = merge_states_ref(outs, lses)
     else:
-        out, lse = _merge_triton(outs, lses)
+        out, lse = merge_states(outs, lses, block_d=dispatch.block_d(outs.shape[-1]), cached=dispatch.cached_launch())
     return (out, lse.transpose(-1, -2).contiguous()) if flash else (out, lse)
 
 
@@ -81,37 +80,3 @@ def _stack(name, xs):
     if len(shapes) > 1:
         raise ValueError(f"every tensor in {name} must have one shape, got {sorted(shapes)}")
     return torch.stack(list(xs))
-
-
-def _merge_triton(outs, lses, lse_bhm=False, pdl=False, out=None, lse=None):
-    """The merged output in the dtype of ``out`` if given, else of outs. ``lse_bhm``: outs are
-    (S, batch, seqlen_q, nheads, d) and the lse is returned as (batch, nheads, seqlen_q) (decode).
-    ``pdl``: launched with programmatic dependent launch right after the kernel that wrote outs and
-    lses, which must have been launched with its USE_PDL (the decode split kernel). ``out`` /
-    ``lse``: contiguous destinations of the merged shapes (else new tensors)."""
-    from ioattn.kernels.combine import merge_states_kernel
-
-    splits, lead, d = outs.shape[0], outs.shape[1:-1], outs.shape[-1]
-    n_rows = lses[0].numel()
-    o = outs.reshape(splits, n_rows, d)
-    if o.stride(-1) != 1:
-        o = o.contiguous()
-    lse_in = lses.reshape(splits, n_rows).float().contiguous()
-    nheads, seqlen_q = (lead[2], lead[1]) if lse_bhm else (1, 1)
-    if out is None:
-        out = torch.empty(n_rows, d, device=outs.device, dtype=outs.dtype)
-    if lse is None:
-        lse = torch.empty(n_rows, device=outs.device, dtype=torch.float32)
-    assert out.is_contiguous() and out.numel() == n_rows * d and lse.is_contiguous() and lse.numel() == n_rows
-    if n_rows:
-        block_s = max(2, 1 << (splits - 1).bit_length())
-        # the outputs are read at most 64 splits per load: 64 x 256 fp32 is 128 registers a thread at 4 warps
-        launcher_for(merge_states_kernel)(
-            (n_rows,), (o, lse_in, out, lse, n_rows, splits, o.stride(0), o.stride(1), lse_in.stride(0), nheads,
-                        seqlen_q),
-            dict(HEAD_DIM=d, BLOCK_D=dispatch.block_d(d), BLOCK_S=block_s, CHUNK_S=min(block_s, 64),
-                 LSE_BHM=lse_bhm, num_warps=4, **({"USE_PDL": True, "launch_pdl": True} if pdl else {})),
-            cached=dispatch.cached_launch())
-    if lse_bhm:
-        return out.reshape(*lead, d), lse.reshape(lead[0], nheads, seqlen_q)
-    return out.reshape(*lead, d), lse.reshape(lead)

@@ -11,7 +11,8 @@ import torch
 from conftest import DEVICE, assert_lse_close, assert_within_torch_error, rotary_tables
 
 from ioattn.plan import dispatch
-from ioattn.decode import DEFAULT_NUM_SMS, MAX_SPLITS, SPLIT_WAVES, _heuristic_splits, decode_config, flash_attn_with_kvcache
+from ioattn.decode import decode_config, flash_attn_with_kvcache
+from ioattn.plan.decode import DEFAULT_NUM_SMS, MAX_SPLITS, SPLIT_WAVES, _heuristic_splits
 from ioattn.reference.decode import kvcache_attention_ref
 
 I32 = torch.int32
@@ -300,7 +301,7 @@ _AOT_SCRIPT = """
 import sys
 sys.path.insert(0, "tools")  # the compile checks' helpers (run from the repository root)
 from compile_check import compile_one
-from ioattn import decode
+from ioattn.plan import decode
 from ioattn.kernels.decode import decode_split_kernel as fn
 # (dtype, paged, every feature, BLOCK_M, head dim, TMA, unified max): a few corners, each compile takes seconds
 for dt, paged, feat, block_m, d, tma, uni in (("bf16", False, False, 16, 128, False, False),
@@ -495,7 +496,7 @@ def test_unified_max_takes_its_own_path_and_falls_back_exactly():
 def test_plan_is_memoized_on_what_it_reads(monkeypatch):
     """A decode loop plans once: the same call gives the same plan object; a forced field, an
     environment switch, another span or a misaligned cache give a fresh plan."""
-    from ioattn import decode
+    from ioattn.plan import decode
     q = torch.empty(2, 1, 8, 64)
     k = torch.empty(2, 4096, 2, 64)
     first = decode.plan(q, k, k, False, 4096)
@@ -517,7 +518,7 @@ def test_pdl_switches_reach_the_plan(monkeypatch):
     """Programmatic dependent launch: on by default (measured to pay); IOATTN_DECODE_PDL=0 or
     decode_config(pdl=False) turn it off; only where it can run (faked here: this machine has no
     Hopper GPU), only for split launches (one split has no merge to overlap)."""
-    from ioattn import decode
+    from ioattn.plan import decode
     q = torch.empty(1, 1, 8, 64)
     k = torch.empty(1, 4096, 2, 64)
     monkeypatch.delenv("IOATTN_DECODE_PDL", raising=False)
@@ -554,12 +555,12 @@ def test_pdl_switches_reach_the_plan(monkeypatch):
 
 
 def test_plan_tiles_by_launch_kind(monkeypatch):
-    """The GPU tile policy (from the device sweeps, ioattn/decode.py's notes): split launches on a
+    """The GPU tile policy (from the device sweeps, ioattn/plan/decode.py's notes): split launches on a
     contiguous cache take 64-key chunks with 3 stages; launches without splits and paged caches keep
     128-key chunks with 2 stages, but for 3-4 programs an SM 64 x 2; an explicit block_n wins. Faked GPU query (this machine has none)."""
     import types
 
-    from ioattn import decode
+    from ioattn.plan import decode
     monkeypatch.setattr(decode, "_num_sms", lambda device: 132)
     monkeypatch.setattr(decode, "_pdl_ok", lambda device: False)
 
@@ -586,7 +587,7 @@ def test_plan_tail_split(monkeypatch):
     elements (``decode._tail_split``): 8 units a batch element on 132 SMs, 32 key chunks of 128."""
     import types
 
-    from ioattn import decode
+    from ioattn.plan import decode
     monkeypatch.setattr(decode, "_num_sms", lambda device: 132)
     monkeypatch.setattr(decode, "_pdl_ok", lambda device: False)
 
@@ -655,7 +656,7 @@ def test_explain_decode(monkeypatch):
     import types
 
     import ioattn
-    from ioattn import decode
+    from ioattn.plan import decode
     monkeypatch.setattr(decode, "_num_sms", lambda device: 132)
     monkeypatch.setattr(decode, "_pdl_ok", lambda device: False)
     monkeypatch.setattr(dispatch, "use_triton", lambda device: True)

@@ -8,7 +8,7 @@ needs none of them. Three kinds:
   functions taking a value), which holds inside its block;
 * an environment variable ``IOATTN_*``, read where the switch is unset; ``env`` is the only reader
   of them in the library, and refuses a name that is not registered here;
-* ``decode_config(field=...)``, the decode plan's fields (``ioattn.decode``).
+* ``decode_config(field=...)``, the decode plan's fields (``ioattn.plan.decode``, public in ``ioattn.decode``).
 
 ``docs/options.md`` is this table rendered (``options.table()``); a test keeps both, the
 switches defined in the modules and the environment variables they read equal to it.
@@ -96,7 +96,7 @@ OPTIONS = (
            "added in a fixed order", _D + "deterministic-backward.md"),
     Option("hopper.bwd_split_cols", "on", "the backward's products at d 192 over their real columns",
            _D + "split-products.md"),
-    # decoding (ioattn.decode, ioattn.launch.cached)
+    # decoding (ioattn.plan.decode, ioattn.launch.cached)
     Option("IOATTN_DECODE_PDL", "on (Hopper)", "the decode merge launched by programmatic dependent launch "
            "behind the split kernel (also decode_config(pdl=...))", _D + "decode-launches.md"),
     Option("IOATTN_DECODE_PDL_WAIT", "on (Hopper)", "the decode split kernel launched by programmatic "

@@ -185,7 +185,7 @@ def test_decode_long_cache(use_tma, paged, splits, pdl):
     """Decode at serving sizes against the float64 oracle: long caches, GQA 4, both load paths, the
     merge launched normally or by programmatic dependent launch, and ("wait") the split kernel too (the
     same arithmetic: bit-identical)."""
-    from ioattn import decode
+    from ioattn.plan import decode
     from ioattn.decode import decode_config, flash_attn_with_kvcache
     from ioattn.reference.decode import kvcache_attention_ref
     kw, rnd = _decode_setup(2, 16384, paged=paged)
@@ -213,7 +213,7 @@ def test_decode_one_wave_launch(pdl_wait, per_sm, paged, poison_alloc):
     capped) against the float64 oracle: sequences of ragged lengths (one empty, one full, the rest not
     a multiple of the chunk), GQA 4, causal with one appended token; the plan is checked to be that
     launch on this GPU."""
-    from ioattn import decode
+    from ioattn.plan import decode
     from ioattn.decode import decode_config, flash_attn_with_kvcache
     from ioattn.reference.decode import kvcache_attention_ref
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -243,7 +243,7 @@ def test_decode_paged_load_path_policy():
     tiles (64 keys, 3 stages) between, and through pointers with the one-wave tiles where 4-5 programs
     an SM hold every unit (the last case assumes a 132-SM GPU's counts); a contiguous cache through
     pointers, split tiles when split, at least decode.MIN_KEYS_PER_SPLIT keys per split."""
-    from ioattn import decode
+    from ioattn.plan import decode
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for batch, kvlen, tma, tiles in ((1, 16384, True, (128, 2)), (8, 8192, False, (64, 3)),
                                      (96, 4096, True, (128, 2)), (1, 4096, True, (64, 2)),  # 96: 768 units

@@ -1,0 +1,309 @@
+"""The decode plan: the launch of ``flash_attn_with_kvcache``'s split-KV kernel for a call's shapes,
+strides, alignment and device (``DecodePlan``), chosen by the tuned rules below and memoized; forced
+fields for sweeps and tests (``decode_config``). Pure Python: the launch (``ioattn.launch.decode``)
+carries the plan out."""
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass, field
+
+import torch
+
+from ioattn import _compat
+from ioattn.plan import dispatch, options
+
+# Launch policy (the device sweeps of `benchmarks/tune_decode.py` and `benchmarks/ab_decode.py`):
+# - BLOCK_N 128, 2 stages; split launches read through pointers take BLOCK_N 64, 3 stages (ahead at
+#   batch 1, behind without splits and on paged caches read through TMA). 16 under the interpreter so
+#   that the small test caches cross several chunks and splits. Shrinks to divide the page size.
+# - splits: enough programs for SPLIT_WAVES programs per SM, at least one chunk per split, at most
+#   MAX_SPLITS; none once batch * KV heads fill the SMs.
+# - loads: pointers on contiguous caches (TMA within a few per cent there, with a host-side descriptor
+#   cost); paged caches through TMA without splits and with many (``_PAGED_TMA_MIN_SPLITS``).
+# BLOCK_M is the packed row count (group * seqlen_q) rounded up to a power of two, >= 16, <= 64.
+# tuned: docs/decisions/decode-splits.md, docs/decisions/decode-paged-loads.md
+DEFAULT_NUM_SMS = 132  # H100/H200; the device's own count is used when there is one
+SPLIT_WAVES = 2
+# At least this many keys per split on the GPU (contiguous caches; the waves rule sets longer caches'
+# counts first). Paged caches keep at least one 128-key chunk per split, their count before this rule.
+# tuned: docs/decisions/decode-splits.md
+MIN_KEYS_PER_SPLIT = 256
+# The tail split (``_tail_split``) needs this many whole waves before the tail (after one wave, splitting
+# every unit in two wins). tuned: docs/decisions/decode-splits.md
+TAIL_MIN_WAVES = 2
+# The wide tile without splits compiles to 186 registers a thread (2 programs of 128 threads per SM),
+# its split launches to 168 (3 per SM; benchmarks/decode_occupancy.py). Where the units need more than
+# 2 but at most 3 programs per SM, a launch that is neither split nor tail-split is capped at
+# WIDE_MAX_REGS (Triton's maxnreg; 3 x 168 x 128 <= 65536), so every unit is resident at once
+# (contiguous caches; paged ones read through pointers there instead, see plan()); elsewhere the cap
+# loses. tests/test_decode.py's sm_90 compile fails if the split launch of the wide tile needs more
+# than 170 registers (2 programs per SM: the wave rules would move). tuned: docs/decisions/decode-one-wave.md
+WIDE_MAX_REGS = 168
+# Where the units need more than 3 but at most 5 programs per SM (batch 50-82 at 8 KV heads on 132
+# SMs), a launch without splits takes 64-key chunks with 2 stages (38 KB of ring, 119 registers
+# compiled for sm_90) with its registers capped so that 4 or 5 programs share an SM and every unit is
+# resident at once (ONE_WAVE_MAX_REGS: 65536 / 128 / p rounded down to 8; 102 -> 96), where the wide
+# tile's 2 an SM run 1.8-2.5 waves. Uncapped past one wave of it, or at one wave of the wide tile (each
+# program's smaller ring keeping half the bytes in flight), it loses. A tail split stays first only
+# where the tail is at most SMs / 8 units and the one-wave launch would need 4 programs an SM
+# (ONE_WAVE_TAIL_FIRST). Paged caches (pages that 64 divides) take it too, through pointer loads.
+# tuned: docs/decisions/decode-one-wave.md
+ONE_WAVE_BLOCK_N = 64
+ONE_WAVE_STAGES = 2
+ONE_WAVE_MAX_REGS = {4: 128, 5: 96}  # programs per SM -> register cap
+ONE_WAVE_TAIL_FIRST = {4: 8}  # programs per SM -> the tail split first for tails of at most SMs // this
+MAX_SPLITS = 256
+_BLOCK_N_CUDA = 128
+_BLOCK_N_SPLIT = 64  # split launches with pointer loads (above)
+_BLOCK_N_INTERPRETER = 16
+_MAX_BLOCK_M = 64
+_NUM_WARPS = 4
+_NUM_STAGES = 2
+_NUM_STAGES_SPLIT = 3  # split launches with pointer loads (above)
+_USE_TMA_DEFAULT = False
+# Paged caches with many splits read through TMA (ahead of pointer loads at batch 1's 32-33 splits,
+# behind at batch 8's 5): the threshold sits between the two measured split counts.
+# tuned: docs/decisions/decode-paged-loads.md
+_PAGED_TMA_MIN_SPLITS = 16
+# Programmatic dependent launch of the merge after the split kernel (Hopper): hides the launch gap
+# between a step's two kernels. On by default; `IOATTN_DECODE_PDL=0` or ``decode_config(pdl=False)``
+# turns it off. tuned: docs/decisions/decode-launches.md
+_PDL_DEFAULT = True
+# The split programs let the merge grid launch after their key loop, not at their start: a merge grid
+# resident from the split kernel's start held SM room the split programs' loads could use.
+# The split kernel launched by programmatic dependent launch itself (waiting for the stream's previous
+# work first thing), so its launch overlaps that work's end: calls back to back, as in a decode loop,
+# lose the gap before the split kernel (a timing that records an event between two calls does not
+# show it). On; IOATTN_DECODE_PDL_WAIT=0 or decode_config(pdl_wait=False) turn it off.
+# tuned: docs/decisions/decode-launches.md
+_PDL_WAIT_DEFAULT = True
+
+# Unified max (FlashDecoding++): a split keeps phi only if every row max m satisfies
+# phi - below <= m <= phi + above (log2 units). Above: exp2(s - phi) must fit the dtype the
+# probabilities are cast to for P @ V (fp16 tops out at 65504 < 2**16; bf16/fp32 reach 2**127, and
+# 2**64 leaves room for sums over 2**40 keys). Below: the largest probability of the row stays a
+# normal number with room to spare (fp16 normals start at 2**-14). Off unless the caller passes
+# ``unified_max``: docs/decisions/decode-unified-max.md.
+PHI_RANGE = {torch.float16: (8.0, 15.0), torch.bfloat16: (64.0, 64.0), torch.float32: (64.0, 64.0)}
+
+_plan_override: dict = {}
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """One launch of the split kernel: packed-row tile, key chunk, split count, load path."""
+    block_m: int
+    block_n: int
+    num_splits: int
+    use_tma: bool
+    num_warps: int
+    num_stages: int
+    pdl: bool = False  # merge launched with programmatic dependent launch (only with splits)
+    pdl_wait: bool = False  # the split kernel itself launched by PDL after the stream's previous work
+    # units (sequence, KV head, row block) taken whole before the split ones; None: all whole when
+    # num_splits == 1, else none (see _tail_split)
+    num_whole: int | None = None
+    max_regs: int | None = None  # a register cap for the launch (Triton's maxnreg), None: the compiler's choice
+    reason: str = field(default="", compare=False)  # why: the rules that chose the fields (explain_decode)
+
+
+@contextlib.contextmanager
+def decode_config(**fields):
+    """Force fields of the ``DecodePlan`` (block_n, num_splits, use_tma, num_warps, num_stages, pdl,
+    pdl_wait, num_whole, max_regs) for the calls inside: tuning sweeps and tests (``pdl`` and
+    ``pdl_wait`` are still only used where they can run; ``num_whole`` is rounded down to whole batch
+    elements, and ``tail_split=False`` turns the tail split off)."""
+    unknown = set(fields) - {"block_n", "num_splits", "use_tma", "num_warps", "num_stages", "pdl", "pdl_wait",
+                             "num_whole", "tail_split", "max_regs"}
+    if unknown:
+        raise ValueError(f"decode_config: unknown fields {sorted(unknown)}")
+    previous = dict(_plan_override)
+    _plan_override.update(fields)
+    try:
+        yield
+    finally:
+        _plan_override.clear()
+        _plan_override.update(previous)
+
+
+def _heuristic_splits(programs, max_end, block_n, num_sms=DEFAULT_NUM_SMS, min_keys=0):
+    """As many splits as keep the grid within ``SPLIT_WAVES`` programs per SM (rounded down: a grid
+    just past it leaves some SMs one program more than the rest, and the step waits for them), but
+    at least one key chunk and ``min_keys`` keys per split of the longest sequence, and at most
+    ``MAX_SPLITS``; 1 when the (sequence, KV head) programs alone fill the SMs
+    (docs/decisions/decode-splits.md)."""
+    if programs >= num_sms or max_end == 0:
+        return 1
+    pieces = dispatch.cdiv(max_end, max(block_n, min_keys))
+    n = max(1, min(SPLIT_WAVES * num_sms // programs, pieces, MAX_SPLITS))
+    # A count at most 1/8 past a power of two takes the power of two: the merge pads the splits to one
+    # (33 -> 64 rows a load), and the split kernel runs faster with the extra programs gone.
+    p = 1 << (n.bit_length() - 1)
+    return p if 8 * (n - p) <= n else n
+
+
+def _tail_split(units, units_per_batch, slots, pieces):
+    """(whole units, split count of the rest) for a launch of ``units`` programs without splits on
+    ``slots`` SMs, when the last wave would hold at most half the SMs; ``(units, 1)`` otherwise.
+    After ``TAIL_MIN_WAVES`` whole waves or more, the batch elements that make up the last wave are
+    split ``slots // tail`` ways (at most ``pieces``, the key chunks of the longest sequence), so the
+    step ends on a short wave of pieces instead of a few SMs reading one whole unit each; after one
+    wave, every unit is split in two (whole = 0). Measurements: docs/decisions/decode-splits.md."""
+    waves, rest = divmod(units, slots)
+    if waves == 0 or rest == 0 or rest > slots // 2:
+        return units, 1
+    if waves < TAIL_MIN_WAVES:
+        return (0, 2) if pieces >= 2 else (units, 1)
+    whole = waves * slots // units_per_batch * units_per_batch  # the split units are a batch suffix
+    k = min(slots // (units - whole), pieces, MAX_SPLITS)
+    return (whole, k) if k >= 2 else (units, 1)
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device):
+    if device.type != "cuda":
+        return DEFAULT_NUM_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _tma_ok(k_cache, v_cache, d):
+    """Descriptors over the cache: sm_90+ (or the interpreter), 16-byte aligned base and strides,
+    d a power of two up to 128 (the box is the whole head; two stages of 128-key K and V tiles of a
+    larger head do not fit in shared memory)."""
+    if k_cache.is_cuda and not _sm90(k_cache.device):
+        return False
+    return d == dispatch.block_d(d) and d <= 128 and min(k_cache.shape) > 0 and _aligned16(k_cache, v_cache)
+
+
+def _aligned16(*tensors):
+    """Base and every stride but the last 16-byte aligned (TMA descriptors)."""
+    return all(t.data_ptr() % 16 == 0 and all((st * t.element_size()) % 16 == 0 for st in t.stride()[:-1])
+               for t in tensors)
+
+
+def _switch(field, env_name, default):
+    """An on/off plan choice: ``decode_config(field=...)`` first, else the environment variable ("1"
+    on, anything else set off), else the default."""
+    if field in _plan_override:
+        return bool(_plan_override[field])
+    env = options.env(env_name)
+    return env == "1" if env else default
+
+
+_PLANS: dict = {}
+_PLANS_MAX = 256
+
+
+def plan(q, k_cache, v_cache, paged, span, num_splits=0):
+    """The launch for one call: ``span`` is the longest key range any sequence may have (its max end
+    when the values were read, else the cache capacity, so the plan never depends on device values).
+    Memoized on everything the rules read (shapes, strides, alignment, device, the forced fields and
+    the environment switches): a decode loop plans once (host time: docs/decisions/decode-launches.md)."""
+    key = (q.shape, q.device, k_cache.shape, k_cache.stride(), v_cache.stride(), k_cache.element_size(),
+           _aligned16(k_cache, v_cache), paged, span, num_splits, tuple(_plan_override.items()),
+           options.env("IOATTN_DECODE_PDL"), options.env("IOATTN_DECODE_PDL_WAIT"))
+    cfg = _PLANS.get(key)
+    if cfg is None:
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        cfg = _PLANS[key] = _plan(q, k_cache, v_cache, paged, span, num_splits)
+    return cfg
+
+
+def _plan(q, k_cache, v_cache, paged, span, num_splits):
+    batch, seqlen_q, nheads, d = q.shape
+    nheads_kv = k_cache.shape[2]
+    # on the GPU, split launches take the split tiles (the policy notes at the top)
+    split_tiles = q.is_cuda and "block_n" not in _plan_override
+    block_n = _plan_override.get("block_n", _BLOCK_N_SPLIT if split_tiles else
+                                 _BLOCK_N_CUDA if q.is_cuda else _BLOCK_N_INTERPRETER)
+    rows = (nheads // nheads_kv) * seqlen_q
+    block_m = min(_MAX_BLOCK_M, max(16, dispatch.next_power_of_2(rows)))
+    programs = batch * nheads_kv * dispatch.cdiv(rows, block_m)
+    heuristic = num_splits == 0
+    sms = _num_sms(q.device)
+    why = [f"{programs} units (sequence x KV head x row block of {block_m}) on {sms} SMs"]
+    if heuristic:
+        min_keys = (_BLOCK_N_CUDA if paged else MIN_KEYS_PER_SPLIT) if q.is_cuda else 0
+        num_splits = _plan_override.get("num_splits") or _heuristic_splits(programs, span, block_n, sms,
+                                                                           min_keys=min_keys)
+        why.append("split count forced" if "num_splits" in _plan_override else
+                   "they fill the SMs: no split" if num_splits == 1 else
+                   f"{num_splits} splits (the waves rule, at least {max(block_n, min_keys)} keys a split)")
+    else:
+        why.append(f"num_splits={num_splits} from the call")
+    per_batch = programs // batch
+    num_whole = None
+    if "num_whole" in _plan_override:  # forced (tests, sweeps): whole batch elements
+        num_whole = min(programs, _plan_override["num_whole"] // per_batch * per_batch)
+        why.append("whole units forced")
+    # the one-wave launch: a launch without splits whose units need 4-5 programs per SM (ONE_WAVE_BLOCK_N's
+    # notes; measured with 16 packed rows at d = 128, so there only); paged caches through pointer loads
+    one_wave = 0  # programs per SM, 0: not taken
+    per_sm = dispatch.cdiv(programs, sms)
+    if (heuristic and num_splits == 1 and q.is_cuda and block_m == 16 and d == 128
+            and (not paged or k_cache.shape[1] % ONE_WAVE_BLOCK_N == 0)  # paged: a chunk within a page
+            and per_sm in ONE_WAVE_MAX_REGS
+            and not (per_sm in ONE_WAVE_TAIL_FIRST and 0 < programs % sms <= sms // ONE_WAVE_TAIL_FIRST[per_sm])
+            and not {"block_n", "num_stages", "max_regs", "use_tma", "num_whole"} & set(_plan_override)):
+        one_wave = per_sm
+    elif (heuristic and num_splits == 1 and q.is_cuda and num_whole is None
+          and _plan_override.get("tail_split", True)):
+        whole, k = _tail_split(programs, per_batch, sms, dispatch.cdiv(span, _BLOCK_N_CUDA))
+        if k > 1:
+            num_whole, num_splits = whole, k
+            why.append(f"tail split: {whole} units whole, the last {programs - whole} split {k} ways" if whole else
+                       "one wave and a short one: every unit split in two")
+    stages = _NUM_STAGES_SPLIT if split_tiles else _NUM_STAGES
+    # a launch without splits whose units need 2-3 programs per SM (WIDE_MAX_REGS's notes)
+    band = (heuristic and q.is_cuda and num_splits == 1 and num_whole is None
+            and 2 * _num_sms(q.device) < programs <= 3 * _num_sms(q.device))
+    # paged caches: TMA without splits, and with at least _PAGED_TMA_MIN_SPLITS splits (policy notes),
+    # except in that band, where pointer loads keep 3 programs per SM (docs/decisions/decode-paged-loads.md)
+    tma_default = _USE_TMA_DEFAULT or (paged and q.is_cuda and not band and not one_wave
+                                       and (num_splits == 1 or num_splits >= _PAGED_TMA_MIN_SPLITS))
+    use_tma = _plan_override.get("use_tma", tma_default) and _tma_ok(k_cache, v_cache, d)
+    max_regs = _plan_override.get("max_regs")
+    if max_regs is None and band and not paged and "block_n" not in _plan_override:
+        max_regs = WIDE_MAX_REGS
+        why.append(f"2-3 programs per SM needed: registers capped at {max_regs}")
+    if band and paged and not use_tma:
+        why.append("2-3 programs per SM needed: pointer loads, not TMA")
+    # the wide tile without splits and on paged caches read through TMA (docs/decisions/decode-splits.md,
+    # decode-paged-loads.md)
+    if split_tiles and (num_splits == 1 or num_whole is not None or (paged and use_tma)):
+        block_n, stages = _BLOCK_N_CUDA, _NUM_STAGES
+        if paged and use_tma and num_splits > 1 and dispatch.cdiv(span, num_splits) <= _BLOCK_N_CUDA:
+            # a split of one 128-key chunk has no ring to pipeline: two 64-key chunks
+            block_n = _BLOCK_N_SPLIT
+    if one_wave:
+        block_n, stages, max_regs = ONE_WAVE_BLOCK_N, ONE_WAVE_STAGES, ONE_WAVE_MAX_REGS[one_wave]
+        why.append(f"{one_wave} programs per SM needed: {block_n}-key chunks, registers capped at {max_regs}, "
+                   "every unit resident at once")
+    if paged:  # a chunk never crosses a page
+        while k_cache.shape[1] % block_n:
+            block_n //= 2
+    pdl_wanted = _switch("pdl", "IOATTN_DECODE_PDL", _PDL_DEFAULT)
+    pdl = bool(pdl_wanted) and num_splits > 1 and _pdl_ok(q.device)
+    why.append(f"{block_n}-key chunks, {_plan_override.get('num_stages', stages)} stages, "
+               f"{'TMA' if use_tma else 'pointer'} loads" + (", merge by programmatic dependent launch" if pdl else ""))
+    # the split kernel launched early behind the stream's previous kernel: every launch, split or not
+    pdl_wait = pdl_wanted and _switch("pdl_wait", "IOATTN_DECODE_PDL_WAIT", _PDL_WAIT_DEFAULT) and _pdl_ok(q.device)
+    if pdl_wait:
+        why.append("the split kernel launched by programmatic dependent launch behind the stream's previous work")
+    return DecodePlan(block_m, block_n, num_splits, use_tma, _plan_override.get("num_warps", _NUM_WARPS),
+                      _plan_override.get("num_stages", stages), pdl, pdl_wait, num_whole, max_regs,
+                      "; ".join(why))
+
+
+@functools.lru_cache(maxsize=8)
+def _sm90(device) -> bool:
+    """A Hopper-or-newer GPU."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+@functools.lru_cache(maxsize=8)
+def _pdl_ok(device) -> bool:
+    """Programmatic dependent launch: a Hopper-or-newer GPU and a Triton with grid dependency control."""
+    return _sm90(device) and _compat.grid_dependency_control()
