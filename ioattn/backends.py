@@ -186,8 +186,7 @@ def _forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
 def _forward_route(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes):
     varlen = cu_seqlens_q is not None
     seqlen_q = max_seqlen_q if varlen else q.shape[1]
-    if not hopper.fwd_plan(q, k, v, varlen, sem.window, sem.softcap, alibi_slopes, sem.dropout_p, seqlen_q,
-                           sem.softmax_scale)[0]:
+    if not hopper.fwd_plan(q, k, v, varlen, sem, alibi_slopes, seqlen_q)[0]:
         return None
     return gluon_forward_route(q, k, v, sem.softmax_scale, sem.causal, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                max_seqlen_k, sem.band_window, sem.softcap, alibi_slopes)
@@ -310,8 +309,7 @@ def _backward_route(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
                     alibi_slopes):
     varlen = cu_seqlens_q is not None
     seqlen_q = max_seqlen_q if varlen else q.shape[1]
-    if not hopper_bwd.bwd_plan(q, k, v, varlen, sem.window, sem.softcap, alibi_slopes, sem.dropout_p, seqlen_q,
-                               sem.softmax_scale)[0]:
+    if not hopper_bwd.bwd_plan(q, k, v, varlen, sem, alibi_slopes, seqlen_q)[0]:
         return None
     return gluon_backward_route(dout, q, k, v, out, lse, sem.softmax_scale, sem.causal,
                                 hopper_bwd.bwd_deterministic.wanted(), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,

@@ -59,10 +59,10 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     window = normalize_window(window_size, bool(causal))
     seqlen_q = max_seqlen_q if varlen else q.shape[1]
     alibi = hopper.alibi_call_form(alibi_slopes, q.shape[-1], window, varlen, seqlen_q, softcap)
-    ok, refusal = hopper.hopper_supports(q, k, v, varlen, window, softcap, alibi_slopes, 0.0)
-    taken, why = hopper.fwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, 0.0, seqlen_q)
-    gluon = f"taken ({why})" if taken else f"not taken ({why})" if ok else f"not applicable ({refusal})"
     sem = Semantics(q.shape[-1] ** -0.5, window, softcap, 0.0, alibi_slopes is not None)
+    ok, refusal = hopper.hopper_supports(q, k, v, varlen, sem, alibi_slopes)
+    taken, why = hopper.fwd_plan(q, k, v, varlen, sem, alibi_slopes, seqlen_q)
+    gluon = f"taken ({why})" if taken else f"not taken ({why})" if ok else f"not applicable ({refusal})"
     has_window, is_causal = sem.sliding, sem.causal
     name = plan = None
     # the kernels' head dim: the call's, or the next one for a head dim they run zero-padded
@@ -149,7 +149,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         forward["programs"] = dispatch.fwd_persistent_programs(q.device, tiles) or tiles
     else:
         forward["tiles_count"], forward["programs"], forward["plan"] = plan.num_tiles, plan.programs, plan
-    gluon_bwd, bwd_why = hopper_bwd.bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, 0.0, seqlen_q)
+    gluon_bwd, bwd_why = hopper_bwd.bwd_plan(q, k, v, varlen, sem, alibi_slopes, seqlen_q)
     if gluon_bwd:
         # the plan the launch carries out (``backends.gluon_backward_route``), at the default softmax scale
         bplan = backward_plan.plan_backward(backends.backward_signature(

@@ -137,6 +137,7 @@ def test_gluon_feature_detection_names_what_is_missing(monkeypatch):
 def test_gluon_incompatible_falls_back_to_the_portable_kernels(monkeypatch):
     """On an sm_90 GPU (faked) with a Triton whose Gluon the check rejects, the plan takes the portable
     kernels and says why; with the check passing, the same call takes the Gluon kernels."""
+    from ioattn.semantics import Semantics
     q = torch.randn(1, 64, 2, 128, dtype=torch.float16)
     with dispatch.forced_backend("triton"), hopper.prefer_hopper(True), hopper_bwd.prefer_hopper_bwd(True):
         _fake_hopper(monkeypatch, True)
@@ -151,8 +152,8 @@ def test_gluon_incompatible_falls_back_to_the_portable_kernels(monkeypatch):
         assert plan.backward["gluon_hopper"] == f"not taken ({why})"
         assert "gluon_api" not in plan.forward  # the reason is given once
         assert f"gluon_hopper=not applicable ({why})" in plan.describe()
-        assert hopper.fwd_plan(q, q, q, False, (-1, -1), 0.0, None, 0.0) == (False, why)
-        assert hopper_bwd.bwd_plan(q, q, q, False, (-1, -1), 0.0, None, 0.0) == (False, why)
+        assert hopper.fwd_plan(q, q, q, False, Semantics(0.125, (-1, -1)), None) == (False, why)
+        assert hopper_bwd.bwd_plan(q, q, q, False, Semantics(0.125, (-1, -1)), None) == (False, why)
 
 
 def test_gluon_reason_shown_off_hopper_too(monkeypatch):

@@ -274,7 +274,7 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     with hopper.variant("persistent"):
         q16 = torch.empty(64, 2, 128, dtype=torch.bfloat16)
         monkeypatch.setattr(hopper, "GLUON_VARLEN", True)
-        assert hopper.call_supported(q16, q16, q16, True, (-1, -1), 0.0, None, 0.0) == (
+        assert hopper.call_supported(q16, q16, q16, True, Semantics(0.125, (-1, -1)), None) == (
             False, "varlen: not in the persistent variant")
         monkeypatch.setattr(hopper, "GLUON_VARLEN", False)
     monkeypatch.setenv("IOATTN_HOPPER_VARIANT", "base")
@@ -295,7 +295,7 @@ def test_hopper_kernel_policy_and_refusals(monkeypatch):
     assert plan.forward["gluon_hopper"].startswith("not applicable (needs an sm_90") and "gluon_hopper=" in plan.describe()
 
     q = torch.randn(1, 64, 2, 64, dtype=torch.bfloat16)
-    ok, why = hopper.hopper_supports(q, q, q, False, (-1, -1), 0.0, None, 0.0)
+    ok, why = hopper.hopper_supports(q, q, q, False, Semantics(0.125, (-1, -1)), None)
     assert not ok and "sm_90" in why
     with hopper.prefer_hopper(True):
         assert hopper.wanted(q)
@@ -381,10 +381,10 @@ def test_hopper_varlen_switch_and_policy(monkeypatch):
     q = torch.randn(10, 2, 64, dtype=BF16)  # packed (total, nheads, d)
     cu = torch.tensor([0, 4, 9], dtype=torch.int32)  # one trailing token no sequence owns
     assert hopper.GLUON_VARLEN is True
-    ok, why = hopper.hopper_supports(q, q, q, True, (-1, 0), 0.0, None, 0.0)
+    ok, why = hopper.hopper_supports(q, q, q, True, Semantics(0.125, (-1, 0)), None)
     assert not ok and "sm_90" in why
-    assert hopper.call_supported(q, q, q, True, (-1, 0), 0.0, None, 0.0) == (True, "")
-    assert not hopper.call_supported(q, q, q, True, (-1, 0), 0.0, None, 0.5)[0]  # dropout: refused
+    assert hopper.call_supported(q, q, q, True, Semantics(0.125, (-1, 0)), None) == (True, "")
+    assert not hopper.call_supported(q, q, q, True, Semantics(0.125, (-1, 0), 0.0, 0.5), None)[0]  # dropout: refused
     # the varlen policy: its own table, by the longest sequence
     for (d, causal), least in hopper.VARLEN_AUTO_MIN_SEQLEN.items():
         packed = torch.empty(8, 2, d)
@@ -403,7 +403,7 @@ def test_hopper_varlen_switch_and_policy(monkeypatch):
         assert "hopper_fwd_kernel" in plan.forward["kernel"] and plan.forward["gluon_hopper"].startswith("taken")
     with dispatch.forced_backend("triton"), hopper.prefer_hopper(True):
         monkeypatch.setattr(hopper, "GLUON_VARLEN", False)
-        ok, why = hopper.call_supported(q, q, q, True, (-1, 0), 0.0, None, 0.0)
+        ok, why = hopper.call_supported(q, q, q, True, Semantics(0.125, (-1, 0)), None)
         assert not ok and "hopper.GLUON_VARLEN" in why and "varlen" in why
         plan = ioattn.explain_dispatch(q, q, q, causal=True, cu_seqlens_q=cu, max_seqlen_q=5)
         assert "GLUON_VARLEN" in plan.forward["gluon_hopper"] and "hopper" not in plan.forward["kernel"]
@@ -629,7 +629,7 @@ def test_hopper_layouts_without_copy():
     assert tma_rows_view(torch.randn(b, n, h, d)[:, :0]) is None  # empty: nothing to describe
 
     q, k, v = qkv.unbind(2)
-    none = (False, (-1, 0), 0.0, None, 0.0)
+    none = (False, Semantics(0.125, (-1, 0)), None)
     assert hopper.call_supported(q, k, v, *none) == (True, "")
     assert hopper_bwd.bwd_call_supported(q, k, v, *none) == (True, "")
     assert hopper.inputs_note(q, k, v, False, True) == "in place (2-D (rows, heads * d) views)"
@@ -654,7 +654,7 @@ def test_hopper_layouts_without_copy():
     flat = [torch.randn(least, h, d, dtype=torch.bfloat16) for _ in range(3)]  # a varlen call's (total, heads, d)
     flat[1] = torch.randn(h, least, d, dtype=torch.bfloat16).transpose(0, 1)
     with hopper.copy_strided(True):  # varlen: never copied
-        assert not hopper.call_supported(*flat, True, (-1, -1), 0.0, None, 0.0)[0]
+        assert not hopper.call_supported(*flat, True, Semantics(0.125), None)[0]
         assert hopper.inputs_note(*flat, True, False) == "k: no (rows, heads * d) view (varlen: not copied)"
 
 
@@ -669,7 +669,7 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     from ioattn.plan import hopper_bwd
     monkeypatch.delenv("IOATTN_HOPPER_BWD", raising=False)
     q = torch.randn(1, 70, 2, 64, dtype=torch.bfloat16)
-    none = (False, (-1, -1), 0.0, None, 0.0)
+    none = (False, Semantics(0.125), None)
     taken, why = hopper_bwd.bwd_plan(q, q, q, *none)
     least = hopper_bwd.BWD_AUTO_MIN_SEQLEN[(64, False)]
     assert not taken and why == f"default policy: head dim 64 non-causal from seqlen_q >= {least} (here 70)"
@@ -695,9 +695,9 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     q48 = torch.randn(1, 8, 2, 48, dtype=torch.bfloat16)
     assert "head dims" in hopper_bwd.bwd_call_supported(q48, q48, q48, *none)[1]
     # sliding windows: the ws kernel's WINDOW form
-    assert hopper_bwd.bwd_call_supported(q, q, q, False, (4, 0), 0.0, None, 0.0) == (True, "")
-    assert hopper_bwd.bwd_call_supported(q, q, q, False, (-1, -1), 1.0, None, 0.0) == (True, "")  # the SOFTCAP form
-    assert hopper_bwd.bwd_call_supported(q, q, q, False, (-1, -1), 0.0, None, 0.1) == (False, "no dropout")
+    assert hopper_bwd.bwd_call_supported(q, q, q, False, Semantics(0.125, (4, 0)), None) == (True, "")
+    assert hopper_bwd.bwd_call_supported(q, q, q, False, Semantics(0.125, (-1, -1), 1.0), None) == (True, "")  # the SOFTCAP form
+    assert hopper_bwd.bwd_call_supported(q, q, q, False, Semantics(0.125, (-1, -1), 0.0, 0.1), None) == (False, "no dropout")
     with monkeypatch.context() as m:
         m.setitem(hopper_bwd.BWD_WINDOW_MIN_WIDTH, 64, 300)
         long64 = torch.empty(1, 4096, 2, 64)
@@ -706,9 +706,9 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
             False, "default policy: head dim 64 sliding windows from width 300 (hopper_bwd.BWD_WINDOW_MIN_WIDTH; here 299)")
     # packed (varlen) calls: the ws variant's IS_VARLEN form, judged by the longest sequence
     flat = torch.randn(300, 2, 64, dtype=torch.bfloat16)
-    assert hopper_bwd.bwd_call_supported(flat, flat, flat, True, (-1, -1), 0.0, None, 0.0) == (True, "")
+    assert hopper_bwd.bwd_call_supported(flat, flat, flat, True, Semantics(0.125, (-1, -1)), None) == (True, "")
     with pytest.raises(ValueError, match="needs seqlen_q"):
-        hopper_bwd.bwd_plan(flat, flat, flat, True, (-1, -1), 0.0, None, 0.0)
+        hopper_bwd.bwd_plan(flat, flat, flat, True, Semantics(0.125, (-1, -1)), None)
     for (d, causal), least in hopper_bwd.BWD_VARLEN_AUTO_MIN_SEQLEN.items():
         x = torch.empty(100, 2, d)
         assert hopper_bwd.bwd_policy(x, least, causal=causal, varlen=True)[0]
@@ -802,7 +802,7 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     cu, flat = torch.tensor([0, 30, 70], dtype=torch.int32), torch.randn(70, 2, 64, dtype=torch.bfloat16)
     backends.triton_backward(flat, flat, flat, flat, flat, torch.zeros(2, 70), cu, cu, 40, 40, Semantics(0.125),
                              None, 0)
-    assert plans[-1][3] is True and plans[-1][8] == 40 and plans[-1][9] == 0.125  # seqlen_q, softmax_scale
+    assert plans[-1][3] is True and plans[-1][6] == 40 and plans[-1][4].softmax_scale == 0.125  # seqlen_q, scale
     assert seen["cu_seqlens_q"] is cu and seen["cu_seqlens_k"] is cu and seen["max_seqlen_q"] == 40
 
     # the switch in force when the forward ran governs that forward's backward, wherever it runs
@@ -834,7 +834,7 @@ def test_hopper_backward_policy_and_wiring(monkeypatch):
     monkeypatch.setenv("IOATTN_HOPPER_BWD", "1")
     with hopper_bwd.bwd_deterministic(True):
         for window in ((-1, -1), (-1, 0)):  # the ordered mode for both masks (only the GPU is missing here)
-            assert hopper_bwd.bwd_plan(q, q, q, False, window, 0.0, None, 0.0) == (False, "needs an sm_90 (Hopper) GPU")
+            assert hopper_bwd.bwd_plan(q, q, q, False, Semantics(0.125, window), None) == (False, "needs an sm_90 (Hopper) GPU")
 
 
 def test_host_integer_helpers():
@@ -1089,13 +1089,13 @@ def test_hopper_forward_window_launch_and_policy(monkeypatch):
         launch(256, 128, (8, 0))
     # the call checks: windows in the variants that have the form
     q = torch.empty(1, 4096, 2, 128, dtype=BF16)
-    assert hopper.call_supported(q, q, q, False, (100, 0), 0.0, None, 0.0) == (True, "")
+    assert hopper.call_supported(q, q, q, False, Semantics(0.125, (100, 0)), None) == (True, "")
     for name in ("persistent", "base"):
         with hopper.variant(name):
-            assert hopper.call_supported(q, q, q, False, (100, 0), 0.0, None, 0.0) == (
+            assert hopper.call_supported(q, q, q, False, Semantics(0.125, (100, 0)), None) == (
                 False, f"sliding window: the variants {hopper.WINDOW_VARIANTS} only (here {name})")
-            assert hopper.call_supported(q, q, q, False, (-1, 0), 0.0, None, 0.0)[0]  # causal: its own path
-    assert hopper.call_supported(q, q, q, False, (100, 0), 0.0, None, 0.1) == (False, "no dropout yet")
+            assert hopper.call_supported(q, q, q, False, Semantics(0.125, (-1, 0)), None)[0]  # causal: its own path
+    assert hopper.call_supported(q, q, q, False, Semantics(0.125, (100, 0), 0.0, 0.1), None) == (False, "no dropout yet")
     # the policy: the lengths' non-causal row, then the window's width (an unbounded side as seqlen_k)
     assert hopper.window_width_of((100, 0), 4096) == 101 and hopper.window_width_of((-1, 5), 4096) == 4102
     assert hopper.window_width_of((-1, 5), None, 900) == 906  # varlen: the longest query length
@@ -1160,11 +1160,11 @@ def test_hopper_forward_softcap_launch_and_policy(monkeypatch):
         launches.clear()
         backends.hopper_forward(q, q, q, 0.1, True, softcap=-1.0)
     assert not launches
-    assert hopper.call_supported(q, q, q, False, (-1, 0), 20.0, None, 0.0) == (True, "")
+    assert hopper.call_supported(q, q, q, False, Semantics(0.125, (-1, 0), 20.0), None) == (True, "")
     with hopper.variant("persistent"):
-        assert hopper.call_supported(q, q, q, False, (-1, 0), 20.0, None, 0.0) == (
+        assert hopper.call_supported(q, q, q, False, Semantics(0.125, (-1, 0), 20.0), None) == (
             False, f"softcap: the variants {hopper.SOFTCAP_VARIANTS} only (here persistent)")
-    assert hopper.call_supported(q, q, q, False, (-1, 0), 20.0, None, 0.5) == (False, "no dropout yet")
+    assert hopper.call_supported(q, q, q, False, Semantics(0.125, (-1, 0), 20.0, 0.5), None) == (False, "no dropout yet")
     assert hopper.policy(q, causal=True, softcap=True)[1].endswith(f"causal softcap from seqlen_q >= 512 (here {n})")
     with monkeypatch.context() as m:
         m.setattr(hopper, "SOFTCAP_HEADDIMS", (64,))
@@ -1282,21 +1282,21 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
     for d, form in ((128, magic), (256, cols)):
         assert hopper.kernel_config(d, "pingpong", alibi=form)["block_n"] == hopper.TILE_TABLE["pingpong"][d][1]
     q64 = torch.randn(1, 8, 4, 64, dtype=BF16)
-    assert hopper.call_supported(q64, q64, q64, False, (-1, -1), 0.0, torch.ones(4), 0.0) == (True, "")
-    assert hopper.call_supported(q64, q64, q64, False, (-1, 0), 0.0, torch.ones(4), 0.0) == (True, "")
+    assert hopper.call_supported(q64, q64, q64, False, Semantics(0.125, (-1, -1), alibi=True), torch.ones(4)) == (True, "")
+    assert hopper.call_supported(q64, q64, q64, False, Semantics(0.125, (-1, 0), alibi=True), torch.ones(4)) == (True, "")
     with hopper.variant("persistent"):
-        assert hopper.call_supported(q64, q64, q64, False, (-1, -1), 0.0, torch.ones(4), 0.0) == (
+        assert hopper.call_supported(q64, q64, q64, False, Semantics(0.125, (-1, -1), alibi=True), torch.ones(4)) == (
             False, f"ALiBi: the variants {hopper.ALIBI_VARIANTS} only (here persistent)")
     with hopper.variant("wg3"):  # causal: the fp32 columns, which wg3 has no room for
-        assert hopper.call_supported(q64, q64, q64, False, (-1, 0), 0.0, torch.ones(4), 0.0) == (
+        assert hopper.call_supported(q64, q64, q64, False, Semantics(0.125, (-1, 0), alibi=True), torch.ones(4)) == (
             False, f"ALiBi: the variants {hopper.ALIBI_FP32_VARIANTS} only (here wg3)")
     # each form's exact bound (a view: no memory): 2^22 by the magic number, 2^24 as fp32
     longest = hopper.alibi_max_seqlen(magic)
     assert longest == (1 << 22) - 256 and hopper.alibi_max_seqlen(cols) == (1 << 24) - 256
     long_k = q64[:, :1].expand(1, longest + 1, 4, 64)
-    assert hopper.call_supported(q64, long_k, long_k, False, (-1, -1), 0.0, torch.ones(4), 0.0) == (
+    assert hopper.call_supported(q64, long_k, long_k, False, Semantics(0.125, (-1, -1), alibi=True), torch.ones(4)) == (
         False, f"ALiBi: sequences up to {longest} tokens (the bias's exact conversion; here {longest + 1})")
-    assert hopper.call_supported(q64, long_k, long_k, False, (-1, 0), 0.0, torch.ones(4), 0.0)[1] != (
+    assert hopper.call_supported(q64, long_k, long_k, False, Semantics(0.125, (-1, 0), alibi=True), torch.ones(4))[1] != (
         f"ALiBi: sequences up to {longest} tokens (the bias's exact conversion; here {longest + 1})")
 
     launches = _fake_forward_launches(monkeypatch)
@@ -1340,10 +1340,10 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
             False, "default policy: head dim 128 with ALiBi is not in hopper.ALIBI_HEADDIMS")
     monkeypatch.setattr(hopper, "hopper_supports", hopper.call_supported)  # as if on an sm_90 GPU
     slopes = torch.rand(4)
-    assert hopper.fwd_plan(q, q, q, False, (-1, 0), 0.0, slopes, 0.0, softmax_scale=0.1)[0]
-    assert hopper.fwd_plan(q, q, q, False, (-1, 0), 0.0, slopes, 0.0, softmax_scale=0.0) == (
+    assert hopper.fwd_plan(q, q, q, False, Semantics(0.1, (-1, 0), alibi=True), slopes)[0]
+    assert hopper.fwd_plan(q, q, q, False, Semantics(0.0, (-1, 0), alibi=True), slopes) == (
         False, "ALiBi with softmax_scale 0: the portable kernels (the bias is added in the scores' units)")
-    assert hopper.fwd_plan(q, q, q, False, (-1, 0), 5.0, slopes, 0.0, softmax_scale=0.0)[0]  # a cap: its units
+    assert hopper.fwd_plan(q, q, q, False, Semantics(0.0, (-1, 0), 5.0, alibi=True), slopes)[0]  # a cap: its units
     calls = _fake_gluon_routes(monkeypatch)
     with dispatch.forced_backend("triton"):
         assert backends.triton_forward(q, q, q, None, None, n, n, Semantics(0.125, (-1, 0), alibi=True), slopes, 0) == ("out", "lse")
@@ -1359,21 +1359,21 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
     assert calls[0][1]["alibi_slopes"] is slopes
 
     # the backward: the call checks, the configuration, the launcher
-    assert hopper_bwd.bwd_call_supported(q64, q64, q64, False, (-1, -1), 0.0, slopes, 0.0) == (True, "")
-    assert hopper_bwd.bwd_call_supported(q64, q64, q64, False, (-1, -1), 5.0, slopes, 0.0) == (True, "")
-    assert hopper_bwd.bwd_call_supported(q, q, q, False, (-1, -1), 5.0, slopes, 0.0) == (True, "")
+    assert hopper_bwd.bwd_call_supported(q64, q64, q64, False, Semantics(0.125, (-1, -1), alibi=True), slopes) == (True, "")
+    assert hopper_bwd.bwd_call_supported(q64, q64, q64, False, Semantics(0.125, (-1, -1), 5.0, alibi=True), slopes) == (True, "")
+    assert hopper_bwd.bwd_call_supported(q, q, q, False, Semantics(0.125, (-1, -1), 5.0, alibi=True), slopes) == (True, "")
     with monkeypatch.context() as m:
         m.setattr(hopper_bwd, "BWD_ALIBI_SOFTCAP_REFUSED", (128,))
-        assert hopper_bwd.bwd_call_supported(q, q, q, False, (-1, -1), 5.0, slopes, 0.0) == (
+        assert hopper_bwd.bwd_call_supported(q, q, q, False, Semantics(0.125, (-1, -1), 5.0, alibi=True), slopes) == (
             False, "ALiBi with a softcap at head dim 128: the portable backward (hopper_bwd.BWD_ALIBI_SOFTCAP_REFUSED)")
     # the backward's forms: the magic-number distance with a softcap at d = 128, and its length bound
     assert [hopper_bwd.bwd_alibi_form(d, 5.0) for d in (64, 128, 256)] == [cols, magic, cols]
     assert hopper_bwd.bwd_alibi_form(128, 0.0) == cols
     q128 = torch.randn(1, 8, 4, 128, dtype=BF16)
     long_k128 = q128[:, :1].expand(1, longest + 1, 4, 128)
-    assert hopper_bwd.bwd_call_supported(q128, long_k128, long_k128, False, (-1, -1), 5.0, slopes, 0.0) == (
+    assert hopper_bwd.bwd_call_supported(q128, long_k128, long_k128, False, Semantics(0.125, (-1, -1), 5.0, alibi=True), slopes) == (
         False, f"ALiBi: sequences up to {longest} tokens (the bias's exact conversion; here {longest + 1})")
-    assert hopper_bwd.bwd_call_supported(q128, long_k128, long_k128, False, (-1, -1), 0.0, slopes, 0.0)[1] != (
+    assert hopper_bwd.bwd_call_supported(q128, long_k128, long_k128, False, Semantics(0.125, (-1, -1), alibi=True), slopes)[1] != (
         f"ALiBi: sequences up to {longest} tokens (the bias's exact conversion; here {longest + 1})")
     for d in (64, 128, 256):
         assert hopper_bwd.kernel_config(d, "ws", alibi=True)["block_m"] == hopper_bwd.WS_SCORE_MOD_BLOCK_M.get(d, hopper_bwd.WS_BLOCK_M[d])
@@ -1407,10 +1407,10 @@ def test_hopper_alibi_launch_and_policy(monkeypatch):
     # the backward's plan: a zero scale without a softcap to the portable backward (the device faked)
     monkeypatch.setattr(hopper, "_device_ok", lambda q: (True, ""))
     with hopper_bwd.prefer_hopper_bwd(True):
-        assert hopper_bwd.bwd_plan(q64, q64, q64, False, (-1, -1), 0.0, slopes, 0.0, softmax_scale=0.1)[0]
-        assert hopper_bwd.bwd_plan(q64, q64, q64, False, (-1, -1), 0.0, slopes, 0.0, softmax_scale=0.0) == (
+        assert hopper_bwd.bwd_plan(q64, q64, q64, False, Semantics(0.1, (-1, -1), alibi=True), slopes)[0]
+        assert hopper_bwd.bwd_plan(q64, q64, q64, False, Semantics(0.0, (-1, -1), alibi=True), slopes) == (
             False, "ALiBi with softmax_scale 0: the portable kernels (the bias is added in the scores' units)")
-        assert hopper_bwd.bwd_plan(q64, q64, q64, False, (-1, -1), 5.0, slopes, 0.0, softmax_scale=0.0)[0]
+        assert hopper_bwd.bwd_plan(q64, q64, q64, False, Semantics(0.0, (-1, -1), 5.0, alibi=True), slopes)[0]
     monkeypatch.setattr(hopper_bwd, "bwd_plan", lambda *a: (True, "faked"))
     with dispatch.forced_backend("triton"):
         plan = ioattn.explain_dispatch(q64, q64, q64, alibi_slopes=slopes)
@@ -1613,17 +1613,17 @@ def test_padded_head_dims_policy_refusals_and_exact_padding(monkeypatch):
     assert not hopper_bwd.bwd_policy(torch.empty(1, 4096, 2, 192), window_width=hopper_bwd.BWD_WINDOW_MIN_WIDTH[256] - 1)[0]
     # the call checks: plain calls, any layout; in place (d = 96) the kernels' forms at the padded dim by
     # its own checks, on copies (d = 100) the rest refused by name
-    none = (False, (-1, -1), 0.0, None, 0.0)
+    none = (False, Semantics(0.125), None)
     for d in (96, 100):
         q = torch.randn(1, 8, 2, d, dtype=torch.bfloat16)
         qt = torch.randn(1, 2, 8, d, dtype=torch.bfloat16).transpose(1, 2)  # no (rows, heads * d) view
         for check in (hopper.call_supported, hopper_bwd.bwd_call_supported):
             assert check(q, q, q, *none) == (True, "") and check(qt, qt, qt, *none) == (True, "")
-            assert check(q, q, q, False, (-1, 0), 0.0, None, 0.0) == (True, "")
-            assert "dropout" in check(q, q, q, False, (-1, -1), 0.0, None, 0.1)[1]
-            forms = (check(q, q, q, False, (4, 0), 0.0, None, 0.0),
-                     check(q, q, q, False, (-1, -1), 5.0, torch.ones(2), 0.0),
-                     check(q[0], q[0], q[0], True, (-1, -1), 0.0, None, 0.0))
+            assert check(q, q, q, False, Semantics(0.125, (-1, 0)), None) == (True, "")
+            assert "dropout" in check(q, q, q, False, Semantics(0.125, (-1, -1), 0.0, 0.1), None)[1]
+            forms = (check(q, q, q, False, Semantics(0.125, (4, 0)), None),
+                     check(q, q, q, False, Semantics(0.125, (-1, -1), 5.0, alibi=True), torch.ones(2)),
+                     check(q[0], q[0], q[0], True, Semantics(0.125, (-1, -1)), None))
             if d == 96:
                 assert forms == ((True, ""), (True, ""), (True, "")), forms
             else:

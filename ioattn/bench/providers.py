@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import ioattn
+from ioattn.semantics import Semantics
 
 PEERS = ("sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flex", "flash-attn", "flash-attn-cute")
 OURS = ("ioattn", "ioattn-ptr", "ioattn-hopper", "ioattn-hopper-bwd")
@@ -61,7 +62,8 @@ def _ioattn_hopper(q, k, v, causal):
     it only from ``hopper.AUTO_MIN_SEQLEN``'s lengths); the backward as the default dispatch picks
     it. A call it does not cover is refused with the reason (the bench records it)."""
     from ioattn.plan import hopper
-    ok, why = hopper.hopper_supports(q, k, v, False, (-1, 0) if causal else (-1, -1), 0.0, None, 0.0)
+    ok, why = hopper.hopper_supports(q, k, v, False, Semantics(q.shape[-1] ** -0.5, (-1, 0) if causal else (-1, -1)),
+                                     None)
     if not ok:
         raise ValueError(f"the Gluon Hopper forward does not cover this call: {why}")
     with hopper.prefer_hopper(True):
@@ -75,7 +77,8 @@ def _ioattn_hopper_bwd(q, k, v, causal):
     that backward does not apply."""
     from ioattn.plan import hopper_bwd
     with hopper_bwd.prefer_hopper_bwd(True):
-        ok, why = hopper_bwd.bwd_plan(q, k, v, False, (-1, 0) if causal else (-1, -1), 0.0, None, 0.0)
+        ok, why = hopper_bwd.bwd_plan(q, k, v, False,
+                                      Semantics(q.shape[-1] ** -0.5, (-1, 0) if causal else (-1, -1)), None)
         if not ok:
             raise ValueError(f"the Gluon Hopper backward does not cover this call: {why}")
         return ioattn.flash_attn_func(q, k, v, causal=causal)

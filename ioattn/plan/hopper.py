@@ -778,20 +778,19 @@ def window_width_of(window, seqlen_k: int | None, seqlen_q: int | None = None) -
     return sum(w if w >= 0 else (seqlen_k or seqlen_q or 0) for w in window) + 1
 
 
-def fwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p, seqlen_q: int | None = None,
-             softmax_scale: float | None = None) -> tuple[bool, str]:
-    """(taken, why) for the forward of this call: where ``policy`` wants it (judging a sliding
-    window's width too) and ``hopper_supports`` it (checked only then). ``seqlen_q``: the query
-    length the policy judges (a varlen call's max_seqlen_q; default q.shape[1]); ``softmax_scale``
-    (None: the default's, nonzero): ALiBi without a softcap needs it nonzero (``alibi_scale_ok``)."""
+def fwd_plan(q, k, v, varlen, sem, alibi_slopes, seqlen_q: int | None = None) -> tuple[bool, str]:
+    """(taken, why) for the forward of this call (``sem``: its ``ioattn.semantics.Semantics``): where
+    ``policy`` wants it (judging a sliding window's width too) and ``hopper_supports`` it (checked only
+    then). ``seqlen_q``: the query length the policy judges (a varlen call's max_seqlen_q; default
+    q.shape[1]). ALiBi without a softcap needs a nonzero scale (``alibi_scale_ok``)."""
     seqlen_q = q.shape[1] if seqlen_q is None else seqlen_q
-    width = window_width_of(window, None if varlen else k.shape[-3], seqlen_q)
-    wanted, why = policy(q, seqlen_q, causal=window == (-1, 0), varlen=varlen, window_width=width,
-                         softcap=softcap > 0, alibi=alibi_slopes is not None)
+    width = window_width_of(sem.window, None if varlen else k.shape[-3], seqlen_q)
+    wanted, why = policy(q, seqlen_q, causal=sem.causal, varlen=varlen, window_width=width,
+                         softcap=sem.softcap > 0, alibi=alibi_slopes is not None)
     if not wanted:
         return False, why
-    ok, reason = hopper_supports(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p)
-    if ok and not alibi_scale_ok(alibi_slopes, softcap, softmax_scale):
+    ok, reason = hopper_supports(q, k, v, varlen, sem, alibi_slopes)
+    if ok and not alibi_scale_ok(alibi_slopes, sem.softcap, sem.softmax_scale):
         ok, reason = False, "ALiBi with softmax_scale 0: the portable kernels (the bias is added in the scores' units)"
     return (True, why) if ok else (False, reason)
 
@@ -816,17 +815,18 @@ def _device_ok(q) -> tuple[bool, str]:
     return (True, "") if ok else (False, why)
 
 
-def hopper_supports(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:
-    """Whether the Gluon forward covers this call, and why not."""
+def hopper_supports(q, k, v, varlen, sem, alibi_slopes) -> tuple[bool, str]:
+    """Whether the Gluon forward covers this call (``sem``: its ``Semantics``), and why not."""
     ok, why = _device_ok(q)
     if ok:
-        ok, why = call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p)
+        ok, why = call_supported(q, k, v, varlen, sem, alibi_slopes)
     return ok, why
 
 
-def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:
+def call_supported(q, k, v, varlen, sem, alibi_slopes) -> tuple[bool, str]:
     """``hopper_supports``' checks of the call itself (dtype, variant, head dim, features, layout),
     without the device and the Triton build: pure Python, testable anywhere."""
+    window, softcap, dropout_p = sem.window, sem.softcap, sem.dropout_p
     if q.dtype not in (torch.float16, torch.bfloat16):
         return False, "fp16/bf16 only"
     dp = padded_headdim(q.shape[-1])
@@ -857,7 +857,7 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
     if varlen and not GLUON_VARLEN:
         return False, ("varlen: the Gluon kernel's IS_VARLEN specialisation is switched off "
                        "(hopper.GLUON_VARLEN = False)")
-    if window not in ((-1, -1), (-1, 0)) and name not in WINDOW_VARIANTS:
+    if sem.sliding and name not in WINDOW_VARIANTS:
         return False, f"sliding window: the variants {WINDOW_VARIANTS} only (here {name})"
     if softcap > 0 and name not in SOFTCAP_VARIANTS:
         return False, f"softcap: the variants {SOFTCAP_VARIANTS} only (here {name})"
@@ -868,7 +868,7 @@ def call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) ->
             return False, alibi_length_refusal(q, k, varlen, form)
     if dropout_p > 0:
         return False, "no dropout yet"
-    return _rows_layout_ok(q, k, v, varlen, window == (-1, 0))
+    return _rows_layout_ok(q, k, v, varlen, sem.causal)
 
 
 def _rows_layout_ok(q, k, v, varlen, causal, backward=False) -> tuple[bool, str]:

@@ -64,8 +64,10 @@ def bwd_alibi_form(d: int, softcap: float) -> int:
     return ALIBI_MAGIC if softcap > 0 and d in BWD_ALIBI_MAGIC_SOFTCAP_HEADDIMS else ALIBI_FP32_COLS
 
 
-def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p) -> tuple[bool, str]:
-    """Whether the Gluon backward covers this call (the call itself, without the device): pure Python."""
+def bwd_call_supported(q, k, v, varlen, sem, alibi_slopes) -> tuple[bool, str]:
+    """Whether the Gluon backward covers this call (``sem``: its ``Semantics``; the call itself, without
+    the device): pure Python."""
+    window, softcap, dropout_p = sem.window, sem.softcap, sem.dropout_p
     if q.dtype not in (torch.float16, torch.bfloat16):
         return False, "fp16/bf16 only"
     dp = hopper.padded_headdim(q.shape[-1])
@@ -89,7 +91,7 @@ def bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p
             return False, hopper.alibi_length_refusal(q, k, varlen, bwd_alibi_form(q.shape[-1], softcap))
     if dropout_p > 0:
         return False, "no dropout"
-    return hopper._rows_layout_ok(q, k, v, varlen, window == (-1, 0), backward=True)
+    return hopper._rows_layout_ok(q, k, v, varlen, sem.causal, backward=True)
 
 
 def bwd_policy(q, seqlen_q: int | None = None, causal: bool = False, varlen: bool = False,
@@ -128,22 +130,21 @@ def bwd_policy(q, seqlen_q: int | None = None, causal: bool = False, varlen: boo
     return n >= least, f"default policy: head dim {label} {mask} from seqlen_q >= {least} (here {n})"
 
 
-def bwd_plan(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p, seqlen_q: int | None = None,
-             softmax_scale: float | None = None) -> tuple[bool, str]:
-    """(taken, why) for the backward of this call: where ``bwd_policy`` wants it and it applies (an
-    sm_90 GPU, Gluon, ``bwd_call_supported``). ``seqlen_q``: the query length the policy judges (a
-    varlen call's max_seqlen_q; default q.shape[1]); ``softmax_scale``: as ``fwd_plan``'s."""
+def bwd_plan(q, k, v, varlen, sem, alibi_slopes, seqlen_q: int | None = None) -> tuple[bool, str]:
+    """(taken, why) for the backward of this call (``sem``: its ``Semantics``): where ``bwd_policy``
+    wants it and it applies (an sm_90 GPU, Gluon, ``bwd_call_supported``). ``seqlen_q``: the query length
+    the policy judges (a varlen call's max_seqlen_q; default q.shape[1]); the scale as ``fwd_plan``'s."""
     if varlen and seqlen_q is None:
         raise ValueError("bwd_plan: a varlen call needs seqlen_q (its max_seqlen_q)")
     # a sliding window's width, an unbounded side as seqlen_k (varlen: the longest query length)
-    width = hopper.window_width_of(window, None if varlen else k.shape[-3], seqlen_q)
-    wanted, why = bwd_policy(q, seqlen_q, causal=window == (-1, 0), varlen=varlen, window_width=width)
+    width = hopper.window_width_of(sem.window, None if varlen else k.shape[-3], seqlen_q)
+    wanted, why = bwd_policy(q, seqlen_q, causal=sem.causal, varlen=varlen, window_width=width)
     if not wanted:
         return False, why
     ok, reason = hopper._device_ok(q)
     if ok:
-        ok, reason = bwd_call_supported(q, k, v, varlen, window, softcap, alibi_slopes, dropout_p)
-    if ok and not hopper.alibi_scale_ok(alibi_slopes, softcap, softmax_scale):
+        ok, reason = bwd_call_supported(q, k, v, varlen, sem, alibi_slopes)
+    if ok and not hopper.alibi_scale_ok(alibi_slopes, sem.softcap, sem.softmax_scale):
         ok, reason = False, "ALiBi with softmax_scale 0: the portable kernels (the bias is added in the scores' units)"
     det = ", deterministic (dQ in key-block order)" if bwd_deterministic.wanted() else ""
     return (True, f"{why}, variant ws{det}") if ok else (False, reason)

@@ -286,7 +286,7 @@ def test_hopper_forward(variant, d, causal, dtype, shape, poison_alloc):
     q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
     k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype)
     with hopper.variant(variant):
-        ok, why = hopper.hopper_supports(q, k, k, False, (-1, 0) if causal else (-1, -1), 0.0, None, 0.0)
+        ok, why = hopper.hopper_supports(q, k, k, False, Semantics(0.125, (-1, 0) if causal else (-1, -1)), None)
         assert ok, why
         with hopper.prefer_hopper(True):
             assert "hopper_fwd_kernel" in ioattn.explain_dispatch(q, k, k, causal=causal).forward["kernel"]
@@ -393,7 +393,7 @@ def test_hopper_forward_varlen(variant, d, causal, dtype, monkeypatch, poison_al
     window = (-1, 0) if causal else (-1, -1)
     # the portable backward (its own switch: the Gluon varlen backward has test_hopper_backward_varlen)
     with hopper.variant(variant), hopper.prefer_hopper(True), hopper_bwd.prefer_hopper_bwd(False):
-        ok, why = hopper.hopper_supports(q, k, v, True, window, 0.0, None, 0.0)
+        ok, why = hopper.hopper_supports(q, k, v, True, Semantics(0.125, window), None)
         assert ok, why
         plan = ioattn.explain_dispatch(q, k, v, causal=causal, cu_seqlens_q=cq, max_seqlen_q=max_q)
         assert "hopper_fwd_kernel" in plan.forward["kernel"] and variant in plan.forward["kernel"]
@@ -1622,7 +1622,7 @@ def test_hopper_forward_softcap(variant, d, mask, shape, monkeypatch, poison_all
     q = (torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16) * 4).requires_grad_()
     k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     with hopper.variant(variant), hopper.prefer_hopper(True):
-        assert hopper.hopper_supports(q, k, v, False, (-1, 0) if causal else window, 20.0, None, 0.0)[0]
+        assert hopper.hopper_supports(q, k, v, False, Semantics(0.125, (-1, 0) if causal else window, 20.0), None)[0]
         out, lse, _ = ioattn.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=20.0,
                                              return_attn_probs=True)
         direct = backends.hopper_forward(q.detach(), k.detach(), v.detach(), d ** -0.5, causal, window=window,
