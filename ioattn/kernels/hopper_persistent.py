@@ -11,6 +11,23 @@ from ioattn.kernels.hopper_tiles import _kv_tile_count, _walk, _walk_steps, _til
 
 
 @gluon.jit
+def _walk_first(num_tiles, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, table=None):
+    """A table walk's first tile, read ahead of the loop (0, unused, for a computed walk)."""
+    if table is None:
+        return 0
+    return _walk(0, num_tiles, IS_CAUSAL, PAIRED, table)
+
+
+@gluon.jit
+def _walk_next(k, t_next, num_tiles, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, table=None):
+    """(walk step k's tile, the tile read ahead for step k + 1): a table walk's next tile is read a step
+    ahead, its load's latency under a tile's work; a computed walk needs none (``t_next`` unused)."""
+    if table is None:
+        return _walk(k, num_tiles, IS_CAUSAL, PAIRED), t_next
+    return t_next, _walk(k + 1, num_tiles, IS_CAUSAL, PAIRED, table)
+
+
+@gluon.jit
 def _persistent_producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, num_tiles,
                          num_m, nheads, group, seqlen_q, seqlen_k, IO_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
@@ -21,18 +38,9 @@ def _persistent_producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_rea
     head dim (``_io_dim``)."""
     g0 = 0
     tails = 0
-    # a table walk's next tile, read a step ahead (the load's latency under a tile's work). Written out
-    # in both partitions: the same steps through a helper compiled the consumers differently (ptxas
-    # 12.8), and this is the build that was measured
-    t_next = None
-    if table is not None:
-        t_next = _walk(0, num_tiles, IS_CAUSAL, PAIRED, table)
+    t_next = _walk_first(num_tiles, IS_CAUSAL, PAIRED, table)
     for k in range(0, _walk_steps(num_tiles, PAIRED, table)):
-        if table is None:
-            t = _walk(k, num_tiles, IS_CAUSAL, PAIRED)
-        else:
-            t = t_next
-            t_next = _walk(k + 1, num_tiles, IS_CAUSAL, PAIRED, table)
+        t, t_next = _walk_next(k, t_next, num_tiles, IS_CAUSAL, PAIRED, table)
         if t < num_tiles:
             b, h, m_block = _tile_bhm(t, num_m, num_tiles, nheads, IS_CAUSAL, True, PAIRED, divs)
             n_tiles = gl.maximum(
@@ -129,8 +137,8 @@ def _persistent_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty
     q_used = 0
     q_issued = 0
     # a table walk's next tile, read a step ahead (the load's latency under a tile's work). Written out
-    # in both partitions: the same steps through a helper compiled the consumers differently (ptxas
-    # 12.8), and this is the build that was measured
+    # here rather than through _walk_next: the same steps through a helper compile this partition
+    # differently (ptxas 12.8), and this is the build that was measured
     t_next = None
     if table is not None:
         t_next = _walk(0, num_tiles, IS_CAUSAL, PAIRED, table)

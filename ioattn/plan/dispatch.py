@@ -161,6 +161,25 @@ def fwd_rescale_tau() -> float:
     return _checked_tau(FWD_RESCALE_TAU, "dispatch.FWD_RESCALE_TAU")
 
 
+class PlanCache:
+    """Plans made once per key and kept, all dropped when ``maxsize`` keys are held: ``get(key, make)``
+    returns the key's plan, calling ``make()`` the first time."""
+
+    def __init__(self, maxsize: int = 512):
+        self.plans, self.maxsize = {}, maxsize
+
+    def get(self, key, make):
+        plan = self.plans.get(key)
+        if plan is None:
+            if len(self.plans) >= self.maxsize:
+                self.plans.clear()
+            plan = self.plans[key] = make()
+        return plan
+
+    def clear(self):
+        self.plans.clear()
+
+
 def switch_state() -> tuple:
     """The value of every ``Preference`` (None: unset) and every registered environment variable:
     part of a cached plan's key."""

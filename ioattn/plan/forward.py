@@ -67,16 +67,10 @@ class GluonForwardPlan:
 def plan_forward(sig: Signature) -> GluonForwardPlan:
     """The plan for ``sig``, from the cache when the switches have not changed since it was made."""
     key = (sig, dispatch.switch_state(), hopper.active_variant(), hopper.exp2_fma_share())
-    plan = _PLANS.get(key)
-    if plan is None:
-        if len(_PLANS) >= _PLANS_MAX:
-            _PLANS.clear()
-        plan = _PLANS[key] = _make(sig)
-    return plan
+    return _PLANS.get(key, lambda: _make(sig))
 
 
-_PLANS: dict = {}
-_PLANS_MAX = 512
+_PLANS = dispatch.PlanCache()
 
 
 def _check(sig: Signature) -> None:
