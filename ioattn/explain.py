@@ -63,113 +63,128 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     ok, refusal = hopper.hopper_supports(q, k, v, varlen, sem, alibi_slopes)
     taken, why = hopper.fwd_plan(q, k, v, varlen, sem, alibi_slopes, seqlen_q)
     gluon = f"taken ({why})" if taken else f"not taken ({why})" if ok else f"not applicable ({refusal})"
-    has_window, is_causal = sem.sliding, sem.causal
-    name = plan = None
-    # the kernels' head dim: the call's, or the next one for a head dim they run zero-padded
-    kd = hopper.padded_headdim(q.shape[-1]) or q.shape[-1]
+    plan = None
     if taken:
         # the plan the launch carries out (``backends.gluon_forward_route``), at the default softmax scale
         plan = forward_plan.plan_forward(backends.forward_signature(
-            q, k, sem.softmax_scale, is_causal, cu_seqlens_q, seqlen_q, seqlen_q if varlen else None,
+            q, k, sem.softmax_scale, sem.causal, cu_seqlens_q, seqlen_q, seqlen_q if varlen else None,
             sem.band_window, softcap, alibi_slopes))
-        name = plan.variant
-        bm, bn, stages = plan.block_m, plan.block_n, dict(plan.constexprs)["STAGES"]
-        share = hopper.exp2_fma_share()
-        flags = dict(plan.constexprs)  # the lean softmax's options among them
-        forward = {"kernel": f"ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, {name})",
-                   "tiles": (bm, bn, 4 * (bm // 64), stages), "kv_loads": "tma (producer warp)",
-                   "head_dim_padded": kd,
-                   "inputs": (hopper.padded_inputs_note(q.shape[-1]) if kd != q.shape[-1]
-                              else hopper.inputs_note(q, k, v, varlen, is_causal)),
-                   "exp2_fma": (f"{share:g}% ({hopper.exp2_fma_cols(share, bn)} of {bn} key columns on the FMA units)"
-                                if share else "off (MUFU.EX2 only)"),
-                   "cond_rescale": (("by warp" if flags["RESCALE_BY_WARP"] else "by thread")
-                                    + " (the accumulator's rescale skipped unless a row max grows by > 8, log2)"
-                                    if flags["COND_RESCALE"] else "off"),
-                   "q_operand": ("registers (loaded once a query tile)" if flags["Q_IN_REGS"]
-                                 else "shared memory"),
-                   "row_sum": ("per-thread partial sums, reduced once a query tile" if flags["DEFERRED_SUM"]
-                               else "reduced every key tile"),
-                   "mask": ("none: the unmasked softmax body alone (no causal mask, every key tile inside the "
-                            "sequence)" if not varlen and not has_window
-                            and not hopper.key_masks(kd, name, is_causal, k.shape[1] % bn != 0,
-                                                     k.shape[1])
-                            else "a tile's first key step: under its own branch, ahead of one softmax body"
-                            if flags["MASK_BRANCH"] else "masked and unmasked softmax bodies"),
-                   "barriers": ("the consumers' redundant partition barriers dropped from the PTX "
-                                "(ioattn.kernels.ptx_barriers)" if flags["PTX_BARRIERS"]
-                                else "as Triton emits them"),
-                   "out_stores": {0: "pointer stores from the accumulator layout",
-                                  1: "whole-row pointer stores (Triton's layout conversion)",
-                                  2: "whole-row pointer stores (staged in the Q buffer)",
-                                  3: "TMA bulk copies (staged in the Q buffer)"}[hopper.row_stores(kd, name)]}
-        if has_window:
-            forward["window"] = (f"{window}: each query tile walks the key tiles its rows' band reaches, those "
-                                 "a window edge crosses masked")
-        if softcap > 0:
-            forward["softcap"] = f"{softcap:g} * tanh(s * scale / {softcap:g}) (tanh.approx, before the masks)"
-        if alibi:
-            form = {hopper.ALIBI_MAGIC: "the distance by a magic-number conversion",
-                    hopper.ALIBI_FP32_COLS: "the key columns held as fp32"}[alibi]
-            forward["alibi"] = ("-slope * |i + seqlen_k - seqlen_q - j| on each score tile (after a softcap, before "
-                                f"the masks; {form})")
-        if name == "persistent":
-            opts = hopper.persistent_options(kd, name, is_causal, dispatch.cdiv(seqlen_q, bm))
-            forward["walk"] = ("a host-built table (gluon_fwd.build_walk_table): longest tiles first within groups "
-                               "of heads whose K / V fit in L2, each to the program that frees first"
-                               if hopper.walk_table_for(kd, name, is_causal,
-                                                        dispatch.cdiv(seqlen_q, bm)) else
-                               "pairs of query blocks, head by head" if opts["PAIRED"] else
-                               "longest tiles first over the grid" if is_causal else "head by head")
-            forward["q_buffers"] = opts["Q_BUFS"]
-            forward["tile_index"] = "multiply-high (magic divisors)" if opts["FAST_DIV"] else "integer divisions"
-            if is_causal:
-                forward["diagonal"] = ("trimmed: warpgroup 0 computes only the key tiles its rows see (a last "
-                                       "tile past its rows' diagonal skipped)"
-                                       if hopper.diag_trim_for(kd, name, True, seqlen_q)
-                                       else "every warpgroup to its tile's last row's diagonal")
+        forward = _gluon_forward(plan, q, k, v, varlen, sem, seqlen_q, alibi)
     else:
-        forward = None
-    batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
-    nheads, d = q.shape[-2], q.shape[-1]
-    tma = dispatch.fwd_uses_tma(k, v, varlen)
-    fwd = dispatch.tiles("fwd", d, q.device, seqlen_q=seqlen_q, masked_right=window[1] >= 0, tma=tma,
-                         band=sum(window) + 1 if min(window) >= 0 else None)
-    bwd = dispatch.tiles("bwd", d, q.device)
-    forward = forward or {"kernel": "ioattn.kernels.forward.attn_fwd_kernel",
-                          "tiles": (fwd.block_m, fwd.block_n, fwd.num_warps, fwd.num_stages),
-                          "kv_loads": "tma" if tma else "pointer", "head_dim_padded": dispatch.block_d(d)}
+        forward = _portable_forward(q, k, v, varlen, window, seqlen_q, cu_seqlens_q)
     forward["gluon_hopper"] = gluon
     gluon_ok, gluon_why = _compat.gluon_status()
     if not gluon_ok and gluon_why not in gluon:  # on any device: this Triton's Gluon is not the kernels'
         forward["gluon_api"] = f"off ({gluon_why})"
-    if plan is None:
-        tiles = dispatch.cdiv(seqlen_q, forward["tiles"][0]) * batch * nheads
-        forward["tiles_count"] = tiles
-        forward["programs"] = dispatch.fwd_persistent_programs(q.device, tiles) or tiles
-    else:
+    if plan is not None:
         forward["tiles_count"], forward["programs"], forward["plan"] = plan.num_tiles, plan.programs, plan
     gluon_bwd, bwd_why = hopper_bwd.bwd_plan(q, k, v, varlen, sem, alibi_slopes, seqlen_q)
     if gluon_bwd:
         # the plan the launch carries out (``backends.gluon_backward_route``), at the default softmax scale
         bplan = backward_plan.plan_backward(backends.backward_signature(
-            q, k, sem.softmax_scale, is_causal, hopper_bwd.bwd_deterministic.wanted(), cu_seqlens_q, seqlen_q,
+            q, k, sem.softmax_scale, sem.causal, hopper_bwd.bwd_deterministic.wanted(), cu_seqlens_q, seqlen_q,
             seqlen_q if varlen else None, sem.band_window, softcap, sem.alibi))
-        bflags = dict(bplan.constexprs)
-        backward = {"kernels": "ioattn.kernels.hopper_backward_ws.hopper_bwd_ws_kernel (Gluon, ws)",
-                    "tiles": (bplan.block_m, bplan.block_n, bplan.num_warps, bflags["STAGES"]), "atomics": True,
-                    "inputs": (hopper.padded_inputs_note(d, backward=True) if kd != d else
-                               hopper.inputs_note(q, k, v, varlen, is_causal, backward=True))}
-        if softcap > 0:
-            backward["softcap"] = ("SOFTCAP form, dS^T times 1 - tanh^2 ("
-                                   + ("column split" if bflags["COL_SPLIT"] else "key split")
-                                   + f", {bplan.block_m} query rows a step)")
-        if alibi:
-            backward["alibi"] = (f"ALIBI form, the bias on the recomputed scores ({bplan.block_m} query rows a "
-                                 "step)")
-        backward["plan"] = bplan
+        backward = _gluon_backward(bplan, q, k, v, varlen, sem, alibi)
     else:
+        bwd = dispatch.tiles("bwd", q.shape[-1], q.device)
         backward = {"kernels": "attn_bwd_preprocess_kernel, attn_bwd_dkdv_kernel, attn_bwd_dq_kernel",
                     "tiles": (bwd.block_m, bwd.block_n, bwd.num_warps, bwd.num_stages), "atomics": False}
     backward["gluon_hopper"] = f"taken ({bwd_why})" if gluon_bwd else f"not taken ({bwd_why})"
     return DispatchPlan("triton", reason, forward, backward)
+
+
+def _portable_forward(q, k, v, varlen, window, seqlen_q, cu_seqlens_q) -> dict:
+    """The portable forward's part of the plan: its kernel, tiles, loads and grid."""
+    d = q.shape[-1]
+    tma = dispatch.fwd_uses_tma(k, v, varlen)
+    fwd = dispatch.tiles("fwd", d, q.device, seqlen_q=seqlen_q, masked_right=window[1] >= 0, tma=tma,
+                         band=sum(window) + 1 if min(window) >= 0 else None)
+    batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
+    tiles = dispatch.cdiv(seqlen_q, fwd.block_m) * batch * q.shape[-2]
+    return {"kernel": "ioattn.kernels.forward.attn_fwd_kernel",
+            "tiles": (fwd.block_m, fwd.block_n, fwd.num_warps, fwd.num_stages),
+            "kv_loads": "tma" if tma else "pointer", "head_dim_padded": dispatch.block_d(d),
+            "tiles_count": tiles, "programs": dispatch.fwd_persistent_programs(q.device, tiles) or tiles}
+
+
+_OUT_STORES = {0: "pointer stores from the accumulator layout",
+               1: "whole-row pointer stores (Triton's layout conversion)",
+               2: "whole-row pointer stores (staged in the Q buffer)",
+               3: "TMA bulk copies (staged in the Q buffer)"}
+
+
+def _gluon_forward(plan, q, k, v, varlen, sem, seqlen_q, alibi) -> dict:
+    """The Gluon forward's part of the plan, read from ``plan`` (``plan.forward.GluonForwardPlan``)."""
+    name, kd, bm, bn = plan.variant, plan.head_dim, plan.block_m, plan.block_n
+    flags = dict(plan.constexprs)  # the lean softmax's options among them
+    share = hopper.exp2_fma_share()
+    unmasked = not varlen and not sem.sliding and not hopper.key_masks(kd, name, sem.causal, k.shape[1] % bn != 0,
+                                                                      k.shape[1])
+    forward = {"kernel": f"ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, {name})",
+               "tiles": (bm, bn, 4 * (bm // 64), flags["STAGES"]), "kv_loads": "tma (producer warp)",
+               "head_dim_padded": kd,
+               "inputs": (hopper.padded_inputs_note(q.shape[-1]) if kd != q.shape[-1]
+                          else hopper.inputs_note(q, k, v, varlen, sem.causal)),
+               "exp2_fma": (f"{share:g}% ({hopper.exp2_fma_cols(share, bn)} of {bn} key columns on the FMA units)"
+                            if share else "off (MUFU.EX2 only)"),
+               "cond_rescale": (("by warp" if flags["RESCALE_BY_WARP"] else "by thread")
+                                + " (the accumulator's rescale skipped unless a row max grows by > 8, log2)"
+                                if flags["COND_RESCALE"] else "off"),
+               "q_operand": "registers (loaded once a query tile)" if flags["Q_IN_REGS"] else "shared memory",
+               "row_sum": ("per-thread partial sums, reduced once a query tile" if flags["DEFERRED_SUM"]
+                           else "reduced every key tile"),
+               "mask": ("none: the unmasked softmax body alone (no causal mask, every key tile inside the "
+                        "sequence)" if unmasked
+                        else "a tile's first key step: under its own branch, ahead of one softmax body"
+                        if flags["MASK_BRANCH"] else "masked and unmasked softmax bodies"),
+               "barriers": ("the consumers' redundant partition barriers dropped from the PTX "
+                            "(ioattn.kernels.ptx_barriers)" if flags["PTX_BARRIERS"] else "as Triton emits them"),
+               "out_stores": _OUT_STORES[hopper.row_stores(kd, name)]}
+    if sem.sliding:
+        forward["window"] = (f"{sem.window}: each query tile walks the key tiles its rows' band reaches, those "
+                             "a window edge crosses masked")
+    if sem.softcap > 0:
+        forward["softcap"] = f"{sem.softcap:g} * tanh(s * scale / {sem.softcap:g}) (tanh.approx, before the masks)"
+    if alibi:
+        form = {hopper.ALIBI_MAGIC: "the distance by a magic-number conversion",
+                hopper.ALIBI_FP32_COLS: "the key columns held as fp32"}[alibi]
+        forward["alibi"] = ("-slope * |i + seqlen_k - seqlen_q - j| on each score tile (after a softcap, before "
+                            f"the masks; {form})")
+    if name == "persistent":
+        forward.update(_persistent_walk(kd, sem.causal, seqlen_q, bm))
+    return forward
+
+
+def _persistent_walk(kd, causal, seqlen_q, bm) -> dict:
+    """The persistent variant's walk, Q buffers, tile index and diagonal."""
+    num_m = dispatch.cdiv(seqlen_q, bm)
+    opts = hopper.persistent_options(kd, "persistent", causal, num_m)
+    part = {"walk": ("a host-built table (gluon_fwd.build_walk_table): longest tiles first within groups "
+                     "of heads whose K / V fit in L2, each to the program that frees first"
+                     if hopper.walk_table_for(kd, "persistent", causal, num_m) else
+                     "pairs of query blocks, head by head" if opts["PAIRED"] else
+                     "longest tiles first over the grid" if causal else "head by head"),
+            "q_buffers": opts["Q_BUFS"],
+            "tile_index": "multiply-high (magic divisors)" if opts["FAST_DIV"] else "integer divisions"}
+    if causal:
+        part["diagonal"] = ("trimmed: warpgroup 0 computes only the key tiles its rows see (a last tile past "
+                            "its rows' diagonal skipped)" if hopper.diag_trim_for(kd, "persistent", True, seqlen_q)
+                            else "every warpgroup to its tile's last row's diagonal")
+    return part
+
+
+def _gluon_backward(bplan, q, k, v, varlen, sem, alibi) -> dict:
+    """The Gluon backward's part of the plan, read from ``bplan`` (``plan.backward.GluonBackwardPlan``)."""
+    d, flags = q.shape[-1], dict(bplan.constexprs)
+    backward = {"kernels": "ioattn.kernels.hopper_backward_ws.hopper_bwd_ws_kernel (Gluon, ws)",
+                "tiles": (bplan.block_m, bplan.block_n, bplan.num_warps, flags["STAGES"]), "atomics": True,
+                "inputs": (hopper.padded_inputs_note(d, backward=True) if bplan.head_dim != d else
+                           hopper.inputs_note(q, k, v, varlen, sem.causal, backward=True))}
+    if sem.softcap > 0:
+        backward["softcap"] = ("SOFTCAP form, dS^T times 1 - tanh^2 ("
+                               + ("column split" if flags["COL_SPLIT"] else "key split")
+                               + f", {bplan.block_m} query rows a step)")
+    if alibi:
+        backward["alibi"] = f"ALIBI form, the bias on the recomputed scores ({bplan.block_m} query rows a step)"
+    backward["plan"] = bplan
+    return backward
