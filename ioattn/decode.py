@@ -57,6 +57,23 @@ def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, 
     are checked too, read back to the host in one transfer; without it (or while a CUDA graph is
     being captured, when no read-back is possible) they are trusted and the returned max end is
     None."""
+    shapes = _check_caches(q, k_cache, v_cache)
+    capacity = _check_layout(q, k_cache, cache_batch_idx, block_table, shapes)
+    seqlen_new = _check_new_tokens(q, k_cache, k, v, cache_seqlens)
+    seqlens = _check_lengths(q, cache_seqlens, cache_leftpad, capacity)
+    softmax_scale, softcap, window = _check_scalars(q, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                                    num_splits, unified_max)
+    _check_rotary(q, rotary_cos, rotary_sin)
+    if not check_values or (q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return softmax_scale, softcap, window, seqlen_new, None
+    max_end = _check_index_values(q, k_cache, cache_seqlens, cache_leftpad, cache_batch_idx, block_table, rotary_cos,
+                                  seqlens, seqlen_new, capacity, window)
+    return softmax_scale, softcap, window, seqlen_new, max_end
+
+
+def _check_caches(q, k_cache, v_cache) -> str:
+    """q and the caches: tensors, 4-D, one dtype and device, matching head dims and heads; returns the
+    shapes' text for later messages."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -72,7 +89,7 @@ def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, 
         raise ValueError(f"q, k_cache, v_cache must be on one device, got {device}, {k_cache.device}, {v_cache.device}")
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache and v_cache must have the same shape, got {shapes}")
-    batch, seqlen_q, nheads, d = q.shape
+    nheads, d = q.shape[2], q.shape[3]
     nheads_kv = k_cache.shape[2]
     if k_cache.shape[3] != d:
         raise ValueError(f"q and k_cache must have the same head dim, got {shapes}")
@@ -84,48 +101,59 @@ def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, 
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError(f"k_cache and v_cache must be contiguous in the head dim (stride 1), got strides "
                          f"{k_cache.stride()} and {v_cache.stride()}")
+    return shapes
 
-    # cache layout
+
+def _check_layout(q, k_cache, cache_batch_idx, block_table, shapes) -> int:
+    """The cache's layout (paged by ``block_table`` or contiguous, ``cache_batch_idx``); returns the
+    tokens a sequence can hold."""
+    batch, device = q.shape[0], q.device
     if block_table is not None:
         if cache_batch_idx is not None:
             raise ValueError("cache_batch_idx is for the contiguous cache only; it cannot be used with block_table")
         _check_index_tensor("block_table", block_table, f"({batch}, max_pages_per_seq)", 2, device)
         if block_table.shape[0] != batch:
             raise ValueError(f"block_table must have shape ({batch}, max_pages_per_seq), got {tuple(block_table.shape)}")
-        num_pages, page_size = k_cache.shape[0], k_cache.shape[1]
+        page_size = k_cache.shape[1]
         if page_size == 0 or page_size % 16:
             raise ValueError(f"page size (k_cache.shape[1]) must be a positive multiple of 16, got {page_size}")
-        capacity = block_table.shape[1] * page_size
-    else:
-        capacity = k_cache.shape[1]
-        if cache_batch_idx is not None:
-            _check_index_tensor("cache_batch_idx", cache_batch_idx, f"({batch},)", 1, device)
-            if cache_batch_idx.shape[0] != batch:
-                raise ValueError(f"cache_batch_idx must have shape ({batch},), got {tuple(cache_batch_idx.shape)}")
-        elif k_cache.shape[0] < batch:
-            raise ValueError(f"the contiguous cache needs a row per sequence (or cache_batch_idx): batch {batch} "
-                             f"> k_cache.shape[0] {k_cache.shape[0]} ({shapes})")
+        return block_table.shape[1] * page_size
+    if cache_batch_idx is not None:
+        _check_index_tensor("cache_batch_idx", cache_batch_idx, f"({batch},)", 1, device)
+        if cache_batch_idx.shape[0] != batch:
+            raise ValueError(f"cache_batch_idx must have shape ({batch},), got {tuple(cache_batch_idx.shape)}")
+    elif k_cache.shape[0] < batch:
+        raise ValueError(f"the contiguous cache needs a row per sequence (or cache_batch_idx): batch {batch} "
+                         f"> k_cache.shape[0] {k_cache.shape[0]} ({shapes})")
+    return k_cache.shape[1]
 
-    # new tokens
+
+def _check_new_tokens(q, k_cache, k, v, cache_seqlens) -> int:
+    """The new tokens ``k``, ``v`` (both or neither); returns their count."""
     if (k is None) != (v is None):
         raise ValueError("k and v must be given together (or neither)")
-    seqlen_new = 0
-    if k is not None:
-        for name, t in (("k", k), ("v", v)):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
-            if t.dtype != q.dtype:
-                raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
-            if t.device != device:
-                raise ValueError(f"{name} must be on {device}, got {t.device}")
-        if k.shape != v.shape or k.dim() != 4 or k.shape[0] != batch or tuple(k.shape[2:]) != (nheads_kv, d):
-            raise ValueError(f"k and v must both be (batch={batch}, seqlen_new, nheads_kv={nheads_kv}, d={d}), got "
-                             f"{tuple(k.shape)} and {tuple(v.shape)}")
-        seqlen_new = k.shape[1]
-        if cache_seqlens is None:
-            raise ValueError("cache_seqlens is required when new k/v are given (it says where they are written)")
+    if k is None:
+        return 0
+    batch, d, nheads_kv = q.shape[0], q.shape[3], k_cache.shape[2]
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on {q.device}, got {t.device}")
+    if k.shape != v.shape or k.dim() != 4 or k.shape[0] != batch or tuple(k.shape[2:]) != (nheads_kv, d):
+        raise ValueError(f"k and v must both be (batch={batch}, seqlen_new, nheads_kv={nheads_kv}, d={d}), got "
+                         f"{tuple(k.shape)} and {tuple(v.shape)}")
+    if cache_seqlens is None:
+        raise ValueError("cache_seqlens is required when new k/v are given (it says where they are written)")
+    return k.shape[1]
 
-    # lengths
+
+def _check_lengths(q, cache_seqlens, cache_leftpad, capacity):
+    """``cache_seqlens`` and ``cache_leftpad``; returns the lengths as a list, or None where they are a
+    device tensor (read with the other index values)."""
+    batch, device = q.shape[0], q.device
     if cache_seqlens is None:
         seqlens = [capacity] * batch
     elif isinstance(cache_seqlens, bool):
@@ -136,13 +164,17 @@ def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, 
         _check_index_tensor("cache_seqlens", cache_seqlens, f"({batch},)", 1, device)
         if cache_seqlens.shape[0] != batch:
             raise ValueError(f"cache_seqlens must have shape ({batch},), got {tuple(cache_seqlens.shape)}")
-        seqlens = None  # on the device: read below with the other index values
+        seqlens = None
     if cache_leftpad is not None:
         _check_index_tensor("cache_leftpad", cache_leftpad, f"({batch},)", 1, device)
         if cache_leftpad.shape[0] != batch:
             raise ValueError(f"cache_leftpad must have shape ({batch},), got {tuple(cache_leftpad.shape)}")
+    return seqlens
 
-    # scalars
+
+def _check_scalars(q, softmax_scale, causal, window_size, softcap, alibi_slopes, num_splits, unified_max):
+    """The scalar arguments and ALiBi's slopes; returns (scale, softcap, normalised window)."""
+    batch, nheads, d = q.shape[0], q.shape[2], q.shape[3]
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
     elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
@@ -160,31 +192,38 @@ def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, 
         if tuple(alibi_slopes.shape) not in ((nheads,), (batch, nheads)):
             raise ValueError(f"alibi_slopes must have shape ({nheads},) or ({batch}, {nheads}), got "
                              f"{tuple(alibi_slopes.shape)}")
-        if alibi_slopes.device != device:
-            raise ValueError(f"alibi_slopes must be on {device}, got {alibi_slopes.device}")
+        if alibi_slopes.device != q.device:
+            raise ValueError(f"alibi_slopes must be on {q.device}, got {alibi_slopes.device}")
     if unified_max is not None and (isinstance(unified_max, bool) or not isinstance(unified_max, (int, float))
                                     or not math.isfinite(unified_max)):
         raise ValueError(f"unified_max must be a finite number or None, got {unified_max!r}")
+    return float(softmax_scale), float(softcap), window
 
-    # rotary
+
+def _check_rotary(q, rotary_cos, rotary_sin) -> None:
+    """The rotary tables' types, devices and shapes (their length is checked with the index values)."""
     if (rotary_cos is None) != (rotary_sin is None):
         raise ValueError("rotary_cos and rotary_sin must be given together (or neither)")
-    if rotary_cos is not None:
-        for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
-            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-                raise TypeError(f"{name} must be a floating-point tensor, got {_type_name(t)}")
-            if t.device != device:
-                raise ValueError(f"{name} must be on {device}, got {t.device}")
-        if rotary_cos.dim() != 2 or rotary_cos.shape != rotary_sin.shape:
-            raise ValueError(f"rotary_cos and rotary_sin must both be (seqlen_ro, rotary_dim / 2), got "
-                             f"{tuple(rotary_cos.shape)} and {tuple(rotary_sin.shape)}")
-        rotary_dim = 2 * rotary_cos.shape[1]
-        if not 0 < rotary_dim <= d:
-            raise ValueError(f"rotary_dim (2 * rotary_cos.shape[1] = {rotary_dim}) must be in (0, head dim {d}]")
+    if rotary_cos is None:
+        return
+    for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {_type_name(t)}")
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on {q.device}, got {t.device}")
+    if rotary_cos.dim() != 2 or rotary_cos.shape != rotary_sin.shape:
+        raise ValueError(f"rotary_cos and rotary_sin must both be (seqlen_ro, rotary_dim / 2), got "
+                         f"{tuple(rotary_cos.shape)} and {tuple(rotary_sin.shape)}")
+    rotary_dim = 2 * rotary_cos.shape[1]
+    if not 0 < rotary_dim <= q.shape[3]:
+        raise ValueError(f"rotary_dim (2 * rotary_cos.shape[1] = {rotary_dim}) must be in (0, head dim {q.shape[3]}]")
 
-    # index values: one read-back of everything, then the range checks
-    if not check_values or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        return float(softmax_scale), float(softcap), window, seqlen_new, None
+
+def _check_index_values(q, k_cache, cache_seqlens, cache_leftpad, cache_batch_idx, block_table, rotary_cos, seqlens,
+                        seqlen_new, capacity, window) -> int:
+    """The index tensors' values, read back in one transfer, against the cache; returns the longest
+    sequence end."""
+    batch, seqlen_q = q.shape[0], q.shape[1]
     parts = [t for t in (cache_seqlens if seqlens is None else None, cache_leftpad, cache_batch_idx, block_table)
              if t is not None]
     values = torch.cat([t.reshape(-1) for t in parts]).tolist() if parts else []
@@ -216,7 +255,7 @@ def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, 
             raise ValueError(f"rotary_cos/rotary_sin have {rotary_cos.shape[0]} rows but positions up to "
                              f"{need - 1} are rotated (cache_seqlens {seqlens}, seqlen_q {seqlen_q}, "
                              f"seqlen_new {seqlen_new})")
-    return float(softmax_scale), float(softcap), window, seqlen_new, max(ends, default=0)
+    return max(ends, default=0)
 
 
 def _storage_index(positions, block_table, cache_batch_idx, page_size):
