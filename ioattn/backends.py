@@ -14,7 +14,6 @@ from ioattn.plan import dispatch, hopper, hopper_bwd
 from ioattn.plan import backward as backward_plan
 from ioattn.plan import forward as forward_plan
 from ioattn.kernels import cpu
-from ioattn.kernels.constants import LOG2E
 from ioattn.reference.philox import dropout_threshold
 
 
@@ -60,11 +59,12 @@ class _Problem:
         return (0, lse.stride(0)) if self.varlen else (lse.stride(0), lse.stride(1))
 
 
-def _scalars(softmax_scale, softcap, dropout_p):
-    """qk_scale folds log2(e) into the softmax scale (kernels use exp2); with softcap the kernels
-    compute cap * tanh(qk * scale / cap), so qk_scale becomes scale / cap."""
-    qk_scale = softmax_scale / softcap if softcap > 0 else softmax_scale * LOG2E
-    return qk_scale, dropout_threshold(dropout_p), 1.0 / (1.0 - dropout_p)
+def _scalars(sem):
+    """(qk_scale, dropout threshold, dropout scale) of the portable kernels: qk_scale is the scale in log2
+    units (the kernels use exp2); with a softcap the kernels compute cap * tanh(qk * scale / cap), so
+    qk_scale becomes scale / cap."""
+    qk_scale = sem.softmax_scale / sem.softcap if sem.softcap > 0 else sem.scale_log2
+    return qk_scale, dropout_threshold(sem.dropout_p), 1.0 / (1.0 - sem.dropout_p)
 
 
 def _alibi_args(alibi_slopes, q):
@@ -215,7 +215,7 @@ def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     cfg = dispatch.tiles("fwd", pb.headdim, q.device, seqlen_q=pb.seqlen_q, masked_right=window[1] >= 0,
                          band=sum(window) + 1 if min(window) >= 0 else None,
                          tma=use_tma)
-    qk_scale, threshold, dropout_scale = _scalars(sem.softmax_scale, softcap, dropout_p)
+    qk_scale, threshold, dropout_scale = _scalars(sem)
     alibi, stride_ab, has_alibi = _alibi_args(alibi_slopes, q)
     cu_q = cu_seqlens_q if pb.varlen else q.new_empty(0, dtype=torch.int32)
     cu_k = cu_seqlens_k if pb.varlen else q.new_empty(0, dtype=torch.int32)
@@ -341,7 +341,7 @@ def triton_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     cfg = dispatch.tiles("bwd", pb.headdim, q.device)
     bd = dispatch.block_d(pb.headdim)
     softmax_scale, window, softcap, dropout_p = sem.softmax_scale, sem.window, sem.softcap, sem.dropout_p
-    qk_scale, threshold, dropout_scale = _scalars(softmax_scale, softcap, dropout_p)
+    qk_scale, threshold, dropout_scale = _scalars(sem)
     alibi, stride_ab, has_alibi = _alibi_args(alibi_slopes, q)
     cu_q = cu_seqlens_q if pb.varlen else q.new_empty(0, dtype=torch.int32)
     cu_k = cu_seqlens_k if pb.varlen else q.new_empty(0, dtype=torch.int32)

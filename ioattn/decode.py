@@ -26,6 +26,7 @@ from ioattn.plan import dispatch
 from ioattn.plan.decode import PHI_RANGE, DecodePlan, decode_config, plan
 from ioattn.api import _DTYPES, MAX_HEADDIM
 from ioattn.backends import _scalars
+from ioattn.semantics import Semantics
 from ioattn.launch.decode import split_kv_attention
 from ioattn.masks import normalize_window
 from ioattn.reference.decode import apply_rotary_ref, gather_kv_ref
@@ -306,7 +307,7 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
     """The split-KV kernel's path: the call's plan (``ioattn.plan.decode``), then its launch
     (``ioattn.launch.decode``)."""
     cfg = plan(q, k_cache, v_cache, block_table is not None, span, num_splits)
-    qk_scale, _, _ = _scalars(scale, softcap, 0.0)  # log2(e) or 1/cap folded in, as in the forward
+    qk_scale, _, _ = _scalars(Semantics(scale, softcap=softcap))  # log2(e) or 1/cap folded in, as in the forward
     return split_kv_attention(cfg, q, k_cache, v_cache, cache_seqlens, seqlen_new, block_table, cache_batch_idx,
                               cache_leftpad, qk_scale, softcap, window, alibi_slopes, unified_max,
                               block_d=dispatch.block_d(q.shape[-1]), phi_range=PHI_RANGE[q.dtype],

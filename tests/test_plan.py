@@ -1800,3 +1800,39 @@ def test_prepared_forward_launch_reads_each_calls_tensors(monkeypatch):
             ((grid, args, kw),) = launches
             for desc, t in zip(args[:3], (q, k, v)):
                 assert torch.equal(desc.base.reshape(-1), t.contiguous().reshape(-1))
+
+
+@_NO_INTERPRETER
+def test_forward_routes_are_keyed_on_layout_and_switches(monkeypatch):
+    """``backends.triton_forward`` prepares a route once per call key: a second call laid out the same
+    reuses it (each call still launches, with its own tensors); a switch set, an environment variable
+    set or another layout makes a new one, which the launch follows (the kernel faked, an sm_90 GPU
+    faked)."""
+    from ioattn import backends
+    from ioattn.plan import hopper
+    launches = _fake_forward_launches(monkeypatch)
+    monkeypatch.setattr(hopper, "hopper_supports", hopper.call_supported)
+    monkeypatch.delenv("IOATTN_HOPPER_VARIANT", raising=False)
+    made, real_route = [], backends.gluon_forward_route
+    monkeypatch.setattr(backends, "gluon_forward_route", lambda *a: made.append(a[0].shape) or real_route(*a))
+    sem = Semantics(0.1, (-1, 0))
+
+    def call(q):
+        with dispatch.forced_backend("triton"), hopper.prefer_hopper(True):
+            return backends.triton_forward(q, q, q, None, None, q.shape[1], q.shape[1], sem, None, 0)
+
+    q = torch.randn(2, 600, 4, 128, dtype=BF16)
+    call(q), call(torch.randn_like(q))
+    assert len(made) == 1 and len(launches) == 2 and launches[1][1][0].base is not launches[0][1][0].base
+    default = launches[-1][2]["PERSISTENT"]
+    with hopper.variant("pingpong" if default else "persistent"):
+        call(q)
+    assert len(made) == 2 and launches[-1][2]["PERSISTENT"] != default
+    monkeypatch.setenv("IOATTN_HOPPER_VARIANT", "pingpong" if default else "persistent")
+    call(q)
+    assert len(made) == 3 and launches[-1][2]["PERSISTENT"] != default
+    monkeypatch.delenv("IOATTN_HOPPER_VARIANT")
+    call(q)  # the first key again
+    assert len(made) == 3 and launches[-1][2]["PERSISTENT"] == default
+    call(torch.randn(2, 600, 3, 4, 128, dtype=BF16)[:, :, 0])  # a packed qkv's q: other strides, another route
+    assert len(made) == 4

@@ -26,14 +26,6 @@ def ws_layouts(dtype, block_m: int, block_n: int, d: int, dq_swizzle: int) -> di
                 dq=gl.NVMMASharedLayout(swizzle_byte_width=dq_swizzle, element_bitwidth=32, rank=2))
 
 
-def launch_backward(plan, dout, q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None, alibi_slopes=None):
-    """(dq, dk, dv) of the Gluon backward for ``plan`` (``ioattn.plan.backward.plan_backward``), the
-    tensors in flash-attn's layouts (varlen: packed, lse (nheads, total_q)); a plan with ``pad_copies``
-    is launched by the caller on zero-padded copies. ``BackwardLaunch`` keeps the work for the next call."""
-    tensors = (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
-    return BackwardLaunch(plan, *tensors)(*tensors)
-
-
 class BackwardLaunch:
     """``plan``'s backward for tensors laid out as the example ones (shapes, strides, dtype, 16-byte
     alignment): the descriptors' layouts, the three kernels' scalars and their compiled forms are made
@@ -52,7 +44,7 @@ class BackwardLaunch:
         if self.empty:
             return
         # the example's rows views (of a contiguous copy where a tensor has none: the same at each call)
-        tensors, rows = zip(*(gluon_fwd._rows(t) for t in (q, k, v, dout)))
+        tensors, rows = zip(*(gluon_fwd.rows_of(t) for t in (q, k, v, dout)))
         self.views = tuple((tma_rows_view(t) is not None, view.shape, view.stride())
                            for t, view in zip((q, k, v, dout), rows))
         bm, bn, stat = plan.block_m, plan.block_n, plan.stat_stride
@@ -63,18 +55,18 @@ class BackwardLaunch:
         else:
             descs = [TensorDescriptor.from_tensor(r, [box, d], lay["q" if box_q else "kv"])
                      for r, box, box_q in zip(rows, (bm, bn, bn, bm), (True, False, False, True))]
-        self.descs = tuple(gluon_fwd._unbased(desc) for desc in descs)
+        self.descs = tuple(gluon_fwd.unbased(desc) for desc in descs)
         self.stat_shape = (batch, nheads, stat)
-        stat_rows = torch.empty(batch * nheads * stat, device=q.device, dtype=torch.float32)
-        self.stat_desc = gluon_fwd._unbased(TensorDescriptor.from_tensor(stat_rows, [bm], lay["stat"]))
+        f32 = torch.float32
+        self.stat_desc = gluon_fwd.template_desc((batch * nheads * stat,), (1,), (bm,), lay["stat"], f32, q.device)
         if plan.dq_flat:  # at the kernel's head dim (a padded call's extra columns: zeros, never read back)
-            self.acc_shape, self.acc_rows = (batch * nheads * stat * d,), (-1, 32)
+            self.acc_shape, self.acc_rows = (batch * nheads * stat * d,), (batch * nheads * stat * d // 32, 32)
         else:  # (rows, nheads, d), as dQ at the kernel's head dim
-            self.acc_shape, self.acc_rows = (*q.shape[:-1], d), (-1, nheads * d)
-        acc = torch.empty(self.acc_shape, device=q.device, dtype=torch.float32).view(self.acc_rows)
-        self.dq_desc = gluon_fwd._unbased(TensorDescriptor.from_tensor(acc, list(plan.dq_block), lay["dq"]))
-        self.dq_hi_desc = None if plan.dq_hi_block is None else gluon_fwd._unbased(
-            TensorDescriptor.from_tensor(acc, list(plan.dq_hi_block), lay["dq"]))
+            self.acc_shape, self.acc_rows = (*q.shape[:-1], d), (q.shape[:-2].numel(), nheads * d)
+        acc_strides = (self.acc_rows[1], 1)
+        self.dq_desc = gluon_fwd.template_desc(self.acc_rows, acc_strides, plan.dq_block, lay["dq"], f32, q.device)
+        self.dq_hi_desc = None if plan.dq_hi_block is None else gluon_fwd.template_desc(
+            self.acc_rows, acc_strides, plan.dq_hi_block, lay["dq"], f32, q.device)
         nothing = torch.empty(0, device=q.device, dtype=torch.int32)
         self.no_cu = None if varlen else nothing
         lse_strides = (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))

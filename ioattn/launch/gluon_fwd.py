@@ -110,7 +110,7 @@ def device_sms(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
-def _rows(t):
+def rows_of(t):
     """``t`` as TMA reads it: its (rows, nheads * d) view, made contiguous first where it has none."""
     view = tma_rows_view(t)
     if view is None:
@@ -128,18 +128,19 @@ def rebased(desc, base):
     return new
 
 
-def _unbased(desc):
+def unbased(desc):
     """``desc`` without its base tensor (a template ``rebased`` copies: the cache keeps no tensor alive)."""
     desc.base = None
     return desc
 
 
-def launch_forward(plan, q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, alibi_slopes=None):
-    """(out, lse) of ``hopper_fwd_kernel`` for ``plan`` (``ioattn.plan.forward.plan_forward``), the tensors
-    in flash-attn's layouts (varlen: packed, with cu_seqlens); a plan with ``pad_copies`` is launched
-    by the caller on zero-padded copies. One launch; ``ForwardLaunch`` keeps the work for the next."""
-    return ForwardLaunch(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes)(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+def template_desc(shape, strides, block, layout, dtype, device):
+    """A descriptor template (``unbased``) of ``shape`` and ``strides``, made over a one-element tensor of
+    ``dtype``: no buffer of the full size is allocated to prepare a launch."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    base = torch.empty(1, dtype=dtype, device=device)
+    return unbased(TensorDescriptor(base, list(shape), list(strides), list(block), layout))
 
 
 class ForwardLaunch:
@@ -169,7 +170,7 @@ class ForwardLaunch:
         if plan.negate_q:  # the call's q is negated first: its layout is the negation's
             q = -q
         # the example's rows views (of a contiguous copy where a tensor has none: the same at each call)
-        tensors, rows = zip(*(_rows(t) for t in (q, k, v)))
+        tensors, rows = zip(*(rows_of(t) for t in (q, k, v)))
         self.views = tuple((tma_rows_view(t) is not None, view.shape, view.stride()) for t, view in zip((q, k, v), rows))
         if plan.ring_split:  # the split ring: K / V in 128- and 64-column boxes (from column 128)
             descs = [padded_rows_desc(tensors[0], plan.q_rows, d, dt)] + [
@@ -183,14 +184,18 @@ class ForwardLaunch:
                      TensorDescriptor.from_tensor(rows[1], [plan.block_n, d], kv_layout),
                      TensorDescriptor.from_tensor(rows[2], [plan.block_n, d], kv_layout)]
         # (descriptor without its base, which tensor's rows it reads: 0 q, 1 k, 2 v)
-        self.descs = tuple((_unbased(desc), i) for desc, i in zip(descs, (0, 1, 2, 1, 2)))
+        self.descs = tuple((unbased(desc), i) for desc, i in zip(descs, (0, 1, 2, 1, 2)))
         self.o_desc = None
         if plan.out_tma:  # the output as (batch, seqlen_q, nheads * d) in [1, q_rows, d] boxes: a bulk copy
             # drops the rows past seqlen_q itself (the persistent kernel's, fixed-length calls only)
-            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-            self.out_view = out.shape if plan.pad_to else (self.batch, plan.seqlen_q, nheads * d)
-            self.o_desc = _unbased(padded_out_desc(out, plan.q_rows, d, dt) if plan.pad_to else TensorDescriptor.from_tensor(
-                out.view(self.out_view), [1, plan.q_rows, d], _layout(plan.q_rows, d, dt, rank=3)))
+            if plan.pad_to:  # (its shape alone is read: a one-element tensor expanded to it)
+                self.out_view = q.shape
+                self.o_desc = unbased(padded_out_desc(torch.empty(1, dtype=q.dtype, device=q.device).expand(q.shape),
+                                                      plan.q_rows, d, dt))
+            else:
+                self.out_view = (self.batch, plan.seqlen_q, nheads * d)
+                self.o_desc = template_desc(self.out_view, (plan.seqlen_q * nheads * d, nheads * d, 1),
+                                            (1, plan.q_rows, d), _layout(plan.q_rows, d, dt, rank=3), q.dtype, q.device)
         walk, walk_div = None, plan.walk_div
         if plan.walk_table is not None:  # the causal walk from the host's table, else computed in the kernel
             walk = walk_table_tensor(q.device, plan.programs, self.batch * nheads, *plan.walk_table)
