@@ -72,7 +72,7 @@ def test_quantize_zeros_and_saturation_never_nan():
     values, descale = fp8.quantize_fp8_ref(torch.zeros(1, 8, 2, 16), "head")
     assert torch.equal(descale, torch.ones(1, 2)) and not values.to(F64).any()
     p = torch.tensor([[1e6, 448.0, 1.0, 1e-9]], dtype=F64)
-    out = fp8.quantize_p(p, scaled=False)
+    out = fp8.quantize_p(p, scale=1.0)
     assert not out.isnan().any() and out[0, 0].item() == fp8.E4M3_MAX
     with pytest.raises(ValueError, match="granularity must be one of"):
         fp8.quantize_fp8_ref(torch.zeros(1, 8, 2, 16), "row")

@@ -7,8 +7,8 @@
 * ``quantize_fp8_ref``: e4m3 values and the descales that undo them, per tensor, per (batch, head) or
   per block of rows, saturating at ±448 (never NaN).
 * ``attention_fp8_ref``: attention of quantised inputs, computed in float64 from the dequantised
-  values, with P quantised to e4m3 before the P V product as the kernels do (``p_scale``: as it
-  comes, or scaled per row into e4m3's normal range).
+  values, with P quantised to e4m3 before the P V product as the kernels do (``p_scale``: 1 converts
+  it as it comes, ``P_SCALE`` lifts it into e4m3's normal range).
 """
 from __future__ import annotations
 
@@ -19,6 +19,10 @@ import torch
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
 GRANULARITIES = ("tensor", "head", "block")
+# P (probabilities in [0, 1]) is multiplied by this before its conversion to e4m3, so that the values
+# that matter land in e4m3's normal range (2^-6 and up) instead of its subnormals: a power of two,
+# undone exactly with the normalisation at the end.
+P_SCALE = 256.0
 
 
 def hadamard(d: int, dtype=torch.float64, device=None) -> torch.Tensor:
@@ -97,17 +101,15 @@ def dequantize_fp8_ref(values: torch.Tensor, descale: torch.Tensor, block_rows: 
     return v * s
 
 
-def quantize_p(p: torch.Tensor, scaled: bool) -> torch.Tensor:
-    """P (probabilities in [0, 1], float64) through e4m3 and back: as it comes (``scaled`` False; the
-    small probabilities fall into e4m3's subnormals or to 0) or scaled per row so its maximum is 448."""
-    if not scaled:
-        return p.clamp(max=E4M3_MAX).to(E4M3).to(torch.float64)
-    row_max = p.amax(dim=-1, keepdim=True).clamp(min=torch.finfo(torch.float64).tiny)
-    return (p * (E4M3_MAX / row_max)).to(E4M3).to(torch.float64) * (row_max / E4M3_MAX)
+def quantize_p(p: torch.Tensor, scale: float = P_SCALE) -> torch.Tensor:
+    """P (probabilities in [0, 1], float64) through e4m3 and back, multiplied by ``scale`` first: 1
+    converts it as it comes (the small probabilities fall into e4m3's subnormals or to 0, FA3's
+    baseline), ``P_SCALE`` (the kernels' choice) lifts them into the normal range."""
+    return (p * scale).clamp(max=E4M3_MAX).to(E4M3).to(torch.float64) / scale
 
 
 def attention_fp8_ref(q, k, v, q_descale, k_descale, v_descale, softmax_scale=None, causal=False,
-                      p_scaled=True, block_rows: int = 128) -> torch.Tensor:
+                      p_scale: float = P_SCALE, block_rows: int = 128) -> torch.Tensor:
     """float64 attention of e4m3 q, k, v (batch, seqlen, heads, d; GQA allowed) with their descales
     (``quantize_fp8_ref``'s shapes), P through e4m3 before P V (``quantize_p``), the causal mask
     bottom-right aligned. Returns (batch, seqlen_q, heads, d) float64."""
@@ -123,6 +125,6 @@ def attention_fp8_ref(q, k, v, q_descale, k_descale, v_descale, softmax_scale=No
     m = s.amax(dim=-1, keepdim=True).nan_to_num(neginf=0.0)
     e = torch.exp(s - m)
     denom = e.sum(dim=-1, keepdim=True)
-    p = quantize_p(e, p_scaled)  # the unnormalised probabilities, as the kernels hold them
+    p = quantize_p(e, p_scale)  # the unnormalised probabilities, as the kernels hold them
     out = torch.einsum("bhqk,bkhd->bqhd", p, vd) / denom.transpose(1, 2).clamp(min=torch.finfo(torch.float64).tiny)
     return out
