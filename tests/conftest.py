@@ -191,6 +191,32 @@ def _f32_to_bf16_rtne(handle):
     return TensorHandle(data.numpy().view(np.uint16), tl.bfloat16)
 
 
+def _f32_to_e4m3_rne_sat(handle):
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
+
+    data = torch.from_numpy(np.ascontiguousarray(handle.data)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return TensorHandle(data.view(torch.uint8).numpy(), tl.float8e4nv)
+
+
+def _interpreter_e4m3_cast_wrong():
+    """Probe: does the interpreter's fp32 -> e4m3 cast lose the carry into the exponent (125.99 ->
+    64 instead of 128) or fail to saturate (500 -> 448 on the GPU)?"""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _probe(x_ptr, y_ptr, n: tl.constexpr):
+        r = tl.arange(0, n)
+        tl.store(y_ptr + r, tl.minimum(tl.load(x_ptr + r), 448.0).to(tl.float8e4nv))
+
+    x = torch.tensor([125.99, 31.94, 1.0, 0.3, 448.0, 3.0e-3, 0.5, 7.99])
+    y = torch.empty(8, dtype=torch.float8_e4m3fn)
+    _probe[(1,)](x, y, n=8)
+    return not torch.equal(y.float(), x.to(torch.float8_e4m3fn).float())
+
+
 def _interpreter_bf16_issues():
     """Probe the interpreter: (tl.dot on bf16 operands is wrong, fp32 -> bf16 casts truncate)."""
     import triton
@@ -220,9 +246,12 @@ def _interpreter_bf16():
     * ``cast_impl`` turns fp32 into bf16 by truncating the mantissa, where the GPU's fptrunc
       rounds to nearest even; the kernels' ``p.to(bf16)`` before ``p @ V`` then carries a one-sided
       bias that accumulates over the keys (2-3x PyTorch's error in dv, gone with RTNE).
+    * ``create_fp_to_fp`` turns fp32 into e4m3 losing the rounding's carry into the exponent (125.99 ->
+      64), flushing subnormals and without saturating.
     Each is patched only if the probe shows it: bf16 dot operands are converted to fp32 (bf16
-    products are exact in fp32, accumulation is fp32 as on tensor cores) and fp32 -> bf16 casts
-    round to nearest even (torch's conversion). Nothing else changes.
+    products are exact in fp32, accumulation is fp32 as on tensor cores) and fp32 -> bf16 / e4m3
+    casts round to nearest even (torch's conversion; e4m3 saturating at ±448 as the GPU's
+    ``cvt.satfinite``). Nothing else changes.
     """
     from ioattn import _compat
     if os.environ.get("TRITON_INTERPRET") != "1" or _compat.interpreter_numpy_problem():
@@ -232,7 +261,9 @@ def _interpreter_bf16():
     from triton.runtime.interpreter import InterpreterBuilder
 
     dot_broken, cast_truncates = _interpreter_bf16_issues()
+    e4m3_wrong = _interpreter_e4m3_cast_wrong()
     original_dot, original_cast = InterpreterBuilder.create_dot, InterpreterBuilder.cast_impl
+    original_fp_to_fp = InterpreterBuilder.create_fp_to_fp
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         if a.dtype.scalar == tl.bfloat16:
@@ -246,10 +277,17 @@ def _interpreter_bf16():
             return _f32_to_bf16_rtne(src)
         return original_cast(self, src, dst_type)
 
+    def fp_to_fp(self, src, dst_type, rounding_mode):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.float8e4nv:
+            return _f32_to_e4m3_rne_sat(src)
+        return original_fp_to_fp(self, src, dst_type, rounding_mode)
+
     if dot_broken:
         InterpreterBuilder.create_dot = create_dot
     if cast_truncates:
         InterpreterBuilder.cast_impl = cast_impl
+    if e4m3_wrong:
+        InterpreterBuilder.create_fp_to_fp = fp_to_fp
     # the library's bf16 probe, judged now on the patched interpreter (its verdict is kept for the
     # session): bf16 tests run where the patches make bf16 right, and skip where they do not
     _compat.interpreter_bf16_status()
@@ -257,6 +295,7 @@ def _interpreter_bf16():
         yield
     finally:
         InterpreterBuilder.create_dot, InterpreterBuilder.cast_impl = original_dot, original_cast
+        InterpreterBuilder.create_fp_to_fp = original_fp_to_fp
 
 
 @pytest.fixture
