@@ -17,6 +17,7 @@
 * Triton's interpreter (``TRITON_INTERPRET=1``: CPU tensors through the Triton kernels).
   ``check_interpreter`` refuses, with ``InterpreterUnsupportedError``, what it would compute wrongly:
   bfloat16 where a probe of bf16 ``tl.dot`` (run once, on the first bf16 call) disagrees with torch,
+  float8_e4m3fn where a probe of the fp32 -> e4m3 conversion does,
   and any call on an interpreter that cannot run with the installed numpy (``interpreter_numpy_problem``).
 """
 from __future__ import annotations
@@ -256,6 +257,51 @@ def interpreter_numpy_problem() -> str | None:
     return None
 
 
+_e4m3_verdict: tuple[bool, str] | None = None
+
+
+def _probe_e4m3_cast() -> tuple[bool, str]:
+    """Convert fp32 values to e4m3 in a kernel, against torch's conversion (round to nearest even):
+    values that round up across a power of two (125.99 -> 128) and small ones."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _e4m3_cast_probe(x_ptr, y_ptr, N: tl.constexpr):
+        r = tl.arange(0, N)
+        tl.store(y_ptr + r, tl.load(x_ptr + r).to(tl.float8e4nv))
+
+    x = torch.tensor([125.99, 31.94, 1.0, 0.3, 448.0, 3.0e-3, 0.5, 7.99])
+    y = torch.zeros(8, dtype=torch.float8_e4m3fn)
+    try:
+        _e4m3_cast_probe[(1,)](x, y, N=8)
+    except Exception as e:  # noqa: BLE001 - any failure of the probe is a verdict, reported with its text
+        return False, f"an fp32 -> e4m3 cast probe raised {type(e).__name__}: {str(e)[:200]}"
+    got, want = y.float(), x.to(torch.float8_e4m3fn).float()
+    if not torch.equal(got, want):
+        i = int((got != want).nonzero()[0, 0])
+        return False, f"an fp32 -> e4m3 cast probe gives {got[i].item():g} for {x[i].item():g} (torch: {want[i].item():g})"
+    return True, "an fp32 -> e4m3 cast probe matches torch"
+
+
+def interpreter_e4m3_status() -> tuple[bool, str]:
+    """(correct, detail) for e4m3 conversions under this process's interpreter (probed once)."""
+    global _e4m3_verdict
+    if _e4m3_verdict is None:
+        _e4m3_verdict = _probe_e4m3_cast()
+    return _e4m3_verdict
+
+
+def e4m3_refusal() -> str | None:
+    """The refusal's text where e4m3 conversions under this interpreter are wrong, else None."""
+    ok, detail = interpreter_e4m3_status()
+    if ok:
+        return None
+    return (f"float8_e4m3fn refused under Triton {triton_version()}'s interpreter (TRITON_INTERPRET=1): its "
+            f"fp32 -> e4m3 conversion is wrong ({detail}), so the FP8 kernels would return wrong numbers. "
+            "Unset TRITON_INTERPRET to run CPU tensors on ioattn's PyTorch path")
+
+
 def bf16_refusal() -> str | None:
     """The refusal's text where bf16 under this interpreter is wrong (the probe's verdict), else None."""
     ok, detail = interpreter_bf16_status()
@@ -271,5 +317,7 @@ def check_interpreter(dtype: torch.dtype | None) -> None:
     problem = interpreter_numpy_problem()
     if problem is None and dtype == torch.bfloat16:
         problem = bf16_refusal()
+    if problem is None and dtype == torch.float8_e4m3fn:
+        problem = e4m3_refusal()
     if problem is not None:
         raise InterpreterUnsupportedError(problem)

@@ -15,8 +15,9 @@ import math
 
 import torch
 
+from ioattn import fp8
 from ioattn.plan import hopper_bwd
-from ioattn.autograd import attention
+from ioattn.autograd import attention, fp8_attention
 from ioattn.masks import normalize_window
 from ioattn.reference.naive import scores_ref
 
@@ -29,8 +30,8 @@ def _check_tensor(name, t, ndim):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
-    if t.dtype not in _DTYPES:
-        raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+    if t.dtype not in _DTYPES and not fp8.is_fp8(t):
+        raise TypeError(f"{name} must be float16, bfloat16, float32 or float8_e4m3fn, got {t.dtype}")
 
 
 def _contiguous_last(t):
@@ -191,7 +192,8 @@ def _probs_for_return(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
 
 
 def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-         causal, window_size, softcap, alibi_slopes, return_attn_probs, deterministic=False):
+         causal, window_size, softcap, alibi_slopes, return_attn_probs, deterministic=False, descales=(None,) * 3,
+         out_dtype=None):
     varlen = cu_seqlens_q is not None
     _check_qkv(q, k, v, varlen)
     if varlen:
@@ -207,6 +209,10 @@ def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropou
     dropout_p, scale, softcap, window, alibi_slopes = _check_scalars(
         dropout_p, softmax_scale, softcap, window_size, causal, alibi_slopes, q, batch)
     q, k, v = _contiguous_last(q), _contiguous_last(k), _contiguous_last(v)
+    if fp8.is_fp8(q) or any(d is not None for d in descales) or out_dtype is not None:
+        out, lse = _run_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, scale,
+                            window, softcap, alibi_slopes, batch, descales, out_dtype)
+        return (out, lse, q.new_empty(0, dtype=out.dtype)) if return_attn_probs else out
     # deterministic: that forward's backward adds dQ in a fixed order (ioattn.plan.hopper_bwd.bwd_plan); the
     # switches in force at the forward decide the backward of that forward (ioattn.autograd)
     with hopper_bwd.bwd_deterministic(True) if deterministic else contextlib.nullcontext():
@@ -222,8 +228,28 @@ def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropou
                                        window, softcap, alibi_slopes, dropout_p, rng_state)
 
 
+def _run_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, scale, window, softcap,
+             alibi_slopes, batch, descales, out_dtype):
+    """The FP8 forward's own checks, then the call: e4m3 inputs with their descales, no dropout, no
+    gradient (FP8 attention here is for inference)."""
+    if not fp8.is_fp8(q):
+        given = [n for n, d in zip(("q_descale", "k_descale", "v_descale"), descales) if d is not None]
+        name = given[0] if given else "out_dtype"
+        raise ValueError(f"{name} applies to FP8 (float8_e4m3fn) inputs only; q, k, v are {q.dtype}")
+    if dropout_p > 0:
+        raise ValueError(f"dropout_p must be 0 with FP8 inputs (FP8 attention is for inference), got {dropout_p}")
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise RuntimeError("FP8 inputs have no backward in ioattn (FP8 attention is for inference): pass "
+                           "tensors that do not require grad, or run under torch.no_grad()")
+    out_dtype = fp8.fp8_output_dtype(out_dtype)
+    rows = fp8.descale_rows(*descales, batch, q.shape[-2], k.shape[-2], q.device)
+    return fp8_attention(q, k, v, rows, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window,
+                         softcap, alibi_slopes, out_dtype)
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                    q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     """Exact attention, softmax(q k^T * softmax_scale) v, without materialising the score matrix.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim), nheads a
@@ -242,9 +268,15 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     block and the blocks after it, blocks ``attn_probs_block_n(headdim)`` wide from key 0, so that
     ``|S_dmask| * exp(m - softmax_lse)`` is the softmax. Entries that dropout removed are negated
     (``S_dmask >= 0`` is the keep mask); masked entries and the rounding padding are 0.
+
+    FP8 (FlashAttention-3's interface): q, k, v of dtype ``torch.float8_e4m3fn`` with ``q_descale``,
+    ``k_descale``, ``v_descale`` (the real values are ``fp8 * descale``), each of shape
+    (batch, nheads_kv) or broadcasting to it (q's may be (batch, nheads)); fp32 accumulation, P
+    through e4m3 for the P V product, the output in ``out_dtype`` (bfloat16, or float16). Forward
+    only, no dropout. ``ioattn.quantize_fp8`` makes such inputs.
     """
     return _run(q, k, v, None, None, None, None, dropout_p, softmax_scale, causal, window_size, softcap,
-                alibi_slopes, return_attn_probs, deterministic)
+                alibi_slopes, return_attn_probs, deterministic, (q_descale, k_descale, v_descale), out_dtype)
 
 
 def _unbind_packed(name, t, index_dim, count):
@@ -274,7 +306,8 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                           alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None):
+                           alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None, *,
+                           q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     """Sequences packed without padding. q: (total_q, nheads, headdim); k, v: (total_k, nheads_k,
     headdim); ``cu_seqlens_q/k`` int32 (batch + 1,) cumulative lengths starting at 0; ``max_seqlen_q/k``
     the longest sequence. Masks apply per sequence. Returns ``out`` (total_q, nheads, headdim) or
@@ -283,7 +316,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     row and column 0.
 
     ``block_table`` (flash-attn: k, v as a paged KV cache) is accepted as None only: paged KV in the
-    varlen functions is not implemented (``flash_attn_with_kvcache`` takes a paged cache)."""
+    varlen functions is not implemented (``flash_attn_with_kvcache`` takes a paged cache).
+
+    FP8 inputs as in ``flash_attn_func``, the descales' batch being the number of sequences."""
     if block_table is not None:
         raise NotImplementedError("flash_attn_varlen_func: block_table (a paged KV cache for the varlen "
                                   "functions) is not supported by ioattn; pass block_table=None with k, v "
@@ -291,7 +326,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if cu_seqlens_q is None or cu_seqlens_k is None:
         raise ValueError("cu_seqlens_q and cu_seqlens_k are required for the varlen functions")
     return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-                causal, window_size, softcap, alibi_slopes, return_attn_probs, deterministic)
+                causal, window_size, softcap, alibi_slopes, return_attn_probs, deterministic,
+                (q_descale, k_descale, v_descale), out_dtype)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None,

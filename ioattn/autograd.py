@@ -136,3 +136,37 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _Eager.apply(*args)
     return _forward_impl(*args)  # nothing to differentiate: no graph to record
+
+
+# ---- FP8: a forward without a backward (FP8 attention here is for inference) ----
+
+def _fp8_forward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, descales: torch.Tensor,
+                      cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int,
+                      max_seqlen_k: int, softmax_scale: float, window_left: int, window_right: int, softcap: float,
+                      alibi_slopes: Optional[torch.Tensor], out_fp16: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    sem = Semantics(softmax_scale, (window_left, window_right), softcap, 0.0, alibi_slopes is not None)
+    return backends.fp8_forward(q, k, v, descales, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem,
+                                alibi_slopes, torch.float16 if out_fp16 else torch.bfloat16)
+
+
+_fp8_op = torch.library.custom_op("ioattn::fwd_fp8", _fp8_forward_impl, mutates_args=())
+
+
+@_fp8_op.register_fake
+def _(q, k, v, descales, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_left,
+      window_right, softcap, alibi_slopes, out_fp16):
+    if cu_seqlens_q is None:
+        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    else:
+        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    return torch.empty_like(q, dtype=torch.float16 if out_fp16 else torch.bfloat16), lse
+
+
+def fp8_attention(q, k, v, descales, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window,
+                  softcap, alibi_slopes, out_dtype):
+    """Validated e4m3 arguments in, ``(out, lse)`` out; no gradient."""
+    args = (q, k, v, descales, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window[0],
+            window[1], softcap, alibi_slopes, out_dtype == torch.float16)
+    if not _eager(q, k, v, descales, cu_seqlens_q, cu_seqlens_k, alibi_slopes):
+        return _fp8_op(*args)
+    return _fp8_forward_impl(*args)

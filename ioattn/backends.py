@@ -42,13 +42,14 @@ class _Problem:
             return torch.empty(self.nheads, q.shape[0], device=q.device, dtype=torch.float32)
         return torch.empty(self.batch, self.nheads, self.seqlen_q, device=q.device, dtype=torch.float32)
 
-    def outputs(self, q):
-        """(out, lse) buffers. Packed tensors may hold tokens after cu_seqlens[-1] that no sequence
-        owns: those rows are defined (output 0, lse -inf) rather than left uninitialised."""
+    def outputs(self, q, dtype=None):
+        """(out, lse) buffers, out in ``dtype`` (q's by default). Packed tensors may hold tokens after
+        cu_seqlens[-1] that no sequence owns: those rows are defined (output 0, lse -inf) rather than
+        left uninitialised."""
         lse = self.lse_empty(q)
         if self.varlen:
-            return torch.zeros_like(q), lse.fill_(float("-inf"))
-        return torch.empty_like(q), lse
+            return torch.zeros_like(q, dtype=dtype), lse.fill_(float("-inf"))
+        return torch.empty_like(q, dtype=dtype), lse
 
     def grads(self, q, k, v):
         """dq, dk, dv buffers; zero for varlen, where tokens outside every sequence get no gradient."""
@@ -193,8 +194,6 @@ def _forward_route(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
 
 
 def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes, seed):
-    from ioattn.kernels.forward import attn_fwd_kernel
-
     key = _forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes)
     route = _FWD_ROUTES.get(key, _UNSET)
     if route is _UNSET:
@@ -205,8 +204,18 @@ def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
             _FWD_ROUTES[key] = route
     if route is not None:
         return route(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+    return portable_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes, seed)
+
+
+def portable_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes, seed,
+                     descales=None, out_dtype=None):
+    """(out, lse) of the portable Triton forward (``kernels/forward.py``). ``descales``: e4m3 inputs'
+    fp32 (batch, nheads + 2 * nheads_kv) descales (``ioattn.fp8.descale_rows``), the output in
+    ``out_dtype``."""
+    from ioattn.kernels.forward import attn_fwd_kernel
+
     pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    out, lse = pb.outputs(q)
+    out, lse = pb.outputs(q, out_dtype)
     if q.numel() == 0 or pb.seqlen_q == 0:
         lse.fill_(float("-inf"))
         return out.zero_(), lse
@@ -234,15 +243,18 @@ def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     if persistent and pb.varlen:  # the prefix sum of query blocks per sequence, on the device (no sync)
         blocks = (cu_seqlens_q[1:] - cu_seqlens_q[:-1] + cfg.block_m - 1) // cfg.block_m
         tile_starts = torch.cat([blocks.new_zeros(1), torch.cumsum(blocks, 0, dtype=torch.int32)])
+    fp8 = descales is not None
     attn_fwd_kernel[grid](
-        q, k, v, out, lse, cu_q, cu_k, alibi, k_desc, v_desc, tile_starts,
+        q, k, v, out, lse, cu_q, cu_k, alibi, k_desc, v_desc, tile_starts, descales if fp8 else cu_q,
         *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(out), *pb.lse_strides(lse), stride_ab,
         pb.nheads, pb.nheads // pb.nheads_kv, pb.seqlen_q, pb.seqlen_k, num_tiles, pb.batch,
         qk_scale, float(softcap), window[0], window[1], seed, threshold, dropout_scale,
         HEAD_DIM=pb.headdim, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         IS_VARLEN=pb.varlen, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi, HAS_DROPOUT=dropout_p > 0,
         USE_TMA=use_tma, PERSISTENT=persistent > 0, LOG2_BATCH=max(pb.batch - 1, 0).bit_length() if persistent and pb.varlen else 0,
-        RESCALE_TAU=dispatch.fwd_rescale_tau(), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        # FP8's P must stay in [0, 1] to fit e4m3 once scaled: the accumulator is rescaled at every tile
+        RESCALE_TAU=0.0 if fp8 else dispatch.fwd_rescale_tau(), IS_FP8=fp8,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse
 
@@ -376,6 +388,32 @@ def reference_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
                        alibi_slopes, seed):
     return cpu.backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                         sem.softmax_scale, sem.window, sem.softcap, alibi_slopes, sem.dropout_p, seed)
+
+
+def _dequantize(t, scale, cu_seqlens):
+    """float32 ``t * scale`` for e4m3 ``t`` and its (batch, heads) ``scale`` (per sequence for packed t)."""
+    if cu_seqlens is None:
+        return t.float() * scale[:, None, :, None]
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    rows = torch.repeat_interleave(scale, lengths, dim=0, output_size=int(cu_seqlens[-1]))
+    rows = torch.cat([rows, rows.new_ones(t.shape[0] - rows.shape[0], rows.shape[1])])  # rows no sequence owns
+    return t.float() * rows[:, :, None]
+
+
+def fp8_forward(q, k, v, descales, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes,
+                out_dtype):
+    """(out, lse) of e4m3 q, k, v with their descales (``ioattn.fp8.descale_rows``), out in ``out_dtype``:
+    the portable kernel (P through e4m3), or on the CPU path float32 attention of the dequantised inputs."""
+    if dispatch.use_triton(q.device, q.dtype):
+        return portable_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes,
+                                0, descales, out_dtype)
+    h, h_kv = q.shape[-2], k.shape[-2]
+    scales = descales.split([h, h_kv, h_kv], dim=1)
+    q32, k32, v32 = (_dequantize(t, s, cu) for t, s, cu in zip((q, k, v), scales, (cu_seqlens_q, cu_seqlens_k,
+                                                                                     cu_seqlens_k)))
+    out, lse = reference_forward(q32, k32, v32, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem,
+                                 alibi_slopes, 0)
+    return out.to(out_dtype), lse
 
 
 def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes, seed):

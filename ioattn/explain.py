@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ioattn import _compat, backends
+from ioattn import _compat, backends, fp8
 from ioattn.plan import dispatch, hopper, hopper_bwd
 from ioattn.plan import backward as backward_plan
 from ioattn.plan import forward as forward_plan
@@ -46,6 +46,10 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         seqlen_q = max_seqlen_q if varlen else q.shape[1]
         part = cpu.plan(seqlen_q, seqlen_q if varlen else k.shape[1], window, softcap, alibi_slopes is not None,
                         device_type=q.device.type)
+        if fp8.is_fp8(q):
+            part = dict(part, fp8="dequantised to float32 first (P not rounded to e4m3)")
+            return DispatchPlan("reference", f"{q.device.type} tensors without TRITON_INTERPRET=1: the CPU path "
+                                "(ioattn.kernels.cpu)", part, _FP8_BACKWARD)
         return DispatchPlan("reference", f"{q.device.type} tensors without TRITON_INTERPRET=1: the CPU path "
                             "(ioattn.kernels.cpu)", part, part)
     reason = "CUDA tensors" if q.is_cuda else "TRITON_INTERPRET=1"
@@ -58,6 +62,11 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
             return DispatchPlan("refused", str(e), None, None)
     window = normalize_window(window_size, bool(causal))
     seqlen_q = max_seqlen_q if varlen else q.shape[1]
+    if fp8.is_fp8(q):
+        forward = _portable_forward(q, k, v, varlen, window, seqlen_q, cu_seqlens_q)
+        forward["fp8"] = ("e4m3 Q, K, V scaled by their descales; P times P_SCALE through e4m3 for P V; fp32 "
+                          "accumulation (no Gluon FP8 kernel yet)")
+        return DispatchPlan("triton", reason, forward, _FP8_BACKWARD)
     alibi = hopper.alibi_call_form(alibi_slopes, q.shape[-1], window, varlen, seqlen_q, softcap)
     sem = Semantics(q.shape[-1] ** -0.5, window, softcap, 0.0, alibi_slopes is not None)
     ok, refusal = hopper.hopper_supports(q, k, v, varlen, sem, alibi_slopes)
@@ -91,6 +100,9 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                     "tiles": (bwd.block_m, bwd.block_n, bwd.num_warps, bwd.num_stages), "atomics": False}
     backward["gluon_hopper"] = f"taken ({bwd_why})" if gluon_bwd else f"not taken ({bwd_why})"
     return DispatchPlan("triton", reason, forward, backward)
+
+
+_FP8_BACKWARD = {"refused": "FP8 inputs have no backward (FP8 attention is for inference)"}
 
 
 def _portable_forward(q, k, v, varlen, window, seqlen_q, cu_seqlens_q) -> dict:

@@ -56,3 +56,19 @@ def fp8_output_dtype(out_dtype) -> torch.dtype:
     if out_dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float16 for FP8 inputs, got {out_dtype}")
     return out_dtype
+
+
+def descale_rows(q_descale, k_descale, v_descale, batch: int, nheads: int, nheads_kv: int, device) -> torch.Tensor:
+    """The FP8 forward's descales as one float32 (batch, nheads + 2 * nheads_kv) tensor: each row the
+    query heads' descales, then the key heads', then the value heads' (the kernels' layout). A query
+    descale given per KV head applies to every query head of its group."""
+    q_ds = check_descale("q_descale", q_descale, batch, nheads_kv, device, other_heads=nheads)
+    if q_ds.shape[1] != nheads:
+        q_ds = q_ds.repeat_interleave(nheads // nheads_kv, dim=1)
+    k_ds = check_descale("k_descale", k_descale, batch, nheads_kv, device)
+    v_ds = check_descale("v_descale", v_descale, batch, nheads_kv, device)
+    rows = torch.cat([q_ds, k_ds, v_ds], dim=1)
+    if not bool((torch.isfinite(rows) & (rows > 0)).all()):  # one read of the device for the three
+        for name, t in (("q_descale", q_ds), ("k_descale", k_ds), ("v_descale", v_ds)):
+            check_descale_values(name, t)
+    return rows

@@ -200,23 +200,6 @@ def _f32_to_e4m3_rne_sat(handle):
     return TensorHandle(data.view(torch.uint8).numpy(), tl.float8e4nv)
 
 
-def _interpreter_e4m3_cast_wrong():
-    """Probe: does the interpreter's fp32 -> e4m3 cast lose the carry into the exponent (125.99 ->
-    64 instead of 128) or fail to saturate (500 -> 448 on the GPU)?"""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def _probe(x_ptr, y_ptr, n: tl.constexpr):
-        r = tl.arange(0, n)
-        tl.store(y_ptr + r, tl.minimum(tl.load(x_ptr + r), 448.0).to(tl.float8e4nv))
-
-    x = torch.tensor([125.99, 31.94, 1.0, 0.3, 448.0, 3.0e-3, 0.5, 7.99])
-    y = torch.empty(8, dtype=torch.float8_e4m3fn)
-    _probe[(1,)](x, y, n=8)
-    return not torch.equal(y.float(), x.to(torch.float8_e4m3fn).float())
-
-
 def _interpreter_bf16_issues():
     """Probe the interpreter: (tl.dot on bf16 operands is wrong, fp32 -> bf16 casts truncate)."""
     import triton
@@ -261,7 +244,7 @@ def _interpreter_bf16():
     from triton.runtime.interpreter import InterpreterBuilder
 
     dot_broken, cast_truncates = _interpreter_bf16_issues()
-    e4m3_wrong = _interpreter_e4m3_cast_wrong()
+    e4m3_wrong = not _compat._probe_e4m3_cast()[0]
     original_dot, original_cast = InterpreterBuilder.create_dot, InterpreterBuilder.cast_impl
     original_fp_to_fp = InterpreterBuilder.create_fp_to_fp
 
@@ -291,6 +274,7 @@ def _interpreter_bf16():
     # the library's bf16 probe, judged now on the patched interpreter (its verdict is kept for the
     # session): bf16 tests run where the patches make bf16 right, and skip where they do not
     _compat.interpreter_bf16_status()
+    _compat.interpreter_e4m3_status()
     try:
         yield
     finally:

@@ -5,9 +5,11 @@ import triton
 import triton.language as tl
 
 from ioattn.kernels import constants
+from ioattn.reference import fp8
 
 LOG2E = tl.constexpr(constants.LOG2E)
 LN2 = tl.constexpr(constants.LN2)
+P_SCALE = tl.constexpr(fp8.P_SCALE)
 
 
 

@@ -7,7 +7,7 @@ Reference twin: ``ioattn.reference.tiled.flash2_forward``. Test: ``tests/test_ke
 import triton
 import triton.language as tl
 
-from ioattn.kernels.common import LOG2E, mma, softmax_finish, softmax_step, softmax_step_lazy, tile_coords, tile_start, dropout_keep, kv_block_range, tile_scores
+from ioattn.kernels.common import LOG2E, P_SCALE, mma, softmax_finish, softmax_step, softmax_step_lazy, tile_coords, tile_start, dropout_keep, kv_block_range, tile_scores
 
 
 @triton.jit
@@ -16,7 +16,7 @@ def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride
                window_right, slope_log2, seed, dropout_threshold, drop_row_base, seqlen_k_max,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
                USE_TMA: tl.constexpr, MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-               HAS_DROPOUT: tl.constexpr, RESCALE_TAU: tl.constexpr):
+               HAS_DROPOUT: tl.constexpr, RESCALE_TAU: tl.constexpr, IS_FP8: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
     for n_block in range(n_block_lo, n_block_hi):
         offs_n = n_block * BLOCK_N + offs_n0
@@ -54,13 +54,16 @@ def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride
                 v = tl.load(v_ptrs)
             else:
                 v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-        acc = mma(p.to(v.dtype), v, acc)
+        if IS_FP8:  # P in [0, 1] lifted into e4m3's normal range; undone with the normalisation
+            acc = mma((p * P_SCALE).to(v.dtype), v, acc)
+        else:
+            acc = mma(p.to(v.dtype), v, acc)
     return acc, m_i, l_i
 
 
 @triton.jit
 def attn_fwd_kernel(
-    Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, k_desc, v_desc, TileStarts,
+    Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, k_desc, v_desc, TileStarts, Descales,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -71,7 +74,7 @@ def attn_fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, USE_TMA: tl.constexpr, PERSISTENT: tl.constexpr, LOG2_BATCH: tl.constexpr,
-    RESCALE_TAU: tl.constexpr = 0.0,
+    RESCALE_TAU: tl.constexpr = 0.0, IS_FP8: tl.constexpr = False,
 ):
     """``USE_TMA``: K and V arrive through host-built tensor descriptors over their
     (batch, seqlen_k, nheads_kv, headdim) view (batched inputs with 16-byte aligned strides).
@@ -80,7 +83,10 @@ def attn_fwd_kernel(
     the longest first); for varlen, only the tiles that exist, from ``TileStarts`` (batch + 1,
     the prefix sum of each sequence's query-block count; ``LOG2_BATCH`` steps of binary search).
     ``RESCALE_TAU`` > 0: rescale the accumulator only when a row max grows by more than that many
-    log2 units (``common.softmax_step_lazy``); 0 keeps ``softmax_step``'s rescale at every tile."""
+    log2 units (``common.softmax_step_lazy``); 0 keeps ``softmax_step``'s rescale at every tile.
+    ``IS_FP8``: e4m3 Q, K, V; ``Descales`` fp32 (batch, nheads + 2 * nheads_kv), each row the
+    query heads' descales, then the key heads', then the value heads'; P goes to e4m3 (times
+    ``P_SCALE``) for P V."""
     num_m = tl.cdiv(seqlen_q_max, BLOCK_M)
     if PERSISTENT and IS_VARLEN:
         seq_blocks = tl.load(TileStarts + batch)
@@ -91,26 +97,26 @@ def attn_fwd_kernel(
             # the sequence's tiles are TileStarts[b] .. TileStarts[b + 1] - 1; its last query block first
             m_block = tl.load(TileStarts + b + 1) - 1 - tb
             _fwd_tile(m_block, b * nheads + h, Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
-                      k_desc, v_desc, stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb,
+                      k_desc, v_desc, Descales, stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb,
                       stride_vn, stride_vh, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, stride_ab, nheads,
                       qheads_per_kvhead, seqlen_q_max, seqlen_k_max, qk_scale, softcap, window_left, window_right,
                       seed, dropout_threshold, dropout_scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IS_VARLEN,
-                      HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA, RESCALE_TAU)
+                      HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA, RESCALE_TAU, IS_FP8)
     elif PERSISTENT:
         for t in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
             _fwd_tile(num_m - 1 - t % num_m, t // num_m, Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
-                      k_desc, v_desc, stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb,
+                      k_desc, v_desc, Descales, stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb,
                       stride_vn, stride_vh, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, stride_ab, nheads,
                       qheads_per_kvhead, seqlen_q_max, seqlen_k_max, qk_scale, softcap, window_left, window_right,
                       seed, dropout_threshold, dropout_scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IS_VARLEN,
-                      HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA, RESCALE_TAU)
+                      HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA, RESCALE_TAU, IS_FP8)
     else:
         m_block, bh = tile_coords(num_m, True)
-        _fwd_tile(m_block, bh, Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, k_desc, v_desc, stride_qb,
+        _fwd_tile(m_block, bh, Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, k_desc, v_desc, Descales, stride_qb,
                   stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh, stride_ob,
                   stride_om, stride_oh, stride_lb, stride_lh, stride_ab, nheads, qheads_per_kvhead, seqlen_q_max,
                   seqlen_k_max, qk_scale, softcap, window_left, window_right, seed, dropout_threshold, dropout_scale,
-                  HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IS_VARLEN, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA, RESCALE_TAU)
+                  HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IS_VARLEN, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA, RESCALE_TAU, IS_FP8)
 
 
 @triton.jit
@@ -129,7 +135,7 @@ def _last_start_at_or_below(TileStarts, tb, batch, LOG2_BATCH: tl.constexpr):
 
 @triton.jit
 def _fwd_tile(
-    m_block, bh, Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, k_desc, v_desc,
+    m_block, bh, Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, k_desc, v_desc, Descales,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -139,7 +145,7 @@ def _fwd_tile(
     qk_scale, softcap, window_left, window_right, seed, dropout_threshold, dropout_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr, USE_TMA: tl.constexpr, RESCALE_TAU: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, USE_TMA: tl.constexpr, RESCALE_TAU: tl.constexpr, IS_FP8: tl.constexpr,
 ):
     """One (query block, batch * head) tile: the FlashAttention-2 forward of ``BLOCK_M`` query rows."""
     b, h, h_kv, q_start, seqlen_q, k_start, seqlen_k, m_start = tile_start(
@@ -164,6 +170,12 @@ def _fwd_tile(
     if HAS_ALIBI:
         slope_log2 = tl.load(alibi_slopes + b * stride_ab + h).to(tl.float32) * LOG2E
     drop_row_base = (b64 * nheads + h) * seqlen_q_max + offs_m
+    out_scale = dropout_scale
+    if IS_FP8:  # this (batch, head)'s descales: Q's and K's scale the scores, V's the output
+        nheads_kv = nheads // qheads_per_kvhead
+        row = Descales + b64 * (nheads + 2 * nheads_kv)
+        qk_scale = qk_scale * tl.load(row + h) * tl.load(row + nheads + h_kv)
+        out_scale = tl.load(row + nheads + nheads_kv + h_kv) / P_SCALE
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -176,19 +188,19 @@ def _fwd_tile(
                                n_min, n_full_lo, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                                window_right, slope_log2, seed, dropout_threshold, drop_row_base,
                                seqlen_k_max, HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, USE_TMA, True, HAS_SOFTCAP, HAS_ALIBI,
-                               HAS_DROPOUT, RESCALE_TAU)
+                               HAS_DROPOUT, RESCALE_TAU, IS_FP8)
     acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn, offs_m, offs_d,
                                n_full_lo, n_full_hi, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                                window_right, slope_log2, seed, dropout_threshold, drop_row_base,
                                seqlen_k_max, HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, USE_TMA, False, HAS_SOFTCAP, HAS_ALIBI,
-                               HAS_DROPOUT, RESCALE_TAU)
+                               HAS_DROPOUT, RESCALE_TAU, IS_FP8)
     acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn, offs_m, offs_d,
                                n_full_hi, n_max, seqlen_q, seqlen_k, qk_scale,
                                softcap, window_left, window_right, slope_log2, seed, dropout_threshold,
                                drop_row_base, seqlen_k_max, HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, USE_TMA, True,
-                               HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, RESCALE_TAU)
+                               HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, RESCALE_TAU, IS_FP8)
 
-    out, lse = softmax_finish(acc, m_i, l_i, dropout_scale)
+    out, lse = softmax_finish(acc, m_i, l_i, out_scale)
     row_ok = offs_m < seqlen_q
     tl.store(lse_base + offs_m, lse, mask=row_ok)
     tl.store(o_base + offs_m[:, None].to(tl.int64) * stride_om + offs_d[None, :],

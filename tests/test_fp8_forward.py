@@ -1,0 +1,175 @@
+"""The FP8 (e4m3) forward: ``flash_attn_func`` / ``flash_attn_varlen_func`` with e4m3 q, k, v and
+their descales, against float64 attention of the dequantised inputs.
+
+The bound is derived, per output element: the kernel quantises P (times ``P_SCALE``) to e4m3, whose
+3 mantissa bits round within 2^-4 relative, or within 2^-10 absolute in the subnormals (2^-18 in P's
+units); the sum l is exact fp32. So |o_kernel - o| <= sum_j max(2^-4 p_j, 2^-18) |v_j| / l, plus
+the bf16 output's rounding (2^-8 |o|) and fp32 slack. A kernel that skipped a descale or dropped a
+key would break it by orders of magnitude.
+"""
+import pytest
+import torch
+
+import ioattn
+from ioattn.plan import dispatch
+from ioattn.reference import fp8 as ref8
+from ioattn.reference.naive import attention_ref
+
+F64 = torch.float64
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+
+
+def _inputs(b, sq, sk, h, h_kv, d, granularity="head", seed=0, varlen=False):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, s, n, d, generator=g, dtype=F64) for s, n in ((sq, h), (sk, h_kv), (sk, h_kv)))
+    quant = [ref8.quantize_fp8_ref(t, granularity) for t in (q, k, v)]
+    return [(t.to(DEV), s.to(DEV)) for t, s in quant]
+
+
+def _bound(qd, kd, vd, window, scale=None, softcap=0.0):
+    """(exact output, per-element bound) of float64 attention over the dequantised inputs."""
+    group = qd.shape[2] // kd.shape[2]
+    kd, vd = (t.repeat_interleave(group, dim=2) for t in (kd, vd))
+    scale = qd.shape[-1] ** -0.5 if scale is None else scale
+    s = torch.einsum("bqhd,bkhd->bhqk", qd, kd) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    sq, sk = s.shape[-2:]
+    i, j = torch.arange(sq)[:, None] + (sk - sq), torch.arange(sk)[None, :]
+    keep = torch.ones(sq, sk, dtype=torch.bool)
+    if window[0] >= 0:
+        keep &= j >= i - window[0]
+    if window[1] >= 0:
+        keep &= j <= i + window[1]
+    s = s.masked_fill(~keep.to(s.device), float("-inf"))
+    p = torch.exp(s - s.amax(-1, keepdim=True).nan_to_num(neginf=0.0))
+    l = p.sum(-1, keepdim=True).clamp(min=1e-300)
+    out = torch.einsum("bhqk,bkhd->bqhd", p / l, vd)
+    dp = torch.maximum(p * 2.0 ** -4, torch.full_like(p, 2.0 ** -18)) * keep.to(p.device)
+    err = torch.einsum("bhqk,bkhd->bqhd", dp / l, vd.abs())
+    return out, err + 2.0 ** -8 * out.abs() + 1e-5
+
+
+def _dequant(pairs):
+    return [ref8.dequantize_fp8_ref(t.cpu(), s.cpu()) for t, s in pairs]
+
+
+def _check(out, exact, bound, dtype=torch.bfloat16):
+    assert out.dtype == dtype and not out.isnan().any()
+    excess = ((out.cpu().double() - exact).abs() - bound).max().item()
+    assert excess <= 0, f"over the FP8 bound by {excess:.3g}"
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 64, 80, 4, 2, 32), (1, 33, 17, 2, 2, 64), (1, 70, 130, 2, 1, 40)])
+def test_fp8_forward_within_the_e4m3_bound(shape, causal, poison_alloc):
+    b, sq, sk, h, h_kv, d = shape
+    pairs = _inputs(*shape, seed=sum(shape))
+    out = ioattn.flash_attn_func(*(t for t, _ in pairs), causal=causal, q_descale=pairs[0][1],
+                                 k_descale=pairs[1][1], v_descale=pairs[2][1])
+    exact, bound = _bound(*_dequant(pairs), (-1, 0) if causal else (-1, -1))
+    _check(out, exact, bound)
+
+
+@pytest.mark.interpreter
+def test_fp8_forward_window_softcap_fp16_out_and_lse(poison_alloc):
+    pairs = _inputs(1, 48, 64, 2, 1, 32, seed=3)
+    out, lse, probs = ioattn.flash_attn_func(*(t for t, _ in pairs), window_size=(20, 3), softcap=2.0,
+                                             q_descale=pairs[0][1], k_descale=pairs[1][1], v_descale=pairs[2][1],
+                                             out_dtype=torch.float16, return_attn_probs=True)
+    qd, kd, vd = _dequant(pairs)
+    exact, bound = _bound(qd, kd, vd, (20, 3), softcap=2.0)
+    _check(out, exact, bound, torch.float16)
+    _, lse64 = attention_ref(qd, kd, vd, window=(20, 3), softcap=2.0)
+    assert probs.numel() == 0 and (lse.cpu().double() - lse64).abs().max() < 1e-4
+
+
+@pytest.mark.interpreter
+def test_fp8_forward_descale_forms(poison_alloc):
+    """A scalar descale (per tensor), the query's per query head, and per (batch, KV head) agree with
+    the same values dequantised by hand."""
+    pairs = _inputs(2, 40, 40, 4, 2, 32, granularity="tensor", seed=5)
+    (q, qs), (k, ks), (v, vs) = pairs
+    q_heads = torch.full((2, 4), qs.item(), device=DEV)
+    kv = torch.full((2, 2), ks.item(), device=DEV)
+    a = ioattn.flash_attn_func(q, k, v, q_descale=qs, k_descale=ks.view(1, 1), v_descale=vs)
+    b = ioattn.flash_attn_func(q, k, v, q_descale=q_heads, k_descale=kv, v_descale=vs.expand(2, 2))
+    assert torch.equal(a, b)
+    exact, bound = _bound(*_dequant(pairs), (-1, -1))
+    _check(a, exact, bound)
+
+
+@pytest.mark.interpreter
+def test_fp8_varlen_matches_each_sequence(poison_alloc):
+    g = torch.Generator().manual_seed(11)
+    lens = [23, 1, 40]
+    cu = torch.tensor([0, 23, 24, 64], dtype=torch.int32, device=DEV)
+    x = [torch.randn(64 + 3, n, 32, generator=g, dtype=F64) for n in (4, 2, 2)]  # 3 rows no sequence owns
+    vals = [(t.abs().amax() / 448).float() for t in x]
+    q8, k8, v8 = ((t / s).clamp(-448, 448).to(torch.float8_e4m3fn).to(DEV) for t, s in zip(x, vals))
+    ds = [s.to(DEV).expand(3, 2) for s in vals]
+    out = ioattn.flash_attn_varlen_func(q8, k8, v8, cu, cu, 40, 40, causal=True, q_descale=ds[0], k_descale=ds[1],
+                                        v_descale=ds[2])
+    assert out[64:].eq(0).all()
+    for i, n in enumerate(lens):
+        lo = int(cu[i])
+        part = [t[lo:lo + n].unsqueeze(0).cpu().double() * s for t, s in zip((q8, k8, v8), vals)]
+        exact, bound = _bound(*part, (-1, 0))
+        _check(out[lo:lo + n].unsqueeze(0), exact, bound)
+
+
+def test_fp8_cpu_path_is_float32_attention_of_the_dequantised_inputs():
+    pairs = [(t.cpu(), s.cpu()) for t, s in _inputs(1, 30, 50, 2, 1, 16, seed=7)]
+    with dispatch.forced_backend("reference"):
+        out = ioattn.flash_attn_func(*(t for t, _ in pairs), causal=True, q_descale=pairs[0][1],
+                                     k_descale=pairs[1][1], v_descale=pairs[2][1])
+    exact, _ = attention_ref(*_dequant(pairs), window=(-1, 0))
+    assert out.dtype == torch.bfloat16 and (out.double() - exact).abs().max() <= 2.0 ** -8 * exact.abs().max()
+
+
+def _bad_call(pairs, **kw):
+    args = dict(q_descale=pairs[0][1], k_descale=pairs[1][1], v_descale=pairs[2][1])
+    args.update(kw)
+    q, k, v = (args.pop(n, t) for n, t in zip("qkv", (t for t, _ in pairs)))
+    return ioattn.flash_attn_func(q, k, v, **args)
+
+
+@pytest.mark.parametrize("kw, error, match", [
+    (dict(k_descale=None), ValueError, "k_descale is required"),
+    (dict(v_descale=torch.ones(3, 2)), ValueError, r"v_descale must broadcast to \(2, 2\)"),
+    (dict(q_descale=torch.ones(2, 3)), ValueError, r"q_descale must broadcast to \(2, 2\) or \(2, 4\)"),
+    (dict(k_descale=torch.ones(2, 2, dtype=torch.int32)), TypeError, "k_descale must be a floating-point"),
+    (dict(q_descale=torch.tensor(0.0)), ValueError, "q_descale must hold finite positive values"),
+    (dict(v_descale=torch.tensor(float("nan"))), ValueError, "v_descale must hold finite positive values"),
+    (dict(k_descale=[1.0]), TypeError, "k_descale must be a torch.Tensor"),
+    (dict(out_dtype=torch.float32), ValueError, "out_dtype must be torch.bfloat16 or torch.float16"),
+    (dict(dropout_p=0.1), ValueError, "dropout_p must be 0 with FP8 inputs"),
+    (dict(v=torch.zeros(2, 8, 2, 16, dtype=torch.bfloat16)), TypeError, "q, k, v must share one dtype"),
+])
+def test_fp8_bad_input_is_refused_before_any_launch(kw, error, match):
+    pairs = [(t.cpu(), s.cpu()) for t, s in _inputs(2, 8, 8, 4, 2, 16, seed=1)]
+    with dispatch.forced_backend("reference"), pytest.raises(error, match=match):
+        _bad_call(pairs, **kw)
+
+
+def test_fp8_refuses_gradients_and_descales_on_other_dtypes():
+    pairs = [(t.cpu(), s.cpu()) for t, s in _inputs(1, 8, 8, 2, 2, 16, seed=2)]
+    q = pairs[0][0].clone().requires_grad_(True)
+    with pytest.raises(RuntimeError, match="FP8 inputs have no backward"):
+        _bad_call(pairs, q=q)
+    x = torch.randn(1, 8, 2, 16)
+    with pytest.raises(ValueError, match="q_descale applies to FP8"):
+        ioattn.flash_attn_func(x, x, x, q_descale=torch.ones(1, 2))
+
+
+def test_explain_dispatch_names_the_fp8_path():
+    q = torch.randn(1, 16, 2, 32).to(torch.float8_e4m3fn)
+    with dispatch.forced_backend("reference"):
+        plan = ioattn.explain_dispatch(q, q, q)
+    assert "dequantised" in plan.forward["fp8"] and "no backward" in plan.backward["refused"]
+    with dispatch.forced_backend("triton"):
+        plan = ioattn.explain_dispatch(q, q, q)
+    if plan.backend == "triton":  # (refused where the interpreter's e4m3 conversion is wrong)
+        assert plan.forward["kernel"].endswith("attn_fwd_kernel") and "P_SCALE" in plan.forward["fp8"]
