@@ -66,6 +66,9 @@ GPU_SWEEPS = {
     # what a caller timing eager calls one at a time sees: host time and synchronised latency
     "latency": Sweep(headdims=(64, 128), seqlens=(512, 1024, 2048, 4096), modes=("fwd", "bwd"),
                      providers=("ioattn", "sdpa-cudnn", "sdpa-flash"), latency=True),
+    # the FP8 forward (inputs quantised per head outside the timed calls) beside our bf16 forward and cuDNN's
+    "fp8": Sweep(headdims=(64, 128, 256), seqlens=PAPER_SEQLENS, modes=("fwd",),
+                 providers=("ioattn-fp8", "ioattn", "sdpa-cudnn")),
     # one sequence of 16 heads of dim 128, doubling until standard attention no longer fits
     "memory": Sweep(headdims=(128,), seqlens=tuple(2**i for i in range(10, 18)), causal=(False,),
                     modes=("fwdbwd",), tokens=0, providers=("ioattn", "sdpa-math"), memory=True),
@@ -122,6 +125,7 @@ SWEEP_HELP = {
     "quick": "a short run: correctness check, then forward and backward time (the default)",
     "decode": "one query token per sequence over a full KV cache: time and GB/s of K and V read",
     "latency": "eager calls one at a time, synchronised: per-call latency and host time",
+    "fp8": "the FP8 (e4m3) forward beside the bf16 forward: time and TFLOP/s",
 }
 
 
@@ -194,7 +198,10 @@ def _check(fn, q, k, v, causal, grads=False):
     dout = torch.randn_like(q) if grads else None
     oracle = verdict.outputs(lambda *a: attention_ref(*a, window=window)[0], q.double(), k.double(), v.double(),
                              None if dout is None else dout.double())
-    same = verdict.outputs(lambda *a: attention_ref(*a, window=window, upcast=False)[0], q, k, v, dout)
+    # a provider with a precision of its own (FP8) brings its same-precision twin
+    twin = getattr(fn, "same_precision", None)
+    same = verdict.outputs((lambda *a: twin(*a, causal)) if twin else
+                           (lambda *a: attention_ref(*a, window=window, upcast=False)[0]), q, k, v, dout)
     got = verdict.outputs(lambda *a: fn(*a, causal), q, k, v, dout)
     return verdict.judge(got, oracle, same)
 
