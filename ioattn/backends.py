@@ -167,6 +167,7 @@ def clear_routes():
     switches and environment variables, not the tables)."""
     _FWD_ROUTES.clear()
     _BWD_ROUTES.clear()
+    _FP8_ROUTES.clear()
     forward_plan._PLANS.clear()
     backward_plan._PLANS.clear()
 
@@ -400,11 +401,37 @@ def _dequantize(t, scale, cu_seqlens):
     return t.float() * rows[:, :, None]
 
 
+_FP8_ROUTES: dict = {}
+
+
+def _fp8_route(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes, out_dtype):
+    """The Gluon FP8 forward prepared for calls laid out as this one (``hopper.fp8_fwd_plan``), or None
+    where the portable kernel takes it."""
+    varlen = cu_seqlens_q is not None
+    if not hopper.fp8_fwd_plan(q, k, v, varlen, sem, alibi_slopes)[0]:
+        return None
+    plan = forward_plan.plan_forward(forward_signature(q, k, sem.softmax_scale, sem.causal, cu_seqlens_q, max_seqlen_q,
+                                                       max_seqlen_k, sem.band_window, sem.softcap, alibi_slopes))
+    return gluon_fwd.ForwardLaunch(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+                                   cached=dispatch.cached_launch(), out_dtype=out_dtype)
+
+
 def fp8_forward(q, k, v, descales, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes,
                 out_dtype):
     """(out, lse) of e4m3 q, k, v with their descales (``ioattn.fp8.descale_rows``), out in ``out_dtype``:
     the portable kernel (P through e4m3), or on the CPU path float32 attention of the dequantised inputs."""
     if dispatch.use_triton(q.device, q.dtype):
+        key = (_forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes),
+               out_dtype)
+        route = _FP8_ROUTES.get(key, _UNSET)
+        if route is _UNSET:
+            route = _fp8_route(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes,
+                               out_dtype)
+            if len(_FP8_ROUTES) >= _ROUTES_MAX:
+                _FP8_ROUTES.clear()
+            _FP8_ROUTES[key] = route
+        if route is not None:
+            return route(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, descales)
         return portable_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes,
                                 0, descales, out_dtype)
     h, h_kv = q.shape[-2], k.shape[-2]

@@ -63,10 +63,8 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     window = normalize_window(window_size, bool(causal))
     seqlen_q = max_seqlen_q if varlen else q.shape[1]
     if fp8.is_fp8(q):
-        forward = _portable_forward(q, k, v, varlen, window, seqlen_q, cu_seqlens_q)
-        forward["fp8"] = ("e4m3 Q, K, V scaled by their descales; P times P_SCALE through e4m3 for P V; fp32 "
-                          "accumulation (no Gluon FP8 kernel yet)")
-        return DispatchPlan("triton", reason, forward, _FP8_BACKWARD)
+        return DispatchPlan("triton", reason, _fp8_forward(q, k, v, varlen, window, seqlen_q, cu_seqlens_q, softcap,
+                                                          alibi_slopes), _FP8_BACKWARD)
     alibi = hopper.alibi_call_form(alibi_slopes, q.shape[-1], window, varlen, seqlen_q, softcap)
     sem = Semantics(q.shape[-1] ** -0.5, window, softcap, 0.0, alibi_slopes is not None)
     ok, refusal = hopper.hopper_supports(q, k, v, varlen, sem, alibi_slopes)
@@ -103,6 +101,25 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
 
 
 _FP8_BACKWARD = {"refused": "FP8 inputs have no backward (FP8 attention is for inference)"}
+
+
+def _fp8_forward(q, k, v, varlen, window, seqlen_q, cu_seqlens_q, softcap, alibi_slopes) -> dict:
+    """The FP8 forward's part of the plan: the Gluon ping-pong kernel where ``hopper.fp8_fwd_plan`` takes the
+    call, else the portable kernel."""
+    sem = Semantics(q.shape[-1] ** -0.5, window, softcap, 0.0, alibi_slopes is not None)
+    taken, why = hopper.fp8_fwd_plan(q, k, v, varlen, sem, alibi_slopes)
+    if not taken:
+        forward = _portable_forward(q, k, v, varlen, window, seqlen_q, cu_seqlens_q)
+        forward["fp8"] = "e4m3 Q, K, V scaled by their descales; P times P_SCALE through e4m3; fp32 accumulation"
+        forward["gluon_hopper"] = f"not taken ({why})"
+        return forward
+    plan = forward_plan.plan_forward(backends.forward_signature(
+        q, k, sem.softmax_scale, sem.causal, cu_seqlens_q, seqlen_q, None, sem.band_window, softcap, alibi_slopes))
+    return {"kernel": "ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, pingpong, FP8)",
+            "tiles": (plan.block_m, plan.block_n, 4 * (plan.block_m // 64), dict(plan.constexprs)["STAGES"]),
+            "fp8": ("e4m3 Q, K by TMA; V transposed once a call (keys contiguous, as 8-bit wgmma reads B); P times "
+                    "P_SCALE through shared memory; the descales read by the kernel"),
+            "gluon_hopper": f"taken ({why})", "tiles_count": plan.num_tiles, "programs": plan.programs, "plan": plan}
 
 
 def _portable_forward(q, k, v, varlen, window, seqlen_q, cu_seqlens_q) -> dict:

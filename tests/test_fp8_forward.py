@@ -173,3 +173,52 @@ def test_explain_dispatch_names_the_fp8_path():
         plan = ioattn.explain_dispatch(q, q, q)
     if plan.backend == "triton":  # (refused where the interpreter's e4m3 conversion is wrong)
         assert plan.forward["kernel"].endswith("attn_fwd_kernel") and "P_SCALE" in plan.forward["fp8"]
+
+
+@pytest.mark.skipif(not CUDA or torch.cuda.get_device_capability()[0] != 9, reason="the Gluon FP8 kernel: sm_90")
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 300, 700, 2, 2), (1, 640, 256, 6, 1)])
+def test_gluon_fp8_forward(shape, causal, d, poison_alloc):
+    """The Gluon FP8 kernel (the default on sm_90) within the e4m3 bound, and where it applies."""
+    b, sq, sk, h, h_kv = shape
+    pairs = _inputs(b, sq, sk, h, h_kv, d, seed=d + sq)
+    plan = ioattn.explain_dispatch(pairs[0][0], pairs[1][0], pairs[2][0], causal=causal)
+    assert "Gluon" in plan.forward["kernel"], plan.forward
+    out = ioattn.flash_attn_func(*(t for t, _ in pairs), causal=causal, q_descale=pairs[0][1],
+                                 k_descale=pairs[1][1], v_descale=pairs[2][1])
+    exact, bound = _bound(*_dequant(pairs), (-1, 0) if causal else (-1, -1))
+    _check(out, exact, bound)
+
+
+@pytest.mark.skipif(not CUDA or torch.cuda.get_device_capability()[0] != 9, reason="the Gluon FP8 kernel: sm_90")
+@pytest.mark.parametrize("kw", [dict(window_size=(100, 20)), dict(softcap=3.0), dict(softmax_scale=0.05)])
+def test_gluon_fp8_forward_options(kw, poison_alloc):
+    pairs = _inputs(1, 512, 512, 4, 2, 128, seed=9)
+    out = ioattn.flash_attn_func(*(t for t, _ in pairs), q_descale=pairs[0][1], k_descale=pairs[1][1],
+                                 v_descale=pairs[2][1], **kw)
+    exact, bound = _bound(*_dequant(pairs), kw.get("window_size", (-1, -1)), kw.get("softmax_scale"),
+                          kw.get("softcap", 0.0))
+    _check(out, exact, bound)
+
+
+def test_fp8_plan_is_the_pingpong_kernel_without_the_lean_options():
+    """The FP8 plan (pure Python): the one-tile ping-pong kernel at ``hopper.FP8_TILES``'s tiles, the lean
+    softmax and the persistent walk off, and the calls it leaves to the portable kernel."""
+    from ioattn.plan import forward as forward_plan, hopper
+    from ioattn.semantics import Semantics
+
+    sig = forward_plan.Signature(batch=2, seqlen_q=1000, seqlen_k=1000, nheads=4, nheads_kv=2, head_dim=256,
+                                 element_size=1, varlen=False, causal=True, window=(-1, -1), softcap=0.0,
+                                 softmax_scale=0.0625, alibi=False, device_sms=132)
+    plan = forward_plan.plan_forward(sig)
+    c = dict(plan.constexprs)
+    assert plan.variant == "pingpong" and (plan.block_m, plan.block_n) == (128, hopper.FP8_TILES[256][0])
+    assert c["PINGPONG"] and not (c["LEAN"] or c["PERSISTENT"] or c["KV_TAIL"] or c["Q_IN_REGS"]) and c["IS_CAUSAL"]
+    assert plan.programs == 8 * 2 * 4
+    q = torch.zeros(1, 8, 2, 96).to(torch.float8_e4m3fn)
+    sem = Semantics(0.1, (-1, -1), 0.0, 0.0, False)
+    assert not hopper.fp8_call_supported(q, q, q, False, sem, None)[0]  # head dim 96
+    q = torch.zeros(1, 8, 2, 128).to(torch.float8_e4m3fn)
+    assert hopper.fp8_call_supported(q, q, q, False, sem, None)[0]
+    assert not hopper.fp8_call_supported(q, q, q, True, sem, None)[0]  # varlen

@@ -6,6 +6,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from ioattn.kernels import constants
 from ioattn.kernels import hopper_flags as _flags
+from ioattn.reference import fp8
 
 
 @gluon.constexpr_function
@@ -139,6 +140,7 @@ LOG2E = gl.constexpr(constants.LOG2E)
 
 
 LN2 = gl.constexpr(constants.LN2)
+P_SCALE = gl.constexpr(fp8.P_SCALE)  # FP8's P multiplier (``ioattn.reference.fp8``)
 
 
 

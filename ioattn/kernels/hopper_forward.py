@@ -15,12 +15,18 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from ioattn.kernels.hopper_common import _io_dim, _prod_dim, _tile_layout
+from ioattn.kernels.hopper_common import P_SCALE, _io_dim, _prod_dim, _tile_layout
 from ioattn.kernels.hopper_softmax import _window_tiles
 from ioattn.kernels.hopper_fwd_tile import _consumer, _pingpong_consumer, _pp_shared, _producer, _split_ring, \
     _store_no_key_rows, _init_ring
 from ioattn.kernels.hopper_persistent import _persistent_fwd
 from ioattn.kernels.hopper_tiles import _kv_tile_count, _tile_bhm
+
+
+@gluon.constexpr_function
+def _p_layout(block_n):
+    """e4m3 P's [64, block_n] buffer: rows of block_n bytes, swizzled as wgmma reads its A operand."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=min(128, block_n), element_bitwidth=8, rank=2)
 
 
 # the magic numbers vary with the shape: one compiled kernel for all of them (no specialisation on 1
@@ -43,7 +49,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                       WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, num_tiles=0, Walk=None,
                       win_left=0, win_right=0, softcap_a=0.0, ALIBI: gl.constexpr = False, Alibi=None,
                       stride_ab=0, alibi_unit=0.0, IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0,
-                      k_hi_desc=None, v_hi_desc=None):
+                      k_hi_desc=None, v_hi_desc=None, Descales=None):
     """The Gluon Hopper forward. ``PINGPONG=False`` (launched with num_warps = 4 * BLOCK_M // 64): one
     consumer partition of BLOCK_M // 64 warpgroups in lockstep. ``PINGPONG=True`` (num_warps = 4,
     BLOCK_M = 64 * NUM_WG): ``NUM_WG`` consumer warpgroups of 64 rows each in separate partitions,
@@ -54,7 +60,9 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     ``DEFERRED_SUM``, ``MASK_BRANCH``, ``PTX_BARRIERS``, ``LPT``, ``KV_TAIL``, ``EXP2_FMA``, ``ROW_STORES``,
     ``FEWER_MASKS``, ``KEY_MASKS``, ``Q_BUFS``, ``PAIRED``, ``Walk``, ``FAST_DIV``, ``NO_KEY_WIDE``,
     ``DIAG_TRIM``, ``WINDOW``, ``SOFTCAP``, ``ALIBI``, ``IO_DIM``, ``PROD_DIM``, ``k_hi_desc``): see
-    docs/hopper-forward.md, "Compile-time options"; the host sets them (``ioattn.plan.backends.hopper_forward``)."""
+    docs/hopper-forward.md, "Compile-time options"; the host sets them (``ioattn.plan.backends.hopper_forward``).
+    FP8 (e4m3 descriptors; the ping-pong kernels): ``v_desc`` reads V^T as (batch * nheads_kv * d,
+    keys), ``Descales`` fp32 (batch, nheads + 2 * nheads_kv) as the portable kernel's."""
     D_IO: gl.constexpr = _io_dim(HEAD_DIM, IO_DIM)
     gl.static_assert(_prod_dim(HEAD_DIM, PROD_DIM) >= D_IO, "the products cover the tensors' columns")
     gl.static_assert(PROD_DIM == 0 or PINGPONG, "the split products: the ping-pong consumers")
@@ -128,6 +136,22 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
 
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
+    FP8: gl.constexpr = dtype == gl.float8e4nv
+    if FP8:  # this head's descales: Q's and K's into the scores' scale, V's into the output's
+        gl.static_assert(PINGPONG and not (PERSISTENT or IS_VARLEN or KV_TAIL or LEAN or ALIBI or PROD_DIM),
+                         "FP8: the one-tile ping-pong kernels, fixed lengths, whole tiles")
+        nheads_kv = nheads // group
+        drow = Descales + b * (nheads + 2 * nheads_kv)
+        qk_descale = gl.load(drow + h) * gl.load(drow + nheads + h // group)
+        if SOFTCAP:  # the raw scores reach tanh through softcap_a
+            softcap_a = softcap_a * qk_descale
+        else:
+            qk_scale = qk_scale * qk_descale
+        out_scale = gl.load(drow + nheads + nheads_kv + h // group) / P_SCALE
+        vt_row0 = (b * nheads_kv + h // group) * HEAD_DIM
+    else:
+        out_scale: gl.constexpr = None
+        vt_row0 = 0
     if IS_VARLEN:
         kv_row0 = start_k
     else:
@@ -144,6 +168,10 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
         gl.static_assert(q_desc.block_type.shape[-2] == WG_ROWS, "ping-pong: Q descriptor block is [64, HEAD_DIM]")
         q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn = _pp_shared(
             q_desc, k_desc, v_desc, NUM_WG, WG_ROWS, BLOCK_N, HEAD_DIM, STAGES, 1, k_hi_desc)
+        if FP8:  # each consumer warpgroup's P (``_p_operand``)
+            p_smem = gl.allocate_shared_memory(dtype, [NUM_WG, WG_ROWS, BLOCK_N], _p_layout(BLOCK_N))
+        else:
+            p_smem: gl.constexpr = None
         if k_hi_desc is not None:  # the split ring's high columns (``_split_ring``)
             kv_hi, kv_hi_load = _split_ring(k_hi_desc, v_hi_desc, BLOCK_N, STAGES)
         else:
@@ -170,10 +198,11 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                                    IS_CAUSAL, MASK_ALL, 1 if w == 0 else 0, ORDERED, LEAN, COND_RESCALE,
                                    RESCALE_BY_WARP, Q_IN_REGS, DEFERRED_SUM, MASK_BRANCH, PTX_BARRIERS, EXP2_FMA,
                                    TILE_ROW_STORES, FEWER_MASKS, KEY_MASKS, WINDOW, win_left, win_right, SOFTCAP,
-                                   softcap_a, ALIBI, alibi_a, IO_DIM, PROD_DIM, kv_hi))
+                                   softcap_a, ALIBI, alibi_a, IO_DIM, PROD_DIM, kv_hi, out_scale,
+                                   p_smem.index(w) if FP8 else None))
              if w < NUM_WG else
              (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
-                          n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL, 0, 0, kv_hi_load))
+                          n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL, 0, 0, kv_hi_load, vt_row0))
              for w in (0, 1, 2, 3)[:NUM_WG + 1]],
             [4] * (NUM_WG - 1) + [1], [CONSUMER_REGS] * (NUM_WG - 1) + [PRODUCER_REGS])
     else:

@@ -8,7 +8,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ioattn import _compat
 from ioattn.kernels import ptx_barriers as _ptx_barriers
-from ioattn.kernels.hopper_common import (ALIBI_FP32_COLS, LN2, _io_dim, _load_rows, _prod_dim,
+from ioattn.kernels.hopper_common import (ALIBI_FP32_COLS, LN2, P_SCALE, _io_dim, _load_rows, _prod_dim,
                                           _qk_mma, _softcap, _tile_layout, _zero_v_tail)
 from ioattn.kernels.hopper_softmax import (_alibi, _rescale_rows, _softmax_tile, _step_softmax, _thread_row_sums,
                                            _window_cuts)
@@ -56,7 +56,7 @@ PTX_BARRIERS_MARKER = gl.constexpr(_ptx_barriers.MARKER)  # a constexpr global: 
 @gluon.jit
 def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col, n_lo,
               n_tiles, seqlen_k, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KV_TAIL: gl.constexpr, g0=0, tails=0,
-              kv_hi=None):
+              kv_hi=None, vt_row0=0):
     """K and V tiles n_lo .. n_lo + n_tiles - 1 into the ring; ``g0``: ring uses before this call
     (a persistent program's running count), which fixes each tile's slot and phase. The V tile the
     key end falls in (a sequence length not a multiple of BLOCK_N) lands instead on ``v_tail`` (the
@@ -65,7 +65,11 @@ def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty
     bytes pending); compiled only with ``KV_TAIL`` (the host sets it for varlen calls and key lengths
     not a multiple of BLOCK_N). ``tails``: such tiles before this call (``v_tail``'s phase); returns
     the count after it. ``kv_hi`` (the split ring, ``_split_ring``): (k_hi_desc, v_hi_desc, k_hi, v_hi),
-    each tile's columns 128: in rings of their own, loaded beside the first 128 on the same barriers."""
+    each tile's columns 128: in rings of their own, loaded beside the first 128 on the same barriers.
+    FP8 (e4m3 descriptors): V arrives transposed, [HEAD_DIM, BLOCK_N] tiles of the (heads * d, keys)
+    view from row ``vt_row0`` (``_v_operand``); the columns past the keys zero-filled by TMA."""
+    V_T: gl.constexpr = v_desc.dtype == gl.float8e4nv
+    gl.static_assert(not (V_T and (KV_TAIL or kv_hi is not None)), "FP8: whole V^T tiles, no split ring")
     tails = tails + 0 * n_tiles  # a runtime integer whatever the caller passed (loop-carried)
     k_bytes: gl.constexpr = k_desc.block_type.nbytes + (0 if kv_hi is None else kv_hi[0].block_type.nbytes)
     v_bytes: gl.constexpr = v_desc.block_type.nbytes + (0 if kv_hi is None else kv_hi[1].block_type.nbytes)
@@ -94,6 +98,9 @@ def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty
                 _zero_v_tail(kv_hi[3].index(s), seqlen_k - (n_lo + j) * BLOCK_N, BLOCK_N,
                              kv_hi[1].block_type.shape[-1])
             mbarrier.arrive(v_ready.index(s), count=1)
+        elif V_T:
+            mbarrier.expect(v_ready.index(s), v_bytes)
+            tma.async_copy_global_to_shared(v_desc, [vt_row0, (n_lo + j) * BLOCK_N], v_ready.index(s), v_smem.index(s))
         else:
             mbarrier.expect(v_ready.index(s), v_bytes)
             _load_rows(v_desc, row, kv_col, v_ready.index(s), v_smem.index(s))
@@ -132,7 +139,49 @@ def _issue_pv(o, alpha, p, v_smem, v_ready, i, o_layout: gl.constexpr, p_layout:
 @gluon.jit
 def _pv_mma(o, p16, v_smem, i, STAGES: gl.constexpr):
     """Issue O += P(i) V(i) asynchronously (P from registers, V(i) from its ring slot, already landed)."""
-    return warpgroup_mma(p16, v_smem.index(i % STAGES), o, is_async=True)
+    return warpgroup_mma(p16, _v_operand(v_smem.index(i % STAGES)), o, is_async=True)
+
+
+
+@gluon.jit
+def _v_operand(v_tile):
+    """The P V product's B operand: the [BLOCK_N, HEAD_DIM] V tile, or for FP8 the transposed view of
+    its [HEAD_DIM, BLOCK_N] V^T tile (8-bit wgmma reads B only K-major: the keys contiguous)."""
+    if v_tile.dtype == gl.float8e4nv:
+        operand = v_tile.permute((1, 0))
+    else:
+        operand = v_tile
+    return operand
+
+
+
+@gluon.jit
+def _p_operand(p, dtype: gl.constexpr, layout: gl.constexpr, p_smem=None):
+    """P as the P V product's A operand: registers in ``layout`` (bf16 / fp16), or for e4m3 the
+    warpgroup's ``p_smem`` buffer, P times ``P_SCALE`` written there (P in [0, 1] lifted into e4m3's
+    normal range; the epilogue's ``out_scale`` undoes it). Triton cannot keep 8-bit registers alive
+    across a wgmma wait (its wait takes 16- and 32-bit operands only), so e4m3 P goes through shared
+    memory; the caller writes it only once the previous P V has retired."""
+    if dtype == gl.float8e4nv:
+        p_smem.store((p * P_SCALE).to(dtype))
+        fence_async_shared()  # each thread's writes before the wgmma's reads (the async proxy)
+        gl.thread_barrier()  # the whole warpgroup's rows
+        operand = p_smem
+    else:
+        operand = gl.convert_layout(p.to(dtype), layout)
+    return operand
+
+
+
+@gluon.jit
+def _pv_wait(o_tok, p_op):
+    """Wait for P(i) V(i): its accumulator, with P's registers kept alive until then (e4m3 P in shared
+    memory: nothing to keep)."""
+    if p_op.dtype == gl.float8e4nv:
+        o = warpgroup_mma_wait(0, deps=[o_tok])
+    else:
+        o, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])
+    return o, p_op
 
 
 
@@ -168,7 +217,7 @@ def _cols_join(a, b):
 @gluon.jit
 def _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
               o_layout: gl.constexpr, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, ROW_STORES: gl.constexpr = 0,
-              stage=None, o_desc=None, b=None, IO_DIM: gl.constexpr = 0):
+              stage=None, o_desc=None, b=None, IO_DIM: gl.constexpr = 0, out_scale=None):
     """Normalise once and store ``ROWS`` rows of output and lse from row ``m_start``; rows that saw
     no key give 0 and lse -inf; rows past ``seqlen_q`` are not stored. ``ROW_STORES``: the output
     stored as whole rows, 16 bytes a thread, converted first through shared memory: 1, Triton's
@@ -179,7 +228,8 @@ def _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, 
     itself drops the rows past ``seqlen_q``; ``b``: the batch index). The copy runs on after the
     return: the stage's next writer (the warpgroup's Q load) waits for its reads
     (``tma.store_wait``; ``_persistent_consumer``). ``IO_DIM`` (``_io_dim``): the output's head dim where
-    it is below HEAD_DIM: its columns alone are stored (a 4-D ``o_desc``, ``_store_rows_tma``)."""
+    it is below HEAD_DIM: its columns alone are stored (a 4-D ``o_desc``, ``_store_rows_tma``).
+    ``out_scale`` (FP8): the output's factor besides 1 / l (V's descale over ``P_SCALE``)."""
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
     lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
     lse_rows = m_start + rows_1d
@@ -187,7 +237,10 @@ def _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, 
     # one division a row, then a multiply an element (as the portable kernel's epilogue): a division
     # an element compiled to a few instructions each (range scaling, reciprocal, select), ~184 more in
     # a warpgroup's code at d = 128 (docs/decisions/forward-output-stores.md)
-    o = o * gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, o_layout))[:, None]
+    if out_scale is None:
+        o = o * gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, o_layout))[:, None]
+    else:
+        o = o * gl.convert_layout(out_scale / l_safe, gl.SliceLayout(1, o_layout))[:, None]
     o16 = o.to(Out.dtype.element_ty)
     if ROW_STORES:
         row_threads: gl.constexpr = HEAD_DIM // 8  # <= 32: HEAD_DIM <= 256
@@ -345,7 +398,8 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                        ROW_STORES: gl.constexpr, FEWER_MASKS: gl.constexpr = False,
                        KEY_MASKS: gl.constexpr = True, WINDOW: gl.constexpr = False, win_left=0, win_right=0,
                        SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False, alibi_a=0.0,
-                       IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0, kv_hi=None):
+                       IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0, kv_hi=None, out_scale=None,
+                       p_smem=None):
     """One consumer warpgroup of the ping-pong (``NUM_WG`` = 2) or three-warpgroup ring (3) variant:
     ``BLOCK_M`` (= 64) query rows of its own, the K/V ring shared with the other consumer warpgroups.
 
@@ -364,11 +418,13 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                                STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, COND_RESCALE, RESCALE_BY_WARP,
                                Q_IN_REGS, DEFERRED_SUM, MASK_BRANCH, PTX_BARRIERS, False, EXP2_FMA, FEWER_MASKS,
                                KEY_MASKS, False, WINDOW, win_left, win_right, SOFTCAP, softcap_a, ALIBI, alibi_a,
-                               PROD_DIM, kv_hi)
-    rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _wg_acc_layout(BLOCK_N)))
+                               PROD_DIM, kv_hi, p_smem)
+    MMA_K: gl.constexpr = _mma_k(q_desc.dtype)
+    rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _wg_acc_layout(BLOCK_N, MMA_K)))
     # ROW_STORES 2: staged in this warpgroup's Q buffer (its S products all retired in the key loop)
     _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, seqlen_q, stride_om,
-              _wg_acc_layout(HEAD_DIM), BLOCK_M, HEAD_DIM, ROW_STORES, q_smem, IO_DIM=IO_DIM)
+              _wg_acc_layout(HEAD_DIM, MMA_K), BLOCK_M, HEAD_DIM, ROW_STORES, q_smem, IO_DIM=IO_DIM,
+              out_scale=out_scale)
 
 
 
@@ -378,7 +434,7 @@ def _issue_s0(q_op, k_smem, k_ready, my_turn, next_turn, g0, sec0, BLOCK_M: gl.c
     """A tile's critical section #0 (``_pp_mainloop``): S(0) = Q K(0)^T issued once K(0) has landed and
     the turn is this warpgroup's; returns its token. ``q_op``: Q's shared-memory buffer, or its
     registers (``Q_IN_REGS``). ``PD``, ``k_hi`` (the ring's): ``_qk_mma``'s."""
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=_wg_acc_layout(BLOCK_N))
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=_wg_acc_layout(BLOCK_N, _mma_k(k_smem.dtype)))
     mbarrier.wait(k_ready.index(g0 % STAGES), (g0 // STAGES) & 1)
     _turn_wait(my_turn, sec0, TURN0, ORDERED)
     s_tok = _qk_mma(q_op, k_smem.index(g0 % STAGES), s_zero, PD, k_hi, g0 % STAGES)
@@ -388,10 +444,18 @@ def _issue_s0(q_op, k_smem, k_ready, my_turn, next_turn, g0, sec0, BLOCK_M: gl.c
 
 
 @gluon.constexpr_function
-def _wg_acc_layout(cols):
+def _wg_acc_layout(cols, k=16):
     """The wgmma accumulator layout of one warpgroup's (64 rows x ``cols``) product: S (``cols`` =
-    BLOCK_N) and O (``cols`` = HEAD_DIM) of a ping-pong consumer."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, cols, 16])
+    BLOCK_N) and O (``cols`` = HEAD_DIM) of a ping-pong consumer. ``k``: the instruction's depth, 16
+    for 16-bit operands, 32 for 8-bit (``_mma_k``)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, cols, k])
+
+
+
+@gluon.constexpr_function
+def _mma_k(dtype):
+    """A wgmma instruction's depth for operands of ``dtype``: 32 bytes of them."""
+    return 32 if dtype == gl.float8e4nv else 16
 
 
 
@@ -405,7 +469,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
                  EXP2_FMA: gl.constexpr, FEWER_MASKS: gl.constexpr = False, KEY_MASKS: gl.constexpr = True,
                  DIAG_TRIM: gl.constexpr = False, WINDOW: gl.constexpr = False, win_left=0, win_right=0,
                  SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False, alibi_a=0.0,
-                 PROD_DIM: gl.constexpr = 0, kv_hi=None):
+                 PROD_DIM: gl.constexpr = 0, kv_hi=None, p_smem=None):
     """One query tile's key loop for one ping-pong warpgroup (Q already in ``q_smem``): returns the
     unnormalised (O, m, l). ``g0``: ring uses before this tile, ``sec0``: this warpgroup's critical
     sections before it (both 0 for a one-tile program; a persistent program's running counts), so
@@ -418,6 +482,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     (``_softcap``, ``qk_scale`` = cap * log2 e) and biased (``_alibi``) before the masks. ``PROD_DIM``:
     the products over 192 of 256 or 96 of 128 columns (S two chained products, O two accumulators
     returned side by side with the unused columns' zeros); ``kv_hi``: the split ring's (k_hi, v_hi).
+    ``p_smem``: e4m3 P's buffer (``_p_operand``).
     ``LEAN`` and its options (``COND_RESCALE``, ``RESCALE_BY_WARP``, ``Q_IN_REGS``, ``DEFERRED_SUM``,
     ``MASK_BRANCH``, ``PTX_BARRIERS``): the kernel's. The options: docs/hopper-forward.md."""
     PD: gl.constexpr = _prod_dim(HEAD_DIM, PROD_DIM)
@@ -431,14 +496,18 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     num_warps: gl.constexpr = gl.num_warps()
     gl.static_assert(num_warps == 4, "a ping-pong consumer is one warpgroup")
     gl.static_assert(STAGES >= 2, "S(i+1) and P(i) V(i) are in flight together")
-    s_layout: gl.constexpr = _wg_acc_layout(BLOCK_N)
+    MMA_K: gl.constexpr = _mma_k(v_smem.dtype)
+    s_layout: gl.constexpr = _wg_acc_layout(BLOCK_N, MMA_K)
     O_COLS: gl.constexpr = HEAD_DIM // 2 if SPLIT else HEAD_DIM  # the (first) accumulator's columns
-    o_layout: gl.constexpr = _wg_acc_layout(O_COLS)
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    o_layout: gl.constexpr = _wg_acc_layout(O_COLS, MMA_K)
+    dtype: gl.constexpr = v_smem.dtype
+    # a 32-bit register of P's operand holds 4 e4m3 or 2 bf16 values
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
+                                                 k_width=4 if dtype == gl.float8e4nv else 2)
+    gl.static_assert(dtype != gl.float8e4nv or not (SPLIT or Q_IN_REGS), "FP8: whole products, Q in shared memory")
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     rows_1d = gl.arange(0, BLOCK_M, layout=row_layout)
     cols_1d = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    dtype: gl.constexpr = v_smem.dtype
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     if DEFERRED_SUM:
@@ -484,7 +553,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q, seqlen_k,
                                            rows_1d, cols_1d, KEY_MASKS, IS_CAUSAL, LEAN, COND_RESCALE, DEFERRED_SUM,
                                            EXP2_FMA, True, WINDOW, win_left, win_right)
-    p16 = gl.convert_layout(p.to(dtype), p_layout)  # O is still 0: no rescale
+    p16 = _p_operand(p, dtype, p_layout, p_smem)  # O is still 0: no rescale
 
     n_own = n_tiles  # key tiles this warpgroup computes
     if DIAG_TRIM:
@@ -534,10 +603,10 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
             o, o_hi, p16 = warpgroup_mma_wait(0, deps=[o_tok, oh_tok, p16])
             o_hi = _rescale_rows(o_hi, alpha, COND_RESCALE, RESCALE_BY_WARP)
         else:
-            o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
+            o, p16 = _pv_wait(o_tok, p16)
         mbarrier.arrive(v_empty.index(cur), count=1)
         o = _rescale_rows(o, alpha, COND_RESCALE, RESCALE_BY_WARP)
-        p16 = gl.convert_layout(p.to(dtype), p_layout)
+        p16 = _p_operand(p, dtype, p_layout, p_smem)
 
     # section #n: the last P(n-1) V(n-1)
     last = g0 + n_own - 1
@@ -552,7 +621,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     else:
         o_tok = _pv_mma(o, p16, v_smem, last, STAGES)
         _turn_pass(next_turn, ORDERED)
-        o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
+        o, p16 = _pv_wait(o_tok, p16)
     if RELEASE_LAST:
         mbarrier.arrive(v_empty.index(last % STAGES), count=1)
     if DIAG_TRIM:  # the tiles past this warpgroup's own: their sections and slots
@@ -607,7 +676,10 @@ def _pp_shared(q_desc, k_desc, v_desc, NUM_WG: gl.constexpr, WG_ROWS: gl.constex
     KV_COLS: gl.constexpr = HEAD_DIM if k_hi_desc is None else k_desc.block_type.shape[-1]
     q_smem = gl.allocate_shared_memory(dtype, [NUM_WG * Q_BUFS, WG_ROWS, HEAD_DIM], _tile_layout(q_desc.layout))
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, KV_COLS], _tile_layout(k_desc.layout))
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, KV_COLS], _tile_layout(v_desc.layout))
+    if dtype == gl.float8e4nv:  # V^T tiles (``_v_operand``)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, HEAD_DIM, BLOCK_N], v_desc.layout)
+    else:
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, KV_COLS], _tile_layout(v_desc.layout))
     q_bar = gl.allocate_shared_memory(gl.int64, [NUM_WG * Q_BUFS, 1], bar_layout)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)

@@ -150,7 +150,8 @@ class ForwardLaunch:
     outputs, views its tensors as rows, rebases the descriptors and launches. ``cacheable``: False when
     it was made inside a CUDA graph's capture without the walk table (it then computes the walk)."""
 
-    def __init__(self, plan, q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, alibi_slopes=None, cached=True):
+    def __init__(self, plan, q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, alibi_slopes=None, cached=True,
+                 out_dtype=None):
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -160,13 +161,15 @@ class ForwardLaunch:
 
         consts = dict(plan.constexprs)
         self.plan, self.varlen, self.cacheable = plan, consts["IS_VARLEN"], True
+        self.fp8 = q.dtype == torch.float8_e4m3fn
+        self.out_dtype = out_dtype or q.dtype
         d, nheads = plan.head_dim, q.shape[-2]
         self.batch = cu_seqlens_q.numel() - 1 if self.varlen else q.shape[0]
         self.lse_shape = (nheads, q.shape[0]) if self.varlen else (self.batch, nheads, plan.seqlen_q)
         self.empty = q.numel() == 0 or plan.num_m == 0 or (self.varlen and (k.numel() == 0 or plan.seqlen_k == 0))
         if self.empty:
             return
-        dt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+        dt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}[q.dtype]
         if plan.negate_q:  # the call's q is negated first: its layout is the negation's
             q = -q
         # the example's rows views (of a contiguous copy where a tensor has none: the same at each call)
@@ -183,6 +186,10 @@ class ForwardLaunch:
             descs = [TensorDescriptor.from_tensor(rows[0], [plan.q_rows, d], _layout(plan.q_rows, d, dt)),
                      TensorDescriptor.from_tensor(rows[1], [plan.block_n, d], kv_layout),
                      TensorDescriptor.from_tensor(rows[2], [plan.block_n, d], kv_layout)]
+        if self.fp8:  # V read transposed (``transposed_v``): a template over its (heads * d, keys) view
+            vt_shape, vt_strides = transposed_v_view(v.shape)
+            descs[2] = template_desc(vt_shape, vt_strides, (d, plan.block_n), _layout(d, plan.block_n, dt), v.dtype,
+                                     v.device)
         # (descriptor without its base, which tensor's rows it reads: 0 q, 1 k, 2 v)
         self.descs = tuple((unbased(desc), i) for desc, i in zip(descs, (0, 1, 2, 1, 2)))
         self.o_desc = None
@@ -213,16 +220,16 @@ class ForwardLaunch:
                       stride_ab=alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
                       **consts)
         dynamic = ["q_desc", "k_desc", "v_desc", "o_desc", "Out", "Lse", "Cu_q", "Cu_k", "Alibi", "k_hi_desc",
-                   "v_hi_desc"]
+                   "v_hi_desc"] + (["Descales"] if self.fp8 else [])
         self.kernel = BoundLaunch(hopper_fwd_kernel, static, dynamic, dict(num_warps=plan.num_warps), direct=cached)
 
-    def __call__(self, q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, alibi_slopes=None):
+    def __call__(self, q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, alibi_slopes=None, descales=None):
         plan = self.plan
         if self.varlen:  # zeros / -inf first: the kernel writes only rows some sequence owns
-            out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+            out = torch.zeros(q.shape, dtype=self.out_dtype, device=q.device)
             lse = torch.full(self.lse_shape, float("-inf"), device=q.device, dtype=torch.float32)
         else:
-            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+            out = torch.empty(q.shape, dtype=self.out_dtype, device=q.device)
             lse = torch.empty(self.lse_shape, device=q.device, dtype=torch.float32)
         if self.empty:
             return out.zero_(), lse.fill_(float("-inf"))
@@ -230,12 +237,32 @@ class ForwardLaunch:
             q = -q
         rows = [(t if in_place else t.contiguous()).as_strided(shape, stride)
                 for t, (in_place, shape, stride) in zip((q, k, v), self.views)]
+        if self.fp8:
+            rows[2] = transposed_v(v)
         descs = [rebased(desc, rows[i]) for desc, i in self.descs]
         descs += [None] * (5 - len(descs))
         o_desc = None if self.o_desc is None else rebased(self.o_desc, out.view(self.out_view))
+        extra = (descales,) if self.fp8 else ()
         self.kernel((plan.programs,), descs[0], descs[1], descs[2], o_desc, out, lse, cu_seqlens_q, cu_seqlens_k,
-                    alibi_slopes, descs[3], descs[4])
+                    alibi_slopes, descs[3], descs[4], *extra)
         return out, lse
+
+
+def transposed_v_view(shape):
+    """(shape, strides) of ``transposed_v``'s result for a (batch, keys, nheads_kv, d) V: rows of keys,
+    one a (batch, head, column), each 16-byte aligned (the keys rounded up to 16; TMA reads the
+    first ``keys`` of a row, zero-filling past them)."""
+    batch, keys, heads, d = shape
+    return (batch * heads * d, keys), (-(-keys // 16) * 16, 1)
+
+
+def transposed_v(v):
+    """V (batch, keys, nheads_kv, d) as FP8's P V product reads it: keys contiguous (8-bit wgmma takes
+    its B operand K-major only), as the (batch * nheads_kv * d, keys) view of ``transposed_v_view``."""
+    (rows, keys), (stride, _) = transposed_v_view(v.shape)
+    buf = torch.empty(v.shape[0], v.shape[2], v.shape[3], stride, dtype=v.dtype, device=v.device)
+    buf[..., :keys].copy_(v.permute(0, 2, 3, 1))
+    return buf.view(rows, stride)[:, :keys]
 
 
 @functools.lru_cache(maxsize=64)

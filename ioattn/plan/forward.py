@@ -88,6 +88,8 @@ def _check(sig: Signature) -> None:
 
 def _make(sig: Signature) -> GluonForwardPlan:
     _check(sig)
+    if sig.element_size == 1:
+        return _make_fp8(sig)
     io_dim, causal, has_window = sig.head_dim, sig.causal, sig.window != (-1, -1)
     dp = hopper.padded_headdim(io_dim) or 0
     window_or_causal = (-1, 0) if causal else sig.window
@@ -161,6 +163,36 @@ def _make(sig: Signature) -> GluonForwardPlan:
         qk_scale=(cap if cap > 0 else scale) * LOG2E, softcap_a=scale / cap if cap > 0 else 0.0,
         # ALiBi: the slope to the scores' units (after a sign flip, the scale's absolute value)
         alibi_unit=-1.0 / (cap if cap > 0 else scale) if sig.alibi else 0.0,
+        win_left=win_left, win_right=win_right, constexprs=tuple(consts.items()))
+
+
+def _make_fp8(sig: Signature) -> GluonForwardPlan:
+    """The FP8 (e4m3) plan: the one-tile ping-pong kernel (``hopper.FP8_TILES``), V read transposed,
+    P through shared memory, the descales read by the kernel (``hopper_fwd_kernel``'s ``Descales``)."""
+    d, causal, has_window, cap = sig.head_dim, sig.causal, sig.window != (-1, -1), sig.softcap
+    if d not in hopper.FP8_TILES or sig.varlen or sig.alibi:
+        raise ValueError(f"the Gluon FP8 forward takes head dims {sorted(hopper.FP8_TILES)}, fixed lengths, no "
+                         f"ALiBi; got d={d}, varlen={sig.varlen}, alibi={sig.alibi}")
+    block_n, stages = hopper.FP8_TILES[d]
+    block_m = 128
+    num_m = dispatch.cdiv(sig.seqlen_q, block_m)
+    unbounded = sig.seqlen_q + sig.seqlen_k + 1
+    win_left, win_right = (w if w >= 0 else unbounded for w in sig.window) if has_window else (0, 0)
+    off = dict.fromkeys(("LEAN", "COND_RESCALE", "RESCALE_BY_WARP", "Q_IN_REGS", "DEFERRED_SUM", "MASK_BRANCH",
+                         "PTX_BARRIERS", "PERSISTENT", "KV_TAIL", "FEWER_MASKS", "PAIRED", "FAST_DIV", "NO_KEY_WIDE",
+                         "DIAG_TRIM", "IS_VARLEN"), False)
+    consts = dict(off, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, PINGPONG=True, NUM_WG=2,
+                  ORDERED=True, IS_CAUSAL=causal, LPT=causal and hopper.lpt_order.wanted(), EXP2_FMA=0,
+                  ROW_STORES=1, Q_BUFS=1, KEY_MASKS=True, WINDOW=has_window, SOFTCAP=cap > 0, ALIBI=0, IO_DIM=0,
+                  PROD_DIM=0)
+    scale = sig.softmax_scale
+    return GluonForwardPlan(
+        variant="pingpong", seqlen_q=sig.seqlen_q, seqlen_k=sig.seqlen_k, head_dim=d, io_dim=d, pad_to=0,
+        pad_copies=False, q_rows=block_m // 2, block_m=block_m, block_n=block_n, num_m=num_m,
+        num_tiles=num_m * sig.batch * sig.nheads, programs=num_m * sig.batch * sig.nheads, num_warps=4,
+        ring_split=False, out_tma=False, walk_table=None, without_table=None,
+        walk_div=walk_divisor(num_m, sig.batch * sig.nheads, causal, False), negate_q=False,
+        qk_scale=(cap if cap > 0 else scale) * LOG2E, softcap_a=scale / cap if cap > 0 else 0.0, alibi_unit=0.0,
         win_left=win_left, win_right=win_right, constexprs=tuple(consts.items()))
 
 

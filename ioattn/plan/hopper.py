@@ -815,6 +815,33 @@ def _device_ok(q) -> tuple[bool, str]:
     return (True, "") if ok else (False, why)
 
 
+# FP8's kernel: the ping-pong variant's (block_n, stages) by head dim, without the lean softmax and
+# its options (measured in bf16 only so far)
+FP8_TILES = {64: (128, 2), 128: (128, 2), 256: (64, 2)}
+
+
+def fp8_fwd_plan(q, k, v, varlen, sem, alibi_slopes) -> tuple[bool, str]:
+    """(taken, why) for the Gluon FP8 forward (``sem``: the call's ``Semantics``): on sm_90 wherever it
+    covers the call, unless ``prefer_hopper(False)`` asks for the portable kernel."""
+    if prefer_hopper.value is False:
+        return False, "prefer_hopper(False): the portable kernel"
+    ok, why = _device_ok(q)
+    return fp8_call_supported(q, k, v, varlen, sem, alibi_slopes) if ok else (False, why)
+
+
+def fp8_call_supported(q, k, v, varlen, sem, alibi_slopes) -> tuple[bool, str]:
+    """``fp8_fwd_plan``'s checks of the call itself: pure Python, testable anywhere."""
+    if q.shape[-1] not in FP8_TILES:
+        return False, f"FP8: head dims {sorted(FP8_TILES)} only"
+    if varlen:
+        return False, "FP8 varlen: the portable kernel (the V^T ring has no sequence tails yet)"
+    if alibi_slopes is not None:
+        return False, "FP8 with ALiBi: the portable kernel"
+    if sem.dropout_p > 0:
+        return False, "no dropout with FP8"
+    return True, "FP8 on sm_90: the Gluon ping-pong kernel"
+
+
 def hopper_supports(q, k, v, varlen, sem, alibi_slopes) -> tuple[bool, str]:
     """Whether the Gluon forward covers this call (``sem``: its ``Semantics``), and why not."""
     ok, why = _device_ok(q)
