@@ -1,0 +1,75 @@
+"""Launches of the FP8 quantisation (``ioattn.kernels.quantize.quantize_fp8_kernel``) for
+``ioattn.fp8.quantize_fp8``: per block of rows in one pass; per tensor or (sequence, head) in two,
+the first writing each tile's amax, the second scaling with the descale reduced from them."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ioattn.launch.cached import launcher_for
+from ioattn.reference.fp8 import E4M3, E4M3_MAX
+
+# rows of one (sequence, head) per program in the two-pass modes: a tile of up to 2048 features
+_TILE_ELEMENTS = 2048
+# features a thread holds: with its rotary partner and tables, a tile fits the registers unspilled
+_PER_THREAD = 16
+
+
+def descale_of(amax: torch.Tensor) -> torch.Tensor:
+    """amax / 448, and 1 where that is 0 (an all-zero group, or an amax so small it underflows)."""
+    descale = amax / E4M3_MAX
+    return torch.where(descale > 0, descale, torch.ones_like(descale))
+
+
+def quantize_fp8(x, granularity, block_rows, signs, cos, sin, interleaved, cu_seqlens, max_seqlen, cached):
+    """(e4m3 values shaped like ``x``, float32 descale) of the checked call. ``x`` (batch, seqlen,
+    heads, d), or (total, heads, d) with ``cu_seqlens`` and ``max_seqlen``; ``signs``: the rotation's
+    ±1 vector or None; ``cos``/``sin``: contiguous rotary tables or None. The descale is () per
+    tensor, (batch, heads) per head, (batch, heads, blocks) per block."""
+    packed = cu_seqlens is not None
+    batch = cu_seqlens.numel() - 1 if packed else x.shape[0]
+    seqlen, heads, d = (max_seqlen if packed else x.shape[1]), x.shape[-2], x.shape[-1]
+    block_d = 1 << (d - 1).bit_length()
+    if granularity == "block":
+        rows = block_rows
+    else:
+        rows = max(1, min(_TILE_ELEMENTS // block_d, 1 << max(seqlen - 1, 0).bit_length()))
+    tiles = -(-seqlen // rows)
+    values = torch.empty(x.shape, device=x.device, dtype=E4M3)
+    x_strides = (0,) + x.stride() if packed else x.stride()
+    v_strides = (0,) + values.stride() if packed else values.stride()
+    common = dict(x=x, values=values, signs=signs, cos=cos, sin=sin, cu_seqlens=cu_seqlens, seqlen=seqlen,
+                  rows=rows, tiles=tiles, strides=x_strides[:3] + v_strides[:3], interleaved=interleaved,
+                  cached=cached)
+    grid = (tiles, heads, batch)
+    if granularity == "block":
+        descale = torch.empty(batch, heads, tiles, device=x.device, dtype=torch.float32)
+        _launch(grid, descale=descale, amax=descale, store=True, own=True, **common)
+        return values, descale
+    amax = torch.empty(batch, heads, tiles, device=x.device, dtype=torch.float32)
+    _launch(grid, descale=amax, amax=amax, store=False, own=False, **common)
+    descale = descale_of(amax.amax() if granularity == "tensor" else amax.amax(dim=2))
+    _launch(grid, descale=descale, amax=amax, store=True, own=False, **common)
+    return values, descale
+
+
+def _launch(grid, *, x, values, descale, amax, signs, cos, sin, cu_seqlens, seqlen, rows, tiles, strides,
+            interleaved, store, own, cached):
+    from ioattn.kernels.quantize import quantize_fp8_kernel
+
+    d = x.shape[-1]
+    block_d = 1 << (d - 1).bit_length()
+    block_m = 1 << (rows - 1).bit_length()
+    d_strides = (descale.stride() + (0, 0))[:2]  # () per tensor: one value for every (b, h)
+    table = cos if cos is not None else x
+    args = (x, values, descale, amax, signs if signs is not None else x, table,
+            sin if sin is not None else x, cu_seqlens if cu_seqlens is not None else x,
+            seqlen, rows, tiles, *strides, *d_strides, table.stride(0))
+    constexprs = dict(HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, PACKED=cu_seqlens is not None,
+                      HADAMARD=signs is not None, LOG_D=block_d.bit_length() - 1 if signs is not None else 0,
+                      SQRT_D=math.sqrt(d) if signs is not None else 1.0,
+                      ROTARY_DIM=2 * cos.shape[1] if cos is not None else 0, INTERLEAVED=bool(interleaved),
+                      STORE_VALUES=store, OWN_DESCALE=own,
+                      num_warps=min(16, max(1, block_m * block_d // (32 * _PER_THREAD))))
+    launcher_for(quantize_fp8_kernel)(grid, args, constexprs, cached=cached)
