@@ -4,9 +4,11 @@ from ioattn.api import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qk
                         flash_attn_varlen_qkvpacked_func)
 from ioattn.decode import explain_decode, flash_attn_with_kvcache
 from ioattn.explain import explain_dispatch
+from ioattn.fp8 import quantize_fp8
 from ioattn.merge import merge_attention_states
 
 __version__ = "0.1.0"
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
            "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func",
-           "flash_attn_with_kvcache", "merge_attention_states", "explain_dispatch", "explain_decode"]
+           "flash_attn_with_kvcache", "merge_attention_states", "explain_dispatch", "explain_decode",
+           "quantize_fp8"]
