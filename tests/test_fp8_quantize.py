@@ -101,12 +101,12 @@ def _broadcast(descale, shape, block_rows):
 @pytest.mark.parametrize("hadamard", [False, True])
 @pytest.mark.parametrize("granularity", GRANULARITIES)
 def test_matches_reference(granularity, hadamard, dtype):
-    x = _x((2, 37, 3, 32), dtype)
+    x = _x((2, 70, 3, 64), dtype)  # 3 tiles of rows per (batch, head) in the two-pass modes
     seed = 5 if hadamard else None
     values, descale = quantize_fp8(x, granularity, hadamard=hadamard, seed=5, block_rows=16)
     ref_values, ref_descale, xr = _oracle(x, granularity, 16, seed)
     _check(f"{granularity} hadamard={hadamard} {dtype}", values, descale, ref_values, ref_descale, xr,
-           _broadcast(descale, x.shape, 16), _rtol(32, hadamard))
+           _broadcast(descale, x.shape, 16), _rtol(64, hadamard))
     if not hadamard:  # nothing rounded before the quantisation: the same bits as the reference
         assert torch.equal(descale, ref_descale) and torch.equal(values.view(torch.uint8), ref_values.view(torch.uint8))
 
@@ -162,16 +162,17 @@ def _packed_rows(descale, cu, granularity, block_rows, shape):
 @pytest.mark.parametrize("granularity", GRANULARITIES)
 def test_packed_sequences(granularity, hadamard, rotary):
     """Sequences of 5, 0, 35 and 17 rows: per (sequence, head) and per block of each sequence (blocks
-    counted from its start; descale 1 past its end and for the empty one)."""
+    counted from its start; descale 1 past its end and for the empty one). Two tiles of rows for the
+    longest in the two-pass modes."""
     cu = [0, 5, 5, 40, 57]
-    x = _x((57, 3, 16), torch.bfloat16)
+    x = _x((57, 3, 64), torch.bfloat16)
     tables = rotary_tables(40, 16, device=DEVICE)[:2] if rotary else None
     kw = dict(rotary_cos=tables[0], rotary_sin=tables[1]) if rotary else {}
     values, descale = quantize_fp8(x, granularity, hadamard=hadamard, seed=9, block_rows=8,
                                    cu_seqlens=torch.tensor(cu, dtype=I32, device=DEVICE), **kw)
     ref_values, ref_descale, xr = _packed_oracle(x, cu, granularity, 8, 9 if hadamard else None, tables, False)
     _check(f"packed {granularity}", values, descale, ref_values, ref_descale, xr,
-           _packed_rows(descale, cu, granularity, 8, x.shape), _rtol(16, hadamard or rotary))
+           _packed_rows(descale, cu, granularity, 8, x.shape), _rtol(64, hadamard or rotary))
 
 
 @pytest.mark.interpreter
@@ -198,8 +199,8 @@ def test_kernel_rotation_is_the_orthogonal_signed_hadamard(d):
     values, descale = quantize_fp8(x, "tensor", hadamard=True, seed=11)
     expected = fp8.random_signs(d, 11)[:, None] * fp8.hadamard(d).sign().float()
     assert torch.equal(values.float().view(d, d).cpu() / fp8.E4M3_MAX, expected)
-    # each entry's magnitude 448 descale = 3 / sqrt(d) to three float32 roundings (the division by
-    # sqrt(d), sqrt(d) itself, amax / 448): the squared norms 9 within 6 of them
+    # each entry's magnitude, 448 descale, is 3 / sqrt(d) to within three float32 roundings (sqrt(d),
+    # the division by it, amax / 448); a squared norm, 9, to within six
     rows = values.double().view(d, d) * descale.double()
     torch.testing.assert_close(rows @ rows.T, 9.0 * torch.eye(d, dtype=torch.float64, device=DEVICE),
                                rtol=0, atol=9.0 * 6 * 2.0 ** -24)
