@@ -16,7 +16,7 @@ E4M3_MAX = tl.constexpr(448.0)
 def to_e4m3(v):
     """float32 ``v`` clamped to ±448 (e4m3 saturates, never NaN) and converted to e4m3, rounding to
     nearest even. The rounding is done here in float32, so that the conversion is exact on every
-    backend: adding ``1.5 * 2^23 * ulp`` leaves the sum with ulp as its last mantissa bit, and the
+    backend (Triton 3.6's interpreter drops the carry into the exponent: 1.97 -> 1.0): adding ``1.5 * 2^23 * ulp`` leaves the sum with ulp as its last mantissa bit, and the
     hardware add rounds to nearest even there. The ulp of e4m3 is 2^(e - 3) for a value in
     [2^e, 2^(e + 1)), and 2^-9 below 2^-6 (the subnormals)."""
     v = tl.minimum(tl.maximum(v, -E4M3_MAX), E4M3_MAX)
