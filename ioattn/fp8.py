@@ -109,7 +109,8 @@ def quantize_fp8(x, granularity="tensor", hadamard=False, seed=0, block_rows=128
     signs = _signs(x.shape[-1], seed, x.device) if hadamard else None
     if x.numel() == 0:
         return _empty_result(x, granularity, block_rows, max_seqlen, cu_list)
-    if dispatch.use_triton(x.device, x.dtype):
+    # (under the interpreter, the e4m3 conversion is checked too: a build that rounds it wrongly is refused)
+    if dispatch.use_triton(x.device, x.dtype) and dispatch.use_triton(x.device, E4M3):
         x = x if x.stride(-1) == 1 else x.contiguous()
         cos, sin = (None, None) if rotary_cos is None else (rotary_cos.contiguous(), rotary_sin.contiguous())
         return launch_quantize(x, granularity, block_rows, signs, cos, sin, rotary_interleaved, cu_seqlens,
