@@ -289,6 +289,7 @@ def test_fp8_decode_step_under_torch_compile(backend):
 # ---------------------------------------------------------------- GPU compiler (no GPU needed)
 
 _AOT_SCRIPT = """
+import inspect
 import sys
 sys.path.insert(0, "tools")  # the compile checks' helpers (run from the repository root)
 import triton
@@ -303,6 +304,7 @@ def compile_fp8(c, num_stages, maxnreg=None):
     # K, V (and their descriptors) e4m3, the descales float32; pointers and strides aligned as on the device
     sig = signature(fn, "bf16")
     sig.update(K="*fp8e4nv", V="*fp8e4nv", KDescale="*fp32", VDescale="*fp32")
+    c = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.default is not inspect.Parameter.empty}, **c}
     if c["USE_TMA"]:
         sig["k_desc"] = sig["v_desc"] = f"tensordesc<fp8e4nv[1,{c['BLOCK_N']},1,{c['BLOCK_D']}]>"
     else:
