@@ -106,6 +106,14 @@ def test_fp8_tail_split_and_unified_max(paged):
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("case", ["paged", "batch_idx_leftpad_rotary"])
+def test_fp8_tma_loads(case):
+    """K/V tiles through tensor descriptors over the e4m3 cache, converted after the load."""
+    with decode_config(use_tma=True):
+        _check(_fp8_case(**CASES[case]), "triton", 2)
+
+
+@pytest.mark.interpreter
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("paged", [False, True])
 def test_append_quantises_only_the_new_rows(backend, paged):
