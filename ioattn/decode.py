@@ -10,6 +10,10 @@ Every argument is checked before the cache is touched: a refused call raises ``V
 (cache_seqlens, block_table, cache_batch_idx, cache_leftpad ranges) read those tensors back to the
 host once.
 
+FP8 (e4m3) caches hold ``value / descale`` with one descale per (sequence, KV head): new tokens
+are quantised into them on append, and the attention reads them dequantised (``k_descale`` and
+``v_descale``, FlashAttention-3's convention).
+
 On CUDA (or under ``TRITON_INTERPRET=1``) the attention is the Flash-Decoding split-KV kernel of
 ``ioattn.kernels.decode`` followed by the LSE merge, planned by ``ioattn.plan.decode`` and launched
 by ``ioattn.launch.decode``; elsewhere a plain PyTorch path computing in float32.
@@ -26,10 +30,11 @@ from ioattn.plan import dispatch
 from ioattn.plan.decode import PHI_RANGE, DecodePlan, decode_config, plan
 from ioattn.api import _DTYPES, MAX_HEADDIM
 from ioattn.backends import _scalars
+from ioattn.fp8 import check_descale, check_descale_values, is_fp8
 from ioattn.semantics import Semantics
 from ioattn.launch.decode import split_kv_attention
 from ioattn.masks import normalize_window
-from ioattn.reference.decode import apply_rotary_ref, gather_kv_ref
+from ioattn.reference.decode import apply_rotary_ref, gather_kv_ref, quantize_kv_ref
 from ioattn.reference.naive import attention_ref
 
 # the public names (the plan's two are defined in ioattn.plan.decode)
@@ -51,14 +56,16 @@ def _check_index_tensor(name, t, shape_text, ndim, device):
 
 def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
               cache_leftpad, block_table, softmax_scale, causal, window_size, softcap, alibi_slopes,
-              num_splits, check_values=True, unified_max=None):
+              num_splits, check_values=True, unified_max=None, k_descale=None, v_descale=None):
     """All checks; returns the normalised call (nothing has been written yet).
 
     Shapes, dtypes and devices are always checked. With ``check_values`` the index tensors' values
-    are checked too, read back to the host in one transfer; without it (or while a CUDA graph is
-    being captured, when no read-back is possible) they are trusted and the returned max end is
-    None."""
+    are checked too, read back to the host in one transfer, and an FP8 cache's descales (one more
+    read); without it (or while a CUDA graph is being captured, when no read-back is possible) they
+    are trusted and the returned max end is None. The descales come back as float32 (batch,
+    nheads_kv) tensors, or None for 16- and 32-bit caches."""
     shapes = _check_caches(q, k_cache, v_cache)
+    descales = _check_descales(q, k_cache, k_descale, v_descale)
     capacity = _check_layout(q, k_cache, cache_batch_idx, block_table, shapes)
     seqlen_new = _check_new_tokens(q, k_cache, k, v, cache_seqlens)
     seqlens = _check_lengths(q, cache_seqlens, cache_leftpad, capacity)
@@ -66,24 +73,33 @@ def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, 
                                                     num_splits, unified_max)
     _check_rotary(q, rotary_cos, rotary_sin)
     if not check_values or (q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        return softmax_scale, softcap, window, seqlen_new, None
+        return softmax_scale, softcap, window, seqlen_new, None, descales
+    for name, descale in zip(("k_descale", "v_descale"), descales or ()):
+        check_descale_values(name, descale)
     max_end = _check_index_values(q, k_cache, cache_seqlens, cache_leftpad, cache_batch_idx, block_table, rotary_cos,
                                   seqlens, seqlen_new, capacity, window)
-    return softmax_scale, softcap, window, seqlen_new, max_end
+    return softmax_scale, softcap, window, seqlen_new, max_end, descales
 
 
 def _check_caches(q, k_cache, v_cache) -> str:
-    """q and the caches: tensors, 4-D, one dtype and device, matching head dims and heads; returns the
-    shapes' text for later messages."""
+    """q and the caches: tensors, 4-D, one dtype (or FP8 caches for a 16-bit q) and device, matching
+    head dims and heads; returns the shapes' text for later messages."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise ValueError(f"{name} must have 4 dimensions, got shape {tuple(t.shape)}")
-        if t.dtype not in _DTYPES:
-            raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+        if t.dtype not in _DTYPES and not (name != "q" and is_fp8(t)):
+            extra = "" if name == "q" else " (or float8_e4m3fn)"
+            raise TypeError(f"{name} must be float16, bfloat16 or float32{extra}, got {t.dtype}")
     shapes = f"q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}"
-    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+    if is_fp8(k_cache) or is_fp8(v_cache):
+        if not (is_fp8(k_cache) and is_fp8(v_cache)):
+            raise TypeError(f"k_cache and v_cache must both be FP8 (float8_e4m3fn) or neither, got {k_cache.dtype} "
+                            f"and {v_cache.dtype}")
+        if q.dtype not in (torch.float16, torch.bfloat16):
+            raise TypeError(f"q must be float16 or bfloat16 with FP8 caches, got {q.dtype}")
+    elif not (q.dtype == k_cache.dtype == v_cache.dtype):
         raise TypeError(f"q, k_cache, v_cache must share one dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
     device = q.device
     if not (k_cache.device == v_cache.device == device):
@@ -103,6 +119,18 @@ def _check_caches(q, k_cache, v_cache) -> str:
         raise ValueError(f"k_cache and v_cache must be contiguous in the head dim (stride 1), got strides "
                          f"{k_cache.stride()} and {v_cache.stride()}")
     return shapes
+
+
+def _check_descales(q, k_cache, k_descale, v_descale):
+    """FP8 caches need both descales (broadcasting to (batch, nheads_kv)), other caches take none;
+    returns them as contiguous float32 (batch, nheads_kv) tensors, or None."""
+    pairs = (("k_descale", k_descale), ("v_descale", v_descale))
+    if not is_fp8(k_cache):
+        for name, descale in pairs:
+            if descale is not None:
+                raise ValueError(f"{name} is only for FP8 (float8_e4m3fn) caches, but the caches are {k_cache.dtype}")
+        return None
+    return tuple(check_descale(name, descale, q.shape[0], k_cache.shape[2], q.device) for name, descale in pairs)
 
 
 def _check_layout(q, k_cache, cache_batch_idx, block_table, shapes) -> int:
@@ -282,17 +310,21 @@ def explain_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, nu
     else:
         span = capacity if cache_seqlens is None else min(int(cache_seqlens), capacity)
     if not dispatch.use_triton(q.device):
-        return {"path": "torch", "plan": None, "reason": "no Triton for this device: the PyTorch path"}
+        fp8 = " (the FP8 cache dequantised in float32)" if is_fp8(k_cache) else ""
+        return {"path": "torch", "plan": None, "reason": f"no Triton for this device: the PyTorch path{fp8}"}
     cfg = plan(q, k_cache, v_cache, paged, span, num_splits)
     fields = asdict(cfg)
     return {"path": "triton", "plan": {k: v for k, v in fields.items() if k != "reason"}, "reason": cfg.reason}
 
 
 def _attention_torch(q, k_cache, v_cache, ends, block_table, cache_batch_idx, cache_leftpad, scale, window,
-                     softcap, alibi_slopes):
+                     softcap, alibi_slopes, descales):
+    """The PyTorch path, in float32 (an FP8 cache dequantised: its values times the descales)."""
     kv = gather_kv_ref(k_cache, v_cache, ends, block_table, cache_batch_idx, cache_leftpad)
     outs, lses = [], []
     for b, (kb, vb) in enumerate(kv):
+        if descales is not None:
+            kb, vb = (x.float() * s[b][None, None, :, None] for x, s in zip((kb, vb), descales))
         slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
         o, lse = attention_ref(q[b:b + 1].float(), kb.float(), vb.float(), softmax_scale=scale, window=window,
                                softcap=softcap, alibi_slopes=None if slopes is None else slopes.float(),
@@ -303,22 +335,24 @@ def _attention_torch(q, k_cache, v_cache, ends, block_table, cache_batch_idx, ca
 
 
 def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, block_table, cache_batch_idx,
-                      cache_leftpad, scale, window, softcap, alibi_slopes, num_splits, unified_max):
+                      cache_leftpad, scale, window, softcap, alibi_slopes, num_splits, unified_max, descales):
     """The split-KV kernel's path: the call's plan (``ioattn.plan.decode``), then its launch
     (``ioattn.launch.decode``)."""
     cfg = plan(q, k_cache, v_cache, block_table is not None, span, num_splits)
     qk_scale, _, _ = _scalars(Semantics(scale, softcap=softcap))  # log2(e) or 1/cap folded in, as in the forward
+    k_descale, v_descale = descales or (None, None)
     return split_kv_attention(cfg, q, k_cache, v_cache, cache_seqlens, seqlen_new, block_table, cache_batch_idx,
                               cache_leftpad, qk_scale, softcap, window, alibi_slopes, unified_max,
                               block_d=dispatch.block_d(q.shape[-1]), phi_range=PHI_RANGE[q.dtype],
-                              cached=dispatch.cached_launch())
+                              cached=dispatch.cached_launch(), k_descale=k_descale, v_descale=v_descale)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False, *, check_values=True, unified_max=None):
+                            return_softmax_lse=False, *, check_values=True, unified_max=None, k_descale=None,
+                            v_descale=None):
     """Attention of ``q`` over a KV cache, after appending ``k``/``v`` to it in place (flash-attn API).
 
     q: (batch, seqlen_q, nheads, d). k_cache/v_cache: (batch_cache, seqlen_cache, nheads_kv, d), or
@@ -345,6 +379,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
       running max; a split whose scores leave the safe range around it is recomputed exactly, so the
       result is exact either way. Choose it from typical scores of the model (a calibration sample).
       The CPU path ignores it (it is exact already).
+    * ``k_descale``, ``v_descale``: for FP8 (``torch.float8_e4m3fn``) caches, and required there: the
+      cache holds ``value / descale``, one descale per (sequence, KV head), shape (batch, nheads_kv)
+      or anything that broadcasts to it (a scalar tensor: one for the whole cache). q, k, v stay
+      float16 / bfloat16; new k/v are quantised into the cache (clamped to ±448, rounded to nearest
+      even). Their values (finite, positive) are checked with ``check_values``.
 
     Returns ``out`` (batch, seqlen_q, nheads, d) in q's dtype, and with ``return_softmax_lse`` also
     ``softmax_lse`` (batch, nheads, seqlen_q) float32 (-inf for rows that see no key; their output is 0).
@@ -356,22 +395,23 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens_t,
             None if seqlens_t is not None else cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
             softmax_scale, bool(causal), int(window_size[0]), int(window_size[1]), float(softcap),
-            bool(rotary_interleaved), alibi_slopes, num_splits, bool(check_values), unified_max)
+            bool(rotary_interleaved), alibi_slopes, num_splits, bool(check_values), unified_max, k_descale, v_descale)
     else:
         out, lse = _kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                             cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
-                            rotary_interleaved, alibi_slopes, num_splits, check_values, unified_max)
+                            rotary_interleaved, alibi_slopes, num_splits, check_values, unified_max, k_descale,
+                            v_descale)
     return (out, lse) if return_softmax_lse else out
 
 
 def _kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
              block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-             check_values, unified_max):
+             check_values, unified_max, k_descale=None, v_descale=None):
     """``flash_attn_with_kvcache``'s work: checks, append, attention; returns (out, lse)."""
-    scale, softcap, window, seqlen_new, max_end = _validate(
+    scale, softcap, window, seqlen_new, max_end, descales = _validate(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
         block_table, softmax_scale, causal, window_size, softcap, alibi_slopes, num_splits, check_values,
-        unified_max)
+        unified_max, k_descale, v_descale)
     batch, seqlen_q = q.shape[:2]
     device = q.device
     capacity = block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]
@@ -394,6 +434,8 @@ def _kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
     if k is not None and seqlen_new:
         positions = starts()[:, None] + torch.arange(seqlen_new, device=device)
         first, row = _storage_index(positions, block_table, cache_batch_idx, k_cache.shape[1])
+        if descales is not None:  # FP8: value / descale, saturated at ±448
+            k, v = quantize_kv_ref(k, descales[0]), quantize_kv_ref(v, descales[1])
         k_cache[first, row] = k
         v_cache[first, row] = v
 
@@ -402,10 +444,10 @@ def _kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
         span = capacity if max_end is None else max_end  # the plan never waits for device values
         out, lse = _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, block_table,
                                      cache_batch_idx, cache_leftpad, scale, window, softcap, alibi_slopes,
-                                     num_splits, unified_max)
+                                     num_splits, unified_max, descales)
     elif batch and seqlen_q:
         out, lse = _attention_torch(q, k_cache, v_cache, starts() + seqlen_new, block_table, cache_batch_idx,
-                                    cache_leftpad, scale, window, softcap, alibi_slopes)
+                                    cache_leftpad, scale, window, softcap, alibi_slopes, descales)
     else:
         out = q.new_zeros(q.shape)
         lse = torch.full((batch, q.shape[2], seqlen_q), float("-inf"), device=device)
@@ -419,25 +461,25 @@ def _kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k
                 cache_batch_idx: Optional[torch.Tensor], cache_leftpad: Optional[torch.Tensor],
                 block_table: Optional[torch.Tensor], softmax_scale: Optional[float], causal: bool, window_left: int,
                 window_right: int, softcap: float, rotary_interleaved: bool, alibi_slopes: Optional[torch.Tensor],
-                num_splits: int, check_values: bool, unified_max: Optional[float]
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                num_splits: int, check_values: bool, unified_max: Optional[float], k_descale: Optional[torch.Tensor],
+                v_descale: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """``flash_attn_with_kvcache`` as one op for ``torch.compile`` (the caches mutated in place);
     ``cache_seqlens`` as a tensor or, in ``cache_seqlens_int``, an int (both None: every cache full)."""
     seqlens = cache_seqlens if cache_seqlens is not None else cache_seqlens_int
     return _kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, cache_batch_idx, cache_leftpad,
                     block_table, softmax_scale, causal, (window_left, window_right), softcap, rotary_interleaved,
-                    alibi_slopes, num_splits, check_values, unified_max)
+                    alibi_slopes, num_splits, check_values, unified_max, k_descale, v_descale)
 
 
 @_kvcache_op.register_fake
 def _(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlens_int, cache_batch_idx,
       cache_leftpad, block_table, softmax_scale, causal, window_left, window_right, softcap, rotary_interleaved,
-      alibi_slopes, num_splits, check_values, unified_max):
+      alibi_slopes, num_splits, check_values, unified_max, k_descale, v_descale):
     # shapes, dtypes and devices are checked while tracing (a bad call fails there); values at run time
     _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
               cache_seqlens if cache_seqlens is not None else cache_seqlens_int, cache_batch_idx, cache_leftpad,
               block_table, softmax_scale, causal, (window_left, window_right), softcap, alibi_slopes, num_splits,
-              check_values=False, unified_max=unified_max)
+              check_values=False, unified_max=unified_max, k_descale=k_descale, v_descale=v_descale)
     batch, seqlen_q, nheads, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
 

@@ -27,6 +27,10 @@ split, so the step does not end on a few SMs reading one whole unit each.
   through a multi-stage shared-memory ring: the double-buffered KV stream of a flat (few-row) GEMM.
   Copies are zero-filled only past the cache's capacity (or page), so columns past a sequence's end
   are masked in the scores and their V rows zeroed (an unused cache slot may hold NaN).
+* **FP8 caches.** With ``KV_FP8`` the cache holds e4m3 values: each K/V tile is converted to q's
+  dtype in registers right after its load (exact: every e4m3 value is a bf16 / fp16 value), the
+  sequence's per-KV-head ``k_descale`` is folded into the score scale and ``v_descale`` into the
+  final normalisation, so the key loop does no extra work.
 * **Unified max (FlashDecoding++).** With ``UNIFIED`` every split subtracts one fixed value ``phi``
   (log2 units) instead of its running max, so no step rescales the accumulator. The split also
   tracks its true row max; if any row's max lies outside ``[phi - PHI_BELOW, phi + PHI_ABOVE]``
@@ -76,7 +80,8 @@ def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, bt_row, cache_row, h_k
                   HAS_ALIBI: tl.constexpr):
     """Key chunks [c_start, c_end) of one split into (acc, m, l). ``UNIFIED``: probabilities are
     exp2(s - phi) and ``m_i`` only records the true row max (for the range check). Paged:
-    ``bt_row`` is the sequence's block-table row."""
+    ``bt_row`` is the sequence's block-table row. K/V tiles are converted to q's dtype once, after
+    their load (a no-op unless the cache is FP8)."""
     offs_n0 = tl.arange(0, BLOCK_N)
     if PAGED:
         # The page of chunk c is read one chunk ahead: the K/V addresses depend on it, so read in
@@ -96,13 +101,13 @@ def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, bt_row, cache_row, h_k
             row = cache_row
             col_in = col0
         if USE_TMA:
-            k = k_desc.load([row.to(tl.int32), col_in, h_kv, 0]).reshape(BLOCK_N, BLOCK_D)
+            k = k_desc.load([row.to(tl.int32), col_in, h_kv, 0]).reshape(BLOCK_N, BLOCK_D).to(q.dtype)
             qk = mma(q, tl.trans(k))
         else:
             offs_in = (col_in + offs_n0).to(tl.int64)
             # K as (d, n) so q @ k needs no transpose
             k = tl.load(K + k_head + row * stride_kb + offs_in[None, :] * stride_kn + offs_d[:, None],
-                        mask=kv_ok[None, :] & d_ok[:, None], other=0.0)
+                        mask=kv_ok[None, :] & d_ok[:, None], other=0.0).to(q.dtype)
             qk = mma(q, k)
         s = tile_scores(qk, tok, offs_n, seqlen_q, end, qk_scale, softcap, window_left, window_right,
                         slope_log2, True, HAS_SOFTCAP, HAS_ALIBI)
@@ -114,11 +119,11 @@ def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, bt_row, cache_row, h_k
         else:
             p, m_i, l_i, acc = softmax_step(s, m_i, l_i, acc, True)
         if USE_TMA:
-            v = v_desc.load([row.to(tl.int32), col_in, h_kv, 0]).reshape(BLOCK_N, BLOCK_D)
+            v = v_desc.load([row.to(tl.int32), col_in, h_kv, 0]).reshape(BLOCK_N, BLOCK_D).to(q.dtype)
             v = tl.where(kv_ok[:, None], v, 0.0)
         else:
             v = tl.load(V + v_head + row * stride_vb + offs_in[:, None] * stride_vn + offs_d[None, :],
-                        mask=kv_ok[:, None] & d_ok[None, :], other=0.0)
+                        mask=kv_ok[:, None] & d_ok[None, :], other=0.0).to(q.dtype)
         acc = mma(p.to(v.dtype), v, acc)
     return acc, m_i, l_i
 
@@ -126,6 +131,7 @@ def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, bt_row, cache_row, h_k
 @triton.jit
 def decode_split_kernel(
     Q, K, V, Out, Lse, Opart, Lpart, SeqLens, Leftpad, BlockTable, CacheBatchIdx, alibi_slopes, k_desc, v_desc,
+    KDescale, VDescale,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -139,14 +145,15 @@ def decode_split_kernel(
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, USE_TMA: tl.constexpr, UNIFIED: tl.constexpr,
     PHI_BELOW: tl.constexpr, PHI_ABOVE: tl.constexpr, HAS_SEQLENS: tl.constexpr, USE_PDL: tl.constexpr = False,
-    PDL_WAIT: tl.constexpr = False,
+    PDL_WAIT: tl.constexpr = False, KV_FP8: tl.constexpr = False,
 ):
     """``num_rows``: pages in the pool (paged) or rows of the contiguous cache. Sequence b ends at
     ``SeqLens[b] + seqlen_new`` (``seqlen_base + seqlen_new`` without ``HAS_SEQLENS``).
     Programs ``pid < num_whole`` take unit ``pid`` whole and write the final output ``Out`` (q's
     dtype, contiguous (batch, seqlen_q, nheads, d)) and ``Lse`` (contiguous (batch, nheads,
     seqlen_q)); the units after them are split ``num_splits`` ways, split fastest, into the partials
-    ``Opart`` / ``Lpart`` at batch index ``b - part_b0`` (a unit is a (sequence, KV head, row block))."""
+    ``Opart`` / ``Lpart`` at batch index ``b - part_b0`` (a unit is a (sequence, KV head, row block)).
+    ``KV_FP8``: e4m3 caches, ``KDescale`` / ``VDescale`` float32 contiguous (batch, nheads_kv)."""
     if PDL_WAIT:
         gdc_wait()  # launched early (programmatic dependent launch): the previous kernel's writes from here on
     pid = tl.program_id(0)
@@ -202,6 +209,11 @@ def decode_split_kernel(
     c_start = c_lo + split * per_split
     c_end = tl.minimum(c_start + per_split, c_hi)
 
+    out_scale = 1.0
+    if KV_FP8:  # the sequence's descales: K's into the score scale, V's into the final normalisation
+        qk_scale = qk_scale * tl.load(KDescale + b * nheads_kv + h_kv)
+        out_scale = tl.load(VDescale + b * nheads_kv + h_kv)
+
     cache_row = b64
     if HAS_BATCH_IDX:
         cache_row = tl.minimum(tl.maximum(tl.load(CacheBatchIdx + b), 0), num_rows - 1).to(tl.int64)
@@ -233,7 +245,7 @@ def decode_split_kernel(
     if USE_PDL:
         gdc_launch_dependents()  # a hint: the merge grid may launch once every program has read its keys
     # rows (or whole splits) that saw no key: output 0, lse -inf
-    out, lse = softmax_finish(acc, m_i, l_i, 1.0)
+    out, lse = softmax_finish(acc, m_i, l_i, out_scale)
     tok64 = tok.to(tl.int64)
     hq64 = hq.to(tl.int64)
     if nsplit == 1:  # the final output and lse

@@ -12,12 +12,13 @@ from ioattn.launch.merge import merge_states
 
 def split_kv_attention(cfg, q, k_cache, v_cache, cache_seqlens, seqlen_new, block_table, cache_batch_idx,
                        cache_leftpad, qk_scale, softcap, window, alibi_slopes, unified_max, *, block_d, phi_range,
-                       cached):
+                       cached, k_descale=None, v_descale=None):
     """(out, lse) of one decode call: the split kernel launched as ``cfg`` (a ``DecodePlan``) says, then
     the merge of its split units. ``cache_seqlens``: the int32 tensor, an int, or None (= the
     capacity); sequence b ends at ``cache_seqlens[b] + seqlen_new``. ``qk_scale``: the softmax scale
     with log2(e) or 1/softcap folded in; ``block_d``: the kernel's padded head dim; ``phi_range``:
-    the unified max's (below, above) for q's dtype; ``cached``: through ``launch.cached``."""
+    the unified max's (below, above) for q's dtype; ``cached``: through ``launch.cached``.
+    ``k_descale`` / ``v_descale``: float32 contiguous (batch, nheads_kv), for a plan of FP8 caches."""
     from ioattn.kernels.decode import decode_split_kernel
 
     batch, seqlen_q, nheads, d = q.shape
@@ -53,12 +54,14 @@ def split_kv_attention(cfg, q, k_cache, v_cache, cache_seqlens, seqlen_new, bloc
                           for t in (k_cache, v_cache))
     below, above = phi_range
     dummy = lpart  # any tensor stands in for the absent index tensors (never read)
+    if cfg.kv_fp8 and (k_descale is None or v_descale is None):
+        raise ValueError("an FP8 cache's launch needs k_descale and v_descale")
     launcher_for(decode_split_kernel)((num_whole + (programs - num_whole) * cfg.num_splits,), (
         q, k_cache, v_cache, out, lse, opart, lpart, cache_seqlens.contiguous() if has_seqlens else dummy,
         cache_leftpad.contiguous() if cache_leftpad is not None else dummy,
         block_table.contiguous() if paged else dummy,
         cache_batch_idx.contiguous() if cache_batch_idx is not None else dummy,
-        slopes, k_desc, v_desc,
+        slopes, k_desc, v_desc, k_descale if cfg.kv_fp8 else dummy, v_descale if cfg.kv_fp8 else dummy,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -70,7 +73,7 @@ def split_kv_attention(cfg, q, k_cache, v_cache, cache_seqlens, seqlen_new, bloc
              PAGE_SIZE=max(page_size, 1), PAGED=paged, HAS_BATCH_IDX=cache_batch_idx is not None,
              HAS_LEFTPAD=cache_leftpad is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi,
              USE_TMA=cfg.use_tma, UNIFIED=unified_max is not None, PHI_BELOW=below, PHI_ABOVE=above,
-             HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl and split, PDL_WAIT=cfg.pdl_wait,
+             HAS_SEQLENS=has_seqlens, USE_PDL=cfg.pdl and split, PDL_WAIT=cfg.pdl_wait, KV_FP8=cfg.kv_fp8,
              num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.max_regs} if cfg.max_regs else {}),
              **({"launch_pdl": True} if cfg.pdl_wait else {})), cached=cached)
     if split:

@@ -53,6 +53,11 @@ ONE_WAVE_BLOCK_N = 64
 ONE_WAVE_STAGES = 2
 ONE_WAVE_MAX_REGS = {4: 128, 5: 96}  # programs per SM -> register cap
 ONE_WAVE_TAIL_FIRST = {4: 8}  # programs per SM -> the tail split first for tails of at most SMs // this
+# FP8 (e4m3) caches take the tiles above (timed with 16-bit caches). Their K/V tiles are converted to
+# q's dtype in registers, so the 128-key tile read through pointers at 16 packed rows compiles for sm_90
+# to spills without a register cap, and to WIDE_MAX_REGS without spills with it: that launch is
+# capped there (tests/test_decode_fp8.py compiles it).
+FP8_WIDE_MAX_REGS = WIDE_MAX_REGS
 MAX_SPLITS = 256
 _BLOCK_N_CUDA = 128
 _BLOCK_N_SPLIT = 64  # split launches with pointer loads (above)
@@ -105,6 +110,7 @@ class DecodePlan:
     # num_splits == 1, else none (see _tail_split)
     num_whole: int | None = None
     max_regs: int | None = None  # a register cap for the launch (Triton's maxnreg), None: the compiler's choice
+    kv_fp8: bool = False  # the caches hold e4m3 values (converted after the load, descales folded in)
     reason: str = field(default="", compare=False)  # why: the rules that chose the fields (explain_decode)
 
 
@@ -200,7 +206,7 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     when the values were read, else the cache capacity, so the plan never depends on device values).
     Memoized on everything the rules read (shapes, strides, alignment, device, the forced fields and
     the environment switches): a decode loop plans once (host time: docs/decisions/decode-launches.md)."""
-    key = (q.shape, q.device, k_cache.shape, k_cache.stride(), v_cache.stride(), k_cache.element_size(),
+    key = (q.shape, q.device, k_cache.shape, k_cache.stride(), v_cache.stride(), k_cache.dtype,
            _aligned16(k_cache, v_cache), paged, span, num_splits, tuple(_plan_override.items()),
            options.env("IOATTN_DECODE_PDL"), options.env("IOATTN_DECODE_PDL_WAIT"))
     cfg = _PLANS.get(key)
@@ -284,6 +290,14 @@ def _plan(q, k_cache, v_cache, paged, span, num_splits):
     if paged:  # a chunk never crosses a page
         while k_cache.shape[1] % block_n:
             block_n //= 2
+    kv_fp8 = k_cache.dtype == torch.float8_e4m3fn
+    if kv_fp8:
+        why.append("FP8 (e4m3) cache: tiles converted to q's dtype after the load, k_descale folded into the "
+                   "score scale and v_descale into the output")
+        if (max_regs is None and "max_regs" not in _plan_override and q.is_cuda and not use_tma
+                and block_n == _BLOCK_N_CUDA and block_m == 16):
+            max_regs = FP8_WIDE_MAX_REGS
+            why.append(f"FP8 128-key tile through pointers: registers capped at {max_regs}")
     pdl_wanted = _switch("pdl", "IOATTN_DECODE_PDL", _PDL_DEFAULT)
     pdl = bool(pdl_wanted) and num_splits > 1 and _pdl_ok(q.device)
     why.append(f"{block_n}-key chunks, {_plan_override.get('num_stages', stages)} stages, "
@@ -293,7 +307,7 @@ def _plan(q, k_cache, v_cache, paged, span, num_splits):
     if pdl_wait:
         why.append("the split kernel launched by programmatic dependent launch behind the stream's previous work")
     return DecodePlan(block_m, block_n, num_splits, use_tma, _plan_override.get("num_warps", _NUM_WARPS),
-                      _plan_override.get("num_stages", stages), pdl, pdl_wait, num_whole, max_regs,
+                      _plan_override.get("num_stages", stages), pdl, pdl_wait, num_whole, max_regs, kv_fp8,
                       "; ".join(why))
 
 

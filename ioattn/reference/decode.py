@@ -24,12 +24,17 @@ capacity to -1 before deciding whether the call is "local", so a window wider th
 as "no window" there (for the rotary rule above and for that side of the mask). Here a window is
 whatever ``normalize_window`` returns. Also, flash-attn refuses ``cache_leftpad`` together with a
 ``block_table``; the reference accepts the combination (the meaning is the same column rule).
+
+FP8 caches (``torch.float8_e4m3fn``) hold ``value / descale`` with one descale per (sequence, KV
+head) (``k_descale``/``v_descale``, broadcast to (batch, nheads_kv)): new tokens are quantised on
+append (``quantize_kv_ref``) and the attention runs over the dequantised keys and values.
 """
 from __future__ import annotations
 
 import torch
 
 from ioattn.masks import normalize_window
+from ioattn.reference.fp8 import E4M3, E4M3_MAX
 from ioattn.reference.naive import attention_ref
 
 # ---------------------------------------------------------------- small helpers
@@ -132,11 +137,37 @@ def apply_rotary_ref(x, cos, sin, positions, interleaved):
     return torch.cat((rotated.to(x.dtype), x[..., rotary_dim:]), dim=-1)
 
 
+# ---------------------------------------------------------------- FP8 (e4m3) caches
+
+def descale_per_head(descale, batch, nheads_kv, device):
+    """A descale (a tensor that broadcasts to (batch, nheads_kv)) as float32 of that shape."""
+    if descale is None:
+        raise ValueError("an FP8 (float8_e4m3fn) cache needs its descale (k_descale / v_descale)")
+    return torch.as_tensor(descale).to(device=device, dtype=torch.float32).expand(batch, nheads_kv)
+
+
+def quantize_kv_ref(x, descale):
+    """New tokens ``x`` (batch, n, nheads_kv, d) as e4m3 cache values: ``x / descale`` in float32
+    (``descale`` broadcast to (batch, nheads_kv)), clamped to ±448 and rounded to nearest even, so a
+    value past e4m3's range saturates instead of becoming NaN."""
+    s = descale_per_head(descale, x.shape[0], x.shape[2], x.device)[:, None, :, None]
+    return (x.float() / s).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+
+
+def dequantize_kv_ref(x, descale):
+    """Cache values ``x`` (batch, n, nheads_kv, d) times their descale (broadcast to (batch,
+    nheads_kv)), in float64: exact for e4m3 values and a float32 descale."""
+    s = descale_per_head(descale, x.shape[0], x.shape[2], x.device)[:, None, :, None]
+    return x.double() * s.double()
+
+
 # ---------------------------------------------------------------- append / gather
 
-def append_kv_ref(k_cache, v_cache, k, v, cache_seqlens, block_table=None, cache_batch_idx=None):
+def append_kv_ref(k_cache, v_cache, k, v, cache_seqlens, block_table=None, cache_batch_idx=None, k_descale=None,
+                  v_descale=None):
     """Write the new tokens ``k``/``v`` (batch, seqlen_new, nheads_kv, d) into the cache, in place,
-    at columns ``cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1`` (paged or contiguous)."""
+    at columns ``cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1`` (paged or contiguous); an
+    FP8 cache gets them quantised with ``k_descale``/``v_descale`` (``quantize_kv_ref``)."""
     if k.shape[:3] != v.shape[:3] or k.dim() != 4:
         raise ValueError(f"k and v must be (batch, seqlen_new, nheads_kv, d), got {tuple(k.shape)} and {tuple(v.shape)}")
     batch, seqlen_new = k.shape[:2]
@@ -150,6 +181,8 @@ def append_kv_ref(k_cache, v_cache, k, v, cache_seqlens, block_table=None, cache
                          f"cache_seqlens {start.tolist()} with seqlen_new {seqlen_new}")
     positions = start[:, None] + torch.arange(seqlen_new, device=start.device)
     first, row = _locate(positions, k_cache, block_table, cache_batch_idx)
+    if k_cache.dtype == E4M3:
+        k, v = quantize_kv_ref(k, k_descale), quantize_kv_ref(v, v_descale)
     k_cache[first, row] = k.to(k_cache.dtype)
     v_cache[first, row] = v.to(v_cache.dtype)
 
@@ -190,13 +223,15 @@ def gather_kv_ref(k_cache, v_cache, seqlens, block_table=None, cache_batch_idx=N
 def kvcache_attention_ref(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                           cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                          rotary_interleaved=True, alibi_slopes=None, upcast=True):
+                          rotary_interleaved=True, alibi_slopes=None, upcast=True, k_descale=None,
+                          v_descale=None):
     """``flash_attn_with_kvcache`` in plain PyTorch (see the module docstring for the semantics).
 
     Applies rotary to the new keys and to q, appends ``k``/``v`` to the cache **in place** (as
     flash-attn does), then runs ``attention_ref`` per sequence over its valid keys. As in flash-attn,
     ``cache_seqlens=None`` means every sequence fills its whole cache (the capacity: seqlen_cache, or
-    max_pages_per_seq * page_size), and is then refused together with new ``k``/``v``.
+    max_pages_per_seq * page_size), and is then refused together with new ``k``/``v``. An FP8 cache
+    is dequantised with ``k_descale``/``v_descale`` (to float64 with ``upcast``, else to q's dtype).
 
     Returns ``(out, lse)``: out (batch, seqlen_q, nheads, d_v), lse (batch, nheads, seqlen_q), in
     float64 when ``upcast`` (like ``attention_ref``), else out in q's dtype and lse in float32.
@@ -238,13 +273,22 @@ def kvcache_attention_ref(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, 
             k_pos = seqlens[:, None] + torch.arange(seqlen_new, device=q.device)
             k = apply_rotary_ref(k, rotary_cos, rotary_sin, k_pos, rotary_interleaved)
     if k is not None:
-        append_kv_ref(k_cache, v_cache, k, v, seqlens, block_table, cache_batch_idx)
+        append_kv_ref(k_cache, v_cache, k, v, seqlens, block_table, cache_batch_idx, k_descale, v_descale)
 
     kv = gather_kv_ref(k_cache, v_cache, seqlens + seqlen_new, block_table, cache_batch_idx, cache_leftpad)
+    fp8 = k_cache.dtype == E4M3
+    if fp8:
+        k_descale, v_descale = (descale_per_head(s, batch, nheads_kv, q.device) for s in (k_descale, v_descale))
     outs, lses = [], []
     for b, (kb, vb) in enumerate(kv):
+        if fp8:  # exact in float64 (the oracle), else rounded to q's dtype (PyTorch's own error)
+            wide = torch.float64 if upcast else q.dtype
+            kb = dequantize_kv_ref(kb, k_descale[b:b + 1]).to(wide)
+            vb = dequantize_kv_ref(vb, v_descale[b:b + 1]).to(wide)
+        else:
+            kb, vb = kb.to(q.dtype), vb.to(q.dtype)
         slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
-        o, lse = attention_ref(q[b:b + 1], kb.to(q.dtype), vb.to(q.dtype), softmax_scale=softmax_scale,
+        o, lse = attention_ref(q[b:b + 1], kb, vb, softmax_scale=softmax_scale,
                                window=window, softcap=softcap, alibi_slopes=slopes, upcast=upcast)
         outs.append(o)
         lses.append(lse)
