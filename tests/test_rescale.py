@@ -61,7 +61,7 @@ def _decisions(q, k, window, tau, tiles=TILES):
     s = s.masked_fill(~keep_mask(sq, sk, window, device=s.device), -math.inf)
     n = dict(taken=0, skipped=0, jumps=0, late_first_keys=0, skipped_with_empty_rows=0)
     for m0 in range(0, sq, tiles.block_m):
-        m = torch.full(s[:, :, m0:m0 + tiles.block_m, 0].shape, -math.inf, dtype=torch.float64)
+        m = torch.full(s[:, :, m0:m0 + tiles.block_m, 0].shape, -math.inf, dtype=torch.float64, device=s.device)
         for t in range(*key_block_range(m0, tiles.block_m, tiles.block_n, sq, sk, window)):
             tile = s[:, :, m0:m0 + tiles.block_m, t * tiles.block_n:(t + 1) * tiles.block_n]
             m_new = torch.maximum(m, tile.amax(-1))

@@ -83,8 +83,10 @@ def quantize_fp8_ref(x: torch.Tensor, granularity: str = "tensor", block_rows: i
         padded = torch.nn.functional.pad(xf, (0, 0, 0, 0, 0, blocks * block_rows - seqlen))
         amax = padded.abs().view(batch, blocks, block_rows, heads, -1).amax(dim=(2, 4)).transpose(1, 2)
         scale = amax.transpose(1, 2).repeat_interleave(block_rows, dim=1)[:, :seqlen, :, None]
-    descale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
-    scale = torch.where(scale > 0, scale / E4M3_MAX, torch.ones_like(scale))
+    # amax / 448 rounded once, on every device (CUDA's division by a Python scalar multiplies by its
+    # reciprocal, one ulp away at times): in float64, then to float32
+    descale = torch.where(amax > 0, (amax.double() / E4M3_MAX).float(), torch.ones_like(amax))
+    scale = torch.where(scale > 0, (scale.double() / E4M3_MAX).float(), torch.ones_like(scale))
     values = (xf / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
     return values, descale
 
