@@ -168,6 +168,9 @@ def test_outlier_inputs_are_deterministic_and_have_outliers():
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert not torch.equal(a[0], fa.outlier_inputs(1, 64, 4, 64, seed=8)[0])
     assert a[0].abs().max() > 5  # 16384 elements, about 16 outliers of standard deviation 10
+    clean = fa.outlier_inputs(1, 64, 4, 64, seed=7, prob=0.0)[0]
+    moved = (a[0] - clean) != 0  # the same draw, less its outliers (about 16 of 16384 elements)
+    assert clean.abs().max() < 5 and 0 < moved.sum() < 48
 
 
 # ---- the FP4 study ----
@@ -225,6 +228,7 @@ def test_study_command_writes_its_records(study, module, count, tmp_path, capsys
     (["bench", "fp8-accuracy", "--headdim", "48"], "--headdim must be a power of two (the Hadamard rotation), got 48"),
     (["bench", "fp4-study", "--seeds", "1,-2"], "expected comma-separated integers >= 0, got '1,-2'"),
     (["bench", "fp8-accuracy", "--seqlen", "0"], "expected an integer >= 1, got '0'"),
+    (["bench", "fp4-study", "--outlier-prob", "2"], "expected a probability in [0, 1], got '2'"),
 ])
 def test_study_command_refuses_bad_input(argv, message, capsys):
     code, out, err = _cli(argv, capsys)

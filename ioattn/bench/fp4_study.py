@@ -59,12 +59,12 @@ def heavy_tailed_scores(batch, heads, seqlen, seed):
     return s
 
 
-def problem(inputs, batch, heads, seqlen, headdim, seed, causal):
+def problem(inputs, batch, heads, seqlen, headdim, seed, causal, outlier_prob=fa.OUTLIER_PROB):
     """(scores (batch, heads, seqlen, seqlen) with masked entries -inf, v (batch, seqlen, heads,
     headdim)) of input set ``inputs``, float64, deterministic from ``seed``."""
     window = (-1, 0) if causal else (-1, -1)
     if inputs == "fa3-outliers":
-        q, k, v = fa.outlier_inputs(batch, heads, seqlen, headdim, seed)
+        q, k, v = fa.outlier_inputs(batch, heads, seqlen, headdim, seed, outlier_prob)
         return scores_ref(q, k, headdim ** -0.5, window), v
     if inputs != "heavy-tailed":
         raise ValueError(f"inputs must be one of {INPUTS}, got {inputs!r}")
@@ -82,20 +82,20 @@ def errors(out, ref):
     return e.pow(2).mean().sqrt().item(), rel.max().item(), e.abs().max().item()
 
 
-def _params(inputs):
+def _params(inputs, outlier_prob):
     """The construction's parameters, for the records."""
     if inputs == "fa3-outliers":
-        return dict(outlier_prob=fa.OUTLIER_PROB, outlier_std=fa.OUTLIER_STD)
+        return dict(outlier_prob=outlier_prob, outlier_std=fa.OUTLIER_STD)
     return dict(nu=NU, temperature=list(TEMPERATURE), sinks=SINKS, sink_offset=list(SINK_OFFSET))
 
 
-def study(batch, heads, seqlen, headdim, seeds, formats=P_FORMATS, log=print):
+def study(batch, heads, seqlen, headdim, seeds, outlier_prob=fa.OUTLIER_PROB, formats=P_FORMATS, log=print):
     """One record per (seed, inputs, causal, P format) with every parameter and the three errors."""
     records = []
     for seed in seeds:
         for inputs in INPUTS:
             for causal in (False, True):
-                s, v = problem(inputs, batch, heads, seqlen, headdim, seed, causal)
+                s, v = problem(inputs, batch, heads, seqlen, headdim, seed, causal, outlier_prob)
                 ref = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, dim=-1), v)
                 ref_rms = ref.pow(2).mean().sqrt().item()
                 for fmt in formats:
@@ -103,7 +103,7 @@ def study(batch, heads, seqlen, headdim, seeds, formats=P_FORMATS, log=print):
                     records.append(dict(study=NAME, inputs=inputs, p_format=fmt, batch=batch, heads=heads,
                                         seqlen=seqlen, headdim=headdim, causal=causal, seed=seed, rmse=rmse,
                                         worst_row_rel=worst_rel, worst_row_abs=worst_abs, ref_rms=ref_rms, p_scale=P_SCALE,
-                                        mx_block=MX_BLOCK, nvfp4_block=NVFP4_BLOCK, **_params(inputs)))
+                                        mx_block=MX_BLOCK, nvfp4_block=NVFP4_BLOCK, **_params(inputs, outlier_prob)))
                 log(f"seed {seed}, {inputs}, {'causal' if causal else 'not causal'}: done")
     return records
 
@@ -158,7 +158,7 @@ def run(args):
     """``ioattn bench fp4-study``; exit status 0 unless an error is not finite."""
     print(fa.heading(args.batch, args.heads, args.seqlen, args.headdim, args.seeds,
                      "FP4 Direct-P study, P through each format before P V (float64 emulation)"))
-    records = study(args.batch, args.heads, args.seqlen, args.headdim, args.seeds)
+    records = study(args.batch, args.heads, args.seqlen, args.headdim, args.seeds, args.outlier_prob)
     print()
     print(table(records))
     fa.write(records, args, plot)

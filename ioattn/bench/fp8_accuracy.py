@@ -141,15 +141,15 @@ ROWS = (
 TARGET_ROW = ROWS[-1].name
 
 
-def outlier_inputs(batch, heads, seqlen, headdim, seed):
+def outlier_inputs(batch, heads, seqlen, headdim, seed, prob=OUTLIER_PROB):
     """FA3's q, k, v (batch, seqlen, heads, headdim), float64: N(0, 1) plus, with probability
-    ``OUTLIER_PROB`` per element, an added N(0, OUTLIER_STD²); deterministic from ``seed``."""
+    ``prob`` per element, an added N(0, OUTLIER_STD²); deterministic from ``seed``."""
     g = torch.Generator().manual_seed(seed)
     shape = (batch, seqlen, heads, headdim)
 
     def draw():
         x = torch.randn(shape, dtype=F64, generator=g)
-        hit = torch.rand(shape, dtype=F64, generator=g) < OUTLIER_PROB
+        hit = torch.rand(shape, dtype=F64, generator=g) < prob
         return x + hit * torch.randn(shape, dtype=F64, generator=g) * OUTLIER_STD
     return draw(), draw(), draw()
 
@@ -192,20 +192,20 @@ def _recipe_fields(recipe):
                 block_rows=recipe.block_rows if recipe.granularity == "block" else None)
 
 
-def study(batch, heads, seqlen, headdim, seeds, rows=ROWS, runners=None, log=print):
+def study(batch, heads, seqlen, headdim, seeds, outlier_prob=OUTLIER_PROB, rows=ROWS, runners=None, log=print):
     """Every row, not causal and causal, for each seed: one record per (seed, causal, row) with every
     parameter, its RMSE and its ratio to the baseline's (same seed and causal)."""
     records = []
     recipes = {r.name: r.recipe for r in rows}
     for seed in seeds:
-        q, k, v = outlier_inputs(batch, heads, seqlen, headdim, seed)
+        q, k, v = outlier_inputs(batch, heads, seqlen, headdim, seed, outlier_prob)
         signs = random_signs(headdim, seed + 1)
         for causal in (False, True):
             got = measure(rows, q, k, v, causal, signs, runners)
             base = next((r["rmse"] for r in got if r["row"] == BASELINE), None)
             for r in got:
                 r.update(study=NAME, batch=batch, heads=heads, seqlen=seqlen, headdim=headdim, causal=causal,
-                         seed=seed, signs_seed=seed + 1, outlier_prob=OUTLIER_PROB, outlier_std=OUTLIER_STD,
+                         seed=seed, signs_seed=seed + 1, outlier_prob=outlier_prob, outlier_std=OUTLIER_STD,
                          ratio=r["rmse"] / base if r["rmse"] is not None and base else None,
                          **_recipe_fields(recipes[r["row"]]))
                 records.append(r)
@@ -330,6 +330,16 @@ def seeds_type(text):
     return values
 
 
+def probability(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a probability in [0, 1], got {text!r}")
+    return value
+
+
 def positive(text):
     try:
         value = int(text)
@@ -352,6 +362,9 @@ def add_shape_arguments(parser, rotation=True):
     parser.add_argument("--seeds", type=seeds_type, default=list(DEFAULTS["seeds"]), metavar="S,S",
                         help="comma-separated seeds, one draw of the inputs each, the RMSE pooled over them "
                         f"(default: {','.join(map(str, DEFAULTS['seeds']))})")
+    parser.add_argument("--outlier-prob", type=probability, default=OUTLIER_PROB, metavar="P",
+                        help="probability per element of q, k, v of an added N(0, 10^2) outlier "
+                        f"(default: {OUTLIER_PROB}, FlashAttention-3's)")
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="directory for results.jsonl and the plot (default: none, nothing is written)")
     return parser
@@ -392,9 +405,9 @@ def run(args):
     """``ioattn bench fp8-accuracy``; exit status 0 unless a measured RMSE is not finite."""
     check_shape(args)
     print(heading(args.batch, args.heads, args.seqlen, args.headdim, args.seeds,
-                  f"FP8 accuracy, q, k, v ~ N(0,1) + Bernoulli({OUTLIER_PROB}) x N(0, {OUTLIER_STD:g}^2)"))
+                  f"FP8 accuracy, q, k, v ~ N(0,1) + Bernoulli({args.outlier_prob}) x N(0, {OUTLIER_STD:g}^2)"))
     print("(the FP8 rows are float64 emulation, the same on any device; the bf16 row is what ran here)")
-    records = study(args.batch, args.heads, args.seqlen, args.headdim, args.seeds)
+    records = study(args.batch, args.heads, args.seqlen, args.headdim, args.seeds, args.outlier_prob)
     print()
     print(table(records))
     for line in target_lines(records):
