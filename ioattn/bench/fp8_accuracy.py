@@ -167,16 +167,18 @@ def rmse(out, ref):
 
 
 def measure(rows, q, k, v, causal, signs, runners=None):
-    """One dict per row (row, runner, how, emulation, rmse, note): the row's recipe applied to the
-    float64 q, k, v, its runner's output against float64 attention of q, k, v. A row whose runner is
-    missing or refuses its recipe has rmse None and the reason in ``note``."""
+    """One dict per row (row, runner, how, emulation, rmse, ref_rms, note): the row's recipe applied
+    to the float64 q, k, v, its runner's output against float64 attention of q, k, v (whose RMS is
+    ref_rms). A row whose runner is missing or refuses its recipe has rmse None and the reason in
+    ``note``."""
     runners = RUNNERS if runners is None else runners
     ref = attention_ref(q, k, v, window=(-1, 0) if causal else (-1, -1))[0]
+    ref_rms = ref.pow(2).mean().sqrt().item()
     out = []
     for row in rows:
         runner = runners.get(row.runner)
         why = f"no runner {row.runner!r} here" if runner is None else runner.why_not(row.recipe)
-        res = dict(row=row.name, runner=row.runner, rmse=None, note=why)
+        res = dict(row=row.name, runner=row.runner, rmse=None, ref_rms=ref_rms, note=why)
         if why is None:
             inputs = quantise(row.recipe, q, k, v, signs) if row.recipe else (q, k, v)
             res.update(how=runner.how(), emulation=runner.emulation,
@@ -410,6 +412,8 @@ def run(args):
     records = study(args.batch, args.heads, args.seqlen, args.headdim, args.seeds, args.outlier_prob)
     print()
     print(table(records))
+    exact, first = pooled(records, "ref_rms"), records[0]["row"]  # the same for every row
+    print(f"the exact output's RMS: not causal {exact[(first, False)]:.3f}, causal {exact[(first, True)]:.3f}")
     for line in target_lines(records):
         print(line)
     write(records, args, plot)
@@ -417,6 +421,7 @@ def run(args):
 
 
 REQUIRED = {"study": str, "row": str, "runner": str, "rmse": (float, type(None)), "ratio": (float, type(None)),
+            "ref_rms": float,
             "batch": int, "heads": int, "seqlen": int, "headdim": int, "causal": bool, "seed": int,
             "command": str, "env": dict}
 
