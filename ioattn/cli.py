@@ -3,9 +3,11 @@
     ioattn --version
     ioattn bench [SWEEP] [options]      SWEEP: train, memory, quick (the default), decode or latency
     ioattn bench report RESULTS.jsonl [--out DIR]
+    ioattn bench STUDY [options]        STUDY: fp8-accuracy or fp4-study (float64 emulation)
 
 The sweeps themselves (their sizes, providers, which run without a GPU) are defined in
-``ioattn.bench.run``; the texts here are generated from those definitions, so they cannot drift.
+``ioattn.bench.run``, the accuracy studies in their own modules (``STUDIES``); the texts here are
+generated from those definitions, so they cannot drift.
 """
 from __future__ import annotations
 
@@ -15,11 +17,13 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ioattn.bench import report
+from ioattn.bench import fp4_study, fp8_accuracy, report
 from ioattn.bench import run as sweeps
 from ioattn.bench.providers import DECODE_OURS, OURS, PEERS
 
 ALL = tuple(sweeps.SWEEP_HELP)
+# the accuracy studies: each module has NAME, HELP, add_arguments(parser) and run(args)
+STUDIES = {m.NAME: m for m in (fp8_accuracy, fp4_study)}
 DEFAULT_SWEEP = "quick"
 WIDTH = 100  # the hand-made parts of the help (sweep lists, defaults) are wrapped to this
 
@@ -157,9 +161,11 @@ def _sweep_epilog(name):
 
 
 def _sweeps_listing():
-    names = [*ALL, "report"]
+    names = [*ALL, "report", *STUDIES]
     width = max(map(len, names)) + 2
-    lines = [f"  {n:<{width}}{_sweep_line(n) if n in ALL else report.REPORT_HELP}" for n in names]
+    helps = {**{n: _sweep_line(n) for n in ALL}, "report": report.REPORT_HELP,
+             **{n: m.HELP for n, m in STUDIES.items()}}
+    lines = [f"  {n:<{width}}{helps[n]}" for n in names]
     return "\n".join(_fill(ln, " " * (width + 2)) for ln in lines)
 
 
@@ -181,6 +187,19 @@ def _options_listing():
         text = f"  {' '.join(opt.flags)} {arg}: {opt.help(None)} [{takers}]"
         lines.append(_fill(text, "      "))
     return "\n".join(lines)
+
+
+def _study_options_listing(parsers):
+    """Every option of the studies' parsers ({name: parser}) with its help and the studies that take it."""
+    takers = {}
+    for name, parser in parsers.items():
+        for a in parser._actions:
+            if a.option_strings and a.dest != "help":
+                arg = f" {a.metavar}" if a.metavar else ""
+                takers.setdefault(f"{' '.join(a.option_strings)}{arg}: {a.help}", []).append(name)
+    every = list(parsers)
+    return "\n".join(_fill(f"  {text} [{'all studies' if names == every else ', '.join(names)}]", "      ")
+                     for text, names in takers.items())
 
 
 def version_text():
@@ -223,9 +242,16 @@ def build_parser():
         sub.set_defaults(handler=_bench, parser=sub)
     rep = report.add_arguments(subs.add_parser("report", help=report.REPORT_HELP, description=report.REPORT_HELP))
     rep.set_defaults(handler=_report, parser=rep)
+    studies = {}
+    for name, study in STUDIES.items():
+        sub = study.add_arguments(subs.add_parser(name, help=study.HELP, description=_fill(study.HELP, ""),
+                                                  formatter_class=raw))
+        sub.set_defaults(handler=_study, parser=sub, study=study)
+        studies[name] = sub
     bench.epilog = (f"SWEEP may be left out: \"ioattn bench --out DIR\" is \"ioattn bench {DEFAULT_SWEEP} --out DIR\".\n"
                     f"{_here()[1]}\n\noptions of the sweeps (ioattn bench SWEEP --help: that sweep's defaults):\n"
-                    f"{_options_listing()}")
+                    f"{_options_listing()}\n\noptions of the accuracy studies ({', '.join(STUDIES)}):\n"
+                    f"{_study_options_listing(studies)}")
     return top
 
 
@@ -257,6 +283,10 @@ def _bench(args):
 
 def _report(args):
     return report.run(args)
+
+
+def _study(args):
+    return args.study.run(args)
 
 
 def main(argv=None):

@@ -437,7 +437,7 @@ def _in_root(render, root, paths):
 
 
 def test_committed_results_follow_the_schema():
-    """Every committed ``ioattn bench`` results file passes the documented record schema, so the
+    """Every committed results file of the ``ioattn bench`` sweeps passes the documented record schema, so the
     report command can always re-render them."""
     import pathlib
 
@@ -447,6 +447,8 @@ def test_committed_results_follow_the_schema():
     for path in files:
         records = report.load(str(path))
         assert records, path
+        if "study" in records[0]:  # the accuracy studies' own schema: tests/test_fp8_study.py
+            continue
         problems = {i: report.validate(r) for i, r in enumerate(records) if report.validate(r)}
         assert not problems, f"{path}: {dict(list(problems.items())[:3])}"
 
@@ -467,7 +469,7 @@ def test_packed_layout_reaches_every_provider(monkeypatch):
     monkeypatch.setattr(bench_run, "_time", fake_time)
     records = run_sweep("quick", "cpu", provider_names=["a"], log=print, headdims=[64], seqlens=[16], rounds=1,
                         layout="qkvpacked")
-    batch, n, nheads, d = records[0]["batch"], 16, records[0]["nheads"], 64
+    n, nheads, d = 16, records[0]["nheads"], 64
     size = bench_run.DTYPES[records[0]["dtype"]].itemsize
     assert seen and all(s == ((n * 3 * nheads * d, 3 * nheads * d, d, 1), nheads * d * size, True) for s in seen), seen
     assert records and all(r["layout"] == "qkvpacked" for r in records)
