@@ -193,7 +193,7 @@ def _probs_for_return(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
 
 def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
          causal, window_size, softcap, alibi_slopes, return_attn_probs, deterministic=False, descales=(None,) * 3,
-         out_dtype=None):
+         out_dtype=None, quantize=False):
     varlen = cu_seqlens_q is not None
     _check_qkv(q, k, v, varlen)
     if varlen:
@@ -209,6 +209,10 @@ def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropou
     dropout_p, scale, softcap, window, alibi_slopes = _check_scalars(
         dropout_p, softmax_scale, softcap, window_size, causal, alibi_slopes, q, batch)
     q, k, v = _contiguous_last(q), _contiguous_last(k), _contiguous_last(v)
+    if quantize:  # fp8=True: the library quantises (its scales, its rotation) and returns q's dtype
+        _check_one_call(q, k, v, descales, out_dtype)
+        out_dtype = q.dtype
+        q, k, v, descales = fp8.quantize_qkv(q, k, v, cu_seqlens_q, cu_seqlens_k)
     if fp8.is_fp8(q) or any(d is not None for d in descales) or out_dtype is not None:
         out, lse = _run_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, scale,
                             window, softcap, alibi_slopes, batch, descales, out_dtype)
@@ -226,6 +230,18 @@ def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropou
         return out, lse, q.new_empty(0)
     return out, lse, _probs_for_return(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
                                        window, softcap, alibi_slopes, dropout_p, rng_state)
+
+
+def _check_one_call(q, k, v, descales, out_dtype):
+    if fp8.is_fp8(q):
+        raise ValueError("fp8=True quantises bf16 / fp16 inputs itself; q, k, v are already float8_e4m3fn: pass "
+                         "their descales instead")
+    if any(d is not None for d in descales) or out_dtype is not None:
+        raise ValueError("fp8=True computes the descales and returns q's dtype: leave q_descale, k_descale, "
+                         "v_descale and out_dtype unset")
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise RuntimeError("fp8=True has no backward (FP8 attention is for inference): pass tensors that do "
+                           "not require grad, or run under torch.no_grad()")
 
 
 def _run_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, scale, window, softcap,
@@ -249,7 +265,7 @@ def _run_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dr
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                     softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
-                    q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
+                    q_descale=None, k_descale=None, v_descale=None, out_dtype=None, fp8=False):
     """Exact attention, softmax(q k^T * softmax_scale) v, without materialising the score matrix.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim), nheads a
@@ -273,10 +289,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     ``k_descale``, ``v_descale`` (the real values are ``fp8 * descale``), each of shape
     (batch, nheads_kv) or broadcasting to it (q's may be (batch, nheads)); fp32 accumulation, P
     through e4m3 for the P V product, the output in ``out_dtype`` (bfloat16, or float16). Forward
-    only, no dropout. ``ioattn.quantize_fp8`` makes such inputs.
+    only, no dropout. ``ioattn.quantize_fp8`` makes such inputs. ``fp8=True`` does it for bf16 / fp16
+    q, k, v: one scale per (batch, head), q and k rotated by one random-sign Hadamard matrix where
+    the head dim is a power of two (``ioattn.fp8.quantize_qkv``), the output in q's dtype.
     """
     return _run(q, k, v, None, None, None, None, dropout_p, softmax_scale, causal, window_size, softcap,
-                alibi_slopes, return_attn_probs, deterministic, (q_descale, k_descale, v_descale), out_dtype)
+                alibi_slopes, return_attn_probs, deterministic, (q_descale, k_descale, v_descale), out_dtype, fp8)
 
 
 def _unbind_packed(name, t, index_dim, count):
@@ -307,7 +325,7 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                            alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None, *,
-                           q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
+                           q_descale=None, k_descale=None, v_descale=None, out_dtype=None, fp8=False):
     """Sequences packed without padding. q: (total_q, nheads, headdim); k, v: (total_k, nheads_k,
     headdim); ``cu_seqlens_q/k`` int32 (batch + 1,) cumulative lengths starting at 0; ``max_seqlen_q/k``
     the longest sequence. Masks apply per sequence. Returns ``out`` (total_q, nheads, headdim) or
@@ -318,7 +336,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     ``block_table`` (flash-attn: k, v as a paged KV cache) is accepted as None only: paged KV in the
     varlen functions is not implemented (``flash_attn_with_kvcache`` takes a paged cache).
 
-    FP8 inputs as in ``flash_attn_func``, the descales' batch being the number of sequences."""
+    FP8 inputs and ``fp8=True`` as in ``flash_attn_func``, the descales' batch being the number of
+    sequences."""
     if block_table is not None:
         raise NotImplementedError("flash_attn_varlen_func: block_table (a paged KV cache for the varlen "
                                   "functions) is not supported by ioattn; pass block_table=None with k, v "
@@ -327,7 +346,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         raise ValueError("cu_seqlens_q and cu_seqlens_k are required for the varlen functions")
     return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                 causal, window_size, softcap, alibi_slopes, return_attn_probs, deterministic,
-                (q_descale, k_descale, v_descale), out_dtype)
+                (q_descale, k_descale, v_descale), out_dtype, fp8)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None,

@@ -234,3 +234,22 @@ def _quantize_torch(x, granularity, block_rows, signs, cos, sin, interleaved, cu
             values[s:e] = v[0]
             descale[b][..., :part.shape[-1]] = part[0]
     return values, descale
+
+
+# the rotation's signs of ``fp8=True`` (any fixed seed: q and k share it, so Q K^T is unchanged)
+ONE_CALL_SEED = 0
+
+
+def quantize_qkv(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None):
+    """``flash_attn_func(..., fp8=True)``'s quantisation: (q8, k8, v8, (q_descale, k_descale, v_descale)),
+    one scale per (batch, head) (per sequence with ``cu_seqlens``), and q and k rotated by one
+    random-sign Hadamard matrix where the head dim is a power of two (incoherent processing; V is not
+    rotated, so the output needs no inverse). q, k, v: bf16 or fp16, as validated by the caller."""
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"fp8=True takes bfloat16 or float16 q, k, v (it returns q's dtype), got {q.dtype}")
+    d = q.shape[-1]
+    rotate = d & (d - 1) == 0
+    q8, qs = quantize_fp8(q, "head", hadamard=rotate, seed=ONE_CALL_SEED, cu_seqlens=cu_seqlens_q)
+    k8, ks = quantize_fp8(k, "head", hadamard=rotate, seed=ONE_CALL_SEED, cu_seqlens=cu_seqlens_k)
+    v8, vs = quantize_fp8(v, "head", cu_seqlens=cu_seqlens_k)
+    return q8, k8, v8, (qs, ks, vs)

@@ -222,3 +222,51 @@ def test_fp8_plan_is_the_pingpong_kernel_without_the_lean_options():
     q = torch.zeros(1, 8, 2, 128).to(torch.float8_e4m3fn)
     assert hopper.fp8_call_supported(q, q, q, False, sem, None)[0]
     assert not hopper.fp8_call_supported(q, q, q, True, sem, None)[0]  # varlen
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("d", [64, 48])
+def test_one_call_fp8_quantises_rotates_and_returns_q_dtype(d, poison_alloc):
+    """``fp8=True`` on fp16 inputs: the same as quantising with ``fp8.quantize_qkv`` (per head, q and k
+    rotated where d is a power of two) and calling the FP8 forward, within the e4m3 bound of attention
+    over those quantised inputs; and close to exact attention of the originals (RMSE < 5 % of RMS)."""
+    from ioattn import fp8
+
+    g = torch.Generator().manual_seed(d)
+    q, k, v = (torch.randn(2, 64, h, d, generator=g).to(DEV, torch.float16) for h in (4, 2, 2))
+    out = ioattn.flash_attn_func(q, k, v, causal=True, fp8=True)
+    assert out.dtype == torch.float16
+    q8, k8, v8, (qs, ks, vs) = fp8.quantize_qkv(q, k, v)
+    exact, bound = _bound(*_dequant([(q8, qs), (k8, ks), (v8, vs)]), (-1, 0))
+    _check(out, exact, bound, torch.float16)
+    ref, _ = attention_ref(q.cpu().double(), k.cpu().double(), v.cpu().double(), window=(-1, 0))
+    rms = lambda t: t.pow(2).mean().sqrt().item()  # noqa: E731
+    assert rms(out.cpu().double() - ref) < 0.05 * rms(ref)
+
+
+def test_one_call_fp8_refusals():
+    x = torch.randn(1, 8, 2, 16, dtype=torch.float16)
+    with dispatch.forced_backend("reference"):
+        with pytest.raises(ValueError, match="fp8=True computes the descales"):
+            ioattn.flash_attn_func(x, x, x, fp8=True, q_descale=torch.ones(1, 2))
+        with pytest.raises(TypeError, match="fp8=True takes bfloat16 or float16"):
+            ioattn.flash_attn_func(x.float(), x.float(), x.float(), fp8=True)
+        with pytest.raises(RuntimeError, match="fp8=True has no backward"):
+            ioattn.flash_attn_func(x.clone().requires_grad_(True), x, x, fp8=True)
+        with pytest.raises(ValueError, match="already float8_e4m3fn"):
+            y = x.to(torch.float8_e4m3fn)
+            ioattn.flash_attn_func(y, y, y, fp8=True)
+
+
+@pytest.mark.interpreter
+def test_one_call_fp8_varlen(poison_alloc):
+    """``fp8=True`` on packed sequences: scales per (sequence, head); each sequence's output close to exact
+    attention of its own rows (RMSE < 5 % of RMS)."""
+    g = torch.Generator().manual_seed(4)
+    cu = torch.tensor([0, 30, 31, 90], dtype=torch.int32, device=DEV)
+    q, k, v = (torch.randn(90, h, 32, generator=g).to(DEV, torch.float16) for h in (4, 2, 2))
+    out = ioattn.flash_attn_varlen_func(q, k, v, cu, cu, 59, 59, causal=True, fp8=True)
+    rms = lambda t: t.pow(2).mean().sqrt().item()  # noqa: E731
+    for lo, hi in ((0, 30), (30, 31), (31, 90)):
+        ref, _ = attention_ref(*(t[lo:hi].unsqueeze(0).cpu().double() for t in (q, k, v)), window=(-1, 0))
+        assert rms(out[lo:hi].unsqueeze(0).cpu().double() - ref) < 0.05 * rms(ref)
