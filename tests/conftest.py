@@ -1,4 +1,5 @@
 import os
+import pathlib
 import types
 import zlib
 
@@ -320,3 +321,12 @@ def assert_varlen_sequences(name, q, k, v, dout, out, lse, grads, cu_q, cu_k, ls
         label = f"{name} seq {i} ({lq}x{lk})"
         assert_matches_oracles(label, out[sq][None], (dq[sq][None], dk[sk][None], dv[sk][None]), oracles)
         assert_lse_close(label, lse[:, sq][None], oracles["lse64"].float(), atol=lse_atol)
+
+
+def child_env():
+    """The environment of a child Python process the tests start: without the interpreter, and with
+    this checkout first on the path (the package need not be installed, as on a device machine)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = str(pathlib.Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env

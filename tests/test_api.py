@@ -181,7 +181,7 @@ BAD_INPUTS = {
     "nheads_kv zero": (lambda: flash_attn_func(_ok()[0], *_ok(hk=0)[1:]), ValueError, r"key/value heads"),
     "dtype differs": (lambda: flash_attn_func(_ok()[0], *_ok(dtype=BF16)[1:]), TypeError, r"share one dtype"),
     "int dtype": (lambda: flash_attn_func(*(torch.ones(1, 4, 2, 16, dtype=torch.int32),) * 3), TypeError,
-                  r"^q must be float16, bfloat16 or float32"),
+                  r"^q must be float16, bfloat16, float32 or float8_e4m3fn"),
     "float64": (lambda: flash_attn_func(*(torch.ones(1, 4, 2, 16, dtype=torch.float64),) * 3), TypeError,
                 r"^q must be"),
     "head dim 257": (lambda: flash_attn_func(*_ok(d=257)), ValueError, r"head dim must be between 1 and 256"),

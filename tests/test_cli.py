@@ -19,6 +19,7 @@ from ioattn.bench import run as bench_run
 from ioattn.bench.progress import Progress, duration
 from ioattn.bench.providers import providers
 from ioattn.bench.timing import CPU_MIN_REPS, cpu_reps, median_ms
+from conftest import child_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -58,7 +59,7 @@ def test_version(capsys):
 
 
 def test_version_as_module():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = child_env()
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     done = subprocess.run([sys.executable, "-m", "ioattn", "--version"], capture_output=True, text=True, env=env,
                           timeout=300)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import DEVICE, assert_lse_close, assert_within_torch_error, rotary_tables
+from conftest import DEVICE, assert_lse_close, assert_within_torch_error, rotary_tables, child_env
 
 from ioattn.plan import dispatch
 from ioattn.decode import decode_config, flash_attn_with_kvcache
@@ -362,7 +362,7 @@ def test_decode_kernel_compiles_for_sm90():
     """The interpreter does not run the GPU compiler: compile the kernel for sm_90 ahead of time (in a
     child process without TRITON_INTERPRET, which replaces @triton.jit functions in this one)."""
     root = pathlib.Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = child_env()
     proc = subprocess.run([sys.executable, "-c", _AOT_SCRIPT], cwd=root, env=env, capture_output=True, text=True,
                           timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

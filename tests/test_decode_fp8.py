@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from conftest import DEVICE, assert_lse_close, assert_within_torch_error
+from conftest import DEVICE, assert_lse_close, assert_within_torch_error, child_env
 from test_decode import _clone, _make_case
 
 import ioattn
@@ -347,7 +347,7 @@ def test_fp8_decode_kernel_compiles_for_sm90():
     """The interpreter runs no GPU compiler: compile the FP8 kernel for sm_90 ahead of time (a child
     process without TRITON_INTERPRET), the register-capped 128-key tile without spills."""
     root = pathlib.Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = child_env()
     proc = subprocess.run([sys.executable, "-c", _AOT_SCRIPT], cwd=root, env=env, capture_output=True, text=True,
                           timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

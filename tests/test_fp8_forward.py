@@ -176,11 +176,18 @@ def test_explain_dispatch_names_the_fp8_path():
 
 
 @pytest.mark.skipif(not CUDA or torch.cuda.get_device_capability()[0] != 9, reason="the Gluon FP8 kernel: sm_90")
+@pytest.mark.parametrize("p_smem", [True, False])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 300, 700, 2, 2), (1, 640, 256, 6, 1)])
-def test_gluon_fp8_forward(shape, causal, d, poison_alloc):
-    """The Gluon FP8 kernel (the default on sm_90) within the e4m3 bound, and where it applies."""
+def test_gluon_fp8_forward(shape, causal, d, p_smem, poison_alloc, monkeypatch):
+    """The Gluon FP8 kernel (the default on sm_90) within the e4m3 bound, and where it applies; P through
+    shared memory or as the register operand (``hopper.FP8_P_SMEM``)."""
+    from ioattn import backends
+    from ioattn.plan import hopper
+
+    monkeypatch.setattr(hopper, "FP8_P_SMEM", p_smem)
+    backends.clear_routes()
     b, sq, sk, h, h_kv = shape
     pairs = _inputs(b, sq, sk, h, h_kv, d, seed=d + sq)
     plan = ioattn.explain_dispatch(pairs[0][0], pairs[1][0], pairs[2][0], causal=causal)

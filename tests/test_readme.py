@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import child_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -20,7 +21,7 @@ SHELL = [line for lang, code in BLOCKS if lang == "bash" for line in code.splitl
 def _user_env():
     """The environment a user's shell has: no interpreter mode (tests/conftest.py turns it on for
     the kernel tests on machines without a GPU), this checkout importable."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = child_env()
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
 

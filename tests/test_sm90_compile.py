@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import child_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -20,7 +21,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def _hopper_check(*args):
     """The report lines (one a kernel) of tools/compile_check_hopper.py --quick ``args``, run in a
     child process without the interpreter; the script's own assertions must pass."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = child_env()
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / "compile_check_hopper.py"), "--quick", *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
@@ -29,7 +30,7 @@ def _hopper_check(*args):
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 def test_kernels_compile_for_sm90():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = child_env()
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / "compile_check.py"), "--quick",
                            "--headdims", "59,128,256"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
@@ -50,7 +51,7 @@ causal), fits shared memory and uses wgmma, TMA and
     (persistent: at most a few per-tile values around its tile loop, the script's bound)."""
     from ioattn.plan import hopper
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = child_env()
     main = [v for v in hopper.VARIANTS if v != "wg3"]
     script = str(ROOT / "tools" / "compile_check_hopper.py")
     lines = []
@@ -432,3 +433,17 @@ def test_hopper_split_ring_compile_for_sm90():
         assert r.split("wgmma=")[1].split(")")[0] == w.split("wgmma=")[1].split(")")[0], (r, w)
         tma = [int(line.split(" tma=")[1].split()[0]) for line in (r, w)]
         assert tma[0] < tma[1], (r, w)
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+@pytest.mark.gluon
+def test_hopper_fp8_forward_compiles_for_sm90():
+    """The FP8 forward (the ping-pong kernel on e4m3 descriptors, V^T's ring, P through shared memory)
+    at each of ``hopper.FP8_TILES``' head dims, causal: 8-bit wgmma, TMA, within shared memory, ptxas
+    not serialising the wgmmas (the script's assertions)."""
+    from ioattn.plan import hopper
+
+    lines = _hopper_check("--fp8", "--masks", "1")
+    assert len(lines) == len(hopper.FP8_TILES), lines
+    # and P as the register operand (``hopper.FP8_P_SMEM`` off: kept alive past the wait by a move)
+    assert len(_hopper_check("--fp8", "--fp8-p-regs", "--headdims", "128", "--masks", "1")) == 1

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import child_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.gluon
 
 
 def _compile_check(*args):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = child_env()
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / "compile_check_hopper_bwd.py"), "--quick", *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

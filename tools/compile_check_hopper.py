@@ -134,6 +134,41 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
     return cfg, compile_sm90(fn, sig, constexprs, cfg["num_warps"], aligned=("Out", "stride_om"))
 
 
+P_IN_REGS = False  # --fp8-p-regs
+
+
+def compile_fp8(d, causal):
+    """The FP8 forward as the launcher builds it (``plan.forward._make_fp8``'s constexprs, e4m3 Q / K
+    descriptors, V^T's [d, block_n] one, the descales' pointer); returns its report line."""
+    from ioattn.plan import forward as forward_plan
+
+    sig = forward_plan.Signature(batch=1, seqlen_q=4096, seqlen_k=4096, nheads=1, nheads_kv=1, head_dim=d,
+                                 element_size=1, varlen=False, causal=causal, window=(-1, -1), softcap=0.0,
+                                 softmax_scale=d ** -0.5, alibi=False, device_sms=132)
+    plan = forward_plan.plan_forward(sig)
+    f8 = gl.float8e4nv
+    lay = {name: gl.NVMMASharedLayout.get_default_for(list(box), f8)
+           for name, box in (("q", (plan.q_rows, d)), ("k", (plan.block_n, d)), ("v", (d, plan.block_n)))}
+    sig_types = {n: "i32" for n in fn.arg_names}
+    sig_types.update(q_desc=f"tensordesc<fp8e4nv[{plan.q_rows},{d}],{lay['q']!r}>",
+                     k_desc=f"tensordesc<fp8e4nv[{plan.block_n},{d}],{lay['k']!r}>",
+                     v_desc=f"tensordesc<fp8e4nv[{d},{plan.block_n}],{lay['v']!r}>", Out="*bf16", Lse="*fp32",
+                     qk_scale="fp32", softcap_a="fp32", alibi_unit="fp32", Descales="*fp32")
+    constexprs = dict(plan.constexprs, k_hi_desc=None, v_hi_desc=None, Alibi=None, o_desc=None, Walk=None,
+                      Cu_q=None, Cu_k=None)
+    if P_IN_REGS:  # --fp8-p-regs: P V's register operand instead of the shared buffer
+        constexprs["P_SMEM"] = False
+    k = compile_sm90(fn, sig_types, constexprs, plan.num_warps, aligned=("Out", "stride_om"))
+    ptx = k.asm["ptx"]
+    c = ptx_counts(ptx)
+    assert k.metadata.shared <= H200_SHARED_BYTES, (d, causal, k.metadata.shared)
+    assert "e4m3.e4m3" in ptx and c["tma"], (d, causal, c)  # 8-bit wgmma, TMA loads
+    nregs, spills, _, serialized = ptxas_report(ptx)
+    assert not serialized, (d, causal, serialized)
+    return (f"fp8 pingpong d={d} causal={causal} p_smem={constexprs['P_SMEM']} tiles={plan.block_m}x{plan.block_n} shared={k.metadata.shared} "
+            f"regs={nregs} spills={spills} {fmt(c)}")
+
+
 def fmt(c):
     nreg = " ".join(f"{op}{v}x{n}" for (op, v), n in sorted(c["setmaxnreg"].items(),
                                                              key=lambda t: (t[0][0], int(t[0][1]))))
@@ -342,7 +377,16 @@ def main():
     ap.add_argument("--block-n", type=int, default=None,
                     help="key tile (block_n) of every selected variant and head dim instead of hopper.TILE_TABLE's")
     ap.add_argument("--stages", type=int, default=None, help="K / V ring depth instead of hopper.TILE_TABLE's")
+    ap.add_argument("--fp8", action="store_true", help="the FP8 (e4m3) forward's builds instead (hopper.FP8_TILES)")
+    ap.add_argument("--fp8-p-regs", action="store_true", help="with --fp8: P as the register operand (P_SMEM off)")
     args = ap.parse_args()
+    if args.fp8:  # the FP8 forward's builds alone
+        global P_IN_REGS
+        P_IN_REGS = args.fp8_p_regs
+        for d in map(int, (args.headdims or ",".join(map(str, hopper.FP8_TILES))).split(",")):
+            for causal in (m == "1" for m in args.masks.split(",")):
+                print(compile_fp8(d, causal), flush=True)
+        return
     if args.window:  # before the compile jobs' processes are forked (they inherit it)
         global WINDOW_FORM
         WINDOW_FORM = True

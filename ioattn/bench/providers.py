@@ -27,7 +27,7 @@ import ioattn
 from ioattn.semantics import Semantics
 
 PEERS = ("sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flex", "flash-attn", "flash-attn-cute")
-OURS = ("ioattn", "ioattn-ptr", "ioattn-hopper", "ioattn-hopper-bwd", "ioattn-fp8")
+OURS = ("ioattn", "ioattn-ptr", "ioattn-hopper", "ioattn-hopper-bwd", "ioattn-fp8", "ioattn-fp8-portable")
 
 
 def _backend(backend):
@@ -88,10 +88,11 @@ class _IoattnFp8:
     """The FP8 forward on the inputs quantised per (batch, head) (``quantize_fp8_ref``), the quantisation
     done once per input set outside the timed calls (forward only). Judged, like the others, against
     twice the error of its same-precision twin: the float64 FP8 emulation
-    (``reference.fp8.attention_fp8_ref``, ``same_precision``)."""
+    (``reference.fp8.attention_fp8_ref``, ``same_precision``). ``portable``: the portable kernel even
+    where the Gluon one applies (the A/B of the Gluon FP8 kernel)."""
 
-    def __init__(self):
-        self._key, self._quantised = None, None
+    def __init__(self, portable=False):
+        self._key, self._quantised, self.portable = None, None, portable
 
     def _quantise(self, q, k, v):
         from ioattn.reference.fp8 import quantize_fp8_ref
@@ -101,8 +102,10 @@ class _IoattnFp8:
         return self._quantised
 
     def __call__(self, q, k, v, causal):
+        from ioattn.plan import hopper
         (q8, qs), (k8, ks), (v8, vs) = self._quantise(q, k, v)
-        out = ioattn.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qs, k_descale=ks, v_descale=vs)
+        with hopper.prefer_hopper(False) if self.portable else contextlib.nullcontext():
+            out = ioattn.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qs, k_descale=ks, v_descale=vs)
         return out.to(q.dtype)
 
     def same_precision(self, q, k, v, causal):
@@ -154,7 +157,8 @@ def _import_peer(name):
 def providers(names=None):
     """Name -> (callable or None, reason). Unknown names get a reason, not an exception."""
     table = {"ioattn": (_ioattn, ""), "ioattn-ptr": (_ioattn_ptr, ""), "ioattn-hopper": (_ioattn_hopper, ""),
-             "ioattn-hopper-bwd": (_ioattn_hopper_bwd, ""), "ioattn-fp8": (_IoattnFp8(), "")}
+             "ioattn-hopper-bwd": (_ioattn_hopper_bwd, ""), "ioattn-fp8": (_IoattnFp8(), ""),
+             "ioattn-fp8-portable": (_IoattnFp8(portable=True), "")}
     return _with_peers(table, names, _sdpa, _flex, lambda peer: (_import_peer(peer), ""), OURS, "provider")
 
 

@@ -49,7 +49,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                       WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, num_tiles=0, Walk=None,
                       win_left=0, win_right=0, softcap_a=0.0, ALIBI: gl.constexpr = False, Alibi=None,
                       stride_ab=0, alibi_unit=0.0, IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0,
-                      k_hi_desc=None, v_hi_desc=None, Descales=None):
+                      k_hi_desc=None, v_hi_desc=None, Descales=None, P_SMEM: gl.constexpr = False):
     """The Gluon Hopper forward. ``PINGPONG=False`` (launched with num_warps = 4 * BLOCK_M // 64): one
     consumer partition of BLOCK_M // 64 warpgroups in lockstep. ``PINGPONG=True`` (num_warps = 4,
     BLOCK_M = 64 * NUM_WG): ``NUM_WG`` consumer warpgroups of 64 rows each in separate partitions,
@@ -62,7 +62,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     ``DIAG_TRIM``, ``WINDOW``, ``SOFTCAP``, ``ALIBI``, ``IO_DIM``, ``PROD_DIM``, ``k_hi_desc``): see
     docs/hopper-forward.md, "Compile-time options"; the host sets them (``ioattn.plan.backends.hopper_forward``).
     FP8 (e4m3 descriptors; the ping-pong kernels): ``v_desc`` reads V^T as (batch * nheads_kv * d,
-    keys), ``Descales`` fp32 (batch, nheads + 2 * nheads_kv) as the portable kernel's."""
+    keys), ``Descales`` fp32 (batch, nheads + 2 * nheads_kv) as the portable kernel's; ``P_SMEM``: P
+    through a shared buffer a warpgroup instead of registers (``hopper_fwd_tile._p_operand``)."""
     D_IO: gl.constexpr = _io_dim(HEAD_DIM, IO_DIM)
     gl.static_assert(_prod_dim(HEAD_DIM, PROD_DIM) >= D_IO, "the products cover the tensors' columns")
     gl.static_assert(PROD_DIM == 0 or PINGPONG, "the split products: the ping-pong consumers")
@@ -168,7 +169,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
         gl.static_assert(q_desc.block_type.shape[-2] == WG_ROWS, "ping-pong: Q descriptor block is [64, HEAD_DIM]")
         q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn = _pp_shared(
             q_desc, k_desc, v_desc, NUM_WG, WG_ROWS, BLOCK_N, HEAD_DIM, STAGES, 1, k_hi_desc)
-        if FP8:  # each consumer warpgroup's P (``_p_operand``)
+        if FP8 and P_SMEM:  # each consumer warpgroup's P (``_p_operand``)
             p_smem = gl.allocate_shared_memory(dtype, [NUM_WG, WG_ROWS, BLOCK_N], _p_layout(BLOCK_N))
         else:
             p_smem: gl.constexpr = None
@@ -199,7 +200,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                                    RESCALE_BY_WARP, Q_IN_REGS, DEFERRED_SUM, MASK_BRANCH, PTX_BARRIERS, EXP2_FMA,
                                    TILE_ROW_STORES, FEWER_MASKS, KEY_MASKS, WINDOW, win_left, win_right, SOFTCAP,
                                    softcap_a, ALIBI, alibi_a, IO_DIM, PROD_DIM, kv_hi, out_scale,
-                                   p_smem.index(w) if FP8 else None))
+                                   p_smem.index(w) if FP8 and P_SMEM else None))
              if w < NUM_WG else
              (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
                           n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL, 0, 0, kv_hi_load, vt_row0))

@@ -157,13 +157,14 @@ def _v_operand(v_tile):
 
 @gluon.jit
 def _p_operand(p, dtype: gl.constexpr, layout: gl.constexpr, p_smem=None):
-    """P as the P V product's A operand: registers in ``layout`` (bf16 / fp16), or for e4m3 the
-    warpgroup's ``p_smem`` buffer, P times ``P_SCALE`` written there (P in [0, 1] lifted into e4m3's
-    normal range; the epilogue's ``out_scale`` undoes it). Triton cannot keep 8-bit registers alive
-    across a wgmma wait (its wait takes 16- and 32-bit operands only), so e4m3 P goes through shared
-    memory; the caller writes it only once the previous P V has retired."""
+    """P as the P V product's A operand in ``dtype``: registers in ``layout``, or with ``p_smem`` (e4m3)
+    the warpgroup's shared buffer, written here (the caller does so only once the previous P V has
+    retired). e4m3 P is times ``P_SCALE`` first (P in [0, 1] lifted into e4m3's normal range; the
+    epilogue's ``out_scale`` undoes it)."""
     if dtype == gl.float8e4nv:
-        p_smem.store((p * P_SCALE).to(dtype))
+        p = p * P_SCALE
+    if p_smem is not None:
+        p_smem.store(p.to(dtype))
         fence_async_shared()  # each thread's writes before the wgmma's reads (the async proxy)
         gl.thread_barrier()  # the whole warpgroup's rows
         operand = p_smem
@@ -174,14 +175,27 @@ def _p_operand(p, dtype: gl.constexpr, layout: gl.constexpr, p_smem=None):
 
 
 @gluon.jit
-def _pv_wait(o_tok, p_op):
-    """Wait for P(i) V(i): its accumulator, with P's registers kept alive until then (e4m3 P in shared
-    memory: nothing to keep)."""
-    if p_op.dtype == gl.float8e4nv:
+def _pv_wait(o_tok, p_op, p_smem=None):
+    """Wait for P(i) V(i): its accumulator, with P's registers kept alive until then. Triton's wait
+    takes 16- and 32-bit operands only: e4m3 registers are kept by ``_keep_alive`` instead, and P in
+    shared memory (``p_smem``) needs nothing."""
+    if p_smem is not None:
         o = warpgroup_mma_wait(0, deps=[o_tok])
+    elif p_op.dtype == gl.float8e4nv:
+        o = warpgroup_mma_wait(0, deps=[o_tok])
+        p_op = _keep_alive(p_op)
     else:
         o, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])
     return o, p_op
+
+
+
+@gluon.jit
+def _keep_alive(p8):
+    """``p8`` (e4m3) back unchanged through a move of its registers, four values to one, that the
+    compiler must keep after the wait before it (not pure): the registers the asynchronous product
+    reads stay P's until then."""
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [p8], dtype=gl.float8e4nv, is_pure=False, pack=4)
 
 
 
@@ -603,7 +617,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
             o, o_hi, p16 = warpgroup_mma_wait(0, deps=[o_tok, oh_tok, p16])
             o_hi = _rescale_rows(o_hi, alpha, COND_RESCALE, RESCALE_BY_WARP)
         else:
-            o, p16 = _pv_wait(o_tok, p16)
+            o, p16 = _pv_wait(o_tok, p16, p_smem)
         mbarrier.arrive(v_empty.index(cur), count=1)
         o = _rescale_rows(o, alpha, COND_RESCALE, RESCALE_BY_WARP)
         p16 = _p_operand(p, dtype, p_layout, p_smem)
@@ -621,7 +635,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     else:
         o_tok = _pv_mma(o, p16, v_smem, last, STAGES)
         _turn_pass(next_turn, ORDERED)
-        o, p16 = _pv_wait(o_tok, p16)
+        o, p16 = _pv_wait(o_tok, p16, p_smem)
     if RELEASE_LAST:
         mbarrier.arrive(v_empty.index(last % STAGES), count=1)
     if DIAG_TRIM:  # the tiles past this warpgroup's own: their sections and slots
