@@ -107,6 +107,7 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
                       ALIBI=alibi, IO_DIM=IO_DIM, PROD_DIM=hopper.split_cols_for(d, IO_DIM, variant))
     # the launcher's: the split products read Q from shared memory
     constexprs.update(Q_IN_REGS=hopper.split_cols_q_in_regs(constexprs["Q_IN_REGS"], constexprs["PROD_DIM"]))
+    constexprs.update(P_SMEM=False)  # (an FP8 option: the launcher leaves the default for 16-bit inputs)
     if ring:
         constexprs.update(STAGES=hopper.SPLIT_RING_STAGES)
         cfg["stages"] = hopper.SPLIT_RING_STAGES
