@@ -82,14 +82,14 @@ function bars(items, opts = {}) {
   const max = opts.max || Math.max(...items.map(d => d.value));
   const scale = v => opts.log ? Math.max(0, Math.log10(v / opts.min) / Math.log10(max / opts.min)) : v / max;
   if (opts.vertical) {
-    const bw = (w - 10) / items.length, base = h - 16;
+    const bw = (w - 10) / items.length, base = h - 16, room = base - 18;  // room above for the line's label
     items.forEach((d, i) => {
-      const bh = Math.max(1, scale(d.value) * (base - 6));
+      const bh = Math.max(1, scale(d.value) * room);
       root.append(svg("rect", {x: 5 + i * bw, y: base - bh, width: Math.max(1, bw - 2), height: bh, fill: d.color || "#2f6fdb"}));
       if (d.label) root.append(svg("text", {x: 5 + i * bw + bw / 2, y: h - 3, "text-anchor": "middle"}, d.label));
     });
     if (opts.line !== undefined) {
-      const y = base - scale(opts.line) * (base - 6);
+      const y = base - scale(opts.line) * room;
       root.append(svg("line", {x1: 0, x2: w, y1: y, y2: y, stroke: "#d4532b", "stroke-dasharray": "5 4"}));
       root.append(svg("text", {x: w - 4, y: y - 4, "text-anchor": "end", fill: "#d4532b"}, opts.lineLabel || ""));
     }
