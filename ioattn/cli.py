@@ -4,6 +4,7 @@
     ioattn bench [SWEEP] [options]      SWEEP: train, memory, quick (the default), decode or latency
     ioattn bench report RESULTS.jsonl [--out DIR]
     ioattn bench STUDY [options]        STUDY: fp8-accuracy or fp4-study (float64 emulation)
+    ioattn explain --out DIR [--pages N,N] [--open]   the explainer pages (ioattn.explainers)
 
 The sweeps themselves (their sizes, providers, which run without a GPU) are defined in
 ``ioattn.bench.run``, the accuracy studies in their own modules (``STUDIES``); the texts here are
@@ -20,6 +21,7 @@ from typing import Callable
 from ioattn.bench import fp4_study, fp8_accuracy, report
 from ioattn.bench import run as sweeps
 from ioattn.bench.providers import DECODE_OURS, OURS, PEERS
+from ioattn.explainers import written as written_pages
 
 ALL = tuple(sweeps.SWEEP_HELP)
 # the accuracy studies: each module has NAME, HELP, add_arguments(parser) and run(args)
@@ -248,11 +250,49 @@ def build_parser():
                                                   formatter_class=raw))
         sub.set_defaults(handler=_study, parser=sub, study=study)
         studies[name] = sub
+    _add_explain(commands)
     bench.epilog = (f"SWEEP may be left out: \"ioattn bench --out DIR\" is \"ioattn bench {DEFAULT_SWEEP} --out DIR\".\n"
                     f"{_here()[1]}\n\noptions of the sweeps (ioattn bench SWEEP --help: that sweep's defaults):\n"
                     f"{_options_listing()}\n\noptions of the accuracy studies ({', '.join(STUDIES)}):\n"
                     f"{_study_options_listing(studies)}")
     return top
+
+
+EXPLAIN_HELP = ("write interactive pages that explain FlashAttention on ioattn's own numbers (self-contained "
+                "HTML, computed at build time) into an empty or new folder")
+
+
+def _add_explain(commands):
+    """``ioattn explain --out DIR [--pages N,N] [--open]``."""
+    pages = ",".join(str(s.number) for s in written_pages())
+    sub = commands.add_parser("explain", help=EXPLAIN_HELP, description=_fill(EXPLAIN_HELP + ".", ""),
+                              formatter_class=Formatter)
+    sub.add_argument("--out", required=True, metavar="DIR",
+                     help="the folder for index.html and the pages; it must be empty or not exist yet, and "
+                     "nothing in it is overwritten or removed (required: no default)")
+    sub.add_argument("--pages", type=_ints, default=None, metavar="N,N",
+                     help=f"comma-separated page numbers (default: every page written so far, {pages})")
+    sub.add_argument("--open", action="store_true",
+                     help="open index.html in the web browser afterwards (default: off)")
+    sub.set_defaults(handler=_explain, parser=sub)
+
+
+def _explain(args):
+    """Refuse a bad --pages or --out before anything is computed; build; open the index if asked."""
+    import webbrowser
+
+    from ioattn.explainers import site
+    try:
+        paths = site.build(args.out, args.pages)
+    except ValueError as e:
+        args.parser.error(str(e))
+    except OSError as e:
+        print(f"ioattn explain: error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {len(paths)} files to {args.out}: {', '.join(p.name for p in paths)}")
+    if args.open and not webbrowser.open(paths[0].resolve().as_uri()):
+        print(f"no web browser found; open {paths[0].resolve()} yourself")
+    return 0
 
 
 def _with_default_sweep(argv):
