@@ -15,6 +15,11 @@ import pytest  # noqa: E402
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def pytest_addoption(parser):
+    parser.addoption("--explainer-screenshots", metavar="DIR", default=None,
+                     help="tests/test_explainers.py: save each explainer page at its final step to DIR/<page>.png")
+
+
 # ---- what this installation cannot run: skipped with the library's own reason ----
 
 def pytest_collection_modifyitems(config, items):

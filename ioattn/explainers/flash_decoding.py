@@ -1,7 +1,8 @@
 """Page 6: Flash-Decoding, one query token over a KV cache split across programs.
 
 Each split attends to its own contiguous run of keys (``attention_ref``) and returns its normalised
-output and log-sum-exp; ``ioattn.merge_attention_states`` combines them exactly. ``data`` runs every
+output and log-sum-exp; ``merge_states_ref`` (the float64 twin of ``ioattn.merge_attention_states``)
+combines them exactly. ``data`` runs every
 split count on the slider and checks the merge against unsplit attention; the occupancy table counts
 the programs of one decode step against an H100's SMs.
 """
@@ -11,8 +12,8 @@ import math
 
 import torch
 
-from ioattn import merge_attention_states
 from ioattn.explainers.numbers import max_diff, name, plain, randn
+from ioattn.reference.merge import merge_states_ref
 from ioattn.reference.naive import attention_ref
 
 SEED = 0
@@ -39,7 +40,7 @@ def split_run(q, k, v, splits: int):
     """Each split's partial output and lse, their exact merge, and its difference from unsplit attention."""
     parts = [attention_ref(q, k[:, a:b], v[:, a:b]) for a, b in bounds(splits)]
     outs, lses = [o for o, _ in parts], [lse for _, lse in parts]
-    out, lse = merge_attention_states(outs, lses, lse_layout="flash_attn")
+    out, lse = merge_states_ref(torch.stack(outs), torch.stack(lses))
     ref_out, ref_lse = attention_ref(q, k, v)
     return dict(
         splits=splits, bounds=bounds(splits),
@@ -63,8 +64,8 @@ def data() -> dict:
     scores = (q[0, 0, 0] @ k[0, :, 0].T) * HEAD_DIM ** -0.5
     return dict(
         source=(f"computed at build time from seed {SEED} (torch.randn, float64): each split by "
-                f"{name(attention_ref)}, merged by {name(merge_attention_states)} (on the CPU: "
-                "ioattn.reference.merge.merge_states_ref), against unsplit attention_ref"),
+                f"{name(attention_ref)}, merged by {name(merge_states_ref)} (the float64 twin "
+                "of ioattn.merge_attention_states), against unsplit attention_ref"),
         keys=KEYS, head_dim=HEAD_DIM, scores=plain(scores), ref_out=plain(ref_out.flatten()),
         ref_lse=plain(ref_lse.item()), default_splits=4, runs={str(s): split_run(q, k, v, s) for s in SPLITS},
         sms=SMS, heads_q=HEADS_Q, heads_kv=HEADS_KV, batches=list(BATCHES), split_counts=list(SPLITS),

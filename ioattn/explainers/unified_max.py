@@ -13,9 +13,10 @@ import math
 
 import torch
 
-from ioattn import decode, merge_attention_states
+from ioattn import decode
 from ioattn.explainers.numbers import max_diff, name, plain, randn
 from ioattn.kernels.constants import LOG2E
+from ioattn.reference.merge import merge_states_ref
 from ioattn.reference.naive import attention_ref
 from ioattn.reference.tiled import flash2_forward
 
@@ -36,9 +37,9 @@ def inputs():
 
 def fp32_bounds() -> dict:
     """Where exp(x) leaves float32, x in natural-log units: above ``overflow`` it is inf, below
-    ``normal`` subnormal, below ``zero`` exactly 0."""
+    ``normal`` subnormal, below ``zero`` it rounds to 0 (half the smallest subnormal, 2^-150)."""
     fi = torch.finfo(F32)
-    return dict(overflow=math.log(fi.max), normal=math.log(fi.tiny), zero=math.log(fi.tiny * fi.eps))
+    return dict(overflow=math.log(fi.max), normal=math.log(fi.tiny), zero=math.log(fi.tiny * fi.eps / 2))
 
 
 def safe_range(dtype=F32):
@@ -101,8 +102,8 @@ def at_phi(q, k, v, phi, ref_out):
             lses.append(lse.to(torch.float64))
             if dtype == F32:
                 splits.append(facts)
-        out, _ = merge_attention_states(torch.stack(outs)[:, None], torch.stack(lses)[:, None])
-        diffs[label] = max_diff(out[0], ref_out[0, 0, 0])
+        out, _ = merge_states_ref(torch.stack(outs), torch.stack(lses))
+        diffs[label] = max_diff(out, ref_out[0, 0, 0])
     return dict(phi=phi, splits=splits, diff_f32=diffs["f32"], diff_f64=diffs["f64"])
 
 
@@ -117,7 +118,7 @@ def data() -> dict:
         source=(f"computed at build time from seed {SEED} (torch.randn, float64; key {SINK} set to a score of "
                 f"{SINK_SCORE:g}): the rule of the decode kernel's UNIFIED path with ioattn.decode.PHI_RANGE, "
                 f"replayed in PyTorch in float32 and float64, the exact fallback by {name(flash2_forward)}, the "
-                f"splits merged by {name(merge_attention_states)}, against {name(attention_ref)}"),
+                f"splits merged by {name(merge_states_ref)}, against {name(attention_ref)}"),
         keys=KEYS, splits=SPLITS, sink=SINK,
         scores=plain((q[0, 0, 0] @ k[0, :, 0].T) * HEAD_DIM ** -0.5),
         fp32=fp32_bounds(), below=below, above=above,
