@@ -411,8 +411,10 @@ def test_wheel_holds_every_module_and_the_metadata(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "ioattn").rglob("*.py") if "__pycache__" not in p.parts}
     assert modules and not modules - names, sorted(modules - names)
-    for package in ("ioattn/kernels/", "ioattn/reference/", "ioattn/bench/", "ioattn/kvcache/"):
+    for package in ("ioattn/kernels/", "ioattn/reference/", "ioattn/bench/", "ioattn/kvcache/", "ioattn/explainers/"):
         assert f"{package}__init__.py" in names, package
+    assets = {p.relative_to(ROOT).as_posix() for p in (ROOT / "ioattn" / "explainers").glob("*.*") if p.suffix != ".py"}
+    assert assets and not assets - names, sorted(assets - names)  # the pages' templates, stylesheet, script
     info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
     assert f"{info}/licenses/LICENSE" in names
     metadata = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
