@@ -357,6 +357,7 @@ class Visit:
         that the only requests were the page itself and ``loads`` (pages it was sent to)."""
         if shots:
             Path(shots).mkdir(parents=True, exist_ok=True)
+            self.page.evaluate("document.activeElement && document.activeElement.blur()")  # no focus ring
             self.page.screenshot(path=str(Path(shots) / f"{name}.png"), full_page=True)
         self.page.close()
         assert self.problems == [], self.problems
