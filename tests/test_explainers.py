@@ -276,9 +276,9 @@ def test_a_failed_write_leaves_nothing(tmp_path, capsys, monkeypatch):
             raise OSError(28, "No space left on device")
         return real_open(path, *args, **kwargs)
     monkeypatch.setattr(site, "open", open_twice, raising=False)
-    code, _, err = _run(["explain", "--out", str(tmp_path / "pages"), "--pages", "2"], capsys)
+    code, _, err = _run(["explain", "--out", str(tmp_path / "new" / "pages"), "--pages", "2"], capsys)
     assert code == 1 and "No space left" in err and len(calls) == 2
-    assert not (tmp_path / "pages").exists()
+    assert os.listdir(tmp_path) == []  # the file written first and both folders made are gone
 
 
 def test_the_cli_writes_the_pages_asked_for_and_opens_the_index(tmp_path, capsys, monkeypatch):

@@ -106,9 +106,9 @@ def out_problem(out) -> str | None:
 
 
 def _write(out: Path, files: dict) -> list:
-    """Write ``files`` ({name: text}) into ``out`` (created if missing); on a failure, remove what
-    this call wrote (and the folder, if it made it) and raise."""
-    made = not out.exists()
+    """Write ``files`` ({name: text}) into ``out`` (created with its missing parents); on a failure,
+    remove what this call wrote and the folders it made, and raise."""
+    made = [d for d in (out, *out.absolute().parents) if not d.exists()]  # deepest first
     done = []
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -120,8 +120,9 @@ def _write(out: Path, files: dict) -> list:
     except OSError as e:
         for path in done:
             path.unlink(missing_ok=True)
-        if made and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
+        for folder in made:
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
         raise OSError(f"--out {out}: writing {len(files)} files failed ({e}); nothing was left there") from e
     return done
 
