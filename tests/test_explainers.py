@@ -146,7 +146,6 @@ def test_unified_max_follows_the_decode_kernels_rule(built):
     q, k, v = unified_max.inputs()
     s = (q[0, 0, 0] @ k[0, :, 0].T) / 8
     assert abs(s[unified_max.SINK].item() - unified_max.SINK_SCORE) < 1e-12
-    ref, _ = attention_ref(q, k, v)
     kinds = set()
     for at in d["phis"]:
         assert at["diff_f64"] < 1e-14 and at["diff_f32"] < 1e-6, at["phi"]
@@ -172,7 +171,6 @@ def test_unified_max_follows_the_decode_kernels_rule(built):
     weights = torch.exp(t([attention_ref(q, k[:, a:a + 16], v[:, a:a + 16])[1].item() for a in range(0, 64, 16)])
                         - attention_ref(q, k, v)[1].item())
     assert torch.allclose(t(d["weights"]), weights, atol=1e-15)
-    assert ref.abs().max() > 0
 
 
 def test_fp8_rotation_rmse_is_attention_fp8_refs(built):
