@@ -26,7 +26,8 @@ import torch.nn.functional as F
 import ioattn
 from ioattn.semantics import Semantics
 
-PEERS = ("sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flex", "flash-attn", "flash-attn-cute")
+PEERS = ("sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flex", "flash-attn", "flash-attn-cute",
+         "sageattn")
 OURS = ("ioattn", "ioattn-ptr", "ioattn-hopper", "ioattn-hopper-bwd", "ioattn-fp8", "ioattn-fp8-portable")
 
 
@@ -141,8 +142,26 @@ def _flex():
     return run
 
 
+class _Sage:
+    """SageAttention's quantised forward (``sageattention.sageattn``: int8 Q Kᵀ, its 1.x Triton kernels),
+    the quantised peer of the FP8 forward. Held to the same bound as ``ioattn-fp8``: twice the error of
+    the float64 FP8 emulation with per-head scales (``same_precision``)."""
+
+    def __init__(self):
+        from sageattention import sageattn
+        self.fn, self.twin = sageattn, _IoattnFp8()
+
+    def __call__(self, q, k, v, causal):
+        return self.fn(q, k, v, tensor_layout="NHD", is_causal=causal)
+
+    def same_precision(self, q, k, v, causal):
+        return self.twin.same_precision(q, k, v, causal)
+
+
 def _import_peer(name):
-    """flash-attn (FA2, CUDA) and flash-attn's CuTe kernels (FA4), when installed."""
+    """flash-attn (FA2, CUDA), flash-attn's CuTe kernels (FA4) and SageAttention, when installed."""
+    if name == "sageattn":
+        return _Sage()
     if name == "flash-attn":
         from flash_attn import flash_attn_func as fa2
         return lambda q, k, v, c: fa2(q, k, v, causal=c)
@@ -177,7 +196,7 @@ def _with_peers(table, names, make_sdpa, make_flex, import_peer, ours, what):
             table["flex"] = (make_flex(), "")
         except Exception as e:  # noqa: BLE001 - an old torch without FlexAttention
             table["flex"] = (None, f"FlexAttention unavailable: {type(e).__name__}: {e}")
-    for peer in ("flash-attn", "flash-attn-cute"):
+    for peer in ("flash-attn", "flash-attn-cute", "sageattn"):
         if peer in wanted:
             try:
                 table[peer] = import_peer(peer)
@@ -360,6 +379,8 @@ def _flex_decode():
 
 
 def _import_decode_peer(name):
+    if name == "sageattn":
+        return None, "SageAttention: no KV-cache decoding entry measured here"
     if name == "flash-attn":
         from flash_attn import flash_attn_with_kvcache as fa
     else:
