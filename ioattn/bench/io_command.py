@@ -114,7 +114,8 @@ def _footer(data):
     return [f"bytes: HBM bytes read + written, every access counted (no cache). K and V of one KV head: "
             f"{_si(kv, 'B')}, which {where} the {l2 / MIB:g} MiB L2: measured DRAM bytes of the tiled passes fall "
             "toward the minimum row where K and V stay in L2.",
-            "time >=: max(bytes / bandwidth, FLOPs / peak). --json: every term.", *data["notes"]]
+            f"time >=: max(bytes / bandwidth, FLOPs / peak); {data['device']['source']}. --json: every term.",
+            *data["notes"]]
 
 
 def table(data):

@@ -64,8 +64,8 @@ DEVICES = {
         "measured 2026-12-06: bf16 matmul 803 TFLOP/s, copy 3025 GB/s; vendor spec: fp8 1979, fp32 67 TFLOP/s"),
     "h200": Device(
         "NVIDIA H200", 4204e9, {"bf16": 786e12, "fp16": 786e12, "fp8": 1415e12, "fp32": 67e12}, 228 * KB, 50 * MIB,
-        # bf16 and e4m3 8192³ matmuls and a 2 GiB copy, measured with the H200 peer anchors of 2026-11-29
-        # (the same ceilings head docs/archive/notes.md); fp32: vendor spec
+        # bf16 and e4m3 8192³ matmuls and a 2 GiB device-to-device copy, measured on the H200 with the
+        # peer anchors of 2026-11-29; fp32: vendor spec
         "measured 2026-11-29: bf16 matmul 786, fp8 matmul 1415 TFLOP/s, copy 4204 GB/s; vendor spec: fp32 67 TFLOP/s"),
 }
 
@@ -85,9 +85,10 @@ class Problem:
     causal: bool = False
 
     def __post_init__(self):
-        for name in ("seqlen_k", "nheads_kv"):
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, getattr(self, {"seqlen_k": "seqlen_q", "nheads_kv": "nheads"}[name]))
+        if self.seqlen_k is None:
+            object.__setattr__(self, "seqlen_k", self.seqlen_q)
+        if self.nheads_kv is None:
+            object.__setattr__(self, "nheads_kv", self.nheads)
         for name in ("batch", "nheads", "nheads_kv", "seqlen_q", "seqlen_k", "headdim"):
             _positive(name, getattr(self, name))
         if self.nheads % self.nheads_kv:
@@ -124,6 +125,8 @@ def choose_tiles(outer, headdim, elem, sram, block_m=None, block_n=None):
     min(floor(M / 4d), d), M counted in elements of ``elem`` bytes (floor, not the paper's ceiling, so
     that the four tiles fit). A given ``block_m`` / ``block_n`` replaces its value; a derived one then
     shrinks to fit beside it. Raises ``ModelArgumentError`` where the tiles do not fit in ``sram``."""
+    if outer not in ("kv", "q"):
+        raise ValueError(f"outer must be 'kv' or 'q', got {outer!r}")
     rule = _positive("sram", sram) // (4 * headdim * elem)
     if rule < 1:
         raise ModelArgumentError("sram", f"must hold one row of each of the four tiles, 4 * headdim * element "
@@ -168,7 +171,10 @@ def visits(seqlen_q, seqlen_k, tiles, causal):
             continue
         m_rows = min(tiles.block_m, seqlen_q - m_start)
         n_rows = min(hi * tiles.block_n, seqlen_k) - lo * tiles.block_n
-        pairs, rows, cols, area = pairs + hi - lo, rows + m_rows * (hi - lo), cols + n_rows, area + m_rows * n_rows
+        pairs += hi - lo
+        rows += m_rows * (hi - lo)
+        cols += n_rows
+        area += m_rows * n_rows
         spans.append((lo, hi))
     return Visits(pairs, rows, cols, area, _covered(spans, tiles.block_n, seqlen_k))
 
@@ -185,14 +191,12 @@ def _covered(spans, block_n, seqlen_k):
 
 
 def visible_pairs(seqlen_q, seqlen_k, causal):
-    """(query, key) pairs the mask keeps: row i sees min(seqlen_k, max(0, i + seqlen_k - seqlen_q + 1))."""
+    """(query, key) pairs the mask keeps. Causal, bottom-right: row i sees max(0, i + seqlen_k -
+    seqlen_q + 1) keys, so the rows that see any see a, a + 1, ..., seqlen_k keys."""
     if not causal:
         return seqlen_q * seqlen_k
-    offset = seqlen_k - seqlen_q
-    first = min(seqlen_q, max(0, -offset))  # the first row that sees a key
-    full = min(seqlen_q, max(first, seqlen_k - offset - 1))  # the first row that sees every key
-    partial = (first + full - 1 + 2 * (offset + 1)) * (full - first) // 2  # sum of i + offset + 1
-    return partial + (seqlen_q - full) * seqlen_k
+    a = max(1, seqlen_k - seqlen_q + 1)  # the keys the first row that sees any sees
+    return (a + seqlen_k) * (seqlen_k - a + 1) // 2
 
 
 @dataclass
