@@ -293,3 +293,45 @@ def test_top_level_help_lists_io(capsys):
 def test_io_bad_input_is_a_clear_error(argv, words, capsys):
     code, out, err = _exit(["io", *argv], capsys)
     assert code == 2 and out == "" and words in err, err
+
+
+# ---- measured bytes (Nsight Compute): what runs without a GPU ----
+
+NCU_REPORT = '''==PROF== Connected to process 4242
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","4242","python","h","attn_fwd","1","7","(128, 1, 1)","(8, 1, 1)","0","9.0","Command line profiler metrics","dram__bytes_read.sum","Mbyte","1,234.50"
+"0","4242","python","h","attn_fwd","1","7","(128, 1, 1)","(8, 1, 1)","0","9.0","Command line profiler metrics","dram__bytes_write.sum","Kbyte","512"
+"1","4242","python","h","fill","1","7","(128, 1, 1)","(8, 1, 1)","0","9.0","Command line profiler metrics","dram__bytes_read.sum","byte","100"
+"1","4242","python","h","fill","1","7","(128, 1, 1)","(8, 1, 1)","0","9.0","Command line profiler metrics","dram__bytes_write.sum","byte","28"
+'''
+
+
+def test_ncu_report_sums_every_kernel_in_bytes():
+    from ioattn.bench import io_measure
+
+    got = io_measure.parse_report(NCU_REPORT)
+    assert got == {"read": 1_234_500_000 + 100, "written": 512_000 + 28, "bytes": 1_234_500_000 + 100 + 512_000 + 28,
+                   "kernels": 2}
+    with pytest.raises(io_measure.MeasureError, match="no kernel"):
+        io_measure.parse_report("==PROF== No kernels were profiled.\n")
+
+
+def test_ncu_command_profiles_one_call_of_the_problem():
+    from ioattn.bench import io_measure
+
+    p = m.Problem(2048, 128, seqlen_k=4096, batch=2, nheads=8, nheads_kv=2, dtype="fp16", causal=True)
+    cmd = io_measure.ncu_command("ncu", io_measure.child_args(p, "ioattn", "backward"))
+    assert cmd[:4] == ["ncu", "--csv", "--profile-from-start", "off"]
+    assert ",".join(io_measure.METRICS) in cmd and cmd[cmd.index("-m") + 1] == "ioattn.bench.io_measure"
+    args = cmd[cmd.index("-m") + 2:]
+    assert args == ["--impl", "ioattn", "--direction", "backward", "--seqlen", "2048", "--seqlen-k", "4096",
+                    "--headdim", "128", "--batch", "2", "--nheads", "8", "--nheads-kv", "2", "--dtype", "fp16",
+                    "--causal"]
+
+
+def test_measure_without_ncu_is_a_clear_error(monkeypatch, capsys):
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.delenv("NCU", raising=False)
+    assert cli.main(["io", "--seqlen", "256", "--headdim", "64", "--measure"]) == 1
+    err = capsys.readouterr().err
+    assert "ioattn io --measure: Nsight Compute (ncu) is not on PATH" in err

@@ -8,6 +8,7 @@ table's columns are read from the JSON rows (``COLUMNS``), so a measured column 
 from __future__ import annotations
 
 import json
+import sys
 
 from ioattn.reference.io_model import DEVICES, ELEMENT_BYTES, KB, MIB, ModelArgumentError, Problem, predict
 
@@ -43,6 +44,9 @@ def add_arguments(parser):
         help=f"bandwidth and peak FLOP/s of the time bound (default: {DEFAULT_DEVICE})")
     add("--causal", action="store_true", help="causal mask, bottom-right aligned (default: not causal)")
     add("--json", action="store_true", help="print one JSON object with every term (default: the table)")
+    add("--measure", action="store_true",
+        help="also measure the DRAM bytes of one call by Nsight Compute (a GPU and ncu): the standard row's by "
+             "PyTorch's math attention, the fa2 row's by ioattn's kernels (default: the model alone)")
     return parser
 
 
@@ -56,8 +60,35 @@ def run(args):
         flag = FLAGS.get(e.argument, "--" + e.argument.replace("_", "-"))
         args.parser.error(f"{flag} {e.problem}")
     data = prediction.as_dict()
+    if args.measure:
+        from ioattn.bench.io_measure import MeasureError
+        try:
+            _add_measured(data, problem)
+        except MeasureError as e:
+            print(f"ioattn io --measure: {e}", file=sys.stderr)
+            return 1
     print(json.dumps(data, indent=2) if args.json else table(data))
     return 0
+
+
+# the row each implementation's measurement sits beside
+MEASURED = {"standard": "math", "fa2": "ioattn"}
+
+
+def _add_measured(data, problem):
+    """Each measured row gets ``measured`` (read, written, bytes, kernels, impl) and its bytes over the
+    predicted ones; FP8 has no backward to measure."""
+    from ioattn.bench import io_measure
+
+    for row in data["rows"]:
+        impl = MEASURED.get(row["algorithm"])
+        if impl is None or problem.dtype == "fp8":
+            continue
+        got = io_measure.measure(problem, impl, row["pass"])
+        row["measured"] = dict(got, impl=impl, vs_predicted=got["bytes"] / row["predicted"]["bytes"])
+    data["notes"].append("measured: DRAM bytes of one call by Nsight Compute (dram__bytes_read.sum + "
+                         "dram__bytes_write.sum over its kernels): standard <- PyTorch's math attention, fa2 <- "
+                         "ioattn's dispatched kernels.")
 
 
 def _num(value):
@@ -95,6 +126,8 @@ COLUMNS = (
     ("FLOP/B", lambda r: _num(r["predicted"]["intensity"])),
     ("bound", lambda r: r["predicted"]["bound"]),
     ("time >=", lambda r: _duration(r["predicted"]["time_s"])),
+    ("measured", lambda r: (f"{_si(r['measured']['bytes'], 'B')} ({_num(r['measured']['vs_predicted'])}x)"
+                            if "measured" in r else "")),
 )
 
 
@@ -120,7 +153,8 @@ def _footer(data):
 
 def table(data):
     """The heading, one line per pass with ``COLUMNS``, and what the figures assume."""
-    cells = [[name for name, _ in COLUMNS]] + [[cell(r) for _, cell in COLUMNS] for r in data["rows"]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+    columns = COLUMNS if any("measured" in r for r in data["rows"]) else COLUMNS[:-1]
+    cells = [[name for name, _ in columns]] + [[cell(r) for _, cell in columns] for r in data["rows"]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
     return "\n".join([_heading(data), "", *lines, "", *_footer(data)])
