@@ -1,6 +1,7 @@
 """The IO model of attention (``ioattn.reference.io_model``) and ``ioattn io``: byte counts against
 cases counted by hand, the paper's asymptotics, causal block counts against a brute-force count of
 the mask, GQA, the command line and its errors."""
+import importlib.util
 import json
 import subprocess
 import sys
@@ -335,3 +336,25 @@ def test_measure_without_ncu_is_a_clear_error(monkeypatch, capsys):
     assert cli.main(["io", "--seqlen", "256", "--headdim", "64", "--measure"]) == 1
     err = capsys.readouterr().err
     assert "ioattn io --measure: Nsight Compute (ncu) is not on PATH" in err
+
+
+def test_a_sweep_prints_each_point_and_writes_records_and_a_plot(tmp_path, capsys):
+    """``--seqlen`` / ``--headdim`` lists: one table a point, ``--json`` a list, ``--out`` the records (each
+    the single point's object) and a plot; a bad size anywhere refuses the whole sweep first."""
+    argv = ["io", "--seqlen", "256,512", "--headdim", "32,64", "--nheads", "2", "--out", str(tmp_path)]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.count("IO model of attention") == 4
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [(r["problem"]["headdim"], r["problem"]["seqlen_q"]) for r in records] == [(32, 256), (32, 512),
+                                                                                      (64, 256), (64, 512)]
+    assert all(r["command"] == "ioattn " + " ".join(argv) for r in records)
+    single = m.predict(m.Problem(512, 64, nheads=2)).as_dict()
+    assert records[3]["rows"] == single["rows"]
+    if importlib.util.find_spec("matplotlib"):
+        assert (tmp_path / "io_model.png").stat().st_size > 0
+    assert cli.main(["io", "--seqlen", "256,512", "--headdim", "64", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 2
+    with pytest.raises(SystemExit):
+        cli.main(["io", "--seqlen", "256,0", "--headdim", "64", "--out", str(tmp_path / "never")])
+    assert not (tmp_path / "never").exists()

@@ -7,7 +7,9 @@ table's columns are read from the JSON rows (``COLUMNS``), so a measured column 
 """
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import sys
 
 from ioattn.reference.io_model import DEVICES, ELEMENT_BYTES, KB, MIB, ModelArgumentError, Problem, predict
@@ -25,8 +27,10 @@ FLAGS = {"seqlen_q": "--seqlen"}
 def add_arguments(parser):
     """The options of ``ioattn io``; each help names its default."""
     add = parser.add_argument
-    add("--seqlen", type=int, required=True, metavar="N", help="query sequence length (required: no default)")
-    add("--headdim", type=int, required=True, metavar="D", help="head dimension (required: no default)")
+    add("--seqlen", type=_ints, required=True, metavar="N[,N...]",
+        help="query sequence length, or several (a sweep) (required: no default)")
+    add("--headdim", type=_ints, required=True, metavar="D[,D...]",
+        help="head dimension, or several (a sweep) (required: no default)")
     add("--batch", type=int, default=1, metavar="B", help="batch size (default: 1)")
     add("--nheads", type=int, default=1, metavar="H", help="query heads (default: 1)")
     add("--nheads-kv", type=int, default=None, metavar="H",
@@ -44,31 +48,95 @@ def add_arguments(parser):
         help=f"bandwidth and peak FLOP/s of the time bound (default: {DEFAULT_DEVICE})")
     add("--causal", action="store_true", help="causal mask, bottom-right aligned (default: not causal)")
     add("--json", action="store_true", help="print one JSON object with every term (default: the table)")
+    add("--out", default=None, metavar="DIR",
+        help="write results.jsonl (one object a point) and io_model.png, bytes against N (default: print only)")
     add("--measure", action="store_true",
         help="also measure the DRAM bytes of one call by Nsight Compute (a GPU and ncu): the standard row's by "
              "PyTorch's math attention, the fa2 row's by ioattn's kernels (default: the model alone)")
     return parser
 
 
-def run(args):
-    """Print the prediction; a bad size is the parser's error, naming its option."""
+def _ints(text):
     try:
-        problem = Problem(args.seqlen, args.headdim, seqlen_k=args.seqlen_k, batch=args.batch, nheads=args.nheads,
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _point(args, seqlen, headdim):
+    """(problem, prediction as a dict) at one point; a bad size is the parser's error, naming its option."""
+    try:
+        problem = Problem(seqlen, headdim, seqlen_k=args.seqlen_k, batch=args.batch, nheads=args.nheads,
                           nheads_kv=args.nheads_kv, dtype=args.dtype, causal=args.causal)
-        prediction = predict(problem, args.device, args.sram, args.block_m, args.block_n)
+        return problem, predict(problem, args.device, args.sram, args.block_m, args.block_n).as_dict()
     except ModelArgumentError as e:
         flag = FLAGS.get(e.argument, "--" + e.argument.replace("_", "-"))
         args.parser.error(f"{flag} {e.problem}")
-    data = prediction.as_dict()
-    if args.measure:
-        from ioattn.bench.io_measure import MeasureError
-        try:
-            _add_measured(data, problem)
-        except MeasureError as e:
-            print(f"ioattn io --measure: {e}", file=sys.stderr)
-            return 1
-    print(json.dumps(data, indent=2) if args.json else table(data))
+
+
+def run(args):
+    """Print the prediction at each (head dim, seqlen) point, measured too with ``--measure``; with
+    ``--out``, the records and the plot."""
+    points = [_point(args, n, d) for d in args.headdim for n in args.seqlen]  # every size checked first
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+    records = []
+    for problem, data in points:
+        if args.measure:
+            from ioattn.bench.io_measure import MeasureError
+            try:
+                _add_measured(data, problem)
+            except MeasureError as e:
+                print(f"ioattn io --measure: {e}", file=sys.stderr)
+                return 1
+        data["command"] = "ioattn " + " ".join(getattr(args, "argv", None) or ["io"])
+        records.append(data)
+        if not args.json:
+            print(table(data) + "\n")
+    if args.json:  # one object, or a list of them for a sweep
+        print(json.dumps(records[0] if len(records) == 1 else records, indent=2))
+    if args.out:
+        _write(records, args.out)
     return 0
+
+
+def _write(records, out):
+    with open(os.path.join(out, "results.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    try:
+        print(f"wrote {plot(records, os.path.join(out, 'io_model.png'))}")
+    except ImportError:  # matplotlib is the optional [bench] extra
+        print("no plot: matplotlib is not installed (pip install 'ioattn[bench]')")
+
+
+def plot(records, path):
+    """Bytes against the sequence length, one panel a (pass, head dim): the model's standard, fa2 and
+    minimum rows as lines, the measured bytes (where there are) as points."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    panels = sorted({(r["pass"], rec["problem"]["headdim"]) for rec in records for r in rec["rows"]},
+                    key=lambda p: (p[0] != "forward", p[1]))
+    fig = Figure(figsize=(5 * len(panels), 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    for i, (direction, d) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), i + 1)
+        pts = sorted(((rec["problem"]["seqlen_q"], r) for rec in records if rec["problem"]["headdim"] == d
+                      for r in rec["rows"] if r["pass"] == direction), key=lambda t: t[0])
+        for j, algorithm in enumerate(("standard", "fa2", "minimum")):
+            xs = [(n, r) for n, r in pts if r["algorithm"] == algorithm]
+            ax.plot([n for n, _ in xs], [r["predicted"]["bytes"] for _, r in xs], color=f"C{j}",
+                    label=f"{algorithm} (model)")
+            got = [(n, r["measured"]) for n, r in xs if "measured" in r]
+            if got:
+                ax.plot([n for n, _ in got], [m["bytes"] for _, m in got], "o", color=f"C{j}",
+                        label=f"{got[0][1]['impl']} (measured)")
+        ax.set(xscale="log", yscale="log", xlabel="sequence length N", ylabel="HBM bytes",
+               title=f"{direction}, d = {d}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.savefig(path, dpi=90)
+    return path
 
 
 # the row each implementation's measurement sits beside
