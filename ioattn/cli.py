@@ -4,6 +4,7 @@
     ioattn bench [SWEEP] [options]      SWEEP: train, memory, quick (the default), decode or latency
     ioattn bench report RESULTS.jsonl [--out DIR]
     ioattn bench STUDY [options]        STUDY: fp8-accuracy or fp4-study (float64 emulation)
+    ioattn io --seqlen N --headdim D [options]   the IO model: predicted HBM bytes, FLOPs, time bound
     ioattn explain --out DIR [--pages N,N] [--open]   the explainer pages (ioattn.explainers)
 
 The sweeps themselves (their sizes, providers, which run without a GPU) are defined in
@@ -18,7 +19,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ioattn.bench import fp4_study, fp8_accuracy, report
+from ioattn.bench import fp4_study, fp8_accuracy, io_command, report
 from ioattn.bench import run as sweeps
 from ioattn.bench.providers import DECODE_OURS, OURS, PEERS
 from ioattn.explainers import written as written_pages
@@ -255,6 +256,9 @@ def build_parser():
                     f"{_here()[1]}\n\noptions of the sweeps (ioattn bench SWEEP --help: that sweep's defaults):\n"
                     f"{_options_listing()}\n\noptions of the accuracy studies ({', '.join(STUDIES)}):\n"
                     f"{_study_options_listing(studies)}")
+    io = io_command.add_arguments(commands.add_parser(io_command.NAME, help=io_command.HELP, formatter_class=raw,
+                                                      description=_fill(io_command.DESCRIPTION, "")))
+    io.set_defaults(handler=io_command.run, parser=io)
     return top
 
 

@@ -132,12 +132,30 @@ def small_study():
 
 
 def test_rows_come_in_the_documented_order(small_study):
+    """Every row in order; on the CPU path the FP8 kernel's rows are skipped with the reason."""
     for causal in (False, True):
         got = [r for r in small_study if r["causal"] == causal]
         assert [r["row"] for r in got] == [row.name for row in fa.ROWS]
-        assert all(r["rmse"] is not None and math.isfinite(r["rmse"]) and r["rmse"] > 0 for r in got)
+        emulated = [r for r in got if r["runner"] != "fp8-kernel"]
+        assert all(r["rmse"] is not None and math.isfinite(r["rmse"]) and r["rmse"] > 0 for r in emulated)
         assert got[0]["how"] == "ioattn CPU path, bf16" and not got[0]["emulation"]
-        assert all(r["emulation"] for r in got[1:])
+        assert all(r["emulation"] for r in emulated[1:])
+        assert all(r["rmse"] is None and "CPU path" in r["note"] for r in got if r["runner"] == "fp8-kernel")
+
+
+@pytest.mark.interpreter
+def test_the_fp8_kernel_rows_match_their_emulation():
+    """Under the interpreter the FP8 kernel runs: its RMSE within 20 % of the float64 emulation's for the
+    same recipe (the same quantised inputs; the kernel rounds P against a running max and stores bf16)."""
+    rows = [row for row in fa.ROWS if row.recipe and row.recipe.granularity == "head"]
+    with dispatch.forced_backend("triton"):
+        got = {r["row"]: r for r in fa.study(1, 2, 128, 32, [3], rows=rows, log=lambda line: None)
+               if not r["causal"]}
+    for name, r in got.items():
+        if name.startswith("kernel: "):
+            twin = got[name[len("kernel: "):]]
+            assert r["how"].startswith("ioattn FP8 kernel") and not r["emulation"]
+            assert abs(r["rmse"] - twin["rmse"]) <= 0.2 * twin["rmse"], (name, r["rmse"], twin["rmse"])
 
 
 def test_rotation_and_block_scales_beat_the_baseline(small_study):

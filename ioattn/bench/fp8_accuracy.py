@@ -121,8 +121,44 @@ def _bf16_how():
     return "ioattn Triton interpreter, bf16" if dispatch.interpreting(device) else "ioattn GPU kernel, bf16"
 
 
+def _fp8_kernel(x, recipe, causal):
+    """ioattn's FP8 forward on the recipe's e4m3 inputs and descales (bf16 out)."""
+    from ioattn import flash_attn_func
+
+    device = _bf16_device()
+    q, k, v, qs, ks, vs = (t.to(device) for t in (x.q, x.k, x.v, x.q_descale, x.k_descale, x.v_descale))
+    return flash_attn_func(q, k, v, causal=causal, q_descale=qs, k_descale=ks,
+                           v_descale=vs).to(device="cpu", dtype=F64)
+
+
+def _fp8_kernel_why_not(recipe):
+    """None where ioattn's FP8 kernels can run this recipe here, else why not."""
+    from ioattn._compat import InterpreterUnsupportedError
+    from ioattn.plan import dispatch
+
+    if recipe.granularity == "block":
+        return "the FP8 kernels take one descale per (batch, head)"
+    if recipe.p_scale != P_SCALE:
+        return f"the FP8 kernels scale P by P_SCALE ({P_SCALE:g})"
+    device = torch.device(_bf16_device())
+    try:
+        if not dispatch.use_triton(device, torch.float8_e4m3fn):
+            return "no FP8 kernel on the CPU path (it dequantises): a GPU or TRITON_INTERPRET=1"
+    except InterpreterUnsupportedError as e:
+        return str(e)
+    return None
+
+
+def _fp8_kernel_how():
+    from ioattn.plan import dispatch
+
+    device = torch.device(_bf16_device())
+    return "ioattn FP8 kernel, Triton interpreter" if dispatch.interpreting(device) else "ioattn FP8 kernel, GPU"
+
+
 RUNNERS = {
     "bf16": Runner(_bf16_kernel, _bf16_how, _bf16_why_not, emulation=False),
+    "fp8-kernel": Runner(_fp8_kernel, _fp8_kernel_how, _fp8_kernel_why_not, emulation=False),
     "fp8-reference": Runner(_fp8_reference, lambda: "FP8 emulation (reference.fp8)"),
     "fp8-standard": Runner(_fp8_standard, lambda: "FP8 emulation, standard attention"),
 }
@@ -137,8 +173,10 @@ ROWS = (
     Row("tensor + rotation, P scaled", "fp8-reference", Recipe("tensor", rotate=True)),
     Row("head + rotation, P scaled", "fp8-reference", Recipe("head", rotate=True)),
     Row("block + rotation, P scaled", "fp8-reference", Recipe("block", rotate=True)),
+    Row("kernel: head, P scaled", "fp8-kernel", Recipe("head")),
+    Row("kernel: head + rotation, P scaled", "fp8-kernel", Recipe("head", rotate=True)),
 )
-TARGET_ROW = ROWS[-1].name
+TARGET_ROW = "block + rotation, P scaled"
 
 
 def outlier_inputs(batch, heads, seqlen, headdim, seed, prob=OUTLIER_PROB):

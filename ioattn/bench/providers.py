@@ -26,7 +26,8 @@ import torch.nn.functional as F
 import ioattn
 from ioattn.semantics import Semantics
 
-PEERS = ("sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flex", "flash-attn", "flash-attn-cute")
+PEERS = ("sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flex", "flash-attn", "flash-attn-cute",
+         "sageattn")
 OURS = ("ioattn", "ioattn-ptr", "ioattn-hopper", "ioattn-hopper-bwd", "ioattn-fp8", "ioattn-fp8-portable")
 
 
@@ -141,8 +142,26 @@ def _flex():
     return run
 
 
+class _Sage:
+    """SageAttention's quantised forward (``sageattention.sageattn``: int8 Q Kᵀ, its 1.x Triton kernels),
+    the quantised peer of the FP8 forward. Held to the same bound as ``ioattn-fp8``: twice the error of
+    the float64 FP8 emulation with per-head scales (``same_precision``)."""
+
+    def __init__(self):
+        from sageattention import sageattn
+        self.fn, self.twin = sageattn, _IoattnFp8()
+
+    def __call__(self, q, k, v, causal):
+        return self.fn(q, k, v, tensor_layout="NHD", is_causal=causal)
+
+    def same_precision(self, q, k, v, causal):
+        return self.twin.same_precision(q, k, v, causal)
+
+
 def _import_peer(name):
-    """flash-attn (FA2, CUDA) and flash-attn's CuTe kernels (FA4), when installed."""
+    """flash-attn (FA2, CUDA), flash-attn's CuTe kernels (FA4) and SageAttention, when installed."""
+    if name == "sageattn":
+        return _Sage()
     if name == "flash-attn":
         from flash_attn import flash_attn_func as fa2
         return lambda q, k, v, c: fa2(q, k, v, causal=c)
@@ -177,7 +196,7 @@ def _with_peers(table, names, make_sdpa, make_flex, import_peer, ours, what):
             table["flex"] = (make_flex(), "")
         except Exception as e:  # noqa: BLE001 - an old torch without FlexAttention
             table["flex"] = (None, f"FlexAttention unavailable: {type(e).__name__}: {e}")
-    for peer in ("flash-attn", "flash-attn-cute"):
+    for peer in ("flash-attn", "flash-attn-cute", "sageattn"):
         if peer in wanted:
             try:
                 table[peer] = import_peer(peer)
@@ -192,7 +211,7 @@ def _with_peers(table, names, make_sdpa, make_flex, import_peer, ours, what):
 # ---------------------------------------------------------------- decode (one query token per sequence)
 
 DECODE_OURS = ("ioattn", "ioattn-checked", "ioattn-paged", "ioattn-unified", "ioattn-graph", "ioattn-nopdl",
-               "ioattn-graph-nopdl", "ioattn-tma")
+               "ioattn-graph-nopdl", "ioattn-tma", "ioattn-fp8")
 DECODE_PAGE_SIZE = 256
 UNIFIED_CALIBRATION_KEYS = 1024
 
@@ -213,6 +232,30 @@ def _kvcache_setup(**extra):
         f, kw = ioattn.flash_attn_with_kvcache, {**extra, **_unchecked()}
         return lambda: f(q, k_cache, v_cache, cache_seqlens=cache_seqlens, **kw)
     return setup
+
+
+class _Fp8DecodeSetup:
+    """The unchecked call over e4m3 caches: K and V quantised per (batch, KV head) at setup
+    (``quantize_fp8_ref``), their descales passed as ``k_descale`` / ``v_descale``. Its same-precision
+    twin (``same_precision``): PyTorch's attention in q's dtype over the dequantised caches, so the
+    check holds it to twice the error the e4m3 cache itself costs. (Its GB/s count bf16 bytes: it reads
+    half as many.)"""
+
+    @staticmethod
+    def _quantised(k_cache, v_cache):
+        from ioattn.reference.fp8 import quantize_fp8_ref
+        return [quantize_fp8_ref(t, "head") for t in (k_cache, v_cache)]
+
+    def __call__(self, q, k_cache, v_cache, cache_seqlens):
+        (k8, ks), (v8, vs) = self._quantised(k_cache, v_cache)
+        f, kw = ioattn.flash_attn_with_kvcache, _unchecked()
+        return lambda: f(q, k8, v8, cache_seqlens=cache_seqlens, k_descale=ks, v_descale=vs, **kw)
+
+    def same_precision(self, q, k_cache, v_cache, cache_seqlens):
+        from ioattn.reference.decode import kvcache_attention_ref
+        from ioattn.reference.fp8 import dequantize_fp8_ref
+        k, v = (dequantize_fp8_ref(t, s).to(q.dtype) for t, s in self._quantised(k_cache, v_cache))
+        return kvcache_attention_ref(q, k, v, cache_seqlens=cache_seqlens, upcast=False)[0]
 
 
 def _checked_setup(q, k_cache, v_cache, cache_seqlens):
@@ -360,6 +403,8 @@ def _flex_decode():
 
 
 def _import_decode_peer(name):
+    if name == "sageattn":
+        return None, "SageAttention: no KV-cache decoding entry measured here"
     if name == "flash-attn":
         from flash_attn import flash_attn_with_kvcache as fa
     else:
@@ -388,9 +433,10 @@ def decode_providers(names=None):
     ``ioattn-graph``: the ``ioattn`` call captured once into a CUDA graph and replayed;
     ``ioattn-nopdl`` / ``ioattn-graph-nopdl``: the same without programmatic dependent launch of the
     merge kernel (the default uses it on Hopper; kept as the A/B that justifies it); ``ioattn-tma``:
-    K/V through tensor descriptors on the contiguous cache (the A/B of the pointer-load default)."""
+    K/V through tensor descriptors on the contiguous cache (the A/B of the pointer-load default);
+    ``ioattn-fp8``: the same data in e4m3 caches with per-head descales (``_Fp8DecodeSetup``)."""
     table = {"ioattn": (_kvcache_setup(), ""), "ioattn-checked": (_checked_setup, ""),
-             "ioattn-paged": (_paged_setup, "")}
+             "ioattn-paged": (_paged_setup, ""), "ioattn-fp8": (_Fp8DecodeSetup(), "")}
     table["ioattn-unified"] = ((_unified_setup, "") if "unified_max" in _kvcache_params()
                                else (None, "needs unified_max support"))
     table["ioattn-graph"] = ((_graph_setup, "") if torch.cuda.is_available()

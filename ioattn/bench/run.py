@@ -68,7 +68,7 @@ GPU_SWEEPS = {
                      providers=("ioattn", "sdpa-cudnn", "sdpa-flash"), latency=True),
     # the FP8 forward (inputs quantised per head outside the timed calls) beside our bf16 forward and cuDNN's
     "fp8": Sweep(headdims=(64, 128, 256), seqlens=PAPER_SEQLENS, modes=("fwd",),
-                 providers=("ioattn-fp8", "ioattn-fp8-portable", "ioattn", "sdpa-cudnn")),
+                 providers=("ioattn-fp8", "ioattn-fp8-portable", "ioattn", "sdpa-cudnn", "sageattn")),
     # one sequence of 16 heads of dim 128, doubling until standard attention no longer fits
     "memory": Sweep(headdims=(128,), seqlens=tuple(2**i for i in range(10, 18)), causal=(False,),
                     modes=("fwdbwd",), tokens=0, providers=("ioattn", "sdpa-math"), memory=True),
@@ -93,7 +93,7 @@ class DecodeSweep:
     nheads_kv: int = 8
     headdims: tuple = (128,)
     providers: tuple = ("ioattn", "ioattn-graph", "ioattn-checked", "ioattn-paged", "ioattn-unified", "ioattn-nopdl",
-                        "ioattn-graph-nopdl") + ALL_PEERS
+                        "ioattn-graph-nopdl", "ioattn-fp8") + ALL_PEERS
 
 
 DECODE_CASES = ((1, 4096), (1, 16384), (1, 65536), (1, 131072), (8, 8192), (32, 32768), (64, 4096))
@@ -528,7 +528,8 @@ def _check_decode(setup, inputs):
     ``_check``), on the first ``DECODE_CHECK_BATCH`` sequences of ``inputs``."""
     q, k, v, seqlens = (t[:DECODE_CHECK_BATCH] for t in inputs)
     ref, _ = kvcache_attention_ref(q, k, v, cache_seqlens=seqlens)
-    same, _ = kvcache_attention_ref(q, k, v, cache_seqlens=seqlens, upcast=False)
+    twin = getattr(setup, "same_precision", None)  # a provider with a precision of its own (an FP8 cache)
+    same = twin(q, k, v, seqlens) if twin else kvcache_attention_ref(q, k, v, cache_seqlens=seqlens, upcast=False)[0]
     return verdict.judge({"out": setup(q, k, v, seqlens)()}, {"out": ref}, {"out": same})
 
 

@@ -1,0 +1,228 @@
+"""``ioattn io``: the IO model of attention (``ioattn.reference.io_model``) as a table or one JSON object.
+
+For standard attention, FlashAttention-1, FlashAttention-2 and the compulsory traffic (``minimum``),
+forward and backward: predicted HBM bytes, their ratio to standard attention, FLOPs, arithmetic
+intensity and the time lower bound max(bytes / bandwidth, FLOPs / peak) on the chosen device. The
+table's columns are read from the JSON rows (``COLUMNS``), so a measured column is one more entry.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from ioattn.reference.io_model import DEVICES, ELEMENT_BYTES, KB, MIB, ModelArgumentError, Problem, predict
+
+NAME = "io"
+HELP = ("the IO model of attention: predicted HBM bytes, FLOPs and time lower bound of standard attention, "
+        "FlashAttention-1 and -2, forward and backward (no GPU needed)")
+DESCRIPTION = (HELP[0].upper() + HELP[1:] + ". Every load and store is counted as an HBM access (no cache): "
+               "docs/io-model.md states the terms and where measured bytes differ.")
+DEFAULT_DEVICE = "h100"
+# the model's argument names that are not the option's name with its underscores as hyphens
+FLAGS = {"seqlen_q": "--seqlen"}
+
+
+def add_arguments(parser):
+    """The options of ``ioattn io``; each help names its default."""
+    add = parser.add_argument
+    add("--seqlen", type=_ints, required=True, metavar="N[,N...]",
+        help="query sequence length, or several (a sweep) (required: no default)")
+    add("--headdim", type=_ints, required=True, metavar="D[,D...]",
+        help="head dimension, or several (a sweep) (required: no default)")
+    add("--batch", type=int, default=1, metavar="B", help="batch size (default: 1)")
+    add("--nheads", type=int, default=1, metavar="H", help="query heads (default: 1)")
+    add("--nheads-kv", type=int, default=None, metavar="H",
+        help="key/value heads, fewer than --nheads for GQA (default: --nheads)")
+    add("--seqlen-k", type=int, default=None, metavar="N", help="key sequence length (default: --seqlen)")
+    add("--dtype", choices=list(ELEMENT_BYTES), default="bf16",
+        help="element type of q, k, v (default: bf16); fp8's output is bf16 and it has no backward")
+    add("--block-m", type=int, default=None, metavar="ROWS",
+        help="query rows per tile of every tiled pass (default: derived from --sram as the paper's Algorithm 1)")
+    add("--block-n", type=int, default=None, metavar="ROWS",
+        help="key rows per tile of every tiled pass (default: derived from --sram as the paper's Algorithm 1)")
+    add("--sram", type=int, default=None, metavar="BYTES",
+        help=f"on-chip memory M in bytes (default: the device's shared memory per SM, {DEVICES['h100'].sram // KB} KB)")
+    add("--device", choices=list(DEVICES), default=DEFAULT_DEVICE,
+        help=f"bandwidth and peak FLOP/s of the time bound (default: {DEFAULT_DEVICE})")
+    add("--causal", action="store_true", help="causal mask, bottom-right aligned (default: not causal)")
+    add("--json", action="store_true", help="print one JSON object with every term (default: the table)")
+    add("--out", default=None, metavar="DIR",
+        help="write results.jsonl (one object a point) and io_model.png, bytes against N (default: print only)")
+    add("--measure", action="store_true",
+        help="also measure the DRAM bytes of one call by Nsight Compute (a GPU and ncu): the standard row's by "
+             "PyTorch's math attention, the fa2 row's by ioattn's kernels (default: the model alone)")
+    return parser
+
+
+def _ints(text):
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _point(args, seqlen, headdim):
+    """(problem, prediction as a dict) at one point; a bad size is the parser's error, naming its option."""
+    try:
+        problem = Problem(seqlen, headdim, seqlen_k=args.seqlen_k, batch=args.batch, nheads=args.nheads,
+                          nheads_kv=args.nheads_kv, dtype=args.dtype, causal=args.causal)
+        return problem, predict(problem, args.device, args.sram, args.block_m, args.block_n).as_dict()
+    except ModelArgumentError as e:
+        flag = FLAGS.get(e.argument, "--" + e.argument.replace("_", "-"))
+        args.parser.error(f"{flag} {e.problem}")
+
+
+def run(args):
+    """Print the prediction at each (head dim, seqlen) point, measured too with ``--measure``; with
+    ``--out``, the records and the plot."""
+    points = [_point(args, n, d) for d in args.headdim for n in args.seqlen]  # every size checked first
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+    records = []
+    for problem, data in points:
+        if args.measure:
+            from ioattn.bench.io_measure import MeasureError
+            try:
+                _add_measured(data, problem)
+            except MeasureError as e:
+                print(f"ioattn io --measure: {e}", file=sys.stderr)
+                return 1
+        data["command"] = "ioattn " + " ".join(getattr(args, "argv", None) or ["io"])
+        records.append(data)
+        if not args.json:
+            print(table(data) + "\n")
+    if args.json:  # one object, or a list of them for a sweep
+        print(json.dumps(records[0] if len(records) == 1 else records, indent=2))
+    if args.out:
+        _write(records, args.out)
+    return 0
+
+
+def _write(records, out):
+    with open(os.path.join(out, "results.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    try:
+        print(f"wrote {plot(records, os.path.join(out, 'io_model.png'))}")
+    except ImportError:  # matplotlib is the optional [bench] extra
+        print("no plot: matplotlib is not installed (pip install 'ioattn[bench]')")
+
+
+def plot(records, path):
+    """Bytes against the sequence length, one panel a (pass, head dim): the model's standard, fa2 and
+    minimum rows as lines, the measured bytes (where there are) as points."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    panels = sorted({(r["pass"], rec["problem"]["headdim"]) for rec in records for r in rec["rows"]},
+                    key=lambda p: (p[0] != "forward", p[1]))
+    fig = Figure(figsize=(5 * len(panels), 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    for i, (direction, d) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), i + 1)
+        pts = sorted(((rec["problem"]["seqlen_q"], r) for rec in records if rec["problem"]["headdim"] == d
+                      for r in rec["rows"] if r["pass"] == direction), key=lambda t: t[0])
+        for j, algorithm in enumerate(("standard", "fa2", "minimum")):
+            xs = [(n, r) for n, r in pts if r["algorithm"] == algorithm]
+            ax.plot([n for n, _ in xs], [r["predicted"]["bytes"] for _, r in xs], color=f"C{j}",
+                    label=f"{algorithm} (model)")
+            got = [(n, r["measured"]) for n, r in xs if "measured" in r]
+            if got:
+                ax.plot([n for n, _ in got], [m["bytes"] for _, m in got], "o", color=f"C{j}",
+                        label=f"{got[0][1]['impl']} (measured)")
+        ax.set(xscale="log", yscale="log", xlabel="sequence length N", ylabel="HBM bytes",
+               title=f"{direction}, d = {d}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.savefig(path, dpi=90)
+    return path
+
+
+# the row each implementation's measurement sits beside
+MEASURED = {"standard": "math", "fa2": "ioattn"}
+
+
+def _add_measured(data, problem):
+    """Each measured row gets ``measured`` (read, written, bytes, kernels, impl) and its bytes over the
+    predicted ones; FP8 has no backward to measure."""
+    from ioattn.bench import io_measure
+
+    for row in data["rows"]:
+        impl = MEASURED.get(row["algorithm"])
+        if impl is None or problem.dtype == "fp8":
+            continue
+        got = io_measure.measure(problem, impl, row["pass"])
+        row["measured"] = dict(got, impl=impl, vs_predicted=got["bytes"] / row["predicted"]["bytes"])
+    data["notes"].append("measured: DRAM bytes of one call by Nsight Compute (dram__bytes_read.sum + "
+                         "dram__bytes_write.sum over its kernels): standard <- PyTorch's math attention, fa2 <- "
+                         "ioattn's dispatched kernels.")
+
+
+def _num(value):
+    """Three significant digits, without an exponent: 0.0154, 2.48, 221, 4080."""
+    return f"{value:.0f}" if value >= 100 else f"{value:#.3g}"
+
+
+def _si(value, unit):
+    """``value`` with a decimal prefix: 8.72 GB, 550 GFLOP."""
+    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1, "")):
+        if value >= factor:
+            return f"{_num(value / factor)} {prefix}{unit}"
+    return f"{_num(value)} {unit}"
+
+
+def _duration(seconds):
+    for factor, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
+        if seconds >= factor:
+            return f"{_num(seconds / factor)} {unit}"
+    return f"{_num(seconds / 1e-9)} ns"
+
+
+def _tiles(row):
+    t = row["tiles"]
+    return "-" if t is None else f"{t['block_m']}x{t['block_n']}"
+
+
+COLUMNS = (
+    ("pass", lambda r: r["pass"]),
+    ("algorithm", lambda r: r["algorithm"]),
+    ("tiles", _tiles),
+    ("bytes", lambda r: _si(r["predicted"]["bytes"], "B")),
+    ("vs standard", lambda r: f"{_num(r['predicted']['vs_standard'])}x"),
+    ("FLOPs", lambda r: _si(r["predicted"]["flops"], "FLOP")),
+    ("FLOP/B", lambda r: _num(r["predicted"]["intensity"])),
+    ("bound", lambda r: r["predicted"]["bound"]),
+    ("time >=", lambda r: _duration(r["predicted"]["time_s"])),
+    ("measured", lambda r: (f"{_si(r['measured']['bytes'], 'B')} ({_num(r['measured']['vs_predicted'])}x)"
+                            if "measured" in r else "")),
+)
+
+
+def _heading(data):
+    p, dev = data["problem"], data["device"]
+    causal = "causal" if p["causal"] else "not causal"
+    balance = dev["peak_flops"] / dev["bandwidth"]
+    return (f"IO model of attention: batch {p['batch']}, query heads {p['nheads']}, KV heads {p['nheads_kv']}, seqlen "
+            f"{p['seqlen_q']} (keys {p['seqlen_k']}), head dim {p['headdim']}, {p['dtype']}, {causal}\n"
+            f"device {dev['name']}: {_si(dev['bandwidth'], 'B/s')}, {_si(dev['peak_flops'], 'FLOP/s')} "
+            f"{p['dtype']} (balance {_num(balance)} FLOP/B); on-chip memory M = {dev['sram']} bytes")
+
+
+def _footer(data):
+    kv, l2 = data["kv_bytes_per_head"], data["device"]["l2"]
+    where = "fits in" if kv <= l2 else "exceeds"
+    return [f"bytes: HBM bytes read + written, every access counted (no cache). K and V of one KV head: "
+            f"{_si(kv, 'B')}, which {where} the {l2 / MIB:g} MiB L2: measured DRAM bytes of the tiled passes fall "
+            "toward the minimum row where K and V stay in L2.",
+            f"time >=: max(bytes / bandwidth, FLOPs / peak); {data['device']['source']}. --json: every term.",
+            *data["notes"]]
+
+
+def table(data):
+    """The heading, one line per pass with ``COLUMNS``, and what the figures assume."""
+    columns = COLUMNS if any("measured" in r for r in data["rows"]) else COLUMNS[:-1]
+    cells = [[name for name, _ in columns]] + [[cell(r) for _, cell in columns] for r in data["rows"]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    return "\n".join([_heading(data), "", *lines, "", *_footer(data)])
