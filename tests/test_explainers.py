@@ -67,7 +67,7 @@ def test_the_build_writes_every_page_and_the_index_in_time(built):
     assert seconds < BUILD_SECONDS, f"building the pages took {seconds:.1f} s"
     assert [p.name for p in paths] == [site.INDEX] + [s.filename for s in written()]
     assert sorted(os.listdir(out)) == sorted(p.name for p in paths)
-    assert {s.number for s in written()} == {2, 3, 6, 7, 8}
+    assert {s.number for s in written()} == {1, 2, 3, 6, 7, 8}
 
 
 def test_each_page_embeds_a_fresh_computation_of_its_numbers(built):
@@ -75,6 +75,22 @@ def test_each_page_embeds_a_fresh_computation_of_its_numbers(built):
         again = json.loads(site.data_json(site.page_data(slot)))
         assert embedded(built[0] / slot.filename) == again, slot.filename
         assert "computed" in again["source"] and "ioattn." in again["source"], slot.filename
+
+
+def test_memory_wall_is_the_io_models_forward(built):
+    """Page 1's points are ``io_model.predict``'s forward rows: S and P standard attention's whole
+    quadratic part (4 N² values a head), and the minimum below both."""
+    from ioattn.reference import io_model
+
+    d = embedded(built[0] / "1-memory-wall.html")
+    assert len(d["points"]) == len(d["seqlens"]) * len(d["head_dims"])
+    for p in d["points"]:
+        pred = io_model.predict(io_model.Problem(p["n"], p["d"], dtype="bf16"), "h100")
+        for a in d["algorithms"]:
+            assert p[a]["bytes"] == pred.find(a, "forward").bytes
+        assert p["sp_bytes"] == 4 * p["n"] ** 2 * 2
+        assert p["minimum"]["bytes"] < min(p["fa2"]["bytes"], p["standard"]["bytes"])
+    assert d["device"]["balance"] == pytest.approx(d["device"]["peak"] / d["device"]["bandwidth"])
 
 
 def test_online_softmax_ends_at_flash2_forward_and_attention_ref(built):
@@ -288,7 +304,7 @@ def test_the_cli_writes_the_pages_asked_for_and_opens_the_index(tmp_path, capsys
     assert opened == [(tmp_path / "pages" / "index.html").resolve().as_uri()]
     index = (tmp_path / "pages" / "index.html").read_text()
     assert 'href="2-online-softmax.html"' in index and 'href="3-recomputation.html"' not in index
-    assert "ioattn explain --pages 3" in index and index.count("not written yet") == 3
+    assert "ioattn explain --pages 3" in index and index.count("not written yet") == len(SLOTS) - len(written())
 
 
 # ---------------------------------------------------------------- (d) in a headless browser
@@ -379,13 +395,32 @@ def test_browser_index(browser, built, shots):
     for slot in SLOTS:
         link = v.page.locator(f'a[href="{slot.filename}"]')
         assert link.count() == (1 if slot.module else 0), slot
-    assert v.page.locator("text=not written yet").count() == 3
+    assert v.page.locator("text=not written yet").count() == len(SLOTS) - len(written())
     if shots:  # the index itself, before the link below is followed
         Path(shots).mkdir(parents=True, exist_ok=True)
         v.page.screenshot(path=str(Path(shots) / "index.png"), full_page=True)
     v.page.click('a[href="2-online-softmax.html"]')
     assert v.page.title().startswith("2. Online softmax")
     v.finish(None, "index", loads=[(built[0] / "2-online-softmax.html").as_uri()])
+
+
+def test_browser_memory_wall(browser, built, shots):
+    v, d, slot = visit(browser, built, "memory_wall")
+    for di, hd in enumerate(d["head_dims"]):
+        v.slide("#d", di)
+        for ni, n in enumerate(d["seqlens"]):
+            v.slide("#n", ni)
+            p = next(x for x in d["points"] if x["n"] == n and x["d"] == hd)
+            assert v.text("#n-text") == str(n) and v.text("#d-text") == str(hd)
+            assert_shows(v.text("#fa2-ratio"), p["fa2"]["vs_standard"], 3)
+            assert_shows(v.text("#min-ratio"), p["minimum"]["vs_standard"], 3)
+            assert v.text("#fa2-bound") == p["fa2"]["bound"]
+            for a in d["algorithms"]:
+                assert_shows(v.text(f"#int-{a}"), p[a]["intensity"], 3)
+                assert v.text(f"#bound-{a}") == p[a]["bound"]
+    v.slide("#d", d["head_dims"].index(d["default"]["d"]))
+    v.slide("#n", d["seqlens"].index(d["default"]["n"]))
+    v.finish(shots, slot.filename[:-5])
 
 
 def test_browser_online_softmax(browser, built, shots):

@@ -30,7 +30,7 @@ class Slot:
 
 SLOTS = (
     Slot(1, "memory-wall", "The memory wall, from an IO model",
-         "Why standard attention is bound by memory traffic, not arithmetic."),
+         "Why standard attention is bound by memory traffic, not arithmetic.", "memory_wall"),
     Slot(2, "online-softmax", "Online softmax on a 4×6 score matrix",
          "The running max, sum and unnormalised output, block by block, and the exact result.",
          "online_softmax"),
