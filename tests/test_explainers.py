@@ -67,7 +67,7 @@ def test_the_build_writes_every_page_and_the_index_in_time(built):
     assert seconds < BUILD_SECONDS, f"building the pages took {seconds:.1f} s"
     assert [p.name for p in paths] == [site.INDEX] + [s.filename for s in written()]
     assert sorted(os.listdir(out)) == sorted(p.name for p in paths)
-    assert {s.number for s in written()} == {1, 2, 3, 6, 7, 8}
+    assert {s.number for s in written()} == {1, 2, 3, 4, 6, 7, 8}
 
 
 def test_each_page_embeds_a_fresh_computation_of_its_numbers(built):
@@ -91,6 +91,35 @@ def test_memory_wall_is_the_io_models_forward(built):
         assert p["sp_bytes"] == 4 * p["n"] ** 2 * 2
         assert p["minimum"]["bytes"] < min(p["fa2"]["bytes"], p["standard"]["bytes"])
     assert d["device"]["balance"] == pytest.approx(d["device"]["peak"] / d["device"]["bandwidth"])
+
+
+def test_work_partitioning_is_the_plans_and_the_masks(built):
+    """Page 4's points are the forward plan's tiles and programs; each query block's visited key blocks
+    are ``key_block_range``'s, and whole / masked / skipped agree with a brute-force look at every
+    (row, key) of the tile under the mask."""
+    from ioattn.masks import keep_mask
+    from ioattn.plan import forward as forward_plan
+
+    d = embedded(built[0] / "4-work-partitioning.html")
+    assert len(d["points"]) == 2 * len(d["seqlens"]) * len(d["head_dims"])
+    for p in d["points"]:
+        sig = forward_plan.Signature(batch=1, seqlen_q=p["n"], seqlen_k=p["n"], nheads=d["nheads"],
+                                     nheads_kv=d["nheads"], head_dim=p["d"], element_size=2, varlen=False,
+                                     causal=p["causal"], window=(-1, -1), softcap=0.0, softmax_scale=p["d"] ** -0.5,
+                                     alibi=False, device_sms=d["sms"])
+        plan = forward_plan.plan_forward(sig)
+        assert (p["block_m"], p["block_n"], p["tiles"], p["programs"]) == (plan.block_m, plan.block_n,
+                                                                            plan.num_tiles, plan.programs)
+        if p["n"] > 1024:
+            continue  # the brute force below at the small lengths
+        keep = keep_mask(p["n"], p["n"], (-1, 0) if p["causal"] else (-1, -1))
+        bm, bn = p["block_m"], p["block_n"]
+        for m, (lo, whole, hi) in enumerate(p["spans"]):
+            for n in range(p["num_n"]):
+                tile = keep[m * bm:(m + 1) * bm, n * bn:(n + 1) * bn]
+                kind = "skipped" if not tile.any() else "whole" if tile.all() else "masked"
+                want = "skipped" if not lo <= n < hi else "whole" if n < whole else "masked"
+                assert kind == want, (p["n"], p["d"], p["causal"], m, n, kind, want)
 
 
 def test_online_softmax_ends_at_flash2_forward_and_attention_ref(built):
@@ -418,6 +447,24 @@ def test_browser_memory_wall(browser, built, shots):
             for a in d["algorithms"]:
                 assert_shows(v.text(f"#int-{a}"), p[a]["intensity"], 3)
                 assert v.text(f"#bound-{a}") == p[a]["bound"]
+    v.slide("#d", d["head_dims"].index(d["default"]["d"]))
+    v.slide("#n", d["seqlens"].index(d["default"]["n"]))
+    v.finish(shots, slot.filename[:-5])
+
+
+def test_browser_work_partitioning(browser, built, shots):
+    v, d, slot = visit(browser, built, "work_partitioning")
+    for causal in (False, True):
+        if v.page.is_checked("#causal") != causal:
+            v.page.click("#causal")
+        for di, hd in enumerate(d["head_dims"]):
+            v.slide("#d", di)
+            for ni, n in enumerate(d["seqlens"]):
+                v.slide("#n", ni)
+                p = next(x for x in d["points"] if x["n"] == n and x["d"] == hd and x["causal"] == causal)
+                assert v.text("#visited") == str(p["visited"]) and v.text("#skipped") == str(p["skipped"])
+                assert v.text("#programs") == str(p["programs"]) and v.text("#variant") == p["variant"]
+                assert v.page.locator("#grid rect").count() == p["num_m"] * p["num_n"]
     v.slide("#d", d["head_dims"].index(d["default"]["d"]))
     v.slide("#n", d["seqlens"].index(d["default"]["n"]))
     v.finish(shots, slot.filename[:-5])

@@ -38,7 +38,7 @@ SLOTS = (
          "The forward keeps O and the log-sum-exp; the backward rebuilds P block by block.",
          "recomputation"),
     Slot(4, "work-partitioning", "FlashAttention-2's work partitioning",
-         "Which warps and programs own which rows and columns."),
+         "Which warps and programs own which rows and columns.", "work_partitioning"),
     Slot(5, "ping-pong", "FlashAttention-3's ping-pong timeline",
          "Two warpgroups taking turns between the tensor cores and the softmax."),
     Slot(6, "flash-decoding", "Flash-Decoding",
