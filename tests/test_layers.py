@@ -3,7 +3,7 @@ Python decisions) -> launch (``ioattn/launch/``: buffers, descriptors, grids) ->
 (``ioattn/kernels/``). ``ioattn._compat`` (version checks) and ``ioattn.reference`` (the oracle
 twins) and ``ioattn.layout`` (views of a tensor's storage) are shared by every layer; the kernels' constant modules (``constants``, ``hopper_flags``:
 plain ints) by the plan as well. The explainer pages (``ioattn/explainers/``) sit at the API level and
-read no plan, launch or kernel module beyond the constants."""
+read the plan (pure Python: what a call would launch) but no launch or kernel module beyond the constants."""
 import ast
 import pathlib
 
@@ -14,9 +14,9 @@ ALLOWED = {
     "plan": SHARED + ("ioattn.plan", "ioattn.kernels.constants", "ioattn.kernels.hopper_flags"),
     "launch": SHARED + ("ioattn.launch", "ioattn.kernels"),
     # the explainer pages (API level): the references, the public functions and modules above the plan
-    # layer, and the kernels' constants; never the plan or launch layers or a kernel
-    "explainers": SHARED + ("ioattn.explainers", "ioattn.kernels.constants", "ioattn.decode",
-                            "ioattn.bench.fp8_accuracy"),
+    # layer, the plan's decisions (pure Python) and the kernels' constants; never the launch layer or a kernel
+    "explainers": SHARED + ("ioattn.explainers", "ioattn.kernels.constants", "ioattn.decode", "ioattn.masks",
+                            "ioattn.plan", "ioattn.bench.fp8_accuracy"),
 }
 
 
