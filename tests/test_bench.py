@@ -514,3 +514,17 @@ def test_train_rounds_interleave_providers(monkeypatch):
     assert by[("b", "bwd")]["ms_rounds"] == pytest.approx([2.4, 2.8, 3.5])
     assert by[("b", "bwd")]["tflops"] > 0 and by[("b", "bwd")]["ok"]
     assert sum("c broke" in ln for ln in lines) == 2  # once per causal value
+
+
+@pytest.mark.parametrize("name", ["ioattn-fp8", "ioattn-fp8-call"])
+def test_fp8_providers_pass_the_check_against_their_emulation(name):
+    """The FP8 providers run (the kernel under the interpreter) and pass the bench's check: within twice the
+    error of their float64 FP8 emulation; a bf16-level bound would refuse them."""
+    from ioattn.bench.providers import providers
+
+    fn = providers([name])[name][0]
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 64, 2, 32, generator=g).to(torch.float16) for _ in range(3))
+    with dispatch.forced_backend("triton"):
+        verdict = bench_run._check(fn, q, k, v, True)
+    assert verdict.ok and verdict.err > 1e-3, verdict  # an FP8-sized error, within its own bound

@@ -28,7 +28,8 @@ from ioattn.semantics import Semantics
 
 PEERS = ("sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flex", "flash-attn", "flash-attn-cute",
          "sageattn")
-OURS = ("ioattn", "ioattn-ptr", "ioattn-hopper", "ioattn-hopper-bwd", "ioattn-fp8", "ioattn-fp8-portable")
+OURS = ("ioattn", "ioattn-ptr", "ioattn-hopper", "ioattn-hopper-bwd", "ioattn-fp8", "ioattn-fp8-portable",
+        "ioattn-fp8-call")
 
 
 def _backend(backend):
@@ -142,6 +143,21 @@ def _flex():
     return run
 
 
+class _IoattnFp8Call:
+    """``flash_attn_func(q, k, v, fp8=True)``: the quantisation (per head, q and k rotated) inside the timed
+    call, so its time against ``ioattn-fp8``'s is the quantisation's cost. Its same-precision twin: the
+    float64 emulation of those quantised inputs (``fp8.quantize_qkv``'s recipe)."""
+
+    def __call__(self, q, k, v, causal):
+        return ioattn.flash_attn_func(q, k, v, causal=causal, fp8=True)
+
+    def same_precision(self, q, k, v, causal):
+        from ioattn.fp8 import quantize_qkv
+        from ioattn.reference.fp8 import attention_fp8_ref
+        q8, k8, v8, (qs, ks, vs) = quantize_qkv(q, k, v)
+        return attention_fp8_ref(q8, k8, v8, qs, ks, vs, causal=causal).to(q.dtype)
+
+
 class _Sage:
     """SageAttention's quantised forward (``sageattention.sageattn``: int8 Q Kᵀ, its 1.x Triton kernels),
     the quantised peer of the FP8 forward. Held to the same bound as ``ioattn-fp8``: twice the error of
@@ -177,7 +193,7 @@ def providers(names=None):
     """Name -> (callable or None, reason). Unknown names get a reason, not an exception."""
     table = {"ioattn": (_ioattn, ""), "ioattn-ptr": (_ioattn_ptr, ""), "ioattn-hopper": (_ioattn_hopper, ""),
              "ioattn-hopper-bwd": (_ioattn_hopper_bwd, ""), "ioattn-fp8": (_IoattnFp8(), ""),
-             "ioattn-fp8-portable": (_IoattnFp8(portable=True), "")}
+             "ioattn-fp8-portable": (_IoattnFp8(portable=True), ""), "ioattn-fp8-call": (_IoattnFp8Call(), "")}
     return _with_peers(table, names, _sdpa, _flex, lambda peer: (_import_peer(peer), ""), OURS, "provider")
 
 
