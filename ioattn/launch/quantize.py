@@ -14,11 +14,13 @@ from ioattn.reference.fp8 import E4M3, E4M3_MAX
 _TILE_ELEMENTS = 2048
 # features a thread holds: with its rotary partner and tables, a tile fits the registers unspilled
 _PER_THREAD = 16
+_GRID_YZ = 65535  # CUDA's limit on a grid's y and z sizes (heads, sequences)
 
 
 def descale_of(amax: torch.Tensor) -> torch.Tensor:
     """amax / 448, and 1 where that is 0 (an all-zero group, or an amax so small it underflows)."""
-    descale = amax / E4M3_MAX
+    # rounded once, as the reference rounds it (CUDA divides by a Python scalar through its reciprocal)
+    descale = (amax.double() / E4M3_MAX).float()
     return torch.where(descale > 0, descale, torch.ones_like(descale))
 
 
@@ -30,6 +32,9 @@ def quantize_fp8(x, granularity, block_rows, signs, cos, sin, interleaved, cu_se
     packed = cu_seqlens is not None
     batch = cu_seqlens.numel() - 1 if packed else x.shape[0]
     seqlen, heads, d = (max_seqlen if packed else x.shape[1]), x.shape[-2], x.shape[-1]
+    if max(batch, heads) > _GRID_YZ:
+        raise ValueError(f"quantize_fp8: x has {batch} sequences and {heads} heads; the kernel's grid takes at most "
+                         f"{_GRID_YZ} of each")
     block_d = 1 << (d - 1).bit_length()
     if granularity == "block":
         rows = block_rows
