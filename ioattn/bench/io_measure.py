@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import os
 import shutil
 import subprocess
 import sys
@@ -29,8 +28,8 @@ class MeasureError(RuntimeError):
 
 
 def ncu_path() -> str | None:
-    """The ``ncu`` executable: ``$NCU``, else the one on PATH, else None."""
-    return os.environ.get("NCU") or shutil.which("ncu")
+    """The ``ncu`` executable on PATH, or None."""
+    return shutil.which("ncu")
 
 
 def child_args(problem, impl, direction) -> list[str]:
@@ -75,7 +74,7 @@ def measure(problem, impl, direction, ncu=None, timeout=600) -> dict:
         raise ValueError(f"impl must be one of {IMPLS} and direction one of {DIRECTIONS}, got {impl!r}, {direction!r}")
     ncu = ncu or ncu_path()
     if ncu is None:
-        raise MeasureError("Nsight Compute (ncu) is not on PATH: set NCU or install it (a GPU machine)")
+        raise MeasureError("Nsight Compute (ncu) is not on PATH (a GPU machine with the CUDA toolkit)")
     proc = subprocess.run(ncu_command(ncu, child_args(problem, impl, direction)), capture_output=True, text=True,
                           timeout=timeout)
     if proc.returncode != 0:
