@@ -193,7 +193,7 @@ def _probs_for_return(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
 
 def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
          causal, window_size, softcap, alibi_slopes, return_attn_probs, deterministic=False, descales=(None,) * 3,
-         out_dtype=None, quantize=False):
+         out_dtype=None, quantize=False, sinks=None):
     varlen = cu_seqlens_q is not None
     _check_qkv(q, k, v, varlen)
     if varlen:
@@ -209,6 +209,8 @@ def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropou
     dropout_p, scale, softcap, window, alibi_slopes = _check_scalars(
         dropout_p, softmax_scale, softcap, window_size, causal, alibi_slopes, q, batch)
     q, k, v = _contiguous_last(q), _contiguous_last(k), _contiguous_last(v)
+    if sinks is not None:
+        _check_sinks(sinks, q, quantize or fp8.is_fp8(q))
     if quantize:  # fp8=True: the library quantises (its scales, its rotation) and returns q's dtype
         _check_one_call(q, k, v, descales, out_dtype)
         out_dtype = q.dtype
@@ -221,7 +223,7 @@ def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropou
     # switches in force at the forward decide the backward of that forward (ioattn.autograd)
     with hopper_bwd.bwd_deterministic(True) if deterministic else contextlib.nullcontext():
         out, lse, rng_state = attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                        scale, window, softcap, alibi_slopes, dropout_p)
+                                        scale, window, softcap, alibi_slopes, dropout_p, sinks)
     if not return_attn_probs:
         return out
     # As in flash-attn, the probabilities come back only with dropout (an empty tensor otherwise):
@@ -230,6 +232,19 @@ def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropou
         return out, lse, q.new_empty(0)
     return out, lse, _probs_for_return(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
                                        window, softcap, alibi_slopes, dropout_p, rng_state)
+
+
+def _check_sinks(sinks, q, low_precision):
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"sinks must be a torch.Tensor or None, got {type(sinks).__name__}")
+    if tuple(sinks.shape) != (q.shape[-2],):
+        raise ValueError(f"sinks must have shape (nheads,) = ({q.shape[-2]},), got {tuple(sinks.shape)}")
+    if not sinks.is_floating_point() or sinks.dtype.itemsize < 2:
+        raise TypeError(f"sinks must be float32, float16 or bfloat16, got {sinks.dtype}")
+    if sinks.device != q.device:
+        raise ValueError(f"sinks must be on q's device {q.device}, got {sinks.device}")
+    if low_precision:
+        raise ValueError("sinks are not supported with FP8 inputs or fp8=True yet")
 
 
 def _check_one_call(q, k, v, descales, out_dtype):
@@ -265,7 +280,7 @@ def _run_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dr
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                     softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
-                    q_descale=None, k_descale=None, v_descale=None, out_dtype=None, fp8=False):
+                    q_descale=None, k_descale=None, v_descale=None, out_dtype=None, fp8=False, sinks=None):
     """Exact attention, softmax(q k^T * softmax_scale) v, without materialising the score matrix.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim), nheads a
@@ -292,9 +307,14 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     only, no dropout. ``ioattn.quantize_fp8`` makes such inputs. ``fp8=True`` does it for bf16 / fp16
     q, k, v: one scale per (batch, head), q and k rotated by one random-sign Hadamard matrix where
     the head dim is a power of two (``ioattn.fp8.quantize_qkv``), the output in q's dtype.
+
+    ``sinks`` (nheads,): a learnable logit per head added to every row's softmax denominator as one
+    more column whose value is 0 (gpt-oss's attention sinks), differentiable; the returned lse
+    includes it (rows that see no key keep output 0 and lse -inf).
     """
     return _run(q, k, v, None, None, None, None, dropout_p, softmax_scale, causal, window_size, softcap,
-                alibi_slopes, return_attn_probs, deterministic, (q_descale, k_descale, v_descale), out_dtype, fp8)
+                alibi_slopes, return_attn_probs, deterministic, (q_descale, k_descale, v_descale), out_dtype, fp8,
+                sinks)
 
 
 def _unbind_packed(name, t, index_dim, count):
@@ -325,7 +345,7 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                            alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None, *,
-                           q_descale=None, k_descale=None, v_descale=None, out_dtype=None, fp8=False):
+                           q_descale=None, k_descale=None, v_descale=None, out_dtype=None, fp8=False, sinks=None):
     """Sequences packed without padding. q: (total_q, nheads, headdim); k, v: (total_k, nheads_k,
     headdim); ``cu_seqlens_q/k`` int32 (batch + 1,) cumulative lengths starting at 0; ``max_seqlen_q/k``
     the longest sequence. Masks apply per sequence. Returns ``out`` (total_q, nheads, headdim) or
@@ -336,8 +356,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     ``block_table`` (flash-attn: k, v as a paged KV cache) is accepted as None only: paged KV in the
     varlen functions is not implemented (``flash_attn_with_kvcache`` takes a paged cache).
 
-    FP8 inputs and ``fp8=True`` as in ``flash_attn_func``, the descales' batch being the number of
-    sequences."""
+    FP8 inputs, ``fp8=True`` and ``sinks`` as in ``flash_attn_func``, the descales' batch being the
+    number of sequences."""
     if block_table is not None:
         raise NotImplementedError("flash_attn_varlen_func: block_table (a paged KV cache for the varlen "
                                   "functions) is not supported by ioattn; pass block_table=None with k, v "
@@ -346,7 +366,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         raise ValueError("cu_seqlens_q and cu_seqlens_k are required for the varlen functions")
     return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                 causal, window_size, softcap, alibi_slopes, return_attn_probs, deterministic,
-                (q_descale, k_descale, v_descale), out_dtype, fp8)
+                (q_descale, k_descale, v_descale), out_dtype, fp8, sinks)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None,

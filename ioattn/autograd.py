@@ -22,7 +22,7 @@ from ioattn.semantics import Semantics
 def _forward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
                   cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
                   softmax_scale: float, window_left: int, window_right: int, softcap: float,
-                  alibi_slopes: Optional[torch.Tensor], dropout_p: float
+                  alibi_slopes: Optional[torch.Tensor], dropout_p: float, sinks: Optional[torch.Tensor] = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     # The dropout seed is drawn here, inside the op, from torch's CPU generator (no device sync),
     # and returned so the backward replays exactly the same mask.
@@ -30,6 +30,8 @@ def _forward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_
     sem = Semantics(softmax_scale, (window_left, window_right), softcap, dropout_p, alibi_slopes is not None)
     out, lse = backends.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes,
                                 seed)
+    if sinks is not None:
+        out, lse = join_sinks(out, lse, sinks, cu_seqlens_q is not None)
     rng_state = torch.zeros(2, dtype=torch.int64)  # (seed, offset); cheaper than torch.tensor
     if seed:
         rng_state[0] = seed
@@ -41,7 +43,7 @@ _fwd_op = torch.library.custom_op("ioattn::fwd", _forward_impl, mutates_args=())
 
 @_fwd_op.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_left,
-      window_right, softcap, alibi_slopes, dropout_p):
+      window_right, softcap, alibi_slopes, dropout_p, sinks=None):
     if cu_seqlens_q is None:
         lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     else:
@@ -53,11 +55,18 @@ def _backward_impl(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                    out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
                    cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
                    softmax_scale: float, window_left: int, window_right: int, softcap: float,
-                   alibi_slopes: Optional[torch.Tensor], dropout_p: float, rng_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   alibi_slopes: Optional[torch.Tensor], dropout_p: float, rng_state: torch.Tensor,
+                   sinks: Optional[torch.Tensor] = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     seed = int(rng_state[0]) if dropout_p > 0 else 0
     sem = Semantics(softmax_scale, (window_left, window_right), softcap, dropout_p, alibi_slopes is not None)
-    return backends.backward(dout.contiguous() if dout.stride(-1) != 1 else dout, q, k, v, out, lse,
-                             cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes, seed)
+    dout = dout.contiguous() if dout.stride(-1) != 1 else dout
+    # with sinks, out and lse are the joined ones: the backward recomputes P against that lse, which
+    # is the softmax with the sinks in its denominator (join_sinks)
+    dq, dk, dv = backends.backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                   max_seqlen_k, sem, alibi_slopes, seed)
+    dsinks = lse.new_empty(0) if sinks is None else sinks_grad(dout, out, lse, sinks, cu_seqlens_q is not None)
+    return dq, dk, dv, dsinks
 
 
 _bwd_op = torch.library.custom_op("ioattn::bwd", _backward_impl, mutates_args=())
@@ -65,8 +74,9 @@ _bwd_op = torch.library.custom_op("ioattn::bwd", _backward_impl, mutates_args=()
 
 @_bwd_op.register_fake
 def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-      window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+      window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state, sinks=None):
+    dsinks = lse.new_empty(0) if sinks is None else torch.empty_like(sinks, dtype=torch.float32)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsinks
 
 
 _FWD_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "softmax_scale",
@@ -74,9 +84,9 @@ _FWD_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "so
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, *rest = inputs
+    q, k, v, *rest, sinks = inputs
     out, lse, rng_state = output
-    ctx.save_for_backward(q, k, v, out, lse, rng_state)
+    ctx.save_for_backward(q, k, v, out, lse, rng_state, sinks)
     ctx.args = rest  # the non-differentiable arguments, in _FWD_ARGS order
     # the Gluon backward's switches as they stood when the forward ran (None: unset, the default
     # policy or the environment decides), so that ``with hopper_bwd.prefer_hopper_bwd(True): out =
@@ -86,11 +96,16 @@ def _setup_context(ctx, inputs, output):
     ctx.deterministic = hopper_bwd.bwd_deterministic.value
 
 
+def _grads(dq, dk, dv, dsinks, sinks):
+    """The gradients of (q, k, v, *_FWD_ARGS, sinks)."""
+    return (dq, dk, dv) + (None,) * len(_FWD_ARGS) + (None if sinks is None else dsinks.to(sinks.dtype),)
+
+
 def _backward(ctx, dout, dlse, drng):
-    q, k, v, out, lse, rng_state = ctx.saved_tensors
+    q, k, v, out, lse, rng_state, sinks = ctx.saved_tensors
     with hopper_bwd.prefer_hopper_bwd(ctx.hopper_bwd), hopper_bwd.bwd_deterministic(ctx.deterministic):
-        dq, dk, dv = _bwd_op(dout, q, k, v, out, lse, *ctx.args, rng_state)
-    return (dq, dk, dv) + (None,) * len(_FWD_ARGS)
+        dq, dk, dv, dsinks = _bwd_op(dout, q, k, v, out, lse, *ctx.args, rng_state, sinks)
+    return _grads(dq, dk, dv, dsinks, sinks)
 
 
 torch.library.register_autograd("ioattn::fwd", _backward, setup_context=_setup_context)
@@ -109,13 +124,47 @@ class _Eager(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse, drng):
-        q, k, v, out, lse, rng_state = ctx.saved_tensors
+        q, k, v, out, lse, rng_state, sinks = ctx.saved_tensors
         with hopper_bwd.prefer_hopper_bwd(ctx.hopper_bwd), hopper_bwd.bwd_deterministic(ctx.deterministic):
-            dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, *ctx.args, rng_state)
-        return (dq, dk, dv) + (None,) * len(_FWD_ARGS)
+            dq, dk, dv, dsinks = _backward_impl(dout, q, k, v, out, lse, *ctx.args, rng_state, sinks)
+        return _grads(dq, dk, dv, dsinks, sinks)
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+# ---- learnable sinks: one logit a head in every row's softmax denominator ----
+
+def _rows(x, varlen):
+    """``x`` (a per-row factor in lse's layout) in the output's layout, broadcast over the head dim."""
+    return (x.transpose(0, 1) if varlen else x.transpose(1, 2)).unsqueeze(-1)
+
+
+def _sink_logits(lse, sinks, varlen):
+    """The sinks (nheads,) in float32, broadcast to ``lse``'s layout ((batch, nheads, seqlen) or (nheads, total))."""
+    z = sinks.to(torch.float32)
+    return z[:, None] if varlen else z[None, :, None]
+
+
+def join_sinks(out, lse, sinks, varlen):
+    """(out, lse) of attention over the keys and each head's sink (a column of logit ``sinks[h]`` whose value is
+    0): an exact merge with an empty partial state, lse' = log(e^lse + e^sink), out' = out e^(lse - lse'). A row
+    that sees no key keeps output 0 and lse -inf."""
+    z = _sink_logits(lse, sinks, varlen)
+    joined = torch.where(lse == float("-inf"), lse, torch.logaddexp(lse, z))
+    scale = torch.where(lse == float("-inf"), torch.zeros_like(lse), torch.exp(lse - joined))
+    return (out.float() * _rows(scale, varlen)).to(out.dtype), joined
+
+
+def sinks_grad(dout, out, lse, sinks, varlen):
+    """d loss / d sinks[h] = -sum over the head's rows of P(sink) (dout . out), P(sink) = e^(sink - lse) with
+    the joined lse (rows that see no key contribute nothing)."""
+    z = _sink_logits(lse, sinks, varlen)
+    p_sink = torch.where(lse == float("-inf"), torch.zeros_like(lse), torch.exp(z - lse))
+    delta = (dout.float() * out.float()).sum(-1)  # (batch, seqlen, nheads) or (total, nheads)
+    delta = delta.transpose(0, 1) if varlen else delta.transpose(1, 2)
+    per_head = -(p_sink * delta)
+    return per_head.sum(-1) if varlen else per_head.sum(dim=(0, 2))
 
 
 def _eager(*tensors) -> bool:
@@ -127,13 +176,13 @@ def _eager(*tensors) -> bool:
 
 
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window,
-              softcap, alibi_slopes, dropout_p):
-    """Validated arguments in, ``(out, lse, rng_state)`` out, differentiable in q, k, v."""
+              softcap, alibi_slopes, dropout_p, sinks=None):
+    """Validated arguments in, ``(out, lse, rng_state)`` out, differentiable in q, k, v (and ``sinks``)."""
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-            window[0], window[1], softcap, alibi_slopes, dropout_p)
-    if not _eager(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes):
+            window[0], window[1], softcap, alibi_slopes, dropout_p, sinks)
+    if not _eager(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks):
         return _fwd_op(*args)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks)):
         return _Eager.apply(*args)
     return _forward_impl(*args)  # nothing to differentiate: no graph to record
 

@@ -228,7 +228,7 @@ def _dropout_run(q, k, v, dout, p, causal, softcap, slopes, cu_q=None, cu_k=None
     sq, sk = max_lens or (q.shape[1], k.shape[1])
     args = (cu_q, cu_k, sq, sk, q.shape[-1] ** -0.5, -1, 0 if causal else -1, softcap, slopes, p)
     out, lse, rng = torch.ops.ioattn.fwd(q, k, v, *args)
-    grads = torch.ops.ioattn.bwd(dout, q, k, v, out, lse, *args, rng)
+    grads = torch.ops.ioattn.bwd(dout, q, k, v, out, lse, *args, rng)[:3]  # (the fourth: the sinks', none here)
     return out, lse, grads, int(rng[0])
 
 

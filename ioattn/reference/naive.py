@@ -24,14 +24,16 @@ def scores_ref(q, k, softmax_scale, window=(-1, -1), softcap=0.0, alibi_slopes=N
 
 
 def attention_ref(q, k, v, *, softmax_scale=None, window=(-1, -1), softcap=0.0, alibi_slopes=None,
-                  dropout_p=0.0, dropout_keep=None, upcast=True):
+                  dropout_p=0.0, dropout_keep=None, upcast=True, sinks=None):
     """softmax(mask(softcap(q k^T * scale)) + alibi) v, the textbook way.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_kv, headdim[_v]) with
     nheads a multiple of nheads_kv (GQA: query head h reads KV head h // (nheads // nheads_kv)).
     ``window`` is the normalised ``(left, right)`` pair (see ``ioattn.masks``; causal = (left, 0)).
     ``dropout_keep``: optional bool (batch, nheads, seqlen_q, seqlen_k); kept probabilities are
-    scaled by 1 / (1 - dropout_p). ``upcast=True`` computes in float64.
+    scaled by 1 / (1 - dropout_p). ``upcast=True`` computes in float64. ``sinks`` (nheads,): a learnable
+    logit per head joining every row's softmax as one more column whose value is 0 (gpt-oss's sinks);
+    a row that sees no key keeps lse -inf.
 
     Returns ``(out, lse)``: out like q (headdim of v), lse float32-or-64 (batch, nheads, seqlen_q),
     -inf on rows with no visible key (whose output is 0).
@@ -45,9 +47,16 @@ def attention_ref(q, k, v, *, softmax_scale=None, window=(-1, -1), softcap=0.0, 
         softmax_scale = 1.0 / math.sqrt(d)
     scores = scores_ref(q, k, softmax_scale, window, softcap, alibi_slopes)
     v = v.repeat_interleave(nheads // nheads_kv, dim=2)
+    seen = (scores > float("-inf")).any(dim=-1)  # rows with a visible key
+    if sinks is not None:  # one more column, the head's sink logit
+        sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:3], 1)
+        scores = torch.cat([scores, sink], dim=-1)
     lse = torch.logsumexp(scores.float() if not upcast else scores, dim=-1)
+    lse = lse.masked_fill(~seen, float("-inf"))  # a row that sees no key stays empty, sink or not
     probs = torch.softmax(scores, dim=-1)
     probs = torch.nan_to_num(probs, nan=0.0)  # rows with no visible key: 0/0 -> 0
+    if sinks is not None:
+        probs = probs[..., :-1]  # the sink's column carries no value
     if dropout_p > 0.0:
         probs = probs.masked_fill(~dropout_keep, 0.0) / (1.0 - dropout_p)
     out = torch.einsum("bhij,bjhd->bihd", probs, v)
