@@ -29,6 +29,7 @@ import torch
 from ioattn.plan import dispatch
 from ioattn.plan.decode import PHI_RANGE, DecodePlan, decode_config, plan
 from ioattn.api import _DTYPES, MAX_HEADDIM
+from ioattn.autograd import join_sinks
 from ioattn.backends import _scalars
 from ioattn.fp8 import check_descale, check_descale_values, is_fp8
 from ioattn.semantics import Semantics
@@ -352,7 +353,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
                             return_softmax_lse=False, *, check_values=True, unified_max=None, k_descale=None,
-                            v_descale=None):
+                            v_descale=None, sinks=None):
     """Attention of ``q`` over a KV cache, after appending ``k``/``v`` to it in place (flash-attn API).
 
     q: (batch, seqlen_q, nheads, d). k_cache/v_cache: (batch_cache, seqlen_cache, nheads_kv, d), or
@@ -384,10 +385,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
       or anything that broadcasts to it (a scalar tensor: one for the whole cache). q, k, v stay
       float16 / bfloat16; new k/v are quantised into the cache (clamped to ±448, rounded to nearest
       even). Their values (finite, positive) are checked with ``check_values``.
+    * ``sinks`` (nheads,): learnable attention sinks, as in ``flash_attn_func`` (joined with the kernel's
+      output and lse; rows that see no key stay empty).
 
     Returns ``out`` (batch, seqlen_q, nheads, d) in q's dtype, and with ``return_softmax_lse`` also
     ``softmax_lse`` (batch, nheads, seqlen_q) float32 (-inf for rows that see no key; their output is 0).
     """
+    if sinks is not None:
+        _check_sinks(sinks, q)
     if torch.compiler.is_compiling() and isinstance(window_size, (tuple, list)):
         # one opaque op in the traced graph (the value checks, the append and the launches inside)
         seqlens_t = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
@@ -401,7 +406,20 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
                             rotary_interleaved, alibi_slopes, num_splits, check_values, unified_max, k_descale,
                             v_descale)
+    if sinks is not None:
+        out, lse = join_sinks(out, lse, sinks, varlen=False)
     return (out, lse) if return_softmax_lse else out
+
+
+def _check_sinks(sinks, q):
+    """``sinks``: a floating (nheads,) tensor on q's device (checked before anything is appended)."""
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        return  # q's own check names it
+    if not isinstance(sinks, torch.Tensor) or tuple(sinks.shape) != (q.shape[2],) or not sinks.is_floating_point() \
+            or sinks.device != q.device:
+        got = (f"{tuple(sinks.shape)} {sinks.dtype} on {sinks.device}" if isinstance(sinks, torch.Tensor)
+               else type(sinks).__name__)
+        raise ValueError(f"sinks must be a floating tensor of shape (nheads,) = ({q.shape[2]},) on {q.device}, got {got}")
 
 
 def _kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,

@@ -121,3 +121,23 @@ def test_sinks_under_torch_compile_and_the_ops_fake_implementations():
     assert torch.allclose(compiled, eager, atol=1e-6)
     for a, b in zip(g_comp, g_eager):
         assert torch.allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_sinks_in_decoding_equal_the_forwards(backend):
+    """``flash_attn_with_kvcache(..., sinks=)`` over full caches equals ``flash_attn_func`` with the same
+    sinks (one query token sees every key); bad sinks are refused before the cache changes."""
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 1, 4, 32, generator=g).to(DEVICE, torch.float16)
+    k_cache, v_cache = (torch.randn(2, 80, 2, 32, generator=g).to(DEVICE, torch.float16) for _ in range(2))
+    sinks = torch.randn(4, generator=g).to(DEVICE)
+    with dispatch.forced_backend(backend):
+        out, lse = ioattn.flash_attn_with_kvcache(q, k_cache, v_cache, sinks=sinks, return_softmax_lse=True)
+        ref, ref_lse, _ = ioattn.flash_attn_func(q, k_cache, v_cache, sinks=sinks, return_attn_probs=True)
+        assert (out.float() - ref.float()).abs().max() < 2e-3 and (lse - ref_lse).abs().max() < 1e-3
+        new = torch.randn(2, 1, 2, 32, generator=g).to(DEVICE, torch.float16)
+        before = k_cache.clone()
+        with pytest.raises(ValueError, match=r"sinks must be a floating tensor of shape \(nheads,\) = \(4,\)"):
+            ioattn.flash_attn_with_kvcache(q, k_cache, v_cache, k=new, v=new, cache_seqlens=40, sinks=sinks[:2])
+        assert torch.equal(k_cache, before)
