@@ -182,7 +182,8 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
             window[0], window[1], softcap, alibi_slopes, dropout_p, sinks)
     if not _eager(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks):
         return _fwd_op(*args)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks)):
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                    or (sinks is not None and sinks.requires_grad)):
         return _Eager.apply(*args)
     return _forward_impl(*args)  # nothing to differentiate: no graph to record
 
