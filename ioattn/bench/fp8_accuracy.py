@@ -1,12 +1,13 @@
 """``ioattn bench fp8-accuracy``: the RMS error of FP8 attention recipes on FlashAttention-3's inputs.
 
-q, k, v are N(0, 1) plus, with probability 0.001 per element, an added N(0, 10²) outlier (FA3 §4.3),
-in float64; every row is compared with float64 attention of these unquantised inputs. A row is "how to
-quantise" (a ``Recipe``: granularity, the shared rotation, P's scale) plus "how to run the attention"
-(a ``Runner``); ``measure`` computes any list of rows. The runners now are the float64 emulations of
-``ioattn.reference.fp8`` and the bf16 ``flash_attn_func``; an FP8 kernel becomes one more runner, and a
-row whose runner cannot take its recipe is skipped with the reason. The baseline is FA3's: standard
-attention in FP8, per tensor, its normalised P converted to e4m3 as it comes.
+q, k, v are N(0, 1) plus, with probability 0.001 per element, an added N(0, 10²) outlier (the
+FlashAttention-3 paper, section 4.3), in float64; every row is compared with float64 attention of
+these unquantised inputs. A row is "how to quantise" (a ``Recipe``: granularity, the shared
+rotation, P's scale) plus "how to run the attention" (a ``Runner``: the float64 emulations of
+``ioattn.reference.fp8``, the bf16 ``flash_attn_func`` or ioattn's FP8 kernel); ``measure`` computes
+any list of rows, and a row whose runner cannot take its recipe is skipped with the reason. The
+baseline is FA3's: standard attention in FP8, per tensor, its normalised P converted to e4m3 as it
+comes.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The IO model of attention: HBM bytes read and written, FLOPs and a time lower bound.
 
-FlashAttention (Dao et al., 2022), §3.2 and Theorem 2: standard attention moves Θ(N d + N²) bytes
+FlashAttention (Dao et al., 2022), section 3.2 and Theorem 2: standard attention moves Θ(N d + N²) bytes
 through HBM, the tiled algorithm Θ(N² d² / M) for on-chip memory M. This module counts those bytes
 exactly, as named terms, for standard attention, FlashAttention-1 (outer loop over K/V blocks),
 FlashAttention-2 (outer loop over Q blocks) and the compulsory traffic (``minimum``: every input
