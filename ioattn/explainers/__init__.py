@@ -2,8 +2,9 @@
 
 Each page is a module here with ``data() -> dict`` (its numbers, computed when the page is built by
 ``ioattn.reference`` and the public functions, from fixed seeds) and an HTML template of the same
-name (``online_softmax.py`` and ``online_softmax.html``). ``ioattn.explainers.site`` embeds the data
-as JSON in the template, with the shared stylesheet and script, into one self-contained file: its
+name (``online_softmax.py`` and ``online_softmax.html``: the page's ``<main>`` and script).
+``ioattn.explainers.site`` puts the template into the shared document (``shell.html``) and embeds the
+data as JSON, with the shared stylesheet and script, into one self-contained file: its
 script reads only that JSON, and nothing is fetched from the network. ``ioattn explain --out DIR``
 writes every page and an index.
 """

@@ -30,7 +30,9 @@ def data_json(data: dict) -> str:
 
 
 def fill(template: str, title: str, data: dict) -> str:
-    """The template with the shared stylesheet, the shared script and the data in its marks."""
+    """The template (a page's ``<main>`` and its script) inside the shared document (``shell.html``: the
+    head, the stylesheet), with the shared script and the data in its marks."""
+    template = _asset("shell.html").replace("<!--@page-->", template)
     parts = {
         "<!--@style-->": f"<style>\n{_asset('page.css')}</style>",
         "<!--@script-->": f"<script>\n{_asset('page.js')}</script>",
