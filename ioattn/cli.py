@@ -19,7 +19,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ioattn.bench import fp4_study, fp8_accuracy, io_command, report
+from ioattn.bench import arg_types, fp4_study, fp8_accuracy, io_command, report
 from ioattn.bench import run as sweeps
 from ioattn.bench.providers import DECODE_OURS, OURS, PEERS
 from ioattn.explainers import written as written_pages
@@ -56,14 +56,7 @@ def option_names(parser):
     return [s for a in parser._actions for s in a.option_strings]
 
 
-def _ints(text):
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
-    return values
+_ints = arg_types.int_list(1)
 
 
 def _names(text):

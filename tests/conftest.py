@@ -335,3 +335,15 @@ def child_env():
     root = str(pathlib.Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return env
+
+
+def run_cli(argv, capsys):
+    """(exit status, stdout, stderr) of ``ioattn ARGV`` run in this process."""
+    from ioattn import cli
+
+    try:
+        code = cli.main(argv)
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err

@@ -19,19 +19,12 @@ from ioattn.bench import run as bench_run
 from ioattn.bench.progress import Progress, duration
 from ioattn.bench.providers import providers
 from ioattn.bench.timing import CPU_MIN_REPS, cpu_reps, median_ms
-from conftest import child_env
+from conftest import child_env, run_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _exit(argv, capsys):
-    """(exit status, stdout, stderr) of ``ioattn ARGV`` run in this process."""
-    try:
-        code = cli.main(argv)
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+_exit = run_cli
 
 
 def _subparsers(parser):

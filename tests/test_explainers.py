@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ioattn import cli, merge_attention_states
+from ioattn import merge_attention_states
 from ioattn.bench.fp8_accuracy import outlier_inputs
 from ioattn.explainers import (SLOTS, flash_decoding, fp8_rotation, online_softmax, recomputation, site, unified_max,
                                written)
@@ -28,6 +28,7 @@ from ioattn.reference.fp8 import attention_fp8_ref, quantize_fp8_ref, random_sig
 from ioattn.reference.merge import merge_states_ref
 from ioattn.reference.naive import attention_ref
 from ioattn.reference.tiled import flash2_forward
+from conftest import run_cli
 
 BUILD_SECONDS = 10.0
 CHROMIUM = "/usr/bin/chromium"
@@ -263,13 +264,7 @@ def _snapshot(folder: Path) -> dict:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def _run(argv, capsys):
-    try:
-        code = cli.main(argv)
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+_run = run_cli
 
 
 def test_the_cli_refuses_a_folder_that_is_not_empty_and_leaves_it_alone(tmp_path, capsys):

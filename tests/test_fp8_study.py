@@ -9,10 +9,10 @@ import pathlib
 import pytest
 import torch
 
-from ioattn import cli
 from ioattn.bench import fp4_study, fp8_accuracy as fa
 from ioattn.plan import dispatch
 from ioattn.reference import fp4
+from conftest import run_cli
 
 F64 = torch.float64
 GRID = torch.tensor(fp4.E2M1_VALUES, dtype=F64)
@@ -215,13 +215,8 @@ def test_fp4_study_records():
 # ---- the command line ----
 
 def _cli(argv, capsys):
-    with dispatch.forced_backend("reference"):
-        try:
-            code = cli.main(argv)
-        except SystemExit as e:
-            code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    with dispatch.forced_backend("reference"):  # the CPU path, as the command runs on a CPU machine
+        return run_cli(argv, capsys)
 
 
 @pytest.mark.parametrize("study, module, count", [("fp8-accuracy", fa, 2 * len(fa.ROWS)),

@@ -11,7 +11,7 @@ import pytest
 from ioattn import cli
 from ioattn.masks import keep_mask
 from ioattn.reference import io_model as m
-from conftest import child_env
+from conftest import child_env, run_cli
 
 TILE = m.Tiles(2, 2)
 
@@ -225,13 +225,7 @@ def test_bad_tiles_sram_or_device(kwargs, argument, words):
 
 # ---- the command line ----
 
-def _exit(argv, capsys):
-    try:
-        code = cli.main(argv)
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+_exit = run_cli
 
 
 def test_io_json_as_a_module():

@@ -11,7 +11,6 @@ comes.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -20,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from ioattn.bench.arg_types import int_list, positive_int, probability
 from ioattn.reference.fp8 import (P_SCALE, attention_fp8_ref, dequantize_fp8_ref, quantize_fp8_ref, quantize_p,
                                   random_signs, rotate)
 from ioattn.reference.naive import attention_ref, scores_ref
@@ -360,37 +360,6 @@ def plot(records, out_dir):
     return bar_plot(panels, os.path.join(out_dir, "fp8_accuracy.png"), what, "RMSE", marks=marks)
 
 
-def seeds_type(text):
-    """``--seeds``: comma-separated integers >= 0."""
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0, got {text!r}")
-    return values
-
-
-def probability(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a probability in [0, 1], got {text!r}")
-    return value
-
-
-def positive(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
-
-
 def add_shape_arguments(parser, rotation=True):
     """The options both accuracy studies take (each help names its default); ``rotation``: the head
     dim must be a power of two (``check_shape``)."""
@@ -398,9 +367,9 @@ def add_shape_arguments(parser, rotation=True):
     for flag, what in (("--batch", "batch size"), ("--heads", "heads"),
                        ("--seqlen", "sequence length (queries and keys)"), ("--headdim", dim)):
         key = flag[2:]
-        parser.add_argument(flag, type=positive, default=DEFAULTS[key], metavar="N",
+        parser.add_argument(flag, type=positive_int, default=DEFAULTS[key], metavar="N",
                             help=f"{what} (default: {DEFAULTS[key]})")
-    parser.add_argument("--seeds", type=seeds_type, default=list(DEFAULTS["seeds"]), metavar="S,S",
+    parser.add_argument("--seeds", type=int_list(0), default=list(DEFAULTS["seeds"]), metavar="S,S",
                         help="comma-separated seeds, one draw of the inputs each, the RMSE pooled over them "
                         f"(default: {','.join(map(str, DEFAULTS['seeds']))})")
     parser.add_argument("--outlier-prob", type=probability, default=OUTLIER_PROB, metavar="P",

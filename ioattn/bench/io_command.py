@@ -7,11 +7,11 @@ table's columns are read from the JSON rows (``COLUMNS``), so a measured column 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
+from ioattn.bench.arg_types import int_list
 from ioattn.reference.io_model import DEVICES, ELEMENT_BYTES, KB, MIB, ModelArgumentError, Problem, predict
 
 NAME = "io"
@@ -27,9 +27,9 @@ FLAGS = {"seqlen_q": "--seqlen"}
 def add_arguments(parser):
     """The options of ``ioattn io``; each help names its default."""
     add = parser.add_argument
-    add("--seqlen", type=_ints, required=True, metavar="N[,N...]",
+    add("--seqlen", type=int_list(), required=True, metavar="N[,N...]",
         help="query sequence length, or several (a sweep) (required: no default)")
-    add("--headdim", type=_ints, required=True, metavar="D[,D...]",
+    add("--headdim", type=int_list(), required=True, metavar="D[,D...]",
         help="head dimension, or several (a sweep) (required: no default)")
     add("--batch", type=int, default=1, metavar="B", help="batch size (default: 1)")
     add("--nheads", type=int, default=1, metavar="H", help="query heads (default: 1)")
@@ -54,13 +54,6 @@ def add_arguments(parser):
         help="also measure the DRAM bytes of one call by Nsight Compute (a GPU and ncu): the standard row's by "
              "PyTorch's math attention, the fa2 row's by ioattn's kernels (default: the model alone)")
     return parser
-
-
-def _ints(text):
-    try:
-        return [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def _point(args, seqlen, headdim):
