@@ -28,7 +28,7 @@ import torch
 
 from ioattn.plan import dispatch
 from ioattn.plan.decode import PHI_RANGE, DecodePlan, decode_config, plan
-from ioattn.api import _DTYPES, MAX_HEADDIM
+from ioattn.api import _DTYPES, MAX_HEADDIM, _check_sinks
 from ioattn.autograd import join_sinks
 from ioattn.backends import _scalars
 from ioattn.fp8 import check_descale, check_descale_values, is_fp8
@@ -391,8 +391,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     Returns ``out`` (batch, seqlen_q, nheads, d) in q's dtype, and with ``return_softmax_lse`` also
     ``softmax_lse`` (batch, nheads, seqlen_q) float32 (-inf for rows that see no key; their output is 0).
     """
-    if sinks is not None:
-        _check_sinks(sinks, q)
+    if sinks is not None and isinstance(q, torch.Tensor) and q.dim() == 4:  # (a bad q: its own check names it)
+        _check_sinks(sinks, q, False)  # (FP8 caches too: the sinks join the output after the kernel)
     if torch.compiler.is_compiling() and isinstance(window_size, (tuple, list)):
         # one opaque op in the traced graph (the value checks, the append and the launches inside)
         seqlens_t = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
@@ -409,17 +409,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if sinks is not None:
         out, lse = join_sinks(out, lse, sinks, varlen=False)
     return (out, lse) if return_softmax_lse else out
-
-
-def _check_sinks(sinks, q):
-    """``sinks``: a floating (nheads,) tensor on q's device (checked before anything is appended)."""
-    if not isinstance(q, torch.Tensor) or q.dim() != 4:
-        return  # q's own check names it
-    if not isinstance(sinks, torch.Tensor) or tuple(sinks.shape) != (q.shape[2],) or not sinks.is_floating_point() \
-            or sinks.device != q.device:
-        got = (f"{tuple(sinks.shape)} {sinks.dtype} on {sinks.device}" if isinstance(sinks, torch.Tensor)
-               else type(sinks).__name__)
-        raise ValueError(f"sinks must be a floating tensor of shape (nheads,) = ({q.shape[2]},) on {q.device}, got {got}")
 
 
 def _kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,

@@ -63,10 +63,10 @@ DEVICES = {
         # benchmarks/results/latency-2026-12-06-h100/results.jsonl, "ceilings"; fp8 and fp32: vendor spec (dense)
         "measured 2026-12-06: bf16 matmul 803 TFLOP/s, copy 3025 GB/s; vendor spec: fp8 1979, fp32 67 TFLOP/s"),
     "h200": Device(
-        "NVIDIA H200", 4204e9, {"bf16": 786e12, "fp16": 786e12, "fp8": 1415e12, "fp32": 67e12}, 228 * KB, 50 * MIB,
-        # bf16 and e4m3 8192³ matmuls and a 2 GiB device-to-device copy, measured on the H200 with the
-        # peer anchors of 2026-11-29; fp32: vendor spec
-        "measured 2026-11-29: bf16 matmul 786, fp8 matmul 1415 TFLOP/s, copy 4204 GB/s; vendor spec: fp32 67 TFLOP/s"),
+        "NVIDIA H200", 4245e9, {"bf16": 806e12, "fp16": 806e12, "fp8": 1979e12, "fp32": 67e12}, 228 * KB, 50 * MIB,
+        # the same ceilings, measured: benchmarks/results/session-2026-12-21-f/train/results.jsonl,
+        # "ceilings"; fp8 and fp32: vendor spec (dense)
+        "measured: bf16 matmul 806 TFLOP/s, copy 4245 GB/s; vendor spec: fp8 1979, fp32 67 TFLOP/s"),
 }
 
 
