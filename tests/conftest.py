@@ -50,12 +50,16 @@ def pytest_runtest_call(item):
 
 
 @pytest.fixture(autouse=True)
-def _seed(request):
+def _fresh_state(request):
     # a fresh but reproducible draw per test (never zeros): the seed comes from the test's name
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
     # cached plans are keyed on the switches, not on policy tables a test may patch: none carries over
     from ioattn import backends
     backends.clear_routes()
+    yield
+    if torch.cuda.is_available():
+        # several test processes share one card: hand this test's cached blocks back to the driver
+        torch.cuda.empty_cache()
 
 
 def max_err(a, b):
