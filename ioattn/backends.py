@@ -14,6 +14,7 @@ from ioattn.plan import dispatch, hopper, hopper_bwd
 from ioattn.plan import backward as backward_plan
 from ioattn.plan import forward as forward_plan
 from ioattn.kernels import cpu
+from ioattn.kernels.constants import LOG2E
 from ioattn.reference.philox import dropout_threshold
 
 
@@ -209,10 +210,11 @@ def triton_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
 
 
 def portable_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes, seed,
-                     descales=None, out_dtype=None):
+                     descales=None, out_dtype=None, mods=None):
     """(out, lse) of the portable Triton forward (``kernels/forward.py``). ``descales``: e4m3 inputs'
     fp32 (batch, nheads + 2 * nheads_kv) descales (``ioattn.fp8.descale_rows``), the output in
-    ``out_dtype``."""
+    ``out_dtype``. ``mods``: the call's ``ioattn.modcall.ModCall`` (score and mask functions, block
+    mask)."""
     from ioattn.kernels.forward import attn_fwd_kernel
 
     pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
@@ -226,6 +228,12 @@ def portable_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                          band=sum(window) + 1 if min(window) >= 0 else None,
                          tma=use_tma)
     qk_scale, threshold, dropout_scale = _scalars(sem)
+    mod_kw = {}
+    if mods is not None:
+        cfg = mods.fit_tiles(cfg)
+        mod_kw = mods.forward_kwargs(sem.softmax_scale, cfg)
+        if mods.score is not None:  # the kernel scales the score before the user's function
+            qk_scale = LOG2E
     alibi, stride_ab, has_alibi = _alibi_args(alibi_slopes, q)
     cu_q = cu_seqlens_q if pb.varlen else q.new_empty(0, dtype=torch.int32)
     cu_k = cu_seqlens_k if pb.varlen else q.new_empty(0, dtype=torch.int32)
@@ -255,7 +263,7 @@ def portable_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         USE_TMA=use_tma, PERSISTENT=persistent > 0, LOG2_BATCH=max(pb.batch - 1, 0).bit_length() if persistent and pb.varlen else 0,
         # FP8's P must stay in [0, 1] to fit e4m3 once scaled: the accumulator is rescaled at every tile
         RESCALE_TAU=0.0 if fp8 else dispatch.fwd_rescale_tau(), IS_FP8=fp8,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **mod_kw,
     )
     return out, lse
 

@@ -16,9 +16,18 @@ def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride
                window_right, slope_log2, seed, dropout_threshold, drop_row_base, seqlen_k_max,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
                USE_TMA: tl.constexpr, MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-               HAS_DROPOUT: tl.constexpr, RESCALE_TAU: tl.constexpr, IS_FP8: tl.constexpr):
+               HAS_DROPOUT: tl.constexpr, RESCALE_TAU: tl.constexpr, IS_FP8: tl.constexpr, mods=None,
+               kv_list=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, SUB: tl.constexpr = 1):
+    """Key tiles ``n_block_lo`` .. ``n_block_hi`` - 1 into the running (acc, m_i, l_i). ``kv_list``: a
+    block mask's row of key-block indices, tile i then being sub-tile i % ``SUB`` of the block at
+    ``kv_list[i // SUB]``. ``SCORE_MOD`` / ``MASK_MOD`` (``ioattn.kernels.modgen``): the user's
+    functions, ``mods`` = (b, h, softmax_scale, the score's and the mask's captured tensors)."""
     offs_n0 = tl.arange(0, BLOCK_N)
-    for n_block in range(n_block_lo, n_block_hi):
+    for i in range(n_block_lo, n_block_hi):
+        if kv_list is None:
+            n_block = i
+        else:
+            n_block = tl.load(kv_list + i // SUB) * SUB + i % SUB
         offs_n = n_block * BLOCK_N + offs_n0
         if USE_TMA:
             # bulk tensor copies (zero-filled past seqlen_k and head_dim), which Triton pipelines
@@ -35,12 +44,17 @@ def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride
             else:
                 k = tl.load(k_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
             qk = mma(q, k)
+        if SCORE_MOD is not None:  # the user's score in natural units, then the log2 domain
+            qk = SCORE_MOD(qk * mods[2], mods[0], mods[1], offs_m[:, None], offs_n[None, :], mods[3])
         s = tile_scores(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                         window_right, slope_log2, MASKED, HAS_SOFTCAP, HAS_ALIBI)
+        if MASK_MOD is not None:
+            s = tl.where(MASK_MOD(mods[0], mods[1], offs_m[:, None], offs_n[None, :], mods[4]), s, float("-inf"))
+        GUARD: tl.constexpr = MASKED or MASK_MOD is not None or SCORE_MOD is not None
         if RESCALE_TAU > 0:  # FlashAttention-4: rescale acc only when a row max grows by > TAU
-            p, m_i, l_i, acc = softmax_step_lazy(s, m_i, l_i, acc, RESCALE_TAU, MASKED)
+            p, m_i, l_i, acc = softmax_step_lazy(s, m_i, l_i, acc, RESCALE_TAU, GUARD)
         else:
-            p, m_i, l_i, acc = softmax_step(s, m_i, l_i, acc, MASKED)
+            p, m_i, l_i, acc = softmax_step(s, m_i, l_i, acc, GUARD)
         if HAS_DROPOUT:
             keep = dropout_keep(seed, dropout_threshold, drop_row_base, offs_n, seqlen_k_max)
             p = tl.where(keep, p, 0.0)
@@ -74,7 +88,8 @@ def attn_fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, USE_TMA: tl.constexpr, PERSISTENT: tl.constexpr, LOG2_BATCH: tl.constexpr,
-    RESCALE_TAU: tl.constexpr = 0.0, IS_FP8: tl.constexpr = False,
+    RESCALE_TAU: tl.constexpr = 0.0, IS_FP8: tl.constexpr = False, mods=None, blocks=None,
+    SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, SUB: tl.constexpr = 1, Q_BLOCK: tl.constexpr = 0,
 ):
     """``USE_TMA``: K and V arrive through host-built tensor descriptors over their
     (batch, seqlen_k, nheads_kv, headdim) view (batched inputs with 16-byte aligned strides).
@@ -86,7 +101,12 @@ def attn_fwd_kernel(
     log2 units (``common.softmax_step_lazy``); 0 keeps ``softmax_step``'s rescale at every tile.
     ``IS_FP8``: e4m3 Q, K, V; ``Descales`` fp32 (batch, nheads + 2 * nheads_kv), each row the
     query heads' descales, then the key heads', then the value heads'; P goes to e4m3 (times
-    ``P_SCALE``) for P V."""
+    ``P_SCALE``) for P V. ``SCORE_MOD`` / ``MASK_MOD``: a score and a mask function
+    (``ioattn.kernels.modgen``), ``mods`` = (softmax_scale, the score's and the mask's captured
+    tensors); with them the host's
+    ``qk_scale`` is log2(e). ``blocks`` (a block mask's (kv_num, kv_idx, full_num, full_idx,
+    stride_b, stride_h, key blocks a row), its blocks ``Q_BLOCK`` queries by ``SUB * BLOCK_N`` keys):
+    only the listed key blocks run, the full ones without the mask function."""
     num_m = tl.cdiv(seqlen_q_max, BLOCK_M)
     if PERSISTENT and IS_VARLEN:
         seq_blocks = tl.load(TileStarts + batch)
@@ -101,7 +121,8 @@ def attn_fwd_kernel(
                       stride_vn, stride_vh, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, stride_ab, nheads,
                       qheads_per_kvhead, seqlen_q_max, seqlen_k_max, qk_scale, softcap, window_left, window_right,
                       seed, dropout_threshold, dropout_scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IS_VARLEN,
-                      HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA, RESCALE_TAU, IS_FP8)
+                      HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA, RESCALE_TAU, IS_FP8, mods, blocks, SCORE_MOD,
+                      MASK_MOD, SUB, Q_BLOCK)
     elif PERSISTENT:
         for t in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
             _fwd_tile(num_m - 1 - t % num_m, t // num_m, Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
@@ -109,14 +130,16 @@ def attn_fwd_kernel(
                       stride_vn, stride_vh, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, stride_ab, nheads,
                       qheads_per_kvhead, seqlen_q_max, seqlen_k_max, qk_scale, softcap, window_left, window_right,
                       seed, dropout_threshold, dropout_scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IS_VARLEN,
-                      HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA, RESCALE_TAU, IS_FP8)
+                      HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA, RESCALE_TAU, IS_FP8, mods, blocks, SCORE_MOD,
+                      MASK_MOD, SUB, Q_BLOCK)
     else:
         m_block, bh = tile_coords(num_m, True)
         _fwd_tile(m_block, bh, Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, k_desc, v_desc, Descales, stride_qb,
                   stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh, stride_ob,
                   stride_om, stride_oh, stride_lb, stride_lh, stride_ab, nheads, qheads_per_kvhead, seqlen_q_max,
                   seqlen_k_max, qk_scale, softcap, window_left, window_right, seed, dropout_threshold, dropout_scale,
-                  HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IS_VARLEN, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA, RESCALE_TAU, IS_FP8)
+                  HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IS_VARLEN, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA, RESCALE_TAU, IS_FP8,
+                  mods, blocks, SCORE_MOD, MASK_MOD, SUB, Q_BLOCK)
 
 
 @triton.jit
@@ -146,6 +169,8 @@ def _fwd_tile(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, USE_TMA: tl.constexpr, RESCALE_TAU: tl.constexpr, IS_FP8: tl.constexpr,
+    mods=None, blocks=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, SUB: tl.constexpr = 1,
+    Q_BLOCK: tl.constexpr = 0,
 ):
     """One (query block, batch * head) tile: the FlashAttention-2 forward of ``BLOCK_M`` query rows."""
     b, h, h_kv, q_start, seqlen_q, k_start, seqlen_k, m_start = tile_start(
@@ -181,6 +206,49 @@ def _fwd_tile(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
+    if SCORE_MOD is not None or MASK_MOD is not None:
+        tile_mods = (b, h, mods[0], mods[1], mods[2])
+    else:
+        tile_mods = None
+    if blocks is not None:  # a block mask: its row's partial key blocks (the mask function), then its full ones
+        row = b * blocks[4] + h * blocks[5] + m_start // Q_BLOCK
+        n_part = tl.load(blocks[0] + row) * SUB
+        n_full = tl.load(blocks[2] + row) * SUB
+        acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn,
+                                   offs_m, offs_d, 0, n_part, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
+                                   window_right, slope_log2, seed, dropout_threshold, drop_row_base, seqlen_k_max,
+                                   HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, USE_TMA, True, HAS_SOFTCAP, HAS_ALIBI,
+                                   HAS_DROPOUT, RESCALE_TAU, IS_FP8, tile_mods, blocks[1] + row * blocks[6],
+                                   SCORE_MOD, MASK_MOD, SUB)
+        acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn,
+                                   offs_m, offs_d, 0, n_full, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
+                                   window_right, slope_log2, seed, dropout_threshold, drop_row_base, seqlen_k_max,
+                                   HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, USE_TMA, True, HAS_SOFTCAP, HAS_ALIBI,
+                                   HAS_DROPOUT, RESCALE_TAU, IS_FP8, tile_mods, blocks[3] + row * blocks[6],
+                                   SCORE_MOD, None, SUB)
+    else:
+        acc, m_i, l_i = _fwd_dense(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn,
+                                   offs_m, offs_d, m_start, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
+                                   window_right, slope_log2, seed, dropout_threshold, drop_row_base, seqlen_k_max,
+                                   HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, USE_TMA, HAS_SOFTCAP, HAS_ALIBI,
+                                   HAS_DROPOUT, RESCALE_TAU, IS_FP8, tile_mods, SCORE_MOD, MASK_MOD)
+
+    out, lse = softmax_finish(acc, m_i, l_i, out_scale)
+    row_ok = offs_m < seqlen_q
+    tl.store(lse_base + offs_m, lse, mask=row_ok)
+    tl.store(o_base + offs_m[:, None].to(tl.int64) * stride_om + offs_d[None, :],
+             out.to(Out.dtype.element_ty), mask=q_mask)
+
+
+@triton.jit
+def _fwd_dense(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn, offs_m, offs_d,
+               m_start, seqlen_q, seqlen_k, qk_scale, softcap, window_left, window_right, slope_log2, seed,
+               dropout_threshold, drop_row_base, seqlen_k_max, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, USE_TMA: tl.constexpr,
+               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+               RESCALE_TAU: tl.constexpr, IS_FP8: tl.constexpr, mods, SCORE_MOD: tl.constexpr,
+               MASK_MOD: tl.constexpr):
+    """Every key tile the window (or the causal mask) leaves: three runs of ``_fwd_inner``."""
     n_min, n_full_lo, n_full_hi, n_max = kv_block_range(
         m_start, BLOCK_M, BLOCK_N, seqlen_q, seqlen_k, window_left, window_right)
     # window's left edge (masked), the interior (no mask), the diagonal / seqlen_k edge (masked)
@@ -188,20 +256,16 @@ def _fwd_tile(
                                n_min, n_full_lo, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                                window_right, slope_log2, seed, dropout_threshold, drop_row_base,
                                seqlen_k_max, HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, USE_TMA, True, HAS_SOFTCAP, HAS_ALIBI,
-                               HAS_DROPOUT, RESCALE_TAU, IS_FP8)
+                               HAS_DROPOUT, RESCALE_TAU, IS_FP8, mods, None, SCORE_MOD, MASK_MOD)
     acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn, offs_m, offs_d,
                                n_full_lo, n_full_hi, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                                window_right, slope_log2, seed, dropout_threshold, drop_row_base,
                                seqlen_k_max, HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, USE_TMA, False, HAS_SOFTCAP, HAS_ALIBI,
-                               HAS_DROPOUT, RESCALE_TAU, IS_FP8)
+                               HAS_DROPOUT, RESCALE_TAU, IS_FP8, mods, None, SCORE_MOD, MASK_MOD)
     acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn, offs_m, offs_d,
                                n_full_hi, n_max, seqlen_q, seqlen_k, qk_scale,
                                softcap, window_left, window_right, slope_log2, seed, dropout_threshold,
                                drop_row_base, seqlen_k_max, HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, USE_TMA, True,
-                               HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, RESCALE_TAU, IS_FP8)
+                               HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, RESCALE_TAU, IS_FP8, mods, None, SCORE_MOD, MASK_MOD)
 
-    out, lse = softmax_finish(acc, m_i, l_i, out_scale)
-    row_ok = offs_m < seqlen_q
-    tl.store(lse_base + offs_m, lse, mask=row_ok)
-    tl.store(o_base + offs_m[:, None].to(tl.int64) * stride_om + offs_d[None, :],
-             out.to(Out.dtype.element_ty), mask=q_mask)
+    return acc, m_i, l_i

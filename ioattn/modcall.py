@@ -1,0 +1,89 @@
+"""The programmable parts of one attention call (score function, mask function, block mask), checked
+against the call and turned into the portable kernels' arguments."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from ioattn import mods as _mods
+from ioattn.block_mask import BlockMask
+
+
+@dataclass(frozen=True, eq=False)
+class ModCall:
+    """``score`` / ``mask``: traced functions (``ioattn.mods.Mod``) or None; ``block_mask``: a
+    ``BlockMask`` or None (its mask function is ``mask``)."""
+    score: object = None
+    mask: object = None
+    block_mask: object = None
+
+    @classmethod
+    def make(cls, score_mod, mask_mod, block_mask):
+        """None where the call has none of the three; raises on a bad function or block mask."""
+        if score_mod is None and mask_mod is None and block_mask is None:
+            return None
+        if block_mask is not None and not isinstance(block_mask, BlockMask):
+            raise TypeError(f"block_mask must be an ioattn.BlockMask (ioattn.create_block_mask), got "
+                            f"{type(block_mask).__name__}")
+        score = None if score_mod is None else _mods.trace(score_mod, "score")
+        mask = None if mask_mod is None else _mods.trace(mask_mod, "mask")
+        if block_mask is not None and block_mask.mask_mod is not None:
+            if mask is not None and mask.fn is not block_mask.mask_mod.fn and mask is not block_mask.mask_mod:
+                raise ValueError("mask_mod and block_mask's mask function differ: pass the block mask alone (it "
+                                 "carries its mask function), or build it from this mask_mod")
+            mask = block_mask.mask_mod
+        elif block_mask is not None and mask is not None:
+            raise ValueError("a block-sparse layout (ioattn.block_sparse_mask) takes no mask_mod: build the block "
+                             "mask with ioattn.create_block_mask(mask_mod, ...) instead")
+        return cls(score, mask, block_mask)
+
+    def check(self, batch, nheads, seqlen_q, seqlen_k, device):
+        for m in (self.score, self.mask):
+            if m is not None:
+                m.check_device(device)
+        if self.block_mask is not None:
+            self.block_mask.check_call(batch, nheads, seqlen_q, seqlen_k, device)
+
+    @property
+    def key(self):
+        """What the kernels compile for this call (the generated modules and the block sizes)."""
+        bm = self.block_mask
+        return (self.score.key if self.score else None, self.mask.key if self.mask else None,
+                bm.block_size if bm is not None else None)
+
+    def grad_captures(self):
+        """The captured tensors that get gradients (the score function's), in ``score.grad_captures``'s order."""
+        if self.score is None:
+            return ()
+        return tuple(self.score.captures[i] for i in self.score.grad_captures)
+
+    def fit_tiles(self, cfg):
+        """``cfg`` (a ``TileConfig``) with tiles that divide the block mask's blocks."""
+        if self.block_mask is None:
+            return cfg
+        bq, bk = self.block_mask.block_size
+        return dataclasses.replace(cfg, block_m=min(cfg.block_m, bq), block_n=min(cfg.block_n, bk))
+
+    def forward_kwargs(self, softmax_scale, cfg):
+        """The portable forward's (and dQ pass's) mod arguments for tiles ``cfg``."""
+        kw = dict(mods=(float(softmax_scale), self._caps(self.score), self._caps(self.mask)),
+                  SCORE_MOD=self.score.module.mod if self.score else None,
+                  MASK_MOD=self.mask.module.mod if self.mask else None)
+        bm = self.block_mask
+        if bm is not None:
+            sb, sh = bm.strides()
+            kw.update(blocks=(bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices, sb, sh,
+                              bm.kv_indices.shape[-1]),
+                      SUB=bm.block_size[1] // cfg.block_n, Q_BLOCK=bm.block_size[0])
+        return kw
+
+    @staticmethod
+    def _caps(mod):
+        return () if mod is None else mod.kernel_captures()
+
+
+def empty_grads(call, device):
+    """fp32 zero buffers for the captured tensors' gradients (the kernels add into them)."""
+    return tuple(torch.zeros(c.shape, dtype=torch.float32, device=device) for c in call.grad_captures())
