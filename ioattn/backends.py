@@ -338,10 +338,21 @@ def _backward_route(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
 
 
 def triton_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem,
-                    alibi_slopes, seed):
-    from ioattn.kernels.backward import (attn_bwd_dkdv_kernel, attn_bwd_dq_kernel,
-                                         attn_bwd_preprocess_kernel)
+                    alibi_slopes, seed, mods=None, mod_grads=()):
+    """(dq, dk, dv): the Gluon backward where its plan takes the call, else the portable kernels.
+    ``mods``: the call's ``ioattn.modcall.ModCall`` (the portable kernels); ``mod_grads``: fp32 buffers
+    the captured tensors' gradients are added into."""
+    if mods is None:
+        route = _cached_backward_route(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                   sem, alibi_slopes)
+        if route is not None:
+            return route(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+    return portable_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem,
+                             alibi_slopes, seed, mods, mod_grads)
 
+
+def _cached_backward_route(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem,
+                       alibi_slopes):
     # the forward's key with dO's, O's and lse's layouts (the deterministic switch is in the switches)
     key = (_forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes),
            dout.shape, dout.stride(), dout.dtype, dout.data_ptr() % 16, out.shape, out.stride(), out.dtype,
@@ -353,8 +364,15 @@ def triton_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
         if len(_BWD_ROUTES) >= _ROUTES_MAX:
             _BWD_ROUTES.clear()
         _BWD_ROUTES[key] = route
-    if route is not None:
-        return route(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+    return route
+
+
+def portable_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem,
+                      alibi_slopes, seed, mods=None, mod_grads=()):
+    """(dq, dk, dv) of the portable Triton backward (``kernels/backward.py``)."""
+    from ioattn.kernels.backward import (attn_bwd_dkdv_kernel, attn_bwd_dq_kernel,
+                                         attn_bwd_preprocess_kernel)
+
     pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     dq, dk, dv = pb.grads(q, k, v)
     if q.numel() == 0 or k.numel() == 0:
@@ -363,6 +381,12 @@ def triton_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     bd = dispatch.block_d(pb.headdim)
     softmax_scale, window, softcap, dropout_p = sem.softmax_scale, sem.window, sem.softcap, sem.dropout_p
     qk_scale, threshold, dropout_scale = _scalars(sem)
+    dkdv_kw = dq_kw = {}
+    if mods is not None:
+        cfg = mods.fit_tiles(cfg)
+        dkdv_kw, dq_kw = mods.backward_kwargs(softmax_scale, cfg, mod_grads)
+        if mods.score is not None:  # the kernels scale the score before the user's function
+            qk_scale = LOG2E
     alibi, stride_ab, has_alibi = _alibi_args(alibi_slopes, q)
     cu_q = cu_seqlens_q if pb.varlen else q.new_empty(0, dtype=torch.int32)
     cu_k = cu_seqlens_k if pb.varlen else q.new_empty(0, dtype=torch.int32)
@@ -378,11 +402,11 @@ def triton_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     attn_bwd_dkdv_kernel[(dispatch.cdiv(pb.seqlen_k, cfg.block_n) * pb.batch * pb.nheads_kv,)](
         q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k, alibi,
         *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(dout), *pb.strides(dk),
-        *pb.strides(dv), *pb.lse_strides(lse), stride_ab, *scalars, **common)
+        *pb.strides(dv), *pb.lse_strides(lse), stride_ab, *scalars, **common, **dkdv_kw)
     attn_bwd_dq_kernel[(dispatch.cdiv(pb.seqlen_q, cfg.block_m) * pb.batch * pb.nheads,)](
         q, k, v, dout, lse, delta, dq, cu_q, cu_k, alibi,
         *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(dout), *pb.strides(dq),
-        *pb.lse_strides(lse), stride_ab, *scalars, **common)
+        *pb.lse_strides(lse), stride_ab, *scalars, **common, **dq_kw)
     return dq, dk, dv
 
 

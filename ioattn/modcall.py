@@ -79,6 +79,26 @@ class ModCall:
                       SUB=bm.block_size[1] // cfg.block_n, Q_BLOCK=bm.block_size[0])
         return kw
 
+    def backward_kwargs(self, softmax_scale, cfg, grads):
+        """The portable backward's mod arguments for tiles ``cfg``: (dK / dV pass's, dQ pass's);
+        ``grads``: fp32 buffers for the captured tensors' gradients (``empty_grads``)."""
+        score = self.score
+        base = dict(mods=(float(softmax_scale), self._caps(score), self._caps(self.mask), tuple(grads)),
+                    SCORE_MOD=score.module.mod if score else None,
+                    SCORE_GRAD=score.module.mod_grad if score else None,
+                    MASK_MOD=self.mask.module.mod if self.mask else None)
+        dkdv, dq = dict(base), dict(base)
+        bm = self.block_mask
+        if bm is not None:
+            bq, bk = bm.block_size
+            sb, sh = bm.transposed_strides()
+            dkdv.update(blocks=(bm.q_num_blocks, bm.q_indices, bm.full_q_num_blocks, bm.full_q_indices, sb, sh,
+                                bm.q_indices.shape[-1]), SUB=bq // cfg.block_m, KV_BLOCK=bk)
+            sb, sh = bm.strides()
+            dq.update(blocks=(bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices, sb, sh,
+                              bm.kv_indices.shape[-1]), SUB=bk // cfg.block_n, Q_BLOCK=bq)
+        return dkdv, dq
+
     @staticmethod
     def _caps(mod):
         return () if mod is None else mod.kernel_captures()

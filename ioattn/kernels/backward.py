@@ -71,12 +71,23 @@ def attn_bwd_preprocess_kernel(Out, dOut, Delta, cu_seqlens_q,
 def _probs_and_dscores(q, k, v, do, lse_log2, delta, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale,
                        softcap, window_left, window_right, slope_log2, seed, dropout_threshold,
                        dropout_scale, drop_row_base, seqlen_k_max, MASKED: tl.constexpr,
-                       HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr):
+                       HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, mods=None,
+                       SCORE_MOD: tl.constexpr = None, SCORE_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
+                       GRADS: tl.constexpr = False):
     """Recompute one (BLOCK_M, BLOCK_N) tile: the probabilities as applied to V (after dropout) and
-    dS, the gradient with respect to the raw q.k product divided by softmax_scale."""
+    dS, the gradient with respect to the raw q.k product divided by softmax_scale. ``SCORE_MOD`` /
+    ``MASK_MOD`` (``ioattn.kernels.modgen``), ``mods`` = (b, h, softmax_scale, the score's captured
+    tensors, the mask's, the score's captured tensors' fp32 gradients): the forward's functions;
+    dS goes back through the score function's gradient ``SCORE_GRAD``, which with ``GRADS`` also adds into the
+    captured tensors' gradients (one of the two passes does)."""
     qk = mma(q, tl.trans(k))
+    if SCORE_MOD is not None:
+        s_raw = qk * mods[2]
+        qk = SCORE_MOD(s_raw, mods[0], mods[1], offs_m[:, None], offs_n[None, :], mods[3])
     s = tile_scores(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                     window_right, slope_log2, MASKED, HAS_SOFTCAP, HAS_ALIBI)
+    if MASK_MOD is not None:
+        s = tl.where(MASK_MOD(mods[0], mods[1], offs_m[:, None], offs_n[None, :], mods[4]), s, float("-inf"))
     p = tl.math.exp2(s - lse_log2[:, None])
     dp = mma(do, tl.trans(v))
     if HAS_DROPOUT:
@@ -89,6 +100,8 @@ def _probs_and_dscores(q, k, v, do, lse_log2, delta, offs_m, offs_n, seqlen_q, s
     if HAS_SOFTCAP:
         t = tanh(qk * qk_scale)
         ds = ds * (1.0 - t * t)
+    if SCORE_MOD is not None:
+        ds = SCORE_GRAD(s_raw, mods[0], mods[1], offs_m[:, None], offs_n[None, :], ds, mods[3], mods[5], GRADS)
     return p_used, ds
 
 
@@ -130,15 +143,23 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, 
                 window_right, slope_log2, seed, dropout_threshold, dropout_scale, drop_head_base,
                 seqlen_k_max, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr,
                 MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-                HAS_DROPOUT: tl.constexpr):
-    for m_block in range(m_block_lo, m_block_hi):
+                HAS_DROPOUT: tl.constexpr, mods=None, q_list=None, SCORE_MOD: tl.constexpr = None,
+                SCORE_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, SUB: tl.constexpr = 1):
+    """Query blocks ``m_block_lo`` .. ``m_block_hi`` - 1 into (dK, dV); ``q_list``: a block mask's
+    column of query-block indices (block i: sub-block i % ``SUB`` of ``q_list[i // SUB]``)."""
+    for i in range(m_block_lo, m_block_hi):
+        if q_list is None:
+            m_block = i
+        else:
+            m_block = tl.load(q_list + i // SUB) * SUB + i % SUB
         offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
         q, do = _load_row_pair(q_base, stride_qm, do_base, stride_dom, offs_m, offs_d, seqlen_q, HEAD_DIM, MASKED, EVEN_D)
         lse_log2, delta = _load_row_stats(lse_base, delta_base, offs_m, seqlen_q, MASKED)
         p, ds = _probs_and_dscores(q, k, v, do, lse_log2, delta, offs_m, offs_n, seqlen_q, seqlen_k,
                                    qk_scale, softcap, window_left, window_right, slope_log2, seed,
                                    dropout_threshold, dropout_scale, drop_head_base + offs_m,
-                                   seqlen_k_max, MASKED, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT)
+                                   seqlen_k_max, MASKED, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, mods, SCORE_MOD,
+                                   SCORE_GRAD, MASK_MOD, True)
         dv = mma(tl.trans(p.to(do.dtype)), do, dv)
         dk = mma(tl.trans(ds.to(q.dtype)), q, dk)
     return dk, dv
@@ -154,8 +175,15 @@ def attn_bwd_dkdv_kernel(
     softmax_scale, qk_scale, softcap, window_left, window_right, seed, dropout_threshold, dropout_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, mods=None, blocks=None, SCORE_MOD: tl.constexpr = None,
+    SCORE_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, SUB: tl.constexpr = 1,
+    KV_BLOCK: tl.constexpr = 0,
 ):
+    """One (key block, batch * KV head): dK and dV over every query head of the group. ``mods`` =
+    (softmax_scale, the score's captured tensors, the mask's, their gradients' fp32 buffers) with the
+    functions (``_probs_and_dscores``); ``blocks``: a block mask's transposed lists (``KV_BLOCK`` keys
+    by ``SUB * BLOCK_M`` queries; as the forward's ``blocks``), the partial query blocks with the mask
+    function, the full ones without."""
     n_block, bh = tile_coords(tl.cdiv(seqlen_k_max, BLOCK_N), False)
     nheads_kv = nheads // qheads_per_kvhead
     b, h_kv, _, q_start, seqlen_q, k_start, seqlen_k, n_start = tile_start(
@@ -185,21 +213,30 @@ def attn_bwd_dkdv_kernel(
         if HAS_ALIBI:
             slope_log2 = tl.load(alibi_slopes + b * stride_ab + h).to(tl.float32) * LOG2E
         drop_head_base = (b64 * nheads + h) * seqlen_q_max
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                             offs_n, offs_d, m_min, m_full_lo, seqlen_q, seqlen_k, qk_scale, softcap,
-                             window_left, window_right, slope_log2, seed, dropout_threshold,
-                             dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D,
-                             True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                             offs_n, offs_d, m_full_lo, m_full_hi, seqlen_q, seqlen_k, qk_scale, softcap,
-                             window_left, window_right, slope_log2, seed, dropout_threshold,
-                             dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D,
-                             False, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                             offs_n, offs_d, m_full_hi, m_max, seqlen_q, seqlen_k, qk_scale, softcap,
-                             window_left, window_right, slope_log2, seed, dropout_threshold,
-                             dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D,
-                             True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT)
+        if SCORE_MOD is not None or MASK_MOD is not None:
+            tile_mods = (b, h, mods[0], mods[1], mods[2], mods[3])
+        else:
+            tile_mods = None
+        if blocks is not None:
+            col = b * blocks[4] + h * blocks[5] + n_start // KV_BLOCK
+            dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                                 offs_n, offs_d, 0, tl.load(blocks[0] + col) * SUB, seqlen_q, seqlen_k, qk_scale,
+                                 softcap, window_left, window_right, slope_log2, seed, dropout_threshold,
+                                 dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D,
+                                 True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods, blocks[1] + col * blocks[6],
+                                 SCORE_MOD, SCORE_GRAD, MASK_MOD, SUB)
+            dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                                 offs_n, offs_d, 0, tl.load(blocks[2] + col) * SUB, seqlen_q, seqlen_k, qk_scale,
+                                 softcap, window_left, window_right, slope_log2, seed, dropout_threshold,
+                                 dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D,
+                                 True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods, blocks[3] + col * blocks[6],
+                                 SCORE_MOD, SCORE_GRAD, None, SUB)
+        else:
+            dk, dv = _dkdv_dense(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                                 offs_n, offs_d, m_min, m_full_lo, m_full_hi, m_max, seqlen_q, seqlen_k, qk_scale,
+                                 softcap, window_left, window_right, slope_log2, seed, dropout_threshold,
+                                 dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D,
+                                 HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods, SCORE_MOD, SCORE_GRAD, MASK_MOD)
 
     dk = dk * softmax_scale
     tl.store(dK + b64 * stride_dkb + h_kv * stride_dkh + rows_k * stride_dkn + offs_d[None, :],
@@ -209,19 +246,55 @@ def attn_bwd_dkdv_kernel(
 
 
 @triton.jit
+def _dkdv_dense(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, offs_n, offs_d, m_min,
+                m_full_lo, m_full_hi, m_max, seqlen_q, seqlen_k, qk_scale, softcap, window_left, window_right,
+                slope_log2, seed, dropout_threshold, dropout_scale, drop_head_base, seqlen_k_max,
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, mods, SCORE_MOD: tl.constexpr,
+                SCORE_GRAD: tl.constexpr, MASK_MOD: tl.constexpr):
+    """Every query block the window (or the causal mask) leaves: three runs of ``_dkdv_inner``."""
+    dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                         offs_n, offs_d, m_min, m_full_lo, seqlen_q, seqlen_k, qk_scale, softcap,
+                         window_left, window_right, slope_log2, seed, dropout_threshold,
+                         dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D,
+                         True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, mods, None, SCORE_MOD, SCORE_GRAD,
+                         MASK_MOD)
+    dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                         offs_n, offs_d, m_full_lo, m_full_hi, seqlen_q, seqlen_k, qk_scale, softcap,
+                         window_left, window_right, slope_log2, seed, dropout_threshold,
+                         dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D,
+                         False, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, mods, None, SCORE_MOD, SCORE_GRAD,
+                         MASK_MOD)
+    dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                         offs_n, offs_d, m_full_hi, m_max, seqlen_q, seqlen_k, qk_scale, softcap,
+                         window_left, window_right, slope_log2, seed, dropout_threshold,
+                         dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D,
+                         True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, mods, None, SCORE_MOD, SCORE_GRAD,
+                         MASK_MOD)
+    return dk, dv
+
+
+@triton.jit
 def _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
               n_block_lo, n_block_hi, seqlen_q, seqlen_k, qk_scale, softcap, window_left, window_right,
               slope_log2, seed, dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max,
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
               MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-              HAS_DROPOUT: tl.constexpr):
-    for n_block in range(n_block_lo, n_block_hi):
+              HAS_DROPOUT: tl.constexpr, mods=None, kv_list=None, SCORE_MOD: tl.constexpr = None,
+              SCORE_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, SUB: tl.constexpr = 1):
+    """Key blocks ``n_block_lo`` .. ``n_block_hi`` - 1 into dQ (``kv_list``: as the forward's)."""
+    for i in range(n_block_lo, n_block_hi):
+        if kv_list is None:
+            n_block = i
+        else:
+            n_block = tl.load(kv_list + i // SUB) * SUB + i % SUB
         offs_n = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
         k, v = _load_row_pair(k_base, stride_kn, v_base, stride_vn, offs_n, offs_d, seqlen_k, HEAD_DIM, MASKED, EVEN_D)
         _, ds = _probs_and_dscores(q, k, v, do, lse_log2, delta, offs_m, offs_n, seqlen_q, seqlen_k,
                                    qk_scale, softcap, window_left, window_right, slope_log2, seed,
                                    dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max,
-                                   MASKED, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT)
+                                   MASKED, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, mods, SCORE_MOD, SCORE_GRAD,
+                                   MASK_MOD, False)
         dq = mma(ds.to(k.dtype), k, dq)
     return dq
 
@@ -235,8 +308,12 @@ def attn_bwd_dq_kernel(
     softmax_scale, qk_scale, softcap, window_left, window_right, seed, dropout_threshold, dropout_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, mods=None, blocks=None, SCORE_MOD: tl.constexpr = None,
+    SCORE_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, SUB: tl.constexpr = 1,
+    Q_BLOCK: tl.constexpr = 0,
 ):
+    """One (query block, batch * head): dQ. ``mods``, the functions and ``blocks``: as the forward's
+    (``mods`` with the gradients' buffers last, unused here: the dK / dV pass adds into them)."""
     m_block, bh = tile_coords(tl.cdiv(seqlen_q_max, BLOCK_M), True)
     b, h, h_kv, q_start, seqlen_q, k_start, seqlen_k, m_start = tile_start(
         m_block, bh, nheads, qheads_per_kvhead, cu_seqlens_q, cu_seqlens_k, seqlen_q_max, seqlen_k_max, BLOCK_M, IS_VARLEN)
@@ -260,24 +337,59 @@ def attn_bwd_dq_kernel(
         slope_log2 = tl.load(alibi_slopes + b * stride_ab + h).to(tl.float32) * LOG2E
     drop_row_base = (b64 * nheads + h) * seqlen_q_max + offs_m
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if SCORE_MOD is not None or MASK_MOD is not None:
+        tile_mods = (b, h, mods[0], mods[1], mods[2], mods[3])
+    else:
+        tile_mods = None
+    if blocks is not None:
+        row = b * blocks[4] + h * blocks[5] + m_start // Q_BLOCK
+        dq = _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+                       0, tl.load(blocks[0] + row) * SUB, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
+                       window_right, slope_log2, seed, dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max,
+                       HEAD_DIM, BLOCK_N, EVEN_D, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods,
+                       blocks[1] + row * blocks[6], SCORE_MOD, SCORE_GRAD, MASK_MOD, SUB)
+        dq = _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+                       0, tl.load(blocks[2] + row) * SUB, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
+                       window_right, slope_log2, seed, dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max,
+                       HEAD_DIM, BLOCK_N, EVEN_D, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods,
+                       blocks[3] + row * blocks[6], SCORE_MOD, SCORE_GRAD, None, SUB)
+    else:
+        dq = _dq_dense(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, m_start,
+                       seqlen_q, seqlen_k, qk_scale, softcap, window_left, window_right, slope_log2, seed,
+                       dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max, HEAD_DIM, BLOCK_M, BLOCK_N,
+                       EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods, SCORE_MOD, SCORE_GRAD, MASK_MOD)
+    dq = dq * softmax_scale
+    tl.store(dQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqm + h * stride_dqh
+             + offs_m[:, None].to(tl.int64) * stride_dqm + offs_d[None, :],
+             dq.to(dQ.dtype.element_ty), mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def _dq_dense(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, m_start, seqlen_q,
+              seqlen_k, qk_scale, softcap, window_left, window_right, slope_log2, seed, dropout_threshold,
+              dropout_scale, drop_row_base, seqlen_k_max, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+              HAS_DROPOUT: tl.constexpr, mods, SCORE_MOD: tl.constexpr, SCORE_GRAD: tl.constexpr,
+              MASK_MOD: tl.constexpr):
+    """Every key block the window (or the causal mask) leaves: three runs of ``_dq_inner``."""
     n_min, n_full_lo, n_full_hi, n_max = kv_block_range(
         m_start, BLOCK_M, BLOCK_N, seqlen_q, seqlen_k, window_left, window_right)
     dq = _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
                    n_min, n_full_lo, seqlen_q, seqlen_k, qk_scale, softcap, window_left, window_right,
                    slope_log2, seed, dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max,
-                   HEAD_DIM, BLOCK_N, EVEN_D, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT)
+                   HEAD_DIM, BLOCK_N, EVEN_D, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, mods, None,
+                   SCORE_MOD, SCORE_GRAD, MASK_MOD)
     dq = _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
                    n_full_lo, n_full_hi, seqlen_q, seqlen_k, qk_scale, softcap, window_left, window_right,
                    slope_log2, seed, dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max,
-                   HEAD_DIM, BLOCK_N, EVEN_D, False, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT)
+                   HEAD_DIM, BLOCK_N, EVEN_D, False, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, mods, None,
+                   SCORE_MOD, SCORE_GRAD, MASK_MOD)
     dq = _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
                    n_full_hi, n_max, seqlen_q, seqlen_k, qk_scale, softcap, window_left, window_right,
                    slope_log2, seed, dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max,
-                   HEAD_DIM, BLOCK_N, EVEN_D, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT)
-    dq = dq * softmax_scale
-    tl.store(dQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqm + h * stride_dqh
-             + offs_m[:, None].to(tl.int64) * stride_dqm + offs_d[None, :],
-             dq.to(dQ.dtype.element_ty), mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM))
+                   HEAD_DIM, BLOCK_N, EVEN_D, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, mods, None,
+                   SCORE_MOD, SCORE_GRAD, MASK_MOD)
+    return dq
 
 
 @triton.jit

@@ -369,9 +369,11 @@ def _write_grad(grad_gm, names, cap_shapes, grad_caps, what):
             _, indices, values = put.args[:3]
             _, offset, ok = w._indices(put, holders[len(names) + cap_index].name, indices)
             vals = w.arg(values)
-            lines.append(f"    tl.atomic_add(grads[{g}] + ({offset}), ({vals}).to(tl.float32), mask={ok}, "
-                         f"sem=\"relaxed\")")
-    head = f"\n\n@triton.jit\ndef mod_grad({', '.join(names)}, grad, caps, grads):"
+            lines.append(f"    if ACCUMULATE:\n        tl.atomic_add(grads[{g}] + ({offset}), ({vals}).to(tl.float32), "
+                         f"mask={ok}, sem=\"relaxed\")")
+    head = (f"\n\n@triton.jit\ndef mod_grad({', '.join(names)}, grad, caps, grads, ACCUMULATE: tl.constexpr):\n"
+            f"    # d(loss)/d(score) from d(loss)/d(the function's output); with ACCUMULATE, the captured\n"
+            f"    # tensors' gradients added into ``grads``")
     ret = "    return " + (w.arg(d_score) if d_score is not None else "grad * 0.0")
     return "\n".join([head] + lines + [ret])
 
