@@ -15,9 +15,10 @@ import math
 
 import torch
 
-from ioattn import fp8
-from ioattn.plan import hopper_bwd
-from ioattn.autograd import attention, fp8_attention
+from ioattn import fp8, mods
+from ioattn.plan import dispatch, hopper_bwd
+from ioattn.autograd import attention, fp8_attention, mod_attention
+from ioattn.modcall import ModCall
 from ioattn.masks import normalize_window
 from ioattn.reference.naive import scores_ref
 
@@ -193,7 +194,7 @@ def _probs_for_return(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
 
 def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
          causal, window_size, softcap, alibi_slopes, return_attn_probs, deterministic=False, descales=(None,) * 3,
-         out_dtype=None, quantize=False, sinks=None):
+         out_dtype=None, quantize=False, sinks=None, mods=(None, None, None)):
     varlen = cu_seqlens_q is not None
     _check_qkv(q, k, v, varlen)
     if varlen:
@@ -211,6 +212,11 @@ def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropou
     q, k, v = _contiguous_last(q), _contiguous_last(k), _contiguous_last(v)
     if sinks is not None:
         _check_sinks(sinks, q, quantize or fp8.is_fp8(q))
+    call = ModCall.make(*mods)
+    if call is not None:
+        out, lse = _run_mods(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, scale,
+                             window, softcap, alibi_slopes, batch, descales, out_dtype, quantize, sinks, call)
+        return (out, lse, q.new_empty(0)) if return_attn_probs else out
     if quantize:  # fp8=True: the library quantises (its scales, its rotation) and returns q's dtype
         _check_one_call(q, k, v, descales, out_dtype)
         out_dtype = q.dtype
@@ -232,6 +238,55 @@ def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropou
         return out, lse, q.new_empty(0)
     return out, lse, _probs_for_return(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
                                        window, softcap, alibi_slopes, dropout_p, rng_state)
+
+
+def _run_mods(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, scale, window, softcap,
+              alibi_slopes, batch, descales, out_dtype, quantize, sinks, call):
+    """A call with ``score_mod``, ``mask_mod`` or ``block_mask``: the portable kernels (or the CPU path)."""
+    if quantize or fp8.is_fp8(q) or any(d is not None for d in descales) or out_dtype is not None:
+        raise ValueError("score_mod, mask_mod and block_mask are not supported with FP8 inputs or fp8=True")
+    if dropout_p > 0:
+        raise ValueError("score_mod, mask_mod and block_mask are not supported with dropout_p > 0")
+    if call.score is not None and (softcap > 0 or alibi_slopes is not None):
+        raise ValueError("score_mod with softcap or alibi_slopes: the order would be ambiguous; fold them into "
+                         "the score function (ioattn.mods.softcap, ioattn.mods.alibi)")
+    if call.block_mask is not None and window != (-1, -1):
+        raise ValueError(f"block_mask with causal=True or window_size {window}: put the mask in the block mask's "
+                         f"function (ioattn.mods.and_masks with ioattn.mods.bottom_right_causal or sliding_window)")
+    call.check(batch, q.shape[-2], max_seqlen_q, max_seqlen_k, q.device)
+    if (alibi_slopes is not None or softcap > 0) and not dispatch.use_triton(q.device):
+        # the CPU path takes the built-in forms as a score function
+        call = _with_builtin_scores(call, q, k, varlen=cu_seqlens_q is not None, cu_seqlens_q=cu_seqlens_q,
+                                    cu_seqlens_k=cu_seqlens_k, softcap=softcap, alibi_slopes=alibi_slopes)
+        softcap, alibi_slopes = 0.0, None
+    return mod_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window, softcap,
+                         alibi_slopes, sinks, call)
+
+
+def _with_builtin_scores(call, q, k, varlen, cu_seqlens_q, cu_seqlens_k, softcap, alibi_slopes):
+    """``call`` with softcap / ALiBi (flash-attn's rules, bottom-right per sequence) as its score function."""
+    parts = []
+    if softcap > 0:
+        parts.append(mods.softcap(softcap))
+    if alibi_slopes is not None:
+        if varlen:
+            offset = ((cu_seqlens_k[1:] - cu_seqlens_k[:-1]) - (cu_seqlens_q[1:] - cu_seqlens_q[:-1])).to(torch.int32)
+        else:
+            offset = torch.full((q.shape[0],), k.shape[1] - q.shape[1], dtype=torch.int32, device=q.device)
+        slopes = alibi_slopes.float()
+        if slopes.dim() == 1:
+            slopes = slopes.expand(offset.shape[0], -1)
+        slopes = slopes.contiguous()
+
+        def alibi_mod(score, b, h, q_idx, kv_idx):
+            return score - slopes[b, h] * (q_idx + offset[b] - kv_idx).abs()
+        parts.append(alibi_mod)
+
+    def builtin_scores(score, b, h, q_idx, kv_idx):
+        for part in parts:
+            score = part(score, b, h, q_idx, kv_idx)
+        return score
+    return ModCall(mods.trace(builtin_scores, "score"), call.mask, call.block_mask)
 
 
 def _check_sinks(sinks, q, low_precision):
@@ -280,7 +335,8 @@ def _run_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dr
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                     softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
-                    q_descale=None, k_descale=None, v_descale=None, out_dtype=None, fp8=False, sinks=None):
+                    q_descale=None, k_descale=None, v_descale=None, out_dtype=None, fp8=False, sinks=None,
+                    mask_mod=None, score_mod=None, block_mask=None):
     """Exact attention, softmax(q k^T * softmax_scale) v, without materialising the score matrix.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim), nheads a
@@ -311,10 +367,17 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     ``sinks`` (nheads,): a learnable logit per head added to every row's softmax denominator as one
     more column whose value is 0 (gpt-oss's attention sinks), differentiable; the returned lse
     includes it (rows that see no key keep output 0 and lse -inf).
+
+    Programmable attention (``ioattn.mods``): ``mask_mod(b, h, q_idx, kv_idx) -> bool`` keeps pairs,
+    ``score_mod(score, b, h, q_idx, kv_idx)`` rewrites the scaled score (differentiable, also in the
+    tensors it captures), ``block_mask`` (``ioattn.create_block_mask``) skips the blocks its mask
+    empties; compiled into the portable kernels, with causal / window_size (not with a block mask)
+    and GQA; not with dropout or FP8. Their positions are top-left (``q_idx`` from 0 in q, ``kv_idx``
+    in k).
     """
     return _run(q, k, v, None, None, None, None, dropout_p, softmax_scale, causal, window_size, softcap,
                 alibi_slopes, return_attn_probs, deterministic, (q_descale, k_descale, v_descale), out_dtype, fp8,
-                sinks)
+                sinks, (score_mod, mask_mod, block_mask))
 
 
 def _unbind_packed(name, t, index_dim, count):
@@ -345,7 +408,8 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                            alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None, *,
-                           q_descale=None, k_descale=None, v_descale=None, out_dtype=None, fp8=False, sinks=None):
+                           q_descale=None, k_descale=None, v_descale=None, out_dtype=None, fp8=False, sinks=None,
+                           mask_mod=None, score_mod=None, block_mask=None):
     """Sequences packed without padding. q: (total_q, nheads, headdim); k, v: (total_k, nheads_k,
     headdim); ``cu_seqlens_q/k`` int32 (batch + 1,) cumulative lengths starting at 0; ``max_seqlen_q/k``
     the longest sequence. Masks apply per sequence. Returns ``out`` (total_q, nheads, headdim) or
@@ -356,8 +420,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     ``block_table`` (flash-attn: k, v as a paged KV cache) is accepted as None only: paged KV in the
     varlen functions is not implemented (``flash_attn_with_kvcache`` takes a paged cache).
 
-    FP8 inputs, ``fp8=True`` and ``sinks`` as in ``flash_attn_func``, the descales' batch being the
-    number of sequences."""
+    FP8 inputs, ``fp8=True``, ``sinks``, ``mask_mod``, ``score_mod`` and ``block_mask`` as in
+    ``flash_attn_func``, the descales' (and the functions' ``b``) batch being the number of sequences,
+    the functions' positions within each sequence, a block mask built for (sequences, heads,
+    max_seqlen_q, max_seqlen_k)."""
     if block_table is not None:
         raise NotImplementedError("flash_attn_varlen_func: block_table (a paged KV cache for the varlen "
                                   "functions) is not supported by ioattn; pass block_table=None with k, v "
@@ -366,7 +432,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         raise ValueError("cu_seqlens_q and cu_seqlens_k are required for the varlen functions")
     return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                 causal, window_size, softcap, alibi_slopes, return_attn_probs, deterministic,
-                (q_descale, k_descale, v_descale), out_dtype, fp8, sinks)
+                (q_descale, k_descale, v_descale), out_dtype, fp8, sinks, (score_mod, mask_mod, block_mask))
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None,

@@ -220,3 +220,41 @@ def fp8_attention(q, k, v, descales, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
     if not _eager(q, k, v, descales, cu_seqlens_q, cu_seqlens_k, alibi_slopes):
         return _fp8_op(*args)
     return _fp8_forward_impl(*args)
+
+
+# ---- score / mask functions and block masks (ioattn.modcall.ModCall): eager only ----
+
+class _ModAttention(torch.autograd.Function):
+    """Attention with a call's ``ModCall``; differentiable in q, k, v, sinks and the tensors the score
+    function captures (``grad_captures``, passed after the arguments so autograd routes their
+    gradients)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, call, args, *grad_captures):
+        cu_q, cu_k, max_q, max_k, scale, window, softcap, alibi_slopes = args
+        sem = Semantics(scale, window, softcap, 0.0, alibi_slopes is not None)
+        out, lse = backends.mod_forward(q, k, v, cu_q, cu_k, max_q, max_k, sem, alibi_slopes, call)
+        if sinks is not None:
+            out, lse = join_sinks(out, lse, sinks, cu_q is not None)
+        ctx.save_for_backward(q, k, v, out, lse, sinks, *grad_captures)
+        ctx.call, ctx.args = call, args
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, sinks, *grad_captures = ctx.saved_tensors
+        cu_q, cu_k, max_q, max_k, scale, window, softcap, alibi_slopes = ctx.args
+        dout = dout.contiguous() if dout.stride(-1) != 1 else dout
+        sem = Semantics(scale, window, softcap, 0.0, alibi_slopes is not None)
+        dq, dk, dv, dcaps = backends.mod_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, sem,
+                                                  alibi_slopes, ctx.call)
+        dsinks = None if sinks is None else sinks_grad(dout, out, lse, sinks, cu_q is not None).to(sinks.dtype)
+        return (dq, dk, dv, dsinks, None, None, *(g.to(c.dtype) for g, c in zip(dcaps, grad_captures)))
+
+
+def mod_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window, softcap,
+                  alibi_slopes, sinks, call):
+    """Validated arguments and a ``ModCall`` in, ``(out, lse)`` out."""
+    args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, tuple(window), softcap,
+            alibi_slopes)
+    return _ModAttention.apply(q, k, v, sinks, call, args, *call.grad_captures())

@@ -486,3 +486,55 @@ def backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     impl = triton_backward if dispatch.use_triton(q.device, q.dtype) else reference_backward
     return impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes,
                 seed)
+
+
+# ---- calls with score / mask functions or block masks (ioattn.modcall.ModCall): the portable kernels,
+# or on the CPU ioattn.kernels.cpu_mods ----
+
+def _cpu_mod_args(call, sem):
+    """The CPU path's (score_fn, mask_fn, block_keep_fn, window_fn) of a call."""
+    block_keep_fn = None if call.block_mask is None else _block_keep(call.block_mask)
+    window_fn = None if sem.window == (-1, -1) else _window_keep(sem.window)
+    return call.score, call.mask, block_keep_fn, window_fn
+
+
+def _block_keep(bm):
+    listed = bm.classes() != 0
+    bq, bk = bm.block_size
+
+    def block_keep(b, m0, m1, seqlen_q, seqlen_k):
+        rows = listed[min(b, listed.shape[0] - 1)].repeat_interleave(bq, -2).repeat_interleave(bk, -1)
+        return rows[None, :, m0:m1, :seqlen_k]
+    return block_keep
+
+
+def _window_keep(window):
+    from ioattn.masks import keep_mask
+
+    def window_keep(m0, m1, seqlen_q, seqlen_k):
+        return keep_mask(seqlen_q, seqlen_k, window)[m0:m1]
+    return window_keep
+
+
+def mod_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes, call):
+    """(out, lse) of a call with score / mask functions or a block mask (on the CPU without softcap and
+    ALiBi: the caller folds them into the score function)."""
+    if dispatch.use_triton(q.device):
+        return portable_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes,
+                                0, mods=call)
+    from ioattn.kernels import cpu_mods
+    return cpu_mods.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, sem.softmax_scale, *_cpu_mod_args(call, sem))
+
+
+def mod_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes,
+                 call):
+    """(dq, dk, dv, the captured tensors' gradients (fp32)) of ``mod_forward``'s call."""
+    if dispatch.use_triton(q.device):
+        from ioattn.modcall import empty_grads
+        grads = empty_grads(call, q.device)
+        dq, dk, dv = portable_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                       max_seqlen_k, sem, alibi_slopes, 0, mods=call, mod_grads=grads)
+        return dq, dk, dv, list(grads)
+    from ioattn.kernels import cpu_mods
+    return cpu_mods.backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sem.softmax_scale,
+                             *_cpu_mod_args(call, sem), call.grad_captures())
