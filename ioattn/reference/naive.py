@@ -9,22 +9,40 @@ import torch
 from ioattn.masks import alibi_bias, keep_mask
 
 
-def scores_ref(q, k, softmax_scale, window=(-1, -1), softcap=0.0, alibi_slopes=None):
-    """The full score matrix (batch, nheads, seqlen_q, seqlen_k) in q's dtype: scale, softcap, mask
-    (-inf), ALiBi -- the pipeline of ``ioattn.masks``, materialised."""
+def _index(scores, b_offset):
+    """(b, h, q_idx, kv_idx) int32 tensors broadcasting to ``scores`` (batch, nheads, seqlen_q, seqlen_k)."""
+    batch, nheads, seqlen_q, seqlen_k = scores.shape
+    i32, dev = torch.int32, scores.device
+    return (torch.arange(batch, dtype=i32, device=dev).view(-1, 1, 1, 1) + b_offset,
+            torch.arange(nheads, dtype=i32, device=dev).view(1, -1, 1, 1),
+            torch.arange(seqlen_q, dtype=i32, device=dev).view(1, 1, -1, 1),
+            torch.arange(seqlen_k, dtype=i32, device=dev).view(1, 1, 1, -1))
+
+
+def scores_ref(q, k, softmax_scale, window=(-1, -1), softcap=0.0, alibi_slopes=None, score_mod=None,
+               mask_mod=None, b_offset=0):
+    """The full score matrix (batch, nheads, seqlen_q, seqlen_k) in q's dtype: scale, softcap, the score
+    function, mask (-inf; the window and the mask function), ALiBi -- the pipeline of ``ioattn.masks``
+    and ``ioattn.mods``, materialised. ``b_offset``: the batch index of q's first entry (one sequence
+    of a varlen call)."""
     seqlen_q, nheads, seqlen_k = q.shape[1], q.shape[2], k.shape[1]
     k = k.repeat_interleave(nheads // k.shape[2], dim=2)
     scores = torch.einsum("bihd,bjhd->bhij", q, k) * softmax_scale
     if softcap > 0:
         scores = torch.tanh(scores / softcap) * softcap
+    if score_mod is not None:
+        scores = score_mod(scores, *_index(scores, b_offset)).to(scores.dtype)
     scores = scores.masked_fill(~keep_mask(seqlen_q, seqlen_k, tuple(window), device=q.device), float("-inf"))
+    if mask_mod is not None:
+        scores = scores.masked_fill(~mask_mod(*_index(scores, b_offset)), float("-inf"))
     if alibi_slopes is not None:
         scores = scores + alibi_bias(alibi_slopes.to(scores.dtype), seqlen_q, seqlen_k).to(scores.dtype)
     return scores
 
 
 def attention_ref(q, k, v, *, softmax_scale=None, window=(-1, -1), softcap=0.0, alibi_slopes=None,
-                  dropout_p=0.0, dropout_keep=None, upcast=True, sinks=None):
+                  dropout_p=0.0, dropout_keep=None, upcast=True, sinks=None, score_mod=None, mask_mod=None,
+                  b_offset=0):
     """softmax(mask(softcap(q k^T * scale)) + alibi) v, the textbook way.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_kv, headdim[_v]) with
@@ -33,7 +51,8 @@ def attention_ref(q, k, v, *, softmax_scale=None, window=(-1, -1), softcap=0.0, 
     ``dropout_keep``: optional bool (batch, nheads, seqlen_q, seqlen_k); kept probabilities are
     scaled by 1 / (1 - dropout_p). ``upcast=True`` computes in float64. ``sinks`` (nheads,): a learnable
     logit per head joining every row's softmax as one more column whose value is 0 (gpt-oss's sinks);
-    a row that sees no key keeps lse -inf.
+    a row that sees no key keeps lse -inf. ``score_mod`` / ``mask_mod``: ``ioattn.mods``'s functions,
+    applied densely (``scores_ref``).
 
     Returns ``(out, lse)``: out like q (headdim of v), lse float32-or-64 (batch, nheads, seqlen_q),
     -inf on rows with no visible key (whose output is 0).
@@ -45,7 +64,7 @@ def attention_ref(q, k, v, *, softmax_scale=None, window=(-1, -1), softcap=0.0, 
     nheads_kv = k.shape[2]
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
-    scores = scores_ref(q, k, softmax_scale, window, softcap, alibi_slopes)
+    scores = scores_ref(q, k, softmax_scale, window, softcap, alibi_slopes, score_mod, mask_mod, b_offset)
     v = v.repeat_interleave(nheads // nheads_kv, dim=2)
     seen = (scores > float("-inf")).any(dim=-1)  # rows with a visible key
     if sinks is not None:  # one more column, the head's sink logit

@@ -1,0 +1,267 @@
+"""Programmable attention: ``mask_mod``, ``score_mod`` and ``block_mask`` of ``flash_attn_func`` /
+``flash_attn_varlen_func`` (``ioattn.mods``, ``ioattn.block_mask``).
+
+Each function of the library, compositions, block masks and block-sparse layouts against
+``reference.naive.attention_ref(..., score_mod=, mask_mod=)`` in float64, forward and backward (the
+gradient of a captured bias table included), within twice PyTorch's own error in the same dtype, on
+the portable Triton kernels (the interpreter here) and on the CPU path.
+"""
+import pytest
+import torch
+
+import ioattn
+import ioattn.mods as M
+from conftest import DEVICE, assert_within_torch_error
+from ioattn.block_mask import _classify_dense, block_sparse_mask, create_block_mask
+from ioattn.plan import dispatch
+from ioattn.reference.naive import attention_ref
+
+F64, F16 = torch.float64, torch.float16
+B, SQ, SK, H, HK, D = 2, 40, 48, 4, 2, 16
+
+
+def _inputs(seed, sq=SQ, sk=SK, lead=(B,)):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(*lead, sq, H, D, generator=g, dtype=F64)
+    k, v = (torch.randn(*lead, sk, HK, D, generator=g, dtype=F64) for _ in range(2))
+    dout = torch.randn(*lead, sq, H, D, generator=g, dtype=F64)
+    return q, k, v, dout
+
+
+def _table(dtype=torch.float32):
+    g = torch.Generator().manual_seed(7)
+    return (torch.randn(H, 2 * 12 + 1, generator=g, dtype=F64) * 0.5).to(dtype)
+
+
+_DOCS = torch.tensor([0] * 15 + [1] * 20 + [2] * 13, dtype=torch.int32)  # SK tokens; q reads the first SQ
+
+# name -> (kwargs of the call, built from (table or None)): each a function of the library or a composition
+CASES = {
+    "causal": lambda t: dict(mask_mod=M.causal_mask),
+    "bottom_right_causal": lambda t: dict(mask_mod=M.bottom_right_causal(SQ, SK)),
+    "sliding_window": lambda t: dict(mask_mod=M.sliding_window(9, 2, offset=SK - SQ)),
+    "prefix_lm": lambda t: dict(mask_mod=M.prefix_lm(11)),
+    "document_causal": lambda t: dict(mask_mod=M.document_mask(_DOCS, M.causal_mask)),
+    "or_masks": lambda t: dict(mask_mod=M.or_masks(M.sliding_window(3), M.prefix_lm(5))),
+    "alibi": lambda t: dict(score_mod=M.alibi(torch.linspace(0.1, 1.0, H), SK - SQ)),
+    "softcap": lambda t: dict(score_mod=M.softcap(2.5)),
+    "relative_bias": lambda t: dict(score_mod=M.relative_bias(t)),
+    "bias_and_causal": lambda t: dict(score_mod=M.relative_bias(t), mask_mod=M.and_masks(M.causal_mask,
+                                                                                          M.sliding_window(20))),
+}
+_WITH_TABLE = {"relative_bias", "bias_and_causal"}
+
+
+def _run(fn, q, k, v, dout, dtype, device, table, **kw):
+    leaves = [t.to(device, dtype).requires_grad_(True) for t in (q, k, v)]
+    wrt = list(leaves)
+    if table is not None:
+        wrt.append(table)
+    out, lse = fn(*leaves, **kw)
+    grads = torch.autograd.grad(out, wrt, dout.to(device, out.dtype))
+    return out.detach().cpu(), lse.detach().cpu(), [g.cpu() for g in grads]
+
+
+def _ours(q, k, v, **kw):
+    out, lse, _ = ioattn.flash_attn_func(q, k, v, return_attn_probs=True, **kw)
+    return out, lse
+
+
+def _oracle(q, k, v, **kw):
+    return attention_ref(q, k, v, upcast=q.dtype == F64, **kw)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_library_matches_the_oracle(case, backend):
+    """GQA 4:2, seqlen_q < seqlen_k; forward, lse and every gradient, the bias table's too."""
+    q, k, v, dout = _inputs(seed=len(case))
+    has_table = case in _WITH_TABLE
+    tab = _table().requires_grad_(True) if has_table else None
+    with dispatch.forced_backend(backend):
+        out, lse, grads = _run(_ours, q, k, v, dout, F16, DEVICE, tab, **CASES[case](tab))
+    tab64 = _table(F64).requires_grad_(True) if has_table else None
+    out64, lse64, grads64 = _run(_oracle, q, k, v, dout, F64, "cpu", tab64, **CASES[case](tab64))
+    tab16 = _table().requires_grad_(True) if has_table else None
+    out16, _, grads16 = _run(_oracle, q, k, v, dout, F16, "cpu", tab16, **CASES[case](tab16))
+    assert_within_torch_error("out", out, out64, out16)
+    for name, g, g64, g16 in zip(("dq", "dk", "dv", "dtable"), grads, grads64, grads16):
+        assert_within_torch_error(name, g, g64, g16, floor=1e-4)
+    finite = torch.isfinite(lse64)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert (lse[finite].double() - lse64[finite]).abs().max() < 1e-3
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_varlen_positions_are_per_sequence(backend):
+    """Packed sequences: ``b`` is the sequence, positions start at 0 in each; bottom-right causal
+    from per-sequence lengths (captured tensors indexed by ``b``), and a bias table's gradient."""
+    lens_q, lens_k = [13, 1, 22], [20, 9, 22]
+    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32)
+    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32)
+    q, k, v, dout = _inputs(5, sq=int(cu_q[-1]), sk=int(cu_k[-1]), lead=())
+    mask = M.bottom_right_causal(torch.tensor(lens_q), torch.tensor(lens_k))
+    tab = _table().requires_grad_(True)
+
+    def ours(q, k, v):
+        out, lse, _ = ioattn.flash_attn_varlen_func(q, k, v, cu_q.to(DEVICE), cu_k.to(DEVICE), max(lens_q),
+                                                     max(lens_k), mask_mod=mask, score_mod=M.relative_bias(tab),
+                                                     return_attn_probs=True)
+        return out, lse
+
+    with dispatch.forced_backend(backend):
+        out, lse, grads = _run(ours, q, k, v, dout, torch.float32, DEVICE, tab)
+    tab64 = _table(F64).requires_grad_(True)
+    outs, grads64 = [], None
+    for b in range(3):
+        sq, sk = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        o, _ = attention_ref(q[None, sq], k[None, sk], v[None, sk], mask_mod=mask, b_offset=b,
+                             score_mod=M.relative_bias(tab64))
+        outs.append(o[0])
+    out64 = torch.cat(outs)
+    assert (out.double() - out64).abs().max() < 1e-5
+    qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+    outs = []
+    for b in range(3):
+        sq, sk = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        o, _ = attention_ref(qq[None, sq], kk[None, sk], vv[None, sk], mask_mod=mask, b_offset=b,
+                             score_mod=M.relative_bias(tab64))
+        outs.append(o[0])
+    grads64 = torch.autograd.grad(torch.cat(outs), (qq, kk, vv, tab64), dout)
+    for name, g, g64 in zip(("dq", "dk", "dv", "dtable"), grads, grads64):
+        assert (g.double() - g64).abs().max() < 1e-4, name
+    assert lse.shape == (H, int(cu_q[-1]))
+
+
+def _random_layout(seed, nq, nk, p):
+    g = torch.Generator().manual_seed(seed)
+    layout = torch.rand(B, H, nq, nk, generator=g) < p
+    layout[0, 0, 0] = False  # a query block with no key block: its rows give zeros and lse -inf
+    layout[1, 1] = True      # a head with every block
+    return layout
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_block_sparse_layouts(backend):
+    """FlashAttention-1's block-sparse attention: random layouts per (batch, head), an empty query
+    block row, an all-full head; 16-row blocks so the kernels' tiles split them."""
+    nq, nk, bs = -(-SQ // 16), -(-SK // 32), (16, 32)
+    layout = _random_layout(3, nq, nk, 0.5)
+    bm = block_sparse_mask(layout, SQ, SK, bs)
+    q, k, v, dout = _inputs(9)
+    dense = layout.repeat_interleave(bs[0], -2).repeat_interleave(bs[1], -1)[..., :SQ, :SK]
+
+    def mask(b, h, q_idx, kv_idx):
+        return dense[b, h, q_idx, kv_idx]
+
+    with dispatch.forced_backend(backend):
+        out, lse, grads = _run(_ours, q, k, v, dout, F16, DEVICE, None, block_mask=bm)
+    out64, lse64, grads64 = _run(_oracle, q, k, v, dout, F64, "cpu", None, mask_mod=mask)
+    out16, _, grads16 = _run(_oracle, q, k, v, dout, F16, "cpu", None, mask_mod=mask)
+    assert_within_torch_error("out", out, out64, out16)
+    for name, g, g64, g16 in zip(("dq", "dk", "dv"), grads, grads64, grads16):
+        assert_within_torch_error(name, g, g64, g16)
+    assert (out[0, :16, 0] == 0).all() and torch.isneginf(lse[0, 0, :16]).all()
+    assert torch.equal(torch.isfinite(lse), torch.isfinite(lse64))
+
+
+@pytest.mark.interpreter
+def test_block_mask_classes_lists_and_picture():
+    """create_block_mask's classes equal a dense evaluation; the row and column lists list every
+    non-empty block once, ascending; the picture and the sparsity say what the lists hold."""
+    mask = M.document_mask(_DOCS, M.causal_mask)
+    bm = create_block_mask(mask, None, None, SK, SK, device=DEVICE, BLOCK_SIZE=16)
+    dense = _classify_dense(M.trace(mask, "mask"), 1, 1, SK, SK, 16, 16, "cpu")
+    assert torch.equal(bm.classes().cpu(), dense)
+    classes = dense[0, 0]
+    for i in range(classes.shape[0]):
+        n = int(bm.kv_num_blocks[0, 0, i])
+        assert bm.kv_indices[0, 0, i, :n].tolist() == (classes[i] == 1).nonzero().flatten().tolist()
+        nf = int(bm.full_kv_num_blocks[0, 0, i])
+        assert bm.full_kv_indices[0, 0, i, :nf].tolist() == (classes[i] == 2).nonzero().flatten().tolist()
+    for j in range(classes.shape[1]):
+        n = int(bm.q_num_blocks[0, 0, j])
+        assert bm.q_indices[0, 0, j, :n].tolist() == (classes[:, j] == 1).nonzero().flatten().tolist()
+    empty = int((classes == 0).sum())
+    assert bm.sparsity() == pytest.approx(100.0 * empty / classes.numel())
+    picture = bm.to_string().splitlines()
+    assert picture[1:] == ["".join(".+#"[int(c)] for c in row) for row in classes]
+
+
+@pytest.mark.interpreter
+def test_block_mask_with_its_function_matches_the_oracle():
+    """A mask function's block mask (the partial blocks evaluate it, the full ones run without) gives
+    the function's attention; per-batch masks (B given) too."""
+    q, k, v, dout = _inputs(13, sq=SK)
+    lengths = torch.tensor([SK, 29])  # batch entry 1: keys past 29 are padding
+
+    def padded_causal(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (kv_idx < lengths[b])
+
+    bm = create_block_mask(padded_causal, B, None, SK, SK, device=DEVICE, BLOCK_SIZE=(16, 32))
+    out, lse, grads = _run(_ours, q, k, v, dout, torch.float32, DEVICE, None, block_mask=bm)
+    out64, lse64, grads64 = _run(_oracle, q, k, v, dout, F64, "cpu", None, mask_mod=padded_causal)
+    assert (out.double() - out64).abs().max() < 1e-5
+    for g, g64 in zip(grads, grads64):
+        assert (g.double() - g64).abs().max() < 1e-5
+
+
+def test_bad_functions_are_refused_before_any_launch():
+    q = torch.randn(1, 8, 2, 16)
+    with pytest.raises(TypeError, match="mask_mod float_mask must return booleans"):
+        def float_mask(b, h, q_idx, kv_idx):
+            return (q_idx - kv_idx).float()
+        ioattn.flash_attn_func(q, q, q, mask_mod=float_mask)
+    with pytest.raises(TypeError, match="score_mod row_sum must return a score of the score's shape"):
+        def row_sum(score, b, h, q_idx, kv_idx):
+            return score.sum(-1, keepdim=True)
+        ioattn.flash_attn_func(q, q, q, score_mod=row_sum)
+    with pytest.raises(ValueError, match="could not be traced over tensors"):
+        def branchy(b, h, q_idx, kv_idx):
+            return q_idx >= kv_idx if int(h) == 0 else q_idx > kv_idx
+        ioattn.flash_attn_func(q, q, q, mask_mod=branchy)
+    with pytest.raises(ValueError, match="cannot compile"):
+        def sorted_keys(score, b, h, q_idx, kv_idx):
+            return score + torch.cumsum(score, -1) * 0
+        ioattn.flash_attn_func(q, q, q, score_mod=sorted_keys)
+    with pytest.raises(TypeError, match="mask_mod must be a function"):
+        ioattn.flash_attn_func(q, q, q, mask_mod=3)
+
+
+def test_bad_block_masks_and_combinations_are_refused():
+    q = torch.randn(2, 32, 2, 16)
+    bm = create_block_mask(M.causal_mask, None, None, 32, 48, BLOCK_SIZE=16)
+    with pytest.raises(ValueError, match=r"block_mask was built for \(seqlen_q, seqlen_k\) = \(32, 48\)"):
+        ioattn.flash_attn_func(q, q, q, block_mask=bm)
+    bm = create_block_mask(M.causal_mask, 3, None, 32, 32, BLOCK_SIZE=16)
+    with pytest.raises(ValueError, match="built for batch 3"):
+        ioattn.flash_attn_func(q, q, q, block_mask=bm)
+    bm = create_block_mask(M.causal_mask, None, None, 32, 32, BLOCK_SIZE=16)
+    with pytest.raises(ValueError, match="block_mask with causal=True"):
+        ioattn.flash_attn_func(q, q, q, block_mask=bm, causal=True)
+    with pytest.raises(ValueError, match="mask_mod and block_mask's mask function differ"):
+        ioattn.flash_attn_func(q, q, q, block_mask=bm, mask_mod=M.prefix_lm(3))
+    with pytest.raises(ValueError, match="not supported with dropout"):
+        ioattn.flash_attn_func(q, q, q, mask_mod=M.causal_mask, dropout_p=0.1)
+    with pytest.raises(ValueError, match="ambiguous"):
+        ioattn.flash_attn_func(q, q, q, score_mod=M.softcap(2.0), softcap=3.0)
+    with pytest.raises(ValueError, match="BLOCK_SIZE must be a power of two"):
+        create_block_mask(M.causal_mask, None, None, 32, 32, BLOCK_SIZE=24)
+    with pytest.raises(ValueError, match=r"layout must have \(2, 2\) blocks"):
+        block_sparse_mask(torch.ones(3, 2, dtype=torch.bool), 32, 32, 16)
+    on_meta = torch.zeros(4, device="meta")
+    mod = M.trace(M.causal_mask, "mask")
+    mod.captures = (on_meta,)
+    with pytest.raises(ValueError, match="captures a tensor of shape \\(4,\\) on meta"):
+        mod.check_device(torch.device("cpu"))
+
+
+def test_traced_functions_are_reused_and_follow_their_captures():
+    """One trace per function and captured tensors; a new tensor captured by the same code traces anew."""
+    tab = _table()
+    assert M.trace(M.relative_bias(tab), "score") is M.trace(M.relative_bias(tab), "score")
+    other = _table()
+    assert M.trace(M.relative_bias(other), "score").captures[0] is other
