@@ -13,6 +13,7 @@ from ioattn.plan import dispatch, hopper, hopper_bwd
 from ioattn.plan import backward as backward_plan
 from ioattn.plan import forward as forward_plan
 from ioattn.masks import normalize_window
+from ioattn.modcall import ModCall
 from ioattn.semantics import Semantics
 
 
@@ -35,11 +36,16 @@ class DispatchPlan:
 def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                      window_size=(-1, -1), cu_seqlens_q: torch.Tensor | None = None,
                      max_seqlen_q: int | None = None, softcap: float = 0.0,
-                     alibi_slopes: torch.Tensor | None = None) -> DispatchPlan:
+                     alibi_slopes: torch.Tensor | None = None, mask_mod=None, score_mod=None,
+                     block_mask=None) -> DispatchPlan:
     """The plan for ``flash_attn_func(q, k, v, causal=..., window_size=..., softcap=...,
-    alibi_slopes=...)`` (or the varlen call when ``cu_seqlens_q``/``max_seqlen_q`` are given, with
-    q/k/v packed as (total, nheads, d))."""
+    alibi_slopes=..., mask_mod=..., score_mod=..., block_mask=...)`` (or the varlen call when
+    ``cu_seqlens_q``/``max_seqlen_q`` are given, with q/k/v packed as (total, nheads, d))."""
     varlen = cu_seqlens_q is not None
+    call = ModCall.make(score_mod, mask_mod, block_mask)
+    if call is not None:
+        return _mods_plan(q, k, v, call, varlen, normalize_window(window_size, bool(causal)),
+                          max_seqlen_q if varlen else q.shape[1], cu_seqlens_q)
     if not dispatch.use_triton(q.device):
         from ioattn.kernels import cpu
         window = normalize_window(window_size, bool(causal))
@@ -101,6 +107,40 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
 
 
 _FP8_BACKWARD = {"refused": "FP8 inputs have no backward (FP8 attention is for inference)"}
+
+
+def _mods_plan(q, k, v, call, varlen, window, seqlen_q, cu_seqlens_q) -> DispatchPlan:
+    """A call with score / mask functions or a block mask: the portable kernels with the functions
+    compiled in (``ioattn.modcall``), or the CPU path's dense bands."""
+    what = {}
+    if call.score is not None:
+        what["score_mod"] = f"{call.score.name} ({len(call.score.captures)} captured tensors, "\
+                            f"{len(call.score.grad_captures)} with gradients)"
+    if call.mask is not None:
+        what["mask_mod"] = call.mask.name
+    bm = call.block_mask
+    if bm is not None:
+        what["block_mask"] = (f"{bm.sparsity():.1f}% of the {bm.kv_indices.numel()} blocks skipped; "
+                              f"{int(bm.kv_num_blocks.sum())} partial (the mask function runs), "
+                              f"{int(bm.full_kv_num_blocks.sum())} full; blocks {bm.block_size[0]} x "
+                              f"{bm.block_size[1]}")
+    if not dispatch.use_triton(q.device):
+        part = dict(what, path="ioattn.kernels.cpu_mods: dense scores a band of query rows at a time")
+        return DispatchPlan("reference", f"{q.device.type} tensors without TRITON_INTERPRET=1: the CPU path", part,
+                            dict(part))
+    forward = _portable_forward(q, k, v, varlen, window, seqlen_q, cu_seqlens_q)
+    cfg = call.fit_tiles(dispatch.TileConfig(*forward["tiles"]))
+    forward["tiles"] = (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)
+    forward.update(what, gluon_hopper="not taken (score and mask functions run in the portable kernels)")
+    if bm is not None:
+        forward["key_walk"] = (f"the listed key blocks only, each as {bm.block_size[1] // cfg.block_n} tiles of "
+                               f"{cfg.block_n} keys")
+    bwd = call.fit_tiles(dispatch.tiles("bwd", q.shape[-1], q.device))
+    backward = dict(what, kernels="attn_bwd_preprocess_kernel, attn_bwd_dkdv_kernel, attn_bwd_dq_kernel",
+                    tiles=(bwd.block_m, bwd.block_n, bwd.num_warps, bwd.num_stages),
+                    atomics=bool(call.grad_captures()) and "the captured tensors' gradients (dK / dV pass)",
+                    gluon_hopper="not taken (score and mask functions run in the portable kernels)")
+    return DispatchPlan("triton", "CUDA tensors" if q.is_cuda else "TRITON_INTERPRET=1", forward, backward)
 
 
 def _fp8_forward(q, k, v, varlen, window, seqlen_q, cu_seqlens_q, softcap, alibi_slopes) -> dict:

@@ -265,3 +265,14 @@ def test_traced_functions_are_reused_and_follow_their_captures():
     assert M.trace(M.relative_bias(tab), "score") is M.trace(M.relative_bias(tab), "score")
     other = _table()
     assert M.trace(M.relative_bias(other), "score").captures[0] is other
+
+
+@pytest.mark.interpreter
+def test_explain_dispatch_shows_the_functions_and_the_block_mask():
+    q = torch.randn(2, 64, 2, 16)
+    bm = create_block_mask(M.sliding_window(20), None, None, 64, 64, BLOCK_SIZE=16)
+    plan = ioattn.explain_dispatch(q, q, q, block_mask=bm, score_mod=M.relative_bias(_table().requires_grad_()))
+    text = plan.describe()
+    assert f"{bm.sparsity():.1f}% of the 16 blocks skipped" in text
+    assert "sliding_window_mask" in text and "relative_bias_mod (1 captured tensors, 1 with gradients)" in text
+    assert plan.backward["atomics"] and "portable kernels" in plan.forward["gluon_hopper"]
