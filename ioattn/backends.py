@@ -519,7 +519,7 @@ def _window_keep(window):
 def mod_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes, call):
     """(out, lse) of a call with score / mask functions or a block mask (on the CPU without softcap and
     ALiBi: the caller folds them into the score function)."""
-    if dispatch.use_triton(q.device):
+    if dispatch.use_triton(q.device, q.dtype):
         return portable_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes,
                                 0, mods=call)
     from ioattn.kernels import cpu_mods
@@ -529,7 +529,7 @@ def mod_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
 def mod_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes,
                  call):
     """(dq, dk, dv, the captured tensors' gradients (fp32)) of ``mod_forward``'s call."""
-    if dispatch.use_triton(q.device):
+    if dispatch.use_triton(q.device, q.dtype):
         from ioattn.modcall import empty_grads
         grads = empty_grads(call, q.device)
         dq, dk, dv = portable_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
