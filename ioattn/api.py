@@ -194,7 +194,7 @@ def _probs_for_return(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
 
 def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
          causal, window_size, softcap, alibi_slopes, return_attn_probs, deterministic=False, descales=(None,) * 3,
-         out_dtype=None, quantize=False, sinks=None, mods=(None, None, None)):
+         out_dtype=None, quantize=False, sinks=None, mod_args=(None, None, None)):
     varlen = cu_seqlens_q is not None
     _check_qkv(q, k, v, varlen)
     if varlen:
@@ -212,10 +212,9 @@ def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropou
     q, k, v = _contiguous_last(q), _contiguous_last(k), _contiguous_last(v)
     if sinks is not None:
         _check_sinks(sinks, q, quantize or fp8.is_fp8(q))
-    call = ModCall.make(*mods)
-    if call is not None:
+    if any(m is not None for m in mod_args):
         out, lse = _run_mods(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, scale,
-                             window, softcap, alibi_slopes, batch, descales, out_dtype, quantize, sinks, call)
+                             window, softcap, alibi_slopes, batch, descales, out_dtype, quantize, sinks, mod_args)
         return (out, lse, q.new_empty(0)) if return_attn_probs else out
     if quantize:  # fp8=True: the library quantises (its scales, its rotation) and returns q's dtype
         _check_one_call(q, k, v, descales, out_dtype)
@@ -240,9 +239,11 @@ def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropou
                                        window, softcap, alibi_slopes, dropout_p, rng_state)
 
 
+@torch.compiler.disable  # traced by the library itself (ioattn.mods.trace): a graph break under torch.compile
 def _run_mods(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, scale, window, softcap,
-              alibi_slopes, batch, descales, out_dtype, quantize, sinks, call):
+              alibi_slopes, batch, descales, out_dtype, quantize, sinks, mod_args):
     """A call with ``score_mod``, ``mask_mod`` or ``block_mask``: the portable kernels (or the CPU path)."""
+    call = ModCall.make(*mod_args)
     if quantize or fp8.is_fp8(q) or any(d is not None for d in descales) or out_dtype is not None:
         raise ValueError("score_mod, mask_mod and block_mask are not supported with FP8 inputs or fp8=True")
     if dropout_p > 0:

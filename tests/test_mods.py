@@ -276,3 +276,13 @@ def test_explain_dispatch_shows_the_functions_and_the_block_mask():
     assert f"{bm.sparsity():.1f}% of the 16 blocks skipped" in text
     assert "sliding_window_mask" in text and "relative_bias_mod (1 captured tensors, 1 with gradients)" in text
     assert plan.backward["atomics"] and "portable kernels" in plan.forward["gluon_hopper"]
+
+
+def test_under_torch_compile_the_call_runs_eagerly():
+    """A graph break around the call (the library traces the functions itself): the compiled
+    function equals the eager one; fullgraph=True refuses it."""
+    q = torch.randn(1, 32, 2, 16)
+    compiled = torch.compile(lambda q: ioattn.flash_attn_func(q, q, q, mask_mod=M.causal_mask))
+    assert (compiled(q) - ioattn.flash_attn_func(q, q, q, causal=True)).abs().max() < 1e-5
+    with pytest.raises(Exception, match="disable"):
+        torch.compile(lambda q: ioattn.flash_attn_func(q, q, q, mask_mod=M.causal_mask), fullgraph=True)(q)
