@@ -22,6 +22,9 @@ FLOAT_ARGS = {"qk_scale", "softcap", "softmax_scale", "dropout_scale", "phi"}
 POINTER_TYPES = {"Lse": "*fp32", "Delta": "*fp32", "alibi_slopes": "*fp32", "Opart": "*fp32", "Lpart": "*fp32",
                  "SeqLens": "*i32", "TileStarts": "*i32", "Leftpad": "*i32", "BlockTable": "*i32", "CacheBatchIdx": "*i32"}
 I64_ARGS = {"seed", "dropout_threshold"}
+# tuples of a call's mask / score functions and block mask (ioattn.modcall): None, as the launchers pass them
+# without one
+NONE_ARGS = ("mods", "blocks")
 
 
 def signature(fn, dtype):
@@ -49,7 +52,7 @@ def compile_one(fn, constexprs, num_warps, num_stages, dtype="bf16", divisible=(
     sig = signature(fn, dtype)
     # constexpr parameters the caller leaves out take their defaults (not runtime arguments)
     defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.default is not inspect.Parameter.empty}
-    constexprs = {**defaults, **constexprs}
+    constexprs = {**defaults, **{n: None for n in NONE_ARGS if n in fn.arg_names}, **constexprs}
     if "k_desc" in fn.arg_names:
         if constexprs.get("USE_TMA"):
             block = f"[1,{constexprs['BLOCK_N']},1,{constexprs['BLOCK_D']}]"

@@ -44,7 +44,7 @@ def add_arguments(parser):
     parser.add_argument("--modes", default="fwd,fwdbwd", help="fwd and / or fwdbwd (default: both)")
     parser.add_argument("--providers", default="ioattn,ioattn-builtin,flex,sdpa-cudnn",
                         help="comma-separated (default: ioattn,ioattn-builtin,flex,sdpa-cudnn)")
-    parser.add_argument("--out", default=None, help="folder for results.jsonl")
+    parser.add_argument("--out", default=None, help="folder for results.jsonl (default: none, printed only)")
     return parser
 
 
