@@ -51,15 +51,15 @@ def _check_qkv(q, k, v, varlen):
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {shapes()}")
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"k and v must agree in all but the head dim, got {shapes()}")
     if not varlen and q.shape[0] != k.shape[0]:
         raise ValueError(f"q and k must have the same batch size, got {shapes()}")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must have the same head dim, got {shapes()}")
-    d = q.shape[-1]
-    if not 1 <= d <= MAX_HEADDIM:
-        raise ValueError(f"head dim must be between 1 and {MAX_HEADDIM}, got {d} ({shapes()})")
+    for what, d in (("head dim", q.shape[-1]), ("value head dim (v.shape[-1])", v.shape[-1])):
+        if not 1 <= d <= MAX_HEADDIM:
+            raise ValueError(f"{what} must be between 1 and {MAX_HEADDIM}, got {d} ({shapes()})")
     nheads, nheads_kv = q.shape[-2], k.shape[-2]
     if nheads_kv == 0 or nheads % nheads_kv != 0:
         raise ValueError(f"number of query heads ({nheads}) must be a multiple of the number of "
