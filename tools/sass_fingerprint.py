@@ -68,14 +68,14 @@ def _portable_builds(d):
     from ioattn.plan import decode, dispatch
 
     bd = dispatch.block_d(d)
-    dims = dict(HEAD_DIM=d, BLOCK_D=bd)
+    dims = dict(HEAD_DIM=d, BLOCK_D=bd, HEAD_DIM_V=d, BLOCK_DV=bd)  # (V's where a kernel takes them)
     plain = dict(IS_VARLEN=False, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_DROPOUT=False)
     for tma in (False, True):
         cfg = dispatch._FWD_TILES_TMA.get(bd, dispatch._FWD_TILES[bd]) if tma else dispatch._FWD_TILES[bd]
         yield (f"fwd tma={tma}", attn_fwd_kernel, dict(dims, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_TMA=tma,
                                                      PERSISTENT=False, LOG2_BATCH=0, **plain),
                cfg.num_warps, cfg.num_stages)
-    yield "bwd preprocess", attn_bwd_preprocess_kernel, dict(dims, BLOCK_M=64, IS_VARLEN=False), 4, 1
+    yield "bwd preprocess", attn_bwd_preprocess_kernel, dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=64, IS_VARLEN=False), 4, 1
     cfg = dispatch._BWD_TILES[bd]
     for name, fn in (("bwd dkdv", attn_bwd_dkdv_kernel), ("bwd dq", attn_bwd_dq_kernel)):
         yield name, fn, dict(dims, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **plain), cfg.num_warps, cfg.num_stages
@@ -83,15 +83,16 @@ def _portable_builds(d):
         yield (f"decode paged={paged} tma={tma}", decode_split_kernel,
                dict(dims, BLOCK_M=16, BLOCK_N=decode._BLOCK_N_CUDA, PAGE_SIZE=64 if paged else 1, PAGED=paged,
                     HAS_BATCH_IDX=False, HAS_LEFTPAD=False, HAS_SOFTCAP=False, HAS_ALIBI=False, USE_TMA=tma,
-                    UNIFIED=False, PHI_BELOW=64.0, PHI_ABOVE=64.0, HAS_SEQLENS=True),
+                    UNIFIED=False, PHI_BELOW=64.0, PHI_ABOVE=64.0, HAS_SEQLENS=True, BLOCK_D_TAIL=0, V_FROM_K=False),
                decode._NUM_WARPS, decode._NUM_STAGES)
-    yield ("merge", merge_states_kernel, dict(dims, BLOCK_S=32, CHUNK_S=32, LSE_BHM=True), 4, 1)
+    yield ("merge", merge_states_kernel, dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_S=32, CHUNK_S=32, LSE_BHM=True), 4, 1)
 
 
 def portable(args):
     for d in map(int, (args.headdims or "64,128").split(",")):
         for name, fn, constexprs, warps, stages in _portable_builds(d):
             sig_fix = dict(Outs="*fp32", Lses="*fp32") if name == "merge" else None  # the split partials
+            constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}
             _, _, kernel = cc_portable.compile_one(fn, constexprs, warps, stages, sig_fix=sig_fix)
             digest, count = fingerprint(kernel)
             print(f"portable {name} d={d}: {digest} ({count} instructions)")
