@@ -226,6 +226,16 @@ def test_mla_decode_real_head_dims(backend, paged, poison_alloc):
     _check_decode(kw, backend, 3)
 
 
+@pytest.mark.parametrize("paged", [False, True])
+def test_decode_tma_loads(paged, poison_alloc):
+    """K and V through tensor descriptors of their own widths (64 and 32)."""
+    kw = _decode_case(64, 32, 4, 2, paged)
+    with decode_config(use_tma=True):
+        assert explain_decode(kw["q"], kw["k_cache"], kw["v_cache"], kw["cache_seqlens"],
+                              kw.get("block_table"))["plan"]["use_tma"] == dispatch.use_triton(kw["q"].device)
+        _check_decode(kw, "triton", 2)
+
+
 def test_mla_decode_plan_and_v_loaded_on_its_own(poison_alloc):
     """The plan names the two q.k blocks and V taken from K; forcing V's own loads gives the same
     result; a v_cache that is not K's columns (a copy) is read on its own."""
@@ -293,6 +303,21 @@ def test_page_pool_with_a_value_head_dim():
     with pytest.raises(ValueError, match=r"v \(n, 1, 32\)"):
         pool.append(s, k, torch.randn(20, 1, 48))
     assert pool.seqlen(s) == 20  # the refused append changed nothing
+
+
+def test_torch_compile_shapes():
+    """torch.compile(fullgraph=True) traces the ops with the output in V's head dim (their fake
+    implementations), forward, backward and decoding, and gives the eager results."""
+    q, k, v = (t.float().requires_grad_() for t in _qkv(1, 16, 16, 4, 2, 48, 32))
+    f = torch.compile(lambda q, k, v: ioattn.flash_attn_func(q, k, v, causal=True), fullgraph=True)
+    out = f(q, k, v)
+    (dv,) = torch.autograd.grad(out.sum(), (v,))
+    assert out.shape == (1, 16, 4, 32) and dv.shape == v.shape
+    assert torch.equal(out, ioattn.flash_attn_func(q, k, v, causal=True))
+    kc = torch.randn(1, 32, 1, 64, device=DEVICE)
+    qd = torch.randn(1, 1, 4, 64, device=DEVICE)
+    g = torch.compile(lambda q, kc: flash_attn_with_kvcache(q, kc, kc[..., :32], cache_seqlens=20), fullgraph=True)
+    assert torch.equal(g(qd, kc), flash_attn_with_kvcache(qd, kc, kc[..., :32], cache_seqlens=20))
 
 
 # ---------------------------------------------------------------- the MLA benchmark sweep

@@ -133,6 +133,23 @@ def test_mla_decode(paged, latent, splits, poison_alloc):
         assert torch.equal(out, again)
 
 
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("use_tma", [False, True])
+def test_decode_value_headdim_128_64(paged, use_tma, poison_alloc):
+    """A value head dim narrower than q's in the decode kernel's usual tiles: V's descriptor boxes of
+    their own width (TMA) or pointer loads, GQA 4, split by the heuristic."""
+    from ioattn.decode import decode_config, flash_attn_with_kvcache
+    from ioattn.reference.decode import kvcache_attention_ref
+    kw, rnd = _decode_setup(2, 8192, paged=paged)
+    kw["v_cache"] = kw["v_cache"][..., :64].contiguous()
+    q = rnd(2, 1, 32, 128)
+    with decode_config(use_tma=use_tma):
+        out = flash_attn_with_kvcache(q, **kw)
+    ref, _ = kvcache_attention_ref(q, **{n: t.clone() for n, t in kw.items()})
+    same, _ = kvcache_attention_ref(q, **{n: t.clone() for n, t in kw.items()}, upcast=False)
+    assert_within_torch_error("decode 128/64 out", out, ref, same)
+
+
 def test_deterministic_backward():
     q, k, v = (torch.randn(2, 1024, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     out = ioattn.flash_attn_func(q, k, v, causal=True, deterministic=True)
