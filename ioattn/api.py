@@ -284,7 +284,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     """Exact attention, softmax(q k^T * softmax_scale) v, without materialising the score matrix.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim), nheads a
-    multiple of nheads_k (MQA/GQA). ``window_size=(left, right)`` keeps keys within ``left`` before
+    multiple of nheads_k (MQA/GQA). v may have a head dim of its own (MLA's 192 / 128; each up to 256),
+    and the output then has v's (``docs/mla.md``). ``window_size=(left, right)`` keeps keys within ``left`` before
     and ``right`` after the query's (bottom-right aligned) position; -1 is unbounded. ``softcap``
     applies ``cap * tanh(s / cap)`` to the scaled scores. ``alibi_slopes`` (nheads,) or
     (batch, nheads) adds ``-slope * |i + seqlen_k - seqlen_q - j|``. ``deterministic=True`` makes
@@ -348,7 +349,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            q_descale=None, k_descale=None, v_descale=None, out_dtype=None, fp8=False, sinks=None):
     """Sequences packed without padding. q: (total_q, nheads, headdim); k, v: (total_k, nheads_k,
     headdim); ``cu_seqlens_q/k`` int32 (batch + 1,) cumulative lengths starting at 0; ``max_seqlen_q/k``
-    the longest sequence. Masks apply per sequence. Returns ``out`` (total_q, nheads, headdim) or
+    the longest sequence. Masks apply per sequence; v may have a head dim of its own, the output's (as in
+    ``flash_attn_func``). Returns ``out`` (total_q, nheads, headdim) or
     ``(out, softmax_lse (nheads, total_q), S_dmask)``, ``S_dmask`` as ``flash_attn_func``'s with
     (batch, nheads, max_seqlen_q, max_seqlen_k) rounded up to multiples of 128, each sequence from
     row and column 0.

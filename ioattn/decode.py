@@ -376,6 +376,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     GPT-NeoX halves). ``causal``, ``window_size``, ``softcap``, ``alibi_slopes`` ((nheads,) or
     (batch, nheads)) as in ``flash_attn_func``, bottom-right aligned to each sequence's valid length.
     ``num_splits``: key-range splits of the split-KV kernel (0 = heuristic, 1 = no split).
+    v_cache (and v) may have a head dim of their own, the output's (MLA: q and k_cache up to 576 wide,
+    v_cache up to 512, best a view ``k_cache[..., :512]`` of the latent cache, read once; ``docs/mla.md``).
 
     Beyond flash-attn's arguments (keyword only):
 
@@ -398,7 +400,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     * ``sinks`` (nheads,): learnable attention sinks, as in ``flash_attn_func`` (joined with the kernel's
       output and lse; rows that see no key stay empty).
 
-    Returns ``out`` (batch, seqlen_q, nheads, d) in q's dtype, and with ``return_softmax_lse`` also
+    Returns ``out`` (batch, seqlen_q, nheads, v_cache's head dim) in q's dtype, and with ``return_softmax_lse`` also
     ``softmax_lse`` (batch, nheads, seqlen_q) float32 (-inf for rows that see no key; their output is 0).
     """
     if sinks is not None and isinstance(q, torch.Tensor) and q.dim() == 4:  # (a bad q: its own check names it)

@@ -40,8 +40,11 @@ split, so the step does not end on a few SMs reading one whole unit each.
   page and row indices to the pool: a call whose index values were not checked on the host (CUDA
   graphs, ``check_values=False``) can compute garbage from bad values but never reads outside the
   cache.
+* **Head dims.** V's (``HEAD_DIM_V``, the output's) may differ from q's and K's; past 256, q.k runs
+  as two blocks (``BLOCK_D_TAIL``: 576 = 512 + 64); with ``V_FROM_K`` the V tile is the K tile's first
+  columns (V a view of the latent cache, MLA), so those bytes are read once.
 * **Output.** Each split writes its normalised partial output (fp32) and its natural-log lse
-  (-inf for a split that saw no key) to scratch ``(num_splits, batch - part_b0, seqlen_q, nheads, d)``
+  (-inf for a split that saw no key) to scratch ``(num_splits, batch - part_b0, seqlen_q, nheads, dv)``
   / ``(num_splits, batch - part_b0, seqlen_q, nheads)`` (the split units are the batch elements from
   ``part_b0`` on); the merge kernel combines the splits into the output (q's dtype) and the lse in
   flash-attn's layout. A whole unit writes those directly: a decode step is one or two launches.
