@@ -52,15 +52,15 @@ def _check_qkv(q, k, v, varlen):
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {shapes()}")
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"k and v must agree in all but the head dim, got {shapes()}")
     if not varlen and q.shape[0] != k.shape[0]:
         raise ValueError(f"q and k must have the same batch size, got {shapes()}")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must have the same head dim, got {shapes()}")
-    d = q.shape[-1]
-    if not 1 <= d <= MAX_HEADDIM:
-        raise ValueError(f"head dim must be between 1 and {MAX_HEADDIM}, got {d} ({shapes()})")
+    for what, d in (("head dim", q.shape[-1]), ("value head dim (v.shape[-1])", v.shape[-1])):
+        if not 1 <= d <= MAX_HEADDIM:
+            raise ValueError(f"{what} must be between 1 and {MAX_HEADDIM}, got {d} ({shapes()})")
     nheads, nheads_kv = q.shape[-2], k.shape[-2]
     if nheads_kv == 0 or nheads % nheads_kv != 0:
         raise ValueError(f"number of query heads ({nheads}) must be a multiple of the number of "
@@ -341,7 +341,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     """Exact attention, softmax(q k^T * softmax_scale) v, without materialising the score matrix.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim), nheads a
-    multiple of nheads_k (MQA/GQA). ``window_size=(left, right)`` keeps keys within ``left`` before
+    multiple of nheads_k (MQA/GQA). v may have a head dim of its own (MLA's 192 / 128; each up to 256),
+    and the output then has v's (``docs/mla.md``). ``window_size=(left, right)`` keeps keys within ``left`` before
     and ``right`` after the query's (bottom-right aligned) position; -1 is unbounded. ``softcap``
     applies ``cap * tanh(s / cap)`` to the scaled scores. ``alibi_slopes`` (nheads,) or
     (batch, nheads) adds ``-slope * |i + seqlen_k - seqlen_q - j|``. ``deterministic=True`` makes
@@ -413,7 +414,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            mask_mod=None, score_mod=None, block_mask=None):
     """Sequences packed without padding. q: (total_q, nheads, headdim); k, v: (total_k, nheads_k,
     headdim); ``cu_seqlens_q/k`` int32 (batch + 1,) cumulative lengths starting at 0; ``max_seqlen_q/k``
-    the longest sequence. Masks apply per sequence. Returns ``out`` (total_q, nheads, headdim) or
+    the longest sequence. Masks apply per sequence; v may have a head dim of its own, the output's (as in
+    ``flash_attn_func``). Returns ``out`` (total_q, nheads, headdim) or
     ``(out, softmax_lse (nheads, total_q), S_dmask)``, ``S_dmask`` as ``flash_attn_func``'s with
     (batch, nheads, max_seqlen_q, max_seqlen_k) rounded up to multiples of 128, each sequence from
     row and column 0.

@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from ioattn import backends
+from ioattn.layout import output_like
 from ioattn.plan import hopper_bwd
 from ioattn.semantics import Semantics
 
@@ -48,7 +49,7 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_s
         lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     else:
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
-    return torch.empty_like(q), lse, torch.empty(2, dtype=torch.int64)
+    return output_like(q, v), lse, torch.empty(2, dtype=torch.int64)
 
 
 def _backward_impl(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -209,7 +210,7 @@ def _(q, k, v, descales, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     else:
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
-    return torch.empty_like(q, dtype=torch.float16 if out_fp16 else torch.bfloat16), lse
+    return output_like(q, v, dtype=torch.float16 if out_fp16 else torch.bfloat16), lse
 
 
 def fp8_attention(q, k, v, descales, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window,

@@ -21,7 +21,7 @@ from ioattn.reference.philox import dropout_threshold
 class _Problem:
     """Sequence bookkeeping shared by the launchers: batch/varlen shapes and strides in one place."""
 
-    def __init__(self, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    def __init__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
         self.varlen = cu_seqlens_q is not None
         if self.varlen:
             self.batch = cu_seqlens_q.numel() - 1
@@ -31,6 +31,11 @@ class _Problem:
             self.seqlen_k = k.shape[1]
         self.nheads, self.headdim = q.shape[-2], q.shape[-1]
         self.nheads_kv = k.shape[-2]
+        self.headdim_v = v.shape[-1]
+
+    def value_dims(self):
+        """V's head dim where it differs from q's and k's (the tiles' ``headdim_v``), else None."""
+        return self.headdim_v if self.headdim_v != self.headdim else None
 
     def strides(self, t):
         """(batch, row, head) element strides; batch stride 0 for varlen (rows come from cu_seqlens)."""
@@ -43,14 +48,18 @@ class _Problem:
             return torch.empty(self.nheads, q.shape[0], device=q.device, dtype=torch.float32)
         return torch.empty(self.batch, self.nheads, self.seqlen_q, device=q.device, dtype=torch.float32)
 
-    def outputs(self, q, dtype=None):
-        """(out, lse) buffers, out in ``dtype`` (q's by default). Packed tensors may hold tokens after
-        cu_seqlens[-1] that no sequence owns: those rows are defined (output 0, lse -inf) rather than
-        left uninitialised."""
+    def outputs(self, q, v, dtype=None):
+        """(out, lse) buffers, out in ``dtype`` (q's by default) with V's head dim (q's layout where the
+        head dims agree, else contiguous: ``ioattn.layout.output_like``). Packed tensors may hold tokens
+        after cu_seqlens[-1] that no sequence owns: those rows are defined (output 0, lse -inf) rather
+        than left uninitialised."""
         lse = self.lse_empty(q)
-        if self.varlen:
-            return torch.zeros_like(q, dtype=dtype), lse.fill_(float("-inf"))
-        return torch.empty_like(q, dtype=dtype), lse
+        if v.shape[-1] == q.shape[-1]:
+            out = (torch.zeros_like if self.varlen else torch.empty_like)(q, dtype=dtype)
+        else:
+            out = (torch.zeros if self.varlen else torch.empty)(*q.shape[:-1], v.shape[-1], dtype=dtype or q.dtype,
+                                                                device=q.device)
+        return (out, lse.fill_(float("-inf"))) if self.varlen else (out, lse)
 
     def grads(self, q, k, v):
         """dq, dk, dv buffers; zero for varlen, where tokens outside every sequence get no gradient."""
@@ -217,8 +226,8 @@ def portable_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     mask)."""
     from ioattn.kernels.forward import attn_fwd_kernel
 
-    pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    out, lse = pb.outputs(q, out_dtype)
+    pb = _Problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    out, lse = pb.outputs(q, v, out_dtype)
     if q.numel() == 0 or pb.seqlen_q == 0:
         lse.fill_(float("-inf"))
         return out.zero_(), lse
@@ -226,7 +235,7 @@ def portable_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     window, softcap, dropout_p = sem.window, sem.softcap, sem.dropout_p
     cfg = dispatch.tiles("fwd", pb.headdim, q.device, seqlen_q=pb.seqlen_q, masked_right=window[1] >= 0,
                          band=sum(window) + 1 if min(window) >= 0 else None,
-                         tma=use_tma)
+                         tma=use_tma, headdim_v=pb.value_dims())
     qk_scale, threshold, dropout_scale = _scalars(sem)
     mod_kw = {}
     if mods is not None:
@@ -237,12 +246,12 @@ def portable_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     alibi, stride_ab, has_alibi = _alibi_args(alibi_slopes, q)
     cu_q = cu_seqlens_q if pb.varlen else q.new_empty(0, dtype=torch.int32)
     cu_k = cu_seqlens_k if pb.varlen else q.new_empty(0, dtype=torch.int32)
-    bd = dispatch.block_d(pb.headdim)
+    bd, bdv = dispatch.block_d(pb.headdim), dispatch.block_d(pb.headdim_v)
     k_desc = v_desc = None
     if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
-        k_desc, v_desc = (TensorDescriptor(t, list(t.shape), list(t.stride()), [1, cfg.block_n, 1, bd])
-                          for t in (k, v))
+        k_desc, v_desc = (TensorDescriptor(t, list(t.shape), list(t.stride()), [1, cfg.block_n, 1, block])
+                          for t, block in ((k, bd), (v, bdv)))
     # 1-D grid, query blocks fastest (blocks of one head share K/V in L2); CUDA's y and z grid
     # dimensions stop at 65535, too few for batch * nheads in large varlen batches
     num_tiles = dispatch.cdiv(pb.seqlen_q, cfg.block_m) * pb.batch * pb.nheads
@@ -258,8 +267,8 @@ def portable_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(out), *pb.lse_strides(lse), stride_ab,
         pb.nheads, pb.nheads // pb.nheads_kv, pb.seqlen_q, pb.seqlen_k, num_tiles, pb.batch,
         qk_scale, float(softcap), window[0], window[1], seed, threshold, dropout_scale,
-        HEAD_DIM=pb.headdim, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        IS_VARLEN=pb.varlen, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi, HAS_DROPOUT=dropout_p > 0,
+        HEAD_DIM=pb.headdim, BLOCK_D=bd, HEAD_DIM_V=pb.headdim_v, BLOCK_DV=bdv, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, IS_VARLEN=pb.varlen, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi, HAS_DROPOUT=dropout_p > 0,
         USE_TMA=use_tma, PERSISTENT=persistent > 0, LOG2_BATCH=max(pb.batch - 1, 0).bit_length() if persistent and pb.varlen else 0,
         # FP8's P must stay in [0, 1] to fit e4m3 once scaled: the accumulator is rescaled at every tile
         RESCALE_TAU=0.0 if fp8 else dispatch.fwd_rescale_tau(), IS_FP8=fp8,
@@ -352,7 +361,7 @@ def triton_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
 
 
 def _cached_backward_route(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem,
-                       alibi_slopes):
+                           alibi_slopes):
     # the forward's key with dO's, O's and lse's layouts (the deterministic switch is in the switches)
     key = (_forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes),
            dout.shape, dout.stride(), dout.dtype, dout.data_ptr() % 16, out.shape, out.stride(), out.dtype,
@@ -373,12 +382,12 @@ def portable_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_s
     from ioattn.kernels.backward import (attn_bwd_dkdv_kernel, attn_bwd_dq_kernel,
                                          attn_bwd_preprocess_kernel)
 
-    pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    pb = _Problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     dq, dk, dv = pb.grads(q, k, v)
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    cfg = dispatch.tiles("bwd", pb.headdim, q.device)
-    bd = dispatch.block_d(pb.headdim)
+    cfg = dispatch.tiles("bwd", pb.headdim, q.device, headdim_v=pb.value_dims())
+    bd, bdv = dispatch.block_d(pb.headdim), dispatch.block_d(pb.headdim_v)
     softmax_scale, window, softcap, dropout_p = sem.softmax_scale, sem.window, sem.softcap, sem.dropout_p
     qk_scale, threshold, dropout_scale = _scalars(sem)
     dkdv_kw = dq_kw = {}
@@ -393,9 +402,9 @@ def portable_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_s
     delta = torch.empty_like(lse)
     attn_bwd_preprocess_kernel[(dispatch.cdiv(pb.seqlen_q, 64) * pb.batch * pb.nheads,)](
         out, dout, delta, cu_q, *pb.strides(out), *pb.strides(dout), *pb.lse_strides(lse),
-        pb.nheads, pb.seqlen_q, HEAD_DIM=pb.headdim, BLOCK_D=bd, BLOCK_M=64, IS_VARLEN=pb.varlen)
-    common = dict(HEAD_DIM=pb.headdim, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                  IS_VARLEN=pb.varlen, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi,
+        pb.nheads, pb.seqlen_q, HEAD_DIM=pb.headdim_v, BLOCK_D=bdv, BLOCK_M=64, IS_VARLEN=pb.varlen)
+    common = dict(HEAD_DIM=pb.headdim, BLOCK_D=bd, HEAD_DIM_V=pb.headdim_v, BLOCK_DV=bdv, BLOCK_M=cfg.block_m,
+                  BLOCK_N=cfg.block_n, IS_VARLEN=pb.varlen, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi,
                   HAS_DROPOUT=dropout_p > 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     scalars = (pb.nheads, pb.nheads // pb.nheads_kv, pb.seqlen_q, pb.seqlen_k, softmax_scale, qk_scale,
                float(softcap), window[0], window[1], seed, threshold, dropout_scale)

@@ -1,7 +1,7 @@
 """The ``ioattn`` command line, from one argparse definition (help, errors and dispatch alike):
 
     ioattn --version
-    ioattn bench [SWEEP] [options]      SWEEP: train, memory, quick (the default), decode or latency
+    ioattn bench [SWEEP] [options]      SWEEP: train, memory, quick (the default), decode, mla or latency
     ioattn bench report RESULTS.jsonl [--out DIR]
     ioattn bench STUDY [options]        STUDY: fp8-accuracy or fp4-study (float64 emulation)
     ioattn io --seqlen N --headdim D [options]   the IO model: predicted HBM bytes, FLOPs, time bound
@@ -85,7 +85,7 @@ class Option:
 
 
 def _seqlens_help(s):
-    if s == "decode":
+    if s in sweeps.DECODE_SWEEPS:
         return "the same as --kvlens (default: the sweep's own cases)"
     if s is None:
         return "comma-separated sequence lengths (default: the sweep's own; longer ones on request)"
@@ -108,14 +108,15 @@ OPTIONS = (
            + ("the sweep's own" if s is None else _per_device(s, lambda sd: _listed(sd.headdims))) + ")",
            dict(type=_ints, metavar="D,D")),
     Option(("--seqlens",), ALL, _seqlens_help, dict(type=_ints, metavar="N,N")),
-    Option(("--batches",), ("decode",), lambda s: "comma-separated batch sizes: the cases become every one of "
+    Option(("--batches",), sweeps.DECODE_SWEEPS, lambda s: "comma-separated batch sizes: the cases become every one of "
            "them with every KV length (--kvlens, or the sweep's) (default: the sweep's own cases)",
            dict(type=_ints, metavar="B,B")),
-    Option(("--kvlens",), ("decode",), lambda s: "comma-separated KV lengths: the cases become every one of them "
+    Option(("--kvlens",), sweeps.DECODE_SWEEPS, lambda s: "comma-separated KV lengths: the cases become every one of them "
            "with every batch size (--batches, or 1) (default: the sweep's own cases)",
            dict(type=_ints, metavar="N,N")),
-    Option(("--rounds",), ("train", "quick", "decode", "latency"), lambda s: "interleaved timing rounds per point, the median "
-           f"of their medians reported (default: {sweeps.DECODE_ROUNDS if s == 'decode' else sweeps.TIME_ROUNDS}, "
+    Option(("--rounds",), ("train", "quick", *sweeps.DECODE_SWEEPS, "latency"), lambda s: "interleaved timing rounds "
+           "per point, the median of their medians reported (default: "
+           f"{sweeps.DECODE_ROUNDS if s in sweeps.DECODE_SWEEPS else sweeps.TIME_ROUNDS}, "
            "on a GPU and on the CPU)",
            dict(type=int, default=None, metavar="R")),
     Option(("--layout",), ("train", "quick", "memory", "latency"), lambda s: "memory layout of q, k, v: three tensors, the "
@@ -135,7 +136,9 @@ def _describe(sd):
     """What one sweep definition measures, in words."""
     if isinstance(sd, sweeps.DecodeSweep):
         cases = " ".join(f"{b}x{n}" for b, n in sd.cases)
-        return (f"{sd.nheads} query heads, {sd.nheads_kv} KV heads, head dims {_listed(sd.headdims)}, "
+        dims = _listed(sd.headdims) + (f" (V {sd.headdim_v}{', its first columns' if sd.latent else ''})"
+                                        if sd.headdim_v else "")
+        return (f"{sd.nheads} query heads, {sd.nheads_kv} KV heads, head dims {dims}, "
                 f"(batch x KV length) cases {cases}; providers {', '.join(sd.providers)}")
     batch = "batch 1" if not sd.tokens else f"batch {sd.tokens} tokens / sequence length"
     causal = {(False,): "not causal", (True,): "causal"}.get(tuple(sd.causal), "not causal and causal")
@@ -300,7 +303,7 @@ def _with_default_sweep(argv):
 
 
 def _known_providers(sweep):
-    return (DECODE_OURS if sweep == "decode" else OURS) + PEERS
+    return (DECODE_OURS if sweep in sweeps.DECODE_SWEEPS else OURS) + PEERS
 
 
 def _bench(args):

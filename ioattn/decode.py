@@ -27,8 +27,8 @@ from typing import Optional
 import torch
 
 from ioattn.plan import dispatch
-from ioattn.plan.decode import PHI_RANGE, DecodePlan, decode_config, plan
-from ioattn.api import _DTYPES, MAX_HEADDIM, _check_sinks
+from ioattn.plan.decode import PHI_RANGE, DecodePlan, decode_config, head_blocks, plan
+from ioattn.api import _DTYPES, _check_sinks
 from ioattn.autograd import join_sinks
 from ioattn.backends import _scalars
 from ioattn.fp8 import check_descale, check_descale_values, is_fp8
@@ -40,6 +40,10 @@ from ioattn.reference.naive import attention_ref
 
 # the public names (the plan's two are defined in ioattn.plan.decode)
 __all__ = ["flash_attn_with_kvcache", "explain_decode", "decode_config", "DecodePlan"]
+
+# Head dims decoding takes: q and k up to MLA's 576 (512 latent + 64 rotary), V up to its 512.
+MAX_HEADDIM = 576
+MAX_HEADDIM_V = 512
 
 
 def _type_name(x):
@@ -68,7 +72,7 @@ def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, 
     shapes = _check_caches(q, k_cache, v_cache)
     descales = _check_descales(q, k_cache, k_descale, v_descale)
     capacity = _check_layout(q, k_cache, cache_batch_idx, block_table, shapes)
-    seqlen_new = _check_new_tokens(q, k_cache, k, v, cache_seqlens)
+    seqlen_new = _check_new_tokens(q, k_cache, v_cache, k, v, cache_seqlens)
     seqlens = _check_lengths(q, cache_seqlens, cache_leftpad, capacity)
     softmax_scale, softcap, window = _check_scalars(q, softmax_scale, causal, window_size, softcap, alibi_slopes,
                                                     num_splits, unified_max)
@@ -105,14 +109,17 @@ def _check_caches(q, k_cache, v_cache) -> str:
     device = q.device
     if not (k_cache.device == v_cache.device == device):
         raise ValueError(f"q, k_cache, v_cache must be on one device, got {device}, {k_cache.device}, {v_cache.device}")
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache and v_cache must have the same shape, got {shapes}")
+    if k_cache.shape[:3] != v_cache.shape[:3]:
+        raise ValueError(f"k_cache and v_cache must agree in all but the head dim, got {shapes}")
     nheads, d = q.shape[2], q.shape[3]
     nheads_kv = k_cache.shape[2]
     if k_cache.shape[3] != d:
         raise ValueError(f"q and k_cache must have the same head dim, got {shapes}")
     if not 1 <= d <= MAX_HEADDIM:
         raise ValueError(f"head dim must be between 1 and {MAX_HEADDIM}, got {d} ({shapes})")
+    if not 1 <= v_cache.shape[3] <= MAX_HEADDIM_V:
+        raise ValueError(f"value head dim (v_cache.shape[-1]) must be between 1 and {MAX_HEADDIM_V}, got "
+                         f"{v_cache.shape[3]} ({shapes})")
     if nheads_kv == 0 or nheads % nheads_kv != 0:
         raise ValueError(f"number of query heads ({nheads}) must be a multiple of the number of key/value "
                          f"heads ({nheads_kv}): {shapes}")
@@ -158,13 +165,13 @@ def _check_layout(q, k_cache, cache_batch_idx, block_table, shapes) -> int:
     return k_cache.shape[1]
 
 
-def _check_new_tokens(q, k_cache, k, v, cache_seqlens) -> int:
+def _check_new_tokens(q, k_cache, v_cache, k, v, cache_seqlens) -> int:
     """The new tokens ``k``, ``v`` (both or neither); returns their count."""
     if (k is None) != (v is None):
         raise ValueError("k and v must be given together (or neither)")
     if k is None:
         return 0
-    batch, d, nheads_kv = q.shape[0], q.shape[3], k_cache.shape[2]
+    batch, d, nheads_kv, dv = q.shape[0], q.shape[3], k_cache.shape[2], v_cache.shape[3]
     for name, t in (("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
@@ -172,9 +179,10 @@ def _check_new_tokens(q, k_cache, k, v, cache_seqlens) -> int:
             raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
         if t.device != q.device:
             raise ValueError(f"{name} must be on {q.device}, got {t.device}")
-    if k.shape != v.shape or k.dim() != 4 or k.shape[0] != batch or tuple(k.shape[2:]) != (nheads_kv, d):
-        raise ValueError(f"k and v must both be (batch={batch}, seqlen_new, nheads_kv={nheads_kv}, d={d}), got "
-                         f"{tuple(k.shape)} and {tuple(v.shape)}")
+    if (k.dim() != 4 or v.dim() != 4 or k.shape[:2] != v.shape[:2] or k.shape[0] != batch
+            or tuple(k.shape[2:]) != (nheads_kv, d) or tuple(v.shape[2:]) != (nheads_kv, dv)):
+        raise ValueError(f"k and v must both be (batch={batch}, seqlen_new, nheads_kv={nheads_kv}, head dim), with "
+                         f"k_cache's head dim {d} and v_cache's {dv}, got k {tuple(k.shape)} and v {tuple(v.shape)}")
     if cache_seqlens is None:
         raise ValueError("cache_seqlens is required when new k/v are given (it says where they are written)")
     return k.shape[1]
@@ -342,10 +350,12 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
     cfg = plan(q, k_cache, v_cache, block_table is not None, span, num_splits)
     qk_scale, _, _ = _scalars(Semantics(scale, softcap=softcap))  # log2(e) or 1/cap folded in, as in the forward
     k_descale, v_descale = descales or (None, None)
+    block_d, block_d_tail = head_blocks(q.shape[-1])
     return split_kv_attention(cfg, q, k_cache, v_cache, cache_seqlens, seqlen_new, block_table, cache_batch_idx,
                               cache_leftpad, qk_scale, softcap, window, alibi_slopes, unified_max,
-                              block_d=dispatch.block_d(q.shape[-1]), phi_range=PHI_RANGE[q.dtype],
-                              cached=dispatch.cached_launch(), k_descale=k_descale, v_descale=v_descale)
+                              block_d=block_d, block_d_tail=block_d_tail, block_dv=dispatch.block_d(v_cache.shape[-1]),
+                              phi_range=PHI_RANGE[q.dtype], cached=dispatch.cached_launch(), k_descale=k_descale,
+                              v_descale=v_descale)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
@@ -366,6 +376,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     GPT-NeoX halves). ``causal``, ``window_size``, ``softcap``, ``alibi_slopes`` ((nheads,) or
     (batch, nheads)) as in ``flash_attn_func``, bottom-right aligned to each sequence's valid length.
     ``num_splits``: key-range splits of the split-KV kernel (0 = heuristic, 1 = no split).
+    v_cache (and v) may have a head dim of their own, the output's (MLA: q and k_cache up to 576 wide,
+    v_cache up to 512, best a view ``k_cache[..., :512]`` of the latent cache, read once; ``docs/mla.md``).
 
     Beyond flash-attn's arguments (keyword only):
 
@@ -388,7 +400,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     * ``sinks`` (nheads,): learnable attention sinks, as in ``flash_attn_func`` (joined with the kernel's
       output and lse; rows that see no key stay empty).
 
-    Returns ``out`` (batch, seqlen_q, nheads, d) in q's dtype, and with ``return_softmax_lse`` also
+    Returns ``out`` (batch, seqlen_q, nheads, v_cache's head dim) in q's dtype, and with ``return_softmax_lse`` also
     ``softmax_lse`` (batch, nheads, seqlen_q) float32 (-inf for rows that see no key; their output is 0).
     """
     if sinks is not None and isinstance(q, torch.Tensor) and q.dim() == 4:  # (a bad q: its own check names it)
@@ -456,7 +468,7 @@ def _kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
         out, lse = _attention_torch(q, k_cache, v_cache, starts() + seqlen_new, block_table, cache_batch_idx,
                                     cache_leftpad, scale, window, softcap, alibi_slopes, descales)
     else:
-        out = q.new_zeros(q.shape)
+        out = q.new_zeros(*q.shape[:3], v_cache.shape[3])
         lse = torch.full((batch, q.shape[2], seqlen_q), float("-inf"), device=device)
     return out, lse
 
@@ -488,5 +500,6 @@ def _(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_se
               block_table, softmax_scale, causal, (window_left, window_right), softcap, alibi_slopes, num_splits,
               check_values=False, unified_max=unified_max, k_descale=k_descale, v_descale=v_descale)
     batch, seqlen_q, nheads, _ = q.shape
-    return q.new_empty(q.shape), q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+    return q.new_empty(batch, seqlen_q, nheads, v_cache.shape[3]), q.new_empty((batch, nheads, seqlen_q),
+                                                                                dtype=torch.float32)
 

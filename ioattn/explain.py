@@ -51,7 +51,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         window = normalize_window(window_size, bool(causal))
         seqlen_q = max_seqlen_q if varlen else q.shape[1]
         part = cpu.plan(seqlen_q, seqlen_q if varlen else k.shape[1], window, softcap, alibi_slopes is not None,
-                        device_type=q.device.type)
+                        device_type=q.device.type, value_dim_differs=v.shape[-1] != q.shape[-1])
         if fp8.is_fp8(q):
             part = dict(part, fp8="dequantised to float32 first (P not rounded to e4m3)")
             return DispatchPlan("reference", f"{q.device.type} tensors without TRITON_INTERPRET=1: the CPU path "
@@ -99,7 +99,7 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
             seqlen_q if varlen else None, sem.band_window, softcap, sem.alibi))
         backward = _gluon_backward(bplan, q, k, v, varlen, sem, alibi)
     else:
-        bwd = dispatch.tiles("bwd", q.shape[-1], q.device)
+        bwd = dispatch.tiles("bwd", q.shape[-1], q.device, headdim_v=_value_dims(q, v))
         backward = {"kernels": "attn_bwd_preprocess_kernel, attn_bwd_dkdv_kernel, attn_bwd_dq_kernel",
                     "tiles": (bwd.block_m, bwd.block_n, bwd.num_warps, bwd.num_stages), "atomics": False}
     backward["gluon_hopper"] = f"taken ({bwd_why})" if gluon_bwd else f"not taken ({bwd_why})"
@@ -167,13 +167,21 @@ def _portable_forward(q, k, v, varlen, window, seqlen_q, cu_seqlens_q) -> dict:
     d = q.shape[-1]
     tma = dispatch.fwd_uses_tma(k, v, varlen)
     fwd = dispatch.tiles("fwd", d, q.device, seqlen_q=seqlen_q, masked_right=window[1] >= 0, tma=tma,
-                         band=sum(window) + 1 if min(window) >= 0 else None)
+                         band=sum(window) + 1 if min(window) >= 0 else None, headdim_v=_value_dims(q, v))
     batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
     tiles = dispatch.cdiv(seqlen_q, fwd.block_m) * batch * q.shape[-2]
-    return {"kernel": "ioattn.kernels.forward.attn_fwd_kernel",
+    part = {"kernel": "ioattn.kernels.forward.attn_fwd_kernel",
             "tiles": (fwd.block_m, fwd.block_n, fwd.num_warps, fwd.num_stages),
             "kv_loads": "tma" if tma else "pointer", "head_dim_padded": dispatch.block_d(d),
             "tiles_count": tiles, "programs": dispatch.fwd_persistent_programs(q.device, tiles) or tiles}
+    if _value_dims(q, v):
+        part["value_head_dim_padded"] = dispatch.block_d(v.shape[-1])
+    return part
+
+
+def _value_dims(q, v):
+    """V's head dim where it differs from q's and k's (``dispatch.tiles``' ``headdim_v``), else None."""
+    return v.shape[-1] if v.shape[-1] != q.shape[-1] else None
 
 
 _OUT_STORES = {0: "pointer stores from the accumulator layout",

@@ -25,3 +25,13 @@ def tma_rows_view(t: torch.Tensor) -> torch.Tensor | None:
     if row < heads * d or (row * t.element_size()) % 16 or t.data_ptr() % 16:
         return None
     return t.as_strided((t.numel() // (heads * d), heads * d), (row, 1))
+
+
+def output_like(q: torch.Tensor, v: torch.Tensor, dtype: torch.dtype | None = None, zeros: bool = False) -> torch.Tensor:
+    """The attention output's buffer for ``q`` and ``v``: q's leading dims and layout with V's head dim
+    (``dtype``: q's by default; ``zeros``: filled with 0). Where V's head dim is q's, ``empty_like(q)``
+    (q's strides kept); else a contiguous tensor."""
+    if v.shape[-1] == q.shape[-1]:
+        return torch.zeros_like(q, dtype=dtype) if zeros else torch.empty_like(q, dtype=dtype)
+    alloc = torch.zeros if zeros else torch.empty
+    return alloc(*q.shape[:-1], v.shape[-1], dtype=q.dtype if dtype is None else dtype, device=q.device)

@@ -229,7 +229,7 @@ BAD = {
     "dtype_mismatch": (lambda kw: _bad(kw, q=kw["q"].double().half()), TypeError, "share one dtype"),
     "heads": (lambda kw: _bad(kw, q=kw["q"][:, :, :3]), ValueError, "multiple of the number of key/value heads"),
     "headdim": (lambda kw: _bad(kw, q=kw["q"][..., :16]), ValueError, "same head dim"),
-    "v_cache_shape": (lambda kw: _bad(kw, v_cache=kw["v_cache"][:, :-16]), ValueError, "same shape"),
+    "v_cache_shape": (lambda kw: _bad(kw, v_cache=kw["v_cache"][:, :-16]), ValueError, "agree in all but the head dim"),
     "k_without_v": (lambda kw: _bad(kw, v=None), ValueError, "k and v must be given together"),
     "k_shape": (lambda kw: _bad(kw, k=kw["k"][:, :, :1], v=kw["v"][:, :, :1]), ValueError, "k and v must both be"),
     "k_dtype": (lambda kw: _bad(kw, k=kw["k"].half(), v=kw["v"].half()), TypeError, "k must have q's dtype"),

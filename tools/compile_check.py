@@ -45,11 +45,12 @@ def signature(fn, dtype):
     return sig
 
 
-def compile_one(fn, constexprs, num_warps, num_stages, dtype="bf16", divisible=()):
+def compile_one(fn, constexprs, num_warps, num_stages, dtype="bf16", divisible=(), sig_fix=None):
     """``divisible``: argument names given the divisibility-by-16 hint the JIT attaches to aligned
     pointers and to integers that are multiples of 16 (without it the loads are not pipelined, so
-    shared memory and registers differ from the device's compile)."""
-    sig = signature(fn, dtype)
+    shared memory and registers differ from the device's compile). ``sig_fix``: argument types that
+    differ from ``signature``'s guess."""
+    sig = {**signature(fn, dtype), **(sig_fix or {})}
     # constexpr parameters the caller leaves out take their defaults (not runtime arguments)
     defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.default is not inspect.Parameter.empty}
     constexprs = {**defaults, **{n: None for n in NONE_ARGS if n in fn.arg_names}, **constexprs}

@@ -2,10 +2,13 @@
 refactor left the measured kernels unchanged: run it before and after, and compare the lines.
 Addresses are dropped; the instructions, their operands and their order count.
 
-    python tools/sass_fingerprint.py [--pass fwd|bwd|both] [--variants persistent] [--headdims 64,128]
+    python tools/sass_fingerprint.py [--pass fwd|bwd|both|portable] [--variants persistent] [--headdims 64,128]
         [--masks 0,1] [--walk-table default|on|off]
 
 ``--variants`` names the forward's variants; the backward fingerprints its dispatched variant (ws).
+``--pass portable``: the portable Triton kernels instead (forward through pointers and TMA, the three
+backward passes, the decode split kernel and the merge) at their default features and tiles, each
+head dim's launch as its launcher passes it.
 """
 import argparse
 import hashlib
@@ -14,6 +17,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compile_check as cc_portable  # noqa: E402
 import compile_check_hopper as cc  # noqa: E402
 import compile_check_hopper_bwd as cc_bwd  # noqa: E402
 from gluon_aot import sass_text  # noqa: E402
@@ -55,9 +59,48 @@ def backward(args):
             print(f"bwd ws d={d} causal={causal}: {digest} ({count} instructions)")
 
 
+def _portable_builds(d):
+    """(name, kernel, constexprs, warps, stages) of the portable kernels' default launches at head dim ``d``."""
+    from ioattn.kernels.backward import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_bwd_preprocess_kernel
+    from ioattn.kernels.combine import merge_states_kernel
+    from ioattn.kernels.decode import decode_split_kernel
+    from ioattn.kernels.forward import attn_fwd_kernel
+    from ioattn.plan import decode, dispatch
+
+    bd = dispatch.block_d(d)
+    dims = dict(HEAD_DIM=d, BLOCK_D=bd, HEAD_DIM_V=d, BLOCK_DV=bd)  # (V's where a kernel takes them)
+    plain = dict(IS_VARLEN=False, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_DROPOUT=False)
+    for tma in (False, True):
+        cfg = dispatch._FWD_TILES_TMA.get(bd, dispatch._FWD_TILES[bd]) if tma else dispatch._FWD_TILES[bd]
+        yield (f"fwd tma={tma}", attn_fwd_kernel, dict(dims, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_TMA=tma,
+                                                     PERSISTENT=False, LOG2_BATCH=0, **plain),
+               cfg.num_warps, cfg.num_stages)
+    yield "bwd preprocess", attn_bwd_preprocess_kernel, dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=64, IS_VARLEN=False), 4, 1
+    cfg = dispatch._BWD_TILES[bd]
+    for name, fn in (("bwd dkdv", attn_bwd_dkdv_kernel), ("bwd dq", attn_bwd_dq_kernel)):
+        yield name, fn, dict(dims, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **plain), cfg.num_warps, cfg.num_stages
+    for paged, tma in ((False, False), (True, True)):
+        yield (f"decode paged={paged} tma={tma}", decode_split_kernel,
+               dict(dims, BLOCK_M=16, BLOCK_N=decode._BLOCK_N_CUDA, PAGE_SIZE=64 if paged else 1, PAGED=paged,
+                    HAS_BATCH_IDX=False, HAS_LEFTPAD=False, HAS_SOFTCAP=False, HAS_ALIBI=False, USE_TMA=tma,
+                    UNIFIED=False, PHI_BELOW=64.0, PHI_ABOVE=64.0, HAS_SEQLENS=True, BLOCK_D_TAIL=0, V_FROM_K=False),
+               decode._NUM_WARPS, decode._NUM_STAGES)
+    yield ("merge", merge_states_kernel, dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_S=32, CHUNK_S=32, LSE_BHM=True), 4, 1)
+
+
+def portable(args):
+    for d in map(int, (args.headdims or "64,128").split(",")):
+        for name, fn, constexprs, warps, stages in _portable_builds(d):
+            sig_fix = dict(Outs="*fp32", Lses="*fp32") if name == "merge" else None  # the split partials
+            constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}
+            _, _, kernel = cc_portable.compile_one(fn, constexprs, warps, stages, sig_fix=sig_fix)
+            digest, count = fingerprint(kernel)
+            print(f"portable {name} d={d}: {digest} ({count} instructions)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pass", dest="pass_", default="fwd", choices=("fwd", "bwd", "both"))
+    ap.add_argument("--pass", dest="pass_", default="fwd", choices=("fwd", "bwd", "both", "portable"))
     ap.add_argument("--variants", default="persistent")
     ap.add_argument("--headdims", default=None, help="comma-separated subset of each variant's head dims")
     ap.add_argument("--masks", default="0,1")
@@ -67,6 +110,8 @@ def main():
         forward(args)
     if args.pass_ in ("bwd", "both"):
         backward(args)
+    if args.pass_ == "portable":
+        portable(args)
 
 
 if __name__ == "__main__":

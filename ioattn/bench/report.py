@@ -22,7 +22,7 @@ VALUE_FIELDS = ("tflops", "gbps", "peak_mem_mb")  # at least one present; which 
 OPTIONAL_FIELDS = {"paged": bool, "error": str, "max_err": (float, int, type(None)), "env": dict,
                    "ceilings": dict, "command": str, "us": (float, int, type(None)),
                    "host_ms": (float, int, type(None)), "layout": str, "err_bound": (float, int, type(None)),
-                   "check": dict,
+                   "check": dict, "headdim_v": int, "latent": bool,
                    **{v: (float, int, type(None)) for v in VALUE_FIELDS}}
 REPORT_HELP = "tables and plots from a results.jsonl that ioattn bench wrote (nothing is measured)"
 MODES = ("fwd", "bwd", "fwdbwd", "decode", "memory")

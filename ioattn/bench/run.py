@@ -6,7 +6,8 @@ against sequence length), ``quick`` (a short default; on a machine without a GPU
 against PyTorch's CPU attention), ``decode`` (one query token per sequence over a full KV cache,
 32 query heads / 8 KV heads, d 128, on the (batch, KV length) cases of ``DECODE_CASES``; GB/s of K
 and V read; ``ioattn`` also replayed from a CUDA graph as ``ioattn-graph``; on a machine without a
-GPU, small sizes against PyTorch's CPU attention), ``latency`` (eager calls one at a time,
+GPU, small sizes against PyTorch's CPU attention), ``mla`` (the decode sweep at MLA's shape: 128
+query heads over one latent cache of 576 columns, V its first 512, read once), ``latency`` (eager calls one at a time,
 synchronised: per-call latency as ``ms`` and the call's host time as ``host_ms``; the papers' grid
 from N = 512 against cuDNN and SDPA flash).
 
@@ -20,6 +21,7 @@ import math
 import platform
 import statistics
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 
@@ -88,17 +90,43 @@ CPU_SWEEPS = {
 
 @dataclass(frozen=True)
 class DecodeSweep:
-    """One query token per sequence; every sequence fills its cache (cache_seqlens = capacity = kvlen)."""
+    """One query token per sequence; every sequence fills its cache (cache_seqlens = capacity = kvlen).
+    ``headdim_v``: V's head dim (0: each head dim's own); ``latent``: V is the first ``headdim_v``
+    columns of K's storage (MLA's latent cache), so its bytes are K's."""
     cases: tuple  # (batch, kvlen) pairs
     nheads: int = 32
     nheads_kv: int = 8
     headdims: tuple = (128,)
     providers: tuple = ("ioattn", "ioattn-graph", "ioattn-checked", "ioattn-paged", "ioattn-unified", "ioattn-nopdl",
                         "ioattn-graph-nopdl", "ioattn-fp8") + ALL_PEERS
+    headdim_v: int = 0
+    latent: bool = False
+
+
+class DecodeShape(NamedTuple):
+    """One decode case; ``dv`` and ``latent`` as ``DecodeSweep``'s ``headdim_v`` and ``latent``."""
+    batch: int
+    kvlen: int
+    nheads: int
+    nheads_kv: int
+    d: int
+    dv: int = 0
+    latent: bool = False
+
+    def kv_bytes(self, itemsize):
+        """Bytes of K and V one step reads (V's none where it is K's columns: ``latent``)."""
+        v = 0 if self.latent else (self.dv or self.d)
+        return self.batch * self.kvlen * self.nheads_kv * (self.d + v) * itemsize
 
 
 DECODE_CASES = ((1, 4096), (1, 16384), (1, 65536), (1, 131072), (8, 8192), (32, 32768), (64, 4096))
-GPU_DECODE = {"decode": DecodeSweep(cases=DECODE_CASES)}
+# MLA's decoding (DeepSeek-V2/V3): 128 query heads read one latent cache of 512 + 64 rotary columns, V
+# its first 512; the target is the share of the device's copy bandwidth its bytes are read at.
+MLA_CASES = ((1, 32768), (1, 4096), (8, 8192))
+GPU_DECODE = {"decode": DecodeSweep(cases=DECODE_CASES),
+              "mla": DecodeSweep(cases=MLA_CASES, nheads=128, nheads_kv=1, headdims=(576,), headdim_v=512, latent=True,
+                                 providers=("ioattn", "ioattn-graph", "ioattn-checked", "ioattn-vload"))}
+DECODE_SWEEPS = tuple(GPU_DECODE)
 CPU_DECODE = {"decode": DecodeSweep(cases=((1, 256), (1, 1024), (2, 256), (2, 1024)), nheads=4, nheads_kv=2,
                                     headdims=(64,), providers=("ioattn", "ioattn-paged", "sdpa", "sdpa-math"))}
 DECODE_CHECK_BATCH = 2  # the correctness check runs on the first case, cut to at most this batch
@@ -125,6 +153,7 @@ SWEEP_HELP = {
     "memory": "peak memory of one forward+backward against sequence length",
     "quick": "a short run: correctness check, then forward and backward time (the default)",
     "decode": "one query token per sequence over a full KV cache: time and GB/s of K and V read",
+    "mla": "the decode sweep at MLA's shape (576 / 512 over one latent KV head, 128 query heads)",
     "latency": "eager calls one at a time, synchronised: per-call latency and host time",
     "fp8": "the FP8 (e4m3) forward beside the bf16 forward: time and TFLOP/s",
 }
@@ -428,17 +457,21 @@ def run_decode_sweep(name, device, dtype_name=None, provider_names=None, log=pri
     records = _Records(sink, env)
     runnable = _decode_runnable(decode_providers(names), sw, cases, name, dtype_name, env, records, log)
     itemsize = DTYPES[dtype_name].itemsize
-    bar = Progress(sum(decode_bytes(b, n, sw.nheads_kv, d, itemsize) for d in sw.headdims for b, n in cases)
+    bar = Progress(sum(_decode_shape(sw, b, n, d).kv_bytes(itemsize) for d in sw.headdims for b, n in cases)
                    * len(runnable) * max(1, rounds))
     log = bar.wrap(log)
     with torch.no_grad():
         for d in sw.headdims:
             checked = {}
             for batch, kvlen in cases:
-                shape = (batch, kvlen, sw.nheads, sw.nheads_kv, d)
+                shape = _decode_shape(sw, batch, kvlen, d)
                 _decode_case(runnable, checked, shape, device, dtype_name, env, records, log, bar, rounds, name)
     bar.close()
     return list(records)
+
+
+def _decode_shape(sw, batch, kvlen, d):
+    return DecodeShape(batch, kvlen, sw.nheads, sw.nheads_kv, d, sw.headdim_v, sw.latent)
 
 
 def _decode_runnable(table, sw, cases, name, dtype_name, env, records, log):
@@ -447,7 +480,7 @@ def _decode_runnable(table, sw, cases, name, dtype_name, env, records, log):
         if setup is None:
             log(f"{pname}: skipped ({why})")
             for d in sw.headdims:
-                records.append(_decode_record(name, pname, dtype_name, (*cases[0], sw.nheads, sw.nheads_kv, d), env,
+                records.append(_decode_record(name, pname, dtype_name, _decode_shape(sw, *cases[0], d), env,
                                               ok=False, error=why))
     return {p: setup for p, (setup, _) in table.items() if setup is not None}
 
@@ -455,10 +488,10 @@ def _decode_runnable(table, sw, cases, name, dtype_name, env, records, log):
 def _decode_case(runnable, checked, shape, device, dtype_name, env, records, log, bar, rounds, name):
     """One (head dim, case): inputs, each provider checked (once per head dim) and set up, then timed
     in interleaved rounds and recorded."""
-    batch, kvlen, _, nheads_kv, d = shape
+    batch, kvlen, _, nheads_kv, d = shape[:5]
     dtype = DTYPES[dtype_name]
     try:
-        n_sets = 1 if device != "cuda" else n_input_sets(decode_bytes(batch, kvlen, nheads_kv, d, dtype.itemsize))
+        n_sets = 1 if device != "cuda" else n_input_sets(shape.kv_bytes(dtype.itemsize))
         sets = [_decode_inputs(shape, dtype, device) for _ in range(n_sets)]
     except torch.cuda.OutOfMemoryError:
         log(f"d={d} batch={batch} kv={kvlen}: inputs do not fit in device memory; skipping this case")
@@ -493,7 +526,7 @@ def _decode_rounds(prepared, rounds, records, log, name, dtype_name, shape, env,
     round is recorded and left out of the rest."""
     times, host = {p: [] for p in prepared}, {}
     order = list(prepared)
-    weight = decode_bytes(shape[0], shape[1], shape[3], shape[4], DTYPES[dtype_name].itemsize)
+    weight = shape.kv_bytes(DTYPES[dtype_name].itemsize)
     for r in range(max(1, rounds) if order else 0):
         for pname in order[r % len(order):] + order[:r % len(order)]:
             if pname not in times:
@@ -516,11 +549,13 @@ def _decode_failed(records, log, name, pname, dtype_name, shape, env, e):
 
 
 def _decode_inputs(shape, dtype, device):
-    """(q, k_cache, v_cache, cache_seqlens): normal random values, every cache full."""
-    batch, kvlen, nheads, nheads_kv, d = shape
+    """(q, k_cache, v_cache, cache_seqlens): normal random values, every cache full; a latent shape's
+    v_cache is the view of k_cache's first columns."""
+    batch, kvlen, nheads, nheads_kv, d = shape[:5]
+    dv = shape.dv or d
     q = torch.randn(batch, 1, nheads, d, device=device, dtype=dtype)
     k = torch.randn(batch, kvlen, nheads_kv, d, device=device, dtype=dtype)
-    v = torch.randn(batch, kvlen, nheads_kv, d, device=device, dtype=dtype)
+    v = k[..., :dv] if shape.latent else torch.randn(batch, kvlen, nheads_kv, dv, device=device, dtype=dtype)
     return q, k, v, torch.full((batch,), kvlen, dtype=torch.int32, device=device)
 
 
@@ -535,12 +570,16 @@ def _check_decode(setup, inputs):
 
 
 def _decode_record(sweep, provider, dtype, shape, env, ms=None, ok=False, max_err=None, error=None, host_ms=None):
-    batch, kvlen, nheads, nheads_kv, d = shape
-    gbps = decode_bytes(batch, kvlen, nheads_kv, d, DTYPES[dtype].itemsize) / ms / 1e6 if ms and ok else None
+    batch, kvlen, nheads, nheads_kv, d = shape[:5]
+    gbps = shape.kv_bytes(DTYPES[dtype].itemsize) / ms / 1e6 if ms and ok else None
     rec = {"sweep": sweep, "provider": provider, "dtype": dtype, "batch": batch, "nheads": nheads,
            "nheads_kv": nheads_kv, "headdim": d, "seqlen_q": 1, "seqlen_k": kvlen, "causal": False,
            "paged": provider == "ioattn-paged", "device": env["device"], "mode": "decode", "ms": ms,
            "us": None if ms is None else ms * 1e3, "gbps": gbps, "ok": ok}
+    if shape.dv and shape.dv != d:
+        rec["headdim_v"] = shape.dv
+    if shape.latent:
+        rec["latent"] = True  # V is K's first headdim_v columns: gbps counts K's bytes alone
     if max_err is not None:
         rec["max_err"] = max_err
     if host_ms is not None:

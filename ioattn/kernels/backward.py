@@ -118,14 +118,6 @@ def _load_rows(base, offs_m, offs_d, stride_m, seqlen, HEAD_DIM: tl.constexpr, M
 
 
 @triton.jit
-def _load_row_pair(base_a, stride_a, base_b, stride_b, offs_m, offs_d, seqlen, HEAD_DIM: tl.constexpr,
-                   MASKED: tl.constexpr, EVEN_D: tl.constexpr):
-    """Two tiles of the same rows (Q and dO, or K and V), each loaded as by ``_load_rows``."""
-    a = _load_rows(base_a, offs_m, offs_d, stride_a, seqlen, HEAD_DIM, MASKED, EVEN_D)
-    return a, _load_rows(base_b, offs_m, offs_d, stride_b, seqlen, HEAD_DIM, MASKED, EVEN_D)
-
-
-@triton.jit
 def _load_row_stats(lse_base, delta_base, offs_m, seqlen_q, MASKED: tl.constexpr):
     if MASKED:
         lse = tl.load(lse_base + offs_m, mask=offs_m < seqlen_q, other=0.0)
@@ -139,10 +131,11 @@ def _load_row_stats(lse_base, delta_base, offs_m, seqlen_q, MASKED: tl.constexpr
 
 @triton.jit
 def _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, offs_n,
-                offs_d, m_block_lo, m_block_hi, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
+                offs_d, offs_dv, m_block_lo, m_block_hi, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                 window_right, slope_log2, seed, dropout_threshold, dropout_scale, drop_head_base,
                 seqlen_k_max, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr,
-                MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                HEAD_DIM_V: tl.constexpr, EVEN_DV: tl.constexpr, MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                HAS_ALIBI: tl.constexpr,
                 HAS_DROPOUT: tl.constexpr, mods=None, q_list=None, SCORE_MOD: tl.constexpr = None,
                 SCORE_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, SUB: tl.constexpr = 1):
     """Query blocks ``m_block_lo`` .. ``m_block_hi`` - 1 into (dK, dV); ``q_list``: a block mask's
@@ -153,7 +146,8 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, 
         else:
             m_block = tl.load(q_list + i // SUB) * SUB + i % SUB
         offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
-        q, do = _load_row_pair(q_base, stride_qm, do_base, stride_dom, offs_m, offs_d, seqlen_q, HEAD_DIM, MASKED, EVEN_D)
+        q = _load_rows(q_base, offs_m, offs_d, stride_qm, seqlen_q, HEAD_DIM, MASKED, EVEN_D)
+        do = _load_rows(do_base, offs_m, offs_dv, stride_dom, seqlen_q, HEAD_DIM_V, MASKED, EVEN_DV)
         lse_log2, delta = _load_row_stats(lse_base, delta_base, offs_m, seqlen_q, MASKED)
         p, ds = _probs_and_dscores(q, k, v, do, lse_log2, delta, offs_m, offs_n, seqlen_q, seqlen_k,
                                    qk_scale, softcap, window_left, window_right, slope_log2, seed,
@@ -175,15 +169,18 @@ def attn_bwd_dkdv_kernel(
     softmax_scale, qk_scale, softcap, window_left, window_right, seed, dropout_threshold, dropout_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr, mods=None, blocks=None, SCORE_MOD: tl.constexpr = None,
-    SCORE_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, SUB: tl.constexpr = 1,
-    KV_BLOCK: tl.constexpr = 0,
+    HAS_DROPOUT: tl.constexpr, HEAD_DIM_V: tl.constexpr = 0, BLOCK_DV: tl.constexpr = 0, mods=None, blocks=None,
+    SCORE_MOD: tl.constexpr = None, SCORE_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
+    SUB: tl.constexpr = 1, KV_BLOCK: tl.constexpr = 0,
 ):
     """One (key block, batch * KV head): dK and dV over every query head of the group. ``mods`` =
     (softmax_scale, the score's captured tensors, the mask's, their gradients' fp32 buffers) with the
     functions (``_probs_and_dscores``); ``blocks``: a block mask's transposed lists (``KV_BLOCK`` keys
     by ``SUB * BLOCK_M`` queries; as the forward's ``blocks``), the partial query blocks with the mask
-    function, the full ones without."""
+    function, the full ones without. ``HEAD_DIM_V`` / ``BLOCK_DV``: V's (and dO's, dV's) head dim and its
+    padding where it differs from Q's and K's (0: ``HEAD_DIM`` / ``BLOCK_D``)."""
+    DV: tl.constexpr = HEAD_DIM_V if HEAD_DIM_V else HEAD_DIM
+    BDV: tl.constexpr = BLOCK_DV if BLOCK_DV else BLOCK_D
     n_block, bh = tile_coords(tl.cdiv(seqlen_k_max, BLOCK_N), False)
     nheads_kv = nheads // qheads_per_kvhead
     b, h_kv, _, q_start, seqlen_q, k_start, seqlen_k, n_start = tile_start(
@@ -193,15 +190,18 @@ def attn_bwd_dkdv_kernel(
     b64 = b.to(tl.int64)
     offs_n = n_start + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BDV)
     kv_mask = (offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM)
+    v_mask = (offs_n[:, None] < seqlen_k) & (offs_dv[None, :] < DV)
     rows_k = (k_start + offs_n[:, None]).to(tl.int64)
     k = tl.load(K + b64 * stride_kb + h_kv * stride_kh + rows_k * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(V + b64 * stride_vb + h_kv * stride_vh + rows_k * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(V + b64 * stride_vb + h_kv * stride_vh + rows_k * stride_vn + offs_dv[None, :], mask=v_mask, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BDV], dtype=tl.float32)
     m_min, m_full_lo, m_full_hi, m_max = q_block_range(
         n_start, BLOCK_M, BLOCK_N, seqlen_q, seqlen_k, window_left, window_right)
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    EVEN_DV: tl.constexpr = DV == BDV
 
     for g in range(0, qheads_per_kvhead):
         h = h_kv * qheads_per_kvhead + g
@@ -220,66 +220,67 @@ def attn_bwd_dkdv_kernel(
         if blocks is not None:
             col = b * blocks[4] + h * blocks[5] + n_start // KV_BLOCK
             dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                                 offs_n, offs_d, 0, tl.load(blocks[0] + col) * SUB, seqlen_q, seqlen_k, qk_scale,
+                                 offs_n, offs_d, offs_dv, 0, tl.load(blocks[0] + col) * SUB, seqlen_q, seqlen_k, qk_scale,
                                  softcap, window_left, window_right, slope_log2, seed, dropout_threshold,
-                                 dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D,
-                                 True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods, blocks[1] + col * blocks[6],
+                                 dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D, DV,
+                                 EVEN_DV, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods, blocks[1] + col * blocks[6],
                                  SCORE_MOD, SCORE_GRAD, MASK_MOD, SUB)
             dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                                 offs_n, offs_d, 0, tl.load(blocks[2] + col) * SUB, seqlen_q, seqlen_k, qk_scale,
+                                 offs_n, offs_d, offs_dv, 0, tl.load(blocks[2] + col) * SUB, seqlen_q, seqlen_k, qk_scale,
                                  softcap, window_left, window_right, slope_log2, seed, dropout_threshold,
-                                 dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D,
-                                 True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods, blocks[3] + col * blocks[6],
+                                 dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D, DV,
+                                 EVEN_DV, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods, blocks[3] + col * blocks[6],
                                  SCORE_MOD, SCORE_GRAD, None, SUB)
         else:
             dk, dv = _dkdv_dense(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                                 offs_n, offs_d, m_min, m_full_lo, m_full_hi, m_max, seqlen_q, seqlen_k, qk_scale,
+                                 offs_n, offs_d, offs_dv, m_min, m_full_lo, m_full_hi, m_max, seqlen_q, seqlen_k, qk_scale,
                                  softcap, window_left, window_right, slope_log2, seed, dropout_threshold,
-                                 dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D,
-                                 HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods, SCORE_MOD, SCORE_GRAD, MASK_MOD)
+                                 dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D, DV,
+                                 EVEN_DV, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods, SCORE_MOD, SCORE_GRAD,
+                                 MASK_MOD)
 
     dk = dk * softmax_scale
     tl.store(dK + b64 * stride_dkb + h_kv * stride_dkh + rows_k * stride_dkn + offs_d[None, :],
              dk.to(dK.dtype.element_ty), mask=kv_mask)
-    tl.store(dV + b64 * stride_dvb + h_kv * stride_dvh + rows_k * stride_dvn + offs_d[None, :],
-             dv.to(dV.dtype.element_ty), mask=kv_mask)
+    tl.store(dV + b64 * stride_dvb + h_kv * stride_dvh + rows_k * stride_dvn + offs_dv[None, :],
+             dv.to(dV.dtype.element_ty), mask=v_mask)
 
 
 @triton.jit
-def _dkdv_dense(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, offs_n, offs_d, m_min,
-                m_full_lo, m_full_hi, m_max, seqlen_q, seqlen_k, qk_scale, softcap, window_left, window_right,
+def _dkdv_dense(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, offs_n, offs_d, offs_dv,
+                m_min, m_full_lo, m_full_hi, m_max, seqlen_q, seqlen_k, qk_scale, softcap, window_left, window_right,
                 slope_log2, seed, dropout_threshold, dropout_scale, drop_head_base, seqlen_k_max,
-                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, mods, SCORE_MOD: tl.constexpr,
-                SCORE_GRAD: tl.constexpr, MASK_MOD: tl.constexpr):
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                EVEN_DV: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                mods, SCORE_MOD: tl.constexpr, SCORE_GRAD: tl.constexpr, MASK_MOD: tl.constexpr):
     """Every query block the window (or the causal mask) leaves: three runs of ``_dkdv_inner``."""
     dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                         offs_n, offs_d, m_min, m_full_lo, seqlen_q, seqlen_k, qk_scale, softcap,
+                         offs_n, offs_d, offs_dv, m_min, m_full_lo, seqlen_q, seqlen_k, qk_scale, softcap,
                          window_left, window_right, slope_log2, seed, dropout_threshold,
-                         dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D,
-                         True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, mods, None, SCORE_MOD, SCORE_GRAD,
+                         dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D, HEAD_DIM_V,
+                         EVEN_DV,                         True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, mods, None, SCORE_MOD, SCORE_GRAD,
                          MASK_MOD)
     dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                         offs_n, offs_d, m_full_lo, m_full_hi, seqlen_q, seqlen_k, qk_scale, softcap,
+                         offs_n, offs_d, offs_dv, m_full_lo, m_full_hi, seqlen_q, seqlen_k, qk_scale, softcap,
                          window_left, window_right, slope_log2, seed, dropout_threshold,
-                         dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D,
-                         False, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, mods, None, SCORE_MOD, SCORE_GRAD,
+                         dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D, HEAD_DIM_V,
+                         EVEN_DV,                         False, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, mods, None, SCORE_MOD, SCORE_GRAD,
                          MASK_MOD)
     dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                         offs_n, offs_d, m_full_hi, m_max, seqlen_q, seqlen_k, qk_scale, softcap,
+                         offs_n, offs_d, offs_dv, m_full_hi, m_max, seqlen_q, seqlen_k, qk_scale, softcap,
                          window_left, window_right, slope_log2, seed, dropout_threshold,
-                         dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D,
-                         True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, mods, None, SCORE_MOD, SCORE_GRAD,
+                         dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D, HEAD_DIM_V,
+                         EVEN_DV,                         True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, mods, None, SCORE_MOD, SCORE_GRAD,
                          MASK_MOD)
     return dk, dv
 
 
 @triton.jit
-def _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+def _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, offs_dv,
               n_block_lo, n_block_hi, seqlen_q, seqlen_k, qk_scale, softcap, window_left, window_right,
               slope_log2, seed, dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max,
-              HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
-              MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+              HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+              EVEN_DV: tl.constexpr, MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
               HAS_DROPOUT: tl.constexpr, mods=None, kv_list=None, SCORE_MOD: tl.constexpr = None,
               SCORE_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, SUB: tl.constexpr = 1):
     """Key blocks ``n_block_lo`` .. ``n_block_hi`` - 1 into dQ (``kv_list``: as the forward's)."""
@@ -289,7 +290,8 @@ def _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, 
         else:
             n_block = tl.load(kv_list + i // SUB) * SUB + i % SUB
         offs_n = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
-        k, v = _load_row_pair(k_base, stride_kn, v_base, stride_vn, offs_n, offs_d, seqlen_k, HEAD_DIM, MASKED, EVEN_D)
+        k = _load_rows(k_base, offs_n, offs_d, stride_kn, seqlen_k, HEAD_DIM, MASKED, EVEN_D)
+        v = _load_rows(v_base, offs_n, offs_dv, stride_vn, seqlen_k, HEAD_DIM_V, MASKED, EVEN_DV)
         _, ds = _probs_and_dscores(q, k, v, do, lse_log2, delta, offs_m, offs_n, seqlen_q, seqlen_k,
                                    qk_scale, softcap, window_left, window_right, slope_log2, seed,
                                    dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max,
@@ -308,12 +310,15 @@ def attn_bwd_dq_kernel(
     softmax_scale, qk_scale, softcap, window_left, window_right, seed, dropout_threshold, dropout_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr, mods=None, blocks=None, SCORE_MOD: tl.constexpr = None,
-    SCORE_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, SUB: tl.constexpr = 1,
-    Q_BLOCK: tl.constexpr = 0,
+    HAS_DROPOUT: tl.constexpr, HEAD_DIM_V: tl.constexpr = 0, BLOCK_DV: tl.constexpr = 0, mods=None, blocks=None,
+    SCORE_MOD: tl.constexpr = None, SCORE_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
+    SUB: tl.constexpr = 1, Q_BLOCK: tl.constexpr = 0,
 ):
     """One (query block, batch * head): dQ. ``mods``, the functions and ``blocks``: as the forward's
-    (``mods`` with the gradients' buffers last, unused here: the dK / dV pass adds into them)."""
+    (``mods`` with the gradients' buffers last, unused here: the dK / dV pass adds into them);
+    ``HEAD_DIM_V`` / ``BLOCK_DV`` as the dK/dV kernel's."""
+    DV: tl.constexpr = HEAD_DIM_V if HEAD_DIM_V else HEAD_DIM
+    BDV: tl.constexpr = BLOCK_DV if BLOCK_DV else BLOCK_D
     m_block, bh = tile_coords(tl.cdiv(seqlen_q_max, BLOCK_M), True)
     b, h, h_kv, q_start, seqlen_q, k_start, seqlen_k, m_start = tile_start(
         m_block, bh, nheads, qheads_per_kvhead, cu_seqlens_q, cu_seqlens_k, seqlen_q_max, seqlen_k_max, BLOCK_M, IS_VARLEN)
@@ -321,12 +326,14 @@ def attn_bwd_dq_kernel(
         return
     b64 = b.to(tl.int64)
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    EVEN_DV: tl.constexpr = DV == BDV
     offs_m = m_start + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BDV)
     q = _load_rows(Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h * stride_qh, offs_m, offs_d,
                    stride_qm, seqlen_q, HEAD_DIM, True, EVEN_D)
     do = _load_rows(dOut + b64 * stride_dob + q_start.to(tl.int64) * stride_dom + h * stride_doh, offs_m,
-                    offs_d, stride_dom, seqlen_q, HEAD_DIM, True, EVEN_D)
+                    offs_dv, stride_dom, seqlen_q, DV, True, EVEN_DV)
     lse_log2, delta = _load_row_stats(Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start,
                                       Delta + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start,
                                       offs_m, seqlen_q, True)
@@ -343,21 +350,23 @@ def attn_bwd_dq_kernel(
         tile_mods = None
     if blocks is not None:
         row = b * blocks[4] + h * blocks[5] + m_start // Q_BLOCK
-        dq = _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+        dq = _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, offs_dv,
                        0, tl.load(blocks[0] + row) * SUB, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                        window_right, slope_log2, seed, dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max,
-                       HEAD_DIM, BLOCK_N, EVEN_D, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods,
+                       HEAD_DIM, BLOCK_N, EVEN_D, DV, EVEN_DV, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods,
                        blocks[1] + row * blocks[6], SCORE_MOD, SCORE_GRAD, MASK_MOD, SUB)
-        dq = _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+        dq = _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, offs_dv,
                        0, tl.load(blocks[2] + row) * SUB, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                        window_right, slope_log2, seed, dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max,
-                       HEAD_DIM, BLOCK_N, EVEN_D, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods,
+                       HEAD_DIM, BLOCK_N, EVEN_D, DV, EVEN_DV, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods,
                        blocks[3] + row * blocks[6], SCORE_MOD, SCORE_GRAD, None, SUB)
     else:
-        dq = _dq_dense(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, m_start,
+        dq = _dq_dense(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, offs_dv,
+                       m_start,
                        seqlen_q, seqlen_k, qk_scale, softcap, window_left, window_right, slope_log2, seed,
                        dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max, HEAD_DIM, BLOCK_M, BLOCK_N,
-                       EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods, SCORE_MOD, SCORE_GRAD, MASK_MOD)
+                       EVEN_D, DV, EVEN_DV, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods, SCORE_MOD, SCORE_GRAD,
+                       MASK_MOD)
     dq = dq * softmax_scale
     tl.store(dQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqm + h * stride_dqh
              + offs_m[:, None].to(tl.int64) * stride_dqm + offs_d[None, :],
@@ -365,29 +374,31 @@ def attn_bwd_dq_kernel(
 
 
 @triton.jit
-def _dq_dense(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, m_start, seqlen_q,
+def _dq_dense(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, offs_dv, m_start,
+              seqlen_q,
               seqlen_k, qk_scale, softcap, window_left, window_right, slope_log2, seed, dropout_threshold,
               dropout_scale, drop_row_base, seqlen_k_max, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+              BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, EVEN_DV: tl.constexpr,
+              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
               HAS_DROPOUT: tl.constexpr, mods, SCORE_MOD: tl.constexpr, SCORE_GRAD: tl.constexpr,
               MASK_MOD: tl.constexpr):
     """Every key block the window (or the causal mask) leaves: three runs of ``_dq_inner``."""
     n_min, n_full_lo, n_full_hi, n_max = kv_block_range(
         m_start, BLOCK_M, BLOCK_N, seqlen_q, seqlen_k, window_left, window_right)
-    dq = _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+    dq = _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, offs_dv,
                    n_min, n_full_lo, seqlen_q, seqlen_k, qk_scale, softcap, window_left, window_right,
                    slope_log2, seed, dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max,
-                   HEAD_DIM, BLOCK_N, EVEN_D, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, mods, None,
+                   HEAD_DIM, BLOCK_N, EVEN_D, HEAD_DIM_V, EVEN_DV, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, mods, None,
                    SCORE_MOD, SCORE_GRAD, MASK_MOD)
-    dq = _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+    dq = _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, offs_dv,
                    n_full_lo, n_full_hi, seqlen_q, seqlen_k, qk_scale, softcap, window_left, window_right,
                    slope_log2, seed, dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max,
-                   HEAD_DIM, BLOCK_N, EVEN_D, False, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, mods, None,
+                   HEAD_DIM, BLOCK_N, EVEN_D, HEAD_DIM_V, EVEN_DV, False, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, mods, None,
                    SCORE_MOD, SCORE_GRAD, MASK_MOD)
-    dq = _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+    dq = _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, offs_dv,
                    n_full_hi, n_max, seqlen_q, seqlen_k, qk_scale, softcap, window_left, window_right,
                    slope_log2, seed, dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max,
-                   HEAD_DIM, BLOCK_N, EVEN_D, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, mods, None,
+                   HEAD_DIM, BLOCK_N, EVEN_D, HEAD_DIM_V, EVEN_DV, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, mods, None,
                    SCORE_MOD, SCORE_GRAD, MASK_MOD)
     return dq
 

@@ -12,7 +12,8 @@ Two routes, chosen per call by ``route``:
   call is cut into pieces the two agree on (``_causal_pieces``). Other windows and ALiBi go
   through the kernel's additive mask, one block of query rows at a time against the keys the
   block can see (``_masked_forward``), so the mask stays ``block_m x seqlen_k``.
-* ``"tiled"``: softcap and dropout, which the kernel has no way to take. Exact attention in
+* ``"tiled"``: softcap, dropout and a value head dim other than q's and k's (the kernel wants
+  one head size), which the kernel has no way to take. Exact attention in
   PyTorch ops, one block of query rows at a time against all the keys the block can see: the
   scores of a block are one matrix product, the softmax is done in place in base 2 with the scale
   folded into q, and memory is linear in the sequence length (``block_m x seqlen_k`` scores per
@@ -36,6 +37,7 @@ from typing import Callable, Optional
 import torch
 
 from ioattn.kernels.constants import LOG2E
+from ioattn.layout import output_like
 from ioattn.reference.philox import LazyDropoutMask
 
 _LN2 = math.log(2.0)
@@ -61,10 +63,12 @@ def forced_route(name: str):
         _forced_route = previous
 
 
-def route(softcap, dropout_p, device_type="cpu") -> str:
+def route(softcap, dropout_p, device_type="cpu", value_dim_differs=False) -> str:
     """'aten' when PyTorch's fused CPU kernel can compute the call exactly, else 'tiled' (also for
-    tensors on another device, where ``dispatch.forced_backend("reference")`` sends them)."""
-    if _forced_route == "tiled" or softcap > 0 or dropout_p > 0 or device_type != "cpu":
+    tensors on another device, where ``dispatch.forced_backend("reference")`` sends them, and for
+    ``value_dim_differs``: v's head dim is not q's and k's, which the kernel refuses)."""
+    if (_forced_route == "tiled" or softcap > 0 or dropout_p > 0 or device_type != "cpu"
+            or value_dim_differs):
         return "tiled"
     return "aten"
 
@@ -521,13 +525,15 @@ def _whole_call(window, slopes):
     return slopes is None and window[0] == -1 and window[1] in (-1, 0)
 
 
-def plan(seqlen_q, seqlen_k, window, softcap, has_alibi, dropout_p=0.0, device_type="cpu") -> dict:
+def plan(seqlen_q, seqlen_k, window, softcap, has_alibi, dropout_p=0.0, device_type="cpu",
+         value_dim_differs=False) -> dict:
     """What ``forward`` / ``backward`` run for such a call (``explain_dispatch``), from the same
     rules they use."""
     window = _full_window(window, seqlen_q, seqlen_k)
-    if route(softcap, dropout_p, device_type) == "tiled":
+    if route(softcap, dropout_p, device_type, value_dim_differs) == "tiled":
         why = ("softcap" if softcap > 0 else "dropout" if dropout_p > 0 else
-               f"{device_type} tensors" if device_type != "cpu" else "forced")
+               f"{device_type} tensors" if device_type != "cpu" else
+               "value head dim differs" if value_dim_differs else "forced")
         return {"route": f"tiled ({why}: blocks of query rows against the keys they see, PyTorch ops)"}
     kernel = "aten::_scaled_dot_product_flash_attention_for_cpu (PyTorch's fused CPU kernel)"
     if has_alibi or not _whole_call(window, None):
@@ -543,11 +549,11 @@ def _forward_one(q, k, v, scale, window, softcap, slopes, dropout_p, keep, out=N
     """(out, lse) of a batched problem; written into ``out``/``lse`` when given."""
     sq, sk = q.shape[1], k.shape[1]
     window = _full_window(window, sq, sk)
-    fused = route(softcap, dropout_p, q.device.type) == "aten"
+    fused = route(softcap, dropout_p, q.device.type, v.shape[-1] != q.shape[-1]) == "aten"
     if fused and _whole_call(window, slopes) and min(q.shape) > 0 and sk > 0:
         return _whole_forward(q, k, v, scale, window[1] == 0, out, lse)
     if out is None:
-        out = torch.empty_like(q)
+        out = output_like(q, v)
         lse = torch.empty(q.shape[0], q.shape[2], sq, dtype=torch.float32, device=q.device)
     if min(q.shape) == 0:
         return out, lse
@@ -563,7 +569,7 @@ def _backward_one(dout, q, k, v, out, lse, scale, window, softcap, slopes, dropo
     """(dq, dk, dv) of a batched problem; written into ``grads`` when given."""
     sq, sk = q.shape[1], k.shape[1]
     window = _full_window(window, sq, sk)
-    fused = route(softcap, dropout_p, q.device.type) == "aten"
+    fused = route(softcap, dropout_p, q.device.type, v.shape[-1] != q.shape[-1]) == "aten"
     if fused and _whole_call(window, slopes) and min(q.shape) > 0 and sk > 0:
         return _whole_backward(dout, q, k, v, out, lse, scale, window[1] == 0, grads)
     dq, dk, dv = grads if grads is not None else (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
@@ -608,7 +614,7 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
         return _forward_one(q, k, v, softmax_scale, window, softcap, _slopes(alibi_slopes, nheads), dropout_p,
                             keep)
     # tokens after cu_seqlens[-1] belong to no sequence: output 0, lse -inf
-    out = torch.zeros_like(q)
+    out = output_like(q, v, zeros=True)
     lse = torch.full((nheads, q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device)
     batch = cu_seqlens_q.numel() - 1
     for b, rq, rk in _sequences(cu_seqlens_q, cu_seqlens_k):

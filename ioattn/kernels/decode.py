@@ -40,8 +40,11 @@ split, so the step does not end on a few SMs reading one whole unit each.
   page and row indices to the pool: a call whose index values were not checked on the host (CUDA
   graphs, ``check_values=False``) can compute garbage from bad values but never reads outside the
   cache.
+* **Head dims.** V's (``HEAD_DIM_V``, the output's) may differ from q's and K's; past 256, q.k runs
+  as two blocks (``BLOCK_D_TAIL``: 576 = 512 + 64); with ``V_FROM_K`` the V tile is the K tile's first
+  columns (V a view of the latent cache, MLA), so those bytes are read once.
 * **Output.** Each split writes its normalised partial output (fp32) and its natural-log lse
-  (-inf for a split that saw no key) to scratch ``(num_splits, batch - part_b0, seqlen_q, nheads, d)``
+  (-inf for a split that saw no key) to scratch ``(num_splits, batch - part_b0, seqlen_q, nheads, dv)``
   / ``(num_splits, batch - part_b0, seqlen_q, nheads)`` (the split units are the batch elements from
   ``part_b0`` on); the merge kernel combines the splits into the output (q's dtype) and the lse in
   flash-attn's layout. A whole unit writes those directly: a decode step is one or two launches.
@@ -72,16 +75,19 @@ from ioattn.kernels.common import LOG2E, mma, softmax_finish, softmax_step, tile
 
 
 @triton.jit
-def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, bt_row, cache_row, h_kv, lp, end, tok,
+def _split_chunks(acc, m_i, l_i, q, q_tail, K, V, k_desc, v_desc, bt_row, cache_row, h_kv, lp, end, tok,
                   seqlen_q, c_start, c_end, num_pages, stride_kb, stride_kn, stride_vb, stride_vn, k_head, v_head,
-                  offs_d, d_ok, qk_scale, softcap, window_left, window_right, slope_log2, phi,
-                  BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
-                  USE_TMA: tl.constexpr, UNIFIED: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                  HAS_ALIBI: tl.constexpr):
+                  offs_d, d_ok, offs_t, t_ok, offs_dv, dv_ok, qk_scale, softcap, window_left, window_right,
+                  slope_log2, phi, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                  PAGED: tl.constexpr, USE_TMA: tl.constexpr, UNIFIED: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                  HAS_ALIBI: tl.constexpr, BLOCK_D_TAIL: tl.constexpr, BLOCK_DV: tl.constexpr,
+                  V_FROM_K: tl.constexpr):
     """Key chunks [c_start, c_end) of one split into (acc, m, l). ``UNIFIED``: probabilities are
     exp2(s - phi) and ``m_i`` only records the true row max (for the range check). Paged:
     ``bt_row`` is the sequence's block-table row. K/V tiles are converted to q's dtype once, after
-    their load (a no-op unless the cache is FP8)."""
+    their load (a no-op unless the cache is FP8). ``BLOCK_D_TAIL``: K's columns past ``BLOCK_D``
+    (``offs_t``) as a second tile, its product with ``q_tail`` added to the scores. ``V_FROM_K``: the V
+    tile is the K tile's first ``BLOCK_D`` columns, transposed (V a view of K's storage)."""
     offs_n0 = tl.arange(0, BLOCK_N)
     if PAGED:
         # The page of chunk c is read one chunk ahead: the K/V addresses depend on it, so read in
@@ -109,6 +115,10 @@ def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, bt_row, cache_row, h_k
             k = tl.load(K + k_head + row * stride_kb + offs_in[None, :] * stride_kn + offs_d[:, None],
                         mask=kv_ok[None, :] & d_ok[:, None], other=0.0).to(q.dtype)
             qk = mma(q, k)
+            if BLOCK_D_TAIL:
+                k_tail = tl.load(K + k_head + row * stride_kb + offs_in[None, :] * stride_kn + offs_t[:, None],
+                                 mask=kv_ok[None, :] & t_ok[:, None], other=0.0).to(q.dtype)
+                qk = mma(q_tail, k_tail, qk)
         s = tile_scores(qk, tok, offs_n, seqlen_q, end, qk_scale, softcap, window_left, window_right,
                         slope_log2, True, HAS_SOFTCAP, HAS_ALIBI)
         s = tl.where(kv_ok[None, :], s, float("-inf"))  # leftpad columns (the key end is in tile_scores)
@@ -119,11 +129,13 @@ def _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, bt_row, cache_row, h_k
         else:
             p, m_i, l_i, acc = softmax_step(s, m_i, l_i, acc, True)
         if USE_TMA:
-            v = v_desc.load([row.to(tl.int32), col_in, h_kv, 0]).reshape(BLOCK_N, BLOCK_D).to(q.dtype)
+            v = v_desc.load([row.to(tl.int32), col_in, h_kv, 0]).reshape(BLOCK_N, BLOCK_DV).to(q.dtype)
             v = tl.where(kv_ok[:, None], v, 0.0)
+        elif V_FROM_K:  # (K's columns past the sequence are zero: masked in its load)
+            v = tl.trans(k)
         else:
-            v = tl.load(V + v_head + row * stride_vb + offs_in[:, None] * stride_vn + offs_d[None, :],
-                        mask=kv_ok[:, None] & d_ok[None, :], other=0.0).to(q.dtype)
+            v = tl.load(V + v_head + row * stride_vb + offs_in[:, None] * stride_vn + offs_dv[None, :],
+                        mask=kv_ok[:, None] & dv_ok[None, :], other=0.0).to(q.dtype)
         acc = mma(p.to(v.dtype), v, acc)
     return acc, m_i, l_i
 
@@ -145,7 +157,8 @@ def decode_split_kernel(
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, USE_TMA: tl.constexpr, UNIFIED: tl.constexpr,
     PHI_BELOW: tl.constexpr, PHI_ABOVE: tl.constexpr, HAS_SEQLENS: tl.constexpr, USE_PDL: tl.constexpr = False,
-    PDL_WAIT: tl.constexpr = False, KV_FP8: tl.constexpr = False,
+    PDL_WAIT: tl.constexpr = False, KV_FP8: tl.constexpr = False, BLOCK_D_TAIL: tl.constexpr = 0,
+    HEAD_DIM_V: tl.constexpr = 0, BLOCK_DV: tl.constexpr = 0, V_FROM_K: tl.constexpr = False,
 ):
     """``num_rows``: pages in the pool (paged) or rows of the contiguous cache. Sequence b ends at
     ``SeqLens[b] + seqlen_new`` (``seqlen_base + seqlen_new`` without ``HAS_SEQLENS``).
@@ -153,7 +166,14 @@ def decode_split_kernel(
     dtype, contiguous (batch, seqlen_q, nheads, d)) and ``Lse`` (contiguous (batch, nheads,
     seqlen_q)); the units after them are split ``num_splits`` ways, split fastest, into the partials
     ``Opart`` / ``Lpart`` at batch index ``b - part_b0`` (a unit is a (sequence, KV head, row block)).
-    ``KV_FP8``: e4m3 caches, ``KDescale`` / ``VDescale`` float32 contiguous (batch, nheads_kv)."""
+    ``KV_FP8``: e4m3 caches, ``KDescale`` / ``VDescale`` float32 contiguous (batch, nheads_kv).
+    ``BLOCK_D_TAIL`` > 0: q's and K's ``HEAD_DIM`` columns as ``BLOCK_D`` (a power of two below it)
+    and a second block of ``BLOCK_D_TAIL`` for the rest, where one power-of-two block would be mostly
+    padding (MLA's 576 = 512 + 64). ``HEAD_DIM_V`` / ``BLOCK_DV``: V's and the output's head dim and its
+    padding where it differs from q's and K's (0: ``HEAD_DIM`` / ``BLOCK_D``); ``V_FROM_K``: V is a view
+    of K's first ``HEAD_DIM_V`` = ``BLOCK_D`` columns (MLA's latent cache), read once, as K."""
+    DV: tl.constexpr = HEAD_DIM_V if HEAD_DIM_V else HEAD_DIM
+    BDV: tl.constexpr = BLOCK_DV if BLOCK_DV else BLOCK_D
     if PDL_WAIT:
         gdc_wait()  # launched early (programmatic dependent launch): the previous kernel's writes from here on
     pid = tl.program_id(0)
@@ -185,9 +205,17 @@ def decode_split_kernel(
     row_ok = tok < seqlen_q
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    q_ptrs = (Q + b64 * stride_qb + tok[:, None].to(tl.int64) * stride_qm + hq[:, None].to(tl.int64) * stride_qh
-              + offs_d[None, :])
-    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    offs_dv = tl.arange(0, BDV)
+    dv_ok = offs_dv < DV
+    q_row = Q + b64 * stride_qb + tok[:, None].to(tl.int64) * stride_qm + hq[:, None].to(tl.int64) * stride_qh
+    q = tl.load(q_row + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    offs_t = offs_d
+    t_ok = d_ok
+    q_tail = q
+    if BLOCK_D_TAIL:
+        offs_t = BLOCK_D + tl.arange(0, BLOCK_D_TAIL)
+        t_ok = offs_t < HEAD_DIM
+        q_tail = tl.load(q_row + offs_t[None, :], mask=row_ok[:, None] & t_ok[None, :], other=0.0)
 
     slope_log2 = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
     if HAS_ALIBI:
@@ -220,25 +248,26 @@ def decode_split_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BDV], dtype=tl.float32)
     k_head = h_kv.to(tl.int64) * stride_kh
     v_head = h_kv.to(tl.int64) * stride_vh
-    acc, m_i, l_i = _split_chunks(acc, m_i, l_i, q, K, V, k_desc, v_desc, bt_row, cache_row, h_kv, lp, end,
-                                  tok, seqlen_q, c_start, c_end, num_rows, stride_kb, stride_kn, stride_vb, stride_vn,
-                                  k_head, v_head, offs_d, d_ok, qk_scale, softcap, window_left,
-                                  window_right, slope_log2, phi, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_TMA,
-                                  UNIFIED, HAS_SOFTCAP, HAS_ALIBI)
+    acc, m_i, l_i = _split_chunks(acc, m_i, l_i, q, q_tail, K, V, k_desc, v_desc, bt_row, cache_row, h_kv, lp,
+                                  end, tok, seqlen_q, c_start, c_end, num_rows, stride_kb, stride_kn, stride_vb,
+                                  stride_vn, k_head, v_head, offs_d, d_ok, offs_t, t_ok, offs_dv, dv_ok, qk_scale,
+                                  softcap, window_left, window_right, slope_log2, phi, BLOCK_D, BLOCK_N, PAGE_SIZE,
+                                  PAGED, USE_TMA, UNIFIED, HAS_SOFTCAP, HAS_ALIBI, BLOCK_D_TAIL, BDV, V_FROM_K)
     if UNIFIED:
         # a row max outside phi's safe range (rows with no key are fine): redo this split exactly
         gap = m_i - phi
         unsafe = (m_i != float("-inf")) & ((gap > PHI_ABOVE) | (gap < -PHI_BELOW))
         if tl.max(unsafe.to(tl.int32), 0) > 0:
             acc, m_i, l_i = _split_chunks(
-                tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32), tl.full([BLOCK_M], float("-inf"), dtype=tl.float32),
-                tl.zeros([BLOCK_M], dtype=tl.float32), q, K, V, k_desc, v_desc, bt_row, cache_row, h_kv,
+                tl.zeros([BLOCK_M, BDV], dtype=tl.float32), tl.full([BLOCK_M], float("-inf"), dtype=tl.float32),
+                tl.zeros([BLOCK_M], dtype=tl.float32), q, q_tail, K, V, k_desc, v_desc, bt_row, cache_row, h_kv,
                 lp, end, tok, seqlen_q, c_start, c_end, num_rows, stride_kb, stride_kn, stride_vb, stride_vn, k_head,
-                v_head, offs_d, d_ok, qk_scale, softcap, window_left, window_right, slope_log2, phi,
-                BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_TMA, False, HAS_SOFTCAP, HAS_ALIBI)
+                v_head, offs_d, d_ok, offs_t, t_ok, offs_dv, dv_ok, qk_scale, softcap, window_left, window_right,
+                slope_log2, phi, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_TMA, False, HAS_SOFTCAP, HAS_ALIBI,
+                BLOCK_D_TAIL, BDV, V_FROM_K)
         else:
             m_i = tl.where(m_i == float("-inf"), m_i, phi)  # what was subtracted, for the lse
 
@@ -251,14 +280,14 @@ def decode_split_kernel(
     if nsplit == 1:  # the final output and lse
         nheads = nheads_kv * group
         rows_out = (b64 * seqlen_q + tok64) * nheads + hq64
-        tl.store(Out + rows_out[:, None] * HEAD_DIM + offs_d[None, :], out.to(Out.dtype.element_ty),
-                 mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(Out + rows_out[:, None] * DV + offs_dv[None, :], out.to(Out.dtype.element_ty),
+                 mask=row_ok[:, None] & dv_ok[None, :])
         tl.store(Lse + (b64 * nheads + hq64) * seqlen_q + tok64, lse, mask=row_ok)
     else:
         split64 = split.to(tl.int64)
         bp64 = b64 - part_b0
         o_ptrs = (Opart + split64 * stride_os + bp64 * stride_ob + tok64[:, None] * stride_om
-                  + hq64[:, None] * stride_oh + offs_d[None, :])
-        tl.store(o_ptrs, out, mask=row_ok[:, None] & d_ok[None, :])
+                  + hq64[:, None] * stride_oh + offs_dv[None, :])
+        tl.store(o_ptrs, out, mask=row_ok[:, None] & dv_ok[None, :])
         tl.store(Lpart + split64 * stride_ls + bp64 * stride_lb + tok64 * stride_lm + hq64 * stride_lh, lse,
                  mask=row_ok)

@@ -12,13 +12,15 @@ from ioattn.kernels.common import LOG2E, P_SCALE, mma, softmax_finish, softmax_s
 
 @triton.jit
 def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn, offs_m, offs_d,
-               n_block_lo, n_block_hi, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
+               offs_dv, n_block_lo, n_block_hi, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                window_right, slope_log2, seed, dropout_threshold, drop_row_base, seqlen_k_max,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-               USE_TMA: tl.constexpr, MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+               HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr, USE_TMA: tl.constexpr,
+               MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
                HAS_DROPOUT: tl.constexpr, RESCALE_TAU: tl.constexpr, IS_FP8: tl.constexpr, mods=None,
                kv_list=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, SUB: tl.constexpr = 1):
-    """Key tiles ``n_block_lo`` .. ``n_block_hi`` - 1 into the running (acc, m_i, l_i). ``kv_list``: a
+    """Key tiles ``n_block_lo`` .. ``n_block_hi`` - 1 into the running (acc, m_i, l_i): K's ``HEAD_DIM``
+    columns (``offs_d``, ``BLOCK_D`` padded), V's ``HEAD_DIM_V`` (``offs_dv``, ``BLOCK_DV``). ``kv_list``: a
     block mask's row of key-block indices, tile i then being sub-tile i % ``SUB`` of the block at
     ``kv_list[i // SUB]``. ``SCORE_MOD`` / ``MASK_MOD`` (``ioattn.kernels.modgen``): the user's
     functions, ``mods`` = (b, h, softmax_scale, the score's and the mask's captured tensors)."""
@@ -59,15 +61,15 @@ def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride
             keep = dropout_keep(seed, dropout_threshold, drop_row_base, offs_n, seqlen_k_max)
             p = tl.where(keep, p, 0.0)
         if USE_TMA:
-            v = v_desc.load([b, n_block * BLOCK_N, h_kv, 0]).reshape(BLOCK_N, BLOCK_D)
+            v = v_desc.load([b, n_block * BLOCK_N, h_kv, 0]).reshape(BLOCK_N, BLOCK_DV)
         else:
-            v_ptrs = v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_d[None, :]
+            v_ptrs = v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_dv[None, :]
             if MASKED:
-                v = tl.load(v_ptrs, mask=(offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-            elif EVEN_D:
+                v = tl.load(v_ptrs, mask=(offs_n[:, None] < seqlen_k) & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+            elif EVEN_DV:
                 v = tl.load(v_ptrs)
             else:
-                v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+                v = tl.load(v_ptrs, mask=offs_dv[None, :] < HEAD_DIM_V, other=0.0)
         if IS_FP8:  # P in [0, 1] lifted into e4m3's normal range; undone with the normalisation
             acc = mma((p * P_SCALE).to(v.dtype), v, acc)
         else:
@@ -88,8 +90,9 @@ def attn_fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, USE_TMA: tl.constexpr, PERSISTENT: tl.constexpr, LOG2_BATCH: tl.constexpr,
-    RESCALE_TAU: tl.constexpr = 0.0, IS_FP8: tl.constexpr = False, mods=None, blocks=None,
-    SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, SUB: tl.constexpr = 1, Q_BLOCK: tl.constexpr = 0,
+    RESCALE_TAU: tl.constexpr = 0.0, IS_FP8: tl.constexpr = False, HEAD_DIM_V: tl.constexpr = 0,
+    BLOCK_DV: tl.constexpr = 0, mods=None, blocks=None, SCORE_MOD: tl.constexpr = None,
+    MASK_MOD: tl.constexpr = None, SUB: tl.constexpr = 1, Q_BLOCK: tl.constexpr = 0,
 ):
     """``USE_TMA``: K and V arrive through host-built tensor descriptors over their
     (batch, seqlen_k, nheads_kv, headdim) view (batched inputs with 16-byte aligned strides).
@@ -106,7 +109,11 @@ def attn_fwd_kernel(
     tensors); with them the host's
     ``qk_scale`` is log2(e). ``blocks`` (a block mask's (kv_num, kv_idx, full_num, full_idx,
     stride_b, stride_h, key blocks a row), its blocks ``Q_BLOCK`` queries by ``SUB * BLOCK_N`` keys):
-    only the listed key blocks run, the full ones without the mask function."""
+    only the listed key blocks run, the full ones without the mask function. ``HEAD_DIM_V`` /
+    ``BLOCK_DV``: V's and the output's head dim and its power-of-two padding where it differs from Q's
+    and K's (0: ``HEAD_DIM`` / ``BLOCK_D``)."""
+    DV: tl.constexpr = HEAD_DIM_V if HEAD_DIM_V else HEAD_DIM
+    BDV: tl.constexpr = BLOCK_DV if BLOCK_DV else BLOCK_D
     num_m = tl.cdiv(seqlen_q_max, BLOCK_M)
     if PERSISTENT and IS_VARLEN:
         seq_blocks = tl.load(TileStarts + batch)
@@ -121,8 +128,8 @@ def attn_fwd_kernel(
                       stride_vn, stride_vh, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, stride_ab, nheads,
                       qheads_per_kvhead, seqlen_q_max, seqlen_k_max, qk_scale, softcap, window_left, window_right,
                       seed, dropout_threshold, dropout_scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IS_VARLEN,
-                      HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA, RESCALE_TAU, IS_FP8, mods, blocks, SCORE_MOD,
-                      MASK_MOD, SUB, Q_BLOCK)
+                      HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA, RESCALE_TAU, IS_FP8, DV, BDV, mods, blocks,
+                      SCORE_MOD, MASK_MOD, SUB, Q_BLOCK)
     elif PERSISTENT:
         for t in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
             _fwd_tile(num_m - 1 - t % num_m, t // num_m, Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
@@ -130,8 +137,8 @@ def attn_fwd_kernel(
                       stride_vn, stride_vh, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, stride_ab, nheads,
                       qheads_per_kvhead, seqlen_q_max, seqlen_k_max, qk_scale, softcap, window_left, window_right,
                       seed, dropout_threshold, dropout_scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IS_VARLEN,
-                      HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA, RESCALE_TAU, IS_FP8, mods, blocks, SCORE_MOD,
-                      MASK_MOD, SUB, Q_BLOCK)
+                      HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA, RESCALE_TAU, IS_FP8, DV, BDV, mods, blocks,
+                      SCORE_MOD, MASK_MOD, SUB, Q_BLOCK)
     else:
         m_block, bh = tile_coords(num_m, True)
         _fwd_tile(m_block, bh, Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, k_desc, v_desc, Descales, stride_qb,
@@ -139,7 +146,7 @@ def attn_fwd_kernel(
                   stride_om, stride_oh, stride_lb, stride_lh, stride_ab, nheads, qheads_per_kvhead, seqlen_q_max,
                   seqlen_k_max, qk_scale, softcap, window_left, window_right, seed, dropout_threshold, dropout_scale,
                   HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IS_VARLEN, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA, RESCALE_TAU, IS_FP8,
-                  mods, blocks, SCORE_MOD, MASK_MOD, SUB, Q_BLOCK)
+                  DV, BDV, mods, blocks, SCORE_MOD, MASK_MOD, SUB, Q_BLOCK)
 
 
 @triton.jit
@@ -169,7 +176,7 @@ def _fwd_tile(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, USE_TMA: tl.constexpr, RESCALE_TAU: tl.constexpr, IS_FP8: tl.constexpr,
-    mods=None, blocks=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, SUB: tl.constexpr = 1,
+    HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, mods=None, blocks=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, SUB: tl.constexpr = 1,
     Q_BLOCK: tl.constexpr = 0,
 ):
     """One (query block, batch * head) tile: the FlashAttention-2 forward of ``BLOCK_M`` query rows."""
@@ -187,7 +194,9 @@ def _fwd_tile(
 
     offs_m = m_start + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    EVEN_DV: tl.constexpr = HEAD_DIM_V == BLOCK_DV
     q_mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(q_base + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :], mask=q_mask, other=0.0)
 
@@ -204,7 +213,7 @@ def _fwd_tile(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
     if SCORE_MOD is not None or MASK_MOD is not None:
         tile_mods = (b, h, mods[0], mods[1], mods[2])
@@ -215,37 +224,38 @@ def _fwd_tile(
         n_part = tl.load(blocks[0] + row) * SUB
         n_full = tl.load(blocks[2] + row) * SUB
         acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn,
-                                   offs_m, offs_d, 0, n_part, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
+                                   offs_m, offs_d, offs_dv, 0, n_part, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                                    window_right, slope_log2, seed, dropout_threshold, drop_row_base, seqlen_k_max,
-                                   HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, USE_TMA, True, HAS_SOFTCAP, HAS_ALIBI,
-                                   HAS_DROPOUT, RESCALE_TAU, IS_FP8, tile_mods, blocks[1] + row * blocks[6],
+                                   HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, HEAD_DIM_V, BLOCK_DV, EVEN_DV, USE_TMA, True,
+                                   HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, RESCALE_TAU, IS_FP8, tile_mods, blocks[1] + row * blocks[6],
                                    SCORE_MOD, MASK_MOD, SUB)
         acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn,
-                                   offs_m, offs_d, 0, n_full, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
+                                   offs_m, offs_d, offs_dv, 0, n_full, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                                    window_right, slope_log2, seed, dropout_threshold, drop_row_base, seqlen_k_max,
-                                   HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, USE_TMA, True, HAS_SOFTCAP, HAS_ALIBI,
-                                   HAS_DROPOUT, RESCALE_TAU, IS_FP8, tile_mods, blocks[3] + row * blocks[6],
+                                   HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, HEAD_DIM_V, BLOCK_DV, EVEN_DV, USE_TMA, True,
+                                   HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, RESCALE_TAU, IS_FP8, tile_mods, blocks[3] + row * blocks[6],
                                    SCORE_MOD, None, SUB)
     else:
         acc, m_i, l_i = _fwd_dense(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn,
-                                   offs_m, offs_d, m_start, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
+                                   offs_m, offs_d, offs_dv, m_start, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                                    window_right, slope_log2, seed, dropout_threshold, drop_row_base, seqlen_k_max,
-                                   HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, USE_TMA, HAS_SOFTCAP, HAS_ALIBI,
-                                   HAS_DROPOUT, RESCALE_TAU, IS_FP8, tile_mods, SCORE_MOD, MASK_MOD)
+                                   HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, HEAD_DIM_V, BLOCK_DV, EVEN_DV, USE_TMA,
+                                   HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, RESCALE_TAU, IS_FP8, tile_mods, SCORE_MOD,
+                                   MASK_MOD)
 
     out, lse = softmax_finish(acc, m_i, l_i, out_scale)
     row_ok = offs_m < seqlen_q
     tl.store(lse_base + offs_m, lse, mask=row_ok)
-    tl.store(o_base + offs_m[:, None].to(tl.int64) * stride_om + offs_d[None, :],
-             out.to(Out.dtype.element_ty), mask=q_mask)
+    tl.store(o_base + offs_m[:, None].to(tl.int64) * stride_om + offs_dv[None, :],
+             out.to(Out.dtype.element_ty), mask=(offs_m[:, None] < seqlen_q) & (offs_dv[None, :] < HEAD_DIM_V))
 
 
 @triton.jit
 def _fwd_dense(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn, offs_m, offs_d,
-               m_start, seqlen_q, seqlen_k, qk_scale, softcap, window_left, window_right, slope_log2, seed,
+               offs_dv, m_start, seqlen_q, seqlen_k, qk_scale, softcap, window_left, window_right, slope_log2, seed,
                dropout_threshold, drop_row_base, seqlen_k_max, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, USE_TMA: tl.constexpr,
-               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+               BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr, USE_TMA: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                RESCALE_TAU: tl.constexpr, IS_FP8: tl.constexpr, mods, SCORE_MOD: tl.constexpr,
                MASK_MOD: tl.constexpr):
     """Every key tile the window (or the causal mask) leaves: three runs of ``_fwd_inner``."""
@@ -253,19 +263,19 @@ def _fwd_dense(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride
         m_start, BLOCK_M, BLOCK_N, seqlen_q, seqlen_k, window_left, window_right)
     # window's left edge (masked), the interior (no mask), the diagonal / seqlen_k edge (masked)
     acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn, offs_m, offs_d,
-                               n_min, n_full_lo, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
+                               offs_dv, n_min, n_full_lo, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                                window_right, slope_log2, seed, dropout_threshold, drop_row_base,
-                               seqlen_k_max, HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, USE_TMA, True, HAS_SOFTCAP, HAS_ALIBI,
+                               seqlen_k_max, HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, HEAD_DIM_V, BLOCK_DV, EVEN_DV, USE_TMA, True, HAS_SOFTCAP, HAS_ALIBI,
                                HAS_DROPOUT, RESCALE_TAU, IS_FP8, mods, None, SCORE_MOD, MASK_MOD)
     acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn, offs_m, offs_d,
-                               n_full_lo, n_full_hi, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
+                               offs_dv, n_full_lo, n_full_hi, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                                window_right, slope_log2, seed, dropout_threshold, drop_row_base,
-                               seqlen_k_max, HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, USE_TMA, False, HAS_SOFTCAP, HAS_ALIBI,
+                               seqlen_k_max, HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, HEAD_DIM_V, BLOCK_DV, EVEN_DV, USE_TMA, False, HAS_SOFTCAP, HAS_ALIBI,
                                HAS_DROPOUT, RESCALE_TAU, IS_FP8, mods, None, SCORE_MOD, MASK_MOD)
     acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn, offs_m, offs_d,
-                               n_full_hi, n_max, seqlen_q, seqlen_k, qk_scale,
+                               offs_dv, n_full_hi, n_max, seqlen_q, seqlen_k, qk_scale,
                                softcap, window_left, window_right, slope_log2, seed, dropout_threshold,
-                               drop_row_base, seqlen_k_max, HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, USE_TMA, True,
+                               drop_row_base, seqlen_k_max, HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, HEAD_DIM_V, BLOCK_DV, EVEN_DV, USE_TMA, True,
                                HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, RESCALE_TAU, IS_FP8, mods, None, SCORE_MOD, MASK_MOD)
 
     return acc, m_i, l_i

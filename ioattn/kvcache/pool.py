@@ -12,7 +12,8 @@ class OutOfPagesError(RuntimeError):
 class PagePool:
     """Pages of ``page_size`` tokens shared by many sequences, and the bookkeeping to hand them out.
 
-    Owns ``k_pages``/``v_pages`` (num_pages, page_size, nheads_kv, headdim), allocated with
+    Owns ``k_pages``/``v_pages`` (num_pages, page_size, nheads_kv, headdim / headdim_v: V's head dim,
+    ``headdim`` unless given, MLA's 576 / 512), allocated with
     ``torch.empty`` (rows no sequence has written are garbage, and no valid call reads them), and a
     free list. Token ``t`` of a sequence lives in page ``pages[t // page_size]``, row
     ``t % page_size`` (flash-attn's paged layout).
@@ -43,17 +44,18 @@ class PagePool:
     reused last-in first-out. Not thread-safe.
     """
 
-    def __init__(self, num_pages, page_size, nheads_kv, headdim, dtype=torch.bfloat16, device="cpu"):
-        for name, val in (("num_pages", num_pages), ("nheads_kv", nheads_kv), ("headdim", headdim)):
+    def __init__(self, num_pages, page_size, nheads_kv, headdim, dtype=torch.bfloat16, device="cpu", headdim_v=None):
+        headdim_v = headdim if headdim_v is None else headdim_v
+        for name, val in (("num_pages", num_pages), ("nheads_kv", nheads_kv), ("headdim", headdim),
+                          ("headdim_v", headdim_v)):
             if isinstance(val, bool) or not isinstance(val, int) or val <= 0:
                 raise ValueError(f"{name} must be a positive int, got {val!r}")
         if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0 or page_size % 16:
             raise ValueError(f"page_size must be a positive multiple of 16, got {page_size!r}")
         self.num_pages, self.page_size = num_pages, page_size
-        self.nheads_kv, self.headdim = nheads_kv, headdim
-        shape = (num_pages, page_size, nheads_kv, headdim)
-        self.k_pages = torch.empty(shape, dtype=dtype, device=device)
-        self.v_pages = torch.empty(shape, dtype=dtype, device=device)
+        self.nheads_kv, self.headdim, self.headdim_v = nheads_kv, headdim, headdim_v
+        self.k_pages = torch.empty(num_pages, page_size, nheads_kv, headdim, dtype=dtype, device=device)
+        self.v_pages = torch.empty(num_pages, page_size, nheads_kv, headdim_v, dtype=dtype, device=device)
         self._free = list(range(num_pages - 1, -1, -1))  # a stack: pop() hands out page 0 first
         self._pages: dict[int, list[int]] = {}
         self._len: dict[int, int] = {}
@@ -128,12 +130,15 @@ class PagePool:
         del self._len[seq_id]
 
     def append(self, seq_id, k, v) -> None:
-        """Reserve, write ``k``/``v`` (n, nheads_kv, headdim) after the committed tokens, commit."""
+        """Reserve, write ``k`` (n, nheads_kv, headdim) and ``v`` (n, nheads_kv, headdim_v) after the
+        committed tokens, commit."""
         from ioattn.reference.decode import append_kv_ref
 
-        if k.dim() != 3 or k.shape != v.shape or tuple(k.shape[1:]) != (self.nheads_kv, self.headdim):
-            raise ValueError(f"k and v must both be (n, {self.nheads_kv}, {self.headdim}), got "
-                             f"{tuple(k.shape)} and {tuple(v.shape)}")
+        if (k.dim() != 3 or v.dim() != 3 or k.shape[0] != v.shape[0]
+                or tuple(k.shape[1:]) != (self.nheads_kv, self.headdim)
+                or tuple(v.shape[1:]) != (self.nheads_kv, self.headdim_v)):
+            raise ValueError(f"k must be (n, {self.nheads_kv}, {self.headdim}) and v (n, {self.nheads_kv}, "
+                             f"{self.headdim_v}), got {tuple(k.shape)} and {tuple(v.shape)}")
         n = k.shape[0]
         self.reserve(seq_id, n)
         append_kv_ref(self.k_pages, self.v_pages, k[None], v[None], self.cache_seqlens([seq_id]),
@@ -167,5 +172,5 @@ class PagePool:
 
     def __repr__(self):
         return (f"PagePool(num_pages={self.num_pages}, page_size={self.page_size}, nheads_kv={self.nheads_kv}, "
-                f"headdim={self.headdim}, dtype={self.k_pages.dtype}, free={len(self._free)}, "
+                f"headdim={self.headdim}, headdim_v={self.headdim_v}, dtype={self.k_pages.dtype}, free={len(self._free)}, "
                 f"sequences={len(self._pages)})")

@@ -12,17 +12,20 @@ from ioattn.launch.merge import merge_states
 
 def split_kv_attention(cfg, q, k_cache, v_cache, cache_seqlens, seqlen_new, block_table, cache_batch_idx,
                        cache_leftpad, qk_scale, softcap, window, alibi_slopes, unified_max, *, block_d, phi_range,
-                       cached, k_descale=None, v_descale=None):
+                       cached, k_descale=None, v_descale=None, block_d_tail=0, block_dv=None):
     """(out, lse) of one decode call: the split kernel launched as ``cfg`` (a ``DecodePlan``) says, then
     the merge of its split units. ``cache_seqlens``: the int32 tensor, an int, or None (= the
     capacity); sequence b ends at ``cache_seqlens[b] + seqlen_new``. ``qk_scale``: the softmax scale
-    with log2(e) or 1/softcap folded in; ``block_d``: the kernel's padded head dim; ``phi_range``:
+    with log2(e) or 1/softcap folded in; ``block_d``: the kernel's padded head dim of q and K, or with
+    ``block_d_tail`` the first of its two blocks; ``block_dv``: V's padded head dim (``block_d`` when
+    None: V's head dim is q's); ``phi_range``:
     the unified max's (below, above) for q's dtype; ``cached``: through ``launch.cached``.
     ``k_descale`` / ``v_descale``: float32 contiguous (batch, nheads_kv), for a plan of FP8 caches."""
     from ioattn.kernels.decode import decode_split_kernel
 
     batch, seqlen_q, nheads, d = q.shape
-    nheads_kv = k_cache.shape[2]
+    nheads_kv, dv = k_cache.shape[2], v_cache.shape[3]
+    block_dv = block_d if block_dv is None else block_dv
     group = nheads // nheads_kv
     paged = block_table is not None
     page_size = k_cache.shape[1] if paged else 0
@@ -35,10 +38,10 @@ def split_kv_attention(cfg, q, k_cache, v_cache, cache_seqlens, seqlen_new, bloc
     num_whole = (programs if cfg.num_splits == 1 else 0) if cfg.num_whole is None else cfg.num_whole
     b0 = num_whole // (nheads_kv * num_m_blocks)
     split = cfg.num_splits > 1 and b0 < batch
-    out = torch.empty(batch, seqlen_q, nheads, d, device=q.device, dtype=q.dtype)
+    out = torch.empty(batch, seqlen_q, nheads, dv, device=q.device, dtype=q.dtype)
     lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
     if split:
-        opart = torch.empty(cfg.num_splits, batch - b0, seqlen_q, nheads, d, device=q.device, dtype=torch.float32)
+        opart = torch.empty(cfg.num_splits, batch - b0, seqlen_q, nheads, dv, device=q.device, dtype=torch.float32)
         lpart = torch.empty(cfg.num_splits, batch - b0, seqlen_q, nheads, device=q.device, dtype=torch.float32)
     else:  # never written
         opart, lpart = out.new_empty(1, 1, 1, 1, 1, dtype=torch.float32), lse.new_empty(1, 1, 1, 1)
@@ -50,8 +53,8 @@ def split_kv_attention(cfg, q, k_cache, v_cache, cache_seqlens, seqlen_new, bloc
     k_desc = v_desc = None
     if cfg.use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
-        k_desc, v_desc = (TensorDescriptor(t, list(t.shape), list(t.stride()), [1, cfg.block_n, 1, block_d])
-                          for t in (k_cache, v_cache))
+        k_desc, v_desc = (TensorDescriptor(t, list(t.shape), list(t.stride()), [1, cfg.block_n, 1, block])
+                          for t, block in ((k_cache, block_d), (v_cache, block_dv)))
     below, above = phi_range
     dummy = lpart  # any tensor stands in for the absent index tensors (never read)
     if cfg.kv_fp8 and (k_descale is None or v_descale is None):
@@ -69,7 +72,8 @@ def split_kv_attention(cfg, q, k_cache, v_cache, cache_seqlens, seqlen_new, bloc
         *opart.stride()[:4], *lpart.stride(), seqlen_base, seqlen_new, nheads_kv, group, seqlen_q, num_m_blocks,
         cfg.num_splits, num_whole, b0, capacity, k_cache.shape[0],
         qk_scale, float(softcap), window[0], window[1], 0.0 if unified_max is None else unified_max * LOG2E),
-        dict(HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        dict(HEAD_DIM=d, BLOCK_D=block_d, HEAD_DIM_V=dv, BLOCK_DV=block_dv, BLOCK_D_TAIL=block_d_tail,
+             V_FROM_K=cfg.v_from_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
              PAGE_SIZE=max(page_size, 1), PAGED=paged, HAS_BATCH_IDX=cache_batch_idx is not None,
              HAS_LEFTPAD=cache_leftpad is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi,
              USE_TMA=cfg.use_tma, UNIFIED=unified_max is not None, PHI_BELOW=below, PHI_ABOVE=above,
@@ -77,6 +81,6 @@ def split_kv_attention(cfg, q, k_cache, v_cache, cache_seqlens, seqlen_new, bloc
              num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.max_regs} if cfg.max_regs else {}),
              **({"launch_pdl": True} if cfg.pdl_wait else {})), cached=cached)
     if split:
-        merge_states(opart, lpart, block_d=block_d, cached=cached, lse_bhm=True, pdl=cfg.pdl,
+        merge_states(opart, lpart, block_d=block_dv, cached=cached, lse_bhm=True, pdl=cfg.pdl,
                      out=out[b0:], lse=lse[b0:])
     return out, lse

@@ -32,10 +32,11 @@ def merge_states(outs, lses, *, block_d, cached, lse_bhm=False, pdl=False, out=N
     if n_rows:
         block_s = max(2, 1 << (splits - 1).bit_length())
         # the outputs are read at most 64 splits per load: 64 x 256 fp32 is 128 registers a thread at 4 warps
+        # (wider heads: as many splits as keep that, 32 at 512)
         launcher_for(merge_states_kernel)(
             (n_rows,), (o, lse_in, out, lse, n_rows, splits, o.stride(0), o.stride(1), lse_in.stride(0), nheads,
                         seqlen_q),
-            dict(HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=block_s, CHUNK_S=min(block_s, 64),
+            dict(HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=block_s, CHUNK_S=min(block_s, 64 * 256 // max(block_d, 256)),
                  LSE_BHM=lse_bhm, num_warps=4, **({"USE_PDL": True, "launch_pdl": True} if pdl else {})),
             cached=cached)
     if lse_bhm:

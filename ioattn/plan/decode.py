@@ -58,6 +58,15 @@ ONE_WAVE_TAIL_FIRST = {4: 8}  # programs per SM -> the tail split first for tail
 # to spills without a register cap, and to WIDE_MAX_REGS without spills with it: that launch is
 # capped there (tests/test_decode_fp8.py compiles it).
 FP8_WIDE_MAX_REGS = WIDE_MAX_REGS
+# Head dims past WIDE_HEAD_MIN (MLA's 576 for q and the latent keys, 512 for V): at most 32 packed rows,
+# 32-key chunks, 3 stages and 8 warps. Compiled for sm_90 (576 / 512, V taken from K) it needs 242
+# registers and 86 KB of shared memory without spills; 64 rows (wgmma) spill at 8 and 16 warps, the
+# q tile of 64 x 576 held in registers beside the 64 x 512 accumulator. Not measured on a device yet.
+WIDE_HEAD_MIN = 256
+WIDE_HEAD_BLOCK_M = 32
+WIDE_HEAD_BLOCK_N = 32
+WIDE_HEAD_STAGES = 3
+WIDE_HEAD_WARPS = 8
 MAX_SPLITS = 256
 _BLOCK_N_CUDA = 128
 _BLOCK_N_SPLIT = 64  # split launches with pointer loads (above)
@@ -111,17 +120,18 @@ class DecodePlan:
     num_whole: int | None = None
     max_regs: int | None = None  # a register cap for the launch (Triton's maxnreg), None: the compiler's choice
     kv_fp8: bool = False  # the caches hold e4m3 values (converted after the load, descales folded in)
+    v_from_k: bool = False  # V is a view of K's first columns (MLA's latent cache): its tile taken from K's
     reason: str = field(default="", compare=False)  # why: the rules that chose the fields (explain_decode)
 
 
 @contextlib.contextmanager
 def decode_config(**fields):
-    """Force fields of the ``DecodePlan`` (block_n, num_splits, use_tma, num_warps, num_stages, pdl,
-    pdl_wait, num_whole, max_regs) for the calls inside: tuning sweeps and tests (``pdl`` and
-    ``pdl_wait`` are still only used where they can run; ``num_whole`` is rounded down to whole batch
-    elements, and ``tail_split=False`` turns the tail split off)."""
-    unknown = set(fields) - {"block_n", "num_splits", "use_tma", "num_warps", "num_stages", "pdl", "pdl_wait",
-                             "num_whole", "tail_split", "max_regs"}
+    """Force fields of the ``DecodePlan`` (block_m, block_n, num_splits, use_tma, num_warps, num_stages,
+    pdl, pdl_wait, num_whole, max_regs, v_from_k) for the calls inside: tuning sweeps and tests (``pdl``,
+    ``pdl_wait`` and ``v_from_k`` are still only used where they can run; ``num_whole`` is rounded down to
+    whole batch elements, and ``tail_split=False`` turns the tail split off)."""
+    unknown = set(fields) - {"block_m", "block_n", "num_splits", "use_tma", "num_warps", "num_stages", "pdl",
+                             "pdl_wait", "num_whole", "tail_split", "max_regs", "v_from_k"}
     if unknown:
         raise ValueError(f"decode_config: unknown fields {sorted(unknown)}")
     previous = dict(_plan_override)
@@ -175,11 +185,36 @@ def _num_sms(device):
 
 def _tma_ok(k_cache, v_cache, d):
     """Descriptors over the cache: sm_90+ (or the interpreter), 16-byte aligned base and strides,
-    d a power of two up to 128 (the box is the whole head; two stages of 128-key K and V tiles of a
-    larger head do not fit in shared memory)."""
+    d and V's head dim powers of two up to 128 (the box is the whole head; two stages of 128-key K
+    and V tiles of a larger head do not fit in shared memory)."""
     if k_cache.is_cuda and not _sm90(k_cache.device):
         return False
-    return d == dispatch.block_d(d) and d <= 128 and min(k_cache.shape) > 0 and _aligned16(k_cache, v_cache)
+    return (all(x == dispatch.block_d(x) and x <= 128 for x in (d, v_cache.shape[-1])) and min(k_cache.shape) > 0
+            and _aligned16(k_cache, v_cache))
+
+
+# Head dims past 256 (MLA's 576 for q and the latent keys): q.k in two blocks, the largest power of two
+# below d and the rest padded (576 = 512 + 64), where one block padded to 1024 would be nearly half
+# padding; 256 and below keep one block (their launches as they were).
+TWO_BLOCK_MIN_HEADDIM = 257
+
+
+def head_blocks(d: int) -> tuple[int, int]:
+    """(BLOCK_D, BLOCK_D_TAIL) of the split kernel for q's and K's head dim ``d``: one padded block and 0,
+    or from ``TWO_BLOCK_MIN_HEADDIM`` on, where d is not a power of two, two blocks."""
+    bd = dispatch.block_d(d)
+    if d < TWO_BLOCK_MIN_HEADDIM or bd == d:
+        return bd, 0
+    return bd // 2, dispatch.block_d(d - bd // 2)
+
+
+def v_from_k_ok(k_cache, v_cache) -> bool:
+    """Whether V is a view of K's first columns, laid out as K (same storage start and strides, MLA's
+    latent cache with V = K[..., :dv]) and ``head_blocks``' first block is exactly V's head dim: the
+    split kernel then takes V's tile from K's instead of reading it again."""
+    dv = v_cache.shape[-1]
+    return (v_cache.data_ptr() == k_cache.data_ptr() and v_cache.stride() == k_cache.stride()
+            and v_cache.dtype == k_cache.dtype and dv < k_cache.shape[-1] and head_blocks(k_cache.shape[-1])[0] == dv)
 
 
 def _aligned16(*tensors):
@@ -206,8 +241,9 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     when the values were read, else the cache capacity, so the plan never depends on device values).
     Memoized on everything the rules read (shapes, strides, alignment, device, the forced fields and
     the environment switches): a decode loop plans once (host time: docs/decisions/decode-launches.md)."""
-    key = (q.shape, q.device, k_cache.shape, k_cache.stride(), v_cache.stride(), k_cache.dtype,
-           _aligned16(k_cache, v_cache), paged, span, num_splits, tuple(_plan_override.items()),
+    key = (q.shape, q.device, k_cache.shape, k_cache.stride(), v_cache.shape[-1], v_cache.stride(), k_cache.dtype,
+           _aligned16(k_cache, v_cache), v_from_k_ok(k_cache, v_cache), paged, span, num_splits,
+           tuple(_plan_override.items()),
            options.env("IOATTN_DECODE_PDL"), options.env("IOATTN_DECODE_PDL_WAIT"))
     cfg = _PLANS.get(key)
     if cfg is None:
@@ -225,7 +261,9 @@ def _plan(q, k_cache, v_cache, paged, span, num_splits):
     block_n = _plan_override.get("block_n", _BLOCK_N_SPLIT if split_tiles else
                                  _BLOCK_N_CUDA if q.is_cuda else _BLOCK_N_INTERPRETER)
     rows = (nheads // nheads_kv) * seqlen_q
-    block_m = min(_MAX_BLOCK_M, max(16, dispatch.next_power_of_2(rows)))
+    wide_head = q.is_cuda and max(d, v_cache.shape[-1]) > WIDE_HEAD_MIN
+    most_rows = WIDE_HEAD_BLOCK_M if wide_head else _MAX_BLOCK_M
+    block_m = _plan_override.get("block_m", min(most_rows, max(16, dispatch.next_power_of_2(rows))))
     programs = batch * nheads_kv * dispatch.cdiv(rows, block_m)
     heuristic = num_splits == 0
     sms = _num_sms(q.device)
@@ -287,9 +325,23 @@ def _plan(q, k_cache, v_cache, paged, span, num_splits):
         block_n, stages, max_regs = ONE_WAVE_BLOCK_N, ONE_WAVE_STAGES, ONE_WAVE_MAX_REGS[one_wave]
         why.append(f"{one_wave} programs per SM needed: {block_n}-key chunks, registers capped at {max_regs}, "
                    "every unit resident at once")
+    num_warps = _NUM_WARPS
+    if wide_head and not {"block_n", "num_stages", "num_warps"} & set(_plan_override):
+        block_n, stages, num_warps = WIDE_HEAD_BLOCK_N, WIDE_HEAD_STAGES, WIDE_HEAD_WARPS
+        max_regs = _plan_override.get("max_regs")  # (the caps above were measured at d = 128)
+        why.append(f"head dims past {WIDE_HEAD_MIN}: at most {WIDE_HEAD_BLOCK_M} rows, {block_n}-key chunks, "
+                   f"{stages} stages, {num_warps} warps (WIDE_HEAD_*)")
     if paged:  # a chunk never crosses a page
         while k_cache.shape[1] % block_n:
             block_n //= 2
+    block_d, block_d_tail = head_blocks(d)
+    if block_d_tail:
+        why.append(f"q.k in two blocks of {block_d} + {block_d_tail} columns (head dim {d})")
+    v_from_k = bool(_plan_override.get("v_from_k", True)) and not use_tma and v_from_k_ok(k_cache, v_cache)
+    if v_from_k:
+        why.append(f"v_cache is a view of k_cache's first {v_cache.shape[-1]} columns: V's tiles taken from K's")
+    elif v_cache.shape[-1] != d:
+        why.append(f"value head dim {v_cache.shape[-1]}")
     kv_fp8 = k_cache.dtype == torch.float8_e4m3fn
     if kv_fp8:
         why.append("FP8 (e4m3) cache: tiles converted to q's dtype after the load, k_descale folded into the "
@@ -306,8 +358,8 @@ def _plan(q, k_cache, v_cache, paged, span, num_splits):
     pdl_wait = pdl_wanted and _switch("pdl_wait", "IOATTN_DECODE_PDL_WAIT", _PDL_WAIT_DEFAULT) and _pdl_ok(q.device)
     if pdl_wait:
         why.append("the split kernel launched by programmatic dependent launch behind the stream's previous work")
-    return DecodePlan(block_m, block_n, num_splits, use_tma, _plan_override.get("num_warps", _NUM_WARPS),
-                      _plan_override.get("num_stages", stages), pdl, pdl_wait, num_whole, max_regs, kv_fp8,
+    return DecodePlan(block_m, block_n, num_splits, use_tma, _plan_override.get("num_warps", num_warps),
+                      _plan_override.get("num_stages", stages), pdl, pdl_wait, num_whole, max_regs, kv_fp8, v_from_k,
                       "; ".join(why))
 
 

@@ -290,10 +290,15 @@ TMA_SHORT_SEQLEN = 512
 
 
 def tiles(kind: str, headdim: int, device: torch.device, seqlen_q: int | None = None,
-          masked_right: bool = False, tma: bool = False, band: int | None = None) -> TileConfig:
+          masked_right: bool = False, tma: bool = False, band: int | None = None,
+          headdim_v: int | None = None) -> TileConfig:
     """Tiles for a launch. ``masked_right``: a causal (or right-bounded window) mask; ``tma``: the
     forward loads K/V through descriptors; ``band``: the keys a query row sees at most (a sliding
-    window's width, when both its sides are bounded), judged as the length of a causal call."""
+    window's width, when both its sides are bounded), judged as the length of a causal call.
+    ``headdim_v``: V's head dim where it differs from q's and k's: the tiles of the larger of the two,
+    whose K and V tiles both fit the shared memory the smaller one's take (untuned)."""
+    if headdim_v is not None:
+        headdim = max(headdim, headdim_v)
     if kind in _override:
         return _override[kind]
     from_env = _env_tiles(kind, block_d(headdim))

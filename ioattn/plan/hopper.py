@@ -778,11 +778,24 @@ def window_width_of(window, seqlen_k: int | None, seqlen_q: int | None = None) -
     return sum(w if w >= 0 else (seqlen_k or seqlen_q or 0) for w in window) + 1
 
 
+def value_dim_refusal(q, v) -> str:
+    """Why the Gluon kernels decline a call whose V has a head dim of its own (they take one head dim
+    for q, k and v), or "" where it is q's and k's. Checked before any policy: such calls always run
+    the portable kernels."""
+    if v.shape[-1] == q.shape[-1]:
+        return ""
+    return (f"portable: value head dim differs (v {v.shape[-1]}, q and k {q.shape[-1]}); the Gluon kernels "
+            "take one head dim")
+
+
 def fwd_plan(q, k, v, varlen, sem, alibi_slopes, seqlen_q: int | None = None) -> tuple[bool, str]:
     """(taken, why) for the forward of this call (``sem``: its ``ioattn.semantics.Semantics``): where
     ``policy`` wants it (judging a sliding window's width too) and ``hopper_supports`` it (checked only
     then). ``seqlen_q``: the query length the policy judges (a varlen call's max_seqlen_q; default
-    q.shape[1]). ALiBi without a softcap needs a nonzero scale (``alibi_scale_ok``)."""
+    q.shape[1]). ALiBi without a softcap needs a nonzero scale (``alibi_scale_ok``). A value head dim
+    of its own is declined first (``value_dim_refusal``)."""
+    if value_dim_refusal(q, v):
+        return False, value_dim_refusal(q, v)
     seqlen_q = q.shape[1] if seqlen_q is None else seqlen_q
     width = window_width_of(sem.window, None if varlen else k.shape[-3], seqlen_q)
     wanted, why = policy(q, seqlen_q, causal=sem.causal, varlen=varlen, window_width=width,
@@ -826,6 +839,8 @@ FP8_P_SMEM = True
 def fp8_fwd_plan(q, k, v, varlen, sem, alibi_slopes) -> tuple[bool, str]:
     """(taken, why) for the Gluon FP8 forward (``sem``: the call's ``Semantics``): on sm_90 wherever it
     covers the call, unless ``prefer_hopper(False)`` asks for the portable kernel."""
+    if value_dim_refusal(q, v):
+        return False, value_dim_refusal(q, v)
     if prefer_hopper.value is False:
         return False, "prefer_hopper(False): the portable kernel"
     ok, why = _device_ok(q)
@@ -834,6 +849,8 @@ def fp8_fwd_plan(q, k, v, varlen, sem, alibi_slopes) -> tuple[bool, str]:
 
 def fp8_call_supported(q, k, v, varlen, sem, alibi_slopes) -> tuple[bool, str]:
     """``fp8_fwd_plan``'s checks of the call itself: pure Python, testable anywhere."""
+    if value_dim_refusal(q, v):
+        return False, value_dim_refusal(q, v)
     if q.shape[-1] not in FP8_TILES:
         return False, f"FP8: head dims {sorted(FP8_TILES)} only"
     if varlen:
@@ -847,6 +864,8 @@ def fp8_call_supported(q, k, v, varlen, sem, alibi_slopes) -> tuple[bool, str]:
 
 def hopper_supports(q, k, v, varlen, sem, alibi_slopes) -> tuple[bool, str]:
     """Whether the Gluon forward covers this call (``sem``: its ``Semantics``), and why not."""
+    if value_dim_refusal(q, v):
+        return False, value_dim_refusal(q, v)
     ok, why = _device_ok(q)
     if ok:
         ok, why = call_supported(q, k, v, varlen, sem, alibi_slopes)
@@ -857,6 +876,8 @@ def call_supported(q, k, v, varlen, sem, alibi_slopes) -> tuple[bool, str]:
     """``hopper_supports``' checks of the call itself (dtype, variant, head dim, features, layout),
     without the device and the Triton build: pure Python, testable anywhere."""
     window, softcap, dropout_p = sem.window, sem.softcap, sem.dropout_p
+    if value_dim_refusal(q, v):
+        return False, value_dim_refusal(q, v)
     if q.dtype not in (torch.float16, torch.bfloat16):
         return False, "fp16/bf16 only"
     dp = padded_headdim(q.shape[-1])

@@ -68,6 +68,8 @@ def bwd_call_supported(q, k, v, varlen, sem, alibi_slopes) -> tuple[bool, str]:
     """Whether the Gluon backward covers this call (``sem``: its ``Semantics``; the call itself, without
     the device): pure Python."""
     window, softcap, dropout_p = sem.window, sem.softcap, sem.dropout_p
+    if hopper.value_dim_refusal(q, v):
+        return False, hopper.value_dim_refusal(q, v)
     if q.dtype not in (torch.float16, torch.bfloat16):
         return False, "fp16/bf16 only"
     dp = hopper.padded_headdim(q.shape[-1])
@@ -133,9 +135,12 @@ def bwd_policy(q, seqlen_q: int | None = None, causal: bool = False, varlen: boo
 def bwd_plan(q, k, v, varlen, sem, alibi_slopes, seqlen_q: int | None = None) -> tuple[bool, str]:
     """(taken, why) for the backward of this call (``sem``: its ``Semantics``): where ``bwd_policy``
     wants it and it applies (an sm_90 GPU, Gluon, ``bwd_call_supported``). ``seqlen_q``: the query length
-    the policy judges (a varlen call's max_seqlen_q; default q.shape[1]); the scale as ``fwd_plan``'s."""
+    the policy judges (a varlen call's max_seqlen_q; default q.shape[1]); the scale and a value head
+    dim of its own as ``fwd_plan``'s."""
     if varlen and seqlen_q is None:
         raise ValueError("bwd_plan: a varlen call needs seqlen_q (its max_seqlen_q)")
+    if hopper.value_dim_refusal(q, v):
+        return False, hopper.value_dim_refusal(q, v)
     # a sliding window's width, an unbounded side as seqlen_k (varlen: the longest query length)
     width = hopper.window_width_of(sem.window, None if varlen else k.shape[-3], seqlen_q)
     wanted, why = bwd_policy(q, seqlen_q, causal=sem.causal, varlen=varlen, window_width=width)

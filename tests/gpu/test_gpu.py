@@ -76,6 +76,80 @@ def test_window_softcap_alibi(window):
     _check(2, 1024, 1024, 4, 4, 64, torch.bfloat16, window=window, softcap=20.0, alibi=True)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads", [(8, 8), (8, 2)])
+@pytest.mark.parametrize("tma", [False, True])
+def test_value_headdim_192_128(causal, heads, tma, poison_alloc):
+    """MLA's training head dims (q and k 192, v 128) at N = 1024: the portable kernels (the Gluon plans
+    decline the call), through pointer loads and TMA, with and without GQA; the output 128 wide."""
+    from ioattn.plan import dispatch
+    h, hkv = heads
+    q = torch.randn(2, 1024, h, 192, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(2, 1024, hkv, 192, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(2, 1024, hkv, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with dispatch.prefer_tma(tma):
+        _check_tensors(q, k, v, causal)
+
+
+def test_value_headdim_varlen_192_128(poison_alloc):
+    """The packed form of MLA's training head dims, every sequence against the oracle."""
+    cu = torch.tensor([0, 300, 1024, 1500], dtype=torch.int32, device="cuda")
+    q = torch.randn(1500, 8, 192, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1500, 8, 192, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(1500, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    out, lse, _ = ioattn.flash_attn_varlen_func(q, k, v, cu, cu, 724, 724, causal=True, return_attn_probs=True)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert_varlen_sequences("varlen 192/128", q.detach(), k.detach(), v.detach(), dout, out.detach(), lse, grads,
+                            cu, cu, window=(-1, 0))
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("latent", [True, False])
+@pytest.mark.parametrize("splits", [0, 1])
+def test_mla_decode(paged, latent, splits, poison_alloc):
+    """MLA's decoding: 128 query heads over one KV head, q and the keys 576 wide, V 512 (``latent``: the
+    view of the cache's first 512 columns, read once), a token appended, caches of 4096 tokens."""
+    from ioattn.decode import decode_config, flash_attn_with_kvcache
+    from ioattn.reference.decode import kvcache_attention_ref
+    kw, rnd = _decode_setup(2, 4096, hkv=1, d=576, paged=paged)
+    kw["v_cache"] = kw["k_cache"][..., :512] if latent else kw["v_cache"][..., :512].contiguous()
+    q, k = rnd(2, 1, 128, 576), rnd(2, 1, 1, 576)
+    v = k[..., :512].clone() if latent else rnd(2, 1, 1, 512)
+
+    def copies():
+        c = {n: t.clone() for n, t in kw.items()}
+        c["v_cache"] = c["k_cache"][..., :512] if latent else c["v_cache"]
+        return c
+    ref, _ = kvcache_attention_ref(q, k=k, v=v, **copies())
+    same, _ = kvcache_attention_ref(q, k=k, v=v, **copies(), upcast=False)
+    got_kw = copies()
+    out = flash_attn_with_kvcache(q, k=k, v=v, **got_kw, num_splits=splits)
+    assert out.shape == (2, 1, 128, 512)
+    assert_within_torch_error("mla decode out", out, ref, same)
+    if latent:  # V's tiles from K's, or loaded on their own: the same numbers
+        with decode_config(v_from_k=False):
+            again = flash_attn_with_kvcache(q, **copies(), k=k, v=v, num_splits=splits)
+        assert torch.equal(out, again)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("use_tma", [False, True])
+def test_decode_value_headdim_128_64(paged, use_tma, poison_alloc):
+    """A value head dim narrower than q's in the decode kernel's usual tiles: V's descriptor boxes of
+    their own width (TMA) or pointer loads, GQA 4, split by the heuristic."""
+    from ioattn.decode import decode_config, flash_attn_with_kvcache
+    from ioattn.reference.decode import kvcache_attention_ref
+    kw, rnd = _decode_setup(2, 8192, paged=paged)
+    kw["v_cache"] = kw["v_cache"][..., :64].contiguous()
+    q = rnd(2, 1, 32, 128)
+    with decode_config(use_tma=use_tma):
+        out = flash_attn_with_kvcache(q, **kw)
+    ref, _ = kvcache_attention_ref(q, **{n: t.clone() for n, t in kw.items()})
+    same, _ = kvcache_attention_ref(q, **{n: t.clone() for n, t in kw.items()}, upcast=False)
+    assert_within_torch_error("decode 128/64 out", out, ref, same)
+
+
 def test_deterministic_backward():
     q, k, v = (torch.randn(2, 1024, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     out = ioattn.flash_attn_func(q, k, v, causal=True, deterministic=True)
