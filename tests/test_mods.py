@@ -6,6 +6,8 @@ Each function of the library, compositions, block masks and block-sparse layouts
 gradient of a captured bias table included), within twice PyTorch's own error in the same dtype, on
 the portable Triton kernels (the interpreter here) and on the CPU path.
 """
+import dataclasses
+
 import pytest
 import torch
 
@@ -253,8 +255,7 @@ def test_bad_block_masks_and_combinations_are_refused():
     with pytest.raises(ValueError, match=r"layout must have \(2, 2\) blocks"):
         block_sparse_mask(torch.ones(3, 2, dtype=torch.bool), 32, 32, 16)
     on_meta = torch.zeros(4, device="meta")
-    mod = M.trace(M.causal_mask, "mask")
-    mod.captures = (on_meta,)
+    mod = dataclasses.replace(M.trace(M.causal_mask, "mask"), captures=(on_meta,))  # a copy: the trace is cached
     with pytest.raises(ValueError, match="captures a tensor of shape \\(4,\\) on meta"):
         mod.check_device(torch.device("cpu"))
 
@@ -286,3 +287,20 @@ def test_under_torch_compile_the_call_runs_eagerly():
     assert (compiled(q) - ioattn.flash_attn_func(q, q, q, causal=True)).abs().max() < 1e-5
     with pytest.raises(Exception, match="disable"):
         torch.compile(lambda q: ioattn.flash_attn_func(q, q, q, mask_mod=M.causal_mask), fullgraph=True)(q)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_functions_with_a_value_head_dim_of_its_own(backend):
+    """A score and a mask function with V's head dim (24) other than Q's and K's (16)."""
+    q, k, _, _ = _inputs(17)
+    g = torch.Generator().manual_seed(18)
+    v = torch.randn(B, SK, HK, 24, generator=g, dtype=F64)
+    dout = torch.randn(B, SQ, H, 24, generator=g, dtype=F64)
+    kw = dict(mask_mod=M.causal_mask, score_mod=M.softcap(3.0))
+    with dispatch.forced_backend(backend):
+        out, lse, grads = _run(_ours, q, k, v, dout, torch.float32, DEVICE, None, **kw)
+    out64, _, grads64 = _run(_oracle, q, k, v, dout, F64, "cpu", None, **kw)
+    assert out.shape == (B, SQ, H, 24) and (out.double() - out64).abs().max() < 1e-5
+    for g_, g64 in zip(grads, grads64):
+        assert (g_.double() - g64).abs().max() < 1e-5
