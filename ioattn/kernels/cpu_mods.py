@@ -69,7 +69,7 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, score_fn, mask_fn, block
     bool tensors broadcasting to a band's scores, or None."""
     varlen = cu_seqlens_q is not None
     nheads, group = q.shape[-2], q.shape[-2] // k.shape[-2]
-    out = torch.zeros_like(q)
+    out = q.new_zeros(*q.shape[:-1], v.shape[-1])  # the output in V's head dim
     lse = (torch.full((nheads, q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device) if varlen
            else torch.full((q.shape[0], nheads, q.shape[1]), float("-inf"), dtype=torch.float32, device=q.device))
     wd = _work_dtype(q)
