@@ -12,7 +12,7 @@ and columns cut by two diagonals (``lo <= j - i <= hi`` for local row i, column 
 computes a band exactly, its window relative to the rectangle's bottom-right corner. Bands of one
 sequence that together make a larger band are merged, so that a step costs as few calls as it can:
 a zig-zag causal step is one call (the diagonal, or half of the pair), a contiguous one the full
-pair, the diagonal or nothing. Steps no rank needs (windows shorter than the ring) are not run.
+pair, the diagonal or nothing. Steps no rank needs (a window shorter than the ring) are not run.
 """
 from __future__ import annotations
 
@@ -213,18 +213,25 @@ def step_calls(layout, world, rank, step, local_len, window, sequences=None):
 
 
 @functools.lru_cache(maxsize=64)
+def ring_length(layout, world, local_len, window):
+    """How many steps the ring runs: ``world``, or fewer when a window bounded on both sides keeps
+    the farther shards out of every rank's sight. Counted without the packed sequences, whose
+    boundaries only remove cells, so that it costs nothing a call when the packing changes."""
+    if window[0] < 0 or window[1] < 0:
+        return world
+    return max((s + 1 for r in range(world) for s in range(world)
+                if step_calls(layout, world, r, s, local_len, window)), default=1)
+
+
+@functools.lru_cache(maxsize=64)
 def schedule(layout, world, rank, local_len, window, sequences=None):
-    """Rank ``rank``'s calls for every ring step the ring runs: a tuple with one tuple of calls a step
-    (empty: a step whose pair is fully masked, skipped). The ring runs as many steps as the rank
-    that needs the most (every rank computes the same count), which is fewer than ``world`` when a
-    window keeps the farther shards out of sight."""
-    steps = [[step_calls(layout, world, r, s, local_len, window, sequences) for s in range(world)]
-             for r in range(world)]
-    needed = max((s + 1 for r in range(world) for s in range(world) if steps[r][s]), default=1)
-    return tuple(steps[rank][:needed])
+    """Rank ``rank``'s calls for every step the ring runs (``ring_length``, the same on every rank): a
+    tuple with one tuple of calls a step (empty: a fully masked step, skipped)."""
+    return tuple(step_calls(layout, world, rank, s, local_len, window, sequences)
+                 for s in range(ring_length(layout, world, local_len, window)))
 
 
-def cells(call, local_len=None):
+def cells(call):
     """Score cells (of one batch entry and head) that ``call`` computes, for the work-balance tests."""
     if call.seqlens is None:
         (a, b), (c, e) = call.rows, call.cols
