@@ -5,10 +5,11 @@ and not, zig-zag, windows, softcap, packed sequences, GQA / MQA, Ulysses over a 
 raising the same error on every rank. The schedule itself (``ioattn.plan.ring``) is checked cell by
 cell against the global mask without processes."""
 import json
+import pathlib
 import random
+import re
 import subprocess
 import sys
-import pathlib
 
 import pytest
 import torch
@@ -16,7 +17,8 @@ from conftest import child_env
 
 from ioattn.plan import ring as plan
 
-WORKER = pathlib.Path(__file__).resolve().parent / "distributed_worker.py"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+WORKER = ROOT / "tests" / "distributed_worker.py"
 TIMEOUT_S = 240  # a whole suite; a hang fails the test instead of CI
 
 
@@ -118,6 +120,38 @@ def test_refused_without_a_process_group():
     for call in (lambda: ring_attention(q, q, q), lambda: shard(q)):
         with pytest.raises(RuntimeError, match="not initialised"):
             call()
+
+
+def _torchrun(args):
+    """``torchrun --standalone --nproc-per-node 2 ARGS`` (a free port of its own), on the CPU path."""
+    env = child_env()
+    env.update(TRITON_INTERPRET="0", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, f"torchrun {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def test_example_trains_with_two_processes():
+    """examples/train_context_parallel.py as documented: the sharded model's loss and gradients equal
+    one process's on the whole sequences, then a few training steps."""
+    out = _torchrun(["examples/train_context_parallel.py", "--steps", "3", "--seqlen", "64"])
+    m = re.search(r"loss differs by (\S+), gradients by (\S+)", out)
+    assert m and float(m[1]) < 1e-4 and float(m[2]) < 1e-4, out
+    assert "step   2" in out, out
+
+
+def test_benchmark_runs_under_torchrun(tmp_path):
+    """The GPU benchmark's entry point, on the CPU at a tiny shape: a record per provider, timed and
+    matching the single-device output."""
+    _torchrun(["-m", "ioattn.bench.context_parallel", "--device", "cpu", "--seqlen", "64", "--headdim", "16",
+               "--nheads", "2", "--dtype", "fp32", "--reps", "1", "--warmup", "0", "--causal", "1",
+               "--providers", "ioattn-ring,ioattn-ring-zigzag,ioattn-ulysses", "--out", str(tmp_path)])
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert {r["provider"] for r in records} == {"ioattn-single-device", "ioattn-ring", "ioattn-ring-zigzag",
+                                                "ioattn-ulysses"}
+    for r in records:
+        assert r["ok"] and r["ms"] > 0 and r["world_size"] == 2 and r["ratio_to_single"] > 0, r
 
 
 # ---- the schedule, without processes ----
