@@ -112,10 +112,12 @@ def _torch_cp(q, k, v, dout, causal, device, reps, warmup):
     from torch.distributed.tensor.experimental import context_parallel
     from torch.distributed.tensor.experimental._attention import context_parallel_unshard
 
+    def attend(a, b, c):
+        return torch.nn.functional.scaled_dot_product_attention(a, b, c, is_causal=causal)
+
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     bufs = [t.transpose(1, 2).contiguous() for t in (q, k, v, dout)]
     with context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2] * 4, no_restore_buffers=set(bufs)):
-        attend = lambda a, b, c: torch.nn.functional.scaled_dot_product_attention(a, b, c, is_causal=causal)  # noqa: E731
         step = _fwd_bwd(attend, *bufs)
         ms, times = _time(step, reps, warmup, device)
         out = step().detach()
