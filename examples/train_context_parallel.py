@@ -133,6 +133,7 @@ def main():
         dist.all_reduce(loss := loss.detach())
         if rank == 0 and (step % 5 == 0 or step == args.steps - 1):
             print(f"step {step:3d}  loss {loss.item():.4f}  (uniform guess: {math.log(args.vocab):.4f})")
+    dist.barrier()  # every process done before any tears the group down (Gloo can abort otherwise)
     dist.destroy_process_group()
 
 

@@ -1,6 +1,8 @@
-"""One process of a ``tests/test_distributed.py`` run: ``python distributed_worker.py SUITE RANK WORLD DIR``.
+"""One process of a ``tests/test_distributed.py`` run: ``python distributed_worker.py SUITE RANK WORLD DIR
+[--cuda]``.
 
-The processes meet through a file store in DIR (Gloo), run every case of SUITE and write what they
+The processes meet through a file store in DIR (Gloo on CPU tensors; with ``--cuda``, NCCL on GPU
+RANK, as ``tests/gpu/test_gpu_distributed.py`` runs it), run every case of SUITE and write what they
 saw to DIR/rank<RANK>.json: for attention cases rank 0 gathers the shards and checks output, lse and
 gradients against the float64 oracle on the whole sequence (twice PyTorch's own same-dtype error, as
 every kernel test) and against single-process ``flash_attn_func``; for error cases each rank records
@@ -10,6 +12,7 @@ import datetime
 import json
 import os
 import pathlib
+import subprocess
 import sys
 import traceback
 
@@ -17,10 +20,11 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-os.environ.setdefault("TRITON_INTERPRET", "0")  # the CPU path unless the test asks for the interpreter
+if __name__ == "__main__":  # before conftest's default: the CPU path unless the launcher asks for the interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "0")
 
 from conftest import (assert_lse_close, assert_matches_oracles, assert_varlen_sequences,  # noqa: E402
-                      attention_oracles, max_err)
+                      attention_oracles, child_env, max_err)
 
 from ioattn import flash_attn_func, flash_attn_varlen_func  # noqa: E402
 from ioattn.distributed import (ring_attention, shard, ulysses_attention, ulysses_ring_groups,  # noqa: E402
@@ -31,6 +35,9 @@ from ioattn.plan import dispatch  # noqa: E402
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
+DEVICE = torch.device("cpu")  # set by main: the rank's GPU with --cuda
+
+
 def _inputs(p):
     torch.manual_seed(p.get("seed", 0))  # the same draw on every rank: the full problem
     dtype = DTYPES[p.get("dtype", "bf16")]
@@ -38,7 +45,11 @@ def _inputs(p):
     lead = (p["tokens"],) if "cu" in p else (p.get("batch", 1), p["seqlen"])
     q = torch.randn(*lead, heads, d, dtype=dtype)
     k, v = (torch.randn(*lead, heads_kv, d, dtype=dtype) for _ in range(2))
-    return q, k, v, torch.randn_like(q)
+    return tuple(t.to(DEVICE) for t in (q, k, v, torch.randn_like(q)))
+
+
+def _cu(p):
+    return torch.tensor(p["cu"], dtype=torch.int32, device=DEVICE)
 
 
 def _groups(p):
@@ -70,7 +81,7 @@ def _run(p, q, k, v, dout):
     local = [_shard(t, layers, dim).detach().requires_grad_() for t in (q, k, v)]
     kw = dict(causal=p.get("causal", False), layout=p["layout"], window_size=p.get("window", (-1, -1)),
               softcap=p.get("softcap", 0.0), deterministic=p.get("deterministic", False), return_lse=True,
-              cu_seqlens=torch.tensor(p["cu"], dtype=torch.int32) if varlen else None)
+              cu_seqlens=_cu(p) if varlen else None)
     if p.get("variant", "ring") == "ring":
         out, lse = ring_attention(*local, group, **kw)
     else:
@@ -85,7 +96,7 @@ def _single(p, q, k, v, dout, window):
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     kw = dict(causal=p.get("causal", False), window_size=window, softcap=p.get("softcap", 0.0))
     if "cu" in p:
-        cu = torch.tensor(p["cu"], dtype=torch.int32)
+        cu = _cu(p)
         n = int((cu[1:] - cu[:-1]).max())
         out = flash_attn_varlen_func(*leaves, cu, cu, n, n, **kw)
     else:
@@ -103,7 +114,7 @@ def attention_case(name, p, rank):
     window = normalize_window(p.get("window", (-1, -1)), p.get("causal", False))
     ref = dict(window=window, softcap=p.get("softcap", 0.0))
     if "cu" in p:
-        cu = torch.tensor(p["cu"], dtype=torch.int32)
+        cu = _cu(p)
         assert_varlen_sequences(name, q, k, v, dout, out, lse, grads, cu, cu, lse_atol=2e-3, **ref)
         end = p["cu"][-1]  # tokens after the last sequence: no output, no gradient
         assert (out[end:] == 0).all() and torch.isneginf(lse[:, end:]).all() and (grads[0][end:] == 0).all(), name
@@ -142,8 +153,8 @@ def error_case(name, p, rank):
         q = q.to(torch.float64) if rank == 0 else q
     elif bad == "window_differs":
         kw["window_size"] = (4 + rank, 0)
-    elif bad == "device":  # a device the Gloo group cannot serve
-        q, k, v = (t.to("meta") for t in (q, k, v))
+    elif bad == "device":  # a device the group cannot serve: meta for Gloo, the CPU for NCCL
+        q, k, v = (t.to("cpu" if DEVICE.type == "cuda" else "meta") for t in (q, k, v))
     elif bad == "unshard_shapes":
         try:
             unshard(q[:, : q.shape[1] - rank], "contiguous")
@@ -206,14 +217,59 @@ INTERPRETED_2 = {
     "varlen_contiguous_causal": _attn(layout="contiguous", causal=True, tokens=32, cu=[0, 9, 30], dtype="fp32"),
 }
 
-SUITES = {"ring2": RING_2, "ring4": RING_4, "errors2": ERRORS_2, "interpreted2": INTERPRETED_2}
+# on GPUs: lengths at which the Hopper kernels take the ring's block calls (views into the shards,
+# windows relative to each call, packed calls)
+GPU_2 = {
+    "zigzag_causal_d128": _attn(layout="zigzag", causal=True, seqlen=4096, heads=4, heads_kv=2, dim=128),
+    "contiguous_d64": _attn(layout="contiguous", seqlen=4096, heads=4, dim=64, batch=2),
+    "zigzag_window_softcap_d128": _attn(layout="zigzag", causal=True, seqlen=4096, heads=2, dim=128,
+                                        window=(700, 0), softcap=20.0),
+    "varlen_zigzag_causal_d128": _attn(layout="zigzag", causal=True, tokens=4096, cu=[0, 1000, 3100, 3101, 4000],
+                                       heads=4, heads_kv=1, dim=128),
+    "ulysses_causal_d128": _attn(variant="ulysses", layout="zigzag", causal=True, seqlen=4096, heads=4, dim=128),
+    "deterministic": (deterministic_case, dict(layout="zigzag", causal=True, seqlen=4096, heads=2, dim=128)),
+}
+
+SUITES = {"ring2": RING_2, "ring4": RING_4, "errors2": ERRORS_2, "interpreted2": INTERPRETED_2, "gpu2": GPU_2}
+
+
+def launch(suite, world, out_dir, interpret=False, cuda=False, timeout=240):
+    """Start ``world`` processes running ``suite`` and return each rank's results (a dict a case).
+    Raises AssertionError naming the suite if a process fails or the suite outlasts ``timeout``
+    seconds (a hang fails the test instead of the run)."""
+    env = child_env()
+    env.update(TRITON_INTERPRET="1" if interpret else "0", OMP_NUM_THREADS="1")
+    argv = [sys.executable, str(pathlib.Path(__file__).resolve()), suite, "", str(world), str(out_dir)]
+    argv += ["--cuda"] if cuda else []
+    procs = []
+    for r in range(world):
+        argv[3] = str(r)
+        procs.append(subprocess.Popen(list(argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=timeout)[0])
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        raise AssertionError(f"suite {suite} on {world} processes did not finish in {timeout} s") from None
+    for r, (p, log) in enumerate(zip(procs, logs)):
+        assert p.returncode == 0, f"rank {r} of suite {suite} exited {p.returncode}:\n{log[-3000:]}"
+    return [json.loads((pathlib.Path(out_dir) / f"rank{r}.json").read_text()) for r in range(world)]
 
 
 def main():
+    global DEVICE
     suite, rank, world, out_dir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), pathlib.Path(sys.argv[4])
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{out_dir / 'store'}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    cuda = "--cuda" in sys.argv[5:]
+    if cuda:
+        torch.cuda.set_device(rank)
+        DEVICE = torch.device("cuda", rank)
+    else:
+        torch.set_num_threads(1)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{out_dir / 'store'}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=120 if cuda else 60))
     results = {}
     for name, (case, params) in SUITES[suite].items():
         try:
@@ -222,6 +278,7 @@ def main():
             results[name] = {"ok": False, "message": traceback.format_exc()}
         dist.barrier()
     (out_dir / f"rank{rank}.json").write_text(json.dumps(results))
+    dist.barrier()  # every process done before any tears the group down (Gloo can abort otherwise)
     dist.destroy_process_group()
 
 

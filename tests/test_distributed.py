@@ -22,24 +22,6 @@ WORKER = ROOT / "tests" / "distributed_worker.py"
 TIMEOUT_S = 240  # a whole suite; a hang fails the test instead of CI
 
 
-def _launch(suite, world, out_dir, interpret=False):
-    env = child_env()
-    env.update(TRITON_INTERPRET="1" if interpret else "0", OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(WORKER), suite, str(r), str(world), str(out_dir)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=TIMEOUT_S)[0])
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        pytest.fail(f"suite {suite} on {world} processes did not finish in {TIMEOUT_S} s")
-    for r, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"rank {r} of suite {suite} exited {p.returncode}:\n{log[-3000:]}"
-    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
-
-
 @pytest.fixture(scope="module")
 def suites(tmp_path_factory):
     """Each suite runs once, on first use; the tests below read its per-case results."""
@@ -47,28 +29,28 @@ def suites(tmp_path_factory):
 
     def get(suite, world, interpret=False):
         if suite not in done:
-            done[suite] = _launch(suite, world, tmp_path_factory.mktemp(suite), interpret)
+            done[suite] = launch(suite, world, tmp_path_factory.mktemp(suite), interpret, timeout=TIMEOUT_S)
         return done[suite]
     return get
 
 
 sys.path.insert(0, str(WORKER.parent))
-from distributed_worker import ERRORS_2, INTERPRETED_2, RING_2, RING_4  # noqa: E402
+from distributed_worker import ERRORS_2, INTERPRETED_2, RING_2, RING_4, launch  # noqa: E402
 
 
-def _assert_ok(results, case):
+def assert_ok(results, case):
     for r, res in enumerate(results):
         assert res[case]["ok"], f"rank {r}: {res[case].get('message', '')}"
 
 
 @pytest.mark.parametrize("case", list(RING_2))
 def test_two_ranks(suites, case):
-    _assert_ok(suites("ring2", 2), case)
+    assert_ok(suites("ring2", 2), case)
 
 
 @pytest.mark.parametrize("case", list(RING_4))
 def test_four_ranks(suites, case):
-    _assert_ok(suites("ring4", 4), case)
+    assert_ok(suites("ring4", 4), case)
 
 
 def test_error_does_not_grow_with_world_size(suites):
@@ -87,7 +69,7 @@ def test_error_does_not_grow_with_world_size(suites):
 def test_two_ranks_on_the_triton_kernels(suites, case):
     """The ring's block calls (strided views, packed calls) through the Triton kernels, interpreted."""
     results = suites("interpreted2", 2, interpret=True)
-    _assert_ok(results, case)
+    assert_ok(results, case)
     assert results[0][case]["triton"], "the case ran on the CPU path, not the Triton kernels"
 
 
@@ -102,15 +84,19 @@ EXPECTED_ERRORS = {
 }
 
 
-@pytest.mark.parametrize("case", list(ERRORS_2))
-def test_bad_input_raises_on_every_rank(suites, case):
-    results = suites("errors2", 2)
+def assert_raised_alike(results, case):
+    """Every rank raised the expected exception, with one message."""
     kind, text = EXPECTED_ERRORS[case]
     messages = {res[case].get("message") for res in results}
     for r, res in enumerate(results):
         assert res[case]["raised"] == kind, f"rank {r}: {res[case]}"
         assert text in res[case]["message"], f"rank {r}: {res[case]['message']}"
     assert len(messages) == 1, f"the ranks raised different messages: {messages}"
+
+
+@pytest.mark.parametrize("case", list(ERRORS_2))
+def test_bad_input_raises_on_every_rank(suites, case):
+    assert_raised_alike(suites("errors2", 2), case)
 
 
 def test_refused_without_a_process_group():

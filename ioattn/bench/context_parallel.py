@@ -226,6 +226,7 @@ def main(argv=None):
                     f.write(json.dumps(rec) + "\n")
             print(f"wrote {len(records)} records to {os.path.join(args.out, 'results.jsonl')}")
         ok = all(r["ok"] for r in records if r["provider"].startswith("ioattn"))
+        dist.barrier()  # every process done before any tears the group down (Gloo can abort otherwise)
     finally:
         dist.destroy_process_group()
     return 0 if ok else 1
