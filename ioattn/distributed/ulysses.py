@@ -8,6 +8,8 @@ crossing the network, and the same in the backward for their gradients.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 
@@ -37,9 +39,10 @@ class _AllToAll(torch.autograd.Function):
         return _all_to_all(grad.contiguous(), *ctx.args), None, None, None, None
 
 
+@functools.lru_cache(maxsize=8)
 def _order(layout, world, local, device):
     """The permutation that puts the shards, joined in rank order, in global order (None when they
-    already are)."""
+    already are); made once per shape and device."""
     if layout == "contiguous":
         return None
     joined = [p for r in range(world) for p in plan.positions(layout, world, r, local)]
