@@ -213,8 +213,9 @@ ERRORS_2 = {name: (error_case, dict(dict(seqlen=16, bad=bad), **extra)) for name
 )}
 
 INTERPRETED_2 = {
-    "zigzag_causal": _attn(layout="zigzag", causal=True, seqlen=32, dtype="fp32"),
-    "varlen_contiguous_causal": _attn(layout="contiguous", causal=True, tokens=32, cu=[0, 9, 30], dtype="fp32"),
+    "zigzag_causal_gqa": _attn(layout="zigzag", causal=True, seqlen=32, heads=4, heads_kv=2, dtype="fp32"),
+    "varlen_contiguous_window": _attn(layout="contiguous", causal=True, tokens=32, cu=[0, 9, 30], window=(5, 0),
+                                      dtype="fp32"),
 }
 
 # on GPUs: lengths at which the Hopper kernels take the ring's block calls (views into the shards,

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from ioattn import api
 from ioattn.autograd import _backward_impl, _forward_impl
 from ioattn.distributed import checks
-from ioattn.distributed.layout import check_layout
+from ioattn.distributed.arguments import validate
 from ioattn.merge import merge_attention_states
 from ioattn.plan import hopper_bwd
 from ioattn.plan import ring as plan
@@ -191,85 +191,6 @@ def _packed_args(steps, device):
     return out
 
 
-def _sequences(fn, cu_seqlens, total):
-    """The packed sequences' global (start, end) from ``cu_seqlens`` (read on the host)."""
-    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 \
-            or cu_seqlens.numel() < 2:
-        got = tuple(cu_seqlens.shape) if isinstance(cu_seqlens, torch.Tensor) else type(cu_seqlens).__name__
-        raise TypeError(f"{fn}: cu_seqlens must be a 1-D int32 tensor of batch + 1 >= 2 entries, got {got}")
-    cu = cu_seqlens.tolist()
-    if cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])) or cu[-1] > total:
-        raise ValueError(f"{fn}: cu_seqlens must start at 0, not decrease and end at most at the global token "
-                         f"count {total} (every rank's tokens), got {cu}")
-    return tuple(zip(cu[:-1], cu[1:]))
-
-
-def _cu_field(sequences):
-    """The packed sequences as a field: their count, their total and a checksum of the lengths."""
-    if sequences is None:
-        return (-1, -1, -1)
-    lengths = [b - a for a, b in sequences]
-    digest = 0
-    for n in lengths:
-        digest = (digest * 1000003 + n) % (1 << 61)
-    return (len(lengths), sequences[-1][1], digest)
-
-
-def validate(fn, q, k, v, group, causal, layout, softmax_scale, window_size, softcap, cu_seqlens, check,
-             heads_per_rank=False, groups_spanned=1):
-    """The call's arguments checked on this rank, then across the ranks (``checks.agree``). Returns
-    (world, rank, scale, window, softcap, sequences) or raises the same error on every rank.
-    ``heads_per_rank``: the heads are shared out among the ranks (Ulysses), so their count must
-    divide evenly. ``groups_spanned``: how many such groups the sequence spans (Ulysses over a ring:
-    the ring's size)."""
-    world, rank = checks.group_info(group, fn)
-    varlen = cu_seqlens is not None
-    error, result = None, None
-    try:
-        api._check_qkv(q, k, v, varlen)
-        if q.dtype not in api._DTYPES:
-            raise TypeError(f"{fn}: q, k, v must be float16, bfloat16 or float32, got {q.dtype}")
-        if k.shape[:-2] != q.shape[:-2]:
-            raise ValueError(f"{fn}: q and k must have the same batch and sequence shard, got q {tuple(q.shape)}, "
-                             f"k {tuple(k.shape)}")
-        checks.check_device(fn, group, q)
-        check_layout(fn, layout)
-        local = q.shape[0] if varlen else q.shape[1]
-        if layout == "zigzag" and local % 2:
-            raise ValueError(f"{fn}: a 'zigzag' shard holds two equal chunks, but this rank's shard has {local} "
-                             f"tokens: the sequence must be a multiple of {2 * world} tokens "
-                             f"(shard() makes such shards)")
-        if heads_per_rank and q.shape[-2] % world:
-            raise ValueError(f"{fn}: q has {q.shape[-2]} heads, which the {world} ranks of the all-to-all cannot "
-                             f"share equally: make the head count a multiple of the group's size, or use a smaller "
-                             f"group with ring_group for the rest of the ranks")
-        _, scale, softcap, window, _ = api._check_scalars(0.0, softmax_scale, softcap, window_size, causal, None, q,
-                                                          1)
-        sequences = _sequences(fn, cu_seqlens, world * groups_spanned * local) if varlen else None
-        result = (world, rank, scale, window, softcap, sequences)
-    except (TypeError, ValueError) as e:
-        error = e if str(e).startswith(fn) else type(e)(f"{fn}: {e}")
-    if not check:
-        if error is not None:
-            raise error
-        return result
-    nd = 3 if varlen else 4
-    fields = {"q shape": checks.shape_field(q, nd), "k shape": checks.shape_field(k, nd),
-              "v shape": checks.shape_field(v, nd), "dtype": (_DTYPE_CODE.get(getattr(q, "dtype", None), -1),),
-              "device type": (_DEVICE_CODE.get(getattr(getattr(q, "device", None), "type", None), -1),),
-              "causal": (int(bool(causal)),), "layout": (plan.LAYOUTS.index(layout) if layout in plan.LAYOUTS else -1,),
-              "window_size": tuple(result[3]) if result else (-9, -9),
-              "softmax_scale": checks.float_field(result[2] if result else 0.0),
-              "softcap": checks.float_field(result[4] if result else 0.0),
-              "cu_seqlens": _cu_field(result[5] if result else None)}
-    checks.agree(fn, group, world, error, fields, floats=("softmax_scale", "softcap"))
-    return result
-
-
-_DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
-_DEVICE_CODE = {"cpu": 0, "cuda": 1, "xpu": 2, "meta": 3}
-
-
 def ring_attention(q, k, v, group=None, causal=False, layout="contiguous", *, softmax_scale=None,
                    window_size=(-1, -1), softcap=0.0, deterministic=False, return_lse=False, cu_seqlens=None,
                    check=True):
@@ -296,13 +217,13 @@ def ring_attention(q, k, v, group=None, causal=False, layout="contiguous", *, so
     ``check=False`` skips it. Eager only: ``torch.compile`` of a model that calls it is untested (wrap the
     call in ``torch.compiler.disable`` there).
     """
-    fn = "ring_attention"
-    world, rank, scale, window, softcap, sequences = validate(
-        fn, q, k, v, group, causal, layout, softmax_scale, window_size, softcap, cu_seqlens, check)
+    spec = validate("ring_attention", q, k, v, group, causal, layout, softmax_scale, window_size, softcap, cu_seqlens,
+                    check)
     varlen = cu_seqlens is not None
     local = q.shape[0] if varlen else q.shape[1]
-    steps = plan.schedule(layout, world, rank, local, window, sequences)
-    ring = Ring(group, world, rank, steps, scale, softcap, bool(deterministic), varlen, _packed_args(steps, q.device))
+    steps = plan.schedule(layout, spec.world, spec.rank, local, spec.window, spec.sequences)
+    ring = Ring(group, spec.world, spec.rank, steps, spec.scale, spec.softcap, bool(deterministic), varlen,
+                _packed_args(steps, q.device))
     out, lse = _RingAttention.apply(api._contiguous_last(q), k.contiguous(), v.contiguous(), ring)
     return (out, lse) if return_lse else out
 

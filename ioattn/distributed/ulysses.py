@@ -15,7 +15,8 @@ import torch.distributed as dist
 
 from ioattn.api import flash_attn_func, flash_attn_varlen_func
 from ioattn.distributed import checks
-from ioattn.distributed.ring import ring_attention, validate
+from ioattn.distributed.arguments import validate
+from ioattn.distributed.ring import ring_attention
 from ioattn.plan import ring as plan
 
 
@@ -66,9 +67,9 @@ def ulysses_attention(q, k, v, group=None, causal=False, layout="contiguous", *,
     """
     fn = "ulysses_attention"
     rings = 1 if ring_group is None else checks.group_info(ring_group, fn)[0]
-    world, _, scale, window, softcap, _ = validate(fn, q, k, v, group, causal, "contiguous" if ring_group else layout,
-                                                   softmax_scale, window_size, softcap, cu_seqlens, check,
-                                                   heads_per_rank=True, groups_spanned=rings)
+    spec = validate(fn, q, k, v, group, causal, "contiguous" if ring_group else layout, softmax_scale, window_size,
+                    softcap, cu_seqlens, check, heads_per_rank=True, groups_spanned=rings)
+    world = spec.world
     varlen = cu_seqlens is not None
     seq, heads = (0, 1) if varlen else (1, 2)
     if k.shape[-2] % world:  # fewer key/value heads than ranks: every query head's own copy
@@ -77,7 +78,7 @@ def ulysses_attention(q, k, v, group=None, causal=False, layout="contiguous", *,
     order = None if ring_group is not None else _order(layout, world, q.shape[seq] // world, q.device)
     if order is not None:
         q, k, v = (t.index_select(seq, order) for t in (q, k, v))
-    kw = dict(softmax_scale=scale, window_size=window, softcap=softcap, deterministic=deterministic)
+    kw = dict(softmax_scale=spec.scale, window_size=spec.window, softcap=spec.softcap, deterministic=deterministic)
     if ring_group is not None:
         out, lse = ring_attention(q, k, v, ring_group, causal, layout, return_lse=True, cu_seqlens=cu_seqlens,
                                   check=check, **kw)
