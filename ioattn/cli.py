@@ -19,14 +19,14 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ioattn.bench import arg_types, fp4_study, fp8_accuracy, io_command, mods_bench, report
+from ioattn.bench import arg_types, fp4_study, fp8_accuracy, io_command, mods_bench, pingpong_trace, report
 from ioattn.bench import run as sweeps
 from ioattn.bench.providers import DECODE_OURS, OURS, PEERS
 from ioattn.explainers import written as written_pages
 
 ALL = tuple(sweeps.SWEEP_HELP)
 # the accuracy studies: each module has NAME, HELP, add_arguments(parser) and run(args)
-STUDIES = {m.NAME: m for m in (fp8_accuracy, fp4_study, mods_bench)}
+STUDIES = {m.NAME: m for m in (fp8_accuracy, fp4_study, mods_bench, pingpong_trace)}
 DEFAULT_SWEEP = "quick"
 WIDTH = 100  # the hand-made parts of the help (sweep lists, defaults) are wrapped to this
 

@@ -447,3 +447,15 @@ def test_hopper_fp8_forward_compiles_for_sm90():
     assert len(lines) == len(hopper.FP8_TILES), lines
     # and P as the register operand (``hopper.FP8_P_SMEM`` off: kept alive past the wait by a move)
     assert len(_hopper_check("--fp8", "--fp8-p-regs", "--headdims", "128", "--masks", "1")) == 1
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+@pytest.mark.gluon
+def test_hopper_schedule_record_compiles_for_sm90():
+    """The one-tile ping-pong forward with its schedule record (``Trace``, ``ioattn bench
+    pingpong-trace``: a clock read and a store at each event) compiles for sm_90 without a spill."""
+    import re
+
+    lines = _hopper_check("--variants", "pingpong", "--headdims", "128", "--masks", "0", "--trace")
+    assert len(lines) == 1, lines
+    assert int(re.search(r"spill=(\d+)B", lines[0]).group(1)) == 0, lines[0]

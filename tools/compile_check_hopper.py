@@ -72,6 +72,7 @@ from gluon_aot import (DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxa
 WINDOW_FORM = False  # --window (set before the compile jobs' processes are forked: they inherit it)
 SOFTCAP_FORM = False  # --softcap (likewise)
 ALIBI_FORM = False  # --alibi (likewise)
+TRACE = False  # --trace (likewise): the schedule record (``Trace``), the one-tile ping-pong variants
 IO_DIM = 0  # --io-dim (likewise): the tensors' head dim below the kernel's, through 3-D / 4-D descriptors
 
 
@@ -113,6 +114,10 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
         cfg["stages"] = hopper.SPLIT_RING_STAGES
     else:  # the launcher passes None
         constexprs.update(k_hi_desc=None, v_hi_desc=None)
+    if TRACE:  # the schedule record (else the launcher passes None)
+        sig.update(Trace="*i64")
+    else:
+        constexprs.update(Trace=None)
     if ALIBI_FORM:  # the slopes (else the launcher passes None)
         sig.update(Alibi="*fp32")
     else:
@@ -336,6 +341,8 @@ def main():
                     help="with --io-dim 136-192 at d = 256: the products over 192 columns (PROD_DIM, "
                          "hopper.split_cols) or all 256")
     ap.add_argument("--lpt", action="store_true", help="causal one-tile grids in LPT order (LPT=True)")
+    ap.add_argument("--trace", action="store_true",
+                    help="with the schedule record (Trace: clock stamps per warpgroup and critical section)")
     ap.add_argument("--kv-tail", action="store_true",
                     help="fixed-length kernels for key lengths not a multiple of the key tile (KV_TAIL=True)")
     ap.add_argument("--no-row-stores", action="store_true",
@@ -401,6 +408,10 @@ def main():
         global ALIBI_FORM
         ALIBI_FORM = True
         args.variants = ",".join(v for v in args.variants.split(",") if v in hopper.ALIBI_VARIANTS)
+    if args.trace:  # likewise
+        global TRACE
+        TRACE = True
+        args.variants = ",".join(v for v in args.variants.split(",") if v in ("pingpong", "wg3", "split"))
     if args.io_dim:  # likewise
         global IO_DIM
         IO_DIM = args.io_dim

@@ -15,7 +15,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from ioattn.kernels.hopper_common import P_SCALE, _io_dim, _prod_dim, _tile_layout
+from ioattn.kernels.hopper_common import P_SCALE, TRACE_EVENTS, _io_dim, _prod_dim, _tile_layout
 from ioattn.kernels.hopper_softmax import _window_tiles
 from ioattn.kernels.hopper_fwd_tile import _consumer, _pingpong_consumer, _pp_shared, _producer, _split_ring, \
     _store_no_key_rows, _init_ring
@@ -49,7 +49,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                       WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, num_tiles=0, Walk=None,
                       win_left=0, win_right=0, softcap_a=0.0, ALIBI: gl.constexpr = False, Alibi=None,
                       stride_ab=0, alibi_unit=0.0, IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0,
-                      k_hi_desc=None, v_hi_desc=None, Descales=None, P_SMEM: gl.constexpr = False):
+                      k_hi_desc=None, v_hi_desc=None, Descales=None, P_SMEM: gl.constexpr = False, Trace=None,
+                      trace_sections=0):
     """The Gluon Hopper forward. ``PINGPONG=False`` (launched with num_warps = 4 * BLOCK_M // 64): one
     consumer partition of BLOCK_M // 64 warpgroups in lockstep. ``PINGPONG=True`` (num_warps = 4,
     BLOCK_M = 64 * NUM_WG): ``NUM_WG`` consumer warpgroups of 64 rows each in separate partitions,
@@ -63,7 +64,10 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     docs/hopper-forward.md, "Compile-time options"; the host sets them (``ioattn.plan.backends.hopper_forward``).
     FP8 (e4m3 descriptors; the ping-pong kernels): ``v_desc`` reads V^T as (batch * nheads_kv * d,
     keys), ``Descales`` fp32 (batch, nheads + 2 * nheads_kv) as the portable kernel's; ``P_SMEM``: P
-    through a shared buffer a warpgroup instead of registers (``hopper_fwd_tile._p_operand``)."""
+    through a shared buffer a warpgroup instead of registers (``hopper_fwd_tile._p_operand``). ``Trace``
+    (int64, programs x NUM_WG x ``trace_sections`` x ``TRACE_EVENTS``; the one-tile ping-pong kernels): the
+    schedule record, each consumer warpgroup's clock at the events of each of its critical sections
+    (``hopper_fwd_tile._stamp``); None: no record, the kernel as it is launched for attention."""
     D_IO: gl.constexpr = _io_dim(HEAD_DIM, IO_DIM)
     gl.static_assert(_prod_dim(HEAD_DIM, PROD_DIM) >= D_IO, "the products cover the tensors' columns")
     gl.static_assert(PROD_DIM == 0 or PINGPONG, "the split products: the ping-pong consumers")
@@ -83,6 +87,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     gl.static_assert(LEAN or not (COND_RESCALE or Q_IN_REGS or DEFERRED_SUM or MASK_BRANCH or PTX_BARRIERS),
                      "the lean softmax's options need it")
     gl.static_assert(COND_RESCALE or not RESCALE_BY_WARP, "RESCALE_BY_WARP decides the conditional rescaling")
+    gl.static_assert(Trace is None or (PINGPONG and not PERSISTENT), "the schedule record: one-tile ping-pong kernels")
     if PERSISTENT:
         gl.static_assert(PINGPONG and NUM_WG == 2 and not IS_VARLEN,
                          "persistent: the two-warpgroup ping-pong kernel, fixed-length batches")
@@ -200,7 +205,9 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                                    RESCALE_BY_WARP, Q_IN_REGS, DEFERRED_SUM, MASK_BRANCH, PTX_BARRIERS, EXP2_FMA,
                                    TILE_ROW_STORES, FEWER_MASKS, KEY_MASKS, WINDOW, win_left, win_right, SOFTCAP,
                                    softcap_a, ALIBI, alibi_a, IO_DIM, PROD_DIM, kv_hi, out_scale,
-                                   p_smem.index(w) if FP8 and P_SMEM else None))
+                                   p_smem.index(w) if FP8 and P_SMEM else None,
+                                   None if Trace is None else
+                                   Trace + (gl.program_id(0) * NUM_WG + w) * (trace_sections * TRACE_EVENTS)))
              if w < NUM_WG else
              (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
                           n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL, 0, 0, kv_hi_load, vt_row0))

@@ -8,8 +8,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ioattn import _compat
 from ioattn.kernels import ptx_barriers as _ptx_barriers
-from ioattn.kernels.hopper_common import (ALIBI_FP32_COLS, LN2, P_SCALE, _io_dim, _load_rows, _prod_dim,
-                                          _qk_mma, _softcap, _tile_layout, _zero_v_tail)
+from ioattn.kernels.hopper_common import (ALIBI_FP32_COLS, LN2, P_SCALE, TRACE_EVENTS, _io_dim, _load_rows,
+                                          _prod_dim, _qk_mma, _softcap, _tile_layout, _zero_v_tail)
 from ioattn.kernels.hopper_softmax import (_alibi, _rescale_rows, _softmax_tile, _step_softmax, _thread_row_sums,
                                            _window_cuts)
 from ioattn.kernels.hopper_tiles import _kv_tile_count
@@ -107,6 +107,16 @@ def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty
             if kv_hi is not None:
                 _load_rows(kv_hi[1], row, kv_col, v_ready.index(s), kv_hi[3].index(s), C_HI)
     return tails
+
+
+
+@gluon.jit
+def _stamp(trace, section, EVENT: gl.constexpr):
+    """The SM's cycle counter (``%clock64``) into ``trace[section * TRACE_EVENTS + EVENT]``, the schedule
+    record of ``hopper_fwd_kernel``'s ``Trace``; nothing without one (``trace`` None)."""
+    if trace is not None:
+        t = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+        gl.store(trace + section * TRACE_EVENTS + EVENT, t)
 
 
 
@@ -413,7 +423,7 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                        KEY_MASKS: gl.constexpr = True, WINDOW: gl.constexpr = False, win_left=0, win_right=0,
                        SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False, alibi_a=0.0,
                        IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0, kv_hi=None, out_scale=None,
-                       p_smem=None):
+                       p_smem=None, trace=None):
     """One consumer warpgroup of the ping-pong (``NUM_WG`` = 2) or three-warpgroup ring (3) variant:
     ``BLOCK_M`` (= 64) query rows of its own, the K/V ring shared with the other consumer warpgroups.
 
@@ -423,7 +433,8 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
     occupy the tensor cores. n + 1 sections a warpgroup (n = the CTA's key-tile count, the same for
     all); K(t) released after S(t)'s wait, V(t) after P(t) V(t)'s; K / V readiness waited for before
     taking the turn. Why this cannot deadlock or alias a parity, and how fully masked tiles and rows
-    with no key come out: docs/hopper-forward.md, "The ping-pong protocol"."""
+    with no key come out: docs/hopper-forward.md, "The ping-pong protocol". ``trace``: this
+    warpgroup's row of the schedule record (``_stamp``), or None."""
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     _load_rows(q_desc, q_row0, q_col, q_bar, q_smem)
     mbarrier.wait(q_bar, 0)
@@ -432,7 +443,7 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                                STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, COND_RESCALE, RESCALE_BY_WARP,
                                Q_IN_REGS, DEFERRED_SUM, MASK_BRANCH, PTX_BARRIERS, False, EXP2_FMA, FEWER_MASKS,
                                KEY_MASKS, False, WINDOW, win_left, win_right, SOFTCAP, softcap_a, ALIBI, alibi_a,
-                               PROD_DIM, kv_hi, p_smem)
+                               PROD_DIM, kv_hi, p_smem, trace)
     MMA_K: gl.constexpr = _mma_k(q_desc.dtype)
     rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _wg_acc_layout(BLOCK_N, MMA_K)))
     # ROW_STORES 2: staged in this warpgroup's Q buffer (its S products all retired in the key loop)
@@ -483,7 +494,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
                  EXP2_FMA: gl.constexpr, FEWER_MASKS: gl.constexpr = False, KEY_MASKS: gl.constexpr = True,
                  DIAG_TRIM: gl.constexpr = False, WINDOW: gl.constexpr = False, win_left=0, win_right=0,
                  SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False, alibi_a=0.0,
-                 PROD_DIM: gl.constexpr = 0, kv_hi=None, p_smem=None):
+                 PROD_DIM: gl.constexpr = 0, kv_hi=None, p_smem=None, trace=None):
     """One query tile's key loop for one ping-pong warpgroup (Q already in ``q_smem``): returns the
     unnormalised (O, m, l). ``g0``: ring uses before this tile, ``sec0``: this warpgroup's critical
     sections before it (both 0 for a one-tile program; a persistent program's running counts), so
@@ -496,7 +507,8 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     (``_softcap``, ``qk_scale`` = cap * log2 e) and biased (``_alibi``) before the masks. ``PROD_DIM``:
     the products over 192 of 256 or 96 of 128 columns (S two chained products, O two accumulators
     returned side by side with the unused columns' zeros); ``kv_hi``: the split ring's (k_hi, v_hi).
-    ``p_smem``: e4m3 P's buffer (``_p_operand``).
+    ``p_smem``: e4m3 P's buffer (``_p_operand``). ``trace``: the schedule record's row (``_stamp``; the
+    one-tile kernels).
     ``LEAN`` and its options (``COND_RESCALE``, ``RESCALE_BY_WARP``, ``Q_IN_REGS``, ``DEFERRED_SUM``,
     ``MASK_BRANCH``, ``PTX_BARRIERS``): the kernel's. The options: docs/hopper-forward.md."""
     PD: gl.constexpr = _prod_dim(HEAD_DIM, PROD_DIM)
@@ -545,7 +557,9 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     # section #0: S(0); its softmax runs outside the turn
     s_tok = _issue_s0(q_op, k_smem, k_ready, my_turn, next_turn, g0, sec0, BLOCK_M, BLOCK_N, STAGES, TURN0, ORDERED,
                       PD, k_hi)
+    _stamp(trace, 0, 0)
     s = warpgroup_mma_wait(0, deps=[s_tok])
+    _stamp(trace, 0, 1)
     mbarrier.arrive(k_empty.index(g0 % STAGES), count=1)
     if SOFTCAP:
         s = _softcap(s, softcap_a)
@@ -567,6 +581,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q, seqlen_k,
                                            rows_1d, cols_1d, KEY_MASKS, IS_CAUSAL, LEAN, COND_RESCALE, DEFERRED_SUM,
                                            EXP2_FMA, True, WINDOW, win_left, win_right)
+    _stamp(trace, 0, 2)
     p16 = _p_operand(p, dtype, p_layout, p_smem)  # O is still 0: no rescale
 
     n_own = n_tiles  # key tiles this warpgroup computes
@@ -584,6 +599,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         mbarrier.wait(k_ready.index(nxt), ((g0 + i + 1) // STAGES) & 1)
         mbarrier.wait(v_ready.index(cur), ((g0 + i) // STAGES) & 1)
         _turn_wait(my_turn, sec0 + i + 1, TURN0, ORDERED)
+        _stamp(trace, i + 1, 0)
         s_tok = _qk_mma(q_op, k_smem.index(nxt), s_zero, PD, k_hi, nxt)
         if SPLIT:
             o_tok, oh_tok = _pv_mma_split(o, o_hi, p16, v_smem, g0 + i, STAGES, v_hi)
@@ -592,6 +608,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         _turn_pass(next_turn, ORDERED)
         # S(i+1) done (groups retire in order; P(i) V(i) may still run)
         s = warpgroup_mma_wait(PV_GROUPS, deps=[s_tok])
+        _stamp(trace, i + 1, 1)
         mbarrier.arrive(k_empty.index(nxt), count=1)
         if SOFTCAP:
             s = _softcap(s, softcap_a)
@@ -610,6 +627,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
                                            rows_1d, cols_1d, IS_CAUSAL, LEAN, COND_RESCALE, DEFERRED_SUM,
                                            MASK_BRANCH, EXP2_FMA, KEY_END, False, KEY_MASKS, WINDOW, win_left,
                                            win_right)
+        _stamp(trace, i + 1, 2)
         # P(i) V(i) done: P(i)'s registers may go (listed so they stay alive until here), V(i)'s slot too.
         # (With KEY_MASKS False, no branch above, ptxas hoists this wait to just after S(i+1)'s: the
         # softmax then runs after this warpgroup's P V, not beside it; docs/decisions/forward-masked-tiles.md)
@@ -618,6 +636,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
             o_hi = _rescale_rows(o_hi, alpha, COND_RESCALE, RESCALE_BY_WARP)
         else:
             o, p16 = _pv_wait(o_tok, p16, p_smem)
+        _stamp(trace, i + 1, 3)
         mbarrier.arrive(v_empty.index(cur), count=1)
         o = _rescale_rows(o, alpha, COND_RESCALE, RESCALE_BY_WARP)
         p16 = _p_operand(p, dtype, p_layout, p_smem)
@@ -626,6 +645,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     last = g0 + n_own - 1
     mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
     _turn_wait(my_turn, sec0 + n_own, TURN0, ORDERED)
+    _stamp(trace, n_own, 0)
     if SPLIT:
         o_tok, oh_tok = _pv_mma_split(o, o_hi, p16, v_smem, last, STAGES, v_hi)
         _turn_pass(next_turn, ORDERED)
@@ -636,6 +656,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         o_tok = _pv_mma(o, p16, v_smem, last, STAGES)
         _turn_pass(next_turn, ORDERED)
         o, p16 = _pv_wait(o_tok, p16, p_smem)
+    _stamp(trace, n_own, 3)
     if RELEASE_LAST:
         mbarrier.arrive(v_empty.index(last % STAGES), count=1)
     if DIAG_TRIM:  # the tiles past this warpgroup's own: their sections and slots

@@ -151,7 +151,7 @@ class ForwardLaunch:
     it was made inside a CUDA graph's capture without the walk table (it then computes the walk)."""
 
     def __init__(self, plan, q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, alibi_slopes=None, cached=True,
-                 out_dtype=None):
+                 out_dtype=None, trace=None):
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -219,6 +219,8 @@ class ForwardLaunch:
                       softcap_a=plan.softcap_a, alibi_unit=plan.alibi_unit, num_tiles=plan.num_tiles, Walk=walk,
                       stride_ab=alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
                       **consts)
+        if trace is not None:  # the schedule record (``schedule_trace``)
+            static.update(Trace=trace, trace_sections=trace.shape[2])
         dynamic = ["q_desc", "k_desc", "v_desc", "o_desc", "Out", "Lse", "Cu_q", "Cu_k", "Alibi", "k_hi_desc",
                    "v_hi_desc"] + (["Descales"] if self.fp8 else [])
         self.kernel = BoundLaunch(hopper_fwd_kernel, static, dynamic, dict(num_warps=plan.num_warps), direct=cached)
@@ -270,3 +272,22 @@ def _layout(rows: int, d: int, dt, rank: int = 2):
     from triton.experimental.gluon import language as gl
     shape = [rows, d] if rank == 2 else [1, rows, d]
     return gl.NVMMASharedLayout.get_default_for(shape, dt)
+
+
+def schedule_trace(plan, q, k, v):
+    """One launch of ``plan`` (a one-tile ping-pong plan, fixed lengths) that records its schedule:
+    ``(out, lse, stamps)``, ``stamps`` int64 (programs, NUM_WG, key tiles + 1, TRACE_EVENTS), each
+    consumer warpgroup's ``%clock64`` at the events of each critical section
+    (``kernels.hopper_fwd_tile._stamp``), -1 where none was taken."""
+    from ioattn.kernels.constants import TRACE_EVENTS
+
+    consts = dict(plan.constexprs)
+    if not consts.get("PINGPONG") or consts.get("PERSISTENT") or consts.get("IS_VARLEN"):
+        raise ValueError(f"the schedule record needs a one-tile ping-pong plan of fixed lengths, got the "
+                         f"{plan.variant} variant (PERSISTENT={consts.get('PERSISTENT')}, "
+                         f"IS_VARLEN={consts.get('IS_VARLEN')})")
+    sections = -(-plan.seqlen_k // plan.block_n) + 1
+    stamps = torch.full((plan.programs, consts["NUM_WG"], sections, TRACE_EVENTS), -1, dtype=torch.int64,
+                        device=q.device)
+    out, lse = ForwardLaunch(plan, q, k, v, cached=False, trace=stamps)(q, k, v)
+    return out, lse, stamps
