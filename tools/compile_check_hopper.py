@@ -161,7 +161,7 @@ def compile_fp8(d, causal):
                      v_desc=f"tensordesc<fp8e4nv[{d},{plan.block_n}],{lay['v']!r}>", Out="*bf16", Lse="*fp32",
                      qk_scale="fp32", softcap_a="fp32", alibi_unit="fp32", Descales="*fp32")
     constexprs = dict(plan.constexprs, k_hi_desc=None, v_hi_desc=None, Alibi=None, o_desc=None, Walk=None,
-                      Cu_q=None, Cu_k=None)
+                      Cu_q=None, Cu_k=None, Trace=None)
     if P_IN_REGS:  # --fp8-p-regs: P V's register operand instead of the shared buffer
         constexprs["P_SMEM"] = False
     k = compile_sm90(fn, sig_types, constexprs, plan.num_warps, aligned=("Out", "stride_om"))
