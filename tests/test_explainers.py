@@ -578,3 +578,32 @@ def test_browser_fp8_rotation(browser, built, shots):
     assert_shows(v.text("#ratio"), d["recipes"][0]["rmse"] / d["recipes"][1]["rmse"], 3)
     assert_shows(v.text("#no-1"), d["no_outliers"][1], 3)
     v.finish(shots, slot.filename[:-5])
+
+
+def _pingpong_record():
+    """A schedule record shaped as ``ioattn bench pingpong-trace`` writes one, its numbers made up for
+    this test (page 5 is built from a measured one): warpgroup 1 a half section behind warpgroup 0."""
+    def wg(shift):
+        secs = []
+        for j in range(5):
+            t = 100 * j + shift
+            secs.append([t, t + 40, t + 90, t + 70 if j else None])
+        secs.append([500 + shift, None, None, 560 + shift])
+        return secs
+    return dict(device="test", sm_count=132, seqlen=512, headdim=128, nheads=1, causal=False, variant="pingpong",
+                block_m=128, block_n=128, num_wg=2, events=["turn", "s_ready", "softmax_done", "pv_done"],
+                unit="cycles", max_diff_untraced=0.0, ctas=[[wg(0), wg(50)]])
+
+
+def test_pingpong_page_measures_the_overlap_of_softmax_and_the_other_warpgroups_products():
+    from ioattn.explainers import pingpong, site
+
+    data = pingpong.data(_pingpong_record())
+    lanes = data["ctas"][0]["lanes"]
+    assert lanes[0]["s"][0] == [0, 40] and lanes[0]["softmax"][0] == [40, 90] and lanes[0]["pv"][0] == [100, 170]
+    # warpgroup 0's softmax [100j + 40, 100j + 90] against warpgroup 1's S [100j + 50, 100j + 90] and its
+    # P V [100j + 50, 100j + 120] (j >= 1): covered from 100j + 50, 40 of 50 cycles, every section
+    assert data["ctas"][0]["overlap"][0] == pytest.approx(0.8)
+    assert data["ctas"][0]["end"] == 610
+    page = site.fill(site._asset("pingpong.html"), "5. test", data)
+    assert "<!--@" not in page and '"variant":"pingpong"' in page
