@@ -352,3 +352,42 @@ def test_fp8_decode_kernel_compiles_for_sm90():
                           timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "fp8 decode kernel compiled for sm_90" in proc.stdout
+
+
+@pytest.mark.interpreter
+def test_page_pool_appends_quantised_tokens_and_decodes_them():
+    """A pool of e4m3 pages: ``append`` stores value / descale saturated to e4m3 (the rows of the
+    quantised reference), a decode step over the pool equals the 16-bit decode of the dequantised
+    pages, and an append without descales (or with them on a 16-bit pool) is refused unchanged."""
+    from ioattn.kvcache.pool import PagePool
+    from ioattn.reference.decode import quantize_kv_ref
+
+    g = torch.Generator().manual_seed(5)
+    pool = PagePool(8, 16, 2, 32, dtype=torch.float8_e4m3fn, device=DEVICE)
+    kd, vd = torch.tensor([0.02, 0.05], device=DEVICE), torch.tensor([0.03, 0.04], device=DEVICE)
+    seqs = [pool.add_sequence() for _ in range(2)]
+    news = {}
+    for s, n in zip(seqs, (21, 9)):
+        k, v = (torch.randn(n, 2, 32, generator=g).to(DEVICE, torch.bfloat16) for _ in range(2))
+        pool.append(s, k, v, k_descale=kd, v_descale=vd)
+        news[s] = (k, v)
+    first = pool.pages(seqs[0])[0]
+    assert torch.equal(pool.k_pages[first].float(), quantize_kv_ref(news[seqs[0]][0][None, :16], kd.view(1, 2))[0]
+                       .to(torch.float8_e4m3fn).float())
+    q = torch.randn(2, 1, 4, 32, generator=g).to(DEVICE, torch.bfloat16)
+    descales = kd.view(1, 2).expand(2, 2), vd.view(1, 2).expand(2, 2)
+    out = flash_attn_with_kvcache(q, pool.k_pages, pool.v_pages, cache_seqlens=pool.cache_seqlens(seqs),
+                                  block_table=pool.block_table(seqs), k_descale=descales[0], v_descale=descales[1])
+    k16 = (pool.k_pages.float() * kd.view(1, 1, 2, 1)).to(torch.bfloat16)
+    v16 = (pool.v_pages.float() * vd.view(1, 1, 2, 1)).to(torch.bfloat16)
+    ref = flash_attn_with_kvcache(q, k16, v16, cache_seqlens=pool.cache_seqlens(seqs),
+                                  block_table=pool.block_table(seqs))
+    assert (out.float() - ref.float()).abs().max() < 2e-2
+    before = pool.seqlen(seqs[1]), pool.k_pages.clone()
+    with pytest.raises(ValueError, match="needs k_descale and v_descale"):
+        pool.append(seqs[1], *news[seqs[1]])
+    assert pool.seqlen(seqs[1]) == before[0] and torch.equal(pool.k_pages.view(torch.uint8),
+                                                             before[1].view(torch.uint8))
+    plain = PagePool(2, 16, 2, 32, device=DEVICE)
+    with pytest.raises(ValueError, match="takes none"):
+        plain.append(plain.add_sequence(), *news[seqs[1]], k_descale=kd, v_descale=vd)

@@ -129,9 +129,13 @@ class PagePool:
         self._free.extend(reversed(self._pages.pop(seq_id)))  # its first page is handed out first again
         del self._len[seq_id]
 
-    def append(self, seq_id, k, v) -> None:
+    def append(self, seq_id, k, v, k_descale=None, v_descale=None) -> None:
         """Reserve, write ``k`` (n, nheads_kv, headdim) and ``v`` (n, nheads_kv, headdim_v) after the
-        committed tokens, commit."""
+        committed tokens, commit. A pool of e4m3 pages takes the sequence's descales (``k_descale``,
+        ``v_descale``: (nheads_kv,) or anything broadcasting to (1, nheads_kv), the values
+        ``flash_attn_with_kvcache`` is given for it) and stores the tokens quantised, ``value / descale``
+        saturated to e4m3; other pools take none."""
+        from ioattn.fp8 import check_descale, check_descale_values
         from ioattn.reference.decode import append_kv_ref
 
         if (k.dim() != 3 or v.dim() != 3 or k.shape[0] != v.shape[0]
@@ -139,10 +143,20 @@ class PagePool:
                 or tuple(v.shape[1:]) != (self.nheads_kv, self.headdim_v)):
             raise ValueError(f"k must be (n, {self.nheads_kv}, {self.headdim}) and v (n, {self.nheads_kv}, "
                              f"{self.headdim_v}), got {tuple(k.shape)} and {tuple(v.shape)}")
+        fp8 = self.k_pages.dtype == torch.float8_e4m3fn
+        if fp8 != (k_descale is not None) or fp8 != (v_descale is not None):
+            raise ValueError("an e4m3 pool's append needs k_descale and v_descale, and a pool of other pages takes "
+                             f"none (pages {self.k_pages.dtype}, k_descale {'given' if k_descale is not None else 'None'}, "
+                             f"v_descale {'given' if v_descale is not None else 'None'})")
+        if fp8:
+            k_descale, v_descale = (check_descale(name, d, 1, self.nheads_kv, self.k_pages.device)
+                                    for name, d in (("k_descale", k_descale), ("v_descale", v_descale)))
+            check_descale_values("k_descale", k_descale)
+            check_descale_values("v_descale", v_descale)
         n = k.shape[0]
         self.reserve(seq_id, n)
         append_kv_ref(self.k_pages, self.v_pages, k[None], v[None], self.cache_seqlens([seq_id]),
-                      block_table=self.block_table([seq_id]))
+                      block_table=self.block_table([seq_id]), k_descale=k_descale, v_descale=v_descale)
         self.commit(seq_id, n)
 
     # ---- kernel arguments
