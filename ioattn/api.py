@@ -255,6 +255,12 @@ def _run_mods(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, d
         raise ValueError(f"block_mask with causal=True or window_size {window}: put the mask in the block mask's "
                          f"function (ioattn.mods.and_masks with ioattn.mods.bottom_right_causal or sliding_window)")
     call.check(batch, q.shape[-2], max_seqlen_q, max_seqlen_k, q.device)
+    builtin = _builtin_form(call, q, max_seqlen_q, max_seqlen_k, cu_seqlens_q, window, softcap, alibi_slopes)
+    if builtin is not None:
+        # library functions with a built-in form run the built-in kernels (the Gluon ones where they apply)
+        out, lse, _ = attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+                                builtin["window"], builtin["softcap"], builtin["alibi_slopes"], 0.0, sinks)
+        return out, lse
     if (alibi_slopes is not None or softcap > 0) and not dispatch.use_triton(q.device):
         # the CPU path takes the built-in forms as a score function
         call = _with_builtin_scores(call, q, k, varlen=cu_seqlens_q is not None, cu_seqlens_q=cu_seqlens_q,
@@ -262,6 +268,19 @@ def _run_mods(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, d
         softcap, alibi_slopes = 0.0, None
     return mod_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window, softcap,
                          alibi_slopes, sinks, call)
+
+
+def _builtin_form(call, q, max_seqlen_q, max_seqlen_k, cu_seqlens_q, window, softcap, alibi_slopes):
+    """``ModCall.builtin``'s arguments where the call has no built-in ones of its own and its ALiBi
+    slopes are the built-in's (fp32 (nheads,) on q's device); else None."""
+    if window != (-1, -1) or softcap > 0 or alibi_slopes is not None:
+        return None
+    form = call.builtin(max_seqlen_q, max_seqlen_k, cu_seqlens_q is not None)
+    slopes = None if form is None else form["alibi_slopes"]
+    if slopes is not None and (tuple(slopes.shape) != (q.shape[-2],) or slopes.dtype != torch.float32
+                               or slopes.device != q.device):
+        return None
+    return form
 
 
 def _with_builtin_scores(call, q, k, varlen, cu_seqlens_q, cu_seqlens_k, softcap, alibi_slopes):

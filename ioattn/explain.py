@@ -44,6 +44,16 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     varlen = cu_seqlens_q is not None
     call = ModCall.make(score_mod, mask_mod, block_mask)
     if call is not None:
+        seqlen = max_seqlen_q if varlen else q.shape[1]
+        form = None
+        if window_size in ((-1, -1), [-1, -1]) and not causal and softcap == 0 and alibi_slopes is None:
+            form = call.builtin(seqlen, seqlen if varlen else k.shape[1], varlen)
+        if form is not None:  # library functions with a built-in form: the built-in call's plan
+            plan = explain_dispatch(q, k, v, False, form["window"], cu_seqlens_q, max_seqlen_q, form["softcap"],
+                                    form["alibi_slopes"])
+            note = "library functions with a built-in form: run as window_size / softcap / alibi_slopes"
+            return DispatchPlan(plan.backend, plan.reason, dict(plan.forward or {}, mods=note),
+                                dict(plan.backward or {}, mods=note))
         return _mods_plan(q, k, v, call, varlen, normalize_window(window_size, bool(causal)),
                           max_seqlen_q if varlen else q.shape[1], cu_seqlens_q)
     if not dispatch.use_triton(q.device):

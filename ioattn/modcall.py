@@ -53,6 +53,34 @@ class ModCall:
         return (self.score.key if self.score else None, self.mask.key if self.mask else None,
                 bm.block_size if bm is not None else None)
 
+    def builtin(self, seqlen_q, seqlen_k, varlen):
+        """The call as flash-attn's built-in arguments, where its functions are library ones with such a
+        form (``ioattn.mods``' ``builtin`` attributes): {"window", "softcap", "alibi_slopes"} in the
+        built-in conventions (bottom-right), or None. A block mask goes with it only when built from the
+        same mask function (it then skips what the built-in ranges skip)."""
+        if varlen:  # the built-in forms align each sequence bottom-right; the functions' offsets are fixed
+            return None
+        out = dict(window=(-1, -1), softcap=0.0, alibi_slopes=None)
+        mask, score, bm = self.mask, self.score, self.block_mask
+        if bm is not None and (bm.mask_mod is None or bm.mask_mod is not mask):
+            return None
+        if mask is not None:
+            form = getattr(mask.fn, "builtin", None)
+            if form is None or form[3] != seqlen_k - seqlen_q:
+                return None
+            out["window"] = (form[1], form[2])
+        if score is not None:
+            form = getattr(score.fn, "builtin", None)
+            if form is None:
+                return None
+            if form[0] == "softcap":
+                out["softcap"] = form[1]
+            elif form[2] == seqlen_k - seqlen_q and not form[1].requires_grad:
+                out["alibi_slopes"] = form[1]
+            else:
+                return None
+        return out
+
     def grad_captures(self):
         """The captured tensors that get gradients (the score function's), in ``score.grad_captures``'s order."""
         if self.score is None:

@@ -43,6 +43,12 @@ def causal_mask(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
 
 
+# The built-in form of a library function (``ModCall.builtin``): a mask's band ("band", left, right,
+# offset): keys in [q_idx + offset - left, q_idx + offset + right], -1 unbounded; a score function's
+# ("softcap", cap) or ("alibi", slopes, offset).
+causal_mask.builtin = ("band", -1, 0, 0)
+
+
 def _per_batch(x):
     """An int, or a per-batch tensor read at b."""
     if isinstance(x, torch.Tensor):
@@ -59,6 +65,8 @@ def bottom_right_causal(seqlen_q, seqlen_k):
 
     def bottom_right_causal_mask(b, h, q_idx, kv_idx):
         return q_idx + (lk(b) - lq(b)) >= kv_idx
+    if not isinstance(seqlen_q, torch.Tensor) and not isinstance(seqlen_k, torch.Tensor):
+        bottom_right_causal_mask.builtin = ("band", -1, 0, int(seqlen_k) - int(seqlen_q))
     return bottom_right_causal_mask
 
 
@@ -76,6 +84,7 @@ def sliding_window(left, right=0, offset=0):
         if right >= 0:
             keep = keep & (rel >= -right)
         return keep
+    sliding_window_mask.builtin = ("band", int(left), int(right), int(offset))
     return sliding_window_mask
 
 
@@ -119,6 +128,7 @@ def alibi(slopes, offset=0):
 
     def alibi_mod(score, b, h, q_idx, kv_idx):
         return score - slopes[h] * (q_idx + offset - kv_idx).abs()
+    alibi_mod.builtin = ("alibi", slopes, int(offset))
     return alibi_mod
 
 
@@ -129,6 +139,7 @@ def softcap(cap):
 
     def softcap_mod(score, b, h, q_idx, kv_idx):
         return torch.tanh(score / cap) * cap
+    softcap_mod.builtin = ("softcap", float(cap))
     return softcap_mod
 
 

@@ -304,3 +304,31 @@ def test_functions_with_a_value_head_dim_of_its_own(backend):
     assert out.shape == (B, SQ, H, 24) and (out.double() - out64).abs().max() < 1e-5
     for g_, g64 in zip(grads, grads64):
         assert (g_.double() - g64).abs().max() < 1e-5
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_library_functions_with_a_builtin_form_take_the_builtin_kernels(backend):
+    """The library's causal masks, sliding windows aligned bottom-right, softcap and ALiBi (slopes
+    without a gradient) run as window_size / softcap / alibi_slopes: the same numbers as those
+    arguments, bitwise, and explain_dispatch says so; a function of the user's own with the same mask
+    runs the portable kernels and agrees within rounding; a block mask of the same library function too."""
+    q, k, v, _ = _inputs(23)
+    q, k, v = (t.to(DEVICE, torch.float32) for t in (q, k, v))
+    slopes = torch.linspace(0.1, 0.9, H, device=DEVICE)
+    cases = [(dict(mask_mod=M.bottom_right_causal(SQ, SK)), dict(causal=True)),
+             (dict(mask_mod=M.sliding_window(7, 3, SK - SQ), score_mod=M.softcap(2.0)),
+              dict(window_size=(7, 3), softcap=2.0)),
+             (dict(score_mod=M.alibi(slopes, SK - SQ)), dict(alibi_slopes=slopes)),
+             (dict(block_mask=create_block_mask(M.bottom_right_causal(SQ, SK), None, None, SQ, SK, device=DEVICE,
+                                                BLOCK_SIZE=16)), dict(causal=True))]
+    with dispatch.forced_backend(backend):
+        for mods_kw, builtin_kw in cases:
+            assert torch.equal(ioattn.flash_attn_func(q, k, v, **mods_kw), ioattn.flash_attn_func(q, k, v, **builtin_kw))
+            assert "built-in form" in ioattn.explain_dispatch(q, k, v, **mods_kw).forward["mods"]
+
+        def own_causal(b, h, q_idx, kv_idx):
+            return q_idx + (SK - SQ) >= kv_idx
+        assert "mods" not in ioattn.explain_dispatch(q, k, v, mask_mod=own_causal).forward
+        diff = ioattn.flash_attn_func(q, k, v, mask_mod=own_causal) - ioattn.flash_attn_func(q, k, v, causal=True)
+        assert diff.abs().max() < 1e-5
