@@ -332,3 +332,28 @@ def test_library_functions_with_a_builtin_form_take_the_builtin_kernels(backend)
         assert "mods" not in ioattn.explain_dispatch(q, k, v, mask_mod=own_causal).forward
         diff = ioattn.flash_attn_func(q, k, v, mask_mod=own_causal) - ioattn.flash_attn_func(q, k, v, causal=True)
         assert diff.abs().max() < 1e-5
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("kind", ["causal", "sliding_window", "prefix_lm", "document", "alibi", "softcap",
+                                  "block_sparse"])
+def test_the_mods_benchmark_builds_what_it_claims(kind, monkeypatch):
+    """``ioattn bench mods``'s problems, small: each kind's ioattn call and its built-in twin (the
+    varlen call over the packed documents of every batch entry, dense attention for the sparse
+    layout) against the float64 oracle of the kind's functions, and the density it counts."""
+    from ioattn.bench import mods_bench as mb
+
+    monkeypatch.setattr(mb, "WINDOW", 24)
+    monkeypatch.setattr(mb, "PREFIX", 20)
+    monkeypatch.setattr(mb, "BLOCK", 32)
+    n, d, nheads, batch = 128, 16, 2, 2
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(batch, n, nheads, d, generator=g).to(DEVICE) for _ in range(3))
+    fns, refs = mb._providers(kind, ["ioattn", "ioattn-builtin"], n, batch, nheads, DEVICE)
+    ok, err = mb._check(fns["ioattn"], q, k, v, refs)
+    assert ok, (kind, err)
+    if kind == "block_sparse":  # the twin is dense attention: the ideal's baseline, not the same function
+        assert 0.0 < mb._density(kind, n, refs, DEVICE) < 1.0
+    elif "ioattn-builtin" in fns:
+        assert (fns["ioattn-builtin"](q, k, v) - fns["ioattn"](q, k, v)).abs().max() < 1e-4, kind
+    assert 0.0 < mb._density(kind, n, refs, DEVICE) <= 1.0
