@@ -134,11 +134,6 @@ def _literal(a):
     raise UnsupportedMod(f"a constant of type {type(a).__name__} ({a!r})")
 
 
-def _numel(node):
-    val = node.meta.get("val")
-    return None if val is None else val.numel()
-
-
 class _Writer:
     """Walks one graph and writes the body of its jit function."""
 
@@ -148,7 +143,6 @@ class _Writer:
         self.grads = grads or {}  # placeholder name of a capture -> index into grads
         self.accum = {}         # node -> index into grads (a gradient accumulator, nothing to compute)
         self.inputs = inputs    # placeholder name -> expression
-        self.pending = []       # the scatter-adds met, for the gradient's atomics
 
     def arg(self, a):
         if isinstance(a, torch.fx.Node):
@@ -275,12 +269,11 @@ class _Writer:
         self.accum[node] = None  # bound to a capture by the output it reaches (``bind``)
 
     def scatter_add(self, node):
-        acc, indices, values = node.args[:3]
+        acc = node.args[0]
         accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
         if acc not in self.accum or not accumulate:
             raise UnsupportedMod(f"{self.what}: a captured tensor's gradient written other than by accumulation")
         self.accum[node] = acc
-        self.pending.append((node, indices, values))
 
     def add_accumulators(self, node):
         a, b = node.args[:2]
