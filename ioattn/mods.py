@@ -268,8 +268,10 @@ def _value_key(v, depth):
     return ("o", id(v))
 
 
+# traces by function and captured tensors; each holds its function and the tensors it captures, so the
+# cache is bounded (cleared when full)
 _TRACED: dict = {}
-_TRACED_LIMIT = 256
+_TRACED_LIMIT = 64
 
 
 def trace(fn, kind):
