@@ -459,3 +459,19 @@ def test_hopper_schedule_record_compiles_for_sm90():
     lines = _hopper_check("--variants", "pingpong", "--headdims", "128", "--masks", "0", "--trace")
     assert len(lines) == 1, lines
     assert int(re.search(r"spill=(\d+)B", lines[0]).group(1)) == 0, lines[0]
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+def test_portable_kernels_with_mask_and_score_functions_compile_for_sm90():
+    """The portable forward, dK / dV and dQ kernels with a generated score function (a learnable table:
+    its gradient by atomics), a mask function (document ids) and a block mask's lists, typed as the JIT
+    types them (tuples of pointers): they compile for sm_90, and only the dK / dV pass adds into the
+    table's gradient."""
+    import re
+
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "compile_check.py"), "--mods"], cwd=ROOT,
+                          env=child_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    atomics = {line.split()[0]: int(re.search(r"atomics=(\d+)", line).group(1))
+               for line in proc.stdout.splitlines() if "atomics=" in line}
+    assert atomics["attn_bwd_dkdv_kernel"] > 0 and atomics["attn_fwd_kernel"] == atomics["attn_bwd_dq_kernel"] == 0

@@ -72,6 +72,51 @@ def compile_one(fn, constexprs, num_warps, num_stages, dtype="bf16", divisible=(
     return k.n_regs if hasattr(k, "n_regs") else None, getattr(md, "shared", None), k
 
 
+def compile_mods(d=64):
+    """The portable forward, dK / dV and dQ kernels with a score function capturing a learnable table, a
+    mask function capturing document ids and a block mask's lists (``ioattn.modcall.ModCall``'s
+    arguments, typed as the JIT types them); returns one report line a kernel."""
+    import torch
+
+    from ioattn import mods
+    from ioattn.block_mask import create_block_mask
+    from ioattn.modcall import ModCall
+
+    table = torch.zeros(4, 9, requires_grad=True)
+    docs = torch.zeros(256, dtype=torch.int32)
+    call = ModCall.make(mods.relative_bias(table), None,
+                        create_block_mask(mods.document_mask(docs, mods.causal_mask), None, None, 256, 256,
+                                          BLOCK_SIZE=128))
+    bd = dispatch.block_d(d)
+    lists = ("*i32", "*i32", "*i32", "*i32", "i32", "i32", "i32")
+    lines = []
+    for fn, cfg, extra in ((attn_fwd_kernel, dispatch._FWD_TILES[bd], dict(USE_TMA=False, PERSISTENT=False,
+                                                                          LOG2_BATCH=0)),
+                           (attn_bwd_dkdv_kernel, dispatch._BWD_TILES[bd], {}),
+                           (attn_bwd_dq_kernel, dispatch._BWD_TILES[bd], {})):
+        cfg = call.fit_tiles(cfg)
+        if fn is attn_fwd_kernel:
+            kw = call.forward_kwargs(1.0, cfg)
+        else:
+            kw = call.backward_kwargs(1.0, cfg, (torch.zeros(4, 9),))[0 if fn is attn_bwd_dkdv_kernel else 1]
+        sig = signature(fn, "bf16")
+        sig["mods"] = ("fp32", ("*fp32",), ("*i32",)) + ((("*fp32",),) if fn is not attn_fwd_kernel else ())
+        sig["blocks"] = lists
+        consts = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_VARLEN=False,
+                      HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_DROPOUT=False, **extra,
+                      **{k: v for k, v in kw.items() if k not in ("mods", "blocks")})
+        src = ASTSource(fn, {**sig, **{k: "constexpr" for k in consts}, "k_desc": "constexpr", "v_desc": "constexpr"}
+                        if fn is attn_fwd_kernel else {**sig, **{k: "constexpr" for k in consts}},
+                        {**{p.name: p.default for p in fn.params if p.is_constexpr
+                            and p.default is not inspect.Parameter.empty}, **consts,
+                         **({"k_desc": None, "v_desc": None} if fn is attn_fwd_kernel else {})})
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                           options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+        lines.append(f"{fn.__name__:<24} d={d} mods tiles={cfg.block_m}x{cfg.block_n} shared={k.metadata.shared} "
+                     f"atomics={k.asm['ptx'].count('atom.')}")
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--headdims", default="16,59,64,128,256")
@@ -80,7 +125,14 @@ def main():
     ap.add_argument("--rescale-tau", type=float, default=0.0,
                     help="the forward's RESCALE_TAU (conditional rescaling threshold; 0 = off)")
     ap.add_argument("--dump", default=None, help="write the forward's TTGIR and PTX (default features) here")
+    ap.add_argument("--mods", action="store_true",
+                    help="only the kernels with a score function, a mask function and a block mask")
     args = ap.parse_args()
+    if args.mods:
+        for line in compile_mods():
+            print(line)
+        print("all kernels compiled for sm_90")
+        return
     features = [dict(IS_VARLEN=False, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_DROPOUT=False)]
     if not args.quick:
         features += [dict(IS_VARLEN=v, HAS_SOFTCAP=s, HAS_ALIBI=a, HAS_DROPOUT=d)

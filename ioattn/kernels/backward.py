@@ -223,13 +223,15 @@ def attn_bwd_dkdv_kernel(
                                  offs_n, offs_d, offs_dv, 0, tl.load(blocks[0] + col) * SUB, seqlen_q, seqlen_k, qk_scale,
                                  softcap, window_left, window_right, slope_log2, seed, dropout_threshold,
                                  dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D, DV,
-                                 EVEN_DV, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods, blocks[1] + col * blocks[6],
+                                 EVEN_DV, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods,
+                                 blocks[1] + col.to(tl.int64) * blocks[6],
                                  SCORE_MOD, SCORE_GRAD, MASK_MOD, SUB)
             dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                                  offs_n, offs_d, offs_dv, 0, tl.load(blocks[2] + col) * SUB, seqlen_q, seqlen_k, qk_scale,
                                  softcap, window_left, window_right, slope_log2, seed, dropout_threshold,
                                  dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D, DV,
-                                 EVEN_DV, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods, blocks[3] + col * blocks[6],
+                                 EVEN_DV, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods,
+                                 blocks[3] + col.to(tl.int64) * blocks[6],
                                  SCORE_MOD, SCORE_GRAD, None, SUB)
         else:
             dk, dv = _dkdv_dense(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
@@ -354,12 +356,12 @@ def attn_bwd_dq_kernel(
                        0, tl.load(blocks[0] + row) * SUB, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                        window_right, slope_log2, seed, dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max,
                        HEAD_DIM, BLOCK_N, EVEN_D, DV, EVEN_DV, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods,
-                       blocks[1] + row * blocks[6], SCORE_MOD, SCORE_GRAD, MASK_MOD, SUB)
+                       blocks[1] + row.to(tl.int64) * blocks[6], SCORE_MOD, SCORE_GRAD, MASK_MOD, SUB)
         dq = _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, offs_dv,
                        0, tl.load(blocks[2] + row) * SUB, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
                        window_right, slope_log2, seed, dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max,
                        HEAD_DIM, BLOCK_N, EVEN_D, DV, EVEN_DV, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods,
-                       blocks[3] + row * blocks[6], SCORE_MOD, SCORE_GRAD, None, SUB)
+                       blocks[3] + row.to(tl.int64) * blocks[6], SCORE_MOD, SCORE_GRAD, None, SUB)
     else:
         dq = _dq_dense(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, offs_dv,
                        m_start,
