@@ -253,7 +253,9 @@ class _Writer:
             ok.append(f"({e} >= 0) & ({e} < {size})")
             offset.append(f"({e}).to(tl.int64) * {stride}" if stride != 1 else f"({e}).to(tl.int64)")
             stride *= size
-        return index, " + ".join(reversed(offset)), " & ".join(reversed(ok))
+        # "!= 0": a boolean mask, whatever "&" of a scalar comparison and a tensor one gives (int32 in some
+        # Triton interpreters, which their masked loads refuse)
+        return index, " + ".join(reversed(offset)), f"(({' & '.join(reversed(ok))}) != 0)"
 
     def gather(self, node):
         cap, indices = node.args
