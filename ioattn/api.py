@@ -293,14 +293,7 @@ def _with_builtin_scores(call, q, k, varlen, cu_seqlens_q, cu_seqlens_k, softcap
             offset = ((cu_seqlens_k[1:] - cu_seqlens_k[:-1]) - (cu_seqlens_q[1:] - cu_seqlens_q[:-1])).to(torch.int32)
         else:
             offset = torch.full((q.shape[0],), k.shape[1] - q.shape[1], dtype=torch.int32, device=q.device)
-        slopes = alibi_slopes.float()
-        if slopes.dim() == 1:
-            slopes = slopes.expand(offset.shape[0], -1)
-        slopes = slopes.contiguous()
-
-        def alibi_mod(score, b, h, q_idx, kv_idx):
-            return score - slopes[b, h] * (q_idx + offset[b] - kv_idx).abs()
-        parts.append(alibi_mod)
+        parts.append(mods.alibi(alibi_slopes.float().contiguous(), offset))
 
     def builtin_scores(score, b, h, q_idx, kv_idx):
         for part in parts:

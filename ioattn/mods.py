@@ -28,6 +28,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ioattn.kernels import modgen
+from ioattn.reference.naive import mod_index
 
 __all__ = ["causal_mask", "bottom_right_causal", "sliding_window", "prefix_lm", "document_mask", "document_ids",
            "alibi", "softcap", "relative_bias", "and_masks", "or_masks", "trace", "Mod", "dense_mask",
@@ -122,13 +123,17 @@ def document_mask(doc_ids, inner=None):
 
 def alibi(slopes, offset=0):
     """ALiBi as a score function: ``- slopes[h] * |q_idx + offset - kv_idx|`` (``offset = seqlen_k -
-    seqlen_q``: the built-in ``alibi_slopes``'s bottom-right rule); ``slopes`` (nheads,)."""
-    if slopes.dim() != 1:
-        raise ValueError(f"alibi's slopes must be (nheads,), got shape {tuple(slopes.shape)}")
+    seqlen_q``: the built-in ``alibi_slopes``'s bottom-right rule); ``slopes`` (nheads,) or (batch,
+    nheads), ``offset`` an int or one per sequence (a 1-D tensor, the varlen functions)."""
+    if slopes.dim() not in (1, 2):
+        raise ValueError(f"alibi's slopes must be (nheads,) or (batch, nheads), got shape {tuple(slopes.shape)}")
+    slope = (lambda b, h: slopes[h]) if slopes.dim() == 1 else (lambda b, h: slopes[b, h])
+    off = _per_batch(offset)
 
     def alibi_mod(score, b, h, q_idx, kv_idx):
-        return score - slopes[h] * (q_idx + offset - kv_idx).abs()
-    alibi_mod.builtin = ("alibi", slopes, int(offset))
+        return score - slope(b, h) * (q_idx + off(b) - kv_idx).abs()
+    if slopes.dim() == 1 and not isinstance(offset, torch.Tensor):
+        alibi_mod.builtin = ("alibi", slopes, int(offset))
     return alibi_mod
 
 
@@ -160,28 +165,25 @@ def relative_bias(table, max_distance=None):
 
 def and_masks(*masks):
     """A mask_mod keeping the pairs every one of ``masks`` keeps."""
-    if not masks:
-        raise ValueError("and_masks needs at least one mask_mod")
-
-    def and_mask(b, h, q_idx, kv_idx):
-        keep = masks[0](b, h, q_idx, kv_idx)
-        for m in masks[1:]:
-            keep = keep & m(b, h, q_idx, kv_idx)
-        return keep
-    return and_mask
+    return _combined("and_masks", masks, lambda a, b: a & b)
 
 
 def or_masks(*masks):
     """A mask_mod keeping the pairs any one of ``masks`` keeps."""
-    if not masks:
-        raise ValueError("or_masks needs at least one mask_mod")
+    return _combined("or_masks", masks, lambda a, b: a | b)
 
-    def or_mask(b, h, q_idx, kv_idx):
+
+def _combined(name, masks, op):
+    if not masks:
+        raise ValueError(f"{name} needs at least one mask_mod")
+
+    def combined_mask(b, h, q_idx, kv_idx):
         keep = masks[0](b, h, q_idx, kv_idx)
         for m in masks[1:]:
-            keep = keep | m(b, h, q_idx, kv_idx)
+            keep = op(keep, m(b, h, q_idx, kv_idx))
         return keep
-    return or_mask
+    combined_mask.__name__ = name.replace("_masks", "_mask")
+    return combined_mask
 
 
 # ---- tracing ----
@@ -406,23 +408,13 @@ def _trace_grad(gm, captures, grad_idx, args, name):
 
 # ---- applied densely (the references and the CPU path) ----
 
-def _dense_index(batch, nheads, seqlen_q, seqlen_k, device):
-    i32 = torch.int32
-    return (torch.arange(batch, dtype=i32, device=device).view(batch, 1, 1, 1),
-            torch.arange(nheads, dtype=i32, device=device).view(1, nheads, 1, 1),
-            torch.arange(seqlen_q, dtype=i32, device=device).view(1, 1, seqlen_q, 1),
-            torch.arange(seqlen_k, dtype=i32, device=device).view(1, 1, 1, seqlen_k))
-
-
 def dense_mask(mask_mod, batch, nheads, seqlen_q, seqlen_k, device="cpu", b_offset=0):
     """The mask as a bool tensor (batch, nheads, seqlen_q, seqlen_k); ``b_offset``: the first batch
     entry's index (one sequence of a varlen call at a time)."""
-    b, h, qi, ki = _dense_index(batch, nheads, seqlen_q, seqlen_k, device)
-    keep = mask_mod(b + b_offset, h, qi, ki)
+    keep = mask_mod(*mod_index(batch, nheads, seqlen_q, seqlen_k, device, b_offset))
     return keep.expand(batch, nheads, seqlen_q, seqlen_k)
 
 
 def dense_scores(score_mod, scores, b_offset=0):
     """``score_mod`` applied to scores (batch, nheads, seqlen_q, seqlen_k), differentiably."""
-    b, h, qi, ki = _dense_index(*scores.shape, scores.device)
-    return score_mod(scores, b + b_offset, h, qi, ki)
+    return score_mod(scores, *mod_index(*scores.shape, scores.device, b_offset))

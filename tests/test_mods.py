@@ -357,3 +357,19 @@ def test_the_mods_benchmark_builds_what_it_claims(kind, monkeypatch):
     elif "ioattn-builtin" in fns:
         assert (fns["ioattn-builtin"](q, k, v) - fns["ioattn"](q, k, v)).abs().max() < 1e-4, kind
     assert 0.0 < mb._density(kind, n, refs, DEVICE) <= 1.0
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_a_mask_function_with_the_builtin_softcap_and_alibi(backend):
+    """``mask_mod`` beside ``softcap`` and per-batch ``alibi_slopes`` (the kernels' own forms; the CPU path
+    takes them as ``mods.softcap`` / ``mods.alibi`` with per-batch slopes): the oracle's numbers."""
+    q, k, v, dout = _inputs(29)
+    slopes = torch.rand(B, H, generator=torch.Generator().manual_seed(30))
+    kw = dict(mask_mod=M.prefix_lm(9), softcap=4.0)
+    with dispatch.forced_backend(backend):
+        out, _, grads = _run(_ours, q, k, v, dout, torch.float32, DEVICE, None, alibi_slopes=slopes.to(DEVICE), **kw)
+    out64, _, grads64 = _run(_oracle, q, k, v, dout, F64, "cpu", None, alibi_slopes=slopes.double(), **kw)
+    assert (out.double() - out64).abs().max() < 1e-5
+    for g, g64 in zip(grads, grads64):
+        assert (g.double() - g64).abs().max() < 1e-5

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from ioattn.reference.naive import mod_index
+
 _BAND_ELEMENTS = 1 << 22  # scores a band: (heads x rows x keys)
 
 
@@ -19,20 +21,12 @@ def _work_dtype(t):
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def _index(b, nheads, m0, m1, seqlen_k, device):
-    i32 = torch.int32
-    return (torch.full((1, 1, 1, 1), b, dtype=i32, device=device),
-            torch.arange(nheads, dtype=i32, device=device).view(1, nheads, 1, 1),
-            torch.arange(m0, m1, dtype=i32, device=device).view(1, 1, m1 - m0, 1),
-            torch.arange(seqlen_k, dtype=i32, device=device).view(1, 1, 1, seqlen_k))
-
-
 def _scores(q, k, scale, b, m0, m1, score_fn, mask_fn, block_keep, window):
     """Band [m0, m1) of one sequence's scores (1, nheads, rows, seqlen_k): scaled, the score function,
     the masks (-inf). q (rows, nheads, d), k (seqlen_k, nheads, d) already repeated to q's heads."""
     nheads, seqlen_k = q.shape[1], k.shape[0]
     s = torch.einsum("ihd,jhd->hij", q, k).unsqueeze(0) * scale
-    idx = _index(b, nheads, m0, m1, seqlen_k, q.device)
+    idx = mod_index(1, nheads, m1 - m0, seqlen_k, q.device, b_offset=b, q_offset=m0)
     if score_fn is not None:
         s = score_fn(s, *idx)
     keep = None

@@ -9,14 +9,19 @@ import torch
 from ioattn.masks import alibi_bias, keep_mask
 
 
+def mod_index(batch, nheads, seqlen_q, seqlen_k, device=None, b_offset=0, q_offset=0):
+    """The arguments (b, h, q_idx, kv_idx) of ``ioattn.mods``' functions over a (batch, nheads, seqlen_q,
+    seqlen_k) score matrix: int32 tensors broadcasting to it, batch entries from ``b_offset`` and query
+    positions from ``q_offset`` (one sequence of a varlen call, one band of rows)."""
+    i32 = torch.int32
+    return (torch.arange(batch, dtype=i32, device=device).view(-1, 1, 1, 1) + b_offset,
+            torch.arange(nheads, dtype=i32, device=device).view(1, -1, 1, 1),
+            torch.arange(seqlen_q, dtype=i32, device=device).view(1, 1, -1, 1) + q_offset,
+            torch.arange(seqlen_k, dtype=i32, device=device).view(1, 1, 1, -1))
+
+
 def _index(scores, b_offset):
-    """(b, h, q_idx, kv_idx) int32 tensors broadcasting to ``scores`` (batch, nheads, seqlen_q, seqlen_k)."""
-    batch, nheads, seqlen_q, seqlen_k = scores.shape
-    i32, dev = torch.int32, scores.device
-    return (torch.arange(batch, dtype=i32, device=dev).view(-1, 1, 1, 1) + b_offset,
-            torch.arange(nheads, dtype=i32, device=dev).view(1, -1, 1, 1),
-            torch.arange(seqlen_q, dtype=i32, device=dev).view(1, 1, -1, 1),
-            torch.arange(seqlen_k, dtype=i32, device=dev).view(1, 1, 1, -1))
+    return mod_index(*scores.shape, scores.device, b_offset)
 
 
 def scores_ref(q, k, softmax_scale, window=(-1, -1), softcap=0.0, alibi_slopes=None, score_mod=None,
