@@ -29,7 +29,9 @@ def test_latency_includes_the_device_time_host_does_not():
     assert ms > 5 and stats["host_ms"] < ms / 5
 
 
-def test_cpu_latency_sweep_records_latency_and_host_time():
+def test_cpu_latency_sweep_records_latency_and_host_time(monkeypatch):
+    # the CPU path a user's CPU tensors take (the interpreter would time Triton's emulation instead)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     records = run.run_sweep("latency", "cpu", seqlens=[48], headdims=[32], rounds=2, log=lambda *a: None)
     timed = [r for r in records if r.get("ms") is not None]
     assert {(r["provider"], r["mode"]) for r in timed} == {(p, m) for p in ("ioattn", "sdpa") for m in ("fwd", "bwd")
