@@ -217,7 +217,7 @@ class Mod:
         return self.module.__name__
 
     def kernel_captures(self):
-        return tuple(c.detach().contiguous() for c in self.captures)
+        return modgen.kernel_arguments(self.captures)
 
     def check_device(self, device):
         for c in self.captures:

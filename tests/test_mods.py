@@ -268,6 +268,29 @@ def test_traced_functions_are_reused_and_follow_their_captures():
     assert M.trace(M.relative_bias(other), "score").captures[0] is other
 
 
+def _key_bias(table):
+    def key_bias(score, b, h, q_idx, kv_idx):
+        return score + table[h, kv_idx]
+    return key_bias
+
+
+@pytest.mark.interpreter
+def test_one_kernel_serves_captured_tensors_of_every_size():
+    """A captured tensor's sizes are read at run time: a per-key bias table over two key lengths (its
+    row stride differs) runs one generated module, and each call is right."""
+    keys = set()
+    for sk in (SK, SK + 24):
+        q, k, v, dout = _inputs(seed=sk, sk=sk)
+        table = torch.randn(H, sk, generator=torch.Generator().manual_seed(sk), dtype=F64)
+        keys.add(M.trace(_key_bias(table.float()), "score").key)
+        with dispatch.forced_backend("triton"):
+            out, _, _ = _run(_ours, q, k, v, dout, F16, DEVICE, None, score_mod=_key_bias(table.float()))
+        out64, _, _ = _run(_oracle, q, k, v, dout, F64, "cpu", None, score_mod=_key_bias(table))
+        out16, _, _ = _run(_oracle, q, k, v, dout, F16, "cpu", None, score_mod=_key_bias(table.float()))
+        assert_within_torch_error("out", out, out64, out16)
+    assert len(keys) == 1, keys
+
+
 @pytest.mark.interpreter
 def test_explain_dispatch_shows_the_functions_and_the_block_mask():
     q = torch.randn(2, 64, 2, 16)

@@ -72,6 +72,18 @@ def compile_one(fn, constexprs, num_warps, num_stages, dtype="bf16", divisible=(
     return k.n_regs if hasattr(k, "n_regs") else None, getattr(md, "shared", None), k
 
 
+def _jit_type(value):
+    """The signature type the JIT gives a launch argument: a tensor's pointer, an int, a float, a tuple of them."""
+    import torch
+
+    if isinstance(value, tuple):
+        return tuple(_jit_type(v) for v in value)
+    if isinstance(value, torch.Tensor):
+        return "*" + {torch.float32: "fp32", torch.int32: "i32", torch.int64: "i64", torch.bfloat16: "bf16",
+                      torch.float16: "fp16", torch.bool: "i1"}[value.dtype]
+    return "fp32" if isinstance(value, float) else "i32"
+
+
 def compile_mods(d=64):
     """The portable forward, dK / dV and dQ kernels with a score function capturing a learnable table, a
     mask function capturing document ids and a block mask's lists (``ioattn.modcall.ModCall``'s
@@ -88,7 +100,6 @@ def compile_mods(d=64):
                         create_block_mask(mods.document_mask(docs, mods.causal_mask), None, None, 256, 256,
                                           BLOCK_SIZE=128))
     bd = dispatch.block_d(d)
-    lists = ("*i32", "*i32", "*i32", "*i32", "i32", "i32", "i32")
     lines = []
     for fn, cfg, extra in ((attn_fwd_kernel, dispatch._FWD_TILES[bd], dict(USE_TMA=False, PERSISTENT=False,
                                                                           LOG2_BATCH=0)),
@@ -100,8 +111,7 @@ def compile_mods(d=64):
         else:
             kw = call.backward_kwargs(1.0, cfg, (torch.zeros(4, 9),))[0 if fn is attn_bwd_dkdv_kernel else 1]
         sig = signature(fn, "bf16")
-        sig["mods"] = ("fp32", ("*fp32",), ("*i32",)) + ((("*fp32",),) if fn is not attn_fwd_kernel else ())
-        sig["blocks"] = lists
+        sig["mods"], sig["blocks"] = _jit_type(kw["mods"]), _jit_type(kw["blocks"])
         consts = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_VARLEN=False,
                       HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_DROPOUT=False, **extra,
                       **{k: v for k, v in kw.items() if k not in ("mods", "blocks")})

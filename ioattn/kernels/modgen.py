@@ -5,7 +5,8 @@ the source of a ``@triton.jit`` function that the kernels call per tile.
 The graph was traced with the score as an (M, N) tile, ``b`` and ``h`` as (1, 1) and ``q_idx`` /
 ``kv_idx`` as (M, 1) / (1, N) tensors, so each of its values is a tile, a row, a column or a single
 element, which Triton broadcasts as torch did. Tensors the function captures arrive as a tuple of
-pointers (``caps``, contiguous); reading one (``aten.index``) is a gather whose out-of-range
+pointers (``caps``, contiguous) followed by their sizes, so the source does not depend on the sizes
+and one compiled kernel serves them all; reading one (``aten.index``) is a gather whose out-of-range
 indices read 0. A score function's gradient graph (its vector-Jacobian product) adds into the
 captured tensors' gradients with atomics (``aten.index_put`` with ``accumulate=True`` on zeros).
 
@@ -139,7 +140,7 @@ class _Writer:
 
     def __init__(self, gm, what, inputs, caps, grads=None):
         self.gm, self.what, self.lines, self.env = gm, what, [], {}
-        self.caps = caps        # placeholder name -> (index into caps, shape)
+        self.caps = caps        # placeholder name -> (its pointer's index in caps, shape, its sizes' indices)
         self.grads = grads or {}  # placeholder name of a capture -> index into grads
         self.accum = {}         # node -> index into grads (a gradient accumulator, nothing to compute)
         self.inputs = inputs    # placeholder name -> expression
@@ -243,16 +244,16 @@ class _Writer:
                                  f"functions of (b, h, q_idx, kv_idx) and the score can run in the kernels")
 
     def _indices(self, node, cap_name, indices):
-        index, shape = self.caps[cap_name]
+        index, shape, slots = self.caps[cap_name]
         if len(indices) != len(shape) or any(i is None for i in indices):
             raise UnsupportedMod(f"{self.what} indexes a captured tensor of shape {tuple(shape)} with "
                                  f"{len(indices)} indices: give one index tensor per dimension")
-        offset, ok, stride = [], [], 1
-        for i, size in reversed(list(zip(indices, shape))):
-            e = self.arg(i)
+        offset, ok, stride = [], [], None
+        for i, slot in reversed(list(zip(indices, slots))):
+            e, size = self.arg(i), f"caps[{slot}]"
             ok.append(f"({e} >= 0) & ({e} < {size})")
-            offset.append(f"({e}).to(tl.int64) * {stride}" if stride != 1 else f"({e}).to(tl.int64)")
-            stride *= size
+            offset.append(f"({e}).to(tl.int64)" + (f" * {stride}" if stride else ""))
+            stride = size if stride is None else f"{stride} * {size}"
         # "!= 0": a boolean mask, whatever "&" of a scalar comparison and a tensor one gives (int32 in some
         # Triton interpreters, which their masked loads refuse)
         return index, " + ".join(reversed(offset)), f"(({' & '.join(reversed(ok))}) != 0)"
@@ -325,6 +326,23 @@ def _signature(kind):
     return {"mask": ("b", "h", "q_idx", "kv_idx"), "score": ("score", "b", "h", "q_idx", "kv_idx")}[kind]
 
 
+def _cap_table(holders, cap_shapes):
+    """placeholder name -> (its pointer's index in ``caps``, its shape, the indices of its sizes in ``caps``).
+    The kernels' ``caps`` holds each captured tensor's pointer, then every captured tensor's sizes, in
+    order (``kernel_arguments``): run-time values, so one compiled kernel serves every size."""
+    table, slot = {}, len(cap_shapes)
+    for i, (node, shape) in enumerate(zip(holders, cap_shapes)):
+        table[node.name] = (i, tuple(shape), tuple(range(slot, slot + len(shape))))
+        slot += len(shape)
+    return table
+
+
+def kernel_arguments(captures):
+    """The kernels' ``caps`` tuple for captured tensors: their pointers (contiguous), then their sizes."""
+    tensors = tuple(c.detach().contiguous() for c in captures)
+    return tensors + tuple(int(n) for c in tensors for n in c.shape)
+
+
 def write_source(kind, gm, cap_shapes, grad_gm=None, grad_caps=()):
     """The module source of one mod: ``mod(...)`` (and ``mod_grad(...)`` for a score function with
     ``grad_gm``). ``gm``'s placeholders: the signature's arguments, then one per captured tensor;
@@ -335,8 +353,7 @@ def write_source(kind, gm, cap_shapes, grad_gm=None, grad_caps=()):
     body = [_PRELUDE]
     holders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     inputs = {n.name: a for n, a in zip(holders, names)}
-    caps = {n.name: (i, shape) for i, (n, shape) in enumerate(zip(holders[len(names):], cap_shapes))}
-    w = _Writer(gm, what, inputs, caps)
+    w = _Writer(gm, what, inputs, _cap_table(holders[len(names):], cap_shapes))
     out = w.run()
     body.append(f"\n\n@triton.jit\ndef mod({', '.join(names)}, caps):")
     body += w.lines
@@ -351,9 +368,7 @@ def _write_grad(grad_gm, names, cap_shapes, grad_caps, what):
     n_caps = len(cap_shapes)
     inputs = {n.name: a for n, a in zip(holders, names)}
     inputs[holders[len(names) + n_caps].name] = "grad"
-    caps = {n.name: (i, shape) for i, (n, shape) in enumerate(zip(holders[len(names):len(names) + n_caps],
-                                                                   cap_shapes))}
-    w = _Writer(grad_gm, what + "'s gradient", inputs, caps)
+    w = _Writer(grad_gm, what + "'s gradient", inputs, _cap_table(holders[len(names):len(names) + n_caps], cap_shapes))
     out = w.run()
     d_score, *d_caps = out
     lines = list(w.lines)
