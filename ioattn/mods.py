@@ -20,6 +20,7 @@ alignment), ``sliding_window``, ``prefix_lm``, ``document_mask`` (with ``documen
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import types
 from dataclasses import dataclass, field
@@ -236,9 +237,11 @@ def _index_args(device="cpu"):
             torch.arange(_N, dtype=i32, device=device).view(1, _N))
 
 
-def _fingerprint(fn, depth=0):
-    """What a traced function depends on besides its code: the tensors and values its closure and
-    globals hold (identity, shape, dtype, device of tensors; simple values by value)."""
+def _fingerprint(fn, found, depth=0):
+    """What a traced function depends on besides its code: the values its closure and globals hold
+    (simple values by value; tensors by shape, dtype, device and whether they require grad, except
+    one-element tensors, by identity: the trace may have made one a literal). The tensors met are
+    appended to ``found`` in the walk's order, the same for every function of the same key."""
     if depth > 8:
         return (id(fn),)
     parts = [getattr(fn, "__code__", None) or id(fn)]
@@ -246,7 +249,7 @@ def _fingerprint(fn, depth=0):
     glob = getattr(fn, "__globals__", {})
     names = getattr(getattr(fn, "__code__", None), "co_names", ())
     for v in cells + [glob[n] for n in names if n in glob]:
-        parts.append(_value_key(v, depth))
+        parts.append(_value_key(v, found, depth))
     return tuple(parts)
 
 
@@ -258,20 +261,23 @@ def _filled(cell):
         return False
 
 
-def _value_key(v, depth):
+def _value_key(v, found, depth):
     if isinstance(v, torch.Tensor):
-        return ("t", id(v), tuple(v.shape), v.dtype, v.device, v.requires_grad)
+        found.append(v)
+        return ("t", id(v) if v.numel() == 1 else None, tuple(v.shape), v.dtype, v.device, v.requires_grad)
     if isinstance(v, (int, float, bool, str, type(None))):
         return ("v", type(v).__name__, v)
     if isinstance(v, (types.FunctionType, functools.partial)):
-        return ("f", _fingerprint(v.func if isinstance(v, functools.partial) else v, depth + 1))
+        return ("f", _fingerprint(v.func if isinstance(v, functools.partial) else v, found, depth + 1))
     if isinstance(v, (tuple, list)):
-        return ("s", tuple(_value_key(x, depth + 1) for x in v))
+        return ("s", tuple(_value_key(x, found, depth + 1) for x in v))
     return ("o", id(v))
 
 
-# traces by function and captured tensors; each holds its function and the tensors it captures, so the
-# cache is bounded (cleared when full)
+# traces by function and captured tensors' shapes: (the Mod, where its captures sit among the tensors the
+# fingerprint walk meets, or None where one is not among them). A graph holds no captured value (tracing
+# refuses reads on the host, and one-element tensors, which may become literals, are keyed by identity).
+# Each entry holds its function and tensors, so the cache is bounded (cleared when full).
 _TRACED: dict = {}
 _TRACED_LIMIT = 64
 
@@ -279,7 +285,8 @@ _TRACED_LIMIT = 64
 def trace(fn, kind):
     """The ``Mod`` of a mask (``kind="mask"``) or score (``"score"``) function, validated: a mask
     returns booleans, a score function a float32 tile of the score's shape. Raises ``TypeError`` /
-    ``ValueError`` naming the function otherwise."""
+    ``ValueError`` naming the function otherwise. A function rebuilt around new tensors of the same
+    shapes (a document mask over the next batch's ids) reuses the trace and its kernels."""
     if isinstance(fn, Mod):
         if fn.kind != kind:
             raise TypeError(f"{fn.name} is a traced {fn.kind} function, given as a {kind} function")
@@ -287,15 +294,36 @@ def trace(fn, kind):
     what = "mask_mod" if kind == "mask" else "score_mod"
     if not callable(fn):
         raise TypeError(f"{what} must be a function, got {type(fn).__name__}")
-    key = (kind, _fingerprint(fn))
+    found = []
+    key = (kind, _fingerprint(fn, found))
     hit = _TRACED.get(key)
+    if hit is not None and hit[1] is None:  # a capture out of the walk's sight: only its own tensors
+        hit = _TRACED.get(key + tuple(id(t) for t in found))
     if hit is not None:
-        return hit
+        mod, where = hit
+        if where is None or all(found[i] is c for i, c in zip(where, mod.captures)):
+            return mod
+        return dataclasses.replace(mod, fn=fn, captures=tuple(found[i] for i in where))
     mod = _trace(fn, kind, what)
+    where = _positions(mod, found)
     if len(_TRACED) >= _TRACED_LIMIT:
         _TRACED.clear()
-    _TRACED[key] = mod
+    _TRACED[key] = (mod, where)
+    if where is None:
+        _TRACED[key + tuple(id(t) for t in found)] = (mod, where)
     return mod
+
+
+def _positions(mod, found):
+    """Where each of ``mod``'s captures sits in ``found``; None where one is not there (reached through
+    an object's attribute, say)."""
+    where = []
+    for c in mod.captures:
+        i = next((i for i, t in enumerate(found) if t is c), None)
+        if i is None:
+            return None
+        where.append(i)
+    return tuple(where)
 
 
 def _trace(fn, kind, what):

@@ -261,11 +261,32 @@ def test_bad_block_masks_and_combinations_are_refused():
 
 
 def test_traced_functions_are_reused_and_follow_their_captures():
-    """One trace per function and captured tensors; a new tensor captured by the same code traces anew."""
+    """One trace per function and captured tensors' shapes: the same code around a new tensor of the same
+    shape reuses the graph and the generated module with the new tensor; another shape or a one-element
+    tensor (which the trace may make a literal) traces anew."""
     tab = _table()
-    assert M.trace(M.relative_bias(tab), "score") is M.trace(M.relative_bias(tab), "score")
+    first = M.trace(M.relative_bias(tab), "score")
+    assert M.trace(M.relative_bias(tab), "score") is first
     other = _table()
-    assert M.trace(M.relative_bias(other), "score").captures[0] is other
+    again = M.trace(M.relative_bias(other), "score")
+    assert again.captures[0] is other and again.graph is first.graph and again.key == first.key
+    assert M.trace(M.relative_bias(_table()[:, :7]), "score").graph is not first.graph
+    one = M.trace(M.alibi(torch.tensor([0.5])), "score")
+    assert M.trace(M.alibi(torch.tensor([0.25])), "score").graph is not one.graph
+
+
+@pytest.mark.interpreter
+def test_a_function_rebuilt_around_new_tensors_reads_them():
+    """A document mask rebuilt for the next packing (same length, other boundaries) reuses the trace and
+    masks by its own ids."""
+    q, k, v, dout = _inputs(seed=3, sk=SQ)
+    for cuts in ([0, 15, 40], [0, 31, 40]):
+        ids = M.document_ids(torch.tensor(cuts))
+        with dispatch.forced_backend("triton"):
+            out, _, _ = _run(_ours, q, k, v, dout, F16, DEVICE, None, mask_mod=M.document_mask(ids))
+        out64, _, _ = _run(_oracle, q, k, v, dout, F64, "cpu", None, mask_mod=M.document_mask(ids))
+        out16, _, _ = _run(_oracle, q, k, v, dout, F16, "cpu", None, mask_mod=M.document_mask(ids))
+        assert_within_torch_error("out", out, out64, out16)
 
 
 def _key_bias(table):
