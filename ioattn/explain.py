@@ -168,7 +168,8 @@ def _fp8_forward(q, k, v, varlen, window, seqlen_q, cu_seqlens_q, softcap, alibi
     return {"kernel": "ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, pingpong, FP8)",
             "tiles": (plan.block_m, plan.block_n, 4 * (plan.block_m // 64), dict(plan.constexprs)["STAGES"]),
             "fp8": ("e4m3 Q, K by TMA; V transposed once a call (keys contiguous, as 8-bit wgmma reads B); P times "
-                    "P_SCALE through shared memory; the descales read by the kernel"),
+                    "P_SCALE " + ("through shared memory" if dict(plan.constexprs)["P_SMEM"]
+                                  else "as the register operand") + "; the descales read by the kernel"),
             "gluon_hopper": f"taken ({why})", "tiles_count": plan.num_tiles, "programs": plan.programs, "plan": plan}
 
 

@@ -445,7 +445,7 @@ def test_hopper_fp8_forward_compiles_for_sm90():
 
     lines = _hopper_check("--fp8", "--masks", "1")
     assert len(lines) == len(hopper.FP8_TILES), lines
-    # and P as the register operand (``hopper.FP8_P_SMEM`` off: kept alive past the wait by a move)
+    # and P as the register operand (``hopper.fp8_p_smem`` off: kept alive past the wait by a move)
     assert len(_hopper_check("--fp8", "--fp8-p-regs", "--headdims", "128", "--masks", "1")) == 1
 
 

@@ -184,7 +184,7 @@ def _make_fp8(sig: Signature) -> GluonForwardPlan:
     consts = dict(off, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, PINGPONG=True, NUM_WG=2,
                   ORDERED=True, IS_CAUSAL=causal, LPT=causal and hopper.lpt_order.wanted(), EXP2_FMA=0,
                   ROW_STORES=1, Q_BUFS=1, KEY_MASKS=True, WINDOW=has_window, SOFTCAP=cap > 0, ALIBI=0, IO_DIM=0,
-                  PROD_DIM=0, P_SMEM=hopper.FP8_P_SMEM)
+                  PROD_DIM=0, P_SMEM=hopper.fp8_p_smem.wanted())
     scale = sig.softmax_scale
     return GluonForwardPlan(
         variant="pingpong", seqlen_q=sig.seqlen_q, seqlen_k=sig.seqlen_k, head_dim=d, io_dim=d, pad_to=0,

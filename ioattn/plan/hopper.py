@@ -831,9 +831,9 @@ def _device_ok(q) -> tuple[bool, str]:
 # FP8's kernel: the ping-pong variant's (block_n, stages) by head dim, without the lean softmax and
 # its options (measured in bf16 only so far)
 FP8_TILES = {64: (128, 2), 128: (128, 2), 256: (64, 2)}
-# e4m3 P through a shared buffer (True) or as the register operand (False) of P V.
-# tuned: docs/decisions/fp8-forward.md
-FP8_P_SMEM = True
+# e4m3 P through a shared buffer (on) or as the register operand (off) of P V; a switch until the
+# bench's ioattn-fp8-preg A/B settles it. tuned: docs/decisions/fp8-forward.md
+fp8_p_smem = dispatch.Preference(True)
 
 
 def fp8_fwd_plan(q, k, v, varlen, sem, alibi_slopes) -> tuple[bool, str]:
