@@ -2,7 +2,7 @@
 
     python benchmarks/run_steps.py OUT [--timeout S] "name=command" ["name=command" ...]
 
-Each step runs in the repository root with ``bash -c`` (``PYTHONPATH`` set to the root, output
+Each step runs in the repository root with ``bash -c`` (the root first on ``PYTHONPATH``, output
 unbuffered), its output to ``OUT/name.log``; a failing step does not stop the next. A summary line
 per step (exit code, seconds, last line of output) goes to stdout and to ``OUT/summary.log``; the
 exit code is the number of failed steps.
@@ -20,7 +20,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def run_step(name, command, out, timeout):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1")
     log = out / f"{name}.log"
     t0 = time.time()
     with open(log, "w") as f:
