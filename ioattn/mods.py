@@ -304,7 +304,7 @@ def trace(fn, kind):
         if where is None or all(found[i] is c for i, c in zip(where, mod.captures)):
             return mod
         return dataclasses.replace(mod, fn=fn, captures=tuple(found[i] for i in where))
-    mod = _trace(fn, kind, what)
+    mod = _trace(fn, kind, what, next((t.device for t in found if t.device.type != "cpu"), "cpu"))
     where = _positions(mod, found)
     if len(_TRACED) >= _TRACED_LIMIT:
         _TRACED.clear()
@@ -326,10 +326,11 @@ def _positions(mod, found):
     return tuple(where)
 
 
-def _trace(fn, kind, what):
+def _trace(fn, kind, what, device="cpu"):
+    """``trace``'s work, over index tensors on ``device`` (where the function's captured tensors are)."""
     name = f"{what} {getattr(fn, '__name__', type(fn).__name__)}"
-    idx = _index_args()
-    score = torch.zeros(_M, _N, dtype=torch.float32)
+    idx = _index_args(device)
+    score = torch.zeros(_M, _N, dtype=torch.float32, device=device)
     args = idx if kind == "mask" else (score, *idx)
     try:
         gm = make_fx(fn, tracing_mode="real")(*args)
@@ -426,7 +427,7 @@ def _trace_grad(gm, captures, grad_idx, args, name):
 
     plain = [c.detach() for c in captures]
     try:
-        g = make_fx(vjp, tracing_mode="real")(*args, *plain, torch.ones(_M, _N))
+        g = make_fx(vjp, tracing_mode="real")(*args, *plain, torch.ones(_M, _N, device=args[0].device))
     except Exception as e:
         raise ValueError(f"{name}: its gradient could not be traced: {type(e).__name__}: {e}") from e
     g.graph.eliminate_dead_code()
