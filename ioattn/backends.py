@@ -178,6 +178,7 @@ def clear_routes():
     _FWD_ROUTES.clear()
     _BWD_ROUTES.clear()
     _FP8_ROUTES.clear()
+    _MOD_ROUTES.clear()
     forward_plan._PLANS.clear()
     backward_plan._PLANS.clear()
 
@@ -525,10 +526,29 @@ def _window_keep(window):
     return window_keep
 
 
+_MOD_ROUTES: dict = {}
+
+
 def mod_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes, call):
     """(out, lse) of a call with score / mask functions or a block mask (on the CPU without softcap and
-    ALiBi: the caller folds them into the score function)."""
+    ALiBi: the caller folds them into the score function): the Gluon ping-pong forward where
+    ``hopper.mods_fwd_plan`` takes the call, else the portable kernel."""
     if dispatch.use_triton(q.device, q.dtype):
+        varlen = cu_seqlens_q is not None
+        key = (_forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes),
+               call.key)
+        route = _MOD_ROUTES.get(key, _UNSET)
+        if route is _UNSET:
+            route = None
+            if hopper.mods_fwd_plan(q, k, v, varlen, sem, call.block_size())[0]:
+                plan = forward_plan.plan_forward_mods(forward_signature(q, k, sem.softmax_scale, False),
+                                                      call.score is not None, call.block_size())
+                route = gluon_fwd.ForwardLaunch(plan, q, k, v, cached=False, functions=call.functions())
+            if len(_MOD_ROUTES) >= _ROUTES_MAX:
+                _MOD_ROUTES.clear()
+            _MOD_ROUTES[key] = route
+        if route is not None:
+            return route(q, k, v, mod_args=call.gluon_forward_args(sem.softmax_scale))
         return portable_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes,
                                 0, mods=call)
     from ioattn.kernels import cpu_mods

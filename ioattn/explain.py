@@ -138,13 +138,23 @@ def _mods_plan(q, k, v, call, varlen, window, seqlen_q, cu_seqlens_q) -> Dispatc
         part = dict(what, path="ioattn.kernels.cpu_mods: dense scores a band of query rows at a time")
         return DispatchPlan("reference", f"{q.device.type} tensors without TRITON_INTERPRET=1: the CPU path", part,
                             dict(part))
-    forward = _portable_forward(q, k, v, varlen, window, seqlen_q, cu_seqlens_q)
-    cfg = call.fit_tiles(dispatch.TileConfig(*forward["tiles"]))
-    forward["tiles"] = (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)
-    forward.update(what, gluon_hopper="not taken (score and mask functions run in the portable kernels)")
+    taken, why = hopper.mods_fwd_plan(q, k, v, varlen, Semantics(q.shape[-1] ** -0.5, window), call.block_size())
+    if taken:
+        plan = forward_plan.plan_forward_mods(backends.forward_signature(q, k, q.shape[-1] ** -0.5, False),
+                                              call.score is not None, call.block_size())
+        forward = {"kernel": "ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, pingpong, the functions "
+                             "compiled in)", "tiles": (plan.block_m, plan.block_n, 8, dict(plan.constexprs)["STAGES"]),
+                   "tiles_count": plan.num_tiles, "programs": plan.programs, "plan": plan}
+        block_n = plan.block_n
+    else:
+        forward = _portable_forward(q, k, v, varlen, window, seqlen_q, cu_seqlens_q)
+        cfg = call.fit_tiles(dispatch.TileConfig(*forward["tiles"]))
+        forward["tiles"] = (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)
+        block_n = cfg.block_n
+    forward.update(what, gluon_hopper=f"taken ({why})" if taken else f"not taken ({why})")
     if bm is not None:
-        forward["key_walk"] = (f"the listed key blocks only, each as {bm.block_size[1] // cfg.block_n} tiles of "
-                               f"{cfg.block_n} keys")
+        forward["key_walk"] = (f"the listed key blocks only, each as {bm.block_size[1] // block_n} tiles of "
+                               f"{block_n} keys")
     bwd = call.fit_tiles(dispatch.tiles("bwd", q.shape[-1], q.device))
     backward = dict(what, kernels="attn_bwd_preprocess_kernel, attn_bwd_dkdv_kernel, attn_bwd_dq_kernel",
                     tiles=(bwd.block_m, bwd.block_n, bwd.num_warps, bwd.num_stages),
@@ -168,8 +178,7 @@ def _fp8_forward(q, k, v, varlen, window, seqlen_q, cu_seqlens_q, softcap, alibi
     return {"kernel": "ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, pingpong, FP8)",
             "tiles": (plan.block_m, plan.block_n, 4 * (plan.block_m // 64), dict(plan.constexprs)["STAGES"]),
             "fp8": ("e4m3 Q, K by TMA; V transposed once a call (keys contiguous, as 8-bit wgmma reads B); P times "
-                    "P_SCALE " + ("through shared memory" if dict(plan.constexprs)["P_SMEM"]
-                                  else "as the register operand") + "; the descales read by the kernel"),
+                    "P_SCALE through shared memory; the descales read by the kernel"),
             "gluon_hopper": f"taken ({why})", "tiles_count": plan.num_tiles, "programs": plan.programs, "plan": plan}
 
 

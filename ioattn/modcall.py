@@ -107,6 +107,24 @@ class ModCall:
                       SUB=bm.block_size[1] // cfg.block_n, Q_BLOCK=bm.block_size[0])
         return kw
 
+    def block_size(self):
+        """The block mask's (query, key) block, or None."""
+        return None if self.block_mask is None else tuple(self.block_mask.block_size)
+
+    def functions(self):
+        """The kernels' compile-time functions: {"SCORE_MOD": ..., "MASK_MOD": ...} (None where absent)."""
+        return dict(SCORE_MOD=self.score.module.mod if self.score else None,
+                    MASK_MOD=self.mask.module.mod if self.mask else None)
+
+    def gluon_forward_args(self, softmax_scale):
+        """The Gluon forward's run-time mod arguments: (mods, blocks) (``hopper_fwd_kernel``'s)."""
+        bm = self.block_mask
+        blocks = None
+        if bm is not None:
+            blocks = (bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices, *bm.strides(),
+                      bm.kv_indices.shape[-1])
+        return (float(softmax_scale), self._caps(self.score), self._caps(self.mask)), blocks
+
     def backward_kwargs(self, softmax_scale, cfg, grads):
         """The portable backward's mod arguments for tiles ``cfg``: (dK / dV pass's, dQ pass's);
         ``grads``: fp32 buffers for the captured tensors' gradients (``empty_grads``)."""

@@ -417,3 +417,96 @@ def test_a_mask_function_with_the_builtin_softcap_and_alibi(backend):
     assert (out.double() - out64).abs().max() < 1e-5
     for g, g64 in zip(grads, grads64):
         assert (g.double() - g64).abs().max() < 1e-5
+
+
+def test_gluon_plan_for_functions_and_block_masks():
+    """Which calls the Gluon ping-pong forward takes with functions (pure Python), and its plan: 64-key
+    tiles, a block mask's blocks as SUB tiles, no built-in mask (the functions mask the key end), the
+    softmax's scale log2 e after a score function (which gets the scaled score)."""
+    from ioattn.kernels.constants import LOG2E
+    from ioattn.plan import forward as forward_plan, hopper
+    from ioattn.semantics import Semantics
+
+    q = torch.empty(2, 1000, 4, 128, dtype=torch.bfloat16, device="meta")
+    plain = Semantics(128 ** -0.5)
+    assert hopper.mods_call_supported(q, q, q, False, plain, (128, 128)) == (True, "the Gluon ping-pong forward")
+    for args, match in (((q.float(), q.float(), q.float(), False, plain, None), "fp16/bf16"),
+                        ((q[..., :96], q[..., :96], q[..., :96], False, plain, None), "head dims"),
+                        ((q, q, q, True, plain, None), "fixed lengths"),
+                        ((q, q, q, False, Semantics(0.1, (-1, 0)), None), "built-in masks"),
+                        ((q, q, q, False, plain, (64, 128)), "multiples of its 128 x 64 tiles")):
+        ok, why = hopper.mods_call_supported(*args)
+        assert not ok and match in why, why
+    assert hopper.mods_fwd_plan(q, q, q, False, plain, None) == (False, "hopper.mods_on_gluon off: the portable kernels")
+    sig = forward_plan.Signature(batch=2, seqlen_q=1000, seqlen_k=1000, nheads=4, nheads_kv=2, head_dim=128,
+                                 element_size=2, varlen=False, causal=False, window=(-1, -1), softcap=0.0,
+                                 softmax_scale=-0.1, alibi=False, device_sms=132)
+    plan = forward_plan.plan_forward_mods(sig, True, (256, 128))
+    c = dict(plan.constexprs)
+    assert (plan.block_m, plan.block_n, c["SUB"], c["Q_BLOCK"]) == (128, 64, 2, 256)
+    assert c["KV_TAIL"] and c["KEY_MASKS"] and not (c["IS_CAUSAL"] or c["WINDOW"] or c["PERSISTENT"])
+    assert plan.qk_scale == LOG2E and not plan.negate_q
+    masked_only = forward_plan.plan_forward_mods(sig, False, None)  # the lean softmax's sign flip for a negative scale
+    assert dict(masked_only.constexprs)["SUB"] == 1 and masked_only.negate_q == dict(masked_only.constexprs)["LEAN"]
+    aligned = forward_plan.plan_forward_mods(dataclasses.replace(sig, seqlen_k=1024), False, None)
+    assert not dict(aligned.constexprs)["KEY_MASKS"]
+
+
+_GLUON = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+def _gluon_case(case, table, docs, layout, sq, sk, dev):
+    """(our call's keyword arguments on ``dev``, the oracle's on the CPU) of a Gluon test case."""
+    doc_causal = M.document_mask(docs.to(dev), M.causal_mask)
+    dense = layout.repeat_interleave(128, -2).repeat_interleave(128, -1)[..., :sq, :sk]
+
+    def sparse(b, h, q_idx, kv_idx):
+        return dense[b, h, q_idx, kv_idx]
+
+    t = table.to(dev, torch.float32)
+    ours = {"causal": dict(mask_mod=M.causal_mask), "document_causal": dict(mask_mod=doc_causal),
+            "relative_bias": dict(score_mod=M.relative_bias(t)),
+            "bias_and_causal": dict(score_mod=M.relative_bias(t), mask_mod=M.causal_mask),
+            "softcap": dict(score_mod=M.softcap(3.0)),
+            "block_mask": dict(block_mask=create_block_mask(doc_causal, None, None, sq, sk, device=dev)),
+            "block_sparse": dict(block_mask=block_sparse_mask(layout.to(dev), sq, sk, 128))}[case]
+    oracle = {"block_mask": dict(mask_mod=M.document_mask(docs, M.causal_mask)),
+              "block_sparse": dict(mask_mod=sparse)}.get(case)
+    if oracle is None:
+        oracle = {key: (M.relative_bias(table) if key == "score_mod" and case in ("relative_bias", "bias_and_causal")
+                        else M.document_mask(docs, M.causal_mask) if case == "document_causal" else fn)
+                  for key, fn in ours.items()}
+    return ours, oracle
+
+
+@pytest.mark.skipif(not _GLUON, reason="the Gluon forward: an sm_90 GPU")
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("case", ["causal", "document_causal", "relative_bias", "bias_and_causal", "softcap",
+                                  "block_mask", "block_sparse"])
+def test_gluon_forward_with_functions(case, d, poison_alloc):
+    """The Gluon ping-pong forward with the library's functions and block masks (``hopper.mods_on_gluon``)
+    against the float64 oracle, bf16, GQA, a key tail (1000 keys), a query block with no key block; its
+    plan the Gluon one."""
+    from ioattn.plan import hopper
+
+    sq = sk = 1000
+    g = torch.Generator().manual_seed(d + len(case))
+    q = torch.randn(2, sq, 4, d, generator=g, dtype=F64)
+    k, v = (torch.randn(2, sk, 2, d, generator=g, dtype=F64) for _ in range(2))
+    table = torch.randn(4, 2 * 12 + 1, generator=g, dtype=F64) * 0.5
+    docs = torch.tensor([0] * 300 + [1] * 500 + [2] * 200, dtype=torch.int32)
+    layout = torch.rand(2, 4, 8, 8, generator=g) < 0.4
+    layout[0, 0, 3] = False
+    ours, oracle = _gluon_case(case, table, docs, layout, sq, sk, torch.device("cuda"))
+    _, oracle32 = _gluon_case(case, table.float(), docs, layout, sq, sk, torch.device("cuda"))  # the bf16 twin's
+    bf = [t.to("cuda", torch.bfloat16) for t in (q, k, v)]
+    with hopper.mods_on_gluon(True):
+        plan = ioattn.explain_dispatch(*bf, **ours)
+        assert plan.forward["gluon_hopper"].startswith("taken"), plan.forward
+        out, lse, _ = ioattn.flash_attn_func(*bf, return_attn_probs=True, **ours)
+    out64, lse64 = attention_ref(q, k, v, upcast=True, **oracle)
+    outbf, _ = attention_ref(*(t.to(torch.bfloat16) for t in (q, k, v)), **oracle32)
+    assert_within_torch_error("out", out.cpu(), out64, outbf)
+    finite = torch.isfinite(lse64)
+    assert torch.equal(torch.isfinite(lse.cpu()), finite)
+    assert (lse.cpu()[finite].double() - lse64[finite]).abs().max() < 2e-2

@@ -445,8 +445,6 @@ def test_hopper_fp8_forward_compiles_for_sm90():
 
     lines = _hopper_check("--fp8", "--masks", "1")
     assert len(lines) == len(hopper.FP8_TILES), lines
-    # and P as the register operand (``hopper.fp8_p_smem`` off: kept alive past the wait by a move)
-    assert len(_hopper_check("--fp8", "--fp8-p-regs", "--headdims", "128", "--masks", "1")) == 1
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
@@ -459,6 +457,20 @@ def test_hopper_schedule_record_compiles_for_sm90():
     lines = _hopper_check("--variants", "pingpong", "--headdims", "128", "--masks", "0", "--trace")
     assert len(lines) == 1, lines
     assert int(re.search(r"spill=(\d+)B", lines[0]).group(1)) == 0, lines[0]
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+@pytest.mark.gluon
+def test_hopper_forward_with_mask_and_score_functions_compiles_for_sm90():
+    """The ping-pong forward with a score function (a learnable table), a document mask and a block mask's
+    lists (``plan_forward_mods``), whole key tiles and a key tail: its 64-key tiles (``MODS_TILES``) keep
+    the functions' values in registers, no spill, the products pipelined."""
+    import re
+
+    lines = _hopper_check("--mods", "--headdims", "128")
+    assert len(lines) == 2, lines
+    for line in lines:
+        assert "tiles=128x64 SUB=2" in line and int(re.search(r"spills=(\d+)", line).group(1)) == 0, line
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")

@@ -73,6 +73,8 @@ WINDOW_FORM = False  # --window (set before the compile jobs' processes are fork
 SOFTCAP_FORM = False  # --softcap (likewise)
 ALIBI_FORM = False  # --alibi (likewise)
 TRACE = False  # --trace (likewise): the schedule record (``Trace``), the one-tile ping-pong variants
+# no score or mask function, no block mask: as the launcher compiles every other call
+NO_MODS = dict(mods=None, blocks=None, SCORE_MOD=None, MASK_MOD=None, SUB=1, Q_BLOCK=0)
 IO_DIM = 0  # --io-dim (likewise): the tensors' head dim below the kernel's, through 3-D / 4-D descriptors
 
 
@@ -108,7 +110,7 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
                       ALIBI=alibi, IO_DIM=IO_DIM, PROD_DIM=hopper.split_cols_for(d, IO_DIM, variant))
     # the launcher's: the split products read Q from shared memory
     constexprs.update(Q_IN_REGS=hopper.split_cols_q_in_regs(constexprs["Q_IN_REGS"], constexprs["PROD_DIM"]))
-    constexprs.update(P_SMEM=False)  # (an FP8 option: the launcher leaves the default for 16-bit inputs)
+    constexprs.update(NO_MODS)
     if ring:
         constexprs.update(STAGES=hopper.SPLIT_RING_STAGES)
         cfg["stages"] = hopper.SPLIT_RING_STAGES
@@ -140,7 +142,6 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
     return cfg, compile_sm90(fn, sig, constexprs, cfg["num_warps"], aligned=("Out", "stride_om"))
 
 
-P_IN_REGS = False  # --fp8-p-regs
 
 
 def compile_fp8(d, causal):
@@ -161,9 +162,7 @@ def compile_fp8(d, causal):
                      v_desc=f"tensordesc<fp8e4nv[{d},{plan.block_n}],{lay['v']!r}>", Out="*bf16", Lse="*fp32",
                      qk_scale="fp32", softcap_a="fp32", alibi_unit="fp32", Descales="*fp32")
     constexprs = dict(plan.constexprs, k_hi_desc=None, v_hi_desc=None, Alibi=None, o_desc=None, Walk=None,
-                      Cu_q=None, Cu_k=None, Trace=None)
-    if P_IN_REGS:  # --fp8-p-regs: P V's register operand instead of the shared buffer
-        constexprs["P_SMEM"] = False
+                      Cu_q=None, Cu_k=None, Trace=None, **NO_MODS)
     k = compile_sm90(fn, sig_types, constexprs, plan.num_warps, aligned=("Out", "stride_om"))
     ptx = k.asm["ptx"]
     c = ptx_counts(ptx)
@@ -171,8 +170,59 @@ def compile_fp8(d, causal):
     assert "e4m3.e4m3" in ptx and c["tma"], (d, causal, c)  # 8-bit wgmma, TMA loads
     nregs, spills, _, serialized = ptxas_report(ptx)
     assert not serialized, (d, causal, serialized)
-    return (f"fp8 pingpong d={d} causal={causal} p_smem={constexprs['P_SMEM']} tiles={plan.block_m}x{plan.block_n} shared={k.metadata.shared} "
+    return (f"fp8 pingpong d={d} causal={causal} tiles={plan.block_m}x{plan.block_n} shared={k.metadata.shared} "
             f"regs={nregs} spills={spills} {fmt(c)}")
+
+
+def compile_mods(d, kv_tail=False):
+    """The forward with a score function capturing a learnable table, a mask function capturing document
+    ids and a block mask (``plan.forward.plan_forward_mods``; the functions and the run-time tuples as the
+    launch binds them, ``ModCall.functions`` / ``gluon_forward_args``); returns its report line."""
+    import torch
+
+    from ioattn import mods
+    from ioattn.block_mask import create_block_mask
+    from ioattn.modcall import ModCall
+    from ioattn.plan import forward as forward_plan
+
+    n = 1024 + (64 if kv_tail else 0)
+    call = ModCall.make(mods.relative_bias(torch.zeros(4, 9, requires_grad=True)), None,
+                        create_block_mask(mods.document_mask(torch.zeros(n, dtype=torch.int32), mods.causal_mask),
+                                          None, None, n, n, BLOCK_SIZE=128))
+    sig = forward_plan.Signature(batch=1, seqlen_q=n, seqlen_k=n, nheads=4, nheads_kv=4, head_dim=d,
+                                 element_size=2, varlen=False, causal=False, window=(-1, -1), softcap=0.0,
+                                 softmax_scale=d ** -0.5, alibi=False, device_sms=132)
+    plan = forward_plan.plan_forward_mods(sig, True, call.block_size())
+    bn, q_rows = plan.block_n, plan.q_rows
+    lay = {name: gl.NVMMASharedLayout.get_default_for(list(box), gl.bfloat16)
+           for name, box in (("q", (q_rows, d)), ("kv", (bn, d)))}
+    types = {n: "i32" for n in fn.arg_names}
+    types.update(q_desc=f"tensordesc<bf16[{q_rows},{d}],{lay['q']!r}>", k_desc=f"tensordesc<bf16[{bn},{d}],{lay['kv']!r}>",
+                 v_desc=f"tensordesc<bf16[{bn},{d}],{lay['kv']!r}>", Out="*bf16", Lse="*fp32", qk_scale="fp32",
+                 softcap_a="fp32", alibi_unit="fp32")
+    mod_args, blocks = call.gluon_forward_args(sig.softmax_scale)
+    types.update(mods=_jit_type(mod_args), blocks=_jit_type(blocks))
+    constexprs = dict(plan.constexprs, **call.functions(), k_hi_desc=None, v_hi_desc=None, Alibi=None, o_desc=None,
+                      Walk=None, Cu_q=None, Cu_k=None, Trace=None, Descales=None)
+    k = compile_sm90(fn, types, constexprs, plan.num_warps, aligned=("Out", "stride_om"))
+    ptx = k.asm["ptx"]
+    c = ptx_counts(ptx)
+    assert k.metadata.shared <= H200_SHARED_BYTES, (d, k.metadata.shared)
+    nregs, spills, _, serialized = ptxas_report(ptx)
+    assert not serialized, (d, serialized)
+    return (f"mods pingpong d={d} kv_tail={kv_tail} tiles={plan.block_m}x{bn} SUB={constexprs['SUB']} "
+            f"shared={k.metadata.shared} regs={nregs} spills={spills} {fmt(c)}")
+
+
+def _jit_type(value):
+    """The signature type the JIT gives a launch argument: a tensor's pointer, an int, a float, a tuple."""
+    import torch
+
+    if isinstance(value, tuple):
+        return tuple(_jit_type(v) for v in value)
+    if isinstance(value, torch.Tensor):
+        return "*" + {torch.float32: "fp32", torch.int32: "i32", torch.int64: "i64"}[value.dtype]
+    return "fp32" if isinstance(value, float) else "i32"
 
 
 def fmt(c):
@@ -386,11 +436,15 @@ def main():
                     help="key tile (block_n) of every selected variant and head dim instead of hopper.TILE_TABLE's")
     ap.add_argument("--stages", type=int, default=None, help="K / V ring depth instead of hopper.TILE_TABLE's")
     ap.add_argument("--fp8", action="store_true", help="the FP8 (e4m3) forward's builds instead (hopper.FP8_TILES)")
-    ap.add_argument("--fp8-p-regs", action="store_true", help="with --fp8: P as the register operand (P_SMEM off)")
+    ap.add_argument("--mods", action="store_true",
+                    help="the forward with score and mask functions and a block mask (plan_forward_mods) instead")
     args = ap.parse_args()
+    if args.mods:  # the programmable forward's builds alone
+        for d in map(int, (args.headdims or "64,128,256").split(",")):
+            for kv_tail in (False, True):
+                print(compile_mods(d, kv_tail), flush=True)
+        return
     if args.fp8:  # the FP8 forward's builds alone
-        global P_IN_REGS
-        P_IN_REGS = args.fp8_p_regs
         for d in map(int, (args.headdims or ",".join(map(str, hopper.FP8_TILES))).split(",")):
             for causal in (m == "1" for m in args.masks.split(",")):
                 print(compile_fp8(d, causal), flush=True)

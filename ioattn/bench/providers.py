@@ -29,7 +29,7 @@ from ioattn.semantics import Semantics
 PEERS = ("sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flex", "flash-attn", "flash-attn-cute",
          "sageattn")
 OURS = ("ioattn", "ioattn-ptr", "ioattn-hopper", "ioattn-hopper-bwd", "ioattn-fp8", "ioattn-fp8-portable",
-        "ioattn-fp8-preg", "ioattn-fp8-call")
+        "ioattn-fp8-call")
 
 
 def _backend(backend):
@@ -91,11 +91,10 @@ class _IoattnFp8:
     done once per input set outside the timed calls (forward only). Judged, like the others, against
     twice the error of its same-precision twin: the float64 FP8 emulation
     (``reference.fp8.attention_fp8_ref``, ``same_precision``). ``portable``: the portable kernel even
-    where the Gluon one applies (the A/B of the Gluon FP8 kernel); ``p_regs``: the Gluon kernel with P as the
-    register operand of P V instead of through shared memory (``hopper.fp8_p_smem``'s A/B)."""
+    where the Gluon one applies (the A/B of the Gluon FP8 kernel)."""
 
-    def __init__(self, portable=False, p_regs=False):
-        self._key, self._quantised, self.portable, self.p_regs = None, None, portable, p_regs
+    def __init__(self, portable=False):
+        self._key, self._quantised, self.portable = None, None, portable
 
     def _quantise(self, q, k, v):
         from ioattn.reference.fp8 import quantize_fp8_ref
@@ -107,8 +106,7 @@ class _IoattnFp8:
     def __call__(self, q, k, v, causal):
         from ioattn.plan import hopper
         (q8, qs), (k8, ks), (v8, vs) = self._quantise(q, k, v)
-        with hopper.prefer_hopper(False) if self.portable else contextlib.nullcontext(), \
-                hopper.fp8_p_smem(False) if self.p_regs else contextlib.nullcontext():
+        with hopper.prefer_hopper(False) if self.portable else contextlib.nullcontext():
             out = ioattn.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qs, k_descale=ks, v_descale=vs)
         return out.to(q.dtype)
 
@@ -195,8 +193,7 @@ def providers(names=None):
     """Name -> (callable or None, reason). Unknown names get a reason, not an exception."""
     table = {"ioattn": (_ioattn, ""), "ioattn-ptr": (_ioattn_ptr, ""), "ioattn-hopper": (_ioattn_hopper, ""),
              "ioattn-hopper-bwd": (_ioattn_hopper_bwd, ""), "ioattn-fp8": (_IoattnFp8(), ""),
-             "ioattn-fp8-portable": (_IoattnFp8(portable=True), ""), "ioattn-fp8-preg": (_IoattnFp8(p_regs=True), ""),
-             "ioattn-fp8-call": (_IoattnFp8Call(), "")}
+             "ioattn-fp8-portable": (_IoattnFp8(portable=True), ""), "ioattn-fp8-call": (_IoattnFp8Call(), "")}
     return _with_peers(table, names, _sdpa, _flex, lambda peer: (_import_peer(peer), ""), OURS, "provider")
 
 

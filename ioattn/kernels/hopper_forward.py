@@ -20,7 +20,7 @@ from ioattn.kernels.hopper_softmax import _window_tiles
 from ioattn.kernels.hopper_fwd_tile import _consumer, _pingpong_consumer, _pp_shared, _producer, _split_ring, \
     _store_no_key_rows, _init_ring
 from ioattn.kernels.hopper_persistent import _persistent_fwd
-from ioattn.kernels.hopper_tiles import _kv_tile_count, _tile_bhm
+from ioattn.kernels.hopper_tiles import _block_lists, _kv_tile_count, _tile_bhm
 
 
 @gluon.constexpr_function
@@ -49,8 +49,9 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                       WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, num_tiles=0, Walk=None,
                       win_left=0, win_right=0, softcap_a=0.0, ALIBI: gl.constexpr = False, Alibi=None,
                       stride_ab=0, alibi_unit=0.0, IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0,
-                      k_hi_desc=None, v_hi_desc=None, Descales=None, P_SMEM: gl.constexpr = False, Trace=None,
-                      trace_sections=0):
+                      k_hi_desc=None, v_hi_desc=None, Descales=None, Trace=None,
+                      trace_sections=0, mods=None, blocks=None, SCORE_MOD: gl.constexpr = None,
+                      MASK_MOD: gl.constexpr = None, SUB: gl.constexpr = 1, Q_BLOCK: gl.constexpr = 0):
     """The Gluon Hopper forward. ``PINGPONG=False`` (launched with num_warps = 4 * BLOCK_M // 64): one
     consumer partition of BLOCK_M // 64 warpgroups in lockstep. ``PINGPONG=True`` (num_warps = 4,
     BLOCK_M = 64 * NUM_WG): ``NUM_WG`` consumer warpgroups of 64 rows each in separate partitions,
@@ -63,11 +64,15 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     ``DIAG_TRIM``, ``WINDOW``, ``SOFTCAP``, ``ALIBI``, ``IO_DIM``, ``PROD_DIM``, ``k_hi_desc``): see
     docs/hopper-forward.md, "Compile-time options"; the host sets them (``ioattn.plan.backends.hopper_forward``).
     FP8 (e4m3 descriptors; the ping-pong kernels): ``v_desc`` reads V^T as (batch * nheads_kv * d,
-    keys), ``Descales`` fp32 (batch, nheads + 2 * nheads_kv) as the portable kernel's; ``P_SMEM``: P
-    through a shared buffer a warpgroup instead of registers (``hopper_fwd_tile._p_operand``). ``Trace``
+    keys), ``Descales`` fp32 (batch, nheads + 2 * nheads_kv) as the portable kernel's; P through a
+    shared buffer a warpgroup (``hopper_fwd_tile._p_operand``). ``Trace``
     (int64, programs x NUM_WG x ``trace_sections`` x ``TRACE_EVENTS``; the one-tile ping-pong kernels): the
     schedule record, each consumer warpgroup's clock at the events of each of its critical sections
-    (``hopper_fwd_tile._stamp``); None: no record, the kernel as it is launched for attention."""
+    (``hopper_fwd_tile._stamp``); None: no record, the kernel as it is launched for attention.
+    ``SCORE_MOD`` / ``MASK_MOD`` (``ioattn.kernels.modgen``; the two-warpgroup one-tile ping-pong kernel,
+    fixed lengths, 16-bit inputs): the user's functions, ``mods`` = (softmax_scale, the score's captures,
+    the mask's); ``blocks``: a block mask's lists (``hopper_tiles._block_lists``), its blocks ``Q_BLOCK``
+    queries by ``SUB`` key tiles."""
     D_IO: gl.constexpr = _io_dim(HEAD_DIM, IO_DIM)
     gl.static_assert(_prod_dim(HEAD_DIM, PROD_DIM) >= D_IO, "the products cover the tensors' columns")
     gl.static_assert(PROD_DIM == 0 or PINGPONG, "the split products: the ping-pong consumers")
@@ -88,6 +93,10 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                      "the lean softmax's options need it")
     gl.static_assert(COND_RESCALE or not RESCALE_BY_WARP, "RESCALE_BY_WARP decides the conditional rescaling")
     gl.static_assert(Trace is None or (PINGPONG and not PERSISTENT), "the schedule record: one-tile ping-pong kernels")
+    MODS: gl.constexpr = SCORE_MOD is not None or MASK_MOD is not None
+    gl.static_assert(not (MODS or blocks is not None) or (PINGPONG and NUM_WG == 2 and not (PERSISTENT or IS_VARLEN)),
+                     "score and mask functions, block masks: the two-warpgroup one-tile ping-pong kernel, fixed lengths")
+    gl.static_assert(blocks is None or Q_BLOCK % BLOCK_M == 0, "a block mask's query blocks hold whole query tiles")
     if PERSISTENT:
         gl.static_assert(PINGPONG and NUM_WG == 2 and not IS_VARLEN,
                          "persistent: the two-warpgroup ping-pong kernel, fixed-length batches")
@@ -113,6 +122,14 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     n_tiles = _kv_tile_count(m_start, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
     if WINDOW:  # the band's key tiles: from the one the first row's left edge falls in
         n_lo, n_tiles = _window_tiles(m_start, seqlen_q, seqlen_k, win_left, win_right, BLOCK_M, BLOCK_N)
+    if blocks is not None:  # a block mask: its listed key blocks, partial ones first
+        lists, n_tiles = _block_lists(blocks, b, h, m_start, SUB, Q_BLOCK)
+    else:
+        lists: gl.constexpr = None
+    if MODS:
+        tile_mods = (b, h, mods[0], mods[1], mods[2])
+    else:
+        tile_mods: gl.constexpr = None
     # masks: the last tile always (key end, diagonal); under a causal mask also the tiles the
     # diagonal crosses (checked per tile); no other tile can be cut, since only the last one reaches
     # the key end
@@ -144,7 +161,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
     FP8: gl.constexpr = dtype == gl.float8e4nv
     if FP8:  # this head's descales: Q's and K's into the scores' scale, V's into the output's
-        gl.static_assert(PINGPONG and not (PERSISTENT or IS_VARLEN or KV_TAIL or LEAN or ALIBI or PROD_DIM),
+        gl.static_assert(PINGPONG and not (PERSISTENT or IS_VARLEN or KV_TAIL or LEAN or ALIBI or PROD_DIM or MODS),
                          "FP8: the one-tile ping-pong kernels, fixed lengths, whole tiles")
         nheads_kv = nheads // group
         drow = Descales + b * (nheads + 2 * nheads_kv)
@@ -174,7 +191,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
         gl.static_assert(q_desc.block_type.shape[-2] == WG_ROWS, "ping-pong: Q descriptor block is [64, HEAD_DIM]")
         q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn = _pp_shared(
             q_desc, k_desc, v_desc, NUM_WG, WG_ROWS, BLOCK_N, HEAD_DIM, STAGES, 1, k_hi_desc)
-        if FP8 and P_SMEM:  # each consumer warpgroup's P (``_p_operand``)
+        if FP8:  # each consumer warpgroup's P (``_p_operand``)
             p_smem = gl.allocate_shared_memory(dtype, [NUM_WG, WG_ROWS, BLOCK_N], _p_layout(BLOCK_N))
         else:
             p_smem: gl.constexpr = None
@@ -205,12 +222,13 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                                    RESCALE_BY_WARP, Q_IN_REGS, DEFERRED_SUM, MASK_BRANCH, PTX_BARRIERS, EXP2_FMA,
                                    TILE_ROW_STORES, FEWER_MASKS, KEY_MASKS, WINDOW, win_left, win_right, SOFTCAP,
                                    softcap_a, ALIBI, alibi_a, IO_DIM, PROD_DIM, kv_hi, out_scale,
-                                   p_smem.index(w) if FP8 and P_SMEM else None,
+                                   p_smem.index(w) if FP8 else None,
                                    None if Trace is None else
-                                   Trace + (gl.program_id(0) * NUM_WG + w) * (trace_sections * TRACE_EVENTS)))
+                                   Trace + (gl.program_id(0) * NUM_WG + w) * (trace_sections * TRACE_EVENTS),
+                                   tile_mods, lists, SCORE_MOD, MASK_MOD, SUB))
              if w < NUM_WG else
              (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
-                          n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL, 0, 0, kv_hi_load, vt_row0))
+                          n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL, 0, 0, kv_hi_load, vt_row0, lists, SUB))
              for w in (0, 1, 2, 3)[:NUM_WG + 1]],
             [4] * (NUM_WG - 1) + [1], [CONSUMER_REGS] * (NUM_WG - 1) + [PRODUCER_REGS])
     else:

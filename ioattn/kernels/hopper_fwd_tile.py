@@ -10,9 +10,9 @@ from ioattn import _compat
 from ioattn.kernels import ptx_barriers as _ptx_barriers
 from ioattn.kernels.hopper_common import (ALIBI_FP32_COLS, LN2, P_SCALE, TRACE_EVENTS, _io_dim, _load_rows,
                                           _prod_dim, _qk_mma, _softcap, _tile_layout, _zero_v_tail)
-from ioattn.kernels.hopper_softmax import (_alibi, _rescale_rows, _softmax_tile, _step_softmax, _thread_row_sums,
+from ioattn.kernels.hopper_softmax import (_alibi, _mods_tile, _rescale_rows, _softmax_tile, _step_softmax, _thread_row_sums,
                                            _window_cuts)
-from ioattn.kernels.hopper_tiles import _kv_tile_count
+from ioattn.kernels.hopper_tiles import _full_tile, _key_tile, _kv_tile_count
 
 # The PTX barrier pass (``ptx_barriers``) acts only on PTX carrying its marker (``_ptx_barriers_marker``).
 # Its compile-stage hook follows Triton 3.6's protocol (from 3.7 on Triton also calls the hook with no
@@ -56,7 +56,7 @@ PTX_BARRIERS_MARKER = gl.constexpr(_ptx_barriers.MARKER)  # a constexpr global: 
 @gluon.jit
 def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col, n_lo,
               n_tiles, seqlen_k, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KV_TAIL: gl.constexpr, g0=0, tails=0,
-              kv_hi=None, vt_row0=0):
+              kv_hi=None, vt_row0=0, lists=None, SUB: gl.constexpr = 1):
     """K and V tiles n_lo .. n_lo + n_tiles - 1 into the ring; ``g0``: ring uses before this call
     (a persistent program's running count), which fixes each tile's slot and phase. The V tile the
     key end falls in (a sequence length not a multiple of BLOCK_N) lands instead on ``v_tail`` (the
@@ -67,7 +67,8 @@ def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty
     the count after it. ``kv_hi`` (the split ring, ``_split_ring``): (k_hi_desc, v_hi_desc, k_hi, v_hi),
     each tile's columns 128: in rings of their own, loaded beside the first 128 on the same barriers.
     FP8 (e4m3 descriptors): V arrives transposed, [HEAD_DIM, BLOCK_N] tiles of the (heads * d, keys)
-    view from row ``vt_row0`` (``_v_operand``); the columns past the keys zero-filled by TMA."""
+    view from row ``vt_row0`` (``_v_operand``); the columns past the keys zero-filled by TMA. ``lists``: a
+    block mask's (``_block_lists``), whose tiles are loaded in its order (``_key_tile``)."""
     V_T: gl.constexpr = v_desc.dtype == gl.float8e4nv
     gl.static_assert(not (V_T and (KV_TAIL or kv_hi is not None)), "FP8: whole V^T tiles, no split ring")
     tails = tails + 0 * n_tiles  # a runtime integer whatever the caller passed (loop-carried)
@@ -79,28 +80,29 @@ def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty
         i = g0 + j
         s = i % STAGES
         reuse_phase = ((i // STAGES) & 1) ^ 1  # the consumers' release of this slot's previous tile
-        row = kv_row0 + (n_lo + j) * BLOCK_N
+        tile = _key_tile(j, n_lo, lists, SUB)
+        row = kv_row0 + tile * BLOCK_N
         mbarrier.wait(k_empty.index(s), reuse_phase, pred=i >= STAGES)
         mbarrier.expect(k_ready.index(s), k_bytes)
         _load_rows(k_desc, row, kv_col, k_ready.index(s), k_smem.index(s))
         if kv_hi is not None:
             _load_rows(kv_hi[0], row, kv_col, k_ready.index(s), kv_hi[2].index(s), C_HI)
         mbarrier.wait(v_empty.index(s), reuse_phase, pred=i >= STAGES)
-        if KV_TAIL and (n_lo + j + 1) * BLOCK_N > seqlen_k:
+        if KV_TAIL and (tile + 1) * BLOCK_N > seqlen_k:
             mbarrier.expect(v_tail, v_bytes)
             _load_rows(v_desc, row, kv_col, v_tail, v_smem.index(s))
             if kv_hi is not None:
                 _load_rows(kv_hi[1], row, kv_col, v_tail, kv_hi[3].index(s), C_HI)
             mbarrier.wait(v_tail, tails & 1)
             tails += 1
-            _zero_v_tail(v_smem.index(s), seqlen_k - (n_lo + j) * BLOCK_N, BLOCK_N, v_desc.block_type.shape[-1])
+            _zero_v_tail(v_smem.index(s), seqlen_k - tile * BLOCK_N, BLOCK_N, v_desc.block_type.shape[-1])
             if kv_hi is not None:
-                _zero_v_tail(kv_hi[3].index(s), seqlen_k - (n_lo + j) * BLOCK_N, BLOCK_N,
+                _zero_v_tail(kv_hi[3].index(s), seqlen_k - tile * BLOCK_N, BLOCK_N,
                              kv_hi[1].block_type.shape[-1])
             mbarrier.arrive(v_ready.index(s), count=1)
         elif V_T:
             mbarrier.expect(v_ready.index(s), v_bytes)
-            tma.async_copy_global_to_shared(v_desc, [vt_row0, (n_lo + j) * BLOCK_N], v_ready.index(s), v_smem.index(s))
+            tma.async_copy_global_to_shared(v_desc, [vt_row0, tile * BLOCK_N], v_ready.index(s), v_smem.index(s))
         else:
             mbarrier.expect(v_ready.index(s), v_bytes)
             _load_rows(v_desc, row, kv_col, v_ready.index(s), v_smem.index(s))
@@ -167,14 +169,14 @@ def _v_operand(v_tile):
 
 @gluon.jit
 def _p_operand(p, dtype: gl.constexpr, layout: gl.constexpr, p_smem=None):
-    """P as the P V product's A operand in ``dtype``: registers in ``layout``, or with ``p_smem`` (e4m3)
-    the warpgroup's shared buffer, written here (the caller does so only once the previous P V has
-    retired). e4m3 P is times ``P_SCALE`` first (P in [0, 1] lifted into e4m3's normal range; the
-    epilogue's ``out_scale`` undoes it)."""
-    if dtype == gl.float8e4nv:
-        p = p * P_SCALE
+    """P as the P V product's A operand in ``dtype``: registers in ``layout`` (16-bit), or e4m3 P in the
+    warpgroup's shared buffer ``p_smem``, written here (the caller does so only once the previous P V has
+    retired), times ``P_SCALE`` first (P in [0, 1] lifted into e4m3's normal range; the epilogue's
+    ``out_scale`` undoes it). (e4m3 P as the register operand, kept alive past the wait by a move,
+    measured slower: docs/decisions/fp8-forward.md.)"""
     if p_smem is not None:
-        p_smem.store(p.to(dtype))
+        gl.static_assert(dtype == gl.float8e4nv, "P through shared memory: e4m3")
+        p_smem.store((p * P_SCALE).to(dtype))
         fence_async_shared()  # each thread's writes before the wgmma's reads (the async proxy)
         gl.thread_barrier()  # the whole warpgroup's rows
         operand = p_smem
@@ -186,26 +188,13 @@ def _p_operand(p, dtype: gl.constexpr, layout: gl.constexpr, p_smem=None):
 
 @gluon.jit
 def _pv_wait(o_tok, p_op, p_smem=None):
-    """Wait for P(i) V(i): its accumulator, with P's registers kept alive until then. Triton's wait
-    takes 16- and 32-bit operands only: e4m3 registers are kept by ``_keep_alive`` instead, and P in
-    shared memory (``p_smem``) needs nothing."""
+    """Wait for P(i) V(i): its accumulator, with P's registers kept alive until then (16-bit P; e4m3 P
+    in shared memory, ``p_smem``, needs nothing)."""
     if p_smem is not None:
         o = warpgroup_mma_wait(0, deps=[o_tok])
-    elif p_op.dtype == gl.float8e4nv:
-        o = warpgroup_mma_wait(0, deps=[o_tok])
-        p_op = _keep_alive(p_op)
     else:
         o, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])
     return o, p_op
-
-
-
-@gluon.jit
-def _keep_alive(p8):
-    """``p8`` (e4m3) back unchanged through a move of its registers, four values to one, that the
-    compiler must keep after the wait before it (not pure): the registers the asynchronous product
-    reads stay P's until then."""
-    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [p8], dtype=gl.float8e4nv, is_pure=False, pack=4)
 
 
 
@@ -423,7 +412,8 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                        KEY_MASKS: gl.constexpr = True, WINDOW: gl.constexpr = False, win_left=0, win_right=0,
                        SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False, alibi_a=0.0,
                        IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0, kv_hi=None, out_scale=None,
-                       p_smem=None, trace=None):
+                       p_smem=None, trace=None, mods=None, lists=None, SCORE_MOD: gl.constexpr = None,
+                       MASK_MOD: gl.constexpr = None, SUB: gl.constexpr = 1):
     """One consumer warpgroup of the ping-pong (``NUM_WG`` = 2) or three-warpgroup ring (3) variant:
     ``BLOCK_M`` (= 64) query rows of its own, the K/V ring shared with the other consumer warpgroups.
 
@@ -434,7 +424,8 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
     all); K(t) released after S(t)'s wait, V(t) after P(t) V(t)'s; K / V readiness waited for before
     taking the turn. Why this cannot deadlock or alias a parity, and how fully masked tiles and rows
     with no key come out: docs/hopper-forward.md, "The ping-pong protocol". ``trace``: this
-    warpgroup's row of the schedule record (``_stamp``), or None."""
+    warpgroup's row of the schedule record (``_stamp``), or None. ``mods``, ``lists``, ``SCORE_MOD``,
+    ``MASK_MOD``, ``SUB``: the user's functions and block mask (``_pp_mainloop``)."""
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     _load_rows(q_desc, q_row0, q_col, q_bar, q_smem)
     mbarrier.wait(q_bar, 0)
@@ -443,7 +434,7 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                                STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, COND_RESCALE, RESCALE_BY_WARP,
                                Q_IN_REGS, DEFERRED_SUM, MASK_BRANCH, PTX_BARRIERS, False, EXP2_FMA, FEWER_MASKS,
                                KEY_MASKS, False, WINDOW, win_left, win_right, SOFTCAP, softcap_a, ALIBI, alibi_a,
-                               PROD_DIM, kv_hi, p_smem, trace)
+                               PROD_DIM, kv_hi, p_smem, trace, mods, lists, SCORE_MOD, MASK_MOD, SUB)
     MMA_K: gl.constexpr = _mma_k(q_desc.dtype)
     rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _wg_acc_layout(BLOCK_N, MMA_K)))
     # ROW_STORES 2: staged in this warpgroup's Q buffer (its S products all retired in the key loop)
@@ -494,7 +485,8 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
                  EXP2_FMA: gl.constexpr, FEWER_MASKS: gl.constexpr = False, KEY_MASKS: gl.constexpr = True,
                  DIAG_TRIM: gl.constexpr = False, WINDOW: gl.constexpr = False, win_left=0, win_right=0,
                  SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False, alibi_a=0.0,
-                 PROD_DIM: gl.constexpr = 0, kv_hi=None, p_smem=None, trace=None):
+                 PROD_DIM: gl.constexpr = 0, kv_hi=None, p_smem=None, trace=None, mods=None, lists=None,
+                 SCORE_MOD: gl.constexpr = None, MASK_MOD: gl.constexpr = None, SUB: gl.constexpr = 1):
     """One query tile's key loop for one ping-pong warpgroup (Q already in ``q_smem``): returns the
     unnormalised (O, m, l). ``g0``: ring uses before this tile, ``sec0``: this warpgroup's critical
     sections before it (both 0 for a one-tile program; a persistent program's running counts), so
@@ -508,10 +500,16 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     the products over 192 of 256 or 96 of 128 columns (S two chained products, O two accumulators
     returned side by side with the unused columns' zeros); ``kv_hi``: the split ring's (k_hi, v_hi).
     ``p_smem``: e4m3 P's buffer (``_p_operand``). ``trace``: the schedule record's row (``_stamp``; the
-    one-tile kernels).
+    one-tile kernels). ``SCORE_MOD`` / ``MASK_MOD`` with ``mods`` (``_mods_tile``; non-causal one-tile
+    programs): the user's functions on every score tile, which also mask the key end (``KEY_MASKS``),
+    so the softmax takes no mask; ``lists``: a block mask's walk (``_key_tile``, ``SUB``).
     ``LEAN`` and its options (``COND_RESCALE``, ``RESCALE_BY_WARP``, ``Q_IN_REGS``, ``DEFERRED_SUM``,
     ``MASK_BRANCH``, ``PTX_BARRIERS``): the kernel's. The options: docs/hopper-forward.md."""
     PD: gl.constexpr = _prod_dim(HEAD_DIM, PROD_DIM)
+    MODS: gl.constexpr = SCORE_MOD is not None or MASK_MOD is not None
+    gl.static_assert(not MODS or not (IS_CAUSAL or WINDOW or SOFTCAP or ALIBI or DIAG_TRIM or FEWER_MASKS),
+                     "score and mask functions: the one-tile kernels without built-in masks or modifications")
+    SOFTMAX_MASKS: gl.constexpr = KEY_MASKS and not MODS  # with MODS, _mods_tile masks the key end
     k_hi = None if kv_hi is None else kv_hi[0]
     v_hi = None if kv_hi is None else kv_hi[1]
     SPLIT: gl.constexpr = PD != HEAD_DIM
@@ -561,25 +559,29 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     s = warpgroup_mma_wait(0, deps=[s_tok])
     _stamp(trace, 0, 1)
     mbarrier.arrive(k_empty.index(g0 % STAGES), count=1)
+    n0 = _key_tile(0, n_lo, lists, SUB) * BLOCK_N
     if SOFTCAP:
         s = _softcap(s, softcap_a)
     if ALIBI:
-        s = _alibi(s, alibi_a, diag_rows - n_lo * BLOCK_N, cols_1d, cols_f, ALIBI)
+        s = _alibi(s, alibi_a, diag_rows - n0, cols_1d, cols_f, ALIBI)
+    if MODS:
+        s = _mods_tile(s, mods, m_start, n0, seqlen_k, rows_1d, cols_1d, _full_tile(0, lists), SCORE_MOD, MASK_MOD,
+                       KEY_MASKS)
     KEY_END: gl.constexpr = not (FEWER_MASKS and IS_CAUSAL)
     if FEWER_MASKS:
         need_mask = n_tiles == 1
         if MASK_ALL:
-            need_mask = need_mask | (n_lo * BLOCK_N + BLOCK_N - 1 > diag)
+            need_mask = need_mask | (n0 + BLOCK_N - 1 > diag)
         if WINDOW:
-            need_mask = need_mask | _window_cuts(n_lo * BLOCK_N, m_start, seqlen_q, seqlen_k, win_left, win_right,
+            need_mask = need_mask | _window_cuts(n0, m_start, seqlen_q, seqlen_k, win_left, win_right,
                                                  BLOCK_M, BLOCK_N)
-        p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q,
+        p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n0, seqlen_q,
                                            seqlen_k, rows_1d, cols_1d, IS_CAUSAL, LEAN, COND_RESCALE, DEFERRED_SUM,
-                                           MASK_BRANCH, EXP2_FMA, KEY_END, True, KEY_MASKS, WINDOW, win_left,
+                                           MASK_BRANCH, EXP2_FMA, KEY_END, True, SOFTMAX_MASKS, WINDOW, win_left,
                                            win_right)
     else:
-        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_lo * BLOCK_N, seqlen_q, seqlen_k,
-                                           rows_1d, cols_1d, KEY_MASKS, IS_CAUSAL, LEAN, COND_RESCALE, DEFERRED_SUM,
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n0, seqlen_q, seqlen_k,
+                                           rows_1d, cols_1d, SOFTMAX_MASKS, IS_CAUSAL, LEAN, COND_RESCALE, DEFERRED_SUM,
                                            EXP2_FMA, True, WINDOW, win_left, win_right)
     _stamp(trace, 0, 2)
     p16 = _p_operand(p, dtype, p_layout, p_smem)  # O is still 0: no rescale
@@ -612,9 +614,12 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         mbarrier.arrive(k_empty.index(nxt), count=1)
         if SOFTCAP:
             s = _softcap(s, softcap_a)
-        n_start = (n_lo + i + 1) * BLOCK_N
+        n_start = _key_tile(i + 1, n_lo, lists, SUB) * BLOCK_N
         if ALIBI:
             s = _alibi(s, alibi_a, diag_rows - n_start, cols_1d, cols_f, ALIBI)
+        if MODS:
+            s = _mods_tile(s, mods, m_start, n_start, seqlen_k, rows_1d, cols_1d, _full_tile(i + 1, lists), SCORE_MOD,
+                           MASK_MOD, KEY_MASKS)
         # masks: the last tile always (key end, diagonal); under a causal mask also a tile that
         # reaches past this warpgroup's first row's diagonal
         need_mask = i + 1 == n_tiles - 1
@@ -625,7 +630,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
                                                  BLOCK_N)
         p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
                                            rows_1d, cols_1d, IS_CAUSAL, LEAN, COND_RESCALE, DEFERRED_SUM,
-                                           MASK_BRANCH, EXP2_FMA, KEY_END, False, KEY_MASKS, WINDOW, win_left,
+                                           MASK_BRANCH, EXP2_FMA, KEY_END, False, SOFTMAX_MASKS, WINDOW, win_left,
                                            win_right)
         _stamp(trace, i + 1, 2)
         # P(i) V(i) done: P(i)'s registers may go (listed so they stay alive until here), V(i)'s slot too.

@@ -326,3 +326,26 @@ EXP2_C2 = gl.constexpr(0.2422109991312027)
 
 
 EXP2_C3 = gl.constexpr(0.05500893294811249)
+
+
+
+@gluon.jit
+def _mods_tile(s, mods, m_start, n_start, seqlen_k, rows_1d, cols_1d, full, SCORE_MOD: gl.constexpr,
+               MASK_MOD: gl.constexpr, KEY_END: gl.constexpr):
+    """A score tile through the user's functions (``ioattn.kernels.modgen``; ``mods`` = (b, h,
+    softmax_scale, the score's captures, the mask's)): the score function on the scaled scores (the
+    softmax then takes log2 e as its scale), the mask function where the tile is not ``full`` (a block
+    mask's full block), ``KEY_END``: keys past ``seqlen_k`` masked too. No branch: the selects keep
+    this warpgroup's P V in flight across the call."""
+    q_idx = (m_start + rows_1d)[:, None]
+    kv_idx = (n_start + cols_1d)[None, :]
+    if SCORE_MOD is not None:
+        s = SCORE_MOD(s * mods[2], mods[0], mods[1], q_idx, kv_idx, mods[3])
+    if MASK_MOD is not None:
+        keep = MASK_MOD(mods[0], mods[1], q_idx, kv_idx, mods[4]) | full
+        if KEY_END:
+            keep = keep & (kv_idx < seqlen_k)
+        s = gl.where(keep, s, float("-inf"))
+    elif KEY_END:
+        s = gl.where(kv_idx < seqlen_k, s, float("-inf"))
+    return s

@@ -112,3 +112,44 @@ def _kv_tile_count(m_start, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: 
         last_row = gl.minimum(m_start + BLOCK_M, seqlen_q) - 1
         n_hi = gl.minimum(n_hi, gl.cdiv(gl.maximum(last_row + 1 + seqlen_k - seqlen_q, 0), BLOCK_N))
     return n_hi
+
+
+
+@gluon.jit
+def _block_lists(blocks, b, h, m_start, SUB: gl.constexpr, Q_BLOCK: gl.constexpr):
+    """A block mask's walk for the query block from ``m_start`` (``blocks``: ``ioattn.modcall``'s
+    (partial counts, partial indices, full counts, full indices, batch stride, head stride, indices a
+    row)): ((partial row, full row, partial tiles), key tiles), a block of ``SUB`` key tiles a list
+    entry; the partial blocks first (the mask function applies), then the full ones."""
+    row = b * blocks[4] + h * blocks[5] + m_start // Q_BLOCK
+    n_part = gl.load(blocks[0] + row) * SUB
+    n_full = gl.load(blocks[2] + row) * SUB
+    offset = row.to(gl.int64) * blocks[6]
+    return (blocks[1] + offset, blocks[3] + offset, n_part), n_part + n_full
+
+
+
+@gluon.jit
+def _key_tile(j, n_lo, lists=None, SUB: gl.constexpr = 1):
+    """The key tile (in BLOCK_N units) of a query block's j-th step: n_lo + j, or with a block mask's
+    lists (``_block_lists``) the j-th of its partial tiles, then of its full ones."""
+    if lists is None:
+        return n_lo + j
+    else:
+        n_part = lists[2]
+        if j < n_part:
+            t = gl.load(lists[0] + j // SUB) * SUB + j % SUB
+        else:
+            t = gl.load(lists[1] + (j - n_part) // SUB) * SUB + (j - n_part) % SUB
+        return t
+
+
+
+@gluon.jit
+def _full_tile(j, lists=None):
+    """Whether a query block's j-th step is a block mask's full block (``_block_lists``): no mask
+    function there. Without lists, never."""
+    if lists is None:
+        return False
+    else:
+        return j >= lists[2]

@@ -148,10 +148,12 @@ class ForwardLaunch:
     16-byte alignment; cu_seqlens and ALiBi slopes likewise): the descriptors' shapes and layouts, the
     walk table, the kernel's scalars and its compiled form are made once here, and a call allocates the
     outputs, views its tensors as rows, rebases the descriptors and launches. ``cacheable``: False when
-    it was made inside a CUDA graph's capture without the walk table (it then computes the walk)."""
+    it was made inside a CUDA graph's capture without the walk table (it then computes the walk).
+    ``functions``: a call's score / mask functions (``ModCall.functions``), whose run-time arguments each
+    call passes as ``mod_args`` (``ModCall.gluon_forward_args``)."""
 
     def __init__(self, plan, q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, alibi_slopes=None, cached=True,
-                 out_dtype=None, trace=None):
+                 out_dtype=None, trace=None, functions=None):
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -223,9 +225,13 @@ class ForwardLaunch:
             static.update(Trace=trace, trace_sections=trace.shape[2])
         dynamic = ["q_desc", "k_desc", "v_desc", "o_desc", "Out", "Lse", "Cu_q", "Cu_k", "Alibi", "k_hi_desc",
                    "v_hi_desc"] + (["Descales"] if self.fp8 else [])
+        if functions is not None:  # score / mask functions (``plan_forward_mods``): their arguments at each call
+            static.update(functions)
+            dynamic += ["mods", "blocks"]
         self.kernel = BoundLaunch(hopper_fwd_kernel, static, dynamic, dict(num_warps=plan.num_warps), direct=cached)
 
-    def __call__(self, q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, alibi_slopes=None, descales=None):
+    def __call__(self, q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, alibi_slopes=None, descales=None,
+                 mod_args=()):
         plan = self.plan
         if self.varlen:  # zeros / -inf first: the kernel writes only rows some sequence owns
             out = torch.zeros(q.shape, dtype=self.out_dtype, device=q.device)
@@ -244,7 +250,7 @@ class ForwardLaunch:
         descs = [rebased(desc, rows[i]) for desc, i in self.descs]
         descs += [None] * (5 - len(descs))
         o_desc = None if self.o_desc is None else rebased(self.o_desc, out.view(self.out_view))
-        extra = (descales,) if self.fp8 else ()
+        extra = ((descales,) if self.fp8 else ()) + tuple(mod_args)
         self.kernel((plan.programs,), descs[0], descs[1], descs[2], o_desc, out, lse, cu_seqlens_q, cu_seqlens_k,
                     alibi_slopes, descs[3], descs[4], *extra)
         return out, lse

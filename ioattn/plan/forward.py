@@ -184,7 +184,7 @@ def _make_fp8(sig: Signature) -> GluonForwardPlan:
     consts = dict(off, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, PINGPONG=True, NUM_WG=2,
                   ORDERED=True, IS_CAUSAL=causal, LPT=causal and hopper.lpt_order.wanted(), EXP2_FMA=0,
                   ROW_STORES=1, Q_BUFS=1, KEY_MASKS=True, WINDOW=has_window, SOFTCAP=cap > 0, ALIBI=0, IO_DIM=0,
-                  PROD_DIM=0, P_SMEM=hopper.fp8_p_smem.wanted())
+                  PROD_DIM=0)
     scale = sig.softmax_scale
     return GluonForwardPlan(
         variant="pingpong", seqlen_q=sig.seqlen_q, seqlen_k=sig.seqlen_k, head_dim=d, io_dim=d, pad_to=0,
@@ -194,6 +194,40 @@ def _make_fp8(sig: Signature) -> GluonForwardPlan:
         walk_div=walk_divisor(num_m, sig.batch * sig.nheads, causal, False), negate_q=False,
         qk_scale=(cap if cap > 0 else scale) * LOG2E, softcap_a=scale / cap if cap > 0 else 0.0, alibi_unit=0.0,
         win_left=win_left, win_right=win_right, constexprs=tuple(consts.items()))
+
+
+def plan_forward_mods(sig: Signature, score: bool, block_size: tuple | None) -> GluonForwardPlan:
+    """The plan for a call with score or mask functions or a block mask (``hopper.mods_call_supported``'s):
+    the two-warpgroup ping-pong kernel at its own tiles and options, no built-in mask (the functions mask
+    the key end too), the block mask's blocks as ``SUB`` key tiles by ``Q_BLOCK`` queries. ``score``: a
+    score function, which takes the scaled score (the softmax's scale is then log2 e). The functions
+    themselves are the launch's to bind (``SCORE_MOD`` / ``MASK_MOD``)."""
+    key = ("mods", sig, score, block_size, dispatch.switch_state())
+    return _PLANS.get(key, lambda: _make_mods(sig, score, block_size))
+
+
+def _make_mods(sig: Signature, score: bool, block_size: tuple | None) -> GluonForwardPlan:
+    d = sig.head_dim
+    cfg = hopper.kernel_config(d, "pingpong", False, sig.seqlen_q)
+    block_m, block_n, stages = hopper.MODS_TILES[d]
+    consts = dict(cfg["constexprs"], BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages)
+    kv_tail = sig.seqlen_k % block_n != 0
+    scale = sig.softmax_scale
+    negate_q = consts["LEAN"] and scale < 0 and not score  # (a score function gets the signed scale's score)
+    consts.update(IS_CAUSAL=False, IS_VARLEN=False, LPT=False, KV_TAIL=kv_tail, KEY_MASKS=kv_tail, WINDOW=False,
+                  SOFTCAP=False, ALIBI=0, DIAG_TRIM=False, FEWER_MASKS=False, EXP2_FMA=0,
+                  ROW_STORES=hopper.row_stores(d, "pingpong"), IO_DIM=0, PROD_DIM=0,
+                  SUB=block_size[1] // block_n if block_size else 1, Q_BLOCK=block_size[0] if block_size else 0)
+    num_m = dispatch.cdiv(sig.seqlen_q, block_m)
+    consts.update(hopper.persistent_options(d, "pingpong", False, num_m))  # (the one-tile kernel's: all off)
+    return GluonForwardPlan(
+        variant="pingpong", seqlen_q=sig.seqlen_q, seqlen_k=sig.seqlen_k, head_dim=d, io_dim=d, pad_to=0,
+        pad_copies=False, q_rows=cfg["q_rows"], block_m=block_m, block_n=block_n, num_m=num_m,
+        num_tiles=num_m * sig.batch * sig.nheads, programs=num_m * sig.batch * sig.nheads,
+        num_warps=cfg["num_warps"], ring_split=False, out_tma=False, walk_table=None, without_table=None,
+        walk_div=walk_divisor(num_m, sig.batch * sig.nheads, False, False), negate_q=negate_q,
+        qk_scale=LOG2E if score else abs(scale) * LOG2E if negate_q else scale * LOG2E, softcap_a=0.0,
+        alibi_unit=0.0, win_left=0, win_right=0, constexprs=tuple(consts.items()))
 
 
 def walk_divisor(num_m: int, batch_heads: int, causal: bool, paired: bool) -> int:

@@ -84,8 +84,8 @@ OPTIONS = (
            _D + "split-products.md"),
     Option("hopper.split_ring", "on", "the K / V ring at 192 columns as 128- and 64-column buffers",
            _D + "split-products.md"),
-    Option("hopper.fp8_p_smem", "on", "the FP8 forward's e4m3 P through a shared buffer instead of as the "
-           "register operand of P V", _D + "fp8-forward.md"),
+    Option("hopper.mods_on_gluon", "off", "calls with score or mask functions or a block mask on the Gluon "
+           "ping-pong forward instead of the portable one", _D + "programmable-attention.md", env="IOATTN_HOPPER_MODS"),
     Option("hopper.ptx_barriers", "by variant: hopper.PTX_BARRIERS_ON", "redundant partition barriers "
            "dropped from the forward's PTX", _D + "ptx-barrier-pass.md"),
     Option("hopper.copy_strided", "by length: hopper.COPY_MIN_SEQLEN", "inputs without a (rows, heads x d) "
