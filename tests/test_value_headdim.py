@@ -137,7 +137,7 @@ def _ok(d=48, dv=32):
 BAD = {
     "kv_seqlen": (lambda q, k, v: (q, k, v[:, :5]), "k and v must agree in all but the head dim"),
     "kv_heads": (lambda q, k, v: (q, k, v[:, :, :1]), "k and v must agree in all but the head dim"),
-    "dv_too_wide": (lambda q, k, v: (q, k, torch.zeros(*v.shape[:3], 257, dtype=v.dtype)),
+    "dv_too_wide": (lambda q, k, v: (q, k, torch.zeros(*v.shape[:3], 257, dtype=v.dtype, device=v.device)),
                     r"value head dim \(v.shape\[-1\]\) must be between 1 and 256"),
     "dv_zero": (lambda q, k, v: (q, k, v[..., :0]), r"value head dim \(v.shape\[-1\]\) must be between 1 and 256"),
     "qk_dims": (lambda q, k, v: (q[..., :40], k, v), "q and k must have the same head dim"),
