@@ -137,6 +137,69 @@ def test_varlen_positions_are_per_sequence(backend):
     assert lse.shape == (H, int(cu_q[-1]))
 
 
+@pytest.mark.interpreter
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_block_masks_in_packed_sequences(backend):
+    """A block mask over packed sequences (``B`` the sequence count, the lengths their maxima): a
+    per-sequence prefix-LM mask, GQA; each sequence against the oracle at its own positions, forward
+    and gradients."""
+    lens = [40, 17, 33]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    q, k, v, dout = _inputs(21, sq=int(cu[-1]), sk=int(cu[-1]), lead=())
+    mask = M.prefix_lm(torch.tensor([5, 9, 3], device=DEVICE))
+    bm = create_block_mask(mask, 3, None, max(lens), max(lens), device=DEVICE, BLOCK_SIZE=16)
+
+    def ours(q, k, v):
+        out, lse, _ = ioattn.flash_attn_varlen_func(q, k, v, cu.to(DEVICE), cu.to(DEVICE), max(lens), max(lens),
+                                                     block_mask=bm, return_attn_probs=True)
+        return out, lse
+
+    with dispatch.forced_backend(backend):
+        out, _, grads = _run(ours, q, k, v, dout, torch.float32, DEVICE, None)
+    qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+    cpu_mask = M.prefix_lm(torch.tensor([5, 9, 3]))
+    outs = []
+    for b in range(3):
+        rows = slice(int(cu[b]), int(cu[b + 1]))
+        o, _ = attention_ref(qq[None, rows], kk[None, rows], vv[None, rows], mask_mod=cpu_mask, b_offset=b)
+        outs.append(o[0])
+    out64 = torch.cat(outs)
+    grads64 = torch.autograd.grad(out64, (qq, kk, vv), dout)
+    assert (out.double() - out64).abs().max() < 1e-5
+    for name, g, g64 in zip(("dq", "dk", "dv"), grads, grads64):
+        assert (g.double() - g64).abs().max() < 1e-4, name
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_sinks_with_functions(backend):
+    """Learnable sinks beside a score function with a learnable table and a mask function: the sinks'
+    and the table's gradients with the inputs'."""
+    q, k, v, dout = _inputs(23)
+    g = torch.Generator().manual_seed(23)
+    sinks64 = (torch.randn(H, generator=g, dtype=F64) * 2).requires_grad_(True)
+    tab64 = _table(F64).requires_grad_(True)
+    sinks, tab = (t.detach().float().requires_grad_(True) for t in (sinks64, tab64))
+
+    def ours(q, k, v):
+        out, lse, _ = ioattn.flash_attn_func(q, k, v, sinks=sinks.to(DEVICE), score_mod=M.relative_bias(tab),
+                                             mask_mod=M.sliding_window(9, 2, offset=SK - SQ),
+                                             return_attn_probs=True)
+        return out, lse
+
+    with dispatch.forced_backend(backend):
+        leaves = [t.to(DEVICE, torch.float32).requires_grad_(True) for t in (q, k, v)]
+        out, _ = ours(*leaves)
+        grads = torch.autograd.grad(out, [*leaves, sinks, tab], dout.to(DEVICE, out.dtype))
+    leaves64 = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out64, _ = attention_ref(*leaves64, sinks=sinks64, score_mod=M.relative_bias(tab64),
+                             mask_mod=M.sliding_window(9, 2, offset=SK - SQ))
+    grads64 = torch.autograd.grad(out64, [*leaves64, sinks64, tab64], dout)
+    assert (out.cpu().double() - out64).abs().max() < 1e-5
+    for name, g, g64 in zip(("dq", "dk", "dv", "dsinks", "dtable"), grads, grads64):
+        assert (g.cpu().double() - g64).abs().max() < 2e-4, name
+
+
 def _random_layout(seed, nq, nk, p):
     g = torch.Generator().manual_seed(seed)
     layout = torch.rand(B, H, nq, nk, generator=g) < p
