@@ -18,13 +18,17 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 def pytest_addoption(parser):
     parser.addoption("--explainer-screenshots", metavar="DIR", default=None,
                      help="tests/test_explainers.py: save each explainer page at its final step to DIR/<page>.png")
+    parser.addoption("--sass", action="store_true",
+                     help="run the SASS property checks (marked sass) without a GPU too")
 
 
 # ---- what this installation cannot run: skipped with the library's own reason ----
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gluon`` (the Gluon Hopper kernels' sm_90 compiles) skip where
-    ``ioattn._compat.gluon_status`` keeps the Gluon kernels off, with its reason."""
+    ``ioattn._compat.gluon_status`` keeps the Gluon kernels off, with its reason. Tests marked ``sass``
+    (instruction-level properties of the Gluon builds under each compile-time option) run where a GPU
+    is, or with ``--sass``: the CPU run compiles every default build and skips them."""
     from ioattn import _compat
 
     ok, why = _compat.gluon_status()
@@ -32,6 +36,12 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason=f"Gluon kernels off: {why}")
         for item in items:
             if item.get_closest_marker("gluon"):
+                item.add_marker(skip)
+    if not torch.cuda.is_available() and not config.getoption("--sass"):
+        skip = pytest.mark.skip(reason="a SASS property check of a compile-time option: the device suite runs it "
+                                       "(here: pytest --sass)")
+        for item in items:
+            if item.get_closest_marker("sass"):
                 item.add_marker(skip)
 
 

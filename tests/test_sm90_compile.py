@@ -80,6 +80,7 @@ causal), fits shared memory and uses wgmma, TMA and
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 @pytest.mark.gluon
+@pytest.mark.sass
 def test_hopper_exp2_fma_compiles_for_sm90():
     """The forward with a quarter of each key tile's exponentials on the FMA units (hopper.exp2_fma(25),
     the kernel's EXP2_FMA), causal, in the ping-pong kernel at d = 64 and 128 and wg3: the column split
@@ -116,6 +117,7 @@ def test_hopper_exp2_fma_compiles_for_sm90():
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 @pytest.mark.gluon
+@pytest.mark.sass
 def test_hopper_row_stores_compile_for_sm90():
     """The forward's output stored as whole rows (hopper.row_stores, the kernel's ROW_STORES), as the
     launcher compiles it, non-causal, ping-pong and persistent at every head dim: with the output
@@ -156,6 +158,7 @@ def test_hopper_row_stores_compile_for_sm90():
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 @pytest.mark.gluon
+@pytest.mark.sass
 def test_hopper_unmasked_keys_compile_for_sm90():
     """No key tile masked on non-causal calls whose key tiles all lie inside the sequence
     (hopper.unmasked_full_keys, the kernel's ``KEY_MASKS`` False; docs/decisions/forward-masked-tiles.md), forced
@@ -182,6 +185,7 @@ def test_hopper_unmasked_keys_compile_for_sm90():
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 @pytest.mark.gluon
+@pytest.mark.sass
 def test_hopper_diag_trim_compile_for_sm90():
     """Warpgroup 0 of the persistent causal kernel computing only the key tiles its own rows see
     (hopper.diag_trim, the kernel's ``DIAG_TRIM``; docs/decisions/causal-diagonal-trim.md), forced off and on,
@@ -217,6 +221,7 @@ def test_hopper_diag_trim_compile_for_sm90():
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 @pytest.mark.gluon
+@pytest.mark.sass
 def test_hopper_fewer_masks_compile_for_sm90():
     """Fewer masked key tiles (the kernel's FEWER_MASKS, hopper.FEWER_MASKS_NUM_WG) in the ping-pong
     kernel as launched, causal, every head dim: the build has it, wgmma pipelined, no spill (the first
@@ -229,6 +234,7 @@ def test_hopper_fewer_masks_compile_for_sm90():
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 @pytest.mark.gluon
+@pytest.mark.sass
 def test_hopper_persistent_options_compile_for_sm90():
     """The persistent kernel with two Q buffers a consumer warpgroup (Q_BUFS, hopper.persistent_q_prefetch)
     and the causal walk by pairs (PAIRED, hopper.paired_walk), both masks, every head dim: the options
@@ -249,6 +255,7 @@ def test_hopper_persistent_options_compile_for_sm90():
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 @pytest.mark.gluon
+@pytest.mark.sass
 def test_hopper_tma_store_and_fast_div_compile_for_sm90():
     """The persistent kernel with its output copied by TMA from the Q buffer (ROW_STORES = 3,
     ``--tma-store``) and its tile index by multiply-high (FAST_DIV, ``--fast-div``), both masks, every
@@ -271,6 +278,7 @@ def test_hopper_tma_store_and_fast_div_compile_for_sm90():
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 @pytest.mark.gluon
+@pytest.mark.sass
 def test_hopper_conditional_rescale_compile_for_sm90():
     """FA4's conditional rescaling (``--cond-rescale``: COND_RESCALE, docs/decisions/conditional-rescale.md) decided
     by the thread: the persistent kernel at every head dim and wg3 compile with the default builds' spill bounds and
@@ -301,6 +309,7 @@ def test_hopper_conditional_rescale_compile_for_sm90():
 
 
 @pytest.mark.gluon
+@pytest.mark.sass
 def test_hopper_register_options_compile_for_sm90():
     """Q as S = Q K^T's register operand (Q_IN_REGS, docs/decisions/forward-q-in-registers.md): in the default
     two-warpgroup builds at d = 128 only, with the default builds' spill bounds and pipelined wgmma (wg3 and d =
@@ -334,6 +343,7 @@ def test_hopper_register_options_compile_for_sm90():
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 @pytest.mark.gluon
+@pytest.mark.sass
 def test_hopper_ptx_barriers_compile_for_sm90():
     """The forward's partition-barrier pass (hopper.ptx_barriers, ``ioattn.kernels.ptx_barriers``;
     docs/decisions/ptx-barrier-pass.md), off and on, the persistent kernel at every head dim and mask and wg3: with
@@ -368,6 +378,7 @@ def test_hopper_ptx_barriers_compile_for_sm90():
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 @pytest.mark.gluon
+@pytest.mark.sass
 def test_hopper_walk_table_compile_for_sm90():
     """The persistent causal forward with its walk read from the host's table (hopper.walk_table, the
     kernel's ``Walk``; docs/decisions/persistent-causal-walk.md) at d = 64 / 128: no spill, the wgmma pipelined,
@@ -394,6 +405,7 @@ def test_hopper_walk_table_compile_for_sm90():
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 @pytest.mark.parametrize("dp,io_dim", [(256, 192), (128, 96)])
 @pytest.mark.gluon
+@pytest.mark.sass
 def test_hopper_split_cols_compile_for_sm90(dp, io_dim):
     """The forward's products over three quarters of the tile's columns at a padded head dim (``PROD_DIM``,
     ``hopper.split_cols``): 192 of d = 256's, 96 of d = 128's (docs/decisions/split-products.md), compile in the
@@ -415,6 +427,7 @@ def test_hopper_split_cols_compile_for_sm90(dp, io_dim):
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 @pytest.mark.gluon
+@pytest.mark.sass
 def test_hopper_split_ring_compile_for_sm90():
     """The forward's split ring at a padded head dim of 192 (``hopper.split_ring``,
     docs/decisions/split-products.md: K / V as 128- and 64-column tiles) compiles in the ping-pong and persistent

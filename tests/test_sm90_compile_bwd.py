@@ -52,6 +52,7 @@ def test_hopper_gluon_backward_ws_compiles_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+@pytest.mark.sass
 def test_hopper_gluon_backward_ws_d256_column_split_compiles_for_sm90():
     """Variant ws at head dim 256 (the column-split form), both masks, with and without the ordered
     dQ mode: 64-key tiles, two Q stages and one dO stage, no spills, wgmma pipelined, the consumers
@@ -68,6 +69,7 @@ def test_hopper_gluon_backward_ws_d256_column_split_compiles_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+@pytest.mark.sass
 def test_hopper_gluon_backward_ws_swizzled_dq_compiles_for_sm90():
     """Variant ws with the swizzled 2-D dQ tile (``WS_DQ_FLAT`` off, the A/B alternative of the flat
     default) at d = 64 / 128, causal, with and without the ordered dQ mode: the bulk reduce-add in
@@ -85,6 +87,7 @@ def test_hopper_gluon_backward_ws_swizzled_dq_compiles_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+@pytest.mark.sass
 def test_hopper_gluon_backward_ws_lse_in_acc_compiles_for_sm90():
     """Variant ws with lse in S^T's accumulator (``WS_LSE_IN_ACC``) at d = 64 / 128, both masks: no
     spill, wgmma pipelined (the accumulator's initial value is formed before the product is issued,
@@ -100,6 +103,7 @@ def test_hopper_gluon_backward_ws_lse_in_acc_compiles_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+@pytest.mark.sass
 def test_hopper_gluon_backward_ws_wg_partitions_compiles_for_sm90():
     """Variant ws with each consumer warpgroup a partition of its own (``WS_WG_PARTITIONS``) at d = 64 /
     128, both masks, with and without the ordered dQ mode: wgmma pipelined in both consumer
@@ -140,6 +144,7 @@ def test_hopper_gluon_backward_ws_varlen_compiles_for_sm90():
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+@pytest.mark.sass
 def test_hopper_backward_split_cols_compile_for_sm90():
     """The ws backward's products over 192 of d = 256's columns at a padded head dim of 192 (``PROD_DIM``,
     ``hopper.bwd_split_cols``, docs/decisions/split-products.md) compile, both masks: wgmma pipelined, no spill,
@@ -159,6 +164,7 @@ def test_hopper_backward_split_cols_compile_for_sm90():
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 @pytest.mark.parametrize("io_dim", [0, 192])
+@pytest.mark.sass
 def test_hopper_backward_dq_hi_first_compile_for_sm90(io_dim):
     """The column split handing dQ's high half to the writer first (``DQ_HI_FIRST``, docs/decisions/split-products.md)
     compiles at d = 256 and at a padded 192, both masks: wgmma pipelined, no spill, the same products,
