@@ -13,6 +13,7 @@ from ioattn.launch import gluon_fwd
 from ioattn.plan import dispatch, hopper, hopper_bwd
 from ioattn.plan import backward as backward_plan
 from ioattn.plan import forward as forward_plan
+from ioattn.plan import mods as mods_plan
 from ioattn.kernels import cpu
 from ioattn.kernels.constants import LOG2E
 from ioattn.reference.philox import dropout_threshold
@@ -532,7 +533,7 @@ _MOD_ROUTES: dict = {}
 def mod_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes, call):
     """(out, lse) of a call with score / mask functions or a block mask (on the CPU without softcap and
     ALiBi: the caller folds them into the score function): the Gluon ping-pong forward where
-    ``hopper.mods_fwd_plan`` takes the call, else the portable kernel."""
+    ``plan.mods.fwd_plan`` takes the call, else the portable kernel."""
     if dispatch.use_triton(q.device, q.dtype):
         varlen = cu_seqlens_q is not None
         key = (_forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes),
@@ -540,7 +541,7 @@ def mod_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         route = _MOD_ROUTES.get(key, _UNSET)
         if route is _UNSET:
             route = None
-            if hopper.mods_fwd_plan(q, k, v, varlen, sem, call.block_size())[0]:
+            if mods_plan.fwd_plan(q, k, v, varlen, sem, call.block_size())[0]:
                 plan = forward_plan.plan_forward_mods(forward_signature(q, k, sem.softmax_scale, False),
                                                       call.score is not None, call.block_size())
                 route = gluon_fwd.ForwardLaunch(plan, q, k, v, cached=False, functions=call.functions())

@@ -12,6 +12,7 @@ from ioattn import _compat, backends, fp8
 from ioattn.plan import dispatch, hopper, hopper_bwd
 from ioattn.plan import backward as backward_plan
 from ioattn.plan import forward as forward_plan
+from ioattn.plan import mods as mods_plan
 from ioattn.masks import normalize_window
 from ioattn.modcall import ModCall
 from ioattn.semantics import Semantics
@@ -138,7 +139,7 @@ def _mods_plan(q, k, v, call, varlen, window, seqlen_q, cu_seqlens_q) -> Dispatc
         part = dict(what, path="ioattn.kernels.cpu_mods: dense scores a band of query rows at a time")
         return DispatchPlan("reference", f"{q.device.type} tensors without TRITON_INTERPRET=1: the CPU path", part,
                             dict(part))
-    taken, why = hopper.mods_fwd_plan(q, k, v, varlen, Semantics(q.shape[-1] ** -0.5, window), call.block_size())
+    taken, why = mods_plan.fwd_plan(q, k, v, varlen, Semantics(q.shape[-1] ** -0.5, window), call.block_size())
     if taken:
         plan = forward_plan.plan_forward_mods(backends.forward_signature(q, k, q.shape[-1] ** -0.5, False),
                                               call.score is not None, call.block_size())

@@ -16,6 +16,7 @@ import ioattn.mods as M
 from conftest import DEVICE, assert_within_torch_error
 from ioattn.block_mask import _classify_dense, block_sparse_mask, create_block_mask
 from ioattn.plan import dispatch
+from ioattn.plan import mods as mods_plan
 from ioattn.reference.naive import attention_ref
 
 F64, F16 = torch.float64, torch.float16
@@ -487,20 +488,20 @@ def test_gluon_plan_for_functions_and_block_masks():
     tiles, a block mask's blocks as SUB tiles, no built-in mask (the functions mask the key end), the
     softmax's scale log2 e after a score function (which gets the scaled score)."""
     from ioattn.kernels.constants import LOG2E
-    from ioattn.plan import forward as forward_plan, hopper
+    from ioattn.plan import forward as forward_plan
     from ioattn.semantics import Semantics
 
     q = torch.empty(2, 1000, 4, 128, dtype=torch.bfloat16, device="meta")
     plain = Semantics(128 ** -0.5)
-    assert hopper.mods_call_supported(q, q, q, False, plain, (128, 128)) == (True, "the Gluon ping-pong forward")
+    assert mods_plan.call_supported(q, q, q, False, plain, (128, 128)) == (True, "the Gluon ping-pong forward")
     for args, match in (((q.float(), q.float(), q.float(), False, plain, None), "fp16/bf16"),
                         ((q[..., :96], q[..., :96], q[..., :96], False, plain, None), "head dims"),
                         ((q, q, q, True, plain, None), "fixed lengths"),
                         ((q, q, q, False, Semantics(0.1, (-1, 0)), None), "built-in masks"),
                         ((q, q, q, False, plain, (64, 128)), "multiples of its 128 x 64 tiles")):
-        ok, why = hopper.mods_call_supported(*args)
+        ok, why = mods_plan.call_supported(*args)
         assert not ok and match in why, why
-    assert hopper.mods_fwd_plan(q, q, q, False, plain, None) == (False, "hopper.mods_on_gluon off: the portable kernels")
+    assert mods_plan.fwd_plan(q, q, q, False, plain, None) == (False, "mods.prefer_gluon off: the portable kernels")
     sig = forward_plan.Signature(batch=2, seqlen_q=1000, seqlen_k=1000, nheads=4, nheads_kv=2, head_dim=128,
                                  element_size=2, varlen=False, causal=False, window=(-1, -1), softcap=0.0,
                                  softmax_scale=-0.1, alibi=False, device_sms=132)
@@ -547,11 +548,9 @@ def _gluon_case(case, table, docs, layout, sq, sk, dev):
 @pytest.mark.parametrize("case", ["causal", "document_causal", "relative_bias", "bias_and_causal", "softcap",
                                   "block_mask", "block_sparse"])
 def test_gluon_forward_with_functions(case, d, poison_alloc):
-    """The Gluon ping-pong forward with the library's functions and block masks (``hopper.mods_on_gluon``)
+    """The Gluon ping-pong forward with the library's functions and block masks (``plan.mods.prefer_gluon``)
     against the float64 oracle, bf16, GQA, a key tail (1000 keys), a query block with no key block; its
     plan the Gluon one."""
-    from ioattn.plan import hopper
-
     sq = sk = 1000
     g = torch.Generator().manual_seed(d + len(case))
     q = torch.randn(2, sq, 4, d, generator=g, dtype=F64)
@@ -563,7 +562,7 @@ def test_gluon_forward_with_functions(case, d, poison_alloc):
     ours, oracle = _gluon_case(case, table, docs, layout, sq, sk, torch.device("cuda"))
     _, oracle32 = _gluon_case(case, table.float(), docs, layout, sq, sk, torch.device("cuda"))  # the bf16 twin's
     bf = [t.to("cuda", torch.bfloat16) for t in (q, k, v)]
-    with hopper.mods_on_gluon(True):
+    with mods_plan.prefer_gluon(True):
         plan = ioattn.explain_dispatch(*bf, **ours)
         assert plan.forward["gluon_hopper"].startswith("taken"), plan.forward
         out, lse, _ = ioattn.flash_attn_func(*bf, return_attn_probs=True, **ours)

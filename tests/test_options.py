@@ -22,7 +22,7 @@ def test_every_registered_switch_exists_and_every_preference_is_registered():
             obj = _resolve(o.name)
             if isinstance(obj, dispatch.Preference):
                 assert obj.env in (None, o.env), o.name  # (some read their variable in their policy)
-    for module in ("dispatch", "hopper", "hopper_bwd"):
+    for module in ("dispatch", "hopper", "hopper_bwd", "mods"):
         mod = importlib.import_module(f"ioattn.plan.{module}")
         for attr, value in vars(mod).items():
             if isinstance(value, dispatch.Preference):

@@ -476,7 +476,7 @@ def test_hopper_schedule_record_compiles_for_sm90():
 @pytest.mark.gluon
 def test_hopper_forward_with_mask_and_score_functions_compiles_for_sm90():
     """The ping-pong forward with a score function (a learnable table), a document mask and a block mask's
-    lists (``plan_forward_mods``), whole key tiles and a key tail: its 64-key tiles (``MODS_TILES``) keep
+    lists (``plan_forward_mods``), whole key tiles and a key tail: its 64-key tiles (``plan.mods.TILES``) keep
     the functions' values in registers, no spill, the products pipelined."""
     import re
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ioattn.kernels.constants import LOG2E
-from ioattn.plan import dispatch, hopper
+from ioattn.plan import dispatch, hopper, mods
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ def _make_fp8(sig: Signature) -> GluonForwardPlan:
 
 
 def plan_forward_mods(sig: Signature, score: bool, block_size: tuple | None) -> GluonForwardPlan:
-    """The plan for a call with score or mask functions or a block mask (``hopper.mods_call_supported``'s):
+    """The plan for a call with score or mask functions or a block mask (``plan.mods.call_supported``'s):
     the two-warpgroup ping-pong kernel at its own tiles and options, no built-in mask (the functions mask
     the key end too), the block mask's blocks as ``SUB`` key tiles by ``Q_BLOCK`` queries. ``score``: a
     score function, which takes the scaled score (the softmax's scale is then log2 e). The functions
@@ -209,7 +209,7 @@ def plan_forward_mods(sig: Signature, score: bool, block_size: tuple | None) -> 
 def _make_mods(sig: Signature, score: bool, block_size: tuple | None) -> GluonForwardPlan:
     d = sig.head_dim
     cfg = hopper.kernel_config(d, "pingpong", False, sig.seqlen_q)
-    block_m, block_n, stages = hopper.MODS_TILES[d]
+    block_m, block_n, stages = mods.TILES[d]
     consts = dict(cfg["constexprs"], BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages)
     kv_tail = sig.seqlen_k % block_n != 0
     scale = sig.softmax_scale

@@ -859,47 +859,6 @@ def fp8_call_supported(q, k, v, varlen, sem, alibi_slopes) -> tuple[bool, str]:
     return True, "FP8 on sm_90: the Gluon ping-pong kernel"
 
 
-# Score and mask functions and block masks (``ioattn.modcall``) on the Gluon ping-pong forward instead of the
-# portable kernel; off until the device's tests and the bench's mods sweep settle it.
-# tuned: docs/decisions/programmable-attention.md
-mods_on_gluon = dispatch.Preference(False, env="IOATTN_HOPPER_MODS")
-# the ping-pong kernel's (block_m, block_n, stages) for them by head dim: 64-key tiles, so that the functions'
-# per-element values fit the consumers' registers (128-key tiles spill at d = 64 and 128).
-# tuned: docs/decisions/programmable-attention.md
-MODS_TILES = {64: (128, 64, 4), 128: (128, 64, 3), 256: (128, 64, 2)}
-
-
-def mods_fwd_plan(q, k, v, varlen, sem, block_size) -> tuple[bool, str]:
-    """(taken, why) for a call with score or mask functions or a block mask (``block_size``: the block
-    mask's (query, key) block, or None) on the Gluon ping-pong forward: wanted (``mods_on_gluon``), on
-    sm_90, and a call it covers (``mods_call_supported``)."""
-    if not mods_on_gluon.wanted():
-        return False, "hopper.mods_on_gluon off: the portable kernels"
-    ok, why = _device_ok(q)
-    return mods_call_supported(q, k, v, varlen, sem, block_size) if ok else (False, why)
-
-
-def mods_call_supported(q, k, v, varlen, sem, block_size) -> tuple[bool, str]:
-    """``mods_fwd_plan``'s checks of the call itself: pure Python, testable anywhere."""
-    d = q.shape[-1]
-    if value_dim_refusal(q, v):
-        return False, value_dim_refusal(q, v)
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        return False, "score and mask functions on the Gluon kernel: fp16/bf16 only"
-    if d not in MODS_TILES:
-        return False, f"score and mask functions on the Gluon kernel: head dims {list(MODS_TILES)}"
-    if varlen:
-        return False, "score and mask functions on the Gluon kernel: fixed lengths (varlen: the portable kernels)"
-    if sem.causal or sem.window != (-1, -1) or sem.softcap > 0 or sem.alibi or sem.dropout_p > 0:
-        return False, ("score and mask functions on the Gluon kernel: without built-in masks, softcap, ALiBi or "
-                       "dropout (fold them into the functions)")
-    block_m, block_n, _ = MODS_TILES[d]
-    if block_size is not None and (block_size[0] % block_m or block_size[1] % block_n):
-        return False, (f"a block mask of {block_size[0]} x {block_size[1]} blocks: the Gluon kernel needs multiples "
-                       f"of its {block_m} x {block_n} tiles")
-    return True, "the Gluon ping-pong forward"
-
-
 def hopper_supports(q, k, v, varlen, sem, alibi_slopes) -> tuple[bool, str]:
     """Whether the Gluon forward covers this call (``sem``: its ``Semantics``), and why not."""
     if value_dim_refusal(q, v):

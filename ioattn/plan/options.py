@@ -84,7 +84,7 @@ OPTIONS = (
            _D + "split-products.md"),
     Option("hopper.split_ring", "on", "the K / V ring at 192 columns as 128- and 64-column buffers",
            _D + "split-products.md"),
-    Option("hopper.mods_on_gluon", "off", "calls with score or mask functions or a block mask on the Gluon "
+    Option("mods.prefer_gluon", "off", "calls with score or mask functions or a block mask on the Gluon "
            "ping-pong forward instead of the portable one", _D + "programmable-attention.md", env="IOATTN_HOPPER_MODS"),
     Option("hopper.ptx_barriers", "by variant: hopper.PTX_BARRIERS_ON", "redundant partition barriers "
            "dropped from the forward's PTX", _D + "ptx-barrier-pass.md"),

@@ -1,0 +1,48 @@
+"""The Gluon forward's policy for calls with score or mask functions or a block mask
+(``ioattn.modcall.ModCall``): whether the ping-pong kernel takes the call, and its tiles; the plan itself is
+``ioattn.plan.forward.plan_forward_mods``."""
+from __future__ import annotations
+
+import torch
+
+from ioattn.plan import dispatch, hopper
+
+# Score and mask functions and block masks (``ioattn.modcall``) on the Gluon ping-pong forward instead of the
+# portable kernel; off until the device's tests and the bench's mods sweep settle it.
+# tuned: docs/decisions/programmable-attention.md
+prefer_gluon = dispatch.Preference(False, env="IOATTN_HOPPER_MODS")
+# the ping-pong kernel's (block_m, block_n, stages) for them by head dim: 64-key tiles, so that the functions'
+# per-element values fit the consumers' registers (128-key tiles spill at d = 64 and 128).
+# tuned: docs/decisions/programmable-attention.md
+TILES = {64: (128, 64, 4), 128: (128, 64, 3), 256: (128, 64, 2)}
+
+
+def fwd_plan(q, k, v, varlen, sem, block_size) -> tuple[bool, str]:
+    """(taken, why) for a call with score or mask functions or a block mask (``block_size``: the block
+    mask's (query, key) block, or None) on the Gluon ping-pong forward: wanted (``prefer_gluon``), on
+    sm_90, and a call it covers (``call_supported``)."""
+    if not prefer_gluon.wanted():
+        return False, "mods.prefer_gluon off: the portable kernels"
+    ok, why = hopper._device_ok(q)
+    return call_supported(q, k, v, varlen, sem, block_size) if ok else (False, why)
+
+
+def call_supported(q, k, v, varlen, sem, block_size) -> tuple[bool, str]:
+    """``fwd_plan``'s checks of the call itself: pure Python, testable anywhere."""
+    d = q.shape[-1]
+    if hopper.value_dim_refusal(q, v):
+        return False, hopper.value_dim_refusal(q, v)
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return False, "score and mask functions on the Gluon kernel: fp16/bf16 only"
+    if d not in TILES:
+        return False, f"score and mask functions on the Gluon kernel: head dims {list(TILES)}"
+    if varlen:
+        return False, "score and mask functions on the Gluon kernel: fixed lengths (varlen: the portable kernels)"
+    if sem.causal or sem.window != (-1, -1) or sem.softcap > 0 or sem.alibi or sem.dropout_p > 0:
+        return False, ("score and mask functions on the Gluon kernel: without built-in masks, softcap, ALiBi or "
+                       "dropout (fold them into the functions)")
+    block_m, block_n, _ = TILES[d]
+    if block_size is not None and (block_size[0] % block_m or block_size[1] % block_n):
+        return False, (f"a block mask of {block_size[0]} x {block_size[1]} blocks: the Gluon kernel needs multiples "
+                       f"of its {block_m} x {block_n} tiles")
+    return True, "the Gluon ping-pong forward"
