@@ -5,7 +5,10 @@ document masking over packed sequences, ALiBi, softcap; and a random block-spars
 and sequence length, forward and forward+backward device time of:
 
 * ``ioattn``: ``flash_attn_func`` with the kind's ``mask_mod`` / ``score_mod`` and its block mask
-  (built once, outside the timed calls, as a model would);
+  (built once, outside the timed calls, as a model would), the functions as a user writes them
+  (``_as_user``: the library's own would run as their built-in forms), so the generated code is timed;
+* ``ioattn-gluon``: the same on the Gluon ping-pong forward (``plan.mods.prefer_gluon``; the backward
+  stays portable);
 * ``ioattn-builtin``: the same attention through the built-in arguments where there are some
   (``causal``, ``window_size``, ``softcap``, ``alibi_slopes``, the varlen call for documents; dense
   attention for the block-sparse layout, the 10x-ideal's baseline);
@@ -42,8 +45,8 @@ def add_arguments(parser):
     parser.add_argument("--seqlens", type=int_list(1), default=(1024, 4096, 16384),
                         help="sequence lengths (default: 1024,4096,16384)")
     parser.add_argument("--modes", default="fwd,fwdbwd", help="fwd and / or fwdbwd (default: both)")
-    parser.add_argument("--providers", default="ioattn,ioattn-builtin,flex,sdpa-cudnn",
-                        help="comma-separated (default: ioattn,ioattn-builtin,flex,sdpa-cudnn)")
+    parser.add_argument("--providers", default="ioattn,ioattn-gluon,ioattn-builtin,flex,sdpa-cudnn",
+                        help="comma-separated (default: ioattn,ioattn-gluon,ioattn-builtin,flex,sdpa-cudnn)")
     parser.add_argument("--out", default=None, help="folder for results.jsonl (default: none, printed only)")
     return parser
 
@@ -98,14 +101,32 @@ def _block_mask(kind, mask_mod, n, batch, nheads, device):
     return create_block_mask(mask_mod, None, None, n, n, device=device, BLOCK_SIZE=BLOCK), None
 
 
+def _as_user(fn):
+    """``fn`` as a user writes it: the same function without the library's built-in form (None stays None)."""
+    if fn is None:
+        return None
+
+    def user_fn(*args):
+        return fn(*args)
+    user_fn.__name__ = getattr(fn, "__name__", "user_fn")
+    return user_fn
+
+
 def _providers(kind, names, n, batch, nheads, device):
     import ioattn
+    from ioattn.plan import mods as mods_plan
 
     mask_mod, score_mod, builtin, docs = _kind(kind, n, nheads, batch, device)
-    bm, layout = _block_mask(kind, mask_mod, n, batch, nheads, device)
+    bm, layout = _block_mask(kind, _as_user(mask_mod), n, batch, nheads, device)
+    user_score = _as_user(score_mod)
     out = {}
     if "ioattn" in names:
-        out["ioattn"] = lambda q, k, v: ioattn.flash_attn_func(q, k, v, score_mod=score_mod, block_mask=bm)
+        out["ioattn"] = lambda q, k, v: ioattn.flash_attn_func(q, k, v, score_mod=user_score, block_mask=bm)
+    if "ioattn-gluon" in names:
+        def gluon(q, k, v):
+            with mods_plan.prefer_gluon(True):
+                return ioattn.flash_attn_func(q, k, v, score_mod=user_score, block_mask=bm)
+        out["ioattn-gluon"] = gluon
     if "ioattn-builtin" in names and builtin is not None:
         if docs is not None:
             cu, longest = docs

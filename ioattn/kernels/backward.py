@@ -219,20 +219,14 @@ def attn_bwd_dkdv_kernel(
             tile_mods = None
         if blocks is not None:
             col = b * blocks[4] + h * blocks[5] + n_start // KV_BLOCK
-            dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                                 offs_n, offs_d, offs_dv, 0, tl.load(blocks[0] + col) * SUB, seqlen_q, seqlen_k, qk_scale,
-                                 softcap, window_left, window_right, slope_log2, seed, dropout_threshold,
-                                 dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D, DV,
-                                 EVEN_DV, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods,
-                                 blocks[1] + col.to(tl.int64) * blocks[6],
-                                 SCORE_MOD, SCORE_GRAD, MASK_MOD, SUB)
-            dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                                 offs_n, offs_d, offs_dv, 0, tl.load(blocks[2] + col) * SUB, seqlen_q, seqlen_k, qk_scale,
-                                 softcap, window_left, window_right, slope_log2, seed, dropout_threshold,
-                                 dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D, DV,
-                                 EVEN_DV, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods,
-                                 blocks[3] + col.to(tl.int64) * blocks[6],
-                                 SCORE_MOD, SCORE_GRAD, None, SUB)
+            for full in tl.static_range(2):  # the partial blocks with the mask function, then the full ones
+                dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                                     offs_n, offs_d, offs_dv, 0, tl.load(blocks[2 * full] + col) * SUB, seqlen_q,
+                                     seqlen_k, qk_scale, softcap, window_left, window_right, slope_log2, seed,
+                                     dropout_threshold, dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M,
+                                     EVEN_D, DV, EVEN_DV, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods,
+                                     blocks[2 * full + 1] + col.to(tl.int64) * blocks[6], SCORE_MOD, SCORE_GRAD,
+                                     MASK_MOD if full == 0 else None, SUB)
         else:
             dk, dv = _dkdv_dense(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                                  offs_n, offs_d, offs_dv, m_min, m_full_lo, m_full_hi, m_max, seqlen_q, seqlen_k, qk_scale,
@@ -255,25 +249,16 @@ def _dkdv_dense(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, 
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                 EVEN_DV: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                 mods, SCORE_MOD: tl.constexpr, SCORE_GRAD: tl.constexpr, MASK_MOD: tl.constexpr):
-    """Every query block the window (or the causal mask) leaves: three runs of ``_dkdv_inner``."""
-    dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                         offs_n, offs_d, offs_dv, m_min, m_full_lo, seqlen_q, seqlen_k, qk_scale, softcap,
-                         window_left, window_right, slope_log2, seed, dropout_threshold,
-                         dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D, HEAD_DIM_V,
-                         EVEN_DV,                         True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, mods, None, SCORE_MOD, SCORE_GRAD,
-                         MASK_MOD)
-    dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                         offs_n, offs_d, offs_dv, m_full_lo, m_full_hi, seqlen_q, seqlen_k, qk_scale, softcap,
-                         window_left, window_right, slope_log2, seed, dropout_threshold,
-                         dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D, HEAD_DIM_V,
-                         EVEN_DV,                         False, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, mods, None, SCORE_MOD, SCORE_GRAD,
-                         MASK_MOD)
-    dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                         offs_n, offs_d, offs_dv, m_full_hi, m_max, seqlen_q, seqlen_k, qk_scale, softcap,
-                         window_left, window_right, slope_log2, seed, dropout_threshold,
-                         dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D, HEAD_DIM_V,
-                         EVEN_DV,                         True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, mods, None, SCORE_MOD, SCORE_GRAD,
-                         MASK_MOD)
+    """Every query block the window (or the causal mask) leaves: three runs of ``_dkdv_inner``, the masked
+    blocks before the full ones, the full ones unmasked, the masked ones after them."""
+    for run in tl.static_range(3):
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                             offs_n, offs_d, offs_dv, m_min if run == 0 else m_full_lo if run == 1 else m_full_hi,
+                             m_full_lo if run == 0 else m_full_hi if run == 1 else m_max, seqlen_q, seqlen_k,
+                             qk_scale, softcap, window_left, window_right, slope_log2, seed, dropout_threshold,
+                             dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D, HEAD_DIM_V,
+                             EVEN_DV, run != 1, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, mods, None, SCORE_MOD, SCORE_GRAD,
+                             MASK_MOD)
     return dk, dv
 
 
@@ -352,16 +337,13 @@ def attn_bwd_dq_kernel(
         tile_mods = None
     if blocks is not None:
         row = b * blocks[4] + h * blocks[5] + m_start // Q_BLOCK
-        dq = _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, offs_dv,
-                       0, tl.load(blocks[0] + row) * SUB, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
-                       window_right, slope_log2, seed, dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max,
-                       HEAD_DIM, BLOCK_N, EVEN_D, DV, EVEN_DV, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods,
-                       blocks[1] + row.to(tl.int64) * blocks[6], SCORE_MOD, SCORE_GRAD, MASK_MOD, SUB)
-        dq = _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, offs_dv,
-                       0, tl.load(blocks[2] + row) * SUB, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
-                       window_right, slope_log2, seed, dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max,
-                       HEAD_DIM, BLOCK_N, EVEN_D, DV, EVEN_DV, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods,
-                       blocks[3] + row.to(tl.int64) * blocks[6], SCORE_MOD, SCORE_GRAD, None, SUB)
+        for full in tl.static_range(2):  # the partial blocks with the mask function, then the full ones without
+            dq = _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, offs_dv,
+                           0, tl.load(blocks[2 * full] + row) * SUB, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
+                           window_right, slope_log2, seed, dropout_threshold, dropout_scale, drop_row_base,
+                           seqlen_k_max, HEAD_DIM, BLOCK_N, EVEN_D, DV, EVEN_DV, True, HAS_SOFTCAP, HAS_ALIBI,
+                           HAS_DROPOUT, tile_mods, blocks[2 * full + 1] + row.to(tl.int64) * blocks[6], SCORE_MOD,
+                           SCORE_GRAD, MASK_MOD if full == 0 else None, SUB)
     else:
         dq = _dq_dense(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, offs_dv,
                        m_start,
