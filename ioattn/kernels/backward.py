@@ -10,7 +10,8 @@ Reference twin: ``ioattn.reference.tiled.flash_backward``.
 import triton
 import triton.language as tl
 
-from ioattn.kernels.common import mma, LOG2E, dropout_keep, seq_info, tile_coords, tile_start, kv_block_range, q_block_range, tanh, tile_scores
+from ioattn.kernels.common import (LOG2E, dropout_keep, kv_block_range, listed_block, mma, q_block_range, seq_info, tanh,
+                                   tile_coords, tile_scores, tile_start)
 
 
 @triton.jit
@@ -141,10 +142,7 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, 
     """Query blocks ``m_block_lo`` .. ``m_block_hi`` - 1 into (dK, dV); ``q_list``: a block mask's
     column of query-block indices (block i: sub-block i % ``SUB`` of ``q_list[i // SUB]``)."""
     for i in range(m_block_lo, m_block_hi):
-        if q_list is None:
-            m_block = i
-        else:
-            m_block = tl.load(q_list + i // SUB) * SUB + i % SUB
+        m_block = listed_block(i, q_list, SUB)
         offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
         q = _load_rows(q_base, offs_m, offs_d, stride_qm, seqlen_q, HEAD_DIM, MASKED, EVEN_D)
         do = _load_rows(do_base, offs_m, offs_dv, stride_dom, seqlen_q, HEAD_DIM_V, MASKED, EVEN_DV)
@@ -272,10 +270,7 @@ def _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, 
               SCORE_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, SUB: tl.constexpr = 1):
     """Key blocks ``n_block_lo`` .. ``n_block_hi`` - 1 into dQ (``kv_list``: as the forward's)."""
     for i in range(n_block_lo, n_block_hi):
-        if kv_list is None:
-            n_block = i
-        else:
-            n_block = tl.load(kv_list + i // SUB) * SUB + i % SUB
+        n_block = listed_block(i, kv_list, SUB)
         offs_n = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
         k = _load_rows(k_base, offs_n, offs_d, stride_kn, seqlen_k, HEAD_DIM, MASKED, EVEN_D)
         v = _load_rows(v_base, offs_n, offs_dv, stride_vn, seqlen_k, HEAD_DIM_V, MASKED, EVEN_DV)

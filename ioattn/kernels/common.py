@@ -112,6 +112,16 @@ def q_block_range(n_start, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, seqlen_
 
 
 @triton.jit
+def listed_block(i, block_list=None, SUB: tl.constexpr = 1):
+    """The block of a loop's step i: i itself, or with a block mask's ``block_list`` sub-block i % ``SUB``
+    of the block it lists at i // ``SUB``."""
+    if block_list is None:
+        return i
+    else:
+        return tl.load(block_list + i // SUB) * SUB + i % SUB
+
+
+@triton.jit
 def tanh(x):
     # exp-based so it also runs under the interpreter; saturates to +-1 without NaN
     return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)

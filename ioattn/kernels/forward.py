@@ -7,7 +7,8 @@ Reference twin: ``ioattn.reference.tiled.flash2_forward``. Test: ``tests/test_ke
 import triton
 import triton.language as tl
 
-from ioattn.kernels.common import LOG2E, P_SCALE, mma, softmax_finish, softmax_step, softmax_step_lazy, tile_coords, tile_start, dropout_keep, kv_block_range, tile_scores
+from ioattn.kernels.common import (LOG2E, P_SCALE, dropout_keep, kv_block_range, listed_block, mma, softmax_finish,
+                                   softmax_step, softmax_step_lazy, tile_coords, tile_scores, tile_start)
 
 
 @triton.jit
@@ -26,10 +27,7 @@ def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride
     functions, ``mods`` = (b, h, softmax_scale, the score's and the mask's captured tensors)."""
     offs_n0 = tl.arange(0, BLOCK_N)
     for i in range(n_block_lo, n_block_hi):
-        if kv_list is None:
-            n_block = i
-        else:
-            n_block = tl.load(kv_list + i // SUB) * SUB + i % SUB
+        n_block = listed_block(i, kv_list, SUB)
         offs_n = n_block * BLOCK_N + offs_n0
         if USE_TMA:
             # bulk tensor copies (zero-filled past seqlen_k and head_dim), which Triton pipelines
@@ -115,24 +113,24 @@ def attn_fwd_kernel(
     DV: tl.constexpr = HEAD_DIM_V if HEAD_DIM_V else HEAD_DIM
     BDV: tl.constexpr = BLOCK_DV if BLOCK_DV else BLOCK_D
     num_m = tl.cdiv(seqlen_q_max, BLOCK_M)
-    if PERSISTENT and IS_VARLEN:
-        seq_blocks = tl.load(TileStarts + batch)
-        for t in range(tl.program_id(0), seq_blocks * nheads, tl.num_programs(0)):
-            h = t // seq_blocks
-            tb = t % seq_blocks
-            b = _last_start_at_or_below(TileStarts, tb, batch, LOG2_BATCH)
-            # the sequence's tiles are TileStarts[b] .. TileStarts[b + 1] - 1; its last query block first
-            m_block = tl.load(TileStarts + b + 1) - 1 - tb
-            _fwd_tile(m_block, b * nheads + h, Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
-                      k_desc, v_desc, Descales, stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb,
-                      stride_vn, stride_vh, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, stride_ab, nheads,
-                      qheads_per_kvhead, seqlen_q_max, seqlen_k_max, qk_scale, softcap, window_left, window_right,
-                      seed, dropout_threshold, dropout_scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IS_VARLEN,
-                      HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA, RESCALE_TAU, IS_FP8, DV, BDV, mods, blocks,
-                      SCORE_MOD, MASK_MOD, SUB, Q_BLOCK)
-    elif PERSISTENT:
-        for t in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
-            _fwd_tile(num_m - 1 - t % num_m, t // num_m, Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+    if PERSISTENT:
+        if IS_VARLEN:
+            seq_blocks = tl.load(TileStarts + batch)
+            tiles = seq_blocks * nheads
+        else:
+            tiles = num_tiles
+        for t in range(tl.program_id(0), tiles, tl.num_programs(0)):
+            if IS_VARLEN:
+                h = t // seq_blocks
+                tb = t % seq_blocks
+                b = _last_start_at_or_below(TileStarts, tb, batch, LOG2_BATCH)
+                # the sequence's tiles are TileStarts[b] .. TileStarts[b + 1] - 1; its last query block first
+                m_block = tl.load(TileStarts + b + 1) - 1 - tb
+                bh = b * nheads + h
+            else:
+                m_block = num_m - 1 - t % num_m
+                bh = t // num_m
+            _fwd_tile(m_block, bh, Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
                       k_desc, v_desc, Descales, stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb,
                       stride_vn, stride_vh, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, stride_ab, nheads,
                       qheads_per_kvhead, seqlen_q_max, seqlen_k_max, qk_scale, softcap, window_left, window_right,
