@@ -572,3 +572,12 @@ def test_gluon_forward_with_functions(case, d, poison_alloc):
     finite = torch.isfinite(lse64)
     assert torch.equal(torch.isfinite(lse.cpu()), finite)
     assert (lse.cpu()[finite].double() - lse64[finite]).abs().max() < 2e-2
+
+
+def test_the_mods_benchmark_times_the_block_mask_build():
+    """``ioattn bench mods``'s block-mask build records (small, on this machine's device)."""
+    from ioattn.bench import mods_bench as mb
+
+    recs = mb.build_times(256, DEVICE, flex=False, reps=2)
+    assert [r["provider"] for r in recs] == ["ioattn"] and recs[0]["sweep"] == "mods-build"
+    assert recs[0]["ms"] > 0 and recs[0]["seqlen_q"] == 256

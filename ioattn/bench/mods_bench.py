@@ -16,7 +16,9 @@ and sequence length, forward and forward+backward device time of:
 * ``sdpa-cudnn``: where cuDNN takes the mask (causal).
 
 Every provider is checked once per configuration against the float64 oracle on one head of the
-problem. Records (JSON lines, ``--out``) carry ``sweep`` = ``mods-<kind>``; ``ioattn bench report``
+problem. And the block mask's own cost (``--build-seqlen``): building a document-causal block mask of
+that length with ``create_block_mask`` and FlexAttention's, synchronised wall time (``sweep`` =
+``mods-build``). Records (JSON lines, ``--out``) carry ``sweep`` = ``mods-<kind>``; ``ioattn bench report``
 reads them.
 """
 from __future__ import annotations
@@ -47,6 +49,8 @@ def add_arguments(parser):
     parser.add_argument("--modes", default="fwd,fwdbwd", help="fwd and / or fwdbwd (default: both)")
     parser.add_argument("--providers", default="ioattn,ioattn-gluon,ioattn-builtin,flex,sdpa-cudnn",
                         help="comma-separated (default: ioattn,ioattn-gluon,ioattn-builtin,flex,sdpa-cudnn)")
+    parser.add_argument("--build-seqlen", type=int, default=131072,
+                        help="the block-mask build's length (default: 131072; 0: not timed)")
     parser.add_argument("--out", default=None, help="folder for results.jsonl (default: none, printed only)")
     return parser
 
@@ -226,6 +230,13 @@ def run(args):
             for d in args.headdims:
                 for n in args.seqlens:
                     records += _point(kind, d, n, names, modes, env, sink, "ioattn " + " ".join(args.argv))
+        if args.build_seqlen:
+            for rec in build_times(args.build_seqlen, "cuda", "flex" in names):
+                rec.update(device=env["device"], command="ioattn " + " ".join(args.argv))
+                records.append(rec)
+                print(f"block mask build n={rec['seqlen_q']} {rec['provider']:8s} {rec['ms']:8.2f} ms", flush=True)
+                if sink:
+                    sink.write(json.dumps(rec) + "\n")
     finally:
         if sink:
             sink.close()
@@ -264,6 +275,42 @@ def _point(kind, d, n, names, modes, env, sink, command):
         for r in out:
             sink.write(json.dumps(r) + "\n")
         sink.flush()
+    return out
+
+
+def build_times(n, device, flex=True, reps=5):
+    """Records of building a document-causal block mask over ``n`` tokens (documents of 1/8 to 1/2 of
+    it) by ``ioattn.create_block_mask`` and, with ``flex``, FlexAttention's: median synchronised wall
+    time of ``reps`` builds after one warm-up, in ms."""
+    import time
+
+    from ioattn import mods as M
+    from ioattn.block_mask import create_block_mask
+
+    lengths = _document_lengths(n, torch.Generator().manual_seed(n))
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    docs = M.document_ids(cu)
+    builders = {"ioattn": lambda: create_block_mask(M.document_mask(docs, M.causal_mask), None, None, n, n,
+                                                    device=device, BLOCK_SIZE=BLOCK)}
+    if flex:
+        from torch.nn.attention.flex_attention import create_block_mask as flex_block_mask
+
+        def doc_causal(b, h, q_idx, kv_idx):
+            return (docs[q_idx] == docs[kv_idx]) & (q_idx >= kv_idx)
+        builders["flex"] = lambda: flex_block_mask(doc_causal, None, None, n, n, device=device, BLOCK_SIZE=BLOCK)
+    sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
+    out = []
+    for name, build in builders.items():
+        build()
+        times = []
+        for _ in range(reps):
+            sync()
+            t0 = time.perf_counter()
+            build()
+            sync()
+            times.append((time.perf_counter() - t0) * 1e3)
+        out.append(dict(sweep="mods-build", provider=name, seqlen_q=n, seqlen_k=n, mode="build",
+                        ms=statistics.median(times), ok=True, block=BLOCK))
     return out
 
 
