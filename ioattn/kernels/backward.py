@@ -10,7 +10,7 @@ Reference twin: ``ioattn.reference.tiled.flash_backward``.
 import triton
 import triton.language as tl
 
-from ioattn.kernels.common import (LOG2E, dropout_keep, kv_block_range, listed_block, mma, q_block_range, seq_info, tanh,
+from ioattn.kernels.common import (LOG2E, block_list_run, dropout_keep, kv_block_range, listed_block, mma, q_block_range, seq_info, tanh,
                                    tile_coords, tile_scores, tile_start)
 
 
@@ -217,14 +217,14 @@ def attn_bwd_dkdv_kernel(
             tile_mods = None
         if blocks is not None:
             col = b * blocks[4] + h * blocks[5] + n_start // KV_BLOCK
-            for full in tl.static_range(2):  # the partial blocks with the mask function, then the full ones
+            for run in tl.static_range(3):  # partial blocks (the mask function), full ones, the last full one
+                q_list, lo, hi = block_list_run(blocks, col, run, SUB, IS_VARLEN)
                 dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                                     offs_n, offs_d, offs_dv, 0, tl.load(blocks[2 * full] + col) * SUB, seqlen_q,
-                                     seqlen_k, qk_scale, softcap, window_left, window_right, slope_log2, seed,
-                                     dropout_threshold, dropout_scale, drop_head_base, seqlen_k_max, HEAD_DIM, BLOCK_M,
-                                     EVEN_D, DV, EVEN_DV, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods,
-                                     blocks[2 * full + 1] + col.to(tl.int64) * blocks[6], SCORE_MOD, SCORE_GRAD,
-                                     MASK_MOD if full == 0 else None, SUB)
+                                     offs_n, offs_d, offs_dv, lo, hi, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
+                                     window_right, slope_log2, seed, dropout_threshold, dropout_scale, drop_head_base,
+                                     seqlen_k_max, HEAD_DIM, BLOCK_M, EVEN_D, DV, EVEN_DV, run != 1, HAS_SOFTCAP,
+                                     HAS_ALIBI, HAS_DROPOUT, tile_mods, q_list, SCORE_MOD, SCORE_GRAD,
+                                     MASK_MOD if run == 0 else None, SUB)
         else:
             dk, dv = _dkdv_dense(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                                  offs_n, offs_d, offs_dv, m_min, m_full_lo, m_full_hi, m_max, seqlen_q, seqlen_k, qk_scale,
@@ -332,13 +332,13 @@ def attn_bwd_dq_kernel(
         tile_mods = None
     if blocks is not None:
         row = b * blocks[4] + h * blocks[5] + m_start // Q_BLOCK
-        for full in tl.static_range(2):  # the partial blocks with the mask function, then the full ones without
+        for run in tl.static_range(3):  # partial blocks (the mask function), full ones, the last full one
+            kv_list, lo, hi = block_list_run(blocks, row, run, SUB, IS_VARLEN)
             dq = _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, offs_dv,
-                           0, tl.load(blocks[2 * full] + row) * SUB, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
-                           window_right, slope_log2, seed, dropout_threshold, dropout_scale, drop_row_base,
-                           seqlen_k_max, HEAD_DIM, BLOCK_N, EVEN_D, DV, EVEN_DV, True, HAS_SOFTCAP, HAS_ALIBI,
-                           HAS_DROPOUT, tile_mods, blocks[2 * full + 1] + row.to(tl.int64) * blocks[6], SCORE_MOD,
-                           SCORE_GRAD, MASK_MOD if full == 0 else None, SUB)
+                           lo, hi, seqlen_q, seqlen_k, qk_scale, softcap, window_left, window_right, slope_log2, seed,
+                           dropout_threshold, dropout_scale, drop_row_base, seqlen_k_max, HEAD_DIM, BLOCK_N, EVEN_D, DV,
+                           EVEN_DV, run != 1, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, tile_mods, kv_list, SCORE_MOD,
+                           SCORE_GRAD, MASK_MOD if run == 0 else None, SUB)
     else:
         dq = _dq_dense(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, offs_dv,
                        m_start,

@@ -122,6 +122,28 @@ def listed_block(i, block_list=None, SUB: tl.constexpr = 1):
 
 
 @triton.jit
+def block_list_run(blocks, row, RUN: tl.constexpr, SUB: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """A block mask's walk of ``row`` in three runs (``blocks``: ``ioattn.modcall``'s (partial counts,
+    partial lists, full counts, full lists, batch stride, head stride, entries a row)): (list, first step,
+    end step). Run 0: the partial blocks (the mask function applies); 1: the full blocks but the last, which
+    lie inside the sequence (no bounds mask; fixed lengths, where the mask was built for the call's own);
+    2: the last full block, which may hold the sequence's end (varlen: every full block, masked)."""
+    offset = row.to(tl.int64) * blocks[6]
+    if RUN == 0:
+        return blocks[1] + offset, 0, tl.load(blocks[0] + row) * SUB
+    else:
+        n = tl.load(blocks[2] + row) * SUB
+        if IS_VARLEN:
+            last = 0
+        else:
+            last = tl.maximum(n - SUB, 0)
+        if RUN == 1:
+            return blocks[3] + offset, 0, last
+        else:
+            return blocks[3] + offset, last, n
+
+
+@triton.jit
 def tanh(x):
     # exp-based so it also runs under the interpreter; saturates to +-1 without NaN
     return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)

@@ -7,7 +7,7 @@ Reference twin: ``ioattn.reference.tiled.flash2_forward``. Test: ``tests/test_ke
 import triton
 import triton.language as tl
 
-from ioattn.kernels.common import (LOG2E, P_SCALE, dropout_keep, kv_block_range, listed_block, mma, softmax_finish,
+from ioattn.kernels.common import (LOG2E, P_SCALE, block_list_run, dropout_keep, kv_block_range, listed_block, mma, softmax_finish,
                                    softmax_step, softmax_step_lazy, tile_coords, tile_scores, tile_start)
 
 
@@ -219,14 +219,14 @@ def _fwd_tile(
         tile_mods = None
     if blocks is not None:  # a block mask: its row's partial key blocks (the mask function), then its full ones
         row = b * blocks[4] + h * blocks[5] + m_start // Q_BLOCK
-        for full in tl.static_range(2):  # the partial blocks with the mask function, then the full ones without
+        for run in tl.static_range(3):  # partial blocks (the mask function), full ones, the last full one
+            kv_list, lo, hi = block_list_run(blocks, row, run, SUB, IS_VARLEN)
             acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn,
-                                       offs_m, offs_d, offs_dv, 0, tl.load(blocks[2 * full] + row) * SUB, seqlen_q,
-                                       seqlen_k, qk_scale, softcap, window_left, window_right, slope_log2, seed,
-                                       dropout_threshold, drop_row_base, seqlen_k_max, HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D,
-                                       HEAD_DIM_V, BLOCK_DV, EVEN_DV, USE_TMA, True, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
-                                       RESCALE_TAU, IS_FP8, tile_mods, blocks[2 * full + 1] + row.to(tl.int64) * blocks[6],
-                                       SCORE_MOD, MASK_MOD if full == 0 else None, SUB)
+                                       offs_m, offs_d, offs_dv, lo, hi, seqlen_q, seqlen_k, qk_scale, softcap,
+                                       window_left, window_right, slope_log2, seed, dropout_threshold, drop_row_base,
+                                       seqlen_k_max, HEAD_DIM, BLOCK_N, BLOCK_D, EVEN_D, HEAD_DIM_V, BLOCK_DV, EVEN_DV,
+                                       USE_TMA, run != 1, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, RESCALE_TAU, IS_FP8,
+                                       tile_mods, kv_list, SCORE_MOD, MASK_MOD if run == 0 else None, SUB)
     else:
         acc, m_i, l_i = _fwd_dense(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn,
                                    offs_m, offs_d, offs_dv, m_start, seqlen_q, seqlen_k, qk_scale, softcap, window_left,
