@@ -224,6 +224,21 @@ def test_fp8_plan_is_the_pingpong_kernel_without_the_lean_options():
     assert not hopper.fp8_call_supported(q, q, q, True, sem, None)[0]  # varlen
 
 
+def test_the_bench_tile_ab_plans_with_its_tiles_and_restores_the_table():
+    """``ioattn-fp8-n256``'s block (``providers._fp8_tiles``): plans made inside take its key tile, the
+    table and the plans outside are as before."""
+    from ioattn.bench.providers import _fp8_tiles
+    from ioattn.plan import forward as forward_plan, hopper
+
+    sig = forward_plan.Signature(batch=1, seqlen_q=4096, seqlen_k=4096, nheads=4, nheads_kv=4, head_dim=128,
+                                 element_size=1, varlen=False, causal=False, window=(-1, -1), softcap=0.0,
+                                 softmax_scale=0.0884, alibi=False, device_sms=132)
+    before = dict(hopper.FP8_TILES)
+    with _fp8_tiles({128: (256, 2)}):
+        assert forward_plan.plan_forward(sig).block_n == 256
+    assert hopper.FP8_TILES == before and forward_plan.plan_forward(sig).block_n == before[128][0]
+
+
 @pytest.mark.interpreter
 @pytest.mark.parametrize("d", [64, 48])
 def test_one_call_fp8_quantises_rotates_and_returns_q_dtype(d, poison_alloc):
