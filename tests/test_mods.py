@@ -581,3 +581,43 @@ def test_the_mods_benchmark_times_the_block_mask_build():
     recs = mb.build_times(256, DEVICE, flex=False, reps=2)
     assert [r["provider"] for r in recs] == ["ioattn"] and recs[0]["sweep"] == "mods-build"
     assert recs[0]["ms"] > 0 and recs[0]["seqlen_q"] == 256
+
+
+def test_gluon_forward_launch_with_functions(monkeypatch):
+    """What the launch passes the Gluon forward for a call with a score function and a block mask (a fake
+    stands in for the kernel: no GPU here): the plan's tiles, SUB and Q_BLOCK, the generated functions as
+    compile-time arguments, and at each call the scale, the captured tensors with their sizes and the
+    block mask's lists."""
+    import ioattn.kernels.hopper_forward as hf
+    from ioattn import backends
+    from ioattn.kernels.constants import LOG2E
+    from ioattn.launch import gluon_fwd
+    from ioattn.modcall import ModCall
+    from ioattn.plan import forward as forward_plan
+
+    launches = []
+
+    class Fake:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((grid, kw))
+    monkeypatch.setattr(hf, "hopper_fwd_kernel", Fake())
+    n, d = 1000, 128
+    q = torch.randn(2, n, 4, d).to(torch.bfloat16)
+    k = torch.randn(2, n, 2, d).to(torch.bfloat16)
+    tab = _table().requires_grad_(True)
+    docs = torch.tensor([0] * 300 + [1] * 700, dtype=torch.int32)
+    bm = create_block_mask(M.document_mask(docs, M.causal_mask), None, None, n, n, BLOCK_SIZE=128)
+    call = ModCall.make(M.relative_bias(tab), None, bm)
+    plan = forward_plan.plan_forward_mods(backends.forward_signature(q, k, d ** -0.5, False), True,
+                                          call.block_size())
+    launch = gluon_fwd.ForwardLaunch(plan, q, k, k, cached=False, functions=call.functions())
+    launch(q, k, k, mod_args=call.gluon_forward_args(d ** -0.5))
+    ((grid, kw),) = launches
+    assert grid == (plan.programs,) and plan.programs == 8 * 2 * 4
+    assert kw["SCORE_MOD"] is call.score.module.mod and kw["MASK_MOD"] is call.mask.module.mod
+    assert (kw["BLOCK_M"], kw["BLOCK_N"], kw["SUB"], kw["Q_BLOCK"]) == (128, 64, 2, 128)
+    assert kw["qk_scale"] == LOG2E and kw["KV_TAIL"] and not kw["IS_CAUSAL"]
+    scale, score_caps, mask_caps = kw["mods"]
+    assert scale == d ** -0.5 and torch.equal(score_caps[0], tab.detach()) and score_caps[1:] == (H, 25)
+    assert torch.equal(mask_caps[0], docs) and mask_caps[1:] == (n,)
+    assert kw["blocks"][0] is bm.kv_num_blocks and kw["blocks"][3] is bm.full_kv_indices
