@@ -520,18 +520,27 @@ _GLUON = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 
 
 
 def _gluon_case(case, table, docs, layout, sq, sk, dev):
-    """(our call's keyword arguments on ``dev``, the oracle's on the CPU) of a Gluon test case."""
+    """(our call's keyword arguments on ``dev``, the oracle's on the CPU) of a Gluon test case; functions
+    the library would run as built-in arguments are written as a user would, so the functions' path runs."""
     doc_causal = M.document_mask(docs.to(dev), M.causal_mask)
     dense = layout.repeat_interleave(128, -2).repeat_interleave(128, -1)[..., :sq, :sk]
 
     def sparse(b, h, q_idx, kv_idx):
         return dense[b, h, q_idx, kv_idx]
 
+    def user_causal(b, h, q_idx, kv_idx):  # the library's own would run as causal=True
+        return q_idx >= kv_idx
+
+    capped = M.softcap(3.0)
+
+    def user_softcap(score, b, h, q_idx, kv_idx):  # likewise softcap=3.0
+        return capped(score, b, h, q_idx, kv_idx)
+
     t = table.to(dev, torch.float32)
-    ours = {"causal": dict(mask_mod=M.causal_mask), "document_causal": dict(mask_mod=doc_causal),
+    ours = {"causal": dict(mask_mod=user_causal), "document_causal": dict(mask_mod=doc_causal),
             "relative_bias": dict(score_mod=M.relative_bias(t)),
-            "bias_and_causal": dict(score_mod=M.relative_bias(t), mask_mod=M.causal_mask),
-            "softcap": dict(score_mod=M.softcap(3.0)),
+            "bias_and_causal": dict(score_mod=M.relative_bias(t), mask_mod=user_causal),
+            "softcap": dict(score_mod=user_softcap),
             "block_mask": dict(block_mask=create_block_mask(doc_causal, None, None, sq, sk, device=dev)),
             "block_sparse": dict(block_mask=block_sparse_mask(layout.to(dev), sq, sk, 128))}[case]
     oracle = {"block_mask": dict(mask_mod=M.document_mask(docs, M.causal_mask)),
