@@ -133,6 +133,7 @@ def test_bench_help_lists_every_sweep_option_with_its_default(capsys):
     (["bench", "quick", "--providers", "ioattn,nope"], ["ioattn", "sdpa", "sdpa-math"]),
     (["bench", "quick", "--seqlens", "64,x"], ["--seqlens", "64,x"]),
     (["bench", "quick", "--rounds", "0"], ["--rounds must be at least 1, got 0"]),
+    (["bench", "mods", "--build-seqlen", "-3"], ["--build-seqlen", "expected an integer >= 0"]),
 ])
 def test_bad_input_is_a_clear_error(argv, names, capsys):
     code, out, err = _exit(argv, capsys)

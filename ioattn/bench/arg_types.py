@@ -22,12 +22,20 @@ def int_list(minimum: int | None = None):
 
 
 def positive_int(text):
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text):
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text, minimum):
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
     return value
 
 

@@ -30,7 +30,7 @@ import statistics
 
 import torch
 
-from ioattn.bench.arg_types import int_list
+from ioattn.bench.arg_types import int_list, non_negative_int
 
 NAME = "mods"
 HELP = ("mask and score functions (FlexAttention's library, a 90%-sparse block mask): ioattn beside "
@@ -49,7 +49,7 @@ def add_arguments(parser):
     parser.add_argument("--modes", default="fwd,fwdbwd", help="fwd and / or fwdbwd (default: both)")
     parser.add_argument("--providers", default="ioattn,ioattn-gluon,ioattn-builtin,flex,sdpa-cudnn",
                         help="comma-separated (default: ioattn,ioattn-gluon,ioattn-builtin,flex,sdpa-cudnn)")
-    parser.add_argument("--build-seqlen", type=int, default=131072,
+    parser.add_argument("--build-seqlen", type=non_negative_int, default=131072,
                         help="the block-mask build's length (default: 131072; 0: not timed)")
     parser.add_argument("--out", default=None, help="folder for results.jsonl (default: none, printed only)")
     return parser

@@ -10,8 +10,8 @@ Reference twin: ``ioattn.reference.tiled.flash_backward``.
 import triton
 import triton.language as tl
 
-from ioattn.kernels.common import (LOG2E, block_list_run, dropout_keep, kv_block_range, listed_block, mma, q_block_range, seq_info, tanh,
-                                   tile_coords, tile_scores, tile_start)
+from ioattn.kernels.common import (LOG2E, block_list_run, block_row, dropout_keep, kv_block_range, listed_block, mma,
+                                   q_block_range, seq_info, tanh, tile_coords, tile_scores, tile_start)
 
 
 @triton.jit
@@ -216,7 +216,7 @@ def attn_bwd_dkdv_kernel(
         else:
             tile_mods = None
         if blocks is not None:
-            col = b * blocks[4] + h * blocks[5] + n_start // KV_BLOCK
+            col = block_row(blocks, b, h, n_start, KV_BLOCK)
             for run in tl.static_range(3):  # partial blocks (the mask function), full ones, the last full one
                 q_list, lo, hi = block_list_run(blocks, col, run, SUB, IS_VARLEN)
                 dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
@@ -331,7 +331,7 @@ def attn_bwd_dq_kernel(
     else:
         tile_mods = None
     if blocks is not None:
-        row = b * blocks[4] + h * blocks[5] + m_start // Q_BLOCK
+        row = block_row(blocks, b, h, m_start, Q_BLOCK)
         for run in tl.static_range(3):  # partial blocks (the mask function), full ones, the last full one
             kv_list, lo, hi = block_list_run(blocks, row, run, SUB, IS_VARLEN)
             dq = _dq_inner(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, offs_dv,

@@ -122,6 +122,13 @@ def listed_block(i, block_list=None, SUB: tl.constexpr = 1):
 
 
 @triton.jit
+def block_row(blocks, b, h, start, BLOCK: tl.constexpr):
+    """The row of a block mask's lists (``blocks``: ``ioattn.modcall``'s, batch and head strides at 4 and
+    5) for batch entry ``b``, head ``h`` and the block holding position ``start`` (blocks of ``BLOCK``)."""
+    return b * blocks[4] + h * blocks[5] + start // BLOCK
+
+
+@triton.jit
 def block_list_run(blocks, row, RUN: tl.constexpr, SUB: tl.constexpr, IS_VARLEN: tl.constexpr):
     """A block mask's walk of ``row`` in three runs (``blocks``: ``ioattn.modcall``'s (partial counts,
     partial lists, full counts, full lists, batch stride, head stride, entries a row)): (list, first step,

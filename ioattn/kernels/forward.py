@@ -7,8 +7,9 @@ Reference twin: ``ioattn.reference.tiled.flash2_forward``. Test: ``tests/test_ke
 import triton
 import triton.language as tl
 
-from ioattn.kernels.common import (LOG2E, P_SCALE, block_list_run, dropout_keep, kv_block_range, listed_block, mma, softmax_finish,
-                                   softmax_step, softmax_step_lazy, tile_coords, tile_scores, tile_start)
+from ioattn.kernels.common import (LOG2E, P_SCALE, block_list_run, block_row, dropout_keep, kv_block_range,
+                                   listed_block, mma, softmax_finish, softmax_step, softmax_step_lazy, tile_coords,
+                                   tile_scores, tile_start)
 
 
 @triton.jit
@@ -218,7 +219,7 @@ def _fwd_tile(
     else:
         tile_mods = None
     if blocks is not None:  # a block mask: its row's partial key blocks (the mask function), then its full ones
-        row = b * blocks[4] + h * blocks[5] + m_start // Q_BLOCK
+        row = block_row(blocks, b, h, m_start, Q_BLOCK)
         for run in tl.static_range(3):  # partial blocks (the mask function), full ones, the last full one
             kv_list, lo, hi = block_list_run(blocks, row, run, SUB, IS_VARLEN)
             acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride_kn, stride_vn,

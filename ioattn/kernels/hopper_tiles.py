@@ -4,6 +4,8 @@ block sees."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from ioattn.kernels.common import block_row
+
 
 def magic_divisor(d: int) -> tuple[int, int, int]:
     """(d, mul, shift) such that n // d == (umulhi(n, mul) + n) >> shift for every 0 <= n < 2**31
@@ -121,7 +123,7 @@ def _block_lists(blocks, b, h, m_start, SUB: gl.constexpr, Q_BLOCK: gl.constexpr
     (partial counts, partial indices, full counts, full indices, batch stride, head stride, indices a
     row)): ((partial row, full row, partial tiles), key tiles), a block of ``SUB`` key tiles a list
     entry; the partial blocks first (the mask function applies), then the full ones."""
-    row = b * blocks[4] + h * blocks[5] + m_start // Q_BLOCK
+    row = block_row(blocks, b, h, m_start, Q_BLOCK)
     n_part = gl.load(blocks[0] + row) * SUB
     n_full = gl.load(blocks[2] + row) * SUB
     offset = row.to(gl.int64) * blocks[6]
