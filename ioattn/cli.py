@@ -22,7 +22,7 @@ from typing import Callable
 from ioattn.bench import arg_types, fp4_study, fp8_accuracy, io_command, mods_bench, pingpong_trace, report
 from ioattn.bench import run as sweeps
 from ioattn.bench.providers import DECODE_OURS, OURS, PEERS
-from ioattn.explainers import written as written_pages
+from ioattn.explainers import SLOTS as EXPLAINER_PAGES
 
 ALL = tuple(sweeps.SWEEP_HELP)
 # the accuracy studies: each module has NAME, HELP, add_arguments(parser) and run(args)
@@ -264,7 +264,7 @@ EXPLAIN_HELP = ("write interactive pages that explain FlashAttention on ioattn's
 
 def _add_explain(commands):
     """``ioattn explain --out DIR [--pages N,N] [--open]``."""
-    pages = ",".join(str(s.number) for s in written_pages())
+    pages = ",".join(str(s.number) for s in EXPLAINER_PAGES)
     sub = commands.add_parser("explain", help=EXPLAIN_HELP, description=_fill(EXPLAIN_HELP + ".", ""),
                               formatter_class=Formatter)
     sub.add_argument("--out", required=True, metavar="DIR",

@@ -11,18 +11,17 @@ writes every page and an index.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 
 @dataclass(frozen=True)
 class Slot:
     """One numbered place in the index: its file name stem, title and summary, and the module that
-    builds it (None: the page is not written yet)."""
+    builds it."""
     number: int
     slug: str
     title: str
     summary: str
-    module: Optional[str] = None
+    module: str
 
     @property
     def filename(self) -> str:
@@ -41,7 +40,7 @@ SLOTS = (
     Slot(4, "work-partitioning", "FlashAttention-2's work partitioning",
          "Which warps and programs own which rows and columns.", "work_partitioning"),
     Slot(5, "ping-pong", "FlashAttention-3's ping-pong timeline",
-         "Two warpgroups taking turns between the tensor cores and the softmax."),
+         "Two warpgroups taking turns between the tensor cores and the softmax.", "pingpong"),
     Slot(6, "flash-decoding", "Flash-Decoding",
          "One query token, a long KV cache split across programs, and the exact merge by LSE.",
          "flash_decoding"),
@@ -52,8 +51,3 @@ SLOTS = (
          "Outlier channels, the rotation that spreads them, and FP8 attention's error with and without it.",
          "fp8_rotation"),
 )
-
-
-def written() -> tuple:
-    """The slots whose page exists, in order."""
-    return tuple(s for s in SLOTS if s.module is not None)

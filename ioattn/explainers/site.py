@@ -10,7 +10,7 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from ioattn.explainers import SLOTS, Slot, written
+from ioattn.explainers import SLOTS, Slot
 
 INDEX = "index.html"
 # the places in a template that the build fills, each exactly once
@@ -62,7 +62,7 @@ def render_index(built: tuple) -> str:
         if slot in built:
             head = f'<a href="{slot.filename}">{html.escape(slot.title)}</a>'
         else:
-            why = "not written yet" if slot.module is None else f"not built here (ioattn explain --pages {slot.number})"
+            why = f"not built here (ioattn explain --pages {slot.number})"
             head = f'{html.escape(slot.title)} <span class="later">{why}</span>'
         items.append(f'<li value="{slot.number}">{head}<br><span class="summary">{html.escape(slot.summary)}</span></li>')
     return fill(_asset("index.html"), "FlashAttention, explained on ioattn's numbers",
@@ -70,17 +70,13 @@ def render_index(built: tuple) -> str:
 
 
 def select(numbers=None) -> tuple:
-    """The slots of the page numbers asked for (None: every written page), in the index's order;
-    an unknown or unwritten number is a ValueError naming ``--pages``."""
+    """The slots of the page numbers asked for (None: every page), in the index's order; an unknown
+    number is a ValueError naming ``--pages``."""
     if numbers is None:
-        return written()
-    by_number = {s.number: s for s in SLOTS}
+        return SLOTS
     for n in numbers:
-        available = ",".join(str(s.number) for s in written())
-        if n not in by_number:
-            raise ValueError(f"--pages: there is no page {n}; pages 1-{len(SLOTS)}, written so far: {available}")
-        if by_number[n].module is None:
-            raise ValueError(f"--pages: page {n} ({by_number[n].title}) is not written yet; written so far: {available}")
+        if not 1 <= n <= len(SLOTS):
+            raise ValueError(f"--pages: there is no page {n}; pages 1-{len(SLOTS)}")
     return tuple(s for s in SLOTS if s.number in set(numbers))
 
 
