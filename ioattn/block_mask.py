@@ -141,6 +141,13 @@ def _check_sizes(B, H, Q_LEN, KV_LEN, block_size):
     return bq, bk
 
 
+def _indexed(device):
+    """``cuda`` as the tensor it makes would name it (``cuda:0``): captures and calls compare equal."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cpu", BLOCK_SIZE=128):
     """The ``BlockMask`` of ``mask_mod(b, h, q_idx, kv_idx)`` over a (B, H, Q_LEN, KV_LEN) score
     matrix (``B`` / ``H`` None: the mask does not depend on them). On CUDA one Triton kernel evaluates
@@ -148,7 +155,7 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cpu", BLOCK_SIZE=12
     one band of query blocks at a time."""
     mod = _mods.trace(mask_mod, "mask")
     bq, bk = _check_sizes(B, H, Q_LEN, KV_LEN, BLOCK_SIZE)
-    device = torch.device(device)
+    device = _indexed(torch.device(device))
     mod.check_device(device)
     nb, nh = B or 1, H or 1
     if dispatch.use_triton(device):

@@ -67,6 +67,10 @@ WIDE_HEAD_BLOCK_M = 32
 WIDE_HEAD_BLOCK_N = 32
 WIDE_HEAD_STAGES = 3
 WIDE_HEAD_WARPS = 8
+# 32-bit caches at those head dims: the tiles above overflow shared memory (576 / 512 with V loaded on
+# its own); half the chunk and 2 stages fit, compiled for sm_90 with a small spill.
+WIDE_HEAD_FP32_BLOCK_N = 16
+WIDE_HEAD_FP32_STAGES = 2
 MAX_SPLITS = 256
 _BLOCK_N_CUDA = 128
 _BLOCK_N_SPLIT = 64  # split launches with pointer loads (above)
@@ -328,6 +332,8 @@ def _plan(q, k_cache, v_cache, paged, span, num_splits):
     num_warps = _NUM_WARPS
     if wide_head and not {"block_n", "num_stages", "num_warps"} & set(_plan_override):
         block_n, stages, num_warps = WIDE_HEAD_BLOCK_N, WIDE_HEAD_STAGES, WIDE_HEAD_WARPS
+        if k_cache.element_size() == 4:
+            block_n, stages = WIDE_HEAD_FP32_BLOCK_N, WIDE_HEAD_FP32_STAGES
         max_regs = _plan_override.get("max_regs")  # (the caps above were measured at d = 128)
         why.append(f"head dims past {WIDE_HEAD_MIN}: at most {WIDE_HEAD_BLOCK_M} rows, {block_n}-key chunks, "
                    f"{stages} stages, {num_warps} warps (WIDE_HEAD_*)")
