@@ -51,6 +51,8 @@ OPTIONS = (
            _D + "persistent-causal-walk.md", env="IOATTN_HOPPER_LPT"),
     Option("hopper.lean_softmax", "on", "the two-warpgroup variants' lean softmax (the scale folded into one "
            "multiply-add a score, the row maximum on raw scores)", _D + "forward-softmax-form.md"),
+    Option("hopper.fp8_lean", "off", "the FP8 forward with the lean softmax (Q read from shared memory, no "
+           "conditional rescale)", _D + "fp8-forward.md"),
     Option("hopper.deferred_row_sum", "by table: hopper.DEFERRED_ROW_SUM_ON", "the softmax's row sums added "
            "across threads once a tile instead of every key tile", _D + "forward-softmax-form.md"),
     Option("hopper.conditional_rescale", "on, except hopper.CONDITIONAL_RESCALE_OFF", "the accumulator's "
