@@ -179,19 +179,14 @@ def test_explain_dispatch_names_the_fp8_path():
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 300, 700, 2, 2), (1, 640, 256, 6, 1)])
-@pytest.mark.parametrize("lean", [False, True])
-def test_gluon_fp8_forward(shape, causal, d, lean, poison_alloc):
-    """The Gluon FP8 kernel (the default on sm_90) within the e4m3 bound, and where it applies; ``lean``:
-    with ``hopper.fp8_lean`` (the lean softmax's A/B)."""
-    from ioattn.plan import hopper
-
+def test_gluon_fp8_forward(shape, causal, d, poison_alloc):
+    """The Gluon FP8 kernel (the default on sm_90) within the e4m3 bound, and where it applies."""
     b, sq, sk, h, h_kv = shape
     pairs = _inputs(b, sq, sk, h, h_kv, d, seed=d + sq)
     plan = ioattn.explain_dispatch(pairs[0][0], pairs[1][0], pairs[2][0], causal=causal)
     assert "Gluon" in plan.forward["kernel"], plan.forward
-    with hopper.fp8_lean(lean):
-        out = ioattn.flash_attn_func(*(t for t, _ in pairs), causal=causal, q_descale=pairs[0][1],
-                                     k_descale=pairs[1][1], v_descale=pairs[2][1])
+    out = ioattn.flash_attn_func(*(t for t, _ in pairs), causal=causal, q_descale=pairs[0][1],
+                                 k_descale=pairs[1][1], v_descale=pairs[2][1])
     exact, bound = _bound(*_dequant(pairs), (-1, 0) if causal else (-1, -1))
     _check(out, exact, bound)
 
@@ -227,25 +222,6 @@ def test_fp8_plan_is_the_pingpong_kernel_without_the_lean_options():
     q = torch.zeros(1, 8, 2, 128).to(torch.float8_e4m3fn)
     assert hopper.fp8_call_supported(q, q, q, False, sem, None)[0]
     assert not hopper.fp8_call_supported(q, q, q, True, sem, None)[0]  # varlen
-
-
-def test_the_bench_tile_ab_plans_with_its_tiles_and_restores_the_table():
-    """``ioattn-fp8-n256``'s and ``ioattn-fp8-lean``'s blocks (``providers._fp8_tiles``): plans made inside
-    take their key tile or lean softmax, the table and the plans outside are as before."""
-    from ioattn.bench.providers import _fp8_tiles
-    from ioattn.plan import forward as forward_plan, hopper
-
-    sig = forward_plan.Signature(batch=1, seqlen_q=4096, seqlen_k=4096, nheads=4, nheads_kv=4, head_dim=128,
-                                 element_size=1, varlen=False, causal=False, window=(-1, -1), softcap=0.0,
-                                 softmax_scale=0.0884, alibi=False, device_sms=132)
-    before = dict(hopper.FP8_TILES)
-    with _fp8_tiles({128: (256, 2)}):
-        assert forward_plan.plan_forward(sig).block_n == 256
-    assert hopper.FP8_TILES == before and forward_plan.plan_forward(sig).block_n == before[128][0]
-    with _fp8_tiles(None, lean=True):  # ``ioattn-fp8-lean``: the lean softmax without Q in registers or
-        c = dict(forward_plan.plan_forward(sig).constexprs)  # the conditional rescale (P stays in e4m3's range)
-        assert c["LEAN"] and not (c["Q_IN_REGS"] or c["COND_RESCALE"] or c["RESCALE_BY_WARP"])
-    assert not dict(forward_plan.plan_forward(sig).constexprs)["LEAN"]
 
 
 @pytest.mark.interpreter

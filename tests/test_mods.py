@@ -15,7 +15,7 @@ import ioattn
 import ioattn.mods as M
 from conftest import DEVICE, assert_within_torch_error
 from ioattn.block_mask import _classify_dense, block_sparse_mask, create_block_mask
-from ioattn.plan import dispatch
+from ioattn.plan import dispatch, hopper
 from ioattn.plan import mods as mods_plan
 from ioattn.reference.naive import attention_ref
 
@@ -384,7 +384,7 @@ def test_explain_dispatch_shows_the_functions_and_the_block_mask():
     text = plan.describe()
     assert f"{bm.sparsity():.1f}% of the 16 blocks skipped" in text
     assert "sliding_window_mask" in text and "relative_bias_mod (1 captured tensors, 1 with gradients)" in text
-    assert plan.backward["atomics"] and "portable kernels" in plan.forward["gluon_hopper"]
+    assert plan.backward["atomics"] and plan.forward["gluon_hopper"].startswith("not taken")  # (head dim 16)
 
 
 def test_under_torch_compile_the_call_runs_eagerly():
@@ -501,7 +501,8 @@ def test_gluon_plan_for_functions_and_block_masks():
                         ((q, q, q, False, plain, (64, 128)), "multiples of its 128 x 64 tiles")):
         ok, why = mods_plan.call_supported(*args)
         assert not ok and match in why, why
-    assert mods_plan.fwd_plan(q, q, q, False, plain, None) == (False, "mods.prefer_gluon off: the portable kernels")
+    with hopper.prefer_hopper(False):
+        assert mods_plan.fwd_plan(q, q, q, False, plain, None) == (False, "prefer_hopper(False): the portable kernels")
     sig = forward_plan.Signature(batch=2, seqlen_q=1000, seqlen_k=1000, nheads=4, nheads_kv=2, head_dim=128,
                                  element_size=2, varlen=False, causal=False, window=(-1, -1), softcap=0.0,
                                  softmax_scale=-0.1, alibi=False, device_sms=132)
@@ -557,7 +558,7 @@ def _gluon_case(case, table, docs, layout, sq, sk, dev):
 @pytest.mark.parametrize("case", ["causal", "document_causal", "relative_bias", "bias_and_causal", "softcap",
                                   "block_mask", "block_sparse"])
 def test_gluon_forward_with_functions(case, d, poison_alloc):
-    """The Gluon ping-pong forward with the library's functions and block masks (``plan.mods.prefer_gluon``)
+    """The Gluon ping-pong forward with the library's functions and block masks (the default on sm_90)
     against the float64 oracle, bf16, GQA, a key tail (1000 keys), a query block with no key block; its
     plan the Gluon one."""
     sq = sk = 1000
@@ -571,10 +572,9 @@ def test_gluon_forward_with_functions(case, d, poison_alloc):
     ours, oracle = _gluon_case(case, table, docs, layout, sq, sk, torch.device("cuda"))
     _, oracle32 = _gluon_case(case, table.float(), docs, layout, sq, sk, torch.device("cuda"))  # the bf16 twin's
     bf = [t.to("cuda", torch.bfloat16) for t in (q, k, v)]
-    with mods_plan.prefer_gluon(True):
-        plan = ioattn.explain_dispatch(*bf, **ours)
-        assert plan.forward["gluon_hopper"].startswith("taken"), plan.forward
-        out, lse, _ = ioattn.flash_attn_func(*bf, return_attn_probs=True, **ours)
+    plan = ioattn.explain_dispatch(*bf, **ours)
+    assert plan.forward["gluon_hopper"].startswith("taken"), plan.forward
+    out, lse, _ = ioattn.flash_attn_func(*bf, return_attn_probs=True, **ours)
     out64, lse64 = attention_ref(q, k, v, upcast=True, **oracle)
     outbf, _ = attention_ref(*(t.to(torch.bfloat16) for t in (q, k, v)), **oracle32)
     assert_within_torch_error("out", out.cpu(), out64, outbf)

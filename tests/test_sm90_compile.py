@@ -458,9 +458,6 @@ def test_hopper_fp8_forward_compiles_for_sm90():
 
     lines = _hopper_check("--fp8", "--masks", "1")
     assert len(lines) == len(hopper.FP8_TILES), lines
-    # hopper.fp8_lean's build (its A/B): the lean softmax fits the consumers' registers
-    (line,) = _hopper_check("--fp8", "--lean", "--masks", "1", "--headdims", "128")
-    assert "lean" in line and " spills=0 " in line, line
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")

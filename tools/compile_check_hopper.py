@@ -144,17 +144,15 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
 
 
 
-def compile_fp8(d, causal, lean=False):
+def compile_fp8(d, causal):
     """The FP8 forward as the launcher builds it (``plan.forward._make_fp8``'s constexprs, e4m3 Q / K
-    descriptors, V^T's [d, block_n] one, the descales' pointer; ``lean``: ``hopper.fp8_lean`` on);
-    returns its report line."""
+    descriptors, V^T's [d, block_n] one, the descales' pointer); returns its report line."""
     from ioattn.plan import forward as forward_plan
 
     sig = forward_plan.Signature(batch=1, seqlen_q=4096, seqlen_k=4096, nheads=1, nheads_kv=1, head_dim=d,
                                  element_size=1, varlen=False, causal=causal, window=(-1, -1), softcap=0.0,
                                  softmax_scale=d ** -0.5, alibi=False, device_sms=132)
-    with hopper.fp8_lean(lean):
-        plan = forward_plan.plan_forward(sig)
+    plan = forward_plan.plan_forward(sig)
     f8 = gl.float8e4nv
     lay = {name: gl.NVMMASharedLayout.get_default_for(list(box), f8)
            for name, box in (("q", (plan.q_rows, d)), ("k", (plan.block_n, d)), ("v", (d, plan.block_n)))}
@@ -172,7 +170,7 @@ def compile_fp8(d, causal, lean=False):
     assert "e4m3.e4m3" in ptx and c["tma"], (d, causal, c)  # 8-bit wgmma, TMA loads
     nregs, spills, _, serialized = ptxas_report(ptx)
     assert not serialized, (d, causal, serialized)
-    return (f"fp8 pingpong{' lean' if lean else ''} d={d} causal={causal} tiles={plan.block_m}x{plan.block_n} shared={k.metadata.shared} "
+    return (f"fp8 pingpong d={d} causal={causal} tiles={plan.block_m}x{plan.block_n} shared={k.metadata.shared} "
             f"regs={nregs} spills={spills} {fmt(c)}")
 
 
@@ -438,7 +436,6 @@ def main():
                     help="key tile (block_n) of every selected variant and head dim instead of hopper.TILE_TABLE's")
     ap.add_argument("--stages", type=int, default=None, help="K / V ring depth instead of hopper.TILE_TABLE's")
     ap.add_argument("--fp8", action="store_true", help="the FP8 (e4m3) forward's builds instead (hopper.FP8_TILES)")
-    ap.add_argument("--lean", action="store_true", help="with --fp8: hopper.fp8_lean's builds")
     ap.add_argument("--mods", action="store_true",
                     help="the forward with score and mask functions and a block mask (plan_forward_mods) instead")
     args = ap.parse_args()
@@ -450,7 +447,7 @@ def main():
     if args.fp8:  # the FP8 forward's builds alone
         for d in map(int, (args.headdims or ",".join(map(str, hopper.FP8_TILES))).split(",")):
             for causal in (m == "1" for m in args.masks.split(",")):
-                print(compile_fp8(d, causal, args.lean), flush=True)
+                print(compile_fp8(d, causal), flush=True)
         return
     if args.window:  # before the compile jobs' processes are forked (they inherit it)
         global WINDOW_FORM

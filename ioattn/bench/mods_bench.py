@@ -7,8 +7,8 @@ and sequence length, forward and forward+backward device time of:
 * ``ioattn``: ``flash_attn_func`` with the kind's ``mask_mod`` / ``score_mod`` and its block mask
   (built once, outside the timed calls, as a model would), the functions as a user writes them
   (``_as_user``: the library's own would run as their built-in forms), so the generated code is timed;
-* ``ioattn-gluon``: the same on the Gluon ping-pong forward (``plan.mods.prefer_gluon``; the backward
-  stays portable);
+  on sm_90 its forward is the Gluon ping-pong kernel;
+* ``ioattn-portable``: the same on the portable kernels (``hopper.prefer_hopper(False)``);
 * ``ioattn-builtin``: the same attention through the built-in arguments where there are some
   (``causal``, ``window_size``, ``softcap``, ``alibi_slopes``, the varlen call for documents; dense
   attention for the block-sparse layout, the 10x-ideal's baseline);
@@ -47,8 +47,8 @@ def add_arguments(parser):
     parser.add_argument("--seqlens", type=int_list(1), default=(1024, 4096, 16384),
                         help="sequence lengths (default: 1024,4096,16384)")
     parser.add_argument("--modes", default="fwd,fwdbwd", help="fwd and / or fwdbwd (default: both)")
-    parser.add_argument("--providers", default="ioattn,ioattn-gluon,ioattn-builtin,flex,sdpa-cudnn",
-                        help="comma-separated (default: ioattn,ioattn-gluon,ioattn-builtin,flex,sdpa-cudnn)")
+    parser.add_argument("--providers", default="ioattn,ioattn-portable,ioattn-builtin,flex,sdpa-cudnn",
+                        help="comma-separated (default: ioattn,ioattn-portable,ioattn-builtin,flex,sdpa-cudnn)")
     parser.add_argument("--build-seqlen", type=non_negative_int, default=131072,
                         help="the block-mask build's length (default: 131072; 0: not timed)")
     parser.add_argument("--out", default=None, help="folder for results.jsonl (default: none, printed only)")
@@ -118,7 +118,7 @@ def _as_user(fn):
 
 def _providers(kind, names, n, batch, nheads, device):
     import ioattn
-    from ioattn.plan import mods as mods_plan
+    from ioattn.plan import hopper
 
     mask_mod, score_mod, builtin, docs = _kind(kind, n, nheads, batch, device)
     bm, layout = _block_mask(kind, _as_user(mask_mod), n, batch, nheads, device)
@@ -126,11 +126,11 @@ def _providers(kind, names, n, batch, nheads, device):
     out = {}
     if "ioattn" in names:
         out["ioattn"] = lambda q, k, v: ioattn.flash_attn_func(q, k, v, score_mod=user_score, block_mask=bm)
-    if "ioattn-gluon" in names:
-        def gluon(q, k, v):
-            with mods_plan.prefer_gluon(True):
+    if "ioattn-portable" in names:
+        def portable(q, k, v):
+            with hopper.prefer_hopper(False):
                 return ioattn.flash_attn_func(q, k, v, score_mod=user_score, block_mask=bm)
-        out["ioattn-gluon"] = gluon
+        out["ioattn-portable"] = portable
     if "ioattn-builtin" in names and builtin is not None:
         if docs is not None:
             cu, longest = docs
@@ -164,12 +164,8 @@ def _flex(kind, mask_mod, score_mod, layout, n, device):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     compiled = torch.compile(flex_attention, dynamic=False)
-    if layout is not None:
-        lay = layout.to(device)
-
-        def mask(b, h, q_idx, kv_idx):
-            return lay[h, q_idx // BLOCK, kv_idx // BLOCK]
-        bm = create_block_mask(mask, 1, lay.shape[0], n, n, device=device, BLOCK_SIZE=BLOCK)
+    if layout is not None:  # FlexAttention's block-sparse form: the layout's blocks as full blocks, no mask
+        bm = _flex_layout_mask(layout.to(device), n)
     else:
         bm = create_block_mask(mask_mod, None, None, n, n, device=device, BLOCK_SIZE=BLOCK)
 
@@ -177,6 +173,19 @@ def _flex(kind, mask_mod, score_mod, layout, n, device):
         return compiled(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), score_mod=score_mod,
                         block_mask=bm).transpose(1, 2)
     return run
+
+
+def _flex_layout_mask(layout, n):
+    """FlexAttention's ``BlockMask`` of a (heads, blocks, blocks) layout, made from its block lists
+    (``BlockMask.from_kv_blocks``) rather than by evaluating a mask function over every (query, key)
+    pair, which needs the dense N x N mask in memory."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    lay = layout[None]
+    full_num = lay.sum(-1, dtype=torch.int32)
+    full_idx = torch.argsort((~lay).to(torch.int8), dim=-1, stable=True).to(torch.int32)  # listed blocks first
+    return BlockMask.from_kv_blocks(torch.zeros_like(full_num), torch.zeros_like(full_idx), full_num, full_idx,
+                                    BLOCK_SIZE=BLOCK, seq_lengths=(n, n))
 
 
 def _check(fn, q, k, v, refs):
@@ -297,7 +306,9 @@ def build_times(n, device, flex=True, reps=5):
 
         def doc_causal(b, h, q_idx, kv_idx):
             return (docs[q_idx] == docs[kv_idx]) & (q_idx >= kv_idx)
-        builders["flex"] = lambda: flex_block_mask(doc_causal, None, None, n, n, device=device, BLOCK_SIZE=BLOCK)
+        # compiled, as FlexAttention advises for long sequences (eager evaluation holds the dense N x N mask)
+        builders["flex"] = lambda: flex_block_mask(doc_causal, None, None, n, n, device=device, BLOCK_SIZE=BLOCK,
+                                                   _compile=True)
     sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
     out = []
     for name, build in builders.items():

@@ -29,7 +29,7 @@ from ioattn.semantics import Semantics
 PEERS = ("sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flex", "flash-attn", "flash-attn-cute",
          "sageattn")
 OURS = ("ioattn", "ioattn-ptr", "ioattn-hopper", "ioattn-hopper-bwd", "ioattn-fp8", "ioattn-fp8-portable",
-        "ioattn-fp8-call", "ioattn-fp8-n256", "ioattn-fp8-lean")
+        "ioattn-fp8-call")
 
 
 def _backend(backend):
@@ -91,13 +91,10 @@ class _IoattnFp8:
     done once per input set outside the timed calls (forward only). Judged, like the others, against
     twice the error of its same-precision twin: the float64 FP8 emulation
     (``reference.fp8.attention_fp8_ref``, ``same_precision``). ``portable``: the portable kernel even
-    where the Gluon one applies (the A/B of the Gluon FP8 kernel). ``tiles``: {head dim: (block_n,
-    stages)} in place of ``hopper.FP8_TILES``' entries during the call (an A/B of the Gluon kernel's key
-    tile), ``lean``: ``hopper.fp8_lean`` on (the A/B of its softmax); the prepared routes are dropped on the way in and out, so each call plans anew on the host,
-    outside the device time the bench measures)."""
+    where the Gluon one applies (the A/B of the Gluon FP8 kernel)."""
 
-    def __init__(self, portable=False, tiles=None, lean=False):
-        self._key, self._quantised, self.portable, self.tiles, self.lean = None, None, portable, tiles, lean
+    def __init__(self, portable=False):
+        self._key, self._quantised, self.portable = None, None, portable
 
     def _quantise(self, q, k, v):
         from ioattn.reference.fp8 import quantize_fp8_ref
@@ -109,7 +106,7 @@ class _IoattnFp8:
     def __call__(self, q, k, v, causal):
         from ioattn.plan import hopper
         (q8, qs), (k8, ks), (v8, vs) = self._quantise(q, k, v)
-        with hopper.prefer_hopper(False) if self.portable else _fp8_tiles(self.tiles, self.lean):
+        with hopper.prefer_hopper(False) if self.portable else contextlib.nullcontext():
             out = ioattn.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qs, k_descale=ks, v_descale=vs)
         return out.to(q.dtype)
 
@@ -117,28 +114,6 @@ class _IoattnFp8:
         from ioattn.reference.fp8 import attention_fp8_ref
         (q8, qs), (k8, ks), (v8, vs) = self._quantise(q, k, v)
         return attention_fp8_ref(q8, k8, v8, qs, ks, vs, causal=causal).to(q.dtype)
-
-
-@contextlib.contextmanager
-def _fp8_tiles(tiles, lean=False):
-    """``hopper.FP8_TILES`` with ``tiles``' entries inside the block (None: as it is), and ``lean``:
-    ``hopper.fp8_lean`` on."""
-    from ioattn import backends
-    from ioattn.plan import hopper
-
-    if not tiles and not lean:
-        yield
-        return
-    before = dict(hopper.FP8_TILES)
-    hopper.FP8_TILES.update(tiles or {})
-    backends.clear_routes()
-    try:
-        with hopper.fp8_lean(True) if lean else contextlib.nullcontext():
-            yield
-    finally:
-        hopper.FP8_TILES.clear()
-        hopper.FP8_TILES.update(before)
-        backends.clear_routes()
 
 
 def _flex():
@@ -220,8 +195,7 @@ def providers(names=None):
              "ioattn-hopper-bwd": (_ioattn_hopper_bwd, ""), "ioattn-fp8": (_IoattnFp8(), ""),
              "ioattn-fp8-portable": (_IoattnFp8(portable=True), ""), "ioattn-fp8-call": (_IoattnFp8Call(), ""),
              # the Gluon FP8 kernel with 256-key tiles at d = 128 (non-causal: the causal build spills), an A/B
-             "ioattn-fp8-n256": (_IoattnFp8(tiles={128: (256, 2)}), ""),
-             "ioattn-fp8-lean": (_IoattnFp8(lean=True), "")}
+             "ioattn-fp8-n256": (_IoattnFp8(tiles={128: (256, 2)}), "")}
     return _with_peers(table, names, _sdpa, _flex, lambda peer: (_import_peer(peer), ""), OURS, "provider")
 
 

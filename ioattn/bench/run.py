@@ -70,7 +70,7 @@ GPU_SWEEPS = {
                      providers=("ioattn", "sdpa-cudnn", "sdpa-flash"), latency=True),
     # the FP8 forward (inputs quantised per head outside the timed calls) beside our bf16 forward and cuDNN's
     "fp8": Sweep(headdims=(64, 128, 256), seqlens=PAPER_SEQLENS, modes=("fwd",),
-                 providers=("ioattn-fp8", "ioattn-fp8-n256", "ioattn-fp8-lean", "ioattn-fp8-call", "ioattn-fp8-portable", "ioattn",
+                 providers=("ioattn-fp8", "ioattn-fp8-call", "ioattn-fp8-portable", "ioattn",
                             "sdpa-cudnn", "sageattn")),
     # one sequence of 16 heads of dim 128, doubling until standard attention no longer fits
     "memory": Sweep(headdims=(128,), seqlens=tuple(2**i for i in range(10, 18)), causal=(False,),

@@ -161,7 +161,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
     FP8: gl.constexpr = dtype == gl.float8e4nv
     if FP8:  # this head's descales: Q's and K's into the scores' scale, V's into the output's
-        gl.static_assert(PINGPONG and not (PERSISTENT or IS_VARLEN or KV_TAIL or ALIBI or PROD_DIM or MODS),
+        gl.static_assert(PINGPONG and not (PERSISTENT or IS_VARLEN or KV_TAIL or LEAN or ALIBI or PROD_DIM or MODS),
                          "FP8: the one-tile ping-pong kernels, fixed lengths, whole tiles")
         nheads_kv = nheads // group
         drow = Descales + b * (nheads + 2 * nheads_kv)

@@ -178,12 +178,10 @@ def _make_fp8(sig: Signature) -> GluonForwardPlan:
     num_m = dispatch.cdiv(sig.seqlen_q, block_m)
     unbounded = sig.seqlen_q + sig.seqlen_k + 1
     win_left, win_right = (w if w >= 0 else unbounded for w in sig.window) if has_window else (0, 0)
-    off = dict.fromkeys(("PERSISTENT", "KV_TAIL", "FEWER_MASKS", "PAIRED", "FAST_DIV", "NO_KEY_WIDE", "DIAG_TRIM",
-                         "IS_VARLEN"), False)
-    # no conditional rescale: P up to 2**RESCALE_TAU times P_SCALE would overflow e4m3
-    lean = dict(hopper._lean_flags(hopper.fp8_lean.wanted(), "pingpong", d, causal), Q_IN_REGS=False,
-                COND_RESCALE=False, RESCALE_BY_WARP=False)
-    consts = dict(off, **lean, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, PINGPONG=True, NUM_WG=2,
+    off = dict.fromkeys(("LEAN", "COND_RESCALE", "RESCALE_BY_WARP", "Q_IN_REGS", "DEFERRED_SUM", "MASK_BRANCH",
+                         "PTX_BARRIERS", "PERSISTENT", "KV_TAIL", "FEWER_MASKS", "PAIRED", "FAST_DIV", "NO_KEY_WIDE",
+                         "DIAG_TRIM", "IS_VARLEN"), False)
+    consts = dict(off, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, PINGPONG=True, NUM_WG=2,
                   ORDERED=True, IS_CAUSAL=causal, LPT=causal and hopper.lpt_order.wanted(), EXP2_FMA=0,
                   ROW_STORES=1, Q_BUFS=1, KEY_MASKS=True, WINDOW=has_window, SOFTCAP=cap > 0, ALIBI=0, IO_DIM=0,
                   PROD_DIM=0)

@@ -828,12 +828,9 @@ def _device_ok(q) -> tuple[bool, str]:
     return (True, "") if ok else (False, why)
 
 
-# FP8's kernel: the ping-pong variant's (block_n, stages) by head dim
+# FP8's kernel: the ping-pong variant's (block_n, stages) by head dim, without the lean softmax and
+# its options (measured in bf16 only so far)
 FP8_TILES = {64: (128, 2), 128: (128, 2), 256: (64, 2)}
-# The lean softmax in the FP8 kernel too, without two of its options: Q stays in shared memory (the
-# 8-bit Q as S's register operand does not compile) and no conditional rescale (P would leave e4m3's
-# range). Off until measured: docs/decisions/fp8-forward.md
-fp8_lean = dispatch.Preference(False)
 
 
 def fp8_fwd_plan(q, k, v, varlen, sem, alibi_slopes) -> tuple[bool, str]:

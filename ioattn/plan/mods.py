@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from ioattn.plan import dispatch, hopper
+from ioattn.plan import hopper
 
-# Score and mask functions and block masks (``ioattn.modcall``) on the Gluon ping-pong forward instead of the
-# portable kernel; off until the device's tests and the bench's mods sweep settle it.
-# tuned: docs/decisions/programmable-attention.md
-prefer_gluon = dispatch.Preference(False, env="IOATTN_HOPPER_MODS")
 # the ping-pong kernel's (block_m, block_n, stages) for them by head dim: 64-key tiles, so that the functions'
 # per-element values fit the consumers' registers (128-key tiles spill at d = 64 and 128).
 # tuned: docs/decisions/programmable-attention.md
@@ -19,10 +15,11 @@ TILES = {64: (128, 64, 4), 128: (128, 64, 3), 256: (128, 64, 2)}
 
 def fwd_plan(q, k, v, varlen, sem, block_size) -> tuple[bool, str]:
     """(taken, why) for a call with score or mask functions or a block mask (``block_size``: the block
-    mask's (query, key) block, or None) on the Gluon ping-pong forward: wanted (``prefer_gluon``), on
-    sm_90, and a call it covers (``call_supported``)."""
-    if not prefer_gluon.wanted():
-        return False, "mods.prefer_gluon off: the portable kernels"
+    mask's (query, key) block, or None) on the Gluon ping-pong forward: on sm_90 wherever it covers the
+    call (``call_supported``), unless ``hopper.prefer_hopper(False)`` asks for the portable kernels.
+    tuned: docs/decisions/programmable-attention.md"""
+    if hopper.prefer_hopper.value is False:
+        return False, "prefer_hopper(False): the portable kernels"
     ok, why = hopper._device_ok(q)
     return call_supported(q, k, v, varlen, sem, block_size) if ok else (False, why)
 

@@ -51,8 +51,6 @@ OPTIONS = (
            _D + "persistent-causal-walk.md", env="IOATTN_HOPPER_LPT"),
     Option("hopper.lean_softmax", "on", "the two-warpgroup variants' lean softmax (the scale folded into one "
            "multiply-add a score, the row maximum on raw scores)", _D + "forward-softmax-form.md"),
-    Option("hopper.fp8_lean", "off", "the FP8 forward with the lean softmax (Q read from shared memory, no "
-           "conditional rescale)", _D + "fp8-forward.md"),
     Option("hopper.deferred_row_sum", "by table: hopper.DEFERRED_ROW_SUM_ON", "the softmax's row sums added "
            "across threads once a tile instead of every key tile", _D + "forward-softmax-form.md"),
     Option("hopper.conditional_rescale", "on, except hopper.CONDITIONAL_RESCALE_OFF", "the accumulator's "
@@ -86,8 +84,6 @@ OPTIONS = (
            _D + "split-products.md"),
     Option("hopper.split_ring", "on", "the K / V ring at 192 columns as 128- and 64-column buffers",
            _D + "split-products.md"),
-    Option("mods.prefer_gluon", "off", "calls with score or mask functions or a block mask on the Gluon "
-           "ping-pong forward instead of the portable one", _D + "programmable-attention.md", env="IOATTN_HOPPER_MODS"),
     Option("hopper.ptx_barriers", "by variant: hopper.PTX_BARRIERS_ON", "redundant partition barriers "
            "dropped from the forward's PTX", _D + "ptx-barrier-pass.md"),
     Option("hopper.copy_strided", "by length: hopper.COPY_MIN_SEQLEN", "inputs without a (rows, heads x d) "
