@@ -103,8 +103,9 @@ def _write(records, out):
 
 
 def plot(records, path):
-    """Bytes against the sequence length, one panel a (pass, head dim): the model's standard, fa2 and
-    minimum rows as lines, the measured bytes (where there are) as points."""
+    """Bytes per (batch, head) against the sequence length, one panel a (pass, head dim): the model's
+    standard, fa2 and minimum rows as lines, the measured bytes (where there are) as points, a square
+    where the call had more than one (batch, head) (sharing the L2 with the others)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -114,17 +115,20 @@ def plot(records, path):
     FigureCanvasAgg(fig)
     for i, (direction, d) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), i + 1)
-        pts = sorted(((rec["problem"]["seqlen_q"], r) for rec in records if rec["problem"]["headdim"] == d
-                      for r in rec["rows"] if r["pass"] == direction), key=lambda t: t[0])
+        pts = sorted(((rec["problem"]["seqlen_q"], rec["problem"]["batch"] * rec["problem"]["nheads"], r)
+                      for rec in records if rec["problem"]["headdim"] == d
+                      for r in rec["rows"] if r["pass"] == direction), key=lambda t: t[:2])
         for j, algorithm in enumerate(("standard", "fa2", "minimum")):
-            xs = [(n, r) for n, r in pts if r["algorithm"] == algorithm]
-            ax.plot([n for n, _ in xs], [r["predicted"]["bytes"] for _, r in xs], color=f"C{j}",
-                    label=f"{algorithm} (model)")
-            got = [(n, r["measured"]) for n, r in xs if "measured" in r]
-            if got:
-                ax.plot([n for n, _ in got], [m["bytes"] for _, m in got], "o", color=f"C{j}",
-                        label=f"{got[0][1]['impl']} (measured)")
-        ax.set(xscale="log", yscale="log", xlabel="sequence length N", ylabel="HBM bytes",
+            xs = [(n, heads, r) for n, heads, r in pts if r["algorithm"] == algorithm]
+            line = {n: r["predicted"]["bytes"] / heads for n, heads, r in xs}  # the same per head
+            ax.plot(list(line), list(line.values()), ".-", color=f"C{j}", label=f"{algorithm} (model)")
+            for many in (False, True):
+                got = [(n, r["measured"]["bytes"] / heads, r["measured"]["impl"]) for n, heads, r in xs
+                       if "measured" in r and (heads > 1) == many]
+                if got:
+                    ax.plot([g[0] for g in got], [g[1] for g in got], "s" if many else "o", color=f"C{j}",
+                            label=f"{got[0][2]} (measured{', many heads' if many else ''})")
+        ax.set(xscale="log", yscale="log", xlabel="sequence length N", ylabel="HBM bytes per (batch, head)",
                title=f"{direction}, d = {d}")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
