@@ -94,6 +94,20 @@ def test_the_pingpong_page_is_the_committed_trace_of_the_untraced_kernels_result
                 assert known == sorted(known), stamps
 
 
+def test_memory_wall_shows_the_committed_measurements_of_one_head():
+    """Page 1's measured points: the one-head bf16 records of the committed ``ioattn io --measure`` run,
+    each a point of the sliders; a call with more heads is left out."""
+    from ioattn.explainers import memory_wall
+
+    got = memory_wall.measured()
+    assert got and all((m["n"], m["d"]) in {(n, d) for n in memory_wall.SEQLENS for d in memory_wall.HEAD_DIMS}
+                       for m in got)
+    assert all(0 < m["fa2"] < m["standard"] and "--measure" in m["command"] for m in got)
+    rec = dict(problem=dict(batch=4, nheads=16, seqlen_q=4096, headdim=128, dtype="bf16", causal=False),
+               rows=[], command="x")
+    assert memory_wall.measured(json.dumps(rec)) == []
+
+
 def test_memory_wall_is_the_io_models_forward(built):
     """Page 1's points are ``io_model.predict``'s forward rows: S and P standard attention's whole
     quadratic part (4 N² values a head), and the minimum below both."""
@@ -457,6 +471,14 @@ def test_browser_memory_wall(browser, built, shots):
             for a in d["algorithms"]:
                 assert_shows(v.text(f"#int-{a}"), p[a]["intensity"], 3)
                 assert v.text(f"#bound-{a}") == p[a]["bound"]
+            m = next((x for x in d["measured"] if x["n"] == n and x["d"] == hd), None)
+            if m is None:
+                assert v.text("#measured").startswith("Not measured at this point")
+            else:  # the measured bytes beside the model's rows
+                assert_shows(v.text("#m-fa2-ratio"), m["fa2"] / p["fa2"]["bytes"], 3)
+                assert_shows(v.text("#m-min-ratio"), m["fa2"] / p["minimum"]["bytes"], 3)
+                assert_shows(v.text("#m-std-ratio"), m["standard"] / p["standard"]["bytes"], 3)
+                assert m["command"] in v.text("#measured")
     v.slide("#d", d["head_dims"].index(d["default"]["d"]))
     v.slide("#n", d["seqlens"].index(d["default"]["n"]))
     v.finish(shots, slot.filename[:-5])
