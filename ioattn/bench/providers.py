@@ -193,9 +193,7 @@ def providers(names=None):
     """Name -> (callable or None, reason). Unknown names get a reason, not an exception."""
     table = {"ioattn": (_ioattn, ""), "ioattn-ptr": (_ioattn_ptr, ""), "ioattn-hopper": (_ioattn_hopper, ""),
              "ioattn-hopper-bwd": (_ioattn_hopper_bwd, ""), "ioattn-fp8": (_IoattnFp8(), ""),
-             "ioattn-fp8-portable": (_IoattnFp8(portable=True), ""), "ioattn-fp8-call": (_IoattnFp8Call(), ""),
-             # the Gluon FP8 kernel with 256-key tiles at d = 128 (non-causal: the causal build spills), an A/B
-             "ioattn-fp8-n256": (_IoattnFp8(tiles={128: (256, 2)}), "")}
+             "ioattn-fp8-portable": (_IoattnFp8(portable=True), ""), "ioattn-fp8-call": (_IoattnFp8Call(), "")}
     return _with_peers(table, names, _sdpa, _flex, lambda peer: (_import_peer(peer), ""), OURS, "provider")
 
 
