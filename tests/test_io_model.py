@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from ioattn import cli
 from ioattn.masks import keep_mask
@@ -322,6 +323,62 @@ def test_ncu_command_profiles_one_call_of_the_problem():
     assert args == ["--impl", "ioattn", "--direction", "backward", "--seqlen", "2048", "--seqlen-k", "4096",
                     "--headdim", "128", "--batch", "2", "--nheads", "8", "--nheads-kv", "2", "--dtype", "fp16",
                     "--causal"]
+
+
+def test_measure_at_the_models_tiles_fixes_the_portable_kernels_tiles(monkeypatch, capsys):
+    """``--measure`` with ``--block-m`` and ``--block-n``: ioattn's child runs at those tiles (the math
+    path's does not), the measured row names them; tiles the kernels cannot take are refused first."""
+    from ioattn.bench import io_measure
+    from ioattn.plan import dispatch
+
+    calls = []
+
+    def fake(problem, impl, direction, tiles=None):
+        calls.append((impl, direction, tiles))
+        return {"read": 10, "written": 5, "bytes": 15, "kernels": 1}
+    monkeypatch.setattr(io_measure, "measure", fake)
+    assert cli.main(["io", "--seqlen", "1024", "--headdim", "64", "--block-m", "64", "--block-n", "128",
+                     "--measure", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert {c[2] for c in calls} == {(64, 128)} and len(calls) == 4
+    fa2 = next(r for r in rows if r["algorithm"] == "fa2" and r["pass"] == "forward")
+    assert fa2["measured"]["kernel_tiles"] == [64, 128] and fa2["tiles"]["block_n"] == 128
+    assert "kernel_tiles" not in next(r for r in rows if r["algorithm"] == "standard")["measured"]
+    p = m.Problem(1024, 64)
+    assert io_measure.child_args(p, "ioattn", "forward", (64, 128))[-2:] == ["--tiles", "64,128"]
+    with pytest.raises(SystemExit):
+        cli.main(["io", "--seqlen", "1024", "--headdim", "64", "--block-m", "96", "--block-n", "64", "--measure"])
+    assert "--block-m with --measure: the kernels take powers of two from 16 to 256, got 96" in capsys.readouterr().err
+    before = dict(dispatch._override)
+    io_measure._fix_tiles(64, 32, 64)  # the child's override: the tiles, the head dim's warps and stages
+    try:
+        for kind in ("fwd", "bwd"):
+            got = dispatch.tiles(kind, 64, torch.device("cuda"))
+            assert (got.block_m, got.block_n) == (32, 64) and dispatch.tiles_overridden(kind, 64)
+    finally:
+        dispatch._override.clear()
+        dispatch._override.update(before)
+
+
+def test_committed_measurements_are_io_records_with_both_rows_measured():
+    """Every committed ``ioattn io --measure`` results file (records with ``rows``): each point's
+    standard and fa2 rows measured in both passes, bytes = read + written, the ratio to the model's
+    count as stored."""
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    files = [f for f in sorted(root.glob("**/results.jsonl")) if '"rows"' in f.read_text()[:2000]]
+    assert files
+    for path in files:
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            got = [r for r in rec["rows"] if "measured" in r]
+            assert {(r["pass"], r["algorithm"]) for r in got} == {(p, a) for p in ("forward", "backward")
+                                                                   for a in ("standard", "fa2")}, path
+            for r in got:
+                mm = r["measured"]
+                assert mm["bytes"] == mm["read"] + mm["written"] > 0
+                assert mm["vs_predicted"] == pytest.approx(mm["bytes"] / r["predicted"]["bytes"])
 
 
 def test_measure_without_ncu_is_a_clear_error(monkeypatch, capsys):

@@ -52,7 +52,8 @@ def add_arguments(parser):
         help="write results.jsonl (one object a point) and io_model.png, bytes against N (default: print only)")
     add("--measure", action="store_true",
         help="also measure the DRAM bytes of one call by Nsight Compute (a GPU and ncu): the standard row's by "
-             "PyTorch's math attention, the fa2 row's by ioattn's kernels (default: the model alone)")
+             "PyTorch's math attention, the fa2 row's by ioattn's kernels, at --block-m x --block-n when both are "
+             "given (its portable kernels; powers of two, 16 to 256) (default: the model alone)")
     return parser
 
 
@@ -67,10 +68,22 @@ def _point(args, seqlen, headdim):
         args.parser.error(f"{flag} {e.problem}")
 
 
+def _kernel_tiles(args):
+    """The kernels' (block_m, block_n) for ``--measure`` when both tiles are given, else None; tiles the
+    kernels cannot take are the parser's error."""
+    if not (args.measure and args.block_m and args.block_n):
+        return None
+    for flag, value in (("--block-m", args.block_m), ("--block-n", args.block_n)):
+        if value not in (16, 32, 64, 128, 256):
+            args.parser.error(f"{flag} with --measure: the kernels take powers of two from 16 to 256, got {value}")
+    return args.block_m, args.block_n
+
+
 def run(args):
     """Print the prediction at each (head dim, seqlen) point, measured too with ``--measure``; with
     ``--out``, the records and the plot."""
     points = [_point(args, n, d) for d in args.headdim for n in args.seqlen]  # every size checked first
+    tiles = _kernel_tiles(args)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
     records = []
@@ -78,7 +91,7 @@ def run(args):
         if args.measure:
             from ioattn.bench.io_measure import MeasureError
             try:
-                _add_measured(data, problem)
+                _add_measured(data, problem, tiles)
             except MeasureError as e:
                 print(f"ioattn io --measure: {e}", file=sys.stderr)
                 return 1
@@ -140,17 +153,19 @@ def plot(records, path):
 MEASURED = {"standard": "math", "fa2": "ioattn"}
 
 
-def _add_measured(data, problem):
-    """Each measured row gets ``measured`` (read, written, bytes, kernels, impl) and its bytes over the
-    predicted ones; FP8 has no backward to measure."""
+def _add_measured(data, problem, tiles=None):
+    """Each measured row gets ``measured`` (read, written, bytes, kernels, impl, the kernels' tiles where
+    fixed) and its bytes over the predicted ones; FP8 has no backward to measure. ``tiles``: (block_m,
+    block_n) for ioattn's portable kernels (``--block-m`` and ``--block-n`` both given)."""
     from ioattn.bench import io_measure
 
     for row in data["rows"]:
         impl = MEASURED.get(row["algorithm"])
         if impl is None or problem.dtype == "fp8":
             continue
-        got = io_measure.measure(problem, impl, row["pass"])
-        row["measured"] = dict(got, impl=impl, vs_predicted=got["bytes"] / row["predicted"]["bytes"])
+        got = io_measure.measure(problem, impl, row["pass"], tiles=tiles)
+        fixed = {"kernel_tiles": list(tiles)} if tiles and impl == "ioattn" else {}
+        row["measured"] = dict(got, impl=impl, vs_predicted=got["bytes"] / row["predicted"]["bytes"], **fixed)
     data["notes"].append("measured: DRAM bytes of one call by Nsight Compute (dram__bytes_read.sum + "
                          "dram__bytes_write.sum over its kernels): standard <- PyTorch's math attention, fa2 <- "
                          "ioattn's dispatched kernels.")

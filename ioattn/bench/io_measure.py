@@ -5,7 +5,9 @@ only between ``torch.cuda.profiler.start()`` and ``stop()``: one call, after a w
 ``dram__bytes_read.sum`` and ``dram__bytes_write.sum`` over every kernel of that call. ``impl``:
 "ioattn" (the dispatched kernels) or "math" (PyTorch's standard attention, S and P in HBM).
 ``direction``: "forward" or "backward" (the backward alone: its forward runs before the profiled
-region). ``ioattn io --measure`` puts the results beside the model's rows.
+region). ``tiles``: (block_m, block_n) of ioattn's portable kernels in every pass (``dispatch.set_tile_override``,
+the head dim's warps and stages), for a sweep of the model's tile sizes on the kernels; None: the
+dispatched kernels at their own tiles. ``ioattn io --measure`` puts the results beside the model's rows.
 """
 from __future__ import annotations
 
@@ -32,11 +34,13 @@ def ncu_path() -> str | None:
     return shutil.which("ncu")
 
 
-def child_args(problem, impl, direction) -> list[str]:
+def child_args(problem, impl, direction, tiles=None) -> list[str]:
     """The child's command line for ``problem`` (an ``io_model.Problem``)."""
     args = ["--impl", impl, "--direction", direction, "--seqlen", str(problem.seqlen_q), "--seqlen-k",
             str(problem.seqlen_k), "--headdim", str(problem.headdim), "--batch", str(problem.batch), "--nheads",
             str(problem.nheads), "--nheads-kv", str(problem.nheads_kv), "--dtype", problem.dtype]
+    if tiles is not None:
+        args += ["--tiles", f"{tiles[0]},{tiles[1]}"]
     return args + (["--causal"] if problem.causal else [])
 
 
@@ -68,15 +72,16 @@ def parse_report(text) -> dict:
     return {"read": read, "written": written, "bytes": read + written, "kernels": len(kernels)}
 
 
-def measure(problem, impl, direction, ncu=None, timeout=600) -> dict:
-    """The DRAM bytes of one ``impl`` call in ``direction`` on ``problem``, measured by ``ncu``."""
+def measure(problem, impl, direction, ncu=None, timeout=600, tiles=None) -> dict:
+    """The DRAM bytes of one ``impl`` call in ``direction`` on ``problem``, measured by ``ncu``
+    (``tiles``: the portable kernels' (block_m, block_n), ioattn's call only)."""
     if impl not in IMPLS or direction not in DIRECTIONS:
         raise ValueError(f"impl must be one of {IMPLS} and direction one of {DIRECTIONS}, got {impl!r}, {direction!r}")
     ncu = ncu or ncu_path()
     if ncu is None:
         raise MeasureError("Nsight Compute (ncu) is not on PATH (a GPU machine with the CUDA toolkit)")
-    proc = subprocess.run(ncu_command(ncu, child_args(problem, impl, direction)), capture_output=True, text=True,
-                          timeout=timeout)
+    args = child_args(problem, impl, direction, tiles if impl == "ioattn" else None)
+    proc = subprocess.run(ncu_command(ncu, args), capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise MeasureError(f"ncu exited {proc.returncode}:\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}")
     return parse_report(proc.stdout)
@@ -111,6 +116,17 @@ def _call(a, torch):
     return math
 
 
+def _fix_tiles(headdim, block_m, block_n):
+    """Every pass of the portable kernels at (block_m, block_n), the head dim's warps and stages."""
+    import torch
+
+    from ioattn.plan import dispatch
+
+    for kind in ("fwd", "bwd"):
+        base = dispatch.tiles(kind, headdim, torch.device("cuda"))
+        dispatch.set_tile_override(kind, dispatch.TileConfig(block_m, block_n, base.num_warps, base.num_stages))
+
+
 def child(argv=None):
     """Run one call of the parsed problem under the profiler (warm-up first: compiles stay outside)."""
     import torch
@@ -122,7 +138,10 @@ def child(argv=None):
     ap.add_argument("--direction", choices=DIRECTIONS, required=True)
     ap.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), required=True)
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--tiles", default=None, help="block_m,block_n of the portable kernels' every pass")
     a = ap.parse_args(argv)
+    if a.tiles:
+        _fix_tiles(a.headdim, *map(int, a.tiles.split(",")))
     q, k, v = _inputs(a, torch)
     fn = _call(a, torch)
     if a.direction == "forward":
