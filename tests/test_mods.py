@@ -583,6 +583,25 @@ def test_gluon_forward_with_functions(case, d, poison_alloc):
     assert (lse.cpu()[finite].double() - lse64[finite]).abs().max() < 2e-2
 
 
+def test_the_mods_benchmark_offers_the_128_key_tiles_where_no_tensor_is_captured():
+    """``ioattn-n128`` (the A/B of the Gluon forward's key tile): offered for kinds whose functions capture
+    nothing, not where a captured tensor's gather would spill; inside it plans take the 128-key tiles,
+    and the table and plans outside are as before."""
+    from ioattn.bench import mods_bench as mb
+    from ioattn.plan import forward as forward_plan
+
+    offered = {kind for kind in ("causal", "document", "alibi", "softcap", "block_sparse")
+               if "ioattn-n128" in mb._providers(kind, ["ioattn-n128"], 256, 1, 2, DEVICE)[0]}
+    assert offered == {"causal", "softcap", "block_sparse"}
+    sig = forward_plan.Signature(batch=1, seqlen_q=1024, seqlen_k=1024, nheads=2, nheads_kv=2, head_dim=128,
+                                 element_size=2, varlen=False, causal=False, window=(-1, -1), softcap=0.0,
+                                 softmax_scale=0.1, alibi=False, device_sms=132)
+    before = dict(mods_plan.TILES)
+    with mb._mods_tiles(mb.N128_TILES):
+        assert forward_plan.plan_forward_mods(sig, False, (128, 128)).block_n == 128
+    assert mods_plan.TILES == before and forward_plan.plan_forward_mods(sig, False, (128, 128)).block_n == 64
+
+
 def test_the_mods_benchmark_times_the_block_mask_build():
     """``ioattn bench mods``'s block-mask build records (small, on this machine's device)."""
     from ioattn.bench import mods_bench as mb

@@ -484,6 +484,9 @@ def test_hopper_forward_with_mask_and_score_functions_compiles_for_sm90():
     assert len(lines) == 2, lines
     for line in lines:
         assert "tiles=128x64 SUB=2" in line and int(re.search(r"spills=(\d+)", line).group(1)) == 0, line
+    # the bench's ioattn-n128 A/B: a mask function capturing nothing fits the 128-key tiles too
+    (line,) = _hopper_check("--mods", "--n128", "--headdims", "128")
+    assert "n128" in line and "tiles=128x128 SUB=1" in line and " spills=0 " in line, line
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")

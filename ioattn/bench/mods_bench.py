@@ -9,6 +9,9 @@ and sequence length, forward and forward+backward device time of:
   (``_as_user``: the library's own would run as their built-in forms), so the generated code is timed;
   on sm_90 its forward is the Gluon ping-pong kernel;
 * ``ioattn-portable``: the same on the portable kernels (``hopper.prefer_hopper(False)``);
+* ``ioattn-n128``: the Gluon forward at the built-in kernel's 128-key tiles (``N128_TILES``) in place of
+  ``plan.mods.TILES``' 64, for the kinds whose functions capture no tensor (they compile for sm_90
+  without a spill there; a captured table's gather spills): the A/B of that tile;
 * ``ioattn-builtin``: the same attention through the built-in arguments where there are some
   (``causal``, ``window_size``, ``softcap``, ``alibi_slopes``, the varlen call for documents; dense
   attention for the block-sparse layout, the 10x-ideal's baseline);
@@ -23,6 +26,7 @@ reads them.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -47,8 +51,8 @@ def add_arguments(parser):
     parser.add_argument("--seqlens", type=int_list(1), default=(1024, 4096, 16384),
                         help="sequence lengths (default: 1024,4096,16384)")
     parser.add_argument("--modes", default="fwd,fwdbwd", help="fwd and / or fwdbwd (default: both)")
-    parser.add_argument("--providers", default="ioattn,ioattn-portable,ioattn-builtin,flex,sdpa-cudnn",
-                        help="comma-separated (default: ioattn,ioattn-portable,ioattn-builtin,flex,sdpa-cudnn)")
+    parser.add_argument("--providers", default="ioattn,ioattn-portable,ioattn-n128,ioattn-builtin,flex,sdpa-cudnn",
+                        help="comma-separated (default: ioattn,ioattn-portable,ioattn-n128,ioattn-builtin,flex,sdpa-cudnn)")
     parser.add_argument("--build-seqlen", type=non_negative_int, default=131072,
                         help="the block-mask build's length (default: 131072; 0: not timed)")
     parser.add_argument("--out", default=None, help="folder for results.jsonl (default: none, printed only)")
@@ -116,6 +120,36 @@ def _as_user(fn):
     return user_fn
 
 
+# the Gluon forward's (block_m, block_n, stages) at the built-in ping-pong kernel's 128-key tiles (the
+# ``ioattn-n128`` A/B): docs/decisions/programmable-attention.md
+N128_TILES = {64: (128, 128, 3), 128: (128, 128, 2)}
+
+
+@contextlib.contextmanager
+def _mods_tiles(tiles):
+    """``plan.mods.TILES`` with ``tiles``' entries inside the block; the prepared routes and plans are
+    dropped on the way in and out (each call plans anew on the host, outside the device time)."""
+    from ioattn import backends
+    from ioattn.plan import mods as mods_plan
+
+    before = dict(mods_plan.TILES)
+    mods_plan.TILES.update(tiles)
+    backends.clear_routes()
+    try:
+        yield
+    finally:
+        mods_plan.TILES.clear()
+        mods_plan.TILES.update(before)
+        backends.clear_routes()
+
+
+def _captures(fn, kind):
+    """Whether the traced ``fn`` captures a tensor (None: no function)."""
+    from ioattn import mods as M
+
+    return fn is not None and bool(M.trace(fn, kind).captures)
+
+
 def _providers(kind, names, n, batch, nheads, device):
     import ioattn
     from ioattn.plan import hopper
@@ -131,6 +165,11 @@ def _providers(kind, names, n, batch, nheads, device):
             with hopper.prefer_hopper(False):
                 return ioattn.flash_attn_func(q, k, v, score_mod=user_score, block_mask=bm)
         out["ioattn-portable"] = portable
+    if "ioattn-n128" in names and not (_captures(mask_mod, "mask") or _captures(score_mod, "score")):
+        def n128(q, k, v):
+            with _mods_tiles(N128_TILES):
+                return ioattn.flash_attn_func(q, k, v, score_mod=user_score, block_mask=bm)
+        out["ioattn-n128"] = n128
     if "ioattn-builtin" in names and builtin is not None:
         if docs is not None:
             cu, longest = docs
