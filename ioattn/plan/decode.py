@@ -257,116 +257,184 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     return cfg
 
 
+@dataclass
+class _Draft:
+    """The plan's fields while ``_plan``'s steps decide them, and the reasons so far."""
+    block_m: int
+    block_n: int
+    programs: int
+    span: int  # the longest key range a sequence may have
+    heuristic: bool = True  # the split count is the plan's to choose (the call gave none)
+    num_splits: int = 1
+    num_whole: int | None = None
+    one_wave: int = 0  # programs per SM of the one-wave launch, 0: not taken
+    band: bool = False  # a launch without splits whose units need 2-3 programs per SM
+    stages: int = 0
+    num_warps: int = _NUM_WARPS
+    use_tma: bool = False
+    max_regs: int | None = None
+    v_from_k: bool = False
+    why: list = field(default_factory=list)
+
+
 def _plan(q, k_cache, v_cache, paged, span, num_splits):
-    batch, seqlen_q, nheads, d = q.shape
+    """The rules, in order: units and splits, the load path, the key chunk, the operands, the launch
+    order; each step reads the draft the earlier ones left."""
+    draft = _units(q, k_cache, v_cache, span)
+    _splits(draft, q, k_cache, paged, num_splits)
+    _load_path(draft, q, k_cache, v_cache, paged)
+    _chunks(draft, q, k_cache, v_cache, paged)
+    kv_fp8 = _operands(draft, q, k_cache, v_cache)
+    pdl, pdl_wait = _launch_order(draft, q)
+    return DecodePlan(draft.block_m, draft.block_n, draft.num_splits, draft.use_tma,
+                      _plan_override.get("num_warps", draft.num_warps), _plan_override.get("num_stages", draft.stages),
+                      pdl, pdl_wait, draft.num_whole, draft.max_regs, kv_fp8, draft.v_from_k, "; ".join(draft.why))
+
+
+def _split_tiles(q) -> bool:
+    """On the GPU, split launches take the split tiles (the policy notes at the top)."""
+    return q.is_cuda and "block_n" not in _plan_override
+
+
+def _wide_head(q, v_cache) -> bool:
+    return q.is_cuda and max(q.shape[-1], v_cache.shape[-1]) > WIDE_HEAD_MIN
+
+
+def _units(q, k_cache, v_cache, span) -> _Draft:
+    """The packed-row tile and the launch's units (sequence x KV head x row block)."""
+    batch, seqlen_q, nheads, _ = q.shape
     nheads_kv = k_cache.shape[2]
-    # on the GPU, split launches take the split tiles (the policy notes at the top)
-    split_tiles = q.is_cuda and "block_n" not in _plan_override
-    block_n = _plan_override.get("block_n", _BLOCK_N_SPLIT if split_tiles else
+    block_n = _plan_override.get("block_n", _BLOCK_N_SPLIT if _split_tiles(q) else
                                  _BLOCK_N_CUDA if q.is_cuda else _BLOCK_N_INTERPRETER)
     rows = (nheads // nheads_kv) * seqlen_q
-    wide_head = q.is_cuda and max(d, v_cache.shape[-1]) > WIDE_HEAD_MIN
-    most_rows = WIDE_HEAD_BLOCK_M if wide_head else _MAX_BLOCK_M
+    most_rows = WIDE_HEAD_BLOCK_M if _wide_head(q, v_cache) else _MAX_BLOCK_M
     block_m = _plan_override.get("block_m", min(most_rows, max(16, dispatch.next_power_of_2(rows))))
     programs = batch * nheads_kv * dispatch.cdiv(rows, block_m)
-    heuristic = num_splits == 0
-    sms = _num_sms(q.device)
-    why = [f"{programs} units (sequence x KV head x row block of {block_m}) on {sms} SMs"]
+    why = [f"{programs} units (sequence x KV head x row block of {block_m}) on {_num_sms(q.device)} SMs"]
+    return _Draft(block_m, block_n, programs, span, why=why)
+
+
+def _splits(draft, q, k_cache, paged, num_splits):
+    """The split count (the waves rule, or the call's), whole units, and the launches without splits:
+    the one-wave launch or the tail split."""
+    draft.heuristic = heuristic = num_splits == 0
+    sms, programs, span = _num_sms(q.device), draft.programs, draft.span
     if heuristic:
         min_keys = (_BLOCK_N_CUDA if paged else MIN_KEYS_PER_SPLIT) if q.is_cuda else 0
-        num_splits = _plan_override.get("num_splits") or _heuristic_splits(programs, span, block_n, sms,
+        num_splits = _plan_override.get("num_splits") or _heuristic_splits(programs, span, draft.block_n, sms,
                                                                            min_keys=min_keys)
-        why.append("split count forced" if "num_splits" in _plan_override else
-                   "they fill the SMs: no split" if num_splits == 1 else
-                   f"{num_splits} splits (the waves rule, at least {max(block_n, min_keys)} keys a split)")
+        draft.why.append("split count forced" if "num_splits" in _plan_override else
+                         "they fill the SMs: no split" if num_splits == 1 else
+                         f"{num_splits} splits (the waves rule, at least {max(draft.block_n, min_keys)} keys a split)")
     else:
-        why.append(f"num_splits={num_splits} from the call")
-    per_batch = programs // batch
-    num_whole = None
+        draft.why.append(f"num_splits={num_splits} from the call")
+    draft.num_splits = num_splits
+    per_batch = programs // q.shape[0]
     if "num_whole" in _plan_override:  # forced (tests, sweeps): whole batch elements
-        num_whole = min(programs, _plan_override["num_whole"] // per_batch * per_batch)
-        why.append("whole units forced")
+        draft.num_whole = min(programs, _plan_override["num_whole"] // per_batch * per_batch)
+        draft.why.append("whole units forced")
+    if not (heuristic and num_splits == 1 and q.is_cuda):
+        return
     # the one-wave launch: a launch without splits whose units need 4-5 programs per SM (ONE_WAVE_BLOCK_N's
     # notes; measured with 16 packed rows at d = 128, so there only); paged caches through pointer loads
-    one_wave = 0  # programs per SM, 0: not taken
     per_sm = dispatch.cdiv(programs, sms)
-    if (heuristic and num_splits == 1 and q.is_cuda and block_m == 16 and d == 128
+    if (draft.block_m == 16 and q.shape[-1] == 128
             and (not paged or k_cache.shape[1] % ONE_WAVE_BLOCK_N == 0)  # paged: a chunk within a page
             and per_sm in ONE_WAVE_MAX_REGS
             and not (per_sm in ONE_WAVE_TAIL_FIRST and 0 < programs % sms <= sms // ONE_WAVE_TAIL_FIRST[per_sm])
             and not {"block_n", "num_stages", "max_regs", "use_tma", "num_whole"} & set(_plan_override)):
-        one_wave = per_sm
-    elif (heuristic and num_splits == 1 and q.is_cuda and num_whole is None
-          and _plan_override.get("tail_split", True)):
+        draft.one_wave = per_sm
+    elif draft.num_whole is None and _plan_override.get("tail_split", True):
         whole, k = _tail_split(programs, per_batch, sms, dispatch.cdiv(span, _BLOCK_N_CUDA))
         if k > 1:
-            num_whole, num_splits = whole, k
-            why.append(f"tail split: {whole} units whole, the last {programs - whole} split {k} ways" if whole else
-                       "one wave and a short one: every unit split in two")
-    stages = _NUM_STAGES_SPLIT if split_tiles else _NUM_STAGES
-    # a launch without splits whose units need 2-3 programs per SM (WIDE_MAX_REGS's notes)
-    band = (heuristic and q.is_cuda and num_splits == 1 and num_whole is None
-            and 2 * _num_sms(q.device) < programs <= 3 * _num_sms(q.device))
+            draft.num_whole, draft.num_splits = whole, k
+            draft.why.append(f"tail split: {whole} units whole, the last {programs - whole} split {k} ways" if whole
+                             else "one wave and a short one: every unit split in two")
+
+
+def _load_path(draft, q, k_cache, v_cache, paged):
+    """TMA or pointer loads, the ring's depth, and a register cap for the 2-3-programs-per-SM band."""
+    draft.stages = _NUM_STAGES_SPLIT if _split_tiles(q) else _NUM_STAGES
+    sms = _num_sms(q.device)
+    draft.band = band = (draft.heuristic and q.is_cuda and draft.num_splits == 1 and draft.num_whole is None
+                         and 2 * sms < draft.programs <= 3 * sms)
     # paged caches: TMA without splits, and with at least _PAGED_TMA_MIN_SPLITS splits (policy notes),
     # except in that band, where pointer loads keep 3 programs per SM (docs/decisions/decode-paged-loads.md)
-    tma_default = _USE_TMA_DEFAULT or (paged and q.is_cuda and not band and not one_wave
-                                       and (num_splits == 1 or num_splits >= _PAGED_TMA_MIN_SPLITS))
-    use_tma = _plan_override.get("use_tma", tma_default) and _tma_ok(k_cache, v_cache, d)
-    max_regs = _plan_override.get("max_regs")
-    if max_regs is None and band and not paged and "block_n" not in _plan_override:
-        max_regs = WIDE_MAX_REGS
-        why.append(f"2-3 programs per SM needed: registers capped at {max_regs}")
-    if band and paged and not use_tma:
-        why.append("2-3 programs per SM needed: pointer loads, not TMA")
+    tma_default = _USE_TMA_DEFAULT or (paged and q.is_cuda and not band and not draft.one_wave
+                                       and (draft.num_splits == 1 or draft.num_splits >= _PAGED_TMA_MIN_SPLITS))
+    draft.use_tma = _plan_override.get("use_tma", tma_default) and _tma_ok(k_cache, v_cache, q.shape[-1])
+    draft.max_regs = _plan_override.get("max_regs")
+    if draft.max_regs is None and band and not paged and "block_n" not in _plan_override:
+        draft.max_regs = WIDE_MAX_REGS
+        draft.why.append(f"2-3 programs per SM needed: registers capped at {draft.max_regs}")
+    if band and paged and not draft.use_tma:
+        draft.why.append("2-3 programs per SM needed: pointer loads, not TMA")
+
+
+def _chunks(draft, q, k_cache, v_cache, paged):
+    """The key chunk, stages and warps: the wide tile where nothing is split or paged caches go through
+    TMA, the one-wave launch's, the wide heads' (MLA), and a chunk within a page."""
     # the wide tile without splits and on paged caches read through TMA (docs/decisions/decode-splits.md,
     # decode-paged-loads.md)
-    if split_tiles and (num_splits == 1 or num_whole is not None or (paged and use_tma)):
-        block_n, stages = _BLOCK_N_CUDA, _NUM_STAGES
-        if paged and use_tma and num_splits > 1 and dispatch.cdiv(span, num_splits) <= _BLOCK_N_CUDA:
+    if _split_tiles(q) and (draft.num_splits == 1 or draft.num_whole is not None or (paged and draft.use_tma)):
+        draft.block_n, draft.stages = _BLOCK_N_CUDA, _NUM_STAGES
+        if paged and draft.use_tma and draft.num_splits > 1 and dispatch.cdiv(draft.span, draft.num_splits) <= _BLOCK_N_CUDA:
             # a split of one 128-key chunk has no ring to pipeline: two 64-key chunks
-            block_n = _BLOCK_N_SPLIT
-    if one_wave:
-        block_n, stages, max_regs = ONE_WAVE_BLOCK_N, ONE_WAVE_STAGES, ONE_WAVE_MAX_REGS[one_wave]
-        why.append(f"{one_wave} programs per SM needed: {block_n}-key chunks, registers capped at {max_regs}, "
-                   "every unit resident at once")
-    num_warps = _NUM_WARPS
-    if wide_head and not {"block_n", "num_stages", "num_warps"} & set(_plan_override):
-        block_n, stages, num_warps = WIDE_HEAD_BLOCK_N, WIDE_HEAD_STAGES, WIDE_HEAD_WARPS
+            draft.block_n = _BLOCK_N_SPLIT
+    if draft.one_wave:
+        draft.block_n, draft.stages = ONE_WAVE_BLOCK_N, ONE_WAVE_STAGES
+        draft.max_regs = ONE_WAVE_MAX_REGS[draft.one_wave]
+        draft.why.append(f"{draft.one_wave} programs per SM needed: {draft.block_n}-key chunks, registers capped at "
+                         f"{draft.max_regs}, every unit resident at once")
+    if _wide_head(q, v_cache) and not {"block_n", "num_stages", "num_warps"} & set(_plan_override):
+        draft.block_n, draft.stages, draft.num_warps = WIDE_HEAD_BLOCK_N, WIDE_HEAD_STAGES, WIDE_HEAD_WARPS
         if k_cache.element_size() == 4:
-            block_n, stages = WIDE_HEAD_FP32_BLOCK_N, WIDE_HEAD_FP32_STAGES
-        max_regs = _plan_override.get("max_regs")  # (the caps above were measured at d = 128)
-        why.append(f"head dims past {WIDE_HEAD_MIN}: at most {WIDE_HEAD_BLOCK_M} rows, {block_n}-key chunks, "
-                   f"{stages} stages, {num_warps} warps (WIDE_HEAD_*)")
+            draft.block_n, draft.stages = WIDE_HEAD_FP32_BLOCK_N, WIDE_HEAD_FP32_STAGES
+        draft.max_regs = _plan_override.get("max_regs")  # (the caps above were measured at d = 128)
+        draft.why.append(f"head dims past {WIDE_HEAD_MIN}: at most {WIDE_HEAD_BLOCK_M} rows, {draft.block_n}-key "
+                         f"chunks, {draft.stages} stages, {draft.num_warps} warps (WIDE_HEAD_*)")
     if paged:  # a chunk never crosses a page
-        while k_cache.shape[1] % block_n:
-            block_n //= 2
+        while k_cache.shape[1] % draft.block_n:
+            draft.block_n //= 2
+
+
+def _operands(draft, q, k_cache, v_cache) -> bool:
+    """q.k's column blocks, V taken from K's tile (MLA's latent cache), and an FP8 cache's conversion
+    and register cap; returns whether the cache is FP8."""
+    d = q.shape[-1]
     block_d, block_d_tail = head_blocks(d)
     if block_d_tail:
-        why.append(f"q.k in two blocks of {block_d} + {block_d_tail} columns (head dim {d})")
-    v_from_k = bool(_plan_override.get("v_from_k", True)) and not use_tma and v_from_k_ok(k_cache, v_cache)
-    if v_from_k:
-        why.append(f"v_cache is a view of k_cache's first {v_cache.shape[-1]} columns: V's tiles taken from K's")
+        draft.why.append(f"q.k in two blocks of {block_d} + {block_d_tail} columns (head dim {d})")
+    draft.v_from_k = (bool(_plan_override.get("v_from_k", True)) and not draft.use_tma
+                      and v_from_k_ok(k_cache, v_cache))
+    if draft.v_from_k:
+        draft.why.append(f"v_cache is a view of k_cache's first {v_cache.shape[-1]} columns: V's tiles taken from K's")
     elif v_cache.shape[-1] != d:
-        why.append(f"value head dim {v_cache.shape[-1]}")
+        draft.why.append(f"value head dim {v_cache.shape[-1]}")
     kv_fp8 = k_cache.dtype == torch.float8_e4m3fn
     if kv_fp8:
-        why.append("FP8 (e4m3) cache: tiles converted to q's dtype after the load, k_descale folded into the "
-                   "score scale and v_descale into the output")
-        if (max_regs is None and "max_regs" not in _plan_override and q.is_cuda and not use_tma
-                and block_n == _BLOCK_N_CUDA and block_m == 16):
-            max_regs = FP8_WIDE_MAX_REGS
-            why.append(f"FP8 128-key tile through pointers: registers capped at {max_regs}")
+        draft.why.append("FP8 (e4m3) cache: tiles converted to q's dtype after the load, k_descale folded into the "
+                         "score scale and v_descale into the output")
+        if (draft.max_regs is None and "max_regs" not in _plan_override and q.is_cuda and not draft.use_tma
+                and draft.block_n == _BLOCK_N_CUDA and draft.block_m == 16):
+            draft.max_regs = FP8_WIDE_MAX_REGS
+            draft.why.append(f"FP8 128-key tile through pointers: registers capped at {draft.max_regs}")
+    return kv_fp8
+
+
+def _launch_order(draft, q) -> tuple[bool, bool]:
+    """(pdl, pdl_wait): the merge launched by programmatic dependent launch behind the split kernel,
+    and the split kernel itself behind the stream's previous work."""
     pdl_wanted = _switch("pdl", "IOATTN_DECODE_PDL", _PDL_DEFAULT)
-    pdl = bool(pdl_wanted) and num_splits > 1 and _pdl_ok(q.device)
-    why.append(f"{block_n}-key chunks, {_plan_override.get('num_stages', stages)} stages, "
-               f"{'TMA' if use_tma else 'pointer'} loads" + (", merge by programmatic dependent launch" if pdl else ""))
+    pdl = bool(pdl_wanted) and draft.num_splits > 1 and _pdl_ok(q.device)
+    draft.why.append(f"{draft.block_n}-key chunks, {_plan_override.get('num_stages', draft.stages)} stages, "
+                     f"{'TMA' if draft.use_tma else 'pointer'} loads"
+                     + (", merge by programmatic dependent launch" if pdl else ""))
     # the split kernel launched early behind the stream's previous kernel: every launch, split or not
     pdl_wait = pdl_wanted and _switch("pdl_wait", "IOATTN_DECODE_PDL_WAIT", _PDL_WAIT_DEFAULT) and _pdl_ok(q.device)
     if pdl_wait:
-        why.append("the split kernel launched by programmatic dependent launch behind the stream's previous work")
-    return DecodePlan(block_m, block_n, num_splits, use_tma, _plan_override.get("num_warps", num_warps),
-                      _plan_override.get("num_stages", stages), pdl, pdl_wait, num_whole, max_regs, kv_fp8, v_from_k,
-                      "; ".join(why))
+        draft.why.append("the split kernel launched by programmatic dependent launch behind the stream's previous work")
+    return pdl, pdl_wait
 
 
 @functools.lru_cache(maxsize=8)
