@@ -29,6 +29,23 @@ def _p_layout(block_n):
     return gl.NVMMASharedLayout(swizzle_byte_width=min(128, block_n), element_bitwidth=8, rank=2)
 
 
+@gluon.jit
+def _fp8_scales(Descales, b, h, nheads, group, qk_scale, softcap_a, SOFTCAP: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """This head's FP8 descales (``Descales``: fp32 (batch, nheads + 2 * nheads_kv)): Q's and K's folded
+    into the scores' scale (``SOFTCAP``: into ``softcap_a``, through which the raw scores reach tanh),
+    V's into the output's, with P's multiplier undone; and V^T's first row. Returns (qk_scale,
+    softcap_a, out_scale, vt_row0)."""
+    nheads_kv = nheads // group
+    drow = Descales + b * (nheads + 2 * nheads_kv)
+    qk_descale = gl.load(drow + h) * gl.load(drow + nheads + h // group)
+    if SOFTCAP:
+        softcap_a = softcap_a * qk_descale
+    else:
+        qk_scale = qk_scale * qk_descale
+    out_scale = gl.load(drow + nheads + nheads_kv + h // group) / P_SCALE
+    return qk_scale, softcap_a, out_scale, (b * nheads_kv + h // group) * HEAD_DIM
+
+
 # the magic numbers vary with the shape: one compiled kernel for all of them (no specialisation on 1
 # or on divisibility by 16)
 @gluon.jit(do_not_specialize=["walk_div", "walk_mul", "walk_shift", "head_mul", "head_shift"])
@@ -158,20 +175,12 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
         return
 
     dtype: gl.constexpr = q_desc.dtype
-    bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
     FP8: gl.constexpr = dtype == gl.float8e4nv
-    if FP8:  # this head's descales: Q's and K's into the scores' scale, V's into the output's
+    if FP8:
         gl.static_assert(PINGPONG and not (PERSISTENT or IS_VARLEN or KV_TAIL or LEAN or ALIBI or PROD_DIM or MODS),
                          "FP8: the one-tile ping-pong kernels, fixed lengths, whole tiles")
-        nheads_kv = nheads // group
-        drow = Descales + b * (nheads + 2 * nheads_kv)
-        qk_descale = gl.load(drow + h) * gl.load(drow + nheads + h // group)
-        if SOFTCAP:  # the raw scores reach tanh through softcap_a
-            softcap_a = softcap_a * qk_descale
-        else:
-            qk_scale = qk_scale * qk_descale
-        out_scale = gl.load(drow + nheads + nheads_kv + h // group) / P_SCALE
-        vt_row0 = (b * nheads_kv + h // group) * HEAD_DIM
+        qk_scale, softcap_a, out_scale, vt_row0 = _fp8_scales(Descales, b, h, nheads, group, qk_scale, softcap_a,
+                                                              SOFTCAP, HEAD_DIM)
     else:
         out_scale: gl.constexpr = None
         vt_row0 = 0
@@ -232,22 +241,37 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
              for w in (0, 1, 2, 3)[:NUM_WG + 1]],
             [4] * (NUM_WG - 1) + [1], [CONSUMER_REGS] * (NUM_WG - 1) + [PRODUCER_REGS])
     else:
-        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], _tile_layout(q_desc.layout))
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], _tile_layout(k_desc.layout))
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], _tile_layout(v_desc.layout))
-        q_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
-        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], bar_layout)  # + v_tail (_producer)
-        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-        mbarrier.init(q_bar, count=1)
-        _init_ring(k_ready, k_empty, v_ready, v_empty, STAGES, 1)
-        fence_async_shared()
-        gl.warp_specialize([
-            (_consumer, (q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, Out, Lse, q_row0,
-                         q_col, m_start, seqlen_q, seqlen_k, n_lo, n_tiles, stride_om, stride_lse_h, lse_base,
-                         qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, EXP2_FMA,
-                         TILE_ROW_STORES, KEY_MASKS, IO_DIM)),
-            (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
-                         n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL)),
-        ], [1], [24])
+        _tiled_fwd(q_desc, k_desc, v_desc, Out, Lse, q_row0, q_col, m_start, seqlen_q, seqlen_k, n_lo, n_tiles,
+                   stride_om, stride_lse_h, lse_base, qk_scale, kv_row0, kv_col, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                   IS_CAUSAL, MASK_ALL, EXP2_FMA, TILE_ROW_STORES, KEY_MASKS, KV_TAIL, IO_DIM)
+
+
+@gluon.jit
+def _tiled_fwd(q_desc, k_desc, v_desc, Out, Lse, q_row0, q_col, m_start, seqlen_q, seqlen_k, n_lo, n_tiles,
+               stride_om, stride_lse_h, lse_base, qk_scale, kv_row0, kv_col, HEAD_DIM: gl.constexpr,
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+               MASK_ALL: gl.constexpr, EXP2_FMA: gl.constexpr, TILE_ROW_STORES: gl.constexpr,
+               KEY_MASKS: gl.constexpr, KV_TAIL: gl.constexpr, IO_DIM: gl.constexpr):
+    """``PINGPONG=False``: one consumer partition of BLOCK_M // 64 warpgroups in lockstep and the TMA
+    producer warp, over one query tile's shared Q, K / V ring and barriers."""
+    dtype: gl.constexpr = q_desc.dtype
+    bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], _tile_layout(q_desc.layout))
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], _tile_layout(k_desc.layout))
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], _tile_layout(v_desc.layout))
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], bar_layout)  # + v_tail (_producer)
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    mbarrier.init(q_bar, count=1)
+    _init_ring(k_ready, k_empty, v_ready, v_empty, STAGES, 1)
+    fence_async_shared()
+    gl.warp_specialize([
+        (_consumer, (q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, Out, Lse, q_row0,
+                     q_col, m_start, seqlen_q, seqlen_k, n_lo, n_tiles, stride_om, stride_lse_h, lse_base,
+                     qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, MASK_ALL, EXP2_FMA,
+                     TILE_ROW_STORES, KEY_MASKS, IO_DIM)),
+        (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
+                     n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL)),
+    ], [1], [24])
