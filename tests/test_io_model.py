@@ -346,6 +346,12 @@ def test_measure_at_the_models_tiles_fixes_the_portable_kernels_tiles(monkeypatc
     assert "kernel_tiles" not in next(r for r in rows if r["algorithm"] == "standard")["measured"]
     p = m.Problem(1024, 64)
     assert io_measure.child_args(p, "ioattn", "forward", (64, 128))[-2:] == ["--tiles", "64,128"]
+    calls.clear()  # lists of tiles: every combination a point, each measured at its own
+    assert cli.main(["io", "--seqlen", "1024", "--headdim", "64", "--block-m", "64,128", "--block-n", "64",
+                     "--measure", "--json"]) == 0
+    points = json.loads(capsys.readouterr().out)
+    assert [next(r for r in p["rows"] if r["algorithm"] == "fa2")["tiles"]["block_m"] for p in points] == [64, 128]
+    assert sorted({c[2] for c in calls}) == [(64, 64), (128, 64)]
     with pytest.raises(SystemExit):
         cli.main(["io", "--seqlen", "1024", "--headdim", "64", "--block-m", "96", "--block-n", "64", "--measure"])
     assert "--block-m with --measure: the kernels take powers of two from 16 to 256, got 96" in capsys.readouterr().err

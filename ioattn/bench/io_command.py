@@ -38,10 +38,12 @@ def add_arguments(parser):
     add("--seqlen-k", type=int, default=None, metavar="N", help="key sequence length (default: --seqlen)")
     add("--dtype", choices=list(ELEMENT_BYTES), default="bf16",
         help="element type of q, k, v (default: bf16); fp8's output is bf16 and it has no backward")
-    add("--block-m", type=int, default=None, metavar="ROWS",
-        help="query rows per tile of every tiled pass (default: derived from --sram as the paper's Algorithm 1)")
-    add("--block-n", type=int, default=None, metavar="ROWS",
-        help="key rows per tile of every tiled pass (default: derived from --sram as the paper's Algorithm 1)")
+    add("--block-m", type=int_list(), default=[None], metavar="ROWS[,ROWS...]",
+        help="query rows per tile of every tiled pass, or several (a sweep) (default: derived from --sram as the "
+             "paper's Algorithm 1)")
+    add("--block-n", type=int_list(), default=[None], metavar="ROWS[,ROWS...]",
+        help="key rows per tile of every tiled pass, or several (a sweep) (default: derived from --sram as the "
+             "paper's Algorithm 1)")
     add("--sram", type=int, default=None, metavar="BYTES",
         help=f"on-chip memory M in bytes (default: the device's shared memory per SM, {DEVICES['h100'].sram // KB} KB)")
     add("--device", choices=list(DEVICES), default=DEFAULT_DEVICE,
@@ -57,37 +59,39 @@ def add_arguments(parser):
     return parser
 
 
-def _point(args, seqlen, headdim):
-    """(problem, prediction as a dict) at one point; a bad size is the parser's error, naming its option."""
+def _point(args, seqlen, headdim, block_m, block_n):
+    """(problem, prediction as a dict, the kernels' tiles for ``--measure`` or None) at one point; a bad
+    size is the parser's error, naming its option."""
     try:
         problem = Problem(seqlen, headdim, seqlen_k=args.seqlen_k, batch=args.batch, nheads=args.nheads,
                           nheads_kv=args.nheads_kv, dtype=args.dtype, causal=args.causal)
-        return problem, predict(problem, args.device, args.sram, args.block_m, args.block_n).as_dict()
+        data = predict(problem, args.device, args.sram, block_m, block_n).as_dict()
+        return problem, data, _kernel_tiles(args, block_m, block_n)
     except ModelArgumentError as e:
         flag = FLAGS.get(e.argument, "--" + e.argument.replace("_", "-"))
         args.parser.error(f"{flag} {e.problem}")
 
 
-def _kernel_tiles(args):
+def _kernel_tiles(args, block_m, block_n):
     """The kernels' (block_m, block_n) for ``--measure`` when both tiles are given, else None; tiles the
     kernels cannot take are the parser's error."""
-    if not (args.measure and args.block_m and args.block_n):
+    if not (args.measure and block_m and block_n):
         return None
-    for flag, value in (("--block-m", args.block_m), ("--block-n", args.block_n)):
+    for flag, value in (("--block-m", block_m), ("--block-n", block_n)):
         if value not in (16, 32, 64, 128, 256):
             args.parser.error(f"{flag} with --measure: the kernels take powers of two from 16 to 256, got {value}")
-    return args.block_m, args.block_n
+    return block_m, block_n
 
 
 def run(args):
-    """Print the prediction at each (head dim, seqlen) point, measured too with ``--measure``; with
+    """Print the prediction at each (head dim, tiles, seqlen) point, measured too with ``--measure``; with
     ``--out``, the records and the plot."""
-    points = [_point(args, n, d) for d in args.headdim for n in args.seqlen]  # every size checked first
-    tiles = _kernel_tiles(args)
+    points = [_point(args, n, d, bm, bn) for d in args.headdim for bm in args.block_m for bn in args.block_n
+              for n in args.seqlen]  # every size checked first
     if args.out:
         os.makedirs(args.out, exist_ok=True)
     records = []
-    for problem, data in points:
+    for problem, data, tiles in points:
         if args.measure:
             from ioattn.bench.io_measure import MeasureError
             try:
@@ -115,6 +119,19 @@ def _write(records, out):
         print("no plot: matplotlib is not installed (pip install 'ioattn[bench]')")
 
 
+def _plot_row(ax, xs, color, style, name):
+    """One row's model line (bytes per head; the same per head at every batch and head count) and its
+    measured points: circles, squares where the call had more than one (batch, head)."""
+    line = {n: r["predicted"]["bytes"] / heads for n, heads, r in xs}
+    ax.plot(list(line), list(line.values()), "." + style, color=color, label=f"{name} (model)")
+    for many in (False, True):
+        got = [(n, r["measured"]["bytes"] / heads, r["measured"]["impl"]) for n, heads, r in xs
+               if "measured" in r and (heads > 1) == many]
+        if got:
+            ax.plot([g[0] for g in got], [g[1] for g in got], "s" if many else "o", color=color,
+                    label=f"{got[0][2]} (measured{', many heads' if many else ''})")
+
+
 def plot(records, path):
     """Bytes per (batch, head) against the sequence length, one panel a (pass, head dim): the model's
     standard, fa2 and minimum rows as lines, the measured bytes (where there are) as points, a square
@@ -133,14 +150,10 @@ def plot(records, path):
                       for r in rec["rows"] if r["pass"] == direction), key=lambda t: t[:2])
         for j, algorithm in enumerate(("standard", "fa2", "minimum")):
             xs = [(n, heads, r) for n, heads, r in pts if r["algorithm"] == algorithm]
-            line = {n: r["predicted"]["bytes"] / heads for n, heads, r in xs}  # the same per head
-            ax.plot(list(line), list(line.values()), ".-", color=f"C{j}", label=f"{algorithm} (model)")
-            for many in (False, True):
-                got = [(n, r["measured"]["bytes"] / heads, r["measured"]["impl"]) for n, heads, r in xs
-                       if "measured" in r and (heads > 1) == many]
-                if got:
-                    ax.plot([g[0] for g in got], [g[1] for g in got], "s" if many else "o", color=f"C{j}",
-                            label=f"{got[0][2]} (measured{', many heads' if many else ''})")
+            groups = sorted({_tiles(r) for _, _, r in xs}) if algorithm == "fa2" else [None]
+            for g, tiles in enumerate(groups):  # fa2: a line a tile size (the others do not depend on them)
+                rows = [x for x in xs if tiles is None or _tiles(x[2]) == tiles]
+                _plot_row(ax, rows, f"C{j}", ("-", "--", ":")[g % 3], algorithm + (f" {tiles}" if len(groups) > 1 else ""))
         ax.set(xscale="log", yscale="log", xlabel="sequence length N", ylabel="HBM bytes per (batch, head)",
                title=f"{direction}, d = {d}")
         ax.grid(True, alpha=0.3)
