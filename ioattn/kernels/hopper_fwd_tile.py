@@ -545,6 +545,9 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     if ALIBI:  # each row's diagonal key (an integer: ``_alibi`` converts the differences)
         diag_rows = diag + rows_1d
         cols_f = cols_1d.to(gl.float32) if ALIBI == ALIBI_FP32_COLS else cols_1d
+    else:
+        diag_rows: gl.constexpr = None
+        cols_f: gl.constexpr = None
     if PTX_BARRIERS:
         _ptx_barriers_marker(rows_1d)
     if Q_IN_REGS:  # Q as the products' register operand: loaded once a tile
@@ -560,13 +563,8 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     _stamp(trace, 0, 1)
     mbarrier.arrive(k_empty.index(g0 % STAGES), count=1)
     n0 = _key_tile(0, n_lo, lists, SUB) * BLOCK_N
-    if SOFTCAP:
-        s = _softcap(s, softcap_a)
-    if ALIBI:
-        s = _alibi(s, alibi_a, diag_rows - n0, cols_1d, cols_f, ALIBI)
-    if MODS:
-        s = _mods_tile(s, mods, m_start, n0, seqlen_k, rows_1d, cols_1d, _full_tile(0, lists), SCORE_MOD, MASK_MOD,
-                       KEY_MASKS)
+    s = _score_tile(s, 0, n0, m_start, seqlen_k, rows_1d, cols_1d, SOFTCAP, softcap_a, ALIBI, alibi_a, diag_rows,
+                    cols_f, MODS, mods, lists, SCORE_MOD, MASK_MOD, KEY_MASKS)
     KEY_END: gl.constexpr = not (FEWER_MASKS and IS_CAUSAL)
     if FEWER_MASKS:
         need_mask = n_tiles == 1
@@ -612,14 +610,9 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         s = warpgroup_mma_wait(PV_GROUPS, deps=[s_tok])
         _stamp(trace, i + 1, 1)
         mbarrier.arrive(k_empty.index(nxt), count=1)
-        if SOFTCAP:
-            s = _softcap(s, softcap_a)
         n_start = _key_tile(i + 1, n_lo, lists, SUB) * BLOCK_N
-        if ALIBI:
-            s = _alibi(s, alibi_a, diag_rows - n_start, cols_1d, cols_f, ALIBI)
-        if MODS:
-            s = _mods_tile(s, mods, m_start, n_start, seqlen_k, rows_1d, cols_1d, _full_tile(i + 1, lists), SCORE_MOD,
-                           MASK_MOD, KEY_MASKS)
+        s = _score_tile(s, i + 1, n_start, m_start, seqlen_k, rows_1d, cols_1d, SOFTCAP, softcap_a, ALIBI, alibi_a,
+                        diag_rows, cols_f, MODS, mods, lists, SCORE_MOD, MASK_MOD, KEY_MASKS)
         # masks: the last tile always (key end, diagonal); under a causal mask also a tile that
         # reaches past this warpgroup's first row's diagonal
         need_mask = i + 1 == n_tiles - 1
@@ -671,6 +664,23 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         l_i = gl.convert_layout(gl.sum(l_i, 1), row_layout, assert_trivial=True)
     return o, m_i, l_i
 
+
+
+@gluon.jit
+def _score_tile(s, j, n_start, m_start, seqlen_k, rows_1d, cols_1d, SOFTCAP: gl.constexpr, softcap_a,
+                ALIBI: gl.constexpr, alibi_a, diag_rows, cols_f, MODS: gl.constexpr, mods, lists,
+                SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr, KEY_MASKS: gl.constexpr):
+    """Key tile ``j``'s scores (from key ``n_start``) as the softmax takes them: capped (``_softcap``),
+    biased (``_alibi``), and through the user's functions (``_mods_tile``; on a block mask's full
+    blocks the score function alone)."""
+    if SOFTCAP:
+        s = _softcap(s, softcap_a)
+    if ALIBI:
+        s = _alibi(s, alibi_a, diag_rows - n_start, cols_1d, cols_f, ALIBI)
+    if MODS:
+        s = _mods_tile(s, mods, m_start, n_start, seqlen_k, rows_1d, cols_1d, _full_tile(j, lists), SCORE_MOD,
+                       MASK_MOD, KEY_MASKS)
+    return s
 
 
 @gluon.jit
