@@ -144,7 +144,8 @@ def _mods_plan(q, k, v, call, varlen, window, seqlen_q, cu_seqlens_q) -> Dispatc
         plan = forward_plan.plan_forward_mods(backends.forward_signature(q, k, q.shape[-1] ** -0.5, False),
                                               call.score is not None, call.block_size())
         forward = {"kernel": "ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, pingpong, the functions "
-                             "compiled in)", "tiles": (plan.block_m, plan.block_n, 8, dict(plan.constexprs)["STAGES"]),
+                             "compiled in)",
+                   "tiles": (plan.block_m, plan.block_n, 4 * (plan.block_m // 64), dict(plan.constexprs)["STAGES"]),
                    "tiles_count": plan.num_tiles, "programs": plan.programs, "plan": plan}
         block_n = plan.block_n
     else:

@@ -828,8 +828,8 @@ def _device_ok(q) -> tuple[bool, str]:
     return (True, "") if ok else (False, why)
 
 
-# FP8's kernel: the ping-pong variant's (block_n, stages) by head dim, without the lean softmax and
-# its options (measured in bf16 only so far)
+# FP8's kernel: the ping-pong variant's (block_n, stages) by head dim, the lean softmax and its options off
+# (on e4m3 slower or level, as were 256-key tiles at d = 128). tuned: docs/decisions/fp8-forward.md
 FP8_TILES = {64: (128, 2), 128: (128, 2), 256: (64, 2)}
 
 
