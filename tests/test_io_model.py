@@ -414,3 +414,25 @@ def test_a_sweep_prints_each_point_and_writes_records_and_a_plot(tmp_path, capsy
     with pytest.raises(SystemExit):
         cli.main(["io", "--seqlen", "256,0", "--headdim", "64", "--out", str(tmp_path / "never")])
     assert not (tmp_path / "never").exists()
+
+
+def test_a_tile_sweep_at_one_call_is_plotted_against_the_tile_size(tmp_path):
+    """One call at several tile sizes: the plot's x axis is the tile size (one fa2 point each, in
+    block_m then block_n order), standard and the minimum as lines beside them."""
+    pytest.importorskip("matplotlib")
+    from ioattn.bench import io_command
+
+    argv = ["io", "--seqlen", "512", "--headdim", "64", "--block-m", "64,32", "--block-n", "32,64", "--out",
+            str(tmp_path)]
+    assert cli.main(argv) == 0
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    fa2 = [r for rec in records for r in rec["rows"] if r["algorithm"] == "fa2" and r["pass"] == "forward"]
+    assert sorted(io_command._tile_pair(r) for r in fa2) == [(32, 32), (32, 64), (64, 32), (64, 64)]
+    assert (tmp_path / "io_model.png").stat().st_size > 0
+    from matplotlib.figure import Figure
+    ax = Figure().add_subplot()
+    pts = [(512, 1, r) for rec in records for r in rec["rows"] if r["pass"] == "forward"]
+    io_command._plot_tiles(ax, pts)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["32x32", "32x64", "64x32", "64x64"]
+    model = ax.get_lines()[0].get_ydata()
+    assert list(model) == [r["predicted"]["bytes"] for r in sorted(fa2, key=io_command._tile_pair)]

@@ -148,6 +148,12 @@ def plot(records, path):
         pts = sorted(((rec["problem"]["seqlen_q"], rec["problem"]["batch"] * rec["problem"]["nheads"], r)
                       for rec in records if rec["problem"]["headdim"] == d
                       for r in rec["rows"] if r["pass"] == direction), key=lambda t: t[:2])
+        if len({(n, heads) for n, heads, _ in pts}) == 1 and len({_tiles(r) for _, _, r in pts
+                                                                  if r["algorithm"] == "fa2"}) > 1:
+            _plot_tiles(ax, pts)  # one call, several tile sizes: bytes against the tile size
+            ax.set_title(f"{direction}, d = {d}, N = {pts[0][0]}, {pts[0][1]} (batch, head)")
+            ax.legend(fontsize="small")
+            continue
         for j, algorithm in enumerate(("standard", "fa2", "minimum")):
             xs = [(n, heads, r) for n, heads, r in pts if r["algorithm"] == algorithm]
             groups = sorted({_tiles(r) for _, _, r in xs}) if algorithm == "fa2" else [None]
@@ -160,6 +166,35 @@ def plot(records, path):
         ax.legend(fontsize="small")
     fig.savefig(path, dpi=90)
     return path
+
+
+def _plot_tiles(ax, pts):
+    """One call's bytes per (batch, head) against the tile size (block_m x block_n): the model's fa2 and
+    ioattn's measured bytes a point a tile size; standard attention (model and measured) and the
+    minimum, which do not depend on the tiles, as horizontal lines."""
+    heads = pts[0][1]
+    fa2 = sorted((r for _, _, r in pts if r["algorithm"] == "fa2"), key=lambda r: _tile_pair(r))
+    names = [_tiles(r) for r in fa2]
+    ax.plot(names, [r["predicted"]["bytes"] / heads for r in fa2], "o-", color="C1", label="fa2 (model)")
+    got = [(name, r["measured"]["bytes"] / heads) for name, r in zip(names, fa2) if "measured" in r]
+    if got:
+        ax.plot([g[0] for g in got], [g[1] for g in got], "s-", color="C1", mfc="none",
+                label=f"{fa2[0]['measured']['impl']} (measured)")
+    for j, algorithm in ((0, "standard"), (2, "minimum")):
+        row = next((r for _, _, r in pts if r["algorithm"] == algorithm), None)
+        if row is None:
+            continue
+        ax.axhline(row["predicted"]["bytes"] / heads, color=f"C{j}", ls="--", label=f"{algorithm} (model)")
+        if "measured" in row:
+            ax.axhline(row["measured"]["bytes"] / heads, color=f"C{j}", ls=":",
+                       label=f"{row['measured']['impl']} (measured)")
+    ax.set(yscale="log", xlabel="tile: block_m x block_n", ylabel="HBM bytes per (batch, head)")
+    ax.grid(True, alpha=0.3)
+
+
+def _tile_pair(row):
+    t = row.get("tiles") or {}
+    return (t.get("block_m", 0), t.get("block_n", 0))
 
 
 # the row each implementation's measurement sits beside
