@@ -10,7 +10,7 @@ from ioattn import _compat
 from ioattn.kernels import ptx_barriers as _ptx_barriers
 from ioattn.kernels.hopper_common import (ALIBI_FP32_COLS, LN2, P_SCALE, TRACE_EVENTS, _io_dim, _load_rows,
                                           _prod_dim, _qk_mma, _softcap, _tile_layout, _zero_v_tail)
-from ioattn.kernels.hopper_softmax import (_alibi, _mods_tile, _rescale_rows, _softmax_tile, _step_softmax, _thread_row_sums,
+from ioattn.kernels.hopper_softmax import (_alibi, _mods_softmax, _mods_tile, _rescale_rows, _softmax_tile, _step_softmax, _thread_row_sums,
                                            _window_cuts)
 from ioattn.kernels.hopper_tiles import _full_tile, _key_tile, _kv_tile_count
 
@@ -501,8 +501,9 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     returned side by side with the unused columns' zeros); ``kv_hi``: the split ring's (k_hi, v_hi).
     ``p_smem``: e4m3 P's buffer (``_p_operand``). ``trace``: the schedule record's row (``_stamp``; the
     one-tile kernels). ``SCORE_MOD`` / ``MASK_MOD`` with ``mods`` (``_mods_tile``; non-causal one-tile
-    programs): the user's functions on every score tile, which also mask the key end (``KEY_MASKS``),
-    so the softmax takes no mask; ``lists``: a block mask's walk (``_key_tile``, ``SUB``).
+    programs): the score function on every score tile, the mask function and the key end
+    (``KEY_MASKS``) on the first and then only where a tile needs them (``_mods_softmax``), so the
+    built-in masks stay off; ``lists``: a block mask's walk (``_key_tile``, ``SUB``).
     ``LEAN`` and its options (``COND_RESCALE``, ``RESCALE_BY_WARP``, ``Q_IN_REGS``, ``DEFERRED_SUM``,
     ``MASK_BRANCH``, ``PTX_BARRIERS``): the kernel's. The options: docs/hopper-forward.md."""
     PD: gl.constexpr = _prod_dim(HEAD_DIM, PROD_DIM)
@@ -611,20 +612,27 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         _stamp(trace, i + 1, 1)
         mbarrier.arrive(k_empty.index(nxt), count=1)
         n_start = _key_tile(i + 1, n_lo, lists, SUB) * BLOCK_N
-        s = _score_tile(s, i + 1, n_start, m_start, seqlen_k, rows_1d, cols_1d, SOFTCAP, softcap_a, ALIBI, alibi_a,
-                        diag_rows, cols_f, MODS, mods, lists, SCORE_MOD, MASK_MOD, KEY_MASKS)
-        # masks: the last tile always (key end, diagonal); under a causal mask also a tile that
-        # reaches past this warpgroup's first row's diagonal
-        need_mask = i + 1 == n_tiles - 1
-        if MASK_ALL:
-            need_mask = need_mask | (n_start + BLOCK_N - 1 > diag)
-        if WINDOW:
-            need_mask = need_mask | _window_cuts(n_start, m_start, seqlen_q, seqlen_k, win_left, win_right, BLOCK_M,
-                                                 BLOCK_N)
-        p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
-                                           rows_1d, cols_1d, IS_CAUSAL, LEAN, COND_RESCALE, DEFERRED_SUM,
-                                           MASK_BRANCH, EXP2_FMA, KEY_END, False, SOFTMAX_MASKS, WINDOW, win_left,
-                                           win_right)
+        if MODS:  # the score function on every tile, the mask only where the tile needs it
+            s = _score_tile(s, i + 1, n_start, m_start, seqlen_k, rows_1d, cols_1d, False, softcap_a, False, alibi_a,
+                            diag_rows, cols_f, MODS, mods, lists, SCORE_MOD, None, False)
+            p, alpha, m_i, l_i = _mods_softmax(s, i + 1, lists, mods, m_i, l_i, qk_scale, m_start, n_start, seqlen_q,
+                                               seqlen_k, rows_1d, cols_1d, MASK_MOD, KEY_MASKS, LEAN, COND_RESCALE,
+                                               DEFERRED_SUM, EXP2_FMA)
+        else:
+            s = _score_tile(s, i + 1, n_start, m_start, seqlen_k, rows_1d, cols_1d, SOFTCAP, softcap_a, ALIBI,
+                            alibi_a, diag_rows, cols_f, MODS, mods, lists, SCORE_MOD, MASK_MOD, KEY_MASKS)
+            # masks: the last tile always (key end, diagonal); under a causal mask also a tile that
+            # reaches past this warpgroup's first row's diagonal
+            need_mask = i + 1 == n_tiles - 1
+            if MASK_ALL:
+                need_mask = need_mask | (n_start + BLOCK_N - 1 > diag)
+            if WINDOW:
+                need_mask = need_mask | _window_cuts(n_start, m_start, seqlen_q, seqlen_k, win_left, win_right,
+                                                     BLOCK_M, BLOCK_N)
+            p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_start, seqlen_q,
+                                               seqlen_k, rows_1d, cols_1d, IS_CAUSAL, LEAN, COND_RESCALE,
+                                               DEFERRED_SUM, MASK_BRANCH, EXP2_FMA, KEY_END, False, SOFTMAX_MASKS,
+                                               WINDOW, win_left, win_right)
         _stamp(trace, i + 1, 2)
         # P(i) V(i) done: P(i)'s registers may go (listed so they stay alive until here), V(i)'s slot too.
         # (With KEY_MASKS False, no branch above, ptxas hoists this wait to just after S(i+1)'s: the

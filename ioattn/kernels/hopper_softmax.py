@@ -5,6 +5,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ioattn.kernels.hopper_common import MAGIC_BITS, ALIBI_FP32_COLS, _magic_to_f32
+from ioattn.kernels.hopper_tiles import _full_tile
 
 
 @gluon.jit
@@ -326,6 +327,41 @@ EXP2_C2 = gl.constexpr(0.2422109991312027)
 
 
 EXP2_C3 = gl.constexpr(0.05500893294811249)
+
+
+
+@gluon.jit
+def _mods_softmax(s, j, lists, mods, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d,
+                  MASK_MOD: gl.constexpr, KEY_END: gl.constexpr, LEAN: gl.constexpr, COND_RESCALE: gl.constexpr,
+                  DEFERRED_SUM: gl.constexpr, EXP2_FMA: gl.constexpr):
+    """Key step ``j``'s softmax with the user's mask function (the score function already applied): the
+    mask and, with ``KEY_END``, the key end (``_mods_tile``) only on the tiles that need them (a block
+    mask's partial blocks, the tile the key end cuts; without a block mask every tile), under a run-time
+    branch over two copies of the softmax body, as ``_step_softmax``'s: the branch joins after the
+    softmax, so this warpgroup's P V stays in flight beside it."""
+    BLOCK_N: gl.constexpr = s.shape[1]
+    if lists is None:
+        if MASK_MOD is not None:
+            need = True
+        elif KEY_END:
+            need = n_start + BLOCK_N > seqlen_k
+        else:
+            need = False
+    else:
+        need = j < lists[2]
+        if KEY_END:
+            need = need | (n_start + BLOCK_N > seqlen_k)
+    if need:
+        masked = _mods_tile(s, mods, m_start, n_start, seqlen_k, rows_1d, cols_1d, _full_tile(j, lists), None,
+                            MASK_MOD, KEY_END)
+        p, alpha, m_new, l_new = _softmax_tile(masked, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
+                                               rows_1d, cols_1d, False, False, LEAN, COND_RESCALE, DEFERRED_SUM,
+                                               EXP2_FMA)
+    else:
+        p, alpha, m_new, l_new = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
+                                               rows_1d, cols_1d, False, False, LEAN, COND_RESCALE, DEFERRED_SUM,
+                                               EXP2_FMA)
+    return p, alpha, m_new, l_new
 
 
 
