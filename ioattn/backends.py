@@ -541,9 +541,9 @@ def mod_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         route = _MOD_ROUTES.get(key, _UNSET)
         if route is _UNSET:
             route = None
-            if mods_plan.fwd_plan(q, k, v, varlen, sem, call.block_size())[0]:
+            if mods_plan.fwd_plan(q, k, v, varlen, sem, call.block_size(), call.captures())[0]:
                 plan = forward_plan.plan_forward_mods(forward_signature(q, k, sem.softmax_scale, False),
-                                                      call.score is not None, call.block_size())
+                                                      call.score is not None, call.block_size(), call.captures())
                 route = gluon_fwd.ForwardLaunch(plan, q, k, v, cached=False, functions=call.functions())
             if len(_MOD_ROUTES) >= _ROUTES_MAX:
                 _MOD_ROUTES.clear()

@@ -139,10 +139,11 @@ def _mods_plan(q, k, v, call, varlen, window, seqlen_q, cu_seqlens_q) -> Dispatc
         part = dict(what, path="ioattn.kernels.cpu_mods: dense scores a band of query rows at a time")
         return DispatchPlan("reference", f"{q.device.type} tensors without TRITON_INTERPRET=1: the CPU path", part,
                             dict(part))
-    taken, why = mods_plan.fwd_plan(q, k, v, varlen, Semantics(q.shape[-1] ** -0.5, window), call.block_size())
+    taken, why = mods_plan.fwd_plan(q, k, v, varlen, Semantics(q.shape[-1] ** -0.5, window), call.block_size(),
+                                    call.captures())
     if taken:
         plan = forward_plan.plan_forward_mods(backends.forward_signature(q, k, q.shape[-1] ** -0.5, False),
-                                              call.score is not None, call.block_size())
+                                              call.score is not None, call.block_size(), call.captures())
         forward = {"kernel": "ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, pingpong, the functions "
                              "compiled in)",
                    "tiles": (plan.block_m, plan.block_n, 4 * (plan.block_m // 64), dict(plan.constexprs)["STAGES"]),

@@ -111,6 +111,10 @@ class ModCall:
         """The block mask's (query, key) block, or None."""
         return None if self.block_mask is None else tuple(self.block_mask.block_size)
 
+    def captures(self):
+        """Whether a function captures a tensor (the Gluon forward's tiles: ``plan.mods.tiles``)."""
+        return bool(self._caps(self.score) or self._caps(self.mask))
+
     def functions(self):
         """The kernels' compile-time functions: {"SCORE_MOD": ..., "MASK_MOD": ...} (None where absent)."""
         return dict(SCORE_MOD=self.score.module.mod if self.score else None,

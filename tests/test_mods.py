@@ -485,35 +485,45 @@ def test_a_mask_function_with_the_builtin_softcap_and_alibi(backend):
 
 def test_gluon_plan_for_functions_and_block_masks():
     """Which calls the Gluon ping-pong forward takes with functions (pure Python), and its plan: 64-key
-    tiles, a block mask's blocks as SUB tiles, no built-in mask (the functions mask the key end), the
-    softmax's scale log2 e after a score function (which gets the scaled score)."""
+    tiles where a function captures a tensor, 128-key tiles where none does (and the block mask's key
+    block is a multiple of them), a block mask's blocks as SUB tiles, no built-in mask (the functions mask
+    the key end), the softmax's scale log2 e after a score function (which gets the scaled score)."""
     from ioattn.kernels.constants import LOG2E
     from ioattn.plan import forward as forward_plan
     from ioattn.semantics import Semantics
 
     q = torch.empty(2, 1000, 4, 128, dtype=torch.bfloat16, device="meta")
     plain = Semantics(128 ** -0.5)
-    assert mods_plan.call_supported(q, q, q, False, plain, (128, 128)) == (True, "the Gluon ping-pong forward")
+    for captures in (True, False):
+        assert mods_plan.call_supported(q, q, q, False, plain, (128, 128), captures) == (
+            True, "the Gluon ping-pong forward")
     for args, match in (((q.float(), q.float(), q.float(), False, plain, None), "fp16/bf16"),
                         ((q[..., :96], q[..., :96], q[..., :96], False, plain, None), "head dims"),
                         ((q, q, q, True, plain, None), "fixed lengths"),
                         ((q, q, q, False, Semantics(0.1, (-1, 0)), None), "built-in masks"),
                         ((q, q, q, False, plain, (64, 128)), "multiples of its 128 x 64 tiles")):
-        ok, why = mods_plan.call_supported(*args)
+        ok, why = mods_plan.call_supported(*args, True)
         assert not ok and match in why, why
     with hopper.prefer_hopper(False):
-        assert mods_plan.fwd_plan(q, q, q, False, plain, None) == (False, "prefer_hopper(False): the portable kernels")
+        assert mods_plan.fwd_plan(q, q, q, False, plain, None, False) == (
+            False, "prefer_hopper(False): the portable kernels")
+    assert mods_plan.tiles(128, True, None) == mods_plan.TILES[128] == (128, 64, 3)
+    assert mods_plan.tiles(128, False, (128, 128)) == mods_plan.WIDE_TILES[128] == (128, 128, 2)
+    assert mods_plan.tiles(128, False, (128, 64)) == (128, 64, 3)  # 64-key blocks: the narrow tiles
+    assert mods_plan.tiles(256, False, None) == mods_plan.TILES[256]  # no wide tiles at d = 256
     sig = forward_plan.Signature(batch=2, seqlen_q=1000, seqlen_k=1000, nheads=4, nheads_kv=2, head_dim=128,
                                  element_size=2, varlen=False, causal=False, window=(-1, -1), softcap=0.0,
                                  softmax_scale=-0.1, alibi=False, device_sms=132)
-    plan = forward_plan.plan_forward_mods(sig, True, (256, 128))
+    plan = forward_plan.plan_forward_mods(sig, True, (256, 128), True)
     c = dict(plan.constexprs)
-    assert (plan.block_m, plan.block_n, c["SUB"], c["Q_BLOCK"]) == (128, 64, 2, 256)
+    assert (plan.block_m, plan.block_n, c["SUB"], c["Q_BLOCK"], c["STAGES"]) == (128, 64, 2, 256, 3)
     assert c["KV_TAIL"] and c["KEY_MASKS"] and not (c["IS_CAUSAL"] or c["WINDOW"] or c["PERSISTENT"])
     assert plan.qk_scale == LOG2E and not plan.negate_q
-    masked_only = forward_plan.plan_forward_mods(sig, False, None)  # the lean softmax's sign flip for a negative scale
+    wide = dict(forward_plan.plan_forward_mods(sig, True, (256, 128), False).constexprs)
+    assert (wide["BLOCK_N"], wide["SUB"], wide["STAGES"]) == (128, 1, 2)
+    masked_only = forward_plan.plan_forward_mods(sig, False, None, True)  # the lean softmax's sign flip for a negative scale
     assert dict(masked_only.constexprs)["SUB"] == 1 and masked_only.negate_q == dict(masked_only.constexprs)["LEAN"]
-    aligned = forward_plan.plan_forward_mods(dataclasses.replace(sig, seqlen_k=1024), False, None)
+    aligned = forward_plan.plan_forward_mods(dataclasses.replace(sig, seqlen_k=1024), False, None, True)
     assert not dict(aligned.constexprs)["KEY_MASKS"]
 
 
@@ -583,25 +593,6 @@ def test_gluon_forward_with_functions(case, d, poison_alloc):
     assert (lse.cpu()[finite].double() - lse64[finite]).abs().max() < 2e-2
 
 
-def test_the_mods_benchmark_offers_the_128_key_tiles_where_no_tensor_is_captured():
-    """``ioattn-n128`` (the A/B of the Gluon forward's key tile): offered for kinds whose functions capture
-    nothing, not where a captured tensor's gather would spill; inside it plans take the 128-key tiles,
-    and the table and plans outside are as before."""
-    from ioattn.bench import mods_bench as mb
-    from ioattn.plan import forward as forward_plan
-
-    offered = {kind for kind in ("causal", "document", "alibi", "softcap", "block_sparse")
-               if "ioattn-n128" in mb._providers(kind, ["ioattn-n128"], 256, 1, 2, DEVICE)[0]}
-    assert offered == {"causal", "softcap", "block_sparse"}
-    sig = forward_plan.Signature(batch=1, seqlen_q=1024, seqlen_k=1024, nheads=2, nheads_kv=2, head_dim=128,
-                                 element_size=2, varlen=False, causal=False, window=(-1, -1), softcap=0.0,
-                                 softmax_scale=0.1, alibi=False, device_sms=132)
-    before = dict(mods_plan.TILES)
-    with mb._mods_tiles(mb.N128_TILES):
-        assert forward_plan.plan_forward_mods(sig, False, (128, 128)).block_n == 128
-    assert mods_plan.TILES == before and forward_plan.plan_forward_mods(sig, False, (128, 128)).block_n == 64
-
-
 def test_the_mods_benchmark_times_the_block_mask_build():
     """``ioattn bench mods``'s block-mask build records (small, on this machine's device)."""
     from ioattn.bench import mods_bench as mb
@@ -609,6 +600,20 @@ def test_the_mods_benchmark_times_the_block_mask_build():
     recs = mb.build_times(256, DEVICE, flex=False, reps=2)
     assert [r["provider"] for r in recs] == ["ioattn"] and recs[0]["sweep"] == "mods-build"
     assert recs[0]["ms"] > 0 and recs[0]["seqlen_q"] == 256
+
+
+
+def test_the_mods_benchmark_records_a_provider_that_cannot_run_in_the_schema():
+    """A provider that fails a point (FlexAttention out of memory, say) leaves a record the report
+    reads: no time, not ok, the error named."""
+    from ioattn.bench import mods_bench as mb, report
+
+    base = dict(sweep="mods-document", provider="flex", dtype="bf16", batch=1, nheads=16, nheads_kv=16,
+                headdim=128, seqlen_q=16384, seqlen_k=16384, causal=True, paged=False, device="x", density=0.1,
+                command="ioattn bench mods")
+    rec = mb._failed(base, "fwd", MemoryError("16 GiB"))
+    assert report.validate(rec) == [] and rec["ms"] is None and not rec["ok"]
+    assert rec["error"] == "MemoryError: 16 GiB"
 
 
 def test_gluon_forward_launch_with_functions(monkeypatch):
@@ -636,8 +641,10 @@ def test_gluon_forward_launch_with_functions(monkeypatch):
     docs = torch.tensor([0] * 300 + [1] * 700, dtype=torch.int32)
     bm = create_block_mask(M.document_mask(docs, M.causal_mask), None, None, n, n, BLOCK_SIZE=128)
     call = ModCall.make(M.relative_bias(tab), None, bm)
+    uncaptured = create_block_mask(M.causal_mask, None, None, n, n, BLOCK_SIZE=128)
+    assert call.captures() and not ModCall.make(None, None, uncaptured).captures()
     plan = forward_plan.plan_forward_mods(backends.forward_signature(q, k, d ** -0.5, False), True,
-                                          call.block_size())
+                                          call.block_size(), call.captures())
     launch = gluon_fwd.ForwardLaunch(plan, q, k, k, cached=False, functions=call.functions())
     launch(q, k, k, mod_args=call.gluon_forward_args(d ** -0.5))
     ((grid, kw),) = launches

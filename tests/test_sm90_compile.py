@@ -477,16 +477,15 @@ def test_hopper_schedule_record_compiles_for_sm90():
 def test_hopper_forward_with_mask_and_score_functions_compiles_for_sm90():
     """The ping-pong forward with a score function (a learnable table), a document mask and a block mask's
     lists (``plan_forward_mods``), whole key tiles and a key tail: its 64-key tiles (``plan.mods.TILES``) keep
-    the functions' values in registers, no spill, the products pipelined."""
+    the captured tensors' values in registers, no spill, the products pipelined; a mask function capturing
+    nothing takes the 128-key tiles (``plan.mods.WIDE_TILES``), no spill either."""
     import re
 
-    lines = _hopper_check("--mods", "--headdims", "128")
-    assert len(lines) == 2, lines
-    for line in lines:
-        assert "tiles=128x64 SUB=2" in line and int(re.search(r"spills=(\d+)", line).group(1)) == 0, line
-    # the bench's ioattn-n128 A/B: a mask function capturing nothing fits the 128-key tiles too
-    (line,) = _hopper_check("--mods", "--n128", "--headdims", "128")
-    assert "n128" in line and "tiles=128x128 SUB=1" in line and " spills=0 " in line, line
+    for flags, tiles in (((), "tiles=128x64 SUB=2"), (("--no-captures",), "tiles=128x128 SUB=1")):
+        lines = _hopper_check("--mods", *flags, "--headdims", "128")
+        assert len(lines) == 2, lines
+        for line in lines:
+            assert tiles in line and int(re.search(r"spills=(\d+)", line).group(1)) == 0, line
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")

@@ -178,33 +178,31 @@ def _user_causal(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
 
 
-def compile_mods(d, kv_tail=False, n128=False):
+def compile_mods(d, kv_tail=False, captures=True):
     """The forward with a score function capturing a learnable table, a mask function capturing document
     ids and a block mask (``plan.forward.plan_forward_mods``; the functions and the run-time tuples as the
-    launch binds them, ``ModCall.functions`` / ``gluon_forward_args``); ``n128``: instead a causal mask
-    function capturing nothing at ``bench.mods_bench.N128_TILES`` (the bench's ``ioattn-n128`` A/B);
+    launch binds them, ``ModCall.functions`` / ``gluon_forward_args``); ``captures`` False: instead a
+    causal mask function capturing nothing, at the tiles the plan gives it (``plan.mods.tiles``);
     returns its report line."""
     import torch
 
     from ioattn import backends, mods
-    from ioattn.bench.mods_bench import N128_TILES, _mods_tiles
     from ioattn.block_mask import create_block_mask
     from ioattn.modcall import ModCall
     from ioattn.plan import forward as forward_plan
 
     n = 1024 + (64 if kv_tail else 0)
-    if n128:
-        call = ModCall.make(None, None, create_block_mask(_user_causal, None, None, n, n, BLOCK_SIZE=128))
-    else:
+    if captures:
         call = ModCall.make(mods.relative_bias(torch.zeros(4, 9, requires_grad=True)), None,
                             create_block_mask(mods.document_mask(torch.zeros(n, dtype=torch.int32),
                                                                  mods.causal_mask), None, None, n, n, BLOCK_SIZE=128))
+    else:
+        call = ModCall.make(None, None, create_block_mask(_user_causal, None, None, n, n, BLOCK_SIZE=128))
     sig = forward_plan.Signature(batch=1, seqlen_q=n, seqlen_k=n, nheads=4, nheads_kv=4, head_dim=d,
                                  element_size=2, varlen=False, causal=False, window=(-1, -1), softcap=0.0,
                                  softmax_scale=d ** -0.5, alibi=False, device_sms=132)
     backends.clear_routes()
-    with _mods_tiles(N128_TILES if n128 else {}):
-        plan = forward_plan.plan_forward_mods(sig, not n128, call.block_size())
+    plan = forward_plan.plan_forward_mods(sig, call.score is not None, call.block_size(), call.captures())
     bn, q_rows = plan.block_n, plan.q_rows
     lay = {name: gl.NVMMASharedLayout.get_default_for(list(box), gl.bfloat16)
            for name, box in (("q", (q_rows, d)), ("kv", (bn, d)))}
@@ -222,7 +220,7 @@ def compile_mods(d, kv_tail=False, n128=False):
     assert k.metadata.shared <= H200_SHARED_BYTES, (d, k.metadata.shared)
     nregs, spills, _, serialized = ptxas_report(ptx)
     assert not serialized, (d, serialized)
-    return (f"mods pingpong{' n128' if n128 else ''} d={d} kv_tail={kv_tail} tiles={plan.block_m}x{bn} "
+    return (f"mods pingpong{'' if captures else ' no-captures'} d={d} kv_tail={kv_tail} tiles={plan.block_m}x{bn} "
             f"SUB={constexprs['SUB']} "
             f"shared={k.metadata.shared} regs={nregs} spills={spills} {fmt(c)}")
 
@@ -449,15 +447,15 @@ def main():
                     help="key tile (block_n) of every selected variant and head dim instead of hopper.TILE_TABLE's")
     ap.add_argument("--stages", type=int, default=None, help="K / V ring depth instead of hopper.TILE_TABLE's")
     ap.add_argument("--fp8", action="store_true", help="the FP8 (e4m3) forward's builds instead (hopper.FP8_TILES)")
-    ap.add_argument("--n128", action="store_true",
-                    help="with --mods: a causal mask function at the bench's ioattn-n128 tiles instead")
+    ap.add_argument("--no-captures", action="store_true",
+                    help="with --mods: a causal mask function capturing nothing instead (its own tiles)")
     ap.add_argument("--mods", action="store_true",
                     help="the forward with score and mask functions and a block mask (plan_forward_mods) instead")
     args = ap.parse_args()
     if args.mods:  # the programmable forward's builds alone
         for d in map(int, (args.headdims or "64,128,256").split(",")):
-            for kv_tail in (False,) if args.n128 else (False, True):
-                print(compile_mods(d, kv_tail, args.n128), flush=True)
+            for kv_tail in (False, True):
+                print(compile_mods(d, kv_tail, not args.no_captures), flush=True)
         return
     if args.fp8:  # the FP8 forward's builds alone
         for d in map(int, (args.headdims or ",".join(map(str, hopper.FP8_TILES))).split(",")):

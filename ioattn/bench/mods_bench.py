@@ -9,9 +9,6 @@ and sequence length, forward and forward+backward device time of:
   (``_as_user``: the library's own would run as their built-in forms), so the generated code is timed;
   on sm_90 its forward is the Gluon ping-pong kernel;
 * ``ioattn-portable``: the same on the portable kernels (``hopper.prefer_hopper(False)``);
-* ``ioattn-n128``: the Gluon forward at the built-in kernel's 128-key tiles (``N128_TILES``) in place of
-  ``plan.mods.TILES``' 64, for the kinds whose functions capture no tensor (they compile for sm_90
-  without a spill there; a captured table's gather spills): the A/B of that tile;
 * ``ioattn-builtin``: the same attention through the built-in arguments where there are some
   (``causal``, ``window_size``, ``softcap``, ``alibi_slopes``, the varlen call for documents; dense
   attention for the block-sparse layout, the 10x-ideal's baseline);
@@ -21,12 +18,11 @@ and sequence length, forward and forward+backward device time of:
 Every provider is checked once per configuration against the float64 oracle on one head of the
 problem. And the block mask's own cost (``--build-seqlen``): building a document-causal block mask of
 that length with ``create_block_mask`` and FlexAttention's, synchronised wall time (``sweep`` =
-``mods-build``). Records (JSON lines, ``--out``) carry ``sweep`` = ``mods-<kind>``; ``ioattn bench report``
-reads them.
+``mods-build``, in ``--out``'s ``build.jsonl``). The timed records (``results.jsonl``) carry ``sweep`` =
+``mods-<kind>``; ``ioattn bench report`` reads them.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -51,11 +47,12 @@ def add_arguments(parser):
     parser.add_argument("--seqlens", type=int_list(1), default=(1024, 4096, 16384),
                         help="sequence lengths (default: 1024,4096,16384)")
     parser.add_argument("--modes", default="fwd,fwdbwd", help="fwd and / or fwdbwd (default: both)")
-    parser.add_argument("--providers", default="ioattn,ioattn-portable,ioattn-n128,ioattn-builtin,flex,sdpa-cudnn",
-                        help="comma-separated (default: ioattn,ioattn-portable,ioattn-n128,ioattn-builtin,flex,sdpa-cudnn)")
+    parser.add_argument("--providers", default="ioattn,ioattn-portable,ioattn-builtin,flex,sdpa-cudnn",
+                        help="comma-separated (default: ioattn,ioattn-portable,ioattn-builtin,flex,sdpa-cudnn)")
     parser.add_argument("--build-seqlen", type=non_negative_int, default=131072,
                         help="the block-mask build's length (default: 131072; 0: not timed)")
-    parser.add_argument("--out", default=None, help="folder for results.jsonl (default: none, printed only)")
+    parser.add_argument("--out", default=None,
+                        help="folder for results.jsonl and build.jsonl (default: none, printed only)")
     return parser
 
 
@@ -120,36 +117,6 @@ def _as_user(fn):
     return user_fn
 
 
-# the Gluon forward's (block_m, block_n, stages) at the built-in ping-pong kernel's 128-key tiles (the
-# ``ioattn-n128`` A/B): docs/decisions/programmable-attention.md
-N128_TILES = {64: (128, 128, 3), 128: (128, 128, 2)}
-
-
-@contextlib.contextmanager
-def _mods_tiles(tiles):
-    """``plan.mods.TILES`` with ``tiles``' entries inside the block; the prepared routes and plans are
-    dropped on the way in and out (each call plans anew on the host, outside the device time)."""
-    from ioattn import backends
-    from ioattn.plan import mods as mods_plan
-
-    before = dict(mods_plan.TILES)
-    mods_plan.TILES.update(tiles)
-    backends.clear_routes()
-    try:
-        yield
-    finally:
-        mods_plan.TILES.clear()
-        mods_plan.TILES.update(before)
-        backends.clear_routes()
-
-
-def _captures(fn, kind):
-    """Whether the traced ``fn`` captures a tensor (None: no function)."""
-    from ioattn import mods as M
-
-    return fn is not None and bool(M.trace(fn, kind).captures)
-
-
 def _providers(kind, names, n, batch, nheads, device):
     import ioattn
     from ioattn.plan import hopper
@@ -165,11 +132,6 @@ def _providers(kind, names, n, batch, nheads, device):
             with hopper.prefer_hopper(False):
                 return ioattn.flash_attn_func(q, k, v, score_mod=user_score, block_mask=bm)
         out["ioattn-portable"] = portable
-    if "ioattn-n128" in names and not (_captures(mask_mod, "mask") or _captures(score_mod, "score")):
-        def n128(q, k, v):
-            with _mods_tiles(N128_TILES):
-                return ioattn.flash_attn_func(q, k, v, score_mod=user_score, block_mask=bm)
-        out["ioattn-n128"] = n128
     if "ioattn-builtin" in names and builtin is not None:
         if docs is not None:
             cu, longest = docs
@@ -202,6 +164,9 @@ def _layout_mask(layout):
 def _flex(kind, mask_mod, score_mod, layout, n, device):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+    # a fresh compile a point: past dynamo's recompile limit FlexAttention falls back to its unfused
+    # eager form (the dense scores: slow, then out of memory)
+    torch._dynamo.reset()
     compiled = torch.compile(flex_attention, dynamic=False)
     if layout is not None:  # FlexAttention's block-sparse form: the layout's blocks as full blocks, no mask
         bm = _flex_layout_mask(layout.to(device), n)
@@ -278,16 +243,17 @@ def run(args):
             for d in args.headdims:
                 for n in args.seqlens:
                     records += _point(kind, d, n, names, modes, env, sink, "ioattn " + " ".join(args.argv))
-        if args.build_seqlen:
-            for rec in build_times(args.build_seqlen, "cuda", "flex" in names):
-                rec.update(device=env["device"], command="ioattn " + " ".join(args.argv))
-                records.append(rec)
-                print(f"block mask build n={rec['seqlen_q']} {rec['provider']:8s} {rec['ms']:8.2f} ms", flush=True)
-                if sink:
-                    sink.write(json.dumps(rec) + "\n")
     finally:
         if sink:
             sink.close()
+    if args.build_seqlen:  # the block-mask builds: their own file (not attention records)
+        builds = build_times(args.build_seqlen, "cuda", "flex" in names)
+        for rec in builds:
+            rec.update(device=env["device"], command="ioattn " + " ".join(args.argv))
+            print(f"block mask build n={rec['seqlen_q']} {rec['provider']:8s} {rec['ms']:8.2f} ms", flush=True)
+        if args.out:
+            with open(os.path.join(args.out, "build.jsonl"), "w") as f:
+                f.writelines(json.dumps(rec) + "\n" for rec in builds)
     _summary(records)
     ours = [r for r in records if r["provider"] == "ioattn"]
     return 0 if ours and all(r["ok"] for r in ours) else 1
@@ -316,7 +282,7 @@ def _point(kind, d, n, names, modes, env, sink, command):
                 print(f"{kind:14s} d={d:3d} n={n:6d} {mode:6s} {pname:15s} {ms:8.3f} ms  "
                       f"{rec['tflops']:6.1f} TFLOP/s  {'ok' if ok else 'WRONG'} (err {err:.1e})", flush=True)
         except Exception as e:  # noqa: BLE001 - a provider that cannot run a point is reported, not fatal
-            out.append(dict(base, mode=modes[0], ok=False, error=f"{type(e).__name__}: {str(e)[:200]}"))
+            out.append(_failed(base, modes[0], e))
             print(f"{kind:14s} d={d:3d} n={n:6d} {pname:15s} cannot run: {type(e).__name__}: {str(e)[:120]}")
         torch.cuda.empty_cache()
     if sink:
@@ -324,6 +290,11 @@ def _point(kind, d, n, names, modes, env, sink, command):
             sink.write(json.dumps(r) + "\n")
         sink.flush()
     return out
+
+
+def _failed(base, mode, error):
+    """The record of a provider that cannot run a point: no time, the error's type and text."""
+    return dict(base, mode=mode, ms=None, tflops=None, ok=False, error=f"{type(error).__name__}: {str(error)[:200]}")
 
 
 def build_times(n, device, flex=True, reps=5):

@@ -196,20 +196,21 @@ def _make_fp8(sig: Signature) -> GluonForwardPlan:
         win_left=win_left, win_right=win_right, constexprs=tuple(consts.items()))
 
 
-def plan_forward_mods(sig: Signature, score: bool, block_size: tuple | None) -> GluonForwardPlan:
+def plan_forward_mods(sig: Signature, score: bool, block_size: tuple | None, captures: bool) -> GluonForwardPlan:
     """The plan for a call with score or mask functions or a block mask (``plan.mods.call_supported``'s):
     the two-warpgroup ping-pong kernel at its own tiles and options, no built-in mask (the functions mask
     the key end too), the block mask's blocks as ``SUB`` key tiles by ``Q_BLOCK`` queries. ``score``: a
-    score function, which takes the scaled score (the softmax's scale is then log2 e). The functions
-    themselves are the launch's to bind (``SCORE_MOD`` / ``MASK_MOD``)."""
-    key = ("mods", sig, score, block_size, dispatch.switch_state())
-    return _PLANS.get(key, lambda: _make_mods(sig, score, block_size))
+    score function, which takes the scaled score (the softmax's scale is then log2 e); ``captures``:
+    whether a function captures a tensor (``plan.mods.tiles``). The functions themselves are the
+    launch's to bind (``SCORE_MOD`` / ``MASK_MOD``)."""
+    key = ("mods", sig, score, block_size, captures, dispatch.switch_state())
+    return _PLANS.get(key, lambda: _make_mods(sig, score, block_size, captures))
 
 
-def _make_mods(sig: Signature, score: bool, block_size: tuple | None) -> GluonForwardPlan:
+def _make_mods(sig: Signature, score: bool, block_size: tuple | None, captures: bool) -> GluonForwardPlan:
     d = sig.head_dim
     cfg = hopper.kernel_config(d, "pingpong", False, sig.seqlen_q)
-    block_m, block_n, stages = mods.TILES[d]
+    block_m, block_n, stages = mods.tiles(d, captures, block_size)
     consts = dict(cfg["constexprs"], BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages)
     kv_tail = sig.seqlen_k % block_n != 0
     scale = sig.softmax_scale

@@ -7,24 +7,36 @@ import torch
 
 from ioattn.plan import hopper
 
-# the ping-pong kernel's (block_m, block_n, stages) for them by head dim: 64-key tiles, so that the functions'
-# per-element values fit the consumers' registers (128-key tiles spill at d = 64 and 128).
+# the ping-pong kernel's (block_m, block_n, stages) for them by head dim: 64-key tiles where a function
+# captures a tensor (its gathered values spill the consumers' registers at 128-key tiles, d = 64 and 128),
+# the built-in kernel's 128-key tiles where none does (``tiles``).
 # tuned: docs/decisions/programmable-attention.md
 TILES = {64: (128, 64, 4), 128: (128, 64, 3), 256: (128, 64, 2)}
+WIDE_TILES = {64: (128, 128, 3), 128: (128, 128, 2)}
 
 
-def fwd_plan(q, k, v, varlen, sem, block_size) -> tuple[bool, str]:
+def tiles(d, captures, block_size):
+    """(block_m, block_n, stages) at head dim ``d``: ``WIDE_TILES`` where no function captures a tensor
+    and the block mask's key block (``block_size``, or None) is a multiple of them, else ``TILES``."""
+    wide = WIDE_TILES.get(d)
+    if wide and not captures and (block_size is None or block_size[1] % wide[1] == 0):
+        return wide
+    return TILES[d]
+
+
+def fwd_plan(q, k, v, varlen, sem, block_size, captures) -> tuple[bool, str]:
     """(taken, why) for a call with score or mask functions or a block mask (``block_size``: the block
-    mask's (query, key) block, or None) on the Gluon ping-pong forward: on sm_90 wherever it covers the
-    call (``call_supported``), unless ``hopper.prefer_hopper(False)`` asks for the portable kernels.
+    mask's (query, key) block, or None; ``captures``: whether a function captures a tensor) on the Gluon
+    ping-pong forward: on sm_90 wherever it covers the call (``call_supported``), unless
+    ``hopper.prefer_hopper(False)`` asks for the portable kernels.
     tuned: docs/decisions/programmable-attention.md"""
     if hopper.prefer_hopper.value is False:
         return False, "prefer_hopper(False): the portable kernels"
     ok, why = hopper._device_ok(q)
-    return call_supported(q, k, v, varlen, sem, block_size) if ok else (False, why)
+    return call_supported(q, k, v, varlen, sem, block_size, captures) if ok else (False, why)
 
 
-def call_supported(q, k, v, varlen, sem, block_size) -> tuple[bool, str]:
+def call_supported(q, k, v, varlen, sem, block_size, captures=True) -> tuple[bool, str]:
     """``fwd_plan``'s checks of the call itself: pure Python, testable anywhere."""
     d = q.shape[-1]
     if hopper.value_dim_refusal(q, v):
@@ -38,7 +50,7 @@ def call_supported(q, k, v, varlen, sem, block_size) -> tuple[bool, str]:
     if sem.causal or sem.window != (-1, -1) or sem.softcap > 0 or sem.alibi or sem.dropout_p > 0:
         return False, ("score and mask functions on the Gluon kernel: without built-in masks, softcap, ALiBi or "
                        "dropout (fold them into the functions)")
-    block_m, block_n, _ = TILES[d]
+    block_m, block_n, _ = tiles(d, captures, block_size)
     if block_size is not None and (block_size[0] % block_m or block_size[1] % block_n):
         return False, (f"a block mask of {block_size[0]} x {block_size[1]} blocks: the Gluon kernel needs multiples "
                        f"of its {block_m} x {block_n} tiles")
