@@ -8,6 +8,9 @@ heuristic in ``ioattn/plan/decode.py`` (``plan``), with this script's output kep
 ``--focus``: the cases still behind cuDNN (batch 1 with 4k-128k keys, batch 8 x 8192; contiguous
 cache), pointer loads, BLOCK_N 64/128 x warps 4/8 x stages 2/3/4 x finer split waves, with SDPA's
 cuDNN backend timed on each case in the same run (records with ``provider: "sdpa-cudnn"``).
+``--focus --fp8``: the same on e4m3 caches (per-head descales), block_n 64/128/256 and stages up to
+6 as well, with the default plan on the bf16 caches timed in the same run (records with ``provider:
+"ioattn-bf16"``): the FP8 decode's time against bf16's (the target: 0.55x at 1 x 131072).
 ``--focus --paged``: the same cases on a paged cache (pages of 256, a random block table), pointer
 and TMA loads, BLOCK_N 64/128 x warps 4/8 x split waves 1/2/3, with the default plan on the
 contiguous cache timed in the same run (records with ``provider: "ioattn-contiguous"``): the
@@ -34,7 +37,7 @@ CASES = [(1, 4096), (1, 16384), (1, 65536), (1, 131072), (8, 8192), (32, 32768),
 HQ, HKV, D, PAGE = 32, 8, 128, 256
 
 
-def make(batch, kvlen, paged, dtype=torch.bfloat16):
+def make(batch, kvlen, paged, dtype=torch.bfloat16, fp8=False):
     shape = (batch * kvlen // PAGE, PAGE, HKV, D) if paged else (batch, kvlen, HKV, D)
     kc = torch.randn(shape, device="cuda", dtype=dtype)
     vc = torch.randn(shape, device="cuda", dtype=dtype)
@@ -42,15 +45,33 @@ def make(batch, kvlen, paged, dtype=torch.bfloat16):
     kw = dict(cache_seqlens=torch.full((batch,), kvlen, dtype=torch.int32, device="cuda"))
     if paged:
         kw["block_table"] = torch.randperm(shape[0], device="cuda").view(batch, -1).to(torch.int32)
+    if fp8:  # e4m3 caches (contiguous), one descale a (sequence, KV head)
+        (kc, kw["k_descale"]), (vc, kw["v_descale"]) = _e4m3(kc), _e4m3(vc)
     return q, kc, vc, kw
 
 
-def correct(cfg, paged):
-    q, kc, vc, kw = make(2, 4096, paged)
+def _e4m3(cache):
+    """(e4m3 cache, its (batch, KV heads) descales) of a contiguous (batch, keys, KV heads, d) cache."""
+    descale = cache.float().abs().amax(dim=(1, 3)).clamp(min=1e-6) / 448
+    return (cache.float() / descale[:, None, :, None]).to(torch.float8_e4m3fn), descale
+
+
+def _dequantized(kc, vc, kw):
+    """The caches as the FP8 kernel reads them, in float32 (the oracle's input)."""
+    return (c.float() * kw[name][:, None, :, None] for c, name in ((kc, "k_descale"), (vc, "v_descale")))
+
+
+def correct(cfg, paged, fp8=False):
+    q, kc, vc, kw = make(2, 4096, paged, fp8=fp8)
     with decode_config(**cfg):
         out = flash_attn_with_kvcache(q, kc, vc, **kw, check_values=False)
-    ref, _ = kvcache_attention_ref(q, kc, vc, **kw)
-    same, _ = kvcache_attention_ref(q, kc, vc, **kw, upcast=False)
+    if fp8:  # against float64 attention of the dequantised caches; the bound: the default plan's error, twice
+        plain = {k: v for k, v in kw.items() if not k.endswith("descale")}
+        ref, _ = kvcache_attention_ref(q, *_dequantized(kc, vc, kw), **plain)
+        same = flash_attn_with_kvcache(q, kc, vc, **kw, check_values=False)
+    else:
+        ref, _ = kvcache_attention_ref(q, kc, vc, **kw)
+        same, _ = kvcache_attention_ref(q, kc, vc, **kw, upcast=False)
     err = (out.double() - ref).abs().max().item()
     base = (same.double() - ref).abs().max().item()
     return not math.isnan(err) and err <= 2 * base + 1e-4
@@ -62,9 +83,12 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--focus", action="store_true")
     ap.add_argument("--paged", action="store_true", help="with --focus: the paged cache")
+    ap.add_argument("--fp8", action="store_true", help="with --focus: e4m3 caches (contiguous)")
     args = ap.parse_args()
+    if args.fp8 and (args.paged or not args.focus):
+        ap.error("--fp8 goes with --focus, on contiguous caches")
     if args.focus:
-        return focus(args.out, args.paged)
+        return focus(args.out, args.paged, args.fp8)
     os.makedirs(args.out, exist_ok=True)
     sink = open(os.path.join(args.out, "tune_decode.jsonl"), "w")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -105,24 +129,29 @@ def main():
     return 0
 
 
-def focus(out, paged=False):
+def focus(out, paged=False, fp8=False):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     os.makedirs(out, exist_ok=True)
-    sink = open(os.path.join(out, "tune_decode_focus_paged.jsonl" if paged else "tune_decode_focus.jsonl"), "w")
+    name = "tune_decode_focus" + ("_paged" if paged else "") + ("_fp8" if fp8 else "")
+    sink = open(os.path.join(out, name + ".jsonl"), "w")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     cases = [(1, 4096), (1, 16384), (1, 65536), (1, 131072), (8, 8192)]
     if paged:
         configs = [dict(use_tma=tma, block_n=bn, num_warps=w, num_stages=2)
                    for tma, bn, w in itertools.product((False, True), (64, 128), (4, 8))]
         waves = (1, 2, 3)
+    elif fp8:  # half the bytes a chunk: longer chunks and deeper rings too
+        configs = [dict(use_tma=False, block_n=bn, num_warps=w, num_stages=st)
+                   for bn, w, st in itertools.product((64, 128, 256), (4, 8), (2, 3, 4, 6))]
+        waves = (1, 1.5, 2, 3, 4)
     else:
         configs = [dict(use_tma=False, block_n=bn, num_warps=w, num_stages=st)
                    for bn, w, st in itertools.product((64, 128), (4, 8), (2, 3, 4))]
         waves = (1, 1.5, 2, 3, 4)
-    data = {c: make(*c, paged=paged) for c in cases}
-    best, cudnn = {}, {}
-    for batch, kvlen in cases:  # the peer first (on the contiguous cache: also our default plan)
-        q, kc, vc, kw = make(batch, kvlen, paged=False) if paged else data[(batch, kvlen)]
+    data = {c: make(*c, paged=paged, fp8=fp8) for c in cases}
+    best, cudnn, base = {}, {}, {}
+    for batch, kvlen in cases:  # the peer first (on the contiguous bf16 cache: also our default plan)
+        q, kc, vc, kw = make(batch, kvlen, paged=False) if paged or fp8 else data[(batch, kvlen)]
         qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)
 
         def peer(_):
@@ -130,14 +159,19 @@ def focus(out, paged=False):
                 return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
         cudnn[(batch, kvlen)] = median_ms(peer, [0]) * 1e3
         sink.write(json.dumps(dict(provider="sdpa-cudnn", batch=batch, kvlen=kvlen, us=cudnn[(batch, kvlen)])) + "\n")
-        if paged:
+        if paged or fp8:  # our default plan on the contiguous (bf16) cache: what the sweep compares against
+            if fp8:
+                q, kc, vc, kw = make(batch, kvlen, paged=False)
+                qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)
             us = median_ms(lambda s: flash_attn_with_kvcache(q, kc, vc, **kw, check_values=False), [0]) * 1e3
-            sink.write(json.dumps(dict(provider="ioattn-contiguous", batch=batch, kvlen=kvlen, us=us)) + "\n")
-            print(f"contiguous default plan {batch} x {kvlen}: {us:.1f} us (cuDNN {cudnn[(batch, kvlen)]:.1f})")
+            provider = "ioattn-bf16" if fp8 else "ioattn-contiguous"
+            sink.write(json.dumps(dict(provider=provider, batch=batch, kvlen=kvlen, us=us)) + "\n")
+            print(f"{provider} default plan {batch} x {kvlen}: {us:.1f} us (cuDNN {cudnn[(batch, kvlen)]:.1f})")
+            base[(batch, kvlen)] = us
         del q, kc, vc, kw
     for cfg in configs:
         try:
-            ok = correct(cfg, paged)
+            ok = correct(cfg, paged, fp8)
         except Exception as e:  # noqa: BLE001 - a config that does not fit
             print(f"{cfg}: cannot run ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
             continue
@@ -148,16 +182,18 @@ def focus(out, paged=False):
                 splits = max(1, min(math.ceil(w * sms / (batch * HKV)), kvlen // cfg["block_n"]))
                 with decode_config(**cfg, num_splits=splits):
                     ms = median_ms(lambda s: flash_attn_with_kvcache(q, kc, vc, **kw, check_values=False), [0])
-                rec = dict(provider="ioattn-paged" if paged else "ioattn", batch=batch, kvlen=kvlen, **cfg, waves=w,
+                rec = dict(provider="ioattn-paged" if paged else "ioattn-fp8" if fp8 else "ioattn", batch=batch,
+                           kvlen=kvlen, **cfg, waves=w,
                            num_splits=splits, ok=ok,
                            us=ms * 1e3, gbps=bytes_kv / ms / 1e6)
                 sink.write(json.dumps(rec) + "\n")
                 if ok and ((batch, kvlen) not in best or rec["us"] < best[(batch, kvlen)]["us"]):
                     best[(batch, kvlen)] = rec
         sink.flush()
-    print(f"\n{'batch':>5} {'kvlen':>7} {'us':>7} {'cudnn':>7} {'ratio':>6}  best config")
+    print(f"\n{'batch':>5} {'kvlen':>7} {'us':>7} {'cudnn':>7} {'ratio':>6} {'/ bf16':>6}  best config")
     for key, r in sorted(best.items()):
-        print(f"{key[0]:>5} {key[1]:>7} {r['us']:7.1f} {cudnn[key]:7.1f} {cudnn[key] / r['us']:6.3f}  "
+        vs_bf16 = f"{r['us'] / base[key]:6.3f}" if fp8 else f"{'':>6}"
+        print(f"{key[0]:>5} {key[1]:>7} {r['us']:7.1f} {cudnn[key]:7.1f} {cudnn[key] / r['us']:6.3f} {vs_bf16}  "
               f"block_n={r['block_n']} warps={r['num_warps']} stages={r['num_stages']} waves={r['waves']} "
               f"splits={r['num_splits']}")
     return 0
