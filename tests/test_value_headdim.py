@@ -221,8 +221,7 @@ def test_decode_matches_oracle(backend, paged, poison_alloc):
 @pytest.mark.parametrize("paged", [False, True])
 def test_mla_decode_real_head_dims(backend, paged, poison_alloc):
     """MLA's decoding at its real head dims over a short cache: q and the latent keys 576 wide, V the
-    cache's first 512 columns (one KV head, 4 query heads); the kernel takes q.k as 512 + 64 columns
-    and V's tiles from K's."""
+    cache's first 512 columns (one KV head, 4 query heads); the kernel takes q.k as 512 + 64 columns."""
     kw = _decode_case(576, 512, 4, 1, paged, shared=True, capacity=40)
     _check_decode(kw, backend, 3)
 
@@ -238,19 +237,18 @@ def test_decode_tma_loads(paged, poison_alloc):
 
 
 def test_mla_decode_plan_and_v_loaded_on_its_own(poison_alloc):
-    """The plan names the two q.k blocks and V taken from K; forcing V's own loads gives the same
-    result; a v_cache that is not K's columns (a copy) is read on its own."""
+    """The plan names the two q.k blocks and V's head dim; V a view of K's columns (the latent cache)
+    and a copy of them are read alike: the same plan, the same result."""
     assert head_blocks(576) == (512, 64) and head_blocks(128) == (128, 0) and head_blocks(200) == (256, 0)
     kw = _decode_case(576, 512, 4, 1, False, shared=True, capacity=32, seqlen_new=0)
     del kw["k"], kw["v"]
     with dispatch.forced_backend("triton"):
-        why = explain_decode(kw["q"], kw["k_cache"], kw["v_cache"], kw["cache_seqlens"])["reason"]
-        assert "two blocks of 512 + 64" in why and "V's tiles taken from K's" in why, why
-        copy = explain_decode(kw["q"], kw["k_cache"], kw["v_cache"].contiguous(), kw["cache_seqlens"])["reason"]
-        assert "taken from K's" not in copy and "value head dim 512" in copy, copy
+        latent = explain_decode(kw["q"], kw["k_cache"], kw["v_cache"], kw["cache_seqlens"])
+        assert "two blocks of 512 + 64" in latent["reason"] and "value head dim 512" in latent["reason"], latent
+        copy = explain_decode(kw["q"], kw["k_cache"], kw["v_cache"].contiguous(), kw["cache_seqlens"])
+        assert copy["plan"] == latent["plan"], (copy, latent)
         first = flash_attn_with_kvcache(**kw)
-        with decode_config(v_from_k=False):
-            assert torch.equal(first, flash_attn_with_kvcache(**kw))
+        assert torch.equal(first, flash_attn_with_kvcache(**dict(kw, v_cache=kw["v_cache"].contiguous())))
 
 
 def _new_kv_bad_dv(kw):
@@ -350,8 +348,9 @@ from ioattn.kernels.backward import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel
 from ioattn.kernels.decode import decode_split_kernel
 from ioattn.kernels.forward import attn_fwd_kernel
 from ioattn.plan import decode, dispatch
-# MLA's decode launch as the plan makes it on a GPU (576 = 512 + 64, V from K): no spills, fits shared memory
-c = dict(HEAD_DIM=576, BLOCK_D=512, BLOCK_D_TAIL=64, HEAD_DIM_V=512, BLOCK_DV=512, V_FROM_K=True,
+# MLA's decode launch as the plan makes it on a GPU (576 = 512 + 64, V read as its own tile): no spills, fits
+# shared memory
+c = dict(HEAD_DIM=576, BLOCK_D=512, BLOCK_D_TAIL=64, HEAD_DIM_V=512, BLOCK_DV=512,
          BLOCK_M=decode.WIDE_HEAD_BLOCK_M, BLOCK_N=decode.WIDE_HEAD_BLOCK_N, PAGE_SIZE=1, PAGED=False,
          HAS_BATCH_IDX=False, HAS_LEFTPAD=False, HAS_SOFTCAP=False, HAS_ALIBI=False, USE_TMA=False, UNIFIED=False,
          PHI_BELOW=64.0, PHI_ABOVE=64.0, HAS_SEQLENS=True)
@@ -362,8 +361,8 @@ _, shared, k = compile_one(decode_split_kernel, c, decode.WIDE_HEAD_WARPS, decod
 regs, spills, _, _ = ptxas_report(k.asm["ptx"])
 print("mla decode: registers", regs, "spills", spills, "shared", shared)
 assert spills == 0 and shared <= 232448, (regs, spills, shared)
-# fp32 caches with V loaded on its own (the most shared memory): the plan's smaller tiles fit
-c.update(V_FROM_K=False, BLOCK_N=decode.WIDE_HEAD_FP32_BLOCK_N)
+# fp32 caches (the most shared memory): the plan's smaller tiles fit
+c.update(BLOCK_N=decode.WIDE_HEAD_FP32_BLOCK_N)
 _, shared, _ = compile_one(decode_split_kernel, c, decode.WIDE_HEAD_WARPS, decode.WIDE_HEAD_FP32_STAGES, dtype="fp32",
                            divisible=aligned)
 assert shared <= 232448, shared

@@ -83,7 +83,7 @@ def _portable_builds(d):
         yield (f"decode paged={paged} tma={tma}", decode_split_kernel,
                dict(dims, BLOCK_M=16, BLOCK_N=decode._BLOCK_N_CUDA, PAGE_SIZE=64 if paged else 1, PAGED=paged,
                     HAS_BATCH_IDX=False, HAS_LEFTPAD=False, HAS_SOFTCAP=False, HAS_ALIBI=False, USE_TMA=tma,
-                    UNIFIED=False, PHI_BELOW=64.0, PHI_ABOVE=64.0, HAS_SEQLENS=True, BLOCK_D_TAIL=0, V_FROM_K=False),
+                    UNIFIED=False, PHI_BELOW=64.0, PHI_ABOVE=64.0, HAS_SEQLENS=True, BLOCK_D_TAIL=0),
                decode._NUM_WARPS, decode._NUM_STAGES)
     yield ("merge", merge_states_kernel, dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_S=32, CHUNK_S=32, LSE_BHM=True), 4, 1)
 

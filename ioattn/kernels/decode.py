@@ -41,8 +41,8 @@ split, so the step does not end on a few SMs reading one whole unit each.
   graphs, ``check_values=False``) can compute garbage from bad values but never reads outside the
   cache.
 * **Head dims.** V's (``HEAD_DIM_V``, the output's) may differ from q's and K's; past 256, q.k runs
-  as two blocks (``BLOCK_D_TAIL``: 576 = 512 + 64); with ``V_FROM_K`` the V tile is the K tile's first
-  columns (V a view of the latent cache, MLA), so those bytes are read once.
+  as two blocks (``BLOCK_D_TAIL``: 576 = 512 + 64). V a view of K's first columns (MLA's latent cache)
+  is read as its own tile (docs/decisions/value-head-dim.md).
 * **Output.** Each split writes its normalised partial output (fp32) and its natural-log lse
   (-inf for a split that saw no key) to scratch ``(num_splits, batch - part_b0, seqlen_q, nheads, dv)``
   / ``(num_splits, batch - part_b0, seqlen_q, nheads)`` (the split units are the batch elements from
@@ -80,14 +80,12 @@ def _split_chunks(acc, m_i, l_i, q, q_tail, K, V, k_desc, v_desc, bt_row, cache_
                   offs_d, d_ok, offs_t, t_ok, offs_dv, dv_ok, qk_scale, softcap, window_left, window_right,
                   slope_log2, phi, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
                   PAGED: tl.constexpr, USE_TMA: tl.constexpr, UNIFIED: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                  HAS_ALIBI: tl.constexpr, BLOCK_D_TAIL: tl.constexpr, BLOCK_DV: tl.constexpr,
-                  V_FROM_K: tl.constexpr):
+                  HAS_ALIBI: tl.constexpr, BLOCK_D_TAIL: tl.constexpr, BLOCK_DV: tl.constexpr):
     """Key chunks [c_start, c_end) of one split into (acc, m, l). ``UNIFIED``: probabilities are
     exp2(s - phi) and ``m_i`` only records the true row max (for the range check). Paged:
     ``bt_row`` is the sequence's block-table row. K/V tiles are converted to q's dtype once, after
     their load (a no-op unless the cache is FP8). ``BLOCK_D_TAIL``: K's columns past ``BLOCK_D``
-    (``offs_t``) as a second tile, its product with ``q_tail`` added to the scores. ``V_FROM_K``: the V
-    tile is the K tile's first ``BLOCK_D`` columns, transposed (V a view of K's storage)."""
+    (``offs_t``) as a second tile, its product with ``q_tail`` added to the scores."""
     offs_n0 = tl.arange(0, BLOCK_N)
     if PAGED:
         # The page of chunk c is read one chunk ahead: the K/V addresses depend on it, so read in
@@ -131,8 +129,6 @@ def _split_chunks(acc, m_i, l_i, q, q_tail, K, V, k_desc, v_desc, bt_row, cache_
         if USE_TMA:
             v = v_desc.load([row.to(tl.int32), col_in, h_kv, 0]).reshape(BLOCK_N, BLOCK_DV).to(q.dtype)
             v = tl.where(kv_ok[:, None], v, 0.0)
-        elif V_FROM_K:  # (K's columns past the sequence are zero: masked in its load)
-            v = tl.trans(k)
         else:
             v = tl.load(V + v_head + row * stride_vb + offs_in[:, None] * stride_vn + offs_dv[None, :],
                         mask=kv_ok[:, None] & dv_ok[None, :], other=0.0).to(q.dtype)
@@ -158,7 +154,7 @@ def decode_split_kernel(
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, USE_TMA: tl.constexpr, UNIFIED: tl.constexpr,
     PHI_BELOW: tl.constexpr, PHI_ABOVE: tl.constexpr, HAS_SEQLENS: tl.constexpr, USE_PDL: tl.constexpr = False,
     PDL_WAIT: tl.constexpr = False, KV_FP8: tl.constexpr = False, BLOCK_D_TAIL: tl.constexpr = 0,
-    HEAD_DIM_V: tl.constexpr = 0, BLOCK_DV: tl.constexpr = 0, V_FROM_K: tl.constexpr = False,
+    HEAD_DIM_V: tl.constexpr = 0, BLOCK_DV: tl.constexpr = 0,
 ):
     """``num_rows``: pages in the pool (paged) or rows of the contiguous cache. Sequence b ends at
     ``SeqLens[b] + seqlen_new`` (``seqlen_base + seqlen_new`` without ``HAS_SEQLENS``).
@@ -170,8 +166,7 @@ def decode_split_kernel(
     ``BLOCK_D_TAIL`` > 0: q's and K's ``HEAD_DIM`` columns as ``BLOCK_D`` (a power of two below it)
     and a second block of ``BLOCK_D_TAIL`` for the rest, where one power-of-two block would be mostly
     padding (MLA's 576 = 512 + 64). ``HEAD_DIM_V`` / ``BLOCK_DV``: V's and the output's head dim and its
-    padding where it differs from q's and K's (0: ``HEAD_DIM`` / ``BLOCK_D``); ``V_FROM_K``: V is a view
-    of K's first ``HEAD_DIM_V`` = ``BLOCK_D`` columns (MLA's latent cache), read once, as K."""
+    padding where it differs from q's and K's (0: ``HEAD_DIM`` / ``BLOCK_D``)."""
     DV: tl.constexpr = HEAD_DIM_V if HEAD_DIM_V else HEAD_DIM
     BDV: tl.constexpr = BLOCK_DV if BLOCK_DV else BLOCK_D
     if PDL_WAIT:
@@ -255,7 +250,7 @@ def decode_split_kernel(
                                   end, tok, seqlen_q, c_start, c_end, num_rows, stride_kb, stride_kn, stride_vb,
                                   stride_vn, k_head, v_head, offs_d, d_ok, offs_t, t_ok, offs_dv, dv_ok, qk_scale,
                                   softcap, window_left, window_right, slope_log2, phi, BLOCK_D, BLOCK_N, PAGE_SIZE,
-                                  PAGED, USE_TMA, UNIFIED, HAS_SOFTCAP, HAS_ALIBI, BLOCK_D_TAIL, BDV, V_FROM_K)
+                                  PAGED, USE_TMA, UNIFIED, HAS_SOFTCAP, HAS_ALIBI, BLOCK_D_TAIL, BDV)
     if UNIFIED:
         # a row max outside phi's safe range (rows with no key are fine): redo this split exactly
         gap = m_i - phi
@@ -267,7 +262,7 @@ def decode_split_kernel(
                 lp, end, tok, seqlen_q, c_start, c_end, num_rows, stride_kb, stride_kn, stride_vb, stride_vn, k_head,
                 v_head, offs_d, d_ok, offs_t, t_ok, offs_dv, dv_ok, qk_scale, softcap, window_left, window_right,
                 slope_log2, phi, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_TMA, False, HAS_SOFTCAP, HAS_ALIBI,
-                BLOCK_D_TAIL, BDV, V_FROM_K)
+                BLOCK_D_TAIL, BDV)
         else:
             m_i = tl.where(m_i == float("-inf"), m_i, phi)  # what was subtracted, for the lse
 

@@ -73,7 +73,7 @@ def split_kv_attention(cfg, q, k_cache, v_cache, cache_seqlens, seqlen_new, bloc
         cfg.num_splits, num_whole, b0, capacity, k_cache.shape[0],
         qk_scale, float(softcap), window[0], window[1], 0.0 if unified_max is None else unified_max * LOG2E),
         dict(HEAD_DIM=d, BLOCK_D=block_d, HEAD_DIM_V=dv, BLOCK_DV=block_dv, BLOCK_D_TAIL=block_d_tail,
-             V_FROM_K=cfg.v_from_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
              PAGE_SIZE=max(page_size, 1), PAGED=paged, HAS_BATCH_IDX=cache_batch_idx is not None,
              HAS_LEFTPAD=cache_leftpad is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi,
              USE_TMA=cfg.use_tma, UNIFIED=unified_max is not None, PHI_BELOW=below, PHI_ABOVE=above,

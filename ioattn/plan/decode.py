@@ -56,7 +56,7 @@ ONE_WAVE_TAIL_FIRST = {4: 8}  # programs per SM -> the tail split first for tail
 # FP8 (e4m3) caches take the tiles above (timed with 16-bit caches). Their K/V tiles are converted to
 # q's dtype in registers, so the 128-key tile read through pointers at 16 packed rows compiles for sm_90
 # to spills without a register cap, and to WIDE_MAX_REGS without spills with it: that launch is
-# capped there (tests/test_decode_fp8.py compiles it).
+# capped there (tests/test_decode_fp8.py compiles it). tuned: docs/decisions/fp8-decode.md
 FP8_WIDE_MAX_REGS = WIDE_MAX_REGS
 # Head dims past WIDE_HEAD_MIN (MLA's 576 for q and the latent keys, 512 for V): at most 32 packed rows,
 # 32-key chunks, 3 stages and 8 warps. Compiled for sm_90 (576 / 512, V taken from K) it needs 242
@@ -124,18 +124,17 @@ class DecodePlan:
     num_whole: int | None = None
     max_regs: int | None = None  # a register cap for the launch (Triton's maxnreg), None: the compiler's choice
     kv_fp8: bool = False  # the caches hold e4m3 values (converted after the load, descales folded in)
-    v_from_k: bool = False  # V is a view of K's first columns (MLA's latent cache): its tile taken from K's
     reason: str = field(default="", compare=False)  # why: the rules that chose the fields (explain_decode)
 
 
 @contextlib.contextmanager
 def decode_config(**fields):
     """Force fields of the ``DecodePlan`` (block_m, block_n, num_splits, use_tma, num_warps, num_stages,
-    pdl, pdl_wait, num_whole, max_regs, v_from_k) for the calls inside: tuning sweeps and tests (``pdl``,
-    ``pdl_wait`` and ``v_from_k`` are still only used where they can run; ``num_whole`` is rounded down to
+    pdl, pdl_wait, num_whole, max_regs) for the calls inside: tuning sweeps and tests (``pdl`` and
+    ``pdl_wait`` are still only used where they can run; ``num_whole`` is rounded down to
     whole batch elements, and ``tail_split=False`` turns the tail split off)."""
     unknown = set(fields) - {"block_m", "block_n", "num_splits", "use_tma", "num_warps", "num_stages", "pdl",
-                             "pdl_wait", "num_whole", "tail_split", "max_regs", "v_from_k"}
+                             "pdl_wait", "num_whole", "tail_split", "max_regs"}
     if unknown:
         raise ValueError(f"decode_config: unknown fields {sorted(unknown)}")
     previous = dict(_plan_override)
@@ -212,15 +211,6 @@ def head_blocks(d: int) -> tuple[int, int]:
     return bd // 2, dispatch.block_d(d - bd // 2)
 
 
-def v_from_k_ok(k_cache, v_cache) -> bool:
-    """Whether V is a view of K's first columns, laid out as K (same storage start and strides, MLA's
-    latent cache with V = K[..., :dv]) and ``head_blocks``' first block is exactly V's head dim: the
-    split kernel then takes V's tile from K's instead of reading it again."""
-    dv = v_cache.shape[-1]
-    return (v_cache.data_ptr() == k_cache.data_ptr() and v_cache.stride() == k_cache.stride()
-            and v_cache.dtype == k_cache.dtype and dv < k_cache.shape[-1] and head_blocks(k_cache.shape[-1])[0] == dv)
-
-
 def _aligned16(*tensors):
     """Base and every stride but the last 16-byte aligned (TMA descriptors)."""
     return all(t.data_ptr() % 16 == 0 and all((st * t.element_size()) % 16 == 0 for st in t.stride()[:-1])
@@ -246,7 +236,7 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0):
     Memoized on everything the rules read (shapes, strides, alignment, device, the forced fields and
     the environment switches): a decode loop plans once (host time: docs/decisions/decode-launches.md)."""
     key = (q.shape, q.device, k_cache.shape, k_cache.stride(), v_cache.shape[-1], v_cache.stride(), k_cache.dtype,
-           _aligned16(k_cache, v_cache), v_from_k_ok(k_cache, v_cache), paged, span, num_splits,
+           _aligned16(k_cache, v_cache), paged, span, num_splits,
            tuple(_plan_override.items()),
            options.env("IOATTN_DECODE_PDL"), options.env("IOATTN_DECODE_PDL_WAIT"))
     cfg = _PLANS.get(key)
@@ -273,7 +263,6 @@ class _Draft:
     num_warps: int = _NUM_WARPS
     use_tma: bool = False
     max_regs: int | None = None
-    v_from_k: bool = False
     why: list = field(default_factory=list)
 
 
@@ -288,7 +277,7 @@ def _plan(q, k_cache, v_cache, paged, span, num_splits):
     pdl, pdl_wait = _launch_order(draft, q)
     return DecodePlan(draft.block_m, draft.block_n, draft.num_splits, draft.use_tma,
                       _plan_override.get("num_warps", draft.num_warps), _plan_override.get("num_stages", draft.stages),
-                      pdl, pdl_wait, draft.num_whole, draft.max_regs, kv_fp8, draft.v_from_k, "; ".join(draft.why))
+                      pdl, pdl_wait, draft.num_whole, draft.max_regs, kv_fp8, "; ".join(draft.why))
 
 
 def _split_tiles(q) -> bool:
@@ -399,17 +388,13 @@ def _chunks(draft, q, k_cache, v_cache, paged):
 
 
 def _operands(draft, q, k_cache, v_cache) -> bool:
-    """q.k's column blocks, V taken from K's tile (MLA's latent cache), and an FP8 cache's conversion
-    and register cap; returns whether the cache is FP8."""
+    """q.k's column blocks, V's head dim, and an FP8 cache's conversion and register cap; returns
+    whether the cache is FP8."""
     d = q.shape[-1]
     block_d, block_d_tail = head_blocks(d)
     if block_d_tail:
         draft.why.append(f"q.k in two blocks of {block_d} + {block_d_tail} columns (head dim {d})")
-    draft.v_from_k = (bool(_plan_override.get("v_from_k", True)) and not draft.use_tma
-                      and v_from_k_ok(k_cache, v_cache))
-    if draft.v_from_k:
-        draft.why.append(f"v_cache is a view of k_cache's first {v_cache.shape[-1]} columns: V's tiles taken from K's")
-    elif v_cache.shape[-1] != d:
+    if v_cache.shape[-1] != d:
         draft.why.append(f"value head dim {v_cache.shape[-1]}")
     kv_fp8 = k_cache.dtype == torch.float8_e4m3fn
     if kv_fp8:
