@@ -107,6 +107,18 @@ def _probs_and_dscores(q, k, v, do, lse_log2, delta, offs_m, offs_n, seqlen_q, s
 
 
 @triton.jit
+def _tile_mods(b, h, mods, SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr):
+    """The generated functions' arguments of a tile (``_probs_and_dscores``'): this program's (b, h)
+    before ``mods``' (softmax_scale, the score's and the mask's captures, their gradients), or None
+    without functions."""
+    if SCORE_MOD is not None or MASK_MOD is not None:
+        out = (b, h, mods[0], mods[1], mods[2], mods[3])
+    else:
+        out = None
+    return out
+
+
+@triton.jit
 def _load_rows(base, offs_m, offs_d, stride_m, seqlen, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
                EVEN_D: tl.constexpr):
     ptrs = base + offs_m[:, None].to(tl.int64) * stride_m + offs_d[None, :]
@@ -211,10 +223,7 @@ def attn_bwd_dkdv_kernel(
         if HAS_ALIBI:
             slope_log2 = tl.load(alibi_slopes + b * stride_ab + h).to(tl.float32) * LOG2E
         drop_head_base = (b64 * nheads + h) * seqlen_q_max
-        if SCORE_MOD is not None or MASK_MOD is not None:
-            tile_mods = (b, h, mods[0], mods[1], mods[2], mods[3])
-        else:
-            tile_mods = None
+        tile_mods = _tile_mods(b, h, mods, SCORE_MOD, MASK_MOD)
         if blocks is not None:
             col = block_row(blocks, b, h, n_start, KV_BLOCK)
             for run in tl.static_range(3):  # partial blocks (the mask function), full ones, the last full one
@@ -326,10 +335,7 @@ def attn_bwd_dq_kernel(
         slope_log2 = tl.load(alibi_slopes + b * stride_ab + h).to(tl.float32) * LOG2E
     drop_row_base = (b64 * nheads + h) * seqlen_q_max + offs_m
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if SCORE_MOD is not None or MASK_MOD is not None:
-        tile_mods = (b, h, mods[0], mods[1], mods[2], mods[3])
-    else:
-        tile_mods = None
+    tile_mods = _tile_mods(b, h, mods, SCORE_MOD, MASK_MOD)
     if blocks is not None:
         row = block_row(blocks, b, h, m_start, Q_BLOCK)
         for run in tl.static_range(3):  # partial blocks (the mask function), full ones, the last full one
