@@ -20,6 +20,9 @@ def pytest_addoption(parser):
                      help="tests/test_explainers.py: save each explainer page at its final step to DIR/<page>.png")
     parser.addoption("--sass", action="store_true",
                      help="run the SASS property checks (marked sass) without a GPU too")
+    parser.addoption("--shard", metavar="K/N", default=None,
+                     help="run the K-th (from 1) of N contiguous parts of the collected tests: the device suite "
+                          "split over commands that each fit a time limit (docs/benchmarks.md)")
 
 
 # ---- what this installation cannot run: skipped with the library's own reason ----
@@ -43,6 +46,14 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if item.get_closest_marker("sass"):
                 item.add_marker(skip)
+    shard = config.getoption("--shard")
+    if shard:
+        part, parts = (int(x) for x in shard.split("/"))
+        if not 1 <= part <= parts:
+            raise pytest.UsageError(f"--shard K/N needs 1 <= K <= N, got {shard}")
+        mine = [i * parts // len(items) == part - 1 for i in range(len(items))]
+        config.hook.pytest_deselected(items=[item for item, m in zip(items, mine) if not m])
+        items[:] = [item for item, m in zip(items, mine) if m]
 
 
 @pytest.hookimpl(wrapper=True)

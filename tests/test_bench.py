@@ -5,6 +5,7 @@ PyTorch's CPU attention), each run once per module; everything about the report 
 tests/data (and decode records made from it)."""
 import json
 import os
+import pathlib
 import statistics
 
 import pytest
@@ -530,3 +531,22 @@ def test_fp8_providers_pass_the_check_against_their_emulation(name):
     with dispatch.forced_backend("triton"):
         verdict = bench_run._check(fn, q, k, v, True)
     assert verdict.ok and verdict.err > 1e-3, verdict  # an FP8-sized error, within its own bound
+
+
+def test_the_suite_splits_into_contiguous_shards():
+    """``pytest --shard K/N`` (tests/conftest.py): the N parts are disjoint, contiguous and cover the
+    collection, so a device run split over commands runs every test once."""
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    files = ["tests/test_layers.py", "tests/test_options.py", "tests/test_launcher.py", "tests/test_latency.py"]
+
+    def collected(*extra):
+        out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                              *extra, *files], cwd=root, capture_output=True, text=True, timeout=300).stdout
+        return [line for line in out.splitlines() if "::" in line]
+
+    whole = collected()
+    parts = [collected("--shard", f"{k}/3") for k in (1, 2, 3)]
+    assert sum(parts, []) == whole and all(parts)
