@@ -59,9 +59,10 @@ ONE_WAVE_TAIL_FIRST = {4: 8}  # programs per SM -> the tail split first for tail
 # capped there (tests/test_decode_fp8.py compiles it). tuned: docs/decisions/fp8-decode.md
 FP8_WIDE_MAX_REGS = WIDE_MAX_REGS
 # Head dims past WIDE_HEAD_MIN (MLA's 576 for q and the latent keys, 512 for V): at most 32 packed rows,
-# 32-key chunks, 3 stages and 8 warps. Compiled for sm_90 (576 / 512, V taken from K) it needs 242
-# registers and 86 KB of shared memory without spills; 64 rows (wgmma) spill at 8 and 16 warps, the
-# q tile of 64 x 576 held in registers beside the 64 x 512 accumulator. Not measured on a device yet.
+# 32-key chunks, 3 stages and 8 warps. Compiled for sm_90 (576 / 512, V read as its own tile) it needs
+# 201 registers and 174 KB of shared memory without spills; 64 rows (wgmma) spill at 8 and 16 warps,
+# the q tile of 64 x 576 held in registers beside the 64 x 512 accumulator. Compute-bound at 128 query
+# heads, far from the copy ceiling: docs/decisions/value-head-dim.md
 WIDE_HEAD_MIN = 256
 WIDE_HEAD_BLOCK_M = 32
 WIDE_HEAD_BLOCK_N = 32
