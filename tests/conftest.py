@@ -48,7 +48,10 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
     shard = config.getoption("--shard")
     if shard:
-        part, parts = (int(x) for x in shard.split("/"))
+        try:
+            part, parts = (int(x) for x in shard.split("/"))
+        except ValueError:
+            raise pytest.UsageError(f"--shard takes K/N (two integers), got {shard!r}") from None
         if not 1 <= part <= parts:
             raise pytest.UsageError(f"--shard K/N needs 1 <= K <= N, got {shard}")
         mine = [i * parts // len(items) == part - 1 for i in range(len(items))]

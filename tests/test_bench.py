@@ -550,3 +550,7 @@ def test_the_suite_splits_into_contiguous_shards():
     whole = collected()
     parts = [collected("--shard", f"{k}/3") for k in (1, 2, 3)]
     assert sum(parts, []) == whole and all(parts)
+    for bad in ("4/3", "0/3", "a/3", "2"):
+        proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                               "--shard", bad, *files], cwd=root, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 4 and "--shard" in proc.stderr, (bad, proc.returncode, proc.stderr[-300:])
