@@ -34,6 +34,7 @@ from ioattn.backends import _scalars
 from ioattn.fp8 import check_descale, check_descale_values, is_fp8
 from ioattn.semantics import Semantics
 from ioattn.launch.decode import split_kv_attention
+from ioattn.launch.mla import mla_attention
 from ioattn.masks import normalize_window
 from ioattn.reference.decode import apply_rotary_ref, gather_kv_ref, quantize_kv_ref
 from ioattn.reference.naive import attention_ref
@@ -347,8 +348,16 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
                       cache_leftpad, scale, window, softcap, alibi_slopes, num_splits, unified_max, descales):
     """The split-KV kernel's path: the call's plan (``ioattn.plan.decode``), then its launch
     (``ioattn.launch.decode``)."""
-    cfg = plan(q, k_cache, v_cache, block_table is not None, span, num_splits)
-    qk_scale, _, _ = _scalars(Semantics(scale, softcap=softcap))  # log2(e) or 1/cap folded in, as in the forward
+    semantics = Semantics(scale, window=window, softcap=softcap)
+    features = tuple(name for name, used in (("window", semantics.sliding), ("softcap", softcap > 0),
+                                             ("alibi", alibi_slopes is not None), ("leftpad", cache_leftpad is not None),
+                                             ("batch_idx", cache_batch_idx is not None),
+                                             ("unified_max", unified_max is not None)) if used)
+    cfg = plan(q, k_cache, v_cache, block_table is not None, span, num_splits, features)
+    qk_scale, _, _ = _scalars(semantics)  # log2(e) or 1/cap folded in, as in the forward
+    if cfg.kernel == "mla":
+        return mla_attention(cfg, q, k_cache, v_cache.shape[-1], cache_seqlens, seqlen_new, block_table, qk_scale,
+                             semantics.causal, cached=dispatch.cached_launch())
     k_descale, v_descale = descales or (None, None)
     block_d, block_d_tail = head_blocks(q.shape[-1])
     return split_kv_attention(cfg, q, k_cache, v_cache, cache_seqlens, seqlen_new, block_table, cache_batch_idx,

@@ -173,13 +173,15 @@ def poison_alloc(monkeypatch):
     """Every buffer the launchers allocate with torch.empty/empty_like starts as NaN: the training
     kernels (``ioattn.backends``), the Hopper forward and backward (``ioattn.launch.gluon_fwd``,
     ``ioattn.launch.gluon_bwd``, when this Triton has Gluon), decoding and the merge
-    (``ioattn.launch.decode``, ``ioattn.launch.merge``)."""
+    (``ioattn.launch.decode``, ``ioattn.launch.mla``, ``ioattn.launch.merge``)."""
     import ioattn.backends
     import ioattn.launch.decode
     import ioattn.launch.gluon_fwd
     import ioattn.launch.merge
+    import ioattn.launch.mla
 
-    modules = [ioattn.backends, ioattn.launch.gluon_fwd, ioattn.launch.decode, ioattn.launch.merge]
+    modules = [ioattn.backends, ioattn.launch.gluon_fwd, ioattn.launch.decode, ioattn.launch.mla,
+               ioattn.launch.merge]
     try:
         import ioattn.launch.gluon_bwd
         modules.append(ioattn.launch.gluon_bwd)

@@ -72,6 +72,15 @@ WIDE_HEAD_WARPS = 8
 # its own); half the chunk and 2 stages fit, compiled for sm_90 with a small spill.
 WIDE_HEAD_FP32_BLOCK_N = 16
 WIDE_HEAD_FP32_STAGES = 2
+# MLA decoding on Hopper (the Gluon kernel, ``kernels/hopper_mla.py``): q and the latent keys MLA_HEAD_DIM
+# wide over one KV head, V a view of the keys' first MLA_HEAD_DIM_V columns, 16-bit, sm_90. 64 packed rows
+# over two warpgroups; 64-key tiles in a ring of 2 (with Q and P: 225 KB of shared memory, one program an
+# SM), so the splits fill the SMs once.
+MLA_HEAD_DIM, MLA_HEAD_DIM_V = 576, 512
+MLA_BLOCK_M = 64
+MLA_BLOCK_N = 64
+MLA_STAGES = 2
+MLA_WARPS = 8
 MAX_SPLITS = 256
 _BLOCK_N_CUDA = 128
 _BLOCK_N_SPLIT = 64  # split launches with pointer loads (above)
@@ -125,6 +134,7 @@ class DecodePlan:
     num_whole: int | None = None
     max_regs: int | None = None  # a register cap for the launch (Triton's maxnreg), None: the compiler's choice
     kv_fp8: bool = False  # the caches hold e4m3 values (converted after the load, descales folded in)
+    kernel: str = "split"  # "split": the Triton split-KV kernel; "mla": the Gluon MLA kernel (Hopper)
     reason: str = field(default="", compare=False)  # why: the rules that chose the fields (explain_decode)
 
 
@@ -133,9 +143,11 @@ def decode_config(**fields):
     """Force fields of the ``DecodePlan`` (block_m, block_n, num_splits, use_tma, num_warps, num_stages,
     pdl, pdl_wait, num_whole, max_regs) for the calls inside: tuning sweeps and tests (``pdl`` and
     ``pdl_wait`` are still only used where they can run; ``num_whole`` is rounded down to
-    whole batch elements, and ``tail_split=False`` turns the tail split off)."""
+    whole batch elements, and ``tail_split=False`` turns the tail split off). ``kernel="split"`` keeps
+    MLA calls on the split kernel; the MLA kernel takes only ``num_splits``, ``block_n`` and
+    ``num_stages``."""
     unknown = set(fields) - {"block_m", "block_n", "num_splits", "use_tma", "num_warps", "num_stages", "pdl",
-                             "pdl_wait", "num_whole", "tail_split", "max_regs"}
+                             "pdl_wait", "num_whole", "tail_split", "max_regs", "kernel"}
     if unknown:
         raise ValueError(f"decode_config: unknown fields {sorted(unknown)}")
     previous = dict(_plan_override)
@@ -231,21 +243,85 @@ _PLANS: dict = {}
 _PLANS_MAX = 256
 
 
-def plan(q, k_cache, v_cache, paged, span, num_splits=0):
+def plan(q, k_cache, v_cache, paged, span, num_splits=0, features=()):
     """The launch for one call: ``span`` is the longest key range any sequence may have (its max end
-    when the values were read, else the cache capacity, so the plan never depends on device values).
+    when the values were read, else the cache capacity, so the plan never depends on device values);
+    ``features``: the call's options the MLA kernel does not take (``MLA_DECLINES``' names) that it uses.
     Memoized on everything the rules read (shapes, strides, alignment, device, the forced fields and
     the environment switches): a decode loop plans once (host time: docs/decisions/decode-launches.md)."""
-    key = (q.shape, q.device, k_cache.shape, k_cache.stride(), v_cache.shape[-1], v_cache.stride(), k_cache.dtype,
-           _aligned16(k_cache, v_cache), paged, span, num_splits,
+    key = (q.shape, q.device, q.dtype, k_cache.shape, k_cache.stride(), v_cache.shape[-1], v_cache.stride(),
+           k_cache.dtype, _aligned16(k_cache, v_cache), v_cache.data_ptr() == k_cache.data_ptr(), paged, span,
+           num_splits, tuple(features),
            tuple(_plan_override.items()),
            options.env("IOATTN_DECODE_PDL"), options.env("IOATTN_DECODE_PDL_WAIT"))
     cfg = _PLANS.get(key)
     if cfg is None:
         if len(_PLANS) >= _PLANS_MAX:
             _PLANS.clear()
-        cfg = _PLANS[key] = _plan(q, k_cache, v_cache, paged, span, num_splits)
+        why_not = mla_why_not(q, k_cache, v_cache, paged, features)
+        cfg = _PLANS[key] = (_mla_plan(q, span, num_splits) if why_not is None else
+                             _plan(q, k_cache, v_cache, paged, span, num_splits, why_not))
     return cfg
+
+
+# options of a decode call the MLA kernel does not take, by the name ``plan``'s ``features`` gives them
+MLA_DECLINES = {"window": "a sliding window", "softcap": "a softcap", "alibi": "ALiBi", "leftpad": "cache_leftpad",
+                "batch_idx": "cache_batch_idx", "unified_max": "unified_max"}
+
+
+def mla_why_not(q, k_cache, v_cache, paged, features=()):
+    """None where the Gluon MLA kernel takes the call, else why not ('' for calls that are not MLA's
+    shapes at all, which say nothing about it)."""
+    d, dv = q.shape[-1], v_cache.shape[-1]
+    if (d, dv) != (MLA_HEAD_DIM, MLA_HEAD_DIM_V) or k_cache.shape[2] != 1:
+        return ""
+    if _plan_override.get("kernel") == "split":
+        return "kernel='split' forced"
+    on_device = _mla_device_why_not(q.device)
+    if on_device:
+        return on_device
+    if q.dtype not in (torch.float16, torch.bfloat16) or k_cache.dtype != q.dtype:
+        return "the MLA kernel takes 16-bit q and caches"
+    declined = [MLA_DECLINES[f] for f in features]
+    if declined:
+        return "the MLA kernel does not take " + ", ".join(declined)
+    if v_cache.data_ptr() != k_cache.data_ptr() or v_cache.stride() != k_cache.stride():
+        return "the MLA kernel reads V as k_cache's first columns: v_cache must be that view"
+    rows, row_stride = k_cache.shape[1], k_cache.stride(1)
+    if k_cache.stride(0) != rows * row_stride or not _aligned16(k_cache):
+        return "the MLA kernel reads the cache as evenly spaced 16-byte aligned rows"
+    if paged and rows % MLA_BLOCK_N:
+        return f"the MLA kernel needs a page size that {MLA_BLOCK_N} divides"
+    return None
+
+
+def _mla_device_why_not(device) -> str:
+    """'' where the MLA kernel can run on ``device`` (sm_90 with the Gluon kernels on), else why not."""
+    if device.type != "cuda" or not _sm90_exactly(device):
+        return "the MLA kernel needs an sm_90 GPU"
+    ok, why = _compat.gluon_status()
+    return "" if ok else f"Gluon kernels off: {why}"
+
+
+def _mla_plan(q, span, num_splits) -> DecodePlan:
+    """The MLA kernel's launch: one program an SM, so without a split count from the call the splits
+    fill the SMs once (at least one key tile a split)."""
+    batch, seqlen_q, nheads, _ = q.shape
+    block_n = _plan_override.get("block_n", MLA_BLOCK_N)
+    programs = batch * dispatch.cdiv(nheads * seqlen_q, MLA_BLOCK_M)
+    sms = _num_sms(q.device)
+    why = [f"the Gluon MLA kernel: {programs} units (sequence x {MLA_BLOCK_M} packed rows) on {sms} SMs"]
+    if num_splits:
+        why.append(f"num_splits={num_splits} from the call")
+    elif "num_splits" in _plan_override:
+        num_splits = _plan_override["num_splits"]
+        why.append("split count forced")
+    else:
+        num_splits = 1 if programs >= sms else max(1, min(sms // programs, dispatch.cdiv(span, block_n), MAX_SPLITS))
+        why.append("they fill the SMs: no split" if num_splits == 1 else f"{num_splits} splits (one program an SM)")
+    stages = _plan_override.get("num_stages", MLA_STAGES)
+    why.append(f"{block_n}-key tiles, {stages} stages, TMA loads")
+    return DecodePlan(MLA_BLOCK_M, block_n, num_splits, True, MLA_WARPS, stages, kernel="mla", reason="; ".join(why))
 
 
 @dataclass
@@ -267,10 +343,13 @@ class _Draft:
     why: list = field(default_factory=list)
 
 
-def _plan(q, k_cache, v_cache, paged, span, num_splits):
+def _plan(q, k_cache, v_cache, paged, span, num_splits, why_not_mla=""):
     """The rules, in order: units and splits, the load path, the key chunk, the operands, the launch
-    order; each step reads the draft the earlier ones left."""
+    order; each step reads the draft the earlier ones left. ``why_not_mla``: why the MLA kernel does not
+    take an MLA-shaped call (the reason's first line)."""
     draft = _units(q, k_cache, v_cache, span)
+    if why_not_mla:
+        draft.why.insert(0, f"split kernel: {why_not_mla}")
     _splits(draft, q, k_cache, paged, num_splits)
     _load_path(draft, q, k_cache, v_cache, paged)
     _chunks(draft, q, k_cache, v_cache, paged)
@@ -278,7 +357,7 @@ def _plan(q, k_cache, v_cache, paged, span, num_splits):
     pdl, pdl_wait = _launch_order(draft, q)
     return DecodePlan(draft.block_m, draft.block_n, draft.num_splits, draft.use_tma,
                       _plan_override.get("num_warps", draft.num_warps), _plan_override.get("num_stages", draft.stages),
-                      pdl, pdl_wait, draft.num_whole, draft.max_regs, kv_fp8, "; ".join(draft.why))
+                      pdl, pdl_wait, draft.num_whole, draft.max_regs, kv_fp8, reason="; ".join(draft.why))
 
 
 def _split_tiles(q) -> bool:
@@ -427,6 +506,12 @@ def _launch_order(draft, q) -> tuple[bool, bool]:
 def _sm90(device) -> bool:
     """A Hopper-or-newer GPU."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+@functools.lru_cache(maxsize=8)
+def _sm90_exactly(device) -> bool:
+    """A Hopper GPU (wgmma: sm_90 only)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
 
 
 @functools.lru_cache(maxsize=8)
