@@ -249,7 +249,7 @@ def plan(q, k_cache, v_cache, paged, span, num_splits=0, features=()):
     ``features``: the call's options the MLA kernel does not take (``MLA_DECLINES``' names) that it uses.
     Memoized on everything the rules read (shapes, strides, alignment, device, the forced fields and
     the environment switches): a decode loop plans once (host time: docs/decisions/decode-launches.md)."""
-    key = (q.shape, q.device, q.dtype, k_cache.shape, k_cache.stride(), v_cache.shape[-1], v_cache.stride(),
+    key = (q.shape, q.device, k_cache.shape, k_cache.stride(), v_cache.shape[-1], v_cache.stride(),
            k_cache.dtype, _aligned16(k_cache, v_cache), v_cache.data_ptr() == k_cache.data_ptr(), paged, span,
            num_splits, tuple(features),
            tuple(_plan_override.items()),
@@ -280,8 +280,8 @@ def mla_why_not(q, k_cache, v_cache, paged, features=()):
     on_device = _mla_device_why_not(q.device)
     if on_device:
         return on_device
-    if q.dtype not in (torch.float16, torch.bfloat16) or k_cache.dtype != q.dtype:
-        return "the MLA kernel takes 16-bit q and caches"
+    if k_cache.dtype not in (torch.float16, torch.bfloat16):  # (q's dtype then: the call's checks)
+        return "the MLA kernel takes 16-bit caches"
     declined = [MLA_DECLINES[f] for f in features]
     if declined:
         return "the MLA kernel does not take " + ", ".join(declined)
