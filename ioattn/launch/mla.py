@@ -6,19 +6,29 @@ from __future__ import annotations
 import torch
 
 from ioattn.launch.cached import launcher_for
+from ioattn.launch.gluon_fwd import rebased, template_desc
 from ioattn.launch.merge import merge_states
+
+
+_TEMPLATES: dict = {}
 
 
 def _rows_desc(rows, first, width, block_rows):
     """A descriptor over columns [first, first + width) of the (n, d) row view ``rows``, in
-    [block_rows, width] boxes."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    [block_rows, width] boxes: a template made once per shape (its layout and checks), rebased here."""
+    key = (rows.shape, rows.stride(0), rows.dtype, rows.device, first, width, block_rows)
+    template = _TEMPLATES.get(key)
+    if template is None:
+        from triton.experimental.gluon import language as gl
 
-    gdt = gl.bfloat16 if rows.dtype == torch.bfloat16 else gl.float16
-    block = [block_rows, width]
-    return TensorDescriptor(rows[:, first:], [rows.shape[0], width], [rows.stride(0), 1], block,
-                            gl.NVMMASharedLayout.get_default_for(block, gdt))
+        gdt = gl.bfloat16 if rows.dtype == torch.bfloat16 else gl.float16
+        block = [block_rows, width]
+        if len(_TEMPLATES) >= 64:
+            _TEMPLATES.clear()
+        template = _TEMPLATES[key] = template_desc([rows.shape[0], width], [rows.stride(0), 1], block,
+                                                   gl.NVMMASharedLayout.get_default_for(block, gdt), rows.dtype,
+                                                   rows.device)
+    return rebased(template, rows[:, first:] if first else rows)
 
 
 def mla_attention(cfg, q, k_cache, dv, cache_seqlens, seqlen_new, block_table, qk_scale, causal, *, cached):
