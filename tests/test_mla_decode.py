@@ -174,3 +174,17 @@ def test_mla_decode_fp16_without_new_tokens(poison_alloc):
     out, lse = flash_attn_with_kvcache(**_clone(kw), return_softmax_lse=True)
     assert_within_torch_error("fp16 out", out, out64, out_t)
     assert_lse_close("fp16 lse", lse, lse64)
+
+
+@pytest.mark.skipif(not SM90, reason="the Gluon MLA kernel: an sm_90 GPU")
+def test_mla_decode_q_not_aligned_or_contiguous(poison_alloc):
+    """q as a strided view and at an address off 16 bytes: the launch takes a copy, the result stands."""
+    kw = _call(1, 16, 1, 256, [100], False, device="cuda", seed=9)
+    del kw["k"], kw["v"]
+    wide = torch.randn(1, 1, 16, 578, device="cuda", dtype=BF16)
+    for q in (wide[..., 1:577], torch.randn(2 * 16 * 576 + 1, device="cuda", dtype=BF16)[1:].view(2, 1, 16, 576)[:1]):
+        assert q.data_ptr() % 16 or not q.is_contiguous()
+        call = dict(_clone(kw), q=q)
+        out64, _ = kvcache_attention_ref(**dict(_clone(call), q=q.clone()))
+        out_t, _ = kvcache_attention_ref(**dict(_clone(call), q=q.clone()), upcast=False)
+        assert_within_torch_error("q view", flash_attn_with_kvcache(**call), out64, out_t)

@@ -42,7 +42,9 @@ def mla_attention(cfg, q, k_cache, dv, cache_seqlens, seqlen_new, block_table, q
     paged = block_table is not None
     page_size = k_cache.shape[1] if paged else 0
     capacity = block_table.shape[1] * page_size if paged else k_cache.shape[1]
-    rows_q = q.contiguous().view(batch * seqlen_q * nheads, d)
+    if not q.is_contiguous() or q.data_ptr() % 16:  # TMA: packed rows from a 16-byte aligned base
+        q = q.clone(memory_format=torch.contiguous_format)
+    rows_q = q.view(batch * seqlen_q * nheads, d)
     rows_k = k_cache.as_strided((k_cache.shape[0] * k_cache.shape[1], d), (k_cache.stride(1), 1))
     descs = (_rows_desc(rows_q, 0, dv, cfg.block_m), _rows_desc(rows_q, dv, d - dv, cfg.block_m),
              _rows_desc(rows_k, 0, dv, cfg.block_n), _rows_desc(rows_k, dv, d - dv, cfg.block_n))
