@@ -227,7 +227,7 @@ def _with_peers(table, names, make_sdpa, make_flex, import_peer, ours, what):
 # ---------------------------------------------------------------- decode (one query token per sequence)
 
 DECODE_OURS = ("ioattn", "ioattn-checked", "ioattn-paged", "ioattn-unified", "ioattn-graph", "ioattn-nopdl",
-               "ioattn-graph-nopdl", "ioattn-tma", "ioattn-fp8", "ioattn-split", "ioattn-mla-n32")
+               "ioattn-graph-nopdl", "ioattn-tma", "ioattn-fp8", "ioattn-split")
 DECODE_PAGE_SIZE = 256
 UNIFIED_CALIBRATION_KEYS = 1024
 
@@ -450,8 +450,7 @@ def decode_providers(names=None):
     ``ioattn-nopdl`` / ``ioattn-graph-nopdl``: the same without programmatic dependent launch of the
     merge kernel (the default uses it on Hopper; kept as the A/B that justifies it); ``ioattn-tma``:
     K/V through tensor descriptors on the contiguous cache (the A/B of the pointer-load default);
-    ``ioattn-split``: MLA calls kept on the split kernel (the A/B of the Gluon MLA kernel); ``ioattn-mla-n32``:
-    the MLA kernel on 32-key tiles in a ring of 4 (the A/B of its 64-key tiles); ``ioattn-fp8``: the same data in e4m3 caches with per-head descales (``_Fp8DecodeSetup``)."""
+    ``ioattn-split``: MLA calls kept on the split kernel (the A/B of the Gluon MLA kernel); ``ioattn-fp8``: the same data in e4m3 caches with per-head descales (``_Fp8DecodeSetup``)."""
     table = {"ioattn": (_kvcache_setup(), ""), "ioattn-checked": (_checked_setup, ""),
              "ioattn-paged": (_paged_setup, ""), "ioattn-fp8": (_Fp8DecodeSetup(), "")}
     table["ioattn-unified"] = ((_unified_setup, "") if "unified_max" in _kvcache_params()
@@ -459,8 +458,7 @@ def decode_providers(names=None):
     table["ioattn-graph"] = ((_graph_setup, "") if torch.cuda.is_available()
                              else (None, "needs CUDA (CUDA graph replay)"))
     cuda = torch.cuda.is_available()
-    for name, fields in (("nopdl", dict(pdl=False)), ("tma", dict(use_tma=True)), ("split", dict(kernel="split")),
-                         ("mla-n32", dict(block_n=32, num_stages=4))):
+    for name, fields in (("nopdl", dict(pdl=False)), ("tma", dict(use_tma=True)), ("split", dict(kernel="split"))):
         table[f"ioattn-{name}"] = (_configured(**fields), "") if cuda else (None, f"needs CUDA (the A/B of {fields})")
     for name, fields in (("nopdl", dict(pdl=False)),):
         table[f"ioattn-graph-{name}"] = ((functools.partial(_graph_setup, fields=fields), "") if cuda

@@ -125,8 +125,7 @@ DECODE_CASES = ((1, 4096), (1, 16384), (1, 65536), (1, 131072), (8, 8192), (32, 
 MLA_CASES = ((1, 32768), (1, 4096), (8, 8192))
 GPU_DECODE = {"decode": DecodeSweep(cases=DECODE_CASES),
               "mla": DecodeSweep(cases=MLA_CASES, nheads=128, nheads_kv=1, headdims=(576,), headdim_v=512, latent=True,
-                                 providers=("ioattn", "ioattn-graph", "ioattn-checked", "ioattn-split",
-                                            "ioattn-mla-n32"))}
+                                 providers=("ioattn", "ioattn-graph", "ioattn-checked", "ioattn-split"))}
 DECODE_SWEEPS = tuple(GPU_DECODE)
 CPU_DECODE = {"decode": DecodeSweep(cases=((1, 256), (1, 1024), (2, 256), (2, 1024)), nheads=4, nheads_kv=2,
                                     headdims=(64,), providers=("ioattn", "ioattn-paged", "sdpa", "sdpa-math"))}

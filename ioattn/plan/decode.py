@@ -75,7 +75,7 @@ WIDE_HEAD_FP32_STAGES = 2
 # MLA decoding on Hopper (the Gluon kernel, ``kernels/hopper_mla.py``): q and the latent keys MLA_HEAD_DIM
 # wide over one KV head, V a view of the keys' first MLA_HEAD_DIM_V columns, 16-bit, sm_90. 64 packed rows
 # over two warpgroups; 64-key tiles in a ring of 2 (with Q and P: 225 KB of shared memory, one program an
-# SM), so the splits fill the SMs once.
+# SM), so the splits fill the SMs once. tuned: docs/decisions/mla-decode-kernel.md
 MLA_HEAD_DIM, MLA_HEAD_DIM_V = 576, 512
 MLA_BLOCK_M = 64
 MLA_BLOCK_N = 64
