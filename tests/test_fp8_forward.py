@@ -7,6 +7,8 @@ units); the sum l is exact fp32. So |o_kernel - o| <= sum_j max(2^-4 p_j, 2^-18)
 the bf16 output's rounding (2^-8 |o|) and fp32 slack. A kernel that skipped a descale or dropped a
 key would break it by orders of magnitude.
 """
+import dataclasses
+
 import pytest
 import torch
 
@@ -192,6 +194,36 @@ def test_gluon_fp8_forward(shape, causal, d, poison_alloc):
 
 
 @pytest.mark.skipif(not CUDA or torch.cuda.get_device_capability()[0] != 9, reason="the Gluon FP8 kernel: sm_90")
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gluon_fp8_varlen(causal, d, poison_alloc):
+    """The Gluon FP8 kernel over packed sequences (lengths off the tiles, an empty one, more keys than
+    queries, GQA, rows no sequence owns) within each sequence's e4m3 bound, the unowned rows zero; its
+    plan the Gluon one."""
+    g = torch.Generator().manual_seed(d + causal)
+    lens_q, lens_k = [300, 1, 0, 200, 129], [300, 130, 0, 450, 129]
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+                  for n in (lens_q, lens_k))
+    x = [torch.randn(int(cu[-1]) + 5, n, d, generator=g, dtype=F64) for cu, n in ((cu_q, 4), (cu_k, 2), (cu_k, 2))]
+    vals = [(t.abs().amax() / 448).float() for t in x]
+    q8, k8, v8 = ((t / s).clamp(-448, 448).to(torch.float8_e4m3fn).to(DEV) for t, s in zip(x, vals))
+    ds = [s.to(DEV).expand(len(lens_q), 2) for s in vals]
+    plan = ioattn.explain_dispatch(q8, k8, v8, causal=causal, cu_seqlens_q=cu_q, max_seqlen_q=max(lens_q))
+    assert "Gluon" in plan.forward["kernel"], plan.forward
+    out = ioattn.flash_attn_varlen_func(q8, k8, v8, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+                                        q_descale=ds[0], k_descale=ds[1], v_descale=ds[2])
+    assert out[int(cu_q[-1]):].eq(0).all()
+    for b, (nq, nk) in enumerate(zip(lens_q, lens_k)):
+        if nq == 0:
+            continue
+        lo_q, lo_k = int(cu_q[b]), int(cu_k[b])
+        part = [t[lo:lo + n].unsqueeze(0).cpu().double() * s
+                for t, s, lo, n in zip((q8, k8, v8), vals, (lo_q, lo_k, lo_k), (nq, nk, nk))]
+        exact, bound = _bound(*part, (-1, 0) if causal else (-1, -1))
+        _check(out[lo_q:lo_q + nq].unsqueeze(0), exact, bound)
+
+
+@pytest.mark.skipif(not CUDA or torch.cuda.get_device_capability()[0] != 9, reason="the Gluon FP8 kernel: sm_90")
 @pytest.mark.parametrize("kw", [dict(window_size=(100, 20)), dict(softcap=3.0), dict(softmax_scale=0.05)])
 def test_gluon_fp8_forward_options(kw, poison_alloc):
     pairs = _inputs(1, 512, 512, 4, 2, 128, seed=9)
@@ -221,7 +253,32 @@ def test_fp8_plan_is_the_pingpong_kernel_without_the_lean_options():
     assert not hopper.fp8_call_supported(q, q, q, False, sem, None)[0]  # head dim 96
     q = torch.zeros(1, 8, 2, 128).to(torch.float8_e4m3fn)
     assert hopper.fp8_call_supported(q, q, q, False, sem, None)[0]
-    assert not hopper.fp8_call_supported(q, q, q, True, sem, None)[0]  # varlen
+    assert hopper.fp8_call_supported(q, q, q, True, sem, None)[0]  # varlen
+    assert not hopper.fp8_call_supported(q, q, q, False, sem, torch.ones(2))[0]  # ALiBi
+    packed = dict(forward_plan.plan_forward(dataclasses.replace(sig, varlen=True)).constexprs)
+    assert packed["IS_VARLEN"] and not packed["KV_TAIL"] and packed["KEY_MASKS"]
+
+
+def test_fp8_packed_v_is_transposed_into_rows_of_its_own_sequence():
+    """The Gluon FP8 kernel's V^T of packed sequences (``launch.gluon_fwd.transposed_v``): sequence b's
+    keys in its own rows from column 0, zeros past its end (a tile its end cuts reads no other
+    sequence), the rows no sequence owns left out, 16-byte aligned rows."""
+    from ioattn.launch.gluon_fwd import transposed_v
+
+    lens, heads, d = [5, 0, 17, 3], 2, 16
+    cu = torch.tensor([0, 5, 5, 22, 25], dtype=torch.int32)
+    v = (torch.randn(25 + 2, heads, d) * 8).to(torch.float8_e4m3fn)  # 2 rows no sequence owns
+    vt = transposed_v(v, cu, (4, 17, heads, d))
+    assert vt.shape == (4 * heads * d, 17) and vt.stride() == (32, 1) and vt.dtype == torch.float8_e4m3fn
+    got = vt.view(torch.uint8).view(4, heads, d, 17)
+    raw = v.view(torch.uint8)
+    for b, n in enumerate(lens):
+        lo = int(cu[b])
+        assert torch.equal(got[b, :, :, :n], raw[lo:lo + n].permute(1, 2, 0))
+        assert not got[b, :, :, n:].any()
+    fixed = transposed_v(v[:24].view(2, 12, heads, d))
+    assert torch.equal(fixed.view(torch.uint8).reshape(2, heads, d, 12),
+                       v[:24].view(torch.uint8).view(2, 12, heads, d).permute(0, 2, 3, 1))
 
 
 @pytest.mark.interpreter

@@ -144,13 +144,14 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
 
 
 
-def compile_fp8(d, causal):
+def compile_fp8(d, causal, varlen=False):
     """The FP8 forward as the launcher builds it (``plan.forward._make_fp8``'s constexprs, e4m3 Q / K
-    descriptors, V^T's [d, block_n] one, the descales' pointer); returns its report line."""
+    descriptors, V^T's [d, block_n] one, the descales' pointer; ``varlen``: packed sequences); returns
+    its report line."""
     from ioattn.plan import forward as forward_plan
 
     sig = forward_plan.Signature(batch=1, seqlen_q=4096, seqlen_k=4096, nheads=1, nheads_kv=1, head_dim=d,
-                                 element_size=1, varlen=False, causal=causal, window=(-1, -1), softcap=0.0,
+                                 element_size=1, varlen=varlen, causal=causal, window=(-1, -1), softcap=0.0,
                                  softmax_scale=d ** -0.5, alibi=False, device_sms=132)
     plan = forward_plan.plan_forward(sig)
     f8 = gl.float8e4nv
@@ -162,7 +163,11 @@ def compile_fp8(d, causal):
                      v_desc=f"tensordesc<fp8e4nv[{d},{plan.block_n}],{lay['v']!r}>", Out="*bf16", Lse="*fp32",
                      qk_scale="fp32", softcap_a="fp32", alibi_unit="fp32", Descales="*fp32")
     constexprs = dict(plan.constexprs, k_hi_desc=None, v_hi_desc=None, Alibi=None, o_desc=None, Walk=None,
-                      Cu_q=None, Cu_k=None, Trace=None, **NO_MODS)
+                      Trace=None, **NO_MODS)
+    if varlen:
+        sig_types.update(Cu_q="*i32", Cu_k="*i32")
+    else:
+        constexprs.update(Cu_q=None, Cu_k=None)
     k = compile_sm90(fn, sig_types, constexprs, plan.num_warps, aligned=("Out", "stride_om"))
     ptx = k.asm["ptx"]
     c = ptx_counts(ptx)
@@ -170,7 +175,7 @@ def compile_fp8(d, causal):
     assert "e4m3.e4m3" in ptx and c["tma"], (d, causal, c)  # 8-bit wgmma, TMA loads
     nregs, spills, _, serialized = ptxas_report(ptx)
     assert not serialized, (d, causal, serialized)
-    return (f"fp8 pingpong d={d} causal={causal} tiles={plan.block_m}x{plan.block_n} shared={k.metadata.shared} "
+    return (f"fp8 pingpong d={d} causal={causal}{' varlen' if varlen else ''} tiles={plan.block_m}x{plan.block_n} shared={k.metadata.shared} "
             f"regs={nregs} spills={spills} {fmt(c)}")
 
 
@@ -460,7 +465,7 @@ def main():
     if args.fp8:  # the FP8 forward's builds alone
         for d in map(int, (args.headdims or ",".join(map(str, hopper.FP8_TILES))).split(",")):
             for causal in (m == "1" for m in args.masks.split(",")):
-                print(compile_fp8(d, causal), flush=True)
+                print(compile_fp8(d, causal, args.varlen), flush=True)
         return
     if args.window:  # before the compile jobs' processes are forked (they inherit it)
         global WINDOW_FORM

@@ -177,8 +177,9 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     dtype: gl.constexpr = q_desc.dtype
     FP8: gl.constexpr = dtype == gl.float8e4nv
     if FP8:
-        gl.static_assert(PINGPONG and not (PERSISTENT or IS_VARLEN or KV_TAIL or LEAN or ALIBI or PROD_DIM or MODS),
-                         "FP8: the one-tile ping-pong kernels, fixed lengths, whole tiles")
+        # (packed sequences: V^T holds each in its own zero-padded rows, so its tiles need no tail)
+        gl.static_assert(PINGPONG and not (PERSISTENT or KV_TAIL or LEAN or ALIBI or PROD_DIM or MODS),
+                         "FP8: the one-tile ping-pong kernels, whole V^T tiles")
         qk_scale, softcap_a, out_scale, vt_row0 = _fp8_scales(Descales, b, h, nheads, group, qk_scale, softcap_a,
                                                               SOFTCAP, HEAD_DIM)
     else:

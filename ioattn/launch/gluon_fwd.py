@@ -189,7 +189,8 @@ class ForwardLaunch:
                      TensorDescriptor.from_tensor(rows[1], [plan.block_n, d], kv_layout),
                      TensorDescriptor.from_tensor(rows[2], [plan.block_n, d], kv_layout)]
         if self.fp8:  # V read transposed (``transposed_v``): a template over its (heads * d, keys) view
-            vt_shape, vt_strides = transposed_v_view(v.shape)
+            self.v_batch = (self.batch, plan.seqlen_k) if self.varlen else None
+            vt_shape, vt_strides = transposed_v_view(self._v_shape(v))
             descs[2] = template_desc(vt_shape, vt_strides, (d, plan.block_n), _layout(d, plan.block_n, dt), v.dtype,
                                      v.device)
         # (descriptor without its base, which tensor's rows it reads: 0 q, 1 k, 2 v)
@@ -246,7 +247,7 @@ class ForwardLaunch:
         rows = [(t if in_place else t.contiguous()).as_strided(shape, stride)
                 for t, (in_place, shape, stride) in zip((q, k, v), self.views)]
         if self.fp8:
-            rows[2] = transposed_v(v)
+            rows[2] = transposed_v(v, cu_seqlens_k, self._v_shape(v))
         descs = [rebased(desc, rows[i]) for desc, i in self.descs]
         descs += [None] * (5 - len(descs))
         o_desc = None if self.o_desc is None else rebased(self.o_desc, out.view(self.out_view))
@@ -254,6 +255,11 @@ class ForwardLaunch:
         self.kernel((plan.programs,), descs[0], descs[1], descs[2], o_desc, out, lse, cu_seqlens_q, cu_seqlens_k,
                     alibi_slopes, descs[3], descs[4], *extra)
         return out, lse
+
+    def _v_shape(self, v):
+        """V's (batch, keys, nheads_kv, d) as ``transposed_v`` lays it out: packed sequences as a batch
+        of the longest."""
+        return (*self.v_batch, *v.shape[1:]) if self.varlen else tuple(v.shape)
 
 
 def transposed_v_view(shape):
@@ -264,12 +270,26 @@ def transposed_v_view(shape):
     return (batch * heads * d, keys), (-(-keys // 16) * 16, 1)
 
 
-def transposed_v(v):
+def transposed_v(v, cu_seqlens_k=None, shape=None):
     """V (batch, keys, nheads_kv, d) as FP8's P V product reads it: keys contiguous (8-bit wgmma takes
-    its B operand K-major only), as the (batch * nheads_kv * d, keys) view of ``transposed_v_view``."""
-    (rows, keys), (stride, _) = transposed_v_view(v.shape)
-    buf = torch.empty(v.shape[0], v.shape[2], v.shape[3], stride, dtype=v.dtype, device=v.device)
-    buf[..., :keys].copy_(v.permute(0, 2, 3, 1))
+    its B operand K-major only), as the (batch * nheads_kv * d, keys) view of ``transposed_v_view``.
+    Packed V (total, nheads_kv, d) with ``cu_seqlens_k``: ``shape`` (sequences, longest, nheads_kv, d),
+    each sequence in its own rows from key 0, zeros past its end (a tile the sequence's end cuts reads
+    no other sequence's values); rows no sequence owns are left out."""
+    shape = tuple(v.shape) if shape is None else shape
+    (rows, keys), (stride, _) = transposed_v_view(shape)
+    batch, _, heads, d = shape
+    if cu_seqlens_k is None:
+        buf = torch.empty(batch, heads, d, stride, dtype=v.dtype, device=v.device)
+        buf[..., :keys].copy_(v.permute(0, 2, 3, 1))
+    else:  # one scatter: token t of sequence b to column t - cu[b] of b's rows (a spare batch takes the rest)
+        buf = torch.zeros(batch + 1, heads, d, stride, dtype=torch.uint8, device=v.device)
+        token = torch.arange(v.shape[0], device=v.device, dtype=cu_seqlens_k.dtype)
+        seq = torch.searchsorted(cu_seqlens_k[1:], token, right=True)
+        owned = seq < batch
+        col = torch.where(owned, token - cu_seqlens_k[seq.clamp(max=batch - 1)], 0).clamp(0, stride - 1)
+        buf.permute(0, 3, 1, 2)[seq.long(), col.long()] = v.view(torch.uint8)
+        buf = buf[:batch].view(v.dtype)
     return buf.view(rows, stride)[:, :keys]
 
 

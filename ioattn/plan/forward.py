@@ -167,12 +167,13 @@ def _make(sig: Signature) -> GluonForwardPlan:
 
 
 def _make_fp8(sig: Signature) -> GluonForwardPlan:
-    """The FP8 (e4m3) plan: the one-tile ping-pong kernel (``hopper.FP8_TILES``), V read transposed,
-    P through shared memory, the descales read by the kernel (``hopper_fwd_kernel``'s ``Descales``)."""
+    """The FP8 (e4m3) plan: the one-tile ping-pong kernel (``hopper.FP8_TILES``), V read transposed
+    (packed sequences: each in its own zero-padded rows, ``launch.gluon_fwd.transposed_v``), P through
+    shared memory, the descales read by the kernel (``hopper_fwd_kernel``'s ``Descales``)."""
     d, causal, has_window, cap = sig.head_dim, sig.causal, sig.window != (-1, -1), sig.softcap
-    if d not in hopper.FP8_TILES or sig.varlen or sig.alibi:
-        raise ValueError(f"the Gluon FP8 forward takes head dims {sorted(hopper.FP8_TILES)}, fixed lengths, no "
-                         f"ALiBi; got d={d}, varlen={sig.varlen}, alibi={sig.alibi}")
+    if d not in hopper.FP8_TILES or sig.alibi:
+        raise ValueError(f"the Gluon FP8 forward takes head dims {sorted(hopper.FP8_TILES)}, no ALiBi; got d={d}, "
+                         f"alibi={sig.alibi}")
     block_n, stages = hopper.FP8_TILES[d]
     block_m = 128
     num_m = dispatch.cdiv(sig.seqlen_q, block_m)
@@ -180,9 +181,10 @@ def _make_fp8(sig: Signature) -> GluonForwardPlan:
     win_left, win_right = (w if w >= 0 else unbounded for w in sig.window) if has_window else (0, 0)
     off = dict.fromkeys(("LEAN", "COND_RESCALE", "RESCALE_BY_WARP", "Q_IN_REGS", "DEFERRED_SUM", "MASK_BRANCH",
                          "PTX_BARRIERS", "PERSISTENT", "KV_TAIL", "FEWER_MASKS", "PAIRED", "FAST_DIV", "NO_KEY_WIDE",
-                         "DIAG_TRIM", "IS_VARLEN"), False)
+                         "DIAG_TRIM"), False)
     consts = dict(off, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, PINGPONG=True, NUM_WG=2,
-                  ORDERED=True, IS_CAUSAL=causal, LPT=causal and hopper.lpt_order.wanted(), EXP2_FMA=0,
+                  ORDERED=True, IS_CAUSAL=causal, IS_VARLEN=sig.varlen, LPT=causal and hopper.lpt_order.wanted(),
+                  EXP2_FMA=0,
                   ROW_STORES=1, Q_BUFS=1, KEY_MASKS=True, WINDOW=has_window, SOFTCAP=cap > 0, ALIBI=0, IO_DIM=0,
                   PROD_DIM=0)
     scale = sig.softmax_scale

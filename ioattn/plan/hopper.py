@@ -850,8 +850,6 @@ def fp8_call_supported(q, k, v, varlen, sem, alibi_slopes) -> tuple[bool, str]:
         return False, value_dim_refusal(q, v)
     if q.shape[-1] not in FP8_TILES:
         return False, f"FP8: head dims {sorted(FP8_TILES)} only"
-    if varlen:
-        return False, "FP8 varlen: the portable kernel (the V^T ring has no sequence tails yet)"
     if alibi_slopes is not None:
         return False, "FP8 with ALiBi: the portable kernel"
     if sem.dropout_p > 0:
