@@ -595,15 +595,16 @@ def test_gluon_forward_with_functions(case, d, poison_alloc):
 
 @pytest.mark.skipif(not _GLUON, reason="the Gluon backward: an sm_90 GPU")
 @pytest.mark.parametrize("case", ["causal", "document_causal", "block_mask", "block_sparse"])
-def test_gluon_backward_with_mask_functions(case, poison_alloc):
-    """The Gluon ws backward with a mask function or a block mask (d = 128, bf16, GQA 4:2, a key and
-    query tail of 1000 rows, a query block with no key block) against autograd through the float64
+@pytest.mark.parametrize("d", [64, 128])
+def test_gluon_backward_with_mask_functions(d, case, poison_alloc):
+    """The Gluon ws backward with a mask function or a block mask (d = 64 and 128, bf16, GQA 4:2, a key
+    and query tail of 1000 rows, a query block with no key block) against autograd through the float64
     oracle; its plan the Gluon one."""
     sq = sk = 1000
-    g = torch.Generator().manual_seed(7 + len(case))
-    q = torch.randn(2, sq, 4, 128, generator=g, dtype=F64)
-    k, v = (torch.randn(2, sk, 2, 128, generator=g, dtype=F64) for _ in range(2))
-    dout = torch.randn(2, sq, 4, 128, generator=g, dtype=F64)
+    g = torch.Generator().manual_seed(7 + len(case) + d)
+    q = torch.randn(2, sq, 4, d, generator=g, dtype=F64)
+    k, v = (torch.randn(2, sk, 2, d, generator=g, dtype=F64) for _ in range(2))
+    dout = torch.randn(2, sq, 4, d, generator=g, dtype=F64)
     docs = torch.tensor([0] * 300 + [1] * 500 + [2] * 200, dtype=torch.int32)
     layout = torch.rand(2, 1, 8, 8, generator=g) < 0.4  # one layout for every head (a KV head's group shares it)
     layout[0, 0, 3] = False
@@ -659,7 +660,7 @@ def test_the_mods_benchmark_records_a_provider_that_cannot_run_in_the_schema():
 
 def test_gluon_backward_plan_for_mask_functions():
     """Which backward calls the Gluon ws kernel takes with functions (pure Python), and its plan: mask
-    functions and block masks at d = 128, fixed lengths; the block mask's query blocks as SUB steps, its
+    functions and block masks at d = 64 and 128, fixed lengths; the block mask's query blocks as SUB steps, its
     key block as KV_BLOCK, the padded stat rows whole query blocks of it; score functions, built-in
     forms, varlen, other head dims, per-head lists under GQA and misfit blocks refused by name."""
     from ioattn.plan import backward as backward_plan
@@ -673,7 +674,7 @@ def test_gluon_backward_plan_for_mask_functions():
     for args, match in (((q, k, k, False, plain, None, True, True), "score functions"),
                         ((q, k, k, True, plain, None, False, True), "fixed lengths"),
                         ((q, k, k, False, Semantics(0.1, (-1, 0)), None, False, True), "built-in masks"),
-                        ((q[..., :64], k[..., :64], k[..., :64], False, plain, None, False, True), "head dims"),
+                        ((q[..., :96], k[..., :96], k[..., :96], False, plain, None, False, True), "head dims"),
                         ((q, k, k, False, plain, (128, 128), False, False), "each head under GQA"),
                         ((q, k, k, False, plain, (128, 64), False, True), "multiples of its 64 x 128 tiles")):
         ok, why = mods_plan.bwd_call_supported(*args)
@@ -690,6 +691,12 @@ def test_gluon_backward_plan_for_mask_functions():
     assert not (c["IS_CAUSAL"] or c["WINDOW"] or c["IS_VARLEN"] or c["DETERMINISTIC"] or c["COL_SPLIT"])
     plain_plan = backward_plan.plan_backward_mods(sig, None)
     assert dict(plain_plan.constexprs)["SUB"] == 1 and plain_plan.stat_stride == 1024  # (1000 rows in 64s)
+    # d = 64: 64 query rows a step with functions (the built-in backward's 128 spilled with them)
+    q64, k64 = (torch.empty(*t.shape[:3], 64, dtype=torch.bfloat16, device="meta") for t in (q, k))
+    assert mods_plan.bwd_call_supported(q64, k64, k64, False, plain, (128, 128), False, True)[0]
+    sig64 = dataclasses.replace(sig, head_dim=64)
+    assert (backward_plan.plan_backward_mods(sig64, (128, 128)).block_m, backward_plan.plan_backward(sig64).block_m) \
+        == (64, 128)
     with pytest.raises(ValueError, match="multiples"):
         backward_plan.plan_backward_mods(sig, (96, 128))
 

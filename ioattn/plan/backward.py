@@ -89,7 +89,7 @@ def _check(sig: BackwardSignature, d: int) -> None:
                              f"conversion; here {sig.longest})")
 
 
-def _make(sig: BackwardSignature) -> GluonBackwardPlan:
+def _make(sig: BackwardSignature, mods: bool = False) -> GluonBackwardPlan:
     io_dim = sig.head_dim
     dp = hopper.padded_headdim(io_dim) or 0
     if dp:
@@ -98,10 +98,10 @@ def _make(sig: BackwardSignature) -> GluonBackwardPlan:
         if refusal:
             raise ValueError(refusal)
         if not hopper.padded_in_place(io_dim):  # computed on zero-padded copies: the padded call's plan
-            return replace(_make(replace(sig, head_dim=dp)), pad_to=dp, pad_copies=True)
+            return replace(_make(replace(sig, head_dim=dp), mods), pad_to=dp, pad_copies=True)
     d = dp or io_dim
     _check(sig, d)
-    cfg = hopper_bwd.kernel_config(d, "ws", sig.softcap > 0, sig.alibi)
+    cfg = hopper_bwd.kernel_config(d, "ws", sig.softcap > 0, sig.alibi, mods)
     consts = dict(cfg["constexprs"])
     consts["LSE_IN_ACC"] = consts["LSE_IN_ACC"] and sig.softmax_scale > 0
     bm, bn = cfg["block_m"], cfg["block_n"]
@@ -146,7 +146,7 @@ def plan_backward_mods(sig: BackwardSignature, block_size: tuple | None) -> Gluo
 
 
 def _make_mods(sig: BackwardSignature, block_size: tuple | None) -> GluonBackwardPlan:
-    plan = _make(sig)
+    plan = _make(sig, mods=True)
     consts = dict(plan.constexprs, SUB=1, KV_BLOCK=0)
     if block_size is None:
         return replace(plan, constexprs=tuple(consts.items()))

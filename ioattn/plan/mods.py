@@ -88,14 +88,14 @@ def bwd_call_supported(q, k, v, varlen, sem, block_size, score, heads_share_list
     ok, why = hopper_bwd.bwd_call_supported(q, k, v, varlen, sem, None)
     if not ok:
         return False, why
-    cfg = hopper_bwd.kernel_config(d, "ws")
+    cfg = hopper_bwd.kernel_config(d, "ws", mods=True)
     if block_size is not None and (block_size[0] % cfg["block_m"] or block_size[1] % cfg["block_n"]):
         return False, (f"a block mask of {block_size[0]} x {block_size[1]} blocks: the Gluon backward needs "
                        f"multiples of its {cfg['block_m']} x {cfg['block_n']} tiles")
     return True, "the Gluon ws backward"
 
 
-# head dims the ws kernel takes the functions at: compiled for sm_90, d = 128's consumers keep a
-# captured tensor's gather in registers, d = 64's (128 query rows a step, no warpgroup split) spill
-# inside the loop, and d = 256 splits the head dim (tools/compile_check_hopper_bwd.py --mods)
-BWD_HEADDIMS = (128,)
+# head dims the ws kernel takes the functions at: compiled for sm_90, their consumers keep a captured
+# tensor's gather in registers (d = 64 at 64 query rows a step, ``hopper_bwd.WS_SCORE_MOD_BLOCK_M``: at
+# 128 it spilled inside the loop); d = 256 splits the head dim (tools/compile_check_hopper_bwd.py --mods)
+BWD_HEADDIMS = (64, 128)
