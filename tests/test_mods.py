@@ -519,10 +519,13 @@ def test_gluon_plan_for_functions_and_block_masks():
     assert (plan.block_m, plan.block_n, c["SUB"], c["Q_BLOCK"], c["STAGES"]) == (128, 64, 2, 256, 3)
     assert c["KV_TAIL"] and c["KEY_MASKS"] and not (c["IS_CAUSAL"] or c["WINDOW"] or c["PERSISTENT"])
     assert plan.qk_scale == LOG2E and not plan.negate_q
+    # a block mask's rows in the causal walk's order (the last query blocks first, over the grid), no mask
+    assert c["LONGEST_FIRST"] and c["LPT"] and plan.walk_div == sig.batch * sig.nheads
     wide = dict(forward_plan.plan_forward_mods(sig, True, (256, 128), False).constexprs)
     assert (wide["BLOCK_N"], wide["SUB"], wide["STAGES"]) == (128, 1, 2)
     masked_only = forward_plan.plan_forward_mods(sig, False, None, True)  # the lean softmax's sign flip for a negative scale
     assert dict(masked_only.constexprs)["SUB"] == 1 and masked_only.negate_q == dict(masked_only.constexprs)["LEAN"]
+    assert not dict(masked_only.constexprs)["LONGEST_FIRST"]  # every tile a row: any order
     aligned = forward_plan.plan_forward_mods(dataclasses.replace(sig, seqlen_k=1024), False, None, True)
     assert not dict(aligned.constexprs)["KEY_MASKS"]
 
