@@ -180,6 +180,7 @@ def clear_routes():
     _BWD_ROUTES.clear()
     _FP8_ROUTES.clear()
     _MOD_ROUTES.clear()
+    _MOD_BWD_ROUTES.clear()
     forward_plan._PLANS.clear()
     backward_plan._PLANS.clear()
 
@@ -556,11 +557,42 @@ def mod_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     return cpu_mods.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, sem.softmax_scale, *_cpu_mod_args(call, sem))
 
 
+_MOD_BWD_ROUTES: dict = {}
+
+
+def _mod_backward_route(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem,
+                        alibi_slopes, call):
+    """The Gluon backward prepared for calls with these functions laid out as this one, or None."""
+    key = (_forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes), call.key,
+           dout.shape, dout.stride(), dout.dtype, dout.data_ptr() % 16, out.shape, out.stride(), out.dtype,
+           out.data_ptr() % 16, lse.shape, lse.stride())
+    route = _MOD_BWD_ROUTES.get(key, _UNSET)
+    if route is _UNSET:
+        route = None
+        if mods_plan.bwd_plan(q, k, v, cu_seqlens_q is not None, sem, call.block_size(), call.score is not None,
+                              call.heads_share_lists())[0]:
+            from ioattn.launch import gluon_bwd
+            plan = backward_plan.plan_backward_mods(backward_signature(q, k, sem.softmax_scale, False),
+                                                    call.block_size())
+            route = gluon_bwd.BackwardLaunch(plan, dout, q, k, v, out, lse, cached=dispatch.cached_launch(),
+                                             functions={"MASK_MOD": call.functions()["MASK_MOD"]})
+        if len(_MOD_BWD_ROUTES) >= _ROUTES_MAX:
+            _MOD_BWD_ROUTES.clear()
+        _MOD_BWD_ROUTES[key] = route
+    return route
+
+
 def mod_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes,
                  call):
-    """(dq, dk, dv, the captured tensors' gradients (fp32)) of ``mod_forward``'s call."""
+    """(dq, dk, dv, the captured tensors' gradients (fp32)) of ``mod_forward``'s call: the Gluon ws
+    backward where ``plan.mods.bwd_plan`` takes the call (a mask function or a block mask, no score
+    function), else the portable kernels."""
     if dispatch.use_triton(q.device, q.dtype):
         from ioattn.modcall import empty_grads
+        route = _mod_backward_route(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    sem, alibi_slopes, call)
+        if route is not None:
+            return (*route(dout, q, k, v, out, lse, mod_args=call.gluon_backward_args()), [])
         grads = empty_grads(call, q.device)
         dq, dk, dv = portable_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                        max_seqlen_k, sem, alibi_slopes, 0, mods=call, mod_grads=grads)

@@ -158,11 +158,22 @@ def _mods_plan(q, k, v, call, varlen, window, seqlen_q, cu_seqlens_q) -> Dispatc
     if bm is not None:
         forward["key_walk"] = (f"the listed key blocks only, each as {bm.block_size[1] // block_n} tiles of "
                                f"{block_n} keys")
-    bwd = call.fit_tiles(dispatch.tiles("bwd", q.shape[-1], q.device))
-    backward = dict(what, kernels="attn_bwd_preprocess_kernel, attn_bwd_dkdv_kernel, attn_bwd_dq_kernel",
-                    tiles=(bwd.block_m, bwd.block_n, bwd.num_warps, bwd.num_stages),
-                    atomics=bool(call.grad_captures()) and "the captured tensors' gradients (dK / dV pass)",
-                    gluon_hopper="not taken (score and mask functions run in the portable kernels)")
+    sem = Semantics(q.shape[-1] ** -0.5, window)
+    taken, why = mods_plan.bwd_plan(q, k, v, varlen, sem, call.block_size(), call.score is not None,
+                                    call.heads_share_lists())
+    if taken:
+        plan = backward_plan.plan_backward_mods(backends.backward_signature(q, k, q.shape[-1] ** -0.5, False),
+                                                call.block_size())
+        backward = dict(what, kernels="ioattn.kernels.hopper_backward_ws.hopper_bwd_ws_kernel (Gluon, ws, the mask "
+                                      "function compiled in)",
+                        tiles=(plan.block_m, plan.block_n, plan.consumer_warps, dict(plan.constexprs)["STAGES"]),
+                        atomics=True, plan=plan, gluon_hopper=f"taken ({why})")
+    else:
+        bwd = call.fit_tiles(dispatch.tiles("bwd", q.shape[-1], q.device))
+        backward = dict(what, kernels="attn_bwd_preprocess_kernel, attn_bwd_dkdv_kernel, attn_bwd_dq_kernel",
+                        tiles=(bwd.block_m, bwd.block_n, bwd.num_warps, bwd.num_stages),
+                        atomics=bool(call.grad_captures()) and "the captured tensors' gradients (dK / dV pass)",
+                        gluon_hopper=f"not taken ({why})")
     return DispatchPlan("triton", "CUDA tensors" if q.is_cuda else "TRITON_INTERPRET=1", forward, backward)
 
 

@@ -129,6 +129,20 @@ class ModCall:
                       bm.kv_indices.shape[-1])
         return (float(softmax_scale), self._caps(self.score), self._caps(self.mask)), blocks
 
+    def gluon_backward_args(self):
+        """The Gluon backward's run-time mod arguments: (the mask function's captures, the block mask's
+        transposed lists or None) (``hopper_bwd_ws_kernel``'s ``mods`` / ``blocks``)."""
+        bm = self.block_mask
+        blocks = None
+        if bm is not None:
+            blocks = (bm.q_num_blocks, bm.q_indices, bm.full_q_num_blocks, bm.full_q_indices,
+                      *bm.transposed_strides(), bm.q_indices.shape[-1])
+        return self._caps(self.mask), blocks
+
+    def heads_share_lists(self):
+        """Whether the block mask's lists are one for every head (or there is no block mask)."""
+        return self.block_mask is None or self.block_mask.q_num_blocks.shape[1] == 1
+
     def backward_kwargs(self, softmax_scale, cfg, grads):
         """The portable backward's mod arguments for tiles ``cfg``: (dK / dV pass's, dQ pass's);
         ``grads``: fp32 buffers for the captured tensors' gradients (``empty_grads``)."""

@@ -519,10 +519,13 @@ def test_gluon_plan_for_functions_and_block_masks():
     assert (plan.block_m, plan.block_n, c["SUB"], c["Q_BLOCK"], c["STAGES"]) == (128, 64, 2, 256, 3)
     assert c["KV_TAIL"] and c["KEY_MASKS"] and not (c["IS_CAUSAL"] or c["WINDOW"] or c["PERSISTENT"])
     assert plan.qk_scale == LOG2E and not plan.negate_q
+    # a block mask's rows in the causal walk's order (the last query blocks first, over the grid), no mask
+    assert c["LONGEST_FIRST"] and c["LPT"] and plan.walk_div == sig.batch * sig.nheads
     wide = dict(forward_plan.plan_forward_mods(sig, True, (256, 128), False).constexprs)
     assert (wide["BLOCK_N"], wide["SUB"], wide["STAGES"]) == (128, 1, 2)
     masked_only = forward_plan.plan_forward_mods(sig, False, None, True)  # the lean softmax's sign flip for a negative scale
     assert dict(masked_only.constexprs)["SUB"] == 1 and masked_only.negate_q == dict(masked_only.constexprs)["LEAN"]
+    assert not dict(masked_only.constexprs)["LONGEST_FIRST"]  # every tile a row: any order
     aligned = forward_plan.plan_forward_mods(dataclasses.replace(sig, seqlen_k=1024), False, None, True)
     assert not dict(aligned.constexprs)["KEY_MASKS"]
 
@@ -536,8 +539,8 @@ def _gluon_case(case, table, docs, layout, sq, sk, dev):
     doc_causal = M.document_mask(docs.to(dev), M.causal_mask)
     dense = layout.repeat_interleave(128, -2).repeat_interleave(128, -1)[..., :sq, :sk]
 
-    def sparse(b, h, q_idx, kv_idx):
-        return dense[b, h, q_idx, kv_idx]
+    def sparse(b, h, q_idx, kv_idx):  # (a layout of one head serves them all)
+        return dense[b, h % dense.shape[1], q_idx, kv_idx]
 
     def user_causal(b, h, q_idx, kv_idx):  # the library's own would run as causal=True
         return q_idx >= kv_idx
@@ -593,6 +596,48 @@ def test_gluon_forward_with_functions(case, d, poison_alloc):
     assert (lse.cpu()[finite].double() - lse64[finite]).abs().max() < 2e-2
 
 
+@pytest.mark.skipif(not _GLUON, reason="the Gluon backward: an sm_90 GPU")
+@pytest.mark.parametrize("case", ["causal", "document_causal", "block_mask", "block_sparse"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_gluon_backward_with_mask_functions(d, case, poison_alloc):
+    """The Gluon ws backward with a mask function or a block mask (d = 64 and 128, bf16, GQA 4:2, a key
+    and query tail of 1000 rows, a query block with no key block) against autograd through the float64
+    oracle; its plan the Gluon one."""
+    sq = sk = 1000
+    g = torch.Generator().manual_seed(7 + len(case) + d)
+    q = torch.randn(2, sq, 4, d, generator=g, dtype=F64)
+    k, v = (torch.randn(2, sk, 2, d, generator=g, dtype=F64) for _ in range(2))
+    dout = torch.randn(2, sq, 4, d, generator=g, dtype=F64)
+    docs = torch.tensor([0] * 300 + [1] * 500 + [2] * 200, dtype=torch.int32)
+    layout = torch.rand(2, 1, 8, 8, generator=g) < 0.4  # one layout for every head (a KV head's group shares it)
+    layout[0, 0, 3] = False
+    table = torch.zeros(4, 25, dtype=F64)
+    ours, oracle = _gluon_case(case, table, docs, layout, sq, sk, torch.device("cuda"))
+    _, oracle32 = _gluon_case(case, table.float(), docs, layout, sq, sk, torch.device("cuda"))
+    bf = [t.to("cuda", torch.bfloat16) for t in (q, k, v)]
+    plan = ioattn.explain_dispatch(*bf, **ours)
+    assert plan.backward["gluon_hopper"].startswith("taken"), plan.backward
+    out, _, grads = _run(_ours, q, k, v, dout, torch.bfloat16, "cuda", None, **ours)
+    out64, _, grads64 = _run(_oracle, q, k, v, dout, F64, "cpu", None, **oracle)
+    outbf, _, gradsbf = _run(_oracle, q, k, v, dout, torch.bfloat16, "cpu", None, **oracle32)
+    assert_within_torch_error("out", out, out64, outbf)
+    for name, got, g64, gbf in zip(("dq", "dk", "dv"), grads, grads64, gradsbf):
+        assert_within_torch_error(name, got, g64, gbf, floor=1e-4)
+
+
+def test_the_mods_benchmark_times_the_portable_backward_inside_its_switch():
+    """``ioattn-portable-bwd`` (the A/B of the Gluon backward with mask functions) carries the switch
+    that keeps the backward portable, and the timing holds it around the backward too."""
+    from ioattn.bench import mods_bench as mb
+    from ioattn.plan import hopper_bwd
+
+    fn = mb._providers("causal", ["ioattn-portable-bwd"], 256, 1, 2, DEVICE)[0]["ioattn-portable-bwd"]
+    seen = []
+    with fn.context():
+        seen.append(hopper_bwd.prefer_hopper_bwd.value)
+    assert seen == [False] and hopper_bwd.prefer_hopper_bwd.value is None
+
+
 def test_the_mods_benchmark_times_the_block_mask_build():
     """``ioattn bench mods``'s block-mask build records (small, on this machine's device)."""
     from ioattn.bench import mods_bench as mb
@@ -614,6 +659,86 @@ def test_the_mods_benchmark_records_a_provider_that_cannot_run_in_the_schema():
     rec = mb._failed(base, "fwd", MemoryError("16 GiB"))
     assert report.validate(rec) == [] and rec["ms"] is None and not rec["ok"]
     assert rec["error"] == "MemoryError: 16 GiB"
+
+
+def test_gluon_backward_plan_for_mask_functions():
+    """Which backward calls the Gluon ws kernel takes with functions (pure Python), and its plan: mask
+    functions and block masks at d = 64 and 128, fixed lengths; the block mask's query blocks as SUB steps, its
+    key block as KV_BLOCK, the padded stat rows whole query blocks of it; score functions, built-in
+    forms, varlen, other head dims, per-head lists under GQA and misfit blocks refused by name."""
+    from ioattn.plan import backward as backward_plan
+    from ioattn.semantics import Semantics
+
+    q = torch.empty(2, 1000, 4, 128, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(2, 1000, 2, 128, dtype=torch.bfloat16, device="meta")
+    plain = Semantics(128 ** -0.5)
+    assert mods_plan.bwd_call_supported(q, k, k, False, plain, (128, 128), False, True) == (True,
+                                                                                            "the Gluon ws backward")
+    for args, match in (((q, k, k, False, plain, None, True, True), "score functions"),
+                        ((q, k, k, True, plain, None, False, True), "fixed lengths"),
+                        ((q, k, k, False, Semantics(0.1, (-1, 0)), None, False, True), "built-in masks"),
+                        ((q[..., :96], k[..., :96], k[..., :96], False, plain, None, False, True), "head dims"),
+                        ((q, k, k, False, plain, (128, 128), False, False), "each head under GQA"),
+                        ((q, k, k, False, plain, (128, 64), False, True), "multiples of its 64 x 128 tiles")):
+        ok, why = mods_plan.bwd_call_supported(*args)
+        assert not ok and match in why, why
+    assert mods_plan.bwd_call_supported(q, q, q, False, plain, (128, 128), False, False)[0]  # no GQA: own lists
+    with hopper.prefer_hopper(False):
+        assert not mods_plan.bwd_plan(q, k, k, False, plain, None, False, True)[0]
+    sig = backward_plan.BackwardSignature(batch=2, seqlen_q=1000, seqlen_k=900, nheads=4, nheads_kv=2, head_dim=128,
+                                          varlen=False, causal=False, window=(-1, -1), softcap=0.0,
+                                          softmax_scale=0.1, alibi=False, deterministic=False, longest=1000)
+    plan = backward_plan.plan_backward_mods(sig, (256, 128))
+    c = dict(plan.constexprs)
+    assert (plan.block_m, plan.block_n, c["SUB"], c["KV_BLOCK"], plan.stat_stride) == (64, 128, 4, 128, 1024)
+    assert not (c["IS_CAUSAL"] or c["WINDOW"] or c["IS_VARLEN"] or c["DETERMINISTIC"] or c["COL_SPLIT"])
+    plain_plan = backward_plan.plan_backward_mods(sig, None)
+    assert dict(plain_plan.constexprs)["SUB"] == 1 and plain_plan.stat_stride == 1024  # (1000 rows in 64s)
+    # d = 64: 64 query rows a step with functions (the built-in backward's 128 spilled with them)
+    q64, k64 = (torch.empty(*t.shape[:3], 64, dtype=torch.bfloat16, device="meta") for t in (q, k))
+    assert mods_plan.bwd_call_supported(q64, k64, k64, False, plain, (128, 128), False, True)[0]
+    sig64 = dataclasses.replace(sig, head_dim=64)
+    assert (backward_plan.plan_backward_mods(sig64, (128, 128)).block_m, backward_plan.plan_backward(sig64).block_m) \
+        == (64, 128)
+    with pytest.raises(ValueError, match="multiples"):
+        backward_plan.plan_backward_mods(sig, (96, 128))
+
+
+def test_gluon_backward_launch_with_a_mask_function(monkeypatch):
+    """What the launch passes the Gluon backward for a call with a mask function and its block mask (a
+    fake stands in for the ws kernel: no GPU here): the mask function as a compile-time argument, SUB and
+    KV_BLOCK, and at each call the function's captures and the block mask's transposed lists."""
+    import ioattn.launch.gluon_bwd as gb
+    from ioattn import backends
+    from ioattn.modcall import ModCall
+    from ioattn.plan import backward as backward_plan
+
+    launches = []
+
+    class Fake:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((grid, kw))
+    monkeypatch.setattr(gb, "hopper_bwd_ws_kernel", Fake())
+    n, d = 1000, 128
+    q, out, dout = (torch.randn(2, n, 4, d).to(torch.bfloat16) for _ in range(3))
+    k = torch.randn(2, n, 2, d).to(torch.bfloat16)
+    lse = torch.randn(2, 4, n)
+    docs = torch.tensor([0] * 300 + [1] * 700, dtype=torch.int32)
+    bm = create_block_mask(M.document_mask(docs, M.causal_mask), None, None, n, n, BLOCK_SIZE=128)
+    call = ModCall.make(None, None, bm)
+    assert call.heads_share_lists()
+    sig = backends.backward_signature(q, k, d ** -0.5, False)
+    plan = backward_plan.plan_backward_mods(sig, call.block_size())
+    launch = gb.BackwardLaunch(plan, dout, q, k, k, out, lse, cached=False,
+                               functions={"MASK_MOD": call.functions()["MASK_MOD"]})
+    dq, dk, dv = launch(dout, q, k, k, out, lse, mod_args=call.gluon_backward_args())
+    ((grid, kw),) = [x for x in launches if "MASK_MOD" in x[1]]
+    assert grid == plan.grid == (8, 2 * 2)
+    assert kw["MASK_MOD"] is call.mask.module.mod and (kw["SUB"], kw["KV_BLOCK"]) == (2, 128)
+    assert torch.equal(kw["mods"][0], docs) and kw["mods"][1:] == (n,)
+    assert kw["blocks"][0] is bm.q_num_blocks and kw["blocks"][3] is bm.full_q_indices
+    assert kw["blocks"][4:] == (*bm.transposed_strides(), bm.q_indices.shape[-1])
+    assert dq.shape == q.shape and dk.shape == k.shape
 
 
 def test_gluon_forward_launch_with_functions(monkeypatch):

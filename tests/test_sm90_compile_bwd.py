@@ -186,3 +186,16 @@ def test_hopper_backward_dq_hi_first_compile_for_sm90(io_dim):
         waits = [int(re.search(r"bulk_read_waits=(\d+)", line).group(1)) for line in (h, l)]
         assert waits[0] == waits[1] + 1, (h, l)
 
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+def test_hopper_gluon_backward_ws_with_a_mask_function_compiles_for_sm90():
+    """The ws kernel at d = 64 and 128 with a mask function capturing a tensor (document ids), with its
+    block mask's transposed lists (128-query blocks as SUB = 2 steps of 64 rows) and without: no spill
+    inside the consumers' loop, their registers within the budget (``plan.mods.BWD_HEADDIMS``)."""
+    out, lines = _compile_check("--mods", "--headdims", "64,128")
+    assert len(lines) == 4 and all("ws-mods-blocks" in lines[i] and "SUB=2" in lines[i] for i in (0, 2)), out
+    assert all("tiles=64x128" in line for line in lines), out
+    for line in lines:
+        assert "loop_spills=0 " in line and int(re.search(r"spill=(\d+)B", line).group(1)) <= 24, line
+        assert int(re.search(r"consumer_regs=(\d+)", line).group(1)) <= 240, line

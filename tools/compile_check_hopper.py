@@ -74,7 +74,7 @@ SOFTCAP_FORM = False  # --softcap (likewise)
 ALIBI_FORM = False  # --alibi (likewise)
 TRACE = False  # --trace (likewise): the schedule record (``Trace``), the one-tile ping-pong variants
 # no score or mask function, no block mask: as the launcher compiles every other call
-NO_MODS = dict(mods=None, blocks=None, SCORE_MOD=None, MASK_MOD=None, SUB=1, Q_BLOCK=0)
+NO_MODS = dict(mods=None, blocks=None, SCORE_MOD=None, MASK_MOD=None, SUB=1, Q_BLOCK=0, LONGEST_FIRST=False)
 IO_DIM = 0  # --io-dim (likewise): the tensors' head dim below the kernel's, through 3-D / 4-D descriptors
 
 

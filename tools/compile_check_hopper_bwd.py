@@ -77,8 +77,12 @@ def compile_one(variant, d, dt, causal, deterministic=False, varlen=False, windo
             lay3 = gl.NVMMASharedLayout.get_default_for([1, rows, d], DTYPES[dt])
             sig.update({name: f"tensordesc<{dt}[1,{rows},{d}],{lay3!r}>" for name in names})
     # dK / dV 16-byte aligned as at run time, so the epilogue's vector stores show in the SASS
-    return cfg, compile_sm90(fn, sig, dict(cfg["constexprs"], IS_CAUSAL=causal), cfg["num_warps"],
+    return cfg, compile_sm90(fn, sig, dict(cfg["constexprs"], IS_CAUSAL=causal, **NO_MODS), cfg["num_warps"],
                              aligned=("dK", "dV"))
+
+
+# a call without mask functions or block masks (``compile_mods`` compiles one with them)
+NO_MODS = dict(MASK_MOD=None, SUB=1, KV_BLOCK=0, mods=None, blocks=None)
 
 
 def check(job):
@@ -145,6 +149,60 @@ def check(job):
             f"fence.proxy.async={c['fence_proxy']} atomics[{atoms}]")
 
 
+def compile_mods(d, with_blocks=True):
+    """The ws kernel with a mask function capturing document ids and (``with_blocks``) its block mask's
+    transposed lists, as the launch binds them (``plan.backward.plan_backward_mods``,
+    ``ModCall.gluon_backward_args``): bf16, fixed lengths; returns its report line."""
+    import torch
+
+    from ioattn import mods
+    from ioattn.block_mask import create_block_mask
+    from ioattn.modcall import ModCall
+    from ioattn.plan import backward as backward_plan
+
+    n = 1024
+    docs = torch.zeros(n, dtype=torch.int32)
+    mask = mods.document_mask(docs, mods.causal_mask)
+    call = ModCall.make(None, mask, None) if not with_blocks else ModCall.make(
+        None, None, create_block_mask(mask, None, None, n, n, BLOCK_SIZE=128))
+    sig = backward_plan.BackwardSignature(batch=1, seqlen_q=n, seqlen_k=n, nheads=4, nheads_kv=2, head_dim=d,
+                                          varlen=False, causal=False, window=(-1, -1), softcap=0.0,
+                                          softmax_scale=d ** -0.5, alibi=False, deterministic=False, longest=n)
+    plan = backward_plan.plan_backward_mods(sig, call.block_size())
+    cfg = kernel_config(d, "ws")
+    fn = gluon_bwd.KERNELS[cfg["kernel"]]
+    bm, bn = plan.block_m, plan.block_n
+    lay = ws_layouts(gl.bfloat16, bm, bn, d, 0 if plan.dq_flat else plan.dq_swizzle)
+    sig_types = {name: "i32" for name in fn.arg_names}
+    sig_types.update(q_desc=f"tensordesc<bf16[{bm},{d}],{lay['q']!r}>", do_desc=f"tensordesc<bf16[{bm},{d}],{lay['q']!r}>",
+                     k_desc=f"tensordesc<bf16[{bn},{d}],{lay['kv']!r}>", v_desc=f"tensordesc<bf16[{bn},{d}],{lay['kv']!r}>",
+                     dK="*bf16", dV="*bf16", softmax_scale="fp32", qk_scale="fp32", Sem="*i32", Cu_q="*i32",
+                     Cu_k="*i32", softcap_a="fp32", alibi_unit="fp32", Alibi="*fp32")
+    stat = f"tensordesc<fp32[{bm}],{lay['stat']!r}>"
+    rows, cols = plan.dq_block
+    sig_types.update(lse_desc=stat, delta_desc=stat, dq_desc=f"tensordesc<fp32[{rows},{cols}],{lay['dq']!r}>")
+    caps, blocks = call.gluon_backward_args()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from compile_check_hopper import _jit_type
+    sig_types.update(mods=_jit_type(caps))
+    consts = dict(plan.constexprs, dq_hi_desc=None, MASK_MOD=call.functions()["MASK_MOD"])
+    if blocks is None:
+        sig_types.pop("blocks")
+        consts["blocks"] = None
+    else:
+        sig_types.update(blocks=_jit_type(blocks))
+    k = compile_sm90(fn, sig_types, consts, plan.num_warps, aligned=("dK", "dV"))
+    ptx = k.asm["ptx"]
+    c = ptx_counts(ptx)
+    assert k.metadata.shared <= H200_SHARED_BYTES, (d, k.metadata.shared)
+    nregs, spills, _, why = ptxas_report(ptx)
+    assert not why, (d, why)
+    in_loop = spills_between_mmas(sass_text(k.asm["cubin"]))
+    return (f"bwd ws-mods{'-blocks' if with_blocks else ''} d={d} tiles={bm}x{bn} SUB={consts['SUB']} "
+            f"shared={k.metadata.shared} regs={nregs} spill={spills}B loop_spills={in_loop} "
+            f"consumer_regs={sass_top_register(k.asm['cubin'])} wgmma={c['wgmma']} tma={c['tma']}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--variants", default=",".join(BWD_VARIANTS))
@@ -173,7 +231,15 @@ def main():
                     help="the column split's dQ high half handed over first at every product width, or at none "
                          "(``WS_DQ_HI_FIRST``; default: its widths)")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="compiles in parallel")
+    ap.add_argument("--mods", action="store_true",
+                    help="the ws kernel with a mask function, with and without a block mask, instead")
     args = ap.parse_args()
+    if args.mods:
+        for d in map(int, args.headdims.split(",")):
+            if d in (64, 128):
+                for with_blocks in (True, False):
+                    print(compile_mods(d, with_blocks), flush=True)
+        return
     if args.dq_hi_first != "default":  # before the compile jobs' processes are forked (they inherit it)
         hopper_bwd.WS_DQ_HI_FIRST = (192, 256) if args.dq_hi_first == "on" else ()
     if args.io_dim:  # before the compile jobs' processes are forked (they inherit it)

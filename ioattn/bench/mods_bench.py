@@ -9,6 +9,8 @@ and sequence length, forward and forward+backward device time of:
   (``_as_user``: the library's own would run as their built-in forms), so the generated code is timed;
   on sm_90 its forward is the Gluon ping-pong kernel;
 * ``ioattn-portable``: the same on the portable kernels (``hopper.prefer_hopper(False)``);
+* ``ioattn-portable-bwd``: the same with the backward on the portable kernels
+  (``hopper_bwd.prefer_hopper_bwd(False)``): the A/B of the Gluon backward with mask functions;
 * ``ioattn-builtin``: the same attention through the built-in arguments where there are some
   (``causal``, ``window_size``, ``softcap``, ``alibi_slopes``, the varlen call for documents; dense
   attention for the block-sparse layout, the 10x-ideal's baseline);
@@ -23,6 +25,7 @@ that length with ``create_block_mask`` and FlexAttention's, synchronised wall ti
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -132,6 +135,13 @@ def _providers(kind, names, n, batch, nheads, device):
             with hopper.prefer_hopper(False):
                 return ioattn.flash_attn_func(q, k, v, score_mod=user_score, block_mask=bm)
         out["ioattn-portable"] = portable
+    if "ioattn-portable-bwd" in names:  # the A/B of the Gluon backward with mask functions
+        from ioattn.plan import hopper_bwd
+
+        def portable_bwd(q, k, v):
+            return ioattn.flash_attn_func(q, k, v, score_mod=user_score, block_mask=bm)
+        portable_bwd.context = lambda: hopper_bwd.prefer_hopper_bwd(False)  # around the backward too (``_time``)
+        out["ioattn-portable-bwd"] = portable_bwd
     if "ioattn-builtin" in names and builtin is not None:
         if docs is not None:
             cu, longest = docs
@@ -208,14 +218,17 @@ def _check(fn, q, k, v, refs):
 
 
 def _time(fn, q, k, v, mode):
+    """Device ms of ``fn``'s forward or forward + backward; ``fn.context`` (where a provider has one): a
+    context manager around the whole timed call, backward included."""
     from ioattn.bench.timing import median_ms
 
-    if mode == "fwd":
-        with torch.no_grad():
-            return median_ms(lambda s: fn(*s), [(q, k, v)])
-    leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
-    dout = torch.randn_like(q)
-    return median_ms(lambda s: torch.autograd.grad(fn(*s), s, dout), [leaves])
+    with getattr(fn, "context", contextlib.nullcontext)():
+        if mode == "fwd":
+            with torch.no_grad():
+                return median_ms(lambda s: fn(*s), [(q, k, v)])
+        leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+        dout = torch.randn_like(q)
+        return median_ms(lambda s: torch.autograd.grad(fn(*s), s, dout), [leaves])
 
 
 def _flops(batch, nheads, n, d, density, mode):

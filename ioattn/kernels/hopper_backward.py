@@ -12,7 +12,8 @@ from ioattn.kernels.hopper_common import ALIBI_MAGIC, MAGIC_BITS, _io_dim, _magi
 def _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d,
            MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr, LSE_IN_ACC: gl.constexpr = False,
            WINDOW: gl.constexpr = False, win_left=0, win_right=0, SOFTCAP: gl.constexpr = False,
-           DTYPE: gl.constexpr = None, ALIBI: gl.constexpr = False, alibi_a=0.0):
+           DTYPE: gl.constexpr = None, ALIBI: gl.constexpr = False, alibi_a=0.0, mask_args=None,
+           MASK_MOD: gl.constexpr = None):
     """P^T of one (BLOCK_N keys x BLOCK_M queries) tile, fp32, masked entries 0; ``lse_log2`` one
     value per query (column), in S^T's column layout. ``LSE_IN_ACC``: ``s`` is already S^T - lse /
     softmax_scale (``WS_LSE_IN_ACC``), ``lse_log2`` unused. ``WINDOW`` (``IS_CAUSAL`` False): key j
@@ -23,7 +24,9 @@ def _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d,
     bias added to ``s`` for the exponent (the tanh's derivative takes t itself), alibi_a = -slope in the
     units of ``s``; ``ALIBI_FP32_COLS``: the query columns as fp32 from this step's ``m_start``;
     ``ALIBI_MAGIC``: the forward's magic-number distance with the queries split as hi (a constant per
-    register) and lo (one value per thread), the masks' query tests on hi too."""
+    register) and lo (one value per thread), the masks' query tests on hi too. ``MASK_MOD`` (the user's
+    mask function, ``ioattn.kernels.modgen``) with ``mask_args`` = (b, h, its captures, full): the masked
+    form keeps what it keeps too, unless the tile is a block mask's ``full`` block."""
     z = s  # the exponent's scores: with ALiBi biased
     if ALIBI == ALIBI_MAGIC:  # the distance (query + off - key) by the forward's magic-number conversion
         rel = seqlen_k - seqlen_q - n_start + m_start + MAGIC_BITS - keys_1d  # each key row's, biased
@@ -53,6 +56,8 @@ def _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d,
                 keep = keep & (qhi >= first - win_right) & (qhi <= first + win_left)
         else:
             keep = (keys < seqlen_k) & (queries < seqlen_q)
+            if MASK_MOD is not None:
+                keep = keep & (MASK_MOD(mask_args[0], mask_args[1], queries, keys, mask_args[2]) | mask_args[3])
             if IS_CAUSAL:
                 keep = keep & (keys <= queries + (seqlen_k - seqlen_q))
             if WINDOW:
@@ -197,11 +202,14 @@ def _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqle
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
                 LSE_IN_ACC: gl.constexpr = False, WINDOW: gl.constexpr = False, win_left=0, win_right=0,
                 SOFTCAP: gl.constexpr = False, DTYPE: gl.constexpr = None, ALIBI: gl.constexpr = False,
-                alibi_a=0.0):
+                alibi_a=0.0, mask_args=None, MASK_MOD: gl.constexpr = None):
     """``_probs`` with the masks only where this step's tile needs them: keys past seqlen_k (not
     ``keys_inside``), queries past seqlen_q, or (causal) a tile the diagonal crosses (``off`` =
-    seqlen_k - seqlen_q); ``WINDOW``: also a tile either edge of the window crosses."""
+    seqlen_k - seqlen_q); ``WINDOW``: also a tile either edge of the window crosses; ``MASK_MOD``: also
+    a tile that is not a block mask's full block (``mask_args[3]``)."""
     need_mask = (not keys_inside) | (m_start + BLOCK_M > seqlen_q)
+    if MASK_MOD is not None:
+        need_mask = need_mask | (mask_args[3] == 0)
     if IS_CAUSAL:
         need_mask = need_mask | (n_start + BLOCK_N - 1 > m_start + off)
     if WINDOW:
@@ -209,7 +217,8 @@ def _step_probs(s, lse_log2, qk_scale, n_start, m_start, off, keys_inside, seqle
         need_mask = need_mask | (n_start < m_start + BLOCK_M - 1 + off - win_left)
     if need_mask:
         p = _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d, True,
-                   IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right, SOFTCAP, DTYPE, ALIBI, alibi_a)
+                   IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right, SOFTCAP, DTYPE, ALIBI, alibi_a, mask_args,
+                   MASK_MOD)
     else:
         p = _probs(s, lse_log2, qk_scale, n_start, m_start, seqlen_q, seqlen_k, keys_1d, queries_1d, False,
                    IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right, SOFTCAP, DTYPE, ALIBI, alibi_a)

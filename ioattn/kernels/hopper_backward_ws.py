@@ -16,6 +16,7 @@ from ioattn.kernels.hopper_backward import (_acc_layout, _cols_mma, _dq_flat_lay
                                             _step_probs, _store_dkdv, _store_rows, _ws_dq_acc_layout)
 from ioattn.kernels.hopper_common import (_io_dim, _load_rows, _prod_dim, _qk_mma, _softcap, _tile_layout,
                                           _zero_v_tail as _zero_rows_from)
+from ioattn.kernels.hopper_tiles import _block_lists, _full_tile, _key_tile
 
 WS_WORKER_REGS = gl.constexpr(_flags.WS_WORKER_REGS)
 WS_CONSUMER_REGS = gl.constexpr(_flags.WS_CONSUMER_REGS)
@@ -65,7 +66,8 @@ def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, 
                  delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, tail_bar, b, h0, kv_row, kv_col, m_lo, n_m,
                  n_iter, q_row0, nheads, stat_stride, seqlen_q, seqlen_k, n_start, q_owned, k_owned,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 DO_STAGES: gl.constexpr, IS_VARLEN: gl.constexpr, IO_DIM: gl.constexpr = 0):
+                 DO_STAGES: gl.constexpr, IS_VARLEN: gl.constexpr, IO_DIM: gl.constexpr = 0, qlists=None,
+                 SUB: gl.constexpr = 1):
     """The 1-warp TMA producer: K and V of the key block once, then per step t (query head
     h0 + t // n_m, query block m_lo + t % n_m) Q with its lse row into slot t % STAGES of the Q ring
     (``q_ready``) and dO with its D row into slot t % DO_STAGES of the dO ring (``do_ready``), each
@@ -75,7 +77,9 @@ def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, 
     reaching past ``q_owned`` / ``k_owned`` (the rows the sequences own) may read anything (0 x NaN is
     NaN in the products), so it lands on ``tail_bar``, this warp zeroes its rows past the sequence's end
     (the forward's ``_zero_v_tail``) and releases it by a plain arrive on its ready barrier.
-    ``IO_DIM``: the tensors' head dim where it is below HEAD_DIM (``_io_dim``)."""
+    ``IO_DIM``: the tensors' head dim where it is below HEAD_DIM (``_io_dim``). ``qlists``: a block
+    mask's query blocks for this key block (``_block_lists`` of the transposed lists), walked instead of
+    m_lo ...: step j of a head is its j-th listed query block (``_key_tile``)."""
     tails = 0 * n_iter  # tiles on tail_bar so far (its phase); a runtime integer (loop-carried)
     if IS_VARLEN and kv_row + BLOCK_N > k_owned:
         mbarrier.expect(tail_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
@@ -100,7 +104,10 @@ def _ws_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, 
             s_do = t % DO_STAGES
             reuse_phase_do = ((t // DO_STAGES) & 1) ^ 1
         h = h0 + t // n_m
-        m_start = (m_lo + t % n_m) * BLOCK_M
+        if qlists is None:
+            m_start = (m_lo + t % n_m) * BLOCK_M
+        else:
+            m_start = _key_tile(t % n_m, m_lo, qlists, SUB) * BLOCK_M
         row = q_row0 + m_start
         col = h * _io_dim(HEAD_DIM, IO_DIM)
         stat = (b * nheads + h) * stat_stride + m_start
@@ -133,7 +140,7 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
                   BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_COLS: gl.constexpr,
                   STAGES: gl.constexpr, DQ_FLAT: gl.constexpr = False, dq_smem1=None,
                   WG_SPLIT: gl.constexpr = False, WINDOW: gl.constexpr = False, win_left=0, dq_hi_desc=None,
-                  DQ_HI_FIRST: gl.constexpr = False):
+                  DQ_HI_FIRST: gl.constexpr = False, qlists=None, SUB: gl.constexpr = 1):
     """The 1-warp dQ writer: per step, once the consumers have put the step's dQ block (fp32,
     unscaled) in ``dq_smem`` (``dq_full``), one TMA reduce-add of it into the dQ accumulator; when
     the bulk copy has read the tile, the buffer goes back to the consumers (``dq_empty``). ``DQ_COLS``
@@ -144,7 +151,8 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
     query block) in a fixed key-block order by the counters in ``Sem`` (causal: descending, the key
     blocks launched in reverse). ``DQ_FLAT`` / ``WG_SPLIT``: the flat tile, in one or two boxes.
     ``n_m_total``: query blocks of one (batch, head) in the accumulator and ``Sem``; ``dq_hi_desc``: the
-    64-column high half at the products over 192 columns. The protocols: docs/hopper-backward.md."""
+    64-column high half at the products over 192 columns; ``qlists``: the producer's. The protocols:
+    docs/hopper-backward.md."""
     PIECES: gl.constexpr = HEAD_DIM // DQ_COLS  # 1; the column-split kernel's 2 halves
     FLAT_ROWS: gl.constexpr = BLOCK_M * HEAD_DIM // 32
     # the pieces' order: FIRST, FIRST + STEP, ... (the high half first with ``DQ_HI_FIRST``)
@@ -152,7 +160,10 @@ def _ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_fu
     STEP: gl.constexpr = -1 if DQ_HI_FIRST else 1
     for t in range(n_iter):
         h = h0 + t // n_m
-        m = m_lo + t % n_m
+        if qlists is None:
+            m = m_lo + t % n_m
+        else:
+            m = _key_tile(t % n_m, m_lo, qlists, SUB)
         row = q_row0 + m * BLOCK_M
         for j in gl.static_range(FIRST, FIRST + STEP * PIECES, STEP):
             # piece j: columns [j * DQ_COLS, (j + 1) * DQ_COLS) of the block
@@ -237,7 +248,7 @@ def _next_query_block(m_blk, h_in_group, m_lo, n_m):
 def _step_probs16(s, lse_log2, qk_scale, n_own, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d, queries_1d,
                   BLOCK_M: gl.constexpr, ROWS: gl.constexpr, IS_CAUSAL: gl.constexpr, LSE_IN_ACC: gl.constexpr,
                   WINDOW: gl.constexpr, win_left, win_right, SOFTCAP: gl.constexpr, dtype: gl.constexpr,
-                  ALIBI: gl.constexpr, alibi_a):
+                  ALIBI: gl.constexpr, alibi_a, mask_args=None, MASK_MOD: gl.constexpr = None):
     """``_step_probs`` for a consumer step: P^T in ``dtype`` (the dV product's operand) and the fp32
     P^T that dS^T is formed from (``SOFTCAP``: times the tanh's derivative, ``_probs``)."""
     if SOFTCAP:
@@ -247,7 +258,7 @@ def _step_probs16(s, lse_log2, qk_scale, n_own, m_start, off, keys_inside, seqle
     else:
         p = _step_probs(s, lse_log2, qk_scale, n_own, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
                         queries_1d, BLOCK_M, ROWS, IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right, False, None,
-                        ALIBI, alibi_a)
+                        ALIBI, alibi_a, mask_args, MASK_MOD)
         p16 = p.to(dtype)
     return p16, p
 
@@ -272,7 +283,8 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                  COALESCED_STORE: gl.constexpr = False, LSE_IN_ACC: gl.constexpr = False,
                  WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0, WINDOW: gl.constexpr = False, win_left=0,
                  win_right=0, SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False,
-                 Alibi_h0=None, alibi_unit=0.0, IO_DIM: gl.constexpr = 0):
+                 Alibi_h0=None, alibi_unit=0.0, IO_DIM: gl.constexpr = 0, qlists=None, SUB: gl.constexpr = 1,
+                 mask_caps=None, b=0, h0=0, MASK_MOD: gl.constexpr = None):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
     lockstep). The math per step is the removed base kernel's, in FA3's order (dV issued before dS
     is formed, dQ before dK: docs/hopper-backward.md); the loads come from the
@@ -284,7 +296,10 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     ``ds_full`` (unused otherwise). ``SOFTCAP``: the scores are cap * tanh(S * softcap_a) (the
     host's ``qk_scale`` cap * log2 e), dS^T times the tanh's derivative (``_probs``). ``ALIBI``: the
     slope of the step's query head read from ``Alibi_h0`` (the group's first head's, + the head's
-    place in the group), times ``alibi_unit`` (-1 / softmax_scale, or -1 / cap), biases S^T (``_probs``)."""
+    place in the group), times ``alibi_unit`` (-1 / softmax_scale, or -1 / cap), biases S^T (``_probs``).
+    ``qlists``: the producer's walk of a block mask's query blocks; ``MASK_MOD`` with ``mask_caps`` (its
+    captured tensors), ``b`` and the group's first query head ``h0``: the user's mask function on the
+    steps that are not the block mask's full blocks (``_step_probs``)."""
     num_warps: gl.constexpr = gl.num_warps()
     # key rows this partition computes; dQ's part: columns (64 query rows a step) or rows (128)
     ROWS: gl.constexpr = BLOCK_N // 2 if WG_SPLIT else BLOCK_N
@@ -319,7 +334,15 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     for t in range(n_iter):
         s_idx = t % STAGES
         phase = (t // STAGES) & 1
-        m_start, alibi_a, z = _step_start(m_blk, h_in_group, Alibi_h0, alibi_unit, BLOCK_M, ALIBI)
+        if qlists is None:
+            m_start, alibi_a, z = _step_start(m_blk, h_in_group, Alibi_h0, alibi_unit, BLOCK_M, ALIBI)
+        else:  # the step's listed query block (m_lo is 0)
+            m_start, alibi_a, z = _step_start(_key_tile(m_blk, 0, qlists, SUB), h_in_group, Alibi_h0, alibi_unit,
+                                              BLOCK_M, ALIBI)
+        if MASK_MOD is not None:  # (b, the step's query head, the captures, whether a full block)
+            mask_args = (b, h0 + h_in_group, mask_caps, _full_tile(m_blk, qlists))
+        else:
+            mask_args = None
         k_all = k_smem.index(z)
         ds_all = ds_smem.index(z)
         q_cur = q_smem.index(s_idx)
@@ -365,7 +388,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
             lse_log2 = lse_smem.index(s_idx).load(col_layout)
         p16, p = _step_probs16(s, lse_log2, qk_scale, n_own, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
                                queries_1d, BLOCK_M, ROWS, IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right, SOFTCAP,
-                               dtype, ALIBI, alibi_a)
+                               dtype, ALIBI, alibi_a, mask_args, MASK_MOD)
         pa = gl.convert_layout(p16, a_layout)
         # dV += P^T dO queued behind dP^T: it runs while dS is formed and stored below
         dv_tok = warpgroup_mma(pa, do_cur, dv, is_async=True)
@@ -649,12 +672,15 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   LSE_IN_ACC: gl.constexpr = False, WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0,
                   WINDOW: gl.constexpr = False, win_left=0, win_right=0, SOFTCAP: gl.constexpr = False,
                   softcap_a=0.0, ALIBI: gl.constexpr = False, Alibi_h0=None, alibi_unit=0.0,
-                  IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0, DQ_HI_FIRST: gl.constexpr = False):
+                  IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0, DQ_HI_FIRST: gl.constexpr = False,
+                  qlists=None, SUB: gl.constexpr = 1, mask_caps=None, b=0, h0=0, MASK_MOD: gl.constexpr = None):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments
-    (``LSE_IN_ACC``: the key split only). ``WG_SPLIT``: warpgroup ``W`` of the key split alone (the
-    default partition and one worker), ``dq_hi_full`` its dS^T exchange barrier."""
+    (``LSE_IN_ACC``, a block mask's walk and a mask function: the key split only). ``WG_SPLIT``:
+    warpgroup ``W`` of the key split alone (the default partition and one worker), ``dq_hi_full`` its
+    dS^T exchange barrier."""
     if COL_SPLIT:
+        gl.static_assert(qlists is None and MASK_MOD is None, "mask functions and block masks: the key split")
         _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                             q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, k_row0, h_kv,
                             nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale,
@@ -667,7 +693,7 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                      do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, k_row0, h_kv, nheads_kv, n_start, m_lo, n_m,
                      n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
                      IS_CAUSAL, COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, W, WINDOW, win_left, win_right, SOFTCAP,
-                     softcap_a, ALIBI, Alibi_h0, alibi_unit, IO_DIM)
+                     softcap_a, ALIBI, Alibi_h0, alibi_unit, IO_DIM, qlists, SUB, mask_caps, b, h0, MASK_MOD)
 
 
 @gluon.jit
@@ -681,7 +707,8 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          IS_VARLEN: gl.constexpr = False, WINDOW: gl.constexpr = False,
                          SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, Alibi=None,
                          IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0, dq_hi_desc=None,
-                         DQ_HI_FIRST: gl.constexpr = False):
+                         DQ_HI_FIRST: gl.constexpr = False, mods=None, blocks=None, MASK_MOD: gl.constexpr = None,
+                         SUB: gl.constexpr = 1, KV_BLOCK: gl.constexpr = 0):
     """The Gluon backward (variant "ws"). Grid (cdiv(seqlen_k, BLOCK_N), batch * nheads_kv); dK, dV:
     contiguous, k's shape, in the input dtype; num_warps = 8 (the consumers; 4
     with ``WG_SPLIT``); the producer and dQ-writer warps are added by ``warp_specialize``. lse_desc /
@@ -692,8 +719,11 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     256): BLOCK_N = 64, the consumers split the head dim (``_ws_consumer_dsplit``). ``IS_VARLEN``,
     ``WINDOW``, ``SOFTCAP`` (not with ``LSE_IN_ACC``), ``ALIBI``: the forms in docs/hopper-backward.md;
     ``Cu_q`` / ``Cu_k``, ``win_left`` / ``win_right``, ``softcap_a``, ``Alibi`` / ``stride_ab`` /
-    ``alibi_unit`` their arguments. The other flags: the module's ``WS_*`` tables, through
-    ``kernel_config``."""
+    ``alibi_unit`` their arguments. ``MASK_MOD`` (the user's mask function, ``ioattn.kernels.modgen``)
+    with ``mods`` (its captured tensors) and ``blocks`` (a block mask's transposed lists, ``ioattn.modcall``'s
+    layout: the query blocks of each key block of ``KV_BLOCK`` keys, ``SUB`` query steps each; the
+    query heads of a KV head share one row of them): fixed lengths, none of the built-in forms. The
+    other flags: the module's ``WS_*`` tables, through ``kernel_config``."""
     num_warps: gl.constexpr = gl.num_warps()
     if WG_SPLIT:  # (``WS_WG_PARTITIONS``) the default partition is warpgroup 0, a worker warpgroup 1
         gl.static_assert(num_warps == 4 and DQ_FLAT and not COL_SPLIT, "a warpgroup a partition: the flat key split")
@@ -751,8 +781,18 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
         n_m = gl.maximum(m_hi - m_lo, 0)
     if IS_VARLEN:  # a key block past its sequence's end (the grid covers the longest): no step, no store
         n_m = gl.where(n_start < seqlen_k, n_m, 0)
-    n_iter = group * n_m
     h0 = h_kv * group
+    if MASK_MOD is not None:
+        gl.static_assert(not (IS_CAUSAL or WINDOW or IS_VARLEN or DETERMINISTIC or COL_SPLIT or SOFTCAP or ALIBI),
+                         "a mask function: fixed lengths, the key split, none of the built-in forms")
+    if blocks is not None:  # the query blocks the block mask lists for this key block, partial ones first
+        gl.static_assert(not (IS_CAUSAL or WINDOW or IS_VARLEN or DETERMINISTIC or COL_SPLIT or SOFTCAP or ALIBI),
+                         "a block mask: fixed lengths, the key split, none of the built-in forms")
+        qlists, n_m = _block_lists(blocks, b, h0, n_start, SUB, KV_BLOCK)
+        m_lo = 0
+    else:
+        qlists: gl.constexpr = None
+    n_iter = group * n_m
     # the slopes of this program's group of query heads (read only under ``ALIBI``; the launcher passes
     # an empty tensor without: a None handed on to the partitions does not compile at run time)
     Alibi_h0 = Alibi + b * stride_ab + h0
@@ -833,18 +873,19 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          dq_hi_full, dK, dV, k_row0, h_kv, nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k,
                          softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT,
                          COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, w, WINDOW, win_left, win_right, SOFTCAP, softcap_a,
-                         ALIBI, Alibi_h0, alibi_unit, IO_DIM, PROD_DIM, DQ_HI_FIRST))
+                         ALIBI, Alibi_h0, alibi_unit, IO_DIM, PROD_DIM, DQ_HI_FIRST, qlists, SUB, mods, b, h0,
+                         MASK_MOD))
         if w < CONSUMERS else
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, tail_bar, b, h0,
                         k_row0 + n_start, h_kv * _io_dim(HEAD_DIM, IO_DIM), m_lo, n_m, n_iter, q_row0, nheads,
                         stat_stride, seqlen_q, seqlen_k, n_start, q_owned, k_owned, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                        DO_STAGES, IS_VARLEN, IO_DIM))
+                        DO_STAGES, IS_VARLEN, IO_DIM, qlists, SUB))
         if w == CONSUMERS else
         (_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, q_smem, q_empty, dq_hi_full, Sem, b, h0, m_lo, n_m,
                          n_iter, q_row0, seqlen_q, seqlen_k, nheads, n_m_total, n_start // BLOCK_N, HEAD_DIM, BLOCK_M, BLOCK_N,
                          IS_CAUSAL, DETERMINISTIC, DQ_COLS, STAGES, DQ_FLAT, dq_smem1, WG_SPLIT, WINDOW, win_left,
-                         dq_hi_desc, DQ_HI_FIRST))
+                         dq_hi_desc, DQ_HI_FIRST, qlists, SUB))
         for w in (0, 1, 2, 3)[:CONSUMERS + 2]
     ], [4, 1, 1] if WG_SPLIT else [1, 1],
         [WS_CONSUMER_REGS, WS_WORKER_REGS, WS_WORKER_REGS] if WG_SPLIT else [WS_WORKER_REGS, WS_WORKER_REGS])

@@ -68,7 +68,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                       stride_ab=0, alibi_unit=0.0, IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0,
                       k_hi_desc=None, v_hi_desc=None, Descales=None, Trace=None,
                       trace_sections=0, mods=None, blocks=None, SCORE_MOD: gl.constexpr = None,
-                      MASK_MOD: gl.constexpr = None, SUB: gl.constexpr = 1, Q_BLOCK: gl.constexpr = 0):
+                      MASK_MOD: gl.constexpr = None, SUB: gl.constexpr = 1, Q_BLOCK: gl.constexpr = 0,
+                      LONGEST_FIRST: gl.constexpr = False):
     """The Gluon Hopper forward. ``PINGPONG=False`` (launched with num_warps = 4 * BLOCK_M // 64): one
     consumer partition of BLOCK_M // 64 warpgroups in lockstep. ``PINGPONG=True`` (num_warps = 4,
     BLOCK_M = 64 * NUM_WG): ``NUM_WG`` consumer warpgroups of 64 rows each in separate partitions,
@@ -89,7 +90,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     ``SCORE_MOD`` / ``MASK_MOD`` (``ioattn.kernels.modgen``; the two-warpgroup one-tile ping-pong kernel,
     fixed lengths, 16-bit inputs): the user's functions, ``mods`` = (softmax_scale, the score's captures,
     the mask's); ``blocks``: a block mask's lists (``hopper_tiles._block_lists``), its blocks ``Q_BLOCK``
-    queries by ``SUB`` key tiles."""
+    queries by ``SUB`` key tiles. ``LONGEST_FIRST``: the tiles in the causal walk's order (the last query
+    blocks first, over the whole grid with ``LPT``) without the causal mask."""
     D_IO: gl.constexpr = _io_dim(HEAD_DIM, IO_DIM)
     gl.static_assert(_prod_dim(HEAD_DIM, PROD_DIM) >= D_IO, "the products cover the tensors' columns")
     gl.static_assert(PROD_DIM == 0 or PINGPONG, "the split products: the ping-pong consumers")
@@ -126,7 +128,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                         ((walk_div, walk_mul, walk_shift), (nheads, head_mul, head_shift)) if FAST_DIV else None,
                         NO_KEY_WIDE, KEY_MASKS, DIAG_TRIM, Walk, IO_DIM, PROD_DIM, k_hi_desc, v_hi_desc)
         return
-    b, h, m_block = _tile_bhm(gl.program_id(0), num_m, gl.num_programs(0), nheads, IS_CAUSAL, LPT)
+    # (LONGEST_FIRST: the causal walk's order without its mask, for a block mask's rows)
+    b, h, m_block = _tile_bhm(gl.program_id(0), num_m, gl.num_programs(0), nheads, IS_CAUSAL or LONGEST_FIRST, LPT)
     m_start = m_block * BLOCK_M
     if IS_VARLEN:
         start_q = gl.load(Cu_q + b)

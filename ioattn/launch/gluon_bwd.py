@@ -30,10 +30,12 @@ class BackwardLaunch:
     """``plan``'s backward for tensors laid out as the example ones (shapes, strides, dtype, 16-byte
     alignment): the descriptors' layouts, the three kernels' scalars and their compiled forms are made
     once here; a call allocates, views its tensors as rows, rebases the descriptors and launches the
-    preprocess pass, the ws kernel and dQ's scaling pass."""
+    preprocess pass, the ws kernel and dQ's scaling pass. ``functions``: a call's mask function
+    (``{"MASK_MOD": ...}``, ``plan.backward.plan_backward_mods``), whose run-time arguments each call
+    passes as ``mod_args`` (``ModCall.gluon_backward_args``)."""
 
     def __init__(self, plan, dout, q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None, alibi_slopes=None,
-                 cached=True):
+                 cached=True, functions=None):
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
         self.plan, self.cacheable = plan, True
@@ -83,14 +85,17 @@ class BackwardLaunch:
             ("Out", "dOut", "Delta", "cu_seqlens_q", "Lse", "LseOut", "DQacc"), {}, direct=cached)
         self.pre_grid = (stat // 64 * batch * nheads,)
         consts = dict(plan.constexprs)
+        dynamic = ("q_desc", "k_desc", "v_desc", "do_desc", "lse_desc", "delta_desc", "dq_desc", "dK", "dV", "Sem",
+                   "Cu_q", "Cu_k", "Alibi", "dq_hi_desc")
+        if functions is not None:  # a mask function: its captures and the block mask's lists at each call
+            consts.update(functions)
+            dynamic += ("mods", "blocks")
         self.ws = BoundLaunch(hopper_bwd_ws_kernel, dict(
             seqlen_q=plan.seqlen_q, seqlen_k=plan.seqlen_k, nheads=nheads, group=nheads // nheads_kv,
             stat_stride=stat, softmax_scale=plan.softmax_scale, qk_scale=plan.qk_scale,
             win_left=plan.win_left, win_right=plan.win_right, softcap_a=plan.softcap_a, alibi_unit=plan.alibi_unit,
             stride_ab=alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
-            **consts), ("q_desc", "k_desc", "v_desc", "do_desc", "lse_desc", "delta_desc", "dq_desc", "dK", "dV",
-                        "Sem", "Cu_q", "Cu_k", "Alibi", "dq_hi_desc"),
-            dict(num_warps=plan.num_warps), direct=cached)
+            **consts), dynamic, dict(num_warps=plan.num_warps), direct=cached)
         self.no_alibi = nothing.float()
         self.sem = None if dict(plan.constexprs)["DETERMINISTIC"] else torch.zeros(
             1, device=q.device, dtype=torch.int32)
@@ -98,7 +103,8 @@ class BackwardLaunch:
             self.n_m = stat // bm
             self.dq_pass = _dq_pass(q, d, bm, plan.consumer_warps, varlen, plan.seqlen_q, self.n_m, cached)
 
-    def __call__(self, dout, q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None, alibi_slopes=None):
+    def __call__(self, dout, q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None, alibi_slopes=None,
+                 mod_args=()):
         plan = self.plan
         varlen = plan.varlen
         # varlen: zeros first, the kernels write only the rows some sequence owns
@@ -129,7 +135,7 @@ class BackwardLaunch:
         self.ws(plan.grid, q_desc, k_desc, v_desc, do_desc, gluon_fwd.rebased(self.stat_desc, lse2.view(-1)),
                 gluon_fwd.rebased(self.stat_desc, delta.view(-1)), gluon_fwd.rebased(self.dq_desc, acc_rows), dk, dv,
                 sem, cu_q, cu_seqlens_k if varlen else self.no_cu,
-                self.no_alibi if alibi_slopes is None else alibi_slopes, dq_hi)
+                self.no_alibi if alibi_slopes is None else alibi_slopes, dq_hi, *mod_args)
         if plan.dq_flat:
             dq = alloc(q.shape, dtype=q.dtype, device=q.device)
             self.dq_pass((self.batch * q.shape[-2] * self.n_m,), acc, dq, plan.softmax_scale,

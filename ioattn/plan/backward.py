@@ -89,7 +89,7 @@ def _check(sig: BackwardSignature, d: int) -> None:
                              f"conversion; here {sig.longest})")
 
 
-def _make(sig: BackwardSignature) -> GluonBackwardPlan:
+def _make(sig: BackwardSignature, mods: bool = False) -> GluonBackwardPlan:
     io_dim = sig.head_dim
     dp = hopper.padded_headdim(io_dim) or 0
     if dp:
@@ -98,10 +98,10 @@ def _make(sig: BackwardSignature) -> GluonBackwardPlan:
         if refusal:
             raise ValueError(refusal)
         if not hopper.padded_in_place(io_dim):  # computed on zero-padded copies: the padded call's plan
-            return replace(_make(replace(sig, head_dim=dp)), pad_to=dp, pad_copies=True)
+            return replace(_make(replace(sig, head_dim=dp), mods), pad_to=dp, pad_copies=True)
     d = dp or io_dim
     _check(sig, d)
-    cfg = hopper_bwd.kernel_config(d, "ws", sig.softcap > 0, sig.alibi)
+    cfg = hopper_bwd.kernel_config(d, "ws", sig.softcap > 0, sig.alibi, mods)
     consts = dict(cfg["constexprs"])
     consts["LSE_IN_ACC"] = consts["LSE_IN_ACC"] and sig.softmax_scale > 0
     bm, bn = cfg["block_m"], cfg["block_n"]
@@ -133,3 +133,26 @@ def _make(sig: BackwardSignature) -> GluonBackwardPlan:
         # ALiBi: the slope to the scores' units (as the forward's)
         alibi_unit=-1.0 / (cap if cap > 0 else scale) if sig.alibi else 0.0,
         win_left=win_left, win_right=win_right, constexprs=tuple(consts.items()))
+
+
+def plan_backward_mods(sig: BackwardSignature, block_size: tuple | None) -> GluonBackwardPlan:
+    """The plan for a call with a mask function or a block mask (``plan.mods.bwd_plan``'s): the ws
+    kernel at its own tiles, none of the built-in forms (the function masks); a block mask's
+    (``block_size``: its (query, key) block, or None) query blocks as ``SUB`` steps of ``block_m`` rows
+    for each key block of ``KV_BLOCK`` keys, and the padded lse / D rows whole query blocks of it, so
+    that every listed step reads and adds inside its own head's rows."""
+    key = ("mods", sig, block_size, dispatch.switch_state())
+    return _PLANS.get(key, lambda: _make_mods(sig, block_size))
+
+
+def _make_mods(sig: BackwardSignature, block_size: tuple | None) -> GluonBackwardPlan:
+    plan = _make(sig, mods=True)
+    consts = dict(plan.constexprs, SUB=1, KV_BLOCK=0)
+    if block_size is None:
+        return replace(plan, constexprs=tuple(consts.items()))
+    bq, bk = block_size
+    if bq % plan.block_m or bk % plan.block_n:
+        raise ValueError(f"a block mask of {bq} x {bk} blocks: the Gluon backward needs multiples of its "
+                         f"{plan.block_m} x {plan.block_n} tiles")
+    consts.update(SUB=bq // plan.block_m, KV_BLOCK=bk)
+    return replace(plan, stat_stride=dispatch.cdiv(sig.seqlen_q, bq) * bq, constexprs=tuple(consts.items()))

@@ -217,8 +217,11 @@ def _make_mods(sig: Signature, score: bool, block_size: tuple | None, captures: 
     kv_tail = sig.seqlen_k % block_n != 0
     scale = sig.softmax_scale
     negate_q = consts["LEAN"] and scale < 0 and not score  # (a score function gets the signed scale's score)
-    consts.update(IS_CAUSAL=False, IS_VARLEN=False, LPT=False, KV_TAIL=kv_tail, KEY_MASKS=kv_tail, WINDOW=False,
-                  SOFTCAP=False, ALIBI=0, DIAG_TRIM=False, FEWER_MASKS=False, EXP2_FMA=0,
+    # a block mask's rows in the causal walk's order, the last query blocks first over the whole grid: the
+    # longest first wherever later rows list more key blocks (causal, prefix-LM), any order elsewhere
+    lpt = block_size is not None
+    consts.update(IS_CAUSAL=False, IS_VARLEN=False, LPT=lpt, LONGEST_FIRST=lpt, KV_TAIL=kv_tail, KEY_MASKS=kv_tail,
+                  WINDOW=False, SOFTCAP=False, ALIBI=0, DIAG_TRIM=False, FEWER_MASKS=False, EXP2_FMA=0,
                   ROW_STORES=hopper.row_stores(d, "pingpong"), IO_DIM=0, PROD_DIM=0,
                   SUB=block_size[1] // block_n if block_size else 1, Q_BLOCK=block_size[0] if block_size else 0)
     num_m = dispatch.cdiv(sig.seqlen_q, block_m)
@@ -228,7 +231,7 @@ def _make_mods(sig: Signature, score: bool, block_size: tuple | None, captures: 
         pad_copies=False, q_rows=cfg["q_rows"], block_m=block_m, block_n=block_n, num_m=num_m,
         num_tiles=num_m * sig.batch * sig.nheads, programs=num_m * sig.batch * sig.nheads,
         num_warps=cfg["num_warps"], ring_split=False, out_tma=False, walk_table=None, without_table=None,
-        walk_div=walk_divisor(num_m, sig.batch * sig.nheads, False, False), negate_q=negate_q,
+        walk_div=walk_divisor(num_m, sig.batch * sig.nheads, lpt, False), negate_q=negate_q,
         qk_scale=LOG2E if score else abs(scale) * LOG2E if negate_q else scale * LOG2E, softcap_a=0.0,
         alibi_unit=0.0, win_left=0, win_right=0, constexprs=tuple(consts.items()))
 

@@ -257,7 +257,8 @@ WS_BLOCK_M = {64: 128, 128: 64, 256: 64}
 # from ``WS_BLOCK_M``. At d = 64 the 128-row step spills with the cap (the tanh beside P^T's 64
 # registers a thread, ptxas 12.8 via compile_check_hopper_bwd.py --softcap) and sits at the register
 # limit with ALiBi (the query columns as fp32; it spills packed or deterministic causal); 64 rows
-# compile without spills with either or both. tuned: docs/decisions/softcap.md, docs/decisions/alibi.md
+# compile without spills with either or both, and with a mask function capturing a tensor (which
+# spills inside the loop at 128). tuned: docs/decisions/softcap.md, docs/decisions/alibi.md
 WS_SCORE_MOD_BLOCK_M = {64: 64}
 
 
@@ -285,7 +286,7 @@ def dq_hi_first(d: int, col_split: bool, prod_dim: int) -> bool:
     return bool(col_split) and (prod_dim or d) in WS_DQ_HI_FIRST
 
 
-def kernel_config(d: int, variant: str = "ws", softcap: bool = False, alibi: bool = False) -> dict:
+def kernel_config(d: int, variant: str = "ws", softcap: bool = False, alibi: bool = False, mods: bool = False) -> dict:
     """Launch configuration of the backward kernel of ``variant`` (``BWD_VARIANTS``) at head dim ``d``
     (the launcher and tools/compile_check_hopper_bwd.py share it): ``kernel`` the jit function,
     ``num_warps`` the kernel's warps (the consumers' for "ws": the producer and writer warps come on
@@ -295,7 +296,7 @@ def kernel_config(d: int, variant: str = "ws", softcap: bool = False, alibi: boo
     "ws" at d = 256 is its column-split form (``COL_SPLIT``); ``softcap`` ("ws"): the ``SOFTCAP`` form
     (``WS_SCORE_MOD_BLOCK_M``'s rows a step; lse not in S^T's accumulator, where the tanh needs the raw
     scores); ``alibi`` ("ws"): ``WS_SCORE_MOD_BLOCK_M``'s rows a step (the kernel's ``ALIBI`` is the
-    launcher's, as its other flags)."""
+    launcher's, as its other flags); ``mods`` ("ws"): a mask function's, the same."""
     if variant in BWD_VARIANTS and d not in BWD_VARIANT_HEADDIMS[variant]:
         raise ValueError(f"the Hopper backward's {variant} variant covers head dims "
                          f"{', '.join(map(str, BWD_VARIANT_HEADDIMS[variant]))}, not {d}")
@@ -303,7 +304,7 @@ def kernel_config(d: int, variant: str = "ws", softcap: bool = False, alibi: boo
         split = d in WS_COL_SPLIT_HEADDIMS or (softcap and d in WS_SOFTCAP_COL_SPLIT_HEADDIMS)
         block_n = WS_COL_SPLIT_BLOCK_N if split else BWD_BLOCK_N
         stages, do_stages = WS_STAGES[d]
-        block_m = WS_SCORE_MOD_BLOCK_M.get(d, WS_BLOCK_M[d]) if softcap or alibi else WS_BLOCK_M[d]
+        block_m = WS_SCORE_MOD_BLOCK_M.get(d, WS_BLOCK_M[d]) if softcap or alibi or mods else WS_BLOCK_M[d]
         flat = bool(WS_DQ_FLAT.get(d, False)) and not split
         wg_split = bool(WS_WG_PARTITIONS.get(d, False)) and flat
         # the kernel's warps: the consumers' 8, or warpgroup 0's 4 with a partition a warpgroup (warpgroup 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ioattn.plan import hopper
+from ioattn.plan import hopper, hopper_bwd
 
 # the ping-pong kernel's (block_m, block_n, stages) for them by head dim: 64-key tiles where a function
 # captures a tensor (its gathered values spill the consumers' registers at 128-key tiles, d = 64 and 128),
@@ -55,3 +55,47 @@ def call_supported(q, k, v, varlen, sem, block_size, captures=True) -> tuple[boo
         return False, (f"a block mask of {block_size[0]} x {block_size[1]} blocks: the Gluon kernel needs multiples "
                        f"of its {block_m} x {block_n} tiles")
     return True, "the Gluon ping-pong forward"
+
+
+def bwd_plan(q, k, v, varlen, sem, block_size, score, heads_share_lists) -> tuple[bool, str]:
+    """(taken, why) for the backward of a call with a mask function or a block mask on the Gluon ws
+    kernel: on sm_90 wherever it covers the call (``bwd_call_supported``), unless
+    ``hopper.prefer_hopper(False)`` or ``hopper_bwd.prefer_hopper_bwd(False)`` asks for the portable
+    kernels. ``score``: a score function (its gradient: the portable kernels);
+    ``heads_share_lists``: the block mask's lists are one for every head (or there is none)."""
+    if hopper.prefer_hopper.value is False or hopper_bwd.prefer_hopper_bwd.value is False:
+        return False, "prefer_hopper(False): the portable kernels"
+    ok, why = hopper._device_ok(q)
+    return bwd_call_supported(q, k, v, varlen, sem, block_size, score, heads_share_lists) if ok else (False, why)
+
+
+def bwd_call_supported(q, k, v, varlen, sem, block_size, score, heads_share_lists) -> tuple[bool, str]:
+    """``bwd_plan``'s checks of the call itself: pure Python, testable anywhere."""
+    if score:
+        return False, "score functions: the portable backward (their gradients and the captured tensors')"
+    if varlen:
+        return False, "mask functions on the Gluon backward: fixed lengths (varlen: the portable kernels)"
+    if sem.causal or sem.window != (-1, -1) or sem.softcap > 0 or sem.alibi or sem.dropout_p > 0:
+        return False, ("mask functions on the Gluon backward: without built-in masks, softcap, ALiBi or dropout "
+                       "(fold them into the functions)")
+    if hopper_bwd.bwd_deterministic.wanted():
+        return False, "deterministic: the portable kernels"
+    d = q.shape[-1]
+    if d not in BWD_HEADDIMS:
+        return False, f"mask functions on the Gluon backward: head dims {BWD_HEADDIMS}"
+    if q.shape[-2] != k.shape[-2] and not heads_share_lists:
+        return False, "a block mask with lists of its own for each head under GQA: the portable kernels"
+    ok, why = hopper_bwd.bwd_call_supported(q, k, v, varlen, sem, None)
+    if not ok:
+        return False, why
+    cfg = hopper_bwd.kernel_config(d, "ws", mods=True)
+    if block_size is not None and (block_size[0] % cfg["block_m"] or block_size[1] % cfg["block_n"]):
+        return False, (f"a block mask of {block_size[0]} x {block_size[1]} blocks: the Gluon backward needs "
+                       f"multiples of its {cfg['block_m']} x {cfg['block_n']} tiles")
+    return True, "the Gluon ws backward"
+
+
+# head dims the ws kernel takes the functions at: compiled for sm_90, their consumers keep a captured
+# tensor's gather in registers (d = 64 at 64 query rows a step, ``hopper_bwd.WS_SCORE_MOD_BLOCK_M``: at
+# 128 it spilled inside the loop); d = 256 splits the head dim (tools/compile_check_hopper_bwd.py --mods)
+BWD_HEADDIMS = (64, 128)
