@@ -184,7 +184,7 @@ def _make_fp8(sig: Signature) -> GluonForwardPlan:
                          "DIAG_TRIM"), False)
     consts = dict(off, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, PINGPONG=True, NUM_WG=2,
                   ORDERED=True, IS_CAUSAL=causal, IS_VARLEN=sig.varlen, LPT=causal and hopper.lpt_order.wanted(),
-                  EXP2_FMA=0,
+                  EXP2_FMA=hopper.exp2_fma_cols(hopper.exp2_fma_share(), block_n),
                   ROW_STORES=1, Q_BUFS=1, KEY_MASKS=True, WINDOW=has_window, SOFTCAP=cap > 0, ALIBI=0, IO_DIM=0,
                   PROD_DIM=0)
     scale = sig.softmax_scale
