@@ -222,7 +222,7 @@ def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropou
         q, k, v, descales = fp8.quantize_qkv(q, k, v, cu_seqlens_q, cu_seqlens_k)
     if fp8.is_fp8(q) or any(d is not None for d in descales) or out_dtype is not None:
         out, lse = _run_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, scale,
-                            window, softcap, alibi_slopes, batch, descales, out_dtype)
+                            window, softcap, alibi_slopes, batch, descales, out_dtype, check_values=not quantize)
         return (out, lse, q.new_empty(0, dtype=out.dtype)) if return_attn_probs else out
     # deterministic: that forward's backward adds dQ in a fixed order (ioattn.plan.hopper_bwd.bwd_plan); the
     # switches in force at the forward decide the backward of that forward (ioattn.autograd)
@@ -328,9 +328,10 @@ def _check_one_call(q, k, v, descales, out_dtype):
 
 
 def _run_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, scale, window, softcap,
-             alibi_slopes, batch, descales, out_dtype):
+             alibi_slopes, batch, descales, out_dtype, check_values=True):
     """The FP8 forward's own checks, then the call: e4m3 inputs with their descales, no dropout, no
-    gradient (FP8 attention here is for inference)."""
+    gradient (FP8 attention here is for inference). ``check_values`` False: descales from ``fp8=True``'s
+    own quantisation, not read back (``fp8.descale_rows``)."""
     if not fp8.is_fp8(q):
         given = [n for n, d in zip(("q_descale", "k_descale", "v_descale"), descales) if d is not None]
         name = given[0] if given else "out_dtype"
@@ -341,7 +342,7 @@ def _run_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dr
         raise RuntimeError("FP8 inputs have no backward in ioattn (FP8 attention is for inference): pass "
                            "tensors that do not require grad, or run under torch.no_grad()")
     out_dtype = fp8.fp8_output_dtype(out_dtype)
-    rows = fp8.descale_rows(*descales, batch, q.shape[-2], k.shape[-2], q.device)
+    rows = fp8.descale_rows(*descales, batch, q.shape[-2], k.shape[-2], q.device, check_values)
     return fp8_attention(q, k, v, rows, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window,
                          softcap, alibi_slopes, out_dtype)
 

@@ -327,3 +327,26 @@ def test_one_call_fp8_varlen(poison_alloc):
     for lo, hi in ((0, 30), (30, 31), (31, 90)):
         ref, _ = attention_ref(*(t[lo:hi].unsqueeze(0).cpu().double() for t in (q, k, v)), window=(-1, 0))
         assert rms(out[lo:hi].unsqueeze(0).cpu().double() - ref) < 0.05 * rms(ref)
+
+
+def test_one_call_descales_are_not_read_back(monkeypatch):
+    """``fp8=True`` makes its descales itself (positive by construction) and passes them on unchecked:
+    no device read a call; descales a caller gives are still checked."""
+    import ioattn.fp8 as fp8_mod
+    checked = []
+    real = fp8_mod.descale_rows
+
+    def spy(*args, **kw):
+        checked.append(args[-1] if len(args) > 7 else kw.get("check_values", True))
+        return real(*args, **kw)
+    monkeypatch.setattr(fp8_mod, "descale_rows", spy)
+    x = torch.randn(1, 16, 2, 32, dtype=torch.bfloat16)
+    with dispatch.forced_backend("reference"):
+        ioattn.flash_attn_func(x, x, x, fp8=True)
+        pairs = [(t.cpu(), s.cpu()) for t, s in _inputs(1, 8, 8, 2, 2, 16, seed=3)]
+        _bad_call(pairs)
+    assert checked == [False, True], checked
+    with pytest.raises(ValueError, match="finite positive"):
+        real(torch.tensor(float("nan")), torch.ones(()), torch.ones(()), 1, 2, 2, "cpu")
+    assert real(torch.tensor(float("nan")), torch.ones(()), torch.ones(()), 1, 2, 2, "cpu",
+                check_values=False).isnan().any()

@@ -54,19 +54,21 @@ def _rotary(x, row_ptrs, Cos, Sin, pos, row_ok, stride_cos, cols,
 
 @triton.jit
 def quantize_fp8_kernel(X, Values, Descale, Amax, Signs, Cos, Sin, CuSeqlens,
-                        seqlen, rows_per_program, n_programs_m, stride_xb, stride_xs, stride_xh,
-                        stride_vb, stride_vs, stride_vh, stride_db, stride_dh, stride_cos,
+                        seqlen, rows_per_program, stride_xb, stride_xs, stride_xh,
+                        stride_vb, stride_vs, stride_vh, stride_db, stride_dh, stride_ab, stride_ah, stride_cos,
                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                         PACKED: tl.constexpr, HADAMARD: tl.constexpr, LOG_D: tl.constexpr, SQRT_D: tl.constexpr,
                         ROTARY_DIM: tl.constexpr, INTERLEAVED: tl.constexpr,
                         STORE_VALUES: tl.constexpr, OWN_DESCALE: tl.constexpr):
     """Grid (row tiles, heads, batch): ``rows_per_program`` rows (<= BLOCK_M) of one (sequence, head).
 
-    * ``STORE_VALUES`` off: the tile's amax goes to ``Amax[b, h, tile]`` (first pass, per tensor or
-      head); nothing else is written.
+    * ``STORE_VALUES`` off: the tile's amax goes by atomic max into the zeroed cell ``Amax + b *
+      stride_ab + h * stride_ah`` (first pass, per tensor or head: strides 0 per tensor); nothing else
+      is written.
     * ``OWN_DESCALE``: the tile is one block; its descale (amax / 448, 1 for an all-zero block) goes
       to ``Descale[b, h, tile]`` and scales it.
-    * otherwise the descale is read at ``Descale + b * stride_db + h * stride_dh``.
+    * otherwise (second pass) the descale is made of that cell's amax the same way, the group's first
+      tile stores it at ``Descale + b * stride_db + h * stride_dh``, and it scales the tile.
     ``PACKED``: rows of sequence b are ``CuSeqlens[b] ..< CuSeqlens[b + 1]`` (``stride_xb`` 0)."""
     tile, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     if PACKED:
@@ -87,14 +89,17 @@ def quantize_fp8_kernel(X, Values, Descale, Amax, Signs, Cos, Sin, CuSeqlens,
     if HADAMARD:
         x = _hadamard(x, tl.load(Signs + cols), BLOCK_M, BLOCK_D, LOG_D, SQRT_D)
     amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+    cell = Amax + b * stride_ab + h * stride_ah
     if not STORE_VALUES:
-        tl.store(Amax + (b * tl.num_programs(1) + h) * n_programs_m + tile, amax)
+        tl.atomic_max(cell, amax)
         return
+    if not OWN_DESCALE:
+        amax = tl.load(cell)
+    descale = tl.div_rn(amax, E4M3_MAX)
+    descale = tl.where(descale > 0, descale, 1.0)  # an all-zero group (or an amax that underflows)
     if OWN_DESCALE:
-        descale = tl.div_rn(amax, E4M3_MAX)
-        descale = tl.where(descale > 0, descale, 1.0)  # an all-zero block (or an amax that underflows)
         tl.store(Descale + b * stride_db + h * stride_dh + tile, descale)
     else:
-        descale = tl.load(Descale + b * stride_db + h * stride_dh)
+        tl.store(Descale + b * stride_db + h * stride_dh, descale, mask=tile == 0)
     out = Values + b * stride_vb + rows[:, None] * stride_vs + h * stride_vh + cols[None, :]
     tl.store(out, to_e4m3(tl.div_rn(x, descale)), mask=ok)

@@ -1,6 +1,6 @@
 """Launches of the FP8 quantisation (``ioattn.kernels.quantize.quantize_fp8_kernel``) for
 ``ioattn.fp8.quantize_fp8``: per block of rows in one pass; per tensor or (sequence, head) in two,
-the first writing each tile's amax, the second scaling with the descale reduced from them."""
+the first taking the group's amax by atomic max, the second scaling with the descale it makes of it."""
 from __future__ import annotations
 
 import math
@@ -8,20 +8,13 @@ import math
 import torch
 
 from ioattn.launch.cached import launcher_for
-from ioattn.reference.fp8 import E4M3, E4M3_MAX
+from ioattn.reference.fp8 import E4M3
 
 # rows of one (sequence, head) per program in the two-pass modes: a tile of up to 2048 features
 _TILE_ELEMENTS = 2048
 # features a thread holds: with its rotary partner and tables, a tile fits the registers unspilled
 _PER_THREAD = 16
 _GRID_YZ = 65535  # CUDA's limit on a grid's y and z sizes (heads, sequences)
-
-
-def descale_of(amax: torch.Tensor) -> torch.Tensor:
-    """amax / 448, and 1 where that is 0 (an all-zero group, or an amax so small it underflows)."""
-    # rounded once, as the reference rounds it (CUDA divides by a Python scalar through its reciprocal)
-    descale = (amax.double() / E4M3_MAX).float()
-    return torch.where(descale > 0, descale, torch.ones_like(descale))
 
 
 def quantize_fp8(x, granularity, block_rows, signs, cos, sin, interleaved, cu_seqlens, max_seqlen, cached):
@@ -45,21 +38,24 @@ def quantize_fp8(x, granularity, block_rows, signs, cos, sin, interleaved, cu_se
     x_strides = (0,) + x.stride() if packed else x.stride()
     v_strides = (0,) + values.stride() if packed else values.stride()
     common = dict(x=x, values=values, signs=signs, cos=cos, sin=sin, cu_seqlens=cu_seqlens, seqlen=seqlen,
-                  rows=rows, tiles=tiles, strides=x_strides[:3] + v_strides[:3], interleaved=interleaved,
+                  rows=rows, strides=x_strides[:3] + v_strides[:3], interleaved=interleaved,
                   cached=cached)
     grid = (tiles, heads, batch)
     if granularity == "block":
         descale = torch.empty(batch, heads, tiles, device=x.device, dtype=torch.float32)
         _launch(grid, descale=descale, amax=descale, store=True, own=True, **common)
         return values, descale
-    amax = torch.empty(batch, heads, tiles, device=x.device, dtype=torch.float32)
-    _launch(grid, descale=amax, amax=amax, store=False, own=False, **common)
-    descale = descale_of(amax.amax() if granularity == "tensor" else amax.amax(dim=2))
+    # per tensor one cell (the kernel's strides 0), per head one a (sequence, head): the first pass's
+    # atomic max lands there, the second makes the descale of it (amax / 448, 1 for an all-zero group)
+    shape = () if granularity == "tensor" else (batch, heads)
+    amax = torch.zeros(shape, device=x.device, dtype=torch.float32)
+    descale = torch.empty(shape, device=x.device, dtype=torch.float32)
+    _launch(grid, descale=descale, amax=amax, store=False, own=False, **common)
     _launch(grid, descale=descale, amax=amax, store=True, own=False, **common)
     return values, descale
 
 
-def _launch(grid, *, x, values, descale, amax, signs, cos, sin, cu_seqlens, seqlen, rows, tiles, strides,
+def _launch(grid, *, x, values, descale, amax, signs, cos, sin, cu_seqlens, seqlen, rows, strides,
             interleaved, store, own, cached):
     from ioattn.kernels.quantize import quantize_fp8_kernel
 
@@ -67,10 +63,11 @@ def _launch(grid, *, x, values, descale, amax, signs, cos, sin, cu_seqlens, seql
     block_d = 1 << (d - 1).bit_length()
     block_m = 1 << (rows - 1).bit_length()
     d_strides = (descale.stride() + (0, 0))[:2]  # () per tensor: one value for every (b, h)
+    a_strides = (amax.stride() + (0, 0))[:2]  # the amax cells: () per tensor, (batch, heads) per head
     table = cos if cos is not None else x
     args = (x, values, descale, amax, signs if signs is not None else x, table,
             sin if sin is not None else x, cu_seqlens if cu_seqlens is not None else x,
-            seqlen, rows, tiles, *strides, *d_strides, table.stride(0))
+            seqlen, rows, *strides, *d_strides, *a_strides, table.stride(0))
     constexprs = dict(HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, PACKED=cu_seqlens is not None,
                       HADAMARD=signs is not None, LOG_D=block_d.bit_length() - 1 if signs is not None else 0,
                       SQRT_D=math.sqrt(d) if signs is not None else 1.0,
