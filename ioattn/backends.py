@@ -16,6 +16,7 @@ from ioattn.plan import forward as forward_plan
 from ioattn.plan import mods as mods_plan
 from ioattn.kernels import cpu
 from ioattn.kernels.constants import LOG2E
+from ioattn.reference.fp8 import FP8_BLOCK_ROWS
 from ioattn.reference.philox import dropout_threshold
 
 
@@ -128,15 +129,16 @@ def gluon_forward_route(q, k, v, softmax_scale, causal, cu_seqlens_q=None, cu_se
 
 
 def forward_signature(q, k, softmax_scale, causal, cu_seqlens_q=None, max_seqlen_q=None, max_seqlen_k=None,
-                      window=(-1, -1), softcap=0.0, alibi_slopes=None) -> forward_plan.Signature:
-    """The Gluon forward plan's signature of a call (``window`` (-1, -1) with ``causal``)."""
+                      window=(-1, -1), softcap=0.0, alibi_slopes=None, fp8_blocks=False) -> forward_plan.Signature:
+    """The Gluon forward plan's signature of a call (``window`` (-1, -1) with ``causal``; ``fp8_blocks``:
+    FP8 descales per block of rows)."""
     varlen = cu_seqlens_q is not None
     return forward_plan.Signature(
         batch=cu_seqlens_q.numel() - 1 if varlen else q.shape[0], seqlen_q=max_seqlen_q if varlen else q.shape[1],
         seqlen_k=max_seqlen_k if varlen else k.shape[1], nheads=q.shape[-2], nheads_kv=k.shape[-2],
         head_dim=q.shape[-1], element_size=q.element_size(), varlen=varlen, causal=bool(causal),
         window=tuple(int(w) for w in window), softcap=float(softcap), softmax_scale=float(softmax_scale),
-        alibi=alibi_slopes is not None, device_sms=gluon_fwd.device_sms(q.device))
+        alibi=alibi_slopes is not None, device_sms=gluon_fwd.device_sms(q.device), fp8_blocks=fp8_blocks)
 
 
 def backward_signature(q, k, softmax_scale, causal, deterministic=False, cu_seqlens_q=None, max_seqlen_q=None,
@@ -239,6 +241,10 @@ def portable_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     cfg = dispatch.tiles("fwd", pb.headdim, q.device, seqlen_q=pb.seqlen_q, masked_right=window[1] >= 0,
                          band=sum(window) + 1 if min(window) >= 0 else None,
                          tma=use_tma, headdim_v=pb.value_dims())
+    if descales is not None and (cfg.block_m > FP8_BLOCK_ROWS or cfg.block_n > FP8_BLOCK_ROWS):
+        # (block descales: a tile within one block; the tiles are powers of two)
+        cfg = dispatch.TileConfig(min(cfg.block_m, FP8_BLOCK_ROWS), min(cfg.block_n, FP8_BLOCK_ROWS), cfg.num_warps,
+                                  cfg.num_stages)
     qk_scale, threshold, dropout_scale = _scalars(sem)
     mod_kw = {}
     if mods is not None:
@@ -265,6 +271,7 @@ def portable_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         blocks = (cu_seqlens_q[1:] - cu_seqlens_q[:-1] + cfg.block_m - 1) // cfg.block_m
         tile_starts = torch.cat([blocks.new_zeros(1), torch.cumsum(blocks, 0, dtype=torch.int32)])
     fp8 = descales is not None
+    fp8_blocks = fp8 and descale_blocks(descales, pb.nheads, pb.nheads_kv, pb.seqlen_q, pb.seqlen_k) != (1, 1)
     attn_fwd_kernel[grid](
         q, k, v, out, lse, cu_q, cu_k, alibi, k_desc, v_desc, tile_starts, descales if fp8 else cu_q,
         *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(out), *pb.lse_strides(lse), stride_ab,
@@ -274,7 +281,7 @@ def portable_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         BLOCK_N=cfg.block_n, IS_VARLEN=pb.varlen, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi, HAS_DROPOUT=dropout_p > 0,
         USE_TMA=use_tma, PERSISTENT=persistent > 0, LOG2_BATCH=max(pb.batch - 1, 0).bit_length() if persistent and pb.varlen else 0,
         # FP8's P must stay in [0, 1] to fit e4m3 once scaled: the accumulator is rescaled at every tile
-        RESCALE_TAU=0.0 if fp8 else dispatch.fwd_rescale_tau(), IS_FP8=fp8,
+        RESCALE_TAU=0.0 if fp8 else dispatch.fwd_rescale_tau(), IS_FP8=fp8, **({"FP8_BLOCKS": True} if fp8_blocks else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **mod_kw,
     )
     return out, lse
@@ -436,26 +443,51 @@ def reference_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
 
 
 def _dequantize(t, scale, cu_seqlens):
-    """float32 ``t * scale`` for e4m3 ``t`` and its (batch, heads) ``scale`` (per sequence for packed t)."""
-    if cu_seqlens is None:
-        return t.float() * scale[:, None, :, None]
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    rows = torch.repeat_interleave(scale, lengths, dim=0, output_size=int(cu_seqlens[-1]))
-    rows = torch.cat([rows, rows.new_ones(t.shape[0] - rows.shape[0], rows.shape[1])])  # rows no sequence owns
-    return t.float() * rows[:, :, None]
+    """float32 ``t * scale`` for e4m3 ``t`` and its (batch, heads) ``scale``, or (batch, heads, blocks) per
+    block of ``FP8_BLOCK_ROWS`` rows from each sequence's start (per sequence for packed t)."""
+    if scale.dim() == 2:
+        scale = scale[:, :, None]
+    if cu_seqlens is None:  # row i of a sequence: its block i // FP8_BLOCK_ROWS
+        per_row = scale.repeat_interleave(FP8_BLOCK_ROWS, dim=2)[:, :, :t.shape[1]] if scale.shape[2] > 1 else scale
+        return t.float() * per_row.transpose(1, 2)[..., None]
+    starts, total = cu_seqlens.long(), t.shape[0]
+    row = torch.arange(total, device=t.device)
+    seq = (torch.searchsorted(starts, row, right=True) - 1).clamp(max=scale.shape[0] - 1)
+    owned = row < starts[-1]  # rows no sequence owns: descale 1
+    block = ((row - starts[seq]) // FP8_BLOCK_ROWS).clamp(max=scale.shape[2] - 1)
+    per_row = torch.where(owned[:, None], scale[seq, :, block], torch.ones_like(scale[seq, :, block]))
+    return t.float() * per_row[:, :, None]
+
+
+def descale_blocks(descales, nheads: int, nheads_kv: int, max_seqlen_q: int, max_seqlen_k: int):
+    """(blocks_q, blocks_k) of ``ioattn.fp8.descale_rows``'s layout: both 1 for per-head descales, else the
+    block counts of the longest sequences (the two layouts agree where both are 1)."""
+    if descales.shape[1] == nheads + 2 * nheads_kv:
+        return 1, 1
+    return -(-max_seqlen_q // FP8_BLOCK_ROWS), -(-max_seqlen_k // FP8_BLOCK_ROWS)
+
+
+def _fp8_scales(descales, nheads, nheads_kv, blocks_q, blocks_k):
+    """``ioattn.fp8.descale_rows``'s layout back to (q's (batch, nheads, blocks_q), k's (batch, nheads_kv,
+    blocks_k), v's (batch, nheads_kv))."""
+    batch = descales.shape[0]
+    q_s, k_s, v_s = descales.split([nheads * blocks_q, nheads_kv * blocks_k, nheads_kv], dim=1)
+    return q_s.reshape(batch, nheads, blocks_q), k_s.reshape(batch, nheads_kv, blocks_k), v_s
 
 
 _FP8_ROUTES: dict = {}
 
 
-def _fp8_route(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes, out_dtype):
-    """The Gluon FP8 forward prepared for calls laid out as this one (``hopper.fp8_fwd_plan``), or None
-    where the portable kernel takes it."""
+def _fp8_route(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes, out_dtype,
+               fp8_blocks=False):
+    """The Gluon FP8 forward prepared for calls laid out as this one (``hopper.fp8_fwd_plan``; descales
+    per block of rows with ``fp8_blocks``), or None where the portable kernel takes it."""
     varlen = cu_seqlens_q is not None
     if not hopper.fp8_fwd_plan(q, k, v, varlen, sem, alibi_slopes)[0]:
         return None
     plan = forward_plan.plan_forward(forward_signature(q, k, sem.softmax_scale, sem.causal, cu_seqlens_q, max_seqlen_q,
-                                                       max_seqlen_k, sem.band_window, sem.softcap, alibi_slopes))
+                                                       max_seqlen_k, sem.band_window, sem.softcap, alibi_slopes,
+                                                       fp8_blocks))
     return gluon_fwd.ForwardLaunch(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
                                    cached=dispatch.cached_launch(), out_dtype=out_dtype)
 
@@ -465,12 +497,13 @@ def fp8_forward(q, k, v, descales, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
     """(out, lse) of e4m3 q, k, v with their descales (``ioattn.fp8.descale_rows``), out in ``out_dtype``:
     the portable kernel (P through e4m3), or on the CPU path float32 attention of the dequantised inputs."""
     if dispatch.use_triton(q.device, q.dtype):
+        blocks = descale_blocks(descales, q.shape[-2], k.shape[-2], max_seqlen_q, max_seqlen_k) != (1, 1)
         key = (_forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes),
-               out_dtype)
+               out_dtype, blocks)
         route = _FP8_ROUTES.get(key, _UNSET)
         if route is _UNSET:
             route = _fp8_route(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes,
-                               out_dtype)
+                               out_dtype, blocks)
             if len(_FP8_ROUTES) >= _ROUTES_MAX:
                 _FP8_ROUTES.clear()
             _FP8_ROUTES[key] = route
@@ -479,7 +512,7 @@ def fp8_forward(q, k, v, descales, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
         return portable_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes,
                                 0, descales, out_dtype)
     h, h_kv = q.shape[-2], k.shape[-2]
-    scales = descales.split([h, h_kv, h_kv], dim=1)
+    scales = _fp8_scales(descales, h, h_kv, *descale_blocks(descales, h, h_kv, max_seqlen_q, max_seqlen_k))
     q32, k32, v32 = (_dequantize(t, s, cu) for t, s, cu in zip((q, k, v), scales, (cu_seqlens_q, cu_seqlens_k,
                                                                                      cu_seqlens_k)))
     out, lse = reference_forward(q32, k32, v32, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem,

@@ -4,7 +4,9 @@
 A descale undoes a quantisation: the real value is ``fp8_value * descale``. FlashAttention-3's
 interface gives one descale per (batch, KV head), shape ``(batch, nheads_kv)``; any shape that
 broadcasts to it (a scalar tensor, ``(1, 1)``) means one descale for the whole tensor. The query's
-descale may also be per query head, ``(batch, nheads)``.
+descale may also be per query head, ``(batch, nheads)``. The query's and the key's may also be per
+block of ``FP8_BLOCK_ROWS`` rows, ``(batch, heads, blocks)`` as ``quantize_fp8(..., "block")`` returns
+them (blocks counted from each sequence's first row); the value's stays per head.
 """
 from __future__ import annotations
 
@@ -15,10 +17,10 @@ import torch
 from ioattn.launch.quantize import quantize_fp8 as launch_quantize
 from ioattn.plan import dispatch
 from ioattn.reference.decode import apply_rotary_ref
-from ioattn.reference.fp8 import E4M3, E4M3_MAX, P_SCALE  # noqa: F401  (the kernels' constants)
+from ioattn.reference.fp8 import E4M3, E4M3_MAX, FP8_BLOCK_ROWS, P_SCALE  # noqa: F401  (the kernels' constants)
 from ioattn.reference.fp8 import GRANULARITIES, quantize_fp8_ref, random_signs, rotate
 
-__all__ = ["E4M3", "E4M3_MAX", "P_SCALE", "FP8_DTYPES", "is_fp8", "check_descale", "check_descale_values",
+__all__ = ["E4M3", "E4M3_MAX", "P_SCALE", "FP8_BLOCK_ROWS", "FP8_DTYPES", "is_fp8", "check_descale", "check_descale_values",
            "fp8_output_dtype", "descale_rows", "quantize_fp8"]
 
 FP8_DTYPES = (E4M3,)
@@ -28,10 +30,13 @@ def is_fp8(t) -> bool:
     return isinstance(t, torch.Tensor) and t.dtype in FP8_DTYPES
 
 
-def check_descale(name: str, descale, batch: int, heads: int, device, other_heads: int | None = None) -> torch.Tensor:
+def check_descale(name: str, descale, batch: int, heads: int, device, other_heads: int | None = None,
+                  blocks: int | None = None) -> torch.Tensor:
     """``descale`` as a contiguous float32 (batch, heads) tensor on ``device``; a clear error naming
     ``name`` otherwise. ``other_heads``: a second head count the descale may have instead (the query's
-    own heads); the result then has that many. The values are checked by ``check_descale_values``."""
+    own heads); the result then has that many. ``blocks``: a 3-D descale (batch, heads, blocks) is
+    taken too, one per block of ``FP8_BLOCK_ROWS`` rows, and comes back as such. The values are
+    checked by ``check_descale_values``."""
     if descale is None:
         raise ValueError(f"{name} is required with FP8 (float8_e4m3fn) inputs: the descale that undoes "
                          f"their quantisation, shape (batch, nheads_kv) = ({batch}, {heads}) or a scalar tensor")
@@ -41,13 +46,16 @@ def check_descale(name: str, descale, batch: int, heads: int, device, other_head
         raise TypeError(f"{name} must be a floating-point tensor (float32), got {descale.dtype}")
     if descale.device != torch.device(device):
         raise ValueError(f"{name} must be on the inputs' device {device}, got {descale.device}")
-    target = (batch, heads)
-    if other_heads is not None and descale.dim() == 2 and descale.shape[1] == other_heads != heads:
-        target = (batch, other_heads)
+    per_block = blocks is not None and descale.dim() == 3
+    target = (batch, heads) + ((blocks,) if per_block else ())
+    if other_heads is not None and descale.dim() in (2, 3) and descale.shape[1] == other_heads != heads:
+        target = (batch, other_heads) + target[2:]
     try:
         full = descale.to(torch.float32).expand(target)
     except RuntimeError:
         allowed = f"({batch}, {heads})" + (f" or ({batch}, {other_heads})" if other_heads not in (None, heads) else "")
+        if blocks is not None:
+            allowed += f", or per block of {FP8_BLOCK_ROWS} rows ({batch}, heads, {blocks})"
         raise ValueError(f"{name} must broadcast to {allowed}, got shape {tuple(descale.shape)}") from None
     return full.contiguous()
 
@@ -69,16 +77,23 @@ def fp8_output_dtype(out_dtype) -> torch.dtype:
 
 
 def descale_rows(q_descale, k_descale, v_descale, batch: int, nheads: int, nheads_kv: int, device,
-                 check_values: bool = True) -> torch.Tensor:
-    """The FP8 forward's descales as one float32 (batch, nheads + 2 * nheads_kv) tensor: each row the
-    query heads' descales, then the key heads', then the value heads' (the kernels' layout). A query
-    descale given per KV head applies to every query head of its group. ``check_values`` False: the
-    values are not read (descales this library made: positive by construction), no device sync."""
-    q_ds = check_descale("q_descale", q_descale, batch, nheads_kv, device, other_heads=nheads)
+                 check_values: bool = True, blocks_q: int = 1, blocks_k: int = 1) -> torch.Tensor:
+    """The FP8 forward's descales as one float32 tensor, the kernels' layout: per batch element a row of
+    the query heads' descales, then the key heads', then the value heads', (batch, nheads + 2 *
+    nheads_kv); with a query or key descale per block of ``FP8_BLOCK_ROWS`` rows (``blocks_q`` /
+    ``blocks_k``: the longest sequences' block counts), both by block, (batch, nheads * blocks_q +
+    nheads_kv * blocks_k + nheads_kv), each head's blocks in order (a per-head one repeated over them).
+    A query descale given per KV head applies to every query head of its group. ``check_values``
+    False: the values are not read (descales this library made: positive by construction), no sync."""
+    q_ds = check_descale("q_descale", q_descale, batch, nheads_kv, device, other_heads=nheads, blocks=blocks_q)
     if q_ds.shape[1] != nheads:
         q_ds = q_ds.repeat_interleave(nheads // nheads_kv, dim=1)
-    k_ds = check_descale("k_descale", k_descale, batch, nheads_kv, device)
+    k_ds = check_descale("k_descale", k_descale, batch, nheads_kv, device, blocks=blocks_k)
     v_ds = check_descale("v_descale", v_descale, batch, nheads_kv, device)
+    if q_ds.dim() == 3 or k_ds.dim() == 3:  # both by block, flattened head-major
+        q_ds, k_ds = (t if t.dim() == 3 else t[:, :, None].expand(-1, -1, n)
+                      for t, n in ((q_ds, blocks_q), (k_ds, blocks_k)))
+        q_ds, k_ds = q_ds.reshape(batch, -1), k_ds.reshape(batch, -1)
     rows = torch.cat([q_ds, k_ds, v_ds], dim=1)
     # one read of the device for the three; a traced call (torch.compile) cannot read values: unchecked
     if check_values and not torch.compiler.is_compiling() and not bool((torch.isfinite(rows) & (rows > 0)).all()):
@@ -245,14 +260,17 @@ ONE_CALL_SEED = 0
 
 def quantize_qkv(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None):
     """``flash_attn_func(..., fp8=True)``'s quantisation: (q8, k8, v8, (q_descale, k_descale, v_descale)),
-    one scale per (batch, head) (per sequence with ``cu_seqlens``), and q and k rotated by one
-    random-sign Hadamard matrix where the head dim is a power of two (incoherent processing; V is not
-    rotated, so the output needs no inverse). q, k, v: bf16 or fp16, as validated by the caller."""
+    q and k one scale per block of ``FP8_BLOCK_ROWS`` rows of a (sequence, head), each in one pass, and
+    rotated by one random-sign Hadamard matrix where the head dim is a power of two (incoherent
+    processing); v one scale per (sequence, head), not rotated (so the output needs no inverse). q, k,
+    v: bf16 or fp16, as validated by the caller."""
     if q.dtype not in (torch.bfloat16, torch.float16):
         raise TypeError(f"fp8=True takes bfloat16 or float16 q, k, v (it returns q's dtype), got {q.dtype}")
     d = q.shape[-1]
     rotate = d & (d - 1) == 0
-    q8, qs = quantize_fp8(q, "head", hadamard=rotate, seed=ONE_CALL_SEED, cu_seqlens=cu_seqlens_q)
-    k8, ks = quantize_fp8(k, "head", hadamard=rotate, seed=ONE_CALL_SEED, cu_seqlens=cu_seqlens_k)
+    q8, qs = quantize_fp8(q, "block", hadamard=rotate, seed=ONE_CALL_SEED, block_rows=FP8_BLOCK_ROWS,
+                          cu_seqlens=cu_seqlens_q)
+    k8, ks = quantize_fp8(k, "block", hadamard=rotate, seed=ONE_CALL_SEED, block_rows=FP8_BLOCK_ROWS,
+                          cu_seqlens=cu_seqlens_k)
     v8, vs = quantize_fp8(v, "head", cu_seqlens=cu_seqlens_k)
     return q8, k8, v8, (qs, ks, vs)

@@ -284,16 +284,18 @@ def test_fp8_packed_v_is_transposed_into_rows_of_its_own_sequence():
 @pytest.mark.interpreter
 @pytest.mark.parametrize("d", [64, 48])
 def test_one_call_fp8_quantises_rotates_and_returns_q_dtype(d, poison_alloc):
-    """``fp8=True`` on fp16 inputs: the same as quantising with ``fp8.quantize_qkv`` (per head, q and k
-    rotated where d is a power of two) and calling the FP8 forward, within the e4m3 bound of attention
-    over those quantised inputs; and close to exact attention of the originals (RMSE < 5 % of RMS)."""
+    """``fp8=True`` on fp16 inputs: the same as quantising with ``fp8.quantize_qkv`` (q and k per block of
+    128 rows and rotated where d is a power of two, v per head) and calling the FP8 forward, within the
+    e4m3 bound of attention over those quantised inputs; and close to exact attention of the originals
+    (RMSE < 5 % of RMS)."""
     from ioattn import fp8
 
     g = torch.Generator().manual_seed(d)
-    q, k, v = (torch.randn(2, 64, h, d, generator=g).to(DEV, torch.float16) for h in (4, 2, 2))
+    q, k, v = (torch.randn(2, 160, h, d, generator=g).to(DEV, torch.float16) for h in (4, 2, 2))
     out = ioattn.flash_attn_func(q, k, v, causal=True, fp8=True)
     assert out.dtype == torch.float16
     q8, k8, v8, (qs, ks, vs) = fp8.quantize_qkv(q, k, v)
+    assert qs.shape == (2, 4, 2) and ks.shape == (2, 2, 2) and vs.shape == (2, 2)
     exact, bound = _bound(*_dequant([(q8, qs), (k8, ks), (v8, vs)]), (-1, 0))
     _check(out, exact, bound, torch.float16)
     ref, _ = attention_ref(q.cpu().double(), k.cpu().double(), v.cpu().double(), window=(-1, 0))
@@ -317,8 +319,8 @@ def test_one_call_fp8_refusals():
 
 @pytest.mark.interpreter
 def test_one_call_fp8_varlen(poison_alloc):
-    """``fp8=True`` on packed sequences: scales per (sequence, head); each sequence's output close to exact
-    attention of its own rows (RMSE < 5 % of RMS)."""
+    """``fp8=True`` on packed sequences: scales per block of a (sequence, head) (v's per (sequence, head));
+    each sequence's output close to exact attention of its own rows (RMSE < 5 % of RMS)."""
     g = torch.Generator().manual_seed(4)
     cu = torch.tensor([0, 30, 31, 90], dtype=torch.int32, device=DEV)
     q, k, v = (torch.randn(90, h, 32, generator=g).to(DEV, torch.float16) for h in (4, 2, 2))
@@ -350,3 +352,89 @@ def test_one_call_descales_are_not_read_back(monkeypatch):
         real(torch.tensor(float("nan")), torch.ones(()), torch.ones(()), 1, 2, 2, "cpu")
     assert real(torch.tensor(float("nan")), torch.ones(()), torch.ones(()), 1, 2, 2, "cpu",
                 check_values=False).isnan().any()
+
+
+def _block_inputs(b, sq, sk, h, h_kv, d, seed):
+    """q and k quantised per block of ``FP8_BLOCK_ROWS`` rows (scales apart by block: each block of
+    rows drawn at its own magnitude), v per (batch, head)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def draw(s, n):
+        mag = torch.exp(torch.randn(b, -(-s // 128), n, generator=g, dtype=F64))
+        return torch.randn(b, s, n, d, generator=g, dtype=F64) * mag.repeat_interleave(128, 1)[:, :s, :, None]
+    q, k, v = draw(sq, h), draw(sk, h_kv), torch.randn(b, sk, h_kv, d, generator=g, dtype=F64)
+    quant = [ref8.quantize_fp8_ref(t, gran) for t, gran in ((q, "block"), (k, "block"), (v, "head"))]
+    return [(t.to(DEV), s.to(DEV)) for t, s in quant]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_forward_block_descales(backend, causal, poison_alloc):
+    """Q's and K's descales per block of 128 rows ((batch, heads, blocks), ``quantize_fp8``'s block
+    output), V's per head; a per-head q descale beside a per-block k one is taken too."""
+    pairs = _block_inputs(2, 140, 300, 2, 1, 32, seed=21 + causal)
+    (q, qs), (k, ks), (v, vs) = pairs
+    assert qs.shape == (2, 2, 2) and ks.shape == (2, 1, 3)
+    with dispatch.forced_backend(backend):
+        out = ioattn.flash_attn_func(q, k, v, causal=causal, q_descale=qs, k_descale=ks, v_descale=vs)
+        exact, bound = _bound(*_dequant(pairs), (-1, 0) if causal else (-1, -1))
+        _check(out, exact, bound)
+        q_head = qs.amax(-1)  # q's values read per head: a coarser scale, the same real values up to e4m3
+        q8 = (ref8.dequantize_fp8_ref(q.cpu(), qs.cpu()) / q_head.cpu()[:, None, :, None]).clamp(-448, 448)
+        q8 = q8.to(torch.float8_e4m3fn).to(DEV)
+        mixed = ioattn.flash_attn_func(q8, k, v, causal=causal, q_descale=q_head, k_descale=ks, v_descale=vs)
+        exact, bound = _bound(*_dequant([(q8, q_head), (k, ks), (v, vs)]), (-1, 0) if causal else (-1, -1))
+        _check(mixed, exact, bound)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_fp8_varlen_block_descales(backend, poison_alloc):
+    """Packed sequences with ``quantize_fp8(..., "block", cu_seqlens=)``'s descales: blocks from each
+    sequence's first row."""
+    g = torch.Generator().manual_seed(12)
+    lens = [150, 1, 260]
+    cu = torch.tensor([0, 150, 151, 411], dtype=torch.int32, device=DEV)
+    mag = torch.exp(torch.randn(411 // 64 + 1, generator=g, dtype=F64)).repeat_interleave(64)[:411, None, None]
+    x = [(torch.randn(411, n, 32, generator=g, dtype=F64) * mag).to(DEV) for n in (2, 1, 1)]  # blocks apart
+    with dispatch.forced_backend("reference"):  # the quantisation itself is tested elsewhere
+        (q8, qs), (k8, ks) = (ioattn.quantize_fp8(t.float(), "block", cu_seqlens=cu) for t in x[:2])
+        v8, vs = ioattn.quantize_fp8(x[2].float(), "head", cu_seqlens=cu)
+    assert qs.shape == (3, 2, 3)
+    with dispatch.forced_backend(backend):
+        out = ioattn.flash_attn_varlen_func(q8, k8, v8, cu, cu, 260, 260, causal=True, q_descale=qs, k_descale=ks,
+                                            v_descale=vs)
+    for i, n in enumerate(lens):
+        lo = int(cu[i])
+        part = [ref8.dequantize_fp8_ref(t[lo:lo + n].unsqueeze(0).cpu(), s[i:i + 1].cpu())
+                for t, s in ((q8, qs), (k8, ks), (v8, vs))]
+        exact, bound = _bound(*part, (-1, 0))
+        _check(out[lo:lo + n].unsqueeze(0), exact, bound)
+
+
+def test_fp8_block_descales_of_the_wrong_count_are_refused():
+    pairs = [(t.cpu(), s.cpu()) for t, s in _inputs(1, 200, 200, 2, 2, 16, seed=4)]
+    with dispatch.forced_backend("reference"), pytest.raises(ValueError, match=r"per block of 128 rows \(1, heads, 2\)"):
+        _bad_call(pairs, k_descale=torch.ones(1, 2, 3))
+
+
+@pytest.mark.skipif(not CUDA or torch.cuda.get_device_capability()[0] != 9, reason="the Gluon FP8 kernel: sm_90")
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gluon_fp8_block_descales(causal, d, poison_alloc):
+    """The Gluon FP8 kernel with Q's and K's descales per block of 128 rows (blocks drawn at their own
+    magnitudes, lengths off the blocks), fixed lengths and packed; its plan the Gluon one."""
+    pairs = _block_inputs(2, 300, 700, 4, 2, d, seed=d + causal)
+    (q, qs), (k, ks), (v, vs) = pairs
+    assert "Gluon" in ioattn.explain_dispatch(q, k, v, causal=causal).forward["kernel"]
+    out = ioattn.flash_attn_func(q, k, v, causal=causal, q_descale=qs, k_descale=ks, v_descale=vs)
+    _check(out, *_bound(*_dequant(pairs), (-1, 0) if causal else (-1, -1)))
+    cu = torch.tensor([0, 300, 600], dtype=torch.int32, device=DEV)
+    packed = [t.reshape(-1, *t.shape[2:]) for t in (q, k[:, :300], v[:, :300])]
+    ks300 = ks[:, :, :3].contiguous()
+    out = ioattn.flash_attn_varlen_func(*packed, cu, cu, 300, 300, causal=causal, q_descale=qs, k_descale=ks300,
+                                        v_descale=vs)
+    for b in range(2):
+        part = _dequant([(q[b:b + 1], qs[b:b + 1]), (k[b:b + 1, :300], ks300[b:b + 1]), (v[b:b + 1, :300], vs[b:b + 1])])
+        _check(out[300 * b:300 * (b + 1)].unsqueeze(0), *_bound(*part, (-1, 0) if causal else (-1, -1)))

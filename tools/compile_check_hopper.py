@@ -110,7 +110,7 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
                       ALIBI=alibi, IO_DIM=IO_DIM, PROD_DIM=hopper.split_cols_for(d, IO_DIM, variant))
     # the launcher's: the split products read Q from shared memory
     constexprs.update(Q_IN_REGS=hopper.split_cols_q_in_regs(constexprs["Q_IN_REGS"], constexprs["PROD_DIM"]))
-    constexprs.update(NO_MODS)
+    constexprs.update(NO_MODS, FP8_BLOCKS=False)
     if ring:
         constexprs.update(STAGES=hopper.SPLIT_RING_STAGES)
         cfg["stages"] = hopper.SPLIT_RING_STAGES
@@ -144,15 +144,15 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
 
 
 
-def compile_fp8(d, causal, varlen=False):
+def compile_fp8(d, causal, varlen=False, blocks=False):
     """The FP8 forward as the launcher builds it (``plan.forward._make_fp8``'s constexprs, e4m3 Q / K
-    descriptors, V^T's [d, block_n] one, the descales' pointer; ``varlen``: packed sequences); returns
-    its report line."""
+    descriptors, V^T's [d, block_n] one, the descales' pointer; ``varlen``: packed sequences; ``blocks``:
+    Q's and K's descales per block of rows); returns its report line."""
     from ioattn.plan import forward as forward_plan
 
     sig = forward_plan.Signature(batch=1, seqlen_q=4096, seqlen_k=4096, nheads=1, nheads_kv=1, head_dim=d,
                                  element_size=1, varlen=varlen, causal=causal, window=(-1, -1), softcap=0.0,
-                                 softmax_scale=d ** -0.5, alibi=False, device_sms=132)
+                                 softmax_scale=d ** -0.5, alibi=False, device_sms=132, fp8_blocks=blocks)
     plan = forward_plan.plan_forward(sig)
     f8 = gl.float8e4nv
     lay = {name: gl.NVMMASharedLayout.get_default_for(list(box), f8)
@@ -164,6 +164,7 @@ def compile_fp8(d, causal, varlen=False):
                      qk_scale="fp32", softcap_a="fp32", alibi_unit="fp32", Descales="*fp32")
     constexprs = dict(plan.constexprs, k_hi_desc=None, v_hi_desc=None, Alibi=None, o_desc=None, Walk=None,
                       Trace=None, **NO_MODS)
+    constexprs.setdefault("FP8_BLOCKS", False)
     if varlen:
         sig_types.update(Cu_q="*i32", Cu_k="*i32")
     else:
@@ -175,7 +176,7 @@ def compile_fp8(d, causal, varlen=False):
     assert "e4m3.e4m3" in ptx and c["tma"], (d, causal, c)  # 8-bit wgmma, TMA loads
     nregs, spills, _, serialized = ptxas_report(ptx)
     assert not serialized, (d, causal, serialized)
-    return (f"fp8 pingpong d={d} causal={causal}{' varlen' if varlen else ''} tiles={plan.block_m}x{plan.block_n} shared={k.metadata.shared} "
+    return (f"fp8{' blocks' if blocks else ''} pingpong d={d} causal={causal}{' varlen' if varlen else ''} tiles={plan.block_m}x{plan.block_n} shared={k.metadata.shared} "
             f"regs={nregs} spills={spills} {fmt(c)}")
 
 
@@ -219,6 +220,7 @@ def compile_mods(d, kv_tail=False, captures=True):
     types.update(mods=_jit_type(mod_args), blocks=_jit_type(blocks))
     constexprs = dict(plan.constexprs, **call.functions(), k_hi_desc=None, v_hi_desc=None, Alibi=None, o_desc=None,
                       Walk=None, Cu_q=None, Cu_k=None, Trace=None, Descales=None)
+    constexprs.setdefault("FP8_BLOCKS", False)
     k = compile_sm90(fn, types, constexprs, plan.num_warps, aligned=("Out", "stride_om"))
     ptx = k.asm["ptx"]
     c = ptx_counts(ptx)
@@ -452,6 +454,7 @@ def main():
                     help="key tile (block_n) of every selected variant and head dim instead of hopper.TILE_TABLE's")
     ap.add_argument("--stages", type=int, default=None, help="K / V ring depth instead of hopper.TILE_TABLE's")
     ap.add_argument("--fp8", action="store_true", help="the FP8 (e4m3) forward's builds instead (hopper.FP8_TILES)")
+    ap.add_argument("--fp8-blocks", action="store_true", help="with --fp8: Q's and K's descales per block of rows")
     ap.add_argument("--no-captures", action="store_true",
                     help="with --mods: a causal mask function capturing nothing instead (its own tiles)")
     ap.add_argument("--mods", action="store_true",
@@ -465,7 +468,7 @@ def main():
     if args.fp8:  # the FP8 forward's builds alone
         for d in map(int, (args.headdims or ",".join(map(str, hopper.FP8_TILES))).split(",")):
             for causal in (m == "1" for m in args.masks.split(",")):
-                print(compile_fp8(d, causal, args.varlen), flush=True)
+                print(compile_fp8(d, causal, args.varlen, args.fp8_blocks), flush=True)
         return
     if args.window:  # before the compile jobs' processes are forked (they inherit it)
         global WINDOW_FORM

@@ -29,7 +29,7 @@ from ioattn.semantics import Semantics
 PEERS = ("sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flex", "flash-attn", "flash-attn-cute",
          "sageattn")
 OURS = ("ioattn", "ioattn-ptr", "ioattn-hopper", "ioattn-hopper-bwd", "ioattn-fp8", "ioattn-fp8-portable",
-        "ioattn-fp8-call", "ioattn-fp8-fma25")
+        "ioattn-fp8-call", "ioattn-fp8-fma25", "ioattn-fp8-blocks")
 
 
 def _backend(backend):
@@ -92,16 +92,19 @@ class _IoattnFp8:
     twice the error of its same-precision twin: the float64 FP8 emulation
     (``reference.fp8.attention_fp8_ref``, ``same_precision``). ``portable``: the portable kernel even
     where the Gluon one applies (the A/B of the Gluon FP8 kernel); ``exp2_fma``: that share of the
-    exponentials on the FMA units (``hopper.exp2_fma``, the A/B of its default for FP8)."""
+    exponentials on the FMA units (``hopper.exp2_fma``, the A/B of its default for FP8); ``blocks``: q and
+    k quantised per block of 128 rows (v per head), as ``fp8=True`` does, so that ``ioattn-fp8-call``'s
+    time less this one's is the quantisation's."""
 
-    def __init__(self, portable=False, exp2_fma=None):
+    def __init__(self, portable=False, exp2_fma=None, blocks=False):
         self._key, self._quantised, self.portable, self.exp2_fma = None, None, portable, exp2_fma
+        self.granularity = ("block", "block", "head") if blocks else ("head",) * 3
 
     def _quantise(self, q, k, v):
         from ioattn.reference.fp8 import quantize_fp8_ref
         key = tuple((t.data_ptr(), t.shape, t.stride()) for t in (q, k, v))
         if key != self._key:
-            self._key, self._quantised = key, [quantize_fp8_ref(t, "head") for t in (q, k, v)]
+            self._key, self._quantised = key, [quantize_fp8_ref(t, g) for t, g in zip((q, k, v), self.granularity)]
         return self._quantised
 
     def __call__(self, q, k, v, causal):
@@ -196,7 +199,7 @@ def providers(names=None):
     table = {"ioattn": (_ioattn, ""), "ioattn-ptr": (_ioattn_ptr, ""), "ioattn-hopper": (_ioattn_hopper, ""),
              "ioattn-hopper-bwd": (_ioattn_hopper_bwd, ""), "ioattn-fp8": (_IoattnFp8(), ""),
              "ioattn-fp8-portable": (_IoattnFp8(portable=True), ""), "ioattn-fp8-call": (_IoattnFp8Call(), ""),
-             "ioattn-fp8-fma25": (_IoattnFp8(exp2_fma=25.0), "")}
+             "ioattn-fp8-fma25": (_IoattnFp8(exp2_fma=25.0), ""), "ioattn-fp8-blocks": (_IoattnFp8(blocks=True), "")}
     return _with_peers(table, names, _sdpa, _flex, lambda peer: (_import_peer(peer), ""), OURS, "provider")
 
 

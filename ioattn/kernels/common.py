@@ -10,6 +10,7 @@ from ioattn.reference import fp8
 LOG2E = tl.constexpr(constants.LOG2E)
 LN2 = tl.constexpr(constants.LN2)
 P_SCALE = tl.constexpr(fp8.P_SCALE)
+FP8_BLOCK_ROWS = tl.constexpr(fp8.FP8_BLOCK_ROWS)  # rows a block descale covers
 
 
 

@@ -141,6 +141,7 @@ LOG2E = gl.constexpr(constants.LOG2E)
 
 LN2 = gl.constexpr(constants.LN2)
 P_SCALE = gl.constexpr(fp8.P_SCALE)  # FP8's P multiplier (``ioattn.reference.fp8``)
+FP8_BLOCK_ROWS = gl.constexpr(fp8.FP8_BLOCK_ROWS)  # rows an FP8 block descale covers
 TRACE_EVENTS = gl.constexpr(constants.TRACE_EVENTS)  # stamps a critical section (``hopper_fwd_tile._stamp``)
 
 

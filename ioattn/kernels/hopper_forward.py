@@ -15,7 +15,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from ioattn.kernels.hopper_common import P_SCALE, TRACE_EVENTS, _io_dim, _prod_dim, _tile_layout
+from ioattn.kernels.hopper_common import FP8_BLOCK_ROWS, P_SCALE, TRACE_EVENTS, _io_dim, _prod_dim, _tile_layout
 from ioattn.kernels.hopper_softmax import _window_tiles
 from ioattn.kernels.hopper_fwd_tile import _consumer, _pingpong_consumer, _pp_shared, _producer, _split_ring, \
     _store_no_key_rows, _init_ring
@@ -30,20 +30,37 @@ def _p_layout(block_n):
 
 
 @gluon.jit
-def _fp8_scales(Descales, b, h, nheads, group, qk_scale, softcap_a, SOFTCAP: gl.constexpr, HEAD_DIM: gl.constexpr):
+def _fp8_scales(Descales, b, h, nheads, group, qk_scale, softcap_a, SOFTCAP: gl.constexpr, HEAD_DIM: gl.constexpr,
+                m_start=0, blocks_q=1, blocks_k=1, FP8_BLOCKS: gl.constexpr = False):
     """This head's FP8 descales (``Descales``: fp32 (batch, nheads + 2 * nheads_kv)): Q's and K's folded
     into the scores' scale (``SOFTCAP``: into ``softcap_a``, through which the raw scores reach tanh),
-    V's into the output's, with P's multiplier undone; and V^T's first row. Returns (qk_scale,
-    softcap_a, out_scale, vt_row0)."""
+    V's into the output's, with P's multiplier undone; and V^T's first row. ``FP8_BLOCKS``: Q's and K's
+    per block of ``FP8_BLOCK_ROWS`` rows (``ioattn.fp8.descale_rows``'s block layout, ``blocks_q`` /
+    ``blocks_k`` a head): Q's of the block from ``m_start`` folded here, K's left to each key tile
+    (``_fp8_key_scales``). Returns (qk_scale, softcap_a, out_scale, vt_row0)."""
     nheads_kv = nheads // group
-    drow = Descales + b * (nheads + 2 * nheads_kv)
-    qk_descale = gl.load(drow + h) * gl.load(drow + nheads + h // group)
+    if FP8_BLOCKS:
+        drow = Descales + b * (nheads * blocks_q + nheads_kv * blocks_k + nheads_kv)
+        qk_descale = gl.load(drow + h * blocks_q + m_start // FP8_BLOCK_ROWS)
+        v_row = drow + nheads * blocks_q + nheads_kv * blocks_k
+    else:
+        drow = Descales + b * (nheads + 2 * nheads_kv)
+        qk_descale = gl.load(drow + h) * gl.load(drow + nheads + h // group)
+        v_row = drow + nheads + nheads_kv
     if SOFTCAP:
         softcap_a = softcap_a * qk_descale
     else:
         qk_scale = qk_scale * qk_descale
-    out_scale = gl.load(drow + nheads + nheads_kv + h // group) / P_SCALE
+    out_scale = gl.load(v_row + h // group) / P_SCALE
     return qk_scale, softcap_a, out_scale, (b * nheads_kv + h // group) * HEAD_DIM
+
+
+@gluon.jit
+def _fp8_key_scales(Descales, b, h, nheads, group, blocks_q, blocks_k):
+    """``FP8_BLOCKS``: where this head's K descales start (one per block of ``FP8_BLOCK_ROWS`` keys)."""
+    nheads_kv = nheads // group
+    return Descales + b * (nheads * blocks_q + nheads_kv * blocks_k + nheads_kv) + nheads * blocks_q + \
+        (h // group) * blocks_k
 
 
 # the magic numbers vary with the shape: one compiled kernel for all of them (no specialisation on 1
@@ -69,7 +86,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                       k_hi_desc=None, v_hi_desc=None, Descales=None, Trace=None,
                       trace_sections=0, mods=None, blocks=None, SCORE_MOD: gl.constexpr = None,
                       MASK_MOD: gl.constexpr = None, SUB: gl.constexpr = 1, Q_BLOCK: gl.constexpr = 0,
-                      LONGEST_FIRST: gl.constexpr = False):
+                      FP8_BLOCKS: gl.constexpr = False, LONGEST_FIRST: gl.constexpr = False):
     """The Gluon Hopper forward. ``PINGPONG=False`` (launched with num_warps = 4 * BLOCK_M // 64): one
     consumer partition of BLOCK_M // 64 warpgroups in lockstep. ``PINGPONG=True`` (num_warps = 4,
     BLOCK_M = 64 * NUM_WG): ``NUM_WG`` consumer warpgroups of 64 rows each in separate partitions,
@@ -82,8 +99,9 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     ``DIAG_TRIM``, ``WINDOW``, ``SOFTCAP``, ``ALIBI``, ``IO_DIM``, ``PROD_DIM``, ``k_hi_desc``): see
     docs/hopper-forward.md, "Compile-time options"; the host sets them (``ioattn.plan.backends.hopper_forward``).
     FP8 (e4m3 descriptors; the ping-pong kernels): ``v_desc`` reads V^T as (batch * nheads_kv * d,
-    keys), ``Descales`` fp32 (batch, nheads + 2 * nheads_kv) as the portable kernel's; P through a
-    shared buffer a warpgroup (``hopper_fwd_tile._p_operand``). ``Trace``
+    keys), ``Descales`` fp32 (batch, nheads + 2 * nheads_kv) as the portable kernel's, or with
+    ``FP8_BLOCKS`` its block layout (Q's and K's per block of ``FP8_BLOCK_ROWS`` rows, which BLOCK_M = 128
+    and BLOCK_N divide: ``_fp8_scales``); P through a shared buffer a warpgroup (``hopper_fwd_tile._p_operand``). ``Trace``
     (int64, programs x NUM_WG x ``trace_sections`` x ``TRACE_EVENTS``; the one-tile ping-pong kernels): the
     schedule record, each consumer warpgroup's clock at the events of each of its critical sections
     (``hopper_fwd_tile._stamp``); None: no record, the kernel as it is launched for attention.
@@ -131,6 +149,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     # (LONGEST_FIRST: the causal walk's order without its mask, for a block mask's rows)
     b, h, m_block = _tile_bhm(gl.program_id(0), num_m, gl.num_programs(0), nheads, IS_CAUSAL or LONGEST_FIRST, LPT)
     m_start = m_block * BLOCK_M
+    if FP8_BLOCKS:
+        max_seqlen_q, max_seqlen_k = seqlen_q, seqlen_k  # (the longest: the block descales' counts)
     if IS_VARLEN:
         start_q = gl.load(Cu_q + b)
         seqlen_q = gl.load(Cu_q + b + 1) - start_q
@@ -183,11 +203,22 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
         # (packed sequences: V^T holds each in its own zero-padded rows, so its tiles need no tail)
         gl.static_assert(PINGPONG and not (PERSISTENT or KV_TAIL or LEAN or ALIBI or PROD_DIM or MODS),
                          "FP8: the one-tile ping-pong kernels, whole V^T tiles")
-        qk_scale, softcap_a, out_scale, vt_row0 = _fp8_scales(Descales, b, h, nheads, group, qk_scale, softcap_a,
-                                                              SOFTCAP, HEAD_DIM)
+        gl.static_assert(not FP8_BLOCKS or (BLOCK_M == FP8_BLOCK_ROWS and FP8_BLOCK_ROWS % BLOCK_N == 0),
+                         "FP8 block descales: a query tile one block, a key tile within one")
+        if FP8_BLOCKS:
+            blocks_q, blocks_k = gl.cdiv(max_seqlen_q, FP8_BLOCK_ROWS), gl.cdiv(max_seqlen_k, FP8_BLOCK_ROWS)
+            qk_scale, softcap_a, out_scale, vt_row0 = _fp8_scales(Descales, b, h, nheads, group, qk_scale,
+                                                                  softcap_a, SOFTCAP, HEAD_DIM, m_start, blocks_q,
+                                                                  blocks_k, True)
+            k_scales = _fp8_key_scales(Descales, b, h, nheads, group, blocks_q, blocks_k)
+        else:
+            qk_scale, softcap_a, out_scale, vt_row0 = _fp8_scales(Descales, b, h, nheads, group, qk_scale,
+                                                                  softcap_a, SOFTCAP, HEAD_DIM)
+            k_scales: gl.constexpr = None
     else:
         out_scale: gl.constexpr = None
         vt_row0 = 0
+        k_scales: gl.constexpr = None
     if IS_VARLEN:
         kv_row0 = start_k
     else:
@@ -238,7 +269,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
                                    p_smem.index(w) if FP8 else None,
                                    None if Trace is None else
                                    Trace + (gl.program_id(0) * NUM_WG + w) * (trace_sections * TRACE_EVENTS),
-                                   tile_mods, lists, SCORE_MOD, MASK_MOD, SUB))
+                                   tile_mods, lists, SCORE_MOD, MASK_MOD, SUB, k_scales))
              if w < NUM_WG else
              (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0, kv_col,
                           n_lo, n_tiles, seqlen_k, BLOCK_N, STAGES, KV_TAIL, 0, 0, kv_hi_load, vt_row0, lists, SUB))

@@ -8,7 +8,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ioattn import _compat
 from ioattn.kernels import ptx_barriers as _ptx_barriers
-from ioattn.kernels.hopper_common import (ALIBI_FP32_COLS, LN2, P_SCALE, TRACE_EVENTS, _io_dim, _load_rows,
+from ioattn.kernels.hopper_common import (ALIBI_FP32_COLS, FP8_BLOCK_ROWS, LN2, P_SCALE, TRACE_EVENTS, _io_dim, _load_rows,
                                           _prod_dim, _qk_mma, _softcap, _tile_layout, _zero_v_tail)
 from ioattn.kernels.hopper_softmax import (_alibi, _mods_softmax, _mods_tile, _rescale_rows, _softmax_tile, _step_softmax, _thread_row_sums,
                                            _window_cuts)
@@ -413,7 +413,7 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                        SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False, alibi_a=0.0,
                        IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0, kv_hi=None, out_scale=None,
                        p_smem=None, trace=None, mods=None, lists=None, SCORE_MOD: gl.constexpr = None,
-                       MASK_MOD: gl.constexpr = None, SUB: gl.constexpr = 1):
+                       MASK_MOD: gl.constexpr = None, SUB: gl.constexpr = 1, k_scales=None):
     """One consumer warpgroup of the ping-pong (``NUM_WG`` = 2) or three-warpgroup ring (3) variant:
     ``BLOCK_M`` (= 64) query rows of its own, the K/V ring shared with the other consumer warpgroups.
 
@@ -425,7 +425,8 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
     taking the turn. Why this cannot deadlock or alias a parity, and how fully masked tiles and rows
     with no key come out: docs/hopper-forward.md, "The ping-pong protocol". ``trace``: this
     warpgroup's row of the schedule record (``_stamp``), or None. ``mods``, ``lists``, ``SCORE_MOD``,
-    ``MASK_MOD``, ``SUB``: the user's functions and block mask (``_pp_mainloop``)."""
+    ``MASK_MOD``, ``SUB``: the user's functions and block mask; ``k_scales``: FP8 keys' block descales
+    (``_pp_mainloop``)."""
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     _load_rows(q_desc, q_row0, q_col, q_bar, q_smem)
     mbarrier.wait(q_bar, 0)
@@ -434,7 +435,8 @@ def _pingpong_consumer(q_desc, q_smem, q_bar, k_smem, v_smem, k_ready, k_empty, 
                                STAGES, IS_CAUSAL, MASK_ALL, TURN0, ORDERED, LEAN, COND_RESCALE, RESCALE_BY_WARP,
                                Q_IN_REGS, DEFERRED_SUM, MASK_BRANCH, PTX_BARRIERS, False, EXP2_FMA, FEWER_MASKS,
                                KEY_MASKS, False, WINDOW, win_left, win_right, SOFTCAP, softcap_a, ALIBI, alibi_a,
-                               PROD_DIM, kv_hi, p_smem, trace, mods, lists, SCORE_MOD, MASK_MOD, SUB)
+                               PROD_DIM, kv_hi, p_smem, trace, mods, lists, SCORE_MOD, MASK_MOD, SUB,
+                               k_scales=k_scales)
     MMA_K: gl.constexpr = _mma_k(q_desc.dtype)
     rows_1d = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _wg_acc_layout(BLOCK_N, MMA_K)))
     # ROW_STORES 2: staged in this warpgroup's Q buffer (its S products all retired in the key loop)
@@ -486,7 +488,8 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
                  DIAG_TRIM: gl.constexpr = False, WINDOW: gl.constexpr = False, win_left=0, win_right=0,
                  SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False, alibi_a=0.0,
                  PROD_DIM: gl.constexpr = 0, kv_hi=None, p_smem=None, trace=None, mods=None, lists=None,
-                 SCORE_MOD: gl.constexpr = None, MASK_MOD: gl.constexpr = None, SUB: gl.constexpr = 1):
+                 SCORE_MOD: gl.constexpr = None, MASK_MOD: gl.constexpr = None, SUB: gl.constexpr = 1,
+                 k_scales=None):
     """One query tile's key loop for one ping-pong warpgroup (Q already in ``q_smem``): returns the
     unnormalised (O, m, l). ``g0``: ring uses before this tile, ``sec0``: this warpgroup's critical
     sections before it (both 0 for a one-tile program; a persistent program's running counts), so
@@ -505,7 +508,9 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     (``KEY_MASKS``) on the first and then only where a tile needs them (``_mods_softmax``), so the
     built-in masks stay off; ``lists``: a block mask's walk (``_key_tile``, ``SUB``).
     ``LEAN`` and its options (``COND_RESCALE``, ``RESCALE_BY_WARP``, ``Q_IN_REGS``, ``DEFERRED_SUM``,
-    ``MASK_BRANCH``, ``PTX_BARRIERS``): the kernel's. The options: docs/hopper-forward.md."""
+    ``MASK_BRANCH``, ``PTX_BARRIERS``): the kernel's. The options: docs/hopper-forward.md. ``k_scales``
+    (FP8 block descales): this head's K descales per block of ``FP8_BLOCK_ROWS`` keys, each tile's read
+    a tile ahead and folded into its scale (``_key_block_scale``)."""
     PD: gl.constexpr = _prod_dim(HEAD_DIM, PROD_DIM)
     MODS: gl.constexpr = SCORE_MOD is not None or MASK_MOD is not None
     gl.static_assert(not MODS or not (IS_CAUSAL or WINDOW or SOFTCAP or ALIBI or DIAG_TRIM or FEWER_MASKS),
@@ -564,7 +569,8 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     _stamp(trace, 0, 1)
     mbarrier.arrive(k_empty.index(g0 % STAGES), count=1)
     n0 = _key_tile(0, n_lo, lists, SUB) * BLOCK_N
-    s = _score_tile(s, 0, n0, m_start, seqlen_k, rows_1d, cols_1d, SOFTCAP, softcap_a, ALIBI, alibi_a, diag_rows,
+    tile_qk, tile_cap = _key_block_scale(k_scales, n0, qk_scale, softcap_a, SOFTCAP)
+    s = _score_tile(s, 0, n0, m_start, seqlen_k, rows_1d, cols_1d, SOFTCAP, tile_cap, ALIBI, alibi_a, diag_rows,
                     cols_f, MODS, mods, lists, SCORE_MOD, MASK_MOD, KEY_MASKS)
     KEY_END: gl.constexpr = not (FEWER_MASKS and IS_CAUSAL)
     if FEWER_MASKS:
@@ -574,12 +580,12 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         if WINDOW:
             need_mask = need_mask | _window_cuts(n0, m_start, seqlen_q, seqlen_k, win_left, win_right,
                                                  BLOCK_M, BLOCK_N)
-        p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n0, seqlen_q,
+        p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, tile_qk, m_start, n0, seqlen_q,
                                            seqlen_k, rows_1d, cols_1d, IS_CAUSAL, LEAN, COND_RESCALE, DEFERRED_SUM,
                                            MASK_BRANCH, EXP2_FMA, KEY_END, True, SOFTMAX_MASKS, WINDOW, win_left,
                                            win_right)
     else:
-        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n0, seqlen_q, seqlen_k,
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, tile_qk, m_start, n0, seqlen_q, seqlen_k,
                                            rows_1d, cols_1d, SOFTMAX_MASKS, IS_CAUSAL, LEAN, COND_RESCALE, DEFERRED_SUM,
                                            EXP2_FMA, True, WINDOW, win_left, win_right)
     _stamp(trace, 0, 2)
@@ -597,6 +603,9 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         # section #(i+1): S(i+1) and P(i) V(i), issued back to back, then the turn passes on
         nxt = (g0 + i + 1) % STAGES
         cur = (g0 + i) % STAGES
+        if k_scales is not None:  # S(i+1)'s key block descale, read before its product is issued
+            tile_qk, tile_cap = _key_block_scale(k_scales, _key_tile(i + 1, n_lo, lists, SUB) * BLOCK_N, qk_scale,
+                                                 softcap_a, SOFTCAP)
         mbarrier.wait(k_ready.index(nxt), ((g0 + i + 1) // STAGES) & 1)
         mbarrier.wait(v_ready.index(cur), ((g0 + i) // STAGES) & 1)
         _turn_wait(my_turn, sec0 + i + 1, TURN0, ORDERED)
@@ -619,7 +628,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
                                                seqlen_k, rows_1d, cols_1d, MASK_MOD, KEY_MASKS, LEAN, COND_RESCALE,
                                                DEFERRED_SUM, EXP2_FMA)
         else:
-            s = _score_tile(s, i + 1, n_start, m_start, seqlen_k, rows_1d, cols_1d, SOFTCAP, softcap_a, ALIBI,
+            s = _score_tile(s, i + 1, n_start, m_start, seqlen_k, rows_1d, cols_1d, SOFTCAP, tile_cap, ALIBI,
                             alibi_a, diag_rows, cols_f, MODS, mods, lists, SCORE_MOD, MASK_MOD, KEY_MASKS)
             # masks: the last tile always (key end, diagonal); under a causal mask also a tile that
             # reaches past this warpgroup's first row's diagonal
@@ -629,7 +638,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
             if WINDOW:
                 need_mask = need_mask | _window_cuts(n_start, m_start, seqlen_q, seqlen_k, win_left, win_right,
                                                      BLOCK_M, BLOCK_N)
-            p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_start, seqlen_q,
+            p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, tile_qk, m_start, n_start, seqlen_q,
                                                seqlen_k, rows_1d, cols_1d, IS_CAUSAL, LEAN, COND_RESCALE,
                                                DEFERRED_SUM, MASK_BRANCH, EXP2_FMA, KEY_END, False, SOFTMAX_MASKS,
                                                WINDOW, win_left, win_right)
@@ -672,6 +681,21 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         l_i = gl.convert_layout(gl.sum(l_i, 1), row_layout, assert_trivial=True)
     return o, m_i, l_i
 
+
+
+@gluon.jit
+def _key_block_scale(k_scales, n_start, qk_scale, softcap_a, SOFTCAP: gl.constexpr):
+    """(qk_scale, softcap_a) for the key tile from ``n_start``: as given, or with FP8 block descales
+    (``k_scales``: this head's K descales per block of ``FP8_BLOCK_ROWS`` keys, which ``BLOCK_N``
+    divides) times that tile's, folded where the raw scores are scaled (into the softcap's factor
+    with ``SOFTCAP``)."""
+    if k_scales is not None:
+        kd = gl.load(k_scales + n_start // FP8_BLOCK_ROWS)
+        if SOFTCAP:
+            softcap_a = softcap_a * kd
+        else:
+            qk_scale = qk_scale * kd
+    return qk_scale, softcap_a
 
 
 @gluon.jit

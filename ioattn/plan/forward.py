@@ -28,6 +28,7 @@ class Signature:
     softmax_scale: float
     alibi: bool
     device_sms: int        # the device's SM count (the persistent grid)
+    fp8_blocks: bool = False  # FP8 descales of Q and K per block of rows (``ioattn.fp8.descale_rows``)
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,7 @@ def _make_fp8(sig: Signature) -> GluonForwardPlan:
                   ORDERED=True, IS_CAUSAL=causal, IS_VARLEN=sig.varlen, LPT=causal and hopper.lpt_order.wanted(),
                   EXP2_FMA=hopper.exp2_fma_cols(hopper.exp2_fma_share(), block_n),
                   ROW_STORES=1, Q_BUFS=1, KEY_MASKS=True, WINDOW=has_window, SOFTCAP=cap > 0, ALIBI=0, IO_DIM=0,
-                  PROD_DIM=0)
+                  PROD_DIM=0, **({"FP8_BLOCKS": True} if sig.fp8_blocks else {}))
     scale = sig.softmax_scale
     return GluonForwardPlan(
         variant="pingpong", seqlen_q=sig.seqlen_q, seqlen_k=sig.seqlen_k, head_dim=d, io_dim=d, pad_to=0,

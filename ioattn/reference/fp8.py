@@ -23,6 +23,8 @@ GRANULARITIES = ("tensor", "head", "block")
 # that matter land in e4m3's normal range (2^-6 and up) instead of its subnormals: a power of two,
 # undone exactly with the normalisation at the end.
 P_SCALE = 256.0
+# rows a block descale covers in the FP8 forward (``quantize_fp8``'s default ``block_rows``)
+FP8_BLOCK_ROWS = 128
 
 
 def hadamard(d: int, dtype=torch.float64, device=None) -> torch.Tensor:
