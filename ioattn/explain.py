@@ -187,8 +187,10 @@ def _fp8_forward(q, k, v, varlen, window, seqlen_q, cu_seqlens_q, softcap, alibi
         forward["fp8"] = "e4m3 Q, K, V scaled by their descales; P times P_SCALE through e4m3; fp32 accumulation"
         forward["gluon_hopper"] = f"not taken ({why})"
         return forward
+    # (packed sequences: the keys' longest taken as the queries', which explain_dispatch is given)
     plan = forward_plan.plan_forward(backends.forward_signature(
-        q, k, sem.softmax_scale, sem.causal, cu_seqlens_q, seqlen_q, None, sem.band_window, softcap, alibi_slopes))
+        q, k, sem.softmax_scale, sem.causal, cu_seqlens_q, seqlen_q, seqlen_q if varlen else None, sem.band_window,
+        softcap, alibi_slopes))
     return {"kernel": "ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, pingpong, FP8)",
             "tiles": (plan.block_m, plan.block_n, 4 * (plan.block_m // 64), dict(plan.constexprs)["STAGES"]),
             "fp8": ("e4m3 Q, K by TMA; V transposed once a call (keys contiguous, as 8-bit wgmma reads B); P times "
