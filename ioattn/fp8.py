@@ -260,17 +260,15 @@ ONE_CALL_SEED = 0
 
 def quantize_qkv(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None):
     """``flash_attn_func(..., fp8=True)``'s quantisation: (q8, k8, v8, (q_descale, k_descale, v_descale)),
-    q and k one scale per block of ``FP8_BLOCK_ROWS`` rows of a (sequence, head), each in one pass, and
-    rotated by one random-sign Hadamard matrix where the head dim is a power of two (incoherent
-    processing); v one scale per (sequence, head), not rotated (so the output needs no inverse). q, k,
-    v: bf16 or fp16, as validated by the caller."""
+    one scale per (batch, head) (per sequence with ``cu_seqlens``), and q and k rotated by one
+    random-sign Hadamard matrix where the head dim is a power of two (incoherent processing; V is not
+    rotated, so the output needs no inverse). q, k, v: bf16 or fp16, as validated by the caller. (Per
+    block of rows, one pass each, measured slower in all: docs/decisions/fp8-forward.md.)"""
     if q.dtype not in (torch.bfloat16, torch.float16):
         raise TypeError(f"fp8=True takes bfloat16 or float16 q, k, v (it returns q's dtype), got {q.dtype}")
     d = q.shape[-1]
     rotate = d & (d - 1) == 0
-    q8, qs = quantize_fp8(q, "block", hadamard=rotate, seed=ONE_CALL_SEED, block_rows=FP8_BLOCK_ROWS,
-                          cu_seqlens=cu_seqlens_q)
-    k8, ks = quantize_fp8(k, "block", hadamard=rotate, seed=ONE_CALL_SEED, block_rows=FP8_BLOCK_ROWS,
-                          cu_seqlens=cu_seqlens_k)
+    q8, qs = quantize_fp8(q, "head", hadamard=rotate, seed=ONE_CALL_SEED, cu_seqlens=cu_seqlens_q)
+    k8, ks = quantize_fp8(k, "head", hadamard=rotate, seed=ONE_CALL_SEED, cu_seqlens=cu_seqlens_k)
     v8, vs = quantize_fp8(v, "head", cu_seqlens=cu_seqlens_k)
     return q8, k8, v8, (qs, ks, vs)

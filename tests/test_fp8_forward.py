@@ -284,10 +284,9 @@ def test_fp8_packed_v_is_transposed_into_rows_of_its_own_sequence():
 @pytest.mark.interpreter
 @pytest.mark.parametrize("d", [64, 48])
 def test_one_call_fp8_quantises_rotates_and_returns_q_dtype(d, poison_alloc):
-    """``fp8=True`` on fp16 inputs: the same as quantising with ``fp8.quantize_qkv`` (q and k per block of
-    128 rows and rotated where d is a power of two, v per head) and calling the FP8 forward, within the
-    e4m3 bound of attention over those quantised inputs; and close to exact attention of the originals
-    (RMSE < 5 % of RMS)."""
+    """``fp8=True`` on fp16 inputs: the same as quantising with ``fp8.quantize_qkv`` (per head, q and k
+    rotated where d is a power of two) and calling the FP8 forward, within the e4m3 bound of attention
+    over those quantised inputs; and close to exact attention of the originals (RMSE < 5 % of RMS)."""
     from ioattn import fp8
 
     g = torch.Generator().manual_seed(d)
@@ -295,7 +294,7 @@ def test_one_call_fp8_quantises_rotates_and_returns_q_dtype(d, poison_alloc):
     out = ioattn.flash_attn_func(q, k, v, causal=True, fp8=True)
     assert out.dtype == torch.float16
     q8, k8, v8, (qs, ks, vs) = fp8.quantize_qkv(q, k, v)
-    assert qs.shape == (2, 4, 2) and ks.shape == (2, 2, 2) and vs.shape == (2, 2)
+    assert qs.shape == (2, 4) and ks.shape == (2, 2) and vs.shape == (2, 2)
     exact, bound = _bound(*_dequant([(q8, qs), (k8, ks), (v8, vs)]), (-1, 0))
     _check(out, exact, bound, torch.float16)
     ref, _ = attention_ref(q.cpu().double(), k.cpu().double(), v.cpu().double(), window=(-1, 0))
@@ -319,8 +318,8 @@ def test_one_call_fp8_refusals():
 
 @pytest.mark.interpreter
 def test_one_call_fp8_varlen(poison_alloc):
-    """``fp8=True`` on packed sequences: scales per block of a (sequence, head) (v's per (sequence, head));
-    each sequence's output close to exact attention of its own rows (RMSE < 5 % of RMS)."""
+    """``fp8=True`` on packed sequences: scales per (sequence, head); each sequence's output close to exact
+    attention of its own rows (RMSE < 5 % of RMS)."""
     g = torch.Generator().manual_seed(4)
     cu = torch.tensor([0, 30, 31, 90], dtype=torch.int32, device=DEV)
     q, k, v = (torch.randn(90, h, 32, generator=g).to(DEV, torch.float16) for h in (4, 2, 2))

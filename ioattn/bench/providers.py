@@ -29,7 +29,7 @@ from ioattn.semantics import Semantics
 PEERS = ("sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flex", "flash-attn", "flash-attn-cute",
          "sageattn")
 OURS = ("ioattn", "ioattn-ptr", "ioattn-hopper", "ioattn-hopper-bwd", "ioattn-fp8", "ioattn-fp8-portable",
-        "ioattn-fp8-call", "ioattn-fp8-fma25", "ioattn-fp8-blocks")
+        "ioattn-fp8-call", "ioattn-fp8-blocks")
 
 
 def _backend(backend):
@@ -91,13 +91,11 @@ class _IoattnFp8:
     done once per input set outside the timed calls (forward only). Judged, like the others, against
     twice the error of its same-precision twin: the float64 FP8 emulation
     (``reference.fp8.attention_fp8_ref``, ``same_precision``). ``portable``: the portable kernel even
-    where the Gluon one applies (the A/B of the Gluon FP8 kernel); ``exp2_fma``: that share of the
-    exponentials on the FMA units (``hopper.exp2_fma``, the A/B of its default for FP8); ``blocks``: q and
-    k quantised per block of 128 rows (v per head), as ``fp8=True`` does, so that ``ioattn-fp8-call``'s
-    time less this one's is the quantisation's."""
+    where the Gluon one applies (the A/B of the Gluon FP8 kernel); ``blocks``: q and k quantised per block
+    of 128 rows (v per head), the kernels' block descales (their A/B against per-head ones)."""
 
-    def __init__(self, portable=False, exp2_fma=None, blocks=False):
-        self._key, self._quantised, self.portable, self.exp2_fma = None, None, portable, exp2_fma
+    def __init__(self, portable=False, blocks=False):
+        self._key, self._quantised, self.portable = None, None, portable
         self.granularity = ("block", "block", "head") if blocks else ("head",) * 3
 
     def _quantise(self, q, k, v):
@@ -110,8 +108,7 @@ class _IoattnFp8:
     def __call__(self, q, k, v, causal):
         from ioattn.plan import hopper
         (q8, qs), (k8, ks), (v8, vs) = self._quantise(q, k, v)
-        with (hopper.prefer_hopper(False) if self.portable else
-              hopper.exp2_fma(self.exp2_fma) if self.exp2_fma is not None else contextlib.nullcontext()):
+        with hopper.prefer_hopper(False) if self.portable else contextlib.nullcontext():
             out = ioattn.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qs, k_descale=ks, v_descale=vs)
         return out.to(q.dtype)
 
@@ -199,7 +196,7 @@ def providers(names=None):
     table = {"ioattn": (_ioattn, ""), "ioattn-ptr": (_ioattn_ptr, ""), "ioattn-hopper": (_ioattn_hopper, ""),
              "ioattn-hopper-bwd": (_ioattn_hopper_bwd, ""), "ioattn-fp8": (_IoattnFp8(), ""),
              "ioattn-fp8-portable": (_IoattnFp8(portable=True), ""), "ioattn-fp8-call": (_IoattnFp8Call(), ""),
-             "ioattn-fp8-fma25": (_IoattnFp8(exp2_fma=25.0), ""), "ioattn-fp8-blocks": (_IoattnFp8(blocks=True), "")}
+             "ioattn-fp8-blocks": (_IoattnFp8(blocks=True), "")}
     return _with_peers(table, names, _sdpa, _flex, lambda peer: (_import_peer(peer), ""), OURS, "provider")
 
 
