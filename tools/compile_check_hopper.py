@@ -66,7 +66,8 @@ from ioattn.kernels.hopper_forward import hopper_fwd_kernel as fn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gluon_aot import (DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxas_report, run_jobs,  # noqa: E402
-                       sass_branched, sass_chain, sass_opcodes, sass_text, sass_top_register)
+                       sass_branched, sass_chain, sass_opcodes, sass_text, sass_top_register,
+                       spills_between_mmas)
 
 
 WINDOW_FORM = False  # --window (set before the compile jobs' processes are forked: they inherit it)
@@ -227,9 +228,10 @@ def compile_mods(d, kv_tail=False, captures=True):
     assert k.metadata.shared <= H200_SHARED_BYTES, (d, k.metadata.shared)
     nregs, spills, _, serialized = ptxas_report(ptx)
     assert not serialized, (d, serialized)
+    in_loop = spills_between_mmas(sass_text(k.asm["cubin"]))
     return (f"mods pingpong{'' if captures else ' no-captures'} d={d} kv_tail={kv_tail} tiles={plan.block_m}x{bn} "
             f"SUB={constexprs['SUB']} "
-            f"shared={k.metadata.shared} regs={nregs} spills={spills} {fmt(c)}")
+            f"shared={k.metadata.shared} regs={nregs} spills={spills} loop_spills={in_loop} {fmt(c)}")
 
 
 def _jit_type(value):
