@@ -343,7 +343,8 @@ def _run_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dr
                            "tensors that do not require grad, or run under torch.no_grad()")
     out_dtype = fp8.fp8_output_dtype(out_dtype)
     rows = fp8.descale_rows(*descales, batch, q.shape[-2], k.shape[-2], q.device, check_values,
-                            blocks_q=-(-max_seqlen_q // fp8.FP8_BLOCK_ROWS), blocks_k=-(-max_seqlen_k // fp8.FP8_BLOCK_ROWS))
+                            blocks_q=-(-max_seqlen_q // fp8.FP8_BLOCK_ROWS),
+                            blocks_k=-(-max_seqlen_k // fp8.FP8_BLOCK_ROWS))
     return fp8_attention(q, k, v, rows, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window,
                          softcap, alibi_slopes, out_dtype)
 

@@ -281,7 +281,8 @@ def portable_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         BLOCK_N=cfg.block_n, IS_VARLEN=pb.varlen, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi, HAS_DROPOUT=dropout_p > 0,
         USE_TMA=use_tma, PERSISTENT=persistent > 0, LOG2_BATCH=max(pb.batch - 1, 0).bit_length() if persistent and pb.varlen else 0,
         # FP8's P must stay in [0, 1] to fit e4m3 once scaled: the accumulator is rescaled at every tile
-        RESCALE_TAU=0.0 if fp8 else dispatch.fwd_rescale_tau(), IS_FP8=fp8, **({"FP8_BLOCKS": True} if fp8_blocks else {}),
+        RESCALE_TAU=0.0 if fp8 else dispatch.fwd_rescale_tau(), IS_FP8=fp8,
+        **({"FP8_BLOCKS": True} if fp8_blocks else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **mod_kw,
     )
     return out, lse

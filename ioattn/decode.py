@@ -349,10 +349,10 @@ def _attention_triton(q, k_cache, v_cache, cache_seqlens, seqlen_new, span, bloc
     """The split-KV kernel's path: the call's plan (``ioattn.plan.decode``), then its launch
     (``ioattn.launch.decode``)."""
     semantics = Semantics(scale, window=window, softcap=softcap)
-    features = tuple(name for name, used in (("window", semantics.sliding), ("softcap", softcap > 0),
-                                             ("alibi", alibi_slopes is not None), ("leftpad", cache_leftpad is not None),
-                                             ("batch_idx", cache_batch_idx is not None),
-                                             ("unified_max", unified_max is not None)) if used)
+    used = (("window", semantics.sliding), ("softcap", softcap > 0), ("alibi", alibi_slopes is not None),
+            ("leftpad", cache_leftpad is not None), ("batch_idx", cache_batch_idx is not None),
+            ("unified_max", unified_max is not None))
+    features = tuple(name for name, on in used if on)
     cfg = plan(q, k_cache, v_cache, block_table is not None, span, num_splits, features)
     qk_scale, _, _ = _scalars(semantics)  # log2(e) or 1/cap folded in, as in the forward
     if cfg.kernel == "mla":

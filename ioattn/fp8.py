@@ -20,8 +20,8 @@ from ioattn.reference.decode import apply_rotary_ref
 from ioattn.reference.fp8 import E4M3, E4M3_MAX, FP8_BLOCK_ROWS, P_SCALE  # noqa: F401  (the kernels' constants)
 from ioattn.reference.fp8 import GRANULARITIES, quantize_fp8_ref, random_signs, rotate
 
-__all__ = ["E4M3", "E4M3_MAX", "P_SCALE", "FP8_BLOCK_ROWS", "FP8_DTYPES", "is_fp8", "check_descale", "check_descale_values",
-           "fp8_output_dtype", "descale_rows", "quantize_fp8"]
+__all__ = ["E4M3", "E4M3_MAX", "P_SCALE", "FP8_BLOCK_ROWS", "FP8_DTYPES", "is_fp8", "check_descale",
+           "check_descale_values", "fp8_output_dtype", "descale_rows", "quantize_fp8"]
 
 FP8_DTYPES = (E4M3,)
 
