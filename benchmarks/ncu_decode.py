@@ -7,13 +7,16 @@ provider inside the NVTX range ``prof`` (push/pop), so that
 profiles every kernel of the profiled calls and nothing else, whatever each provider launches.
 The question (docs/decisions/decode-one-wave.md): at batch 64 x 4096 cuDNN streams the cache ~1 % faster than our split
 kernel in a full wave; its grid, block, registers, shared memory and DRAM / L2 figures against ours.
+``--mla``: MLA's shape instead (``ioattn bench mla``'s: 128 query heads over one latent KV head, 576 / 512),
+for the stall profile of the Gluon MLA kernel (docs/decisions/mla-decode-kernel.md; ``ioattn-split``: the
+split kernel).
 """
 import argparse
 
 import torch
 
 from ioattn.bench.providers import decode_providers
-from ioattn.bench.run import _decode_inputs
+from ioattn.bench.run import DecodeShape, _decode_inputs
 
 WARMUP = 3
 
@@ -23,10 +26,13 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--kvlen", type=int, default=4096)
     ap.add_argument("--providers", default="ioattn,sdpa-cudnn")
+    ap.add_argument("--mla", action="store_true", help="MLA's shape: 128 query heads, one latent KV head, 576 / 512")
     args = ap.parse_args()
     names = args.providers.split(",")
     table = decode_providers(names)
-    inputs = _decode_inputs((args.batch, args.kvlen, 32, 8, 128), torch.bfloat16, "cuda")
+    shape = (DecodeShape(args.batch, args.kvlen, 128, 1, 576, 512, True) if args.mla else
+             DecodeShape(args.batch, args.kvlen, 32, 8, 128))
+    inputs = _decode_inputs(shape, torch.bfloat16, "cuda")
     calls = {}
     for name in names:
         setup, reason = table[name]
