@@ -93,7 +93,8 @@ def test_plan_takes_mla_calls(on_hopper):
 
 @pytest.mark.parametrize("case,reason", [
     ("window", "does not take a sliding window"), ("fp32", "16-bit"), ("copy", "v_cache must be that view"),
-    ("page32", "page size that 64 divides"), ("forced", "kernel='split' forced"), ("gqa", None)])
+    ("page32", "page size that 64 divides"), ("forced", "kernel='split' forced"), ("gqa", None),
+    ("batch", "at most 65535 sequences")])
 def test_plan_declines_with_the_reason(case, reason, on_hopper):
     """Calls the kernel does not take go to the split kernel, whose reason says why first; calls of
     other shapes (two KV heads) say nothing about it."""
@@ -103,6 +104,8 @@ def test_plan_declines_with_the_reason(case, reason, on_hopper):
         features = ("window",)
     elif case == "copy":
         kw["v_cache"] = kw["v_cache"].contiguous()
+    elif case == "batch":
+        kw["q"] = kw["q"].expand(65536, -1, -1, -1)
     elif case == "gqa":
         kw["k_cache"] = kw["k_cache"].expand(-1, -1, 2, -1).contiguous()
         kw["v_cache"] = kw["k_cache"][..., :512]

@@ -81,6 +81,7 @@ MLA_BLOCK_M = 64
 MLA_BLOCK_N = 64
 MLA_STAGES = 2
 MLA_WARPS = 8
+MLA_MAX_BATCH = 65535  # the grid's z dimension: one sequence a step
 MAX_SPLITS = 256
 _BLOCK_N_CUDA = 128
 _BLOCK_N_SPLIT = 64  # split launches with pointer loads (above)
@@ -292,6 +293,8 @@ def mla_why_not(q, k_cache, v_cache, paged, features=()):
         return "the MLA kernel reads the cache as evenly spaced 16-byte aligned rows"
     if paged and rows % MLA_BLOCK_N:
         return f"the MLA kernel needs a page size that {MLA_BLOCK_N} divides"
+    if q.shape[0] > MLA_MAX_BATCH:
+        return f"the MLA kernel's grid takes at most {MLA_MAX_BATCH} sequences"
     return None
 
 
