@@ -413,9 +413,12 @@ def test_fp8_varlen_block_descales(backend, poison_alloc):
 
 
 def test_fp8_block_descales_of_the_wrong_count_are_refused():
+    """A block descale of another block count is refused by name; v's descale takes no blocks."""
     pairs = [(t.cpu(), s.cpu()) for t, s in _inputs(1, 200, 200, 2, 2, 16, seed=4)]
     with dispatch.forced_backend("reference"), pytest.raises(ValueError, match=r"per block of 128 rows \(1, heads, 2\)"):
         _bad_call(pairs, k_descale=torch.ones(1, 2, 3))
+    with dispatch.forced_backend("reference"), pytest.raises(ValueError, match=r"v_descale must broadcast to \(1, 2\), got"):
+        _bad_call(pairs, v_descale=torch.ones(1, 2, 2))
 
 
 @pytest.mark.skipif(not CUDA or torch.cuda.get_device_capability()[0] != 9, reason="the Gluon FP8 kernel: sm_90")

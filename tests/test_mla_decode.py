@@ -121,6 +121,12 @@ def test_plan_declines_with_the_reason(case, reason, on_hopper):
         assert cfg.reason.startswith("split kernel: ") and reason in cfg.reason.split(";")[0], cfg.reason
 
 
+def test_decode_config_refuses_an_unknown_kernel():
+    with pytest.raises(ValueError, match="kernel must be 'split' or 'mla'"):
+        with decode_config(kernel="gluon"):
+            pass
+
+
 def test_plan_off_hopper_says_why():
     kw = _call(1, 16, 1, 128, [10], False)
     assert decode_plan.mla_why_not(kw["q"], kw["k_cache"], kw["v_cache"], False) == "the MLA kernel needs an sm_90 GPU"

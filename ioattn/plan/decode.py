@@ -145,12 +145,15 @@ def decode_config(**fields):
     pdl, pdl_wait, num_whole, max_regs) for the calls inside: tuning sweeps and tests (``pdl`` and
     ``pdl_wait`` are still only used where they can run; ``num_whole`` is rounded down to
     whole batch elements, and ``tail_split=False`` turns the tail split off). ``kernel="split"`` keeps
-    MLA calls on the split kernel; the MLA kernel takes only ``num_splits``, ``block_n`` and
-    ``num_stages``."""
+    MLA calls on the split kernel (``"mla"``, the default: the MLA kernel where it takes the call); the
+    MLA kernel takes only ``num_splits``, ``block_n`` and ``num_stages``."""
     unknown = set(fields) - {"block_m", "block_n", "num_splits", "use_tma", "num_warps", "num_stages", "pdl",
                              "pdl_wait", "num_whole", "tail_split", "max_regs", "kernel"}
     if unknown:
         raise ValueError(f"decode_config: unknown fields {sorted(unknown)}")
+    if fields.get("kernel", "split") not in ("split", "mla"):
+        raise ValueError(f"decode_config: kernel must be 'split' or 'mla' (the MLA kernel where it takes the call), "
+                         f"got {fields['kernel']!r}")
     previous = dict(_plan_override)
     _plan_override.update(fields)
     try:
