@@ -1,5 +1,8 @@
+import contextlib
+import fcntl
 import os
 import pathlib
+import tempfile
 import types
 import zlib
 
@@ -59,18 +62,55 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [item for item, m in zip(items, mine) if m]
 
 
+# Test processes (pytest-xdist workers) share one card. Each test's call holds the card shared; one that
+# runs out of device memory runs again holding it alone, so the worker count can follow the cores.
+_CARD = pathlib.Path(tempfile.gettempdir()) / "ioattn-tests-card.lock"
+_GATE = _CARD.with_suffix(".gate")  # held while a test waits for the card alone: no new call starts
+
+
+@contextlib.contextmanager
+def _flock(path, mode):
+    with open(path, "a") as f:
+        fcntl.flock(f, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _card_shared():
+    with _flock(_GATE, fcntl.LOCK_EX):
+        pass
+    with _flock(_CARD, fcntl.LOCK_SH):
+        yield
+
+
+@contextlib.contextmanager
+def _card_alone():
+    with _flock(_GATE, fcntl.LOCK_EX), _flock(_CARD, fcntl.LOCK_EX):
+        yield
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     """A test whose call the interpreter refuses (``InterpreterUnsupportedError``: bf16 where this
     Triton's interpreter computes ``tl.dot`` wrongly even with the patches below) is skipped with the
     refusal's text: on such a Triton the refusal is the library's answer, not the test's failure. A test
-    that expects the refusal catches it itself (pytest.raises) and is not affected."""
+    that expects the refusal catches it itself (pytest.raises) and is not affected. A test that runs
+    out of device memory beside other test processes runs once more with the card to itself."""
     from ioattn._compat import InterpreterUnsupportedError
 
     try:
-        return (yield)
+        with _card_shared():
+            return (yield)
     except InterpreterUnsupportedError as e:
         pytest.skip(f"refused by the interpreter check: {e}")
+    except torch.cuda.OutOfMemoryError:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        with _card_alone():
+            item.runtest()
 
 
 @pytest.fixture(autouse=True)

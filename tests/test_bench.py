@@ -554,3 +554,24 @@ def test_the_suite_splits_into_contiguous_shards():
         proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                                "--shard", bad, *files], cwd=root, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 4 and "--shard" in proc.stderr, (bad, proc.returncode, proc.stderr[-300:])
+
+
+_OOM_CALLS = []
+
+
+def test_a_test_out_of_device_memory_runs_again_with_the_card_alone():
+    """tests/conftest.py: each test's call holds the card shared (no process can hold it alone
+    meanwhile); a call that runs out of device memory runs once more holding it alone (no process can
+    take it shared meanwhile), so the device suite's worker count can follow the cores."""
+    import fcntl
+
+    from conftest import _CARD
+
+    _OOM_CALLS.append(1)
+    with open(_CARD, "a") as other:
+        mode = fcntl.LOCK_EX if len(_OOM_CALLS) == 1 else fcntl.LOCK_SH
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(other, mode | fcntl.LOCK_NB)
+    if len(_OOM_CALLS) == 1:
+        raise torch.cuda.OutOfMemoryError("the first call runs out of device memory")
+    assert len(_OOM_CALLS) == 2
