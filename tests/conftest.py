@@ -2,6 +2,7 @@ import contextlib
 import fcntl
 import os
 import pathlib
+import re
 import tempfile
 import types
 import zlib
@@ -26,6 +27,9 @@ def pytest_addoption(parser):
     parser.addoption("--shard", metavar="K/N", default=None,
                      help="run the K-th (from 1) of N contiguous parts of the collected tests: the device suite "
                           "split over commands that each fit a time limit (docs/benchmarks.md)")
+    parser.addoption("--resume", metavar="LOG", default=None,
+                     help="run only the tests that LOG (the output of an earlier -v run, stopped by a time limit) "
+                          "does not report as passed, failed, skipped or errored")
 
 
 # ---- what this installation cannot run: skipped with the library's own reason ----
@@ -49,6 +53,10 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if item.get_closest_marker("sass"):
                 item.add_marker(skip)
+    if config.getoption("--resume"):
+        done = _reported(pathlib.Path(config.getoption("--resume")).read_text(errors="replace"))
+        config.hook.pytest_deselected(items=[item for item in items if item.nodeid in done])
+        items[:] = [item for item in items if item.nodeid not in done]
     shard = config.getoption("--shard")
     if shard:
         try:
@@ -90,6 +98,17 @@ def _card_shared():
 def _card_alone():
     with _flock(_GATE, fcntl.LOCK_EX), _flock(_CARD, fcntl.LOCK_EX):
         yield
+
+
+# a -v run's report of one test: "[gw3] [ 12%] PASSED <id>" under pytest-xdist, "<id> PASSED [ 12%]" without
+_OUTCOME = "(?:PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)"
+_REPORTED = (re.compile(rf"\[gw\d+\] \[\s*\d+%\] {_OUTCOME} (?P<id>.+?)\s*$"),
+             re.compile(rf"(?P<id>.+?) {_OUTCOME}\s+\[\s*\d+%\]$"))
+
+
+def _reported(log: str) -> set:
+    """Node ids that a -v run's output reports an outcome for."""
+    return {m.group("id") for line in log.splitlines() for m in (p.match(line) for p in _REPORTED) if m}
 
 
 @pytest.hookimpl(wrapper=True)

@@ -556,6 +556,30 @@ def test_the_suite_splits_into_contiguous_shards():
         assert proc.returncode == 4 and "--shard" in proc.stderr, (bad, proc.returncode, proc.stderr[-300:])
 
 
+def test_a_suite_stopped_by_a_limit_resumes_from_its_log(tmp_path):
+    """``pytest --resume LOG`` (tests/conftest.py): the tests that LOG, an earlier -v run's output (with
+    pytest-xdist or without), reports done are left out; the rest, in order, are run."""
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    files = ["tests/test_layers.py", "tests/test_options.py"]
+
+    def collected(*extra):
+        out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                              *extra, *files], cwd=root, capture_output=True, text=True, timeout=300).stdout
+        return [line for line in out.splitlines() if "::" in line]
+
+    whole = collected()
+    assert len(whole) > 4
+    log = tmp_path / "stopped.log"
+    log.write_text(f"{whole[0]} PASSED                      [  1%]\n"
+                   f"[gw1] [  2%] FAILED {whole[2]} \n"
+                   f"[gw0] [  3%] SKIPPED {whole[3]}\n"
+                   f"{whole[4]} \n")  # started, not reported: it runs again
+    assert collected("--resume", str(log)) == [whole[1]] + whole[4:]
+
+
 _OOM_CALLS = []
 
 
