@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -25,10 +26,14 @@ def run_step(name, command, out, timeout):
     log = out / f"{name}.log"
     t0 = time.time()
     with open(log, "w") as f:
+        # a session of its own, so that a step past its time is stopped with everything it started
+        proc = subprocess.Popen(["bash", "-c", command], cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         try:
-            rc = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                timeout=timeout).returncode
+            rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             rc = 124
     lines = log.read_text(errors="replace").strip().splitlines()
     return rc, time.time() - t0, lines[-1] if lines else ""

@@ -580,6 +580,26 @@ def test_a_suite_stopped_by_a_limit_resumes_from_its_log(tmp_path):
     assert collected("--resume", str(log)) == [whole[1]] + whole[4:]
 
 
+def test_a_step_past_its_time_is_stopped_with_what_it_started(tmp_path):
+    """benchmarks/run_steps.py: a step over --timeout ends with exit code 124 and takes the processes it
+    started with it (a test run's workers would otherwise hold the card through the next step); the
+    next step runs, and the exit code counts the failed steps."""
+    import subprocess
+    import sys
+    import time
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    marker = tmp_path / "child-lived"
+    proc = subprocess.run([sys.executable, "benchmarks/run_steps.py", str(tmp_path), "--timeout", "2",
+                           f"slow=(sleep 4; touch {marker}) & sleep 60", "next=echo ran"],
+                          cwd=root, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "slow: rc=124" in proc.stdout and "next: rc=0" in proc.stdout
+    assert (tmp_path / "next.log").read_text().strip() == "ran"
+    time.sleep(4)
+    assert not marker.exists(), "a process the stopped step started lived on"
+
+
 _OOM_CALLS = []
 
 
