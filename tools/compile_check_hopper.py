@@ -164,8 +164,12 @@ def compile_fp8(d, causal, varlen=False, blocks=False):
                      v_desc=f"tensordesc<fp8e4nv[{d},{plan.block_n}],{lay['v']!r}>", Out="*bf16", Lse="*fp32",
                      qk_scale="fp32", softcap_a="fp32", alibi_unit="fp32", Descales="*fp32")
     constexprs = dict(plan.constexprs, k_hi_desc=None, v_hi_desc=None, Alibi=None, o_desc=None, Walk=None,
-                      Trace=None, **NO_MODS)
+                      **NO_MODS)
     constexprs.setdefault("FP8_BLOCKS", False)
+    if TRACE and not varlen:  # the schedule record (``bench pingpong-trace --fp8``)
+        sig_types.update(Trace="*i64")
+    else:
+        constexprs.update(Trace=None)
     if varlen:
         sig_types.update(Cu_q="*i32", Cu_k="*i32")
     else:
@@ -462,6 +466,10 @@ def main():
     ap.add_argument("--mods", action="store_true",
                     help="the forward with score and mask functions and a block mask (plan_forward_mods) instead")
     args = ap.parse_args()
+    if args.trace:  # before the compile jobs' processes are forked (they inherit it); FP8's builds too
+        global TRACE
+        TRACE = True
+        args.variants = ",".join(v for v in args.variants.split(",") if v in ("pingpong", "wg3", "split"))
     if args.mods:  # the programmable forward's builds alone
         for d in map(int, (args.headdims or "64,128,256").split(",")):
             for kv_tail in (False, True):
@@ -485,10 +493,6 @@ def main():
         global ALIBI_FORM
         ALIBI_FORM = True
         args.variants = ",".join(v for v in args.variants.split(",") if v in hopper.ALIBI_VARIANTS)
-    if args.trace:  # likewise
-        global TRACE
-        TRACE = True
-        args.variants = ",".join(v for v in args.variants.split(",") if v in ("pingpong", "wg3", "split"))
     if args.io_dim:  # likewise
         global IO_DIM
         IO_DIM = args.io_dim
