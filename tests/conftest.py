@@ -208,6 +208,27 @@ def assert_matches_oracles(name, out, grads, oracles, floor=1e-5):
             assert_within_torch_error(f"{name} {gname}", g, g64, gt, floor)
 
 
+def fake_launches(monkeypatch, module, kernel: str) -> list:
+    """``module.kernel`` (a Gluon kernel) replaced by a fake that records each launch as (grid,
+    positional arguments, keyword arguments) in the list returned (no GPU here)."""
+    launches = []
+    params = getattr(module, kernel).params
+    names = [p.name for p in params]
+    head = names[:next(i for i, p in enumerate(params) if p.is_constexpr)]
+
+    def record(grid, args, kw):
+        # the runtime parameters before the first constexpr positionally, the rest by name, however
+        # the launcher passed them
+        kw = dict(zip(names, args), **kw)
+        launches.append((grid, tuple(kw.pop(n) for n in head if n in kw), kw))
+
+    class Fake:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: record(grid, args, kw)
+    monkeypatch.setattr(module, kernel, Fake())
+    return launches
+
+
 class _PoisonedTorch(types.ModuleType):
     """Stands in for ``torch`` inside ``ioattn.backends``: ``empty``/``empty_like`` return NaN-filled
     floating tensors, so an output element a kernel forgets to write shows up as NaN (which never

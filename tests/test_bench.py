@@ -533,51 +533,41 @@ def test_fp8_providers_pass_the_check_against_their_emulation(name):
     assert verdict.ok and verdict.err > 1e-3, verdict  # an FP8-sized error, within its own bound
 
 
-def test_the_suite_splits_into_contiguous_shards():
-    """``pytest --shard K/N`` (tests/conftest.py): the N parts are disjoint, contiguous and cover the
-    collection, so a device run split over commands runs every test once."""
+def _collect(*extra):
+    """``pytest --collect-only`` of two small test files with ``extra`` options, in a child process:
+    the completed process and the node ids it collected."""
     import subprocess
     import sys
 
-    root = pathlib.Path(__file__).resolve().parents[1]
     files = ["tests/test_layers.py", "tests/test_options.py"]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *extra,
+                           *files], cwd=pathlib.Path(__file__).resolve().parents[1], capture_output=True, text=True,
+                          timeout=300)
+    return proc, [line for line in proc.stdout.splitlines() if "::" in line]
 
-    def collected(*extra):
-        out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                              *extra, *files], cwd=root, capture_output=True, text=True, timeout=300).stdout
-        return [line for line in out.splitlines() if "::" in line]
 
-    whole = collected()
-    parts = [collected("--shard", f"{k}/3") for k in (1, 2, 3)]
+def test_the_suite_splits_into_contiguous_shards():
+    """``pytest --shard K/N`` (tests/conftest.py): the N parts are disjoint, contiguous and cover the
+    collection, so a device run split over commands runs every test once."""
+    whole = _collect()[1]
+    parts = [_collect("--shard", f"{k}/3")[1] for k in (1, 2, 3)]
     assert sum(parts, []) == whole and all(parts)
     for bad in ("4/3", "a/3"):
-        proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                               "--shard", bad, *files], cwd=root, capture_output=True, text=True, timeout=300)
+        proc, _ = _collect("--shard", bad)
         assert proc.returncode == 4 and "--shard" in proc.stderr, (bad, proc.returncode, proc.stderr[-300:])
 
 
 def test_a_suite_stopped_by_a_limit_resumes_from_its_log(tmp_path):
     """``pytest --resume LOG`` (tests/conftest.py): the tests that LOG, an earlier -v run's output (with
     pytest-xdist or without), reports done are left out; the rest, in order, are run."""
-    import subprocess
-    import sys
-
-    root = pathlib.Path(__file__).resolve().parents[1]
-    files = ["tests/test_layers.py", "tests/test_options.py"]
-
-    def collected(*extra):
-        out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                              *extra, *files], cwd=root, capture_output=True, text=True, timeout=300).stdout
-        return [line for line in out.splitlines() if "::" in line]
-
-    whole = collected()
+    whole = _collect()[1]
     assert len(whole) > 4
     log = tmp_path / "stopped.log"
     log.write_text(f"{whole[0]} PASSED                      [  1%]\n"
                    f"[gw1] [  2%] FAILED {whole[2]} \n"
                    f"[gw0] [  3%] SKIPPED {whole[3]}\n"
                    f"{whole[4]} \n")  # started, not reported: it runs again
-    assert collected("--resume", str(log)) == [whole[1]] + whole[4:]
+    assert _collect("--resume", str(log))[1] == [whole[1]] + whole[4:]
 
 
 def test_a_step_past_its_time_is_stopped_with_what_it_started(tmp_path):

@@ -13,7 +13,7 @@ import torch
 
 import ioattn
 import ioattn.mods as M
-from conftest import DEVICE, assert_within_torch_error
+from conftest import DEVICE, assert_within_torch_error, fake_launches
 from ioattn.block_mask import _classify_dense, block_sparse_mask, create_block_mask
 from ioattn.plan import dispatch, hopper
 from ioattn.plan import mods as mods_plan
@@ -713,12 +713,7 @@ def test_gluon_backward_launch_with_a_mask_function(monkeypatch):
     from ioattn.modcall import ModCall
     from ioattn.plan import backward as backward_plan
 
-    launches = []
-
-    class Fake:
-        def __getitem__(self, grid):
-            return lambda *args, **kw: launches.append((grid, kw))
-    monkeypatch.setattr(gb, "hopper_bwd_ws_kernel", Fake())
+    launches = fake_launches(monkeypatch, gb, "hopper_bwd_ws_kernel")
     n, d = 1000, 128
     q, out, dout = (torch.randn(2, n, 4, d).to(DEVICE, torch.bfloat16) for _ in range(3))
     k = torch.randn(2, n, 2, d).to(DEVICE, torch.bfloat16)
@@ -732,7 +727,7 @@ def test_gluon_backward_launch_with_a_mask_function(monkeypatch):
     launch = gb.BackwardLaunch(plan, dout, q, k, k, out, lse, cached=False,
                                functions={"MASK_MOD": call.functions()["MASK_MOD"]})
     dq, dk, dv = launch(dout, q, k, k, out, lse, mod_args=call.gluon_backward_args())
-    ((grid, kw),) = [x for x in launches if "MASK_MOD" in x[1]]
+    ((grid, _, kw),) = [x for x in launches if "MASK_MOD" in x[2]]
     assert grid == plan.grid == (8, 2 * 2)
     assert kw["MASK_MOD"] is call.mask.module.mod and (kw["SUB"], kw["KV_BLOCK"]) == (2, 128)
     assert torch.equal(kw["mods"][0], docs) and kw["mods"][1:] == (n,)
@@ -753,12 +748,8 @@ def test_gluon_forward_launch_with_functions(monkeypatch):
     from ioattn.modcall import ModCall
     from ioattn.plan import forward as forward_plan
 
-    launches = []
-
-    class Fake:
-        def __getitem__(self, grid):
-            return lambda *args, **kw: launches.append((grid, kw))
-    monkeypatch.setattr(hf, "hopper_fwd_kernel", Fake())
+    names = [p.name for p in hf.hopper_fwd_kernel.params]
+    launches = fake_launches(monkeypatch, hf, "hopper_fwd_kernel")
     n, d = 1000, 128
     q = torch.randn(2, n, 4, d).to(torch.bfloat16)
     k = torch.randn(2, n, 2, d).to(torch.bfloat16)
@@ -772,7 +763,8 @@ def test_gluon_forward_launch_with_functions(monkeypatch):
                                           call.block_size(), call.captures())
     launch = gluon_fwd.ForwardLaunch(plan, q, k, k, cached=False, functions=call.functions())
     launch(q, k, k, mod_args=call.gluon_forward_args(d ** -0.5))
-    ((grid, kw),) = launches
+    ((grid, head, kw),) = launches
+    kw.update(zip(names, head))  # the runtime arguments the fake keeps positionally
     assert grid == (plan.programs,) and plan.programs == 8 * 2 * 4
     assert kw["SCORE_MOD"] is call.score.module.mod and kw["MASK_MOD"] is call.mask.module.mod
     assert (kw["BLOCK_M"], kw["BLOCK_N"], kw["SUB"], kw["Q_BLOCK"]) == (128, 64, 2, 128)

@@ -13,6 +13,8 @@ from ioattn import flash_attn_func
 from ioattn.plan import dispatch
 from ioattn.semantics import Semantics
 
+from conftest import fake_launches
+
 FP16, BF16 = torch.float16, torch.bfloat16
 # the Gluon forward's lean softmax and its options (the kernel's constexprs), short for the tables below
 COND, WARP, QREG, DSUM, MASK = "COND_RESCALE", "RESCALE_BY_WARP", "Q_IN_REGS", "DEFERRED_SUM", "MASK_BRANCH"
@@ -844,27 +846,6 @@ def test_host_integer_helpers():
     assert [dispatch.next_power_of_2(n) for n in (0, 1, 2, 3, 4, 5, 16, 17)] == [1, 1, 2, 4, 4, 8, 16, 32]
 
 
-def _fake_launches(monkeypatch, module, kernel: str) -> list:
-    """``module.kernel`` (a Gluon kernel) replaced by a fake that records each launch as (grid,
-    positional arguments, keyword arguments) in the list returned (no GPU here)."""
-    launches = []
-    params = getattr(module, kernel).params
-    names = [p.name for p in params]
-    head = names[:next(i for i, p in enumerate(params) if p.is_constexpr)]
-
-    def record(grid, args, kw):
-        # the runtime parameters before the first constexpr positionally, the rest by name, however
-        # the launcher passed them
-        kw = dict(zip(names, args), **kw)
-        launches.append((grid, tuple(kw.pop(n) for n in head if n in kw), kw))
-
-    class Fake:
-        def __getitem__(self, grid):
-            return lambda *args, **kw: record(grid, args, kw)
-    monkeypatch.setattr(module, kernel, Fake())
-    return launches
-
-
 def _fake_gluon_routes(monkeypatch) -> list:
     """``backends.gluon_forward_route`` (the Gluon forward prepared for a call) replaced by a fake whose
     route returns ("out", "lse"); each preparation recorded as (q, k, v, scale, causal) and the other
@@ -881,15 +862,15 @@ def _fake_gluon_routes(monkeypatch) -> list:
 
 
 def _fake_forward_launches(monkeypatch) -> list:
-    """The Gluon forward's kernel faked (``_fake_launches``)."""
+    """The Gluon forward's kernel faked (``conftest.fake_launches``)."""
     import ioattn.kernels.hopper_forward as hf
-    return _fake_launches(monkeypatch, hf, "hopper_fwd_kernel")
+    return fake_launches(monkeypatch, hf, "hopper_fwd_kernel")
 
 
 def _fake_backward_launches(monkeypatch) -> list:
-    """The Gluon ws backward's kernel faked (``_fake_launches``)."""
+    """The Gluon ws backward's kernel faked (``conftest.fake_launches``)."""
     from ioattn.launch import gluon_bwd
-    return _fake_launches(monkeypatch, gluon_bwd, "hopper_bwd_ws_kernel")
+    return fake_launches(monkeypatch, gluon_bwd, "hopper_bwd_ws_kernel")
 
 
 def test_hopper_forward_launch_constexprs(monkeypatch):

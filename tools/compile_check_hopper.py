@@ -65,9 +65,8 @@ from ioattn.kernels import ptx_barriers
 from ioattn.kernels.hopper_forward import hopper_fwd_kernel as fn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gluon_aot import (DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxas_report, run_jobs,  # noqa: E402
-                       sass_branched, sass_chain, sass_opcodes, sass_text, sass_top_register,
-                       spills_between_mmas)
+from gluon_aot import (DTYPES, H200_SHARED_BYTES, checked_build, compile_sm90, ptx_counts, ptxas_report,  # noqa: E402
+                       run_jobs, sass_branched, sass_chain, sass_opcodes, sass_text, sass_top_register)
 
 
 WINDOW_FORM = False  # --window (set before the compile jobs' processes are forked: they inherit it)
@@ -227,12 +226,7 @@ def compile_mods(d, kv_tail=False, captures=True):
                       Walk=None, Cu_q=None, Cu_k=None, Trace=None, Descales=None)
     constexprs.setdefault("FP8_BLOCKS", False)
     k = compile_sm90(fn, types, constexprs, plan.num_warps, aligned=("Out", "stride_om"))
-    ptx = k.asm["ptx"]
-    c = ptx_counts(ptx)
-    assert k.metadata.shared <= H200_SHARED_BYTES, (d, k.metadata.shared)
-    nregs, spills, _, serialized = ptxas_report(ptx)
-    assert not serialized, (d, serialized)
-    in_loop = spills_between_mmas(sass_text(k.asm["cubin"]))
+    c, nregs, spills, in_loop = checked_build(k, d)
     return (f"mods pingpong{'' if captures else ' no-captures'} d={d} kv_tail={kv_tail} tiles={plan.block_m}x{bn} "
             f"SUB={constexprs['SUB']} "
             f"shared={k.metadata.shared} regs={nregs} spills={spills} loop_spills={in_loop} {fmt(c)}")

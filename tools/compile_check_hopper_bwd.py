@@ -39,8 +39,8 @@ from ioattn.plan import hopper, hopper_bwd
 from ioattn.plan.hopper_bwd import BWD_VARIANT_HEADDIMS, BWD_VARIANTS, kernel_config
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gluon_aot import (DTYPES, H200_SHARED_BYTES, compile_sm90, ptx_counts, ptxas_report, run_jobs,  # noqa: E402
-                       sass_counts, sass_text, sass_top_register, spills_between_mmas)
+from gluon_aot import (DTYPES, H200_SHARED_BYTES, checked_build, compile_sm90, ptx_counts, ptxas_report,  # noqa: E402
+                       run_jobs, sass_counts, sass_text, sass_top_register, spills_between_mmas)
 
 
 IO_DIM = 0  # --io-dim (set before the compile jobs' processes are forked: they inherit it)
@@ -192,12 +192,7 @@ def compile_mods(d, with_blocks=True):
     else:
         sig_types.update(blocks=_jit_type(blocks))
     k = compile_sm90(fn, sig_types, consts, plan.num_warps, aligned=("dK", "dV"))
-    ptx = k.asm["ptx"]
-    c = ptx_counts(ptx)
-    assert k.metadata.shared <= H200_SHARED_BYTES, (d, k.metadata.shared)
-    nregs, spills, _, why = ptxas_report(ptx)
-    assert not why, (d, why)
-    in_loop = spills_between_mmas(sass_text(k.asm["cubin"]))
+    c, nregs, spills, in_loop = checked_build(k, d)
     return (f"bwd ws-mods{'-blocks' if with_blocks else ''} d={d} tiles={bm}x{bn} SUB={consts['SUB']} "
             f"shared={k.metadata.shared} regs={nregs} spill={spills}B loop_spills={in_loop} "
             f"consumer_regs={sass_top_register(k.asm['cubin'])} wgmma={c['wgmma']} tma={c['tma']}")

@@ -127,6 +127,17 @@ def sass_top_register(cubin, sass=None):
     return max(int(n) for n in re.findall(r"\bR(\d+)\b", sass or sass_text(cubin))) + 1
 
 
+def checked_build(kernel, where):
+    """A Gluon build's common checks, within shared memory and ptxas not serialising its wgmmas
+    (``where`` names it in a failure), and its figures: (``ptx_counts``, registers, spilled bytes,
+    spill instructions inside the consumers' loop, ``spills_between_mmas``)."""
+    ptx = kernel.asm["ptx"]
+    assert kernel.metadata.shared <= H200_SHARED_BYTES, (where, kernel.metadata.shared)
+    nregs, spills, _, serialized = ptxas_report(ptx)
+    assert not serialized, (where, serialized)
+    return ptx_counts(ptx), nregs, spills, spills_between_mmas(sass_text(kernel.asm["cubin"]))
+
+
 def spills_between_mmas(sass):
     """Local-memory spill instructions (STL / LDL) between a partition's first and last wgmma (HGMMA)
     in the SASS listing: in a warp-specialised kernel, the consumers' main loop. Spills before or
