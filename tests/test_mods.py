@@ -38,19 +38,20 @@ def _table(dtype=torch.float32):
 
 _DOCS = torch.tensor([0] * 15 + [1] * 20 + [2] * 13, dtype=torch.int32)  # SK tokens; q reads the first SQ
 
-# name -> (kwargs of the call, built from (table or None)): each a function of the library or a composition
+# name -> (kwargs of the call, built from (table or None, the device its captured tensors live on)): each a
+# function of the library or a composition
 CASES = {
-    "causal": lambda t: dict(mask_mod=M.causal_mask),
-    "bottom_right_causal": lambda t: dict(mask_mod=M.bottom_right_causal(SQ, SK)),
-    "sliding_window": lambda t: dict(mask_mod=M.sliding_window(9, 2, offset=SK - SQ)),
-    "prefix_lm": lambda t: dict(mask_mod=M.prefix_lm(11)),
-    "document_causal": lambda t: dict(mask_mod=M.document_mask(_DOCS, M.causal_mask)),
-    "or_masks": lambda t: dict(mask_mod=M.or_masks(M.sliding_window(3), M.prefix_lm(5))),
-    "alibi": lambda t: dict(score_mod=M.alibi(torch.linspace(0.1, 1.0, H), SK - SQ)),
-    "softcap": lambda t: dict(score_mod=M.softcap(2.5)),
-    "relative_bias": lambda t: dict(score_mod=M.relative_bias(t)),
-    "bias_and_causal": lambda t: dict(score_mod=M.relative_bias(t), mask_mod=M.and_masks(M.causal_mask,
-                                                                                          M.sliding_window(20))),
+    "causal": lambda t, dev: dict(mask_mod=M.causal_mask),
+    "bottom_right_causal": lambda t, dev: dict(mask_mod=M.bottom_right_causal(SQ, SK)),
+    "sliding_window": lambda t, dev: dict(mask_mod=M.sliding_window(9, 2, offset=SK - SQ)),
+    "prefix_lm": lambda t, dev: dict(mask_mod=M.prefix_lm(11)),
+    "document_causal": lambda t, dev: dict(mask_mod=M.document_mask(_DOCS.to(dev), M.causal_mask)),
+    "or_masks": lambda t, dev: dict(mask_mod=M.or_masks(M.sliding_window(3), M.prefix_lm(5))),
+    "alibi": lambda t, dev: dict(score_mod=M.alibi(torch.linspace(0.1, 1.0, H, device=dev), SK - SQ)),
+    "softcap": lambda t, dev: dict(score_mod=M.softcap(2.5)),
+    "relative_bias": lambda t, dev: dict(score_mod=M.relative_bias(t)),
+    "bias_and_causal": lambda t, dev: dict(score_mod=M.relative_bias(t),
+                                           mask_mod=M.and_masks(M.causal_mask, M.sliding_window(20))),
 }
 _WITH_TABLE = {"relative_bias", "bias_and_causal"}
 
@@ -81,13 +82,13 @@ def test_library_matches_the_oracle(case, backend):
     """GQA 4:2, seqlen_q < seqlen_k; forward, lse and every gradient, the bias table's too."""
     q, k, v, dout = _inputs(seed=len(case))
     has_table = case in _WITH_TABLE
-    tab = _table().requires_grad_(True) if has_table else None
+    tab = _table().to(DEVICE).requires_grad_(True) if has_table else None
     with dispatch.forced_backend(backend):
-        out, lse, grads = _run(_ours, q, k, v, dout, F16, DEVICE, tab, **CASES[case](tab))
+        out, lse, grads = _run(_ours, q, k, v, dout, F16, DEVICE, tab, **CASES[case](tab, DEVICE))
     tab64 = _table(F64).requires_grad_(True) if has_table else None
-    out64, lse64, grads64 = _run(_oracle, q, k, v, dout, F64, "cpu", tab64, **CASES[case](tab64))
+    out64, lse64, grads64 = _run(_oracle, q, k, v, dout, F64, "cpu", tab64, **CASES[case](tab64, "cpu"))
     tab16 = _table().requires_grad_(True) if has_table else None
-    out16, _, grads16 = _run(_oracle, q, k, v, dout, F16, "cpu", tab16, **CASES[case](tab16))
+    out16, _, grads16 = _run(_oracle, q, k, v, dout, F16, "cpu", tab16, **CASES[case](tab16, "cpu"))
     assert_within_torch_error("out", out, out64, out16)
     for name, g, g64, g16 in zip(("dq", "dk", "dv", "dtable"), grads, grads64, grads16):
         assert_within_torch_error(name, g, g64, g16, floor=1e-4)
@@ -106,11 +107,12 @@ def test_varlen_positions_are_per_sequence(backend):
     cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32)
     q, k, v, dout = _inputs(5, sq=int(cu_q[-1]), sk=int(cu_k[-1]), lead=())
     mask = M.bottom_right_causal(torch.tensor(lens_q), torch.tensor(lens_k))
-    tab = _table().requires_grad_(True)
+    on_device = M.bottom_right_causal(torch.tensor(lens_q, device=DEVICE), torch.tensor(lens_k, device=DEVICE))
+    tab = _table().to(DEVICE).requires_grad_(True)
 
     def ours(q, k, v):
         out, lse, _ = ioattn.flash_attn_varlen_func(q, k, v, cu_q.to(DEVICE), cu_k.to(DEVICE), max(lens_q),
-                                                     max(lens_k), mask_mod=mask, score_mod=M.relative_bias(tab),
+                                                     max(lens_k), mask_mod=on_device, score_mod=M.relative_bias(tab),
                                                      return_attn_probs=True)
         return out, lse
 
@@ -183,7 +185,7 @@ def test_sinks_with_functions(backend):
     sinks, tab = (t.detach().float().requires_grad_(True) for t in (sinks64, tab64))
 
     def ours(q, k, v):
-        out, lse, _ = ioattn.flash_attn_func(q, k, v, sinks=sinks.to(DEVICE), score_mod=M.relative_bias(tab),
+        out, lse, _ = ioattn.flash_attn_func(q, k, v, sinks=sinks.to(DEVICE), score_mod=M.relative_bias(tab.to(DEVICE)),
                                              mask_mod=M.sliding_window(9, 2, offset=SK - SQ),
                                              return_attn_probs=True)
         return out, lse
@@ -216,7 +218,7 @@ def test_block_sparse_layouts(backend):
     block row, an all-full head; 16-row blocks so the kernels' tiles split them."""
     nq, nk, bs = -(-SQ // 16), -(-SK // 32), (16, 32)
     layout = _random_layout(3, nq, nk, 0.5)
-    bm = block_sparse_mask(layout, SQ, SK, bs)
+    bm = block_sparse_mask(layout.to(DEVICE), SQ, SK, bs)
     q, k, v, dout = _inputs(9)
     dense = layout.repeat_interleave(bs[0], -2).repeat_interleave(bs[1], -1)[..., :SQ, :SK]
 
@@ -238,9 +240,9 @@ def test_block_sparse_layouts(backend):
 def test_block_mask_classes_lists_and_picture():
     """create_block_mask's classes equal a dense evaluation; the row and column lists list every
     non-empty block once, ascending; the picture and the sparsity say what the lists hold."""
-    mask = M.document_mask(_DOCS, M.causal_mask)
+    mask = M.document_mask(_DOCS.to(DEVICE), M.causal_mask)
     bm = create_block_mask(mask, None, None, SK, SK, device=DEVICE, BLOCK_SIZE=16)
-    dense = _classify_dense(M.trace(mask, "mask"), 1, 1, SK, SK, 16, 16, "cpu")
+    dense = _classify_dense(M.trace(mask, "mask"), 1, 1, SK, SK, 16, 16, DEVICE).cpu()
     assert torch.equal(bm.classes().cpu(), dense)
     classes = dense[0, 0]
     for i in range(classes.shape[0]):
@@ -262,14 +264,16 @@ def test_block_mask_with_its_function_matches_the_oracle():
     """A mask function's block mask (the partial blocks evaluate it, the full ones run without) gives
     the function's attention; per-batch masks (B given) too."""
     q, k, v, dout = _inputs(13, sq=SK)
-    lengths = torch.tensor([SK, 29])  # batch entry 1: keys past 29 are padding
+    def padded_causal(lengths):  # batch entry 1: keys past 29 are padding
+        def padded_causal(b, h, q_idx, kv_idx):
+            return (q_idx >= kv_idx) & (kv_idx < lengths[b])
+        return padded_causal
 
-    def padded_causal(b, h, q_idx, kv_idx):
-        return (q_idx >= kv_idx) & (kv_idx < lengths[b])
-
-    bm = create_block_mask(padded_causal, B, None, SK, SK, device=DEVICE, BLOCK_SIZE=(16, 32))
+    bm = create_block_mask(padded_causal(torch.tensor([SK, 29], device=DEVICE)), B, None, SK, SK, device=DEVICE,
+                           BLOCK_SIZE=(16, 32))
     out, lse, grads = _run(_ours, q, k, v, dout, torch.float32, DEVICE, None, block_mask=bm)
-    out64, lse64, grads64 = _run(_oracle, q, k, v, dout, F64, "cpu", None, mask_mod=padded_causal)
+    out64, lse64, grads64 = _run(_oracle, q, k, v, dout, F64, "cpu", None,
+                                 mask_mod=padded_causal(torch.tensor([SK, 29])))
     assert (out.double() - out64).abs().max() < 1e-5
     for g, g64 in zip(grads, grads64):
         assert (g.double() - g64).abs().max() < 1e-5
@@ -347,7 +351,7 @@ def test_a_function_rebuilt_around_new_tensors_reads_them():
     for cuts in ([0, 15, 40], [0, 31, 40]):
         ids = M.document_ids(torch.tensor(cuts))
         with dispatch.forced_backend("triton"):
-            out, _, _ = _run(_ours, q, k, v, dout, F16, DEVICE, None, mask_mod=M.document_mask(ids))
+            out, _, _ = _run(_ours, q, k, v, dout, F16, DEVICE, None, mask_mod=M.document_mask(ids.to(DEVICE)))
         out64, _, _ = _run(_oracle, q, k, v, dout, F64, "cpu", None, mask_mod=M.document_mask(ids))
         out16, _, _ = _run(_oracle, q, k, v, dout, F16, "cpu", None, mask_mod=M.document_mask(ids))
         assert_within_torch_error("out", out, out64, out16)
@@ -369,7 +373,8 @@ def test_one_kernel_serves_captured_tensors_of_every_size():
         table = torch.randn(H, sk, generator=torch.Generator().manual_seed(sk), dtype=F64)
         keys.add(M.trace(_key_bias(table.float()), "score").key)
         with dispatch.forced_backend("triton"):
-            out, _, _ = _run(_ours, q, k, v, dout, F16, DEVICE, None, score_mod=_key_bias(table.float()))
+            out, _, _ = _run(_ours, q, k, v, dout, F16, DEVICE, None,
+                             score_mod=_key_bias(table.float().to(DEVICE)))
         out64, _, _ = _run(_oracle, q, k, v, dout, F64, "cpu", None, score_mod=_key_bias(table))
         out16, _, _ = _run(_oracle, q, k, v, dout, F16, "cpu", None, score_mod=_key_bias(table.float()))
         assert_within_torch_error("out", out, out64, out16)
@@ -378,9 +383,10 @@ def test_one_kernel_serves_captured_tensors_of_every_size():
 
 @pytest.mark.interpreter
 def test_explain_dispatch_shows_the_functions_and_the_block_mask():
-    q = torch.randn(2, 64, 2, 16)
-    bm = create_block_mask(M.sliding_window(20), None, None, 64, 64, BLOCK_SIZE=16)
-    plan = ioattn.explain_dispatch(q, q, q, block_mask=bm, score_mod=M.relative_bias(_table().requires_grad_()))
+    q = torch.randn(2, 64, 2, 16, device=DEVICE)
+    bm = create_block_mask(M.sliding_window(20), None, None, 64, 64, device=DEVICE, BLOCK_SIZE=16)
+    plan = ioattn.explain_dispatch(q, q, q, block_mask=bm,
+                                   score_mod=M.relative_bias(_table().to(DEVICE).requires_grad_()))
     text = plan.describe()
     assert f"{bm.sparsity():.1f}% of the 16 blocks skipped" in text
     assert "sliding_window_mask" in text and "relative_bias_mod (1 captured tensors, 1 with gradients)" in text
