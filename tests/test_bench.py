@@ -11,6 +11,7 @@ import statistics
 import pytest
 import torch
 
+from conftest import DEVICE
 from ioattn.plan import dispatch
 from ioattn.bench import report
 from ioattn.bench.providers import calibrate_unified_max, decode_providers, paged_copy
@@ -527,7 +528,7 @@ def test_fp8_providers_pass_the_check_against_their_emulation(name):
 
     fn = providers([name])[name][0]
     g = torch.Generator().manual_seed(2)
-    q, k, v = (torch.randn(1, 64, 2, 32, generator=g).to(torch.float16) for _ in range(3))
+    q, k, v = (torch.randn(1, 64, 2, 32, generator=g).to(DEVICE, torch.float16) for _ in range(3))
     with dispatch.forced_backend("triton"):
         verdict = bench_run._check(fn, q, k, v, True)
     assert verdict.ok and verdict.err > 1e-3, verdict  # an FP8-sized error, within its own bound

@@ -58,6 +58,11 @@ def test_four_processes(tmp_path):
 
 def test_two_processes_on_the_triton_kernels(tmp_path):
     """The ring's block calls (strided views, packed calls) through the Triton kernels, interpreted."""
+    from ioattn import _compat
+
+    problem = _compat.interpreter_numpy_problem()
+    if problem:  # (the device machines' numpy): every interpreted call is refused there, and said why
+        pytest.skip(problem)
     results = launch("interpreted2", 2, tmp_path, interpret=True, timeout=TIMEOUT_S)
     assert_ok(results)
     assert all(res["triton"] for res in results[0].values()), "a case ran on the CPU path, not the Triton kernels"
@@ -102,9 +107,10 @@ def test_refused_without_a_process_group():
 
 
 def _torchrun(args):
-    """``torchrun --standalone --nproc-per-node 2 ARGS`` (a free port of its own), on the CPU path."""
+    """``torchrun --standalone --nproc-per-node 2 ARGS`` (a free port of its own), on the CPU path (no GPU
+    visible: two ranks on one card would be refused by NCCL)."""
     env = child_env()
-    env.update(TRITON_INTERPRET="0", OMP_NUM_THREADS="1")
+    env.update(TRITON_INTERPRET="0", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, f"torchrun {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
