@@ -214,8 +214,9 @@ def test_rows_without_keys(seqlens, causal, window):
     assert (dk[:, unseen] == 0).all() and (dv[:, unseen] == 0).all()
 
 
+# On a GPU the 12 draws meet the criterion (the device suite saw it pass), so there it must pass.
 FEW_KEYS_XFAIL = pytest.mark.xfail(
-    strict=True,
+    DEVICE == "cpu", strict=True,
     reason="backward precision when rows see only 1-3 keys: D = rowsum(dO * O) is computed from O "
            "rounded to fp16/bf16 (backward.py attn_bwd_preprocess_kernel; tiled.py flash_backward), and "
            "dS = P (dP - D) cancels, so dq/dk reach 3-5x PyTorch's same-dtype error; with D from the "
@@ -600,7 +601,7 @@ def test_tile_override_is_used(tile_override):
 
 @pytest.mark.parametrize("case", ["causal-gqa", "window-alibi-softcap-bf16", "dropout", "rows-without-keys",
                                   "seq-slice"])
-def test_tma_forward(case):
+def test_tma_forward(case, tile_override):
     """``dispatch.prefer_tma(True)``: K/V loads through tensor descriptors. The result must equal the
     pointer kernel's bit for bit (same tiles, same arithmetic) and pass the oracle check."""
     kw = {}
@@ -620,6 +621,9 @@ def test_tma_forward(case):
         k = _randn(b, sk + 16, hk, d, dtype=dtype)[:, 8:8 + sk]
         v = _randn(b, sk, 2 * hk, d, dtype=dtype)[:, :, hk:]
         assert not k.is_contiguous() and not v.is_contiguous()
+    # the same tiles on both paths (the plan picks short causal calls' tiles by path on a GPU: another
+    # row-sum order, so an lse one ulp apart)
+    tile_override("fwd", dispatch.tiles("fwd", d, q.device, tma=True))
     with dispatch.prefer_tma(True):
         assert dispatch.fwd_uses_tma(k, v, varlen=False), "the case must take the descriptor path"
         torch.manual_seed(5)
