@@ -256,6 +256,8 @@ def portable_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     cu_q = cu_seqlens_q if pb.varlen else q.new_empty(0, dtype=torch.int32)
     cu_k = cu_seqlens_k if pb.varlen else q.new_empty(0, dtype=torch.int32)
     bd, bdv = dispatch.block_d(pb.headdim), dispatch.block_d(pb.headdim_v)
+    if descales is not None:  # an e4m3 product's reduction (q.k over the head dim) spans at least 32 elements
+        bd = max(bd, 32)
     k_desc = v_desc = None
     if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
