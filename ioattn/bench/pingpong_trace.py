@@ -7,6 +7,7 @@ when its softmax is done and when its P V is done, at every critical section
 JSON (``--out``) holds the first ``--programs`` CTAs' stamps in cycles from the CTA's first stamp,
 the device and the plan: the data of the explainer's ping-pong page. The stamps are a separate build
 (a clock read and a store each): indicative of the schedule, not of the untraced kernel's time.
+``--fp8``: the FP8 forward's schedule, on the inputs quantised per head (``quantize_fp8_ref``).
 """
 from __future__ import annotations
 
@@ -25,25 +26,33 @@ def add_arguments(parser):
     parser.add_argument("--headdim", type=int, default=128, help="head dim (default: 128)")
     parser.add_argument("--nheads", type=int, default=16, help="heads (default: 16)")
     parser.add_argument("--causal", action="store_true", help="the causal mask (default: off)")
+    parser.add_argument("--fp8", action="store_true", help="the FP8 (e4m3) forward, inputs quantised per head")
     parser.add_argument("--programs", type=int, default=4, help="CTAs written out (default: 4)")
     parser.add_argument("--out", default=None, help="the JSON file (default: none, a summary printed only)")
     return parser
 
 
-def record(seqlen, headdim, nheads, causal, programs):
+def record(seqlen, headdim, nheads, causal, programs, fp8=False):
     """The schedule record of one call as a dict (see the module's docstring)."""
     import ioattn
     from ioattn import backends
+    from ioattn.fp8 import descale_rows
     from ioattn.launch.gluon_fwd import schedule_trace
     from ioattn.plan import forward as forward_plan, hopper
+    from ioattn.reference.fp8 import quantize_fp8_ref
 
     g = torch.Generator(device="cuda").manual_seed(seqlen + headdim)
     q, k, v = (torch.randn(1, seqlen, nheads, headdim, device="cuda", dtype=torch.bfloat16, generator=g)
                for _ in range(3))
+    kw, descales = {}, None
+    if fp8:
+        (q, qs), (k, ks), (v, vs) = (quantize_fp8_ref(t, "head") for t in (q, k, v))
+        kw = dict(q_descale=qs, k_descale=ks, v_descale=vs)
+        descales = descale_rows(qs, ks, vs, 1, nheads, nheads, q.device)
     with hopper.variant("pingpong"):  # the one-tile kernel (the persistent one walks several tiles a program)
         plan = forward_plan.plan_forward(backends.forward_signature(q, k, headdim ** -0.5, causal))
-    out, _, stamps = schedule_trace(plan, q, k, v)
-    err = (out.float() - ioattn.flash_attn_func(q, k, v, causal=causal).float()).abs().max().item()
+    out, _, stamps = schedule_trace(plan, q, k, v, descales)
+    err = (out.float() - ioattn.flash_attn_func(q, k, v, causal=causal, **kw).float()).abs().max().item()
     ctas = []
     for p in range(min(programs, stamps.shape[0])):
         s = stamps[p].cpu()
@@ -51,7 +60,7 @@ def record(seqlen, headdim, nheads, causal, programs):
         ctas.append([[[int(x) - t0 if x >= 0 else None for x in sec] for sec in wg] for wg in s])
     props = torch.cuda.get_device_properties(0)
     return dict(device=props.name, sm_count=props.multi_processor_count, seqlen=seqlen, headdim=headdim,
-                nheads=nheads, causal=causal, variant=plan.variant, block_m=plan.block_m, block_n=plan.block_n,
+                nheads=nheads, causal=causal, dtype="e4m3" if fp8 else "bf16", variant=plan.variant, block_m=plan.block_m, block_n=plan.block_n,
                 num_wg=dict(plan.constexprs)["NUM_WG"], events=list(EVENTS), unit="cycles",
                 max_diff_untraced=err, ctas=ctas)
 
@@ -62,7 +71,7 @@ def run(args):
         print("ioattn bench pingpong-trace needs an sm_90 GPU (the Gluon kernels)")
         return 1
     try:
-        rec = record(args.seqlen, args.headdim, args.nheads, args.causal, args.programs)
+        rec = record(args.seqlen, args.headdim, args.nheads, args.causal, args.programs, args.fp8)
     except ValueError as e:  # the plan is not a one-tile ping-pong one at this shape
         print(f"ioattn bench pingpong-trace: {e}")
         return 1

@@ -300,11 +300,12 @@ def _layout(rows: int, d: int, dt, rank: int = 2):
     return gl.NVMMASharedLayout.get_default_for(shape, dt)
 
 
-def schedule_trace(plan, q, k, v):
+def schedule_trace(plan, q, k, v, descales=None):
     """One launch of ``plan`` (a one-tile ping-pong plan, fixed lengths) that records its schedule:
     ``(out, lse, stamps)``, ``stamps`` int64 (programs, NUM_WG, key tiles + 1, TRACE_EVENTS), each
     consumer warpgroup's ``%clock64`` at the events of each critical section
-    (``kernels.hopper_fwd_tile._stamp``), -1 where none was taken."""
+    (``kernels.hopper_fwd_tile._stamp``), -1 where none was taken. ``descales``: e4m3 inputs' (the FP8
+    plan's; ``ioattn.fp8.descale_rows``)."""
     from ioattn.kernels.constants import TRACE_EVENTS
 
     consts = dict(plan.constexprs)
@@ -315,5 +316,6 @@ def schedule_trace(plan, q, k, v):
     sections = -(-plan.seqlen_k // plan.block_n) + 1
     stamps = torch.full((plan.programs, consts["NUM_WG"], sections, TRACE_EVENTS), -1, dtype=torch.int64,
                         device=q.device)
-    out, lse = ForwardLaunch(plan, q, k, v, cached=False, trace=stamps)(q, k, v)
+    out, lse = ForwardLaunch(plan, q, k, v, cached=False, trace=stamps, out_dtype=torch.bfloat16 if descales is not None
+                             else None)(q, k, v, descales=descales)
     return out, lse, stamps

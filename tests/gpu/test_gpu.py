@@ -1955,3 +1955,22 @@ def test_hopper_padded_in_place_matches_copies(d, causal, variant, monkeypatch, 
         assert a.shape == b.shape and not torch.isnan(a).any(), name
         assert torch.equal(a, b), (name, (a.float() - b.float()).abs().max().item())
     _assert_out_and_grads(results[0][0], results[0][2:], dout, q, k, v, (-1, 0) if causal else (-1, -1))
+
+
+@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "e4m3"])
+def test_schedule_record_of_the_pingpong_forward(fp8):
+    """``ioattn bench pingpong-trace``'s record (bf16, and the FP8 forward on inputs quantised per head):
+    the traced build's output equals the untraced call's bit for bit, and every complete section's
+    stamps are in order (turn, S ready, softmax done), each warpgroup's turns increasing."""
+    from ioattn.bench import pingpong_trace
+
+    rec = pingpong_trace.record(1024, 128, 4, False, 2, fp8=fp8)
+    assert rec["max_diff_untraced"] == 0.0 and rec["dtype"] == ("e4m3" if fp8 else "bf16")
+    for cta in rec["ctas"]:
+        for wg in cta:
+            full = [sec[:3] for sec in wg if None not in sec[:3]]
+            assert len(full) >= 1024 // rec["block_n"] - 1, wg
+            assert all(a <= b <= c for a, b, c in full), wg
+            turns = [t for t, *_ in full]
+            assert turns == sorted(turns), turns
