@@ -1,5 +1,7 @@
 """Pieces the Gluon Hopper forward and backward share: their constants, the TMA row loads (with the
 head-padded descriptors' zero fill), the QK^T product and the score modifications' arithmetic."""
+import math
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma, warpgroup_mma
@@ -141,6 +143,7 @@ LOG2E = gl.constexpr(constants.LOG2E)
 
 LN2 = gl.constexpr(constants.LN2)
 P_SCALE = gl.constexpr(fp8.P_SCALE)  # FP8's P multiplier (``ioattn.reference.fp8``)
+P_SCALE_LOG2 = gl.constexpr(int(math.log2(fp8.P_SCALE)))  # the softmax's max offset for it (``P_LOG2``)
 FP8_BLOCK_ROWS = gl.constexpr(fp8.FP8_BLOCK_ROWS)  # rows an FP8 block descale covers
 TRACE_EVENTS = gl.constexpr(constants.TRACE_EVENTS)  # stamps a critical section (``hopper_fwd_tile._stamp``)
 

@@ -15,7 +15,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from ioattn.kernels.hopper_common import FP8_BLOCK_ROWS, P_SCALE, TRACE_EVENTS, _io_dim, _prod_dim, _tile_layout
+from ioattn.kernels.hopper_common import FP8_BLOCK_ROWS, TRACE_EVENTS, _io_dim, _prod_dim, _tile_layout
 from ioattn.kernels.hopper_softmax import _window_tiles
 from ioattn.kernels.hopper_fwd_tile import _consumer, _pingpong_consumer, _pp_shared, _producer, _split_ring, \
     _store_no_key_rows, _init_ring
@@ -34,7 +34,7 @@ def _fp8_scales(Descales, b, h, nheads, group, qk_scale, softcap_a, SOFTCAP: gl.
                 m_start=0, blocks_q=1, blocks_k=1, FP8_BLOCKS: gl.constexpr = False):
     """This head's FP8 descales (``Descales``: fp32 (batch, nheads + 2 * nheads_kv)): Q's and K's folded
     into the scores' scale (``SOFTCAP``: into ``softcap_a``, through which the raw scores reach tanh),
-    V's into the output's, with P's multiplier undone; and V^T's first row. ``FP8_BLOCKS``: Q's and K's
+    V's into the output's; and V^T's first row. ``FP8_BLOCKS``: Q's and K's
     per block of ``FP8_BLOCK_ROWS`` rows (``ioattn.fp8.descale_rows``'s block layout, ``blocks_q`` /
     ``blocks_k`` a head): Q's of the block from ``m_start`` folded here, K's left to each key tile
     (``_fp8_key_scales``). Returns (qk_scale, softcap_a, out_scale, vt_row0)."""
@@ -51,7 +51,7 @@ def _fp8_scales(Descales, b, h, nheads, group, qk_scale, softcap_a, SOFTCAP: gl.
         softcap_a = softcap_a * qk_descale
     else:
         qk_scale = qk_scale * qk_descale
-    out_scale = gl.load(v_row + h // group) / P_SCALE
+    out_scale = gl.load(v_row + h // group)  # P's multiplier cancels in O / l (``P_LOG2``)
     return qk_scale, softcap_a, out_scale, (b * nheads_kv + h // group) * HEAD_DIM
 
 

@@ -8,7 +8,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ioattn import _compat
 from ioattn.kernels import ptx_barriers as _ptx_barriers
-from ioattn.kernels.hopper_common import (ALIBI_FP32_COLS, FP8_BLOCK_ROWS, LN2, P_SCALE, TRACE_EVENTS, _io_dim, _load_rows,
+from ioattn.kernels.hopper_common import (ALIBI_FP32_COLS, FP8_BLOCK_ROWS, LN2, P_SCALE_LOG2, TRACE_EVENTS, _io_dim, _load_rows,
                                           _prod_dim, _qk_mma, _softcap, _tile_layout, _zero_v_tail)
 from ioattn.kernels.hopper_softmax import (_alibi, _mods_softmax, _mods_tile, _rescale_rows, _softmax_tile, _step_softmax, _thread_row_sums,
                                            _window_cuts)
@@ -171,12 +171,12 @@ def _v_operand(v_tile):
 def _p_operand(p, dtype: gl.constexpr, layout: gl.constexpr, p_smem=None):
     """P as the P V product's A operand in ``dtype``: registers in ``layout`` (16-bit), or e4m3 P in the
     warpgroup's shared buffer ``p_smem``, written here (the caller does so only once the previous P V has
-    retired), times ``P_SCALE`` first (P in [0, 1] lifted into e4m3's normal range; the epilogue's
-    ``out_scale`` undoes it). (e4m3 P as the register operand, kept alive past the wait by a move,
-    measured slower: docs/decisions/fp8-forward.md.)"""
+    retired); e4m3 P comes ``P_SCALE`` times larger from the softmax (``P_LOG2``), into e4m3's normal
+    range. (e4m3 P as the register operand, kept alive past the wait by a move, measured slower:
+    docs/decisions/fp8-forward.md.)"""
     if p_smem is not None:
         gl.static_assert(dtype == gl.float8e4nv, "P through shared memory: e4m3")
-        p_smem.store((p * P_SCALE).to(dtype))
+        p_smem.store(p.to(dtype))
         fence_async_shared()  # each thread's writes before the wgmma's reads (the async proxy)
         gl.thread_barrier()  # the whole warpgroup's rows
         operand = p_smem
@@ -242,7 +242,7 @@ def _epilogue(o, m_i, l_i, Out, Lse, lse_base, rows_1d, m_start, q_row0, q_col, 
     return: the stage's next writer (the warpgroup's Q load) waits for its reads
     (``tma.store_wait``; ``_persistent_consumer``). ``IO_DIM`` (``_io_dim``): the output's head dim where
     it is below HEAD_DIM: its columns alone are stored (a 4-D ``o_desc``, ``_store_rows_tma``).
-    ``out_scale`` (FP8): the output's factor besides 1 / l (V's descale over ``P_SCALE``)."""
+    ``out_scale`` (FP8): the output's factor besides 1 / l (V's descale)."""
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
     lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
     lse_rows = m_start + rows_1d
@@ -531,6 +531,8 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
     O_COLS: gl.constexpr = HEAD_DIM // 2 if SPLIT else HEAD_DIM  # the (first) accumulator's columns
     o_layout: gl.constexpr = _wg_acc_layout(O_COLS, MMA_K)
     dtype: gl.constexpr = v_smem.dtype
+    # e4m3 P: the softmax's max kept log2(P_SCALE) low, so P comes out P_SCALE times larger (``_softmax_tile``)
+    P_LOG2: gl.constexpr = P_SCALE_LOG2 if dtype == gl.float8e4nv else 0
     # a 32-bit register of P's operand holds 4 e4m3 or 2 bf16 values
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
                                                  k_width=4 if dtype == gl.float8e4nv else 2)
@@ -583,11 +585,11 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
         p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, tile_qk, m_start, n0, seqlen_q,
                                            seqlen_k, rows_1d, cols_1d, IS_CAUSAL, LEAN, COND_RESCALE, DEFERRED_SUM,
                                            MASK_BRANCH, EXP2_FMA, KEY_END, True, SOFTMAX_MASKS, WINDOW, win_left,
-                                           win_right)
+                                           win_right, P_LOG2=P_LOG2)
     else:
         p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, tile_qk, m_start, n0, seqlen_q, seqlen_k,
                                            rows_1d, cols_1d, SOFTMAX_MASKS, IS_CAUSAL, LEAN, COND_RESCALE, DEFERRED_SUM,
-                                           EXP2_FMA, True, WINDOW, win_left, win_right)
+                                           EXP2_FMA, True, WINDOW, win_left, win_right, P_LOG2=P_LOG2)
     _stamp(trace, 0, 2)
     p16 = _p_operand(p, dtype, p_layout, p_smem)  # O is still 0: no rescale
 
@@ -641,7 +643,7 @@ def _pp_mainloop(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, my_
             p, alpha, m_i, l_i = _step_softmax(s, need_mask, m_i, l_i, tile_qk, m_start, n_start, seqlen_q,
                                                seqlen_k, rows_1d, cols_1d, IS_CAUSAL, LEAN, COND_RESCALE,
                                                DEFERRED_SUM, MASK_BRANCH, EXP2_FMA, KEY_END, False, SOFTMAX_MASKS,
-                                               WINDOW, win_left, win_right)
+                                               WINDOW, win_left, win_right, P_LOG2=P_LOG2)
         _stamp(trace, i + 1, 2)
         # P(i) V(i) done: P(i)'s registers may go (listed so they stay alive until here), V(i)'s slot too.
         # (With KEY_MASKS False, no branch above, ptxas hoists this wait to just after S(i+1)'s: the

@@ -133,8 +133,11 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
                   MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr, LEAN: gl.constexpr = False,
                   COND_RESCALE: gl.constexpr = False, DEFERRED_SUM: gl.constexpr = False,
                   EXP2_FMA: gl.constexpr = 0, KEY_END: gl.constexpr = True, WINDOW: gl.constexpr = False,
-                  win_left=0, win_right=0):
-    """Scale (log2 domain), mask, online-softmax step: returns (p, alpha, m_new, l_new). ``WINDOW`` (a
+                  win_left=0, win_right=0, P_LOG2: gl.constexpr = 0):
+    """Scale (log2 domain), mask, online-softmax step: returns (p, alpha, m_new, l_new). ``P_LOG2``
+    (e4m3 P): the max kept that much below the true one, so p = exp2(s - m) comes out ``2 ** P_LOG2``
+    times larger (into e4m3's normal range) at no cost an element; l grows with it, so O / l and the
+    lse (m + log2 l) are unchanged. ``WINDOW`` (a
     sliding window, ``IS_CAUSAL`` False): the masked form also keeps key j for row i only where
     i + off - win_left <= j <= i + off + win_right (off = seqlen_k - seqlen_q; an unbounded side comes as
     a bound past every key). ``EXP2_FMA``: p's exponentials of that many of the tile's columns on the FMA
@@ -152,7 +155,10 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
         if MASKED:
             s = _mask_scores(s, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d, IS_CAUSAL, KEY_END, WINDOW,
                              win_left, win_right)
-        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        if P_LOG2:
+            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale - P_LOG2)
+        else:
+            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
         if COND_RESCALE:  # conditional rescaling: the max moves only by more than RESCALE_TAU (a first
             m_new = gl.where(m_new > m_i + RESCALE_TAU, m_new, m_i)  # key: -inf + tau = -inf, it moves)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: exp2 gives 0, not NaN
@@ -172,7 +178,10 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
                     keep = keep & (cols <= rows + (seqlen_k - seqlen_q + win_right))
                     keep = keep & (cols >= rows + (seqlen_k - seqlen_q - win_left))
             s = gl.where(keep, s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
+        if P_LOG2:
+            m_new = gl.maximum(m_i, gl.max(s, 1) - P_LOG2)
+        else:
+            m_new = gl.maximum(m_i, gl.max(s, 1))
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: exp2 gives 0, not NaN
         x = s - m_use[:, None]
     if EXP2_FMA == 0:  # MUFU.EX2 alone, called here and not through _exp2_tile: the default kernel's code
@@ -215,7 +224,7 @@ def _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, 
                   IS_CAUSAL: gl.constexpr, LEAN: gl.constexpr, COND_RESCALE: gl.constexpr, DEFERRED_SUM: gl.constexpr,
                   MASK_BRANCH: gl.constexpr, EXP2_FMA: gl.constexpr, KEY_END: gl.constexpr,
                   BRANCH_OK: gl.constexpr = False, KEY_MASKS: gl.constexpr = True, WINDOW: gl.constexpr = False,
-                  win_left=0, win_right=0):
+                  win_left=0, win_right=0, P_LOG2: gl.constexpr = 0):
     """A key tile's softmax step whose mask is decided at run time (``need_mask``): two inlined copies of
     ``_softmax_tile``, masked and unmasked, under the branch; or (``MASK_BRANCH`` and ``BRANCH_OK``)
     one copy, the mask alone under the branch (``_mask_scores``), so that the consumer's code holds one
@@ -225,27 +234,28 @@ def _step_softmax(s, need_mask, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, 
     P V (docs/decisions/forward-masked-tiles.md). ``KEY_MASKS`` False: no tile is ever masked
     (``hopper_fwd_kernel``'s ``KEY_MASKS``), ``need_mask`` is ignored and only the unmasked body is
     compiled. ``WINDOW``: the masks include the window's edges; ``LEAN``, ``COND_RESCALE``,
-    ``DEFERRED_SUM``: ``_softmax_tile``'s."""
+    ``DEFERRED_SUM``, ``P_LOG2``: ``_softmax_tile``'s."""
     if not KEY_MASKS:
         p, alpha, m_new, l_new = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
                                                rows_1d, cols_1d, False, IS_CAUSAL, LEAN, COND_RESCALE, DEFERRED_SUM,
-                                               EXP2_FMA)
+                                               EXP2_FMA, P_LOG2=P_LOG2)
     elif MASK_BRANCH and BRANCH_OK:
         if need_mask:
             s = _mask_scores(s, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d, IS_CAUSAL, KEY_END, WINDOW,
                              win_left, win_right)
         p, alpha, m_new, l_new = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
                                                rows_1d, cols_1d, False, IS_CAUSAL, LEAN, COND_RESCALE, DEFERRED_SUM,
-                                               EXP2_FMA)
+                                               EXP2_FMA, P_LOG2=P_LOG2)
     else:
         if need_mask:
             p, alpha, m_new, l_new = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
                                                    rows_1d, cols_1d, True, IS_CAUSAL, LEAN, COND_RESCALE,
-                                                   DEFERRED_SUM, EXP2_FMA, KEY_END, WINDOW, win_left, win_right)
+                                                   DEFERRED_SUM, EXP2_FMA, KEY_END, WINDOW, win_left, win_right,
+                                                   P_LOG2=P_LOG2)
         else:
             p, alpha, m_new, l_new = _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k,
                                                    rows_1d, cols_1d, False, IS_CAUSAL, LEAN, COND_RESCALE,
-                                                   DEFERRED_SUM, EXP2_FMA)
+                                                   DEFERRED_SUM, EXP2_FMA, P_LOG2=P_LOG2)
     return p, alpha, m_new, l_new
 
 
