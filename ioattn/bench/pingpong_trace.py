@@ -26,7 +26,7 @@ def add_arguments(parser):
     parser.add_argument("--headdim", type=int, default=128, help="head dim (default: 128)")
     parser.add_argument("--nheads", type=int, default=16, help="heads (default: 16)")
     parser.add_argument("--causal", action="store_true", help="the causal mask (default: off)")
-    parser.add_argument("--fp8", action="store_true", help="the FP8 (e4m3) forward, inputs quantised per head")
+    parser.add_argument("--fp8", action="store_true", help="the FP8 (e4m3) forward, inputs quantised per head (default: bf16)")
     parser.add_argument("--programs", type=int, default=4, help="CTAs written out (default: 4)")
     parser.add_argument("--out", default=None, help="the JSON file (default: none, a summary printed only)")
     return parser
