@@ -50,7 +50,7 @@ def gluon_tiles(name, d, block_n, stages):
             hopper.SHORT_CAUSAL_TILES[d] = short
 
 
-def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False, exp2_fma=0.0, lean=False, acc_stores=False,
+def variant_fn(tma, persistent, gluon, tau, tiles, exp2_fma=0.0, lean=False, acc_stores=False,
                q_prefetch=None, paired=None, cond_rescale=None, gtiles=None, q_regs=False, deferred_sum=False,
                mask_branch=None, tma_store=None, fast_div=None, unmasked=None, diag_trim=None, ptx_bars=None,
                walk_tab=None, walk_cost=None, walk_mb=None):
@@ -69,7 +69,7 @@ def variant_fn(tma, persistent, gluon, tau, tiles, lpt=False, exp2_fma=0.0, lean
             with contextlib.ExitStack() as stack:
                 for setting in (dispatch.prefer_tma(tma), dispatch.prefer_persistent(persistent),
                                 hopper.prefer_hopper(bool(gluon)), hopper.variant(gluon or "base"),
-                                dispatch.rescale_threshold(tau), hopper.lpt_order(lpt), hopper.exp2_fma(exp2_fma),
+                                dispatch.rescale_threshold(tau), hopper.exp2_fma(exp2_fma),
                                 hopper.lean_softmax(lean), hopper.out_row_stores(not acc_stores),
                                 hopper.persistent_q_prefetch(q_prefetch), hopper.paired_walk(paired),
                                 hopper.conditional_rescale(bool(cond_rescale)),
@@ -107,7 +107,7 @@ FMA_SUFFIX = {"12": 12.5, "25": 25.0, "50": 50.0, "100": 100.0}
 
 
 def parse_load(name, loads):
-    """A --loads name -> (its loads entry, lpt, exp2_fma, acc_stores, q_prefetch, paired): a base name,
+    """A --loads name -> (its loads entry, exp2_fma, acc_stores, q_prefetch, paired): a base name,
     then optionally "-fmaNN" (Gluon only), "-accstore" (Gluon only: the output stored from the
     accumulator layout, hopper.out_row_stores off; before whole-row stores became the default "-rows" named the opposite), "-cr"
     or "-crw" (FA4's conditional rescaling, hopper.conditional_rescale, decided by the thread or by the
@@ -115,7 +115,7 @@ def parse_load(name, loads):
     tile and K / V ring depth instead of hopper.TILE_TABLE's, ``gluon_tiles``; wg3 at d = 128 too), "-q2"
     or "-noq2" and "-pair" or "-nopair" (the persistent kernel's two Q buffers a warpgroup,
     hopper.persistent_q_prefetch, and causal walk by pairs, hopper.paired_walk, forced on or off;
-    without them, the launcher's default), "-lpt" and "-qr" (a "-lean" name: Q as S = Q K^T's
+    without them, the launcher's default), "-qr" (a "-lean" name: Q as S = Q K^T's
     register operand, hopper.q_in_registers; without it, off, whatever the launcher's default) and
     "-ds" (wg3 or a "-lean" name: the row sum's quad reduction deferred, hopper.deferred_row_sum;
     without it, off, whatever the launcher's default) and "-mb" or "-nomb" (wg3 or a "-lean" name: a
@@ -131,34 +131,34 @@ def parse_load(name, loads):
     then "-wtcC" and / or "-wtgM": the table's modelled fixed cost a tile, C key tiles, and its groups'
     K / V budget, M MB, in place of hopper.WALK_TABLE_TILE_COST / WALK_TABLE_L2_BYTES);
     without them the launcher's default, in that order
-    (e.g. gluon-pp-fma25, gluon-wg3-fma50-lpt, gluon-pers-lean-accstore, gluon-pers-lean-q2-nopair,
+    (e.g. gluon-pp-fma25, gluon-wg3-fma50, gluon-pers-lean-accstore, gluon-pers-lean-q2-nopair,
     gluon-pp-lean-crw-n64-s4, gluon-pers-lean-ds-tma, gluon-pers-lean-crw-ds-um, gluon-pers-lean-ds-dt,
     gluon-pers-lean-ds-wt)."""
     m = re.fullmatch(r"(.+?)(?:-fma(\d+))?(-accstore)?(-crw?)?(?:-n(\d+))?(?:-s(\d+))?(-(?:no)?q2)?(-(?:no)?pair)?"
-                     r"(-lpt)?(-qr)?(-ds)?(-(?:no)?mb)?(-tma)?(-fd)?(-um)?(-dt)?(-(?:no)?pb)?(-(?:no)?wt(?:all)?)?(?:-wtc(\d+))?(?:-wtg(\d+))?", name)
-    base, fma, acc, cr, lpt = m.group(1), m.group(2), bool(m.group(3)), {None: None, "-cr": "thread", "-crw": "warp"}[m.group(4)], bool(m.group(9))
+                     r"(-qr)?(-ds)?(-(?:no)?mb)?(-tma)?(-fd)?(-um)?(-dt)?(-(?:no)?pb)?(-(?:no)?wt(?:all)?)?(?:-wtc(\d+))?(?:-wtg(\d+))?", name)
+    base, fma, acc, cr = m.group(1), m.group(2), bool(m.group(3)), {None: None, "-cr": "thread", "-crw": "warp"}[m.group(4)]
     gtiles = (int(m.group(5) or 0), int(m.group(6) or 0)) if m.group(5) or m.group(6) else None
     # None: the launcher's default; True / False: forced ("-q2" / "-noq2", "-pair" / "-nopair")
     q2, pair = ((None if g is None else not g.startswith("-no")) for g in (m.group(7), m.group(8)))
     if base not in loads or (fma is not None and (fma not in FMA_SUFFIX or not base.startswith("gluon"))) \
             or ((acc or gtiles) and not base.startswith("gluon")) \
-            or (m.group(10) and not base.endswith("-lean")) \
-            or ((m.group(11) or m.group(12)) and not (base.startswith("gluon-wg3") or base.endswith("-lean"))) \
+            or (m.group(9) and not base.endswith("-lean")) \
+            or ((m.group(10) or m.group(11)) and not (base.startswith("gluon-wg3") or base.endswith("-lean"))) \
             or (cr and not (base.startswith("gluon-wg3") or base.endswith("-lean"))) \
-            or ((q2 is not None or pair is not None or m.group(13) or m.group(14) or m.group(16) or m.group(18)
-                 or m.group(19) or m.group(20))
+            or ((q2 is not None or pair is not None or m.group(12) or m.group(13) or m.group(15) or m.group(17)
+                 or m.group(18) or m.group(19))
                 and not base.startswith("gluon-pers")) \
-            or (m.group(15) and not base.startswith("gluon")) \
-            or (m.group(17) and not (base.startswith("gluon-wg3") or base.endswith("-lean"))):
+            or (m.group(14) and not base.startswith("gluon")) \
+            or (m.group(16) and not (base.startswith("gluon-wg3") or base.endswith("-lean"))):
         raise SystemExit(f"unknown --loads name {name!r}: one of {', '.join(loads)}, a Gluon name may take "
-                         f"-fma{{{','.join(FMA_SUFFIX)}}}, -accstore, -cr / -crw and -lpt, a persistent one -q2 / -noq2 and "
+                         f"-fma{{{','.join(FMA_SUFFIX)}}}, -accstore, -cr / -crw, a persistent one -q2 / -noq2 and "
                          f"-pair / -nopair")
-    return (loads[base], lpt, FMA_SUFFIX[fma] if fma else 0.0, acc, q2, pair, cr, gtiles, bool(m.group(10)),
-            bool(m.group(11)), None if m.group(12) is None else m.group(12) == "-mb", bool(m.group(13)) or None,
-            bool(m.group(14)) or None, bool(m.group(15)) or None, bool(m.group(16)) or None,
-            None if m.group(17) is None else m.group(17) == "-pb",
-            {None: None, "-nowt": False, "-wt": True, "-wtall": "all"}[m.group(18)],
-            None if m.group(19) is None else int(m.group(19)), None if m.group(20) is None else int(m.group(20)))
+    return (loads[base], FMA_SUFFIX[fma] if fma else 0.0, acc, q2, pair, cr, gtiles, bool(m.group(9)),
+            bool(m.group(10)), None if m.group(11) is None else m.group(11) == "-mb", bool(m.group(12)) or None,
+            bool(m.group(13)) or None, bool(m.group(14)) or None, bool(m.group(15)) or None,
+            None if m.group(16) is None else m.group(16) == "-pb",
+            {None: None, "-nowt": False, "-wt": True, "-wtall": "all"}[m.group(17)],
+            None if m.group(18) is None else int(m.group(18)), None if m.group(19) is None else int(m.group(19)))
 
 
 def main():
@@ -175,8 +175,7 @@ def main():
                          "exponentials on the FMA units (hopper.exp2_fma); + \"-accstore\": the output stored from "
                          "the accumulator layout (hopper.out_row_stores off); + \"-q2\" / \"-pair\" (persistent): "
                          "two Q buffers a warpgroup / the causal walk by pairs, forced on (\"-noq2\" / "
-                         "\"-nopair\": off); + \"-lpt\": the causal grid in LPT order "
-                         "(the "
+                         "\"-nopair\": off) (the "
                          "Gluon Hopper forward's base, ping-pong, unordered two-warpgroup, three-warpgroup and "
                          "persistent ping-pong variants; "
                          "their own tiles, so only with 'default'; wg3 has head dim 64 only)")
@@ -207,15 +206,13 @@ def main():
     # the two-warpgroup variants with and without the lean softmax (hopper.lean_softmax, on by default)
     loads.update({f"{n}-{s}": (*loads[n], s == "lean") for n in ("gluon-pp", "gluon-split", "gluon-pers")
                   for s in ("lean", "nolean")})
-    # "-fmaNN": exponentials on the FMA units; "-lpt": the causal grid in LPT order (hopper.lpt_order;
-    # one-tile Gluon kernels)
     parsed = {name: parse_load(name, loads) for name in args.loads.split(",")}
     fns = {f"{name}-{'dflt' if c is None else '.'.join(map(str, (c.block_m, c.block_n, c.num_warps, c.num_stages)))}":
-           variant_fn(*entry[:4], c, lpt, exp2_fma, *entry[4:5], acc_stores=acc, q_prefetch=q2, paired=pair,
+           variant_fn(*entry[:4], c, exp2_fma, *entry[4:5], acc_stores=acc, q_prefetch=q2, paired=pair,
                       cond_rescale=cr, gtiles=gt, q_regs=qr, deferred_sum=ds, mask_branch=mb, tma_store=tma,
                       fast_div=fd, unmasked=um, diag_trim=dt, ptx_bars=pb, walk_tab=wt, walk_cost=wtc, walk_mb=wtg)
            for c in tile_sets
-           for name, (entry, lpt, exp2_fma, acc, q2, pair, cr, gt, qr, ds, mb, tma, fd, um, dt, pb, wt, wtc, wtg)
+           for name, (entry, exp2_fma, acc, q2, pair, cr, gt, qr, ds, mb, tma, fd, um, dt, pb, wt, wtc, wtg)
            in parsed.items()
            if not (name.startswith("gluon") and c is not None)}
     fns.update(peers)

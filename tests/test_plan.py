@@ -875,8 +875,8 @@ def _fake_backward_launches(monkeypatch) -> list:
 
 def test_hopper_forward_launch_constexprs(monkeypatch):
     """What the Gluon forward's launcher passes to its kernel (a fake stands in for the launch: no GPU
-    here): the variant's constexprs and grid (persistent: one program per SM at most), the causal LPT
-    order only under hopper.lpt_order(True) / IOATTN_HOPPER_LPT=1, KV_TAIL exactly when a key
+    here): the variant's constexprs and grid (persistent: one program per SM at most), the one-tile
+    grid's causal order within each head (no LPT), KV_TAIL exactly when a key
     tile can run past a sequence's end (seqlen_k not a multiple of the key tile, or varlen), and
     EXP2_FMA (key columns whose exponentials go to the FMA units) 0 unless hopper.exp2_fma(share) /
     IOATTN_HOPPER_EXP2_FMA ask for a share of the variant's key tile."""
@@ -886,7 +886,6 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
     from ioattn.kernels.hopper_tiles import magic_divisor
     launches = _fake_forward_launches(monkeypatch)
     monkeypatch.delenv("IOATTN_HOPPER_VARIANT", raising=False)
-    monkeypatch.delenv("IOATTN_HOPPER_LPT", raising=False)
     monkeypatch.delenv("IOATTN_HOPPER_EXP2_FMA", raising=False)
 
     def launch(sq, sk, causal, d=128, varlen=False):
@@ -908,12 +907,6 @@ def test_hopper_forward_launch_constexprs(monkeypatch):
     grid, kw = launch(16384, 16384, True)  # causal, long: ping-pong, one program per tile, no LPT, no tail
     assert grid == (tiles,) and kw["PINGPONG"] and not kw["PERSISTENT"] and not kw["LPT"] and not kw["KV_TAIL"]
     assert kw["num_tiles"] == tiles and kw["IS_CAUSAL"]
-    with hopper.lpt_order(True):
-        assert launch(16384, 16384, True)[1]["LPT"]
-        assert not launch(16384, 16384, False)[1]["LPT"]  # causal grids only
-    monkeypatch.setenv("IOATTN_HOPPER_LPT", "1")
-    assert launch(16384, 16384, True)[1]["LPT"]
-    monkeypatch.delenv("IOATTN_HOPPER_LPT")
     assert launch(16384, 16384 - 1, True)[1]["KV_TAIL"] and not launch(16384, 16384 - bn, True)[1]["KV_TAIL"]
     assert launch(16384, 16384, True, varlen=True)[1]["KV_TAIL"]  # varlen: always
     # key tiles never masked (hopper.unmasked_full_keys, docs/decisions/forward-masked-tiles.md): by default the

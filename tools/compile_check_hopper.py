@@ -78,7 +78,7 @@ NO_MODS = dict(mods=None, blocks=None, SCORE_MOD=None, MASK_MOD=None, SUB=1, Q_B
 IO_DIM = 0  # --io-dim (likewise): the tensors' head dim below the kernel's, through 3-D / 4-D descriptors
 
 
-def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, exp2_fma=0, row_stores=True,
+def compile_one(variant, d, dt, causal, varlen=False, kv_tail=None, exp2_fma=0, row_stores=True,
                 q_prefetch=None, paired=None):
     alibi = hopper.alibi_form(d, causal, WINDOW_FORM, varlen, softcap=SOFTCAP_FORM) if ALIBI_FORM else 0
     cfg = hopper.kernel_config(d, variant, causal, alibi=alibi)
@@ -101,7 +101,7 @@ def compile_one(variant, d, dt, causal, varlen=False, lpt=False, kv_tail=None, e
         o_layout = gl.NVMMASharedLayout.get_default_for([1, 1, q_rows, d], DTYPES[dt])
     # KV_TAIL as the launcher sets it for varlen; fixed length: off unless asked (lengths that are
     # multiples of the key tile)
-    constexprs = dict(cfg["constexprs"], IS_CAUSAL=causal, IS_VARLEN=varlen, LPT=lpt,
+    constexprs = dict(cfg["constexprs"], IS_CAUSAL=causal, IS_VARLEN=varlen, LPT=False,
                       KV_TAIL=varlen if kv_tail is None else kv_tail, EXP2_FMA=hopper.exp2_fma_cols(exp2_fma, bn),
                       ROW_STORES=cfg_row_stores(row_stores, variant, d),
                       **cfg_persistent(q_prefetch, paired, variant, d, causal))
@@ -283,8 +283,8 @@ def cfg_walk_table(paired, variant, d, causal):
 
 def check(job):
     """Compile one (variant, head dim, dtype, causal), assert its structure, return its report line."""
-    variant, d, dt, causal, run_ptxas, varlen, lpt, kv_tail, exp2_fma, row_stores, q_prefetch, paired = job
-    cfg, k = compile_one(variant, d, dt, causal, varlen, lpt, kv_tail, exp2_fma, row_stores, q_prefetch, paired)
+    variant, d, dt, causal, run_ptxas, varlen, kv_tail, exp2_fma, row_stores, q_prefetch, paired = job
+    cfg, k = compile_one(variant, d, dt, causal, varlen, kv_tail, exp2_fma, row_stores, q_prefetch, paired)
     opts = cfg_persistent(q_prefetch, paired, variant, d, causal)
     ptx = k.asm["ptx"]
     c = ptx_counts(ptx)
@@ -408,7 +408,6 @@ def main():
     ap.add_argument("--split-cols", default="default", choices=("default", "on", "off"),
                     help="with --io-dim 136-192 at d = 256: the products over 192 columns (PROD_DIM, "
                          "hopper.split_cols) or all 256")
-    ap.add_argument("--lpt", action="store_true", help="causal one-tile grids in LPT order (LPT=True)")
     ap.add_argument("--trace", action="store_true",
                     help="with the schedule record (Trace: clock stamps per warpgroup and critical section)")
     ap.add_argument("--kv-tail", action="store_true",
@@ -521,7 +520,7 @@ def main():
     masks = [bool(int(m)) for m in args.masks.split(",")]
     dims = None if args.headdims is None else {int(x) for x in args.headdims.split(",")}
     shares = [float(x) for x in args.exp2_fma.split(",")]
-    jobs = [(variant, d, dt, causal, not args.no_ptxas, args.varlen, args.lpt, args.kv_tail or None, share,
+    jobs = [(variant, d, dt, causal, not args.no_ptxas, args.varlen, args.kv_tail or None, share,
              not args.no_row_stores, args.q_prefetch or None, args.paired or None)
             for variant in args.variants.split(",")
             for d in hopper.TILE_TABLE[variant] if dims is None or d in dims for dt in dtypes for causal in masks

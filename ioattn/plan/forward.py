@@ -144,8 +144,7 @@ def _make(sig: Signature) -> GluonForwardPlan:
     unbounded = sig.seqlen_q + sig.seqlen_k + 1
     win_left, win_right = (w if w >= 0 else unbounded for w in sig.window) if has_window else (0, 0)
     cap = sig.softcap
-    consts.update(IS_CAUSAL=causal, IS_VARLEN=sig.varlen, LPT=causal and hopper.lpt_order.wanted(),
-                  KV_TAIL=kv_tail,
+    consts.update(IS_CAUSAL=causal, IS_VARLEN=sig.varlen, LPT=False, KV_TAIL=kv_tail,
                   KEY_MASKS=has_window or hopper.key_masks(d, name, causal, kv_tail, sig.seqlen_k),
                   WINDOW=has_window, SOFTCAP=cap > 0, ALIBI=form,
                   DIAG_TRIM=hopper.diag_trim_for(d, name, causal, sig.seqlen_q),
@@ -184,7 +183,7 @@ def _make_fp8(sig: Signature) -> GluonForwardPlan:
                          "PTX_BARRIERS", "PERSISTENT", "KV_TAIL", "FEWER_MASKS", "PAIRED", "FAST_DIV", "NO_KEY_WIDE",
                          "DIAG_TRIM"), False)
     consts = dict(off, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, PINGPONG=True, NUM_WG=2,
-                  ORDERED=True, IS_CAUSAL=causal, IS_VARLEN=sig.varlen, LPT=causal and hopper.lpt_order.wanted(),
+                  ORDERED=True, IS_CAUSAL=causal, IS_VARLEN=sig.varlen, LPT=False,
                   EXP2_FMA=hopper.exp2_fma_cols(hopper.exp2_fma_share(), block_n),
                   ROW_STORES=1, Q_BUFS=1, KEY_MASKS=True, WINDOW=has_window, SOFTCAP=cap > 0, ALIBI=0, IO_DIM=0,
                   PROD_DIM=0, **({"FP8_BLOCKS": True} if sig.fp8_blocks else {}))

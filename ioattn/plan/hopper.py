@@ -412,10 +412,6 @@ def alibi_length_refusal(q, k, varlen: bool, form: int) -> str:
 
 prefer_hopper = dispatch.Preference(False, env="IOATTN_HOPPER")  # ``with prefer_hopper(True): ...``
 
-# Causal one-tile grids in longest-processing-time order over all heads (the kernel's ``LPT``): off;
-# ``with hopper.lpt_order(True)`` or IOATTN_HOPPER_LPT=1. tuned: docs/decisions/persistent-causal-walk.md
-lpt_order = dispatch.Preference(False, env="IOATTN_HOPPER_LPT")
-
 # The lean softmax (the kernel's ``LEAN``) in the two-warpgroup variants too (wg3 always takes it);
 # ``with hopper.lean_softmax(False)`` turns it off. tuned: docs/decisions/forward-softmax-form.md
 lean_softmax = dispatch.Preference(True)

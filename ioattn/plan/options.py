@@ -47,8 +47,6 @@ OPTIONS = (
     Option("hopper.variant", "by head dim and length: hopper.variant_for", "the Gluon forward's variant "
            "(ping-pong, wg3, split, persistent) by name", _D + "hopper-forward-variants.md",
            env="IOATTN_HOPPER_VARIANT"),
-    Option("hopper.lpt_order", "off", "causal one-tile grids in longest-processing-time order over all heads",
-           _D + "persistent-causal-walk.md", env="IOATTN_HOPPER_LPT"),
     Option("hopper.lean_softmax", "on", "the two-warpgroup variants' lean softmax (the scale folded into one "
            "multiply-add a score, the row maximum on raw scores)", _D + "forward-softmax-form.md"),
     Option("hopper.deferred_row_sum", "by table: hopper.DEFERRED_ROW_SUM_ON", "the softmax's row sums added "

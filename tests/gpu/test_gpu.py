@@ -797,23 +797,6 @@ def test_hopper_forward_diag_trim(d, shape, poison_alloc):
     assert ((lse1[seen] - lse0[seen]).abs() / lse0[seen].abs().clamp(min=1.0)).max().item() <= 1e-5
 
 
-@pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant", ["base", "pingpong", "wg3"])
-@pytest.mark.parametrize("d", [64, 128, 256])
-# several heads and batch elements (the LPT order interleaves them); (3, 500, 300, 6, 2): rows that
-# see no key; (2, 129, 1000, 4, 4): seqlen_q not a multiple of the tile
-@pytest.mark.parametrize("shape", [(2, 1000, 1000, 8, 4), (3, 500, 300, 6, 2), (2, 129, 1000, 4, 4)])
-def test_hopper_forward_causal_lpt_order(variant, d, shape, poison_alloc):
-    """The one-tile kernels with the causal grid in LPT order (``hopper.lpt_order``) against the
-    float64 oracle, with the gradients of the backward it feeds."""
-    from ioattn.plan import hopper
-    if d not in hopper.TILE_TABLE[variant]:
-        pytest.skip(f"the {variant} variant has no head dim {d}")
-    b, sq, sk, h, hkv = shape
-    with hopper.variant(variant), hopper.prefer_hopper(True), hopper.lpt_order(True):
-        _check(b, sq, sk, h, hkv, d, torch.bfloat16, causal=True)
-
-
 def _ramp_inputs(b, sq, sk, h, hkv, d, dtype, growth=60.0):
     """q, k, v (leaves) whose scores climb along the keys by about ``growth`` log2 units over the
     sequence for some rows (5 of each 16: in every warp's rows, a thread's two rows r and r + 8 apart
