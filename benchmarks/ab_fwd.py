@@ -50,7 +50,7 @@ def gluon_tiles(name, d, block_n, stages):
             hopper.SHORT_CAUSAL_TILES[d] = short
 
 
-def variant_fn(tma, persistent, gluon, tau, tiles, exp2_fma=0.0, lean=False, acc_stores=False,
+def variant_fn(tma, gluon, tau, tiles, exp2_fma=0.0, lean=False, acc_stores=False,
                q_prefetch=None, paired=None, cond_rescale=None, gtiles=None, q_regs=False, deferred_sum=False,
                mask_branch=None, tma_store=None, fast_div=None, unmasked=None, diag_trim=None, ptx_bars=None,
                walk_tab=None, walk_cost=None, walk_mb=None):
@@ -67,7 +67,7 @@ def variant_fn(tma, persistent, gluon, tau, tiles, exp2_fma=0.0, lean=False, acc
         try:
             # one ExitStack: the settings outnumber the nested blocks one with-statement may hold
             with contextlib.ExitStack() as stack:
-                for setting in (dispatch.prefer_tma(tma), dispatch.prefer_persistent(persistent),
+                for setting in (dispatch.prefer_tma(tma),
                                 hopper.prefer_hopper(bool(gluon)), hopper.variant(gluon or "base"),
                                 dispatch.rescale_threshold(tau), hopper.exp2_fma(exp2_fma),
                                 hopper.lean_softmax(lean), hopper.out_row_stores(not acc_stores),
@@ -168,7 +168,7 @@ def main():
     ap.add_argument("--seqlens", default="1024,4096,16384")
     ap.add_argument("--tiles", default="default", help="';'-separated block_m,block_n,warps,stages or 'default'")
     ap.add_argument("--loads", default="ptr,tma",
-                    help="variants to cross with the tiles: ptr, tma, tma-pers (TMA + persistent grid), tma-r8 "
+                    help="variants to cross with the tiles: ptr, tma, tma-r8 "
                          "(TMA + conditional rescaling, tau 8), gluon, gluon-pp, gluon-split, gluon-wg3, gluon-pers, "
                          "gluon-pp-lean / -nolean, gluon-split-..., gluon-pers-... (hopper.lean_softmax forced); "
                          "a Gluon name + \"-fma12/-fma25/-fma50/-fma100\": that share (%%; 12 = 12.5) of the "
@@ -199,16 +199,15 @@ def main():
     peers = {n: fn for n, (fn, _) in providers(["sdpa-flash", "sdpa-cudnn"]).items() if fn is not None}
     tile_sets = [None if t == "default" else dispatch.TileConfig(*map(int, t.split(",")))
                  for t in args.tiles.split(";")]
-    loads = {"ptr": (False, False, None, 0.0), "tma": (True, False, None, 0.0), "tma-pers": (True, True, None, 0.0),
-             "tma-r8": (True, False, None, 8.0), "gluon": (True, False, "base", 0.0),
-             "gluon-pp": (True, False, "pingpong", 0.0), "gluon-split": (True, False, "split", 0.0),
-             "gluon-wg3": (True, False, "wg3", 0.0), "gluon-pers": (True, False, "persistent", 0.0)}
+    loads = {"ptr": (False, None, 0.0), "tma": (True, None, 0.0), "tma-r8": (True, None, 8.0),
+             "gluon": (True, "base", 0.0), "gluon-pp": (True, "pingpong", 0.0), "gluon-split": (True, "split", 0.0),
+             "gluon-wg3": (True, "wg3", 0.0), "gluon-pers": (True, "persistent", 0.0)}
     # the two-warpgroup variants with and without the lean softmax (hopper.lean_softmax, on by default)
     loads.update({f"{n}-{s}": (*loads[n], s == "lean") for n in ("gluon-pp", "gluon-split", "gluon-pers")
                   for s in ("lean", "nolean")})
     parsed = {name: parse_load(name, loads) for name in args.loads.split(",")}
     fns = {f"{name}-{'dflt' if c is None else '.'.join(map(str, (c.block_m, c.block_n, c.num_warps, c.num_stages)))}":
-           variant_fn(*entry[:4], c, exp2_fma, *entry[4:5], acc_stores=acc, q_prefetch=q2, paired=pair,
+           variant_fn(*entry[:3], c, exp2_fma, *entry[3:4], acc_stores=acc, q_prefetch=q2, paired=pair,
                       cond_rescale=cr, gtiles=gt, q_regs=qr, deferred_sum=ds, mask_branch=mb, tma_store=tma,
                       fast_div=fd, unmasked=um, diag_trim=dt, ptx_bars=pb, walk_tab=wt, walk_cost=wtc, walk_mb=wtg)
            for c in tile_sets

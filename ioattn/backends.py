@@ -265,23 +265,17 @@ def portable_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                           for t, block in ((k, bd), (v, bdv)))
     # 1-D grid, query blocks fastest (blocks of one head share K/V in L2); CUDA's y and z grid
     # dimensions stop at 65535, too few for batch * nheads in large varlen batches
-    num_tiles = dispatch.cdiv(pb.seqlen_q, cfg.block_m) * pb.batch * pb.nheads
-    persistent = dispatch.fwd_persistent_programs(q.device, num_tiles)
-    grid = (persistent or num_tiles,)
-    tile_starts = cu_q
-    if persistent and pb.varlen:  # the prefix sum of query blocks per sequence, on the device (no sync)
-        blocks = (cu_seqlens_q[1:] - cu_seqlens_q[:-1] + cfg.block_m - 1) // cfg.block_m
-        tile_starts = torch.cat([blocks.new_zeros(1), torch.cumsum(blocks, 0, dtype=torch.int32)])
+    grid = (dispatch.cdiv(pb.seqlen_q, cfg.block_m) * pb.batch * pb.nheads,)
     fp8 = descales is not None
     fp8_blocks = fp8 and descale_blocks(descales, pb.nheads, pb.nheads_kv, pb.seqlen_q, pb.seqlen_k) != (1, 1)
     attn_fwd_kernel[grid](
-        q, k, v, out, lse, cu_q, cu_k, alibi, k_desc, v_desc, tile_starts, descales if fp8 else cu_q,
+        q, k, v, out, lse, cu_q, cu_k, alibi, k_desc, v_desc, descales if fp8 else cu_q,
         *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(out), *pb.lse_strides(lse), stride_ab,
-        pb.nheads, pb.nheads // pb.nheads_kv, pb.seqlen_q, pb.seqlen_k, num_tiles, pb.batch,
+        pb.nheads, pb.nheads // pb.nheads_kv, pb.seqlen_q, pb.seqlen_k,
         qk_scale, float(softcap), window[0], window[1], seed, threshold, dropout_scale,
         HEAD_DIM=pb.headdim, BLOCK_D=bd, HEAD_DIM_V=pb.headdim_v, BLOCK_DV=bdv, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, IS_VARLEN=pb.varlen, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=has_alibi, HAS_DROPOUT=dropout_p > 0,
-        USE_TMA=use_tma, PERSISTENT=persistent > 0, LOG2_BATCH=max(pb.batch - 1, 0).bit_length() if persistent and pb.varlen else 0,
+        USE_TMA=use_tma,
         # FP8's P must stay in [0, 1] to fit e4m3 once scaled: the accumulator is rescaled at every tile
         RESCALE_TAU=0.0 if fp8 else dispatch.fwd_rescale_tau(), IS_FP8=fp8,
         **({"FP8_BLOCKS": True} if fp8_blocks else {}),

@@ -209,7 +209,7 @@ def _portable_forward(q, k, v, varlen, window, seqlen_q, cu_seqlens_q) -> dict:
     part = {"kernel": "ioattn.kernels.forward.attn_fwd_kernel",
             "tiles": (fwd.block_m, fwd.block_n, fwd.num_warps, fwd.num_stages),
             "kv_loads": "tma" if tma else "pointer", "head_dim_padded": dispatch.block_d(d),
-            "tiles_count": tiles, "programs": dispatch.fwd_persistent_programs(q.device, tiles) or tiles}
+            "tiles_count": tiles, "programs": tiles}
     if _value_dims(q, v):
         part["value_head_dim_padded"] = dispatch.block_d(v.shape[-1])
     return part

@@ -372,7 +372,7 @@ for fn, kind in ((attn_fwd_kernel, "fwd"), (attn_bwd_dkdv_kernel, "bwd"), (attn_
     c = dict(HEAD_DIM=192, BLOCK_D=256, HEAD_DIM_V=128, BLOCK_DV=128, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
              IS_VARLEN=False, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_DROPOUT=False)
     if fn is attn_fwd_kernel:
-        c.update(USE_TMA=False, PERSISTENT=False, LOG2_BATCH=0)
+        c.update(USE_TMA=False)
     _, shared, k = compile_one(fn, c, cfg.num_warps, cfg.num_stages)
     assert shared <= 232448, (fn.__name__, shared)
 print("value head dim kernels compiled for sm_90")

@@ -20,7 +20,7 @@ H200_SHARED_BYTES = 232448  # the per-block limit Triton reported on the device
 FLOAT_ARGS = {"qk_scale", "softcap", "softmax_scale", "dropout_scale", "phi"}
 # pointers whose element type is not the inputs' dtype
 POINTER_TYPES = {"Lse": "*fp32", "Delta": "*fp32", "alibi_slopes": "*fp32", "Opart": "*fp32", "Lpart": "*fp32",
-                 "SeqLens": "*i32", "TileStarts": "*i32", "Leftpad": "*i32", "BlockTable": "*i32", "CacheBatchIdx": "*i32"}
+                 "SeqLens": "*i32", "Leftpad": "*i32", "BlockTable": "*i32", "CacheBatchIdx": "*i32"}
 I64_ARGS = {"seed", "dropout_threshold"}
 # tuples of a call's mask / score functions and block mask (ioattn.modcall): None, as the launchers pass them
 # without one
@@ -101,8 +101,7 @@ def compile_mods(d=64):
                                           BLOCK_SIZE=128))
     bd = dispatch.block_d(d)
     lines = []
-    for fn, cfg, extra in ((attn_fwd_kernel, dispatch._FWD_TILES[bd], dict(USE_TMA=False, PERSISTENT=False,
-                                                                          LOG2_BATCH=0)),
+    for fn, cfg, extra in ((attn_fwd_kernel, dispatch._FWD_TILES[bd], dict(USE_TMA=False)),
                            (attn_bwd_dkdv_kernel, dispatch._BWD_TILES[bd], {}),
                            (attn_bwd_dq_kernel, dispatch._BWD_TILES[bd], {})):
         cfg = call.fit_tiles(cfg)
@@ -131,7 +130,6 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--headdims", default="16,59,64,128,256")
     ap.add_argument("--quick", action="store_true", help="only the default feature set")
-    ap.add_argument("--persistent", action="store_true", help="compile the persistent forward")
     ap.add_argument("--rescale-tau", type=float, default=0.0,
                     help="the forward's RESCALE_TAU (conditional rescaling threshold; 0 = off)")
     ap.add_argument("--dump", default=None, help="write the forward's TTGIR and PTX (default features) here")
@@ -159,8 +157,6 @@ def main():
                         c = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **feat)
                         if fn is attn_fwd_kernel:
                             c["USE_TMA"] = tma
-                            c["PERSISTENT"] = args.persistent
-                            c["LOG2_BATCH"] = 4 if args.persistent else 0
                             c["RESCALE_TAU"] = args.rescale_tau
                         _, shared, k = compile_one(fn, c, cfg.num_warps, cfg.num_stages)
                         pipelined = k.asm["ttgir"].count("async_")

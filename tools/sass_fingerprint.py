@@ -72,8 +72,7 @@ def _portable_builds(d):
     plain = dict(IS_VARLEN=False, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_DROPOUT=False)
     for tma in (False, True):
         cfg = dispatch._FWD_TILES_TMA.get(bd, dispatch._FWD_TILES[bd]) if tma else dispatch._FWD_TILES[bd]
-        yield (f"fwd tma={tma}", attn_fwd_kernel, dict(dims, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_TMA=tma,
-                                                     PERSISTENT=False, LOG2_BATCH=0, **plain),
+        yield (f"fwd tma={tma}", attn_fwd_kernel, dict(dims, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_TMA=tma, **plain),
                cfg.num_warps, cfg.num_stages)
     yield "bwd preprocess", attn_bwd_preprocess_kernel, dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=64, IS_VARLEN=False), 4, 1
     cfg = dispatch._BWD_TILES[bd]

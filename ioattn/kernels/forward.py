@@ -84,27 +84,24 @@ def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, h_kv, stride
 
 @triton.jit
 def attn_fwd_kernel(
-    Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, k_desc, v_desc, TileStarts, Descales,
+    Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, k_desc, v_desc, Descales,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_ob, stride_om, stride_oh,
     stride_lb, stride_lh, stride_ab,
-    nheads, qheads_per_kvhead, seqlen_q_max, seqlen_k_max, num_tiles, batch,
+    nheads, qheads_per_kvhead, seqlen_q_max, seqlen_k_max,
     qk_scale, softcap, window_left, window_right, seed, dropout_threshold, dropout_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr, USE_TMA: tl.constexpr, PERSISTENT: tl.constexpr, LOG2_BATCH: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, USE_TMA: tl.constexpr,
     RESCALE_TAU: tl.constexpr = 0.0, IS_FP8: tl.constexpr = False, HEAD_DIM_V: tl.constexpr = 0,
     BLOCK_DV: tl.constexpr = 0, mods=None, blocks=None, SCORE_MOD: tl.constexpr = None,
     MASK_MOD: tl.constexpr = None, SUB: tl.constexpr = 1, Q_BLOCK: tl.constexpr = 0, FP8_BLOCKS: tl.constexpr = False,
 ):
     """``USE_TMA``: K and V arrive through host-built tensor descriptors over their
-    (batch, seqlen_k, nheads_kv, headdim) view (batched inputs with 16-byte aligned strides).
-    ``PERSISTENT``: a fixed number of programs walk the tiles instead of one program per tile: the
-    ``num_tiles`` (query block, batch * head) tiles in the 1-D grid's order (query blocks fastest,
-    the longest first); for varlen, only the tiles that exist, from ``TileStarts`` (batch + 1,
-    the prefix sum of each sequence's query-block count; ``LOG2_BATCH`` steps of binary search).
+    (batch, seqlen_k, nheads_kv, headdim) view (batched inputs with 16-byte aligned strides). One
+    program a tile (``tile_coords``: query blocks fastest, the longest first).
     ``RESCALE_TAU`` > 0: rescale the accumulator only when a row max grows by more than that many
     log2 units (``common.softmax_step_lazy``); 0 keeps ``softmax_step``'s rescale at every tile.
     ``IS_FP8``: e4m3 Q, K, V; ``Descales`` fp32 (batch, nheads + 2 * nheads_kv), each row the
@@ -122,52 +119,13 @@ def attn_fwd_kernel(
     DV: tl.constexpr = HEAD_DIM_V if HEAD_DIM_V else HEAD_DIM
     BDV: tl.constexpr = BLOCK_DV if BLOCK_DV else BLOCK_D
     num_m = tl.cdiv(seqlen_q_max, BLOCK_M)
-    if PERSISTENT:
-        if IS_VARLEN:
-            seq_blocks = tl.load(TileStarts + batch)
-            tiles = seq_blocks * nheads
-        else:
-            tiles = num_tiles
-        for t in range(tl.program_id(0), tiles, tl.num_programs(0)):
-            if IS_VARLEN:
-                h = t // seq_blocks
-                tb = t % seq_blocks
-                b = _last_start_at_or_below(TileStarts, tb, batch, LOG2_BATCH)
-                # the sequence's tiles are TileStarts[b] .. TileStarts[b + 1] - 1; its last query block first
-                m_block = tl.load(TileStarts + b + 1) - 1 - tb
-                bh = b * nheads + h
-            else:
-                m_block = num_m - 1 - t % num_m
-                bh = t // num_m
-            _fwd_tile(m_block, bh, Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
-                      k_desc, v_desc, Descales, stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb,
-                      stride_vn, stride_vh, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, stride_ab, nheads,
-                      qheads_per_kvhead, seqlen_q_max, seqlen_k_max, qk_scale, softcap, window_left, window_right,
-                      seed, dropout_threshold, dropout_scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IS_VARLEN,
-                      HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA, RESCALE_TAU, IS_FP8, DV, BDV, mods, blocks,
-                      SCORE_MOD, MASK_MOD, SUB, Q_BLOCK, FP8_BLOCKS)
-    else:
-        m_block, bh = tile_coords(num_m, True)
-        _fwd_tile(m_block, bh, Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, k_desc, v_desc, Descales, stride_qb,
-                  stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh, stride_ob,
-                  stride_om, stride_oh, stride_lb, stride_lh, stride_ab, nheads, qheads_per_kvhead, seqlen_q_max,
-                  seqlen_k_max, qk_scale, softcap, window_left, window_right, seed, dropout_threshold, dropout_scale,
-                  HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IS_VARLEN, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA, RESCALE_TAU, IS_FP8,
-                  DV, BDV, mods, blocks, SCORE_MOD, MASK_MOD, SUB, Q_BLOCK, FP8_BLOCKS)
-
-
-@triton.jit
-def _last_start_at_or_below(TileStarts, tb, batch, LOG2_BATCH: tl.constexpr):
-    """The sequence b in [0, batch) whose tiles contain tile ``tb``: the last b with
-    TileStarts[b] <= tb (empty sequences share their start with the next one and are skipped)."""
-    lo = tb * 0
-    hi = lo + batch - 1
-    for _ in tl.static_range(LOG2_BATCH):
-        mid = (lo + hi + 1) // 2
-        ok = tl.load(TileStarts + mid) <= tb
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid - 1)
-    return lo
+    m_block, bh = tile_coords(num_m, True)
+    _fwd_tile(m_block, bh, Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, k_desc, v_desc, Descales, stride_qb,
+              stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh, stride_ob,
+              stride_om, stride_oh, stride_lb, stride_lh, stride_ab, nheads, qheads_per_kvhead, seqlen_q_max,
+              seqlen_k_max, qk_scale, softcap, window_left, window_right, seed, dropout_threshold, dropout_scale,
+              HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IS_VARLEN, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, USE_TMA, RESCALE_TAU, IS_FP8,
+              DV, BDV, mods, blocks, SCORE_MOD, MASK_MOD, SUB, Q_BLOCK, FP8_BLOCKS)
 
 
 @triton.jit

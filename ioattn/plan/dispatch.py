@@ -99,23 +99,6 @@ def fwd_uses_tma(k: torch.Tensor, v: torch.Tensor, varlen: bool) -> bool:
                and t.shape[-1] * es >= 16 and min(t.shape) > 0 for t in (k, v))
 
 
-# Persistent forward (a fixed set of programs walking the tiles): off (slower than one program a tile
-# in this kernel, which has nothing to overlap one tile's epilogue with the next tile's loads); the
-# program count is PERSISTENT_PROGRAMS_PER_SM per SM (untuned). IOATTN_PERSISTENT=1 or
-# prefer_persistent(True) turns it on for sweeps and tests. tuned: docs/decisions/portable-tiles.md
-FWD_PERSISTENT_DEFAULT = False
-PERSISTENT_PROGRAMS_PER_SM = 2
-prefer_persistent = Preference(FWD_PERSISTENT_DEFAULT, env="IOATTN_PERSISTENT")
-
-
-def fwd_persistent_programs(device: torch.device, num_tiles: int) -> int:
-    """Programs of the persistent forward for ``num_tiles`` tiles, or 0 for one program per tile."""
-    if not prefer_persistent.wanted():
-        return 0
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 3
-    return max(1, min(num_tiles, PERSISTENT_PROGRAMS_PER_SM * sms))
-
-
 # Forward conditional rescaling (FlashAttention-4): the accumulator is rescaled only when a row max
 # grows by more than this many log2 units in one key tile (kernels/common.softmax_step_lazy; FA4
 # uses 8). Off (0.0, the kernel as before, bit for bit): on the H200 the block-wide decision costs more

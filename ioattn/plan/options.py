@@ -34,8 +34,6 @@ OPTIONS = (
     # the portable Triton kernels (ioattn.plan.dispatch)
     Option("dispatch.prefer_tma", "on", "the forward's K / V loads through tensor descriptors (TMA), which "
            "Triton pipelines, instead of pointer loads", _D + "portable-tiles.md"),
-    Option("dispatch.prefer_persistent", "off", "the portable forward as a persistent grid (a fixed set of "
-           "programs walking the tiles)", _D + "portable-tiles.md", env="IOATTN_PERSISTENT"),
     Option("dispatch.rescale_threshold", "dispatch.FWD_RESCALE_TAU", "the portable forward's conditional "
            "rescaling threshold (a row's maximum may grow this much before the accumulator is rescaled)",
            _D + "conditional-rescale.md", env="IOATTN_RESCALE_TAU"),
