@@ -255,8 +255,9 @@ def portable_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     alibi, stride_ab, has_alibi = _alibi_args(alibi_slopes, q)
     cu_q = cu_seqlens_q if pb.varlen else q.new_empty(0, dtype=torch.int32)
     cu_k = cu_seqlens_k if pb.varlen else q.new_empty(0, dtype=torch.int32)
+    fp8 = descales is not None
     bd, bdv = dispatch.block_d(pb.headdim), dispatch.block_d(pb.headdim_v)
-    if descales is not None:  # an e4m3 product's reduction (q.k over the head dim) spans at least 32 elements
+    if fp8:  # an e4m3 product's reduction (q.k over the head dim) spans at least 32 elements
         bd = max(bd, 32)
     k_desc = v_desc = None
     if use_tma:
@@ -266,7 +267,6 @@ def portable_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     # 1-D grid, query blocks fastest (blocks of one head share K/V in L2); CUDA's y and z grid
     # dimensions stop at 65535, too few for batch * nheads in large varlen batches
     grid = (dispatch.cdiv(pb.seqlen_q, cfg.block_m) * pb.batch * pb.nheads,)
-    fp8 = descales is not None
     fp8_blocks = fp8 and descale_blocks(descales, pb.nheads, pb.nheads_kv, pb.seqlen_q, pb.seqlen_k) != (1, 1)
     attn_fwd_kernel[grid](
         q, k, v, out, lse, cu_q, cu_k, alibi, k_desc, v_desc, descales if fp8 else cu_q,

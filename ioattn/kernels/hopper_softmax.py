@@ -155,10 +155,7 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
         if MASKED:
             s = _mask_scores(s, m_start, n_start, seqlen_q, seqlen_k, rows_1d, cols_1d, IS_CAUSAL, KEY_END, WINDOW,
                              win_left, win_right)
-        if P_LOG2:
-            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale - P_LOG2)
-        else:
-            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale - P_LOG2)
         if COND_RESCALE:  # conditional rescaling: the max moves only by more than RESCALE_TAU (a first
             m_new = gl.where(m_new > m_i + RESCALE_TAU, m_new, m_i)  # key: -inf + tau = -inf, it moves)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: exp2 gives 0, not NaN
@@ -178,10 +175,7 @@ def _softmax_tile(s, m_i, l_i, qk_scale, m_start, n_start, seqlen_q, seqlen_k, r
                     keep = keep & (cols <= rows + (seqlen_k - seqlen_q + win_right))
                     keep = keep & (cols >= rows + (seqlen_k - seqlen_q - win_left))
             s = gl.where(keep, s, float("-inf"))
-        if P_LOG2:
-            m_new = gl.maximum(m_i, gl.max(s, 1) - P_LOG2)
-        else:
-            m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_new = gl.maximum(m_i, gl.max(s, 1) - P_LOG2)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: exp2 gives 0, not NaN
         x = s - m_use[:, None]
     if EXP2_FMA == 0:  # MUFU.EX2 alone, called here and not through _exp2_tile: the default kernel's code
