@@ -81,6 +81,25 @@ def test_cpu_quick_sweep_records_are_valid(cpu_quick):
     assert sum(ln.startswith("check ") for ln in lines) == 3 * 2
     assert all(r["max_err"] <= r["err_bound"] for r in records)
 
+    # each record names the sources it timed, so that an A/B over two copies of the package shows which ran
+    assert {r["env"]["ioattn"] for r in records} == {bench_run.source_digest()}
+
+
+def test_source_digest_follows_the_sources(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+    import ioattn
+    copy = tmp_path / "ioattn"
+    shutil.copytree(pathlib.Path(ioattn.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    code = "from ioattn.bench.run import source_digest; print(source_digest())"
+    digest = lambda: subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                                    check=True).stdout.strip()
+    assert digest() == bench_run.source_digest()
+    with open(copy / "api.py", "a") as f:
+        f.write("\n# changed\n")
+    assert digest() != bench_run.source_digest()
+
 
 def _good():
     with open(FIXTURE) as f:

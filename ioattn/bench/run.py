@@ -17,7 +17,9 @@ marked not ok.
 """
 from __future__ import annotations
 
+import hashlib
 import math
+import pathlib
 import platform
 import statistics
 from dataclasses import dataclass, replace
@@ -181,7 +183,7 @@ def decode_bytes(batch, kvlen, nheads_kv, d, itemsize):
 
 
 def environment():
-    env = {"python": platform.python_version(), "torch": torch.__version__}
+    env = {"python": platform.python_version(), "torch": torch.__version__, "ioattn": source_digest()}
     try:
         import triton
         env["triton"] = triton.__version__
@@ -195,6 +197,17 @@ def environment():
     else:
         env["device"] = f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
     return env
+
+
+def source_digest():
+    """A short hash of the ioattn package's Python sources, so that a result names the code it timed
+    (two copies of the package side by side in an A/B give two digests)."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    h = hashlib.sha1()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
 
 
 def _driver_version():
