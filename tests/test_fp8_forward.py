@@ -259,6 +259,26 @@ def test_fp8_plan_is_the_pingpong_kernel_without_the_lean_options():
     assert packed["IS_VARLEN"] and not packed["KV_TAIL"] and packed["KEY_MASKS"]
 
 
+def test_fp8_plan_takes_a_third_warpgroup_where_it_fits():
+    """``hopper.fp8_warpgroups``: three consumer warpgroups (192 query rows, 64 each) at d = 64 and at
+    d = 128 non-causal fixed-length calls with per-head descales; two at d = 256, where three spill (d = 128
+    causal or packed), and with block descales (a query tile within one block)."""
+    from ioattn.plan import forward as forward_plan
+
+    sig = forward_plan.Signature(batch=1, seqlen_q=4096, seqlen_k=4096, nheads=2, nheads_kv=2, head_dim=128,
+                                 element_size=1, varlen=False, causal=False, window=(-1, -1), softcap=0.0,
+                                 softmax_scale=0.1, alibi=False, device_sms=132)
+    cases = {(64, False, False, False): 3, (64, True, True, False): 3, (128, False, False, False): 3,
+             (128, True, False, False): 2, (128, False, True, False): 2, (128, False, False, True): 2,
+             (256, False, False, False): 2}
+    for (d, causal, varlen, blocks), num_wg in cases.items():
+        plan = forward_plan.plan_forward(dataclasses.replace(sig, head_dim=d, causal=causal, varlen=varlen,
+                                                             fp8_blocks=blocks))
+        c = dict(plan.constexprs)
+        assert (c["NUM_WG"], plan.block_m, plan.q_rows) == (num_wg, 64 * num_wg, 64), (d, causal, varlen, blocks)
+        assert plan.num_m == -(-4096 // plan.block_m)
+
+
 def test_fp8_packed_v_is_transposed_into_rows_of_its_own_sequence():
     """The Gluon FP8 kernel's V^T of packed sequences (``launch.gluon_fwd.transposed_v``): sequence b's
     keys in its own rows from column 0, zeros past its end (a tile its end cuts reads no other

@@ -453,12 +453,14 @@ def test_hopper_split_ring_compile_for_sm90():
 def test_hopper_fp8_forward_compiles_for_sm90():
     """The FP8 forward (the ping-pong kernel on e4m3 descriptors, V^T's ring, P through shared memory)
     at each of ``hopper.FP8_TILES``' head dims, causal or not, and over packed sequences at d = 128: 8-bit
-    wgmma, TMA, within shared memory, ptxas not serialising the wgmmas (the script's assertions), no spills."""
+    wgmma, TMA, within shared memory, ptxas not serialising the wgmmas (the script's assertions), and no
+    spills (the three-warpgroup builds are taken only where they have none: ``hopper.fp8_warpgroups``)."""
     from ioattn.plan import hopper
 
     lines = _hopper_check("--fp8")
     assert len(lines) == 2 * len(hopper.FP8_TILES), lines
     assert all(" spills=0 " in line for line in lines), lines
+    assert sum("tiles=192x" in line for line in lines) == 3, lines  # d = 64 both masks, d = 128 non-causal
     (line,) = _hopper_check("--fp8", "--masks", "1", "--varlen", "--headdims", "128")
     assert "varlen" in line and " spills=0 " in line, line
 

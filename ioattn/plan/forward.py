@@ -174,15 +174,16 @@ def _make_fp8(sig: Signature) -> GluonForwardPlan:
     if d not in hopper.FP8_TILES or sig.alibi:
         raise ValueError(f"the Gluon FP8 forward takes head dims {sorted(hopper.FP8_TILES)}, no ALiBi; got d={d}, "
                          f"alibi={sig.alibi}")
-    block_n, stages = hopper.FP8_TILES[d]
-    block_m = 128
+    block_n, stages, _ = hopper.FP8_TILES[d]
+    num_wg = hopper.fp8_warpgroups(d, causal, sig.varlen, sig.fp8_blocks)
+    block_m = 64 * num_wg
     num_m = dispatch.cdiv(sig.seqlen_q, block_m)
     unbounded = sig.seqlen_q + sig.seqlen_k + 1
     win_left, win_right = (w if w >= 0 else unbounded for w in sig.window) if has_window else (0, 0)
     off = dict.fromkeys(("LEAN", "COND_RESCALE", "RESCALE_BY_WARP", "Q_IN_REGS", "DEFERRED_SUM", "MASK_BRANCH",
                          "PTX_BARRIERS", "PERSISTENT", "KV_TAIL", "FEWER_MASKS", "PAIRED", "FAST_DIV", "NO_KEY_WIDE",
                          "DIAG_TRIM"), False)
-    consts = dict(off, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, PINGPONG=True, NUM_WG=2,
+    consts = dict(off, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, PINGPONG=True, NUM_WG=num_wg,
                   ORDERED=True, IS_CAUSAL=causal, IS_VARLEN=sig.varlen, LPT=False,
                   EXP2_FMA=hopper.exp2_fma_cols(hopper.exp2_fma_share(), block_n),
                   ROW_STORES=1, Q_BUFS=1, KEY_MASKS=True, WINDOW=has_window, SOFTCAP=cap > 0, ALIBI=0, IO_DIM=0,
@@ -190,7 +191,7 @@ def _make_fp8(sig: Signature) -> GluonForwardPlan:
     scale = sig.softmax_scale
     return GluonForwardPlan(
         variant="pingpong", seqlen_q=sig.seqlen_q, seqlen_k=sig.seqlen_k, head_dim=d, io_dim=d, pad_to=0,
-        pad_copies=False, q_rows=block_m // 2, block_m=block_m, block_n=block_n, num_m=num_m,
+        pad_copies=False, q_rows=block_m // num_wg, block_m=block_m, block_n=block_n, num_m=num_m,
         num_tiles=num_m * sig.batch * sig.nheads, programs=num_m * sig.batch * sig.nheads, num_warps=4,
         ring_split=False, out_tma=False, walk_table=None, without_table=None,
         walk_div=walk_divisor(num_m, sig.batch * sig.nheads, causal, False), negate_q=False,

@@ -824,9 +824,21 @@ def _device_ok(q) -> tuple[bool, str]:
     return (True, "") if ok else (False, why)
 
 
-# FP8's kernel: the ping-pong variant's (block_n, stages) by head dim, the lean softmax and its options off
-# (on e4m3 slower or level, as were 256-key tiles at d = 128). tuned: docs/decisions/fp8-forward.md
-FP8_TILES = {64: (128, 2), 128: (128, 2), 256: (64, 2)}
+# FP8's kernel: the ping-pong variant's (block_n, stages, consumer warpgroups) by head dim, the lean
+# softmax and its options off (on e4m3 slower or level, as were 256-key tiles at d = 128); a third
+# warpgroup (192 query rows) to hide the softmax's latency, where its builds compile without spills
+# (``fp8_warpgroups``). tuned: docs/decisions/fp8-forward.md
+FP8_TILES = {64: (128, 2, 3), 128: (128, 2, 3), 256: (64, 2, 2)}
+
+
+def fp8_warpgroups(d: int, causal: bool, varlen: bool, blocks: bool) -> int:
+    """The FP8 forward's consumer warpgroups at head dim ``d`` (``FP8_TILES``); two where three spill
+    (d = 128 causal or over packed sequences) or with block descales (192 query rows would span two
+    blocks)."""
+    num_wg = FP8_TILES[d][2]
+    if blocks or (d == 128 and (causal or varlen)):
+        return 2
+    return num_wg
 
 
 def fp8_fwd_plan(q, k, v, varlen, sem, alibi_slopes) -> tuple[bool, str]:
