@@ -2,13 +2,14 @@
 refactor left the measured kernels unchanged: run it before and after, and compare the lines.
 Addresses are dropped; the instructions, their operands and their order count.
 
-    python tools/sass_fingerprint.py [--pass fwd|bwd|both|portable] [--variants persistent] [--headdims 64,128]
-        [--masks 0,1] [--walk-table default|on|off]
+    python tools/sass_fingerprint.py [--pass fwd|bwd|both|portable|mla] [--variants persistent] [--headdims 64,128]
+        [--masks 0,1] [--varlen] [--walk-table default|on|off]
 
 ``--variants`` names the forward's variants; the backward fingerprints its dispatched variant (ws).
 ``--pass portable``: the portable Triton kernels instead (forward through pointers and TMA, the three
 backward passes, the decode split kernel and the merge) at their default features and tiles, each
-head dim's launch as its launcher passes it.
+head dim's launch as its launcher passes it. ``--pass mla``: the MLA decode kernel's builds (contiguous
+and paged, split and not) at the plan's tiles.
 """
 import argparse
 import hashlib
@@ -20,9 +21,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compile_check as cc_portable  # noqa: E402
 import compile_check_hopper as cc  # noqa: E402
 import compile_check_hopper_bwd as cc_bwd  # noqa: E402
+import compile_check_mla as cc_mla  # noqa: E402
 from gluon_aot import sass_text  # noqa: E402
 
 from ioattn.plan import hopper  # noqa: E402
+from ioattn.plan.decode import MLA_BLOCK_N, MLA_STAGES  # noqa: E402
 
 
 def fingerprint(kernel) -> tuple:
@@ -44,9 +47,10 @@ def forward(args):
                 continue
             for causal in (bool(int(m)) for m in args.masks.split(",")):
                 with hopper.walk_table(table):
-                    _, kernel = cc.compile_one(variant, d, "bf16", causal)
+                    _, kernel = cc.compile_one(variant, d, "bf16", causal, varlen=args.varlen)
                 digest, count = fingerprint(kernel)
-                print(f"fwd {variant} d={d} causal={causal} walk_table={args.walk_table}: {digest} ({count} instructions)")
+                print(f"fwd {variant} d={d} causal={causal} varlen={args.varlen} walk_table={args.walk_table}: "
+                      f"{digest} ({count} instructions)")
 
 
 def backward(args):
@@ -54,9 +58,9 @@ def backward(args):
         if not _wanted(d, args.headdims):
             continue
         for causal in (bool(int(m)) for m in args.masks.split(",")):
-            _, kernel = cc_bwd.compile_one("ws", d, "bf16", causal)
+            _, kernel = cc_bwd.compile_one("ws", d, "bf16", causal, varlen=args.varlen)
             digest, count = fingerprint(kernel)
-            print(f"bwd ws d={d} causal={causal}: {digest} ({count} instructions)")
+            print(f"bwd ws d={d} causal={causal} varlen={args.varlen}: {digest} ({count} instructions)")
 
 
 def _portable_builds(d):
@@ -97,12 +101,22 @@ def portable(args):
             print(f"portable {name} d={d}: {digest} ({count} instructions)")
 
 
+def mla(args):
+    for paged in (False, True):
+        for split in (False, True):
+            for causal in (bool(int(m)) for m in args.masks.split(",")):
+                kernel = cc_mla.build(MLA_BLOCK_N, MLA_STAGES, paged, causal, split)
+                digest, count = fingerprint(kernel)
+                print(f"mla paged={paged} split={split} causal={causal}: {digest} ({count} instructions)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pass", dest="pass_", default="fwd", choices=("fwd", "bwd", "both", "portable"))
+    ap.add_argument("--pass", dest="pass_", default="fwd", choices=("fwd", "bwd", "both", "portable", "mla"))
     ap.add_argument("--variants", default="persistent")
     ap.add_argument("--headdims", default=None, help="comma-separated subset of each variant's head dims")
     ap.add_argument("--masks", default="0,1")
+    ap.add_argument("--varlen", action="store_true", help="the packed-sequence (IS_VARLEN) builds")
     ap.add_argument("--walk-table", default="default", choices=("default", "on", "off"))
     args = ap.parse_args()
     if args.pass_ in ("fwd", "both"):
@@ -111,6 +125,8 @@ def main():
         backward(args)
     if args.pass_ == "portable":
         portable(args)
+    if args.pass_ == "mla":
+        mla(args)
 
 
 if __name__ == "__main__":

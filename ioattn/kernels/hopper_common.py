@@ -52,21 +52,21 @@ def _zero_v_tail(v_tile, valid, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
     """Rows >= ``valid`` of a V tile in shared memory set to 0: keys past the sequence's end, which
     the TMA box read from the next sequence's (or batch element's) rows. Their probabilities are 0,
     but 0 x NaN is NaN in the P V product, so a NaN or inf there would reach this sequence's output.
-    By the producer warp (a consumer warpgroup has no registers to spare at the last tile: the
-    three-warpgroup kernel spilled); the rows the end falls in are read, masked and written back.
-    Then a proxy fence (the consumers' wgmma reads through the async proxy; the arrive that follows
-    orders them after it) and a barrier over the warp."""
-    # [8, 64] pieces: 8 rows (the 128-byte swizzle's atom) x 64 columns (one swizzle span; the tile
-    # is stored as HEAD_DIM / 64 such column groups), 16 elements a thread in one warp
+    By the producer warp of the training kernels (a consumer warpgroup has no registers to spare at
+    the last tile: the three-warpgroup kernel spilled), or by every warp of the MLA decode program; the
+    rows the end falls in are read, masked and written back. Then a proxy fence (the wgmma reads
+    through the async proxy; the arrive that follows orders them after it) and a barrier."""
+    # [8, 64 x warps] pieces: 8 rows (the 128-byte swizzle's atom) x one swizzle span of 64 columns a
+    # warp (the tile is stored as HEAD_DIM / 64 such column groups), 16 elements a thread
     ROWS: gl.constexpr = 8
-    COLS: gl.constexpr = 64
-    zl: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-    zeros = gl.zeros([ROWS, COLS], v_tile.dtype, layout=zl)
+    WIDE: gl.constexpr = 64 * gl.num_warps()
+    zl: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, gl.num_warps()], [1, 0])
+    zeros = gl.zeros([ROWS, WIDE], v_tile.dtype, layout=zl)
     for r in gl.static_range(BLOCK_N // ROWS):
         if (r + 1) * ROWS > valid:
             rows = r * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, zl))
-            for g in gl.static_range(HEAD_DIM // COLS):
-                piece = v_tile.slice(r * ROWS, ROWS).slice(g * COLS, COLS, dim=1)
+            for g in gl.static_range(HEAD_DIM // WIDE):
+                piece = v_tile.slice(r * ROWS, ROWS).slice(g * WIDE, WIDE, dim=1)
                 if r * ROWS >= valid:  # wholly past the end
                     piece.store(zeros)
                 else:  # the piece the end falls in

@@ -29,7 +29,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from ioattn.kernels.hopper_common import LN2
+from ioattn.kernels.hopper_common import LN2, _zero_v_tail
 
 
 @gluon.constexpr_function
@@ -58,28 +58,6 @@ def _load_tile(k_desc, kr_desc, row, bar, k_main, k_rope):
     mbarrier.expect(bar, k_desc.block_type.nbytes + kr_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [row, 0], bar, k_main)
     tma.async_copy_global_to_shared(kr_desc, [row, 0], bar, k_rope)
-
-
-@gluon.jit
-def _zero_rows_past(tile_smem, valid):
-    """Rows >= ``valid`` of a [BLOCK_N, DV] shared tile set to 0, by every thread of the program, in
-    [8, 64] pieces (the 128-byte swizzle's atom by one swizzle span); then a proxy fence (the wgmma
-    reads through the async proxy) and a barrier."""
-    ROWS: gl.constexpr = 8
-    COLS: gl.constexpr = 64
-    BLOCK_N: gl.constexpr = tile_smem.shape[0]
-    DV: gl.constexpr = tile_smem.shape[1]
-    zl: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, gl.num_warps()], [1, 0])
-    zeros = gl.zeros([ROWS, COLS * gl.num_warps()], tile_smem.dtype, layout=zl)
-    WIDE: gl.constexpr = COLS * gl.num_warps()  # columns one store covers: 64 a warp
-    for r in gl.static_range(BLOCK_N // ROWS):
-        if (r + 1) * ROWS > valid:
-            rows = r * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, zl))
-            for g in gl.static_range(DV // WIDE):
-                piece = tile_smem.slice(r * ROWS, ROWS).slice(g * WIDE, WIDE, dim=1)
-                piece.store(gl.where((rows < valid)[:, None], piece.load(zl), zeros))
-    fence_async_shared()
-    gl.thread_barrier()
 
 
 @gluon.jit
@@ -158,7 +136,7 @@ def mla_decode_kernel(q_desc, qr_desc, k_desc, kr_desc, Out, Lse, Opart, Lpart, 
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
         valid = end - tile * BLOCK_N
         if valid < BLOCK_N:  # the tile the sequence's end cuts: its V rows past the end to 0
-            _zero_rows_past(k_main.index(slot), valid)
+            _zero_v_tail(k_main.index(slot), valid, BLOCK_N, DV)
         s_tok = warpgroup_mma(q_main, k_main.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s_tok = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), s_tok, is_async=True)
         s = warpgroup_mma_wait(0, deps=[s_tok])
