@@ -30,6 +30,25 @@ def pytest_addoption(parser):
     parser.addoption("--resume", metavar="LOG", default=None,
                      help="run only the tests that LOG (the output of an earlier -v run, stopped by a time limit) "
                           "does not report as passed, failed, skipped or errored")
+    parser.addoption("--timings", metavar="FILE", default=None,
+                     help="append each test's set-up, call and tear-down seconds to FILE as it finishes (a run "
+                          "stopped by a time limit keeps them, where --durations prints only at the end)")
+
+
+def pytest_runtest_logreport(report):
+    """``--timings``: one line a phase, ``nodeid<TAB>phase<TAB>seconds<TAB>outcome``."""
+    path = _TIMINGS.get("path")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{report.nodeid}\t{report.when}\t{report.duration:.3f}\t{report.outcome}\n")
+
+
+_TIMINGS = {}
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # pytest-xdist's controller (or a run without it): its reports are all
+        _TIMINGS["path"] = config.getoption("--timings")
 
 
 # ---- what this installation cannot run: skipped with the library's own reason ----

@@ -590,6 +590,26 @@ def test_a_suite_stopped_by_a_limit_resumes_from_its_log(tmp_path):
     assert _collect("--resume", str(log))[1] == [whole[1]] + whole[4:]
 
 
+
+def test_timings_are_written_as_each_test_finishes(tmp_path):
+    """``pytest --timings FILE`` (tests/conftest.py): one line per test phase, written as it lands, so that
+    a device run stopped by a time limit still says where its time went."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "timings.tsv"
+    test = "tests/test_layers.py"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timings", str(out),
+                           test], cwd=pathlib.Path(__file__).resolve().parents[1], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-500:]
+    rows = [line.split("\t") for line in out.read_text().splitlines()]
+    ran = _collect()[1]
+    ran = [n for n in ran if n.startswith(test)]
+    assert [r[0] for r in rows if r[1] == "call"] == ran
+    assert {r[1] for r in rows} == {"setup", "call", "teardown"}
+    assert all(float(r[2]) >= 0 and r[3] in ("passed", "skipped", "failed") for r in rows)
+
 def test_a_step_past_its_time_is_stopped_with_what_it_started(tmp_path):
     """benchmarks/run_steps.py: a step over --timeout ends with exit code 124 and takes the processes it
     started with it (a test run's workers would otherwise hold the card through the next step); the
