@@ -87,18 +87,13 @@ def test_cpu_quick_sweep_records_are_valid(cpu_quick):
 
 def test_source_digest_follows_the_sources(tmp_path):
     import shutil
-    import subprocess
-    import sys
     import ioattn
     copy = tmp_path / "ioattn"
     shutil.copytree(pathlib.Path(ioattn.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    code = "from ioattn.bench.run import source_digest; print(source_digest())"
-    digest = lambda: subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                                    check=True).stdout.strip()
-    assert digest() == bench_run.source_digest()
+    assert bench_run.source_digest(copy) == bench_run.source_digest()
     with open(copy / "api.py", "a") as f:
         f.write("\n# changed\n")
-    assert digest() != bench_run.source_digest()
+    assert bench_run.source_digest(copy) != bench_run.source_digest()
 
 
 def _good():
@@ -599,16 +594,16 @@ def test_timings_are_written_as_each_test_finishes(tmp_path):
 
     out = tmp_path / "timings.tsv"
     test = "tests/test_layers.py"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timings", str(out),
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--timings", str(out),
                            test], cwd=pathlib.Path(__file__).resolve().parents[1], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-500:]
+    ran = [line.split()[0] for line in proc.stdout.splitlines() if line.startswith(test) and " PASSED" in line]
     rows = [line.split("\t") for line in out.read_text().splitlines()]
-    ran = _collect()[1]
-    ran = [n for n in ran if n.startswith(test)]
-    assert [r[0] for r in rows if r[1] == "call"] == ran
-    assert {r[1] for r in rows} == {"setup", "call", "teardown"}
-    assert all(float(r[2]) >= 0 and r[3] in ("passed", "skipped", "failed") for r in rows)
+    assert ran and [r[0] for r in rows if r[1] == "call"] == ran
+    assert [r[1] for r in rows] == ["setup", "call", "teardown"] * len(ran)
+    assert all(float(r[2]) >= 0 and r[3] == "passed" for r in rows)
+
 
 def test_a_step_past_its_time_is_stopped_with_what_it_started(tmp_path):
     """benchmarks/run_steps.py: a step over --timeout ends with exit code 124 and takes the processes it
@@ -631,6 +626,7 @@ def test_a_step_past_its_time_is_stopped_with_what_it_started(tmp_path):
 
 
 _OOM_CALLS = []
+
 
 
 def test_a_test_out_of_device_memory_runs_again_with_the_card_alone():

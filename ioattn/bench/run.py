@@ -199,10 +199,11 @@ def environment():
     return env
 
 
-def source_digest():
-    """A short hash of the ioattn package's Python sources, so that a result names the code it timed
-    (two copies of the package side by side in an A/B give two digests)."""
-    root = pathlib.Path(__file__).resolve().parents[1]
+def source_digest(root=None):
+    """A short hash of the ioattn package's Python sources (those under ``root``, this package's folder
+    by default), so that a result names the code it timed: two copies of the package side by side in an
+    A/B give two digests."""
+    root = pathlib.Path(root) if root is not None else pathlib.Path(__file__).resolve().parents[1]
     h = hashlib.sha1()
     for path in sorted(root.rglob("*.py")):
         h.update(path.relative_to(root).as_posix().encode())
