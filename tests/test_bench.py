@@ -605,6 +605,37 @@ def test_timings_are_written_as_each_test_finishes(tmp_path):
     assert all(float(r[2]) >= 0 and r[3] == "passed" for r in rows)
 
 
+def test_package_ab_runs_each_copy_from_inside_it(tmp_path):
+    """benchmarks/ab_packages.py: each copy's runs import that copy, even with the checkout first on
+    ``PYTHONPATH`` (their records carry its source digest, which the script checks), and the table has a ratio for the second copy; a name that was not
+    prepared is refused before anything runs."""
+    import subprocess
+    import sys
+    from conftest import child_env
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    script = [sys.executable, "benchmarks/ab_packages.py"]
+    pk = tmp_path / "pk"
+    subprocess.run([*script, "prepare", "--packages", str(pk), "a=HEAD", "b=."], cwd=root, check=True,
+                   capture_output=True, timeout=120)
+    with open(pk / "b" / "ioattn" / "api.py", "a") as f:
+        f.write("\n# changed\n")
+    digests = {n: bench_run.source_digest(pk / n / "ioattn") for n in "ab"}
+    assert digests["a"] != digests["b"]
+    proc = subprocess.run([*script, "run", "--packages", str(pk), "--out", str(tmp_path / "ab"), "a", "b", "--",
+                           "quick", "--headdims", "64", "--seqlens", "64", "--providers", "ioattn", "--rounds", "1"],
+                          cwd=root, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-800:] + proc.stderr[-800:]
+    for n in "ab":
+        recs = [json.loads(line) for line in (tmp_path / "ab" / f"{n}-0" / "results.jsonl").read_text().splitlines()]
+        assert recs and {r["env"]["ioattn"] for r in recs} == {digests[n]}
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("ioattn  fwd  64")]
+    assert len(rows) == 2 and all(line.endswith("x)") for line in rows), proc.stdout
+    proc = subprocess.run([*script, "run", "--packages", str(pk), "--out", str(tmp_path / "ab2"), "a", "c", "--",
+                           "quick"], cwd=root, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "not prepared: c" in proc.stderr and not (tmp_path / "ab2").exists()
+
+
 def test_a_step_past_its_time_is_stopped_with_what_it_started(tmp_path):
     """benchmarks/run_steps.py: a step over --timeout ends with exit code 124 and takes the processes it
     started with it (a test run's workers would otherwise hold the card through the next step); the
