@@ -78,15 +78,21 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [item for item in items if item.nodeid not in done]
     shard = config.getoption("--shard")
     if shard:
-        try:
-            part, parts = (int(x) for x in shard.split("/"))
-        except ValueError:
-            raise pytest.UsageError(f"--shard takes K/N (two integers), got {shard!r}") from None
-        if not 1 <= part <= parts:
-            raise pytest.UsageError(f"--shard K/N needs 1 <= K <= N, got {shard}")
-        mine = [i * parts // len(items) == part - 1 for i in range(len(items))]
+        mine = shard_mask(shard, len(items))
         config.hook.pytest_deselected(items=[item for item, m in zip(items, mine) if not m])
         items[:] = [item for item, m in zip(items, mine) if m]
+
+
+def shard_mask(spec: str, n: int) -> list:
+    """``--shard K/N`` over ``n`` collected tests: whether each is in the K-th (from 1) of N contiguous
+    parts."""
+    try:
+        part, parts = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--shard takes K/N (two integers), got {spec!r}") from None
+    if not 1 <= part <= parts:
+        raise pytest.UsageError(f"--shard K/N needs 1 <= K <= N, got {spec}")
+    return [i * parts // n == part - 1 for i in range(n)]
 
 
 # Test processes (pytest-xdist workers) share one card. Each test's call holds the card shared; one that

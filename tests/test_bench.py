@@ -3,6 +3,7 @@
 CPU only: the real sweeps are the small CPU "quick" and "decode" sweeps (ioattn's CPU path vs
 PyTorch's CPU attention), each run once per module; everything about the report runs on a hand-made file in
 tests/data (and decode records made from it)."""
+import functools
 import json
 import os
 import pathlib
@@ -548,6 +549,7 @@ def test_fp8_providers_pass_the_check_against_their_emulation(name):
     assert verdict.ok and verdict.err > 1e-3, verdict  # an FP8-sized error, within its own bound
 
 
+@functools.lru_cache(maxsize=None)
 def _collect(*extra):
     """``pytest --collect-only`` of two small test files with ``extra`` options, in a child process:
     the completed process and the node ids it collected."""
@@ -564,12 +566,20 @@ def _collect(*extra):
 def test_the_suite_splits_into_contiguous_shards():
     """``pytest --shard K/N`` (tests/conftest.py): the N parts are disjoint, contiguous and cover the
     collection, so a device run split over commands runs every test once."""
+    from conftest import shard_mask
+
+    for n, parts in ((10, 3), (7, 7), (5, 1), (100, 6)):
+        masks = [shard_mask(f"{k}/{parts}", n) for k in range(1, parts + 1)]
+        owners = [[k for k, m in enumerate(masks) if m[i]] for i in range(n)]
+        assert all(len(o) == 1 for o in owners) and [o[0] for o in owners] == sorted(o[0] for o in owners)
+        assert all(any(m) for m in masks)
+    for bad in ("4/3", "a/3", "0/2"):
+        with pytest.raises(pytest.UsageError, match="--shard"):
+            shard_mask(bad, 10)
     whole = _collect()[1]
-    parts = [_collect("--shard", f"{k}/3")[1] for k in (1, 2, 3)]
-    assert sum(parts, []) == whole and all(parts)
-    for bad in ("4/3", "a/3"):
-        proc, _ = _collect("--shard", bad)
-        assert proc.returncode == 4 and "--shard" in proc.stderr, (bad, proc.returncode, proc.stderr[-300:])
+    assert _collect("--shard", "2/3")[1] == [t for t, m in zip(whole, shard_mask("2/3", len(whole))) if m]
+    proc, _ = _collect("--shard", "4/3")
+    assert proc.returncode == 4 and "--shard" in proc.stderr, (proc.returncode, proc.stderr[-300:])
 
 
 def test_a_suite_stopped_by_a_limit_resumes_from_its_log(tmp_path):
