@@ -104,19 +104,8 @@ def mla_decode_kernel(q_desc, qr_desc, k_desc, kr_desc, Out, Lse, Opart, Lpart, 
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
     q_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-    mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-    fence_async_shared()
-
-    q_row = (b * seqlen_q * group + m_blk * ROWS).to(gl.int32)
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_main)
-    tma.async_copy_global_to_shared(qr_desc, [q_row, 0], q_bar, q_rope)
-    for i in gl.static_range(STAGES):
-        if i < n_tiles:
-            row = _tile_row(BlockTable, bt_row, b, capacity, t_lo + i, BLOCK_N, PAGE_SIZE, PAGED, num_pages)
-            _load_tile(k_desc, kr_desc, row, ready.index(i), k_main.index(i), k_rope.index(i))
+    _fill_ring(q_desc, qr_desc, k_desc, kr_desc, q_main, q_rope, k_main, k_rope, q_bar, ready, m_blk, seqlen_q,
+               group, BlockTable, bt_row, b, capacity, t_lo, n_tiles, num_pages, BLOCK_N, STAGES, PAGE_SIZE, PAGED)
 
     rows = m_blk * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
     cols0 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -140,14 +129,7 @@ def mla_decode_kernel(q_desc, qr_desc, k_desc, kr_desc, Out, Lse, Opart, Lpart, 
         s_tok = warpgroup_mma(q_main, k_main.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s_tok = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), s_tok, is_async=True)
         s = warpgroup_mma_wait(0, deps=[s_tok])
-        cols = tile * BLOCK_N + cols0
-        s = gl.where(cols[None, :] < limit[:, None], s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: exp2 gives 0, not NaN
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
+        p, alpha, m_i, l_i = _online_softmax(s, tile * BLOCK_N + cols0, limit, m_i, l_i, qk_scale)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p_smem.store(p.to(dtype))
         fence_async_shared()
@@ -165,6 +147,38 @@ def mla_decode_kernel(q_desc, qr_desc, k_desc, kr_desc, Out, Lse, Opart, Lpart, 
     _mla_epilogue(acc, m_i, l_i, rows, rows_valid, group, b, split, Out, Lse, Opart, Lpart, stride_ob, stride_om,
                   stride_oh, stride_ps, stride_pb, stride_pm, stride_ph, stride_ls, stride_lb, stride_lm, stride_lh,
                   nheads, seqlen_q, o_layout, SPLIT)
+
+
+@gluon.jit
+def _fill_ring(q_desc, qr_desc, k_desc, kr_desc, q_main, q_rope, k_main, k_rope, q_bar, ready, m_blk, seqlen_q,
+               group, BlockTable, bt_row, b, capacity, t_lo, n_tiles, num_pages, BLOCK_N: gl.constexpr,
+               STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr, PAGED: gl.constexpr):
+    """The barriers initialised, then row block ``m_blk``'s Q rows and the first ``STAGES`` key tiles on
+    their way."""
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+    fence_async_shared()
+    q_row = (b * seqlen_q * group + m_blk * q_main.shape[0]).to(gl.int32)
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_main)
+    tma.async_copy_global_to_shared(qr_desc, [q_row, 0], q_bar, q_rope)
+    for i in gl.static_range(STAGES):
+        if i < n_tiles:
+            row = _tile_row(BlockTable, bt_row, b, capacity, t_lo + i, BLOCK_N, PAGE_SIZE, PAGED, num_pages)
+            _load_tile(k_desc, kr_desc, row, ready.index(i), k_main.index(i), k_rope.index(i))
+
+
+@gluon.jit
+def _online_softmax(s, cols, limit, m_i, l_i, qk_scale):
+    """One key tile's step of the online softmax: (P, the accumulator's factor, the new max and row
+    sum); keys at or past a row's ``limit`` are masked."""
+    s = gl.where(cols[None, :] < limit[:, None], s * qk_scale, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: exp2 gives 0, not NaN
+    alpha = gl.exp2(m_i - m_use)
+    p = gl.exp2(s - m_use[:, None])
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
 
 @gluon.jit
