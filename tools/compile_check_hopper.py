@@ -180,8 +180,10 @@ def compile_fp8(d, causal, varlen=False, blocks=False):
     assert "e4m3.e4m3" in ptx and c["tma"], (d, causal, c)  # 8-bit wgmma, TMA loads
     nregs, spills, _, serialized = ptxas_report(ptx)
     assert not serialized, (d, causal, serialized)
+    sass = sass_text(k.asm["cubin"])
     return (f"fp8{' blocks' if blocks else ''} pingpong d={d} causal={causal}{' varlen' if varlen else ''} tiles={plan.block_m}x{plan.block_n} shared={k.metadata.shared} "
-            f"regs={nregs} spills={spills} {fmt(c)}")
+            f"regs={nregs} spills={spills} chains[FMNMX={sass_chain(sass, 'FMNMX')},FADD={sass_chain(sass, 'FADD')}] "
+            f"{fmt(c)}")
 
 
 def _user_causal(b, h, q_idx, kv_idx):
