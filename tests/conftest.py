@@ -47,7 +47,7 @@ _TIMINGS = {}
 
 
 def pytest_configure(config):
-    if not hasattr(config, "workerinput"):  # pytest-xdist's controller (or a run without it): its reports are all
+    if not hasattr(config, "workerinput"):  # not a pytest-xdist worker: the controller sees every worker's reports
         _TIMINGS["path"] = config.getoption("--timings")
 
 
