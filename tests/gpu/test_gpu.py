@@ -1099,13 +1099,7 @@ def test_deterministic_through_the_api_with_the_ordered_gluon_mode(causal, monke
         assert not a.isnan().any() and torch.equal(a, b)
 
 
-# test_hopper_backward's ws variants with one switch of ``hopper_backward`` set: name -> (switch, value)
-_WS_SWITCH_VARIANTS = {"ws-swizzled": ("WS_DQ_FLAT", False), "ws-lse": ("WS_LSE_IN_ACC", True),
-                       "ws-wgsplit": ("WS_WG_PARTITIONS", True), "ws-lockstep": ("WS_WG_PARTITIONS", False)}
-
-
 @pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant", ["ws", *_WS_SWITCH_VARIANTS])
 @pytest.mark.parametrize("forward", ["gluon", "portable"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
@@ -1115,30 +1109,15 @@ _WS_SWITCH_VARIANTS = {"ws-swizzled": ("WS_DQ_FLAT", False), "ws-lse": ("WS_LSE_
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 2), (1, 777, 1500, 2, 1), (3, 129, 64, 2, 2),
                                    (2, 300, 340, 3, 1), (1, 64, 1000, 2, 2), (1, 1000, 300, 4, 4),
                                    (2, 4096, 4096, 8, 2)])
-def test_hopper_backward(variant, forward, d, causal, dtype, shape, poison_alloc, monkeypatch):
-    """The experimental Gluon backward (not dispatched yet), each variant (base; ws: warp-specialised,
-    dQ by TMA reduce-add; at d=256 its column-split form: 64-key programs, the warpgroups splitting
-    the head dim, dQ in two halves, the high one and dK / dV staged through the Q ring; at d=64 128
-    query rows a step; dK and dV written as whole rows; at d = 64 / 128 the flat dQ tile and
-    accumulator, ``WS_DQ_FLAT``; "ws-swizzled": ws with the swizzled 2-D dQ tile there instead;
-    "ws-lse": ws with lse in S^T's accumulator, ``WS_LSE_IN_ACC``; "ws-wgsplit" / "ws-lockstep": ws with
-    each consumer warpgroup a partition of its own or both in one, ``WS_WG_PARTITIONS``; a switch
-    variant equal to the head dim's default is skipped: "ws" runs it),
-    against the float64 oracle, fed by the Gluon forward's or the portable forward's (out, lse): dq,
-    dk, dv within 2x PyTorch's own error."""
+def test_hopper_backward(forward, d, causal, dtype, shape, poison_alloc):
+    """The Gluon backward (the warp-specialised kernel as each head dim's tables set it: dQ by TMA
+    reduce-add, at d = 256 its column-split form), fed by the Gluon forward's or the portable forward's
+    (out, lse), against the float64 oracle: dq, dk, dv within 2x PyTorch's own error. (The tables' other
+    settings, the A/B arms of ``benchmarks/ab_bwd.py``, are checked there against the oracle before they
+    are timed, and compiled for sm_90 by ``tests/test_sm90_compile_bwd.py``.)"""
     from ioattn import backends
     from ioattn.plan import hopper
-    from ioattn.plan import hopper_bwd as hb
     from ioattn.backends import hopper_backward
-    if variant in _WS_SWITCH_VARIANTS:  # the ws kernel with one of its switches set at this head dim
-        switch, value = _WS_SWITCH_VARIANTS[variant]
-        table = getattr(hb, switch)
-        if d not in table:
-            pytest.skip(f"{switch} has no head dim {d}")
-        if table[d] == value:
-            pytest.skip(f"{switch} is {value} at head dim {d} by default: variant ws runs it")
-        monkeypatch.setitem(table, d, value)
-        variant = "ws"
     b, sq, sk, h, hkv = shape
     q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
     k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype) for _ in range(2))
