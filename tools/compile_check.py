@@ -45,11 +45,11 @@ def signature(fn, dtype):
     return sig
 
 
-def compile_one(fn, constexprs, num_warps, num_stages, dtype="bf16", divisible=(), sig_fix=None):
+def compile_one(fn, constexprs, num_warps, num_stages, dtype="bf16", divisible=(), sig_fix=None, maxnreg=None):
     """``divisible``: argument names given the divisibility-by-16 hint the JIT attaches to aligned
     pointers and to integers that are multiples of 16 (without it the loads are not pipelined, so
     shared memory and registers differ from the device's compile). ``sig_fix``: argument types that
-    differ from ``signature``'s guess."""
+    differ from ``signature``'s guess. ``maxnreg``: the launch's register cap, if any."""
     sig = {**signature(fn, dtype), **(sig_fix or {})}
     # constexpr parameters the caller leaves out take their defaults (not runtime arguments)
     defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.default is not inspect.Parameter.empty}
@@ -67,7 +67,8 @@ def compile_one(fn, constexprs, num_warps, num_stages, dtype="bf16", divisible=(
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible if n not in constexprs}
     src = ASTSource(fn, sig, constexprs, attrs or None)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=num_warps, num_stages=num_stages))
+                       options=dict(num_warps=num_warps, num_stages=num_stages,
+                                    **({"maxnreg": maxnreg} if maxnreg else {})))
     md = k.metadata
     return k.n_regs if hasattr(k, "n_regs") else None, getattr(md, "shared", None), k
 

@@ -2,14 +2,17 @@
 refactor left the measured kernels unchanged: run it before and after, and compare the lines.
 Addresses are dropped; the instructions, their operands and their order count.
 
-    python tools/sass_fingerprint.py [--pass fwd|bwd|both|portable|mla] [--variants persistent] [--headdims 64,128]
+    python tools/sass_fingerprint.py [--pass fwd|bwd|both|portable|mla|decode-fp8] [--variants persistent]
+        [--headdims 64,128]
         [--masks 0,1] [--varlen] [--walk-table default|on|off]
 
 ``--variants`` names the forward's variants; the backward fingerprints its dispatched variant (ws).
 ``--pass portable``: the portable Triton kernels instead (forward through pointers and TMA, the three
 backward passes, the decode split kernel and the merge) at their default features and tiles, each
 head dim's launch as its launcher passes it. ``--pass mla``: the MLA decode kernel's builds (contiguous
-and paged, split and not) at the plan's tiles.
+and paged, split and not) at the plan's tiles. ``--pass decode-fp8``: the decode split kernel's 128-key
+pointer tile at d = 128 on a bf16 and an e4m3 cache (at the plan's register cap), and on an e4m3 cache
+with an fp16 query (uncapped), with their format conversions counted (docs/decisions/fp8-decode.md).
 """
 import argparse
 import hashlib
@@ -22,7 +25,7 @@ import compile_check as cc_portable  # noqa: E402
 import compile_check_hopper as cc  # noqa: E402
 import compile_check_hopper_bwd as cc_bwd  # noqa: E402
 import compile_check_mla as cc_mla  # noqa: E402
-from gluon_aot import sass_text  # noqa: E402
+from gluon_aot import ptxas_report, sass_text  # noqa: E402
 
 from ioattn.plan import hopper  # noqa: E402
 from ioattn.plan.decode import MLA_BLOCK_N, MLA_STAGES  # noqa: E402
@@ -110,9 +113,33 @@ def mla(args):
                 print(f"mla paged={paged} split={split} causal={causal}: {digest} ({count} instructions)")
 
 
+def decode_fp8(args):
+    from ioattn.kernels.decode import decode_split_kernel
+    from ioattn.plan import decode
+
+    c = dict(HEAD_DIM=128, BLOCK_D=128, HEAD_DIM_V=128, BLOCK_DV=128, BLOCK_M=16, BLOCK_N=decode._BLOCK_N_CUDA,
+             PAGE_SIZE=1, PAGED=False, HAS_BATCH_IDX=False, HAS_LEFTPAD=False, HAS_SOFTCAP=False, HAS_ALIBI=False,
+             USE_TMA=False, UNIFIED=False, PHI_BELOW=64.0, PHI_ABOVE=64.0, HAS_SEQLENS=True, BLOCK_D_TAIL=0)
+    aligned = [n for n in decode_split_kernel.arg_names if n not in c and (n[0].isupper() or n.startswith("stride_")
+                                                                            and n[-1] in "bmhnsl")]
+    e4m3 = dict(K="*fp8e4nv", V="*fp8e4nv", KDescale="*fp32", VDescale="*fp32")
+    for name, q_dtype, fp8, cap in (("bf16 cache", "bf16", False, None),
+                                    ("e4m3 cache", "bf16", True, decode.FP8_WIDE_MAX_REGS),
+                                    ("e4m3 cache, fp16 q, uncapped", "fp16", True, None)):
+        _, _, kernel = cc_portable.compile_one(decode_split_kernel, dict(c, KV_FP8=fp8), decode._NUM_WARPS,
+                                                  decode._NUM_STAGES, q_dtype, aligned, e4m3 if fp8 else None, cap)
+        sass = sass_text(kernel.asm["cubin"])
+        ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+([A-Z0-9_]+)", sass, re.M)
+        digest, count = fingerprint(kernel)
+        regs, spills = ptxas_report(kernel.asm["ptx"])[:2]
+        print(f"decode {name}: {digest} ({count} instructions, F2F {ops.count('F2F')}, PRMT {ops.count('PRMT')}, "
+              f"{regs} registers, {spills} bytes spilled)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pass", dest="pass_", default="fwd", choices=("fwd", "bwd", "both", "portable", "mla"))
+    ap.add_argument("--pass", dest="pass_", default="fwd", choices=("fwd", "bwd", "both", "portable", "mla",
+                                                                         "decode-fp8"))
     ap.add_argument("--variants", default="persistent")
     ap.add_argument("--headdims", default=None, help="comma-separated subset of each variant's head dims")
     ap.add_argument("--masks", default="0,1")
@@ -127,6 +154,8 @@ def main():
         portable(args)
     if args.pass_ == "mla":
         mla(args)
+    if args.pass_ == "decode-fp8":
+        decode_fp8(args)
 
 
 if __name__ == "__main__":
