@@ -826,7 +826,7 @@ def _device_ok(q) -> tuple[bool, str]:
 
 # FP8's kernel: the ping-pong variant's (block_n, stages, consumer warpgroups) by head dim, the lean
 # softmax and its options off (on e4m3 slower or level, as were 256-key tiles at d = 128); a third
-# warpgroup (192 query rows) to hide the softmax's latency, where its builds compile without spills
+# warpgroup (192 query rows), measured faster, where its builds compile without spills
 # (``fp8_warpgroups``). tuned: docs/decisions/fp8-forward.md
 FP8_TILES = {64: (128, 2, 3), 128: (128, 2, 3), 256: (64, 2, 2)}
 
