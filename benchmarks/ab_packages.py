@@ -1,11 +1,13 @@
 """A/B of whole versions of the package: one `ioattn bench` sweep run over copies of `ioattn/` taken
 from git revisions (or the working tree), each copy imported by its own runs and no other.
 
-    python benchmarks/ab_packages.py prepare NAME=REV [NAME=REV ...]     # here, before the device call
+    python benchmarks/ab_packages.py prepare NAME=REV[+PATCH] [...]    # here, before the device call
     python benchmarks/ab_packages.py run --out DIR [--repeat R] NAME [NAME ...] -- SWEEP [bench options]
 
 ``prepare`` writes ``out/packages/NAME/ioattn`` (``git archive REV``; ``REV`` = ``.`` copies the working
-tree's) under the ignored ``out/``: carry ``out/packages`` to the device. ``run`` runs ``python -m ioattn
+tree's; ``+PATCH``: then the patch file's changes to ``ioattn/`` applied, an experiment kept as a patch
+under ``benchmarks/patches/`` until its A/B decides it) under the ignored ``out/``: carry ``out/packages`` to
+the device. ``run`` runs ``python -m ioattn
 bench SWEEP ... --out DIR/NAME-r`` from inside each copy (``python -m`` puts the working directory
 first on ``sys.path``: run from the repository root, every copy would import the root's package),
 the names in turn, ``--repeat`` rounds of them (so drift shows between rounds), checks that each
@@ -31,8 +33,9 @@ POINT = ("provider", "mode", "headdim", "seqlen_q", "seqlen_k", "batch", "causal
 def prepare(specs, packages=PACKAGES):
     for spec in specs:
         name, _, rev = spec.partition("=")
+        rev, _, patch = rev.partition("+")
         if not name or not rev:
-            raise SystemExit(f"prepare takes NAME=REV, got {spec!r}")
+            raise SystemExit(f"prepare takes NAME=REV[+PATCH], got {spec!r}")
         dest = packages / name
         shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir(parents=True)
@@ -41,7 +44,12 @@ def prepare(specs, packages=PACKAGES):
         else:
             archive = subprocess.run(["git", "archive", rev, "ioattn"], cwd=ROOT, capture_output=True, check=True)
             subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
-        print(f"{name}: {rev} -> {dest}")
+        if patch:  # outside any repository git apply patches plain files; only the package's part
+            applied = subprocess.run(["git", "apply", "--include=ioattn/*", str((ROOT / patch).resolve())], cwd=dest,
+                                     capture_output=True, text=True)
+            if applied.returncode:
+                raise SystemExit(f"{name}: {patch} does not apply to {rev}: {applied.stderr.strip()}")
+        print(f"{name}: {rev}{' + ' + patch if patch else ''} -> {dest}")
 
 
 def run(names, bench, out, repeat, packages=PACKAGES):

@@ -632,6 +632,18 @@ def test_package_ab_runs_each_copy_from_inside_it(tmp_path):
         f.write("\n# changed\n")
     digests = {n: bench_run.source_digest(pk / n / "ioattn") for n in "ab"}
     assert digests["a"] != digests["b"]
+    # NAME=REV+PATCH: the patch's changes to the package applied to the revision's copy, or a refusal
+    patch = tmp_path / "x.diff"
+    lines = (root / "ioattn" / "semantics.py").read_text().splitlines()
+    patch.write_text("--- a/ioattn/semantics.py\n+++ b/ioattn/semantics.py\n@@ -1,1 +1,2 @@\n"
+                     f"+# patched\n {lines[0]}\n")
+    subprocess.run([*script, "prepare", "--packages", str(pk), f"p=HEAD+{patch}"], cwd=root, check=True,
+                   capture_output=True, timeout=120)
+    assert (pk / "p" / "ioattn" / "semantics.py").read_text().splitlines()[:2] == ["# patched", lines[0]]
+    patch.write_text(patch.read_text().replace(lines[0], lines[0] + " (not in the file)"))
+    proc = subprocess.run([*script, "prepare", "--packages", str(pk), f"q=HEAD+{patch}"], cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode and "does not apply to HEAD" in proc.stderr
     proc = subprocess.run([*script, "run", "--packages", str(pk), "--out", str(tmp_path / "ab"), "a", "b", "--",
                            "quick", "--headdims", "64", "--seqlens", "64", "--providers", "ioattn", "--rounds", "1"],
                           cwd=root, env=child_env(), capture_output=True, text=True, timeout=300)
