@@ -3,7 +3,7 @@ key chunk (BLOCK_N), split count (in waves of programs over the SMs), pipeline s
 JSON line per (case, layout, config) and prints the best config per case; the winners become the
 heuristic in ``ioattn/plan/decode.py`` (``plan``), with this script's output kept beside it.
 
-    python benchmarks/tune_decode.py --out DIR [--quick | --focus]
+    python benchmarks/tune_decode.py --out DIR [--quick | --focus | --mla]
 
 ``--focus``: the cases still behind cuDNN (batch 1 with 4k-128k keys, batch 8 x 8192; contiguous
 cache), pointer loads, BLOCK_N 64/128 x warps 4/8 x stages 2/3/4 x finer split waves, with SDPA's
@@ -15,6 +15,12 @@ cuDNN backend timed on each case in the same run (records with ``provider: "sdpa
 and TMA loads, BLOCK_N 64/128 x warps 4/8 x split waves 1/2/3, with the default plan on the
 contiguous cache timed in the same run (records with ``provider: "ioattn-contiguous"``): the
 paged-within-5 % target is against that.
+
+``--mla``: the Gluon MLA kernel's split count (``ioattn bench mla``'s shape: 128 query heads over one
+latent KV head, 576 / 512) at 1 x 4096 to 1 x 131072 and 8 x 8192, every count from 1 to one program an SM
+beside the default plan's (records with ``provider: "ioattn-default"``): each split writes a 64 x 512
+fp32 partial a row block and the merge reads them back, so the fewest splits that still fill the SMs
+may win (docs/decisions/mla-decode-kernel.md).
 
 Cases: the decode table of the peers' numbers (32 query heads, 8 KV heads, d=128, bf16, one query
 token). Timing: ``ioattn.bench.timing.median_ms`` (device time, median of 20), values trusted
@@ -84,7 +90,10 @@ def main():
     ap.add_argument("--focus", action="store_true")
     ap.add_argument("--paged", action="store_true", help="with --focus: the paged cache")
     ap.add_argument("--fp8", action="store_true", help="with --focus: e4m3 caches (contiguous)")
+    ap.add_argument("--mla", action="store_true", help="the MLA kernel's split counts instead")
     args = ap.parse_args()
+    if args.mla:
+        return mla(args.out)
     if args.fp8 and (args.paged or not args.focus):
         ap.error("--fp8 goes with --focus, on contiguous caches")
     if args.focus:
@@ -201,3 +210,51 @@ def focus(out, paged=False, fp8=False):
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+MLA_CASES = [(1, 4096), (1, 16384), (1, 32768), (1, 131072), (8, 8192)]
+
+
+def mla_split_counts(programs, tiles, sms):
+    """Split counts to time: powers of two and the counts that fill the SMs once or half, each at least
+    one key tile a split."""
+    fill = max(1, sms // programs)
+    counts = {1 << i for i in range(9)} | {fill, max(1, fill // 2), max(1, fill * 3 // 4)}
+    return sorted(c for c in counts if c <= min(fill, tiles))
+
+
+def mla(out):
+    from ioattn.bench.run import DecodeShape, _decode_inputs
+    from ioattn.plan.decode import MLA_BLOCK_M, MLA_BLOCK_N
+
+    os.makedirs(out, exist_ok=True)
+    sink = open(os.path.join(out, "tune_decode_mla.jsonl"), "w")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(f"{'batch':>5} {'kvlen':>7} {'default':>8} {'best':>8} {'splits':>6}  (us)")
+    for batch, kvlen in MLA_CASES:
+        shape = DecodeShape(batch, kvlen, 128, 1, 576, 512, True)
+        q, k, v, seqlens = _decode_inputs(shape, torch.bfloat16, "cuda")
+        ref, _ = kvcache_attention_ref(q[:1], k[:1], v[:1], cache_seqlens=seqlens[:1])
+        same, _ = kvcache_attention_ref(q[:1], k[:1], v[:1], cache_seqlens=seqlens[:1], upcast=False)
+        bound = 2 * (same.double() - ref).abs().max().item() + 1e-4
+
+        def step():
+            return flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, check_values=False)
+        default = median_ms(lambda s: step(), [0]) * 1e3
+        sink.write(json.dumps(dict(provider="ioattn-default", batch=batch, kvlen=kvlen, us=default)) + "\n")
+        programs = batch * -(-128 // MLA_BLOCK_M)
+        best = None
+        for splits in mla_split_counts(programs, -(-kvlen // MLA_BLOCK_N), sms):
+            with decode_config(num_splits=splits):
+                err = (step()[:1].double() - ref).abs().max().item()
+                us = median_ms(lambda s: step(), [0]) * 1e3
+            rec = dict(provider="ioattn", batch=batch, kvlen=kvlen, num_splits=splits, ok=err <= bound, us=us)
+            sink.write(json.dumps(rec) + "\n")
+            if rec["ok"] and (best is None or us < best["us"]):
+                best = rec
+        sink.flush()
+        print(f"{batch:>5} {kvlen:>7} {default:8.1f} {best['us'] if best else float('nan'):8.1f} "
+              f"{best['num_splits'] if best else '-':>6}")
+        del q, k, v, seqlens
+        torch.cuda.empty_cache()
+    return 0
