@@ -385,6 +385,69 @@ def test_unknown_decode_provider_is_a_line_not_an_exception():
         assert decode_providers(["ioattn-graph"])["ioattn-graph"] == (None, "needs CUDA (CUDA graph replay)")
 
 
+class _FakeFlashInfer:
+    """FlashInfer's batch decode as its documentation defines it (pages of ``page_size`` tokens in NHD
+    layout, a sequence's pages ``indices[indptr[b]:indptr[b + 1]]`` in order, ``last_page_len`` tokens of
+    its last page; scales multiply the cache's values), computed by the float64 oracle."""
+
+    def __init__(self):
+        self.plans = []
+        fake = self
+
+        class Wrapper:
+            def __init__(self, workspace, layout, use_tensor_cores=False):
+                assert layout == "NHD" and workspace.dtype == torch.uint8
+                self.tensor_cores = use_tensor_cores
+
+            def plan(self, indptr, indices, last, nheads, hkv, d, page, q_data_type, kv_data_type):
+                self.args = (indptr, indices, last, nheads, hkv, d, page)
+                fake.plans.append(dict(tensor_cores=self.tensor_cores, kv=kv_data_type))
+
+            def run(self, q, pages, k_scale=1.0, v_scale=1.0):
+                from ioattn.reference.decode import kvcache_attention_ref
+                indptr, indices, last, nheads, hkv, d, page = self.args
+                outs = []
+                for b in range(q.shape[0]):
+                    ids = indices[int(indptr[b]):int(indptr[b + 1])].long()
+                    n = (len(ids) - 1) * page + int(last[b])
+                    k, v = (p[ids].reshape(-1, hkv, d)[:n].double() * sc for p, sc in zip(pages, (k_scale, v_scale)))
+                    outs.append(kvcache_attention_ref(q[b:b + 1, None].double(), k[None], v[None])[0][0, 0])
+                return torch.stack(outs).to(q.dtype)
+
+        self.BatchDecodeWithPagedKVCacheWrapper = Wrapper
+
+
+@pytest.mark.parametrize("name", ["flashinfer", "flashinfer-fp8"])
+def test_flashinfer_decode_peer_builds_its_page_table(name, monkeypatch):
+    """The FlashInfer decode peers (``bench decode``'s ``flashinfer``, ``flashinfer-fp8``) against a stand-in
+    that computes what FlashInfer's documentation says its arguments mean: the contiguous caches as pages
+    in order, partly filled sequences' last pages, tensor cores from four query heads a KV head, e4m3
+    caches with one scale a tensor matching their same-precision twin; not importable here: a reason."""
+    import sys
+
+    from ioattn.bench.providers import FLASHINFER_PAGE
+    from ioattn.reference.decode import kvcache_attention_ref
+
+    import importlib.util
+    if importlib.util.find_spec("flashinfer") is None:
+        made, why = decode_providers([name])[name]
+        assert made is None and "not importable here" in why, why
+    fake = _FakeFlashInfer()
+    monkeypatch.setitem(sys.modules, "flashinfer", fake)
+    setup = decode_providers([name])[name][0]
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(3, 1, 8, 16, generator=g)
+    k, v = (torch.randn(3, 3 * FLASHINFER_PAGE, 2, 16, generator=g) for _ in range(2))
+    lens = torch.tensor([3 * FLASHINFER_PAGE, 70, 1], dtype=torch.int32)
+    out = setup(q, k, v, lens)()
+    want = (setup.same_precision(q, k, v, lens) if name.endswith("fp8")
+            else kvcache_attention_ref(q, k, v, cache_seqlens=lens)[0])
+    assert out.shape == q.shape and (out.double() - want.double()).abs().max() < 1e-5
+    assert fake.plans == [dict(tensor_cores=True, kv=torch.float8_e4m3fn if name.endswith("fp8") else torch.float32)]
+    with pytest.raises(ValueError, match="whole 64-token pages"):
+        setup(q, k[:, :100], v[:, :100], lens)
+
+
 def test_paged_copy_and_calibration():
     k, v = torch.randn(2, 300, 2, 16), torch.randn(2, 300, 2, 16)
     k_pages, v_pages, table = paged_copy(k, v, page_size=128)

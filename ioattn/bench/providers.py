@@ -200,22 +200,22 @@ def providers(names=None):
     return _with_peers(table, names, _sdpa, _flex, lambda peer: (_import_peer(peer), ""), OURS, "provider")
 
 
-def _with_peers(table, names, make_sdpa, make_flex, import_peer, ours, what):
-    """``table`` (ours) completed with the peers: SDPA per backend, FlexAttention and flash-attn when
-    they can be built here, each else (None, reason); with ``names``, exactly those names, unknown
-    ones with a reason (the train and decode tables share this)."""
+def _with_peers(table, names, make_sdpa, make_flex, import_peer, ours, what, peers=PEERS):
+    """``table`` (ours) completed with the peers (``peers``): SDPA per backend, FlexAttention and the
+    imported libraries when they can be built here, each else (None, reason); with ``names``, exactly
+    those names, unknown ones with a reason (the train and decode tables share this)."""
     from torch.nn.attention import SDPBackend
 
     for name, backend in (("sdpa", None), ("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
                           ("sdpa-efficient", SDPBackend.EFFICIENT_ATTENTION), ("sdpa-math", SDPBackend.MATH)):
         table[name] = (make_sdpa(backend), "")
-    wanted = set(table) | set(PEERS) if names is None else set(names)
+    wanted = set(table) | set(peers) if names is None else set(names)
     if "flex" in wanted:
         try:
             table["flex"] = (make_flex(), "")
         except Exception as e:  # noqa: BLE001 - an old torch without FlexAttention
             table["flex"] = (None, f"FlexAttention unavailable: {type(e).__name__}: {e}")
-    for peer in ("flash-attn", "flash-attn-cute", "sageattn"):
+    for peer in peers[peers.index("flex") + 1:]:
         if peer in wanted:
             try:
                 table[peer] = import_peer(peer)
@@ -223,7 +223,7 @@ def _with_peers(table, names, make_sdpa, make_flex, import_peer, ours, what):
                 table[peer] = (None, f"not importable here ({type(e).__name__})")
     if names is None:
         return table
-    known = ", ".join(list(ours) + list(PEERS))
+    known = ", ".join(list(ours) + list(peers))
     return {n: table.get(n, (None, f"unknown {what} {n!r}; known: {known}")) for n in names}
 
 
@@ -231,6 +231,7 @@ def _with_peers(table, names, make_sdpa, make_flex, import_peer, ours, what):
 
 DECODE_OURS = ("ioattn", "ioattn-checked", "ioattn-paged", "ioattn-unified", "ioattn-graph", "ioattn-nopdl",
                "ioattn-graph-nopdl", "ioattn-tma", "ioattn-fp8", "ioattn-split")
+DECODE_PEERS = PEERS + ("flashinfer", "flashinfer-fp8")
 DECODE_PAGE_SIZE = 256
 UNIFIED_CALIBRATION_KEYS = 1024
 
@@ -421,7 +422,65 @@ def _flex_decode():
     return setup
 
 
+FLASHINFER_PAGE = 64  # the contiguous caches viewed as pages of this many tokens (no copy)
+FLASHINFER_WORKSPACE = 128 << 20  # bytes: FlashInfer's own example's float workspace
+
+
+class _FlashInferDecode:
+    """FlashInfer's batch decode (``BatchDecodeWithPagedKVCacheWrapper``, its ``auto`` backend, tensor
+    cores from four query heads a KV head as its documentation advises) over the contiguous caches viewed
+    as pages of ``FLASHINFER_PAGE`` tokens in order, planned once at setup; ``fp8``: e4m3 caches with
+    one scale a tensor (its ``k_scale`` / ``v_scale`` form), and a same-precision twin as ours has."""
+
+    def __init__(self, fp8=False):
+        import flashinfer
+
+        self.fi, self.fp8 = flashinfer, fp8
+
+    @staticmethod
+    def _quantised(k_cache, v_cache):
+        from ioattn.reference.fp8 import quantize_fp8_ref
+        return [quantize_fp8_ref(t, "tensor") for t in (k_cache, v_cache)]
+
+    def __call__(self, q, k_cache, v_cache, cache_seqlens):
+        batch, capacity, hkv, d = k_cache.shape
+        if capacity % FLASHINFER_PAGE or v_cache.shape[-1] != d:
+            raise ValueError(f"flashinfer here: caches of whole {FLASHINFER_PAGE}-token pages, V's head dim K's")
+        scales = {}
+        if self.fp8:
+            (k_cache, ks), (v_cache, vs) = self._quantised(k_cache, v_cache)
+            scales = dict(k_scale=float(ks), v_scale=float(vs))
+        per = capacity // FLASHINFER_PAGE
+        pages = [c.reshape(batch * per, FLASHINFER_PAGE, hkv, d) for c in (k_cache, v_cache)]
+        dev = q.device
+        lens = cache_seqlens.to(torch.int32)
+        used = (lens + FLASHINFER_PAGE - 1) // FLASHINFER_PAGE
+        indptr = torch.zeros(batch + 1, dtype=torch.int32, device=dev)
+        indptr[1:] = torch.cumsum(used, 0)
+        indices = torch.cat([torch.arange(b * per, b * per + int(n), dtype=torch.int32, device=dev)
+                             for b, n in enumerate(used.tolist())])
+        last = lens - (used - 1) * FLASHINFER_PAGE
+        nheads = q.shape[2]
+        wrapper = self.fi.BatchDecodeWithPagedKVCacheWrapper(
+            torch.empty(FLASHINFER_WORKSPACE, dtype=torch.uint8, device=dev), "NHD",
+            use_tensor_cores=nheads // hkv >= 4)
+        wrapper.plan(indptr, indices, last, nheads, hkv, d, FLASHINFER_PAGE, q_data_type=q.dtype,
+                     kv_data_type=k_cache.dtype)
+        q3 = q[:, 0]
+        return lambda: wrapper.run(q3, tuple(pages), **scales).unsqueeze(1)
+
+    def same_precision(self, q, k_cache, v_cache, cache_seqlens):
+        from ioattn.reference.decode import kvcache_attention_ref
+        from ioattn.reference.fp8 import dequantize_fp8_ref
+        if not self.fp8:
+            return kvcache_attention_ref(q, k_cache, v_cache, cache_seqlens=cache_seqlens, upcast=False)[0]
+        k, v = (dequantize_fp8_ref(t, s).to(q.dtype) for t, s in self._quantised(k_cache, v_cache))
+        return kvcache_attention_ref(q, k, v, cache_seqlens=cache_seqlens, upcast=False)[0]
+
+
 def _import_decode_peer(name):
+    if name in ("flashinfer", "flashinfer-fp8"):
+        return _FlashInferDecode(fp8=name == "flashinfer-fp8"), ""
     if name == "sageattn":
         return None, "SageAttention: no KV-cache decoding entry measured here"
     if name == "flash-attn":
@@ -467,4 +526,4 @@ def decode_providers(names=None):
         table[f"ioattn-graph-{name}"] = ((functools.partial(_graph_setup, fields=fields), "") if cuda
                                          else (None, "needs CUDA (CUDA graph replay)"))
     return _with_peers(table, names, _sdpa_decode, _flex_decode, _import_decode_peer, DECODE_OURS,
-                       "decode provider")
+                       "decode provider", DECODE_PEERS)

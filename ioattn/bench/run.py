@@ -100,7 +100,7 @@ class DecodeSweep:
     nheads_kv: int = 8
     headdims: tuple = (128,)
     providers: tuple = ("ioattn", "ioattn-graph", "ioattn-checked", "ioattn-paged", "ioattn-unified", "ioattn-nopdl",
-                        "ioattn-graph-nopdl", "ioattn-fp8") + ALL_PEERS
+                        "ioattn-graph-nopdl", "ioattn-fp8") + ALL_PEERS + ("flashinfer", "flashinfer-fp8")
     headdim_v: int = 0
     latent: bool = False
 
