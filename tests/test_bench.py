@@ -761,3 +761,29 @@ def test_a_test_out_of_device_memory_runs_again_with_the_card_alone():
     if len(_OOM_CALLS) == 1:
         raise torch.cuda.OutOfMemoryError("the first call runs out of device memory")
     assert len(_OOM_CALLS) == 2
+
+
+def test_peer_bundle_trims_to_what_the_imports_load(tmp_path):
+    """benchmarks/peer_bundle.py's trim and prune: the prebuilt binaries of the listed subpackages and the
+    kernel sources' subfolders go, the top-level sources stay; of a trimmed family, only the modules that
+    importing the package loads stay (found by importing it in a child process)."""
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+    import peer_bundle
+
+    site = tmp_path / "site"
+    files = {"pk/__init__.py": "from pk.fam import used\n", "pk/fam/__init__.py": "", "pk/fam/used.py": "",
+             "pk/fam/unused.py": "", "pk/fam/kernel.cubin": "x", "pk/cake_a_backend/__init__.py": "",
+             "pk/cake_a_backend/lib.so": "x", "pk/data/csrc/top.cu": "", "pk/data/csrc/family/deep.cu": ""}
+    for name, text in files.items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text(text)
+    peer = dict(families=("fam",), binaries=("cake_*_backend",), sources="data/csrc", imports=("pk",))
+    peer_bundle.trim(site, peer)
+    keep = peer_bundle.imported_files(site, tmp_path / "none", peer["imports"])
+    assert (site / "pk/fam/used.py").resolve() in keep and (site / "pk/fam/unused.py").resolve() not in keep
+    peer_bundle.prune(site, peer, keep)
+    left = sorted(str(p.relative_to(site)) for p in site.rglob("*") if p.is_file() and "__pycache__" not in str(p))
+    assert left == ["pk/__init__.py", "pk/cake_a_backend/__init__.py", "pk/data/csrc/top.cu", "pk/fam/__init__.py",
+                    "pk/fam/used.py"], left
