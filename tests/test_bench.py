@@ -741,6 +741,28 @@ def test_a_step_past_its_time_is_stopped_with_what_it_started(tmp_path):
     assert not marker.exists(), "a process the stopped step started lived on"
 
 
+def test_steps_from_a_file_within_a_total_time(tmp_path):
+    """benchmarks/run_steps.py --file / --total: steps read from a file after those given (comments,
+    blank lines, a continued line), each step's limit cut to what is left of --total, and the steps with
+    too little left not started (exit code 125 each, counted as failed)."""
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    steps = tmp_path / "steps"
+    steps.write_text("# a comment\n\nlong=sleep 30\njoined=echo one \\\n  two\nlate=echo late\n")
+    proc = subprocess.run([sys.executable, "benchmarks/run_steps.py", str(tmp_path / "o"), "--total", "14",
+                           "first=echo first", "--file", str(steps)], cwd=root, capture_output=True, text=True,
+                          timeout=60)
+    lines = proc.stdout.splitlines()
+    assert [ln.split(":")[0] for ln in lines] == ["first", "long", "joined", "late"], proc.stdout + proc.stderr
+    assert "long: rc=124" in proc.stdout and "joined: rc=125" in proc.stdout and "late: rc=125" in proc.stdout
+    assert proc.returncode == 3 and (tmp_path / "o" / "first.log").read_text().strip() == "first"
+    proc = subprocess.run([sys.executable, "benchmarks/run_steps.py", str(tmp_path / "p"), "--file", str(steps),
+                           "--timeout", "1"], cwd=root, capture_output=True, text=True, timeout=60)
+    assert (tmp_path / "p" / "joined.log").read_text().strip() == "one two", proc.stdout
+
+
 _OOM_CALLS = []
 
 
