@@ -2,7 +2,7 @@
 for that machine's Python, unpacked into one folder, trimmed to what the decode benchmark imports, as
 one archive to carry.
 
-    python benchmarks/peer_bundle.py flashinfer [--python 3.12] [--out out/peers]
+    python benchmarks/peer_bundle.py flashinfer [--python 3.12] [--out out/peers] [--wheels DIR]
 
 writes ``OUT/flashinfer.tgz``; there, ``tar -xzf flashinfer.tgz -C DIR`` and ``PYTHONPATH=DIR`` make
 ``import flashinfer`` work (its kernels compile at first use with the machine's nvcc). The wheel is
@@ -10,7 +10,8 @@ about 100 MB and mostly sources of kernels the benchmark never builds: the trimm
 Python package, the headers and the top-level kernel sources, drops the prebuilt binaries of its
 other families and the Python modules of those families that ``import flashinfer`` does not load
 (found by importing the trimmed copy here, with this machine's own builds of the dependencies that
-have compiled parts).
+have compiled parts). ``--wheels DIR``: the wheels already downloaded into DIR instead, which the
+import check then uses as they are.
 """
 from __future__ import annotations
 
@@ -89,17 +90,19 @@ def imported_files(site, local_deps, modules):
     return {pathlib.Path(line).resolve() for line in proc.stdout.splitlines() if line}
 
 
-def bundle(name, python, out):
+def bundle(name, python, out, wheels=None):
     peer = PEERS[name]
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         site, local = tmp / "site", tmp / "local"
-        download([peer["wheel"], *peer["deps"]], tmp / "w", python)
-        unpack(tmp / "w", site)
+        if wheels is None:
+            download([peer["wheel"], *peer["deps"]], tmp / "w", python)
+            download(peer["compiled"], tmp / "wl")  # this machine's builds, for the import below
+        unpack(wheels or tmp / "w", site)
         trim(site, peer)
-        download(peer["compiled"], tmp / "wl")  # this machine's builds, for the import below
-        unpack(tmp / "wl", local)
+        if wheels is None:
+            unpack(tmp / "wl", local)
         prune(site, peer, imported_files(site, local, peer["imports"]))
         for cache in list(site.rglob("__pycache__")):
             shutil.rmtree(cache, ignore_errors=True)
@@ -116,8 +119,10 @@ def main(argv=None):
     ap.add_argument("peer", choices=sorted(PEERS))
     ap.add_argument("--python", default="3.12", help="the GPU machine's Python version (default: 3.12)")
     ap.add_argument("--out", default="out/peers", help="folder for the archive (default: out/peers)")
+    ap.add_argument("--wheels", type=pathlib.Path, default=None,
+                    help="wheels already downloaded, instead of pip download (default: download them)")
     args = ap.parse_args(argv)
-    bundle(args.peer, args.python, pathlib.Path(args.out))
+    bundle(args.peer, args.python, pathlib.Path(args.out), args.wheels)
 
 
 if __name__ == "__main__":

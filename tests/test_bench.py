@@ -786,26 +786,32 @@ def test_a_test_out_of_device_memory_runs_again_with_the_card_alone():
 
 
 def test_peer_bundle_trims_to_what_the_imports_load(tmp_path):
-    """benchmarks/peer_bundle.py's trim and prune: the prebuilt binaries of the listed subpackages and the
-    kernel sources' subfolders go, the top-level sources stay; of a trimmed family, only the modules that
-    importing the package loads stay (found by importing it in a child process)."""
+    """benchmarks/peer_bundle.py over wheels given (``--wheels``): the archive keeps the package's modules
+    and top-level kernel sources, drops the listed subpackages' binaries, the sources' subfolders, and
+    the trimmed families' modules that importing the package does not load (checked by importing the
+    trimmed copy in a child process)."""
+    import subprocess
     import sys
+    import tarfile
+    import zipfile
 
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
-    import peer_bundle
-
-    site = tmp_path / "site"
-    files = {"pk/__init__.py": "from pk.fam import used\n", "pk/fam/__init__.py": "", "pk/fam/used.py": "",
-             "pk/fam/unused.py": "", "pk/fam/kernel.cubin": "x", "pk/cake_a_backend/__init__.py": "",
-             "pk/cake_a_backend/lib.so": "x", "pk/data/csrc/top.cu": "", "pk/data/csrc/family/deep.cu": ""}
-    for name, text in files.items():
-        (site / name).parent.mkdir(parents=True, exist_ok=True)
-        (site / name).write_text(text)
-    peer = dict(families=("fam",), binaries=("cake_*_backend",), sources="data/csrc", imports=("pk",))
-    peer_bundle.trim(site, peer)
-    keep = peer_bundle.imported_files(site, tmp_path / "none", peer["imports"])
-    assert (site / "pk/fam/used.py").resolve() in keep and (site / "pk/fam/unused.py").resolve() not in keep
-    peer_bundle.prune(site, peer, keep)
-    left = sorted(str(p.relative_to(site)) for p in site.rglob("*") if p.is_file() and "__pycache__" not in str(p))
-    assert left == ["pk/__init__.py", "pk/cake_a_backend/__init__.py", "pk/data/csrc/top.cu", "pk/fam/__init__.py",
-                    "pk/fam/used.py"], left
+    files = {"flashinfer/__init__.py": "from flashinfer.experimental import used\nfrom flashinfer import decode\n",
+             "flashinfer/decode.py": "", "flashinfer/prefill.py": "", "flashinfer/experimental/__init__.py": "",
+             "flashinfer/experimental/used.py": "", "flashinfer/experimental/unused.py": "",
+             "flashinfer/experimental/kernel.cubin": "x", "flashinfer/cake_a_backend/__init__.py": "",
+             "flashinfer/cake_a_backend/lib.so": "x", "flashinfer/data/csrc/top.cu": "",
+             "flashinfer/data/csrc/family/deep.cu": ""}
+    wheels = tmp_path / "w"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "flashinfer_python-0.0-py3-none-any.whl", "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    root = pathlib.Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "benchmarks/peer_bundle.py", "flashinfer", "--wheels", str(wheels),
+                           "--out", str(tmp_path / "out")], cwd=root, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with tarfile.open(tmp_path / "out" / "flashinfer.tgz") as tar:
+        names = sorted(m.name for m in tar.getmembers() if m.isfile())
+    assert names == ["flashinfer/__init__.py", "flashinfer/cake_a_backend/__init__.py", "flashinfer/data/csrc/top.cu",
+                     "flashinfer/decode.py", "flashinfer/experimental/__init__.py", "flashinfer/experimental/used.py",
+                     "flashinfer/prefill.py"], names
