@@ -10,7 +10,9 @@ under ``benchmarks/patches/`` until its A/B decides it) under the ignored ``out/
 the device. ``run`` runs ``python -m ioattn
 bench SWEEP ... --out DIR/NAME-r`` from inside each copy (``python -m`` puts the working directory
 first on ``sys.path``: run from the repository root, every copy would import the root's package),
-the names in turn, ``--repeat`` rounds of them (so drift shows between rounds), checks that each
+the names in turn, ``--repeat`` rounds of them, each round starting one name later (the run that follows
+another was measured a few per cent faster on the same code: the rotation spreads it over every name;
+drift shows between rounds), checks that each
 record's ``env.ioattn`` is its copy's source digest, and prints each point's median time per name
 and its ratio to the first name's. The plots are not kept.
 """
@@ -61,7 +63,7 @@ def run(names, bench, out, repeat, packages=PACKAGES):
     out = pathlib.Path(out).resolve()
     records = {name: [] for name in names}
     for r in range(repeat):
-        for name in names:
+        for name in names[r % len(names):] + names[:r % len(names)]:  # each round starts one name later
             home = packages / name
             digest = source_digest(home / "ioattn")
             dest = out / f"{name}-{r}"
@@ -73,7 +75,7 @@ def run(names, bench, out, repeat, packages=PACKAGES):
                 png.unlink()
             path = dest / "results.jsonl"
             got = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-            wrong = {rec["env"].get("ioattn") for rec in got} - {digest}
+            wrong = {rec.get("env", {}).get("ioattn") for rec in got} - {digest}  # (None: a record without env)
             if wrong:
                 raise SystemExit(f"{name}: records from sources {sorted(map(str, wrong))}, not its copy's {digest}")
             records[name] += got

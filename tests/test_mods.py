@@ -661,7 +661,7 @@ def test_the_mods_benchmark_records_a_provider_that_cannot_run_in_the_schema():
 
     base = dict(sweep="mods-document", provider="flex", dtype="bf16", batch=1, nheads=16, nheads_kv=16,
                 headdim=128, seqlen_q=16384, seqlen_k=16384, causal=True, paged=False, device="x", density=0.1,
-                command="ioattn bench mods")
+                command="ioattn bench mods", env={"torch": "x", "ioattn": "0123abcd"})
     rec = mb._failed(base, "fwd", MemoryError("16 GiB"))
     assert report.validate(rec) == [] and rec["ms"] is None and not rec["ok"]
     assert rec["error"] == "MemoryError: 16 GiB"

@@ -284,7 +284,8 @@ def _point(kind, d, n, names, modes, env, sink, command):
     for pname, fn in fns.items():
         base = dict(sweep=f"mods-{kind}", provider=pname, dtype="bf16", batch=batch, nheads=nheads,
                     nheads_kv=nheads, headdim=d, seqlen_q=n, seqlen_k=n, causal=kind != "block_sparse" and
-                    kind not in ("prefix_lm",), paged=False, device=env["device"], density=density, command=command)
+                    kind not in ("prefix_lm",), paged=False, device=env["device"], density=density, command=command,
+                    env=env)
         try:
             ok, err = _check(fn, q, k, v, refs) if pname != "ioattn-builtin" or kind != "block_sparse" else (True, 0)
             for mode in modes:
