@@ -208,9 +208,6 @@ def focus(out, paged=False, fp8=False):
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
 
 MLA_CASES = [(1, 4096), (1, 16384), (1, 32768), (1, 131072), (8, 8192)]
 
@@ -258,3 +255,7 @@ def mla(out):
         del q, k, v, seqlens
         torch.cuda.empty_cache()
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -680,8 +680,9 @@ def test_timings_are_written_as_each_test_finishes(tmp_path):
 
 def test_package_ab_runs_each_copy_from_inside_it(tmp_path):
     """benchmarks/ab_packages.py: each copy's runs import that copy, even with the checkout first on
-    ``PYTHONPATH`` (their records carry its source digest, which the script checks), and the table has a ratio for the second copy; a name that was not
-    prepared is refused before anything runs."""
+    ``PYTHONPATH`` (their records carry its source digest, which the script checks), each round starts
+    one name later, and the table has a ratio for the second copy; a name that was not prepared is
+    refused before anything runs."""
     import subprocess
     import sys
     from conftest import child_env
@@ -707,10 +708,13 @@ def test_package_ab_runs_each_copy_from_inside_it(tmp_path):
     proc = subprocess.run([*script, "prepare", "--packages", str(pk), f"q=HEAD+{patch}"], cwd=root,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode and "does not apply to HEAD" in proc.stderr
-    proc = subprocess.run([*script, "run", "--packages", str(pk), "--out", str(tmp_path / "ab"), "a", "b", "--",
-                           "quick", "--headdims", "64", "--seqlens", "64", "--providers", "ioattn", "--rounds", "1"],
-                          cwd=root, env=child_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([*script, "run", "--packages", str(pk), "--out", str(tmp_path / "ab"), "--repeat", "2",
+                           "a", "b", "--", "quick", "--headdims", "64", "--seqlens", "64", "--providers", "ioattn",
+                           "--rounds", "1"], cwd=root, env=child_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-800:] + proc.stderr[-800:]
+    order = [line.split(" round ")[0] + line.split(" round ")[1][0] for line in proc.stdout.splitlines()
+             if " round " in line]
+    assert order == ["a0", "b0", "b1", "a1"], order  # each round starts one name later
     for n in "ab":
         recs = [json.loads(line) for line in (tmp_path / "ab" / f"{n}-0" / "results.jsonl").read_text().splitlines()]
         assert recs and {r["env"]["ioattn"] for r in recs} == {digests[n]}

@@ -256,15 +256,17 @@ def _kvcache_setup(**extra):
 
 class _Fp8DecodeSetup:
     """The unchecked call over e4m3 caches: K and V quantised per (batch, KV head) at setup
-    (``quantize_fp8_ref``), their descales passed as ``k_descale`` / ``v_descale``. Its same-precision
-    twin (``same_precision``): PyTorch's attention in q's dtype over the dequantised caches, so the
-    check holds it to twice the error the e4m3 cache itself costs. (Its GB/s count bf16 bytes: it reads
-    half as many.)"""
+    (``quantize_fp8_ref``; ``granularity``: "tensor" for a peer's one scale a tensor), their descales
+    passed as ``k_descale`` / ``v_descale``. Its same-precision twin (``same_precision``): PyTorch's
+    attention in q's dtype over the dequantised caches, so the check holds it to twice the error the
+    e4m3 cache itself costs. (Its GB/s count bf16 bytes: it reads half as many.)"""
 
-    @staticmethod
-    def _quantised(k_cache, v_cache):
+    def __init__(self, granularity="head"):
+        self.granularity = granularity
+
+    def _quantised(self, k_cache, v_cache):
         from ioattn.reference.fp8 import quantize_fp8_ref
-        return [quantize_fp8_ref(t, "head") for t in (k_cache, v_cache)]
+        return [quantize_fp8_ref(t, self.granularity) for t in (k_cache, v_cache)]
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens):
         (k8, ks), (v8, vs) = self._quantised(k_cache, v_cache)
@@ -435,20 +437,15 @@ class _FlashInferDecode:
     def __init__(self, fp8=False):
         import flashinfer
 
-        self.fi, self.fp8 = flashinfer, fp8
-
-    @staticmethod
-    def _quantised(k_cache, v_cache):
-        from ioattn.reference.fp8 import quantize_fp8_ref
-        return [quantize_fp8_ref(t, "tensor") for t in (k_cache, v_cache)]
+        self.fi, self.twin = flashinfer, _Fp8DecodeSetup("tensor") if fp8 else None
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens):
         batch, capacity, hkv, d = k_cache.shape
         if capacity % FLASHINFER_PAGE or v_cache.shape[-1] != d:
             raise ValueError(f"flashinfer here: caches of whole {FLASHINFER_PAGE}-token pages, V's head dim K's")
         scales = {}
-        if self.fp8:
-            (k_cache, ks), (v_cache, vs) = self._quantised(k_cache, v_cache)
+        if self.twin is not None:  # (setup: the scales read back once)
+            (k_cache, ks), (v_cache, vs) = self.twin._quantised(k_cache, v_cache)
             scales = dict(k_scale=float(ks), v_scale=float(vs))
         per = capacity // FLASHINFER_PAGE
         pages = [c.reshape(batch * per, FLASHINFER_PAGE, hkv, d) for c in (k_cache, v_cache)]
@@ -470,12 +467,10 @@ class _FlashInferDecode:
         return lambda: wrapper.run(q3, tuple(pages), **scales).unsqueeze(1)
 
     def same_precision(self, q, k_cache, v_cache, cache_seqlens):
+        if self.twin is not None:
+            return self.twin.same_precision(q, k_cache, v_cache, cache_seqlens)
         from ioattn.reference.decode import kvcache_attention_ref
-        from ioattn.reference.fp8 import dequantize_fp8_ref
-        if not self.fp8:
-            return kvcache_attention_ref(q, k_cache, v_cache, cache_seqlens=cache_seqlens, upcast=False)[0]
-        k, v = (dequantize_fp8_ref(t, s).to(q.dtype) for t, s in self._quantised(k_cache, v_cache))
-        return kvcache_attention_ref(q, k, v, cache_seqlens=cache_seqlens, upcast=False)[0]
+        return kvcache_attention_ref(q, k_cache, v_cache, cache_seqlens=cache_seqlens, upcast=False)[0]
 
 
 def _import_decode_peer(name):
