@@ -5,7 +5,8 @@ one archive to carry.
     python benchmarks/peer_bundle.py flashinfer [--python 3.12] [--out out/peers] [--wheels DIR]
 
 writes ``OUT/flashinfer.tgz``; there, ``tar -xzf flashinfer.tgz -C DIR`` and ``PYTHONPATH=DIR`` make
-``import flashinfer`` work (its kernels compile at first use with the machine's nvcc). The wheel is
+``import flashinfer`` work (its kernels compile at first use with the machine's nvcc), and
+``PATH=DIR/bin:$PATH`` the programs the wheels ship (``ninja``, which that compile runs), executable. The wheel is
 about 100 MB and mostly sources of kernels the benchmark never builds: the trimmed archive keeps the
 Python package, the headers and the top-level kernel sources, drops the prebuilt binaries of its
 other families and the Python modules of those families that ``import flashinfer`` does not load
@@ -51,6 +52,16 @@ def unpack(wheels, site):
     for whl in sorted(pathlib.Path(wheels).glob("*.whl")):
         with zipfile.ZipFile(whl) as z:
             z.extractall(site)
+
+
+def collect_scripts(site):
+    """The wheels' programs (``NAME.data/scripts/*``, which pip would put on the PATH) moved to
+    ``site/bin`` and made executable (a zip extraction keeps no modes)."""
+    for script in sorted(site.glob("*.data/scripts/*")):
+        dest = site / "bin" / script.name
+        dest.parent.mkdir(exist_ok=True)
+        shutil.move(script, dest)
+        dest.chmod(0o755)
 
 
 def trim(site, peer):
@@ -100,6 +111,7 @@ def bundle(name, python, out, wheels=None):
             download([peer["wheel"], *peer["deps"]], tmp / "w", python)
             download(peer["compiled"], tmp / "wl")  # this machine's builds, for the import below
         unpack(wheels or tmp / "w", site)
+        collect_scripts(site)
         trim(site, peer)
         if wheels is None:
             unpack(tmp / "wl", local)

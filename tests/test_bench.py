@@ -793,7 +793,7 @@ def test_peer_bundle_trims_to_what_the_imports_load(tmp_path):
     """benchmarks/peer_bundle.py over wheels given (``--wheels``): the archive keeps the package's modules
     and top-level kernel sources, drops the listed subpackages' binaries, the sources' subfolders, and
     the trimmed families' modules that importing the package does not load (checked by importing the
-    trimmed copy in a child process)."""
+    trimmed copy in a child process); a wheel's program lands in ``bin/``, executable."""
     import subprocess
     import sys
     import tarfile
@@ -804,7 +804,7 @@ def test_peer_bundle_trims_to_what_the_imports_load(tmp_path):
              "flashinfer/experimental/used.py": "", "flashinfer/experimental/unused.py": "",
              "flashinfer/experimental/kernel.cubin": "x", "flashinfer/cake_a_backend/__init__.py": "",
              "flashinfer/cake_a_backend/lib.so": "x", "flashinfer/data/csrc/top.cu": "",
-             "flashinfer/data/csrc/family/deep.cu": ""}
+             "flashinfer/data/csrc/family/deep.cu": "", "ninja-0.0.data/scripts/ninja": "#!/bin/sh\n"}
     wheels = tmp_path / "w"
     wheels.mkdir()
     with zipfile.ZipFile(wheels / "flashinfer_python-0.0-py3-none-any.whl", "w") as z:
@@ -816,6 +816,7 @@ def test_peer_bundle_trims_to_what_the_imports_load(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with tarfile.open(tmp_path / "out" / "flashinfer.tgz") as tar:
         names = sorted(m.name for m in tar.getmembers() if m.isfile())
-    assert names == ["flashinfer/__init__.py", "flashinfer/cake_a_backend/__init__.py", "flashinfer/data/csrc/top.cu",
+        assert tar.getmember("bin/ninja").mode & 0o111 == 0o111
+    assert names == ["bin/ninja", "flashinfer/__init__.py", "flashinfer/cake_a_backend/__init__.py", "flashinfer/data/csrc/top.cu",
                      "flashinfer/decode.py", "flashinfer/experimental/__init__.py", "flashinfer/experimental/used.py",
                      "flashinfer/prefill.py"], names
