@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import shutil
 import statistics
@@ -30,6 +31,26 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ROOT / "out" / "packages"
 
 POINT = ("provider", "mode", "headdim", "seqlen_q", "seqlen_k", "batch", "causal")
+
+
+def apply_patch(patch, dest, what, rev):
+    """The package's part of ``patch`` (its ``ioattn/`` files) applied to the copy in ``dest``. git apply
+    patches plain files only outside any repository: inside one (the default packages folder is in the
+    checkout) it takes paths from the repository's root and skips, without an error, every file outside
+    the current folder. The ceiling keeps git from finding the checkout above ``dest``; the check after
+    it, that every package file the patch names has changed, keeps a silent no-op from passing as a copy."""
+    patch = pathlib.Path(patch).resolve()
+    named = sorted({line[6:].strip() for line in patch.read_text().splitlines()
+                    if line.startswith("+++ b/ioattn/")})
+    before = {f: (dest / f).read_bytes() if (dest / f).exists() else None for f in named}
+    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(dest.resolve().parent))
+    applied = subprocess.run(["git", "apply", "--include=ioattn/*", str(patch)], cwd=dest, env=env,
+                             capture_output=True, text=True)
+    if applied.returncode:
+        raise SystemExit(f"{what} does not apply to {rev}: {applied.stderr.strip()}")
+    unchanged = [f for f in named if (dest / f).exists() and (dest / f).read_bytes() == before[f]]
+    if unchanged or not named:
+        raise SystemExit(f"{what}: no change to {unchanged or 'the package'} in the copy of {rev}")
 
 
 def prepare(specs, packages=PACKAGES):
@@ -46,11 +67,8 @@ def prepare(specs, packages=PACKAGES):
         else:
             archive = subprocess.run(["git", "archive", rev, "ioattn"], cwd=ROOT, capture_output=True, check=True)
             subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
-        if patch:  # outside any repository git apply patches plain files; only the package's part
-            applied = subprocess.run(["git", "apply", "--include=ioattn/*", str((ROOT / patch).resolve())], cwd=dest,
-                                     capture_output=True, text=True)
-            if applied.returncode:
-                raise SystemExit(f"{name}: {patch} does not apply to {rev}: {applied.stderr.strip()}")
+        if patch:
+            apply_patch(ROOT / patch, dest, f"{name}: {patch}", rev)
         print(f"{name}: {rev}{' + ' + patch if patch else ''} -> {dest}")
 
 

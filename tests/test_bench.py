@@ -689,6 +689,9 @@ def test_package_ab_runs_each_copy_from_inside_it(tmp_path):
 
     root = pathlib.Path(__file__).resolve().parents[1]
     script = [sys.executable, "benchmarks/ab_packages.py"]
+    # the packages folder inside a repository of its own, as the default one is in the checkout (where
+    # git apply once skipped every file without an error)
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     pk = tmp_path / "pk"
     subprocess.run([*script, "prepare", "--packages", str(pk), "a=HEAD", "b=."], cwd=root, check=True,
                    capture_output=True, timeout=120)
@@ -704,6 +707,11 @@ def test_package_ab_runs_each_copy_from_inside_it(tmp_path):
     subprocess.run([*script, "prepare", "--packages", str(pk), f"p=HEAD+{patch}"], cwd=root, check=True,
                    capture_output=True, timeout=120)
     assert (pk / "p" / "ioattn" / "semantics.py").read_text().splitlines()[:2] == ["# patched", lines[0]]
+    other = tmp_path / "other.diff"  # a patch with no package file refused
+    other.write_text("--- a/README.md\n+++ b/README.md\n@@ -1,1 +1,2 @@\n+x\n y\n")
+    proc = subprocess.run([*script, "prepare", "--packages", str(pk), f"o=HEAD+{other}"], cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode and "no change to the package" in proc.stderr
     patch.write_text(patch.read_text().replace(lines[0], lines[0] + " (not in the file)"))
     proc = subprocess.run([*script, "prepare", "--packages", str(pk), f"q=HEAD+{patch}"], cwd=root,
                           capture_output=True, text=True, timeout=120)
