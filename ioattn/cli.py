@@ -21,7 +21,7 @@ from typing import Callable
 
 from ioattn.bench import arg_types, fp4_study, fp8_accuracy, io_command, mods_bench, pingpong_trace, report
 from ioattn.bench import run as sweeps
-from ioattn.bench.providers import DECODE_OURS, OURS, PEERS
+from ioattn.bench.providers import DECODE_OURS, DECODE_PEERS, OURS, PEERS
 from ioattn.explainers import SLOTS as EXPLAINER_PAGES
 
 ALL = tuple(sweeps.SWEEP_HELP)
@@ -303,7 +303,7 @@ def _with_default_sweep(argv):
 
 
 def _known_providers(sweep):
-    return (DECODE_OURS if sweep in sweeps.DECODE_SWEEPS else OURS) + PEERS
+    return DECODE_OURS + DECODE_PEERS if sweep in sweeps.DECODE_SWEEPS else OURS + PEERS
 
 
 def _bench(args):

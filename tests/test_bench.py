@@ -271,6 +271,16 @@ def test_bad_rounds_is_refused_before_anything_runs(tmp_path, capsys):
     assert not (tmp_path / "r").exists()
 
 
+def test_the_command_line_knows_the_decode_peers(tmp_path, capsys):
+    """``bench decode --providers flashinfer`` passes the command line's check of provider names (the
+    decode sweep's peers, not only the forward's); a name no sweep knows is still refused there."""
+    from ioattn.bench.run import main
+    with pytest.raises(SystemExit) as e:
+        main(["decode", "--providers", "flashinfer,flashinfer-fp8,nope", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "unknown provider 'nope'" in err and not (tmp_path / "r").exists()
+
+
 def test_unknown_sweep_is_a_line_not_an_exception():
     lines = []
     assert run_sweep("no-such-sweep", "cpu", log=lines.append) == []
