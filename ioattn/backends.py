@@ -599,13 +599,13 @@ def _mod_backward_route(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max
     route = _MOD_BWD_ROUTES.get(key, _UNSET)
     if route is _UNSET:
         route = None
-        if mods_plan.bwd_plan(q, k, v, cu_seqlens_q is not None, sem, call.block_size(), call.score is not None,
+        if mods_plan.bwd_plan(q, k, v, cu_seqlens_q is not None, sem, call.block_size(), bool(call.grad_captures()),
                               call.heads_share_lists())[0]:
             from ioattn.launch import gluon_bwd
             plan = backward_plan.plan_backward_mods(backward_signature(q, k, sem.softmax_scale, False),
-                                                    call.block_size())
+                                                    call.block_size(), call.score is not None)
             route = gluon_bwd.BackwardLaunch(plan, dout, q, k, v, out, lse, cached=dispatch.cached_launch(),
-                                             functions={"MASK_MOD": call.functions()["MASK_MOD"]})
+                                             functions=call.backward_functions())
         if len(_MOD_BWD_ROUTES) >= _ROUTES_MAX:
             _MOD_BWD_ROUTES.clear()
         _MOD_BWD_ROUTES[key] = route
@@ -615,8 +615,8 @@ def _mod_backward_route(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max
 def mod_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes,
                  call):
     """(dq, dk, dv, the captured tensors' gradients (fp32)) of ``mod_forward``'s call: the Gluon ws
-    backward where ``plan.mods.bwd_plan`` takes the call (a mask function or a block mask, no score
-    function), else the portable kernels."""
+    backward where ``plan.mods.bwd_plan`` takes the call (no captured tensor taking a gradient), else the
+    portable kernels."""
     if dispatch.use_triton(q.device, q.dtype):
         from ioattn.modcall import empty_grads
         route = _mod_backward_route(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

@@ -159,13 +159,13 @@ def _mods_plan(q, k, v, call, varlen, window, seqlen_q, cu_seqlens_q) -> Dispatc
         forward["key_walk"] = (f"the listed key blocks only, each as {bm.block_size[1] // block_n} tiles of "
                                f"{block_n} keys")
     sem = Semantics(q.shape[-1] ** -0.5, window)
-    taken, why = mods_plan.bwd_plan(q, k, v, varlen, sem, call.block_size(), call.score is not None,
+    taken, why = mods_plan.bwd_plan(q, k, v, varlen, sem, call.block_size(), bool(call.grad_captures()),
                                     call.heads_share_lists())
     if taken:
         plan = backward_plan.plan_backward_mods(backends.backward_signature(q, k, q.shape[-1] ** -0.5, False),
-                                                call.block_size())
-        backward = dict(what, kernels="ioattn.kernels.hopper_backward_ws.hopper_bwd_ws_kernel (Gluon, ws, the mask "
-                                      "function compiled in)",
+                                                call.block_size(), call.score is not None)
+        backward = dict(what, kernels="ioattn.kernels.hopper_backward_ws.hopper_bwd_ws_kernel (Gluon, ws, the "
+                                      "functions compiled in)",
                         tiles=(plan.block_m, plan.block_n, plan.consumer_warps, dict(plan.constexprs)["STAGES"]),
                         atomics=True, plan=plan, gluon_hopper=f"taken ({why})")
     else:

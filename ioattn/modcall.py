@@ -129,15 +129,21 @@ class ModCall:
                       bm.kv_indices.shape[-1])
         return (float(softmax_scale), self._caps(self.score), self._caps(self.mask)), blocks
 
+    def backward_functions(self):
+        """The Gluon backward's compile-time functions: ``functions`` and the score function's gradient
+        ({"SCORE_GRAD": ...}, None where absent)."""
+        return dict(self.functions(), SCORE_GRAD=self.score.module.mod_grad if self.score else None)
+
     def gluon_backward_args(self):
-        """The Gluon backward's run-time mod arguments: (the mask function's captures, the block mask's
-        transposed lists or None) (``hopper_bwd_ws_kernel``'s ``mods`` / ``blocks``)."""
+        """The Gluon backward's run-time mod arguments: ((the score function's captures, the mask
+        function's), the block mask's transposed lists or None) (``hopper_bwd_ws_kernel``'s ``mods`` /
+        ``blocks``)."""
         bm = self.block_mask
         blocks = None
         if bm is not None:
             blocks = (bm.q_num_blocks, bm.q_indices, bm.full_q_num_blocks, bm.full_q_indices,
                       *bm.transposed_strides(), bm.q_indices.shape[-1])
-        return self._caps(self.mask), blocks
+        return (self._caps(self.score), self._caps(self.mask)), blocks
 
     def heads_share_lists(self):
         """Whether the block mask's lists are one for every head (or there is no block mask)."""

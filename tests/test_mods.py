@@ -603,12 +603,13 @@ def test_gluon_forward_with_functions(case, d, poison_alloc):
 
 
 @pytest.mark.skipif(not _GLUON, reason="the Gluon backward: an sm_90 GPU")
-@pytest.mark.parametrize("case", ["causal", "document_causal", "block_mask", "block_sparse"])
+@pytest.mark.parametrize("case", ["causal", "document_causal", "block_mask", "block_sparse", "relative_bias",
+                                  "bias_and_causal", "softcap"])
 @pytest.mark.parametrize("d", [64, 128])
-def test_gluon_backward_with_mask_functions(d, case, poison_alloc):
-    """The Gluon ws backward with a mask function or a block mask (d = 64 and 128, bf16, GQA 4:2, a key
-    and query tail of 1000 rows, a query block with no key block) against autograd through the float64
-    oracle; its plan the Gluon one."""
+def test_gluon_backward_with_functions(d, case, poison_alloc):
+    """The Gluon ws backward with a mask function, a block mask or a score function (its table captured
+    without a gradient) (d = 64 and 128, bf16, GQA 4:2, a key and query tail of 1000 rows, a query block
+    with no key block) against autograd through the float64 oracle; its plan the Gluon one."""
     sq = sk = 1000
     g = torch.Generator().manual_seed(7 + len(case) + d)
     q = torch.randn(2, sq, 4, d, generator=g, dtype=F64)
@@ -617,7 +618,7 @@ def test_gluon_backward_with_mask_functions(d, case, poison_alloc):
     docs = torch.tensor([0] * 300 + [1] * 500 + [2] * 200, dtype=torch.int32)
     layout = torch.rand(2, 1, 8, 8, generator=g) < 0.4  # one layout for every head (a KV head's group shares it)
     layout[0, 0, 3] = False
-    table = torch.zeros(4, 25, dtype=F64)
+    table = torch.randn(4, 25, generator=g, dtype=F64) * 0.5
     ours, oracle = _gluon_case(case, table, docs, layout, sq, sk, torch.device("cuda"))
     _, oracle32 = _gluon_case(case, table.float(), docs, layout, sq, sk, torch.device("cuda"))
     bf = [t.to("cuda", torch.bfloat16) for t in (q, k, v)]
@@ -671,7 +672,8 @@ def test_gluon_backward_plan_for_mask_functions():
     """Which backward calls the Gluon ws kernel takes with functions (pure Python), and its plan: mask
     functions and block masks at d = 64 and 128, fixed lengths; the block mask's query blocks as SUB steps, its
     key block as KV_BLOCK, the padded stat rows whole query blocks of it; score functions, built-in
-    forms, varlen, other head dims, per-head lists under GQA and misfit blocks refused by name."""
+    forms, varlen, other head dims, per-head lists under GQA and misfit blocks refused by name; a score
+    function's captured tensors that take gradients refused, a score function's plan in its units."""
     from ioattn.plan import backward as backward_plan
     from ioattn.semantics import Semantics
 
@@ -680,7 +682,7 @@ def test_gluon_backward_plan_for_mask_functions():
     plain = Semantics(128 ** -0.5)
     assert mods_plan.bwd_call_supported(q, k, k, False, plain, (128, 128), False, True) == (True,
                                                                                             "the Gluon ws backward")
-    for args, match in (((q, k, k, False, plain, None, True, True), "score functions"),
+    for args, match in (((q, k, k, False, plain, None, True, True), "captured tensors' gradients"),
                         ((q, k, k, True, plain, None, False, True), "fixed lengths"),
                         ((q, k, k, False, Semantics(0.1, (-1, 0)), None, False, True), "built-in masks"),
                         ((q[..., :96], k[..., :96], k[..., :96], False, plain, None, False, True), "head dims"),
@@ -708,6 +710,12 @@ def test_gluon_backward_plan_for_mask_functions():
         == (64, 128)
     with pytest.raises(ValueError, match="multiples"):
         backward_plan.plan_backward_mods(sig, (96, 128))
+    # a score function: the scores reach the exponentials in its units (log2 e scales them, lse in log2),
+    # never through S^T's accumulator
+    from ioattn.kernels.constants import LOG2E
+    scored = backward_plan.plan_backward_mods(sig, None, score=True)
+    assert (scored.qk_scale, scored.lse_unit, dict(scored.constexprs)["LSE_IN_ACC"]) == (LOG2E, LOG2E, False)
+    assert plain_plan.qk_scale == pytest.approx(0.1 * LOG2E)
 
 
 def test_gluon_backward_launch_with_a_mask_function(monkeypatch):
@@ -730,16 +738,57 @@ def test_gluon_backward_launch_with_a_mask_function(monkeypatch):
     assert call.heads_share_lists()
     sig = backends.backward_signature(q, k, d ** -0.5, False)
     plan = backward_plan.plan_backward_mods(sig, call.block_size())
-    launch = gb.BackwardLaunch(plan, dout, q, k, k, out, lse, cached=False,
-                               functions={"MASK_MOD": call.functions()["MASK_MOD"]})
+    launch = gb.BackwardLaunch(plan, dout, q, k, k, out, lse, cached=False, functions=call.backward_functions())
     dq, dk, dv = launch(dout, q, k, k, out, lse, mod_args=call.gluon_backward_args())
     ((grid, _, kw),) = [x for x in launches if "MASK_MOD" in x[2]]
     assert grid == plan.grid == (8, 2 * 2)
     assert kw["MASK_MOD"] is call.mask.module.mod and (kw["SUB"], kw["KV_BLOCK"]) == (2, 128)
-    assert torch.equal(kw["mods"][0], docs) and kw["mods"][1:] == (n,)
+    assert kw["SCORE_MOD"] is None and kw["SCORE_GRAD"] is None
+    score_caps, mask_caps = kw["mods"]
+    assert score_caps == () and torch.equal(mask_caps[0], docs) and mask_caps[1:] == (n,)
     assert kw["blocks"][0] is bm.q_num_blocks and kw["blocks"][3] is bm.full_q_indices
     assert kw["blocks"][4:] == (*bm.transposed_strides(), bm.q_indices.shape[-1])
     assert dq.shape == q.shape and dk.shape == k.shape
+
+
+def test_gluon_backward_launch_with_a_score_function(monkeypatch):
+    """What the launch passes the Gluon backward for a score function whose captured table takes no
+    gradient, beside a mask function: both functions and the score's gradient as compile-time arguments,
+    the scores in the function's units (qk_scale log2 e), and at each call both functions' captures."""
+    import ioattn.launch.gluon_bwd as gb
+    from ioattn import backends
+    from ioattn.kernels.constants import LOG2E
+    from ioattn.modcall import ModCall
+    from ioattn.plan import backward as backward_plan
+    from ioattn.plan import mods as mods_plan
+    from ioattn.semantics import Semantics
+
+    names = [p.name for p in gb.hopper_bwd_ws_kernel.params]
+    launches = fake_launches(monkeypatch, gb, "hopper_bwd_ws_kernel")
+    n, d = 1000, 64
+    q, out, dout = (torch.randn(2, n, 4, d).to(DEVICE, torch.bfloat16) for _ in range(3))
+    k = torch.randn(2, n, 2, d).to(DEVICE, torch.bfloat16)
+    lse = torch.randn(2, 4, n).to(DEVICE)
+    table = torch.randn(4, 25).to(DEVICE)
+    call = ModCall.make(M.relative_bias(table), M.causal_mask, None)
+    assert call.grad_captures() == ()
+    assert mods_plan.bwd_call_supported(q, k, k, False, Semantics(d ** -0.5), None, bool(call.grad_captures()),
+                                        True)[0]
+    sig = backends.backward_signature(q, k, d ** -0.5, False)
+    plan = backward_plan.plan_backward_mods(sig, call.block_size(), score=True)
+    launch = gb.BackwardLaunch(plan, dout, q, k, k, out, lse, cached=False, functions=call.backward_functions())
+    launch(dout, q, k, k, out, lse, mod_args=call.gluon_backward_args())
+    ((grid, head, kw),) = [x for x in launches if "SCORE_MOD" in x[2]]
+    assert kw["SCORE_MOD"] is call.score.module.mod and kw["SCORE_GRAD"] is call.score.module.mod_grad
+    assert kw["MASK_MOD"] is call.mask.module.mod and not kw["LSE_IN_ACC"]
+    assert head[names.index("qk_scale")] == LOG2E and head[names.index("softmax_scale")] == d ** -0.5
+    score_caps, mask_caps = kw["mods"]
+    assert torch.equal(score_caps[0], table) and score_caps[1:] == (4, 25) and mask_caps == ()
+    # the same table taking a gradient: the portable backward adds into it
+    trained = ModCall.make(M.relative_bias(table.clone().requires_grad_()), M.causal_mask, None)
+    ok, why = mods_plan.bwd_call_supported(q, k, k, False, Semantics(d ** -0.5), None,
+                                           bool(trained.grad_captures()), True)
+    assert not ok and "gradients" in why
 
 
 def test_gluon_forward_launch_with_functions(monkeypatch):

@@ -82,7 +82,7 @@ def compile_one(variant, d, dt, causal, deterministic=False, varlen=False, windo
 
 
 # a call without mask functions or block masks (``compile_mods`` compiles one with them)
-NO_MODS = dict(MASK_MOD=None, SUB=1, KV_BLOCK=0, mods=None, blocks=None)
+NO_MODS = dict(MASK_MOD=None, SCORE_MOD=None, SCORE_GRAD=None, SUB=1, KV_BLOCK=0, mods=None, blocks=None)
 
 
 def check(job):
@@ -149,10 +149,12 @@ def check(job):
             f"fence.proxy.async={c['fence_proxy']} atomics[{atoms}]")
 
 
-def compile_mods(d, with_blocks=True):
+def compile_mods(d, with_blocks=True, score=None):
     """The ws kernel with a mask function capturing document ids and (``with_blocks``) its block mask's
     transposed lists, as the launch binds them (``plan.backward.plan_backward_mods``,
-    ``ModCall.gluon_backward_args``): bf16, fixed lengths; returns its report line."""
+    ``ModCall.gluon_backward_args``): bf16, fixed lengths; returns its report line. ``score``: with a
+    score function too: "bias" (a relative-position bias table, captured without a gradient) or
+    "softcap" (tanh written as a user would, with no mask function)."""
     import torch
 
     from ioattn import mods
@@ -163,12 +165,16 @@ def compile_mods(d, with_blocks=True):
     n = 1024
     docs = torch.zeros(n, dtype=torch.int32)
     mask = mods.document_mask(docs, mods.causal_mask)
-    call = ModCall.make(None, mask, None) if not with_blocks else ModCall.make(
-        None, None, create_block_mask(mask, None, None, n, n, BLOCK_SIZE=128))
+    score_fn = {None: None, "bias": mods.relative_bias(torch.zeros(4, 25)),
+                "softcap": lambda s, b, h, q_idx, kv_idx: torch.tanh(s / 30.0) * 30.0}[score]
+    if score == "softcap":
+        mask = None
+    call = ModCall.make(score_fn, mask, None) if not with_blocks else ModCall.make(
+        score_fn, None, create_block_mask(mask, None, None, n, n, BLOCK_SIZE=128))
     sig = backward_plan.BackwardSignature(batch=1, seqlen_q=n, seqlen_k=n, nheads=4, nheads_kv=2, head_dim=d,
                                           varlen=False, causal=False, window=(-1, -1), softcap=0.0,
                                           softmax_scale=d ** -0.5, alibi=False, deterministic=False, longest=n)
-    plan = backward_plan.plan_backward_mods(sig, call.block_size())
+    plan = backward_plan.plan_backward_mods(sig, call.block_size(), score_fn is not None)
     cfg = kernel_config(d, "ws")
     fn = gluon_bwd.KERNELS[cfg["kernel"]]
     bm, bn = plan.block_m, plan.block_n
@@ -185,7 +191,7 @@ def compile_mods(d, with_blocks=True):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from compile_check_hopper import _jit_type
     sig_types.update(mods=_jit_type(caps))
-    consts = dict(plan.constexprs, dq_hi_desc=None, MASK_MOD=call.functions()["MASK_MOD"])
+    consts = dict(plan.constexprs, dq_hi_desc=None, **call.backward_functions())
     if blocks is None:
         sig_types.pop("blocks")
         consts["blocks"] = None
@@ -193,7 +199,7 @@ def compile_mods(d, with_blocks=True):
         sig_types.update(blocks=_jit_type(blocks))
     k = compile_sm90(fn, sig_types, consts, plan.num_warps, aligned=("dK", "dV"))
     c, nregs, spills, in_loop = checked_build(k, d)
-    return (f"bwd ws-mods{'-blocks' if with_blocks else ''} d={d} tiles={bm}x{bn} SUB={consts['SUB']} "
+    return (f"bwd ws-mods{'-blocks' if with_blocks else ''}{'-' + score if score else ''} d={d} tiles={bm}x{bn} SUB={consts['SUB']} "
             f"shared={k.metadata.shared} regs={nregs} spill={spills}B loop_spills={in_loop} "
             f"consumer_regs={sass_top_register(k.asm['cubin'])} wgmma={c['wgmma']} tma={c['tma']}")
 
@@ -227,13 +233,15 @@ def main():
                          "(``WS_DQ_HI_FIRST``; default: its widths)")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="compiles in parallel")
     ap.add_argument("--mods", action="store_true",
-                    help="the ws kernel with a mask function, with and without a block mask, instead")
+                    help="the ws kernel with a mask function, with and without a block mask, and with score "
+                         "functions, instead")
     args = ap.parse_args()
     if args.mods:
         for d in map(int, args.headdims.split(",")):
             if d in (64, 128):
-                for with_blocks in (True, False):
-                    print(compile_mods(d, with_blocks), flush=True)
+                for with_blocks, score in ((True, None), (False, None), (True, "bias"), (False, "bias"),
+                                           (False, "softcap")):
+                    print(compile_mods(d, with_blocks, score), flush=True)
         return
     if args.dq_hi_first != "default":  # before the compile jobs' processes are forked (they inherit it)
         hopper_bwd.WS_DQ_HI_FIRST = (192, 256) if args.dq_hi_first == "on" else ()

@@ -248,9 +248,10 @@ def _next_query_block(m_blk, h_in_group, m_lo, n_m):
 def _step_probs16(s, lse_log2, qk_scale, n_own, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d, queries_1d,
                   BLOCK_M: gl.constexpr, ROWS: gl.constexpr, IS_CAUSAL: gl.constexpr, LSE_IN_ACC: gl.constexpr,
                   WINDOW: gl.constexpr, win_left, win_right, SOFTCAP: gl.constexpr, dtype: gl.constexpr,
-                  ALIBI: gl.constexpr, alibi_a, mask_args=None, MASK_MOD: gl.constexpr = None):
+                  ALIBI: gl.constexpr, alibi_a, mask_args=None, MASK_MOD: gl.constexpr = None, grad_s=None):
     """``_step_probs`` for a consumer step: P^T in ``dtype`` (the dV product's operand) and the fp32
-    P^T that dS^T is formed from (``SOFTCAP``: times the tanh's derivative, ``_probs``)."""
+    P^T that dS^T is formed from (``SOFTCAP``: times the tanh's derivative, ``_probs``; ``grad_s``: times
+    the score function's derivative, ``_score_fn``)."""
     if SOFTCAP:
         p16, p = _step_probs(s, lse_log2, qk_scale, n_own, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
                              queries_1d, BLOCK_M, ROWS, IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right, True,
@@ -260,7 +261,23 @@ def _step_probs16(s, lse_log2, qk_scale, n_own, m_start, off, keys_inside, seqle
                         queries_1d, BLOCK_M, ROWS, IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right, False, None,
                         ALIBI, alibi_a, mask_args, MASK_MOD)
         p16 = p.to(dtype)
+        if grad_s is not None:
+            p = p * grad_s
     return p16, p
+
+
+@gluon.jit
+def _score_fn(s, softmax_scale, b, h, m_start, n_start, queries_1d, keys_1d, caps, SCORE_MOD: gl.constexpr,
+              SCORE_GRAD: gl.constexpr):
+    """S^T (raw q.k, keys x queries) through the user's score function (``ioattn.kernels.modgen``, on the
+    scaled scores, as the forward's ``_mods_tile``) and the function's derivative there: its gradient
+    function at an output gradient of ones (the gradient is linear in it; no captured tensor takes a
+    gradient on this path). The indices are S^T's: queries along the columns."""
+    s_raw = s * softmax_scale
+    q_idx = (m_start + queries_1d)[None, :]
+    kv_idx = (n_start + keys_1d)[:, None]
+    grad_s = SCORE_GRAD(s_raw, b, h, q_idx, kv_idx, gl.full_like(s_raw, 1.0), caps, None, False)
+    return SCORE_MOD(s_raw, b, h, q_idx, kv_idx, caps), grad_s
 
 
 @gluon.jit
@@ -284,7 +301,8 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                  WG_SPLIT: gl.constexpr = False, W: gl.constexpr = 0, WINDOW: gl.constexpr = False, win_left=0,
                  win_right=0, SOFTCAP: gl.constexpr = False, softcap_a=0.0, ALIBI: gl.constexpr = False,
                  Alibi_h0=None, alibi_unit=0.0, IO_DIM: gl.constexpr = 0, qlists=None, SUB: gl.constexpr = 1,
-                 mask_caps=None, b=0, h0=0, MASK_MOD: gl.constexpr = None):
+                 mods=None, b=0, h0=0, MASK_MOD: gl.constexpr = None, SCORE_MOD: gl.constexpr = None,
+                 SCORE_GRAD: gl.constexpr = None):
     """The two consumer warpgroups (the default partition: the kernel's 8 warps, 64 key rows each, in
     lockstep). The math per step is the removed base kernel's, in FA3's order (dV issued before dS
     is formed, dQ before dK: docs/hopper-backward.md); the loads come from the
@@ -297,9 +315,11 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
     host's ``qk_scale`` cap * log2 e), dS^T times the tanh's derivative (``_probs``). ``ALIBI``: the
     slope of the step's query head read from ``Alibi_h0`` (the group's first head's, + the head's
     place in the group), times ``alibi_unit`` (-1 / softmax_scale, or -1 / cap), biases S^T (``_probs``).
-    ``qlists``: the producer's walk of a block mask's query blocks; ``MASK_MOD`` with ``mask_caps`` (its
-    captured tensors), ``b`` and the group's first query head ``h0``: the user's mask function on the
-    steps that are not the block mask's full blocks (``_step_probs``)."""
+    ``qlists``: the producer's walk of a block mask's query blocks; ``MASK_MOD`` with ``mods`` (the score
+    function's captured tensors, the mask function's), ``b`` and the group's first query head ``h0``: the
+    user's mask function on the steps that are not the block mask's full blocks (``_step_probs``);
+    ``SCORE_MOD`` / ``SCORE_GRAD``: the user's score function on S^T, dS^T times its derivative
+    (``_score_fn``; ``qk_scale`` is then log2 e)."""
     num_warps: gl.constexpr = gl.num_warps()
     # key rows this partition computes; dQ's part: columns (64 query rows a step) or rows (128)
     ROWS: gl.constexpr = BLOCK_N // 2 if WG_SPLIT else BLOCK_N
@@ -340,7 +360,7 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
             m_start, alibi_a, z = _step_start(_key_tile(m_blk, 0, qlists, SUB), h_in_group, Alibi_h0, alibi_unit,
                                               BLOCK_M, ALIBI)
         if MASK_MOD is not None:  # (b, the step's query head, the captures, whether a full block)
-            mask_args = (b, h0 + h_in_group, mask_caps, _full_tile(m_blk, qlists))
+            mask_args = (b, h0 + h_in_group, mods[1], _full_tile(m_blk, qlists))
         else:
             mask_args = None
         k_all = k_smem.index(z)
@@ -380,15 +400,21 @@ def _ws_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
         # slot straight into S^T's column layout (a broadcast shared-memory read)
         if LSE_IN_ACC:
             lse_log2 = lse_s  # unused
-        elif not SOFTCAP:
+        elif not SOFTCAP and SCORE_MOD is None:
             lse_log2 = lse_smem.index(s_idx).load(col_layout)
         s = warpgroup_mma_wait(1, deps=[s_tok])
         if SOFTCAP:
             s = _softcap(s, softcap_a)
             lse_log2 = lse_smem.index(s_idx).load(col_layout)
+        if SCORE_MOD is not None:
+            s, grad_s = _score_fn(s, softmax_scale, b, h0 + h_in_group, m_start, n_own, queries_1d, keys_1d, mods[0],
+                                  SCORE_MOD, SCORE_GRAD)
+            lse_log2 = lse_smem.index(s_idx).load(col_layout)
+        else:
+            grad_s = None
         p16, p = _step_probs16(s, lse_log2, qk_scale, n_own, m_start, off, keys_inside, seqlen_q, seqlen_k, keys_1d,
                                queries_1d, BLOCK_M, ROWS, IS_CAUSAL, LSE_IN_ACC, WINDOW, win_left, win_right, SOFTCAP,
-                               dtype, ALIBI, alibi_a, mask_args, MASK_MOD)
+                               dtype, ALIBI, alibi_a, mask_args, MASK_MOD, grad_s)
         pa = gl.convert_layout(p16, a_layout)
         # dV += P^T dO queued behind dP^T: it runs while dS is formed and stored below
         dv_tok = warpgroup_mma(pa, do_cur, dv, is_async=True)
@@ -673,14 +699,16 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                   WINDOW: gl.constexpr = False, win_left=0, win_right=0, SOFTCAP: gl.constexpr = False,
                   softcap_a=0.0, ALIBI: gl.constexpr = False, Alibi_h0=None, alibi_unit=0.0,
                   IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0, DQ_HI_FIRST: gl.constexpr = False,
-                  qlists=None, SUB: gl.constexpr = 1, mask_caps=None, b=0, h0=0, MASK_MOD: gl.constexpr = None):
+                  qlists=None, SUB: gl.constexpr = 1, mods=None, b=0, h0=0, MASK_MOD: gl.constexpr = None,
+                  SCORE_MOD: gl.constexpr = None, SCORE_GRAD: gl.constexpr = None):
     """The default partition: ``_ws_consumer`` (warpgroups split the keys) or, with ``COL_SPLIT``,
     ``_ws_consumer_dsplit`` (warpgroups split the head dim, P^T in ``p_smem``), on the same arguments
-    (``LSE_IN_ACC``, a block mask's walk and a mask function: the key split only). ``WG_SPLIT``:
+    (``LSE_IN_ACC``, a block mask's walk and the user's functions: the key split only). ``WG_SPLIT``:
     warpgroup ``W`` of the key split alone (the default partition and one worker), ``dq_hi_full`` its
     dS^T exchange barrier."""
     if COL_SPLIT:
-        gl.static_assert(qlists is None and MASK_MOD is None, "mask functions and block masks: the key split")
+        gl.static_assert(qlists is None and MASK_MOD is None and SCORE_MOD is None,
+                         "score and mask functions and block masks: the key split")
         _ws_consumer_dsplit(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
                             q_ready, q_empty, do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, k_row0, h_kv,
                             nheads_kv, n_start, m_lo, n_m, n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale,
@@ -693,7 +721,8 @@ def _ws_consumers(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem,
                      do_ready, do_empty, dq_full, dq_empty, dq_hi_full, dK, dV, k_row0, h_kv, nheads_kv, n_start, m_lo, n_m,
                      n_iter, seqlen_q, seqlen_k, softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
                      IS_CAUSAL, COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, W, WINDOW, win_left, win_right, SOFTCAP,
-                     softcap_a, ALIBI, Alibi_h0, alibi_unit, IO_DIM, qlists, SUB, mask_caps, b, h0, MASK_MOD)
+                     softcap_a, ALIBI, Alibi_h0, alibi_unit, IO_DIM, qlists, SUB, mods, b, h0, MASK_MOD, SCORE_MOD,
+                     SCORE_GRAD)
 
 
 @gluon.jit
@@ -708,7 +737,8 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, Alibi=None,
                          IO_DIM: gl.constexpr = 0, PROD_DIM: gl.constexpr = 0, dq_hi_desc=None,
                          DQ_HI_FIRST: gl.constexpr = False, mods=None, blocks=None, MASK_MOD: gl.constexpr = None,
-                         SUB: gl.constexpr = 1, KV_BLOCK: gl.constexpr = 0):
+                         SUB: gl.constexpr = 1, KV_BLOCK: gl.constexpr = 0, SCORE_MOD: gl.constexpr = None,
+                         SCORE_GRAD: gl.constexpr = None):
     """The Gluon backward (variant "ws"). Grid (cdiv(seqlen_k, BLOCK_N), batch * nheads_kv); dK, dV:
     contiguous, k's shape, in the input dtype; num_warps = 8 (the consumers; 4
     with ``WG_SPLIT``); the producer and dQ-writer warps are added by ``warp_specialize``. lse_desc /
@@ -719,8 +749,9 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     256): BLOCK_N = 64, the consumers split the head dim (``_ws_consumer_dsplit``). ``IS_VARLEN``,
     ``WINDOW``, ``SOFTCAP`` (not with ``LSE_IN_ACC``), ``ALIBI``: the forms in docs/hopper-backward.md;
     ``Cu_q`` / ``Cu_k``, ``win_left`` / ``win_right``, ``softcap_a``, ``Alibi`` / ``stride_ab`` /
-    ``alibi_unit`` their arguments. ``MASK_MOD`` (the user's mask function, ``ioattn.kernels.modgen``)
-    with ``mods`` (its captured tensors) and ``blocks`` (a block mask's transposed lists, ``ioattn.modcall``'s
+    ``alibi_unit`` their arguments. ``MASK_MOD`` / ``SCORE_MOD`` with ``SCORE_GRAD`` (the user's mask and
+    score functions, ``ioattn.kernels.modgen``; no captured tensor takes a gradient here) with ``mods``
+    (their captured tensors: (the score function's, the mask function's)) and ``blocks`` (a block mask's transposed lists, ``ioattn.modcall``'s
     layout: the query blocks of each key block of ``KV_BLOCK`` keys, ``SUB`` query steps each; the
     query heads of a KV head share one row of them): fixed lengths, none of the built-in forms. The
     other flags: the module's ``WS_*`` tables, through ``kernel_config``."""
@@ -782,9 +813,11 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
     if IS_VARLEN:  # a key block past its sequence's end (the grid covers the longest): no step, no store
         n_m = gl.where(n_start < seqlen_k, n_m, 0)
     h0 = h_kv * group
-    if MASK_MOD is not None:
+    if MASK_MOD is not None or SCORE_MOD is not None:
         gl.static_assert(not (IS_CAUSAL or WINDOW or IS_VARLEN or DETERMINISTIC or COL_SPLIT or SOFTCAP or ALIBI),
-                         "a mask function: fixed lengths, the key split, none of the built-in forms")
+                         "score and mask functions: fixed lengths, the key split, none of the built-in forms")
+    if SCORE_MOD is not None:
+        gl.static_assert(SCORE_GRAD is not None and not LSE_IN_ACC, "a score function: its gradient, lse in the slot")
     if blocks is not None:  # the query blocks the block mask lists for this key block, partial ones first
         gl.static_assert(not (IS_CAUSAL or WINDOW or IS_VARLEN or DETERMINISTIC or COL_SPLIT or SOFTCAP or ALIBI),
                          "a block mask: fixed lengths, the key split, none of the built-in forms")
@@ -874,7 +907,7 @@ def hopper_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, 
                          softmax_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DO_STAGES, IS_CAUSAL, COL_SPLIT,
                          COALESCED_STORE, LSE_IN_ACC, WG_SPLIT, w, WINDOW, win_left, win_right, SOFTCAP, softcap_a,
                          ALIBI, Alibi_h0, alibi_unit, IO_DIM, PROD_DIM, DQ_HI_FIRST, qlists, SUB, mods, b, h0,
-                         MASK_MOD))
+                         MASK_MOD, SCORE_MOD, SCORE_GRAD))
         if w < CONSUMERS else
         (_ws_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                         lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, tail_bar, b, h0,

@@ -135,19 +135,24 @@ def _make(sig: BackwardSignature, mods: bool = False) -> GluonBackwardPlan:
         win_left=win_left, win_right=win_right, constexprs=tuple(consts.items()))
 
 
-def plan_backward_mods(sig: BackwardSignature, block_size: tuple | None) -> GluonBackwardPlan:
-    """The plan for a call with a mask function or a block mask (``plan.mods.bwd_plan``'s): the ws
-    kernel at its own tiles, none of the built-in forms (the function masks); a block mask's
+def plan_backward_mods(sig: BackwardSignature, block_size: tuple | None, score: bool = False) -> GluonBackwardPlan:
+    """The plan for a call with score or mask functions or a block mask (``plan.mods.bwd_plan``'s): the ws
+    kernel at its own tiles, none of the built-in forms (the functions stand for them); ``score``: a score
+    function, whose scores reach the exponentials in its own units (log2 e scales them, the lse not in
+    S^T's accumulator); a block mask's
     (``block_size``: its (query, key) block, or None) query blocks as ``SUB`` steps of ``block_m`` rows
     for each key block of ``KV_BLOCK`` keys, and the padded lse / D rows whole query blocks of it, so
     that every listed step reads and adds inside its own head's rows."""
-    key = ("mods", sig, block_size, dispatch.switch_state())
-    return _PLANS.get(key, lambda: _make_mods(sig, block_size))
+    key = ("mods", sig, block_size, score, dispatch.switch_state())
+    return _PLANS.get(key, lambda: _make_mods(sig, block_size, score))
 
 
-def _make_mods(sig: BackwardSignature, block_size: tuple | None) -> GluonBackwardPlan:
+def _make_mods(sig: BackwardSignature, block_size: tuple | None, score: bool) -> GluonBackwardPlan:
     plan = _make(sig, mods=True)
     consts = dict(plan.constexprs, SUB=1, KV_BLOCK=0)
+    if score:
+        consts["LSE_IN_ACC"] = False
+        plan = replace(plan, lse_unit=LOG2E, qk_scale=LOG2E)
     if block_size is None:
         return replace(plan, constexprs=tuple(consts.items()))
     bq, bk = block_size

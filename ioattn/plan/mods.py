@@ -57,32 +57,33 @@ def call_supported(q, k, v, varlen, sem, block_size, captures=True) -> tuple[boo
     return True, "the Gluon ping-pong forward"
 
 
-def bwd_plan(q, k, v, varlen, sem, block_size, score, heads_share_lists) -> tuple[bool, str]:
-    """(taken, why) for the backward of a call with a mask function or a block mask on the Gluon ws
-    kernel: on sm_90 wherever it covers the call (``bwd_call_supported``), unless
+def bwd_plan(q, k, v, varlen, sem, block_size, score_grads, heads_share_lists) -> tuple[bool, str]:
+    """(taken, why) for the backward of a call with score or mask functions or a block mask on the Gluon
+    ws kernel: on sm_90 wherever it covers the call (``bwd_call_supported``), unless
     ``hopper.prefer_hopper(False)`` or ``hopper_bwd.prefer_hopper_bwd(False)`` asks for the portable
-    kernels. ``score``: a score function (its gradient: the portable kernels);
+    kernels. ``score_grads``: a score function whose captured tensors take gradients (the portable kernels);
     ``heads_share_lists``: the block mask's lists are one for every head (or there is none)."""
     if hopper.prefer_hopper.value is False or hopper_bwd.prefer_hopper_bwd.value is False:
         return False, "prefer_hopper(False): the portable kernels"
     ok, why = hopper._device_ok(q)
-    return bwd_call_supported(q, k, v, varlen, sem, block_size, score, heads_share_lists) if ok else (False, why)
+    return bwd_call_supported(q, k, v, varlen, sem, block_size, score_grads, heads_share_lists) if ok \
+        else (False, why)
 
 
-def bwd_call_supported(q, k, v, varlen, sem, block_size, score, heads_share_lists) -> tuple[bool, str]:
+def bwd_call_supported(q, k, v, varlen, sem, block_size, score_grads, heads_share_lists) -> tuple[bool, str]:
     """``bwd_plan``'s checks of the call itself: pure Python, testable anywhere."""
-    if score:
-        return False, "score functions: the portable backward (their gradients and the captured tensors')"
+    if score_grads:
+        return False, "a score function's captured tensors' gradients: the portable backward"
     if varlen:
-        return False, "mask functions on the Gluon backward: fixed lengths (varlen: the portable kernels)"
+        return False, "score and mask functions on the Gluon backward: fixed lengths (varlen: the portable kernels)"
     if sem.causal or sem.window != (-1, -1) or sem.softcap > 0 or sem.alibi or sem.dropout_p > 0:
-        return False, ("mask functions on the Gluon backward: without built-in masks, softcap, ALiBi or dropout "
-                       "(fold them into the functions)")
+        return False, ("score and mask functions on the Gluon backward: without built-in masks, softcap, ALiBi or "
+                       "dropout (fold them into the functions)")
     if hopper_bwd.bwd_deterministic.wanted():
         return False, "deterministic: the portable kernels"
     d = q.shape[-1]
     if d not in BWD_HEADDIMS:
-        return False, f"mask functions on the Gluon backward: head dims {BWD_HEADDIMS}"
+        return False, f"score and mask functions on the Gluon backward: head dims {BWD_HEADDIMS}"
     if q.shape[-2] != k.shape[-2] and not heads_share_lists:
         return False, "a block mask with lists of its own for each head under GQA: the portable kernels"
     ok, why = hopper_bwd.bwd_call_supported(q, k, v, varlen, sem, None)
