@@ -572,15 +572,16 @@ def mod_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         route = _MOD_ROUTES.get(key, _UNSET)
         if route is _UNSET:
             route = None
-            if mods_plan.fwd_plan(q, k, v, varlen, sem, call.block_size(), call.captures())[0]:
+            if mods_plan.fwd_plan(q, k, v, varlen, sem, call.block_size(), call.captures(), call.exact_lists())[0]:
                 plan = forward_plan.plan_forward_mods(forward_signature(q, k, sem.softmax_scale, False),
-                                                      call.score is not None, call.block_size(), call.captures())
+                                                      call.score is not None, call.block_size(), call.captures(),
+                                                      call.exact_lists())
                 route = gluon_fwd.ForwardLaunch(plan, q, k, v, cached=False, functions=call.functions())
             if len(_MOD_ROUTES) >= _ROUTES_MAX:
                 _MOD_ROUTES.clear()
             _MOD_ROUTES[key] = route
         if route is not None:
-            return route(q, k, v, mod_args=call.gluon_forward_args(sem.softmax_scale))
+            return route(q, k, v, mod_args=call.gluon_forward_args(sem.softmax_scale, route.q_block))
         return portable_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sem, alibi_slopes,
                                 0, mods=call)
     from ioattn.kernels import cpu_mods

@@ -14,7 +14,7 @@ are within each sequence.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -44,6 +44,7 @@ class BlockMask:
     seq_lengths: tuple
     block_size: tuple
     mask_mod: object = None
+    _regrouped: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_classes(cls, classes, seq_lengths, block_size, mask_mod=None):
@@ -70,6 +71,28 @@ class BlockMask:
             listed = torch.arange(nk, device=idx.device) < num[..., None]
             out.scatter_add_(-1, idx.long(), torch.where(listed, value, 0).to(torch.int8))
         return out
+
+    def regrouped(self, rows):
+        """This mask's lists for query blocks of ``rows`` (key blocks unchanged; made once a size): a key
+        block full where it is full in every block the rows overlap, empty where empty in all, else
+        partial. Only for a mask built from a mask function, which then masks what a partial block holds
+        (a kernel whose query tiles do not divide the blocks walks these)."""
+        if self.mask_mod is None:
+            raise ValueError("a block-sparse layout (no mask function) cannot be regrouped")
+        if rows not in self._regrouped:
+            classes = self.classes()
+            nq = -(-self.seq_lengths[0] // rows)
+            starts = torch.arange(nq, device=classes.device) * rows
+            first = starts // self.block_size[0]
+            last = torch.clamp(starts + rows, max=self.seq_lengths[0]).sub(1) // self.block_size[0]
+            span = int((last - first).max()) + 1
+            picks = torch.minimum(first[:, None] + torch.arange(span, device=classes.device), last[:, None])
+            parts = classes[:, :, picks.long()]  # (B', H', nq, span, k blocks)
+            lo, hi = parts.amin(3), parts.amax(3)
+            merged = torch.where(lo == hi, lo, torch.full_like(lo, PARTIAL))
+            self._regrouped[rows] = BlockMask.from_classes(merged, self.seq_lengths, (rows, self.block_size[1]),
+                                                           self.mask_mod)
+        return self._regrouped[rows]
 
     def sparsity(self):
         """Percent of the blocks skipped (empty)."""

@@ -140,16 +140,18 @@ def _mods_plan(q, k, v, call, varlen, window, seqlen_q, cu_seqlens_q) -> Dispatc
         return DispatchPlan("reference", f"{q.device.type} tensors without TRITON_INTERPRET=1: the CPU path", part,
                             dict(part))
     taken, why = mods_plan.fwd_plan(q, k, v, varlen, Semantics(q.shape[-1] ** -0.5, window), call.block_size(),
-                                    call.captures())
+                                    call.captures(), call.exact_lists())
     if taken:
         plan = forward_plan.plan_forward_mods(backends.forward_signature(q, k, q.shape[-1] ** -0.5, False),
-                                              call.score is not None, call.block_size(), call.captures())
+                                              call.score is not None, call.block_size(), call.captures(),
+                                              call.exact_lists())
         forward = {"kernel": "ioattn.kernels.hopper_forward.hopper_fwd_kernel (Gluon, pingpong, the functions "
                              "compiled in)",
                    "tiles": (plan.block_m, plan.block_n, 4 * (plan.block_m // 64), dict(plan.constexprs)["STAGES"]),
                    "tiles_count": plan.num_tiles, "programs": plan.programs, "plan": plan}
-        block_n = plan.block_n
+        block_n, q_block = plan.block_n, dict(plan.constexprs)["Q_BLOCK"]
     else:
+        q_block = 0
         forward = _portable_forward(q, k, v, varlen, window, seqlen_q, cu_seqlens_q)
         cfg = call.fit_tiles(dispatch.TileConfig(*forward["tiles"]))
         forward["tiles"] = (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)
@@ -157,7 +159,8 @@ def _mods_plan(q, k, v, call, varlen, window, seqlen_q, cu_seqlens_q) -> Dispatc
     forward.update(what, gluon_hopper=f"taken ({why})" if taken else f"not taken ({why})")
     if bm is not None:
         forward["key_walk"] = (f"the listed key blocks only, each as {bm.block_size[1] // block_n} tiles of "
-                               f"{block_n} keys")
+                               f"{block_n} keys" + (f"; the lists regrouped into blocks of {q_block} queries"
+                                                    if q_block and q_block != bm.block_size[0] else ""))
     sem = Semantics(q.shape[-1] ** -0.5, window)
     taken, why = mods_plan.bwd_plan(q, k, v, varlen, sem, call.block_size(), bool(call.grad_captures()),
                                     call.heads_share_lists())

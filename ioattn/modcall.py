@@ -120,11 +120,19 @@ class ModCall:
         return dict(SCORE_MOD=self.score.module.mod if self.score else None,
                     MASK_MOD=self.mask.module.mod if self.mask else None)
 
-    def gluon_forward_args(self, softmax_scale):
-        """The Gluon forward's run-time mod arguments: (mods, blocks) (``hopper_fwd_kernel``'s)."""
+    def exact_lists(self):
+        """Whether the block mask (if any) comes from a mask function, which masks its partial blocks: its
+        lists can then be regrouped into other query blocks (``BlockMask.regrouped``)."""
+        return self.block_mask is None or self.block_mask.mask_mod is not None
+
+    def gluon_forward_args(self, softmax_scale, q_block=0):
+        """The Gluon forward's run-time mod arguments: (mods, blocks) (``hopper_fwd_kernel``'s), the block
+        mask's lists for query blocks of ``q_block`` rows (the plan's ``Q_BLOCK``; 0: its own)."""
         bm = self.block_mask
         blocks = None
         if bm is not None:
+            if q_block and q_block != bm.block_size[0]:
+                bm = bm.regrouped(q_block)
             blocks = (bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices, *bm.strides(),
                       bm.kv_indices.shape[-1])
         return (float(softmax_scale), self._caps(self.score), self._caps(self.mask)), blocks

@@ -507,9 +507,13 @@ def test_gluon_plan_for_functions_and_block_masks():
                         ((q[..., :96], q[..., :96], q[..., :96], False, plain, None), "head dims"),
                         ((q, q, q, True, plain, None), "fixed lengths"),
                         ((q, q, q, False, Semantics(0.1, (-1, 0)), None), "built-in masks"),
-                        ((q, q, q, False, plain, (64, 128)), "multiples of its 128 x 64 tiles")):
+                        ((q, q, q, False, plain, (128, 32)), "multiples of its 128 x 64 tiles")):
         ok, why = mods_plan.call_supported(*args, True)
         assert not ok and match in why, why
+    # 64-row query blocks: regrouped into the tile's rows where a mask function masks the merged blocks
+    assert mods_plan.call_supported(q, q, q, False, plain, (64, 128), True)[0]
+    ok, why = mods_plan.call_supported(q, q, q, False, plain, (64, 128), True, exact=False)
+    assert not ok and "multiples of its 128 x 64 tiles" in why, why
     with hopper.prefer_hopper(False):
         assert mods_plan.fwd_plan(q, q, q, False, plain, None, False) == (
             False, "prefer_hopper(False): the portable kernels")
@@ -534,6 +538,69 @@ def test_gluon_plan_for_functions_and_block_masks():
     assert not dict(masked_only.constexprs)["LONGEST_FIRST"]  # every tile a row: any order
     aligned = forward_plan.plan_forward_mods(dataclasses.replace(sig, seqlen_k=1024), False, None, True)
     assert not dict(aligned.constexprs)["KEY_MASKS"]
+
+
+def test_gluon_plan_takes_three_warpgroups_at_d64_where_the_lists_regroup():
+    """d = 64 (``plan.mods.WG3_TILES``): three consumer warpgroups (192 query rows, 64-key tiles) where no
+    function captures a tensor and a block mask comes from a mask function, whose lists the kernel walks
+    regrouped into 192-row query blocks (``Q_BLOCK``); a block-sparse layout (no mask function to mask a
+    merged block) and captures keep the two-warpgroup tiles."""
+    from ioattn.plan import forward as forward_plan
+    from ioattn.semantics import Semantics
+
+    q = torch.empty(2, 1000, 4, 64, dtype=torch.bfloat16, device="meta")
+    assert mods_plan.tiles(64, False, (128, 128)) == mods_plan.WG3_TILES[64] == (192, 64, 3)
+    assert mods_plan.tiles(64, False, None) == (192, 64, 3)
+    assert mods_plan.tiles(64, False, (128, 128), exact=False) == mods_plan.WIDE_TILES[64]
+    assert mods_plan.tiles(64, True, (128, 128)) == mods_plan.TILES[64]
+    assert mods_plan.q_block(192, (128, 128)) == 192 and mods_plan.q_block(192, (384, 128)) == 384
+    assert mods_plan.q_block(128, (256, 128)) == 256 and mods_plan.q_block(192, None) == 0
+    assert mods_plan.call_supported(q, q, q, False, Semantics(0.125), (128, 128), False) == (
+        True, "the Gluon ping-pong forward")
+    sig = forward_plan.Signature(batch=2, seqlen_q=1000, seqlen_k=1000, nheads=4, nheads_kv=2, head_dim=64,
+                                 element_size=2, varlen=False, causal=False, window=(-1, -1), softcap=0.0,
+                                 softmax_scale=0.125, alibi=False, device_sms=132)
+    for exact, want in ((True, (3, 192, 64, 2, 192, 3)), (False, (2, 128, 128, 1, 128, 3))):
+        plan = forward_plan.plan_forward_mods(sig, False, (128, 128), False, exact)
+        c = dict(plan.constexprs)
+        got = (c["NUM_WG"], plan.block_m, plan.block_n, c["SUB"], c["Q_BLOCK"], c["STAGES"])
+        assert got == want and plan.q_rows == 64 and plan.num_m == -(-1000 // plan.block_m), (exact, got)
+        assert c["LONGEST_FIRST"] and not c["IS_CAUSAL"]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("mask", ["causal", "document", "prefix"])
+def test_regrouped_block_mask_lists_are_sound_and_run(mask):
+    """``BlockMask.regrouped(rows)``: query blocks of ``rows`` (192, the Gluon kernel's three-warpgroup
+    tile) from 128-row ones; a merged block is full or empty only where every row of it is (checked
+    against the dense mask), so the mask function covers the rest; the portable kernel walking the
+    regrouped lists matches the oracle; a block-sparse layout is refused."""
+    from ioattn.block_mask import EMPTY, FULL
+
+    n, rows = 500, 192
+
+    def function(dev):
+        docs = torch.repeat_interleave(torch.arange(4), torch.tensor([150, 50, 200, 100])).to(dev)
+        return {"causal": M.causal_mask, "document": M.document_mask(docs, M.causal_mask),
+                "prefix": M.prefix_lm(100)}[mask]
+    bm = create_block_mask(function(DEVICE), None, None, n, n, device=DEVICE, BLOCK_SIZE=128)
+    rg = bm.regrouped(rows)
+    assert rg is bm.regrouped(rows) and rg.block_size == (rows, 128) and rg.mask_mod is bm.mask_mod
+    dense = M.dense_mask(M.trace(function("cpu"), "mask"), 1, 1, n, n, torch.device("cpu"))[0, 0]
+    classes = rg.classes()[0, 0].cpu()
+    assert classes.shape == (-(-n // rows), -(-n // 128))
+    for (i, j), c in zip(torch.cartesian_prod(*map(torch.arange, classes.shape)).tolist(), classes.flatten()):
+        block = dense[i * rows:(i + 1) * rows, j * 128:(j + 1) * 128]
+        assert (c != FULL or block.all()) and (c != EMPTY or not block.any()), (i, j, int(c))
+    assert int((classes == EMPTY).sum()) > 0
+    with pytest.raises(ValueError, match="cannot be regrouped"):
+        block_sparse_mask(torch.ones(4, 4, dtype=torch.bool, device=DEVICE), n, n).regrouped(rows)
+    q, k, v, _ = _inputs(11, sq=n, sk=n, lead=(1,))
+    out64 = _oracle(q, k, v, mask_mod=function("cpu"))[0]
+    out16 = _oracle(*(t.to(F16) for t in (q, k, v)), mask_mod=function("cpu"))[0]
+    with dispatch.forced_backend("triton"):
+        out = ioattn.flash_attn_func(*(t.to(DEVICE, F16) for t in (q, k, v)), block_mask=rg)
+    assert_within_torch_error(f"regrouped {mask}", out.cpu(), out64, out16)
 
 
 _GLUON = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
@@ -562,9 +629,10 @@ def _gluon_case(case, table, docs, layout, sq, sk, dev):
             "bias_and_causal": dict(score_mod=M.relative_bias(t), mask_mod=user_causal),
             "softcap": dict(score_mod=user_softcap),
             "block_mask": dict(block_mask=create_block_mask(doc_causal, None, None, sq, sk, device=dev)),
+            "causal_block_mask": dict(block_mask=create_block_mask(user_causal, None, None, sq, sk, device=dev)),
             "block_sparse": dict(block_mask=block_sparse_mask(layout.to(dev), sq, sk, 128))}[case]
     oracle = {"block_mask": dict(mask_mod=M.document_mask(docs, M.causal_mask)),
-              "block_sparse": dict(mask_mod=sparse)}.get(case)
+              "causal_block_mask": dict(mask_mod=user_causal), "block_sparse": dict(mask_mod=sparse)}.get(case)
     if oracle is None:
         oracle = {key: (M.relative_bias(table) if key == "score_mod" and case in ("relative_bias", "bias_and_causal")
                         else M.document_mask(docs, M.causal_mask) if case == "document_causal" else fn)
@@ -575,11 +643,11 @@ def _gluon_case(case, table, docs, layout, sq, sk, dev):
 @pytest.mark.skipif(not _GLUON, reason="the Gluon forward: an sm_90 GPU")
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("case", ["causal", "document_causal", "relative_bias", "bias_and_causal", "softcap",
-                                  "block_mask", "block_sparse"])
+                                  "block_mask", "causal_block_mask", "block_sparse"])
 def test_gluon_forward_with_functions(case, d, poison_alloc):
     """The Gluon ping-pong forward with the library's functions and block masks (the default on sm_90)
     against the float64 oracle, bf16, GQA, a key tail (1000 keys), a query block with no key block; its
-    plan the Gluon one."""
+    plan the Gluon one (at d = 64 without captures: three warpgroups, a block mask's lists regrouped)."""
     sq = sk = 1000
     g = torch.Generator().manual_seed(d + len(case))
     q = torch.randn(2, sq, 4, d, generator=g, dtype=F64)
@@ -593,6 +661,8 @@ def test_gluon_forward_with_functions(case, d, poison_alloc):
     bf = [t.to("cuda", torch.bfloat16) for t in (q, k, v)]
     plan = ioattn.explain_dispatch(*bf, **ours)
     assert plan.forward["gluon_hopper"].startswith("taken"), plan.forward
+    if d == 64 and case in ("causal", "causal_block_mask"):
+        assert dict(plan.forward["plan"].constexprs)["NUM_WG"] == 3, plan.forward
     out, lse, _ = ioattn.flash_attn_func(*bf, return_attn_probs=True, **ours)
     out64, lse64 = attention_ref(q, k, v, upcast=True, **oracle)
     outbf, _ = attention_ref(*(t.to(torch.bfloat16) for t in (q, k, v)), **oracle32)

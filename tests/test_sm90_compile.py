@@ -484,7 +484,8 @@ def test_hopper_forward_with_mask_and_score_functions_compiles_for_sm90():
     lists (``plan_forward_mods``), whole key tiles and a key tail: its 64-key tiles (``plan.mods.TILES``) keep
     the captured tensors' values in registers, no spill inside the key loop, the products pipelined; a mask
     function capturing nothing takes the 128-key tiles (``plan.mods.WIDE_TILES``), the same (with the
-    block mask's longest-first walk one value saved around the loop at the key tail: at most 16 bytes)."""
+    block mask's longest-first walk one value saved around the loop at the key tail: at most 16 bytes);
+    at d = 64 three warpgroups."""
     import re
 
     for flags, tiles in (((), "tiles=128x64 SUB=2"), (("--no-captures",), "tiles=128x128 SUB=1")):
@@ -493,6 +494,11 @@ def test_hopper_forward_with_mask_and_score_functions_compiles_for_sm90():
         for line in lines:
             assert tiles in line and "loop_spills=0 " in line, line
             assert int(re.search(r"spills=(\d+)", line).group(1)) <= 16, line
+    # d = 64 without captures: three warpgroups on 64-key tiles (``plan.mods.WG3_TILES``), the block mask's
+    # lists regrouped into 192-row query blocks, no spills
+    lines = _hopper_check("--mods", "--no-captures", "--headdims", "64")
+    assert len(lines) == 2 and all("Q_BLOCK=192 " in line and "tiles=192x64 SUB=2 " in line
+                                   and " spills=0 " in line for line in lines), lines
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")

@@ -214,7 +214,8 @@ def compile_mods(d, kv_tail=False, captures=True):
                                  element_size=2, varlen=False, causal=False, window=(-1, -1), softcap=0.0,
                                  softmax_scale=d ** -0.5, alibi=False, device_sms=132)
     backends.clear_routes()
-    plan = forward_plan.plan_forward_mods(sig, call.score is not None, call.block_size(), call.captures())
+    plan = forward_plan.plan_forward_mods(sig, call.score is not None, call.block_size(), call.captures(),
+                                          call.exact_lists())
     bn, q_rows = plan.block_n, plan.q_rows
     lay = {name: gl.NVMMASharedLayout.get_default_for(list(box), gl.bfloat16)
            for name, box in (("q", (q_rows, d)), ("kv", (bn, d)))}
@@ -222,14 +223,14 @@ def compile_mods(d, kv_tail=False, captures=True):
     types.update(q_desc=f"tensordesc<bf16[{q_rows},{d}],{lay['q']!r}>", k_desc=f"tensordesc<bf16[{bn},{d}],{lay['kv']!r}>",
                  v_desc=f"tensordesc<bf16[{bn},{d}],{lay['kv']!r}>", Out="*bf16", Lse="*fp32", qk_scale="fp32",
                  softcap_a="fp32", alibi_unit="fp32")
-    mod_args, blocks = call.gluon_forward_args(sig.softmax_scale)
+    mod_args, blocks = call.gluon_forward_args(sig.softmax_scale, dict(plan.constexprs)["Q_BLOCK"])
     types.update(mods=_jit_type(mod_args), blocks=_jit_type(blocks))
     constexprs = dict(plan.constexprs, **call.functions(), k_hi_desc=None, v_hi_desc=None, Alibi=None, o_desc=None,
                       Walk=None, Cu_q=None, Cu_k=None, Trace=None, Descales=None)
     constexprs.setdefault("FP8_BLOCKS", False)
     k = compile_sm90(fn, types, constexprs, plan.num_warps, aligned=("Out", "stride_om"))
     c, nregs, spills, in_loop = checked_build(k, d)
-    return (f"mods pingpong{'' if captures else ' no-captures'} d={d} kv_tail={kv_tail} tiles={plan.block_m}x{bn} "
+    return (f"mods pingpong{'' if captures else ' no-captures'} d={d} Q_BLOCK={constexprs['Q_BLOCK']} kv_tail={kv_tail} tiles={plan.block_m}x{bn} "
             f"SUB={constexprs['SUB']} "
             f"shared={k.metadata.shared} regs={nregs} spills={spills} loop_spills={in_loop} {fmt(c)}")
 

@@ -131,8 +131,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Out, Lse, Cu_q, Cu_k, seql
     gl.static_assert(COND_RESCALE or not RESCALE_BY_WARP, "RESCALE_BY_WARP decides the conditional rescaling")
     gl.static_assert(Trace is None or (PINGPONG and not PERSISTENT), "the schedule record: one-tile ping-pong kernels")
     MODS: gl.constexpr = SCORE_MOD is not None or MASK_MOD is not None
-    gl.static_assert(not (MODS or blocks is not None) or (PINGPONG and NUM_WG == 2 and not (PERSISTENT or IS_VARLEN)),
-                     "score and mask functions, block masks: the two-warpgroup one-tile ping-pong kernel, fixed lengths")
+    gl.static_assert(not (MODS or blocks is not None) or (PINGPONG and not (PERSISTENT or IS_VARLEN)),
+                     "score and mask functions, block masks: the one-tile ping-pong kernels, fixed lengths")
     gl.static_assert(blocks is None or Q_BLOCK % BLOCK_M == 0, "a block mask's query blocks hold whole query tiles")
     if PERSISTENT:
         gl.static_assert(PINGPONG and NUM_WG == 2 and not IS_VARLEN,

@@ -150,7 +150,8 @@ class ForwardLaunch:
     outputs, views its tensors as rows, rebases the descriptors and launches. ``cacheable``: False when
     it was made inside a CUDA graph's capture without the walk table (it then computes the walk).
     ``functions``: a call's score / mask functions (``ModCall.functions``), whose run-time arguments each
-    call passes as ``mod_args`` (``ModCall.gluon_forward_args``)."""
+    call passes as ``mod_args`` (``ModCall.gluon_forward_args``, a block mask's lists for ``q_block``'s
+    query blocks)."""
 
     def __init__(self, plan, q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, alibi_slopes=None, cached=True,
                  out_dtype=None, trace=None, functions=None):
@@ -163,6 +164,7 @@ class ForwardLaunch:
 
         consts = dict(plan.constexprs)
         self.plan, self.varlen, self.cacheable = plan, consts["IS_VARLEN"], True
+        self.q_block = consts.get("Q_BLOCK", 0)
         self.fp8 = q.dtype == torch.float8_e4m3fn
         self.out_dtype = out_dtype or q.dtype
         d, nheads = plan.head_dim, q.shape[-2]

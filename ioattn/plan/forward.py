@@ -199,21 +199,23 @@ def _make_fp8(sig: Signature) -> GluonForwardPlan:
         win_left=win_left, win_right=win_right, constexprs=tuple(consts.items()))
 
 
-def plan_forward_mods(sig: Signature, score: bool, block_size: tuple | None, captures: bool) -> GluonForwardPlan:
+def plan_forward_mods(sig: Signature, score: bool, block_size: tuple | None, captures: bool,
+                      exact: bool = True) -> GluonForwardPlan:
     """The plan for a call with score or mask functions or a block mask (``plan.mods.call_supported``'s):
     the two-warpgroup ping-pong kernel at its own tiles and options, no built-in mask (the functions mask
     the key end too), the block mask's blocks as ``SUB`` key tiles by ``Q_BLOCK`` queries. ``score``: a
     score function, which takes the scaled score (the softmax's scale is then log2 e); ``captures``:
-    whether a function captures a tensor (``plan.mods.tiles``). The functions themselves are the
-    launch's to bind (``SCORE_MOD`` / ``MASK_MOD``)."""
-    key = ("mods", sig, score, block_size, captures, dispatch.switch_state())
-    return _PLANS.get(key, lambda: _make_mods(sig, score, block_size, captures))
+    whether a function captures a tensor, ``exact``: whether the block mask comes from a mask function
+    (``plan.mods.tiles``: 192-row tiles then walk its lists regrouped, ``Q_BLOCK``). The functions
+    themselves are the launch's to bind (``SCORE_MOD`` / ``MASK_MOD``)."""
+    key = ("mods", sig, score, block_size, captures, exact, dispatch.switch_state())
+    return _PLANS.get(key, lambda: _make_mods(sig, score, block_size, captures, exact))
 
 
-def _make_mods(sig: Signature, score: bool, block_size: tuple | None, captures: bool) -> GluonForwardPlan:
+def _make_mods(sig: Signature, score: bool, block_size: tuple | None, captures: bool, exact: bool) -> GluonForwardPlan:
     d = sig.head_dim
-    cfg = hopper.kernel_config(d, "pingpong", False, sig.seqlen_q)
-    block_m, block_n, stages = mods.tiles(d, captures, block_size)
+    block_m, block_n, stages = mods.tiles(d, captures, block_size, exact)
+    cfg = hopper.kernel_config(d, "wg3" if block_m == 192 else "pingpong", False, sig.seqlen_q)
     consts = dict(cfg["constexprs"], BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages)
     kv_tail = sig.seqlen_k % block_n != 0
     scale = sig.softmax_scale
@@ -224,7 +226,7 @@ def _make_mods(sig: Signature, score: bool, block_size: tuple | None, captures: 
     consts.update(IS_CAUSAL=False, IS_VARLEN=False, LPT=lpt, LONGEST_FIRST=lpt, KV_TAIL=kv_tail, KEY_MASKS=kv_tail,
                   WINDOW=False, SOFTCAP=False, ALIBI=0, DIAG_TRIM=False, FEWER_MASKS=False, EXP2_FMA=0,
                   ROW_STORES=hopper.row_stores(d, "pingpong"), IO_DIM=0, PROD_DIM=0,
-                  SUB=block_size[1] // block_n if block_size else 1, Q_BLOCK=block_size[0] if block_size else 0)
+                  SUB=block_size[1] // block_n if block_size else 1, Q_BLOCK=mods.q_block(block_m, block_size))
     num_m = dispatch.cdiv(sig.seqlen_q, block_m)
     consts.update(hopper.persistent_options(d, "pingpong", False, num_m))  # (the one-tile kernel's: all off)
     return GluonForwardPlan(

@@ -9,34 +9,50 @@ from ioattn.plan import hopper, hopper_bwd
 
 # the ping-pong kernel's (block_m, block_n, stages) for them by head dim: 64-key tiles where a function
 # captures a tensor (its gathered values spill the consumers' registers at 128-key tiles, d = 64 and 128),
-# the built-in kernel's 128-key tiles where none does (``tiles``).
+# the built-in kernel's 128-key tiles where none does; at d = 64 three consumer warpgroups (192 query
+# rows, as the built-in forward there) where none does and a block mask's lists regroup into 192-row
+# query blocks, with 64-key tiles (at 128 keys the masked builds spill) (``tiles``).
 # tuned: docs/decisions/programmable-attention.md
 TILES = {64: (128, 64, 4), 128: (128, 64, 3), 256: (128, 64, 2)}
 WIDE_TILES = {64: (128, 128, 3), 128: (128, 128, 2)}
+WG3_TILES = {64: (192, 64, 3)}
 
 
-def tiles(d, captures, block_size):
-    """(block_m, block_n, stages) at head dim ``d``: ``WIDE_TILES`` where no function captures a tensor
-    and the block mask's key block (``block_size``, or None) is a multiple of them, else ``TILES``."""
-    wide = WIDE_TILES.get(d)
-    if wide and not captures and (block_size is None or block_size[1] % wide[1] == 0):
-        return wide
+def tiles(d, captures, block_size, exact=True):
+    """(block_m, block_n, stages) at head dim ``d``: ``WG3_TILES`` where no function captures a tensor and
+    the block mask (``block_size``, or None) is built from a mask function (``exact``: its query blocks
+    regroup, ``BlockMask.regrouped``) with key blocks a multiple of them; else ``WIDE_TILES`` where no
+    function captures a tensor and the key block is a multiple of them; else ``TILES``."""
+    for table, regroups in ((WG3_TILES, exact), (WIDE_TILES, True)):
+        t = table.get(d)
+        if t and not captures and (block_size is None or (regroups and block_size[1] % t[1] == 0)):
+            return t
     return TILES[d]
 
 
-def fwd_plan(q, k, v, varlen, sem, block_size, captures) -> tuple[bool, str]:
+def q_block(block_m, block_size):
+    """The query block of the lists the kernel walks (its ``Q_BLOCK``): the block mask's, or the tile's
+    own where the tile does not divide it (the lists regrouped, ``BlockMask.regrouped``: a block mask
+    from a mask function only, ``call_supported``); 0 without one."""
+    if block_size is None:
+        return 0
+    return block_size[0] if block_size[0] % block_m == 0 else block_m
+
+
+def fwd_plan(q, k, v, varlen, sem, block_size, captures, exact=True) -> tuple[bool, str]:
     """(taken, why) for a call with score or mask functions or a block mask (``block_size``: the block
-    mask's (query, key) block, or None; ``captures``: whether a function captures a tensor) on the Gluon
+    mask's (query, key) block, or None; ``captures``: whether a function captures a tensor; ``exact``:
+    whether the block mask's lists come from a mask function) on the Gluon
     ping-pong forward: on sm_90 wherever it covers the call (``call_supported``), unless
     ``hopper.prefer_hopper(False)`` asks for the portable kernels.
     tuned: docs/decisions/programmable-attention.md"""
     if hopper.prefer_hopper.value is False:
         return False, "prefer_hopper(False): the portable kernels"
     ok, why = hopper._device_ok(q)
-    return call_supported(q, k, v, varlen, sem, block_size, captures) if ok else (False, why)
+    return call_supported(q, k, v, varlen, sem, block_size, captures, exact) if ok else (False, why)
 
 
-def call_supported(q, k, v, varlen, sem, block_size, captures=True) -> tuple[bool, str]:
+def call_supported(q, k, v, varlen, sem, block_size, captures=True, exact=True) -> tuple[bool, str]:
     """``fwd_plan``'s checks of the call itself: pure Python, testable anywhere."""
     d = q.shape[-1]
     if hopper.value_dim_refusal(q, v):
@@ -50,10 +66,11 @@ def call_supported(q, k, v, varlen, sem, block_size, captures=True) -> tuple[boo
     if sem.causal or sem.window != (-1, -1) or sem.softcap > 0 or sem.alibi or sem.dropout_p > 0:
         return False, ("score and mask functions on the Gluon kernel: without built-in masks, softcap, ALiBi or "
                        "dropout (fold them into the functions)")
-    block_m, block_n, _ = tiles(d, captures, block_size)
-    if block_size is not None and (block_size[0] % block_m or block_size[1] % block_n):
+    block_m, block_n, _ = tiles(d, captures, block_size, exact)
+    if block_size is not None and ((block_size[0] % block_m and not exact) or block_size[1] % block_n):
         return False, (f"a block mask of {block_size[0]} x {block_size[1]} blocks: the Gluon kernel needs multiples "
-                       f"of its {block_m} x {block_n} tiles")
+                       f"of its {block_m} x {block_n} tiles (query blocks of other sizes: a block mask from a mask "
+                       f"function, whose lists regroup)")
     return True, "the Gluon ping-pong forward"
 
 
