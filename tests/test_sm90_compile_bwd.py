@@ -191,11 +191,15 @@ def test_hopper_backward_dq_hi_first_compile_for_sm90(io_dim):
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 def test_hopper_gluon_backward_ws_with_a_mask_function_compiles_for_sm90():
     """The ws kernel at d = 64 and 128 with a mask function capturing a tensor (document ids), with its
-    block mask's transposed lists (128-query blocks as SUB = 2 steps of 64 rows) and without: no spill
-    inside the consumers' loop, their registers within the budget (``plan.mods.BWD_HEADDIMS``)."""
+    block mask's transposed lists (128-query blocks as SUB = 2 steps of 64 rows) and without, and with
+    score functions (a bias table captured without a gradient, a softcap written as a function): their
+    registers within the budget (``plan.mods.BWD_HEADDIMS``); no spill inside the consumers' loop with
+    mask functions, nor with score functions at d = 64 (at d = 128 they spill there, measured faster
+    than the portable backward all the same: docs/decisions/programmable-attention.md)."""
     out, lines = _compile_check("--mods", "--headdims", "64,128")
-    assert len(lines) == 4 and all("ws-mods-blocks" in lines[i] and "SUB=2" in lines[i] for i in (0, 2)), out
+    assert len(lines) == 10 and all("ws-mods-blocks" in lines[i] and "SUB=2" in lines[i] for i in (0, 2, 5, 7)), out
     assert all("tiles=64x128" in line for line in lines), out
     for line in lines:
-        assert "loop_spills=0 " in line and int(re.search(r"spill=(\d+)B", line).group(1)) <= 24, line
+        if "d=64" in line or not ("-bias" in line or "-softcap" in line):
+            assert "loop_spills=0 " in line and int(re.search(r"spill=(\d+)B", line).group(1)) <= 24, line
         assert int(re.search(r"consumer_regs=(\d+)", line).group(1)) <= 240, line
