@@ -202,7 +202,8 @@ def _make_fp8(sig: Signature) -> GluonForwardPlan:
 def plan_forward_mods(sig: Signature, score: bool, block_size: tuple | None, captures: bool,
                       exact: bool = True) -> GluonForwardPlan:
     """The plan for a call with score or mask functions or a block mask (``plan.mods.call_supported``'s):
-    the two-warpgroup ping-pong kernel at its own tiles and options, no built-in mask (the functions mask
+    the one-tile ping-pong kernel (two consumer warpgroups, or three at ``plan.mods.WG3_TILES``) at its own
+    tiles and options, no built-in mask (the functions mask
     the key end too), the block mask's blocks as ``SUB`` key tiles by ``Q_BLOCK`` queries. ``score``: a
     score function, which takes the scaled score (the softmax's scale is then log2 e); ``captures``:
     whether a function captures a tensor, ``exact``: whether the block mask comes from a mask function
@@ -215,7 +216,8 @@ def plan_forward_mods(sig: Signature, score: bool, block_size: tuple | None, cap
 def _make_mods(sig: Signature, score: bool, block_size: tuple | None, captures: bool, exact: bool) -> GluonForwardPlan:
     d = sig.head_dim
     block_m, block_n, stages = mods.tiles(d, captures, block_size, exact)
-    cfg = hopper.kernel_config(d, "wg3" if block_m == 192 else "pingpong", False, sig.seqlen_q)
+    variant = "wg3" if block_m == 192 else "pingpong"
+    cfg = hopper.kernel_config(d, variant, False, sig.seqlen_q)
     consts = dict(cfg["constexprs"], BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages)
     kv_tail = sig.seqlen_k % block_n != 0
     scale = sig.softmax_scale
@@ -225,12 +227,12 @@ def _make_mods(sig: Signature, score: bool, block_size: tuple | None, captures: 
     lpt = block_size is not None
     consts.update(IS_CAUSAL=False, IS_VARLEN=False, LPT=lpt, LONGEST_FIRST=lpt, KV_TAIL=kv_tail, KEY_MASKS=kv_tail,
                   WINDOW=False, SOFTCAP=False, ALIBI=0, DIAG_TRIM=False, FEWER_MASKS=False, EXP2_FMA=0,
-                  ROW_STORES=hopper.row_stores(d, "pingpong"), IO_DIM=0, PROD_DIM=0,
+                  ROW_STORES=hopper.row_stores(d, variant), IO_DIM=0, PROD_DIM=0,
                   SUB=block_size[1] // block_n if block_size else 1, Q_BLOCK=mods.q_block(block_m, block_size))
     num_m = dispatch.cdiv(sig.seqlen_q, block_m)
-    consts.update(hopper.persistent_options(d, "pingpong", False, num_m))  # (the one-tile kernel's: all off)
+    consts.update(hopper.persistent_options(d, variant, False, num_m))  # (the one-tile kernel's: all off)
     return GluonForwardPlan(
-        variant="pingpong", seqlen_q=sig.seqlen_q, seqlen_k=sig.seqlen_k, head_dim=d, io_dim=d, pad_to=0,
+        variant=variant, seqlen_q=sig.seqlen_q, seqlen_k=sig.seqlen_k, head_dim=d, io_dim=d, pad_to=0,
         pad_copies=False, q_rows=cfg["q_rows"], block_m=block_m, block_n=block_n, num_m=num_m,
         num_tiles=num_m * sig.batch * sig.nheads, programs=num_m * sig.batch * sig.nheads,
         num_warps=cfg["num_warps"], ring_split=False, out_tma=False, walk_table=None, without_table=None,
