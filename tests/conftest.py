@@ -56,8 +56,9 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gluon`` (the Gluon Hopper kernels' sm_90 compiles) skip where
     ``ioattn._compat.gluon_status`` keeps the Gluon kernels off, with its reason. Tests marked ``sass``
-    (instruction-level properties of the Gluon builds under each compile-time option) run where a GPU
-    is, or with ``--sass``: the CPU run compiles every default build and skips them."""
+    (instruction-level properties of the Gluon builds under each compile-time option, and the compile
+    matrices past the default builds: every variant, head dim and mask) run where a GPU is, or with
+    ``--sass``: the CPU run compiles the default builds at their usual head dims and skips them."""
     from ioattn import _compat
 
     ok, why = _compat.gluon_status()
@@ -67,7 +68,7 @@ def pytest_collection_modifyitems(config, items):
             if item.get_closest_marker("gluon"):
                 item.add_marker(skip)
     if not torch.cuda.is_available() and not config.getoption("--sass"):
-        skip = pytest.mark.skip(reason="a SASS property check of a compile-time option: the device suite runs it "
+        skip = pytest.mark.skip(reason="a compile check past the default builds: the device suite runs it "
                                        "(here: pytest --sass)")
         for item in items:
             if item.get_closest_marker("sass"):

@@ -40,6 +40,25 @@ def test_kernels_compile_for_sm90():
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 @pytest.mark.gluon
+def test_hopper_gluon_default_builds_compile_for_sm90():
+    """The Gluon forward's default builds at their usual head dims: the ping-pong kernel at d = 128 (both
+    masks; d = 256 is the same code at other tiles), three warpgroups at d = 64 (causal) and the packed-batch
+    kernel (d = 128, causal): within shared memory, wgmma, TMA and register reallocation (the script's
+    assertions), wgmmas not serialised, no spill. Every variant at every head dim and mask: the next test."""
+    lines = _hopper_check("--variants", "pingpong", "--headdims", "128")
+    lines += _hopper_check("--variants", "wg3", "--masks", "1")
+    lines += _hopper_check("--variants", "pingpong", "--headdims", "128", "--masks", "1", "--varlen")
+    assert len(lines) == 4, lines
+    for line in lines:
+        assert "spill=0B" in line and "wgmma-pipelined" in line and "SERIALIZED" not in line, line
+    assert sum(line.startswith("pingpong d=128 bf16 causal=") and " varlen " not in line for line in lines) == 2
+    (wg3,) = [line for line in lines if line.startswith("wg3 ")]
+    assert "d=64 bf16 causal=True  tiles=192x128x" in wg3 and "inc160x2" in wg3 and "dec168x1" in wg3, wg3
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+@pytest.mark.gluon
+@pytest.mark.sass
 def test_hopper_gluon_kernel_compiles_for_sm90():
     """The Gluon forward, every variant (base; pingpong; split, its diagnostic twin without the
     ordering; wg3, three consumer warpgroups; persistent, ping-pong with a tile loop), compiles for each of its head dims and
@@ -452,9 +471,20 @@ def test_hopper_split_ring_compile_for_sm90():
 @pytest.mark.gluon
 def test_hopper_fp8_forward_compiles_for_sm90():
     """The FP8 forward (the ping-pong kernel on e4m3 descriptors, V^T's ring, P through shared memory)
-    at each of ``hopper.FP8_TILES``' head dims, causal or not, and over packed sequences at d = 128: 8-bit
-    wgmma, TMA, within shared memory, ptxas not serialising the wgmmas (the script's assertions), and no
-    spills (the three-warpgroup builds are taken only where they have none: ``hopper.fp8_warpgroups``)."""
+    at d = 128, causal or not: 8-bit wgmma, TMA, within shared memory, ptxas not serialising the wgmmas
+    (the script's assertions), and no spills (three warpgroups non-causal, two causal:
+    ``hopper.fp8_warpgroups``). Every head dim and the packed-sequence build: the next test."""
+    lines = _hopper_check("--fp8", "--headdims", "128")
+    assert len(lines) == 2 and all(" spills=0 " in line for line in lines), lines
+    assert sum("tiles=192x" in line for line in lines) == 1, lines
+
+
+@pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
+@pytest.mark.gluon
+@pytest.mark.sass
+def test_hopper_fp8_forward_every_head_dim_compiles_for_sm90():
+    """The FP8 forward at each of ``hopper.FP8_TILES``' head dims, causal or not, and over packed
+    sequences at d = 128: as the previous test, no spills (three warpgroups where they have none)."""
     from ioattn.plan import hopper
 
     lines = _hopper_check("--fp8")
@@ -479,26 +509,28 @@ def test_hopper_schedule_record_compiles_for_sm90():
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 @pytest.mark.gluon
-def test_hopper_forward_with_mask_and_score_functions_compiles_for_sm90():
+@pytest.mark.parametrize("flags,headdim", [((), 128), pytest.param(("--no-captures",), 128, marks=pytest.mark.sass),
+                                           (("--no-captures",), 64)], ids=["captures-128", "plain-128", "plain-64"])
+def test_hopper_forward_with_mask_and_score_functions_compiles_for_sm90(flags, headdim):
     """The ping-pong forward with a score function (a learnable table), a document mask and a block mask's
     lists (``plan_forward_mods``), whole key tiles and a key tail: its 64-key tiles (``plan.mods.TILES``) keep
     the captured tensors' values in registers, no spill inside the key loop, the products pipelined; a mask
     function capturing nothing takes the 128-key tiles (``plan.mods.WIDE_TILES``), the same (with the
     block mask's longest-first walk one value saved around the loop at the key tail: at most 16 bytes);
-    at d = 64 three warpgroups."""
+    at d = 64 three warpgroups on 64-key tiles (``plan.mods.WG3_TILES``), the block mask's lists regrouped
+    into 192-row query blocks, no spills."""
     import re
 
-    for flags, tiles in (((), "tiles=128x64 SUB=2"), (("--no-captures",), "tiles=128x128 SUB=1")):
-        lines = _hopper_check("--mods", *flags, "--headdims", "128")
-        assert len(lines) == 2, lines
-        for line in lines:
-            assert tiles in line and "loop_spills=0 " in line, line
-            assert int(re.search(r"spills=(\d+)", line).group(1)) <= 16, line
-    # d = 64 without captures: three warpgroups on 64-key tiles (``plan.mods.WG3_TILES``), the block mask's
-    # lists regrouped into 192-row query blocks, no spills
-    lines = _hopper_check("--mods", "--no-captures", "--headdims", "64")
-    assert len(lines) == 2 and all("Q_BLOCK=192 " in line and "tiles=192x64 SUB=2 " in line
-                                   and " spills=0 " in line for line in lines), lines
+    lines = _hopper_check("--mods", *flags, "--headdims", str(headdim))
+    assert len(lines) == 2, lines
+    if headdim == 64:
+        assert all("Q_BLOCK=192 " in line and "tiles=192x64 SUB=2 " in line and " spills=0 " in line
+                   for line in lines), lines
+        return
+    tiles = "tiles=128x128 SUB=1" if flags else "tiles=128x64 SUB=2"
+    for line in lines:
+        assert tiles in line and "loop_spills=0 " in line, line
+        assert int(re.search(r"spills=(\d+)", line).group(1)) <= 16, line
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
