@@ -303,12 +303,14 @@ sys.path.insert(0, "tools")  # the compile checks' helpers (run from the reposit
 from compile_check import compile_one
 from ioattn.plan import decode
 from ioattn.kernels.decode import decode_split_kernel as fn
-# (dtype, paged, every feature, BLOCK_M, head dim, TMA, unified max): a few corners, each compile takes seconds
-for dt, paged, feat, block_m, d, tma, uni in (("bf16", False, False, 16, 128, False, False),
-                                              ("bf16", False, False, 16, 128, True, True),
-                                              ("bf16", True, True, decode._MAX_BLOCK_M, 256, True, False),
-                                              ("fp32", True, True, decode._MAX_BLOCK_M, 59, False, True),
-                                              ("fp16", False, True, 16, 64, False, False)):
+# (dtype, paged, every feature, BLOCK_M, head dim, TMA, unified max): a few corners, each compile takes
+# seconds; argument "all": every one, else the last (every feature)
+CORNERS = (("bf16", False, False, 16, 128, False, False),
+           ("bf16", False, False, 16, 128, True, True),
+           ("bf16", True, True, decode._MAX_BLOCK_M, 256, True, False),
+           ("fp32", True, True, decode._MAX_BLOCK_M, 59, False, True),
+           ("fp16", False, True, 16, 64, False, False))
+for dt, paged, feat, block_m, d, tma, uni in (CORNERS if sys.argv[1:] == ["all"] else CORNERS[-1:]):
     c = dict(HEAD_DIM=d, BLOCK_D=max(16, 1 << (d - 1).bit_length()), BLOCK_M=block_m,
              BLOCK_N=decode._BLOCK_N_CUDA if d <= 128 else 64,
              PAGE_SIZE=64 if paged else 1, PAGED=paged, HAS_BATCH_IDX=feat and not paged, HAS_LEFTPAD=feat,
@@ -358,13 +360,15 @@ print("decode kernel compiled for sm_90")
 
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
-def test_decode_kernel_compiles_for_sm90():
+@pytest.mark.parametrize("corners", ["one", pytest.param("all", marks=pytest.mark.sass)])
+def test_decode_kernel_compiles_for_sm90(corners):
     """The interpreter does not run the GPU compiler: compile the kernel for sm_90 ahead of time (in a
-    child process without TRITON_INTERPRET, which replaces @triton.jit functions in this one)."""
+    child process without TRITON_INTERPRET, which replaces @triton.jit functions in this one); the
+    CPU run at one corner (every feature), the device suite at each."""
     root = pathlib.Path(__file__).resolve().parents[1]
     env = child_env()
-    proc = subprocess.run([sys.executable, "-c", _AOT_SCRIPT], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
+    proc = subprocess.run([sys.executable, "-c", _AOT_SCRIPT, corners], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "decode kernel compiled for sm_90" in proc.stdout
 

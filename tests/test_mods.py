@@ -448,7 +448,6 @@ def test_library_functions_with_a_builtin_form_take_the_builtin_kernels(backend)
         assert diff.abs().max() < 1e-5
 
 
-@pytest.mark.interpreter
 @pytest.mark.parametrize("kind", ["causal", "sliding_window", "prefix_lm", "document", "alibi", "softcap",
                                   "block_sparse"])
 def test_the_mods_benchmark_builds_what_it_claims(kind, monkeypatch):
@@ -568,8 +567,7 @@ def test_gluon_plan_takes_three_warpgroups_at_d64_where_the_lists_regroup():
         assert c["LONGEST_FIRST"] and not c["IS_CAUSAL"]
 
 
-@pytest.mark.interpreter
-@pytest.mark.parametrize("mask", ["causal", "document", "prefix"])
+@pytest.mark.parametrize("mask", ["causal", pytest.param("document", marks=pytest.mark.interpreter), "prefix"])
 def test_regrouped_block_mask_lists_are_sound_and_run(mask):
     """``BlockMask.regrouped(rows)``: query blocks of ``rows`` (192, the Gluon kernel's three-warpgroup
     tile) from 128-row ones; a merged block is full or empty only where every row of it is (checked
