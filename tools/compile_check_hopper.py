@@ -203,7 +203,7 @@ def compile_mods(d, kv_tail=False, captures=True):
     from ioattn.modcall import ModCall
     from ioattn.plan import forward as forward_plan
 
-    n = 1024 + (64 if kv_tail else 0)
+    n = 1024 + (32 if kv_tail else 0)  # past a multiple of 64 keys too: a key tail at every tile width
     if captures:
         call = ModCall.make(mods.relative_bias(torch.zeros(4, 9, requires_grad=True)), None,
                             create_block_mask(mods.document_mask(torch.zeros(n, dtype=torch.int32),
