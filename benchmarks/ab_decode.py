@@ -3,7 +3,7 @@ L2 cache, device time by ``median_ms``, cuDNN timed in the same run), for the ca
 default still misses issue 4's bounds: batch 1 x 4096 (split count; eager and CUDA-graph replay)
 and batch 8 x 8192 on a paged cache (key chunk, stages, split count; the contiguous default beside).
 ``--cases rest``: the contiguous cases where eager ioattn was 0.4-1.6 % behind cuDNN in
-results/session-2026-12-01-i (batch 1 x 16k / 128k, 8 x 8192, 64 x 4096): split count, stages, warps.
+results/run-2026-12-01-i (batch 1 x 16k / 128k, 8 x 8192, 64 x 4096): split count, stages, warps.
 ``--cases wide``: the cases without splits (batch 64 x 4096, 32 x 32768): key chunk and stages.
 ``--cases waves``: batches 60-68 x 4096 (is batch 64's gap the last wave's tail?). ``--cases paged1``:
 paged batch 1 x 4096, pointer loads against TMA, 16 or 32 splits. ``--cases lookup``: the paged block-table
@@ -11,7 +11,7 @@ read modes. ``--cases tail``: the tail split on and off, batches 17-100 x 4096. 
 4096 (just over one wave of units), uniform split counts. ``--cases tail64``: batch 64 x 4096 with a
 forced tail split; ``--cases resident``: 64 / 66 x 4096 with several programs resident per SM; ``--cases wide64``: 64-key chunks on the
 launches without splits; ``--cases onewave`` / ``onewave2`` / ``onewave_paged``: around the one-wave rule. (``--cases streamk`` measured a stream-K
-partition, removed after it lost everywhere: results/session-2026-12-01-v, docs/decisions/decode-splits.md.)
+partition, removed after it lost everywhere: results/run-2026-12-01-v, docs/decisions/decode-splits.md.)
 ``--rounds R`` times every entry R times, interleaved (the spread of one entry between rounds is
 the noise the choice has to beat).
 
@@ -71,7 +71,7 @@ PAGED1 = [
     (1, 4096, False, True, [{}]),
 ]
 # the block-table read (page_lookup 0: one chunk ahead, 1: in place, 2: first page guessed from the
-# span) on the default paged plan and on the two best plans of results/session-2026-12-01-r
+# span) on the default paged plan and on the two best plans of results/run-2026-12-01-r
 _PTR16 = dict(use_tma=False, num_splits=16, block_n=64, num_stages=3)
 _TMA32 = dict(use_tma=True, num_splits=32, block_n=64)
 LOOKUP = [
@@ -86,21 +86,21 @@ LOOKUP = [
 # the tail split (decode._tail_split) against the launch without it, around the wave boundaries
 TAIL = [(b, 4096, False, False, [{}, dict(tail_split=False)]) for b in (17, 34, 40, 64, 68, 70, 100)]
 # just over one wave of units (batch 17-24 x 4096: 136-192 units, no split by the waves rule; batch 17
-# took 105 us against cuDNN's 71 in results/session-2026-12-01-s): uniform splits with either tile
+# took 105 us against cuDNN's 71 in results/run-2026-12-01-s): uniform splits with either tile
 _WIDE = dict(block_n=128, num_stages=2)
 NEAR = [(b, 4096, False, False, [{}, dict(num_splits=2), dict(num_splits=3), dict(num_splits=2, **_WIDE),
                                  dict(num_splits=3, **_WIDE), dict(num_splits=4, **_WIDE)]) for b in (17, 20, 24)]
 # the wide tile without splits compiles to 186 registers (2 programs per SM) where its split
-# launches take 168 (3 per SM; benchmarks/decode_occupancy.py, results/session-2026-12-01-x): capped
+# launches take 168 (3 per SM; benchmarks/decode_occupancy.py, results/run-2026-12-01-x): capped
 REGS = [(b, kv, False, False, [{}, dict(max_regs=168), dict(max_regs=160)])
         for b, kv in ((64, 4096), (32, 32768), (48, 4096), (17, 4096), (68, 4096), (100, 4096))]
 # batches whose units do not fit one wave at 2 programs per SM but fit at 3 (the capped kernel)
 REGS2 = [(b, 4096, False, False, [{}, dict(max_regs=168)]) for b in (36, 42, 45, 49, 56)]
-# the same cap on paged caches (pages of 256 through TMA without splits; results/session-2026-12-01-y:
+# the same cap on paged caches (pages of 256 through TMA without splits; results/run-2026-12-01-y:
 # paged 223.6 / 226.8 us at batch 42 / 48 against contiguous capped 169.5 / 186.7)
 REGS_PAGED = [(b, 4096, True, False, [{}, dict(max_regs=168)]) for b in (42, 48, 64, 68)]
 # paged through pointers at those batches, with and without the cap (the TMA launch above was level
-# with its cap: 224.0 / 225.8 at 42, 226.4 / 228.5 at 48, session-2026-12-01-y)
+# with its cap: 224.0 / 225.8 at 42, 226.4 / 228.5 at 48, run-2026-12-01-y)
 PAGED_PTR = [(b, 4096, True, False, [{}, dict(use_tma=False), dict(use_tma=False, max_regs=168)])
              for b in (42, 48)] + [(48, 4096, False, False, [{}])]
 # batch 64 x 4096 (512 units on 132 SMs, one program each: 3.88 waves, the last 88 % full) forced to

@@ -64,7 +64,7 @@ DEVICES = {
         "measured 2026-12-06: bf16 matmul 803 TFLOP/s, copy 3025 GB/s; vendor spec: fp8 1979, fp32 67 TFLOP/s"),
     "h200": Device(
         "NVIDIA H200", 4245e9, {"bf16": 806e12, "fp16": 806e12, "fp8": 1979e12, "fp32": 67e12}, 228 * KB, 50 * MIB,
-        # the same ceilings, measured: benchmarks/results/session-2026-12-21-f/train/results.jsonl,
+        # the same ceilings, measured: benchmarks/results/run-2026-12-21-f/train/results.jsonl,
         # "ceilings"; fp8 and fp32: vendor spec (dense)
         "measured: bf16 matmul 806 TFLOP/s, copy 4245 GB/s; vendor spec: fp8 1979, fp32 67 TFLOP/s"),
 }
