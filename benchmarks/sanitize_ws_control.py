@@ -12,7 +12,7 @@ against the worker warps' handshake on barrier 1. If racecheck flags the handsha
 without it, the forward's report is that effect.
 
 The plain control and the one with ``--local-barrier`` were measured (0 and 1 hazards)
-while the forward reports 24-30 (48 with this session's defaults, all on the scaffolding: the
+while the forward reports 24-30 (48 with the defaults of that time, all on the scaffolding: the
 kernel's ``def`` line, ``warp_specialize``, an early ``return``, ``if PINGPONG:``). Two more of the
 forward's structural traits, each a flag, so that one racecheck run per combination tells which
 one the tool's reports follow: ``--early-return`` (odd programs return before ``warp_specialize``,
