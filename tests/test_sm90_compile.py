@@ -512,8 +512,10 @@ def test_hopper_schedule_record_compiles_for_sm90():
 
 @pytest.mark.skipif(os.environ.get("IOATTN_SKIP_AOT") == "1", reason="IOATTN_SKIP_AOT=1")
 @pytest.mark.gluon
-@pytest.mark.parametrize("flags,headdim", [((), 128), pytest.param(("--no-captures",), 128, marks=pytest.mark.sass),
-                                           pytest.param(("--no-captures",), 64, marks=pytest.mark.sass)], ids=["captures-128", "plain-128", "plain-64"])
+@pytest.mark.parametrize("flags,headdim", [
+    pytest.param((), 128, id="captures-128"),
+    pytest.param(("--no-captures",), 128, marks=pytest.mark.sass, id="plain-128"),
+    pytest.param(("--no-captures",), 64, marks=pytest.mark.sass, id="plain-64")])
 def test_hopper_forward_with_mask_and_score_functions_compiles_for_sm90(flags, headdim):
     """The ping-pong forward with a score function (a learnable table), a document mask and a block mask's
     lists (``plan_forward_mods``), whole key tiles and a key tail: its 64-key tiles (``plan.mods.TILES``) keep
