@@ -44,7 +44,7 @@ class BlockMask:
     seq_lengths: tuple
     block_size: tuple
     mask_mod: object = None
-    _regrouped: dict = field(default_factory=dict, repr=False)
+    _regrouped: dict = field(default_factory=dict, repr=False, compare=False)  # ``regrouped``'s, by size
 
     @classmethod
     def from_classes(cls, classes, seq_lengths, block_size, mask_mod=None):
@@ -81,11 +81,12 @@ class BlockMask:
             raise ValueError("a block-sparse layout (no mask function) cannot be regrouped")
         if rows not in self._regrouped:
             classes = self.classes()
-            nq = -(-self.seq_lengths[0] // rows)
-            starts = torch.arange(nq, device=classes.device) * rows
-            first = starts // self.block_size[0]
-            last = torch.clamp(starts + rows, max=self.seq_lengths[0]).sub(1) // self.block_size[0]
-            span = int((last - first).max()) + 1
+            n, bq = self.seq_lengths[0], self.block_size[0]
+            # each new block's first and last old block, on the host (no read-back from the device)
+            first = [s // bq for s in range(0, n, rows)]
+            last = [(min(s + rows, n) - 1) // bq for s in range(0, n, rows)]
+            span = max(hi - lo for lo, hi in zip(first, last)) + 1
+            first, last = (torch.tensor(x, device=classes.device) for x in (first, last))
             picks = torch.minimum(first[:, None] + torch.arange(span, device=classes.device), last[:, None])
             parts = classes[:, :, picks.long()]  # (B', H', nq, span, k blocks)
             lo, hi = parts.amin(3), parts.amax(3)
